@@ -1,0 +1,67 @@
+//! Wall-clock milliseconds that follow tokio's clock.
+//!
+//! Timestamps (event times, approval expiries, TTL cut-offs) must agree with the timers that
+//! act on them, and tests run those timers with paused tokio time. A `Clock` captures the wall
+//! time and tokio's `Instant` once, then derives every later wall time from tokio's clock, so
+//! a paused-time test that advances an hour sees timestamps an hour later.
+
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use tokio::time::Instant;
+
+/// A wall clock anchored on tokio's monotonic clock. Cheap to copy.
+#[derive(Debug, Clone, Copy)]
+pub struct Clock {
+    wall_base_ms: u64,
+    instant_base: Instant,
+}
+
+impl Clock {
+    /// Anchors a clock now. Must run inside a tokio runtime when time is paused.
+    pub fn new() -> Self {
+        let wall_base_ms = SystemTime::now()
+            .duration_since(UNIX_EPOCH)
+            .map(|d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX))
+            .unwrap_or(0);
+        Self {
+            wall_base_ms,
+            instant_base: Instant::now(),
+        }
+    }
+
+    /// Unix milliseconds now.
+    pub fn now_ms(&self) -> u64 {
+        self.ms_at(Instant::now())
+    }
+
+    /// Unix milliseconds at a tokio instant.
+    pub fn ms_at(&self, at: Instant) -> u64 {
+        let since = at.saturating_duration_since(self.instant_base);
+        self.wall_base_ms
+            .saturating_add(u64::try_from(since.as_millis()).unwrap_or(u64::MAX))
+    }
+
+    /// The tokio instant of a unix millisecond time (clamped to the anchor).
+    pub fn instant_at(&self, ms: u64) -> Instant {
+        self.instant_base + Duration::from_millis(ms.saturating_sub(self.wall_base_ms))
+    }
+}
+
+impl Default for Clock {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test(start_paused = true)]
+    async fn follows_paused_time() {
+        let clock = Clock::new();
+        let t0 = clock.now_ms();
+        tokio::time::advance(Duration::from_secs(3600)).await;
+        assert_eq!(clock.now_ms() - t0, 3_600_000);
+        assert_eq!(clock.ms_at(clock.instant_at(t0 + 5)), t0 + 5);
+    }
+}

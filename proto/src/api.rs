@@ -1,0 +1,180 @@
+//! Requests and replies of the session API: open, message, close, set-context, approvals,
+//! and the observation types they return.
+
+use crate::error::AgentError;
+use crate::event::TaskStatus;
+use crate::ids::{ApprovalId, ConversationId, TaskId};
+use crate::item::Usage;
+use crate::policy::{ApprovalPolicy, SandboxPolicy, StoragePolicy};
+use serde::{Deserialize, Serialize};
+
+/// Parameters of `conversation.open` (C6). Every field is optional on the wire.
+#[derive(Debug, Clone, PartialEq, Default, Serialize, Deserialize)]
+#[serde(default)]
+pub struct OpenConversation {
+    /// Replaces the built-in system prompt for this conversation (C3).
+    pub base_instructions: Option<String>,
+    /// Enters history once, as the earliest user message (C4).
+    pub user_instructions: Option<String>,
+    /// Qualified MCP tool names this conversation may see (C5); `None` = all.
+    pub mcp_tool_allowlist: Option<Vec<String>>,
+    pub include_plan_tool: bool,
+    pub include_apply_patch_tool: bool,
+    pub tools_web_search_request: bool,
+    pub storage_policy: StoragePolicy,
+    /// May only narrow the session's policy (C2).
+    pub approval_policy: Option<ApprovalPolicy>,
+    /// May only narrow the session's policy (C2).
+    pub sandbox_policy: Option<SandboxPolicy>,
+}
+
+/// Reply to `open`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Opened {
+    pub conversation_id: ConversationId,
+}
+
+/// `conversation.message`: one user message, answered by one task.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct SendMessage {
+    pub conversation_id: ConversationId,
+    pub text: String,
+}
+
+/// Statistics of one task (S5).
+#[derive(Debug, Clone, PartialEq, Eq, Default, Serialize, Deserialize)]
+pub struct TaskStats {
+    /// Provider-reported (or, for the scripted model, counted) usage.
+    pub usage: Usage,
+    /// Local estimate of the prompt tokens, summed over steps.
+    pub estimated_prompt_tokens: u64,
+    pub turns: u32,
+    pub steps: u32,
+    pub tool_calls: u32,
+    pub duration_ms: u64,
+    /// W3C trace id of the task's span.
+    pub trace_id: String,
+}
+
+/// Reply to `message`: the final text and the task's statistics.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct MessageReply {
+    pub conversation_id: ConversationId,
+    pub task_id: TaskId,
+    pub status: TaskStatus,
+    pub text: String,
+    pub stats: TaskStats,
+    /// Set when `status` is `error` or `cancelled`.
+    pub error: Option<AgentError>,
+}
+
+/// How a close went. Closing twice is not an error (S5).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum CloseOutcome {
+    /// Closed now; any running task stopped when asked.
+    Closed,
+    /// Closed now; a task ignored cancellation and was aborted after the timeout.
+    ForceAborted,
+    /// Was already closed (or never existed in this session).
+    AlreadyClosed,
+}
+
+/// Reply to `close`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Closed {
+    pub conversation_id: ConversationId,
+    pub outcome: CloseOutcome,
+}
+
+/// `conversation.setContext`: fields left `None` are unchanged (C6).
+#[derive(Debug, Clone, PartialEq, Default, Serialize, Deserialize)]
+#[serde(default)]
+pub struct SetContext {
+    pub base_instructions: Option<String>,
+    pub user_instructions: Option<String>,
+    pub mcp_tool_allowlist: Option<Vec<String>>,
+    pub include_plan_tool: Option<bool>,
+    pub include_apply_patch_tool: Option<bool>,
+    pub tools_web_search_request: Option<bool>,
+}
+
+/// A human's answer to a pending approval (S9).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum ApprovalDecision {
+    /// Run this one command, remember nothing.
+    ApproveOnce,
+    /// Remember the command for this conversation, optionally for `ttl_secs`.
+    ApproveForConversation { ttl_secs: Option<u64> },
+    /// Remember the command for every conversation of the session, optionally for `ttl_secs`.
+    ApproveForSession { ttl_secs: Option<u64> },
+    /// Refuse.
+    Deny { reason: Option<String> },
+    /// Nobody answered in time; counts as a denial.
+    TimedOut,
+}
+
+impl ApprovalDecision {
+    pub const fn approves(&self) -> bool {
+        matches!(
+            self,
+            Self::ApproveOnce | Self::ApproveForConversation { .. } | Self::ApproveForSession { .. }
+        )
+    }
+}
+
+/// `approval.respond`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct RespondApproval {
+    pub approval_id: ApprovalId,
+    pub decision: ApprovalDecision,
+}
+
+/// A pending approval, as listed for a human.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct PendingApproval {
+    pub approval_id: ApprovalId,
+    pub conversation_id: ConversationId,
+    pub task_id: Option<TaskId>,
+    pub command: Vec<String>,
+    pub reason: String,
+    pub requested_at_ms: u64,
+    /// When the request times out into a denial.
+    pub deadline_ms: u64,
+}
+
+/// The state of a registered task (S4).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum TaskState {
+    /// Waiting for a scheduler slot.
+    Queued,
+    Running,
+    /// Cancellation was requested; the task has not stopped yet.
+    Cancelling,
+}
+
+/// A task, as listed for observation.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct TaskInfo {
+    pub task_id: TaskId,
+    pub conversation_id: ConversationId,
+    pub sub_id: String,
+    pub started_at_ms: u64,
+    pub state: TaskState,
+}
+
+/// Per-conversation statistics (S11).
+#[derive(Debug, Clone, PartialEq, Eq, Default, Serialize, Deserialize)]
+pub struct ConversationStats {
+    pub conversation_id: Option<ConversationId>,
+    pub tasks: u64,
+    pub tasks_failed: u64,
+    pub tasks_cancelled: u64,
+    pub usage: Usage,
+    pub tool_calls: u64,
+    pub mcp_calls: u64,
+    pub mcp_latency_ms_total: u64,
+    pub history_items: u64,
+}

@@ -1,0 +1,136 @@
+//! The event envelope (S11): every event carries its session, conversation and task, the
+//! legacy `sub_id` for older consumers, and the trace/span ids that tie it to OpenTelemetry.
+//! `seq` is assigned by the session's rollout, strictly increasing per session, so a client
+//! can resume a stream after the last `seq` it saw.
+
+use crate::api::{ApprovalDecision, CloseOutcome, TaskStats};
+use crate::error::AgentError;
+use crate::ids::{ApprovalId, ConversationId, SessionId, TaskId};
+use crate::policy::StoragePolicy;
+use crate::tool::ToolCall;
+use serde::{Deserialize, Serialize};
+
+/// One event, as published to subscribers and (policy permitting) recorded.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct EventEnvelope {
+    /// Per-session sequence number, from 1.
+    pub seq: u64,
+    /// Unix milliseconds.
+    pub ts_ms: u64,
+    pub session_id: SessionId,
+    pub conversation_id: Option<ConversationId>,
+    pub task_id: Option<TaskId>,
+    /// Legacy correlation id (`<conversation>/<task>`), kept for older consumers.
+    pub sub_id: Option<String>,
+    /// W3C trace id (32 hex digits) of the span that produced the event.
+    pub trace_id: Option<String>,
+    /// W3C span id (16 hex digits).
+    pub span_id: Option<String>,
+    pub event: EventKind,
+}
+
+/// How a task ended (T1 statuses plus cancellation).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum TaskStatus {
+    Ok,
+    Error,
+    MaxSteps,
+    Cancelled,
+}
+
+impl TaskStatus {
+    pub const fn as_str(self) -> &'static str {
+        match self {
+            Self::Ok => "ok",
+            Self::Error => "error",
+            Self::MaxSteps => "max_steps",
+            Self::Cancelled => "cancelled",
+        }
+    }
+}
+
+/// What happened. Content-bearing fields are the ones a storage policy may strip.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case", tag = "kind", content = "payload")]
+#[non_exhaustive]
+pub enum EventKind {
+    /// A conversation was opened (or reopened from the store).
+    ConversationOpened {
+        storage_policy: StoragePolicy,
+        base_instructions: Option<String>,
+        user_instructions: Option<String>,
+    },
+    /// A conversation was closed; `outcome` tells whether a task had to be force-aborted.
+    ConversationClosed { outcome: CloseOutcome },
+    /// A conversation actor failed and was restarted from its rollout.
+    ConversationRestarted { reason: String, restored_items: u64 },
+    /// A task started for a user message.
+    TaskStarted { input: String },
+    /// A task ended. `text` is the final reply.
+    TaskFinished {
+        status: TaskStatus,
+        text: String,
+        stats: TaskStats,
+        error: Option<AgentError>,
+    },
+    /// A task ignored cancellation past the close timeout and was aborted.
+    TaskAborted { waited_ms: u64 },
+    /// A step (one model call) started.
+    StepStarted { turn: u32, step: u32 },
+    /// Streamed assistant text.
+    AssistantChunk { delta: String },
+    /// A complete assistant message of one step.
+    AssistantMessage { text: String },
+    /// The model called a tool.
+    ToolCallStarted { call: ToolCall },
+    /// A tool call ended (its output, or the observation that stands for it).
+    ToolCallFinished {
+        call_id: String,
+        name: String,
+        output: String,
+        is_error: bool,
+        duration_ms: u64,
+    },
+    /// A command waits for a human.
+    ApprovalRequested {
+        approval_id: ApprovalId,
+        command: Vec<String>,
+        reason: String,
+    },
+    /// A pending approval was answered (or timed out into a denial).
+    ApprovalResolved {
+        approval_id: ApprovalId,
+        decision: ApprovalDecision,
+    },
+    /// Older history was trimmed and replaced by a summary (S6).
+    HistoryTrimmed { removed_items: u64, summary: String },
+    /// Something worth a human's attention that did not fail the task.
+    Warning { code: String, message: String },
+    /// A failure, with its kind and detail.
+    Error { error: AgentError },
+}
+
+impl EventKind {
+    /// Bounded name of the kind (metric label, rollout header).
+    pub const fn name(&self) -> &'static str {
+        match self {
+            Self::ConversationOpened { .. } => "conversation_opened",
+            Self::ConversationClosed { .. } => "conversation_closed",
+            Self::ConversationRestarted { .. } => "conversation_restarted",
+            Self::TaskStarted { .. } => "task_started",
+            Self::TaskFinished { .. } => "task_finished",
+            Self::TaskAborted { .. } => "task_aborted",
+            Self::StepStarted { .. } => "step_started",
+            Self::AssistantChunk { .. } => "assistant_chunk",
+            Self::AssistantMessage { .. } => "assistant_message",
+            Self::ToolCallStarted { .. } => "tool_call_started",
+            Self::ToolCallFinished { .. } => "tool_call_finished",
+            Self::ApprovalRequested { .. } => "approval_requested",
+            Self::ApprovalResolved { .. } => "approval_resolved",
+            Self::HistoryTrimmed { .. } => "history_trimmed",
+            Self::Warning { .. } => "warning",
+            Self::Error { .. } => "error",
+        }
+    }
+}

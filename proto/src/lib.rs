@@ -1,0 +1,25 @@
+//! Wire types of troupe: ids, errors, policies, history items, tool descriptions, events and
+//! the requests and replies of the API.
+//!
+//! Everything here is plain serialisable data (serde; JSON for the API, bincode for the
+//! rollout and cluster messages). No actor types, no reply ports: those live in
+//! `troupe-actors`, which wraps these types in its mailbox messages.
+#![forbid(unsafe_code)]
+
+pub mod api;
+pub mod error;
+pub mod event;
+pub mod ids;
+pub mod item;
+pub mod json;
+pub mod policy;
+pub mod tool;
+
+pub use api::*;
+pub use error::{AgentError, ErrorKind};
+pub use event::{EventEnvelope, EventKind, TaskStatus};
+pub use ids::{ApprovalId, ConversationId, SessionId, TaskId};
+pub use item::{HistoryItem, Role, Usage};
+pub use json::Json;
+pub use policy::{ApprovalPolicy, CommandKey, SandboxPolicy, StoragePolicy};
+pub use tool::{ToolCall, ToolOutput, ToolSpec};

@@ -1,0 +1,32 @@
+//! Tool descriptions and calls, as a model sees them.
+
+use crate::json::Json;
+use serde::{Deserialize, Serialize};
+
+/// A tool offered to the model. Two specs with the same name are the same tool only if the
+/// whole spec is equal (the signature check of S8).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct ToolSpec {
+    /// Qualified name: a built-in name, or `server__tool` for MCP tools (C5).
+    pub name: String,
+    pub description: String,
+    /// JSON Schema of the arguments.
+    pub parameters: Json,
+}
+
+/// A call the model asked for.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct ToolCall {
+    /// The provider's id for the call, echoed back with its output.
+    pub call_id: String,
+    pub name: String,
+    pub arguments: Json,
+}
+
+/// What a tool answered (or the observation that replaces it: a denial, an error).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct ToolOutput {
+    pub call_id: String,
+    pub output: String,
+    pub is_error: bool,
+}
