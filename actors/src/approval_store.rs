@@ -1,13 +1,63 @@
 //! ApprovalStore: approved command keys with scope and expiry, and pending requests (S9).
 //!
-//! TODO(skeleton): module doc with the mailbox protocol and supervision.
+//! One per session, spawned and supervised by the Session. A conversation that wants to run a
+//! command its approval policy does not let through asks here; the answer comes at once when a
+//! live key covers the command, otherwise when a human answers (API, CLI or web), or as a
+//! denial when nobody answers in time.
+//!
+//! ```text
+//! Conversation ──Request──────────▶ ApprovalStore ──approval_requested──▶ Rollout ──▶ humans
+//!              ◀─Granted | ApprovalDenied──┘  ▲                                         │
+//!                                             └───────────Respond(approval_id)───────────┘
+//! ```
+//!
+//! # Keys
+//! A [`CommandKey`] is the exact argv, a scope (one conversation, or `None` for every
+//! conversation of the session) and an optional expiry in unix ms (from the session's
+//! [`Clock`], so paused-time tests see it expire). A key covers a request when the argv is
+//! identical, the scope matches and `now_ms < expires_at_ms`. What a decision leaves comes from
+//! [`key_for`]: `ApproveOnce` remembers nothing, `ApproveForConversation` stores a scoped key,
+//! `ApproveForSession` a session key; denials store nothing.
+//!
+//! # Mailbox protocol
+//! - `Request`: answered `Ok(Granted::Remembered)` at once when a key covers the command. An
+//!   identical request (same conversation and argv) already pending takes this caller too, so
+//!   one human answer resolves both (and the caller shares its deadline). Otherwise a pending
+//!   request opens with a fresh [`ApprovalId`], `approval_requested` is emitted and a one-shot
+//!   `RequestTimedOut` timer is set.
+//! - `Respond`: applies a human's decision: stores its key, answers every caller of the request
+//!   (`Granted::Decided` or `ApprovalDenied` with the given reason, else "denied by user"),
+//!   emits `approval_resolved`, and also grants (as `Remembered`) every other pending request
+//!   the new key covers. `NotFound` for an unknown or already answered id.
+//! - `RequestTimedOut` (timer): a still-pending request is denied with `TimedOut`; for an
+//!   answered one it does nothing.
+//! - `Sweep` (interval timer, started in `post_start`): frees expired keys. Correctness does not
+//!   depend on it, since an expired key never covers anything.
+//! - `IsApproved`, `ListPending` (oldest first), `ListKeys` (live only): observation.
+//! - `ConversationClosed`: denies the conversation's pending requests ("conversation closed")
+//!   and drops its scoped keys.
+//!
+//! A caller that gave up (its reply port is closed) is skipped silently.
+//!
+//! # Children and failure
+//! No child actors; only its own timers, aborted when it stops. If it fails, the Session
+//! restarts it empty: approvals are deliberately not persisted. Pending requests are lost with
+//! it, so their callers see a closed reply port, which the conversation treats as a denial; keys
+//! are lost too, so the next request for a remembered command asks a human again.
 
+pub mod metrics;
+
+use self::metrics::Outcome;
 use crate::clock::Clock;
-use crate::events::EventSink;
-use ractor::RpcReplyPort;
+use crate::events::{EventDraft, EventSink};
+use ractor::{Actor, ActorProcessingErr, ActorRef, MessagingErr, RpcReplyPort};
+use std::collections::HashMap;
 use std::time::Duration;
+use tokio::task::JoinHandle;
+use tracing::field::Empty;
 use troupe_proto::{
-    AgentError, ApprovalDecision, ApprovalId, CommandKey, ConversationId, PendingApproval, TaskId,
+    AgentError, ApprovalDecision, ApprovalId, CommandKey, ConversationId, EventKind,
+    PendingApproval, TaskId,
 };
 
 /// Start-up arguments.
@@ -66,7 +116,1338 @@ pub enum ApprovalMsg {
         reply: RpcReplyPort<Vec<PendingApproval>>,
     },
     /// Live keys, for observation.
-    ListKeys { reply: RpcReplyPort<Vec<CommandKey>> },
+    ListKeys {
+        reply: RpcReplyPort<Vec<CommandKey>>,
+    },
     /// The conversation closed: deny its pending requests and drop its scoped keys.
     ConversationClosed { conversation_id: ConversationId },
+}
+
+/// What a waiting caller is answered through.
+type Reply = RpcReplyPort<Result<Granted, AgentError>>;
+
+/// The actor's state: the pure core plus its timers and outputs.
+pub struct ApprovalStoreState {
+    /// Timestamps keys and requests; follows tokio's (possibly paused) clock.
+    clock: Clock,
+    request_timeout: Duration,
+    sweep_interval: Duration,
+    events: Option<EventSink>,
+    core: ApprovalCore<Reply>,
+    /// Timeout timers of pending requests, aborted when a human answers first.
+    timers: HashMap<ApprovalId, JoinHandle<Result<(), MessagingErr<ApprovalMsg>>>>,
+    /// The sweep interval timer, started in `post_start`.
+    sweeper: Option<JoinHandle<()>>,
+    gauges: metrics::Gauges,
+}
+
+/// The ApprovalStore actor.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct ApprovalStore;
+
+#[ractor::async_trait]
+impl Actor for ApprovalStore {
+    type Msg = ApprovalMsg;
+    type State = ApprovalStoreState;
+    type Arguments = ApprovalStoreArgs;
+
+    async fn pre_start(
+        &self,
+        _myself: ActorRef<Self::Msg>,
+        args: ApprovalStoreArgs,
+    ) -> Result<Self::State, ActorProcessingErr> {
+        Ok(ApprovalStoreState {
+            clock: args.clock,
+            request_timeout: args.request_timeout,
+            sweep_interval: args.sweep_interval,
+            events: args.events,
+            core: ApprovalCore::new(),
+            timers: HashMap::new(),
+            sweeper: None,
+            gauges: metrics::Gauges::default(),
+        })
+    }
+
+    async fn post_start(
+        &self,
+        myself: ActorRef<Self::Msg>,
+        state: &mut Self::State,
+    ) -> Result<(), ActorProcessingErr> {
+        // tokio's interval panics on a zero period; zero means "never sweep".
+        if state.sweep_interval.is_zero() {
+            tracing::warn!("approval key sweep disabled: zero interval");
+        } else {
+            state.sweeper = Some(myself.send_interval(state.sweep_interval, || ApprovalMsg::Sweep));
+        }
+        Ok(())
+    }
+
+    async fn post_stop(
+        &self,
+        _myself: ActorRef<Self::Msg>,
+        state: &mut Self::State,
+    ) -> Result<(), ActorProcessingErr> {
+        if let Some(sweeper) = state.sweeper.take() {
+            sweeper.abort();
+        }
+        for (_, timer) in state.timers.drain() {
+            timer.abort();
+        }
+        // Pending callers' ports close when the state drops: they read it as a denial.
+        state.gauges.clear();
+        Ok(())
+    }
+
+    async fn handle(
+        &self,
+        myself: ActorRef<Self::Msg>,
+        msg: Self::Msg,
+        state: &mut Self::State,
+    ) -> Result<(), ActorProcessingErr> {
+        let now_ms = state.clock.now_ms();
+        match msg {
+            ApprovalMsg::Request {
+                conversation_id,
+                task_id,
+                command,
+                reason,
+                timeout,
+                reply,
+            } => {
+                let ask = Ask {
+                    conversation_id,
+                    task_id,
+                    command,
+                    reason,
+                };
+                state.on_request(&myself, ask, timeout, reply, now_ms);
+            }
+            ApprovalMsg::Respond {
+                approval_id,
+                decision,
+                reply,
+            } => {
+                let _ = reply.send(state.on_respond(approval_id, decision, now_ms));
+            }
+            ApprovalMsg::RequestTimedOut { approval_id } => {
+                state.on_timed_out(approval_id, now_ms);
+            }
+            ApprovalMsg::Sweep => {
+                let removed = state.core.sweep(now_ms);
+                if removed > 0 {
+                    tracing::debug!(removed, "expired approval keys swept");
+                }
+            }
+            ApprovalMsg::IsApproved {
+                conversation_id,
+                command,
+                reply,
+            } => {
+                let _ = reply.send(state.core.is_approved(conversation_id, &command, now_ms));
+            }
+            ApprovalMsg::ListPending {
+                conversation_id,
+                reply,
+            } => {
+                let _ = reply.send(state.core.pending(conversation_id));
+            }
+            ApprovalMsg::ListKeys { reply } => {
+                let _ = reply.send(state.core.live_keys(now_ms));
+            }
+            ApprovalMsg::ConversationClosed { conversation_id } => {
+                state.on_conversation_closed(conversation_id, now_ms);
+            }
+        }
+        state
+            .gauges
+            .sync(state.core.pending_len(), state.core.keys_len());
+        Ok(())
+    }
+}
+
+impl ApprovalStoreState {
+    fn on_request(
+        &mut self,
+        myself: &ActorRef<ApprovalMsg>,
+        ask: Ask,
+        timeout: Option<Duration>,
+        reply: Reply,
+        now_ms: u64,
+    ) {
+        let span = tracing::info_span!(
+            "approval.request",
+            conversation_id = %ask.conversation_id,
+            approval_id = Empty,
+        );
+        let _entered = span.enter();
+        let timeout = timeout.unwrap_or(self.request_timeout);
+        match self.core.request(ask, now_ms, duration_ms(timeout), reply) {
+            Admission::Remembered(reply) => {
+                tracing::debug!("approval remembered");
+                metrics::answered(Outcome::Remembered, 1);
+                let _ = reply.send(Ok(Granted::Remembered));
+            }
+            Admission::Attached(approval_id) => {
+                span.record("approval_id", tracing::field::display(approval_id));
+                tracing::debug!("identical approval already pending; caller attached");
+            }
+            Admission::Opened(request) => {
+                let approval_id = request.approval_id;
+                span.record("approval_id", tracing::field::display(approval_id));
+                tracing::info!(command = ?request.command, "approval requested");
+                self.emit(
+                    &request,
+                    EventKind::ApprovalRequested {
+                        approval_id,
+                        command: request.command.clone(),
+                        reason: request.reason.clone(),
+                    },
+                );
+                let timer = myself.send_after(timeout, move || ApprovalMsg::RequestTimedOut {
+                    approval_id,
+                });
+                self.timers.insert(approval_id, timer);
+            }
+        }
+    }
+
+    fn on_respond(
+        &mut self,
+        approval_id: ApprovalId,
+        decision: ApprovalDecision,
+        now_ms: u64,
+    ) -> Result<(), AgentError> {
+        let span = tracing::info_span!("approval.respond", %approval_id, conversation_id = Empty);
+        let _entered = span.enter();
+        match self.core.decide(approval_id, decision, now_ms) {
+            Ok(resolutions) => {
+                self.finish(resolutions, now_ms);
+                Ok(())
+            }
+            Err(e) => {
+                tracing::debug!("response to an unknown or finished approval");
+                Err(e)
+            }
+        }
+    }
+
+    fn on_timed_out(&mut self, approval_id: ApprovalId, now_ms: u64) {
+        let span = tracing::info_span!("approval.timed_out", %approval_id, conversation_id = Empty);
+        let _entered = span.enter();
+        self.timers.remove(&approval_id);
+        if let Some(resolution) = self.core.time_out(approval_id) {
+            self.finish(vec![resolution], now_ms);
+        }
+    }
+
+    fn on_conversation_closed(&mut self, conversation_id: ConversationId, now_ms: u64) {
+        let span = tracing::info_span!("approval.conversation_closed", %conversation_id);
+        let _entered = span.enter();
+        let resolutions = self.core.close_conversation(conversation_id);
+        self.finish(resolutions, now_ms);
+    }
+
+    /// Answers, counts and announces resolved requests.
+    fn finish(&mut self, resolutions: Vec<Resolution<Reply>>, now_ms: u64) {
+        for resolution in resolutions {
+            let request = &resolution.request;
+            let outcome = resolution.outcome();
+            tracing::info!(
+                approval_id = %request.approval_id,
+                conversation_id = %request.conversation_id,
+                outcome = outcome.as_str(),
+                callers = resolution.waiters.len(),
+                "approval resolved"
+            );
+            if let Some(timer) = self.timers.remove(&request.approval_id) {
+                timer.abort();
+            }
+            metrics::answered(outcome, resolution.waiters.len());
+            metrics::waited(
+                outcome,
+                Duration::from_millis(now_ms.saturating_sub(request.requested_at_ms)),
+            );
+            self.emit(
+                request,
+                EventKind::ApprovalResolved {
+                    approval_id: request.approval_id,
+                    decision: resolution.decision.clone(),
+                },
+            );
+            for reply in resolution.waiters {
+                // A caller that gave up has nothing left to hear.
+                let _ = reply.send(resolution.answer.clone());
+            }
+        }
+    }
+
+    fn emit(&self, request: &PendingApproval, event: EventKind) {
+        let Some(events) = &self.events else {
+            return;
+        };
+        let draft = match request.task_id {
+            Some(task_id) => EventDraft::task(request.conversation_id, task_id, event),
+            None => EventDraft::conversation(request.conversation_id, event),
+        };
+        events.emit(draft);
+    }
+}
+
+/// A request as it arrives, before it is admitted.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Ask {
+    pub conversation_id: ConversationId,
+    pub task_id: Option<TaskId>,
+    pub command: Vec<String>,
+    pub reason: String,
+}
+
+/// What became of a request.
+#[derive(Debug)]
+pub enum Admission<W> {
+    /// A live key covers it; the waiter comes back to be answered at once.
+    Remembered(W),
+    /// An identical request was pending; the waiter joined it.
+    Attached(ApprovalId),
+    /// A new pending request.
+    Opened(PendingApproval),
+}
+
+/// A pending request that has been settled, with everyone waiting for it.
+#[derive(Debug)]
+pub struct Resolution<W> {
+    pub request: PendingApproval,
+    /// The decision announced in `approval_resolved`.
+    pub decision: ApprovalDecision,
+    /// What every waiter is answered.
+    pub answer: Result<Granted, AgentError>,
+    pub waiters: Vec<W>,
+}
+
+impl<W> Resolution<W> {
+    /// The metric label of this resolution.
+    pub fn outcome(&self) -> Outcome {
+        match (&self.answer, &self.decision) {
+            (Ok(Granted::Remembered), _) => Outcome::Remembered,
+            (Ok(Granted::Decided(_)), _) => Outcome::Approved,
+            (Err(_), ApprovalDecision::TimedOut) => Outcome::TimedOut,
+            (Err(_), _) => Outcome::Denied,
+        }
+    }
+}
+
+#[derive(Debug)]
+struct Pending<W> {
+    info: PendingApproval,
+    /// Admission order: `requested_at_ms` ties within a millisecond.
+    seq: u64,
+    waiters: Vec<W>,
+}
+
+/// Keys and pending requests, and every decision on them, without actor machinery. `W` is what
+/// waits for an answer: a reply port in the actor, anything in tests.
+#[derive(Debug)]
+pub struct ApprovalCore<W> {
+    keys: Vec<CommandKey>,
+    pending: HashMap<ApprovalId, Pending<W>>,
+    next_seq: u64,
+}
+
+impl<W> Default for ApprovalCore<W> {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl<W> ApprovalCore<W> {
+    pub fn new() -> Self {
+        Self {
+            keys: Vec::new(),
+            pending: HashMap::new(),
+            next_seq: 0,
+        }
+    }
+
+    /// Whether a live key covers `command` in `conversation_id`.
+    pub fn is_approved(
+        &self,
+        conversation_id: ConversationId,
+        command: &[String],
+        now_ms: u64,
+    ) -> bool {
+        self.keys
+            .iter()
+            .any(|key| covers(key, conversation_id, command, now_ms))
+    }
+
+    /// Admits a request: remembered, attached to an identical pending one, or opened with a
+    /// deadline `timeout_ms` from now.
+    pub fn request(&mut self, ask: Ask, now_ms: u64, timeout_ms: u64, waiter: W) -> Admission<W> {
+        if self.is_approved(ask.conversation_id, &ask.command, now_ms) {
+            return Admission::Remembered(waiter);
+        }
+        if let Some(same) = self.pending.values_mut().find(|p| {
+            p.info.conversation_id == ask.conversation_id && p.info.command == ask.command
+        }) {
+            same.waiters.push(waiter);
+            return Admission::Attached(same.info.approval_id);
+        }
+        let info = PendingApproval {
+            approval_id: ApprovalId::new(),
+            conversation_id: ask.conversation_id,
+            task_id: ask.task_id,
+            command: ask.command,
+            reason: ask.reason,
+            requested_at_ms: now_ms,
+            deadline_ms: now_ms.saturating_add(timeout_ms),
+        };
+        let seq = self.next_seq;
+        self.next_seq += 1;
+        self.pending.insert(
+            info.approval_id,
+            Pending {
+                info: info.clone(),
+                seq,
+                waiters: vec![waiter],
+            },
+        );
+        Admission::Opened(info)
+    }
+
+    /// Applies a decision to a pending request: stores its key, settles the request, and
+    /// settles as `Remembered` every other pending request the new key covers (oldest first,
+    /// after the decided one). `NotFound` when the request is unknown or already settled.
+    pub fn decide(
+        &mut self,
+        approval_id: ApprovalId,
+        decision: ApprovalDecision,
+        now_ms: u64,
+    ) -> Result<Vec<Resolution<W>>, AgentError> {
+        let Some(decided) = self.pending.remove(&approval_id) else {
+            return Err(AgentError::not_found("approval", approval_id));
+        };
+        if !decision.approves() {
+            let reason = denial_reason(&decision, &decided.info);
+            return Ok(vec![deny(decided, decision, reason)]);
+        }
+        let key = key_for(
+            &decision,
+            decided.info.conversation_id,
+            &decided.info.command,
+            now_ms,
+        );
+        let mut resolutions = vec![Resolution {
+            answer: Ok(Granted::Decided(decision.clone())),
+            decision: decision.clone(),
+            request: decided.info,
+            waiters: decided.waiters,
+        }];
+        if let Some(key) = key {
+            let mut covered: Vec<Pending<W>> = self
+                .pending
+                .extract_if(|_, p| covers(&key, p.info.conversation_id, &p.info.command, now_ms))
+                .map(|(_, p)| p)
+                .collect();
+            covered.sort_by_key(|p| p.seq);
+            resolutions.extend(covered.into_iter().map(|p| Resolution {
+                answer: Ok(Granted::Remembered),
+                decision: decision.clone(),
+                request: p.info,
+                waiters: p.waiters,
+            }));
+            self.insert_key(key);
+        }
+        Ok(resolutions)
+    }
+
+    /// Denies a request that ran out of time; `None` when it was already settled.
+    pub fn time_out(&mut self, approval_id: ApprovalId) -> Option<Resolution<W>> {
+        let pending = self.pending.remove(&approval_id)?;
+        let reason = denial_reason(&ApprovalDecision::TimedOut, &pending.info);
+        Some(deny(pending, ApprovalDecision::TimedOut, reason))
+    }
+
+    /// Denies the conversation's pending requests (oldest first) and drops its scoped keys.
+    pub fn close_conversation(&mut self, conversation_id: ConversationId) -> Vec<Resolution<W>> {
+        self.keys
+            .retain(|key| key.conversation != Some(conversation_id));
+        let mut closed: Vec<Pending<W>> = self
+            .pending
+            .extract_if(|_, p| p.info.conversation_id == conversation_id)
+            .map(|(_, p)| p)
+            .collect();
+        closed.sort_by_key(|p| p.seq);
+        let reason = "conversation closed";
+        closed
+            .into_iter()
+            .map(|p| {
+                let decision = ApprovalDecision::Deny {
+                    reason: Some(reason.to_owned()),
+                };
+                deny(p, decision, reason.to_owned())
+            })
+            .collect()
+    }
+
+    /// Drops expired keys; returns how many.
+    pub fn sweep(&mut self, now_ms: u64) -> usize {
+        let before = self.keys.len();
+        self.keys.retain(|key| !is_expired(key, now_ms));
+        before - self.keys.len()
+    }
+
+    /// Pending requests, oldest first, optionally of one conversation.
+    pub fn pending(&self, conversation_id: Option<ConversationId>) -> Vec<PendingApproval> {
+        let mut pending: Vec<&Pending<W>> = self
+            .pending
+            .values()
+            .filter(|p| conversation_id.is_none_or(|c| p.info.conversation_id == c))
+            .collect();
+        pending.sort_by_key(|p| p.seq);
+        pending.into_iter().map(|p| p.info.clone()).collect()
+    }
+
+    /// Keys that still hold.
+    pub fn live_keys(&self, now_ms: u64) -> Vec<CommandKey> {
+        self.keys
+            .iter()
+            .filter(|key| !is_expired(key, now_ms))
+            .cloned()
+            .collect()
+    }
+
+    pub fn pending_len(&self) -> usize {
+        self.pending.len()
+    }
+
+    /// Stored keys, expired ones included until swept.
+    pub fn keys_len(&self) -> usize {
+        self.keys.len()
+    }
+
+    /// Stores a key; a new decision on the same command and scope replaces the old expiry.
+    fn insert_key(&mut self, key: CommandKey) {
+        match self
+            .keys
+            .iter_mut()
+            .find(|k| k.path == key.path && k.conversation == key.conversation)
+        {
+            Some(existing) => existing.expires_at_ms = key.expires_at_ms,
+            None => self.keys.push(key),
+        }
+    }
+}
+
+/// Whether `key` lets `command` run in `conversation_id` at `now_ms`: the argv is identical, the
+/// key is session-wide or scoped to that conversation, and it has not expired.
+pub fn covers(
+    key: &CommandKey,
+    conversation_id: ConversationId,
+    command: &[String],
+    now_ms: u64,
+) -> bool {
+    key.path == command
+        && key.conversation.is_none_or(|c| c == conversation_id)
+        && !is_expired(key, now_ms)
+}
+
+/// The key a decision leaves behind, if any.
+pub fn key_for(
+    decision: &ApprovalDecision,
+    conversation_id: ConversationId,
+    command: &[String],
+    now_ms: u64,
+) -> Option<CommandKey> {
+    let (conversation, ttl_secs) = match decision {
+        ApprovalDecision::ApproveForConversation { ttl_secs } => (Some(conversation_id), *ttl_secs),
+        ApprovalDecision::ApproveForSession { ttl_secs } => (None, *ttl_secs),
+        ApprovalDecision::ApproveOnce
+        | ApprovalDecision::Deny { .. }
+        | ApprovalDecision::TimedOut => return None,
+    };
+    Some(CommandKey {
+        path: command.to_vec(),
+        conversation,
+        expires_at_ms: ttl_secs.map(|secs| now_ms.saturating_add(secs.saturating_mul(1000))),
+    })
+}
+
+/// An expiry is exclusive: at `expires_at_ms` the key no longer holds.
+fn is_expired(key: &CommandKey, now_ms: u64) -> bool {
+    key.expires_at_ms.is_some_and(|at| now_ms >= at)
+}
+
+/// The reason a refused caller reads.
+fn denial_reason(decision: &ApprovalDecision, request: &PendingApproval) -> String {
+    match decision {
+        ApprovalDecision::Deny {
+            reason: Some(reason),
+        } => reason.clone(),
+        ApprovalDecision::TimedOut => format!(
+            "approval timed out after {} ms",
+            request.deadline_ms.saturating_sub(request.requested_at_ms)
+        ),
+        _ => "denied by user".to_owned(),
+    }
+}
+
+fn deny<W>(pending: Pending<W>, decision: ApprovalDecision, reason: String) -> Resolution<W> {
+    Resolution {
+        answer: Err(AgentError::ApprovalDenied {
+            command: pending.info.command.clone(),
+            reason,
+        }),
+        decision,
+        request: pending.info,
+        waiters: pending.waiters,
+    }
+}
+
+fn duration_ms(d: Duration) -> u64 {
+    u64::try_from(d.as_millis()).unwrap_or(u64::MAX)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::rollout::RolloutMsg;
+    use tokio::sync::{mpsc, oneshot};
+
+    fn argv(words: &[&str]) -> Vec<String> {
+        words.iter().map(|w| (*w).to_owned()).collect()
+    }
+
+    fn key(
+        path: &[&str],
+        conversation: Option<ConversationId>,
+        expires: Option<u64>,
+    ) -> CommandKey {
+        CommandKey {
+            path: argv(path),
+            conversation,
+            expires_at_ms: expires,
+        }
+    }
+
+    fn ask(conversation_id: ConversationId, command: &[&str]) -> Ask {
+        Ask {
+            conversation_id,
+            task_id: None,
+            command: argv(command),
+            reason: "needs it".to_owned(),
+        }
+    }
+
+    /// Opens a request in `core` and returns its id.
+    fn open(core: &mut ApprovalCore<u32>, ask: Ask, now_ms: u64, waiter: u32) -> ApprovalId {
+        match core.request(ask, now_ms, 1_000, waiter) {
+            Admission::Opened(info) => info.approval_id,
+            other => panic!("expected a new request, got {other:?}"),
+        }
+    }
+
+    // ----- pure core -----
+
+    #[test]
+    fn covers_needs_the_exact_argv() {
+        let c = ConversationId::new();
+        let k = key(&["rm", "-rf", "build"], None, None);
+        assert!(covers(&k, c, &argv(&["rm", "-rf", "build"]), 0));
+        assert!(!covers(&k, c, &argv(&["rm", "-rf"]), 0));
+        assert!(!covers(&k, c, &argv(&["rm", "-rf", "build", "/"]), 0));
+        assert!(!covers(&k, c, &argv(&["rm", "-rf", "Build"]), 0));
+    }
+
+    #[test]
+    fn covers_honours_scope() {
+        let (a, b) = (ConversationId::new(), ConversationId::new());
+        let cmd = argv(&["make"]);
+        let scoped = key(&["make"], Some(a), None);
+        assert!(covers(&scoped, a, &cmd, 0));
+        assert!(!covers(&scoped, b, &cmd, 0));
+        let session = key(&["make"], None, None);
+        assert!(covers(&session, a, &cmd, 0));
+        assert!(covers(&session, b, &cmd, 0));
+    }
+
+    #[test]
+    fn covers_stops_exactly_at_expiry() {
+        let c = ConversationId::new();
+        let k = key(&["make"], None, Some(60_000));
+        assert!(covers(&k, c, &argv(&["make"]), 59_999));
+        assert!(!covers(&k, c, &argv(&["make"]), 60_000));
+        assert!(!covers(&k, c, &argv(&["make"]), 60_001));
+    }
+
+    #[test]
+    fn key_for_each_decision() {
+        let c = ConversationId::new();
+        let cmd = argv(&["make"]);
+        let once = key_for(&ApprovalDecision::ApproveOnce, c, &cmd, 10);
+        assert_eq!(once, None);
+        let conv = ApprovalDecision::ApproveForConversation { ttl_secs: Some(60) };
+        assert_eq!(
+            key_for(&conv, c, &cmd, 10),
+            Some(key(&["make"], Some(c), Some(60_010)))
+        );
+        let conv_forever = ApprovalDecision::ApproveForConversation { ttl_secs: None };
+        assert_eq!(
+            key_for(&conv_forever, c, &cmd, 10),
+            Some(key(&["make"], Some(c), None))
+        );
+        let session = ApprovalDecision::ApproveForSession { ttl_secs: Some(1) };
+        assert_eq!(
+            key_for(&session, c, &cmd, 10),
+            Some(key(&["make"], None, Some(1_010)))
+        );
+        let deny = ApprovalDecision::Deny { reason: None };
+        assert_eq!(key_for(&deny, c, &cmd, 10), None);
+        assert_eq!(key_for(&ApprovalDecision::TimedOut, c, &cmd, 10), None);
+    }
+
+    #[test]
+    fn identical_requests_attach_and_others_open() {
+        let (a, b) = (ConversationId::new(), ConversationId::new());
+        let mut core = ApprovalCore::new();
+        let id = open(&mut core, ask(a, &["make"]), 0, 1);
+        assert!(
+            matches!(core.request(ask(a, &["make"]), 5, 1_000, 2), Admission::Attached(x) if x == id)
+        );
+        // Another conversation or another argv is another question.
+        open(&mut core, ask(b, &["make"]), 6, 3);
+        open(&mut core, ask(a, &["make", "test"]), 7, 4);
+        assert_eq!(core.pending_len(), 3);
+        let resolutions = core.decide(id, ApprovalDecision::ApproveOnce, 8).unwrap();
+        assert_eq!(resolutions.len(), 1);
+        assert_eq!(resolutions[0].waiters, vec![1, 2]);
+        assert_eq!(
+            resolutions[0].answer,
+            Ok(Granted::Decided(ApprovalDecision::ApproveOnce))
+        );
+        assert_eq!(resolutions[0].outcome(), Outcome::Approved);
+    }
+
+    #[test]
+    fn approve_once_remembers_nothing() {
+        let c = ConversationId::new();
+        let mut core = ApprovalCore::new();
+        let id = open(&mut core, ask(c, &["make"]), 0, 1);
+        core.decide(id, ApprovalDecision::ApproveOnce, 1).unwrap();
+        assert_eq!(core.keys_len(), 0);
+        open(&mut core, ask(c, &["make"]), 2, 2);
+    }
+
+    #[test]
+    fn a_remembered_request_hands_its_waiter_back() {
+        let c = ConversationId::new();
+        let mut core = ApprovalCore::new();
+        let id = open(&mut core, ask(c, &["make"]), 0, 1);
+        let decision = ApprovalDecision::ApproveForConversation { ttl_secs: Some(1) };
+        core.decide(id, decision, 0).unwrap();
+        assert!(matches!(
+            core.request(ask(c, &["make"]), 999, 1_000, 7),
+            Admission::Remembered(7)
+        ));
+        open(&mut core, ask(c, &["make"]), 1_000, 8);
+    }
+
+    #[test]
+    fn a_session_key_grants_other_covered_pending_requests() {
+        let (a, b, c) = (
+            ConversationId::new(),
+            ConversationId::new(),
+            ConversationId::new(),
+        );
+        let mut core = ApprovalCore::new();
+        let first = open(&mut core, ask(a, &["make"]), 0, 1);
+        let second = open(&mut core, ask(b, &["make"]), 1, 2);
+        let third = open(&mut core, ask(c, &["make"]), 2, 3);
+        let other = open(&mut core, ask(b, &["make", "test"]), 3, 4);
+        let decision = ApprovalDecision::ApproveForSession { ttl_secs: None };
+        let resolutions = core.decide(first, decision.clone(), 10).unwrap();
+        let ids: Vec<_> = resolutions.iter().map(|r| r.request.approval_id).collect();
+        assert_eq!(ids, vec![first, second, third]);
+        assert_eq!(resolutions[1].answer, Ok(Granted::Remembered));
+        assert_eq!(resolutions[1].decision, decision);
+        assert_eq!(resolutions[1].outcome(), Outcome::Remembered);
+        let left: Vec<_> = core.pending(None).iter().map(|p| p.approval_id).collect();
+        assert_eq!(left, vec![other]);
+    }
+
+    #[test]
+    fn a_conversation_key_leaves_other_conversations_pending() {
+        let (a, b) = (ConversationId::new(), ConversationId::new());
+        let mut core = ApprovalCore::new();
+        let first = open(&mut core, ask(a, &["make"]), 0, 1);
+        let second = open(&mut core, ask(b, &["make"]), 1, 2);
+        let decision = ApprovalDecision::ApproveForConversation { ttl_secs: None };
+        assert_eq!(core.decide(first, decision, 2).unwrap().len(), 1);
+        assert_eq!(core.pending(None)[0].approval_id, second);
+        assert!(core.is_approved(a, &argv(&["make"]), 3));
+        assert!(!core.is_approved(b, &argv(&["make"]), 3));
+    }
+
+    #[test]
+    fn denials_carry_their_reason() {
+        let c = ConversationId::new();
+        let mut core = ApprovalCore::new();
+        let id = open(&mut core, ask(c, &["make"]), 0, 1);
+        let r = core
+            .decide(id, ApprovalDecision::Deny { reason: None }, 1)
+            .unwrap();
+        assert_eq!(
+            r[0].answer,
+            Err(AgentError::ApprovalDenied {
+                command: argv(&["make"]),
+                reason: "denied by user".to_owned()
+            })
+        );
+        assert_eq!(r[0].outcome(), Outcome::Denied);
+        let id = open(&mut core, ask(c, &["make"]), 2, 2);
+        let deny = ApprovalDecision::Deny {
+            reason: Some("not on a Friday".to_owned()),
+        };
+        let r = core.decide(id, deny, 3).unwrap();
+        assert!(
+            matches!(&r[0].answer, Err(AgentError::ApprovalDenied { reason, .. }) if reason == "not on a Friday")
+        );
+        assert_eq!(core.keys_len(), 0);
+    }
+
+    #[test]
+    fn deciding_twice_or_an_unknown_id_is_not_found() {
+        let c = ConversationId::new();
+        let mut core = ApprovalCore::new();
+        let id = open(&mut core, ask(c, &["make"]), 0, 1);
+        core.decide(id, ApprovalDecision::ApproveOnce, 1).unwrap();
+        let again = core.decide(id, ApprovalDecision::ApproveOnce, 2);
+        assert!(matches!(again, Err(AgentError::NotFound { ref what, .. }) if what == "approval"));
+        let unknown = core.decide(ApprovalId::new(), ApprovalDecision::ApproveOnce, 2);
+        assert!(matches!(unknown, Err(AgentError::NotFound { .. })));
+    }
+
+    #[test]
+    fn time_out_denies_once() {
+        let c = ConversationId::new();
+        let mut core = ApprovalCore::new();
+        let id = match core.request(ask(c, &["make"]), 100, 2_500, 1) {
+            Admission::Opened(info) => {
+                assert_eq!(info.deadline_ms, 2_600);
+                info.approval_id
+            }
+            other => panic!("{other:?}"),
+        };
+        let r = core.time_out(id).unwrap();
+        assert_eq!(r.decision, ApprovalDecision::TimedOut);
+        assert_eq!(r.outcome(), Outcome::TimedOut);
+        assert!(
+            matches!(&r.answer, Err(AgentError::ApprovalDenied { reason, .. }) if reason == "approval timed out after 2500 ms")
+        );
+        assert!(core.time_out(id).is_none());
+    }
+
+    #[test]
+    fn closing_a_conversation_denies_its_requests_and_drops_its_keys() {
+        let (a, b) = (ConversationId::new(), ConversationId::new());
+        let mut core = ApprovalCore::new();
+        let id = open(&mut core, ask(a, &["make"]), 0, 1);
+        let scoped = ApprovalDecision::ApproveForConversation { ttl_secs: None };
+        core.decide(id, scoped, 0).unwrap();
+        let id = open(&mut core, ask(a, &["ls"]), 0, 2);
+        let session = ApprovalDecision::ApproveForSession { ttl_secs: None };
+        core.decide(id, session, 0).unwrap();
+        let mine = open(&mut core, ask(a, &["rm"]), 1, 3);
+        let theirs = open(&mut core, ask(b, &["rm"]), 2, 4);
+        let closed = core.close_conversation(a);
+        assert_eq!(closed.len(), 1);
+        assert_eq!(closed[0].request.approval_id, mine);
+        assert!(
+            matches!(&closed[0].answer, Err(AgentError::ApprovalDenied { reason, .. }) if reason == "conversation closed")
+        );
+        assert_eq!(core.pending(None)[0].approval_id, theirs);
+        // The scoped key is gone; the session key stays.
+        assert_eq!(core.live_keys(3), vec![key(&["ls"], None, None)]);
+    }
+
+    #[test]
+    fn sweep_drops_only_expired_keys() {
+        let c = ConversationId::new();
+        let mut core: ApprovalCore<u32> = ApprovalCore::new();
+        for (cmd, ttl) in [("a", Some(1)), ("b", Some(2)), ("c", None)] {
+            let id = open(&mut core, ask(c, &[cmd]), 0, 0);
+            core.decide(id, ApprovalDecision::ApproveForSession { ttl_secs: ttl }, 0)
+                .unwrap();
+        }
+        assert_eq!(core.live_keys(1_000).len(), 2);
+        assert_eq!(core.keys_len(), 3);
+        assert_eq!(core.sweep(1_000), 1);
+        assert_eq!(core.sweep(1_000), 0);
+        assert_eq!(core.sweep(5_000), 1);
+        assert_eq!(core.live_keys(5_000), vec![key(&["c"], None, None)]);
+    }
+
+    #[test]
+    fn a_new_decision_replaces_an_expired_key() {
+        let c = ConversationId::new();
+        let mut core = ApprovalCore::new();
+        let id = open(&mut core, ask(c, &["make"]), 0, 1);
+        core.decide(
+            id,
+            ApprovalDecision::ApproveForSession { ttl_secs: Some(1) },
+            0,
+        )
+        .unwrap();
+        let id = open(&mut core, ask(c, &["make"]), 1_000, 2);
+        core.decide(
+            id,
+            ApprovalDecision::ApproveForSession { ttl_secs: Some(1) },
+            1_000,
+        )
+        .unwrap();
+        assert_eq!(core.keys_len(), 1);
+        assert_eq!(
+            core.live_keys(1_500),
+            vec![key(&["make"], None, Some(2_000))]
+        );
+    }
+
+    #[test]
+    fn pending_lists_oldest_first_and_filters() {
+        let (a, b) = (ConversationId::new(), ConversationId::new());
+        let mut core = ApprovalCore::new();
+        // Same millisecond: admission order decides.
+        let ids: Vec<_> = ["x", "y", "z"]
+            .iter()
+            .enumerate()
+            .map(|(i, cmd)| open(&mut core, ask(if i == 1 { b } else { a }, &[cmd]), 7, 0))
+            .collect();
+        let all: Vec<_> = core.pending(None).iter().map(|p| p.approval_id).collect();
+        assert_eq!(all, ids);
+        let only_a: Vec<_> = core
+            .pending(Some(a))
+            .iter()
+            .map(|p| p.approval_id)
+            .collect();
+        assert_eq!(only_a, vec![ids[0], ids[2]]);
+    }
+
+    // ----- the actor -----
+
+    type Answer = Result<Granted, AgentError>;
+
+    async fn spawn_store(events: Option<EventSink>) -> (ActorRef<ApprovalMsg>, Clock) {
+        let clock = Clock::new();
+        let args = ApprovalStoreArgs {
+            clock,
+            sweep_interval: Duration::from_secs(1),
+            request_timeout: Duration::from_secs(30),
+            events,
+        };
+        let (store, _) = Actor::spawn(None, ApprovalStore, args).await.unwrap();
+        (store, clock)
+    }
+
+    /// Enqueues a request without waiting for it: the mailbox keeps it ordered before any
+    /// later RPC, so that RPC is a barrier.
+    fn ask_store(
+        store: &ActorRef<ApprovalMsg>,
+        conversation_id: ConversationId,
+        task_id: Option<TaskId>,
+        command: &[&str],
+    ) -> oneshot::Receiver<Answer> {
+        let (tx, rx) = oneshot::channel();
+        store
+            .cast(ApprovalMsg::Request {
+                conversation_id,
+                task_id,
+                command: argv(command),
+                reason: "needs it".to_owned(),
+                timeout: None,
+                reply: tx.into(),
+            })
+            .unwrap();
+        rx
+    }
+
+    /// Asks and waits for the answer (only for answers that come without a human).
+    async fn request(store: &ActorRef<ApprovalMsg>, c: ConversationId, command: &[&str]) -> Answer {
+        ask_store(store, c, None, command).await.unwrap()
+    }
+
+    async fn pending(
+        store: &ActorRef<ApprovalMsg>,
+        c: Option<ConversationId>,
+    ) -> Vec<PendingApproval> {
+        ractor::call!(store, |reply| ApprovalMsg::ListPending {
+            conversation_id: c,
+            reply
+        })
+        .unwrap()
+    }
+
+    async fn only_pending(store: &ActorRef<ApprovalMsg>) -> PendingApproval {
+        let mut all = pending(store, None).await;
+        assert_eq!(all.len(), 1, "{all:?}");
+        all.remove(0)
+    }
+
+    async fn respond(
+        store: &ActorRef<ApprovalMsg>,
+        approval_id: ApprovalId,
+        decision: ApprovalDecision,
+    ) -> Result<(), AgentError> {
+        ractor::call!(store, |reply| ApprovalMsg::Respond {
+            approval_id,
+            decision,
+            reply
+        })
+        .unwrap()
+    }
+
+    async fn is_approved(
+        store: &ActorRef<ApprovalMsg>,
+        c: ConversationId,
+        command: &[&str],
+    ) -> bool {
+        ractor::call!(store, |reply| ApprovalMsg::IsApproved {
+            conversation_id: c,
+            command: argv(command),
+            reply
+        })
+        .unwrap()
+    }
+
+    async fn keys(store: &ActorRef<ApprovalMsg>) -> Vec<CommandKey> {
+        ractor::call!(store, |reply| ApprovalMsg::ListKeys { reply }).unwrap()
+    }
+
+    /// Asks a human-answered question and answers it with `decision`.
+    async fn ask_and_answer(
+        store: &ActorRef<ApprovalMsg>,
+        c: ConversationId,
+        command: &[&str],
+        decision: ApprovalDecision,
+    ) -> Answer {
+        let rx = ask_store(store, c, None, command);
+        let id = only_pending(store).await.approval_id;
+        respond(store, id, decision).await.unwrap();
+        rx.await.unwrap()
+    }
+
+    fn denied_reason(answer: &Answer) -> &str {
+        match answer {
+            Err(AgentError::ApprovalDenied { reason, .. }) => reason,
+            other => panic!("expected a denial, got {other:?}"),
+        }
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn key_expiry_is_exact_under_paused_time() {
+        let (store, clock) = spawn_store(None).await;
+        let c = ConversationId::new();
+        let decision = ApprovalDecision::ApproveForConversation { ttl_secs: Some(60) };
+        let answer = ask_and_answer(&store, c, &["make"], decision.clone()).await;
+        assert_eq!(answer, Ok(Granted::Decided(decision)));
+        let granted_at = clock.now_ms();
+        assert_eq!(
+            keys(&store).await[0].expires_at_ms,
+            Some(granted_at + 60_000)
+        );
+
+        tokio::time::advance(Duration::from_millis(59_999)).await;
+        assert!(is_approved(&store, c, &["make"]).await);
+        tokio::time::advance(Duration::from_millis(1)).await;
+        assert_eq!(clock.now_ms(), granted_at + 60_000);
+        assert!(!is_approved(&store, c, &["make"]).await);
+        assert!(keys(&store).await.is_empty());
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn conversation_keys_stay_in_scope_and_session_keys_are_shared() {
+        let (store, _) = spawn_store(None).await;
+        let (a, b, c) = (
+            ConversationId::new(),
+            ConversationId::new(),
+            ConversationId::new(),
+        );
+        let scoped = ApprovalDecision::ApproveForConversation { ttl_secs: None };
+        ask_and_answer(&store, a, &["make"], scoped).await.unwrap();
+        assert!(is_approved(&store, a, &["make"]).await);
+        assert!(!is_approved(&store, b, &["make"]).await);
+        assert_eq!(request(&store, a, &["make"]).await, Ok(Granted::Remembered));
+
+        let session = ApprovalDecision::ApproveForSession { ttl_secs: None };
+        ask_and_answer(&store, b, &["make"], session).await.unwrap();
+        for conversation in [a, b, c] {
+            assert!(is_approved(&store, conversation, &["make"]).await);
+            assert_eq!(
+                request(&store, conversation, &["make"]).await,
+                Ok(Granted::Remembered)
+            );
+        }
+        assert!(!is_approved(&store, c, &["make", "install"]).await);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn approve_once_asks_again_next_time() {
+        let (store, _) = spawn_store(None).await;
+        let c = ConversationId::new();
+        let answer = ask_and_answer(&store, c, &["make"], ApprovalDecision::ApproveOnce).await;
+        assert_eq!(answer, Ok(Granted::Decided(ApprovalDecision::ApproveOnce)));
+        assert!(pending(&store, None).await.is_empty());
+
+        let _rx = ask_store(&store, c, None, &["make"]);
+        let again = only_pending(&store).await;
+        assert_eq!(again.command, argv(&["make"]));
+        assert!(keys(&store).await.is_empty());
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_conversation_approval_with_ttl_expires_and_asks_again() {
+        let (store, _) = spawn_store(None).await;
+        let c = ConversationId::new();
+        let decision = ApprovalDecision::ApproveForConversation { ttl_secs: Some(60) };
+        ask_and_answer(&store, c, &["make"], decision)
+            .await
+            .unwrap();
+        tokio::time::advance(Duration::from_secs(30)).await;
+        assert_eq!(request(&store, c, &["make"]).await, Ok(Granted::Remembered));
+
+        tokio::time::advance(Duration::from_secs(30)).await;
+        let _rx = ask_store(&store, c, None, &["make"]);
+        assert_eq!(only_pending(&store).await.conversation_id, c);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn deny_answers_approval_denied() {
+        let (store, _) = spawn_store(None).await;
+        let c = ConversationId::new();
+        let answer = ask_and_answer(
+            &store,
+            c,
+            &["rm", "-rf", "/"],
+            ApprovalDecision::Deny { reason: None },
+        )
+        .await;
+        assert_eq!(
+            answer,
+            Err(AgentError::ApprovalDenied {
+                command: argv(&["rm", "-rf", "/"]),
+                reason: "denied by user".to_owned(),
+            })
+        );
+        let deny = ApprovalDecision::Deny {
+            reason: Some("no".to_owned()),
+        };
+        let answer = ask_and_answer(&store, c, &["rm", "-rf", "/"], deny).await;
+        assert_eq!(denied_reason(&answer), "no");
+        assert!(keys(&store).await.is_empty());
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn nobody_answering_times_out_into_a_denial() {
+        let (store, _) = spawn_store(None).await;
+        let c = ConversationId::new();
+        let started = tokio::time::Instant::now();
+        // Paused time auto-advances to the timeout while the call waits.
+        let answer = ractor::call!(store, |reply| ApprovalMsg::Request {
+            conversation_id: c,
+            task_id: None,
+            command: argv(&["make"]),
+            reason: "build".to_owned(),
+            timeout: Some(Duration::from_secs(5)),
+            reply,
+        })
+        .unwrap();
+        assert_eq!(started.elapsed(), Duration::from_secs(5));
+        assert_eq!(denied_reason(&answer), "approval timed out after 5000 ms");
+        assert!(pending(&store, None).await.is_empty());
+
+        // Without a timeout of its own, the store's applies.
+        let answer = request(&store, c, &["make"]).await;
+        assert_eq!(denied_reason(&answer), "approval timed out after 30000 ms");
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn identical_concurrent_requests_share_one_answer() {
+        let (store, _) = spawn_store(None).await;
+        let c = ConversationId::new();
+        let first = ask_store(&store, c, None, &["make"]);
+        let second = ask_store(&store, c, Some(TaskId::new()), &["make"]);
+        let id = only_pending(&store).await.approval_id;
+        respond(&store, id, ApprovalDecision::ApproveOnce)
+            .await
+            .unwrap();
+        let granted = Ok(Granted::Decided(ApprovalDecision::ApproveOnce));
+        assert_eq!(first.await.unwrap(), granted);
+        assert_eq!(second.await.unwrap(), granted);
+        // The answer is spent; a late duplicate answer finds nothing.
+        let late = respond(&store, id, ApprovalDecision::ApproveOnce).await;
+        assert!(matches!(late, Err(AgentError::NotFound { .. })));
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_session_approval_grants_other_pending_conversations() {
+        let (store, _) = spawn_store(None).await;
+        let (a, b) = (ConversationId::new(), ConversationId::new());
+        let in_a = ask_store(&store, a, None, &["make"]);
+        let in_b = ask_store(&store, b, None, &["make"]);
+        let id = pending(&store, Some(a)).await[0].approval_id;
+        let session = ApprovalDecision::ApproveForSession { ttl_secs: None };
+        respond(&store, id, session.clone()).await.unwrap();
+        assert_eq!(in_a.await.unwrap(), Ok(Granted::Decided(session)));
+        assert_eq!(in_b.await.unwrap(), Ok(Granted::Remembered));
+        assert!(pending(&store, None).await.is_empty());
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn closing_a_conversation_denies_its_pending_requests() {
+        let (store, _) = spawn_store(None).await;
+        let (a, b) = (ConversationId::new(), ConversationId::new());
+        let scoped = ApprovalDecision::ApproveForConversation { ttl_secs: None };
+        ask_and_answer(&store, a, &["ls"], scoped).await.unwrap();
+        let in_a = ask_store(&store, a, None, &["make"]);
+        let in_b = ask_store(&store, b, None, &["make"]);
+        store
+            .cast(ApprovalMsg::ConversationClosed { conversation_id: a })
+            .unwrap();
+        assert_eq!(denied_reason(&in_a.await.unwrap()), "conversation closed");
+        let left = only_pending(&store).await;
+        assert_eq!(left.conversation_id, b);
+        assert!(!is_approved(&store, a, &["ls"]).await);
+        drop(in_b);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn responding_to_an_unknown_approval_is_not_found() {
+        let (store, _) = spawn_store(None).await;
+        let missing = ApprovalId::new();
+        let err = respond(&store, missing, ApprovalDecision::ApproveOnce).await;
+        assert_eq!(err, Err(AgentError::not_found("approval", missing)));
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_caller_that_gave_up_is_skipped() {
+        let (store, _) = spawn_store(None).await;
+        let c = ConversationId::new();
+        drop(ask_store(&store, c, None, &["make"]));
+        let id = only_pending(&store).await.approval_id;
+        let session = ApprovalDecision::ApproveForSession { ttl_secs: None };
+        respond(&store, id, session).await.unwrap();
+        // The decision still stands for the next caller.
+        assert_eq!(request(&store, c, &["make"]).await, Ok(Granted::Remembered));
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn stopping_closes_pending_callers_ports() {
+        let (store, _) = spawn_store(None).await;
+        let rx = ask_store(&store, ConversationId::new(), None, &["make"]);
+        only_pending(&store).await;
+        store.stop_and_wait(None, None).await.unwrap();
+        assert!(rx.await.is_err());
+    }
+
+    /// Stands in for the Rollout: forwards every emitted draft to the test.
+    struct Forward;
+
+    #[ractor::async_trait]
+    impl Actor for Forward {
+        type Msg = RolloutMsg;
+        type State = mpsc::UnboundedSender<EventDraft>;
+        type Arguments = mpsc::UnboundedSender<EventDraft>;
+
+        async fn pre_start(
+            &self,
+            _myself: ActorRef<Self::Msg>,
+            tx: Self::Arguments,
+        ) -> Result<Self::State, ActorProcessingErr> {
+            Ok(tx)
+        }
+
+        async fn handle(
+            &self,
+            _myself: ActorRef<Self::Msg>,
+            msg: Self::Msg,
+            tx: &mut Self::State,
+        ) -> Result<(), ActorProcessingErr> {
+            if let RolloutMsg::Emit { draft } = msg {
+                let _ = tx.send(draft);
+            }
+            Ok(())
+        }
+    }
+
+    async fn spawn_with_events() -> (ActorRef<ApprovalMsg>, mpsc::UnboundedReceiver<EventDraft>) {
+        let (tx, rx) = mpsc::unbounded_channel();
+        let (rollout, _) = Actor::spawn(None, Forward, tx).await.unwrap();
+        let (store, _) = spawn_store(Some(EventSink::new(rollout))).await;
+        (store, rx)
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn events_name_the_approval_its_conversation_and_task() {
+        let (store, mut events) = spawn_with_events().await;
+        let (c, t) = (ConversationId::new(), TaskId::new());
+        let rx = ask_store(&store, c, Some(t), &["make"]);
+        let id = only_pending(&store).await.approval_id;
+
+        let requested = events.recv().await.unwrap();
+        assert_eq!(requested.conversation_id, Some(c));
+        assert_eq!(requested.task_id, Some(t));
+        assert_eq!(requested.sub_id, Some(crate::events::sub_id(c, t)));
+        assert_eq!(
+            requested.event,
+            EventKind::ApprovalRequested {
+                approval_id: id,
+                command: argv(&["make"]),
+                reason: "needs it".to_owned(),
+            }
+        );
+
+        respond(&store, id, ApprovalDecision::ApproveOnce)
+            .await
+            .unwrap();
+        rx.await.unwrap().unwrap();
+        let resolved = events.recv().await.unwrap();
+        assert_eq!(
+            (resolved.conversation_id, resolved.task_id),
+            (Some(c), Some(t))
+        );
+        assert_eq!(
+            resolved.event,
+            EventKind::ApprovalResolved {
+                approval_id: id,
+                decision: ApprovalDecision::ApproveOnce,
+            }
+        );
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_timeout_without_a_task_is_announced_on_the_conversation() {
+        let (store, mut events) = spawn_with_events().await;
+        let c = ConversationId::new();
+        let answer = request(&store, c, &["make"]).await;
+        assert!(answer.is_err());
+
+        let requested = events.recv().await.unwrap();
+        let EventKind::ApprovalRequested { approval_id, .. } = requested.event else {
+            panic!("expected approval_requested, got {requested:?}");
+        };
+        assert_eq!(
+            (requested.conversation_id, requested.task_id),
+            (Some(c), None)
+        );
+        let resolved = events.recv().await.unwrap();
+        assert_eq!(resolved.conversation_id, Some(c));
+        assert_eq!(resolved.sub_id, None);
+        assert_eq!(
+            resolved.event,
+            EventKind::ApprovalResolved {
+                approval_id,
+                decision: ApprovalDecision::TimedOut,
+            }
+        );
+        // Exactly one request and one resolution.
+        assert!(events.try_recv().is_err());
+    }
 }

@@ -1,0 +1,108 @@
+//! ApprovalStore metrics: names, descriptions and typed helpers. Labels are bounded enums only;
+//! approval and conversation ids go into spans and events, never into labels.
+
+use metrics::{
+    Unit, counter, describe_counter, describe_gauge, describe_histogram, gauge, histogram,
+};
+use std::time::Duration;
+
+/// Requests answered, by outcome (one per caller, so two callers sharing a pending request
+/// count twice).
+pub const REQUESTS_TOTAL: &str = "troupe_approval_requests_total";
+/// Pending requests waiting for a human, summed over the sessions of this process.
+pub const PENDING: &str = "troupe_approval_pending";
+/// Stored keys (expired ones included until the next sweep), summed over sessions.
+pub const KEYS: &str = "troupe_approval_keys";
+/// How long a pending request waited for its resolution, by outcome.
+pub const WAIT_SECONDS: &str = "troupe_approval_wait_seconds";
+
+/// How a request ended, as a metric label.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Outcome {
+    /// A key covered it; no human was asked (or the human's answer to another request did).
+    Remembered,
+    /// A human approved it.
+    Approved,
+    /// A human refused it, or its conversation closed.
+    Denied,
+    /// Nobody answered in time.
+    TimedOut,
+}
+
+impl Outcome {
+    pub const fn as_str(self) -> &'static str {
+        match self {
+            Self::Remembered => "remembered",
+            Self::Approved => "approved",
+            Self::Denied => "denied",
+            Self::TimedOut => "timed_out",
+        }
+    }
+}
+
+/// Registers descriptions; call once after installing a recorder.
+pub fn describe() {
+    describe_counter!(
+        REQUESTS_TOTAL,
+        Unit::Count,
+        "Approval requests answered, by outcome (remembered, approved, denied, timed_out)."
+    );
+    describe_gauge!(
+        PENDING,
+        Unit::Count,
+        "Approval requests waiting for a human."
+    );
+    describe_gauge!(
+        KEYS,
+        Unit::Count,
+        "Approval keys held (expired keys count until swept)."
+    );
+    describe_histogram!(
+        WAIT_SECONDS,
+        Unit::Seconds,
+        "Time from an approval request to its resolution, by outcome."
+    );
+}
+
+/// Counts `callers` answers with `outcome`.
+pub fn answered(outcome: Outcome, callers: usize) {
+    counter!(REQUESTS_TOTAL, "outcome" => outcome.as_str())
+        .increment(u64::try_from(callers).unwrap_or(u64::MAX));
+}
+
+/// Records how long a pending request waited.
+pub fn waited(outcome: Outcome, waited: Duration) {
+    histogram!(WAIT_SECONDS, "outcome" => outcome.as_str()).record(waited.as_secs_f64());
+}
+
+/// The sizes last reported by one store. Several stores (one per session) share the unlabeled
+/// gauges, so each reports only its own changes instead of setting absolute values.
+#[derive(Debug, Default)]
+pub struct Gauges {
+    pending: usize,
+    keys: usize,
+}
+
+impl Gauges {
+    /// Moves the shared gauges by the change since the last report.
+    pub fn sync(&mut self, pending: usize, keys: usize) {
+        shift(PENDING, self.pending, pending);
+        shift(KEYS, self.keys, keys);
+        self.pending = pending;
+        self.keys = keys;
+    }
+
+    /// Withdraws everything this store reported (it is stopping).
+    pub fn clear(&mut self) {
+        self.sync(0, 0);
+    }
+}
+
+fn shift(name: &'static str, from: usize, to: usize) {
+    // Counts this small are exact in f64.
+    match to.cmp(&from) {
+        std::cmp::Ordering::Greater => gauge!(name).increment((to - from) as f64),
+        std::cmp::Ordering::Less => gauge!(name).decrement((from - to) as f64),
+        std::cmp::Ordering::Equal => {}
+    }
+}
