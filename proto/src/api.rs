@@ -119,7 +119,9 @@ impl ApprovalDecision {
     pub const fn approves(&self) -> bool {
         matches!(
             self,
-            Self::ApproveOnce | Self::ApproveForConversation { .. } | Self::ApproveForSession { .. }
+            Self::ApproveOnce
+                | Self::ApproveForConversation { .. }
+                | Self::ApproveForSession { .. }
         )
     }
 }

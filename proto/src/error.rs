@@ -16,7 +16,10 @@ pub enum AgentError {
     Timeout { what: String, after_ms: u64 },
     /// A human (or the approval timeout) refused a command.
     #[error("approval denied for `{}`: {reason}", command.join(" "))]
-    ApprovalDenied { command: Vec<String>, reason: String },
+    ApprovalDenied {
+        command: Vec<String>,
+        reason: String,
+    },
     /// The sandbox refused or could not enforce a policy.
     #[error("sandbox error: {message}")]
     SandboxError { message: String },

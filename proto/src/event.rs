@@ -8,7 +8,7 @@ use crate::error::AgentError;
 use crate::ids::{ApprovalId, ConversationId, SessionId, TaskId};
 use crate::policy::StoragePolicy;
 use crate::tool::ToolCall;
-use serde::{Deserialize, Serialize};
+use serde::{Deserialize, Deserializer, Serialize, Serializer};
 
 /// One event, as published to subscribers and (policy permitting) recorded.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -51,8 +51,12 @@ impl TaskStatus {
 }
 
 /// What happened. Content-bearing fields are the ones a storage policy may strip.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-#[serde(rename_all = "snake_case", tag = "kind", content = "payload")]
+///
+/// In JSON (and other human-readable formats) an event kind is adjacently tagged:
+/// `{"kind": "task_started", "payload": {"input": "..."}}`. In binary formats it is externally
+/// tagged (variant index, then fields), because bincode cannot read an adjacent tag; see
+/// `wire` below.
+#[derive(Debug, Clone, PartialEq)]
 #[non_exhaustive]
 pub enum EventKind {
     /// A conversation was opened (or reopened from the store).
@@ -133,4 +137,88 @@ impl EventKind {
             Self::Error { .. } => "error",
         }
     }
+}
+
+impl Serialize for EventKind {
+    fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        if s.is_human_readable() {
+            wire::Adjacent::serialize(self, s)
+        } else {
+            wire::External::serialize(self, s)
+        }
+    }
+}
+
+impl<'de> Deserialize<'de> for EventKind {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        if d.is_human_readable() {
+            wire::Adjacent::deserialize(d)
+        } else {
+            wire::External::deserialize(d)
+        }
+    }
+}
+
+/// The two serde shapes of [`EventKind`], derived from one mirror of its variants.
+///
+/// An adjacently tagged enum reads its tag with `deserialize_identifier`, which bincode does not
+/// implement; the externally tagged form reads a variant index instead. `remote = "EventKind"`
+/// makes the compiler check every mirror against the real enum, so a variant added there and
+/// forgotten here does not build. The variant order is the binary format: append new variants.
+mod wire {
+    use super::*;
+
+    macro_rules! mirror {
+        ($(#[$attr:meta])* $name:ident) => {
+            #[derive(Serialize, Deserialize)]
+            #[serde(remote = "EventKind", rename_all = "snake_case")]
+            $(#[$attr])*
+            pub(super) enum $name {
+                ConversationOpened {
+                    storage_policy: StoragePolicy,
+                    base_instructions: Option<String>,
+                    user_instructions: Option<String>,
+                },
+                ConversationClosed { outcome: CloseOutcome },
+                ConversationRestarted { reason: String, restored_items: u64 },
+                TaskStarted { input: String },
+                TaskFinished {
+                    status: TaskStatus,
+                    text: String,
+                    stats: TaskStats,
+                    error: Option<AgentError>,
+                },
+                TaskAborted { waited_ms: u64 },
+                StepStarted { turn: u32, step: u32 },
+                AssistantChunk { delta: String },
+                AssistantMessage { text: String },
+                ToolCallStarted { call: ToolCall },
+                ToolCallFinished {
+                    call_id: String,
+                    name: String,
+                    output: String,
+                    is_error: bool,
+                    duration_ms: u64,
+                },
+                ApprovalRequested {
+                    approval_id: ApprovalId,
+                    command: Vec<String>,
+                    reason: String,
+                },
+                ApprovalResolved {
+                    approval_id: ApprovalId,
+                    decision: ApprovalDecision,
+                },
+                HistoryTrimmed { removed_items: u64, summary: String },
+                Warning { code: String, message: String },
+                Error { error: AgentError },
+            }
+        };
+    }
+
+    mirror!(
+        #[serde(tag = "kind", content = "payload")]
+        Adjacent
+    );
+    mirror!(External);
 }

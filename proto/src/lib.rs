@@ -23,3 +23,6 @@ pub use item::{HistoryItem, Role, Usage};
 pub use json::Json;
 pub use policy::{ApprovalPolicy, CommandKey, SandboxPolicy, StoragePolicy};
 pub use tool::{ToolCall, ToolOutput, ToolSpec};
+
+#[cfg(test)]
+mod roundtrip_tests;
