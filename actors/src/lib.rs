@@ -14,6 +14,8 @@
 pub mod approval_store;
 pub mod clock;
 pub mod events;
+pub mod history;
 pub mod rollout;
 pub mod scheduler;
 pub mod task_registry;
+pub mod tools;

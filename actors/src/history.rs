@@ -1,0 +1,879 @@
+//! HistoryStore (S6) and PromptView (S7): what a conversation remembers, kept bounded, and the
+//! prompt built over it without copying it.
+//!
+//! History is a deque of segments, each an `Arc<Segment>` of at most `segment_items` items.
+//! Only the last (open) segment grows; it is changed in place through `Arc::make_mut`, so it is
+//! copied only while a snapshot still holds it, and no other segment is ever copied. A
+//! [`HistorySnapshot`] clones the `Arc`s, never the items, and a [`PromptView`] iterates a
+//! snapshot together with the pinned instructions, the pending items and the new input.
+//!
+//! When the held items pass `max_items` or `max_tokens`, whole oldest segments are removed (the
+//! oldest items of the last one if it alone is too big) and folded by the [`Summarizer`] into a
+//! single `HistoryItem::Summary`, held in its own slot in front of the segments. Room for the
+//! summary (one item and an eighth of `max_tokens`) is reserved when trimming, and the store
+//! caps whatever the summarizer returns to that room, so both bounds hold after every append,
+//! summary included.
+
+use std::collections::VecDeque;
+use std::fmt;
+use std::sync::Arc;
+use troupe_proto::{HistoryItem, Role};
+
+/// Folds trimmed items into the running summary.
+pub trait Summarizer: Send + Sync + 'static {
+    /// Folds `removed` (oldest first) into the `previous` summary. The result must stay bounded.
+    fn summarize(&self, previous: Option<&str>, removed: &[HistoryItem]) -> String;
+}
+
+/// Local, deterministic summarizer: keeps the previous summary's tail plus a one-line digest
+/// per removed message/tool call (role + first ~80 chars), truncated to `max_chars` (on a char
+/// boundary).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct LocalSummarizer {
+    /// Upper bound of the summary, in bytes (UTF-8), so also a bound on its token estimate.
+    pub max_chars: usize,
+}
+
+impl Default for LocalSummarizer {
+    fn default() -> Self {
+        Self { max_chars: 4000 }
+    }
+}
+
+/// Characters of each removed item that make it into its digest line.
+const DIGEST_CHARS: usize = 80;
+
+impl Summarizer for LocalSummarizer {
+    fn summarize(&self, previous: Option<&str>, removed: &[HistoryItem]) -> String {
+        // Only the tail survives, so the previous summary never needs more than `max_chars`.
+        let mut out = String::new();
+        if let Some(previous) = previous {
+            out.push_str(tail_on_char_boundary(previous, self.max_chars));
+        }
+        for item in removed {
+            if !out.is_empty() {
+                out.push('\n');
+            }
+            push_digest(&mut out, item);
+        }
+        tail_lines(&out, self.max_chars).to_owned()
+    }
+}
+
+/// Bounds of a [`HistoryStore`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct HistoryLimits {
+    /// Most items held, summary included. Raised to at least 2 (the summary and one item).
+    pub max_items: usize,
+    /// Most approximate tokens held, summary included. Raised to at least 64.
+    pub max_tokens: usize,
+    /// Items per segment: the unit of trimming and of copy-on-write. Kept within
+    /// `1..=max_items / 2` so a trim never has to empty the whole history.
+    pub segment_items: usize,
+}
+
+impl Default for HistoryLimits {
+    fn default() -> Self {
+        Self {
+            max_items: 2_000,
+            max_tokens: 120_000,
+            segment_items: 64,
+        }
+    }
+}
+
+impl HistoryLimits {
+    const MIN_ITEMS: usize = 2;
+    const MIN_TOKENS: usize = 64;
+    /// The summary may use `max_tokens / SUMMARY_SHARE` tokens.
+    const SUMMARY_SHARE: usize = 8;
+
+    /// The limits actually enforced.
+    fn effective(self) -> Self {
+        let max_items = self.max_items.max(Self::MIN_ITEMS);
+        Self {
+            max_items,
+            max_tokens: self.max_tokens.max(Self::MIN_TOKENS),
+            segment_items: self.segment_items.clamp(1, max_items / 2),
+        }
+    }
+
+    /// Tokens reserved for the summary (at least 8, since `max_tokens >= 64`).
+    fn summary_budget(self) -> usize {
+        self.max_tokens / Self::SUMMARY_SHARE
+    }
+
+    /// Whether `items` history items of `tokens` tokens leave room for a full-size summary.
+    fn fits_with_summary(self, items: usize, tokens: usize) -> bool {
+        items < self.max_items && tokens + self.summary_budget() <= self.max_tokens
+    }
+}
+
+/// What one append trimmed.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct TrimReport {
+    /// Items removed by this append (now folded into the summary).
+    pub removed_items: u64,
+    /// The summary text after this append.
+    pub summary: String,
+}
+
+/// A run of consecutive history items, shared between the store and its snapshots.
+#[derive(Clone)]
+struct Segment {
+    items: Vec<HistoryItem>,
+    /// Sum of the items' `approx_tokens`, so trimming a segment costs O(1) bookkeeping.
+    tokens: usize,
+}
+
+/// A conversation's history: segmented, bounded, cheap to snapshot.
+pub struct HistoryStore {
+    /// Effective limits (see [`HistoryLimits`]).
+    limits: HistoryLimits,
+    summarizer: Arc<dyn Summarizer>,
+    /// The summary of everything trimmed so far, as a one-item segment so snapshots share it.
+    summary: Option<Arc<Segment>>,
+    /// Oldest first; only the last one is ever appended to.
+    segments: VecDeque<Arc<Segment>>,
+    /// Items held in `segments` (summary excluded).
+    items: usize,
+    /// Tokens held in `segments` (summary excluded).
+    tokens: usize,
+    total_appended: u64,
+    /// Items folded into the summary so far.
+    replaced: u64,
+}
+
+impl fmt::Debug for HistoryStore {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("HistoryStore")
+            .field("limits", &self.limits)
+            .field("len", &self.len())
+            .field("approx_tokens", &self.approx_tokens())
+            .field("segments", &self.segments.len())
+            .field("total_appended", &self.total_appended)
+            .field("replaced", &self.replaced)
+            .finish()
+    }
+}
+
+impl HistoryStore {
+    pub fn new(limits: HistoryLimits, summarizer: Arc<dyn Summarizer>) -> Self {
+        Self {
+            limits: limits.effective(),
+            summarizer,
+            summary: None,
+            segments: VecDeque::new(),
+            items: 0,
+            tokens: 0,
+            total_appended: 0,
+            replaced: 0,
+        }
+    }
+
+    /// Appends only the given new items; trims when over a bound.
+    pub fn append(&mut self, items: impl IntoIterator<Item = HistoryItem>) -> Option<TrimReport> {
+        let mut removed = Vec::new();
+        let mut removed_items = 0u64;
+        for item in items {
+            self.push(item);
+            if self.over_bounds(!removed.is_empty()) {
+                self.evict(&mut removed);
+                // A huge batch must not pile up removed items: fold them as we go.
+                if removed.len() >= self.limits.max_items {
+                    removed_items += self.fold(&mut removed);
+                }
+            }
+        }
+        removed_items += self.fold(&mut removed);
+        if removed_items == 0 {
+            return None;
+        }
+        let summary = self.summary_text().unwrap_or_default().to_owned();
+        tracing::debug!(
+            removed_items,
+            held_items = self.len(),
+            held_tokens = self.approx_tokens(),
+            summary_bytes = summary.len(),
+            "history trimmed"
+        );
+        Some(TrimReport {
+            removed_items,
+            summary,
+        })
+    }
+
+    /// Items held, summary included.
+    pub fn len(&self) -> usize {
+        self.items + usize::from(self.summary.is_some())
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// Sum of `HistoryItem::approx_tokens` of the held items, summary included.
+    pub fn approx_tokens(&self) -> usize {
+        self.tokens + self.summary.as_ref().map_or(0, |s| s.tokens)
+    }
+
+    /// Every item ever appended.
+    pub fn total_appended(&self) -> u64 {
+        self.total_appended
+    }
+
+    /// Items folded into the summary so far.
+    pub fn replaced_items(&self) -> u64 {
+        self.replaced
+    }
+
+    /// The limits in force (after raising them to their minimums).
+    pub fn limits(&self) -> HistoryLimits {
+        self.limits
+    }
+
+    /// The summary item, if anything was trimmed.
+    pub fn summary(&self) -> Option<&HistoryItem> {
+        self.summary.as_ref().and_then(|s| s.items.first())
+    }
+
+    /// The held items as they stand: O(number of segments), clones `Arc`s only.
+    pub fn snapshot(&self) -> HistorySnapshot {
+        HistorySnapshot {
+            segments: self
+                .summary
+                .iter()
+                .chain(self.segments.iter())
+                .cloned()
+                .collect(),
+            len: self.len(),
+            tokens: self.approx_tokens(),
+        }
+    }
+
+    fn push(&mut self, item: HistoryItem) {
+        let tokens = item.approx_tokens();
+        let per_segment = self.limits.segment_items;
+        match self.segments.back_mut() {
+            Some(open) if open.items.len() < per_segment => {
+                let open = Arc::make_mut(open);
+                open.items.push(item);
+                open.tokens += tokens;
+            }
+            _ => {
+                let mut items = Vec::with_capacity(per_segment.min(1024));
+                items.push(item);
+                self.segments.push_back(Arc::new(Segment { items, tokens }));
+            }
+        }
+        self.items += 1;
+        self.tokens += tokens;
+        self.total_appended += 1;
+    }
+
+    /// Whether the held items break a bound. With `pending` removed items not yet folded, the
+    /// summary about to be written counts at its full budget.
+    fn over_bounds(&self, pending: bool) -> bool {
+        let (slot, reserve) = match (&self.summary, pending) {
+            (_, true) => (1, self.limits.summary_budget()),
+            (Some(summary), false) => (1, summary.tokens),
+            (None, false) => (0, 0),
+        };
+        self.items + slot > self.limits.max_items || self.tokens + reserve > self.limits.max_tokens
+    }
+
+    /// Removes oldest items into `removed` until a full-size summary fits.
+    fn evict(&mut self, removed: &mut Vec<HistoryItem>) {
+        let limits = self.limits;
+        while !limits.fits_with_summary(self.items, self.tokens) {
+            if self.segments.len() > 1 {
+                let Some(segment) = self.segments.pop_front() else {
+                    break;
+                };
+                self.items -= segment.items.len();
+                self.tokens -= segment.tokens;
+                // Moved out when no snapshot holds it; cloned (for the summarizer) otherwise.
+                match Arc::try_unwrap(segment) {
+                    Ok(segment) => removed.extend(segment.items),
+                    Err(shared) => removed.extend(shared.items.iter().cloned()),
+                }
+            } else if let Some(open) = self.segments.front_mut() {
+                // The only segment left is still too big: take its oldest items.
+                let open = Arc::make_mut(open);
+                let (mut items, mut tokens, mut cut) = (self.items, self.tokens, 0);
+                for item in &open.items {
+                    if limits.fits_with_summary(items, tokens) {
+                        break;
+                    }
+                    items -= 1;
+                    tokens -= item.approx_tokens();
+                    cut += 1;
+                }
+                removed.extend(open.items.drain(..cut));
+                open.tokens -= self.tokens - tokens;
+                self.items = items;
+                self.tokens = tokens;
+                if open.items.is_empty() {
+                    self.segments.pop_front();
+                }
+            } else {
+                break;
+            }
+        }
+    }
+
+    /// Folds `removed` into the summary; returns how many items were folded.
+    fn fold(&mut self, removed: &mut Vec<HistoryItem>) -> u64 {
+        if removed.is_empty() {
+            return 0;
+        }
+        let count = removed.len() as u64;
+        let text = self.summarizer.summarize(self.summary_text(), removed);
+        // approx_tokens = ceil(bytes / 4) + 4, so this many bytes keep it within the budget.
+        let max_bytes = (self.limits.summary_budget() - 4) * 4;
+        let text = tail_on_char_boundary(&text, max_bytes).to_owned();
+        self.replaced += count;
+        let item = HistoryItem::Summary {
+            text,
+            replaced_items: self.replaced,
+        };
+        let tokens = item.approx_tokens();
+        self.summary = Some(Arc::new(Segment {
+            items: vec![item],
+            tokens,
+        }));
+        removed.clear();
+        count
+    }
+
+    fn summary_text(&self) -> Option<&str> {
+        match self.summary() {
+            Some(HistoryItem::Summary { text, .. }) => Some(text),
+            _ => None,
+        }
+    }
+}
+
+/// The held items at one moment, summary first. Later appends do not change it.
+#[derive(Clone)]
+pub struct HistorySnapshot {
+    /// The summary's segment (if any), then the history segments oldest first.
+    segments: Vec<Arc<Segment>>,
+    len: usize,
+    tokens: usize,
+}
+
+impl HistorySnapshot {
+    pub fn len(&self) -> usize {
+        self.len
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+
+    pub fn approx_tokens(&self) -> usize {
+        self.tokens
+    }
+
+    /// The items, summary first.
+    pub fn iter(&self) -> impl Iterator<Item = &HistoryItem> {
+        self.segments.iter().flat_map(|s| s.items.iter())
+    }
+
+    /// The prompt: `pinned`, this history, `pending`, then `input`, all borrowed.
+    pub fn view<'a>(
+        &'a self,
+        pinned: Option<&'a HistoryItem>,
+        pending: &'a [HistoryItem],
+        input: &'a [HistoryItem],
+    ) -> PromptView<'a> {
+        PromptView {
+            pinned,
+            history: self,
+            pending,
+            input,
+        }
+    }
+}
+
+/// A prompt as a borrowed sequence of items: nothing is copied to build or walk it.
+#[derive(Clone, Copy)]
+pub struct PromptView<'a> {
+    /// The user instructions (C4), always first even after they were trimmed from history.
+    pinned: Option<&'a HistoryItem>,
+    history: &'a HistorySnapshot,
+    /// Items of the running task not yet appended to history.
+    pending: &'a [HistoryItem],
+    input: &'a [HistoryItem],
+}
+
+impl<'a> PromptView<'a> {
+    /// pinned (the user instructions, C4) first, then summary, then segments oldest first, then
+    /// pending, then input.
+    pub fn iter(&self) -> impl Iterator<Item = &'a HistoryItem> + 'a + use<'a> {
+        let history: &'a HistorySnapshot = self.history;
+        self.pinned
+            .into_iter()
+            .chain(history.segments.iter().flat_map(|s| s.items.iter()))
+            .chain(self.pending.iter())
+            .chain(self.input.iter())
+    }
+
+    pub fn len(&self) -> usize {
+        usize::from(self.pinned.is_some())
+            + self.history.len()
+            + self.pending.len()
+            + self.input.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    pub fn approx_tokens(&self) -> usize {
+        self.pinned.map_or(0, HistoryItem::approx_tokens)
+            + self.history.approx_tokens()
+            + self
+                .pending
+                .iter()
+                .chain(self.input)
+                .map(HistoryItem::approx_tokens)
+                .sum::<usize>()
+    }
+}
+
+/// The last `max_bytes` bytes of `s` at most, starting on a char boundary.
+fn tail_on_char_boundary(s: &str, max_bytes: usize) -> &str {
+    if s.len() <= max_bytes {
+        return s;
+    }
+    let mut start = s.len() - max_bytes;
+    while !s.is_char_boundary(start) {
+        start += 1;
+    }
+    &s[start..]
+}
+
+/// Like [`tail_on_char_boundary`], but starts on a whole line when the cut fell inside one and
+/// a later line exists.
+fn tail_lines(s: &str, max_bytes: usize) -> &str {
+    let tail = tail_on_char_boundary(s, max_bytes);
+    let cut_mid_line = tail.len() < s.len() && !s[..s.len() - tail.len()].ends_with('\n');
+    match tail.find('\n') {
+        Some(newline) if cut_mid_line => &tail[newline + 1..],
+        _ => tail,
+    }
+}
+
+/// One line standing for `item` in a local summary.
+fn push_digest(out: &mut String, item: &HistoryItem) {
+    match item {
+        HistoryItem::Message { role, text } => {
+            out.push_str(match role {
+                Role::System => "system: ",
+                Role::User => "user: ",
+                Role::Assistant => "assistant: ",
+            });
+            push_clipped(out, text);
+        }
+        HistoryItem::ToolCall(call) => {
+            out.push_str("tool call ");
+            push_clipped(out, &call.name);
+            out.push_str(": ");
+            push_clipped(out, &call.arguments.0.to_string());
+        }
+        HistoryItem::ToolOutput(output) => {
+            out.push_str(if output.is_error {
+                "tool error: "
+            } else {
+                "tool output: "
+            });
+            push_clipped(out, &output.output);
+        }
+        HistoryItem::Summary { text, .. } => {
+            out.push_str("summary: ");
+            push_clipped(out, text);
+        }
+    }
+}
+
+/// The first [`DIGEST_CHARS`] chars of `text` on one line.
+fn push_clipped(out: &mut String, text: &str) {
+    for (i, ch) in text.chars().enumerate() {
+        if i == DIGEST_CHARS {
+            out.push('…');
+            break;
+        }
+        out.push(if ch.is_control() { ' ' } else { ch });
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+    use troupe_proto::{Json, ToolCall, ToolOutput};
+
+    fn store(max_items: usize, max_tokens: usize, segment_items: usize) -> HistoryStore {
+        HistoryStore::new(
+            HistoryLimits {
+                max_items,
+                max_tokens,
+                segment_items,
+            },
+            Arc::new(LocalSummarizer::default()),
+        )
+    }
+
+    fn held_items(store: &HistoryStore) -> Vec<HistoryItem> {
+        store.snapshot().iter().cloned().collect()
+    }
+
+    /// Bounds hold and the cached counters agree with the items themselves.
+    fn check_consistent(store: &HistoryStore) {
+        let limits = store.limits();
+        assert!(store.len() <= limits.max_items, "{store:?}");
+        assert!(store.approx_tokens() <= limits.max_tokens, "{store:?}");
+        let snapshot = store.snapshot();
+        assert_eq!(snapshot.iter().count(), store.len());
+        assert_eq!(
+            snapshot
+                .iter()
+                .map(HistoryItem::approx_tokens)
+                .sum::<usize>(),
+            store.approx_tokens()
+        );
+        for segment in &store.segments {
+            assert!(segment.items.len() <= limits.segment_items);
+            assert!(!segment.items.is_empty());
+            let tokens: usize = segment.items.iter().map(HistoryItem::approx_tokens).sum();
+            assert_eq!(segment.tokens, tokens);
+        }
+    }
+
+    #[test]
+    fn million_appends_stay_bounded() {
+        let mut store = HistoryStore::new(
+            HistoryLimits::default(),
+            Arc::new(LocalSummarizer::default()),
+        );
+        let limits = store.limits();
+        let mut reported = 0u64;
+        for i in 0..1_000_000u32 {
+            if let Some(report) = store.append([HistoryItem::user(format!("m{i}"))]) {
+                reported += report.removed_items;
+            }
+            assert!(store.len() <= limits.max_items);
+            assert!(store.approx_tokens() <= limits.max_tokens);
+            if i % 100_000 == 0 {
+                check_consistent(&store);
+            }
+        }
+        check_consistent(&store);
+        assert_eq!(store.total_appended(), 1_000_000);
+        let held = (store.len() - 1) as u64;
+        match store.summary() {
+            Some(HistoryItem::Summary { replaced_items, .. }) => {
+                assert_eq!(*replaced_items, 1_000_000 - held);
+                assert_eq!(*replaced_items, reported);
+            }
+            other => panic!("no summary: {other:?}"),
+        }
+        assert_eq!(
+            held_items(&store).last(),
+            Some(&HistoryItem::user("m999999"))
+        );
+    }
+
+    #[test]
+    fn prompt_view_borrows_items_without_copying() {
+        let mut store = store(100, 10_000, 4);
+        store.append((0..10).map(|i| HistoryItem::user(format!("h{i}"))));
+        let counts_before: Vec<usize> = store.segments.iter().map(Arc::strong_count).collect();
+        assert!(counts_before.iter().all(|&c| c == 1));
+
+        let snapshot = store.snapshot();
+        // Sharing, not cloning: every segment is now held twice.
+        let counts_after: Vec<usize> = store.segments.iter().map(Arc::strong_count).collect();
+        assert!(counts_after.iter().all(|&c| c == 2), "{counts_after:?}");
+        for (held, shared) in store.segments.iter().zip(&snapshot.segments) {
+            assert!(Arc::ptr_eq(held, shared));
+        }
+
+        let pinned = HistoryItem::user("instructions");
+        let pending = vec![HistoryItem::assistant("p0")];
+        let input = vec![HistoryItem::user("i0"), HistoryItem::user("i1")];
+        let view = snapshot.view(Some(&pinned), &pending, &input);
+        let expected: Vec<*const HistoryItem> = std::iter::once(&pinned)
+            .chain(store.segments.iter().flat_map(|s| s.items.iter()))
+            .chain(&pending)
+            .chain(&input)
+            .map(std::ptr::from_ref)
+            .collect();
+        let yielded: Vec<&HistoryItem> = view.iter().collect();
+        assert_eq!(yielded.len(), expected.len());
+        assert_eq!(view.len(), expected.len());
+        for (got, want) in yielded.iter().zip(&expected) {
+            assert!(std::ptr::eq(*got, *want));
+        }
+        assert_eq!(
+            view.approx_tokens(),
+            yielded.iter().map(|i| i.approx_tokens()).sum::<usize>()
+        );
+    }
+
+    #[test]
+    fn snapshot_is_unchanged_by_later_appends() {
+        let mut store = store(100, 10_000, 4);
+        store.append((0..6).map(|i| HistoryItem::user(format!("a{i}"))));
+        let snapshot = store.snapshot();
+        let before: Vec<HistoryItem> = snapshot.iter().cloned().collect();
+
+        store.append((0..3).map(|i| HistoryItem::user(format!("b{i}"))));
+        let after: Vec<HistoryItem> = snapshot.iter().cloned().collect();
+        assert_eq!(before, after);
+        assert_eq!(snapshot.len(), 6);
+        assert_eq!(store.len(), 9);
+        // The full segment is still shared; only the open one was copied.
+        assert!(Arc::ptr_eq(&store.segments[0], &snapshot.segments[0]));
+        assert!(!Arc::ptr_eq(&store.segments[1], &snapshot.segments[1]));
+        assert_eq!(snapshot.segments[1].items.len(), 2);
+        assert_eq!(store.segments[1].items.len(), 4);
+    }
+
+    #[test]
+    fn view_orders_pinned_summary_history_pending_input() {
+        let mut store = store(4, 10_000, 2);
+        let report = store.append((0..6).map(|i| HistoryItem::user(format!("h{i}"))));
+        let report = report.expect("trimmed");
+        assert_eq!(report.removed_items, 4);
+        let snapshot = store.snapshot();
+        let pinned = HistoryItem::user("pinned");
+        let pending = [HistoryItem::assistant("pending")];
+        let input = [HistoryItem::user("input")];
+        let items: Vec<&HistoryItem> = snapshot
+            .view(Some(&pinned), &pending, &input)
+            .iter()
+            .collect();
+        assert_eq!(items.len(), 6);
+        assert_eq!(items[0], &pinned);
+        assert!(matches!(
+            items[1],
+            HistoryItem::Summary {
+                replaced_items: 4,
+                ..
+            }
+        ));
+        assert_eq!(items[2], &HistoryItem::user("h4"));
+        assert_eq!(items[3], &HistoryItem::user("h5"));
+        assert_eq!(items[4], &pending[0]);
+        assert_eq!(items[5], &input[0]);
+
+        let empty = HistoryStore::new(
+            HistoryLimits::default(),
+            Arc::new(LocalSummarizer::default()),
+        );
+        let snapshot = empty.snapshot();
+        let view = snapshot.view(None, &[], &[]);
+        assert!(view.is_empty());
+        assert_eq!(view.iter().count(), 0);
+    }
+
+    #[test]
+    fn item_larger_than_token_bound_goes_straight_to_summary() {
+        let mut store = store(10, 64, 4);
+        store.append([HistoryItem::user("small")]);
+        let report = store
+            .append([HistoryItem::user("x".repeat(1_000))])
+            .expect("trimmed");
+        assert_eq!(report.removed_items, 2);
+        check_consistent(&store);
+        assert_eq!(store.len(), 1);
+        assert!(matches!(
+            store.summary(),
+            Some(HistoryItem::Summary {
+                replaced_items: 2,
+                ..
+            })
+        ));
+    }
+
+    #[test]
+    fn oversized_summarizer_output_is_capped() {
+        struct Verbose;
+        impl Summarizer for Verbose {
+            fn summarize(&self, _: Option<&str>, _: &[HistoryItem]) -> String {
+                "é".repeat(100_000)
+            }
+        }
+        let mut store = HistoryStore::new(
+            HistoryLimits {
+                max_items: 10,
+                max_tokens: 200,
+                segment_items: 2,
+            },
+            Arc::new(Verbose),
+        );
+        for i in 0..50 {
+            store.append([HistoryItem::user(format!("m{i}"))]);
+            check_consistent(&store);
+        }
+        assert!(store.summary().is_some());
+    }
+
+    #[test]
+    fn limits_are_raised_to_workable_minimums() {
+        let store = store(0, 0, 0);
+        assert_eq!(
+            store.limits(),
+            HistoryLimits {
+                max_items: 2,
+                max_tokens: 64,
+                segment_items: 1
+            }
+        );
+        let store = HistoryStore::new(
+            HistoryLimits {
+                max_items: 10,
+                max_tokens: 1000,
+                segment_items: 64,
+            },
+            Arc::new(LocalSummarizer::default()),
+        );
+        assert_eq!(store.limits().segment_items, 5);
+    }
+
+    #[test]
+    fn local_summarizer_digests_and_bounds() {
+        let summarizer = LocalSummarizer { max_chars: 4000 };
+        let removed = [
+            HistoryItem::user("hello\nworld"),
+            HistoryItem::assistant("a".repeat(200)),
+            HistoryItem::ToolCall(ToolCall {
+                call_id: "c1".into(),
+                name: "shell".into(),
+                arguments: Json(serde_json::json!({"command": ["ls"]})),
+            }),
+            HistoryItem::ToolOutput(ToolOutput {
+                call_id: "c1".into(),
+                output: "boom".into(),
+                is_error: true,
+            }),
+        ];
+        let text = summarizer.summarize(Some("earlier"), &removed);
+        let lines: Vec<&str> = text.lines().collect();
+        assert_eq!(lines[0], "earlier");
+        assert_eq!(lines[1], "user: hello world");
+        assert_eq!(lines[2], format!("assistant: {}…", "a".repeat(80)));
+        assert_eq!(lines[3], r#"tool call shell: {"command":["ls"]}"#);
+        assert_eq!(lines[4], "tool error: boom");
+
+        // Bounded, keeps the newest lines, cuts on char boundaries.
+        let small = LocalSummarizer { max_chars: 30 };
+        let many: Vec<HistoryItem> = (0..20)
+            .map(|i| HistoryItem::user(format!("é{i}")))
+            .collect();
+        let text = small.summarize(Some(&"ü".repeat(100)), &many);
+        assert!(text.len() <= 30);
+        assert!(text.ends_with("user: é19"));
+        assert!(text.starts_with("user: "));
+        let tiny = LocalSummarizer { max_chars: 3 };
+        let text = tiny.summarize(None, &[HistoryItem::user("ééééé")]);
+        assert_eq!(text, "é");
+    }
+
+    fn arb_item() -> impl Strategy<Value = HistoryItem> {
+        // Random length, cheap content: a cycle with multibyte chars and newlines in it.
+        let text = (0usize..300, 0usize..8).prop_map(|(len, skip)| {
+            "abé \nxyz"
+                .chars()
+                .cycle()
+                .skip(skip)
+                .take(len)
+                .collect::<String>()
+        });
+        prop_oneof![
+            4 => (text.clone(), any::<bool>()).prop_map(|(t, user)| if user {
+                HistoryItem::user(t)
+            } else {
+                HistoryItem::assistant(t)
+            }),
+            1 => text.clone().prop_map(|t| HistoryItem::ToolCall(ToolCall {
+                call_id: "c".into(),
+                name: "shell".into(),
+                arguments: Json(serde_json::json!({ "command": [t] })),
+            })),
+            1 => (text, any::<bool>()).prop_map(|(output, is_error)| {
+                HistoryItem::ToolOutput(ToolOutput {
+                    call_id: "c".into(),
+                    output,
+                    is_error,
+                })
+            }),
+        ]
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig::with_cases(256))]
+
+        #[test]
+        fn appends_keep_bounds_order_and_counts(
+            max_items in 2usize..40,
+            max_tokens in 64usize..2_000,
+            segment_items in 1usize..12,
+            max_chars in 0usize..3_000,
+            batches in prop::collection::vec(prop::collection::vec(arb_item(), 0..8), 0..40),
+        ) {
+            let mut store = HistoryStore::new(
+                HistoryLimits { max_items, max_tokens, segment_items },
+                Arc::new(LocalSummarizer { max_chars }),
+            );
+            let limits = store.limits();
+            let mut appended: Vec<HistoryItem> = Vec::new();
+            let mut reported = 0u64;
+            for batch in batches {
+                let before = store.snapshot();
+                let before_items: Vec<HistoryItem> = before.iter().cloned().collect();
+                appended.extend(batch.iter().cloned());
+                if let Some(report) = store.append(batch) {
+                    prop_assert!(report.removed_items > 0);
+                    reported += report.removed_items;
+                }
+                // Copy-on-write: the earlier snapshot is untouched.
+                prop_assert_eq!(before.iter().cloned().collect::<Vec<_>>(), before_items);
+
+                prop_assert!(store.len() <= limits.max_items);
+                prop_assert!(store.approx_tokens() <= limits.max_tokens);
+                prop_assert_eq!(store.total_appended(), appended.len() as u64);
+
+                let held = held_items(&store);
+                prop_assert_eq!(held.len(), store.len());
+                prop_assert_eq!(
+                    held.iter().map(HistoryItem::approx_tokens).sum::<usize>(),
+                    store.approx_tokens()
+                );
+                let snapshot = store.snapshot();
+                let view = snapshot.view(None, &[], &[]);
+                prop_assert_eq!(view.len(), held.len());
+                prop_assert_eq!(view.approx_tokens(), store.approx_tokens());
+
+                let (summary, rest) = match held.split_first() {
+                    Some((HistoryItem::Summary { replaced_items, .. }, rest)) => {
+                        (Some(*replaced_items), rest)
+                    }
+                    _ => (None, held.as_slice()),
+                };
+                let summaries_in_rest = rest.iter().filter(|i| matches!(i, HistoryItem::Summary { .. })).count();
+                prop_assert_eq!(summaries_in_rest, 0);
+                // The held items are exactly the newest suffix of what was appended.
+                prop_assert!(appended.ends_with(rest));
+                let removed = (appended.len() - rest.len()) as u64;
+                prop_assert_eq!(summary.unwrap_or(0), removed);
+                prop_assert_eq!(summary.is_some(), removed > 0);
+                prop_assert_eq!(reported, removed);
+                prop_assert_eq!(store.replaced_items(), removed);
+            }
+        }
+    }
+}

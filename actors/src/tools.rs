@@ -1,0 +1,485 @@
+//! The tool list offered to the model (S8) and the tool preferences of a conversation (C1).
+//!
+//! Built-in tools come first in a fixed order, then external (MCP) tools sorted by qualified
+//! name. A name offered twice with the same spec is one tool; with a different spec the first is
+//! kept (a built-in always wins; among external tools the one whose canonical JSON sorts first)
+//! and a `ToolConflict` is reported. The result depends only on the set of inputs, never on the
+//! order the external tools arrived in, so prompts are stable across runs.
+
+use serde_json::{Value, json};
+use std::collections::{HashMap, HashSet};
+use troupe_proto::{AgentError, Json, ToolSpec};
+
+/// Which built-in tools a conversation offers.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, serde::Serialize, serde::Deserialize)]
+pub struct ToolPrefs {
+    pub shell: bool,
+    pub plan: bool,
+    pub apply_patch: bool,
+    pub web_search: bool,
+}
+
+pub const SHELL: &str = "shell";
+pub const UPDATE_PLAN: &str = "update_plan";
+pub const APPLY_PATCH: &str = "apply_patch";
+pub const WEB_SEARCH: &str = "web_search";
+
+/// Longest qualified tool name accepted by model APIs.
+pub const MAX_TOOL_NAME_LEN: usize = 64;
+
+/// Built-ins in their fixed order: shell, update_plan, apply_patch, web_search (each only if
+/// enabled).
+pub fn builtin_tools(prefs: &ToolPrefs) -> Vec<ToolSpec> {
+    [
+        (prefs.shell, shell_tool as fn() -> ToolSpec),
+        (prefs.plan, update_plan_tool),
+        (prefs.apply_patch, apply_patch_tool),
+        (prefs.web_search, web_search_tool),
+    ]
+    .into_iter()
+    .filter(|(enabled, _)| *enabled)
+    .map(|(_, build)| build())
+    .collect()
+}
+
+/// The tool list and the conflicts found while building it.
+#[derive(Debug, Clone, PartialEq)]
+pub struct MergedTools {
+    pub tools: Vec<ToolSpec>,
+    /// `AgentError::ToolConflict`, one per dropped distinct spec, in list order.
+    pub conflicts: Vec<AgentError>,
+}
+
+/// Built-ins first (fixed order), then external tools sorted by name; identical duplicates
+/// collapse to one; same name with a different spec -> the first kept (built-in wins; among
+/// externals the one whose serialized spec sorts first, so the result is deterministic whatever
+/// the input order) and a ToolConflict reported naming the tool.
+pub fn merge_tools(builtins: Vec<ToolSpec>, external: Vec<ToolSpec>) -> MergedTools {
+    let mut external: Vec<(String, ToolSpec)> = external
+        .into_iter()
+        .map(|spec| (canonical_text(&spec), spec))
+        .collect();
+    external.sort_by(|(a_key, a), (b_key, b)| a.name.cmp(&b.name).then_with(|| a_key.cmp(b_key)));
+
+    let candidates = builtins
+        .into_iter()
+        .map(|spec| (Origin::BuiltIn, canonical_text(&spec), spec))
+        .chain(
+            external
+                .into_iter()
+                .map(|(key, spec)| (Origin::External, key, spec)),
+        );
+
+    let mut tools: Vec<ToolSpec> = Vec::new();
+    // name -> (index in `tools`, where the kept spec came from)
+    let mut kept: HashMap<String, (usize, Origin)> = HashMap::new();
+    // Canonical texts of specs already reported, so identical losers are reported once.
+    let mut reported: HashSet<String> = HashSet::new();
+    let mut conflicts = Vec::new();
+    for (origin, key, spec) in candidates {
+        let Some(&(index, kept_origin)) = kept.get(&spec.name) else {
+            kept.insert(spec.name.clone(), (tools.len(), origin));
+            tools.push(spec);
+            continue;
+        };
+        let Some(winner) = tools.get(index) else {
+            continue;
+        };
+        if *winner == spec || !reported.insert(key) {
+            continue;
+        }
+        let detail = conflict_detail(winner, kept_origin, &spec, origin);
+        tracing::warn!(tool = %spec.name, %detail, "tool conflict");
+        conflicts.push(AgentError::ToolConflict {
+            name: spec.name,
+            detail,
+        });
+    }
+    MergedTools { tools, conflicts }
+}
+
+/// Valid qualified tool name: ^[a-zA-Z0-9_-]+$ and 1..=64 chars.
+pub fn is_valid_tool_name(name: &str) -> bool {
+    (1..=MAX_TOOL_NAME_LEN).contains(&name.len())
+        && name
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b == b'_' || b == b'-')
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Origin {
+    BuiltIn,
+    External,
+}
+
+impl Origin {
+    fn as_str(self) -> &'static str {
+        match self {
+            Self::BuiltIn => "built-in",
+            Self::External => "external",
+        }
+    }
+}
+
+fn conflict_detail(
+    kept: &ToolSpec,
+    kept_origin: Origin,
+    dropped: &ToolSpec,
+    origin: Origin,
+) -> String {
+    let differs = match (
+        kept.description != dropped.description,
+        kept.parameters != dropped.parameters,
+    ) {
+        (true, true) => "description and parameters differ",
+        (true, false) => "description differs",
+        _ => "parameters differ",
+    };
+    format!(
+        "kept the {} definition; dropped an {} one whose {differs}",
+        kept_origin.as_str(),
+        origin.as_str(),
+    )
+}
+
+/// The spec as JSON text with object keys sorted at every level: equal specs give equal text
+/// whatever order their schema keys were written in.
+fn canonical_text(spec: &ToolSpec) -> String {
+    json!({
+        "name": spec.name,
+        "description": spec.description,
+        "parameters": canonical(&spec.parameters.0),
+    })
+    .to_string()
+}
+
+fn canonical(value: &Value) -> Value {
+    match value {
+        Value::Object(map) => {
+            let mut entries: Vec<(&String, &Value)> = map.iter().collect();
+            entries.sort_by(|a, b| a.0.cmp(b.0));
+            Value::Object(
+                entries
+                    .into_iter()
+                    .map(|(k, v)| (k.clone(), canonical(v)))
+                    .collect(),
+            )
+        }
+        Value::Array(items) => Value::Array(items.iter().map(canonical).collect()),
+        other => other.clone(),
+    }
+}
+
+fn shell_tool() -> ToolSpec {
+    ToolSpec {
+        name: SHELL.into(),
+        description: "Runs a command and returns its exit code, stdout and stderr. The command \
+                      runs in the sandbox and may need approval."
+            .into(),
+        parameters: Json(json!({
+            "type": "object",
+            "properties": {
+                "command": {
+                    "type": "array",
+                    "items": { "type": "string" },
+                    "minItems": 1,
+                    "description": "The program and its arguments (argv), e.g. [\"ls\", \"-la\"]. \
+                                    Not run through a shell: use [\"bash\", \"-lc\", \"...\"] for pipes."
+                },
+                "workdir": {
+                    "type": "string",
+                    "description": "Working directory; the conversation's directory if omitted."
+                },
+                "timeout_ms": {
+                    "type": "integer",
+                    "minimum": 1,
+                    "description": "Stop the command after this many milliseconds."
+                }
+            },
+            "required": ["command"],
+            "additionalProperties": false
+        })),
+    }
+}
+
+fn update_plan_tool() -> ToolSpec {
+    ToolSpec {
+        name: UPDATE_PLAN.into(),
+        description: "Records the plan for the current task: ordered steps, each pending, \
+                      in_progress or completed. Keep at most one step in_progress."
+            .into(),
+        parameters: Json(json!({
+            "type": "object",
+            "properties": {
+                "explanation": {
+                    "type": "string",
+                    "description": "Why the plan changed, if it did."
+                },
+                "plan": {
+                    "type": "array",
+                    "description": "The steps, in order.",
+                    "items": {
+                        "type": "object",
+                        "properties": {
+                            "step": { "type": "string" },
+                            "status": {
+                                "type": "string",
+                                "enum": ["pending", "in_progress", "completed"]
+                            }
+                        },
+                        "required": ["step", "status"],
+                        "additionalProperties": false
+                    }
+                }
+            },
+            "required": ["plan"],
+            "additionalProperties": false
+        })),
+    }
+}
+
+fn apply_patch_tool() -> ToolSpec {
+    ToolSpec {
+        name: APPLY_PATCH.into(),
+        description: "Edits files with a patch. The patch starts with `*** Begin Patch` and ends \
+                      with `*** End Patch`; in between, sections `*** Add File: <path>` (lines \
+                      prefixed with +), `*** Delete File: <path>`, or `*** Update File: <path>` \
+                      (optionally `*** Move to: <path>`) with `@@` hunks of context ( ), removed \
+                      (-) and added (+) lines. Paths are relative to the working directory."
+            .into(),
+        parameters: Json(json!({
+            "type": "object",
+            "properties": {
+                "input": {
+                    "type": "string",
+                    "description": "The whole patch, from `*** Begin Patch` to `*** End Patch`."
+                }
+            },
+            "required": ["input"],
+            "additionalProperties": false
+        })),
+    }
+}
+
+fn web_search_tool() -> ToolSpec {
+    ToolSpec {
+        name: WEB_SEARCH.into(),
+        description: "Searches the web; returns the top results with title, URL and snippet."
+            .into(),
+        parameters: Json(json!({
+            "type": "object",
+            "properties": {
+                "query": { "type": "string", "description": "What to search for." }
+            },
+            "required": ["query"],
+            "additionalProperties": false
+        })),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    const ALL: ToolPrefs = ToolPrefs {
+        shell: true,
+        plan: true,
+        apply_patch: true,
+        web_search: true,
+    };
+
+    fn tool(name: &str, description: &str, parameters: Value) -> ToolSpec {
+        ToolSpec {
+            name: name.into(),
+            description: description.into(),
+            parameters: Json(parameters),
+        }
+    }
+
+    fn query_schema() -> Value {
+        json!({"type": "object", "properties": {"q": {"type": "string"}}, "required": ["q"]})
+    }
+
+    fn path_schema() -> Value {
+        json!({"type": "object", "properties": {"path": {"type": "string"}}, "required": ["path"]})
+    }
+
+    fn names(tools: &[ToolSpec]) -> Vec<&str> {
+        tools.iter().map(|t| t.name.as_str()).collect()
+    }
+
+    fn conflict_names(conflicts: &[AgentError]) -> Vec<&str> {
+        conflicts
+            .iter()
+            .map(|c| match c {
+                AgentError::ToolConflict { name, .. } => name.as_str(),
+                other => panic!("not a tool conflict: {other:?}"),
+            })
+            .collect()
+    }
+
+    #[test]
+    fn merged_tool_list_snapshot() {
+        let external = vec![
+            tool("github__search_issues", "Search issues.", query_schema()),
+            tool("fs__write_file", "Write a file.", path_schema()),
+            tool("fs__read_file", "Read a file.", path_schema()),
+            tool("shell", "A different shell.", query_schema()),
+            tool("fs__list_dir", "List a directory.", path_schema()),
+            tool("fs__read_file", "Read a file.", path_schema()),
+            tool("fs__write_file", "Write a file (v2).", path_schema()),
+        ];
+        let merged = merge_tools(builtin_tools(&ALL), external);
+        insta::assert_json_snapshot!(json!({
+            "tools": merged.tools,
+            "conflicts": merged.conflicts,
+        }));
+    }
+
+    #[test]
+    fn builtins_keep_fixed_order_and_follow_prefs() {
+        assert_eq!(
+            names(&builtin_tools(&ALL)),
+            [SHELL, UPDATE_PLAN, APPLY_PATCH, WEB_SEARCH]
+        );
+        assert!(builtin_tools(&ToolPrefs::default()).is_empty());
+        let some = ToolPrefs {
+            shell: true,
+            web_search: true,
+            ..ToolPrefs::default()
+        };
+        assert_eq!(names(&builtin_tools(&some)), [SHELL, WEB_SEARCH]);
+    }
+
+    #[test]
+    fn builtin_schemas_require_declared_properties() {
+        for spec in builtin_tools(&ALL) {
+            assert!(is_valid_tool_name(&spec.name));
+            assert!(!spec.description.is_empty());
+            let schema = &spec.parameters.0;
+            assert_eq!(schema["type"], "object", "{}", spec.name);
+            let required = schema["required"].as_array().cloned().unwrap_or_default();
+            assert!(!required.is_empty(), "{}", spec.name);
+            for field in required {
+                let field = field.as_str().unwrap_or_default();
+                assert!(
+                    schema["properties"].get(field).is_some(),
+                    "{}.{field}",
+                    spec.name
+                );
+            }
+        }
+    }
+
+    #[test]
+    fn same_name_different_schema_keeps_one_and_reports_conflict() {
+        let a = tool("srv__t", "T.", path_schema());
+        let b = tool("srv__t", "T.", query_schema());
+        let merged = merge_tools(vec![], vec![b.clone(), a.clone()]);
+        assert_eq!(merged.tools.len(), 1);
+        assert_eq!(conflict_names(&merged.conflicts), ["srv__t"]);
+        // The kept one is the one whose canonical text sorts first, whatever the input order.
+        let expected = if canonical_text(&a) < canonical_text(&b) {
+            &a
+        } else {
+            &b
+        };
+        assert_eq!(&merged.tools[0], expected);
+        assert_eq!(merge_tools(vec![], vec![a, b]), merged);
+
+        // A built-in always wins against an external tool of the same name.
+        let impostor = tool(SHELL, "Not the shell.", query_schema());
+        let merged = merge_tools(builtin_tools(&ALL), vec![impostor]);
+        assert_eq!(merged.tools[0], builtin_tools(&ALL)[0]);
+        assert_eq!(merged.tools.len(), 4);
+        assert_eq!(conflict_names(&merged.conflicts), [SHELL]);
+        assert!(matches!(
+            &merged.conflicts[0],
+            AgentError::ToolConflict { detail, .. } if detail.contains("built-in")
+        ));
+    }
+
+    #[test]
+    fn identical_duplicates_collapse_without_conflict() {
+        let t = tool("srv__t", "T.", path_schema());
+        // Same schema written with its keys in another order is the same tool.
+        let reordered = tool(
+            "srv__t",
+            "T.",
+            json!({"required": ["path"], "properties": {"path": {"type": "string"}}, "type": "object"}),
+        );
+        let merged = merge_tools(
+            builtin_tools(&ALL),
+            vec![
+                t.clone(),
+                t.clone(),
+                reordered,
+                builtin_tools(&ALL)[2].clone(),
+            ],
+        );
+        assert_eq!(
+            names(&merged.tools),
+            [SHELL, UPDATE_PLAN, APPLY_PATCH, WEB_SEARCH, "srv__t"]
+        );
+        assert!(merged.conflicts.is_empty());
+    }
+
+    #[test]
+    fn tool_name_validation() {
+        for ok in [
+            "shell",
+            "a",
+            "A-b_9",
+            "github__search_issues",
+            &"x".repeat(64),
+        ] {
+            assert!(is_valid_tool_name(ok), "{ok}");
+        }
+        for bad in [
+            "",
+            "has space",
+            "dot.ted",
+            "slash/y",
+            "é",
+            "semi;colon",
+            &"x".repeat(65),
+        ] {
+            assert!(!is_valid_tool_name(bad), "{bad}");
+        }
+    }
+
+    fn arb_spec() -> impl Strategy<Value = ToolSpec> {
+        (
+            prop::sample::select(vec!["a__x", "a__y", "b__x", SHELL, WEB_SEARCH]),
+            prop::sample::select(vec!["one", "two"]),
+            prop::sample::select(vec![path_schema(), query_schema(), json!({})]),
+        )
+            .prop_map(|(name, description, parameters)| tool(name, description, parameters))
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig::with_cases(256))]
+
+        #[test]
+        fn merge_is_independent_of_external_order(
+            (external, shuffled) in prop::collection::vec(arb_spec(), 0..16)
+                .prop_flat_map(|v| (Just(v.clone()), Just(v).prop_shuffle())),
+            shell in any::<bool>(),
+            web_search in any::<bool>(),
+        ) {
+            let prefs = ToolPrefs { shell, web_search, ..ALL };
+            let a = merge_tools(builtin_tools(&prefs), external);
+            let b = merge_tools(builtin_tools(&prefs), shuffled);
+            prop_assert_eq!(&a, &b);
+
+            // Built-ins first, untouched; then externals sorted by name; names unique.
+            let builtins = builtin_tools(&prefs);
+            prop_assert_eq!(&a.tools[..builtins.len()], builtins.as_slice());
+            let rest = names(&a.tools[builtins.len()..]);
+            prop_assert!(rest.windows(2).all(|w| w[0] < w[1]));
+            let unique: HashSet<&str> = names(&a.tools).into_iter().collect();
+            prop_assert_eq!(unique.len(), a.tools.len());
+        }
+    }
+}
