@@ -1,9 +1,43 @@
-//! TaskRegistry: the session's index of live tasks (S4).
+//! TaskRegistry: the session's index of live tasks (S4). One per session, supervised by the
+//! Session.
 //!
-//! TODO(skeleton): module doc with the mailbox protocol and supervision.
+//! For every live task it keeps the conversation, the legacy `sub_id`, the start time, the
+//! state and the task's `CancellationToken`, and nothing else: no reference to a conversation
+//! or to the task's future, so the registry and the conversations never own each other. The
+//! decisions live in [`RegistryCore`], a plain struct; the actor adds the mailbox, logs and
+//! metrics.
+//!
+//! ```text
+//!  conversation / task runner            TaskRegistry
+//!  Register{task, conv, sub_id, token} ─▶ entry (state Queued, started_at = clock now)
+//!  StateChanged{task, state} ──────────▶ Queued → Running (Cancelling stays Cancelling)
+//!  Deregister{task} ───────────────────▶ entry dropped (idempotent)
+//!  ConversationGone{conv} ─────────────▶ its entries dropped, their tokens cancelled
+//!
+//!  API / session                         TaskRegistry                         task
+//!  Cancel{task, reply} ────────────────▶ token.cancel(), state Cancelling ──▶ token.cancelled()
+//!                      ◀──────────────── Ok(TaskInfo) | Err(NotFound)
+//!  CancelConversation{conv, reply} ────▶ the same for each task of conv; reply: how many
+//!  List{conv?, reply} ─────────────────▶ TaskInfo sorted by started_at, then task id
+//! ```
+//!
+//! Cancelling only fires the token: the task notices it, stops, and deregisters. A task whose
+//! cancellation was asked stays `Cancelling` until then, whatever state it reports meanwhile.
+//!
+//! Children: none. Failure: the Session supervises the registry and restarts it empty. Callers
+//! waiting on a reply (`Cancel`, `CancelConversation`, `List`) see their reply port closed, a
+//! messaging error that the conversation runner (and the API) turns into
+//! `AgentError::Internal`. No task is lost or cancelled by the restart, since the tokens
+//! belong to the tasks; the index is rebuilt from what holders re-register: each conversation
+//! sends `Register` (and `StateChanged`) again for its live task, and a `Register` of a task
+//! that is already known keeps its start time and state.
 
+pub mod metrics;
+
+use self::metrics::{CancelScope, LiveTasks, StateCounts};
 use crate::clock::Clock;
-use ractor::RpcReplyPort;
+use ractor::{Actor, ActorProcessingErr, ActorRef, RpcReplyPort};
+use std::collections::{BTreeSet, HashMap};
 use tokio_util::sync::CancellationToken;
 use troupe_proto::{AgentError, ConversationId, TaskId, TaskInfo, TaskState};
 
@@ -11,6 +45,15 @@ use troupe_proto::{AgentError, ConversationId, TaskId, TaskInfo, TaskState};
 #[derive(Debug, Clone)]
 pub struct TaskRegistryArgs {
     pub clock: Clock,
+}
+
+/// The actor's state.
+pub struct TaskRegistryState {
+    core: RegistryCore,
+    /// Stamps `started_at_ms`; follows tokio's clock so paused-time tests see consistent times.
+    clock: Clock,
+    /// Last values pushed to the live-task gauges.
+    live: LiveTasks,
 }
 
 /// The TaskRegistry's mailbox.
@@ -44,4 +87,604 @@ pub enum TaskRegistryMsg {
         conversation_id: Option<ConversationId>,
         reply: RpcReplyPort<Vec<TaskInfo>>,
     },
+}
+
+/// The TaskRegistry actor.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct TaskRegistry;
+
+#[ractor::async_trait]
+impl Actor for TaskRegistry {
+    type Msg = TaskRegistryMsg;
+    type State = TaskRegistryState;
+    type Arguments = TaskRegistryArgs;
+
+    async fn pre_start(
+        &self,
+        _myself: ActorRef<Self::Msg>,
+        args: TaskRegistryArgs,
+    ) -> Result<TaskRegistryState, ActorProcessingErr> {
+        Ok(TaskRegistryState {
+            core: RegistryCore::default(),
+            clock: args.clock,
+            live: LiveTasks::default(),
+        })
+    }
+
+    async fn handle(
+        &self,
+        _myself: ActorRef<Self::Msg>,
+        msg: TaskRegistryMsg,
+        state: &mut TaskRegistryState,
+    ) -> Result<(), ActorProcessingErr> {
+        let core = &mut state.core;
+        match msg {
+            TaskRegistryMsg::Register {
+                task_id,
+                conversation_id,
+                sub_id,
+                cancel,
+            } => {
+                let now_ms = state.clock.now_ms();
+                if !core.register(task_id, conversation_id, sub_id, cancel, now_ms) {
+                    tracing::debug!(%task_id, %conversation_id, "task registry: task registered again");
+                }
+            }
+            TaskRegistryMsg::StateChanged { task_id, state } => {
+                if core.state_changed(task_id, state).is_none() {
+                    tracing::debug!(%task_id, ?state, "task registry: state of an unknown task");
+                }
+            }
+            TaskRegistryMsg::Deregister { task_id } => {
+                core.deregister(task_id);
+            }
+            TaskRegistryMsg::Cancel { task_id, reply } => {
+                let answer = core.cancel(task_id).map(|(info, newly)| {
+                    metrics::cancelled(CancelScope::Task, usize::from(newly));
+                    tracing::info!(%task_id, conversation_id = %info.conversation_id, "task registry: task cancelled");
+                    info
+                });
+                let _ = reply.send(answer);
+            }
+            TaskRegistryMsg::CancelConversation {
+                conversation_id,
+                reply,
+            } => {
+                let (all, newly) = core.cancel_conversation(conversation_id);
+                metrics::cancelled(CancelScope::Conversation, newly);
+                tracing::info!(%conversation_id, tasks = all, "task registry: conversation's tasks cancelled");
+                let _ = reply.send(all);
+            }
+            TaskRegistryMsg::ConversationGone { conversation_id } => {
+                let dropped = core.conversation_gone(conversation_id);
+                tracing::debug!(%conversation_id, dropped, "task registry: conversation gone");
+            }
+            TaskRegistryMsg::List {
+                conversation_id,
+                reply,
+            } => {
+                let _ = reply.send(core.list(conversation_id));
+            }
+        }
+        state.live.publish(state.core.counts());
+        Ok(())
+    }
+
+    async fn post_stop(
+        &self,
+        _myself: ActorRef<Self::Msg>,
+        state: &mut TaskRegistryState,
+    ) -> Result<(), ActorProcessingErr> {
+        state.live.publish(StateCounts::default());
+        Ok(())
+    }
+}
+
+/// The state a task is in after it reports `reported`: a requested cancellation is not undone
+/// by a late report of progress (a task queued when cancelled may still report `Running`).
+pub fn next_state(current: TaskState, reported: TaskState) -> TaskState {
+    match current {
+        TaskState::Cancelling => TaskState::Cancelling,
+        TaskState::Queued | TaskState::Running => reported,
+    }
+}
+
+/// One live task.
+#[derive(Debug)]
+struct Entry {
+    conversation_id: ConversationId,
+    sub_id: String,
+    started_at_ms: u64,
+    state: TaskState,
+    /// The task's own token; cancelling it is the only way the registry acts on a task.
+    cancel: CancellationToken,
+}
+
+impl Entry {
+    fn info(&self, task_id: TaskId) -> TaskInfo {
+        TaskInfo {
+            task_id,
+            conversation_id: self.conversation_id,
+            sub_id: self.sub_id.clone(),
+            started_at_ms: self.started_at_ms,
+            state: self.state,
+        }
+    }
+}
+
+/// The registry's decisions, free of actors and I/O.
+#[derive(Debug, Default)]
+pub struct RegistryCore {
+    tasks: HashMap<TaskId, Entry>,
+    /// Task ids per conversation, so that conversation-wide operations need not scan.
+    by_conversation: HashMap<ConversationId, BTreeSet<TaskId>>,
+    /// Live tasks per state, indexed as [`metrics::STATES`].
+    counts: StateCounts,
+}
+
+impl RegistryCore {
+    /// Records a task as `Queued`. Registering a known task again (after a registry restart
+    /// there is none; otherwise a caller's retry) keeps its start time and state and adopts
+    /// the new token, cancelled at once if the task is already being cancelled. Returns
+    /// whether the task was new.
+    pub fn register(
+        &mut self,
+        task_id: TaskId,
+        conversation_id: ConversationId,
+        sub_id: String,
+        cancel: CancellationToken,
+        now_ms: u64,
+    ) -> bool {
+        if let Some(entry) = self.tasks.get_mut(&task_id) {
+            if entry.state == TaskState::Cancelling {
+                cancel.cancel();
+            }
+            let moved_from =
+                (entry.conversation_id != conversation_id).then_some(entry.conversation_id);
+            entry.conversation_id = conversation_id;
+            entry.sub_id = sub_id;
+            entry.cancel = cancel;
+            if let Some(old) = moved_from {
+                self.unindex(old, task_id);
+                self.by_conversation
+                    .entry(conversation_id)
+                    .or_default()
+                    .insert(task_id);
+            }
+            return false;
+        }
+        self.tasks.insert(
+            task_id,
+            Entry {
+                conversation_id,
+                sub_id,
+                started_at_ms: now_ms,
+                state: TaskState::Queued,
+                cancel,
+            },
+        );
+        self.by_conversation
+            .entry(conversation_id)
+            .or_default()
+            .insert(task_id);
+        self.counts[metrics::state_index(TaskState::Queued)] += 1;
+        true
+    }
+
+    /// Applies a reported state (see [`next_state`]); `None` if the task is unknown.
+    pub fn state_changed(&mut self, task_id: TaskId, reported: TaskState) -> Option<TaskState> {
+        let entry = self.tasks.get_mut(&task_id)?;
+        let next = next_state(entry.state, reported);
+        Self::shift(&mut self.counts, entry, next);
+        Some(next)
+    }
+
+    /// Forgets a task; false if it was not registered.
+    pub fn deregister(&mut self, task_id: TaskId) -> bool {
+        let Some(entry) = self.tasks.remove(&task_id) else {
+            return false;
+        };
+        self.counts[metrics::state_index(entry.state)] -= 1;
+        self.unindex(entry.conversation_id, task_id);
+        true
+    }
+
+    /// Fires the task's token and marks it `Cancelling`. Returns its info and whether this is
+    /// the first request to cancel it.
+    pub fn cancel(&mut self, task_id: TaskId) -> Result<(TaskInfo, bool), AgentError> {
+        let entry = self
+            .tasks
+            .get_mut(&task_id)
+            .ok_or_else(|| AgentError::NotFound {
+                what: "task".into(),
+                id: task_id.to_string(),
+            })?;
+        let newly = Self::cancel_entry(&mut self.counts, entry);
+        Ok((entry.info(task_id), newly))
+    }
+
+    /// Cancels every task of a conversation. Returns how many it has (all now `Cancelling`)
+    /// and how many of those were not being cancelled already.
+    pub fn cancel_conversation(&mut self, conversation_id: ConversationId) -> (usize, usize) {
+        let Some(ids) = self.by_conversation.get(&conversation_id) else {
+            return (0, 0);
+        };
+        let mut newly = 0;
+        for task_id in ids {
+            if let Some(entry) = self.tasks.get_mut(task_id)
+                && Self::cancel_entry(&mut self.counts, entry)
+            {
+                newly += 1;
+            }
+        }
+        (ids.len(), newly)
+    }
+
+    /// Drops every entry of a conversation, firing their tokens so that nothing of a gone
+    /// conversation keeps running. Returns how many were dropped.
+    pub fn conversation_gone(&mut self, conversation_id: ConversationId) -> usize {
+        let Some(ids) = self.by_conversation.remove(&conversation_id) else {
+            return 0;
+        };
+        for task_id in &ids {
+            if let Some(entry) = self.tasks.remove(task_id) {
+                entry.cancel.cancel();
+                self.counts[metrics::state_index(entry.state)] -= 1;
+            }
+        }
+        ids.len()
+    }
+
+    /// Tasks of one conversation (or all), sorted by start time, then task id.
+    pub fn list(&self, conversation_id: Option<ConversationId>) -> Vec<TaskInfo> {
+        let mut out: Vec<TaskInfo> = match conversation_id {
+            Some(c) => self
+                .by_conversation
+                .get(&c)
+                .into_iter()
+                .flatten()
+                .filter_map(|id| self.tasks.get(id).map(|e| e.info(*id)))
+                .collect(),
+            None => self.tasks.iter().map(|(id, e)| e.info(*id)).collect(),
+        };
+        out.sort_by_key(|a| (a.started_at_ms, a.task_id));
+        out
+    }
+
+    /// Live tasks per state, indexed as [`metrics::STATES`].
+    pub fn counts(&self) -> StateCounts {
+        self.counts
+    }
+
+    pub fn len(&self) -> usize {
+        self.tasks.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.tasks.is_empty()
+    }
+
+    fn cancel_entry(counts: &mut StateCounts, entry: &mut Entry) -> bool {
+        entry.cancel.cancel();
+        let newly = entry.state != TaskState::Cancelling;
+        Self::shift(counts, entry, TaskState::Cancelling);
+        newly
+    }
+
+    fn shift(counts: &mut StateCounts, entry: &mut Entry, next: TaskState) {
+        counts[metrics::state_index(entry.state)] -= 1;
+        counts[metrics::state_index(next)] += 1;
+        entry.state = next;
+    }
+
+    fn unindex(&mut self, conversation_id: ConversationId, task_id: TaskId) {
+        if let Some(ids) = self.by_conversation.get_mut(&conversation_id) {
+            ids.remove(&task_id);
+            if ids.is_empty() {
+                self.by_conversation.remove(&conversation_id);
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn token() -> CancellationToken {
+        CancellationToken::new()
+    }
+
+    #[test]
+    fn cancelling_is_sticky() {
+        use TaskState::*;
+        assert_eq!(next_state(Queued, Running), Running);
+        assert_eq!(next_state(Running, Queued), Queued);
+        assert_eq!(next_state(Cancelling, Running), Cancelling);
+        assert_eq!(next_state(Cancelling, Queued), Cancelling);
+    }
+
+    #[test]
+    fn register_change_state_deregister() {
+        let mut core = RegistryCore::default();
+        let (t, c) = (TaskId::new(), ConversationId::new());
+        assert!(core.register(t, c, "s1".into(), token(), 10));
+        assert_eq!(core.counts(), [1, 0, 0]);
+        assert_eq!(
+            core.state_changed(t, TaskState::Running),
+            Some(TaskState::Running)
+        );
+        assert_eq!(core.counts(), [0, 1, 0]);
+        assert_eq!(
+            core.list(None),
+            vec![TaskInfo {
+                task_id: t,
+                conversation_id: c,
+                sub_id: "s1".into(),
+                started_at_ms: 10,
+                state: TaskState::Running
+            }]
+        );
+        assert!(core.deregister(t));
+        assert!(!core.deregister(t));
+        assert!(core.is_empty());
+        assert_eq!(core.counts(), [0, 0, 0]);
+        assert_eq!(core.state_changed(t, TaskState::Running), None);
+        assert!(core.list(Some(c)).is_empty());
+    }
+
+    #[test]
+    fn cancel_fires_the_token_and_marks_the_task() {
+        let mut core = RegistryCore::default();
+        let (t, c) = (TaskId::new(), ConversationId::new());
+        let tok = token();
+        core.register(t, c, "s".into(), tok.clone(), 1);
+        let (info, newly) = core.cancel(t).unwrap();
+        assert!(newly);
+        assert!(tok.is_cancelled());
+        assert_eq!(info.state, TaskState::Cancelling);
+        let (_, again) = core.cancel(t).unwrap();
+        assert!(!again);
+        // A late progress report does not undo the cancellation.
+        assert_eq!(
+            core.state_changed(t, TaskState::Running),
+            Some(TaskState::Cancelling)
+        );
+        assert_eq!(core.counts(), [0, 0, 1]);
+    }
+
+    #[test]
+    fn cancelling_an_unknown_task_is_not_found() {
+        let mut core = RegistryCore::default();
+        let t = TaskId::new();
+        assert_eq!(
+            core.cancel(t),
+            Err(AgentError::NotFound {
+                what: "task".into(),
+                id: t.to_string()
+            })
+        );
+    }
+
+    #[test]
+    fn registering_again_keeps_start_and_state_and_adopts_the_token() {
+        let mut core = RegistryCore::default();
+        let (t, c, d) = (TaskId::new(), ConversationId::new(), ConversationId::new());
+        core.register(t, c, "s".into(), token(), 5);
+        core.cancel(t).unwrap();
+        let fresh = token();
+        assert!(!core.register(t, d, "s2".into(), fresh.clone(), 99));
+        assert!(fresh.is_cancelled());
+        let info = &core.list(None)[0];
+        assert_eq!((info.started_at_ms, info.state), (5, TaskState::Cancelling));
+        assert!(core.list(Some(c)).is_empty());
+        assert_eq!(core.list(Some(d)).len(), 1);
+        assert_eq!(core.len(), 1);
+    }
+
+    #[test]
+    fn cancel_conversation_reaches_only_its_tasks() {
+        let mut core = RegistryCore::default();
+        let (c, d) = (ConversationId::new(), ConversationId::new());
+        let toks: Vec<CancellationToken> = (0..3).map(|_| token()).collect();
+        let other = token();
+        let ids: Vec<TaskId> = (0..3).map(|_| TaskId::new()).collect();
+        for (i, (id, tok)) in ids.iter().zip(&toks).enumerate() {
+            core.register(*id, c, format!("s{i}"), tok.clone(), i as u64);
+        }
+        core.register(TaskId::new(), d, "o".into(), other.clone(), 0);
+        core.cancel(ids[0]).unwrap();
+        assert_eq!(core.cancel_conversation(c), (3, 2));
+        assert!(toks.iter().all(CancellationToken::is_cancelled));
+        assert!(!other.is_cancelled());
+        assert_eq!(core.cancel_conversation(ConversationId::new()), (0, 0));
+        assert_eq!(core.counts(), [1, 0, 3]);
+    }
+
+    #[test]
+    fn a_gone_conversation_leaves_nothing_behind() {
+        let mut core = RegistryCore::default();
+        let (c, d) = (ConversationId::new(), ConversationId::new());
+        let tok = token();
+        core.register(TaskId::new(), c, "a".into(), tok.clone(), 1);
+        core.register(TaskId::new(), c, "b".into(), token(), 2);
+        let kept = TaskId::new();
+        core.register(kept, d, "c".into(), token(), 3);
+        assert_eq!(core.conversation_gone(c), 2);
+        assert_eq!(core.conversation_gone(c), 0);
+        assert!(tok.is_cancelled());
+        assert_eq!(
+            core.list(None)
+                .iter()
+                .map(|i| i.task_id)
+                .collect::<Vec<_>>(),
+            vec![kept]
+        );
+        assert_eq!(core.counts(), [1, 0, 0]);
+    }
+
+    #[test]
+    fn list_is_sorted_by_start_then_id() {
+        let mut core = RegistryCore::default();
+        let c = ConversationId::new();
+        let ids: Vec<TaskId> = (0..4).map(|_| TaskId::new()).collect();
+        // Registered out of order; two share a start time.
+        core.register(ids[3], c, "d".into(), token(), 20);
+        core.register(ids[2], c, "c".into(), token(), 10);
+        core.register(ids[0], c, "a".into(), token(), 10);
+        core.register(ids[1], ConversationId::new(), "b".into(), token(), 15);
+        let all: Vec<TaskId> = core.list(None).iter().map(|i| i.task_id).collect();
+        assert_eq!(all, vec![ids[0], ids[2], ids[1], ids[3]]);
+        let of_c: Vec<TaskId> = core.list(Some(c)).iter().map(|i| i.task_id).collect();
+        assert_eq!(of_c, vec![ids[0], ids[2], ids[3]]);
+    }
+
+    mod actor {
+        use super::*;
+        use ractor::call;
+        use std::time::Duration;
+
+        async fn registry() -> (ActorRef<TaskRegistryMsg>, Clock) {
+            let clock = Clock::new();
+            let (r, _) = Actor::spawn(None, TaskRegistry, TaskRegistryArgs { clock })
+                .await
+                .unwrap();
+            (r, clock)
+        }
+
+        fn register(
+            r: &ActorRef<TaskRegistryMsg>,
+            task_id: TaskId,
+            conversation_id: ConversationId,
+            cancel: &CancellationToken,
+        ) {
+            r.cast(TaskRegistryMsg::Register {
+                task_id,
+                conversation_id,
+                sub_id: format!("sub-{task_id}"),
+                cancel: cancel.clone(),
+            })
+            .unwrap();
+        }
+
+        async fn list(r: &ActorRef<TaskRegistryMsg>, c: Option<ConversationId>) -> Vec<TaskInfo> {
+            call!(r, |reply| TaskRegistryMsg::List {
+                conversation_id: c,
+                reply
+            })
+            .unwrap()
+        }
+
+        #[tokio::test(start_paused = true)]
+        async fn register_state_change_and_deregister() {
+            let (r, clock) = registry().await;
+            let (t, c) = (TaskId::new(), ConversationId::new());
+            let started = clock.now_ms();
+            register(&r, t, c, &token());
+            r.cast(TaskRegistryMsg::StateChanged {
+                task_id: t,
+                state: TaskState::Running,
+            })
+            .unwrap();
+            assert_eq!(
+                list(&r, Some(c)).await,
+                vec![TaskInfo {
+                    task_id: t,
+                    conversation_id: c,
+                    sub_id: format!("sub-{t}"),
+                    started_at_ms: started,
+                    state: TaskState::Running
+                }]
+            );
+            r.cast(TaskRegistryMsg::Deregister { task_id: t }).unwrap();
+            r.cast(TaskRegistryMsg::Deregister { task_id: t }).unwrap();
+            assert!(list(&r, None).await.is_empty());
+        }
+
+        #[tokio::test(start_paused = true)]
+        async fn cancel_reaches_a_task_awaiting_its_token() {
+            let (r, _) = registry().await;
+            let (t, c) = (TaskId::new(), ConversationId::new());
+            let tok = token();
+            register(&r, t, c, &tok);
+            let task = tokio::spawn({
+                let tok = tok.clone();
+                async move {
+                    tok.cancelled().await;
+                    "stopped"
+                }
+            });
+            let info = call!(r, |reply| TaskRegistryMsg::Cancel { task_id: t, reply })
+                .unwrap()
+                .unwrap();
+            assert_eq!(info.state, TaskState::Cancelling);
+            assert_eq!(info.task_id, t);
+            let outcome = tokio::time::timeout(Duration::from_secs(1), task).await;
+            assert_eq!(outcome.unwrap().unwrap(), "stopped");
+            assert_eq!(list(&r, None).await[0].state, TaskState::Cancelling);
+        }
+
+        #[tokio::test(start_paused = true)]
+        async fn cancel_of_an_unknown_task_is_not_found() {
+            let (r, _) = registry().await;
+            let t = TaskId::new();
+            let answer = call!(r, |reply| TaskRegistryMsg::Cancel { task_id: t, reply }).unwrap();
+            assert!(matches!(answer, Err(AgentError::NotFound { what, .. }) if what == "task"));
+        }
+
+        #[tokio::test(start_paused = true)]
+        async fn cancel_conversation_counts_and_fires_its_tokens() {
+            let (r, _) = registry().await;
+            let (c, d) = (ConversationId::new(), ConversationId::new());
+            let (a, b, other) = (token(), token(), token());
+            register(&r, TaskId::new(), c, &a);
+            register(&r, TaskId::new(), c, &b);
+            register(&r, TaskId::new(), d, &other);
+            let n = call!(r, |reply| TaskRegistryMsg::CancelConversation {
+                conversation_id: c,
+                reply
+            })
+            .unwrap();
+            assert_eq!(n, 2);
+            assert!(a.is_cancelled() && b.is_cancelled());
+            assert!(!other.is_cancelled());
+            assert!(
+                list(&r, Some(c))
+                    .await
+                    .iter()
+                    .all(|i| i.state == TaskState::Cancelling)
+            );
+        }
+
+        #[tokio::test(start_paused = true)]
+        async fn a_gone_conversation_is_dropped() {
+            let (r, _) = registry().await;
+            let (c, d) = (ConversationId::new(), ConversationId::new());
+            register(&r, TaskId::new(), c, &token());
+            let kept = TaskId::new();
+            register(&r, kept, d, &token());
+            r.cast(TaskRegistryMsg::ConversationGone { conversation_id: c })
+                .unwrap();
+            assert!(list(&r, Some(c)).await.is_empty());
+            let all: Vec<TaskId> = list(&r, None).await.iter().map(|i| i.task_id).collect();
+            assert_eq!(all, vec![kept]);
+        }
+
+        #[tokio::test(start_paused = true)]
+        async fn list_is_oldest_first() {
+            let (r, clock) = registry().await;
+            let c = ConversationId::new();
+            let (first, second) = (TaskId::new(), TaskId::new());
+            register(&r, second, c, &token());
+            // A barrier, so that the first registration is stamped before time moves on.
+            let _ = list(&r, None).await;
+            tokio::time::advance(Duration::from_millis(5)).await;
+            register(&r, first, ConversationId::new(), &token());
+            let listed = list(&r, None).await;
+            let order: Vec<TaskId> = listed.iter().map(|i| i.task_id).collect();
+            assert_eq!(order, vec![second, first]);
+            assert_eq!(listed[1].started_at_ms - listed[0].started_at_ms, 5);
+            assert!(listed[1].started_at_ms <= clock.now_ms());
+        }
+    }
 }

@@ -1,0 +1,114 @@
+//! Scheduler metrics. Labels are closed enums; task and conversation ids go to traces only.
+
+use metrics::{
+    Unit, counter, describe_counter, describe_gauge, describe_histogram, gauge, histogram,
+};
+use std::time::Duration;
+
+/// Time from enqueue to grant, in seconds (0 for an immediate grant).
+pub const QUEUE_WAIT_SECONDS: &str = "troupe_scheduler_queue_wait_seconds";
+/// Acquire requests, by outcome.
+pub const ACQUIRES_TOTAL: &str = "troupe_scheduler_acquires_total";
+/// Grants and waiting requests that ended, by how.
+pub const RELEASES_TOTAL: &str = "troupe_scheduler_releases_total";
+/// Tasks holding a slot now (summed over sessions).
+pub const RUNNING: &str = "troupe_scheduler_running";
+/// Requests waiting for a slot now (summed over sessions).
+pub const WAITING: &str = "troupe_scheduler_waiting";
+
+/// Registers the descriptions (a Prometheus exporter rejects undescribed metrics).
+pub fn describe() {
+    describe_histogram!(
+        QUEUE_WAIT_SECONDS,
+        Unit::Seconds,
+        "Time a task waited for a scheduler slot"
+    );
+    describe_counter!(ACQUIRES_TOTAL, "Scheduler acquire requests, by outcome");
+    describe_counter!(
+        RELEASES_TOTAL,
+        "Scheduler grants or waiting requests that ended, by reason"
+    );
+    describe_gauge!(RUNNING, "Tasks holding a scheduler slot");
+    describe_gauge!(WAITING, "Requests waiting for a scheduler slot");
+}
+
+/// How an `Acquire` was answered.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum AcquireOutcome {
+    Granted,
+    Queued,
+    Overloaded,
+    /// Duplicate task id, or a holder that had already stopped.
+    Rejected,
+}
+
+impl AcquireOutcome {
+    pub const fn as_str(self) -> &'static str {
+        match self {
+            Self::Granted => "granted",
+            Self::Queued => "queued",
+            Self::Overloaded => "overloaded",
+            Self::Rejected => "rejected",
+        }
+    }
+}
+
+/// Why a grant or a waiting request ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ReleaseReason {
+    /// `Release` of a running task.
+    Released,
+    /// `Release` of a waiting task.
+    Withdrawn,
+    /// The holder stopped or failed.
+    HolderDied,
+    /// The caller stopped waiting before its turn (or before the grant reached it).
+    CallerGone,
+}
+
+impl ReleaseReason {
+    pub const fn as_str(self) -> &'static str {
+        match self {
+            Self::Released => "released",
+            Self::Withdrawn => "withdrawn",
+            Self::HolderDied => "holder_died",
+            Self::CallerGone => "caller_gone",
+        }
+    }
+}
+
+pub fn acquire(outcome: AcquireOutcome) {
+    counter!(ACQUIRES_TOTAL, "outcome" => outcome.as_str()).increment(1);
+}
+
+pub fn release(reason: ReleaseReason, n: usize) {
+    if n > 0 {
+        counter!(RELEASES_TOTAL, "reason" => reason.as_str()).increment(n as u64);
+    }
+}
+
+pub fn queue_wait(waited: Duration) {
+    histogram!(QUEUE_WAIT_SECONDS).record(waited.as_secs_f64());
+}
+
+/// Publishes the running/waiting gauges as deltas, so that several sessions' schedulers add
+/// up instead of overwriting each other.
+#[derive(Debug, Default)]
+pub struct Occupancy {
+    running: usize,
+    waiting: usize,
+}
+
+impl Occupancy {
+    pub fn publish(&mut self, running: usize, waiting: usize) {
+        shift(RUNNING, &mut self.running, running);
+        shift(WAITING, &mut self.waiting, waiting);
+    }
+}
+
+fn shift(name: &'static str, published: &mut usize, now: usize) {
+    if now != *published {
+        gauge!(name).increment(now as f64 - *published as f64);
+        *published = now;
+    }
+}
