@@ -1,0 +1,154 @@
+//! Rollout metrics. Labels are bounded: event kinds (`EventKind::name()`), record levels and
+//! writer operations, never ids.
+
+use super::RecordLevel;
+use metrics::{Unit, counter, describe_counter, describe_histogram, histogram};
+use std::time::Duration;
+
+pub const EVENTS_EMITTED: &str = "troupe_rollout_events_emitted_total";
+pub const EVENTS_UNRECORDED: &str = "troupe_rollout_events_unrecorded_total";
+pub const UNREGISTERED_EVENTS: &str = "troupe_rollout_unregistered_events_total";
+pub const RECORDS_WRITTEN: &str = "troupe_rollout_records_written_total";
+pub const BYTES_WRITTEN: &str = "troupe_rollout_bytes_written_total";
+pub const FSYNCS: &str = "troupe_rollout_fsyncs_total";
+pub const FSYNC_DURATION: &str = "troupe_rollout_fsync_duration_seconds";
+pub const BATCH_SIZE: &str = "troupe_rollout_write_batch_size";
+pub const WRITE_ERRORS: &str = "troupe_rollout_write_errors_total";
+pub const TTL_DOWNGRADED: &str = "troupe_rollout_ttl_downgraded_records_total";
+pub const UNREADABLE_LINES: &str = "troupe_rollout_unreadable_lines_total";
+pub const SUBSCRIBER_LAGGED: &str = "troupe_rollout_subscriber_lagged_events_total";
+
+/// What the writer was doing when an I/O error struck (the `op` label).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum WriteOp {
+    CreateDir,
+    Open,
+    Encode,
+    Append,
+    Flush,
+    Sync,
+    Sweep,
+}
+
+impl WriteOp {
+    pub const fn as_str(self) -> &'static str {
+        match self {
+            Self::CreateDir => "create_dir",
+            Self::Open => "open",
+            Self::Encode => "encode",
+            Self::Append => "append",
+            Self::Flush => "flush",
+            Self::Sync => "sync",
+            Self::Sweep => "sweep",
+        }
+    }
+}
+
+/// Registers descriptions (every exported metric needs one).
+pub fn describe() {
+    describe_counter!(
+        EVENTS_EMITTED,
+        Unit::Count,
+        "Events numbered and published by the rollout, by kind."
+    );
+    describe_counter!(
+        EVENTS_UNRECORDED,
+        Unit::Count,
+        "Events published but not recorded because the storage policy keeps nothing of them, by kind."
+    );
+    describe_counter!(
+        UNREGISTERED_EVENTS,
+        Unit::Count,
+        "Events of conversations with no registered storage policy (recorded as policy none)."
+    );
+    describe_counter!(
+        RECORDS_WRITTEN,
+        Unit::Count,
+        "Rollout records appended to disk, by level."
+    );
+    describe_counter!(
+        BYTES_WRITTEN,
+        Unit::Bytes,
+        "Bytes of rollout records appended to disk."
+    );
+    describe_counter!(
+        FSYNCS,
+        Unit::Count,
+        "fsync calls made by the rollout writer."
+    );
+    describe_histogram!(
+        FSYNC_DURATION,
+        Unit::Seconds,
+        "Time spent in one fsync of a rollout file."
+    );
+    describe_histogram!(
+        BATCH_SIZE,
+        Unit::Count,
+        "Commands handled by the rollout writer in one group commit."
+    );
+    describe_counter!(
+        WRITE_ERRORS,
+        Unit::Count,
+        "I/O errors of the rollout writer, by operation."
+    );
+    describe_counter!(
+        TTL_DOWNGRADED,
+        Unit::Count,
+        "Full records downgraded to headers by the TTL sweep."
+    );
+    describe_counter!(
+        UNREADABLE_LINES,
+        Unit::Count,
+        "Rollout lines skipped on read or sweep because they did not parse (torn writes)."
+    );
+    describe_counter!(
+        SUBSCRIBER_LAGGED,
+        Unit::Count,
+        "Live events a slow subscriber missed (counted by subscribers)."
+    );
+}
+
+pub fn event_emitted(kind: &'static str) {
+    counter!(EVENTS_EMITTED, "kind" => kind).increment(1);
+}
+
+pub fn event_unrecorded(kind: &'static str) {
+    counter!(EVENTS_UNRECORDED, "kind" => kind).increment(1);
+}
+
+pub fn unregistered_event() {
+    counter!(UNREGISTERED_EVENTS).increment(1);
+}
+
+pub fn record_written(level: RecordLevel, bytes: usize) {
+    counter!(RECORDS_WRITTEN, "level" => level.as_str()).increment(1);
+    counter!(BYTES_WRITTEN).increment(u64::try_from(bytes).unwrap_or(u64::MAX));
+}
+
+pub fn fsynced(took: Duration) {
+    counter!(FSYNCS).increment(1);
+    histogram!(FSYNC_DURATION).record(took.as_secs_f64());
+}
+
+pub fn batch(size: usize) {
+    // Precision loss above 2^53 commands is irrelevant for a histogram.
+    #[allow(clippy::cast_precision_loss)]
+    histogram!(BATCH_SIZE).record(size as f64);
+}
+
+pub fn write_error(op: WriteOp) {
+    counter!(WRITE_ERRORS, "op" => op.as_str()).increment(1);
+}
+
+pub fn ttl_downgraded(records: u64) {
+    counter!(TTL_DOWNGRADED).increment(records);
+}
+
+pub fn unreadable_lines(lines: u64) {
+    counter!(UNREADABLE_LINES).increment(lines);
+}
+
+/// For subscribers: call with the count carried by `RecvError::Lagged`.
+pub fn subscriber_lagged(missed: u64) {
+    counter!(SUBSCRIBER_LAGGED).increment(missed);
+}
