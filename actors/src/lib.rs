@@ -9,13 +9,37 @@
 //! └─ Conversation × N   history, context, one task at a time
 //!      └─ task runner (a tokio task, aborted with its conversation)
 //! ```
+//!
+//! Actors share nothing mutable: each owns its state and changes it only in `handle`.
 #![forbid(unsafe_code)]
 
 pub mod approval_store;
 pub mod clock;
+pub mod context;
+pub mod conversation;
 pub mod events;
+pub mod handle;
 pub mod history;
+pub mod ports;
 pub mod rollout;
 pub mod scheduler;
+pub mod session;
+pub mod task;
 pub mod task_registry;
 pub mod tools;
+
+pub use handle::SessionHandle;
+pub use session::{SessionConfig, SessionPorts};
+
+/// Registers the description of every metric the actors record (Prometheus requires one).
+pub fn describe_metrics() {
+    approval_store::metrics::describe();
+    conversation::metrics::describe();
+    rollout::metrics::describe();
+    scheduler::metrics::describe();
+    task_registry::metrics::describe();
+    metrics::describe_counter!(
+        session::RESTARTS,
+        "Conversation actors restarted from their rollout after a failure."
+    );
+}

@@ -1,1 +1,48 @@
-fn main() {}
+//! The `troupe` command.
+#![forbid(unsafe_code)]
+
+mod chat;
+
+use clap::{Parser, Subcommand};
+use std::process::ExitCode;
+
+/// troupe: an orchestrator for LLM agent sessions.
+#[derive(Debug, Parser)]
+#[command(name = "troupe", version, about)]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Debug, Subcommand)]
+enum Command {
+    /// Chat with an agent: a line-by-line loop, or one turn with --once.
+    Chat(chat::ChatArgs),
+}
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    let runtime = match tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+    {
+        Ok(rt) => rt,
+        Err(e) => {
+            eprintln!("troupe: cannot start the async runtime: {e}");
+            return ExitCode::from(70);
+        }
+    };
+    let _telemetry = runtime.block_on(async { troupe_runtime::telemetry::init("troupe") });
+    let result = runtime.block_on(async {
+        match cli.command {
+            Command::Chat(args) => chat::run(args).await,
+        }
+    });
+    match result {
+        Ok(code) => code,
+        Err(e) => {
+            eprintln!("troupe: {e:#}");
+            ExitCode::from(1)
+        }
+    }
+}

@@ -1,1 +1,10 @@
+//! What plugs into troupe's ports: model providers (the built-in scripted model for now),
+//! a command runner, telemetry set-up.
 #![forbid(unsafe_code)]
+
+pub mod exec;
+pub mod scripted;
+pub mod telemetry;
+
+pub use exec::ProcessRunner;
+pub use scripted::{ScriptedModel, ScriptedReply};

@@ -1,0 +1,254 @@
+//! Conversation context (C1–C7) as pure functions: which instructions a turn uses, how an MCP
+//! allowlist is normalised, what the prompt cache key is, and how a history is rebuilt from a
+//! rollout.
+
+use crate::rollout::RolloutRecord;
+use crate::tools::{ToolPrefs, is_valid_tool_name};
+use sha2::{Digest, Sha256};
+use troupe_proto::{AgentError, EventKind, HistoryItem, OpenConversation, SetContext, ToolSpec};
+
+/// The built-in system prompt, used when a conversation sets no base instructions (C3).
+pub const DEFAULT_INSTRUCTIONS: &str = "You are a careful coding and chat assistant working for one user inside troupe. \
+Answer directly when you can. When a tool helps, call it with well-formed arguments, read its \
+observation, and continue until the request is done; then give a short final answer.";
+
+/// Appended to the default prompt when no apply_patch tool is offered (C3).
+pub const APPLY_PATCH_GUIDANCE: &str = "\n\nTo edit files, run a shell command that applies a \
+patch in the `*** Begin Patch` / `*** End Patch` format; never rewrite a whole file to change a few lines.";
+
+/// A conversation's context (C1), as changed by open and set-context (C6).
+#[derive(Debug, Clone, PartialEq, Default)]
+pub struct ConversationContext {
+    pub base_instructions: Option<String>,
+    pub user_instructions: Option<String>,
+    /// Normalised qualified names (`server__tool`); `None` = every tool.
+    pub mcp_tool_allowlist: Option<Vec<String>>,
+    pub prefs: ToolPrefs,
+}
+
+impl ConversationContext {
+    /// Builds the context of `open`, normalising the allowlist. Returns the deprecation
+    /// warnings to report.
+    pub fn from_open(
+        params: &OpenConversation,
+        shell: bool,
+    ) -> Result<(Self, Vec<String>), AgentError> {
+        let (allowlist, warnings) = match &params.mcp_tool_allowlist {
+            Some(list) => {
+                let (names, warnings) = normalize_allowlist(list)?;
+                (Some(names), warnings)
+            }
+            None => (None, Vec::new()),
+        };
+        Ok((
+            Self {
+                base_instructions: params.base_instructions.clone(),
+                user_instructions: params.user_instructions.clone(),
+                mcp_tool_allowlist: allowlist,
+                prefs: ToolPrefs {
+                    shell,
+                    plan: params.include_plan_tool,
+                    apply_patch: params.include_apply_patch_tool,
+                    web_search: params.tools_web_search_request,
+                },
+            },
+            warnings,
+        ))
+    }
+
+    /// Applies a set-context request; history is not touched (C6).
+    pub fn apply(&mut self, update: &SetContext) -> Result<Vec<String>, AgentError> {
+        let mut warnings = Vec::new();
+        if let Some(list) = &update.mcp_tool_allowlist {
+            let (names, w) = normalize_allowlist(list)?;
+            self.mcp_tool_allowlist = Some(names);
+            warnings = w;
+        }
+        if let Some(b) = &update.base_instructions {
+            self.base_instructions = Some(b.clone());
+        }
+        if let Some(u) = &update.user_instructions {
+            self.user_instructions = Some(u.clone());
+        }
+        if let Some(v) = update.include_plan_tool {
+            self.prefs.plan = v;
+        }
+        if let Some(v) = update.include_apply_patch_tool {
+            self.prefs.apply_patch = v;
+        }
+        if let Some(v) = update.tools_web_search_request {
+            self.prefs.web_search = v;
+        }
+        Ok(warnings)
+    }
+
+    /// The user instructions as the earliest user message of the prompt (C4).
+    pub fn pinned(&self) -> Option<HistoryItem> {
+        self.user_instructions.as_ref().map(HistoryItem::user)
+    }
+}
+
+/// Narrows a session policy by a conversation's request (C2): policies are ordered from
+/// strictest to widest, and a conversation gets the stricter of the two. Returns the policy
+/// and whether the request was wider than allowed (clamped).
+pub fn narrow<T: Ord + Copy>(session: T, requested: Option<T>) -> (T, bool) {
+    match requested {
+        None => (session, false),
+        Some(r) if r <= session => (r, false),
+        Some(_) => (session, true),
+    }
+}
+
+/// Normalises an allowlist (C5): `server/tool` becomes `server__tool` with a deprecation
+/// warning; a name that is still illegal is an error naming every offender.
+pub fn normalize_allowlist(list: &[String]) -> Result<(Vec<String>, Vec<String>), AgentError> {
+    let mut names = Vec::with_capacity(list.len());
+    let mut warnings = Vec::new();
+    let mut illegal = Vec::new();
+    for raw in list {
+        let name = match raw.split_once('/') {
+            Some((server, tool))
+                if !server.is_empty() && !tool.is_empty() && !tool.contains('/') =>
+            {
+                let q = format!("{server}__{tool}");
+                warnings.push(format!("allowlist entry `{raw}` is deprecated; use `{q}`"));
+                q
+            }
+            _ => raw.clone(),
+        };
+        if !is_valid_tool_name(&name) || !name.contains("__") {
+            illegal.push(raw.clone());
+        } else if !names.contains(&name) {
+            names.push(name);
+        }
+    }
+    if illegal.is_empty() {
+        Ok((names, warnings))
+    } else {
+        Err(AgentError::invalid(format!(
+            "illegal MCP tool names in allowlist (expected `server__tool`, [a-zA-Z0-9_-]): {}",
+            illegal.join(", ")
+        )))
+    }
+}
+
+/// The system prompt of one turn (C3): a one-turn override, else the conversation's base
+/// instructions, else the built-in default (with apply_patch guidance when there is no
+/// apply_patch tool). The override is never stored.
+pub fn choose_instructions(
+    turn_override: Option<&str>,
+    base: Option<&str>,
+    has_apply_patch_tool: bool,
+) -> String {
+    match (turn_override, base) {
+        (Some(o), _) => o.to_owned(),
+        (None, Some(b)) => b.to_owned(),
+        (None, None) if has_apply_patch_tool => DEFAULT_INSTRUCTIONS.to_owned(),
+        (None, None) => format!("{DEFAULT_INSTRUCTIONS}{APPLY_PATCH_GUIDANCE}"),
+    }
+}
+
+/// The prompt cache key (C7): hash(instructions) + hash(tool names) + model family.
+pub fn prompt_cache_key(instructions: &str, tools: &[ToolSpec], family: &str) -> String {
+    let h1 = Sha256::digest(instructions.as_bytes());
+    let mut tools_hash = Sha256::new();
+    for t in tools {
+        tools_hash.update(t.name.as_bytes());
+        tools_hash.update([0]);
+    }
+    let h2 = tools_hash.finalize();
+    format!("{}-{}-{family}", hex8(&h1), hex8(&h2))
+}
+
+fn hex8(bytes: &[u8]) -> String {
+    bytes.iter().take(8).map(|b| format!("{b:02x}")).collect()
+}
+
+/// Rebuilds history items from a conversation's rollout, oldest first. Only records that
+/// kept content contribute: a conversation whose policy keeps none restarts empty.
+pub fn history_from_records(records: &[RolloutRecord]) -> Vec<HistoryItem> {
+    let mut items = Vec::new();
+    for r in records {
+        let Some(event) = &r.event else { continue };
+        match event {
+            EventKind::TaskStarted { input } => items.push(HistoryItem::user(input.clone())),
+            EventKind::AssistantMessage { text } => {
+                items.push(HistoryItem::assistant(text.clone()))
+            }
+            EventKind::ToolCallStarted { call } => items.push(HistoryItem::ToolCall(call.clone())),
+            EventKind::ToolCallFinished {
+                call_id,
+                output,
+                is_error,
+                ..
+            } => items.push(HistoryItem::ToolOutput(troupe_proto::ToolOutput {
+                call_id: call_id.clone(),
+                output: output.clone(),
+                is_error: *is_error,
+            })),
+            _ => {}
+        }
+    }
+    items
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use troupe_proto::Json;
+
+    #[test]
+    fn slash_names_are_normalised_with_a_warning() {
+        let (names, warnings) =
+            normalize_allowlist(&["fs/read_file".into(), "mem__create".into()]).unwrap();
+        assert_eq!(names, vec!["fs__read_file", "mem__create"]);
+        assert_eq!(warnings.len(), 1);
+        assert!(warnings[0].contains("deprecated"));
+    }
+
+    #[test]
+    fn illegal_names_are_rejected_by_name() {
+        let err =
+            normalize_allowlist(&["bad name".into(), "ok__x".into(), "x".into()]).unwrap_err();
+        let msg = err.to_string();
+        assert!(msg.contains("bad name") && msg.contains(", x"), "{msg}");
+    }
+
+    #[test]
+    fn policies_only_narrow() {
+        use troupe_proto::{ApprovalPolicy as A, SandboxPolicy as S};
+        assert_eq!(
+            narrow(S::WorkspaceWrite, Some(S::ReadOnly)),
+            (S::ReadOnly, false)
+        );
+        assert_eq!(
+            narrow(S::WorkspaceWrite, Some(S::FullAccess)),
+            (S::WorkspaceWrite, true)
+        );
+        assert_eq!(narrow(S::WorkspaceWrite, None), (S::WorkspaceWrite, false));
+        assert_eq!(narrow(A::OnFailure, Some(A::Never)), (A::OnFailure, true));
+        assert_eq!(narrow(A::OnFailure, Some(A::Always)), (A::Always, false));
+    }
+
+    #[test]
+    fn instruction_priority() {
+        assert_eq!(choose_instructions(Some("o"), Some("b"), false), "o");
+        assert_eq!(choose_instructions(None, Some("b"), false), "b");
+        assert!(choose_instructions(None, None, false).ends_with(APPLY_PATCH_GUIDANCE));
+        assert_eq!(choose_instructions(None, None, true), DEFAULT_INSTRUCTIONS);
+    }
+
+    #[test]
+    fn cache_key_changes_with_tools_and_instructions() {
+        let t = |n: &str| ToolSpec {
+            name: n.into(),
+            description: String::new(),
+            parameters: Json::empty_object(),
+        };
+        let a = prompt_cache_key("x", &[t("a")], "f");
+        assert_eq!(a, prompt_cache_key("x", &[t("a")], "f"));
+        assert_ne!(a, prompt_cache_key("y", &[t("a")], "f"));
+        assert_ne!(a, prompt_cache_key("x", &[t("b")], "f"));
+        assert!(a.ends_with("-f"));
+    }
+}

@@ -1,0 +1,611 @@
+//! Conversation: one isolated conversation of a session (S1, S5).
+//!
+//! It owns its history (a bounded `HistoryStore`), its context (instructions, allowlist, tool
+//! preferences), its queue of waiting messages and at most one running task.
+//!
+//! ```text
+//! Message ──► idle? ── yes ─► start task (runner = tokio task, aborted with this actor)
+//!               └─ no ──► queue (bounded; full → Overloaded)
+//! runner ──► TaskFinished ─► append items to history, emit task_finished, reply, next in queue
+//! Close ──► running? ── no ─► release, emit conversation_closed, reply, stop
+//!             └─ yes ─► cancel; TaskFinished → closed | CloseTimedOut → abort → force_aborted
+//! ```
+//!
+//! Children: none (the runner is a task, not an actor). Its parent, the Session, restarts it
+//! from its rollout when it fails; a failure drops the runner (aborting it), which gives the
+//! scheduler slot back, and its callers see their reply port close.
+
+use crate::approval_store::ApprovalMsg;
+use crate::context::{ConversationContext, history_from_records, narrow};
+use crate::events::{EventDraft, EventSink, sub_id};
+use crate::history::{HistoryLimits, HistoryStore, Summarizer};
+use crate::ports::{CommandRunner, McpPort, McpView, ModelClient};
+use crate::rollout::RolloutMsg;
+use crate::scheduler::SchedulerMsg;
+use crate::task::{TaskContext, TaskLimits, TaskOutcome};
+use crate::task_registry::TaskRegistryMsg;
+use ractor::{Actor, ActorProcessingErr, ActorRef, RpcReplyPort};
+use std::collections::VecDeque;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::Duration;
+use tokio::task::AbortHandle;
+use tokio_util::sync::CancellationToken;
+use troupe_proto::{
+    AgentError, ApprovalPolicy, CloseOutcome, Closed, ConversationId, ConversationStats, EventKind,
+    MessageReply, OpenConversation, SandboxPolicy, SessionId, SetContext, TaskId, TaskStats,
+    TaskStatus,
+};
+
+pub mod metrics;
+
+/// Session-wide settings every conversation follows.
+#[derive(Debug, Clone)]
+pub struct ConversationSettings {
+    pub history: HistoryLimits,
+    /// How long `close` waits for a cancelled task before aborting it (S5).
+    pub close_timeout: Duration,
+    /// Messages that may wait behind the running task; one more is `Overloaded`.
+    pub max_queued_messages: usize,
+    pub task: TaskLimits,
+    /// The session's policies; a conversation may only narrow them (C2).
+    pub approval_policy: ApprovalPolicy,
+    pub sandbox_policy: SandboxPolicy,
+    /// Whether the shell built-in is offered (a command runner is configured).
+    pub shell_tool: bool,
+}
+
+impl Default for ConversationSettings {
+    fn default() -> Self {
+        Self {
+            history: HistoryLimits::default(),
+            close_timeout: Duration::from_secs(5),
+            max_queued_messages: 16,
+            task: TaskLimits::default(),
+            approval_policy: ApprovalPolicy::Always,
+            sandbox_policy: SandboxPolicy::ReadOnly,
+            shell_tool: false,
+        }
+    }
+}
+
+/// What a conversation calls: the session's actors and ports. Cheap to clone.
+#[derive(Clone)]
+pub struct Services {
+    pub session_id: SessionId,
+    pub events: EventSink,
+    pub scheduler: ActorRef<SchedulerMsg>,
+    pub registry: ActorRef<TaskRegistryMsg>,
+    pub approvals: ActorRef<ApprovalMsg>,
+    pub model: Arc<dyn ModelClient>,
+    pub mcp: Option<Arc<dyn McpPort>>,
+    pub exec: Option<Arc<dyn CommandRunner>>,
+    pub summarizer: Arc<dyn Summarizer>,
+    pub settings: Arc<ConversationSettings>,
+}
+
+/// Start-up arguments.
+pub struct ConversationArgs {
+    pub conversation_id: ConversationId,
+    pub params: OpenConversation,
+    pub services: Services,
+    /// Rebuild history from the rollout (a restart after a failure).
+    pub restore: bool,
+}
+
+/// The Conversation's mailbox.
+pub enum ConversationMsg {
+    /// Runs one task for a user message; answered with the final reply.
+    Message {
+        text: String,
+        reply: RpcReplyPort<Result<MessageReply, AgentError>>,
+    },
+    /// Changes the context without reordering history (C6).
+    SetContext {
+        update: SetContext,
+        reply: RpcReplyPort<Result<(), AgentError>>,
+    },
+    /// Closes the conversation (idempotent; every caller is answered).
+    Close { reply: RpcReplyPort<Closed> },
+    /// The runner of `task_id` ended.
+    TaskFinished {
+        task_id: TaskId,
+        outcome: Box<TaskOutcome>,
+    },
+    /// Timer: the close timeout of `task_id` ran out.
+    CloseTimedOut { task_id: TaskId },
+    /// The session restarted a service actor: use these references from now on.
+    ServicesChanged { services: Box<Services> },
+    /// Observation.
+    Stats {
+        reply: RpcReplyPort<ConversationStats>,
+    },
+    /// Fault injection: panics inside `handle`, to exercise supervision (restart from the
+    /// rollout) in tests and drills.
+    InjectPanic,
+}
+
+/// A task in flight.
+struct Running {
+    task_id: TaskId,
+    reply: Option<RpcReplyPort<Result<MessageReply, AgentError>>>,
+    cancel: CancellationToken,
+    abort: AbortHandle,
+}
+
+/// A message waiting for the running task to end.
+struct Queued {
+    text: String,
+    reply: RpcReplyPort<Result<MessageReply, AgentError>>,
+}
+
+/// The Conversation's state.
+pub struct ConversationState {
+    id: ConversationId,
+    services: Services,
+    context: ConversationContext,
+    history: HistoryStore,
+    view: Option<Arc<dyn McpView>>,
+    running: Option<Running>,
+    queue: VecDeque<Queued>,
+    /// `Some` once close began: the callers to answer when it completes.
+    closing: Option<Vec<RpcReplyPort<Closed>>>,
+    /// The close timeout; aborted once close completes, so the timer does not keep this
+    /// actor's cell alive for the rest of its period.
+    close_timer: Option<AbortHandle>,
+    stats: ConversationStats,
+    /// This conversation's policies: the session's, narrowed by the open request (C2).
+    approval_policy: ApprovalPolicy,
+    sandbox_policy: SandboxPolicy,
+}
+
+impl Drop for ConversationState {
+    fn drop(&mut self) {
+        // A failed or stopped conversation must not leave its runner behind.
+        if let Some(r) = &self.running {
+            r.abort.abort();
+        }
+        if let Some(timer) = &self.close_timer {
+            timer.abort();
+        }
+        LIVE.fetch_sub(1, Ordering::Relaxed);
+        metrics::live(LIVE.load(Ordering::Relaxed));
+    }
+}
+
+/// Conversation states alive in this process (a gauge for leak tests and dashboards).
+static LIVE: AtomicUsize = AtomicUsize::new(0);
+
+/// Conversation states alive in this process.
+pub fn live_conversations() -> usize {
+    LIVE.load(Ordering::Relaxed)
+}
+
+/// The Conversation actor.
+pub struct Conversation;
+
+#[ractor::async_trait]
+impl Actor for Conversation {
+    type Msg = ConversationMsg;
+    type State = ConversationState;
+    type Arguments = ConversationArgs;
+
+    async fn pre_start(
+        &self,
+        _myself: ActorRef<Self::Msg>,
+        args: ConversationArgs,
+    ) -> Result<Self::State, ActorProcessingErr> {
+        let services = args.services;
+        let settings = services.settings.clone();
+        let (context, warnings) =
+            ConversationContext::from_open(&args.params, settings.shell_tool)?;
+        let view = match &services.mcp {
+            Some(port) => Some(
+                port.open_view(args.conversation_id, context.mcp_tool_allowlist.as_deref())
+                    .await?,
+            ),
+            None => None,
+        };
+        let _ = services
+            .events
+            .rollout()
+            .cast(RolloutMsg::ConversationRegistered {
+                conversation_id: args.conversation_id,
+                policy: args.params.storage_policy,
+            });
+        let mut history = HistoryStore::new(settings.history, services.summarizer.clone());
+        if args.restore {
+            let records = ractor::call!(services.events.rollout(), |reply| {
+                RolloutMsg::ReadConversation {
+                    conversation_id: args.conversation_id,
+                    reply,
+                }
+            })??;
+            let items = history_from_records(&records);
+            let restored = items.len() as u64;
+            history.append(items);
+            services.events.emit(EventDraft::conversation(
+                args.conversation_id,
+                EventKind::ConversationRestarted {
+                    reason: "the conversation actor failed".into(),
+                    restored_items: restored,
+                },
+            ));
+        } else {
+            services.events.emit(EventDraft::conversation(
+                args.conversation_id,
+                EventKind::ConversationOpened {
+                    storage_policy: args.params.storage_policy,
+                    base_instructions: args.params.base_instructions.clone(),
+                    user_instructions: args.params.user_instructions.clone(),
+                },
+            ));
+        }
+        for message in warnings {
+            services.events.emit(EventDraft::conversation(
+                args.conversation_id,
+                EventKind::Warning {
+                    code: "deprecated_tool_name".into(),
+                    message,
+                },
+            ));
+        }
+        let (approval_policy, approval_clamped) =
+            narrow(settings.approval_policy, args.params.approval_policy);
+        let (sandbox_policy, sandbox_clamped) =
+            narrow(settings.sandbox_policy, args.params.sandbox_policy);
+        if approval_clamped || sandbox_clamped {
+            let message = format!(
+                "a conversation may only narrow the session's policies: using approval {approval_policy:?}, sandbox {sandbox_policy:?}"
+            );
+            tracing::warn!(conversation_id = %args.conversation_id, "{message}");
+            services.events.emit(EventDraft::conversation(
+                args.conversation_id,
+                EventKind::Warning {
+                    code: "policy_clamped".into(),
+                    message,
+                },
+            ));
+        }
+        LIVE.fetch_add(1, Ordering::Relaxed);
+        metrics::live(LIVE.load(Ordering::Relaxed));
+        Ok(ConversationState {
+            id: args.conversation_id,
+            services,
+            context,
+            history,
+            view,
+            running: None,
+            queue: VecDeque::new(),
+            closing: None,
+            close_timer: None,
+            stats: ConversationStats {
+                conversation_id: Some(args.conversation_id),
+                ..ConversationStats::default()
+            },
+            approval_policy,
+            sandbox_policy,
+        })
+    }
+
+    async fn handle(
+        &self,
+        myself: ActorRef<Self::Msg>,
+        msg: Self::Msg,
+        state: &mut Self::State,
+    ) -> Result<(), ActorProcessingErr> {
+        match msg {
+            ConversationMsg::Message { text, reply } => state.on_message(&myself, text, reply),
+            ConversationMsg::SetContext { update, reply } => {
+                let _ = reply.send(state.on_set_context(&update));
+            }
+            ConversationMsg::Close { reply } => state.on_close(&myself, reply),
+            ConversationMsg::TaskFinished { task_id, outcome } => {
+                state.on_task_finished(&myself, task_id, *outcome);
+            }
+            ConversationMsg::CloseTimedOut { task_id } => {
+                state.on_close_timed_out(&myself, task_id)
+            }
+            ConversationMsg::ServicesChanged { services } => state.services = *services,
+            ConversationMsg::Stats { reply } => {
+                let mut stats = state.stats.clone();
+                stats.history_items = state.history.len() as u64;
+                let _ = reply.send(stats);
+            }
+            ConversationMsg::InjectPanic => panic!("injected fault in conversation {}", state.id),
+        }
+        Ok(())
+    }
+}
+
+/// What to do with a new message.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Admission {
+    StartNow,
+    Enqueue,
+    RejectClosing,
+    RejectFull,
+}
+
+/// Pure admission decision for a message.
+pub fn admit(closing: bool, running: bool, queued: usize, max_queued: usize) -> Admission {
+    match (closing, running) {
+        (true, _) => Admission::RejectClosing,
+        (false, false) => Admission::StartNow,
+        (false, true) if queued < max_queued => Admission::Enqueue,
+        (false, true) => Admission::RejectFull,
+    }
+}
+
+impl ConversationState {
+    fn on_message(
+        &mut self,
+        myself: &ActorRef<ConversationMsg>,
+        text: String,
+        reply: RpcReplyPort<Result<MessageReply, AgentError>>,
+    ) {
+        let max = self.services.settings.max_queued_messages;
+        match admit(
+            self.closing.is_some(),
+            self.running.is_some(),
+            self.queue.len(),
+            max,
+        ) {
+            Admission::StartNow => self.start_task(myself, text, reply),
+            Admission::Enqueue => self.queue.push_back(Queued { text, reply }),
+            Admission::RejectClosing => {
+                let _ = reply.send(Err(AgentError::not_found("conversation", self.id)));
+            }
+            Admission::RejectFull => {
+                let _ = reply.send(Err(AgentError::Overloaded {
+                    resource: "conversation message queue".into(),
+                    limit: u32::try_from(max).unwrap_or(u32::MAX),
+                }));
+            }
+        }
+    }
+
+    fn start_task(
+        &mut self,
+        myself: &ActorRef<ConversationMsg>,
+        text: String,
+        reply: RpcReplyPort<Result<MessageReply, AgentError>>,
+    ) {
+        let task_id = TaskId::new();
+        let cancel = CancellationToken::new();
+        let settings = &self.services.settings;
+        let _ = self.services.registry.cast(TaskRegistryMsg::Register {
+            task_id,
+            conversation_id: self.id,
+            sub_id: sub_id(self.id, task_id),
+            cancel: cancel.clone(),
+        });
+        self.services.events.emit(EventDraft::task(
+            self.id,
+            task_id,
+            EventKind::TaskStarted {
+                input: text.clone(),
+            },
+        ));
+        let ctx = TaskContext {
+            conversation_id: self.id,
+            task_id,
+            input: text,
+            history: self.history.snapshot(),
+            pinned: self.context.pinned(),
+            builtins: crate::tools::builtin_tools(&self.context.prefs),
+            base_instructions: self.context.base_instructions.clone(),
+            turn_override: None,
+            model: self.services.model.clone(),
+            mcp: self.view.clone(),
+            exec: self.services.exec.clone(),
+            approvals: self.services.approvals.clone(),
+            scheduler: self.services.scheduler.clone(),
+            registry: self.services.registry.clone(),
+            events: self.services.events.clone(),
+            cancel: cancel.clone(),
+            holder: myself.get_cell(),
+            limits: settings.task,
+            approval_policy: self.approval_policy,
+            sandbox_policy: self.sandbox_policy,
+        };
+        let me = myself.clone();
+        let join = tokio::spawn(async move {
+            let outcome = crate::task::run(ctx).await;
+            let _ = me.cast(ConversationMsg::TaskFinished {
+                task_id,
+                outcome: Box::new(outcome),
+            });
+        });
+        self.running = Some(Running {
+            task_id,
+            reply: Some(reply),
+            cancel,
+            abort: join.abort_handle(),
+        });
+    }
+
+    fn on_task_finished(
+        &mut self,
+        myself: &ActorRef<ConversationMsg>,
+        task_id: TaskId,
+        outcome: TaskOutcome,
+    ) {
+        let Some(mut running) = self.running.take_if(|r| r.task_id == task_id) else {
+            return; // a late report of an aborted task
+        };
+        if let Some(report) = self.history.append(outcome.items.iter().cloned()) {
+            self.services.events.emit(EventDraft::conversation(
+                self.id,
+                EventKind::HistoryTrimmed {
+                    removed_items: report.removed_items,
+                    summary: report.summary,
+                },
+            ));
+        }
+        self.record_stats(&outcome.stats, outcome.status);
+        self.services.events.emit(EventDraft::task(
+            self.id,
+            task_id,
+            EventKind::TaskFinished {
+                status: outcome.status,
+                text: outcome.text.clone(),
+                stats: outcome.stats.clone(),
+                error: outcome.error.clone(),
+            },
+        ));
+        let _ = self
+            .services
+            .registry
+            .cast(TaskRegistryMsg::Deregister { task_id });
+        if let Some(reply) = running.reply.take() {
+            let _ = reply.send(Ok(MessageReply {
+                conversation_id: self.id,
+                task_id,
+                status: outcome.status,
+                text: outcome.text,
+                stats: outcome.stats,
+                error: outcome.error,
+            }));
+        }
+        if self.closing.is_some() {
+            self.finish_close(myself, CloseOutcome::Closed);
+        } else if let Some(next) = self.queue.pop_front() {
+            self.start_task(myself, next.text, next.reply);
+        }
+    }
+
+    fn record_stats(&mut self, stats: &TaskStats, status: TaskStatus) {
+        self.stats.tasks += 1;
+        match status {
+            TaskStatus::Error => self.stats.tasks_failed += 1,
+            TaskStatus::Cancelled => self.stats.tasks_cancelled += 1,
+            TaskStatus::Ok | TaskStatus::MaxSteps => {}
+        }
+        self.stats.usage.add(&stats.usage);
+        self.stats.tool_calls += u64::from(stats.tool_calls);
+        metrics::task_finished(status, stats);
+    }
+
+    fn on_set_context(&mut self, update: &SetContext) -> Result<(), AgentError> {
+        let mut next = self.context.clone();
+        let warnings = next.apply(update)?;
+        self.context = next;
+        for message in warnings {
+            self.services.events.emit(EventDraft::conversation(
+                self.id,
+                EventKind::Warning {
+                    code: "deprecated_tool_name".into(),
+                    message,
+                },
+            ));
+        }
+        Ok(())
+    }
+
+    fn on_close(&mut self, myself: &ActorRef<ConversationMsg>, reply: RpcReplyPort<Closed>) {
+        if let Some(waiters) = &mut self.closing {
+            waiters.push(reply);
+            return;
+        }
+        self.closing = Some(vec![reply]);
+        for q in self.queue.drain(..) {
+            let _ = q
+                .reply
+                .send(Err(AgentError::cancelled("conversation closed")));
+        }
+        match &self.running {
+            None => self.finish_close(myself, CloseOutcome::Closed),
+            Some(r) => {
+                r.cancel.cancel();
+                let task_id = r.task_id;
+                let timer = myself.send_after(self.services.settings.close_timeout, move || {
+                    ConversationMsg::CloseTimedOut { task_id }
+                });
+                self.close_timer = Some(timer.abort_handle());
+            }
+        }
+    }
+
+    fn on_close_timed_out(&mut self, myself: &ActorRef<ConversationMsg>, task_id: TaskId) {
+        let Some(mut running) = self.running.take_if(|r| r.task_id == task_id) else {
+            return; // the task ended in time
+        };
+        running.abort.abort();
+        let waited = self.services.settings.close_timeout;
+        tracing::warn!(conversation_id = %self.id, task_id = %task_id, "task ignored cancellation; aborted");
+        metrics::force_aborted();
+        self.services.events.emit(EventDraft::task(
+            self.id,
+            task_id,
+            EventKind::TaskAborted {
+                waited_ms: u64::try_from(waited.as_millis()).unwrap_or(u64::MAX),
+            },
+        ));
+        self.stats.tasks += 1;
+        self.stats.tasks_cancelled += 1;
+        // The aborted runner drops its slot guard; release here too so the slot is free by
+        // the time close answers.
+        let _ = self
+            .services
+            .scheduler
+            .cast(SchedulerMsg::Release { task_id });
+        let _ = self
+            .services
+            .registry
+            .cast(TaskRegistryMsg::Deregister { task_id });
+        if let Some(reply) = running.reply.take() {
+            let _ = reply.send(Err(AgentError::cancelled(
+                "aborted: the task ignored cancellation past the close timeout",
+            )));
+        }
+        self.finish_close(myself, CloseOutcome::ForceAborted);
+    }
+
+    fn finish_close(&mut self, myself: &ActorRef<ConversationMsg>, outcome: CloseOutcome) {
+        if let Some(timer) = self.close_timer.take() {
+            timer.abort();
+        }
+        if let Some(view) = self.view.take() {
+            tokio::spawn(async move { view.release().await });
+        }
+        let _ = self
+            .services
+            .approvals
+            .cast(ApprovalMsg::ConversationClosed {
+                conversation_id: self.id,
+            });
+        let _ = self
+            .services
+            .registry
+            .cast(TaskRegistryMsg::ConversationGone {
+                conversation_id: self.id,
+            });
+        self.services.events.emit(EventDraft::conversation(
+            self.id,
+            EventKind::ConversationClosed { outcome },
+        ));
+        for reply in self.closing.take().unwrap_or_default() {
+            let _ = reply.send(Closed {
+                conversation_id: self.id,
+                outcome,
+            });
+        }
+        // Stay "closing" so late messages are refused until the actor is gone.
+        self.closing = Some(Vec::new());
+        myself.stop(Some("closed".into()));
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn admission() {
+        assert_eq!(admit(false, false, 0, 2), Admission::StartNow);
+        assert_eq!(admit(false, true, 1, 2), Admission::Enqueue);
+        assert_eq!(admit(false, true, 2, 2), Admission::RejectFull);
+        assert_eq!(admit(true, false, 0, 2), Admission::RejectClosing);
+    }
+}

@@ -1,0 +1,634 @@
+//! Session: the root of a session's supervision tree (S1, S5, O2).
+//!
+//! ```text
+//! Session
+//! ├─ Rollout        (restarted on failure; seq continues from disk)
+//! ├─ Scheduler      (restarted on failure; in-flight grants are lost with it)
+//! ├─ TaskRegistry   (restarted on failure)
+//! ├─ ApprovalStore  (restarted on failure; pending requests are denied by their closed ports)
+//! └─ Conversation × N   (the root one from the start)
+//! ```
+//!
+//! Mailbox: `Open` spawns a linked Conversation; `Message`, `SetContext` forward to it with
+//! the caller's reply port; `Close` is forwarded by a helper task that, once the conversation
+//! answered, sends `Forget` before replying, so any later request from the same caller finds
+//! the conversation gone. A conversation that fails is restarted from its rollout with the
+//! same id and parameters; its siblings are not touched. A service actor that fails is
+//! restarted and every conversation gets the new references (`ServicesChanged`).
+//! `Shutdown` closes every conversation (each with its close timeout), flushes the rollout
+//! and stops the tree.
+
+use crate::approval_store::{ApprovalMsg, ApprovalStore, ApprovalStoreArgs};
+use crate::clock::Clock;
+use crate::conversation::{
+    Conversation, ConversationArgs, ConversationMsg, ConversationSettings, Services,
+};
+use crate::events::EventSink;
+use crate::history::Summarizer;
+use crate::ports::{CommandRunner, McpPort, ModelClient};
+use crate::rollout::{Rollout, RolloutArgs, RolloutMsg};
+use crate::scheduler::{Scheduler, SchedulerArgs, SchedulerMsg};
+use crate::task_registry::{TaskRegistry, TaskRegistryArgs, TaskRegistryMsg};
+use ractor::{
+    Actor, ActorCell, ActorId, ActorProcessingErr, ActorRef, MessagingErr, RpcReplyPort,
+    SupervisionEvent,
+};
+use std::collections::HashMap;
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Duration;
+use troupe_proto::{
+    AgentError, CloseOutcome, Closed, ConversationId, MessageReply, OpenConversation, SessionId,
+    SetContext,
+};
+
+/// Counter of conversations restarted after a failure.
+pub const RESTARTS: &str = "troupe_conversation_restarts_total";
+
+/// How a session is set up.
+#[derive(Debug, Clone)]
+pub struct SessionConfig {
+    /// Root of durable data; the rollout lives in `<data_dir>/rollout/<session_id>/`.
+    pub data_dir: PathBuf,
+    pub scheduler: SchedulerArgs,
+    pub conversation: ConversationSettings,
+    /// How long an approval request waits for a human.
+    pub approval_timeout: Duration,
+    pub approval_sweep_interval: Duration,
+    pub ttl_sweep_interval: Duration,
+    /// Live events buffered per subscriber before it lags.
+    pub subscriber_capacity: usize,
+    /// Parameters of the root conversation.
+    pub root: OpenConversation,
+    /// Open conversations allowed at once; one more is `Overloaded`.
+    pub max_conversations: usize,
+}
+
+impl Default for SessionConfig {
+    fn default() -> Self {
+        Self {
+            data_dir: PathBuf::from("data"),
+            scheduler: SchedulerArgs::default(),
+            conversation: ConversationSettings::default(),
+            approval_timeout: Duration::from_secs(300),
+            approval_sweep_interval: Duration::from_secs(30),
+            ttl_sweep_interval: Duration::from_secs(60),
+            subscriber_capacity: 1024,
+            root: OpenConversation::default(),
+            max_conversations: 1_000_000,
+        }
+    }
+}
+
+/// The ports a session plugs in.
+#[derive(Clone)]
+pub struct SessionPorts {
+    pub model: Arc<dyn ModelClient>,
+    pub mcp: Option<Arc<dyn McpPort>>,
+    pub exec: Option<Arc<dyn CommandRunner>>,
+    pub summarizer: Arc<dyn Summarizer>,
+}
+
+/// Start-up arguments.
+pub struct SessionArgs {
+    pub session_id: SessionId,
+    pub config: SessionConfig,
+    pub ports: SessionPorts,
+}
+
+/// References to a session's service actors.
+#[derive(Clone)]
+pub struct ServiceRefs {
+    pub rollout: ActorRef<RolloutMsg>,
+    pub scheduler: ActorRef<SchedulerMsg>,
+    pub registry: ActorRef<TaskRegistryMsg>,
+    pub approvals: ActorRef<ApprovalMsg>,
+}
+
+/// The Session's mailbox.
+pub enum SessionMsg {
+    /// Opens a conversation.
+    Open {
+        params: OpenConversation,
+        reply: RpcReplyPort<Result<ConversationId, AgentError>>,
+    },
+    /// Runs one task in a conversation.
+    Message {
+        conversation_id: ConversationId,
+        text: String,
+        reply: RpcReplyPort<Result<MessageReply, AgentError>>,
+    },
+    /// Changes a conversation's context.
+    SetContext {
+        conversation_id: ConversationId,
+        update: SetContext,
+        reply: RpcReplyPort<Result<(), AgentError>>,
+    },
+    /// Closes a conversation; idempotent.
+    Close {
+        conversation_id: ConversationId,
+        reply: RpcReplyPort<Closed>,
+    },
+    /// A close completed: drop the conversation from the map.
+    Forget { conversation_id: ConversationId },
+    /// Open conversations, root first.
+    List {
+        reply: RpcReplyPort<Vec<ConversationId>>,
+    },
+    /// The root conversation's id.
+    Root { reply: RpcReplyPort<ConversationId> },
+    /// The actor of an open conversation (for supervision-level tools and tests).
+    Conversation {
+        conversation_id: ConversationId,
+        reply: RpcReplyPort<Option<ActorRef<ConversationMsg>>>,
+    },
+    /// References to the service actors.
+    Services { reply: RpcReplyPort<ServiceRefs> },
+    /// Closes everything, flushes the rollout, stops the tree.
+    Shutdown { reply: RpcReplyPort<()> },
+}
+
+struct Entry {
+    actor: ActorRef<ConversationMsg>,
+    params: OpenConversation,
+}
+
+/// The Session's state.
+pub struct SessionState {
+    id: SessionId,
+    config: SessionConfig,
+    ports: SessionPorts,
+    clock: Clock,
+    services: ServiceRefs,
+    root: ConversationId,
+    conversations: HashMap<ConversationId, Entry>,
+    by_actor: HashMap<ActorId, ConversationId>,
+    shutting_down: bool,
+}
+
+/// The Session actor.
+pub struct Session;
+
+#[ractor::async_trait]
+impl Actor for Session {
+    type Msg = SessionMsg;
+    type State = SessionState;
+    type Arguments = SessionArgs;
+
+    async fn pre_start(
+        &self,
+        myself: ActorRef<Self::Msg>,
+        args: SessionArgs,
+    ) -> Result<Self::State, ActorProcessingErr> {
+        let clock = Clock::new();
+        let cell = myself.get_cell();
+        let rollout = spawn_rollout(&args, clock, &cell).await?;
+        let events = EventSink::new(rollout.clone());
+        let services = ServiceRefs {
+            scheduler: spawn_scheduler(&args.config, &cell).await?,
+            registry: spawn_registry(clock, &cell).await?,
+            approvals: spawn_approvals(&args.config, clock, events, &cell).await?,
+            rollout,
+        };
+        let mut state = SessionState {
+            id: args.session_id,
+            config: args.config,
+            ports: args.ports,
+            clock,
+            services,
+            root: ConversationId::new(),
+            conversations: HashMap::new(),
+            by_actor: HashMap::new(),
+            shutting_down: false,
+        };
+        let root_params = state.config.root.clone();
+        let root = state
+            .spawn_conversation(&cell, None, root_params, false)
+            .await?;
+        state.root = root;
+        Ok(state)
+    }
+
+    async fn handle(
+        &self,
+        myself: ActorRef<Self::Msg>,
+        msg: Self::Msg,
+        state: &mut Self::State,
+    ) -> Result<(), ActorProcessingErr> {
+        match msg {
+            SessionMsg::Open { params, reply } => {
+                let opened = state.open(&myself.get_cell(), params).await;
+                let _ = reply.send(opened);
+            }
+            SessionMsg::Message {
+                conversation_id,
+                text,
+                reply,
+            } => state.forward_message(conversation_id, text, reply),
+            SessionMsg::SetContext {
+                conversation_id,
+                update,
+                reply,
+            } => state.forward_set_context(conversation_id, update, reply),
+            SessionMsg::Close {
+                conversation_id,
+                reply,
+            } => state.forward_close(&myself, conversation_id, reply),
+            SessionMsg::Forget { conversation_id } => state.forget(conversation_id),
+            SessionMsg::List { reply } => {
+                let _ = reply.send(state.list());
+            }
+            SessionMsg::Root { reply } => {
+                let _ = reply.send(state.root);
+            }
+            SessionMsg::Conversation {
+                conversation_id,
+                reply,
+            } => {
+                let actor = state
+                    .conversations
+                    .get(&conversation_id)
+                    .map(|e| e.actor.clone());
+                let _ = reply.send(actor);
+            }
+            SessionMsg::Services { reply } => {
+                let _ = reply.send(state.services.clone());
+            }
+            SessionMsg::Shutdown { reply } => {
+                state.shutdown().await;
+                let _ = reply.send(());
+                myself.stop(Some("shutdown".into()));
+            }
+        }
+        Ok(())
+    }
+
+    async fn handle_supervisor_evt(
+        &self,
+        myself: ActorRef<Self::Msg>,
+        event: SupervisionEvent,
+        state: &mut Self::State,
+    ) -> Result<(), ActorProcessingErr> {
+        match event {
+            SupervisionEvent::ActorFailed(cell, err) => {
+                tracing::error!(session_id = %state.id, actor = %cell.get_id(), error = %err, "child failed");
+                state.child_down(&myself.get_cell(), &cell, true).await?;
+            }
+            SupervisionEvent::ActorTerminated(cell, _, reason) => {
+                tracing::debug!(session_id = %state.id, actor = %cell.get_id(), ?reason, "child stopped");
+                state.child_down(&myself.get_cell(), &cell, false).await?;
+            }
+            _ => {}
+        }
+        Ok(())
+    }
+
+    async fn post_stop(
+        &self,
+        _myself: ActorRef<Self::Msg>,
+        state: &mut Self::State,
+    ) -> Result<(), ActorProcessingErr> {
+        state.shutting_down = true;
+        Ok(())
+    }
+}
+
+async fn spawn_rollout(
+    args: &SessionArgs,
+    clock: Clock,
+    cell: &ActorCell,
+) -> Result<ActorRef<RolloutMsg>, ActorProcessingErr> {
+    spawn_rollout_with(args.session_id, &args.config, clock, cell).await
+}
+
+async fn spawn_rollout_with(
+    session_id: SessionId,
+    config: &SessionConfig,
+    clock: Clock,
+    cell: &ActorCell,
+) -> Result<ActorRef<RolloutMsg>, ActorProcessingErr> {
+    let args = RolloutArgs {
+        session_id,
+        dir: config.data_dir.join("rollout").join(session_id.to_string()),
+        clock,
+        ttl_sweep_interval: config.ttl_sweep_interval,
+        subscriber_capacity: config.subscriber_capacity,
+    };
+    Ok(Actor::spawn_linked(None, Rollout, args, cell.clone())
+        .await?
+        .0)
+}
+
+async fn spawn_scheduler(
+    config: &SessionConfig,
+    cell: &ActorCell,
+) -> Result<ActorRef<SchedulerMsg>, ActorProcessingErr> {
+    Ok(
+        Actor::spawn_linked(None, Scheduler, config.scheduler.clone(), cell.clone())
+            .await?
+            .0,
+    )
+}
+
+async fn spawn_registry(
+    clock: Clock,
+    cell: &ActorCell,
+) -> Result<ActorRef<TaskRegistryMsg>, ActorProcessingErr> {
+    Ok(
+        Actor::spawn_linked(None, TaskRegistry, TaskRegistryArgs { clock }, cell.clone())
+            .await?
+            .0,
+    )
+}
+
+async fn spawn_approvals(
+    config: &SessionConfig,
+    clock: Clock,
+    events: EventSink,
+    cell: &ActorCell,
+) -> Result<ActorRef<ApprovalMsg>, ActorProcessingErr> {
+    let args = ApprovalStoreArgs {
+        clock,
+        sweep_interval: config.approval_sweep_interval,
+        request_timeout: config.approval_timeout,
+        events: Some(events),
+    };
+    Ok(Actor::spawn_linked(None, ApprovalStore, args, cell.clone())
+        .await?
+        .0)
+}
+
+/// Which service a failed child was.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Service {
+    Rollout,
+    Scheduler,
+    Registry,
+    Approvals,
+}
+
+impl SessionState {
+    fn conversation_services(&self) -> Services {
+        Services {
+            session_id: self.id,
+            events: EventSink::new(self.services.rollout.clone()),
+            scheduler: self.services.scheduler.clone(),
+            registry: self.services.registry.clone(),
+            approvals: self.services.approvals.clone(),
+            model: self.ports.model.clone(),
+            mcp: self.ports.mcp.clone(),
+            exec: self.ports.exec.clone(),
+            summarizer: self.ports.summarizer.clone(),
+            settings: Arc::new(self.config.conversation.clone()),
+        }
+    }
+
+    async fn spawn_conversation(
+        &mut self,
+        cell: &ActorCell,
+        id: Option<ConversationId>,
+        params: OpenConversation,
+        restore: bool,
+    ) -> Result<ConversationId, AgentError> {
+        let conversation_id = id.unwrap_or_default();
+        let args = ConversationArgs {
+            conversation_id,
+            params: params.clone(),
+            services: self.conversation_services(),
+            restore,
+        };
+        let (actor, _) = Actor::spawn_linked(None, Conversation, args, cell.clone())
+            .await
+            .map_err(|e| open_error(&e))?;
+        self.by_actor.insert(actor.get_id(), conversation_id);
+        self.conversations
+            .insert(conversation_id, Entry { actor, params });
+        Ok(conversation_id)
+    }
+
+    async fn open(
+        &mut self,
+        cell: &ActorCell,
+        params: OpenConversation,
+    ) -> Result<ConversationId, AgentError> {
+        if self.shutting_down {
+            return Err(AgentError::cancelled("session is shutting down"));
+        }
+        if self.conversations.len() >= self.config.max_conversations {
+            return Err(AgentError::Overloaded {
+                resource: "open conversations".into(),
+                limit: u32::try_from(self.config.max_conversations).unwrap_or(u32::MAX),
+            });
+        }
+        self.spawn_conversation(cell, None, params, false).await
+    }
+
+    fn forward_message(
+        &self,
+        id: ConversationId,
+        text: String,
+        reply: RpcReplyPort<Result<MessageReply, AgentError>>,
+    ) {
+        let Some(entry) = self.conversations.get(&id) else {
+            let _ = reply.send(Err(AgentError::not_found("conversation", id)));
+            return;
+        };
+        if let Err(MessagingErr::SendErr(ConversationMsg::Message { reply, .. })) =
+            entry.actor.cast(ConversationMsg::Message { text, reply })
+        {
+            let _ = reply.send(Err(AgentError::not_found("conversation", id)));
+        }
+    }
+
+    fn forward_set_context(
+        &mut self,
+        id: ConversationId,
+        update: SetContext,
+        reply: RpcReplyPort<Result<(), AgentError>>,
+    ) {
+        let Some(entry) = self.conversations.get_mut(&id) else {
+            let _ = reply.send(Err(AgentError::not_found("conversation", id)));
+            return;
+        };
+        // Keep the parameters a restart would use in step with the conversation.
+        apply_to_params(&mut entry.params, &update);
+        if let Err(MessagingErr::SendErr(ConversationMsg::SetContext { reply, .. })) = entry
+            .actor
+            .cast(ConversationMsg::SetContext { update, reply })
+        {
+            let _ = reply.send(Err(AgentError::not_found("conversation", id)));
+        }
+    }
+
+    fn forward_close(
+        &self,
+        myself: &ActorRef<SessionMsg>,
+        id: ConversationId,
+        reply: RpcReplyPort<Closed>,
+    ) {
+        let Some(entry) = self.conversations.get(&id) else {
+            let _ = reply.send(Closed {
+                conversation_id: id,
+                outcome: CloseOutcome::AlreadyClosed,
+            });
+            return;
+        };
+        let actor = entry.actor.clone();
+        let session = myself.clone();
+        tokio::spawn(async move {
+            let closed =
+                ractor::call!(actor, |r| ConversationMsg::Close { reply: r }).unwrap_or(Closed {
+                    conversation_id: id,
+                    outcome: CloseOutcome::AlreadyClosed,
+                });
+            let _ = session.cast(SessionMsg::Forget {
+                conversation_id: id,
+            });
+            let _ = reply.send(closed);
+        });
+    }
+
+    fn forget(&mut self, id: ConversationId) {
+        if let Some(entry) = self.conversations.remove(&id) {
+            self.by_actor.remove(&entry.actor.get_id());
+        }
+    }
+
+    fn list(&self) -> Vec<ConversationId> {
+        let mut ids: Vec<ConversationId> = self.conversations.keys().copied().collect();
+        ids.sort_by_key(|id| (*id != self.root, *id));
+        ids
+    }
+
+    fn service_of(&self, cell: &ActorCell) -> Option<Service> {
+        let id = cell.get_id();
+        if id == self.services.rollout.get_id() {
+            Some(Service::Rollout)
+        } else if id == self.services.scheduler.get_id() {
+            Some(Service::Scheduler)
+        } else if id == self.services.registry.get_id() {
+            Some(Service::Registry)
+        } else if id == self.services.approvals.get_id() {
+            Some(Service::Approvals)
+        } else {
+            None
+        }
+    }
+
+    /// A child stopped (`failed`: it panicked or returned an error).
+    async fn child_down(
+        &mut self,
+        myself: &ActorCell,
+        cell: &ActorCell,
+        failed: bool,
+    ) -> Result<(), ActorProcessingErr> {
+        if self.shutting_down {
+            return Ok(());
+        }
+        if let Some(conversation_id) = self.by_actor.remove(&cell.get_id()) {
+            let Some(entry) = self.conversations.remove(&conversation_id) else {
+                return Ok(());
+            };
+            if failed {
+                // Restart from the rollout under the same id; siblings are untouched.
+                metrics::counter!(RESTARTS).increment(1);
+                if let Err(e) = self
+                    .spawn_conversation(myself, Some(conversation_id), entry.params, true)
+                    .await
+                {
+                    tracing::error!(%conversation_id, error = %e, "conversation restart failed");
+                }
+            }
+            return Ok(());
+        }
+        if let Some(service) = self.service_of(cell) {
+            tracing::warn!(session_id = %self.id, ?service, "restarting service actor");
+            self.restart_service(myself, service).await?;
+        }
+        Ok(())
+    }
+
+    async fn restart_service(
+        &mut self,
+        myself: &ActorCell,
+        service: Service,
+    ) -> Result<(), ActorProcessingErr> {
+        match service {
+            Service::Rollout => {
+                self.services.rollout =
+                    spawn_rollout_with(self.id, &self.config, self.clock, myself).await?;
+            }
+            Service::Scheduler => {
+                self.services.scheduler = spawn_scheduler(&self.config, myself).await?;
+            }
+            Service::Registry => {
+                self.services.registry = spawn_registry(self.clock, myself).await?;
+            }
+            Service::Approvals => {
+                let events = EventSink::new(self.services.rollout.clone());
+                self.services.approvals =
+                    spawn_approvals(&self.config, self.clock, events, myself).await?;
+            }
+        }
+        let services = self.conversation_services();
+        for entry in self.conversations.values() {
+            let _ = entry.actor.cast(ConversationMsg::ServicesChanged {
+                services: Box::new(services.clone()),
+            });
+        }
+        Ok(())
+    }
+
+    async fn shutdown(&mut self) {
+        self.shutting_down = true;
+        let closes = self.conversations.values().map(|e| {
+            let actor = e.actor.clone();
+            async move { ractor::call!(actor, |r| ConversationMsg::Close { reply: r }) }
+        });
+        futures::future::join_all(closes).await;
+        if let Err(e) = ractor::call!(self.services.rollout, |r| RolloutMsg::Flush { reply: r }) {
+            tracing::error!(error = %e, "rollout flush at shutdown failed");
+        }
+        // Drain, not stop: whatever is still queued for the rollout is written first.
+        if let Err(e) = self
+            .services
+            .rollout
+            .drain_and_wait(Some(Duration::from_secs(30)))
+            .await
+        {
+            tracing::error!(error = %e, "rollout did not drain at shutdown");
+        }
+    }
+}
+
+fn apply_to_params(params: &mut OpenConversation, update: &SetContext) {
+    if let Some(v) = &update.base_instructions {
+        params.base_instructions = Some(v.clone());
+    }
+    if let Some(v) = &update.user_instructions {
+        params.user_instructions = Some(v.clone());
+    }
+    if let Some(v) = &update.mcp_tool_allowlist {
+        params.mcp_tool_allowlist = Some(v.clone());
+    }
+    if let Some(v) = update.include_plan_tool {
+        params.include_plan_tool = v;
+    }
+    if let Some(v) = update.include_apply_patch_tool {
+        params.include_apply_patch_tool = v;
+    }
+    if let Some(v) = update.tools_web_search_request {
+        params.tools_web_search_request = v;
+    }
+}
+
+/// A conversation that fails to start reports why: its own `AgentError` when it has one.
+fn open_error(e: &ractor::SpawnErr) -> AgentError {
+    match e {
+        ractor::SpawnErr::StartupFailed(inner) => match inner.downcast_ref::<AgentError>() {
+            Some(agent) => agent.clone(),
+            None => AgentError::internal(format!("conversation failed to start: {inner}")),
+        },
+        other => AgentError::internal(format!("conversation failed to start: {other}")),
+    }
+}

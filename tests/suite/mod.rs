@@ -1,0 +1,9 @@
+mod approvals;
+mod cli;
+mod close;
+mod determinism;
+mod faults;
+mod leaks;
+mod lifecycle;
+mod rollout;
+mod scheduling;
