@@ -329,6 +329,14 @@ impl RolloutState {
             })?,
             None => metrics::event_unrecorded(kind),
         }
+        // A closed conversation's state goes, so a long-lived session does not grow with
+        // every conversation it ever had.
+        if let (EventKind::ConversationClosed { .. }, Some(conversation_id)) =
+            (&env.event, env.conversation_id)
+            && self.core.closed(conversation_id, env.ts_ms)
+        {
+            self.send(WriterCmd::Forget { conversation_id })?;
+        }
         tracing::trace!(seq = env.seq, kind, "event emitted");
         // No receiver is not an error: nobody is watching live.
         let _ = self.events.send(Arc::new(env));
@@ -372,7 +380,13 @@ impl RolloutState {
             return Ok(());
         }
         tracing::debug!(conversations = plan.len(), "ttl sweep");
-        self.send(WriterCmd::Sweep { plan })
+        let done = self.core.expired_closed(self.clock.now_ms());
+        self.send(WriterCmd::Sweep { plan })?;
+        for conversation_id in done {
+            self.core.forget(conversation_id);
+            self.send(WriterCmd::Forget { conversation_id })?;
+        }
+        Ok(())
     }
 
     fn request_flush(&self) -> Result<AckReceiver, AgentError> {
@@ -400,6 +414,9 @@ struct RolloutCore {
     policies: HashMap<ConversationId, StoragePolicy>,
     /// Unregistered conversations already warned about (one warning each).
     warned: HashSet<ConversationId>,
+    /// Closed Ttl conversations and when they closed: kept until a sweep has passed over
+    /// every line they wrote, then forgotten like any closed conversation.
+    closed_ttl: HashMap<ConversationId, u64>,
 }
 
 /// Where an event's record goes, and under which policy.
@@ -484,6 +501,43 @@ impl RolloutCore {
 
     /// Each Ttl conversation with the time before which its content must go. The writer skips
     /// files it knows hold nothing that old.
+    /// A conversation closed at `now_ms`. Returns true when it can be forgotten at once (its
+    /// policy needs no sweep); a Ttl conversation waits for its last sweep.
+    fn closed(&mut self, conversation_id: ConversationId, now_ms: u64) -> bool {
+        match self.policies.get(&conversation_id) {
+            Some(StoragePolicy::Ttl { .. }) => {
+                self.closed_ttl.insert(conversation_id, now_ms);
+                false
+            }
+            _ => {
+                self.forget(conversation_id);
+                true
+            }
+        }
+    }
+
+    fn forget(&mut self, conversation_id: ConversationId) {
+        self.policies.remove(&conversation_id);
+        self.warned.remove(&conversation_id);
+        self.closed_ttl.remove(&conversation_id);
+    }
+
+    /// Closed Ttl conversations whose every line is older than its ttl at `now_ms`: the
+    /// sweep planned now is their last one.
+    fn expired_closed(&self, now_ms: u64) -> Vec<ConversationId> {
+        let mut done: Vec<ConversationId> = self
+            .closed_ttl
+            .iter()
+            .filter(|(id, closed_at)| match self.policies.get(id) {
+                Some(StoragePolicy::Ttl { secs }) => **closed_at < ttl_cutoff_ms(now_ms, *secs),
+                _ => true,
+            })
+            .map(|(id, _)| *id)
+            .collect();
+        done.sort_unstable();
+        done
+    }
+
     fn sweep_plan(&self, now_ms: u64) -> Vec<(ConversationId, u64)> {
         let mut plan: Vec<(ConversationId, u64)> = self
             .policies
@@ -907,6 +961,8 @@ enum WriterCmd {
     Flush { ack: AckSender },
     /// Downgrade each conversation's `Full` lines older than its cutoff.
     Sweep { plan: Vec<(ConversationId, u64)> },
+    /// The conversation is over: close its file (durably) and drop what the writer knows.
+    Forget { conversation_id: ConversationId },
 }
 
 /// The actor's end of the writer thread.
@@ -1024,6 +1080,10 @@ impl Writer {
                     for (conversation_id, cutoff_ms) in plan {
                         self.sweep(conversation_id, cutoff_ms);
                     }
+                }
+                WriterCmd::Forget { conversation_id } => {
+                    self.close(Target::Conversation(conversation_id));
+                    self.full_since.remove(&conversation_id);
                 }
             }
         }
@@ -1307,9 +1367,6 @@ mod tests {
                 base_instructions: Some(field("base")),
                 user_instructions: Some(field("user")),
             },
-            EventKind::ConversationClosed {
-                outcome: CloseOutcome::Closed,
-            },
             EventKind::ConversationRestarted {
                 reason: field("restart"),
                 restored_items: 3,
@@ -1382,6 +1439,10 @@ mod tests {
                     message: field("error"),
                     retryable: false,
                 },
+            },
+            // Last: closing a conversation ends its record.
+            EventKind::ConversationClosed {
+                outcome: CloseOutcome::Closed,
             },
         ]
     }
@@ -1852,11 +1913,11 @@ mod tests {
                         kinds,
                         vec![
                             "conversation_opened",
-                            "conversation_closed",
                             "task_started",
                             "task_finished",
                             "task_aborted",
-                            "error"
+                            "error",
+                            "conversation_closed"
                         ]
                     );
                     assert!(records.iter().all(|r| r.level == RecordLevel::Minimal));
@@ -2223,5 +2284,32 @@ mod tests {
         last_seq(&rollout).await;
         flush(&rollout).await;
         assert!(!contains(&disk_bytes(tmp.path()), "OLD-CANARY"));
+    }
+
+    #[test]
+    fn closed_conversations_are_forgotten_when_no_sweep_needs_them() {
+        let mut core = RolloutCore::new(0);
+        let full = ConversationId::new();
+        let ttl = ConversationId::new();
+        core.register(full, StoragePolicy::Full);
+        core.register(ttl, StoragePolicy::Ttl { secs: 60 });
+        assert!(
+            core.closed(full, 1_000),
+            "a Full conversation is forgotten at close"
+        );
+        assert!(!core.policies.contains_key(&full));
+        assert!(
+            !core.closed(ttl, 1_000),
+            "a Ttl conversation waits for its last sweep"
+        );
+        assert!(
+            core.expired_closed(61_000).is_empty(),
+            "its lines are not all past the ttl yet"
+        );
+        assert_eq!(core.sweep_plan(61_000).len(), 1);
+        assert_eq!(core.expired_closed(61_001), vec![ttl]);
+        core.forget(ttl);
+        assert!(core.sweep_plan(61_001).is_empty());
+        assert!(core.closed_ttl.is_empty() && core.policies.is_empty());
     }
 }

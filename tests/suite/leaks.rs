@@ -1,7 +1,7 @@
 //! No leaks (seed 000 §14): 10,000 conversations opened, given a task, cancelled by close.
 //! Afterwards the session holds only its root, no task, no slot, no pending approval, the
-//! conversation actors are gone, and memory does not grow with the count (the second half
-//! of the run costs no more than a small allowance over the first).
+//! conversation actors are gone, and the live heap does not grow with the count: the second
+//! half of the run leaves it where the first half did, within a small allowance.
 //!
 //! Process-wide gauges are read, so this suite is run by cargo-nextest (a process per test).
 
@@ -44,10 +44,15 @@ async fn ten_thousand_open_close_cycles_leave_nothing_behind() {
     )
     .await;
     let baseline_live = live_conversations();
+    // The rollout writer may lag behind a burst; a flush lets it catch up before measuring.
     churn(&t, 5_000).await;
+    t.session.flush().await.unwrap();
     let rss_half = rss_kib();
+    let heap_half = crate::allocated();
     churn(&t, 5_000).await;
+    t.session.flush().await.unwrap();
     let rss_end = rss_kib();
+    let heap_end = crate::allocated();
 
     let root = t.root().await;
     assert_eq!(t.session.list().await.unwrap(), vec![root]);
@@ -71,10 +76,12 @@ async fn ten_thousand_open_close_cycles_leave_nothing_behind() {
         baseline_live,
         "conversation actors leaked"
     );
-    let growth = rss_end.saturating_sub(rss_half);
+    // A leak of even 100 bytes a conversation would show as 500 KB here.
+    let growth = heap_end.saturating_sub(heap_half);
     assert!(
-        growth < 16 * 1024,
-        "memory grew by {growth} KiB over the second 5,000 cycles (half: {rss_half} KiB, end: {rss_end} KiB)"
+        growth < 128 * 1024,
+        "live heap grew by {growth} bytes over the second 5,000 cycles \
+         (heap {heap_half} -> {heap_end} bytes; RSS {rss_half} -> {rss_end} KiB)"
     );
     t.stop().await;
 }
