@@ -128,6 +128,8 @@ pub enum ConversationMsg {
 /// A task in flight.
 struct Running {
     task_id: TaskId,
+    /// The task's span: its start and end events carry the same trace as its steps.
+    span: tracing::Span,
     reply: Option<RpcReplyPort<Result<MessageReply, AgentError>>>,
     cancel: CancellationToken,
     abort: AbortHandle,
@@ -380,13 +382,16 @@ impl ConversationState {
             sub_id: sub_id(self.id, task_id),
             cancel: cancel.clone(),
         });
-        self.services.events.emit(EventDraft::task(
-            self.id,
-            task_id,
-            EventKind::TaskStarted {
-                input: text.clone(),
-            },
-        ));
+        let span = crate::task::task_span(self.id, task_id);
+        span.in_scope(|| {
+            self.services.events.emit(EventDraft::task(
+                self.id,
+                task_id,
+                EventKind::TaskStarted {
+                    input: text.clone(),
+                },
+            ));
+        });
         let ctx = TaskContext {
             conversation_id: self.id,
             task_id,
@@ -410,8 +415,9 @@ impl ConversationState {
             sandbox_policy: self.sandbox_policy,
         };
         let me = myself.clone();
+        let task_span = span.clone();
         let join = tokio::spawn(async move {
-            let outcome = crate::task::run(ctx).await;
+            let outcome = crate::task::run(ctx, task_span).await;
             let _ = me.cast(ConversationMsg::TaskFinished {
                 task_id,
                 outcome: Box::new(outcome),
@@ -419,6 +425,7 @@ impl ConversationState {
         });
         self.running = Some(Running {
             task_id,
+            span,
             reply: Some(reply),
             cancel,
             abort: join.abort_handle(),
@@ -444,16 +451,18 @@ impl ConversationState {
             ));
         }
         self.record_stats(&outcome.stats, outcome.status);
-        self.services.events.emit(EventDraft::task(
-            self.id,
-            task_id,
-            EventKind::TaskFinished {
-                status: outcome.status,
-                text: outcome.text.clone(),
-                stats: outcome.stats.clone(),
-                error: outcome.error.clone(),
-            },
-        ));
+        running.span.in_scope(|| {
+            self.services.events.emit(EventDraft::task(
+                self.id,
+                task_id,
+                EventKind::TaskFinished {
+                    status: outcome.status,
+                    text: outcome.text.clone(),
+                    stats: outcome.stats.clone(),
+                    error: outcome.error.clone(),
+                },
+            ));
+        });
         let _ = self
             .services
             .registry
@@ -535,13 +544,15 @@ impl ConversationState {
         let waited = self.services.settings.close_timeout;
         tracing::warn!(conversation_id = %self.id, task_id = %task_id, "task ignored cancellation; aborted");
         metrics::force_aborted();
-        self.services.events.emit(EventDraft::task(
-            self.id,
-            task_id,
-            EventKind::TaskAborted {
-                waited_ms: u64::try_from(waited.as_millis()).unwrap_or(u64::MAX),
-            },
-        ));
+        running.span.in_scope(|| {
+            self.services.events.emit(EventDraft::task(
+                self.id,
+                task_id,
+                EventKind::TaskAborted {
+                    waited_ms: u64::try_from(waited.as_millis()).unwrap_or(u64::MAX),
+                },
+            ));
+        });
         self.stats.tasks += 1;
         self.stats.tasks_cancelled += 1;
         // The aborted runner drops its slot guard; release here too so the slot is free by

@@ -99,14 +99,8 @@ impl Drop for SlotGuard {
 
 /// Runs the task to its end. Never panics on bad model output; every failure becomes an
 /// outcome with status `error` or `cancelled`.
-pub async fn run(ctx: TaskContext) -> TaskOutcome {
+pub async fn run(ctx: TaskContext, span: tracing::Span) -> TaskOutcome {
     let started = Instant::now();
-    let span = tracing::info_span!(
-        "task",
-        conversation_id = %ctx.conversation_id,
-        task_id = %ctx.task_id,
-        gen_ai.operation.name = "invoke_agent",
-    );
     let trace_id = {
         let _e = span.enter();
         crate::events::current_trace_ids()
@@ -117,6 +111,16 @@ pub async fn run(ctx: TaskContext) -> TaskOutcome {
     outcome.stats.duration_ms = u64::try_from(started.elapsed().as_millis()).unwrap_or(u64::MAX);
     outcome.stats.trace_id = trace_id;
     outcome
+}
+
+/// The span of a task (GenAI `invoke_agent`); events of the task carry its ids.
+pub fn task_span(conversation_id: ConversationId, task_id: TaskId) -> tracing::Span {
+    tracing::info_span!(
+        "task",
+        conversation_id = %conversation_id,
+        task_id = %task_id,
+        gen_ai.operation.name = "invoke_agent",
+    )
 }
 
 /// A trace id derived from the task id when no OpenTelemetry layer is installed, so stats
@@ -427,12 +431,6 @@ fn shell_argv(args: &serde_json::Value) -> Result<Vec<String>, String> {
 }
 
 async fn run_tool(ctx: &TaskContext, tools: &[ToolSpec], call: &ToolCall) -> ToolOutput {
-    ctx.events.emit(EventDraft::task(
-        ctx.conversation_id,
-        ctx.task_id,
-        EventKind::ToolCallStarted { call: call.clone() },
-    ));
-    let started = Instant::now();
     let span = tracing::info_span!(
         "tool_call",
         gen_ai.operation.name = "execute_tool",
@@ -441,17 +439,21 @@ async fn run_tool(ctx: &TaskContext, tools: &[ToolSpec], call: &ToolCall) -> Too
         conversation_id = %ctx.conversation_id,
         task_id = %ctx.task_id,
     );
-    let result = execute(ctx, tools, call).instrument(span).await;
+    let emit = |event: EventKind| {
+        span.in_scope(|| {
+            ctx.events
+                .emit(EventDraft::task(ctx.conversation_id, ctx.task_id, event));
+        });
+    };
+    emit(EventKind::ToolCallStarted { call: call.clone() });
+    let started = Instant::now();
+    let result = execute(ctx, tools, call).instrument(span.clone()).await;
     let output = match result {
         Ok(output) => output,
         Err(error) => {
-            ctx.events.emit(EventDraft::task(
-                ctx.conversation_id,
-                ctx.task_id,
-                EventKind::Error {
-                    error: error.clone(),
-                },
-            ));
+            emit(EventKind::Error {
+                error: error.clone(),
+            });
             ToolOutput {
                 call_id: call.call_id.clone(),
                 output: error.to_string(),
@@ -459,17 +461,13 @@ async fn run_tool(ctx: &TaskContext, tools: &[ToolSpec], call: &ToolCall) -> Too
             }
         }
     };
-    ctx.events.emit(EventDraft::task(
-        ctx.conversation_id,
-        ctx.task_id,
-        EventKind::ToolCallFinished {
-            call_id: call.call_id.clone(),
-            name: call.name.clone(),
-            output: output.output.clone(),
-            is_error: output.is_error,
-            duration_ms: u64::try_from(started.elapsed().as_millis()).unwrap_or(u64::MAX),
-        },
-    ));
+    emit(EventKind::ToolCallFinished {
+        call_id: call.call_id.clone(),
+        name: call.name.clone(),
+        output: output.output.clone(),
+        is_error: output.is_error,
+        duration_ms: u64::try_from(started.elapsed().as_millis()).unwrap_or(u64::MAX),
+    });
     output
 }
 

@@ -7,3 +7,4 @@ mod leaks;
 mod lifecycle;
 mod rollout;
 mod scheduling;
+mod telemetry;
