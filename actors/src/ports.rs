@@ -130,3 +130,41 @@ pub trait CommandRunner: Send + Sync + 'static {
         cancel: &CancellationToken,
     ) -> Result<ExecOutput, AgentError>;
 }
+
+/// Counts tokens the way a model's tokenizer does (T5). The runner estimates every prompt
+/// with it before the model call.
+pub trait TokenCounter: Send + Sync + 'static {
+    /// Name of the encoding, for events and logs (`cl100k_base`, `o200k_base`, `approx`).
+    fn encoding(&self) -> &str;
+
+    /// Tokens of a piece of text.
+    fn count(&self, text: &str) -> usize;
+
+    /// Tokens of one history item as a chat format frames it.
+    fn count_item(&self, item: &troupe_proto::HistoryItem) -> usize {
+        use troupe_proto::HistoryItem as H;
+        // Chat formats add a few tokens around every message.
+        const FRAME: usize = 4;
+        FRAME
+            + match item {
+                H::Message { text, .. } | H::Summary { text, .. } => self.count(text),
+                H::ToolCall(c) => self.count(&c.name) + self.count(&c.arguments.0.to_string()),
+                H::ToolOutput(o) => self.count(&o.output),
+            }
+    }
+}
+
+/// A tokenizer-free estimate: about four bytes a token. The default when no tokenizer is
+/// plugged in (tests, the scripted model).
+#[derive(Debug, Clone, Copy, Default)]
+pub struct ApproxTokens;
+
+impl TokenCounter for ApproxTokens {
+    fn encoding(&self) -> &str {
+        "approx"
+    }
+
+    fn count(&self, text: &str) -> usize {
+        text.len().div_ceil(4)
+    }
+}

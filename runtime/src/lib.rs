@@ -2,6 +2,7 @@
 //! a command runner, telemetry set-up.
 #![forbid(unsafe_code)]
 
+pub mod config;
 pub mod exec;
 pub mod scripted;
 pub mod telemetry;
