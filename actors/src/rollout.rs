@@ -664,6 +664,11 @@ fn headers_meta(event: &EventKind) -> RecordMeta {
             steps: Some(*step),
             ..RecordMeta::default()
         },
+        EventKind::StepFinished { step, usage, .. } => RecordMeta {
+            steps: Some(*step),
+            usage: *usage,
+            ..RecordMeta::default()
+        },
         EventKind::AssistantChunk { delta: text } | EventKind::AssistantMessage { text } => {
             RecordMeta {
                 chars: Some(len(text)),
@@ -1440,6 +1445,16 @@ mod tests {
                     retryable: false,
                 },
             },
+            EventKind::StepFinished {
+                turn: 1,
+                step: 2,
+                estimated_prompt_tokens: 40,
+                usage: Some(Usage {
+                    input_tokens: 38,
+                    output_tokens: 5,
+                    ..Usage::default()
+                }),
+            },
             // Last: closing a conversation ends its record.
             EventKind::ConversationClosed {
                 outcome: CloseOutcome::Closed,
@@ -1497,7 +1512,7 @@ mod tests {
     #[test]
     fn samples_cover_every_kind() {
         let names: HashSet<&str> = every_kind().iter().map(EventKind::name).collect();
-        assert_eq!(names.len(), 16, "one sample per EventKind variant");
+        assert_eq!(names.len(), 17, "one sample per EventKind variant");
         for kind in MINIMAL_KINDS {
             assert!(names.contains(kind));
         }
@@ -1898,12 +1913,12 @@ mod tests {
                     for name in CONTENT_FIELDS {
                         assert!(contains(&bytes, &field(name)), "{policy:?}: {name} on disk");
                     }
-                    assert_eq!(records.len(), 16);
+                    assert_eq!(records.len(), 17);
                     assert!(records.iter().all(|r| r.level == RecordLevel::Full));
                 }
                 StoragePolicy::HeadersOnly => {
                     assert!(!contains(&bytes, CANARY), "{policy:?}: no content on disk");
-                    assert_eq!(records.len(), 16);
+                    assert_eq!(records.len(), 17);
                     assert!(records.iter().all(|r| r.level == RecordLevel::Headers));
                 }
                 StoragePolicy::None => {
@@ -2055,7 +2070,7 @@ mod tests {
                 expected.push(record_for(StoragePolicy::Full, &env).unwrap());
             }
         }
-        assert_eq!(expected.len(), 16);
+        assert_eq!(expected.len(), 17);
         assert_eq!(records, expected);
         assert_eq!(read(&rollout, ConversationId::new()).await, vec![]);
     }

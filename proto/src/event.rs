@@ -6,6 +6,7 @@
 use crate::api::{ApprovalDecision, CloseOutcome, TaskStats};
 use crate::error::AgentError;
 use crate::ids::{ApprovalId, ConversationId, SessionId, TaskId};
+use crate::item::Usage;
 use crate::policy::StoragePolicy;
 use crate::tool::ToolCall;
 use serde::{Deserialize, Deserializer, Serialize, Serializer};
@@ -113,6 +114,13 @@ pub enum EventKind {
     Warning { code: String, message: String },
     /// A failure, with its kind and detail.
     Error { error: AgentError },
+    /// A step ended: the local estimate of its prompt and the provider's usage (T5).
+    StepFinished {
+        turn: u32,
+        step: u32,
+        estimated_prompt_tokens: u64,
+        usage: Option<Usage>,
+    },
 }
 
 impl EventKind {
@@ -135,6 +143,7 @@ impl EventKind {
             Self::HistoryTrimmed { .. } => "history_trimmed",
             Self::Warning { .. } => "warning",
             Self::Error { .. } => "error",
+            Self::StepFinished { .. } => "step_finished",
         }
     }
 }
@@ -212,6 +221,12 @@ mod wire {
                 HistoryTrimmed { removed_items: u64, summary: String },
                 Warning { code: String, message: String },
                 Error { error: AgentError },
+                StepFinished {
+                    turn: u32,
+                    step: u32,
+                    estimated_prompt_tokens: u64,
+                    usage: Option<Usage>,
+                },
             }
         };
     }

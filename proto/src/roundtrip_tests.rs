@@ -574,6 +574,20 @@ fn event_kind() -> impl Strategy<Value = EventKind> {
         }),
         (text(), text()).prop_map(|(code, message)| EventKind::Warning { code, message }),
         agent_error().prop_map(|error| EventKind::Error { error }),
+        (
+            any::<u32>(),
+            any::<u32>(),
+            any::<u64>(),
+            proptest::option::of(usage())
+        )
+            .prop_map(|(turn, step, estimated_prompt_tokens, usage)| {
+                EventKind::StepFinished {
+                    turn,
+                    step,
+                    estimated_prompt_tokens,
+                    usage,
+                }
+            }),
     ]
 }
 
@@ -904,6 +918,7 @@ fn strategies_cover_every_variant() {
             "history_trimmed",
             "warning",
             "error",
+            "step_finished",
         ])
     );
     assert_eq!(
