@@ -51,6 +51,7 @@ impl TestSession {
             mcp,
             exec: Some(Arc::new(ProcessRunner)),
             summarizer: Arc::new(LocalSummarizer::default()),
+            tokens: Arc::new(troupe_actors::ports::ApproxTokens),
         };
         let (session, join) = SessionHandle::start(SessionId::new(), config, ports)
             .await
@@ -265,6 +266,7 @@ pub async fn start_with_model(
         mcp,
         exec: Some(Arc::new(ProcessRunner)),
         summarizer: Arc::new(LocalSummarizer::default()),
+        tokens: Arc::new(troupe_actors::ports::ApproxTokens),
     };
     let (session, join) = SessionHandle::start(SessionId::new(), config, ports)
         .await
@@ -287,4 +289,61 @@ pub fn troupe_bin() -> std::path::PathBuf {
         bin.display()
     );
     bin
+}
+
+/// An MCP port with one tool, `flaky__op`, that fails its first `failures` calls.
+pub struct FlakyTools {
+    pub failures: usize,
+    pub calls: Arc<AtomicUsize>,
+}
+
+#[async_trait]
+impl McpPort for FlakyTools {
+    async fn open_view(
+        &self,
+        _conversation_id: ConversationId,
+        _allowlist: Option<&[String]>,
+    ) -> Result<Arc<dyn McpView>, AgentError> {
+        Ok(Arc::new(FlakyView {
+            failures: self.failures,
+            calls: self.calls.clone(),
+        }))
+    }
+}
+
+struct FlakyView {
+    failures: usize,
+    calls: Arc<AtomicUsize>,
+}
+
+#[async_trait]
+impl McpView for FlakyView {
+    async fn list_tools(&self) -> Result<Vec<ToolSpec>, AgentError> {
+        Ok(vec![ToolSpec {
+            name: "flaky__op".into(),
+            description: "fails, then works".into(),
+            parameters: troupe_proto::Json(serde_json::json!({"type": "object"})),
+        }])
+    }
+
+    async fn call_tool(
+        &self,
+        call: &ToolCall,
+        _ctx: ToolCallContext<'_>,
+    ) -> Result<ToolOutput, AgentError> {
+        let n = self.calls.fetch_add(1, Ordering::SeqCst);
+        if n < self.failures {
+            return Err(AgentError::McpError {
+                server: "flaky".into(),
+                message: format!("failure {}", n + 1),
+            });
+        }
+        Ok(ToolOutput {
+            call_id: call.call_id.clone(),
+            output: "worked".into(),
+            is_error: false,
+        })
+    }
+
+    async fn release(&self) {}
 }

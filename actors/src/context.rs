@@ -168,10 +168,39 @@ fn hex8(bytes: &[u8]) -> String {
 /// kept content contribute: a conversation whose policy keeps none restarts empty.
 pub fn history_from_records(records: &[RolloutRecord]) -> Vec<HistoryItem> {
     let mut items = Vec::new();
+    // Compaction tasks' own items never entered history.
+    let mut compactions = std::collections::HashSet::new();
+    // Where the running task's items begin: a task that failed before its first model call
+    // left no items in the live history either.
+    let mut task_start = 0;
     for r in records {
         let Some(event) = &r.event else { continue };
+        if r.task_id.is_some_and(|t| compactions.contains(&t))
+            && !matches!(event, EventKind::Compacted { .. })
+        {
+            continue;
+        }
         match event {
-            EventKind::TaskStarted { input } => items.push(HistoryItem::user(input.clone())),
+            EventKind::CompactionStarted {} => {
+                compactions.extend(r.task_id);
+            }
+            EventKind::Compacted {
+                summary,
+                replaced_items,
+            } => {
+                items.clear();
+                items.push(HistoryItem::Summary {
+                    text: summary.clone(),
+                    replaced_items: *replaced_items,
+                });
+            }
+            EventKind::TaskStarted { input } => {
+                task_start = items.len();
+                items.push(HistoryItem::user(input.clone()));
+            }
+            EventKind::TaskFinished { stats, .. } if stats.steps == 0 => {
+                items.truncate(task_start);
+            }
             EventKind::AssistantMessage { text } => {
                 items.push(HistoryItem::assistant(text.clone()))
             }

@@ -19,7 +19,7 @@ use crate::approval_store::ApprovalMsg;
 use crate::context::{ConversationContext, history_from_records, narrow};
 use crate::events::{EventDraft, EventSink, sub_id};
 use crate::history::{HistoryLimits, HistoryStore, Summarizer};
-use crate::ports::{CommandRunner, McpPort, McpView, ModelClient};
+use crate::ports::{CommandRunner, McpPort, McpView, ModelClient, TokenCounter};
 use crate::rollout::RolloutMsg;
 use crate::scheduler::SchedulerMsg;
 use crate::task::{TaskContext, TaskLimits, TaskOutcome};
@@ -38,6 +38,15 @@ use troupe_proto::{
 };
 
 pub mod metrics;
+
+/// The one-turn system prompt of a compaction (C3); never stored.
+pub const COMPACT_INSTRUCTIONS: &str = "You are compacting a conversation. Write a summary of \
+everything above that a capable assistant needs to continue the work: the user's goals and \
+preferences, decisions made, facts and file names learned, tool results that still matter, and \
+what remains to be done. Be complete but brief; plain prose and short lists; no preamble.";
+
+/// The user message of a compaction task.
+pub const COMPACT_REQUEST: &str = "Summarize the conversation so far for your own later use.";
 
 /// Session-wide settings every conversation follows.
 #[derive(Debug, Clone)]
@@ -81,6 +90,7 @@ pub struct Services {
     pub mcp: Option<Arc<dyn McpPort>>,
     pub exec: Option<Arc<dyn CommandRunner>>,
     pub summarizer: Arc<dyn Summarizer>,
+    pub tokens: Arc<dyn TokenCounter>,
     pub settings: Arc<ConversationSettings>,
 }
 
@@ -98,6 +108,11 @@ pub enum ConversationMsg {
     /// Runs one task for a user message; answered with the final reply.
     Message {
         text: String,
+        reply: RpcReplyPort<Result<MessageReply, AgentError>>,
+    },
+    /// Replaces the history by a summary the model writes under a one-turn override (C3);
+    /// runs as a task, after any running one.
+    Compact {
         reply: RpcReplyPort<Result<MessageReply, AgentError>>,
     },
     /// Changes the context without reordering history (C6).
@@ -125,9 +140,19 @@ pub enum ConversationMsg {
     InjectPanic,
 }
 
+/// What a task is for.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum TaskKind {
+    /// Answers a user message; its items enter history.
+    Message,
+    /// Summarises the history; the summary replaces it, its own items are dropped.
+    Compact,
+}
+
 /// A task in flight.
 struct Running {
     task_id: TaskId,
+    kind: TaskKind,
     /// The task's span: its start and end events carry the same trace as its steps.
     span: tracing::Span,
     reply: Option<RpcReplyPort<Result<MessageReply, AgentError>>>,
@@ -137,6 +162,7 @@ struct Running {
 
 /// A message waiting for the running task to end.
 struct Queued {
+    kind: TaskKind,
     text: String,
     reply: RpcReplyPort<Result<MessageReply, AgentError>>,
 }
@@ -156,6 +182,8 @@ pub struct ConversationState {
     /// actor's cell alive for the rest of its period.
     close_timer: Option<AbortHandle>,
     stats: ConversationStats,
+    /// Turns started so far (T1 numbers them from 1).
+    turns: u32,
     /// This conversation's policies: the session's, narrowed by the open request (C2).
     approval_policy: ApprovalPolicy,
     sandbox_policy: SandboxPolicy,
@@ -216,6 +244,7 @@ impl Actor for Conversation {
                 policy: args.params.storage_policy,
             });
         let mut history = HistoryStore::new(settings.history, services.summarizer.clone());
+        let mut restored_turns = 0;
         if args.restore {
             let records = ractor::call!(services.events.rollout(), |reply| {
                 RolloutMsg::ReadConversation {
@@ -224,6 +253,9 @@ impl Actor for Conversation {
                 }
             })??;
             let items = history_from_records(&records);
+            restored_turns =
+                u32::try_from(records.iter().filter(|r| r.kind == "task_started").count())
+                    .unwrap_or(u32::MAX);
             let restored = items.len() as u64;
             history.append(items);
             services.events.emit(EventDraft::conversation(
@@ -285,6 +317,7 @@ impl Actor for Conversation {
                 conversation_id: Some(args.conversation_id),
                 ..ConversationStats::default()
             },
+            turns: restored_turns,
             approval_policy,
             sandbox_policy,
         })
@@ -297,7 +330,12 @@ impl Actor for Conversation {
         state: &mut Self::State,
     ) -> Result<(), ActorProcessingErr> {
         match msg {
-            ConversationMsg::Message { text, reply } => state.on_message(&myself, text, reply),
+            ConversationMsg::Message { text, reply } => {
+                state.on_message(&myself, TaskKind::Message, text, reply);
+            }
+            ConversationMsg::Compact { reply } => {
+                state.on_message(&myself, TaskKind::Compact, COMPACT_REQUEST.into(), reply);
+            }
             ConversationMsg::SetContext { update, reply } => {
                 let _ = reply.send(state.on_set_context(&update));
             }
@@ -343,6 +381,7 @@ impl ConversationState {
     fn on_message(
         &mut self,
         myself: &ActorRef<ConversationMsg>,
+        kind: TaskKind,
         text: String,
         reply: RpcReplyPort<Result<MessageReply, AgentError>>,
     ) {
@@ -353,8 +392,8 @@ impl ConversationState {
             self.queue.len(),
             max,
         ) {
-            Admission::StartNow => self.start_task(myself, text, reply),
-            Admission::Enqueue => self.queue.push_back(Queued { text, reply }),
+            Admission::StartNow => self.start_task(myself, kind, text, reply),
+            Admission::Enqueue => self.queue.push_back(Queued { kind, text, reply }),
             Admission::RejectClosing => {
                 let _ = reply.send(Err(AgentError::not_found("conversation", self.id)));
             }
@@ -370,6 +409,7 @@ impl ConversationState {
     fn start_task(
         &mut self,
         myself: &ActorRef<ConversationMsg>,
+        kind: TaskKind,
         text: String,
         reply: RpcReplyPort<Result<MessageReply, AgentError>>,
     ) {
@@ -383,26 +423,37 @@ impl ConversationState {
             cancel: cancel.clone(),
         });
         let span = crate::task::task_span(self.id, task_id);
+        let started = match kind {
+            TaskKind::Message => EventKind::TaskStarted {
+                input: text.clone(),
+            },
+            TaskKind::Compact => EventKind::CompactionStarted {},
+        };
         span.in_scope(|| {
-            self.services.events.emit(EventDraft::task(
-                self.id,
-                task_id,
-                EventKind::TaskStarted {
-                    input: text.clone(),
-                },
-            ));
+            self.services
+                .events
+                .emit(EventDraft::task(self.id, task_id, started));
         });
+        let compact = kind == TaskKind::Compact;
+        self.turns += 1;
         let ctx = TaskContext {
             conversation_id: self.id,
             task_id,
+            turn: self.turns,
+            tokens: self.services.tokens.clone(),
             input: text,
             history: self.history.snapshot(),
             pinned: self.context.pinned(),
-            builtins: crate::tools::builtin_tools(&self.context.prefs),
+            // A compaction only writes: no tools.
+            builtins: if compact {
+                Vec::new()
+            } else {
+                crate::tools::builtin_tools(&self.context.prefs)
+            },
             base_instructions: self.context.base_instructions.clone(),
-            turn_override: None,
+            turn_override: compact.then(|| COMPACT_INSTRUCTIONS.to_owned()),
             model: self.services.model.clone(),
-            mcp: self.view.clone(),
+            mcp: if compact { None } else { self.view.clone() },
             exec: self.services.exec.clone(),
             approvals: self.services.approvals.clone(),
             scheduler: self.services.scheduler.clone(),
@@ -425,6 +476,7 @@ impl ConversationState {
         });
         self.running = Some(Running {
             task_id,
+            kind,
             span,
             reply: Some(reply),
             cancel,
@@ -441,14 +493,33 @@ impl ConversationState {
         let Some(mut running) = self.running.take_if(|r| r.task_id == task_id) else {
             return; // a late report of an aborted task
         };
-        if let Some(report) = self.history.append(outcome.items.iter().cloned()) {
-            self.services.events.emit(EventDraft::conversation(
-                self.id,
-                EventKind::HistoryTrimmed {
-                    removed_items: report.removed_items,
-                    summary: report.summary,
-                },
-            ));
+        match running.kind {
+            TaskKind::Message => {
+                if let Some(report) = self.history.append(outcome.items.iter().cloned()) {
+                    self.services.events.emit(EventDraft::conversation(
+                        self.id,
+                        EventKind::HistoryTrimmed {
+                            removed_items: report.removed_items,
+                            summary: report.summary,
+                        },
+                    ));
+                }
+            }
+            TaskKind::Compact if outcome.status == TaskStatus::Ok && !outcome.text.is_empty() => {
+                let report = self.history.compact(outcome.text.clone());
+                running.span.in_scope(|| {
+                    self.services.events.emit(EventDraft::task(
+                        self.id,
+                        task_id,
+                        EventKind::Compacted {
+                            summary: report.summary,
+                            replaced_items: report.removed_items,
+                        },
+                    ));
+                });
+            }
+            // A failed compaction leaves the history as it was.
+            TaskKind::Compact => {}
         }
         self.record_stats(&outcome.stats, outcome.status);
         running.span.in_scope(|| {
@@ -480,7 +551,7 @@ impl ConversationState {
         if self.closing.is_some() {
             self.finish_close(myself, CloseOutcome::Closed);
         } else if let Some(next) = self.queue.pop_front() {
-            self.start_task(myself, next.text, next.reply);
+            self.start_task(myself, next.kind, next.text, next.reply);
         }
     }
 

@@ -98,6 +98,21 @@ impl SessionHandle {
         }
     }
 
+    /// Replaces a conversation's history by a summary the model writes (C3: a one-turn
+    /// override that is never stored). The reply's text is the summary.
+    pub async fn compact(
+        &self,
+        conversation_id: ConversationId,
+    ) -> Result<MessageReply, AgentError> {
+        match ractor::call!(self.actor, |reply| SessionMsg::Compact {
+            conversation_id,
+            reply
+        }) {
+            Ok(r) => r,
+            Err(e) => Err(gone(e)),
+        }
+    }
+
     pub async fn set_context(
         &self,
         conversation_id: ConversationId,

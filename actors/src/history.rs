@@ -248,6 +248,30 @@ impl HistoryStore {
                 .collect(),
             len: self.len(),
             tokens: self.approx_tokens(),
+            has_summary: self.summary.is_some(),
+        }
+    }
+
+    /// Replaces the whole history by one summary (compaction): `replaced_items` accumulates
+    /// what the summary now stands for.
+    pub fn compact(&mut self, summary: String) -> TrimReport {
+        let removed = self.items as u64;
+        self.replaced += removed;
+        let item = HistoryItem::Summary {
+            text: summary.clone(),
+            replaced_items: self.replaced,
+        };
+        let tokens = item.approx_tokens();
+        self.summary = Some(Arc::new(Segment {
+            items: vec![item],
+            tokens,
+        }));
+        self.segments.clear();
+        self.items = 0;
+        self.tokens = 0;
+        TrimReport {
+            removed_items: removed,
+            summary,
         }
     }
 
@@ -361,6 +385,8 @@ pub struct HistorySnapshot {
     segments: Vec<Arc<Segment>>,
     len: usize,
     tokens: usize,
+    /// Whether `segments[0]` is the summary.
+    has_summary: bool,
 }
 
 impl HistorySnapshot {
@@ -391,6 +417,7 @@ impl HistorySnapshot {
         PromptView {
             pinned,
             history: self,
+            skip: 0,
             pending,
             input,
         }
@@ -403,26 +430,64 @@ pub struct PromptView<'a> {
     /// The user instructions (C4), always first even after they were trimmed from history.
     pinned: Option<&'a HistoryItem>,
     history: &'a HistorySnapshot,
+    /// Oldest history items left out (after the summary) to fit a token budget.
+    skip: usize,
     /// Items of the running task not yet appended to history.
     pending: &'a [HistoryItem],
     input: &'a [HistoryItem],
 }
 
 impl<'a> PromptView<'a> {
+    /// The same view without the `n` oldest history items (the summary, the pinned
+    /// instructions, pending and input stay).
+    pub fn without_oldest(self, n: usize) -> Self {
+        let droppable = self.droppable();
+        Self {
+            skip: n.min(droppable),
+            ..self
+        }
+    }
+
+    /// History items that `without_oldest` may leave out.
+    pub fn droppable(&self) -> usize {
+        self.history.len - usize::from(self.history.has_summary)
+    }
+
+    /// History items left out so far.
+    pub fn skipped(&self) -> usize {
+        self.skip
+    }
+
+    /// The history items `without_oldest` may leave out, oldest first (ignoring any skip).
+    pub fn droppable_items(&self) -> impl Iterator<Item = &'a HistoryItem> + 'a + use<'a> {
+        let history: &'a HistorySnapshot = self.history;
+        let rest = if history.has_summary {
+            &history.segments[1..]
+        } else {
+            &history.segments[..]
+        };
+        rest.iter().flat_map(|s| s.items.iter())
+    }
+
     /// pinned (the user instructions, C4) first, then summary, then segments oldest first, then
     /// pending, then input.
     pub fn iter(&self) -> impl Iterator<Item = &'a HistoryItem> + 'a + use<'a> {
         let history: &'a HistorySnapshot = self.history;
+        let (summary, rest) = if history.has_summary {
+            history.segments.split_at(1)
+        } else {
+            history.segments.split_at(0)
+        };
         self.pinned
             .into_iter()
-            .chain(history.segments.iter().flat_map(|s| s.items.iter()))
+            .chain(summary.iter().flat_map(|s| s.items.iter()))
+            .chain(rest.iter().flat_map(|s| s.items.iter()).skip(self.skip))
             .chain(self.pending.iter())
             .chain(self.input.iter())
     }
 
     pub fn len(&self) -> usize {
-        usize::from(self.pinned.is_some())
-            + self.history.len()
+        usize::from(self.pinned.is_some()) + self.history.len() - self.skip
             + self.pending.len()
             + self.input.len()
     }
@@ -432,6 +497,9 @@ impl<'a> PromptView<'a> {
     }
 
     pub fn approx_tokens(&self) -> usize {
+        if self.skip > 0 {
+            return self.iter().map(HistoryItem::approx_tokens).sum();
+        }
         self.pinned.map_or(0, HistoryItem::approx_tokens)
             + self.history.approx_tokens()
             + self
@@ -875,5 +943,64 @@ mod tests {
                 prop_assert_eq!(store.replaced_items(), removed);
             }
         }
+    }
+
+    #[test]
+    fn without_oldest_keeps_summary_pinned_and_task_items() {
+        let limits = HistoryLimits {
+            max_items: 4,
+            max_tokens: 100_000,
+            segment_items: 2,
+        };
+        let mut store = HistoryStore::new(limits, Arc::new(LocalSummarizer::default()));
+        for i in 0..6 {
+            store.append([HistoryItem::user(format!("m{i}"))]);
+        }
+        assert!(store.summary().is_some());
+        let snap = store.snapshot();
+        let pinned = HistoryItem::user("instructions");
+        let input = [HistoryItem::user("now")];
+        let full = snap.view(Some(&pinned), &[], &input);
+        let cut = full.without_oldest(1);
+        let texts = |v: PromptView<'_>| -> Vec<String> {
+            v.iter()
+                .map(|i| match i {
+                    HistoryItem::Message { text, .. } => text.clone(),
+                    HistoryItem::Summary { .. } => "<summary>".into(),
+                    other => format!("{other:?}"),
+                })
+                .collect()
+        };
+        let all = texts(full);
+        let fewer = texts(cut);
+        assert_eq!(fewer.len(), all.len() - 1);
+        assert_eq!(fewer[0], "instructions");
+        assert_eq!(fewer[1], "<summary>");
+        assert_eq!(&fewer[2..], &all[3..]);
+        assert_eq!(cut.len(), fewer.len());
+        assert!(cut.approx_tokens() < full.approx_tokens());
+        // Never more than the droppable items.
+        assert_eq!(full.without_oldest(100).skipped(), full.droppable());
+    }
+
+    #[test]
+    fn compact_replaces_everything_with_one_summary() {
+        let mut store = HistoryStore::new(
+            HistoryLimits::default(),
+            Arc::new(LocalSummarizer::default()),
+        );
+        store.append((0..10).map(|i| HistoryItem::user(format!("m{i}"))));
+        let report = store.compact("the gist".into());
+        assert_eq!(report.removed_items, 10);
+        assert_eq!(store.len(), 1);
+        assert_eq!(
+            store.snapshot().iter().cloned().collect::<Vec<_>>(),
+            vec![HistoryItem::Summary {
+                text: "the gist".into(),
+                replaced_items: 10
+            }]
+        );
+        store.append([HistoryItem::user("after")]);
+        assert_eq!(store.len(), 2);
     }
 }

@@ -708,10 +708,12 @@ fn headers_meta(event: &EventKind) -> RecordMeta {
             },
             ..RecordMeta::default()
         },
-        EventKind::HistoryTrimmed { summary, .. } => RecordMeta {
-            chars: Some(len(summary)),
-            ..RecordMeta::default()
-        },
+        EventKind::HistoryTrimmed { summary, .. } | EventKind::Compacted { summary, .. } => {
+            RecordMeta {
+                chars: Some(len(summary)),
+                ..RecordMeta::default()
+            }
+        }
         EventKind::Warning { message, .. } => RecordMeta {
             chars: Some(len(message)),
             ..RecordMeta::default()

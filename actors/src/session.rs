@@ -25,7 +25,7 @@ use crate::conversation::{
 };
 use crate::events::EventSink;
 use crate::history::Summarizer;
-use crate::ports::{CommandRunner, McpPort, ModelClient};
+use crate::ports::{CommandRunner, McpPort, ModelClient, TokenCounter};
 use crate::rollout::{Rollout, RolloutArgs, RolloutMsg};
 use crate::scheduler::{Scheduler, SchedulerArgs, SchedulerMsg};
 use crate::task_registry::{TaskRegistry, TaskRegistryArgs, TaskRegistryMsg};
@@ -87,6 +87,8 @@ pub struct SessionPorts {
     pub mcp: Option<Arc<dyn McpPort>>,
     pub exec: Option<Arc<dyn CommandRunner>>,
     pub summarizer: Arc<dyn Summarizer>,
+    /// Estimates prompts (T5); `ApproxTokens` when no tokenizer is plugged in.
+    pub tokens: Arc<dyn TokenCounter>,
 }
 
 /// Start-up arguments.
@@ -116,6 +118,11 @@ pub enum SessionMsg {
     Message {
         conversation_id: ConversationId,
         text: String,
+        reply: RpcReplyPort<Result<MessageReply, AgentError>>,
+    },
+    /// Compacts a conversation's history.
+    Compact {
+        conversation_id: ConversationId,
         reply: RpcReplyPort<Result<MessageReply, AgentError>>,
     },
     /// Changes a conversation's context.
@@ -230,6 +237,10 @@ impl Actor for Session {
                 update,
                 reply,
             } => state.forward_set_context(conversation_id, update, reply),
+            SessionMsg::Compact {
+                conversation_id,
+                reply,
+            } => state.forward_compact(conversation_id, reply),
             SessionMsg::Close {
                 conversation_id,
                 reply,
@@ -379,6 +390,7 @@ impl SessionState {
             mcp: self.ports.mcp.clone(),
             exec: self.ports.exec.clone(),
             summarizer: self.ports.summarizer.clone(),
+            tokens: self.ports.tokens.clone(),
             settings: Arc::new(self.config.conversation.clone()),
         }
     }
@@ -435,6 +447,22 @@ impl SessionState {
         };
         if let Err(MessagingErr::SendErr(ConversationMsg::Message { reply, .. })) =
             entry.actor.cast(ConversationMsg::Message { text, reply })
+        {
+            let _ = reply.send(Err(AgentError::not_found("conversation", id)));
+        }
+    }
+
+    fn forward_compact(
+        &self,
+        id: ConversationId,
+        reply: RpcReplyPort<Result<MessageReply, AgentError>>,
+    ) {
+        let Some(entry) = self.conversations.get(&id) else {
+            let _ = reply.send(Err(AgentError::not_found("conversation", id)));
+            return;
+        };
+        if let Err(MessagingErr::SendErr(ConversationMsg::Compact { reply })) =
+            entry.actor.cast(ConversationMsg::Compact { reply })
         {
             let _ = reply.send(Err(AgentError::not_found("conversation", id)));
         }

@@ -7,7 +7,8 @@ use crate::approval_store::{ApprovalMsg, Granted};
 use crate::events::{EventDraft, EventSink};
 use crate::history::HistorySnapshot;
 use crate::ports::{
-    CommandRunner, DeltaSink, ExecRequest, McpView, ModelClient, ModelRequest, ToolCallContext,
+    CommandRunner, DeltaSink, ExecRequest, McpView, ModelClient, ModelRequest, TokenCounter,
+    ToolCallContext,
 };
 use crate::scheduler::SchedulerMsg;
 use crate::task_registry::TaskRegistryMsg;
@@ -18,14 +19,18 @@ use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 use tracing::Instrument;
 use troupe_proto::{
-    AgentError, ApprovalPolicy, ConversationId, EventKind, HistoryItem, SandboxPolicy, TaskId,
-    TaskState, TaskStats, TaskStatus, ToolCall, ToolOutput, ToolSpec,
+    AgentError, ApprovalPolicy, ConversationId, EventKind, HistoryItem, OverBudget, SandboxPolicy,
+    TaskId, TaskState, TaskStats, TaskStatus, ToolCall, ToolErrorPolicy, ToolOutput, ToolSpec,
 };
 
 /// Everything a task needs, snapshotted from its conversation when it starts.
 pub struct TaskContext {
     pub conversation_id: ConversationId,
     pub task_id: TaskId,
+    /// Index of this turn in its conversation, from 1 (T1).
+    pub turn: u32,
+    /// Estimates every prompt before it is sent (T5).
+    pub tokens: Arc<dyn TokenCounter>,
     pub input: String,
     pub history: HistorySnapshot,
     /// The user instructions, always first in the prompt (C4).
@@ -50,6 +55,14 @@ pub struct TaskContext {
     pub sandbox_policy: SandboxPolicy,
 }
 
+impl TaskContext {
+    /// Emits an event of this task (stamped with the current span).
+    fn emit(&self, event: EventKind) {
+        self.events
+            .emit(EventDraft::task(self.conversation_id, self.task_id, event));
+    }
+}
+
 /// Bounds of one task.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct TaskLimits {
@@ -59,6 +72,13 @@ pub struct TaskLimits {
     pub exec_timeout: Duration,
     /// Bytes of command output kept.
     pub exec_output_cap: usize,
+    /// Largest prompt sent, by the local estimate (T5); `None` = no bound.
+    pub max_prompt_tokens: Option<u64>,
+    /// A prompt above this is sent with a warning event.
+    pub warn_prompt_tokens: Option<u64>,
+    pub over_budget: OverBudget,
+    /// What a failed tool call does to the turn (T6).
+    pub tool_errors: ToolErrorPolicy,
 }
 
 impl Default for TaskLimits {
@@ -67,6 +87,10 @@ impl Default for TaskLimits {
             max_steps: 100,
             exec_timeout: Duration::from_secs(60),
             exec_output_cap: 64 * 1024,
+            max_prompt_tokens: None,
+            warn_prompt_tokens: None,
+            over_budget: OverBudget::Reject,
+            tool_errors: ToolErrorPolicy::Skip,
         }
     }
 }
@@ -134,6 +158,8 @@ struct Prepared {
     tools: Vec<ToolSpec>,
     instructions: String,
     cache_key: String,
+    /// Tokens of the instructions and tool descriptions.
+    fixed_tokens: u64,
 }
 
 /// The merged tool list (S8; conflicts become warnings), the turn's instructions (C3) and
@@ -176,10 +202,12 @@ async fn prepare(ctx: &TaskContext) -> Prepared {
     );
     let cache_key =
         crate::context::prompt_cache_key(&instructions, &merged.tools, &ctx.model.info().family);
+    let fixed_tokens = fixed_prompt_tokens(ctx.tokens.as_ref(), &instructions, &merged.tools);
     Prepared {
         tools: merged.tools,
         instructions,
         cache_key,
+        fixed_tokens,
     }
 }
 
@@ -231,36 +259,37 @@ async fn run_inner(ctx: &TaskContext) -> TaskOutcome {
             );
         }
         loop_state.stats.steps = step;
-        ctx.events.emit(EventDraft::task(
-            ctx.conversation_id,
-            ctx.task_id,
-            EventKind::StepStarted { turn: 1, step },
-        ));
+        ctx.emit(EventKind::StepStarted {
+            turn: ctx.turn,
+            step,
+        });
         let response = match model_step(ctx, &prepared, &loop_state.items).await {
             Ok((response, estimate)) => {
                 loop_state.stats.estimated_prompt_tokens += estimate;
+                if let Some(usage) = response.usage {
+                    loop_state.stats.usage.add(&usage);
+                }
+                ctx.emit(EventKind::StepFinished {
+                    turn: ctx.turn,
+                    step,
+                    estimated_prompt_tokens: estimate,
+                    usage: response.usage,
+                });
                 response
             }
             Err(e) => {
-                ctx.events.emit(EventDraft::task(
-                    ctx.conversation_id,
-                    ctx.task_id,
-                    EventKind::Error { error: e.clone() },
-                ));
+                ctx.emit(EventKind::Error { error: e.clone() });
+                if step == 1 {
+                    // Nothing reached the model (see `LoopState::end`).
+                    loop_state.stats.steps = 0;
+                }
                 return loop_state.end(status_of(&e), Some(e));
             }
         };
-        if let Some(usage) = response.usage {
-            loop_state.stats.usage.add(&usage);
-        }
         if !response.text.is_empty() {
-            ctx.events.emit(EventDraft::task(
-                ctx.conversation_id,
-                ctx.task_id,
-                EventKind::AssistantMessage {
-                    text: response.text.clone(),
-                },
-            ));
+            ctx.emit(EventKind::AssistantMessage {
+                text: response.text.clone(),
+            });
             loop_state
                 .items
                 .push(HistoryItem::assistant(response.text.clone()));
@@ -277,9 +306,24 @@ async fn run_inner(ctx: &TaskContext) -> TaskOutcome {
                 );
             }
             loop_state.stats.tool_calls += 1;
-            let output = run_tool(ctx, &prepared.tools, &call).await;
+            let mut attempt = 0;
+            let (output, error) = loop {
+                let (output, error) = run_tool(ctx, &prepared.tools, &call).await;
+                match (&error, ctx.limits.tool_errors) {
+                    (Some(e), ToolErrorPolicy::Retry { attempts })
+                        if attempt < attempts && retryable_tool_error(e) =>
+                    {
+                        attempt += 1;
+                        tracing::info!(tool = %call.name, attempt, "retrying failed tool call");
+                    }
+                    _ => break (output, error),
+                }
+            };
             loop_state.items.push(HistoryItem::ToolCall(call));
             loop_state.items.push(HistoryItem::ToolOutput(output));
+            if let (Some(e), ToolErrorPolicy::Terminate) = (error, ctx.limits.tool_errors) {
+                return loop_state.end(TaskStatus::Error, Some(e));
+            }
         }
     }
     loop_state.end(TaskStatus::MaxSteps, None)
@@ -292,7 +336,13 @@ struct LoopState {
 }
 
 impl LoopState {
-    fn end(self, status: TaskStatus, error: Option<AgentError>) -> TaskOutcome {
+    fn end(mut self, status: TaskStatus, error: Option<AgentError>) -> TaskOutcome {
+        // A task that never got a model call leaves no history: its message was not
+        // processed (cancelled while queued, or its prompt was over budget — which would
+        // otherwise make every later turn fail too). The rollout rebuild does the same.
+        if self.stats.steps == 0 {
+            self.items.clear();
+        }
         TaskOutcome {
             status,
             text: self.last_text,
@@ -301,6 +351,17 @@ impl LoopState {
             items: self.items,
         }
     }
+}
+
+/// Whether running a failed call again could help: refusals and denials will not change.
+pub fn retryable_tool_error(error: &AgentError) -> bool {
+    !matches!(
+        error,
+        AgentError::ApprovalDenied { .. }
+            | AgentError::SandboxError { .. }
+            | AgentError::InvalidInput { .. }
+            | AgentError::Cancelled { .. }
+    ) && !matches!(error, AgentError::ToolError { message, .. } if message.starts_with("unknown tool"))
 }
 
 /// The status a failure ends a task with.
@@ -333,13 +394,42 @@ async fn model_step(
     prepared: &Prepared,
     items: &[HistoryItem],
 ) -> Result<(crate::ports::ModelResponse, u64), AgentError> {
-    let prompt = ctx.history.view(ctx.pinned.as_ref(), &[], items);
-    let estimate = u64::try_from(prompt.approx_tokens()).unwrap_or(u64::MAX);
+    let full = ctx.history.view(ctx.pinned.as_ref(), &[], items);
+    let fitted = fit_budget(
+        full,
+        ctx.tokens.as_ref(),
+        prepared.fixed_tokens,
+        ctx.limits.max_prompt_tokens,
+        ctx.limits.over_budget,
+    )?;
+    if fitted.prompt.skipped() > 0 {
+        ctx.emit(EventKind::Warning {
+            code: "prompt_trimmed".into(),
+            message: format!(
+                "left out the {} oldest history items to fit max-prompt-tokens ({} -> {} tokens)",
+                fitted.prompt.skipped(),
+                fitted.before,
+                fitted.estimate
+            ),
+        });
+    }
+    if let Some(warn) = ctx.limits.warn_prompt_tokens
+        && fitted.estimate > warn
+    {
+        ctx.emit(EventKind::Warning {
+            code: "prompt_tokens_warning".into(),
+            message: format!(
+                "prompt is {} tokens ({}), above warn-prompt-tokens {warn}",
+                fitted.estimate,
+                ctx.tokens.encoding()
+            ),
+        });
+    }
     let request = ModelRequest {
         conversation_id: ctx.conversation_id,
         task_id: ctx.task_id,
         instructions: &prepared.instructions,
-        prompt,
+        prompt: fitted.prompt,
         tools: &prepared.tools,
         prompt_cache_key: &prepared.cache_key,
     };
@@ -349,6 +439,9 @@ async fn model_step(
         gen_ai.operation.name = "chat",
         gen_ai.system = %info.provider,
         gen_ai.request.model = %info.model,
+        gen_ai.usage.input_tokens = tracing::field::Empty,
+        gen_ai.usage.output_tokens = tracing::field::Empty,
+        troupe.prompt.estimated_tokens = fitted.estimate,
         conversation_id = %ctx.conversation_id,
         task_id = %ctx.task_id,
     );
@@ -356,9 +449,92 @@ async fn model_step(
     let response = ctx
         .model
         .step(request, &mut sink, &ctx.cancel)
-        .instrument(span)
+        .instrument(span.clone())
         .await?;
-    Ok((response, estimate))
+    if let Some(u) = response.usage {
+        span.record("gen_ai.usage.input_tokens", u.input_tokens);
+        span.record("gen_ai.usage.output_tokens", u.output_tokens);
+    }
+    Ok((response, fitted.estimate))
+}
+
+/// Tokens of the parts of a prompt that do not change between steps: the instructions and
+/// the tool descriptions.
+pub fn fixed_prompt_tokens(
+    counter: &dyn TokenCounter,
+    instructions: &str,
+    tools: &[ToolSpec],
+) -> u64 {
+    let tools: usize = tools
+        .iter()
+        .map(|t| {
+            counter.count(&t.name)
+                + counter.count(&t.description)
+                + counter.count(&t.parameters.0.to_string())
+        })
+        .sum();
+    as_u64(counter.count(instructions) + tools)
+}
+
+/// A prompt that fits the budget.
+#[derive(Clone, Copy)]
+pub struct Fitted<'a> {
+    pub prompt: crate::history::PromptView<'a>,
+    /// Estimate of what is sent.
+    pub estimate: u64,
+    /// Estimate before trimming.
+    pub before: u64,
+}
+
+/// Applies `max-prompt-tokens` (T5): under it, the prompt as is; over it, an error
+/// (`Reject`) or the prompt without its oldest history items (`Trim`; an error if even the
+/// untouchable parts are over).
+pub fn fit_budget<'a>(
+    prompt: crate::history::PromptView<'a>,
+    counter: &dyn TokenCounter,
+    fixed: u64,
+    max: Option<u64>,
+    policy: OverBudget,
+) -> Result<Fitted<'a>, AgentError> {
+    let before = fixed + as_u64(prompt.iter().map(|i| counter.count_item(i)).sum());
+    let Some(max) = max.filter(|m| before > *m) else {
+        return Ok(Fitted {
+            prompt,
+            estimate: before,
+            before,
+        });
+    };
+    let over = |estimate: u64| AgentError::InvalidInput {
+        message: format!(
+            "prompt of {estimate} tokens ({}) is over max-prompt-tokens {max}",
+            counter.encoding()
+        ),
+    };
+    if policy == OverBudget::Reject {
+        return Err(over(before));
+    }
+    // Drop the oldest droppable items until the rest fits.
+    let mut estimate = before;
+    let mut dropped = 0;
+    for item in prompt.droppable_items() {
+        if estimate <= max {
+            break;
+        }
+        estimate -= as_u64(counter.count_item(item));
+        dropped += 1;
+    }
+    if estimate > max {
+        return Err(over(estimate));
+    }
+    Ok(Fitted {
+        prompt: prompt.without_oldest(dropped),
+        estimate,
+        before,
+    })
+}
+
+fn as_u64(n: usize) -> u64 {
+    u64::try_from(n).unwrap_or(u64::MAX)
 }
 
 /// What a tool call needs before it may run.
@@ -430,7 +606,12 @@ fn shell_argv(args: &serde_json::Value) -> Result<Vec<String>, String> {
     }
 }
 
-async fn run_tool(ctx: &TaskContext, tools: &[ToolSpec], call: &ToolCall) -> ToolOutput {
+/// Runs one tool call; the output is what the model sees, the error (if any) what failed.
+async fn run_tool(
+    ctx: &TaskContext,
+    tools: &[ToolSpec],
+    call: &ToolCall,
+) -> (ToolOutput, Option<AgentError>) {
     let span = tracing::info_span!(
         "tool_call",
         gen_ai.operation.name = "execute_tool",
@@ -448,17 +629,24 @@ async fn run_tool(ctx: &TaskContext, tools: &[ToolSpec], call: &ToolCall) -> Too
     emit(EventKind::ToolCallStarted { call: call.clone() });
     let started = Instant::now();
     let result = execute(ctx, tools, call).instrument(span.clone()).await;
-    let output = match result {
-        Ok(output) => output,
+    let (output, failure) = match result {
+        Ok(output) => {
+            let failure = output.is_error.then(|| AgentError::ToolError {
+                name: call.name.clone(),
+                message: output.output.clone(),
+            });
+            (output, failure)
+        }
         Err(error) => {
             emit(EventKind::Error {
                 error: error.clone(),
             });
-            ToolOutput {
+            let output = ToolOutput {
                 call_id: call.call_id.clone(),
                 output: error.to_string(),
                 is_error: true,
-            }
+            };
+            (output, Some(error))
         }
     };
     emit(EventKind::ToolCallFinished {
@@ -468,7 +656,7 @@ async fn run_tool(ctx: &TaskContext, tools: &[ToolSpec], call: &ToolCall) -> Too
         is_error: output.is_error,
         duration_ms: u64::try_from(started.elapsed().as_millis()).unwrap_or(u64::MAX),
     });
-    output
+    (output, failure)
 }
 
 async fn execute(

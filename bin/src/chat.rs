@@ -67,6 +67,7 @@ pub async fn run(args: ChatArgs) -> anyhow::Result<ExitCode> {
         mcp: None,
         exec: Some(Arc::new(ProcessRunner)),
         summarizer: Arc::new(LocalSummarizer::default()),
+        tokens: Arc::new(troupe_actors::ports::ApproxTokens),
     };
     let session_id = SessionId::new();
     let (session, join) = SessionHandle::start(session_id, config, ports).await?;

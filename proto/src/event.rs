@@ -121,6 +121,14 @@ pub enum EventKind {
         estimated_prompt_tokens: u64,
         usage: Option<Usage>,
     },
+    /// A compaction task started: the model summarises the history under a one-turn
+    /// override (C3). Its items never enter history.
+    CompactionStarted {},
+    /// The history was replaced by the compaction's summary.
+    Compacted {
+        summary: String,
+        replaced_items: u64,
+    },
 }
 
 impl EventKind {
@@ -144,6 +152,8 @@ impl EventKind {
             Self::Warning { .. } => "warning",
             Self::Error { .. } => "error",
             Self::StepFinished { .. } => "step_finished",
+            Self::CompactionStarted { .. } => "compaction_started",
+            Self::Compacted { .. } => "compacted",
         }
     }
 }
@@ -227,6 +237,8 @@ mod wire {
                     estimated_prompt_tokens: u64,
                     usage: Option<Usage>,
                 },
+                CompactionStarted {},
+                Compacted { summary: String, replaced_items: u64 },
             }
         };
     }

@@ -21,7 +21,9 @@ pub use event::{EventEnvelope, EventKind, TaskStatus};
 pub use ids::{ApprovalId, ConversationId, SessionId, TaskId};
 pub use item::{HistoryItem, Role, Usage};
 pub use json::Json;
-pub use policy::{ApprovalPolicy, CommandKey, SandboxPolicy, StoragePolicy};
+pub use policy::{
+    ApprovalPolicy, CommandKey, OverBudget, SandboxPolicy, StoragePolicy, ToolErrorPolicy,
+};
 pub use tool::{ToolCall, ToolOutput, ToolSpec};
 
 #[cfg(test)]

@@ -63,3 +63,28 @@ pub struct CommandKey {
     /// Unix milliseconds after which the approval no longer holds.
     pub expires_at_ms: Option<u64>,
 }
+
+/// What a turn does when its prompt is over `max-prompt-tokens` (T5).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, Default)]
+#[serde(rename_all = "snake_case")]
+pub enum OverBudget {
+    /// End the turn with an error; nothing is sent.
+    #[default]
+    Reject,
+    /// Leave out the oldest history items (never the instructions, the summary or this
+    /// turn's items) until the prompt fits; reject if it still does not.
+    Trim,
+}
+
+/// What a turn does when a tool call fails (T6).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, Default)]
+#[serde(rename_all = "snake_case")]
+pub enum ToolErrorPolicy {
+    /// Give the error to the model as the observation and go on.
+    #[default]
+    Skip,
+    /// End the turn with status `error`.
+    Terminate,
+    /// Run the call again, up to `attempts` more times, then go on as `skip`.
+    Retry { attempts: u32 },
+}

@@ -9,7 +9,9 @@ use crate::event::{EventEnvelope, EventKind, TaskStatus};
 use crate::ids::{ApprovalId, ConversationId, SessionId, TaskId};
 use crate::item::{HistoryItem, Role, Usage};
 use crate::json::Json;
-use crate::policy::{ApprovalPolicy, CommandKey, SandboxPolicy, StoragePolicy};
+use crate::policy::{
+    ApprovalPolicy, CommandKey, OverBudget, SandboxPolicy, StoragePolicy, ToolErrorPolicy,
+};
 use crate::tool::{ToolCall, ToolOutput, ToolSpec};
 use proptest::prelude::*;
 use proptest::strategy::ValueTree;
@@ -205,6 +207,18 @@ fn storage_policy() -> impl Strategy<Value = StoragePolicy> {
         Just(StoragePolicy::HeadersOnly),
         Just(StoragePolicy::None),
         any::<u64>().prop_map(|secs| StoragePolicy::Ttl { secs }),
+    ]
+}
+
+fn over_budget() -> impl Strategy<Value = OverBudget> {
+    prop_oneof![Just(OverBudget::Reject), Just(OverBudget::Trim)]
+}
+
+fn tool_error_policy() -> impl Strategy<Value = ToolErrorPolicy> {
+    prop_oneof![
+        Just(ToolErrorPolicy::Skip),
+        Just(ToolErrorPolicy::Terminate),
+        any::<u32>().prop_map(|attempts| ToolErrorPolicy::Retry { attempts }),
     ]
 }
 
@@ -574,6 +588,11 @@ fn event_kind() -> impl Strategy<Value = EventKind> {
         }),
         (text(), text()).prop_map(|(code, message)| EventKind::Warning { code, message }),
         agent_error().prop_map(|error| EventKind::Error { error }),
+        Just(EventKind::CompactionStarted {}),
+        (text(), any::<u64>()).prop_map(|(summary, replaced_items)| EventKind::Compacted {
+            summary,
+            replaced_items
+        }),
         (
             any::<u32>(),
             any::<u32>(),
@@ -694,6 +713,16 @@ proptest! {
 
     #[test]
     fn approval_policy_roundtrips(v in approval_policy()) {
+        roundtrip(&v)?;
+    }
+
+    #[test]
+    fn over_budget_roundtrips(v in over_budget()) {
+        roundtrip(&v)?;
+    }
+
+    #[test]
+    fn tool_error_policy_roundtrips(v in tool_error_policy()) {
         roundtrip(&v)?;
     }
 
@@ -919,6 +948,8 @@ fn strategies_cover_every_variant() {
             "warning",
             "error",
             "step_finished",
+            "compaction_started",
+            "compacted",
         ])
     );
     assert_eq!(

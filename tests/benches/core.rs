@@ -67,6 +67,7 @@ async fn session(dir: &std::path::Path, model: ScriptedModel) -> SessionHandle {
         mcp: None,
         exec: None,
         summarizer: Arc::new(LocalSummarizer::default()),
+        tokens: Arc::new(troupe_actors::ports::ApproxTokens),
     };
     SessionHandle::start(SessionId::new(), config, ports)
         .await

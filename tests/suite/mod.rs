@@ -8,3 +8,4 @@ mod lifecycle;
 mod rollout;
 mod scheduling;
 mod telemetry;
+mod turns;
