@@ -79,3 +79,291 @@ impl Default for ModelConfig {
         }
     }
 }
+
+/// Settings of the chat loop and its turns.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct ChatConfig {
+    /// Steps before a turn ends with `max_steps` (T2).
+    pub max_steps: u32,
+    /// Largest prompt sent, by the local estimate (T5).
+    pub max_prompt_tokens: Option<u64>,
+    /// A prompt above this is sent with a warning.
+    pub warn_prompt_tokens: Option<u64>,
+    /// `reject` or `trim` a prompt over `max_prompt_tokens`.
+    pub over_budget: troupe_proto::OverBudget,
+    /// Model whose tokenizer estimates prompts (default: the model's own); `approx` uses
+    /// four bytes a token and loads no vocabulary.
+    pub tokenizer_model: Option<String>,
+    /// `skip`, `terminate` or `{retry = {attempts = N}}` (T6).
+    pub tool_errors: troupe_proto::ToolErrorPolicy,
+    pub approval_policy: troupe_proto::ApprovalPolicy,
+    pub sandbox_policy: troupe_proto::SandboxPolicy,
+    pub storage_policy: troupe_proto::StoragePolicy,
+}
+
+impl Default for ChatConfig {
+    fn default() -> Self {
+        Self {
+            max_steps: 100,
+            max_prompt_tokens: None,
+            warn_prompt_tokens: None,
+            over_budget: troupe_proto::OverBudget::Reject,
+            tokenizer_model: None,
+            tool_errors: troupe_proto::ToolErrorPolicy::Skip,
+            approval_policy: troupe_proto::ApprovalPolicy::Always,
+            sandbox_policy: troupe_proto::SandboxPolicy::ReadOnly,
+            storage_policy: troupe_proto::StoragePolicy::Full,
+        }
+    }
+}
+
+/// The whole configuration: a TOML file, then environment variables, then flags.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct TroupeConfig {
+    /// Rollouts and other durable data.
+    pub data_dir: std::path::PathBuf,
+    /// JSONL chat histories, `<log_dir>/<session_id>.jsonl` (T4).
+    pub log_dir: std::path::PathBuf,
+    pub model: ModelConfig,
+    pub chat: ChatConfig,
+}
+
+impl Default for TroupeConfig {
+    fn default() -> Self {
+        Self {
+            data_dir: "data".into(),
+            log_dir: "history".into(),
+            model: ModelConfig::default(),
+            chat: ChatConfig::default(),
+        }
+    }
+}
+
+/// A configuration problem, with where it came from.
+#[derive(Debug, thiserror::Error)]
+pub enum ConfigError {
+    #[error("cannot read config file {path}: {source}")]
+    Read {
+        path: std::path::PathBuf,
+        source: std::io::Error,
+    },
+    #[error("bad config file {path}: {message}")]
+    Parse {
+        path: std::path::PathBuf,
+        message: String,
+    },
+    #[error("bad value for {name}: `{value}` ({expected})")]
+    Value {
+        name: String,
+        value: String,
+        expected: &'static str,
+    },
+}
+
+/// The environment variables read, and what they set.
+pub const ENV_VARS: &[(&str, &str)] = &[
+    ("TROUPE_DATA_DIR", "data_dir"),
+    ("TROUPE_LOG_DIR", "log_dir"),
+    ("TROUPE_PROVIDER", "model.provider"),
+    ("TROUPE_BASE_URL", "model.base_url"),
+    ("TROUPE_MODEL", "model.model"),
+    ("TROUPE_API_KEY_ENV", "model.api_key_env"),
+    ("TROUPE_TOOL_MODE", "model.tool_mode"),
+    ("TROUPE_MAX_STEPS", "chat.max_steps"),
+    ("TROUPE_MAX_PROMPT_TOKENS", "chat.max_prompt_tokens"),
+    ("TROUPE_WARN_PROMPT_TOKENS", "chat.warn_prompt_tokens"),
+    ("TROUPE_OVER_BUDGET", "chat.over_budget"),
+    ("TROUPE_TOKENIZER_MODEL", "chat.tokenizer_model"),
+];
+
+impl TroupeConfig {
+    /// Reads a TOML file (every key optional).
+    pub fn from_file(path: &std::path::Path) -> Result<Self, ConfigError> {
+        let text = std::fs::read_to_string(path).map_err(|source| ConfigError::Read {
+            path: path.to_owned(),
+            source,
+        })?;
+        toml::from_str(&text).map_err(|e| ConfigError::Parse {
+            path: path.to_owned(),
+            message: e.to_string(),
+        })
+    }
+
+    /// The file to read: `explicit`, else `$TROUPE_CONFIG`, else `./troupe.toml` if present.
+    pub fn locate(
+        explicit: Option<&std::path::Path>,
+        env: &dyn Fn(&str) -> Option<String>,
+    ) -> Option<std::path::PathBuf> {
+        if let Some(p) = explicit {
+            return Some(p.to_owned());
+        }
+        if let Some(p) = env("TROUPE_CONFIG").filter(|p| !p.is_empty()) {
+            return Some(p.into());
+        }
+        let local = std::path::Path::new("troupe.toml");
+        local.exists().then(|| local.to_owned())
+    }
+
+    /// Applies the `TROUPE_*` variables (see [`ENV_VARS`]) over the file's values.
+    pub fn apply_env(&mut self, env: &dyn Fn(&str) -> Option<String>) -> Result<(), ConfigError> {
+        let get = |name: &str| env(name).filter(|v| !v.is_empty());
+        if let Some(v) = get("TROUPE_DATA_DIR") {
+            self.data_dir = v.into();
+        }
+        if let Some(v) = get("TROUPE_LOG_DIR") {
+            self.log_dir = v.into();
+        }
+        if let Some(v) = get("TROUPE_PROVIDER") {
+            self.model.provider = parse_enum(
+                "TROUPE_PROVIDER",
+                &v,
+                "scripted, openai-responses or openai-chat",
+            )?;
+        }
+        if let Some(v) = get("TROUPE_BASE_URL") {
+            self.model.base_url = v;
+        }
+        if let Some(v) = get("TROUPE_MODEL") {
+            self.model.model = v;
+        }
+        if let Some(v) = get("TROUPE_API_KEY_ENV") {
+            self.model.api_key_env = Some(v);
+        }
+        if let Some(v) = get("TROUPE_TOOL_MODE") {
+            self.model.tool_mode = parse_enum("TROUPE_TOOL_MODE", &v, "native or text")?;
+        }
+        if let Some(v) = get("TROUPE_MAX_STEPS") {
+            self.chat.max_steps = parse_num("TROUPE_MAX_STEPS", &v)?;
+        }
+        if let Some(v) = get("TROUPE_MAX_PROMPT_TOKENS") {
+            self.chat.max_prompt_tokens = Some(parse_num("TROUPE_MAX_PROMPT_TOKENS", &v)?);
+        }
+        if let Some(v) = get("TROUPE_WARN_PROMPT_TOKENS") {
+            self.chat.warn_prompt_tokens = Some(parse_num("TROUPE_WARN_PROMPT_TOKENS", &v)?);
+        }
+        if let Some(v) = get("TROUPE_OVER_BUDGET") {
+            self.chat.over_budget = parse_enum("TROUPE_OVER_BUDGET", &v, "reject or trim")?;
+        }
+        if let Some(v) = get("TROUPE_TOKENIZER_MODEL") {
+            self.chat.tokenizer_model = Some(v);
+        }
+        Ok(())
+    }
+
+    /// Loads the file (if any) and applies the environment: everything but the flags.
+    pub fn load(
+        explicit: Option<&std::path::Path>,
+        env: &dyn Fn(&str) -> Option<String>,
+    ) -> Result<Self, ConfigError> {
+        let mut config = match Self::locate(explicit, env) {
+            Some(path) => Self::from_file(&path)?,
+            None => Self::default(),
+        };
+        config.apply_env(env)?;
+        Ok(config)
+    }
+}
+
+/// Parses a unit-variant enum from its serde name (`openai-chat`, `trim`, ...).
+pub fn parse_enum<T: serde::de::DeserializeOwned>(
+    name: &str,
+    value: &str,
+    expected: &'static str,
+) -> Result<T, ConfigError> {
+    T::deserialize(serde::de::value::StrDeserializer::<serde::de::value::Error>::new(value))
+        .map_err(|_| ConfigError::Value {
+            name: name.to_owned(),
+            value: value.to_owned(),
+            expected,
+        })
+}
+
+fn parse_num<T: std::str::FromStr>(name: &str, value: &str) -> Result<T, ConfigError> {
+    value.parse().map_err(|_| ConfigError::Value {
+        name: name.to_owned(),
+        value: value.to_owned(),
+        expected: "a whole number",
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::collections::HashMap;
+
+    fn env(pairs: &[(&str, &str)]) -> impl Fn(&str) -> Option<String> {
+        let map: HashMap<String, String> = pairs
+            .iter()
+            .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
+            .collect();
+        move |k| map.get(k).cloned()
+    }
+
+    #[test]
+    fn file_then_env() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("troupe.toml");
+        std::fs::write(
+            &path,
+            r#"
+log_dir = "logs"
+[model]
+provider = "openai-chat"
+base_url = "http://127.0.0.1:11434/v1"
+model = "llama3.2"
+idle_timeout = "45s"
+[chat]
+max_steps = 7
+max_prompt_tokens = 9000
+over_budget = "trim"
+tool_errors = { retry = { attempts = 2 } }
+"#,
+        )
+        .unwrap();
+        let c = TroupeConfig::load(
+            Some(&path),
+            &env(&[("TROUPE_MODEL", "qwen2.5"), ("TROUPE_MAX_STEPS", "3")]),
+        )
+        .unwrap();
+        assert_eq!(c.model.provider, Provider::OpenaiChat);
+        assert_eq!(c.model.model, "qwen2.5", "env beats the file");
+        assert_eq!(c.chat.max_steps, 3);
+        assert_eq!(
+            c.chat.max_prompt_tokens,
+            Some(9000),
+            "the file beats the default"
+        );
+        assert_eq!(c.chat.over_budget, troupe_proto::OverBudget::Trim);
+        assert_eq!(
+            c.chat.tool_errors,
+            troupe_proto::ToolErrorPolicy::Retry { attempts: 2 }
+        );
+        assert_eq!(c.model.idle_timeout, Duration::from_secs(45));
+        assert_eq!(c.log_dir, std::path::PathBuf::from("logs"));
+    }
+
+    #[test]
+    fn config_file_from_env_var() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("x.toml");
+        std::fs::write(&path, "[chat]\nmax_steps = 5\n").unwrap();
+        let p = path.to_string_lossy().into_owned();
+        let c = TroupeConfig::load(None, &env(&[("TROUPE_CONFIG", &p)])).unwrap();
+        assert_eq!(c.chat.max_steps, 5);
+    }
+
+    #[test]
+    fn bad_values_are_named() {
+        let e = TroupeConfig::load(None, &env(&[("TROUPE_MAX_STEPS", "many")])).unwrap_err();
+        assert!(e.to_string().contains("TROUPE_MAX_STEPS"), "{e}");
+        let e = TroupeConfig::load(None, &env(&[("TROUPE_PROVIDER", "gemini")])).unwrap_err();
+        assert!(e.to_string().contains("openai-chat"), "{e}");
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("bad.toml");
+        std::fs::write(&path, "[model]\nprovidr = 1\n").unwrap();
+        let e = TroupeConfig::load(Some(&path), &env(&[])).unwrap_err();
+        assert!(e.to_string().contains("providr"), "{e}");
+    }
+}
