@@ -4,8 +4,10 @@
 
 pub mod config;
 pub mod exec;
+pub mod history_log;
 pub mod scripted;
 pub mod telemetry;
+pub mod tokens;
 
 pub use exec::ProcessRunner;
 pub use scripted::{ScriptedModel, ScriptedReply};

@@ -1,0 +1,688 @@
+//! The JSONL history of a session (T4): `<dir>/<session_id>.jsonl`, one JSON object a line,
+//! written from the session's live events.
+//!
+//! # Line format
+//! Every line has exactly these keys, in this order:
+//! `{"ts", "session_id", "turn", "step", "type", "content", "role", "meta"}`.
+//! `ts` is RFC 3339 UTC with milliseconds (the event's time); `turn` counts the session's
+//! tasks from 1 in the order they started (0 on lines outside a turn); `step` is the task's
+//! step (0 outside a step); `meta` is an object whose keys depend on `type`.
+//!
+//! | type | from | role | content | meta |
+//! |---|---|---|---|---|
+//! | `session_start` | [`HistoryLog::start`] | system | "" | pid, version, caller's extras |
+//! | `turn_start` | `TaskStarted` | user | the input | |
+//! | `assistant_chunk` | `AssistantChunk` | assistant | the delta | |
+//! | `assistant` | `AssistantMessage` | assistant | the text | tokens of the step |
+//! | `action` | `ToolCallStarted` | assistant | arguments (JSON text) | tool, call_id |
+//! | `observation` | `ToolCallFinished` | tool | output | tool, call_id, is_error, duration_ms |
+//! | `final` | `TaskFinished` (non-empty text) | assistant | the text | |
+//! | `turn_end` | `TaskFinished`, `TaskAborted` | system | status | status, steps, tool_calls, duration_ms, error, tokens (+ `steps`) |
+//! | `error` | `Error` | system | the message | kind |
+//! | `approval` | `ApprovalRequested/Resolved` | system | command / denial reason | approval_id, decision, reason, ttl_secs |
+//! | `warning` | `Warning`, a lagging receiver | system | the message | code (`gap`: missed) |
+//! | `session_end` | [`HistoryLogHandle::finish`], or the channel closing | system | "" | turns, unfinished, tokens |
+//!
+//! `approval` and `warning` (and `error`) go beyond the types T4 lists. Every line of a turn
+//! carries `meta.conversation_id` and `meta.task_id`, because the turns of all the session's
+//! conversations interleave in one file. Events that are not listed (conversation open and
+//! close, step start, history trims) write nothing.
+//!
+//! # Tokens (T5)
+//! `StepFinished` gives a step's local prompt estimate and the provider's usage. They go into
+//! the step's `assistant` line as `meta.tokens` (the line waits for them until the task's next
+//! event), into `turn_end` as `meta.tokens.steps: [{step, ...}]` next to the turn's totals
+//! (the task's own statistics), and the session's totals into `session_end`.
+//!
+//! # Storage policy (S10)
+//! This file is a second copy on disk, so it obeys each conversation's [`StoragePolicy`]:
+//! `Full` writes everything; `HeadersOnly` writes lines with empty content (and `meta.chars`,
+//! the stripped content's size in bytes) and no chunks; `None` writes only `turn_start`,
+//! `turn_end` and `error` lines, with no content and errors by kind. `Ttl` is written as
+//! `HeadersOnly`: nothing sweeps this file later. The policy is learnt from
+//! `ConversationOpened` events; a conversation opened before the log subscribed (the root one)
+//! must be named in [`HistoryLogOptions::policies`], otherwise it gets
+//! [`HistoryLogOptions::unknown_policy`] (`None` by default, as in the rollout).
+//! Session-level events are written as `HeadersOnly`.
+//!
+//! # Writing
+//! [`HistoryLog`] is the pure mapping from events to lines. [`HistoryLog::start`] writes the
+//! `session_start` line, then spawns one tokio task that owns the receiver and the file: it
+//! appends through a buffer (`tokio::fs`, so writes run on the blocking pool), flushes after
+//! every `turn_end`, after a gap and after a second of silence, and on a lagged receiver
+//! writes a `gap` warning and carries on. [`HistoryLogHandle::finish`] drains what is queued,
+//! writes `session_end` and flushes; dropping the handle does the same unawaited, and so does
+//! the channel closing. An I/O error ends the task; `finish` returns it. Reopening an existing
+//! file appends to it and continues its turn numbers.
+//!
+//! The XML export of the older format is in [`xml`].
+
+mod line;
+mod writer;
+pub mod xml;
+
+pub use line::{
+    ErrorMeta, HistoryLine, LineMeta, LineRole, LineType, StepTokens, TokenMeta, Tokens,
+};
+pub use writer::{HistoryLogHandle, HistorySummary};
+pub use xml::{export_xml, export_xml_from_lines};
+
+use std::collections::{BTreeMap, HashMap};
+use std::time::{Duration, UNIX_EPOCH};
+use troupe_proto::{
+    AgentError, ApprovalDecision, ConversationId, ErrorKind, EventEnvelope, EventKind, SessionId,
+    StoragePolicy, TaskId, TaskStatus,
+};
+
+/// What the log needs to know besides the events.
+#[derive(Debug, Clone)]
+pub struct HistoryLogOptions {
+    /// Policies of conversations opened before the log subscribed (the root conversation).
+    pub policies: HashMap<ConversationId, StoragePolicy>,
+    /// Policy of a conversation the log neither saw open nor was told about.
+    pub unknown_policy: StoragePolicy,
+    /// Added to the `session_start` meta (e.g. `mode`, `model`, `tokenizer`).
+    pub session_meta: BTreeMap<String, serde_json::Value>,
+}
+
+impl Default for HistoryLogOptions {
+    fn default() -> Self {
+        Self {
+            policies: HashMap::new(),
+            // Content that no policy allowed never reaches disk.
+            unknown_policy: StoragePolicy::None,
+            session_meta: BTreeMap::new(),
+        }
+    }
+}
+
+impl HistoryLogOptions {
+    /// Names the policy of a conversation that is already open.
+    pub fn with_policy(mut self, conversation_id: ConversationId, policy: StoragePolicy) -> Self {
+        self.policies.insert(conversation_id, policy);
+        self
+    }
+
+    /// Adds a `session_start` meta entry.
+    pub fn with_session_meta(
+        mut self,
+        key: impl Into<String>,
+        value: impl Into<serde_json::Value>,
+    ) -> Self {
+        self.session_meta.insert(key.into(), value.into());
+        self
+    }
+}
+
+/// How much of a conversation's content may reach the file.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Level {
+    Full,
+    Headers,
+    Minimal,
+}
+
+impl Level {
+    const fn of(policy: StoragePolicy) -> Self {
+        match policy {
+            StoragePolicy::Full => Self::Full,
+            StoragePolicy::HeadersOnly | StoragePolicy::Ttl { .. } => Self::Headers,
+            StoragePolicy::None => Self::Minimal,
+        }
+    }
+}
+
+/// A turn in progress: one task.
+#[derive(Debug)]
+struct Turn {
+    index: u32,
+    conversation_id: Option<ConversationId>,
+    task_id: TaskId,
+    /// The step of the task's latest `StepStarted`.
+    step: u32,
+    tool_calls: u32,
+    /// `StepFinished` records, in arrival order.
+    steps: Vec<StepTokens>,
+    /// An `assistant` line waiting for its step's tokens.
+    held: Option<HistoryLine>,
+}
+
+impl Turn {
+    fn new(index: u32, conversation_id: Option<ConversationId>, task_id: TaskId) -> Self {
+        Self {
+            index,
+            conversation_id,
+            task_id,
+            step: 0,
+            tool_calls: 0,
+            steps: Vec::new(),
+            held: None,
+        }
+    }
+
+    fn step_tokens(&self, step: u32) -> Option<Tokens> {
+        self.steps.iter().find(|s| s.step == step).map(|s| s.tokens)
+    }
+
+    fn meta(&self) -> LineMeta {
+        LineMeta {
+            conversation_id: self.conversation_id,
+            task_id: Some(self.task_id),
+            ..LineMeta::default()
+        }
+    }
+
+    fn release(&mut self, out: &mut Vec<HistoryLine>) {
+        out.extend(self.held.take());
+    }
+}
+
+/// The pure mapping from a session's events to history lines (no I/O).
+#[derive(Debug)]
+pub struct HistoryLog {
+    session_id: SessionId,
+    policies: HashMap<ConversationId, StoragePolicy>,
+    unknown_policy: StoragePolicy,
+    session_meta: BTreeMap<String, serde_json::Value>,
+    /// The last turn number given out (in this file, across runs).
+    last_turn: u32,
+    /// Turns started in this run.
+    turns_started: u32,
+    open: HashMap<TaskId, Turn>,
+    /// Totals of the turns ended in this run.
+    totals: Tokens,
+}
+
+impl HistoryLog {
+    /// A log whose first turn will be `last_turn + 1`.
+    pub fn new(session_id: SessionId, options: HistoryLogOptions, last_turn: u32) -> Self {
+        Self {
+            session_id,
+            policies: options.policies,
+            unknown_policy: options.unknown_policy,
+            session_meta: options.session_meta,
+            last_turn,
+            turns_started: 0,
+            open: HashMap::new(),
+            totals: Tokens::default(),
+        }
+    }
+
+    /// The `session_start` line.
+    pub fn session_start(&self, now_ms: u64) -> HistoryLine {
+        let meta = LineMeta {
+            pid: Some(std::process::id()),
+            version: Some(env!("CARGO_PKG_VERSION").to_owned()),
+            extra: self.session_meta.clone(),
+            ..LineMeta::default()
+        };
+        self.session_line(now_ms, LineType::SessionStart, String::new(), meta)
+    }
+
+    /// Lines for a receiver that lost `missed` events: lines held for tokens that may now
+    /// never come, then a `gap` warning.
+    pub fn on_gap(&mut self, missed: u64, now_ms: u64, out: &mut Vec<HistoryLine>) {
+        self.release_all(out);
+        let meta = LineMeta {
+            code: Some("gap".into()),
+            missed: Some(missed),
+            ..LineMeta::default()
+        };
+        let content = format!("history log missed {missed} events (receiver lagged)");
+        out.push(self.session_line(now_ms, LineType::Warning, content, meta));
+    }
+
+    /// The closing lines: anything held, then `session_end`.
+    pub fn session_end(&mut self, now_ms: u64, out: &mut Vec<HistoryLine>) {
+        self.release_all(out);
+        let unfinished = u32::try_from(self.open.len()).unwrap_or(u32::MAX);
+        let meta = LineMeta {
+            turns: Some(self.turns_started),
+            unfinished: (unfinished > 0).then_some(unfinished),
+            tokens: Some(TokenMeta {
+                totals: self.totals,
+                steps: Vec::new(),
+            }),
+            ..LineMeta::default()
+        };
+        out.push(self.session_line(now_ms, LineType::SessionEnd, String::new(), meta));
+    }
+
+    /// Turns started in this run.
+    pub const fn turns_started(&self) -> u32 {
+        self.turns_started
+    }
+
+    /// Totals of the turns ended in this run.
+    pub const fn totals(&self) -> Tokens {
+        self.totals
+    }
+
+    /// The lines of one event, appended to `out` (often none, sometimes several).
+    pub fn on_event(&mut self, env: &EventEnvelope, out: &mut Vec<HistoryLine>) {
+        match (&env.event, env.conversation_id) {
+            (EventKind::ConversationOpened { storage_policy, .. }, Some(c)) => {
+                self.policies.insert(c, *storage_policy);
+                return;
+            }
+            (EventKind::ConversationClosed { .. }, Some(c)) => {
+                self.policies.remove(&c);
+                return;
+            }
+            _ => {}
+        }
+        let level = self.level(env.conversation_id);
+        let ts = format_ts(env.ts_ms);
+        match env.task_id {
+            None => self.loose_event(env, level, &ts, out),
+            Some(task_id) => match &env.event {
+                EventKind::TaskStarted { input } => {
+                    self.turn_started(task_id, env.conversation_id, input, level, &ts, out);
+                }
+                EventKind::TaskFinished {
+                    status,
+                    text,
+                    stats,
+                    error,
+                } => {
+                    let mut turn = self.take_turn(task_id, env.conversation_id);
+                    turn.release(out);
+                    if !text.is_empty() && level != Level::Minimal {
+                        let mut meta = turn.meta();
+                        let content = keep(level, text, &mut meta);
+                        let line = HistoryLine {
+                            ts: ts.clone(),
+                            session_id: self.session_id,
+                            turn: turn.index,
+                            step: turn.step,
+                            kind: LineType::Final,
+                            content,
+                            role: LineRole::Assistant,
+                            meta,
+                        };
+                        out.push(line);
+                    }
+                    let meta = LineMeta {
+                        status: Some(*status),
+                        steps: Some(stats.steps),
+                        tool_calls: Some(stats.tool_calls),
+                        duration_ms: Some(stats.duration_ms),
+                        error: error.as_ref().map(|e| error_meta(level, e)),
+                        trace_id: (!stats.trace_id.is_empty()).then(|| stats.trace_id.clone()),
+                        ..turn.meta()
+                    };
+                    self.end_turn(turn, Tokens::of_task(stats), *status, meta, &ts, out);
+                }
+                EventKind::TaskAborted { waited_ms } => {
+                    let mut turn = self.take_turn(task_id, env.conversation_id);
+                    turn.release(out);
+                    let mut totals = Tokens::default();
+                    for s in &turn.steps {
+                        totals.add(&s.tokens);
+                    }
+                    let meta = LineMeta {
+                        status: Some(TaskStatus::Cancelled),
+                        steps: Some(turn.step),
+                        tool_calls: Some(turn.tool_calls),
+                        error: Some(ErrorMeta {
+                            kind: ErrorKind::Cancelled,
+                            message: (level == Level::Full)
+                                .then(|| "aborted after the close timeout".to_owned()),
+                        }),
+                        aborted: Some(true),
+                        waited_ms: Some(*waited_ms),
+                        ..turn.meta()
+                    };
+                    self.end_turn(turn, totals, TaskStatus::Cancelled, meta, &ts, out);
+                }
+                _ => self.step_event(task_id, env, level, &ts, out),
+            },
+        }
+    }
+
+    fn turn_started(
+        &mut self,
+        task_id: TaskId,
+        conversation_id: Option<ConversationId>,
+        input: &str,
+        level: Level,
+        ts: &str,
+        out: &mut Vec<HistoryLine>,
+    ) {
+        if self.open.contains_key(&task_id) {
+            // A repeated start says nothing new.
+            return;
+        }
+        let session_id = self.session_id;
+        let turn = self.turn_mut(task_id, conversation_id);
+        let mut meta = turn.meta();
+        let content = match level {
+            Level::Minimal => String::new(),
+            _ => keep(level, input, &mut meta),
+        };
+        out.push(HistoryLine {
+            ts: ts.to_owned(),
+            session_id,
+            turn: turn.index,
+            step: 0,
+            kind: LineType::TurnStart,
+            content,
+            role: LineRole::User,
+            meta,
+        });
+    }
+
+    /// Events inside a task's steps.
+    fn step_event(
+        &mut self,
+        task_id: TaskId,
+        env: &EventEnvelope,
+        level: Level,
+        ts: &str,
+        out: &mut Vec<HistoryLine>,
+    ) {
+        let session_id = self.session_id;
+        let turn = self.turn_mut(task_id, env.conversation_id);
+        if let EventKind::StepFinished {
+            step,
+            estimated_prompt_tokens,
+            usage,
+            ..
+        } = &env.event
+        {
+            let tokens = Tokens::new(*estimated_prompt_tokens, usage.as_ref());
+            match turn.steps.iter_mut().find(|s| s.step == *step) {
+                Some(s) => s.tokens = tokens,
+                None => turn.steps.push(StepTokens {
+                    step: *step,
+                    tokens,
+                }),
+            }
+            if let Some(held) = turn.held.as_mut().filter(|h| h.step == *step) {
+                held.meta.tokens = Some(TokenMeta {
+                    totals: tokens,
+                    steps: Vec::new(),
+                });
+            }
+            turn.release(out);
+            return;
+        }
+        // Any other event of the task means the step's tokens are not coming before it.
+        turn.release(out);
+        let mut meta = turn.meta();
+        let (kind, role, content) = match &env.event {
+            EventKind::StepStarted { step, .. } => {
+                turn.step = *step;
+                return;
+            }
+            EventKind::AssistantChunk { delta } if level == Level::Full => {
+                (LineType::AssistantChunk, LineRole::Assistant, delta.clone())
+            }
+            EventKind::AssistantMessage { text } if level != Level::Minimal => {
+                let content = keep(level, text, &mut meta);
+                meta.tokens = turn.step_tokens(turn.step).map(|totals| TokenMeta {
+                    totals,
+                    steps: Vec::new(),
+                });
+                let wait = meta.tokens.is_none();
+                let line = HistoryLine {
+                    ts: ts.to_owned(),
+                    session_id,
+                    turn: turn.index,
+                    step: turn.step,
+                    kind: LineType::Assistant,
+                    content,
+                    role: LineRole::Assistant,
+                    meta,
+                };
+                if wait {
+                    turn.held = Some(line);
+                } else {
+                    out.push(line);
+                }
+                return;
+            }
+            EventKind::ToolCallStarted { call } => {
+                turn.tool_calls += 1;
+                if level == Level::Minimal {
+                    return;
+                }
+                meta.tool = Some(call.name.clone());
+                meta.call_id = Some(call.call_id.clone());
+                let content = keep(level, &call.arguments.0.to_string(), &mut meta);
+                (LineType::Action, LineRole::Assistant, content)
+            }
+            EventKind::ToolCallFinished {
+                call_id,
+                name,
+                output,
+                is_error,
+                duration_ms,
+            } if level != Level::Minimal => {
+                meta.tool = Some(name.clone());
+                meta.call_id = Some(call_id.clone());
+                meta.is_error = Some(*is_error);
+                meta.duration_ms = Some(*duration_ms);
+                let content = keep(level, output, &mut meta);
+                (LineType::Observation, LineRole::Tool, content)
+            }
+            event => match loose_line(event, level, &mut meta) {
+                Some(parts) => parts,
+                None => return,
+            },
+        };
+        out.push(HistoryLine {
+            ts: ts.to_owned(),
+            session_id,
+            turn: turn.index,
+            step: turn.step,
+            kind,
+            content,
+            role,
+            meta,
+        });
+    }
+
+    /// Events outside any task: of a conversation, or of the session.
+    fn loose_event(&self, env: &EventEnvelope, level: Level, ts: &str, out: &mut Vec<HistoryLine>) {
+        let mut meta = LineMeta {
+            conversation_id: env.conversation_id,
+            ..LineMeta::default()
+        };
+        if let Some((kind, role, content)) = loose_line(&env.event, level, &mut meta) {
+            out.push(HistoryLine {
+                ts: ts.to_owned(),
+                session_id: self.session_id,
+                turn: 0,
+                step: 0,
+                kind,
+                content,
+                role,
+                meta,
+            });
+        }
+    }
+
+    fn level(&self, conversation_id: Option<ConversationId>) -> Level {
+        match conversation_id {
+            None => Level::Headers,
+            Some(c) => Level::of(
+                self.policies
+                    .get(&c)
+                    .copied()
+                    .unwrap_or(self.unknown_policy),
+            ),
+        }
+    }
+
+    /// The turn of `task_id`; one is opened (without a `turn_start` line) for a task whose
+    /// start the log missed.
+    fn turn_mut(&mut self, task_id: TaskId, conversation_id: Option<ConversationId>) -> &mut Turn {
+        let last_turn = &mut self.last_turn;
+        let started = &mut self.turns_started;
+        self.open.entry(task_id).or_insert_with(|| {
+            *last_turn += 1;
+            *started += 1;
+            Turn::new(*last_turn, conversation_id, task_id)
+        })
+    }
+
+    fn take_turn(&mut self, task_id: TaskId, conversation_id: Option<ConversationId>) -> Turn {
+        match self.open.remove(&task_id) {
+            Some(turn) => turn,
+            None => {
+                self.last_turn += 1;
+                self.turns_started += 1;
+                Turn::new(self.last_turn, conversation_id, task_id)
+            }
+        }
+    }
+
+    /// The `turn_end` line of a turn taken out of `open`.
+    fn end_turn(
+        &mut self,
+        turn: Turn,
+        totals: Tokens,
+        status: TaskStatus,
+        meta: LineMeta,
+        ts: &str,
+        out: &mut Vec<HistoryLine>,
+    ) {
+        self.totals.add(&totals);
+        out.push(HistoryLine {
+            ts: ts.to_owned(),
+            session_id: self.session_id,
+            turn: turn.index,
+            step: 0,
+            kind: LineType::TurnEnd,
+            content: status.as_str().to_owned(),
+            role: LineRole::System,
+            meta: LineMeta {
+                tokens: Some(TokenMeta {
+                    totals,
+                    steps: turn.steps,
+                }),
+                ..meta
+            },
+        });
+    }
+
+    fn release_all(&mut self, out: &mut Vec<HistoryLine>) {
+        let mut turns: Vec<&mut Turn> = self.open.values_mut().collect();
+        turns.sort_by_key(|t| t.index);
+        for turn in turns {
+            turn.release(out);
+        }
+    }
+
+    fn session_line(
+        &self,
+        now_ms: u64,
+        kind: LineType,
+        content: String,
+        meta: LineMeta,
+    ) -> HistoryLine {
+        HistoryLine {
+            ts: format_ts(now_ms),
+            session_id: self.session_id,
+            turn: 0,
+            step: 0,
+            kind,
+            content,
+            role: LineRole::System,
+            meta,
+        }
+    }
+}
+
+/// The content of a line as the level allows: all of it, or nothing and its size.
+fn keep(level: Level, text: &str, meta: &mut LineMeta) -> String {
+    if level == Level::Full {
+        text.to_owned()
+    } else {
+        meta.chars = Some(u64::try_from(text.len()).unwrap_or(u64::MAX));
+        String::new()
+    }
+}
+
+fn error_meta(level: Level, error: &AgentError) -> ErrorMeta {
+    ErrorMeta {
+        kind: error.kind(),
+        message: (level == Level::Full).then(|| error.to_string()),
+    }
+}
+
+/// The line (type, role, content) of an event that may appear inside or outside a turn;
+/// `None` for events that write nothing at this level.
+fn loose_line(
+    event: &EventKind,
+    level: Level,
+    meta: &mut LineMeta,
+) -> Option<(LineType, LineRole, String)> {
+    match event {
+        EventKind::Error { error } => {
+            meta.kind = Some(error.kind());
+            let content = match level {
+                Level::Minimal => String::new(),
+                _ => keep(level, &error.to_string(), meta),
+            };
+            Some((LineType::Error, LineRole::System, content))
+        }
+        _ if level == Level::Minimal => None,
+        EventKind::ApprovalRequested {
+            approval_id,
+            command,
+            reason,
+        } => {
+            meta.approval_id = Some(*approval_id);
+            meta.decision = Some("pending".into());
+            let content = keep(level, &command.join(" "), meta);
+            meta.reason = (level == Level::Full).then(|| reason.clone());
+            Some((LineType::Approval, LineRole::System, content))
+        }
+        EventKind::ApprovalResolved {
+            approval_id,
+            decision,
+        } => {
+            meta.approval_id = Some(*approval_id);
+            let (name, ttl_secs, reason) = decision_parts(decision);
+            meta.decision = Some(name.into());
+            meta.ttl_secs = ttl_secs;
+            let content = match reason {
+                Some(reason) => keep(level, reason, meta),
+                None => String::new(),
+            };
+            Some((LineType::Approval, LineRole::System, content))
+        }
+        EventKind::Warning { code, message } => {
+            meta.code = Some(code.clone());
+            let content = keep(level, message, meta);
+            Some((LineType::Warning, LineRole::System, content))
+        }
+        _ => None,
+    }
+}
+
+/// Name, ttl and denial reason of an approval answer.
+fn decision_parts(decision: &ApprovalDecision) -> (&'static str, Option<u64>, Option<&str>) {
+    match decision {
+        ApprovalDecision::ApproveOnce => ("approve_once", None, None),
+        ApprovalDecision::ApproveForConversation { ttl_secs } => {
+            ("approve_for_conversation", *ttl_secs, None)
+        }
+        ApprovalDecision::ApproveForSession { ttl_secs } => {
+            ("approve_for_session", *ttl_secs, None)
+        }
+        ApprovalDecision::Deny { reason } => ("deny", None, reason.as_deref()),
+        ApprovalDecision::TimedOut => ("timed_out", None, None),
+    }
+}
+
+/// RFC 3339, UTC, milliseconds: `2026-01-02T03:04:05.678Z`.
+pub fn format_ts(unix_ms: u64) -> String {
+    let at = UNIX_EPOCH + Duration::from_millis(unix_ms);
+    humantime::format_rfc3339_millis(at).to_string()
+}
+
+#[cfg(test)]
+mod tests;
