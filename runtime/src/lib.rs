@@ -1,11 +1,13 @@
-//! What plugs into troupe's ports: model providers (the built-in scripted model for now),
-//! a command runner, telemetry set-up.
+//! What plugs into troupe's ports: model providers (the built-in scripted model and the
+//! OpenAI-compatible APIs), a command runner, telemetry set-up.
 #![forbid(unsafe_code)]
 
 pub mod config;
 pub mod exec;
+pub mod openai;
 pub mod scripted;
 pub mod telemetry;
 
 pub use exec::ProcessRunner;
+pub use openai::OpenAiClient;
 pub use scripted::{ScriptedModel, ScriptedReply};
