@@ -225,20 +225,17 @@ impl OpenAiClient {
                 "http.request.resend_count" = retry,
                 attempt,
             );
-            let failure = match self.attempt::<P>(body, deltas).instrument(span).await {
-                Ok(collected) => return Ok(collected),
-                Err(AttemptError::Fatal(failed)) => return Err(failed),
-                Err(failure) => failure,
-            };
-            let AttemptError::Retryable {
-                reason,
-                retry_after,
-                status,
-                message,
-            } = failure
-            else {
-                continue;
-            };
+            let (reason, retry_after, status, message) =
+                match self.attempt::<P>(body, deltas).instrument(span).await {
+                    Ok(collected) => return Ok(collected),
+                    Err(AttemptError::Fatal(failed)) => return Err(failed),
+                    Err(AttemptError::Retryable {
+                        reason,
+                        retry_after,
+                        status,
+                        message,
+                    }) => (reason, retry_after, status, message),
+                };
             if retry >= self.config.max_retries {
                 let outcome = if status.is_some() {
                     Outcome::HttpError
