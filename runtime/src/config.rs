@@ -32,7 +32,7 @@ pub enum ToolMode {
 }
 
 /// A model endpoint.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Clone, PartialEq, Serialize, Deserialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct ModelConfig {
     pub provider: Provider,
@@ -40,6 +40,10 @@ pub struct ModelConfig {
     pub base_url: String,
     /// Name of the environment variable holding the API key (none: no Authorization header).
     pub api_key_env: Option<String>,
+    /// The API key itself; takes precedence over `api_key_env`. Meant for tests and embedding
+    /// (a config file should name an environment variable instead). Never printed by `Debug`.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub api_key: Option<String>,
     pub model: String,
     pub tool_mode: ToolMode,
     /// Extra HTTP headers sent with every request.
@@ -61,12 +65,34 @@ pub struct ModelConfig {
     pub retry_max: Duration,
 }
 
+// By hand so the key never reaches a log line.
+impl std::fmt::Debug for ModelConfig {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ModelConfig")
+            .field("provider", &self.provider)
+            .field("base_url", &self.base_url)
+            .field("api_key_env", &self.api_key_env)
+            .field("api_key", &self.api_key.as_ref().map(|_| "<redacted>"))
+            .field("model", &self.model)
+            .field("tool_mode", &self.tool_mode)
+            .field("headers", &self.headers.keys().collect::<Vec<_>>())
+            .field("connect_timeout", &self.connect_timeout)
+            .field("request_timeout", &self.request_timeout)
+            .field("idle_timeout", &self.idle_timeout)
+            .field("max_retries", &self.max_retries)
+            .field("retry_base", &self.retry_base)
+            .field("retry_max", &self.retry_max)
+            .finish()
+    }
+}
+
 impl Default for ModelConfig {
     fn default() -> Self {
         Self {
             provider: Provider::Scripted,
             base_url: "https://api.openai.com/v1".into(),
             api_key_env: Some("OPENAI_API_KEY".into()),
+            api_key: None,
             model: "gpt-4o-mini".into(),
             tool_mode: ToolMode::Native,
             headers: BTreeMap::new(),

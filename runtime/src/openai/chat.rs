@@ -1,0 +1,239 @@
+//! Chat Completions stream parsing: `data: {chunk}` events, tool calls assembled by their
+//! `index`, usage from the last chunk (`stream_options.include_usage`), `data: [DONE]` at the
+//! end.
+
+use super::stream::{Collected, RawCall, StreamParser, malformed, server_error};
+use serde::Deserialize;
+use std::collections::BTreeMap;
+use troupe_actors::ports::DeltaSink;
+use troupe_proto::{AgentError, Usage};
+
+/// Assembles one chat completion stream.
+#[derive(Debug, Default)]
+pub struct ChatStream {
+    id: Option<String>,
+    text: String,
+    /// By the `index` the server gives each call.
+    calls: BTreeMap<u64, RawCall>,
+    usage: Option<Usage>,
+}
+
+#[derive(Deserialize)]
+struct Chunk {
+    id: Option<String>,
+    #[serde(default)]
+    choices: Vec<Choice>,
+    usage: Option<ChatUsage>,
+    /// Some servers report a failure as a chunk instead of a status.
+    error: Option<serde_json::Value>,
+}
+
+#[derive(Deserialize)]
+struct Choice {
+    #[serde(default)]
+    index: u64,
+    delta: Option<Delta>,
+}
+
+#[derive(Deserialize)]
+struct Delta {
+    content: Option<String>,
+    #[serde(default)]
+    tool_calls: Vec<ToolCallDelta>,
+}
+
+#[derive(Deserialize)]
+struct ToolCallDelta {
+    index: Option<u64>,
+    id: Option<String>,
+    function: Option<FunctionDelta>,
+}
+
+#[derive(Deserialize)]
+struct FunctionDelta {
+    name: Option<String>,
+    arguments: Option<String>,
+}
+
+#[derive(Deserialize)]
+struct ChatUsage {
+    #[serde(default)]
+    prompt_tokens: u64,
+    #[serde(default)]
+    completion_tokens: u64,
+    prompt_tokens_details: Option<PromptDetails>,
+    completion_tokens_details: Option<CompletionDetails>,
+}
+
+#[derive(Deserialize)]
+struct PromptDetails {
+    #[serde(default)]
+    cached_tokens: u64,
+}
+
+#[derive(Deserialize)]
+struct CompletionDetails {
+    #[serde(default)]
+    reasoning_tokens: u64,
+}
+
+impl StreamParser for ChatStream {
+    fn on_event(
+        &mut self,
+        _kind: &str,
+        data: &str,
+        deltas: &mut dyn DeltaSink,
+    ) -> Result<bool, AgentError> {
+        if data.trim() == "[DONE]" {
+            return Ok(true);
+        }
+        let chunk: Chunk = serde_json::from_str(data).map_err(|e| malformed(e, data))?;
+        if let Some(error) = chunk.error {
+            return Err(server_error(&error));
+        }
+        if self.id.is_none() {
+            self.id = chunk.id;
+        }
+        if let Some(u) = chunk.usage {
+            self.usage = Some(Usage {
+                input_tokens: u.prompt_tokens,
+                output_tokens: u.completion_tokens,
+                cached_tokens: u.prompt_tokens_details.map_or(0, |d| d.cached_tokens),
+                reasoning_tokens: u
+                    .completion_tokens_details
+                    .map_or(0, |d| d.reasoning_tokens),
+            });
+        }
+        // One completion was asked for; other choices would be a server quirk.
+        for choice in chunk.choices.into_iter().filter(|c| c.index == 0) {
+            let Some(delta) = choice.delta else { continue };
+            if let Some(text) = delta.content.filter(|t| !t.is_empty()) {
+                deltas.text_delta(&text);
+                self.text.push_str(&text);
+            }
+            for (position, call) in delta.tool_calls.into_iter().enumerate() {
+                // Servers that send each call whole sometimes leave out the index.
+                let index = call.index.unwrap_or(position as u64);
+                let slot = self.calls.entry(index).or_default();
+                if let Some(id) = call.id.filter(|id| !id.is_empty()) {
+                    slot.call_id = id;
+                }
+                if let Some(f) = call.function {
+                    if let Some(name) = f.name.filter(|n| !n.is_empty()) {
+                        slot.name = name;
+                    }
+                    if let Some(args) = f.arguments {
+                        slot.arguments.push_str(&args);
+                    }
+                }
+            }
+        }
+        Ok(false)
+    }
+
+    fn finish(self) -> Collected {
+        Collected {
+            response_id: self.id,
+            text: self.text,
+            calls: self
+                .calls
+                .into_iter()
+                .map(|(index, mut call)| {
+                    if call.call_id.is_empty() {
+                        call.call_id = format!("call_{index}");
+                    }
+                    call
+                })
+                .collect(),
+            usage: self.usage,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::openai::stream::tests::{Deltas, feed};
+
+    #[test]
+    fn fixture_stream_assembles_the_call() {
+        let mut deltas = Deltas::default();
+        let (done, c) = feed(
+            ChatStream::default(),
+            include_str!("../../../tests/support/fixtures/chat_tool_wire.txt"),
+            &mut deltas,
+        )
+        .unwrap();
+        assert!(done);
+        assert_eq!(c.response_id.as_deref(), Some("chatcmpl-1"));
+        assert_eq!(
+            c.calls,
+            vec![RawCall {
+                call_id: "call_1".into(),
+                name: "add".into(),
+                arguments: "{\"a\":2,\"b\":3}".into()
+            }]
+        );
+        assert!(deltas.0.is_empty());
+        assert_eq!(c.usage, None);
+    }
+
+    #[test]
+    fn text_calls_by_index_and_usage() {
+        let stream = concat!(
+            "data: {\"id\":\"x\",\"choices\":[{\"index\":0,\"delta\":{\"role\":\"assistant\",\"content\":\"\"}}]}\n\n",
+            "data: {\"id\":\"x\",\"choices\":[{\"index\":0,\"delta\":{\"content\":\"Hi \"}}]}\n\n",
+            "data: {\"id\":\"x\",\"choices\":[{\"index\":0,\"delta\":{\"content\":\"you\"}}]}\n\n",
+            "data: {\"choices\":[{\"index\":0,\"delta\":{\"tool_calls\":[{\"index\":1,\"id\":\"b\",\"function\":{\"name\":\"y\",\"arguments\":\"\"}}]}}]}\n\n",
+            "data: {\"choices\":[{\"index\":0,\"delta\":{\"tool_calls\":[{\"index\":0,\"id\":\"a\",\"function\":{\"name\":\"x\",\"arguments\":\"{\\\"k\\\"\"}}]}}]}\n\n",
+            "data: {\"choices\":[{\"index\":0,\"delta\":{\"tool_calls\":[{\"index\":1,\"function\":{\"arguments\":\"{}\"}}]}}]}\n\n",
+            "data: {\"choices\":[{\"index\":0,\"delta\":{\"tool_calls\":[{\"index\":0,\"function\":{\"arguments\":\":1}\"}}]}}]}\n\n",
+            "data: {\"choices\":[{\"index\":0,\"delta\":{},\"finish_reason\":\"tool_calls\"}]}\n\n",
+            "data: {\"choices\":[],\"usage\":{\"prompt_tokens\":9,\"completion_tokens\":4,\"prompt_tokens_details\":{\"cached_tokens\":6},\"completion_tokens_details\":{\"reasoning_tokens\":2}}}\n\n",
+            "data: [DONE]\n\n",
+        );
+        let mut deltas = Deltas::default();
+        let (done, c) = feed(ChatStream::default(), stream, &mut deltas).unwrap();
+        assert!(done);
+        assert_eq!(deltas.0, ["Hi ", "you"]);
+        assert_eq!(c.text, "Hi you");
+        let calls: Vec<(&str, &str, &str)> = c
+            .calls
+            .iter()
+            .map(|c| (c.call_id.as_str(), c.name.as_str(), c.arguments.as_str()))
+            .collect();
+        assert_eq!(calls, [("a", "x", "{\"k\":1}"), ("b", "y", "{}")]);
+        assert_eq!(
+            c.usage,
+            Some(Usage {
+                input_tokens: 9,
+                output_tokens: 4,
+                cached_tokens: 6,
+                reasoning_tokens: 2
+            })
+        );
+    }
+
+    #[test]
+    fn errors_in_the_stream() {
+        let mut deltas = Deltas::default();
+        let e = feed(ChatStream::default(), "data: {not json\n\n", &mut deltas).unwrap_err();
+        assert!(e.to_string().contains("malformed stream"), "{e}");
+        let e = feed(
+            ChatStream::default(),
+            "data: {\"error\":{\"message\":\"model overloaded\"}}\n\n",
+            &mut deltas,
+        )
+        .unwrap_err();
+        assert!(e.to_string().contains("model overloaded"), "{e}");
+        // Whole calls without an index or id (some local servers).
+        let (done, c) = feed(
+            ChatStream::default(),
+            "data: {\"choices\":[{\"delta\":{\"tool_calls\":[{\"function\":{\"name\":\"f\",\"arguments\":\"{}\"}}]}}]}\n\n",
+            &mut deltas,
+        )
+        .unwrap();
+        assert!(!done);
+        assert_eq!(c.calls[0].call_id, "call_0");
+    }
+}

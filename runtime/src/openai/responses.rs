@@ -1,0 +1,243 @@
+//! Responses stream parsing: typed events (`response.output_text.delta`,
+//! `response.function_call_arguments.delta`, ...), function calls assembled per output item,
+//! usage from `response.completed`, which ends the stream (there is no `[DONE]`).
+
+use super::stream::{Collected, RawCall, StreamParser, malformed, server_error};
+use serde_json::Value;
+use std::collections::{BTreeMap, HashMap};
+use troupe_actors::ports::DeltaSink;
+use troupe_proto::{AgentError, Usage};
+
+/// Assembles one Responses stream.
+#[derive(Debug, Default)]
+pub struct ResponsesStream {
+    id: Option<String>,
+    text: String,
+    /// Function calls by `output_index`, which orders them.
+    calls: BTreeMap<u64, RawCall>,
+    /// `item_id` → `output_index`, for events that carry only the item id.
+    items: HashMap<String, u64>,
+    usage: Option<Usage>,
+}
+
+fn str_of<'a>(v: &'a Value, key: &str) -> Option<&'a str> {
+    v.get(key).and_then(Value::as_str)
+}
+
+fn u64_at(v: &Value, pointer: &str) -> u64 {
+    v.pointer(pointer).and_then(Value::as_u64).unwrap_or(0)
+}
+
+impl ResponsesStream {
+    /// The call an event is about: by `output_index`, else by `item_id`; created if unseen
+    /// (a server may skip `output_item.added`).
+    fn call_for(&mut self, event: &Value) -> &mut RawCall {
+        let by_item = str_of(event, "item_id").and_then(|id| self.items.get(id).copied());
+        let index = event
+            .get("output_index")
+            .and_then(Value::as_u64)
+            .or(by_item)
+            .unwrap_or(0);
+        self.calls.entry(index).or_default()
+    }
+
+    fn take_item(&mut self, event: &Value, item: &Value) {
+        if str_of(item, "type") != Some("function_call") {
+            return;
+        }
+        let index = event
+            .get("output_index")
+            .and_then(Value::as_u64)
+            .unwrap_or(self.calls.len() as u64);
+        if let Some(id) = str_of(item, "id") {
+            self.items.insert(id.to_owned(), index);
+        }
+        let call = self.calls.entry(index).or_default();
+        if let Some(call_id) = str_of(item, "call_id").filter(|s| !s.is_empty()) {
+            call.call_id = call_id.to_owned();
+        }
+        if let Some(name) = str_of(item, "name").filter(|s| !s.is_empty()) {
+            call.name = name.to_owned();
+        }
+        // `added` carries "" and `done` the whole arguments: only a non-empty value replaces.
+        if let Some(args) = str_of(item, "arguments").filter(|s| !s.is_empty()) {
+            call.arguments = args.to_owned();
+        }
+    }
+}
+
+impl StreamParser for ResponsesStream {
+    fn on_event(
+        &mut self,
+        kind: &str,
+        data: &str,
+        deltas: &mut dyn DeltaSink,
+    ) -> Result<bool, AgentError> {
+        let event: Value = serde_json::from_str(data).map_err(|e| malformed(e, data))?;
+        if !event.is_object() {
+            return Err(malformed("an event is not a JSON object", data));
+        }
+        let kind = str_of(&event, "type").unwrap_or(kind).to_owned();
+        match kind.as_str() {
+            "response.created" | "response.in_progress" => {
+                if let Some(id) = event.pointer("/response/id").and_then(Value::as_str) {
+                    self.id = Some(id.to_owned());
+                }
+            }
+            "response.output_text.delta" => {
+                if let Some(delta) = str_of(&event, "delta").filter(|d| !d.is_empty()) {
+                    deltas.text_delta(delta);
+                    self.text.push_str(delta);
+                }
+            }
+            "response.output_item.added" | "response.output_item.done" => {
+                if let Some(item) = event.get("item") {
+                    self.take_item(&event, item);
+                }
+            }
+            "response.function_call_arguments.delta" => {
+                if let Some(delta) = str_of(&event, "delta") {
+                    let delta = delta.to_owned();
+                    self.call_for(&event).arguments.push_str(&delta);
+                }
+            }
+            "response.function_call_arguments.done" => {
+                if let Some(args) = str_of(&event, "arguments") {
+                    let args = args.to_owned();
+                    self.call_for(&event).arguments = args;
+                }
+            }
+            // `incomplete` (e.g. the output token limit) still ends the response normally; a
+            // truncated tool call then fails its JSON check.
+            "response.completed" | "response.incomplete" => {
+                let response = event.get("response").unwrap_or(&Value::Null);
+                if let Some(id) = str_of(response, "id") {
+                    self.id = Some(id.to_owned());
+                }
+                if let Some(u) = response.get("usage").filter(|u| u.is_object()) {
+                    self.usage = Some(Usage {
+                        input_tokens: u64_at(u, "/input_tokens"),
+                        output_tokens: u64_at(u, "/output_tokens"),
+                        cached_tokens: u64_at(u, "/input_tokens_details/cached_tokens"),
+                        reasoning_tokens: u64_at(u, "/output_tokens_details/reasoning_tokens"),
+                    });
+                }
+                return Ok(true);
+            }
+            "response.failed" => {
+                let error = event
+                    .pointer("/response/error")
+                    .cloned()
+                    .unwrap_or_else(|| Value::String("response failed".into()));
+                return Err(server_error(&serde_json::json!({ "error": error })));
+            }
+            "error" => return Err(server_error(&event)),
+            _ => {}
+        }
+        Ok(false)
+    }
+
+    fn finish(self) -> Collected {
+        Collected {
+            response_id: self.id,
+            text: self.text,
+            calls: self
+                .calls
+                .into_iter()
+                .map(|(index, mut call)| {
+                    if call.call_id.is_empty() {
+                        call.call_id = format!("call_{index}");
+                    }
+                    call
+                })
+                .collect(),
+            usage: self.usage,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::openai::stream::tests::{Deltas, feed};
+
+    #[test]
+    fn fixture_stream_assembles_the_call() {
+        let mut deltas = Deltas::default();
+        let (done, c) = feed(
+            ResponsesStream::default(),
+            include_str!("../../../tests/support/fixtures/responses_tool_wire.txt"),
+            &mut deltas,
+        )
+        .unwrap();
+        assert!(done);
+        assert_eq!(c.response_id.as_deref(), Some("resp_1"));
+        assert_eq!(
+            c.calls,
+            vec![RawCall {
+                call_id: "call_1".into(),
+                name: "add".into(),
+                arguments: "{\"a\":2,\"b\":3}".into()
+            }]
+        );
+        assert_eq!(
+            c.usage,
+            Some(Usage {
+                input_tokens: 5,
+                output_tokens: 2,
+                ..Usage::default()
+            })
+        );
+    }
+
+    #[test]
+    fn fragments_by_item_id_and_text() {
+        let stream = concat!(
+            "event: response.created\ndata: {\"type\":\"response.created\",\"response\":{\"id\":\"r\"}}\n\n",
+            "event: response.output_text.delta\ndata: {\"type\":\"response.output_text.delta\",\"delta\":\"Hel\"}\n\n",
+            "event: response.output_text.delta\ndata: {\"type\":\"response.output_text.delta\",\"delta\":\"lo\"}\n\n",
+            "data: {\"type\":\"response.output_item.added\",\"output_index\":2,\"item\":{\"id\":\"fc_b\",\"type\":\"function_call\",\"call_id\":\"b\",\"name\":\"y\",\"arguments\":\"\"}}\n\n",
+            "data: {\"type\":\"response.output_item.added\",\"output_index\":1,\"item\":{\"id\":\"fc_a\",\"type\":\"function_call\",\"call_id\":\"a\",\"name\":\"x\",\"arguments\":\"\"}}\n\n",
+            "data: {\"type\":\"response.function_call_arguments.delta\",\"item_id\":\"fc_b\",\"delta\":\"{}\"}\n\n",
+            "data: {\"type\":\"response.function_call_arguments.delta\",\"item_id\":\"fc_a\",\"delta\":\"{\\\"k\\\"\"}\n\n",
+            "data: {\"type\":\"response.function_call_arguments.delta\",\"item_id\":\"fc_a\",\"delta\":\":1}\"}\n\n",
+            "data: {\"type\":\"response.completed\",\"response\":{\"id\":\"r\",\"usage\":{\"input_tokens\":9,\"output_tokens\":4,\"input_tokens_details\":{\"cached_tokens\":6},\"output_tokens_details\":{\"reasoning_tokens\":2}}}}\n\n",
+        );
+        let mut deltas = Deltas::default();
+        let (done, c) = feed(ResponsesStream::default(), stream, &mut deltas).unwrap();
+        assert!(done);
+        assert_eq!(deltas.0, ["Hel", "lo"]);
+        assert_eq!(c.text, "Hello");
+        let calls: Vec<(&str, &str)> = c
+            .calls
+            .iter()
+            .map(|c| (c.call_id.as_str(), c.arguments.as_str()))
+            .collect();
+        assert_eq!(calls, [("a", "{\"k\":1}"), ("b", "{}")]);
+        assert_eq!(
+            c.usage.map(|u| (u.cached_tokens, u.reasoning_tokens)),
+            Some((6, 2))
+        );
+    }
+
+    #[test]
+    fn failures_carry_the_server_message() {
+        let mut deltas = Deltas::default();
+        let e = feed(
+            ResponsesStream::default(),
+            "event: response.failed\ndata: {\"type\":\"response.failed\",\"response\":{\"error\":{\"code\":\"server_error\",\"message\":\"boom\"}}}\n\n",
+            &mut deltas,
+        )
+        .unwrap_err();
+        assert!(e.to_string().contains("boom"), "{e}");
+        let e = feed(
+            ResponsesStream::default(),
+            "event: error\ndata: {\"type\":\"error\",\"code\":\"x\",\"message\":\"rate limited mid-stream\"}\n\n",
+            &mut deltas,
+        )
+        .unwrap_err();
+        assert!(e.to_string().contains("rate limited mid-stream"), "{e}");
+        let e = feed(ResponsesStream::default(), "data: [1,2]\n\n", &mut deltas).unwrap_err();
+        assert!(e.to_string().contains("malformed stream"), "{e}");
+    }
+}
