@@ -1,15 +1,28 @@
-//! `troupe chat`: one session, its root conversation, the built-in scripted model unless a
-//! script is given. `--once` runs one turn and exits with a code reflecting its status.
+//! `troupe chat`: an interactive REPL (line editing, history, a spinner while the model
+//! works, tool calls and observations as they happen, slash commands), or one turn with
+//! `--once`, whose exit code reflects the turn's status.
 
 use anyhow::Context;
-use std::io::{BufRead, Write};
+use rustyline::DefaultEditor;
+use rustyline::error::ReadlineError;
+use std::io::{IsTerminal, Write};
 use std::path::PathBuf;
 use std::process::ExitCode;
 use std::sync::Arc;
+use std::time::Duration;
+use tokio::sync::broadcast;
 use troupe_actors::history::LocalSummarizer;
+use troupe_actors::ports::{ApproxTokens, ModelClient, TokenCounter};
 use troupe_actors::{SessionConfig, SessionHandle, SessionPorts};
-use troupe_proto::{MessageReply, SessionId, StoragePolicy, TaskStatus};
+use troupe_proto::{
+    AgentError, ApprovalDecision, ConversationId, EventEnvelope, EventKind, MessageReply,
+    OpenConversation, SessionId, StoragePolicy, TaskId, TaskStatus,
+};
+use troupe_runtime::config::{Provider, TroupeConfig, parse_enum};
+use troupe_runtime::history_log::{HistoryLog, HistoryLogHandle, HistoryLogOptions};
 use troupe_runtime::{ProcessRunner, ScriptedModel};
+
+use crate::spinner::Spinner;
 
 #[derive(Debug, clap::Args)]
 pub struct ChatArgs {
@@ -18,19 +31,58 @@ pub struct ChatArgs {
     /// Run one turn, print the reply, exit (0 ok, 2 error, 3 max_steps, 4 cancelled).
     #[arg(long)]
     pub once: bool,
+    /// TOML configuration file (default: $TROUPE_CONFIG, else ./troupe.toml if present).
+    #[arg(long)]
+    pub config: Option<PathBuf>,
+    /// scripted, openai-responses or openai-chat.
+    #[arg(long)]
+    pub provider: Option<String>,
+    /// Model name sent to the endpoint.
+    #[arg(long)]
+    pub model: Option<String>,
+    /// Endpoint base URL, e.g. http://127.0.0.1:11434/v1.
+    #[arg(long)]
+    pub base_url: Option<String>,
+    /// Environment variable that holds the API key.
+    #[arg(long)]
+    pub api_key_env: Option<String>,
+    /// native (the API's tool calling) or text (<action>/<final> dialect).
+    #[arg(long)]
+    pub tool_mode: Option<String>,
+    /// Steps before a turn ends with max_steps.
+    #[arg(long)]
+    pub max_steps: Option<u32>,
+    /// Largest prompt sent, by the local tokenizer's estimate.
+    #[arg(long)]
+    pub max_prompt_tokens: Option<u64>,
+    /// Warn when a prompt is larger than this.
+    #[arg(long)]
+    pub warn_prompt_tokens: Option<u64>,
+    /// reject or trim a prompt over --max-prompt-tokens.
+    #[arg(long)]
+    pub over_budget: Option<String>,
+    /// Model whose tokenizer estimates prompts; `approx` = four bytes a token.
+    #[arg(long)]
+    pub tokenizer_model: Option<String>,
+    /// Where JSONL histories go (history/<session_id>.jsonl by default).
+    #[arg(long)]
+    pub log_dir: Option<PathBuf>,
     /// Where sessions keep their rollout.
-    #[arg(long, env = "TROUPE_DATA_DIR", default_value = "data")]
-    pub data_dir: PathBuf,
+    #[arg(long)]
+    pub data_dir: Option<PathBuf>,
     /// A JSON script for the built-in scripted model (`{"replies": [...]}`).
     #[arg(long, env = "TROUPE_SCRIPT")]
     pub script: Option<PathBuf>,
     /// What the rollout keeps: full, headers-only, none, or ttl:<seconds>.
-    #[arg(long, default_value = "full", value_parser = parse_policy)]
-    pub storage_policy: StoragePolicy,
-    /// Steps before a turn ends with max_steps.
-    #[arg(long, default_value_t = 100)]
-    pub max_steps: u32,
-    /// Print the reply and its statistics as JSON.
+    #[arg(long, value_parser = parse_policy)]
+    pub storage_policy: Option<StoragePolicy>,
+    /// always, on-failure or never ask before running a command.
+    #[arg(long)]
+    pub approval_policy: Option<String>,
+    /// read-only, workspace-write or full-access.
+    #[arg(long)]
+    pub sandbox_policy: Option<String>,
+    /// Print the reply and its statistics as JSON (--once).
     #[arg(long)]
     pub json: bool,
 }
@@ -49,91 +101,214 @@ fn parse_policy(s: &str) -> Result<StoragePolicy, String> {
     }
 }
 
-pub async fn run(args: ChatArgs) -> anyhow::Result<ExitCode> {
-    let model = match &args.script {
-        Some(path) => ScriptedModel::from_file(path)?,
-        None => ScriptedModel::default(),
+/// Defaults < config file < TROUPE_* environment < flags.
+fn resolve(args: &ChatArgs) -> anyhow::Result<TroupeConfig> {
+    let env = |k: &str| std::env::var(k).ok();
+    let mut c = TroupeConfig::load(args.config.as_deref(), &env)?;
+    let snake = |s: &str| s.replace('-', "_");
+    if let Some(v) = &args.provider {
+        c.model.provider =
+            parse_enum("--provider", v, "scripted, openai-responses or openai-chat")?;
+    }
+    if let Some(v) = &args.model {
+        c.model.model.clone_from(v);
+    }
+    if let Some(v) = &args.base_url {
+        c.model.base_url.clone_from(v);
+    }
+    if let Some(v) = &args.api_key_env {
+        c.model.api_key_env = Some(v.clone());
+    }
+    if let Some(v) = &args.tool_mode {
+        c.model.tool_mode = parse_enum("--tool-mode", v, "native or text")?;
+    }
+    if let Some(v) = args.max_steps {
+        c.chat.max_steps = v;
+    }
+    if let Some(v) = args.max_prompt_tokens {
+        c.chat.max_prompt_tokens = Some(v);
+    }
+    if let Some(v) = args.warn_prompt_tokens {
+        c.chat.warn_prompt_tokens = Some(v);
+    }
+    if let Some(v) = &args.over_budget {
+        c.chat.over_budget = parse_enum("--over-budget", v, "reject or trim")?;
+    }
+    if let Some(v) = &args.tokenizer_model {
+        c.chat.tokenizer_model = Some(v.clone());
+    }
+    if let Some(v) = &args.log_dir {
+        c.log_dir.clone_from(v);
+    }
+    if let Some(v) = &args.data_dir {
+        c.data_dir.clone_from(v);
+    }
+    if let Some(v) = args.storage_policy {
+        c.chat.storage_policy = v;
+    }
+    if let Some(v) = &args.approval_policy {
+        c.chat.approval_policy = parse_enum(
+            "--approval-policy",
+            &snake(v),
+            "always, on-failure or never",
+        )?;
+    }
+    if let Some(v) = &args.sandbox_policy {
+        c.chat.sandbox_policy = parse_enum(
+            "--sandbox-policy",
+            &snake(v),
+            "read-only, workspace-write or full-access",
+        )?;
+    }
+    Ok(c)
+}
+
+fn build_model(
+    config: &TroupeConfig,
+    script: Option<&std::path::Path>,
+) -> anyhow::Result<Arc<dyn ModelClient>> {
+    Ok(match config.model.provider {
+        Provider::Scripted => {
+            eprintln!("troupe: no model endpoint configured; using the built-in scripted model");
+            Arc::new(match script {
+                Some(path) => ScriptedModel::from_file(path)?,
+                None => ScriptedModel::default(),
+            })
+        }
+        Provider::OpenaiResponses | Provider::OpenaiChat => Arc::new(
+            troupe_runtime::openai::OpenAiClient::new(config.model.clone())?,
+        ),
+    })
+}
+
+/// The prompt estimator: the model's tokenizer, loaded on a background thread so start-up
+/// does not wait for it; `approx` (and the scripted model, unless a tokenizer model is named)
+/// uses four bytes a token.
+fn build_tokens(config: &TroupeConfig) -> anyhow::Result<Arc<dyn TokenCounter>> {
+    let name = match (&config.chat.tokenizer_model, config.model.provider) {
+        (Some(name), _) if name == "approx" => return Ok(Arc::new(ApproxTokens)),
+        (Some(name), _) => name.clone(),
+        (None, Provider::Scripted) => return Ok(Arc::new(ApproxTokens)),
+        (None, _) => config.model.model.clone(),
     };
-    eprintln!("troupe: no model endpoint configured; using the built-in scripted model");
-    let mut config = SessionConfig {
-        data_dir: args.data_dir.clone(),
+    Ok(Arc::new(
+        troupe_runtime::tokens::TiktokenCounter::for_model(&name),
+    ))
+}
+
+fn session_config(config: &TroupeConfig) -> SessionConfig {
+    let mut s = SessionConfig {
+        data_dir: config.data_dir.clone(),
         ..SessionConfig::default()
     };
-    config.root.storage_policy = args.storage_policy;
-    config.conversation.task.max_steps = args.max_steps;
-    config.conversation.shell_tool = true;
+    let chat = &config.chat;
+    s.root = chat_conversation(chat.storage_policy);
+    let conv = &mut s.conversation;
+    conv.shell_tool = true;
+    conv.approval_policy = chat.approval_policy;
+    conv.sandbox_policy = chat.sandbox_policy;
+    conv.task.max_steps = chat.max_steps;
+    conv.task.max_prompt_tokens = chat.max_prompt_tokens;
+    conv.task.warn_prompt_tokens = chat.warn_prompt_tokens;
+    conv.task.over_budget = chat.over_budget;
+    conv.task.tool_errors = chat.tool_errors;
+    s
+}
+
+/// A chat conversation: the shell and plan built-ins, the configured storage policy.
+fn chat_conversation(storage_policy: StoragePolicy) -> OpenConversation {
+    OpenConversation {
+        storage_policy,
+        include_plan_tool: true,
+        ..OpenConversation::default()
+    }
+}
+
+/// Everything one chat process holds.
+struct Chat {
+    session: SessionHandle,
+    events: broadcast::Receiver<Arc<EventEnvelope>>,
+    conversations: Vec<ConversationId>,
+    current: usize,
+    storage_policy: StoragePolicy,
+    /// Ask approvals at the terminal; without one, deny them.
+    interactive: bool,
+    /// Stream text and tool activity to the terminal (the REPL), or print only the reply.
+    live: bool,
+}
+
+pub async fn run(args: ChatArgs) -> anyhow::Result<ExitCode> {
+    let config = resolve(&args)?;
+    if args.once && args.question.is_none() {
+        anyhow::bail!("--once needs a question: troupe chat --once \"...\"");
+    }
+    let model = build_model(&config, args.script.as_deref())?;
+    let info = model.info();
+    let (model_name, provider_name) = (info.model, info.provider);
+    let tokens = build_tokens(&config)?;
     let ports = SessionPorts {
-        model: Arc::new(model),
+        model,
         mcp: None,
         exec: Some(Arc::new(ProcessRunner)),
         summarizer: Arc::new(LocalSummarizer::default()),
-        tokens: Arc::new(troupe_actors::ports::ApproxTokens),
+        tokens,
     };
     let session_id = SessionId::new();
-    let (session, join) = SessionHandle::start(session_id, config, ports).await?;
+    let (session, join) = SessionHandle::start(session_id, session_config(&config), ports).await?;
+    let events = session.subscribe().await?;
     let root = session.root().await?;
-    let code = if args.once {
-        let question = args
-            .question
-            .clone()
-            .context("--once needs a question: troupe chat --once \"...\"")?;
-        let reply = session.message(root, question).await?;
-        print_reply(&reply, args.json)?;
-        exit_code(reply.status)
-    } else {
-        if let Some(q) = &args.question {
-            let reply = session.message(root, q.clone()).await?;
-            print_reply(&reply, args.json)?;
-        }
-        repl(&session, root, args.json).await?
+    let options = HistoryLogOptions::default()
+        .with_policy(root, config.chat.storage_policy)
+        .with_session_meta("model", serde_json::json!(model_name))
+        .with_session_meta("provider", serde_json::json!(provider_name));
+    let log = HistoryLog::start_with(
+        &config.log_dir,
+        session_id,
+        session.subscribe().await?,
+        options,
+    )
+    .await
+    .with_context(|| format!("cannot write history under {}", config.log_dir.display()))?;
+    let mut chat = Chat {
+        session: session.clone(),
+        events,
+        conversations: vec![root],
+        current: 0,
+        storage_policy: config.chat.storage_policy,
+        interactive: std::io::stdin().is_terminal(),
+        live: !args.once,
     };
-    session.shutdown().await?;
-    let _ = join.await;
-    eprintln!(
-        "troupe: rollout in {}",
-        args.data_dir
-            .join("rollout")
-            .join(session_id.to_string())
-            .display()
-    );
-    Ok(code)
+    let result = if args.once {
+        let question = args.question.clone().unwrap_or_default();
+        once(&mut chat, question, args.json).await
+    } else {
+        repl(&mut chat, args.question.clone()).await
+    };
+    finish(session, join, log).await;
+    result
 }
 
-async fn repl(
-    session: &SessionHandle,
-    root: troupe_proto::ConversationId,
-    json: bool,
-) -> anyhow::Result<ExitCode> {
-    let mut lines = std::io::stdin().lock().lines();
-    loop {
-        print!("> ");
-        std::io::stdout().flush()?;
-        let Some(line) = lines.next() else { break };
-        let line = line?;
-        let line = line.trim();
-        match line {
-            "" => continue,
-            "/exit" | "/quit" => break,
-            "/help" => println!("type a message, or /exit"),
-            text => {
-                let reply = session.message(root, text.to_owned()).await?;
-                print_reply(&reply, json)?;
-            }
-        }
+async fn finish(session: SessionHandle, join: tokio::task::JoinHandle<()>, log: HistoryLogHandle) {
+    if let Err(e) = session.shutdown().await {
+        eprintln!("troupe: shutdown: {e}");
     }
-    Ok(ExitCode::SUCCESS)
+    let _ = join.await;
+    if let Err(e) = log.finish().await {
+        eprintln!("troupe: history: {e}");
+    }
 }
 
-fn print_reply(reply: &MessageReply, json: bool) -> anyhow::Result<()> {
+async fn once(chat: &mut Chat, question: String, json: bool) -> anyhow::Result<ExitCode> {
+    let reply = chat.turn(question).await?;
     if json {
-        println!("{}", serde_json::to_string(reply)?);
+        println!("{}", serde_json::to_string(&reply)?);
     } else {
         println!("{}", reply.text);
         if let Some(e) = &reply.error {
             eprintln!("troupe: turn ended with {}: {e}", reply.status.as_str());
         }
     }
-    Ok(())
+    Ok(exit_code(reply.status))
 }
 
 fn exit_code(status: TaskStatus) -> ExitCode {
@@ -142,5 +317,370 @@ fn exit_code(status: TaskStatus) -> ExitCode {
         TaskStatus::Error => ExitCode::from(2),
         TaskStatus::MaxSteps => ExitCode::from(3),
         TaskStatus::Cancelled => ExitCode::from(4),
+    }
+}
+
+const HELP: &str = "\
+commands:
+  /help                         this list
+  /new                          open a new conversation and switch to it
+  /list                         list conversations (* = current)
+  /switch N|ID                  switch to conversation N (from /list) or an id prefix
+  /approve [N] [once|conversation|session]   answer a pending approval (default: the oldest, once)
+  /deny [N]                     refuse a pending approval
+  /compact                      replace this conversation's history by a summary
+  /exit                         leave (also Ctrl-D)
+anything else is sent to the model.";
+
+async fn repl(chat: &mut Chat, first: Option<String>) -> anyhow::Result<ExitCode> {
+    let mut editor = DefaultEditor::new()?;
+    eprintln!("troupe chat — /help for commands, /exit or Ctrl-D to leave");
+    if let Some(q) = first {
+        chat.say(q, &mut editor).await;
+    }
+    loop {
+        let prompt = format!("[{}]> ", chat.current + 1);
+        let line = tokio::task::block_in_place(|| editor.readline(&prompt));
+        let line = match line {
+            Ok(line) => line,
+            Err(ReadlineError::Interrupted) => continue,
+            Err(ReadlineError::Eof) => break,
+            Err(e) => return Err(e.into()),
+        };
+        let line = line.trim().to_owned();
+        if line.is_empty() {
+            continue;
+        }
+        let _ = editor.add_history_entry(line.as_str());
+        match chat.command(&line, &mut editor).await {
+            Ok(Flow::Continue) => {}
+            Ok(Flow::Exit) => break,
+            Err(e) => println!("! {e}"),
+        }
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+enum Flow {
+    Continue,
+    Exit,
+}
+
+impl Chat {
+    fn current_id(&self) -> ConversationId {
+        self.conversations[self.current]
+    }
+
+    async fn command(&mut self, line: &str, editor: &mut DefaultEditor) -> anyhow::Result<Flow> {
+        let mut words = line.split_whitespace();
+        let Some(head) = words.next().filter(|w| w.starts_with('/')) else {
+            self.say(line.to_owned(), editor).await;
+            return Ok(Flow::Continue);
+        };
+        let rest: Vec<&str> = words.collect();
+        match head {
+            "/exit" | "/quit" => return Ok(Flow::Exit),
+            "/help" => println!("{HELP}"),
+            "/new" => {
+                let id = self
+                    .session
+                    .open(chat_conversation(self.storage_policy))
+                    .await?;
+                self.conversations.push(id);
+                self.current = self.conversations.len() - 1;
+                println!("conversation {} ({id})", self.current + 1);
+            }
+            "/list" => {
+                for (i, id) in self.conversations.iter().enumerate() {
+                    let mark = if i == self.current { '*' } else { ' ' };
+                    println!("{mark} {} {id}", i + 1);
+                }
+            }
+            "/switch" => {
+                let which = rest.first().context("usage: /switch N|ID")?;
+                self.current = self.find(which)?;
+                println!("conversation {} ({})", self.current + 1, self.current_id());
+            }
+            "/approve" | "/deny" => self.answer_pending(head == "/approve", &rest).await?,
+            "/compact" => {
+                let spinner = Spinner::start("compacting");
+                let reply = self.session.compact(self.current_id()).await;
+                spinner.stop();
+                match reply {
+                    Ok(r) if r.status == TaskStatus::Ok => {
+                        println!("history compacted into a summary of {} chars", r.text.len())
+                    }
+                    Ok(r) => println!(
+                        "! compaction failed ({}): {}",
+                        r.status.as_str(),
+                        r.error.map(|e| e.to_string()).unwrap_or_default()
+                    ),
+                    Err(e) => println!("! {e}"),
+                }
+            }
+            other => println!("unknown command {other}; /help lists them"),
+        }
+        Ok(Flow::Continue)
+    }
+
+    fn find(&self, which: &str) -> anyhow::Result<usize> {
+        if let Ok(n) = which.parse::<usize>()
+            && (1..=self.conversations.len()).contains(&n)
+        {
+            return Ok(n - 1);
+        }
+        let hits: Vec<usize> = self
+            .conversations
+            .iter()
+            .enumerate()
+            .filter(|(_, id)| id.to_string().starts_with(which))
+            .map(|(i, _)| i)
+            .collect();
+        match hits.as_slice() {
+            [one] => Ok(*one),
+            [] => anyhow::bail!("no conversation {which}; /list shows them"),
+            _ => anyhow::bail!("`{which}` matches several conversations"),
+        }
+    }
+
+    async fn answer_pending(&self, approve: bool, rest: &[&str]) -> anyhow::Result<()> {
+        let pending = self.session.pending_approvals().await?;
+        if pending.is_empty() {
+            println!("nothing is waiting for approval");
+            return Ok(());
+        }
+        let index = match rest.first().and_then(|w| w.parse::<usize>().ok()) {
+            Some(n) if (1..=pending.len()).contains(&n) => n - 1,
+            Some(n) => anyhow::bail!("no pending approval {n}"),
+            None => 0,
+        };
+        let scope = rest.iter().find(|w| w.parse::<usize>().is_err()).copied();
+        let decision = if approve {
+            match scope.unwrap_or("once") {
+                "once" => ApprovalDecision::ApproveOnce,
+                "conversation" => ApprovalDecision::ApproveForConversation { ttl_secs: None },
+                "session" => ApprovalDecision::ApproveForSession { ttl_secs: None },
+                other => anyhow::bail!("`{other}`: once, conversation or session"),
+            }
+        } else {
+            ApprovalDecision::Deny {
+                reason: Some("denied at the terminal".into()),
+            }
+        };
+        let p = &pending[index];
+        self.session
+            .respond_approval(p.approval_id, decision)
+            .await?;
+        println!(
+            "{} `{}`",
+            if approve { "approved" } else { "denied" },
+            p.command.join(" ")
+        );
+        Ok(())
+    }
+
+    /// Sends a message from the REPL and shows the turn as it happens.
+    async fn say(&mut self, text: String, editor: &mut DefaultEditor) {
+        match self.turn_with(text, Some(editor)).await {
+            Ok(reply) => {
+                let s = &reply.stats;
+                let status = match &reply.error {
+                    Some(e) => format!("{}: {e}", reply.status.as_str()),
+                    None => reply.status.as_str().to_owned(),
+                };
+                eprintln!(
+                    "({status} · {} step{} · {} tool call{} · {} tokens in, {} out · {} ms)",
+                    s.steps,
+                    if s.steps == 1 { "" } else { "s" },
+                    s.tool_calls,
+                    if s.tool_calls == 1 { "" } else { "s" },
+                    s.usage.input_tokens,
+                    s.usage.output_tokens,
+                    s.duration_ms
+                );
+            }
+            Err(e) => println!("! {e}"),
+        }
+    }
+
+    async fn turn(&mut self, text: String) -> Result<MessageReply, AgentError> {
+        self.turn_with(text, None).await
+    }
+
+    /// Runs one turn, printing its events as they arrive and answering approvals.
+    async fn turn_with(
+        &mut self,
+        text: String,
+        mut editor: Option<&mut DefaultEditor>,
+    ) -> Result<MessageReply, AgentError> {
+        // Events of earlier turns are not this turn's.
+        while self.events.try_recv().is_ok() {}
+        let conversation = self.current_id();
+        let session = self.session.clone();
+        let mut reply = Box::pin(async move { session.message(conversation, text).await });
+        let mut spinner = self.live.then(|| Spinner::start("thinking"));
+        let mut view = TurnView::default();
+        let done = loop {
+            tokio::select! {
+                r = &mut reply => break r,
+                e = self.events.recv() => match e {
+                    Ok(e) if e.conversation_id == Some(conversation) => {
+                        if let Some(ask) = self.show(&e, &mut view, &mut spinner) {
+                            self.ask(ask, editor.as_deref_mut()).await;
+                        }
+                    }
+                    Ok(_) => {}
+                    Err(broadcast::error::RecvError::Lagged(n)) => eprintln!("(missed {n} events)"),
+                    Err(broadcast::error::RecvError::Closed) => {}
+                },
+            }
+        };
+        // The reply can overtake the last events; show them up to this task's end.
+        if let Ok(reply) = &done {
+            let until = reply.task_id;
+            let _ = tokio::time::timeout(Duration::from_secs(2), async {
+                while let Ok(e) = self.events.recv().await {
+                    if e.conversation_id == Some(conversation) {
+                        let _ = self.show(&e, &mut view, &mut spinner);
+                    }
+                    if e.task_id == Some(until) && matches!(e.event, EventKind::TaskFinished { .. })
+                    {
+                        break;
+                    }
+                }
+            })
+            .await;
+            if self.live && !view.streamed.contains(&until) && !reply.text.is_empty() {
+                println!("{}", reply.text);
+            }
+        }
+        if let Some(s) = spinner.take() {
+            s.stop();
+        }
+        done
+    }
+
+    /// Prints one event of the current turn; returns an approval to ask about.
+    fn show(
+        &self,
+        e: &EventEnvelope,
+        view: &mut TurnView,
+        spinner: &mut Option<Spinner>,
+    ) -> Option<Ask> {
+        let quiet = !self.live;
+        let mut stop_spinner = || {
+            if let Some(s) = spinner.take() {
+                s.stop();
+            }
+        };
+        match &e.event {
+            EventKind::AssistantChunk { delta } if !quiet => {
+                stop_spinner();
+                print!("{delta}");
+                let _ = std::io::stdout().flush();
+                view.open_line = true;
+                if let Some(t) = e.task_id {
+                    view.streamed.insert(t);
+                }
+            }
+            EventKind::AssistantMessage { .. } if !quiet && view.open_line => {
+                println!();
+                view.open_line = false;
+            }
+            EventKind::ToolCallStarted { call } if !quiet => {
+                stop_spinner();
+                println!("  → {} {}", call.name, call.arguments.0);
+                *spinner = Some(Spinner::start("running"));
+            }
+            EventKind::ToolCallFinished {
+                output, is_error, ..
+            } if !quiet => {
+                stop_spinner();
+                let mark = if *is_error { "✗" } else { "←" };
+                println!("  {mark} {}", clip(output, 400));
+                *spinner = Some(Spinner::start("thinking"));
+            }
+            EventKind::Warning { message, .. } if !quiet => {
+                stop_spinner();
+                eprintln!("  warning: {message}");
+            }
+            EventKind::ApprovalRequested {
+                approval_id,
+                command,
+                reason,
+            } => {
+                stop_spinner();
+                return Some(Ask {
+                    approval_id: *approval_id,
+                    command: command.join(" "),
+                    reason: reason.clone(),
+                });
+            }
+            _ => {}
+        }
+        None
+    }
+
+    /// Asks a human at the terminal; without one, denies.
+    async fn ask(&self, ask: Ask, editor: Option<&mut DefaultEditor>) {
+        let decision = match (editor, self.interactive) {
+            (Some(editor), true) => {
+                println!("  ? approval needed: `{}` ({})", ask.command, ask.reason);
+                let answer = tokio::task::block_in_place(|| {
+                    editor.readline(
+                        "    [y] once  [c] this conversation  [s] this session  [n] deny > ",
+                    )
+                })
+                .unwrap_or_default();
+                match answer.trim() {
+                    "y" | "yes" => ApprovalDecision::ApproveOnce,
+                    "c" => ApprovalDecision::ApproveForConversation { ttl_secs: None },
+                    "s" => ApprovalDecision::ApproveForSession { ttl_secs: None },
+                    _ => ApprovalDecision::Deny {
+                        reason: Some("denied at the terminal".into()),
+                    },
+                }
+            }
+            _ => {
+                eprintln!(
+                    "troupe: `{}` needs approval and nobody can be asked here; denied",
+                    ask.command
+                );
+                ApprovalDecision::Deny {
+                    reason: Some("no terminal to ask (troupe chat --once)".into()),
+                }
+            }
+        };
+        if let Err(e) = self
+            .session
+            .respond_approval(ask.approval_id, decision)
+            .await
+        {
+            eprintln!("troupe: approval: {e}");
+        }
+    }
+}
+
+/// A pending approval seen during a turn.
+struct Ask {
+    approval_id: troupe_proto::ApprovalId,
+    command: String,
+    reason: String,
+}
+
+/// What the terminal shows of the current turn.
+#[derive(Default)]
+struct TurnView {
+    /// A chunk left the cursor mid-line.
+    open_line: bool,
+    /// Tasks whose text was streamed (so the final text is not printed twice).
+    streamed: std::collections::HashSet<TaskId>,
+}
+
+fn clip(s: &str, max: usize) -> String {
+    let one_line = s.trim().replace('\n', " ⏎ ");
+    match one_line.char_indices().nth(max) {
+        Some((i, _)) => format!("{}…", &one_line[..i]),
+        None => one_line,
     }
 }

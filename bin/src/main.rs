@@ -2,6 +2,8 @@
 #![forbid(unsafe_code)]
 
 mod chat;
+mod history;
+mod spinner;
 
 use clap::{Parser, Subcommand};
 use std::process::ExitCode;
@@ -16,8 +18,11 @@ struct Cli {
 
 #[derive(Debug, Subcommand)]
 enum Command {
-    /// Chat with an agent: a line-by-line loop, or one turn with --once.
-    Chat(chat::ChatArgs),
+    /// Chat with an agent: an interactive REPL, or one turn with --once.
+    Chat(Box<chat::ChatArgs>),
+    /// Work with JSONL chat histories.
+    #[command(subcommand)]
+    History(history::HistoryCommand),
 }
 
 fn main() -> ExitCode {
@@ -35,7 +40,8 @@ fn main() -> ExitCode {
     let _telemetry = runtime.block_on(async { troupe_runtime::telemetry::init("troupe") });
     let result = runtime.block_on(async {
         match cli.command {
-            Command::Chat(args) => chat::run(args).await,
+            Command::Chat(args) => chat::run(*args).await,
+            Command::History(cmd) => history::run(cmd).map(|()| ExitCode::SUCCESS),
         }
     });
     match result {

@@ -5,6 +5,7 @@ mod determinism;
 mod faults;
 mod leaks;
 mod lifecycle;
+mod repl;
 mod rollout;
 mod scheduling;
 mod telemetry;
