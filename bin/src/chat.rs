@@ -538,7 +538,11 @@ impl Chat {
         // The reply can overtake the last events; show them up to this task's end.
         if let Ok(reply) = &done {
             let until = reply.task_id;
+            let seen_end = view.finished.contains(&until);
             let _ = tokio::time::timeout(Duration::from_secs(2), async {
+                if seen_end {
+                    return;
+                }
                 while let Ok(e) = self.events.recv().await {
                     if e.conversation_id == Some(conversation) {
                         let _ = self.show(&e, &mut view, &mut spinner);
@@ -568,6 +572,9 @@ impl Chat {
         spinner: &mut Option<Spinner>,
     ) -> Option<Ask> {
         let quiet = !self.live;
+        if let (EventKind::TaskFinished { .. }, Some(t)) = (&e.event, e.task_id) {
+            view.finished.insert(t);
+        }
         let mut stop_spinner = || {
             if let Some(s) = spinner.take() {
                 s.stop();
@@ -675,6 +682,8 @@ struct TurnView {
     open_line: bool,
     /// Tasks whose text was streamed (so the final text is not printed twice).
     streamed: std::collections::HashSet<TaskId>,
+    /// Tasks whose end was seen.
+    finished: std::collections::HashSet<TaskId>,
 }
 
 fn clip(s: &str, max: usize) -> String {

@@ -15,7 +15,10 @@ const RUNS: usize = 30;
 fn binary() -> PathBuf {
     let exe = std::env::current_exe().unwrap();
     let bin = exe.parent().unwrap().parent().unwrap().join("troupe");
-    assert!(bin.exists(), "build it first: cargo build --release -p troupe");
+    assert!(
+        bin.exists(),
+        "build it first: cargo build --release -p troupe"
+    );
     bin
 }
 
@@ -56,7 +59,11 @@ fn main() {
                 .arg(format!("scenario={scenario}:{tokenizer}"))
                 .output()
                 .unwrap();
-            assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+            assert!(
+                out.status.success(),
+                "{}",
+                String::from_utf8_lossy(&out.stderr)
+            );
             let line = String::from_utf8(out.stdout).unwrap();
             let (wall_us, rss) = line.trim().split_once(' ').unwrap();
             walls.push(Duration::from_micros(wall_us.parse().unwrap()));
@@ -88,16 +95,24 @@ fn child(spec: &str) {
     server.push(Reply::text(["Hello ", "there."]));
     let dir = tempfile::tempdir().unwrap();
     let mut cmd = std::process::Command::new(binary());
-    cmd.args(["chat", "--once", "say hello", "--provider", "openai-chat", "--model", "gpt-4o-mini"])
-        .args(["--base-url", &server.base_url(), "--api-key-env", ""])
-        .args(["--tokenizer-model", tokenizer])
-        .arg("--data-dir")
-        .arg(dir.path())
-        .arg("--log-dir")
-        .arg(dir.path())
-        .env_remove("TROUPE_CONFIG")
-        .stdout(std::process::Stdio::null())
-        .stderr(std::process::Stdio::null());
+    cmd.args([
+        "chat",
+        "--once",
+        "say hello",
+        "--provider",
+        "openai-chat",
+        "--model",
+        "gpt-4o-mini",
+    ])
+    .args(["--base-url", &server.base_url(), "--api-key-env", ""])
+    .args(["--tokenizer-model", tokenizer])
+    .arg("--data-dir")
+    .arg(dir.path())
+    .arg("--log-dir")
+    .arg(dir.path())
+    .env_remove("TROUPE_CONFIG")
+    .stdout(std::process::Stdio::null())
+    .stderr(std::process::Stdio::null());
     let (wall, rss) = run(&mut cmd);
     println!("{} {rss}", wall.as_micros());
     drop(server);
