@@ -520,9 +520,24 @@ impl Chat {
         let mut reply = Box::pin(async move { session.message(conversation, text).await });
         let mut spinner = self.live.then(|| Spinner::start("thinking"));
         let mut view = TurnView::default();
+        let mut interrupted = false;
         let done = loop {
             tokio::select! {
                 r = &mut reply => break r,
+                // Ctrl-C cancels the turn, not the program (a second one is not special:
+                // the turn is already being cancelled).
+                _ = tokio::signal::ctrl_c(), if !interrupted => {
+                    interrupted = true;
+                    if let Some(s) = spinner.take() {
+                        s.stop();
+                    }
+                    eprintln!("^C cancelling the turn");
+                    if let Ok(tasks) = self.session.tasks(Some(conversation)).await {
+                        for t in tasks {
+                            let _ = self.session.cancel_task(t.task_id).await;
+                        }
+                    }
+                }
                 e = self.events.recv() => match e {
                     Ok(e) if e.conversation_id == Some(conversation) => {
                         if let Some(ask) = self.show(&e, &mut view, &mut spinner) {

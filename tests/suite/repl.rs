@@ -149,3 +149,24 @@ fn a_denied_command_and_ctrl_d() {
     p.send_control('d').unwrap();
     p.exp_eof().unwrap();
 }
+
+#[test]
+fn ctrl_c_cancels_the_running_turn_not_the_program() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut p = start(
+        dir.path(),
+        r#"{"replies": [{"hang": true}, {"text": "still here"}]}"#,
+    );
+    p.exp_string("[1]> ").unwrap();
+    p.send_line("take forever").unwrap();
+    p.exp_string("thinking").unwrap();
+    p.send_control('c').unwrap();
+    p.exp_string("cancelling the turn").unwrap();
+    p.exp_string("(cancelled").unwrap();
+    p.exp_string("[1]> ").unwrap();
+    p.send_line("and now?").unwrap();
+    p.exp_string("still here").unwrap();
+    p.exp_string("[1]> ").unwrap();
+    p.send_line("/exit").unwrap();
+    p.exp_eof().unwrap();
+}
