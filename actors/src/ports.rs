@@ -168,3 +168,118 @@ impl TokenCounter for ApproxTokens {
         text.len().div_ceil(4)
     }
 }
+
+// ---------------------------------------------------------------------------------------
+// MCP: what the McpPool needs from a transport (implemented in troupe-runtime over rmcp).
+
+/// How to reach one MCP server. Equal configurations share one connection per session.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, serde::Serialize, serde::Deserialize)]
+pub struct McpServerConfig {
+    /// Prefix of its tools' qualified names (`name__tool`): `[a-zA-Z0-9_-]+` without `__`.
+    pub name: String,
+    pub transport: McpTransport,
+}
+
+/// The transport of an MCP server.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "snake_case", tag = "type")]
+pub enum McpTransport {
+    /// A child process speaking JSON-RPC over stdin/stdout. It starts with a scrubbed
+    /// environment: only `env` (no inherited variables).
+    Stdio {
+        command: String,
+        #[serde(default)]
+        args: Vec<String>,
+        #[serde(default)]
+        env: std::collections::BTreeMap<String, String>,
+        #[serde(default)]
+        cwd: Option<PathBuf>,
+    },
+    /// A remote server over streamable HTTP.
+    StreamableHttp {
+        url: String,
+        #[serde(default)]
+        headers: std::collections::BTreeMap<String, String>,
+    },
+}
+
+/// A tool as its server lists it (unqualified name).
+#[derive(Debug, Clone, PartialEq)]
+pub struct McpTool {
+    pub name: String,
+    pub description: String,
+    pub input_schema: troupe_proto::Json,
+    /// The tool requires MCP task augmentation (`execution.taskSupport: "required"`).
+    pub requires_task: bool,
+}
+
+/// Something a server told its client, outside any reply.
+#[derive(Debug, Clone, PartialEq)]
+pub enum McpNotice {
+    /// `notifications/tools/list_changed`: list the tools again.
+    ToolsChanged,
+    /// `notifications/progress` of a call.
+    Progress {
+        progress: f64,
+        total: Option<f64>,
+        message: Option<String>,
+    },
+    /// The connection ended (the process exited, the stream closed).
+    Closed { reason: String },
+}
+
+/// Answers a server's requests to its client (roots, elicitation, sampling).
+#[async_trait]
+pub trait McpClientHandler: Send + Sync + 'static {
+    /// `roots/list`: `file://` URIs the server may use.
+    async fn list_roots(&self) -> Vec<String>;
+    /// `elicitation/create`: the user's answer (an object matching `schema`); an error
+    /// declines.
+    async fn elicit(
+        &self,
+        message: String,
+        schema: troupe_proto::Json,
+    ) -> Result<troupe_proto::Json, AgentError>;
+    /// `sampling/createMessage`: the result object; an error refuses.
+    async fn sample(&self, request: troupe_proto::Json) -> Result<troupe_proto::Json, AgentError>;
+}
+
+/// One tool call on a connection.
+pub struct McpCall<'a> {
+    /// Unqualified tool name.
+    pub tool: &'a str,
+    pub arguments: &'a troupe_proto::Json,
+    /// Firing it sends `notifications/cancelled` and returns `Cancelled` at once.
+    pub cancel: &'a CancellationToken,
+    /// Where this call's progress notifications go (a progress token is sent when set).
+    pub progress: Option<tokio::sync::mpsc::UnboundedSender<McpNotice>>,
+    /// W3C `traceparent`, sent in `params._meta`.
+    pub traceparent: Option<String>,
+    pub timeout: Duration,
+}
+
+/// A live connection to one MCP server, shared by every view that uses it.
+#[async_trait]
+pub trait McpConnection: Send + Sync + 'static {
+    async fn list_tools(&self) -> Result<Vec<McpTool>, AgentError>;
+    /// The tool's result as text (content joined); `is_error` from the result. The returned
+    /// `call_id` is empty: the caller sets it.
+    async fn call_tool(&self, call: McpCall<'_>) -> Result<ToolOutput, AgentError>;
+    /// The child's process id (stdio), for observation and tests.
+    fn process_id(&self) -> Option<u32>;
+    /// Ends the connection (and the child process). Idempotent.
+    async fn close(&self);
+}
+
+/// Opens connections.
+#[async_trait]
+pub trait McpConnector: Send + Sync + 'static {
+    /// Connects and completes the MCP handshake. Server requests go to `handler`,
+    /// notifications to `notices` (including `Closed` when the connection ends).
+    async fn connect(
+        &self,
+        config: &McpServerConfig,
+        handler: Arc<dyn McpClientHandler>,
+        notices: tokio::sync::mpsc::UnboundedSender<McpNotice>,
+    ) -> Result<Arc<dyn McpConnection>, AgentError>;
+}
