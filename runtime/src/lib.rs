@@ -5,11 +5,13 @@
 pub mod config;
 pub mod exec;
 pub mod history_log;
+pub mod mcp;
 pub mod openai;
 pub mod scripted;
 pub mod telemetry;
 pub mod tokens;
 
 pub use exec::ProcessRunner;
+pub use mcp::RmcpConnector;
 pub use openai::OpenAiClient;
 pub use scripted::{ScriptedModel, ScriptedReply};

@@ -1,0 +1,107 @@
+//! MCP client metrics. Labels are closed sets (transport, outcome); server names, tool names
+//! and request ids go to traces only.
+
+use metrics::{Unit, counter, describe_counter, describe_histogram, histogram};
+use std::time::Duration;
+
+/// Connections whose handshake completed, by transport.
+pub const CONNECTIONS_OPENED_TOTAL: &str = "troupe_mcp_connections_opened_total";
+/// Connections that failed before or during the handshake, by transport.
+pub const CONNECT_FAILURES_TOTAL: &str = "troupe_mcp_connect_failures_total";
+/// Connections that ended (closed by us, process exit, transport closed), by transport.
+pub const CONNECTIONS_CLOSED_TOTAL: &str = "troupe_mcp_connections_closed_total";
+/// Tool calls, by transport and outcome.
+pub const CALLS_TOTAL: &str = "troupe_mcp_calls_total";
+/// Tool call latency, by transport and outcome.
+pub const CALL_DURATION_SECONDS: &str = "troupe_mcp_call_duration_seconds";
+
+/// Registers the descriptions (a Prometheus exporter rejects undescribed metrics).
+pub fn describe() {
+    describe_counter!(
+        CONNECTIONS_OPENED_TOTAL,
+        Unit::Count,
+        "MCP connections whose handshake completed, by transport"
+    );
+    describe_counter!(
+        CONNECT_FAILURES_TOTAL,
+        Unit::Count,
+        "MCP connections that failed to start or to complete the handshake, by transport"
+    );
+    describe_counter!(
+        CONNECTIONS_CLOSED_TOTAL,
+        Unit::Count,
+        "MCP connections that ended (closed, process exited, transport closed), by transport"
+    );
+    describe_counter!(
+        CALLS_TOTAL,
+        Unit::Count,
+        "MCP tool calls, by transport and outcome"
+    );
+    describe_histogram!(
+        CALL_DURATION_SECONDS,
+        Unit::Seconds,
+        "Time from sending an MCP tool call to its result, error, cancellation or timeout"
+    );
+}
+
+/// How an MCP server is reached.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Transport {
+    Stdio,
+    StreamableHttp,
+}
+
+impl Transport {
+    pub const fn as_str(self) -> &'static str {
+        match self {
+            Self::Stdio => "stdio",
+            Self::StreamableHttp => "streamable_http",
+        }
+    }
+}
+
+/// How a tool call ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum CallOutcome {
+    Ok,
+    /// The server answered with `isError: true`.
+    ToolError,
+    /// A JSON-RPC error or an unusable answer.
+    ProtocolError,
+    /// The connection ended before the answer.
+    Closed,
+    Timeout,
+    Cancelled,
+}
+
+impl CallOutcome {
+    pub const fn as_str(self) -> &'static str {
+        match self {
+            Self::Ok => "ok",
+            Self::ToolError => "tool_error",
+            Self::ProtocolError => "protocol_error",
+            Self::Closed => "closed",
+            Self::Timeout => "timeout",
+            Self::Cancelled => "cancelled",
+        }
+    }
+}
+
+pub fn connection_opened(transport: Transport) {
+    counter!(CONNECTIONS_OPENED_TOTAL, "transport" => transport.as_str()).increment(1);
+}
+
+pub fn connect_failed(transport: Transport) {
+    counter!(CONNECT_FAILURES_TOTAL, "transport" => transport.as_str()).increment(1);
+}
+
+pub fn connection_closed(transport: Transport) {
+    counter!(CONNECTIONS_CLOSED_TOTAL, "transport" => transport.as_str()).increment(1);
+}
+
+pub fn call(transport: Transport, outcome: CallOutcome, elapsed: Duration) {
+    let (transport, outcome) = (transport.as_str(), outcome.as_str());
+    counter!(CALLS_TOTAL, "transport" => transport, "outcome" => outcome).increment(1);
+    histogram!(CALL_DURATION_SECONDS, "transport" => transport, "outcome" => outcome)
+        .record(elapsed.as_secs_f64());
+}
