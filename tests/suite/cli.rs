@@ -24,6 +24,7 @@ fn once_prints_the_reply_and_leaves_a_rollout() {
         .args(["chat", "--once", "what is in a name?", "--data-dir"])
         .arg(dir.path())
         .env_remove("TROUPE_SCRIPT")
+        .current_dir(dir.path())
         .output()
         .unwrap();
     assert!(
@@ -55,6 +56,7 @@ fn once_follows_a_script_and_reports_errors_in_its_exit_code() {
         .arg(dir.path())
         .arg("--script")
         .arg(&script)
+        .current_dir(dir.path())
         .output()
         .unwrap();
     assert_eq!(out.status.code(), Some(2));
@@ -68,14 +70,17 @@ fn once_follows_a_script_and_reports_errors_in_its_exit_code() {
 
 #[test]
 fn bad_flags_get_a_clear_message() {
+    let dir = tempfile::tempdir().unwrap();
     let out = Command::new(troupe_bin())
         .args(["chat", "--once", "x", "--storage-policy", "forever"])
+        .current_dir(dir.path())
         .output()
         .unwrap();
     assert_eq!(out.status.code(), Some(2));
     assert!(String::from_utf8_lossy(&out.stderr).contains("unknown storage policy"));
     let out = Command::new(troupe_bin())
         .args(["chat", "--once"])
+        .current_dir(dir.path())
         .output()
         .unwrap();
     assert!(!out.status.success());
