@@ -20,6 +20,7 @@ pub mod conversation;
 pub mod events;
 pub mod handle;
 pub mod history;
+pub mod mcp_pool;
 pub mod ports;
 pub mod rollout;
 pub mod scheduler;
@@ -35,6 +36,7 @@ pub use session::{SessionConfig, SessionPorts};
 pub fn describe_metrics() {
     approval_store::metrics::describe();
     conversation::metrics::describe();
+    mcp_pool::metrics::describe();
     rollout::metrics::describe();
     scheduler::metrics::describe();
     task_registry::metrics::describe();

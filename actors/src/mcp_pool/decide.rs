@@ -1,0 +1,1255 @@
+//! The pool's decisions, with no actor and no I/O: which servers a view references, when a
+//! connection starts, is reclaimed or restarted, which tools a view sees and whether a call may
+//! go through. Every transition returns the [`Effect`]s the actor must carry out (spawn a
+//! connect, arm or disarm a timer, close a connection, announce something).
+//!
+//! Per server:
+//!
+//! ```text
+//!            first reference                   connected + listed
+//!   Idle ───────────────────────▶ Connecting ─────────────────────▶ Ready
+//!    ▲                              │  ▲   failed, refs > 0           │ closed (died)
+//!    │ refs = 0 (idle timeout,      │  └──── Backoff ◀────────────────┘ refs > 0
+//!    │ failure or death)            │          │ RestartDue (base · 2^n, capped)
+//!    └──────────────────────────────┴──────────┘
+//! ```
+//!
+//! Every phase entered gets a fresh generation; messages from spawned work carry the
+//! generation they were started for and are ignored once it is stale, so a late connect, a
+//! late death notice or a fired timer never acts on a newer connection.
+
+use super::metrics::{CloseReason, LeftOut};
+use crate::ports::{McpConnection, McpServerConfig, McpTool};
+use crate::tools::is_valid_tool_name;
+use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::sync::Arc;
+use std::time::Duration;
+use tokio_util::sync::CancellationToken;
+use troupe_proto::{AgentError, ConversationId, ToolSpec};
+
+/// Identifies one open view within its pool.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct ViewId(pub u64);
+
+impl std::fmt::Display for ViewId {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "view-{}", self.0)
+    }
+}
+
+/// Where a server is in its life.
+pub enum Phase {
+    /// No connection, none wanted (no references), or reclaimed.
+    Idle,
+    /// A connect (handshake and first listing) is under way.
+    Connecting,
+    /// Connected; its tools are known.
+    Ready(Live),
+    /// Died or failed to connect; a restart is due after a delay.
+    Backoff,
+}
+
+impl Phase {
+    /// Bounded name, for snapshots and logs.
+    pub const fn name(&self) -> &'static str {
+        match self {
+            Self::Idle => "idle",
+            Self::Connecting => "connecting",
+            Self::Ready(_) => "ready",
+            Self::Backoff => "backoff",
+        }
+    }
+}
+
+/// A ready connection and what it offers.
+pub struct Live {
+    pub conn: Arc<dyn McpConnection>,
+    /// Offered tools, by unqualified name.
+    pub tools: BTreeMap<String, McpTool>,
+    /// Listed but not offered, and why.
+    pub left_out: BTreeMap<String, LeftOut>,
+    /// Fired when this connection ends: calls waiting for a slot on it fail at once.
+    pub closed: CancellationToken,
+    /// Refreshes asked for and the newest applied, so an older listing that arrives late
+    /// never replaces a newer one.
+    refresh_asked: u64,
+    refresh_applied: u64,
+}
+
+/// One configured server.
+pub struct ServerSlot {
+    pub config: McpServerConfig,
+    pub phase: Phase,
+    /// Generation of the current phase.
+    pub generation: u64,
+    /// Open views that can see this server.
+    pub refs: usize,
+    /// `Some(epoch)` while an idle reclaim is armed (refs = 0, a connection up or coming).
+    pub idle_epoch: Option<u64>,
+    /// Failures since the last successful connect; sets the backoff.
+    pub failures: u32,
+}
+
+/// An open view as the pool remembers it.
+pub struct ViewRecord {
+    pub conversation_id: ConversationId,
+    /// Qualified names; `None` = every tool.
+    pub allowlist: Option<BTreeSet<String>>,
+    /// Servers it references.
+    pub servers: BTreeSet<String>,
+}
+
+/// What a call needs once it is allowed: the connection and its end signal.
+#[derive(Clone)]
+pub struct Route {
+    pub server: String,
+    /// Unqualified tool name.
+    pub tool: String,
+    pub conn: Arc<dyn McpConnection>,
+    pub closed: CancellationToken,
+}
+
+/// Work the actor does after a transition.
+pub enum Effect {
+    /// Start a connect attempt (handshake, then the first listing).
+    Connect {
+        server: String,
+        generation: u64,
+        config: McpServerConfig,
+    },
+    /// Arm the idle reclaim timer.
+    ScheduleIdle { server: String, epoch: u64 },
+    /// Arm the restart timer.
+    ScheduleRestart {
+        server: String,
+        generation: u64,
+        delay: Duration,
+    },
+    /// Disarm the server's timer.
+    CancelTimer { server: String },
+    /// End a connection.
+    Close {
+        server: String,
+        conn: Arc<dyn McpConnection>,
+        reason: CloseReason,
+    },
+    /// List the tools again.
+    Refresh {
+        server: String,
+        generation: u64,
+        seq: u64,
+        conn: Arc<dyn McpConnection>,
+    },
+    /// A server's tools are available.
+    Ready { server: String, tools: usize },
+    /// A connection died or could not be made; `retry_in` when a restart is scheduled.
+    Failed {
+        server: String,
+        reason: String,
+        retry_in: Option<Duration>,
+    },
+}
+
+impl std::fmt::Debug for Effect {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Self::Connect {
+                server, generation, ..
+            } => write!(f, "Connect({server}, gen {generation})"),
+            Self::ScheduleIdle { server, epoch } => write!(f, "ScheduleIdle({server}, {epoch})"),
+            Self::ScheduleRestart { server, delay, .. } => {
+                write!(f, "ScheduleRestart({server}, {delay:?})")
+            }
+            Self::CancelTimer { server } => write!(f, "CancelTimer({server})"),
+            Self::Close { server, reason, .. } => write!(f, "Close({server}, {reason:?})"),
+            Self::Refresh { server, seq, .. } => write!(f, "Refresh({server}, {seq})"),
+            Self::Ready { server, tools } => write!(f, "Ready({server}, {tools})"),
+            Self::Failed {
+                server, retry_in, ..
+            } => write!(f, "Failed({server}, {retry_in:?})"),
+        }
+    }
+}
+
+/// A server as a snapshot shows it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ServerSnapshot {
+    pub name: String,
+    /// `idle`, `connecting`, `ready` or `backoff`.
+    pub phase: &'static str,
+    pub refs: usize,
+    /// Offered tools, qualified, sorted.
+    pub tools: Vec<String>,
+    pub failures: u32,
+    pub process_id: Option<u32>,
+}
+
+/// The pool, for observation and tests.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PoolSnapshot {
+    pub servers: Vec<ServerSnapshot>,
+    pub views: usize,
+}
+
+/// Every decision of the pool.
+pub struct PoolCore {
+    servers: BTreeMap<String, ServerSlot>,
+    views: HashMap<ViewId, ViewRecord>,
+    /// Source of generations, idle epochs and view ids (one counter: all are just unique).
+    counter: u64,
+    backoff_base: Duration,
+    backoff_max: Duration,
+}
+
+impl PoolCore {
+    /// A pool of `servers`, all idle. Fails when a name is illegal or repeated.
+    pub fn new(
+        servers: Vec<McpServerConfig>,
+        backoff_base: Duration,
+        backoff_max: Duration,
+    ) -> Result<Self, AgentError> {
+        validate_servers(&servers)?;
+        let servers = servers
+            .into_iter()
+            .map(|config| {
+                (
+                    config.name.clone(),
+                    ServerSlot {
+                        config,
+                        phase: Phase::Idle,
+                        generation: 0,
+                        refs: 0,
+                        idle_epoch: None,
+                        failures: 0,
+                    },
+                )
+            })
+            .collect();
+        Ok(Self {
+            servers,
+            views: HashMap::new(),
+            counter: 0,
+            backoff_base,
+            backoff_max,
+        })
+    }
+
+    fn next(&mut self) -> u64 {
+        self.counter += 1;
+        self.counter
+    }
+
+    /// Opens a view: checks its allowlist, takes a reference on every server it can see
+    /// (starting those that are idle). Nothing waits for a connection.
+    pub fn open_view(
+        &mut self,
+        conversation_id: ConversationId,
+        allowlist: Option<Vec<String>>,
+    ) -> Result<(ViewId, Vec<Effect>), AgentError> {
+        let (allowlist, servers) = match allowlist {
+            None => (None, self.servers.keys().cloned().collect()),
+            Some(list) => {
+                let servers = self.check_allowlist(&list)?;
+                (Some(list.into_iter().collect()), servers)
+            }
+        };
+        let id = ViewId(self.next());
+        let mut fx = Vec::new();
+        for server in &servers {
+            self.acquire(server, &mut fx);
+        }
+        self.views.insert(
+            id,
+            ViewRecord {
+                conversation_id,
+                allowlist,
+                servers,
+            },
+        );
+        Ok((id, fx))
+    }
+
+    /// Drops a view's references. `None` when the view is unknown (already released).
+    pub fn release_view(&mut self, id: ViewId) -> Option<(ConversationId, Vec<Effect>)> {
+        let view = self.views.remove(&id)?;
+        let mut fx = Vec::new();
+        for server in &view.servers {
+            self.release(server, &mut fx);
+        }
+        Some((view.conversation_id, fx))
+    }
+
+    /// Checks an allowlist against the configuration: every entry must be a qualified
+    /// `server__tool` name of a configured server, and of a tool that server offers once its
+    /// tools are known (entries of servers still starting are accepted). Returns the servers
+    /// it names; the error names every bad entry.
+    pub fn check_allowlist(&self, list: &[String]) -> Result<BTreeSet<String>, AgentError> {
+        let mut servers = BTreeSet::new();
+        let mut problems = Vec::new();
+        for entry in list {
+            let Some((server, tool)) = split_qualified(entry).filter(|_| is_valid_tool_name(entry))
+            else {
+                problems.push(format!("`{entry}` (not a qualified `server__tool` name)"));
+                continue;
+            };
+            let Some(slot) = self.servers.get(server) else {
+                problems.push(format!(
+                    "`{entry}` (no MCP server `{server}` is configured)"
+                ));
+                continue;
+            };
+            if let Phase::Ready(live) = &slot.phase
+                && !live.tools.contains_key(tool)
+            {
+                problems.push(match live.left_out.get(tool) {
+                    Some(LeftOut::RequiresTask) => {
+                        format!("`{entry}` (needs MCP task augmentation, which is not supported)")
+                    }
+                    _ => format!("`{entry}` (server `{server}` has no tool `{tool}`)"),
+                });
+                continue;
+            }
+            servers.insert(server.to_owned());
+        }
+        if problems.is_empty() {
+            Ok(servers)
+        } else {
+            Err(AgentError::invalid(format!(
+                "MCP tool allowlist rejected: {}",
+                problems.join(", ")
+            )))
+        }
+    }
+
+    fn acquire(&mut self, server: &str, fx: &mut Vec<Effect>) {
+        let generation = self.next();
+        let Some(slot) = self.servers.get_mut(server) else {
+            return;
+        };
+        slot.refs += 1;
+        if slot.idle_epoch.take().is_some() {
+            fx.push(Effect::CancelTimer {
+                server: server.to_owned(),
+            });
+        }
+        if matches!(slot.phase, Phase::Idle) {
+            slot.phase = Phase::Connecting;
+            slot.generation = generation;
+            fx.push(Effect::Connect {
+                server: server.to_owned(),
+                generation,
+                config: slot.config.clone(),
+            });
+        }
+    }
+
+    fn release(&mut self, server: &str, fx: &mut Vec<Effect>) {
+        let epoch = self.next();
+        let Some(slot) = self.servers.get_mut(server) else {
+            return;
+        };
+        slot.refs = slot.refs.saturating_sub(1);
+        if slot.refs > 0 {
+            return;
+        }
+        match slot.phase {
+            Phase::Connecting | Phase::Ready(_) => {
+                slot.idle_epoch = Some(epoch);
+                fx.push(Effect::ScheduleIdle {
+                    server: server.to_owned(),
+                    epoch,
+                });
+            }
+            // Nobody wants it restarted any more.
+            Phase::Backoff => {
+                slot.phase = Phase::Idle;
+                slot.generation = epoch;
+                fx.push(Effect::CancelTimer {
+                    server: server.to_owned(),
+                });
+            }
+            Phase::Idle => {}
+        }
+    }
+
+    /// The idle timer of `server` fired.
+    pub fn idle_timeout(&mut self, server: &str, epoch: u64) -> Vec<Effect> {
+        let generation = self.next();
+        let Some(slot) = self.servers.get_mut(server) else {
+            return Vec::new();
+        };
+        if slot.idle_epoch != Some(epoch) || slot.refs > 0 {
+            return Vec::new(); // reopened meanwhile, or an older timer
+        }
+        slot.idle_epoch = None;
+        slot.generation = generation;
+        match std::mem::replace(&mut slot.phase, Phase::Idle) {
+            Phase::Ready(live) => {
+                live.closed.cancel();
+                vec![Effect::Close {
+                    server: server.to_owned(),
+                    conn: live.conn,
+                    reason: CloseReason::Idle,
+                }]
+            }
+            // A connect still under way: its result is now stale and gets closed on arrival.
+            _ => Vec::new(),
+        }
+    }
+
+    /// A connect attempt succeeded and listed `tools`.
+    pub fn connected(
+        &mut self,
+        server: &str,
+        generation: u64,
+        conn: Arc<dyn McpConnection>,
+        tools: Vec<McpTool>,
+    ) -> Vec<Effect> {
+        let Some(slot) = self.servers.get_mut(server) else {
+            return vec![stale_close(server, conn)];
+        };
+        if slot.generation != generation || !matches!(slot.phase, Phase::Connecting) {
+            return vec![stale_close(server, conn)];
+        }
+        let (tools, left_out) = offered_tools(server, tools);
+        let count = tools.len();
+        slot.phase = Phase::Ready(Live {
+            conn,
+            tools,
+            left_out,
+            closed: CancellationToken::new(),
+            refresh_asked: 0,
+            refresh_applied: 0,
+        });
+        slot.failures = 0;
+        vec![Effect::Ready {
+            server: server.to_owned(),
+            tools: count,
+        }]
+    }
+
+    /// A connect attempt failed.
+    pub fn connect_failed(&mut self, server: &str, generation: u64, reason: String) -> Vec<Effect> {
+        match self.servers.get(server) {
+            Some(slot)
+                if slot.generation == generation && matches!(slot.phase, Phase::Connecting) =>
+            {
+                self.fail(server, reason)
+            }
+            _ => Vec::new(),
+        }
+    }
+
+    /// The connection of `generation` ended (the server died or the stream closed).
+    pub fn closed(&mut self, server: &str, generation: u64, reason: String) -> Vec<Effect> {
+        let Some(slot) = self.servers.get_mut(server) else {
+            return Vec::new();
+        };
+        if slot.generation != generation {
+            return Vec::new();
+        }
+        match std::mem::replace(&mut slot.phase, Phase::Idle) {
+            Phase::Ready(live) => {
+                live.closed.cancel();
+                let mut fx = vec![Effect::Close {
+                    server: server.to_owned(),
+                    conn: live.conn,
+                    reason: CloseReason::Died,
+                }];
+                fx.extend(self.fail(server, reason));
+                fx
+            }
+            Phase::Connecting => {
+                slot.phase = Phase::Connecting;
+                self.fail(server, reason)
+            }
+            other => {
+                slot.phase = other;
+                Vec::new()
+            }
+        }
+    }
+
+    /// Records a failure: a restart after the backoff when views still reference the
+    /// server, else idle.
+    fn fail(&mut self, server: &str, reason: String) -> Vec<Effect> {
+        let generation = self.next();
+        let (base, max) = (self.backoff_base, self.backoff_max);
+        let Some(slot) = self.servers.get_mut(server) else {
+            return Vec::new();
+        };
+        slot.failures = slot.failures.saturating_add(1);
+        slot.generation = generation;
+        let mut fx = Vec::new();
+        if slot.refs > 0 {
+            let delay = backoff_delay(base, max, slot.failures - 1);
+            slot.phase = Phase::Backoff;
+            fx.push(Effect::ScheduleRestart {
+                server: server.to_owned(),
+                generation,
+                delay,
+            });
+            fx.push(Effect::Failed {
+                server: server.to_owned(),
+                reason,
+                retry_in: Some(delay),
+            });
+        } else {
+            slot.phase = Phase::Idle;
+            if slot.idle_epoch.take().is_some() {
+                fx.push(Effect::CancelTimer {
+                    server: server.to_owned(),
+                });
+            }
+            fx.push(Effect::Failed {
+                server: server.to_owned(),
+                reason,
+                retry_in: None,
+            });
+        }
+        fx
+    }
+
+    /// The restart timer fired.
+    pub fn restart_due(&mut self, server: &str, generation: u64) -> Vec<Effect> {
+        let next = self.next();
+        let Some(slot) = self.servers.get_mut(server) else {
+            return Vec::new();
+        };
+        if slot.generation != generation || !matches!(slot.phase, Phase::Backoff) || slot.refs == 0
+        {
+            return Vec::new();
+        }
+        slot.phase = Phase::Connecting;
+        slot.generation = next;
+        vec![Effect::Connect {
+            server: server.to_owned(),
+            generation: next,
+            config: slot.config.clone(),
+        }]
+    }
+
+    /// The server said its tools changed.
+    pub fn tools_changed(&mut self, server: &str, generation: u64) -> Vec<Effect> {
+        match self.servers.get_mut(server) {
+            Some(ServerSlot {
+                phase: Phase::Ready(live),
+                generation: g,
+                ..
+            }) if *g == generation => {
+                live.refresh_asked += 1;
+                vec![Effect::Refresh {
+                    server: server.to_owned(),
+                    generation,
+                    seq: live.refresh_asked,
+                    conn: live.conn.clone(),
+                }]
+            }
+            _ => Vec::new(),
+        }
+    }
+
+    /// A refresh listed `tools`. Returns `Some(count)` when the list was replaced.
+    pub fn tools_listed(
+        &mut self,
+        server: &str,
+        generation: u64,
+        seq: u64,
+        tools: Vec<McpTool>,
+    ) -> Option<usize> {
+        match self.servers.get_mut(server) {
+            Some(ServerSlot {
+                phase: Phase::Ready(live),
+                generation: g,
+                ..
+            }) if *g == generation && seq > live.refresh_applied => {
+                let (tools, left_out) = offered_tools(server, tools);
+                live.tools = tools;
+                live.left_out = left_out;
+                live.refresh_applied = seq;
+                Some(live.tools.len())
+            }
+            _ => None,
+        }
+    }
+
+    /// Stops everything: every live connection is to be closed.
+    pub fn shutdown(&mut self) -> Vec<Effect> {
+        let mut fx = Vec::new();
+        let mut generation = self.counter;
+        for (name, slot) in &mut self.servers {
+            generation += 1;
+            slot.generation = generation;
+            slot.idle_epoch = None;
+            if let Phase::Ready(live) = std::mem::replace(&mut slot.phase, Phase::Idle) {
+                live.closed.cancel();
+                fx.push(Effect::Close {
+                    server: name.clone(),
+                    conn: live.conn,
+                    reason: CloseReason::Shutdown,
+                });
+            }
+        }
+        self.counter = generation;
+        fx
+    }
+
+    /// The tools a view sees, qualified and sorted by name (S8).
+    pub fn list_tools(&self, id: ViewId) -> Result<Vec<ToolSpec>, AgentError> {
+        let view = self.view(id)?;
+        let mut tools: Vec<ToolSpec> = view
+            .servers
+            .iter()
+            .filter_map(|name| match self.servers.get(name).map(|s| &s.phase) {
+                Some(Phase::Ready(live)) => Some((name, live)),
+                _ => None,
+            })
+            .flat_map(|(name, live)| {
+                live.tools.values().map(move |tool| ToolSpec {
+                    name: qualify(name, &tool.name),
+                    description: tool.description.clone(),
+                    parameters: tool.input_schema.clone(),
+                })
+            })
+            .filter(|spec| visible(view.allowlist.as_ref(), &spec.name))
+            .collect();
+        tools.sort_by(|a, b| a.name.cmp(&b.name));
+        Ok(tools)
+    }
+
+    /// Where a call of `name` goes, if the view may make it.
+    pub fn resolve(&self, id: ViewId, name: &str) -> Result<Route, AgentError> {
+        let view = self.view(id)?;
+        let unknown = || AgentError::ToolError {
+            name: name.to_owned(),
+            message: format!("unknown tool `{name}`"),
+        };
+        let (server, tool) = split_qualified(name).ok_or_else(unknown)?;
+        if !view.servers.contains(server) || !visible(view.allowlist.as_ref(), name) {
+            return Err(unknown());
+        }
+        let slot = self.servers.get(server).ok_or_else(unknown)?;
+        let live = match &slot.phase {
+            Phase::Ready(live) => live,
+            other => {
+                return Err(AgentError::McpError {
+                    server: server.to_owned(),
+                    message: format!("the server is not connected ({})", other.name()),
+                });
+            }
+        };
+        if !live.tools.contains_key(tool) {
+            return Err(match live.left_out.get(tool) {
+                Some(LeftOut::RequiresTask) => AgentError::ToolError {
+                    name: name.to_owned(),
+                    message: "the tool needs MCP task augmentation, which is not supported".into(),
+                },
+                _ => unknown(),
+            });
+        }
+        Ok(Route {
+            server: server.to_owned(),
+            tool: tool.to_owned(),
+            conn: live.conn.clone(),
+            closed: live.closed.clone(),
+        })
+    }
+
+    fn view(&self, id: ViewId) -> Result<&ViewRecord, AgentError> {
+        self.views
+            .get(&id)
+            .ok_or_else(|| AgentError::not_found("MCP view (released)", id))
+    }
+
+    /// Live connections.
+    pub fn live_connections(&self) -> usize {
+        self.servers
+            .values()
+            .filter(|s| matches!(s.phase, Phase::Ready(_)))
+            .count()
+    }
+
+    pub fn views_len(&self) -> usize {
+        self.views.len()
+    }
+
+    #[cfg(test)]
+    pub fn server(&self, name: &str) -> Option<&ServerSlot> {
+        self.servers.get(name)
+    }
+
+    pub fn snapshot(&self) -> PoolSnapshot {
+        PoolSnapshot {
+            servers: self
+                .servers
+                .iter()
+                .map(|(name, slot)| {
+                    let (tools, process_id) = match &slot.phase {
+                        Phase::Ready(live) => (
+                            live.tools.keys().map(|t| qualify(name, t)).collect(),
+                            live.conn.process_id(),
+                        ),
+                        _ => (Vec::new(), None),
+                    };
+                    let mut tools: Vec<String> = tools;
+                    tools.sort();
+                    ServerSnapshot {
+                        name: name.clone(),
+                        phase: slot.phase.name(),
+                        refs: slot.refs,
+                        tools,
+                        failures: slot.failures,
+                        process_id,
+                    }
+                })
+                .collect(),
+            views: self.views.len(),
+        }
+    }
+}
+
+fn stale_close(server: &str, conn: Arc<dyn McpConnection>) -> Effect {
+    Effect::Close {
+        server: server.to_owned(),
+        conn,
+        reason: CloseReason::Stale,
+    }
+}
+
+/// `server__tool`.
+pub fn qualify(server: &str, tool: &str) -> String {
+    format!("{server}__{tool}")
+}
+
+/// Splits a qualified name at its first `__` (server names never contain one, and never end
+/// in `_`, so the split is unambiguous).
+pub fn split_qualified(name: &str) -> Option<(&str, &str)> {
+    name.split_once("__")
+        .filter(|(server, tool)| !server.is_empty() && !tool.is_empty())
+}
+
+/// Whether an allowlist lets a qualified name through (`None` = everything).
+pub fn visible(allowlist: Option<&BTreeSet<String>>, qualified: &str) -> bool {
+    allowlist.is_none_or(|list| list.contains(qualified))
+}
+
+/// Delay before restart number `attempt + 1` after consecutive failures: `base · 2^attempt`,
+/// capped at `max`.
+pub fn backoff_delay(base: Duration, max: Duration, attempt: u32) -> Duration {
+    let factor = 1u32.checked_shl(attempt).unwrap_or(u32::MAX);
+    base.checked_mul(factor).unwrap_or(max).min(max)
+}
+
+/// Splits a server's listing into the tools offered and those left out (task-augmented tools,
+/// names that do not make a legal qualified name), logging each one left out.
+pub fn offered_tools(
+    server: &str,
+    tools: Vec<McpTool>,
+) -> (BTreeMap<String, McpTool>, BTreeMap<String, LeftOut>) {
+    let mut offered = BTreeMap::new();
+    let mut left_out = BTreeMap::new();
+    for tool in tools {
+        let reason = if tool.requires_task {
+            Some(LeftOut::RequiresTask)
+        } else if !is_valid_tool_name(&qualify(server, &tool.name)) {
+            Some(LeftOut::InvalidName)
+        } else {
+            None
+        };
+        match reason {
+            Some(reason) => {
+                tracing::info!(
+                    server,
+                    tool = %tool.name,
+                    reason = reason.as_str(),
+                    "MCP tool left out"
+                );
+                super::metrics::left_out(reason);
+                left_out.insert(tool.name, reason);
+            }
+            None => {
+                offered.insert(tool.name.clone(), tool);
+            }
+        }
+    }
+    (offered, left_out)
+}
+
+/// Checks server names: legal (`[a-zA-Z0-9_-]+`, at most 64 bytes), without `__`, not ending
+/// in `_` (which would make `name___tool` ambiguous), and unique. The error names each one.
+pub fn validate_servers(servers: &[McpServerConfig]) -> Result<(), AgentError> {
+    let mut seen = BTreeSet::new();
+    let mut problems = Vec::new();
+    for s in servers {
+        let name = &s.name;
+        if !is_valid_tool_name(name) {
+            problems.push(format!(
+                "`{name}` (must match [a-zA-Z0-9_-]+, at most 64 bytes)"
+            ));
+        } else if name.contains("__") {
+            problems.push(format!("`{name}` (must not contain `__`)"));
+        } else if name.ends_with('_') {
+            problems.push(format!(
+                "`{name}` (must not end in `_`: its qualified tool names would be ambiguous)"
+            ));
+        } else if !seen.insert(name.as_str()) {
+            problems.push(format!("`{name}` (configured twice)"));
+        }
+    }
+    if problems.is_empty() {
+        Ok(())
+    } else {
+        Err(AgentError::invalid(format!(
+            "invalid MCP server names: {}",
+            problems.join(", ")
+        )))
+    }
+}
+
+/// The roots offered to servers: `file://` URIs, each once, sorted. Entries that already are
+/// URIs are kept; absolute paths are converted; anything else is an error naming it.
+pub fn root_uris(roots: &[String]) -> Result<Vec<String>, AgentError> {
+    let mut uris = BTreeSet::new();
+    let mut bad = Vec::new();
+    for root in roots {
+        if root.contains("://") {
+            uris.insert(root.clone());
+        } else if root.starts_with('/') {
+            uris.insert(format!("file://{}", percent_encode_path(root)));
+        } else {
+            bad.push(format!("`{root}`"));
+        }
+    }
+    if bad.is_empty() {
+        Ok(uris.into_iter().collect())
+    } else {
+        Err(AgentError::invalid(format!(
+            "MCP roots must be absolute paths or URIs: {}",
+            bad.join(", ")
+        )))
+    }
+}
+
+fn percent_encode_path(path: &str) -> String {
+    let mut out = String::with_capacity(path.len());
+    for b in path.bytes() {
+        if b.is_ascii_alphanumeric() || matches!(b, b'/' | b'-' | b'.' | b'_' | b'~') {
+            out.push(char::from(b));
+        } else {
+            out.push_str(&format!("%{b:02X}"));
+        }
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::ports::{McpCall, McpTransport};
+    use troupe_proto::ToolOutput;
+
+    struct NullConn;
+
+    #[async_trait::async_trait]
+    impl McpConnection for NullConn {
+        async fn list_tools(&self) -> Result<Vec<McpTool>, AgentError> {
+            Ok(Vec::new())
+        }
+        async fn call_tool(&self, _call: McpCall<'_>) -> Result<ToolOutput, AgentError> {
+            Err(AgentError::internal("null"))
+        }
+        fn process_id(&self) -> Option<u32> {
+            None
+        }
+        async fn close(&self) {}
+    }
+
+    fn config(name: &str) -> McpServerConfig {
+        McpServerConfig {
+            name: name.to_owned(),
+            transport: McpTransport::StreamableHttp {
+                url: format!("http://127.0.0.1/{name}"),
+                headers: Default::default(),
+            },
+        }
+    }
+
+    fn tool(name: &str) -> McpTool {
+        McpTool {
+            name: name.to_owned(),
+            description: format!("{name} tool"),
+            input_schema: empty_schema(),
+            requires_task: false,
+        }
+    }
+
+    fn core(names: &[&str]) -> PoolCore {
+        PoolCore::new(
+            names.iter().map(|n| config(n)).collect(),
+            Duration::from_secs(1),
+            Duration::from_secs(8),
+        )
+        .unwrap()
+    }
+
+    fn strings(v: &[&str]) -> Vec<String> {
+        v.iter().map(|s| (*s).to_owned()).collect()
+    }
+
+    /// Completes the pending connect of `server` with `tools`.
+    fn connect(core: &mut PoolCore, server: &str, tools: &[&str]) -> Vec<Effect> {
+        let generation = core.server(server).unwrap().generation;
+        core.connected(
+            server,
+            generation,
+            Arc::new(NullConn),
+            tools.iter().map(|t| tool(t)).collect(),
+        )
+    }
+
+    fn empty_schema() -> troupe_proto::Json {
+        troupe_proto::Json(serde_json::json!({"type": "object", "properties": {}}))
+    }
+
+    fn names(fx: &[Effect]) -> Vec<String> {
+        fx.iter().map(|e| format!("{e:?}")).collect()
+    }
+
+    #[test]
+    fn server_names_are_validated() {
+        let ok = [config("fs"), config("git-hub"), config("a_b")];
+        assert!(validate_servers(&ok).is_ok());
+        let bad = [
+            config("a__b"),
+            config("x"),
+            config("x"),
+            config("bad name"),
+            config("end_"),
+            config(""),
+        ];
+        let err = validate_servers(&bad).unwrap_err().to_string();
+        for needle in [
+            "`a__b` (must not contain `__`)",
+            "`x` (configured twice)",
+            "`bad name`",
+            "`end_`",
+            "``",
+        ] {
+            assert!(err.contains(needle), "{needle} missing from {err}");
+        }
+    }
+
+    #[test]
+    fn qualified_names_split_at_the_first_double_underscore() {
+        assert_eq!(split_qualified("fs__read"), Some(("fs", "read")));
+        assert_eq!(split_qualified("fs__read__all"), Some(("fs", "read__all")));
+        assert_eq!(split_qualified("fs___x"), Some(("fs", "_x")));
+        assert_eq!(split_qualified("fs"), None);
+        assert_eq!(split_qualified("__x"), None);
+        assert_eq!(split_qualified("fs__"), None);
+    }
+
+    #[test]
+    fn backoff_doubles_up_to_the_max() {
+        let base = Duration::from_millis(500);
+        let max = Duration::from_secs(5);
+        let schedule: Vec<u64> = (0..8)
+            .map(|n| backoff_delay(base, max, n).as_millis() as u64)
+            .collect();
+        assert_eq!(schedule, [500, 1000, 2000, 4000, 5000, 5000, 5000, 5000]);
+        assert_eq!(backoff_delay(base, max, 400), max);
+    }
+
+    #[test]
+    fn the_first_reference_connects_and_later_ones_share() {
+        let mut core = core(&["a", "b"]);
+        let c = ConversationId::new();
+        let (_, fx) = core.open_view(c, None).unwrap();
+        assert_eq!(names(&fx).len(), 2);
+        assert!(matches!(fx[0], Effect::Connect { .. }));
+        for _ in 0..10 {
+            let (_, fx) = core.open_view(ConversationId::new(), None).unwrap();
+            assert!(fx.is_empty(), "{fx:?}");
+        }
+        assert_eq!(core.server("a").unwrap().refs, 11);
+        // A view limited to `b` references only `b`.
+        let (_, fx) = core
+            .open_view(ConversationId::new(), Some(strings(&["b__x"])))
+            .unwrap();
+        assert!(fx.is_empty());
+        assert_eq!(
+            (
+                core.server("a").unwrap().refs,
+                core.server("b").unwrap().refs
+            ),
+            (11, 12)
+        );
+    }
+
+    #[test]
+    fn the_last_release_arms_the_reclaim_and_a_reopen_disarms_it() {
+        let mut core = core(&["a"]);
+        let (v, _) = core.open_view(ConversationId::new(), None).unwrap();
+        connect(&mut core, "a", &["t"]);
+        let (_, fx) = core.release_view(v).unwrap();
+        let Some(Effect::ScheduleIdle { epoch, .. }) = fx.first() else {
+            panic!("expected a reclaim, got {fx:?}");
+        };
+        let epoch = *epoch;
+        assert!(core.release_view(v).is_none(), "release is idempotent");
+        // Reopened before the timer: disarmed, and the old timer does nothing.
+        let (v2, fx) = core.open_view(ConversationId::new(), None).unwrap();
+        assert_eq!(names(&fx), ["CancelTimer(a)"]);
+        assert!(core.idle_timeout("a", epoch).is_empty());
+        assert_eq!(core.server("a").unwrap().phase.name(), "ready");
+        // Released again: its own timer reclaims it.
+        let (_, fx) = core.release_view(v2).unwrap();
+        let Some(Effect::ScheduleIdle { epoch, .. }) = fx.first() else {
+            panic!("expected a reclaim, got {fx:?}");
+        };
+        let fx = core.idle_timeout("a", *epoch);
+        assert_eq!(names(&fx), ["Close(a, Idle)"]);
+        assert_eq!(core.server("a").unwrap().phase.name(), "idle");
+        // The next view connects again.
+        let (_, fx) = core.open_view(ConversationId::new(), None).unwrap();
+        assert!(matches!(fx[..], [Effect::Connect { .. }]));
+    }
+
+    #[test]
+    fn a_reclaim_during_connect_makes_the_connect_stale() {
+        let mut core = core(&["a"]);
+        let (v, _) = core.open_view(ConversationId::new(), None).unwrap();
+        let generation = core.server("a").unwrap().generation;
+        let (_, fx) = core.release_view(v).unwrap();
+        let Some(Effect::ScheduleIdle { epoch, .. }) = fx.first() else {
+            panic!("{fx:?}");
+        };
+        assert!(core.idle_timeout("a", *epoch).is_empty());
+        let fx = core.connected("a", generation, Arc::new(NullConn), vec![tool("t")]);
+        assert_eq!(names(&fx), ["Close(a, Stale)"]);
+        assert_eq!(core.server("a").unwrap().phase.name(), "idle");
+    }
+
+    #[test]
+    fn deaths_back_off_and_a_connect_resets_the_schedule() {
+        let mut core = core(&["a"]);
+        core.open_view(ConversationId::new(), None).unwrap();
+        connect(&mut core, "a", &["t"]);
+        let g = core.server("a").unwrap().generation;
+        let fx = core.closed("a", g, "exit 1".into());
+        assert_eq!(
+            names(&fx),
+            [
+                "Close(a, Died)",
+                "ScheduleRestart(a, 1s)",
+                "Failed(a, Some(1s))"
+            ]
+        );
+        // A stale death report of the same generation does nothing.
+        assert!(core.closed("a", g, "again".into()).is_empty());
+        let mut delays = Vec::new();
+        for _ in 0..5 {
+            let g = core.server("a").unwrap().generation;
+            let fx = core.restart_due("a", g);
+            assert!(matches!(fx[..], [Effect::Connect { .. }]));
+            let g = core.server("a").unwrap().generation;
+            let fx = core.connect_failed("a", g, "refused".into());
+            let Some(Effect::ScheduleRestart { delay, .. }) = fx.first() else {
+                panic!("{fx:?}");
+            };
+            delays.push(delay.as_secs());
+        }
+        assert_eq!(delays, [2, 4, 8, 8, 8]);
+        let g = core.server("a").unwrap().generation;
+        core.restart_due("a", g);
+        connect(&mut core, "a", &["t"]);
+        assert_eq!(core.server("a").unwrap().failures, 0);
+        let g = core.server("a").unwrap().generation;
+        let fx = core.closed("a", g, "exit 1".into());
+        assert_eq!(names(&fx)[1], "ScheduleRestart(a, 1s)");
+    }
+
+    #[test]
+    fn nobody_referencing_a_dead_server_means_no_restart() {
+        let mut core = core(&["a"]);
+        let (v, _) = core.open_view(ConversationId::new(), None).unwrap();
+        connect(&mut core, "a", &["t"]);
+        // In backoff, the last release stops the restart.
+        let g = core.server("a").unwrap().generation;
+        let fx = core.closed("a", g, "exit".into());
+        let Some(Effect::ScheduleRestart { generation, .. }) = fx.get(1) else {
+            panic!("{fx:?}");
+        };
+        let restart = *generation;
+        let (_, fx) = core.release_view(v).unwrap();
+        assert_eq!(names(&fx), ["CancelTimer(a)"]);
+        assert!(core.restart_due("a", restart).is_empty());
+        assert_eq!(core.server("a").unwrap().phase.name(), "idle");
+    }
+
+    #[test]
+    fn an_unreferenced_death_goes_idle_and_disarms_the_reclaim() {
+        let mut core = core(&["a"]);
+        let (v, _) = core.open_view(ConversationId::new(), None).unwrap();
+        connect(&mut core, "a", &["t"]);
+        core.release_view(v).unwrap();
+        let g = core.server("a").unwrap().generation;
+        let fx = core.closed("a", g, "exit".into());
+        assert_eq!(
+            names(&fx),
+            ["Close(a, Died)", "CancelTimer(a)", "Failed(a, None)"]
+        );
+    }
+
+    #[test]
+    fn allowlists_are_checked_against_the_configuration_and_known_tools() {
+        let mut core = core(&["fs", "web"]);
+        core.open_view(ConversationId::new(), None).unwrap();
+        connect(&mut core, "fs", &["read", "write"]);
+        // `web` is still connecting: any of its tools is accepted for now.
+        let servers = core
+            .check_allowlist(&strings(&["fs__read", "web__anything"]))
+            .unwrap();
+        assert_eq!(
+            servers.into_iter().collect::<Vec<_>>(),
+            strings(&["fs", "web"])
+        );
+        let err = core
+            .check_allowlist(&strings(&[
+                "fs__read",
+                "fs__delete",
+                "git__log",
+                "plain",
+                "fs/read",
+            ]))
+            .unwrap_err();
+        let AgentError::InvalidInput { message } = err else {
+            panic!("{err:?}");
+        };
+        for needle in [
+            "`fs__delete` (server `fs` has no tool `delete`)",
+            "`git__log` (no MCP server `git` is configured)",
+            "`plain` (not a qualified",
+            "`fs/read` (not a qualified",
+        ] {
+            assert!(message.contains(needle), "{needle} missing from {message}");
+        }
+        assert!(!message.contains("`fs__read`"));
+    }
+
+    #[test]
+    fn views_see_sorted_qualified_tools_through_their_allowlist() {
+        let mut core = core(&["b", "a-b", "a"]);
+        let (all, _) = core.open_view(ConversationId::new(), None).unwrap();
+        connect(&mut core, "a", &["z", "m"]);
+        connect(&mut core, "a-b", &["c"]);
+        connect(&mut core, "b", &["x"]);
+        let listed: Vec<String> = core
+            .list_tools(all)
+            .unwrap()
+            .into_iter()
+            .map(|t| t.name)
+            .collect();
+        // Sorted by qualified name: `-` sorts before `_`.
+        assert_eq!(listed, strings(&["a-b__c", "a__m", "a__z", "b__x"]));
+        let (some, _) = core
+            .open_view(ConversationId::new(), Some(strings(&["a__z", "b__x"])))
+            .unwrap();
+        let listed: Vec<String> = core
+            .list_tools(some)
+            .unwrap()
+            .into_iter()
+            .map(|t| t.name)
+            .collect();
+        assert_eq!(listed, strings(&["a__z", "b__x"]));
+        assert!(core.resolve(some, "a__z").is_ok());
+        for hidden in ["a__m", "a-b__c", "nope", "zz__x"] {
+            let err = core.resolve(some, hidden).err().unwrap();
+            assert!(
+                matches!(err, AgentError::ToolError { ref message, .. } if message.contains("unknown tool")),
+                "{hidden}: {err:?}"
+            );
+        }
+        let route = core.resolve(all, "a__m").unwrap();
+        assert_eq!((route.server.as_str(), route.tool.as_str()), ("a", "m"));
+    }
+
+    #[test]
+    fn a_call_to_a_server_that_is_not_ready_is_an_mcp_error() {
+        let mut core = core(&["a"]);
+        let (v, _) = core.open_view(ConversationId::new(), None).unwrap();
+        let err = core.resolve(v, "a__t").err().unwrap();
+        assert!(matches!(err, AgentError::McpError { ref server, .. } if server == "a"));
+        core.release_view(v);
+        assert!(matches!(
+            core.resolve(v, "a__t").err().unwrap(),
+            AgentError::NotFound { .. }
+        ));
+    }
+
+    #[test]
+    fn task_augmented_and_illegal_tools_are_left_out() {
+        let long = "x".repeat(70);
+        let mut tools = vec![tool("ok"), tool("has.dot"), tool(&long)];
+        tools.push(McpTool {
+            requires_task: true,
+            ..tool("slow")
+        });
+        let (offered, left) = offered_tools("s", tools);
+        assert_eq!(offered.keys().collect::<Vec<_>>(), ["ok"]);
+        assert_eq!(left.get("slow"), Some(&LeftOut::RequiresTask));
+        assert_eq!(left.get("has.dot"), Some(&LeftOut::InvalidName));
+        assert_eq!(left.get(long.as_str()), Some(&LeftOut::InvalidName));
+    }
+
+    #[test]
+    fn a_late_refresh_never_replaces_a_newer_one() {
+        let mut core = core(&["a"]);
+        let (v, _) = core.open_view(ConversationId::new(), None).unwrap();
+        connect(&mut core, "a", &["t"]);
+        let g = core.server("a").unwrap().generation;
+        core.tools_changed("a", g);
+        core.tools_changed("a", g);
+        assert_eq!(core.tools_listed("a", g, 2, vec![tool("new")]), Some(1));
+        assert_eq!(core.tools_listed("a", g, 1, vec![tool("old")]), None);
+        let listed: Vec<String> = core
+            .list_tools(v)
+            .unwrap()
+            .into_iter()
+            .map(|t| t.name)
+            .collect();
+        assert_eq!(listed, ["a__new"]);
+        assert!(core.tools_changed("a", g + 100).is_empty());
+    }
+
+    #[test]
+    fn shutdown_closes_every_live_connection() {
+        let mut core = core(&["a", "b"]);
+        core.open_view(ConversationId::new(), None).unwrap();
+        connect(&mut core, "a", &["t"]);
+        let token = core.resolve_any_closed("a");
+        let fx = core.shutdown();
+        assert_eq!(names(&fx), ["Close(a, Shutdown)"]);
+        assert!(token.is_cancelled());
+        assert_eq!(core.live_connections(), 0);
+    }
+
+    #[test]
+    fn roots_become_file_uris_once() {
+        let roots = strings(&["/work/a b", "/work/x", "/work/x", "file:///srv"]);
+        assert_eq!(
+            root_uris(&roots).unwrap(),
+            strings(&["file:///srv", "file:///work/a%20b", "file:///work/x"])
+        );
+        assert!(root_uris(&strings(&["relative/dir"])).is_err());
+    }
+
+    impl PoolCore {
+        fn resolve_any_closed(&self, server: &str) -> CancellationToken {
+            match &self.servers[server].phase {
+                Phase::Ready(live) => live.closed.clone(),
+                _ => panic!("not ready"),
+            }
+        }
+    }
+}

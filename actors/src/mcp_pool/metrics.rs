@@ -1,0 +1,201 @@
+//! McpPool metrics: names, descriptions and typed helpers. Labels are bounded enums only;
+//! server names, conversation ids and tool names go into spans and events, never into labels
+//! (server names come from configuration, but a session per tenant could still multiply them).
+
+use metrics::{
+    Unit, counter, describe_counter, describe_gauge, describe_histogram, gauge, histogram,
+};
+use std::time::Duration;
+use troupe_proto::AgentError;
+
+/// MCP tool calls, by outcome.
+pub const CALLS_TOTAL: &str = "troupe_mcp_calls_total";
+/// MCP tool call latency (slot waits included), by outcome.
+pub const CALL_SECONDS: &str = "troupe_mcp_call_duration_seconds";
+/// Time a call waited for its slots and rate token.
+pub const SLOT_WAIT_SECONDS: &str = "troupe_mcp_slot_wait_seconds";
+/// Calls refused because a limit stayed full past the wait bound, by limit.
+pub const OVERLOADED_TOTAL: &str = "troupe_mcp_overloaded_total";
+/// Connect attempts (handshake and first tool listing), by outcome.
+pub const CONNECTS_TOTAL: &str = "troupe_mcp_connects_total";
+/// Connections that ended, by reason.
+pub const CLOSED_TOTAL: &str = "troupe_mcp_connections_closed_total";
+/// Live connections (summed over sessions).
+pub const CONNECTIONS: &str = "troupe_mcp_connections";
+/// Open views (summed over sessions).
+pub const VIEWS: &str = "troupe_mcp_views";
+/// Progress notifications received during calls.
+pub const PROGRESS_TOTAL: &str = "troupe_mcp_progress_notifications_total";
+/// Tools a server listed that are not offered, by reason.
+pub const TOOLS_LEFT_OUT_TOTAL: &str = "troupe_mcp_tools_left_out_total";
+
+/// Registers descriptions; call once after installing a recorder.
+pub fn describe() {
+    describe_counter!(
+        CALLS_TOTAL,
+        Unit::Count,
+        "MCP tool calls, by outcome (ok, tool_error or an error kind)."
+    );
+    describe_histogram!(
+        CALL_SECONDS,
+        Unit::Seconds,
+        "MCP tool call latency including slot waits, by outcome."
+    );
+    describe_histogram!(
+        SLOT_WAIT_SECONDS,
+        Unit::Seconds,
+        "Time an MCP call waited for its concurrency slots and rate token."
+    );
+    describe_counter!(
+        OVERLOADED_TOTAL,
+        Unit::Count,
+        "MCP calls refused because a limit stayed full past the wait bound, by limit."
+    );
+    describe_counter!(
+        CONNECTS_TOTAL,
+        Unit::Count,
+        "MCP connect attempts (handshake and first tool listing), by outcome."
+    );
+    describe_counter!(
+        CLOSED_TOTAL,
+        Unit::Count,
+        "MCP connections that ended, by reason (idle, died, stale, shutdown)."
+    );
+    describe_gauge!(CONNECTIONS, Unit::Count, "Live MCP connections.");
+    describe_gauge!(
+        VIEWS,
+        Unit::Count,
+        "Open MCP views (one per conversation view)."
+    );
+    describe_counter!(
+        PROGRESS_TOTAL,
+        Unit::Count,
+        "Progress notifications received during MCP calls."
+    );
+    describe_counter!(
+        TOOLS_LEFT_OUT_TOTAL,
+        Unit::Count,
+        "Tools listed by MCP servers but not offered, by reason (requires_task, invalid_name)."
+    );
+}
+
+/// Which limit refused a call.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Limit {
+    ConversationConcurrency,
+    ConversationRate,
+    SessionConcurrency,
+}
+
+impl Limit {
+    pub const fn as_str(self) -> &'static str {
+        match self {
+            Self::ConversationConcurrency => "conversation_concurrency",
+            Self::ConversationRate => "conversation_rate",
+            Self::SessionConcurrency => "session_concurrency",
+        }
+    }
+}
+
+/// Why a connection ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum CloseReason {
+    /// No view referenced it for the idle timeout.
+    Idle,
+    /// The server went away (process exit, stream end).
+    Died,
+    /// A connect finished after the pool stopped wanting it.
+    Stale,
+    /// The pool stopped.
+    Shutdown,
+}
+
+impl CloseReason {
+    pub const fn as_str(self) -> &'static str {
+        match self {
+            Self::Idle => "idle",
+            Self::Died => "died",
+            Self::Stale => "stale",
+            Self::Shutdown => "shutdown",
+        }
+    }
+}
+
+/// Why a listed tool is not offered.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum LeftOut {
+    /// It needs MCP task augmentation, which the pool does not support.
+    RequiresTask,
+    /// Its qualified name is not a legal tool name.
+    InvalidName,
+}
+
+impl LeftOut {
+    pub const fn as_str(self) -> &'static str {
+        match self {
+            Self::RequiresTask => "requires_task",
+            Self::InvalidName => "invalid_name",
+        }
+    }
+}
+
+/// The outcome label of a finished call.
+pub fn outcome(result: &Result<troupe_proto::ToolOutput, AgentError>) -> &'static str {
+    match result {
+        Ok(out) if out.is_error => "tool_error",
+        Ok(_) => "ok",
+        Err(e) => e.kind().as_str(),
+    }
+}
+
+pub fn call_finished(outcome: &'static str, took: Duration) {
+    counter!(CALLS_TOTAL, "outcome" => outcome).increment(1);
+    histogram!(CALL_SECONDS, "outcome" => outcome).record(took.as_secs_f64());
+}
+
+pub fn slot_wait(waited: Duration) {
+    histogram!(SLOT_WAIT_SECONDS).record(waited.as_secs_f64());
+}
+
+pub fn overloaded(limit: Limit) {
+    counter!(OVERLOADED_TOTAL, "limit" => limit.as_str()).increment(1);
+}
+
+pub fn connect(ok: bool) {
+    let outcome = if ok { "ok" } else { "failed" };
+    counter!(CONNECTS_TOTAL, "outcome" => outcome).increment(1);
+}
+
+pub fn closed(reason: CloseReason) {
+    counter!(CLOSED_TOTAL, "reason" => reason.as_str()).increment(1);
+}
+
+pub fn progress() {
+    counter!(PROGRESS_TOTAL).increment(1);
+}
+
+pub fn left_out(reason: LeftOut) {
+    counter!(TOOLS_LEFT_OUT_TOTAL, "reason" => reason.as_str()).increment(1);
+}
+
+/// Publishes the connection and view gauges as deltas, so that several sessions' pools add up
+/// instead of overwriting each other.
+#[derive(Debug, Default)]
+pub struct Occupancy {
+    connections: usize,
+    views: usize,
+}
+
+impl Occupancy {
+    pub fn publish(&mut self, connections: usize, views: usize) {
+        shift(CONNECTIONS, &mut self.connections, connections);
+        shift(VIEWS, &mut self.views, views);
+    }
+}
+
+fn shift(name: &'static str, published: &mut usize, now: usize) {
+    if now != *published {
+        gauge!(name).increment(now as f64 - *published as f64);
+        *published = now;
+    }
+}

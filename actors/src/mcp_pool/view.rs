@@ -1,0 +1,250 @@
+//! The pool's handle (`McpPort`) and its views (`McpView`): what a Conversation holds. A view
+//! asks the pool actor only for lookups (its tools, the route of a call); slots, rate tokens
+//! and the call itself are waited for here, in the caller's task.
+
+use super::limits::{self, ConversationLimiter};
+use super::{
+    CALL_TIMEOUT_GRACE, McpLimits, McpPool, McpPoolArgs, McpPoolMsg, PoolSnapshot, ViewId, decide,
+    metrics,
+};
+use crate::events::current_trace_ids;
+use crate::ports::{McpCall, McpNotice, McpPort, McpView, ToolCallContext};
+use async_trait::async_trait;
+use ractor::{Actor, ActorCell, ActorRef};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use tokio::sync::{Semaphore, mpsc};
+use tokio::task::JoinHandle;
+use tokio::time::Instant;
+use tracing::Instrument;
+use troupe_proto::{AgentError, ConversationId, ToolCall, ToolOutput, ToolSpec};
+
+/// A session's pool as its conversations see it. Cheap to clone.
+#[derive(Clone)]
+pub struct McpPoolHandle {
+    actor: ActorRef<McpPoolMsg>,
+}
+
+impl std::fmt::Debug for McpPoolHandle {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("McpPoolHandle")
+            .field("actor", &self.actor.get_id())
+            .finish()
+    }
+}
+
+impl McpPoolHandle {
+    /// Starts a pool (linked to `supervisor` when given). Illegal or repeated server names,
+    /// bad limits or relative roots are an `InvalidInput` naming each.
+    pub async fn spawn(
+        args: McpPoolArgs,
+        supervisor: Option<ActorCell>,
+    ) -> Result<(Self, JoinHandle<()>), AgentError> {
+        decide::validate_servers(&args.servers)?;
+        args.limits.validate()?;
+        decide::root_uris(&args.roots)?;
+        let spawned = match supervisor {
+            Some(sup) => Actor::spawn_linked(None, McpPool, args, sup).await,
+            None => Actor::spawn(None, McpPool, args).await,
+        };
+        let (actor, join) =
+            spawned.map_err(|e| AgentError::internal(format!("MCP pool did not start: {e}")))?;
+        Ok((Self { actor }, join))
+    }
+
+    /// A handle on a running pool.
+    pub fn new(actor: ActorRef<McpPoolMsg>) -> Self {
+        Self { actor }
+    }
+
+    pub fn actor(&self) -> &ActorRef<McpPoolMsg> {
+        &self.actor
+    }
+
+    /// The pool's servers and views.
+    pub async fn snapshot(&self) -> Result<PoolSnapshot, AgentError> {
+        ractor::call!(self.actor, |reply| McpPoolMsg::Snapshot { reply }).map_err(pool_gone)
+    }
+
+    /// Closes every connection and stops the pool.
+    pub async fn shutdown(&self) {
+        let _ = ractor::call!(self.actor, |reply| McpPoolMsg::Shutdown { reply });
+    }
+}
+
+fn pool_gone<E: std::fmt::Display>(e: E) -> AgentError {
+    AgentError::internal(format!("MCP pool stopped: {e}"))
+}
+
+#[async_trait]
+impl McpPort for McpPoolHandle {
+    async fn open_view(
+        &self,
+        conversation_id: ConversationId,
+        allowlist: Option<&[String]>,
+    ) -> Result<Arc<dyn McpView>, AgentError> {
+        let allowlist = allowlist.map(<[String]>::to_vec);
+        let grant = ractor::call!(self.actor, |reply| McpPoolMsg::OpenView {
+            conversation_id,
+            allowlist,
+            reply,
+        })
+        .map_err(pool_gone)??;
+        Ok(Arc::new(PoolView {
+            id: grant.view_id,
+            actor: self.actor.clone(),
+            limiter: grant.limiter,
+            session: grant.session,
+            limits: grant.limits,
+            released: AtomicBool::new(false),
+        }))
+    }
+}
+
+/// One conversation's view onto the pool.
+struct PoolView {
+    id: ViewId,
+    actor: ActorRef<McpPoolMsg>,
+    limiter: Arc<ConversationLimiter>,
+    session: Arc<Semaphore>,
+    limits: McpLimits,
+    /// Set by the first `release` (or `Drop`), so references are given back once.
+    released: AtomicBool,
+}
+
+impl Drop for PoolView {
+    fn drop(&mut self) {
+        // A conversation that failed never called `release`: give the references back anyway.
+        if !self.released.swap(true, Ordering::AcqRel) {
+            let _ = self
+                .actor
+                .cast(McpPoolMsg::ReleaseView { view_id: self.id });
+        }
+    }
+}
+
+#[async_trait]
+impl McpView for PoolView {
+    async fn list_tools(&self) -> Result<Vec<ToolSpec>, AgentError> {
+        ractor::call!(self.actor, |reply| McpPoolMsg::ListTools {
+            view_id: self.id,
+            reply,
+        })
+        .map_err(pool_gone)?
+    }
+
+    async fn call_tool(
+        &self,
+        call: &ToolCall,
+        ctx: ToolCallContext<'_>,
+    ) -> Result<ToolOutput, AgentError> {
+        let started = Instant::now();
+        let span = tracing::info_span!(
+            "mcp_call",
+            rpc.system = "mcp",
+            gen_ai.tool.name = %call.name,
+            gen_ai.tool.call.id = %call.call_id,
+            conversation_id = %ctx.conversation_id,
+            task_id = %ctx.task_id,
+            view = %self.id,
+        );
+        let result = self.call(call, ctx).instrument(span.clone()).await;
+        let outcome = metrics::outcome(&result);
+        metrics::call_finished(outcome, started.elapsed());
+        span.in_scope(|| {
+            tracing::debug!(
+                outcome,
+                took_ms = u64::try_from(started.elapsed().as_millis()).unwrap_or(u64::MAX),
+                "MCP call finished"
+            );
+        });
+        result
+    }
+
+    async fn release(&self) {
+        if !self.released.swap(true, Ordering::AcqRel) {
+            let _ = self
+                .actor
+                .cast(McpPoolMsg::ReleaseView { view_id: self.id });
+        }
+    }
+}
+
+impl PoolView {
+    async fn call(
+        &self,
+        call: &ToolCall,
+        ctx: ToolCallContext<'_>,
+    ) -> Result<ToolOutput, AgentError> {
+        let route = ractor::call!(self.actor, |reply| McpPoolMsg::Resolve {
+            view_id: self.id,
+            name: call.name.clone(),
+            reply,
+        })
+        .map_err(pool_gone)??;
+        let _slots = limits::admit(
+            &self.limiter,
+            &self.session,
+            &self.limits,
+            &route.server,
+            &route.closed,
+            ctx.cancel,
+        )
+        .await?;
+        // A child token: the pool cancels it when it gives up on the call, without touching
+        // the task's own token.
+        let cancel = ctx.cancel.child_token();
+        let (progress_tx, mut progress_rx) = mpsc::unbounded_channel();
+        let traceparent = match current_trace_ids() {
+            (Some(trace), Some(span)) => Some(format!("00-{trace}-{span}-01")),
+            _ => None,
+        };
+        let running = route.conn.call_tool(McpCall {
+            tool: &route.tool,
+            arguments: &call.arguments,
+            cancel: &cancel,
+            progress: Some(progress_tx),
+            traceparent,
+            timeout: self.limits.call_timeout,
+        });
+        tokio::pin!(running);
+        let guard = tokio::time::sleep(self.limits.call_timeout + CALL_TIMEOUT_GRACE);
+        tokio::pin!(guard);
+        let result = loop {
+            tokio::select! {
+                biased;
+                out = &mut running => break out,
+                Some(notice) = progress_rx.recv() => log_progress(&route.server, &notice),
+                _ = route.closed.cancelled() => {
+                    cancel.cancel();
+                    break Err(AgentError::McpError {
+                        server: route.server.clone(),
+                        message: "the connection closed during the call".into(),
+                    });
+                }
+                _ = &mut guard => {
+                    cancel.cancel();
+                    break Err(AgentError::timeout(
+                        format!("MCP call `{}`", call.name),
+                        self.limits.call_timeout,
+                    ));
+                }
+            }
+        };
+        let mut output = result?;
+        output.call_id = call.call_id.clone();
+        Ok(output)
+    }
+}
+
+fn log_progress(server: &str, notice: &McpNotice) {
+    if let McpNotice::Progress {
+        progress,
+        total,
+        message,
+    } = notice
+    {
+        metrics::progress();
+        tracing::debug!(server, progress, ?total, ?message, "MCP call progress");
+    }
+}
