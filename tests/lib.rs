@@ -49,6 +49,7 @@ impl TestSession {
         let ports = SessionPorts {
             model: model.clone(),
             mcp,
+            mcp_connector: None,
             exec: Some(Arc::new(ProcessRunner)),
             summarizer: Arc::new(LocalSummarizer::default()),
             tokens: Arc::new(troupe_actors::ports::ApproxTokens),
@@ -264,6 +265,7 @@ pub async fn start_with_model(
     let ports = SessionPorts {
         model,
         mcp,
+        mcp_connector: None,
         exec: Some(Arc::new(ProcessRunner)),
         summarizer: Arc::new(LocalSummarizer::default()),
         tokens: Arc::new(troupe_actors::ports::ApproxTokens),

@@ -177,6 +177,8 @@ impl TokenCounter for ApproxTokens {
 pub struct McpServerConfig {
     /// Prefix of its tools' qualified names (`name__tool`): `[a-zA-Z0-9_-]+` without `__`.
     pub name: String,
+    /// Flattened: a configuration file writes `type = "stdio"`, `command = ...` beside `name`.
+    #[serde(flatten)]
     pub transport: McpTransport,
 }
 

@@ -25,7 +25,10 @@ use crate::conversation::{
 };
 use crate::events::EventSink;
 use crate::history::Summarizer;
-use crate::ports::{CommandRunner, McpPort, ModelClient, TokenCounter};
+use crate::mcp_pool::{McpLimits, McpPoolArgs, McpPoolHandle};
+use crate::ports::{
+    CommandRunner, McpConnector, McpPort, McpServerConfig, ModelClient, TokenCounter,
+};
 use crate::rollout::{Rollout, RolloutArgs, RolloutMsg};
 use crate::scheduler::{Scheduler, SchedulerArgs, SchedulerMsg};
 use crate::task_registry::{TaskRegistry, TaskRegistryArgs, TaskRegistryMsg};
@@ -62,6 +65,11 @@ pub struct SessionConfig {
     pub root: OpenConversation,
     /// Open conversations allowed at once; one more is `Overloaded`.
     pub max_conversations: usize,
+    /// MCP servers of the session, pooled by the McpPool (S12) when a connector is plugged in.
+    pub mcp_servers: Vec<McpServerConfig>,
+    pub mcp_limits: McpLimits,
+    /// Workspace roots offered to MCP servers (`roots/list`).
+    pub mcp_roots: Vec<String>,
 }
 
 impl Default for SessionConfig {
@@ -76,6 +84,9 @@ impl Default for SessionConfig {
             subscriber_capacity: 1024,
             root: OpenConversation::default(),
             max_conversations: 1_000_000,
+            mcp_servers: Vec::new(),
+            mcp_limits: McpLimits::default(),
+            mcp_roots: Vec::new(),
         }
     }
 }
@@ -84,7 +95,11 @@ impl Default for SessionConfig {
 #[derive(Clone)]
 pub struct SessionPorts {
     pub model: Arc<dyn ModelClient>,
+    /// An MCP port to use as is (tests, embedders); when `None` and a connector is given,
+    /// the session runs its own McpPool over `SessionConfig::mcp_servers`.
     pub mcp: Option<Arc<dyn McpPort>>,
+    /// Opens MCP connections for the session's pool.
+    pub mcp_connector: Option<Arc<dyn McpConnector>>,
     pub exec: Option<Arc<dyn CommandRunner>>,
     pub summarizer: Arc<dyn Summarizer>,
     /// Estimates prompts (T5); `ApproxTokens` when no tokenizer is plugged in.
@@ -170,6 +185,8 @@ pub struct SessionState {
     root: ConversationId,
     conversations: HashMap<ConversationId, Entry>,
     by_actor: HashMap<ActorId, ConversationId>,
+    /// The session's McpPool, when it runs one.
+    mcp_pool: Option<McpPoolHandle>,
     shutting_down: bool,
 }
 
@@ -197,10 +214,21 @@ impl Actor for Session {
             approvals: spawn_approvals(&args.config, clock, events, &cell).await?,
             rollout,
         };
+        let mut ports = args.ports;
+        let mut mcp_pool = None;
+        if ports.mcp.is_none()
+            && let Some(connector) = ports.mcp_connector.clone()
+            && !args.config.mcp_servers.is_empty()
+        {
+            let pool = spawn_mcp_pool(&args.config, connector, clock, &services, &cell).await?;
+            ports.mcp = Some(Arc::new(pool.clone()));
+            mcp_pool = Some(pool);
+        }
         let mut state = SessionState {
             id: args.session_id,
             config: args.config,
-            ports: args.ports,
+            ports,
+            mcp_pool,
             clock,
             services,
             root: ConversationId::new(),
@@ -328,6 +356,24 @@ async fn spawn_rollout_with(
     Ok(Actor::spawn_linked(None, Rollout, args, cell.clone())
         .await?
         .0)
+}
+
+async fn spawn_mcp_pool(
+    config: &SessionConfig,
+    connector: Arc<dyn McpConnector>,
+    clock: Clock,
+    services: &ServiceRefs,
+    cell: &ActorCell,
+) -> Result<McpPoolHandle, ActorProcessingErr> {
+    let args = McpPoolArgs {
+        servers: config.mcp_servers.clone(),
+        connector,
+        events: Some(EventSink::new(services.rollout.clone())),
+        limits: config.mcp_limits,
+        clock,
+        roots: config.mcp_roots.clone(),
+    };
+    Ok(McpPoolHandle::spawn(args, Some(cell.clone())).await?.0)
 }
 
 async fn spawn_scheduler(
@@ -614,6 +660,9 @@ impl SessionState {
             async move { ractor::call!(actor, |r| ConversationMsg::Close { reply: r }) }
         });
         futures::future::join_all(closes).await;
+        if let Some(pool) = &self.mcp_pool {
+            pool.shutdown().await;
+        }
         if let Err(e) = ractor::call!(self.services.rollout, |r| RolloutMsg::Flush { reply: r }) {
             tracing::error!(error = %e, "rollout flush at shutdown failed");
         }

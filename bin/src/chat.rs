@@ -203,6 +203,8 @@ fn session_config(config: &TroupeConfig) -> SessionConfig {
     };
     let chat = &config.chat;
     s.root = chat_conversation(chat.storage_policy);
+    s.mcp_servers = config.mcp.servers.clone();
+    s.mcp_roots = config.mcp.roots.clone();
     let conv = &mut s.conversation;
     conv.shell_tool = true;
     conv.approval_policy = chat.approval_policy;
@@ -249,6 +251,10 @@ pub async fn run(args: ChatArgs) -> anyhow::Result<ExitCode> {
     let ports = SessionPorts {
         model,
         mcp: None,
+        mcp_connector: (!config.mcp.servers.is_empty()).then(|| {
+            Arc::new(troupe_runtime::RmcpConnector::new())
+                as Arc<dyn troupe_actors::ports::McpConnector>
+        }),
         exec: Some(Arc::new(ProcessRunner)),
         summarizer: Arc::new(LocalSummarizer::default()),
         tokens,

@@ -154,6 +154,7 @@ pub struct TroupeConfig {
     pub log_dir: std::path::PathBuf,
     pub model: ModelConfig,
     pub chat: ChatConfig,
+    pub mcp: McpConfig,
 }
 
 impl Default for TroupeConfig {
@@ -163,8 +164,21 @@ impl Default for TroupeConfig {
             log_dir: "history".into(),
             model: ModelConfig::default(),
             chat: ChatConfig::default(),
+            mcp: McpConfig::default(),
         }
     }
+}
+
+/// MCP servers of a session: one process (or connection) per server, shared by every
+/// conversation.
+#[derive(Debug, Clone, PartialEq, Default, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct McpConfig {
+    /// `[[mcp.servers]]` tables: `name`, `type = "stdio"` with `command`, `args`, `env`,
+    /// `cwd`, or `type = "streamable_http"` with `url`, `headers`.
+    pub servers: Vec<troupe_actors::ports::McpServerConfig>,
+    /// Workspace roots offered to servers (absolute paths).
+    pub roots: Vec<String>,
 }
 
 /// A configuration problem, with where it came from.
@@ -368,6 +382,38 @@ tool_errors = { retry = { attempts = 2 } }
         );
         assert_eq!(c.model.idle_timeout, Duration::from_secs(45));
         assert_eq!(c.log_dir, std::path::PathBuf::from("logs"));
+    }
+
+    #[test]
+    fn mcp_servers_from_the_file() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("troupe.toml");
+        std::fs::write(
+            &path,
+            r#"
+[mcp]
+roots = ["/srv/work"]
+[[mcp.servers]]
+name = "everything"
+type = "stdio"
+command = "node"
+args = ["server-everything/dist/index.js", "stdio"]
+env = { GREETING = "hi" }
+[[mcp.servers]]
+name = "remote"
+type = "streamable_http"
+url = "http://127.0.0.1:3001/mcp"
+"#,
+        )
+        .unwrap();
+        let c = TroupeConfig::load(Some(&path), &env(&[])).unwrap();
+        assert_eq!(c.mcp.servers.len(), 2);
+        assert_eq!(c.mcp.servers[0].name, "everything");
+        assert!(matches!(
+            &c.mcp.servers[1].transport,
+            troupe_actors::ports::McpTransport::StreamableHttp { url, .. } if url.ends_with("/mcp")
+        ));
+        assert_eq!(c.mcp.roots, vec!["/srv/work"]);
     }
 
     #[test]

@@ -65,6 +65,7 @@ async fn session(dir: &std::path::Path, model: ScriptedModel) -> SessionHandle {
     let ports = SessionPorts {
         model: Arc::new(model),
         mcp: None,
+        mcp_connector: None,
         exec: None,
         summarizer: Arc::new(LocalSummarizer::default()),
         tokens: Arc::new(troupe_actors::ports::ApproxTokens),

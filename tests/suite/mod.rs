@@ -5,6 +5,7 @@ mod determinism;
 mod faults;
 mod leaks;
 mod lifecycle;
+mod mcp;
 mod repl;
 mod rollout;
 mod scheduling;

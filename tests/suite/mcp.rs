@@ -1,0 +1,131 @@
+//! The session's McpPool over real MCP servers (S12): conversations share one process per
+//! server, call its tools through the turn loop, and leave nothing running when the session
+//! ends. The servers come from `scripts/install-mcp-servers`.
+
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::Duration;
+use troupe_actors::ports::{McpServerConfig, McpTransport};
+use troupe_proto::{EventKind, OpenConversation, TaskStatus};
+use troupe_runtime::{RmcpConnector, ScriptedModel, ScriptedReply};
+
+fn server_entry(package: &str) -> PathBuf {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR")).parent().unwrap();
+    let entry = root
+        .join(".tools/mcp/node_modules/@modelcontextprotocol")
+        .join(package)
+        .join("dist/index.js");
+    assert!(
+        entry.is_file(),
+        "{} is missing: run scripts/install-mcp-servers",
+        entry.display()
+    );
+    entry
+}
+
+/// Processes whose environment holds `marker` (the servers are started with it).
+fn processes_with(marker: &str) -> Vec<u32> {
+    let needle = format!("TROUPE_MCP_MARKER={marker}");
+    std::fs::read_dir("/proc")
+        .unwrap()
+        .flatten()
+        .filter_map(|e| e.file_name().to_str()?.parse::<u32>().ok())
+        .filter(|pid| {
+            std::fs::read(format!("/proc/{pid}/environ"))
+                .map(|env| env.split(|b| *b == 0).any(|kv| kv == needle.as_bytes()))
+                .unwrap_or(false)
+        })
+        .collect()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_hundred_conversations_share_one_server_process() {
+    let marker = troupe_proto::TaskId::new().to_string();
+    let server = McpServerConfig {
+        name: "everything".into(),
+        transport: McpTransport::Stdio {
+            command: "node".into(),
+            args: vec![
+                server_entry("server-everything").display().to_string(),
+                "stdio".into(),
+            ],
+            env: [("TROUPE_MCP_MARKER".to_owned(), marker.clone())].into(),
+            cwd: None,
+        },
+    };
+    let model = Arc::new(ScriptedModel::new(vec![
+        ScriptedReply::tool(
+            "everything__echo",
+            serde_json::json!({"message": "through the pool"}),
+        ),
+        ScriptedReply::default(),
+    ]));
+    let dir = tempfile::tempdir().unwrap();
+    let (session, join) = {
+        let mut config = troupe_actors::SessionConfig {
+            data_dir: dir.path().to_path_buf(),
+            ..troupe_actors::SessionConfig::default()
+        };
+        config.mcp_servers = vec![server];
+        let ports = troupe_actors::SessionPorts {
+            model: model.clone(),
+            mcp: None,
+            mcp_connector: Some(Arc::new(RmcpConnector::new())),
+            exec: None,
+            summarizer: Arc::new(troupe_actors::history::LocalSummarizer::default()),
+            tokens: Arc::new(troupe_actors::ports::ApproxTokens),
+        };
+        troupe_actors::SessionHandle::start(troupe_proto::SessionId::new(), config, ports)
+            .await
+            .unwrap()
+    };
+    let mut events = session.subscribe().await.unwrap();
+    let mut conversations = Vec::new();
+    for _ in 0..200 {
+        conversations.push(session.open(OpenConversation::default()).await.unwrap());
+    }
+    // The server starts in the background; wait (bounded) until it is ready.
+    tokio::time::timeout(Duration::from_secs(30), async {
+        loop {
+            if let EventKind::Warning { code, .. } = &events.recv().await.unwrap().event
+                && code == "mcp_server_ready"
+            {
+                break;
+            }
+        }
+    })
+    .await
+    .expect("the server became ready");
+    assert_eq!(
+        processes_with(&marker).len(),
+        1,
+        "one process for 200 conversations"
+    );
+
+    // A conversation calls the server's tool through the turn loop.
+    let reply = session
+        .message(conversations[17], "echo something")
+        .await
+        .unwrap();
+    assert_eq!(reply.status, TaskStatus::Ok);
+    assert!(reply.text.contains("through the pool"), "{}", reply.text);
+    assert_eq!(processes_with(&marker).len(), 1);
+
+    for c in conversations {
+        session.close(c).await.unwrap();
+    }
+    session.shutdown().await.unwrap();
+    let _ = join.await;
+    // Nothing left running.
+    let gone = tokio::time::timeout(Duration::from_secs(10), async {
+        while !processes_with(&marker).is_empty() {
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    })
+    .await;
+    assert!(
+        gone.is_ok(),
+        "server processes left: {:?}",
+        processes_with(&marker)
+    );
+}
