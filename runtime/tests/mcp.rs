@@ -8,7 +8,7 @@ use async_trait::async_trait;
 use serde_json::{Value, json};
 use std::collections::{BTreeMap, BTreeSet};
 use std::future::Future;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 use tokio::sync::mpsc::{UnboundedReceiver, unbounded_channel};
@@ -29,19 +29,7 @@ async fn bounded<F: Future<Output = ()>>(test: F) {
         .expect("the test did not finish in time");
 }
 
-fn server_entry(package: &str) -> PathBuf {
-    let root = Path::new(env!("CARGO_MANIFEST_DIR")).parent().unwrap();
-    let entry = root
-        .join(".tools/mcp/node_modules/@modelcontextprotocol")
-        .join(package)
-        .join("dist/index.js");
-    assert!(
-        entry.is_file(),
-        "{} is missing: run scripts/install-mcp-servers",
-        entry.display()
-    );
-    entry
-}
+use troupe_test_support::mcp::server_entry;
 
 fn stdio(name: &str, package: &str, args: &[&str], env: &[(&str, &str)]) -> McpServerConfig {
     let mut argv = vec![server_entry(package).display().to_string()];

@@ -9,7 +9,6 @@
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 use async_trait::async_trait;
-use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 use tokio_util::sync::CancellationToken;
@@ -23,19 +22,10 @@ use troupe_proto::{
     AgentError, ConversationId, EventKind, Json, OpenConversation, TaskId, ToolCall,
 };
 use troupe_runtime::RmcpConnector;
+use troupe_test_support::mcp::{processes_with_env, server_entry};
 
 fn entry(package: &str) -> String {
-    let root = Path::new(env!("CARGO_MANIFEST_DIR")).parent().unwrap();
-    let p: PathBuf = root
-        .join(".tools/mcp/node_modules/@modelcontextprotocol")
-        .join(package)
-        .join("dist/index.js");
-    assert!(
-        p.is_file(),
-        "{} is missing: run scripts/install-mcp-servers",
-        p.display()
-    );
-    p.display().to_string()
+    server_entry(package).display().to_string()
 }
 
 fn server(name: &str, package: &str, args: &[&str], marker: &str) -> McpServerConfig {
@@ -103,17 +93,7 @@ fn rss_kib(pid: u32) -> u64 {
 }
 
 fn processes_with(marker: &str) -> Vec<u32> {
-    let needle = format!("TROUPE_MCP_MARKER={marker}");
-    std::fs::read_dir("/proc")
-        .unwrap()
-        .flatten()
-        .filter_map(|e| e.file_name().to_str()?.parse::<u32>().ok())
-        .filter(|pid| {
-            std::fs::read(format!("/proc/{pid}/environ"))
-                .map(|env| env.split(|b| *b == 0).any(|kv| kv == needle.as_bytes()))
-                .unwrap_or(false)
-        })
-        .collect()
+    processes_with_env("TROUPE_MCP_MARKER", marker)
 }
 
 fn main() {

@@ -2,40 +2,15 @@
 //! server, call its tools through the turn loop, and leave nothing running when the session
 //! ends. The servers come from `scripts/install-mcp-servers`.
 
-use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
 use troupe_actors::ports::{McpServerConfig, McpTransport};
 use troupe_proto::{EventKind, OpenConversation, TaskStatus};
 use troupe_runtime::{RmcpConnector, ScriptedModel, ScriptedReply};
+use troupe_test_support::mcp::{processes_with_env, server_entry};
 
-fn server_entry(package: &str) -> PathBuf {
-    let root = Path::new(env!("CARGO_MANIFEST_DIR")).parent().unwrap();
-    let entry = root
-        .join(".tools/mcp/node_modules/@modelcontextprotocol")
-        .join(package)
-        .join("dist/index.js");
-    assert!(
-        entry.is_file(),
-        "{} is missing: run scripts/install-mcp-servers",
-        entry.display()
-    );
-    entry
-}
-
-/// Processes whose environment holds `marker` (the servers are started with it).
 fn processes_with(marker: &str) -> Vec<u32> {
-    let needle = format!("TROUPE_MCP_MARKER={marker}");
-    std::fs::read_dir("/proc")
-        .unwrap()
-        .flatten()
-        .filter_map(|e| e.file_name().to_str()?.parse::<u32>().ok())
-        .filter(|pid| {
-            std::fs::read(format!("/proc/{pid}/environ"))
-                .map(|env| env.split(|b| *b == 0).any(|kv| kv == needle.as_bytes()))
-                .unwrap_or(false)
-        })
-        .collect()
+    processes_with_env("TROUPE_MCP_MARKER", marker)
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
