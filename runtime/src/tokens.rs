@@ -1,17 +1,18 @@
-//! A real tokenizer behind the [`TokenCounter`] port (T5): OpenAI's BPE encodings through
-//! `tiktoken-rs`, whose vocabularies are compiled into the binary (no network, no files).
+//! A real tokenizer behind the [`TokenCounter`] port (T5): OpenAI's BPE encodings, counted
+//! exactly as tiktoken counts them, from rank tables compiled into the binary (no network,
+//! no files; see `build.rs` and `tokens/bpe.rs`).
 //!
-//! Building an encoder takes about 100 ms and a few tens of MiB, so each encoding is built at
-//! most once per process: the counter holds only the encoding's name and asks the crate's
-//! process-wide singletons for the encoder. The first count of an encoding pays the build;
-//! call [`TiktokenCounter::warm`] on a blocking thread at start-up to keep that off the
-//! request path.
+//! Nothing is built per process but the encoding's split regex, compiled on the first count
+//! (2–5 ms), so a one-shot process pays almost no tokenizer start-up;
+//! [`TiktokenCounter::warm`] compiles it ahead of time.
 //!
 //! Text is counted as ordinary text: a `<|endoftext|>` inside a user message is five plain
 //! tokens, not one special token, which is what a provider bills for such a message.
 
+mod bpe;
+mod layout;
+
 use std::fmt;
-use tiktoken_rs::CoreBPE;
 use troupe_actors::ports::TokenCounter;
 use troupe_proto::AgentError;
 
@@ -52,13 +53,13 @@ impl Encoding {
         Self::ALL.into_iter().find(|e| e.name() == name)
     }
 
-    /// The process-wide encoder, built on first use.
-    fn bpe(self) -> &'static CoreBPE {
+    /// The encoding's ranks and split pattern.
+    fn bpe(self) -> &'static bpe::Bpe {
         match self {
-            Self::O200kBase => tiktoken_rs::o200k_base_singleton(),
-            Self::Cl100kBase => tiktoken_rs::cl100k_base_singleton(),
-            Self::P50kBase => tiktoken_rs::p50k_base_singleton(),
-            Self::R50kBase => tiktoken_rs::r50k_base_singleton(),
+            Self::O200kBase => &bpe::O200K_BASE,
+            Self::Cl100kBase => &bpe::CL100K_BASE,
+            Self::P50kBase => &bpe::P50K_BASE,
+            Self::R50kBase => &bpe::R50K_BASE,
         }
     }
 }
@@ -89,7 +90,7 @@ const MODEL_PREFIXES: &[(&str, Encoding)] = &[
     ("text-embedding-ada-002", Encoding::Cl100kBase),
 ];
 
-/// Counts tokens with a tiktoken encoding. Cheap to clone and copy: the encoder is shared.
+/// Counts tokens with a tiktoken encoding. Cheap to clone and copy: the tables are static.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct TiktokenCounter {
     encoding: Encoding,
@@ -145,10 +146,10 @@ impl TiktokenCounter {
         self.exact
     }
 
-    /// Builds the encoder now if no one has yet (~100 ms). Blocking: call it from
-    /// `spawn_blocking` or before the runtime starts.
+    /// Compiles the encoding's split regex now if no one has yet (2–5 ms), so the first
+    /// count does not.
     pub fn warm(&self) {
-        let _ = self.encoding.bpe();
+        self.encoding.bpe().warm();
     }
 }
 
@@ -158,9 +159,12 @@ impl TokenCounter for TiktokenCounter {
     }
 
     fn count(&self, text: &str) -> usize {
-        self.encoding.bpe().count_ordinary(text)
+        self.encoding.bpe().count(text)
     }
 }
+
+#[cfg(test)]
+mod reference_tests;
 
 #[cfg(test)]
 mod tests {
