@@ -54,6 +54,7 @@
 //! drains on its own, unjoined.
 
 pub mod metrics;
+pub mod storage;
 
 use crate::clock::Clock;
 use crate::events::EventDraft;

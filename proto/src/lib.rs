@@ -13,6 +13,7 @@ pub mod ids;
 pub mod item;
 pub mod json;
 pub mod policy;
+pub mod store;
 pub mod tool;
 
 pub use api::*;

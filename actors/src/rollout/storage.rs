@@ -1,0 +1,84 @@
+//! The Rollout's storage port: where its writer thread puts records, and where they are read
+//! back (conversation restore, event-stream resume).
+//!
+//! Two implementations: the JSONL directory of this module's parent (the default, used by
+//! `troupe chat`) and SQLite in `troupe-runtime` (used by `troupe serve`, next to the rest of the
+//! service's store). The Rollout decides *what* is kept ([`super::record_for`] applies the
+//! storage policy before anything reaches a sink); a storage only keeps what it is given.
+//!
+//! Threading: a [`RolloutSink`] lives on the Rollout's writer thread and is only called from
+//! there; [`RolloutStorage`]'s read methods are called from blocking-pool tasks, any number at
+//! once. All methods block.
+
+use super::RolloutRecord;
+use troupe_proto::{AgentError, ConversationId, SessionId};
+
+/// The durable home of every session's rollout.
+pub trait RolloutStorage: Send + Sync + 'static {
+    /// Opens the writing side of one session's record. Called once per Rollout incarnation
+    /// (a restarted Rollout opens a new sink); the sink is moved to the writer thread.
+    fn open_sink(&self, session_id: SessionId) -> Result<Box<dyn RolloutSink>, AgentError>;
+
+    /// The highest `seq` ever assigned in the session, as far as the storage knows: the
+    /// greater of the highest recorded `seq` and the last high-water mark committed (numbers
+    /// of events that left no record). 0 for a session never written.
+    fn last_seq(&self, session_id: SessionId) -> Result<u64, AgentError>;
+
+    /// A conversation's records, in `seq` order. Unknown conversation: empty.
+    fn read_conversation(
+        &self,
+        session_id: SessionId,
+        conversation_id: ConversationId,
+    ) -> Result<Vec<RolloutRecord>, AgentError>;
+
+    /// Up to `limit` of the session's records (session-level and every conversation's) with
+    /// `seq > after_seq`, in `seq` order.
+    fn read_after(
+        &self,
+        session_id: SessionId,
+        after_seq: u64,
+        limit: usize,
+    ) -> Result<Vec<RolloutRecord>, AgentError>;
+}
+
+/// The writing side of one session's record, owned by the writer thread.
+pub trait RolloutSink: Send + 'static {
+    /// Appends one record: `conversation_id` is `None` for session-level records. May buffer
+    /// until [`RolloutSink::commit`].
+    fn append(
+        &mut self,
+        conversation_id: Option<ConversationId>,
+        record: &RolloutRecord,
+    ) -> Result<(), SinkError>;
+
+    /// Ends a batch. Afterwards everything appended is visible to readers and survives a crash
+    /// of this process; with `sync` it also survives a power loss (fsync). `high_water` is the
+    /// highest `seq` assigned so far, recorded or not, and is kept so that numbers are never
+    /// reused after a restart.
+    fn commit(&mut self, sync: bool, high_water: u64) -> Result<(), SinkError>;
+
+    /// Downgrades the conversation's `Full` records with `ts_ms < cutoff_ms` to headers
+    /// ([`super::downgrade`]), atomically: a crash leaves either all old or all new records.
+    fn sweep(&mut self, conversation_id: ConversationId, cutoff_ms: u64) -> Result<(), SinkError>;
+
+    /// The conversation is over: release what the sink holds for it (durably).
+    fn forget(&mut self, conversation_id: ConversationId) -> Result<(), SinkError>;
+}
+
+/// A failed storage operation, as the writer logs, counts and reports it to the next flush.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{op}: {message}")]
+pub struct SinkError {
+    /// What failed, a bounded metric label: `open`, `write`, `sync`, `sweep`, `encode`, ...
+    pub op: &'static str,
+    pub message: String,
+}
+
+impl SinkError {
+    pub fn new(op: &'static str, message: impl std::fmt::Display) -> Self {
+        Self {
+            op,
+            message: message.to_string(),
+        }
+    }
+}

@@ -1,0 +1,69 @@
+//! The service's store (P1): sessions, conversations, messages and each project's current
+//! session. The actors never see it: the service writes to it and restores sessions from it.
+//! Behind a trait so that a server database can replace the embedded SQLite one.
+//!
+//! Rules every implementation keeps:
+//! - A write that returned `Ok` survives a crash of the process.
+//! - `append_message` only stores the `content` it is given; the caller has already applied
+//!   the conversation's storage policy (content `None` under `HeadersOnly`/`None`).
+//! - Unknown ids read as `Ok(None)` / empty; writes naming an unknown session or conversation
+//!   fail with `AgentError::NotFound`; a duplicate create fails with `AgentError::InvalidInput`.
+
+use async_trait::async_trait;
+use troupe_proto::store::{
+    ConversationRecord, MessagePage, MessageRecord, NewMessage, SessionRecord,
+};
+use troupe_proto::{AgentError, ConversationId, SessionId};
+
+/// Everything the service persists besides the rollout.
+#[async_trait]
+pub trait Store: Send + Sync + 'static {
+    async fn create_session(&self, session: SessionRecord) -> Result<(), AgentError>;
+    async fn get_session(&self, session_id: SessionId)
+    -> Result<Option<SessionRecord>, AgentError>;
+    /// Every stored session, oldest first (restored at start-up).
+    async fn all_sessions(&self) -> Result<Vec<SessionRecord>, AgentError>;
+    /// A project's sessions, newest first.
+    async fn project_sessions(&self, project_id: &str) -> Result<Vec<SessionRecord>, AgentError>;
+
+    /// Inserts or replaces a conversation (open, or a changed context).
+    async fn put_conversation(&self, conversation: ConversationRecord) -> Result<(), AgentError>;
+    async fn close_conversation(
+        &self,
+        conversation_id: ConversationId,
+        closed_ms: u64,
+    ) -> Result<(), AgentError>;
+    /// A session's conversations, oldest first.
+    async fn conversations(
+        &self,
+        session_id: SessionId,
+    ) -> Result<Vec<ConversationRecord>, AgentError>;
+
+    /// Appends a message and returns it with its `message_id`.
+    async fn append_message(&self, message: NewMessage) -> Result<MessageRecord, AgentError>;
+    /// At most `limit` of the session's messages with `message_id < before` (all when `None`),
+    /// the newest such ones, returned oldest first.
+    async fn messages(
+        &self,
+        session_id: SessionId,
+        limit: usize,
+        before: Option<u64>,
+    ) -> Result<MessagePage, AgentError>;
+    /// Ttl policy: drops the content of the conversation's messages created before `cutoff_ms`.
+    async fn expire_message_content(
+        &self,
+        conversation_id: ConversationId,
+        cutoff_ms: u64,
+    ) -> Result<u64, AgentError>;
+
+    /// Points a project at a session (which must exist and belong to it).
+    async fn set_current_session(
+        &self,
+        project_id: &str,
+        session_id: SessionId,
+    ) -> Result<(), AgentError>;
+    async fn current_session(&self, project_id: &str) -> Result<Option<SessionId>, AgentError>;
+
+    /// Store is open and answering (for `/readyz`).
+    async fn ping(&self) -> Result<(), AgentError>;
+}
