@@ -636,6 +636,7 @@ impl Chat {
                 approval_id,
                 command,
                 reason,
+                ..
             } => {
                 stop_spinner();
                 return Some(Ask {
