@@ -36,6 +36,9 @@
 //! - `IsApproved`, `ListPending` (oldest first), `ListKeys` (live only): observation.
 //! - `ConversationClosed`: denies the conversation's pending requests ("conversation closed")
 //!   and drops its scoped keys.
+//! - `CallersGone`: a caller of the conversation stopped waiting (its task or call ended):
+//!   pending requests of that conversation whose every caller has gone are withdrawn (denied
+//!   as "withdrawn"), so humans are not left answering a question nobody asks any more.
 //!
 //! A caller that gave up (its reply port is closed) is skipped silently.
 //!
@@ -143,6 +146,8 @@ pub enum ApprovalMsg {
     },
     /// The conversation closed: deny its pending requests and drop its scoped keys.
     ConversationClosed { conversation_id: ConversationId },
+    /// A caller of the conversation gave up waiting: withdraw its requests nobody waits for.
+    CallersGone { conversation_id: ConversationId },
 }
 
 /// What a waiting caller is answered through.
@@ -284,6 +289,15 @@ impl Actor for ApprovalStore {
             }
             ApprovalMsg::ConversationClosed { conversation_id } => {
                 state.on_conversation_closed(conversation_id, now_ms);
+            }
+            ApprovalMsg::CallersGone { conversation_id } => {
+                let withdrawn = state
+                    .core
+                    .withdraw_abandoned(conversation_id, RpcReplyPort::is_closed);
+                if !withdrawn.is_empty() {
+                    tracing::info!(%conversation_id, withdrawn = withdrawn.len(), "approval requests withdrawn");
+                }
+                state.finish(withdrawn, now_ms);
             }
         }
         state
@@ -633,6 +647,33 @@ impl<W> ApprovalCore<W> {
         closed.sort_by_key(|p| p.seq);
         let reason = "conversation closed";
         closed
+            .into_iter()
+            .map(|p| {
+                let decision = ApprovalDecision::Deny {
+                    reason: Some(reason.to_owned()),
+                };
+                deny(p, decision, reason.to_owned())
+            })
+            .collect()
+    }
+
+    /// Withdraws the conversation's pending requests whose every waiter is `gone` (oldest
+    /// first), as denials.
+    pub fn withdraw_abandoned(
+        &mut self,
+        conversation_id: ConversationId,
+        gone: impl Fn(&W) -> bool,
+    ) -> Vec<Resolution<W>> {
+        let mut abandoned: Vec<Pending<W>> = self
+            .pending
+            .extract_if(|_, p| {
+                p.info.conversation_id == conversation_id && p.waiters.iter().all(&gone)
+            })
+            .map(|(_, p)| p)
+            .collect();
+        abandoned.sort_by_key(|p| p.seq);
+        let reason = "withdrawn: nobody waits for the answer any more";
+        abandoned
             .into_iter()
             .map(|p| {
                 let decision = ApprovalDecision::Deny {
@@ -1060,6 +1101,28 @@ mod tests {
         assert_eq!(core.pending(None)[0].approval_id, theirs);
         // The scoped key is gone; the session key stays.
         assert_eq!(core.live_keys(3), vec![key(&["ls"], None, None)]);
+    }
+
+    #[test]
+    fn requests_nobody_waits_for_are_withdrawn() {
+        let (a, b) = (ConversationId::new(), ConversationId::new());
+        let mut core = ApprovalCore::new();
+        let gone = open(&mut core, ask(a, &["make"]), 0, 1);
+        // Two waiters, one still there: it stays.
+        let shared = open(&mut core, ask(a, &["ls"]), 1, 2);
+        assert!(matches!(
+            core.request(ask(a, &["ls"]), 2, 1_000, 3),
+            Admission::Attached(id) if id == shared
+        ));
+        open(&mut core, ask(b, &["make"]), 3, 4);
+        let withdrawn = core.withdraw_abandoned(a, |w| *w == 1 || *w == 2);
+        assert_eq!(withdrawn.len(), 1);
+        assert_eq!(withdrawn[0].request.approval_id, gone);
+        assert!(matches!(
+            &withdrawn[0].answer,
+            Err(AgentError::ApprovalDenied { reason, .. }) if reason.starts_with("withdrawn")
+        ));
+        assert_eq!(core.pending_len(), 2);
     }
 
     #[test]

@@ -695,7 +695,13 @@ impl SessionState {
                 self.services.approvals =
                     spawn_approvals(&self.config, self.clock, events, myself).await?;
             }
-            Service::McpPool => self.restart_mcp_pool(myself).await?,
+            Service::McpPool => {
+                // A pool that cannot start again costs the session its MCP tools, not its life.
+                if let Err(error) = self.restart_mcp_pool(myself).await {
+                    tracing::error!(session_id = %self.id, %error, "MCP pool restart failed");
+                    return Ok(());
+                }
+            }
         }
         if matches!(service, Service::Rollout | Service::Approvals)
             && let Some(pool) = &self.mcp_pool

@@ -386,7 +386,7 @@ async fn a_server_killed_mid_call_fails_it_fast_restarts_and_spares_the_rest() {
         assert!(output.contains("everything"), "{output}");
         // Bounded, and far below the 30 s the call would have taken.
         assert!(
-            failed_after < Duration::from_secs(3),
+            failed_after < Duration::from_secs(5),
             "took {failed_after:?}"
         );
         let reply = running.await.unwrap().unwrap();

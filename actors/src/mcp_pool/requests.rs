@@ -49,9 +49,9 @@ impl Requester {
     /// store's answer otherwise (`Internal` if the store went away).
     async fn ask(&self, ask: Ask) -> Result<Granted, AgentError> {
         let Some(approvals) = &self.approvals else {
-            return Err(AgentError::McpError {
-                server: self.server.clone(),
-                message: "this session has no approval path for MCP requests".into(),
+            return Err(AgentError::ApprovalDenied {
+                command: ask.command,
+                reason: "this session has no approval path for MCP requests".into(),
             });
         };
         let asked = async {
@@ -61,14 +61,27 @@ impl Requester {
                 reply,
             })
         };
-        tokio::select! {
+        let answer = tokio::select! {
             biased;
-            () = self.call.cancel.cancelled() => Err(AgentError::cancelled(
-                "the tool call that caused the request ended",
-            )),
-            answer = asked => answer.unwrap_or_else(|e| {
-                Err(AgentError::internal(format!("approval store unavailable: {e}")))
+            () = self.call.cancel.cancelled() => None,
+            answer = asked => Some(answer),
+        };
+        match answer {
+            Some(answer) => answer.unwrap_or_else(|e| {
+                Err(AgentError::internal(format!(
+                    "approval store unavailable: {e}"
+                )))
             }),
+            None => {
+                // Our wait is over (its reply port is dropped): the request is withdrawn
+                // rather than left for a human to answer in vain.
+                let _ = approvals.cast(ApprovalMsg::CallersGone {
+                    conversation_id: self.call.conversation_id,
+                });
+                Err(AgentError::cancelled(
+                    "the tool call that caused the request ended",
+                ))
+            }
         }
     }
 }

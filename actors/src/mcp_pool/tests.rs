@@ -1310,6 +1310,19 @@ async fn cancelling_the_call_ends_its_pending_elicitation_at_once() {
     let err = running.await.unwrap().unwrap_err();
     assert!(matches!(err, AgentError::Cancelled { .. }), "{err:?}");
     assert_eq!(t0.elapsed(), Duration::ZERO);
+    // Nobody is left to ask: the request is withdrawn.
+    for _ in 0..100 {
+        let pending = ractor::call!(store, |reply| ApprovalMsg::ListPending {
+            conversation_id: None,
+            reply
+        })
+        .unwrap();
+        if pending.is_empty() {
+            return;
+        }
+        settle().await;
+    }
+    panic!("the elicitation stayed pending");
 }
 
 #[tokio::test(start_paused = true)]
@@ -1340,4 +1353,42 @@ async fn a_connect_that_fails_with_nobody_waiting_is_not_retried() {
     settle().await;
     assert_eq!(a.connects(), 1);
     assert_eq!(h.server("a").await.phase, "idle");
+}
+
+#[tokio::test(start_paused = true)]
+async fn without_an_approval_path_requests_are_declined_until_one_is_given() {
+    let a = FakeServer::new("a", &["ask"]);
+    a.asks.send_replace(Asks::Elicitation);
+    let mut h = start(&[&a], limits()).await;
+    let c = ConversationId::new();
+    let view = h.open_for(c, None).await;
+    h.ready("a").await;
+    let out = output(task_call(&view, "a__ask", c, TaskId::new(), CancellationToken::new()).await);
+    assert!(out.ends_with("elicited Decline"), "{out}");
+
+    // The session hands over its (restarted) ApprovalStore: requests go there from now on.
+    let (store, _) = Actor::spawn(
+        None,
+        ApprovalStore,
+        ApprovalStoreArgs {
+            clock: Clock::new(),
+            sweep_interval: Duration::from_secs(3600),
+            request_timeout: Duration::from_secs(60),
+            events: None,
+        },
+    )
+    .await
+    .unwrap();
+    h.pool.services_changed(None, Some(store.clone()));
+    let running = task_call(&view, "a__ask", c, TaskId::new(), CancellationToken::new());
+    let p = pending_one(&store).await;
+    respond(
+        &store,
+        &p,
+        ApprovalDecision::ApproveWithContent {
+            content: Json(json!({"name": "Ada"})),
+        },
+    )
+    .await;
+    assert!(output(running.await).ends_with(r#"elicited Accept({"name":"Ada"})"#));
 }

@@ -264,6 +264,10 @@ impl PoolView {
                 }
             }
         };
+        // Progress that came in with the answer is still reported, in order.
+        while let Ok(notice) = progress_rx.try_recv() {
+            progress.report(&notice);
+        }
         let mut output = result?;
         output.call_id = call.call_id.clone();
         Ok(output)
