@@ -811,3 +811,27 @@ proptest! {
         })?;
     }
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_checkpointer_copies_the_wal_into_the_database() {
+    let (dir, store) = fresh();
+    let (s, root) = seeded(&store, None).await;
+    let db = db_path(dir.path());
+    let before = std::fs::metadata(&db).unwrap().len();
+    let text = "x".repeat(1000);
+    for i in 0..300 {
+        store
+            .append_message(message(s.session_id, root, &text, i))
+            .await
+            .unwrap();
+    }
+    // Far below the writers' own autocheckpoint threshold: only the checkpointer copies.
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    while std::fs::metadata(&db).unwrap().len() < before + 300 * 1000 {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "no checkpoint within 10 s"
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+    }
+}
