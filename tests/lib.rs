@@ -53,6 +53,7 @@ impl TestSession {
             exec: Some(Arc::new(ProcessRunner)),
             summarizer: Arc::new(LocalSummarizer::default()),
             tokens: Arc::new(troupe_actors::ports::ApproxTokens),
+            rollout_storage: None,
         };
         let (session, join) = SessionHandle::start(SessionId::new(), config, ports)
             .await
@@ -269,6 +270,7 @@ pub async fn start_with_model(
         exec: Some(Arc::new(ProcessRunner)),
         summarizer: Arc::new(LocalSummarizer::default()),
         tokens: Arc::new(troupe_actors::ports::ApproxTokens),
+        rollout_storage: None,
     };
     let (session, join) = SessionHandle::start(SessionId::new(), config, ports)
         .await

@@ -7,6 +7,7 @@ mod leaks;
 mod lifecycle;
 mod mcp;
 mod repl;
+mod resume;
 mod rollout;
 mod scheduling;
 mod telemetry;
