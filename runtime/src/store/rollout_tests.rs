@@ -3,35 +3,15 @@
 use super::{SqliteRolloutStorage, SqliteStore, Store, db_path};
 use std::collections::HashSet;
 use tempfile::TempDir;
+use troupe_actors::rollout::conformance::full;
 use troupe_actors::rollout::storage::RolloutStorage;
-use troupe_actors::rollout::{RecordLevel, RecordMeta, RolloutRecord, downgrade};
-use troupe_proto::{ConversationId, EventKind, SessionId, TaskId};
+use troupe_actors::rollout::{RecordLevel, RolloutRecord, downgrade};
+use troupe_proto::{ConversationId, SessionId};
 
 fn open() -> (TempDir, SqliteRolloutStorage) {
     let dir = tempfile::tempdir().unwrap();
     let storage = SqliteRolloutStorage::open(db_path(dir.path())).unwrap();
     (dir, storage)
-}
-
-fn full(
-    seq: u64,
-    ts_ms: u64,
-    conversation_id: Option<ConversationId>,
-    text: &str,
-) -> RolloutRecord {
-    RolloutRecord {
-        seq,
-        ts_ms,
-        conversation_id,
-        task_id: Some(TaskId::new()),
-        kind: "assistant_message".into(),
-        level: RecordLevel::Full,
-        event: Some(EventKind::AssistantMessage { text: text.into() }),
-        meta: RecordMeta {
-            chars: Some(text.len() as u64),
-            ..RecordMeta::default()
-        },
-    }
 }
 
 fn seqs(records: &[RolloutRecord]) -> Vec<u64> {
