@@ -39,8 +39,8 @@ use tokio::task::AbortHandle;
 use tokio_util::sync::CancellationToken;
 use troupe_proto::{
     AgentError, ApprovalPolicy, CloseOutcome, Closed, ConversationId, ConversationStats, EventKind,
-    MessageReply, OpenConversation, SandboxPolicy, SessionId, SetContext, TaskId, TaskStats,
-    TaskStatus,
+    MessageReply, OpenConversation, SandboxPolicy, SessionId, SetContext, StoragePolicy, TaskId,
+    TaskStats, TaskStatus,
 };
 
 pub mod metrics;
@@ -224,6 +224,8 @@ pub struct ConversationState {
     /// This conversation's policies: the session's, narrowed by the open request (C2).
     approval_policy: ApprovalPolicy,
     sandbox_policy: SandboxPolicy,
+    /// What the rollout keeps of this conversation; declared again to a restarted Rollout.
+    storage_policy: StoragePolicy,
 }
 
 impl Drop for ConversationState {
@@ -383,6 +385,7 @@ impl Actor for Conversation {
             turns: restored_turns,
             approval_policy,
             sandbox_policy,
+            storage_policy: args.params.storage_policy,
         })
     }
 
@@ -409,7 +412,7 @@ impl Actor for Conversation {
             ConversationMsg::CloseTimedOut { task_id } => {
                 state.on_close_timed_out(&myself, task_id)
             }
-            ConversationMsg::ServicesChanged { services } => state.services = *services,
+            ConversationMsg::ServicesChanged { services } => state.on_services_changed(*services),
             ConversationMsg::Stats { reply } => {
                 let mut stats = state.stats.clone();
                 stats.history_items = state.history.len() as u64;
@@ -462,6 +465,19 @@ pub fn admit(closing: bool, running: bool, queued: usize, max_queued: usize) -> 
 }
 
 impl ConversationState {
+    /// A restarted Rollout knows no policy: without this, the conversation's events would be
+    /// recorded as policy `None`.
+    fn on_services_changed(&mut self, services: Services) {
+        let _ = services
+            .events
+            .rollout()
+            .cast(RolloutMsg::ConversationRegistered {
+                conversation_id: self.id,
+                policy: self.storage_policy,
+            });
+        self.services = services;
+    }
+
     fn on_message(
         &mut self,
         myself: &ActorRef<ConversationMsg>,
