@@ -44,8 +44,8 @@ use tokio::task::AbortHandle;
 use tokio_util::sync::CancellationToken;
 use troupe_proto::{
     AgentError, ApprovalPolicy, CloseOutcome, Closed, ConversationId, ConversationStats, EventKind,
-    MessageReply, OpenConversation, SandboxPolicy, SessionId, SetContext, TaskId, TaskStats,
-    TaskStatus,
+    MessageReply, OpenConversation, SandboxPolicy, SessionId, SetContext, StoragePolicy, TaskId,
+    TaskStats, TaskStatus,
 };
 
 pub mod metrics;
@@ -233,6 +233,8 @@ pub struct ConversationState {
     /// This conversation's policies: the session's, narrowed by the open request (C2).
     approval_policy: ApprovalPolicy,
     sandbox_policy: SandboxPolicy,
+    /// What the rollout keeps of this conversation; declared again to a restarted Rollout.
+    storage_policy: StoragePolicy,
 }
 
 impl Drop for ConversationState {
@@ -405,6 +407,7 @@ impl Actor for Conversation {
             turns: restored_turns,
             approval_policy,
             sandbox_policy,
+            storage_policy: args.params.storage_policy,
         })
     }
 
@@ -509,6 +512,8 @@ pub fn admit(closing: bool, running: bool, queued: usize, max_queued: usize) -> 
 }
 
 impl ConversationState {
+    /// A restarted Rollout knows no policy: without this, the conversation's events would be
+    /// recorded as policy `None`.
     fn on_message(
         &mut self,
         myself: &ActorRef<ConversationMsg>,
@@ -731,6 +736,15 @@ impl ConversationState {
 
     /// New service references; a new MCP pool (the old one failed) gets a new view.
     async fn on_services_changed(&mut self, services: Services) {
+        // A restarted Rollout knows no conversation: tell it this one's
+        // storage policy before any of its records reach it.
+        let _ = services
+            .events
+            .rollout()
+            .cast(RolloutMsg::ConversationRegistered {
+                conversation_id: self.id,
+                policy: self.storage_policy,
+            });
         let new_pool = match (&self.services.mcp, &services.mcp) {
             (Some(old), Some(new)) => !Arc::ptr_eq(old, new),
             (None, Some(_)) => true,

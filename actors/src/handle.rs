@@ -179,8 +179,9 @@ impl SessionHandle {
         ractor::call!(self.actor, |reply| SessionMsg::Services { reply }).map_err(gone)
     }
 
-    /// Live events of the whole session. A slow receiver lags (`RecvError::Lagged`); the
-    /// durable record does not.
+    /// Live events of the whole session, each published once storage has committed it. A
+    /// slow receiver lags (`RecvError::Lagged`); the durable record does not. To miss nothing,
+    /// use [`SessionHandle::events`].
     pub async fn subscribe(&self) -> Result<broadcast::Receiver<Arc<EventEnvelope>>, AgentError> {
         let s = self.services().await?;
         ractor::call!(s.rollout, |reply| RolloutMsg::Subscribe { reply }).map_err(gone)

@@ -247,3 +247,55 @@ async fn a_restarted_session_restores_its_conversations_and_aborts_interrupted_t
     assert_eq!(prompt.last(), Some(&HistoryItem::user("and now?")));
     session.shutdown().await.unwrap();
 }
+
+#[tokio::test]
+async fn a_stream_follows_a_restarted_rollout() {
+    let dir = tempfile::tempdir().unwrap();
+    let (session, _join) = start(
+        dir.path(),
+        SessionId::new(),
+        None,
+        Arc::new(ScriptedModel::default()),
+    )
+    .await;
+    let c = session.open(open(StoragePolicy::Full)).await.unwrap();
+    let mut stream = session.events(0).await.unwrap();
+    session.message(c, "before").await.unwrap();
+    session.flush().await.unwrap();
+    let before = stored(&session).await.last().unwrap().seq;
+    let seen = take_until(&mut stream, before).await;
+
+    // The Session restarts a Rollout that stops under it.
+    let old = session.services().await.unwrap().rollout;
+    old.kill();
+    while session.services().await.unwrap().rollout.get_id() == old.get_id() {
+        tokio::task::yield_now().await;
+    }
+    // Conversations learn the new reference from the Session; a message makes sure.
+    let c_actor = session.conversation_actor(c).await.unwrap().unwrap();
+    let _ = ractor::call!(c_actor, |reply| {
+        troupe_actors::conversation::ConversationMsg::Stats { reply }
+    })
+    .unwrap();
+    session.message(c, "after").await.unwrap();
+    session.flush().await.unwrap();
+    let all = stored(&session).await;
+    let after = take_until(&mut stream, all.last().unwrap().seq).await;
+    let streamed: Vec<u64> = seqs(&seen).into_iter().chain(seqs(&after)).collect();
+    assert!(streamed.windows(2).all(|w| w[0] < w[1]), "{streamed:?}");
+    for r in &all {
+        assert!(streamed.contains(&r.seq), "stored {} not streamed", r.seq);
+    }
+    assert!(
+        after.iter().any(
+            |r| matches!(&r.event, Some(EventKind::TaskStarted { input }) if input == "after")
+        )
+    );
+    // The new Rollout knows the conversation's policy: its content is kept as before.
+    assert!(
+        all.iter().any(
+            |r| matches!(&r.event, Some(EventKind::TaskStarted { input }) if input == "after")
+        )
+    );
+    session.shutdown().await.unwrap();
+}
