@@ -9,6 +9,8 @@
 //! - Unknown ids read as `Ok(None)` / empty; writes naming an unknown session or conversation
 //!   fail with `AgentError::NotFound`; a duplicate create fails with `AgentError::InvalidInput`.
 
+pub mod memory;
+
 use async_trait::async_trait;
 use troupe_proto::store::{
     ConversationRecord, MessagePage, MessageRecord, NewMessage, SessionRecord,

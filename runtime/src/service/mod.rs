@@ -1,0 +1,304 @@
+//! `troupe serve`: sessions as a durable service (P1–P4, S5 over the wire, O2).
+//!
+//! ```text
+//!                 ┌─ HTTP: POST /rpc, REST /api/..., SSE /api/sessions/{id}/events
+//! transports ─────┼─ WebSocket: /rpc/ws (JSON-RPC + notifications), /api/sessions/{id}/events/ws
+//!                 └─ stdio: one JSON-RPC frame per line
+//!       │  (auth: bearer token → Scope)
+//!       ▼
+//! rpc::Rpc / rest ──► SessionsHandle ──► Sessions actor ──► SessionHandle × N
+//!                                          │                    (troupe-actors)
+//!                                          └──► Store (sessions, conversations, messages)
+//! stream::events ──► SessionHandle::subscribe + the rollout record (resume by seq)
+//! ```
+//!
+//! - [`sessions`]: the registry actor, the only writer of the store.
+//! - [`rpc`]: JSON-RPC decoding and dispatch, shared by the three transports.
+//! - [`rest`], [`ws`], [`stdio`], [`http`]: the transports and the router.
+//! - [`stream`]: the event stream every transport reads, and the client event types.
+//! - [`auth`], [`error`], [`metrics`].
+//!
+//! The A2A routes (`service::a2a`) are merged into the router behind authentication in
+//! [`extra_routes`].
+//!
+//! Shutdown ([`Service::shutdown`]), step by step: stop accepting connections and end the
+//! event streams; stop admitting messages and let running tasks finish within the grace
+//! period; shut every session down (what still runs is cancelled, rollouts are flushed);
+//! wait for the last replies to be stored and answered.
+
+pub mod api;
+pub mod auth;
+pub mod error;
+pub mod handle;
+pub mod http;
+pub mod metrics;
+pub mod rest;
+pub mod rpc;
+pub mod sessions;
+pub mod stdio;
+pub mod stream;
+pub mod ws;
+
+use crate::config::TroupeConfig;
+use crate::store::Store;
+use auth::Auth;
+use handle::SessionsHandle;
+use metrics_exporter_prometheus::PrometheusHandle;
+use rpc::Rpc;
+use sessions::{SessionTemplate, SessionsArgs};
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::Duration;
+use tokio_util::sync::CancellationToken;
+use troupe_actors::SessionPorts;
+use troupe_proto::AgentError;
+
+/// What every route handler gets.
+#[derive(Clone)]
+pub struct AppState {
+    pub rpc: Rpc,
+    pub body_limit: usize,
+    /// Fired when the service starts shutting down: streams end, `/readyz` says so.
+    pub shutdown: CancellationToken,
+    pub prometheus: Option<PrometheusHandle>,
+}
+
+/// A running service: the registry and what the transports share.
+#[derive(Clone)]
+pub struct Service {
+    pub sessions: SessionsHandle,
+    state: AppState,
+    auth: Auth,
+    metrics_public: bool,
+    grace_period: Duration,
+}
+
+impl std::fmt::Debug for Service {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Service")
+            .field("auth", &self.auth)
+            .field("grace_period", &self.grace_period)
+            .finish_non_exhaustive()
+    }
+}
+
+/// Registers the service's metric descriptions.
+pub fn describe_metrics() {
+    metrics::describe();
+}
+
+impl Service {
+    /// Starts the registry over `store` (restoring what it holds); sessions are assembled
+    /// from `config` with `ports`.
+    pub async fn start(
+        config: &TroupeConfig,
+        store: Arc<dyn Store>,
+        ports: SessionPorts,
+        prometheus: Option<PrometheusHandle>,
+    ) -> Result<Self, AgentError> {
+        let env = |k: &str| std::env::var(k).ok();
+        let mut tokens = Vec::new();
+        for t in &config.server.tokens {
+            let secret = t.secret(&env).ok_or_else(|| {
+                AgentError::invalid(format!(
+                    "a [[server.tokens]] entry has no token (token_env = {:?} is unset)",
+                    t.token_env
+                ))
+            })?;
+            tokens.push((secret, t.projects.clone()));
+        }
+        let session_config = crate::assembly::session_config(config);
+        let args = SessionsArgs {
+            store,
+            ttl_sweep_interval: session_config.ttl_sweep_interval,
+            template: SessionTemplate {
+                config: session_config,
+                ports,
+            },
+        };
+        let (sessions, _join) = SessionsHandle::start(args).await?;
+        let state = AppState {
+            rpc: Rpc {
+                sessions: sessions.clone(),
+                max_page: config.server.max_page.max(1),
+            },
+            body_limit: config.server.body_limit,
+            shutdown: CancellationToken::new(),
+            prometheus,
+        };
+        Ok(Self {
+            sessions,
+            state,
+            auth: Auth::new(tokens),
+            metrics_public: config.server.metrics_public,
+            grace_period: config.server.grace_period,
+        })
+    }
+
+    /// The router; `extra` (the A2A routes) is merged behind authentication.
+    pub fn router(&self, extra: axum::Router) -> axum::Router {
+        http::router(
+            self.state.clone(),
+            self.auth.clone(),
+            self.metrics_public,
+            extra,
+        )
+    }
+
+    pub fn state(&self) -> &AppState {
+        &self.state
+    }
+
+    /// Fired when shutdown begins.
+    pub fn shutdown_token(&self) -> CancellationToken {
+        self.state.shutdown.clone()
+    }
+
+    /// Refuses an open API on anything but loopback.
+    pub fn check_bind(&self, addr: SocketAddr) -> Result<(), AgentError> {
+        check_bind(self.auth.is_open(), addr)
+    }
+
+    /// Serves HTTP on `listener` until `shutdown` fires, then shuts down gracefully.
+    pub async fn serve_http(&self, listener: tokio::net::TcpListener) -> Result<(), AgentError> {
+        let addr = listener
+            .local_addr()
+            .map_err(|e| AgentError::internal(format!("listener address: {e}")))?;
+        self.check_bind(addr)?;
+        let app = self.router(extra_routes(self));
+        let stop = self.state.shutdown.clone();
+        let server = tokio::spawn(async move {
+            axum::serve(listener, app)
+                .with_graceful_shutdown(stop.cancelled_owned())
+                .await
+        });
+        self.state.shutdown.cancelled().await;
+        self.shutdown().await;
+        // The last connections close once their replies are out.
+        match tokio::time::timeout(Duration::from_secs(10), server).await {
+            Ok(Ok(Ok(()))) => Ok(()),
+            Ok(Ok(Err(e))) => Err(AgentError::internal(format!("http server: {e}"))),
+            Ok(Err(e)) => Err(AgentError::internal(format!("http server task: {e}"))),
+            Err(_) => {
+                tracing::warn!("connections still open 10 s after shutdown; leaving them");
+                Ok(())
+            }
+        }
+    }
+
+    /// Serves JSON-RPC on stdin/stdout until stdin ends or `shutdown` fires.
+    pub async fn serve_stdio<R, W>(&self, input: R, output: W)
+    where
+        R: tokio::io::AsyncRead + Unpin + Send + 'static,
+        W: tokio::io::AsyncWrite + Unpin + Send + 'static,
+    {
+        stdio::serve(
+            self.state.rpc.clone(),
+            input,
+            output,
+            self.state.body_limit,
+            self.state.shutdown.clone(),
+        )
+        .await;
+        self.state.shutdown.cancel();
+        self.shutdown().await;
+    }
+
+    /// The graceful part of shutdown: no new messages; running ones get the grace period;
+    /// then every session is shut down (cancelling the rest, flushing rollouts) and the
+    /// last replies are stored.
+    pub async fn shutdown(&self) {
+        self.state.shutdown.cancel();
+        let grace = self.grace_period;
+        tracing::info!(grace_ms = grace.as_millis() as u64, "draining");
+        if tokio::time::timeout(grace, self.sessions.drain())
+            .await
+            .is_err()
+        {
+            tracing::warn!("grace period over; cancelling what still runs");
+        }
+        if let Err(e) = self.sessions.shutdown().await {
+            tracing::error!(error = %e, "sessions shutdown");
+        }
+        // Cancelled tasks answer promptly; their replies are stored before this returns.
+        let _ = tokio::time::timeout(Duration::from_secs(10), self.sessions.drain()).await;
+        self.sessions.stop();
+    }
+}
+
+/// The service's store: in memory with `ephemeral`, else the embedded database under the
+/// data directory. Returns a line saying which, for the operator.
+pub fn open_store(
+    config: &TroupeConfig,
+    ephemeral: bool,
+) -> Result<(Arc<dyn Store>, String), AgentError> {
+    if ephemeral {
+        return Ok((
+            Arc::new(crate::store::memory::MemoryStore::new()),
+            "store: in memory (--ephemeral); nothing survives a restart".to_owned(),
+        ));
+    }
+    // The embedded SQLite store is not in this build yet: say so rather than pretend.
+    let _ = &config.data_dir;
+    Ok((
+        Arc::new(crate::store::memory::MemoryStore::new()),
+        "store: in memory (no embedded database in this build); nothing survives a restart"
+            .to_owned(),
+    ))
+}
+
+/// Routes served beside the API, behind the same authentication: the A2A routes
+/// (`service::a2a`) are merged here.
+pub fn extra_routes(_service: &Service) -> axum::Router {
+    axum::Router::new()
+}
+
+/// An API without tokens may only listen on loopback.
+pub fn check_bind(open: bool, addr: SocketAddr) -> Result<(), AgentError> {
+    if open && !addr.ip().is_loopback() {
+        return Err(AgentError::invalid(format!(
+            "refusing to serve {addr} without API tokens: configure [[server.tokens]] \
+             (or TROUPE_API_TOKENS), or listen on a loopback address"
+        )));
+    }
+    Ok(())
+}
+
+/// Fires `token` on SIGTERM or SIGINT.
+pub fn cancel_on_signals(token: CancellationToken) {
+    tokio::spawn(async move {
+        #[cfg(unix)]
+        {
+            use tokio::signal::unix::{SignalKind, signal};
+            let (Ok(mut term), Ok(mut int)) = (
+                signal(SignalKind::terminate()),
+                signal(SignalKind::interrupt()),
+            ) else {
+                tracing::error!("cannot install signal handlers");
+                return;
+            };
+            tokio::select! {
+                _ = term.recv() => tracing::info!("SIGTERM"),
+                _ = int.recv() => tracing::info!("SIGINT"),
+            }
+        }
+        #[cfg(not(unix))]
+        {
+            let _ = tokio::signal::ctrl_c().await;
+        }
+        token.cancel();
+    });
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn open_apis_stay_on_loopback() {
+        assert!(check_bind(true, "127.0.0.1:80".parse().unwrap()).is_ok());
+        assert!(check_bind(true, "[::1]:80".parse().unwrap()).is_ok());
+        assert!(check_bind(true, "0.0.0.0:80".parse().unwrap()).is_err());
+        assert!(check_bind(false, "0.0.0.0:80".parse().unwrap()).is_ok());
+    }
+}
