@@ -9,5 +9,6 @@ mod mcp;
 mod repl;
 mod rollout;
 mod scheduling;
+mod serve;
 mod telemetry;
 mod turns;
