@@ -238,12 +238,13 @@ pub fn open_store(
             "store: in memory (--ephemeral); nothing survives a restart".to_owned(),
         ));
     }
-    // The embedded SQLite store is not in this build yet: say so rather than pretend.
-    let _ = &config.data_dir;
+    let store = crate::store::SqliteStore::open_in(&config.data_dir)?;
     Ok((
-        Arc::new(crate::store::memory::MemoryStore::new()),
-        "store: in memory (no embedded database in this build); nothing survives a restart"
-            .to_owned(),
+        Arc::new(store),
+        format!(
+            "store: {}",
+            crate::store::db_path(&config.data_dir).display()
+        ),
     ))
 }
 

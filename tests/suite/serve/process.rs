@@ -13,7 +13,8 @@ use troupe_tests::troupe_bin;
 struct Serving {
     child: Child,
     base: String,
-    _dir: tempfile::TempDir,
+    /// The data directory, when the child owns it.
+    _dir: Option<tempfile::TempDir>,
 }
 
 fn spawn(script: &str, extra: &[&str]) -> Serving {
@@ -50,7 +51,7 @@ fn spawn(script: &str, extra: &[&str]) -> Serving {
     Serving {
         child,
         base,
-        _dir: dir,
+        _dir: Some(dir),
     }
 }
 
@@ -271,4 +272,105 @@ fn an_open_api_refuses_a_public_address() {
     );
     sigterm(&child);
     assert!(wait_exit(&mut child, Duration::from_secs(15)).success());
+}
+
+/// Starts `troupe serve` on a durable data directory (no --ephemeral).
+fn spawn_durable(dir: &std::path::Path, script: &str) -> Serving {
+    let script_path = dir.join("script.json");
+    std::fs::write(&script_path, script).unwrap();
+    let mut child = Command::new(troupe_bin())
+        .args(["serve", "--listen", "127.0.0.1:0", "--data-dir"])
+        .arg(dir)
+        .arg("--script")
+        .arg(&script_path)
+        .current_dir(dir)
+        .env_remove("TROUPE_API_TOKENS")
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let mut line = String::new();
+    BufReader::new(child.stdout.take().unwrap())
+        .read_line(&mut line)
+        .unwrap();
+    let base = line
+        .trim()
+        .strip_prefix("troupe serve listening on ")
+        .unwrap_or_else(|| panic!("unexpected first line: {line:?}"))
+        .to_owned();
+    Serving {
+        child,
+        base,
+        _dir: None,
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn kill_9_loses_no_acknowledged_message() {
+    let dir = tempfile::tempdir().unwrap();
+    let script = r#"{"replies": [{"text": "a streamed answer of some length", "chunk_chars": 3, "delay_ms": 5}]}"#;
+    let mut c = spawn_durable(dir.path(), script);
+    let api = Api::new(&c.base, None);
+    let s = api.session(Some("p")).await;
+    let sid = id(&s, "session_id");
+    api.put(
+        "/api/projects/p/current-session",
+        json!({"session_id": sid}),
+    )
+    .await;
+    // Messages keep arriving (acknowledged once stored) while their replies stream.
+    let sender = {
+        let api = api.clone();
+        let sid = sid.clone();
+        tokio::spawn(async move {
+            let mut acked = Vec::new();
+            for i in 0.. {
+                let r = api
+                    .request(
+                        reqwest::Method::POST,
+                        &format!("/api/sessions/{sid}/messages"),
+                    )
+                    .json(&json!({"text": format!("message {i}"), "wait": false}))
+                    .send()
+                    .await;
+                match r {
+                    Ok(r) if r.status() == reqwest::StatusCode::ACCEPTED => {
+                        let v: Value = r.json().await.unwrap();
+                        acked.push(v["message"]["message_id"].as_u64().unwrap());
+                    }
+                    Ok(_) => tokio::time::sleep(Duration::from_millis(5)).await,
+                    Err(_) => return acked,
+                }
+            }
+            acked
+        })
+    };
+    tokio::time::sleep(Duration::from_millis(400)).await;
+    c.child.kill().unwrap();
+    c.child.wait().unwrap();
+    let acked = sender.await.unwrap();
+    assert!(!acked.is_empty());
+
+    let mut c = spawn_durable(dir.path(), script);
+    let api = Api::new(&c.base, None);
+    let (status, got) = api.get(&format!("/api/sessions/{sid}")).await;
+    assert_eq!(status, reqwest::StatusCode::OK);
+    assert_eq!(got, s, "the session survives");
+    let (_, cur) = api.get("/api/projects/p/current-session").await;
+    assert_eq!(cur["session"], s, "so does the current-session binding");
+    let (_, page) = api
+        .get(&format!("/api/sessions/{sid}/messages?limit=1000"))
+        .await;
+    let stored: std::collections::BTreeSet<u64> = page["messages"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|m| m["message_id"].as_u64().unwrap())
+        .collect();
+    for id in &acked {
+        assert!(stored.contains(id), "acknowledged message {id} lost");
+    }
+    sigterm(&c.child);
+    let status = tokio::task::block_in_place(|| wait_exit(&mut c.child, Duration::from_secs(15)));
+    assert!(status.success());
 }
