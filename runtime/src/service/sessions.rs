@@ -1175,6 +1175,80 @@ impl SessionsState {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::service::handle::SessionsHandle;
+    use crate::store::memory::MemoryStore;
+    use troupe_actors::history::LocalSummarizer;
+    use troupe_actors::ports::ApproxTokens;
+
+    fn template(dir: &std::path::Path) -> SessionTemplate {
+        SessionTemplate {
+            config: SessionConfig {
+                data_dir: dir.to_owned(),
+                ..SessionConfig::default()
+            },
+            ports: SessionPorts {
+                model: Arc::new(crate::ScriptedModel::default()),
+                mcp: None,
+                mcp_connector: None,
+                exec: None,
+                summarizer: Arc::new(LocalSummarizer::default()),
+                tokens: Arc::new(ApproxTokens),
+            },
+        }
+    }
+
+    async fn registry(store: Arc<dyn Store>, dir: &std::path::Path) -> SessionsHandle {
+        SessionsHandle::start(SessionsArgs {
+            store,
+            template: template(dir),
+            ttl_sweep_interval: Duration::ZERO,
+        })
+        .await
+        .unwrap()
+        .0
+    }
+
+    #[tokio::test]
+    async fn writes_go_to_the_store_and_come_back_after_a_restart() {
+        let dir = tempfile::tempdir().unwrap();
+        let store: Arc<dyn Store> = Arc::new(MemoryStore::new());
+        let sessions = registry(store.clone(), dir.path()).await;
+        let scope = Scope::projects(["p"]);
+        let s = sessions
+            .create(scope.clone(), CreateSession::default())
+            .await
+            .unwrap();
+        assert_eq!(s.project_id.as_deref(), Some("p"));
+        let sent = sessions
+            .send(scope.clone(), s.session_id, None, "hi".into(), true)
+            .await
+            .unwrap();
+        assert_eq!(sent.reply.unwrap().text, "You said: hi");
+        let page = store.messages(s.session_id, 10, None).await.unwrap();
+        assert_eq!(page.messages.len(), 2);
+        assert!(matches!(
+            sessions.get(Scope::projects(["q"]), s.session_id).await,
+            Err(AgentError::NotFound { .. })
+        ));
+        sessions.shutdown().await.unwrap();
+        sessions.stop();
+
+        // A new registry over the same store knows the session, but does not run it.
+        let again = registry(store, dir.path()).await;
+        assert_eq!(again.get(scope.clone(), s.session_id).await.unwrap(), s);
+        let page = again
+            .messages(scope.clone(), s.session_id, 10, None)
+            .await
+            .unwrap();
+        assert_eq!(page.messages.len(), 2);
+        assert!(matches!(
+            again
+                .send(scope, s.session_id, None, "x".into(), true)
+                .await,
+            Err(AgentError::Internal { .. })
+        ));
+        again.stop();
+    }
 
     const LIMITS: Limits = Limits {
         running: 1,
