@@ -1,9 +1,9 @@
 //! The HTTP side: the router, `POST /rpc`, health, `/metrics`, and the middleware that every
 //! request passes (a span and metrics per request, then authentication).
 
-use super::AppState;
 use super::auth::{Auth, Scope, require_token};
 use super::error::ApiError;
+use super::{AppState, ExtraRoutes};
 use super::{rest, ws};
 use axum::Router;
 use axum::body::Bytes;
@@ -16,9 +16,8 @@ use axum::routing::{get, post};
 use std::time::Instant;
 use tracing::Instrument;
 
-/// The whole service. `extra` is merged behind authentication: the A2A routes
-/// (`service::a2a`) plug in there.
-pub fn router(app: AppState, auth: Auth, metrics_public: bool, extra: Router) -> Router {
+/// The whole service, with `extra` routes merged in (`protected` ones behind the token check).
+pub fn router(app: AppState, auth: Auth, metrics_public: bool, extra: ExtraRoutes) -> Router {
     let mut api = Router::new()
         .route("/rpc", post(rpc))
         .route("/rpc/ws", get(ws::rpc))
@@ -46,10 +45,11 @@ pub fn router(app: AppState, auth: Auth, metrics_public: bool, extra: Router) ->
     let limit = app.body_limit;
     let api = api
         .with_state(app.clone())
-        .merge(extra)
+        .merge(extra.protected)
         .route_layer(middleware::from_fn_with_state(auth, require_token));
     Router::new()
         .merge(open.with_state(app))
+        .merge(extra.public)
         .merge(api)
         .route_layer(middleware::from_fn(observe))
         .fallback(|| async { ApiError::route_not_found() })

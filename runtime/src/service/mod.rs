@@ -18,8 +18,8 @@
 //! - [`stream`]: the event stream every transport reads, and the client event types.
 //! - [`auth`], [`error`], [`metrics`].
 //!
-//! The A2A routes (`service::a2a`) are merged into the router behind authentication in
-//! [`extra_routes`].
+//! The A2A routes (`service::a2a`) are merged into the router in [`extra_routes`]: the
+//! agent card public, the JSON-RPC route behind authentication.
 //!
 //! Shutdown ([`Service::shutdown`]), step by step: stop accepting connections and end the
 //! event streams; stop admitting messages and let running tasks finish within the grace
@@ -135,8 +135,8 @@ impl Service {
         })
     }
 
-    /// The router; `extra` (the A2A routes) is merged behind authentication.
-    pub fn router(&self, extra: axum::Router) -> axum::Router {
+    /// The router, with `extra` routes (the A2A endpoint) merged in.
+    pub fn router(&self, extra: ExtraRoutes) -> axum::Router {
         http::router(
             self.state.clone(),
             self.auth.clone(),
@@ -248,10 +248,24 @@ pub fn open_store(
     ))
 }
 
-/// Routes served beside the API, behind the same authentication: the A2A routes
-/// (`service::a2a`) are merged here.
-pub fn extra_routes(_service: &Service) -> axum::Router {
-    axum::Router::new()
+/// Routes served beside the API: `public` ones without a token (like `/healthz`), and
+/// `protected` ones behind the same bearer-token check as the API.
+#[derive(Default)]
+pub struct ExtraRoutes {
+    pub public: axum::Router,
+    pub protected: axum::Router,
+}
+
+impl std::fmt::Debug for ExtraRoutes {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ExtraRoutes").finish_non_exhaustive()
+    }
+}
+
+/// The routes `troupe serve` adds to the API. The A2A endpoint (`service::a2a`) plugs in
+/// here: its agent card as `public`, its JSON-RPC route as `protected`.
+pub fn extra_routes(_service: &Service) -> ExtraRoutes {
+    ExtraRoutes::default()
 }
 
 /// An API without tokens may only listen on loopback.
@@ -294,6 +308,47 @@ pub fn cancel_on_signals(token: CancellationToken) {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[tokio::test]
+    async fn extra_routes_are_public_or_behind_the_token() {
+        use axum::routing::get;
+        let dir = tempfile::tempdir().unwrap();
+        let mut config = TroupeConfig {
+            data_dir: dir.path().to_owned(),
+            ..TroupeConfig::default()
+        };
+        config.server.tokens = vec![crate::config::ApiToken {
+            token: Some("t".into()),
+            token_env: None,
+            projects: vec!["*".into()],
+        }];
+        let ports = crate::assembly::session_ports(
+            &config,
+            Arc::new(crate::ScriptedModel::default()),
+            Arc::new(troupe_actors::ports::ApproxTokens),
+        );
+        let store = Arc::new(crate::store::memory::MemoryStore::new());
+        let service = Service::start(&config, store, ports, None).await.unwrap();
+        let app = service.router(ExtraRoutes {
+            public: axum::Router::new().route("/card", get(|| async { "card" })),
+            protected: axum::Router::new().route("/a2a", get(|| async { "a2a" })),
+        });
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let base = format!("http://{}", listener.local_addr().unwrap());
+        tokio::spawn(async move { axum::serve(listener, app).await });
+        let http = reqwest::Client::new();
+        let status = |path: &str, token: Option<&str>| {
+            let mut r = http.get(format!("{base}{path}"));
+            if let Some(t) = token {
+                r = r.bearer_auth(t);
+            }
+            async move { r.send().await.unwrap().status().as_u16() }
+        };
+        assert_eq!(status("/card", None).await, 200);
+        assert_eq!(status("/a2a", None).await, 401);
+        assert_eq!(status("/a2a", Some("t")).await, 200);
+        service.shutdown().await;
+    }
 
     #[test]
     fn open_apis_stay_on_loopback() {
