@@ -11,6 +11,11 @@
 //!             └─ yes ─► cancel; TaskFinished → closed | CloseTimedOut → abort → force_aborted
 //! ```
 //!
+//! Its MCP view follows its allowlist and its session's pool: a `SetContext` that changes the
+//! allowlist opens a new view first (checked by the pool as at open; refused → the error, and
+//! the old view and context stay), and `ServicesChanged` with a new pool (the old one failed)
+//! reopens the view there. A running task keeps the view it started with until it ends.
+//!
 //! Children: none (the runner is a task, not an actor). Its parent, the Session, restarts it
 //! from its rollout when it fails; a failure drops the runner (aborting it), which gives the
 //! scheduler slot back, and its callers see their reply port close.
@@ -62,6 +67,9 @@ pub struct ConversationSettings {
     pub sandbox_policy: SandboxPolicy,
     /// Whether the shell built-in is offered (a command runner is configured).
     pub shell_tool: bool,
+    /// The workspace: where commands run by default, and what `workspace-write` commands
+    /// and `apply_patch` may change. Empty: the process's working directory.
+    pub workspace_roots: Vec<std::path::PathBuf>,
 }
 
 impl Default for ConversationSettings {
@@ -74,6 +82,7 @@ impl Default for ConversationSettings {
             approval_policy: ApprovalPolicy::Always,
             sandbox_policy: SandboxPolicy::ReadOnly,
             shell_tool: false,
+            workspace_roots: Vec::new(),
         }
     }
 }
@@ -289,10 +298,23 @@ impl Actor for Conversation {
         let (sandbox_policy, sandbox_clamped) =
             narrow(settings.sandbox_policy, args.params.sandbox_policy);
         if approval_clamped || sandbox_clamped {
-            let message = format!(
-                "a conversation may only narrow the session's policies: using approval {approval_policy:?}, sandbox {sandbox_policy:?}"
+            let message = clamp_message(
+                &args.params,
+                (approval_clamped, approval_policy),
+                (sandbox_clamped, sandbox_policy),
             );
-            tracing::warn!(conversation_id = %args.conversation_id, "{message}");
+            if approval_clamped {
+                metrics::policy_clamped("approval");
+            }
+            if sandbox_clamped {
+                metrics::policy_clamped("sandbox");
+            }
+            tracing::warn!(
+                conversation_id = %args.conversation_id,
+                approval = ?approval_policy,
+                sandbox = ?sandbox_policy,
+                "{message}"
+            );
             services.events.emit(EventDraft::conversation(
                 args.conversation_id,
                 EventKind::Warning {
@@ -337,7 +359,7 @@ impl Actor for Conversation {
                 state.on_message(&myself, TaskKind::Compact, COMPACT_REQUEST.into(), reply);
             }
             ConversationMsg::SetContext { update, reply } => {
-                let _ = reply.send(state.on_set_context(&update));
+                let _ = reply.send(state.on_set_context(&update).await);
             }
             ConversationMsg::Close { reply } => state.on_close(&myself, reply),
             ConversationMsg::TaskFinished { task_id, outcome } => {
@@ -346,7 +368,9 @@ impl Actor for Conversation {
             ConversationMsg::CloseTimedOut { task_id } => {
                 state.on_close_timed_out(&myself, task_id)
             }
-            ConversationMsg::ServicesChanged { services } => state.services = *services,
+            ConversationMsg::ServicesChanged { services } => {
+                state.on_services_changed(*services).await;
+            }
             ConversationMsg::Stats { reply } => {
                 let mut stats = state.stats.clone();
                 stats.history_items = state.history.len() as u64;
@@ -365,6 +389,29 @@ pub enum Admission {
     Enqueue,
     RejectClosing,
     RejectFull,
+}
+
+/// The `policy_clamped` warning (C2): what was asked, what the conversation got.
+pub fn clamp_message(
+    params: &OpenConversation,
+    (approval_clamped, approval): (bool, ApprovalPolicy),
+    (sandbox_clamped, sandbox): (bool, SandboxPolicy),
+) -> String {
+    let mut parts = Vec::new();
+    if let (true, Some(asked)) = (approval_clamped, params.approval_policy) {
+        parts.push(format!(
+            "approval policy {asked:?} is wider than the session's; using {approval:?}"
+        ));
+    }
+    if let (true, Some(asked)) = (sandbox_clamped, params.sandbox_policy) {
+        parts.push(format!(
+            "sandbox policy {asked:?} is wider than the session's; using {sandbox:?}"
+        ));
+    }
+    format!(
+        "a conversation may only narrow the session's policies: {}",
+        parts.join("; ")
+    )
 }
 
 /// Pure admission decision for a message.
@@ -464,6 +511,7 @@ impl ConversationState {
             limits: settings.task,
             approval_policy: self.approval_policy,
             sandbox_policy: self.sandbox_policy,
+            workspace_roots: settings.workspace_roots.clone(),
         };
         let me = myself.clone();
         let task_span = span.clone();
@@ -567,9 +615,23 @@ impl ConversationState {
         metrics::task_finished(status, stats);
     }
 
-    fn on_set_context(&mut self, update: &SetContext) -> Result<(), AgentError> {
+    async fn on_set_context(&mut self, update: &SetContext) -> Result<(), AgentError> {
         let mut next = self.context.clone();
         let warnings = next.apply(update)?;
+        if next.mcp_tool_allowlist != self.context.mcp_tool_allowlist
+            && let Some(port) = &self.services.mcp
+        {
+            // The new view first: if the pool refuses the allowlist, nothing changes.
+            let view = port
+                .open_view(self.id, next.mcp_tool_allowlist.as_deref())
+                .await
+                .inspect_err(|error| {
+                    tracing::info!(conversation_id = %self.id, %error, "new MCP allowlist refused");
+                })?;
+            tracing::info!(conversation_id = %self.id, "MCP view reopened for a new allowlist");
+            // The old view is released once a running task that holds it is done with it.
+            self.view = Some(view);
+        }
         self.context = next;
         for message in warnings {
             self.services.events.emit(EventDraft::conversation(
@@ -581,6 +643,41 @@ impl ConversationState {
             ));
         }
         Ok(())
+    }
+
+    /// New service references; a new MCP pool (the old one failed) gets a new view.
+    async fn on_services_changed(&mut self, services: Services) {
+        let new_pool = match (&self.services.mcp, &services.mcp) {
+            (Some(old), Some(new)) => !Arc::ptr_eq(old, new),
+            (None, Some(_)) => true,
+            _ => false,
+        };
+        self.services = services;
+        let Some(port) = self.services.mcp.clone().filter(|_| new_pool) else {
+            return;
+        };
+        if self.closing.is_some() {
+            return;
+        }
+        match port
+            .open_view(self.id, self.context.mcp_tool_allowlist.as_deref())
+            .await
+        {
+            Ok(view) => {
+                tracing::info!(conversation_id = %self.id, "MCP view reopened on a new pool");
+                self.view = Some(view);
+            }
+            Err(error) => {
+                tracing::warn!(conversation_id = %self.id, %error, "MCP view could not be reopened");
+                self.services.events.emit(EventDraft::conversation(
+                    self.id,
+                    EventKind::Warning {
+                        code: "mcp_view_unavailable".into(),
+                        message: format!("the MCP tools could not be reopened: {error}"),
+                    },
+                ));
+            }
+        }
     }
 
     fn on_close(&mut self, myself: &ActorRef<ConversationMsg>, reply: RpcReplyPort<Closed>) {
@@ -682,6 +779,28 @@ impl ConversationState {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn clamp_message_names_what_was_asked_and_what_is_used() {
+        let params = OpenConversation {
+            approval_policy: Some(ApprovalPolicy::Never),
+            sandbox_policy: Some(SandboxPolicy::FullAccess),
+            ..OpenConversation::default()
+        };
+        let both = clamp_message(
+            &params,
+            (true, ApprovalPolicy::Always),
+            (true, SandboxPolicy::ReadOnly),
+        );
+        assert!(both.contains("approval policy Never") && both.contains("using Always"));
+        assert!(both.contains("sandbox policy FullAccess") && both.contains("using ReadOnly"));
+        let one = clamp_message(
+            &params,
+            (false, ApprovalPolicy::Never),
+            (true, SandboxPolicy::WorkspaceWrite),
+        );
+        assert!(!one.contains("approval") && one.contains("using WorkspaceWrite"));
+    }
 
     #[test]
     fn admission() {

@@ -560,10 +560,23 @@ impl Chat {
                 stop_spinner();
                 eprintln!("  warning: {message}");
             }
+            EventKind::PlanUpdated { plan, .. } if !quiet => {
+                stop_spinner();
+                println!("  plan:");
+                for step in plan {
+                    let mark = match step.status {
+                        troupe_proto::PlanStepStatus::Completed => "[x]",
+                        troupe_proto::PlanStepStatus::InProgress => "[>]",
+                        troupe_proto::PlanStepStatus::Pending => "[ ]",
+                    };
+                    println!("    {mark} {}", step.step);
+                }
+            }
             EventKind::ApprovalRequested {
                 approval_id,
                 command,
                 reason,
+                ..
             } => {
                 stop_spinner();
                 return Some(Ask {

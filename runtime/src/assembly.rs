@@ -52,7 +52,7 @@ pub fn session_ports(
         mcp: None,
         mcp_connector: (!config.mcp.servers.is_empty())
             .then(|| Arc::new(crate::RmcpConnector::new()) as Arc<dyn McpConnector>),
-        exec: Some(Arc::new(ProcessRunner)),
+        exec: Some(Arc::new(ProcessRunner::new())),
         summarizer: Arc::new(LocalSummarizer::default()),
         tokens,
     }
@@ -69,10 +69,13 @@ pub fn session_config(config: &TroupeConfig) -> SessionConfig {
     s.root = chat_conversation(chat.storage_policy);
     s.mcp_servers = config.mcp.servers.clone();
     s.mcp_roots = config.mcp.roots.clone();
+    s.mcp_limits = config.mcp.limits.limits();
     s.scheduler.limit = config.server.max_running_tasks.max(1);
     s.scheduler.queue_capacity = config.server.task_queue;
     let conv = &mut s.conversation;
     conv.shell_tool = true;
+    // The workspace is the directory troupe was started in.
+    conv.workspace_roots = std::env::current_dir().into_iter().collect();
     conv.max_queued_messages = config.server.conversation_queue;
     conv.approval_policy = chat.approval_policy;
     conv.sandbox_policy = chat.sandbox_policy;
