@@ -84,7 +84,7 @@ pub async fn run(args: ServeArgs) -> anyhow::Result<ExitCode> {
     let (store, which) = service::open_store(&config, args.ephemeral)?;
     eprintln!("troupe: {which}");
     let service = Service::start(&config, store, ports, prometheus).await?;
-    service::cancel_on_signals(service.shutdown_token());
+    service::cancel_on_signals(service.shutdown_token())?;
     if args.stdio {
         service
             .serve_stdio(tokio::io::stdin(), tokio::io::stdout())

@@ -279,30 +279,30 @@ pub fn check_bind(open: bool, addr: SocketAddr) -> Result<(), AgentError> {
     Ok(())
 }
 
-/// Fires `token` on SIGTERM or SIGINT.
-pub fn cancel_on_signals(token: CancellationToken) {
-    tokio::spawn(async move {
-        #[cfg(unix)]
-        {
-            use tokio::signal::unix::{SignalKind, signal};
-            let (Ok(mut term), Ok(mut int)) = (
-                signal(SignalKind::terminate()),
-                signal(SignalKind::interrupt()),
-            ) else {
-                tracing::error!("cannot install signal handlers");
-                return;
-            };
+/// Fires `token` on SIGTERM or SIGINT. The handlers are in place when this returns, so a
+/// signal sent right after start-up is not lost to the default action.
+pub fn cancel_on_signals(token: CancellationToken) -> Result<(), AgentError> {
+    #[cfg(unix)]
+    {
+        use tokio::signal::unix::{SignalKind, signal};
+        let handler =
+            |kind| signal(kind).map_err(|e| AgentError::internal(format!("signal handler: {e}")));
+        let mut term = handler(SignalKind::terminate())?;
+        let mut int = handler(SignalKind::interrupt())?;
+        tokio::spawn(async move {
             tokio::select! {
                 _ = term.recv() => tracing::info!("SIGTERM"),
                 _ = int.recv() => tracing::info!("SIGINT"),
             }
-        }
-        #[cfg(not(unix))]
-        {
-            let _ = tokio::signal::ctrl_c().await;
-        }
+            token.cancel();
+        });
+    }
+    #[cfg(not(unix))]
+    tokio::spawn(async move {
+        let _ = tokio::signal::ctrl_c().await;
         token.cancel();
     });
+    Ok(())
 }
 
 #[cfg(test)]
