@@ -80,10 +80,11 @@ pub async fn run(args: ServeArgs) -> anyhow::Result<ExitCode> {
         eprintln!("troupe: no model endpoint configured; using the built-in scripted model");
     }
     let model = assembly::build_model(&config, args.script.as_deref())?;
-    let ports = assembly::session_ports(&config, model, assembly::build_tokens(&config));
-    let (store, which) = service::open_store(&config, args.ephemeral)?;
-    eprintln!("troupe: {which}");
-    let service = Service::start(&config, store, ports, prometheus).await?;
+    let mut ports = assembly::session_ports(&config, model, assembly::build_tokens(&config));
+    let storage = service::open_store(&config, args.ephemeral)?;
+    eprintln!("troupe: {}", storage.description);
+    ports.rollout_storage = storage.rollout;
+    let service = Service::start(&config, storage.store, ports, prometheus).await?;
     service::cancel_on_signals(service.shutdown_token())?;
     if args.stdio {
         service

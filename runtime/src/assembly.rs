@@ -55,6 +55,7 @@ pub fn session_ports(
         exec: Some(Arc::new(ProcessRunner::new())),
         summarizer: Arc::new(LocalSummarizer::default()),
         tokens,
+        rollout_storage: None,
     }
 }
 

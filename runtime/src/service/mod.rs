@@ -9,7 +9,7 @@
 //! rpc::Rpc / rest ──► SessionsHandle ──► Sessions actor ──► SessionHandle × N
 //!                                          │                    (troupe-actors)
 //!                                          └──► Store (sessions, conversations, messages)
-//! stream::events ──► SessionHandle::subscribe + the rollout record (resume by seq)
+//! stream::events ──► SessionHandle::events (the rollout's record, then live; resume by seq)
 //! ```
 //!
 //! - [`sessions`]: the registry actor, the only writer of the store.
@@ -226,26 +226,42 @@ impl Service {
     }
 }
 
-/// The service's store: in memory with `ephemeral`, else the embedded database under the
-/// data directory. Returns a line saying which, for the operator.
-pub fn open_store(
-    config: &TroupeConfig,
-    ephemeral: bool,
-) -> Result<(Arc<dyn Store>, String), AgentError> {
+/// Where the service keeps things.
+pub struct Storage {
+    pub store: Arc<dyn Store>,
+    /// The sessions' rollout record; `None`: the rollout's JSONL files under the data
+    /// directory.
+    pub rollout: Option<Arc<dyn troupe_actors::rollout::storage::RolloutStorage>>,
+    /// A line saying which, for the operator.
+    pub description: String,
+}
+
+impl std::fmt::Debug for Storage {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Storage")
+            .field("description", &self.description)
+            .finish_non_exhaustive()
+    }
+}
+
+/// The service's storage: with `ephemeral` the store is in memory (rollouts stay JSONL
+/// files); otherwise the store and every session's rollout share `<data_dir>/troupe.db`.
+pub fn open_store(config: &TroupeConfig, ephemeral: bool) -> Result<Storage, AgentError> {
     if ephemeral {
-        return Ok((
-            Arc::new(crate::store::memory::MemoryStore::new()),
-            "store: in memory (--ephemeral); nothing survives a restart".to_owned(),
-        ));
+        return Ok(Storage {
+            store: Arc::new(crate::store::memory::MemoryStore::new()),
+            rollout: None,
+            description: "store: in memory (--ephemeral); nothing survives a restart".to_owned(),
+        });
     }
     let store = crate::store::SqliteStore::open_in(&config.data_dir)?;
-    Ok((
-        Arc::new(store),
-        format!(
-            "store: {}",
-            crate::store::db_path(&config.data_dir).display()
-        ),
-    ))
+    let path = crate::store::db_path(&config.data_dir);
+    let rollout = crate::store::SqliteRolloutStorage::open(&path)?;
+    Ok(Storage {
+        store: Arc::new(store),
+        rollout: Some(Arc::new(rollout)),
+        description: format!("store: {}", path.display()),
+    })
 }
 
 /// Routes served beside the API: `public` ones without a token (like `/healthz`), and

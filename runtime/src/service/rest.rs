@@ -189,7 +189,7 @@ pub async fn session_events(
     after: u64,
 ) -> Result<impl Stream<Item = Result<StreamEvent, AgentError>> + Send + 'static, ApiError> {
     let resolved = app.rpc.sessions.resolve(scope, id).await?;
-    let events = stream::events(&resolved.handle, &resolved.conversations, after).await?;
+    let events = stream::events(&resolved.handle, after).await?;
     Ok(events.take_until(app.shutdown.clone().cancelled_owned()))
 }
 

@@ -684,7 +684,7 @@ impl Rpc {
         notifier: &Arc<Notifier>,
     ) -> Result<u64, AgentError> {
         let resolved = self.sessions.resolve(scope, session_id).await?;
-        let events = stream::events(&resolved.handle, &resolved.conversations, after).await?;
+        let events = stream::events(&resolved.handle, after).await?;
         let (id, cancel) = notifier.add();
         let out = notifier.out.clone();
         let transport = notifier.transport;

@@ -33,10 +33,12 @@
 //! Every request carries the caller's [`Scope`]; a session outside it is `NotFound`.
 //!
 //! # Start-up
-//! `pre_start` loads every stored session with its conversations. A stored session is
-//! registered without a running session (its records, messages and current-session binding
-//! are served; work on it answers `Internal`) until sessions can be reopened from their
-//! rollout with their conversation ids.
+//! `pre_start` loads every stored session with its conversations and starts each again
+//! under its ids ([`restore_plan`]): the root conversation through `SessionConfig::root_id`,
+//! every other open one through `SessionHandle::restore`; their history comes back from the
+//! rollout, and a task a crash interrupted is recorded as aborted, not run again. A session
+//! that cannot be restarted stays registered without a running session (its records,
+//! messages and current-session binding are served; work on it answers `Internal`).
 //!
 //! # Failure
 //! A session that stops on its own is not restarted here: calls on it answer `Internal`
@@ -443,7 +445,8 @@ impl Actor for Sessions {
         myself: ActorRef<Self::Msg>,
         args: SessionsArgs,
     ) -> Result<Self::State, ActorProcessingErr> {
-        let core = load(args.store.as_ref()).await?;
+        let mut core = load(args.store.as_ref()).await?;
+        restart_all(&mut core, &args.template).await;
         tracing::info!(
             sessions = core.sessions.len(),
             "sessions loaded from the store"
@@ -637,6 +640,55 @@ impl Actor for Sessions {
     }
 }
 
+/// What restarting a stored session takes: the root conversation's parameters (the session's
+/// root reopens under its id) and the other open conversations, oldest first.
+pub fn restore_plan(
+    record: &SessionRecord,
+    conversations: &[ConversationRecord],
+) -> (
+    Option<OpenConversation>,
+    Vec<(ConversationId, OpenConversation)>,
+) {
+    let root = conversations
+        .iter()
+        .find(|c| c.conversation_id == record.root_conversation_id)
+        .map(|c| c.params.clone());
+    let mut others: Vec<&ConversationRecord> = conversations
+        .iter()
+        .filter(|c| c.conversation_id != record.root_conversation_id)
+        .filter(|c| c.state == ConversationState::Open)
+        .collect();
+    others.sort_by_key(|c| (c.created_ms, c.conversation_id));
+    (
+        root,
+        others
+            .into_iter()
+            .map(|c| (c.conversation_id, c.params.clone()))
+            .collect(),
+    )
+}
+
+/// Starts a stored session again under its ids; its conversations' history comes back from
+/// the rollout.
+async fn restart(
+    template: &SessionTemplate,
+    record: &SessionRecord,
+    conversations: &[ConversationRecord],
+) -> Result<SessionHandle, AgentError> {
+    let (root, others) = restore_plan(record, conversations);
+    let mut config = template.config.clone();
+    config.root_id = Some(record.root_conversation_id);
+    if let Some(root) = root {
+        config.root = root;
+    }
+    let (handle, _join) =
+        SessionHandle::start(record.session_id, config, template.ports.clone()).await?;
+    for (id, params) in others {
+        handle.restore(id, params).await?;
+    }
+    Ok(handle)
+}
+
 /// Loads every stored session and its conversations.
 async fn load(store: &dyn Store) -> Result<Registry, AgentError> {
     let mut core = Registry::default();
@@ -665,6 +717,42 @@ async fn load(store: &dyn Store) -> Result<Registry, AgentError> {
         );
     }
     Ok(core)
+}
+
+/// Starts every loaded session again (a few at a time); one that cannot start stays
+/// registered without a running session.
+async fn restart_all(core: &mut Registry, template: &SessionTemplate) {
+    use futures::StreamExt;
+    let jobs: Vec<(SessionRecord, Vec<ConversationRecord>)> = core
+        .sessions
+        .values()
+        .map(|e| {
+            (
+                e.record.clone(),
+                e.conversations.values().map(|c| c.record.clone()).collect(),
+            )
+        })
+        .collect();
+    let started: Vec<(SessionId, Result<SessionHandle, AgentError>)> = futures::stream::iter(jobs)
+        .map(|(record, conversations)| async move {
+            let r = restart(template, &record, &conversations).await;
+            (record.session_id, r)
+        })
+        .buffer_unordered(4)
+        .collect()
+        .await;
+    for (session_id, result) in started {
+        match result {
+            Ok(handle) => {
+                if let Some(entry) = core.sessions.get_mut(&session_id) {
+                    entry.handle = Some(handle);
+                }
+            }
+            Err(e) => {
+                tracing::error!(session_id = %session_id, error = %e, "stored session not restarted");
+            }
+        }
+    }
 }
 
 impl SessionsState {
@@ -1193,6 +1281,7 @@ mod tests {
                 exec: None,
                 summarizer: Arc::new(LocalSummarizer::default()),
                 tokens: Arc::new(ApproxTokens),
+                rollout_storage: None,
             },
         }
     }
@@ -1233,7 +1322,7 @@ mod tests {
         sessions.shutdown().await.unwrap();
         sessions.stop();
 
-        // A new registry over the same store knows the session, but does not run it.
+        // A new registry over the same store runs the session again, history and all.
         let again = registry(store, dir.path()).await;
         assert_eq!(again.get(scope.clone(), s.session_id).await.unwrap(), s);
         let page = again
@@ -1241,12 +1330,24 @@ mod tests {
             .await
             .unwrap();
         assert_eq!(page.messages.len(), 2);
-        assert!(matches!(
-            again
-                .send(scope, s.session_id, None, "x".into(), true)
-                .await,
-            Err(AgentError::Internal { .. })
-        ));
+        let sent = again
+            .send(scope.clone(), s.session_id, None, "again".into(), true)
+            .await
+            .unwrap();
+        assert_eq!(sent.message.conversation_id, s.root_conversation_id);
+        let stats = crate::service::rpc::conversation_stats(
+            &again,
+            scope,
+            s.session_id,
+            s.root_conversation_id,
+        )
+        .await
+        .unwrap();
+        assert!(
+            stats.history_items >= 4,
+            "the first exchange is in its history: {stats:?}"
+        );
+        again.shutdown().await.unwrap();
         again.stop();
     }
 
@@ -1255,6 +1356,53 @@ mod tests {
         task_queue: 1,
         conversation_queue: 2,
     };
+
+    #[test]
+    fn a_restart_reopens_the_root_and_the_open_conversations() {
+        let session_id = SessionId::new();
+        let root = ConversationId::new();
+        let conv = |id, is_root, state, created_ms| ConversationRecord {
+            conversation_id: id,
+            session_id,
+            params: OpenConversation {
+                base_instructions: Some(format!("{created_ms}")),
+                ..OpenConversation::default()
+            },
+            is_root,
+            state,
+            created_ms,
+            closed_ms: None,
+        };
+        let (open, closed, later) = (
+            ConversationId::new(),
+            ConversationId::new(),
+            ConversationId::new(),
+        );
+        let record = SessionRecord {
+            session_id,
+            project_id: None,
+            title: None,
+            created_ms: 1,
+            root_conversation_id: root,
+            settings: Json(serde_json::json!({})),
+        };
+        let (root_params, others) = restore_plan(
+            &record,
+            &[
+                conv(later, false, ConversationState::Open, 9),
+                conv(closed, false, ConversationState::Closed, 3),
+                conv(root, true, ConversationState::Open, 1),
+                conv(open, false, ConversationState::Open, 2),
+            ],
+        );
+        assert_eq!(root_params.unwrap().base_instructions.as_deref(), Some("1"));
+        let ids: Vec<ConversationId> = others.iter().map(|(id, _)| *id).collect();
+        assert_eq!(
+            ids,
+            vec![open, later],
+            "open ones, oldest first, not the closed one"
+        );
+    }
 
     #[test]
     fn admission_mirrors_the_queues() {

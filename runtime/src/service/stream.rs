@@ -2,11 +2,11 @@
 //! first those already recorded, then live ones, without a gap and without a duplicate.
 //!
 //! [`events`] is the only place that knows where events come from; SSE, WebSocket and the
-//! JSON-RPC `events.subscribe` notifications all read it. It subscribes to the live
-//! broadcast first, then reads the recorded backlog of every conversation of the session,
-//! then forwards live events past the last `seq` it sent. A subscriber that falls behind the
-//! broadcast ends its stream (the client resumes from its last `seq` and reads the record),
-//! so a slow client never silently skips events.
+//! JSON-RPC `events.subscribe` notifications all read it. It is the session's resumable
+//! stream (`SessionHandle::events`): the recorded events after the resume point, then live
+//! ones, which the rollout publishes only once they are committed, so a client that resumes
+//! after a crash of the service neither misses nor repeats one. An error ends it (the client
+//! resumes from its last `seq`).
 //!
 //! Event types (the `type` field and the SSE `event:` name):
 //!
@@ -20,12 +20,10 @@
 //! | `approval_resolved` | `approval_resolved` |
 //! | `status_update` | every other kind (`task_started`, `step_started`, `step_finished`, `assistant_message`, `conversation_opened`, `conversation_closed`, `warning`, ...) |
 
-use futures::Stream;
+use futures::{Stream, StreamExt};
 use serde::{Deserialize, Serialize};
-use std::collections::VecDeque;
-use tokio::sync::broadcast;
 use troupe_actors::SessionHandle;
-use troupe_actors::rollout::{RolloutMsg, RolloutRecord, record_for};
+use troupe_actors::rollout::{RolloutRecord, record_for};
 use troupe_proto::{AgentError, ConversationId, EventEnvelope, StoragePolicy, TaskId};
 
 /// One event as a client receives it.
@@ -84,80 +82,15 @@ pub fn from_live(env: &EventEnvelope) -> Option<StreamEvent> {
     record_for(StoragePolicy::Full, env).map(|r| from_record(&r))
 }
 
-/// Where the stream is.
-enum Phase {
-    /// Recorded events not yet sent, then live.
-    Backlog(VecDeque<StreamEvent>),
-    Live,
-    Done,
-}
-
-/// Every event of the session with `seq > after`: recorded ones, then live ones.
-/// `conversations` are the session's conversations whose records to read.
+/// Every event of the session with `seq > after`: recorded ones, then live ones, from the
+/// session's resumable stream (stored records first, then live, nothing twice).
 pub async fn events(
     handle: &SessionHandle,
-    conversations: &[ConversationId],
     after: u64,
 ) -> Result<impl Stream<Item = Result<StreamEvent, AgentError>> + Send + 'static + use<>, AgentError>
 {
-    // Subscribe before reading the record: whatever is emitted meanwhile is in one or both.
-    let live = handle.subscribe().await?;
-    let backlog = recorded(handle, conversations, after).await?;
-    let last = backlog.back().map_or(after, |e| e.seq);
-    Ok(futures::stream::unfold(
-        (Phase::Backlog(backlog), live, last),
-        |(mut phase, mut live, mut last)| async move {
-            loop {
-                match phase {
-                    Phase::Backlog(ref mut queue) => match queue.pop_front() {
-                        Some(e) => return Some((Ok(e), (phase, live, last))),
-                        None => phase = Phase::Live,
-                    },
-                    Phase::Live => match live.recv().await {
-                        Ok(env) if env.seq <= last => {}
-                        Ok(env) => {
-                            last = env.seq;
-                            if let Some(e) = from_live(&env) {
-                                return Some((Ok(e), (Phase::Live, live, last)));
-                            }
-                        }
-                        Err(broadcast::error::RecvError::Lagged(n)) => {
-                            let e = AgentError::Overloaded {
-                                resource: format!(
-                                    "event stream (missed {n} live events; resume after seq {last})"
-                                ),
-                                limit: 0,
-                            };
-                            return Some((Err(e), (Phase::Done, live, last)));
-                        }
-                        Err(broadcast::error::RecvError::Closed) => return None,
-                    },
-                    Phase::Done => return None,
-                }
-            }
-        },
-    ))
-}
-
-/// The recorded events with `seq > after`, in `seq` order.
-async fn recorded(
-    handle: &SessionHandle,
-    conversations: &[ConversationId],
-    after: u64,
-) -> Result<VecDeque<StreamEvent>, AgentError> {
-    let services = handle.services().await?;
-    let mut records: Vec<RolloutRecord> = Vec::new();
-    for &conversation_id in conversations {
-        let read = ractor::call!(services.rollout, |reply| RolloutMsg::ReadConversation {
-            conversation_id,
-            reply
-        })
-        .map_err(|e| AgentError::internal(format!("rollout unavailable: {e}")))??;
-        records.extend(read.into_iter().filter(|r| r.seq > after));
-    }
-    records.sort_by_key(|r| r.seq);
-    records.dedup_by_key(|r| r.seq);
-    Ok(records.iter().map(from_record).collect())
+    let records = handle.events(after).await?;
+    Ok(records.map(|r| r.map(|record| from_record(&record))))
 }
 
 /// Keeps `troupe_stream_subscribers{transport}` right for as long as a stream lives.

@@ -2,7 +2,7 @@
 //! shutdown on SIGTERM (exit 0, a running task finishes within the grace period, one that
 //! would not is cancelled), the stdio transport, and the loopback rule.
 
-use super::{Api, id};
+use super::{Api, id, seqs};
 use serde_json::{Value, json};
 use std::io::{BufRead, BufReader, Write};
 use std::process::{Child, Command, Stdio};
@@ -370,6 +370,85 @@ async fn kill_9_loses_no_acknowledged_message() {
     for id in &acked {
         assert!(stored.contains(id), "acknowledged message {id} lost");
     }
+    sigterm(&c.child);
+    let status = tokio::task::block_in_place(|| wait_exit(&mut c.child, Duration::from_secs(15)));
+    assert!(status.success());
+}
+
+/// Reads a session's SSE stream from the start until the connection drops.
+async fn sse_until_gone(base: &str, sid: &str) -> Vec<Value> {
+    use eventsource_stream::Eventsource;
+    use futures::StreamExt;
+    let response = reqwest::get(format!("{base}/api/sessions/{sid}/events"))
+        .await
+        .unwrap();
+    let mut stream = response.bytes_stream().eventsource();
+    let mut out = Vec::new();
+    while let Some(Ok(e)) = stream.next().await {
+        out.push(serde_json::from_str(&e.data).unwrap());
+    }
+    out
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn kill_9_then_a_resuming_stream_sees_no_gap_and_no_duplicate() {
+    let dir = tempfile::tempdir().unwrap();
+    let script = r#"{"replies": [{"text": "streamed in small chunks for a while", "chunk_chars": 2, "delay_ms": 5}]}"#;
+    let mut c = spawn_durable(dir.path(), script);
+    let api = Api::new(&c.base, None);
+    let sid = id(&api.session(None).await, "session_id");
+    let reader = tokio::spawn({
+        let (base, sid) = (c.base.clone(), sid.clone());
+        async move { sse_until_gone(&base, &sid).await }
+    });
+    let sender = tokio::spawn({
+        let (api, sid) = (api.clone(), sid.clone());
+        async move {
+            for i in 0.. {
+                let r = api
+                    .request(
+                        reqwest::Method::POST,
+                        &format!("/api/sessions/{sid}/messages"),
+                    )
+                    .json(&json!({"text": format!("message {i}")}))
+                    .send()
+                    .await;
+                if r.is_err() {
+                    return;
+                }
+            }
+        }
+    });
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    c.child.kill().unwrap();
+    c.child.wait().unwrap();
+    sender.await.unwrap();
+    let first = reader.await.unwrap();
+    assert!(!first.is_empty(), "the stream ran before the kill");
+    let last_seen = first.last().unwrap()["seq"].as_u64().unwrap();
+
+    // The new process's model answers by rule (it echoes).
+    let mut c = spawn_durable(dir.path(), r#"{"replies": []}"#);
+    let api = Api::new(&c.base, None);
+    let after = api.say(&sid, "after the restart").await;
+    assert_eq!(
+        after["reply"]["text"], "You said: after the restart",
+        "the session runs again"
+    );
+    let done = |e: &[Value]| {
+        e.iter().any(|x| {
+            x["type"] == "message_complete" && x["data"]["text"] == "You said: after the restart"
+        })
+    };
+    let rest = api.sse(&sid, Some(last_seen), done).await;
+    let reference = api.sse(&sid, None, done).await;
+    let mut joined = seqs(&first);
+    joined.extend(seqs(&rest));
+    assert_eq!(
+        joined,
+        seqs(&reference),
+        "nothing lost, nothing twice across the restart"
+    );
     sigterm(&c.child);
     let status = tokio::task::block_in_place(|| wait_exit(&mut c.child, Duration::from_secs(15)));
     assert!(status.success());
