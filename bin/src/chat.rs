@@ -11,16 +11,14 @@ use std::process::ExitCode;
 use std::sync::Arc;
 use std::time::Duration;
 use tokio::sync::broadcast;
-use troupe_actors::history::LocalSummarizer;
-use troupe_actors::ports::{ApproxTokens, ModelClient, TokenCounter};
-use troupe_actors::{SessionConfig, SessionHandle, SessionPorts};
+use troupe_actors::SessionHandle;
 use troupe_proto::{
     AgentError, ApprovalDecision, ConversationId, EventEnvelope, EventKind, MessageReply,
-    OpenConversation, SessionId, StoragePolicy, TaskId, TaskStatus,
+    SessionId, StoragePolicy, TaskId, TaskStatus,
 };
+use troupe_runtime::assembly;
 use troupe_runtime::config::{Provider, TroupeConfig, parse_enum};
 use troupe_runtime::history_log::{HistoryLog, HistoryLogHandle, HistoryLogOptions};
-use troupe_runtime::{ProcessRunner, ScriptedModel};
 
 use crate::spinner::Spinner;
 
@@ -163,72 +161,6 @@ fn resolve(args: &ChatArgs) -> anyhow::Result<TroupeConfig> {
     Ok(c)
 }
 
-fn build_model(
-    config: &TroupeConfig,
-    script: Option<&std::path::Path>,
-) -> anyhow::Result<Arc<dyn ModelClient>> {
-    Ok(match config.model.provider {
-        Provider::Scripted => {
-            eprintln!("troupe: no model endpoint configured; using the built-in scripted model");
-            Arc::new(match script {
-                Some(path) => ScriptedModel::from_file(path)?,
-                None => ScriptedModel::default(),
-            })
-        }
-        Provider::OpenaiResponses | Provider::OpenaiChat => Arc::new(
-            troupe_runtime::openai::OpenAiClient::new(config.model.clone())?,
-        ),
-    })
-}
-
-/// The prompt estimator: the model's tokenizer, loaded on a background thread so start-up
-/// does not wait for it; `approx` (and the scripted model, unless a tokenizer model is named)
-/// uses four bytes a token.
-fn build_tokens(config: &TroupeConfig) -> anyhow::Result<Arc<dyn TokenCounter>> {
-    let name = match (&config.chat.tokenizer_model, config.model.provider) {
-        (Some(name), _) if name == "approx" => return Ok(Arc::new(ApproxTokens)),
-        (Some(name), _) => name.clone(),
-        (None, Provider::Scripted) => return Ok(Arc::new(ApproxTokens)),
-        (None, _) => config.model.model.clone(),
-    };
-    Ok(Arc::new(
-        troupe_runtime::tokens::TiktokenCounter::for_model(&name),
-    ))
-}
-
-fn session_config(config: &TroupeConfig) -> SessionConfig {
-    let mut s = SessionConfig {
-        data_dir: config.data_dir.clone(),
-        ..SessionConfig::default()
-    };
-    let chat = &config.chat;
-    s.root = chat_conversation(chat.storage_policy);
-    s.mcp_servers = config.mcp.servers.clone();
-    s.mcp_roots = config.mcp.roots.clone();
-    s.mcp_limits = config.mcp.limits.limits();
-    let conv = &mut s.conversation;
-    conv.shell_tool = true;
-    // The chat's workspace is the directory it was started in.
-    conv.workspace_roots = std::env::current_dir().into_iter().collect();
-    conv.approval_policy = chat.approval_policy;
-    conv.sandbox_policy = chat.sandbox_policy;
-    conv.task.max_steps = chat.max_steps;
-    conv.task.max_prompt_tokens = chat.max_prompt_tokens;
-    conv.task.warn_prompt_tokens = chat.warn_prompt_tokens;
-    conv.task.over_budget = chat.over_budget;
-    conv.task.tool_errors = chat.tool_errors;
-    s
-}
-
-/// A chat conversation: the shell and plan built-ins, the configured storage policy.
-fn chat_conversation(storage_policy: StoragePolicy) -> OpenConversation {
-    OpenConversation {
-        storage_policy,
-        include_plan_tool: true,
-        ..OpenConversation::default()
-    }
-}
-
 /// Everything one chat process holds.
 struct Chat {
     session: SessionHandle,
@@ -247,24 +179,16 @@ pub async fn run(args: ChatArgs) -> anyhow::Result<ExitCode> {
     if args.once && args.question.is_none() {
         anyhow::bail!("--once needs a question: troupe chat --once \"...\"");
     }
-    let model = build_model(&config, args.script.as_deref())?;
+    if config.model.provider == Provider::Scripted {
+        eprintln!("troupe: no model endpoint configured; using the built-in scripted model");
+    }
+    let model = assembly::build_model(&config, args.script.as_deref())?;
     let info = model.info();
     let (model_name, provider_name) = (info.model, info.provider);
-    let tokens = build_tokens(&config)?;
-    let ports = SessionPorts {
-        model,
-        mcp: None,
-        mcp_connector: (!config.mcp.servers.is_empty()).then(|| {
-            Arc::new(troupe_runtime::RmcpConnector::new())
-                as Arc<dyn troupe_actors::ports::McpConnector>
-        }),
-        exec: Some(Arc::new(ProcessRunner::new())),
-        summarizer: Arc::new(LocalSummarizer::default()),
-        tokens,
-        rollout_storage: None,
-    };
+    let ports = assembly::session_ports(&config, model, assembly::build_tokens(&config));
     let session_id = SessionId::new();
-    let (session, join) = SessionHandle::start(session_id, session_config(&config), ports).await?;
+    let (session, join) =
+        SessionHandle::start(session_id, assembly::session_config(&config), ports).await?;
     let events = session.subscribe().await?;
     let root = session.root().await?;
     let options = HistoryLogOptions::default()
@@ -394,7 +318,7 @@ impl Chat {
             "/new" => {
                 let id = self
                     .session
-                    .open(chat_conversation(self.storage_policy))
+                    .open(assembly::chat_conversation(self.storage_policy))
                     .await?;
                 self.conversations.push(id);
                 self.current = self.conversations.len() - 1;

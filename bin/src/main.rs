@@ -3,6 +3,7 @@
 
 mod chat;
 mod history;
+mod serve;
 mod spinner;
 
 use clap::{Parser, Subcommand};
@@ -20,6 +21,8 @@ struct Cli {
 enum Command {
     /// Chat with an agent: an interactive REPL, or one turn with --once.
     Chat(Box<chat::ChatArgs>),
+    /// Serve sessions over HTTP (JSON-RPC, REST, SSE, WebSocket) or stdio.
+    Serve(Box<serve::ServeArgs>),
     /// Work with JSONL chat histories.
     #[command(subcommand)]
     History(history::HistoryCommand),
@@ -52,6 +55,7 @@ fn main() -> ExitCode {
     let result = runtime.block_on(async {
         match cli.command {
             Command::Chat(args) => chat::run(*args).await,
+            Command::Serve(args) => serve::run(*args).await,
             Command::History(cmd) => history::run(cmd).map(|()| ExitCode::SUCCESS),
             Command::SandboxExec { .. } => {
                 Ok(ExitCode::from(troupe_runtime::exec::sandbox::REFUSED_EXIT))

@@ -155,6 +155,8 @@ pub struct TroupeConfig {
     pub model: ModelConfig,
     pub chat: ChatConfig,
     pub mcp: McpConfig,
+    /// `troupe serve`: listen address, tokens, limits.
+    pub server: ServerConfig,
 }
 
 impl Default for TroupeConfig {
@@ -165,6 +167,7 @@ impl Default for TroupeConfig {
             model: ModelConfig::default(),
             chat: ChatConfig::default(),
             mcp: McpConfig::default(),
+            server: ServerConfig::default(),
         }
     }
 }
@@ -252,6 +255,130 @@ impl McpLimitsConfig {
     }
 }
 
+/// `[server]`: how `troupe serve` listens, whom it lets in, and its limits.
+#[derive(Clone, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct ServerConfig {
+    /// `host:port`; port 0 picks a free one (the bound address is printed).
+    pub listen: String,
+    /// Bearer tokens and the projects each may touch. None: the API is open, and only a
+    /// loopback address may be bound.
+    pub tokens: Vec<ApiToken>,
+    /// How long running tasks may take to finish after SIGTERM/SIGINT before they are
+    /// cancelled.
+    #[serde(with = "humantime_serde")]
+    pub grace_period: Duration,
+    /// Largest request body in bytes; a larger one is answered 413.
+    pub body_limit: usize,
+    /// Serve `/metrics` without a token (for a scraper on a trusted network).
+    pub metrics_public: bool,
+    /// Tasks that may run at once in one session (1 = single-flight).
+    pub max_running_tasks: usize,
+    /// Tasks of a session that may wait for a slot; one more is `Overloaded` at once.
+    pub task_queue: usize,
+    /// Messages that may wait behind a conversation's running task.
+    pub conversation_queue: usize,
+    /// Largest page of messages a listing returns.
+    pub max_page: usize,
+}
+
+impl Default for ServerConfig {
+    fn default() -> Self {
+        Self {
+            listen: "127.0.0.1:7878".into(),
+            tokens: Vec::new(),
+            grace_period: Duration::from_secs(30),
+            body_limit: 1024 * 1024,
+            metrics_public: false,
+            max_running_tasks: 1,
+            task_queue: 64,
+            conversation_queue: 16,
+            max_page: 1000,
+        }
+    }
+}
+
+// By hand so tokens never reach a log line.
+impl std::fmt::Debug for ServerConfig {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ServerConfig")
+            .field("listen", &self.listen)
+            .field("tokens", &self.tokens)
+            .field("grace_period", &self.grace_period)
+            .field("body_limit", &self.body_limit)
+            .field("metrics_public", &self.metrics_public)
+            .field("max_running_tasks", &self.max_running_tasks)
+            .field("task_queue", &self.task_queue)
+            .field("conversation_queue", &self.conversation_queue)
+            .field("max_page", &self.max_page)
+            .finish()
+    }
+}
+
+/// One API token: the secret (inline or from an environment variable) and the projects it
+/// may read and write. `"*"` among the projects lets it touch every project and sessions
+/// outside any project.
+#[derive(Clone, PartialEq, Default, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct ApiToken {
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub token: Option<String>,
+    /// Name of the environment variable holding the token.
+    pub token_env: Option<String>,
+    pub projects: Vec<String>,
+}
+
+impl ApiToken {
+    /// The secret: `token`, else the variable `token_env` names (empty counts as unset).
+    pub fn secret(&self, env: &dyn Fn(&str) -> Option<String>) -> Option<String> {
+        self.token
+            .clone()
+            .or_else(|| self.token_env.as_deref().and_then(env))
+            .filter(|t| !t.is_empty())
+    }
+}
+
+impl std::fmt::Debug for ApiToken {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ApiToken")
+            .field("token", &self.token.as_ref().map(|_| "<redacted>"))
+            .field("token_env", &self.token_env)
+            .field("projects", &self.projects)
+            .finish()
+    }
+}
+
+/// Parses `TROUPE_API_TOKENS`: `secret=projA,projB;other=*`.
+pub fn parse_tokens(name: &str, value: &str) -> Result<Vec<ApiToken>, ConfigError> {
+    let bad = || ConfigError::Value {
+        name: name.to_owned(),
+        value: "<redacted>".to_owned(),
+        expected: "token=project,project;token=*",
+    };
+    value
+        .split(';')
+        .map(str::trim)
+        .filter(|e| !e.is_empty())
+        .map(|entry| {
+            let (token, projects) = entry.split_once('=').ok_or_else(bad)?;
+            let projects: Vec<String> = projects
+                .split(',')
+                .map(str::trim)
+                .filter(|p| !p.is_empty())
+                .map(str::to_owned)
+                .collect();
+            if token.trim().is_empty() || projects.is_empty() {
+                return Err(bad());
+            }
+            Ok(ApiToken {
+                token: Some(token.trim().to_owned()),
+                token_env: None,
+                projects,
+            })
+        })
+        .collect()
+}
+
 /// A configuration problem, with where it came from.
 #[derive(Debug, thiserror::Error)]
 pub enum ConfigError {
@@ -287,6 +414,14 @@ pub const ENV_VARS: &[(&str, &str)] = &[
     ("TROUPE_WARN_PROMPT_TOKENS", "chat.warn_prompt_tokens"),
     ("TROUPE_OVER_BUDGET", "chat.over_budget"),
     ("TROUPE_TOKENIZER_MODEL", "chat.tokenizer_model"),
+    ("TROUPE_LISTEN", "server.listen"),
+    (
+        "TROUPE_API_TOKENS",
+        "server.tokens (token=project,project;token=*)",
+    ),
+    ("TROUPE_GRACE_PERIOD", "server.grace_period"),
+    ("TROUPE_BODY_LIMIT", "server.body_limit"),
+    ("TROUPE_METRICS_PUBLIC", "server.metrics_public"),
 ];
 
 impl TroupeConfig {
@@ -360,6 +495,21 @@ impl TroupeConfig {
         if let Some(v) = get("TROUPE_TOKENIZER_MODEL") {
             self.chat.tokenizer_model = Some(v);
         }
+        if let Some(v) = get("TROUPE_LISTEN") {
+            self.server.listen = v;
+        }
+        if let Some(v) = get("TROUPE_API_TOKENS") {
+            self.server.tokens = parse_tokens("TROUPE_API_TOKENS", &v)?;
+        }
+        if let Some(v) = get("TROUPE_GRACE_PERIOD") {
+            self.server.grace_period = parse_duration("TROUPE_GRACE_PERIOD", &v)?;
+        }
+        if let Some(v) = get("TROUPE_BODY_LIMIT") {
+            self.server.body_limit = parse_num("TROUPE_BODY_LIMIT", &v)?;
+        }
+        if let Some(v) = get("TROUPE_METRICS_PUBLIC") {
+            self.server.metrics_public = parse_bool("TROUPE_METRICS_PUBLIC", &v)?;
+        }
         Ok(())
     }
 
@@ -389,6 +539,27 @@ pub fn parse_enum<T: serde::de::DeserializeOwned>(
             value: value.to_owned(),
             expected,
         })
+}
+
+/// A humantime duration (`30s`, `2m`).
+pub fn parse_duration(name: &str, value: &str) -> Result<Duration, ConfigError> {
+    humantime::parse_duration(value).map_err(|_| ConfigError::Value {
+        name: name.to_owned(),
+        value: value.to_owned(),
+        expected: "a duration such as 30s or 2m",
+    })
+}
+
+fn parse_bool(name: &str, value: &str) -> Result<bool, ConfigError> {
+    match value {
+        "1" | "true" | "yes" => Ok(true),
+        "0" | "false" | "no" => Ok(false),
+        _ => Err(ConfigError::Value {
+            name: name.to_owned(),
+            value: value.to_owned(),
+            expected: "true or false",
+        }),
+    }
 }
 
 fn parse_num<T: std::str::FromStr>(name: &str, value: &str) -> Result<T, ConfigError> {
@@ -531,6 +702,53 @@ wait_bound = "1500ms"
             ..McpLimitsConfig::default()
         };
         assert_eq!(off.limits().per_conversation_rate, None);
+    }
+
+    #[test]
+    fn server_section_and_env() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("troupe.toml");
+        std::fs::write(
+            &path,
+            r#"
+[server]
+listen = "0.0.0.0:9000"
+grace_period = "5s"
+body_limit = 4096
+[[server.tokens]]
+token = "s3cret"
+projects = ["alpha"]
+[[server.tokens]]
+token_env = "OPS_TOKEN"
+projects = ["*"]
+"#,
+        )
+        .unwrap();
+        let c = TroupeConfig::load(Some(&path), &env(&[("TROUPE_BODY_LIMIT", "100")])).unwrap();
+        assert_eq!(c.server.listen, "0.0.0.0:9000");
+        assert_eq!(c.server.grace_period, Duration::from_secs(5));
+        assert_eq!(c.server.body_limit, 100, "env beats the file");
+        assert_eq!(c.server.tokens.len(), 2);
+        let ops = env(&[("OPS_TOKEN", "ops")]);
+        assert_eq!(c.server.tokens[1].secret(&ops).as_deref(), Some("ops"));
+        assert!(!format!("{c:?}").contains("s3cret"), "tokens are redacted");
+
+        let c = TroupeConfig::load(
+            None,
+            &env(&[
+                ("TROUPE_API_TOKENS", "a=p1,p2; b=*"),
+                ("TROUPE_GRACE_PERIOD", "1m"),
+            ]),
+        )
+        .unwrap();
+        assert_eq!(c.server.tokens[0].projects, vec!["p1", "p2"]);
+        assert_eq!(c.server.tokens[1].token.as_deref(), Some("b"));
+        assert_eq!(c.server.grace_period, Duration::from_secs(60));
+        let e = TroupeConfig::load(None, &env(&[("TROUPE_API_TOKENS", "nope")])).unwrap_err();
+        assert!(
+            !e.to_string().contains("nope"),
+            "the secret is not echoed: {e}"
+        );
     }
 
     #[test]

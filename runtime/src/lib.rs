@@ -2,12 +2,14 @@
 //! OpenAI-compatible APIs), a command runner, telemetry set-up.
 #![forbid(unsafe_code)]
 
+pub mod assembly;
 pub mod config;
 pub mod exec;
 pub mod history_log;
 pub mod mcp;
 pub mod openai;
 pub mod scripted;
+pub mod service;
 pub mod store;
 pub mod telemetry;
 pub mod tokens;

@@ -11,6 +11,7 @@ mod repl;
 mod resume;
 mod rollout;
 mod scheduling;
+mod serve;
 mod shell;
 mod telemetry;
 mod turns;

@@ -17,6 +17,7 @@
 mod conn;
 #[cfg(test)]
 mod crash_tests;
+pub mod memory;
 pub mod metrics;
 mod rollout;
 #[cfg(test)]

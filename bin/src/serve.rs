@@ -1,0 +1,120 @@
+//! `troupe serve`: the sessions service over HTTP (JSON-RPC, REST, SSE, WebSocket), or over
+//! stdio with `--stdio`. Prints the bound address, runs until SIGTERM/SIGINT (or the end of
+//! stdin), shuts down gracefully and exits 0.
+
+use anyhow::Context;
+use std::io::Write;
+use std::path::PathBuf;
+use std::process::ExitCode;
+use std::time::Duration;
+use troupe_runtime::assembly;
+use troupe_runtime::config::{Provider, TroupeConfig, parse_duration, parse_enum};
+use troupe_runtime::service::{self, Service};
+
+#[derive(Debug, clap::Args)]
+pub struct ServeArgs {
+    /// host:port to listen on (port 0 picks a free one); default [server].listen.
+    #[arg(long)]
+    pub listen: Option<String>,
+    /// Speak JSON-RPC on stdin/stdout (one JSON object per line) instead of HTTP.
+    #[arg(long)]
+    pub stdio: bool,
+    /// Where sessions keep their rollout and the store its database.
+    #[arg(long)]
+    pub data_dir: Option<PathBuf>,
+    /// TOML configuration file (default: $TROUPE_CONFIG, else ./troupe.toml if present).
+    #[arg(long)]
+    pub config: Option<PathBuf>,
+    /// Keep the store in memory: nothing survives a restart.
+    #[arg(long)]
+    pub ephemeral: bool,
+    /// How long running tasks may finish after SIGTERM, e.g. 30s.
+    #[arg(long)]
+    pub grace_period: Option<String>,
+    /// scripted, openai-responses or openai-chat.
+    #[arg(long)]
+    pub provider: Option<String>,
+    /// Model name sent to the endpoint.
+    #[arg(long)]
+    pub model: Option<String>,
+    /// Endpoint base URL, e.g. http://127.0.0.1:11434/v1.
+    #[arg(long)]
+    pub base_url: Option<String>,
+    /// A JSON script for the built-in scripted model (`{"replies": [...]}`).
+    #[arg(long, env = "TROUPE_SCRIPT")]
+    pub script: Option<PathBuf>,
+}
+
+/// Defaults < config file < TROUPE_* environment < flags.
+fn resolve(args: &ServeArgs) -> anyhow::Result<TroupeConfig> {
+    let env = |k: &str| std::env::var(k).ok();
+    let mut c = TroupeConfig::load(args.config.as_deref(), &env)?;
+    if let Some(v) = &args.listen {
+        c.server.listen.clone_from(v);
+    }
+    if let Some(v) = &args.data_dir {
+        c.data_dir.clone_from(v);
+    }
+    if let Some(v) = &args.grace_period {
+        c.server.grace_period = parse_duration("--grace-period", v)?;
+    }
+    if let Some(v) = &args.provider {
+        c.model.provider =
+            parse_enum("--provider", v, "scripted, openai-responses or openai-chat")?;
+    }
+    if let Some(v) = &args.model {
+        c.model.model.clone_from(v);
+    }
+    if let Some(v) = &args.base_url {
+        c.model.base_url.clone_from(v);
+    }
+    Ok(c)
+}
+
+pub async fn run(args: ServeArgs) -> anyhow::Result<ExitCode> {
+    let config = resolve(&args)?;
+    let prometheus = service::metrics::install_prometheus();
+    troupe_actors::describe_metrics();
+    service::describe_metrics();
+    if config.model.provider == Provider::Scripted {
+        eprintln!("troupe: no model endpoint configured; using the built-in scripted model");
+    }
+    let model = assembly::build_model(&config, args.script.as_deref())?;
+    let mut ports = assembly::session_ports(&config, model, assembly::build_tokens(&config));
+    let storage = service::open_store(&config, args.ephemeral)?;
+    eprintln!("troupe: {}", storage.description);
+    ports.rollout_storage = storage.rollout;
+    let service = Service::start(&config, storage.store, ports, prometheus).await?;
+    service::cancel_on_signals(service.shutdown_token())?;
+    if args.stdio {
+        service
+            .serve_stdio(tokio::io::stdin(), tokio::io::stdout())
+            .await;
+        return Ok(ExitCode::SUCCESS);
+    }
+    let listener = bind(&service, &config.server.listen).await?;
+    let addr = listener.local_addr()?;
+    println!("troupe serve listening on http://{addr}");
+    std::io::stdout().flush()?;
+    service.serve_http(listener).await?;
+    // Let the last log lines out.
+    tokio::time::sleep(Duration::from_millis(10)).await;
+    Ok(ExitCode::SUCCESS)
+}
+
+/// Resolves `listen`, refuses a non-loopback address without tokens, binds.
+async fn bind(service: &Service, listen: &str) -> anyhow::Result<tokio::net::TcpListener> {
+    let addrs: Vec<std::net::SocketAddr> = tokio::net::lookup_host(listen)
+        .await
+        .with_context(|| format!("cannot resolve listen address `{listen}`"))?
+        .collect();
+    for addr in &addrs {
+        service.check_bind(*addr)?;
+    }
+    let first = addrs
+        .first()
+        .with_context(|| format!("`{listen}` resolves to no address"))?;
+    tokio::net::TcpListener::bind(first)
+        .await
+        .with_context(|| format!("cannot listen on {first}"))
+}

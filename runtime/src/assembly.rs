@@ -1,0 +1,118 @@
+//! From a [`TroupeConfig`] to what a session is started with: its ports (model, tokenizer,
+//! command runner, MCP connector, summarizer) and its [`SessionConfig`]. `troupe chat` and
+//! `troupe serve` assemble sessions the same way through these functions.
+
+use crate::config::{Provider, TroupeConfig};
+use crate::{ProcessRunner, ScriptedModel};
+use std::path::Path;
+use std::sync::Arc;
+use troupe_actors::history::LocalSummarizer;
+use troupe_actors::ports::{ApproxTokens, McpConnector, ModelClient, TokenCounter};
+use troupe_actors::{SessionConfig, SessionPorts};
+use troupe_proto::{AgentError, OpenConversation, StoragePolicy};
+
+/// The model client the configuration names; the scripted model follows `script` when given.
+pub fn build_model(
+    config: &TroupeConfig,
+    script: Option<&Path>,
+) -> Result<Arc<dyn ModelClient>, AgentError> {
+    Ok(match config.model.provider {
+        Provider::Scripted => Arc::new(match script {
+            Some(path) => ScriptedModel::from_file(path)?,
+            None => ScriptedModel::default(),
+        }),
+        Provider::OpenaiResponses | Provider::OpenaiChat => Arc::new(
+            crate::OpenAiClient::new(config.model.clone())
+                .map_err(|e| AgentError::invalid(format!("cannot set up the model client: {e}")))?,
+        ),
+    })
+}
+
+/// The prompt estimator: the model's tokenizer; `approx` (and the scripted model, unless a
+/// tokenizer model is named) uses four bytes a token.
+pub fn build_tokens(config: &TroupeConfig) -> Arc<dyn TokenCounter> {
+    let name = match (&config.chat.tokenizer_model, config.model.provider) {
+        (Some(name), _) if name == "approx" => return Arc::new(ApproxTokens),
+        (Some(name), _) => name.clone(),
+        (None, Provider::Scripted) => return Arc::new(ApproxTokens),
+        (None, _) => config.model.model.clone(),
+    };
+    Arc::new(crate::tokens::TiktokenCounter::for_model(&name))
+}
+
+/// The ports of a session: `model` and `tokens` shared, a process runner for the shell tool,
+/// an MCP connector when servers are configured, the local summarizer.
+pub fn session_ports(
+    config: &TroupeConfig,
+    model: Arc<dyn ModelClient>,
+    tokens: Arc<dyn TokenCounter>,
+) -> SessionPorts {
+    SessionPorts {
+        model,
+        mcp: None,
+        mcp_connector: (!config.mcp.servers.is_empty())
+            .then(|| Arc::new(crate::RmcpConnector::new()) as Arc<dyn McpConnector>),
+        exec: Some(Arc::new(ProcessRunner::new())),
+        summarizer: Arc::new(LocalSummarizer::default()),
+        tokens,
+        rollout_storage: None,
+    }
+}
+
+/// The session configuration: data directory, MCP servers, the chat limits and policies, and
+/// the server's scheduling limits.
+pub fn session_config(config: &TroupeConfig) -> SessionConfig {
+    let mut s = SessionConfig {
+        data_dir: config.data_dir.clone(),
+        ..SessionConfig::default()
+    };
+    let chat = &config.chat;
+    s.root = chat_conversation(chat.storage_policy);
+    s.mcp_servers = config.mcp.servers.clone();
+    s.mcp_roots = config.mcp.roots.clone();
+    s.mcp_limits = config.mcp.limits.limits();
+    s.scheduler.limit = config.server.max_running_tasks.max(1);
+    s.scheduler.queue_capacity = config.server.task_queue;
+    let conv = &mut s.conversation;
+    conv.shell_tool = true;
+    // The workspace is the directory troupe was started in.
+    conv.workspace_roots = std::env::current_dir().into_iter().collect();
+    conv.max_queued_messages = config.server.conversation_queue;
+    conv.approval_policy = chat.approval_policy;
+    conv.sandbox_policy = chat.sandbox_policy;
+    conv.task.max_steps = chat.max_steps;
+    conv.task.max_prompt_tokens = chat.max_prompt_tokens;
+    conv.task.warn_prompt_tokens = chat.warn_prompt_tokens;
+    conv.task.over_budget = chat.over_budget;
+    conv.task.tool_errors = chat.tool_errors;
+    s
+}
+
+/// A chat conversation: the shell and plan built-ins, the given storage policy.
+pub fn chat_conversation(storage_policy: StoragePolicy) -> OpenConversation {
+    OpenConversation {
+        storage_policy,
+        include_plan_tool: true,
+        ..OpenConversation::default()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn server_limits_reach_the_session() {
+        let mut c = TroupeConfig::default();
+        c.server.max_running_tasks = 0;
+        c.server.task_queue = 3;
+        c.server.conversation_queue = 2;
+        c.chat.max_steps = 9;
+        let s = session_config(&c);
+        assert_eq!(s.scheduler.limit, 1, "0 would never grant");
+        assert_eq!(s.scheduler.queue_capacity, 3);
+        assert_eq!(s.conversation.max_queued_messages, 2);
+        assert_eq!(s.conversation.task.max_steps, 9);
+        assert!(s.root.include_plan_tool);
+    }
+}

@@ -1,0 +1,64 @@
+//! Request and result shapes of the service's API that are not session-API types of
+//! `troupe-proto`: creating sessions, sending messages, the current session of a project.
+//! Shared by the JSON-RPC methods and the REST routes.
+
+use serde::{Deserialize, Serialize};
+use troupe_proto::store::{MessageRecord, SessionRecord};
+use troupe_proto::{ConversationId, Json, MessageReply, OpenConversation};
+
+/// `session.create` / `POST /api/sessions`.
+#[derive(Debug, Clone, PartialEq, Default, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct CreateSession {
+    /// Defaults to the token's only project; required when the token has several.
+    pub project_id: Option<String>,
+    pub title: Option<String>,
+    /// Free-form, stored with the session.
+    pub settings: Option<Json>,
+    /// Parameters of the root conversation (default: the configured chat conversation).
+    pub root: Option<OpenConversation>,
+}
+
+/// `conversation.message` / `conversation.send` / `POST /api/sessions/{id}/messages`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct SendText {
+    /// Default: the session's root conversation.
+    #[serde(default)]
+    pub conversation_id: Option<ConversationId>,
+    pub text: String,
+    /// Wait for the reply (default) or answer once the message is stored.
+    #[serde(default = "yes")]
+    pub wait: bool,
+}
+
+fn yes() -> bool {
+    true
+}
+
+/// What sending a message answered.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Sent {
+    /// The user message, as stored before anything ran.
+    pub message: MessageRecord,
+    /// The task's reply, when the caller waited for it.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub reply: Option<MessageReply>,
+    /// The assistant message, as stored, when the caller waited for it.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub assistant: Option<MessageRecord>,
+}
+
+/// A project's current session.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct CurrentSession {
+    pub project_id: String,
+    pub session: SessionRecord,
+}
+
+/// `PUT /api/projects/{pid}/current-session`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct SetCurrent {
+    pub session_id: troupe_proto::SessionId,
+}

@@ -1,0 +1,376 @@
+//! `troupe serve`: sessions as a durable service (P1–P4, S5 over the wire, O2).
+//!
+//! ```text
+//!                 ┌─ HTTP: POST /rpc, REST /api/..., SSE /api/sessions/{id}/events
+//! transports ─────┼─ WebSocket: /rpc/ws (JSON-RPC + notifications), /api/sessions/{id}/events/ws
+//!                 └─ stdio: one JSON-RPC frame per line
+//!       │  (auth: bearer token → Scope)
+//!       ▼
+//! rpc::Rpc / rest ──► SessionsHandle ──► Sessions actor ──► SessionHandle × N
+//!                                          │                    (troupe-actors)
+//!                                          └──► Store (sessions, conversations, messages)
+//! stream::events ──► SessionHandle::events (the rollout's record, then live; resume by seq)
+//! ```
+//!
+//! - [`sessions`]: the registry actor, the only writer of the store.
+//! - [`rpc`]: JSON-RPC decoding and dispatch, shared by the three transports.
+//! - [`rest`], [`ws`], [`stdio`], [`http`]: the transports and the router.
+//! - [`stream`]: the event stream every transport reads, and the client event types.
+//! - [`auth`], [`error`], [`metrics`].
+//!
+//! The A2A routes (`service::a2a`) are merged into the router in [`extra_routes`]: the
+//! agent card public, the JSON-RPC route behind authentication.
+//!
+//! Shutdown ([`Service::shutdown`]), step by step: stop accepting connections and end the
+//! event streams; stop admitting messages and let running tasks finish within the grace
+//! period; shut every session down (what still runs is cancelled, rollouts are flushed);
+//! wait for the last replies to be stored and answered.
+
+pub mod api;
+pub mod auth;
+pub mod error;
+pub mod handle;
+pub mod http;
+pub mod metrics;
+pub mod rest;
+pub mod rpc;
+pub mod sessions;
+pub mod stdio;
+pub mod stream;
+pub mod ws;
+
+use crate::config::TroupeConfig;
+use crate::store::Store;
+use auth::Auth;
+use handle::SessionsHandle;
+use metrics_exporter_prometheus::PrometheusHandle;
+use rpc::Rpc;
+use sessions::{SessionTemplate, SessionsArgs};
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::Duration;
+use tokio_util::sync::CancellationToken;
+use troupe_actors::SessionPorts;
+use troupe_proto::AgentError;
+
+/// What every route handler gets.
+#[derive(Clone)]
+pub struct AppState {
+    pub rpc: Rpc,
+    pub body_limit: usize,
+    /// Fired when the service starts shutting down: streams end, `/readyz` says so.
+    pub shutdown: CancellationToken,
+    pub prometheus: Option<PrometheusHandle>,
+}
+
+/// A running service: the registry and what the transports share.
+#[derive(Clone)]
+pub struct Service {
+    pub sessions: SessionsHandle,
+    state: AppState,
+    auth: Auth,
+    metrics_public: bool,
+    grace_period: Duration,
+}
+
+impl std::fmt::Debug for Service {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Service")
+            .field("auth", &self.auth)
+            .field("grace_period", &self.grace_period)
+            .finish_non_exhaustive()
+    }
+}
+
+/// Registers the service's metric descriptions.
+pub fn describe_metrics() {
+    metrics::describe();
+}
+
+impl Service {
+    /// Starts the registry over `store` (restoring what it holds); sessions are assembled
+    /// from `config` with `ports`.
+    pub async fn start(
+        config: &TroupeConfig,
+        store: Arc<dyn Store>,
+        ports: SessionPorts,
+        prometheus: Option<PrometheusHandle>,
+    ) -> Result<Self, AgentError> {
+        let env = |k: &str| std::env::var(k).ok();
+        let mut tokens = Vec::new();
+        for t in &config.server.tokens {
+            let secret = t.secret(&env).ok_or_else(|| {
+                AgentError::invalid(format!(
+                    "a [[server.tokens]] entry has no token (token_env = {:?} is unset)",
+                    t.token_env
+                ))
+            })?;
+            tokens.push((secret, t.projects.clone()));
+        }
+        let session_config = crate::assembly::session_config(config);
+        let args = SessionsArgs {
+            store,
+            ttl_sweep_interval: session_config.ttl_sweep_interval,
+            template: SessionTemplate {
+                config: session_config,
+                ports,
+            },
+        };
+        let (sessions, _join) = SessionsHandle::start(args).await?;
+        let state = AppState {
+            rpc: Rpc {
+                sessions: sessions.clone(),
+                max_page: config.server.max_page.max(1),
+            },
+            body_limit: config.server.body_limit,
+            shutdown: CancellationToken::new(),
+            prometheus,
+        };
+        Ok(Self {
+            sessions,
+            state,
+            auth: Auth::new(tokens),
+            metrics_public: config.server.metrics_public,
+            grace_period: config.server.grace_period,
+        })
+    }
+
+    /// The router, with `extra` routes (the A2A endpoint) merged in.
+    pub fn router(&self, extra: ExtraRoutes) -> axum::Router {
+        http::router(
+            self.state.clone(),
+            self.auth.clone(),
+            self.metrics_public,
+            extra,
+        )
+    }
+
+    pub fn state(&self) -> &AppState {
+        &self.state
+    }
+
+    /// Fired when shutdown begins.
+    pub fn shutdown_token(&self) -> CancellationToken {
+        self.state.shutdown.clone()
+    }
+
+    /// Refuses an open API on anything but loopback.
+    pub fn check_bind(&self, addr: SocketAddr) -> Result<(), AgentError> {
+        check_bind(self.auth.is_open(), addr)
+    }
+
+    /// Serves HTTP on `listener` until `shutdown` fires, then shuts down gracefully.
+    pub async fn serve_http(&self, listener: tokio::net::TcpListener) -> Result<(), AgentError> {
+        let addr = listener
+            .local_addr()
+            .map_err(|e| AgentError::internal(format!("listener address: {e}")))?;
+        self.check_bind(addr)?;
+        let app = self.router(extra_routes(self));
+        let stop = self.state.shutdown.clone();
+        let server = tokio::spawn(async move {
+            axum::serve(listener, app)
+                .with_graceful_shutdown(stop.cancelled_owned())
+                .await
+        });
+        self.state.shutdown.cancelled().await;
+        self.shutdown().await;
+        // The last connections close once their replies are out.
+        match tokio::time::timeout(Duration::from_secs(10), server).await {
+            Ok(Ok(Ok(()))) => Ok(()),
+            Ok(Ok(Err(e))) => Err(AgentError::internal(format!("http server: {e}"))),
+            Ok(Err(e)) => Err(AgentError::internal(format!("http server task: {e}"))),
+            Err(_) => {
+                tracing::warn!("connections still open 10 s after shutdown; leaving them");
+                Ok(())
+            }
+        }
+    }
+
+    /// Serves JSON-RPC on stdin/stdout until stdin ends or `shutdown` fires.
+    pub async fn serve_stdio<R, W>(&self, input: R, output: W)
+    where
+        R: tokio::io::AsyncRead + Unpin + Send + 'static,
+        W: tokio::io::AsyncWrite + Unpin + Send + 'static,
+    {
+        stdio::serve(
+            self.state.rpc.clone(),
+            input,
+            output,
+            self.state.body_limit,
+            self.state.shutdown.clone(),
+        )
+        .await;
+        self.state.shutdown.cancel();
+        self.shutdown().await;
+    }
+
+    /// The graceful part of shutdown: no new messages; running ones get the grace period;
+    /// then every session is shut down (cancelling the rest, flushing rollouts) and the
+    /// last replies are stored.
+    pub async fn shutdown(&self) {
+        self.state.shutdown.cancel();
+        let grace = self.grace_period;
+        tracing::info!(grace_ms = grace.as_millis() as u64, "draining");
+        if tokio::time::timeout(grace, self.sessions.drain())
+            .await
+            .is_err()
+        {
+            tracing::warn!("grace period over; cancelling what still runs");
+        }
+        if let Err(e) = self.sessions.shutdown().await {
+            tracing::error!(error = %e, "sessions shutdown");
+        }
+        // Cancelled tasks answer promptly; their replies are stored before this returns.
+        let _ = tokio::time::timeout(Duration::from_secs(10), self.sessions.drain()).await;
+        self.sessions.stop();
+    }
+}
+
+/// Where the service keeps things.
+pub struct Storage {
+    pub store: Arc<dyn Store>,
+    /// The sessions' rollout record; `None`: the rollout's JSONL files under the data
+    /// directory.
+    pub rollout: Option<Arc<dyn troupe_actors::rollout::storage::RolloutStorage>>,
+    /// A line saying which, for the operator.
+    pub description: String,
+}
+
+impl std::fmt::Debug for Storage {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Storage")
+            .field("description", &self.description)
+            .finish_non_exhaustive()
+    }
+}
+
+/// The service's storage: with `ephemeral` the store is in memory (rollouts stay JSONL
+/// files); otherwise the store and every session's rollout share `<data_dir>/troupe.db`.
+pub fn open_store(config: &TroupeConfig, ephemeral: bool) -> Result<Storage, AgentError> {
+    if ephemeral {
+        return Ok(Storage {
+            store: Arc::new(crate::store::memory::MemoryStore::new()),
+            rollout: None,
+            description: "store: in memory (--ephemeral); nothing survives a restart".to_owned(),
+        });
+    }
+    let store = crate::store::SqliteStore::open_in(&config.data_dir)?;
+    let path = crate::store::db_path(&config.data_dir);
+    let rollout = crate::store::SqliteRolloutStorage::open(&path)?;
+    Ok(Storage {
+        store: Arc::new(store),
+        rollout: Some(Arc::new(rollout)),
+        description: format!("store: {}", path.display()),
+    })
+}
+
+/// Routes served beside the API: `public` ones without a token (like `/healthz`), and
+/// `protected` ones behind the same bearer-token check as the API.
+#[derive(Default)]
+pub struct ExtraRoutes {
+    pub public: axum::Router,
+    pub protected: axum::Router,
+}
+
+impl std::fmt::Debug for ExtraRoutes {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ExtraRoutes").finish_non_exhaustive()
+    }
+}
+
+/// The routes `troupe serve` adds to the API. The A2A endpoint (`service::a2a`) plugs in
+/// here: its agent card as `public`, its JSON-RPC route as `protected`.
+pub fn extra_routes(_service: &Service) -> ExtraRoutes {
+    ExtraRoutes::default()
+}
+
+/// An API without tokens may only listen on loopback.
+pub fn check_bind(open: bool, addr: SocketAddr) -> Result<(), AgentError> {
+    if open && !addr.ip().is_loopback() {
+        return Err(AgentError::invalid(format!(
+            "refusing to serve {addr} without API tokens: configure [[server.tokens]] \
+             (or TROUPE_API_TOKENS), or listen on a loopback address"
+        )));
+    }
+    Ok(())
+}
+
+/// Fires `token` on SIGTERM or SIGINT. The handlers are in place when this returns, so a
+/// signal sent right after start-up is not lost to the default action.
+pub fn cancel_on_signals(token: CancellationToken) -> Result<(), AgentError> {
+    #[cfg(unix)]
+    {
+        use tokio::signal::unix::{SignalKind, signal};
+        let handler =
+            |kind| signal(kind).map_err(|e| AgentError::internal(format!("signal handler: {e}")));
+        let mut term = handler(SignalKind::terminate())?;
+        let mut int = handler(SignalKind::interrupt())?;
+        tokio::spawn(async move {
+            tokio::select! {
+                _ = term.recv() => tracing::info!("SIGTERM"),
+                _ = int.recv() => tracing::info!("SIGINT"),
+            }
+            token.cancel();
+        });
+    }
+    #[cfg(not(unix))]
+    tokio::spawn(async move {
+        let _ = tokio::signal::ctrl_c().await;
+        token.cancel();
+    });
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test]
+    async fn extra_routes_are_public_or_behind_the_token() {
+        use axum::routing::get;
+        let dir = tempfile::tempdir().unwrap();
+        let mut config = TroupeConfig {
+            data_dir: dir.path().to_owned(),
+            ..TroupeConfig::default()
+        };
+        config.server.tokens = vec![crate::config::ApiToken {
+            token: Some("t".into()),
+            token_env: None,
+            projects: vec!["*".into()],
+        }];
+        let ports = crate::assembly::session_ports(
+            &config,
+            Arc::new(crate::ScriptedModel::default()),
+            Arc::new(troupe_actors::ports::ApproxTokens),
+        );
+        let store = Arc::new(crate::store::memory::MemoryStore::new());
+        let service = Service::start(&config, store, ports, None).await.unwrap();
+        let app = service.router(ExtraRoutes {
+            public: axum::Router::new().route("/card", get(|| async { "card" })),
+            protected: axum::Router::new().route("/a2a", get(|| async { "a2a" })),
+        });
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let base = format!("http://{}", listener.local_addr().unwrap());
+        tokio::spawn(async move { axum::serve(listener, app).await });
+        let http = reqwest::Client::new();
+        let status = |path: &str, token: Option<&str>| {
+            let mut r = http.get(format!("{base}{path}"));
+            if let Some(t) = token {
+                r = r.bearer_auth(t);
+            }
+            async move { r.send().await.unwrap().status().as_u16() }
+        };
+        assert_eq!(status("/card", None).await, 200);
+        assert_eq!(status("/a2a", None).await, 401);
+        assert_eq!(status("/a2a", Some("t")).await, 200);
+        service.shutdown().await;
+    }
+
+    #[test]
+    fn open_apis_stay_on_loopback() {
+        assert!(check_bind(true, "127.0.0.1:80".parse().unwrap()).is_ok());
+        assert!(check_bind(true, "[::1]:80".parse().unwrap()).is_ok());
+        assert!(check_bind(true, "0.0.0.0:80".parse().unwrap()).is_err());
+        assert!(check_bind(false, "0.0.0.0:80".parse().unwrap()).is_ok());
+    }
+}

@@ -1,0 +1,254 @@
+//! REST routes (P2) and the per-session SSE stream (P3, P4). Every error is an HTTP status
+//! with the body `{code, message, details}`; ids that do not parse are unknown ids (404).
+
+use super::AppState;
+use super::api::{CreateSession, CurrentSession, SendText, SetCurrent};
+use super::auth::Scope;
+use super::error::ApiError;
+use super::http::body;
+use super::rpc::page_limit;
+use super::stream::{self, StreamEvent, Subscriber};
+use axum::Extension;
+use axum::Json;
+use axum::body::Bytes;
+use axum::extract::rejection::{BytesRejection, QueryRejection};
+use axum::extract::{Path, Query, State};
+use axum::http::{HeaderMap, StatusCode};
+use axum::response::sse::{Event, KeepAlive, Sse};
+use axum::response::{IntoResponse, Response};
+use futures::{Stream, StreamExt};
+use serde::Deserialize;
+use serde::de::DeserializeOwned;
+use std::convert::Infallible;
+use troupe_proto::{AgentError, SessionId};
+
+/// A session id from the path; one that does not parse names no session.
+pub fn session_id(raw: &str) -> Result<SessionId, ApiError> {
+    raw.parse()
+        .map_err(|_| ApiError::from(AgentError::not_found("session", raw)))
+}
+
+/// A JSON body of type `T` (an empty body reads as `{}`), or 400 / 413.
+pub fn json_body<T: DeserializeOwned>(
+    bytes: Result<Bytes, BytesRejection>,
+    limit: usize,
+) -> Result<T, ApiError> {
+    let bytes = body(bytes, limit)?;
+    let bytes: &[u8] = if bytes.iter().all(u8::is_ascii_whitespace) {
+        b"{}"
+    } else {
+        &bytes
+    };
+    serde_json::from_slice(bytes).map_err(|e| ApiError::bad_request(format!("bad body: {e}")))
+}
+
+fn query<T>(q: Result<Query<T>, QueryRejection>) -> Result<T, ApiError> {
+    q.map(|Query(t)| t)
+        .map_err(|e| ApiError::bad_request(e.body_text()))
+}
+
+/// `POST /api/sessions` → 201 with the session.
+pub async fn create_session(
+    State(app): State<AppState>,
+    Extension(scope): Extension<Scope>,
+    bytes: Result<Bytes, BytesRejection>,
+) -> Result<Response, ApiError> {
+    let request: CreateSession = json_body(bytes, app.body_limit)?;
+    let record = app.rpc.sessions.create(scope, request).await?;
+    Ok((StatusCode::CREATED, Json(record)).into_response())
+}
+
+/// `GET /api/sessions/{id}`.
+pub async fn get_session(
+    State(app): State<AppState>,
+    Extension(scope): Extension<Scope>,
+    Path(id): Path<String>,
+) -> Result<Response, ApiError> {
+    let record = app.rpc.sessions.get(scope, session_id(&id)?).await?;
+    Ok(Json(record).into_response())
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct MessagesQuery {
+    limit: Option<usize>,
+    before: Option<u64>,
+}
+
+/// `GET /api/sessions/{id}/messages?limit=&before=`: the newest `limit` messages older than
+/// `before`, oldest first, with the cursor of the next (older) page.
+pub async fn list_messages(
+    State(app): State<AppState>,
+    Extension(scope): Extension<Scope>,
+    Path(id): Path<String>,
+    q: Result<Query<MessagesQuery>, QueryRejection>,
+) -> Result<Response, ApiError> {
+    let id = session_id(&id)?;
+    let q = query(q)?;
+    let limit = page_limit(q.limit, app.rpc.max_page)?;
+    let page = app
+        .rpc
+        .sessions
+        .messages(scope, id, limit, q.before)
+        .await?;
+    Ok(Json(page).into_response())
+}
+
+/// `POST /api/sessions/{id}/messages` `{text, conversation_id?, wait?}`: 200 with the reply
+/// when waiting (the default), else 202 once the message is stored.
+pub async fn post_message(
+    State(app): State<AppState>,
+    Extension(scope): Extension<Scope>,
+    Path(id): Path<String>,
+    bytes: Result<Bytes, BytesRejection>,
+) -> Result<Response, ApiError> {
+    let id = session_id(&id)?;
+    let send: SendText = json_body(bytes, app.body_limit)?;
+    let wait = send.wait;
+    let sent = app
+        .rpc
+        .sessions
+        .send(scope, id, send.conversation_id, send.text, wait)
+        .await?;
+    let status = if wait {
+        StatusCode::OK
+    } else {
+        StatusCode::ACCEPTED
+    };
+    Ok((status, Json(sent)).into_response())
+}
+
+/// `GET /api/projects/{pid}/sessions`: newest first.
+pub async fn project_sessions(
+    State(app): State<AppState>,
+    Extension(scope): Extension<Scope>,
+    Path(pid): Path<String>,
+) -> Result<Response, ApiError> {
+    let sessions = app.rpc.sessions.list(scope, Some(pid)).await?;
+    Ok(Json(sessions).into_response())
+}
+
+/// `GET /api/projects/{pid}/current-session`: 404 when none is set.
+pub async fn current_session(
+    State(app): State<AppState>,
+    Extension(scope): Extension<Scope>,
+    Path(pid): Path<String>,
+) -> Result<Response, ApiError> {
+    let session = app.rpc.sessions.current(scope, pid.clone()).await?;
+    Ok(Json(CurrentSession {
+        project_id: pid,
+        session,
+    })
+    .into_response())
+}
+
+/// `PUT /api/projects/{pid}/current-session` `{session_id}`.
+pub async fn set_current_session(
+    State(app): State<AppState>,
+    Extension(scope): Extension<Scope>,
+    Path(pid): Path<String>,
+    bytes: Result<Bytes, BytesRejection>,
+) -> Result<Response, ApiError> {
+    let SetCurrent { session_id } = json_body(bytes, app.body_limit)?;
+    let session = app
+        .rpc
+        .sessions
+        .set_current(scope, pid.clone(), session_id)
+        .await?;
+    Ok(Json(CurrentSession {
+        project_id: pid,
+        session,
+    })
+    .into_response())
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct EventsQuery {
+    pub after: Option<u64>,
+}
+
+/// Where a stream resumes: `Last-Event-ID` (a reconnecting EventSource), else `?after=`,
+/// else from the start.
+pub fn resume_from(headers: &HeaderMap, after: Option<u64>) -> Result<u64, ApiError> {
+    match headers.get("last-event-id") {
+        Some(v) => v
+            .to_str()
+            .ok()
+            .and_then(|s| s.trim().parse().ok())
+            .ok_or_else(|| ApiError::bad_request("Last-Event-ID must be an event seq")),
+        None => Ok(after.unwrap_or(0)),
+    }
+}
+
+/// The events of a session after a point, ending when the service shuts down.
+pub async fn session_events(
+    app: &AppState,
+    scope: Scope,
+    id: SessionId,
+    after: u64,
+) -> Result<impl Stream<Item = Result<StreamEvent, AgentError>> + Send + 'static, ApiError> {
+    let resolved = app.rpc.sessions.resolve(scope, id).await?;
+    let events = stream::events(&resolved.handle, after).await?;
+    Ok(events.take_until(app.shutdown.clone().cancelled_owned()))
+}
+
+/// `GET /api/sessions/{id}/events`: Server-Sent Events, `id:` = seq, `event:` = type.
+/// A stream that cannot go on (it fell behind) sends `event: stream_error` and ends; the
+/// client reconnects with its `Last-Event-ID`.
+pub async fn events_sse(
+    State(app): State<AppState>,
+    Extension(scope): Extension<Scope>,
+    Path(id): Path<String>,
+    headers: HeaderMap,
+    q: Result<Query<EventsQuery>, QueryRejection>,
+) -> Result<Response, ApiError> {
+    let id = session_id(&id)?;
+    let after = resume_from(&headers, query(q)?.after)?;
+    let events = session_events(&app, scope, id, after).await?;
+    let gauge = Subscriber::new("sse");
+    let sse = events.map(move |item| {
+        let _alive = &gauge;
+        Ok::<Event, Infallible>(match item {
+            Ok(e) => Event::default()
+                .id(e.seq.to_string())
+                .event(e.event_type.clone())
+                .json_data(&e)
+                .unwrap_or_else(|_| Event::default().comment("unencodable event")),
+            Err(e) => Event::default()
+                .event("stream_error")
+                .json_data(super::error::ApiError::from(e).body)
+                .unwrap_or_else(|_| Event::default().comment("stream error")),
+        })
+    });
+    Ok(Sse::new(sse)
+        .keep_alive(KeepAlive::default())
+        .into_response())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn resume_point() {
+        let mut h = HeaderMap::new();
+        assert_eq!(resume_from(&h, None).unwrap(), 0);
+        assert_eq!(resume_from(&h, Some(4)).unwrap(), 4);
+        h.insert("last-event-id", "9".parse().unwrap());
+        assert_eq!(resume_from(&h, Some(4)).unwrap(), 9, "the header wins");
+        h.insert("last-event-id", "x".parse().unwrap());
+        assert_eq!(
+            resume_from(&h, None).unwrap_err().status,
+            StatusCode::BAD_REQUEST
+        );
+    }
+
+    #[test]
+    fn bad_ids_are_unknown_ids() {
+        assert_eq!(
+            session_id("nope").unwrap_err().status,
+            StatusCode::NOT_FOUND
+        );
+    }
+}

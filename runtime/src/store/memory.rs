@@ -1,0 +1,358 @@
+//! `MemoryStore`: the [`Store`] kept in memory, for `troupe serve --ephemeral` and tests.
+//! It keeps every rule of the trait except surviving the process.
+//!
+//! One lock around the whole state: every operation is a few map operations, never awaits
+//! while holding it, and the service's writes are already serialised by its registry.
+
+use super::Store;
+use async_trait::async_trait;
+use std::collections::{BTreeMap, HashMap};
+use std::sync::Mutex;
+use troupe_proto::store::{
+    ConversationRecord, ConversationState, MessagePage, MessageRecord, NewMessage, SessionRecord,
+};
+use troupe_proto::{AgentError, ConversationId, SessionId};
+
+/// What the store holds.
+#[derive(Debug, Default)]
+struct Data {
+    /// Sessions in creation order (the index into `order`).
+    sessions: HashMap<SessionId, SessionRecord>,
+    order: Vec<SessionId>,
+    conversations: BTreeMap<ConversationId, ConversationRecord>,
+    /// Every message by id; ids are assigned in increasing order.
+    messages: BTreeMap<u64, MessageRecord>,
+    next_message_id: u64,
+    current: HashMap<String, SessionId>,
+}
+
+/// An in-memory store.
+#[derive(Debug, Default)]
+pub struct MemoryStore {
+    data: Mutex<Data>,
+}
+
+impl MemoryStore {
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    fn with<T>(&self, f: impl FnOnce(&mut Data) -> Result<T, AgentError>) -> Result<T, AgentError> {
+        let mut data = self
+            .data
+            .lock()
+            .map_err(|_| AgentError::internal("memory store poisoned"))?;
+        f(&mut data)
+    }
+}
+
+#[async_trait]
+impl Store for MemoryStore {
+    async fn create_session(&self, session: SessionRecord) -> Result<(), AgentError> {
+        self.with(|d| {
+            if d.sessions.contains_key(&session.session_id) {
+                return Err(AgentError::invalid(format!(
+                    "session {} already exists",
+                    session.session_id
+                )));
+            }
+            d.order.push(session.session_id);
+            d.sessions.insert(session.session_id, session);
+            Ok(())
+        })
+    }
+
+    async fn get_session(
+        &self,
+        session_id: SessionId,
+    ) -> Result<Option<SessionRecord>, AgentError> {
+        self.with(|d| Ok(d.sessions.get(&session_id).cloned()))
+    }
+
+    async fn all_sessions(&self) -> Result<Vec<SessionRecord>, AgentError> {
+        self.with(|d| {
+            Ok(d.order
+                .iter()
+                .filter_map(|id| d.sessions.get(id).cloned())
+                .collect())
+        })
+    }
+
+    async fn project_sessions(&self, project_id: &str) -> Result<Vec<SessionRecord>, AgentError> {
+        self.with(|d| {
+            Ok(d.order
+                .iter()
+                .rev()
+                .filter_map(|id| d.sessions.get(id))
+                .filter(|s| s.project_id.as_deref() == Some(project_id))
+                .cloned()
+                .collect())
+        })
+    }
+
+    async fn put_conversation(&self, conversation: ConversationRecord) -> Result<(), AgentError> {
+        self.with(|d| {
+            if !d.sessions.contains_key(&conversation.session_id) {
+                return Err(AgentError::not_found("session", conversation.session_id));
+            }
+            d.conversations
+                .insert(conversation.conversation_id, conversation);
+            Ok(())
+        })
+    }
+
+    async fn close_conversation(
+        &self,
+        conversation_id: ConversationId,
+        closed_ms: u64,
+    ) -> Result<(), AgentError> {
+        self.with(|d| {
+            let c = d
+                .conversations
+                .get_mut(&conversation_id)
+                .ok_or_else(|| AgentError::not_found("conversation", conversation_id))?;
+            if c.state == ConversationState::Open {
+                c.state = ConversationState::Closed;
+                c.closed_ms = Some(closed_ms);
+            }
+            Ok(())
+        })
+    }
+
+    async fn conversations(
+        &self,
+        session_id: SessionId,
+    ) -> Result<Vec<ConversationRecord>, AgentError> {
+        self.with(|d| {
+            let mut out: Vec<ConversationRecord> = d
+                .conversations
+                .values()
+                .filter(|c| c.session_id == session_id)
+                .cloned()
+                .collect();
+            // Conversation ids are v7 UUIDs: their order is creation order within a
+            // millisecond's precision; the timestamp decides first.
+            out.sort_by_key(|c| (c.created_ms, c.conversation_id));
+            Ok(out)
+        })
+    }
+
+    async fn append_message(&self, message: NewMessage) -> Result<MessageRecord, AgentError> {
+        self.with(|d| {
+            if !d.sessions.contains_key(&message.session_id) {
+                return Err(AgentError::not_found("session", message.session_id));
+            }
+            match d.conversations.get(&message.conversation_id) {
+                Some(c) if c.session_id == message.session_id => {}
+                _ => {
+                    return Err(AgentError::not_found(
+                        "conversation",
+                        message.conversation_id,
+                    ));
+                }
+            }
+            d.next_message_id += 1;
+            let record = MessageRecord {
+                message_id: d.next_message_id,
+                session_id: message.session_id,
+                conversation_id: message.conversation_id,
+                task_id: message.task_id,
+                role: message.role,
+                content: message.content,
+                chars: message.chars,
+                created_ms: message.created_ms,
+            };
+            d.messages.insert(record.message_id, record.clone());
+            Ok(record)
+        })
+    }
+
+    async fn messages(
+        &self,
+        session_id: SessionId,
+        limit: usize,
+        before: Option<u64>,
+    ) -> Result<MessagePage, AgentError> {
+        self.with(|d| {
+            let upper = before.unwrap_or(u64::MAX);
+            let mut newest_first = d
+                .messages
+                .range(..upper)
+                .rev()
+                .map(|(_, m)| m)
+                .filter(|m| m.session_id == session_id);
+            let mut page: Vec<MessageRecord> = newest_first.by_ref().take(limit).cloned().collect();
+            let more = newest_first.next().is_some();
+            page.reverse();
+            let next_before = if more {
+                page.first().map(|m| m.message_id)
+            } else {
+                None
+            };
+            Ok(MessagePage {
+                messages: page,
+                next_before,
+            })
+        })
+    }
+
+    async fn expire_message_content(
+        &self,
+        conversation_id: ConversationId,
+        cutoff_ms: u64,
+    ) -> Result<u64, AgentError> {
+        self.with(|d| {
+            let mut n = 0;
+            for m in d.messages.values_mut() {
+                if m.conversation_id == conversation_id
+                    && m.created_ms < cutoff_ms
+                    && m.content.is_some()
+                {
+                    m.content = None;
+                    n += 1;
+                }
+            }
+            Ok(n)
+        })
+    }
+
+    async fn set_current_session(
+        &self,
+        project_id: &str,
+        session_id: SessionId,
+    ) -> Result<(), AgentError> {
+        self.with(|d| match d.sessions.get(&session_id) {
+            Some(s) if s.project_id.as_deref() == Some(project_id) => {
+                d.current.insert(project_id.to_owned(), session_id);
+                Ok(())
+            }
+            _ => Err(AgentError::not_found("session", session_id)),
+        })
+    }
+
+    async fn current_session(&self, project_id: &str) -> Result<Option<SessionId>, AgentError> {
+        self.with(|d| Ok(d.current.get(project_id).copied()))
+    }
+
+    async fn ping(&self) -> Result<(), AgentError> {
+        self.with(|_| Ok(()))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+    use troupe_proto::{OpenConversation, Role};
+
+    fn session(project: Option<&str>) -> SessionRecord {
+        SessionRecord {
+            session_id: SessionId::new(),
+            project_id: project.map(str::to_owned),
+            title: None,
+            created_ms: 1,
+            root_conversation_id: ConversationId::new(),
+            settings: troupe_proto::Json(serde_json::json!({})),
+        }
+    }
+
+    fn conversation(s: &SessionRecord) -> ConversationRecord {
+        ConversationRecord {
+            conversation_id: s.root_conversation_id,
+            session_id: s.session_id,
+            params: OpenConversation::default(),
+            is_root: true,
+            state: ConversationState::Open,
+            created_ms: 1,
+            closed_ms: None,
+        }
+    }
+
+    fn message(s: &SessionRecord, i: usize) -> NewMessage {
+        NewMessage {
+            session_id: s.session_id,
+            conversation_id: s.root_conversation_id,
+            task_id: None,
+            role: Role::User,
+            content: Some(format!("m{i}")),
+            chars: 2,
+            created_ms: 1,
+        }
+    }
+
+    fn rt() -> tokio::runtime::Runtime {
+        tokio::runtime::Builder::new_current_thread()
+            .build()
+            .unwrap()
+    }
+
+    #[tokio::test]
+    async fn unknown_ids_and_duplicates() {
+        let store = MemoryStore::new();
+        let s = session(Some("p"));
+        assert_eq!(store.get_session(s.session_id).await.unwrap(), None);
+        assert!(matches!(
+            store.put_conversation(conversation(&s)).await,
+            Err(AgentError::NotFound { .. })
+        ));
+        store.create_session(s.clone()).await.unwrap();
+        assert!(matches!(
+            store.create_session(s.clone()).await,
+            Err(AgentError::InvalidInput { .. })
+        ));
+        assert!(matches!(
+            store.append_message(message(&s, 0)).await,
+            Err(AgentError::NotFound { .. })
+        ));
+        assert!(matches!(
+            store.set_current_session("other", s.session_id).await,
+            Err(AgentError::NotFound { .. })
+        ));
+        store.set_current_session("p", s.session_id).await.unwrap();
+        assert_eq!(
+            store.current_session("p").await.unwrap(),
+            Some(s.session_id)
+        );
+        store.put_conversation(conversation(&s)).await.unwrap();
+        store
+            .close_conversation(s.root_conversation_id, 5)
+            .await
+            .unwrap();
+        let c = store.conversations(s.session_id).await.unwrap();
+        assert_eq!(c[0].state, ConversationState::Closed);
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig::with_cases(100))]
+        /// Walking the pages from the newest returns every message once, in order, each page
+        /// min(limit, remaining) long.
+        #[test]
+        fn pages_cover_everything_once(n in 0usize..40, limit in 1usize..12) {
+            rt().block_on(async {
+                let store = MemoryStore::new();
+                let s = session(None);
+                store.create_session(s.clone()).await.unwrap();
+                store.put_conversation(conversation(&s)).await.unwrap();
+                for i in 0..n {
+                    store.append_message(message(&s, i)).await.unwrap();
+                }
+                let mut seen = Vec::new();
+                let mut before = None;
+                loop {
+                    let page = store.messages(s.session_id, limit, before).await.unwrap();
+                    prop_assert_eq!(page.messages.len(), limit.min(n - seen.len()));
+                    let mut ids: Vec<u64> = page.messages.iter().map(|m| m.message_id).collect();
+                    ids.extend(seen);
+                    seen = ids;
+                    match page.next_before {
+                        Some(b) => before = Some(b),
+                        None => break,
+                    }
+                }
+                prop_assert_eq!(seen.len(), n);
+                prop_assert!(seen.windows(2).all(|w| w[0] < w[1]));
+                Ok(())
+            })?;
+        }
+    }
+}

@@ -1,0 +1,455 @@
+//! The real `troupe serve` binary as a child process: the bound address on stdout, graceful
+//! shutdown on SIGTERM (exit 0, a running task finishes within the grace period, one that
+//! would not is cancelled), the stdio transport, and the loopback rule.
+
+use super::{Api, id, seqs};
+use serde_json::{Value, json};
+use std::io::{BufRead, BufReader, Write};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+use troupe_tests::troupe_bin;
+
+/// A `troupe serve` child and the address it printed.
+struct Serving {
+    child: Child,
+    base: String,
+    /// The data directory, when the child owns it.
+    _dir: Option<tempfile::TempDir>,
+}
+
+fn spawn(script: &str, extra: &[&str]) -> Serving {
+    let dir = tempfile::tempdir().unwrap();
+    let script_path = dir.path().join("script.json");
+    std::fs::write(&script_path, script).unwrap();
+    let mut child = Command::new(troupe_bin())
+        .args([
+            "serve",
+            "--listen",
+            "127.0.0.1:0",
+            "--ephemeral",
+            "--data-dir",
+        ])
+        .arg(dir.path())
+        .arg("--script")
+        .arg(&script_path)
+        .args(extra)
+        .current_dir(dir.path())
+        .env_remove("TROUPE_API_TOKENS")
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let mut line = String::new();
+    BufReader::new(child.stdout.take().unwrap())
+        .read_line(&mut line)
+        .unwrap();
+    let base = line
+        .trim()
+        .strip_prefix("troupe serve listening on ")
+        .unwrap_or_else(|| panic!("unexpected first line: {line:?}"))
+        .to_owned();
+    Serving {
+        child,
+        base,
+        _dir: Some(dir),
+    }
+}
+
+fn sigterm(child: &Child) {
+    nix::sys::signal::kill(
+        nix::unistd::Pid::from_raw(i32::try_from(child.id()).unwrap()),
+        nix::sys::signal::Signal::SIGTERM,
+    )
+    .unwrap();
+}
+
+/// Waits for the child to exit, at most `within`.
+fn wait_exit(child: &mut Child, within: Duration) -> std::process::ExitStatus {
+    let t0 = Instant::now();
+    loop {
+        if let Some(status) = child.try_wait().unwrap() {
+            return status;
+        }
+        assert!(t0.elapsed() < within, "still running after {within:?}");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+async fn wait_running(api: &Api, sid: &str) {
+    loop {
+        let tasks = api.call("task.list", json!({"session_id": sid})).await;
+        if tasks
+            .as_array()
+            .is_some_and(|t| t.iter().any(|t| t["state"] == "running"))
+        {
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sigterm_lets_a_running_task_finish_then_exits_zero() {
+    let mut c = spawn(
+        r#"{"replies": [{"text": "finished in time", "delay_ms": 1500}]}"#,
+        &["--grace-period", "20s"],
+    );
+    let api = Api::new(&c.base, None);
+    let sid = id(&api.session(None).await, "session_id");
+    let pending = {
+        let api = api.clone();
+        let sid = sid.clone();
+        tokio::spawn(async move { api.say(&sid, "slow").await })
+    };
+    wait_running(&api, &sid).await;
+    let t0 = Instant::now();
+    sigterm(&c.child);
+    let reply = tokio::time::timeout(Duration::from_secs(15), pending)
+        .await
+        .expect("the reply comes")
+        .unwrap();
+    assert_eq!(reply["reply"]["status"], "ok");
+    assert_eq!(reply["reply"]["text"], "finished in time");
+    assert!(
+        reply["assistant"]["message_id"].is_u64(),
+        "stored before exit"
+    );
+    let status = tokio::task::block_in_place(|| wait_exit(&mut c.child, Duration::from_secs(15)));
+    assert!(status.success(), "{status:?}");
+    assert!(t0.elapsed() < Duration::from_secs(10));
+    // New connections are refused once it is gone.
+    assert!(
+        api.http
+            .get(format!("{}/healthz", c.base))
+            .send()
+            .await
+            .is_err()
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sigterm_cancels_what_outlives_the_grace_period() {
+    let mut c = spawn(
+        r#"{"replies": [{"hang": true}]}"#,
+        &["--grace-period", "300ms"],
+    );
+    let api = Api::new(&c.base, None);
+    let sid = id(&api.session(None).await, "session_id");
+    let pending = {
+        let api = api.clone();
+        let sid = sid.clone();
+        tokio::spawn(async move {
+            api.rpc(
+                "conversation.message",
+                json!({"session_id": sid, "text": "forever"}),
+            )
+            .await
+        })
+    };
+    wait_running(&api, &sid).await;
+    let t0 = Instant::now();
+    sigterm(&c.child);
+    let answer = tokio::time::timeout(Duration::from_secs(15), pending)
+        .await
+        .expect("an answer comes")
+        .unwrap();
+    let status = answer["result"]["reply"]["status"]
+        .as_str()
+        .or_else(|| answer["error"]["data"].as_object().and(Some("error")));
+    assert!(
+        matches!(status, Some("cancelled" | "error")),
+        "cancelled, not left hanging: {answer}"
+    );
+    let exit = tokio::task::block_in_place(|| wait_exit(&mut c.child, Duration::from_secs(15)));
+    assert!(exit.success(), "{exit:?}");
+    assert!(t0.elapsed() < Duration::from_secs(10));
+}
+
+#[test]
+fn stdio_speaks_json_rpc_line_by_line() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut child = Command::new(troupe_bin())
+        .args(["serve", "--stdio", "--ephemeral", "--data-dir"])
+        .arg(dir.path())
+        .env_remove("TROUPE_SCRIPT")
+        .current_dir(dir.path())
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let mut stdin = child.stdin.take().unwrap();
+    let mut lines = BufReader::new(child.stdout.take().unwrap()).lines();
+    let mut next = || -> Value { serde_json::from_str(&lines.next().unwrap().unwrap()).unwrap() };
+    writeln!(
+        stdin,
+        r#"{{"jsonrpc":"2.0","id":1,"method":"session.create","params":{{}}}}"#
+    )
+    .unwrap();
+    let created = next();
+    let sid = created["result"]["session_id"].as_str().unwrap().to_owned();
+    writeln!(
+        stdin,
+        r#"{{"jsonrpc":"2.0","id":2,"method":"events.subscribe","params":{{"session_id":"{sid}"}}}}"#
+    )
+    .unwrap();
+    writeln!(
+        stdin,
+        r#"{{"jsonrpc":"2.0","id":3,"method":"conversation.message","params":{{"session_id":"{sid}","text":"from an editor"}}}}"#
+    )
+    .unwrap();
+    writeln!(stdin, "not json").unwrap();
+    let mut answers = std::collections::BTreeMap::new();
+    let mut events = Vec::new();
+    while answers.len() < 3
+        || !events
+            .iter()
+            .any(|e: &Value| e["type"] == "message_complete")
+    {
+        let v = next();
+        if v["method"] == "events.event" {
+            events.push(v["params"]["event"].clone());
+        } else {
+            answers.insert(v["id"].to_string(), v);
+        }
+    }
+    assert_eq!(answers["2"]["result"]["subscription"], 1);
+    assert_eq!(
+        answers["3"]["result"]["reply"]["text"],
+        "You said: from an editor"
+    );
+    assert_eq!(answers["null"]["error"]["code"], -32700);
+    drop(stdin);
+    let status = wait_exit(&mut child, Duration::from_secs(15));
+    assert!(
+        status.success(),
+        "the end of stdin ends it cleanly: {status:?}"
+    );
+}
+
+#[test]
+fn an_open_api_refuses_a_public_address() {
+    let dir = tempfile::tempdir().unwrap();
+    let out = Command::new(troupe_bin())
+        .args([
+            "serve",
+            "--listen",
+            "0.0.0.0:0",
+            "--ephemeral",
+            "--data-dir",
+        ])
+        .arg(dir.path())
+        .current_dir(dir.path())
+        .env_remove("TROUPE_API_TOKENS")
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(stderr.contains("without API tokens"), "{stderr}");
+    // With a token it binds (and a SIGTERM ends it).
+    let mut child = Command::new(troupe_bin())
+        .args([
+            "serve",
+            "--listen",
+            "0.0.0.0:0",
+            "--ephemeral",
+            "--data-dir",
+        ])
+        .arg(dir.path())
+        .current_dir(dir.path())
+        .env("TROUPE_API_TOKENS", "t=*")
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let mut line = String::new();
+    BufReader::new(child.stdout.take().unwrap())
+        .read_line(&mut line)
+        .unwrap();
+    assert!(
+        line.starts_with("troupe serve listening on http://0.0.0.0:"),
+        "{line}"
+    );
+    sigterm(&child);
+    assert!(wait_exit(&mut child, Duration::from_secs(15)).success());
+}
+
+/// Starts `troupe serve` on a durable data directory (no --ephemeral).
+fn spawn_durable(dir: &std::path::Path, script: &str) -> Serving {
+    let script_path = dir.join("script.json");
+    std::fs::write(&script_path, script).unwrap();
+    let mut child = Command::new(troupe_bin())
+        .args(["serve", "--listen", "127.0.0.1:0", "--data-dir"])
+        .arg(dir)
+        .arg("--script")
+        .arg(&script_path)
+        .current_dir(dir)
+        .env_remove("TROUPE_API_TOKENS")
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let mut line = String::new();
+    BufReader::new(child.stdout.take().unwrap())
+        .read_line(&mut line)
+        .unwrap();
+    let base = line
+        .trim()
+        .strip_prefix("troupe serve listening on ")
+        .unwrap_or_else(|| panic!("unexpected first line: {line:?}"))
+        .to_owned();
+    Serving {
+        child,
+        base,
+        _dir: None,
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn kill_9_loses_no_acknowledged_message() {
+    let dir = tempfile::tempdir().unwrap();
+    let script = r#"{"replies": [{"text": "a streamed answer of some length", "chunk_chars": 3, "delay_ms": 5}]}"#;
+    let mut c = spawn_durable(dir.path(), script);
+    let api = Api::new(&c.base, None);
+    let s = api.session(Some("p")).await;
+    let sid = id(&s, "session_id");
+    api.put(
+        "/api/projects/p/current-session",
+        json!({"session_id": sid}),
+    )
+    .await;
+    // Messages keep arriving (acknowledged once stored) while their replies stream.
+    let sender = {
+        let api = api.clone();
+        let sid = sid.clone();
+        tokio::spawn(async move {
+            let mut acked = Vec::new();
+            for i in 0.. {
+                let r = api
+                    .request(
+                        reqwest::Method::POST,
+                        &format!("/api/sessions/{sid}/messages"),
+                    )
+                    .json(&json!({"text": format!("message {i}"), "wait": false}))
+                    .send()
+                    .await;
+                match r {
+                    Ok(r) if r.status() == reqwest::StatusCode::ACCEPTED => {
+                        let v: Value = r.json().await.unwrap();
+                        acked.push(v["message"]["message_id"].as_u64().unwrap());
+                    }
+                    Ok(_) => tokio::time::sleep(Duration::from_millis(5)).await,
+                    Err(_) => return acked,
+                }
+            }
+            acked
+        })
+    };
+    tokio::time::sleep(Duration::from_millis(400)).await;
+    c.child.kill().unwrap();
+    c.child.wait().unwrap();
+    let acked = sender.await.unwrap();
+    assert!(!acked.is_empty());
+
+    let mut c = spawn_durable(dir.path(), script);
+    let api = Api::new(&c.base, None);
+    let (status, got) = api.get(&format!("/api/sessions/{sid}")).await;
+    assert_eq!(status, reqwest::StatusCode::OK);
+    assert_eq!(got, s, "the session survives");
+    let (_, cur) = api.get("/api/projects/p/current-session").await;
+    assert_eq!(cur["session"], s, "so does the current-session binding");
+    let (_, page) = api
+        .get(&format!("/api/sessions/{sid}/messages?limit=1000"))
+        .await;
+    let stored: std::collections::BTreeSet<u64> = page["messages"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|m| m["message_id"].as_u64().unwrap())
+        .collect();
+    for id in &acked {
+        assert!(stored.contains(id), "acknowledged message {id} lost");
+    }
+    sigterm(&c.child);
+    let status = tokio::task::block_in_place(|| wait_exit(&mut c.child, Duration::from_secs(15)));
+    assert!(status.success());
+}
+
+/// Reads a session's SSE stream from the start until the connection drops.
+async fn sse_until_gone(base: &str, sid: &str) -> Vec<Value> {
+    use eventsource_stream::Eventsource;
+    use futures::StreamExt;
+    let response = reqwest::get(format!("{base}/api/sessions/{sid}/events"))
+        .await
+        .unwrap();
+    let mut stream = response.bytes_stream().eventsource();
+    let mut out = Vec::new();
+    while let Some(Ok(e)) = stream.next().await {
+        out.push(serde_json::from_str(&e.data).unwrap());
+    }
+    out
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn kill_9_then_a_resuming_stream_sees_no_gap_and_no_duplicate() {
+    let dir = tempfile::tempdir().unwrap();
+    let script = r#"{"replies": [{"text": "streamed in small chunks for a while", "chunk_chars": 2, "delay_ms": 5}]}"#;
+    let mut c = spawn_durable(dir.path(), script);
+    let api = Api::new(&c.base, None);
+    let sid = id(&api.session(None).await, "session_id");
+    let reader = tokio::spawn({
+        let (base, sid) = (c.base.clone(), sid.clone());
+        async move { sse_until_gone(&base, &sid).await }
+    });
+    let sender = tokio::spawn({
+        let (api, sid) = (api.clone(), sid.clone());
+        async move {
+            for i in 0.. {
+                let r = api
+                    .request(
+                        reqwest::Method::POST,
+                        &format!("/api/sessions/{sid}/messages"),
+                    )
+                    .json(&json!({"text": format!("message {i}")}))
+                    .send()
+                    .await;
+                if r.is_err() {
+                    return;
+                }
+            }
+        }
+    });
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    c.child.kill().unwrap();
+    c.child.wait().unwrap();
+    sender.await.unwrap();
+    let first = reader.await.unwrap();
+    assert!(!first.is_empty(), "the stream ran before the kill");
+    let last_seen = first.last().unwrap()["seq"].as_u64().unwrap();
+
+    // The new process's model answers by rule (it echoes).
+    let mut c = spawn_durable(dir.path(), r#"{"replies": []}"#);
+    let api = Api::new(&c.base, None);
+    let after = api.say(&sid, "after the restart").await;
+    assert_eq!(
+        after["reply"]["text"], "You said: after the restart",
+        "the session runs again"
+    );
+    let done = |e: &[Value]| {
+        e.iter().any(|x| {
+            x["type"] == "message_complete" && x["data"]["text"] == "You said: after the restart"
+        })
+    };
+    let rest = api.sse(&sid, Some(last_seen), done).await;
+    let reference = api.sse(&sid, None, done).await;
+    let mut joined = seqs(&first);
+    joined.extend(seqs(&rest));
+    assert_eq!(
+        joined,
+        seqs(&reference),
+        "nothing lost, nothing twice across the restart"
+    );
+    sigterm(&c.child);
+    let status = tokio::task::block_in_place(|| wait_exit(&mut c.child, Duration::from_secs(15)));
+    assert!(status.success());
+}

@@ -1,0 +1,210 @@
+//! Every REST route (P2), its errors, body limits, and health.
+
+use super::{Server, id};
+use reqwest::{Method, StatusCode};
+use serde_json::{Value, json};
+
+fn assert_error(status: StatusCode, body: &Value, want: StatusCode, code: &str) {
+    assert_eq!(status, want, "{body}");
+    assert_eq!(body["code"], code, "{body}");
+    assert!(body["message"].is_string(), "{body}");
+    assert!(body.get("details").is_some(), "{body}");
+}
+
+#[tokio::test]
+async fn routes() {
+    let server = Server::start().await;
+    let api = server.api();
+    let (status, s) = api
+        .post(
+            "/api/sessions",
+            json!({"project_id": "p", "title": "t", "settings": {"k": 1}}),
+        )
+        .await;
+    assert_eq!(status, StatusCode::CREATED);
+    let sid = id(&s, "session_id");
+    assert_eq!(s["settings"], json!({"k": 1}));
+    let (status, got) = api.get(&format!("/api/sessions/{sid}")).await;
+    assert_eq!((status, &got), (StatusCode::OK, &s));
+
+    let sent = api.say(&sid, "one").await;
+    assert_eq!(sent["reply"]["text"], "You said: one");
+    let (status, accepted) = api
+        .post(
+            &format!("/api/sessions/{sid}/messages"),
+            json!({"text": "two", "wait": false}),
+        )
+        .await;
+    assert_eq!(status, StatusCode::ACCEPTED);
+    assert_eq!(accepted["message"]["content"], "two");
+    assert!(accepted.get("reply").is_none());
+
+    // The reply of an accepted message lands in the store when its task ends.
+    let all = loop {
+        let (_, page) = api.get(&format!("/api/sessions/{sid}/messages")).await;
+        if page["messages"].as_array().unwrap().len() == 4 {
+            break page;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+    };
+    let texts: Vec<&str> = all["messages"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|m| m["content"].as_str().unwrap())
+        .collect();
+    assert_eq!(texts, ["one", "You said: one", "two", "You said: two"]);
+    let (_, page) = api
+        .get(&format!("/api/sessions/{sid}/messages?limit=3"))
+        .await;
+    assert_eq!(page["messages"].as_array().unwrap().len(), 3);
+    let before = page["next_before"].as_u64().unwrap();
+    let (_, older) = api
+        .get(&format!(
+            "/api/sessions/{sid}/messages?limit=3&before={before}"
+        ))
+        .await;
+    assert_eq!(older["messages"][0]["content"], "one");
+    assert_eq!(older["next_before"], Value::Null);
+
+    let s2 = api.session(Some("p")).await;
+    let (status, listed) = api.get("/api/projects/p/sessions").await;
+    assert_eq!(status, StatusCode::OK);
+    assert_eq!(listed, json!([s2, s]), "newest first");
+    let (_, none) = api.get("/api/projects/empty/sessions").await;
+    assert_eq!(none, json!([]));
+
+    let (status, body) = api.get("/api/projects/p/current-session").await;
+    assert_error(status, &body, StatusCode::NOT_FOUND, "not_found");
+    let (status, cur) = api
+        .put(
+            "/api/projects/p/current-session",
+            json!({"session_id": sid}),
+        )
+        .await;
+    assert_eq!(status, StatusCode::OK);
+    assert_eq!(cur["session"], s);
+    let (_, cur) = api.get("/api/projects/p/current-session").await;
+    assert_eq!(cur, json!({"project_id": "p", "session": s}));
+    server.stop().await;
+}
+
+#[tokio::test]
+async fn errors_have_a_status_and_a_body() {
+    let server = Server::start_with(|c| c.server.body_limit = 1024, Vec::new()).await;
+    let api = server.api();
+    let unknown = troupe_proto::SessionId::new();
+    for path in [
+        format!("/api/sessions/{unknown}"),
+        format!("/api/sessions/{unknown}/messages"),
+        format!("/api/sessions/{unknown}/events"),
+        "/api/sessions/not-an-id".to_owned(),
+        "/api/sessions/not-an-id/messages".to_owned(),
+        "/no/such/route".to_owned(),
+    ] {
+        let (status, body) = api.get(&path).await;
+        assert_error(status, &body, StatusCode::NOT_FOUND, "not_found");
+    }
+    let (status, body) = api
+        .post(
+            &format!("/api/sessions/{unknown}/messages"),
+            json!({"text": "x"}),
+        )
+        .await;
+    assert_error(status, &body, StatusCode::NOT_FOUND, "not_found");
+    let (status, body) = api
+        .put(
+            "/api/projects/p/current-session",
+            json!({"session_id": unknown}),
+        )
+        .await;
+    assert_error(status, &body, StatusCode::NOT_FOUND, "not_found");
+
+    // A session of another project cannot be the current one.
+    let other = api.session(Some("q")).await;
+    let (status, body) = api
+        .put(
+            "/api/projects/p/current-session",
+            json!({"session_id": other["session_id"]}),
+        )
+        .await;
+    assert_error(status, &body, StatusCode::NOT_FOUND, "not_found");
+
+    let sid = id(&api.session(None).await, "session_id");
+    for (body, why) in [
+        (b"{".to_vec(), "malformed JSON"),
+        (b"{\"text\": 5}".to_vec(), "a wrong type"),
+        (b"{\"txt\": \"x\"}".to_vec(), "an unknown field"),
+        (b"[1, 2]".to_vec(), "not an object"),
+    ] {
+        let (status, v) = api
+            .post_raw(&format!("/api/sessions/{sid}/messages"), body)
+            .await;
+        assert_error(status, &v, StatusCode::BAD_REQUEST, "bad_request");
+        let _ = why;
+    }
+    let (status, v) = api
+        .get(&format!("/api/sessions/{sid}/messages?limit=zero"))
+        .await;
+    assert_error(status, &v, StatusCode::BAD_REQUEST, "bad_request");
+    let (status, v) = api
+        .get(&format!("/api/sessions/{sid}/messages?limit=0"))
+        .await;
+    assert_error(status, &v, StatusCode::BAD_REQUEST, "invalid_input");
+
+    let big = json!({"text": "x".repeat(4096)});
+    let (status, v) = api
+        .post(&format!("/api/sessions/{sid}/messages"), big.clone())
+        .await;
+    assert_error(
+        status,
+        &v,
+        StatusCode::PAYLOAD_TOO_LARGE,
+        "payload_too_large",
+    );
+    let (status, v) = api.post("/rpc", big).await;
+    assert_error(
+        status,
+        &v,
+        StatusCode::PAYLOAD_TOO_LARGE,
+        "payload_too_large",
+    );
+
+    let (status, v) = Api::answer_of(api.request(Method::DELETE, "/api/sessions")).await;
+    assert_error(
+        status,
+        &v,
+        StatusCode::METHOD_NOT_ALLOWED,
+        "method_not_allowed",
+    );
+    server.stop().await;
+}
+
+#[tokio::test]
+async fn health() {
+    let server = Server::start().await;
+    let api = server.api();
+    let (status, v) = api.get("/healthz").await;
+    assert_eq!((status, v["status"].clone()), (StatusCode::OK, json!("ok")));
+    let (status, v) = api.get("/readyz").await;
+    assert_eq!(
+        (status, v["status"].clone()),
+        (StatusCode::OK, json!("ready"))
+    );
+    server.service.shutdown_token().cancel();
+    // Shutting down: no longer ready (the listener may already be closed).
+    if let Ok(r) = api.http.get(format!("{}/readyz", api.base)).send().await {
+        assert_eq!(r.status(), StatusCode::SERVICE_UNAVAILABLE);
+    }
+    server.stop().await;
+}
+
+use super::Api;
+
+impl Api {
+    async fn answer_of(r: reqwest::RequestBuilder) -> (StatusCode, Value) {
+        let response = r.send().await.unwrap();
+        let status = response.status();
+        (status, response.json().await.unwrap_or(Value::Null))
+    }
+}
