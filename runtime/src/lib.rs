@@ -8,6 +8,7 @@ pub mod history_log;
 pub mod mcp;
 pub mod openai;
 pub mod scripted;
+pub mod service;
 pub mod store;
 pub mod telemetry;
 pub mod tokens;
