@@ -370,7 +370,8 @@ pub fn decode(op: Operation, params: &Value) -> Result<Request, A2aError> {
             let w: WireGet = parse(params)?;
             Request::Get(GetParams {
                 id: required("id", w.id)?,
-                history_length: non_negative("historyLength", w.history_length)?,
+                // 0.3 reads 0 as "no limit".
+                history_length: non_negative("historyLength", w.history_length)?.filter(|n| *n > 0),
             })
         }
         // 0.3 has no ListTasks; `resolve` never sends it here.
