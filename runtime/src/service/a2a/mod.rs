@@ -154,3 +154,6 @@ impl A2a {
         let _ = self.join.await;
     }
 }
+
+#[cfg(test)]
+mod tests;
