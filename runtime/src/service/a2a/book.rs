@@ -47,6 +47,8 @@ pub struct Record {
     pub phase: Phase,
     pub cancel_requested: bool,
     pub pending_approval: Option<ApprovalId>,
+    /// The conversation's reply, held until the task's `task_finished` event (or a grace).
+    pending_reply: Option<MessageReply>,
     /// Messages written about this task so far (agent message ids are `<task>-m<n>`).
     messages: u32,
 }
@@ -113,6 +115,15 @@ pub struct Dispatch {
     pub task_id: String,
     pub conversation_id: ConversationId,
     pub input: String,
+}
+
+/// What a returned message call does to its task.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Finished {
+    /// Ended now (or already): these events.
+    Done(Vec<StreamEvent>),
+    /// Waiting for the task's `task_finished` event; call `finish_due` after a grace.
+    Deferred,
 }
 
 /// The effects of a troupe event.
@@ -265,6 +276,7 @@ impl TaskBook {
                 phase: Phase::Queued,
                 cancel_requested: false,
                 pending_approval: None,
+                pending_reply: None,
                 messages: 0,
             },
         );
@@ -393,13 +405,17 @@ impl TaskBook {
         out
     }
 
-    /// The conversation answered a dispatched task (the message call returned).
+    /// The conversation answered a dispatched task (the message call returned): its context
+    /// may run the next task. The task's end normally arrives as a `task_finished` event,
+    /// after its other events; a reply that comes first waits (`Deferred`) so the stream
+    /// keeps troupe's order, and `finish_due` ends the task from the reply if the event
+    /// never comes (a lagging subscriber). A failed call ends the task at once.
     pub fn finished(
         &mut self,
         task_id: &str,
-        result: &Result<MessageReply, AgentError>,
+        result: Result<MessageReply, AgentError>,
         now_ms: u64,
-    ) -> Vec<StreamEvent> {
+    ) -> Finished {
         if let Some(ctx) = self
             .tasks
             .get(task_id)
@@ -410,19 +426,18 @@ impl TaskBook {
         }
         match result {
             Ok(reply) => {
-                if let Some(r) = self.tasks.get_mut(task_id)
-                    && r.troupe_task.is_none()
-                {
+                let Some(r) = self.tasks.get_mut(task_id) else {
+                    return Finished::Done(Vec::new());
+                };
+                if r.troupe_task.is_none() {
                     r.set_troupe_task(reply.task_id);
                     self.by_troupe.insert(reply.task_id, task_id.to_owned());
                 }
-                self.complete(
-                    task_id,
-                    reply.status,
-                    &reply.text,
-                    reply.error.as_ref(),
-                    now_ms,
-                )
+                if r.task.status.state.is_terminal() {
+                    return Finished::Done(Vec::new());
+                }
+                r.pending_reply = Some(reply);
+                Finished::Deferred
             }
             Err(e) => {
                 let status = if e.kind() == ErrorKind::Cancelled {
@@ -430,9 +445,27 @@ impl TaskBook {
                 } else {
                     TaskStatus::Error
                 };
-                self.complete(task_id, status, "", Some(e), now_ms)
+                Finished::Done(self.complete(task_id, status, "", Some(&e), now_ms))
             }
         }
+    }
+
+    /// Ends a task from its deferred reply, unless its `task_finished` event ended it.
+    pub fn finish_due(&mut self, task_id: &str, now_ms: u64) -> Vec<StreamEvent> {
+        let Some(reply) = self
+            .tasks
+            .get_mut(task_id)
+            .and_then(|r| r.pending_reply.take())
+        else {
+            return Vec::new();
+        };
+        self.complete(
+            task_id,
+            reply.status,
+            &reply.text,
+            reply.error.as_ref(),
+            now_ms,
+        )
     }
 
     /// Decides what a cancel does; a queued task is canceled at once.
@@ -642,6 +675,7 @@ impl TaskBook {
         };
         rec.phase = Phase::Done;
         rec.pending_approval = None;
+        rec.pending_reply = None;
         events.extend(self.set_status(
             task_id,
             final_state(status),

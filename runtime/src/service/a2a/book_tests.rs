@@ -153,8 +153,10 @@ fn a_context_runs_its_tasks_one_at_a_time() {
         stats: TaskStats::default(),
         error: None,
     });
-    let events = b.finished("a", &reply, T0 + 1);
+    assert_eq!(b.finished("a", reply, T0 + 1), Finished::Deferred);
+    let events = b.finish_due("a", T0 + 2);
     assert_eq!(events.len(), 2, "artifact, then COMPLETED");
+    assert!(b.finish_due("a", T0 + 3).is_empty());
     assert_eq!(b.next_dispatch("c").unwrap().task_id, "b");
     let a = b.view("a", None, true).unwrap();
     assert_eq!(a.status.state, TaskState::Completed);
@@ -176,7 +178,7 @@ fn the_end_is_reported_once() {
         stats: TaskStats::default(),
         error: None,
     });
-    assert!(b.finished("task-1", &reply, T0 + 2).is_empty());
+    assert_eq!(b.finished("task-1", reply, T0 + 2), Finished::Done(vec![]));
     assert!(b.record("task-1").unwrap().task.status.state.is_terminal());
 }
 
@@ -201,7 +203,7 @@ fn states_follow_troupe_outcomes() {
         );
     }
     let mut b = started_book();
-    b.finished("task-1", &Err(AgentError::internal("boom")), T0);
+    b.finished("task-1", Err(AgentError::internal("boom")), T0);
     let task = b.view("task-1", None, true).unwrap();
     assert_eq!(task.status.state, TaskState::Failed);
     let note = &task.status.message.unwrap().parts[0].content;
@@ -364,7 +366,7 @@ fn finished_tasks_past_the_limit_are_forgotten() {
         b.create_task(id.clone(), "c", user("x"), "x".into(), T0 + i)
             .unwrap();
         b.next_dispatch("c").unwrap();
-        b.finished(&id, &Err(AgentError::cancelled("stop")), T0 + i);
+        b.finished(&id, Err(AgentError::cancelled("stop")), T0 + i);
     }
     assert_eq!(b.evict(), vec!["t0".to_owned(), "t1".to_owned()]);
     assert_eq!(b.len(), 2);
@@ -447,4 +449,28 @@ proptest! {
         sorted.sort_by(|a, b| b.cmp(a));
         prop_assert_eq!(seen, sorted);
     }
+}
+
+#[test]
+fn a_reply_that_beats_the_events_waits_for_them() {
+    let mut b = started_book();
+    let t = Some(troupe_task());
+    let reply = Ok(MessageReply {
+        conversation_id: conv(),
+        task_id: troupe_task(),
+        status: TaskStatus::Ok,
+        text: "late".into(),
+        stats: TaskStats::default(),
+        error: None,
+    });
+    assert_eq!(b.finished("task-1", reply, T0), Finished::Deferred);
+    // The events still arrive in troupe's order and end the task.
+    let started = b.apply(
+        &env(t, EventKind::TaskStarted { input: "hi".into() }),
+        T0 + 1,
+    );
+    assert_eq!(started.events[0].1.state(), Some(TaskState::Working));
+    let done = b.apply(&env(t, finished(TaskStatus::Ok, "late")), T0 + 2);
+    assert_eq!(done.events.len(), 2);
+    assert!(b.finish_due("task-1", T0 + 3).is_empty(), "ended once");
 }

@@ -9,7 +9,8 @@
 //! handler ── Get / List / Subscribe / Cancel / WaitFor ─▶ answered from the book    │
 //! forwarder (tokio task) ── SessionEvent{env} ─▶ book.apply → publish to streams    │
 //! spawned call ── MessageAnswered{task, result} ◀────────────────────────────────────┘
-//!                                 → book.finished → publish → dispatch the context's next task
+//!                                 → dispatch the context's next task; the task ends with
+//!                                   its task_finished event, or FinishDue after a grace
 //! ```
 //!
 //! Streams get events through bounded channels: a subscriber that falls behind by a whole
@@ -19,7 +20,7 @@
 //! conversations keep running.
 
 use super::backend::A2aBackend;
-use super::book::{CancelPlan, Dispatch, SendPlan, TaskBook};
+use super::book::{CancelPlan, Dispatch, Finished, SendPlan, TaskBook};
 use super::error::A2aError;
 use super::metrics;
 use super::model::{StreamEvent, Task, TaskPage};
@@ -43,6 +44,9 @@ pub struct TasksConfig {
     pub subscriber_buffer: usize,
     /// Parameters of each context's conversation.
     pub open: OpenConversation,
+    /// How long a task's reply waits for its `task_finished` event before ending the task
+    /// by itself (the event carries the end in order with the task's other events).
+    pub finish_grace: Duration,
 }
 
 impl Default for TasksConfig {
@@ -51,6 +55,7 @@ impl Default for TasksConfig {
             max_finished: 10_000,
             subscriber_buffer: 256,
             open: OpenConversation::default(),
+            finish_grace: Duration::from_millis(250),
         }
     }
 }
@@ -144,6 +149,8 @@ pub enum A2aTasksMsg {
         task_id: String,
         result: Result<MessageReply, AgentError>,
     },
+    /// The grace for a task's `task_finished` event is over.
+    FinishDue { task_id: String },
 }
 
 /// The actor.
@@ -224,7 +231,12 @@ impl Actor for A2aTasks {
             }
             A2aTasksMsg::SessionEvent { event } => state.on_event(&event),
             A2aTasksMsg::MessageAnswered { task_id, result } => {
-                state.on_answered(&myself, &task_id, &result);
+                state.on_answered(&myself, task_id, result);
+            }
+            A2aTasksMsg::FinishDue { task_id } => {
+                let events = state.book.finish_due(&task_id, now_ms());
+                state.publish(&task_id, events);
+                state.forget_old();
             }
         }
         Ok(())
@@ -365,14 +377,25 @@ impl A2aTasksState {
     fn on_answered(
         &mut self,
         myself: &ActorRef<A2aTasksMsg>,
-        task_id: &str,
-        result: &Result<MessageReply, AgentError>,
+        task_id: String,
+        result: Result<MessageReply, AgentError>,
     ) {
-        let events = self.book.finished(task_id, result, now_ms());
-        self.publish(task_id, events);
-        if let Some(context_id) = self.book.context_of(task_id) {
+        match self.book.finished(&task_id, result, now_ms()) {
+            Finished::Done(events) => self.publish(&task_id, events),
+            Finished::Deferred => {
+                let due = task_id.clone();
+                myself.send_after(self.config.finish_grace, move || A2aTasksMsg::FinishDue {
+                    task_id: due,
+                });
+            }
+        }
+        if let Some(context_id) = self.book.context_of(&task_id) {
             self.dispatch(myself, &context_id);
         }
+        self.forget_old();
+    }
+
+    fn forget_old(&mut self) {
         for gone in self.book.evict() {
             self.streams.remove(&gone);
         }

@@ -29,6 +29,8 @@ impl Fixture {
             ..SessionConfig::default()
         };
         config.conversation.shell_tool = true;
+        // Commands run unconfined (no sandbox is enforced yet): the approval is what guards.
+        config.conversation.sandbox_policy = troupe_proto::SandboxPolicy::FullAccess;
         let ports = SessionPorts {
             model: model.clone(),
             mcp: None,
@@ -158,7 +160,10 @@ async fn an_approval_is_input_required_and_answered_in_the_task() {
     let task = &done["result"]["task"];
     assert_eq!(task["status"]["state"], "TASK_STATE_COMPLETED", "{done}");
     let answer = task["artifacts"][0]["parts"][0]["text"].as_str().unwrap();
-    assert!(answer.contains("a2a-ok"), "{answer}");
+    assert!(
+        answer.contains("a2a-ok") && !answer.contains("sandbox"),
+        "{answer}"
+    );
     // The approval request moved into history behind the user's message.
     assert_eq!(task["history"][0]["parts"][0]["text"], "run it");
     f.stop().await;
