@@ -9,6 +9,21 @@
 //! - Unknown ids read as `Ok(None)` / empty; writes naming an unknown session or conversation
 //!   fail with `AgentError::NotFound`; a duplicate create fails with `AgentError::InvalidInput`.
 
+mod conn;
+#[cfg(test)]
+mod crash_tests;
+pub mod metrics;
+mod rollout;
+#[cfg(test)]
+mod rollout_tests;
+mod schema;
+mod sqlite;
+#[cfg(test)]
+mod tests;
+
+pub use rollout::SqliteRolloutStorage;
+pub use sqlite::{DB_FILE, SqliteOptions, SqliteStore, db_path};
+
 use async_trait::async_trait;
 use troupe_proto::store::{
     ConversationRecord, MessagePage, MessageRecord, NewMessage, SessionRecord,

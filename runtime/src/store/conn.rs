@@ -1,0 +1,138 @@
+//! Opening and configuring the database's connections, and the pool of reader connections.
+//!
+//! Every connection: foreign keys on, `synchronous = NORMAL` (in WAL mode a commit is written
+//! to the WAL before it returns, so it survives a crash of the process; the WAL is fsynced at
+//! checkpoints), and a busy handler that retries for [`BUSY_BUDGET`] with short sleeps. The
+//! store's writer and the rollout's writer are two connections that take turns on the one
+//! write lock; SQLite's stock handler sleeps whole milliseconds, far longer than the
+//! transactions it waits for.
+
+use crossbeam_channel::{Receiver, Sender};
+use rusqlite::Connection;
+use std::fmt::Display;
+use std::path::Path;
+use std::time::{Duration, Instant};
+use troupe_proto::AgentError;
+
+/// How long a connection waits for the write lock before the operation fails.
+pub const BUSY_BUDGET: Duration = Duration::from_secs(5);
+/// How long a reader waits for a free connection of the pool.
+const CHECKOUT_WAIT: Duration = Duration::from_secs(30);
+/// First and longest sleep of the busy handler.
+const BUSY_SLEEP_MIN: Duration = Duration::from_micros(20);
+const BUSY_SLEEP_MAX: Duration = Duration::from_millis(5);
+/// Prepared statements kept per connection (the store has about twenty).
+const STATEMENT_CACHE: usize = 64;
+
+/// What a connection is for.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Role {
+    /// Sets WAL mode; may write.
+    Writer,
+    /// `query_only`: a bug that writes through it fails instead of taking the write lock.
+    Reader,
+}
+
+/// An `Internal` error naming what failed.
+pub fn internal(what: impl Display, e: impl Display) -> AgentError {
+    AgentError::internal(format!("{what}: {e}"))
+}
+
+/// Opens `path` (creating the file for a writer) and configures the connection.
+pub fn open(path: &Path, role: Role) -> Result<Connection, AgentError> {
+    let what = || format!("sqlite open {}", path.display());
+    let mut conn = Connection::open(path).map_err(|e| internal(what(), e))?;
+    let mut started = Instant::now();
+    conn.busy_handler(Some(move |count: i32| {
+        if count == 0 {
+            started = Instant::now();
+        }
+        if started.elapsed() >= BUSY_BUDGET {
+            return false;
+        }
+        let shift = u32::try_from(count).unwrap_or(0).min(10);
+        std::thread::sleep((BUSY_SLEEP_MIN * 2u32.pow(shift)).min(BUSY_SLEEP_MAX));
+        true
+    }))
+    .map_err(|e| internal(what(), e))?;
+    conn.set_prepared_statement_cache_capacity(STATEMENT_CACHE);
+    if role == Role::Writer {
+        let mode: String = conn
+            .pragma_update_and_check(None, "journal_mode", "wal", |row| row.get(0))
+            .map_err(|e| internal(what(), e))?;
+        if !mode.eq_ignore_ascii_case("wal") {
+            return Err(internal(what(), format!("journal_mode is {mode}, not wal")));
+        }
+    }
+    conn.execute_batch("PRAGMA foreign_keys = ON; PRAGMA synchronous = NORMAL;")
+        .map_err(|e| internal(what(), e))?;
+    if role == Role::Reader {
+        conn.execute_batch("PRAGMA query_only = ON;")
+            .map_err(|e| internal(what(), e))?;
+    }
+    Ok(conn)
+}
+
+/// A fixed set of reader connections, handed out through a channel: a reader takes one, uses
+/// it on its own thread and puts it back. WAL readers never wait for the writer.
+pub struct ReaderPool {
+    idle_tx: Sender<Connection>,
+    idle_rx: Receiver<Connection>,
+}
+
+impl ReaderPool {
+    /// Opens `size` (at least 1) reader connections; the schema must already be in place.
+    pub fn open(path: &Path, size: usize) -> Result<Self, AgentError> {
+        let size = size.max(1);
+        let (idle_tx, idle_rx) = crossbeam_channel::bounded(size);
+        for _ in 0..size {
+            let conn = open(path, Role::Reader)?;
+            idle_tx
+                .send(conn)
+                .map_err(|e| internal("sqlite reader pool", e))?;
+        }
+        Ok(Self { idle_tx, idle_rx })
+    }
+
+    /// Runs `f` on a free connection, waiting for one if all are in use. Blocks: call it from
+    /// a blocking-pool task or a thread of its own.
+    pub fn with<T>(
+        &self,
+        f: impl FnOnce(&Connection) -> Result<T, AgentError>,
+    ) -> Result<T, AgentError> {
+        let conn = self
+            .idle_rx
+            .recv_timeout(CHECKOUT_WAIT)
+            .map_err(|e| internal("sqlite reader pool", e))?;
+        // Returned on drop, so a panic inside `f` does not shrink the pool.
+        let checkout = Checkout {
+            conn: Some(conn),
+            home: &self.idle_tx,
+        };
+        match checkout.conn.as_ref() {
+            Some(conn) => f(conn),
+            None => Err(AgentError::internal("sqlite reader pool: empty checkout")),
+        }
+    }
+}
+
+/// A connection out of the pool, put back when dropped.
+struct Checkout<'a> {
+    conn: Option<Connection>,
+    home: &'a Sender<Connection>,
+}
+
+impl Drop for Checkout<'_> {
+    fn drop(&mut self) {
+        if let Some(conn) = self.conn.take() {
+            // The pool holds its own receiver, so the channel is never disconnected here.
+            let _ = self.home.send(conn);
+        }
+    }
+}
+
+/// A u64 as SQLite's signed integer, or `InvalidInput` naming the field.
+pub fn to_sql_int(field: &str, value: u64) -> Result<i64, AgentError> {
+    i64::try_from(value)
+        .map_err(|_| AgentError::invalid(format!("{field} {value} is larger than {}", i64::MAX)))
+}

@@ -1,0 +1,126 @@
+//! Store metrics. Labels are closed sets (the operation, the error kind); session,
+//! conversation and project ids go to spans only.
+
+use metrics::{Unit, counter, describe_counter, describe_histogram, histogram};
+use std::time::{Duration, Instant};
+use troupe_proto::AgentError;
+
+/// Time of one store operation as its caller sees it (queue wait included), by op.
+pub const OPERATION_DURATION: &str = "troupe_store_operation_duration_seconds";
+/// Store operations that failed, by op and error kind.
+pub const ERRORS: &str = "troupe_store_errors_total";
+/// Time a write waited in the writer's queue, by writer.
+pub const QUEUE_WAIT: &str = "troupe_store_queue_wait_seconds";
+/// Writes committed together in one transaction, by writer.
+pub const BATCH_SIZE: &str = "troupe_store_write_batch_size";
+
+/// Registers the descriptions (a Prometheus exporter rejects undescribed metrics).
+pub fn describe() {
+    describe_histogram!(
+        OPERATION_DURATION,
+        Unit::Seconds,
+        "Duration of store operations as their callers see them, by operation"
+    );
+    describe_counter!(
+        ERRORS,
+        Unit::Count,
+        "Store operations that failed, by operation and error kind"
+    );
+    describe_histogram!(
+        QUEUE_WAIT,
+        Unit::Seconds,
+        "Time a write waited for its writer thread, by writer (store, rollout)"
+    );
+    describe_histogram!(
+        BATCH_SIZE,
+        Unit::Count,
+        "Writes committed in one transaction (group commit), by writer (store, rollout)"
+    );
+}
+
+/// A store operation (the `op` label).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Op {
+    Open,
+    CreateSession,
+    GetSession,
+    AllSessions,
+    ProjectSessions,
+    PutConversation,
+    CloseConversation,
+    Conversations,
+    AppendMessage,
+    Messages,
+    ExpireMessageContent,
+    SetCurrentSession,
+    CurrentSession,
+    Ping,
+    RolloutCommit,
+    RolloutSweep,
+    RolloutForget,
+    RolloutLastSeq,
+    RolloutReadConversation,
+    RolloutReadAfter,
+}
+
+impl Op {
+    pub const fn as_str(self) -> &'static str {
+        match self {
+            Self::Open => "open",
+            Self::CreateSession => "create_session",
+            Self::GetSession => "get_session",
+            Self::AllSessions => "all_sessions",
+            Self::ProjectSessions => "project_sessions",
+            Self::PutConversation => "put_conversation",
+            Self::CloseConversation => "close_conversation",
+            Self::Conversations => "conversations",
+            Self::AppendMessage => "append_message",
+            Self::Messages => "messages",
+            Self::ExpireMessageContent => "expire_message_content",
+            Self::SetCurrentSession => "set_current_session",
+            Self::CurrentSession => "current_session",
+            Self::Ping => "ping",
+            Self::RolloutCommit => "rollout_commit",
+            Self::RolloutSweep => "rollout_sweep",
+            Self::RolloutForget => "rollout_forget",
+            Self::RolloutLastSeq => "rollout_last_seq",
+            Self::RolloutReadConversation => "rollout_read_conversation",
+            Self::RolloutReadAfter => "rollout_read_after",
+        }
+    }
+}
+
+/// Which writer thread (the `writer` label).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Writer {
+    Store,
+    Rollout,
+}
+
+impl Writer {
+    pub const fn as_str(self) -> &'static str {
+        match self {
+            Self::Store => "store",
+            Self::Rollout => "rollout",
+        }
+    }
+}
+
+/// Records one finished operation: its duration and, if it failed, the error.
+pub fn observe(op: Op, started: Instant, error: Option<&AgentError>) {
+    histogram!(OPERATION_DURATION, "op" => op.as_str()).record(started.elapsed().as_secs_f64());
+    if let Some(e) = error {
+        counter!(ERRORS, "op" => op.as_str(), "kind" => e.kind().as_str()).increment(1);
+    }
+}
+
+/// Counts a failure that has no `AgentError` (a rollout sink's).
+pub fn error_internal(op: Op) {
+    counter!(ERRORS, "op" => op.as_str(), "kind" => "internal").increment(1);
+}
+
+/// Records a write batch: its size and how long its oldest write waited.
+pub fn batch(writer: Writer, size: usize, oldest_wait: Duration) {
+    histogram!(BATCH_SIZE, "writer" => writer.as_str()).record(size as f64);
+    histogram!(QUEUE_WAIT, "writer" => writer.as_str()).record(oldest_wait.as_secs_f64());
+}

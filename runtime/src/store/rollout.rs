@@ -1,0 +1,463 @@
+//! [`SqliteRolloutStorage`]: the Rollout's record in the service's SQLite file.
+//!
+//! Table `rollout_events` keeps one row per record, keyed `(session_id, seq)`, with the
+//! columns the reads filter on and the whole [`RolloutRecord`] as JSON; `rollout_high_water`
+//! keeps each session's last committed high-water mark.
+//!
+//! # Threads
+//! Sinks (one per Rollout incarnation, on the Rollout's writer thread) buffer appended records
+//! and, at `commit`, hand the batch to this storage's own writer thread and block until it is
+//! committed. The writer owns one connection and group-commits what the sinks of every session
+//! queued meanwhile, each batch in a savepoint of its own. `synchronous = NORMAL` makes a commit
+//! survive a crash of the process; a batch that asks for `sync` is committed under
+//! `synchronous = FULL`, which fsyncs the WAL before `COMMIT` returns. Reads take a connection
+//! from a small pool on the caller's (blocking) thread.
+
+use super::conn::{self, ReaderPool, Role as ConnRole, internal, to_sql_int};
+use super::metrics::{self, Op, Writer};
+use super::schema;
+use crossbeam_channel::{Receiver, Sender};
+use rusqlite::{Connection, TransactionBehavior, params};
+use std::path::Path;
+use std::sync::Arc;
+use std::time::Instant;
+use troupe_actors::rollout::storage::{RolloutSink, RolloutStorage, SinkError};
+use troupe_actors::rollout::{RolloutRecord, downgrade};
+use troupe_proto::{AgentError, ConversationId, SessionId};
+
+/// Sink batches committed in one transaction at most.
+const MAX_BATCH: usize = 256;
+/// Batches waiting for the writer thread before sinks block.
+const QUEUE_CAPACITY: usize = 1024;
+/// Reader connections.
+const READERS: usize = 2;
+
+/// Rollout records in SQLite. Cheap to clone; clones share the writer thread.
+#[derive(Clone)]
+pub struct SqliteRolloutStorage {
+    writer: Sender<Job>,
+    readers: Arc<ReaderPool>,
+}
+
+impl SqliteRolloutStorage {
+    /// Opens (creating it if needed) the database at `path` — normally the service store's
+    /// file — with connections of its own, and brings the schema up to date. Blocks.
+    pub fn open(path: impl AsRef<Path>) -> Result<Self, AgentError> {
+        metrics::describe();
+        let started = Instant::now();
+        let path = path.as_ref();
+        let result = Self::open_inner(path);
+        metrics::observe(Op::Open, started, result.as_ref().err());
+        result
+    }
+
+    fn open_inner(path: &Path) -> Result<Self, AgentError> {
+        let mut conn = conn::open(path, ConnRole::Writer)?;
+        schema::migrate(&mut conn)?;
+        let readers = ReaderPool::open(path, READERS)?;
+        let (writer, queue) = crossbeam_channel::bounded(QUEUE_CAPACITY);
+        std::thread::Builder::new()
+            .name("troupe-rollout-db".into())
+            .spawn(move || writer_loop(conn, queue))
+            .map_err(|e| internal("spawn rollout writer", e))?;
+        tracing::info!(path = %path.display(), "rollout storage opened");
+        Ok(Self {
+            writer,
+            readers: Arc::new(readers),
+        })
+    }
+
+    /// Runs a read, timed and counted.
+    fn read<T>(
+        &self,
+        op: Op,
+        f: impl FnOnce(&Connection) -> Result<T, AgentError>,
+    ) -> Result<T, AgentError> {
+        let started = Instant::now();
+        let result = self.readers.with(f);
+        metrics::observe(op, started, result.as_ref().err());
+        result
+    }
+}
+
+impl RolloutStorage for SqliteRolloutStorage {
+    fn open_sink(&self, session_id: SessionId) -> Result<Box<dyn RolloutSink>, AgentError> {
+        Ok(Box::new(SqliteRolloutSink {
+            session_id,
+            session_key: session_id.to_string(),
+            pending: Vec::new(),
+            writer: self.writer.clone(),
+        }))
+    }
+
+    fn last_seq(&self, session_id: SessionId) -> Result<u64, AgentError> {
+        let _span = tracing::debug_span!("rollout_db.last_seq", %session_id).entered();
+        self.read(Op::RolloutLastSeq, |c| {
+            let key = session_id.to_string();
+            let (seq, high_water): (Option<i64>, Option<i64>) = c
+                .prepare_cached(
+                    "SELECT (SELECT MAX(seq) FROM rollout_events WHERE session_id = ?1),
+                            (SELECT high_water FROM rollout_high_water WHERE session_id = ?1)",
+                )
+                .and_then(|mut st| st.query_row([key], |r| Ok((r.get(0)?, r.get(1)?))))
+                .map_err(|e| internal(format!("rollout last seq of {session_id}"), e))?;
+            let seq = seq.unwrap_or(0).max(high_water.unwrap_or(0));
+            u64::try_from(seq)
+                .map_err(|e| internal(format!("corrupt rollout seq of session {session_id}"), e))
+        })
+    }
+
+    fn read_conversation(
+        &self,
+        session_id: SessionId,
+        conversation_id: ConversationId,
+    ) -> Result<Vec<RolloutRecord>, AgentError> {
+        let _span =
+            tracing::debug_span!("rollout_db.read_conversation", %session_id, %conversation_id)
+                .entered();
+        self.read(Op::RolloutReadConversation, |c| {
+            read_records(
+                c,
+                session_id,
+                "SELECT seq, record FROM rollout_events
+                 WHERE session_id = ?1 AND conversation_id = ?2 ORDER BY seq",
+                params![session_id.to_string(), conversation_id.to_string()],
+            )
+        })
+    }
+
+    fn read_after(
+        &self,
+        session_id: SessionId,
+        after_seq: u64,
+        limit: usize,
+    ) -> Result<Vec<RolloutRecord>, AgentError> {
+        let _span =
+            tracing::debug_span!("rollout_db.read_after", %session_id, after_seq, limit).entered();
+        // Past i64::MAX there is nothing; clamping keeps the comparison exact below that.
+        let after = i64::try_from(after_seq).unwrap_or(i64::MAX);
+        let limit = i64::try_from(limit).unwrap_or(i64::MAX);
+        self.read(Op::RolloutReadAfter, |c| {
+            read_records(
+                c,
+                session_id,
+                "SELECT seq, record FROM rollout_events
+                 WHERE session_id = ?1 AND seq > ?2 ORDER BY seq LIMIT ?3",
+                params![session_id.to_string(), after, limit],
+            )
+        })
+    }
+}
+
+fn read_records(
+    c: &Connection,
+    session_id: SessionId,
+    query: &str,
+    params: impl rusqlite::Params,
+) -> Result<Vec<RolloutRecord>, AgentError> {
+    let what = || format!("rollout read of session {session_id}");
+    let mut st = c.prepare_cached(query).map_err(|e| internal(what(), e))?;
+    let mut rows = st.query(params).map_err(|e| internal(what(), e))?;
+    let mut out = Vec::new();
+    while let Some(row) = rows.next().map_err(|e| internal(what(), e))? {
+        let seq: i64 = row.get(0).map_err(|e| internal(what(), e))?;
+        let corrupt = |e: &dyn std::fmt::Display| {
+            AgentError::internal(format!(
+                "corrupt rollout_events row (session {session_id}, seq {seq}): {e}"
+            ))
+        };
+        let text: String = row.get(1).map_err(|e| corrupt(&e))?;
+        let record: RolloutRecord = serde_json::from_str(&text).map_err(|e| corrupt(&e))?;
+        if i64::try_from(record.seq).ok() != Some(seq) {
+            return Err(corrupt(&format!("record says seq {}", record.seq)));
+        }
+        out.push(record);
+    }
+    Ok(out)
+}
+
+/// One session's writing side: buffers records until `commit`.
+struct SqliteRolloutSink {
+    session_id: SessionId,
+    session_key: String,
+    pending: Vec<Row>,
+    writer: Sender<Job>,
+}
+
+/// A record ready for its insert.
+struct Row {
+    seq: i64,
+    conversation_id: Option<String>,
+    task_id: Option<String>,
+    kind: String,
+    ts_ms: i64,
+    level: &'static str,
+    record: String,
+}
+
+impl SqliteRolloutSink {
+    /// Hands `work` (with every pending record) to the writer thread and waits for its commit.
+    fn submit(&mut self, op: Op, work: Work, sync: bool) -> Result<(), SinkError> {
+        let started = Instant::now();
+        let (reply, answer) = crossbeam_channel::bounded(1);
+        let job = Job {
+            session_key: self.session_key.clone(),
+            rows: std::mem::take(&mut self.pending),
+            work,
+            sync,
+            reply,
+            enqueued: started,
+        };
+        let result = match self.writer.send(job) {
+            Ok(()) => answer
+                .recv()
+                .unwrap_or_else(|_| Err(SinkError::new("write", "rollout writer stopped"))),
+            Err(_) => Err(SinkError::new("write", "rollout writer stopped")),
+        };
+        let err = result
+            .as_ref()
+            .err()
+            .map(|e| AgentError::internal(e.to_string()));
+        metrics::observe(op, started, err.as_ref());
+        if let Err(e) = &result {
+            tracing::warn!(session_id = %self.session_id, error = %e, "rollout storage write failed");
+        }
+        result
+    }
+}
+
+impl RolloutSink for SqliteRolloutSink {
+    fn append(
+        &mut self,
+        conversation_id: Option<ConversationId>,
+        record: &RolloutRecord,
+    ) -> Result<(), SinkError> {
+        let int =
+            |field: &str, v: u64| to_sql_int(field, v).map_err(|e| SinkError::new("encode", e));
+        let row = Row {
+            seq: int("seq", record.seq)?,
+            conversation_id: conversation_id.map(|c| c.to_string()),
+            task_id: record.task_id.map(|t| t.to_string()),
+            kind: record.kind.clone(),
+            ts_ms: int("ts_ms", record.ts_ms)?,
+            level: record.level.as_str(),
+            record: serde_json::to_string(record).map_err(|e| SinkError::new("encode", e))?,
+        };
+        self.pending.push(row);
+        Ok(())
+    }
+
+    fn commit(&mut self, sync: bool, high_water: u64) -> Result<(), SinkError> {
+        let _span = tracing::debug_span!("rollout_db.commit", session_id = %self.session_id, sync, high_water).entered();
+        let high_water =
+            to_sql_int("high_water", high_water).map_err(|e| SinkError::new("encode", e))?;
+        self.submit(Op::RolloutCommit, Work::HighWater(high_water), sync)
+    }
+
+    fn sweep(&mut self, conversation_id: ConversationId, cutoff_ms: u64) -> Result<(), SinkError> {
+        let _span = tracing::debug_span!("rollout_db.sweep", session_id = %self.session_id, %conversation_id, cutoff_ms).entered();
+        let cutoff = i64::try_from(cutoff_ms).unwrap_or(i64::MAX);
+        self.submit(
+            Op::RolloutSweep,
+            Work::Sweep {
+                conversation_id: conversation_id.to_string(),
+                cutoff_ms: cutoff,
+            },
+            false,
+        )
+    }
+
+    fn forget(&mut self, conversation_id: ConversationId) -> Result<(), SinkError> {
+        // Nothing is held per conversation; what is pending is written so that nothing of the
+        // conversation is left only in memory.
+        let _span = tracing::debug_span!("rollout_db.forget", session_id = %self.session_id, %conversation_id).entered();
+        if self.pending.is_empty() {
+            return Ok(());
+        }
+        self.submit(Op::RolloutForget, Work::Nothing, false)
+    }
+}
+
+// ---- the writer thread ----
+
+/// One sink's batch, as queued for the writer.
+struct Job {
+    session_key: String,
+    /// Inserted first, then `work` runs.
+    rows: Vec<Row>,
+    work: Work,
+    /// Commit under `synchronous = FULL`.
+    sync: bool,
+    reply: Sender<Result<(), SinkError>>,
+    enqueued: Instant,
+}
+
+enum Work {
+    Nothing,
+    HighWater(i64),
+    Sweep {
+        conversation_id: String,
+        cutoff_ms: i64,
+    },
+}
+
+fn writer_loop(mut conn: Connection, queue: Receiver<Job>) {
+    let mut batch = Vec::with_capacity(MAX_BATCH);
+    while let Ok(first) = queue.recv() {
+        batch.push(first);
+        while batch.len() < MAX_BATCH {
+            match queue.try_recv() {
+                Ok(job) => batch.push(job),
+                Err(_) => break,
+            }
+        }
+        let oldest_wait = batch
+            .first()
+            .map(|j| j.enqueued.elapsed())
+            .unwrap_or_default();
+        metrics::batch(Writer::Rollout, batch.len(), oldest_wait);
+        let results = commit_batch(&mut conn, &batch);
+        for (job, result) in batch.drain(..).zip(results) {
+            let _ = job.reply.send(result);
+        }
+    }
+    tracing::debug!("rollout storage writer stopped");
+}
+
+fn commit_batch(conn: &mut Connection, batch: &[Job]) -> Vec<Result<(), SinkError>> {
+    let fail_all = |e: SinkError| -> Vec<Result<(), SinkError>> {
+        batch.iter().map(|_| Err(e.clone())).collect()
+    };
+    let sync = batch.iter().any(|j| j.sync);
+    // The setting is read when the transaction commits; set it outside any transaction.
+    if sync && let Err(e) = conn.execute_batch("PRAGMA synchronous = FULL;") {
+        return fail_all(SinkError::new("sync", e));
+    }
+    let results = (|| {
+        let mut tx = conn
+            .transaction_with_behavior(TransactionBehavior::Immediate)
+            .map_err(|e| SinkError::new("write", e))?;
+        let mut results = Vec::with_capacity(batch.len());
+        for job in batch {
+            let result = match tx.savepoint() {
+                Ok(sp) => match apply(&sp, job) {
+                    Ok(()) => sp.commit().map_err(|e| SinkError::new("write", e)),
+                    Err(e) => Err(e),
+                },
+                Err(e) => Err(SinkError::new("write", e)),
+            };
+            results.push(result);
+        }
+        tx.commit()
+            .map_err(|e| SinkError::new(if sync { "sync" } else { "write" }, e))?;
+        Ok(results)
+    })();
+    if sync && let Err(e) = conn.execute_batch("PRAGMA synchronous = NORMAL;") {
+        tracing::warn!(error = %e, "rollout storage could not restore synchronous = NORMAL");
+    }
+    match results {
+        Ok(results) => results,
+        Err(e) => {
+            metrics::error_internal(Op::RolloutCommit);
+            tracing::error!(error = %e, batches = batch.len(), "rollout storage commit failed");
+            fail_all(e)
+        }
+    }
+}
+
+/// One sink batch inside the writer's transaction.
+fn apply(c: &Connection, job: &Job) -> Result<(), SinkError> {
+    if !job.rows.is_empty() {
+        let mut st = c
+            .prepare_cached(
+                "INSERT INTO rollout_events
+                     (session_id, seq, conversation_id, task_id, kind, ts_ms, level, record)
+                 VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8)",
+            )
+            .map_err(|e| SinkError::new("write", e))?;
+        for row in &job.rows {
+            st.execute(params![
+                job.session_key,
+                row.seq,
+                row.conversation_id,
+                row.task_id,
+                row.kind,
+                row.ts_ms,
+                row.level,
+                row.record,
+            ])
+            .map_err(|e| {
+                SinkError::new(
+                    "write",
+                    format!("session {} seq {}: {e}", job.session_key, row.seq),
+                )
+            })?;
+        }
+    }
+    match &job.work {
+        Work::Nothing => Ok(()),
+        Work::HighWater(high_water) => c
+            .prepare_cached(
+                "INSERT INTO rollout_high_water (session_id, high_water) VALUES (?1, ?2)
+                 ON CONFLICT (session_id) DO UPDATE
+                 SET high_water = MAX(high_water, excluded.high_water)",
+            )
+            .and_then(|mut st| st.execute(params![job.session_key, high_water]))
+            .map(drop)
+            .map_err(|e| SinkError::new("write", e)),
+        Work::Sweep {
+            conversation_id,
+            cutoff_ms,
+        } => sweep(c, &job.session_key, conversation_id, *cutoff_ms),
+    }
+}
+
+/// Rewrites the conversation's old `Full` records as headers.
+fn sweep(
+    c: &Connection,
+    session_key: &str,
+    conversation_id: &str,
+    cutoff_ms: i64,
+) -> Result<(), SinkError> {
+    let err = |e: &dyn std::fmt::Display| SinkError::new("sweep", e);
+    let old: Vec<(i64, String)> = {
+        let mut st = c
+            .prepare_cached(
+                "SELECT seq, record FROM rollout_events
+                 WHERE session_id = ?1 AND conversation_id = ?2 AND level = 'full' AND ts_ms < ?3",
+            )
+            .map_err(|e| err(&e))?;
+        let rows = st
+            .query_map(params![session_key, conversation_id, cutoff_ms], |r| {
+                Ok((r.get(0)?, r.get(1)?))
+            })
+            .map_err(|e| err(&e))?;
+        rows.collect::<Result<_, _>>().map_err(|e| err(&e))?
+    };
+    let mut update = c
+        .prepare_cached(
+            "UPDATE rollout_events SET level = ?3, record = ?4 WHERE session_id = ?1 AND seq = ?2",
+        )
+        .map_err(|e| err(&e))?;
+    for (seq, text) in &old {
+        let corrupt = |e: &dyn std::fmt::Display| {
+            SinkError::new(
+                "sweep",
+                format!("corrupt rollout_events row (session {session_key}, seq {seq}): {e}"),
+            )
+        };
+        let record: RolloutRecord = serde_json::from_str(text).map_err(|e| corrupt(&e))?;
+        let header = downgrade(record);
+        let text = serde_json::to_string(&header).map_err(|e| corrupt(&e))?;
+        update
+            .execute(params![session_key, seq, header.level.as_str(), text])
+            .map_err(|e| err(&e))?;
+    }
+    tracing::debug!(
+        session_id = session_key,
+        conversation_id,
+        downgraded = old.len(),
+        "rollout sweep"
+    );
+    Ok(())
+}

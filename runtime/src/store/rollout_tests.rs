@@ -1,0 +1,304 @@
+//! The SQLite rollout storage: append, commit, reads, sweep, high water, reopen.
+
+use super::{SqliteRolloutStorage, SqliteStore, Store, db_path};
+use std::collections::HashSet;
+use tempfile::TempDir;
+use troupe_actors::rollout::storage::RolloutStorage;
+use troupe_actors::rollout::{RecordLevel, RecordMeta, RolloutRecord, downgrade};
+use troupe_proto::{ConversationId, EventKind, SessionId, TaskId};
+
+fn open() -> (TempDir, SqliteRolloutStorage) {
+    let dir = tempfile::tempdir().unwrap();
+    let storage = SqliteRolloutStorage::open(db_path(dir.path())).unwrap();
+    (dir, storage)
+}
+
+fn full(
+    seq: u64,
+    ts_ms: u64,
+    conversation_id: Option<ConversationId>,
+    text: &str,
+) -> RolloutRecord {
+    RolloutRecord {
+        seq,
+        ts_ms,
+        conversation_id,
+        task_id: Some(TaskId::new()),
+        kind: "assistant_message".into(),
+        level: RecordLevel::Full,
+        event: Some(EventKind::AssistantMessage { text: text.into() }),
+        meta: RecordMeta {
+            chars: Some(text.len() as u64),
+            ..RecordMeta::default()
+        },
+    }
+}
+
+fn seqs(records: &[RolloutRecord]) -> Vec<u64> {
+    records.iter().map(|r| r.seq).collect()
+}
+
+#[test]
+fn nothing_is_visible_before_commit_and_everything_after() {
+    let (_dir, storage) = open();
+    let session = SessionId::new();
+    let conv = ConversationId::new();
+    let mut sink = storage.open_sink(session).unwrap();
+    let a = full(1, 10, Some(conv), "a");
+    let b = full(2, 11, None, "session-level");
+    sink.append(Some(conv), &a).unwrap();
+    sink.append(None, &b).unwrap();
+    assert!(storage.read_after(session, 0, 10).unwrap().is_empty());
+    assert_eq!(storage.last_seq(session).unwrap(), 0);
+    sink.commit(false, 2).unwrap();
+    assert_eq!(
+        storage.read_after(session, 0, 10).unwrap(),
+        vec![a.clone(), b]
+    );
+    assert_eq!(storage.read_conversation(session, conv).unwrap(), vec![a]);
+    assert!(
+        storage
+            .read_conversation(session, ConversationId::new())
+            .unwrap()
+            .is_empty()
+    );
+    assert_eq!(storage.last_seq(session).unwrap(), 2);
+}
+
+#[test]
+fn read_after_pages_in_seq_order_per_session() {
+    let (_dir, storage) = open();
+    let session = SessionId::new();
+    let other = SessionId::new();
+    let convs = [ConversationId::new(), ConversationId::new()];
+    let mut sink = storage.open_sink(session).unwrap();
+    let mut noise = storage.open_sink(other).unwrap();
+    for seq in 1..=50u64 {
+        let c = convs[(seq % 2) as usize];
+        sink.append(Some(c), &full(seq, seq, Some(c), "x")).unwrap();
+        noise.append(None, &full(seq, seq, None, "n")).unwrap();
+        if seq % 7 == 0 {
+            sink.commit(seq % 14 == 0, seq).unwrap();
+            noise.commit(false, seq).unwrap();
+        }
+    }
+    sink.commit(true, 50).unwrap();
+    noise.commit(false, 50).unwrap();
+    assert_eq!(
+        seqs(&storage.read_after(session, 0, 10).unwrap()),
+        (1..=10).collect::<Vec<_>>()
+    );
+    assert_eq!(
+        seqs(&storage.read_after(session, 45, 10).unwrap()),
+        (46..=50).collect::<Vec<_>>()
+    );
+    assert!(storage.read_after(session, 50, 10).unwrap().is_empty());
+    assert!(
+        storage
+            .read_after(session, u64::MAX, 10)
+            .unwrap()
+            .is_empty()
+    );
+    assert!(storage.read_after(session, 0, 0).unwrap().is_empty());
+    let mut cursor = 0;
+    let mut all = Vec::new();
+    loop {
+        let page = storage.read_after(session, cursor, 8).unwrap();
+        let Some(last) = page.last() else { break };
+        cursor = last.seq;
+        all.extend(seqs(&page));
+    }
+    assert_eq!(all, (1..=50).collect::<Vec<_>>());
+    let conv0 = seqs(&storage.read_conversation(session, convs[0]).unwrap());
+    assert_eq!(conv0, (2..=50).step_by(2).collect::<Vec<_>>());
+}
+
+#[test]
+fn the_high_water_mark_outlives_unrecorded_numbers() {
+    let (dir, storage) = open();
+    let session = SessionId::new();
+    let mut sink = storage.open_sink(session).unwrap();
+    sink.append(None, &full(3, 1, None, "x")).unwrap();
+    sink.commit(false, 9).unwrap();
+    assert_eq!(storage.last_seq(session).unwrap(), 9);
+    // A lower mark never lowers it.
+    sink.commit(false, 4).unwrap();
+    assert_eq!(storage.last_seq(session).unwrap(), 9);
+    sink.append(None, &full(12, 1, None, "y")).unwrap();
+    sink.commit(false, 10).unwrap();
+    assert_eq!(storage.last_seq(session).unwrap(), 12);
+    drop(sink);
+    drop(storage);
+    let storage = SqliteRolloutStorage::open(db_path(dir.path())).unwrap();
+    assert_eq!(storage.last_seq(session).unwrap(), 12);
+    assert_eq!(storage.last_seq(SessionId::new()).unwrap(), 0);
+}
+
+#[test]
+fn sweep_downgrades_old_full_records_of_one_conversation() {
+    let (_dir, storage) = open();
+    let session = SessionId::new();
+    let conv = ConversationId::new();
+    let other = ConversationId::new();
+    let mut sink = storage.open_sink(session).unwrap();
+    let records: Vec<_> = (1..=6u64)
+        .map(|seq| {
+            let c = if seq == 6 { other } else { conv };
+            full(seq, seq * 10, Some(c), &format!("secret {seq}"))
+        })
+        .collect();
+    for r in &records {
+        sink.append(r.conversation_id, r).unwrap();
+    }
+    sink.commit(false, 6).unwrap();
+    sink.sweep(conv, 35).unwrap();
+    let got = storage.read_conversation(session, conv).unwrap();
+    let want: Vec<_> = records[..5]
+        .iter()
+        .map(|r| {
+            if r.ts_ms < 35 {
+                downgrade(r.clone())
+            } else {
+                r.clone()
+            }
+        })
+        .collect();
+    assert_eq!(got, want);
+    assert_eq!(got[0].level, RecordLevel::Headers);
+    assert!(got[0].event.is_none());
+    assert_eq!(got[0].meta.chars, Some(8));
+    assert_eq!(got[4].level, RecordLevel::Full);
+    // Other conversations are untouched; sweeping again changes nothing.
+    assert_eq!(
+        storage.read_conversation(session, other).unwrap(),
+        vec![records[5].clone()]
+    );
+    sink.sweep(conv, 35).unwrap();
+    assert_eq!(storage.read_conversation(session, conv).unwrap(), want);
+}
+
+#[test]
+fn sweep_and_forget_write_pending_records_first() {
+    let (_dir, storage) = open();
+    let session = SessionId::new();
+    let conv = ConversationId::new();
+    let mut sink = storage.open_sink(session).unwrap();
+    sink.append(Some(conv), &full(1, 1, Some(conv), "old"))
+        .unwrap();
+    sink.sweep(conv, 100).unwrap();
+    let got = storage.read_conversation(session, conv).unwrap();
+    assert_eq!(got.len(), 1);
+    assert_eq!(got[0].level, RecordLevel::Headers);
+    sink.append(Some(conv), &full(2, 1, Some(conv), "last"))
+        .unwrap();
+    sink.forget(conv).unwrap();
+    assert_eq!(
+        seqs(&storage.read_conversation(session, conv).unwrap()),
+        vec![1, 2]
+    );
+    sink.forget(conv).unwrap();
+}
+
+#[test]
+fn a_duplicate_seq_fails_its_batch_only() {
+    let (_dir, storage) = open();
+    let session = SessionId::new();
+    let other = SessionId::new();
+    let mut sink = storage.open_sink(session).unwrap();
+    sink.append(None, &full(1, 1, None, "a")).unwrap();
+    sink.commit(false, 1).unwrap();
+    sink.append(None, &full(2, 1, None, "b")).unwrap();
+    sink.append(None, &full(1, 1, None, "again")).unwrap();
+    let err = sink.commit(false, 2).unwrap_err();
+    assert_eq!(err.op, "write");
+    assert!(err.message.contains("seq 1"), "{err}");
+    // The failed batch left nothing behind, and the sink goes on.
+    assert_eq!(seqs(&storage.read_after(session, 0, 10).unwrap()), vec![1]);
+    sink.append(None, &full(2, 1, None, "b")).unwrap();
+    sink.commit(false, 2).unwrap();
+    assert_eq!(
+        seqs(&storage.read_after(session, 0, 10).unwrap()),
+        vec![1, 2]
+    );
+    let mut sink2 = storage.open_sink(other).unwrap();
+    sink2.append(None, &full(1, 1, None, "a")).unwrap();
+    sink2.commit(false, 1).unwrap();
+}
+
+#[test]
+fn a_corrupt_record_is_an_error_naming_it() {
+    let (dir, storage) = open();
+    let session = SessionId::new();
+    let mut sink = storage.open_sink(session).unwrap();
+    sink.append(None, &full(7, 1, None, "a")).unwrap();
+    sink.commit(false, 7).unwrap();
+    let raw = rusqlite::Connection::open(db_path(dir.path())).unwrap();
+    raw.execute("UPDATE rollout_events SET record = '{'", [])
+        .unwrap();
+    let err = storage.read_after(session, 0, 10).unwrap_err();
+    assert!(
+        err.to_string()
+            .contains(&format!("session {session}, seq 7")),
+        "{err}"
+    );
+}
+
+#[test]
+fn many_sinks_commit_concurrently_without_loss() {
+    let (_dir, storage) = open();
+    let sessions: Vec<_> = (0..8).map(|_| SessionId::new()).collect();
+    std::thread::scope(|scope| {
+        for &session in &sessions {
+            let storage = storage.clone();
+            scope.spawn(move || {
+                let mut sink = storage.open_sink(session).unwrap();
+                for seq in 1..=200u64 {
+                    sink.append(None, &full(seq, seq, None, "x")).unwrap();
+                    if seq % 5 == 0 {
+                        sink.commit(seq % 50 == 0, seq).unwrap();
+                    }
+                }
+            });
+        }
+    });
+    for session in sessions {
+        let got = seqs(&storage.read_after(session, 0, 1000).unwrap());
+        assert_eq!(got, (1..=200).collect::<Vec<_>>());
+        assert_eq!(storage.last_seq(session).unwrap(), 200);
+    }
+}
+
+#[tokio::test]
+async fn the_store_and_the_rollout_share_one_file() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = db_path(dir.path());
+    let store = SqliteStore::open(&path).unwrap();
+    let storage = SqliteRolloutStorage::open(&path).unwrap();
+    let session = SessionId::new();
+    let writer = std::thread::spawn({
+        let storage = storage.clone();
+        move || {
+            let mut sink = storage.open_sink(session).unwrap();
+            for seq in 1..=300u64 {
+                sink.append(None, &full(seq, seq, None, "x")).unwrap();
+                sink.commit(false, seq).unwrap();
+            }
+        }
+    });
+    let mut ids = HashSet::new();
+    for i in 0..100u64 {
+        let s = troupe_proto::store::SessionRecord {
+            session_id: SessionId::new(),
+            project_id: None,
+            title: None,
+            created_ms: i,
+            root_conversation_id: ConversationId::new(),
+            settings: troupe_proto::Json::empty_object(),
+        };
+        ids.insert(s.session_id);
+        store.create_session(s).await.unwrap();
+    }
+    writer.join().unwrap();
+    assert_eq!(store.all_sessions().await.unwrap().len(), ids.len());
+    assert_eq!(storage.last_seq(session).unwrap(), 300);
+}

@@ -1,0 +1,123 @@
+//! The database's schema and its migrations, versioned by `PRAGMA user_version`.
+//!
+//! Migration `n` (1-based) moves the schema from version `n - 1` to `n`. Each runs in its own
+//! `BEGIN IMMEDIATE` transaction that also sets `user_version`, so a crash leaves the database
+//! at a whole version, and two processes opening the same file at once do not both run one
+//! (the second re-reads the version under the write lock). Released migrations are never
+//! edited: a change is a new migration.
+
+use super::conn::internal;
+use rusqlite::{Connection, TransactionBehavior};
+use troupe_proto::AgentError;
+
+/// The schema version this build reads and writes.
+pub const VERSION: u32 = MIGRATIONS.len() as u32;
+
+const MIGRATIONS: [&str; 2] = [V1_STORE, V2_ROLLOUT];
+
+/// Sessions, conversations, messages and each project's current session (P1).
+const V1_STORE: &str = "
+CREATE TABLE sessions (
+    session_id TEXT PRIMARY KEY NOT NULL,
+    project_id TEXT,
+    title TEXT,
+    created_ms INTEGER NOT NULL,
+    root_conversation_id TEXT NOT NULL,
+    settings TEXT NOT NULL
+);
+CREATE INDEX sessions_by_project ON sessions (project_id, created_ms);
+
+CREATE TABLE conversations (
+    conversation_id TEXT PRIMARY KEY NOT NULL,
+    session_id TEXT NOT NULL REFERENCES sessions (session_id),
+    params TEXT NOT NULL,
+    is_root INTEGER NOT NULL,
+    state TEXT NOT NULL,
+    created_ms INTEGER NOT NULL,
+    closed_ms INTEGER
+);
+CREATE INDEX conversations_by_session ON conversations (session_id, created_ms);
+
+-- AUTOINCREMENT: a message_id is never handed out twice, so a cursor never skips a newer row.
+CREATE TABLE messages (
+    message_id INTEGER PRIMARY KEY AUTOINCREMENT,
+    session_id TEXT NOT NULL REFERENCES sessions (session_id),
+    conversation_id TEXT NOT NULL REFERENCES conversations (conversation_id),
+    task_id TEXT,
+    role TEXT NOT NULL,
+    content TEXT,
+    chars INTEGER NOT NULL,
+    created_ms INTEGER NOT NULL
+);
+CREATE INDEX messages_by_session ON messages (session_id, message_id);
+CREATE INDEX messages_by_conversation ON messages (conversation_id, created_ms);
+
+CREATE TABLE project_current (
+    project_id TEXT PRIMARY KEY NOT NULL,
+    session_id TEXT NOT NULL REFERENCES sessions (session_id)
+);
+";
+
+/// The rollout's records and per-session high-water marks. No foreign key to `sessions`:
+/// a rollout is written before (and without) the service's own session row.
+const V2_ROLLOUT: &str = "
+CREATE TABLE rollout_events (
+    session_id TEXT NOT NULL,
+    seq INTEGER NOT NULL,
+    conversation_id TEXT,
+    task_id TEXT,
+    kind TEXT NOT NULL,
+    ts_ms INTEGER NOT NULL,
+    level TEXT NOT NULL,
+    record TEXT NOT NULL,
+    PRIMARY KEY (session_id, seq)
+);
+CREATE INDEX rollout_events_by_conversation ON rollout_events (session_id, conversation_id, seq);
+
+CREATE TABLE rollout_high_water (
+    session_id TEXT PRIMARY KEY NOT NULL,
+    high_water INTEGER NOT NULL
+);
+";
+
+/// The schema version of the open database.
+pub fn version(conn: &Connection) -> Result<u32, AgentError> {
+    conn.pragma_query_value(None, "user_version", |row| row.get(0))
+        .map_err(|e| internal("read schema version", e))
+}
+
+/// Brings the schema to [`VERSION`]; returns the version found before.
+pub fn migrate(conn: &mut Connection) -> Result<u32, AgentError> {
+    migrate_to(conn, VERSION)
+}
+
+/// Brings the schema to `target` (tests stop at older versions to build old databases).
+pub fn migrate_to(conn: &mut Connection, target: u32) -> Result<u32, AgentError> {
+    let found = version(conn)?;
+    if found > VERSION {
+        return Err(AgentError::internal(format!(
+            "database schema version {found} is newer than this build's {VERSION}"
+        )));
+    }
+    for (index, sql) in MIGRATIONS.iter().enumerate() {
+        let to = u32::try_from(index + 1).unwrap_or(u32::MAX);
+        if to > target {
+            break;
+        }
+        let tx = conn
+            .transaction_with_behavior(TransactionBehavior::Immediate)
+            .map_err(|e| internal(format!("migration {to}"), e))?;
+        // Under the write lock: another process may have migrated meanwhile.
+        if version(&tx)? >= to {
+            continue;
+        }
+        tx.execute_batch(sql)
+            .map_err(|e| internal(format!("migration {to}"), e))?;
+        tx.pragma_update(None, "user_version", to)
+            .map_err(|e| internal(format!("migration {to}"), e))?;
+        tx.commit()
+            .map_err(|e| internal(format!("migration {to}"), e))?;
+        tracing::info!(version = to, "store schema migrated");
+    }
+    Ok(found)
+}

@@ -1,0 +1,813 @@
+//! The SQLite store against the `Store` rules, and the P6 properties (>= 100 cases each).
+
+use super::schema;
+use super::{SqliteStore, Store, db_path};
+use proptest::prelude::*;
+use std::collections::{BTreeMap, HashSet};
+use tempfile::TempDir;
+use troupe_proto::store::{
+    ConversationRecord, ConversationState, MessagePage, NewMessage, SessionRecord,
+};
+use troupe_proto::{
+    AgentError, ConversationId, ErrorKind, Json, OpenConversation, Role, SessionId, StoragePolicy,
+    TaskId,
+};
+
+fn fresh() -> (TempDir, SqliteStore) {
+    let dir = tempfile::tempdir().unwrap();
+    let store = SqliteStore::open_in(dir.path()).unwrap();
+    (dir, store)
+}
+
+fn reopen(dir: &TempDir) -> SqliteStore {
+    SqliteStore::open_in(dir.path()).unwrap()
+}
+
+fn runtime() -> tokio::runtime::Runtime {
+    tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap()
+}
+
+fn session_in(project: Option<&str>, created_ms: u64) -> SessionRecord {
+    SessionRecord {
+        session_id: SessionId::new(),
+        project_id: project.map(str::to_owned),
+        title: Some(format!("t{created_ms}")),
+        created_ms,
+        root_conversation_id: ConversationId::new(),
+        settings: Json(serde_json::json!({"model": "scripted", "limits": [1, 2.5, null]})),
+    }
+}
+
+fn conversation_of(
+    session: &SessionRecord,
+    id: ConversationId,
+    created_ms: u64,
+) -> ConversationRecord {
+    ConversationRecord {
+        conversation_id: id,
+        session_id: session.session_id,
+        params: OpenConversation {
+            base_instructions: Some("be brief".into()),
+            storage_policy: StoragePolicy::Full,
+            ..OpenConversation::default()
+        },
+        is_root: id == session.root_conversation_id,
+        state: ConversationState::Open,
+        created_ms,
+        closed_ms: None,
+    }
+}
+
+fn message(s: SessionId, c: ConversationId, text: &str, created_ms: u64) -> NewMessage {
+    NewMessage {
+        session_id: s,
+        conversation_id: c,
+        task_id: Some(TaskId::new()),
+        role: Role::User,
+        content: Some(text.to_owned()),
+        chars: text.len() as u64,
+        created_ms,
+    }
+}
+
+/// A session with its root conversation.
+async fn seeded(store: &SqliteStore, project: Option<&str>) -> (SessionRecord, ConversationId) {
+    let s = session_in(project, 1);
+    store.create_session(s.clone()).await.unwrap();
+    let root = s.root_conversation_id;
+    store
+        .put_conversation(conversation_of(&s, root, 1))
+        .await
+        .unwrap();
+    (s, root)
+}
+
+fn kind<T: std::fmt::Debug>(r: Result<T, AgentError>) -> ErrorKind {
+    r.unwrap_err().kind()
+}
+
+// ---- schema ----
+
+#[test]
+fn fresh_open_migrates_to_the_current_version() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = db_path(dir.path());
+    let mut conn = super::conn::open(&path, super::conn::Role::Writer).unwrap();
+    assert_eq!(schema::migrate(&mut conn).unwrap(), 0);
+    assert_eq!(schema::version(&conn).unwrap(), schema::VERSION);
+    let mode: String = conn
+        .query_row("PRAGMA journal_mode", [], |r| r.get(0))
+        .unwrap();
+    assert_eq!(mode, "wal");
+    let fk: i64 = conn
+        .query_row("PRAGMA foreign_keys", [], |r| r.get(0))
+        .unwrap();
+    assert_eq!(fk, 1);
+}
+
+#[test]
+fn reopening_is_a_no_op_migration() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = db_path(dir.path());
+    let mut conn = super::conn::open(&path, super::conn::Role::Writer).unwrap();
+    schema::migrate(&mut conn).unwrap();
+    let tables = |c: &rusqlite::Connection| -> Vec<String> {
+        let mut st = c
+            .prepare("SELECT sql FROM sqlite_schema WHERE sql IS NOT NULL ORDER BY name")
+            .unwrap();
+        st.query_map([], |r| r.get(0))
+            .unwrap()
+            .map(Result::unwrap)
+            .collect()
+    };
+    let before = tables(&conn);
+    assert_eq!(schema::migrate(&mut conn).unwrap(), schema::VERSION);
+    assert_eq!(tables(&conn), before);
+    drop(conn);
+    let _store = SqliteStore::open(&path).unwrap();
+    let conn = super::conn::open(&path, super::conn::Role::Reader).unwrap();
+    assert_eq!(tables(&conn), before);
+}
+
+#[tokio::test]
+async fn upgrade_from_version_1_keeps_rows() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = db_path(dir.path());
+    let s = session_in(Some("p"), 5);
+    let c = s.root_conversation_id;
+    {
+        let mut conn = super::conn::open(&path, super::conn::Role::Writer).unwrap();
+        schema::migrate_to(&mut conn, 1).unwrap();
+        assert_eq!(schema::version(&conn).unwrap(), 1);
+        conn.execute_batch(&format!(
+            "INSERT INTO sessions VALUES ('{s}', 'p', 'old', 5, '{c}', '{{}}');
+             INSERT INTO conversations VALUES ('{c}', '{s}', '{{}}', 1, 'open', 5, NULL);
+             INSERT INTO messages (session_id, conversation_id, task_id, role, content, chars, created_ms)
+                 VALUES ('{s}', '{c}', NULL, 'user', 'hello', 5, 6);
+             INSERT INTO project_current VALUES ('p', '{s}');",
+            s = s.session_id,
+        ))
+        .unwrap();
+    }
+    let store = SqliteStore::open(&path).unwrap();
+    let got = store.get_session(s.session_id).await.unwrap().unwrap();
+    assert_eq!(got.title.as_deref(), Some("old"));
+    assert_eq!(store.conversations(s.session_id).await.unwrap().len(), 1);
+    let page = store.messages(s.session_id, 10, None).await.unwrap();
+    assert_eq!(page.messages.len(), 1);
+    assert_eq!(page.messages[0].content.as_deref(), Some("hello"));
+    assert_eq!(
+        store.current_session("p").await.unwrap(),
+        Some(s.session_id)
+    );
+    // And the new version's tables work.
+    let conn = super::conn::open(&path, super::conn::Role::Reader).unwrap();
+    assert_eq!(schema::version(&conn).unwrap(), schema::VERSION);
+    let n: i64 = conn
+        .query_row("SELECT COUNT(*) FROM rollout_events", [], |r| r.get(0))
+        .unwrap();
+    assert_eq!(n, 0);
+}
+
+#[test]
+fn a_newer_schema_is_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = db_path(dir.path());
+    let conn = super::conn::open(&path, super::conn::Role::Writer).unwrap();
+    conn.pragma_update(None, "user_version", schema::VERSION + 1)
+        .unwrap();
+    drop(conn);
+    let err = SqliteStore::open(&path).err().unwrap();
+    assert!(err.to_string().contains("newer"), "{err}");
+}
+
+#[test]
+fn the_query_plans_use_the_indexes() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = db_path(dir.path());
+    let mut conn = super::conn::open(&path, super::conn::Role::Writer).unwrap();
+    schema::migrate(&mut conn).unwrap();
+    let plan = |sql: &str| -> String {
+        let mut st = conn.prepare(&format!("EXPLAIN QUERY PLAN {sql}")).unwrap();
+        st.query_map([], |r| r.get::<_, String>(3))
+            .unwrap()
+            .map(Result::unwrap)
+            .collect::<Vec<_>>()
+            .join("; ")
+    };
+    let p = plan(
+        "SELECT * FROM messages WHERE session_id = 'x' AND message_id < 5 ORDER BY message_id DESC LIMIT 3",
+    );
+    assert!(
+        p.contains("messages_by_session") && !p.contains("TEMP B-TREE"),
+        "{p}"
+    );
+    let p =
+        plan("SELECT * FROM sessions WHERE project_id = 'p' ORDER BY created_ms DESC, rowid DESC");
+    assert!(
+        p.contains("sessions_by_project") && !p.contains("TEMP B-TREE"),
+        "{p}"
+    );
+    let p = plan(
+        "SELECT seq, record FROM rollout_events WHERE session_id = 'x' AND seq > 3 ORDER BY seq LIMIT 5",
+    );
+    assert!(p.contains("INDEX") && !p.contains("TEMP B-TREE"), "{p}");
+    let p = plan(
+        "SELECT seq, record FROM rollout_events WHERE session_id = 'x' AND conversation_id = 'c' ORDER BY seq",
+    );
+    assert!(
+        p.contains("rollout_events_by_conversation") && !p.contains("TEMP B-TREE"),
+        "{p}"
+    );
+}
+
+// ---- the Store rules ----
+
+#[tokio::test]
+async fn sessions_round_trip_and_list_in_order() {
+    let (_dir, store) = fresh();
+    let a = session_in(Some("p"), 10);
+    let b = session_in(Some("p"), 20);
+    let c = session_in(None, 15);
+    for s in [&a, &b, &c] {
+        store.create_session(s.clone()).await.unwrap();
+    }
+    assert_eq!(
+        store.get_session(a.session_id).await.unwrap(),
+        Some(a.clone())
+    );
+    let all: Vec<_> = store.all_sessions().await.unwrap();
+    assert_eq!(all, vec![a.clone(), c.clone(), b.clone()]);
+    assert_eq!(store.project_sessions("p").await.unwrap(), vec![b, a]);
+    assert!(store.project_sessions("q").await.unwrap().is_empty());
+}
+
+#[tokio::test]
+async fn unknown_ids_read_as_none_or_empty() {
+    let (_dir, store) = fresh();
+    assert_eq!(store.get_session(SessionId::new()).await.unwrap(), None);
+    assert!(
+        store
+            .conversations(SessionId::new())
+            .await
+            .unwrap()
+            .is_empty()
+    );
+    assert_eq!(
+        store.messages(SessionId::new(), 10, None).await.unwrap(),
+        MessagePage {
+            messages: vec![],
+            next_before: None
+        }
+    );
+    assert_eq!(store.current_session("nobody").await.unwrap(), None);
+    store.ping().await.unwrap();
+}
+
+#[tokio::test]
+async fn a_duplicate_session_is_invalid_input() {
+    let (_dir, store) = fresh();
+    let s = session_in(None, 1);
+    store.create_session(s.clone()).await.unwrap();
+    let mut again = s.clone();
+    again.title = Some("other".into());
+    assert_eq!(
+        kind(store.create_session(again).await),
+        ErrorKind::InvalidInput
+    );
+    assert_eq!(store.get_session(s.session_id).await.unwrap(), Some(s));
+}
+
+#[tokio::test]
+async fn conversations_upsert_close_and_keep_their_order() {
+    let (_dir, store) = fresh();
+    let (s, root) = seeded(&store, None).await;
+    let child = ConversationId::new();
+    let mut second = conversation_of(&s, child, 1);
+    store.put_conversation(second.clone()).await.unwrap();
+    // A changed context replaces the row in place.
+    second.params.user_instructions = Some("changed".into());
+    store.put_conversation(second.clone()).await.unwrap();
+    store.close_conversation(child, 99).await.unwrap();
+    store.close_conversation(child, 120).await.unwrap();
+    let got = store.conversations(s.session_id).await.unwrap();
+    assert_eq!(got.len(), 2);
+    assert_eq!(got[0].conversation_id, root);
+    assert!(got[0].is_root);
+    assert_eq!(got[1].params.user_instructions.as_deref(), Some("changed"));
+    assert_eq!(got[1].state, ConversationState::Closed);
+    assert_eq!(got[1].closed_ms, Some(99));
+
+    let mut orphan = conversation_of(&s, ConversationId::new(), 1);
+    orphan.session_id = SessionId::new();
+    assert_eq!(
+        kind(store.put_conversation(orphan).await),
+        ErrorKind::NotFound
+    );
+    let other = session_in(None, 2);
+    store.create_session(other.clone()).await.unwrap();
+    let mut stolen = second.clone();
+    stolen.session_id = other.session_id;
+    assert_eq!(
+        kind(store.put_conversation(stolen).await),
+        ErrorKind::InvalidInput
+    );
+    assert_eq!(
+        kind(store.close_conversation(ConversationId::new(), 1).await),
+        ErrorKind::NotFound
+    );
+}
+
+#[tokio::test]
+async fn append_message_checks_its_session_and_conversation() {
+    let (_dir, store) = fresh();
+    let (s, root) = seeded(&store, None).await;
+    let (other, other_root) = seeded(&store, None).await;
+    let err = store
+        .append_message(message(SessionId::new(), ConversationId::new(), "x", 1))
+        .await
+        .unwrap_err();
+    assert!(
+        matches!(&err, AgentError::NotFound { what, .. } if what == "session"),
+        "{err}"
+    );
+    let err = store
+        .append_message(message(s.session_id, ConversationId::new(), "x", 1))
+        .await
+        .unwrap_err();
+    assert!(
+        matches!(&err, AgentError::NotFound { what, .. } if what == "conversation"),
+        "{err}"
+    );
+    assert_eq!(
+        kind(
+            store
+                .append_message(message(s.session_id, other_root, "x", 1))
+                .await
+        ),
+        ErrorKind::InvalidInput
+    );
+    let ok = store
+        .append_message(message(other.session_id, other_root, "y", 1))
+        .await
+        .unwrap();
+    assert_eq!(ok.content.as_deref(), Some("y"));
+    assert!(
+        store
+            .messages(s.session_id, 10, None)
+            .await
+            .unwrap()
+            .messages
+            .is_empty()
+    );
+    let _ = root;
+}
+
+#[tokio::test]
+async fn out_of_range_numbers_are_invalid_input() {
+    let (_dir, store) = fresh();
+    let mut s = session_in(None, u64::MAX);
+    assert_eq!(
+        kind(store.create_session(s.clone()).await),
+        ErrorKind::InvalidInput
+    );
+    s.created_ms = 1;
+    store.create_session(s.clone()).await.unwrap();
+    let root = s.root_conversation_id;
+    store
+        .put_conversation(conversation_of(&s, root, 1))
+        .await
+        .unwrap();
+    let mut m = message(s.session_id, root, "x", 1);
+    m.chars = u64::MAX;
+    assert_eq!(kind(store.append_message(m).await), ErrorKind::InvalidInput);
+    // Cursors past the representable range just mean "everything".
+    store
+        .append_message(message(s.session_id, root, "x", 1))
+        .await
+        .unwrap();
+    let page = store
+        .messages(s.session_id, 5, Some(u64::MAX))
+        .await
+        .unwrap();
+    assert_eq!(page.messages.len(), 1);
+}
+
+#[tokio::test]
+async fn expiry_drops_old_content_only() {
+    let (_dir, store) = fresh();
+    let (s, root) = seeded(&store, None).await;
+    for ms in [10, 20, 30] {
+        store
+            .append_message(message(s.session_id, root, &format!("m{ms}"), ms))
+            .await
+            .unwrap();
+    }
+    assert_eq!(store.expire_message_content(root, 25).await.unwrap(), 2);
+    assert_eq!(store.expire_message_content(root, 25).await.unwrap(), 0);
+    let page = store.messages(s.session_id, 10, None).await.unwrap();
+    let contents: Vec<_> = page.messages.iter().map(|m| m.content.clone()).collect();
+    assert_eq!(contents, vec![None, None, Some("m30".to_owned())]);
+    assert_eq!(page.messages[0].chars, 3, "the size stays");
+    assert_eq!(
+        kind(
+            store
+                .expire_message_content(ConversationId::new(), 25)
+                .await
+        ),
+        ErrorKind::NotFound
+    );
+}
+
+#[tokio::test]
+async fn current_session_must_exist_and_belong_to_the_project() {
+    let (_dir, store) = fresh();
+    let (a, _) = seeded(&store, Some("p")).await;
+    let (b, _) = seeded(&store, Some("q")).await;
+    let (loose, _) = seeded(&store, None).await;
+    assert_eq!(
+        kind(store.set_current_session("p", SessionId::new()).await),
+        ErrorKind::NotFound
+    );
+    assert_eq!(
+        kind(store.set_current_session("p", b.session_id).await),
+        ErrorKind::InvalidInput
+    );
+    assert_eq!(
+        kind(store.set_current_session("p", loose.session_id).await),
+        ErrorKind::InvalidInput
+    );
+    store.set_current_session("p", a.session_id).await.unwrap();
+    assert_eq!(
+        store.current_session("p").await.unwrap(),
+        Some(a.session_id)
+    );
+    assert_eq!(store.current_session("q").await.unwrap(), None);
+}
+
+#[tokio::test]
+async fn a_corrupt_row_is_an_error_naming_it() {
+    let (dir, store) = fresh();
+    let (s, root) = seeded(&store, Some("p")).await;
+    store
+        .append_message(message(s.session_id, root, "x", 1))
+        .await
+        .unwrap();
+    let raw = rusqlite::Connection::open(db_path(dir.path())).unwrap();
+    raw.execute_batch(
+        "PRAGMA foreign_keys = OFF;
+         UPDATE sessions SET settings = '{not json';
+         UPDATE messages SET role = 'robot';
+         UPDATE conversations SET session_id = 'not-a-uuid';",
+    )
+    .unwrap();
+    let err = store.get_session(s.session_id).await.unwrap_err();
+    assert_eq!(err.kind(), ErrorKind::Internal);
+    assert!(
+        err.to_string().contains("sessions row 1: column settings"),
+        "{err}"
+    );
+    let err = store.messages(s.session_id, 5, None).await.unwrap_err();
+    assert!(
+        err.to_string().contains("messages row 1: column role"),
+        "{err}"
+    );
+    let err = store.project_sessions("p").await.unwrap_err();
+    assert!(err.to_string().contains("sessions row 1"), "{err}");
+    raw.execute_batch(
+        "UPDATE conversations SET session_id = (SELECT session_id FROM sessions), state = 'half';",
+    )
+    .unwrap();
+    let err = store.conversations(s.session_id).await.unwrap_err();
+    assert!(
+        err.to_string()
+            .contains("conversations row 1: column state"),
+        "{err}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn concurrent_writes_are_group_committed_and_isolated() {
+    let (_dir, store) = fresh();
+    let (s, root) = seeded(&store, None).await;
+    let mut tasks = Vec::new();
+    for i in 0..200u64 {
+        let store = store.clone();
+        tasks.push(tokio::spawn(async move {
+            if i % 10 == 0 {
+                // Fails inside a batch without taking the others down.
+                store
+                    .append_message(message(s.session_id, ConversationId::new(), "bad", i))
+                    .await
+            } else {
+                store
+                    .append_message(message(s.session_id, root, &format!("m{i}"), i))
+                    .await
+            }
+        }));
+    }
+    let mut ids = HashSet::new();
+    for (i, t) in tasks.into_iter().enumerate() {
+        match t.await.unwrap() {
+            Ok(m) => {
+                assert_ne!(i % 10, 0);
+                assert!(ids.insert(m.message_id));
+            }
+            Err(e) => {
+                assert_eq!(i % 10, 0);
+                assert_eq!(e.kind(), ErrorKind::NotFound);
+            }
+        }
+    }
+    assert_eq!(ids.len(), 180);
+    let page = store.messages(s.session_id, 1000, None).await.unwrap();
+    let got: Vec<_> = page.messages.iter().map(|m| m.message_id).collect();
+    let mut want: Vec<_> = ids.into_iter().collect();
+    want.sort_unstable();
+    assert_eq!(got, want);
+}
+
+#[tokio::test]
+async fn a_zero_limit_page_keeps_the_cursor() {
+    let (_dir, store) = fresh();
+    let (s, root) = seeded(&store, None).await;
+    let mut ids = Vec::new();
+    for i in 0..3 {
+        ids.push(
+            store
+                .append_message(message(s.session_id, root, "m", i))
+                .await
+                .unwrap()
+                .message_id,
+        );
+    }
+    let page = store.messages(s.session_id, 0, None).await.unwrap();
+    assert!(page.messages.is_empty());
+    let next = page.next_before.unwrap();
+    let rest = store.messages(s.session_id, 10, Some(next)).await.unwrap();
+    assert_eq!(rest.messages.len(), 3);
+    assert_eq!(rest.next_before, None);
+    let none = store.messages(s.session_id, 0, Some(ids[0])).await.unwrap();
+    assert_eq!(none.next_before, None);
+}
+
+#[tokio::test]
+async fn writes_survive_a_reopen() {
+    let (dir, store) = fresh();
+    let (s, root) = seeded(&store, Some("p")).await;
+    let m = store
+        .append_message(message(s.session_id, root, "kept", 3))
+        .await
+        .unwrap();
+    store.set_current_session("p", s.session_id).await.unwrap();
+    drop(store);
+    let store = reopen(&dir);
+    assert_eq!(
+        store.get_session(s.session_id).await.unwrap(),
+        Some(s.clone())
+    );
+    assert_eq!(
+        store
+            .messages(s.session_id, 5, None)
+            .await
+            .unwrap()
+            .messages,
+        vec![m]
+    );
+    assert_eq!(
+        store.current_session("p").await.unwrap(),
+        Some(s.session_id)
+    );
+}
+
+// ---- P6 properties ----
+
+fn cases() -> ProptestConfig {
+    ProptestConfig {
+        cases: 128,
+        ..ProptestConfig::default()
+    }
+}
+
+fn arb_role() -> impl Strategy<Value = Role> {
+    prop_oneof![Just(Role::System), Just(Role::User), Just(Role::Assistant)]
+}
+
+const MAX_INT: u64 = i64::MAX as u64;
+
+proptest! {
+    #![proptest_config(cases())]
+
+    /// What append_message acknowledged reads back identical, before and after a reopen.
+    #[test]
+    fn prop_message_round_trip(
+        contents in proptest::collection::vec(
+            (proptest::option::of(any::<String>()), arb_role(), any::<bool>(), 0..=MAX_INT, 0..=MAX_INT),
+            1..8,
+        ),
+    ) {
+        let rt = runtime();
+        rt.block_on(async {
+            let (dir, store) = fresh();
+            let (s, root) = seeded(&store, None).await;
+            let mut acked = Vec::new();
+            for (content, role, with_task, chars, created_ms) in contents {
+                let m = NewMessage {
+                    session_id: s.session_id,
+                    conversation_id: root,
+                    task_id: with_task.then(TaskId::new),
+                    role,
+                    content,
+                    chars,
+                    created_ms,
+                };
+                let record = store.append_message(m.clone()).await.unwrap();
+                prop_assert_eq!(&record.content, &m.content);
+                prop_assert_eq!(record.role, m.role);
+                prop_assert_eq!(record.task_id, m.task_id);
+                prop_assert_eq!(record.chars, m.chars);
+                prop_assert_eq!(record.created_ms, m.created_ms);
+                acked.push(record);
+            }
+            let page = store.messages(s.session_id, acked.len(), None).await.unwrap();
+            prop_assert_eq!(&page.messages, &acked);
+            drop(store);
+            let page = reopen(&dir).messages(s.session_id, acked.len(), None).await.unwrap();
+            prop_assert_eq!(&page.messages, &acked);
+            Ok(())
+        })?;
+    }
+
+    /// Each session id names one session: a repeated id is refused and changes nothing.
+    #[test]
+    fn prop_unique_session_ids(picks in proptest::collection::vec(0usize..6, 1..20)) {
+        let rt = runtime();
+        rt.block_on(async {
+            let (_dir, store) = fresh();
+            let pool: Vec<SessionRecord> =
+                (0..6).map(|i| session_in(Some("p"), i)).collect();
+            let mut created: Vec<SessionRecord> = Vec::new();
+            for i in picks {
+                let result = store.create_session(pool[i].clone()).await;
+                if created.iter().any(|s| s.session_id == pool[i].session_id) {
+                    prop_assert_eq!(kind(result), ErrorKind::InvalidInput);
+                } else {
+                    prop_assert!(result.is_ok());
+                    created.push(pool[i].clone());
+                }
+            }
+            let all = store.all_sessions().await.unwrap();
+            let ids: HashSet<_> = all.iter().map(|s| s.session_id).collect();
+            prop_assert_eq!(ids.len(), all.len());
+            prop_assert_eq!(all.len(), created.len());
+            for s in &created {
+                let got = store.get_session(s.session_id).await.unwrap();
+                prop_assert_eq!(got.as_ref(), Some(s));
+            }
+            Ok(())
+        })?;
+    }
+
+    /// After any sequence of switches, each project's current session is the last one set
+    /// successfully; refused switches change nothing.
+    #[test]
+    fn prop_current_session_switch(
+        ops in proptest::collection::vec((0usize..3, 0usize..7), 1..25),
+    ) {
+        let rt = runtime();
+        rt.block_on(async {
+            let (_dir, store) = fresh();
+            let projects = ["a", "b", "c"];
+            let mut sessions = Vec::new();
+            for (i, p) in projects.iter().enumerate() {
+                for _ in 0..2 {
+                    let s = session_in(Some(p), i as u64);
+                    store.create_session(s.clone()).await.unwrap();
+                    sessions.push(s);
+                }
+            }
+            let mut model: BTreeMap<&str, SessionId> = BTreeMap::new();
+            for (p, s) in ops {
+                let project = projects[p];
+                // Index 6 names no session at all.
+                let (id, owner) = sessions
+                    .get(s)
+                    .map_or((SessionId::new(), None), |s| (s.session_id, s.project_id.clone()));
+                let result = store.set_current_session(project, id).await;
+                match owner {
+                    None => prop_assert_eq!(kind(result), ErrorKind::NotFound),
+                    Some(o) if o != project => prop_assert_eq!(kind(result), ErrorKind::InvalidInput),
+                    Some(_) => {
+                        prop_assert!(result.is_ok());
+                        model.insert(project, id);
+                    }
+                }
+                for p in projects {
+                    prop_assert_eq!(store.current_session(p).await.unwrap(), model.get(p).copied());
+                }
+            }
+            Ok(())
+        })?;
+    }
+
+    /// The current sessions read back the same from a reopened store.
+    #[test]
+    fn prop_current_session_load(
+        ops in proptest::collection::vec((0usize..3, 0usize..2), 0..10),
+    ) {
+        let rt = runtime();
+        rt.block_on(async {
+            let (dir, store) = fresh();
+            let projects = ["a", "b", "c"];
+            let mut sessions = BTreeMap::new();
+            for p in projects {
+                for i in 0..2 {
+                    let s = session_in(Some(p), i);
+                    store.create_session(s.clone()).await.unwrap();
+                    sessions.insert((p, i), s.session_id);
+                }
+            }
+            let mut model: BTreeMap<&str, SessionId> = BTreeMap::new();
+            for (p, i) in ops {
+                let id = sessions[&(projects[p], i as u64)];
+                store.set_current_session(projects[p], id).await.unwrap();
+                model.insert(projects[p], id);
+            }
+            drop(store);
+            let store = reopen(&dir);
+            for p in projects {
+                prop_assert_eq!(store.current_session(p).await.unwrap(), model.get(p).copied());
+            }
+            Ok(())
+        })?;
+    }
+
+    /// A page holds min(N, M) messages, where M is how many are older than the cursor: the
+    /// newest such ones, oldest first. Following `next_before` visits every message once.
+    #[test]
+    fn prop_pagination_min_n_m_and_cursor(
+        total in 0usize..40,
+        noise in 0usize..10,
+        limit in 0usize..12,
+        cursor_pick in proptest::option::of(0usize..45),
+    ) {
+        let rt = runtime();
+        rt.block_on(async {
+            let (_dir, store) = fresh();
+            let (s, root) = seeded(&store, None).await;
+            let (other, other_root) = seeded(&store, None).await;
+            let mut ids = Vec::new();
+            for i in 0..total.max(noise) {
+                if i < total {
+                    let m = store
+                        .append_message(message(s.session_id, root, &format!("m{i}"), i as u64))
+                        .await
+                        .unwrap();
+                    ids.push(m.message_id);
+                }
+                if i < noise {
+                    store
+                        .append_message(message(other.session_id, other_root, "noise", 0))
+                        .await
+                        .unwrap();
+                }
+            }
+            // A cursor: some message's id, one past the last, or none.
+            let before = cursor_pick.map(|k| ids.get(k).copied().unwrap_or(u64::MAX / 2));
+            let older: Vec<u64> = ids
+                .iter()
+                .copied()
+                .filter(|id| before.is_none_or(|b| *id < b))
+                .collect();
+            let page = store.messages(s.session_id, limit, before).await.unwrap();
+            let got: Vec<u64> = page.messages.iter().map(|m| m.message_id).collect();
+            prop_assert_eq!(got.len(), limit.min(older.len()));
+            prop_assert_eq!(&got[..], &older[older.len() - got.len()..]);
+            prop_assert!(page.messages.iter().all(|m| m.session_id == s.session_id));
+            let has_more = older.len() > limit;
+            prop_assert_eq!(page.next_before.is_some(), has_more);
+
+            // Walking the cursor from the newest page visits everything once, in order.
+            if limit > 0 {
+                let mut seen = Vec::new();
+                let mut cursor = None;
+                loop {
+                    let page = store.messages(s.session_id, limit, cursor).await.unwrap();
+                    prop_assert!(page.messages.len() <= limit);
+                    let mut ids: Vec<u64> = page.messages.iter().map(|m| m.message_id).collect();
+                    ids.extend(seen);
+                    seen = ids;
+                    match page.next_before {
+                        Some(b) => cursor = Some(b),
+                        None => break,
+                    }
+                }
+                prop_assert_eq!(&seen, &ids);
+            }
+            Ok(())
+        })?;
+    }
+}
