@@ -24,6 +24,9 @@ use troupe_proto::{
     MessageReply, TaskId, TaskStatus,
 };
 
+/// Longest contextId a client may name (it becomes a key of the book).
+pub const MAX_CONTEXT_ID: usize = 256;
+
 /// Where a task is in its context's queue.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Phase {
@@ -210,6 +213,13 @@ impl TaskBook {
                     state.v1_name()
                 ))),
             };
+        }
+        if let Some(c) = &m.context_id
+            && c.len() > MAX_CONTEXT_ID
+        {
+            return Err(A2aError::InvalidParams(format!(
+                "contextId is longer than {MAX_CONTEXT_ID} bytes"
+            )));
         }
         Ok(match &m.context_id {
             Some(c) if self.contexts.contains_key(c) => SendPlan::NewTask {

@@ -327,6 +327,11 @@ fn unknown_and_known_contexts() {
             context_id: "ctx-1".into()
         }
     );
+    m.context_id = Some("x".repeat(MAX_CONTEXT_ID + 1));
+    assert_eq!(
+        b.plan_send(&send_params(m.clone())).unwrap_err().code(),
+        -32602
+    );
     m.context_id = Some("client-made".into());
     assert_eq!(
         b.plan_send(&send_params(m)).unwrap(),
