@@ -11,8 +11,8 @@ use std::time::Duration;
 use tokio_util::sync::CancellationToken;
 use troupe_actors::history::LocalSummarizer;
 use troupe_actors::ports::{
-    DeltaSink, McpPort, McpView, ModelClient, ModelInfo, ModelRequest, ModelResponse,
-    ToolCallContext,
+    CommandRunner, DeltaSink, McpPort, McpView, ModelClient, ModelInfo, ModelRequest,
+    ModelResponse, ToolCallContext,
 };
 use troupe_actors::{SessionConfig, SessionHandle, SessionPorts};
 use troupe_proto::{AgentError, ConversationId, SessionId, ToolCall, ToolOutput, ToolSpec};
@@ -38,6 +38,16 @@ impl TestSession {
         tweak: impl FnOnce(&mut SessionConfig),
         mcp: Option<Arc<dyn McpPort>>,
     ) -> Self {
+        Self::start_with_runner(replies, tweak, mcp, Arc::new(process_runner())).await
+    }
+
+    /// Same, with a command runner of the test's choosing.
+    pub async fn start_with_runner(
+        replies: Vec<ScriptedReply>,
+        tweak: impl FnOnce(&mut SessionConfig),
+        mcp: Option<Arc<dyn McpPort>>,
+        exec: Arc<dyn CommandRunner>,
+    ) -> Self {
         let dir = tempfile::tempdir().expect("tempdir");
         let model = Arc::new(ScriptedModel::new(replies));
         let mut config = SessionConfig {
@@ -50,7 +60,7 @@ impl TestSession {
             model: model.clone(),
             mcp,
             mcp_connector: None,
-            exec: Some(Arc::new(ProcessRunner)),
+            exec: Some(exec),
             summarizer: Arc::new(LocalSummarizer::default()),
             tokens: Arc::new(troupe_actors::ports::ApproxTokens),
         };
@@ -266,7 +276,7 @@ pub async fn start_with_model(
         model,
         mcp,
         mcp_connector: None,
-        exec: Some(Arc::new(ProcessRunner)),
+        exec: Some(Arc::new(process_runner())),
         summarizer: Arc::new(LocalSummarizer::default()),
         tokens: Arc::new(troupe_actors::ports::ApproxTokens),
     };
@@ -274,6 +284,23 @@ pub async fn start_with_model(
         .await
         .expect("session starts");
     (session, dir, join)
+}
+
+/// The command runner of test sessions: sandboxed commands go through the `troupe` binary
+/// built next to this test binary when it is there (`scripts/test` builds it; the shell
+/// tests insist on it), and are refused otherwise.
+pub fn process_runner() -> ProcessRunner {
+    let runner = ProcessRunner::new();
+    match troupe_bin_path() {
+        Some(bin) => runner.with_launcher(bin),
+        None => runner,
+    }
+}
+
+fn troupe_bin_path() -> Option<std::path::PathBuf> {
+    let exe = std::env::current_exe().ok()?;
+    let bin = exe.parent()?.parent()?.join("troupe");
+    bin.exists().then_some(bin)
 }
 
 /// The `troupe` binary built next to this test binary (`cargo build -p troupe` first; the

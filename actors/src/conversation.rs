@@ -62,6 +62,9 @@ pub struct ConversationSettings {
     pub sandbox_policy: SandboxPolicy,
     /// Whether the shell built-in is offered (a command runner is configured).
     pub shell_tool: bool,
+    /// The workspace: where commands run by default, and what `workspace-write` commands
+    /// and `apply_patch` may change. Empty: the process's working directory.
+    pub workspace_roots: Vec<std::path::PathBuf>,
 }
 
 impl Default for ConversationSettings {
@@ -74,6 +77,7 @@ impl Default for ConversationSettings {
             approval_policy: ApprovalPolicy::Always,
             sandbox_policy: SandboxPolicy::ReadOnly,
             shell_tool: false,
+            workspace_roots: Vec::new(),
         }
     }
 }
@@ -289,10 +293,23 @@ impl Actor for Conversation {
         let (sandbox_policy, sandbox_clamped) =
             narrow(settings.sandbox_policy, args.params.sandbox_policy);
         if approval_clamped || sandbox_clamped {
-            let message = format!(
-                "a conversation may only narrow the session's policies: using approval {approval_policy:?}, sandbox {sandbox_policy:?}"
+            let message = clamp_message(
+                &args.params,
+                (approval_clamped, approval_policy),
+                (sandbox_clamped, sandbox_policy),
             );
-            tracing::warn!(conversation_id = %args.conversation_id, "{message}");
+            if approval_clamped {
+                metrics::policy_clamped("approval");
+            }
+            if sandbox_clamped {
+                metrics::policy_clamped("sandbox");
+            }
+            tracing::warn!(
+                conversation_id = %args.conversation_id,
+                approval = ?approval_policy,
+                sandbox = ?sandbox_policy,
+                "{message}"
+            );
             services.events.emit(EventDraft::conversation(
                 args.conversation_id,
                 EventKind::Warning {
@@ -365,6 +382,29 @@ pub enum Admission {
     Enqueue,
     RejectClosing,
     RejectFull,
+}
+
+/// The `policy_clamped` warning (C2): what was asked, what the conversation got.
+pub fn clamp_message(
+    params: &OpenConversation,
+    (approval_clamped, approval): (bool, ApprovalPolicy),
+    (sandbox_clamped, sandbox): (bool, SandboxPolicy),
+) -> String {
+    let mut parts = Vec::new();
+    if let (true, Some(asked)) = (approval_clamped, params.approval_policy) {
+        parts.push(format!(
+            "approval policy {asked:?} is wider than the session's; using {approval:?}"
+        ));
+    }
+    if let (true, Some(asked)) = (sandbox_clamped, params.sandbox_policy) {
+        parts.push(format!(
+            "sandbox policy {asked:?} is wider than the session's; using {sandbox:?}"
+        ));
+    }
+    format!(
+        "a conversation may only narrow the session's policies: {}",
+        parts.join("; ")
+    )
 }
 
 /// Pure admission decision for a message.
@@ -464,6 +504,7 @@ impl ConversationState {
             limits: settings.task,
             approval_policy: self.approval_policy,
             sandbox_policy: self.sandbox_policy,
+            workspace_roots: settings.workspace_roots.clone(),
         };
         let me = myself.clone();
         let task_span = span.clone();
@@ -682,6 +723,28 @@ impl ConversationState {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn clamp_message_names_what_was_asked_and_what_is_used() {
+        let params = OpenConversation {
+            approval_policy: Some(ApprovalPolicy::Never),
+            sandbox_policy: Some(SandboxPolicy::FullAccess),
+            ..OpenConversation::default()
+        };
+        let both = clamp_message(
+            &params,
+            (true, ApprovalPolicy::Always),
+            (true, SandboxPolicy::ReadOnly),
+        );
+        assert!(both.contains("approval policy Never") && both.contains("using Always"));
+        assert!(both.contains("sandbox policy FullAccess") && both.contains("using ReadOnly"));
+        let one = clamp_message(
+            &params,
+            (false, ApprovalPolicy::Never),
+            (true, SandboxPolicy::WorkspaceWrite),
+        );
+        assert!(!one.contains("approval") && one.contains("using WorkspaceWrite"));
+    }
 
     #[test]
     fn admission() {

@@ -13,6 +13,7 @@
 //! Actors share nothing mutable: each owns its state and changes it only in `handle`.
 #![forbid(unsafe_code)]
 
+pub mod apply_patch;
 pub mod approval_store;
 pub mod clock;
 pub mod context;
@@ -40,6 +41,7 @@ pub fn describe_metrics() {
     rollout::metrics::describe();
     scheduler::metrics::describe();
     task_registry::metrics::describe();
+    task::metrics::describe();
     metrics::describe_counter!(
         session::RESTARTS,
         "Conversation actors restarted from their rollout after a failure."

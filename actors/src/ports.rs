@@ -109,6 +109,9 @@ pub struct ExecRequest {
     pub sandbox: SandboxPolicy,
     /// Bytes of stdout + stderr kept; the rest is dropped and reported.
     pub output_cap: usize,
+    /// Directories a `workspace-write` command may change: the conversation's workspace
+    /// roots. The runner adds a private temp dir; other policies ignore the list.
+    pub writable_roots: Vec<PathBuf>,
 }
 
 /// What a command did.

@@ -724,6 +724,14 @@ fn headers_meta(event: &EventKind) -> RecordMeta {
             chars: Some(error_len(error)),
             ..RecordMeta::default()
         },
+        EventKind::PlanUpdated { explanation, plan } => RecordMeta {
+            tool: Some("update_plan".into()),
+            chars: Some(
+                explanation.as_deref().map_or(0, len)
+                    + plan.iter().map(|p| len(&p.step)).sum::<u64>(),
+            ),
+            ..RecordMeta::default()
+        },
         // A kind this build does not know: keep nothing of it but its name.
         _ => RecordMeta::default(),
     }
@@ -1458,6 +1466,13 @@ mod tests {
                     ..Usage::default()
                 }),
             },
+            EventKind::PlanUpdated {
+                explanation: Some(field("plan_why")),
+                plan: vec![troupe_proto::PlanStep {
+                    step: field("plan_step"),
+                    status: troupe_proto::PlanStepStatus::InProgress,
+                }],
+            },
             // Last: closing a conversation ends its record.
             EventKind::ConversationClosed {
                 outcome: CloseOutcome::Closed,
@@ -1465,7 +1480,7 @@ mod tests {
         ]
     }
 
-    const CONTENT_FIELDS: [&str; 15] = [
+    const CONTENT_FIELDS: [&str; 17] = [
         "base",
         "user",
         "restart",
@@ -1481,6 +1496,8 @@ mod tests {
         "deny",
         "summary",
         "warning",
+        "plan_why",
+        "plan_step",
     ];
 
     const ALL_POLICIES: [StoragePolicy; 4] = [
@@ -1515,7 +1532,7 @@ mod tests {
     #[test]
     fn samples_cover_every_kind() {
         let names: HashSet<&str> = every_kind().iter().map(EventKind::name).collect();
-        assert_eq!(names.len(), 17, "one sample per EventKind variant");
+        assert_eq!(names.len(), 18, "one sample per EventKind variant");
         for kind in MINIMAL_KINDS {
             assert!(names.contains(kind));
         }
@@ -1916,12 +1933,12 @@ mod tests {
                     for name in CONTENT_FIELDS {
                         assert!(contains(&bytes, &field(name)), "{policy:?}: {name} on disk");
                     }
-                    assert_eq!(records.len(), 17);
+                    assert_eq!(records.len(), 18);
                     assert!(records.iter().all(|r| r.level == RecordLevel::Full));
                 }
                 StoragePolicy::HeadersOnly => {
                     assert!(!contains(&bytes, CANARY), "{policy:?}: no content on disk");
-                    assert_eq!(records.len(), 17);
+                    assert_eq!(records.len(), 18);
                     assert!(records.iter().all(|r| r.level == RecordLevel::Headers));
                 }
                 StoragePolicy::None => {
@@ -2073,7 +2090,7 @@ mod tests {
                 expected.push(record_for(StoragePolicy::Full, &env).unwrap());
             }
         }
-        assert_eq!(expected.len(), 17);
+        assert_eq!(expected.len(), 18);
         assert_eq!(records, expected);
         assert_eq!(read(&rollout, ConversationId::new()).await, vec![]);
     }

@@ -2,7 +2,16 @@
 //! by its Conversation (aborted with it), holds a scheduler slot while it works, and reports
 //! its outcome back as a `TaskFinished` message. Decisions (what a tool call needs, when the
 //! loop ends) are pure functions below.
+//!
+//! Built-in tools: `shell` runs through the session's `CommandRunner` under the
+//! conversation's sandbox policy, after approval; `update_plan` records the plan as a
+//! `plan_updated` event; `apply_patch` edits files inside the workspace when the sandbox lets
+//! it write, after approval (the same policies as a command's writes).
 
+mod builtins;
+pub mod metrics;
+
+use crate::apply_patch::{self, Patch, PatchError};
 use crate::approval_store::{ApprovalMsg, Granted};
 use crate::events::{EventDraft, EventSink};
 use crate::history::HistorySnapshot;
@@ -13,6 +22,7 @@ use crate::ports::{
 use crate::scheduler::SchedulerMsg;
 use crate::task_registry::TaskRegistryMsg;
 use ractor::{ActorCell, ActorRef};
+use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
 use tokio::time::Instant;
@@ -53,6 +63,9 @@ pub struct TaskContext {
     pub limits: TaskLimits,
     pub approval_policy: ApprovalPolicy,
     pub sandbox_policy: SandboxPolicy,
+    /// The workspace: where commands run by default and what `workspace-write` commands and
+    /// `apply_patch` may change. Empty: the process's working directory.
+    pub workspace_roots: Vec<PathBuf>,
 }
 
 impl TaskContext {
@@ -547,6 +560,9 @@ pub enum ToolRoute {
     },
     /// The plan built-in: recorded, nothing executed.
     Plan,
+    /// The apply_patch built-in, with its parsed patch (checked against the sandbox and the
+    /// workspace, then approved per policy).
+    ApplyPatch { patch: Patch, needs_approval: bool },
     /// An external (MCP) tool.
     External,
     /// Refused before running, with the observation the model gets.
@@ -578,7 +594,14 @@ pub fn route_tool(
             }),
         },
         "update_plan" => ToolRoute::Plan,
-        "apply_patch" | "web_search" => ToolRoute::Refuse(AgentError::ToolError {
+        "apply_patch" => match patch_input(&call.arguments.0) {
+            Ok(patch) => ToolRoute::ApplyPatch {
+                patch,
+                needs_approval: approval != ApprovalPolicy::Never,
+            },
+            Err(e) => ToolRoute::Refuse(e),
+        },
+        "web_search" => ToolRoute::Refuse(AgentError::ToolError {
             name: call.name.clone(),
             message: format!("`{}` is not available in this session", call.name),
         }),
@@ -588,6 +611,15 @@ pub fn route_tool(
             message: "no MCP servers are configured".into(),
         }),
     }
+}
+
+/// The patch of an apply_patch call: `{"input": "*** Begin Patch ..."}`.
+fn patch_input(args: &serde_json::Value) -> Result<Patch, AgentError> {
+    let input = args
+        .get("input")
+        .and_then(|i| i.as_str())
+        .ok_or_else(|| AgentError::invalid("apply_patch needs `input`: the patch text"))?;
+    apply_patch::parse(input).map_err(|e| AgentError::invalid(e.to_string()))
 }
 
 /// argv of a shell call: `{"command": ["ls", "-l"]}`.
@@ -629,6 +661,7 @@ async fn run_tool(
     emit(EventKind::ToolCallStarted { call: call.clone() });
     let started = Instant::now();
     let result = execute(ctx, tools, call).instrument(span.clone()).await;
+    let outcome = metrics::outcome_label(&result.as_ref().map(|o| o.is_error));
     let (output, failure) = match result {
         Ok(output) => {
             let failure = output.is_error.then(|| AgentError::ToolError {
@@ -656,6 +689,8 @@ async fn run_tool(
         is_error: output.is_error,
         duration_ms: u64::try_from(started.elapsed().as_millis()).unwrap_or(u64::MAX),
     });
+    let offered = tools.iter().any(|t| t.name == call.name);
+    metrics::tool_finished(metrics::tool_label(&call.name, offered), outcome);
     (output, failure)
 }
 
@@ -665,13 +700,28 @@ async fn execute(
     call: &ToolCall,
 ) -> Result<ToolOutput, AgentError> {
     let has_mcp = ctx.mcp.is_some();
+    let ok = |output: String| ToolOutput {
+        call_id: call.call_id.clone(),
+        output,
+        is_error: false,
+    };
     match route_tool(call, tools, ctx.approval_policy, has_mcp) {
         ToolRoute::Refuse(e) => Err(e),
-        ToolRoute::Plan => Ok(ToolOutput {
-            call_id: call.call_id.clone(),
-            output: "plan updated".into(),
-            is_error: false,
-        }),
+        ToolRoute::Plan => {
+            let args = builtins::parse_plan(&call.arguments.0)?;
+            let observation = builtins::plan_observation(&args.plan);
+            tracing::info!(steps = args.plan.len(), "plan updated");
+            metrics::plan_updated();
+            ctx.emit(EventKind::PlanUpdated {
+                explanation: args.explanation,
+                plan: args.plan,
+            });
+            Ok(ok(observation))
+        }
+        ToolRoute::ApplyPatch {
+            patch,
+            needs_approval,
+        } => run_patch(ctx, call, patch, needs_approval).await.map(ok),
         ToolRoute::External => match &ctx.mcp {
             Some(view) => {
                 view.call_tool(
@@ -691,17 +741,16 @@ async fn execute(
             needs_approval,
         } => {
             if needs_approval {
-                approve(ctx, &argv).await?;
+                approve(ctx, &argv, "the model wants to run a command".into()).await?;
             }
             let exec = ctx.exec.as_ref().ok_or_else(|| AgentError::SandboxError {
                 message: "no command runner is configured for this session".into(),
             })?;
-            let workdir = call
-                .arguments
-                .0
-                .get("workdir")
-                .and_then(|w| w.as_str())
-                .map(std::path::PathBuf::from);
+            let roots = builtins::workspace_roots(&ctx.workspace_roots);
+            let workdir = builtins::shell_workdir(
+                &roots,
+                call.arguments.0.get("workdir").and_then(|w| w.as_str()),
+            );
             let timeout = call
                 .arguments
                 .0
@@ -716,6 +765,7 @@ async fn execute(
                         timeout,
                         sandbox: ctx.sandbox_policy,
                         output_cap: ctx.limits.exec_output_cap,
+                        writable_roots: roots,
                     },
                     &ctx.cancel,
                 )
@@ -729,15 +779,94 @@ async fn execute(
     }
 }
 
+/// apply_patch: the sandbox must allow writes, every path must be inside the workspace, a
+/// human must approve (per policy); then the files change. Checks come before the approval
+/// so nobody is asked about a patch that would be refused anyway.
+async fn run_patch(
+    ctx: &TaskContext,
+    call: &ToolCall,
+    patch: Patch,
+    needs_approval: bool,
+) -> Result<String, AgentError> {
+    builtins::patch_allowed(ctx.sandbox_policy)?;
+    let roots = builtins::workspace_roots(&ctx.workspace_roots);
+    let check = {
+        let (patch, roots) = (patch.clone(), roots.clone());
+        move || {
+            patch
+                .ops
+                .iter()
+                .flat_map(|op| match op {
+                    apply_patch::FileOp::Update {
+                        path,
+                        move_to: Some(to),
+                        ..
+                    } => vec![path.clone(), to.clone()],
+                    other => vec![other.path().to_owned()],
+                })
+                .try_for_each(|path| apply_patch::resolve_in_workspace(&roots, &path).map(drop))
+        }
+    };
+    blocking(check).await?.map_err(patch_error)?;
+    if needs_approval {
+        let input = call
+            .arguments
+            .0
+            .get("input")
+            .and_then(|i| i.as_str())
+            .unwrap_or_default();
+        approve(
+            ctx,
+            &apply_patch::approval_command(&patch),
+            format!("the model wants to apply a patch:\n{input}"),
+        )
+        .await?;
+    }
+    let applied = blocking(move || apply_patch::apply(&patch, &roots))
+        .await?
+        .map_err(patch_error)?;
+    for a in &applied {
+        metrics::patch_file(a.op());
+    }
+    tracing::info!(files = applied.len(), "patch applied");
+    Ok(apply_patch::summary(&applied))
+}
+
+/// A path outside the workspace is a sandbox refusal; a patch that does not fit is the
+/// tool's own error.
+fn patch_error(error: PatchError) -> AgentError {
+    match error {
+        PatchError::OutsideWorkspace(message) => AgentError::SandboxError { message },
+        PatchError::Parse { .. } => AgentError::invalid(error.to_string()),
+        PatchError::Apply(message) => AgentError::ToolError {
+            name: crate::tools::APPLY_PATCH.into(),
+            message,
+        },
+    }
+}
+
+/// Runs file I/O on the blocking pool.
+async fn blocking<T: Send + 'static>(
+    work: impl FnOnce() -> T + Send + 'static,
+) -> Result<T, AgentError> {
+    tokio::task::spawn_blocking(work)
+        .await
+        .map_err(|e| AgentError::internal(format!("file work failed: {e}")))
+}
+
 /// Asks the ApprovalStore; a denial (or a store that went away) is `ApprovalDenied`.
-async fn approve(ctx: &TaskContext, argv: &[String]) -> Result<Granted, AgentError> {
+async fn approve(
+    ctx: &TaskContext,
+    argv: &[String],
+    reason: String,
+) -> Result<Granted, AgentError> {
     let span = tracing::info_span!("approval_wait", conversation_id = %ctx.conversation_id, task_id = %ctx.task_id);
     let asked = async {
         ractor::call!(ctx.approvals, |reply| ApprovalMsg::Request {
             conversation_id: ctx.conversation_id,
             task_id: Some(ctx.task_id),
             command: argv.to_vec(),
-            reason: "the model wants to run a command".into(),
+            reason,
             timeout: None,
             reply,
         })
@@ -747,13 +876,18 @@ async fn approve(ctx: &TaskContext, argv: &[String]) -> Result<Granted, AgentErr
         () = ctx.cancel.cancelled() => return Err(AgentError::cancelled("cancelled while waiting for approval")),
         r = asked.instrument(span) => r,
     };
-    match answer {
+    let granted = match answer {
         Ok(r) => r,
         Err(e) => Err(AgentError::ApprovalDenied {
             command: argv.to_vec(),
             reason: format!("approval store unavailable: {e}"),
         }),
+    };
+    match &granted {
+        Ok(how) => tracing::info!(?how, "approved"),
+        Err(error) => tracing::info!(%error, "not approved"),
     }
+    granted
 }
 
 /// The observation a command leaves for the model.
@@ -845,6 +979,71 @@ mod tests {
                 ToolRoute::Refuse(_)
             ));
         }
+    }
+
+    #[test]
+    fn apply_patch_is_parsed_when_routed() {
+        let tools = [spec("apply_patch")];
+        let input = "*** Begin Patch\n*** Delete File: a.txt\n*** End Patch\n";
+        let c = call("apply_patch", serde_json::json!({ "input": input }));
+        match route_tool(&c, &tools, ApprovalPolicy::OnFailure, false) {
+            ToolRoute::ApplyPatch {
+                patch,
+                needs_approval,
+            } => {
+                assert!(needs_approval);
+                assert_eq!(
+                    apply_patch::approval_command(&patch),
+                    ["apply_patch", "delete a.txt"]
+                );
+            }
+            other => panic!("{other:?}"),
+        }
+        assert!(matches!(
+            route_tool(&c, &tools, ApprovalPolicy::Never, false),
+            ToolRoute::ApplyPatch {
+                needs_approval: false,
+                ..
+            }
+        ));
+        for args in [
+            serde_json::json!({}),
+            serde_json::json!({"input": "not a patch"}),
+        ] {
+            assert!(matches!(
+                route_tool(
+                    &call("apply_patch", args),
+                    &tools,
+                    ApprovalPolicy::Always,
+                    false
+                ),
+                ToolRoute::Refuse(AgentError::InvalidInput { .. })
+            ));
+        }
+        // Not offered (the conversation did not ask for it): unknown.
+        assert!(matches!(
+            route_tool(&c, &[spec("shell")], ApprovalPolicy::Always, false),
+            ToolRoute::Refuse(AgentError::ToolError { .. })
+        ));
+    }
+
+    #[test]
+    fn patch_errors_map_to_refusals_and_tool_errors() {
+        assert!(matches!(
+            patch_error(PatchError::OutsideWorkspace("x".into())),
+            AgentError::SandboxError { .. }
+        ));
+        assert!(matches!(
+            patch_error(PatchError::Apply("x".into())),
+            AgentError::ToolError { .. }
+        ));
+        assert!(matches!(
+            patch_error(PatchError::Parse {
+                line: 1,
+                message: "x".into()
+            }),
+            AgentError::InvalidInput { .. }
+        ));
     }
 
     #[test]

@@ -174,7 +174,8 @@ fn shell_tool() -> ToolSpec {
     ToolSpec {
         name: SHELL.into(),
         description: "Runs a command and returns its exit code, stdout and stderr. The command \
-                      runs in the sandbox and may need approval."
+                      runs under the conversation's sandbox policy (read-only, workspace-write: \
+                      writes only under the workspace, or full-access) and may need approval."
             .into(),
         parameters: Json(json!({
             "type": "object",
@@ -245,7 +246,9 @@ fn apply_patch_tool() -> ToolSpec {
                       with `*** End Patch`; in between, sections `*** Add File: <path>` (lines \
                       prefixed with +), `*** Delete File: <path>`, or `*** Update File: <path>` \
                       (optionally `*** Move to: <path>`) with `@@` hunks of context ( ), removed \
-                      (-) and added (+) lines. Paths are relative to the working directory."
+                      (-) and added (+) lines. Paths are relative to the workspace root; a path \
+                      outside the workspace is refused, as is any patch under a read-only \
+                      sandbox. May need approval."
             .into(),
         parameters: Json(json!({
             "type": "object",

@@ -207,6 +207,8 @@ fn session_config(config: &TroupeConfig) -> SessionConfig {
     s.mcp_roots = config.mcp.roots.clone();
     let conv = &mut s.conversation;
     conv.shell_tool = true;
+    // The chat's workspace is the directory it was started in.
+    conv.workspace_roots = std::env::current_dir().into_iter().collect();
     conv.approval_policy = chat.approval_policy;
     conv.sandbox_policy = chat.sandbox_policy;
     conv.task.max_steps = chat.max_steps;
@@ -255,7 +257,7 @@ pub async fn run(args: ChatArgs) -> anyhow::Result<ExitCode> {
             Arc::new(troupe_runtime::RmcpConnector::new())
                 as Arc<dyn troupe_actors::ports::McpConnector>
         }),
-        exec: Some(Arc::new(ProcessRunner)),
+        exec: Some(Arc::new(ProcessRunner::new())),
         summarizer: Arc::new(LocalSummarizer::default()),
         tokens,
     };
@@ -631,6 +633,18 @@ impl Chat {
             EventKind::Warning { message, .. } if !quiet => {
                 stop_spinner();
                 eprintln!("  warning: {message}");
+            }
+            EventKind::PlanUpdated { plan, .. } if !quiet => {
+                stop_spinner();
+                println!("  plan:");
+                for step in plan {
+                    let mark = match step.status {
+                        troupe_proto::PlanStepStatus::Completed => "[x]",
+                        troupe_proto::PlanStepStatus::InProgress => "[>]",
+                        troupe_proto::PlanStepStatus::Pending => "[ ]",
+                    };
+                    println!("    {mark} {}", step.step);
+                }
             }
             EventKind::ApprovalRequested {
                 approval_id,

@@ -23,10 +23,21 @@ enum Command {
     /// Work with JSONL chat histories.
     #[command(subcommand)]
     History(history::HistoryCommand),
+    /// Runs a command under a sandbox policy (the shell tool's launcher; not for people).
+    #[command(name = "sandbox-exec", hide = true, disable_help_flag = true)]
+    SandboxExec {
+        /// `--policy P [--writable DIR]... -- PROGRAM ARGS...`, read by the runtime.
+        #[arg(trailing_var_arg = true, allow_hyphen_values = true)]
+        args: Vec<std::ffi::OsString>,
+    },
 }
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
+    // Before any thread or runtime exists: the launcher confines itself and execs.
+    if let Command::SandboxExec { args } = &cli.command {
+        return troupe_runtime::exec::sandbox::main(args);
+    }
     let runtime = match tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()
@@ -42,6 +53,9 @@ fn main() -> ExitCode {
         match cli.command {
             Command::Chat(args) => chat::run(*args).await,
             Command::History(cmd) => history::run(cmd).map(|()| ExitCode::SUCCESS),
+            Command::SandboxExec { .. } => {
+                Ok(ExitCode::from(troupe_runtime::exec::sandbox::REFUSED_EXIT))
+            }
         }
     });
     match result {

@@ -8,7 +8,7 @@ use crate::error::AgentError;
 use crate::ids::{ApprovalId, ConversationId, SessionId, TaskId};
 use crate::item::Usage;
 use crate::policy::StoragePolicy;
-use crate::tool::ToolCall;
+use crate::tool::{PlanStep, ToolCall};
 use serde::{Deserialize, Deserializer, Serialize, Serializer};
 
 /// One event, as published to subscribers and (policy permitting) recorded.
@@ -129,6 +129,11 @@ pub enum EventKind {
         summary: String,
         replaced_items: u64,
     },
+    /// The model recorded its plan with the `update_plan` built-in: the whole plan, in order.
+    PlanUpdated {
+        explanation: Option<String>,
+        plan: Vec<PlanStep>,
+    },
 }
 
 impl EventKind {
@@ -154,6 +159,7 @@ impl EventKind {
             Self::StepFinished { .. } => "step_finished",
             Self::CompactionStarted { .. } => "compaction_started",
             Self::Compacted { .. } => "compacted",
+            Self::PlanUpdated { .. } => "plan_updated",
         }
     }
 }
@@ -239,6 +245,10 @@ mod wire {
                 },
                 CompactionStarted {},
                 Compacted { summary: String, replaced_items: u64 },
+                PlanUpdated {
+                    explanation: Option<String>,
+                    plan: Vec<PlanStep>,
+                },
             }
         };
     }

@@ -25,7 +25,7 @@ pub use json::Json;
 pub use policy::{
     ApprovalPolicy, CommandKey, OverBudget, SandboxPolicy, StoragePolicy, ToolErrorPolicy,
 };
-pub use tool::{ToolCall, ToolOutput, ToolSpec};
+pub use tool::{PlanStep, PlanStepStatus, ToolCall, ToolOutput, ToolSpec};
 
 #[cfg(test)]
 mod roundtrip_tests;

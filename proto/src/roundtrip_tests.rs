@@ -12,7 +12,7 @@ use crate::json::Json;
 use crate::policy::{
     ApprovalPolicy, CommandKey, OverBudget, SandboxPolicy, StoragePolicy, ToolErrorPolicy,
 };
-use crate::tool::{ToolCall, ToolOutput, ToolSpec};
+use crate::tool::{PlanStep, PlanStepStatus, ToolCall, ToolOutput, ToolSpec};
 use proptest::prelude::*;
 use proptest::strategy::ValueTree;
 use serde::Serialize;
@@ -281,6 +281,18 @@ fn tool_call() -> impl Strategy<Value = ToolCall> {
         name,
         arguments,
     })
+}
+
+fn plan_step() -> impl Strategy<Value = PlanStep> {
+    (
+        text(),
+        prop_oneof![
+            Just(PlanStepStatus::Pending),
+            Just(PlanStepStatus::InProgress),
+            Just(PlanStepStatus::Completed),
+        ],
+    )
+        .prop_map(|(step, status)| PlanStep { step, status })
 }
 
 fn tool_output() -> impl Strategy<Value = ToolOutput> {
@@ -607,6 +619,11 @@ fn event_kind() -> impl Strategy<Value = EventKind> {
                     usage,
                 }
             }),
+        (
+            prop::option::of(text()),
+            prop::collection::vec(plan_step(), 0..4)
+        )
+            .prop_map(|(explanation, plan)| EventKind::PlanUpdated { explanation, plan }),
     ]
 }
 
@@ -950,6 +967,7 @@ fn strategies_cover_every_variant() {
             "step_finished",
             "compaction_started",
             "compacted",
+            "plan_updated",
         ])
     );
     assert_eq!(

@@ -190,13 +190,15 @@ async fn session_wide_approval_is_shared_and_conversation_scope_is_not() {
 
 #[tokio::test]
 async fn a_sandbox_that_cannot_be_enforced_is_refused() {
-    let t = TestSession::start_with(
+    // A runner without the sandbox launcher cannot confine a command: it refuses.
+    let t = TestSession::start_with_runner(
         vec![echo_call("hi"), ScriptedReply::default()],
         |c| {
             c.conversation.sandbox_policy = SandboxPolicy::ReadOnly;
             c.conversation.approval_policy = troupe_proto::ApprovalPolicy::Never;
         },
         None,
+        std::sync::Arc::new(troupe_runtime::ProcessRunner::new()),
     )
     .await;
     let root = t.root().await;

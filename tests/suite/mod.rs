@@ -10,5 +10,6 @@ mod mcp;
 mod repl;
 mod rollout;
 mod scheduling;
+mod shell;
 mod telemetry;
 mod turns;

@@ -8,6 +8,7 @@ pub const TASK_DURATION: &str = "troupe_task_duration_seconds";
 pub const TOOL_CALLS: &str = "troupe_tool_calls_total";
 pub const TOKENS: &str = "troupe_tokens_total";
 pub const FORCE_ABORTS: &str = "troupe_tasks_force_aborted_total";
+pub const POLICY_CLAMPED: &str = "troupe_policy_clamped_total";
 
 /// Registers descriptions (Prometheus needs one per metric).
 pub fn describe() {
@@ -23,6 +24,10 @@ pub fn describe() {
     metrics::describe_counter!(
         FORCE_ABORTS,
         "Tasks aborted because they ignored cancellation past the close timeout."
+    );
+    metrics::describe_counter!(
+        POLICY_CLAMPED,
+        "Conversations that asked for a wider policy than the session's, by policy (approval, sandbox)."
     );
 }
 
@@ -41,4 +46,9 @@ pub fn task_finished(status: TaskStatus, stats: &TaskStats) {
 
 pub fn force_aborted() {
     metrics::counter!(FORCE_ABORTS).increment(1);
+}
+
+/// A conversation's `policy` ("approval" or "sandbox") request was clamped (C2).
+pub fn policy_clamped(policy: &'static str) {
+    metrics::counter!(POLICY_CLAMPED, "policy" => policy).increment(1);
 }

@@ -1,0 +1,589 @@
+//! The shell tool and its fellow built-ins through a real session (S9, C1, C2): the scripted
+//! model asks for calls, commands run as real processes through the `troupe sandbox-exec`
+//! launcher (Landlock), approvals are answered through the session, and the plan and
+//! apply_patch built-ins follow the conversation's tool preferences.
+
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::Duration;
+use tokio::sync::broadcast;
+use troupe_proto::{
+    AgentError, ApprovalDecision, ApprovalId, ApprovalPolicy, ConversationId, EventEnvelope,
+    EventKind, OpenConversation, PlanStep, PlanStepStatus, SandboxPolicy, TaskStatus,
+};
+use troupe_runtime::ScriptedReply;
+use troupe_tests::{RecordingModel, TestSession, start_with_model, troupe_bin};
+
+type Events = broadcast::Receiver<Arc<EventEnvelope>>;
+
+/// A session whose commands run in `workspace` under these policies. The sandbox launcher
+/// is the `troupe` binary built next to the tests (`troupe_bin` insists it is there).
+async fn start(
+    replies: Vec<ScriptedReply>,
+    approval: ApprovalPolicy,
+    sandbox: SandboxPolicy,
+    workspace: &Path,
+) -> TestSession {
+    let _ = troupe_bin();
+    let workspace = workspace.to_path_buf();
+    TestSession::start_with(
+        replies,
+        move |c| {
+            c.conversation.approval_policy = approval;
+            c.conversation.sandbox_policy = sandbox;
+            c.conversation.workspace_roots = vec![workspace];
+            c.approval_timeout = Duration::from_secs(300);
+        },
+        None,
+    )
+    .await
+}
+
+fn sh(script: &str) -> ScriptedReply {
+    ScriptedReply::tool(
+        "shell",
+        serde_json::json!({"command": ["sh", "-c", script]}),
+    )
+}
+
+fn sh_argv(script: &str) -> Vec<String> {
+    vec!["sh".into(), "-c".into(), script.into()]
+}
+
+/// The next event `pick` accepts. Bounded by a guard so a missing event fails the test
+/// instead of hanging it (time is never paused while this waits).
+async fn wait_for<T>(events: &mut Events, mut pick: impl FnMut(&EventEnvelope) -> Option<T>) -> T {
+    tokio::time::timeout(Duration::from_secs(30), async {
+        loop {
+            match events.recv().await {
+                Ok(e) => {
+                    if let Some(found) = pick(&e) {
+                        return found;
+                    }
+                }
+                Err(broadcast::error::RecvError::Lagged(_)) => {}
+                Err(broadcast::error::RecvError::Closed) => panic!("event stream closed"),
+            }
+        }
+    })
+    .await
+    .expect("the expected event within 30 s")
+}
+
+async fn next_approval(events: &mut Events) -> (ApprovalId, Vec<String>) {
+    wait_for(events, |e| match &e.event {
+        EventKind::ApprovalRequested {
+            approval_id,
+            command,
+            ..
+        } => Some((*approval_id, command.clone())),
+        _ => None,
+    })
+    .await
+}
+
+/// Every event published so far (the flush is a barrier through the rollout).
+async fn drain(t: &TestSession, events: &mut Events) -> Vec<EventKind> {
+    t.session.flush().await.unwrap();
+    let mut out = Vec::new();
+    while let Ok(e) = events.try_recv() {
+        out.push(e.event.clone());
+    }
+    out
+}
+
+/// Sends a message that must complete without asking anyone (bounded by a guard).
+async fn message_unasked(
+    t: &TestSession,
+    c: ConversationId,
+    text: &str,
+) -> troupe_proto::MessageReply {
+    tokio::time::timeout(Duration::from_secs(30), t.session.message(c, text))
+        .await
+        .expect("answered without waiting for an approval")
+        .unwrap()
+}
+
+fn lines(path: &Path) -> usize {
+    std::fs::read_to_string(path).map_or(0, |s| s.lines().count())
+}
+
+#[tokio::test]
+async fn approval_is_asked_listed_and_granted_once() {
+    let ws = tempfile::tempdir().unwrap();
+    let log = ws.path().join("log.txt");
+    let t = start(
+        vec![
+            sh("echo ran >> log.txt"),
+            ScriptedReply::default(),
+            sh("echo ran >> log.txt"),
+            ScriptedReply::default(),
+        ],
+        ApprovalPolicy::Always,
+        SandboxPolicy::WorkspaceWrite,
+        ws.path(),
+    )
+    .await;
+    let mut events = t.session.subscribe().await.unwrap();
+    let root = t.root().await;
+    for round in 1..=2 {
+        let s = t.session.clone();
+        let task = tokio::spawn(async move { s.message(root, "log it").await });
+        let (approval_id, command) = next_approval(&mut events).await;
+        assert_eq!(command, sh_argv("echo ran >> log.txt"));
+        let pending = t.session.pending_approvals().await.unwrap();
+        assert_eq!(pending.len(), 1);
+        assert_eq!(pending[0].approval_id, approval_id);
+        assert_eq!(pending[0].conversation_id, root);
+        assert_eq!(lines(&log), round - 1, "nothing ran before the answer");
+        t.session
+            .respond_approval(approval_id, ApprovalDecision::ApproveOnce)
+            .await
+            .unwrap();
+        let reply = task.await.unwrap().unwrap();
+        assert_eq!(reply.status, TaskStatus::Ok);
+        assert!(reply.text.contains("exit code 0"), "{}", reply.text);
+        assert_eq!(lines(&log), round, "ran exactly once in round {round}");
+    }
+    t.stop().await;
+}
+
+#[tokio::test]
+async fn a_conversation_approval_holds_until_its_ttl_expires() {
+    let ws = tempfile::tempdir().unwrap();
+    let log = ws.path().join("log.txt");
+    let append = || sh("echo ran >> log.txt");
+    let t = start(
+        vec![
+            append(),
+            ScriptedReply::text("first"),
+            append(),
+            ScriptedReply::text("second"),
+            append(),
+            ScriptedReply::text("third"),
+        ],
+        ApprovalPolicy::Always,
+        SandboxPolicy::WorkspaceWrite,
+        ws.path(),
+    )
+    .await;
+    let mut events = t.session.subscribe().await.unwrap();
+    let root = t.root().await;
+
+    let s = t.session.clone();
+    let task = tokio::spawn(async move { s.message(root, "one").await });
+    let (approval_id, _) = next_approval(&mut events).await;
+    t.session
+        .respond_approval(
+            approval_id,
+            ApprovalDecision::ApproveForConversation { ttl_secs: Some(60) },
+        )
+        .await
+        .unwrap();
+    assert_eq!(task.await.unwrap().unwrap().text, "first");
+
+    // Within the TTL: runs without asking.
+    drain(&t, &mut events).await;
+    assert_eq!(message_unasked(&t, root, "two").await.text, "second");
+    assert_eq!(lines(&log), 2);
+    let asked = drain(&t, &mut events)
+        .await
+        .into_iter()
+        .any(|e| matches!(e, EventKind::ApprovalRequested { .. }));
+    assert!(!asked, "asked again within the TTL");
+
+    // Past the TTL (the session's clock follows tokio's; no process runs meanwhile).
+    tokio::time::pause();
+    tokio::time::advance(Duration::from_secs(61)).await;
+    tokio::time::resume();
+    let s = t.session.clone();
+    let task = tokio::spawn(async move { s.message(root, "three").await });
+    let (approval_id, command) = next_approval(&mut events).await;
+    assert_eq!(command, sh_argv("echo ran >> log.txt"));
+    assert_eq!(lines(&log), 2, "the expired approval did not let it run");
+    t.session
+        .respond_approval(approval_id, ApprovalDecision::ApproveOnce)
+        .await
+        .unwrap();
+    assert_eq!(task.await.unwrap().unwrap().text, "third");
+    assert_eq!(lines(&log), 3);
+    t.stop().await;
+}
+
+#[tokio::test]
+async fn a_denial_reaches_the_model_and_the_task_goes_on() {
+    let ws = tempfile::tempdir().unwrap();
+    let t = start(
+        vec![sh("echo x > denied.txt"), ScriptedReply::default()],
+        ApprovalPolicy::Always,
+        SandboxPolicy::WorkspaceWrite,
+        ws.path(),
+    )
+    .await;
+    let mut events = t.session.subscribe().await.unwrap();
+    let root = t.root().await;
+    let s = t.session.clone();
+    let task = tokio::spawn(async move { s.message(root, "write it").await });
+    let (approval_id, _) = next_approval(&mut events).await;
+    t.session
+        .respond_approval(
+            approval_id,
+            ApprovalDecision::Deny {
+                reason: Some("not in prod".into()),
+            },
+        )
+        .await
+        .unwrap();
+    let reply = task.await.unwrap().unwrap();
+    // The model was called again with the denial as its observation, and answered.
+    assert_eq!(reply.status, TaskStatus::Ok);
+    assert_eq!(t.model.calls(), 2);
+    assert!(reply.text.contains("approval denied"), "{}", reply.text);
+    assert!(reply.text.contains("not in prod"), "{}", reply.text);
+    assert!(!ws.path().join("denied.txt").exists());
+    let seen = drain(&t, &mut events).await;
+    assert!(seen.iter().any(|e| matches!(
+        e,
+        EventKind::Error { error: AgentError::ApprovalDenied { command, .. } }
+            if *command == sh_argv("echo x > denied.txt")
+    )));
+    assert!(seen.iter().any(|e| matches!(
+        e,
+        EventKind::ApprovalResolved {
+            approval_id: id,
+            decision: ApprovalDecision::Deny { .. }
+        } if *id == approval_id
+    )));
+    t.stop().await;
+}
+
+#[tokio::test]
+async fn read_only_refuses_a_write_and_allows_a_read() {
+    let ws = tempfile::tempdir().unwrap();
+    std::fs::write(ws.path().join("readme.txt"), "readable\n").unwrap();
+    let t = start(
+        vec![
+            sh("echo x > written.txt"),
+            ScriptedReply::default(),
+            sh("cat readme.txt"),
+            ScriptedReply::default(),
+        ],
+        ApprovalPolicy::Never,
+        SandboxPolicy::ReadOnly,
+        ws.path(),
+    )
+    .await;
+    let root = t.root().await;
+    let write = message_unasked(&t, root, "write").await;
+    assert!(write.text.contains("Permission denied"), "{}", write.text);
+    assert!(!write.text.contains("exit code 0"), "{}", write.text);
+    assert!(!ws.path().join("written.txt").exists());
+    let read = message_unasked(&t, root, "read").await;
+    assert!(
+        read.text.contains("exit code 0") && read.text.contains("readable"),
+        "{}",
+        read.text
+    );
+    t.stop().await;
+}
+
+#[tokio::test]
+async fn workspace_write_writes_inside_the_workspace_only() {
+    let ws = tempfile::tempdir().unwrap();
+    let outside = tempfile::tempdir().unwrap();
+    let escape: PathBuf = outside.path().join("escape.txt");
+    let t = start(
+        vec![
+            sh("mkdir -p sub && echo in > sub/inside.txt"),
+            ScriptedReply::default(),
+            sh(&format!("echo out > {}", escape.display())),
+            ScriptedReply::default(),
+            sh("echo t > \"$TMPDIR/scratch\" && cat \"$TMPDIR/scratch\""),
+            ScriptedReply::default(),
+        ],
+        ApprovalPolicy::Never,
+        SandboxPolicy::WorkspaceWrite,
+        ws.path(),
+    )
+    .await;
+    let root = t.root().await;
+    let inside = message_unasked(&t, root, "inside").await;
+    assert!(inside.text.contains("exit code 0"), "{}", inside.text);
+    assert_eq!(
+        std::fs::read_to_string(ws.path().join("sub/inside.txt")).unwrap(),
+        "in\n"
+    );
+    let out = message_unasked(&t, root, "outside").await;
+    assert!(out.text.contains("Permission denied"), "{}", out.text);
+    assert!(!escape.exists());
+    // The command's private temp dir is writable too.
+    let tmp = message_unasked(&t, root, "tmp").await;
+    assert!(tmp.text.contains("exit code 0"), "{}", tmp.text);
+    t.stop().await;
+}
+
+#[tokio::test]
+async fn a_wider_conversation_policy_is_clamped_reported_and_used() {
+    let ws = tempfile::tempdir().unwrap();
+    let t = start(
+        vec![sh("echo x > wide.txt"), ScriptedReply::default()],
+        ApprovalPolicy::Always,
+        SandboxPolicy::ReadOnly,
+        ws.path(),
+    )
+    .await;
+    let mut events = t.session.subscribe().await.unwrap();
+    let c = t
+        .session
+        .open(OpenConversation {
+            approval_policy: Some(ApprovalPolicy::Never),
+            sandbox_policy: Some(SandboxPolicy::FullAccess),
+            ..OpenConversation::default()
+        })
+        .await
+        .unwrap();
+    let message = wait_for(&mut events, |e| match &e.event {
+        EventKind::Warning { code, message }
+            if code == "policy_clamped" && e.conversation_id == Some(c) =>
+        {
+            Some(message.clone())
+        }
+        _ => None,
+    })
+    .await;
+    assert!(
+        message.contains("FullAccess") && message.contains("using ReadOnly"),
+        "{message}"
+    );
+    // Approval is clamped to `always`: the command waits for a human.
+    let s = t.session.clone();
+    let task = tokio::spawn(async move { s.message(c, "write").await });
+    let (approval_id, _) = next_approval(&mut events).await;
+    t.session
+        .respond_approval(approval_id, ApprovalDecision::ApproveOnce)
+        .await
+        .unwrap();
+    // Sandbox is clamped to `read-only`: the approved write still cannot happen.
+    let reply = task.await.unwrap().unwrap();
+    assert!(reply.text.contains("Permission denied"), "{}", reply.text);
+    assert!(!ws.path().join("wide.txt").exists());
+    t.stop().await;
+}
+
+#[tokio::test]
+async fn a_narrower_conversation_policy_is_used_without_a_warning() {
+    let ws = tempfile::tempdir().unwrap();
+    let t = start(
+        vec![sh("echo x > narrow.txt"), ScriptedReply::default()],
+        ApprovalPolicy::Never,
+        SandboxPolicy::WorkspaceWrite,
+        ws.path(),
+    )
+    .await;
+    let mut events = t.session.subscribe().await.unwrap();
+    let c = t
+        .session
+        .open(OpenConversation {
+            sandbox_policy: Some(SandboxPolicy::ReadOnly),
+            ..OpenConversation::default()
+        })
+        .await
+        .unwrap();
+    let clamped = drain(&t, &mut events)
+        .await
+        .into_iter()
+        .any(|e| matches!(e, EventKind::Warning { code, .. } if code == "policy_clamped"));
+    assert!(!clamped);
+    let reply = message_unasked(&t, c, "write").await;
+    assert!(reply.text.contains("Permission denied"), "{}", reply.text);
+    assert!(!ws.path().join("narrow.txt").exists());
+    t.stop().await;
+}
+
+#[tokio::test]
+async fn update_plan_records_the_plan_as_an_event() {
+    let ws = tempfile::tempdir().unwrap();
+    let plan = serde_json::json!({
+        "explanation": "first look around",
+        "plan": [
+            {"step": "read the code", "status": "completed"},
+            {"step": "write the fix", "status": "in_progress"},
+            {"step": "run the tests", "status": "pending"},
+        ]
+    });
+    let t = start(
+        vec![
+            ScriptedReply::tool("update_plan", plan.clone()),
+            ScriptedReply::default(),
+            ScriptedReply::tool("update_plan", plan),
+            ScriptedReply::default(),
+        ],
+        ApprovalPolicy::Always,
+        SandboxPolicy::ReadOnly,
+        ws.path(),
+    )
+    .await;
+    let mut events = t.session.subscribe().await.unwrap();
+    let with_plan = t
+        .session
+        .open(OpenConversation {
+            include_plan_tool: true,
+            ..OpenConversation::default()
+        })
+        .await
+        .unwrap();
+    let reply = message_unasked(&t, with_plan, "plan it").await;
+    assert!(
+        reply.text.contains("plan updated: 3 steps"),
+        "{}",
+        reply.text
+    );
+    let recorded = wait_for(&mut events, |e| match &e.event {
+        EventKind::PlanUpdated { explanation, plan } => Some((explanation.clone(), plan.clone())),
+        _ => None,
+    })
+    .await;
+    assert_eq!(recorded.0.as_deref(), Some("first look around"));
+    assert_eq!(
+        recorded.1[1],
+        PlanStep {
+            step: "write the fix".into(),
+            status: PlanStepStatus::InProgress
+        }
+    );
+    // Without the preference the tool is not offered, and a call to it is refused.
+    let root = t.root().await;
+    let reply = message_unasked(&t, root, "plan it").await;
+    assert!(reply.text.contains("unknown tool"), "{}", reply.text);
+    let again = drain(&t, &mut events)
+        .await
+        .into_iter()
+        .any(|e| matches!(e, EventKind::PlanUpdated { .. }));
+    assert!(!again);
+    t.stop().await;
+}
+
+const PATCH: &str = "*** Begin Patch
+*** Add File: new/hello.txt
++hello
+*** Update File: notes.txt
+@@
+ alpha
+-beta
++gamma
+*** End Patch
+";
+
+fn apply_patch(input: &str) -> ScriptedReply {
+    ScriptedReply::tool("apply_patch", serde_json::json!({ "input": input }))
+}
+
+fn with_patch_tool() -> OpenConversation {
+    OpenConversation {
+        include_apply_patch_tool: true,
+        ..OpenConversation::default()
+    }
+}
+
+#[tokio::test]
+async fn apply_patch_edits_the_workspace_once_approved() {
+    let ws = tempfile::tempdir().unwrap();
+    std::fs::write(ws.path().join("notes.txt"), "alpha\nbeta\n").unwrap();
+    let t = start(
+        vec![apply_patch(PATCH), ScriptedReply::default()],
+        ApprovalPolicy::Always,
+        SandboxPolicy::WorkspaceWrite,
+        ws.path(),
+    )
+    .await;
+    let mut events = t.session.subscribe().await.unwrap();
+    let c = t.session.open(with_patch_tool()).await.unwrap();
+    let s = t.session.clone();
+    let task = tokio::spawn(async move { s.message(c, "patch it").await });
+    let (approval_id, command) = next_approval(&mut events).await;
+    assert_eq!(
+        command,
+        ["apply_patch", "add new/hello.txt", "update notes.txt"]
+    );
+    assert_eq!(
+        std::fs::read_to_string(ws.path().join("notes.txt")).unwrap(),
+        "alpha\nbeta\n",
+        "nothing changes before the answer"
+    );
+    t.session
+        .respond_approval(approval_id, ApprovalDecision::ApproveOnce)
+        .await
+        .unwrap();
+    let reply = task.await.unwrap().unwrap();
+    assert!(reply.text.contains("Applied the patch"), "{}", reply.text);
+    assert_eq!(
+        std::fs::read_to_string(ws.path().join("new/hello.txt")).unwrap(),
+        "hello\n"
+    );
+    assert_eq!(
+        std::fs::read_to_string(ws.path().join("notes.txt")).unwrap(),
+        "alpha\ngamma\n"
+    );
+    t.stop().await;
+}
+
+#[tokio::test]
+async fn apply_patch_is_refused_under_read_only_and_outside_the_workspace() {
+    let ws = tempfile::tempdir().unwrap();
+    std::fs::write(ws.path().join("notes.txt"), "alpha\nbeta\n").unwrap();
+    // Read-only: refused before anyone is asked.
+    let t = start(
+        vec![apply_patch(PATCH), ScriptedReply::default()],
+        ApprovalPolicy::Always,
+        SandboxPolicy::ReadOnly,
+        ws.path(),
+    )
+    .await;
+    let c = t.session.open(with_patch_tool()).await.unwrap();
+    let reply = message_unasked(&t, c, "patch it").await;
+    assert!(reply.text.contains("read-only sandbox"), "{}", reply.text);
+    assert!(!ws.path().join("new").exists());
+    t.stop().await;
+
+    // Workspace-write: a path that leaves the workspace is refused, before anyone is asked.
+    let escape = "*** Begin Patch\n*** Add File: ../escape.txt\n+no\n*** End Patch\n";
+    let t = start(
+        vec![apply_patch(escape), ScriptedReply::default()],
+        ApprovalPolicy::Always,
+        SandboxPolicy::WorkspaceWrite,
+        ws.path(),
+    )
+    .await;
+    let c = t.session.open(with_patch_tool()).await.unwrap();
+    let reply = message_unasked(&t, c, "escape").await;
+    assert!(
+        reply.text.contains("outside the workspace"),
+        "{}",
+        reply.text
+    );
+    assert!(!ws.path().parent().unwrap().join("escape.txt").exists());
+    t.stop().await;
+}
+
+#[tokio::test]
+async fn built_in_tools_follow_the_conversation_preferences() {
+    let model = Arc::new(RecordingModel::new(vec![]));
+    let (session, _dir, join) =
+        start_with_model(model.clone(), |c| c.conversation.shell_tool = true, None).await;
+    let plain = session.open(OpenConversation::default()).await.unwrap();
+    let full = session
+        .open(OpenConversation {
+            include_plan_tool: true,
+            include_apply_patch_tool: true,
+            ..OpenConversation::default()
+        })
+        .await
+        .unwrap();
+    session.message(plain, "hi").await.unwrap();
+    session.message(full, "hi").await.unwrap();
+    let sent = model.sent();
+    assert_eq!(sent[0].tools, ["shell"]);
+    assert_eq!(sent[1].tools, ["shell", "update_plan", "apply_patch"]);
+    session.shutdown().await.unwrap();
+    let _ = join.await;
+}
