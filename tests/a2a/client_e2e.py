@@ -204,6 +204,15 @@ async def run(base, version, token):
         r = (await raw.post(rpc_url, json=body)).json()
         check(r["error"]["code"] == -32009, f"a 1.0 method without the header is VersionNotSupported ({r})")
 
+    # 8. With a token: the card is public, the JSON-RPC endpoint is not.
+    if token:
+        async with httpx.AsyncClient(timeout=30) as anonymous:
+            card = await anonymous.get(base.rstrip("/") + "/.well-known/agent-card.json")
+            check(card.status_code == 200, "the card needs no token")
+            check("bearer" in card.json().get("securitySchemes", {}), "the card names the bearer scheme")
+            denied = await anonymous.post(rpc_url, json=body)
+            check(denied.status_code == 401, f"the endpoint needs the token ({denied.status_code})")
+
 
 def main():
     base, version = sys.argv[1], sys.argv[2]

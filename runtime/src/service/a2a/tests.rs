@@ -35,7 +35,7 @@ impl Fixture {
             model: model.clone(),
             mcp: None,
             mcp_connector: None,
-            exec: Some(Arc::new(ProcessRunner)),
+            exec: Some(Arc::new(ProcessRunner::new())),
             summarizer: Arc::new(LocalSummarizer::default()),
             tokens: Arc::new(troupe_actors::ports::ApproxTokens),
         };
