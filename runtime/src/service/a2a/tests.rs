@@ -308,3 +308,62 @@ async fn the_card_names_the_endpoint_it_was_fetched_from() {
     assert_eq!(card["url"], f.url);
     f.stop().await;
 }
+
+#[test]
+fn requests_are_counted_by_method_version_and_outcome() {
+    use metrics_util::debugging::{DebugValue, DebuggingRecorder};
+    let recorder = DebuggingRecorder::new();
+    let snapshotter = recorder.snapshotter();
+    ::metrics::with_local_recorder(&recorder, || {
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap();
+        rt.block_on(async {
+            let f = Fixture::start(vec![]).await;
+            let msg = json!({"message": v1_message("hi", json!({}))});
+            f.call(Some("1.0"), "SendMessage", msg.clone()).await;
+            f.call(Some("1.0"), "GetTask", json!({"id": "missing"}))
+                .await;
+            f.call(None, "tasks/get", json!({"id": "missing"})).await;
+            f.call(Some("9.9"), "SendMessage", msg).await;
+            f.stop().await;
+        });
+    });
+    let mut counted: Vec<(String, u64)> = snapshotter
+        .snapshot()
+        .into_vec()
+        .into_iter()
+        .filter(|(key, ..)| key.key().name() == metrics::REQUESTS_TOTAL)
+        .map(|(key, _, _, value)| {
+            let labels: Vec<String> = key
+                .key()
+                .labels()
+                .map(|l| format!("{}={}", l.key(), l.value()))
+                .collect();
+            let DebugValue::Counter(n) = value else {
+                panic!("not a counter")
+            };
+            (labels.join(","), n)
+        })
+        .collect();
+    counted.sort();
+    assert_eq!(
+        counted,
+        [
+            (
+                "method=get_task,version=0.3,outcome=task_not_found".to_owned(),
+                1
+            ),
+            (
+                "method=get_task,version=1.0,outcome=task_not_found".to_owned(),
+                1
+            ),
+            ("method=send_message,version=1.0,outcome=ok".to_owned(), 1),
+            (
+                "method=unknown,version=unsupported,outcome=version_not_supported".to_owned(),
+                1
+            ),
+        ]
+    );
+}
