@@ -36,8 +36,24 @@
 //! - `IsApproved`, `ListPending` (oldest first), `ListKeys` (live only): observation.
 //! - `ConversationClosed`: denies the conversation's pending requests ("conversation closed")
 //!   and drops its scoped keys.
+//! - `CallersGone`: a caller of the conversation stopped waiting (its task or call ended):
+//!   pending requests of that conversation whose every caller has gone are withdrawn (denied
+//!   as "withdrawn"), so humans are not left answering a question nobody asks any more.
 //!
 //! A caller that gave up (its reply port is closed) is skipped silently.
+//!
+//! # MCP requests
+//! `RequestSubject` asks the same way for what is not a command: an MCP server's elicitation or
+//! sampling request during a tool call ([`ApprovalSubject`]). A human sees it in
+//! `approval_requested` and `ListPending` with its subject (the elicitation's message and
+//! schema, the sampling request). Elicitations are never remembered nor shared between callers;
+//! approving one resolves its content ([`elicitation::resolve_content`]: `ApproveWithContent`
+//! over the schema's defaults, or the defaults alone) and a response the schema refuses is an
+//! `InvalidInput` that leaves the request pending. Sampling approvals for a conversation or the
+//! session are remembered per server under a key whose path starts with `"\0mcp"`, which no
+//! argv can equal (argv strings hold no NUL), so a command key never covers an MCP request nor
+//! the other way round. An MCP request nobody answers in time ends in `Timeout` (not
+//! `ApprovalDenied`), so that an elicitation can be cancelled rather than declined.
 //!
 //! # Children and failure
 //! No child actors; only its own timers, aborted when it stops. If it fails, the Session
@@ -45,6 +61,7 @@
 //! it, so their callers see a closed reply port, which the conversation treats as a denial; keys
 //! are lost too, so the next request for a remembered command asks a human again.
 
+pub mod elicitation;
 pub mod metrics;
 
 use self::metrics::Outcome;
@@ -56,8 +73,8 @@ use std::time::Duration;
 use tokio::task::JoinHandle;
 use tracing::field::Empty;
 use troupe_proto::{
-    AgentError, ApprovalDecision, ApprovalId, CommandKey, ConversationId, EventKind,
-    PendingApproval, TaskId,
+    AgentError, ApprovalDecision, ApprovalId, ApprovalSubject, CommandKey, ConversationId,
+    EventKind, PendingApproval, TaskId,
 };
 
 /// Start-up arguments.
@@ -94,7 +111,15 @@ pub enum ApprovalMsg {
         timeout: Option<Duration>,
         reply: RpcReplyPort<Result<Granted, AgentError>>,
     },
-    /// A human's decision on a pending request; `NotFound` if it is unknown or already over.
+    /// Like `Request`, for anything `ask.subject` names (an MCP server's elicitation or
+    /// sampling request); `ask.command` is what a human reads as the command.
+    RequestSubject {
+        ask: Ask,
+        timeout: Option<Duration>,
+        reply: RpcReplyPort<Result<Granted, AgentError>>,
+    },
+    /// A human's decision on a pending request; `NotFound` if it is unknown or already over,
+    /// `InvalidInput` (the request stays pending) if it does not fit the request.
     Respond {
         approval_id: ApprovalId,
         decision: ApprovalDecision,
@@ -121,6 +146,8 @@ pub enum ApprovalMsg {
     },
     /// The conversation closed: deny its pending requests and drop its scoped keys.
     ConversationClosed { conversation_id: ConversationId },
+    /// A caller of the conversation gave up waiting: withdraw its requests nobody waits for.
+    CallersGone { conversation_id: ConversationId },
 }
 
 /// What a waiting caller is answered through.
@@ -219,9 +246,15 @@ impl Actor for ApprovalStore {
                     task_id,
                     command,
                     reason,
+                    subject: ApprovalSubject::Command,
                 };
                 state.on_request(&myself, ask, timeout, reply, now_ms);
             }
+            ApprovalMsg::RequestSubject {
+                ask,
+                timeout,
+                reply,
+            } => state.on_request(&myself, ask, timeout, reply, now_ms),
             ApprovalMsg::Respond {
                 approval_id,
                 decision,
@@ -256,6 +289,15 @@ impl Actor for ApprovalStore {
             }
             ApprovalMsg::ConversationClosed { conversation_id } => {
                 state.on_conversation_closed(conversation_id, now_ms);
+            }
+            ApprovalMsg::CallersGone { conversation_id } => {
+                let withdrawn = state
+                    .core
+                    .withdraw_abandoned(conversation_id, RpcReplyPort::is_closed);
+                if !withdrawn.is_empty() {
+                    tracing::info!(%conversation_id, withdrawn = withdrawn.len(), "approval requests withdrawn");
+                }
+                state.finish(withdrawn, now_ms);
             }
         }
         state
@@ -301,6 +343,7 @@ impl ApprovalStoreState {
                         approval_id,
                         command: request.command.clone(),
                         reason: request.reason.clone(),
+                        subject: request.subject.clone(),
                     },
                 );
                 let timer = myself.send_after(timeout, move || ApprovalMsg::RequestTimedOut {
@@ -400,6 +443,8 @@ pub struct Ask {
     pub task_id: Option<TaskId>,
     pub command: Vec<String>,
     pub reason: String,
+    /// What is asked: a command, or an MCP server's request.
+    pub subject: ApprovalSubject,
 }
 
 /// What became of a request.
@@ -483,12 +528,21 @@ impl<W> ApprovalCore<W> {
     /// Admits a request: remembered, attached to an identical pending one, or opened with a
     /// deadline `timeout_ms` from now.
     pub fn request(&mut self, ask: Ask, now_ms: u64, timeout_ms: u64, waiter: W) -> Admission<W> {
-        if self.is_approved(ask.conversation_id, &ask.command, now_ms) {
+        // An elicitation asks for content: no key answers it and no other request shares it.
+        let shareable = !matches!(ask.subject, ApprovalSubject::McpElicitation { .. });
+        if shareable
+            && let Some(path) = key_path(&ask.subject, &ask.command)
+            && self.is_approved(ask.conversation_id, &path, now_ms)
+        {
             return Admission::Remembered(waiter);
         }
-        if let Some(same) = self.pending.values_mut().find(|p| {
-            p.info.conversation_id == ask.conversation_id && p.info.command == ask.command
-        }) {
+        if shareable
+            && let Some(same) = self.pending.values_mut().find(|p| {
+                p.info.conversation_id == ask.conversation_id
+                    && p.info.command == ask.command
+                    && p.info.subject.is_command() == ask.subject.is_command()
+            })
+        {
             same.waiters.push(waiter);
             return Admission::Attached(same.info.approval_id);
         }
@@ -500,6 +554,7 @@ impl<W> ApprovalCore<W> {
             reason: ask.reason,
             requested_at_ms: now_ms,
             deadline_ms: now_ms.saturating_add(timeout_ms),
+            subject: ask.subject,
         };
         let seq = self.next_seq;
         self.next_seq += 1;
@@ -523,6 +578,11 @@ impl<W> ApprovalCore<W> {
         decision: ApprovalDecision,
         now_ms: u64,
     ) -> Result<Vec<Resolution<W>>, AgentError> {
+        let Some(request) = self.pending.get(&approval_id) else {
+            return Err(AgentError::not_found("approval", approval_id));
+        };
+        // Checked before anything changes: a decision that does not fit leaves it pending.
+        let decision = fit_decision(&request.info.subject, decision)?;
         let Some(decided) = self.pending.remove(&approval_id) else {
             return Err(AgentError::not_found("approval", approval_id));
         };
@@ -530,12 +590,8 @@ impl<W> ApprovalCore<W> {
             let reason = denial_reason(&decision, &decided.info);
             return Ok(vec![deny(decided, decision, reason)]);
         }
-        let key = key_for(
-            &decision,
-            decided.info.conversation_id,
-            &decided.info.command,
-            now_ms,
-        );
+        let key = key_path(&decided.info.subject, &decided.info.command)
+            .and_then(|path| key_for(&decision, decided.info.conversation_id, &path, now_ms));
         let mut resolutions = vec![Resolution {
             answer: Ok(Granted::Decided(decision.clone())),
             decision: decision.clone(),
@@ -545,7 +601,10 @@ impl<W> ApprovalCore<W> {
         if let Some(key) = key {
             let mut covered: Vec<Pending<W>> = self
                 .pending
-                .extract_if(|_, p| covers(&key, p.info.conversation_id, &p.info.command, now_ms))
+                .extract_if(|_, p| {
+                    key_path(&p.info.subject, &p.info.command)
+                        .is_some_and(|path| covers(&key, p.info.conversation_id, &path, now_ms))
+                })
                 .map(|(_, p)| p)
                 .collect();
             covered.sort_by_key(|p| p.seq);
@@ -564,7 +623,16 @@ impl<W> ApprovalCore<W> {
     pub fn time_out(&mut self, approval_id: ApprovalId) -> Option<Resolution<W>> {
         let pending = self.pending.remove(&approval_id)?;
         let reason = denial_reason(&ApprovalDecision::TimedOut, &pending.info);
-        Some(deny(pending, ApprovalDecision::TimedOut, reason))
+        let mut resolution = deny(pending, ApprovalDecision::TimedOut, reason);
+        if !resolution.request.subject.is_command() {
+            // Nobody answered: for a server that is a cancelled dialog, not a refusal.
+            let request = &resolution.request;
+            resolution.answer = Err(AgentError::Timeout {
+                what: format!("a human's answer to `{}`", request.command.join(" ")),
+                after_ms: request.deadline_ms.saturating_sub(request.requested_at_ms),
+            });
+        }
+        Some(resolution)
     }
 
     /// Denies the conversation's pending requests (oldest first) and drops its scoped keys.
@@ -579,6 +647,33 @@ impl<W> ApprovalCore<W> {
         closed.sort_by_key(|p| p.seq);
         let reason = "conversation closed";
         closed
+            .into_iter()
+            .map(|p| {
+                let decision = ApprovalDecision::Deny {
+                    reason: Some(reason.to_owned()),
+                };
+                deny(p, decision, reason.to_owned())
+            })
+            .collect()
+    }
+
+    /// Withdraws the conversation's pending requests whose every waiter is `gone` (oldest
+    /// first), as denials.
+    pub fn withdraw_abandoned(
+        &mut self,
+        conversation_id: ConversationId,
+        gone: impl Fn(&W) -> bool,
+    ) -> Vec<Resolution<W>> {
+        let mut abandoned: Vec<Pending<W>> = self
+            .pending
+            .extract_if(|_, p| {
+                p.info.conversation_id == conversation_id && p.waiters.iter().all(&gone)
+            })
+            .map(|(_, p)| p)
+            .collect();
+        abandoned.sort_by_key(|p| p.seq);
+        let reason = "withdrawn: nobody waits for the answer any more";
+        abandoned
             .into_iter()
             .map(|p| {
                 let decision = ApprovalDecision::Deny {
@@ -662,6 +757,7 @@ pub fn key_for(
         ApprovalDecision::ApproveForConversation { ttl_secs } => (Some(conversation_id), *ttl_secs),
         ApprovalDecision::ApproveForSession { ttl_secs } => (None, *ttl_secs),
         ApprovalDecision::ApproveOnce
+        | ApprovalDecision::ApproveWithContent { .. }
         | ApprovalDecision::Deny { .. }
         | ApprovalDecision::TimedOut => return None,
     };
@@ -670,6 +766,43 @@ pub fn key_for(
         conversation,
         expires_at_ms: ttl_secs.map(|secs| now_ms.saturating_add(secs.saturating_mul(1000))),
     })
+}
+
+/// The path a key for this request is stored (and looked up) under; `None` when no key may
+/// answer it (an elicitation). MCP paths start with `"\0mcp"`, which no argv can equal.
+pub fn key_path(subject: &ApprovalSubject, command: &[String]) -> Option<Vec<String>> {
+    match subject {
+        ApprovalSubject::Command => Some(command.to_vec()),
+        ApprovalSubject::McpSampling { server, .. } => Some(vec![
+            "\0mcp".to_owned(),
+            server.clone(),
+            "sampling".to_owned(),
+        ]),
+        ApprovalSubject::McpElicitation { .. } => None,
+    }
+}
+
+/// The decision as it applies to `subject`: an approved elicitation becomes
+/// `ApproveWithContent` with its resolved content; content for anything else, or content the
+/// schema refuses, is `InvalidInput`.
+pub fn fit_decision(
+    subject: &ApprovalSubject,
+    decision: ApprovalDecision,
+) -> Result<ApprovalDecision, AgentError> {
+    match subject {
+        ApprovalSubject::McpElicitation { schema, .. } if decision.approves() => {
+            elicitation::resolve_content(schema, &decision)
+                .map(|content| ApprovalDecision::ApproveWithContent { content })
+                .map_err(AgentError::invalid)
+        }
+        ApprovalSubject::McpElicitation { .. } => Ok(decision),
+        _ if matches!(decision, ApprovalDecision::ApproveWithContent { .. }) => {
+            Err(AgentError::invalid(
+                "content answers an MCP elicitation only; approve or deny this request",
+            ))
+        }
+        _ => Ok(decision),
+    }
 }
 
 /// An expiry is exclusive: at `expires_at_ms` the key no longer holds.
@@ -735,6 +868,7 @@ mod tests {
             task_id: None,
             command: argv(command),
             reason: "needs it".to_owned(),
+            subject: ApprovalSubject::Command,
         }
     }
 
@@ -967,6 +1101,28 @@ mod tests {
         assert_eq!(core.pending(None)[0].approval_id, theirs);
         // The scoped key is gone; the session key stays.
         assert_eq!(core.live_keys(3), vec![key(&["ls"], None, None)]);
+    }
+
+    #[test]
+    fn requests_nobody_waits_for_are_withdrawn() {
+        let (a, b) = (ConversationId::new(), ConversationId::new());
+        let mut core = ApprovalCore::new();
+        let gone = open(&mut core, ask(a, &["make"]), 0, 1);
+        // Two waiters, one still there: it stays.
+        let shared = open(&mut core, ask(a, &["ls"]), 1, 2);
+        assert!(matches!(
+            core.request(ask(a, &["ls"]), 2, 1_000, 3),
+            Admission::Attached(id) if id == shared
+        ));
+        open(&mut core, ask(b, &["make"]), 3, 4);
+        let withdrawn = core.withdraw_abandoned(a, |w| *w == 1 || *w == 2);
+        assert_eq!(withdrawn.len(), 1);
+        assert_eq!(withdrawn[0].request.approval_id, gone);
+        assert!(matches!(
+            &withdrawn[0].answer,
+            Err(AgentError::ApprovalDenied { reason, .. }) if reason.starts_with("withdrawn")
+        ));
+        assert_eq!(core.pending_len(), 2);
     }
 
     #[test]
@@ -1401,6 +1557,7 @@ mod tests {
                 approval_id: id,
                 command: argv(&["make"]),
                 reason: "needs it".to_owned(),
+                subject: ApprovalSubject::Command,
             }
         );
 
@@ -1449,5 +1606,246 @@ mod tests {
         );
         // Exactly one request and one resolution.
         assert!(events.try_recv().is_err());
+    }
+
+    // ----- MCP requests -----
+
+    fn elicitation(c: ConversationId) -> Ask {
+        Ask {
+            conversation_id: c,
+            task_id: Some(TaskId::new()),
+            command: argv(&["mcp", "everything", "elicitation"]),
+            reason: "Your name?".to_owned(),
+            subject: ApprovalSubject::McpElicitation {
+                server: "everything".into(),
+                message: "Your name?".into(),
+                schema: troupe_proto::Json(serde_json::json!({
+                    "type": "object",
+                    "properties": {
+                        "name": {"type": "string"},
+                        "tone": {"type": "string", "default": "polite"}
+                    },
+                    "required": ["name"]
+                })),
+            },
+        }
+    }
+
+    fn sampling(c: ConversationId, server: &str) -> Ask {
+        Ask {
+            conversation_id: c,
+            task_id: None,
+            command: argv(&["mcp", server, "sampling"]),
+            reason: "sample".to_owned(),
+            subject: ApprovalSubject::McpSampling {
+                server: server.into(),
+                request: troupe_proto::Json(serde_json::json!({"messages": []})),
+            },
+        }
+    }
+
+    #[test]
+    fn elicitations_are_never_remembered_nor_shared() {
+        let c = ConversationId::new();
+        let mut core = ApprovalCore::new();
+        let first = open(&mut core, elicitation(c), 0, 1);
+        // The same question again is a second request: each gets its own answer.
+        open(&mut core, elicitation(c), 1, 2);
+        let decision = ApprovalDecision::ApproveWithContent {
+            content: troupe_proto::Json(serde_json::json!({"name": "Ada"})),
+        };
+        let resolved = core.decide(first, decision, 2).unwrap();
+        assert_eq!(resolved.len(), 1);
+        assert_eq!(core.keys_len(), 0);
+        assert_eq!(core.pending_len(), 1);
+        // Even "for the session" leaves no key behind.
+        let second = core.pending(None)[0].approval_id;
+        let session = ApprovalDecision::ApproveForSession { ttl_secs: None };
+        core.decide(
+            second,
+            ApprovalDecision::ApproveWithContent {
+                content: troupe_proto::Json(serde_json::json!({"name": "Bob"})),
+            },
+            3,
+        )
+        .unwrap();
+        open(&mut core, elicitation(c), 4, 3);
+        assert!(matches!(
+            core.decide(core.pending(None)[0].approval_id, session, 5),
+            Err(AgentError::InvalidInput { .. })
+        ));
+        assert_eq!(core.keys_len(), 0);
+    }
+
+    #[test]
+    fn an_elicitation_answer_is_resolved_and_a_bad_one_leaves_it_pending() {
+        let c = ConversationId::new();
+        let mut core = ApprovalCore::new();
+        let id = open(&mut core, elicitation(c), 0, 1);
+        // No content, and `name` has no default: refused, still pending.
+        let err = core
+            .decide(id, ApprovalDecision::ApproveOnce, 1)
+            .unwrap_err();
+        assert!(err.to_string().contains("`name`"), "{err}");
+        let err = core
+            .decide(
+                id,
+                ApprovalDecision::ApproveWithContent {
+                    content: troupe_proto::Json(serde_json::json!({"name": 7})),
+                },
+                1,
+            )
+            .unwrap_err();
+        assert!(matches!(err, AgentError::InvalidInput { .. }), "{err:?}");
+        assert_eq!(core.pending_len(), 1);
+        let resolved = core
+            .decide(
+                id,
+                ApprovalDecision::ApproveWithContent {
+                    content: troupe_proto::Json(serde_json::json!({"name": "Ada"})),
+                },
+                2,
+            )
+            .unwrap();
+        let content = troupe_proto::Json(serde_json::json!({"name": "Ada", "tone": "polite"}));
+        assert_eq!(
+            resolved[0].answer,
+            Ok(Granted::Decided(ApprovalDecision::ApproveWithContent {
+                content
+            }))
+        );
+        // A denial declines: the caller reads `ApprovalDenied`.
+        let id = open(&mut core, elicitation(c), 3, 2);
+        let denied = core
+            .decide(id, ApprovalDecision::Deny { reason: None }, 4)
+            .unwrap();
+        assert!(matches!(
+            denied[0].answer,
+            Err(AgentError::ApprovalDenied { .. })
+        ));
+    }
+
+    #[test]
+    fn content_answers_elicitations_only() {
+        let c = ConversationId::new();
+        let mut core = ApprovalCore::new();
+        for ask in [ask(c, &["make"]), sampling(c, "s")] {
+            let id = open(&mut core, ask, 0, 1);
+            let err = core
+                .decide(
+                    id,
+                    ApprovalDecision::ApproveWithContent {
+                        content: troupe_proto::Json::empty_object(),
+                    },
+                    1,
+                )
+                .unwrap_err();
+            assert!(matches!(err, AgentError::InvalidInput { .. }), "{err:?}");
+            assert_eq!(core.pending(None)[0].approval_id, id);
+            core.decide(id, ApprovalDecision::ApproveOnce, 2).unwrap();
+        }
+    }
+
+    #[test]
+    fn sampling_keys_are_per_server_and_never_cover_commands() {
+        let c = ConversationId::new();
+        let mut core = ApprovalCore::new();
+        let id = open(&mut core, sampling(c, "a"), 0, 1);
+        let scoped = ApprovalDecision::ApproveForConversation { ttl_secs: None };
+        core.decide(id, scoped, 1).unwrap();
+        assert!(matches!(
+            core.request(sampling(c, "a"), 2, 1_000, 2),
+            Admission::Remembered(2)
+        ));
+        open(&mut core, sampling(c, "b"), 3, 3);
+        open(&mut core, sampling(ConversationId::new(), "a"), 3, 4);
+        // A command that reads like the request is another question.
+        open(&mut core, ask(c, &["mcp", "a", "sampling"]), 4, 5);
+        assert_eq!(
+            core.live_keys(5)[0].path,
+            ["\0mcp", "a", "sampling"].map(str::to_owned)
+        );
+        // And a command key never answers a sampling request.
+        let id = open(&mut core, ask(c, &["mcp", "b", "sampling"]), 5, 6);
+        core.decide(
+            id,
+            ApprovalDecision::ApproveForSession { ttl_secs: None },
+            6,
+        )
+        .unwrap();
+        assert!(matches!(
+            core.request(sampling(c, "b"), 7, 1_000, 7),
+            Admission::Attached(_)
+        ));
+    }
+
+    #[test]
+    fn an_unanswered_mcp_request_times_out_rather_than_being_denied() {
+        let c = ConversationId::new();
+        let mut core = ApprovalCore::new();
+        let id = open(&mut core, elicitation(c), 0, 1);
+        let r = core.time_out(id).unwrap();
+        assert_eq!(r.decision, ApprovalDecision::TimedOut);
+        assert_eq!(r.outcome(), Outcome::TimedOut);
+        assert!(
+            matches!(
+                &r.answer,
+                Err(AgentError::Timeout {
+                    after_ms: 1_000,
+                    ..
+                })
+            ),
+            "{:?}",
+            r.answer
+        );
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn an_elicitation_is_announced_with_its_subject_and_answered_with_content() {
+        let (store, mut events) = spawn_with_events().await;
+        let c = ConversationId::new();
+        let ask = elicitation(c);
+        let task_id = ask.task_id;
+        let (tx, rx) = oneshot::channel();
+        store
+            .cast(ApprovalMsg::RequestSubject {
+                ask,
+                timeout: None,
+                reply: tx.into(),
+            })
+            .unwrap();
+        let listed = only_pending(&store).await;
+        assert!(matches!(
+            listed.subject,
+            ApprovalSubject::McpElicitation { ref message, .. } if message == "Your name?"
+        ));
+        let requested = events.recv().await.unwrap();
+        assert_eq!(requested.task_id, task_id);
+        let EventKind::ApprovalRequested { subject, .. } = requested.event else {
+            panic!("{requested:?}");
+        };
+        assert_eq!(subject, listed.subject);
+        // A wrong answer is refused and the request waits on.
+        let err = respond(&store, listed.approval_id, ApprovalDecision::ApproveOnce).await;
+        assert!(
+            matches!(err, Err(AgentError::InvalidInput { .. })),
+            "{err:?}"
+        );
+        respond(
+            &store,
+            listed.approval_id,
+            ApprovalDecision::ApproveWithContent {
+                content: troupe_proto::Json(serde_json::json!({"name": "Ada"})),
+            },
+        )
+        .await
+        .unwrap();
+        let Ok(Granted::Decided(ApprovalDecision::ApproveWithContent { content })) =
+            rx.await.unwrap()
+        else {
+            panic!("not accepted");
+        };
+        assert_eq!(content.0["name"], "Ada");
+        assert_eq!(content.0["tone"], "polite");
     }
 }

@@ -11,6 +11,11 @@
 //!             └─ yes ─► cancel; TaskFinished → closed | CloseTimedOut → abort → force_aborted
 //! ```
 //!
+//! Its MCP view follows its allowlist and its session's pool: a `SetContext` that changes the
+//! allowlist opens a new view first (checked by the pool as at open; refused → the error, and
+//! the old view and context stay), and `ServicesChanged` with a new pool (the old one failed)
+//! reopens the view there. A running task keeps the view it started with until it ends.
+//!
 //! Children: none (the runner is a task, not an actor). Its parent, the Session, restarts it
 //! from its rollout when it fails; a failure drops the runner (aborting it), which gives the
 //! scheduler slot back, and its callers see their reply port close.
@@ -354,7 +359,7 @@ impl Actor for Conversation {
                 state.on_message(&myself, TaskKind::Compact, COMPACT_REQUEST.into(), reply);
             }
             ConversationMsg::SetContext { update, reply } => {
-                let _ = reply.send(state.on_set_context(&update));
+                let _ = reply.send(state.on_set_context(&update).await);
             }
             ConversationMsg::Close { reply } => state.on_close(&myself, reply),
             ConversationMsg::TaskFinished { task_id, outcome } => {
@@ -363,7 +368,9 @@ impl Actor for Conversation {
             ConversationMsg::CloseTimedOut { task_id } => {
                 state.on_close_timed_out(&myself, task_id)
             }
-            ConversationMsg::ServicesChanged { services } => state.services = *services,
+            ConversationMsg::ServicesChanged { services } => {
+                state.on_services_changed(*services).await;
+            }
             ConversationMsg::Stats { reply } => {
                 let mut stats = state.stats.clone();
                 stats.history_items = state.history.len() as u64;
@@ -608,9 +615,23 @@ impl ConversationState {
         metrics::task_finished(status, stats);
     }
 
-    fn on_set_context(&mut self, update: &SetContext) -> Result<(), AgentError> {
+    async fn on_set_context(&mut self, update: &SetContext) -> Result<(), AgentError> {
         let mut next = self.context.clone();
         let warnings = next.apply(update)?;
+        if next.mcp_tool_allowlist != self.context.mcp_tool_allowlist
+            && let Some(port) = &self.services.mcp
+        {
+            // The new view first: if the pool refuses the allowlist, nothing changes.
+            let view = port
+                .open_view(self.id, next.mcp_tool_allowlist.as_deref())
+                .await
+                .inspect_err(|error| {
+                    tracing::info!(conversation_id = %self.id, %error, "new MCP allowlist refused");
+                })?;
+            tracing::info!(conversation_id = %self.id, "MCP view reopened for a new allowlist");
+            // The old view is released once a running task that holds it is done with it.
+            self.view = Some(view);
+        }
         self.context = next;
         for message in warnings {
             self.services.events.emit(EventDraft::conversation(
@@ -622,6 +643,41 @@ impl ConversationState {
             ));
         }
         Ok(())
+    }
+
+    /// New service references; a new MCP pool (the old one failed) gets a new view.
+    async fn on_services_changed(&mut self, services: Services) {
+        let new_pool = match (&self.services.mcp, &services.mcp) {
+            (Some(old), Some(new)) => !Arc::ptr_eq(old, new),
+            (None, Some(_)) => true,
+            _ => false,
+        };
+        self.services = services;
+        let Some(port) = self.services.mcp.clone().filter(|_| new_pool) else {
+            return;
+        };
+        if self.closing.is_some() {
+            return;
+        }
+        match port
+            .open_view(self.id, self.context.mcp_tool_allowlist.as_deref())
+            .await
+        {
+            Ok(view) => {
+                tracing::info!(conversation_id = %self.id, "MCP view reopened on a new pool");
+                self.view = Some(view);
+            }
+            Err(error) => {
+                tracing::warn!(conversation_id = %self.id, %error, "MCP view could not be reopened");
+                self.services.events.emit(EventDraft::conversation(
+                    self.id,
+                    EventKind::Warning {
+                        code: "mcp_view_unavailable".into(),
+                        message: format!("the MCP tools could not be reopened: {error}"),
+                    },
+                ));
+            }
+        }
     }
 
     fn on_close(&mut self, myself: &ActorRef<ConversationMsg>, reply: RpcReplyPort<Closed>) {

@@ -151,6 +151,11 @@ impl SessionHandle {
         .map_err(gone)
     }
 
+    /// The session's own McpPool (`None` when it runs none), for observation and tests.
+    pub async fn mcp_pool(&self) -> Result<Option<crate::mcp_pool::McpPoolHandle>, AgentError> {
+        ractor::call!(self.actor, |reply| SessionMsg::McpPool { reply }).map_err(gone)
+    }
+
     pub async fn services(&self) -> Result<ServiceRefs, AgentError> {
         ractor::call!(self.actor, |reply| SessionMsg::Services { reply }).map_err(gone)
     }

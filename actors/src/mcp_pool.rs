@@ -21,8 +21,7 @@
 //!   takes a reference on every server the view can see and answers at once: it never waits
 //!   for a connection. Connections start lazily, on the first reference, in a spawned task; a
 //!   slow server therefore delays neither a view nor any other server. When a server's tools
-//!   are listed, a session `warning` event with code `mcp_server_ready` names it and counts
-//!   its tools (there is no dedicated event kind yet).
+//!   are listed, a session event `mcp_server_ready` names it and counts its tools.
 //! - `ReleaseView` drops the view's references (idempotent). A server nobody references is
 //!   closed after `idle_timeout` (`IdleTimeout`, a one-shot timer); a reference taken before
 //!   then disarms it. A view dropped without `release` (its conversation failed) releases
@@ -36,7 +35,11 @@
 //!   successful connect) while views still reference it (`RestartDue`); a `mcp_server_failed`
 //!   warning says why and when it retries. Tools marked `requires_task` are left out, with a
 //!   log line: MCP task augmentation is not supported.
-//! - `Snapshot` (observation), `Shutdown` (closes every connection, then stops).
+//! - `CallStarted` / `CallEnded`: a view runs a call (see *Server requests*).
+//! - `Attribute`: which task a server's request belongs to, with what answering it needs.
+//! - `ServicesChanged`: the session restarted its Rollout or ApprovalStore; use these.
+//! - `Snapshot` (observation), `Shutdown` (closes every connection, then stops),
+//!   `InjectPanic` (fault injection: fails the actor, to exercise the session's restart).
 //!
 //! Server names must match `[a-zA-Z0-9_-]+`, contain no `__`, not end in `_` (so that
 //! `name__tool` splits one way only) and be unique; otherwise spawning fails naming each.
@@ -55,39 +58,53 @@
 //! leaks a slot. The call itself (with its timeout, cancellation and progress) also runs in the
 //! caller's task.
 //!
-//! Progress notifications of a call are logged (`debug`) and counted
-//! (`troupe_mcp_progress_notifications_total`); they are not events yet, since no event kind
-//! fits them.
+//! Progress notifications of a call become `tool_progress` events of the calling task (and are
+//! counted in `troupe_mcp_progress_notifications_total`).
 //!
 //! # Server requests
 //! Each connection gets a client handler: `roots/list` answers the configured workspace roots
-//! (as `file://` URIs); elicitation and sampling are declined with an error for now, until they
-//! can go through the approval path.
+//! (as `file://` URIs). Elicitation and sampling are attributed to the task whose call is
+//! running on that server (views report each call's start and end; see `calls` for the rule,
+//! and why a request is refused when calls of several tasks run there at once) and answered
+//! through the session's ApprovalStore on that task's behalf (see `requests`): a human sees an
+//! `approval_requested` event of that conversation and task, with the elicitation's message and
+//! schema or the sampling request. Elicitation: approved → accept with content, denied →
+//! decline, no answer in time or the call ended → cancel. Sampling: approved → the session's
+//! model answers; otherwise a JSON-RPC error to the server. A request that cannot be
+//! attributed is declined (elicitation) or refused (sampling), with a session warning
+//! `mcp_request_unattributed`.
 //!
 //! # Children and failure
 //! No child actors: connect, refresh and close work runs in spawned tasks that report back by
 //! message (a connect that finishes after the pool stopped closes its own connection). When
 //! the pool stops or fails, its state's `Drop` cancels every connection's `closed` token (so
 //! calls fail fast) and closes every connection; views then answer `Internal` ("MCP pool
-//! stopped"). Its supervisor may start a new pool; conversations must then reopen their views.
+//! stopped"). The Session starts a new pool when it fails and hands it to its conversations,
+//! which reopen their views on it; servers then start again lazily.
 
 pub mod metrics;
 
+mod calls;
 mod decide;
 mod limits;
+mod requests;
 mod view;
 
 pub use self::decide::{PoolSnapshot, Route, ServerSnapshot, ViewId};
 pub use self::limits::Rate;
 pub use self::view::McpPoolHandle;
 
+use self::calls::{Attribution, CallRegistry, InFlightCall};
 use self::decide::{Effect, PoolCore};
 use self::limits::ConversationLimiter;
-use self::metrics::Occupancy;
+use self::metrics::{Occupancy, RequestKind, RequestOutcome};
+use self::requests::Requester;
+use crate::approval_store::ApprovalMsg;
 use crate::clock::Clock;
 use crate::events::{EventDraft, EventSink};
 use crate::ports::{
-    McpClientHandler, McpConnection, McpConnector, McpNotice, McpServerConfig, McpTool,
+    ElicitOutcome, McpClientHandler, McpConnection, McpConnector, McpNotice, McpServerConfig,
+    McpTool, ModelClient,
 };
 use async_trait::async_trait;
 use ractor::{Actor, ActorProcessingErr, ActorRef, MessagingErr, RpcReplyPort};
@@ -185,12 +202,16 @@ pub struct McpPoolArgs {
     /// The session's servers; names must be legal and unique.
     pub servers: Vec<McpServerConfig>,
     pub connector: Arc<dyn McpConnector>,
-    /// Where `mcp_server_ready` / `mcp_server_failed` warnings go.
+    /// Where `mcp_server_ready`, `tool_progress` and `mcp_server_failed` events go.
     pub events: Option<EventSink>,
     pub limits: McpLimits,
     pub clock: Clock,
     /// Workspace roots offered to servers (`roots/list`): absolute paths or URIs.
     pub roots: Vec<String>,
+    /// Where servers' elicitation and sampling requests are approved; `None` declines them.
+    pub approvals: Option<ActorRef<ApprovalMsg>>,
+    /// The model that answers approved sampling requests; `None` refuses them.
+    pub model: Option<Arc<dyn ModelClient>>,
 }
 
 /// What one conversation's views share.
@@ -216,6 +237,10 @@ pub struct McpPoolState {
     /// The armed timer (idle reclaim or restart; never both) of each server.
     timers: HashMap<String, JoinHandle<Result<(), MessagingErr<McpPoolMsg>>>>,
     occupancy: Occupancy,
+    /// Calls in flight per server, to attribute servers' requests.
+    calls: CallRegistry,
+    approvals: Option<ActorRef<ApprovalMsg>>,
+    model: Option<Arc<dyn ModelClient>>,
 }
 
 impl Drop for McpPoolState {
@@ -308,10 +333,27 @@ pub enum McpPoolMsg {
     IdleTimeout { server: String, epoch: u64 },
     /// Timer: the restart of `server` is due.
     RestartDue { server: String, generation: u64 },
+    /// A view started a call on `server`.
+    CallStarted { server: String, call: InFlightCall },
+    /// That call ended.
+    CallEnded { server: String, key: u64 },
+    /// Which task a request of `server` belongs to, and what answering it needs.
+    Attribute {
+        server: String,
+        kind: RequestKind,
+        reply: RpcReplyPort<Result<Requester, AgentError>>,
+    },
+    /// The session restarted a service: events and approvals go here from now on.
+    ServicesChanged {
+        events: Option<EventSink>,
+        approvals: Option<ActorRef<ApprovalMsg>>,
+    },
     /// Observation.
     Snapshot { reply: RpcReplyPort<PoolSnapshot> },
     /// Closes every connection (waiting a bounded time), answers, stops.
     Shutdown { reply: RpcReplyPort<()> },
+    /// Fault injection: panics inside `handle`, to exercise the session's restart of the pool.
+    InjectPanic,
 }
 
 /// The McpPool actor.
@@ -347,6 +389,9 @@ impl Actor for McpPool {
             conversations: HashMap::new(),
             timers: HashMap::new(),
             occupancy: Occupancy::default(),
+            calls: CallRegistry::default(),
+            approvals: args.approvals,
+            model: args.model,
         })
     }
 
@@ -371,7 +416,11 @@ impl Actor for McpPool {
                 name,
                 reply,
             } => {
-                let _ = reply.send(state.core.resolve(view_id, &name));
+                let route = state.core.resolve(view_id, &name).map(|mut route| {
+                    route.events = state.events.clone();
+                    route
+                });
+                let _ = reply.send(route);
             }
             McpPoolMsg::ServerConnected {
                 server,
@@ -418,10 +467,25 @@ impl Actor for McpPool {
                 let fx = state.core.restart_due(&server, generation);
                 state.apply(&myself, fx);
             }
+            McpPoolMsg::CallStarted { server, call } => state.calls.started(&server, call),
+            McpPoolMsg::CallEnded { server, key } => state.calls.ended(&server, key),
+            McpPoolMsg::Attribute {
+                server,
+                kind,
+                reply,
+            } => {
+                let _ = reply.send(state.attribute(server, kind));
+            }
+            McpPoolMsg::ServicesChanged { events, approvals } => {
+                tracing::info!("MCP pool: the session's services changed");
+                state.events = events;
+                state.approvals = approvals;
+            }
             McpPoolMsg::Snapshot { reply } => {
                 let _ = reply.send(state.core.snapshot());
             }
             McpPoolMsg::Shutdown { reply } => state.shutdown(&myself, reply),
+            McpPoolMsg::InjectPanic => panic!("injected fault in the MCP pool"),
         }
         Ok(())
     }
@@ -478,6 +542,51 @@ impl McpPoolState {
         }
         tracing::debug!(%conversation_id, %view_id, "MCP view released");
         self.apply(myself, fx);
+    }
+
+    /// Who a server's request belongs to (see `calls`); an error says why nobody does.
+    fn attribute(&self, server: String, kind: RequestKind) -> Result<Requester, AgentError> {
+        let refuse = |server: String, message: String| {
+            metrics::server_request(kind, RequestOutcome::Unattributed);
+            tracing::warn!(server, kind = kind.as_str(), %message, "MCP request refused");
+            self.warn(
+                "mcp_request_unattributed",
+                format!("MCP server `{server}`: {message}"),
+            );
+            Err(AgentError::McpError { server, message })
+        };
+        match self.calls.attribute(&server) {
+            Attribution::Call(call) => {
+                tracing::debug!(
+                    server,
+                    kind = kind.as_str(),
+                    in_flight = self.calls.len(),
+                    conversation_id = %call.conversation_id,
+                    task_id = %call.task_id,
+                    "MCP request attributed"
+                );
+                Ok(Requester {
+                    server,
+                    call,
+                    approvals: self.approvals.clone(),
+                    model: self.model.clone(),
+                })
+            }
+            Attribution::NoCall => refuse(
+                server,
+                format!(
+                    "its {} request came while none of its tool calls was running; nobody can answer it",
+                    kind.as_str()
+                ),
+            ),
+            Attribution::Ambiguous { tasks } => refuse(
+                server,
+                format!(
+                    "its {} request came while {tasks} tasks had tool calls running on it; it cannot be tied to one of them",
+                    kind.as_str()
+                ),
+            ),
+        }
     }
 
     fn tools_listed(
@@ -592,10 +701,12 @@ impl McpPoolState {
                         at_ms = self.clock.now_ms(),
                         "MCP server ready"
                     );
-                    self.warn(
-                        "mcp_server_ready",
-                        format!("MCP server `{server}` is ready with {tools} tools"),
-                    );
+                    if let Some(events) = &self.events {
+                        events.emit(EventDraft::session(EventKind::McpServerReady {
+                            server,
+                            tools: u32::try_from(tools).unwrap_or(u32::MAX),
+                        }));
+                    }
                 }
                 Effect::Failed {
                     server,
@@ -646,6 +757,7 @@ impl McpPoolState {
         let handler: Arc<dyn McpClientHandler> = Arc::new(PoolClient {
             server: server.clone(),
             roots: self.roots.clone(),
+            pool: myself.clone(),
         });
         let bound = self.limits.connect_timeout;
         let me = myself.clone();
@@ -754,6 +866,22 @@ async fn forward_notices(
 struct PoolClient {
     server: String,
     roots: Arc<[String]>,
+    /// Attributes elicitation and sampling requests to a task.
+    pool: ActorRef<McpPoolMsg>,
+}
+
+impl PoolClient {
+    async fn requester(&self, kind: RequestKind) -> Result<Requester, AgentError> {
+        ractor::call!(self.pool, |reply| McpPoolMsg::Attribute {
+            server: self.server.clone(),
+            kind,
+            reply,
+        })
+        .map_err(|e| AgentError::McpError {
+            server: self.server.clone(),
+            message: format!("the MCP pool is gone: {e}"),
+        })?
+    }
 }
 
 #[async_trait]
@@ -765,21 +893,28 @@ impl McpClientHandler for PoolClient {
     async fn elicit(
         &self,
         message: String,
-        _schema: troupe_proto::Json,
+        schema: troupe_proto::Json,
     ) -> Result<troupe_proto::Json, AgentError> {
-        tracing::info!(server = %self.server, %message, "MCP elicitation declined");
-        Err(AgentError::McpError {
-            server: self.server.clone(),
-            message: "elicitation is not supported yet; the request was declined".into(),
-        })
+        match self.elicit_outcome(message, schema).await {
+            ElicitOutcome::Accept(content) => Ok(content),
+            ElicitOutcome::Decline => Err(AgentError::ApprovalDenied {
+                command: requests::mcp_command(&self.server, RequestKind::Elicitation),
+                reason: "the elicitation was declined".into(),
+            }),
+            ElicitOutcome::Cancel => Err(AgentError::cancelled("the elicitation was cancelled")),
+        }
     }
 
-    async fn sample(&self, _request: troupe_proto::Json) -> Result<troupe_proto::Json, AgentError> {
-        tracing::info!(server = %self.server, "MCP sampling refused");
-        Err(AgentError::McpError {
-            server: self.server.clone(),
-            message: "sampling is not supported yet; the request was refused".into(),
-        })
+    async fn elicit_outcome(&self, message: String, schema: troupe_proto::Json) -> ElicitOutcome {
+        match self.requester(RequestKind::Elicitation).await {
+            Ok(requester) => requests::elicit(&requester, message, schema).await,
+            Err(_) => ElicitOutcome::Decline,
+        }
+    }
+
+    async fn sample(&self, request: troupe_proto::Json) -> Result<troupe_proto::Json, AgentError> {
+        let requester = self.requester(RequestKind::Sampling).await?;
+        requests::sample(&requester, request).await
     }
 }
 

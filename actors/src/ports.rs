@@ -233,6 +233,17 @@ pub enum McpNotice {
     Closed { reason: String },
 }
 
+/// How the user answered an elicitation (MCP's `accept`, `decline`, `cancel`).
+#[derive(Debug, Clone, PartialEq)]
+pub enum ElicitOutcome {
+    /// The user gave this content (an object matching the requested schema).
+    Accept(troupe_proto::Json),
+    /// The user refused.
+    Decline,
+    /// Nobody answered (the dialog was dismissed, timed out or its call was cancelled).
+    Cancel,
+}
+
 /// Answers a server's requests to its client (roots, elicitation, sampling).
 #[async_trait]
 pub trait McpClientHandler: Send + Sync + 'static {
@@ -245,6 +256,14 @@ pub trait McpClientHandler: Send + Sync + 'static {
         message: String,
         schema: troupe_proto::Json,
     ) -> Result<troupe_proto::Json, AgentError>;
+    /// `elicitation/create` with all three answers; what a connection calls. By default
+    /// `elicit`: its content accepts, any error declines.
+    async fn elicit_outcome(&self, message: String, schema: troupe_proto::Json) -> ElicitOutcome {
+        match self.elicit(message, schema).await {
+            Ok(content) => ElicitOutcome::Accept(content),
+            Err(_) => ElicitOutcome::Decline,
+        }
+    }
     /// `sampling/createMessage`: the result object; an error refuses.
     async fn sample(&self, request: troupe_proto::Json) -> Result<troupe_proto::Json, AgentError>;
 }

@@ -69,8 +69,8 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 use tokio::sync::broadcast;
 use troupe_proto::{
-    AgentError, ConversationId, ErrorKind, EventEnvelope, EventKind, SessionId, StoragePolicy,
-    TaskId, TaskStatus, Usage,
+    AgentError, ApprovalSubject, ConversationId, ErrorKind, EventEnvelope, EventKind, SessionId,
+    StoragePolicy, TaskId, TaskStatus, Usage,
 };
 
 /// File of the session-level events.
@@ -695,18 +695,37 @@ fn headers_meta(event: &EventKind) -> RecordMeta {
             ..RecordMeta::default()
         },
         EventKind::ApprovalRequested {
-            command, reason, ..
-        } => RecordMeta {
-            chars: Some(command.iter().map(|a| len(a)).sum::<u64>() + len(reason)),
-            ..RecordMeta::default()
-        },
+            command,
+            reason,
+            subject,
+            ..
+        } => {
+            let asked = match subject {
+                ApprovalSubject::Command => 0,
+                ApprovalSubject::McpElicitation {
+                    message, schema, ..
+                } => len(message) + len(&schema.0.to_string()),
+                ApprovalSubject::McpSampling { request, .. } => len(&request.0.to_string()),
+            };
+            RecordMeta {
+                chars: Some(command.iter().map(|a| len(a)).sum::<u64>() + len(reason) + asked),
+                ..RecordMeta::default()
+            }
+        }
         EventKind::ApprovalResolved { decision, .. } => RecordMeta {
             chars: match decision {
                 troupe_proto::ApprovalDecision::Deny { reason } => {
                     Some(reason.as_deref().map_or(0, len))
                 }
+                troupe_proto::ApprovalDecision::ApproveWithContent { content } => {
+                    Some(len(&content.0.to_string()))
+                }
                 _ => None,
             },
+            ..RecordMeta::default()
+        },
+        EventKind::ToolProgress { message, .. } => RecordMeta {
+            chars: Some(message.as_deref().map_or(0, len)),
             ..RecordMeta::default()
         },
         EventKind::HistoryTrimmed { summary, .. } | EventKind::Compacted { summary, .. } => {
@@ -1435,6 +1454,33 @@ mod tests {
                 approval_id: ApprovalId::new(),
                 command: vec!["rm".into(), field("command")],
                 reason: field("approval_reason"),
+                subject: ApprovalSubject::Command,
+            },
+            EventKind::ApprovalRequested {
+                approval_id: ApprovalId::new(),
+                command: vec!["mcp".into(), "everything".into(), "elicitation".into()],
+                reason: field("elicitation"),
+                subject: ApprovalSubject::McpElicitation {
+                    server: "everything".into(),
+                    message: field("elicitation"),
+                    schema: Json(serde_json::json!({ "title": field("schema") })),
+                },
+            },
+            EventKind::ApprovalResolved {
+                approval_id: ApprovalId::new(),
+                decision: ApprovalDecision::ApproveWithContent {
+                    content: Json(serde_json::json!({ "name": field("elicited") })),
+                },
+            },
+            EventKind::ToolProgress {
+                call_id: "call-1".into(),
+                progress: 2.0,
+                total: Some(5.0),
+                message: Some(field("progress")),
+            },
+            EventKind::McpServerReady {
+                server: "everything".into(),
+                tools: 13,
             },
             EventKind::ApprovalResolved {
                 approval_id: ApprovalId::new(),
@@ -1480,7 +1526,7 @@ mod tests {
         ]
     }
 
-    const CONTENT_FIELDS: [&str; 17] = [
+    const CONTENT_FIELDS: [&str; 21] = [
         "base",
         "user",
         "restart",
@@ -1498,6 +1544,10 @@ mod tests {
         "warning",
         "plan_why",
         "plan_step",
+        "elicitation",
+        "schema",
+        "elicited",
+        "progress",
     ];
 
     const ALL_POLICIES: [StoragePolicy; 4] = [
@@ -1532,7 +1582,7 @@ mod tests {
     #[test]
     fn samples_cover_every_kind() {
         let names: HashSet<&str> = every_kind().iter().map(EventKind::name).collect();
-        assert_eq!(names.len(), 18, "one sample per EventKind variant");
+        assert_eq!(names.len(), 20, "one sample per EventKind variant");
         for kind in MINIMAL_KINDS {
             assert!(names.contains(kind));
         }
@@ -1643,6 +1693,11 @@ mod tests {
             Some(field("input").len() as u64)
         );
         assert_eq!(meta("error").error_kind, Some(ErrorKind::ModelError));
+        assert_eq!(
+            meta("tool_progress").chars,
+            Some(field("progress").len() as u64)
+        );
+        assert_eq!(meta("mcp_server_ready"), RecordMeta::default());
         assert_eq!(meta("conversation_closed"), RecordMeta::default());
     }
 
@@ -1933,12 +1988,12 @@ mod tests {
                     for name in CONTENT_FIELDS {
                         assert!(contains(&bytes, &field(name)), "{policy:?}: {name} on disk");
                     }
-                    assert_eq!(records.len(), 18);
+                    assert_eq!(records.len(), 22);
                     assert!(records.iter().all(|r| r.level == RecordLevel::Full));
                 }
                 StoragePolicy::HeadersOnly => {
                     assert!(!contains(&bytes, CANARY), "{policy:?}: no content on disk");
-                    assert_eq!(records.len(), 18);
+                    assert_eq!(records.len(), 22);
                     assert!(records.iter().all(|r| r.level == RecordLevel::Headers));
                 }
                 StoragePolicy::None => {
@@ -2090,7 +2145,7 @@ mod tests {
                 expected.push(record_for(StoragePolicy::Full, &env).unwrap());
             }
         }
-        assert_eq!(expected.len(), 18);
+        assert_eq!(expected.len(), 22);
         assert_eq!(records, expected);
         assert_eq!(read(&rollout, ConversationId::new()).await, vec![]);
     }

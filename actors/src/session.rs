@@ -6,15 +6,19 @@
 //! ├─ Scheduler      (restarted on failure; in-flight grants are lost with it)
 //! ├─ TaskRegistry   (restarted on failure)
 //! ├─ ApprovalStore  (restarted on failure; pending requests are denied by their closed ports)
+//! ├─ McpPool        (when the session runs one; restarted on failure, servers restart lazily)
 //! └─ Conversation × N   (the root one from the start)
 //! ```
 //!
-//! Mailbox: `Open` spawns a linked Conversation; `Message`, `SetContext` forward to it with
-//! the caller's reply port; `Close` is forwarded by a helper task that, once the conversation
-//! answered, sends `Forget` before replying, so any later request from the same caller finds
-//! the conversation gone. A conversation that fails is restarted from its rollout with the
-//! same id and parameters; its siblings are not touched. A service actor that fails is
-//! restarted and every conversation gets the new references (`ServicesChanged`).
+//! Mailbox: `Open` spawns a linked Conversation; `Message` forwards to it with the caller's
+//! reply port; `SetContext` and `Close` are forwarded by a helper task that, once the
+//! conversation answered, tells the session (`ContextApplied`: the parameters a restart would
+//! use now include the change; `Forget`: the conversation is gone) before replying, so any
+//! later request from the same caller sees the outcome. A conversation that fails is restarted
+//! from its rollout with the same id and parameters; its siblings are not touched. A service
+//! actor that fails is restarted and every conversation gets the new references
+//! (`ServicesChanged`); a new McpPool makes each conversation reopen its MCP view on it (with
+//! its current allowlist), and the pool itself is told of a new Rollout or ApprovalStore.
 //! `Shutdown` closes every conversation (each with its close timeout), flushes the rollout
 //! and stops the tree.
 
@@ -25,6 +29,7 @@ use crate::conversation::{
 };
 use crate::events::EventSink;
 use crate::history::Summarizer;
+use crate::mcp_pool::metrics as metrics_mcp;
 use crate::mcp_pool::{McpLimits, McpPoolArgs, McpPoolHandle};
 use crate::ports::{
     CommandRunner, McpConnector, McpPort, McpServerConfig, ModelClient, TokenCounter,
@@ -166,6 +171,15 @@ pub enum SessionMsg {
     },
     /// References to the service actors.
     Services { reply: RpcReplyPort<ServiceRefs> },
+    /// A context change a conversation accepted: keep the restart parameters in step.
+    ContextApplied {
+        conversation_id: ConversationId,
+        update: SetContext,
+    },
+    /// The session's own McpPool, if it runs one (observation, tests).
+    McpPool {
+        reply: RpcReplyPort<Option<McpPoolHandle>>,
+    },
     /// Closes everything, flushes the rollout, stops the tree.
     Shutdown { reply: RpcReplyPort<()> },
 }
@@ -220,7 +234,15 @@ impl Actor for Session {
             && let Some(connector) = ports.mcp_connector.clone()
             && !args.config.mcp_servers.is_empty()
         {
-            let pool = spawn_mcp_pool(&args.config, connector, clock, &services, &cell).await?;
+            let pool = spawn_mcp_pool(
+                &args.config,
+                connector,
+                ports.model.clone(),
+                clock,
+                &services,
+                &cell,
+            )
+            .await?;
             ports.mcp = Some(Arc::new(pool.clone()));
             mcp_pool = Some(pool);
         }
@@ -264,7 +286,7 @@ impl Actor for Session {
                 conversation_id,
                 update,
                 reply,
-            } => state.forward_set_context(conversation_id, update, reply),
+            } => state.forward_set_context(&myself, conversation_id, update, reply),
             SessionMsg::Compact {
                 conversation_id,
                 reply,
@@ -292,6 +314,17 @@ impl Actor for Session {
             }
             SessionMsg::Services { reply } => {
                 let _ = reply.send(state.services.clone());
+            }
+            SessionMsg::ContextApplied {
+                conversation_id,
+                update,
+            } => {
+                if let Some(entry) = state.conversations.get_mut(&conversation_id) {
+                    apply_to_params(&mut entry.params, &update);
+                }
+            }
+            SessionMsg::McpPool { reply } => {
+                let _ = reply.send(state.mcp_pool.clone());
             }
             SessionMsg::Shutdown { reply } => {
                 state.shutdown().await;
@@ -361,6 +394,7 @@ async fn spawn_rollout_with(
 async fn spawn_mcp_pool(
     config: &SessionConfig,
     connector: Arc<dyn McpConnector>,
+    model: Arc<dyn ModelClient>,
     clock: Clock,
     services: &ServiceRefs,
     cell: &ActorCell,
@@ -372,6 +406,8 @@ async fn spawn_mcp_pool(
         limits: config.mcp_limits,
         clock,
         roots: config.mcp_roots.clone(),
+        approvals: Some(services.approvals.clone()),
+        model: Some(model),
     };
     Ok(McpPoolHandle::spawn(args, Some(cell.clone())).await?.0)
 }
@@ -422,6 +458,7 @@ enum Service {
     Scheduler,
     Registry,
     Approvals,
+    McpPool,
 }
 
 impl SessionState {
@@ -516,22 +553,31 @@ impl SessionState {
 
     fn forward_set_context(
         &mut self,
+        myself: &ActorRef<SessionMsg>,
         id: ConversationId,
         update: SetContext,
         reply: RpcReplyPort<Result<(), AgentError>>,
     ) {
-        let Some(entry) = self.conversations.get_mut(&id) else {
+        let Some(entry) = self.conversations.get(&id) else {
             let _ = reply.send(Err(AgentError::not_found("conversation", id)));
             return;
         };
-        // Keep the parameters a restart would use in step with the conversation.
-        apply_to_params(&mut entry.params, &update);
-        if let Err(MessagingErr::SendErr(ConversationMsg::SetContext { reply, .. })) = entry
-            .actor
-            .cast(ConversationMsg::SetContext { update, reply })
-        {
-            let _ = reply.send(Err(AgentError::not_found("conversation", id)));
-        }
+        let actor = entry.actor.clone();
+        let session = myself.clone();
+        // The parameters a restart would use follow only a change the conversation accepted
+        // (a refused allowlist must not make its restart fail).
+        tokio::spawn(async move {
+            let applied = update.clone();
+            let answer = ractor::call!(actor, |r| ConversationMsg::SetContext { update, reply: r })
+                .unwrap_or_else(|_| Err(AgentError::not_found("conversation", id)));
+            if answer.is_ok() {
+                let _ = session.cast(SessionMsg::ContextApplied {
+                    conversation_id: id,
+                    update: applied,
+                });
+            }
+            let _ = reply.send(answer);
+        });
     }
 
     fn forward_close(
@@ -584,6 +630,12 @@ impl SessionState {
             Some(Service::Registry)
         } else if id == self.services.approvals.get_id() {
             Some(Service::Approvals)
+        } else if self
+            .mcp_pool
+            .as_ref()
+            .is_some_and(|pool| pool.actor().get_id() == id)
+        {
+            Some(Service::McpPool)
         } else {
             None
         }
@@ -643,6 +695,21 @@ impl SessionState {
                 self.services.approvals =
                     spawn_approvals(&self.config, self.clock, events, myself).await?;
             }
+            Service::McpPool => {
+                // A pool that cannot start again costs the session its MCP tools, not its life.
+                if let Err(error) = self.restart_mcp_pool(myself).await {
+                    tracing::error!(session_id = %self.id, %error, "MCP pool restart failed");
+                    return Ok(());
+                }
+            }
+        }
+        if matches!(service, Service::Rollout | Service::Approvals)
+            && let Some(pool) = &self.mcp_pool
+        {
+            pool.services_changed(
+                Some(EventSink::new(self.services.rollout.clone())),
+                Some(self.services.approvals.clone()),
+            );
         }
         let services = self.conversation_services();
         for entry in self.conversations.values() {
@@ -650,6 +717,28 @@ impl SessionState {
                 services: Box::new(services.clone()),
             });
         }
+        Ok(())
+    }
+
+    /// Starts a new McpPool in place of one that stopped; conversations reopen their views on
+    /// it when they get the new services.
+    async fn restart_mcp_pool(&mut self, myself: &ActorCell) -> Result<(), ActorProcessingErr> {
+        let Some(connector) = self.ports.mcp_connector.clone() else {
+            return Ok(());
+        };
+        metrics_mcp::pool_restarted();
+        let pool = spawn_mcp_pool(
+            &self.config,
+            connector,
+            self.ports.model.clone(),
+            self.clock,
+            &self.services,
+            myself,
+        )
+        .await?;
+        tracing::warn!(session_id = %self.id, "MCP pool restarted");
+        self.ports.mcp = Some(Arc::new(pool.clone()));
+        self.mcp_pool = Some(pool);
         Ok(())
     }
 

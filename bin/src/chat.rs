@@ -205,6 +205,7 @@ fn session_config(config: &TroupeConfig) -> SessionConfig {
     s.root = chat_conversation(chat.storage_policy);
     s.mcp_servers = config.mcp.servers.clone();
     s.mcp_roots = config.mcp.roots.clone();
+    s.mcp_limits = config.mcp.limits.limits();
     let conv = &mut s.conversation;
     conv.shell_tool = true;
     // The chat's workspace is the directory it was started in.
@@ -650,6 +651,7 @@ impl Chat {
                 approval_id,
                 command,
                 reason,
+                ..
             } => {
                 stop_spinner();
                 return Some(Ask {

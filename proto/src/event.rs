@@ -3,7 +3,7 @@
 //! `seq` is assigned by the session's rollout, strictly increasing per session, so a client
 //! can resume a stream after the last `seq` it saw.
 
-use crate::api::{ApprovalDecision, CloseOutcome, TaskStats};
+use crate::api::{ApprovalDecision, ApprovalSubject, CloseOutcome, TaskStats};
 use crate::error::AgentError;
 use crate::ids::{ApprovalId, ConversationId, SessionId, TaskId};
 use crate::item::Usage;
@@ -97,11 +97,13 @@ pub enum EventKind {
         is_error: bool,
         duration_ms: u64,
     },
-    /// A command waits for a human.
+    /// A command (or an MCP server's request, see `subject`) waits for a human.
     ApprovalRequested {
         approval_id: ApprovalId,
         command: Vec<String>,
         reason: String,
+        /// What is asked; `command` unless an MCP server asks (elicitation, sampling).
+        subject: ApprovalSubject,
     },
     /// A pending approval was answered (or timed out into a denial).
     ApprovalResolved {
@@ -134,6 +136,15 @@ pub enum EventKind {
         explanation: Option<String>,
         plan: Vec<PlanStep>,
     },
+    /// An MCP server reported progress (`notifications/progress`) on a running tool call.
+    ToolProgress {
+        call_id: String,
+        progress: f64,
+        total: Option<f64>,
+        message: Option<String>,
+    },
+    /// An MCP server of the session connected and listed its tools (`tools` offered).
+    McpServerReady { server: String, tools: u32 },
 }
 
 impl EventKind {
@@ -160,6 +171,8 @@ impl EventKind {
             Self::CompactionStarted { .. } => "compaction_started",
             Self::Compacted { .. } => "compacted",
             Self::PlanUpdated { .. } => "plan_updated",
+            Self::ToolProgress { .. } => "tool_progress",
+            Self::McpServerReady { .. } => "mcp_server_ready",
         }
     }
 }
@@ -229,6 +242,9 @@ mod wire {
                     approval_id: ApprovalId,
                     command: Vec<String>,
                     reason: String,
+                    // Absent in records written before MCP requests were approvable.
+                    #[serde(default)]
+                    subject: ApprovalSubject,
                 },
                 ApprovalResolved {
                     approval_id: ApprovalId,
@@ -249,6 +265,13 @@ mod wire {
                     explanation: Option<String>,
                     plan: Vec<PlanStep>,
                 },
+                ToolProgress {
+                    call_id: String,
+                    progress: f64,
+                    total: Option<f64>,
+                    message: Option<String>,
+                },
+                McpServerReady { server: String, tools: u32 },
             }
         };
     }

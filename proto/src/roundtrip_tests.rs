@@ -450,6 +450,22 @@ fn approval_decision() -> impl Strategy<Value = ApprovalDecision> {
             .prop_map(|ttl_secs| ApprovalDecision::ApproveForSession { ttl_secs }),
         prop::option::of(text()).prop_map(|reason| ApprovalDecision::Deny { reason }),
         Just(ApprovalDecision::TimedOut),
+        json().prop_map(|content| ApprovalDecision::ApproveWithContent { content }),
+    ]
+}
+
+fn approval_subject() -> impl Strategy<Value = ApprovalSubject> {
+    prop_oneof![
+        Just(ApprovalSubject::Command),
+        (text(), text(), json()).prop_map(|(server, message, schema)| {
+            ApprovalSubject::McpElicitation {
+                server,
+                message,
+                schema,
+            }
+        }),
+        (text(), json())
+            .prop_map(|(server, request)| ApprovalSubject::McpSampling { server, request }),
     ]
 }
 
@@ -468,9 +484,10 @@ fn pending_approval() -> impl Strategy<Value = PendingApproval> {
         strings(),
         text(),
         any::<[u64; 2]>(),
+        approval_subject(),
     )
         .prop_map(
-            |(approval_id, conversation_id, task_id, command, reason, [at, deadline])| {
+            |(approval_id, conversation_id, task_id, command, reason, [at, deadline], subject)| {
                 PendingApproval {
                     approval_id,
                     conversation_id,
@@ -479,6 +496,7 @@ fn pending_approval() -> impl Strategy<Value = PendingApproval> {
                     reason,
                     requested_at_ms: at,
                     deadline_ms: deadline,
+                    subject,
                 }
             },
         )
@@ -581,13 +599,14 @@ fn event_kind() -> impl Strategy<Value = EventKind> {
                 duration_ms,
             }
         ),
-        (approval_id(), strings(), text()).prop_map(|(approval_id, command, reason)| {
-            EventKind::ApprovalRequested {
+        (approval_id(), strings(), text(), approval_subject()).prop_map(
+            |(approval_id, command, reason, subject)| EventKind::ApprovalRequested {
                 approval_id,
                 command,
                 reason,
+                subject,
             }
-        }),
+        ),
         (approval_id(), approval_decision()).prop_map(|(approval_id, decision)| {
             EventKind::ApprovalResolved {
                 approval_id,
@@ -624,6 +643,22 @@ fn event_kind() -> impl Strategy<Value = EventKind> {
             prop::collection::vec(plan_step(), 0..4)
         )
             .prop_map(|(explanation, plan)| EventKind::PlanUpdated { explanation, plan }),
+        (
+            text(),
+            exact_f64(),
+            prop::option::of(exact_f64()),
+            prop::option::of(text())
+        )
+            .prop_map(
+                |(call_id, progress, total, message)| EventKind::ToolProgress {
+                    call_id,
+                    progress,
+                    total,
+                    message,
+                }
+            ),
+        (text(), any::<u32>())
+            .prop_map(|(server, tools)| EventKind::McpServerReady { server, tools }),
     ]
 }
 
@@ -968,6 +1003,8 @@ fn strategies_cover_every_variant() {
             "compaction_started",
             "compacted",
             "plan_updated",
+            "tool_progress",
+            "mcp_server_ready",
         ])
     );
     assert_eq!(
@@ -1003,7 +1040,12 @@ fn strategies_cover_every_variant() {
             "approve_for_session",
             "deny",
             "timed_out",
+            "approve_with_content",
         ])
+    );
+    assert_eq!(
+        tags_of(approval_subject()),
+        set(&["command", "mcp_elicitation", "mcp_sampling"])
     );
     assert_eq!(
         tags_of(task_state()),
@@ -1155,5 +1197,48 @@ fn approve_for_conversation_json_shape() {
         serde_json::from_value::<ApprovalDecision>(json!({ "approve_for_conversation": {} }))
             .unwrap(),
         forever
+    );
+}
+
+#[test]
+fn approval_requested_without_a_subject_reads_as_a_command() {
+    // Records written before MCP requests were approvable have no `subject`.
+    let id = ApprovalId::new();
+    let old = json!({
+        "kind": "approval_requested",
+        "payload": { "approval_id": id.to_string(), "command": ["ls"], "reason": "r" }
+    });
+    assert_eq!(
+        serde_json::from_value::<EventKind>(old).unwrap(),
+        EventKind::ApprovalRequested {
+            approval_id: id,
+            command: vec!["ls".into()],
+            reason: "r".into(),
+            subject: ApprovalSubject::Command,
+        }
+    );
+}
+
+#[test]
+fn elicitation_subject_json_shape() {
+    let subject = ApprovalSubject::McpElicitation {
+        server: "everything".into(),
+        message: "your name?".into(),
+        schema: Json(json!({"type": "object"})),
+    };
+    let expected = json!({ "mcp_elicitation": {
+        "server": "everything", "message": "your name?", "schema": {"type": "object"}
+    }});
+    assert_eq!(serde_json::to_value(&subject).unwrap(), expected);
+    assert_eq!(
+        serde_json::to_value(ApprovalSubject::Command).unwrap(),
+        json!("command")
+    );
+    let decision = ApprovalDecision::ApproveWithContent {
+        content: Json(json!({"name": "Ada"})),
+    };
+    assert_eq!(
+        serde_json::to_value(&decision).unwrap(),
+        json!({ "approve_with_content": { "content": {"name": "Ada"} } })
     );
 }

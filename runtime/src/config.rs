@@ -179,6 +179,77 @@ pub struct McpConfig {
     pub servers: Vec<troupe_actors::ports::McpServerConfig>,
     /// Workspace roots offered to servers (absolute paths).
     pub roots: Vec<String>,
+    /// `[mcp.limits]`: bounds of the session's pool.
+    pub limits: McpLimitsConfig,
+}
+
+/// `[mcp.limits]`; every key is optional and defaults to `McpLimits::default()`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct McpLimitsConfig {
+    /// How long a server nobody uses stays up.
+    #[serde(with = "humantime_serde")]
+    pub idle_timeout: Duration,
+    /// First restart delay of a dead server; doubles per failure up to `restart_backoff_max`.
+    #[serde(with = "humantime_serde")]
+    pub restart_backoff_base: Duration,
+    #[serde(with = "humantime_serde")]
+    pub restart_backoff_max: Duration,
+    /// Calls of one conversation in flight at once.
+    pub per_conversation_concurrency: usize,
+    /// Calls of one conversation per second (`0` = no rate limit), with a burst.
+    pub per_conversation_rate: f64,
+    pub per_conversation_burst: u32,
+    /// Calls of the whole session in flight at once.
+    pub session_concurrency: usize,
+    /// How long a call waits for a slot or a rate token before `overloaded`.
+    #[serde(with = "humantime_serde")]
+    pub wait_bound: Duration,
+    #[serde(with = "humantime_serde")]
+    pub call_timeout: Duration,
+    #[serde(with = "humantime_serde")]
+    pub connect_timeout: Duration,
+}
+
+impl Default for McpLimitsConfig {
+    fn default() -> Self {
+        let d = troupe_actors::mcp_pool::McpLimits::default();
+        let rate = d.per_conversation_rate;
+        Self {
+            idle_timeout: d.idle_timeout,
+            restart_backoff_base: d.restart_backoff_base,
+            restart_backoff_max: d.restart_backoff_max,
+            per_conversation_concurrency: d.per_conversation_concurrency,
+            per_conversation_rate: rate.map_or(0.0, |r| r.per_second),
+            per_conversation_burst: rate.map_or(1, |r| r.burst),
+            session_concurrency: d.session_concurrency,
+            wait_bound: d.wait_bound,
+            call_timeout: d.call_timeout,
+            connect_timeout: d.connect_timeout,
+        }
+    }
+}
+
+impl McpLimitsConfig {
+    /// The pool's limits (checked when the pool starts).
+    pub fn limits(&self) -> troupe_actors::mcp_pool::McpLimits {
+        troupe_actors::mcp_pool::McpLimits {
+            idle_timeout: self.idle_timeout,
+            restart_backoff_base: self.restart_backoff_base,
+            restart_backoff_max: self.restart_backoff_max,
+            per_conversation_concurrency: self.per_conversation_concurrency,
+            per_conversation_rate: (self.per_conversation_rate != 0.0).then_some(
+                troupe_actors::mcp_pool::Rate {
+                    per_second: self.per_conversation_rate,
+                    burst: self.per_conversation_burst,
+                },
+            ),
+            session_concurrency: self.session_concurrency,
+            wait_bound: self.wait_bound,
+            call_timeout: self.call_timeout,
+            connect_timeout: self.connect_timeout,
+        }
+    }
 }
 
 /// A configuration problem, with where it came from.
@@ -414,6 +485,52 @@ url = "http://127.0.0.1:3001/mcp"
             troupe_actors::ports::McpTransport::StreamableHttp { url, .. } if url.ends_with("/mcp")
         ));
         assert_eq!(c.mcp.roots, vec!["/srv/work"]);
+        assert_eq!(
+            c.mcp.limits.limits(),
+            troupe_actors::mcp_pool::McpLimits::default()
+        );
+    }
+
+    #[test]
+    fn mcp_limits_from_the_file() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("troupe.toml");
+        std::fs::write(
+            &path,
+            r#"
+[mcp.limits]
+idle_timeout = "5m"
+per_conversation_concurrency = 2
+per_conversation_rate = 0.5
+per_conversation_burst = 3
+wait_bound = "1500ms"
+"#,
+        )
+        .unwrap();
+        let limits = TroupeConfig::load(Some(&path), &env(&[]))
+            .unwrap()
+            .mcp
+            .limits
+            .limits();
+        assert_eq!(limits.idle_timeout, Duration::from_secs(300));
+        assert_eq!(limits.per_conversation_concurrency, 2);
+        assert_eq!(
+            limits.per_conversation_rate,
+            Some(troupe_actors::mcp_pool::Rate {
+                per_second: 0.5,
+                burst: 3
+            })
+        );
+        assert_eq!(limits.wait_bound, Duration::from_millis(1500));
+        let defaults = troupe_actors::mcp_pool::McpLimits::default();
+        assert_eq!(limits.call_timeout, defaults.call_timeout);
+        assert!(limits.validate().is_ok());
+        // A rate of 0 turns the rate limit off.
+        let off = McpLimitsConfig {
+            per_conversation_rate: 0.0,
+            ..McpLimitsConfig::default()
+        };
+        assert_eq!(off.limits().per_conversation_rate, None);
     }
 
     #[test]

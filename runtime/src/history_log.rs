@@ -633,6 +633,7 @@ fn loose_line(
             approval_id,
             command,
             reason,
+            ..
         } => {
             meta.approval_id = Some(*approval_id);
             meta.decision = Some("pending".into());
@@ -675,6 +676,8 @@ fn decision_parts(decision: &ApprovalDecision) -> (&'static str, Option<u64>, Op
         }
         ApprovalDecision::Deny { reason } => ("deny", None, reason.as_deref()),
         ApprovalDecision::TimedOut => ("timed_out", None, None),
+        // The content is the user's answer to a server, not a reason: it stays out.
+        ApprovalDecision::ApproveWithContent { .. } => ("approve_with_content", None, None),
     }
 }
 

@@ -132,6 +132,8 @@ async fn pool_vs_direct() {
             limits,
             clock: Clock::new(),
             roots: Vec::new(),
+            approvals: None,
+            model: None,
         },
         None,
     )
@@ -249,9 +251,7 @@ async fn shared_servers() {
     let mut ready = 0;
     tokio::time::timeout(Duration::from_secs(60), async {
         while ready < 3 {
-            if let EventKind::Warning { code, .. } = &events.recv().await.unwrap().event
-                && code == "mcp_server_ready"
-            {
+            if let EventKind::McpServerReady { .. } = &events.recv().await.unwrap().event {
                 ready += 1;
             }
         }

@@ -62,9 +62,7 @@ async fn two_hundred_conversations_share_one_server_process() {
     // The server starts in the background; wait (bounded) until it is ready.
     tokio::time::timeout(Duration::from_secs(30), async {
         loop {
-            if let EventKind::Warning { code, .. } = &events.recv().await.unwrap().event
-                && code == "mcp_server_ready"
-            {
+            if let EventKind::McpServerReady { .. } = &events.recv().await.unwrap().event {
                 break;
             }
         }

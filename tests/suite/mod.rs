@@ -7,6 +7,7 @@ mod faults;
 mod leaks;
 mod lifecycle;
 mod mcp;
+mod mcp_servers;
 mod repl;
 mod rollout;
 mod scheduling;

@@ -107,6 +107,8 @@ pub struct Route {
     pub tool: String,
     pub conn: Arc<dyn McpConnection>,
     pub closed: CancellationToken,
+    /// Where the call's progress events go (the pool's current sink; set by the actor).
+    pub events: Option<crate::events::EventSink>,
 }
 
 /// Work the actor does after a transition.
@@ -652,6 +654,7 @@ impl PoolCore {
             tool: tool.to_owned(),
             conn: live.conn.clone(),
             closed: live.closed.clone(),
+            events: None,
         })
     }
 

@@ -28,6 +28,10 @@ pub const VIEWS: &str = "troupe_mcp_views";
 pub const PROGRESS_TOTAL: &str = "troupe_mcp_progress_notifications_total";
 /// Tools a server listed that are not offered, by reason.
 pub const TOOLS_LEFT_OUT_TOTAL: &str = "troupe_mcp_tools_left_out_total";
+/// Requests of servers to the client (elicitation, sampling), by kind and outcome.
+pub const SERVER_REQUESTS_TOTAL: &str = "troupe_mcp_server_requests_total";
+/// Pools started again by their session after they failed.
+pub const POOL_RESTARTS_TOTAL: &str = "troupe_mcp_pool_restarts_total";
 
 /// Registers descriptions; call once after installing a recorder.
 pub fn describe() {
@@ -71,6 +75,16 @@ pub fn describe() {
         PROGRESS_TOTAL,
         Unit::Count,
         "Progress notifications received during MCP calls."
+    );
+    describe_counter!(
+        SERVER_REQUESTS_TOTAL,
+        Unit::Count,
+        "Elicitation and sampling requests of MCP servers, by kind and outcome (accepted, declined, cancelled, failed, unattributed)."
+    );
+    describe_counter!(
+        POOL_RESTARTS_TOTAL,
+        Unit::Count,
+        "MCP pools started again by their session after the pool actor failed."
     );
     describe_counter!(
         TOOLS_LEFT_OUT_TOTAL,
@@ -137,6 +151,58 @@ impl LeftOut {
             Self::InvalidName => "invalid_name",
         }
     }
+}
+
+/// What a server asked its client.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum RequestKind {
+    Elicitation,
+    Sampling,
+}
+
+impl RequestKind {
+    pub const fn as_str(self) -> &'static str {
+        match self {
+            Self::Elicitation => "elicitation",
+            Self::Sampling => "sampling",
+        }
+    }
+}
+
+/// How a server's request ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum RequestOutcome {
+    /// Approved: the content or the model's answer went back.
+    Accepted,
+    /// A human denied it.
+    Declined,
+    /// Nobody answered in time, or its call ended first.
+    Cancelled,
+    /// It could not be answered (bad request, no model, the model failed).
+    Failed,
+    /// It could not be tied to one task's call.
+    Unattributed,
+}
+
+impl RequestOutcome {
+    pub const fn as_str(self) -> &'static str {
+        match self {
+            Self::Accepted => "accepted",
+            Self::Declined => "declined",
+            Self::Cancelled => "cancelled",
+            Self::Failed => "failed",
+            Self::Unattributed => "unattributed",
+        }
+    }
+}
+
+pub fn server_request(kind: RequestKind, outcome: RequestOutcome) {
+    counter!(SERVER_REQUESTS_TOTAL, "kind" => kind.as_str(), "outcome" => outcome.as_str())
+        .increment(1);
+}
+
+pub fn pool_restarted() {
+    counter!(POOL_RESTARTS_TOTAL).increment(1);
 }
 
 /// The outcome label of a finished call.

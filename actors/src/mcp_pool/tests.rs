@@ -1,8 +1,12 @@
 //! The pool as an actor, against an in-process fake connector. Timers run on paused time.
 
 use super::*;
+use crate::approval_store::{ApprovalStore, ApprovalStoreArgs};
 use crate::events::EventDraft;
-use crate::ports::{McpCall, McpPort, McpTransport, McpView, ToolCallContext};
+use crate::ports::{
+    DeltaSink, McpCall, McpPort, McpTransport, McpView, ModelInfo, ModelRequest, ModelResponse,
+    ToolCallContext,
+};
 use crate::rollout::RolloutMsg;
 use serde_json::json;
 use std::collections::HashMap;
@@ -10,7 +14,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::atomic::{AtomicU64, AtomicUsize};
 use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
-use troupe_proto::{Json, TaskId};
+use troupe_proto::{ApprovalDecision, ApprovalSubject, Json, PendingApproval, TaskId};
 use troupe_proto::{ToolCall, ToolOutput};
 
 // ----- the fake -----
@@ -35,6 +39,16 @@ struct FakeServer {
     max_in_flight: AtomicUsize,
     current: watch::Sender<Option<Arc<FakeConn>>>,
     handler: watch::Sender<Option<Arc<dyn McpClientHandler>>>,
+    /// What each call asks the client before it answers.
+    asks: watch::Sender<Asks>,
+}
+
+/// A server request a fake call makes through its client handler.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Asks {
+    Nothing,
+    Elicitation,
+    Sampling,
 }
 
 impl FakeServer {
@@ -61,6 +75,7 @@ impl FakeServer {
             max_in_flight: AtomicUsize::new(0),
             current: watch::Sender::new(None),
             handler: watch::Sender::new(None),
+            asks: watch::Sender::new(Asks::Nothing),
         })
     }
 
@@ -155,12 +170,40 @@ impl McpConnection for FakeConn {
                 });
             }
         }
+        let ask = *s.asks.borrow();
+        let asked = match ask {
+            Asks::Nothing => String::new(),
+            ask => {
+                let handler = s.handler.borrow().clone().expect("a handler");
+                match ask {
+                    Asks::Elicitation => {
+                        let schema = Json(json!({
+                            "type": "object",
+                            "properties": {"name": {"type": "string"}},
+                            "required": ["name"]
+                        }));
+                        let outcome = handler.elicit_outcome("your name?".into(), schema).await;
+                        format!(" elicited {outcome:?}")
+                    }
+                    _ => {
+                        let request = Json(json!({
+                            "messages": [{"role": "user", "content": {"type": "text", "text": "say hi"}}],
+                            "maxTokens": 10
+                        }));
+                        match handler.sample(request).await {
+                            Ok(result) => format!(" sampled {}", result.0["content"]["text"]),
+                            Err(error) => format!(" sampling failed: {error}"),
+                        }
+                    }
+                }
+            }
+        };
         let delay = Duration::from_millis(s.call_delay_ms.load(Ordering::SeqCst));
         let survive = s.calls_survive_death.load(Ordering::SeqCst);
         tokio::select! {
             _ = tokio::time::sleep(delay) => Ok(ToolOutput {
                 call_id: String::new(),
-                output: format!("{}:{} {}", s.name, call.tool, call.arguments.0),
+                output: format!("{}:{} {}{asked}", s.name, call.tool, call.arguments.0),
                 is_error: false,
             }),
             _ = self.dead.cancelled(), if !survive => Err(self.died()),
@@ -286,13 +329,44 @@ fn limits() -> McpLimits {
 }
 
 async fn start(servers: &[&Arc<FakeServer>], limits: McpLimits) -> Harness {
-    start_with_roots(servers, limits, Vec::new()).await
+    start_with(servers, limits, Vec::new(), None).await
 }
 
 async fn start_with_roots(
     servers: &[&Arc<FakeServer>],
     limits: McpLimits,
     roots: Vec<String>,
+) -> Harness {
+    start_with(servers, limits, roots, None).await
+}
+
+/// An approval store that waits `approval_timeout` for a human, and a model that says what it
+/// was asked.
+async fn start_with_approvals(
+    servers: &[&Arc<FakeServer>],
+    approval_timeout: Duration,
+) -> (Harness, ActorRef<ApprovalMsg>) {
+    let (store, _) = Actor::spawn(
+        None,
+        ApprovalStore,
+        ApprovalStoreArgs {
+            clock: Clock::new(),
+            sweep_interval: Duration::from_secs(3600),
+            request_timeout: approval_timeout,
+            events: None,
+        },
+    )
+    .await
+    .unwrap();
+    let harness = start_with(servers, limits(), Vec::new(), Some(store.clone())).await;
+    (harness, store)
+}
+
+async fn start_with(
+    servers: &[&Arc<FakeServer>],
+    limits: McpLimits,
+    roots: Vec<String>,
+    approvals: Option<ActorRef<ApprovalMsg>>,
 ) -> Harness {
     let (tx, events) = mpsc::unbounded_channel();
     let (rollout, _) = Actor::spawn(None, Forward, tx).await.unwrap();
@@ -310,12 +384,46 @@ async fn start_with_roots(
             limits,
             clock: Clock::new(),
             roots,
+            approvals,
+            model: Some(Arc::new(Parrot)),
         },
         None,
     )
     .await
     .unwrap();
     Harness { pool, events }
+}
+
+/// A model that answers "parrot: <the last message>" under the system prompt it got.
+struct Parrot;
+
+#[async_trait]
+impl ModelClient for Parrot {
+    fn info(&self) -> ModelInfo {
+        ModelInfo {
+            provider: "test".into(),
+            model: "parrot".into(),
+            family: "parrot".into(),
+        }
+    }
+
+    async fn step(
+        &self,
+        request: ModelRequest<'_>,
+        _deltas: &mut dyn DeltaSink,
+        _cancel: &CancellationToken,
+    ) -> Result<ModelResponse, AgentError> {
+        assert!(request.tools.is_empty(), "sampling offers no tools");
+        let last = request.prompt.iter().last().cloned();
+        let text = match last {
+            Some(troupe_proto::HistoryItem::Message { text, .. }) => format!("parrot: {text}"),
+            other => format!("parrot: {other:?}"),
+        };
+        Ok(ModelResponse {
+            text,
+            ..ModelResponse::default()
+        })
+    }
 }
 
 impl Harness {
@@ -353,14 +461,22 @@ impl Harness {
             .unwrap_or_else(|_| panic!("no `{code}` warning"))
     }
 
-    async fn ready(&mut self, server: &str) -> String {
-        let needle = format!("`{server}`");
-        loop {
-            let message = self.warning("mcp_server_ready").await;
-            if message.contains(&needle) {
-                return message;
+    /// Waits for `server`'s `mcp_server_ready` event; its tool count.
+    async fn ready(&mut self, server: &str) -> u32 {
+        let wait = async {
+            loop {
+                let draft = self.events.recv().await.expect("event stream open");
+                if let EventKind::McpServerReady { server: s, tools } = draft.event
+                    && s == server
+                {
+                    assert_eq!(draft.conversation_id, None, "a session event");
+                    return tools;
+                }
             }
-        }
+        };
+        tokio::time::timeout(Duration::from_secs(24 * 3600), wait)
+            .await
+            .unwrap_or_else(|_| panic!("`{server}` never became ready"))
     }
 
     async fn snapshot(&self) -> PoolSnapshot {
@@ -818,8 +934,7 @@ async fn task_augmented_tools_are_left_out() {
     ]);
     let mut h = start(&[&a], limits()).await;
     let v = h.open(None).await;
-    let ready = h.ready("a").await;
-    assert!(ready.contains("with 1 tools"), "{ready}");
+    assert_eq!(h.ready("a").await, 1);
     assert_eq!(names(&v).await, ["a__plain"]);
     let err = call(&v, "a__long_job").await.unwrap_err();
     assert!(
@@ -850,6 +965,8 @@ async fn illegal_or_repeated_server_names_fail_the_spawn() {
         limits: limits(),
         clock: Clock::new(),
         roots: Vec::new(),
+        approvals: None,
+        model: None,
     };
     let err = McpPoolHandle::spawn(args(), None).await.unwrap_err();
     let text = err.to_string();
@@ -871,7 +988,7 @@ async fn illegal_or_repeated_server_names_fail_the_spawn() {
 }
 
 #[tokio::test(start_paused = true)]
-async fn servers_get_the_roots_and_their_elicitation_and_sampling_are_declined() {
+async fn servers_get_the_roots_and_their_requests_outside_a_call_are_refused() {
     let a = FakeServer::new("a", &["t"]);
     let roots = vec![
         "/work/proj".to_owned(),
@@ -886,11 +1003,18 @@ async fn servers_get_the_roots_and_their_elicitation_and_sampling_are_declined()
         handler.list_roots().await,
         ["file:///tmp/x%20y", "file:///work/proj"]
     );
+    // No call is running: nobody can answer, whatever the pool was given.
     let elicited = handler
-        .elicit("your name?".into(), Json(json!({"type": "object"})))
+        .elicit_outcome("your name?".into(), Json(json!({"type": "object"})))
         .await;
-    assert!(matches!(elicited, Err(AgentError::McpError { ref server, .. }) if server == "a"));
-    assert!(handler.sample(Json(json!({}))).await.is_err());
+    assert_eq!(elicited, ElicitOutcome::Decline);
+    let warned = h.warning("mcp_request_unattributed").await;
+    assert!(warned.contains("none of its tool calls"), "{warned}");
+    let err = handler.sample(Json(json!({}))).await.unwrap_err();
+    assert!(
+        matches!(err, AgentError::McpError { ref server, .. } if server == "a"),
+        "{err:?}"
+    );
 }
 
 #[tokio::test(start_paused = true)]
@@ -930,16 +1054,275 @@ async fn calls_are_cancelled_while_waiting_and_bounded_by_their_timeout() {
 }
 
 #[tokio::test(start_paused = true)]
-async fn progress_notices_do_not_disturb_the_call() {
+async fn progress_notices_become_tool_progress_events_of_the_task() {
     let a = FakeServer::new("a", &["t"]);
     a.progress_per_call.store(3, Ordering::SeqCst);
     a.set_call_delay(Duration::from_millis(10));
     let mut h = start(&[&a], limits()).await;
-    let v = h.open(None).await;
+    let (c, t) = (ConversationId::new(), TaskId::new());
+    let v = h.open_for(c, None).await;
     h.ready("a").await;
-    let out = call(&v, "a__t").await.unwrap();
+    let out = task_call(&v, "a__t", c, t, CancellationToken::new())
+        .await
+        .unwrap()
+        .unwrap();
     assert_eq!(out.call_id, "call-a__t");
     assert!(!out.is_error);
+    let mut seen = Vec::new();
+    while let Ok(draft) = h.events.try_recv() {
+        if let EventKind::ToolProgress {
+            call_id,
+            progress,
+            total,
+            message,
+        } = draft.event
+        {
+            assert_eq!((draft.conversation_id, draft.task_id), (Some(c), Some(t)));
+            assert_eq!((call_id.as_str(), total), ("call-a__t", None));
+            seen.push((progress, message.unwrap_or_default()));
+        }
+    }
+    assert_eq!(
+        seen,
+        [
+            (0.0, "step 0".to_owned()),
+            (1.0, "step 1".to_owned()),
+            (2.0, "step 2".to_owned())
+        ]
+    );
+}
+
+// ----- servers' requests -----
+
+fn task_call(
+    view: &Arc<dyn McpView>,
+    name: &str,
+    conversation_id: ConversationId,
+    task_id: TaskId,
+    cancel: CancellationToken,
+) -> tokio::task::JoinHandle<Result<ToolOutput, AgentError>> {
+    let view = view.clone();
+    let call = ToolCall {
+        call_id: format!("call-{name}"),
+        name: name.to_owned(),
+        arguments: Json(json!({})),
+    };
+    tokio::spawn(async move {
+        view.call_tool(
+            &call,
+            ToolCallContext {
+                conversation_id,
+                task_id,
+                cancel: &cancel,
+            },
+        )
+        .await
+    })
+}
+
+/// The one pending approval, once it is there (the clock does not move).
+async fn pending_one(store: &ActorRef<ApprovalMsg>) -> PendingApproval {
+    for _ in 0..1000 {
+        let mut pending = ractor::call!(store, |reply| ApprovalMsg::ListPending {
+            conversation_id: None,
+            reply
+        })
+        .unwrap();
+        if !pending.is_empty() {
+            assert_eq!(pending.len(), 1, "{pending:?}");
+            return pending.remove(0);
+        }
+        settle().await;
+    }
+    panic!("no approval request came");
+}
+
+async fn respond(store: &ActorRef<ApprovalMsg>, p: &PendingApproval, decision: ApprovalDecision) {
+    ractor::call!(store, |reply| ApprovalMsg::Respond {
+        approval_id: p.approval_id,
+        decision,
+        reply
+    })
+    .unwrap()
+    .unwrap();
+}
+
+fn output(result: Result<Result<ToolOutput, AgentError>, tokio::task::JoinError>) -> String {
+    result.unwrap().unwrap().output
+}
+
+#[tokio::test(start_paused = true)]
+async fn an_elicitation_during_a_call_is_answered_through_the_approval_path() {
+    let a = FakeServer::new("a", &["ask"]);
+    a.asks.send_replace(Asks::Elicitation);
+    let (mut h, store) = start_with_approvals(&[&a], Duration::from_secs(60)).await;
+    let (c, t) = (ConversationId::new(), TaskId::new());
+    let view = h.open_for(c, None).await;
+    h.ready("a").await;
+
+    // Approved with content: the server gets it.
+    let running = task_call(&view, "a__ask", c, t, CancellationToken::new());
+    let p = pending_one(&store).await;
+    assert_eq!((p.conversation_id, p.task_id), (c, Some(t)));
+    assert_eq!(p.command, ["mcp", "a", "elicitation"]);
+    assert_eq!(p.reason, "your name?");
+    let ApprovalSubject::McpElicitation {
+        server,
+        message,
+        schema,
+    } = &p.subject
+    else {
+        panic!("{:?}", p.subject);
+    };
+    assert_eq!((server.as_str(), message.as_str()), ("a", "your name?"));
+    assert_eq!(schema.0["required"], json!(["name"]));
+    let content = Json(json!({"name": "Ada"}));
+    respond(&store, &p, ApprovalDecision::ApproveWithContent { content }).await;
+    let out = output(running.await);
+    assert!(out.ends_with(r#"elicited Accept({"name":"Ada"})"#), "{out}");
+
+    // Denied: declined.
+    let running = task_call(&view, "a__ask", c, t, CancellationToken::new());
+    let p = pending_one(&store).await;
+    respond(&store, &p, ApprovalDecision::Deny { reason: None }).await;
+    assert!(output(running.await).ends_with("elicited Decline"));
+
+    // Nobody answers: cancelled when the approval times out.
+    let t0 = Instant::now();
+    let running = task_call(&view, "a__ask", c, t, CancellationToken::new());
+    pending_one(&store).await;
+    assert!(output(running.await).ends_with("elicited Cancel"));
+    assert_eq!(t0.elapsed(), Duration::from_secs(60));
+}
+
+#[tokio::test(start_paused = true)]
+async fn sampling_runs_the_model_once_approved_and_a_denial_fails_the_request() {
+    let a = FakeServer::new("a", &["think"]);
+    a.asks.send_replace(Asks::Sampling);
+    let (mut h, store) = start_with_approvals(&[&a], Duration::from_secs(60)).await;
+    let (c, other) = (ConversationId::new(), ConversationId::new());
+    let view = h.open_for(c, None).await;
+    let other_view = h.open_for(other, None).await;
+    h.ready("a").await;
+
+    let running = task_call(
+        &view,
+        "a__think",
+        c,
+        TaskId::new(),
+        CancellationToken::new(),
+    );
+    let p = pending_one(&store).await;
+    assert_eq!(p.command, ["mcp", "a", "sampling"]);
+    assert!(
+        p.reason.contains("asks to sample the model"),
+        "{}",
+        p.reason
+    );
+    let ApprovalSubject::McpSampling { server, request } = &p.subject else {
+        panic!("{:?}", p.subject);
+    };
+    assert_eq!(
+        (server.as_str(), &request.0["maxTokens"]),
+        ("a", &json!(10))
+    );
+    let scoped = ApprovalDecision::ApproveForConversation { ttl_secs: None };
+    respond(&store, &p, scoped).await;
+    assert!(output(running.await).ends_with(r#"sampled "parrot: say hi""#));
+
+    // Remembered for this conversation: no human is asked again.
+    let again = task_call(
+        &view,
+        "a__think",
+        c,
+        TaskId::new(),
+        CancellationToken::new(),
+    );
+    assert!(output(again.await).ends_with(r#"sampled "parrot: say hi""#));
+
+    // Another conversation is asked, and a denial is an error to the server.
+    let running = task_call(
+        &other_view,
+        "a__think",
+        other,
+        TaskId::new(),
+        CancellationToken::new(),
+    );
+    let p = pending_one(&store).await;
+    assert_eq!(p.conversation_id, other);
+    let deny = ApprovalDecision::Deny {
+        reason: Some("not now".into()),
+    };
+    respond(&store, &p, deny).await;
+    let out = output(running.await);
+    assert!(
+        out.contains("sampling failed") && out.contains("not now"),
+        "{out}"
+    );
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_request_while_several_tasks_call_the_server_is_refused() {
+    let a = FakeServer::new("a", &["t"]);
+    a.set_call_delay(Duration::from_secs(10));
+    let (mut h, store) = start_with_approvals(&[&a], Duration::from_secs(60)).await;
+    let (c1, c2) = (ConversationId::new(), ConversationId::new());
+    let (v1, v2) = (h.open_for(c1, None).await, h.open_for(c2, None).await);
+    h.ready("a").await;
+    let running = [
+        task_call(&v1, "a__t", c1, TaskId::new(), CancellationToken::new()),
+        task_call(&v2, "a__t", c2, TaskId::new(), CancellationToken::new()),
+    ];
+    until("both calls run", || a.in_flight() == 2).await;
+    h.snapshot().await; // a barrier: both starts are recorded
+    let handler = a.handler.borrow().clone().unwrap();
+    let outcome = handler
+        .elicit_outcome("which of you?".into(), Json(json!({"type": "object"})))
+        .await;
+    assert_eq!(outcome, ElicitOutcome::Decline);
+    let warned = h.warning("mcp_request_unattributed").await;
+    assert!(warned.contains("2 tasks"), "{warned}");
+    // Nobody was asked.
+    let pending = ractor::call!(store, |reply| ApprovalMsg::ListPending {
+        conversation_id: None,
+        reply
+    })
+    .unwrap();
+    assert!(pending.is_empty());
+    for r in running {
+        assert!(r.await.unwrap().is_ok());
+    }
+}
+
+#[tokio::test(start_paused = true)]
+async fn cancelling_the_call_ends_its_pending_elicitation_at_once() {
+    let a = FakeServer::new("a", &["ask"]);
+    a.asks.send_replace(Asks::Elicitation);
+    let (mut h, store) = start_with_approvals(&[&a], Duration::from_secs(60)).await;
+    let c = ConversationId::new();
+    let view = h.open_for(c, None).await;
+    h.ready("a").await;
+    let cancel = CancellationToken::new();
+    let running = task_call(&view, "a__ask", c, TaskId::new(), cancel.clone());
+    pending_one(&store).await;
+    let t0 = Instant::now();
+    cancel.cancel();
+    let err = running.await.unwrap().unwrap_err();
+    assert!(matches!(err, AgentError::Cancelled { .. }), "{err:?}");
+    assert_eq!(t0.elapsed(), Duration::ZERO);
+    // Nobody is left to ask: the request is withdrawn.
+    for _ in 0..100 {
+        let pending = ractor::call!(store, |reply| ApprovalMsg::ListPending {
+            conversation_id: None,
+            reply
+        })
+        .unwrap();
+        if pending.is_empty() {
+            return;
+        }
+        settle().await;
+    }
+    panic!("the elicitation stayed pending");
 }
 
 #[tokio::test(start_paused = true)]
@@ -970,4 +1353,42 @@ async fn a_connect_that_fails_with_nobody_waiting_is_not_retried() {
     settle().await;
     assert_eq!(a.connects(), 1);
     assert_eq!(h.server("a").await.phase, "idle");
+}
+
+#[tokio::test(start_paused = true)]
+async fn without_an_approval_path_requests_are_declined_until_one_is_given() {
+    let a = FakeServer::new("a", &["ask"]);
+    a.asks.send_replace(Asks::Elicitation);
+    let mut h = start(&[&a], limits()).await;
+    let c = ConversationId::new();
+    let view = h.open_for(c, None).await;
+    h.ready("a").await;
+    let out = output(task_call(&view, "a__ask", c, TaskId::new(), CancellationToken::new()).await);
+    assert!(out.ends_with("elicited Decline"), "{out}");
+
+    // The session hands over its (restarted) ApprovalStore: requests go there from now on.
+    let (store, _) = Actor::spawn(
+        None,
+        ApprovalStore,
+        ApprovalStoreArgs {
+            clock: Clock::new(),
+            sweep_interval: Duration::from_secs(3600),
+            request_timeout: Duration::from_secs(60),
+            events: None,
+        },
+    )
+    .await
+    .unwrap();
+    h.pool.services_changed(None, Some(store.clone()));
+    let running = task_call(&view, "a__ask", c, TaskId::new(), CancellationToken::new());
+    let p = pending_one(&store).await;
+    respond(
+        &store,
+        &p,
+        ApprovalDecision::ApproveWithContent {
+            content: Json(json!({"name": "Ada"})),
+        },
+    )
+    .await;
+    assert!(output(running.await).ends_with(r#"elicited Accept({"name":"Ada"})"#));
 }

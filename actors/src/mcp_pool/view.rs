@@ -1,13 +1,17 @@
 //! The pool's handle (`McpPort`) and its views (`McpView`): what a Conversation holds. A view
-//! asks the pool actor only for lookups (its tools, the route of a call); slots, rate tokens
-//! and the call itself are waited for here, in the caller's task.
+//! asks the pool actor only for lookups (its tools, the route of a call) and tells it when a
+//! call starts and ends (so a server's requests can be attributed to its task); slots, rate
+//! tokens and the call itself are waited for here, in the caller's task. A call's progress
+//! notifications become `tool_progress` events of its task.
 
+use super::calls::{InFlightCall, next_key};
 use super::limits::{self, ConversationLimiter};
 use super::{
     CALL_TIMEOUT_GRACE, McpLimits, McpPool, McpPoolArgs, McpPoolMsg, PoolSnapshot, ViewId, decide,
     metrics,
 };
-use crate::events::current_trace_ids;
+use crate::approval_store::ApprovalMsg;
+use crate::events::{EventDraft, EventSink, current_trace_ids};
 use crate::ports::{McpCall, McpNotice, McpPort, McpView, ToolCallContext};
 use async_trait::async_trait;
 use ractor::{Actor, ActorCell, ActorRef};
@@ -16,8 +20,9 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use tokio::sync::{Semaphore, mpsc};
 use tokio::task::JoinHandle;
 use tokio::time::Instant;
+use tokio_util::sync::CancellationToken;
 use tracing::Instrument;
-use troupe_proto::{AgentError, ConversationId, ToolCall, ToolOutput, ToolSpec};
+use troupe_proto::{AgentError, ConversationId, EventKind, ToolCall, ToolOutput, ToolSpec};
 
 /// A session's pool as its conversations see it. Cheap to clone.
 #[derive(Clone)]
@@ -69,6 +74,17 @@ impl McpPoolHandle {
     /// Closes every connection and stops the pool.
     pub async fn shutdown(&self) {
         let _ = ractor::call!(self.actor, |reply| McpPoolMsg::Shutdown { reply });
+    }
+
+    /// The session restarted its Rollout or ApprovalStore: events and approvals go to these.
+    pub fn services_changed(
+        &self,
+        events: Option<EventSink>,
+        approvals: Option<ActorRef<ApprovalMsg>>,
+    ) {
+        let _ = self
+            .actor
+            .cast(McpPoolMsg::ServicesChanged { events, approvals });
     }
 }
 
@@ -194,6 +210,23 @@ impl PoolView {
         // A child token: the pool cancels it when it gives up on the call, without touching
         // the task's own token.
         let cancel = ctx.cancel.child_token();
+        let _registered = Registration::start(
+            &self.actor,
+            &route.server,
+            InFlightCall {
+                key: next_key(),
+                conversation_id: ctx.conversation_id,
+                task_id: ctx.task_id,
+                cancel: cancel.clone(),
+            },
+        );
+        let progress = Progress {
+            events: route.events.as_ref(),
+            conversation_id: ctx.conversation_id,
+            task_id: ctx.task_id,
+            call_id: &call.call_id,
+            server: &route.server,
+        };
         let (progress_tx, mut progress_rx) = mpsc::unbounded_channel();
         let traceparent = match current_trace_ids() {
             (Some(trace), Some(span)) => Some(format!("00-{trace}-{span}-01")),
@@ -214,7 +247,7 @@ impl PoolView {
             tokio::select! {
                 biased;
                 out = &mut running => break out,
-                Some(notice) = progress_rx.recv() => log_progress(&route.server, &notice),
+                Some(notice) = progress_rx.recv() => progress.report(&notice),
                 _ = route.closed.cancelled() => {
                     cancel.cancel();
                     break Err(AgentError::McpError {
@@ -231,20 +264,90 @@ impl PoolView {
                 }
             }
         };
+        // Progress that came in with the answer is still reported, in order.
+        while let Ok(notice) = progress_rx.try_recv() {
+            progress.report(&notice);
+        }
         let mut output = result?;
         output.call_id = call.call_id.clone();
         Ok(output)
     }
 }
 
-fn log_progress(server: &str, notice: &McpNotice) {
-    if let McpNotice::Progress {
-        progress,
-        total,
-        message,
-    } = notice
-    {
+/// Tells the pool a call runs until dropped (however the call ends), so that the server's
+/// requests meanwhile are attributed to its task.
+struct Registration {
+    actor: ActorRef<McpPoolMsg>,
+    server: String,
+    key: u64,
+    /// Fired when the call ends, so a request still waiting on its behalf stops waiting.
+    cancel: CancellationToken,
+}
+
+impl Registration {
+    fn start(actor: &ActorRef<McpPoolMsg>, server: &str, call: InFlightCall) -> Self {
+        let registration = Self {
+            actor: actor.clone(),
+            server: server.to_owned(),
+            key: call.key,
+            cancel: call.cancel.clone(),
+        };
+        let _ = actor.cast(McpPoolMsg::CallStarted {
+            server: server.to_owned(),
+            call,
+        });
+        registration
+    }
+}
+
+impl Drop for Registration {
+    fn drop(&mut self) {
+        self.cancel.cancel();
+        let _ = self.actor.cast(McpPoolMsg::CallEnded {
+            server: std::mem::take(&mut self.server),
+            key: self.key,
+        });
+    }
+}
+
+/// Turns a call's progress notifications into `tool_progress` events of its task.
+struct Progress<'a> {
+    events: Option<&'a EventSink>,
+    conversation_id: ConversationId,
+    task_id: troupe_proto::TaskId,
+    call_id: &'a str,
+    server: &'a str,
+}
+
+impl Progress<'_> {
+    fn report(&self, notice: &McpNotice) {
+        let McpNotice::Progress {
+            progress,
+            total,
+            message,
+        } = notice
+        else {
+            return;
+        };
         metrics::progress();
-        tracing::debug!(server, progress, ?total, ?message, "MCP call progress");
+        tracing::debug!(
+            server = self.server,
+            progress,
+            ?total,
+            ?message,
+            "MCP call progress"
+        );
+        if let Some(events) = self.events {
+            events.emit(EventDraft::task(
+                self.conversation_id,
+                self.task_id,
+                EventKind::ToolProgress {
+                    call_id: self.call_id.to_owned(),
+                    progress: *progress,
+                    total: *total,
+                    message: message.clone(),
+                },
+            ));
+        }
     }
 }

@@ -156,6 +156,7 @@ fn phase_one(ev: &mut Events) -> Vec<EventEnvelope> {
                 approval_id: id(APPROVAL),
                 command: vec!["ls".into(), "-1".into()],
                 reason: "shell needs approval".into(),
+                subject: troupe_proto::ApprovalSubject::Command,
             },
         ),
         // Tokens before the message: attached at once.
@@ -641,6 +642,7 @@ async fn storage_policies_keep_content_off_the_disk() {
                 approval_id: id(APPROVAL),
                 command: vec![secret.into()],
                 reason: secret.into(),
+                subject: troupe_proto::ApprovalSubject::Command,
             },
             EventKind::ApprovalResolved {
                 approval_id: id(APPROVAL),

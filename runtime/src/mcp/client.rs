@@ -20,7 +20,7 @@ use rmcp::service::{NotificationContext, RequestContext, RoleClient};
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, MutexGuard};
 use tokio::sync::mpsc::UnboundedSender;
-use troupe_actors::ports::{McpClientHandler, McpNotice};
+use troupe_actors::ports::{ElicitOutcome, McpClientHandler, McpNotice};
 use troupe_proto::Json;
 
 /// Where each in-flight call's progress goes, keyed by the progress token rmcp put in the
@@ -127,17 +127,21 @@ impl ClientHandler for TroupeClient {
         };
         let schema = serde_json::to_value(&requested_schema).unwrap_or_default();
         let answer = tokio::select! {
-            answer = self.handler.elicit(message, Json(schema)) => answer,
+            answer = self.handler.elicit_outcome(message, Json(schema)) => answer,
             // The server cancelled its request: nobody is waiting for the answer.
             _ = context.ct.cancelled() => return Ok(ElicitResult::new(ElicitationAction::Cancel)),
         };
         match answer {
-            Ok(Json(content)) => {
+            ElicitOutcome::Accept(Json(content)) => {
                 Ok(ElicitResult::new(ElicitationAction::Accept).with_content(content))
             }
-            Err(error) => {
-                tracing::info!(mcp_server = %self.server, %error, "elicitation declined");
+            ElicitOutcome::Decline => {
+                tracing::info!(mcp_server = %self.server, "elicitation declined");
                 Ok(ElicitResult::new(ElicitationAction::Decline))
+            }
+            ElicitOutcome::Cancel => {
+                tracing::info!(mcp_server = %self.server, "elicitation cancelled");
+                Ok(ElicitResult::new(ElicitationAction::Cancel))
             }
         }
     }

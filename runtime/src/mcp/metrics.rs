@@ -14,6 +14,18 @@ pub const CONNECTIONS_CLOSED_TOTAL: &str = "troupe_mcp_connections_closed_total"
 pub const CALLS_TOTAL: &str = "troupe_mcp_calls_total";
 /// Tool call latency, by transport and outcome.
 pub const CALL_DURATION_SECONDS: &str = "troupe_mcp_call_duration_seconds";
+/// `notifications/cancelled` sent for abandoned calls (cancelled or timed out), by transport
+/// and whether the write went through.
+pub const CANCEL_NOTICES_TOTAL: &str = "troupe_mcp_cancel_notifications_total";
+
+/// `notifications/cancelled` written by this process: a client-side record tests can read
+/// without a metrics recorder.
+static CANCEL_NOTICES_SENT: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+
+/// How many `notifications/cancelled` this process has written to MCP servers.
+pub fn cancel_notices_sent() -> u64 {
+    CANCEL_NOTICES_SENT.load(std::sync::atomic::Ordering::Relaxed)
+}
 
 /// Registers the descriptions (a Prometheus exporter rejects undescribed metrics).
 pub fn describe() {
@@ -36,6 +48,11 @@ pub fn describe() {
         CALLS_TOTAL,
         Unit::Count,
         "MCP tool calls, by transport and outcome"
+    );
+    describe_counter!(
+        CANCEL_NOTICES_TOTAL,
+        Unit::Count,
+        "notifications/cancelled sent for abandoned MCP calls, by transport and outcome (sent, failed)"
     );
     describe_histogram!(
         CALL_DURATION_SECONDS,
@@ -104,4 +121,13 @@ pub fn call(transport: Transport, outcome: CallOutcome, elapsed: Duration) {
     counter!(CALLS_TOTAL, "transport" => transport, "outcome" => outcome).increment(1);
     histogram!(CALL_DURATION_SECONDS, "transport" => transport, "outcome" => outcome)
         .record(elapsed.as_secs_f64());
+}
+
+pub fn cancel_notice(transport: Transport, sent: bool) {
+    let outcome = if sent { "sent" } else { "failed" };
+    if sent {
+        CANCEL_NOTICES_SENT.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    }
+    counter!(CANCEL_NOTICES_TOTAL, "transport" => transport.as_str(), "outcome" => outcome)
+        .increment(1);
 }

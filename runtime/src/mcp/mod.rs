@@ -409,10 +409,19 @@ impl RmcpConnection {
     /// Tells the server a call was abandoned, without waiting for the write.
     fn send_cancelled(&self, id: RequestId, reason: &str) {
         let peer = self.peer.clone();
+        let transport = self.transport;
+        let server = self.server.clone();
+        tracing::info!(mcp_server = %server, request_id = %id, reason, "sending notifications/cancelled");
         let params = CancelledNotificationParam::new(Some(id), Some(reason.to_owned()));
         tokio::spawn(async move {
-            let _ =
-                tokio::time::timeout(CANCEL_NOTICE_TIMEOUT, peer.notify_cancelled(params)).await;
+            let sent = matches!(
+                tokio::time::timeout(CANCEL_NOTICE_TIMEOUT, peer.notify_cancelled(params)).await,
+                Ok(Ok(()))
+            );
+            if !sent {
+                tracing::debug!(mcp_server = %server, "notifications/cancelled could not be sent");
+            }
+            metrics::cancel_notice(transport, sent);
         });
     }
 
