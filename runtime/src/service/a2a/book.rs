@@ -20,8 +20,8 @@ use super::request::{DEFAULT_PAGE_SIZE, ListParams, SendParams};
 use serde_json::json;
 use std::collections::{HashMap, VecDeque};
 use troupe_proto::{
-    AgentError, ApprovalDecision, ApprovalId, ConversationId, ErrorKind, EventEnvelope, EventKind,
-    MessageReply, TaskId, TaskStatus,
+    AgentError, ApprovalDecision, ApprovalId, ApprovalSubject, ConversationId, ErrorKind,
+    EventEnvelope, EventKind, MessageReply, TaskId, TaskStatus,
 };
 
 /// Longest contextId a client may name (it becomes a key of the book).
@@ -50,6 +50,8 @@ pub struct Record {
     pub phase: Phase,
     pub cancel_requested: bool,
     pub pending_approval: Option<ApprovalId>,
+    /// The pending approval is an MCP elicitation: a data part answers it with content.
+    pub pending_elicitation: bool,
     /// The conversation's reply, held until the task's `task_finished` event (or a grace).
     pending_reply: Option<MessageReply>,
     /// Messages written about this task so far (agent message ids are `<task>-m<n>`).
@@ -206,7 +208,7 @@ impl TaskBook {
                 (TaskState::InputRequired, Some(approval_id)) => Ok(SendPlan::Answer {
                     task_id: task_id.clone(),
                     approval_id,
-                    decision: decision_of(params),
+                    decision: decision_of(params, rec.pending_elicitation),
                 }),
                 _ => Err(A2aError::UnsupportedOperation(format!(
                     "task {task_id} is {} and takes no message until it needs input",
@@ -286,6 +288,7 @@ impl TaskBook {
                 phase: Phase::Queued,
                 cancel_requested: false,
                 pending_approval: None,
+                pending_elicitation: false,
                 pending_reply: None,
                 messages: 0,
             },
@@ -365,22 +368,14 @@ impl TaskBook {
                 approval_id,
                 command,
                 reason,
+                subject,
             } => {
                 if let Some(r) = self.tasks.get_mut(&task_id) {
                     r.pending_approval = Some(*approval_id);
+                    r.pending_elicitation =
+                        matches!(subject, ApprovalSubject::McpElicitation { .. });
                 }
-                let parts = vec![
-                    Part::text(format!(
-                        "Approval needed to run `{}`: {reason}. Reply in this task with \
-                         \"approve\" or \"deny\".",
-                        command.join(" ")
-                    )),
-                    Part::data(json!({"approvalRequest": {
-                        "approvalId": approval_id.to_string(),
-                        "command": command,
-                        "reason": reason,
-                    }})),
-                ];
+                let parts = approval_parts(*approval_id, command, reason, subject);
                 self.set_status(&task_id, TaskState::InputRequired, Some(parts), now_ms)
             }
             EventKind::ApprovalResolved { approval_id, .. } => {
@@ -739,16 +734,68 @@ fn parse_cursor(token: &str) -> Result<(u64, String), A2aError> {
         .ok_or_else(|| A2aError::InvalidParams("pageToken is not one this server gave".into()))
 }
 
+/// The status message of a task that waits for a human: what is asked, in text and as a data
+/// part (`approvalRequest`).
+fn approval_parts(
+    approval_id: ApprovalId,
+    command: &[String],
+    reason: &str,
+    subject: &ApprovalSubject,
+) -> Vec<Part> {
+    let id = approval_id.to_string();
+    match subject {
+        ApprovalSubject::Command => vec![
+            Part::text(format!(
+                "Approval needed to run `{}`: {reason}. Reply in this task with \"approve\" or \
+                 \"deny\".",
+                command.join(" ")
+            )),
+            Part::data(json!({"approvalRequest": {
+                "approvalId": id, "kind": "command", "command": command, "reason": reason,
+            }})),
+        ],
+        ApprovalSubject::McpElicitation {
+            server,
+            message,
+            schema,
+        } => vec![
+            Part::text(format!(
+                "The MCP server `{server}` asks: {message} Reply in this task with a data part \
+                 holding the answer (an object matching `schema`), or \"deny\"."
+            )),
+            Part::data(json!({"approvalRequest": {
+                "approvalId": id, "kind": "elicitation", "server": server,
+                "message": message, "schema": schema.0,
+            }})),
+        ],
+        ApprovalSubject::McpSampling { server, request } => vec![
+            Part::text(format!(
+                "The MCP server `{server}` asks to use the model. Reply in this task with \
+                 \"approve\" or \"deny\"."
+            )),
+            Part::data(json!({"approvalRequest": {
+                "approvalId": id, "kind": "sampling", "server": server, "request": request.0,
+            }})),
+        ],
+    }
+}
+
 /// The approval decision a client's reply expresses: a data part `{"decision": ...}` with a
-/// troupe decision, or text (`approve`, `yes`, ... approve once; anything else denies, the
-/// text being the reason).
-fn decision_of(params: &SendParams) -> ApprovalDecision {
+/// troupe decision; for an elicitation, any other data part is the answer's content; else
+/// text (`approve`, `yes`, ... approve once; anything else denies, the text being the reason).
+fn decision_of(params: &SendParams, elicitation: bool) -> ApprovalDecision {
     for part in &params.message.parts {
-        if let super::model::PartContent::Data(d) = &part.content
-            && let Some(v) = d.get("decision")
-            && let Ok(decision) = serde_json::from_value::<ApprovalDecision>(v.clone())
-        {
-            return decision;
+        if let super::model::PartContent::Data(d) = &part.content {
+            if let Some(v) = d.get("decision")
+                && let Ok(decision) = serde_json::from_value::<ApprovalDecision>(v.clone())
+            {
+                return decision;
+            }
+            if elicitation && d.is_object() {
+                return ApprovalDecision::ApproveWithContent {
+                    content: troupe_proto::Json(d.clone()),
+                };
+            }
         }
     }
     let text: String = params

@@ -278,6 +278,7 @@ fn a_send_to_an_existing_task_is_checked() {
                 approval_id,
                 command: vec!["rm".into(), "-rf".into(), "x".into()],
                 reason: "writes".into(),
+                subject: ApprovalSubject::Command,
             },
         ),
         T0,
@@ -478,4 +479,48 @@ fn a_reply_that_beats_the_events_waits_for_them() {
     let done = b.apply(&env(t, finished(TaskStatus::Ok, "late")), T0 + 2);
     assert_eq!(done.events.len(), 2);
     assert!(b.finish_due("task-1", T0 + 3).is_empty(), "ended once");
+}
+
+#[test]
+fn an_elicitation_is_answered_with_a_data_part() {
+    let mut b = started_book();
+    let t = Some(troupe_task());
+    b.apply(&env(t, EventKind::TaskStarted { input: "hi".into() }), T0);
+    let approval_id = ApprovalId::new();
+    let asked = b.apply(
+        &env(
+            t,
+            EventKind::ApprovalRequested {
+                approval_id,
+                command: vec!["mcp".into(), "everything".into(), "elicitation".into()],
+                reason: "input".into(),
+                subject: ApprovalSubject::McpElicitation {
+                    server: "everything".into(),
+                    message: "Your name?".into(),
+                    schema: Json(serde_json::json!({"type": "object"})),
+                },
+            },
+        ),
+        T0,
+    );
+    let StreamEvent::Status(s) = &asked.events[0].1 else {
+        panic!("a status")
+    };
+    let ask = &s.status.message.as_ref().unwrap().parts[1].content;
+    let PartContent::Data(d) = ask else {
+        panic!("data")
+    };
+    assert_eq!(d["approvalRequest"]["kind"], "elicitation");
+    let mut m = user("x");
+    m.task_id = Some("task-1".into());
+    m.parts = vec![Part::data(serde_json::json!({"name": "Ada"}))];
+    let SendPlan::Answer { decision, .. } = b.plan_send(&send_params(m)).unwrap() else {
+        panic!("an answer")
+    };
+    assert_eq!(
+        decision,
+        ApprovalDecision::ApproveWithContent {
+            content: Json(serde_json::json!({"name": "Ada"}))
+        }
+    );
 }
