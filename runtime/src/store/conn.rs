@@ -23,12 +23,21 @@ const BUSY_SLEEP_MIN: Duration = Duration::from_micros(20);
 const BUSY_SLEEP_MAX: Duration = Duration::from_millis(5);
 /// Prepared statements kept per connection (the store has about twenty).
 const STATEMENT_CACHE: usize = 64;
+/// How often the checkpointer copies the WAL into the database.
+const CHECKPOINT_INTERVAL: Duration = Duration::from_millis(250);
+/// WAL pages after which a writer checkpoints by itself: only reached if the checkpointer
+/// falls far behind (about 64 MiB).
+const WRITER_AUTOCHECKPOINT: u32 = 16_384;
+/// The WAL is truncated to this size when it is reset after a checkpoint.
+const WAL_SIZE_LIMIT: i64 = 64 * 1024 * 1024;
 
 /// What a connection is for.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Role {
-    /// Sets WAL mode; may write.
+    /// Sets WAL mode; may write; leaves checkpoints to the checkpointer.
     Writer,
+    /// Copies the WAL into the database file.
+    Checkpointer,
     /// `query_only`: a bug that writes through it fails instead of taking the write lock.
     Reader,
 }
@@ -63,6 +72,11 @@ pub fn open(path: &Path, role: Role) -> Result<Connection, AgentError> {
         if !mode.eq_ignore_ascii_case("wal") {
             return Err(internal(what(), format!("journal_mode is {mode}, not wal")));
         }
+        conn.execute_batch(&format!(
+            "PRAGMA wal_autocheckpoint = {WRITER_AUTOCHECKPOINT};
+             PRAGMA journal_size_limit = {WAL_SIZE_LIMIT};"
+        ))
+        .map_err(|e| internal(what(), e))?;
     }
     conn.execute_batch("PRAGMA foreign_keys = ON; PRAGMA synchronous = NORMAL;")
         .map_err(|e| internal(what(), e))?;
@@ -71,6 +85,54 @@ pub fn open(path: &Path, role: Role) -> Result<Connection, AgentError> {
             .map_err(|e| internal(what(), e))?;
     }
     Ok(conn)
+}
+
+/// A thread that checkpoints the WAL every [`CHECKPOINT_INTERVAL`] (`PASSIVE`: it never
+/// blocks writers or readers), so that a commit never waits for a checkpoint's copying and
+/// fsyncs, which SQLite would otherwise run on the committing thread. Stops when dropped.
+pub struct Checkpointer {
+    _stop: Sender<()>,
+}
+
+impl Checkpointer {
+    pub fn spawn(path: &Path) -> Result<Self, AgentError> {
+        let conn = open(path, Role::Checkpointer)?;
+        let (stop, stopped) = crossbeam_channel::bounded::<()>(0);
+        std::thread::Builder::new()
+            .name("troupe-db-checkpoint".into())
+            .spawn(move || {
+                // Disconnected (every handle dropped) ends the loop; nothing is ever sent.
+                while let Err(crossbeam_channel::RecvTimeoutError::Timeout) =
+                    stopped.recv_timeout(CHECKPOINT_INTERVAL)
+                {
+                    checkpoint(&conn);
+                }
+                checkpoint(&conn);
+            })
+            .map_err(|e| internal("spawn checkpointer", e))?;
+        Ok(Self { _stop: stop })
+    }
+}
+
+fn checkpoint(conn: &Connection) {
+    let started = Instant::now();
+    // (busy, WAL frames, frames copied); busy only means another checkpoint was running.
+    let result = conn.query_row("PRAGMA wal_checkpoint(PASSIVE)", [], |row| {
+        Ok((row.get::<_, i64>(1)?, row.get::<_, i64>(2)?))
+    });
+    match result {
+        Ok((frames, copied)) => {
+            if copied > 0 {
+                super::metrics::observe(super::metrics::Op::Checkpoint, started, None);
+                tracing::trace!(frames, copied, "wal checkpoint");
+            }
+        }
+        Err(e) => {
+            let e = internal("wal checkpoint", e);
+            super::metrics::observe(super::metrics::Op::Checkpoint, started, Some(&e));
+            tracing::warn!(error = %e, "wal checkpoint failed");
+        }
+    }
 }
 
 /// A fixed set of reader connections, handed out through a channel: a reader takes one, uses

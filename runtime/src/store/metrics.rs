@@ -61,6 +61,8 @@ pub enum Op {
     RolloutLastSeq,
     RolloutReadConversation,
     RolloutReadAfter,
+    /// A background WAL checkpoint that copied pages.
+    Checkpoint,
 }
 
 impl Op {
@@ -86,6 +88,7 @@ impl Op {
             Self::RolloutLastSeq => "rollout_last_seq",
             Self::RolloutReadConversation => "rollout_read_conversation",
             Self::RolloutReadAfter => "rollout_read_after",
+            Self::Checkpoint => "checkpoint",
         }
     }
 }

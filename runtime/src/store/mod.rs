@@ -8,6 +8,11 @@
 //!   the conversation's storage policy (content `None` under `HeadersOnly`/`None`).
 //! - Unknown ids read as `Ok(None)` / empty; writes naming an unknown session or conversation
 //!   fail with `AgentError::NotFound`; a duplicate create fails with `AgentError::InvalidInput`.
+//!
+//! The embedded implementation is [`SqliteStore`] (`<data_dir>/troupe.db`, WAL mode); the
+//! Rollout's record can live in the same file through [`SqliteRolloutStorage`]. Both own their
+//! connections on threads of their own (see `sqlite.rs`, `rollout.rs`); the schema is
+//! versioned in `schema.rs`; metrics are in [`metrics`].
 
 mod conn;
 #[cfg(test)]

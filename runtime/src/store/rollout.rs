@@ -11,9 +11,10 @@
 //! queued meanwhile, each batch in a savepoint of its own. `synchronous = NORMAL` makes a commit
 //! survive a crash of the process; a batch that asks for `sync` is committed under
 //! `synchronous = FULL`, which fsyncs the WAL before `COMMIT` returns. Reads take a connection
-//! from a small pool on the caller's (blocking) thread.
+//! from a small pool on the caller's (blocking) thread; a checkpointer thread copies the WAL
+//! into the database in the background.
 
-use super::conn::{self, ReaderPool, Role as ConnRole, internal, to_sql_int};
+use super::conn::{self, Checkpointer, ReaderPool, Role as ConnRole, internal, to_sql_int};
 use super::metrics::{self, Op, Writer};
 use super::schema;
 use crossbeam_channel::{Receiver, Sender};
@@ -37,6 +38,8 @@ const READERS: usize = 2;
 pub struct SqliteRolloutStorage {
     writer: Sender<Job>,
     readers: Arc<ReaderPool>,
+    /// Runs while any clone is alive.
+    _checkpointer: Arc<Checkpointer>,
 }
 
 impl SqliteRolloutStorage {
@@ -51,10 +54,19 @@ impl SqliteRolloutStorage {
         result
     }
 
+    /// Opens `<data_dir>/troupe.db`, creating the directory if needed.
+    pub fn open_in(data_dir: impl AsRef<Path>) -> Result<Self, AgentError> {
+        let dir = data_dir.as_ref();
+        std::fs::create_dir_all(dir)
+            .map_err(|e| internal(format!("create {}", dir.display()), e))?;
+        Self::open(super::db_path(dir))
+    }
+
     fn open_inner(path: &Path) -> Result<Self, AgentError> {
         let mut conn = conn::open(path, ConnRole::Writer)?;
         schema::migrate(&mut conn)?;
         let readers = ReaderPool::open(path, READERS)?;
+        let checkpointer = Checkpointer::spawn(path)?;
         let (writer, queue) = crossbeam_channel::bounded(QUEUE_CAPACITY);
         std::thread::Builder::new()
             .name("troupe-rollout-db".into())
@@ -64,6 +76,7 @@ impl SqliteRolloutStorage {
         Ok(Self {
             writer,
             readers: Arc::new(readers),
+            _checkpointer: Arc::new(checkpointer),
         })
     }
 

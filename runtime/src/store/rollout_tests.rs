@@ -302,3 +302,42 @@ async fn the_store_and_the_rollout_share_one_file() {
     assert_eq!(store.all_sessions().await.unwrap().len(), ids.len());
     assert_eq!(storage.last_seq(session).unwrap(), 300);
 }
+
+proptest::proptest! {
+    #![proptest_config(proptest::prelude::ProptestConfig { cases: 128, ..Default::default() })]
+
+    /// Resuming with `read_after` from any cursor, page after page, yields every record after
+    /// the cursor exactly once and in order, however the records were batched and committed.
+    #[test]
+    fn prop_read_after_resumes_without_loss_or_duplicates(
+        batches in proptest::collection::vec((1u64..6, proptest::bool::ANY), 0..15),
+        cursor in 0u64..60,
+        limit in 1usize..9,
+    ) {
+        let (_dir, storage) = open();
+        let session = SessionId::new();
+        let conv = ConversationId::new();
+        let mut sink = storage.open_sink(session).unwrap();
+        let mut seq = 0;
+        for (size, sync) in batches {
+            for _ in 0..size {
+                seq += 1;
+                let c = (seq % 3 != 0).then_some(conv);
+                sink.append(c, &full(seq, seq, c, "x")).unwrap();
+            }
+            sink.commit(sync, seq).unwrap();
+        }
+        let mut got = Vec::new();
+        let mut after = cursor;
+        loop {
+            let page = storage.read_after(session, after, limit).unwrap();
+            proptest::prop_assert!(page.len() <= limit);
+            let Some(last) = page.last() else { break };
+            after = last.seq;
+            got.extend(seqs(&page));
+        }
+        let want: Vec<u64> = (cursor + 1..=seq).collect();
+        proptest::prop_assert_eq!(got, want);
+        proptest::prop_assert_eq!(storage.last_seq(session).unwrap(), seq);
+    }
+}

@@ -11,11 +11,14 @@
 //! - Reads run on tokio's blocking pool, each on a connection taken from a small pool
 //!   ([`ReaderPool`]). WAL readers see the last commit and never wait for the writer.
 //!
+//! - A checkpointer thread copies the WAL into the database in the background
+//!   ([`Checkpointer`]), off the writer's path.
+//!
 //! No lock guards a connection: each one is owned by one thread at a time, moved over
 //! channels. When the last handle is dropped the writer's channel closes, the thread commits
 //! what is queued and ends.
 
-use super::conn::{self, ReaderPool, Role as ConnRole, internal, to_sql_int};
+use super::conn::{self, Checkpointer, ReaderPool, Role as ConnRole, internal, to_sql_int};
 use super::metrics::{self, Op, Writer};
 use super::{Store, schema};
 use async_trait::async_trait;
@@ -66,6 +69,8 @@ impl Default for SqliteOptions {
 pub struct SqliteStore {
     writer: mpsc::Sender<WriteJob>,
     readers: Arc<ReaderPool>,
+    /// Runs while any clone is alive.
+    _checkpointer: Arc<Checkpointer>,
     path: Arc<Path>,
 }
 
@@ -107,6 +112,7 @@ impl SqliteStore {
                 .map_err(|e| internal("sqlite synchronous", e))?;
         }
         let readers = ReaderPool::open(path, options.readers)?;
+        let checkpointer = Checkpointer::spawn(path)?;
         let (writer, queue) = mpsc::channel(QUEUE_CAPACITY);
         std::thread::Builder::new()
             .name("troupe-store-writer".into())
@@ -116,6 +122,7 @@ impl SqliteStore {
         Ok(Self {
             writer,
             readers: Arc::new(readers),
+            _checkpointer: Arc::new(checkpointer),
             path: path.into(),
         })
     }

@@ -811,3 +811,133 @@ proptest! {
         })?;
     }
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_checkpointer_copies_the_wal_into_the_database() {
+    let (dir, store) = fresh();
+    let (s, root) = seeded(&store, None).await;
+    let db = db_path(dir.path());
+    let before = std::fs::metadata(&db).unwrap().len();
+    let text = "x".repeat(1000);
+    for i in 0..300 {
+        store
+            .append_message(message(s.session_id, root, &text, i))
+            .await
+            .unwrap();
+    }
+    // Far below the writers' own autocheckpoint threshold: only the checkpointer copies.
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    while std::fs::metadata(&db).unwrap().len() < before + 300 * 1000 {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "no checkpoint within 10 s"
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+    }
+}
+
+/// Names and labels of every counter increment and histogram record, in order.
+#[derive(Default, Clone)]
+struct Recorded(std::sync::Arc<std::sync::Mutex<Vec<String>>>);
+
+impl Recorded {
+    fn handle(&self, key: &metrics::Key) -> std::sync::Arc<Handle> {
+        let mut labels: Vec<String> = key
+            .labels()
+            .map(|l| format!("{}={}", l.key(), l.value()))
+            .collect();
+        labels.sort();
+        std::sync::Arc::new(Handle(
+            format!("{}{{{}}}", key.name(), labels.join(",")),
+            self.clone(),
+        ))
+    }
+
+    fn count(&self, line: &str) -> usize {
+        self.0.lock().unwrap().iter().filter(|l| *l == line).count()
+    }
+}
+
+struct Handle(String, Recorded);
+
+impl metrics::CounterFn for Handle {
+    fn increment(&self, _: u64) {
+        self.1.0.lock().unwrap().push(self.0.clone());
+    }
+    fn absolute(&self, _: u64) {}
+}
+
+impl metrics::HistogramFn for Handle {
+    fn record(&self, _: f64) {
+        self.1.0.lock().unwrap().push(self.0.clone());
+    }
+}
+
+impl metrics::Recorder for Recorded {
+    fn describe_counter(
+        &self,
+        _: metrics::KeyName,
+        _: Option<metrics::Unit>,
+        _: metrics::SharedString,
+    ) {
+    }
+    fn describe_gauge(
+        &self,
+        _: metrics::KeyName,
+        _: Option<metrics::Unit>,
+        _: metrics::SharedString,
+    ) {
+    }
+    fn describe_histogram(
+        &self,
+        _: metrics::KeyName,
+        _: Option<metrics::Unit>,
+        _: metrics::SharedString,
+    ) {
+    }
+    fn register_counter(&self, key: &metrics::Key, _: &metrics::Metadata<'_>) -> metrics::Counter {
+        metrics::Counter::from_arc(self.handle(key))
+    }
+    fn register_gauge(&self, _: &metrics::Key, _: &metrics::Metadata<'_>) -> metrics::Gauge {
+        metrics::Gauge::noop()
+    }
+    fn register_histogram(
+        &self,
+        key: &metrics::Key,
+        _: &metrics::Metadata<'_>,
+    ) -> metrics::Histogram {
+        metrics::Histogram::from_arc(self.handle(key))
+    }
+}
+
+#[test]
+fn operations_are_timed_and_failures_counted_by_op_and_kind() {
+    let recorded = Recorded::default();
+    metrics::with_local_recorder(&recorded, || {
+        runtime().block_on(async {
+            let (_dir, store) = fresh();
+            let (s, root) = seeded(&store, None).await;
+            store
+                .append_message(message(s.session_id, root, "x", 1))
+                .await
+                .unwrap();
+            let _ = store
+                .append_message(message(s.session_id, ConversationId::new(), "x", 1))
+                .await;
+            store.messages(s.session_id, 10, None).await.unwrap();
+        });
+    });
+    let d = super::metrics::OPERATION_DURATION;
+    let e = super::metrics::ERRORS;
+    assert_eq!(recorded.count(&format!("{d}{{op=append_message}}")), 2);
+    assert_eq!(recorded.count(&format!("{d}{{op=messages}}")), 1);
+    assert_eq!(recorded.count(&format!("{d}{{op=create_session}}")), 1);
+    assert_eq!(
+        recorded.count(&format!("{e}{{kind=not_found,op=append_message}}")),
+        1
+    );
+    assert_eq!(
+        recorded.count(&format!("{e}{{kind=not_found,op=messages}}")),
+        0
+    );
+}
