@@ -44,15 +44,15 @@ pub struct A2aState {
 }
 
 /// `GET /.well-known/agent-card.json`.
-pub async fn card(State(s): State<A2aState>, headers: HeaderMap) -> Response {
+pub async fn card(State(s): State<A2aState>, req_headers: HeaderMap) -> Response {
     let url = match &s.public_url {
         Some(u) => u.to_string(),
         None => {
-            let host = headers
+            let host = req_headers
                 .get(axum::http::header::HOST)
                 .and_then(|h| h.to_str().ok())
                 .unwrap_or("127.0.0.1");
-            let scheme = headers
+            let scheme = req_headers
                 .get("x-forwarded-proto")
                 .and_then(|h| h.to_str().ok())
                 .filter(|p| *p == "https")
@@ -60,11 +60,44 @@ pub async fn card(State(s): State<A2aState>, headers: HeaderMap) -> Response {
             format!("{scheme}://{host}{}", s.rpc_path)
         }
     };
-    (
-        [(axum::http::header::CACHE_CONTROL, "public, max-age=300")],
-        Json(agent_card(&s.card, &url)),
-    )
-        .into_response()
+    let card = agent_card(&s.card, &url);
+    let etag = etag(&card);
+    let headers = [
+        (
+            axum::http::header::CACHE_CONTROL,
+            "public, max-age=300".to_owned(),
+        ),
+        (axum::http::header::ETAG, etag.clone()),
+    ];
+    let cached = headers_match(
+        headers_value(&req_headers, axum::http::header::IF_NONE_MATCH),
+        &etag,
+    );
+    if cached {
+        return (axum::http::StatusCode::NOT_MODIFIED, headers).into_response();
+    }
+    (headers, Json(card)).into_response()
+}
+
+fn headers_value(h: &HeaderMap, name: axum::http::HeaderName) -> Option<&str> {
+    h.get(name).and_then(|v| v.to_str().ok())
+}
+
+/// A weak tag of the card's content (spec 8.6.1): same card, same tag, within this build.
+fn etag(card: &Value) -> String {
+    use std::hash::{Hash, Hasher};
+    let mut h = std::collections::hash_map::DefaultHasher::new();
+    card.to_string().hash(&mut h);
+    format!("W/\"{:016x}\"", h.finish())
+}
+
+/// `If-None-Match` (weak comparison, RFC 9110 13.1.2) against our tag.
+fn headers_match(if_none_match: Option<&str>, etag: &str) -> bool {
+    let bare = |t: &str| t.trim().trim_start_matches("W/").to_owned();
+    if_none_match.is_some_and(|v| {
+        v.split(',')
+            .any(|t| t.trim() == "*" || bare(t) == bare(etag))
+    })
 }
 
 /// A JSON-RPC call, decoded.

@@ -306,6 +306,28 @@ async fn the_card_names_the_endpoint_it_was_fetched_from() {
         .unwrap();
     assert_eq!(card["supportedInterfaces"][0]["url"], f.url);
     assert_eq!(card["url"], f.url);
+    // Cacheable: a client that has it gets 304 for its tag.
+    let first = f
+        .http
+        .get(format!("{base}{CARD_PATH}"))
+        .send()
+        .await
+        .unwrap();
+    let tag = first.headers()["etag"].to_str().unwrap().to_owned();
+    assert!(
+        first.headers()["cache-control"]
+            .to_str()
+            .unwrap()
+            .contains("max-age")
+    );
+    let again = f
+        .http
+        .get(format!("{base}{CARD_PATH}"))
+        .header("If-None-Match", &tag)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(again.status(), 304);
     f.stop().await;
 }
 
