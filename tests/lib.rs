@@ -63,6 +63,7 @@ impl TestSession {
             exec: Some(exec),
             summarizer: Arc::new(LocalSummarizer::default()),
             tokens: Arc::new(troupe_actors::ports::ApproxTokens),
+            rollout_storage: None,
         };
         let (session, join) = SessionHandle::start(SessionId::new(), config, ports)
             .await
@@ -279,6 +280,7 @@ pub async fn start_with_model(
         exec: Some(Arc::new(process_runner())),
         summarizer: Arc::new(LocalSummarizer::default()),
         tokens: Arc::new(troupe_actors::ports::ApproxTokens),
+        rollout_storage: None,
     };
     let (session, join) = SessionHandle::start(SessionId::new(), config, ports)
         .await

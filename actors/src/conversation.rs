@@ -19,13 +19,19 @@
 //! Children: none (the runner is a task, not an actor). Its parent, the Session, restarts it
 //! from its rollout when it fails; a failure drops the runner (aborting it), which gives the
 //! scheduler slot back, and its callers see their reply port close.
+//!
+//! Restore (`restore`: after a failure, or after a restart of the process): `pre_start` reads
+//! the conversation's records, rebuilds the history from them (`history_from_records`), emits
+//! `conversation_restarted`, and for every task that started and never ended a
+//! `task_interrupted` warning and a `task_aborted` record: nothing looks as if it were still
+//! running, and nothing is run again. A conversation with no record yet opens as new.
 
 use crate::approval_store::ApprovalMsg;
 use crate::context::{ConversationContext, history_from_records, narrow};
 use crate::events::{EventDraft, EventSink, sub_id};
 use crate::history::{HistoryLimits, HistoryStore, Summarizer};
 use crate::ports::{CommandRunner, McpPort, McpView, ModelClient, TokenCounter};
-use crate::rollout::RolloutMsg;
+use crate::rollout::{RolloutMsg, RolloutRecord};
 use crate::scheduler::SchedulerMsg;
 use crate::task::{TaskContext, TaskLimits, TaskOutcome};
 use crate::task_registry::TaskRegistryMsg;
@@ -108,8 +114,39 @@ pub struct ConversationArgs {
     pub conversation_id: ConversationId,
     pub params: OpenConversation,
     pub services: Services,
-    /// Rebuild history from the rollout (a restart after a failure).
+    /// Rebuild history from the rollout (a restart after a failure, or of the process). A
+    /// conversation with no record yet is opened as new.
     pub restore: bool,
+    /// Why it is restored (ignored unless `restore`).
+    pub restore_cause: RestoreCause,
+}
+
+/// Why a conversation is rebuilt from its rollout.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum RestoreCause {
+    /// Its actor failed and the Session restarted it.
+    #[default]
+    Failure,
+    /// The process restarted (`SessionHandle::restore`, `SessionConfig::root_id`).
+    Restart,
+}
+
+impl RestoreCause {
+    /// The `conversation_restarted` reason.
+    pub const fn reason(self) -> &'static str {
+        match self {
+            Self::Failure => "the conversation actor failed",
+            Self::Restart => "restored after a restart",
+        }
+    }
+
+    /// What happened to a task that was running.
+    pub const fn interrupted(self) -> &'static str {
+        match self {
+            Self::Failure => "interrupted by the conversation's failure",
+            Self::Restart => "interrupted by a restart",
+        }
+    }
 }
 
 /// The Conversation's mailbox.
@@ -253,28 +290,18 @@ impl Actor for Conversation {
                 policy: args.params.storage_policy,
             });
         let mut history = HistoryStore::new(settings.history, services.summarizer.clone());
-        let mut restored_turns = 0;
-        if args.restore {
-            let records = ractor::call!(services.events.rollout(), |reply| {
+        let records = if args.restore {
+            ractor::call!(services.events.rollout(), |reply| {
                 RolloutMsg::ReadConversation {
                     conversation_id: args.conversation_id,
                     reply,
                 }
-            })??;
-            let items = history_from_records(&records);
-            restored_turns =
-                u32::try_from(records.iter().filter(|r| r.kind == "task_started").count())
-                    .unwrap_or(u32::MAX);
-            let restored = items.len() as u64;
-            history.append(items);
-            services.events.emit(EventDraft::conversation(
-                args.conversation_id,
-                EventKind::ConversationRestarted {
-                    reason: "the conversation actor failed".into(),
-                    restored_items: restored,
-                },
-            ));
+            })??
         } else {
+            Vec::new()
+        };
+        let mut restored_turns = 0;
+        if records.is_empty() {
             services.events.emit(EventDraft::conversation(
                 args.conversation_id,
                 EventKind::ConversationOpened {
@@ -283,6 +310,42 @@ impl Actor for Conversation {
                     user_instructions: args.params.user_instructions.clone(),
                 },
             ));
+        } else {
+            let items = history_from_records(&records);
+            restored_turns =
+                u32::try_from(records.iter().filter(|r| r.kind == "task_started").count())
+                    .unwrap_or(u32::MAX);
+            let restored = items.len() as u64;
+            history.append(items);
+            let cause = args.restore_cause;
+            tracing::info!(conversation_id = %args.conversation_id, ?cause, restored, "conversation restored from its rollout");
+            services.events.emit(EventDraft::conversation(
+                args.conversation_id,
+                EventKind::ConversationRestarted {
+                    reason: cause.reason().into(),
+                    restored_items: restored,
+                },
+            ));
+            // Nothing may look as if it were still running, and nothing runs twice.
+            for task_id in interrupted_tasks(&records) {
+                tracing::warn!(conversation_id = %args.conversation_id, %task_id, "{}", cause.interrupted());
+                services.events.emit(EventDraft::task(
+                    args.conversation_id,
+                    task_id,
+                    EventKind::Warning {
+                        code: "task_interrupted".into(),
+                        message: format!(
+                            "task {task_id} was {}; it is not run again",
+                            cause.interrupted()
+                        ),
+                    },
+                ));
+                services.events.emit(EventDraft::task(
+                    args.conversation_id,
+                    task_id,
+                    EventKind::TaskAborted { waited_ms: 0 },
+                ));
+            }
         }
         for message in warnings {
             services.events.emit(EventDraft::conversation(
@@ -380,6 +443,27 @@ impl Actor for Conversation {
         }
         Ok(())
     }
+}
+
+/// Tasks of a record that started and never ended (no `task_finished` or `task_aborted`), in
+/// the order they started.
+pub fn interrupted_tasks(records: &[RolloutRecord]) -> Vec<TaskId> {
+    let mut started = Vec::new();
+    let mut ended = std::collections::HashSet::new();
+    for r in records {
+        let Some(task_id) = r.task_id else { continue };
+        match r.kind.as_str() {
+            "task_started" | "compaction_started" if !started.contains(&task_id) => {
+                started.push(task_id);
+            }
+            "task_finished" | "task_aborted" => {
+                ended.insert(task_id);
+            }
+            _ => {}
+        }
+    }
+    started.retain(|t| !ended.contains(t));
+    started
 }
 
 /// What to do with a new message.
@@ -779,6 +863,36 @@ impl ConversationState {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    fn record(seq: u64, task_id: TaskId, kind: &str) -> RolloutRecord {
+        RolloutRecord {
+            seq,
+            ts_ms: seq,
+            conversation_id: None,
+            task_id: Some(task_id),
+            kind: kind.into(),
+            level: crate::rollout::RecordLevel::Minimal,
+            event: None,
+            meta: crate::rollout::RecordMeta::default(),
+        }
+    }
+
+    #[test]
+    fn interrupted_tasks_are_those_that_never_ended() {
+        let (done, aborted, running, compacting) =
+            (TaskId::new(), TaskId::new(), TaskId::new(), TaskId::new());
+        let records = vec![
+            record(1, done, "task_started"),
+            record(2, done, "task_finished"),
+            record(3, aborted, "task_started"),
+            record(4, running, "task_started"),
+            record(5, running, "step_started"),
+            record(6, aborted, "task_aborted"),
+            record(7, compacting, "compaction_started"),
+        ];
+        assert_eq!(interrupted_tasks(&records), vec![running, compacting]);
+        assert!(interrupted_tasks(&[]).is_empty());
+    }
 
     #[test]
     fn clamp_message_names_what_was_asked_and_what_is_used() {

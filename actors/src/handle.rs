@@ -3,11 +3,13 @@
 //! (the session is gone) become `AgentError`s, never panics.
 
 use crate::approval_store::ApprovalMsg;
-use crate::rollout::RolloutMsg;
+use crate::rollout::stream::{EventSource, EventStream, RESUME_PAGE};
+use crate::rollout::{RolloutMsg, RolloutRecord};
 use crate::session::{ServiceRefs, Session, SessionArgs, SessionConfig, SessionMsg, SessionPorts};
 use crate::task_registry::TaskRegistryMsg;
 use ractor::{Actor, ActorRef, RactorErr};
 use std::sync::Arc;
+use std::time::Duration;
 use tokio::sync::broadcast;
 use tokio::task::JoinHandle;
 use troupe_proto::{
@@ -73,6 +75,23 @@ impl SessionHandle {
 
     pub async fn open(&self, params: OpenConversation) -> Result<ConversationId, AgentError> {
         ractor::call!(self.actor, |reply| SessionMsg::Open { params, reply }).map_err(gone)?
+    }
+
+    /// Opens a conversation of a previous run under its id (after a restart of the process):
+    /// its history is rebuilt from the rollout as after a failure, a task it was running is
+    /// recorded as aborted (`task_aborted`, interrupted by a restart) and not run again, and
+    /// `seq` continues after storage's last one. Already open: nothing to do.
+    pub async fn restore(
+        &self,
+        conversation_id: ConversationId,
+        params: OpenConversation,
+    ) -> Result<(), AgentError> {
+        ractor::call!(self.actor, |reply| SessionMsg::Restore {
+            conversation_id,
+            params,
+            reply
+        })
+        .map_err(gone)?
     }
 
     /// Runs one task; waits for its final reply. A conversation that fails mid-task answers
@@ -167,6 +186,36 @@ impl SessionHandle {
         ractor::call!(s.rollout, |reply| RolloutMsg::Subscribe { reply }).map_err(gone)
     }
 
+    /// The session's events with `seq > after_seq`: what storage keeps of the past, then live
+    /// events, in strictly increasing `seq`, nothing twice, nothing missing that storage keeps
+    /// (P4). Subscribed before this returns. Live events come as `Full` records with the event;
+    /// stored ones as their policy kept them. It survives a restart of the Rollout and ends
+    /// when the session ends; an error is its last item.
+    pub async fn events(&self, after_seq: u64) -> Result<EventStream, AgentError> {
+        let rollout = self.services().await?.rollout;
+        let source = SessionSource {
+            session: self.clone(),
+            rollout,
+        };
+        EventStream::open(source, after_seq, RESUME_PAGE).await
+    }
+
+    /// One page of the session's stored records: up to `limit` with `seq > after_seq`, in
+    /// order, all of them committed.
+    pub async fn events_after(
+        &self,
+        after_seq: u64,
+        limit: usize,
+    ) -> Result<Vec<RolloutRecord>, AgentError> {
+        let s = self.services().await?;
+        ractor::call!(s.rollout, |reply| RolloutMsg::ReadAfter {
+            after_seq,
+            limit,
+            reply
+        })
+        .map_err(gone)?
+    }
+
     /// Waits until everything emitted so far is on disk.
     pub async fn flush(&self) -> Result<(), AgentError> {
         let s = self.services().await?;
@@ -220,5 +269,50 @@ impl SessionHandle {
     /// Closes every conversation, flushes the rollout and stops the session.
     pub async fn shutdown(&self) -> Result<(), AgentError> {
         ractor::call!(self.actor, |reply| SessionMsg::Shutdown { reply }).map_err(gone)
+    }
+}
+
+/// An event stream's source: the session's Rollout of the moment.
+struct SessionSource {
+    session: SessionHandle,
+    rollout: ActorRef<RolloutMsg>,
+}
+
+/// How long a stream waits for the Session to replace a Rollout that stopped.
+const RECONNECT_ATTEMPTS: u32 = 100;
+const RECONNECT_PAUSE: Duration = Duration::from_millis(20);
+
+#[async_trait::async_trait]
+impl EventSource for SessionSource {
+    async fn subscribe(&mut self) -> Result<broadcast::Receiver<Arc<EventEnvelope>>, AgentError> {
+        self.rollout.subscribe().await
+    }
+
+    async fn read_after(
+        &mut self,
+        after_seq: u64,
+        limit: usize,
+    ) -> Result<Vec<RolloutRecord>, AgentError> {
+        self.rollout.read_after(after_seq, limit).await
+    }
+
+    /// A failed Rollout is restarted by the Session under a new actor: wait for it. A session
+    /// that is gone (or shutting down) ends the stream.
+    async fn reconnect(&mut self) -> Result<bool, AgentError> {
+        if self.rollout.get_status() == ractor::ActorStatus::Running {
+            return Ok(false);
+        }
+        for _ in 0..RECONNECT_ATTEMPTS {
+            let Ok(services) = self.session.services().await else {
+                return Ok(false);
+            };
+            if services.rollout.get_id() != self.rollout.get_id() {
+                tracing::info!(session_id = %self.session.id, "event stream follows the restarted rollout");
+                self.rollout = services.rollout;
+                return Ok(true);
+            }
+            tokio::time::sleep(RECONNECT_PAUSE).await;
+        }
+        Ok(false)
     }
 }

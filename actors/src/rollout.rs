@@ -1,92 +1,98 @@
-//! Rollout: the session's event sequencer and its durable, policy-aware record (S10, S11).
+//! Rollout: the session's event sequencer and its durable, policy-aware record (S10, S11, P4).
 //!
 //! One Rollout per session. Every event of the session passes through it: it assigns the
-//! per-session `seq` (from 1, strictly increasing) and `ts_ms`, hands what the conversation's
-//! [`StoragePolicy`] allows to its writer thread, and only then publishes the whole envelope to
-//! live subscribers. A subscriber that falls behind loses live events (`Lagged`), never records.
+//! per-session `seq` (from 1, strictly increasing, never reused, also across restarts) and
+//! `ts_ms`, hands what the conversation's [`StoragePolicy`] allows to its writer thread, and
+//! the writer publishes the whole envelope to live subscribers once the batch that recorded it
+//! is committed. So everything a subscriber saw that the policy keeps is readable from storage,
+//! even after a crash, and every number it saw is accounted for by storage's high-water mark. A
+//! subscriber that falls behind loses live events (`Lagged`), never records;
+//! [`stream::EventStream`] (`SessionHandle::events`) refills from storage and resumes after
+//! any `seq` without gaps or duplicates.
 //!
 //! # Mailbox
 //! - `ConversationRegistered { conversation_id, policy }`: remembers the policy. Events of a
 //!   conversation that was never registered are recorded as policy `None` (and warned about
-//!   once): content never reaches disk unless a policy allowed it.
-//! - `Emit { draft }`: numbers, records, publishes. Never waits for the disk.
-//! - `Flush { reply }`: answered once everything emitted before it is written and fsynced, or
-//!   `Internal` if the writer hit an I/O error since the previous flush.
-//! - `ReadConversation { conversation_id, reply }`: a flush, then the file read back (oldest
-//!   first; an unreadable line, such as a torn last write, is skipped and logged; a missing file
-//!   is an empty record).
+//!   once): content never reaches storage unless a policy allowed it.
+//! - `Emit { draft }`: numbers, hands the record (if any) and the envelope to the writer.
+//!   Never waits for storage.
+//! - `Flush { reply }`: answered once everything emitted before it is committed with fsync and
+//!   published, or `Internal` if the writer hit a storage error since the previous flush.
+//! - `ReadConversation { conversation_id, reply }`: a flush, then the conversation's records
+//!   (oldest first; an unreadable line, such as a torn last write, is skipped and logged).
+//! - `ReadAfter { after_seq, limit, reply }`: up to `limit` of the session's records with
+//!   `seq > after_seq`, in order, once everything emitted before is committed (no fsync), and
+//!   bounded by the last `seq` assigned then: a page never holds a record beyond what is
+//!   committed, so a resuming stream cannot skip one.
 //! - `Subscribe { reply }`: a new broadcast receiver of `Arc<EventEnvelope>`.
 //! - `SweepTtl`: timer (`ttl_sweep_interval`; zero disables it): downgrades `Ttl` content older
 //!   than its ttl to headers.
 //! - `LastSeq { reply }`: the last `seq` assigned.
 //!
-//! Replies that wait for the disk are sent from a blocking-pool task, so the mailbox never
+//! Replies that wait for storage are sent from a blocking-pool task, so the mailbox never
 //! waits for I/O. (Tokio also does not auto-advance paused time while a blocking task runs, so
 //! paused-time tests see no time jumps while the disk works.)
 //!
-//! # Files
-//! `dir` (created lazily) holds `<conversation_id>.jsonl` per conversation and `session.jsonl`
-//! for session-level events; one JSON [`RolloutRecord`] per line, in `seq` order. What a line
-//! keeps is decided by [`record_for`]: `Full`/`Ttl` keep the event, `HeadersOnly` keeps
-//! [`RecordMeta`] only, `None` keeps task start/end/abort, errors and conversation open/close
-//! with status and error kind only. Session-level events are kept as headers.
+//! # Storage
+//! Behind the [`storage::RolloutStorage`] port: [`FileRolloutStorage`] (JSONL files,
+//! `<root>/<session_id>/<conversation_id>.jsonl` and `session.jsonl`, the default) or SQLite in
+//! `troupe-runtime`. What a record keeps is decided here, by [`record_for`], before anything
+//! reaches a storage: `Full`/`Ttl` keep the event, `HeadersOnly` keeps [`RecordMeta`] only,
+//! `None` keeps task start/end/abort, errors and conversation open/close with status and
+//! error kind only. Session-level events are kept as headers.
 //!
 //! # Durability
-//! All file I/O happens on one dedicated writer thread fed by a channel. It takes one command,
-//! drains what is already queued (up to 1024) and group-commits: lines are appended through
-//! buffers and written to the OS at the end of every batch; files are fsynced (`sync_data`,
-//! plus the directory when a file was created) only when the batch holds a sync point: a
-//! `task_finished`, `task_aborted` or `conversation_closed` record, or a `Flush`. Flush acks go
-//! out after that fsync. At most 64 files are kept open (least recently used is closed, and
-//! fsynced first if it holds unsynced lines). A TTL sweep rewrites a file through a temporary
-//! file, fsync, rename and directory fsync, so a crash leaves either the old or the new file.
-//! A write error is logged, counted and reported to the next `Flush`; the writer never panics.
+//! All writes happen on one dedicated writer thread fed by a channel (`rollout/writer.rs`). It
+//! takes one command, drains what is already queued (up to 1024) and group-commits: one
+//! [`storage::RolloutSink::commit`] per batch, with fsync only when the batch holds a sync
+//! point (a `task_finished`, `task_aborted` or `conversation_closed` record, or a `Flush`),
+//! and with the highest `seq` assigned so far as the high-water mark, so that numbers of events
+//! the policy did not record are not handed out again after a restart. Then it publishes the
+//! batch's events and answers its flushes. An event whose record failed to append or commit is
+//! not published (`troupe_rollout_events_withheld_total`); the error is logged, counted and
+//! reported to the next `Flush`; the writer never panics.
 //!
 //! # Supervision
 //! The Session supervises the Rollout; it has no children besides its writer thread. Stopping
-//! it (`post_stop`) closes the writer's channel and joins the thread, which first writes and
-//! fsyncs everything it was handed: stop with `drain_and_wait` so that events still queued in
+//! it (`post_stop`) closes the writer's channel and joins the thread, which first commits with
+//! fsync everything it was handed: stop with `drain_and_wait` so that events still queued in
 //! the mailbox are handed over too. If the writer is gone, `Emit` fails the actor; the Session
-//! restarts it on the same directory, and `pre_start` continues `seq` from the highest `seq`
-//! found there (read from the tail of each file). Events that policy `None` did not record
-//! after the last recorded one leave no trace, so their numbers can be reused after a restart.
-//! If the actor is killed instead, dropping its state still closes the channel and the writer
-//! drains on its own, unjoined.
+//! restarts it on the same storage, and `pre_start` continues `seq` after storage's
+//! `last_seq` (the highest recorded `seq` or high-water mark). If the actor is killed or
+//! panics instead, dropping its state closes the channel, the writer commits what it holds,
+//! and the drop waits for it (blocking), so the next incarnation never reads `last_seq` while
+//! the old one still writes. If the process dies, what was committed stays; what was not was
+//! never published, and its numbers may be handed out again.
 
+#[doc(hidden)]
+pub mod conformance;
+pub mod file;
 pub mod metrics;
 pub mod storage;
+pub mod stream;
+mod writer;
 
 use crate::clock::Clock;
 use crate::events::EventDraft;
-use metrics::WriteOp;
+pub use file::{FileRolloutStorage, SESSION_FILE, conversation_path, read_records};
 use ractor::{Actor, ActorProcessingErr, ActorRef, RpcReplyPort};
 use serde::{Deserialize, Serialize};
 use std::collections::{HashMap, HashSet};
-use std::fs::{self, File, OpenOptions};
-use std::io::{self, BufWriter, Read, Seek, SeekFrom, Write};
-use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
+use storage::RolloutStorage;
 use tokio::sync::broadcast;
 use troupe_proto::{
     AgentError, ApprovalSubject, ConversationId, ErrorKind, EventEnvelope, EventKind, SessionId,
     StoragePolicy, TaskId, TaskStatus, Usage,
 };
-
-/// File of the session-level events.
-pub const SESSION_FILE: &str = "session.jsonl";
-/// Commands the writer takes into one group commit at most.
-const MAX_BATCH: usize = 1024;
-/// Files the writer keeps open at most.
-const MAX_OPEN_FILES: usize = 64;
-/// First read when looking for the last `seq` of a file (doubled until a line start is found).
-const TAIL_CHUNK: usize = 64 * 1024;
+use writer::{AckReceiver, WriterCmd, WriterHandle, wait_ack};
 
 /// Start-up arguments.
 pub struct RolloutArgs {
     pub session_id: SessionId,
-    /// This session's directory: `<data>/rollout/<session_id>/`.
-    pub dir: PathBuf,
+    /// Where the session's record lives (and is read back from).
+    pub storage: Arc<dyn RolloutStorage>,
     pub clock: Clock,
     /// How often Ttl conversations are swept.
     pub ttl_sweep_interval: Duration,
@@ -103,11 +109,11 @@ pub struct RolloutState {
     core: RolloutCore,
     session_id: SessionId,
     clock: Clock,
-    /// Where ReadConversation looks; the writer has its own copy.
-    dir: PathBuf,
+    /// Where reads go; the writer holds the session's sink.
+    storage: Arc<dyn RolloutStorage>,
     /// `None` once stopped.
     writer: Option<WriterHandle>,
-    /// Kept so that subscribers can join at any time; sending with none is fine.
+    /// Kept so that subscribers can join at any time; the writer publishes through a clone.
     events: broadcast::Sender<Arc<EventEnvelope>>,
     ttl_sweep_interval: Duration,
     sweep_timer: Option<tokio::task::JoinHandle<()>>,
@@ -122,15 +128,24 @@ pub enum RolloutMsg {
         conversation_id: ConversationId,
         policy: StoragePolicy,
     },
-    /// Numbers one event, hands what its policy allows to the writer, then publishes it.
+    /// Numbers one event and hands it to the writer, which records what its policy allows and
+    /// publishes it once committed.
     Emit { draft: EventDraft },
-    /// Durability barrier: answered once everything emitted before it is written and fsynced.
+    /// Durability barrier: answered once everything emitted before it is committed, fsynced
+    /// and published.
     Flush {
         reply: RpcReplyPort<Result<(), AgentError>>,
     },
     /// Reads a conversation's record back (after an implicit flush), oldest first.
     ReadConversation {
         conversation_id: ConversationId,
+        reply: RpcReplyPort<Result<Vec<RolloutRecord>, AgentError>>,
+    },
+    /// Up to `limit` of the session's committed records with `seq > after_seq`, in `seq` order
+    /// (one page of a resume).
+    ReadAfter {
+        after_seq: u64,
+        limit: usize,
         reply: RpcReplyPort<Result<Vec<RolloutRecord>, AgentError>>,
     },
     /// A receiver of live events; a slow one lags, the record does not.
@@ -141,6 +156,10 @@ pub enum RolloutMsg {
     SweepTtl,
     /// Observation: the last sequence number assigned.
     LastSeq { reply: RpcReplyPort<u64> },
+    /// Test only: the writer thread dies as in a killed process (nothing more is committed or
+    /// published).
+    #[cfg(test)]
+    CrashWriter,
 }
 
 /// How much of an event a record keeps.
@@ -191,7 +210,8 @@ pub struct RecordMeta {
     pub duration_ms: Option<u64>,
 }
 
-/// One line of a conversation's rollout file (`<conversation_id>.jsonl`).
+/// One record of the rollout: a line of a conversation's rollout file, a row of a store, an
+/// item of an event stream.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct RolloutRecord {
     pub seq: u64,
@@ -207,6 +227,24 @@ pub struct RolloutRecord {
     pub meta: RecordMeta,
 }
 
+impl RolloutRecord {
+    /// A live event as a record: level `Full` with the event, whatever the conversation's
+    /// policy keeps (a live subscriber sees the event itself; storage keeps what the policy
+    /// allows).
+    pub fn live(env: &EventEnvelope) -> Self {
+        Self {
+            seq: env.seq,
+            ts_ms: env.ts_ms,
+            conversation_id: env.conversation_id,
+            task_id: env.task_id,
+            kind: env.event.name().to_owned(),
+            level: RecordLevel::Full,
+            event: Some(env.event.clone()),
+            meta: headers_meta(&env.event),
+        }
+    }
+}
+
 #[ractor::async_trait]
 impl Actor for Rollout {
     type Msg = RolloutMsg;
@@ -218,23 +256,26 @@ impl Actor for Rollout {
         _myself: ActorRef<Self::Msg>,
         args: RolloutArgs,
     ) -> Result<RolloutState, ActorProcessingErr> {
-        let dir = args.dir.clone();
-        // Continue the numbering of a previous incarnation (a restart after a failure).
-        let last_seq = tokio::task::spawn_blocking(move || max_seq_in_dir(&dir))
-            .await
-            .map_err(|e| AgentError::internal(format!("rollout seq scan: {e}")))?
-            .map_err(|e| {
-                AgentError::internal(format!("rollout seq scan of {}: {e}", args.dir.display()))
-            })?;
-        let writer = WriterHandle::spawn(args.dir.clone(), args.session_id)
-            .map_err(|e| AgentError::internal(format!("rollout writer thread: {e}")))?;
+        let session_id = args.session_id;
+        let storage = args.storage.clone();
+        // Continue the numbering of a previous incarnation (a restart after a failure, or of
+        // the process): numbers are never handed out twice.
+        let (sink, last_seq) = tokio::task::spawn_blocking(move || {
+            let sink = storage.open_sink(session_id)?;
+            let last_seq = storage.last_seq(session_id)?;
+            Ok::<_, AgentError>((sink, last_seq))
+        })
+        .await
+        .map_err(|e| AgentError::internal(format!("opening the rollout: {e}")))??;
         let (events, _) = broadcast::channel(args.subscriber_capacity.max(1));
-        tracing::info!(session_id = %args.session_id, last_seq, dir = %args.dir.display(), "rollout started");
+        let writer = WriterHandle::spawn(sink, session_id, events.clone(), last_seq)
+            .map_err(|e| AgentError::internal(format!("rollout writer thread: {e}")))?;
+        tracing::info!(%session_id, last_seq, "rollout started");
         Ok(RolloutState {
             core: RolloutCore::new(last_seq),
-            session_id: args.session_id,
+            session_id,
             clock: args.clock,
-            dir: args.dir,
+            storage: args.storage,
             writer: Some(writer),
             events,
             ttl_sweep_interval: args.ttl_sweep_interval,
@@ -285,12 +326,24 @@ impl Actor for Rollout {
                 conversation_id,
                 reply,
             } => state.read_conversation(conversation_id, reply),
+            RolloutMsg::ReadAfter {
+                after_seq,
+                limit,
+                reply,
+            } => state.read_after(after_seq, limit, reply),
             RolloutMsg::Subscribe { reply } => {
                 let _ = reply.send(state.events.subscribe());
             }
             RolloutMsg::SweepTtl => state.sweep_ttl()?,
             RolloutMsg::LastSeq { reply } => {
                 let _ = reply.send(state.core.last_seq());
+            }
+            #[cfg(test)]
+            RolloutMsg::CrashWriter => {
+                state.send(WriterCmd::Crash)?;
+                if let Some(writer) = state.writer.take() {
+                    writer.shutdown(state.session_id).await;
+                }
             }
         }
         Ok(())
@@ -307,10 +360,11 @@ impl RolloutState {
         }
     }
 
-    /// Numbers the event, hands its record to the writer, then publishes it. Failing to reach
-    /// the writer fails the actor: recording is its whole job.
+    /// Numbers the event and hands it to the writer, which records and then publishes it.
+    /// Failing to reach the writer fails the actor: recording is its whole job.
     fn emit(&mut self, draft: EventDraft) -> Result<(), AgentError> {
         let env = self.core.stamp(self.session_id, draft, self.clock.now_ms());
+        let stamped = Instant::now();
         let kind = env.event.name();
         metrics::event_emitted(kind);
         let placement = self.core.placement(env.conversation_id);
@@ -323,29 +377,33 @@ impl RolloutState {
                 );
             }
         }
-        match record_for(placement.policy(), &env) {
-            Some(record) => self.send(WriterCmd::Append {
-                target: placement.target(),
-                record,
-            })?,
-            None => metrics::event_unrecorded(kind),
+        let record = record_for(placement.policy(), &env);
+        if record.is_none() {
+            metrics::event_unrecorded(kind);
         }
         // A closed conversation's state goes, so a long-lived session does not grow with
         // every conversation it ever had.
-        if let (EventKind::ConversationClosed { .. }, Some(conversation_id)) =
-            (&env.event, env.conversation_id)
-            && self.core.closed(conversation_id, env.ts_ms)
-        {
+        let forget = match (&env.event, env.conversation_id) {
+            (EventKind::ConversationClosed { .. }, Some(conversation_id)) => self
+                .core
+                .closed(conversation_id, env.ts_ms)
+                .then_some(conversation_id),
+            _ => None,
+        };
+        tracing::trace!(seq = env.seq, kind, "event emitted");
+        self.send(WriterCmd::Event {
+            record,
+            env: Arc::new(env),
+            stamped,
+        })?;
+        if let Some(conversation_id) = forget {
             self.send(WriterCmd::Forget { conversation_id })?;
         }
-        tracing::trace!(seq = env.seq, kind, "event emitted");
-        // No receiver is not an error: nobody is watching live.
-        let _ = self.events.send(Arc::new(env));
         Ok(())
     }
 
     fn flush(&self, reply: RpcReplyPort<Result<(), AgentError>>) {
-        match self.request_flush() {
+        match self.request(|ack| WriterCmd::Flush { ack }) {
             Ok(ack) => {
                 tokio::task::spawn_blocking(move || {
                     let _ = reply.send(wait_ack(&ack));
@@ -362,11 +420,41 @@ impl RolloutState {
         conversation_id: ConversationId,
         reply: RpcReplyPort<Result<Vec<RolloutRecord>, AgentError>>,
     ) {
-        match self.request_flush() {
+        match self.request(|ack| WriterCmd::Flush { ack }) {
             Ok(ack) => {
-                let path = conversation_path(&self.dir, conversation_id);
+                let storage = self.storage.clone();
+                let session_id = self.session_id;
                 tokio::task::spawn_blocking(move || {
-                    let _ = reply.send(wait_ack(&ack).and_then(|()| read_records(&path)));
+                    let _ = reply.send(
+                        wait_ack(&ack)
+                            .and_then(|()| storage.read_conversation(session_id, conversation_id)),
+                    );
+                });
+            }
+            Err(e) => {
+                let _ = reply.send(Err(e));
+            }
+        }
+    }
+
+    fn read_after(
+        &self,
+        after_seq: u64,
+        limit: usize,
+        reply: RpcReplyPort<Result<Vec<RolloutRecord>, AgentError>>,
+    ) {
+        // Everything up to here is committed once the barrier is answered; anything later may
+        // be half-visible in storage and is left to the live receiver.
+        let bound = self.core.last_seq();
+        match self.request(|ack| WriterCmd::Barrier { ack }) {
+            Ok(ack) => {
+                let storage = self.storage.clone();
+                let session_id = self.session_id;
+                tokio::task::spawn_blocking(move || {
+                    let page = wait_ack(&ack)
+                        .and_then(|()| storage.read_after(session_id, after_seq, limit))
+                        .map(|records| committed_page(records, bound));
+                    let _ = reply.send(page);
                 });
             }
             Err(e) => {
@@ -390,9 +478,12 @@ impl RolloutState {
         Ok(())
     }
 
-    fn request_flush(&self) -> Result<AckReceiver, AgentError> {
+    fn request(
+        &self,
+        cmd: impl FnOnce(writer::AckSender) -> WriterCmd,
+    ) -> Result<AckReceiver, AgentError> {
         let (ack, rx) = crossbeam_channel::bounded(1);
-        self.send(WriterCmd::Flush { ack })?;
+        self.send(cmd(ack))?;
         Ok(rx)
     }
 
@@ -401,11 +492,21 @@ impl RolloutState {
             .writer
             .as_ref()
             .ok_or_else(|| AgentError::internal("rollout writer stopped"))?;
-        writer.tx.send(cmd).map_err(|_| {
+        if writer.send(cmd) {
+            Ok(())
+        } else {
             tracing::error!(session_id = %self.session_id, "rollout writer thread is gone");
-            AgentError::internal("rollout writer thread is gone")
-        })
+            Err(AgentError::internal("rollout writer thread is gone"))
+        }
     }
+}
+
+/// The records of a page that are known to be committed: those up to `bound`, the last `seq`
+/// assigned when the read was asked for. Storage returns a page's records in `seq` order, so
+/// this keeps a prefix, and a page shortened by it still ends the backlog correctly.
+fn committed_page(mut records: Vec<RolloutRecord>, bound: u64) -> Vec<RolloutRecord> {
+    records.retain(|r| r.seq <= bound);
+    records
 }
 
 /// Sequencing and policy decisions, free of I/O.
@@ -423,7 +524,7 @@ struct RolloutCore {
 /// Where an event's record goes, and under which policy.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Placement {
-    /// No conversation: `session.jsonl`, headers only.
+    /// No conversation: session-level, headers only.
     Session,
     Registered(ConversationId, StoragePolicy),
     /// Never registered: treated as policy `None`, the strictest.
@@ -436,13 +537,6 @@ impl Placement {
             Self::Session => StoragePolicy::HeadersOnly,
             Self::Registered(_, policy) => policy,
             Self::Unregistered(_) => StoragePolicy::None,
-        }
-    }
-
-    fn target(self) -> Target {
-        match self {
-            Self::Session => Target::Session,
-            Self::Registered(id, _) | Self::Unregistered(id) => Target::Conversation(id),
         }
     }
 }
@@ -500,8 +594,6 @@ impl RolloutCore {
         self.warned.insert(conversation_id)
     }
 
-    /// Each Ttl conversation with the time before which its content must go. The writer skips
-    /// files it knows hold nothing that old.
     /// A conversation closed at `now_ms`. Returns true when it can be forgotten at once (its
     /// policy needs no sweep); a Ttl conversation waits for its last sweep.
     fn closed(&mut self, conversation_id: ConversationId, now_ms: u64) -> bool {
@@ -539,6 +631,8 @@ impl RolloutCore {
         done
     }
 
+    /// Each Ttl conversation with the time before which its content must go. The sink skips
+    /// what it knows holds nothing that old.
     fn sweep_plan(&self, now_ms: u64) -> Vec<(ConversationId, u64)> {
         let mut plan: Vec<(ConversationId, u64)> = self
             .policies
@@ -772,618 +866,12 @@ fn minimal_meta(event: &EventKind) -> RecordMeta {
     }
 }
 
-/// A conversation's rollout file.
-pub fn conversation_path(dir: &Path, conversation_id: ConversationId) -> PathBuf {
-    Target::Conversation(conversation_id).path(dir)
-}
-
-/// Reads a rollout file, oldest first. Unreadable lines (a torn last write) are skipped and
-/// logged; a missing file is an empty record. Blocking: call it off the async threads.
-pub fn read_records(path: &Path) -> Result<Vec<RolloutRecord>, AgentError> {
-    let bytes = match fs::read(path) {
-        Ok(bytes) => bytes,
-        Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(Vec::new()),
-        Err(e) => {
-            return Err(AgentError::internal(format!(
-                "reading {}: {e}",
-                path.display()
-            )));
-        }
-    };
-    let mut records = Vec::new();
-    let mut unreadable = 0;
-    for (index, line) in bytes.split(|b| *b == b'\n').enumerate() {
-        if line.iter().all(u8::is_ascii_whitespace) {
-            continue;
-        }
-        match serde_json::from_slice::<RolloutRecord>(line) {
-            Ok(record) => records.push(record),
-            Err(e) => {
-                unreadable += 1;
-                tracing::warn!(path = %path.display(), line = index + 1, error = %e, "skipping unreadable rollout line");
-            }
-        }
-    }
-    if unreadable > 0 {
-        metrics::unreadable_lines(unreadable);
-    }
-    Ok(records)
-}
-
-/// The highest `seq` recorded in `dir` (0 if none), removing temporary files that an
-/// interrupted sweep left behind. Blocking.
-fn max_seq_in_dir(dir: &Path) -> io::Result<u64> {
-    let entries = match fs::read_dir(dir) {
-        Ok(entries) => entries,
-        Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(0),
-        Err(e) => return Err(e),
-    };
-    let mut max = 0;
-    for entry in entries {
-        let path = entry?.path();
-        let name = path.file_name().and_then(|n| n.to_str()).unwrap_or("");
-        if name.ends_with(".jsonl.tmp") {
-            if let Err(e) = fs::remove_file(&path) {
-                tracing::warn!(path = %path.display(), error = %e, "cannot remove stale sweep file");
-            }
-        } else if name.ends_with(".jsonl") {
-            max = max.max(last_seq_in_file(&path)?);
-        }
-    }
-    Ok(max)
-}
-
-/// The `seq` of a file's last line, reading backwards from its end in growing chunks.
-fn last_seq_in_file(path: &Path) -> io::Result<u64> {
-    let mut file = File::open(path)?;
-    let mut start = file.metadata()?.len();
-    let mut tail: Vec<u8> = Vec::new();
-    while start > 0 {
-        let want = TAIL_CHUNK.max(tail.len());
-        let from = start.saturating_sub(u64::try_from(want).unwrap_or(u64::MAX));
-        let mut chunk = vec![0; usize::try_from(start - from).unwrap_or(0)];
-        file.seek(SeekFrom::Start(from))?;
-        file.read_exact(&mut chunk)?;
-        chunk.extend_from_slice(&tail);
-        tail = chunk;
-        start = from;
-        if let Some(seq) = last_seq_in_tail(&tail, start == 0) {
-            return Ok(seq);
-        }
-    }
-    Ok(0)
-}
-
-/// The `seq` of the last line of `tail` that starts there. The first piece counts as a line
-/// start only at the start of the file. A torn line still counts when its `seq` is complete:
-/// that event may have been published, so its number must not be handed out again.
-fn last_seq_in_tail(tail: &[u8], at_file_start: bool) -> Option<u64> {
-    #[derive(Deserialize)]
-    struct SeqOnly {
-        seq: u64,
-    }
-    // `seq` is the first field of a serialised record; content inside strings is escaped, so
-    // this prefix only ever matches at the start of a record.
-    const PREFIX: &[u8] = b"{\"seq\":";
-    let pieces = tail.split(|b| *b == b'\n').count();
-    for (index, line) in tail.rsplit(|b| *b == b'\n').enumerate() {
-        let is_first_piece = index + 1 == pieces;
-        if is_first_piece && !at_file_start {
-            break;
-        }
-        if let Some(rest) = line.strip_prefix(PREFIX) {
-            let digits = rest.iter().take_while(|b| b.is_ascii_digit()).count();
-            if digits > 0 && rest.get(digits) == Some(&b',') {
-                let seq = std::str::from_utf8(&rest[..digits])
-                    .ok()
-                    .and_then(|s| s.parse().ok());
-                if seq.is_some() {
-                    return seq;
-                }
-            }
-        }
-        if let Ok(record) = serde_json::from_slice::<SeqOnly>(line) {
-            return Some(record.seq);
-        }
-    }
-    None
-}
-
-/// What a TTL sweep makes of a file.
-#[derive(Debug, PartialEq)]
-struct SweepOutcome {
-    /// The new content (valid only if something changed).
-    bytes: Vec<u8>,
-    downgraded: u64,
-    /// Unreadable lines left out (they may hold content).
-    dropped: u64,
-    /// `ts_ms` of the oldest `Full` line left.
-    oldest_full: Option<u64>,
-}
-
-impl SweepOutcome {
-    fn changed(&self) -> bool {
-        self.downgraded > 0 || self.dropped > 0
-    }
-}
-
-/// Downgrades every `Full` line older than `cutoff_ms`; other lines are kept byte for byte.
-fn sweep_lines(input: &[u8], cutoff_ms: u64) -> SweepOutcome {
-    let mut out = SweepOutcome {
-        bytes: Vec::with_capacity(input.len()),
-        downgraded: 0,
-        dropped: 0,
-        oldest_full: None,
-    };
-    for line in input.split(|b| *b == b'\n') {
-        if line.iter().all(u8::is_ascii_whitespace) {
-            continue;
-        }
-        match serde_json::from_slice::<RolloutRecord>(line) {
-            Ok(record) if record.level == RecordLevel::Full && record.ts_ms < cutoff_ms => {
-                match serde_json::to_vec(&downgrade(record)) {
-                    Ok(bytes) => {
-                        out.bytes.extend_from_slice(&bytes);
-                        out.bytes.push(b'\n');
-                        out.downgraded += 1;
-                    }
-                    Err(_) => out.dropped += 1,
-                }
-            }
-            Ok(record) => {
-                if record.level == RecordLevel::Full {
-                    out.oldest_full = Some(
-                        out.oldest_full
-                            .map_or(record.ts_ms, |t| t.min(record.ts_ms)),
-                    );
-                }
-                out.bytes.extend_from_slice(line);
-                out.bytes.push(b'\n');
-            }
-            Err(_) => out.dropped += 1,
-        }
-    }
-    out
-}
-
-/// Whether a file may hold `Full` lines older than `cutoff_ms`. `known`: `None` when the writer
-/// has not looked at the file yet, else the oldest `Full` line's time (if any).
-fn needs_sweep(known: Option<Option<u64>>, cutoff_ms: u64) -> bool {
-    match known {
-        None => true,
-        Some(None) => false,
-        Some(Some(oldest)) => oldest < cutoff_ms,
-    }
-}
-
-/// A file of the session's directory.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-enum Target {
-    Session,
-    Conversation(ConversationId),
-}
-
-impl Target {
-    fn path(self, dir: &Path) -> PathBuf {
-        match self {
-            Self::Session => dir.join(SESSION_FILE),
-            Self::Conversation(id) => dir.join(format!("{id}.jsonl")),
-        }
-    }
-}
-
-type AckSender = crossbeam_channel::Sender<Result<(), AgentError>>;
-type AckReceiver = crossbeam_channel::Receiver<Result<(), AgentError>>;
-
-/// Blocks until the writer answers a flush.
-fn wait_ack(ack: &AckReceiver) -> Result<(), AgentError> {
-    ack.recv().unwrap_or_else(|_| {
-        Err(AgentError::internal(
-            "rollout writer stopped before the flush",
-        ))
-    })
-}
-
-/// What the actor asks of its writer thread.
-// `Append` is nearly every command; boxing it would only add an allocation per record.
-#[allow(clippy::large_enum_variant)]
-enum WriterCmd {
-    Append {
-        target: Target,
-        record: RolloutRecord,
-    },
-    /// Fsync everything written so far, then ack.
-    Flush { ack: AckSender },
-    /// Downgrade each conversation's `Full` lines older than its cutoff.
-    Sweep { plan: Vec<(ConversationId, u64)> },
-    /// The conversation is over: close its file (durably) and drop what the writer knows.
-    Forget { conversation_id: ConversationId },
-}
-
-/// The actor's end of the writer thread.
-struct WriterHandle {
-    tx: crossbeam_channel::Sender<WriterCmd>,
-    thread: std::thread::JoinHandle<()>,
-}
-
-impl WriterHandle {
-    fn spawn(dir: PathBuf, session_id: SessionId) -> io::Result<Self> {
-        let (tx, rx) = crossbeam_channel::unbounded();
-        let thread = std::thread::Builder::new()
-            .name("rollout-writer".to_owned())
-            .spawn(move || {
-                let span = tracing::info_span!("rollout_writer", %session_id);
-                let _entered = span.enter();
-                Writer::new(dir).run(&rx);
-            })?;
-        Ok(Self { tx, thread })
-    }
-
-    /// Closes the channel (the writer then commits what it holds, fsyncs and exits) and joins.
-    async fn shutdown(self, session_id: SessionId) {
-        let Self { tx, thread } = self;
-        drop(tx);
-        match tokio::task::spawn_blocking(move || thread.join()).await {
-            Ok(Ok(())) => tracing::debug!(%session_id, "rollout writer stopped"),
-            Ok(Err(_)) => tracing::error!(%session_id, "rollout writer thread panicked"),
-            Err(e) => tracing::error!(%session_id, error = %e, "joining the rollout writer failed"),
-        }
-    }
-}
-
-/// An open rollout file.
-struct OpenFile {
-    out: BufWriter<File>,
-    /// For least-recently-used eviction.
-    last_used: u64,
-}
-
-/// The writer thread's state. It owns every file of the directory.
-struct Writer {
-    dir: PathBuf,
-    dir_created: bool,
-    /// A file was created since the directory was last fsynced.
-    dir_dirty: bool,
-    open: HashMap<Target, OpenFile>,
-    tick: u64,
-    /// Open files holding lines not yet fsynced. Always a subset of `open`: a file is fsynced
-    /// before it is closed.
-    unsynced: HashSet<Target>,
-    /// Files whose last write failed: the next write starts with a newline so that a torn
-    /// line stays on a line of its own.
-    tainted: HashSet<Target>,
-    /// Per conversation file, the oldest `Full` line's time (`None`: none); absent when unknown.
-    full_since: HashMap<ConversationId, Option<u64>>,
-    /// The first error since the last flush ack, reported to the next flush.
-    error: Option<String>,
-}
-
-impl Writer {
-    fn new(dir: PathBuf) -> Self {
-        Self {
-            dir,
-            dir_created: false,
-            dir_dirty: false,
-            open: HashMap::new(),
-            tick: 0,
-            unsynced: HashSet::new(),
-            tainted: HashSet::new(),
-            full_since: HashMap::new(),
-            error: None,
-        }
-    }
-
-    /// Group commit loop: block for one command, take what else is queued, commit.
-    fn run(mut self, rx: &crossbeam_channel::Receiver<WriterCmd>) {
-        let mut batch = Vec::with_capacity(MAX_BATCH);
-        while let Ok(first) = rx.recv() {
-            batch.push(first);
-            while batch.len() < MAX_BATCH {
-                match rx.try_recv() {
-                    Ok(cmd) => batch.push(cmd),
-                    Err(_) => break,
-                }
-            }
-            metrics::batch(batch.len());
-            self.process(batch.drain(..));
-        }
-        // The actor is gone: make everything it handed over durable, then close.
-        self.commit(true);
-        let targets: Vec<Target> = self.open.keys().copied().collect();
-        for target in targets {
-            self.close(target);
-        }
-        if let Some(error) = self.error.take() {
-            tracing::error!(%error, "rollout writer stopped after a write error");
-        }
-    }
-
-    fn process(&mut self, batch: impl Iterator<Item = WriterCmd>) {
-        let mut sync = false;
-        let mut acks = Vec::new();
-        for cmd in batch {
-            match cmd {
-                WriterCmd::Append { target, record } => {
-                    sync |= is_sync_point(&record.kind);
-                    self.append(target, &record);
-                }
-                WriterCmd::Flush { ack } => {
-                    sync = true;
-                    acks.push(ack);
-                }
-                WriterCmd::Sweep { plan } => {
-                    for (conversation_id, cutoff_ms) in plan {
-                        self.sweep(conversation_id, cutoff_ms);
-                    }
-                }
-                WriterCmd::Forget { conversation_id } => {
-                    self.close(Target::Conversation(conversation_id));
-                    self.full_since.remove(&conversation_id);
-                }
-            }
-        }
-        self.commit(sync);
-        if !acks.is_empty() {
-            let result = match self.error.take() {
-                None => Ok(()),
-                Some(error) => Err(AgentError::internal(format!(
-                    "rollout write failed: {error}"
-                ))),
-            };
-            for ack in acks {
-                let _ = ack.send(result.clone());
-            }
-        }
-    }
-
-    fn append(&mut self, target: Target, record: &RolloutRecord) {
-        let mut line = match serde_json::to_vec(record) {
-            Ok(line) => line,
-            Err(e) => return self.fail(WriteOp::Encode, None, &e),
-        };
-        line.push(b'\n');
-        if let Err((op, e)) = self.ensure_open(target) {
-            return self.fail(op, Some(target), &e);
-        }
-        self.tick += 1;
-        let Some(file) = self.open.get_mut(&target) else {
-            return;
-        };
-        file.last_used = self.tick;
-        if let Err(e) = file.out.write_all(&line) {
-            return self.fail(WriteOp::Append, Some(target), &e);
-        }
-        self.unsynced.insert(target);
-        metrics::record_written(record.level, line.len());
-        if let (Target::Conversation(id), RecordLevel::Full) = (target, record.level)
-            && let Some(known @ None) = self.full_since.get_mut(&id)
-        {
-            *known = Some(record.ts_ms);
-        }
-    }
-
-    /// Writes buffered lines to the OS; with `sync`, fsyncs every file holding unsynced lines
-    /// (and the directory if a file was created).
-    fn commit(&mut self, sync: bool) {
-        let mut failed = Vec::new();
-        for (target, file) in &mut self.open {
-            if !file.out.buffer().is_empty()
-                && let Err(e) = file.out.flush()
-            {
-                failed.push((*target, e));
-            }
-        }
-        for (target, e) in failed {
-            self.fail(WriteOp::Flush, Some(target), &e);
-        }
-        if !sync {
-            return;
-        }
-        let targets: Vec<Target> = self.unsynced.drain().collect();
-        for target in targets {
-            if let Some(file) = self.open.get(&target) {
-                let started = Instant::now();
-                match file.out.get_ref().sync_data() {
-                    Ok(()) => metrics::fsynced(started.elapsed()),
-                    Err(e) => self.fail(WriteOp::Sync, Some(target), &e),
-                }
-            }
-        }
-        if self.dir_dirty {
-            match sync_dir(&self.dir) {
-                Ok(()) => self.dir_dirty = false,
-                Err(e) => self.fail(WriteOp::Sync, None, &e),
-            }
-        }
-    }
-
-    fn ensure_open(&mut self, target: Target) -> Result<(), (WriteOp, io::Error)> {
-        if self.open.contains_key(&target) {
-            return Ok(());
-        }
-        if !self.dir_created {
-            create_private_dir(&self.dir).map_err(|e| (WriteOp::CreateDir, e))?;
-            // The directory's own entry must survive a crash too.
-            if let Some(parent) = self.dir.parent() {
-                let _ = sync_dir(parent);
-            }
-            self.dir_created = true;
-        }
-        if self.open.len() >= MAX_OPEN_FILES
-            && let Some(lru) = self
-                .open
-                .iter()
-                .min_by_key(|(_, f)| f.last_used)
-                .map(|(t, _)| *t)
-        {
-            self.close(lru);
-        }
-        let path = target.path(&self.dir);
-        let existed = path.try_exists().unwrap_or(true);
-        // A crash can leave a torn last line; appending to it would spoil the next record too.
-        if existed && ends_mid_line(&path).map_err(|e| (WriteOp::Open, e))? {
-            self.tainted.insert(target);
-        }
-        let file = private_file_options()
-            .create(true)
-            .append(true)
-            .open(&path)
-            .map_err(|e| (WriteOp::Open, e))?;
-        if !existed {
-            self.dir_dirty = true;
-            if let Target::Conversation(id) = target {
-                self.full_since.insert(id, None);
-            }
-        }
-        let mut out = BufWriter::with_capacity(16 * 1024, file);
-        if self.tainted.remove(&target) {
-            out.write_all(b"\n").map_err(|e| (WriteOp::Append, e))?;
-        }
-        self.open.insert(
-            target,
-            OpenFile {
-                out,
-                last_used: self.tick,
-            },
-        );
-        Ok(())
-    }
-
-    /// Flushes, fsyncs if needed, and closes one file.
-    fn close(&mut self, target: Target) {
-        let Some(mut file) = self.open.remove(&target) else {
-            return;
-        };
-        if let Err(e) = file.out.flush() {
-            self.unsynced.remove(&target);
-            return self.fail(WriteOp::Flush, Some(target), &e);
-        }
-        if self.unsynced.remove(&target) {
-            let started = Instant::now();
-            match file.out.get_ref().sync_data() {
-                Ok(()) => metrics::fsynced(started.elapsed()),
-                Err(e) => self.fail(WriteOp::Sync, Some(target), &e),
-            }
-        }
-    }
-
-    fn sweep(&mut self, conversation_id: ConversationId, cutoff_ms: u64) {
-        if !needs_sweep(self.full_since.get(&conversation_id).copied(), cutoff_ms) {
-            return;
-        }
-        let target = Target::Conversation(conversation_id);
-        if let Some(file) = self.open.get_mut(&target)
-            && let Err(e) = file.out.flush()
-        {
-            return self.fail(WriteOp::Flush, Some(target), &e);
-        }
-        let path = target.path(&self.dir);
-        let bytes = match fs::read(&path) {
-            Ok(bytes) => bytes,
-            Err(e) if e.kind() == io::ErrorKind::NotFound => {
-                self.full_since.insert(conversation_id, None);
-                return;
-            }
-            Err(e) => return self.fail(WriteOp::Sweep, None, &e),
-        };
-        let outcome = sweep_lines(&bytes, cutoff_ms);
-        if outcome.changed() {
-            // The cached handle points at the file being replaced; its lines are durable
-            // before it goes, so a failed rewrite leaves a complete old file.
-            self.close(target);
-            if let Err(e) = replace_file(&self.dir, &path, &outcome.bytes) {
-                self.full_since.remove(&conversation_id);
-                return self.fail(WriteOp::Sweep, None, &e);
-            }
-            metrics::ttl_downgraded(outcome.downgraded);
-            if outcome.dropped > 0 {
-                metrics::unreadable_lines(outcome.dropped);
-            }
-            tracing::debug!(
-                %conversation_id, downgraded = outcome.downgraded, dropped = outcome.dropped,
-                "ttl sweep rewrote a conversation record"
-            );
-        }
-        self.full_since.insert(conversation_id, outcome.oldest_full);
-    }
-
-    /// Logs and counts an error, keeps it for the next flush, and forgets the file's handle
-    /// (its buffer is discarded, not retried: a retry could tear a line twice).
-    fn fail(&mut self, op: WriteOp, target: Option<Target>, error: &dyn std::fmt::Display) {
-        let file = target.map(|t| t.path(&self.dir).display().to_string());
-        tracing::error!(op = op.as_str(), file, %error, "rollout write failed");
-        metrics::write_error(op);
-        if self.error.is_none() {
-            self.error = Some(format!("{}: {error}", op.as_str()));
-        }
-        if let Some(target) = target {
-            if let Some(file) = self.open.remove(&target) {
-                let _ = file.out.into_parts();
-            }
-            self.unsynced.remove(&target);
-            self.tainted.insert(target);
-        }
-    }
-}
-
-/// Replaces `path` with `bytes` atomically: temporary file, fsync, rename, directory fsync.
-fn replace_file(dir: &Path, path: &Path, bytes: &[u8]) -> io::Result<()> {
-    let tmp = path.with_extension("jsonl.tmp");
-    let result = (|| {
-        let mut file = private_file_options()
-            .write(true)
-            .create(true)
-            .truncate(true)
-            .open(&tmp)?;
-        file.write_all(bytes)?;
-        file.sync_all()?;
-        fs::rename(&tmp, path)?;
-        sync_dir(dir)
-    })();
-    if result.is_err() {
-        let _ = fs::remove_file(&tmp);
-    }
-    result
-}
-
-/// Rollouts hold conversation content: only the owner may read them.
-fn create_private_dir(dir: &Path) -> io::Result<()> {
-    let mut builder = fs::DirBuilder::new();
-    builder.recursive(true);
-    #[cfg(unix)]
-    std::os::unix::fs::DirBuilderExt::mode(&mut builder, 0o700);
-    builder.create(dir)
-}
-
-fn private_file_options() -> OpenOptions {
-    let mut options = OpenOptions::new();
-    #[cfg(unix)]
-    std::os::unix::fs::OpenOptionsExt::mode(&mut options, 0o600);
-    options
-}
-
-/// Whether a non-empty file lacks its final newline.
-fn ends_mid_line(path: &Path) -> io::Result<bool> {
-    let mut file = File::open(path)?;
-    let len = file.metadata()?.len();
-    if len == 0 {
-        return Ok(false);
-    }
-    file.seek(SeekFrom::Start(len - 1))?;
-    let mut last = [0u8; 1];
-    file.read_exact(&mut last)?;
-    Ok(last[0] != b'\n')
-}
-
-fn sync_dir(dir: &Path) -> io::Result<()> {
-    File::open(dir)?.sync_all()
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
-    use proptest::prelude::*;
     use ractor::call;
+    use std::fs;
+    use std::path::{Path, PathBuf};
     use tokio::sync::broadcast::error::TryRecvError;
     use troupe_proto::{ApprovalDecision, ApprovalId, CloseOutcome, Json, TaskStats, ToolCall};
 
@@ -1782,111 +1270,28 @@ mod tests {
         line
     }
 
-    #[test]
-    fn sweep_downgrades_only_old_full_lines() {
-        let mut file = Vec::new();
-        file.extend(full_line(1, 100, "old"));
-        file.extend(full_line(2, 200, "new"));
-        file.extend(b"{\"seq\":3,\"ts_ms\":10,\"kind\":\"torn");
-        let out = sweep_lines(&file, 150);
-        assert_eq!(
-            (out.downgraded, out.dropped, out.oldest_full),
-            (1, 1, Some(200))
-        );
-        let records: Vec<RolloutRecord> = out
-            .bytes
-            .split(|b| *b == b'\n')
-            .filter(|l| !l.is_empty())
-            .map(|l| serde_json::from_slice(l).unwrap())
-            .collect();
-        assert_eq!(
-            records.iter().map(|r| r.seq).collect::<Vec<_>>(),
-            vec![1, 2]
-        );
-        assert_eq!(records[0].level, RecordLevel::Headers);
-        assert_eq!(records[1].level, RecordLevel::Full);
-        assert!(!contains(&out.bytes, "old"));
-        assert!(
-            !sweep_lines(&out.bytes, 150).changed(),
-            "sweeping twice changes nothing"
-        );
+    /// Arguments of a new session's Rollout on file storage under `root`, and the session's
+    /// directory.
+    fn args(root: &Path, clock: Clock, capacity: usize) -> (RolloutArgs, PathBuf) {
+        args_for(root, SessionId::new(), clock, capacity)
     }
 
-    #[test]
-    fn needs_sweep_only_when_content_may_be_old() {
-        assert!(needs_sweep(None, 0));
-        assert!(!needs_sweep(Some(None), u64::MAX));
-        assert!(needs_sweep(Some(Some(5)), 6));
-        assert!(!needs_sweep(Some(Some(6)), 6));
-    }
-
-    #[test]
-    fn last_seq_survives_torn_and_long_lines() {
-        let dir = tempfile::tempdir().unwrap();
-        let path = dir.path().join("c.jsonl");
-        let mut bytes = full_line(1, 1, "a");
-        bytes.extend(full_line(2, 2, &"x".repeat(3 * TAIL_CHUNK)));
-        fs::write(&path, &bytes).unwrap();
-        assert_eq!(last_seq_in_file(&path).unwrap(), 2);
-        // A torn line whose seq is complete still counts; a truncated seq does not.
-        bytes.extend(b"{\"seq\":3,\"ts_ms\":1");
-        fs::write(&path, &bytes).unwrap();
-        assert_eq!(last_seq_in_file(&path).unwrap(), 3);
-        bytes.extend(b"\n{\"seq\":4");
-        fs::write(&path, &bytes).unwrap();
-        assert_eq!(last_seq_in_file(&path).unwrap(), 3);
-        fs::write(&path, b"").unwrap();
-        assert_eq!(last_seq_in_file(&path).unwrap(), 0);
-        fs::write(dir.path().join("d.jsonl.tmp"), b"left over").unwrap();
-        assert_eq!(max_seq_in_dir(dir.path()).unwrap(), 0);
-        assert!(!dir.path().join("d.jsonl.tmp").exists());
-        assert_eq!(max_seq_in_dir(&dir.path().join("missing")).unwrap(), 0);
-    }
-
-    proptest! {
-        /// Whatever the mix of lines and the cutoff, a sweep keeps every record in order and
-        /// leaves no Full line older than the cutoff.
-        #[test]
-        fn sweep_keeps_order_and_drops_old_content(
-            lines in proptest::collection::vec((0u64..1000, any::<bool>()), 0..40),
-            cutoff in 0u64..1200,
-        ) {
-            let mut file = Vec::new();
-            for (i, (ts, full)) in lines.iter().enumerate() {
-                let line = full_line(i as u64 + 1, *ts, "content");
-                if *full {
-                    file.extend(line);
-                } else {
-                    let r: RolloutRecord = serde_json::from_slice(&line).unwrap();
-                    file.extend(serde_json::to_vec(&downgrade(r)).unwrap());
-                    file.push(b'\n');
-                }
-            }
-            let out = sweep_lines(&file, cutoff);
-            let bytes = if out.changed() { out.bytes.clone() } else { file.clone() };
-            let records: Vec<RolloutRecord> = bytes
-                .split(|b| *b == b'\n')
-                .filter(|l| !l.is_empty())
-                .map(|l| serde_json::from_slice(l).unwrap())
-                .collect();
-            prop_assert_eq!(records.len(), lines.len());
-            for (i, r) in records.iter().enumerate() {
-                prop_assert_eq!(r.seq, i as u64 + 1);
-                prop_assert!(r.level != RecordLevel::Full || r.ts_ms >= cutoff);
-            }
-            let expected_oldest = records.iter().filter(|r| r.level == RecordLevel::Full).map(|r| r.ts_ms).min();
-            prop_assert_eq!(out.oldest_full, expected_oldest);
-        }
-    }
-
-    fn args(dir: &Path, clock: Clock, capacity: usize) -> RolloutArgs {
-        RolloutArgs {
-            session_id: SessionId::new(),
-            dir: dir.to_path_buf(),
+    fn args_for(
+        root: &Path,
+        session_id: SessionId,
+        clock: Clock,
+        capacity: usize,
+    ) -> (RolloutArgs, PathBuf) {
+        let storage = FileRolloutStorage::new(root);
+        let dir = storage.session_dir(session_id);
+        let args = RolloutArgs {
+            session_id,
+            storage: Arc::new(storage),
             clock,
             ttl_sweep_interval: Duration::from_secs(60),
             subscriber_capacity: capacity,
-        }
+        };
+        (args, dir)
     }
 
     async fn start(args: RolloutArgs) -> ActorRef<RolloutMsg> {
@@ -1967,8 +1372,9 @@ mod tests {
     async fn canaries_reach_disk_exactly_as_each_policy_allows() {
         for policy in ALL_POLICIES {
             let tmp = tempfile::tempdir().unwrap();
-            let dir = tmp.path().join("rollout");
-            let rollout = start(args(&dir, Clock::new(), 64)).await;
+            let root = tmp.path().join("rollout");
+            let (rollout_args, dir) = args(&root, Clock::new(), 64);
+            let rollout = start(rollout_args).await;
             let conversation = ConversationId::new();
             register(&rollout, conversation, policy);
             emit_every_kind(&rollout, conversation);
@@ -2021,7 +1427,8 @@ mod tests {
     #[tokio::test]
     async fn unregistered_conversations_are_recorded_as_policy_none() {
         let tmp = tempfile::tempdir().unwrap();
-        let rollout = start(args(tmp.path(), Clock::new(), 64)).await;
+        let (rollout_args, _) = args(tmp.path(), Clock::new(), 64);
+        let rollout = start(rollout_args).await;
         let conversation = ConversationId::new();
         emit_every_kind(&rollout, conversation);
         flush(&rollout).await;
@@ -2034,7 +1441,8 @@ mod tests {
     #[tokio::test]
     async fn seq_is_strictly_increasing_and_gap_free() {
         let tmp = tempfile::tempdir().unwrap();
-        let rollout = start(args(tmp.path(), Clock::new(), 1024)).await;
+        let (rollout_args, dir) = args(tmp.path(), Clock::new(), 1024);
+        let rollout = start(rollout_args).await;
         let mut rx = call!(rollout, |reply| RolloutMsg::Subscribe { reply }).unwrap();
         let conversations = [
             (ConversationId::new(), StoragePolicy::Full),
@@ -2065,9 +1473,9 @@ mod tests {
         flush(&rollout).await;
         let mut on_disk: Vec<u64> = Vec::new();
         for path in [
-            conversation_path(tmp.path(), conversations[0].0),
-            conversation_path(tmp.path(), conversations[1].0),
-            tmp.path().join(SESSION_FILE),
+            conversation_path(&dir, conversations[0].0),
+            conversation_path(&dir, conversations[1].0),
+            dir.join(SESSION_FILE),
         ] {
             let seqs: Vec<u64> = read_records(&path).unwrap().iter().map(|r| r.seq).collect();
             assert!(
@@ -2086,7 +1494,8 @@ mod tests {
     async fn a_subscriber_that_never_reads_loses_nothing_on_disk() {
         let tmp = tempfile::tempdir().unwrap();
         let capacity = 4;
-        let rollout = start(args(tmp.path(), Clock::new(), capacity)).await;
+        let (rollout_args, dir) = args(tmp.path(), Clock::new(), capacity);
+        let rollout = start(rollout_args).await;
         let mut rx = call!(rollout, |reply| RolloutMsg::Subscribe { reply }).unwrap();
         let conversation = ConversationId::new();
         register(&rollout, conversation, StoragePolicy::Full);
@@ -2103,7 +1512,7 @@ mod tests {
             );
         }
         flush(&rollout).await;
-        assert_eq!(line_count(&conversation_path(tmp.path(), conversation)), n);
+        assert_eq!(line_count(&conversation_path(&dir, conversation)), n);
         assert_eq!(
             rx.try_recv().unwrap_err(),
             TryRecvError::Lagged((n - capacity) as u64)
@@ -2114,7 +1523,8 @@ mod tests {
     #[tokio::test]
     async fn flush_after_n_emits_leaves_n_lines() {
         let tmp = tempfile::tempdir().unwrap();
-        let rollout = start(args(tmp.path(), Clock::new(), 16)).await;
+        let (rollout_args, dir) = args(tmp.path(), Clock::new(), 16);
+        let rollout = start(rollout_args).await;
         let conversation = ConversationId::new();
         register(&rollout, conversation, StoragePolicy::HeadersOnly);
         for _ in 0..2500 {
@@ -2124,16 +1534,14 @@ mod tests {
             );
         }
         flush(&rollout).await;
-        assert_eq!(
-            line_count(&conversation_path(tmp.path(), conversation)),
-            2500
-        );
+        assert_eq!(line_count(&conversation_path(&dir, conversation)), 2500);
     }
 
     #[tokio::test]
     async fn read_conversation_round_trips_full_records() {
         let tmp = tempfile::tempdir().unwrap();
-        let rollout = start(args(tmp.path(), Clock::new(), 64)).await;
+        let (rollout_args, _) = args(tmp.path(), Clock::new(), 64);
+        let rollout = start(rollout_args).await;
         let mut rx = call!(rollout, |reply| RolloutMsg::Subscribe { reply }).unwrap();
         let conversation = ConversationId::new();
         register(&rollout, conversation, StoragePolicy::Full);
@@ -2157,8 +1565,10 @@ mod tests {
         let mut bytes = full_line(1, 1, "a");
         bytes.extend(full_line(2, 2, "b"));
         bytes.extend(b"{\"seq\":3,\"ts_ms\":3,\"conversation_id\":nu");
-        fs::write(conversation_path(tmp.path(), conversation), bytes).unwrap();
-        let rollout = start(args(tmp.path(), Clock::new(), 64)).await;
+        let (rollout_args, dir) = args(tmp.path(), Clock::new(), 64);
+        fs::create_dir_all(&dir).unwrap();
+        fs::write(conversation_path(&dir, conversation), bytes).unwrap();
+        let rollout = start(rollout_args).await;
         register(&rollout, conversation, StoragePolicy::Full);
         assert_eq!(last_seq(&rollout).await, 3);
         let records = read(&rollout, conversation).await;
@@ -2182,7 +1592,9 @@ mod tests {
     async fn a_restart_on_the_same_dir_continues_seq() {
         let tmp = tempfile::tempdir().unwrap();
         let conversation = ConversationId::new();
-        let rollout = start(args(tmp.path(), Clock::new(), 64)).await;
+        let (rollout_args, dir) = args(tmp.path(), Clock::new(), 64);
+        let session_id = rollout_args.session_id;
+        let rollout = start(rollout_args).await;
         register(&rollout, conversation, StoragePolicy::Full);
         for _ in 0..5 {
             emit(
@@ -2195,9 +1607,10 @@ mod tests {
         }
         // No flush: stopping must make everything handed over durable.
         rollout.drain_and_wait(None).await.unwrap();
-        assert_eq!(line_count(&conversation_path(tmp.path(), conversation)), 5);
+        assert_eq!(line_count(&conversation_path(&dir, conversation)), 5);
 
-        let rollout = start(args(tmp.path(), Clock::new(), 64)).await;
+        let (rollout_args, _) = args_for(tmp.path(), session_id, Clock::new(), 64);
+        let rollout = start(rollout_args).await;
         assert_eq!(last_seq(&rollout).await, 5);
         let mut rx = call!(rollout, |reply| RolloutMsg::Subscribe { reply }).unwrap();
         register(&rollout, conversation, StoragePolicy::Full);
@@ -2217,8 +1630,10 @@ mod tests {
     #[tokio::test]
     async fn a_write_error_fails_the_flush_not_the_actor() {
         let tmp = tempfile::tempdir().unwrap();
-        let dir = tmp.path().join("rollout");
-        let rollout = start(args(&dir, Clock::new(), 64)).await;
+        let (rollout_args, dir) = args(tmp.path(), Clock::new(), 64);
+        let session_id = rollout_args.session_id;
+        let rollout = start(rollout_args).await;
+        let mut rx = call!(rollout, |reply| RolloutMsg::Subscribe { reply }).unwrap();
         // The directory cannot be created: a file is in the way.
         fs::write(&dir, b"not a directory").unwrap();
         emit(
@@ -2230,9 +1645,24 @@ mod tests {
             matches!(result, Err(AgentError::Internal { .. })),
             "{result:?}"
         );
-        // Reported once; the actor carries on.
+        // Nobody saw what storage does not have.
+        assert_eq!(rx.try_recv().unwrap_err(), TryRecvError::Empty);
+        // The actor carries on; once the obstacle is gone, the error is not reported again and
+        // the lost event's number is accounted for.
         assert_eq!(last_seq(&rollout).await, 1);
+        fs::remove_file(&dir).unwrap();
         flush(&rollout).await;
+        assert_eq!(
+            FileRolloutStorage::new(tmp.path())
+                .last_seq(session_id)
+                .unwrap(),
+            1
+        );
+        emit(
+            &rollout,
+            EventDraft::session(EventKind::TaskAborted { waited_ms: 0 }),
+        );
+        assert_eq!(rx.recv().await.unwrap().seq, 2);
     }
 
     #[cfg(unix)]
@@ -2240,8 +1670,9 @@ mod tests {
     async fn files_are_private_to_the_owner() {
         use std::os::unix::fs::PermissionsExt;
         let tmp = tempfile::tempdir().unwrap();
-        let dir = tmp.path().join("rollout");
-        let rollout = start(args(&dir, Clock::new(), 64)).await;
+        let root = tmp.path().join("rollout");
+        let (rollout_args, dir) = args(&root, Clock::new(), 64);
+        let rollout = start(rollout_args).await;
         emit(
             &rollout,
             EventDraft::session(EventKind::TaskAborted { waited_ms: 0 }),
@@ -2255,8 +1686,9 @@ mod tests {
     #[tokio::test]
     async fn more_conversations_than_open_files() {
         let tmp = tempfile::tempdir().unwrap();
-        let rollout = start(args(tmp.path(), Clock::new(), 64)).await;
-        let conversations: Vec<ConversationId> = (0..MAX_OPEN_FILES * 3)
+        let (rollout_args, dir) = args(tmp.path(), Clock::new(), 64);
+        let rollout = start(rollout_args).await;
+        let conversations: Vec<ConversationId> = (0..file::MAX_OPEN_FILES * 3)
             .map(|_| ConversationId::new())
             .collect();
         for id in &conversations {
@@ -2277,14 +1709,15 @@ mod tests {
             flush(&rollout).await;
         }
         for id in &conversations {
-            assert_eq!(line_count(&conversation_path(tmp.path(), *id)), 3);
+            assert_eq!(line_count(&conversation_path(&dir, *id)), 3);
         }
     }
 
     #[tokio::test(start_paused = true)]
     async fn ttl_content_is_downgraded_after_the_ttl() {
         let tmp = tempfile::tempdir().unwrap();
-        let rollout = start(args(tmp.path(), Clock::new(), 64)).await;
+        let (rollout_args, dir) = args(tmp.path(), Clock::new(), 64);
+        let rollout = start(rollout_args).await;
         let (ttl, full) = (ConversationId::new(), ConversationId::new());
         register(&rollout, ttl, StoragePolicy::Ttl { secs: 600 });
         register(&rollout, full, StoragePolicy::Full);
@@ -2300,8 +1733,8 @@ mod tests {
             );
         }
         flush(&rollout).await;
-        let ttl_file = conversation_path(tmp.path(), ttl);
-        let full_file = conversation_path(tmp.path(), full);
+        let ttl_file = conversation_path(&dir, ttl);
+        let full_file = conversation_path(&dir, full);
         assert!(contains(&fs::read(&ttl_file).unwrap(), "OLD-CANARY"));
 
         // Not yet: a sweep before the ttl keeps the content.
@@ -2344,7 +1777,7 @@ mod tests {
         assert_eq!(records[0].meta.chars, Some("OLD-CANARY".len() as u64));
         assert_eq!(records[1].level, RecordLevel::Full);
         assert!(
-            fs::read_dir(tmp.path()).unwrap().all(|e| !e
+            fs::read_dir(&dir).unwrap().all(|e| !e
                 .unwrap()
                 .path()
                 .to_string_lossy()
@@ -2355,7 +1788,8 @@ mod tests {
     #[tokio::test(start_paused = true)]
     async fn the_sweep_timer_runs_on_its_own() {
         let tmp = tempfile::tempdir().unwrap();
-        let rollout = start(args(tmp.path(), Clock::new(), 64)).await;
+        let (rollout_args, _) = args(tmp.path(), Clock::new(), 64);
+        let rollout = start(rollout_args).await;
         let ttl = ConversationId::new();
         register(&rollout, ttl, StoragePolicy::Ttl { secs: 600 });
         emit(
@@ -2401,5 +1835,353 @@ mod tests {
         core.forget(ttl);
         assert!(core.sweep_plan(61_001).is_empty());
         assert!(core.closed_ttl.is_empty() && core.policies.is_empty());
+    }
+
+    #[test]
+    fn a_page_keeps_only_what_is_known_committed() {
+        let page: Vec<RolloutRecord> = [1, 2, 5, 7]
+            .into_iter()
+            .map(|seq| {
+                record_for(
+                    StoragePolicy::Full,
+                    &envelope(seq, EventKind::TaskAborted { waited_ms: 0 }),
+                )
+                .unwrap()
+            })
+            .collect();
+        let seqs = |records: Vec<RolloutRecord>| records.iter().map(|r| r.seq).collect::<Vec<_>>();
+        assert_eq!(seqs(committed_page(page.clone(), 5)), vec![1, 2, 5]);
+        assert_eq!(seqs(committed_page(page.clone(), 0)), Vec::<u64>::new());
+        assert_eq!(seqs(committed_page(page, 9)), vec![1, 2, 5, 7]);
+    }
+
+    #[test]
+    fn a_live_record_is_the_whole_event() {
+        for (i, event) in every_kind().into_iter().enumerate() {
+            let env = envelope(i as u64 + 1, event);
+            assert_eq!(
+                RolloutRecord::live(&env),
+                record_for(StoragePolicy::Full, &env).unwrap(),
+                "a live record is what policy Full keeps"
+            );
+        }
+    }
+
+    /// File storage whose commits each wait for a permit and report their high-water mark:
+    /// to watch publication wait for the commit.
+    struct Gated {
+        inner: FileRolloutStorage,
+        permits: crossbeam_channel::Receiver<()>,
+        commits: crossbeam_channel::Sender<u64>,
+    }
+
+    struct GatedSink {
+        inner: Box<dyn storage::RolloutSink>,
+        permits: crossbeam_channel::Receiver<()>,
+        commits: crossbeam_channel::Sender<u64>,
+    }
+
+    impl RolloutStorage for Gated {
+        fn open_sink(
+            &self,
+            session_id: SessionId,
+        ) -> Result<Box<dyn storage::RolloutSink>, AgentError> {
+            Ok(Box::new(GatedSink {
+                inner: self.inner.open_sink(session_id)?,
+                permits: self.permits.clone(),
+                commits: self.commits.clone(),
+            }))
+        }
+        fn last_seq(&self, session_id: SessionId) -> Result<u64, AgentError> {
+            self.inner.last_seq(session_id)
+        }
+        fn read_conversation(
+            &self,
+            session_id: SessionId,
+            conversation_id: ConversationId,
+        ) -> Result<Vec<RolloutRecord>, AgentError> {
+            self.inner.read_conversation(session_id, conversation_id)
+        }
+        fn read_after(
+            &self,
+            session_id: SessionId,
+            after_seq: u64,
+            limit: usize,
+        ) -> Result<Vec<RolloutRecord>, AgentError> {
+            self.inner.read_after(session_id, after_seq, limit)
+        }
+    }
+
+    impl storage::RolloutSink for GatedSink {
+        fn append(
+            &mut self,
+            conversation_id: Option<ConversationId>,
+            record: &RolloutRecord,
+        ) -> Result<(), storage::SinkError> {
+            self.inner.append(conversation_id, record)
+        }
+        fn commit(&mut self, sync: bool, high_water: u64) -> Result<(), storage::SinkError> {
+            let _ = self.permits.recv();
+            self.inner.commit(sync, high_water)?;
+            let _ = self.commits.send(high_water);
+            Ok(())
+        }
+        fn sweep(
+            &mut self,
+            conversation_id: ConversationId,
+            cutoff_ms: u64,
+        ) -> Result<(), storage::SinkError> {
+            self.inner.sweep(conversation_id, cutoff_ms)
+        }
+        fn forget(&mut self, conversation_id: ConversationId) -> Result<(), storage::SinkError> {
+            self.inner.forget(conversation_id)
+        }
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn live_events_wait_for_the_commit_that_covers_them() {
+        let tmp = tempfile::tempdir().unwrap();
+        let (permit, permits) = crossbeam_channel::unbounded();
+        let (commits, committed) = crossbeam_channel::unbounded();
+        let session_id = SessionId::new();
+        let rollout = start(RolloutArgs {
+            session_id,
+            storage: Arc::new(Gated {
+                inner: FileRolloutStorage::new(tmp.path()),
+                permits,
+                commits,
+            }),
+            clock: Clock::new(),
+            ttl_sweep_interval: Duration::ZERO,
+            subscriber_capacity: 64,
+        })
+        .await;
+        let mut rx = call!(rollout, |reply| RolloutMsg::Subscribe { reply }).unwrap();
+        let (full, none) = (ConversationId::new(), ConversationId::new());
+        register(&rollout, full, StoragePolicy::Full);
+        register(&rollout, none, StoragePolicy::None);
+        let chunk = || EventKind::AssistantChunk { delta: "x".into() };
+        emit(&rollout, EventDraft::conversation(full, chunk()));
+        emit(&rollout, EventDraft::conversation(none, chunk()));
+        // A mailbox barrier: both are with the writer, which waits in its first commit.
+        assert_eq!(last_seq(&rollout).await, 2);
+        assert_eq!(rx.try_recv().unwrap_err(), TryRecvError::Empty);
+        assert!(committed.is_empty());
+        for _ in 0..16 {
+            permit.send(()).unwrap();
+        }
+        let mut high_water = 0;
+        for expected in 1..=2 {
+            let env = rx.recv().await.unwrap();
+            assert_eq!(env.seq, expected);
+            high_water = high_water.max(committed.try_iter().max().unwrap_or(0));
+            assert!(
+                high_water >= env.seq,
+                "seq {} published before a commit covered it ({high_water})",
+                env.seq
+            );
+        }
+        // The recorded one is in storage; the unrecorded one's number is accounted for.
+        let storage = FileRolloutStorage::new(tmp.path());
+        let stored = storage.read_after(session_id, 0, 10).unwrap();
+        assert_eq!(stored.iter().map(|r| r.seq).collect::<Vec<_>>(), vec![1]);
+        assert_eq!(storage.last_seq(session_id).unwrap(), 2);
+        rollout.drain_and_wait(None).await.unwrap();
+    }
+
+    async fn read_after(
+        rollout: &ActorRef<RolloutMsg>,
+        after_seq: u64,
+        limit: usize,
+    ) -> Vec<RolloutRecord> {
+        call!(rollout, |reply| RolloutMsg::ReadAfter {
+            after_seq,
+            limit,
+            reply
+        })
+        .unwrap()
+        .unwrap()
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn read_after_pages_through_every_conversation_in_seq_order() {
+        let tmp = tempfile::tempdir().unwrap();
+        let (rollout_args, _) = args(tmp.path(), Clock::new(), 64);
+        let rollout = start(rollout_args).await;
+        let conversations = [
+            (ConversationId::new(), StoragePolicy::Full),
+            (ConversationId::new(), StoragePolicy::HeadersOnly),
+            (ConversationId::new(), StoragePolicy::None),
+        ];
+        for (id, policy) in conversations {
+            register(&rollout, id, policy);
+        }
+        let mut expected = Vec::new();
+        for i in 0..100u64 {
+            let event = EventKind::AssistantChunk {
+                delta: format!("chunk {i}"),
+            };
+            let draft = match i % 4 {
+                3 => EventDraft::session(event),
+                n => EventDraft::conversation(conversations[n as usize].0, event),
+            };
+            emit(&rollout, draft);
+            // Policy None keeps no chunks.
+            if i % 4 != 2 {
+                expected.push(i + 1);
+            }
+        }
+        // No flush: a read waits for what was emitted before it to be committed.
+        let mut paged = Vec::new();
+        let mut after = 0;
+        loop {
+            let page = read_after(&rollout, after, 7).await;
+            let short = page.len() < 7;
+            if let Some(last) = page.last() {
+                after = last.seq;
+            }
+            paged.extend(page.iter().map(|r| r.seq));
+            if short {
+                break;
+            }
+        }
+        assert_eq!(paged, expected);
+        let first = read_after(&rollout, 0, 1).await;
+        assert_eq!(first[0].level, RecordLevel::Full);
+        assert_eq!(
+            read_after(&rollout, 1, 1).await[0].level,
+            RecordLevel::Headers
+        );
+        assert!(read_after(&rollout, 100, 10).await.is_empty());
+        rollout.drain_and_wait(None).await.unwrap();
+    }
+
+    /// The storage keeps `env` under `policy` when the rollout records anything of it.
+    fn policy_of(
+        policies: &HashMap<Option<ConversationId>, StoragePolicy>,
+        env: &EventEnvelope,
+    ) -> StoragePolicy {
+        policies[&env.conversation_id]
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_crashed_writer_loses_nothing_a_subscriber_saw_and_reuses_no_seq() {
+        let tmp = tempfile::tempdir().unwrap();
+        let (rollout_args, _) = args(tmp.path(), Clock::new(), 1 << 14);
+        let session_id = rollout_args.session_id;
+        let rollout = start(rollout_args).await;
+        let mut rx = call!(rollout, |reply| RolloutMsg::Subscribe { reply }).unwrap();
+        let (full, headers, none) = (
+            ConversationId::new(),
+            ConversationId::new(),
+            ConversationId::new(),
+        );
+        let policies: HashMap<Option<ConversationId>, StoragePolicy> = [
+            (Some(full), StoragePolicy::Full),
+            (Some(headers), StoragePolicy::HeadersOnly),
+            (Some(none), StoragePolicy::None),
+            (None, StoragePolicy::HeadersOnly),
+        ]
+        .into();
+        for (id, policy) in &policies {
+            if let Some(id) = id {
+                register(&rollout, *id, *policy);
+            }
+        }
+        let task = TaskId::new();
+        for i in 0..2000u64 {
+            let event = match i % 3 {
+                0 => EventKind::AssistantChunk {
+                    delta: format!("{i} {}", "x".repeat(200)),
+                },
+                1 => EventKind::TaskStarted {
+                    input: format!("{i}"),
+                },
+                _ => EventKind::StepStarted { turn: 1, step: 1 },
+            };
+            let draft = match i % 4 {
+                0 => EventDraft::task(full, task, event),
+                1 => EventDraft::task(headers, task, event),
+                2 => EventDraft::task(none, task, event),
+                _ => EventDraft::session(event),
+            };
+            // After the crash the actor fails at its next event; later casts go nowhere.
+            let _ = rollout.cast(RolloutMsg::Emit { draft });
+            if i == 1200 {
+                let _ = rollout.cast(RolloutMsg::CrashWriter);
+            }
+        }
+        let mut seen = Vec::new();
+        while let Ok(env) = rx.recv().await {
+            seen.push(env);
+        }
+        let max_seen = seen.last().map_or(0, |e| e.seq);
+        assert!(seen.windows(2).all(|w| w[0].seq < w[1].seq));
+        assert!(
+            max_seen <= 1201,
+            "nothing emitted after the crash was published"
+        );
+
+        // A new incarnation on the same storage.
+        let (rollout_args, _) = args_for(tmp.path(), session_id, Clock::new(), 64);
+        let storage = rollout_args.storage.clone();
+        let rollout = start(rollout_args).await;
+        let last = last_seq(&rollout).await;
+        assert!(
+            last >= max_seen,
+            "last_seq {last} below a seen seq {max_seen}"
+        );
+        let stored: HashMap<u64, RolloutRecord> = storage
+            .read_after(session_id, 0, usize::MAX)
+            .unwrap()
+            .into_iter()
+            .map(|r| (r.seq, r))
+            .collect();
+        let mut kept = 0;
+        for env in &seen {
+            if let Some(expected) = record_for(policy_of(&policies, env), env) {
+                assert_eq!(
+                    stored.get(&env.seq),
+                    Some(&expected),
+                    "seq {} seen but not stored",
+                    env.seq
+                );
+                kept += 1;
+            }
+        }
+        assert!(kept > 0);
+        let mut rx = call!(rollout, |reply| RolloutMsg::Subscribe { reply }).unwrap();
+        emit(
+            &rollout,
+            EventDraft::session(EventKind::TaskAborted { waited_ms: 0 }),
+        );
+        assert_eq!(rx.recv().await.unwrap().seq, last + 1);
+        rollout.drain_and_wait(None).await.unwrap();
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_killed_rollout_is_drained_before_the_next_one_reads_last_seq() {
+        let tmp = tempfile::tempdir().unwrap();
+        let (rollout_args, dir) = args(tmp.path(), Clock::new(), 64);
+        let session_id = rollout_args.session_id;
+        let (rollout, join) = Actor::spawn(None, Rollout, rollout_args).await.unwrap();
+        let none = ConversationId::new();
+        register(&rollout, none, StoragePolicy::None);
+        for _ in 0..500 {
+            emit(
+                &rollout,
+                EventDraft::conversation(none, EventKind::AssistantChunk { delta: "x".into() }),
+            );
+        }
+        // A barrier: all 500 are with the writer.
+        assert_eq!(last_seq(&rollout).await, 500);
+        rollout.kill();
+        join.await.unwrap();
+        // Nothing of them was recorded; their numbers are still accounted for.
+        assert!(!conversation_path(&dir, none).exists());
+        let (rollout_args, _) = args_for(tmp.path(), session_id, Clock::new(), 64);
+        let rollout = start(rollout_args).await;
+        assert_eq!(last_seq(&rollout).await, 500);
+        rollout.drain_and_wait(None).await.unwrap();
     }
 }

@@ -2,7 +2,7 @@
 //!
 //! ```text
 //! Session
-//! ├─ Rollout        (restarted on failure; seq continues from disk)
+//! ├─ Rollout        (restarted on failure; seq continues from storage)
 //! ├─ Scheduler      (restarted on failure; in-flight grants are lost with it)
 //! ├─ TaskRegistry   (restarted on failure)
 //! ├─ ApprovalStore  (restarted on failure; pending requests are denied by their closed ports)
@@ -19,13 +19,16 @@
 //! actor that fails is restarted and every conversation gets the new references
 //! (`ServicesChanged`); a new McpPool makes each conversation reopen its MCP view on it (with
 //! its current allowlist), and the pool itself is told of a new Rollout or ApprovalStore.
+//! `Restore` opens a conversation of a previous run under its known id, its history rebuilt
+//! from the rollout as after a failure (tasks that were running are recorded as aborted and
+//! not run again); with `SessionConfig::root_id` the root conversation starts that way.
 //! `Shutdown` closes every conversation (each with its close timeout), flushes the rollout
 //! and stops the tree.
 
 use crate::approval_store::{ApprovalMsg, ApprovalStore, ApprovalStoreArgs};
 use crate::clock::Clock;
 use crate::conversation::{
-    Conversation, ConversationArgs, ConversationMsg, ConversationSettings, Services,
+    Conversation, ConversationArgs, ConversationMsg, ConversationSettings, RestoreCause, Services,
 };
 use crate::events::EventSink;
 use crate::history::Summarizer;
@@ -34,7 +37,8 @@ use crate::mcp_pool::{McpLimits, McpPoolArgs, McpPoolHandle};
 use crate::ports::{
     CommandRunner, McpConnector, McpPort, McpServerConfig, ModelClient, TokenCounter,
 };
-use crate::rollout::{Rollout, RolloutArgs, RolloutMsg};
+use crate::rollout::storage::RolloutStorage;
+use crate::rollout::{FileRolloutStorage, Rollout, RolloutArgs, RolloutMsg};
 use crate::scheduler::{Scheduler, SchedulerArgs, SchedulerMsg};
 use crate::task_registry::{TaskRegistry, TaskRegistryArgs, TaskRegistryMsg};
 use ractor::{
@@ -56,7 +60,8 @@ pub const RESTARTS: &str = "troupe_conversation_restarts_total";
 /// How a session is set up.
 #[derive(Debug, Clone)]
 pub struct SessionConfig {
-    /// Root of durable data; the rollout lives in `<data_dir>/rollout/<session_id>/`.
+    /// Root of durable data; the rollout lives in `<data_dir>/rollout/<session_id>/` unless
+    /// `SessionPorts::rollout_storage` says otherwise.
     pub data_dir: PathBuf,
     pub scheduler: SchedulerArgs,
     pub conversation: ConversationSettings,
@@ -68,6 +73,9 @@ pub struct SessionConfig {
     pub subscriber_capacity: usize,
     /// Parameters of the root conversation.
     pub root: OpenConversation,
+    /// The root conversation's id: a session restored after a restart gives its old one, and
+    /// the root is rebuilt from its rollout (opened as new if it has none). `None`: a new id.
+    pub root_id: Option<ConversationId>,
     /// Open conversations allowed at once; one more is `Overloaded`.
     pub max_conversations: usize,
     /// MCP servers of the session, pooled by the McpPool (S12) when a connector is plugged in.
@@ -88,6 +96,7 @@ impl Default for SessionConfig {
             ttl_sweep_interval: Duration::from_secs(60),
             subscriber_capacity: 1024,
             root: OpenConversation::default(),
+            root_id: None,
             max_conversations: 1_000_000,
             mcp_servers: Vec::new(),
             mcp_limits: McpLimits::default(),
@@ -109,6 +118,8 @@ pub struct SessionPorts {
     pub summarizer: Arc<dyn Summarizer>,
     /// Estimates prompts (T5); `ApproxTokens` when no tokenizer is plugged in.
     pub tokens: Arc<dyn TokenCounter>,
+    /// Where the rollout is kept; `None`: JSONL files under `<data_dir>/rollout`.
+    pub rollout_storage: Option<Arc<dyn RolloutStorage>>,
 }
 
 /// Start-up arguments.
@@ -133,6 +144,13 @@ pub enum SessionMsg {
     Open {
         params: OpenConversation,
         reply: RpcReplyPort<Result<ConversationId, AgentError>>,
+    },
+    /// Opens a conversation of a previous run under its id, rebuilt from the rollout. Already
+    /// open: nothing to do.
+    Restore {
+        conversation_id: ConversationId,
+        params: OpenConversation,
+        reply: RpcReplyPort<Result<(), AgentError>>,
     },
     /// Runs one task in a conversation.
     Message {
@@ -195,6 +213,8 @@ pub struct SessionState {
     config: SessionConfig,
     ports: SessionPorts,
     clock: Clock,
+    /// The Rollout's storage, kept for its restarts.
+    rollout_storage: Arc<dyn RolloutStorage>,
     services: ServiceRefs,
     root: ConversationId,
     conversations: HashMap<ConversationId, Entry>,
@@ -220,7 +240,19 @@ impl Actor for Session {
     ) -> Result<Self::State, ActorProcessingErr> {
         let clock = Clock::new();
         let cell = myself.get_cell();
-        let rollout = spawn_rollout(&args, clock, &cell).await?;
+        let rollout_storage = args.ports.rollout_storage.clone().unwrap_or_else(|| {
+            Arc::new(FileRolloutStorage::new(
+                args.config.data_dir.join("rollout"),
+            ))
+        });
+        let rollout = spawn_rollout(
+            args.session_id,
+            &args.config,
+            rollout_storage.clone(),
+            clock,
+            &cell,
+        )
+        .await?;
         let events = EventSink::new(rollout.clone());
         let services = ServiceRefs {
             scheduler: spawn_scheduler(&args.config, &cell).await?,
@@ -252,6 +284,7 @@ impl Actor for Session {
             ports,
             mcp_pool,
             clock,
+            rollout_storage,
             services,
             root: ConversationId::new(),
             conversations: HashMap::new(),
@@ -259,8 +292,10 @@ impl Actor for Session {
             shutting_down: false,
         };
         let root_params = state.config.root.clone();
+        let root_id = state.config.root_id;
+        let restore = root_id.map(|_| RestoreCause::Restart);
         let root = state
-            .spawn_conversation(&cell, None, root_params, false)
+            .spawn_conversation(&cell, root_id, root_params, restore)
             .await?;
         state.root = root;
         Ok(state)
@@ -276,6 +311,16 @@ impl Actor for Session {
             SessionMsg::Open { params, reply } => {
                 let opened = state.open(&myself.get_cell(), params).await;
                 let _ = reply.send(opened);
+            }
+            SessionMsg::Restore {
+                conversation_id,
+                params,
+                reply,
+            } => {
+                let restored = state
+                    .restore(&myself.get_cell(), conversation_id, params)
+                    .await;
+                let _ = reply.send(restored);
             }
             SessionMsg::Message {
                 conversation_id,
@@ -366,22 +411,15 @@ impl Actor for Session {
 }
 
 async fn spawn_rollout(
-    args: &SessionArgs,
-    clock: Clock,
-    cell: &ActorCell,
-) -> Result<ActorRef<RolloutMsg>, ActorProcessingErr> {
-    spawn_rollout_with(args.session_id, &args.config, clock, cell).await
-}
-
-async fn spawn_rollout_with(
     session_id: SessionId,
     config: &SessionConfig,
+    storage: Arc<dyn RolloutStorage>,
     clock: Clock,
     cell: &ActorCell,
 ) -> Result<ActorRef<RolloutMsg>, ActorProcessingErr> {
     let args = RolloutArgs {
         session_id,
-        dir: config.data_dir.join("rollout").join(session_id.to_string()),
+        storage,
         clock,
         ttl_sweep_interval: config.ttl_sweep_interval,
         subscriber_capacity: config.subscriber_capacity,
@@ -483,14 +521,15 @@ impl SessionState {
         cell: &ActorCell,
         id: Option<ConversationId>,
         params: OpenConversation,
-        restore: bool,
+        restore: Option<RestoreCause>,
     ) -> Result<ConversationId, AgentError> {
         let conversation_id = id.unwrap_or_default();
         let args = ConversationArgs {
             conversation_id,
             params: params.clone(),
             services: self.conversation_services(),
-            restore,
+            restore: restore.is_some(),
+            restore_cause: restore.unwrap_or_default(),
         };
         let (actor, _) = Actor::spawn_linked(None, Conversation, args, cell.clone())
             .await
@@ -506,6 +545,32 @@ impl SessionState {
         cell: &ActorCell,
         params: OpenConversation,
     ) -> Result<ConversationId, AgentError> {
+        self.admit_conversation()?;
+        self.spawn_conversation(cell, None, params, None).await
+    }
+
+    async fn restore(
+        &mut self,
+        cell: &ActorCell,
+        conversation_id: ConversationId,
+        params: OpenConversation,
+    ) -> Result<(), AgentError> {
+        if self.conversations.contains_key(&conversation_id) {
+            return Ok(());
+        }
+        self.admit_conversation()?;
+        self.spawn_conversation(
+            cell,
+            Some(conversation_id),
+            params,
+            Some(RestoreCause::Restart),
+        )
+        .await
+        .map(|_| ())
+    }
+
+    /// Whether one more conversation may open.
+    fn admit_conversation(&self) -> Result<(), AgentError> {
         if self.shutting_down {
             return Err(AgentError::cancelled("session is shutting down"));
         }
@@ -515,7 +580,7 @@ impl SessionState {
                 limit: u32::try_from(self.config.max_conversations).unwrap_or(u32::MAX),
             });
         }
-        self.spawn_conversation(cell, None, params, false).await
+        Ok(())
     }
 
     fn forward_message(
@@ -659,7 +724,12 @@ impl SessionState {
                 // Restart from the rollout under the same id; siblings are untouched.
                 metrics::counter!(RESTARTS).increment(1);
                 if let Err(e) = self
-                    .spawn_conversation(myself, Some(conversation_id), entry.params, true)
+                    .spawn_conversation(
+                        myself,
+                        Some(conversation_id),
+                        entry.params,
+                        Some(RestoreCause::Failure),
+                    )
                     .await
                 {
                     tracing::error!(%conversation_id, error = %e, "conversation restart failed");
@@ -681,8 +751,14 @@ impl SessionState {
     ) -> Result<(), ActorProcessingErr> {
         match service {
             Service::Rollout => {
-                self.services.rollout =
-                    spawn_rollout_with(self.id, &self.config, self.clock, myself).await?;
+                self.services.rollout = spawn_rollout(
+                    self.id,
+                    &self.config,
+                    self.rollout_storage.clone(),
+                    self.clock,
+                    myself,
+                )
+                .await?;
             }
             Service::Scheduler => {
                 self.services.scheduler = spawn_scheduler(&self.config, myself).await?;

@@ -261,6 +261,7 @@ pub async fn run(args: ChatArgs) -> anyhow::Result<ExitCode> {
         exec: Some(Arc::new(ProcessRunner::new())),
         summarizer: Arc::new(LocalSummarizer::default()),
         tokens,
+        rollout_storage: None,
     };
     let session_id = SessionId::new();
     let (session, join) = SessionHandle::start(session_id, session_config(&config), ports).await?;

@@ -69,6 +69,7 @@ async fn session(dir: &std::path::Path, model: ScriptedModel) -> SessionHandle {
         exec: None,
         summarizer: Arc::new(LocalSummarizer::default()),
         tokens: Arc::new(troupe_actors::ports::ApproxTokens),
+        rollout_storage: None,
     };
     SessionHandle::start(SessionId::new(), config, ports)
         .await

@@ -238,6 +238,7 @@ async fn shared_servers() {
         exec: None,
         summarizer: Arc::new(troupe_actors::history::LocalSummarizer::default()),
         tokens: Arc::new(troupe_actors::ports::ApproxTokens),
+        rollout_storage: None,
     };
     let before = rss_kib(std::process::id());
     let (session, _) =

@@ -99,6 +99,8 @@ async fn denial_is_an_observation_and_an_event() {
     assert!(reply.text.contains("not today"));
     let mut denied_event = false;
     let mut resolved = false;
+    // Events are published once committed: a flush is the barrier.
+    t.session.flush().await.unwrap();
     while let Ok(e) = events.try_recv() {
         match &e.event {
             EventKind::Error {

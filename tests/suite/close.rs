@@ -115,6 +115,8 @@ async fn a_task_that_ignores_cancellation_is_aborted_after_the_timeout() {
     );
     let mut aborted = false;
     let mut closed_event = None;
+    // Events are published once committed: a flush is the barrier.
+    t.session.flush().await.unwrap();
     while let Ok(e) = events.try_recv() {
         match &e.event {
             EventKind::TaskAborted { waited_ms } => {

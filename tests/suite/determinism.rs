@@ -40,6 +40,8 @@ async fn run_once(order: &[usize]) -> (Vec<String>, Vec<String>) {
         Some(mcp),
     )
     .await;
+    // Live events are published once committed: the root's opening may still be on its way.
+    session.flush().await.unwrap();
     let mut events = session.subscribe().await.unwrap();
     let root = session.root().await.unwrap();
     session.message(root, "go").await.unwrap();

@@ -94,6 +94,8 @@ async fn tool_conflict_is_a_warning_and_one_copy_is_kept() {
     let sent = model.sent();
     assert_eq!(sent[0].tools, vec!["srv__a", "srv__b", "srv__c"]);
     let mut conflicts = Vec::new();
+    // Events are published once committed: a flush is the barrier.
+    session.flush().await.unwrap();
     while let Ok(e) = events.try_recv() {
         if let EventKind::Warning { code, message } = &e.event
             && code == "tool_conflict"

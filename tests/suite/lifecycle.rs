@@ -82,6 +82,8 @@ async fn unknown_tool_becomes_an_error_observation_and_the_turn_goes_on() {
     assert_eq!(reply.status, TaskStatus::Ok);
     assert_eq!(reply.text, "recovered");
     let mut saw_error_output = false;
+    // Events are published once committed: a flush is the barrier.
+    t.session.flush().await.unwrap();
     while let Ok(e) = events.try_recv() {
         if let EventKind::ToolCallFinished {
             is_error: true,

@@ -236,6 +236,7 @@ async fn start(
         exec: None,
         summarizer: Arc::new(troupe_actors::history::LocalSummarizer::default()),
         tokens: Arc::new(troupe_actors::ports::ApproxTokens),
+        rollout_storage: None,
     };
     let (session, join) = SessionHandle::start(SessionId::new(), config, ports)
         .await

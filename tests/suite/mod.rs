@@ -9,6 +9,7 @@ mod lifecycle;
 mod mcp;
 mod mcp_servers;
 mod repl;
+mod resume;
 mod rollout;
 mod scheduling;
 mod shell;

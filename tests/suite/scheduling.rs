@@ -115,6 +115,8 @@ async fn run_case(case: Case) {
     );
     // FIFO within each conversation: tasks started in arrival order.
     let mut started: Vec<Vec<usize>> = vec![Vec::new(); case.conversations];
+    // Events are published once committed: a flush is the barrier.
+    session.flush().await.unwrap();
     while let Ok(e) = events.try_recv() {
         if let EventKind::TaskStarted { input } = &e.event {
             let (c, m) = input.trim_start_matches('c').split_once("-m").unwrap();

@@ -19,12 +19,16 @@ async fn task_events_carry_the_task_trace() {
         None,
     )
     .await;
+    // Live events are published once committed: the root's opening may still be on its way.
+    t.session.flush().await.unwrap();
     let mut events = t.session.subscribe().await.unwrap();
     let root = t.root().await;
     let reply = t.session.message(root, "trace me").await.unwrap();
     assert_eq!(reply.stats.trace_id.len(), 32);
     let mut spans = HashSet::new();
     let mut n = 0;
+    // Events are published once committed: a flush is the barrier.
+    t.session.flush().await.unwrap();
     while let Ok(e) = events.try_recv() {
         assert_eq!(e.task_id, Some(reply.task_id), "{:?}", e.event);
         assert_eq!(e.conversation_id, Some(root));

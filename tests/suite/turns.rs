@@ -71,6 +71,8 @@ async fn trim_leaves_out_the_oldest_history_and_warns() {
     );
     assert!(last.prompt.len() < 1 + 4 * 2, "{} items", last.prompt.len());
     let mut trimmed = false;
+    // Events are published once committed: a flush is the barrier.
+    session.flush().await.unwrap();
     while let Ok(e) = events.try_recv() {
         if let EventKind::Warning { code, .. } = &e.event {
             trimmed |= code == "prompt_trimmed";
@@ -99,6 +101,8 @@ async fn warn_threshold_and_step_tokens_are_reported() {
     let reply = t.session.message(root, "hello").await.unwrap();
     let mut warned = 0;
     let mut steps = Vec::new();
+    // Events are published once committed: a flush is the barrier.
+    t.session.flush().await.unwrap();
     while let Ok(e) = events.try_recv() {
         match &e.event {
             EventKind::Warning { code, .. } if code == "prompt_tokens_warning" => warned += 1,
@@ -127,6 +131,8 @@ async fn warn_threshold_and_step_tokens_are_reported() {
     // Turns count per conversation.
     t.session.message(root, "again").await.unwrap();
     let mut turn = 0;
+    // Events are published once committed: a flush is the barrier.
+    t.session.flush().await.unwrap();
     while let Ok(e) = events.try_recv() {
         if let EventKind::StepStarted { turn: n, .. } = e.event {
             turn = n;

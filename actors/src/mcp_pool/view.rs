@@ -268,7 +268,16 @@ impl PoolView {
         while let Ok(notice) = progress_rx.try_recv() {
             progress.report(&notice);
         }
-        let mut output = result?;
+        // A task cancelled while the server was answering gets `Cancelled`, whichever of the
+        // two the call saw first: the task is over and the model will not read the answer.
+        let mut output = match result {
+            Ok(_) if ctx.cancel.is_cancelled() => {
+                return Err(AgentError::cancelled(
+                    "the task was cancelled during the MCP call",
+                ));
+            }
+            result => result?,
+        };
         output.call_id = call.call_id.clone();
         Ok(output)
     }

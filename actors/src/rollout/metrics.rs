@@ -17,8 +17,11 @@ pub const WRITE_ERRORS: &str = "troupe_rollout_write_errors_total";
 pub const TTL_DOWNGRADED: &str = "troupe_rollout_ttl_downgraded_records_total";
 pub const UNREADABLE_LINES: &str = "troupe_rollout_unreadable_lines_total";
 pub const SUBSCRIBER_LAGGED: &str = "troupe_rollout_subscriber_lagged_events_total";
+pub const EVENTS_WITHHELD: &str = "troupe_rollout_events_withheld_total";
+pub const PUBLISH_DELAY: &str = "troupe_rollout_publish_delay_seconds";
 
-/// What the writer was doing when an I/O error struck (the `op` label).
+/// What the file storage was doing when an I/O error struck (its `op` labels; other storages
+/// name their own, see `SinkError::op`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum WriteOp {
     CreateDir,
@@ -28,6 +31,7 @@ pub enum WriteOp {
     Flush,
     Sync,
     Sweep,
+    HighWater,
 }
 
 impl WriteOp {
@@ -40,6 +44,7 @@ impl WriteOp {
             Self::Flush => "flush",
             Self::Sync => "sync",
             Self::Sweep => "sweep",
+            Self::HighWater => "high_water",
         }
     }
 }
@@ -64,12 +69,12 @@ pub fn describe() {
     describe_counter!(
         RECORDS_WRITTEN,
         Unit::Count,
-        "Rollout records appended to disk, by level."
+        "Rollout records appended to storage, by level."
     );
     describe_counter!(
         BYTES_WRITTEN,
         Unit::Bytes,
-        "Bytes of rollout records appended to disk."
+        "Bytes of rollout records appended to files."
     );
     describe_counter!(
         FSYNCS,
@@ -89,7 +94,17 @@ pub fn describe() {
     describe_counter!(
         WRITE_ERRORS,
         Unit::Count,
-        "I/O errors of the rollout writer, by operation."
+        "Storage errors of the rollout writer, by operation."
+    );
+    describe_counter!(
+        EVENTS_WITHHELD,
+        Unit::Count,
+        "Events not published to live subscribers because the batch that should have recorded them failed, by kind."
+    );
+    describe_histogram!(
+        PUBLISH_DELAY,
+        Unit::Seconds,
+        "Time from an event's numbering to its publication, after the commit that covers it."
     );
     describe_counter!(
         TTL_DOWNGRADED,
@@ -120,8 +135,11 @@ pub fn unregistered_event() {
     counter!(UNREGISTERED_EVENTS).increment(1);
 }
 
-pub fn record_written(level: RecordLevel, bytes: usize) {
+pub fn record_written(level: RecordLevel) {
     counter!(RECORDS_WRITTEN, "level" => level.as_str()).increment(1);
+}
+
+pub fn bytes_written(bytes: usize) {
     counter!(BYTES_WRITTEN).increment(u64::try_from(bytes).unwrap_or(u64::MAX));
 }
 
@@ -136,8 +154,17 @@ pub fn batch(size: usize) {
     histogram!(BATCH_SIZE).record(size as f64);
 }
 
-pub fn write_error(op: WriteOp) {
-    counter!(WRITE_ERRORS, "op" => op.as_str()).increment(1);
+/// `op` is `SinkError::op`: a bounded label.
+pub fn write_error(op: &'static str) {
+    counter!(WRITE_ERRORS, "op" => op).increment(1);
+}
+
+pub fn event_withheld(kind: &'static str) {
+    counter!(EVENTS_WITHHELD, "kind" => kind).increment(1);
+}
+
+pub fn published(delay: Duration) {
+    histogram!(PUBLISH_DELAY).record(delay.as_secs_f64());
 }
 
 pub fn ttl_downgraded(records: u64) {

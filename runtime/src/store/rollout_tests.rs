@@ -341,3 +341,12 @@ proptest::proptest! {
         proptest::prop_assert_eq!(storage.last_seq(session).unwrap(), seq);
     }
 }
+
+#[test]
+fn rollout_storage_conformance() {
+    let dir = TempDir::new().unwrap();
+    let path = db_path(dir.path());
+    troupe_actors::rollout::conformance::run_all(&|| {
+        std::sync::Arc::new(SqliteRolloutStorage::open(&path).unwrap())
+    });
+}
