@@ -38,6 +38,7 @@ impl Fixture {
             exec: Some(Arc::new(ProcessRunner::new())),
             summarizer: Arc::new(LocalSummarizer::default()),
             tokens: Arc::new(troupe_actors::ports::ApproxTokens),
+            rollout_storage: None,
         };
         let (session, _join) = SessionHandle::start(SessionId::new(), config, ports)
             .await
