@@ -1,3 +1,4 @@
+mod a2a;
 mod approvals;
 mod cli;
 mod close;

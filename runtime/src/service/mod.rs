@@ -26,6 +26,7 @@
 //! period; shut every session down (what still runs is cancelled, rollouts are flushed);
 //! wait for the last replies to be stored and answered.
 
+pub mod a2a;
 pub mod api;
 pub mod auth;
 pub mod error;

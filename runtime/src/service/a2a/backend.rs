@@ -1,0 +1,67 @@
+//! What the A2A endpoint needs of a troupe session, as a small port: open a conversation,
+//! run a message in it, cancel a task, answer an approval, and watch the session's events.
+//! `SessionHandle` is the implementation; the service may plug in another (a session it
+//! creates lazily, one per tenant, ...).
+
+use async_trait::async_trait;
+use std::sync::Arc;
+use tokio::sync::broadcast;
+use troupe_actors::SessionHandle;
+use troupe_proto::{
+    AgentError, ApprovalDecision, ApprovalId, ConversationId, EventEnvelope, MessageReply,
+    OpenConversation, TaskId,
+};
+
+/// The session an A2A endpoint runs its tasks in.
+#[async_trait]
+pub trait A2aBackend: Send + Sync + 'static {
+    /// Opens the conversation of a new context.
+    async fn open(&self, params: OpenConversation) -> Result<ConversationId, AgentError>;
+    /// Runs one task; answers when it is over.
+    async fn message(
+        &self,
+        conversation_id: ConversationId,
+        text: String,
+    ) -> Result<MessageReply, AgentError>;
+    /// Asks a running task to stop.
+    async fn cancel_task(&self, task_id: TaskId) -> Result<(), AgentError>;
+    /// Answers a pending approval.
+    async fn respond_approval(
+        &self,
+        approval_id: ApprovalId,
+        decision: ApprovalDecision,
+    ) -> Result<(), AgentError>;
+    /// Live events of the session.
+    async fn subscribe(&self) -> Result<broadcast::Receiver<Arc<EventEnvelope>>, AgentError>;
+}
+
+#[async_trait]
+impl A2aBackend for SessionHandle {
+    async fn open(&self, params: OpenConversation) -> Result<ConversationId, AgentError> {
+        SessionHandle::open(self, params).await
+    }
+
+    async fn message(
+        &self,
+        conversation_id: ConversationId,
+        text: String,
+    ) -> Result<MessageReply, AgentError> {
+        SessionHandle::message(self, conversation_id, text).await
+    }
+
+    async fn cancel_task(&self, task_id: TaskId) -> Result<(), AgentError> {
+        SessionHandle::cancel_task(self, task_id).await.map(|_| ())
+    }
+
+    async fn respond_approval(
+        &self,
+        approval_id: ApprovalId,
+        decision: ApprovalDecision,
+    ) -> Result<(), AgentError> {
+        SessionHandle::respond_approval(self, approval_id, decision).await
+    }
+
+    async fn subscribe(&self) -> Result<broadcast::Receiver<Arc<EventEnvelope>>, AgentError> {
+        SessionHandle::subscribe(self).await
+    }
+}

@@ -1,0 +1,830 @@
+//! `TaskBook`: the A2A endpoint's records, a plain struct the `A2aTasks` actor owns.
+//!
+//! It maps each A2A `contextId` to a troupe conversation and each A2A task to the troupe task
+//! that runs it, keeps every task's A2A view (status, history, artifacts) and decides what a
+//! request or a troupe event does to them. It performs no I/O: each method returns the
+//! stream events to publish and what to ask of the session, and the actor does it.
+//!
+//! A context runs one task at a time, in arrival order: a task that arrives while another of
+//! its context runs stays SUBMITTED in the context's queue (and can be canceled there). That
+//! is also how a troupe task is matched to its A2A task: the next `task_started` of the
+//! conversation belongs to the context's dispatched task.
+
+use super::error::A2aError;
+use super::events::final_state;
+use super::model::{
+    Artifact, ArtifactUpdate, Message, Part, SendResult, Status, StatusUpdate, StreamEvent, Task,
+    TaskPage, TaskState,
+};
+use super::request::{DEFAULT_PAGE_SIZE, ListParams, SendParams};
+use serde_json::json;
+use std::collections::{HashMap, VecDeque};
+use troupe_proto::{
+    AgentError, ApprovalDecision, ApprovalId, ApprovalSubject, ConversationId, ErrorKind,
+    EventEnvelope, EventKind, MessageReply, TaskId, TaskStatus,
+};
+
+/// Longest contextId a client may name (it becomes a key of the book).
+pub const MAX_CONTEXT_ID: usize = 256;
+
+/// Where a task is in its context's queue.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Phase {
+    /// Waiting behind another task of its context.
+    Queued,
+    /// Sent to the conversation.
+    Dispatched,
+    /// Terminal.
+    Done,
+}
+
+/// One A2A task.
+#[derive(Debug, Clone)]
+pub struct Record {
+    pub task: Task,
+    pub conversation_id: ConversationId,
+    /// Known once the conversation started it.
+    pub troupe_task: Option<TaskId>,
+    /// What the conversation is asked.
+    pub input: String,
+    pub phase: Phase,
+    pub cancel_requested: bool,
+    pub pending_approval: Option<ApprovalId>,
+    /// The pending approval is an MCP elicitation: a data part answers it with content.
+    pub pending_elicitation: bool,
+    /// The conversation's reply, held until the task's `task_finished` event (or a grace).
+    pending_reply: Option<MessageReply>,
+    /// Messages written about this task so far (agent message ids are `<task>-m<n>`).
+    messages: u32,
+}
+
+impl Record {
+    fn next_message_id(&mut self) -> String {
+        self.messages += 1;
+        format!("{}-m{}", self.task.id, self.messages)
+    }
+
+    fn set_troupe_task(&mut self, troupe_task: TaskId) {
+        self.troupe_task = Some(troupe_task);
+        if let Some(md) = self
+            .task
+            .metadata
+            .as_mut()
+            .and_then(|m| m.get_mut("troupe"))
+        {
+            md["taskId"] = json!(troupe_task.to_string());
+        }
+    }
+
+    fn updated_ms(&self) -> u64 {
+        self.task.status.timestamp_ms.unwrap_or(0)
+    }
+}
+
+#[derive(Debug, Clone)]
+struct Context {
+    conversation_id: ConversationId,
+    queue: VecDeque<String>,
+    active: Option<String>,
+}
+
+/// What a `SendMessage` asks for.
+#[derive(Debug, Clone, PartialEq)]
+pub enum SendPlan {
+    /// A new task in a known context.
+    NewTask { context_id: String },
+    /// A new task in a context that needs a conversation first (`None`: the server names it).
+    NewContext { context_id: Option<String> },
+    /// An answer to the approval an INPUT_REQUIRED task waits for.
+    Answer {
+        task_id: String,
+        approval_id: ApprovalId,
+        decision: ApprovalDecision,
+    },
+}
+
+/// What a `CancelTask` does.
+#[derive(Debug, Clone, PartialEq)]
+pub enum CancelPlan {
+    /// Canceled now (it had not started); these are its events.
+    Canceled(Vec<StreamEvent>),
+    /// Ask the session to cancel this troupe task.
+    Forward(TaskId),
+    /// Not started yet in troupe; canceled as soon as it starts.
+    Deferred,
+}
+
+/// Something to send to a conversation.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Dispatch {
+    pub task_id: String,
+    pub conversation_id: ConversationId,
+    pub input: String,
+}
+
+/// What a returned message call does to its task.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Finished {
+    /// Ended now (or already): these events.
+    Done(Vec<StreamEvent>),
+    /// Waiting for the task's `task_finished` event; call `finish_due` after a grace.
+    Deferred,
+}
+
+/// The effects of a troupe event.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct Applied {
+    /// (A2A task id, event) in order.
+    pub events: Vec<(String, StreamEvent)>,
+    /// A task that started after its cancellation was asked: cancel it now.
+    pub cancel: Option<TaskId>,
+}
+
+/// The records of one A2A endpoint.
+#[derive(Debug)]
+pub struct TaskBook {
+    tasks: HashMap<String, Record>,
+    contexts: HashMap<String, Context>,
+    by_conversation: HashMap<ConversationId, String>,
+    by_troupe: HashMap<TaskId, String>,
+    /// Terminal tasks, oldest first: the first forgotten past `max_finished`.
+    finished: VecDeque<String>,
+    max_finished: usize,
+}
+
+impl TaskBook {
+    pub fn new(max_finished: usize) -> Self {
+        Self {
+            tasks: HashMap::new(),
+            contexts: HashMap::new(),
+            by_conversation: HashMap::new(),
+            by_troupe: HashMap::new(),
+            finished: VecDeque::new(),
+            max_finished: max_finished.max(1),
+        }
+    }
+
+    pub fn len(&self) -> usize {
+        self.tasks.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.tasks.is_empty()
+    }
+
+    pub fn record(&self, task_id: &str) -> Option<&Record> {
+        self.tasks.get(task_id)
+    }
+
+    pub fn has_context(&self, context_id: &str) -> bool {
+        self.contexts.contains_key(context_id)
+    }
+
+    /// Decides what a send does, before anything changes.
+    pub fn plan_send(&self, params: &SendParams) -> Result<SendPlan, A2aError> {
+        let m = &params.message;
+        if let Some(task_id) = &m.task_id {
+            let rec = self
+                .tasks
+                .get(task_id)
+                .ok_or_else(|| A2aError::TaskNotFound {
+                    task_id: task_id.clone(),
+                })?;
+            if let Some(c) = &m.context_id
+                && *c != rec.task.context_id
+            {
+                return Err(A2aError::InvalidParams(format!(
+                    "contextId {c} does not match task {task_id}'s context"
+                )));
+            }
+            let state = rec.task.status.state;
+            if state.is_terminal() {
+                return Err(A2aError::UnsupportedOperation(format!(
+                    "task {task_id} is {}; send a new message without taskId",
+                    state.v1_name()
+                )));
+            }
+            return match (state, rec.pending_approval) {
+                (TaskState::InputRequired, Some(approval_id)) => Ok(SendPlan::Answer {
+                    task_id: task_id.clone(),
+                    approval_id,
+                    decision: decision_of(params, rec.pending_elicitation),
+                }),
+                _ => Err(A2aError::UnsupportedOperation(format!(
+                    "task {task_id} is {} and takes no message until it needs input",
+                    state.v1_name()
+                ))),
+            };
+        }
+        if let Some(c) = &m.context_id
+            && c.len() > MAX_CONTEXT_ID
+        {
+            return Err(A2aError::InvalidParams(format!(
+                "contextId is longer than {MAX_CONTEXT_ID} bytes"
+            )));
+        }
+        Ok(match &m.context_id {
+            Some(c) if self.contexts.contains_key(c) => SendPlan::NewTask {
+                context_id: c.clone(),
+            },
+            other => SendPlan::NewContext {
+                context_id: other.clone(),
+            },
+        })
+    }
+
+    /// Binds a context to the conversation opened for it.
+    pub fn add_context(&mut self, context_id: String, conversation_id: ConversationId) {
+        self.by_conversation
+            .insert(conversation_id, context_id.clone());
+        self.contexts.insert(
+            context_id,
+            Context {
+                conversation_id,
+                queue: VecDeque::new(),
+                active: None,
+            },
+        );
+    }
+
+    /// Records a new SUBMITTED task at the end of its context's queue. The context must be
+    /// known (`add_context`).
+    pub fn create_task(
+        &mut self,
+        task_id: String,
+        context_id: &str,
+        mut message: Message,
+        input: String,
+        now_ms: u64,
+    ) -> Result<Task, A2aError> {
+        let ctx = self
+            .contexts
+            .get_mut(context_id)
+            .ok_or_else(|| A2aError::Internal(format!("context {context_id} is not open")))?;
+        message.context_id = Some(context_id.to_owned());
+        message.task_id = Some(task_id.clone());
+        let task = Task {
+            id: task_id.clone(),
+            context_id: context_id.to_owned(),
+            status: Status {
+                state: TaskState::Submitted,
+                message: None,
+                timestamp_ms: Some(now_ms),
+            },
+            artifacts: Vec::new(),
+            history: vec![message],
+            metadata: Some(json!({
+                "troupe": {"conversationId": ctx.conversation_id.to_string()}
+            })),
+        };
+        ctx.queue.push_back(task_id.clone());
+        self.tasks.insert(
+            task_id,
+            Record {
+                task: task.clone(),
+                conversation_id: ctx.conversation_id,
+                troupe_task: None,
+                input,
+                phase: Phase::Queued,
+                cancel_requested: false,
+                pending_approval: None,
+                pending_elicitation: false,
+                pending_reply: None,
+                messages: 0,
+            },
+        );
+        Ok(task)
+    }
+
+    /// The next task a context may send to its conversation, if it is idle.
+    pub fn next_dispatch(&mut self, context_id: &str) -> Option<Dispatch> {
+        let ctx = self.contexts.get_mut(context_id)?;
+        if ctx.active.is_some() {
+            return None;
+        }
+        while let Some(task_id) = ctx.queue.pop_front() {
+            let Some(rec) = self.tasks.get_mut(&task_id) else {
+                continue;
+            };
+            if rec.phase != Phase::Queued {
+                continue;
+            }
+            rec.phase = Phase::Dispatched;
+            ctx.active = Some(task_id.clone());
+            return Some(Dispatch {
+                task_id,
+                conversation_id: ctx.conversation_id,
+                input: rec.input.clone(),
+            });
+        }
+        None
+    }
+
+    /// The context of a task (to dispatch its next task once it is done).
+    pub fn context_of(&self, task_id: &str) -> Option<String> {
+        self.tasks.get(task_id).map(|r| r.task.context_id.clone())
+    }
+
+    /// Applies one troupe event of the session.
+    pub fn apply(&mut self, env: &EventEnvelope, now_ms: u64) -> Applied {
+        let mut out = Applied::default();
+        let Some(conversation_id) = env.conversation_id else {
+            return out;
+        };
+        // The task this event is about: bound already, or (task_started) the context's
+        // dispatched task.
+        let task_id = match (&env.event, env.task_id) {
+            (EventKind::TaskStarted { .. }, Some(troupe_task)) => {
+                let Some(a2a) = self.bind(conversation_id, troupe_task) else {
+                    return out;
+                };
+                if self.tasks.get(&a2a).is_some_and(|r| r.cancel_requested) {
+                    out.cancel = Some(troupe_task);
+                }
+                a2a
+            }
+            (_, Some(troupe_task)) => match self.by_troupe.get(&troupe_task) {
+                Some(a2a) => a2a.clone(),
+                None => return out,
+            },
+            (_, None) => return out,
+        };
+        let events = match &env.event {
+            EventKind::TaskStarted { .. } => {
+                self.set_status(&task_id, TaskState::Working, None, now_ms)
+            }
+            EventKind::ToolCallStarted { call } => {
+                let parts = vec![
+                    Part::text(format!("Calling tool `{}`.", call.name)),
+                    Part::data(json!({"toolCall": {
+                        "callId": call.call_id,
+                        "name": call.name,
+                        "arguments": call.arguments.0,
+                    }})),
+                ];
+                self.set_status(&task_id, TaskState::Working, Some(parts), now_ms)
+            }
+            EventKind::ApprovalRequested {
+                approval_id,
+                command,
+                reason,
+                subject,
+            } => {
+                if let Some(r) = self.tasks.get_mut(&task_id) {
+                    r.pending_approval = Some(*approval_id);
+                    r.pending_elicitation =
+                        matches!(subject, ApprovalSubject::McpElicitation { .. });
+                }
+                let parts = approval_parts(*approval_id, command, reason, subject);
+                self.set_status(&task_id, TaskState::InputRequired, Some(parts), now_ms)
+            }
+            EventKind::ApprovalResolved { approval_id, .. } => {
+                let waiting = self
+                    .tasks
+                    .get_mut(&task_id)
+                    .filter(|r| r.pending_approval == Some(*approval_id));
+                match waiting {
+                    Some(r) => {
+                        r.pending_approval = None;
+                        if r.task.status.state == TaskState::InputRequired {
+                            self.set_status(&task_id, TaskState::Working, None, now_ms)
+                        } else {
+                            Vec::new()
+                        }
+                    }
+                    None => Vec::new(),
+                }
+            }
+            EventKind::TaskFinished {
+                status,
+                text,
+                error,
+                ..
+            } => self.complete(&task_id, *status, text, error.as_ref(), now_ms),
+            EventKind::TaskAborted { .. } => {
+                self.complete(&task_id, TaskStatus::Cancelled, "", None, now_ms)
+            }
+            _ => Vec::new(),
+        };
+        out.events = events.into_iter().map(|e| (task_id.clone(), e)).collect();
+        out
+    }
+
+    /// The conversation answered a dispatched task (the message call returned): its context
+    /// may run the next task. The task's end normally arrives as a `task_finished` event,
+    /// after its other events; a reply that comes first waits (`Deferred`) so the stream
+    /// keeps troupe's order, and `finish_due` ends the task from the reply if the event
+    /// never comes (a lagging subscriber). A failed call ends the task at once.
+    pub fn finished(
+        &mut self,
+        task_id: &str,
+        result: Result<MessageReply, AgentError>,
+        now_ms: u64,
+    ) -> Finished {
+        if let Some(ctx) = self
+            .tasks
+            .get(task_id)
+            .and_then(|r| self.contexts.get_mut(&r.task.context_id))
+            && ctx.active.as_deref() == Some(task_id)
+        {
+            ctx.active = None;
+        }
+        match result {
+            Ok(reply) => {
+                let Some(r) = self.tasks.get_mut(task_id) else {
+                    return Finished::Done(Vec::new());
+                };
+                if r.troupe_task.is_none() {
+                    r.set_troupe_task(reply.task_id);
+                    self.by_troupe.insert(reply.task_id, task_id.to_owned());
+                }
+                if r.task.status.state.is_terminal() {
+                    return Finished::Done(Vec::new());
+                }
+                r.pending_reply = Some(reply);
+                Finished::Deferred
+            }
+            Err(e) => {
+                let status = if e.kind() == ErrorKind::Cancelled {
+                    TaskStatus::Cancelled
+                } else {
+                    TaskStatus::Error
+                };
+                Finished::Done(self.complete(task_id, status, "", Some(&e), now_ms))
+            }
+        }
+    }
+
+    /// Ends a task from its deferred reply, unless its `task_finished` event ended it.
+    pub fn finish_due(&mut self, task_id: &str, now_ms: u64) -> Vec<StreamEvent> {
+        let Some(reply) = self
+            .tasks
+            .get_mut(task_id)
+            .and_then(|r| r.pending_reply.take())
+        else {
+            return Vec::new();
+        };
+        self.complete(
+            task_id,
+            reply.status,
+            &reply.text,
+            reply.error.as_ref(),
+            now_ms,
+        )
+    }
+
+    /// Decides what a cancel does; a queued task is canceled at once.
+    pub fn cancel(&mut self, task_id: &str, now_ms: u64) -> Result<CancelPlan, A2aError> {
+        let rec = self
+            .tasks
+            .get_mut(task_id)
+            .ok_or_else(|| A2aError::TaskNotFound {
+                task_id: task_id.to_owned(),
+            })?;
+        let state = rec.task.status.state;
+        if state.is_terminal() {
+            return Err(A2aError::TaskNotCancelable {
+                task_id: task_id.to_owned(),
+                state: state.v1_name(),
+            });
+        }
+        rec.cancel_requested = true;
+        Ok(match (rec.phase, rec.troupe_task) {
+            (Phase::Queued, _) => CancelPlan::Canceled(self.complete(
+                task_id,
+                TaskStatus::Cancelled,
+                "",
+                None,
+                now_ms,
+            )),
+            (_, Some(t)) => CancelPlan::Forward(t),
+            (_, None) => CancelPlan::Deferred,
+        })
+    }
+
+    /// A task as the client sees it: at most `history_length` recent messages (spec 3.2.4),
+    /// artifacts only if asked.
+    pub fn view(
+        &self,
+        task_id: &str,
+        history_length: Option<u32>,
+        include_artifacts: bool,
+    ) -> Option<Task> {
+        self.tasks
+            .get(task_id)
+            .map(|r| trim(&r.task, history_length, include_artifacts))
+    }
+
+    /// `ListTasks`: filtered, newest status first, paged by an opaque cursor.
+    pub fn list(&self, q: &ListParams) -> Result<TaskPage, A2aError> {
+        let cursor = match &q.page_token {
+            Some(t) => Some(parse_cursor(t)?),
+            None => None,
+        };
+        let mut matching: Vec<&Record> = self
+            .tasks
+            .values()
+            .filter(|r| {
+                q.context_id
+                    .as_ref()
+                    .is_none_or(|c| *c == r.task.context_id)
+            })
+            .filter(|r| q.status.is_none_or(|s| s == r.task.status.state))
+            .filter(|r| {
+                q.status_timestamp_after_ms
+                    .is_none_or(|after| r.updated_ms() >= after)
+            })
+            .collect();
+        matching.sort_by(|a, b| (b.updated_ms(), &b.task.id).cmp(&(a.updated_ms(), &a.task.id)));
+        let total = matching.len();
+        let start = match &cursor {
+            None => 0,
+            Some((ms, id)) => matching
+                .iter()
+                .position(|r| (r.updated_ms(), &r.task.id) < (*ms, id))
+                .unwrap_or(total),
+        };
+        let size = q.page_size.unwrap_or(DEFAULT_PAGE_SIZE);
+        let end = start.saturating_add(size as usize).min(total);
+        let page = &matching[start..end];
+        let next = match page.last() {
+            Some(last) if end < total => format!("{}:{}", last.updated_ms(), last.task.id),
+            _ => String::new(),
+        };
+        Ok(TaskPage {
+            tasks: page
+                .iter()
+                .map(|r| trim(&r.task, q.history_length, q.include_artifacts))
+                .collect(),
+            next_page_token: next,
+            page_size: size,
+            total_size: u32::try_from(total).unwrap_or(u32::MAX),
+        })
+    }
+
+    /// The optimistic WORKING of a task whose approval was just answered.
+    pub fn answered(&mut self, task_id: &str, now_ms: u64) -> Vec<StreamEvent> {
+        match self.tasks.get_mut(task_id) {
+            Some(r) if r.task.status.state == TaskState::InputRequired => {
+                r.pending_approval = None;
+                self.set_status(task_id, TaskState::Working, None, now_ms)
+            }
+            _ => Vec::new(),
+        }
+    }
+
+    /// What a blocking send returns as soon as the task is settled (terminal or waiting).
+    pub fn settled(&self, task_id: &str) -> bool {
+        self.tasks.get(task_id).is_none_or(|r| {
+            let s = r.task.status.state;
+            s.is_terminal() || s.is_interrupted()
+        })
+    }
+
+    pub fn terminal(&self, task_id: &str) -> bool {
+        self.tasks
+            .get(task_id)
+            .is_none_or(|r| r.task.status.state.is_terminal())
+    }
+
+    fn bind(&mut self, conversation_id: ConversationId, troupe_task: TaskId) -> Option<String> {
+        if let Some(a2a) = self.by_troupe.get(&troupe_task) {
+            return Some(a2a.clone());
+        }
+        let context_id = self.by_conversation.get(&conversation_id)?;
+        let active = self.contexts.get(context_id)?.active.clone()?;
+        let rec = self.tasks.get_mut(&active)?;
+        if rec.troupe_task.is_some() {
+            return None;
+        }
+        rec.set_troupe_task(troupe_task);
+        self.by_troupe.insert(troupe_task, active.clone());
+        Some(active)
+    }
+
+    /// Changes a live task's status; an older status message moves into history.
+    fn set_status(
+        &mut self,
+        task_id: &str,
+        state: TaskState,
+        parts: Option<Vec<Part>>,
+        now_ms: u64,
+    ) -> Vec<StreamEvent> {
+        let Some(rec) = self.tasks.get_mut(task_id) else {
+            return Vec::new();
+        };
+        if rec.task.status.state.is_terminal() {
+            return Vec::new();
+        }
+        let message = parts.map(|parts| {
+            let id = rec.next_message_id();
+            Message::agent(id, &rec.task.context_id, task_id, parts)
+        });
+        if let Some(old) = rec.task.status.message.take() {
+            rec.task.history.push(old);
+        }
+        rec.task.status = Status {
+            state,
+            message,
+            timestamp_ms: Some(now_ms),
+        };
+        vec![StreamEvent::Status(StatusUpdate {
+            task_id: task_id.to_owned(),
+            context_id: rec.task.context_id.clone(),
+            status: rec.task.status.clone(),
+        })]
+    }
+
+    /// Ends a task (once: later reports of the same end are ignored).
+    fn complete(
+        &mut self,
+        task_id: &str,
+        status: TaskStatus,
+        text: &str,
+        error: Option<&AgentError>,
+        now_ms: u64,
+    ) -> Vec<StreamEvent> {
+        let Some(rec) = self.tasks.get_mut(task_id) else {
+            return Vec::new();
+        };
+        if rec.task.status.state.is_terminal() {
+            return Vec::new();
+        }
+        let mut events = Vec::new();
+        if !text.is_empty() && status != TaskStatus::Cancelled {
+            let artifact = Artifact {
+                artifact_id: format!("{task_id}-answer"),
+                name: Some("answer".into()),
+                description: None,
+                parts: vec![Part::text(text)],
+                metadata: None,
+            };
+            rec.task.artifacts.push(artifact.clone());
+            events.push(StreamEvent::Artifact(ArtifactUpdate {
+                task_id: task_id.to_owned(),
+                context_id: rec.task.context_id.clone(),
+                artifact,
+                append: false,
+                last_chunk: true,
+            }));
+        }
+        if let Some(md) = rec.task.metadata.as_mut().and_then(|m| m.get_mut("troupe")) {
+            md["status"] = json!(status.as_str());
+        }
+        let note = match (status, error) {
+            (TaskStatus::Ok, _) => None,
+            (TaskStatus::MaxSteps, _) => Some("Stopped at the step limit before an answer.".into()),
+            (TaskStatus::Cancelled, _) => Some("Canceled.".to_owned()),
+            (TaskStatus::Error, Some(e)) => Some(e.to_string()),
+            (TaskStatus::Error, None) => Some("The task failed.".into()),
+        };
+        rec.phase = Phase::Done;
+        rec.pending_approval = None;
+        rec.pending_reply = None;
+        events.extend(self.set_status(
+            task_id,
+            final_state(status),
+            note.map(|n| vec![Part::text(n)]),
+            now_ms,
+        ));
+        self.finished.push_back(task_id.to_owned());
+        events
+    }
+
+    /// Forgets the oldest terminal tasks past the limit; answers the ids forgotten.
+    pub fn evict(&mut self) -> Vec<String> {
+        let mut gone = Vec::new();
+        while self.finished.len() > self.max_finished {
+            let Some(id) = self.finished.pop_front() else {
+                break;
+            };
+            if let Some(rec) = self.tasks.remove(&id) {
+                if let Some(t) = rec.troupe_task {
+                    self.by_troupe.remove(&t);
+                }
+                gone.push(id);
+            }
+        }
+        gone
+    }
+
+    /// The reply of a blocking or non-blocking send.
+    pub fn send_result(&self, task_id: &str, history_length: Option<u32>) -> Option<SendResult> {
+        self.view(task_id, history_length, true)
+            .map(SendResult::Task)
+    }
+}
+
+fn trim(task: &Task, history_length: Option<u32>, include_artifacts: bool) -> Task {
+    let mut t = task.clone();
+    if let Some(n) = history_length {
+        let keep = (n as usize).min(t.history.len());
+        t.history.drain(..t.history.len() - keep);
+    }
+    if !include_artifacts {
+        t.artifacts.clear();
+    }
+    t
+}
+
+fn parse_cursor(token: &str) -> Result<(u64, String), A2aError> {
+    token
+        .split_once(':')
+        .and_then(|(ms, id)| Some((ms.parse().ok()?, id.to_owned())))
+        .ok_or_else(|| A2aError::InvalidParams("pageToken is not one this server gave".into()))
+}
+
+/// The status message of a task that waits for a human: what is asked, in text and as a data
+/// part (`approvalRequest`).
+fn approval_parts(
+    approval_id: ApprovalId,
+    command: &[String],
+    reason: &str,
+    subject: &ApprovalSubject,
+) -> Vec<Part> {
+    let id = approval_id.to_string();
+    match subject {
+        ApprovalSubject::Command => vec![
+            Part::text(format!(
+                "Approval needed to run `{}`: {reason}. Reply in this task with \"approve\" or \
+                 \"deny\".",
+                command.join(" ")
+            )),
+            Part::data(json!({"approvalRequest": {
+                "approvalId": id, "kind": "command", "command": command, "reason": reason,
+            }})),
+        ],
+        ApprovalSubject::McpElicitation {
+            server,
+            message,
+            schema,
+        } => vec![
+            Part::text(format!(
+                "The MCP server `{server}` asks: {message} Reply in this task with a data part \
+                 holding the answer (an object matching `schema`), or \"deny\"."
+            )),
+            Part::data(json!({"approvalRequest": {
+                "approvalId": id, "kind": "elicitation", "server": server,
+                "message": message, "schema": schema.0,
+            }})),
+        ],
+        ApprovalSubject::McpSampling { server, request } => vec![
+            Part::text(format!(
+                "The MCP server `{server}` asks to use the model. Reply in this task with \
+                 \"approve\" or \"deny\"."
+            )),
+            Part::data(json!({"approvalRequest": {
+                "approvalId": id, "kind": "sampling", "server": server, "request": request.0,
+            }})),
+        ],
+    }
+}
+
+/// The approval decision a client's reply expresses: a data part `{"decision": ...}` with a
+/// troupe decision; for an elicitation, any other data part is the answer's content; else
+/// text (`approve`, `yes`, ... approve once; anything else denies, the text being the reason).
+fn decision_of(params: &SendParams, elicitation: bool) -> ApprovalDecision {
+    for part in &params.message.parts {
+        if let super::model::PartContent::Data(d) = &part.content {
+            if let Some(v) = d.get("decision")
+                && let Ok(decision) = serde_json::from_value::<ApprovalDecision>(v.clone())
+            {
+                return decision;
+            }
+            if elicitation && d.is_object() {
+                return ApprovalDecision::ApproveWithContent {
+                    content: troupe_proto::Json(d.clone()),
+                };
+            }
+        }
+    }
+    let text: String = params
+        .message
+        .parts
+        .iter()
+        .filter_map(|p| match &p.content {
+            super::model::PartContent::Text(t) => Some(t.as_str()),
+            _ => None,
+        })
+        .collect::<Vec<_>>()
+        .join(" ");
+    let word = text
+        .trim()
+        .trim_end_matches(['.', '!'])
+        .to_ascii_lowercase();
+    if matches!(
+        word.as_str(),
+        "approve" | "approved" | "yes" | "y" | "ok" | "allow" | "go ahead"
+    ) {
+        ApprovalDecision::ApproveOnce
+    } else {
+        ApprovalDecision::Deny {
+            reason: Some(text.trim().chars().take(500).collect())
+                .filter(|s: &String| !s.is_empty()),
+        }
+    }
+}
+
+#[cfg(test)]
+#[path = "book_tests.rs"]
+mod tests;

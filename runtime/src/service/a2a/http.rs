@@ -1,0 +1,548 @@
+//! The HTTP side: the agent card route and the JSON-RPC route (plain JSON answers, SSE for
+//! the streaming methods). Decoding is pure (`parse_call`); the work goes to the `A2aTasks`
+//! actor.
+
+use super::card::{CardInfo, agent_card};
+use super::error::A2aError;
+use super::events::frame;
+use super::metrics::{self, StreamGuard};
+use super::model::{StreamEvent, Task};
+use super::request::{self, Request, SendParams};
+use super::tasks::{A2aTasksMsg, Until};
+use super::version::{self, Operation, Version};
+use super::{wire_v1, wire_v03};
+use axum::Json;
+use axum::body::Bytes;
+use axum::extract::State;
+use axum::http::HeaderMap;
+use axum::response::sse::{Event, KeepAlive, Sse};
+use axum::response::{IntoResponse, Response};
+use futures::Stream;
+use ractor::ActorRef;
+use serde_json::{Value, json};
+use std::convert::Infallible;
+use std::sync::Arc;
+use std::time::Duration;
+use tokio::sync::mpsc;
+use tracing::Instrument;
+
+/// The header that names the protocol version (spec 3.2.6).
+pub const VERSION_HEADER: &str = "a2a-version";
+
+/// What the routes share.
+#[derive(Clone)]
+pub struct A2aState {
+    pub(super) tasks: ActorRef<A2aTasksMsg>,
+    pub(super) card: Arc<CardInfo>,
+    /// Absolute URL of the JSON-RPC endpoint; derived from each request's Host when `None`.
+    pub(super) public_url: Option<Arc<str>>,
+    pub(super) rpc_path: Arc<str>,
+    /// Longest a blocking send waits before answering with the task as it is.
+    pub(super) blocking_wait: Duration,
+    /// Longest a cancel waits for the task to stop.
+    pub(super) cancel_wait: Duration,
+}
+
+/// `GET /.well-known/agent-card.json`.
+pub async fn card(State(s): State<A2aState>, req_headers: HeaderMap) -> Response {
+    let url = match &s.public_url {
+        Some(u) => u.to_string(),
+        None => {
+            let host = req_headers
+                .get(axum::http::header::HOST)
+                .and_then(|h| h.to_str().ok())
+                .unwrap_or("127.0.0.1");
+            let scheme = req_headers
+                .get("x-forwarded-proto")
+                .and_then(|h| h.to_str().ok())
+                .filter(|p| *p == "https")
+                .unwrap_or("http");
+            format!("{scheme}://{host}{}", s.rpc_path)
+        }
+    };
+    let card = agent_card(&s.card, &url);
+    let etag = etag(&card);
+    let headers = [
+        (
+            axum::http::header::CACHE_CONTROL,
+            "public, max-age=300".to_owned(),
+        ),
+        (axum::http::header::ETAG, etag.clone()),
+    ];
+    let cached = headers_match(
+        headers_value(&req_headers, axum::http::header::IF_NONE_MATCH),
+        &etag,
+    );
+    if cached {
+        return (axum::http::StatusCode::NOT_MODIFIED, headers).into_response();
+    }
+    (headers, Json(card)).into_response()
+}
+
+fn headers_value(h: &HeaderMap, name: axum::http::HeaderName) -> Option<&str> {
+    h.get(name).and_then(|v| v.to_str().ok())
+}
+
+/// A weak tag of the card's content (spec 8.6.1): same card, same tag, within this build.
+fn etag(card: &Value) -> String {
+    use std::hash::{Hash, Hasher};
+    let mut h = std::collections::hash_map::DefaultHasher::new();
+    card.to_string().hash(&mut h);
+    format!("W/\"{:016x}\"", h.finish())
+}
+
+/// `If-None-Match` (weak comparison, RFC 9110 13.1.2) against our tag.
+fn headers_match(if_none_match: Option<&str>, etag: &str) -> bool {
+    let bare = |t: &str| t.trim().trim_start_matches("W/").to_owned();
+    if_none_match.is_some_and(|v| {
+        v.split(',')
+            .any(|t| t.trim() == "*" || bare(t) == bare(etag))
+    })
+}
+
+/// A JSON-RPC call, decoded.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Call {
+    pub id: Value,
+    pub version: Version,
+    pub op: Operation,
+    pub request: Request,
+}
+
+/// Reads a JSON-RPC request body under the negotiated version. On failure: the id to answer
+/// with (null when unknown), the error, and what is known for the metric labels.
+pub fn parse_call(
+    version_header: Option<&str>,
+    body: &[u8],
+) -> Result<Call, (Value, A2aError, Option<Version>, Option<Operation>)> {
+    let v: Value = serde_json::from_slice(body)
+        .map_err(|e| (Value::Null, A2aError::Parse(e.to_string()), None, None))?;
+    let Value::Object(obj) = v else {
+        let msg = if v.is_array() {
+            "batch requests are not supported"
+        } else {
+            "a request is a JSON object"
+        };
+        return Err((
+            Value::Null,
+            A2aError::InvalidRequest(msg.into()),
+            None,
+            None,
+        ));
+    };
+    let id = match obj.get("id") {
+        None => Value::Null,
+        Some(id @ (Value::String(_) | Value::Number(_) | Value::Null)) => id.clone(),
+        Some(_) => {
+            return Err((
+                Value::Null,
+                A2aError::InvalidRequest("id must be a string, a number or null".into()),
+                None,
+                None,
+            ));
+        }
+    };
+    if obj.get("jsonrpc").and_then(Value::as_str) != Some("2.0") {
+        return Err((
+            id,
+            A2aError::InvalidRequest("jsonrpc must be \"2.0\"".into()),
+            None,
+            None,
+        ));
+    }
+    let Some(method) = obj.get("method").and_then(Value::as_str) else {
+        return Err((
+            id,
+            A2aError::InvalidRequest("method is required".into()),
+            None,
+            None,
+        ));
+    };
+    let version = version::negotiate(version_header).map_err(|e| (id.clone(), e, None, None))?;
+    let op = version::resolve(version, method).map_err(|e| (id.clone(), e, Some(version), None))?;
+    let params = obj.get("params").cloned().unwrap_or(Value::Null);
+    let request = request::decode(version, op, &params)
+        .map_err(|e| (id.clone(), e, Some(version), Some(op)))?;
+    Ok(Call {
+        id,
+        version,
+        op,
+        request,
+    })
+}
+
+/// `POST <rpc_path>`: one JSON-RPC call.
+pub async fn rpc(State(s): State<A2aState>, headers: HeaderMap, body: Bytes) -> Response {
+    let header = headers.get(VERSION_HEADER).and_then(|h| h.to_str().ok());
+    let call = match parse_call(header, &body) {
+        Ok(c) => c,
+        Err((id, e, version, op)) => {
+            metrics::request(
+                op.map_or("unknown", Operation::label),
+                version.map_or("unsupported", Version::as_str),
+                e.outcome(),
+            );
+            return Json(e.to_response(&id)).into_response();
+        }
+    };
+    let (method, version) = (call.op.label(), call.version.as_str());
+    let span = tracing::info_span!("a2a", method, version);
+    let result = execute(&s, call).instrument(span).await;
+    match result {
+        Ok(r) => {
+            metrics::request(method, version, "ok");
+            r
+        }
+        Err((id, e)) => {
+            tracing::debug!(method, error = %e, "a2a request failed");
+            metrics::request(method, version, e.outcome());
+            Json(e.to_response(&id)).into_response()
+        }
+    }
+}
+
+type Failed = (Value, A2aError);
+
+async fn execute(s: &A2aState, c: Call) -> Result<Response, Failed> {
+    let Call {
+        id,
+        version,
+        op: _,
+        request,
+    } = c;
+    let fail = |e: A2aError| (id.clone(), e);
+    let answer = |result: Value| Json(json!({"jsonrpc": "2.0", "id": id, "result": result}));
+    match request {
+        Request::Send(p) => {
+            let task = send(s, p).await.map_err(fail)?;
+            Ok(answer(match version {
+                Version::V1_0 => wire_v1::send_result(&super::model::SendResult::Task(task)),
+                Version::V0_3 => wire_v03::send_result(&super::model::SendResult::Task(task)),
+            })
+            .into_response())
+        }
+        Request::Stream(p) => {
+            let (task, rx) = stream(s, p).await.map_err(fail)?;
+            Ok(sse(version, id, task, rx))
+        }
+        Request::Get(g) => {
+            let task = ask(&s.tasks, |reply| A2aTasksMsg::Get {
+                task_id: g.id.clone(),
+                history_length: g.history_length,
+                reply,
+            })
+            .await
+            .map_err(fail)?
+            .ok_or_else(|| fail(A2aError::TaskNotFound { task_id: g.id }))?;
+            Ok(answer(task_json(version, &task)).into_response())
+        }
+        Request::List(l) => {
+            let page = ask(&s.tasks, |reply| A2aTasksMsg::List { params: l, reply })
+                .await
+                .map_err(fail)?
+                .map_err(fail)?;
+            Ok(answer(wire_v1::task_page(&page)).into_response())
+        }
+        Request::Cancel { id: task_id } => {
+            let task = cancel(s, task_id).await.map_err(fail)?;
+            Ok(answer(task_json(version, &task)).into_response())
+        }
+        Request::Subscribe { id: task_id } => {
+            let sub = ask(&s.tasks, |reply| A2aTasksMsg::Subscribe { task_id, reply })
+                .await
+                .map_err(fail)?
+                .map_err(fail)?;
+            Ok(sse(version, id, sub.task, sub.events))
+        }
+        Request::PushConfig => Err(fail(A2aError::PushNotificationNotSupported)),
+        Request::ExtendedCard => Err(fail(A2aError::UnsupportedOperation(
+            "this agent has no extended agent card".into(),
+        ))),
+    }
+}
+
+fn task_json(version: Version, task: &Task) -> Value {
+    match version {
+        Version::V1_0 => wire_v1::task(task),
+        Version::V0_3 => wire_v03::task(task),
+    }
+}
+
+/// An RPC to the actor; a dead actor is an internal error.
+async fn ask<T: Send + 'static>(
+    tasks: &ActorRef<A2aTasksMsg>,
+    msg: impl FnOnce(ractor::RpcReplyPort<T>) -> A2aTasksMsg,
+) -> Result<T, A2aError> {
+    ractor::call!(tasks, msg).map_err(|e| A2aError::Internal(format!("a2a tasks unavailable: {e}")))
+}
+
+fn validate(p: &SendParams) -> Result<String, A2aError> {
+    if p.push_config {
+        return Err(A2aError::PushNotificationNotSupported);
+    }
+    request::input_text(p)
+}
+
+/// SendMessage: blocks until the task settles unless asked to return at once.
+async fn send(s: &A2aState, p: SendParams) -> Result<Task, A2aError> {
+    let input = validate(&p)?;
+    let history_length = p.history_length;
+    let return_immediately = p.return_immediately;
+    let accepted = ask(&s.tasks, |reply| A2aTasksMsg::Send {
+        params: p,
+        input,
+        stream: false,
+        reply,
+    })
+    .await??;
+    if return_immediately {
+        return Ok(accepted.task);
+    }
+    let task_id = accepted.task.id.clone();
+    wait(s, &task_id, Until::Settled, s.blocking_wait).await?;
+    ask(&s.tasks, |reply| A2aTasksMsg::Get {
+        task_id: task_id.clone(),
+        history_length,
+        reply,
+    })
+    .await?
+    .ok_or(A2aError::TaskNotFound { task_id })
+}
+
+async fn stream(
+    s: &A2aState,
+    p: SendParams,
+) -> Result<(Task, mpsc::Receiver<StreamEvent>), A2aError> {
+    let input = validate(&p)?;
+    let accepted = ask(&s.tasks, |reply| A2aTasksMsg::Send {
+        params: p,
+        input,
+        stream: true,
+        reply,
+    })
+    .await??;
+    let rx = accepted
+        .events
+        .ok_or_else(|| A2aError::Internal("no stream for a streaming send".into()))?;
+    Ok((accepted.task, rx))
+}
+
+/// CancelTask: answers the task once it stopped (or, past `cancel_wait`, as it is).
+async fn cancel(s: &A2aState, task_id: String) -> Result<Task, A2aError> {
+    ask(&s.tasks, |reply| A2aTasksMsg::Cancel {
+        task_id: task_id.clone(),
+        reply,
+    })
+    .await??;
+    wait(s, &task_id, Until::Terminal, s.cancel_wait).await?;
+    ask(&s.tasks, |reply| A2aTasksMsg::Get {
+        task_id: task_id.clone(),
+        history_length: None,
+        reply,
+    })
+    .await?
+    .ok_or(A2aError::TaskNotFound { task_id })
+}
+
+async fn wait(s: &A2aState, task_id: &str, until: Until, limit: Duration) -> Result<(), A2aError> {
+    let done = ask(&s.tasks, |reply| A2aTasksMsg::WaitFor {
+        task_id: task_id.to_owned(),
+        until,
+        reply,
+    })
+    .await?;
+    // A timeout or a dropped waiter both answer with the task as it is now.
+    let _ = tokio::time::timeout(limit, done).await;
+    Ok(())
+}
+
+/// The SSE answer: the task first, then its events, closed after the last one.
+fn sse(version: Version, id: Value, task: Task, rx: mpsc::Receiver<StreamEvent>) -> Response {
+    Sse::new(event_stream(version, id, task, rx))
+        .keep_alive(KeepAlive::new().interval(Duration::from_secs(15)))
+        .into_response()
+}
+
+struct StreamState {
+    version: Version,
+    id: Value,
+    first: Option<StreamEvent>,
+    rx: mpsc::Receiver<StreamEvent>,
+    done: bool,
+    _guard: StreamGuard,
+}
+
+fn event_stream(
+    version: Version,
+    id: Value,
+    task: Task,
+    rx: mpsc::Receiver<StreamEvent>,
+) -> impl Stream<Item = Result<Event, Infallible>> {
+    let state = StreamState {
+        version,
+        id,
+        first: Some(StreamEvent::Task(task)),
+        rx,
+        done: false,
+        _guard: StreamGuard::open(),
+    };
+    futures::stream::unfold(state, |mut st| async move {
+        if st.done {
+            return None;
+        }
+        let event = match st.first.take() {
+            Some(e) => e,
+            None => st.rx.recv().await?,
+        };
+        let (data, last) = frame(st.version, &st.id, &event);
+        st.done = last;
+        Some((Ok(Event::default().data(data.to_string())), st))
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn envelope_errors_carry_the_right_codes() {
+        let code =
+            |h: Option<&str>, body: &str| parse_call(h, body.as_bytes()).unwrap_err().1.code();
+        assert_eq!(code(None, "{"), -32700);
+        assert_eq!(code(None, "[]"), -32600);
+        assert_eq!(
+            code(None, r#"{"jsonrpc":"1.0","id":1,"method":"x"}"#),
+            -32600
+        );
+        assert_eq!(
+            code(None, r#"{"jsonrpc":"2.0","id":{},"method":"x"}"#),
+            -32600
+        );
+        assert_eq!(code(None, r#"{"jsonrpc":"2.0","id":1}"#), -32600);
+        assert_eq!(
+            code(
+                Some("0.5"),
+                r#"{"jsonrpc":"2.0","id":1,"method":"SendMessage"}"#
+            ),
+            -32009
+        );
+        assert_eq!(
+            code(None, r#"{"jsonrpc":"2.0","id":1,"method":"SendMessage"}"#),
+            -32009
+        );
+        assert_eq!(
+            code(Some("1.0"), r#"{"jsonrpc":"2.0","id":1,"method":"Nope"}"#),
+            -32601
+        );
+        assert_eq!(
+            code(
+                Some("1.0"),
+                r#"{"jsonrpc":"2.0","id":1,"method":"GetTask","params":{}}"#
+            ),
+            -32602
+        );
+    }
+
+    #[test]
+    fn a_good_call_decodes() {
+        let c = parse_call(
+            Some("1.0"),
+            br#"{"jsonrpc":"2.0","id":"a","method":"GetTask","params":{"id":"t","historyLength":1}}"#,
+        )
+        .unwrap();
+        assert_eq!(c.id, json!("a"));
+        assert_eq!(c.op, Operation::GetTask);
+        let c = parse_call(
+            None,
+            br#"{"jsonrpc":"2.0","id":3,"method":"tasks/cancel","params":{"id":"t"}}"#,
+        )
+        .unwrap();
+        assert_eq!(c.version, Version::V0_3);
+        assert_eq!(c.request, Request::Cancel { id: "t".into() });
+    }
+
+    use proptest::prelude::*;
+
+    /// Arbitrary JSON, with the keys and strings of A2A requests frequent enough to reach
+    /// the inner decoders.
+    fn json_value() -> impl Strategy<Value = Value> {
+        let key = prop_oneof![
+            Just("message".to_owned()),
+            Just("parts".to_owned()),
+            Just("role".to_owned()),
+            Just("text".to_owned()),
+            Just("kind".to_owned()),
+            Just("file".to_owned()),
+            Just("data".to_owned()),
+            Just("messageId".to_owned()),
+            Just("id".to_owned()),
+            Just("configuration".to_owned()),
+            Just("historyLength".to_owned()),
+            Just("pageSize".to_owned()),
+            Just("status".to_owned()),
+            Just("statusTimestampAfter".to_owned()),
+            "[a-zA-Z]{1,8}",
+        ];
+        let leaf = prop_oneof![
+            Just(Value::Null),
+            any::<bool>().prop_map(Value::from),
+            any::<i64>().prop_map(Value::from),
+            any::<f64>().prop_map(|f| json!(f)),
+            prop_oneof![
+                Just("ROLE_USER".to_owned()),
+                Just("user".to_owned()),
+                Just("text".to_owned()),
+                Just("file".to_owned()),
+                Just("TASK_STATE_WORKING".to_owned()),
+                Just("2024-03-15T10:15:00Z".to_owned()),
+                ".{0,12}",
+            ]
+            .prop_map(Value::from),
+        ];
+        leaf.prop_recursive(4, 48, 6, move |inner| {
+            prop_oneof![
+                proptest::collection::vec(inner.clone(), 0..4).prop_map(Value::from),
+                proptest::collection::btree_map(key.clone(), inner, 0..6)
+                    .prop_map(|m| Value::Object(m.into_iter().collect())),
+            ]
+        })
+    }
+
+    const METHODS: [&str; 14] = [
+        "SendMessage",
+        "SendStreamingMessage",
+        "GetTask",
+        "ListTasks",
+        "CancelTask",
+        "SubscribeToTask",
+        "GetExtendedAgentCard",
+        "message/send",
+        "message/stream",
+        "tasks/get",
+        "tasks/cancel",
+        "tasks/resubscribe",
+        "tasks/pushNotificationConfig/set",
+        "whatever",
+    ];
+
+    proptest! {
+        #![proptest_config(ProptestConfig::with_cases(512))]
+
+        #[test]
+        fn decoding_never_panics(
+            method in proptest::sample::select(&METHODS[..]),
+            version in proptest::option::of(prop_oneof![
+                Just("1.0".to_owned()), Just("0.3".to_owned()), ".{0,6}"
+            ]),
+            params in json_value(),
+        ) {
+            let body = json!({"jsonrpc": "2.0", "id": 1, "method": method, "params": params});
+            let _ = parse_call(version.as_deref(), body.to_string().as_bytes());
+        }
+
+        #[test]
+        fn arbitrary_bytes_never_panic(body in proptest::collection::vec(any::<u8>(), 0..256)) {
+            let _ = parse_call(Some("1.0"), &body);
+        }
+    }
+}

@@ -1,0 +1,49 @@
+//! A2A endpoint metrics. Labels are closed sets: the operation, the protocol version and the
+//! outcome (`ok` or the error's reason); task and context ids go to traces only.
+
+use metrics::{counter, describe_counter, describe_gauge, gauge};
+
+/// JSON-RPC requests, by method, version and outcome.
+pub const REQUESTS_TOTAL: &str = "troupe_a2a_requests_total";
+/// SSE streams open now.
+pub const STREAMS_OPEN: &str = "troupe_a2a_streams_open";
+/// A2A task records kept (live and finished).
+pub const TASKS: &str = "troupe_a2a_tasks";
+
+/// Registers the descriptions (a Prometheus exporter rejects undescribed metrics).
+pub fn describe() {
+    describe_counter!(
+        REQUESTS_TOTAL,
+        "A2A JSON-RPC requests, by method, protocol version and outcome"
+    );
+    describe_gauge!(STREAMS_OPEN, "A2A SSE streams open");
+    describe_gauge!(TASKS, "A2A task records kept (live and finished)");
+}
+
+/// `method`: an operation label or `unknown`; `version`: `1.0`, `0.3` or `unsupported`;
+/// `outcome`: `ok` or an error's outcome label.
+pub fn request(method: &'static str, version: &'static str, outcome: &'static str) {
+    counter!(REQUESTS_TOTAL, "method" => method, "version" => version, "outcome" => outcome)
+        .increment(1);
+}
+
+pub fn tasks(n: usize) {
+    gauge!(TASKS).set(n as f64);
+}
+
+/// Counts a stream while it lives.
+#[derive(Debug)]
+pub struct StreamGuard;
+
+impl StreamGuard {
+    pub fn open() -> Self {
+        gauge!(STREAMS_OPEN).increment(1.0);
+        Self
+    }
+}
+
+impl Drop for StreamGuard {
+    fn drop(&mut self) {
+        gauge!(STREAMS_OPEN).decrement(1.0);
+    }
+}

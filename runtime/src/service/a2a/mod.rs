@@ -1,0 +1,159 @@
+//! The A2A protocol endpoint (P5): an agent card and the JSON-RPC binding of A2A 1.0, with
+//! the 0.3 method names and shapes for clients that send no `A2A-Version` header.
+//!
+//! ```text
+//! GET  /.well-known/agent-card.json   card (public)
+//! POST /a2a                           JSON-RPC: SendMessage, SendStreamingMessage (SSE),
+//!                                     GetTask, ListTasks, CancelTask, SubscribeToTask (SSE)
+//!                                     0.3: message/send, message/stream, tasks/get,
+//!                                     tasks/cancel, tasks/resubscribe
+//!        │
+//!        ▼
+//! A2aTasks actor (TaskBook: contextId → conversation, A2A task → troupe task)
+//!        │  open / message / cancel_task / respond_approval / subscribe
+//!        ▼
+//! A2aBackend (a SessionHandle: the session every A2A context runs in)
+//! ```
+//!
+//! A context is a conversation of that session (a context the server names has the
+//! conversation's id); each message starts one A2A task, run by one troupe task; tasks of a
+//! context run one after another. Records live in the actor's memory (the newest
+//! `max_finished` finished tasks are kept).
+
+mod backend;
+mod book;
+pub mod card;
+pub mod error;
+pub mod events;
+mod http;
+pub mod metrics;
+pub mod model;
+pub mod request;
+mod tasks;
+pub mod version;
+pub mod wire_v03;
+pub mod wire_v1;
+
+pub use backend::A2aBackend;
+pub use book::TaskBook;
+pub use card::CardInfo;
+pub use error::A2aError;
+pub use http::{Call, VERSION_HEADER, parse_call};
+pub use tasks::{A2aTasks, A2aTasksArgs, A2aTasksMsg, TasksConfig};
+
+use axum::Router;
+use axum::routing::{get, post};
+use ractor::{Actor, ActorRef};
+use std::sync::Arc;
+use std::time::Duration;
+use tokio::task::JoinHandle;
+use troupe_proto::AgentError;
+
+/// Where the agent card is served (spec 8.2).
+pub const CARD_PATH: &str = "/.well-known/agent-card.json";
+
+/// How the endpoint is set up.
+#[derive(Debug, Clone)]
+pub struct A2aConfig {
+    pub card: CardInfo,
+    /// The JSON-RPC route.
+    pub rpc_path: String,
+    /// Absolute URL of the JSON-RPC endpoint for the card; from the request's Host if `None`.
+    pub public_url: Option<String>,
+    pub tasks: TasksConfig,
+    /// Longest a blocking SendMessage waits before answering with the task as it is.
+    pub blocking_wait: Duration,
+    /// Longest a CancelTask waits for the task to stop before answering.
+    pub cancel_wait: Duration,
+}
+
+impl Default for A2aConfig {
+    fn default() -> Self {
+        Self {
+            card: CardInfo::default(),
+            rpc_path: "/a2a".into(),
+            public_url: None,
+            tasks: TasksConfig::default(),
+            blocking_wait: Duration::from_secs(600),
+            cancel_wait: Duration::from_secs(10),
+        }
+    }
+}
+
+/// A running A2A endpoint.
+pub struct A2a {
+    state: http::A2aState,
+    join: JoinHandle<()>,
+}
+
+impl std::fmt::Debug for A2a {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("A2a")
+            .field("rpc_path", &self.state.rpc_path)
+            .finish_non_exhaustive()
+    }
+}
+
+impl A2a {
+    /// Starts the endpoint's actor over `backend`.
+    pub async fn start(
+        backend: Arc<dyn A2aBackend>,
+        config: A2aConfig,
+    ) -> Result<Self, AgentError> {
+        metrics::describe();
+        let (tasks, join) = Actor::spawn(
+            None,
+            A2aTasks,
+            A2aTasksArgs {
+                backend,
+                config: config.tasks,
+            },
+        )
+        .await
+        .map_err(|e| AgentError::internal(format!("a2a tasks failed to start: {e}")))?;
+        Ok(Self {
+            state: http::A2aState {
+                tasks,
+                card: Arc::new(config.card),
+                public_url: config.public_url.map(Arc::from),
+                rpc_path: Arc::from(config.rpc_path),
+                blocking_wait: config.blocking_wait,
+                cancel_wait: config.cancel_wait,
+            },
+            join,
+        })
+    }
+
+    /// The public route: the agent card.
+    pub fn card_router(&self) -> Router {
+        Router::new()
+            .route(CARD_PATH, get(http::card))
+            .with_state(self.state.clone())
+    }
+
+    /// The JSON-RPC route; the service wraps it in its authentication.
+    pub fn rpc_router(&self) -> Router {
+        Router::new()
+            .route(&self.state.rpc_path, post(http::rpc))
+            .with_state(self.state.clone())
+    }
+
+    /// Both routes, unauthenticated.
+    pub fn router(&self) -> Router {
+        self.card_router().merge(self.rpc_router())
+    }
+
+    /// The actor (tests, supervision).
+    pub fn actor(&self) -> &ActorRef<A2aTasksMsg> {
+        &self.state.tasks
+    }
+
+    /// Stops the actor; open streams end.
+    pub async fn stop(self) {
+        self.state.tasks.stop(None);
+        let _ = self.join.await;
+    }
+}
+
+#[cfg(test)]
+mod tests;

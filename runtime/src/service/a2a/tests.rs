@@ -1,0 +1,392 @@
+//! The endpoint over real HTTP, in front of a real session with the scripted model: the
+//! paths the Python SDK test does not take (approvals as INPUT_REQUIRED, the 0.3 stream's
+//! `final`, a queued task's cancel, error codes on the wire).
+
+use super::*;
+use crate::exec::ProcessRunner;
+use crate::scripted::{ScriptedModel, ScriptedReply};
+use serde_json::{Value, json};
+use troupe_actors::history::LocalSummarizer;
+use troupe_actors::{SessionConfig, SessionHandle, SessionPorts};
+use troupe_proto::SessionId;
+
+struct Fixture {
+    session: SessionHandle,
+    model: Arc<ScriptedModel>,
+    a2a: A2a,
+    url: String,
+    http: reqwest::Client,
+    server: tokio::task::JoinHandle<()>,
+    _dir: tempfile::TempDir,
+}
+
+impl Fixture {
+    async fn start(replies: Vec<ScriptedReply>) -> Self {
+        let dir = tempfile::tempdir().unwrap();
+        let model = Arc::new(ScriptedModel::new(replies));
+        let mut config = SessionConfig {
+            data_dir: dir.path().to_path_buf(),
+            ..SessionConfig::default()
+        };
+        config.conversation.shell_tool = true;
+        // Commands run unconfined (no sandbox is enforced yet): the approval is what guards.
+        config.conversation.sandbox_policy = troupe_proto::SandboxPolicy::FullAccess;
+        let ports = SessionPorts {
+            model: model.clone(),
+            mcp: None,
+            mcp_connector: None,
+            exec: Some(Arc::new(ProcessRunner::new())),
+            summarizer: Arc::new(LocalSummarizer::default()),
+            tokens: Arc::new(troupe_actors::ports::ApproxTokens),
+            rollout_storage: None,
+        };
+        let (session, _join) = SessionHandle::start(SessionId::new(), config, ports)
+            .await
+            .unwrap();
+        let a2a = A2a::start(Arc::new(session.clone()), A2aConfig::default())
+            .await
+            .unwrap();
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let url = format!("http://{}/a2a", listener.local_addr().unwrap());
+        let app = a2a.router();
+        let server = tokio::spawn(async move {
+            let _ = axum::serve(listener, app).await;
+        });
+        Self {
+            session,
+            model,
+            a2a,
+            url,
+            http: reqwest::Client::new(),
+            server,
+            _dir: dir,
+        }
+    }
+
+    /// One JSON-RPC call; `version` is the A2A-Version header (none when `None`).
+    async fn call(&self, version: Option<&str>, method: &str, params: Value) -> Value {
+        let body = json!({"jsonrpc": "2.0", "id": 1, "method": method, "params": params});
+        self.raw(version, body.to_string()).await
+    }
+
+    async fn raw(&self, version: Option<&str>, body: String) -> Value {
+        let mut req = self
+            .http
+            .post(&self.url)
+            .header("content-type", "application/json")
+            .body(body);
+        if let Some(v) = version {
+            req = req.header("A2A-Version", v);
+        }
+        req.send().await.unwrap().json().await.unwrap()
+    }
+
+    /// A streaming call, read to its end: the `result` of every frame.
+    async fn stream(&self, version: Option<&str>, method: &str, params: Value) -> Vec<Value> {
+        let body = json!({"jsonrpc": "2.0", "id": 9, "method": method, "params": params});
+        let mut req = self.http.post(&self.url).json(&body);
+        if let Some(v) = version {
+            req = req.header("A2A-Version", v);
+        }
+        let text = req.send().await.unwrap().text().await.unwrap();
+        text.lines()
+            .filter_map(|l| l.strip_prefix("data: "))
+            .map(|d| serde_json::from_str::<Value>(d).unwrap()["result"].clone())
+            .collect()
+    }
+
+    async fn wait_state(&self, task_id: &str, want: &str) -> Value {
+        for _ in 0..200 {
+            let r = self
+                .call(Some("1.0"), "GetTask", json!({"id": task_id}))
+                .await;
+            if r["result"]["status"]["state"] == want {
+                return r["result"].clone();
+            }
+            tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+        }
+        panic!("task {task_id} never reached {want}")
+    }
+
+    async fn stop(self) {
+        self.server.abort();
+        self.a2a.stop().await;
+        self.session.shutdown().await.unwrap();
+    }
+}
+
+fn v1_message(text: &str, extra: Value) -> Value {
+    let mut m = json!({
+        "messageId": format!("m-{text}"),
+        "role": "ROLE_USER",
+        "parts": [{"text": text}],
+    });
+    if let (Some(m), Some(e)) = (m.as_object_mut(), extra.as_object()) {
+        m.extend(e.clone());
+    }
+    m
+}
+
+fn shell(argv: &[&str]) -> ScriptedReply {
+    ScriptedReply::tool("shell", json!({ "command": argv }))
+}
+
+#[tokio::test]
+async fn an_approval_is_input_required_and_answered_in_the_task() {
+    let f = Fixture::start(vec![shell(&["echo", "a2a-ok"]), ScriptedReply::default()]).await;
+    let sent = f
+        .call(
+            Some("1.0"),
+            "SendMessage",
+            json!({"message": v1_message("run it", json!({})),
+                   "configuration": {"returnImmediately": true}}),
+        )
+        .await;
+    let task_id = sent["result"]["task"]["id"].as_str().unwrap().to_owned();
+    let waiting = f.wait_state(&task_id, "TASK_STATE_INPUT_REQUIRED").await;
+    let ask = &waiting["status"]["message"];
+    assert_eq!(ask["role"], "ROLE_AGENT");
+    assert_eq!(
+        ask["parts"][1]["data"]["approvalRequest"]["command"],
+        json!(["echo", "a2a-ok"])
+    );
+    // The answer goes to the same task and blocks until it settles again.
+    let done = f
+        .call(
+            Some("1.0"),
+            "SendMessage",
+            json!({"message": v1_message("approve", json!({"taskId": task_id}))}),
+        )
+        .await;
+    let task = &done["result"]["task"];
+    assert_eq!(task["status"]["state"], "TASK_STATE_COMPLETED", "{done}");
+    let answer = task["artifacts"][0]["parts"][0]["text"].as_str().unwrap();
+    assert!(
+        answer.contains("a2a-ok") && !answer.contains("sandbox"),
+        "{answer}"
+    );
+    // The approval request moved into history behind the user's message.
+    assert_eq!(task["history"][0]["parts"][0]["text"], "run it");
+    f.stop().await;
+}
+
+#[tokio::test]
+async fn a_0_3_stream_is_final_at_input_required() {
+    let f = Fixture::start(vec![shell(&["echo", "x"]), ScriptedReply::default()]).await;
+    let frames = f
+        .stream(
+            None,
+            "message/stream",
+            json!({"message": {"kind": "message", "messageId": "m", "role": "user",
+                               "parts": [{"kind": "text", "text": "go"}]}}),
+        )
+        .await;
+    assert_eq!(frames[0]["kind"], "task");
+    let last = frames.last().unwrap();
+    assert_eq!(last["kind"], "status-update");
+    assert_eq!(last["status"]["state"], "input-required");
+    assert_eq!(last["final"], true);
+    assert!(
+        frames[1..frames.len() - 1]
+            .iter()
+            .all(|f| f["final"] != true),
+        "{frames:?}"
+    );
+    let task_id = frames[0]["id"].as_str().unwrap();
+    let denied = f
+        .call(
+            None,
+            "message/send",
+            json!({"message": {"kind": "message", "messageId": "m2", "role": "user",
+                               "taskId": task_id,
+                               "parts": [{"kind": "text", "text": "no thanks"}]}}),
+        )
+        .await;
+    assert_eq!(denied["result"]["status"]["state"], "completed", "{denied}");
+    f.stop().await;
+}
+
+#[tokio::test]
+async fn a_queued_task_is_canceled_before_it_runs() {
+    let f = Fixture::start(vec![ScriptedReply::hang(true)]).await;
+    let first = f
+        .call(
+            Some("1.0"),
+            "SendMessage",
+            json!({"message": v1_message("first", json!({})),
+                   "configuration": {"returnImmediately": true}}),
+        )
+        .await;
+    let first = &first["result"]["task"];
+    let second = f
+        .call(
+            Some("1.0"),
+            "SendMessage",
+            json!({"message": v1_message("second", json!({"contextId": first["contextId"]})),
+                   "configuration": {"returnImmediately": true}}),
+        )
+        .await;
+    let second = &second["result"]["task"];
+    assert_eq!(second["status"]["state"], "TASK_STATE_SUBMITTED");
+    assert_eq!(second["contextId"], first["contextId"]);
+    let canceled = f
+        .call(Some("1.0"), "CancelTask", json!({"id": second["id"]}))
+        .await;
+    assert_eq!(canceled["result"]["status"]["state"], "TASK_STATE_CANCELED");
+    f.wait_state(first["id"].as_str().unwrap(), "TASK_STATE_WORKING")
+        .await;
+    let canceled = f
+        .call(Some("1.0"), "CancelTask", json!({"id": first["id"]}))
+        .await;
+    assert_eq!(canceled["result"]["status"]["state"], "TASK_STATE_CANCELED");
+    assert_eq!(f.model.calls(), 1, "the canceled queued task never ran");
+    f.stop().await;
+}
+
+#[tokio::test]
+async fn errors_carry_their_codes_on_the_wire() {
+    let f = Fixture::start(vec![]).await;
+    let code = |r: Value| r["error"]["code"].as_i64().unwrap();
+    let msg = json!({"message": v1_message("x", json!({}))});
+    assert_eq!(code(f.raw(Some("1.0"), "{nope".into()).await), -32700);
+    assert_eq!(code(f.raw(Some("1.0"), "[1]".into()).await), -32600);
+    assert_eq!(code(f.call(Some("1.0"), "Nope", json!({})).await), -32601);
+    assert_eq!(
+        code(f.call(Some("1.0"), "GetTask", json!({})).await),
+        -32602
+    );
+    assert_eq!(
+        code(
+            f.call(Some("1.0"), "GetTask", json!({"id": "missing"}))
+                .await
+        ),
+        -32001
+    );
+    assert_eq!(
+        code(
+            f.call(Some("1.0"), "GetTaskPushNotificationConfig", json!({}))
+                .await
+        ),
+        -32003
+    );
+    assert_eq!(
+        code(f.call(Some("1.0"), "GetExtendedAgentCard", json!({})).await),
+        -32004
+    );
+    let file = json!({"message": {"messageId": "f", "role": "ROLE_USER",
+                                  "parts": [{"url": "https://x/cat.png", "mediaType": "image/png"}]}});
+    assert_eq!(code(f.call(Some("1.0"), "SendMessage", file).await), -32005);
+    assert_eq!(
+        code(f.call(Some("0.5"), "SendMessage", msg.clone()).await),
+        -32009
+    );
+    assert_eq!(code(f.call(None, "SendMessage", msg).await), -32009);
+    // A streaming method that fails before it starts answers plain JSON.
+    assert_eq!(
+        code(
+            f.call(Some("1.0"), "SubscribeToTask", json!({"id": "missing"}))
+                .await
+        ),
+        -32001
+    );
+    f.stop().await;
+}
+
+#[tokio::test]
+async fn the_card_names_the_endpoint_it_was_fetched_from() {
+    let f = Fixture::start(vec![]).await;
+    let base = f.url.trim_end_matches("/a2a");
+    let card: Value = f
+        .http
+        .get(format!("{base}{CARD_PATH}"))
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    assert_eq!(card["supportedInterfaces"][0]["url"], f.url);
+    assert_eq!(card["url"], f.url);
+    // Cacheable: a client that has it gets 304 for its tag.
+    let first = f
+        .http
+        .get(format!("{base}{CARD_PATH}"))
+        .send()
+        .await
+        .unwrap();
+    let tag = first.headers()["etag"].to_str().unwrap().to_owned();
+    assert!(
+        first.headers()["cache-control"]
+            .to_str()
+            .unwrap()
+            .contains("max-age")
+    );
+    let again = f
+        .http
+        .get(format!("{base}{CARD_PATH}"))
+        .header("If-None-Match", &tag)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(again.status(), 304);
+    f.stop().await;
+}
+
+#[test]
+fn requests_are_counted_by_method_version_and_outcome() {
+    use metrics_util::debugging::{DebugValue, DebuggingRecorder};
+    let recorder = DebuggingRecorder::new();
+    let snapshotter = recorder.snapshotter();
+    ::metrics::with_local_recorder(&recorder, || {
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap();
+        rt.block_on(async {
+            let f = Fixture::start(vec![]).await;
+            let msg = json!({"message": v1_message("hi", json!({}))});
+            f.call(Some("1.0"), "SendMessage", msg.clone()).await;
+            f.call(Some("1.0"), "GetTask", json!({"id": "missing"}))
+                .await;
+            f.call(None, "tasks/get", json!({"id": "missing"})).await;
+            f.call(Some("9.9"), "SendMessage", msg).await;
+            f.stop().await;
+        });
+    });
+    let mut counted: Vec<(String, u64)> = snapshotter
+        .snapshot()
+        .into_vec()
+        .into_iter()
+        .filter(|(key, ..)| key.key().name() == metrics::REQUESTS_TOTAL)
+        .map(|(key, _, _, value)| {
+            let labels: Vec<String> = key
+                .key()
+                .labels()
+                .map(|l| format!("{}={}", l.key(), l.value()))
+                .collect();
+            let DebugValue::Counter(n) = value else {
+                panic!("not a counter")
+            };
+            (labels.join(","), n)
+        })
+        .collect();
+    counted.sort();
+    assert_eq!(
+        counted,
+        [
+            (
+                "method=get_task,version=0.3,outcome=task_not_found".to_owned(),
+                1
+            ),
+            (
+                "method=get_task,version=1.0,outcome=task_not_found".to_owned(),
+                1
+            ),
+            ("method=send_message,version=1.0,outcome=ok".to_owned(), 1),
+            (
+                "method=unknown,version=unsupported,outcome=version_not_supported".to_owned(),
+                1
+            ),
+        ]
+    );
+}
