@@ -280,6 +280,35 @@ pub struct ServerConfig {
     pub conversation_queue: usize,
     /// Largest page of messages a listing returns.
     pub max_page: usize,
+    /// The A2A endpoint (`[server.a2a]`).
+    pub a2a: A2aServerConfig,
+}
+
+/// `[server.a2a]`: the A2A protocol endpoint of `troupe serve`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct A2aServerConfig {
+    /// Serve the agent card and `POST /a2a`.
+    pub enabled: bool,
+    /// The project whose current session runs every A2A context (created on first start).
+    /// Only tokens bound to this project (or `*`) may call the endpoint.
+    pub project: String,
+    /// The agent's name on its card.
+    pub name: String,
+    /// Absolute URL of the JSON-RPC endpoint written into the card (behind a proxy);
+    /// default: from the request's Host header.
+    pub public_url: Option<String>,
+}
+
+impl Default for A2aServerConfig {
+    fn default() -> Self {
+        Self {
+            enabled: true,
+            project: "a2a".into(),
+            name: "troupe".into(),
+            public_url: None,
+        }
+    }
 }
 
 impl Default for ServerConfig {
@@ -294,6 +323,7 @@ impl Default for ServerConfig {
             task_queue: 64,
             conversation_queue: 16,
             max_page: 1000,
+            a2a: A2aServerConfig::default(),
         }
     }
 }
@@ -311,6 +341,7 @@ impl std::fmt::Debug for ServerConfig {
             .field("task_queue", &self.task_queue)
             .field("conversation_queue", &self.conversation_queue)
             .field("max_page", &self.max_page)
+            .field("a2a", &self.a2a)
             .finish()
     }
 }
@@ -422,6 +453,9 @@ pub const ENV_VARS: &[(&str, &str)] = &[
     ("TROUPE_GRACE_PERIOD", "server.grace_period"),
     ("TROUPE_BODY_LIMIT", "server.body_limit"),
     ("TROUPE_METRICS_PUBLIC", "server.metrics_public"),
+    ("TROUPE_A2A", "server.a2a.enabled"),
+    ("TROUPE_A2A_PROJECT", "server.a2a.project"),
+    ("TROUPE_A2A_PUBLIC_URL", "server.a2a.public_url"),
 ];
 
 impl TroupeConfig {
@@ -509,6 +543,15 @@ impl TroupeConfig {
         }
         if let Some(v) = get("TROUPE_METRICS_PUBLIC") {
             self.server.metrics_public = parse_bool("TROUPE_METRICS_PUBLIC", &v)?;
+        }
+        if let Some(v) = get("TROUPE_A2A") {
+            self.server.a2a.enabled = parse_bool("TROUPE_A2A", &v)?;
+        }
+        if let Some(v) = get("TROUPE_A2A_PROJECT") {
+            self.server.a2a.project = v;
+        }
+        if let Some(v) = get("TROUPE_A2A_PUBLIC_URL") {
+            self.server.a2a.public_url = Some(v);
         }
         Ok(())
     }
@@ -721,6 +764,9 @@ projects = ["alpha"]
 [[server.tokens]]
 token_env = "OPS_TOKEN"
 projects = ["*"]
+[server.a2a]
+project = "agents"
+public_url = "https://agents.example.com/a2a"
 "#,
         )
         .unwrap();
@@ -728,6 +774,14 @@ projects = ["*"]
         assert_eq!(c.server.listen, "0.0.0.0:9000");
         assert_eq!(c.server.grace_period, Duration::from_secs(5));
         assert_eq!(c.server.body_limit, 100, "env beats the file");
+        assert_eq!(c.server.a2a.project, "agents");
+        assert!(c.server.a2a.enabled, "on unless turned off");
+        assert_eq!(
+            c.server.a2a.public_url.as_deref(),
+            Some("https://agents.example.com/a2a")
+        );
+        let off = TroupeConfig::load(Some(&path), &env(&[("TROUPE_A2A", "false")])).unwrap();
+        assert!(!off.server.a2a.enabled);
         assert_eq!(c.server.tokens.len(), 2);
         let ops = env(&[("OPS_TOKEN", "ops")]);
         assert_eq!(c.server.tokens[1].secret(&ops).as_deref(), Some("ops"));

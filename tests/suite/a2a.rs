@@ -3,14 +3,14 @@
 //! resubscribe, and a headerless 0.3 call, over both the 1.0 and the 0.3 transport.
 //! The script is tests/a2a/client_e2e.py; its docstring lists the model replies it expects.
 
-use std::net::SocketAddr;
+use reqwest::StatusCode;
+use serde_json::{Value, json};
+use std::io::{BufRead, BufReader};
 use std::path::{Path, PathBuf};
-use std::process::Stdio;
-use std::sync::Arc;
+use std::process::{Child, Command, Stdio};
 use std::time::Duration;
 use troupe_runtime::ScriptedReply;
-use troupe_runtime::service::a2a::{A2a, A2aBackend, A2aConfig};
-use troupe_tests::TestSession;
+use troupe_tests::troupe_bin;
 
 fn root() -> &'static Path {
     Path::new(env!("CARGO_MANIFEST_DIR"))
@@ -40,38 +40,118 @@ fn script() -> Vec<ScriptedReply> {
     ]
 }
 
-/// A session with the scripted model behind an A2A endpoint on 127.0.0.1.
+const A2A_TOKEN: &str = "a2a-token";
+const OTHER_TOKEN: &str = "other-token";
+
+/// `troupe serve` (the real binary) with the scripted model, the in-memory store and two
+/// tokens: one bound to the A2A project, one to another project.
 struct Server {
-    session: TestSession,
-    a2a: A2a,
-    addr: SocketAddr,
-    http: tokio::task::JoinHandle<()>,
+    child: Child,
+    base: String,
+    _dir: tempfile::TempDir,
 }
 
 impl Server {
-    async fn start() -> Self {
-        let session = TestSession::start(script()).await;
-        let backend: Arc<dyn A2aBackend> = Arc::new(session.session.clone());
-        let a2a = A2a::start(backend, A2aConfig::default()).await.unwrap();
-        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-        let addr = listener.local_addr().unwrap();
-        let app = a2a.router();
-        let http = tokio::spawn(async move {
-            let _ = axum::serve(listener, app).await;
-        });
+    fn start() -> Self {
+        let dir = tempfile::tempdir().unwrap();
+        let script_path = dir.path().join("script.json");
+        std::fs::write(&script_path, json!({ "replies": script() }).to_string()).unwrap();
+        let mut child = Command::new(troupe_bin())
+            .args(["serve", "--listen", "127.0.0.1:0", "--ephemeral"])
+            .arg("--data-dir")
+            .arg(dir.path())
+            .arg("--script")
+            .arg(&script_path)
+            .current_dir(dir.path())
+            .env(
+                "TROUPE_API_TOKENS",
+                format!("{A2A_TOKEN}=a2a;{OTHER_TOKEN}=elsewhere"),
+            )
+            .env_remove("TROUPE_A2A")
+            .env_remove("TROUPE_A2A_PROJECT")
+            .stdout(Stdio::piped())
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap();
+        let mut line = String::new();
+        BufReader::new(child.stdout.take().unwrap())
+            .read_line(&mut line)
+            .unwrap();
+        let base = line
+            .trim()
+            .strip_prefix("troupe serve listening on ")
+            .unwrap_or_else(|| panic!("unexpected first line: {line:?}"))
+            .to_owned();
         Self {
-            session,
-            a2a,
-            addr,
-            http,
+            child,
+            base,
+            _dir: dir,
         }
     }
 
-    async fn stop(self) {
-        self.http.abort();
-        self.a2a.stop().await;
-        self.session.stop().await;
+    /// SIGTERM, then the exit status (the service shuts down gracefully: exit 0).
+    fn stop(mut self) {
+        nix::sys::signal::kill(
+            nix::unistd::Pid::from_raw(i32::try_from(self.child.id()).unwrap()),
+            nix::sys::signal::Signal::SIGTERM,
+        )
+        .unwrap();
+        let t0 = std::time::Instant::now();
+        let status = loop {
+            if let Some(s) = self.child.try_wait().unwrap() {
+                break s;
+            }
+            assert!(t0.elapsed() < Duration::from_secs(30), "serve did not exit");
+            std::thread::sleep(Duration::from_millis(20));
+        };
+        assert!(status.success(), "serve exited with {status}");
     }
+}
+
+impl Drop for Server {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+async fn get(base: &str, path: &str, token: &str) -> (StatusCode, Value) {
+    let r = reqwest::Client::new()
+        .get(format!("{base}{path}"))
+        .bearer_auth(token)
+        .send()
+        .await
+        .unwrap();
+    let status = r.status();
+    (status, r.json().await.unwrap_or(Value::Null))
+}
+
+/// Every A2A message went through the store: the project's current session holds the
+/// user message and the reply of the first task.
+async fn assert_stored(base: &str) {
+    let (status, current) = get(base, "/api/projects/a2a/current-session", A2A_TOKEN).await;
+    assert_eq!(status, StatusCode::OK, "{current}");
+    let session = current["session"]["session_id"]
+        .as_str()
+        .or_else(|| current["session_id"].as_str())
+        .unwrap_or_else(|| panic!("no session id in {current}"))
+        .to_owned();
+    let (status, page) = get(
+        base,
+        &format!("/api/sessions/{session}/messages?limit=100"),
+        A2A_TOKEN,
+    )
+    .await;
+    assert_eq!(status, StatusCode::OK, "{page}");
+    let texts: Vec<String> = page["messages"]
+        .as_array()
+        .unwrap_or_else(|| panic!("no messages in {page}"))
+        .iter()
+        .map(|m| format!("{}: {}", m["role"].as_str().unwrap_or("?"), m["content"]))
+        .collect();
+    let has = |want: &str| texts.iter().any(|t| t.contains(want));
+    assert!(has("hello") && has("You said: hello"), "{texts:?}");
+    assert!(has("Streamed answer") && has("no header"), "{texts:?}");
 }
 
 /// Runs the client script; its output goes into the failure message.
@@ -82,6 +162,7 @@ async fn run_client(base: &str, version: &str) {
             .arg(root().join("tests/a2a/client_e2e.py"))
             .arg(base)
             .arg(version)
+            .arg(A2A_TOKEN)
             .stdin(Stdio::null())
             .kill_on_drop(true)
             .output(),
@@ -101,14 +182,48 @@ async fn run_client(base: &str, version: &str) {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn python_sdk_client_over_a2a_1_0() {
-    let server = Server::start().await;
-    run_client(&format!("http://{}", server.addr), "1.0").await;
-    server.stop().await;
+    let server = Server::start();
+    run_client(&server.base, "1.0").await;
+    assert_stored(&server.base).await;
+    server.stop();
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn python_sdk_client_over_a2a_0_3() {
-    let server = Server::start().await;
-    run_client(&format!("http://{}", server.addr), "0.3").await;
-    server.stop().await;
+    let server = Server::start();
+    run_client(&server.base, "0.3").await;
+    assert_stored(&server.base).await;
+    server.stop();
+}
+
+/// The card is public and names the bearer scheme; `POST /a2a` needs a token (401) bound to
+/// the A2A project (403 for another project's token).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a2a_endpoint_needs_a_token_of_its_project() {
+    let server = Server::start();
+    let http = reqwest::Client::new();
+    let card = http
+        .get(format!("{}/.well-known/agent-card.json", server.base))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(card.status(), StatusCode::OK);
+    let card: Value = card.json().await.unwrap();
+    assert!(card["securitySchemes"]["bearer"].is_object(), "{card}");
+    let body = json!({"jsonrpc": "2.0", "id": 1, "method": "tasks/get", "params": {"id": "x"}});
+    let post = |token: Option<&'static str>| {
+        let mut r = http.post(format!("{}/a2a", server.base)).json(&body);
+        if let Some(t) = token {
+            r = r.bearer_auth(t);
+        }
+        async move { r.send().await.unwrap() }
+    };
+    assert_eq!(post(None).await.status(), StatusCode::UNAUTHORIZED);
+    let other = post(Some(OTHER_TOKEN)).await;
+    assert_eq!(other.status(), StatusCode::FORBIDDEN);
+    let other: Value = other.json().await.unwrap();
+    assert_eq!(other["code"], "forbidden", "{other}");
+    let mine: Value = post(Some(A2A_TOKEN)).await.json().await.unwrap();
+    assert_eq!(mine["error"]["code"], -32001, "TaskNotFound: {mine}");
+    server.stop();
 }

@@ -18,8 +18,8 @@
 //! - [`stream`]: the event stream every transport reads, and the client event types.
 //! - [`auth`], [`error`], [`metrics`].
 //!
-//! The A2A routes (`service::a2a`) are merged into the router in [`extra_routes`]: the
-//! agent card public, the JSON-RPC route behind authentication.
+//! The A2A routes (`service::a2a`) are merged into the router by [`Service::extra_routes`]:
+//! the agent card public, the JSON-RPC route behind authentication.
 //!
 //! Shutdown ([`Service::shutdown`]), step by step: stop accepting connections and end the
 //! event streams; stop admitting messages and let running tasks finish within the grace
@@ -72,6 +72,7 @@ pub struct Service {
     auth: Auth,
     metrics_public: bool,
     grace_period: Duration,
+    a2a: crate::config::A2aServerConfig,
 }
 
 impl std::fmt::Debug for Service {
@@ -133,6 +134,7 @@ impl Service {
             auth: Auth::new(tokens),
             metrics_public: config.server.metrics_public,
             grace_period: config.server.grace_period,
+            a2a: config.server.a2a.clone(),
         })
     }
 
@@ -160,13 +162,26 @@ impl Service {
         check_bind(self.auth.is_open(), addr)
     }
 
+    /// The routes served beside the API: the A2A endpoint (its agent card public, its
+    /// JSON-RPC route behind the token check) unless `[server.a2a] enabled = false`.
+    pub async fn extra_routes(&self) -> Result<(Option<a2a::A2a>, ExtraRoutes), AgentError> {
+        if !self.a2a.enabled {
+            return Ok((None, ExtraRoutes::default()));
+        }
+        let (mounted, routes) =
+            a2a::mount::mount(self.sessions.clone(), &self.a2a, !self.auth.is_open()).await?;
+        tracing::info!(project = %self.a2a.project, "A2A endpoint mounted");
+        Ok((Some(mounted), routes))
+    }
+
     /// Serves HTTP on `listener` until `shutdown` fires, then shuts down gracefully.
     pub async fn serve_http(&self, listener: tokio::net::TcpListener) -> Result<(), AgentError> {
         let addr = listener
             .local_addr()
             .map_err(|e| AgentError::internal(format!("listener address: {e}")))?;
         self.check_bind(addr)?;
-        let app = self.router(extra_routes(self));
+        let (a2a, extra) = self.extra_routes().await?;
+        let app = self.router(extra);
         let stop = self.state.shutdown.clone();
         let server = tokio::spawn(async move {
             axum::serve(listener, app)
@@ -175,6 +190,9 @@ impl Service {
         });
         self.state.shutdown.cancelled().await;
         self.shutdown().await;
+        if let Some(a2a) = a2a {
+            a2a.stop().await;
+        }
         // The last connections close once their replies are out.
         match tokio::time::timeout(Duration::from_secs(10), server).await {
             Ok(Ok(Ok(()))) => Ok(()),
@@ -277,12 +295,6 @@ impl std::fmt::Debug for ExtraRoutes {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("ExtraRoutes").finish_non_exhaustive()
     }
-}
-
-/// The routes `troupe serve` adds to the API. The A2A endpoint (`service::a2a`) plugs in
-/// here: its agent card as `public`, its JSON-RPC route as `protected`.
-pub fn extra_routes(_service: &Service) -> ExtraRoutes {
-    ExtraRoutes::default()
 }
 
 /// An API without tokens may only listen on loopback.

@@ -28,6 +28,7 @@ pub mod events;
 mod http;
 pub mod metrics;
 pub mod model;
+pub mod mount;
 pub mod request;
 mod tasks;
 pub mod version;

@@ -167,15 +167,17 @@ impl Actor for A2aTasks {
         myself: ActorRef<Self::Msg>,
         args: A2aTasksArgs,
     ) -> Result<Self::State, ActorProcessingErr> {
-        let events = args.backend.subscribe().await?;
-        let forwarder = tokio::spawn(forward(events, args.backend.clone(), myself));
+        let _ = myself;
+        // The session's events are followed from the first message on (see
+        // `ensure_forwarding`): a backend that creates its session lazily is not forced to
+        // create it at start-up.
         Ok(A2aTasksState {
             book: TaskBook::new(args.config.max_finished),
             backend: args.backend,
             config: args.config,
             streams: HashMap::new(),
             waiters: Vec::new(),
-            forwarder: Some(forwarder),
+            forwarder: None,
         })
     }
 
@@ -203,7 +205,10 @@ impl Actor for A2aTasks {
                 stream,
                 reply,
             } => {
-                let r = state.on_send(&myself, params, input, stream).await;
+                let r = match state.ensure_forwarding(&myself).await {
+                    Ok(()) => state.on_send(&myself, params, input, stream).await,
+                    Err(e) => Err(e),
+                };
                 let _ = reply.send(r);
             }
             A2aTasksMsg::Get {
@@ -244,6 +249,25 @@ impl Actor for A2aTasks {
 }
 
 impl A2aTasksState {
+    /// Subscribes to the session's events before the first message runs, so no event of a
+    /// task started here is missed.
+    async fn ensure_forwarding(&mut self, myself: &ActorRef<A2aTasksMsg>) -> Result<(), A2aError> {
+        if self.forwarder.is_some() {
+            return Ok(());
+        }
+        let events = self
+            .backend
+            .subscribe()
+            .await
+            .map_err(|e| A2aError::from_agent(&e))?;
+        self.forwarder = Some(tokio::spawn(forward(
+            events,
+            self.backend.clone(),
+            myself.clone(),
+        )));
+        Ok(())
+    }
+
     async fn on_send(
         &mut self,
         myself: &ActorRef<A2aTasksMsg>,

@@ -1,0 +1,175 @@
+//! The A2A endpoint inside `troupe serve`: every A2A context runs in the current session of
+//! one project (`[server.a2a] project`, created on the first A2A call), reached through the
+//! Sessions registry so that A2A messages are stored like any other (the user message before
+//! the task starts, the reply when it ends) and drained on shutdown.
+//!
+//! The card is public; `POST /a2a` sits behind the service's bearer-token check, and a token
+//! must be bound to the A2A project (or `*`) to use it: other tokens get 403.
+
+use super::{A2a, A2aBackend, A2aConfig, CardInfo};
+use crate::config::A2aServerConfig;
+use crate::service::ExtraRoutes;
+use crate::service::api::CreateSession;
+use crate::service::auth::Scope;
+use crate::service::error::ApiError;
+use crate::service::handle::SessionsHandle;
+use async_trait::async_trait;
+use axum::extract::{Request, State};
+use axum::http::StatusCode;
+use axum::middleware::{self, Next};
+use axum::response::{IntoResponse, Response};
+use std::sync::Arc;
+use tokio::sync::{OnceCell, broadcast};
+use troupe_proto::{
+    AgentError, ApprovalDecision, ApprovalId, ConversationId, EventEnvelope, MessageReply,
+    OpenConversation, SessionId, TaskId,
+};
+
+/// An [`A2aBackend`] over one session of the registry: the project's current session, found
+/// (or created and made current) on the first call, so a service that never sees A2A traffic
+/// has no A2A session.
+#[derive(Debug, Clone)]
+pub struct RegistryBackend {
+    sessions: SessionsHandle,
+    project: Arc<str>,
+    session: Arc<OnceCell<SessionId>>,
+}
+
+impl RegistryBackend {
+    pub fn new(sessions: SessionsHandle, project: &str) -> Self {
+        Self {
+            sessions,
+            project: Arc::from(project),
+            session: Arc::new(OnceCell::new()),
+        }
+    }
+
+    /// The A2A session's id (finding or creating it).
+    pub async fn session_id(&self) -> Result<SessionId, AgentError> {
+        self.session
+            .get_or_try_init(|| current_or_new(&self.sessions, &self.project))
+            .await
+            .copied()
+    }
+
+    async fn handle(&self) -> Result<troupe_actors::SessionHandle, AgentError> {
+        let session_id = self.session_id().await?;
+        Ok(self.sessions.resolve(Scope::All, session_id).await?.handle)
+    }
+}
+
+/// The project's current session, created (and made current) when it has none.
+async fn current_or_new(sessions: &SessionsHandle, project: &str) -> Result<SessionId, AgentError> {
+    match sessions.current(Scope::All, project.to_owned()).await {
+        Ok(record) => Ok(record.session_id),
+        Err(AgentError::NotFound { .. }) => {
+            let record = sessions
+                .create(
+                    Scope::All,
+                    CreateSession {
+                        project_id: Some(project.to_owned()),
+                        title: Some("A2A".into()),
+                        settings: None,
+                        root: None,
+                    },
+                )
+                .await?;
+            sessions
+                .set_current(Scope::All, project.to_owned(), record.session_id)
+                .await?;
+            tracing::info!(session_id = %record.session_id, project, "created the A2A session");
+            Ok(record.session_id)
+        }
+        Err(e) => Err(e),
+    }
+}
+
+#[async_trait]
+impl A2aBackend for RegistryBackend {
+    async fn open(&self, params: OpenConversation) -> Result<ConversationId, AgentError> {
+        let session_id = self.session_id().await?;
+        self.sessions.open(Scope::All, session_id, params).await
+    }
+
+    async fn message(
+        &self,
+        conversation_id: ConversationId,
+        text: String,
+    ) -> Result<MessageReply, AgentError> {
+        let session_id = self.session_id().await?;
+        let sent = self
+            .sessions
+            .send(Scope::All, session_id, Some(conversation_id), text, true)
+            .await?;
+        sent.reply
+            .ok_or_else(|| AgentError::internal("the registry answered without the task's reply"))
+    }
+
+    async fn cancel_task(&self, task_id: TaskId) -> Result<(), AgentError> {
+        self.handle().await?.cancel_task(task_id).await.map(|_| ())
+    }
+
+    async fn respond_approval(
+        &self,
+        approval_id: ApprovalId,
+        decision: ApprovalDecision,
+    ) -> Result<(), AgentError> {
+        self.handle()
+            .await?
+            .respond_approval(approval_id, decision)
+            .await
+    }
+
+    async fn subscribe(&self) -> Result<broadcast::Receiver<Arc<EventEnvelope>>, AgentError> {
+        self.handle().await?.subscribe().await
+    }
+}
+
+/// Starts the endpoint over the registry; `bearer_auth`: the card says requests need a token.
+pub async fn mount(
+    sessions: SessionsHandle,
+    config: &A2aServerConfig,
+    bearer_auth: bool,
+) -> Result<(A2a, ExtraRoutes), AgentError> {
+    let backend = RegistryBackend::new(sessions, &config.project);
+    let endpoint = A2a::start(
+        Arc::new(backend),
+        A2aConfig {
+            card: CardInfo {
+                name: config.name.clone(),
+                bearer_auth,
+                ..CardInfo::default()
+            },
+            public_url: config.public_url.clone(),
+            ..A2aConfig::default()
+        },
+    )
+    .await?;
+    let project: Arc<str> = Arc::from(config.project.as_str());
+    let routes = ExtraRoutes {
+        public: endpoint.card_router(),
+        protected: endpoint
+            .rpc_router()
+            .route_layer(middleware::from_fn_with_state(project, require_project)),
+    };
+    Ok((endpoint, routes))
+}
+
+/// 403 unless the caller's token reaches the A2A project (runs after the token check, which
+/// put the caller's scope into the request).
+async fn require_project(State(project): State<Arc<str>>, req: Request, next: Next) -> Response {
+    let allowed = req
+        .extensions()
+        .get::<Scope>()
+        .is_some_and(|scope| scope.sees(Some(&project)));
+    if allowed {
+        next.run(req).await
+    } else {
+        ApiError::new(
+            StatusCode::FORBIDDEN,
+            "forbidden",
+            format!("this token is not bound to the A2A project `{project}`"),
+        )
+        .into_response()
+    }
+}
