@@ -90,7 +90,7 @@ mod limits;
 mod requests;
 mod view;
 
-pub use self::decide::{PoolSnapshot, Route, ServerSnapshot, ViewId};
+pub use self::decide::{PoolSnapshot, Route, RouteTable, ServerSnapshot, ViewId, ViewScope};
 pub use self::limits::Rate;
 pub use self::view::McpPoolHandle;
 
@@ -111,7 +111,7 @@ use ractor::{Actor, ActorProcessingErr, ActorRef, MessagingErr, RpcReplyPort};
 use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::Duration;
-use tokio::sync::{Semaphore, mpsc};
+use tokio::sync::{Semaphore, mpsc, watch};
 use tokio::task::JoinHandle;
 use tokio::time::Instant;
 use tracing::Instrument;
@@ -241,6 +241,8 @@ pub struct McpPoolState {
     calls: CallRegistry,
     approvals: Option<ActorRef<ApprovalMsg>>,
     model: Option<Arc<dyn ModelClient>>,
+    /// The routes views resolve calls against, republished after every change.
+    routes: watch::Sender<Arc<RouteTable>>,
 }
 
 impl Drop for McpPoolState {
@@ -278,6 +280,8 @@ pub struct ViewGrant {
     limiter: Arc<ConversationLimiter>,
     session: Arc<Semaphore>,
     limits: McpLimits,
+    scope: ViewScope,
+    routes: watch::Receiver<Arc<RouteTable>>,
 }
 
 /// The McpPool's mailbox.
@@ -392,6 +396,7 @@ impl Actor for McpPool {
             calls: CallRegistry::default(),
             approvals: args.approvals,
             model: args.model,
+            routes: watch::Sender::new(Arc::new(RouteTable::default())),
         })
     }
 
@@ -401,6 +406,7 @@ impl Actor for McpPool {
         msg: Self::Msg,
         state: &mut Self::State,
     ) -> Result<(), ActorProcessingErr> {
+        let reroute = changes_routes(&msg);
         match msg {
             McpPoolMsg::OpenView {
                 conversation_id,
@@ -487,11 +493,38 @@ impl Actor for McpPool {
             McpPoolMsg::Shutdown { reply } => state.shutdown(&myself, reply),
             McpPoolMsg::InjectPanic => panic!("injected fault in the MCP pool"),
         }
+        if reroute {
+            state.publish_routes();
+        }
         Ok(())
     }
 }
 
+/// Whether handling `msg` may change which connection a tool's calls go to (or the sink of
+/// their progress events): then the route table is published again.
+fn changes_routes(msg: &McpPoolMsg) -> bool {
+    matches!(
+        msg,
+        McpPoolMsg::ServerConnected { .. }
+            | McpPoolMsg::ServerFailed { .. }
+            | McpPoolMsg::ServerClosed { .. }
+            | McpPoolMsg::ToolsChanged { .. }
+            | McpPoolMsg::ToolsListed { .. }
+            | McpPoolMsg::IdleTimeout { .. }
+            | McpPoolMsg::RestartDue { .. }
+            | McpPoolMsg::ServicesChanged { .. }
+            | McpPoolMsg::ReleaseView { .. }
+            | McpPoolMsg::Shutdown { .. }
+    )
+}
+
 impl McpPoolState {
+    fn publish_routes(&self) {
+        let table = self.core.route_table().with_events(self.events.as_ref());
+        tracing::trace!(routes = table.len(), "MCP routes published");
+        self.routes.send_replace(Arc::new(table));
+    }
+
     fn open_view(
         &mut self,
         myself: &ActorRef<McpPoolMsg>,
@@ -521,6 +554,8 @@ impl McpPoolState {
             limiter: shared.limiter.clone(),
             session: self.session_slots.clone(),
             limits,
+            scope: self.core.view_scope(view_id).unwrap_or_default(),
+            routes: self.routes.subscribe(),
         };
         tracing::debug!(%conversation_id, %view_id, "MCP view opened");
         self.apply(myself, fx);

@@ -99,6 +99,49 @@ pub struct ViewRecord {
     pub servers: BTreeSet<String>,
 }
 
+/// The routes of every ready tool, published by the actor after each change of connections
+/// or tools, so that a call does not need a mailbox round trip to find its connection.
+#[derive(Clone, Default)]
+pub struct RouteTable {
+    routes: HashMap<String, Route>,
+}
+
+impl RouteTable {
+    /// The route of qualified `name` for a view with `scope`, if the call may go straight to
+    /// its connection: visible to the view, and the connection still open. `None` sends the
+    /// caller to the actor, which answers exactly (including every error).
+    pub fn fast_route(&self, scope: &ViewScope, name: &str) -> Option<&Route> {
+        let (server, _) = split_qualified(name)?;
+        if !scope.servers.contains(server) || !visible(scope.allowlist.as_ref(), name) {
+            return None;
+        }
+        self.routes.get(name).filter(|r| !r.closed.is_cancelled())
+    }
+
+    pub fn len(&self) -> usize {
+        self.routes.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.routes.is_empty()
+    }
+
+    /// Sets the sink progress events go to on every route.
+    pub fn with_events(mut self, events: Option<&crate::events::EventSink>) -> Self {
+        for route in self.routes.values_mut() {
+            route.events = events.cloned();
+        }
+        self
+    }
+}
+
+/// What a view may see, copied into the view when it opens.
+#[derive(Debug, Clone, Default)]
+pub struct ViewScope {
+    pub servers: BTreeSet<String>,
+    pub allowlist: Option<BTreeSet<String>>,
+}
+
 /// What a call needs once it is allowed: the connection and its end signal.
 #[derive(Clone)]
 pub struct Route {
@@ -658,6 +701,37 @@ impl PoolCore {
         })
     }
 
+    /// Every tool of every ready server, by qualified name, with its route: what views
+    /// resolve calls against without asking the actor (visibility is checked by the view).
+    pub fn route_table(&self) -> RouteTable {
+        let mut routes = HashMap::new();
+        for (server, slot) in &self.servers {
+            if let Phase::Ready(live) = &slot.phase {
+                for tool in live.tools.keys() {
+                    routes.insert(
+                        qualify(server, tool),
+                        Route {
+                            server: server.clone(),
+                            tool: tool.clone(),
+                            conn: live.conn.clone(),
+                            closed: live.closed.clone(),
+                            events: None,
+                        },
+                    );
+                }
+            }
+        }
+        RouteTable { routes }
+    }
+
+    /// What a view may see: its servers and its allowlist (fixed for its life).
+    pub fn view_scope(&self, id: ViewId) -> Option<ViewScope> {
+        self.views.get(&id).map(|v| ViewScope {
+            servers: v.servers.clone(),
+            allowlist: v.allowlist.clone(),
+        })
+    }
+
     fn view(&self, id: ViewId) -> Result<&ViewRecord, AgentError> {
         self.views
             .get(&id)
@@ -1175,6 +1249,73 @@ mod tests {
         }
         let route = core.resolve(all, "a__m").unwrap();
         assert_eq!((route.server.as_str(), route.tool.as_str()), ("a", "m"));
+    }
+
+    /// The published table never lets a view call what the actor would refuse: wherever it
+    /// answers, `resolve` answers the same route; a closed connection or a server that is not
+    /// ready falls back to the actor.
+    #[test]
+    fn the_route_table_agrees_with_resolve() {
+        let mut core = core(&["b", "a-b", "a"]);
+        let (all, _) = core.open_view(ConversationId::new(), None).unwrap();
+        let (some, _) = core
+            .open_view(ConversationId::new(), Some(strings(&["a__z", "b__x"])))
+            .unwrap();
+        connect(&mut core, "a", &["z", "m"]);
+        connect(&mut core, "a-b", &["c"]);
+        let names = [
+            "a__z", "a__m", "a-b__c", "b__x", "nope", "zz__x", "a__", "__z",
+        ];
+        let check = |core: &PoolCore, table: &RouteTable| {
+            for view in [all, some] {
+                let scope = core.view_scope(view).unwrap();
+                for name in names {
+                    if let Some(fast) = table.fast_route(&scope, name) {
+                        let exact = core.resolve(view, name).unwrap();
+                        assert_eq!((&fast.server, &fast.tool), (&exact.server, &exact.tool));
+                    }
+                }
+            }
+        };
+        let table = core.route_table();
+        assert_eq!(table.len(), 3, "b is not ready: its tools are not routed");
+        check(&core, &table);
+        assert!(
+            table
+                .fast_route(&core.view_scope(all).unwrap(), "a__m")
+                .is_some()
+        );
+        assert!(
+            table
+                .fast_route(&core.view_scope(some).unwrap(), "a__m")
+                .is_none()
+        );
+        assert!(
+            table
+                .fast_route(&core.view_scope(some).unwrap(), "b__x")
+                .is_none()
+        );
+
+        connect(&mut core, "b", &["x"]);
+        let table = core.route_table();
+        check(&core, &table);
+        assert!(
+            table
+                .fast_route(&core.view_scope(some).unwrap(), "b__x")
+                .is_some()
+        );
+
+        // A connection that closed is never routed to, even from an old table.
+        let route = table
+            .fast_route(&core.view_scope(all).unwrap(), "a__z")
+            .unwrap()
+            .clone();
+        route.closed.cancel();
+        assert!(
+            table
+                .fast_route(&core.view_scope(all).unwrap(), "a__z")
+                .is_none()
+        );
     }
 
     #[test]

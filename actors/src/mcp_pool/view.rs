@@ -7,8 +7,8 @@
 use super::calls::{InFlightCall, next_key};
 use super::limits::{self, ConversationLimiter};
 use super::{
-    CALL_TIMEOUT_GRACE, McpLimits, McpPool, McpPoolArgs, McpPoolMsg, PoolSnapshot, ViewId, decide,
-    metrics,
+    CALL_TIMEOUT_GRACE, McpLimits, McpPool, McpPoolArgs, McpPoolMsg, PoolSnapshot, Route,
+    RouteTable, ViewId, ViewScope, decide, metrics,
 };
 use crate::approval_store::ApprovalMsg;
 use crate::events::{EventDraft, EventSink, current_trace_ids};
@@ -17,7 +17,7 @@ use async_trait::async_trait;
 use ractor::{Actor, ActorCell, ActorRef};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
-use tokio::sync::{Semaphore, mpsc};
+use tokio::sync::{Semaphore, mpsc, watch};
 use tokio::task::JoinHandle;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
@@ -112,6 +112,8 @@ impl McpPort for McpPoolHandle {
             limiter: grant.limiter,
             session: grant.session,
             limits: grant.limits,
+            scope: grant.scope,
+            routes: grant.routes,
             released: AtomicBool::new(false),
         }))
     }
@@ -124,6 +126,10 @@ struct PoolView {
     limiter: Arc<ConversationLimiter>,
     session: Arc<Semaphore>,
     limits: McpLimits,
+    /// What this view may call, and the pool's published routes: a visible tool of a ready
+    /// server is called without asking the actor.
+    scope: ViewScope,
+    routes: watch::Receiver<Arc<RouteTable>>,
     /// Set by the first `release` (or `Drop`), so references are given back once.
     released: AtomicBool,
 }
@@ -187,17 +193,29 @@ impl McpView for PoolView {
 }
 
 impl PoolView {
+    /// The route of a call: from the published table when the tool is visible and its
+    /// connection open; otherwise the actor decides (and names the error).
+    async fn resolve(&self, name: &str) -> Result<Route, AgentError> {
+        if !self.released.load(Ordering::Acquire) {
+            let table = self.routes.borrow().clone();
+            if let Some(route) = table.fast_route(&self.scope, name) {
+                return Ok(route.clone());
+            }
+        }
+        ractor::call!(self.actor, |reply| McpPoolMsg::Resolve {
+            view_id: self.id,
+            name: name.to_owned(),
+            reply,
+        })
+        .map_err(pool_gone)?
+    }
+
     async fn call(
         &self,
         call: &ToolCall,
         ctx: ToolCallContext<'_>,
     ) -> Result<ToolOutput, AgentError> {
-        let route = ractor::call!(self.actor, |reply| McpPoolMsg::Resolve {
-            view_id: self.id,
-            name: call.name.clone(),
-            reply,
-        })
-        .map_err(pool_gone)??;
+        let route = self.resolve(&call.name).await?;
         let _slots = limits::admit(
             &self.limiter,
             &self.session,
