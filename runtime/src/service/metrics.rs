@@ -28,6 +28,11 @@ pub fn describe() {
     );
     describe_gauge!(STREAM_SUBSCRIBERS, "Open event streams, by transport");
     describe_counter!(RPC_CALLS_TOTAL, "JSON-RPC calls, by method and outcome");
+    describe_counter!(
+        SESSION_RESTARTS_TOTAL,
+        "Sessions started again by the registry after stopping on their own, by outcome \
+         (restarted, failed, given_up)"
+    );
 }
 
 /// One HTTP request answered.
@@ -62,4 +67,12 @@ pub fn install_prometheus() -> Option<metrics_exporter_prometheus::PrometheusHan
         }
     });
     Some(handle)
+}
+
+pub const SESSION_RESTARTS_TOTAL: &str = "troupe_session_restarts_total";
+
+/// The registry restarted a stopped session (`restarted`), could not (`failed`), or left it
+/// down because it keeps stopping (`given_up`).
+pub fn session_restart(outcome: &'static str) {
+    counter!(SESSION_RESTARTS_TOTAL, "outcome" => outcome).increment(1);
 }

@@ -41,9 +41,12 @@
 //! messages and current-session binding are served; work on it answers `Internal`).
 //!
 //! # Failure
-//! A session that stops on its own is not restarted here: calls on it answer `Internal`
-//! (its own supervisor already restarts its conversations and services). If this actor
-//! fails, the service stops taking work: `troupe serve` exits non-zero and a restart
+//! A session's own supervisor restarts its conversations and services. A session that stops
+//! on its own anyway (its actor failed) is started again here under its ids, as at start-up
+//! (`SessionStopped` → task: [`restart`] → `SessionRestarted`), at most
+//! [`RESTARTS_PER_WINDOW`] times per [`RESTART_WINDOW`]; past that it stays down and calls on
+//! it answer `Internal`. While the service drains, stopped sessions stay stopped. If this
+//! actor fails, the service stops taking work: `troupe serve` exits non-zero and a restart
 //! reloads everything from the store.
 
 use super::api::{CreateSession, Sent};
@@ -53,6 +56,7 @@ use ractor::{Actor, ActorProcessingErr, ActorRef, RpcReplyPort};
 use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use tokio::task::JoinHandle;
 use troupe_actors::{SessionConfig, SessionHandle, SessionPorts};
 use troupe_proto::store::{
     ConversationRecord, ConversationState, MessagePage, MessageRecord, NewMessage, SessionRecord,
@@ -195,6 +199,16 @@ pub enum SessionsMsg {
     },
     /// The store answers and this registry is up.
     Ready { reply: Reply<()> },
+    /// A session's actor stopped (its watcher saw it end).
+    SessionStopped {
+        session_id: SessionId,
+        actor: ractor::ActorId,
+    },
+    /// A stopped session was started again (or could not be).
+    SessionRestarted {
+        session_id: SessionId,
+        result: Result<(SessionHandle, JoinHandle<()>), AgentError>,
+    },
     /// Stops admitting messages; answered once none is in flight.
     Drain { reply: RpcReplyPort<()> },
     /// Shuts every session down.
@@ -429,6 +443,39 @@ pub struct SessionsState {
     limits: Limits,
     draining: bool,
     drain_waiters: Vec<RpcReplyPort<()>>,
+    /// When each session was last restarted after stopping on its own (newest last).
+    restarts: HashMap<SessionId, Vec<std::time::Instant>>,
+}
+
+/// At most this many restarts of one session per [`RESTART_WINDOW`].
+pub const RESTARTS_PER_WINDOW: usize = 5;
+pub const RESTART_WINDOW: Duration = Duration::from_secs(60);
+
+/// Whether a session that stopped may be restarted now, given its recent restarts (pruned
+/// to the window).
+pub fn may_restart(
+    recent: &mut Vec<std::time::Instant>,
+    now: std::time::Instant,
+    per_window: usize,
+    window: Duration,
+) -> bool {
+    recent.retain(|t| now.duration_since(*t) < window);
+    if recent.len() >= per_window {
+        return false;
+    }
+    recent.push(now);
+    true
+}
+
+/// Tells the registry when a session's actor ends.
+fn watch(myself: &ActorRef<SessionsMsg>, handle: &SessionHandle, join: JoinHandle<()>) {
+    let myself = myself.clone();
+    let session_id = handle.id();
+    let actor = handle.actor().get_id();
+    tokio::spawn(async move {
+        let _ = join.await;
+        let _ = myself.cast(SessionsMsg::SessionStopped { session_id, actor });
+    });
 }
 
 /// The registry actor.
@@ -446,7 +493,7 @@ impl Actor for Sessions {
         args: SessionsArgs,
     ) -> Result<Self::State, ActorProcessingErr> {
         let mut core = load(args.store.as_ref()).await?;
-        restart_all(&mut core, &args.template).await;
+        restart_all(&myself, &mut core, &args.template).await;
         tracing::info!(
             sessions = core.sessions.len(),
             "sessions loaded from the store"
@@ -461,6 +508,7 @@ impl Actor for Sessions {
             template: args.template,
             draining: false,
             drain_waiters: Vec::new(),
+            restarts: HashMap::new(),
         })
     }
 
@@ -625,6 +673,12 @@ impl Actor for Sessions {
             M::Ready { reply } => {
                 let _ = reply.send(state.store.ping().await);
             }
+            M::SessionStopped { session_id, actor } => {
+                state.session_stopped(&myself, session_id, actor);
+            }
+            M::SessionRestarted { session_id, result } => {
+                state.session_restarted(&myself, session_id, result);
+            }
             M::Drain { reply } => {
                 state.draining = true;
                 state.drain_waiters.push(reply);
@@ -674,19 +728,22 @@ async fn restart(
     template: &SessionTemplate,
     record: &SessionRecord,
     conversations: &[ConversationRecord],
-) -> Result<SessionHandle, AgentError> {
+) -> Result<(SessionHandle, JoinHandle<()>), AgentError> {
     let (root, others) = restore_plan(record, conversations);
     let mut config = template.config.clone();
     config.root_id = Some(record.root_conversation_id);
     if let Some(root) = root {
         config.root = root;
     }
-    let (handle, _join) =
+    let (handle, join) =
         SessionHandle::start(record.session_id, config, template.ports.clone()).await?;
     for (id, params) in others {
-        handle.restore(id, params).await?;
+        if let Err(e) = handle.restore(id, params).await {
+            let _ = handle.shutdown().await;
+            return Err(e);
+        }
     }
-    Ok(handle)
+    Ok((handle, join))
 }
 
 /// Loads every stored session and its conversations.
@@ -721,7 +778,11 @@ async fn load(store: &dyn Store) -> Result<Registry, AgentError> {
 
 /// Starts every loaded session again (a few at a time); one that cannot start stays
 /// registered without a running session.
-async fn restart_all(core: &mut Registry, template: &SessionTemplate) {
+async fn restart_all(
+    myself: &ActorRef<SessionsMsg>,
+    core: &mut Registry,
+    template: &SessionTemplate,
+) {
     use futures::StreamExt;
     let jobs: Vec<(SessionRecord, Vec<ConversationRecord>)> = core
         .sessions
@@ -733,7 +794,8 @@ async fn restart_all(core: &mut Registry, template: &SessionTemplate) {
             )
         })
         .collect();
-    let started: Vec<(SessionId, Result<SessionHandle, AgentError>)> = futures::stream::iter(jobs)
+    type Started = Result<(SessionHandle, JoinHandle<()>), AgentError>;
+    let started: Vec<(SessionId, Started)> = futures::stream::iter(jobs)
         .map(|(record, conversations)| async move {
             let r = restart(template, &record, &conversations).await;
             (record.session_id, r)
@@ -743,7 +805,8 @@ async fn restart_all(core: &mut Registry, template: &SessionTemplate) {
         .await;
     for (session_id, result) in started {
         match result {
-            Ok(handle) => {
+            Ok((handle, join)) => {
+                watch(myself, &handle, join);
                 if let Some(entry) = core.sessions.get_mut(&session_id) {
                     entry.handle = Some(handle);
                 }
@@ -791,12 +854,13 @@ impl SessionsState {
             let session_id = SessionId::new();
             let root_params = config.root.clone();
             let started = async {
-                let (handle, _join) = SessionHandle::start(session_id, config, ports).await?;
+                let (handle, join) = SessionHandle::start(session_id, config, ports).await?;
                 let root = handle.root().await?;
-                Ok::<_, AgentError>((handle, root))
+                Ok::<_, AgentError>((handle, join, root))
             };
             match started.await {
-                Ok((handle, root)) => {
+                Ok((handle, join, root)) => {
+                    watch(&myself, &handle, join);
                     let created_ms = now_ms();
                     let record = SessionRecord {
                         session_id,
@@ -829,6 +893,89 @@ impl SessionsState {
                 }
             }
         });
+    }
+
+    /// A session's actor ended: forget its handle; start it again unless the service drains
+    /// or it keeps stopping.
+    fn session_stopped(
+        &mut self,
+        myself: &ActorRef<SessionsMsg>,
+        session_id: SessionId,
+        actor: ractor::ActorId,
+    ) {
+        let Some(entry) = self.core.sessions.get_mut(&session_id) else {
+            return;
+        };
+        // A watcher of an earlier run of this session (already replaced) says nothing new.
+        if entry
+            .handle
+            .as_ref()
+            .is_none_or(|h| h.actor().get_id() != actor)
+        {
+            return;
+        }
+        entry.handle = None;
+        if self.draining {
+            return;
+        }
+        let recent = self.restarts.entry(session_id).or_default();
+        if !may_restart(
+            recent,
+            std::time::Instant::now(),
+            RESTARTS_PER_WINDOW,
+            RESTART_WINDOW,
+        ) {
+            super::metrics::session_restart("given_up");
+            tracing::error!(%session_id, "session keeps stopping; left down");
+            return;
+        }
+        tracing::warn!(%session_id, "session stopped on its own; starting it again");
+        let record = entry.record.clone();
+        let conversations: Vec<ConversationRecord> = entry
+            .conversations
+            .values()
+            .map(|c| c.record.clone())
+            .collect();
+        let template = self.template.clone();
+        let myself = myself.clone();
+        tokio::spawn(async move {
+            let result = restart(&template, &record, &conversations).await;
+            let _ = myself.cast(SessionsMsg::SessionRestarted { session_id, result });
+        });
+    }
+
+    fn session_restarted(
+        &mut self,
+        myself: &ActorRef<SessionsMsg>,
+        session_id: SessionId,
+        result: Result<(SessionHandle, JoinHandle<()>), AgentError>,
+    ) {
+        match result {
+            Ok((handle, join)) => {
+                let live = self
+                    .core
+                    .sessions
+                    .get_mut(&session_id)
+                    .filter(|_| !self.draining);
+                match live {
+                    Some(entry) => {
+                        super::metrics::session_restart("restarted");
+                        tracing::info!(%session_id, "session restarted");
+                        watch(myself, &handle, join);
+                        entry.handle = Some(handle);
+                    }
+                    None => {
+                        tokio::spawn(async move {
+                            let _ = handle.shutdown().await;
+                        });
+                    }
+                }
+            }
+            Err(e) => {
+                super::metrics::session_restart("failed");
+                tracing::error!(%session_id, error = %e, "session could not be restarted");
+            }
+        }
     }
 
     async fn started(
@@ -1356,6 +1503,21 @@ mod tests {
         task_queue: 1,
         conversation_queue: 2,
     };
+
+    #[test]
+    fn restarts_are_limited_per_window() {
+        let t0 = std::time::Instant::now();
+        let window = Duration::from_secs(60);
+        let mut recent = Vec::new();
+        for i in 0..3 {
+            assert!(may_restart(&mut recent, t0 + Duration::from_secs(i), 3, window));
+        }
+        assert!(!may_restart(&mut recent, t0 + Duration::from_secs(10), 3, window));
+        assert_eq!(recent.len(), 3, "a refusal is not counted");
+        // Once the first restart is out of the window, one more is allowed.
+        assert!(may_restart(&mut recent, t0 + Duration::from_secs(60), 3, window));
+        assert!(!may_restart(&mut recent, t0 + Duration::from_secs(60), 3, window));
+    }
 
     #[test]
     fn a_restart_reopens_the_root_and_the_open_conversations() {

@@ -6,6 +6,7 @@ mod fuzz;
 mod process;
 mod props;
 mod rest;
+mod restart;
 mod rpc;
 mod streams;
 
