@@ -268,7 +268,7 @@ impl Drop for McpPoolState {
                 futures::future::join_all(closes.iter().map(|c| c.close())).await;
             });
         }
-        self.occupancy.publish(0, 0);
+        self.occupancy.publish([], 0);
     }
 }
 
@@ -652,6 +652,7 @@ impl McpPoolState {
                     generation,
                     delay,
                 } => {
+                    metrics::server_restart(&server);
                     let name = server.clone();
                     let timer = myself.send_after(delay, move || McpPoolMsg::RestartDue {
                         server: name,
@@ -727,7 +728,7 @@ impl McpPoolState {
             }
         }
         self.occupancy
-            .publish(self.core.live_connections(), self.core.views_len());
+            .publish(self.core.connected_servers(), self.core.views_len());
     }
 
     fn arm(&mut self, server: String, timer: JoinHandle<Result<(), MessagingErr<McpPoolMsg>>>) {
