@@ -366,7 +366,7 @@ async fn scrape(base: &str) -> String {
     r.text().await.unwrap()
 }
 
-/// Polls `/metrics` until `line` (a sample with its labels) reads `value`.
+/// Polls `/metrics` until a line starts with `sample` (a name, its labels and its value).
 async fn wait_metric(base: &str, sample: &str, within: Duration) {
     let t0 = Instant::now();
     loop {
