@@ -326,17 +326,20 @@ impl ApprovalStoreState {
         match self.core.request(ask, now_ms, duration_ms(timeout), reply) {
             Admission::Remembered(reply) => {
                 tracing::debug!("approval remembered");
+                metrics::requested(metrics::Admission::Remembered);
                 metrics::answered(Outcome::Remembered, 1);
                 let _ = reply.send(Ok(Granted::Remembered));
             }
             Admission::Attached(approval_id) => {
                 span.record("approval_id", tracing::field::display(approval_id));
                 tracing::debug!("identical approval already pending; caller attached");
+                metrics::requested(metrics::Admission::Attached);
             }
             Admission::Opened(request) => {
                 let approval_id = request.approval_id;
                 span.record("approval_id", tracing::field::display(approval_id));
                 tracing::info!(command = ?request.command, "approval requested");
+                metrics::requested(metrics::Admission::Asked);
                 self.emit(
                     &request,
                     EventKind::ApprovalRequested {

@@ -559,6 +559,10 @@ impl ConversationState {
             cancel: cancel.clone(),
         });
         let span = crate::task::task_span(self.id, task_id);
+        metrics::task_started(match kind {
+            TaskKind::Message => "message",
+            TaskKind::Compact => "compact",
+        });
         let started = match kind {
             TaskKind::Message => EventKind::TaskStarted {
                 input: text.clone(),

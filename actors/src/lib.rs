@@ -42,8 +42,5 @@ pub fn describe_metrics() {
     scheduler::metrics::describe();
     task_registry::metrics::describe();
     task::metrics::describe();
-    metrics::describe_counter!(
-        session::RESTARTS,
-        "Conversation actors restarted from their rollout after a failure."
-    );
+    session::metrics::describe();
 }

@@ -270,7 +270,7 @@ impl Drop for McpPoolState {
                 futures::future::join_all(closes.iter().map(|c| c.close())).await;
             });
         }
-        self.occupancy.publish(0, 0);
+        self.occupancy.publish([], 0);
     }
 }
 
@@ -687,6 +687,7 @@ impl McpPoolState {
                     generation,
                     delay,
                 } => {
+                    metrics::server_restart(&server);
                     let name = server.clone();
                     let timer = myself.send_after(delay, move || McpPoolMsg::RestartDue {
                         server: name,
@@ -762,7 +763,7 @@ impl McpPoolState {
             }
         }
         self.occupancy
-            .publish(self.core.live_connections(), self.core.views_len());
+            .publish(self.core.connected_servers(), self.core.views_len());
     }
 
     fn arm(&mut self, server: String, timer: JoinHandle<Result<(), MessagingErr<McpPoolMsg>>>) {

@@ -25,6 +25,8 @@
 //! `Shutdown` closes every conversation (each with its close timeout), flushes the rollout
 //! and stops the tree.
 
+pub mod metrics;
+
 use crate::approval_store::{ApprovalMsg, ApprovalStore, ApprovalStoreArgs};
 use crate::clock::Clock;
 use crate::conversation::{
@@ -32,7 +34,6 @@ use crate::conversation::{
 };
 use crate::events::EventSink;
 use crate::history::Summarizer;
-use crate::mcp_pool::metrics as metrics_mcp;
 use crate::mcp_pool::{McpLimits, McpPoolArgs, McpPoolHandle};
 use crate::ports::{
     CommandRunner, McpConnector, McpPort, McpServerConfig, ModelClient, TokenCounter,
@@ -53,9 +54,6 @@ use troupe_proto::{
     AgentError, CloseOutcome, Closed, ConversationId, MessageReply, OpenConversation, SessionId,
     SetContext,
 };
-
-/// Counter of conversations restarted after a failure.
-pub const RESTARTS: &str = "troupe_conversation_restarts_total";
 
 /// How a session is set up.
 #[derive(Debug, Clone)]
@@ -222,6 +220,8 @@ pub struct SessionState {
     /// The session's McpPool, when it runs one.
     mcp_pool: Option<McpPoolHandle>,
     shutting_down: bool,
+    /// Keeps this session counted in `troupe_sessions_live` while the state exists.
+    _live: metrics::Live,
 }
 
 /// The Session actor.
@@ -290,6 +290,7 @@ impl Actor for Session {
             conversations: HashMap::new(),
             by_actor: HashMap::new(),
             shutting_down: false,
+            _live: metrics::Live::start(),
         };
         let root_params = state.config.root.clone();
         let root_id = state.config.root_id;
@@ -722,7 +723,7 @@ impl SessionState {
             };
             if failed {
                 // Restart from the rollout under the same id; siblings are untouched.
-                metrics::counter!(RESTARTS).increment(1);
+                metrics::restarted(metrics::Restarted::Conversation);
                 if let Err(e) = self
                     .spawn_conversation(
                         myself,
@@ -751,6 +752,7 @@ impl SessionState {
     ) -> Result<(), ActorProcessingErr> {
         match service {
             Service::Rollout => {
+                metrics::restarted(metrics::Restarted::Rollout);
                 self.services.rollout = spawn_rollout(
                     self.id,
                     &self.config,
@@ -761,17 +763,21 @@ impl SessionState {
                 .await?;
             }
             Service::Scheduler => {
+                metrics::restarted(metrics::Restarted::Scheduler);
                 self.services.scheduler = spawn_scheduler(&self.config, myself).await?;
             }
             Service::Registry => {
+                metrics::restarted(metrics::Restarted::TaskRegistry);
                 self.services.registry = spawn_registry(self.clock, myself).await?;
             }
             Service::Approvals => {
+                metrics::restarted(metrics::Restarted::ApprovalStore);
                 let events = EventSink::new(self.services.rollout.clone());
                 self.services.approvals =
                     spawn_approvals(&self.config, self.clock, events, myself).await?;
             }
             Service::McpPool => {
+                // Counted by `restart_mcp_pool` once it knows a pool can start again.
                 // A pool that cannot start again costs the session its MCP tools, not its life.
                 if let Err(error) = self.restart_mcp_pool(myself).await {
                     tracing::error!(session_id = %self.id, %error, "MCP pool restart failed");
@@ -802,7 +808,7 @@ impl SessionState {
         let Some(connector) = self.ports.mcp_connector.clone() else {
             return Ok(());
         };
-        metrics_mcp::pool_restarted();
+        metrics::restarted(metrics::Restarted::McpPool);
         let pool = spawn_mcp_pool(
             &self.config,
             connector,

@@ -232,6 +232,7 @@ async fn run_inner(ctx: &TaskContext) -> TaskOutcome {
             ..TaskStats::default()
         },
         last_text: String::new(),
+        granted_at: None,
     };
 
     // Wait for a slot, unless cancelled first.
@@ -258,6 +259,7 @@ async fn run_inner(ctx: &TaskContext) -> TaskOutcome {
     if let Err(e) = granted {
         return loop_state.end(status_of(&e), Some(e));
     }
+    loop_state.granted_at = Some(Instant::now());
     let _ = ctx.registry.cast(TaskRegistryMsg::StateChanged {
         task_id: ctx.task_id,
         state: TaskState::Running,
@@ -346,10 +348,15 @@ struct LoopState {
     items: Vec<HistoryItem>,
     stats: TaskStats,
     last_text: String,
+    /// When the scheduler granted the slot: the turn's start (`None` while queued).
+    granted_at: Option<Instant>,
 }
 
 impl LoopState {
     fn end(mut self, status: TaskStatus, error: Option<AgentError>) -> TaskOutcome {
+        if let Some(granted_at) = self.granted_at {
+            metrics::turn_finished(status, granted_at.elapsed());
+        }
         // A task that never got a model call leaves no history: its message was not
         // processed (cancelled while queued, or its prompt was over budget — which would
         // otherwise make every later turn fail too). The rollout rebuild does the same.
@@ -690,7 +697,11 @@ async fn run_tool(
         duration_ms: u64::try_from(started.elapsed().as_millis()).unwrap_or(u64::MAX),
     });
     let offered = tools.iter().any(|t| t.name == call.name);
-    metrics::tool_finished(metrics::tool_label(&call.name, offered), outcome);
+    metrics::tool_finished(
+        metrics::tool_label(&call.name, offered),
+        outcome,
+        started.elapsed(),
+    );
     (output, failure)
 }
 

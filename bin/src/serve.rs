@@ -74,7 +74,6 @@ fn resolve(args: &ServeArgs) -> anyhow::Result<TroupeConfig> {
 pub async fn run(args: ServeArgs) -> anyhow::Result<ExitCode> {
     let config = resolve(&args)?;
     let prometheus = service::metrics::install_prometheus();
-    troupe_actors::describe_metrics();
     service::describe_metrics();
     if config.model.provider == Provider::Scripted {
         eprintln!("troupe: no model endpoint configured; using the built-in scripted model");

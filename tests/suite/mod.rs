@@ -8,6 +8,7 @@ mod leaks;
 mod lifecycle;
 mod mcp;
 mod mcp_servers;
+mod observability;
 mod repl;
 mod resume;
 mod rollout;

@@ -6,9 +6,11 @@ use metrics::{
 };
 use std::time::Duration;
 
+/// Requests received, by admission (one per caller).
+pub const REQUESTED_TOTAL: &str = "troupe_approval_requested_total";
 /// Requests answered, by outcome (one per caller, so two callers sharing a pending request
 /// count twice).
-pub const REQUESTS_TOTAL: &str = "troupe_approval_requests_total";
+pub const RESOLVED_TOTAL: &str = "troupe_approval_resolved_total";
 /// Pending requests waiting for a human, summed over the sessions of this process.
 pub const PENDING: &str = "troupe_approval_pending";
 /// Stored keys (expired ones included until the next sweep), summed over sessions.
@@ -30,6 +32,13 @@ pub enum Outcome {
 }
 
 impl Outcome {
+    pub const ALL: [Self; 4] = [
+        Self::Remembered,
+        Self::Approved,
+        Self::Denied,
+        Self::TimedOut,
+    ];
+
     pub const fn as_str(self) -> &'static str {
         match self {
             Self::Remembered => "remembered",
@@ -40,13 +49,49 @@ impl Outcome {
     }
 }
 
+/// How a request was taken in, as a metric label.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Admission {
+    /// A key covered it: answered at once.
+    Remembered,
+    /// A new pending request: a human is asked.
+    Asked,
+    /// An identical request was already pending: the caller waits for its answer.
+    Attached,
+}
+
+impl Admission {
+    pub const ALL: [Self; 3] = [Self::Remembered, Self::Asked, Self::Attached];
+
+    pub const fn as_str(self) -> &'static str {
+        match self {
+            Self::Remembered => "remembered",
+            Self::Asked => "asked",
+            Self::Attached => "attached",
+        }
+    }
+}
+
 /// Registers descriptions; call once after installing a recorder.
 pub fn describe() {
     describe_counter!(
-        REQUESTS_TOTAL,
+        REQUESTED_TOTAL,
+        Unit::Count,
+        "Approval requests received, by admission (remembered, asked, attached)."
+    );
+    describe_counter!(
+        RESOLVED_TOTAL,
         Unit::Count,
         "Approval requests answered, by outcome (remembered, approved, denied, timed_out)."
     );
+    // Closed label sets: every series exists from the start, so that a ratio or an alert on
+    // denials or expiries reads 0 rather than nothing.
+    for admission in Admission::ALL {
+        counter!(REQUESTED_TOTAL, "admission" => admission.as_str()).increment(0);
+    }
+    for outcome in Outcome::ALL {
+        counter!(RESOLVED_TOTAL, "outcome" => outcome.as_str()).increment(0);
+    }
     describe_gauge!(
         PENDING,
         Unit::Count,
@@ -64,9 +109,14 @@ pub fn describe() {
     );
 }
 
+/// Counts one request taken in.
+pub fn requested(admission: Admission) {
+    counter!(REQUESTED_TOTAL, "admission" => admission.as_str()).increment(1);
+}
+
 /// Counts `callers` answers with `outcome`.
 pub fn answered(outcome: Outcome, callers: usize) {
-    counter!(REQUESTS_TOTAL, "outcome" => outcome.as_str())
+    counter!(RESOLVED_TOTAL, "outcome" => outcome.as_str())
         .increment(u64::try_from(callers).unwrap_or(u64::MAX));
 }
 

@@ -1,9 +1,14 @@
-//! Conversation metrics. Labels are bounded enums; ids go to traces and events.
+//! Conversation metrics. Labels are bounded enums; ids go to traces and events, and
+//! per-conversation figures stay in `conversation.stats`.
 
+use metrics::Unit;
 use troupe_proto::{TaskStats, TaskStatus};
 
 pub const LIVE: &str = "troupe_conversations_live";
-pub const TASKS: &str = "troupe_tasks_total";
+/// Tasks started, by kind (`message`, `compact`).
+pub const TASKS_STARTED: &str = "troupe_tasks_started_total";
+/// Tasks finished, by status.
+pub const TASKS_FINISHED: &str = "troupe_tasks_finished_total";
 pub const TASK_DURATION: &str = "troupe_task_duration_seconds";
 pub const TOOL_CALLS: &str = "troupe_tool_calls_total";
 pub const TOKENS: &str = "troupe_tokens_total";
@@ -12,31 +17,57 @@ pub const POLICY_CLAMPED: &str = "troupe_policy_clamped_total";
 
 /// Registers descriptions (Prometheus needs one per metric).
 pub fn describe() {
-    metrics::describe_gauge!(LIVE, "Conversation actors alive in this process.");
-    metrics::describe_counter!(TASKS, "Tasks finished, by status.");
+    metrics::describe_gauge!(
+        LIVE,
+        Unit::Count,
+        "Conversation actors alive in this process."
+    );
+    metrics::describe_counter!(
+        TASKS_STARTED,
+        Unit::Count,
+        "Tasks started, by kind (message, compact)."
+    );
+    metrics::describe_counter!(
+        TASKS_FINISHED,
+        Unit::Count,
+        "Tasks finished, by status (ok, error, max_steps, cancelled)."
+    );
     metrics::describe_histogram!(
         TASK_DURATION,
-        metrics::Unit::Seconds,
-        "Task duration, by status."
+        Unit::Seconds,
+        "Task duration from its start to its end, the wait for a scheduler slot included, by status."
     );
-    metrics::describe_counter!(TOOL_CALLS, "Tool calls made by tasks.");
-    metrics::describe_counter!(TOKENS, "Model tokens, by direction (input, output).");
+    metrics::describe_counter!(TOOL_CALLS, Unit::Count, "Tool calls made by tasks.");
+    metrics::describe_counter!(
+        TOKENS,
+        Unit::Count,
+        "Model tokens of finished tasks, by direction (input, output)."
+    );
     metrics::describe_counter!(
         FORCE_ABORTS,
-        "Tasks aborted because they ignored cancellation past the close timeout."
+        Unit::Count,
+        "Close timeouts: tasks aborted because they ignored cancellation past the close timeout."
     );
     metrics::describe_counter!(
         POLICY_CLAMPED,
+        Unit::Count,
         "Conversations that asked for a wider policy than the session's, by policy (approval, sandbox)."
     );
+    // A close timeout is rare: the series exists at 0 so that rates and alerts see it.
+    metrics::counter!(FORCE_ABORTS).increment(0);
 }
 
 pub fn live(n: usize) {
     metrics::gauge!(LIVE).set(n as f64);
 }
 
+/// A task started; `kind` is `message` or `compact`.
+pub fn task_started(kind: &'static str) {
+    metrics::counter!(TASKS_STARTED, "kind" => kind).increment(1);
+}
+
 pub fn task_finished(status: TaskStatus, stats: &TaskStats) {
-    metrics::counter!(TASKS, "status" => status.as_str()).increment(1);
+    metrics::counter!(TASKS_FINISHED, "status" => status.as_str()).increment(1);
     metrics::histogram!(TASK_DURATION, "status" => status.as_str())
         .record(stats.duration_ms as f64 / 1000.0);
     metrics::counter!(TOOL_CALLS).increment(u64::from(stats.tool_calls));

@@ -739,11 +739,20 @@ impl PoolCore {
     }
 
     /// Live connections.
+    #[cfg(test)]
     pub fn live_connections(&self) -> usize {
         self.servers
             .values()
             .filter(|s| matches!(s.phase, Phase::Ready(_)))
             .count()
+    }
+
+    /// Names of the servers with a live connection.
+    pub fn connected_servers(&self) -> impl Iterator<Item = &str> {
+        self.servers
+            .iter()
+            .filter(|(_, s)| matches!(s.phase, Phase::Ready(_)))
+            .map(|(name, _)| name.as_str())
     }
 
     pub fn views_len(&self) -> usize {

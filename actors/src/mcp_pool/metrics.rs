@@ -1,10 +1,12 @@
-//! McpPool metrics: names, descriptions and typed helpers. Labels are bounded enums only;
-//! server names, conversation ids and tool names go into spans and events, never into labels
-//! (server names come from configuration, but a session per tenant could still multiply them).
+//! McpPool metrics: names, descriptions and typed helpers. Labels are bounded enums, and the
+//! server's name where it says which server is up, restarting or busy: server names come from
+//! the configuration (one list for every session of a process), never from a model or a
+//! client. Conversation ids and tool names go into spans and events, never into labels.
 
 use metrics::{
     Unit, counter, describe_counter, describe_gauge, describe_histogram, gauge, histogram,
 };
+use std::collections::BTreeSet;
 use std::time::Duration;
 use troupe_proto::AgentError;
 
@@ -20,8 +22,12 @@ pub const OVERLOADED_TOTAL: &str = "troupe_mcp_overloaded_total";
 pub const CONNECTS_TOTAL: &str = "troupe_mcp_connects_total";
 /// Connections that ended, by reason.
 pub const CLOSED_TOTAL: &str = "troupe_mcp_connections_closed_total";
-/// Live connections (summed over sessions).
+/// Live connections, by server (summed over sessions: one per session that uses it).
 pub const CONNECTIONS: &str = "troupe_mcp_connections";
+/// Restarts scheduled after a server died or failed to connect, by server.
+pub const SERVER_RESTARTS_TOTAL: &str = "troupe_mcp_server_restarts_total";
+/// Calls sent to a server and not yet answered, by server.
+pub const CALLS_IN_FLIGHT: &str = "troupe_mcp_calls_in_flight";
 /// Open views (summed over sessions).
 pub const VIEWS: &str = "troupe_mcp_views";
 /// Progress notifications received during calls.
@@ -30,8 +36,6 @@ pub const PROGRESS_TOTAL: &str = "troupe_mcp_progress_notifications_total";
 pub const TOOLS_LEFT_OUT_TOTAL: &str = "troupe_mcp_tools_left_out_total";
 /// Requests of servers to the client (elicitation, sampling), by kind and outcome.
 pub const SERVER_REQUESTS_TOTAL: &str = "troupe_mcp_server_requests_total";
-/// Pools started again by their session after they failed.
-pub const POOL_RESTARTS_TOTAL: &str = "troupe_mcp_pool_restarts_total";
 
 /// Registers descriptions; call once after installing a recorder.
 pub fn describe() {
@@ -65,7 +69,21 @@ pub fn describe() {
         Unit::Count,
         "MCP connections that ended, by reason (idle, died, stale, shutdown)."
     );
-    describe_gauge!(CONNECTIONS, Unit::Count, "Live MCP connections.");
+    describe_gauge!(
+        CONNECTIONS,
+        Unit::Count,
+        "Live MCP connections, by server (one per session using it): the servers up."
+    );
+    describe_counter!(
+        SERVER_RESTARTS_TOTAL,
+        Unit::Count,
+        "MCP server restarts scheduled after the server died or failed to connect, by server."
+    );
+    describe_gauge!(
+        CALLS_IN_FLIGHT,
+        Unit::Count,
+        "MCP tool calls sent to a server and not yet answered, by server."
+    );
     describe_gauge!(
         VIEWS,
         Unit::Count,
@@ -80,11 +98,6 @@ pub fn describe() {
         SERVER_REQUESTS_TOTAL,
         Unit::Count,
         "Elicitation and sampling requests of MCP servers, by kind and outcome (accepted, declined, cancelled, failed, unattributed)."
-    );
-    describe_counter!(
-        POOL_RESTARTS_TOTAL,
-        Unit::Count,
-        "MCP pools started again by their session after the pool actor failed."
     );
     describe_counter!(
         TOOLS_LEFT_OUT_TOTAL,
@@ -201,8 +214,30 @@ pub fn server_request(kind: RequestKind, outcome: RequestOutcome) {
         .increment(1);
 }
 
-pub fn pool_restarted() {
-    counter!(POOL_RESTARTS_TOTAL).increment(1);
+/// A restart of `server` was scheduled.
+pub fn server_restart(server: &str) {
+    counter!(SERVER_RESTARTS_TOTAL, "server" => server.to_owned()).increment(1);
+}
+
+/// Counts a call in flight on a server while it lives.
+#[derive(Debug)]
+pub struct InFlight {
+    server: String,
+}
+
+impl InFlight {
+    pub fn start(server: &str) -> Self {
+        gauge!(CALLS_IN_FLIGHT, "server" => server.to_owned()).increment(1.0);
+        Self {
+            server: server.to_owned(),
+        }
+    }
+}
+
+impl Drop for InFlight {
+    fn drop(&mut self) {
+        gauge!(CALLS_IN_FLIGHT, "server" => self.server.clone()).decrement(1.0);
+    }
 }
 
 /// The outcome label of a finished call.
@@ -248,13 +283,22 @@ pub fn left_out(reason: LeftOut) {
 /// instead of overwriting each other.
 #[derive(Debug, Default)]
 pub struct Occupancy {
-    connections: usize,
+    /// Servers this pool reported connected.
+    connected: BTreeSet<String>,
     views: usize,
 }
 
 impl Occupancy {
-    pub fn publish(&mut self, connections: usize, views: usize) {
-        shift(CONNECTIONS, &mut self.connections, connections);
+    /// `connected`: the servers with a live connection now.
+    pub fn publish<'a>(&mut self, connected: impl IntoIterator<Item = &'a str>, views: usize) {
+        let now: BTreeSet<String> = connected.into_iter().map(str::to_owned).collect();
+        for gone in self.connected.difference(&now) {
+            gauge!(CONNECTIONS, "server" => gone.clone()).decrement(1.0);
+        }
+        for new in now.difference(&self.connected) {
+            gauge!(CONNECTIONS, "server" => new.clone()).increment(1.0);
+        }
+        self.connected = now;
         shift(VIEWS, &mut self.views, views);
     }
 }
@@ -263,5 +307,71 @@ fn shift(name: &'static str, published: &mut usize, now: usize) {
     if now != *published {
         gauge!(name).increment(now as f64 - *published as f64);
         *published = now;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use metrics_util::debugging::{DebugValue, DebuggingRecorder};
+
+    /// The `troupe_mcp_connections` gauges by server after `record`.
+    fn connections(record: impl FnOnce()) -> Vec<(String, f64)> {
+        let recorder = DebuggingRecorder::new();
+        let snapshotter = recorder.snapshotter();
+        metrics::with_local_recorder(&recorder, record);
+        let mut out: Vec<(String, f64)> = snapshotter
+            .snapshot()
+            .into_vec()
+            .into_iter()
+            .filter(|(key, ..)| key.key().name() == CONNECTIONS)
+            .map(|(key, _, _, value)| {
+                let server = key.key().labels().next().unwrap().value().to_owned();
+                let DebugValue::Gauge(v) = value else {
+                    panic!("not a gauge")
+                };
+                (server, v.into_inner())
+            })
+            .collect();
+        out.sort_by(|a, b| a.0.cmp(&b.0));
+        out
+    }
+
+    #[test]
+    fn pools_add_up_per_server_and_withdraw_what_they_reported() {
+        let got = connections(|| {
+            let (mut a, mut b) = (Occupancy::default(), Occupancy::default());
+            a.publish(["fs", "git"], 2);
+            b.publish(["fs"], 1);
+            // Publishing the same set again changes nothing.
+            a.publish(["git", "fs"], 2);
+            // `git` dies in pool a; pool b stops.
+            a.publish(["fs"], 2);
+            b.publish([], 0);
+        });
+        assert_eq!(got, [("fs".to_owned(), 1.0), ("git".to_owned(), 0.0)]);
+    }
+
+    #[test]
+    fn an_in_flight_call_counts_until_dropped() {
+        let recorder = DebuggingRecorder::new();
+        let snapshotter = recorder.snapshotter();
+        // A snapshot gives the change since the previous one: keep the running value.
+        let mut now = 0.0;
+        let mut value = || {
+            if let Some((_, _, _, DebugValue::Gauge(v))) = snapshotter.snapshot().into_vec().pop() {
+                now += v.into_inner();
+            }
+            now
+        };
+        metrics::with_local_recorder(&recorder, || {
+            let first = InFlight::start("fs");
+            let second = InFlight::start("fs");
+            assert_eq!(value(), 2.0);
+            drop(first);
+            assert_eq!(value(), 1.0);
+            drop(second);
+            assert_eq!(value(), 0.0);
+        });
     }
 }

@@ -238,6 +238,7 @@ impl PoolView {
                 cancel: cancel.clone(),
             },
         );
+        let _in_flight = metrics::InFlight::start(&route.server);
         let progress = Progress {
             events: route.events.as_ref(),
             conversation_id: ctx.conversation_id,

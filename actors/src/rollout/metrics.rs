@@ -19,6 +19,8 @@ pub const UNREADABLE_LINES: &str = "troupe_rollout_unreadable_lines_total";
 pub const SUBSCRIBER_LAGGED: &str = "troupe_rollout_subscriber_lagged_events_total";
 pub const EVENTS_WITHHELD: &str = "troupe_rollout_events_withheld_total";
 pub const PUBLISH_DELAY: &str = "troupe_rollout_publish_delay_seconds";
+/// One group commit of the writer, whatever the storage, by whether it synced.
+pub const FLUSH_DURATION: &str = "troupe_rollout_flush_duration_seconds";
 
 /// What the file storage was doing when an I/O error struck (its `op` labels; other storages
 /// name their own, see `SinkError::op`).
@@ -74,7 +76,7 @@ pub fn describe() {
     describe_counter!(
         BYTES_WRITTEN,
         Unit::Bytes,
-        "Bytes of rollout records appended to files."
+        "Bytes of rollout records appended to storage (their encoded form)."
     );
     describe_counter!(
         FSYNCS,
@@ -105,6 +107,11 @@ pub fn describe() {
         PUBLISH_DELAY,
         Unit::Seconds,
         "Time from an event's numbering to its publication, after the commit that covers it."
+    );
+    describe_histogram!(
+        FLUSH_DURATION,
+        Unit::Seconds,
+        "Time of one group commit of the rollout writer (its flush to storage), by sync (true when it was made durable)."
     );
     describe_counter!(
         TTL_DOWNGRADED,
@@ -165,6 +172,12 @@ pub fn event_withheld(kind: &'static str) {
 
 pub fn published(delay: Duration) {
     histogram!(PUBLISH_DELAY).record(delay.as_secs_f64());
+}
+
+/// A commit of the writer took `took`; `sync`: it was made durable.
+pub fn flushed(sync: bool, took: Duration) {
+    let sync = if sync { "true" } else { "false" };
+    histogram!(FLUSH_DURATION, "sync" => sync).record(took.as_secs_f64());
 }
 
 pub fn ttl_downgraded(records: u64) {

@@ -180,7 +180,7 @@ impl Writer {
             }
         }
         // The actor is gone: make everything it handed over durable, then close.
-        if let Err(e) = self.sink.commit(true, self.high_water) {
+        if let Err(e) = self.commit(true) {
             self.fail(&e);
         }
         if let Some(error) = self.error.take() {
@@ -244,7 +244,7 @@ impl Writer {
                 WriterCmd::Crash => return Next::Crashed,
             }
         }
-        let committed = match self.sink.commit(sync, self.high_water) {
+        let committed = match self.commit(sync) {
             Ok(()) => true,
             Err(e) => {
                 self.fail(&e);
@@ -267,6 +267,14 @@ impl Writer {
             let _ = ack.send(Ok(()));
         }
         Next::Continue
+    }
+
+    /// Commits what was appended, timed (the flush latency, whatever the storage).
+    fn commit(&mut self, sync: bool) -> Result<(), SinkError> {
+        let started = Instant::now();
+        let result = self.sink.commit(sync, self.high_water);
+        metrics::flushed(sync, started.elapsed());
+        result
     }
 
     /// Publishes the batch's events that storage accounts for, in `seq` order.

@@ -23,13 +23,22 @@ pub fn describe() {
         Unit::Seconds,
         "Time a task waited for a scheduler slot"
     );
-    describe_counter!(ACQUIRES_TOTAL, "Scheduler acquire requests, by outcome");
+    describe_counter!(
+        ACQUIRES_TOTAL,
+        Unit::Count,
+        "Scheduler acquire requests, by outcome"
+    );
     describe_counter!(
         RELEASES_TOTAL,
+        Unit::Count,
         "Scheduler grants or waiting requests that ended, by reason"
     );
-    describe_gauge!(RUNNING, "Tasks holding a scheduler slot");
-    describe_gauge!(WAITING, "Requests waiting for a scheduler slot");
+    describe_gauge!(RUNNING, Unit::Count, "Tasks holding a scheduler slot");
+    describe_gauge!(
+        WAITING,
+        Unit::Count,
+        "Requests waiting for a scheduler slot (the queue depth)"
+    );
 }
 
 /// How an `Acquire` was answered.

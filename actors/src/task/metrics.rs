@@ -1,9 +1,16 @@
-//! Tool-call metrics of the task runner. Labels are bounded: the tool's kind (a built-in
-//! name, `mcp` or `unknown`, never an MCP tool's own name) and how the call ended.
+//! Metrics of the task runner: turns and tool calls. Labels are bounded: the tool's kind (a
+//! built-in name, `mcp` or `unknown`, never an MCP tool's own name), how a call ended, and a
+//! task's status.
 
-use troupe_proto::AgentError;
+use metrics::Unit;
+use std::time::Duration;
+use troupe_proto::{AgentError, TaskStatus};
 
 pub const TOOL_OUTCOMES: &str = "troupe_tool_outcomes_total";
+/// Tool call latency (approval waits included), by tool kind and outcome.
+pub const TOOL_CALL_DURATION: &str = "troupe_tool_call_duration_seconds";
+/// From the scheduler's grant to the task's end, by status.
+pub const TURN_DURATION: &str = "troupe_turn_duration_seconds";
 pub const PATCH_FILES: &str = "troupe_apply_patch_files_total";
 pub const PLAN_UPDATES: &str = "troupe_plan_updates_total";
 
@@ -11,13 +18,29 @@ pub const PLAN_UPDATES: &str = "troupe_plan_updates_total";
 pub fn describe() {
     metrics::describe_counter!(
         TOOL_OUTCOMES,
+        Unit::Count,
         "Tool calls by tool kind (built-in name, mcp, unknown) and outcome."
+    );
+    metrics::describe_histogram!(
+        TOOL_CALL_DURATION,
+        Unit::Seconds,
+        "Tool call duration, approval waits included, by tool kind and outcome."
+    );
+    metrics::describe_histogram!(
+        TURN_DURATION,
+        Unit::Seconds,
+        "Turn duration: from the scheduler slot's grant to the task's end (model calls and tools), by status."
     );
     metrics::describe_counter!(
         PATCH_FILES,
+        Unit::Count,
         "Files changed by apply_patch, by operation (add, update, move, delete)."
     );
-    metrics::describe_counter!(PLAN_UPDATES, "Plans recorded with update_plan.");
+    metrics::describe_counter!(
+        PLAN_UPDATES,
+        Unit::Count,
+        "Plans recorded with update_plan."
+    );
 }
 
 /// The tool label: built-in names as they are, anything else `mcp` or `unknown`.
@@ -46,8 +69,15 @@ pub fn outcome_label(result: &Result<bool, &AgentError>) -> &'static str {
     }
 }
 
-pub fn tool_finished(tool: &'static str, outcome: &'static str) {
+pub fn tool_finished(tool: &'static str, outcome: &'static str, took: Duration) {
     metrics::counter!(TOOL_OUTCOMES, "tool" => tool, "outcome" => outcome).increment(1);
+    metrics::histogram!(TOOL_CALL_DURATION, "tool" => tool, "outcome" => outcome)
+        .record(took.as_secs_f64());
+}
+
+/// A turn that held a scheduler slot ended.
+pub fn turn_finished(status: TaskStatus, took: Duration) {
+    metrics::histogram!(TURN_DURATION, "status" => status.as_str()).record(took.as_secs_f64());
 }
 
 pub fn patch_file(op: &'static str) {

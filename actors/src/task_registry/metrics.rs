@@ -1,6 +1,6 @@
 //! TaskRegistry metrics. Labels are closed enums; task and conversation ids go to traces only.
 
-use metrics::{counter, describe_counter, describe_gauge, gauge};
+use metrics::{Unit, counter, describe_counter, describe_gauge, gauge};
 use troupe_proto::TaskState;
 
 /// Registered tasks now, by state (summed over sessions).
@@ -10,9 +10,14 @@ pub const TASK_CANCELLATIONS_TOTAL: &str = "troupe_task_cancellations_total";
 
 /// Registers the descriptions (a Prometheus exporter rejects undescribed metrics).
 pub fn describe() {
-    describe_gauge!(TASKS_LIVE, "Registered tasks, by state");
+    describe_gauge!(
+        TASKS_LIVE,
+        Unit::Count,
+        "Registered tasks, by state (queued, running, cancelling)"
+    );
     describe_counter!(
         TASK_CANCELLATIONS_TOTAL,
+        Unit::Count,
         "Tasks whose cancellation was requested, by scope"
     );
 }

@@ -49,6 +49,7 @@ pub const fn policy_label(policy: SandboxPolicy) -> &'static str {
 pub fn describe() {
     metrics::describe_counter!(
         COMMANDS,
+        metrics::Unit::Count,
         "Shell commands run, by sandbox policy and outcome."
     );
     metrics::describe_histogram!(
@@ -58,6 +59,7 @@ pub fn describe() {
     );
     metrics::describe_counter!(
         SANDBOX_REFUSALS,
+        metrics::Unit::Count,
         "Commands refused because their sandbox policy could not be fully enforced, by policy."
     );
 }

@@ -1,22 +1,23 @@
-//! MCP client metrics. Labels are closed sets (transport, outcome); server names, tool names
-//! and request ids go to traces only.
+//! MCP client metrics: what one connection saw on the wire, named `troupe_mcp_client_*` so
+//! they never mix with the pool's `troupe_mcp_*` view of the same calls. Labels are closed sets
+//! (transport, outcome); server names, tool names and request ids go to traces only.
 
 use metrics::{Unit, counter, describe_counter, describe_histogram, histogram};
 use std::time::Duration;
 
 /// Connections whose handshake completed, by transport.
-pub const CONNECTIONS_OPENED_TOTAL: &str = "troupe_mcp_connections_opened_total";
+pub const CONNECTIONS_OPENED_TOTAL: &str = "troupe_mcp_client_connections_opened_total";
 /// Connections that failed before or during the handshake, by transport.
-pub const CONNECT_FAILURES_TOTAL: &str = "troupe_mcp_connect_failures_total";
+pub const CONNECT_FAILURES_TOTAL: &str = "troupe_mcp_client_connect_failures_total";
 /// Connections that ended (closed by us, process exit, transport closed), by transport.
-pub const CONNECTIONS_CLOSED_TOTAL: &str = "troupe_mcp_connections_closed_total";
+pub const CONNECTIONS_CLOSED_TOTAL: &str = "troupe_mcp_client_connections_closed_total";
 /// Tool calls, by transport and outcome.
-pub const CALLS_TOTAL: &str = "troupe_mcp_calls_total";
+pub const CALLS_TOTAL: &str = "troupe_mcp_client_calls_total";
 /// Tool call latency, by transport and outcome.
-pub const CALL_DURATION_SECONDS: &str = "troupe_mcp_call_duration_seconds";
+pub const CALL_DURATION_SECONDS: &str = "troupe_mcp_client_call_duration_seconds";
 /// `notifications/cancelled` sent for abandoned calls (cancelled or timed out), by transport
 /// and whether the write went through.
-pub const CANCEL_NOTICES_TOTAL: &str = "troupe_mcp_cancel_notifications_total";
+pub const CANCEL_NOTICES_TOTAL: &str = "troupe_mcp_client_cancel_notifications_total";
 
 /// `notifications/cancelled` written by this process: a client-side record tests can read
 /// without a metrics recorder.

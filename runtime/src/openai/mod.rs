@@ -159,11 +159,12 @@ impl OpenAiClient {
         &self.shown_url
     }
 
+    /// One model call; the response and the model the server says answered.
     async fn call(
         &self,
         request: ModelRequest<'_>,
         deltas: &mut dyn DeltaSink,
-    ) -> Result<ModelResponse, Failed> {
+    ) -> Result<(ModelResponse, Option<String>), Failed> {
         let mode = self.config.tool_mode;
         let body = match self.config.provider {
             Provider::OpenaiChat => request::chat_body(&request, &self.config.model, mode),
@@ -191,10 +192,12 @@ impl OpenAiClient {
         if let Some(id) = &collected.response_id {
             span.record("gen_ai.response.id", id.as_str());
         }
+        let response_model = collected.model.clone();
         if let Some(usage) = &collected.usage {
             span.record("gen_ai.usage.input_tokens", usage.input_tokens);
             span.record("gen_ai.usage.output_tokens", usage.output_tokens);
             metrics::tokens(self.provider, usage);
+            metrics::gen_ai_tokens(self.gen_ai(response_model.as_deref()), usage);
         }
         let response = match mode {
             ToolMode::Native => native_response(collected),
@@ -204,7 +207,16 @@ impl OpenAiClient {
         if mode == ToolMode::Text && !response.text.is_empty() {
             deltas.text_delta(&response.text);
         }
-        Ok(response)
+        Ok((response, response_model))
+    }
+
+    /// The GenAI attributes of a call to this client's endpoint.
+    fn gen_ai<'a>(&'a self, response_model: Option<&'a str>) -> metrics::GenAiCall<'a> {
+        metrics::GenAiCall {
+            provider: "openai",
+            request_model: &self.config.model,
+            response_model,
+        }
     }
 
     async fn with_retries<P: StreamParser + Default>(
@@ -458,13 +470,20 @@ impl ModelClient for OpenAiClient {
             }
         };
         // Leaving the select drops the call, and with it the response: the connection closes.
+        let started = Instant::now();
         match call.instrument(span).await {
-            Ok(response) => {
+            Ok((response, model)) => {
                 metrics::request(self.provider, Outcome::Ok);
+                metrics::gen_ai_operation(self.gen_ai(model.as_deref()), started.elapsed(), None);
                 Ok(response)
             }
             Err(Failed { outcome, error }) => {
                 metrics::request(self.provider, outcome);
+                metrics::gen_ai_operation(
+                    self.gen_ai(None),
+                    started.elapsed(),
+                    Some(outcome.as_str()),
+                );
                 Err(error)
             }
         }

@@ -20,6 +20,8 @@ pub struct RawCall {
 #[derive(Debug, Clone, Default, PartialEq)]
 pub struct Collected {
     pub response_id: Option<String>,
+    /// The model that answered, as the server names it (`gen_ai.response.model`).
+    pub model: Option<String>,
     pub text: String,
     pub calls: Vec<RawCall>,
     pub usage: Option<Usage>,

@@ -14,11 +14,25 @@ pub const REQUEST_DURATION_SECONDS: &str = "troupe_api_request_duration_seconds"
 pub const STREAM_SUBSCRIBERS: &str = "troupe_stream_subscribers";
 /// JSON-RPC calls, by method and outcome (`ok` or an error kind / JSON-RPC error name).
 pub const RPC_CALLS_TOTAL: &str = "troupe_rpc_calls_total";
+/// Always 1, labelled with the version: which build a process runs.
+pub const BUILD_INFO: &str = "troupe_build_info";
+
+/// Buckets of every `*_seconds` histogram without its own: 0.5 ms (a store read) to an hour
+/// (a task or an approval waiting for a human).
+pub const SECONDS_BUCKETS: [f64; 21] = [
+    0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0,
+    60.0, 120.0, 300.0, 600.0, 1800.0, 3600.0,
+];
+/// Buckets of the group-commit sizes (`*_batch_size`): powers of two up to the writers' cap.
+pub const BATCH_BUCKETS: [f64; 11] = [
+    1.0, 2.0, 4.0, 8.0, 16.0, 32.0, 64.0, 128.0, 256.0, 512.0, 1024.0,
+];
 
 /// Registers the descriptions (a Prometheus exporter rejects undescribed metrics).
 pub fn describe() {
     describe_counter!(
         REQUESTS_TOTAL,
+        Unit::Count,
         "HTTP API requests, by route template and status"
     );
     describe_histogram!(
@@ -26,12 +40,25 @@ pub fn describe() {
         Unit::Seconds,
         "HTTP API request duration until the response starts, by route template"
     );
-    describe_gauge!(STREAM_SUBSCRIBERS, "Open event streams, by transport");
-    describe_counter!(RPC_CALLS_TOTAL, "JSON-RPC calls, by method and outcome");
     describe_counter!(
         SESSION_RESTARTS_TOTAL,
+        Unit::Count,
         "Sessions started again by the registry after stopping on their own, by outcome \
          (restarted, failed, given_up)"
+    );
+    describe_gauge!(
+        STREAM_SUBSCRIBERS,
+        Unit::Count,
+        "Open event streams, by transport"
+    );
+    describe_counter!(
+        RPC_CALLS_TOTAL,
+        Unit::Count,
+        "JSON-RPC calls, by method and outcome"
+    );
+    describe_gauge!(
+        BUILD_INFO,
+        "Always 1; the version label says which troupe build this process runs"
     );
 }
 
@@ -52,12 +79,41 @@ pub fn rpc_call(method: &'static str, outcome: &'static str) {
     counter!(RPC_CALLS_TOTAL, "method" => method, "outcome" => outcome).increment(1);
 }
 
+/// The exporter's configuration: every histogram gets explicit buckets (a summary could not
+/// be aggregated across processes): the GenAI conventions' advice for the `gen_ai_*` metrics
+/// and the model's time to first token, [`BATCH_BUCKETS`] for batch sizes, and
+/// [`SECONDS_BUCKETS`] for every other duration (and anything new).
+pub fn prometheus_builder()
+-> Result<metrics_exporter_prometheus::PrometheusBuilder, metrics_exporter_prometheus::BuildError> {
+    use crate::openai::metrics as model;
+    use metrics_exporter_prometheus::{Matcher, PrometheusBuilder};
+    let overrides: [(Matcher, &[f64]); 4] = [
+        (
+            Matcher::Full(model::GEN_AI_OPERATION_DURATION.into()),
+            &model::GEN_AI_DURATION_BUCKETS,
+        ),
+        (
+            Matcher::Full(model::GEN_AI_TOKEN_USAGE.into()),
+            &model::GEN_AI_TOKEN_BUCKETS,
+        ),
+        (
+            Matcher::Full(model::TIME_TO_FIRST_BYTE_SECONDS.into()),
+            &model::GEN_AI_DURATION_BUCKETS,
+        ),
+        (Matcher::Suffix("_batch_size".into()), &BATCH_BUCKETS),
+    ];
+    let mut builder = PrometheusBuilder::new().set_buckets(&SECONDS_BUCKETS)?;
+    for (matcher, buckets) in overrides {
+        builder = builder.set_buckets_for_metric(matcher, buckets)?;
+    }
+    Ok(builder)
+}
+
 /// Installs the Prometheus recorder for this process (once) and keeps its histograms
 /// trimmed; `None` when a recorder is already installed.
 pub fn install_prometheus() -> Option<metrics_exporter_prometheus::PrometheusHandle> {
-    let handle = metrics_exporter_prometheus::PrometheusBuilder::new()
-        .install_recorder()
-        .ok()?;
+    let handle = prometheus_builder().ok()?.install_recorder().ok()?;
+    gauge!(BUILD_INFO, "version" => env!("CARGO_PKG_VERSION")).set(1.0);
     let upkeep = handle.clone();
     tokio::spawn(async move {
         let mut every = tokio::time::interval(Duration::from_secs(5));
@@ -75,4 +131,96 @@ pub const SESSION_RESTARTS_TOTAL: &str = "troupe_session_restarts_total";
 /// down because it keeps stopping (`given_up`).
 pub fn session_restart(outcome: &'static str) {
     counter!(SESSION_RESTARTS_TOTAL, "outcome" => outcome).increment(1);
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Renders what `record` records through a recorder built like the installed one.
+    fn render(record: impl FnOnce()) -> String {
+        let recorder = prometheus_builder().unwrap().build_recorder();
+        let handle = recorder.handle();
+        metrics::with_local_recorder(&recorder, record);
+        handle.render()
+    }
+
+    #[test]
+    fn gen_ai_histograms_use_the_conventions_buckets() {
+        let call = crate::openai::metrics::GenAiCall {
+            provider: "openai",
+            request_model: "gpt-4o-mini",
+            response_model: Some("gpt-4o-mini-2024-07-18"),
+        };
+        let text = render(|| {
+            crate::openai::metrics::gen_ai_operation(call, Duration::from_millis(300), None);
+            crate::openai::metrics::gen_ai_tokens(
+                call,
+                &troupe_proto::Usage {
+                    input_tokens: 120,
+                    output_tokens: 7,
+                    ..troupe_proto::Usage::default()
+                },
+            );
+        });
+        for le in ["0.01", "0.32", "81.92", "+Inf"] {
+            assert!(
+                text.contains(&format!(
+                    "gen_ai_client_operation_duration_seconds_bucket{{gen_ai_operation_name=\"chat\",gen_ai_provider_name=\"openai\",gen_ai_request_model=\"gpt-4o-mini\",gen_ai_response_model=\"gpt-4o-mini-2024-07-18\",le=\"{le}\"}}"
+                )),
+                "{le}: {text}"
+            );
+        }
+        for le in ["1", "256", "67108864"] {
+            assert!(
+                text.contains(&format!("gen_ai_token_type=\"input\",le=\"{le}\"}}")),
+                "{le}: {text}"
+            );
+        }
+        assert!(
+            text.contains("gen_ai_token_type=\"output\",le=\"16\"} 1"),
+            "{text}"
+        );
+    }
+
+    #[test]
+    fn a_failed_model_call_carries_its_error_type() {
+        let call = crate::openai::metrics::GenAiCall {
+            provider: "openai",
+            request_model: "m",
+            response_model: None,
+        };
+        let text = render(|| {
+            crate::openai::metrics::gen_ai_operation(
+                call,
+                Duration::from_secs(1),
+                Some("http_error"),
+            );
+        });
+        assert!(
+            text.contains("gen_ai_request_model=\"m\",error_type=\"http_error\",le=\"1.28\"} 1"),
+            "{text}"
+        );
+    }
+
+    #[test]
+    fn every_histogram_has_buckets_never_quantiles() {
+        let text = render(|| {
+            request("/api/sessions", 201, Duration::from_millis(3));
+            histogram!("troupe_store_write_batch_size").record(3.0);
+            histogram!("troupe_some_new_thing").record(2.0);
+        });
+        assert!(!text.contains("quantile="), "{text}");
+        assert!(
+            text.contains(
+                "troupe_api_request_duration_seconds_bucket{route=\"/api/sessions\",le=\"0.005\"} 1"
+            ),
+            "{text}"
+        );
+        assert!(
+            text.contains("troupe_store_write_batch_size_bucket{le=\"4\"} 1"),
+            "{text}"
+        );
+        assert!(text.contains("troupe_some_new_thing_bucket"), "{text}");
+    }
 }

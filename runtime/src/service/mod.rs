@@ -84,9 +84,16 @@ impl std::fmt::Debug for Service {
     }
 }
 
-/// Registers the service's metric descriptions.
+/// Registers the description of every metric a `troupe serve` process can record (the
+/// actors' and the runtime's), so that `/metrics` gives each its help text from the start.
 pub fn describe_metrics() {
+    troupe_actors::describe_metrics();
     metrics::describe();
+    a2a::metrics::describe();
+    crate::openai::metrics::describe();
+    crate::mcp::metrics::describe();
+    crate::exec::metrics::describe();
+    crate::store::metrics::describe();
 }
 
 impl Service {

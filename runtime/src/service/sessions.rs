@@ -1510,13 +1510,33 @@ mod tests {
         let window = Duration::from_secs(60);
         let mut recent = Vec::new();
         for i in 0..3 {
-            assert!(may_restart(&mut recent, t0 + Duration::from_secs(i), 3, window));
+            assert!(may_restart(
+                &mut recent,
+                t0 + Duration::from_secs(i),
+                3,
+                window
+            ));
         }
-        assert!(!may_restart(&mut recent, t0 + Duration::from_secs(10), 3, window));
+        assert!(!may_restart(
+            &mut recent,
+            t0 + Duration::from_secs(10),
+            3,
+            window
+        ));
         assert_eq!(recent.len(), 3, "a refusal is not counted");
         // Once the first restart is out of the window, one more is allowed.
-        assert!(may_restart(&mut recent, t0 + Duration::from_secs(60), 3, window));
-        assert!(!may_restart(&mut recent, t0 + Duration::from_secs(60), 3, window));
+        assert!(may_restart(
+            &mut recent,
+            t0 + Duration::from_secs(60),
+            3,
+            window
+        ));
+        assert!(!may_restart(
+            &mut recent,
+            t0 + Duration::from_secs(60),
+            3,
+            window
+        ));
     }
 
     #[test]

@@ -256,6 +256,7 @@ impl RolloutSink for SqliteRolloutSink {
             level: record.level.as_str(),
             record: serde_json::to_string(record).map_err(|e| SinkError::new("encode", e))?,
         };
+        troupe_actors::rollout::metrics::bytes_written(row.record.len());
         self.pending.push(row);
         Ok(())
     }

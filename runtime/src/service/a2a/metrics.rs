@@ -1,7 +1,7 @@
 //! A2A endpoint metrics. Labels are closed sets: the operation, the protocol version and the
 //! outcome (`ok` or the error's reason); task and context ids go to traces only.
 
-use metrics::{counter, describe_counter, describe_gauge, gauge};
+use metrics::{Unit, counter, describe_counter, describe_gauge, gauge};
 
 /// JSON-RPC requests, by method, version and outcome.
 pub const REQUESTS_TOTAL: &str = "troupe_a2a_requests_total";
@@ -14,10 +14,15 @@ pub const TASKS: &str = "troupe_a2a_tasks";
 pub fn describe() {
     describe_counter!(
         REQUESTS_TOTAL,
+        Unit::Count,
         "A2A JSON-RPC requests, by method, protocol version and outcome"
     );
-    describe_gauge!(STREAMS_OPEN, "A2A SSE streams open");
-    describe_gauge!(TASKS, "A2A task records kept (live and finished)");
+    describe_gauge!(STREAMS_OPEN, Unit::Count, "A2A SSE streams open");
+    describe_gauge!(
+        TASKS,
+        Unit::Count,
+        "A2A task records kept (live and finished)"
+    );
 }
 
 /// `method`: an operation label or `unknown`; `version`: `1.0`, `0.3` or `unsupported`;
