@@ -12,6 +12,7 @@ use troupe_proto::{AgentError, Usage};
 #[derive(Debug, Default)]
 pub struct ChatStream {
     id: Option<String>,
+    model: Option<String>,
     text: String,
     /// By the `index` the server gives each call.
     calls: BTreeMap<u64, RawCall>,
@@ -21,6 +22,7 @@ pub struct ChatStream {
 #[derive(Deserialize)]
 struct Chunk {
     id: Option<String>,
+    model: Option<String>,
     #[serde(default)]
     choices: Vec<Choice>,
     usage: Option<ChatUsage>,
@@ -94,6 +96,9 @@ impl StreamParser for ChatStream {
         if self.id.is_none() {
             self.id = chunk.id;
         }
+        if self.model.is_none() {
+            self.model = chunk.model.filter(|m| !m.is_empty());
+        }
         if let Some(u) = chunk.usage {
             self.usage = Some(Usage {
                 input_tokens: u.prompt_tokens,
@@ -134,6 +139,7 @@ impl StreamParser for ChatStream {
     fn finish(self) -> Collected {
         Collected {
             response_id: self.id,
+            model: self.model,
             text: self.text,
             calls: self
                 .calls

@@ -12,6 +12,7 @@ use troupe_proto::{AgentError, Usage};
 #[derive(Debug, Default)]
 pub struct ResponsesStream {
     id: Option<String>,
+    model: Option<String>,
     text: String,
     /// Function calls by `output_index`, which orders them.
     calls: BTreeMap<u64, RawCall>,
@@ -29,6 +30,17 @@ fn u64_at(v: &Value, pointer: &str) -> u64 {
 }
 
 impl ResponsesStream {
+    /// `response.model` of a lifecycle event, when present.
+    fn take_model(&mut self, event: &Value) {
+        if let Some(model) = event
+            .pointer("/response/model")
+            .and_then(Value::as_str)
+            .filter(|m| !m.is_empty())
+        {
+            self.model = Some(model.to_owned());
+        }
+    }
+
     /// The call an event is about: by `output_index`, else by `item_id`; created if unseen
     /// (a server may skip `output_item.added`).
     fn call_for(&mut self, event: &Value) -> &mut RawCall {
@@ -83,6 +95,7 @@ impl StreamParser for ResponsesStream {
                 if let Some(id) = event.pointer("/response/id").and_then(Value::as_str) {
                     self.id = Some(id.to_owned());
                 }
+                self.take_model(&event);
             }
             "response.output_text.delta" => {
                 if let Some(delta) = str_of(&event, "delta").filter(|d| !d.is_empty()) {
@@ -114,6 +127,7 @@ impl StreamParser for ResponsesStream {
                 if let Some(id) = str_of(response, "id") {
                     self.id = Some(id.to_owned());
                 }
+                self.take_model(&event);
                 if let Some(u) = response.get("usage").filter(|u| u.is_object()) {
                     self.usage = Some(Usage {
                         input_tokens: u64_at(u, "/input_tokens"),
@@ -140,6 +154,7 @@ impl StreamParser for ResponsesStream {
     fn finish(self) -> Collected {
         Collected {
             response_id: self.id,
+            model: self.model,
             text: self.text,
             calls: self
                 .calls

@@ -20,6 +20,8 @@ pub struct RawCall {
 #[derive(Debug, Clone, Default, PartialEq)]
 pub struct Collected {
     pub response_id: Option<String>,
+    /// The model the server says answered.
+    pub model: Option<String>,
     pub text: String,
     pub calls: Vec<RawCall>,
     pub usage: Option<Usage>,
