@@ -121,6 +121,10 @@ pub struct ExecRequest {
     /// Directories a `workspace-write` command may change: the conversation's workspace
     /// roots. The runner adds a private temp dir; other policies ignore the list.
     pub writable_roots: Vec<PathBuf>,
+    /// The conversation and task the command runs for, named on its span (`None` outside a
+    /// task).
+    pub conversation_id: Option<ConversationId>,
+    pub task_id: Option<TaskId>,
 }
 
 /// What a command did.

@@ -685,7 +685,8 @@ async fn run_tool(
             if output.is_error {
                 spans::record_error_type(&span, troupe_proto::ErrorKind::ToolError.as_str());
             }
-            if ctx.record_content {
+            // The conventions record a result only when the call succeeded.
+            if ctx.record_content && !output.is_error {
                 span.record("gen_ai.tool.call.result", spans::tool_result(output));
             }
         }
@@ -809,6 +810,8 @@ async fn execute(
                         sandbox: ctx.sandbox_policy,
                         output_cap: ctx.limits.exec_output_cap,
                         writable_roots: roots,
+                        conversation_id: Some(ctx.conversation_id),
+                        task_id: Some(ctx.task_id),
                     },
                     &ctx.cancel,
                 )

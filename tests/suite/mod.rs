@@ -15,4 +15,5 @@ mod scheduling;
 mod serve;
 mod shell;
 mod telemetry;
+mod traces;
 mod turns;

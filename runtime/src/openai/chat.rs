@@ -172,6 +172,7 @@ mod tests {
         .unwrap();
         assert!(done);
         assert_eq!(c.response_id.as_deref(), Some("chatcmpl-1"));
+        assert_eq!(c.model.as_deref(), Some("m"), "the answering model");
         assert_eq!(
             c.calls,
             vec![RawCall {

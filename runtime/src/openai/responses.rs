@@ -187,6 +187,7 @@ mod tests {
         .unwrap();
         assert!(done);
         assert_eq!(c.response_id.as_deref(), Some("resp_1"));
+        assert_eq!(c.model.as_deref(), Some("m"), "the answering model");
         assert_eq!(
             c.calls,
             vec![RawCall {

@@ -189,13 +189,15 @@ impl Run {
         let (session, join) = SessionHandle::start(SessionId::new(), config, ports)
             .await
             .unwrap();
-        let mut events = session.subscribe().await.unwrap();
+        let events = session.subscribe().await.unwrap();
         session.root().await.unwrap();
+        // The root conversation's view started the server; its tools must be listed before
+        // the model may call one.
+        let pool = session.mcp_pool().await.unwrap().unwrap();
         tokio::time::timeout(Duration::from_secs(10), async {
-            while !matches!(
-                events.recv().await.unwrap().event,
-                EventKind::McpServerReady { .. }
-            ) {}
+            while pool.snapshot().await.unwrap().servers[0].phase != "ready" {
+                tokio::task::yield_now().await;
+            }
         })
         .await
         .expect("the server is ready");
@@ -569,4 +571,95 @@ async fn a_failed_model_call_is_an_error_span() {
     let agent = one(&spans, "invoke_agent troupe");
     assert_eq!(attr(agent, "error.type").as_deref(), Some("model_error"));
     assert_eq!(attr(agent, "troupe.task.status").as_deref(), Some("error"));
+}
+
+#[tokio::test]
+async fn an_openai_call_is_a_chat_span_over_its_http_attempts() {
+    use troupe_test_support::{ModelServer, Reply};
+    let traced = Traced::new();
+    let server = ModelServer::start().await;
+    server.push(Reply::error(503, "busy"));
+    server.push(Reply::text(["hi"]).with_usage(10, 2, 4, 1));
+    let model = crate::OpenAiClient::new(crate::config::ModelConfig {
+        provider: crate::config::Provider::OpenaiChat,
+        base_url: server.base_url(),
+        api_key_env: None,
+        model: "m-request".into(),
+        retry_base: Duration::from_millis(1),
+        retry_max: Duration::from_millis(2),
+        ..crate::config::ModelConfig::default()
+    })
+    .unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let config = SessionConfig {
+        data_dir: dir.path().to_path_buf(),
+        ..SessionConfig::default()
+    };
+    let ports = SessionPorts {
+        model: Arc::new(model),
+        mcp: None,
+        mcp_connector: None,
+        exec: None,
+        summarizer: Arc::new(troupe_actors::history::LocalSummarizer::default()),
+        tokens: Arc::new(troupe_actors::ports::ApproxTokens),
+        rollout_storage: None,
+    };
+    let (session, join) = SessionHandle::start(SessionId::new(), config, ports)
+        .await
+        .unwrap();
+    let root = session.root().await.unwrap();
+    let reply = session.message(root, "hello").await.unwrap();
+    assert_eq!(reply.status, TaskStatus::Ok, "{reply:?}");
+    session.shutdown().await.unwrap();
+    let _ = join.await;
+    let spans = traced.spans();
+    let chat = one(&spans, "chat m-request");
+    assert_eq!(chat.span_kind, SpanKind::Client);
+    assert_eq!(
+        attr(chat, "gen_ai.provider.name").as_deref(),
+        Some("openai")
+    );
+    assert_eq!(
+        attr(chat, "gen_ai.request.model").as_deref(),
+        Some("m-request")
+    );
+    assert_eq!(
+        attr(chat, "gen_ai.response.model").as_deref(),
+        Some("m-request")
+    );
+    assert_eq!(
+        attr(chat, "gen_ai.usage.input_tokens").as_deref(),
+        Some("10")
+    );
+    assert_eq!(
+        attr(chat, "gen_ai.usage.output_tokens").as_deref(),
+        Some("2")
+    );
+    assert_eq!(
+        attr(chat, "gen_ai.usage.cache_read.input_tokens").as_deref(),
+        Some("4")
+    );
+    assert_eq!(
+        attr(chat, "gen_ai.usage.reasoning.output_tokens").as_deref(),
+        Some("1")
+    );
+    // Each attempt is a client span under the chat span, in the task.
+    let attempts = named(&spans, "POST");
+    assert_eq!(attempts.len(), 2, "the 503, then the answer");
+    for a in &attempts {
+        assert_eq!(a.parent_span_id, chat.span_context.span_id());
+        assert_eq!(a.span_kind, SpanKind::Client);
+        assert_eq!(
+            attr(a, "task_id").as_deref(),
+            Some(reply.task_id.to_string().as_str())
+        );
+    }
+    let statuses: HashSet<String> = attempts
+        .iter()
+        .filter_map(|a| attr(a, "http.response.status_code"))
+        .collect();
+    assert_eq!(
+        statuses,
+        HashSet::from(["503".to_owned(), "200".to_owned()])
+    );
 }
