@@ -163,6 +163,9 @@ pub struct ApprovalStoreState {
     core: ApprovalCore<Reply>,
     /// Timeout timers of pending requests, aborted when a human answers first.
     timers: HashMap<ApprovalId, JoinHandle<Result<(), MessagingErr<ApprovalMsg>>>>,
+    /// The span each pending request was opened in (a child of its caller's wait): its
+    /// resolution is announced there, in the asking task's trace, whoever answers.
+    spans: HashMap<ApprovalId, tracing::Span>,
     /// The sweep interval timer, started in `post_start`.
     sweeper: Option<JoinHandle<()>>,
     gauges: metrics::Gauges,
@@ -190,6 +193,7 @@ impl Actor for ApprovalStore {
             events: args.events,
             core: ApprovalCore::new(),
             timers: HashMap::new(),
+            spans: HashMap::new(),
             sweeper: None,
             gauges: metrics::Gauges::default(),
         })
@@ -319,6 +323,7 @@ impl ApprovalStoreState {
         let span = tracing::info_span!(
             "approval.request",
             conversation_id = %ask.conversation_id,
+            task_id = ask.task_id.map(tracing::field::display),
             approval_id = Empty,
         );
         let _entered = span.enter();
@@ -353,6 +358,7 @@ impl ApprovalStoreState {
                     approval_id,
                 });
                 self.timers.insert(approval_id, timer);
+                self.spans.insert(approval_id, span.clone());
             }
         }
     }
@@ -413,13 +419,19 @@ impl ApprovalStoreState {
                 outcome,
                 Duration::from_millis(now_ms.saturating_sub(request.requested_at_ms)),
             );
-            self.emit(
-                request,
-                EventKind::ApprovalResolved {
-                    approval_id: request.approval_id,
-                    decision: resolution.decision.clone(),
-                },
-            );
+            let opened_in = self
+                .spans
+                .remove(&request.approval_id)
+                .unwrap_or_else(tracing::Span::current);
+            opened_in.in_scope(|| {
+                self.emit(
+                    request,
+                    EventKind::ApprovalResolved {
+                        approval_id: request.approval_id,
+                        decision: resolution.decision.clone(),
+                    },
+                );
+            });
             for reply in resolution.waiters {
                 // A caller that gave up has nothing left to hear.
                 let _ = reply.send(resolution.answer.clone());

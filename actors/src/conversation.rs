@@ -76,6 +76,9 @@ pub struct ConversationSettings {
     /// The workspace: where commands run by default, and what `workspace-write` commands
     /// and `apply_patch` may change. Empty: the process's working directory.
     pub workspace_roots: Vec<std::path::PathBuf>,
+    /// Record prompts, completions and tool input/output on the tasks' spans (opt-in: they
+    /// may hold secrets).
+    pub record_content: bool,
 }
 
 impl Default for ConversationSettings {
@@ -89,6 +92,7 @@ impl Default for ConversationSettings {
             sandbox_policy: SandboxPolicy::ReadOnly,
             shell_tool: false,
             workspace_roots: Vec::new(),
+            record_content: false,
         }
     }
 }
@@ -211,6 +215,8 @@ struct Queued {
     kind: TaskKind,
     text: String,
     reply: RpcReplyPort<Result<MessageReply, AgentError>>,
+    /// The sender's span, which the task's root span links to when it starts.
+    caller: tracing::Span,
 }
 
 /// The Conversation's state.
@@ -522,14 +528,21 @@ impl ConversationState {
         reply: RpcReplyPort<Result<MessageReply, AgentError>>,
     ) {
         let max = self.services.settings.max_queued_messages;
+        // With ractor's span propagation, the current span in `handle` is the sender's.
+        let caller = tracing::Span::current();
         match admit(
             self.closing.is_some(),
             self.running.is_some(),
             self.queue.len(),
             max,
         ) {
-            Admission::StartNow => self.start_task(myself, kind, text, reply),
-            Admission::Enqueue => self.queue.push_back(Queued { kind, text, reply }),
+            Admission::StartNow => self.start_task(myself, kind, text, reply, &caller),
+            Admission::Enqueue => self.queue.push_back(Queued {
+                kind,
+                text,
+                reply,
+                caller,
+            }),
             Admission::RejectClosing => {
                 let _ = reply.send(Err(AgentError::not_found("conversation", self.id)));
             }
@@ -548,6 +561,7 @@ impl ConversationState {
         kind: TaskKind,
         text: String,
         reply: RpcReplyPort<Result<MessageReply, AgentError>>,
+        caller: &tracing::Span,
     ) {
         let task_id = TaskId::new();
         let cancel = CancellationToken::new();
@@ -558,7 +572,22 @@ impl ConversationState {
             sub_id: sub_id(self.id, task_id),
             cancel: cancel.clone(),
         });
-        let span = crate::task::task_span(self.id, task_id);
+        let info = self.services.model.info();
+        let span = crate::task::spans::invoke_agent(
+            crate::task::spans::TaskSpanInfo {
+                session_id: self.services.session_id,
+                conversation_id: self.id,
+                task_id,
+                turn: self.turns + 1,
+                kind: match kind {
+                    TaskKind::Message => "message",
+                    TaskKind::Compact => "compact",
+                },
+                provider: &info.provider,
+                model: &info.model,
+            },
+            caller,
+        );
         metrics::task_started(match kind {
             TaskKind::Message => "message",
             TaskKind::Compact => "compact",
@@ -605,6 +634,7 @@ impl ConversationState {
             approval_policy: self.approval_policy,
             sandbox_policy: self.sandbox_policy,
             workspace_roots: settings.workspace_roots.clone(),
+            record_content: settings.record_content,
         };
         let me = myself.clone();
         let task_span = span.clone();
@@ -692,7 +722,7 @@ impl ConversationState {
         if self.closing.is_some() {
             self.finish_close(myself, CloseOutcome::Closed);
         } else if let Some(next) = self.queue.pop_front() {
-            self.start_task(myself, next.kind, next.text, next.reply);
+            self.start_task(myself, next.kind, next.text, next.reply, &next.caller);
         }
     }
 

@@ -797,7 +797,8 @@ impl McpPoolState {
         });
         let bound = self.limits.connect_timeout;
         let me = myself.clone();
-        let span = tracing::info_span!("mcp_connect", server = %server, generation);
+        // A trace of its own: the connection outlives whatever caused it to start.
+        let span = tracing::info_span!(parent: None, "mcp_connect", server = %server, generation);
         tracing::info!(parent: &span, "MCP server connecting");
         tokio::spawn(
             async move {

@@ -43,6 +43,10 @@ pub struct ModelResponse {
     pub tool_calls: Vec<ToolCall>,
     /// Provider-reported usage, when it reports any.
     pub usage: Option<Usage>,
+    /// The provider's id of this completion (`gen_ai.response.id`).
+    pub response_id: Option<String>,
+    /// The model that actually answered, when the provider says (`gen_ai.response.model`).
+    pub response_model: Option<String>,
 }
 
 /// Receives streamed text as it arrives.
@@ -56,7 +60,9 @@ pub trait ModelClient: Send + Sync + 'static {
     fn info(&self) -> ModelInfo;
 
     /// Runs one step. Must stop promptly (with `AgentError::Cancelled`) once `cancel` fires;
-    /// a client that does not is force-aborted by `close` after its timeout.
+    /// a client that does not is force-aborted by `close` after its timeout. It runs inside
+    /// the step's `chat {model}` span (see `task::spans`): spans a client opens (an HTTP
+    /// attempt) are its children.
     async fn step(
         &self,
         request: ModelRequest<'_>,
@@ -71,6 +77,9 @@ pub struct ToolCallContext<'a> {
     pub conversation_id: ConversationId,
     pub task_id: TaskId,
     pub cancel: &'a CancellationToken,
+    /// The call's `execute_tool` span: the view and the connection record the MCP
+    /// attributes on it, and it is the parent the server is given (`traceparent`).
+    pub span: &'a tracing::Span,
 }
 
 /// The session's MCP pool, as the Conversation sees it. Implemented by the McpPool actor's
@@ -112,6 +121,10 @@ pub struct ExecRequest {
     /// Directories a `workspace-write` command may change: the conversation's workspace
     /// roots. The runner adds a private temp dir; other policies ignore the list.
     pub writable_roots: Vec<PathBuf>,
+    /// The conversation and task the command runs for, named on its span (`None` outside a
+    /// task).
+    pub conversation_id: Option<ConversationId>,
+    pub task_id: Option<TaskId>,
 }
 
 /// What a command did.
@@ -277,9 +290,13 @@ pub struct McpCall<'a> {
     pub cancel: &'a CancellationToken,
     /// Where this call's progress notifications go (a progress token is sent when set).
     pub progress: Option<tokio::sync::mpsc::UnboundedSender<McpNotice>>,
-    /// W3C `traceparent`, sent in `params._meta`.
+    /// W3C `traceparent`, sent in `params._meta`: the context of `span`.
     pub traceparent: Option<String>,
     pub timeout: Duration,
+    /// The tool call's span (`execute_tool`), on which the connection records the MCP
+    /// attributes it alone knows (`jsonrpc.request.id`, `mcp.session.id`, ...). A disabled
+    /// span (`Span::none()`) records nothing.
+    pub span: tracing::Span,
 }
 
 /// A live connection to one MCP server, shared by every view that uses it.

@@ -10,6 +10,7 @@
 
 mod builtins;
 pub mod metrics;
+pub mod spans;
 
 use crate::apply_patch::{self, Patch, PatchError};
 use crate::approval_store::{ApprovalMsg, Granted};
@@ -66,6 +67,8 @@ pub struct TaskContext {
     /// The workspace: where commands run by default and what `workspace-write` commands and
     /// `apply_patch` may change. Empty: the process's working directory.
     pub workspace_roots: Vec<PathBuf>,
+    /// Record prompts, completions and tool input/output on the task's spans (opt-in).
+    pub record_content: bool,
 }
 
 impl TaskContext {
@@ -134,30 +137,23 @@ impl Drop for SlotGuard {
     }
 }
 
-/// Runs the task to its end. Never panics on bad model output; every failure becomes an
-/// outcome with status `error` or `cancelled`.
+/// Runs the task to its end inside `span`, its root span (`spans::invoke_agent`), on which
+/// it records the outcome: status, total usage, `error.type`. Never panics on bad model
+/// output; every failure becomes an outcome with status `error` or `cancelled`.
 pub async fn run(ctx: TaskContext, span: tracing::Span) -> TaskOutcome {
     let started = Instant::now();
-    let trace_id = {
-        let _e = span.enter();
-        crate::events::current_trace_ids()
-            .0
-            .unwrap_or_else(|| fallback_trace_id(ctx.task_id))
-    };
-    let mut outcome = run_inner(&ctx).instrument(span).await;
+    let trace_id = spans::span_ids(&span)
+        .map(|(trace, _)| trace)
+        .unwrap_or_else(|| fallback_trace_id(ctx.task_id));
+    let mut outcome = run_inner(&ctx).instrument(span.clone()).await;
     outcome.stats.duration_ms = u64::try_from(started.elapsed().as_millis()).unwrap_or(u64::MAX);
     outcome.stats.trace_id = trace_id;
+    span.record("troupe.task.status", outcome.status.as_str());
+    spans::record_usage(&span, &outcome.stats.usage);
+    if let Some(error) = &outcome.error {
+        spans::record_error(&span, error);
+    }
     outcome
-}
-
-/// The span of a task (GenAI `invoke_agent`); events of the task carry its ids.
-pub fn task_span(conversation_id: ConversationId, task_id: TaskId) -> tracing::Span {
-    tracing::info_span!(
-        "task",
-        conversation_id = %conversation_id,
-        task_id = %task_id,
-        gen_ai.operation.name = "invoke_agent",
-    )
 }
 
 /// A trace id derived from the task id when no OpenTelemetry layer is installed, so stats
@@ -236,6 +232,7 @@ async fn run_inner(ctx: &TaskContext) -> TaskOutcome {
     };
 
     // Wait for a slot, unless cancelled first.
+    let wait = spans::scheduler_wait(ctx.conversation_id, ctx.task_id);
     let acquire = async {
         ractor::call!(ctx.scheduler, |reply| SchedulerMsg::Acquire {
             task_id: ctx.task_id,
@@ -251,19 +248,30 @@ async fn run_inner(ctx: &TaskContext) -> TaskOutcome {
     let granted = tokio::select! {
         biased;
         () = ctx.cancel.cancelled() => Err(AgentError::cancelled("cancelled while queued")),
-        r = acquire => match r {
+        r = acquire.instrument(wait.clone()) => match r {
             Ok(inner) => inner,
             Err(e) => Err(AgentError::internal(format!("scheduler unavailable: {e}"))),
         },
     };
     if let Err(e) = granted {
+        spans::record_error(&wait, &e);
         return loop_state.end(status_of(&e), Some(e));
     }
     loop_state.granted_at = Some(Instant::now());
+    drop(wait);
     let _ = ctx.registry.cast(TaskRegistryMsg::StateChanged {
         task_id: ctx.task_id,
         state: TaskState::Running,
     });
+    let turn = spans::turn(ctx.conversation_id, ctx.task_id, ctx.turn);
+    let outcome = run_turn(ctx, loop_state).instrument(turn.clone()).await;
+    turn.record("troupe.turn.steps", outcome.stats.steps);
+    turn.record("troupe.turn.tool_calls", outcome.stats.tool_calls);
+    outcome
+}
+
+/// The steps of a turn, once the task holds its slot.
+async fn run_turn(ctx: &TaskContext, mut loop_state: LoopState) -> TaskOutcome {
     let prepared = prepare(ctx).await;
 
     for step in 1..=ctx.limits.max_steps {
@@ -278,7 +286,7 @@ async fn run_inner(ctx: &TaskContext) -> TaskOutcome {
             turn: ctx.turn,
             step,
         });
-        let response = match model_step(ctx, &prepared, &loop_state.items).await {
+        let response = match model_step(ctx, &prepared, &loop_state.items, step).await {
             Ok((response, estimate)) => {
                 loop_state.stats.estimated_prompt_tokens += estimate;
                 if let Some(usage) = response.usage {
@@ -413,6 +421,7 @@ async fn model_step(
     ctx: &TaskContext,
     prepared: &Prepared,
     items: &[HistoryItem],
+    step: u32,
 ) -> Result<(crate::ports::ModelResponse, u64), AgentError> {
     let full = ctx.history.view(ctx.pinned.as_ref(), &[], items);
     let fitted = fit_budget(
@@ -454,26 +463,34 @@ async fn model_step(
         prompt_cache_key: &prepared.cache_key,
     };
     let info = ctx.model.info();
-    let span = tracing::info_span!(
-        "model_call",
-        gen_ai.operation.name = "chat",
-        gen_ai.system = %info.provider,
-        gen_ai.request.model = %info.model,
-        gen_ai.usage.input_tokens = tracing::field::Empty,
-        gen_ai.usage.output_tokens = tracing::field::Empty,
-        troupe.prompt.estimated_tokens = fitted.estimate,
-        conversation_id = %ctx.conversation_id,
-        task_id = %ctx.task_id,
+    let span = spans::chat(
+        ctx.conversation_id,
+        ctx.task_id,
+        &info.provider,
+        &info.model,
+        step,
+        fitted.estimate,
     );
+    if ctx.record_content {
+        span.record(
+            "gen_ai.system_instructions",
+            spans::system_instructions(request.instructions),
+        );
+        span.record(
+            "gen_ai.input.messages",
+            spans::input_messages(request.prompt.iter()),
+        );
+    }
     let mut sink = ChunkEvents { ctx };
     let response = ctx
         .model
         .step(request, &mut sink, &ctx.cancel)
         .instrument(span.clone())
-        .await?;
-    if let Some(u) = response.usage {
-        span.record("gen_ai.usage.input_tokens", u.input_tokens);
-        span.record("gen_ai.usage.output_tokens", u.output_tokens);
+        .await
+        .inspect_err(|e| spans::record_error(&span, e))?;
+    spans::record_response(&span, &response);
+    if ctx.record_content {
+        span.record("gen_ai.output.messages", spans::output_messages(&response));
     }
     Ok((response, fitted.estimate))
 }
@@ -651,14 +668,13 @@ async fn run_tool(
     tools: &[ToolSpec],
     call: &ToolCall,
 ) -> (ToolOutput, Option<AgentError>) {
-    let span = tracing::info_span!(
-        "tool_call",
-        gen_ai.operation.name = "execute_tool",
-        gen_ai.tool.name = %call.name,
-        gen_ai.tool.call.id = %call.call_id,
-        conversation_id = %ctx.conversation_id,
-        task_id = %ctx.task_id,
-    );
+    let span = spans::execute_tool(ctx.conversation_id, ctx.task_id, call);
+    if ctx.record_content {
+        span.record(
+            "gen_ai.tool.call.arguments",
+            tracing::field::display(&call.arguments.0),
+        );
+    }
     let emit = |event: EventKind| {
         span.in_scope(|| {
             ctx.events
@@ -667,8 +683,22 @@ async fn run_tool(
     };
     emit(EventKind::ToolCallStarted { call: call.clone() });
     let started = Instant::now();
-    let result = execute(ctx, tools, call).instrument(span.clone()).await;
+    let result = execute(ctx, tools, call, &span)
+        .instrument(span.clone())
+        .await;
     let outcome = metrics::outcome_label(&result.as_ref().map(|o| o.is_error));
+    match &result {
+        Ok(output) => {
+            if output.is_error {
+                spans::record_error_type(&span, troupe_proto::ErrorKind::ToolError.as_str());
+            }
+            // The conventions record a result only when the call succeeded.
+            if ctx.record_content && !output.is_error {
+                span.record("gen_ai.tool.call.result", spans::tool_result(output));
+            }
+        }
+        Err(error) => spans::record_error(&span, error),
+    }
     let (output, failure) = match result {
         Ok(output) => {
             let failure = output.is_error.then(|| AgentError::ToolError {
@@ -709,6 +739,7 @@ async fn execute(
     ctx: &TaskContext,
     tools: &[ToolSpec],
     call: &ToolCall,
+    span: &tracing::Span,
 ) -> Result<ToolOutput, AgentError> {
     let has_mcp = ctx.mcp.is_some();
     let ok = |output: String| ToolOutput {
@@ -716,7 +747,19 @@ async fn execute(
         output,
         is_error: false,
     };
-    match route_tool(call, tools, ctx.approval_policy, has_mcp) {
+    let route = route_tool(call, tools, ctx.approval_policy, has_mcp);
+    match route {
+        ToolRoute::External => {
+            span.record("gen_ai.tool.type", spans::TOOL_TYPE_EXTENSION);
+            span.record("mcp.method.name", "tools/call");
+        }
+        // A refused call ran nothing: it has no type.
+        ToolRoute::Refuse(_) => {}
+        _ => {
+            span.record("gen_ai.tool.type", spans::TOOL_TYPE_FUNCTION);
+        }
+    }
+    match route {
         ToolRoute::Refuse(e) => Err(e),
         ToolRoute::Plan => {
             let args = builtins::parse_plan(&call.arguments.0)?;
@@ -741,6 +784,7 @@ async fn execute(
                         conversation_id: ctx.conversation_id,
                         task_id: ctx.task_id,
                         cancel: &ctx.cancel,
+                        span,
                     },
                 )
                 .await
@@ -777,6 +821,8 @@ async fn execute(
                         sandbox: ctx.sandbox_policy,
                         output_cap: ctx.limits.exec_output_cap,
                         writable_roots: roots,
+                        conversation_id: Some(ctx.conversation_id),
+                        task_id: Some(ctx.task_id),
                     },
                     &ctx.cancel,
                 )
@@ -871,7 +917,7 @@ async fn approve(
     argv: &[String],
     reason: String,
 ) -> Result<Granted, AgentError> {
-    let span = tracing::info_span!("approval_wait", conversation_id = %ctx.conversation_id, task_id = %ctx.task_id);
+    let span = spans::approval_wait(ctx.conversation_id, ctx.task_id);
     let asked = async {
         ractor::call!(ctx.approvals, |reply| ApprovalMsg::Request {
             conversation_id: ctx.conversation_id,
@@ -885,7 +931,7 @@ async fn approve(
     let answer = tokio::select! {
         biased;
         () = ctx.cancel.cancelled() => return Err(AgentError::cancelled("cancelled while waiting for approval")),
-        r = asked.instrument(span) => r,
+        r = asked.instrument(span.clone()) => r,
     };
     let granted = match answer {
         Ok(r) => r,
@@ -894,10 +940,17 @@ async fn approve(
             reason: format!("approval store unavailable: {e}"),
         }),
     };
-    match &granted {
+    span.in_scope(|| match &granted {
         Ok(how) => tracing::info!(?how, "approved"),
         Err(error) => tracing::info!(%error, "not approved"),
-    }
+    });
+    match &granted {
+        Ok(_) => span.record("troupe.approval.outcome", "approved"),
+        Err(error) => {
+            spans::record_error(&span, error);
+            span.record("troupe.approval.outcome", "not_approved")
+        }
+    };
     granted
 }
 

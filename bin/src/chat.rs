@@ -176,6 +176,8 @@ struct Chat {
 
 pub async fn run(args: ChatArgs) -> anyhow::Result<ExitCode> {
     let config = resolve(&args)?;
+    // Dropped last: the session's spans end first, then the exporter flushes them.
+    let _telemetry = troupe_runtime::telemetry::install(&config.telemetry)?;
     if args.once && args.question.is_none() {
         anyhow::bail!("--once needs a question: troupe chat --once \"...\"");
     }

@@ -51,12 +51,16 @@ fn main() -> ExitCode {
             return ExitCode::from(70);
         }
     };
-    let _telemetry = runtime.block_on(async { troupe_runtime::telemetry::init("troupe") });
+    // `chat` and `serve` install telemetry from their configuration (`[telemetry]`, `OTEL_*`).
     let result = runtime.block_on(async {
         match cli.command {
             Command::Chat(args) => chat::run(*args).await,
             Command::Serve(args) => serve::run(*args).await,
-            Command::History(cmd) => history::run(cmd).map(|()| ExitCode::SUCCESS),
+            Command::History(cmd) => {
+                // Console logs only: nothing here is traced.
+                let _telemetry = troupe_runtime::telemetry::init("troupe");
+                history::run(cmd).map(|()| ExitCode::SUCCESS)
+            }
             Command::SandboxExec { .. } => {
                 Ok(ExitCode::from(troupe_runtime::exec::sandbox::REFUSED_EXIT))
             }

@@ -73,6 +73,8 @@ fn resolve(args: &ServeArgs) -> anyhow::Result<TroupeConfig> {
 
 pub async fn run(args: ServeArgs) -> anyhow::Result<ExitCode> {
     let config = resolve(&args)?;
+    // Dropped last: the service's spans end first, then the exporter flushes them.
+    let _telemetry = troupe_runtime::telemetry::install(&config.telemetry)?;
     let prometheus = service::metrics::install_prometheus();
     service::describe_metrics();
     if config.model.provider == Provider::Scripted {

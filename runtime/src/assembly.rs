@@ -85,6 +85,7 @@ pub fn session_config(config: &TroupeConfig) -> SessionConfig {
     conv.task.warn_prompt_tokens = chat.warn_prompt_tokens;
     conv.task.over_budget = chat.over_budget;
     conv.task.tool_errors = chat.tool_errors;
+    conv.record_content = config.telemetry.record_content;
     s
 }
 

@@ -5,6 +5,10 @@ use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
 use std::time::Duration;
 
+mod telemetry;
+
+pub use telemetry::{OTEL_ENV_VARS, OtlpProtocol, TelemetryConfig};
+
 /// Which wire protocol a model endpoint speaks.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, Default)]
 #[serde(rename_all = "kebab-case")]
@@ -157,6 +161,8 @@ pub struct TroupeConfig {
     pub mcp: McpConfig,
     /// `troupe serve`: listen address, tokens, limits.
     pub server: ServerConfig,
+    /// `[telemetry]`: OTLP span export (off by default) and content capture.
+    pub telemetry: TelemetryConfig,
 }
 
 impl Default for TroupeConfig {
@@ -168,6 +174,7 @@ impl Default for TroupeConfig {
             chat: ChatConfig::default(),
             mcp: McpConfig::default(),
             server: ServerConfig::default(),
+            telemetry: TelemetryConfig::default(),
         }
     }
 }
@@ -429,6 +436,8 @@ pub enum ConfigError {
         value: String,
         expected: &'static str,
     },
+    #[error("cannot export spans to {url}: {message}")]
+    Telemetry { url: String, message: String },
 }
 
 /// The environment variables read, and what they set.
@@ -486,7 +495,8 @@ impl TroupeConfig {
         local.exists().then(|| local.to_owned())
     }
 
-    /// Applies the `TROUPE_*` variables (see [`ENV_VARS`]) over the file's values.
+    /// Applies the `TROUPE_*` variables (see [`ENV_VARS`]) and the standard `OTEL_*` ones
+    /// (see [`OTEL_ENV_VARS`]) over the file's values.
     pub fn apply_env(&mut self, env: &dyn Fn(&str) -> Option<String>) -> Result<(), ConfigError> {
         let get = |name: &str| env(name).filter(|v| !v.is_empty());
         if let Some(v) = get("TROUPE_DATA_DIR") {
@@ -553,6 +563,7 @@ impl TroupeConfig {
         if let Some(v) = get("TROUPE_A2A_PUBLIC_URL") {
             self.server.a2a.public_url = Some(v);
         }
+        self.telemetry.apply_env(env)?;
         Ok(())
     }
 

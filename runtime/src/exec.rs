@@ -84,6 +84,8 @@ impl CommandRunner for ProcessRunner {
             sandbox = sandbox::policy_arg(policy),
             pid = tracing::field::Empty,
             exit_code = tracing::field::Empty,
+            conversation_id = request.conversation_id.map(tracing::field::display),
+            task_id = request.task_id.map(tracing::field::display),
         );
         let started = Instant::now();
         let result = self.run_inner(request, cancel).instrument(span).await;
@@ -319,6 +321,8 @@ mod tests {
             sandbox,
             output_cap: 16,
             writable_roots: Vec::new(),
+            conversation_id: None,
+            task_id: None,
         }
     }
 

@@ -283,6 +283,8 @@ impl ModelClient for ScriptedModel {
                 output_tokens,
                 ..Usage::default()
             }),
+            response_id: Some(format!("scripted-{n}")),
+            response_model: Some("scripted".into()),
         })
     }
 }

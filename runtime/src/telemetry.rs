@@ -1,48 +1,198 @@
 //! Tracing set-up: a fmt layer to stderr (filter from `TROUPE_LOG`, default `warn`) and an
 //! OpenTelemetry layer, so every span has W3C trace and span ids that events and task stats
-//! carry. Spans are exported when an exporter is configured; without one they are still
-//! created with real ids.
+//! carry.
+//!
+//! Export is off by default: then the provider has no exporter, nothing leaves the process
+//! and no connection is ever attempted. [`install`] turns it on from `[telemetry]` and the
+//! standard `OTEL_*` variables (see [`TelemetryConfig`]): OTLP over HTTP/protobuf or gRPC,
+//! in batches from the SDK's own thread. Only troupe's own spans are exported (see
+//! [`TRACED_TARGETS`]); the span tree is described in `troupe_actors::task::spans`.
+//!
+//! Shutdown: dropping the [`TelemetryGuard`] flushes what is queued and stops the exporter,
+//! within [`SHUTDOWN_TIMEOUT`], so a graceful exit loses no span.
 
+use crate::config::{ConfigError, OtlpProtocol, TelemetryConfig};
 use opentelemetry::trace::TracerProvider as _;
+use opentelemetry_otlp::{WithExportConfig, WithHttpConfig, WithTonicConfig};
 use opentelemetry_sdk::trace::SdkTracerProvider;
+use std::time::Duration;
+use tracing::Level;
+use tracing_subscriber::filter::Targets;
 use tracing_subscriber::layer::SubscriberExt;
 use tracing_subscriber::util::SubscriberInitExt;
 use tracing_subscriber::{EnvFilter, Layer};
 
-/// Keeps the tracer provider alive; dropping it shuts tracing export down.
+/// The crates whose spans and events are exported, at `info` and above: the span tree of a
+/// task and nothing of the libraries under it (their HTTP, MCP and runtime internals).
+pub const TRACED_TARGETS: &[&str] = &["troupe", "troupe_actors", "troupe_runtime"];
+
+/// How long a shutdown may take to flush what is queued.
+pub const SHUTDOWN_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// Keeps the tracer provider alive; dropping it flushes and shuts tracing export down.
 #[derive(Debug)]
 pub struct TelemetryGuard {
     provider: SdkTracerProvider,
+    /// Where spans go, when they are exported (for logs and tests).
+    exporting_to: Option<String>,
+}
+
+impl TelemetryGuard {
+    /// The provider spans are made by.
+    pub fn provider(&self) -> &SdkTracerProvider {
+        &self.provider
+    }
+
+    /// The URL spans are exported to; `None` when export is off.
+    pub fn exporting_to(&self) -> Option<&str> {
+        self.exporting_to.as_deref()
+    }
 }
 
 impl Drop for TelemetryGuard {
     fn drop(&mut self) {
-        let _ = self.provider.shutdown();
+        // Ends the batch thread after one last export; bounded, so an unreachable collector
+        // cannot hold up the exit.
+        if let Err(error) = self.provider.shutdown_with_timeout(SHUTDOWN_TIMEOUT) {
+            tracing::debug!(%error, "tracer provider shutdown");
+        }
     }
 }
 
-/// Installs the global subscriber. Safe to call once per process; a second call is ignored.
+/// Installs the global subscriber without export: spans still get real ids. Safe to call
+/// once per process; a second call is ignored.
 pub fn init(service_name: &str) -> TelemetryGuard {
-    let provider = SdkTracerProvider::builder()
-        .with_resource(
-            opentelemetry_sdk::Resource::builder()
-                .with_service_name(service_name.to_owned())
-                .build(),
-        )
-        .build();
-    let tracer = provider.tracer("troupe");
+    let provider = provider(service_name, None);
+    let _ = subscriber(&provider).try_init();
+    TelemetryGuard {
+        provider,
+        exporting_to: None,
+    }
+}
+
+/// Installs the global subscriber, exporting spans as `config` says (nothing when it is
+/// off). Must run inside a tokio runtime when the protocol is gRPC (the channel lives on
+/// it). A second call in a process keeps the first subscriber.
+pub fn install(config: &TelemetryConfig) -> Result<TelemetryGuard, ConfigError> {
+    let exporter = exporter(config)?;
+    let exporting_to = exporter.is_some().then(|| config.traces_url());
+    let provider = provider(&config.service_name, exporter);
+    let _ = subscriber(&provider).try_init();
+    if let Some(url) = &exporting_to {
+        tracing::info!(%url, protocol = ?config.protocol, "exporting spans over OTLP");
+    }
+    Ok(TelemetryGuard {
+        provider,
+        exporting_to,
+    })
+}
+
+/// The OTLP exporter `config` asks for; `None` when export is off (and then nothing that
+/// could open a connection is built).
+pub fn exporter(
+    config: &TelemetryConfig,
+) -> Result<Option<opentelemetry_otlp::SpanExporter>, ConfigError> {
+    if !config.exporting() {
+        return Ok(None);
+    }
+    let url = config.traces_url();
+    let failed = |e: opentelemetry_otlp::ExporterBuildError| ConfigError::Telemetry {
+        url: url.clone(),
+        message: e.to_string(),
+    };
+    let exporter = match config.protocol {
+        OtlpProtocol::HttpProtobuf => {
+            let mut builder = opentelemetry_otlp::SpanExporter::builder()
+                .with_http()
+                .with_protocol(opentelemetry_otlp::Protocol::HttpBinary)
+                .with_endpoint(url.clone())
+                .with_timeout(config.timeout);
+            if !config.headers.is_empty() {
+                builder = builder.with_headers(config.headers.clone().into_iter().collect());
+            }
+            builder.build().map_err(failed)?
+        }
+        OtlpProtocol::Grpc => {
+            let mut builder = opentelemetry_otlp::SpanExporter::builder()
+                .with_tonic()
+                .with_endpoint(url.clone())
+                .with_timeout(config.timeout);
+            if !config.headers.is_empty() {
+                let mut map = reqwest::header::HeaderMap::new();
+                for (k, v) in &config.headers {
+                    let name = reqwest::header::HeaderName::from_bytes(k.as_bytes())
+                        .map_err(|_| bad_header(&url, k))?;
+                    let value = reqwest::header::HeaderValue::from_str(v)
+                        .map_err(|_| bad_header(&url, k))?;
+                    map.insert(name, value);
+                }
+                builder = builder.with_metadata(
+                    opentelemetry_otlp::tonic_types::metadata::MetadataMap::from_headers(map),
+                );
+            }
+            builder.build().map_err(failed)?
+        }
+    };
+    Ok(Some(exporter))
+}
+
+fn bad_header(url: &str, name: &str) -> ConfigError {
+    ConfigError::Telemetry {
+        url: url.to_owned(),
+        message: format!("header `{name}` is not a valid HTTP header"),
+    }
+}
+
+/// A provider with this `service.name` (`OTEL_RESOURCE_ATTRIBUTES` adds to the resource),
+/// exporting in batches through `exporter` if there is one.
+pub fn provider(
+    service_name: &str,
+    exporter: Option<opentelemetry_otlp::SpanExporter>,
+) -> SdkTracerProvider {
+    let builder = SdkTracerProvider::builder().with_resource(
+        opentelemetry_sdk::Resource::builder()
+            .with_service_name(service_name.to_owned())
+            .build(),
+    );
+    match exporter {
+        Some(exporter) => builder.with_batch_exporter(exporter),
+        None => builder,
+    }
+    .build()
+}
+
+/// The subscriber every troupe process runs: console logs per `TROUPE_LOG`, and troupe's
+/// spans (at `info` and above, whatever the console shows) into `provider`.
+pub fn subscriber(
+    provider: &SdkTracerProvider,
+) -> impl tracing::Subscriber + Send + Sync + 'static {
     let filter = EnvFilter::try_from_env("TROUPE_LOG").unwrap_or_else(|_| EnvFilter::new("warn"));
     let fmt = tracing_subscriber::fmt::layer()
         .with_writer(std::io::stderr)
         .with_filter(filter);
-    // Spans are created at info level for every task; keep them for the OTel layer even when
-    // the console shows only warnings.
-    let otel = tracing_opentelemetry::layer()
-        .with_tracer(tracer)
-        .with_filter(EnvFilter::new("info"));
-    let _ = tracing_subscriber::registry()
+    tracing_subscriber::registry()
         .with(fmt)
-        .with(otel)
-        .try_init();
-    TelemetryGuard { provider }
+        .with(otel_layer(provider))
 }
+
+/// The OpenTelemetry layer alone, for subscribers built elsewhere (tests).
+pub fn otel_layer<S>(provider: &SdkTracerProvider) -> impl Layer<S> + Send + Sync + 'static
+where
+    S: tracing::Subscriber + for<'a> tracing_subscriber::registry::LookupSpan<'a> + Send + Sync,
+{
+    let targets = TRACED_TARGETS.iter().fold(Targets::new(), |t, target| {
+        t.with_target(*target, Level::INFO)
+    });
+    tracing_opentelemetry::layer()
+        .with_tracer(provider.tracer("troupe"))
+        // Source locations, targets, thread names and busy/idle times are noise on every
+        // span; the conventions' attributes and the ids are what matter.
+        .with_location(false)
+        .with_target(false)
+        .with_threads(false)
+        .with_tracked_inactivity(false)
+        .with_filter(targets)
+}
+
+#[cfg(test)]
+mod tests;

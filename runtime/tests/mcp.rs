@@ -125,6 +125,7 @@ async fn call(
             progress: None,
             traceparent: Some("00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01".into()),
             timeout: Duration::from_secs(20),
+            span: tracing::Span::none(),
         })
         .await
 }
@@ -269,6 +270,7 @@ async fn a_long_call_reports_progress_to_its_sender() {
                 progress: Some(progress_tx),
                 traceparent: None,
                 timeout: Duration::from_secs(20),
+                span: tracing::Span::none(),
             })
             .await
             .unwrap();
@@ -303,6 +305,7 @@ async fn cancelling_a_call_returns_at_once_and_the_connection_stays_usable() {
             progress: Some(progress_tx),
             traceparent: None,
             timeout: Duration::from_secs(30),
+            span: tracing::Span::none(),
         });
         let canceller = async {
             // The first progress proves the server is running the call.
@@ -348,6 +351,7 @@ async fn the_timeout_bounds_a_call() {
                 progress: None,
                 traceparent: None,
                 timeout: Duration::from_millis(300),
+                span: tracing::Span::none(),
             })
             .await;
         assert!(
@@ -535,6 +539,7 @@ async fn a_killed_server_fails_its_calls_at_once_and_announces_the_end() {
             progress: Some(progress_tx),
             traceparent: None,
             timeout: Duration::from_secs(35),
+            span: tracing::Span::none(),
         });
         let killer = async {
             progress_rx.recv().await.unwrap();

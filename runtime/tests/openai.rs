@@ -174,6 +174,12 @@ async fn streamed_text_arrives_in_order(provider: Provider) {
     assert_eq!(deltas.0, ["Hel", "lo", ", wor", "ld"]);
     assert_eq!(response.text, "Hello, world");
     assert!(response.tool_calls.is_empty());
+    // What the chat span reports: the model that answered and its completion id.
+    assert_eq!(
+        response.response_model.as_deref(),
+        Some("gpt-4o-mini-2024-07-18")
+    );
+    assert!(response.response_id.is_some());
     // A stream read to its end is no disconnect.
     assert_eq!(server.disconnects(), 0);
     let info = client.info();

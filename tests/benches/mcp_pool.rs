@@ -161,6 +161,7 @@ async fn pool_vs_direct() {
             progress: None,
             traceparent: None,
             timeout: Duration::from_secs(10),
+            span: tracing::Span::none(),
         })
         .await
         .unwrap();
@@ -174,6 +175,7 @@ async fn pool_vs_direct() {
                 conversation_id: conversation,
                 task_id,
                 cancel: &cancel,
+                span: &tracing::Span::none(),
             },
         )
         .await

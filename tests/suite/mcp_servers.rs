@@ -561,6 +561,7 @@ async fn pool_call(
             conversation_id: conversation,
             task_id: TaskId::new(),
             cancel: &cancel,
+            span: &tracing::Span::none(),
         },
     )
     .await

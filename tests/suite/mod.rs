@@ -16,4 +16,5 @@ mod scheduling;
 mod serve;
 mod shell;
 mod telemetry;
+mod traces;
 mod turns;

@@ -20,6 +20,9 @@ pub struct InFlightCall {
     /// Fires when the call ends early (cancelled, timed out, its connection died): whatever
     /// the request is waiting for on its behalf stops waiting.
     pub cancel: CancellationToken,
+    /// The call's `execute_tool` span: a server request it causes is traced under it, in the
+    /// task's trace, although it arrives on the connection's own task.
+    pub span: tracing::Span,
 }
 
 /// The outcome of attributing a server's request.
@@ -98,6 +101,7 @@ mod tests {
             conversation_id,
             task_id,
             cancel: CancellationToken::new(),
+            span: tracing::Span::none(),
         }
     }
 

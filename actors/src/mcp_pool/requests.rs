@@ -36,8 +36,17 @@ pub struct Requester {
 
 impl Requester {
     fn span(&self, kind: RequestKind) -> tracing::Span {
+        // The MCP conventions' server span: the client serves a request the server sent.
+        let method = match kind {
+            RequestKind::Elicitation => "elicitation/create",
+            RequestKind::Sampling => "sampling/createMessage",
+        };
         tracing::info_span!(
+            parent: &self.call.span,
             "mcp_server_request",
+            otel.name = method,
+            otel.kind = "server",
+            "mcp.method.name" = method,
             kind = kind.as_str(),
             mcp_server = %self.server,
             conversation_id = %self.call.conversation_id,
@@ -186,10 +195,23 @@ async fn sample_inner(requester: &Requester, request: Json) -> Result<Json, Agen
         tools: &[],
         prompt_cache_key: &cache_key,
     };
+    let info = model.info();
+    // Not a step of the task (step 0, no estimate), but a model call all the same.
+    let chat = crate::task::spans::chat(
+        requester.call.conversation_id,
+        requester.call.task_id,
+        &info.provider,
+        &info.model,
+        0,
+        0,
+    );
     let response = model
         .step(model_request, &mut Discard, &requester.call.cancel)
-        .await?;
-    Ok(sampling_result(&response.text, &model.info().model))
+        .instrument(chat.clone())
+        .await
+        .inspect_err(|e| crate::task::spans::record_error(&chat, e))?;
+    crate::task::spans::record_response(&chat, &response);
+    Ok(sampling_result(&response.text, &info.model))
 }
 
 /// Streamed text of a sampling call goes nowhere: the server gets the whole answer.

@@ -513,6 +513,7 @@ async fn call_with(
             conversation_id: ConversationId::new(),
             task_id: TaskId::new(),
             cancel,
+            span: &tracing::Span::none(),
         },
     )
     .await
@@ -1114,6 +1115,7 @@ fn task_call(
                 conversation_id,
                 task_id,
                 cancel: &cancel,
+                span: &tracing::Span::none(),
             },
         )
         .await

@@ -11,7 +11,7 @@ use super::{
     RouteTable, ViewId, ViewScope, decide, metrics,
 };
 use crate::approval_store::ApprovalMsg;
-use crate::events::{EventDraft, EventSink, current_trace_ids};
+use crate::events::{EventDraft, EventSink};
 use crate::ports::{McpCall, McpNotice, McpPort, McpView, ToolCallContext};
 use async_trait::async_trait;
 use ractor::{Actor, ActorCell, ActorRef};
@@ -161,21 +161,15 @@ impl McpView for PoolView {
         ctx: ToolCallContext<'_>,
     ) -> Result<ToolOutput, AgentError> {
         let started = Instant::now();
-        let span = tracing::info_span!(
-            "mcp_call",
-            rpc.system = "mcp",
-            gen_ai.tool.name = %call.name,
-            gen_ai.tool.call.id = %call.call_id,
-            conversation_id = %ctx.conversation_id,
-            task_id = %ctx.task_id,
-            view = %self.id,
-        );
-        let result = self.call(call, ctx).instrument(span.clone()).await;
+        // No span of its own: the call's `execute_tool` span (`ctx.span`) gets the MCP
+        // attributes, as the MCP conventions advise when a GenAI span covers the call.
+        let result = self.call(call, ctx).instrument(ctx.span.clone()).await;
         let outcome = metrics::outcome(&result);
         metrics::call_finished(outcome, started.elapsed());
-        span.in_scope(|| {
+        ctx.span.in_scope(|| {
             tracing::debug!(
                 outcome,
+                view = %self.id,
                 took_ms = u64::try_from(started.elapsed().as_millis()).unwrap_or(u64::MAX),
                 "MCP call finished"
             );
@@ -216,6 +210,7 @@ impl PoolView {
         ctx: ToolCallContext<'_>,
     ) -> Result<ToolOutput, AgentError> {
         let route = self.resolve(&call.name).await?;
+        ctx.span.record("troupe.mcp.server", route.server.as_str());
         let _slots = limits::admit(
             &self.limiter,
             &self.session,
@@ -236,6 +231,7 @@ impl PoolView {
                 conversation_id: ctx.conversation_id,
                 task_id: ctx.task_id,
                 cancel: cancel.clone(),
+                span: ctx.span.clone(),
             },
         );
         let _in_flight = metrics::InFlight::start(&route.server);
@@ -247,10 +243,8 @@ impl PoolView {
             server: &route.server,
         };
         let (progress_tx, mut progress_rx) = mpsc::unbounded_channel();
-        let traceparent = match current_trace_ids() {
-            (Some(trace), Some(span)) => Some(format!("00-{trace}-{span}-01")),
-            _ => None,
-        };
+        // The server's work is a child of the tool call.
+        let traceparent = crate::task::spans::traceparent(ctx.span);
         let running = route.conn.call_tool(McpCall {
             tool: &route.tool,
             arguments: &call.arguments,
@@ -258,6 +252,7 @@ impl PoolView {
             progress: Some(progress_tx),
             traceparent,
             timeout: self.limits.call_timeout,
+            span: ctx.span.clone(),
         });
         tokio::pin!(running);
         let guard = tokio::time::sleep(self.limits.call_timeout + CALL_TIMEOUT_GRACE);

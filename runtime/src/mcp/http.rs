@@ -1,5 +1,5 @@
 //! The streamable HTTP transport: rmcp's client over reqwest, with every SSE event shown to
-//! the [`TaskSupportTap`] on its way in.
+//! the [`TaskSupportTap`] on its way in, and the MCP session id noted for the calls' spans.
 
 use super::tap::TaskSupportTap;
 use futures::StreamExt;
@@ -13,15 +13,39 @@ use rmcp::transport::streamable_http_client::{
 };
 use sse_stream::Sse;
 use std::collections::{BTreeMap, HashMap};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 
 type SseStream = BoxStream<'static, Result<Sse, SseError>>;
+
+/// The `Mcp-Session-Id` the client last sent (`mcp.session.id` of the calls' spans).
+#[derive(Debug, Clone, Default)]
+pub(crate) struct SessionSeen(Arc<Mutex<Option<Arc<str>>>>);
+
+impl SessionSeen {
+    fn observe(&self, session_id: Option<&Arc<str>>) {
+        if let Some(id) = session_id {
+            *self.lock() = Some(id.clone());
+        }
+    }
+
+    /// The session requests go out in, once the server assigned one.
+    pub(crate) fn get(&self) -> Option<Arc<str>> {
+        self.lock().clone()
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, Option<Arc<str>>> {
+        self.0
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+}
 
 /// reqwest's rmcp client, tapped.
 #[derive(Debug, Clone)]
 pub(crate) struct TapHttpClient {
     inner: reqwest::Client,
     tap: TaskSupportTap,
+    session: SessionSeen,
 }
 
 impl TapHttpClient {
@@ -61,6 +85,7 @@ impl StreamableHttpClient for TapHttpClient {
         auth_header: Option<String>,
         custom_headers: HashMap<HeaderName, HeaderValue>,
     ) -> Result<StreamableHttpPostResponse, StreamableHttpError<Self::Error>> {
+        self.session.observe(session_id.as_ref());
         let response = self
             .inner
             .post_message(uri, message, session_id, auth_header, custom_headers)
@@ -77,6 +102,7 @@ impl StreamableHttpClient for TapHttpClient {
         custom_headers: HashMap<HeaderName, HeaderValue>,
         max_sse_event_size: usize,
     ) -> Result<StreamableHttpPostResponse, StreamableHttpError<Self::Error>> {
+        self.session.observe(session_id.as_ref());
         let response = self
             .inner
             .post_message_with_max_sse_event_size(
@@ -147,6 +173,7 @@ pub(crate) fn transport(
     url: &str,
     headers: &BTreeMap<String, String>,
     tap: TaskSupportTap,
+    session: SessionSeen,
 ) -> Result<StreamableHttpClientTransport<TapHttpClient>, String> {
     let custom_headers = parse_headers(headers)?;
     let inner = reqwest::Client::builder()
@@ -159,7 +186,11 @@ pub(crate) fn transport(
         .map_err(|e| format!("cannot build the HTTP client: {e}"))?;
     let config = StreamableHttpClientTransportConfig::with_uri(url).custom_headers(custom_headers);
     Ok(StreamableHttpClientTransport::with_client(
-        TapHttpClient { inner, tap },
+        TapHttpClient {
+            inner,
+            tap,
+            session,
+        },
         config,
     ))
 }

@@ -130,6 +130,7 @@ impl RmcpConnector {
         let ending = Arc::new(Ending::new(server.clone(), transport, notices.clone()));
         let routes = ProgressRoutes::default();
         let tap = tap::TaskSupportTap::default();
+        let session = http::SessionSeen::default();
         let client = TroupeClient {
             server: server.clone(),
             handler,
@@ -166,7 +167,8 @@ impl RmcpConnector {
                 (served, Some(child.control))
             }
             McpTransport::StreamableHttp { url, headers } => {
-                let transport = http::transport(url, headers, tap.clone()).map_err(fail)?;
+                let transport =
+                    http::transport(url, headers, tap.clone(), session.clone()).map_err(fail)?;
                 let served = tokio::time::timeout(
                     self.connect_timeout,
                     client.serve_with_ct(transport, service_ct.clone()),
@@ -206,6 +208,7 @@ impl RmcpConnector {
             ending,
             routes,
             tap,
+            session,
             service_ct,
             service_done,
             child,
@@ -332,6 +335,8 @@ pub struct RmcpConnection {
     ending: Arc<Ending>,
     routes: ProgressRoutes,
     tap: tap::TaskSupportTap,
+    /// The streamable HTTP session (none over stdio).
+    session: http::SessionSeen,
     /// Stops rmcp's service loop.
     service_ct: CancellationToken,
     /// Fired once the service loop has returned.
@@ -425,6 +430,26 @@ impl RmcpConnection {
         });
     }
 
+    /// The MCP client attributes of a call's span: transport, protocol version, session.
+    fn describe(&self, span: &tracing::Span) {
+        span.record(
+            "network.transport",
+            match self.transport {
+                Transport::Stdio => "pipe",
+                Transport::StreamableHttp => "tcp",
+            },
+        );
+        if let Some(info) = self.peer.peer_info() {
+            span.record(
+                "mcp.protocol.version",
+                tracing::field::display(&info.protocol_version),
+            );
+        }
+        if let Some(session) = self.session.get() {
+            span.record("mcp.session.id", &*session);
+        }
+    }
+
     async fn call(&self, call: McpCall<'_>) -> CallResult {
         if self.ending.ended.is_cancelled() {
             return Err((CallOutcome::Closed, self.ending.error()));
@@ -464,7 +489,8 @@ impl RmcpConnection {
             }
         };
         let id = handle.id.clone();
-        tracing::Span::current().record("request_id", tracing::field::display(&id));
+        call.span
+            .record("jsonrpc.request.id", tracing::field::display(&id));
         // Registered in the same poll that queued the request, so before the server can
         // have seen it (let alone reported progress on it).
         let _route = call
@@ -544,20 +570,21 @@ impl McpConnection for RmcpConnection {
 
     async fn call_tool(&self, call: McpCall<'_>) -> Result<ToolOutput, AgentError> {
         let started = Instant::now();
-        let span = tracing::info_span!(
-            "mcp_call",
-            mcp_server = %self.server,
-            tool = call.tool,
-            request_id = tracing::field::Empty
-        );
-        let result = self.call(call).instrument(span).await;
+        // The call's span is its `execute_tool` span: what only the connection knows goes
+        // there (the MCP client attributes), rather than on a span of its own.
+        let span = call.span.clone();
+        self.describe(&span);
+        let tool = call.tool;
+        let result = self.call(call).await;
         let outcome = match &result {
             Ok(output) if output.is_error => CallOutcome::ToolError,
             Ok(_) => CallOutcome::Ok,
             Err((outcome, _)) => *outcome,
         };
         metrics::call(self.transport, outcome, started.elapsed());
-        tracing::debug!(mcp_server = %self.server, outcome = outcome.as_str(), "mcp call ended");
+        span.in_scope(|| {
+            tracing::debug!(mcp_server = %self.server, tool, outcome = outcome.as_str(), "mcp call ended");
+        });
         result.map_err(|(_, error)| error)
     }
 

@@ -13,9 +13,9 @@
 //! 4. the whole call is bounded by `request_timeout`, and cancellation drops the response at
 //!    once, which closes the connection.
 //!
-//! Each step has a `gen_ai` span (model, response id, usage), each HTTP attempt an
-//! `http.request` child span (method, URL without query, status, attempt); metrics are in
-//! `metrics.rs`.
+//! A step runs inside the task's `chat {model}` span, which the task records the response's
+//! model, id and usage on (returned in [`ModelResponse`]); each HTTP attempt is a `POST`
+//! child span (method, URL without query, status, attempt). Metrics are in `metrics.rs`.
 
 mod chat;
 pub mod dialect;
@@ -36,7 +36,7 @@ use tokio_util::sync::CancellationToken;
 use tracing::Instrument;
 use tracing::field::Empty;
 use troupe_actors::ports::{DeltaSink, ModelClient, ModelInfo, ModelRequest, ModelResponse};
-use troupe_proto::{AgentError, HistoryItem, Json, ToolCall};
+use troupe_proto::{AgentError, ConversationId, HistoryItem, Json, TaskId, ToolCall};
 
 /// A client of one OpenAI-compatible endpoint. Cheap to share: one connection pool serves
 /// every conversation of a session.
@@ -181,21 +181,19 @@ impl OpenAiClient {
             ToolMode::Native => &mut *deltas,
             ToolMode::Text => &mut quiet,
         };
+        let ids = (request.conversation_id, request.task_id);
         let collected = match self.config.provider {
-            Provider::OpenaiChat => self.with_retries::<chat::ChatStream>(&body, sink).await?,
+            Provider::OpenaiChat => {
+                self.with_retries::<chat::ChatStream>(&body, sink, ids)
+                    .await?
+            }
             _ => {
-                self.with_retries::<responses::ResponsesStream>(&body, sink)
+                self.with_retries::<responses::ResponsesStream>(&body, sink, ids)
                     .await?
             }
         };
-        let span = tracing::Span::current();
-        if let Some(id) = &collected.response_id {
-            span.record("gen_ai.response.id", id.as_str());
-        }
         let response_model = collected.model.clone();
         if let Some(usage) = &collected.usage {
-            span.record("gen_ai.usage.input_tokens", usage.input_tokens);
-            span.record("gen_ai.usage.output_tokens", usage.output_tokens);
             metrics::tokens(self.provider, usage);
             metrics::gen_ai_tokens(self.gen_ai(response_model.as_deref()), usage);
         }
@@ -223,6 +221,7 @@ impl OpenAiClient {
         &self,
         body: &[u8],
         deltas: &mut dyn DeltaSink,
+        (conversation_id, task_id): (ConversationId, TaskId),
     ) -> Result<Collected, Failed> {
         let mut retry: u32 = 0;
         loop {
@@ -236,6 +235,9 @@ impl OpenAiClient {
                 "http.response.status_code" = Empty,
                 "http.request.resend_count" = retry,
                 attempt,
+                "troupe.provider" = self.provider,
+                conversation_id = %conversation_id,
+                task_id = %task_id,
             );
             let (reason, retry_after, status, message) =
                 match self.attempt::<P>(body, deltas).instrument(span).await {
@@ -438,20 +440,6 @@ impl ModelClient for OpenAiClient {
         deltas: &mut dyn DeltaSink,
         cancel: &CancellationToken,
     ) -> Result<ModelResponse, AgentError> {
-        let span = tracing::info_span!(
-            "gen_ai.step",
-            otel.name = %format!("chat {}", self.config.model),
-            otel.kind = "client",
-            "gen_ai.operation.name" = "chat",
-            "gen_ai.provider.name" = "openai",
-            "gen_ai.request.model" = %self.config.model,
-            "gen_ai.response.id" = Empty,
-            "gen_ai.usage.input_tokens" = Empty,
-            "gen_ai.usage.output_tokens" = Empty,
-            troupe.provider = self.provider,
-            conversation_id = %request.conversation_id,
-            task_id = %request.task_id,
-        );
         let timeout = self.config.request_timeout;
         let call = async {
             tokio::select! {
@@ -471,7 +459,7 @@ impl ModelClient for OpenAiClient {
         };
         // Leaving the select drops the call, and with it the response: the connection closes.
         let started = Instant::now();
-        match call.instrument(span).await {
+        match call.await {
             Ok((response, model)) => {
                 metrics::request(self.provider, Outcome::Ok);
                 metrics::gen_ai_operation(self.gen_ai(model.as_deref()), started.elapsed(), None);
@@ -611,6 +599,8 @@ fn native_response(collected: Collected) -> Result<ModelResponse, AgentError> {
         text: collected.text,
         tool_calls,
         usage: collected.usage,
+        response_id: collected.response_id,
+        response_model: collected.model,
     })
 }
 
@@ -630,6 +620,8 @@ fn text_response(collected: Collected, first_call: u64) -> Result<ModelResponse,
         text: parsed.text,
         tool_calls,
         usage: collected.usage,
+        response_id: collected.response_id,
+        response_model: collected.model,
     })
 }
 

@@ -30,6 +30,17 @@ fn u64_at(v: &Value, pointer: &str) -> u64 {
 }
 
 impl ResponsesStream {
+    /// `response.model` of a lifecycle event, when present.
+    fn take_model(&mut self, event: &Value) {
+        if let Some(model) = event
+            .pointer("/response/model")
+            .and_then(Value::as_str)
+            .filter(|m| !m.is_empty())
+        {
+            self.model = Some(model.to_owned());
+        }
+    }
+
     /// The call an event is about: by `output_index`, else by `item_id`; created if unseen
     /// (a server may skip `output_item.added`).
     fn call_for(&mut self, event: &Value) -> &mut RawCall {
@@ -40,17 +51,6 @@ impl ResponsesStream {
             .or(by_item)
             .unwrap_or(0);
         self.calls.entry(index).or_default()
-    }
-
-    /// The answering model, from an event that carries the response object.
-    fn take_model(&mut self, event: &Value) {
-        if let Some(model) = event
-            .pointer("/response/model")
-            .and_then(Value::as_str)
-            .filter(|m| !m.is_empty())
-        {
-            self.model = Some(model.to_owned());
-        }
     }
 
     fn take_item(&mut self, event: &Value, item: &Value) {

@@ -57,6 +57,7 @@ use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 use tokio::task::JoinHandle;
+use tracing::Instrument;
 use troupe_actors::{SessionConfig, SessionHandle, SessionPorts};
 use troupe_proto::store::{
     ConversationRecord, ConversationState, MessagePage, MessageRecord, NewMessage, SessionRecord,
@@ -426,6 +427,16 @@ fn refused(reply: &MessageReply) -> Option<AgentError> {
         Some(e) if e.kind() == ErrorKind::Overloaded && reply.stats.steps == 0 => Some(e.clone()),
         _ => None,
     }
+}
+
+/// Spawns work that outlives `handle` in the current span (the caller's, which ractor carries
+/// with each message), so a task it runs is linked to the request that asked for it.
+fn spawn_traced<F>(work: F) -> tokio::task::JoinHandle<F::Output>
+where
+    F: std::future::Future + Send + 'static,
+    F::Output: Send + 'static,
+{
+    tokio::spawn(work.instrument(tracing::Span::current()))
 }
 
 fn now_ms() -> u64 {
@@ -850,7 +861,7 @@ impl SessionsState {
             .settings
             .unwrap_or_else(|| Json(serde_json::json!({})));
         let title = request.title;
-        tokio::spawn(async move {
+        spawn_traced(async move {
             let session_id = SessionId::new();
             let root_params = config.root.clone();
             let started = async {
@@ -1073,7 +1084,7 @@ impl SessionsState {
             }
         };
         let myself = myself.clone();
-        tokio::spawn(async move {
+        spawn_traced(async move {
             match handle.open(params.clone()).await {
                 Ok(conversation_id) => {
                     let record = ConversationRecord {
@@ -1130,7 +1141,7 @@ impl SessionsState {
             }
         };
         let myself = myself.clone();
-        tokio::spawn(async move {
+        spawn_traced(async move {
             let result = handle
                 .set_context(conversation_id, update.clone())
                 .await
@@ -1179,7 +1190,7 @@ impl SessionsState {
             }
         };
         let myself = myself.clone();
-        tokio::spawn(async move {
+        spawn_traced(async move {
             let result = handle.close(conversation_id).await;
             let _ = myself.cast(SessionsMsg::Closed {
                 session_id,
@@ -1260,7 +1271,7 @@ impl SessionsState {
             None
         };
         let myself = myself.clone();
-        tokio::spawn(async move {
+        spawn_traced(async move {
             let result = handle.message(conversation_id, text).await;
             let _ = myself.cast(SessionsMsg::TaskDone {
                 user,
