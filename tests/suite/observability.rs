@@ -465,6 +465,19 @@ async fn workload(api: &Api, model: &ModelServer, base: &str) {
         .unwrap();
     assert_eq!(sse.status(), StatusCode::OK);
 
+    // An A2A call (an unknown task: no model call).
+    let a2a: Value = api
+        .request(reqwest::Method::POST, "/a2a")
+        .header("A2A-Version", "1.0")
+        .json(&json!({"jsonrpc": "2.0", "id": 1, "method": "GetTask", "params": {"id": "none"}}))
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    assert_eq!(a2a["error"]["code"], -32001, "{a2a}");
+
     // A plain turn with usage (input, output, cached, reasoning tokens).
     model.push(Reply::text(["Hello", " there"]).with_usage(100, 10, 40, 5));
     let r = api.say(&sid, "hello").await;

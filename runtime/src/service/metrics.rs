@@ -133,6 +133,13 @@ pub fn session_restart(outcome: &'static str) {
     counter!(SESSION_RESTARTS_TOTAL, "outcome" => outcome).increment(1);
 }
 
+/// Session restarts read 0 (not "no data") until one happens.
+pub fn session_restarts_start_at_zero() {
+    for outcome in ["restarted", "failed", "given_up"] {
+        counter!(SESSION_RESTARTS_TOTAL, "outcome" => outcome).increment(0);
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -503,6 +503,7 @@ impl Actor for Sessions {
         myself: ActorRef<Self::Msg>,
         args: SessionsArgs,
     ) -> Result<Self::State, ActorProcessingErr> {
+        super::metrics::session_restarts_start_at_zero();
         let mut core = load(args.store.as_ref()).await?;
         restart_all(&myself, &mut core, &args.template).await;
         tracing::info!(
