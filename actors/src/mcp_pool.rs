@@ -35,7 +35,7 @@
 //!   successful connect) while views still reference it (`RestartDue`); a `mcp_server_failed`
 //!   warning says why and when it retries. Tools marked `requires_task` are left out, with a
 //!   log line: MCP task augmentation is not supported.
-//! - `CallStarted` / `CallEnded`: a view runs a call (see *Server requests*).
+//! - `CallStarted`: a view runs a call, until the call's token fires (see *Server requests*).
 //! - `Attribute`: which task a server's request belongs to, with what answering it needs.
 //! - `ServicesChanged`: the session restarted its Rollout or ApprovalStore; use these.
 //! - `Snapshot` (observation), `Shutdown` (closes every connection, then stops),
@@ -339,8 +339,6 @@ pub enum McpPoolMsg {
     RestartDue { server: String, generation: u64 },
     /// A view started a call on `server`.
     CallStarted { server: String, call: InFlightCall },
-    /// That call ended.
-    CallEnded { server: String, key: u64 },
     /// Which task a request of `server` belongs to, and what answering it needs.
     Attribute {
         server: String,
@@ -474,7 +472,6 @@ impl Actor for McpPool {
                 state.apply(&myself, fx);
             }
             McpPoolMsg::CallStarted { server, call } => state.calls.started(&server, call),
-            McpPoolMsg::CallEnded { server, key } => state.calls.ended(&server, key),
             McpPoolMsg::Attribute {
                 server,
                 kind,
@@ -580,7 +577,8 @@ impl McpPoolState {
     }
 
     /// Who a server's request belongs to (see `calls`); an error says why nobody does.
-    fn attribute(&self, server: String, kind: RequestKind) -> Result<Requester, AgentError> {
+    fn attribute(&mut self, server: String, kind: RequestKind) -> Result<Requester, AgentError> {
+        let attribution = self.calls.attribute(&server);
         let refuse = |server: String, message: String| {
             metrics::server_request(kind, RequestOutcome::Unattributed);
             tracing::warn!(server, kind = kind.as_str(), %message, "MCP request refused");
@@ -590,7 +588,7 @@ impl McpPoolState {
             );
             Err(AgentError::McpError { server, message })
         };
-        match self.calls.attribute(&server) {
+        match attribution {
             Attribution::Call(call) => {
                 tracing::debug!(
                     server,

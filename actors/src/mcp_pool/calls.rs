@@ -1,7 +1,9 @@
 //! Which conversation a server's request belongs to. MCP gives a stdio server's
 //! `elicitation/create` or `sampling/createMessage` no link to the tool call that caused it,
 //! but a server only asks while it runs a call: the pool records every call in flight per
-//! server (views report each start and end), and a request is attributed to the one task
+//! server (views report each start; a call has ended once its `cancel` token fired, which the
+//! view does when the call returns, so no message is spent on the end), and a request is
+//! attributed to the one task
 //! running calls on that server. With none, nobody is there to answer; with calls of several
 //! tasks at once, the request could belong to any of them, so it is refused rather than shown
 //! to the wrong conversation.
@@ -17,8 +19,9 @@ pub struct InFlightCall {
     pub key: u64,
     pub conversation_id: ConversationId,
     pub task_id: TaskId,
-    /// Fires when the call ends early (cancelled, timed out, its connection died): whatever
-    /// the request is waiting for on its behalf stops waiting.
+    /// Fires when the call ends, however it ends (answered, cancelled, timed out, its
+    /// connection died): whatever a request is waiting for on its behalf stops waiting, and
+    /// the registry forgets the call.
     pub cancel: CancellationToken,
     /// The call's `execute_tool` span: a server request it causes is traced under it, in the
     /// task's trace, although it arrives on the connection's own task.
@@ -44,15 +47,15 @@ pub struct CallRegistry {
 
 impl CallRegistry {
     pub fn started(&mut self, server: &str, call: InFlightCall) {
-        self.by_server
-            .entry(server.to_owned())
-            .or_default()
-            .push(call);
+        let calls = self.by_server.entry(server.to_owned()).or_default();
+        calls.retain(|c| !c.cancel.is_cancelled());
+        calls.push(call);
     }
 
-    pub fn ended(&mut self, server: &str, key: u64) {
+    /// Forgets the calls of `server` that ended.
+    fn prune(&mut self, server: &str) {
         if let Some(calls) = self.by_server.get_mut(server) {
-            calls.retain(|c| c.key != key);
+            calls.retain(|c| !c.cancel.is_cancelled());
             if calls.is_empty() {
                 self.by_server.remove(server);
             }
@@ -60,7 +63,8 @@ impl CallRegistry {
     }
 
     /// Who a request of `server` comes from.
-    pub fn attribute(&self, server: &str) -> Attribution {
+    pub fn attribute(&mut self, server: &str) -> Attribution {
+        self.prune(server);
         let calls = self.by_server.get(server).map(Vec::as_slice).unwrap_or(&[]);
         let Some(latest) = calls.last() else {
             return Attribution::NoCall;
@@ -80,7 +84,11 @@ impl CallRegistry {
 
     /// Calls in flight on every server.
     pub fn len(&self) -> usize {
-        self.by_server.values().map(Vec::len).sum()
+        self.by_server
+            .values()
+            .flatten()
+            .filter(|c| !c.cancel.is_cancelled())
+            .count()
     }
 }
 
@@ -120,12 +128,12 @@ mod tests {
             Attribution::Call(found) => assert_eq!(found.key, second.key),
             other => panic!("{other:?}"),
         }
-        calls.ended("a", second.key);
+        second.cancel.cancel();
         match calls.attribute("a") {
             Attribution::Call(found) => assert_eq!(found.key, first.key),
             other => panic!("{other:?}"),
         }
-        calls.ended("a", first.key);
+        first.cancel.cancel();
         assert!(matches!(calls.attribute("a"), Attribution::NoCall));
         assert_eq!(calls.len(), 1);
     }
@@ -142,7 +150,14 @@ mod tests {
             calls.attribute("a"),
             Attribution::Ambiguous { tasks: 3 }
         ));
-        calls.ended("a", 999_999_999); // unknown keys are ignored
         assert_eq!(calls.len(), 3);
+        // Once the other tasks' calls end, the request is this task's again.
+        let mut others = calls.by_server["a"].clone();
+        others.retain(|c| c.key != mine.key);
+        for c in others {
+            c.cancel.cancel();
+        }
+        assert!(matches!(calls.attribute("a"), Attribution::Call(ref c) if c.key == mine.key));
+        assert_eq!(calls.len(), 1);
     }
 }

@@ -298,11 +298,9 @@ impl PoolView {
 }
 
 /// Tells the pool a call runs until dropped (however the call ends), so that the server's
-/// requests meanwhile are attributed to its task.
+/// requests meanwhile are attributed to its task. The end costs no message: dropping fires
+/// the call's token, and the pool forgets calls whose token fired.
 struct Registration {
-    actor: ActorRef<McpPoolMsg>,
-    server: String,
-    key: u64,
     /// Fired when the call ends, so a request still waiting on its behalf stops waiting.
     cancel: CancellationToken,
 }
@@ -310,9 +308,6 @@ struct Registration {
 impl Registration {
     fn start(actor: &ActorRef<McpPoolMsg>, server: &str, call: InFlightCall) -> Self {
         let registration = Self {
-            actor: actor.clone(),
-            server: server.to_owned(),
-            key: call.key,
             cancel: call.cancel.clone(),
         };
         let _ = actor.cast(McpPoolMsg::CallStarted {
@@ -326,10 +321,6 @@ impl Registration {
 impl Drop for Registration {
     fn drop(&mut self) {
         self.cancel.cancel();
-        let _ = self.actor.cast(McpPoolMsg::CallEnded {
-            server: std::mem::take(&mut self.server),
-            key: self.key,
-        });
     }
 }
 
