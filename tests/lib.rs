@@ -322,6 +322,26 @@ pub fn troupe_bin() -> std::path::PathBuf {
     bin
 }
 
+/// Spawns a `troupe serve` command (its stdout piped) and reads the address it prints first:
+/// the child and `http://host:port`.
+pub fn spawn_serve(command: &mut std::process::Command) -> (std::process::Child, String) {
+    use std::io::BufRead;
+    let mut child = command
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .expect("troupe serve starts");
+    let mut line = String::new();
+    std::io::BufReader::new(child.stdout.take().expect("piped stdout"))
+        .read_line(&mut line)
+        .expect("troupe serve prints its address");
+    let base = line
+        .trim()
+        .strip_prefix("troupe serve listening on ")
+        .unwrap_or_else(|| panic!("unexpected first line: {line:?}"))
+        .to_owned();
+    (child, base)
+}
+
 /// An MCP port with one tool, `flaky__op`, that fails its first `failures` calls.
 pub struct FlakyTools {
     pub failures: usize,

@@ -5,7 +5,6 @@
 
 use reqwest::StatusCode;
 use serde_json::{Value, json};
-use std::io::{BufRead, BufReader};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::Duration;
@@ -56,7 +55,8 @@ impl Server {
         let dir = tempfile::tempdir().unwrap();
         let script_path = dir.path().join("script.json");
         std::fs::write(&script_path, json!({ "replies": script() }).to_string()).unwrap();
-        let mut child = Command::new(troupe_bin())
+        let mut command = Command::new(troupe_bin());
+        command
             .args(["serve", "--listen", "127.0.0.1:0", "--ephemeral"])
             .arg("--data-dir")
             .arg(dir.path())
@@ -69,19 +69,8 @@ impl Server {
             )
             .env_remove("TROUPE_A2A")
             .env_remove("TROUPE_A2A_PROJECT")
-            .stdout(Stdio::piped())
-            .stderr(Stdio::null())
-            .spawn()
-            .unwrap();
-        let mut line = String::new();
-        BufReader::new(child.stdout.take().unwrap())
-            .read_line(&mut line)
-            .unwrap();
-        let base = line
-            .trim()
-            .strip_prefix("troupe serve listening on ")
-            .unwrap_or_else(|| panic!("unexpected first line: {line:?}"))
-            .to_owned();
+            .stderr(Stdio::null());
+        let (child, base) = troupe_tests::spawn_serve(&mut command);
         Self {
             child,
             base,

@@ -12,7 +12,6 @@
 use super::serve::{Api, id};
 use reqwest::StatusCode;
 use serde_json::{Value, json};
-use std::io::{BufRead, BufReader};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
@@ -228,26 +227,16 @@ restart_backoff_max = "1s"
 fn spawn_troupe(dir: &Path, config: &str) -> (Killed, String) {
     let path = dir.join("troupe.toml");
     std::fs::write(&path, config).unwrap();
-    let mut child = Command::new(troupe_bin())
+    let mut command = Command::new(troupe_bin());
+    command
         .args(["serve", "--config"])
         .arg(&path)
         .current_dir(dir)
         .env_remove("TROUPE_API_TOKENS")
         .env_remove("TROUPE_LISTEN")
         .env_remove("TROUPE_CONFIG")
-        .stdout(Stdio::piped())
-        .stderr(Stdio::null())
-        .spawn()
-        .unwrap();
-    let mut line = String::new();
-    BufReader::new(child.stdout.take().unwrap())
-        .read_line(&mut line)
-        .unwrap();
-    let base = line
-        .trim()
-        .strip_prefix("troupe serve listening on ")
-        .unwrap_or_else(|| panic!("unexpected first line: {line:?}"))
-        .to_owned();
+        .stderr(Stdio::null());
+    let (child, base) = troupe_tests::spawn_serve(&mut command);
     (Killed(child), base)
 }
 

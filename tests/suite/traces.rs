@@ -160,16 +160,7 @@ fn serve(dir: &Path, env: &[(&str, &str)]) -> (Child, String) {
         command.env_remove(var);
     }
     command.envs(env.iter().copied());
-    let mut child = command.spawn().unwrap();
-    let mut line = String::new();
-    BufReader::new(child.stdout.take().unwrap())
-        .read_line(&mut line)
-        .unwrap();
-    let base = line
-        .trim()
-        .strip_prefix("troupe serve listening on ")
-        .unwrap_or_else(|| panic!("unexpected first line: {line:?}"))
-        .to_owned();
+    let (child, base) = troupe_tests::spawn_serve(&mut command);
     (child, base)
 }
 

@@ -21,7 +21,8 @@ fn spawn(script: &str, extra: &[&str]) -> Serving {
     let dir = tempfile::tempdir().unwrap();
     let script_path = dir.path().join("script.json");
     std::fs::write(&script_path, script).unwrap();
-    let mut child = Command::new(troupe_bin())
+    let mut command = Command::new(troupe_bin());
+    command
         .args([
             "serve",
             "--listen",
@@ -35,19 +36,8 @@ fn spawn(script: &str, extra: &[&str]) -> Serving {
         .args(extra)
         .current_dir(dir.path())
         .env_remove("TROUPE_API_TOKENS")
-        .stdout(Stdio::piped())
-        .stderr(Stdio::null())
-        .spawn()
-        .unwrap();
-    let mut line = String::new();
-    BufReader::new(child.stdout.take().unwrap())
-        .read_line(&mut line)
-        .unwrap();
-    let base = line
-        .trim()
-        .strip_prefix("troupe serve listening on ")
-        .unwrap_or_else(|| panic!("unexpected first line: {line:?}"))
-        .to_owned();
+        .stderr(Stdio::null());
+    let (child, base) = troupe_tests::spawn_serve(&mut command);
     Serving {
         child,
         base,
@@ -278,26 +268,16 @@ fn an_open_api_refuses_a_public_address() {
 fn spawn_durable(dir: &std::path::Path, script: &str) -> Serving {
     let script_path = dir.join("script.json");
     std::fs::write(&script_path, script).unwrap();
-    let mut child = Command::new(troupe_bin())
+    let mut command = Command::new(troupe_bin());
+    command
         .args(["serve", "--listen", "127.0.0.1:0", "--data-dir"])
         .arg(dir)
         .arg("--script")
         .arg(&script_path)
         .current_dir(dir)
         .env_remove("TROUPE_API_TOKENS")
-        .stdout(Stdio::piped())
-        .stderr(Stdio::null())
-        .spawn()
-        .unwrap();
-    let mut line = String::new();
-    BufReader::new(child.stdout.take().unwrap())
-        .read_line(&mut line)
-        .unwrap();
-    let base = line
-        .trim()
-        .strip_prefix("troupe serve listening on ")
-        .unwrap_or_else(|| panic!("unexpected first line: {line:?}"))
-        .to_owned();
+        .stderr(Stdio::null());
+    let (child, base) = troupe_tests::spawn_serve(&mut command);
     Serving {
         child,
         base,
