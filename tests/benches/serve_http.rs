@@ -9,7 +9,8 @@
 //!   delivered per second summed over the subscribers.
 //!
 //! Each figure is taken with the default store (SQLite under a temporary data dir, the
-//! rollout in the same database) and with `--ephemeral` (in-memory store, JSONL rollout).
+//! rollout in the same database), with the SQLite store and the rollout in JSONL files, and
+//! with `--ephemeral` (in-memory store, JSONL rollout).
 //! The service runs in this process, on a multi-threaded tokio runtime; the clients share it.
 #![forbid(unsafe_code)]
 #![allow(clippy::unwrap_used, clippy::expect_used)]
@@ -37,7 +38,19 @@ struct Running {
     _dir: tempfile::TempDir,
 }
 
-async fn start(ephemeral: bool) -> Running {
+/// Where the service keeps things in a run.
+#[derive(Clone, Copy)]
+enum Storage {
+    /// The default: the store and the rollout in one SQLite database.
+    Sqlite,
+    /// The SQLite store, the rollout as JSONL files: shows what the two SQLite writers
+    /// sharing one database's write lock cost.
+    SqliteStoreFileRollout,
+    /// `--ephemeral`: the store in memory, the rollout as JSONL files.
+    Memory,
+}
+
+async fn start(storage: Storage) -> Running {
     let dir = tempfile::tempdir().unwrap();
     let mut config = TroupeConfig {
         data_dir: dir.path().to_owned(),
@@ -46,11 +59,16 @@ async fn start(ephemeral: bool) -> Running {
     config.server.task_queue = 1_024;
     let model = Arc::new(ScriptedModel::new(Vec::new()));
     let mut ports = assembly::session_ports(&config, model, Arc::new(ApproxTokens));
-    let storage = service::open_store(&config, ephemeral).unwrap();
-    ports.rollout_storage = storage.rollout;
-    let service = Service::start(&config, storage.store, ports, None)
-        .await
-        .unwrap();
+    let opened = service::open_store(&config, matches!(storage, Storage::Memory)).unwrap();
+    let store = match storage {
+        Storage::Sqlite => {
+            ports.rollout_storage = opened.rollout;
+            opened.store
+        }
+        Storage::SqliteStoreFileRollout => opened.store,
+        Storage::Memory => opened.store,
+    };
+    let service = Service::start(&config, store, ports, None).await.unwrap();
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let base = format!("http://{}", listener.local_addr().unwrap());
     let s = service.clone();
@@ -246,8 +264,12 @@ fn main() {
             "| store | warm turn p50 ms | p90 ms | p99 ms | turns/s, {CLIENTS} clients | SSE events/s to {SUBSCRIBERS} subscribers | events per subscriber |"
         );
         println!("|---|---|---|---|---|---|---|");
-        for (name, ephemeral) in [("SQLite (default)", false), ("memory (--ephemeral)", true)] {
-            let server = start(ephemeral).await;
+        for (name, storage) in [
+            ("SQLite (default)", Storage::Sqlite),
+            ("SQLite store, JSONL rollout", Storage::SqliteStoreFileRollout),
+            ("memory (--ephemeral)", Storage::Memory),
+        ] {
+            let server = start(storage).await;
             let warm = warm_turns(&server.base).await;
             let (turns, took) = throughput(&server.base).await;
             let (delivered, fan_took, per_sub) = fanout(&server.base).await;

@@ -271,7 +271,8 @@ impl std::fmt::Debug for Storage {
 }
 
 /// The service's storage: with `ephemeral` the store is in memory (rollouts stay JSONL
-/// files); otherwise the store and every session's rollout share `<data_dir>/troupe.db`.
+/// files); otherwise the store is `<data_dir>/troupe.db` and every session's rollout is in
+/// `<data_dir>/rollout.db` (see `SqliteRolloutStorage::path_in`).
 pub fn open_store(config: &TroupeConfig, ephemeral: bool) -> Result<Storage, AgentError> {
     if ephemeral {
         return Ok(Storage {
@@ -280,13 +281,19 @@ pub fn open_store(config: &TroupeConfig, ephemeral: bool) -> Result<Storage, Age
             description: "store: in memory (--ephemeral); nothing survives a restart".to_owned(),
         });
     }
+    // Where the rollout goes is decided before the store creates troupe.db.
+    let rollout_path = crate::store::SqliteRolloutStorage::path_in(&config.data_dir)?;
     let store = crate::store::SqliteStore::open_in(&config.data_dir)?;
     let path = crate::store::db_path(&config.data_dir);
-    let rollout = crate::store::SqliteRolloutStorage::open(&path)?;
+    let rollout = crate::store::SqliteRolloutStorage::open(&rollout_path)?;
     Ok(Storage {
         store: Arc::new(store),
         rollout: Some(Arc::new(rollout)),
-        description: format!("store: {}", path.display()),
+        description: format!(
+            "store: {}, rollout: {}",
+            path.display(),
+            rollout_path.display()
+        ),
     })
 }
 

@@ -27,7 +27,7 @@ mod sqlite;
 #[cfg(test)]
 mod tests;
 
-pub use rollout::SqliteRolloutStorage;
+pub use rollout::{ROLLOUT_DB_FILE, SqliteRolloutStorage};
 pub use sqlite::{DB_FILE, SqliteOptions, SqliteStore, db_path};
 
 use async_trait::async_trait;

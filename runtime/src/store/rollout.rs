@@ -19,7 +19,7 @@ use super::metrics::{self, Op, Writer};
 use super::schema;
 use crossbeam_channel::{Receiver, Sender};
 use rusqlite::{Connection, TransactionBehavior, params};
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Instant;
 use troupe_actors::rollout::storage::{RolloutSink, RolloutStorage, SinkError};
@@ -42,6 +42,36 @@ pub struct SqliteRolloutStorage {
     _checkpointer: Arc<Checkpointer>,
 }
 
+/// The rollout's own database file inside the data directory (see
+/// [`SqliteRolloutStorage::path_in`]).
+pub const ROLLOUT_DB_FILE: &str = "rollout.db";
+
+/// Whether the database at `path` exists and holds rollout records.
+fn holds_records(path: &Path) -> Result<bool, AgentError> {
+    if !path.exists() {
+        return Ok(false);
+    }
+    let conn = rusqlite::Connection::open_with_flags(
+        path,
+        rusqlite::OpenFlags::SQLITE_OPEN_READ_ONLY | rusqlite::OpenFlags::SQLITE_OPEN_NO_MUTEX,
+    )
+    .map_err(|e| internal(format!("sqlite open {}", path.display()), e))?;
+    let has_table: bool = conn
+        .query_row(
+            "SELECT EXISTS (SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = 'rollout_events')",
+            [],
+            |row| row.get(0),
+        )
+        .map_err(|e| internal("read schema", e))?;
+    if !has_table {
+        return Ok(false);
+    }
+    conn.query_row("SELECT EXISTS (SELECT 1 FROM rollout_events)", [], |row| {
+        row.get(0)
+    })
+    .map_err(|e| internal("read rollout records", e))
+}
+
 impl SqliteRolloutStorage {
     /// Opens (creating it if needed) the database at `path` — normally the service store's
     /// file — with connections of its own, and brings the schema up to date. Blocks.
@@ -52,6 +82,20 @@ impl SqliteRolloutStorage {
         let result = Self::open_inner(path);
         metrics::observe(Op::Open, started, result.as_ref().err());
         result
+    }
+
+    /// Where the service keeps the rollout under `data_dir`: `rollout.db`, a database of its
+    /// own so that its writer and the store's never wait for each other's write lock, unless
+    /// `troupe.db` already holds rollout records (written before the rollout had its own
+    /// file), which are then kept where they are.
+    pub fn path_in(data_dir: impl AsRef<Path>) -> Result<PathBuf, AgentError> {
+        let dir = data_dir.as_ref();
+        let own = dir.join(ROLLOUT_DB_FILE);
+        let shared = super::db_path(dir);
+        if !own.exists() && holds_records(&shared)? {
+            return Ok(shared);
+        }
+        Ok(own)
     }
 
     /// Opens `<data_dir>/troupe.db`, creating the directory if needed.

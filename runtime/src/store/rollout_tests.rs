@@ -330,3 +330,33 @@ fn rollout_storage_conformance() {
         std::sync::Arc::new(SqliteRolloutStorage::open(&path).unwrap())
     });
 }
+
+/// A new data directory keeps the rollout in `rollout.db`, apart from the store's writer; a
+/// directory whose `troupe.db` already holds rollout records keeps reading them there.
+#[test]
+fn the_rollout_has_its_own_file_unless_troupe_db_holds_records() {
+    use super::ROLLOUT_DB_FILE;
+    let fresh = tempfile::tempdir().unwrap();
+    let path = SqliteRolloutStorage::path_in(fresh.path()).unwrap();
+    assert_eq!(path, fresh.path().join(ROLLOUT_DB_FILE));
+    // The store's database alone (no rollout records) does not change that.
+    drop(SqliteStore::open_in(fresh.path()).unwrap());
+    assert_eq!(SqliteRolloutStorage::path_in(fresh.path()).unwrap(), path);
+
+    let legacy = tempfile::tempdir().unwrap();
+    let session = SessionId::new();
+    {
+        let storage = SqliteRolloutStorage::open(db_path(legacy.path())).unwrap();
+        let mut sink = storage.open_sink(session).unwrap();
+        sink.append(None, &full(1, 1, None, "kept")).unwrap();
+        sink.commit(false, 1).unwrap();
+    }
+    let path = SqliteRolloutStorage::path_in(legacy.path()).unwrap();
+    assert_eq!(path, db_path(legacy.path()));
+    let storage = SqliteRolloutStorage::open(&path).unwrap();
+    assert_eq!(
+        storage.last_seq(session).unwrap(),
+        1,
+        "the old records are read"
+    );
+}
