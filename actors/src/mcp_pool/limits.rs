@@ -75,13 +75,18 @@ pub async fn admit(
         server,
         limits,
     };
-    let conv = waits
-        .wait(
-            conversation.slots.clone().acquire_owned(),
-            Limit::ConversationConcurrency,
-        )
-        .await?
-        .map_err(|_| AgentError::internal("conversation MCP slots closed"))?;
+    // A free slot is taken without setting up the wait (timer, cancellation waiters): the
+    // common case, on every call's path.
+    let conv = match conversation.slots.clone().try_acquire_owned() {
+        Ok(permit) if waits.still_wanted() => permit,
+        _ => waits
+            .wait(
+                conversation.slots.clone().acquire_owned(),
+                Limit::ConversationConcurrency,
+            )
+            .await?
+            .map_err(|_| AgentError::internal("conversation MCP slots closed"))?,
+    };
     if let Some(rate) = &conversation.rate {
         let now = Instant::now();
         match rate.reserve(now, deadline.saturating_duration_since(now)) {
@@ -94,10 +99,13 @@ pub async fn admit(
             Err(_) => return Err(overloaded(Limit::ConversationRate, limits)),
         }
     }
-    let sess = waits
-        .wait(session.clone().acquire_owned(), Limit::SessionConcurrency)
-        .await?
-        .map_err(|_| AgentError::internal("session MCP slots closed"))?;
+    let sess = match session.clone().try_acquire_owned() {
+        Ok(permit) if waits.still_wanted() => permit,
+        _ => waits
+            .wait(session.clone().acquire_owned(), Limit::SessionConcurrency)
+            .await?
+            .map_err(|_| AgentError::internal("session MCP slots closed"))?,
+    };
     metrics::slot_wait(started.elapsed());
     Ok(Admission {
         _conversation: conv,
@@ -115,6 +123,12 @@ struct Waits<'a> {
 }
 
 impl Waits<'_> {
+    /// Neither cancelled nor closed: a slot taken at once may be used (otherwise `wait`
+    /// answers why not, exactly as it would have).
+    fn still_wanted(&self) -> bool {
+        !self.cancel.is_cancelled() && !self.closed.is_cancelled()
+    }
+
     /// Awaits `fut` unless the call is cancelled, the connection closes or the deadline
     /// passes first (a tie goes to `fut`).
     async fn wait<T>(&self, fut: impl Future<Output = T>, limit: Limit) -> Result<T, AgentError> {
