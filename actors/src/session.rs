@@ -366,7 +366,7 @@ impl Actor for Session {
                 update,
             } => {
                 if let Some(entry) = state.conversations.get_mut(&conversation_id) {
-                    apply_to_params(&mut entry.params, &update);
+                    entry.params.apply(&update);
                 }
             }
             SessionMsg::McpPool { reply } => {
@@ -846,27 +846,6 @@ impl SessionState {
         {
             tracing::error!(error = %e, "rollout did not drain at shutdown");
         }
-    }
-}
-
-fn apply_to_params(params: &mut OpenConversation, update: &SetContext) {
-    if let Some(v) = &update.base_instructions {
-        params.base_instructions = Some(v.clone());
-    }
-    if let Some(v) = &update.user_instructions {
-        params.user_instructions = Some(v.clone());
-    }
-    if let Some(v) = &update.mcp_tool_allowlist {
-        params.mcp_tool_allowlist = Some(v.clone());
-    }
-    if let Some(v) = update.include_plan_tool {
-        params.include_plan_tool = v;
-    }
-    if let Some(v) = update.include_apply_patch_tool {
-        params.include_apply_patch_tool = v;
-    }
-    if let Some(v) = update.tools_web_search_request {
-        params.tools_web_search_request = v;
     }
 }
 

@@ -100,6 +100,30 @@ pub struct SetContext {
     pub tools_web_search_request: Option<bool>,
 }
 
+impl OpenConversation {
+    /// Applies a context update (C6: fields the update leaves unset are unchanged).
+    pub fn apply(&mut self, update: &SetContext) {
+        if let Some(v) = &update.base_instructions {
+            self.base_instructions = Some(v.clone());
+        }
+        if let Some(v) = &update.user_instructions {
+            self.user_instructions = Some(v.clone());
+        }
+        if let Some(v) = &update.mcp_tool_allowlist {
+            self.mcp_tool_allowlist = Some(v.clone());
+        }
+        if let Some(v) = update.include_plan_tool {
+            self.include_plan_tool = v;
+        }
+        if let Some(v) = update.include_apply_patch_tool {
+            self.include_apply_patch_tool = v;
+        }
+        if let Some(v) = update.tools_web_search_request {
+            self.tools_web_search_request = v;
+        }
+    }
+}
+
 /// A human's answer to a pending approval (S9).
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]

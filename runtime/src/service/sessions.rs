@@ -400,24 +400,7 @@ pub fn stored_content(policy: StoragePolicy, text: &str) -> (Option<String>, u64
 
 /// A conversation's parameters after a context update (C6: unset fields are unchanged).
 pub fn apply_context(mut params: OpenConversation, update: &SetContext) -> OpenConversation {
-    if let Some(v) = &update.base_instructions {
-        params.base_instructions = Some(v.clone());
-    }
-    if let Some(v) = &update.user_instructions {
-        params.user_instructions = Some(v.clone());
-    }
-    if let Some(v) = &update.mcp_tool_allowlist {
-        params.mcp_tool_allowlist = Some(v.clone());
-    }
-    if let Some(v) = update.include_plan_tool {
-        params.include_plan_tool = v;
-    }
-    if let Some(v) = update.include_apply_patch_tool {
-        params.include_apply_patch_tool = v;
-    }
-    if let Some(v) = update.tools_web_search_request {
-        params.tools_web_search_request = v;
-    }
+    params.apply(update);
     params
 }
 
