@@ -60,6 +60,34 @@ impl SessionHandle {
         ))
     }
 
+    /// Emits an event of the session (numbered and recorded by its Rollout like any other).
+    /// Never waits; a session that is gone drops it.
+    pub fn emit(&self, draft: crate::events::EventDraft) {
+        let _ = self.actor.cast(SessionMsg::Emit { draft });
+    }
+
+    /// Starts a session supervised by `supervisor`: it stops with it, and `supervisor`
+    /// hears when it stops or fails.
+    pub async fn start_linked(
+        session_id: SessionId,
+        config: SessionConfig,
+        ports: SessionPorts,
+        supervisor: ractor::ActorCell,
+    ) -> Result<Self, AgentError> {
+        let args = SessionArgs {
+            session_id,
+            config,
+            ports,
+        };
+        let (actor, _) = Actor::spawn_linked(None, Session, args, supervisor)
+            .await
+            .map_err(|e| AgentError::internal(format!("session failed to start: {e}")))?;
+        Ok(Self {
+            id: session_id,
+            actor,
+        })
+    }
+
     pub fn id(&self) -> SessionId {
         self.id
     }
@@ -109,7 +137,7 @@ impl SessionHandle {
         }) {
             Ok(r) => r,
             Err(RactorErr::Messaging(ractor::MessagingErr::ChannelClosed)) => {
-                Err(AgentError::internal(
+                Err(AgentError::interrupted(
                     "the conversation stopped before answering (it failed and was restarted, or it was aborted)",
                 ))
             }

@@ -653,14 +653,21 @@ fn ttl_cutoff_ms(now_ms: u64, ttl_secs: u64) -> u64 {
 }
 
 /// Kinds that policy `None` keeps.
-const MINIMAL_KINDS: [&str; 6] = [
+const MINIMAL_KINDS: [&str; 7] = [
     "task_started",
     "task_finished",
     "task_aborted",
     "error",
     "conversation_opened",
     "conversation_closed",
+    "message_updated",
 ];
+
+/// Events that carry no content at all (ids, a status): every policy keeps them whole, so a
+/// resuming stream replays them as they were published.
+fn content_free(event: &EventKind) -> bool {
+    matches!(event, EventKind::MessageUpdated { .. })
+}
 
 /// What `policy` lets the rollout keep of `env`; `None` when it keeps nothing.
 pub fn record_for(policy: StoragePolicy, env: &EventEnvelope) -> Option<RolloutRecord> {
@@ -671,12 +678,20 @@ pub fn record_for(policy: StoragePolicy, env: &EventEnvelope) -> Option<RolloutR
             Some(env.event.clone()),
             headers_meta(&env.event),
         ),
-        StoragePolicy::HeadersOnly => (RecordLevel::Headers, None, headers_meta(&env.event)),
+        StoragePolicy::HeadersOnly => (
+            RecordLevel::Headers,
+            content_free(&env.event).then(|| env.event.clone()),
+            headers_meta(&env.event),
+        ),
         StoragePolicy::None => {
             if !MINIMAL_KINDS.contains(&kind) {
                 return None;
             }
-            (RecordLevel::Minimal, None, minimal_meta(&env.event))
+            (
+                RecordLevel::Minimal,
+                content_free(&env.event).then(|| env.event.clone()),
+                minimal_meta(&env.event),
+            )
         }
     };
     Some(RolloutRecord {
@@ -696,7 +711,7 @@ pub fn downgrade(record: RolloutRecord) -> RolloutRecord {
     match record.level {
         RecordLevel::Full => RolloutRecord {
             level: RecordLevel::Headers,
-            event: None,
+            event: record.event.filter(content_free),
             ..record
         },
         RecordLevel::Headers | RecordLevel::Minimal => record,
@@ -970,6 +985,12 @@ mod tests {
                 server: "everything".into(),
                 tools: 13,
             },
+            EventKind::MessageUpdated {
+                message_id: 7,
+                status: troupe_proto::store::MessageStatus::Completed,
+                task_id: Some(TaskId::new()),
+                reply_message_id: Some(8),
+            },
             EventKind::ApprovalResolved {
                 approval_id: ApprovalId::new(),
                 decision: ApprovalDecision::Deny {
@@ -1070,7 +1091,7 @@ mod tests {
     #[test]
     fn samples_cover_every_kind() {
         let names: HashSet<&str> = every_kind().iter().map(EventKind::name).collect();
-        assert_eq!(names.len(), 20, "one sample per EventKind variant");
+        assert_eq!(names.len(), 21, "one sample per EventKind variant");
         for kind in MINIMAL_KINDS {
             assert!(names.contains(kind));
         }
@@ -1097,14 +1118,16 @@ mod tests {
                     StoragePolicy::HeadersOnly => {
                         let r = record.unwrap();
                         assert_eq!(r.level, RecordLevel::Headers);
-                        assert_eq!(r.event, None);
+                        let kept = content_free(&env.event).then(|| env.event.clone());
+                        assert_eq!(r.event, kept, "{kind}");
                         assert!(!contains(line.as_bytes(), CANARY), "{kind}: {line}");
                     }
                     StoragePolicy::None => {
                         assert_eq!(record.is_some(), MINIMAL_KINDS.contains(&kind), "{kind}");
                         if let Some(r) = record {
                             assert_eq!(r.level, RecordLevel::Minimal);
-                            assert_eq!(r.event, None);
+                            let kept = content_free(&env.event).then(|| env.event.clone());
+                            assert_eq!(r.event, kept, "{kind}");
                             assert_eq!(
                                 r.meta,
                                 RecordMeta {
@@ -1394,12 +1417,12 @@ mod tests {
                     for name in CONTENT_FIELDS {
                         assert!(contains(&bytes, &field(name)), "{policy:?}: {name} on disk");
                     }
-                    assert_eq!(records.len(), 22);
+                    assert_eq!(records.len(), 23);
                     assert!(records.iter().all(|r| r.level == RecordLevel::Full));
                 }
                 StoragePolicy::HeadersOnly => {
                     assert!(!contains(&bytes, CANARY), "{policy:?}: no content on disk");
-                    assert_eq!(records.len(), 22);
+                    assert_eq!(records.len(), 23);
                     assert!(records.iter().all(|r| r.level == RecordLevel::Headers));
                 }
                 StoragePolicy::None => {
@@ -1412,6 +1435,7 @@ mod tests {
                             "task_started",
                             "task_finished",
                             "task_aborted",
+                            "message_updated",
                             "error",
                             "conversation_closed"
                         ]
@@ -1553,7 +1577,7 @@ mod tests {
                 expected.push(record_for(StoragePolicy::Full, &env).unwrap());
             }
         }
-        assert_eq!(expected.len(), 22);
+        assert_eq!(expected.len(), 23);
         assert_eq!(records, expected);
         assert_eq!(read(&rollout, ConversationId::new()).await, vec![]);
     }

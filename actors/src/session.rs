@@ -32,7 +32,7 @@ use crate::clock::Clock;
 use crate::conversation::{
     Conversation, ConversationArgs, ConversationMsg, ConversationSettings, RestoreCause, Services,
 };
-use crate::events::EventSink;
+use crate::events::{EventDraft, EventSink};
 use crate::history::Summarizer;
 use crate::mcp_pool::{McpLimits, McpPoolArgs, McpPoolHandle};
 use crate::ports::{
@@ -196,6 +196,9 @@ pub enum SessionMsg {
     McpPool {
         reply: RpcReplyPort<Option<McpPoolHandle>>,
     },
+    /// Emits an event of the session through its current Rollout (the service's own events,
+    /// such as a stored message's outcome).
+    Emit { draft: EventDraft },
     /// Closes everything, flushes the rollout, stops the tree.
     Shutdown { reply: RpcReplyPort<()> },
 }
@@ -371,6 +374,9 @@ impl Actor for Session {
             }
             SessionMsg::McpPool { reply } => {
                 let _ = reply.send(state.mcp_pool.clone());
+            }
+            SessionMsg::Emit { draft } => {
+                EventSink::new(state.services.rollout.clone()).emit(draft);
             }
             SessionMsg::Shutdown { reply } => {
                 state.shutdown().await;

@@ -50,6 +50,10 @@ pub enum AgentError {
     /// A bug or an invariant broken inside troupe.
     #[error("internal error: {message}")]
     Internal { message: String },
+    /// The work was interrupted by a failure or a crash (its conversation or session stopped
+    /// under it) and is not run again.
+    #[error("interrupted: {reason}")]
+    Interrupted { reason: String },
 }
 
 /// The kind of an [`AgentError`], without detail: safe as a metric label and a wire code.
@@ -69,6 +73,7 @@ pub enum ErrorKind {
     ModelError,
     ToolError,
     Internal,
+    Interrupted,
 }
 
 impl ErrorKind {
@@ -88,6 +93,7 @@ impl ErrorKind {
             Self::ModelError => "model_error",
             Self::ToolError => "tool_error",
             Self::Internal => "internal",
+            Self::Interrupted => "interrupted",
         }
     }
 }
@@ -109,6 +115,7 @@ impl AgentError {
             Self::ModelError { .. } => ErrorKind::ModelError,
             Self::ToolError { .. } => ErrorKind::ToolError,
             Self::Internal { .. } => ErrorKind::Internal,
+            Self::Interrupted { .. } => ErrorKind::Interrupted,
         }
     }
 
@@ -121,6 +128,12 @@ impl AgentError {
     pub fn internal(message: impl Into<String>) -> Self {
         Self::Internal {
             message: message.into(),
+        }
+    }
+
+    pub fn interrupted(reason: impl Into<String>) -> Self {
+        Self::Interrupted {
+            reason: reason.into(),
         }
     }
 

@@ -8,6 +8,7 @@ use crate::error::AgentError;
 use crate::ids::{ApprovalId, ConversationId, SessionId, TaskId};
 use crate::item::Usage;
 use crate::policy::StoragePolicy;
+use crate::store::MessageStatus;
 use crate::tool::{PlanStep, ToolCall};
 use serde::{Deserialize, Deserializer, Serialize, Serializer};
 
@@ -145,6 +146,14 @@ pub enum EventKind {
     },
     /// An MCP server of the session connected and listed its tools (`tools` offered).
     McpServerReady { server: String, tools: u32 },
+    /// A stored user message changed status (the service's durable queue): it started, or
+    /// reached its outcome (with its task and, when it has one, its reply's message id).
+    MessageUpdated {
+        message_id: u64,
+        status: MessageStatus,
+        task_id: Option<TaskId>,
+        reply_message_id: Option<u64>,
+    },
 }
 
 impl EventKind {
@@ -173,6 +182,7 @@ impl EventKind {
             Self::PlanUpdated { .. } => "plan_updated",
             Self::ToolProgress { .. } => "tool_progress",
             Self::McpServerReady { .. } => "mcp_server_ready",
+            Self::MessageUpdated { .. } => "message_updated",
         }
     }
 }
@@ -272,6 +282,12 @@ mod wire {
                     message: Option<String>,
                 },
                 McpServerReady { server: String, tools: u32 },
+                MessageUpdated {
+                    message_id: u64,
+                    status: MessageStatus,
+                    task_id: Option<TaskId>,
+                    reply_message_id: Option<u64>,
+                },
             }
         };
     }

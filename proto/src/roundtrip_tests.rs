@@ -177,6 +177,7 @@ fn error_kind() -> impl Strategy<Value = ErrorKind> {
         Just(ErrorKind::ModelError),
         Just(ErrorKind::ToolError),
         Just(ErrorKind::Internal),
+        Just(ErrorKind::Interrupted),
     ]
 }
 
@@ -198,6 +199,7 @@ fn agent_error() -> impl Strategy<Value = AgentError> {
             .prop_map(|(message, retryable)| AgentError::ModelError { message, retryable }),
         (text(), text()).prop_map(|(name, message)| AgentError::ToolError { name, message }),
         text().prop_map(|message| AgentError::Internal { message }),
+        text().prop_map(|reason| AgentError::Interrupted { reason }),
     ]
 }
 
@@ -659,6 +661,20 @@ fn event_kind() -> impl Strategy<Value = EventKind> {
             ),
         (text(), any::<u32>())
             .prop_map(|(server, tools)| EventKind::McpServerReady { server, tools }),
+        (
+            any::<u64>(),
+            prop::sample::select(crate::store::MessageStatus::ALL.to_vec()),
+            prop::option::of(task_id()),
+            prop::option::of(any::<u64>())
+        )
+            .prop_map(|(message_id, status, task_id, reply_message_id)| {
+                EventKind::MessageUpdated {
+                    message_id,
+                    status,
+                    task_id,
+                    reply_message_id,
+                }
+            }),
     ]
 }
 
@@ -977,6 +993,7 @@ fn strategies_cover_every_variant() {
         "model_error",
         "tool_error",
         "internal",
+        "interrupted",
     ];
     assert_eq!(tags_of(error_kind()), set(&kinds));
     assert_eq!(tags_of(agent_error()), set(&kinds));
@@ -1005,6 +1022,7 @@ fn strategies_cover_every_variant() {
             "plan_updated",
             "tool_progress",
             "mcp_server_ready",
+            "message_updated",
         ])
     );
     assert_eq!(

@@ -42,6 +42,58 @@ pub struct ConversationRecord {
     pub closed_ms: Option<u64>,
 }
 
+/// Where a user message stands. Every message the service acknowledged reaches one of the
+/// terminal states, whatever crashes: `queued` and `running` are the only others.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum MessageStatus {
+    /// Accepted and stored; waits for its conversation's running task to end. Runs after a
+    /// restart if the process stops first.
+    Queued,
+    /// Its task started (it may still wait for the session's scheduler slot).
+    Running,
+    /// Its task ended with a reply (`ok` or `max_steps`).
+    Completed,
+    /// Its task ended with an error, or could not run.
+    Failed,
+    /// Its task was cancelled, or its conversation closed before it ran.
+    Cancelled,
+    /// Its task was interrupted by a crash or a failure and is not run again.
+    Aborted,
+}
+
+impl MessageStatus {
+    pub const ALL: [Self; 6] = [
+        Self::Queued,
+        Self::Running,
+        Self::Completed,
+        Self::Failed,
+        Self::Cancelled,
+        Self::Aborted,
+    ];
+
+    pub const fn as_str(self) -> &'static str {
+        match self {
+            Self::Queued => "queued",
+            Self::Running => "running",
+            Self::Completed => "completed",
+            Self::Failed => "failed",
+            Self::Cancelled => "cancelled",
+            Self::Aborted => "aborted",
+        }
+    }
+
+    /// Parses [`MessageStatus::as_str`].
+    pub fn parse(s: &str) -> Option<Self> {
+        Self::ALL.into_iter().find(|v| v.as_str() == s)
+    }
+
+    /// Whether nothing more will happen to the message.
+    pub const fn is_terminal(self) -> bool {
+        !matches!(self, Self::Queued | Self::Running)
+    }
+}
+
 /// One user or assistant message. `content` is `None` when the conversation's storage policy
 /// does not keep content (or a Ttl sweep removed it); `chars` still tells its size.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -55,6 +107,10 @@ pub struct MessageRecord {
     pub content: Option<String>,
     pub chars: u64,
     pub created_ms: u64,
+    /// A user message's outcome; `None` for an assistant message.
+    pub status: Option<MessageStatus>,
+    /// The assistant message that answered this user message, once there is one.
+    pub reply_message_id: Option<u64>,
 }
 
 /// A message to append; the store assigns `message_id`.
@@ -67,6 +123,35 @@ pub struct NewMessage {
     pub content: Option<String>,
     pub chars: u64,
     pub created_ms: u64,
+    /// A user message's status when stored (`queued` or `running`); `None` for a reply.
+    pub status: Option<MessageStatus>,
+}
+
+/// The end of a user message: its outcome and, when its task answered, the reply to store,
+/// written together.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct FinishMessage {
+    pub message_id: u64,
+    /// A terminal status.
+    pub status: MessageStatus,
+    pub task_id: Option<TaskId>,
+    pub reply: Option<NewMessage>,
+}
+
+/// A user message once ended, and its stored reply.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct FinishedMessage {
+    pub message: MessageRecord,
+    pub reply: Option<MessageRecord>,
+}
+
+/// A stored message's new status, as the event stream reports it (`message_updated`).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct MessageOutcome {
+    pub message_id: u64,
+    pub status: MessageStatus,
+    pub task_id: Option<TaskId>,
+    pub reply_message_id: Option<u64>,
 }
 
 /// One page of messages: at most `limit` messages older than the cursor, oldest first.

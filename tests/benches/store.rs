@@ -72,6 +72,7 @@ fn msg(s: SessionId, c: ConversationId, i: u64) -> NewMessage {
         content: Some(TEXT.to_owned()),
         chars: TEXT.len() as u64,
         created_ms: i,
+        status: None,
     }
 }
 

@@ -29,6 +29,7 @@ pub const SANDBOX_ERROR: i64 = -32008;
 pub const MCP_ERROR: i64 = -32009;
 pub const MODEL_ERROR: i64 = -32010;
 pub const TOOL_ERROR: i64 = -32011;
+pub const INTERRUPTED: i64 = -32012;
 
 /// The JSON-RPC code of an error kind.
 pub const fn rpc_code(kind: ErrorKind) -> i64 {
@@ -46,6 +47,7 @@ pub const fn rpc_code(kind: ErrorKind) -> i64 {
         ErrorKind::ToolError => TOOL_ERROR,
         ErrorKind::InvalidInput => INVALID_PARAMS,
         ErrorKind::Internal => INTERNAL_ERROR,
+        ErrorKind::Interrupted => INTERRUPTED,
     }
 }
 
@@ -60,9 +62,10 @@ pub const fn http_status(kind: ErrorKind) -> StatusCode {
         ErrorKind::ApprovalDenied => StatusCode::FORBIDDEN,
         ErrorKind::StoragePolicyViolation => StatusCode::UNPROCESSABLE_ENTITY,
         ErrorKind::McpError | ErrorKind::ModelError => StatusCode::BAD_GATEWAY,
-        ErrorKind::SandboxError | ErrorKind::ToolError | ErrorKind::Internal => {
-            StatusCode::INTERNAL_SERVER_ERROR
-        }
+        ErrorKind::SandboxError
+        | ErrorKind::ToolError
+        | ErrorKind::Internal
+        | ErrorKind::Interrupted => StatusCode::INTERNAL_SERVER_ERROR,
     }
 }
 
@@ -209,7 +212,7 @@ impl From<AgentError> for RpcError {
 mod tests {
     use super::*;
 
-    const KINDS: [ErrorKind; 13] = [
+    const KINDS: [ErrorKind; 14] = [
         ErrorKind::Cancelled,
         ErrorKind::Timeout,
         ErrorKind::ApprovalDenied,
@@ -223,6 +226,7 @@ mod tests {
         ErrorKind::ModelError,
         ErrorKind::ToolError,
         ErrorKind::Internal,
+        ErrorKind::Interrupted,
     ];
 
     #[test]
@@ -237,7 +241,7 @@ mod tests {
         codes.sort_unstable();
         codes.dedup();
         assert_eq!(codes.len(), n);
-        assert_eq!(n, 11);
+        assert_eq!(n, 12);
     }
 
     #[test]

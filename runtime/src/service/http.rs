@@ -27,6 +27,10 @@ pub fn router(app: AppState, auth: Auth, metrics_public: bool, extra: ExtraRoute
             "/api/sessions/{id}/messages",
             get(rest::list_messages).post(rest::post_message),
         )
+        .route(
+            "/api/sessions/{id}/messages/{message_id}",
+            get(rest::get_message),
+        )
         .route("/api/sessions/{id}/events", get(rest::events_sse))
         .route("/api/sessions/{id}/events/ws", get(ws::events))
         .route("/api/projects/{pid}/sessions", get(rest::project_sessions))
@@ -101,9 +105,23 @@ async fn rpc(
     })
 }
 
-/// Alive.
-async fn healthz() -> impl IntoResponse {
-    axum::Json(serde_json::json!({"status": "ok"}))
+/// Alive: every component runs or is being restarted. 503 with the reason once one could
+/// not be recovered (the process is about to exit non-zero).
+async fn healthz(State(app): State<AppState>) -> Response {
+    match &*app.rpc.sessions.health().borrow() {
+        super::supervisor::Health::Ok => {
+            axum::Json(serde_json::json!({"status": "ok"})).into_response()
+        }
+        super::supervisor::Health::Failed { component, reason } => (
+            StatusCode::SERVICE_UNAVAILABLE,
+            axum::Json(serde_json::json!({
+                "status": "failed",
+                "component": component,
+                "reason": reason,
+            })),
+        )
+            .into_response(),
+    }
 }
 
 /// Ready: the store answers, the registry is up, and the service is not shutting down.

@@ -16,6 +16,21 @@ pub const STREAM_SUBSCRIBERS: &str = "troupe_stream_subscribers";
 pub const RPC_CALLS_TOTAL: &str = "troupe_rpc_calls_total";
 /// Always 1, labelled with the version: which build a process runs.
 pub const BUILD_INFO: &str = "troupe_build_info";
+/// User messages stored, by the status they were stored with (`running`, `queued`).
+pub const MESSAGES_ACCEPTED_TOTAL: &str = "troupe_messages_accepted_total";
+/// User messages refused before anything was stored, by reason (a bounded set).
+pub const MESSAGES_REFUSED_TOTAL: &str = "troupe_messages_refused_total";
+/// User messages that reached their outcome, by status.
+pub const MESSAGES_FINISHED_TOTAL: &str = "troupe_messages_finished_total";
+/// Sessions active in this process (their host runs; idle stored sessions are not counted).
+pub const SESSIONS_ACTIVE: &str = "troupe_sessions_active";
+/// Sessions activated, by why (`request`: first use; `pending`: unfinished messages at start).
+pub const SESSION_ACTIVATIONS_TOTAL: &str = "troupe_session_activations_total";
+/// The service's own actors (the registry, the A2A endpoint's) restarted by their
+/// supervisor, by component and outcome.
+pub const SERVICE_RESTARTS_TOTAL: &str = "troupe_service_restarts_total";
+/// 1 while the service is healthy, 0 once a component could not be recovered.
+pub const SERVICE_HEALTHY: &str = "troupe_service_healthy";
 
 /// Buckets of every `*_seconds` histogram without its own: 0.5 ms (a store read) to an hour
 /// (a task or an approval waiting for a human).
@@ -43,7 +58,7 @@ pub fn describe() {
     describe_counter!(
         SESSION_RESTARTS_TOTAL,
         Unit::Count,
-        "Sessions started again by the registry after stopping on their own, by outcome \
+        "Sessions started again by their host after stopping on their own, by outcome \
          (restarted, failed, given_up)"
     );
     describe_gauge!(
@@ -60,6 +75,126 @@ pub fn describe() {
         BUILD_INFO,
         "Always 1; the version label says which troupe build this process runs"
     );
+    describe_counter!(
+        MESSAGES_ACCEPTED_TOTAL,
+        Unit::Count,
+        "User messages stored and acknowledged, by the status they were stored with \
+         (running, queued)"
+    );
+    describe_counter!(
+        MESSAGES_REFUSED_TOTAL,
+        Unit::Count,
+        "User messages refused before anything was stored, by reason"
+    );
+    describe_counter!(
+        MESSAGES_FINISHED_TOTAL,
+        Unit::Count,
+        "User messages that reached their outcome, by status (completed, failed, cancelled, \
+         aborted)"
+    );
+    describe_gauge!(
+        SESSIONS_ACTIVE,
+        Unit::Count,
+        "Sessions active in this process (stored sessions are activated on first use)"
+    );
+    describe_counter!(
+        SESSION_ACTIVATIONS_TOTAL,
+        Unit::Count,
+        "Sessions activated, by reason (request, pending)"
+    );
+    describe_counter!(
+        SERVICE_RESTARTS_TOTAL,
+        Unit::Count,
+        "The service's own actors restarted by their supervisor, by component (registry, a2a) \
+         and outcome (restarted, given_up)"
+    );
+    describe_gauge!(
+        SERVICE_HEALTHY,
+        "1 while every component of the service runs or can be restarted; 0 once one could \
+         not be recovered (the process then exits non-zero)"
+    );
+}
+
+/// Every message and service series reads 0 (not "no data") from the start.
+pub fn service_series_start_at_zero() {
+    use troupe_proto::store::MessageStatus;
+    for status in [MessageStatus::Running, MessageStatus::Queued] {
+        counter!(MESSAGES_ACCEPTED_TOTAL, "status" => status.as_str()).increment(0);
+    }
+    for status in MessageStatus::ALL.into_iter().filter(|s| s.is_terminal()) {
+        counter!(MESSAGES_FINISHED_TOTAL, "status" => status.as_str()).increment(0);
+    }
+    for reason in REFUSAL_REASONS {
+        counter!(MESSAGES_REFUSED_TOTAL, "reason" => reason).increment(0);
+    }
+    for reason in ["request", "pending"] {
+        counter!(SESSION_ACTIVATIONS_TOTAL, "reason" => reason).increment(0);
+    }
+    for component in ["registry", "a2a"] {
+        for outcome in ["restarted", "given_up"] {
+            counter!(SERVICE_RESTARTS_TOTAL, "component" => component, "outcome" => outcome)
+                .increment(0);
+        }
+    }
+    gauge!(SESSIONS_ACTIVE).increment(0.0);
+    session_restarts_start_at_zero();
+}
+
+/// The reasons a message is refused: the error kind of the refusal.
+const REFUSAL_REASONS: [&str; 4] = ["overloaded", "not_found", "internal", "other"];
+
+/// A message was stored with `status`.
+pub fn message_accepted(status: troupe_proto::store::MessageStatus) {
+    counter!(MESSAGES_ACCEPTED_TOTAL, "status" => status.as_str()).increment(1);
+}
+
+/// A message was refused with `error` before anything was stored.
+pub fn message_refused(error: &troupe_proto::AgentError) {
+    use troupe_proto::ErrorKind;
+    let reason = match error.kind() {
+        ErrorKind::Overloaded => "overloaded",
+        ErrorKind::NotFound => "not_found",
+        ErrorKind::Internal => "internal",
+        _ => "other",
+    };
+    counter!(MESSAGES_REFUSED_TOTAL, "reason" => reason).increment(1);
+}
+
+/// A message reached its outcome.
+pub fn message_finished(status: troupe_proto::store::MessageStatus) {
+    counter!(MESSAGES_FINISHED_TOTAL, "status" => status.as_str()).increment(1);
+}
+
+/// A session was activated (`request` or `pending`).
+pub fn session_activated(reason: &'static str) {
+    counter!(SESSION_ACTIVATIONS_TOTAL, "reason" => reason).increment(1);
+}
+
+/// A supervisor restarted `component` (`restarted`), or gave up on it (`given_up`).
+pub fn service_restart(component: &'static str, outcome: &'static str) {
+    counter!(SERVICE_RESTARTS_TOTAL, "component" => component, "outcome" => outcome).increment(1);
+}
+
+/// The service's health as a gauge.
+pub fn service_healthy(healthy: bool) {
+    gauge!(SERVICE_HEALTHY).set(if healthy { 1.0 } else { 0.0 });
+}
+
+/// Counts an active session in `troupe_sessions_active` while it lives.
+#[derive(Debug)]
+pub struct ActiveSession(());
+
+impl ActiveSession {
+    pub fn start() -> Self {
+        gauge!(SESSIONS_ACTIVE).increment(1.0);
+        Self(())
+    }
+}
+
+impl Drop for ActiveSession {
+    fn drop(&mut self) {
+        gauge!(SESSIONS_ACTIVE).decrement(1.0);
+    }
 }
 
 /// One HTTP request answered.
@@ -127,8 +262,8 @@ pub fn install_prometheus() -> Option<metrics_exporter_prometheus::PrometheusHan
 
 pub const SESSION_RESTARTS_TOTAL: &str = "troupe_session_restarts_total";
 
-/// The registry restarted a stopped session (`restarted`), could not (`failed`), or left it
-/// down because it keeps stopping (`given_up`).
+/// A session's host restarted its stopped session (`restarted`), could not (`failed`), or
+/// left it down because it keeps stopping (`given_up`).
 pub fn session_restart(outcome: &'static str) {
     counter!(SESSION_RESTARTS_TOTAL, "outcome" => outcome).increment(1);
 }

@@ -6,13 +6,17 @@
 //!                 └─ stdio: one JSON-RPC frame per line
 //!       │  (auth: bearer token → Scope)
 //!       ▼
-//! rpc::Rpc / rest ──► SessionsHandle ──► Sessions actor ──► SessionHandle × N
-//!                                          │                    (troupe-actors)
-//!                                          └──► Store (sessions, conversations, messages)
+//! rpc::Rpc / rest ──► SessionsApi ──► Registry ──► SessionHost × active ──► Session
+//!                          │                          │  (durable queue,       (troupe-actors)
+//!                          │ reads                    │   store writes)
+//!                          └──────────► Store ◄───────┘
 //! stream::events ──► SessionHandle::events (the rollout's record, then live; resume by seq)
 //! ```
 //!
-//! - [`sessions`]: the registry actor, the only writer of the store.
+//! - [`sessions_api`]: the front door; reads go to the store, work to a session's host.
+//! - [`supervisor`], [`registry`], [`host`]: the service's actors: the supervisor restarts
+//!   the registry, the registry activates sessions on first use, a host owns one session's
+//!   rows and its durable queue of messages; [`admission`] decides what a host takes.
 //! - [`rpc`]: JSON-RPC decoding and dispatch, shared by the three transports.
 //! - [`rest`], [`ws`], [`stdio`], [`http`]: the transports and the router.
 //! - [`stream`]: the event stream every transport reads, and the client event types.
@@ -27,26 +31,29 @@
 //! wait for the last replies to be stored and answered.
 
 pub mod a2a;
+pub mod admission;
 pub mod api;
 pub mod auth;
 pub mod error;
-pub mod handle;
+pub mod host;
 pub mod http;
 pub mod metrics;
+pub mod registry;
 pub mod rest;
 pub mod rpc;
-pub mod sessions;
+pub mod sessions_api;
 pub mod stdio;
 pub mod stream;
+pub mod supervisor;
 pub mod ws;
 
 use crate::config::TroupeConfig;
 use crate::store::Store;
 use auth::Auth;
-use handle::SessionsHandle;
 use metrics_exporter_prometheus::PrometheusHandle;
+use registry::{RegistryArgs, SessionTemplate};
 use rpc::Rpc;
-use sessions::{SessionTemplate, SessionsArgs};
+use sessions_api::SessionsApi;
 use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
@@ -67,7 +74,7 @@ pub struct AppState {
 /// A running service: the registry and what the transports share.
 #[derive(Clone)]
 pub struct Service {
-    pub sessions: SessionsHandle,
+    pub sessions: SessionsApi,
     state: AppState,
     auth: Auth,
     metrics_public: bool,
@@ -117,15 +124,14 @@ impl Service {
             tokens.push((secret, t.projects.clone()));
         }
         let session_config = crate::assembly::session_config(config);
-        let args = SessionsArgs {
+        let sessions = SessionsApi::start(RegistryArgs {
             store,
-            ttl_sweep_interval: session_config.ttl_sweep_interval,
             template: SessionTemplate {
                 config: session_config,
                 ports,
             },
-        };
-        let (sessions, _join) = SessionsHandle::start(args).await?;
+        })
+        .await?;
         let state = AppState {
             rpc: Rpc {
                 sessions: sessions.clone(),
@@ -195,13 +201,19 @@ impl Service {
                 .with_graceful_shutdown(stop.cancelled_owned())
                 .await
         });
-        self.state.shutdown.cancelled().await;
+        let failure = tokio::select! {
+            () = self.state.shutdown.cancelled() => None,
+            reason = self.failed() => Some(reason),
+        };
+        if let Some(reason) = &failure {
+            tracing::error!(%reason, "service failed; shutting down to be restarted");
+        }
         self.shutdown().await;
         if let Some(a2a) = a2a {
             a2a.stop().await;
         }
         // The last connections close once their replies are out.
-        match tokio::time::timeout(Duration::from_secs(10), server).await {
+        let served = match tokio::time::timeout(Duration::from_secs(10), server).await {
             Ok(Ok(Ok(()))) => Ok(()),
             Ok(Ok(Err(e))) => Err(AgentError::internal(format!("http server: {e}"))),
             Ok(Err(e)) => Err(AgentError::internal(format!("http server task: {e}"))),
@@ -209,6 +221,10 @@ impl Service {
                 tracing::warn!("connections still open 10 s after shutdown; leaving them");
                 Ok(())
             }
+        };
+        match failure {
+            Some(reason) => Err(AgentError::internal(format!("service failed: {reason}"))),
+            None => served,
         }
     }
 
@@ -248,7 +264,21 @@ impl Service {
         }
         // Cancelled tasks answer promptly; their replies are stored before this returns.
         let _ = tokio::time::timeout(Duration::from_secs(10), self.sessions.drain()).await;
-        self.sessions.stop();
+        self.sessions.stop().await;
+    }
+
+    /// Resolves when the service can no longer do its work by itself (a component failed
+    /// and could not be restarted), with the reason.
+    pub async fn failed(&self) -> String {
+        let mut health = self.sessions.health();
+        loop {
+            if let supervisor::Health::Failed { reason, .. } = &*health.borrow_and_update() {
+                return reason.clone();
+            }
+            if health.changed().await.is_err() {
+                return "the service supervisor stopped".to_owned();
+            }
+        }
     }
 }
 

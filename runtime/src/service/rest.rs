@@ -94,6 +94,21 @@ pub async fn list_messages(
     Ok(Json(page).into_response())
 }
 
+/// `GET /api/sessions/{id}/messages/{message_id}`: one message, with its status (and the id
+/// of its reply once it has one).
+pub async fn get_message(
+    State(app): State<AppState>,
+    Extension(scope): Extension<Scope>,
+    Path((id, message_id)): Path<(String, String)>,
+) -> Result<Response, ApiError> {
+    let id = session_id(&id)?;
+    let message_id: u64 = message_id
+        .parse()
+        .map_err(|_| ApiError::from(AgentError::not_found("message", &message_id)))?;
+    let message = app.rpc.sessions.message(scope, id, message_id).await?;
+    Ok(Json(message).into_response())
+}
+
 /// `POST /api/sessions/{id}/messages` `{text, conversation_id?, wait?}`: 200 with the reply
 /// when waiting (the default), else 202 once the message is stored.
 pub async fn post_message(
@@ -188,8 +203,8 @@ pub async fn session_events(
     id: SessionId,
     after: u64,
 ) -> Result<impl Stream<Item = Result<StreamEvent, AgentError>> + Send + 'static, ApiError> {
-    let resolved = app.rpc.sessions.resolve(scope, id).await?;
-    let events = stream::events(&resolved.handle, after).await?;
+    let handle = app.rpc.sessions.session(scope, id).await?;
+    let events = stream::events(&handle, after).await?;
     Ok(events.take_until(app.shutdown.clone().cancelled_owned()))
 }
 

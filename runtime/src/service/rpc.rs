@@ -5,7 +5,7 @@
 //! parse error), [`parse_call`] (a JSON value → a valid call envelope, or an invalid-request
 //! error), [`decode`] (method + params → a typed [`Request`], or method-not-found /
 //! invalid-params). All three are pure. Only [`Rpc::call`] does anything, and it goes through
-//! the [`SessionsHandle`] like the REST routes do.
+//! the [`SessionsApi`] like the REST routes do.
 //!
 //! Batches follow the specification: an empty array is one invalid-request error; the
 //! members run concurrently; notifications (no `id`) get no response; a batch of
@@ -14,7 +14,7 @@
 use super::api::{CreateSession, SendText};
 use super::auth::Scope;
 use super::error::RpcError;
-use super::handle::SessionsHandle;
+use super::sessions_api::SessionsApi;
 use super::stream::{self, Subscriber};
 use futures::StreamExt;
 use serde::Deserialize;
@@ -48,6 +48,7 @@ pub const METHODS: &[&str] = &[
     "approval.list",
     "approval.respond",
     "messages.list",
+    "messages.get",
     "project.setCurrentSession",
     "project.currentSession",
     "events.subscribe",
@@ -112,6 +113,10 @@ pub enum Request {
         session_id: SessionId,
         limit: Option<usize>,
         before: Option<u64>,
+    },
+    MessagesGet {
+        session_id: SessionId,
+        message_id: u64,
     },
     ProjectSetCurrent {
         project_id: String,
@@ -210,6 +215,13 @@ struct MessagesParams {
     limit: Option<usize>,
     #[serde(default)]
     before: Option<u64>,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct MessageGetParams {
+    session_id: SessionId,
+    message_id: u64,
 }
 
 #[derive(Deserialize)]
@@ -334,6 +346,13 @@ pub fn decode(method: &str, raw: Option<Value>) -> Result<Request, RpcError> {
                 session_id: p.session_id,
                 limit: p.limit,
                 before: p.before,
+            }
+        }
+        "messages.get" => {
+            let p: MessageGetParams = params(value)?;
+            Request::MessagesGet {
+                session_id: p.session_id,
+                message_id: p.message_id,
             }
         }
         "project.setCurrentSession" => {
@@ -514,7 +533,7 @@ impl Notifier {
 /// The dispatcher.
 #[derive(Clone, Debug)]
 pub struct Rpc {
-    pub sessions: SessionsHandle,
+    pub sessions: SessionsApi,
     /// Largest page `messages.list` returns.
     pub max_page: usize,
 }
@@ -625,18 +644,18 @@ impl Rpc {
                 session_id,
                 task_id,
             } => {
-                let handle = s.resolve(scope, session_id).await?.handle;
+                let handle = s.session(scope, session_id).await?;
                 to_json(handle.cancel_task(task_id).await?)
             }
             Request::TaskList {
                 session_id,
                 conversation_id,
             } => {
-                let handle = s.resolve(scope, session_id).await?.handle;
+                let handle = s.session(scope, session_id).await?;
                 to_json(handle.tasks(conversation_id).await?)
             }
             Request::ApprovalList { session_id } => {
-                let handle = s.resolve(scope, session_id).await?.handle;
+                let handle = s.session(scope, session_id).await?;
                 to_json(handle.pending_approvals().await?)
             }
             Request::ApprovalRespond {
@@ -644,7 +663,7 @@ impl Rpc {
                 approval_id,
                 decision,
             } => {
-                let handle = s.resolve(scope, session_id).await?.handle;
+                let handle = s.session(scope, session_id).await?;
                 handle.respond_approval(approval_id, decision).await?;
                 json!({})
             }
@@ -656,6 +675,10 @@ impl Rpc {
                 let limit = page_limit(limit, self.max_page)?;
                 to_json(s.messages(scope, session_id, limit, before).await?)
             }
+            Request::MessagesGet {
+                session_id,
+                message_id,
+            } => to_json(s.message(scope, session_id, message_id).await?),
             Request::ProjectSetCurrent {
                 project_id,
                 session_id,
@@ -683,8 +706,8 @@ impl Rpc {
         after: u64,
         notifier: &Arc<Notifier>,
     ) -> Result<u64, AgentError> {
-        let resolved = self.sessions.resolve(scope, session_id).await?;
-        let events = stream::events(&resolved.handle, after).await?;
+        let handle = self.sessions.session(scope, session_id).await?;
+        let events = stream::events(&handle, after).await?;
         let (id, cancel) = notifier.add();
         let out = notifier.out.clone();
         let transport = notifier.transport;
@@ -746,12 +769,12 @@ pub fn page_limit(limit: Option<usize>, max: usize) -> Result<usize, AgentError>
 
 /// A conversation's statistics (S11).
 pub async fn conversation_stats(
-    sessions: &SessionsHandle,
+    sessions: &SessionsApi,
     scope: Scope,
     session_id: SessionId,
     conversation_id: ConversationId,
 ) -> Result<troupe_proto::ConversationStats, AgentError> {
-    let handle = sessions.resolve(scope, session_id).await?.handle;
+    let handle = sessions.session(scope, session_id).await?;
     let actor = handle
         .conversation_actor(conversation_id)
         .await?

@@ -95,6 +95,7 @@ fn crash_child() {
                                 content: Some(content.clone()),
                                 chars: content.len() as u64,
                                 created_ms: i,
+                                status: None,
                             })
                             .await
                             .unwrap();

@@ -9,9 +9,10 @@ use async_trait::async_trait;
 use std::collections::{BTreeMap, HashMap};
 use std::sync::Mutex;
 use troupe_proto::store::{
-    ConversationRecord, ConversationState, MessagePage, MessageRecord, NewMessage, SessionRecord,
+    ConversationRecord, ConversationState, FinishMessage, FinishedMessage, MessagePage,
+    MessageRecord, MessageStatus, NewMessage, SessionRecord,
 };
-use troupe_proto::{AgentError, ConversationId, SessionId};
+use troupe_proto::{AgentError, ConversationId, Role, SessionId};
 
 /// What the store holds.
 #[derive(Debug, Default)]
@@ -24,6 +25,52 @@ struct Data {
     messages: BTreeMap<u64, MessageRecord>,
     next_message_id: u64,
     current: HashMap<String, SessionId>,
+}
+
+impl Data {
+    fn append(&mut self, message: NewMessage) -> Result<MessageRecord, AgentError> {
+        if !self.sessions.contains_key(&message.session_id) {
+            return Err(AgentError::not_found("session", message.session_id));
+        }
+        match self.conversations.get(&message.conversation_id) {
+            Some(c) if c.session_id == message.session_id => {}
+            _ => {
+                return Err(AgentError::not_found(
+                    "conversation",
+                    message.conversation_id,
+                ));
+            }
+        }
+        self.next_message_id += 1;
+        let record = MessageRecord {
+            message_id: self.next_message_id,
+            session_id: message.session_id,
+            conversation_id: message.conversation_id,
+            task_id: message.task_id,
+            role: message.role,
+            content: message.content,
+            chars: message.chars,
+            created_ms: message.created_ms,
+            status: message.status,
+            reply_message_id: None,
+        };
+        self.messages.insert(record.message_id, record.clone());
+        Ok(record)
+    }
+
+    fn user_message(&mut self, message_id: u64) -> Result<&mut MessageRecord, AgentError> {
+        self.messages
+            .get_mut(&message_id)
+            .filter(|m| m.role == Role::User)
+            .ok_or_else(|| AgentError::not_found("message", message_id))
+    }
+}
+
+fn is_pending(m: &MessageRecord) -> bool {
+    matches!(
+        m.status,
+        Some(MessageStatus::Queued | MessageStatus::Running)
+    )
 }
 
 /// An in-memory store.
@@ -138,32 +185,77 @@ impl Store for MemoryStore {
     }
 
     async fn append_message(&self, message: NewMessage) -> Result<MessageRecord, AgentError> {
+        self.with(|d| d.append(message))
+    }
+
+    async fn message(&self, message_id: u64) -> Result<Option<MessageRecord>, AgentError> {
+        self.with(|d| Ok(d.messages.get(&message_id).cloned()))
+    }
+
+    async fn start_message(&self, message_id: u64) -> Result<MessageRecord, AgentError> {
         self.with(|d| {
-            if !d.sessions.contains_key(&message.session_id) {
-                return Err(AgentError::not_found("session", message.session_id));
+            let m = d.user_message(message_id)?;
+            if m.status != Some(MessageStatus::Queued) {
+                return Err(AgentError::invalid(format!(
+                    "message {message_id} is {}, not queued",
+                    m.status.map_or("without a status", MessageStatus::as_str)
+                )));
             }
-            match d.conversations.get(&message.conversation_id) {
-                Some(c) if c.session_id == message.session_id => {}
-                _ => {
-                    return Err(AgentError::not_found(
-                        "conversation",
-                        message.conversation_id,
-                    ));
+            m.status = Some(MessageStatus::Running);
+            Ok(m.clone())
+        })
+    }
+
+    async fn finish_message(&self, finish: FinishMessage) -> Result<FinishedMessage, AgentError> {
+        self.with(|d| {
+            if !finish.status.is_terminal() {
+                return Err(AgentError::invalid(format!(
+                    "{} is not an outcome",
+                    finish.status.as_str()
+                )));
+            }
+            let m = d.user_message(finish.message_id)?;
+            if let Some(s) = m.status.filter(|s| s.is_terminal()) {
+                return Err(AgentError::invalid(format!(
+                    "message {} already ended {}",
+                    finish.message_id,
+                    s.as_str()
+                )));
+            }
+            let reply = finish.reply.map(|r| d.append(r)).transpose()?;
+            let m = d.user_message(finish.message_id)?;
+            m.status = Some(finish.status);
+            m.task_id = finish.task_id.or(m.task_id);
+            m.reply_message_id = reply.as_ref().map(|r| r.message_id).or(m.reply_message_id);
+            Ok(FinishedMessage {
+                message: m.clone(),
+                reply,
+            })
+        })
+    }
+
+    async fn pending_messages(
+        &self,
+        session_id: SessionId,
+    ) -> Result<Vec<MessageRecord>, AgentError> {
+        self.with(|d| {
+            Ok(d.messages
+                .values()
+                .filter(|m| m.session_id == session_id && is_pending(m))
+                .cloned()
+                .collect())
+        })
+    }
+
+    async fn sessions_with_pending_messages(&self) -> Result<Vec<SessionId>, AgentError> {
+        self.with(|d| {
+            let mut out: Vec<SessionId> = Vec::new();
+            for m in d.messages.values().filter(|m| is_pending(m)) {
+                if !out.contains(&m.session_id) {
+                    out.push(m.session_id);
                 }
             }
-            d.next_message_id += 1;
-            let record = MessageRecord {
-                message_id: d.next_message_id,
-                session_id: message.session_id,
-                conversation_id: message.conversation_id,
-                task_id: message.task_id,
-                role: message.role,
-                content: message.content,
-                chars: message.chars,
-                created_ms: message.created_ms,
-            };
-            d.messages.insert(record.message_id, record.clone());
-            Ok(record)
+            Ok(out)
         })
     }
 
@@ -277,6 +369,7 @@ mod tests {
             content: Some(format!("m{i}")),
             chars: 2,
             created_ms: 1,
+            status: None,
         }
     }
 

@@ -32,7 +32,8 @@ pub use sqlite::{DB_FILE, SqliteOptions, SqliteStore, db_path};
 
 use async_trait::async_trait;
 use troupe_proto::store::{
-    ConversationRecord, MessagePage, MessageRecord, NewMessage, SessionRecord,
+    ConversationRecord, FinishMessage, FinishedMessage, MessagePage, MessageRecord, NewMessage,
+    SessionRecord,
 };
 use troupe_proto::{AgentError, ConversationId, SessionId};
 
@@ -62,6 +63,24 @@ pub trait Store: Send + Sync + 'static {
 
     /// Appends a message and returns it with its `message_id`.
     async fn append_message(&self, message: NewMessage) -> Result<MessageRecord, AgentError>;
+    /// One message by id, `None` if unknown.
+    async fn message(&self, message_id: u64) -> Result<Option<MessageRecord>, AgentError>;
+    /// Moves a queued user message to `running` (its task is about to start). `NotFound` for
+    /// an unknown message, `InvalidInput` unless it is queued.
+    async fn start_message(&self, message_id: u64) -> Result<MessageRecord, AgentError>;
+    /// Ends a user message: appends its reply (when there is one) and sets its terminal
+    /// status, task and reply id, all in one transaction. `NotFound` for an unknown message,
+    /// `InvalidInput` if it already ended or `status` is not terminal.
+    async fn finish_message(&self, finish: FinishMessage) -> Result<FinishedMessage, AgentError>;
+    /// A session's user messages that are still `queued` or `running`, oldest first: what a
+    /// restart runs again or records as aborted.
+    async fn pending_messages(
+        &self,
+        session_id: SessionId,
+    ) -> Result<Vec<MessageRecord>, AgentError>;
+    /// The sessions that hold `queued` or `running` messages (the only ones a restart must
+    /// wake at once).
+    async fn sessions_with_pending_messages(&self) -> Result<Vec<SessionId>, AgentError>;
     /// At most `limit` of the session's messages with `message_id < before` (all when `None`),
     /// the newest such ones, returned oldest first.
     async fn messages(

@@ -13,7 +13,7 @@ use troupe_proto::AgentError;
 /// The schema version this build reads and writes.
 pub const VERSION: u32 = MIGRATIONS.len() as u32;
 
-const MIGRATIONS: [&str; 2] = [V1_STORE, V2_ROLLOUT];
+const MIGRATIONS: [&str; 3] = [V1_STORE, V2_ROLLOUT, V3_MESSAGE_STATUS];
 
 /// Sessions, conversations, messages and each project's current session (P1).
 const V1_STORE: &str = "
@@ -78,6 +78,16 @@ CREATE TABLE rollout_high_water (
     session_id TEXT PRIMARY KEY NOT NULL,
     high_water INTEGER NOT NULL
 );
+";
+
+/// The durable queue: each user message's status and its reply. Messages stored before this
+/// version keep a NULL status (their outcome was not recorded).
+const V3_MESSAGE_STATUS: &str = "
+ALTER TABLE messages ADD COLUMN status TEXT;
+ALTER TABLE messages ADD COLUMN reply_message_id INTEGER;
+-- What a restart must look at: messages that are queued or running, and nothing else.
+CREATE INDEX messages_pending ON messages (session_id, message_id)
+    WHERE status IN ('queued', 'running');
 ";
 
 /// The schema version of the open database.

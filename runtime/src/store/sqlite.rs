@@ -29,7 +29,8 @@ use std::time::Instant;
 use tokio::sync::{mpsc, oneshot};
 use tracing::{Instrument, Span};
 use troupe_proto::store::{
-    ConversationRecord, ConversationState, MessagePage, MessageRecord, NewMessage, SessionRecord,
+    ConversationRecord, ConversationState, FinishMessage, FinishedMessage, MessagePage,
+    MessageRecord, MessageStatus, NewMessage, SessionRecord,
 };
 use troupe_proto::{AgentError, ConversationId, Json, Role, SessionId, TaskId};
 
@@ -321,6 +322,83 @@ impl Store for SqliteStore {
         .await
     }
 
+    async fn message(&self, message_id: u64) -> Result<Option<MessageRecord>, AgentError> {
+        let span = tracing::debug_span!("store.message", message_id);
+        observed(Op::Message, span, async {
+            self.read(move |c| message_by_id(c, message_id)).await
+        })
+        .await
+    }
+
+    async fn start_message(&self, message_id: u64) -> Result<MessageRecord, AgentError> {
+        let span = tracing::debug_span!("store.start_message", message_id);
+        observed(Op::StartMessage, span, async {
+            match self.write(WriteOp::StartMessage { message_id }).await? {
+                WriteOutput::Message(record) => Ok(record),
+                _ => Err(unexpected(Op::StartMessage)),
+            }
+        })
+        .await
+    }
+
+    async fn finish_message(&self, finish: FinishMessage) -> Result<FinishedMessage, AgentError> {
+        let span = tracing::debug_span!(
+            "store.finish_message",
+            message_id = finish.message_id,
+            status = finish.status.as_str()
+        );
+        observed(Op::FinishMessage, span, async {
+            match self.write(WriteOp::FinishMessage(finish)).await? {
+                WriteOutput::Finished(done) => Ok(*done),
+                _ => Err(unexpected(Op::FinishMessage)),
+            }
+        })
+        .await
+    }
+
+    async fn pending_messages(
+        &self,
+        session_id: SessionId,
+    ) -> Result<Vec<MessageRecord>, AgentError> {
+        let span = tracing::debug_span!("store.pending_messages", %session_id);
+        observed(Op::PendingMessages, span, async {
+            self.read(move |c| {
+                query_all(
+                    c,
+                    &format!(
+                        "{MESSAGE_SELECT} WHERE session_id = ?1 AND status IN ('queued', 'running')
+                         ORDER BY message_id"
+                    ),
+                    [session_id.to_string()],
+                    message_from_row,
+                )
+            })
+            .await
+        })
+        .await
+    }
+
+    async fn sessions_with_pending_messages(&self) -> Result<Vec<SessionId>, AgentError> {
+        let span = tracing::debug_span!("store.sessions_with_pending_messages");
+        observed(Op::SessionsWithPendingMessages, span, async {
+            self.read(|c| {
+                query_all(
+                    c,
+                    "SELECT min(message_id), session_id FROM messages
+                     WHERE status IN ('queued', 'running')
+                     GROUP BY session_id ORDER BY min(message_id)",
+                    [],
+                    |row| {
+                        let key = RowKey::new("messages", row)?;
+                        parse_id(&key, row, 1, "session_id")
+                    },
+                )
+            })
+            .await
+        })
+        .await
+    }
+
     async fn messages(
         &self,
         session_id: SessionId,
@@ -432,6 +510,10 @@ enum WriteOp {
         closed_ms: u64,
     },
     AppendMessage(NewMessage),
+    StartMessage {
+        message_id: u64,
+    },
+    FinishMessage(FinishMessage),
     ExpireContent {
         conversation_id: ConversationId,
         cutoff_ms: u64,
@@ -445,6 +527,7 @@ enum WriteOp {
 enum WriteOutput {
     Done,
     Message(MessageRecord),
+    Finished(Box<FinishedMessage>),
     Count(u64),
 }
 
@@ -514,6 +597,12 @@ fn apply(c: &Connection, op: &WriteOp) -> Result<WriteOutput, AgentError> {
             closed_ms,
         } => close_conversation(c, *conversation_id, *closed_ms).map(|()| WriteOutput::Done),
         WriteOp::AppendMessage(m) => append_message(c, m).map(WriteOutput::Message),
+        WriteOp::StartMessage { message_id } => {
+            start_message(c, *message_id).map(WriteOutput::Message)
+        }
+        WriteOp::FinishMessage(f) => {
+            finish_message(c, f).map(|done| WriteOutput::Finished(Box::new(done)))
+        }
         WriteOp::ExpireContent {
             conversation_id,
             cutoff_ms,
@@ -655,8 +744,8 @@ fn append_message(c: &Connection, m: &NewMessage) -> Result<MessageRecord, Agent
         }
     }
     c.prepare_cached(
-        "INSERT INTO messages (session_id, conversation_id, task_id, role, content, chars, created_ms)
-         VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7)",
+        "INSERT INTO messages (session_id, conversation_id, task_id, role, content, chars, created_ms, status)
+         VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8)",
     )
     .and_then(|mut st| {
         st.execute(params![
@@ -667,6 +756,7 @@ fn append_message(c: &Connection, m: &NewMessage) -> Result<MessageRecord, Agent
             m.content,
             chars,
             created_ms,
+            m.status.map(MessageStatus::as_str),
         ])
     })
     .map_err(sql("insert message"))?;
@@ -680,7 +770,97 @@ fn append_message(c: &Connection, m: &NewMessage) -> Result<MessageRecord, Agent
         content: m.content.clone(),
         chars: m.chars,
         created_ms: m.created_ms,
+        status: m.status,
+        reply_message_id: None,
     })
+}
+
+/// One message by id.
+fn message_by_id(c: &Connection, message_id: u64) -> Result<Option<MessageRecord>, AgentError> {
+    let id = i64::try_from(message_id).unwrap_or(i64::MAX);
+    query_all(
+        c,
+        &format!("{MESSAGE_SELECT} WHERE message_id = ?1"),
+        [id],
+        message_from_row,
+    )
+    .map(|mut v| v.pop())
+}
+
+/// A user message that exists, or `NotFound`.
+fn user_message(c: &Connection, message_id: u64) -> Result<MessageRecord, AgentError> {
+    message_by_id(c, message_id)?
+        .filter(|m| m.role == Role::User)
+        .ok_or_else(|| AgentError::not_found("message", message_id))
+}
+
+fn set_status(
+    c: &Connection,
+    message_id: u64,
+    status: MessageStatus,
+    task_id: Option<TaskId>,
+    reply_message_id: Option<u64>,
+) -> Result<(), AgentError> {
+    let id = to_sql_int("message_id", message_id)?;
+    let reply = reply_message_id
+        .map(|r| to_sql_int("reply_message_id", r))
+        .transpose()?;
+    c.prepare_cached(
+        "UPDATE messages SET status = ?2, task_id = COALESCE(?3, task_id),
+             reply_message_id = COALESCE(?4, reply_message_id)
+         WHERE message_id = ?1",
+    )
+    .and_then(|mut st| {
+        st.execute(params![
+            id,
+            status.as_str(),
+            task_id.map(|t| t.to_string()),
+            reply
+        ])
+    })
+    .map_err(sql("update message status"))?;
+    Ok(())
+}
+
+fn start_message(c: &Connection, message_id: u64) -> Result<MessageRecord, AgentError> {
+    let mut m = user_message(c, message_id)?;
+    if m.status != Some(MessageStatus::Queued) {
+        return Err(AgentError::invalid(format!(
+            "message {message_id} is {}, not queued",
+            status_name(m.status)
+        )));
+    }
+    set_status(c, message_id, MessageStatus::Running, None, None)?;
+    m.status = Some(MessageStatus::Running);
+    Ok(m)
+}
+
+fn finish_message(c: &Connection, f: &FinishMessage) -> Result<FinishedMessage, AgentError> {
+    if !f.status.is_terminal() {
+        return Err(AgentError::invalid(format!(
+            "{} is not an outcome",
+            f.status.as_str()
+        )));
+    }
+    let mut m = user_message(c, f.message_id)?;
+    if m.status.is_some_and(MessageStatus::is_terminal) {
+        return Err(AgentError::invalid(format!(
+            "message {} already ended {}",
+            f.message_id,
+            status_name(m.status)
+        )));
+    }
+    let reply = f.reply.as_ref().map(|r| append_message(c, r)).transpose()?;
+    let reply_id = reply.as_ref().map(|r| r.message_id);
+    set_status(c, f.message_id, f.status, f.task_id, reply_id)?;
+    m.status = Some(f.status);
+    m.task_id = f.task_id.or(m.task_id);
+    m.reply_message_id = reply_id.or(m.reply_message_id);
+    Ok(FinishedMessage { message: m, reply })
+}
+
+fn status_name(status: Option<MessageStatus>) -> &'static str {
+    status.map_or("without a status", MessageStatus::as_str)
 }
 
 fn expire_content(c: &Connection, id: ConversationId, cutoff_ms: u64) -> Result<u64, AgentError> {
@@ -725,7 +905,7 @@ const SESSION_SELECT: &str = "SELECT rowid, session_id, project_id, title, creat
 const CONVERSATION_SELECT: &str = "SELECT rowid, conversation_id, session_id, params, is_root, \
      state, created_ms, closed_ms FROM conversations";
 const MESSAGE_SELECT: &str = "SELECT message_id, session_id, conversation_id, task_id, role, \
-     content, chars, created_ms FROM messages";
+     content, chars, created_ms, status, reply_message_id FROM messages";
 
 /// Every row of a query, decoded; the first undecodable row is an error naming it.
 fn query_all<T>(
@@ -869,6 +1049,8 @@ fn message_from_row(row: &Row<'_>) -> Result<MessageRecord, AgentError> {
     let key = RowKey::new("messages", row)?;
     let role: String = key.get(row, 4, "role")?;
     let task_id: Option<String> = key.get(row, 3, "task_id")?;
+    let status: Option<String> = key.get(row, 8, "status")?;
+    let reply: Option<i64> = key.get(row, 9, "reply_message_id")?;
     Ok(MessageRecord {
         message_id: key.get_u64(row, 0, "message_id")?,
         session_id: parse_id(&key, row, 1, "session_id")?,
@@ -880,6 +1062,14 @@ fn message_from_row(row: &Row<'_>) -> Result<MessageRecord, AgentError> {
         content: key.get(row, 5, "content")?,
         chars: key.get_u64(row, 6, "chars")?,
         created_ms: key.get_u64(row, 7, "created_ms")?,
+        status: status
+            .map(|s| {
+                MessageStatus::parse(&s).ok_or_else(|| key.err("status", format!("unknown `{s}`")))
+            })
+            .transpose()?,
+        reply_message_id: reply
+            .map(|v| u64::try_from(v).map_err(|e| key.err("reply_message_id", e)))
+            .transpose()?,
     })
 }
 

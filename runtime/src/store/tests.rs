@@ -6,7 +6,8 @@ use proptest::prelude::*;
 use std::collections::{BTreeMap, HashSet};
 use tempfile::TempDir;
 use troupe_proto::store::{
-    ConversationRecord, ConversationState, MessagePage, NewMessage, SessionRecord,
+    ConversationRecord, ConversationState, FinishMessage, MessagePage, MessageStatus, NewMessage,
+    SessionRecord,
 };
 use troupe_proto::{
     AgentError, ConversationId, ErrorKind, Json, OpenConversation, Role, SessionId, StoragePolicy,
@@ -70,6 +71,7 @@ fn message(s: SessionId, c: ConversationId, text: &str, created_ms: u64) -> NewM
         content: Some(text.to_owned()),
         chars: text.len() as u64,
         created_ms,
+        status: None,
     }
 }
 
@@ -211,6 +213,17 @@ fn the_query_plans_use_the_indexes() {
         p.contains("sessions_by_project") && !p.contains("TEMP B-TREE"),
         "{p}"
     );
+    let p = plan(
+        "SELECT * FROM messages WHERE session_id = 'x' AND status IN ('queued', 'running') ORDER BY message_id",
+    );
+    assert!(
+        p.contains("messages_pending") && !p.contains("TEMP B-TREE"),
+        "{p}"
+    );
+    let p = plan(
+        "SELECT min(message_id), session_id FROM messages WHERE status IN ('queued', 'running') GROUP BY session_id",
+    );
+    assert!(p.contains("messages_pending"), "{p}");
     let p = plan(
         "SELECT seq, record FROM rollout_events WHERE session_id = 'x' AND seq > 3 ORDER BY seq LIMIT 5",
     );
@@ -583,6 +596,173 @@ async fn writes_survive_a_reopen() {
     );
 }
 
+// ---- the durable queue ----
+
+fn user(s: SessionId, c: ConversationId, text: &str, status: MessageStatus) -> NewMessage {
+    NewMessage {
+        task_id: None,
+        status: Some(status),
+        ..message(s, c, text, 10)
+    }
+}
+
+fn reply_to(s: SessionId, c: ConversationId, task: TaskId) -> NewMessage {
+    NewMessage {
+        task_id: Some(task),
+        role: Role::Assistant,
+        ..message(s, c, "the reply", 11)
+    }
+}
+
+#[tokio::test]
+async fn a_message_goes_from_queued_to_its_outcome_with_its_reply() {
+    let (dir, store) = fresh();
+    let (s, root) = seeded(&store, None).await;
+    let (other, other_root) = seeded(&store, None).await;
+    let queued = store
+        .append_message(user(s.session_id, root, "q", MessageStatus::Queued))
+        .await
+        .unwrap();
+    let running = store
+        .append_message(user(s.session_id, root, "r", MessageStatus::Running))
+        .await
+        .unwrap();
+    store
+        .append_message(user(
+            other.session_id,
+            other_root,
+            "x",
+            MessageStatus::Queued,
+        ))
+        .await
+        .unwrap();
+    assert_eq!(queued.status, Some(MessageStatus::Queued));
+    let pending = store.pending_messages(s.session_id).await.unwrap();
+    assert_eq!(pending, vec![queued.clone(), running.clone()]);
+    assert_eq!(
+        store.sessions_with_pending_messages().await.unwrap(),
+        vec![s.session_id, other.session_id]
+    );
+
+    // Only a queued message starts; only a pending one finishes, and only with an outcome.
+    assert_eq!(
+        kind(store.start_message(running.message_id).await),
+        ErrorKind::InvalidInput
+    );
+    let started = store.start_message(queued.message_id).await.unwrap();
+    assert_eq!(started.status, Some(MessageStatus::Running));
+    let not_an_outcome = FinishMessage {
+        message_id: queued.message_id,
+        status: MessageStatus::Queued,
+        task_id: None,
+        reply: None,
+    };
+    assert_eq!(
+        kind(store.finish_message(not_an_outcome).await),
+        ErrorKind::InvalidInput
+    );
+    let task = TaskId::new();
+    let done = store
+        .finish_message(FinishMessage {
+            message_id: queued.message_id,
+            status: MessageStatus::Completed,
+            task_id: Some(task),
+            reply: Some(reply_to(s.session_id, root, task)),
+        })
+        .await
+        .unwrap();
+    let reply = done.reply.unwrap();
+    assert_eq!(done.message.status, Some(MessageStatus::Completed));
+    assert_eq!(done.message.task_id, Some(task));
+    assert_eq!(done.message.reply_message_id, Some(reply.message_id));
+    assert!(reply.message_id > running.message_id);
+    let again = FinishMessage {
+        message_id: queued.message_id,
+        status: MessageStatus::Failed,
+        task_id: None,
+        reply: Some(reply_to(s.session_id, root, task)),
+    };
+    assert_eq!(
+        kind(store.finish_message(again).await),
+        ErrorKind::InvalidInput
+    );
+    let aborted = store
+        .finish_message(FinishMessage {
+            message_id: running.message_id,
+            status: MessageStatus::Aborted,
+            task_id: None,
+            reply: None,
+        })
+        .await
+        .unwrap();
+    assert_eq!(aborted.reply, None);
+    assert_eq!(
+        kind(store.start_message(reply.message_id).await),
+        ErrorKind::NotFound,
+        "a reply is not a user message"
+    );
+    assert_eq!(kind(store.start_message(9_999).await), ErrorKind::NotFound);
+    assert!(
+        store
+            .pending_messages(s.session_id)
+            .await
+            .unwrap()
+            .is_empty()
+    );
+
+    // What a restart sees: the outcomes and the other session's queue.
+    drop(store);
+    let store = reopen(&dir);
+    assert_eq!(
+        store.sessions_with_pending_messages().await.unwrap(),
+        vec![other.session_id]
+    );
+    let page = store
+        .messages(s.session_id, 10, None)
+        .await
+        .unwrap()
+        .messages;
+    let statuses: Vec<Option<MessageStatus>> = page.iter().map(|m| m.status).collect();
+    assert_eq!(
+        statuses,
+        vec![
+            Some(MessageStatus::Completed),
+            Some(MessageStatus::Aborted),
+            None
+        ]
+    );
+    assert_eq!(page[0], done.message);
+    assert_eq!(page[2], reply);
+}
+
+#[tokio::test]
+async fn a_failed_reply_leaves_the_message_pending() {
+    let (_dir, store) = fresh();
+    let (s, root) = seeded(&store, None).await;
+    let m = store
+        .append_message(user(s.session_id, root, "q", MessageStatus::Running))
+        .await
+        .unwrap();
+    // A reply into another session's conversation fails: nothing of the finish is kept.
+    let (other, other_root) = seeded(&store, None).await;
+    let bad = FinishMessage {
+        message_id: m.message_id,
+        status: MessageStatus::Completed,
+        task_id: None,
+        reply: Some(reply_to(s.session_id, other_root, TaskId::new())),
+    };
+    assert!(store.finish_message(bad).await.is_err());
+    assert_eq!(store.pending_messages(s.session_id).await.unwrap(), vec![m]);
+    assert!(
+        store
+            .messages(other.session_id, 5, None)
+            .await
+            .unwrap()
+            .messages
+            .is_empty()
+    );
+}
+
 // ---- P6 properties ----
 
 fn cases() -> ProptestConfig {
@@ -623,6 +803,7 @@ proptest! {
                     content,
                     chars,
                     created_ms,
+                    status: None,
                 };
                 let record = store.append_message(m.clone()).await.unwrap();
                 prop_assert_eq!(&record.content, &m.content);

@@ -1,4 +1,4 @@
-//! A session whose actor stops on its own is started again by the registry under its ids,
+//! A session whose actor stops on its own is started again by its host under its ids,
 //! with its conversations and their history; the API keeps answering for it.
 
 use super::{Server, id};
@@ -36,26 +36,25 @@ async fn a_session_that_stops_on_its_own_is_restarted_with_its_conversations() {
     let before = server
         .service
         .sessions
-        .resolve(Scope::All, parsed)
+        .session(Scope::All, parsed)
         .await
         .unwrap();
-    let old_actor = before.handle.actor().get_id();
-    before.handle.actor().kill();
+    let old_actor = before.actor().get_id();
+    before.actor().kill();
 
-    // The registry notices and starts the session again under the same id.
+    // Its host notices and starts the session again under the same id.
     let t0 = std::time::Instant::now();
     let after = loop {
-        if let Ok(r) = server.service.sessions.resolve(Scope::All, parsed).await
-            && r.handle.actor().get_id() != old_actor
+        if let Ok(h) = server.service.sessions.session(Scope::All, parsed).await
+            && h.actor().get_id() != old_actor
         {
-            break r;
+            break h;
         }
         assert!(t0.elapsed() < Duration::from_secs(10), "not restarted");
         tokio::time::sleep(Duration::from_millis(20)).await;
     };
-    assert_eq!(after.handle.root().await.unwrap().to_string(), root);
+    assert_eq!(after.root().await.unwrap().to_string(), root);
     let open: Vec<String> = after
-        .handle
         .list()
         .await
         .unwrap()

@@ -12,7 +12,7 @@ use crate::service::ExtraRoutes;
 use crate::service::api::CreateSession;
 use crate::service::auth::Scope;
 use crate::service::error::ApiError;
-use crate::service::handle::SessionsHandle;
+use crate::service::sessions_api::SessionsApi;
 use async_trait::async_trait;
 use axum::extract::{Request, State};
 use axum::http::StatusCode;
@@ -30,13 +30,13 @@ use troupe_proto::{
 /// has no A2A session.
 #[derive(Debug, Clone)]
 pub struct RegistryBackend {
-    sessions: SessionsHandle,
+    sessions: SessionsApi,
     project: Arc<str>,
     session: Arc<OnceCell<SessionId>>,
 }
 
 impl RegistryBackend {
-    pub fn new(sessions: SessionsHandle, project: &str) -> Self {
+    pub fn new(sessions: SessionsApi, project: &str) -> Self {
         Self {
             sessions,
             project: Arc::from(project),
@@ -54,12 +54,12 @@ impl RegistryBackend {
 
     async fn handle(&self) -> Result<troupe_actors::SessionHandle, AgentError> {
         let session_id = self.session_id().await?;
-        Ok(self.sessions.resolve(Scope::All, session_id).await?.handle)
+        self.sessions.session(Scope::All, session_id).await
     }
 }
 
 /// The project's current session, created (and made current) when it has none.
-async fn current_or_new(sessions: &SessionsHandle, project: &str) -> Result<SessionId, AgentError> {
+async fn current_or_new(sessions: &SessionsApi, project: &str) -> Result<SessionId, AgentError> {
     match sessions.current(Scope::All, project.to_owned()).await {
         Ok(record) => Ok(record.session_id),
         Err(AgentError::NotFound { .. }) => {
@@ -127,7 +127,7 @@ impl A2aBackend for RegistryBackend {
 
 /// Starts the endpoint over the registry; `bearer_auth`: the card says requests need a token.
 pub async fn mount(
-    sessions: SessionsHandle,
+    sessions: SessionsApi,
     config: &A2aServerConfig,
     bearer_auth: bool,
 ) -> Result<(A2a, ExtraRoutes), AgentError> {

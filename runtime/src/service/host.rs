@@ -1,0 +1,402 @@
+//! SessionHost: one stored session as the service runs it (P1, S3, S5, O2). One per active
+//! session, a child of the [`Registry`](super::registry::Registry).
+//!
+//! ```text
+//! Registry
+//! └─ SessionHost × active sessions     (this actor: the session's store rows and durable queue)
+//!      └─ Session                      (troupe-actors: conversations, scheduler, rollout, ...)
+//! ```
+//!
+//! The host is the only writer of its session's rows in the [`Store`], so its writes are
+//! ordered and a reply that depends on one is sent after it; it waits for the store in its own
+//! mailbox, which holds only this session's calls. It owns the session's **durable queue**:
+//! a user message is stored (`running` when its conversation is idle, else `queued`) before it
+//! is acknowledged, and the host hands each conversation one message at a time. When a task
+//! ends, its reply and the message's outcome are stored together, `message_updated` is
+//! emitted, and the conversation's next message starts (`queued` → `running`, stored first).
+//! So every acknowledged message reaches `completed`, `failed`, `cancelled` or `aborted`.
+//!
+//! # Mailbox
+//! - `Send` → [`admit`] (the one admission decision) → store the message → reply now, or when
+//!   it ends if the caller waits → run it if its conversation is idle.
+//! - `TaskDone` → store the outcome and the reply ([`plan::outcome`]) → answer the waiter →
+//!   emit `message_updated` → start the conversation's next message.
+//! - `Open`, `SetContext`, `Close` → a task asks the session → `Opened`, `ContextChanged`,
+//!   `Closed` → store the change, reply. A close cancels the conversation's queued messages.
+//! - `Session` → the running [`SessionHandle`] (for approvals, tasks, statistics, events).
+//! - its session stops (a supervision event: the session is linked to its host) → start it
+//!   again under its ids ([`plan::may_restart`]:
+//!   at most [`RESTARTS_PER_WINDOW`] per [`RESTART_WINDOW`]) → `SessionRestarted`.
+//! - `Drain` → no new message and no queued one starts; answered once none runs. Queued ones
+//!   stay queued in the store and run after the next start. `Shutdown` → the session is shut
+//!   down (what still runs is cancelled, the rollout flushed).
+//!
+//! # Start
+//! A host is started for a session that was just created (its session already runs), or to
+//! activate a stored one on its first use or because it has pending messages. Activation
+//! (`post_start`) starts the session again under its ids (open conversations reopened from
+//! their rollout; a task a crash interrupted is recorded as aborted there), then settles every
+//! pending message ([`plan::recover`]): one that was running ends `aborted`; one that was
+//! queued runs, unless its conversation closed (`cancelled`) or its text was never stored
+//! because its conversation's storage policy keeps no content (`aborted`, with that reason).
+//!
+//! # Failure
+//! If the session's actor stops on its own, the messages it was running end `aborted` (their
+//! tasks were interrupted) and it is started again; queued ones wait for it. Past the restart
+//! budget it stays down: its queued messages end `failed` and calls answer `Internal`. If the
+//! host itself fails, its session stops with it (ractor stops a failed actor's children); the
+//! registry forgets it, and the next use activates it again from the store, where its
+//! unfinished messages still are.
+
+mod conversations;
+mod lifecycle;
+pub mod plan;
+mod queue;
+
+use super::admission::QueueLimits;
+use super::api::Sent;
+use super::metrics;
+use super::registry::SessionTemplate;
+use crate::store::Store;
+use ractor::{Actor, ActorProcessingErr, ActorRef, RpcReplyPort, SupervisionEvent};
+use std::collections::{HashMap, VecDeque};
+use std::sync::Arc;
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+use tokio::task::JoinHandle;
+use tracing::Instrument;
+use troupe_actors::SessionHandle;
+use troupe_proto::store::{ConversationRecord, MessageRecord, SessionRecord};
+use troupe_proto::{
+    AgentError, Closed, ConversationId, MessageReply, OpenConversation, SetContext, StoragePolicy,
+};
+
+/// At most this many restarts of one session per [`RESTART_WINDOW`].
+pub const RESTARTS_PER_WINDOW: usize = 5;
+pub const RESTART_WINDOW: Duration = Duration::from_secs(60);
+
+type Reply<T> = RpcReplyPort<Result<T, AgentError>>;
+
+/// A session that was just created: it already runs (the host links it to itself); nothing
+/// is loaded.
+pub struct Created {
+    pub handle: SessionHandle,
+    pub root: ConversationRecord,
+}
+
+/// Start-up arguments.
+pub struct HostArgs {
+    pub record: SessionRecord,
+    pub store: Arc<dyn Store>,
+    pub template: SessionTemplate,
+    /// `Some` for a new session; `None` activates a stored one.
+    pub created: Option<Created>,
+    /// Set when the service is draining: nothing new starts.
+    pub draining: bool,
+}
+
+/// The host's mailbox.
+pub enum HostMsg {
+    /// The running session.
+    Session { reply: Reply<SessionHandle> },
+    /// Stores a user message and runs it (the root conversation when none is named).
+    Send {
+        conversation_id: Option<ConversationId>,
+        text: String,
+        wait: bool,
+        reply: Reply<Sent>,
+    },
+    /// Opens a conversation.
+    Open {
+        params: OpenConversation,
+        reply: Reply<ConversationId>,
+    },
+    /// Changes a conversation's context.
+    SetContext {
+        conversation_id: ConversationId,
+        update: SetContext,
+        reply: Reply<()>,
+    },
+    /// Closes a conversation; idempotent.
+    Close {
+        conversation_id: ConversationId,
+        reply: Reply<Closed>,
+    },
+    /// Stops starting messages; answered once none runs.
+    Drain { reply: RpcReplyPort<()> },
+    /// Shuts the session down.
+    Shutdown { reply: RpcReplyPort<()> },
+    /// A message's task ended (or could not run).
+    TaskDone {
+        conversation_id: ConversationId,
+        message_id: u64,
+        result: Result<MessageReply, AgentError>,
+    },
+    /// The session opened a conversation for `Open`.
+    Opened {
+        result: Result<ConversationRecord, AgentError>,
+        reply: Reply<ConversationId>,
+    },
+    /// The session applied (or refused) a context change.
+    ContextChanged {
+        conversation_id: ConversationId,
+        result: Result<SetContext, AgentError>,
+        reply: Reply<()>,
+    },
+    /// The session closed a conversation (or could not).
+    Closed {
+        result: Result<Closed, AgentError>,
+        reply: Reply<Closed>,
+    },
+    /// A stopped session was started again (or could not be).
+    SessionRestarted {
+        result: Result<SessionHandle, AgentError>,
+    },
+}
+
+/// A message whose task runs.
+struct Running {
+    message: MessageRecord,
+    /// The caller, when it waits for the reply.
+    waiter: Option<Reply<Sent>>,
+}
+
+/// A message waiting for its conversation.
+struct Waiting {
+    message: MessageRecord,
+    text: String,
+    waiter: Option<Reply<Sent>>,
+}
+
+/// A conversation as its host tracks it.
+struct ConversationSlot {
+    record: ConversationRecord,
+    running: Option<Running>,
+    queue: VecDeque<Waiting>,
+}
+
+impl ConversationSlot {
+    fn new(record: ConversationRecord) -> Self {
+        Self {
+            record,
+            running: None,
+            queue: VecDeque::new(),
+        }
+    }
+
+    fn pending(&self) -> usize {
+        usize::from(self.running.is_some()) + self.queue.len()
+    }
+}
+
+/// Where the session's actor stands.
+enum Liveness {
+    Up(SessionHandle),
+    /// Stopped on its own; being started again.
+    Restarting,
+    /// Could not be (re)started; calls answer this.
+    Down(AgentError),
+}
+
+/// The host's state.
+pub struct HostState {
+    record: SessionRecord,
+    store: Arc<dyn Store>,
+    template: SessionTemplate,
+    limits: QueueLimits,
+    session: Liveness,
+    conversations: HashMap<ConversationId, ConversationSlot>,
+    draining: bool,
+    drain_waiters: Vec<RpcReplyPort<()>>,
+    /// When the session was last restarted after stopping on its own (newest last).
+    restarts: Vec<Instant>,
+    /// Set by `pre_start`, consumed by `post_start`.
+    created: Option<Created>,
+    /// Keeps `troupe_sessions_active` counted while the host lives.
+    _active: metrics::ActiveSession,
+}
+
+/// The SessionHost actor.
+pub struct SessionHost;
+
+#[ractor::async_trait]
+impl Actor for SessionHost {
+    type Msg = HostMsg;
+    type State = HostState;
+    type Arguments = HostArgs;
+
+    async fn pre_start(
+        &self,
+        _myself: ActorRef<HostMsg>,
+        args: HostArgs,
+    ) -> Result<HostState, ActorProcessingErr> {
+        Ok(HostState {
+            limits: QueueLimits::of(&args.template.config),
+            record: args.record,
+            store: args.store,
+            template: args.template,
+            session: Liveness::Restarting,
+            conversations: HashMap::new(),
+            draining: args.draining,
+            drain_waiters: Vec::new(),
+            restarts: Vec::new(),
+            created: args.created,
+            _active: metrics::ActiveSession::start(),
+        })
+    }
+
+    async fn post_start(
+        &self,
+        myself: ActorRef<HostMsg>,
+        state: &mut HostState,
+    ) -> Result<(), ActorProcessingErr> {
+        match state.created.take() {
+            Some(created) => {
+                // Its session stops with it, and it hears when the session stops.
+                created.handle.actor().get_cell().link(myself.get_cell());
+                state.session = Liveness::Up(created.handle);
+                let root = created.root;
+                state
+                    .conversations
+                    .insert(root.conversation_id, ConversationSlot::new(root));
+            }
+            None => state.activate(&myself).await?,
+        }
+        Ok(())
+    }
+
+    async fn handle(
+        &self,
+        myself: ActorRef<HostMsg>,
+        msg: HostMsg,
+        state: &mut HostState,
+    ) -> Result<(), ActorProcessingErr> {
+        match msg {
+            HostMsg::Session { reply } => {
+                let _ = reply.send(state.running().cloned());
+            }
+            HostMsg::Send {
+                conversation_id,
+                text,
+                wait,
+                reply,
+            } => {
+                state
+                    .send(&myself, conversation_id, text, wait, reply)
+                    .await
+            }
+            HostMsg::TaskDone {
+                conversation_id,
+                message_id,
+                result,
+            } => {
+                state
+                    .task_done(&myself, conversation_id, message_id, result)
+                    .await
+            }
+            HostMsg::Open { params, reply } => state.open(&myself, params, reply),
+            HostMsg::Opened { result, reply } => {
+                let r = state.opened(result).await;
+                let _ = reply.send(r);
+            }
+            HostMsg::SetContext {
+                conversation_id,
+                update,
+                reply,
+            } => state.set_context(&myself, conversation_id, update, reply),
+            HostMsg::ContextChanged {
+                conversation_id,
+                result,
+                reply,
+            } => {
+                let r = state.context_changed(conversation_id, result).await;
+                let _ = reply.send(r);
+            }
+            HostMsg::Close {
+                conversation_id,
+                reply,
+            } => state.close(&myself, conversation_id, reply),
+            HostMsg::Closed { result, reply } => {
+                let r = state.closed(result).await;
+                let _ = reply.send(r);
+            }
+            HostMsg::Drain { reply } => {
+                state.draining = true;
+                state.drain_waiters.push(reply);
+                state.maybe_drained();
+            }
+            HostMsg::Shutdown { reply } => {
+                state.shutdown().await;
+                let _ = reply.send(());
+            }
+            HostMsg::SessionRestarted { result } => {
+                state.session_restarted(&myself, result).await;
+            }
+        }
+        Ok(())
+    }
+
+    async fn handle_supervisor_evt(
+        &self,
+        myself: ActorRef<HostMsg>,
+        event: SupervisionEvent,
+        state: &mut HostState,
+    ) -> Result<(), ActorProcessingErr> {
+        match event {
+            SupervisionEvent::ActorFailed(cell, error) => {
+                tracing::error!(session_id = %state.record.session_id, %error, "session failed");
+                state.session_stopped(&myself, cell.get_id()).await;
+            }
+            SupervisionEvent::ActorTerminated(cell, _, _) => {
+                state.session_stopped(&myself, cell.get_id()).await;
+            }
+            _ => {}
+        }
+        Ok(())
+    }
+}
+
+fn now_ms() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map(|d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX))
+        .unwrap_or(0)
+}
+
+/// What the store keeps of a message's text under a conversation's policy: the text only
+/// when the policy keeps content, its size always.
+pub fn stored_content(policy: StoragePolicy, text: &str) -> (Option<String>, u64) {
+    let chars = u64::try_from(text.chars().count()).unwrap_or(u64::MAX);
+    (policy.keeps_content().then(|| text.to_owned()), chars)
+}
+
+/// Spawns work that outlives `handle` in the current span (the caller's, which ractor carries
+/// with each message), so a task it runs is linked to the request that asked for it.
+fn spawn_traced<F>(work: F) -> JoinHandle<F::Output>
+where
+    F: std::future::Future + Send + 'static,
+    F::Output: Send + 'static,
+{
+    tokio::spawn(work.instrument(tracing::Span::current()))
+}
+
+impl HostState {
+    fn running(&self) -> Result<&SessionHandle, AgentError> {
+        match &self.session {
+            Liveness::Up(h) => Ok(h),
+            Liveness::Restarting => Err(AgentError::internal(format!(
+                "session {} is restarting",
+                self.record.session_id
+            ))),
+            Liveness::Down(e) => Err(e.clone()),
+        }
+    }
+
+    fn maybe_drained(&mut self) {
+        let running = self.conversations.values().any(|c| c.running.is_some());
+        if self.draining && !running {
+            for w in self.drain_waiters.drain(..) {
+                let _ = w.send(());
+            }
+        }
+    }
+}

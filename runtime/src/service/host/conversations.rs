@@ -1,0 +1,159 @@
+//! Conversations: opening, changing the context of and closing them, each asked of the
+//! session by a task and stored when it answers.
+
+use super::{ConversationSlot, HostMsg, HostState, Reply, Waiting, now_ms, spawn_traced};
+use ractor::ActorRef;
+use troupe_proto::store::{ConversationRecord, ConversationState};
+use troupe_proto::{
+    AgentError, CloseOutcome, Closed, ConversationId, OpenConversation, SetContext,
+};
+
+impl HostState {
+    pub(super) fn open(
+        &self,
+        myself: &ActorRef<HostMsg>,
+        params: OpenConversation,
+        reply: Reply<ConversationId>,
+    ) {
+        let handle = match self.running() {
+            Ok(h) => h.clone(),
+            Err(e) => {
+                let _ = reply.send(Err(e));
+                return;
+            }
+        };
+        let session_id = self.record.session_id;
+        let myself = myself.clone();
+        spawn_traced(async move {
+            let result =
+                handle
+                    .open(params.clone())
+                    .await
+                    .map(|conversation_id| ConversationRecord {
+                        conversation_id,
+                        session_id,
+                        params,
+                        is_root: false,
+                        state: ConversationState::Open,
+                        created_ms: now_ms(),
+                        closed_ms: None,
+                    });
+            let _ = myself.cast(HostMsg::Opened { result, reply });
+        });
+    }
+
+    pub(super) async fn opened(
+        &mut self,
+        result: Result<ConversationRecord, AgentError>,
+    ) -> Result<ConversationId, AgentError> {
+        let record = result?;
+        let id = record.conversation_id;
+        self.store.put_conversation(record.clone()).await?;
+        self.conversations.insert(id, ConversationSlot::new(record));
+        Ok(id)
+    }
+
+    pub(super) fn set_context(
+        &self,
+        myself: &ActorRef<HostMsg>,
+        conversation_id: ConversationId,
+        update: SetContext,
+        reply: Reply<()>,
+    ) {
+        let open = self
+            .conversations
+            .get(&conversation_id)
+            .is_some_and(|c| c.record.state == ConversationState::Open);
+        let checked = if open {
+            self.running().cloned()
+        } else {
+            Err(AgentError::not_found("conversation", conversation_id))
+        };
+        let handle = match checked {
+            Ok(h) => h,
+            Err(e) => {
+                let _ = reply.send(Err(e));
+                return;
+            }
+        };
+        let myself = myself.clone();
+        spawn_traced(async move {
+            let result = handle
+                .set_context(conversation_id, update.clone())
+                .await
+                .map(|()| update);
+            let _ = myself.cast(HostMsg::ContextChanged {
+                conversation_id,
+                result,
+                reply,
+            });
+        });
+    }
+
+    pub(super) async fn context_changed(
+        &mut self,
+        conversation_id: ConversationId,
+        result: Result<SetContext, AgentError>,
+    ) -> Result<(), AgentError> {
+        let update = result?;
+        let Some(slot) = self.conversations.get(&conversation_id) else {
+            return Ok(());
+        };
+        let mut record = slot.record.clone();
+        record.params.apply(&update);
+        self.store.put_conversation(record.clone()).await?;
+        if let Some(slot) = self.conversations.get_mut(&conversation_id) {
+            slot.record = record;
+        }
+        Ok(())
+    }
+
+    pub(super) fn close(
+        &self,
+        myself: &ActorRef<HostMsg>,
+        conversation_id: ConversationId,
+        reply: Reply<Closed>,
+    ) {
+        let handle = match self.running() {
+            Ok(h) => h.clone(),
+            Err(e) => {
+                let _ = reply.send(Err(e));
+                return;
+            }
+        };
+        let myself = myself.clone();
+        spawn_traced(async move {
+            let result = handle.close(conversation_id).await;
+            let _ = myself.cast(HostMsg::Closed { result, reply });
+        });
+    }
+
+    pub(super) async fn closed(
+        &mut self,
+        result: Result<Closed, AgentError>,
+    ) -> Result<Closed, AgentError> {
+        let closed = result?;
+        if closed.outcome == CloseOutcome::AlreadyClosed {
+            return Ok(closed);
+        }
+        let at = now_ms();
+        let Some(slot) = self.conversations.get_mut(&closed.conversation_id) else {
+            return Ok(closed);
+        };
+        slot.record.state = ConversationState::Closed;
+        slot.record.closed_ms = Some(at);
+        let queued: Vec<Waiting> = slot.queue.drain(..).collect();
+        self.store
+            .close_conversation(closed.conversation_id, at)
+            .await?;
+        for w in queued {
+            let sent = self
+                .finish(w.message, Err(AgentError::cancelled("conversation closed")))
+                .await;
+            if let Some(waiter) = w.waiter {
+                let _ = waiter.send(sent);
+            }
+        }
+        Ok(closed)
+    }
+}

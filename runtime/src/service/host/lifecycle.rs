@@ -1,0 +1,202 @@
+//! The session's life under its host: activation (start again, settle pending messages),
+//! restarts after it stops on its own, shutdown.
+
+use super::{
+    ConversationSlot, HostMsg, HostState, Liveness, RESTART_WINDOW, RESTARTS_PER_WINDOW, Waiting,
+    plan,
+};
+use crate::service::metrics;
+use crate::service::registry::SessionTemplate;
+use ractor::{ActorId, ActorRef};
+use std::collections::HashMap;
+use std::time::Instant;
+use troupe_actors::SessionHandle;
+use troupe_proto::store::{ConversationRecord, SessionRecord};
+use troupe_proto::{AgentError, ConversationId};
+
+/// Starts a stored session again under its ids, linked to its host; its conversations'
+/// history comes back from the rollout.
+async fn restart(
+    host: &ActorRef<HostMsg>,
+    template: &SessionTemplate,
+    record: &SessionRecord,
+    conversations: &[ConversationRecord],
+) -> Result<SessionHandle, AgentError> {
+    let (root, others) = plan::restore_plan(record, conversations);
+    let mut config = template.config.clone();
+    config.root_id = Some(record.root_conversation_id);
+    if let Some(root) = root {
+        config.root = root;
+    }
+    let handle = SessionHandle::start_linked(
+        record.session_id,
+        config,
+        template.ports.clone(),
+        host.get_cell(),
+    )
+    .await?;
+    for (id, params) in others {
+        if let Err(e) = handle.restore(id, params).await {
+            let _ = handle.shutdown().await;
+            return Err(e);
+        }
+    }
+    Ok(handle)
+}
+
+impl HostState {
+    /// Activation: start the stored session again, then settle its pending messages.
+    pub(super) async fn activate(&mut self, myself: &ActorRef<HostMsg>) -> Result<(), AgentError> {
+        let session_id = self.record.session_id;
+        let records = self.store.conversations(session_id).await?;
+        let pending = self.store.pending_messages(session_id).await?;
+        let started = restart(myself, &self.template, &self.record, &records).await;
+        self.conversations = records
+            .into_iter()
+            .map(|c| (c.conversation_id, ConversationSlot::new(c)))
+            .collect();
+        match started {
+            Ok(handle) => {
+                self.session = Liveness::Up(handle);
+            }
+            Err(e) => {
+                tracing::error!(%session_id, error = %e, "stored session not started");
+                self.session = Liveness::Down(e);
+            }
+        }
+        let records: HashMap<ConversationId, ConversationRecord> = self
+            .conversations
+            .iter()
+            .map(|(id, c)| (*id, c.record.clone()))
+            .collect();
+        let mut requeued = 0usize;
+        for message in pending {
+            match plan::recover(&message, &records) {
+                plan::Recovery::Requeue => {
+                    let text = message.content.clone().unwrap_or_default();
+                    if let Some(slot) = self.conversations.get_mut(&message.conversation_id) {
+                        requeued += 1;
+                        slot.queue.push_back(Waiting {
+                            message,
+                            text,
+                            waiter: None,
+                        });
+                    }
+                }
+                plan::Recovery::Abort(reason) => {
+                    let _ = self
+                        .finish(message, Err(AgentError::interrupted(reason)))
+                        .await;
+                }
+                plan::Recovery::Cancel => {
+                    let _ = self
+                        .finish(
+                            message,
+                            Err(AgentError::cancelled("its conversation was closed")),
+                        )
+                        .await;
+                }
+            }
+        }
+        tracing::info!(%session_id, requeued, "session activated");
+        if let Err(e) = self.running().cloned() {
+            self.fail_queued(&e).await;
+        }
+        let ids: Vec<ConversationId> = self.conversations.keys().copied().collect();
+        for id in ids {
+            self.run_next(myself, id).await;
+        }
+        Ok(())
+    }
+
+    pub(super) async fn shutdown(&mut self) {
+        self.draining = true;
+        if let Liveness::Up(handle) = &self.session
+            && let Err(e) = handle.shutdown().await
+        {
+            tracing::warn!(session_id = %self.record.session_id, error = %e, "session shutdown");
+        }
+        // The tasks the shutdown cancelled answer through `TaskDone`, still in this mailbox;
+        // the service waits for them with a second drain.
+        self.session = Liveness::Down(AgentError::Overloaded {
+            resource: "service (shutting down)".into(),
+            limit: 0,
+        });
+    }
+
+    /// The session's actor ended: start it again unless the service drains or it keeps
+    /// stopping. What it was running is settled by the `TaskDone`s its end produces.
+    pub(super) async fn session_stopped(&mut self, myself: &ActorRef<HostMsg>, actor: ActorId) {
+        let current = matches!(&self.session, Liveness::Up(h) if h.actor().get_id() == actor);
+        if !current {
+            return; // an earlier run of this session, already replaced
+        }
+        if self.draining {
+            self.session = Liveness::Down(AgentError::Overloaded {
+                resource: "service (shutting down)".into(),
+                limit: 0,
+            });
+            return;
+        }
+        let session_id = self.record.session_id;
+        if !plan::may_restart(
+            &mut self.restarts,
+            Instant::now(),
+            RESTARTS_PER_WINDOW,
+            RESTART_WINDOW,
+        ) {
+            metrics::session_restart("given_up");
+            tracing::error!(%session_id, "session keeps stopping; left down");
+            let down = AgentError::internal(format!(
+                "session {session_id} keeps stopping and was left down"
+            ));
+            self.session = Liveness::Down(down.clone());
+            self.fail_queued(&down).await;
+            return;
+        }
+        tracing::warn!(%session_id, "session stopped on its own; starting it again");
+        self.session = Liveness::Restarting;
+        let record = self.record.clone();
+        let conversations: Vec<ConversationRecord> = self
+            .conversations
+            .values()
+            .map(|c| c.record.clone())
+            .collect();
+        let template = self.template.clone();
+        let myself = myself.clone();
+        tokio::spawn(async move {
+            let result = restart(&myself, &template, &record, &conversations).await;
+            let _ = myself.cast(HostMsg::SessionRestarted { result });
+        });
+    }
+
+    pub(super) async fn session_restarted(
+        &mut self,
+        myself: &ActorRef<HostMsg>,
+        result: Result<SessionHandle, AgentError>,
+    ) {
+        let session_id = self.record.session_id;
+        match result {
+            Ok(handle) if !self.draining => {
+                metrics::session_restart("restarted");
+                tracing::info!(%session_id, "session restarted");
+                self.session = Liveness::Up(handle);
+                let ids: Vec<ConversationId> = self.conversations.keys().copied().collect();
+                for id in ids {
+                    self.run_next(myself, id).await;
+                }
+            }
+            Ok(handle) => {
+                tokio::spawn(async move {
+                    let _ = handle.shutdown().await;
+                });
+            }
+            Err(e) => {
+                metrics::session_restart("failed");
+                tracing::error!(%session_id, error = %e, "session could not be restarted");
+                self.session = Liveness::Down(e.clone());
+                self.fail_queued(&e).await;
+            }
+        }
+    }
+}

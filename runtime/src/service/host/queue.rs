@@ -1,0 +1,300 @@
+//! The durable queue: admitting a message, storing it, running it, storing its outcome, and
+//! starting the next one of its conversation.
+
+use super::{
+    HostMsg, HostState, Liveness, Reply, Running, Waiting, now_ms, plan, spawn_traced,
+    stored_content,
+};
+use crate::service::admission::{Admitted, Load, admit};
+use crate::service::api::Sent;
+use crate::service::metrics;
+use ractor::ActorRef;
+use troupe_actors::events::EventDraft;
+use troupe_proto::store::{
+    ConversationState, FinishMessage, MessageRecord, MessageStatus, NewMessage,
+};
+use troupe_proto::{AgentError, ConversationId, EventKind, MessageReply, Role, StoragePolicy};
+
+impl HostState {
+    pub(super) async fn send(
+        &mut self,
+        myself: &ActorRef<HostMsg>,
+        conversation_id: Option<ConversationId>,
+        text: String,
+        wait: bool,
+        reply: Reply<Sent>,
+    ) {
+        let conversation_id = conversation_id.unwrap_or(self.record.root_conversation_id);
+        let admitted = match &self.session {
+            Liveness::Down(e) => Err(e.clone()),
+            Liveness::Up(_) | Liveness::Restarting => self.admit(conversation_id),
+        };
+        let (admission, policy) = match admitted {
+            Ok(a) => a,
+            Err(e) => {
+                metrics::message_refused(&e);
+                let _ = reply.send(Err(e));
+                return;
+            }
+        };
+        // While the session restarts, what would run now waits for it instead.
+        let admission = match (&self.session, admission) {
+            (Liveness::Up(_), a) => a,
+            (_, _) => Admitted::Queue,
+        };
+        let status = match admission {
+            Admitted::RunNow => MessageStatus::Running,
+            Admitted::Queue => MessageStatus::Queued,
+        };
+        let (content, chars) = stored_content(policy, &text);
+        let stored = self
+            .store
+            .append_message(NewMessage {
+                session_id: self.record.session_id,
+                conversation_id,
+                task_id: None,
+                role: Role::User,
+                content,
+                chars,
+                created_ms: now_ms(),
+                status: Some(status),
+            })
+            .await;
+        let message = match stored {
+            Ok(m) => m,
+            Err(e) => {
+                let _ = reply.send(Err(e));
+                return;
+            }
+        };
+        metrics::message_accepted(status);
+        let waiter = if wait {
+            Some(reply)
+        } else {
+            let _ = reply.send(Ok(Sent {
+                message: message.clone(),
+                reply: None,
+                assistant: None,
+            }));
+            None
+        };
+        let Some(slot) = self.conversations.get_mut(&conversation_id) else {
+            return;
+        };
+        match admission {
+            Admitted::RunNow => self.dispatch(myself, conversation_id, message, text, waiter),
+            Admitted::Queue => slot.queue.push_back(Waiting {
+                message,
+                text,
+                waiter,
+            }),
+        }
+    }
+
+    /// The admission decision for a message to `conversation_id`, and its storage policy.
+    pub(super) fn admit(
+        &self,
+        conversation_id: ConversationId,
+    ) -> Result<(Admitted, StoragePolicy), AgentError> {
+        let slot = self
+            .conversations
+            .get(&conversation_id)
+            .filter(|c| c.record.state == ConversationState::Open)
+            .ok_or_else(|| AgentError::not_found("conversation", conversation_id))?;
+        let load = Load {
+            draining: self.draining,
+            conversation_pending: slot.pending(),
+            busy_conversations: self
+                .conversations
+                .values()
+                .filter(|c| c.pending() > 0)
+                .count(),
+        };
+        let admitted = admit(self.limits, load)?;
+        Ok((admitted, slot.record.params.storage_policy))
+    }
+
+    /// Starts a message's task (its status is already `running` in the store).
+    pub(super) fn dispatch(
+        &mut self,
+        myself: &ActorRef<HostMsg>,
+        conversation_id: ConversationId,
+        message: MessageRecord,
+        text: String,
+        waiter: Option<Reply<Sent>>,
+    ) {
+        let Some(slot) = self.conversations.get_mut(&conversation_id) else {
+            return;
+        };
+        let Liveness::Up(handle) = &self.session else {
+            // Not reached: only an up session runs messages. Kept in line, not lost.
+            slot.queue.push_front(Waiting {
+                message,
+                text,
+                waiter,
+            });
+            return;
+        };
+        let handle = handle.clone();
+        let message_id = message.message_id;
+        slot.running = Some(Running { message, waiter });
+        let myself = myself.clone();
+        spawn_traced(async move {
+            let result = handle.message(conversation_id, text).await;
+            let _ = myself.cast(HostMsg::TaskDone {
+                conversation_id,
+                message_id,
+                result,
+            });
+        });
+    }
+
+    /// Starts the conversation's next queued message, if it is idle and may.
+    pub(super) async fn run_next(
+        &mut self,
+        myself: &ActorRef<HostMsg>,
+        conversation_id: ConversationId,
+    ) {
+        loop {
+            if self.draining || !matches!(self.session, Liveness::Up(_)) {
+                return;
+            }
+            let Some(slot) = self.conversations.get_mut(&conversation_id) else {
+                return;
+            };
+            if slot.running.is_some() {
+                return;
+            }
+            let Some(next) = slot.queue.pop_front() else {
+                return;
+            };
+            match self.store.start_message(next.message.message_id).await {
+                Ok(message) => {
+                    self.emit_update(&message);
+                    self.dispatch(myself, conversation_id, message, next.text, next.waiter);
+                    return;
+                }
+                Err(e) => {
+                    tracing::error!(message_id = next.message.message_id, error = %e, "queued message could not start");
+                    self.reply_failed(next.waiter, e);
+                }
+            }
+        }
+    }
+
+    pub(super) async fn task_done(
+        &mut self,
+        myself: &ActorRef<HostMsg>,
+        conversation_id: ConversationId,
+        message_id: u64,
+        result: Result<MessageReply, AgentError>,
+    ) {
+        let running = self
+            .conversations
+            .get_mut(&conversation_id)
+            .and_then(|slot| slot.running.take_if(|r| r.message.message_id == message_id));
+        let Some(running) = running else {
+            return;
+        };
+        let finished = self.finish(running.message, result).await;
+        if let Some(waiter) = running.waiter {
+            let _ = waiter.send(finished);
+        }
+        self.run_next(myself, conversation_id).await;
+        self.maybe_drained();
+    }
+
+    /// Stores a message's outcome (and its reply, when its task answered), emits
+    /// `message_updated`, and gives back what a waiting caller gets.
+    pub(super) async fn finish(
+        &mut self,
+        message: MessageRecord,
+        result: Result<MessageReply, AgentError>,
+    ) -> Result<Sent, AgentError> {
+        let status = plan::outcome(&result);
+        let policy = self
+            .conversations
+            .get(&message.conversation_id)
+            .map_or(StoragePolicy::None, |c| c.record.params.storage_policy);
+        let reply = result.as_ref().ok().map(|r| {
+            let (content, chars) = stored_content(policy, &r.text);
+            NewMessage {
+                session_id: message.session_id,
+                conversation_id: message.conversation_id,
+                task_id: Some(r.task_id),
+                role: Role::Assistant,
+                content,
+                chars,
+                created_ms: now_ms(),
+                status: None,
+            }
+        });
+        let finish = FinishMessage {
+            message_id: message.message_id,
+            status,
+            task_id: result.as_ref().ok().map(|r| r.task_id),
+            reply,
+        };
+        let stored = self.store.finish_message(finish).await;
+        metrics::message_finished(status);
+        match stored {
+            Ok(done) => {
+                self.emit_update(&done.message);
+                tracing::debug!(
+                    message_id = message.message_id,
+                    status = status.as_str(),
+                    "message ended"
+                );
+                match result {
+                    Ok(r) => Ok(Sent {
+                        message: done.message,
+                        reply: Some(r),
+                        assistant: done.reply,
+                    }),
+                    Err(e) => Err(e),
+                }
+            }
+            Err(e) => {
+                tracing::error!(message_id = message.message_id, error = %e, "message outcome not stored");
+                Err(e)
+            }
+        }
+    }
+
+    /// Publishes a message's status on the session's event stream.
+    pub(super) fn emit_update(&self, message: &MessageRecord) {
+        let (Liveness::Up(handle), Some(status)) = (&self.session, message.status) else {
+            return;
+        };
+        handle.emit(EventDraft::conversation(
+            message.conversation_id,
+            EventKind::MessageUpdated {
+                message_id: message.message_id,
+                status,
+                task_id: message.task_id,
+                reply_message_id: message.reply_message_id,
+            },
+        ));
+    }
+
+    pub(super) fn reply_failed(&self, waiter: Option<Reply<Sent>>, e: AgentError) {
+        if let Some(w) = waiter {
+            let _ = w.send(Err(e));
+        }
+    }
+
+    /// Ends every queued message with `failed` (the session cannot run them).
+    pub(super) async fn fail_queued(&mut self, e: &AgentError) {
+        let queued: Vec<Waiting> = self
+            .conversations
+            .values_mut()
+            .flat_map(|c| c.queue.drain(..))
+            .collect();
+        for w in queued {
+            let sent = self.finish(w.message, Err(e.clone())).await;
+            if let Some(waiter) = w.waiter {
+                let _ = waiter.send(sent);
+            }
+        }
+    }
+}

@@ -1,0 +1,531 @@
+//! Registry: which sessions are active in this process, and the way to each (P1, O2).
+//!
+//! ```text
+//! ServiceSupervisor
+//! └─ Registry
+//!      └─ SessionHost × active sessions   (each owns its session's store rows and queue)
+//! ```
+//!
+//! Stored sessions are not started with the service: a session is **activated** (its
+//! [`SessionHost`] spawned, which starts its actors) on its first use, or at start-up when
+//! the store says it has unfinished messages. So start-up costs the same with ten sessions as
+//! with a hundred thousand.
+//!
+//! The registry never waits for the store or for a session in `handle`: a lookup or a
+//! creation runs in a spawned task that answers with a past-tense notification. It writes
+//! nothing itself; the store's rows of a session are written by its host (and, for a new
+//! session, by the task that creates it, before the host exists).
+//!
+//! # Mailbox
+//! - `Host { scope, session_id }` → the host of a session the scope sees. Active: at once.
+//!   Otherwise a task reads the session's record → `Looked` → spawn its host (linked) and
+//!   answer every caller that waited for it. A session outside the scope is `NotFound`, like
+//!   an unknown one.
+//! - `Create` → a task starts the session and stores it with its root → `Created` → spawn
+//!   its host, reply.
+//! - `Drain` → every host stops starting messages; answered once none runs. New hosts start
+//!   drained. `Shutdown` → every host shuts its session down.
+//! - `Ping` → answered (the registry runs).
+//!
+//! # Failure
+//! A host that stops or fails is forgotten; its next use activates it again from the store.
+//! If the registry itself fails, ractor stops its hosts and their sessions with it; its
+//! supervisor ([`super::supervisor`]) starts a new one, which activates the sessions with
+//! unfinished messages again, as at start-up.
+
+use super::api::CreateSession;
+use super::auth::Scope;
+use super::host::{Created, HostArgs, HostMsg, SessionHost};
+use super::metrics;
+use crate::store::Store;
+use ractor::{Actor, ActorId, ActorProcessingErr, ActorRef, RpcReplyPort, SupervisionEvent};
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::time::{SystemTime, UNIX_EPOCH};
+use tracing::Instrument;
+use troupe_actors::{SessionConfig, SessionHandle, SessionPorts};
+use troupe_proto::store::{ConversationRecord, ConversationState, SessionRecord};
+use troupe_proto::{AgentError, Json, SessionId};
+
+/// What every new session starts from.
+#[derive(Clone)]
+pub struct SessionTemplate {
+    pub config: SessionConfig,
+    pub ports: SessionPorts,
+}
+
+/// Start-up arguments.
+#[derive(Clone)]
+pub struct RegistryArgs {
+    pub store: Arc<dyn Store>,
+    pub template: SessionTemplate,
+}
+
+type Reply<T> = RpcReplyPort<Result<T, AgentError>>;
+
+/// Why a session is activated.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Activation {
+    /// A caller asked for it.
+    Request,
+    /// It has messages that were queued or running when the service stopped.
+    Pending,
+}
+
+impl Activation {
+    const fn label(self) -> &'static str {
+        match self {
+            Self::Request => "request",
+            Self::Pending => "pending",
+        }
+    }
+}
+
+/// The registry's mailbox.
+pub enum RegistryMsg {
+    /// The host of a session the scope sees, activating the session if needed.
+    Host {
+        scope: Scope,
+        session_id: SessionId,
+        reply: Reply<ActorRef<HostMsg>>,
+    },
+    /// Creates a session and its root conversation.
+    Create {
+        scope: Scope,
+        request: CreateSession,
+        reply: Reply<SessionRecord>,
+    },
+    /// Stops admitting messages; answered once none runs.
+    Drain { reply: RpcReplyPort<()> },
+    /// Shuts every active session down.
+    Shutdown { reply: RpcReplyPort<()> },
+    /// Answered at once: the registry runs.
+    Ping { reply: RpcReplyPort<()> },
+    /// A session's record was read for an activation.
+    Looked {
+        session_id: SessionId,
+        result: Result<Option<SessionRecord>, AgentError>,
+        why: Activation,
+    },
+    /// A new session runs and is stored.
+    Created {
+        record: SessionRecord,
+        created: Created,
+        reply: Reply<SessionRecord>,
+    },
+    /// Fault injection: panics inside `handle`, to exercise the supervisor in tests and drills.
+    InjectPanic,
+}
+
+/// An active session.
+struct Active {
+    record: SessionRecord,
+    host: ActorRef<HostMsg>,
+}
+
+/// A caller waiting for an activation.
+struct Waiter {
+    scope: Scope,
+    reply: Reply<ActorRef<HostMsg>>,
+}
+
+/// The registry's state.
+pub struct RegistryState {
+    store: Arc<dyn Store>,
+    template: SessionTemplate,
+    active: HashMap<SessionId, Active>,
+    by_actor: HashMap<ActorId, SessionId>,
+    /// Activations whose record is being read, with the callers that wait for them.
+    looking: HashMap<SessionId, Vec<Waiter>>,
+    draining: bool,
+}
+
+/// The Registry actor.
+pub struct Registry;
+
+#[ractor::async_trait]
+impl Actor for Registry {
+    type Msg = RegistryMsg;
+    type State = RegistryState;
+    type Arguments = RegistryArgs;
+
+    async fn pre_start(
+        &self,
+        _myself: ActorRef<RegistryMsg>,
+        args: RegistryArgs,
+    ) -> Result<RegistryState, ActorProcessingErr> {
+        Ok(RegistryState {
+            store: args.store,
+            template: args.template,
+            active: HashMap::new(),
+            by_actor: HashMap::new(),
+            looking: HashMap::new(),
+            draining: false,
+        })
+    }
+
+    async fn post_start(
+        &self,
+        myself: ActorRef<RegistryMsg>,
+        state: &mut RegistryState,
+    ) -> Result<(), ActorProcessingErr> {
+        // Sessions with unfinished messages are woken now; every other one waits for its
+        // first use.
+        let store = state.store.clone();
+        tokio::spawn(async move {
+            let ids = match store.sessions_with_pending_messages().await {
+                Ok(ids) => ids,
+                Err(e) => {
+                    tracing::error!(error = %e, "pending messages could not be read at start-up");
+                    return;
+                }
+            };
+            tracing::info!(sessions = ids.len(), "sessions with unfinished messages");
+            for session_id in ids {
+                let result = store.get_session(session_id).await;
+                let _ = myself.cast(RegistryMsg::Looked {
+                    session_id,
+                    result,
+                    why: Activation::Pending,
+                });
+            }
+        });
+        Ok(())
+    }
+
+    async fn handle(
+        &self,
+        myself: ActorRef<RegistryMsg>,
+        msg: RegistryMsg,
+        state: &mut RegistryState,
+    ) -> Result<(), ActorProcessingErr> {
+        match msg {
+            RegistryMsg::Host {
+                scope,
+                session_id,
+                reply,
+            } => state.host(&myself, scope, session_id, reply),
+            RegistryMsg::Looked {
+                session_id,
+                result,
+                why,
+            } => state.looked(&myself, session_id, result, why).await,
+            RegistryMsg::Create {
+                scope,
+                request,
+                reply,
+            } => state.create(&myself, &scope, request, reply),
+            RegistryMsg::Created {
+                record,
+                created,
+                reply,
+            } => {
+                let r = state.created(&myself, record, created).await;
+                let _ = reply.send(r);
+            }
+            RegistryMsg::Drain { reply } => {
+                state.draining = true;
+                let hosts = state.hosts();
+                tokio::spawn(async move {
+                    futures::future::join_all(
+                        hosts.iter().map(|h| async move {
+                            ractor::call!(h, |r| HostMsg::Drain { reply: r })
+                        }),
+                    )
+                    .await;
+                    let _ = reply.send(());
+                });
+            }
+            RegistryMsg::Shutdown { reply } => {
+                state.draining = true;
+                let hosts = state.hosts();
+                tracing::info!(sessions = hosts.len(), "shutting sessions down");
+                tokio::spawn(async move {
+                    futures::future::join_all(hosts.iter().map(|h| async move {
+                        ractor::call!(h, |r| HostMsg::Shutdown { reply: r })
+                    }))
+                    .await;
+                    let _ = reply.send(());
+                });
+            }
+            RegistryMsg::Ping { reply } => {
+                let _ = reply.send(());
+            }
+            RegistryMsg::InjectPanic => panic!("injected fault in the sessions registry"),
+        }
+        Ok(())
+    }
+
+    async fn handle_supervisor_evt(
+        &self,
+        _myself: ActorRef<RegistryMsg>,
+        event: SupervisionEvent,
+        state: &mut RegistryState,
+    ) -> Result<(), ActorProcessingErr> {
+        match event {
+            SupervisionEvent::ActorFailed(cell, error) => {
+                if let Some(session_id) = state.forget(cell.get_id()) {
+                    tracing::error!(%session_id, %error, "session host failed; the next use activates it again");
+                }
+            }
+            SupervisionEvent::ActorTerminated(cell, _, reason) => {
+                if let Some(session_id) = state.forget(cell.get_id()) {
+                    tracing::debug!(%session_id, ?reason, "session host stopped");
+                }
+            }
+            _ => {}
+        }
+        Ok(())
+    }
+}
+
+fn now_ms() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map(|d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX))
+        .unwrap_or(0)
+}
+
+/// The record of a session if `scope` sees it; `NotFound` otherwise, as for an unknown id.
+pub fn visible(
+    scope: &Scope,
+    session_id: SessionId,
+    record: Option<SessionRecord>,
+) -> Result<SessionRecord, AgentError> {
+    record
+        .filter(|r| scope.sees(r.project_id.as_deref()))
+        .ok_or_else(|| AgentError::not_found("session", session_id))
+}
+
+/// Starts a new session and stores it with its root conversation (the store's rows exist
+/// before anyone can see the session).
+async fn start_new(
+    template: SessionTemplate,
+    project_id: Option<String>,
+    request: CreateSession,
+    store: Arc<dyn Store>,
+) -> Result<(SessionRecord, Created), AgentError> {
+    let mut config = template.config;
+    if let Some(root) = request.root {
+        config.root = root;
+    }
+    let root_params = config.root.clone();
+    let session_id = SessionId::new();
+    let (handle, _join) = SessionHandle::start(session_id, config, template.ports).await?;
+    let stored = async {
+        let root_id = handle.root().await?;
+        let created_ms = now_ms();
+        let record = SessionRecord {
+            session_id,
+            project_id,
+            title: request.title,
+            created_ms,
+            root_conversation_id: root_id,
+            settings: request
+                .settings
+                .unwrap_or_else(|| Json(serde_json::json!({}))),
+        };
+        let root = ConversationRecord {
+            conversation_id: root_id,
+            session_id,
+            params: root_params,
+            is_root: true,
+            state: ConversationState::Open,
+            created_ms,
+            closed_ms: None,
+        };
+        store.create_session(record.clone()).await?;
+        store.put_conversation(root.clone()).await?;
+        Ok::<_, AgentError>((record, root))
+    };
+    match stored.await {
+        Ok((record, root)) => {
+            tracing::info!(%session_id, project_id = ?record.project_id, "session created");
+            Ok((record, Created { handle, root }))
+        }
+        Err(e) => {
+            tracing::error!(%session_id, error = %e, "session not stored");
+            let _ = handle.shutdown().await;
+            Err(e)
+        }
+    }
+}
+
+impl RegistryState {
+    fn hosts(&self) -> Vec<ActorRef<HostMsg>> {
+        self.active.values().map(|a| a.host.clone()).collect()
+    }
+
+    fn forget(&mut self, actor: ActorId) -> Option<SessionId> {
+        let session_id = self.by_actor.remove(&actor)?;
+        if self
+            .active
+            .get(&session_id)
+            .is_some_and(|a| a.host.get_id() == actor)
+        {
+            self.active.remove(&session_id);
+        }
+        Some(session_id)
+    }
+
+    fn host(
+        &mut self,
+        myself: &ActorRef<RegistryMsg>,
+        scope: Scope,
+        session_id: SessionId,
+        reply: Reply<ActorRef<HostMsg>>,
+    ) {
+        if let Some(active) = self.active.get(&session_id) {
+            let answer = visible(&scope, session_id, Some(active.record.clone()))
+                .map(|_| active.host.clone());
+            let _ = reply.send(answer);
+            return;
+        }
+        let waiter = Waiter { scope, reply };
+        if let Some(waiters) = self.looking.get_mut(&session_id) {
+            waiters.push(waiter);
+            return;
+        }
+        self.looking.insert(session_id, vec![waiter]);
+        let store = self.store.clone();
+        let myself = myself.clone();
+        tokio::spawn(
+            async move {
+                let result = store.get_session(session_id).await;
+                let _ = myself.cast(RegistryMsg::Looked {
+                    session_id,
+                    result,
+                    why: Activation::Request,
+                });
+            }
+            .in_current_span(),
+        );
+    }
+
+    async fn looked(
+        &mut self,
+        myself: &ActorRef<RegistryMsg>,
+        session_id: SessionId,
+        result: Result<Option<SessionRecord>, AgentError>,
+        why: Activation,
+    ) {
+        let waiters = self.looking.remove(&session_id).unwrap_or_default();
+        let host = match (self.active.get(&session_id), result) {
+            (Some(active), _) => Ok(Some((active.record.clone(), active.host.clone()))),
+            (None, Ok(Some(record))) => {
+                self.spawn_host(myself, record.clone(), None)
+                    .await
+                    .map(|host| {
+                        metrics::session_activated(why.label());
+                        Some((record, host))
+                    })
+            }
+            (None, Ok(None)) => Ok(None),
+            (None, Err(e)) => Err(e),
+        };
+        for w in waiters {
+            let answer = match &host {
+                Ok(found) => visible(&w.scope, session_id, found.as_ref().map(|f| f.0.clone()))
+                    .and_then(|_| {
+                        found
+                            .as_ref()
+                            .map(|f| f.1.clone())
+                            .ok_or_else(|| AgentError::not_found("session", session_id))
+                    }),
+                Err(e) => Err(e.clone()),
+            };
+            let _ = w.reply.send(answer);
+        }
+    }
+
+    async fn spawn_host(
+        &mut self,
+        myself: &ActorRef<RegistryMsg>,
+        record: SessionRecord,
+        created: Option<Created>,
+    ) -> Result<ActorRef<HostMsg>, AgentError> {
+        let session_id = record.session_id;
+        let args = HostArgs {
+            record: record.clone(),
+            store: self.store.clone(),
+            template: self.template.clone(),
+            created,
+            draining: self.draining,
+        };
+        let (host, _) = Actor::spawn_linked(None, SessionHost, args, myself.get_cell())
+            .await
+            .map_err(|e| AgentError::internal(format!("session host failed to start: {e}")))?;
+        self.by_actor.insert(host.get_id(), session_id);
+        self.active.insert(
+            session_id,
+            Active {
+                record,
+                host: host.clone(),
+            },
+        );
+        Ok(host)
+    }
+
+    fn create(
+        &self,
+        myself: &ActorRef<RegistryMsg>,
+        scope: &Scope,
+        request: CreateSession,
+        reply: Reply<SessionRecord>,
+    ) {
+        let project_id = match scope.project_for_new(request.project_id.clone()) {
+            Ok(p) => p,
+            Err(e) => {
+                let _ = reply.send(Err(e));
+                return;
+            }
+        };
+        if self.draining {
+            let _ = reply.send(Err(AgentError::Overloaded {
+                resource: "service (shutting down)".into(),
+                limit: 0,
+            }));
+            return;
+        }
+        let template = self.template.clone();
+        let store = self.store.clone();
+        let myself = myself.clone();
+        tokio::spawn(
+            async move {
+                match start_new(template, project_id, request, store).await {
+                    Ok((record, created)) => {
+                        if let Err(e) = myself.cast(RegistryMsg::Created {
+                            record,
+                            created,
+                            reply,
+                        }) {
+                            tracing::error!(error = %e, "registry gone before a new session was registered");
+                        }
+                    }
+                    Err(e) => {
+                        let _ = reply.send(Err(e));
+                    }
+                }
+            }
+            .in_current_span(),
+        );
+    }
+
+    async fn created(
+        &mut self,
+        myself: &ActorRef<RegistryMsg>,
+        record: SessionRecord,
+        created: Created,
+    ) -> Result<SessionRecord, AgentError> {
+        let handle = created.handle.clone();
+        match self.spawn_host(myself, record.clone(), Some(created)).await {
+            Ok(_) => Ok(record),
+            Err(e) => {
+                tokio::spawn(async move {
+                    let _ = handle.shutdown().await;
+                });
+                Err(e)
+            }
+        }
+    }
+}

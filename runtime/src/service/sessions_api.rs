@@ -1,0 +1,338 @@
+//! `SessionsApi`: the typed front door every transport (JSON-RPC, REST, A2A) uses.
+//!
+//! Reads that need no running session (a session's record, the listings, a page of messages,
+//! the current session of a project) go straight to the store, with the caller's scope
+//! checked; nothing is activated for them. Work on a session goes to its host through the
+//! current registry, which the supervisor publishes: a registry restart is followed at once.
+
+use super::api::{CreateSession, Sent};
+use super::auth::Scope;
+use super::host::HostMsg;
+use super::registry::{RegistryArgs, RegistryMsg, visible};
+use super::supervisor::{Health, ServiceSupervisor, SupervisorArgs, SupervisorMsg};
+use crate::store::Store;
+use ractor::{Actor, ActorRef, RactorErr};
+use std::sync::Arc;
+use tokio::sync::watch;
+use troupe_actors::SessionHandle;
+use troupe_proto::store::{ConversationRecord, MessagePage, MessageRecord, SessionRecord};
+use troupe_proto::{AgentError, Closed, ConversationId, OpenConversation, SessionId, SetContext};
+
+/// The service's sessions, as the transports see them. Cheap to clone.
+#[derive(Clone)]
+pub struct SessionsApi {
+    store: Arc<dyn Store>,
+    supervisor: ActorRef<SupervisorMsg>,
+    registry: watch::Receiver<Option<ActorRef<RegistryMsg>>>,
+    health: watch::Receiver<Health>,
+}
+
+impl std::fmt::Debug for SessionsApi {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("SessionsApi").finish_non_exhaustive()
+    }
+}
+
+fn gone<T>(what: &str) -> impl FnOnce(RactorErr<T>) -> AgentError + '_ {
+    move |e| AgentError::internal(format!("{what} unavailable: {e}"))
+}
+
+macro_rules! host_call {
+    ($host:expr, $variant:ident { $($field:ident),* }) => {
+        ractor::call!($host, |reply| HostMsg::$variant { $($field,)* reply })
+            .map_err(gone("session host"))?
+    };
+}
+
+impl SessionsApi {
+    /// Starts the service's actors (the supervisor and its registry) over `store`.
+    pub async fn start(args: RegistryArgs) -> Result<Self, AgentError> {
+        super::metrics::service_series_start_at_zero();
+        let store = args.store.clone();
+        let (registry_tx, registry) = watch::channel(None);
+        let (health_tx, health) = watch::channel(Health::Ok);
+        let (supervisor, _) = Actor::spawn(
+            None,
+            ServiceSupervisor,
+            SupervisorArgs {
+                registry: args,
+                registry_tx,
+                health_tx,
+            },
+        )
+        .await
+        .map_err(|e| AgentError::internal(format!("service failed to start: {e}")))?;
+        Ok(Self {
+            store,
+            supervisor,
+            registry,
+            health,
+        })
+    }
+
+    /// The store the service keeps its sessions in.
+    pub fn store(&self) -> &Arc<dyn Store> {
+        &self.store
+    }
+
+    /// The service's health, as its supervisor publishes it.
+    pub fn health(&self) -> watch::Receiver<Health> {
+        self.health.clone()
+    }
+
+    /// The supervisor (fault injection in tests and drills).
+    pub fn supervisor(&self) -> &ActorRef<SupervisorMsg> {
+        &self.supervisor
+    }
+
+    fn registry(&self) -> Result<ActorRef<RegistryMsg>, AgentError> {
+        self.registry
+            .borrow()
+            .clone()
+            .ok_or_else(|| match &*self.health.borrow() {
+                Health::Failed { reason, .. } => AgentError::internal(reason.clone()),
+                Health::Ok => AgentError::internal("sessions registry restarting"),
+            })
+    }
+
+    /// The host of a session the scope sees, activating the session if needed.
+    async fn host(
+        &self,
+        scope: Scope,
+        session_id: SessionId,
+    ) -> Result<ActorRef<HostMsg>, AgentError> {
+        let registry = self.registry()?;
+        ractor::call!(registry, |reply| RegistryMsg::Host {
+            scope,
+            session_id,
+            reply
+        })
+        .map_err(gone("sessions registry"))?
+    }
+
+    /// A session's record, from the store.
+    async fn record(
+        &self,
+        scope: &Scope,
+        session_id: SessionId,
+    ) -> Result<SessionRecord, AgentError> {
+        visible(scope, session_id, self.store.get_session(session_id).await?)
+    }
+
+    pub async fn create(
+        &self,
+        scope: Scope,
+        request: CreateSession,
+    ) -> Result<SessionRecord, AgentError> {
+        let registry = self.registry()?;
+        ractor::call!(registry, |reply| RegistryMsg::Create {
+            scope,
+            request,
+            reply
+        })
+        .map_err(gone("sessions registry"))?
+    }
+
+    pub async fn get(
+        &self,
+        scope: Scope,
+        session_id: SessionId,
+    ) -> Result<SessionRecord, AgentError> {
+        self.record(&scope, session_id).await
+    }
+
+    /// Sessions the scope sees (of one project when given), newest first.
+    pub async fn list(
+        &self,
+        scope: Scope,
+        project_id: Option<String>,
+    ) -> Result<Vec<SessionRecord>, AgentError> {
+        if let Some(p) = &project_id {
+            if !scope.sees(Some(p)) {
+                return Err(AgentError::not_found("project", p));
+            }
+            return self.store.project_sessions(p).await;
+        }
+        let mut all: Vec<SessionRecord> = self
+            .store
+            .all_sessions()
+            .await?
+            .into_iter()
+            .filter(|r| scope.sees(r.project_id.as_deref()))
+            .collect();
+        all.reverse();
+        Ok(all)
+    }
+
+    /// The running session (activated if needed), for approvals, tasks, statistics and
+    /// event streams.
+    pub async fn session(
+        &self,
+        scope: Scope,
+        session_id: SessionId,
+    ) -> Result<SessionHandle, AgentError> {
+        let host = self.host(scope, session_id).await?;
+        host_call!(host, Session {})
+    }
+
+    /// A session's conversations (open and closed), oldest first.
+    pub async fn conversations(
+        &self,
+        scope: Scope,
+        session_id: SessionId,
+    ) -> Result<Vec<ConversationRecord>, AgentError> {
+        self.record(&scope, session_id).await?;
+        self.store.conversations(session_id).await
+    }
+
+    pub async fn open(
+        &self,
+        scope: Scope,
+        session_id: SessionId,
+        params: OpenConversation,
+    ) -> Result<ConversationId, AgentError> {
+        let host = self.host(scope, session_id).await?;
+        host_call!(host, Open { params })
+    }
+
+    pub async fn set_context(
+        &self,
+        scope: Scope,
+        session_id: SessionId,
+        conversation_id: ConversationId,
+        update: SetContext,
+    ) -> Result<(), AgentError> {
+        let host = self.host(scope, session_id).await?;
+        host_call!(
+            host,
+            SetContext {
+                conversation_id,
+                update
+            }
+        )
+    }
+
+    pub async fn close(
+        &self,
+        scope: Scope,
+        session_id: SessionId,
+        conversation_id: ConversationId,
+    ) -> Result<Closed, AgentError> {
+        let host = self.host(scope, session_id).await?;
+        host_call!(host, Close { conversation_id })
+    }
+
+    /// Stores a user message and runs it; with `wait`, answers once it ended.
+    pub async fn send(
+        &self,
+        scope: Scope,
+        session_id: SessionId,
+        conversation_id: Option<ConversationId>,
+        text: String,
+        wait: bool,
+    ) -> Result<Sent, AgentError> {
+        let host = self.host(scope, session_id).await?;
+        host_call!(
+            host,
+            Send {
+                conversation_id,
+                text,
+                wait
+            }
+        )
+    }
+
+    /// A page of a session's messages, from the store.
+    pub async fn messages(
+        &self,
+        scope: Scope,
+        session_id: SessionId,
+        limit: usize,
+        before: Option<u64>,
+    ) -> Result<MessagePage, AgentError> {
+        self.record(&scope, session_id).await?;
+        self.store.messages(session_id, limit, before).await
+    }
+
+    /// One message of a session, with its status, from the store.
+    pub async fn message(
+        &self,
+        scope: Scope,
+        session_id: SessionId,
+        message_id: u64,
+    ) -> Result<MessageRecord, AgentError> {
+        self.record(&scope, session_id).await?;
+        self.store
+            .message(message_id)
+            .await?
+            .filter(|m| m.session_id == session_id)
+            .ok_or_else(|| AgentError::not_found("message", message_id))
+    }
+
+    pub async fn set_current(
+        &self,
+        scope: Scope,
+        project_id: String,
+        session_id: SessionId,
+    ) -> Result<SessionRecord, AgentError> {
+        if !scope.sees(Some(&project_id)) {
+            return Err(AgentError::not_found("project", project_id));
+        }
+        let record = self.record(&scope, session_id).await?;
+        if record.project_id.as_deref() != Some(project_id.as_str()) {
+            return Err(AgentError::not_found("session", session_id));
+        }
+        self.store
+            .set_current_session(&project_id, session_id)
+            .await?;
+        Ok(record)
+    }
+
+    pub async fn current(
+        &self,
+        scope: Scope,
+        project_id: String,
+    ) -> Result<SessionRecord, AgentError> {
+        if !scope.sees(Some(&project_id)) {
+            return Err(AgentError::not_found("project", project_id));
+        }
+        let id = self
+            .store
+            .current_session(&project_id)
+            .await?
+            .ok_or_else(|| AgentError::not_found("current session of project", &project_id))?;
+        self.record(&scope, id).await
+    }
+
+    /// The store answers, the registry runs, and the service is healthy.
+    pub async fn ready(&self) -> Result<(), AgentError> {
+        if let Health::Failed { reason, .. } = &*self.health.borrow() {
+            return Err(AgentError::internal(reason.clone()));
+        }
+        let registry = self.registry()?;
+        ractor::call!(registry, |reply| RegistryMsg::Ping { reply })
+            .map_err(gone("sessions registry"))?;
+        self.store.ping().await
+    }
+
+    /// Stops admitting messages; returns once none runs.
+    pub async fn drain(&self) -> Result<(), AgentError> {
+        let registry = self.registry()?;
+        ractor::call!(registry, |reply| RegistryMsg::Drain { reply })
+            .map_err(gone("sessions registry"))
+    }
+
+    /// Shuts every active session down (cancelling what still runs) and flushes their
+    /// rollouts.
+    pub async fn shutdown(&self) -> Result<(), AgentError> {
+        let registry = self.registry()?;
+        ractor::call!(registry, |reply| RegistryMsg::Shutdown { reply })
+            .map_err(gone("sessions registry"))
+    }
+
+    /// Stops the service's actors (after `shutdown`).
+    pub async fn stop(&self) {
+        let _ = ractor::call!(self.supervisor, |reply| SupervisorMsg::Stop { reply });
+        self.supervisor.stop(Some("service stopped".into()));
+    }
+}

@@ -1,0 +1,187 @@
+//! ServiceSupervisor: the root of the service's actors (O2).
+//!
+//! ```text
+//! ServiceSupervisor
+//! └─ Registry                     (restarted on failure, at most RESTARTS_PER_WINDOW a window)
+//!      └─ SessionHost × active sessions
+//!           └─ Session (troupe-actors)
+//! ```
+//!
+//! It publishes two things on `watch` channels, read by every caller at the moment of use:
+//! the current [`Registry`] (a restart replaces it; a reference taken once would go stale)
+//! and the service's [`Health`]. When the registry fails it starts a new one, which reloads
+//! what it needs from the store (the sessions with unfinished messages). If that is
+//! impossible (the registry does not start, or keeps failing), the health turns `failed`:
+//! `/healthz` answers 503 with the reason, and `troupe serve` exits non-zero so that its
+//! service manager restarts the process. A registry stopped on purpose (`Stop`) is not
+//! restarted.
+
+use super::metrics;
+use super::registry::{Registry, RegistryArgs, RegistryMsg};
+use ractor::{Actor, ActorProcessingErr, ActorRef, RpcReplyPort, SupervisionEvent};
+use std::time::{Duration, Instant};
+use tokio::sync::watch;
+use troupe_proto::AgentError;
+
+/// At most this many registry restarts per [`RESTART_WINDOW`].
+pub const RESTARTS_PER_WINDOW: usize = 5;
+pub const RESTART_WINDOW: Duration = Duration::from_secs(60);
+
+/// Whether the service can still do its work.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Health {
+    Ok,
+    /// A component failed and could not be recovered; the process should exit.
+    Failed {
+        component: String,
+        reason: String,
+    },
+}
+
+/// Start-up arguments.
+pub struct SupervisorArgs {
+    pub registry: RegistryArgs,
+    pub registry_tx: watch::Sender<Option<ActorRef<RegistryMsg>>>,
+    pub health_tx: watch::Sender<Health>,
+}
+
+/// The supervisor's mailbox.
+pub enum SupervisorMsg {
+    /// Stops the registry for good (the service is shutting down).
+    Stop { reply: RpcReplyPort<()> },
+    /// Fault injection: makes the registry fail, to exercise its restart in tests and drills.
+    FailRegistry,
+}
+
+/// The supervisor's state.
+pub struct SupervisorState {
+    args: RegistryArgs,
+    registry: Option<ActorRef<RegistryMsg>>,
+    registry_tx: watch::Sender<Option<ActorRef<RegistryMsg>>>,
+    health_tx: watch::Sender<Health>,
+    restarts: Vec<Instant>,
+    stopping: bool,
+}
+
+/// The ServiceSupervisor actor.
+pub struct ServiceSupervisor;
+
+#[ractor::async_trait]
+impl Actor for ServiceSupervisor {
+    type Msg = SupervisorMsg;
+    type State = SupervisorState;
+    type Arguments = SupervisorArgs;
+
+    async fn pre_start(
+        &self,
+        myself: ActorRef<SupervisorMsg>,
+        args: SupervisorArgs,
+    ) -> Result<SupervisorState, ActorProcessingErr> {
+        metrics::service_healthy(true);
+        let registry = spawn_registry(&myself, &args.registry).await?;
+        args.registry_tx.send_replace(Some(registry.clone()));
+        Ok(SupervisorState {
+            args: args.registry,
+            registry: Some(registry),
+            registry_tx: args.registry_tx,
+            health_tx: args.health_tx,
+            restarts: Vec::new(),
+            stopping: false,
+        })
+    }
+
+    async fn handle(
+        &self,
+        _myself: ActorRef<SupervisorMsg>,
+        msg: SupervisorMsg,
+        state: &mut SupervisorState,
+    ) -> Result<(), ActorProcessingErr> {
+        match msg {
+            SupervisorMsg::Stop { reply } => {
+                state.stopping = true;
+                if let Some(registry) = state.registry.take() {
+                    state.registry_tx.send_replace(None);
+                    let _ = registry
+                        .stop_and_wait(None, Some(Duration::from_secs(30)))
+                        .await;
+                }
+                let _ = reply.send(());
+            }
+            SupervisorMsg::FailRegistry => {
+                if let Some(registry) = &state.registry {
+                    let _ = registry.cast(RegistryMsg::InjectPanic);
+                }
+            }
+        }
+        Ok(())
+    }
+
+    async fn handle_supervisor_evt(
+        &self,
+        myself: ActorRef<SupervisorMsg>,
+        event: SupervisionEvent,
+        state: &mut SupervisorState,
+    ) -> Result<(), ActorProcessingErr> {
+        let (cell, why) = match &event {
+            SupervisionEvent::ActorFailed(cell, e) => (cell, e.to_string()),
+            SupervisionEvent::ActorTerminated(cell, _, reason) => {
+                (cell, reason.clone().unwrap_or_else(|| "stopped".into()))
+            }
+            _ => return Ok(()),
+        };
+        let is_registry = state
+            .registry
+            .as_ref()
+            .is_some_and(|r| r.get_id() == cell.get_id());
+        if !is_registry || state.stopping {
+            return Ok(());
+        }
+        tracing::error!(reason = %why, "sessions registry stopped; starting a new one");
+        state.registry = None;
+        state.registry_tx.send_replace(None);
+        if !super::host::plan::may_restart(
+            &mut state.restarts,
+            Instant::now(),
+            RESTARTS_PER_WINDOW,
+            RESTART_WINDOW,
+        ) {
+            metrics::service_restart("registry", "given_up");
+            state.fail(format!("the sessions registry keeps failing ({why})"));
+            return Ok(());
+        }
+        match spawn_registry(&myself, &state.args).await {
+            Ok(registry) => {
+                metrics::service_restart("registry", "restarted");
+                tracing::warn!("sessions registry restarted");
+                state.registry_tx.send_replace(Some(registry.clone()));
+                state.registry = Some(registry);
+            }
+            Err(e) => {
+                metrics::service_restart("registry", "given_up");
+                state.fail(format!("the sessions registry could not be restarted: {e}"));
+            }
+        }
+        Ok(())
+    }
+}
+
+async fn spawn_registry(
+    myself: &ActorRef<SupervisorMsg>,
+    args: &RegistryArgs,
+) -> Result<ActorRef<RegistryMsg>, AgentError> {
+    Actor::spawn_linked(None, Registry, args.clone(), myself.get_cell())
+        .await
+        .map(|(r, _)| r)
+        .map_err(|e| AgentError::internal(format!("sessions registry failed to start: {e}")))
+}
+
+impl SupervisorState {
+    fn fail(&self, reason: String) {
+        tracing::error!(%reason, "service unhealthy: it cannot recover by itself");
+        metrics::service_healthy(false);
+        self.health_tx.send_replace(Health::Failed {
+            component: "registry".into(),
+            reason,
+        });
+    }
+}
