@@ -144,6 +144,7 @@ pub enum HostMsg {
     },
     /// The session closed a conversation (or could not).
     Closed {
+        conversation_id: ConversationId,
         result: Result<Closed, AgentError>,
         reply: Reply<Closed>,
     },
@@ -172,6 +173,8 @@ struct ConversationSlot {
     record: ConversationRecord,
     running: Option<Running>,
     queue: VecDeque<Waiting>,
+    /// A close was asked: nothing more starts or is admitted.
+    closing: bool,
 }
 
 impl ConversationSlot {
@@ -180,6 +183,7 @@ impl ConversationSlot {
             record,
             running: None,
             queue: VecDeque::new(),
+            closing: false,
         }
     }
 
@@ -315,8 +319,12 @@ impl Actor for SessionHost {
                 conversation_id,
                 reply,
             } => state.close(&myself, conversation_id, reply),
-            HostMsg::Closed { result, reply } => {
-                let r = state.closed(result).await;
+            HostMsg::Closed {
+                conversation_id,
+                result,
+                reply,
+            } => {
+                let r = state.closed(&myself, conversation_id, result).await;
                 let _ = reply.send(r);
             }
             HostMsg::Drain { reply } => {

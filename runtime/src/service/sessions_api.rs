@@ -85,6 +85,11 @@ impl SessionsApi {
         &self.supervisor
     }
 
+    /// The current registry, if one runs (observation: tests and drills follow its restarts).
+    pub fn current_registry(&self) -> Option<ActorRef<RegistryMsg>> {
+        self.registry.borrow().clone()
+    }
+
     fn registry(&self) -> Result<ActorRef<RegistryMsg>, AgentError> {
         self.registry
             .borrow()

@@ -18,6 +18,7 @@
 //! | `message_complete` | `task_finished` |
 //! | `approval_requested` | `approval_requested` |
 //! | `approval_resolved` | `approval_resolved` |
+//! | `message_status` | `message_updated`: a stored user message started or reached its outcome (`message_id`, `status`, `task_id`, `reply_message_id`) |
 //! | `status_update` | every other kind (`task_started`, `step_started`, `step_finished`, `assistant_message`, `conversation_opened`, `conversation_closed`, `warning`, ...) |
 
 use futures::{Stream, StreamExt};
@@ -31,7 +32,7 @@ use troupe_proto::{AgentError, ConversationId, EventEnvelope, StoragePolicy, Tas
 pub struct StreamEvent {
     /// The session's sequence number: the SSE `id`, the resume cursor.
     pub seq: u64,
-    /// One of the seven client types (see the module doc).
+    /// One of the eight client types (see the module doc).
     #[serde(rename = "type")]
     pub event_type: String,
     /// The troupe event kind (`assistant_chunk`, `task_finished`, ...).
@@ -53,6 +54,7 @@ pub fn event_type(kind: &str) -> &'static str {
         "task_finished" => "message_complete",
         "approval_requested" => "approval_requested",
         "approval_resolved" => "approval_resolved",
+        "message_updated" => "message_status",
         _ => "status_update",
     }
 }
@@ -141,6 +143,7 @@ mod tests {
         assert_eq!(event_type("tool_call_finished"), "tool_call");
         assert_eq!(event_type("step_started"), "status_update");
         assert_eq!(event_type("approval_resolved"), "approval_resolved");
+        assert_eq!(event_type("message_updated"), "message_status");
     }
 
     #[test]

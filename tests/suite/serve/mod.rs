@@ -2,13 +2,16 @@
 //! model, in-memory store) for the API, the real binary as a child for signals and stdio.
 
 mod auth;
+mod crash;
 mod fuzz;
 mod process;
 mod props;
+mod queue;
 mod rest;
 mod restart;
 mod rpc;
 mod streams;
+mod supervision;
 
 use futures::StreamExt;
 use reqwest::StatusCode;

@@ -4,9 +4,7 @@
 use super::{ConversationSlot, HostMsg, HostState, Reply, Waiting, now_ms, spawn_traced};
 use ractor::ActorRef;
 use troupe_proto::store::{ConversationRecord, ConversationState};
-use troupe_proto::{
-    AgentError, CloseOutcome, Closed, ConversationId, OpenConversation, SetContext,
-};
+use troupe_proto::{AgentError, Closed, ConversationId, OpenConversation, SetContext};
 
 impl HostState {
     pub(super) fn open(
@@ -108,8 +106,10 @@ impl HostState {
         Ok(())
     }
 
+    /// Asks the session to close a conversation. Its queued messages wait (none starts) until
+    /// the session answered: then they are cancelled, or start again if the close failed.
     pub(super) fn close(
-        &self,
+        &mut self,
         myself: &ActorRef<HostMsg>,
         conversation_id: ConversationId,
         reply: Reply<Closed>,
@@ -121,31 +121,48 @@ impl HostState {
                 return;
             }
         };
+        if let Some(slot) = self.conversations.get_mut(&conversation_id) {
+            slot.closing = true;
+        }
         let myself = myself.clone();
         spawn_traced(async move {
             let result = handle.close(conversation_id).await;
-            let _ = myself.cast(HostMsg::Closed { result, reply });
+            let _ = myself.cast(HostMsg::Closed {
+                conversation_id,
+                result,
+                reply,
+            });
         });
     }
 
     pub(super) async fn closed(
         &mut self,
+        myself: &ActorRef<HostMsg>,
+        conversation_id: ConversationId,
         result: Result<Closed, AgentError>,
     ) -> Result<Closed, AgentError> {
-        let closed = result?;
-        if closed.outcome == CloseOutcome::AlreadyClosed {
-            return Ok(closed);
-        }
-        let at = now_ms();
-        let Some(slot) = self.conversations.get_mut(&closed.conversation_id) else {
+        let closed = match result {
+            Ok(c) => c,
+            Err(e) => {
+                if let Some(slot) = self.conversations.get_mut(&conversation_id) {
+                    slot.closing = false;
+                }
+                self.run_next(myself, conversation_id).await;
+                return Err(e);
+            }
+        };
+        let Some(slot) = self
+            .conversations
+            .get_mut(&conversation_id)
+            .filter(|s| s.record.state == ConversationState::Open)
+        else {
             return Ok(closed);
         };
+        let at = now_ms();
         slot.record.state = ConversationState::Closed;
         slot.record.closed_ms = Some(at);
         let queued: Vec<Waiting> = slot.queue.drain(..).collect();
-        self.store
-            .close_conversation(closed.conversation_id, at)
-            .await?;
+        self.store.close_conversation(conversation_id, at).await?;
         for w in queued {
             let sent = self
                 .finish(w.message, Err(AgentError::cancelled("conversation closed")))

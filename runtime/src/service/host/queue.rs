@@ -99,7 +99,7 @@ impl HostState {
         let slot = self
             .conversations
             .get(&conversation_id)
-            .filter(|c| c.record.state == ConversationState::Open)
+            .filter(|c| c.record.state == ConversationState::Open && !c.closing)
             .ok_or_else(|| AgentError::not_found("conversation", conversation_id))?;
         let load = Load {
             draining: self.draining,
@@ -162,7 +162,7 @@ impl HostState {
             let Some(slot) = self.conversations.get_mut(&conversation_id) else {
                 return;
             };
-            if slot.running.is_some() {
+            if slot.running.is_some() || slot.closing {
                 return;
             }
             let Some(next) = slot.queue.pop_front() else {

@@ -1,0 +1,394 @@
+//! The durable queue: every acknowledged message reaches an outcome that the API shows
+//! (REST, JSON-RPC, the event stream), queued messages run in order, a full queue refuses
+//! before storing, a close cancels what waits, and a restart settles what was pending.
+
+use super::{Api, Server, id};
+use reqwest::StatusCode;
+use serde_json::{Value, json};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+use troupe_actors::ports::ApproxTokens;
+use troupe_proto::store::{
+    ConversationRecord, ConversationState, MessageStatus, NewMessage, SessionRecord,
+};
+use troupe_proto::{ConversationId, Json, OpenConversation, Role, SessionId, StoragePolicy};
+use troupe_runtime::config::TroupeConfig;
+use troupe_runtime::service::Service;
+use troupe_runtime::store::{SqliteStore, Store};
+use troupe_runtime::{ScriptedModel, ScriptedReply, assembly};
+
+/// Posts a message without waiting for its reply: the status and the answer.
+async fn post(api: &Api, sid: &str, conversation: Option<&str>, text: &str) -> (StatusCode, Value) {
+    let mut body = json!({"text": text, "wait": false});
+    if let Some(c) = conversation {
+        body["conversation_id"] = json!(c);
+    }
+    api.post(&format!("/api/sessions/{sid}/messages"), body)
+        .await
+}
+
+/// Polls a message until it reached an outcome (at most 15 s).
+async fn outcome(api: &Api, sid: &str, message_id: u64) -> Value {
+    let t0 = Instant::now();
+    loop {
+        let (status, m) = api
+            .get(&format!("/api/sessions/{sid}/messages/{message_id}"))
+            .await;
+        assert_eq!(status, StatusCode::OK, "{m}");
+        let s = m["status"].as_str().unwrap_or_default();
+        if !matches!(s, "queued" | "running") {
+            return m;
+        }
+        assert!(
+            t0.elapsed() < Duration::from_secs(15),
+            "message {message_id} still {s}"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+fn delayed(text: &str, ms: u64) -> ScriptedReply {
+    ScriptedReply {
+        delay_ms: ms,
+        ..ScriptedReply::text(text)
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn queued_messages_run_in_order_and_each_reports_its_outcome() {
+    let server = Server::start_with(
+        |_| {},
+        vec![
+            delayed("one", 400),
+            ScriptedReply::text("two"),
+            ScriptedReply::text("three"),
+        ],
+    )
+    .await;
+    let api = server.api();
+    let sid = id(&api.session(None).await, "session_id");
+
+    let mut acked = Vec::new();
+    for text in ["a", "b", "c"] {
+        let (status, v) = post(&api, &sid, None, text).await;
+        assert_eq!(status, StatusCode::ACCEPTED, "{v}");
+        acked.push(v["message"].clone());
+    }
+    let statuses: Vec<&str> = acked
+        .iter()
+        .map(|m| m["status"].as_str().unwrap())
+        .collect();
+    assert_eq!(statuses, ["running", "queued", "queued"], "{acked:?}");
+
+    let mut replies = Vec::new();
+    for m in &acked {
+        let done = outcome(&api, &sid, m["message_id"].as_u64().unwrap()).await;
+        assert_eq!(done["status"], "completed", "{done}");
+        assert!(done["task_id"].is_string(), "{done}");
+        let reply_id = done["reply_message_id"].as_u64().unwrap();
+        // JSON-RPC shows the same record.
+        let rpc = api
+            .call(
+                "messages.get",
+                json!({"session_id": sid, "message_id": reply_id}),
+            )
+            .await;
+        assert_eq!(rpc["role"], "assistant");
+        assert_eq!(rpc["task_id"], done["task_id"]);
+        replies.push(rpc["content"].as_str().unwrap().to_owned());
+    }
+    assert_eq!(replies, ["one", "two", "three"], "in the order sent");
+
+    // The event stream reports each change: the queued ones start, every one ends.
+    let events = api
+        .sse(&sid, None, |seen| {
+            seen.iter()
+                .filter(|e| e["type"] == "message_status" && e["data"]["status"] == "completed")
+                .count()
+                == 3
+        })
+        .await;
+    let updates: Vec<(u64, String)> = events
+        .iter()
+        .filter(|e| e["type"] == "message_status")
+        .map(|e| {
+            (
+                e["data"]["message_id"].as_u64().unwrap(),
+                e["data"]["status"].as_str().unwrap().to_owned(),
+            )
+        })
+        .collect();
+    let ids: Vec<u64> = acked
+        .iter()
+        .map(|m| m["message_id"].as_u64().unwrap())
+        .collect();
+    assert_eq!(
+        updates,
+        vec![
+            (ids[0], "completed".into()),
+            (ids[1], "running".into()),
+            (ids[1], "completed".into()),
+            (ids[2], "running".into()),
+            (ids[2], "completed".into()),
+        ]
+    );
+    server.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_full_queue_refuses_before_storing_and_a_close_cancels_what_waits() {
+    let server = Server::start_with(
+        |c| c.server.conversation_queue = 1,
+        vec![ScriptedReply {
+            hang: true,
+            ..ScriptedReply::default()
+        }],
+    )
+    .await;
+    let api = server.api();
+    let sid = id(&api.session(None).await, "session_id");
+    let opened = api
+        .call("conversation.open", json!({"session_id": sid}))
+        .await;
+    let conv = id(&opened, "conversation_id");
+
+    let (s1, running) = post(&api, &sid, Some(&conv), "runs").await;
+    let (s2, queued) = post(&api, &sid, Some(&conv), "waits").await;
+    let (s3, refused) = post(&api, &sid, Some(&conv), "refused").await;
+    assert_eq!((s1, s2), (StatusCode::ACCEPTED, StatusCode::ACCEPTED));
+    assert_eq!(s3, StatusCode::SERVICE_UNAVAILABLE, "{refused}");
+    assert_eq!(refused["code"], "overloaded");
+    let (_, page) = api.get(&format!("/api/sessions/{sid}/messages")).await;
+    let texts: Vec<&str> = page["messages"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|m| m["content"].as_str().unwrap())
+        .collect();
+    assert_eq!(texts, ["runs", "waits"], "nothing of a refusal is stored");
+
+    let closed = api
+        .call(
+            "conversation.close",
+            json!({"session_id": sid, "conversation_id": conv}),
+        )
+        .await;
+    assert_eq!(closed["outcome"], "closed");
+    let r = outcome(
+        &api,
+        &sid,
+        running["message"]["message_id"].as_u64().unwrap(),
+    )
+    .await;
+    let q = outcome(
+        &api,
+        &sid,
+        queued["message"]["message_id"].as_u64().unwrap(),
+    )
+    .await;
+    assert_eq!(r["status"], "cancelled", "{r}");
+    assert_eq!(q["status"], "cancelled", "{q}");
+    assert!(q["reply_message_id"].is_null(), "it never ran: {q}");
+    server.stop().await;
+}
+
+fn conversation(
+    session: &SessionRecord,
+    id: ConversationId,
+    policy: StoragePolicy,
+    state: ConversationState,
+) -> ConversationRecord {
+    ConversationRecord {
+        conversation_id: id,
+        session_id: session.session_id,
+        params: OpenConversation {
+            storage_policy: policy,
+            ..OpenConversation::default()
+        },
+        is_root: id == session.root_conversation_id,
+        state,
+        created_ms: 1,
+        closed_ms: (state == ConversationState::Closed).then_some(2),
+    }
+}
+
+fn user(
+    session: &SessionRecord,
+    conversation: ConversationId,
+    text: Option<&str>,
+    status: MessageStatus,
+) -> NewMessage {
+    NewMessage {
+        session_id: session.session_id,
+        conversation_id: conversation,
+        task_id: None,
+        role: Role::User,
+        content: text.map(str::to_owned),
+        chars: 5,
+        created_ms: 3,
+        status: Some(status),
+    }
+}
+
+async fn service_over(dir: &std::path::Path) -> (Service, String, tokio::task::JoinHandle<()>) {
+    let config = TroupeConfig {
+        data_dir: dir.to_owned(),
+        ..TroupeConfig::default()
+    };
+    let model = Arc::new(ScriptedModel::new(Vec::new()));
+    let ports = assembly::session_ports(&config, model, Arc::new(ApproxTokens));
+    let store = Arc::new(SqliteStore::open_in(dir).unwrap());
+    let service = Service::start(&config, store, ports, None).await.unwrap();
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let base = format!("http://{}", listener.local_addr().unwrap());
+    let s = service.clone();
+    let task = tokio::spawn(async move { s.serve_http(listener).await.unwrap() });
+    (service, base, task)
+}
+
+/// What a crash left in the store is settled at the next start, without any request: a
+/// message that was running ends aborted, a queued one runs, one whose conversation keeps no
+/// text ends aborted (there is nothing to run), one of a closed conversation is cancelled.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_restart_settles_every_pending_message() {
+    let dir = tempfile::tempdir().unwrap();
+    let session = SessionRecord {
+        session_id: SessionId::new(),
+        project_id: None,
+        title: None,
+        created_ms: 1,
+        root_conversation_id: ConversationId::new(),
+        settings: Json(json!({})),
+    };
+    let root = session.root_conversation_id;
+    let (headers_only, closed) = (ConversationId::new(), ConversationId::new());
+    let ids = {
+        let store = SqliteStore::open_in(dir.path()).unwrap();
+        store.create_session(session.clone()).await.unwrap();
+        for (id, policy, state) in [
+            (root, StoragePolicy::Full, ConversationState::Open),
+            (
+                headers_only,
+                StoragePolicy::HeadersOnly,
+                ConversationState::Open,
+            ),
+            (closed, StoragePolicy::Full, ConversationState::Closed),
+        ] {
+            store
+                .put_conversation(conversation(&session, id, policy, state))
+                .await
+                .unwrap();
+        }
+        let mut ids = Vec::new();
+        for m in [
+            user(&session, root, Some("was running"), MessageStatus::Running),
+            user(&session, root, Some("was queued"), MessageStatus::Queued),
+            user(&session, headers_only, None, MessageStatus::Queued),
+            user(&session, closed, Some("closed"), MessageStatus::Queued),
+        ] {
+            ids.push(store.append_message(m).await.unwrap().message_id);
+        }
+        ids
+    };
+
+    let (service, base, task) = service_over(dir.path()).await;
+    let api = Api::new(&base, None);
+    let sid = session.session_id.to_string();
+    let mut ended = Vec::new();
+    for id in &ids {
+        ended.push(outcome(&api, &sid, *id).await);
+    }
+    let statuses: Vec<&str> = ended
+        .iter()
+        .map(|m| m["status"].as_str().unwrap())
+        .collect();
+    assert_eq!(statuses, ["aborted", "completed", "aborted", "cancelled"]);
+    let reply = api
+        .call(
+            "messages.get",
+            json!({"session_id": sid, "message_id": ended[1]["reply_message_id"]}),
+        )
+        .await;
+    assert_eq!(reply["content"], "You said: was queued");
+    assert!(ended[0]["reply_message_id"].is_null());
+
+    // The event stream says so too (recorded, so a client that connects later sees it).
+    let events = api
+        .sse(&sid, None, |seen| {
+            seen.iter()
+                .filter(|e| e["type"] == "message_status")
+                .count()
+                >= 5
+        })
+        .await;
+    let updates: Vec<(u64, &str)> = events
+        .iter()
+        .filter(|e| e["type"] == "message_status")
+        .map(|e| {
+            (
+                e["data"]["message_id"].as_u64().unwrap(),
+                e["data"]["status"].as_str().unwrap(),
+            )
+        })
+        .collect();
+    for (id, status) in ids.iter().zip(&statuses) {
+        assert!(
+            updates.contains(&(*id, *status)),
+            "{id} {status}: {updates:?}"
+        );
+    }
+    service.shutdown_token().cancel();
+    task.await.unwrap();
+}
+
+/// Stored sessions are not started with the service: only on their first use (or when they
+/// hold unfinished messages). Reading a session's record or messages starts nothing.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn stored_sessions_start_on_first_use() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut sessions = Vec::new();
+    {
+        let store = SqliteStore::open_in(dir.path()).unwrap();
+        for i in 0..40 {
+            let s = SessionRecord {
+                session_id: SessionId::new(),
+                project_id: Some("p".into()),
+                title: Some(format!("s{i}")),
+                created_ms: i,
+                root_conversation_id: ConversationId::new(),
+                settings: Json(json!({})),
+            };
+            store.create_session(s.clone()).await.unwrap();
+            let root = s.root_conversation_id;
+            store
+                .put_conversation(conversation(
+                    &s,
+                    root,
+                    StoragePolicy::Full,
+                    ConversationState::Open,
+                ))
+                .await
+                .unwrap();
+            sessions.push(s);
+        }
+    }
+    let live = troupe_actors::conversation::live_conversations;
+    let (service, base, task) = service_over(dir.path()).await;
+    let api = Api::new(&base, None);
+    let (status, ready) = api.get("/readyz").await;
+    assert_eq!(status, StatusCode::OK, "{ready}");
+    let (_, listed) = api.get("/api/projects/p/sessions").await;
+    assert_eq!(listed.as_array().unwrap().len(), 40);
+    let sid = sessions[7].session_id.to_string();
+    let (status, _) = api.get(&format!("/api/sessions/{sid}")).await;
+    assert_eq!(status, StatusCode::OK);
+    let (status, _) = api.get(&format!("/api/sessions/{sid}/messages")).await;
+    assert_eq!(status, StatusCode::OK);
+    assert_eq!(live(), 0, "nothing started for reads");
+
+    let reply = api.say(&sid, "wake up").await;
+    assert_eq!(reply["reply"]["text"], "You said: wake up");
+    assert_eq!(live(), 1, "one session (its root conversation) started");
+    service.shutdown_token().cancel();
+    task.await.unwrap();
+}
