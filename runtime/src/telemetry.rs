@@ -161,12 +161,15 @@ pub fn provider(
     .build()
 }
 
+/// The variable whose filter the console logs follow (`info`, `troupe=debug`, ...).
+pub const LOG_ENV: &str = "TROUPE_LOG";
+
 /// The subscriber every troupe process runs: console logs per `TROUPE_LOG`, and troupe's
 /// spans (at `info` and above, whatever the console shows) into `provider`.
 pub fn subscriber(
     provider: &SdkTracerProvider,
 ) -> impl tracing::Subscriber + Send + Sync + 'static {
-    let filter = EnvFilter::try_from_env("TROUPE_LOG").unwrap_or_else(|_| EnvFilter::new("warn"));
+    let filter = EnvFilter::try_from_env(LOG_ENV).unwrap_or_else(|_| EnvFilter::new("warn"));
     let fmt = tracing_subscriber::fmt::layer()
         .with_writer(std::io::stderr)
         .with_filter(filter);

@@ -756,6 +756,14 @@ fn the_sample_configuration_parses_and_the_unit_can_write_its_directories() {
         "{:?}",
         values("ExecStart")
     );
+    // The unit sets the log filter the binary reads.
+    let env = values("Environment");
+    assert!(
+        env.iter()
+            .any(|e| e.starts_with(&format!("{}=", troupe_runtime::telemetry::LOG_ENV))),
+        "{env:?}"
+    );
+    assert!(!env.iter().any(|e| e.starts_with("RUST_LOG=")), "{env:?}");
     // ProtectSystem=strict: the service may write only what ReadWritePaths lists.
     let writable = values("ReadWritePaths");
     for dir in [&config.data_dir, &config.log_dir] {
