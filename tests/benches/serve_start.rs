@@ -16,8 +16,7 @@ use std::process::{Command, Stdio};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 use troupe_proto::store::{
-    ConversationRecord, ConversationState, FinishMessage, MessageStatus, NewMessage,
-    SessionRecord,
+    ConversationRecord, ConversationState, FinishMessage, MessageStatus, NewMessage, SessionRecord,
 };
 use troupe_proto::{ConversationId, Json, OpenConversation, Role, SessionId, TaskId};
 use troupe_runtime::store::{SqliteStore, Store};
@@ -160,7 +159,9 @@ fn ms(d: Duration) -> String {
 
 #[tokio::main]
 async fn main() {
-    println!("| stored sessions | to address p50 | to /readyz p50 | to a first reply (activation) p50 | RSS after | populate |");
+    println!(
+        "| stored sessions | to address p50 | to /readyz p50 | to a first reply (activation) p50 | RSS after | populate |"
+    );
     println!("|---:|---:|---:|---:|---:|---:|");
     for n in SIZES {
         let dir = tempfile::tempdir().unwrap();

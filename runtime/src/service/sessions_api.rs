@@ -85,6 +85,13 @@ impl SessionsApi {
         &self.supervisor
     }
 
+    /// Marks the service as failed because `component` could not be recovered.
+    pub fn report_failure(&self, component: &'static str, reason: String) {
+        let _ = self
+            .supervisor
+            .cast(SupervisorMsg::ComponentFailed { component, reason });
+    }
+
     /// The current registry, if one runs (observation: tests and drills follow its restarts).
     pub fn current_registry(&self) -> Option<ActorRef<RegistryMsg>> {
         self.registry.borrow().clone()

@@ -7,6 +7,9 @@
 //!           └─ Session (troupe-actors)
 //! ```
 //!
+//! The A2A endpoint has a supervisor of its own (`a2a::supervisor`), which reports here when
+//! it gives up (`ComponentFailed`), so the whole service's health says so.
+//!
 //! It publishes two things on `watch` channels, read by every caller at the moment of use:
 //! the current [`Registry`] (a restart replaces it; a reference taken once would go stale)
 //! and the service's [`Health`]. When the registry fails it starts a new one, which reloads
@@ -51,6 +54,11 @@ pub enum SupervisorMsg {
     Stop { reply: RpcReplyPort<()> },
     /// Fault injection: makes the registry fail, to exercise its restart in tests and drills.
     FailRegistry,
+    /// Another supervised part of the service (the A2A endpoint) failed for good.
+    ComponentFailed {
+        component: &'static str,
+        reason: String,
+    },
 }
 
 /// The supervisor's state.
@@ -112,6 +120,9 @@ impl Actor for ServiceSupervisor {
                     let _ = registry.cast(RegistryMsg::InjectPanic);
                 }
             }
+            SupervisorMsg::ComponentFailed { component, reason } => {
+                state.fail(component, reason);
+            }
         }
         Ok(())
     }
@@ -146,7 +157,10 @@ impl Actor for ServiceSupervisor {
             RESTART_WINDOW,
         ) {
             metrics::service_restart("registry", "given_up");
-            state.fail(format!("the sessions registry keeps failing ({why})"));
+            state.fail(
+                "registry",
+                format!("the sessions registry keeps failing ({why})"),
+            );
             return Ok(());
         }
         match spawn_registry(&myself, &state.args).await {
@@ -158,7 +172,10 @@ impl Actor for ServiceSupervisor {
             }
             Err(e) => {
                 metrics::service_restart("registry", "given_up");
-                state.fail(format!("the sessions registry could not be restarted: {e}"));
+                state.fail(
+                    "registry",
+                    format!("the sessions registry could not be restarted: {e}"),
+                );
             }
         }
         Ok(())
@@ -176,11 +193,11 @@ async fn spawn_registry(
 }
 
 impl SupervisorState {
-    fn fail(&self, reason: String) {
-        tracing::error!(%reason, "service unhealthy: it cannot recover by itself");
+    fn fail(&self, component: &str, reason: String) {
+        tracing::error!(component, %reason, "service unhealthy: it cannot recover by itself");
         metrics::service_healthy(false);
         self.health_tx.send_replace(Health::Failed {
-            component: "registry".into(),
+            component: component.to_owned(),
             reason,
         });
     }

@@ -32,7 +32,8 @@ pub const VERSION_HEADER: &str = "a2a-version";
 /// What the routes share.
 #[derive(Clone)]
 pub struct A2aState {
-    pub(super) tasks: ActorRef<A2aTasksMsg>,
+    /// The current tasks actor, as its supervisor publishes it (a restart replaces it).
+    pub(super) tasks: tokio::sync::watch::Receiver<Option<ActorRef<A2aTasksMsg>>>,
     pub(super) card: Arc<CardInfo>,
     /// Absolute URL of the JSON-RPC endpoint; derived from each request's Host when `None`.
     pub(super) public_url: Option<Arc<str>>,
@@ -268,11 +269,15 @@ fn task_json(version: Version, task: &Task) -> Value {
     }
 }
 
-/// An RPC to the actor; a dead actor is an internal error.
+/// An RPC to the current actor; a dead (or restarting) actor is an internal error.
 async fn ask<T: Send + 'static>(
-    tasks: &ActorRef<A2aTasksMsg>,
+    tasks: &tokio::sync::watch::Receiver<Option<ActorRef<A2aTasksMsg>>>,
     msg: impl FnOnce(ractor::RpcReplyPort<T>) -> A2aTasksMsg,
 ) -> Result<T, A2aError> {
+    let tasks = tasks
+        .borrow()
+        .clone()
+        .ok_or_else(|| A2aError::Internal("a2a tasks restarting".into()))?;
     ractor::call!(tasks, msg).map_err(|e| A2aError::Internal(format!("a2a tasks unavailable: {e}")))
 }
 

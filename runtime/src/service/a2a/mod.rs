@@ -9,7 +9,7 @@
 //!                                     tasks/cancel, tasks/resubscribe
 //!        │
 //!        ▼
-//! A2aTasks actor (TaskBook: contextId → conversation, A2A task → troupe task)
+//! A2aSupervisor → A2aTasks actor (TaskBook: contextId → conversation, A2A task → troupe task)
 //!        │  open / message / cancel_task / respond_approval / subscribe
 //!        ▼
 //! A2aBackend (a SessionHandle: the session every A2A context runs in)
@@ -18,7 +18,8 @@
 //! A context is a conversation of that session (a context the server names has the
 //! conversation's id); each message starts one A2A task, run by one troupe task; tasks of a
 //! context run one after another. Records live in the actor's memory (the newest
-//! `max_finished` finished tasks are kept).
+//! `max_finished` finished tasks are kept); its supervisor ([`supervisor`]) replaces it when
+//! it fails, and the handlers follow the replacement.
 
 mod backend;
 mod book;
@@ -30,6 +31,7 @@ pub mod metrics;
 pub mod model;
 pub mod mount;
 pub mod request;
+pub mod supervisor;
 mod tasks;
 pub mod version;
 pub mod wire_v03;
@@ -84,6 +86,7 @@ impl Default for A2aConfig {
 /// A running A2A endpoint.
 pub struct A2a {
     state: http::A2aState,
+    supervisor: ActorRef<supervisor::A2aSupervisorMsg>,
     join: JoinHandle<()>,
 }
 
@@ -96,23 +99,29 @@ impl std::fmt::Debug for A2a {
 }
 
 impl A2a {
-    /// Starts the endpoint's actor over `backend`.
+    /// Starts the endpoint's actor over `backend`, under its supervisor; `give_up` is
+    /// called if the actor keeps failing and is left down.
     pub async fn start(
         backend: Arc<dyn A2aBackend>,
         config: A2aConfig,
+        give_up: Option<supervisor::GiveUp>,
     ) -> Result<Self, AgentError> {
         metrics::describe();
-        let (tasks, join) = Actor::spawn(
+        let (tasks_tx, tasks) = tokio::sync::watch::channel(None);
+        let (supervisor, join) = Actor::spawn(
             None,
-            A2aTasks,
-            A2aTasksArgs {
+            supervisor::A2aSupervisor,
+            supervisor::A2aSupervisorArgs {
                 backend,
                 config: config.tasks,
+                tasks_tx,
+                give_up,
             },
         )
         .await
-        .map_err(|e| AgentError::internal(format!("a2a tasks failed to start: {e}")))?;
+        .map_err(|e| AgentError::internal(format!("a2a endpoint failed to start: {e}")))?;
         Ok(Self {
+            supervisor,
             state: http::A2aState {
                 tasks,
                 card: Arc::new(config.card),
@@ -144,14 +153,19 @@ impl A2a {
         self.card_router().merge(self.rpc_router())
     }
 
-    /// The actor (tests, supervision).
-    pub fn actor(&self) -> &ActorRef<A2aTasksMsg> {
-        &self.state.tasks
+    /// The current tasks actor, if one runs (tests, drills).
+    pub fn actor(&self) -> Option<ActorRef<A2aTasksMsg>> {
+        self.state.tasks.borrow().clone()
     }
 
-    /// Stops the actor; open streams end.
+    /// The supervisor (fault injection in tests and drills).
+    pub fn supervisor(&self) -> &ActorRef<supervisor::A2aSupervisorMsg> {
+        &self.supervisor
+    }
+
+    /// Stops the actor and its supervisor; open streams end.
     pub async fn stop(self) {
-        self.state.tasks.stop(None);
+        self.supervisor.stop(None);
         let _ = self.join.await;
     }
 }

@@ -131,7 +131,9 @@ pub async fn mount(
     config: &A2aServerConfig,
     bearer_auth: bool,
 ) -> Result<(A2a, ExtraRoutes), AgentError> {
-    let backend = RegistryBackend::new(sessions, &config.project);
+    let backend = RegistryBackend::new(sessions.clone(), &config.project);
+    let give_up: super::supervisor::GiveUp =
+        Arc::new(move |reason| sessions.report_failure("a2a", reason));
     let endpoint = A2a::start(
         Arc::new(backend),
         A2aConfig {
@@ -143,6 +145,7 @@ pub async fn mount(
             public_url: config.public_url.clone(),
             ..A2aConfig::default()
         },
+        Some(give_up),
     )
     .await?;
     let project: Arc<str> = Arc::from(config.project.as_str());

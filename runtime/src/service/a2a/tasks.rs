@@ -151,6 +151,8 @@ pub enum A2aTasksMsg {
     },
     /// The grace for a task's `task_finished` event is over.
     FinishDue { task_id: String },
+    /// Fault injection: panics inside `handle`, to exercise its supervisor in tests and drills.
+    InjectPanic,
 }
 
 /// The actor.
@@ -199,6 +201,7 @@ impl Actor for A2aTasks {
         state: &mut Self::State,
     ) -> Result<(), ActorProcessingErr> {
         match msg {
+            A2aTasksMsg::InjectPanic => panic!("injected fault in the A2A tasks actor"),
             A2aTasksMsg::Send {
                 params,
                 input,

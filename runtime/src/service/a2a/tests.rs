@@ -43,7 +43,7 @@ impl Fixture {
         let (session, _join) = SessionHandle::start(SessionId::new(), config, ports)
             .await
             .unwrap();
-        let a2a = A2a::start(Arc::new(session.clone()), A2aConfig::default())
+        let a2a = A2a::start(Arc::new(session.clone()), A2aConfig::default(), None)
             .await
             .unwrap();
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
@@ -389,4 +389,109 @@ fn requests_are_counted_by_method_version_and_outcome() {
             ),
         ]
     );
+}
+
+/// Polls until a tasks actor other than `old` runs (at most 10 s).
+async fn replaced(a2a: &A2a, old: ractor::ActorId) -> ActorRef<A2aTasksMsg> {
+    for _ in 0..500 {
+        if let Some(now) = a2a.actor().filter(|t| t.get_id() != old) {
+            return now;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+    }
+    panic!("the A2A actor was not replaced")
+}
+
+#[tokio::test]
+async fn a_failed_a2a_actor_is_replaced_and_the_endpoint_keeps_answering() {
+    let f = Fixture::start(vec![
+        ScriptedReply::text("before"),
+        ScriptedReply::text("after"),
+    ])
+    .await;
+    let first = f
+        .call(
+            Some("1.0"),
+            "SendMessage",
+            json!({"message": v1_message("one", json!({}))}),
+        )
+        .await;
+    assert_eq!(
+        first["result"]["task"]["status"]["state"], "TASK_STATE_COMPLETED",
+        "{first}"
+    );
+    let old = f.a2a.actor().unwrap().get_id();
+    f.a2a
+        .supervisor()
+        .cast(supervisor::A2aSupervisorMsg::FailTasks)
+        .unwrap();
+    replaced(&f.a2a, old).await;
+    let second = f
+        .call(
+            Some("1.0"),
+            "SendMessage",
+            json!({"message": v1_message("two", json!({}))}),
+        )
+        .await;
+    let task = &second["result"]["task"];
+    assert_eq!(task["status"]["state"], "TASK_STATE_COMPLETED", "{second}");
+    assert_eq!(task["artifacts"][0]["parts"][0]["text"], "after");
+    // The failed actor's records are gone with it; the session ran both messages.
+    let old_task = first["result"]["task"]["id"].as_str().unwrap();
+    let gone = f
+        .call(Some("1.0"), "GetTask", json!({"id": old_task}))
+        .await;
+    assert!(gone["error"].is_object(), "{gone}");
+    f.stop().await;
+}
+
+#[tokio::test]
+async fn an_a2a_actor_that_keeps_failing_is_given_up_and_says_so() {
+    let dir = tempfile::tempdir().unwrap();
+    let config = SessionConfig {
+        data_dir: dir.path().to_path_buf(),
+        ..SessionConfig::default()
+    };
+    let ports = SessionPorts {
+        model: Arc::new(ScriptedModel::new(Vec::new())),
+        mcp: None,
+        mcp_connector: None,
+        exec: None,
+        summarizer: Arc::new(LocalSummarizer::default()),
+        tokens: Arc::new(troupe_actors::ports::ApproxTokens),
+        rollout_storage: None,
+    };
+    let (session, _join) = SessionHandle::start(SessionId::new(), config, ports)
+        .await
+        .unwrap();
+    let (told_tx, mut told) = tokio::sync::mpsc::unbounded_channel();
+    let give_up: supervisor::GiveUp = Arc::new(move |reason| {
+        let _ = told_tx.send(reason);
+    });
+    let a2a = A2a::start(
+        Arc::new(session.clone()),
+        A2aConfig::default(),
+        Some(give_up),
+    )
+    .await
+    .unwrap();
+    for _ in 0..supervisor::RESTARTS_PER_WINDOW {
+        let old = a2a.actor().unwrap().get_id();
+        a2a.supervisor()
+            .cast(supervisor::A2aSupervisorMsg::FailTasks)
+            .unwrap();
+        replaced(&a2a, old).await;
+    }
+    assert!(told.try_recv().is_err(), "not given up within the budget");
+    a2a.supervisor()
+        .cast(supervisor::A2aSupervisorMsg::FailTasks)
+        .unwrap();
+    let reason = tokio::time::timeout(std::time::Duration::from_secs(10), told.recv())
+        .await
+        .unwrap()
+        .unwrap();
+    assert!(reason.contains("keeps failing"), "{reason}");
+    assert!(a2a.actor().is_none(), "left down");
+    a2a.stop().await;
+    session.shutdown().await.unwrap();
 }
