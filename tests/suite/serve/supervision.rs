@@ -196,3 +196,43 @@ async fn healthz_reports_the_failure() {
     let (status, _) = api.get("/readyz").await;
     assert_eq!(status, StatusCode::SERVICE_UNAVAILABLE);
 }
+
+/// A part of the service that gives up (the A2A endpoint's supervisor does this through
+/// `report_failure`) fails the whole service the same way.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_component_that_gives_up_fails_the_service() {
+    let server = Server::start().await;
+    let api = server.api();
+    let mut health = server.service.sessions.health();
+    server
+        .service
+        .sessions
+        .report_failure("a2a", "the A2A endpoint keeps failing (drill)".into());
+    let failed = tokio::time::timeout(
+        Duration::from_secs(10),
+        health.wait_for(|h| h != &troupe_runtime::service::supervisor::Health::Ok),
+    )
+    .await
+    .unwrap()
+    .unwrap()
+    .clone();
+    assert_eq!(
+        failed,
+        troupe_runtime::service::supervisor::Health::Failed {
+            component: "a2a".into(),
+            reason: "the A2A endpoint keeps failing (drill)".into()
+        }
+    );
+    // serve_http notices and shuts down with an error (Server::stop would panic on it).
+    let t0 = Instant::now();
+    while api
+        .http
+        .get(format!("{}/healthz", api.base))
+        .send()
+        .await
+        .is_ok()
+    {
+        assert!(t0.elapsed() < Duration::from_secs(30), "still serving");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
