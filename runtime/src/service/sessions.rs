@@ -28,7 +28,6 @@
 //!   answered at once (store reads are short).
 //! - `Drain`: stop admitting messages; answered once none is in flight.
 //! - `Shutdown`: shuts every session down (running tasks are cancelled, rollouts flushed).
-//! - `SweepTtl` (timer): drops stored message content of `Ttl` conversations past their ttl.
 //!
 //! Every request carries the caller's [`Scope`]; a session outside it is `NotFound`.
 //!
@@ -99,8 +98,6 @@ impl Limits {
 pub struct SessionsArgs {
     pub store: Arc<dyn Store>,
     pub template: SessionTemplate,
-    /// How often stored content of `Ttl` conversations is expired (zero: never).
-    pub ttl_sweep_interval: Duration,
 }
 
 /// A session, what the transports need to work on it directly.
@@ -214,8 +211,6 @@ pub enum SessionsMsg {
     Drain { reply: RpcReplyPort<()> },
     /// Shuts every session down.
     Shutdown { reply: RpcReplyPort<()> },
-    /// Timer: expires stored content of `Ttl` conversations.
-    SweepTtl,
     /// A session started for `Create`.
     Started {
         record: SessionRecord,
@@ -493,9 +488,6 @@ impl Actor for Sessions {
             sessions = core.sessions.len(),
             "sessions loaded from the store"
         );
-        if !args.ttl_sweep_interval.is_zero() {
-            myself.send_interval(args.ttl_sweep_interval, || SessionsMsg::SweepTtl);
-        }
         Ok(SessionsState {
             core,
             store: args.store,
@@ -683,7 +675,6 @@ impl Actor for Sessions {
                 state.shutdown().await;
                 let _ = reply.send(());
             }
-            M::SweepTtl => state.sweep_ttl().await,
         }
         Ok(())
     }
@@ -1382,24 +1373,6 @@ impl SessionsState {
             }
         }
     }
-
-    async fn sweep_ttl(&self) {
-        let now = now_ms();
-        for entry in self.core.sessions.values() {
-            for conv in entry.conversations.values() {
-                if let StoragePolicy::Ttl { secs } = conv.record.params.storage_policy {
-                    let cutoff = now.saturating_sub(secs.saturating_mul(1000));
-                    if let Err(e) = self
-                        .store
-                        .expire_message_content(conv.record.conversation_id, cutoff)
-                        .await
-                    {
-                        tracing::warn!(conversation_id = %conv.record.conversation_id, error = %e, "ttl sweep of stored messages");
-                    }
-                }
-            }
-        }
-    }
 }
 
 #[cfg(test)]
@@ -1432,7 +1405,6 @@ mod tests {
         SessionsHandle::start(SessionsArgs {
             store,
             template: template(dir),
-            ttl_sweep_interval: Duration::ZERO,
         })
         .await
         .unwrap()

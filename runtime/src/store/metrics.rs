@@ -51,7 +51,8 @@ pub enum Op {
     Conversations,
     AppendMessage,
     Messages,
-    ExpireMessageContent,
+    /// The Ttl sweep of message content.
+    SweepDue,
     SetCurrentSession,
     CurrentSession,
     Ping,
@@ -78,7 +79,7 @@ impl Op {
             Self::Conversations => "conversations",
             Self::AppendMessage => "append_message",
             Self::Messages => "messages",
-            Self::ExpireMessageContent => "expire_message_content",
+            Self::SweepDue => "sweep_due",
             Self::SetCurrentSession => "set_current_session",
             Self::CurrentSession => "current_session",
             Self::Ping => "ping",
