@@ -358,3 +358,61 @@ async fn troupe_serve_sweeps_due_content_while_it_runs() {
     assert_eq!(status, reqwest::StatusCode::OK, "{reply}");
     serve.stop();
 }
+
+/// A running `troupe chat` REPL sweeps every `ttl_sweep_interval`: its own session's content
+/// goes once due while the REPL lives, and the session goes on writing to the swept file.
+#[test]
+fn a_running_troupe_chat_sweeps_its_own_due_content() {
+    let dir = tempfile::tempdir().unwrap();
+    let data = dir.path().join("data");
+    let canary = format!("CANARY-REPL-{}", now_ms());
+    let mut cmd = Command::new(troupe_bin());
+    cmd.args(["chat", "--storage-policy", "ttl:3", "--data-dir"])
+        .arg(&data)
+        .arg("--log-dir")
+        .arg(data.join("history"))
+        .env("TROUPE_TTL_SWEEP_INTERVAL", "200ms")
+        .env("TERM", "xterm")
+        .env_remove("TROUPE_SCRIPT")
+        .env_remove("TROUPE_CONFIG")
+        .current_dir(dir.path());
+    let mut p = rexpect::session::spawn_command(cmd, Some(20_000)).unwrap();
+    p.exp_string("[1]> ").unwrap();
+    p.send_line(&canary).unwrap();
+    p.exp_string(&format!("You said: {canary}")).unwrap();
+    p.exp_string("[1]> ").unwrap();
+    // The reply is shown from live events, published once committed: it is on disk now.
+    assert!(
+        !holding(&data, &canary).is_empty(),
+        "the canary must be on disk before its ttl passes"
+    );
+    let due = jsonl_records(&data.join("rollout"))
+        .iter()
+        .filter_map(|r| r.meta.expires_ms)
+        .max()
+        .unwrap();
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while !holding(&data, &canary).is_empty() {
+        assert!(Instant::now() < deadline, "the running chat never swept it");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    assert!(now_ms() >= due, "swept before it was due");
+    // The session writes on after the sweep replaced its file.
+    p.send_line("after the sweep").unwrap();
+    p.exp_string("You said: after the sweep").unwrap();
+    p.exp_string("[1]> ").unwrap();
+    p.send_line("/exit").unwrap();
+    p.exp_eof().unwrap();
+    let records = jsonl_records(&data.join("rollout"));
+    let mut seqs: Vec<u64> = records.iter().map(|r| r.seq).collect();
+    seqs.sort_unstable();
+    seqs.dedup();
+    assert_eq!(seqs.len(), records.len(), "no record twice");
+    assert!(
+        records.iter().any(|r| r
+            .event
+            .as_ref()
+            .is_some_and(|e| format!("{e:?}").contains("after the sweep"))),
+        "the line written after the sweep is in the file"
+    );
+}

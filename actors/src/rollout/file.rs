@@ -18,10 +18,11 @@
 //! A session that ever held Ttl content has a `ttl` file (0600): the lock that keeps a sweep and
 //! a sink of any process apart (`flock`), and the session's index, `<due> <generation>`: the
 //! earliest expiry of the content it holds (`0`: unknown, the next sweep reads every file;
-//! `u64::MAX`: none) and how many times a sweep replaced its files. A sink takes the lock from
-//! its first Ttl append of a batch to the end of that batch's commit, lowers (and fsyncs) the
-//! due time before the line it covers reaches a file, and after a sweep replaced files reopens
-//! them. [`RolloutStorage::sweep_due`] goes through every session directory, skips those whose
+//! `u64::MAX`: none) and how many times a sweep replaced its files. Once its session holds Ttl
+//! content, a sink takes the lock from the first append of a batch to the end of that batch's
+//! commit, lowers (and fsyncs) the due time before the line it covers reaches a file, and after
+//! a sweep replaced files reopens them. A sink whose session never held Ttl content never
+//! takes it: a sweep only replaces files that hold due content. [`RolloutStorage::sweep_due`] goes through every session directory, skips those whose
 //! index says nothing is due (read without the lock), and under the lock rewrites each file
 //! holding due `Full` lines: every other line byte for byte, due ones as headers, unreadable
 //! ones (torn; they may hold content) left out, their `seq` kept in the high-water mark. A

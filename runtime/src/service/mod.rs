@@ -10,6 +10,7 @@
 //!                                          │                    (troupe-actors)
 //!                                          └──► Store (sessions, conversations, messages)
 //! stream::events ──► SessionHandle::events (the rollout's record, then live; resume by seq)
+//! ttl::TtlSweeper ──► Store + rollout storage (drops Ttl content once due; no session needed)
 //! ```
 //!
 //! - [`sessions`]: the registry actor, the only writer of the store.
@@ -17,6 +18,8 @@
 //! - [`rest`], [`ws`], [`stdio`], [`http`]: the transports and the router.
 //! - [`stream`]: the event stream every transport reads, and the client event types.
 //! - [`auth`], [`error`], [`metrics`].
+//! - The Ttl sweeper ([`crate::ttl`]): one sweep at start-up, before sessions are restored
+//!   and anything is served, then one every `ttl_sweep_interval` until shutdown begins.
 //!
 //! The A2A routes (`service::a2a`) are merged into the router by [`Service::extra_routes`]:
 //! the agent card public, the JSON-RPC route behind authentication.
