@@ -25,8 +25,6 @@
 //!   bounded by the last `seq` assigned then: a page never holds a record beyond what is
 //!   committed, so a resuming stream cannot skip one.
 //! - `Subscribe { reply }`: a new broadcast receiver of `Arc<EventEnvelope>`.
-//! - `SweepTtl`: timer (`ttl_sweep_interval`; zero disables it): downgrades `Ttl` content older
-//!   than its ttl to headers.
 //! - `LastSeq { reply }`: the last `seq` assigned.
 //!
 //! Replies that wait for storage are sent from a blocking-pool task, so the mailbox never
@@ -40,6 +38,15 @@
 //! reaches a storage: `Full`/`Ttl` keep the event, `HeadersOnly` keeps [`RecordMeta`] only,
 //! `None` keeps task start/end/abort, errors and conversation open/close with status and
 //! error kind only. Session-level events are kept as headers.
+//!
+//! # Ttl
+//! A `Ttl { secs }` record is written `Full` with its expiry in [`RecordMeta::expires_ms`]
+//! (`ts_ms` + the ttl): the promise is kept on disk with the content, not in this actor's
+//! memory. [`storage::RolloutStorage::sweep_due`] downgrades every due record to headers
+//! ([`downgrade`]) from what is stored, whether or not a Rollout is running for its session:
+//! after a restart, for closed conversations and for sessions of processes that have exited.
+//! Who calls it and when is the embedder's choice (`troupe serve` runs a periodic sweeper,
+//! `troupe chat` sweeps at start and while it runs); this actor never sweeps.
 //!
 //! # Durability
 //! All writes happen on one dedicated writer thread fed by a channel (`rollout/writer.rs`). It
@@ -94,7 +101,9 @@ pub struct RolloutArgs {
     /// Where the session's record lives (and is read back from).
     pub storage: Arc<dyn RolloutStorage>,
     pub clock: Clock,
-    /// How often Ttl conversations are swept.
+    /// Not read: Ttl content is swept from what storage holds
+    /// ([`storage::RolloutStorage::sweep_due`]), by whoever owns the storage, not by each
+    /// session's Rollout. Kept so that existing callers build; to be removed with them.
     pub ttl_sweep_interval: Duration,
     /// Live events buffered per subscriber before it lags.
     pub subscriber_capacity: usize,
@@ -115,8 +124,6 @@ pub struct RolloutState {
     writer: Option<WriterHandle>,
     /// Kept so that subscribers can join at any time; the writer publishes through a clone.
     events: broadcast::Sender<Arc<EventEnvelope>>,
-    ttl_sweep_interval: Duration,
-    sweep_timer: Option<tokio::task::JoinHandle<()>>,
 }
 
 /// The Rollout's mailbox.
@@ -152,8 +159,6 @@ pub enum RolloutMsg {
     Subscribe {
         reply: RpcReplyPort<broadcast::Receiver<Arc<EventEnvelope>>>,
     },
-    /// Timer: downgrades Ttl content older than its ttl to headers.
-    SweepTtl,
     /// Observation: the last sequence number assigned.
     LastSeq { reply: RpcReplyPort<u64> },
     /// Test only: the writer thread dies as in a killed process (nothing more is committed or
@@ -208,6 +213,10 @@ pub struct RecordMeta {
     pub tool_calls: Option<u32>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub duration_ms: Option<u64>,
+    /// Ttl: when this record's content is due to go (unix ms). Only on `Full` records written
+    /// under a `Ttl` policy; [`downgrade`] clears it with the content.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub expires_ms: Option<u64>,
 }
 
 /// One record of the rollout: a line of a conversation's rollout file, a row of a store, an
@@ -278,21 +287,7 @@ impl Actor for Rollout {
             storage: args.storage,
             writer: Some(writer),
             events,
-            ttl_sweep_interval: args.ttl_sweep_interval,
-            sweep_timer: None,
         })
-    }
-
-    async fn post_start(
-        &self,
-        myself: ActorRef<Self::Msg>,
-        state: &mut RolloutState,
-    ) -> Result<(), ActorProcessingErr> {
-        if !state.ttl_sweep_interval.is_zero() {
-            state.sweep_timer =
-                Some(myself.send_interval(state.ttl_sweep_interval, || RolloutMsg::SweepTtl));
-        }
-        Ok(())
     }
 
     async fn post_stop(
@@ -300,9 +295,6 @@ impl Actor for Rollout {
         _myself: ActorRef<Self::Msg>,
         state: &mut RolloutState,
     ) -> Result<(), ActorProcessingErr> {
-        if let Some(timer) = state.sweep_timer.take() {
-            timer.abort();
-        }
         if let Some(writer) = state.writer.take() {
             writer.shutdown(state.session_id).await;
         }
@@ -334,7 +326,6 @@ impl Actor for Rollout {
             RolloutMsg::Subscribe { reply } => {
                 let _ = reply.send(state.events.subscribe());
             }
-            RolloutMsg::SweepTtl => state.sweep_ttl()?,
             RolloutMsg::LastSeq { reply } => {
                 let _ = reply.send(state.core.last_seq());
             }
@@ -382,12 +373,13 @@ impl RolloutState {
             metrics::event_unrecorded(kind);
         }
         // A closed conversation's state goes, so a long-lived session does not grow with
-        // every conversation it ever had.
+        // every conversation it ever had. Its Ttl content needs nothing of it: the expiry is
+        // in the records.
         let forget = match (&env.event, env.conversation_id) {
-            (EventKind::ConversationClosed { .. }, Some(conversation_id)) => self
-                .core
-                .closed(conversation_id, env.ts_ms)
-                .then_some(conversation_id),
+            (EventKind::ConversationClosed { .. }, Some(conversation_id)) => {
+                self.core.forget(conversation_id);
+                Some(conversation_id)
+            }
             _ => None,
         };
         tracing::trace!(seq = env.seq, kind, "event emitted");
@@ -463,21 +455,6 @@ impl RolloutState {
         }
     }
 
-    fn sweep_ttl(&mut self) -> Result<(), AgentError> {
-        let plan = self.core.sweep_plan(self.clock.now_ms());
-        if plan.is_empty() {
-            return Ok(());
-        }
-        tracing::debug!(conversations = plan.len(), "ttl sweep");
-        let done = self.core.expired_closed(self.clock.now_ms());
-        self.send(WriterCmd::Sweep { plan })?;
-        for conversation_id in done {
-            self.core.forget(conversation_id);
-            self.send(WriterCmd::Forget { conversation_id })?;
-        }
-        Ok(())
-    }
-
     fn request(
         &self,
         cmd: impl FnOnce(writer::AckSender) -> WriterCmd,
@@ -516,9 +493,6 @@ struct RolloutCore {
     policies: HashMap<ConversationId, StoragePolicy>,
     /// Unregistered conversations already warned about (one warning each).
     warned: HashSet<ConversationId>,
-    /// Closed Ttl conversations and when they closed: kept until a sweep has passed over
-    /// every line they wrote, then forgotten like any closed conversation.
-    closed_ttl: HashMap<ConversationId, u64>,
 }
 
 /// Where an event's record goes, and under which policy.
@@ -594,62 +568,22 @@ impl RolloutCore {
         self.warned.insert(conversation_id)
     }
 
-    /// A conversation closed at `now_ms`. Returns true when it can be forgotten at once (its
-    /// policy needs no sweep); a Ttl conversation waits for its last sweep.
-    fn closed(&mut self, conversation_id: ConversationId, now_ms: u64) -> bool {
-        match self.policies.get(&conversation_id) {
-            Some(StoragePolicy::Ttl { .. }) => {
-                self.closed_ttl.insert(conversation_id, now_ms);
-                false
-            }
-            _ => {
-                self.forget(conversation_id);
-                true
-            }
-        }
-    }
-
+    /// The conversation closed: nothing of it is needed any more.
     fn forget(&mut self, conversation_id: ConversationId) {
         self.policies.remove(&conversation_id);
         self.warned.remove(&conversation_id);
-        self.closed_ttl.remove(&conversation_id);
-    }
-
-    /// Closed Ttl conversations whose every line is older than its ttl at `now_ms`: the
-    /// sweep planned now is their last one.
-    fn expired_closed(&self, now_ms: u64) -> Vec<ConversationId> {
-        let mut done: Vec<ConversationId> = self
-            .closed_ttl
-            .iter()
-            .filter(|(id, closed_at)| match self.policies.get(id) {
-                Some(StoragePolicy::Ttl { secs }) => **closed_at < ttl_cutoff_ms(now_ms, *secs),
-                _ => true,
-            })
-            .map(|(id, _)| *id)
-            .collect();
-        done.sort_unstable();
-        done
-    }
-
-    /// Each Ttl conversation with the time before which its content must go. The sink skips
-    /// what it knows holds nothing that old.
-    fn sweep_plan(&self, now_ms: u64) -> Vec<(ConversationId, u64)> {
-        let mut plan: Vec<(ConversationId, u64)> = self
-            .policies
-            .iter()
-            .filter_map(|(id, policy)| match policy {
-                StoragePolicy::Ttl { secs } => Some((*id, ttl_cutoff_ms(now_ms, *secs))),
-                _ => None,
-            })
-            .collect();
-        plan.sort_unstable_by_key(|(id, _)| *id);
-        plan
     }
 }
 
-/// Records with `ts_ms` below this are older than the ttl.
-fn ttl_cutoff_ms(now_ms: u64, ttl_secs: u64) -> u64 {
-    now_ms.saturating_sub(ttl_secs.saturating_mul(1000))
+/// When content written at `ts_ms` under `Ttl { secs }` is due to go (saturating: a ttl past
+/// the end of time never comes due).
+pub fn ttl_expiry_ms(ts_ms: u64, ttl_secs: u64) -> u64 {
+    ts_ms.saturating_add(ttl_secs.saturating_mul(1000))
+}
+
+/// Whether a sweep at `now_ms` must downgrade `record`: a `Full` record whose expiry has come.
+pub fn is_due(record: &RolloutRecord, now_ms: u64) -> bool {
+    record.level == RecordLevel::Full && record.meta.expires_ms.is_some_and(|e| e <= now_ms)
 }
 
 /// Kinds that policy `None` keeps.
@@ -673,10 +607,18 @@ fn content_free(event: &EventKind) -> bool {
 pub fn record_for(policy: StoragePolicy, env: &EventEnvelope) -> Option<RolloutRecord> {
     let kind = env.event.name();
     let (level, event, meta) = match policy {
-        StoragePolicy::Full | StoragePolicy::Ttl { .. } => (
+        StoragePolicy::Full => (
             RecordLevel::Full,
             Some(env.event.clone()),
             headers_meta(&env.event),
+        ),
+        StoragePolicy::Ttl { secs } => (
+            RecordLevel::Full,
+            Some(env.event.clone()),
+            RecordMeta {
+                expires_ms: Some(ttl_expiry_ms(env.ts_ms, secs)),
+                ..headers_meta(&env.event)
+            },
         ),
         StoragePolicy::HeadersOnly => (
             RecordLevel::Headers,
@@ -712,6 +654,10 @@ pub fn downgrade(record: RolloutRecord) -> RolloutRecord {
         RecordLevel::Full => RolloutRecord {
             level: RecordLevel::Headers,
             event: record.event.filter(content_free),
+            meta: RecordMeta {
+                expires_ms: None,
+                ..record.meta
+            },
             ..record
         },
         RecordLevel::Headers | RecordLevel::Minimal => record,
@@ -1109,11 +1055,21 @@ mod tests {
                     .map(|r| serde_json::to_string(r).unwrap())
                     .unwrap_or_default();
                 match policy {
-                    StoragePolicy::Full | StoragePolicy::Ttl { .. } => {
+                    StoragePolicy::Full => {
                         let r = record.unwrap();
                         assert_eq!(r.level, RecordLevel::Full);
                         assert_eq!(r.event.as_ref(), Some(&env.event));
                         assert_eq!(r.meta, headers_meta(&env.event), "{kind}");
+                    }
+                    StoragePolicy::Ttl { secs } => {
+                        let r = record.unwrap();
+                        assert_eq!(r.level, RecordLevel::Full);
+                        assert_eq!(r.event.as_ref(), Some(&env.event));
+                        let expected = RecordMeta {
+                            expires_ms: Some(env.ts_ms + secs * 1000),
+                            ..headers_meta(&env.event)
+                        };
+                        assert_eq!(r.meta, expected, "{kind}: headers and the expiry");
                     }
                     StoragePolicy::HeadersOnly => {
                         let r = record.unwrap();
@@ -1281,8 +1237,26 @@ mod tests {
         assert_eq!(p.policy(), StoragePolicy::None);
         assert!(core.first_unregistered(unknown));
         assert!(!core.first_unregistered(unknown));
-        assert_eq!(core.sweep_plan(60_000), vec![(ttl, 50_000)]);
-        assert_eq!(core.sweep_plan(3_000), vec![(ttl, 0)]);
+        assert_eq!(
+            core.placement(Some(ttl)).policy(),
+            StoragePolicy::Ttl { secs: 10 }
+        );
+    }
+
+    #[test]
+    fn ttl_expiry_and_due() {
+        assert_eq!(ttl_expiry_ms(1_000, 2), 3_000);
+        assert_eq!(ttl_expiry_ms(u64::MAX - 1, 2), u64::MAX, "saturates");
+        assert_eq!(ttl_expiry_ms(5, u64::MAX), u64::MAX);
+        let env = envelope(1, EventKind::TaskStarted { input: "x".into() });
+        let ttl = record_for(StoragePolicy::Ttl { secs: 1 }, &env).unwrap();
+        let due_at = env.ts_ms + 1_000;
+        assert_eq!(ttl.meta.expires_ms, Some(due_at));
+        assert!(!is_due(&ttl, due_at - 1));
+        assert!(is_due(&ttl, due_at), "due at its expiry");
+        assert!(!is_due(&downgrade(ttl), u64::MAX), "headers are never due");
+        let full = record_for(StoragePolicy::Full, &env).unwrap();
+        assert!(!is_due(&full, u64::MAX), "Full content never expires");
     }
 
     fn full_line(seq: u64, ts_ms: u64, text: &str) -> Vec<u8> {
@@ -1737,15 +1711,32 @@ mod tests {
         }
     }
 
+    /// Sweeps the storage at the clock's time, as the embedder's sweeper does.
+    fn sweep(storage: &FileRolloutStorage, clock: Clock) -> u64 {
+        let report = storage.sweep_due(clock.now_ms()).unwrap();
+        assert_eq!(report.failures, 0);
+        report.downgraded
+    }
+
+    /// Ttl content is kept until its expiry, then a sweep planned from what is on disk
+    /// downgrades it: while the Rollout runs, for a closed conversation, and after the Rollout
+    /// is gone. The Rollout itself never sweeps.
     #[tokio::test(start_paused = true)]
-    async fn ttl_content_is_downgraded_after_the_ttl() {
+    async fn ttl_content_is_downgraded_from_what_is_stored() {
         let tmp = tempfile::tempdir().unwrap();
-        let (rollout_args, dir) = args(tmp.path(), Clock::new(), 64);
+        let clock = Clock::new();
+        let (rollout_args, dir) = args(tmp.path(), clock, 64);
+        let storage = FileRolloutStorage::new(tmp.path());
         let rollout = start(rollout_args).await;
-        let (ttl, full) = (ConversationId::new(), ConversationId::new());
+        let (ttl, full, closed) = (
+            ConversationId::new(),
+            ConversationId::new(),
+            ConversationId::new(),
+        );
         register(&rollout, ttl, StoragePolicy::Ttl { secs: 600 });
         register(&rollout, full, StoragePolicy::Full);
-        for id in [ttl, full] {
+        register(&rollout, closed, StoragePolicy::Ttl { secs: 60 });
+        for id in [ttl, full, closed] {
             emit(
                 &rollout,
                 EventDraft::conversation(
@@ -1756,18 +1747,34 @@ mod tests {
                 ),
             );
         }
+        emit(
+            &rollout,
+            EventDraft::conversation(
+                closed,
+                EventKind::ConversationClosed {
+                    outcome: CloseOutcome::Closed,
+                },
+            ),
+        );
         flush(&rollout).await;
         let ttl_file = conversation_path(&dir, ttl);
         let full_file = conversation_path(&dir, full);
+        let closed_file = conversation_path(&dir, closed);
         assert!(contains(&fs::read(&ttl_file).unwrap(), "OLD-CANARY"));
 
-        // Not yet: a sweep before the ttl keeps the content.
-        tokio::time::advance(Duration::from_secs(300)).await;
-        rollout.cast(RolloutMsg::SweepTtl).unwrap();
-        flush(&rollout).await;
+        // Not yet due: a sweep keeps the content.
+        tokio::time::advance(Duration::from_secs(59)).await;
+        assert_eq!(sweep(&storage, clock), 0);
+        assert!(contains(&fs::read(&closed_file).unwrap(), "OLD-CANARY"));
+
+        // The closed conversation's ttl has passed (its start and its close record); the
+        // Rollout forgot it at the close.
+        tokio::time::advance(Duration::from_secs(2)).await;
+        assert_eq!(sweep(&storage, clock), 2);
+        assert!(!contains(&fs::read(&closed_file).unwrap(), "OLD-CANARY"));
         assert!(contains(&fs::read(&ttl_file).unwrap(), "OLD-CANARY"));
 
-        tokio::time::advance(Duration::from_secs(301)).await;
+        tokio::time::advance(Duration::from_secs(540)).await;
         emit(
             &rollout,
             EventDraft::conversation(
@@ -1777,9 +1784,8 @@ mod tests {
                 },
             ),
         );
-        rollout.cast(RolloutMsg::SweepTtl).unwrap();
         flush(&rollout).await;
-
+        assert_eq!(sweep(&storage, clock), 1);
         assert!(
             !contains(&fs::read(&ttl_file).unwrap(), "OLD-CANARY"),
             "old ttl content is gone"
@@ -1792,14 +1798,36 @@ mod tests {
             contains(&fs::read(&full_file).unwrap(), "OLD-CANARY"),
             "full content stays"
         );
+        // The Rollout goes on writing to the swept file.
+        emit(
+            &rollout,
+            EventDraft::conversation(
+                ttl,
+                EventKind::AssistantMessage {
+                    text: "LATER".into(),
+                },
+            ),
+        );
         let records = read(&rollout, ttl).await;
         assert_eq!(
             records.iter().map(|r| r.seq).collect::<Vec<_>>(),
-            vec![1, 3]
+            vec![1, 5, 6]
         );
         assert_eq!(records[0].level, RecordLevel::Headers);
         assert_eq!(records[0].meta.chars, Some("OLD-CANARY".len() as u64));
         assert_eq!(records[1].level, RecordLevel::Full);
+        assert_eq!(records[2].level, RecordLevel::Full);
+
+        // With the Rollout gone (the process exited), the rest still comes due.
+        rollout.drain_and_wait(None).await.unwrap();
+        tokio::time::advance(Duration::from_secs(600)).await;
+        assert_eq!(sweep(&storage, clock), 2);
+        let disk = disk_bytes(&dir);
+        assert!(!contains(&disk, "NEW-CANARY"), "no ttl content left");
+        assert!(!contains(&disk, "LATER"));
+        assert!(!contains(&fs::read(&ttl_file).unwrap(), "OLD-CANARY"));
+        assert!(!contains(&fs::read(&closed_file).unwrap(), "OLD-CANARY"));
+        assert!(contains(&fs::read(&full_file).unwrap(), "OLD-CANARY"));
         assert!(
             fs::read_dir(&dir).unwrap().all(|e| !e
                 .unwrap()
@@ -1809,56 +1837,16 @@ mod tests {
         );
     }
 
-    #[tokio::test(start_paused = true)]
-    async fn the_sweep_timer_runs_on_its_own() {
-        let tmp = tempfile::tempdir().unwrap();
-        let (rollout_args, _) = args(tmp.path(), Clock::new(), 64);
-        let rollout = start(rollout_args).await;
-        let ttl = ConversationId::new();
-        register(&rollout, ttl, StoragePolicy::Ttl { secs: 600 });
-        emit(
-            &rollout,
-            EventDraft::conversation(
-                ttl,
-                EventKind::AssistantMessage {
-                    text: "OLD-CANARY".into(),
-                },
-            ),
-        );
-        flush(&rollout).await;
-        assert!(contains(&disk_bytes(tmp.path()), "OLD-CANARY"));
-        tokio::time::advance(Duration::from_secs(601 + 60)).await;
-        // The timer's SweepTtl is queued by now; a barrier through the mailbox and the writer.
-        last_seq(&rollout).await;
-        flush(&rollout).await;
-        assert!(!contains(&disk_bytes(tmp.path()), "OLD-CANARY"));
-    }
-
     #[test]
-    fn closed_conversations_are_forgotten_when_no_sweep_needs_them() {
+    fn closed_conversations_are_forgotten_whatever_their_policy() {
         let mut core = RolloutCore::new(0);
         let full = ConversationId::new();
         let ttl = ConversationId::new();
         core.register(full, StoragePolicy::Full);
         core.register(ttl, StoragePolicy::Ttl { secs: 60 });
-        assert!(
-            core.closed(full, 1_000),
-            "a Full conversation is forgotten at close"
-        );
-        assert!(!core.policies.contains_key(&full));
-        assert!(
-            !core.closed(ttl, 1_000),
-            "a Ttl conversation waits for its last sweep"
-        );
-        assert!(
-            core.expired_closed(61_000).is_empty(),
-            "its lines are not all past the ttl yet"
-        );
-        assert_eq!(core.sweep_plan(61_000).len(), 1);
-        assert_eq!(core.expired_closed(61_001), vec![ttl]);
+        core.forget(full);
         core.forget(ttl);
-        assert!(core.sweep_plan(61_001).is_empty());
-        assert!(core.closed_ttl.is_empty() && core.policies.is_empty());
+        assert!(core.policies.is_empty() && core.warned.is_empty());
     }
 
     #[test]
@@ -1934,6 +1922,9 @@ mod tests {
         ) -> Result<Vec<RolloutRecord>, AgentError> {
             self.inner.read_after(session_id, after_seq, limit)
         }
+        fn sweep_due(&self, now_ms: u64) -> Result<storage::SweepReport, AgentError> {
+            self.inner.sweep_due(now_ms)
+        }
     }
 
     impl storage::RolloutSink for GatedSink {
@@ -1949,13 +1940,6 @@ mod tests {
             self.inner.commit(sync, high_water)?;
             let _ = self.commits.send(high_water);
             Ok(())
-        }
-        fn sweep(
-            &mut self,
-            conversation_id: ConversationId,
-            cutoff_ms: u64,
-        ) -> Result<(), storage::SinkError> {
-            self.inner.sweep(conversation_id, cutoff_ms)
         }
         fn forget(&mut self, conversation_id: ConversationId) -> Result<(), storage::SinkError> {
             self.inner.forget(conversation_id)

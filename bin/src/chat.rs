@@ -11,7 +11,10 @@ use std::process::ExitCode;
 use std::sync::Arc;
 use std::time::Duration;
 use tokio::sync::broadcast;
+use tokio_util::sync::CancellationToken;
 use troupe_actors::SessionHandle;
+use troupe_actors::rollout::FileRolloutStorage;
+use troupe_actors::rollout::storage::RolloutStorage;
 use troupe_proto::{
     AgentError, ApprovalDecision, ConversationId, EventEnvelope, EventKind, MessageReply,
     SessionId, StoragePolicy, TaskId, TaskStatus,
@@ -19,6 +22,7 @@ use troupe_proto::{
 use troupe_runtime::assembly;
 use troupe_runtime::config::{Provider, TroupeConfig, parse_enum};
 use troupe_runtime::history_log::{HistoryLog, HistoryLogHandle, HistoryLogOptions};
+use troupe_runtime::ttl::TtlSweeper;
 
 use crate::spinner::Spinner;
 
@@ -187,10 +191,20 @@ pub async fn run(args: ChatArgs) -> anyhow::Result<ExitCode> {
     let model = assembly::build_model(&config, args.script.as_deref())?;
     let info = model.info();
     let (model_name, provider_name) = (info.model, info.provider);
-    let ports = assembly::session_ports(&config, model, assembly::build_tokens(&config));
+    let mut ports = assembly::session_ports(&config, model, assembly::build_tokens(&config));
+    // Every run's rollout is under the data dir. Ttl content earlier runs left there is swept
+    // before this one starts, and the sweeper goes on while this run lives (this session's
+    // content included).
+    let rollout: Arc<dyn RolloutStorage> =
+        Arc::new(FileRolloutStorage::new(config.data_dir.join("rollout")));
+    ports.rollout_storage = Some(rollout.clone());
+    let sweeper = TtlSweeper::new(None, rollout);
+    sweeper.sweep().await;
+    let session_config = assembly::session_config(&config);
+    let stop_sweeping = CancellationToken::new();
+    let sweeping = sweeper.spawn(session_config.ttl_sweep_interval, stop_sweeping.clone());
     let session_id = SessionId::new();
-    let (session, join) =
-        SessionHandle::start(session_id, assembly::session_config(&config), ports).await?;
+    let (session, join) = SessionHandle::start(session_id, session_config, ports).await?;
     let events = session.subscribe().await?;
     let root = session.root().await?;
     let options = HistoryLogOptions::default()
@@ -220,6 +234,10 @@ pub async fn run(args: ChatArgs) -> anyhow::Result<ExitCode> {
     } else {
         repl(&mut chat, args.question.clone()).await
     };
+    stop_sweeping.cancel();
+    if let Some(sweeping) = sweeping {
+        let _ = sweeping.await;
+    }
     finish(session, join, log).await;
     result
 }

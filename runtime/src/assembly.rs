@@ -64,6 +64,7 @@ pub fn session_ports(
 pub fn session_config(config: &TroupeConfig) -> SessionConfig {
     let mut s = SessionConfig {
         data_dir: config.data_dir.clone(),
+        ttl_sweep_interval: config.ttl_sweep_interval,
         ..SessionConfig::default()
     };
     let chat = &config.chat;
@@ -109,11 +110,13 @@ mod tests {
         c.server.task_queue = 3;
         c.server.conversation_queue = 2;
         c.chat.max_steps = 9;
+        c.ttl_sweep_interval = std::time::Duration::from_secs(7);
         let s = session_config(&c);
         assert_eq!(s.scheduler.limit, 1, "0 would never grant");
         assert_eq!(s.scheduler.queue_capacity, 3);
         assert_eq!(s.conversation.max_queued_messages, 2);
         assert_eq!(s.conversation.task.max_steps, 9);
+        assert_eq!(s.ttl_sweep_interval, std::time::Duration::from_secs(7));
         assert!(s.root.include_plan_tool);
     }
 }

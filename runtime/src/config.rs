@@ -156,6 +156,10 @@ pub struct TroupeConfig {
     pub data_dir: std::path::PathBuf,
     /// JSONL chat histories, `<log_dir>/<session_id>.jsonl` (T4).
     pub log_dir: std::path::PathBuf,
+    /// How often `troupe serve` and a running `troupe chat` sweep content whose Ttl has passed
+    /// (both also sweep once at start); zero: only at start.
+    #[serde(with = "humantime_serde")]
+    pub ttl_sweep_interval: Duration,
     pub model: ModelConfig,
     pub chat: ChatConfig,
     pub mcp: McpConfig,
@@ -170,6 +174,7 @@ impl Default for TroupeConfig {
         Self {
             data_dir: "data".into(),
             log_dir: "history".into(),
+            ttl_sweep_interval: Duration::from_secs(60),
             model: ModelConfig::default(),
             chat: ChatConfig::default(),
             mcp: McpConfig::default(),
@@ -444,6 +449,7 @@ pub enum ConfigError {
 pub const ENV_VARS: &[(&str, &str)] = &[
     ("TROUPE_DATA_DIR", "data_dir"),
     ("TROUPE_LOG_DIR", "log_dir"),
+    ("TROUPE_TTL_SWEEP_INTERVAL", "ttl_sweep_interval"),
     ("TROUPE_PROVIDER", "model.provider"),
     ("TROUPE_BASE_URL", "model.base_url"),
     ("TROUPE_MODEL", "model.model"),
@@ -504,6 +510,9 @@ impl TroupeConfig {
         }
         if let Some(v) = get("TROUPE_LOG_DIR") {
             self.log_dir = v.into();
+        }
+        if let Some(v) = get("TROUPE_TTL_SWEEP_INTERVAL") {
+            self.ttl_sweep_interval = parse_duration("TROUPE_TTL_SWEEP_INTERVAL", &v)?;
         }
         if let Some(v) = get("TROUPE_PROVIDER") {
             self.model.provider = parse_enum(

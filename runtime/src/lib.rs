@@ -13,6 +13,7 @@ pub mod service;
 pub mod store;
 pub mod telemetry;
 pub mod tokens;
+pub mod ttl;
 
 pub use exec::ProcessRunner;
 pub use mcp::RmcpConnector;

@@ -17,4 +17,5 @@ mod serve;
 mod shell;
 mod telemetry;
 mod traces;
+mod ttl;
 mod turns;

@@ -2,8 +2,8 @@
 //! canary strings in the user message, the instructions, tool arguments, tool output and the
 //! reply are on disk only where the policy allows.
 
-use std::time::Duration;
-use troupe_actors::rollout::RolloutMsg;
+use troupe_actors::rollout::storage::RolloutStorage;
+use troupe_actors::rollout::{FileRolloutStorage, RolloutMsg};
 use troupe_proto::{OpenConversation, StoragePolicy};
 use troupe_runtime::ScriptedReply;
 use troupe_tests::{TestSession, contains};
@@ -80,15 +80,22 @@ async fn none_keeps_start_end_and_errors_only() {
     t.stop().await;
 }
 
-/// The sweep's mechanics end to end (its timing is proven under paused time in the
-/// Rollout's own tests): with a TTL of zero every Full line is due at the next sweep.
+fn now_ms() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_millis() as u64
+}
+
+/// The sweep's mechanics end to end, from what the session wrote (its timing is proven under
+/// paused time in the Rollout's and the sweeper's own tests): with a TTL of zero every Full
+/// record is due at once, and the running session goes on writing after the sweep.
 #[tokio::test]
 async fn ttl_keeps_content_until_the_sweep() {
-    let t = TestSession::start_with(
-        vec![ScriptedReply::text(REPLY)],
-        |c| c.ttl_sweep_interval = Duration::from_secs(3600),
-        None,
-    )
+    let t = TestSession::start(vec![
+        ScriptedReply::text(REPLY),
+        ScriptedReply::text("SECOND-REPLY"),
+    ])
     .await;
     let c = t
         .session
@@ -102,13 +109,35 @@ async fn ttl_keeps_content_until_the_sweep() {
     t.session.flush().await.unwrap();
     assert!(contains(&t.disk_bytes(), INPUT));
     assert!(contains(&t.disk_bytes(), REPLY));
-    let s = t.session.services().await.unwrap();
-    s.rollout.cast(RolloutMsg::SweepTtl).unwrap();
-    t.session.flush().await.unwrap();
+    let storage = FileRolloutStorage::new(t.dir.path().join("rollout"));
+    let report = storage.sweep_due(now_ms()).unwrap();
+    assert!(report.downgraded > 0 && report.failures == 0, "{report:?}");
     let disk = t.disk_bytes();
     assert!(!contains(&disk, INPUT), "input survived the TTL sweep");
     assert!(!contains(&disk, REPLY), "reply survived the TTL sweep");
     assert!(contains(&disk, "task_finished"), "headers stay");
+    // The session writes on into the swept file.
+    t.session.message(c, "again").await.unwrap();
+    t.session.flush().await.unwrap();
+    assert!(contains(&t.disk_bytes(), "SECOND-REPLY"));
+    let s = t.session.services().await.unwrap();
+    let records = ractor::call!(s.rollout, |reply| RolloutMsg::ReadConversation {
+        conversation_id: c,
+        reply
+    })
+    .unwrap()
+    .unwrap();
+    assert!(records.windows(2).all(|w| w[0].seq < w[1].seq));
+    assert!(
+        records
+            .iter()
+            .any(|r| r.kind == "task_finished" && r.event.is_none())
+    );
+    assert!(
+        records
+            .iter()
+            .any(|r| r.kind == "task_finished" && r.event.is_some())
+    );
     t.stop().await;
 }
 

@@ -26,7 +26,8 @@ pub fn run_all(open: Open<'_>) {
     append_commit_and_read_conversation(open);
     read_after_orders_and_pages(open);
     high_water_keeps_numbers_across_reopen(open);
-    sweep_downgrades_old_full_records(open);
+    sweep_due_downgrades_what_is_due_everywhere(open);
+    sweep_due_leaves_open_sinks_whole(open);
     forget_keeps_the_record(open);
     a_reopened_sink_appends_after_the_old_records(open);
     sessions_are_isolated(open);
@@ -59,6 +60,19 @@ pub fn full(
             ..RecordMeta::default()
         },
     }
+}
+
+/// A `Full` record written under a `Ttl` policy: due at `expires_ms`.
+pub fn ttl(
+    seq: u64,
+    ts_ms: u64,
+    expires_ms: u64,
+    conversation_id: Option<ConversationId>,
+    text: &str,
+) -> RolloutRecord {
+    let mut record = full(seq, ts_ms, conversation_id, text);
+    record.meta.expires_ms = Some(expires_ms);
+    record
 }
 
 /// A `Headers` record.
@@ -214,62 +228,148 @@ pub fn high_water_keeps_numbers_across_reopen(open: Open<'_>) {
     assert_eq!(ok(open().last_seq(session), "after reopen"), 11);
 }
 
-/// A sweep downgrades the conversation's `Full` records older than the cutoff, keeps order,
-/// numbering and everything else, and is idempotent.
-pub fn sweep_downgrades_old_full_records(open: Open<'_>) {
+/// `sweep_due` downgrades every `Full` record due at `now_ms` in every session (one whose sink
+/// is gone, as after a process exit, and one whose sink is still open), keeps order, numbering,
+/// headers and everything not due, is durable, and is idempotent.
+pub fn sweep_due_downgrades_what_is_due_everywhere(open: Open<'_>) {
     let storage = open();
-    let session = SessionId::new();
-    let (swept, other) = (ConversationId::new(), ConversationId::new());
-    let mut sink = ok(storage.open_sink(session), "open_sink");
+    let (live, gone) = (SessionId::new(), SessionId::new());
+    let (a, b, c) = (
+        ConversationId::new(),
+        ConversationId::new(),
+        ConversationId::new(),
+    );
+    let mut sink = ok(storage.open_sink(live), "open_sink");
     let records = vec![
-        full(1, 100, Some(swept), "old"),
-        full(2, 100, Some(other), "other old"),
-        headers(3, 100, Some(swept)),
-        full(4, 200, Some(swept), "new"),
-        full(5, 100, None, "session"),
+        ttl(1, 100, 150, Some(a), "due at 150"),
+        full(2, 100, Some(b), "full, never due"),
+        headers(3, 100, Some(a)),
+        ttl(4, 200, 300, Some(a), "due at 300"),
+        headers(5, 100, None),
+        ttl(6, 100, 200, Some(a), "due at 200, exactly"),
     ];
     for r in &records {
         append(sink.as_mut(), r);
     }
-    ok(sink.commit(true, 5), "commit");
-    ok(sink.sweep(swept, 150), "sweep");
-    ok(sink.commit(true, 5), "commit");
-    let after = ok(storage.read_conversation(session, swept), "read");
+    ok(sink.commit(true, 6), "commit");
+    let gone_records = vec![
+        ttl(1, 10, 20, Some(c), "closed and due"),
+        headers(2, 30, Some(c)),
+    ];
+    {
+        // A closed conversation of a session whose process has exited.
+        let mut closed = ok(storage.open_sink(gone), "open_sink");
+        for r in &gone_records {
+            append(closed.as_mut(), r);
+        }
+        ok(closed.commit(true, 2), "commit");
+    }
+    let report = ok(storage.sweep_due(199), "sweep at 199");
+    assert_eq!(report.downgraded, 2, "{report:?}");
+    assert_eq!(report.failures, 0, "{report:?}");
+    assert_eq!(
+        ok(storage.read_conversation(gone, c), "read closed"),
+        vec![downgrade(gone_records[0].clone()), gone_records[1].clone()],
+        "a closed conversation of an ended session is swept"
+    );
+    let after = ok(storage.read_conversation(live, a), "read a");
     assert_eq!(
         after,
         vec![
             downgrade(records[0].clone()),
             records[2].clone(),
-            records[3].clone()
+            records[3].clone(),
+            records[5].clone(),
         ],
-        "old Full downgraded, the rest kept"
+        "due records downgraded, the rest kept as written"
     );
+    assert_eq!(after[0].meta.chars, records[0].meta.chars, "headers stay");
+    assert_eq!(after[0].meta.expires_ms, None);
     assert_eq!(
-        ok(storage.read_conversation(session, other), "read other"),
+        ok(storage.read_conversation(live, b), "read b"),
         vec![records[1].clone()],
-        "other conversations untouched"
-    );
-    ok(sink.sweep(swept, 150), "sweep twice");
-    ok(sink.commit(true, 5), "commit");
-    assert_eq!(ok(storage.read_conversation(session, swept), "read"), after);
-    // Appends after a sweep land after the swept records.
-    append(sink.as_mut(), &full(6, 300, Some(swept), "later"));
-    ok(sink.commit(false, 6), "commit");
-    assert_eq!(
-        seqs(&ok(storage.read_conversation(session, swept), "read")),
-        vec![1, 3, 4, 6]
+        "Full content without an expiry is never swept"
     );
     assert_eq!(
-        seqs(&ok(storage.read_after(session, 0, 100), "read_after")),
+        ok(storage.sweep_due(199), "sweep again").downgraded,
+        0,
+        "idempotent"
+    );
+    assert_eq!(ok(storage.read_conversation(live, a), "read a"), after);
+    // An expiry equal to the sweep time is due.
+    assert_eq!(ok(storage.sweep_due(200), "sweep at 200").downgraded, 1);
+    let reopened = open();
+    assert_eq!(
+        seqs(&ok(reopened.read_after(live, 0, 100), "read_after")),
+        vec![1, 2, 3, 4, 5, 6],
+        "numbering kept"
+    );
+    assert_eq!(ok(reopened.last_seq(live), "last_seq"), 6);
+    let a_now = ok(reopened.read_conversation(live, a), "reread");
+    assert!(
+        a_now[0].event.is_none() && a_now[3].event.is_none(),
+        "durable"
+    );
+    assert!(a_now[2].event.is_some(), "not yet due");
+    assert_eq!(ok(reopened.sweep_due(300), "sweep at 300").downgraded, 1);
+    assert!(
+        ok(open().read_conversation(live, a), "reread")
+            .iter()
+            .all(|r| r.event.is_none()),
+        "everything due by 300 is headers"
+    );
+    drop(sink);
+}
+
+/// A sink that stays open across sweeps loses nothing: what it appends after a sweep lands
+/// after the swept records, its new Ttl content is swept when due in turn, and sweeping a
+/// storage with nothing due changes nothing.
+pub fn sweep_due_leaves_open_sinks_whole(open: Open<'_>) {
+    let storage = open();
+    let session = SessionId::new();
+    let id = ConversationId::new();
+    let conversation = Some(id);
+    let mut sink = ok(storage.open_sink(session), "open_sink");
+    append(sink.as_mut(), &ttl(1, 1, 10, conversation, "one"));
+    append(sink.as_mut(), &ttl(2, 2, 20, conversation, "two"));
+    ok(sink.commit(false, 2), "commit");
+    assert_eq!(ok(storage.sweep_due(10), "sweep").downgraded, 1);
+    for seq in 3..=5 {
+        append(
+            sink.as_mut(),
+            &ttl(seq, seq, 100 + seq, conversation, &format!("after {seq}")),
+        );
+        ok(sink.commit(seq == 5, seq), "commit");
+        assert_eq!(
+            ok(storage.sweep_due(20 + seq), "sweep").downgraded,
+            u64::from(seq == 3),
+            "seq 2 goes at the first of these sweeps"
+        );
+    }
+    let records = ok(storage.read_conversation(session, id), "read");
+    assert_eq!(seqs(&records), vec![1, 2, 3, 4, 5], "nothing lost");
+    let full: Vec<u64> = records
+        .iter()
+        .filter(|r| r.level == RecordLevel::Full)
+        .map(|r| r.seq)
+        .collect();
+    assert_eq!(full, vec![3, 4, 5]);
+    assert_eq!(ok(storage.sweep_due(1_000), "sweep all").downgraded, 3);
+    append(sink.as_mut(), &full_record_after_sweep(6, conversation));
+    ok(sink.commit(true, 6), "commit");
+    assert_eq!(
+        seqs(&ok(open().read_conversation(session, id), "read")),
         vec![1, 2, 3, 4, 5, 6]
     );
-    let reopened = open();
-    assert!(
-        ok(reopened.read_conversation(session, swept), "reread")[0]
-            .event
-            .is_none(),
-        "the downgrade is durable"
+    assert_eq!(
+        ok(storage.sweep_due(u64::MAX), "sweep").downgraded,
+        0,
+        "nothing left to sweep"
     );
+}
+
+fn full_record_after_sweep(seq: u64, conversation_id: Option<ConversationId>) -> RolloutRecord {
+    full(seq, seq, conversation_id, "after every sweep")
 }
 
 /// `forget` releases what the sink holds; the records stay readable, and a later append to

@@ -9,27 +9,43 @@
 //! The sink ([`FileSink`]) appends through buffers, written to the OS at every commit; a commit
 //! with `sync` fsyncs every file holding unsynced lines (`sync_data`), the high-water file and
 //! the directory when a file was created. At most [`MAX_OPEN_FILES`] files are open at once
-//! (the least recently used is closed, fsynced first if it holds unsynced lines). A sweep
-//! rewrites a file through a temporary file, fsync, rename and directory fsync, so a crash
-//! leaves either the old or the new file; a temporary file left behind is removed when the
-//! next sink opens. A line torn by a crash is skipped on read, and the next append starts on a
-//! line of its own; its `seq` still counts for [`RolloutStorage::last_seq`] when it is
-//! complete, since the event may have been published.
+//! (the least recently used is closed, fsynced first if it holds unsynced lines). A line torn
+//! by a crash is skipped on read, and the next append starts on a line of its own; its `seq`
+//! still counts for [`RolloutStorage::last_seq`] when it is complete, since the event may have
+//! been published.
+//!
+//! # Ttl
+//! A session that ever held Ttl content has a `ttl` file (0600): the lock that keeps a sweep and
+//! a sink of any process apart (`flock`), and the session's index, `<due> <generation>`: the
+//! earliest expiry of the content it holds (`0`: unknown, the next sweep reads every file;
+//! `u64::MAX`: none) and how many times a sweep replaced its files. Once its session holds Ttl
+//! content, a sink takes the lock from the first append of a batch to the end of that batch's
+//! commit, lowers (and fsyncs) the due time before the line it covers reaches a file, and after
+//! a sweep replaced files reopens them. A sink whose session never held Ttl content never
+//! takes it: a sweep only replaces files that hold due content. [`RolloutStorage::sweep_due`] goes through every session directory, skips those whose
+//! index says nothing is due (read without the lock), and under the lock rewrites each file
+//! holding due `Full` lines: every other line byte for byte, due ones as headers, unreadable
+//! ones (torn; they may hold content) left out, their `seq` kept in the high-water mark. A
+//! rewrite goes through a temporary file, fsync, rename over the old file and directory fsync,
+//! so a crash leaves either the old or the new file, and the old bytes are no longer in any
+//! file of the directory; a temporary file a crash left is removed by the next sweep of that
+//! session. Lines written before expiries were recorded (no `expires_ms`) count from their
+//! conversation's `conversation_opened` policy, which cannot change.
 //!
 //! Readers read the files directly: a commit makes the lines visible, but a reader may also see
 //! lines of a batch not yet committed (the Rollout bounds its reads by what it knows is
 //! committed).
 
 use super::metrics::{self, WriteOp};
-use super::storage::{RolloutSink, RolloutStorage, SinkError};
-use super::{RecordLevel, RolloutRecord, downgrade};
+use super::storage::{RolloutSink, RolloutStorage, SinkError, SweepReport};
+use super::{RecordLevel, RolloutRecord, downgrade, ttl_expiry_ms};
 use serde::Deserialize;
 use std::collections::{HashMap, HashSet};
 use std::fs::{self, File, OpenOptions};
 use std::io::{self, BufWriter, Read, Seek, SeekFrom, Write};
 use std::path::{Path, PathBuf};
-use std::time::Instant;
-use troupe_proto::{AgentError, ConversationId, SessionId};
+use std::time::{Duration, Instant};
+use troupe_proto::{AgentError, ConversationId, EventKind, SessionId, StoragePolicy};
 
 /// File of the session-level records.
 pub const SESSION_FILE: &str = "session.jsonl";
@@ -41,6 +57,12 @@ pub const MAX_OPEN_FILES: usize = 64;
 const TAIL_CHUNK: usize = 64 * 1024;
 /// Width of the high-water number: every `u64` fits, so each write replaces the whole value.
 const HIGH_WATER_WIDTH: usize = 20;
+/// The session's Ttl lock and index (see the module doc).
+pub const TTL_FILE: &str = "ttl";
+/// How long a sink waits for a sweep of its session to finish before its write fails.
+const SINK_LOCK_WAIT: Duration = Duration::from_secs(30);
+/// How long a sweep waits for a sink's batch before leaving the session to the next sweep.
+const SWEEP_LOCK_WAIT: Duration = Duration::from_secs(5);
 
 /// The rollout as a directory of JSONL files per session.
 #[derive(Debug, Clone)]
@@ -66,10 +88,7 @@ impl FileRolloutStorage {
 
 impl RolloutStorage for FileRolloutStorage {
     fn open_sink(&self, session_id: SessionId) -> Result<Box<dyn RolloutSink>, AgentError> {
-        let dir = self.session_dir(session_id);
-        remove_stale_sweep_files(&dir)
-            .map_err(|e| AgentError::internal(format!("opening {}: {e}", dir.display())))?;
-        Ok(Box::new(FileSink::new(dir)))
+        Ok(Box::new(FileSink::new(self.session_dir(session_id))))
     }
 
     fn last_seq(&self, session_id: SessionId) -> Result<u64, AgentError> {
@@ -131,6 +150,40 @@ impl RolloutStorage for FileRolloutStorage {
         out.sort_unstable_by_key(|r| r.seq);
         out.truncate(limit);
         Ok(out)
+    }
+
+    fn sweep_due(&self, now_ms: u64) -> Result<SweepReport, AgentError> {
+        let entries = match fs::read_dir(&self.root) {
+            Ok(entries) => entries,
+            Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(SweepReport::default()),
+            Err(e) => {
+                return Err(AgentError::internal(format!(
+                    "ttl sweep: reading {}: {e}",
+                    self.root.display()
+                )));
+            }
+        };
+        let mut report = SweepReport::default();
+        for entry in entries {
+            let dir = match entry {
+                Ok(entry) => entry.path(),
+                Err(e) => {
+                    tracing::warn!(root = %self.root.display(), error = %e, "ttl sweep: unreadable entry");
+                    report.failures += 1;
+                    continue;
+                }
+            };
+            if !dir.is_dir() {
+                continue;
+            }
+            let swept = sweep_session(&dir, now_ms, SWEEP_LOCK_WAIT);
+            report.downgraded += swept.downgraded;
+            if let Some(e) = swept.error {
+                tracing::warn!(dir = %dir.display(), error = %e, "ttl sweep of a session failed; the next sweep tries again");
+                report.failures += 1;
+            }
+        }
+        Ok(report)
     }
 }
 
@@ -195,7 +248,7 @@ fn is_record_file(path: &Path) -> bool {
         .is_some_and(|n| n.ends_with(".jsonl"))
 }
 
-/// Removes temporary files an interrupted sweep left behind. Blocking.
+/// Removes temporary files an interrupted sweep left behind (under the session's lock).
 fn remove_stale_sweep_files(dir: &Path) -> io::Result<()> {
     let entries = match fs::read_dir(dir) {
         Ok(entries) => entries,
@@ -317,65 +370,310 @@ struct SweepOutcome {
     /// The new content (valid only if something changed).
     bytes: Vec<u8>,
     downgraded: u64,
-    /// Unreadable lines left out (they may hold content).
+    /// Unreadable lines left out of the new content (they may hold content).
     dropped: u64,
-    /// `ts_ms` of the oldest `Full` line left.
-    oldest_full: Option<u64>,
+    /// The highest `seq` among the dropped lines whose number is readable.
+    dropped_seq: Option<u64>,
+    /// The earliest expiry of the `Full` lines left.
+    next_due: Option<u64>,
 }
 
 impl SweepOutcome {
+    /// Only a file with due content is rewritten: a sink that never wrote Ttl content does
+    /// not take the lock, so its files must never be replaced under it.
     fn changed(&self) -> bool {
-        self.downgraded > 0 || self.dropped > 0
+        self.downgraded > 0
     }
 }
 
-/// Downgrades every `Full` line older than `cutoff_ms`; other lines are kept byte for byte.
-fn sweep_lines(input: &[u8], cutoff_ms: u64) -> SweepOutcome {
+/// Downgrades every `Full` line due at `now_ms`; other lines are kept byte for byte, except
+/// those whose expiry is inferred from the conversation's policy, which get it written.
+fn sweep_lines(input: &[u8], now_ms: u64) -> SweepOutcome {
     let mut out = SweepOutcome {
         bytes: Vec::with_capacity(input.len()),
         downgraded: 0,
         dropped: 0,
-        oldest_full: None,
+        dropped_seq: None,
+        next_due: None,
     };
+    // The conversation's ttl, for lines written before records carried their expiry.
+    let mut opened_ttl = None;
     for line in input.split(|b| *b == b'\n') {
         if line.iter().all(u8::is_ascii_whitespace) {
             continue;
         }
-        match serde_json::from_slice::<RolloutRecord>(line) {
-            Ok(record) if record.level == RecordLevel::Full && record.ts_ms < cutoff_ms => {
-                match serde_json::to_vec(&downgrade(record)) {
-                    Ok(bytes) => {
-                        out.bytes.extend_from_slice(&bytes);
-                        out.bytes.push(b'\n');
-                        out.downgraded += 1;
-                    }
-                    Err(_) => out.dropped += 1,
-                }
+        let record = match serde_json::from_slice::<RolloutRecord>(line) {
+            Ok(record) => record,
+            Err(_) => {
+                out.dropped += 1;
+                out.dropped_seq = out.dropped_seq.max(line_seq(line));
+                continue;
             }
-            Ok(record) => {
-                if record.level == RecordLevel::Full {
-                    out.oldest_full = Some(
-                        out.oldest_full
-                            .map_or(record.ts_ms, |t| t.min(record.ts_ms)),
-                    );
+        };
+        if let (
+            RecordLevel::Full,
+            Some(EventKind::ConversationOpened {
+                storage_policy: StoragePolicy::Ttl { secs },
+                ..
+            }),
+        ) = (record.level, &record.event)
+        {
+            opened_ttl = Some(*secs);
+        }
+        match expiry(&record, opened_ttl) {
+            Some(due) if due <= now_ms => match serde_json::to_vec(&downgrade(record)) {
+                Ok(bytes) => {
+                    out.bytes.extend_from_slice(&bytes);
+                    out.bytes.push(b'\n');
+                    out.downgraded += 1;
                 }
-                out.bytes.extend_from_slice(line);
+                Err(_) => out.dropped += 1,
+            },
+            later => {
+                if let Some(due) = later {
+                    out.next_due = Some(out.next_due.map_or(due, |d| d.min(due)));
+                }
+                // A line whose expiry was inferred gets it written down: once the
+                // conversation_opened line is downgraded, nothing else says it.
+                let inferred = later.filter(|_| record.meta.expires_ms.is_none());
+                match inferred.map(|due| {
+                    let mut record = record;
+                    record.meta.expires_ms = Some(due);
+                    serde_json::to_vec(&record)
+                }) {
+                    Some(Ok(bytes)) => out.bytes.extend_from_slice(&bytes),
+                    _ => out.bytes.extend_from_slice(line),
+                }
                 out.bytes.push(b'\n');
             }
-            Err(_) => out.dropped += 1,
         }
     }
     out
 }
 
-/// Whether a file may hold `Full` lines older than `cutoff_ms`. `known`: `None` when the sink
-/// has not looked at the file yet, else the oldest `Full` line's time (if any).
-fn needs_sweep(known: Option<Option<u64>>, cutoff_ms: u64) -> bool {
-    match known {
-        None => true,
-        Some(None) => false,
-        Some(Some(oldest)) => oldest < cutoff_ms,
+/// When a record's content is due: its recorded expiry, or for a `Full` line written before
+/// expiries were recorded, its time plus the ttl its conversation was opened with.
+fn expiry(record: &RolloutRecord, opened_ttl: Option<u64>) -> Option<u64> {
+    if record.level != RecordLevel::Full {
+        return None;
     }
+    record
+        .meta
+        .expires_ms
+        .or_else(|| opened_ttl.map(|secs| ttl_expiry_ms(record.ts_ms, secs)))
+}
+
+/// A session's Ttl index: the content it holds comes due at `due_ms`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct TtlIndex {
+    /// Earliest expiry held; `0`: unknown; `u64::MAX`: nothing.
+    due_ms: u64,
+    /// Sweeps that replaced files of the session.
+    generation: u64,
+}
+
+impl TtlIndex {
+    /// Nothing known: the next sweep reads every file.
+    const UNKNOWN: Self = Self {
+        due_ms: 0,
+        generation: 0,
+    };
+    /// Fixed width, so each write replaces the whole index.
+    const LEN: usize = 2 * HIGH_WATER_WIDTH + 2;
+
+    fn encode(self) -> String {
+        format!(
+            "{:0w$} {:0w$}\n",
+            self.due_ms,
+            self.generation,
+            w = HIGH_WATER_WIDTH
+        )
+    }
+
+    /// `None` for an empty or torn index.
+    fn decode(bytes: &[u8]) -> Option<Self> {
+        if bytes.len() != Self::LEN || bytes.last() != Some(&b'\n') {
+            return None;
+        }
+        let text = std::str::from_utf8(bytes).ok()?;
+        let mut words = text.split_whitespace();
+        let index = Self {
+            due_ms: words.next()?.parse().ok()?,
+            generation: words.next()?.parse().ok()?,
+        };
+        words.next().is_none().then_some(index)
+    }
+}
+
+fn open_ttl_file(path: &Path) -> io::Result<File> {
+    private_file_options()
+        .read(true)
+        .write(true)
+        .create(true)
+        .truncate(false)
+        .open(path)
+}
+
+/// The index in an open `ttl` file (unknown when empty or unreadable).
+fn read_index(mut file: &File) -> io::Result<TtlIndex> {
+    let mut bytes = Vec::with_capacity(TtlIndex::LEN);
+    file.seek(SeekFrom::Start(0))?;
+    file.take(u64::try_from(TtlIndex::LEN * 2).unwrap_or(u64::MAX))
+        .read_to_end(&mut bytes)?;
+    Ok(TtlIndex::decode(&bytes).unwrap_or(TtlIndex::UNKNOWN))
+}
+
+fn write_index(mut file: &File, index: TtlIndex) -> io::Result<()> {
+    file.seek(SeekFrom::Start(0))?;
+    file.write_all(index.encode().as_bytes())
+}
+
+/// Takes the exclusive lock on `file`, waiting at most `wait`. Polls: `flock` has no timeout.
+fn lock_within(file: &File, wait: Duration) -> io::Result<()> {
+    let started = Instant::now();
+    let mut pause = Duration::from_millis(1);
+    loop {
+        match file.try_lock() {
+            Ok(()) => return Ok(()),
+            Err(std::fs::TryLockError::WouldBlock) if started.elapsed() < wait => {
+                std::thread::sleep(pause);
+                pause = (pause * 2).min(Duration::from_millis(50));
+            }
+            Err(std::fs::TryLockError::WouldBlock) => {
+                return Err(io::Error::new(
+                    io::ErrorKind::TimedOut,
+                    format!("ttl lock still held after {wait:?}"),
+                ));
+            }
+            Err(std::fs::TryLockError::Error(e)) => return Err(e),
+        }
+    }
+}
+
+/// What sweeping one session did.
+struct SessionSweep {
+    downgraded: u64,
+    /// The first failure; the session's index then says unknown, so the next sweep retries.
+    error: Option<io::Error>,
+}
+
+/// Sweeps one session directory at `now_ms` (see the module doc), waiting at most `lock_wait`
+/// for a sink's batch. Blocking.
+fn sweep_session(dir: &Path, now_ms: u64, lock_wait: Duration) -> SessionSweep {
+    let mut swept = SessionSweep {
+        downgraded: 0,
+        error: None,
+    };
+    let path = dir.join(TTL_FILE);
+    // A look without the lock: most sessions have nothing due. A sink only lowers the due
+    // time, so a stale read at worst defers a sweep to the next one.
+    if let Ok(file) = File::open(&path)
+        && let Ok(index) = read_index(&file)
+        && index.due_ms > now_ms
+    {
+        return swept;
+    }
+    let file = match open_ttl_file(&path).and_then(|f| lock_within(&f, lock_wait).map(|()| f)) {
+        Ok(file) => file,
+        Err(e) => {
+            swept.error = Some(e);
+            return swept;
+        }
+    };
+    let index = match read_index(&file) {
+        Ok(index) if index.due_ms > now_ms => return swept,
+        Ok(index) => index,
+        Err(e) => {
+            swept.error = Some(e);
+            return swept;
+        }
+    };
+    let mut next_due = u64::MAX;
+    let mut replaced = false;
+    let mut dropped_seq = None;
+    let fail = |e: io::Error, error: &mut Option<io::Error>| {
+        error.get_or_insert(e);
+    };
+    if let Err(e) = remove_stale_sweep_files(dir) {
+        fail(e, &mut swept.error);
+    }
+    let entries = match fs::read_dir(dir) {
+        Ok(entries) => entries,
+        Err(e) => {
+            swept.error = Some(e);
+            return swept;
+        }
+    };
+    for entry in entries {
+        let file_path = match entry {
+            Ok(entry) => entry.path(),
+            Err(e) => {
+                fail(e, &mut swept.error);
+                continue;
+            }
+        };
+        if !is_record_file(&file_path) {
+            continue;
+        }
+        let bytes = match fs::read(&file_path) {
+            Ok(bytes) => bytes,
+            Err(e) if e.kind() == io::ErrorKind::NotFound => continue,
+            Err(e) => {
+                fail(e, &mut swept.error);
+                continue;
+            }
+        };
+        let outcome = sweep_lines(&bytes, now_ms);
+        if outcome.changed() {
+            if let Err(e) = replace_file(dir, &file_path, &outcome.bytes) {
+                fail(
+                    io::Error::new(e.kind(), format!("{}: {e}", file_path.display())),
+                    &mut swept.error,
+                );
+                continue;
+            }
+            replaced = true;
+            swept.downgraded += outcome.downgraded;
+            dropped_seq = dropped_seq.max(outcome.dropped_seq);
+            if outcome.dropped > 0 {
+                metrics::unreadable_lines(outcome.dropped);
+            }
+            tracing::debug!(
+                file = %file_path.display(), downgraded = outcome.downgraded,
+                dropped = outcome.dropped, "ttl sweep rewrote a rollout file"
+            );
+        }
+        next_due = next_due.min(outcome.next_due.unwrap_or(u64::MAX));
+    }
+    // A torn line's number may have been published: it must not be handed out again.
+    if let Some(seq) = dropped_seq
+        && let Err(e) = raise_high_water(dir, seq)
+    {
+        fail(e, &mut swept.error);
+    }
+    let index = TtlIndex {
+        due_ms: if swept.error.is_some() { 0 } else { next_due },
+        generation: index.generation + u64::from(replaced),
+    };
+    if let Err(e) = write_index(&file, index) {
+        fail(e, &mut swept.error);
+    }
+    swept
+}
+
+/// Raises the session's high-water mark to `seq` if its records and mark say less.
+fn raise_high_water(dir: &Path, seq: u64) -> io::Result<()> {
+    let path = dir.join(HIGH_WATER_FILE);
+    if seq <= read_high_water(&path)?.max(max_seq_in_dir(dir)?) {
+        return Ok(());
+    }
+    let mut file = private_file_options()
+        .create(true)
+        .write(true)
+        .truncate(false)
+        .open(&path)?;
+    file.write_all(format!("{seq:0width$}\n", width = HIGH_WATER_WIDTH).as_bytes())?;
+    file.sync_data()
 }
 
 /// A record file of the session's directory.
@@ -429,14 +727,29 @@ pub struct FileSink {
     /// Files whose last write failed: the next write starts with a newline so that a torn
     /// line stays on a line of its own.
     tainted: HashSet<Target>,
-    /// Per conversation file, the oldest `Full` line's time (`None`: none); absent when unknown.
-    full_since: HashMap<ConversationId, Option<u64>>,
     /// The highest `seq` appended by this sink: no high-water write is needed up to it.
     max_appended: u64,
     high_water: HighWater,
     /// The first failure since the last commit that no `append` reported (lines of earlier
     /// appends lost while closing a file): the next commit fails with it.
     pending_error: Option<SinkError>,
+    /// The session's Ttl lock and index. Last: dropping it releases the lock after the files
+    /// above are closed.
+    ttl: TtlLock,
+}
+
+/// The sink's side of the session's `ttl` file.
+#[derive(Default)]
+struct TtlLock {
+    /// Opened at the first Ttl append (or found at open).
+    file: Option<File>,
+    /// The session holds Ttl content, so a sweep may replace its files or raise its
+    /// high-water mark: every append, and a commit that moves the mark, takes the lock.
+    active: bool,
+    /// Held from the first Ttl append of a batch to the end of its commit.
+    locked: bool,
+    /// The index as last read or written under the lock.
+    index: Option<TtlIndex>,
 }
 
 impl std::fmt::Debug for FileSink {
@@ -458,6 +771,16 @@ impl RolloutSink for FileSink {
         let mut line =
             serde_json::to_vec(record).map_err(|e| SinkError::new(WriteOp::Encode.as_str(), e))?;
         line.push(b'\n');
+        if record.level == RecordLevel::Full
+            && let Some(expires_ms) = record.meta.expires_ms
+        {
+            self.note_expiry(expires_ms)
+                .map_err(|e| self.error(WriteOp::Ttl, target, &e))?;
+        } else if self.ttl.active {
+            // A sweep may have replaced this file since the last batch.
+            self.lock_ttl()
+                .map_err(|e| self.error(WriteOp::Ttl, target, &e))?;
+        }
         self.ensure_open(target)
             .map_err(|(op, e)| self.failed(op, target, &e))?;
         self.tick += 1;
@@ -471,11 +794,6 @@ impl RolloutSink for FileSink {
         self.unsynced.insert(target);
         self.max_appended = self.max_appended.max(record.seq);
         metrics::bytes_written(line.len());
-        if let (Target::Conversation(id), RecordLevel::Full) = (target, record.level)
-            && let Some(known @ None) = self.full_since.get_mut(&id)
-        {
-            *known = Some(record.ts_ms);
-        }
         Ok(())
     }
 
@@ -493,10 +811,16 @@ impl RolloutSink for FileSink {
             let error = self.failed(WriteOp::Flush, target, &e);
             first.get_or_insert(error);
         }
-        if high_water > self.max_appended.max(self.high_water.written)
-            && let Err(e) = self.write_high_water(high_water)
-        {
-            first.get_or_insert(SinkError::new(WriteOp::HighWater.as_str(), e));
+        if high_water > self.max_appended.max(self.high_water.written) {
+            // A sweep may raise the mark of a session with Ttl content: not at the same time.
+            if self.ttl.active
+                && let Err(e) = self.lock_ttl()
+            {
+                first.get_or_insert(SinkError::new(WriteOp::Ttl.as_str(), e));
+            }
+            if let Err(e) = self.write_high_water(high_water) {
+                first.get_or_insert(SinkError::new(WriteOp::HighWater.as_str(), e));
+            }
         }
         if sync {
             let targets: Vec<Target> = self.unsynced.drain().collect();
@@ -530,54 +854,14 @@ impl RolloutSink for FileSink {
                 }
             }
         }
+        self.unlock_ttl();
         first.map_or(Ok(()), Err)
     }
 
-    fn sweep(&mut self, conversation_id: ConversationId, cutoff_ms: u64) -> Result<(), SinkError> {
-        if !needs_sweep(self.full_since.get(&conversation_id).copied(), cutoff_ms) {
-            return Ok(());
-        }
-        let target = Target::Conversation(conversation_id);
-        let path = target.path(&self.dir);
-        // The cached handle points at the file being replaced; its lines are durable before it
-        // goes, so a failed rewrite leaves a complete old file.
-        self.close(target)?;
-        let bytes = match fs::read(&path) {
-            Ok(bytes) => bytes,
-            Err(e) if e.kind() == io::ErrorKind::NotFound => {
-                self.full_since.insert(conversation_id, None);
-                return Ok(());
-            }
-            Err(e) => return Err(sweep_error(&path, &e)),
-        };
-        let outcome = sweep_lines(&bytes, cutoff_ms);
-        if outcome.changed() {
-            if let Err(e) = replace_file(&self.dir, &path, &outcome.bytes) {
-                self.full_since.remove(&conversation_id);
-                return Err(sweep_error(&path, &e));
-            }
-            metrics::ttl_downgraded(outcome.downgraded);
-            if outcome.dropped > 0 {
-                metrics::unreadable_lines(outcome.dropped);
-            }
-            tracing::debug!(
-                %conversation_id, downgraded = outcome.downgraded, dropped = outcome.dropped,
-                "ttl sweep rewrote a conversation record"
-            );
-        }
-        self.full_since.insert(conversation_id, outcome.oldest_full);
-        Ok(())
-    }
-
     fn forget(&mut self, conversation_id: ConversationId) -> Result<(), SinkError> {
-        self.full_since.remove(&conversation_id);
         self.tainted.remove(&Target::Conversation(conversation_id));
         self.close(Target::Conversation(conversation_id))
     }
-}
-
-fn sweep_error(path: &Path, e: &io::Error) -> SinkError {
-    SinkError::new(WriteOp::Sweep.as_str(), format!("{}: {e}", path.display()))
 }
 
 fn timed_sync(file: &File) -> io::Result<()> {
@@ -590,6 +874,10 @@ fn timed_sync(file: &File) -> io::Result<()> {
 impl FileSink {
     /// A sink over one session's directory (created on the first append).
     pub fn new(dir: PathBuf) -> Self {
+        let ttl = TtlLock {
+            active: dir.join(TTL_FILE).exists(),
+            ..TtlLock::default()
+        };
         Self {
             dir,
             dir_created: false,
@@ -598,10 +886,89 @@ impl FileSink {
             tick: 0,
             unsynced: HashSet::new(),
             tainted: HashSet::new(),
-            full_since: HashMap::new(),
             max_appended: 0,
             high_water: HighWater::default(),
             pending_error: None,
+            ttl,
+        }
+    }
+
+    /// A Ttl record expiring at `expires_ms` is about to be appended: hold the session's lock
+    /// for the rest of the batch, and lower the index's due time (durably, before the line
+    /// reaches the file) if the record comes due sooner.
+    fn note_expiry(&mut self, expires_ms: u64) -> io::Result<()> {
+        self.lock_ttl()?;
+        let Some(index) = self.ttl.index else {
+            return Err(io::Error::other("ttl index not read"));
+        };
+        if expires_ms < index.due_ms {
+            let lowered = TtlIndex {
+                due_ms: expires_ms,
+                ..index
+            };
+            if let Some(file) = &self.ttl.file {
+                write_index(file, lowered)?;
+                timed_sync(file)?;
+            }
+            self.ttl.index = Some(lowered);
+        }
+        Ok(())
+    }
+
+    /// Takes the session's Ttl lock (until the commit ends) and reads the index. If a sweep
+    /// replaced files since this sink last held it, the open handles point at replaced files
+    /// (their lines are all in the new ones): they are closed and reopened on demand.
+    fn lock_ttl(&mut self) -> io::Result<()> {
+        if self.ttl.locked {
+            return Ok(());
+        }
+        self.ensure_dir()?;
+        if self.ttl.file.is_none() {
+            let path = self.dir.join(TTL_FILE);
+            let existed = path.try_exists().unwrap_or(true);
+            self.ttl.file = Some(open_ttl_file(&path)?);
+            self.dir_dirty |= !existed;
+        }
+        let Some(file) = &self.ttl.file else {
+            return Err(io::Error::other("ttl file not open"));
+        };
+        lock_within(file, SINK_LOCK_WAIT)?;
+        self.ttl.locked = true;
+        self.ttl.active = true;
+        let index = match read_index(file) {
+            Ok(index) => index,
+            Err(e) => {
+                self.unlock_ttl();
+                return Err(e);
+            }
+        };
+        let swept = self
+            .ttl
+            .index
+            .is_some_and(|seen| seen.generation != index.generation);
+        self.ttl.index = Some(index);
+        if swept {
+            let targets: Vec<Target> = self.open.keys().copied().collect();
+            for target in targets {
+                if let Err(e) = self.close(target) {
+                    self.pending_error.get_or_insert(e);
+                }
+            }
+        }
+        Ok(())
+    }
+
+    fn unlock_ttl(&mut self) {
+        if !self.ttl.locked {
+            return;
+        }
+        self.ttl.locked = false;
+        if let Some(file) = &self.ttl.file
+            && let Err(e) = file.unlock()
+        {
+            // Closing the file is the only way left to let sweeps in.
+            tracing::warn!(dir = %self.dir.display(), error = %e, "cannot release the ttl lock; closing it");
+            self.ttl.file = None;
         }
     }
 
@@ -646,9 +1013,6 @@ impl FileSink {
             .map_err(|e| (WriteOp::Open, e))?;
         if !existed {
             self.dir_dirty = true;
-            if let Target::Conversation(id) = target {
-                self.full_since.insert(id, None);
-            }
         }
         let mut out = BufWriter::with_capacity(16 * 1024, file);
         if self.tainted.remove(&target) {
@@ -830,42 +1194,251 @@ mod tests {
         conformance::run_all(&|| Arc::new(FileRolloutStorage::new(root.clone())));
     }
 
-    #[test]
-    fn sweep_downgrades_only_old_full_lines() {
-        let mut file = Vec::new();
-        file.extend(full_line(1, 100, "old"));
-        file.extend(full_line(2, 200, "new"));
-        file.extend(b"{\"seq\":3,\"ts_ms\":10,\"kind\":\"torn");
-        let out = sweep_lines(&file, 150);
-        assert_eq!(
-            (out.downgraded, out.dropped, out.oldest_full),
-            (1, 1, Some(200))
-        );
-        let records: Vec<RolloutRecord> = out
-            .bytes
+    fn ttl_line(seq: u64, ts_ms: u64, expires_ms: u64, text: &str) -> Vec<u8> {
+        let mut record = full_record(seq, ts_ms, text);
+        record.meta.expires_ms = Some(expires_ms);
+        let mut line = serde_json::to_vec(&record).unwrap();
+        line.push(b'\n');
+        line
+    }
+
+    fn records_of(bytes: &[u8]) -> Vec<RolloutRecord> {
+        bytes
             .split(|b| *b == b'\n')
             .filter(|l| !l.is_empty())
             .map(|l| serde_json::from_slice(l).unwrap())
-            .collect();
+            .collect()
+    }
+
+    #[test]
+    fn sweep_downgrades_only_due_full_lines() {
+        let mut file = Vec::new();
+        file.extend(ttl_line(1, 100, 150, "due"));
+        file.extend(ttl_line(2, 200, 250, "later"));
+        file.extend(full_line(3, 10, "full, no expiry"));
+        file.extend(b"{\"seq\":4,\"ts_ms\":10,\"kind\":\"torn");
+        let out = sweep_lines(&file, 150);
+        assert_eq!(
+            (out.downgraded, out.dropped, out.dropped_seq, out.next_due),
+            (1, 1, Some(4), Some(250))
+        );
+        let records = records_of(&out.bytes);
+        assert_eq!(
+            records.iter().map(|r| r.seq).collect::<Vec<_>>(),
+            vec![1, 2, 3]
+        );
+        assert_eq!(records[0].level, RecordLevel::Headers);
+        assert_eq!(records[1].level, RecordLevel::Full);
+        assert_eq!(records[2].level, RecordLevel::Full);
+        assert!(!contains(&out.bytes, "due\""));
+        assert!(
+            !sweep_lines(&out.bytes, 150).changed(),
+            "sweeping twice changes nothing"
+        );
+        assert!(
+            !sweep_lines(&full_line(1, 1, "x"), u64::MAX).changed(),
+            "a file without due lines is never rewritten (even with a torn line)"
+        );
+    }
+
+    #[test]
+    fn lines_written_before_expiries_count_from_the_opened_policy() {
+        let conversation = ConversationId::new();
+        let line = |seq: u64, ts_ms: u64, event: EventKind| {
+            let mut line = serde_json::to_vec(&RolloutRecord {
+                seq,
+                ts_ms,
+                conversation_id: Some(conversation),
+                task_id: None,
+                kind: event.name().into(),
+                level: RecordLevel::Full,
+                event: Some(event),
+                meta: RecordMeta::default(),
+            })
+            .unwrap();
+            line.push(b'\n');
+            line
+        };
+        let mut file = line(
+            1,
+            1_000,
+            EventKind::ConversationOpened {
+                storage_policy: StoragePolicy::Ttl { secs: 10 },
+                base_instructions: None,
+                user_instructions: Some("legacy instructions".into()),
+            },
+        );
+        file.extend(line(
+            2,
+            5_000,
+            EventKind::AssistantMessage {
+                text: "legacy text".into(),
+            },
+        ));
+        let out = sweep_lines(&file, 11_000);
+        assert_eq!((out.downgraded, out.next_due), (1, Some(15_000)));
+        let out = sweep_lines(&out.bytes, 15_000);
+        assert_eq!(out.downgraded, 1);
+        assert!(!contains(&out.bytes, "legacy"));
+        // Under another policy, nothing without an expiry is due.
+        let full = full_line(3, 1, "full");
+        assert!(!sweep_lines(&full, u64::MAX).changed());
+    }
+
+    #[test]
+    fn the_ttl_index_round_trips_and_a_torn_one_is_unknown() {
+        let index = TtlIndex {
+            due_ms: 1_700_000_000_000,
+            generation: 3,
+        };
+        assert_eq!(index.encode().len(), TtlIndex::LEN);
+        assert_eq!(TtlIndex::decode(index.encode().as_bytes()), Some(index));
+        let none = TtlIndex {
+            due_ms: u64::MAX,
+            generation: u64::MAX,
+        };
+        assert_eq!(none.encode().len(), TtlIndex::LEN);
+        assert_eq!(TtlIndex::decode(none.encode().as_bytes()), Some(none));
+        assert_eq!(TtlIndex::decode(&index.encode().as_bytes()[..30]), None);
+        assert_eq!(TtlIndex::decode(b""), None);
+    }
+
+    /// Every byte of every file under `dir`.
+    fn tree_bytes(dir: &Path) -> Vec<u8> {
+        let mut out = Vec::new();
+        for entry in fs::read_dir(dir).unwrap() {
+            let path = entry.unwrap().path();
+            if path.is_dir() {
+                out.extend(tree_bytes(&path));
+            } else {
+                out.extend(fs::read(&path).unwrap());
+            }
+        }
+        out
+    }
+
+    #[test]
+    fn a_sweep_leaves_no_byte_of_due_content_in_the_directory() {
+        let tmp = tempfile::tempdir().unwrap();
+        let storage = FileRolloutStorage::new(tmp.path());
+        let session = SessionId::new();
+        let conversation = ConversationId::new();
+        let mut sink = storage.open_sink(session).unwrap();
+        let mut record = full_record(1, 1, "CANARY-DUE-31");
+        record.conversation_id = Some(conversation);
+        record.meta.expires_ms = Some(5);
+        record.meta.chars = Some(13);
+        sink.append(Some(conversation), &record).unwrap();
+        let mut later = full_record(2, 2, "CANARY-LATER-32");
+        later.conversation_id = Some(conversation);
+        later.meta.expires_ms = Some(50);
+        sink.append(Some(conversation), &later).unwrap();
+        sink.commit(true, 2).unwrap();
+        assert!(contains(&tree_bytes(tmp.path()), "CANARY-DUE-31"));
+        let report = storage.sweep_due(5).unwrap();
+        assert_eq!(
+            report,
+            SweepReport {
+                downgraded: 1,
+                failures: 0
+            }
+        );
+        let disk = tree_bytes(tmp.path());
+        assert!(!contains(&disk, "CANARY-DUE-31"), "due content is gone");
+        assert!(
+            contains(&disk, "CANARY-LATER-32"),
+            "content not yet due stays"
+        );
+        let records = storage.read_conversation(session, conversation).unwrap();
+        assert_eq!(records[0].meta.chars, Some(13), "the header stays");
+        // The index says when the next sweep has work.
+        let index = read_index(&File::open(storage.session_dir(session).join(TTL_FILE)).unwrap());
+        assert_eq!(
+            index.unwrap(),
+            TtlIndex {
+                due_ms: 50,
+                generation: 1
+            }
+        );
+        drop(sink);
+    }
+
+    #[test]
+    fn a_sweep_removes_stale_sweep_files_and_last_seq_ignores_them() {
+        let tmp = tempfile::tempdir().unwrap();
+        let storage = FileRolloutStorage::new(tmp.path());
+        let session = SessionId::new();
+        let dir = storage.session_dir(session);
+        fs::create_dir_all(&dir).unwrap();
+        let mut stale = full_line(99, 1, "stale");
+        stale.extend(b"garbage");
+        fs::write(dir.join("d.jsonl.tmp"), &stale).unwrap();
+        assert_eq!(storage.last_seq(session).unwrap(), 0);
+        // No index yet: the session is read in full once, and its temporary file goes.
+        assert_eq!(storage.sweep_due(1).unwrap(), SweepReport::default());
+        assert!(!dir.join("d.jsonl.tmp").exists());
+        let index = read_index(&File::open(dir.join(TTL_FILE)).unwrap()).unwrap();
+        assert_eq!(index.due_ms, u64::MAX, "nothing is ever due here");
+    }
+
+    #[test]
+    fn a_torn_line_left_out_by_a_sweep_keeps_its_number() {
+        let tmp = tempfile::tempdir().unwrap();
+        let storage = FileRolloutStorage::new(tmp.path());
+        let session = SessionId::new();
+        let dir = storage.session_dir(session);
+        fs::create_dir_all(&dir).unwrap();
+        let mut file = ttl_line(1, 1, 2, "due");
+        file.extend(b"{\"seq\":7,\"ts_ms\":3,\"torn");
+        fs::write(dir.join("c.jsonl"), &file).unwrap();
+        assert_eq!(storage.last_seq(session).unwrap(), 7);
+        assert_eq!(storage.sweep_due(2).unwrap().downgraded, 1);
+        assert_eq!(storage.read_after(session, 0, 10).unwrap().len(), 1);
+        assert_eq!(storage.last_seq(session).unwrap(), 7, "7 is never reused");
+    }
+
+    #[test]
+    fn a_session_whose_lock_is_held_is_left_to_the_next_sweep() {
+        let tmp = tempfile::tempdir().unwrap();
+        let dir = tmp.path().join("s");
+        fs::create_dir_all(&dir).unwrap();
+        fs::write(dir.join("c.jsonl"), ttl_line(1, 1, 2, "due")).unwrap();
+        let holder = open_ttl_file(&dir.join(TTL_FILE)).unwrap();
+        holder.lock().unwrap();
+        let swept = sweep_session(&dir, 10, Duration::from_millis(20));
+        assert_eq!(swept.downgraded, 0);
+        assert_eq!(swept.error.unwrap().kind(), io::ErrorKind::TimedOut);
+        holder.unlock().unwrap();
+        let swept = sweep_session(&dir, 10, Duration::from_millis(20));
+        assert_eq!((swept.downgraded, swept.error.is_none()), (1, true));
+    }
+
+    #[test]
+    fn a_sink_reopens_files_a_sweep_replaced() {
+        let tmp = tempfile::tempdir().unwrap();
+        let storage = FileRolloutStorage::new(tmp.path());
+        let session = SessionId::new();
+        let conversation = ConversationId::new();
+        let mut sink = storage.open_sink(session).unwrap();
+        let ttl = |seq: u64, expires_ms: u64| {
+            let mut r = full_record(seq, seq, &format!("text {seq}"));
+            r.conversation_id = Some(conversation);
+            r.meta.expires_ms = Some(expires_ms);
+            r
+        };
+        sink.append(Some(conversation), &ttl(1, 5)).unwrap();
+        sink.commit(false, 1).unwrap();
+        assert_eq!(storage.sweep_due(5).unwrap().downgraded, 1);
+        // The sink's handle points at the replaced file; its next line must reach the new one.
+        sink.append(Some(conversation), &ttl(2, 50)).unwrap();
+        sink.commit(false, 2).unwrap();
+        let records = storage.read_conversation(session, conversation).unwrap();
         assert_eq!(
             records.iter().map(|r| r.seq).collect::<Vec<_>>(),
             vec![1, 2]
         );
         assert_eq!(records[0].level, RecordLevel::Headers);
         assert_eq!(records[1].level, RecordLevel::Full);
-        assert!(!contains(&out.bytes, "old"));
-        assert!(
-            !sweep_lines(&out.bytes, 150).changed(),
-            "sweeping twice changes nothing"
-        );
-    }
-
-    #[test]
-    fn needs_sweep_only_when_content_may_be_old() {
-        assert!(needs_sweep(None, 0));
-        assert!(!needs_sweep(Some(None), u64::MAX));
-        assert!(needs_sweep(Some(Some(5)), 6));
-        assert!(!needs_sweep(Some(Some(6)), 6));
     }
 
     #[test]
@@ -894,21 +1467,6 @@ mod tests {
         fs::write(&path, b"").unwrap();
         assert_eq!(last_seq_in_file(&path).unwrap(), 0);
         assert_eq!(max_seq_in_dir(&dir.path().join("missing")).unwrap(), 0);
-    }
-
-    #[test]
-    fn opening_a_sink_removes_stale_sweep_files_and_last_seq_ignores_them() {
-        let tmp = tempfile::tempdir().unwrap();
-        let storage = FileRolloutStorage::new(tmp.path());
-        let session = SessionId::new();
-        let dir = storage.session_dir(session);
-        fs::create_dir_all(&dir).unwrap();
-        let mut stale = full_line(99, 1, "stale");
-        stale.extend(b"garbage");
-        fs::write(dir.join("d.jsonl.tmp"), &stale).unwrap();
-        assert_eq!(storage.last_seq(session).unwrap(), 0);
-        let _sink = storage.open_sink(session).unwrap();
-        assert!(!dir.join("d.jsonl.tmp").exists());
     }
 
     #[test]
@@ -968,34 +1526,38 @@ mod tests {
     }
 
     proptest! {
-        /// Whatever the mix of lines and the cutoff, a sweep keeps every record in order and
-        /// leaves no Full line older than the cutoff.
+        /// Whatever the mix of lines and the sweep time, a sweep keeps every record in order,
+        /// leaves no due Full line, and says when the next one comes due.
         #[test]
-        fn sweep_keeps_order_and_drops_old_content(
-            lines in proptest::collection::vec((0u64..1000, any::<bool>()), 0..40),
-            cutoff in 0u64..1200,
+        fn sweep_keeps_order_and_drops_due_content(
+            lines in proptest::collection::vec((0u64..1000, 0u8..3), 0..40),
+            now in 0u64..1200,
         ) {
             let mut file = Vec::new();
-            for (i, (ts, full)) in lines.iter().enumerate() {
-                let record = full_record(i as u64 + 1, *ts, "content");
-                let record = if *full { record } else { downgrade(record) };
+            for (i, (expires, shape)) in lines.iter().enumerate() {
+                let mut record = full_record(i as u64 + 1, 1, "content");
+                match shape {
+                    0 => record.meta.expires_ms = Some(*expires),
+                    1 => record = downgrade(record),
+                    _ => {}
+                }
                 file.extend(serde_json::to_vec(&record).unwrap());
                 file.push(b'\n');
             }
-            let out = sweep_lines(&file, cutoff);
+            let out = sweep_lines(&file, now);
             let bytes = if out.changed() { out.bytes.clone() } else { file.clone() };
-            let records: Vec<RolloutRecord> = bytes
-                .split(|b| *b == b'\n')
-                .filter(|l| !l.is_empty())
-                .map(|l| serde_json::from_slice(l).unwrap())
-                .collect();
+            let records = records_of(&bytes);
             prop_assert_eq!(records.len(), lines.len());
             for (i, r) in records.iter().enumerate() {
                 prop_assert_eq!(r.seq, i as u64 + 1);
-                prop_assert!(r.level != RecordLevel::Full || r.ts_ms >= cutoff);
+                prop_assert!(!crate::rollout::is_due(r, now));
             }
-            let expected_oldest = records.iter().filter(|r| r.level == RecordLevel::Full).map(|r| r.ts_ms).min();
-            prop_assert_eq!(out.oldest_full, expected_oldest);
+            let expected_next = records
+                .iter()
+                .filter(|r| r.level == RecordLevel::Full)
+                .filter_map(|r| r.meta.expires_ms)
+                .min();
+            prop_assert_eq!(out.next_due, expected_next);
         }
     }
 }

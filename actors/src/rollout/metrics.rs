@@ -14,7 +14,6 @@ pub const FSYNCS: &str = "troupe_rollout_fsyncs_total";
 pub const FSYNC_DURATION: &str = "troupe_rollout_fsync_duration_seconds";
 pub const BATCH_SIZE: &str = "troupe_rollout_write_batch_size";
 pub const WRITE_ERRORS: &str = "troupe_rollout_write_errors_total";
-pub const TTL_DOWNGRADED: &str = "troupe_rollout_ttl_downgraded_records_total";
 pub const UNREADABLE_LINES: &str = "troupe_rollout_unreadable_lines_total";
 pub const SUBSCRIBER_LAGGED: &str = "troupe_rollout_subscriber_lagged_events_total";
 pub const EVENTS_WITHHELD: &str = "troupe_rollout_events_withheld_total";
@@ -32,7 +31,8 @@ pub enum WriteOp {
     Append,
     Flush,
     Sync,
-    Sweep,
+    /// Taking the session's Ttl lock or writing its index.
+    Ttl,
     HighWater,
 }
 
@@ -45,7 +45,7 @@ impl WriteOp {
             Self::Append => "append",
             Self::Flush => "flush",
             Self::Sync => "sync",
-            Self::Sweep => "sweep",
+            Self::Ttl => "ttl",
             Self::HighWater => "high_water",
         }
     }
@@ -114,11 +114,6 @@ pub fn describe() {
         "Time of one group commit of the rollout writer (its flush to storage), by sync (true when it was made durable)."
     );
     describe_counter!(
-        TTL_DOWNGRADED,
-        Unit::Count,
-        "Full records downgraded to headers by the TTL sweep."
-    );
-    describe_counter!(
         UNREADABLE_LINES,
         Unit::Count,
         "Rollout lines skipped on read or sweep because they did not parse (torn writes)."
@@ -178,10 +173,6 @@ pub fn published(delay: Duration) {
 pub fn flushed(sync: bool, took: Duration) {
     let sync = if sync { "true" } else { "false" };
     histogram!(FLUSH_DURATION, "sync" => sync).record(took.as_secs_f64());
-}
-
-pub fn ttl_downgraded(records: u64) {
-    counter!(TTL_DOWNGRADED).increment(records);
 }
 
 pub fn unreadable_lines(lines: u64) {

@@ -39,6 +39,26 @@ pub trait RolloutStorage: Send + Sync + 'static {
         after_seq: u64,
         limit: usize,
     ) -> Result<Vec<RolloutRecord>, AgentError>;
+
+    /// The Ttl sweep: downgrades to headers ([`super::downgrade`]) every `Full` record whose
+    /// expiry ([`super::RecordMeta::expires_ms`]) is at or before `now_ms`, in every session
+    /// the storage holds, whether a sink is open on it or not. Found from what is stored (an
+    /// index of expiries), not from anything a Rollout remembers. Each record is downgraded
+    /// atomically (a crash leaves it old or new, never torn), sinks open meanwhile lose
+    /// nothing, and when this returns the old content can no longer be read back from the
+    /// storage's files. Sweeping again changes nothing. A part that could not be swept (one
+    /// session's files) is logged and counted in [`SweepReport::failures`], and is tried again
+    /// by the next sweep; `Err` when nothing could be swept at all.
+    fn sweep_due(&self, now_ms: u64) -> Result<SweepReport, AgentError>;
+}
+
+/// What one [`RolloutStorage::sweep_due`] did.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct SweepReport {
+    /// Records downgraded to headers.
+    pub downgraded: u64,
+    /// Parts left for the next sweep because they failed (logged as they happened).
+    pub failures: u64,
 }
 
 /// The writing side of one session's record, owned by the writer thread.
@@ -56,10 +76,6 @@ pub trait RolloutSink: Send + 'static {
     /// highest `seq` assigned so far, recorded or not, and is kept so that numbers are never
     /// reused after a restart.
     fn commit(&mut self, sync: bool, high_water: u64) -> Result<(), SinkError>;
-
-    /// Downgrades the conversation's `Full` records with `ts_ms < cutoff_ms` to headers
-    /// ([`super::downgrade`]), atomically: a crash leaves either all old or all new records.
-    fn sweep(&mut self, conversation_id: ConversationId, cutoff_ms: u64) -> Result<(), SinkError>;
 
     /// The conversation is over: release what the sink holds for it (durably).
     fn forget(&mut self, conversation_id: ConversationId) -> Result<(), SinkError>;

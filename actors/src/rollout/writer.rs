@@ -48,8 +48,6 @@ pub(super) enum WriterCmd {
     Flush { ack: AckSender },
     /// Commit (no fsync), then ack: everything handed over before is committed and published.
     Barrier { ack: AckSender },
-    /// Downgrade each conversation's `Full` records older than its cutoff.
-    Sweep { plan: Vec<(ConversationId, u64)> },
     /// The conversation is over: release what the sink holds for it.
     Forget { conversation_id: ConversationId },
     /// Test only: die at once, as a killed process would, committing and publishing nothing
@@ -228,13 +226,6 @@ impl Writer {
                     flushes.push(ack);
                 }
                 WriterCmd::Barrier { ack } => barriers.push(ack),
-                WriterCmd::Sweep { plan } => {
-                    for (conversation_id, cutoff_ms) in plan {
-                        if let Err(e) = self.sink.sweep(conversation_id, cutoff_ms) {
-                            self.fail(&e);
-                        }
-                    }
-                }
                 WriterCmd::Forget { conversation_id } => {
                     if let Err(e) = self.sink.forget(conversation_id) {
                         self.fail(&e);
@@ -335,9 +326,6 @@ mod tests {
             if self.fail_commit {
                 return Err(SinkError::new("sync", "no space"));
             }
-            Ok(())
-        }
-        fn sweep(&mut self, _: ConversationId, _: u64) -> Result<(), SinkError> {
             Ok(())
         }
         fn forget(&mut self, _: ConversationId) -> Result<(), SinkError> {

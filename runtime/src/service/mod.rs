@@ -11,6 +11,7 @@
 //!                          │ reads                    │   store writes)
 //!                          └──────────► Store ◄───────┘
 //! stream::events ──► SessionHandle::events (the rollout's record, then live; resume by seq)
+//! ttl::TtlSweeper ──► Store + rollout storage (drops Ttl content once due; no session needed)
 //! ```
 //!
 //! - [`sessions_api`]: the front door; reads go to the store, work to a session's host.
@@ -21,6 +22,8 @@
 //! - [`rest`], [`ws`], [`stdio`], [`http`]: the transports and the router.
 //! - [`stream`]: the event stream every transport reads, and the client event types.
 //! - [`auth`], [`error`], [`metrics`].
+//! - The Ttl sweeper ([`crate::ttl`]): one sweep at start-up, before sessions are restored
+//!   and anything is served, then one every `ttl_sweep_interval` until shutdown begins.
 //!
 //! The A2A routes (`service::a2a`) are merged into the router by [`Service::extra_routes`]:
 //! the agent card public, the JSON-RPC route behind authentication.
@@ -49,6 +52,7 @@ pub mod ws;
 
 use crate::config::TroupeConfig;
 use crate::store::Store;
+use crate::ttl::TtlSweeper;
 use auth::Auth;
 use metrics_exporter_prometheus::PrometheusHandle;
 use registry::{RegistryArgs, SessionTemplate};
@@ -59,6 +63,7 @@ use std::sync::Arc;
 use std::time::Duration;
 use tokio_util::sync::CancellationToken;
 use troupe_actors::SessionPorts;
+use troupe_actors::rollout::FileRolloutStorage;
 use troupe_proto::AgentError;
 
 /// What every route handler gets.
@@ -101,15 +106,19 @@ pub fn describe_metrics() {
     crate::mcp::metrics::describe();
     crate::exec::metrics::describe();
     crate::store::metrics::describe();
+    crate::ttl::metrics::describe();
 }
 
 impl Service {
     /// Starts the registry over `store` (restoring what it holds); sessions are assembled
-    /// from `config` with `ports`.
+    /// from `config` with `ports`. Before anything is restored or served, content whose Ttl
+    /// has passed is swept from the store and the rollout (`ports.rollout_storage`, or the
+    /// JSONL files under the data directory); a [`TtlSweeper`] then sweeps every
+    /// `ttl_sweep_interval` until shutdown, whatever sessions are in memory.
     pub async fn start(
         config: &TroupeConfig,
         store: Arc<dyn Store>,
-        ports: SessionPorts,
+        mut ports: SessionPorts,
         prometheus: Option<PrometheusHandle>,
     ) -> Result<Self, AgentError> {
         let env = |k: &str| std::env::var(k).ok();
@@ -124,6 +133,16 @@ impl Service {
             tokens.push((secret, t.projects.clone()));
         }
         let session_config = crate::assembly::session_config(config);
+        // The sessions write to the very storage the sweeper sweeps.
+        let rollout = ports.rollout_storage.clone().unwrap_or_else(|| {
+            Arc::new(FileRolloutStorage::new(
+                session_config.data_dir.join("rollout"),
+            ))
+        });
+        ports.rollout_storage = Some(rollout.clone());
+        let sweeper = TtlSweeper::new(Some(store.clone()), rollout);
+        sweeper.sweep().await;
+        let ttl_sweep_interval = session_config.ttl_sweep_interval;
         let sessions = SessionsApi::start(RegistryArgs {
             store,
             template: SessionTemplate {
@@ -132,13 +151,16 @@ impl Service {
             },
         })
         .await?;
+        let shutdown = CancellationToken::new();
+        // Ends with the service: the token fires when shutdown begins.
+        let _sweeping = sweeper.spawn(ttl_sweep_interval, shutdown.clone());
         let state = AppState {
             rpc: Rpc {
                 sessions: sessions.clone(),
                 max_page: config.server.max_page.max(1),
             },
             body_limit: config.server.body_limit,
-            shutdown: CancellationToken::new(),
+            shutdown,
             prometheus,
         };
         Ok(Self {

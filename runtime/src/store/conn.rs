@@ -2,7 +2,9 @@
 //!
 //! Every connection: foreign keys on, `synchronous = NORMAL` (in WAL mode a commit is written
 //! to the WAL before it returns, so it survives a crash of the process; the WAL is fsynced at
-//! checkpoints), and a busy handler that retries for [`BUSY_BUDGET`] with short sleeps. The
+//! checkpoints), `secure_delete` on (space that deleted or overwritten content leaves is
+//! zeroed, so content a Ttl sweep drops is not left in free pages; see [`truncate_wal`] for the
+//! WAL), and a busy handler that retries for [`BUSY_BUDGET`] with short sleeps. The
 //! store's writer and the rollout's writer are two connections that take turns on the one
 //! write lock; SQLite's stock handler sleeps whole milliseconds, far longer than the
 //! transactions it waits for.
@@ -78,8 +80,10 @@ pub fn open(path: &Path, role: Role) -> Result<Connection, AgentError> {
         ))
         .map_err(|e| internal(what(), e))?;
     }
-    conn.execute_batch("PRAGMA foreign_keys = ON; PRAGMA synchronous = NORMAL;")
-        .map_err(|e| internal(what(), e))?;
+    conn.execute_batch(
+        "PRAGMA foreign_keys = ON; PRAGMA synchronous = NORMAL; PRAGMA secure_delete = ON;",
+    )
+    .map_err(|e| internal(what(), e))?;
     if role == Role::Reader {
         conn.execute_batch("PRAGMA query_only = ON;")
             .map_err(|e| internal(what(), e))?;
@@ -132,6 +136,27 @@ fn checkpoint(conn: &Connection) {
             super::metrics::observe(super::metrics::Op::Checkpoint, started, Some(&e));
             tracing::warn!(error = %e, "wal checkpoint failed");
         }
+    }
+}
+
+/// Copies the whole WAL into the database and truncates it to zero bytes, so that the page
+/// images it held (a row before a sweep dropped its content) are gone from the files. Waits for
+/// readers of older snapshots through the busy handler, and retries while another checkpoint
+/// (the background one) runs, for at most [`BUSY_BUDGET`]. `Ok(false)`: it could not complete;
+/// call it again later. Run it outside any transaction of `conn`.
+pub fn truncate_wal(conn: &Connection) -> Result<bool, AgentError> {
+    let started = Instant::now();
+    loop {
+        let busy: i64 = conn
+            .query_row("PRAGMA wal_checkpoint(TRUNCATE)", [], |row| row.get(0))
+            .map_err(|e| internal("wal checkpoint (truncate)", e))?;
+        if busy == 0 {
+            return Ok(true);
+        }
+        if started.elapsed() >= BUSY_BUDGET {
+            return Ok(false);
+        }
+        std::thread::sleep(BUSY_SLEEP_MAX);
     }
 }
 

@@ -12,7 +12,7 @@ use troupe_proto::store::{
     ConversationRecord, ConversationState, FinishMessage, FinishedMessage, MessagePage,
     MessageRecord, MessageStatus, NewMessage, SessionRecord,
 };
-use troupe_proto::{AgentError, ConversationId, Role, SessionId};
+use troupe_proto::{AgentError, ConversationId, Role, SessionId, StoragePolicy};
 
 /// What the store holds.
 #[derive(Debug, Default)]
@@ -23,6 +23,8 @@ struct Data {
     conversations: BTreeMap<ConversationId, ConversationRecord>,
     /// Every message by id; ids are assigned in increasing order.
     messages: BTreeMap<u64, MessageRecord>,
+    /// Ttl: when each message's content is due, by message id (content under `Ttl` only).
+    expires: BTreeMap<u64, u64>,
     next_message_id: u64,
     current: HashMap<String, SessionId>,
 }
@@ -32,16 +34,22 @@ impl Data {
         if !self.sessions.contains_key(&message.session_id) {
             return Err(AgentError::not_found("session", message.session_id));
         }
-        match self.conversations.get(&message.conversation_id) {
-            Some(c) if c.session_id == message.session_id => {}
+        let policy = match self.conversations.get(&message.conversation_id) {
+            Some(c) if c.session_id == message.session_id => c.params.storage_policy,
             _ => {
                 return Err(AgentError::not_found(
                     "conversation",
                     message.conversation_id,
                 ));
             }
-        }
+        };
         self.next_message_id += 1;
+        if let (StoragePolicy::Ttl { secs }, Some(_)) = (policy, &message.content) {
+            self.expires.insert(
+                self.next_message_id,
+                troupe_actors::rollout::ttl_expiry_ms(message.created_ms, secs),
+            );
+        }
         let record = MessageRecord {
             message_id: self.next_message_id,
             session_id: message.session_id,
@@ -288,23 +296,21 @@ impl Store for MemoryStore {
         })
     }
 
-    async fn expire_message_content(
-        &self,
-        conversation_id: ConversationId,
-        cutoff_ms: u64,
-    ) -> Result<u64, AgentError> {
+    async fn sweep_due(&self, now_ms: u64) -> Result<u64, AgentError> {
         self.with(|d| {
-            let mut n = 0;
-            for m in d.messages.values_mut() {
-                if m.conversation_id == conversation_id
-                    && m.created_ms < cutoff_ms
-                    && m.content.is_some()
-                {
+            let due: Vec<u64> = d
+                .expires
+                .iter()
+                .filter(|(_, expires)| **expires <= now_ms)
+                .map(|(id, _)| *id)
+                .collect();
+            for id in &due {
+                d.expires.remove(id);
+                if let Some(m) = d.messages.get_mut(id) {
                     m.content = None;
-                    n += 1;
                 }
             }
-            Ok(n)
+            Ok(u64::try_from(due.len()).unwrap_or(u64::MAX))
         })
     }
 

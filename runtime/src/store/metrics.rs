@@ -56,7 +56,8 @@ pub enum Op {
     PendingMessages,
     SessionsWithPendingMessages,
     Messages,
-    ExpireMessageContent,
+    /// The Ttl sweep of message content.
+    SweepDue,
     SetCurrentSession,
     CurrentSession,
     Ping,
@@ -88,7 +89,7 @@ impl Op {
             Self::PendingMessages => "pending_messages",
             Self::SessionsWithPendingMessages => "sessions_with_pending_messages",
             Self::Messages => "messages",
-            Self::ExpireMessageContent => "expire_message_content",
+            Self::SweepDue => "sweep_due",
             Self::SetCurrentSession => "set_current_session",
             Self::CurrentSession => "current_session",
             Self::Ping => "ping",

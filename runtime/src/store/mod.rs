@@ -5,7 +5,11 @@
 //! Rules every implementation keeps:
 //! - A write that returned `Ok` survives a crash of the process.
 //! - `append_message` only stores the `content` it is given; the caller has already applied
-//!   the conversation's storage policy (content `None` under `HeadersOnly`/`None`).
+//!   the conversation's storage policy (content `None` under `HeadersOnly`/`None`). Under
+//!   `Ttl { secs }` (the policy of the stored conversation) the content is stored with its
+//!   expiry, `created_ms` + the ttl, and [`Store::sweep_due`] drops it once due, whether the
+//!   conversation is open, closed, or its session is not running.
+//! - Content a sweep dropped cannot be read back from the store's files.
 //! - Unknown ids read as `Ok(None)` / empty; writes naming an unknown session or conversation
 //!   fail with `AgentError::NotFound`; a duplicate create fails with `AgentError::InvalidInput`.
 //!
@@ -89,12 +93,11 @@ pub trait Store: Send + Sync + 'static {
         limit: usize,
         before: Option<u64>,
     ) -> Result<MessagePage, AgentError>;
-    /// Ttl policy: drops the content of the conversation's messages created before `cutoff_ms`.
-    async fn expire_message_content(
-        &self,
-        conversation_id: ConversationId,
-        cutoff_ms: u64,
-    ) -> Result<u64, AgentError>;
+    /// The Ttl sweep: drops the content of every stored message whose expiry is at or before
+    /// `now_ms` (its `chars` and everything else stay), in every session; returns how many
+    /// lost their content. Planned from what is stored, so it needs no session in memory;
+    /// sweeping again changes nothing.
+    async fn sweep_due(&self, now_ms: u64) -> Result<u64, AgentError>;
 
     /// Points a project at a session (which must exist and belong to it).
     async fn set_current_session(

@@ -13,6 +13,14 @@
 //! `synchronous = FULL`, which fsyncs the WAL before `COMMIT` returns. Reads take a connection
 //! from a small pool on the caller's (blocking) thread; a checkpointer thread copies the WAL
 //! into the database in the background.
+//!
+//! # Ttl
+//! A `Full` record written under a `Ttl` policy keeps its expiry in the `expires_ms` column
+//! (indexed over the rows that have one). [`RolloutStorage::sweep_due`] runs on the writer
+//! thread between sink batches: it rewrites every due row as its headers
+//! ([`troupe_actors::rollout::downgrade`]; a row whose JSON does not parse is rebuilt from its
+//! columns) in one transaction, then truncates the WAL; `secure_delete` zeroes the space the
+//! old rows leave, so the old content is in no file of the database.
 
 use super::conn::{self, Checkpointer, ReaderPool, Role as ConnRole, internal, to_sql_int};
 use super::metrics::{self, Op, Writer};
@@ -22,7 +30,9 @@ use rusqlite::{Connection, TransactionBehavior, params};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Instant;
+use troupe_actors::rollout::storage::SweepReport;
 use troupe_actors::rollout::storage::{RolloutSink, RolloutStorage, SinkError};
+use troupe_actors::rollout::{RecordLevel, RecordMeta};
 use troupe_actors::rollout::{RolloutRecord, downgrade};
 use troupe_proto::{AgentError, ConversationId, SessionId};
 
@@ -32,6 +42,8 @@ const MAX_BATCH: usize = 256;
 const QUEUE_CAPACITY: usize = 1024;
 /// Reader connections.
 const READERS: usize = 2;
+/// Due rows a sweep reads into memory at once.
+const SWEEP_CHUNK: i64 = 512;
 
 /// Rollout records in SQLite. Cheap to clone; clones share the writer thread.
 #[derive(Clone)]
@@ -204,6 +216,30 @@ impl RolloutStorage for SqliteRolloutStorage {
             )
         })
     }
+
+    fn sweep_due(&self, now_ms: u64) -> Result<SweepReport, AgentError> {
+        let _span = tracing::debug_span!("rollout_db.sweep_due", now_ms).entered();
+        let started = Instant::now();
+        let (reply, answer) = crossbeam_channel::bounded(1);
+        let job = Job::Sweep {
+            // A time past every representable one makes everything due.
+            now_ms: i64::try_from(now_ms).unwrap_or(i64::MAX),
+            reply,
+        };
+        let result = match self.writer.send(job) {
+            Ok(()) => answer.recv().unwrap_or_else(|_| {
+                Err(AgentError::internal(
+                    "rollout writer stopped before the sweep",
+                ))
+            }),
+            Err(_) => Err(AgentError::internal("rollout writer stopped")),
+        };
+        metrics::observe(Op::RolloutSweep, started, result.as_ref().err());
+        result.map(|downgraded| SweepReport {
+            downgraded,
+            failures: 0,
+        })
+    }
 }
 
 fn read_records(
@@ -250,6 +286,8 @@ struct Row {
     ts_ms: i64,
     level: &'static str,
     record: String,
+    /// Ttl content: when it is due.
+    expires_ms: Option<i64>,
 }
 
 impl SqliteRolloutSink {
@@ -257,14 +295,14 @@ impl SqliteRolloutSink {
     fn submit(&mut self, op: Op, work: Work, sync: bool) -> Result<(), SinkError> {
         let started = Instant::now();
         let (reply, answer) = crossbeam_channel::bounded(1);
-        let job = Job {
+        let job = Job::Sink(SinkJob {
             session_key: self.session_key.clone(),
             rows: std::mem::take(&mut self.pending),
             work,
             sync,
             reply,
             enqueued: started,
-        };
+        });
         let result = match self.writer.send(job) {
             Ok(()) => answer
                 .recv()
@@ -299,6 +337,11 @@ impl RolloutSink for SqliteRolloutSink {
             ts_ms: int("ts_ms", record.ts_ms)?,
             level: record.level.as_str(),
             record: serde_json::to_string(record).map_err(|e| SinkError::new("encode", e))?,
+            expires_ms: match (record.level, record.meta.expires_ms) {
+                // Past i64::MAX is never due, and neither is i64::MAX in practice.
+                (RecordLevel::Full, Some(ms)) => Some(i64::try_from(ms).unwrap_or(i64::MAX)),
+                _ => None,
+            },
         };
         troupe_actors::rollout::metrics::bytes_written(row.record.len());
         self.pending.push(row);
@@ -310,19 +353,6 @@ impl RolloutSink for SqliteRolloutSink {
         let high_water =
             to_sql_int("high_water", high_water).map_err(|e| SinkError::new("encode", e))?;
         self.submit(Op::RolloutCommit, Work::HighWater(high_water), sync)
-    }
-
-    fn sweep(&mut self, conversation_id: ConversationId, cutoff_ms: u64) -> Result<(), SinkError> {
-        let _span = tracing::debug_span!("rollout_db.sweep", session_id = %self.session_id, %conversation_id, cutoff_ms).entered();
-        let cutoff = i64::try_from(cutoff_ms).unwrap_or(i64::MAX);
-        self.submit(
-            Op::RolloutSweep,
-            Work::Sweep {
-                conversation_id: conversation_id.to_string(),
-                cutoff_ms: cutoff,
-            },
-            false,
-        )
     }
 
     fn forget(&mut self, conversation_id: ConversationId) -> Result<(), SinkError> {
@@ -338,8 +368,19 @@ impl RolloutSink for SqliteRolloutSink {
 
 // ---- the writer thread ----
 
+/// What the writer thread is asked to do.
+enum Job {
+    Sink(SinkJob),
+    /// The Ttl sweep; answered with the number of records downgraded, once the WAL holds none
+    /// of their old content.
+    Sweep {
+        now_ms: i64,
+        reply: Sender<Result<u64, AgentError>>,
+    },
+}
+
 /// One sink's batch, as queued for the writer.
-struct Job {
+struct SinkJob {
     session_key: String,
     /// Inserted first, then `work` runs.
     rows: Vec<Row>,
@@ -353,36 +394,165 @@ struct Job {
 enum Work {
     Nothing,
     HighWater(i64),
-    Sweep {
-        conversation_id: String,
-        cutoff_ms: i64,
-    },
 }
 
 fn writer_loop(mut conn: Connection, queue: Receiver<Job>) {
     let mut batch = Vec::with_capacity(MAX_BATCH);
+    let mut sweeps = Vec::new();
+    // A sweep changed rows whose old pages may still be in the WAL: later sweeps retry the
+    // truncation until one succeeds.
+    let mut wal_holds_dropped = false;
     while let Ok(first) = queue.recv() {
-        batch.push(first);
-        while batch.len() < MAX_BATCH {
-            match queue.try_recv() {
-                Ok(job) => batch.push(job),
-                Err(_) => break,
+        let mut next = Some(first);
+        while let Some(job) = next.take() {
+            match job {
+                Job::Sink(job) => batch.push(job),
+                Job::Sweep { now_ms, reply } => sweeps.push((now_ms, reply)),
+            }
+            if batch.len() < MAX_BATCH {
+                next = queue.try_recv().ok();
             }
         }
-        let oldest_wait = batch
-            .first()
-            .map(|j| j.enqueued.elapsed())
-            .unwrap_or_default();
-        metrics::batch(Writer::Rollout, batch.len(), oldest_wait);
-        let results = commit_batch(&mut conn, &batch);
-        for (job, result) in batch.drain(..).zip(results) {
-            let _ = job.reply.send(result);
+        if !batch.is_empty() {
+            let oldest_wait = batch
+                .first()
+                .map(|j| j.enqueued.elapsed())
+                .unwrap_or_default();
+            metrics::batch(Writer::Rollout, batch.len(), oldest_wait);
+            let results = commit_batch(&mut conn, &batch);
+            for (job, result) in batch.drain(..).zip(results) {
+                let _ = job.reply.send(result);
+            }
+        }
+        for (now_ms, reply) in sweeps.drain(..) {
+            let result = sweep_due(&mut conn, now_ms).and_then(|downgraded| {
+                wal_holds_dropped |= downgraded > 0;
+                if wal_holds_dropped {
+                    truncate_after_sweep(&conn)?;
+                    wal_holds_dropped = false;
+                }
+                Ok(downgraded)
+            });
+            if let Err(e) = &result {
+                tracing::warn!(error = %e, "rollout ttl sweep failed; the next sweep tries again");
+            }
+            let _ = reply.send(result);
         }
     }
     tracing::debug!("rollout storage writer stopped");
 }
 
-fn commit_batch(conn: &mut Connection, batch: &[Job]) -> Vec<Result<(), SinkError>> {
+/// Truncates the WAL after a sweep; an error when it could not.
+fn truncate_after_sweep(conn: &Connection) -> Result<(), AgentError> {
+    match conn::truncate_wal(conn) {
+        Ok(true) => Ok(()),
+        Ok(false) => Err(AgentError::internal(
+            "ttl sweep: the WAL could not be truncated (readers or a checkpoint kept it busy); \
+             the next sweep tries again",
+        )),
+        Err(e) => Err(e),
+    }
+}
+
+/// Downgrades every record due at `now_ms`, in one transaction; how many.
+fn sweep_due(conn: &mut Connection, now_ms: i64) -> Result<u64, AgentError> {
+    let what = "rollout ttl sweep";
+    let tx = conn
+        .transaction_with_behavior(TransactionBehavior::Immediate)
+        .map_err(|e| internal(what, e))?;
+    let mut downgraded = 0u64;
+    loop {
+        let due: Vec<DueRow> = {
+            let mut st = tx
+                .prepare_cached(
+                    "SELECT session_id, seq, conversation_id, task_id, kind, ts_ms, record
+                     FROM rollout_events WHERE expires_ms <= ?1 LIMIT ?2",
+                )
+                .map_err(|e| internal(what, e))?;
+            let rows = st
+                .query_map(params![now_ms, SWEEP_CHUNK], |r| {
+                    Ok(DueRow {
+                        session_id: r.get(0)?,
+                        seq: r.get(1)?,
+                        conversation_id: r.get(2)?,
+                        task_id: r.get(3)?,
+                        kind: r.get(4)?,
+                        ts_ms: r.get(5)?,
+                        record: r.get(6)?,
+                    })
+                })
+                .map_err(|e| internal(what, e))?;
+            rows.collect::<Result<_, _>>()
+                .map_err(|e| internal(what, e))?
+        };
+        if due.is_empty() {
+            break;
+        }
+        let mut update = tx
+            .prepare_cached(
+                "UPDATE rollout_events SET level = ?3, record = ?4, expires_ms = NULL
+                 WHERE session_id = ?1 AND seq = ?2",
+            )
+            .map_err(|e| internal(what, e))?;
+        for row in &due {
+            let header = row.headers();
+            let text = serde_json::to_string(&header).map_err(|e| internal(what, e))?;
+            update
+                .execute(params![
+                    row.session_id,
+                    row.seq,
+                    header.level.as_str(),
+                    text
+                ])
+                .map_err(|e| internal(what, e))?;
+            downgraded += 1;
+        }
+    }
+    tx.commit().map_err(|e| internal(what, e))?;
+    if downgraded > 0 {
+        tracing::debug!(downgraded, "rollout ttl sweep");
+    }
+    Ok(downgraded)
+}
+
+/// A due row as the sweep reads it.
+struct DueRow {
+    session_id: String,
+    seq: i64,
+    conversation_id: Option<String>,
+    task_id: Option<String>,
+    kind: String,
+    ts_ms: i64,
+    record: String,
+}
+
+impl DueRow {
+    /// The row's record as headers. A record that does not parse may still hold content: it
+    /// is rebuilt from the columns, which hold none.
+    fn headers(&self) -> RolloutRecord {
+        match serde_json::from_str::<RolloutRecord>(&self.record) {
+            Ok(record) => downgrade(record),
+            Err(e) => {
+                tracing::warn!(
+                    session_id = self.session_id, seq = self.seq, error = %e,
+                    "ttl sweep: an unreadable record is replaced by its columns"
+                );
+                RolloutRecord {
+                    seq: u64::try_from(self.seq).unwrap_or(0),
+                    ts_ms: u64::try_from(self.ts_ms).unwrap_or(0),
+                    conversation_id: self.conversation_id.as_deref().and_then(|c| c.parse().ok()),
+                    task_id: self.task_id.as_deref().and_then(|t| t.parse().ok()),
+                    kind: self.kind.clone(),
+                    level: RecordLevel::Headers,
+                    event: None,
+                    meta: RecordMeta::default(),
+                }
+            }
+        }
+    }
+}
+
+fn commit_batch(conn: &mut Connection, batch: &[SinkJob]) -> Vec<Result<(), SinkError>> {
     let fail_all = |e: SinkError| -> Vec<Result<(), SinkError>> {
         batch.iter().map(|_| Err(e.clone())).collect()
     };
@@ -424,13 +594,13 @@ fn commit_batch(conn: &mut Connection, batch: &[Job]) -> Vec<Result<(), SinkErro
 }
 
 /// One sink batch inside the writer's transaction.
-fn apply(c: &Connection, job: &Job) -> Result<(), SinkError> {
+fn apply(c: &Connection, job: &SinkJob) -> Result<(), SinkError> {
     if !job.rows.is_empty() {
         let mut st = c
             .prepare_cached(
                 "INSERT INTO rollout_events
-                     (session_id, seq, conversation_id, task_id, kind, ts_ms, level, record)
-                 VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8)",
+                     (session_id, seq, conversation_id, task_id, kind, ts_ms, level, record, expires_ms)
+                 VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9)",
             )
             .map_err(|e| SinkError::new("write", e))?;
         for row in &job.rows {
@@ -443,6 +613,7 @@ fn apply(c: &Connection, job: &Job) -> Result<(), SinkError> {
                 row.ts_ms,
                 row.level,
                 row.record,
+                row.expires_ms,
             ])
             .map_err(|e| {
                 SinkError::new(
@@ -463,59 +634,5 @@ fn apply(c: &Connection, job: &Job) -> Result<(), SinkError> {
             .and_then(|mut st| st.execute(params![job.session_key, high_water]))
             .map(drop)
             .map_err(|e| SinkError::new("write", e)),
-        Work::Sweep {
-            conversation_id,
-            cutoff_ms,
-        } => sweep(c, &job.session_key, conversation_id, *cutoff_ms),
     }
-}
-
-/// Rewrites the conversation's old `Full` records as headers.
-fn sweep(
-    c: &Connection,
-    session_key: &str,
-    conversation_id: &str,
-    cutoff_ms: i64,
-) -> Result<(), SinkError> {
-    let err = |e: &dyn std::fmt::Display| SinkError::new("sweep", e);
-    let old: Vec<(i64, String)> = {
-        let mut st = c
-            .prepare_cached(
-                "SELECT seq, record FROM rollout_events
-                 WHERE session_id = ?1 AND conversation_id = ?2 AND level = 'full' AND ts_ms < ?3",
-            )
-            .map_err(|e| err(&e))?;
-        let rows = st
-            .query_map(params![session_key, conversation_id, cutoff_ms], |r| {
-                Ok((r.get(0)?, r.get(1)?))
-            })
-            .map_err(|e| err(&e))?;
-        rows.collect::<Result<_, _>>().map_err(|e| err(&e))?
-    };
-    let mut update = c
-        .prepare_cached(
-            "UPDATE rollout_events SET level = ?3, record = ?4 WHERE session_id = ?1 AND seq = ?2",
-        )
-        .map_err(|e| err(&e))?;
-    for (seq, text) in &old {
-        let corrupt = |e: &dyn std::fmt::Display| {
-            SinkError::new(
-                "sweep",
-                format!("corrupt rollout_events row (session {session_key}, seq {seq}): {e}"),
-            )
-        };
-        let record: RolloutRecord = serde_json::from_str(text).map_err(|e| corrupt(&e))?;
-        let header = downgrade(record);
-        let text = serde_json::to_string(&header).map_err(|e| corrupt(&e))?;
-        update
-            .execute(params![session_key, seq, header.level.as_str(), text])
-            .map_err(|e| err(&e))?;
-    }
-    tracing::debug!(
-        session_id = session_key,
-        conversation_id,
-        downgraded = old.len(),
-        "rollout sweep"
-    );
-    Ok(())
 }

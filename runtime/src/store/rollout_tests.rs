@@ -1,12 +1,12 @@
-//! The SQLite rollout storage: append, commit, reads, sweep, high water, reopen.
+//! The SQLite rollout storage: append, commit, reads, the Ttl sweep, high water, reopen.
 
 use super::{SqliteRolloutStorage, SqliteStore, Store, db_path};
 use std::collections::HashSet;
 use tempfile::TempDir;
-use troupe_actors::rollout::conformance::full;
+use troupe_actors::rollout::conformance::{full, ttl};
 use troupe_actors::rollout::storage::RolloutStorage;
-use troupe_actors::rollout::{RecordLevel, RolloutRecord, downgrade};
-use troupe_proto::{ConversationId, SessionId};
+use troupe_actors::rollout::{RecordLevel, RecordMeta, RolloutRecord, downgrade};
+use troupe_proto::{ConversationId, EventKind, SessionId, StoragePolicy};
 
 fn open() -> (TempDir, SqliteRolloutStorage) {
     let dir = tempfile::tempdir().unwrap();
@@ -114,61 +114,122 @@ fn the_high_water_mark_outlives_unrecorded_numbers() {
     assert_eq!(storage.last_seq(SessionId::new()).unwrap(), 0);
 }
 
-#[test]
-fn sweep_downgrades_old_full_records_of_one_conversation() {
-    let (_dir, storage) = open();
-    let session = SessionId::new();
-    let conv = ConversationId::new();
-    let other = ConversationId::new();
-    let mut sink = storage.open_sink(session).unwrap();
-    let records: Vec<_> = (1..=6u64)
-        .map(|seq| {
-            let c = if seq == 6 { other } else { conv };
-            full(seq, seq * 10, Some(c), &format!("secret {seq}"))
-        })
-        .collect();
-    for r in &records {
-        sink.append(r.conversation_id, r).unwrap();
+/// Every byte of the database's files (the database, its WAL and shared-memory index).
+fn file_bytes(db: &std::path::Path) -> Vec<u8> {
+    let mut out = Vec::new();
+    for suffix in ["", "-wal", "-shm"] {
+        let mut path = db.as_os_str().to_owned();
+        path.push(suffix);
+        if let Ok(bytes) = std::fs::read(&path) {
+            out.extend(bytes);
+        }
     }
-    sink.commit(false, 6).unwrap();
-    sink.sweep(conv, 35).unwrap();
-    let got = storage.read_conversation(session, conv).unwrap();
-    let want: Vec<_> = records[..5]
-        .iter()
-        .map(|r| {
-            if r.ts_ms < 35 {
-                downgrade(r.clone())
-            } else {
-                r.clone()
-            }
-        })
-        .collect();
-    assert_eq!(got, want);
-    assert_eq!(got[0].level, RecordLevel::Headers);
-    assert!(got[0].event.is_none());
-    assert_eq!(got[0].meta.chars, Some(8));
-    assert_eq!(got[4].level, RecordLevel::Full);
-    // Other conversations are untouched; sweeping again changes nothing.
-    assert_eq!(
-        storage.read_conversation(session, other).unwrap(),
-        vec![records[5].clone()]
-    );
-    sink.sweep(conv, 35).unwrap();
-    assert_eq!(storage.read_conversation(session, conv).unwrap(), want);
+    out
+}
+
+fn contains(hay: &[u8], needle: &str) -> bool {
+    hay.windows(needle.len()).any(|w| w == needle.as_bytes())
 }
 
 #[test]
-fn sweep_and_forget_write_pending_records_first() {
+fn a_sweep_leaves_no_byte_of_due_content_in_the_files() {
+    let (dir, storage) = open();
+    let db = db_path(dir.path());
+    let session = SessionId::new();
+    let conv = ConversationId::new();
+    let mut sink = storage.open_sink(session).unwrap();
+    // One record small enough for its page, one that spills into overflow pages.
+    let small = ttl(1, 10, 100, Some(conv), "CANARY-SMALL-9931");
+    let big_text = format!("CANARY-BIG-7702 {}", "x".repeat(20_000));
+    let big = ttl(2, 10, 100, Some(conv), &big_text);
+    let later = ttl(3, 10, 900, Some(conv), "CANARY-LATER-1180");
+    for r in [&small, &big, &later] {
+        sink.append(r.conversation_id, r).unwrap();
+    }
+    sink.commit(true, 3).unwrap();
+    let before = file_bytes(&db);
+    assert!(contains(&before, "CANARY-SMALL-9931") && contains(&before, "CANARY-BIG-7702"));
+    let report = storage.sweep_due(100).unwrap();
+    assert_eq!((report.downgraded, report.failures), (2, 0));
+    let after = file_bytes(&db);
+    assert!(
+        !contains(&after, "CANARY-SMALL-9931"),
+        "small content left in the files"
+    );
+    assert!(
+        !contains(&after, "CANARY-BIG-7702"),
+        "big content left in the files"
+    );
+    assert!(
+        contains(&after, "CANARY-LATER-1180"),
+        "content not yet due stays"
+    );
+    let got = storage.read_conversation(session, conv).unwrap();
+    assert_eq!(got[0], downgrade(small));
+    assert_eq!(got[1], downgrade(big));
+    assert_eq!(
+        got[1].meta.chars,
+        Some(big_text.len() as u64),
+        "headers stay"
+    );
+    assert_eq!(got[2], later);
+    assert_eq!(storage.sweep_due(100).unwrap().downgraded, 0, "idempotent");
+    // The sweep reads due rows through the expiry index.
+    let raw = rusqlite::Connection::open(&db).unwrap();
+    let plan: String = raw
+        .query_row(
+            "EXPLAIN QUERY PLAN SELECT seq FROM rollout_events WHERE expires_ms <= 5 LIMIT 9",
+            [],
+            |r| r.get(3),
+        )
+        .unwrap();
+    assert!(plan.contains("rollout_events_by_expiry"), "{plan}");
+}
+
+#[test]
+fn a_due_record_that_does_not_parse_is_rebuilt_from_its_columns() {
+    let (dir, storage) = open();
+    let session = SessionId::new();
+    let conv = ConversationId::new();
+    let mut sink = storage.open_sink(session).unwrap();
+    let record = ttl(4, 10, 20, Some(conv), "CANARY-CORRUPT-5521");
+    sink.append(Some(conv), &record).unwrap();
+    sink.commit(false, 4).unwrap();
+    let raw = rusqlite::Connection::open(db_path(dir.path())).unwrap();
+    raw.execute(
+        "UPDATE rollout_events SET record = '{\"seq\":4, CANARY-CORRUPT-5521'",
+        [],
+    )
+    .unwrap();
+    drop(raw);
+    assert_eq!(storage.sweep_due(20).unwrap().downgraded, 1);
+    let got = storage.read_conversation(session, conv).unwrap();
+    assert_eq!(got.len(), 1);
+    assert_eq!(
+        (
+            got[0].seq,
+            got[0].ts_ms,
+            got[0].conversation_id,
+            got[0].task_id
+        ),
+        (4, 10, Some(conv), record.task_id)
+    );
+    assert_eq!(got[0].kind, "assistant_message");
+    assert_eq!(got[0].level, RecordLevel::Headers);
+    assert!(!contains(
+        &file_bytes(&db_path(dir.path())),
+        "CANARY-CORRUPT-5521"
+    ));
+}
+
+#[test]
+fn forget_writes_pending_records_first() {
     let (_dir, storage) = open();
     let session = SessionId::new();
     let conv = ConversationId::new();
     let mut sink = storage.open_sink(session).unwrap();
-    sink.append(Some(conv), &full(1, 1, Some(conv), "old"))
+    sink.append(Some(conv), &full(1, 1, Some(conv), "first"))
         .unwrap();
-    sink.sweep(conv, 100).unwrap();
-    let got = storage.read_conversation(session, conv).unwrap();
-    assert_eq!(got.len(), 1);
-    assert_eq!(got[0].level, RecordLevel::Headers);
     sink.append(Some(conv), &full(2, 1, Some(conv), "last"))
         .unwrap();
     sink.forget(conv).unwrap();
@@ -177,6 +238,95 @@ fn sweep_and_forget_write_pending_records_first() {
         vec![1, 2]
     );
     sink.forget(conv).unwrap();
+}
+
+/// Records written before expiries were stored (schema 2) are dated from their conversation's
+/// `conversation_opened` policy by the migration, and swept like new ones.
+#[test]
+fn records_from_before_expiries_are_dated_by_the_migration() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = db_path(dir.path());
+    let session = SessionId::new();
+    let (ttl_conv, full_conv) = (ConversationId::new(), ConversationId::new());
+    let opened =
+        |seq: u64, conv: ConversationId, policy: StoragePolicy, text: &str| RolloutRecord {
+            seq,
+            ts_ms: 1_000,
+            conversation_id: Some(conv),
+            task_id: None,
+            kind: "conversation_opened".into(),
+            level: RecordLevel::Full,
+            event: Some(EventKind::ConversationOpened {
+                storage_policy: policy,
+                base_instructions: None,
+                user_instructions: Some(text.into()),
+            }),
+            meta: RecordMeta::default(),
+        };
+    let rows = [
+        opened(
+            1,
+            ttl_conv,
+            StoragePolicy::Ttl { secs: 5 },
+            "CANARY-OLD-TTL-OPENED",
+        ),
+        full(2, 3_000, Some(ttl_conv), "CANARY-OLD-TTL"),
+        opened(3, full_conv, StoragePolicy::Full, "CANARY-OLD-FULL-OPENED"),
+        full(4, 3_000, Some(full_conv), "CANARY-OLD-FULL"),
+    ];
+    {
+        let mut conn = super::conn::open(&path, super::conn::Role::Writer).unwrap();
+        super::schema::migrate_to(&mut conn, 2).unwrap();
+        for r in &rows {
+            conn.execute(
+                "INSERT INTO rollout_events (session_id, seq, conversation_id, task_id, kind, ts_ms, level, record)
+                 VALUES (?1, ?2, ?3, NULL, ?4, ?5, 'full', ?6)",
+                rusqlite::params![
+                    session.to_string(),
+                    r.seq as i64,
+                    r.conversation_id.map(|c| c.to_string()),
+                    r.kind,
+                    r.ts_ms as i64,
+                    serde_json::to_string(r).unwrap(),
+                ],
+            )
+            .unwrap();
+        }
+        // A record whose JSON is broken does not stop the migration.
+        conn.execute(
+            "INSERT INTO rollout_events (session_id, seq, conversation_id, kind, ts_ms, level, record)
+             VALUES (?1, 9, ?2, 'conversation_opened', 1, 'full', '{')",
+            rusqlite::params![SessionId::new().to_string(), ConversationId::new().to_string()],
+        )
+        .unwrap();
+    }
+    let storage = SqliteRolloutStorage::open(&path).unwrap();
+    assert_eq!(
+        storage.sweep_due(5_999).unwrap().downgraded,
+        0,
+        "nothing due yet"
+    );
+    assert_eq!(
+        storage.sweep_due(6_000).unwrap().downgraded,
+        1,
+        "the opened record (1 s + 5 s)"
+    );
+    assert_eq!(
+        storage.sweep_due(8_000).unwrap().downgraded,
+        1,
+        "the message (3 s + 5 s)"
+    );
+    let got = storage.read_conversation(session, ttl_conv).unwrap();
+    assert!(got.iter().all(|r| r.level == RecordLevel::Headers));
+    assert_eq!(
+        storage.read_conversation(session, full_conv).unwrap(),
+        rows[2..].to_vec(),
+        "a Full conversation keeps everything"
+    );
+    assert_eq!(storage.sweep_due(u64::MAX).unwrap().downgraded, 0);
+    let bytes = file_bytes(&path);
+    assert!(!contains(&bytes, "CANARY-OLD-TTL"), "no ttl content left");
+    assert!(contains(&bytes, "CANARY-OLD-FULL") && contains(&bytes, "CANARY-OLD-FULL-OPENED"));
 }
 
 #[test]

@@ -13,7 +13,7 @@ use troupe_proto::AgentError;
 /// The schema version this build reads and writes.
 pub const VERSION: u32 = MIGRATIONS.len() as u32;
 
-const MIGRATIONS: [&str; 3] = [V1_STORE, V2_ROLLOUT, V3_MESSAGE_STATUS];
+const MIGRATIONS: [&str; 4] = [V1_STORE, V2_ROLLOUT, V3_TTL_EXPIRY, V4_MESSAGE_STATUS];
 
 /// Sessions, conversations, messages and each project's current session (P1).
 const V1_STORE: &str = "
@@ -80,9 +80,51 @@ CREATE TABLE rollout_high_water (
 );
 ";
 
+/// Ttl (S10): the expiry is stored with the content it dooms, so that sweeps find what is
+/// due from what is stored. `conversations.ttl_secs` is the ttl of a conversation's `Ttl`
+/// policy (NULL under any other), copied out of `params` so that appending a message needs no
+/// JSON. `messages.expires_ms` and `rollout_events.expires_ms` are set on content written under
+/// a Ttl policy and cleared when the sweep drops it; partial indexes hold only those rows.
+/// Content written before this version is dated the same way: a conversation's policy cannot
+/// change, so its ttl (from `params`, or from its `conversation_opened` rollout record) dates
+/// all of it. Large ttls saturate at `i64::MAX` (never due).
+const V3_TTL_EXPIRY: &str = "
+ALTER TABLE conversations ADD COLUMN ttl_secs INTEGER;
+ALTER TABLE messages ADD COLUMN expires_ms INTEGER;
+CREATE INDEX messages_by_expiry ON messages (expires_ms) WHERE expires_ms IS NOT NULL;
+ALTER TABLE rollout_events ADD COLUMN expires_ms INTEGER;
+CREATE INDEX rollout_events_by_expiry ON rollout_events (expires_ms) WHERE expires_ms IS NOT NULL;
+
+UPDATE conversations SET ttl_secs = CASE WHEN json_valid(params) THEN
+    CASE WHEN json_type(params, '$.storage_policy.ttl.secs') = 'integer'
+    THEN json_extract(params, '$.storage_policy.ttl.secs') END END;
+
+UPDATE messages SET expires_ms = (
+    SELECT CASE WHEN c.ttl_secs > (9223372036854775807 - messages.created_ms) / 1000
+        THEN 9223372036854775807 ELSE messages.created_ms + c.ttl_secs * 1000 END
+    FROM conversations c WHERE c.conversation_id = messages.conversation_id)
+WHERE content IS NOT NULL AND conversation_id IN
+    (SELECT conversation_id FROM conversations WHERE ttl_secs IS NOT NULL);
+
+UPDATE rollout_events SET expires_ms =
+    CASE WHEN opened.secs > (9223372036854775807 - rollout_events.ts_ms) / 1000
+        THEN 9223372036854775807 ELSE rollout_events.ts_ms + opened.secs * 1000 END
+FROM (
+    SELECT session_id, conversation_id,
+        CASE WHEN json_valid(record) THEN
+            CASE WHEN json_type(record, '$.event.payload.storage_policy.ttl.secs') = 'integer'
+            THEN json_extract(record, '$.event.payload.storage_policy.ttl.secs') END END AS secs
+    FROM rollout_events WHERE kind = 'conversation_opened' AND level = 'full'
+) AS opened
+WHERE opened.secs IS NOT NULL
+    AND rollout_events.level = 'full'
+    AND rollout_events.session_id = opened.session_id
+    AND rollout_events.conversation_id = opened.conversation_id;
+";
+
 /// The durable queue: each user message's status and its reply. Messages stored before this
 /// version keep a NULL status (their outcome was not recorded).
-const V3_MESSAGE_STATUS: &str = "
+const V4_MESSAGE_STATUS: &str = "
 ALTER TABLE messages ADD COLUMN status TEXT;
 ALTER TABLE messages ADD COLUMN reply_message_id INTEGER;
 -- What a restart must look at: messages that are queued or running, and nothing else.

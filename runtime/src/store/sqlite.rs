@@ -14,6 +14,14 @@
 //! - A checkpointer thread copies the WAL into the database in the background
 //!   ([`Checkpointer`]), off the writer's path.
 //!
+//! # Ttl
+//! A message stored with content in a conversation whose policy is `Ttl { secs }` gets
+//! `expires_ms` = `created_ms` + the ttl (from the conversation's stored `ttl_secs`).
+//! [`Store::sweep_due`] drops the content of every message due, open or closed conversation,
+//! in one statement on the writer thread (an index holds only the rows with an expiry). With
+//! `secure_delete` on, the freed bytes are zeroed; after a sweep that changed rows the writer
+//! truncates the WAL ([`conn::truncate_wal`]), so the dropped text is in no file of the store.
+//!
 //! No lock guards a connection: each one is owned by one thread at a time, moved over
 //! channels. When the last handle is dropped the writer's channel closes, the thread commits
 //! what is queued and ends.
@@ -32,7 +40,7 @@ use troupe_proto::store::{
     ConversationRecord, ConversationState, FinishMessage, FinishedMessage, MessagePage,
     MessageRecord, MessageStatus, NewMessage, SessionRecord,
 };
-use troupe_proto::{AgentError, ConversationId, Json, Role, SessionId, TaskId};
+use troupe_proto::{AgentError, ConversationId, Json, Role, SessionId, StoragePolicy, TaskId};
 
 /// The database file's name inside the data directory.
 pub const DB_FILE: &str = "troupe.db";
@@ -413,23 +421,15 @@ impl Store for SqliteStore {
         .await
     }
 
-    async fn expire_message_content(
-        &self,
-        conversation_id: ConversationId,
-        cutoff_ms: u64,
-    ) -> Result<u64, AgentError> {
-        let span =
-            tracing::debug_span!("store.expire_message_content", %conversation_id, cutoff_ms);
-        observed(Op::ExpireMessageContent, span, async {
-            match self
-                .write(WriteOp::ExpireContent {
-                    conversation_id,
-                    cutoff_ms,
-                })
-                .await?
-            {
-                WriteOutput::Count(n) => Ok(n),
-                _ => Err(unexpected(Op::ExpireMessageContent)),
+    async fn sweep_due(&self, now_ms: u64) -> Result<u64, AgentError> {
+        let span = tracing::debug_span!("store.sweep_due", now_ms, swept = tracing::field::Empty);
+        observed(Op::SweepDue, span.clone(), async {
+            match self.write(WriteOp::SweepDue { now_ms }).await? {
+                WriteOutput::Count(n) => {
+                    span.record("swept", n);
+                    Ok(n)
+                }
+                _ => Err(unexpected(Op::SweepDue)),
             }
         })
         .await
@@ -514,9 +514,9 @@ enum WriteOp {
         message_id: u64,
     },
     FinishMessage(FinishMessage),
-    ExpireContent {
-        conversation_id: ConversationId,
-        cutoff_ms: u64,
+    /// Drops the content of every message due at `now_ms`.
+    SweepDue {
+        now_ms: u64,
     },
     SetCurrentSession {
         project_id: String,
@@ -533,6 +533,9 @@ enum WriteOutput {
 
 fn writer_loop(mut conn: Connection, mut queue: mpsc::Receiver<WriteJob>) {
     let mut batch = Vec::with_capacity(MAX_BATCH);
+    // A sweep dropped content whose old pages may still be in the WAL: every later sweep
+    // tries to truncate it until one succeeds.
+    let mut wal_holds_dropped = false;
     while let Some(first) = queue.blocking_recv() {
         batch.push(first);
         while batch.len() < MAX_BATCH {
@@ -546,12 +549,48 @@ fn writer_loop(mut conn: Connection, mut queue: mpsc::Receiver<WriteJob>) {
             .map(|j| j.enqueued.elapsed())
             .unwrap_or_default();
         metrics::batch(Writer::Store, batch.len(), oldest_wait);
-        let results = commit_batch(&mut conn, &batch);
+        let mut results = commit_batch(&mut conn, &batch);
+        let sweeps: Vec<usize> = batch
+            .iter()
+            .enumerate()
+            .filter(|(_, job)| matches!(job.op, WriteOp::SweepDue { .. }))
+            .map(|(i, _)| i)
+            .collect();
+        if !sweeps.is_empty() {
+            wal_holds_dropped |= sweeps
+                .iter()
+                .any(|i| matches!(results.get(*i), Some(Ok(WriteOutput::Count(n))) if *n > 0));
+            if wal_holds_dropped {
+                if let Err(e) = truncate_after_sweep(&conn) {
+                    // The content is dropped but its old pages may be in the WAL still: the
+                    // sweep has not kept its promise yet, and the next one tries again.
+                    for i in &sweeps {
+                        if let Some(result) = results.get_mut(*i) {
+                            *result = Err(e.clone());
+                        }
+                    }
+                } else {
+                    wal_holds_dropped = false;
+                }
+            }
+        }
         for (job, result) in batch.drain(..).zip(results) {
             let _ = job.reply.send(result);
         }
     }
     tracing::debug!("store writer stopped");
+}
+
+/// Truncates the WAL after a sweep; an error when it could not.
+fn truncate_after_sweep(conn: &Connection) -> Result<(), AgentError> {
+    match conn::truncate_wal(conn) {
+        Ok(true) => Ok(()),
+        Ok(false) => Err(AgentError::internal(
+            "ttl sweep: the WAL could not be truncated (readers or a checkpoint kept it busy); \
+             the next sweep tries again",
+        )),
+        Err(e) => Err(e),
+    }
 }
 
 /// Applies every write of `batch` in one transaction, each in its own savepoint; one result
@@ -603,10 +642,7 @@ fn apply(c: &Connection, op: &WriteOp) -> Result<WriteOutput, AgentError> {
         WriteOp::FinishMessage(f) => {
             finish_message(c, f).map(|done| WriteOutput::Finished(Box::new(done)))
         }
-        WriteOp::ExpireContent {
-            conversation_id,
-            cutoff_ms,
-        } => expire_content(c, *conversation_id, *cutoff_ms).map(WriteOutput::Count),
+        WriteOp::SweepDue { now_ms } => sweep_due(c, *now_ms).map(WriteOutput::Count),
         WriteOp::SetCurrentSession {
             project_id,
             session_id,
@@ -627,9 +663,28 @@ fn session_project(c: &Connection, id: SessionId) -> Result<Option<Option<String
 
 /// The session of an existing conversation, as stored text; `None` if unknown.
 fn conversation_session(c: &Connection, id: ConversationId) -> Result<Option<String>, AgentError> {
-    c.prepare_cached("SELECT session_id FROM conversations WHERE conversation_id = ?1")
-        .and_then(|mut s| s.query_row([id.to_string()], |r| r.get(0)).optional())
+    Ok(conversation_owner(c, id)?.map(|(session, _)| session))
+}
+
+/// The session of an existing conversation and the ttl of its policy (`None`: not `Ttl`).
+fn conversation_owner(
+    c: &Connection,
+    id: ConversationId,
+) -> Result<Option<(String, Option<i64>)>, AgentError> {
+    c.prepare_cached("SELECT session_id, ttl_secs FROM conversations WHERE conversation_id = ?1")
+        .and_then(|mut s| {
+            s.query_row([id.to_string()], |r| Ok((r.get(0)?, r.get(1)?)))
+                .optional()
+        })
         .map_err(sql("read conversation"))
+}
+
+/// The `ttl_secs` column of a policy: its ttl under `Ttl` (saturating), else NULL.
+fn ttl_secs(policy: StoragePolicy) -> Option<i64> {
+    match policy {
+        StoragePolicy::Ttl { secs } => Some(i64::try_from(secs).unwrap_or(i64::MAX)),
+        _ => None,
+    }
 }
 
 fn create_session(c: &Connection, s: &SessionRecord) -> Result<(), AgentError> {
@@ -683,11 +738,12 @@ fn put_conversation(c: &Connection, conv: &ConversationRecord) -> Result<(), Age
     // An upsert, not `INSERT OR REPLACE`: a replace would delete the row (and its rowid, which
     // orders the session's conversations) under the messages that reference it.
     c.prepare_cached(
-        "INSERT INTO conversations (conversation_id, session_id, params, is_root, state, created_ms, closed_ms)
-         VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7)
+        "INSERT INTO conversations (conversation_id, session_id, params, is_root, state, created_ms, closed_ms, ttl_secs)
+         VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8)
          ON CONFLICT (conversation_id) DO UPDATE SET
              params = excluded.params, is_root = excluded.is_root, state = excluded.state,
-             created_ms = excluded.created_ms, closed_ms = excluded.closed_ms",
+             created_ms = excluded.created_ms, closed_ms = excluded.closed_ms,
+             ttl_secs = excluded.ttl_secs",
     )
     .and_then(|mut st| {
         st.execute(params![
@@ -698,6 +754,7 @@ fn put_conversation(c: &Connection, conv: &ConversationRecord) -> Result<(), Age
             state_str(conv.state),
             created_ms,
             closed_ms,
+            ttl_secs(conv.params.storage_policy),
         ])
     })
     .map_err(sql("upsert conversation"))?;
@@ -728,9 +785,9 @@ fn append_message(c: &Connection, m: &NewMessage) -> Result<MessageRecord, Agent
     let chars = to_sql_int("chars", m.chars)?;
     let created_ms = to_sql_int("created_ms", m.created_ms)?;
     let session_id = m.session_id.to_string();
-    match conversation_session(c, m.conversation_id)? {
-        Some(owner) if owner == session_id => {}
-        Some(owner) => {
+    let ttl = match conversation_owner(c, m.conversation_id)? {
+        Some((owner, ttl)) if owner == session_id => ttl,
+        Some((owner, _)) => {
             return Err(AgentError::invalid(format!(
                 "conversation {} belongs to session {owner}, not {session_id}",
                 m.conversation_id
@@ -742,10 +799,14 @@ fn append_message(c: &Connection, m: &NewMessage) -> Result<MessageRecord, Agent
             }
             return Err(AgentError::not_found("conversation", m.conversation_id));
         }
-    }
+    };
+    // Only content can expire; `created_ms` is non-negative, so the sum saturates at most.
+    let expires_ms = ttl
+        .filter(|_| m.content.is_some())
+        .map(|secs| created_ms.saturating_add(secs.saturating_mul(1000)));
     c.prepare_cached(
-        "INSERT INTO messages (session_id, conversation_id, task_id, role, content, chars, created_ms, status)
-         VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8)",
+        "INSERT INTO messages (session_id, conversation_id, task_id, role, content, chars, created_ms, expires_ms, status)
+         VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9)",
     )
     .and_then(|mut st| {
         st.execute(params![
@@ -756,6 +817,7 @@ fn append_message(c: &Connection, m: &NewMessage) -> Result<MessageRecord, Agent
             m.content,
             chars,
             created_ms,
+            expires_ms,
             m.status.map(MessageStatus::as_str),
         ])
     })
@@ -863,19 +925,16 @@ fn status_name(status: Option<MessageStatus>) -> &'static str {
     status.map_or("without a status", MessageStatus::as_str)
 }
 
-fn expire_content(c: &Connection, id: ConversationId, cutoff_ms: u64) -> Result<u64, AgentError> {
-    // A cutoff past every representable time expires everything.
-    let cutoff = i64::try_from(cutoff_ms).unwrap_or(i64::MAX);
-    if conversation_session(c, id)?.is_none() {
-        return Err(AgentError::not_found("conversation", id));
-    }
+/// Drops the content of every message due at `now_ms`; how many.
+fn sweep_due(c: &Connection, now_ms: u64) -> Result<u64, AgentError> {
+    // A time past every representable one makes everything due.
+    let now = i64::try_from(now_ms).unwrap_or(i64::MAX);
     let changed = c
         .prepare_cached(
-            "UPDATE messages SET content = NULL
-             WHERE conversation_id = ?1 AND created_ms < ?2 AND content IS NOT NULL",
+            "UPDATE messages SET content = NULL, expires_ms = NULL WHERE expires_ms <= ?1",
         )
-        .and_then(|mut st| st.execute(params![id.to_string(), cutoff]))
-        .map_err(sql("expire message content"))?;
+        .and_then(|mut st| st.execute([now]))
+        .map_err(sql("sweep due messages"))?;
     Ok(u64::try_from(changed).unwrap_or(u64::MAX))
 }
 

@@ -235,6 +235,9 @@ fn the_query_plans_use_the_indexes() {
         p.contains("rollout_events_by_conversation") && !p.contains("TEMP B-TREE"),
         "{p}"
     );
+    // The Ttl sweeps read only the rows that have an expiry.
+    let p = plan("UPDATE messages SET content = NULL, expires_ms = NULL WHERE expires_ms <= 5");
+    assert!(p.contains("messages_by_expiry"), "{p}");
 }
 
 // ---- the Store rules ----
@@ -409,30 +412,199 @@ async fn out_of_range_numbers_are_invalid_input() {
     assert_eq!(page.messages.len(), 1);
 }
 
-#[tokio::test]
-async fn expiry_drops_old_content_only() {
-    let (_dir, store) = fresh();
-    let (s, root) = seeded(&store, None).await;
-    for ms in [10, 20, 30] {
+/// The Ttl rules every store keeps: content of a `Ttl` conversation is dropped once due (at
+/// its `created_ms` + the ttl), in open and closed conversations alike, its size stays,
+/// nothing else is touched, and a second sweep changes nothing.
+async fn ttl_rules(store: &dyn Store) {
+    let s = session_in(None, 1);
+    store.create_session(s.clone()).await.unwrap();
+    let (ttl, closed, full) = (
+        s.root_conversation_id,
+        ConversationId::new(),
+        ConversationId::new(),
+    );
+    let with_policy = |id, policy| {
+        let mut c = conversation_of(&s, id, 1);
+        c.params.storage_policy = policy;
+        c
+    };
+    store
+        .put_conversation(with_policy(ttl, StoragePolicy::Ttl { secs: 10 }))
+        .await
+        .unwrap();
+    store
+        .put_conversation(with_policy(closed, StoragePolicy::Ttl { secs: 1 }))
+        .await
+        .unwrap();
+    store
+        .put_conversation(with_policy(full, StoragePolicy::Full))
+        .await
+        .unwrap();
+    let sid = s.session_id;
+    for (conv, text, at) in [
+        (ttl, "ttl early", 1_000),
+        (ttl, "ttl late", 5_000),
+        (closed, "closed", 1_000),
+        (full, "full", 1_000),
+    ] {
         store
-            .append_message(message(s.session_id, root, &format!("m{ms}"), ms))
+            .append_message(message(sid, conv, text, at))
             .await
             .unwrap();
     }
-    assert_eq!(store.expire_message_content(root, 25).await.unwrap(), 2);
-    assert_eq!(store.expire_message_content(root, 25).await.unwrap(), 0);
+    // A message stored without content (a refused reply) has nothing to expire.
+    let mut empty = message(sid, ttl, "", 1_000);
+    empty.content = None;
+    store.append_message(empty).await.unwrap();
+    store.close_conversation(closed, 1_500).await.unwrap();
+
+    let contents = |page: MessagePage| -> Vec<Option<String>> {
+        page.messages.into_iter().map(|m| m.content).collect()
+    };
+    assert_eq!(store.sweep_due(1_999).await.unwrap(), 0, "nothing due yet");
+    assert_eq!(
+        store.sweep_due(2_000).await.unwrap(),
+        1,
+        "the closed one, at 1 s + 1 s"
+    );
+    assert_eq!(
+        store.sweep_due(11_000).await.unwrap(),
+        1,
+        "ttl early, at 1 s + 10 s"
+    );
+    assert_eq!(store.sweep_due(11_000).await.unwrap(), 0, "idempotent");
+    let page = store.messages(sid, 10, None).await.unwrap();
+    assert_eq!(
+        page.messages[0].chars,
+        "ttl early".len() as u64,
+        "the size stays"
+    );
+    assert_eq!(
+        contents(page),
+        vec![
+            None,
+            Some("ttl late".to_owned()),
+            None,
+            Some("full".to_owned()),
+            None
+        ]
+    );
+    assert_eq!(store.sweep_due(u64::MAX).await.unwrap(), 1, "ttl late");
+    let page = store.messages(sid, 10, None).await.unwrap();
+    assert_eq!(
+        contents(page),
+        vec![None, None, None, Some("full".to_owned()), None],
+        "Full content never expires"
+    );
+}
+
+#[tokio::test]
+async fn ttl_content_is_dropped_when_due() {
+    let (_dir, store) = fresh();
+    ttl_rules(&store).await;
+}
+
+#[tokio::test]
+async fn ttl_content_is_dropped_when_due_in_memory() {
+    ttl_rules(&super::memory::MemoryStore::new()).await;
+}
+
+/// Every byte of the store's files: the database, its WAL and shared-memory index.
+fn file_bytes(dir: &std::path::Path) -> Vec<u8> {
+    let mut out = Vec::new();
+    for entry in std::fs::read_dir(dir).unwrap() {
+        out.extend(std::fs::read(entry.unwrap().path()).unwrap());
+    }
+    out
+}
+
+fn contains(hay: &[u8], needle: &str) -> bool {
+    hay.windows(needle.len()).any(|w| w == needle.as_bytes())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_sweep_leaves_no_byte_of_due_content_in_the_files() {
+    let (dir, store) = fresh();
+    let s = session_in(None, 1);
+    store.create_session(s.clone()).await.unwrap();
+    let mut c = conversation_of(&s, s.root_conversation_id, 1);
+    c.params.storage_policy = StoragePolicy::Ttl { secs: 1 };
+    store.put_conversation(c).await.unwrap();
+    let big = format!("CANARY-BIG-4410 {}", "y".repeat(30_000));
+    for text in ["CANARY-SMALL-6620", big.as_str()] {
+        store
+            .append_message(message(s.session_id, s.root_conversation_id, text, 10))
+            .await
+            .unwrap();
+    }
+    // Let the background checkpoint copy the rows into the database file as well.
+    let db = db_path(dir.path());
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    while !contains(&std::fs::read(&db).unwrap(), "CANARY-SMALL-6620") {
+        assert!(std::time::Instant::now() < deadline, "never checkpointed");
+        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+    }
+    let before = file_bytes(dir.path());
+    assert!(contains(&before, "CANARY-SMALL-6620") && contains(&before, "CANARY-BIG-4410"));
+    assert_eq!(store.sweep_due(1_010).await.unwrap(), 2);
+    let after = file_bytes(dir.path());
+    assert!(
+        !contains(&after, "CANARY-SMALL-6620"),
+        "small content left in the files"
+    );
+    assert!(
+        !contains(&after, "CANARY-BIG-4410"),
+        "big content left in the files"
+    );
+    let page = store.messages(s.session_id, 10, None).await.unwrap();
+    assert_eq!(page.messages[1].chars, big.len() as u64);
+    assert!(page.messages.iter().all(|m| m.content.is_none()));
+}
+
+/// Messages stored before expiries were (schema 2) are dated by the migration from their
+/// conversation's policy, and swept like new ones.
+#[tokio::test]
+async fn messages_from_before_expiries_are_dated_by_the_migration() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = db_path(dir.path());
+    let s = session_in(None, 5);
+    let (ttl, full) = (s.root_conversation_id, ConversationId::new());
+    let params = |policy: StoragePolicy| {
+        serde_json::to_string(&OpenConversation {
+            storage_policy: policy,
+            ..OpenConversation::default()
+        })
+        .unwrap()
+    };
+    {
+        let mut conn = super::conn::open(&path, super::conn::Role::Writer).unwrap();
+        schema::migrate_to(&mut conn, 2).unwrap();
+        conn.execute_batch(&format!(
+            "INSERT INTO sessions VALUES ('{s}', NULL, NULL, 5, '{ttl}', '{{}}');
+             INSERT INTO conversations VALUES ('{ttl}', '{s}', '{p_ttl}', 1, 'closed', 5, 6);
+             INSERT INTO conversations VALUES ('{full}', '{s}', '{p_full}', 0, 'open', 5, NULL);
+             INSERT INTO messages (session_id, conversation_id, task_id, role, content, chars, created_ms)
+                 VALUES ('{s}', '{ttl}', NULL, 'user', 'old ttl', 7, 1000),
+                        ('{s}', '{full}', NULL, 'user', 'old full', 8, 1000);",
+            s = s.session_id,
+            p_ttl = params(StoragePolicy::Ttl { secs: 2 }),
+            p_full = params(StoragePolicy::Full),
+        ))
+        .unwrap();
+    }
+    let store = SqliteStore::open(&path).unwrap();
+    assert_eq!(store.sweep_due(2_999).await.unwrap(), 0);
+    assert_eq!(store.sweep_due(3_000).await.unwrap(), 1);
     let page = store.messages(s.session_id, 10, None).await.unwrap();
     let contents: Vec<_> = page.messages.iter().map(|m| m.content.clone()).collect();
-    assert_eq!(contents, vec![None, None, Some("m30".to_owned())]);
-    assert_eq!(page.messages[0].chars, 3, "the size stays");
-    assert_eq!(
-        kind(
-            store
-                .expire_message_content(ConversationId::new(), 25)
-                .await
-        ),
-        ErrorKind::NotFound
-    );
+    assert_eq!(contents, vec![None, Some("old full".to_owned())]);
+    // New messages of the migrated conversation get their expiry from its stored policy.
+    store
+        .append_message(message(s.session_id, ttl, "new ttl", 10_000))
+        .await
+        .unwrap();
+    assert_eq!(store.sweep_due(11_999).await.unwrap(), 0);
+    assert_eq!(store.sweep_due(12_000).await.unwrap(), 1);
 }
 
 #[tokio::test]
