@@ -67,8 +67,11 @@
 //! restarts it on the same storage, and `pre_start` continues `seq` after storage's
 //! `last_seq` (the highest recorded `seq` or high-water mark). If the actor is killed or
 //! panics instead, dropping its state closes the channel, the writer commits what it holds,
-//! and the drop waits for it (blocking), so the next incarnation never reads `last_seq` while
-//! the old one still writes. If the process dies, what was committed stays; what was not was
+//! and the drop waits for it (blocking). A session has one open sink at a time (the storage's
+//! writer lease: `writer.lock` for JSONL files, an in-process lease for SQLite), and `pre_start`
+//! opens its sink before it reads `last_seq`, so the next incarnation (restarted by the
+//! Session, or with the whole session by its host) waits until the old writer closed and never
+//! reads `last_seq` while the old one still writes. If the process dies, what was committed stays; what was not was
 //! never published, and its numbers may be handed out again.
 
 #[doc(hidden)]
@@ -1632,7 +1635,8 @@ mod tests {
         let session_id = rollout_args.session_id;
         let rollout = start(rollout_args).await;
         let mut rx = call!(rollout, |reply| RolloutMsg::Subscribe { reply }).unwrap();
-        // The directory cannot be created: a file is in the way.
+        // The directory cannot be written: a file is in its place.
+        fs::remove_dir_all(&dir).unwrap();
         fs::write(&dir, b"not a directory").unwrap();
         emit(
             &rollout,

@@ -398,8 +398,12 @@ impl Actor for Session {
                 tracing::error!(session_id = %state.id, actor = %cell.get_id(), error = %err, "child failed");
                 state.child_down(&myself.get_cell(), &cell, true).await?;
             }
-            SupervisionEvent::ActorTerminated(cell, _, reason) => {
+            SupervisionEvent::ActorTerminated(cell, last_state, reason) => {
                 tracing::debug!(session_id = %state.id, actor = %cell.get_id(), ?reason, "child stopped");
+                // ractor hands a stopped child's state to its supervisor. Drop it before a
+                // replacement starts: a Rollout's state holds its writer, whose sink (and the
+                // session's writer lease) a new Rollout waits for.
+                drop(last_state);
                 state.child_down(&myself.get_cell(), &cell, false).await?;
             }
             _ => {}

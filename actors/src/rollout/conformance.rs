@@ -31,6 +31,7 @@ pub fn run_all(open: Open<'_>) {
     forget_keeps_the_record(open);
     a_reopened_sink_appends_after_the_old_records(open);
     sessions_are_isolated(open);
+    one_sink_per_session_at_a_time(open);
 }
 
 fn ok<T, E: std::fmt::Display>(result: Result<T, E>, what: &str) -> T {
@@ -421,6 +422,47 @@ pub fn a_reopened_sink_appends_after_the_old_records(open: Open<'_>) {
     );
     let records = ok(storage.read_conversation(session, id), "read");
     assert_eq!(seqs(&records), vec![1, 3]);
+}
+
+/// A session has one open sink at a time: a second one (a Rollout restarted while its killed
+/// predecessor's writer still commits) opens once the first is dropped or abandoned, so it
+/// never reads `last_seq` under a writer. Other sessions are not held up.
+pub fn one_sink_per_session_at_a_time(open: Open<'_>) {
+    use std::time::Duration;
+    let storage = open();
+    let session = SessionId::new();
+    let first = ok(storage.open_sink(session), "open_sink");
+    let other = ok(
+        storage.open_sink(SessionId::new()),
+        "another session's sink",
+    );
+    let (opened_tx, opened) = std::sync::mpsc::channel();
+    let waiting = {
+        let storage = storage.clone();
+        std::thread::spawn(move || {
+            let sink = storage.open_sink(session);
+            let _ = opened_tx.send(());
+            sink.map(|s| s.abandon())
+        })
+    };
+    assert!(
+        opened.recv_timeout(Duration::from_millis(200)).is_err(),
+        "a second sink of the session opened while the first was open"
+    );
+    drop(first);
+    assert!(
+        opened.recv_timeout(Duration::from_secs(10)).is_ok(),
+        "the second sink did not open once the first was dropped"
+    );
+    let joined = waiting.join().unwrap_or_else(|_| panic!("waiter panicked"));
+    ok(joined, "second open_sink");
+    // The second one was abandoned, as by a crash: its lease is free again.
+    let third = ok(
+        storage.open_sink(session),
+        "open_sink after an abandoned sink",
+    );
+    drop(third);
+    drop(other);
 }
 
 /// Nothing of one session shows in another.

@@ -88,7 +88,15 @@ impl FileRolloutStorage {
 
 impl RolloutStorage for FileRolloutStorage {
     fn open_sink(&self, session_id: SessionId) -> Result<Box<dyn RolloutSink>, AgentError> {
-        Ok(Box::new(FileSink::new(self.session_dir(session_id))))
+        let dir = self.session_dir(session_id);
+        let lease = take_writer_lease(&dir, WRITER_LEASE_WAIT).map_err(|e| {
+            AgentError::internal(format!(
+                "the rollout of session {session_id} is still written by another sink: {e}"
+            ))
+        })?;
+        let mut sink = FileSink::new(dir);
+        sink.lease = Some(lease);
+        Ok(Box::new(sink))
     }
 
     fn last_seq(&self, session_id: SessionId) -> Result<u64, AgentError> {
@@ -528,6 +536,24 @@ fn write_index(mut file: &File, index: TtlIndex) -> io::Result<()> {
     file.write_all(index.encode().as_bytes())
 }
 
+/// The file of a session's writer lease (see [`FileSink`]).
+pub const WRITER_LOCK_FILE: &str = "writer.lock";
+/// How long a new sink waits for its predecessor's lease: a killed Rollout's writer commits
+/// what it holds and closes before its state is gone.
+pub const WRITER_LEASE_WAIT: Duration = Duration::from_secs(10);
+
+/// Creates the session's directory and takes its writer lease, waiting at most `wait`.
+fn take_writer_lease(dir: &Path, wait: Duration) -> io::Result<File> {
+    create_private_dir(dir)?;
+    let file = private_file_options()
+        .create(true)
+        .truncate(false)
+        .write(true)
+        .open(dir.join(WRITER_LOCK_FILE))?;
+    lock_within(&file, wait)?;
+    Ok(file)
+}
+
 /// Takes the exclusive lock on `file`, waiting at most `wait`. Polls: `flock` has no timeout.
 fn lock_within(file: &File, wait: Duration) -> io::Result<()> {
     let started = Instant::now();
@@ -542,7 +568,7 @@ fn lock_within(file: &File, wait: Duration) -> io::Result<()> {
             Err(std::fs::TryLockError::WouldBlock) => {
                 return Err(io::Error::new(
                     io::ErrorKind::TimedOut,
-                    format!("ttl lock still held after {wait:?}"),
+                    format!("lock still held after {wait:?}"),
                 ));
             }
             Err(std::fs::TryLockError::Error(e)) => return Err(e),
@@ -733,9 +759,13 @@ pub struct FileSink {
     /// The first failure since the last commit that no `append` reported (lines of earlier
     /// appends lost while closing a file): the next commit fails with it.
     pending_error: Option<SinkError>,
-    /// The session's Ttl lock and index. Last: dropping it releases the lock after the files
-    /// above are closed.
+    /// The session's Ttl lock and index. Dropping it releases the lock after the files above
+    /// are closed.
     ttl: TtlLock,
+    /// The session's writer lease (`writer.lock`), held for the sink's life: a sink of the same
+    /// session (a restarted Rollout whose predecessor was killed, or another process) opens
+    /// only once this one has committed and closed everything. Last: released after the rest.
+    lease: Option<File>,
 }
 
 /// The sink's side of the session's `ttl` file.
@@ -862,6 +892,11 @@ impl RolloutSink for FileSink {
         self.tainted.remove(&Target::Conversation(conversation_id));
         self.close(Target::Conversation(conversation_id))
     }
+
+    fn abandon(mut self: Box<Self>) {
+        drop(self.lease.take());
+        std::mem::forget(self);
+    }
 }
 
 fn timed_sync(file: &File) -> io::Result<()> {
@@ -890,6 +925,7 @@ impl FileSink {
             high_water: HighWater::default(),
             pending_error: None,
             ttl,
+            lease: None,
         }
     }
 

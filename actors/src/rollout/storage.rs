@@ -79,6 +79,14 @@ pub trait RolloutSink: Send + 'static {
 
     /// The conversation is over: release what the sink holds for it (durably).
     fn forget(&mut self, conversation_id: ConversationId) -> Result<(), SinkError>;
+
+    /// Drops the sink as a crash of the process would: whatever it buffered is lost (no flush
+    /// in a destructor), and its session's writer lease is released, as the dying process's
+    /// would be. Used to exercise crash recovery; a sink that buffers nothing and holds no
+    /// lease is simply dropped.
+    fn abandon(self: Box<Self>) {
+        drop(self);
+    }
 }
 
 /// A failed storage operation, as the writer logs, counts and reports it to the next flush.

@@ -170,9 +170,9 @@ impl Writer {
                 Next::Continue => {}
                 #[cfg(test)]
                 Next::Crashed => {
-                    // Nothing buffered may reach storage: skip the sink's destructors, which
-                    // would flush. Subscribers still see the channel close.
-                    std::mem::forget(self.sink);
+                    // Nothing buffered may reach storage: the sink is abandoned, not dropped
+                    // (its destructors would flush). Subscribers still see the channel close.
+                    self.sink.abandon();
                     return;
                 }
             }

@@ -354,7 +354,9 @@ impl Actor for SessionHost {
                 tracing::error!(session_id = %state.record.session_id, %error, "session failed");
                 state.session_stopped(&myself, cell.get_id()).await;
             }
-            SupervisionEvent::ActorTerminated(cell, _, _) => {
+            SupervisionEvent::ActorTerminated(cell, last_state, _) => {
+                // The stopped session's state (ractor hands it over) goes before a new one starts.
+                drop(last_state);
                 state.session_stopped(&myself, cell.get_id()).await;
             }
             _ => {}

@@ -52,6 +52,48 @@ pub struct SqliteRolloutStorage {
     readers: Arc<ReaderPool>,
     /// Runs while any clone is alive.
     _checkpointer: Arc<Checkpointer>,
+    /// Sessions whose sink is open (see [`Leases`]).
+    leases: Arc<Leases>,
+}
+
+/// How long a new sink waits for its predecessor's lease.
+pub const LEASE_WAIT: std::time::Duration = std::time::Duration::from_secs(10);
+
+/// Writer leases: at most one open sink per session in this process. A sink of a session opens
+/// only once the previous one is dropped, which a killed Rollout's writer does after it
+/// committed what it held, so a restarted Rollout never reads `last_seq` (nor hands out `seq`s)
+/// while its predecessor still writes.
+#[derive(Default)]
+struct Leases {
+    held: std::sync::Mutex<std::collections::HashSet<SessionId>>,
+    freed: std::sync::Condvar,
+}
+
+impl Leases {
+    fn take(&self, session_id: SessionId, wait: std::time::Duration) -> Result<(), AgentError> {
+        let held = self
+            .held
+            .lock()
+            .map_err(|_| AgentError::internal("rollout leases poisoned"))?;
+        let (mut held, timeout) = self
+            .freed
+            .wait_timeout_while(held, wait, |h| h.contains(&session_id))
+            .map_err(|_| AgentError::internal("rollout leases poisoned"))?;
+        if timeout.timed_out() && held.contains(&session_id) {
+            return Err(AgentError::internal(format!(
+                "the rollout of session {session_id} is still written by another sink after {wait:?}"
+            )));
+        }
+        held.insert(session_id);
+        Ok(())
+    }
+
+    fn release(&self, session_id: SessionId) {
+        if let Ok(mut held) = self.held.lock() {
+            held.remove(&session_id);
+        }
+        self.freed.notify_all();
+    }
 }
 
 /// The rollout's own database file inside the data directory (see
@@ -133,6 +175,7 @@ impl SqliteRolloutStorage {
             writer,
             readers: Arc::new(readers),
             _checkpointer: Arc::new(checkpointer),
+            leases: Arc::new(Leases::default()),
         })
     }
 
@@ -151,11 +194,13 @@ impl SqliteRolloutStorage {
 
 impl RolloutStorage for SqliteRolloutStorage {
     fn open_sink(&self, session_id: SessionId) -> Result<Box<dyn RolloutSink>, AgentError> {
+        self.leases.take(session_id, LEASE_WAIT)?;
         Ok(Box::new(SqliteRolloutSink {
             session_id,
             session_key: session_id.to_string(),
             pending: Vec::new(),
             writer: self.writer.clone(),
+            leases: self.leases.clone(),
         }))
     }
 
@@ -275,6 +320,14 @@ struct SqliteRolloutSink {
     session_key: String,
     pending: Vec<Row>,
     writer: Sender<Job>,
+    /// Released when the sink is dropped.
+    leases: Arc<Leases>,
+}
+
+impl Drop for SqliteRolloutSink {
+    fn drop(&mut self) {
+        self.leases.release(self.session_id);
+    }
 }
 
 /// A record ready for its insert.
@@ -363,6 +416,11 @@ impl RolloutSink for SqliteRolloutSink {
             return Ok(());
         }
         self.submit(Op::RolloutForget, Work::Nothing, false)
+    }
+
+    fn abandon(self: Box<Self>) {
+        self.leases.release(self.session_id);
+        std::mem::forget(self);
     }
 }
 
