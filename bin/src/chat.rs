@@ -22,7 +22,7 @@ use troupe_proto::{
 use troupe_runtime::assembly;
 use troupe_runtime::config::{Provider, TroupeConfig, parse_enum};
 use troupe_runtime::history_log::{HistoryLog, HistoryLogHandle, HistoryLogOptions};
-use troupe_runtime::ttl::TtlSweeper;
+use troupe_store::TtlSweeper;
 
 use crate::spinner::Spinner;
 

@@ -10,10 +10,8 @@ pub mod mcp;
 pub mod openai;
 pub mod scripted;
 pub mod service;
-pub mod store;
 pub mod telemetry;
 pub mod tokens;
-pub mod ttl;
 
 pub use exec::ProcessRunner;
 pub use mcp::RmcpConnector;

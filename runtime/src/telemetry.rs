@@ -24,7 +24,13 @@ use tracing_subscriber::{EnvFilter, Layer};
 
 /// The crates whose spans and events are exported, at `info` and above: the span tree of a
 /// task and nothing of the libraries under it (their HTTP, MCP and runtime internals).
-pub const TRACED_TARGETS: &[&str] = &["troupe", "troupe_actors", "troupe_runtime"];
+pub const TRACED_TARGETS: &[&str] = &[
+    "troupe",
+    "troupe_actors",
+    "troupe_runtime",
+    "troupe_store",
+    "troupe_service",
+];
 
 /// How long a shutdown may take to flush what is queued.
 pub const SHUTDOWN_TIMEOUT: Duration = Duration::from_secs(5);

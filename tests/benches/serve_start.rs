@@ -19,7 +19,7 @@ use troupe_proto::store::{
     ConversationRecord, ConversationState, FinishMessage, MessageStatus, NewMessage, SessionRecord,
 };
 use troupe_proto::{ConversationId, Json, OpenConversation, Role, SessionId, TaskId};
-use troupe_runtime::store::{SqliteStore, Store};
+use troupe_store::{SqliteStore, Store};
 
 const SIZES: [usize; 3] = [1_000, 10_000, 100_000];
 const RUNS: usize = 3;

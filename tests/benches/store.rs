@@ -24,7 +24,7 @@ use troupe_proto::store::{ConversationRecord, ConversationState, NewMessage, Ses
 use troupe_proto::{
     ConversationId, EventKind, Json, OpenConversation, Role, SessionId, StoragePolicy,
 };
-use troupe_runtime::store::{SqliteOptions, SqliteRolloutStorage, SqliteStore, Store, db_path};
+use troupe_store::{SqliteOptions, SqliteRolloutStorage, SqliteStore, Store, db_path};
 
 const TEXT: &str = "The quick brown fox jumps over the lazy dog; a message of a typical chat turn, \
     about two hundred bytes long, so that rows and pages look like the real ones do in use.";

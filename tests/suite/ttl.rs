@@ -11,7 +11,7 @@ use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 use troupe_actors::rollout::storage::RolloutStorage;
 use troupe_actors::rollout::{RecordLevel, RolloutRecord, read_records};
-use troupe_runtime::store::SqliteRolloutStorage;
+use troupe_store::SqliteRolloutStorage;
 use troupe_tests::{contains, troupe_bin};
 
 use super::serve::{Api, id};

@@ -57,7 +57,6 @@ use super::admission::QueueLimits;
 use super::api::Sent;
 use super::metrics;
 use super::registry::SessionTemplate;
-use crate::store::Store;
 use ractor::{Actor, ActorProcessingErr, ActorRef, RpcReplyPort, SupervisionEvent};
 use std::collections::{HashMap, VecDeque};
 use std::sync::Arc;
@@ -69,6 +68,7 @@ use troupe_proto::store::{ConversationRecord, MessageRecord, SessionRecord};
 use troupe_proto::{
     AgentError, Closed, ConversationId, MessageReply, OpenConversation, SetContext, StoragePolicy,
 };
+use troupe_store::Store;
 
 /// At most this many restarts of one session per [`RESTART_WINDOW`].
 pub const RESTARTS_PER_WINDOW: usize = 5;

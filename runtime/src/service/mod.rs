@@ -22,7 +22,7 @@
 //! - [`rest`], [`ws`], [`stdio`], [`http`]: the transports and the router.
 //! - [`stream`]: the event stream every transport reads, and the client event types.
 //! - [`auth`], [`error`], [`metrics`].
-//! - The Ttl sweeper ([`crate::ttl`]): one sweep at start-up, before sessions are restored
+//! - The Ttl sweeper ([`troupe_store::ttl`]): one sweep at start-up, before sessions are restored
 //!   and anything is served, then one every `ttl_sweep_interval` until shutdown begins.
 //!
 //! The A2A routes (`service::a2a`) are merged into the router by [`Service::extra_routes`]:
@@ -51,8 +51,6 @@ pub mod supervisor;
 pub mod ws;
 
 use crate::config::TroupeConfig;
-use crate::store::Store;
-use crate::ttl::TtlSweeper;
 use auth::Auth;
 use metrics_exporter_prometheus::PrometheusHandle;
 use registry::{RegistryArgs, SessionTemplate};
@@ -65,6 +63,8 @@ use tokio_util::sync::CancellationToken;
 use troupe_actors::SessionPorts;
 use troupe_actors::rollout::FileRolloutStorage;
 use troupe_proto::AgentError;
+use troupe_store::Store;
+use troupe_store::ttl::TtlSweeper;
 
 /// What every route handler gets.
 #[derive(Clone)]
@@ -105,8 +105,7 @@ pub fn describe_metrics() {
     crate::openai::metrics::describe();
     crate::mcp::metrics::describe();
     crate::exec::metrics::describe();
-    crate::store::metrics::describe();
-    crate::ttl::metrics::describe();
+    troupe_store::describe_metrics();
 }
 
 impl Service {
@@ -328,16 +327,16 @@ impl std::fmt::Debug for Storage {
 pub fn open_store(config: &TroupeConfig, ephemeral: bool) -> Result<Storage, AgentError> {
     if ephemeral {
         return Ok(Storage {
-            store: Arc::new(crate::store::memory::MemoryStore::new()),
+            store: Arc::new(troupe_store::memory::MemoryStore::new()),
             rollout: None,
             description: "store: in memory (--ephemeral); nothing survives a restart".to_owned(),
         });
     }
     // Where the rollout goes is decided before the store creates troupe.db.
-    let rollout_path = crate::store::SqliteRolloutStorage::path_in(&config.data_dir)?;
-    let store = crate::store::SqliteStore::open_in(&config.data_dir)?;
-    let path = crate::store::db_path(&config.data_dir);
-    let rollout = crate::store::SqliteRolloutStorage::open(&rollout_path)?;
+    let rollout_path = troupe_store::SqliteRolloutStorage::path_in(&config.data_dir)?;
+    let store = troupe_store::SqliteStore::open_in(&config.data_dir)?;
+    let path = troupe_store::db_path(&config.data_dir);
+    let rollout = troupe_store::SqliteRolloutStorage::open(&rollout_path)?;
     Ok(Storage {
         store: Arc::new(store),
         rollout: Some(Arc::new(rollout)),
@@ -422,7 +421,7 @@ mod tests {
             Arc::new(crate::ScriptedModel::default()),
             Arc::new(troupe_actors::ports::ApproxTokens),
         );
-        let store = Arc::new(crate::store::memory::MemoryStore::new());
+        let store = Arc::new(troupe_store::memory::MemoryStore::new());
         let service = Service::start(&config, store, ports, None).await.unwrap();
         let app = service.router(ExtraRoutes {
             public: axum::Router::new().route("/card", get(|| async { "card" })),

@@ -37,7 +37,6 @@ use super::api::CreateSession;
 use super::auth::Scope;
 use super::host::{Created, HostArgs, HostMsg, SessionHost};
 use super::metrics;
-use crate::store::Store;
 use ractor::{Actor, ActorId, ActorProcessingErr, ActorRef, RpcReplyPort, SupervisionEvent};
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -46,6 +45,7 @@ use tracing::Instrument;
 use troupe_actors::{SessionConfig, SessionHandle, SessionPorts};
 use troupe_proto::store::{ConversationRecord, ConversationState, SessionRecord};
 use troupe_proto::{AgentError, Json, SessionId};
+use troupe_store::Store;
 
 /// What every new session starts from.
 #[derive(Clone)]

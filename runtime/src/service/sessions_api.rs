@@ -10,13 +10,13 @@ use super::auth::Scope;
 use super::host::HostMsg;
 use super::registry::{RegistryArgs, RegistryMsg, visible};
 use super::supervisor::{Health, ServiceSupervisor, SupervisorArgs, SupervisorMsg};
-use crate::store::Store;
 use ractor::{Actor, ActorRef, RactorErr};
 use std::sync::Arc;
 use tokio::sync::watch;
 use troupe_actors::SessionHandle;
 use troupe_proto::store::{ConversationRecord, MessagePage, MessageRecord, SessionRecord};
 use troupe_proto::{AgentError, Closed, ConversationId, OpenConversation, SessionId, SetContext};
+use troupe_store::Store;
 
 /// The service's sessions, as the transports see them. Cheap to clone.
 #[derive(Clone)]

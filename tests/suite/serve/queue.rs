@@ -14,8 +14,8 @@ use troupe_proto::store::{
 use troupe_proto::{ConversationId, Json, OpenConversation, Role, SessionId, StoragePolicy};
 use troupe_runtime::config::TroupeConfig;
 use troupe_runtime::service::Service;
-use troupe_runtime::store::{SqliteStore, Store};
 use troupe_runtime::{ScriptedModel, ScriptedReply, assembly};
+use troupe_store::{SqliteStore, Store};
 
 /// Posts a message without waiting for its reply: the status and the answer.
 async fn post(api: &Api, sid: &str, conversation: Option<&str>, text: &str) -> (StatusCode, Value) {

@@ -118,7 +118,7 @@ async fn a_registry_that_keeps_failing_makes_the_service_unhealthy() {
         model,
         std::sync::Arc::new(troupe_actors::ports::ApproxTokens),
     );
-    let store = std::sync::Arc::new(troupe_runtime::store::memory::MemoryStore::new());
+    let store = std::sync::Arc::new(troupe_store::memory::MemoryStore::new());
     let service = troupe_runtime::service::Service::start(&config, store, ports, None)
         .await
         .unwrap();
@@ -158,7 +158,7 @@ async fn healthz_reports_the_failure() {
         model,
         std::sync::Arc::new(troupe_actors::ports::ApproxTokens),
     );
-    let store = std::sync::Arc::new(troupe_runtime::store::memory::MemoryStore::new());
+    let store = std::sync::Arc::new(troupe_store::memory::MemoryStore::new());
     let service = troupe_runtime::service::Service::start(&config, store, ports, None)
         .await
         .unwrap();

@@ -19,7 +19,7 @@
 
 pub mod metrics;
 
-use crate::store::Store;
+use crate::Store;
 use metrics::{Outcome, SweptStore};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -173,7 +173,7 @@ fn failed(store: SweptStore, error: &AgentError, started: Instant) {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::store::memory::MemoryStore;
+    use crate::memory::MemoryStore;
     use troupe_actors::rollout::FileRolloutStorage;
     use troupe_actors::rollout::conformance::ttl;
     use troupe_actors::rollout::storage::SweepReport;

@@ -17,6 +17,10 @@
 //! Rollout's record can live in the same file through [`SqliteRolloutStorage`]. Both own their
 //! connections on threads of their own (see `sqlite.rs`, `rollout.rs`); the schema is
 //! versioned in `schema.rs`; metrics are in [`metrics`].
+//!
+//! The [`ttl`] sweeper drops Ttl content from the store and from any rollout storage once it
+//! is due; both commands run one.
+#![forbid(unsafe_code)]
 
 mod conn;
 #[cfg(test)]
@@ -30,9 +34,11 @@ mod schema;
 mod sqlite;
 #[cfg(test)]
 mod tests;
+pub mod ttl;
 
 pub use rollout::{ROLLOUT_DB_FILE, SqliteRolloutStorage};
 pub use sqlite::{DB_FILE, SqliteOptions, SqliteStore, db_path};
+pub use ttl::TtlSweeper;
 
 use async_trait::async_trait;
 use troupe_proto::store::{
@@ -109,4 +115,11 @@ pub trait Store: Send + Sync + 'static {
 
     /// Store is open and answering (for `/readyz`).
     async fn ping(&self) -> Result<(), AgentError>;
+}
+
+/// Registers the description of every metric this crate records (the store's and the Ttl
+/// sweeper's), so that an exporter gives each its help text from the start.
+pub fn describe_metrics() {
+    metrics::describe();
+    ttl::metrics::describe();
 }

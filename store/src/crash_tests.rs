@@ -17,7 +17,7 @@ use troupe_proto::store::{ConversationRecord, ConversationState, NewMessage, Ses
 use troupe_proto::{ConversationId, EventKind, Json, OpenConversation, Role, SessionId};
 
 const CHILD_ENV: &str = "TROUPE_STORE_CRASH_DIR";
-const CHILD_TEST: &str = "store::crash_tests::crash_child";
+const CHILD_TEST: &str = "crash_tests::crash_child";
 /// The child stops on its own after this, should the parent be gone.
 const CHILD_LIFETIME: Duration = Duration::from_secs(60);
 
