@@ -9,7 +9,7 @@ use std::process::ExitCode;
 use std::time::Duration;
 use troupe_runtime::assembly;
 use troupe_runtime::config::{Provider, TroupeConfig, parse_duration, parse_enum};
-use troupe_runtime::service::{self, Service};
+use troupe_service::Service;
 
 #[derive(Debug, clap::Args)]
 pub struct ServeArgs {
@@ -75,18 +75,18 @@ pub async fn run(args: ServeArgs) -> anyhow::Result<ExitCode> {
     let config = resolve(&args)?;
     // Dropped last: the service's spans end first, then the exporter flushes them.
     let _telemetry = troupe_runtime::telemetry::install(&config.telemetry)?;
-    let prometheus = service::metrics::install_prometheus();
-    service::describe_metrics();
+    let prometheus = troupe_service::metrics::install_prometheus();
+    troupe_service::describe_metrics();
     if config.model.provider == Provider::Scripted {
         eprintln!("troupe: no model endpoint configured; using the built-in scripted model");
     }
     let model = assembly::build_model(&config, args.script.as_deref())?;
     let mut ports = assembly::session_ports(&config, model, assembly::build_tokens(&config));
-    let storage = service::open_store(&config, args.ephemeral)?;
+    let storage = troupe_service::open_store(&config, args.ephemeral)?;
     eprintln!("troupe: {}", storage.description);
     ports.rollout_storage = storage.rollout;
     let service = Service::start(&config, storage.store, ports, prometheus).await?;
-    service::cancel_on_signals(service.shutdown_token())?;
+    troupe_service::cancel_on_signals(service.shutdown_token())?;
     if args.stdio {
         service
             .serve_stdio(tokio::io::stdin(), tokio::io::stdout())

@@ -1,5 +1,8 @@
 //! What plugs into troupe's ports: model providers (the built-in scripted model and the
-//! OpenAI-compatible APIs), a command runner, telemetry set-up.
+//! OpenAI-compatible APIs), MCP connections, a command runner (with its sandbox), the
+//! tokenizer, and around them the JSONL history log, configuration, telemetry set-up and the
+//! assembly of a session's ports from a configuration. The store is `troupe-store`, the
+//! `troupe serve` service `troupe-service`.
 #![forbid(unsafe_code)]
 
 pub mod assembly;
@@ -9,7 +12,6 @@ pub mod history_log;
 pub mod mcp;
 pub mod openai;
 pub mod scripted;
-pub mod service;
 pub mod telemetry;
 pub mod tokens;
 
@@ -17,3 +19,11 @@ pub use exec::ProcessRunner;
 pub use mcp::RmcpConnector;
 pub use openai::OpenAiClient;
 pub use scripted::{ScriptedModel, ScriptedReply};
+
+/// Registers the description of every metric this crate records (the model clients', MCP's
+/// and the command runner's), so that an exporter gives each its help text from the start.
+pub fn describe_metrics() {
+    openai::metrics::describe();
+    mcp::metrics::describe();
+    exec::metrics::describe();
+}

@@ -21,8 +21,8 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 use troupe_actors::ports::ApproxTokens;
 use troupe_runtime::config::TroupeConfig;
-use troupe_runtime::service::{self, Service};
 use troupe_runtime::{ScriptedModel, assembly};
+use troupe_service::Service;
 
 const WARM_UP: usize = 200;
 const TURNS: usize = 2_000;
@@ -59,7 +59,7 @@ async fn start(storage: Storage) -> Running {
     config.server.task_queue = 1_024;
     let model = Arc::new(ScriptedModel::new(Vec::new()));
     let mut ports = assembly::session_ports(&config, model, Arc::new(ApproxTokens));
-    let opened = service::open_store(&config, matches!(storage, Storage::Memory)).unwrap();
+    let opened = troupe_service::open_store(&config, matches!(storage, Storage::Memory)).unwrap();
     let store = match storage {
         Storage::Sqlite => {
             ports.rollout_storage = opened.rollout;

@@ -4,7 +4,7 @@
 use super::{Server, id, with_tokens};
 use reqwest::StatusCode;
 use serde_json::json;
-use troupe_runtime::service::error::NOT_FOUND;
+use troupe_service::error::NOT_FOUND;
 
 #[tokio::test]
 async fn tokens_guard_every_route_but_health() {

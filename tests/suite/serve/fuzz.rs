@@ -17,8 +17,7 @@ fn arb_json() -> impl Strategy<Value = Value> {
         "\\PC{0,12}".prop_map(Value::String),
         Just(json!("2.0")),
         Just(json!(SessionId::new())),
-        proptest::sample::select(troupe_runtime::service::rpc::METHODS.to_vec())
-            .prop_map(|m| json!(m)),
+        proptest::sample::select(troupe_service::rpc::METHODS.to_vec()).prop_map(|m| json!(m)),
     ];
     leaf.prop_recursive(3, 32, 6, |inner| {
         prop_oneof![

@@ -20,8 +20,8 @@ use std::sync::Arc;
 use std::time::Duration;
 use troupe_actors::ports::ApproxTokens;
 use troupe_runtime::config::{ApiToken, TroupeConfig};
-use troupe_runtime::service::Service;
 use troupe_runtime::{ScriptedModel, ScriptedReply, assembly};
+use troupe_service::Service;
 use troupe_store::memory::MemoryStore;
 
 /// A service on 127.0.0.1:0 in this process.

@@ -13,8 +13,8 @@ use troupe_proto::store::{
 };
 use troupe_proto::{ConversationId, Json, OpenConversation, Role, SessionId, StoragePolicy};
 use troupe_runtime::config::TroupeConfig;
-use troupe_runtime::service::Service;
 use troupe_runtime::{ScriptedModel, ScriptedReply, assembly};
+use troupe_service::Service;
 use troupe_store::{SqliteStore, Store};
 
 /// Posts a message without waiting for its reply: the status and the answer.

@@ -5,7 +5,7 @@ use super::{Server, id};
 use serde_json::json;
 use std::time::Duration;
 use troupe_runtime::ScriptedReply;
-use troupe_runtime::service::auth::Scope;
+use troupe_service::auth::Scope;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_session_that_stops_on_its_own_is_restarted_with_its_conversations() {

@@ -6,7 +6,7 @@ use reqwest::StatusCode;
 use serde_json::{Value, json};
 use std::time::{Duration, Instant};
 use troupe_runtime::ScriptedReply;
-use troupe_runtime::service::error::{
+use troupe_service::error::{
     INVALID_PARAMS, INVALID_REQUEST, METHOD_NOT_FOUND, NOT_FOUND, OVERLOADED, PARSE_ERROR,
 };
 

@@ -6,11 +6,11 @@ use super::{Api, Server, id};
 use reqwest::StatusCode;
 use serde_json::json;
 use std::time::{Duration, Instant};
-use troupe_runtime::service::supervisor::SupervisorMsg;
+use troupe_service::supervisor::SupervisorMsg;
 
 /// Makes the registry fail and waits until a new one runs (or none will: the supervisor
 /// gave up).
-async fn fail_registry(sessions: &troupe_runtime::service::sessions_api::SessionsApi) {
+async fn fail_registry(sessions: &troupe_service::sessions_api::SessionsApi) {
     let before = sessions.current_registry().map(|r| r.get_id());
     sessions
         .supervisor()
@@ -20,7 +20,7 @@ async fn fail_registry(sessions: &troupe_runtime::service::sessions_api::Session
     let t0 = Instant::now();
     loop {
         let now = sessions.current_registry().map(|r| r.get_id());
-        let failed = *health.borrow_and_update() != troupe_runtime::service::supervisor::Health::Ok;
+        let failed = *health.borrow_and_update() != troupe_service::supervisor::Health::Ok;
         if failed || (now.is_some() && now != before) {
             return;
         }
@@ -50,10 +50,7 @@ async fn a_failed_registry_is_replaced_and_the_sessions_come_back() {
     let session = server
         .service
         .sessions
-        .session(
-            troupe_runtime::service::auth::Scope::All,
-            sid.parse().unwrap(),
-        )
+        .session(troupe_service::auth::Scope::All, sid.parse().unwrap())
         .await
         .unwrap();
 
@@ -95,10 +92,7 @@ async fn a_failed_registry_is_replaced_and_the_sessions_come_back() {
     let again = server
         .service
         .sessions
-        .session(
-            troupe_runtime::service::auth::Scope::All,
-            sid.parse().unwrap(),
-        )
+        .session(troupe_service::auth::Scope::All, sid.parse().unwrap())
         .await
         .unwrap();
     assert_ne!(again.actor().get_id(), session.actor().get_id());
@@ -119,7 +113,7 @@ async fn a_registry_that_keeps_failing_makes_the_service_unhealthy() {
         std::sync::Arc::new(troupe_actors::ports::ApproxTokens),
     );
     let store = std::sync::Arc::new(troupe_store::memory::MemoryStore::new());
-    let service = troupe_runtime::service::Service::start(&config, store, ports, None)
+    let service = troupe_service::Service::start(&config, store, ports, None)
         .await
         .unwrap();
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
@@ -127,7 +121,7 @@ async fn a_registry_that_keeps_failing_makes_the_service_unhealthy() {
     let s = service.clone();
     let served = tokio::spawn(async move { s.serve_http(listener).await });
 
-    let budget = troupe_runtime::service::supervisor::RESTARTS_PER_WINDOW;
+    let budget = troupe_service::supervisor::RESTARTS_PER_WINDOW;
     for _ in 0..budget {
         ready(&api).await;
         fail_registry(&service.sessions).await;
@@ -146,7 +140,7 @@ async fn a_registry_that_keeps_failing_makes_the_service_unhealthy() {
 /// without `serve_http`, which would shut it down at once).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn healthz_reports_the_failure() {
-    use troupe_runtime::service::supervisor::Health;
+    use troupe_service::supervisor::Health;
     let dir = tempfile::tempdir().unwrap();
     let config = troupe_runtime::config::TroupeConfig {
         data_dir: dir.path().to_owned(),
@@ -159,10 +153,10 @@ async fn healthz_reports_the_failure() {
         std::sync::Arc::new(troupe_actors::ports::ApproxTokens),
     );
     let store = std::sync::Arc::new(troupe_store::memory::MemoryStore::new());
-    let service = troupe_runtime::service::Service::start(&config, store, ports, None)
+    let service = troupe_service::Service::start(&config, store, ports, None)
         .await
         .unwrap();
-    let app = service.router(troupe_runtime::service::ExtraRoutes::default());
+    let app = service.router(troupe_service::ExtraRoutes::default());
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let api = Api::new(&format!("http://{}", listener.local_addr().unwrap()), None);
     tokio::spawn(async move { axum::serve(listener, app).await });
@@ -173,7 +167,7 @@ async fn healthz_reports_the_failure() {
         (StatusCode::OK, json!("ok"))
     );
     let mut health = service.sessions.health();
-    let budget = troupe_runtime::service::supervisor::RESTARTS_PER_WINDOW;
+    let budget = troupe_service::supervisor::RESTARTS_PER_WINDOW;
     for _ in 0..=budget {
         ready(&api).await;
         fail_registry(&service.sessions).await;
@@ -210,7 +204,7 @@ async fn a_component_that_gives_up_fails_the_service() {
         .report_failure("a2a", "the A2A endpoint keeps failing (drill)".into());
     let failed = tokio::time::timeout(
         Duration::from_secs(10),
-        health.wait_for(|h| h != &troupe_runtime::service::supervisor::Health::Ok),
+        health.wait_for(|h| h != &troupe_service::supervisor::Health::Ok),
     )
     .await
     .unwrap()
@@ -218,7 +212,7 @@ async fn a_component_that_gives_up_fails_the_service() {
     .clone();
     assert_eq!(
         failed,
-        troupe_runtime::service::supervisor::Health::Failed {
+        troupe_service::supervisor::Health::Failed {
             component: "a2a".into(),
             reason: "the A2A endpoint keeps failing (drill)".into()
         }

@@ -7,12 +7,11 @@
 //! must be bound to the A2A project (or `*`) to use it: other tokens get 403.
 
 use super::{A2a, A2aBackend, A2aConfig, CardInfo};
-use crate::config::A2aServerConfig;
-use crate::service::ExtraRoutes;
-use crate::service::api::CreateSession;
-use crate::service::auth::Scope;
-use crate::service::error::ApiError;
-use crate::service::sessions_api::SessionsApi;
+use crate::ExtraRoutes;
+use crate::api::CreateSession;
+use crate::auth::Scope;
+use crate::error::ApiError;
+use crate::sessions_api::SessionsApi;
 use async_trait::async_trait;
 use axum::extract::{Request, State};
 use axum::http::StatusCode;
@@ -24,6 +23,7 @@ use troupe_proto::{
     AgentError, ApprovalDecision, ApprovalId, ConversationId, EventEnvelope, MessageReply,
     OpenConversation, SessionId, TaskId,
 };
+use troupe_runtime::config::A2aServerConfig;
 
 /// An [`A2aBackend`] over one session of the registry: the project's current session, found
 /// (or created and made current) on the first call, so a service that never sees A2A traffic

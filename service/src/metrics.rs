@@ -220,8 +220,8 @@ pub fn rpc_call(method: &'static str, outcome: &'static str) {
 /// [`SECONDS_BUCKETS`] for every other duration (and anything new).
 pub fn prometheus_builder()
 -> Result<metrics_exporter_prometheus::PrometheusBuilder, metrics_exporter_prometheus::BuildError> {
-    use crate::openai::metrics as model;
     use metrics_exporter_prometheus::{Matcher, PrometheusBuilder};
+    use troupe_runtime::openai::metrics as model;
     let overrides: [(Matcher, &[f64]); 4] = [
         (
             Matcher::Full(model::GEN_AI_OPERATION_DURATION.into()),
@@ -289,14 +289,18 @@ mod tests {
 
     #[test]
     fn gen_ai_histograms_use_the_conventions_buckets() {
-        let call = crate::openai::metrics::GenAiCall {
+        let call = troupe_runtime::openai::metrics::GenAiCall {
             provider: "openai",
             request_model: "gpt-4o-mini",
             response_model: Some("gpt-4o-mini-2024-07-18"),
         };
         let text = render(|| {
-            crate::openai::metrics::gen_ai_operation(call, Duration::from_millis(300), None);
-            crate::openai::metrics::gen_ai_tokens(
+            troupe_runtime::openai::metrics::gen_ai_operation(
+                call,
+                Duration::from_millis(300),
+                None,
+            );
+            troupe_runtime::openai::metrics::gen_ai_tokens(
                 call,
                 &troupe_proto::Usage {
                     input_tokens: 120,
@@ -327,13 +331,13 @@ mod tests {
 
     #[test]
     fn a_failed_model_call_carries_its_error_type() {
-        let call = crate::openai::metrics::GenAiCall {
+        let call = troupe_runtime::openai::metrics::GenAiCall {
             provider: "openai",
             request_model: "m",
             response_model: None,
         };
         let text = render(|| {
-            crate::openai::metrics::gen_ai_operation(
+            troupe_runtime::openai::metrics::gen_ai_operation(
                 call,
                 Duration::from_secs(1),
                 Some("http_error"),

@@ -5,9 +5,9 @@ use super::{
     HostMsg, HostState, Liveness, Reply, Running, Waiting, now_ms, plan, spawn_traced,
     stored_content,
 };
-use crate::service::admission::{Admitted, Load, admit};
-use crate::service::api::Sent;
-use crate::service::metrics;
+use crate::admission::{Admitted, Load, admit};
+use crate::api::Sent;
+use crate::metrics;
 use ractor::ActorRef;
 use troupe_actors::events::EventDraft;
 use troupe_proto::store::{

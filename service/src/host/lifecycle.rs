@@ -5,8 +5,8 @@ use super::{
     ConversationSlot, HostMsg, HostState, Liveness, RESTART_WINDOW, RESTARTS_PER_WINDOW, Waiting,
     plan,
 };
-use crate::service::metrics;
-use crate::service::registry::SessionTemplate;
+use crate::metrics;
+use crate::registry::SessionTemplate;
 use ractor::{ActorId, ActorRef};
 use std::collections::HashMap;
 use std::time::Instant;

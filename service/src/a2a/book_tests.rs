@@ -1,7 +1,7 @@
 use super::*;
-use crate::service::a2a::events::frame;
-use crate::service::a2a::model::{PartContent, Role};
-use crate::service::a2a::version::Version;
+use crate::a2a::events::frame;
+use crate::a2a::model::{PartContent, Role};
+use crate::a2a::version::Version;
 use proptest::prelude::*;
 use troupe_proto::{Json, SessionId, TaskStats, ToolCall};
 

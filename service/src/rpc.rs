@@ -786,7 +786,7 @@ pub async fn conversation_stats(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::service::error::{INVALID_PARAMS, INVALID_REQUEST, METHOD_NOT_FOUND, PARSE_ERROR};
+    use crate::error::{INVALID_PARAMS, INVALID_REQUEST, METHOD_NOT_FOUND, PARSE_ERROR};
     use proptest::prelude::*;
 
     #[test]

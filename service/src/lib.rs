@@ -25,13 +25,14 @@
 //! - The Ttl sweeper ([`troupe_store::ttl`]): one sweep at start-up, before sessions are restored
 //!   and anything is served, then one every `ttl_sweep_interval` until shutdown begins.
 //!
-//! The A2A routes (`service::a2a`) are merged into the router by [`Service::extra_routes`]:
+//! The A2A routes ([`a2a`]) are merged into the router by [`Service::extra_routes`]:
 //! the agent card public, the JSON-RPC route behind authentication.
 //!
 //! Shutdown ([`Service::shutdown`]), step by step: stop accepting connections and end the
 //! event streams; stop admitting messages and let running tasks finish within the grace
 //! period; shut every session down (what still runs is cancelled, rollouts are flushed);
 //! wait for the last replies to be stored and answered.
+#![forbid(unsafe_code)]
 
 pub mod a2a;
 pub mod admission;
@@ -50,7 +51,6 @@ pub mod stream;
 pub mod supervisor;
 pub mod ws;
 
-use crate::config::TroupeConfig;
 use auth::Auth;
 use metrics_exporter_prometheus::PrometheusHandle;
 use registry::{RegistryArgs, SessionTemplate};
@@ -63,6 +63,7 @@ use tokio_util::sync::CancellationToken;
 use troupe_actors::SessionPorts;
 use troupe_actors::rollout::FileRolloutStorage;
 use troupe_proto::AgentError;
+use troupe_runtime::config::TroupeConfig;
 use troupe_store::Store;
 use troupe_store::ttl::TtlSweeper;
 
@@ -84,7 +85,7 @@ pub struct Service {
     auth: Auth,
     metrics_public: bool,
     grace_period: Duration,
-    a2a: crate::config::A2aServerConfig,
+    a2a: troupe_runtime::config::A2aServerConfig,
 }
 
 impl std::fmt::Debug for Service {
@@ -97,14 +98,12 @@ impl std::fmt::Debug for Service {
 }
 
 /// Registers the description of every metric a `troupe serve` process can record (the
-/// actors' and the runtime's), so that `/metrics` gives each its help text from the start.
+/// actors', the runtime's, the store's and the service's), so that `/metrics` gives each its help text from the start.
 pub fn describe_metrics() {
     troupe_actors::describe_metrics();
     metrics::describe();
     a2a::metrics::describe();
-    crate::openai::metrics::describe();
-    crate::mcp::metrics::describe();
-    crate::exec::metrics::describe();
+    troupe_runtime::describe_metrics();
     troupe_store::describe_metrics();
 }
 
@@ -131,7 +130,7 @@ impl Service {
             })?;
             tokens.push((secret, t.projects.clone()));
         }
-        let session_config = crate::assembly::session_config(config);
+        let session_config = troupe_runtime::assembly::session_config(config);
         // The sessions write to the very storage the sweeper sweeps.
         let rollout = ports.rollout_storage.clone().unwrap_or_else(|| {
             Arc::new(FileRolloutStorage::new(
@@ -411,14 +410,14 @@ mod tests {
             data_dir: dir.path().to_owned(),
             ..TroupeConfig::default()
         };
-        config.server.tokens = vec![crate::config::ApiToken {
+        config.server.tokens = vec![troupe_runtime::config::ApiToken {
             token: Some("t".into()),
             token_env: None,
             projects: vec!["*".into()],
         }];
-        let ports = crate::assembly::session_ports(
+        let ports = troupe_runtime::assembly::session_ports(
             &config,
-            Arc::new(crate::ScriptedModel::default()),
+            Arc::new(troupe_runtime::ScriptedModel::default()),
             Arc::new(troupe_actors::ports::ApproxTokens),
         );
         let store = Arc::new(troupe_store::memory::MemoryStore::new());

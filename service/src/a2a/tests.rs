@@ -3,12 +3,12 @@
 //! `final`, a queued task's cancel, error codes on the wire).
 
 use super::*;
-use crate::exec::ProcessRunner;
-use crate::scripted::{ScriptedModel, ScriptedReply};
 use serde_json::{Value, json};
 use troupe_actors::history::LocalSummarizer;
 use troupe_actors::{SessionConfig, SessionHandle, SessionPorts};
 use troupe_proto::SessionId;
+use troupe_runtime::exec::ProcessRunner;
+use troupe_runtime::scripted::{ScriptedModel, ScriptedReply};
 
 struct Fixture {
     session: SessionHandle,

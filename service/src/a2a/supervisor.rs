@@ -16,8 +16,8 @@
 
 use super::A2aBackend;
 use super::tasks::{A2aTasks, A2aTasksArgs, A2aTasksMsg, TasksConfig};
-use crate::service::host::plan::may_restart;
-use crate::service::metrics;
+use crate::host::plan::may_restart;
+use crate::metrics;
 use ractor::{Actor, ActorProcessingErr, ActorRef, SupervisionEvent};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
