@@ -1,10 +1,23 @@
 //! Request and result shapes of the service's API that are not session-API types of
 //! `troupe-proto`: creating sessions, sending messages, the current session of a project.
-//! Shared by the JSON-RPC methods and the REST routes.
+//! Shared by the JSON-RPC methods and the REST routes, like the page size of a listing.
 
 use serde::{Deserialize, Serialize};
 use troupe_proto::store::{MessageRecord, SessionRecord};
-use troupe_proto::{ConversationId, Json, MessageReply, OpenConversation};
+use troupe_proto::{AgentError, ConversationId, Json, MessageReply, OpenConversation};
+
+/// Default page size of `messages.list` and the REST listing.
+pub const DEFAULT_PAGE: usize = 50;
+
+/// The page size asked for, checked: 1..=max, default [`DEFAULT_PAGE`] (capped by max).
+pub fn page_limit(limit: Option<usize>, max: usize) -> Result<usize, AgentError> {
+    match limit {
+        None => Ok(DEFAULT_PAGE.min(max.max(1))),
+        Some(0) => Err(AgentError::invalid("limit must be at least 1")),
+        Some(n) if n > max => Err(AgentError::invalid(format!("limit must be at most {max}"))),
+        Some(n) => Ok(n),
+    }
+}
 
 /// `session.create` / `POST /api/sessions`.
 #[derive(Debug, Clone, PartialEq, Default, Serialize, Deserialize)]
@@ -61,4 +74,18 @@ pub struct CurrentSession {
 #[serde(deny_unknown_fields)]
 pub struct SetCurrent {
     pub session_id: troupe_proto::SessionId,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn page_limits() {
+        assert_eq!(page_limit(None, 1000).unwrap(), DEFAULT_PAGE);
+        assert_eq!(page_limit(None, 10).unwrap(), 10);
+        assert_eq!(page_limit(Some(3), 10).unwrap(), 3);
+        assert!(page_limit(Some(0), 10).is_err());
+        assert!(page_limit(Some(11), 10).is_err());
+    }
 }

@@ -56,14 +56,13 @@ mod queue;
 use super::admission::QueueLimits;
 use super::api::Sent;
 use super::metrics;
-use super::registry::SessionTemplate;
 use ractor::{Actor, ActorProcessingErr, ActorRef, RpcReplyPort, SupervisionEvent};
 use std::collections::{HashMap, VecDeque};
 use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 use tokio::task::JoinHandle;
 use tracing::Instrument;
-use troupe_actors::SessionHandle;
+use troupe_actors::{SessionConfig, SessionHandle, SessionPorts};
 use troupe_proto::store::{ConversationRecord, MessageRecord, SessionRecord};
 use troupe_proto::{
     AgentError, Closed, ConversationId, MessageReply, OpenConversation, SetContext, StoragePolicy,
@@ -81,6 +80,13 @@ type Reply<T> = RpcReplyPort<Result<T, AgentError>>;
 pub struct Created {
     pub handle: SessionHandle,
     pub root: ConversationRecord,
+}
+
+/// What every session starts from: a new one, and a stored one started again.
+#[derive(Clone)]
+pub struct SessionTemplate {
+    pub config: SessionConfig,
+    pub ports: SessionPorts,
 }
 
 /// Start-up arguments.

@@ -39,21 +39,25 @@ pub mod admission;
 pub mod api;
 pub mod auth;
 pub mod error;
+pub mod extract;
 pub mod host;
 pub mod http;
 pub mod metrics;
 pub mod registry;
 pub mod rest;
+pub mod router;
 pub mod rpc;
 pub mod sessions_api;
+pub mod state;
 pub mod stdio;
 pub mod stream;
 pub mod supervisor;
 pub mod ws;
 
 use auth::Auth;
+use host::SessionTemplate;
 use metrics_exporter_prometheus::PrometheusHandle;
-use registry::{RegistryArgs, SessionTemplate};
+use registry::RegistryArgs;
 use rpc::Rpc;
 use sessions_api::SessionsApi;
 use std::net::SocketAddr;
@@ -67,15 +71,7 @@ use troupe_runtime::config::TroupeConfig;
 use troupe_store::Store;
 use troupe_store::ttl::TtlSweeper;
 
-/// What every route handler gets.
-#[derive(Clone)]
-pub struct AppState {
-    pub rpc: Rpc,
-    pub body_limit: usize,
-    /// Fired when the service starts shutting down: streams end, `/readyz` says so.
-    pub shutdown: CancellationToken,
-    pub prometheus: Option<PrometheusHandle>,
-}
+pub use state::{AppState, ExtraRoutes};
 
 /// A running service: the registry and what the transports share.
 #[derive(Clone)]
@@ -173,7 +169,7 @@ impl Service {
 
     /// The router, with `extra` routes (the A2A endpoint) merged in.
     pub fn router(&self, extra: ExtraRoutes) -> axum::Router {
-        http::router(
+        router::router(
             self.state.clone(),
             self.auth.clone(),
             self.metrics_public,
@@ -345,20 +341,6 @@ pub fn open_store(config: &TroupeConfig, ephemeral: bool) -> Result<Storage, Age
             rollout_path.display()
         ),
     })
-}
-
-/// Routes served beside the API: `public` ones without a token (like `/healthz`), and
-/// `protected` ones behind the same bearer-token check as the API.
-#[derive(Default)]
-pub struct ExtraRoutes {
-    pub public: axum::Router,
-    pub protected: axum::Router,
-}
-
-impl std::fmt::Debug for ExtraRoutes {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("ExtraRoutes").finish_non_exhaustive()
-    }
 }
 
 /// An API without tokens may only listen on loopback.

@@ -35,24 +35,17 @@
 
 use super::api::CreateSession;
 use super::auth::Scope;
-use super::host::{Created, HostArgs, HostMsg, SessionHost};
+use super::host::{Created, HostArgs, HostMsg, SessionHost, SessionTemplate};
 use super::metrics;
 use ractor::{Actor, ActorId, ActorProcessingErr, ActorRef, RpcReplyPort, SupervisionEvent};
 use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::{SystemTime, UNIX_EPOCH};
 use tracing::Instrument;
-use troupe_actors::{SessionConfig, SessionHandle, SessionPorts};
+use troupe_actors::SessionHandle;
 use troupe_proto::store::{ConversationRecord, ConversationState, SessionRecord};
 use troupe_proto::{AgentError, Json, SessionId};
 use troupe_store::Store;
-
-/// What every new session starts from.
-#[derive(Clone)]
-pub struct SessionTemplate {
-    pub config: SessionConfig,
-    pub ports: SessionPorts,
-}
 
 /// Start-up arguments.
 #[derive(Clone)]

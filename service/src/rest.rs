@@ -1,13 +1,12 @@
 //! REST routes (P2) and the per-session SSE stream (P3, P4). Every error is an HTTP status
 //! with the body `{code, message, details}`; ids that do not parse are unknown ids (404).
 
-use super::AppState;
-use super::api::{CreateSession, CurrentSession, SendText, SetCurrent};
-use super::auth::Scope;
-use super::error::ApiError;
-use super::http::body;
-use super::rpc::page_limit;
-use super::stream::{self, StreamEvent, Subscriber};
+use crate::api::{CreateSession, CurrentSession, SendText, SetCurrent, page_limit};
+use crate::auth::Scope;
+use crate::error::ApiError;
+use crate::extract::{EventsQuery, json_body, query, session_id};
+use crate::state::AppState;
+use crate::stream::Subscriber;
 use axum::Extension;
 use axum::Json;
 use axum::body::Bytes;
@@ -16,36 +15,10 @@ use axum::extract::{Path, Query, State};
 use axum::http::{HeaderMap, StatusCode};
 use axum::response::sse::{Event, KeepAlive, Sse};
 use axum::response::{IntoResponse, Response};
-use futures::{Stream, StreamExt};
+use futures::StreamExt;
 use serde::Deserialize;
-use serde::de::DeserializeOwned;
 use std::convert::Infallible;
-use troupe_proto::{AgentError, SessionId};
-
-/// A session id from the path; one that does not parse names no session.
-pub fn session_id(raw: &str) -> Result<SessionId, ApiError> {
-    raw.parse()
-        .map_err(|_| ApiError::from(AgentError::not_found("session", raw)))
-}
-
-/// A JSON body of type `T` (an empty body reads as `{}`), or 400 / 413.
-pub fn json_body<T: DeserializeOwned>(
-    bytes: Result<Bytes, BytesRejection>,
-    limit: usize,
-) -> Result<T, ApiError> {
-    let bytes = body(bytes, limit)?;
-    let bytes: &[u8] = if bytes.iter().all(u8::is_ascii_whitespace) {
-        b"{}"
-    } else {
-        &bytes
-    };
-    serde_json::from_slice(bytes).map_err(|e| ApiError::bad_request(format!("bad body: {e}")))
-}
-
-fn query<T>(q: Result<Query<T>, QueryRejection>) -> Result<T, ApiError> {
-    q.map(|Query(t)| t)
-        .map_err(|e| ApiError::bad_request(e.body_text()))
-}
+use troupe_proto::AgentError;
 
 /// `POST /api/sessions` → 201 with the session.
 pub async fn create_session(
@@ -177,12 +150,6 @@ pub async fn set_current_session(
     .into_response())
 }
 
-#[derive(Debug, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct EventsQuery {
-    pub after: Option<u64>,
-}
-
 /// Where a stream resumes: `Last-Event-ID` (a reconnecting EventSource), else `?after=`,
 /// else from the start.
 pub fn resume_from(headers: &HeaderMap, after: Option<u64>) -> Result<u64, ApiError> {
@@ -194,18 +161,6 @@ pub fn resume_from(headers: &HeaderMap, after: Option<u64>) -> Result<u64, ApiEr
             .ok_or_else(|| ApiError::bad_request("Last-Event-ID must be an event seq")),
         None => Ok(after.unwrap_or(0)),
     }
-}
-
-/// The events of a session after a point, ending when the service shuts down.
-pub async fn session_events(
-    app: &AppState,
-    scope: Scope,
-    id: SessionId,
-    after: u64,
-) -> Result<impl Stream<Item = Result<StreamEvent, AgentError>> + Send + 'static, ApiError> {
-    let handle = app.rpc.sessions.session(scope, id).await?;
-    let events = stream::events(&handle, after).await?;
-    Ok(events.take_until(app.shutdown.clone().cancelled_owned()))
 }
 
 /// `GET /api/sessions/{id}/events`: Server-Sent Events, `id:` = seq, `event:` = type.
@@ -220,7 +175,7 @@ pub async fn events_sse(
 ) -> Result<Response, ApiError> {
     let id = session_id(&id)?;
     let after = resume_from(&headers, query(q)?.after)?;
-    let events = session_events(&app, scope, id, after).await?;
+    let events = app.session_events(scope, id, after).await?;
     let gauge = Subscriber::new("sse");
     let sse = events.map(move |item| {
         let _alive = &gauge;
@@ -232,7 +187,7 @@ pub async fn events_sse(
                 .unwrap_or_else(|_| Event::default().comment("unencodable event")),
             Err(e) => Event::default()
                 .event("stream_error")
-                .json_data(super::error::ApiError::from(e).body)
+                .json_data(ApiError::from(e).body)
                 .unwrap_or_else(|_| Event::default().comment("stream error")),
         })
     });
@@ -256,14 +211,6 @@ mod tests {
         assert_eq!(
             resume_from(&h, None).unwrap_err().status,
             StatusCode::BAD_REQUEST
-        );
-    }
-
-    #[test]
-    fn bad_ids_are_unknown_ids() {
-        assert_eq!(
-            session_id("nope").unwrap_err().status,
-            StatusCode::NOT_FOUND
         );
     }
 }

@@ -9,13 +9,18 @@ use super::api::{CreateSession, Sent};
 use super::auth::Scope;
 use super::host::HostMsg;
 use super::registry::{RegistryArgs, RegistryMsg, visible};
+use super::stream::{self, StreamEvent};
 use super::supervisor::{Health, ServiceSupervisor, SupervisorArgs, SupervisorMsg};
+use futures::Stream;
 use ractor::{Actor, ActorRef, RactorErr};
 use std::sync::Arc;
 use tokio::sync::watch;
 use troupe_actors::SessionHandle;
+use troupe_actors::conversation::ConversationMsg;
 use troupe_proto::store::{ConversationRecord, MessagePage, MessageRecord, SessionRecord};
-use troupe_proto::{AgentError, Closed, ConversationId, OpenConversation, SessionId, SetContext};
+use troupe_proto::{
+    AgentError, Closed, ConversationId, ConversationStats, OpenConversation, SessionId, SetContext,
+};
 use troupe_store::Store;
 
 /// The service's sessions, as the transports see them. Cheap to clone.
@@ -185,6 +190,36 @@ impl SessionsApi {
     ) -> Result<SessionHandle, AgentError> {
         let host = self.host(scope, session_id).await?;
         host_call!(host, Session {})
+    }
+
+    /// Every event of a session the scope sees with `seq > after` (see [`stream::events`]).
+    pub async fn events(
+        &self,
+        scope: Scope,
+        session_id: SessionId,
+        after: u64,
+    ) -> Result<
+        impl Stream<Item = Result<StreamEvent, AgentError>> + Send + 'static + use<>,
+        AgentError,
+    > {
+        let handle = self.session(scope, session_id).await?;
+        stream::events(&handle, after).await
+    }
+
+    /// A conversation's statistics (S11).
+    pub async fn conversation_stats(
+        &self,
+        scope: Scope,
+        session_id: SessionId,
+        conversation_id: ConversationId,
+    ) -> Result<ConversationStats, AgentError> {
+        let handle = self.session(scope, session_id).await?;
+        let actor = handle
+            .conversation_actor(conversation_id)
+            .await?
+            .ok_or_else(|| AgentError::not_found("conversation", conversation_id))?;
+        ractor::call!(actor, |reply| ConversationMsg::Stats { reply })
+            .map_err(|e| AgentError::internal(format!("conversation unavailable: {e}")))
     }
 
     /// A session's conversations (open and closed), oldest first.

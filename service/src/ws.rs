@@ -8,11 +8,12 @@
 //! writer task. The connection ends when the client closes it or the service shuts down;
 //! its subscriptions end with it.
 
-use super::AppState;
-use super::auth::Scope;
-use super::rest::{EventsQuery, session_events, session_id};
-use super::rpc::Notifier;
-use super::stream::Subscriber;
+use crate::auth::Scope;
+use crate::error::ApiError;
+use crate::extract::{EventsQuery, session_id};
+use crate::rpc::Notifier;
+use crate::state::AppState;
+use crate::stream::{StreamEvent, Subscriber};
 use axum::Extension;
 use axum::extract::rejection::QueryRejection;
 use axum::extract::ws::{Message, WebSocket, WebSocketUpgrade};
@@ -88,23 +89,21 @@ pub async fn events(
     Path(id): Path<String>,
     q: Result<Query<EventsQuery>, QueryRejection>,
     upgrade: WebSocketUpgrade,
-) -> Result<Response, super::error::ApiError> {
+) -> Result<Response, ApiError> {
     let id = session_id(&id)?;
     let after = q
-        .map_err(|e| super::error::ApiError::bad_request(e.body_text()))?
+        .map_err(|e| ApiError::bad_request(e.body_text()))?
         .0
         .after
         .unwrap_or(0);
-    let events = session_events(&app, scope, id, after).await?;
+    let events = app.session_events(scope, id, after).await?;
     let closed = app.shutdown.child_token();
     Ok(upgrade.on_upgrade(move |socket| forward(socket, events, closed)))
 }
 
 async fn forward(
     socket: WebSocket,
-    events: impl futures::Stream<Item = Result<super::stream::StreamEvent, troupe_proto::AgentError>>
-    + Send
-    + 'static,
+    events: impl futures::Stream<Item = Result<StreamEvent, troupe_proto::AgentError>> + Send + 'static,
     closed: CancellationToken,
 ) {
     let _gauge = Subscriber::new("ws");
@@ -120,7 +119,7 @@ async fn forward(
             e = events.next() => match e {
                 Some(Ok(e)) => serde_json::to_string(&e).unwrap_or_default(),
                 Some(Err(e)) => {
-                    let body = super::error::ApiError::from(e).body;
+                    let body = ApiError::from(e).body;
                     let text = serde_json::json!({"stream_error": body}).to_string();
                     let _ = sink.send(Message::text(text)).await;
                     break;

@@ -15,7 +15,7 @@
 
 use super::model::{StreamEvent, TaskState};
 use super::version::Version;
-use super::{wire_v1, wire_v03};
+use super::wire;
 use serde_json::{Value, json};
 use troupe_proto::TaskStatus;
 
@@ -54,10 +54,7 @@ pub fn closes_stream(version: Version, event: &StreamEvent) -> bool {
 /// One SSE frame's data: the JSON-RPC response carrying `event`, and whether it is the last.
 pub fn frame(version: Version, rpc_id: &Value, event: &StreamEvent) -> (Value, bool) {
     let last = closes_stream(version, event);
-    let result = match version {
-        Version::V1_0 => wire_v1::stream_event(event),
-        Version::V0_3 => wire_v03::stream_event(event, last),
-    };
+    let result = wire::stream_event(version, event, last);
     (
         json!({ "jsonrpc": "2.0", "id": rpc_id, "result": result }),
         last,

@@ -6,11 +6,11 @@ use super::card::{CardInfo, agent_card};
 use super::error::A2aError;
 use super::events::frame;
 use super::metrics::{self, StreamGuard};
-use super::model::{StreamEvent, Task};
+use super::model::{SendResult, StreamEvent, Task};
 use super::request::{self, Request, SendParams};
 use super::tasks::{A2aTasksMsg, Until};
 use super::version::{self, Operation, Version};
-use super::{wire_v1, wire_v03};
+use super::wire;
 use axum::Json;
 use axum::body::Bytes;
 use axum::extract::State;
@@ -162,8 +162,8 @@ pub fn parse_call(
     let version = version::negotiate(version_header).map_err(|e| (id.clone(), e, None, None))?;
     let op = version::resolve(version, method).map_err(|e| (id.clone(), e, Some(version), None))?;
     let params = obj.get("params").cloned().unwrap_or(Value::Null);
-    let request = request::decode(version, op, &params)
-        .map_err(|e| (id.clone(), e, Some(version), Some(op)))?;
+    let request =
+        wire::decode(version, op, &params).map_err(|e| (id.clone(), e, Some(version), Some(op)))?;
     Ok(Call {
         id,
         version,
@@ -216,11 +216,7 @@ async fn execute(s: &A2aState, c: Call) -> Result<Response, Failed> {
     match request {
         Request::Send(p) => {
             let task = send(s, p).await.map_err(fail)?;
-            Ok(answer(match version {
-                Version::V1_0 => wire_v1::send_result(&super::model::SendResult::Task(task)),
-                Version::V0_3 => wire_v03::send_result(&super::model::SendResult::Task(task)),
-            })
-            .into_response())
+            Ok(answer(wire::send_result(version, &SendResult::Task(task))).into_response())
         }
         Request::Stream(p) => {
             let (task, rx) = stream(s, p).await.map_err(fail)?;
@@ -235,18 +231,18 @@ async fn execute(s: &A2aState, c: Call) -> Result<Response, Failed> {
             .await
             .map_err(fail)?
             .ok_or_else(|| fail(A2aError::TaskNotFound { task_id: g.id }))?;
-            Ok(answer(task_json(version, &task)).into_response())
+            Ok(answer(wire::task(version, &task)).into_response())
         }
         Request::List(l) => {
             let page = ask(&s.tasks, |reply| A2aTasksMsg::List { params: l, reply })
                 .await
                 .map_err(fail)?
                 .map_err(fail)?;
-            Ok(answer(wire_v1::task_page(&page)).into_response())
+            Ok(answer(wire::task_page(&page)).into_response())
         }
         Request::Cancel { id: task_id } => {
             let task = cancel(s, task_id).await.map_err(fail)?;
-            Ok(answer(task_json(version, &task)).into_response())
+            Ok(answer(wire::task(version, &task)).into_response())
         }
         Request::Subscribe { id: task_id } => {
             let sub = ask(&s.tasks, |reply| A2aTasksMsg::Subscribe { task_id, reply })
@@ -259,13 +255,6 @@ async fn execute(s: &A2aState, c: Call) -> Result<Response, Failed> {
         Request::ExtendedCard => Err(fail(A2aError::UnsupportedOperation(
             "this agent has no extended agent card".into(),
         ))),
-    }
-}
-
-fn task_json(version: Version, task: &Task) -> Value {
-    match version {
-        Version::V1_0 => wire_v1::task(task),
-        Version::V0_3 => wire_v03::task(task),
     }
 }
 

@@ -34,6 +34,7 @@ pub mod request;
 pub mod supervisor;
 mod tasks;
 pub mod version;
+pub mod wire;
 pub mod wire_v03;
 pub mod wire_v1;
 

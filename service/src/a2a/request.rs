@@ -3,8 +3,6 @@
 
 use super::error::A2aError;
 use super::model::{Message, PartContent, Role, TaskState};
-use super::version::{Operation, Version};
-use super::{wire_v1, wire_v03};
 use serde_json::Value;
 
 /// `SendMessage` / `SendStreamingMessage` (1.0 `SendMessageRequest`, 0.3 `MessageSendParams`).
@@ -56,14 +54,6 @@ pub enum Request {
     /// Any push notification config method (troupe sends no push notifications).
     PushConfig,
     ExtendedCard,
-}
-
-/// Decodes `params` of `op` in the shape of `version`. Never panics, whatever the JSON.
-pub fn decode(version: Version, op: Operation, params: &Value) -> Result<Request, A2aError> {
-    match version {
-        Version::V1_0 => wire_v1::decode(op, params),
-        Version::V0_3 => wire_v03::decode(op, params),
-    }
 }
 
 /// `ListTasks` page size: default and maximum (as the reference SDK).

@@ -2,11 +2,10 @@
 //! restarts after it stops on its own, shutdown.
 
 use super::{
-    ConversationSlot, HostMsg, HostState, Liveness, RESTART_WINDOW, RESTARTS_PER_WINDOW, Waiting,
-    plan,
+    ConversationSlot, HostMsg, HostState, Liveness, RESTART_WINDOW, RESTARTS_PER_WINDOW,
+    SessionTemplate, Waiting, plan,
 };
 use crate::metrics;
-use crate::registry::SessionTemplate;
 use ractor::{ActorId, ActorRef};
 use std::collections::HashMap;
 use std::time::Instant;

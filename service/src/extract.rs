@@ -1,0 +1,69 @@
+//! What the HTTP handlers read from a request: the body (within the limit), a JSON body, a
+//! session id from the path, a query string. Each failure is an [`ApiError`] with its status:
+//! 413 over the limit, 400 unreadable, 404 for an id that names no session.
+
+use crate::error::ApiError;
+use axum::body::Bytes;
+use axum::extract::Query;
+use axum::extract::rejection::{BytesRejection, QueryRejection};
+use axum::http::StatusCode;
+use serde::Deserialize;
+use serde::de::DeserializeOwned;
+use troupe_proto::{AgentError, SessionId};
+
+/// The body, or 413 (over the limit) / 400 (unreadable) with the error body.
+pub fn body(bytes: Result<Bytes, BytesRejection>, limit: usize) -> Result<Bytes, ApiError> {
+    bytes.map_err(|e| {
+        if e.status() == StatusCode::PAYLOAD_TOO_LARGE {
+            ApiError::too_large(limit)
+        } else {
+            ApiError::bad_request(e.body_text())
+        }
+    })
+}
+
+/// A JSON body of type `T` (an empty body reads as `{}`), or 400 / 413.
+pub fn json_body<T: DeserializeOwned>(
+    bytes: Result<Bytes, BytesRejection>,
+    limit: usize,
+) -> Result<T, ApiError> {
+    let bytes = body(bytes, limit)?;
+    let bytes: &[u8] = if bytes.iter().all(u8::is_ascii_whitespace) {
+        b"{}"
+    } else {
+        &bytes
+    };
+    serde_json::from_slice(bytes).map_err(|e| ApiError::bad_request(format!("bad body: {e}")))
+}
+
+/// A session id from the path; one that does not parse names no session.
+pub fn session_id(raw: &str) -> Result<SessionId, ApiError> {
+    raw.parse()
+        .map_err(|_| ApiError::from(AgentError::not_found("session", raw)))
+}
+
+/// A query string of type `T`, or 400.
+pub fn query<T>(q: Result<Query<T>, QueryRejection>) -> Result<T, ApiError> {
+    q.map(|Query(t)| t)
+        .map_err(|e| ApiError::bad_request(e.body_text()))
+}
+
+/// `?after=` of the event streams (SSE and WebSocket).
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct EventsQuery {
+    pub after: Option<u64>,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn bad_ids_are_unknown_ids() {
+        assert_eq!(
+            session_id("nope").unwrap_err().status,
+            StatusCode::NOT_FOUND
+        );
+    }
+}
