@@ -399,6 +399,7 @@ mod tests {
                 clock: Clock::new(),
                 ttl_sweep_interval: Duration::ZERO,
                 subscriber_capacity: capacity,
+                policies: Vec::new(),
             },
         )
         .await
@@ -517,6 +518,7 @@ mod tests {
                 clock: Clock::new(),
                 ttl_sweep_interval: Duration::ZERO,
                 subscriber_capacity: 8,
+                policies: Vec::new(),
             },
         )
         .await
