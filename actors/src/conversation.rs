@@ -18,11 +18,15 @@
 //! opens its own view on the new pool at its next MCP call (see `task`).
 //!
 //! The scheduler slot of its task is asked for by the conversation, which is the slot's
-//! holder (the Scheduler monitors it): `Acquire` with a reply port whose answer comes back as
-//! `SlotAnswered`; the runner waits for the grant the conversation passes on. So the
-//! conversation knows at every message whether its task waits or holds a slot. It watches the
-//! session's directory (a watcher task sends it `ServicesChanged`) and re-declares what a new
-//! service actor must know:
+//! holder (the Scheduler monitors it). The runner awaits the scheduler's answer and reports it
+//! (`SlotAnswered`) before it acts on it; it runs at once only if that scheduler is still the
+//! session's, and otherwise waits for the conversation's verdict (see `task::first_answer`).
+//! So the conversation knows at every message whether its task waits or holds a slot: a
+//! replacement is announced to it after it is published, hence after any answer the runner
+//! acted on. When the
+//! Session has replaced a service actor in the session's directory it sends `ServicesChanged`
+//! (no payload: the conversation reads the directory and compares generations with the ones
+//! it dealt with last), and the conversation re-declares what the new actor must know:
 //! - a new Scheduler: the held grant (`Reinstate`), a request asked again (`Acquire`; the old
 //!   scheduler's answer no longer counts), or `Recovered` when it has no task: the new
 //!   scheduler grants nothing until every conversation has answered ([`rejoin`]);
@@ -209,8 +213,8 @@ pub enum ConversationMsg {
         scheduler: ActorId,
         answer: Option<Result<(), AgentError>>,
     },
-    /// The session's directory changed (from the conversation's watcher): re-declare to the
-    /// new service actors what they must know.
+    /// The Session replaced a service actor in the directory: re-declare to the new actors
+    /// what they must know.
     ServicesChanged,
     /// Observation.
     Stats {
@@ -264,8 +268,6 @@ pub struct ConversationState {
     services: Services,
     /// The generations of the session's services this conversation last dealt with.
     seen: Generations,
-    /// Sends `ServicesChanged` when the directory changes; aborted with the state.
-    watcher: Option<AbortHandle>,
     context: ConversationContext,
     history: HistoryStore,
     view: Option<Arc<dyn McpView>>,
@@ -294,9 +296,6 @@ impl Drop for ConversationState {
         }
         if let Some(timer) = &self.close_timer {
             timer.abort();
-        }
-        if let Some(watcher) = &self.watcher {
-            watcher.abort();
         }
         LIVE.fetch_sub(1, Ordering::Relaxed);
         metrics::live(LIVE.load(Ordering::Relaxed));
@@ -448,7 +447,6 @@ impl Actor for Conversation {
             id: args.conversation_id,
             services,
             seen,
-            watcher: None,
             context,
             history,
             view,
@@ -465,25 +463,6 @@ impl Actor for Conversation {
             approval_policy,
             sandbox_policy,
         })
-    }
-
-    async fn post_start(
-        &self,
-        myself: ActorRef<Self::Msg>,
-        state: &mut Self::State,
-    ) -> Result<(), ActorProcessingErr> {
-        // A reader made before `seen` was read: a replacement published since is a change.
-        let mut directory = state.services.directory.clone();
-        let me = myself.clone();
-        let watcher = tokio::spawn(async move {
-            while directory.changed().await {
-                if me.cast(ConversationMsg::ServicesChanged).is_err() {
-                    break;
-                }
-            }
-        });
-        state.watcher = Some(watcher.abort_handle());
-        Ok(())
     }
 
     async fn handle(
@@ -762,7 +741,7 @@ impl ConversationState {
         let compact = kind == TaskKind::Compact;
         self.turns += 1;
         let wait = span.in_scope(|| crate::task::spans::scheduler_wait(self.id, task_id));
-        let slot = self.ask_slot(myself, task_id, &wait);
+        let (slot, first) = self.ask_slot(myself, task_id, &wait);
         let (granted, granted_rx) = oneshot::channel();
         let ctx = TaskContext {
             conversation_id: self.id,
@@ -796,8 +775,22 @@ impl ConversationState {
         };
         let me = myself.clone();
         let task_span = span.clone();
+        let (SlotState::Asked(asked_of) | SlotState::Held(asked_of)) = slot;
+        let report = {
+            let me = myself.clone();
+            Box::new(move |answer| {
+                let _ = me.cast(ConversationMsg::SlotAnswered {
+                    task_id,
+                    scheduler: asked_of,
+                    answer,
+                });
+            })
+        };
         let slot_wait = SlotWait {
-            granted: granted_rx,
+            first,
+            asked_of,
+            report,
+            verdict: granted_rx,
             span: wait.clone(),
         };
         let join = tokio::spawn(async move {
@@ -825,20 +818,19 @@ impl ConversationState {
         });
     }
 
-    /// Asks the current scheduler for `task_id`'s slot; its answer comes back as
-    /// `SlotAnswered`. A scheduler already gone is replaced by the Session, and its successor
-    /// asked then.
+    /// Asks the current scheduler for `task_id`'s slot; the receiver gets its answer (closed
+    /// if the scheduler is gone: the Session replaces it, and its successor is asked then).
     fn ask_slot(
         &self,
         myself: &ActorRef<ConversationMsg>,
         task_id: TaskId,
         wait: &tracing::Span,
-    ) -> SlotState {
+    ) -> (SlotState, oneshot::Receiver<Result<(), AgentError>>) {
         let scheduler = self.services.directory.scheduler();
         let at = scheduler.get_id();
         let (reply, answer) = oneshot::channel();
         // Sent in the wait's span: the scheduler logs the grant in the task's trace.
-        let sent = wait.in_scope(|| {
+        let _ = wait.in_scope(|| {
             scheduler.cast(SchedulerMsg::Acquire {
                 task_id,
                 conversation_id: self.id,
@@ -846,18 +838,29 @@ impl ConversationState {
                 reply: reply.into(),
             })
         });
-        if sent.is_ok() {
-            let me = myself.clone();
-            tokio::spawn(async move {
-                let answer = answer.await.ok();
-                let _ = me.cast(ConversationMsg::SlotAnswered {
-                    task_id,
-                    scheduler: at,
-                    answer,
-                });
+        (SlotState::Asked(at), answer)
+    }
+
+    /// Asks a new scheduler again for a task that waited at the one it replaced; its answer
+    /// comes back as `SlotAnswered`, and the runner gets the verdict.
+    fn ask_again(
+        &self,
+        myself: &ActorRef<ConversationMsg>,
+        task_id: TaskId,
+        wait: &tracing::Span,
+    ) -> SlotState {
+        let (slot, answer) = self.ask_slot(myself, task_id, wait);
+        let (SlotState::Asked(at) | SlotState::Held(at)) = slot;
+        let me = myself.clone();
+        tokio::spawn(async move {
+            let answer = answer.await.ok();
+            let _ = me.cast(ConversationMsg::SlotAnswered {
+                task_id,
+                scheduler: at,
+                answer,
             });
-        }
-        SlotState::Asked(at)
+        });
+        slot
     }
 
     fn on_slot_answered(
@@ -940,7 +943,7 @@ impl ConversationState {
                 if let Some(running) = &self.running {
                     let (task_id, wait) = (running.task_id, running.wait.clone());
                     tracing::info!(conversation_id = %self.id, %task_id, "slot asked again of the new scheduler");
-                    let slot = self.ask_slot(myself, task_id, &wait);
+                    let slot = self.ask_again(myself, task_id, &wait);
                     if let Some(running) = &mut self.running {
                         running.slot = Some(slot);
                     }

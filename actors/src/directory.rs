@@ -4,9 +4,10 @@
 //! [`Directory`] (or one [`ServiceRef`] of it, or an [`EventSink`]) and reads the reference
 //! at the moment of use, never a copy taken earlier. When the Session replaces a service that
 //! stopped, it publishes the new actor here with that service's generation one higher, and
-//! tells nobody: readers find it on their next use, and whoever must re-declare something to
-//! a new actor (a conversation its running task, to a new Scheduler or TaskRegistry) watches
-//! for changes ([`Directory::changed`]).
+//! readers find it on their next use. Whoever must re-declare something to a new actor (a
+//! conversation its running task, to a new Scheduler or TaskRegistry) compares the
+//! generations with the ones it dealt with last ([`Generations::replaced_since`]) when the
+//! Session tells it the directory changed.
 //!
 //! One directory, one `watch` channel per service: a reader of one service is not woken by
 //! the restart of another, and the ApprovalStore can be handed its event sink (the Rollout's
@@ -220,19 +221,6 @@ impl Directory {
             mcp: self.mcp().port,
             generations: self.generations(),
         }
-    }
-
-    /// Waits until a service is replaced after this reader last looked; false once the
-    /// session is gone (nothing will change any more).
-    pub async fn changed(&mut self) -> bool {
-        let result = tokio::select! {
-            r = self.rollout.changed() => r,
-            r = self.scheduler.rx.changed() => r,
-            r = self.registry.rx.changed() => r,
-            r = self.approvals.rx.changed() => r,
-            r = self.mcp.changed() => r,
-        };
-        result.is_ok()
     }
 }
 

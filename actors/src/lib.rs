@@ -8,8 +8,7 @@
 //! ├─ ApprovalStore  approved keys with scope/expiry, pending human requests
 //! ├─ McpPool        the session's MCP connections (when it runs one)
 //! └─ Conversation × N   history, context, one task at a time, holder of its task's slot
-//!      ├─ task runner (a tokio task, aborted with its conversation)
-//!      └─ directory watcher (a tokio task, aborted with its conversation)
+//!      └─ task runner (a tokio task, aborted with its conversation)
 //! ```
 //!
 //! Actors share nothing mutable: each owns its state and changes it only in `handle`. The

@@ -20,7 +20,8 @@
 //! Services: every reference to a service actor is read from the session's
 //! [`directory`](crate::directory), which the Session alone writes. A service actor that
 //! stops (fails, or stops on its own) outside shutdown is replaced and the new one published
-//! there; nobody is sent new references. What each replacement keeps:
+//! there; then each conversation is told `ServicesChanged` (no references: it reads the
+//! directory). What each replacement keeps:
 //! - Rollout: starts with the storage policy of every open conversation, continues `seq`
 //!   after storage's last one, and first receives the events emitted while there was none
 //!   (see `EventSink::emit` for what is lost).
@@ -265,7 +266,7 @@ impl Actor for Session {
         let scheduler = spawn_scheduler(&args.config, Vec::new(), &cell).await?;
         let registry = spawn_registry(&cell).await?;
         let approvals = spawn_approvals(&args.config, clock, rollout.events(), &cell).await?;
-        let mut ports = args.ports;
+        let ports = args.ports;
         let directory =
             DirectoryWriter::new(rollout, scheduler, registry, approvals, ports.mcp.clone());
         let mut mcp_pool = None;
@@ -282,9 +283,7 @@ impl Actor for Session {
                 &cell,
             )
             .await?;
-            let port: Arc<dyn crate::ports::McpPort> = Arc::new(pool.clone());
-            ports.mcp = Some(port.clone());
-            directory.replace_mcp(Some(port));
+            directory.replace_mcp(Some(Arc::new(pool.clone())));
             mcp_pool = Some(pool);
         }
         let mut state = SessionState {
@@ -801,6 +800,11 @@ impl SessionState {
             }
             Service::McpPool => self.restart_mcp_pool(myself).await,
         }
+        // Conversations opened from now on read the new actor at their start; those open now
+        // re-declare what it must know (their running task's slot, registration, MCP view).
+        for entry in self.conversations.values() {
+            let _ = entry.actor.cast(ConversationMsg::ServicesChanged);
+        }
         Ok(())
     }
 
@@ -832,14 +836,11 @@ impl SessionState {
         {
             Ok(pool) => {
                 tracing::warn!(session_id = %self.id, "MCP pool restarted");
-                let port: Arc<dyn crate::ports::McpPort> = Arc::new(pool.clone());
-                self.ports.mcp = Some(port.clone());
-                self.directory.replace_mcp(Some(port));
+                self.directory.replace_mcp(Some(Arc::new(pool.clone())));
                 self.mcp_pool = Some(pool);
             }
             Err(error) => {
                 tracing::error!(session_id = %self.id, %error, "MCP pool restart failed");
-                self.ports.mcp = None;
                 self.mcp_pool = None;
                 self.directory.replace_mcp(None);
             }

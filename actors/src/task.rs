@@ -29,6 +29,7 @@ use crate::ports::{
     CommandRunner, DeltaSink, ExecRequest, McpView, ModelClient, ModelRequest, TokenCounter,
     ToolCallContext,
 };
+use ractor::ActorId;
 use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
@@ -42,7 +43,8 @@ use troupe_proto::{
     ToolOutput, ToolSpec,
 };
 
-/// Everything a task needs, snapshotted from its conversation when it starts.
+/// Everything a task needs, taken from its conversation when it starts; the session's
+/// services it reads from the directory at each use.
 pub struct TaskContext {
     pub conversation_id: ConversationId,
     pub task_id: TaskId,
@@ -132,11 +134,49 @@ pub struct TaskOutcome {
     pub items: Vec<HistoryItem>,
 }
 
-/// The scheduler's answer to a task, as its conversation (the slot's holder) passes it on.
+/// A scheduler's answer to `Acquire`; `None` when it stopped before answering.
+pub type SchedulerAnswer = Option<Result<(), AgentError>>;
+
+/// How a task learns it may run: the answer of the scheduler its conversation (the slot's
+/// holder) asked, or, when that did not settle it, the conversation's verdict.
 pub struct SlotWait {
-    pub granted: oneshot::Receiver<Result<(), AgentError>>,
+    /// The answer of the scheduler first asked (closed: it stopped before answering).
+    pub first: oneshot::Receiver<Result<(), AgentError>>,
+    /// The scheduler first asked.
+    pub asked_of: ActorId,
+    /// Tells the conversation the first answer (`SlotAnswered`); called before the runner
+    /// acts on it.
+    pub report: Box<dyn FnOnce(SchedulerAnswer) + Send>,
+    /// The conversation's verdict, after the scheduler was replaced or asked again.
+    pub verdict: oneshot::Receiver<Result<(), AgentError>>,
     /// `spans::scheduler_wait`, a child of the task's root span.
     pub span: tracing::Span,
+}
+
+/// What a runner does with the first scheduler's answer.
+#[derive(Debug, Clone, PartialEq)]
+pub enum FirstAnswer {
+    /// Granted by the session's current scheduler: run.
+    Run,
+    /// Refused by the session's current scheduler: end with this error.
+    End(AgentError),
+    /// That scheduler stopped or was replaced: the conversation decides (it asks the next).
+    AskConversation,
+}
+
+/// `asked_of` answered `answer` (`None`: it stopped first); `current` is the session's
+/// scheduler now, read after the answer was reported to the conversation.
+pub fn first_answer(
+    asked_of: ActorId,
+    current: ActorId,
+    answer: Option<&Result<(), AgentError>>,
+) -> FirstAnswer {
+    match answer {
+        Some(_) if asked_of != current => FirstAnswer::AskConversation,
+        Some(Ok(())) => FirstAnswer::Run,
+        Some(Err(error)) => FirstAnswer::End(error.clone()),
+        None => FirstAnswer::AskConversation,
+    }
 }
 
 /// Runs the task to its end inside `span`, its root span (`spans::invoke_agent`), on which
@@ -241,18 +281,34 @@ async fn run_inner(ctx: &TaskContext, slot: SlotWait) -> TaskOutcome {
         granted_at: None,
     };
 
-    // Wait for a slot, unless cancelled first. The conversation asks for it (again, of a
-    // scheduler that replaced a failed one) and passes the answer on.
+    // Wait for a slot, unless cancelled first.
     let SlotWait {
-        granted,
+        first,
+        asked_of,
+        report,
+        verdict,
         span: wait,
     } = slot;
+    let granted = async {
+        let answer = first.await.ok();
+        // Reported before the directory is read: a replacement published after this read is
+        // announced to the conversation after the report (see `conversation`).
+        report(answer.clone());
+        let current = ctx.services.scheduler().get_id();
+        match first_answer(asked_of, current, answer.as_ref()) {
+            FirstAnswer::Run => Ok(()),
+            FirstAnswer::End(error) => Err(error),
+            FirstAnswer::AskConversation => verdict.await.unwrap_or_else(|_| {
+                Err(AgentError::internal(
+                    "the conversation stopped before the task got a slot",
+                ))
+            }),
+        }
+    };
     let granted = tokio::select! {
         biased;
         () = ctx.cancel.cancelled() => Err(AgentError::cancelled("cancelled while queued")),
-        r = granted.instrument(wait.clone()) => r.unwrap_or_else(|_| {
-            Err(AgentError::internal("the conversation stopped before the task got a slot"))
-        }),
+        r = granted.instrument(wait.clone()) => r,
     };
     if let Err(e) = granted {
         spans::record_error(&wait, &e);
@@ -1197,6 +1253,33 @@ mod tests {
             }),
             AgentError::InvalidInput { .. }
         ));
+    }
+
+    #[test]
+    fn a_runner_acts_only_on_the_answer_of_the_current_scheduler() {
+        let (asked, other) = (ActorId::Local(1), ActorId::Local(2));
+        let full = AgentError::Overloaded {
+            resource: "scheduler queue".into(),
+            limit: 1,
+        };
+        assert_eq!(first_answer(asked, asked, Some(&Ok(()))), FirstAnswer::Run);
+        assert_eq!(
+            first_answer(asked, asked, Some(&Err(full.clone()))),
+            FirstAnswer::End(full.clone())
+        );
+        // Replaced meanwhile: the grant of the old one does not count by itself.
+        assert_eq!(
+            first_answer(asked, other, Some(&Ok(()))),
+            FirstAnswer::AskConversation
+        );
+        assert_eq!(
+            first_answer(asked, other, Some(&Err(full))),
+            FirstAnswer::AskConversation
+        );
+        assert_eq!(
+            first_answer(asked, asked, None),
+            FirstAnswer::AskConversation
+        );
     }
 
     #[test]

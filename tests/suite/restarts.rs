@@ -61,10 +61,12 @@ async fn single_flight_holds_across_a_scheduler_restart() {
     let t = TestSession::start(vec![
         ScriptedReply::hang(true),
         ScriptedReply::text("second done"),
+        ScriptedReply::text("third done"),
     ])
     .await;
     let a = t.root().await;
     let b = t.session.open(OpenConversation::default()).await.unwrap();
+    let c = t.session.open(OpenConversation::default()).await.unwrap();
     let first = message(&t, a, "long");
     until("the first task calls the model", || async {
         (t.model.calls() == 1).then_some(())
@@ -93,10 +95,16 @@ async fn single_flight_holds_across_a_scheduler_restart() {
     })
     .await;
     assert_eq!((snap.running, snap.waiting), (vec![running], vec![waiting]));
-    // However long the first runs, the second does not start beside it.
+    // A task asked for after the restart waits too.
+    let third = message(&t, c, "after");
+    until("the third task waits", || async {
+        (scheduler_snapshot(&new).await?.waiting.len() == 2).then_some(())
+    })
+    .await;
+    // However long the first runs, nothing starts beside it.
     tokio::time::sleep(Duration::from_secs(60)).await;
     assert_eq!(t.model.calls(), 1);
-    assert!(!second.is_finished());
+    assert!(!second.is_finished() && !third.is_finished());
     assert_eq!(
         scheduler_snapshot(&new).await.unwrap().running,
         vec![running]
@@ -110,7 +118,12 @@ async fn single_flight_holds_across_a_scheduler_restart() {
         (TaskStatus::Ok, "second done")
     );
     assert_eq!(second.task_id, waiting);
-    assert_eq!(t.model.calls(), 2);
+    let third = third.await.unwrap().unwrap();
+    assert_eq!(
+        (third.status, third.text.as_str()),
+        (TaskStatus::Ok, "third done")
+    );
+    assert_eq!(t.model.calls(), 3);
     // The slot went back to the new scheduler: nothing is left held.
     let snap = until("every slot given back", || async {
         let snap = scheduler_snapshot(&new).await?;
