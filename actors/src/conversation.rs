@@ -21,12 +21,13 @@
 //! holder (the Scheduler monitors it). The runner awaits the scheduler's answer and reports it
 //! (`SlotAnswered`) before it acts on it; it runs at once only if that scheduler is still the
 //! session's, and otherwise waits for the conversation's verdict (see `task::first_answer`).
-//! So the conversation knows at every message whether its task waits or holds a slot: a
-//! replacement is announced to it after it is published, hence after any answer the runner
-//! acted on. When the
-//! Session has replaced a service actor in the session's directory it sends `ServicesChanged`
-//! (no payload: the conversation reads the directory and compares generations with the ones
-//! it dealt with last), and the conversation re-declares what the new actor must know:
+//!
+//! When the Session has replaced a service actor in the session's directory it sends
+//! `ServicesChanged` (no payload: the conversation reads the directory and compares
+//! generations with the ones it dealt with last). That message comes after every answer the
+//! runner acted on (the runner reports before it reads the directory), so the conversation
+//! knows then whether its task waits or holds a slot, and re-declares what the new actor must
+//! know:
 //! - a new Scheduler: the held grant (`Reinstate`), a request asked again (`Acquire`; the old
 //!   scheduler's answer no longer counts), or `Recovered` when it has no task: the new
 //!   scheduler grants nothing until every conversation has answered ([`rejoin`]);

@@ -1,7 +1,7 @@
 //! The task runner: one user message → one Turn of Steps (T1). It runs as a tokio task owned
-//! by its Conversation (aborted with it), starts once its conversation passes on the
-//! scheduler's grant, and reports its outcome back as a `TaskFinished` message (after which
-//! the conversation gives the slot back). Decisions (what a tool call needs, when the loop
+//! by its Conversation (aborted with it), starts once the scheduler grants the slot its
+//! conversation asked for (see [`first_answer`]), and reports its outcome back as a
+//! `TaskFinished` message (after which the conversation gives the slot back). Decisions (what a tool call needs, when the loop
 //! ends, what to do with the MCP view) are pure functions below.
 //!
 //! It reads the session's services from the directory when it uses them, so that it outlives
