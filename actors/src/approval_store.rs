@@ -56,16 +56,22 @@
 //! `ApprovalDenied`), so that an elicitation can be cancelled rather than declined.
 //!
 //! # Children and failure
-//! No child actors; only its own timers, aborted when it stops. If it fails, the Session
-//! restarts it empty: approvals are deliberately not persisted. Pending requests are lost with
-//! it, so their callers see a closed reply port, which the conversation treats as a denial; keys
-//! are lost too, so the next request for a remembered command asks a human again.
+//! No child actors; only its own timers, aborted when it stops. If it fails (`InjectPanic`
+//! makes it fail on demand, for tests and drills), the Session starts a new, empty one and
+//! publishes it in the session's directory: approvals are deliberately not persisted. Pending
+//! requests are lost with the old store, so their callers see a closed reply port; callers
+//! that ask through [`ask_until_answered`] (tasks, the McpPool) then ask the new store again: a new
+//! pending request with a new id, a new `approval_requested` event and a fresh timeout, never
+//! a denial (`troupe_approval_reasked_total`). Keys are lost too, so the next request for a
+//! remembered command asks a human again. An answer given to the old store after it failed
+//! is `NotFound` at the new one.
 
 pub mod elicitation;
 pub mod metrics;
 
 use self::metrics::Outcome;
 use crate::clock::Clock;
+use crate::directory::ServiceRef;
 use crate::events::{EventDraft, EventSink};
 use ractor::{Actor, ActorProcessingErr, ActorRef, MessagingErr, RpcReplyPort};
 use std::collections::HashMap;
@@ -148,6 +154,9 @@ pub enum ApprovalMsg {
     ConversationClosed { conversation_id: ConversationId },
     /// A caller of the conversation gave up waiting: withdraw its requests nobody waits for.
     CallersGone { conversation_id: ConversationId },
+    /// Fault injection: panics inside `handle`, to exercise the Session's restart of the
+    /// store in tests and drills.
+    InjectPanic,
 }
 
 /// What a waiting caller is answered through.
@@ -303,6 +312,7 @@ impl Actor for ApprovalStore {
                 }
                 state.finish(withdrawn, now_ms);
             }
+            ApprovalMsg::InjectPanic => panic!("injected fault in the approval store"),
         }
         state
             .gauges
@@ -448,6 +458,34 @@ impl ApprovalStoreState {
             None => EventDraft::conversation(request.conversation_id, event),
         };
         events.emit(draft);
+    }
+}
+
+/// Asks the session's ApprovalStore and waits for its answer. If the store fails before it
+/// answers, the same request is asked of the store that replaces it (a new pending request
+/// with a fresh timeout): a restart is never taken for a denial. `None` when no store will
+/// answer any more (the session is gone).
+pub async fn ask_until_answered(
+    store: &ServiceRef<ApprovalMsg>,
+    ask: Ask,
+    timeout: Option<Duration>,
+    asker: metrics::Asker,
+) -> Option<Result<Granted, AgentError>> {
+    let mut actor = store.get();
+    loop {
+        let asked = ractor::call!(actor, |reply| ApprovalMsg::RequestSubject {
+            ask: ask.clone(),
+            timeout,
+            reply,
+        });
+        match asked {
+            Ok(answer) => return Some(answer),
+            Err(error) => {
+                tracing::info!(%error, "approval store stopped before answering; asking the next one");
+                actor = store.replaced(actor.get_id()).await?;
+                metrics::reasked(asker);
+            }
+        }
     }
 }
 
@@ -1862,5 +1900,45 @@ mod tests {
         };
         assert_eq!(content.0["name"], "Ada");
         assert_eq!(content.0["tone"], "polite");
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_request_pending_when_its_store_failed_is_asked_of_the_next_one() {
+        let (first, _) = spawn_store(None).await;
+        let (slot, live) = crate::directory::TestSlot::new(first.clone());
+        let c = ConversationId::new();
+        let asking = tokio::spawn({
+            let live = live.clone();
+            async move { ask_until_answered(&live, ask(c, &["make"]), None, metrics::Asker::Task).await }
+        });
+        let before = loop {
+            if let Some(p) = pending(&first, None).await.pop() {
+                break p;
+            }
+            tokio::task::yield_now().await;
+        };
+        first.cast(ApprovalMsg::InjectPanic).unwrap();
+        let (second, _) = spawn_store(None).await;
+        slot.replace(second.clone());
+        let again = loop {
+            if let Some(p) = pending(&second, None).await.pop() {
+                break p;
+            }
+            tokio::task::yield_now().await;
+        };
+        assert_ne!(again.approval_id, before.approval_id);
+        assert_eq!(again.command, before.command);
+        respond(&second, again.approval_id, ApprovalDecision::ApproveOnce)
+            .await
+            .unwrap();
+        assert_eq!(
+            asking.await.unwrap(),
+            Some(Ok(Granted::Decided(ApprovalDecision::ApproveOnce)))
+        );
+        // A store nobody replaces: no answer, rather than a denial.
+        let fixed = ServiceRef::fixed(second.clone());
+        second.cast(ApprovalMsg::InjectPanic).unwrap();
+        let alone = ask_until_answered(&fixed, ask(c, &["make"]), None, metrics::Asker::Mcp);
+        assert!(alone.await.is_none());
     }
 }

@@ -13,12 +13,35 @@
 //!
 //! Its MCP view follows its allowlist and its session's pool: a `SetContext` that changes the
 //! allowlist opens a new view first (checked by the pool as at open; refused → the error, and
-//! the old view and context stay), and `ServicesChanged` with a new pool (the old one failed)
-//! reopens the view there. A running task keeps the view it started with until it ends.
+//! the old view and context stay), and a new pool (the old one failed) gets a new view. A
+//! running task keeps the allowlist it started with until it ends; after a pool restart it
+//! opens its own view on the new pool at its next MCP call (see `task`).
+//!
+//! The scheduler slot of its task is asked for by the conversation, which is the slot's
+//! holder (the Scheduler monitors it). The runner awaits the scheduler's answer and reports it
+//! (`SlotAnswered`) before it acts on it; it runs at once only if that scheduler is still the
+//! session's, and otherwise waits for the conversation's verdict (see `task::first_answer`).
+//!
+//! When the Session has replaced a service actor in the session's directory it sends
+//! `ServicesChanged` (no payload: the conversation reads the directory and compares
+//! generations with the ones it dealt with last). That message comes after every answer the
+//! runner acted on (the runner reports before it reads the directory), so the conversation
+//! knows then whether its task waits or holds a slot, and re-declares what the new actor must
+//! know:
+//! - a new Scheduler: the held grant (`Reinstate`), a request asked again (`Acquire`; the old
+//!   scheduler's answer no longer counts), or `Recovered` when it has no task: the new
+//!   scheduler grants nothing until every conversation has answered ([`rejoin`]);
+//! - a new TaskRegistry: its running task, with its start time and state (`Reinstate`);
+//! - a new McpPool: a new view (above).
+//!
+//! A new Rollout already knows its storage policy (the Session starts it with the policies)
+//! and a new ApprovalStore is found by the task when it asks (see `approval_store`). The slot
+//! is given back with `Release` to the current scheduler when the task ends.
 //!
 //! Children: none (the runner is a task, not an actor). Its parent, the Session, restarts it
-//! from its rollout when it fails; a failure drops the runner (aborting it), which gives the
-//! scheduler slot back, and its callers see their reply port close.
+//! from its rollout when it fails; a failure drops the runner (aborting it), the Scheduler
+//! frees the slots of a holder that stopped, and its callers see their reply port close. A
+//! runner that panics ends its task with an `Internal` error.
 //!
 //! Restore (`restore`: after a failure, or after a restart of the process): `pre_start` reads
 //! the conversation's records, rebuilds the history from them (`history_from_records`), emits
@@ -27,24 +50,28 @@
 //! running, and nothing is run again. A conversation with no record yet opens as new.
 
 use crate::approval_store::ApprovalMsg;
+use crate::clock::Clock;
 use crate::context::{ConversationContext, history_from_records, narrow};
+use crate::directory::{Directory, Generations};
 use crate::events::{EventDraft, EventSink, sub_id};
 use crate::history::{HistoryLimits, HistoryStore, Summarizer};
-use crate::ports::{CommandRunner, McpPort, McpView, ModelClient, TokenCounter};
+use crate::ports::{CommandRunner, McpView, ModelClient, TokenCounter};
 use crate::rollout::{RolloutMsg, RolloutRecord};
 use crate::scheduler::SchedulerMsg;
-use crate::task::{TaskContext, TaskLimits, TaskOutcome};
+use crate::task::{SlotWait, TaskContext, TaskLimits, TaskOutcome};
 use crate::task_registry::TaskRegistryMsg;
-use ractor::{Actor, ActorProcessingErr, ActorRef, RpcReplyPort};
+use futures::FutureExt;
+use ractor::{Actor, ActorId, ActorProcessingErr, ActorRef, RpcReplyPort};
 use std::collections::VecDeque;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
+use tokio::sync::oneshot;
 use tokio::task::AbortHandle;
 use tokio_util::sync::CancellationToken;
 use troupe_proto::{
     AgentError, ApprovalPolicy, CloseOutcome, Closed, ConversationId, ConversationStats, EventKind,
-    MessageReply, OpenConversation, SandboxPolicy, SessionId, SetContext, StoragePolicy, TaskId,
+    MessageReply, OpenConversation, SandboxPolicy, SessionId, SetContext, TaskId, TaskState,
     TaskStats, TaskStatus,
 };
 
@@ -101,12 +128,13 @@ impl Default for ConversationSettings {
 #[derive(Clone)]
 pub struct Services {
     pub session_id: SessionId,
+    /// The session's service actors (and MCP port), read at each use.
+    pub directory: Directory,
+    /// Events to the session's current Rollout.
     pub events: EventSink,
-    pub scheduler: ActorRef<SchedulerMsg>,
-    pub registry: ActorRef<TaskRegistryMsg>,
-    pub approvals: ActorRef<ApprovalMsg>,
+    /// The session's clock: stamps each task's start.
+    pub clock: Clock,
     pub model: Arc<dyn ModelClient>,
-    pub mcp: Option<Arc<dyn McpPort>>,
     pub exec: Option<Arc<dyn CommandRunner>>,
     pub summarizer: Arc<dyn Summarizer>,
     pub tokens: Arc<dyn TokenCounter>,
@@ -179,8 +207,16 @@ pub enum ConversationMsg {
     },
     /// Timer: the close timeout of `task_id` ran out.
     CloseTimedOut { task_id: TaskId },
-    /// The session restarted a service actor: use these references from now on.
-    ServicesChanged { services: Box<Services> },
+    /// The scheduler `scheduler` answered the slot request of `task_id` (`None`: it stopped
+    /// before answering).
+    SlotAnswered {
+        task_id: TaskId,
+        scheduler: ActorId,
+        answer: Option<Result<(), AgentError>>,
+    },
+    /// The Session replaced a service actor in the directory: re-declare to the new actors
+    /// what they must know.
+    ServicesChanged,
     /// Observation.
     Stats {
         reply: RpcReplyPort<ConversationStats>,
@@ -208,6 +244,14 @@ struct Running {
     reply: Option<RpcReplyPort<Result<MessageReply, AgentError>>>,
     cancel: CancellationToken,
     abort: AbortHandle,
+    /// Unix ms of its start (session clock), declared again to a new TaskRegistry.
+    started_at_ms: u64,
+    /// Where the task stands with the scheduler; `None` once it was refused a slot.
+    slot: Option<SlotState>,
+    /// Passes the grant (or the refusal) on to the runner.
+    granted: Option<oneshot::Sender<Result<(), AgentError>>>,
+    /// The task's wait for a slot: a request asked again is sent in it too.
+    wait: tracing::Span,
 }
 
 /// A message waiting for the running task to end.
@@ -223,9 +267,13 @@ struct Queued {
 pub struct ConversationState {
     id: ConversationId,
     services: Services,
+    /// The generations of the session's services this conversation last dealt with.
+    seen: Generations,
     context: ConversationContext,
     history: HistoryStore,
     view: Option<Arc<dyn McpView>>,
+    /// The MCP port generation `view` was opened on.
+    view_generation: u64,
     running: Option<Running>,
     queue: VecDeque<Queued>,
     /// `Some` once close began: the callers to answer when it completes.
@@ -239,8 +287,6 @@ pub struct ConversationState {
     /// This conversation's policies: the session's, narrowed by the open request (C2).
     approval_policy: ApprovalPolicy,
     sandbox_policy: SandboxPolicy,
-    /// What the rollout keeps of this conversation; declared again to a restarted Rollout.
-    storage_policy: StoragePolicy,
 }
 
 impl Drop for ConversationState {
@@ -281,9 +327,11 @@ impl Actor for Conversation {
     ) -> Result<Self::State, ActorProcessingErr> {
         let services = args.services;
         let settings = services.settings.clone();
+        let seen = services.directory.generations();
         let (context, warnings) =
             ConversationContext::from_open(&args.params, settings.shell_tool)?;
-        let view = match &services.mcp {
+        let mcp = services.directory.mcp();
+        let view = match &mcp.port {
             Some(port) => Some(
                 port.open_view(args.conversation_id, context.mcp_tool_allowlist.as_deref())
                     .await?,
@@ -291,7 +339,7 @@ impl Actor for Conversation {
             None => None,
         };
         let _ = services
-            .events
+            .directory
             .rollout()
             .cast(RolloutMsg::ConversationRegistered {
                 conversation_id: args.conversation_id,
@@ -299,7 +347,7 @@ impl Actor for Conversation {
             });
         let mut history = HistoryStore::new(settings.history, services.summarizer.clone());
         let records = if args.restore {
-            ractor::call!(services.events.rollout(), |reply| {
+            ractor::call!(services.directory.rollout(), |reply| {
                 RolloutMsg::ReadConversation {
                     conversation_id: args.conversation_id,
                     reply,
@@ -399,9 +447,11 @@ impl Actor for Conversation {
         Ok(ConversationState {
             id: args.conversation_id,
             services,
+            seen,
             context,
             history,
             view,
+            view_generation: mcp.generation,
             running: None,
             queue: VecDeque::new(),
             closing: None,
@@ -413,7 +463,6 @@ impl Actor for Conversation {
             turns: restored_turns,
             approval_policy,
             sandbox_policy,
-            storage_policy: args.params.storage_policy,
         })
     }
 
@@ -440,9 +489,12 @@ impl Actor for Conversation {
             ConversationMsg::CloseTimedOut { task_id } => {
                 state.on_close_timed_out(&myself, task_id)
             }
-            ConversationMsg::ServicesChanged { services } => {
-                state.on_services_changed(*services).await;
-            }
+            ConversationMsg::SlotAnswered {
+                task_id,
+                scheduler,
+                answer,
+            } => state.on_slot_answered(task_id, scheduler, answer),
+            ConversationMsg::ServicesChanged => state.on_services_changed(&myself).await,
             ConversationMsg::Stats { reply } => {
                 let mut stats = state.stats.clone();
                 stats.history_items = state.history.len() as u64;
@@ -517,9 +569,87 @@ pub fn admit(closing: bool, running: bool, queued: usize, max_queued: usize) -> 
     }
 }
 
+/// Where a task stands with the scheduler, as its conversation knows it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum SlotState {
+    /// This scheduler was asked and has not answered.
+    Asked(ActorId),
+    /// This scheduler granted the slot.
+    Held(ActorId),
+}
+
+/// What a conversation tells a scheduler it has not dealt with yet.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Rejoin {
+    /// The scheduler already knows where the task stands.
+    Nothing,
+    /// No slot is held or asked for: say so (`Recovered`).
+    Recovered,
+    /// The task holds a grant of the scheduler it replaced: `Reinstate` it.
+    Reinstate,
+    /// The task waited at the scheduler it replaced: ask again.
+    AskAgain,
+}
+
+/// What to tell the scheduler `current` about a task whose slot is `slot` (`None`: no task,
+/// or a task that was refused a slot).
+pub fn rejoin(slot: Option<SlotState>, current: ActorId) -> Rejoin {
+    match slot {
+        None => Rejoin::Recovered,
+        Some(SlotState::Asked(at) | SlotState::Held(at)) if at == current => Rejoin::Nothing,
+        Some(SlotState::Asked(_)) => Rejoin::AskAgain,
+        Some(SlotState::Held(_)) => Rejoin::Reinstate,
+    }
+}
+
+/// What a scheduler's answer means for the task.
+#[derive(Debug, Clone, PartialEq)]
+pub enum SlotAnswer {
+    /// The slot is the task's: it runs.
+    Granted,
+    /// Refused (overloaded, withdrawn): the task ends with this error.
+    Refused(AgentError),
+    /// The scheduler stopped before answering: its successor is asked once published.
+    Lost,
+    /// From a scheduler the task no longer waits for (asked again elsewhere): ignored.
+    Stale,
+}
+
+/// Judges the answer of scheduler `from` to a task whose slot is `slot`.
+pub fn slot_answer(
+    slot: Option<SlotState>,
+    from: ActorId,
+    answer: Option<Result<(), AgentError>>,
+) -> SlotAnswer {
+    match (slot, answer) {
+        (Some(SlotState::Asked(at)), Some(Ok(()))) if at == from => SlotAnswer::Granted,
+        (Some(SlotState::Asked(at)), Some(Err(error))) if at == from => SlotAnswer::Refused(error),
+        (Some(SlotState::Asked(at)), None) if at == from => SlotAnswer::Lost,
+        _ => SlotAnswer::Stale,
+    }
+}
+
+/// The state a task is declared in to a new TaskRegistry.
+pub fn registry_state(cancelled: bool, slot: Option<SlotState>) -> TaskState {
+    match (cancelled, slot) {
+        (true, _) => TaskState::Cancelling,
+        (false, Some(SlotState::Held(_))) => TaskState::Running,
+        (false, _) => TaskState::Queued,
+    }
+}
+
+/// What a task's end reports when its runner panicked.
+fn runner_panicked() -> TaskOutcome {
+    TaskOutcome {
+        status: TaskStatus::Error,
+        text: String::new(),
+        stats: TaskStats::default(),
+        error: Some(AgentError::internal("the task runner failed")),
+        items: Vec::new(),
+    }
+}
+
 impl ConversationState {
-    /// A restarted Rollout knows no policy: without this, the conversation's events would be
-    /// recorded as policy `None`.
     fn on_message(
         &mut self,
         myself: &ActorRef<ConversationMsg>,
@@ -565,13 +695,19 @@ impl ConversationState {
     ) {
         let task_id = TaskId::new();
         let cancel = CancellationToken::new();
-        let settings = &self.services.settings;
-        let _ = self.services.registry.cast(TaskRegistryMsg::Register {
-            task_id,
-            conversation_id: self.id,
-            sub_id: sub_id(self.id, task_id),
-            cancel: cancel.clone(),
-        });
+        let settings = self.services.settings.clone();
+        let started_at_ms = self.services.clock.now_ms();
+        let _ = self
+            .services
+            .directory
+            .registry()
+            .cast(TaskRegistryMsg::Register {
+                task_id,
+                conversation_id: self.id,
+                sub_id: sub_id(self.id, task_id),
+                cancel: cancel.clone(),
+                started_at_ms,
+            });
         let info = self.services.model.info();
         let span = crate::task::spans::invoke_agent(
             crate::task::spans::TaskSpanInfo {
@@ -605,6 +741,9 @@ impl ConversationState {
         });
         let compact = kind == TaskKind::Compact;
         self.turns += 1;
+        let wait = span.in_scope(|| crate::task::spans::scheduler_wait(self.id, task_id));
+        let (slot, first) = self.ask_slot(myself, task_id, &wait);
+        let (granted, granted_rx) = oneshot::channel();
         let ctx = TaskContext {
             conversation_id: self.id,
             task_id,
@@ -623,13 +762,12 @@ impl ConversationState {
             turn_override: compact.then(|| COMPACT_INSTRUCTIONS.to_owned()),
             model: self.services.model.clone(),
             mcp: if compact { None } else { self.view.clone() },
+            mcp_generation: self.view_generation,
+            mcp_allowlist: self.context.mcp_tool_allowlist.clone(),
             exec: self.services.exec.clone(),
-            approvals: self.services.approvals.clone(),
-            scheduler: self.services.scheduler.clone(),
-            registry: self.services.registry.clone(),
+            services: self.services.directory.clone(),
             events: self.services.events.clone(),
             cancel: cancel.clone(),
-            holder: myself.get_cell(),
             limits: settings.task,
             approval_policy: self.approval_policy,
             sandbox_policy: self.sandbox_policy,
@@ -638,8 +776,30 @@ impl ConversationState {
         };
         let me = myself.clone();
         let task_span = span.clone();
+        let (SlotState::Asked(asked_of) | SlotState::Held(asked_of)) = slot;
+        let report = {
+            let me = myself.clone();
+            Box::new(move |answer| {
+                let _ = me.cast(ConversationMsg::SlotAnswered {
+                    task_id,
+                    scheduler: asked_of,
+                    answer,
+                });
+            })
+        };
+        let slot_wait = SlotWait {
+            first,
+            asked_of,
+            report,
+            verdict: granted_rx,
+            span: wait.clone(),
+        };
         let join = tokio::spawn(async move {
-            let outcome = crate::task::run(ctx, task_span).await;
+            // A panic still ends the task, so that its slot is given back and its caller hears.
+            let outcome = std::panic::AssertUnwindSafe(crate::task::run(ctx, slot_wait, task_span))
+                .catch_unwind()
+                .await
+                .unwrap_or_else(|_| runner_panicked());
             let _ = me.cast(ConversationMsg::TaskFinished {
                 task_id,
                 outcome: Box::new(outcome),
@@ -652,7 +812,163 @@ impl ConversationState {
             reply: Some(reply),
             cancel,
             abort: join.abort_handle(),
+            started_at_ms,
+            slot: Some(slot),
+            granted: Some(granted),
+            wait,
         });
+    }
+
+    /// Asks the current scheduler for `task_id`'s slot; the receiver gets its answer (closed
+    /// if the scheduler is gone: the Session replaces it, and its successor is asked then).
+    fn ask_slot(
+        &self,
+        myself: &ActorRef<ConversationMsg>,
+        task_id: TaskId,
+        wait: &tracing::Span,
+    ) -> (SlotState, oneshot::Receiver<Result<(), AgentError>>) {
+        let scheduler = self.services.directory.scheduler();
+        let at = scheduler.get_id();
+        let (reply, answer) = oneshot::channel();
+        // Sent in the wait's span: the scheduler logs the grant in the task's trace.
+        let _ = wait.in_scope(|| {
+            scheduler.cast(SchedulerMsg::Acquire {
+                task_id,
+                conversation_id: self.id,
+                holder: myself.get_cell(),
+                reply: reply.into(),
+            })
+        });
+        (SlotState::Asked(at), answer)
+    }
+
+    /// Asks a new scheduler again for a task that waited at the one it replaced; its answer
+    /// comes back as `SlotAnswered`, and the runner gets the verdict.
+    fn ask_again(
+        &self,
+        myself: &ActorRef<ConversationMsg>,
+        task_id: TaskId,
+        wait: &tracing::Span,
+    ) -> SlotState {
+        let (slot, answer) = self.ask_slot(myself, task_id, wait);
+        let (SlotState::Asked(at) | SlotState::Held(at)) = slot;
+        let me = myself.clone();
+        tokio::spawn(async move {
+            let answer = answer.await.ok();
+            let _ = me.cast(ConversationMsg::SlotAnswered {
+                task_id,
+                scheduler: at,
+                answer,
+            });
+        });
+        slot
+    }
+
+    fn on_slot_answered(
+        &mut self,
+        task_id: TaskId,
+        from: ActorId,
+        answer: Option<Result<(), AgentError>>,
+    ) {
+        let Some(running) = self.running.as_mut().filter(|r| r.task_id == task_id) else {
+            return; // the task is over: its end released whatever it was granted
+        };
+        match slot_answer(running.slot, from, answer) {
+            SlotAnswer::Granted => {
+                running.slot = Some(SlotState::Held(from));
+                let _ = self
+                    .services
+                    .directory
+                    .registry()
+                    .cast(TaskRegistryMsg::StateChanged {
+                        task_id,
+                        state: TaskState::Running,
+                    });
+                if let Some(granted) = running.granted.take() {
+                    let _ = granted.send(Ok(()));
+                }
+            }
+            SlotAnswer::Refused(error) => {
+                running.slot = None;
+                if let Some(granted) = running.granted.take() {
+                    let _ = granted.send(Err(error));
+                }
+            }
+            SlotAnswer::Lost => {
+                tracing::info!(conversation_id = %self.id, %task_id, "scheduler stopped before answering; its successor will be asked");
+            }
+            SlotAnswer::Stale => {}
+        }
+    }
+
+    /// The directory changed: re-declares to each new service what it must know.
+    async fn on_services_changed(&mut self, myself: &ActorRef<ConversationMsg>) {
+        let now = self.services.directory.generations();
+        let replaced = now.replaced_since(&self.seen);
+        self.seen = now;
+        if replaced.scheduler {
+            self.rejoin_scheduler(myself);
+        }
+        if replaced.registry {
+            self.rejoin_registry();
+        }
+        if replaced.mcp {
+            self.reopen_view().await;
+        }
+    }
+
+    fn rejoin_scheduler(&mut self, myself: &ActorRef<ConversationMsg>) {
+        let scheduler = self.services.directory.scheduler();
+        let current = scheduler.get_id();
+        let slot = self.running.as_ref().and_then(|r| r.slot);
+        match rejoin(slot, current) {
+            Rejoin::Nothing => {}
+            Rejoin::Recovered => {
+                let _ = scheduler.cast(SchedulerMsg::Recovered {
+                    holder: myself.get_cell(),
+                });
+            }
+            Rejoin::Reinstate => {
+                if let Some(running) = &mut self.running {
+                    running.slot = Some(SlotState::Held(current));
+                    let task_id = running.task_id;
+                    tracing::info!(conversation_id = %self.id, %task_id, "grant re-declared to the new scheduler");
+                    let _ = scheduler.cast(SchedulerMsg::Reinstate {
+                        task_id,
+                        conversation_id: self.id,
+                        holder: myself.get_cell(),
+                    });
+                }
+            }
+            Rejoin::AskAgain => {
+                if let Some(running) = &self.running {
+                    let (task_id, wait) = (running.task_id, running.wait.clone());
+                    tracing::info!(conversation_id = %self.id, %task_id, "slot asked again of the new scheduler");
+                    let slot = self.ask_again(myself, task_id, &wait);
+                    if let Some(running) = &mut self.running {
+                        running.slot = Some(slot);
+                    }
+                }
+            }
+        }
+    }
+
+    fn rejoin_registry(&self) {
+        let Some(running) = &self.running else {
+            return;
+        };
+        let _ = self
+            .services
+            .directory
+            .registry()
+            .cast(TaskRegistryMsg::Reinstate {
+                task_id: running.task_id,
+                conversation_id: self.id,
+                sub_id: sub_id(self.id, running.task_id),
+                cancel: running.cancel.clone(),
+                started_at_ms: running.started_at_ms,
+                state: registry_state(running.cancel.is_cancelled(), running.slot),
+            });
     }
 
     fn on_task_finished(
@@ -705,9 +1021,18 @@ impl ConversationState {
                 },
             ));
         });
+        // The slot goes back to the scheduler of the moment: the one that granted it, or its
+        // successor once the grant was re-declared (a scheduler that never heard of the task
+        // ignores this).
         let _ = self
             .services
-            .registry
+            .directory
+            .scheduler()
+            .cast(SchedulerMsg::Release { task_id });
+        let _ = self
+            .services
+            .directory
+            .registry()
             .cast(TaskRegistryMsg::Deregister { task_id });
         if let Some(reply) = running.reply.take() {
             let _ = reply.send(Ok(MessageReply {
@@ -741,8 +1066,9 @@ impl ConversationState {
     async fn on_set_context(&mut self, update: &SetContext) -> Result<(), AgentError> {
         let mut next = self.context.clone();
         let warnings = next.apply(update)?;
+        let mcp = self.services.directory.mcp();
         if next.mcp_tool_allowlist != self.context.mcp_tool_allowlist
-            && let Some(port) = &self.services.mcp
+            && let Some(port) = &mcp.port
         {
             // The new view first: if the pool refuses the allowlist, nothing changes.
             let view = port
@@ -754,6 +1080,7 @@ impl ConversationState {
             tracing::info!(conversation_id = %self.id, "MCP view reopened for a new allowlist");
             // The old view is released once a running task that holds it is done with it.
             self.view = Some(view);
+            self.view_generation = mcp.generation;
         }
         self.context = next;
         for message in warnings {
@@ -768,39 +1095,33 @@ impl ConversationState {
         Ok(())
     }
 
-    /// New service references; a new MCP pool (the old one failed) gets a new view.
-    async fn on_services_changed(&mut self, services: Services) {
-        // A restarted Rollout knows no conversation: tell it this one's
-        // storage policy before any of its records reach it.
-        let _ = services
-            .events
-            .rollout()
-            .cast(RolloutMsg::ConversationRegistered {
-                conversation_id: self.id,
-                policy: self.storage_policy,
-            });
-        let new_pool = match (&self.services.mcp, &services.mcp) {
-            (Some(old), Some(new)) => !Arc::ptr_eq(old, new),
-            (None, Some(_)) => true,
-            _ => false,
-        };
-        self.services = services;
-        let Some(port) = self.services.mcp.clone().filter(|_| new_pool) else {
-            return;
-        };
+    /// A new MCP pool (the old one failed) gets a new view; none at all, a warning.
+    async fn reopen_view(&mut self) {
+        let mcp = self.services.directory.mcp();
+        self.view_generation = mcp.generation;
         if self.closing.is_some() {
             return;
         }
-        match port
-            .open_view(self.id, self.context.mcp_tool_allowlist.as_deref())
-            .await
-        {
+        let opened = match &mcp.port {
+            Some(port) => {
+                port.open_view(self.id, self.context.mcp_tool_allowlist.as_deref())
+                    .await
+            }
+            None => Err(AgentError::internal(
+                "the session's MCP pool could not start again",
+            )),
+        };
+        match opened {
             Ok(view) => {
                 tracing::info!(conversation_id = %self.id, "MCP view reopened on a new pool");
+                crate::mcp_pool::metrics::view_reopened(
+                    crate::mcp_pool::metrics::ReopenedBy::Conversation,
+                );
                 self.view = Some(view);
             }
             Err(error) => {
                 tracing::warn!(conversation_id = %self.id, %error, "MCP view could not be reopened");
+                self.view = None;
                 self.services.events.emit(EventDraft::conversation(
                     self.id,
                     EventKind::Warning {
@@ -855,15 +1176,16 @@ impl ConversationState {
         });
         self.stats.tasks += 1;
         self.stats.tasks_cancelled += 1;
-        // The aborted runner drops its slot guard; release here too so the slot is free by
-        // the time close answers.
+        // Released here, so that the slot is free by the time close answers.
         let _ = self
             .services
-            .scheduler
+            .directory
+            .scheduler()
             .cast(SchedulerMsg::Release { task_id });
         let _ = self
             .services
-            .registry
+            .directory
+            .registry()
             .cast(TaskRegistryMsg::Deregister { task_id });
         if let Some(reply) = running.reply.take() {
             let _ = reply.send(Err(AgentError::cancelled(
@@ -882,13 +1204,16 @@ impl ConversationState {
         }
         let _ = self
             .services
-            .approvals
+            .directory
+            .approvals()
+            .get()
             .cast(ApprovalMsg::ConversationClosed {
                 conversation_id: self.id,
             });
         let _ = self
             .services
-            .registry
+            .directory
+            .registry()
             .cast(TaskRegistryMsg::ConversationGone {
                 conversation_id: self.id,
             });
@@ -962,6 +1287,58 @@ mod tests {
             (true, SandboxPolicy::WorkspaceWrite),
         );
         assert!(!one.contains("approval") && one.contains("using WorkspaceWrite"));
+    }
+
+    #[test]
+    fn a_new_scheduler_hears_exactly_what_it_does_not_know() {
+        let (old, new) = (ActorId::Local(1), ActorId::Local(2));
+        assert_eq!(rejoin(None, new), Rejoin::Recovered);
+        assert_eq!(rejoin(Some(SlotState::Held(old)), new), Rejoin::Reinstate);
+        assert_eq!(rejoin(Some(SlotState::Asked(old)), new), Rejoin::AskAgain);
+        // Already dealt with the new one (asked after it was published, or told twice).
+        assert_eq!(rejoin(Some(SlotState::Held(new)), new), Rejoin::Nothing);
+        assert_eq!(rejoin(Some(SlotState::Asked(new)), new), Rejoin::Nothing);
+    }
+
+    #[test]
+    fn only_the_scheduler_asked_last_decides_the_slot() {
+        let (old, new) = (ActorId::Local(1), ActorId::Local(2));
+        let asked = Some(SlotState::Asked(new));
+        assert_eq!(slot_answer(asked, new, Some(Ok(()))), SlotAnswer::Granted);
+        let full = AgentError::Overloaded {
+            resource: "scheduler queue".into(),
+            limit: 1,
+        };
+        assert_eq!(
+            slot_answer(asked, new, Some(Err(full.clone()))),
+            SlotAnswer::Refused(full)
+        );
+        assert_eq!(slot_answer(asked, new, None), SlotAnswer::Lost);
+        // A grant of the scheduler that was replaced meanwhile does not count.
+        assert_eq!(slot_answer(asked, old, Some(Ok(()))), SlotAnswer::Stale);
+        assert_eq!(
+            slot_answer(Some(SlotState::Held(new)), new, Some(Ok(()))),
+            SlotAnswer::Stale
+        );
+        assert_eq!(slot_answer(None, new, Some(Ok(()))), SlotAnswer::Stale);
+    }
+
+    #[test]
+    fn a_reinstated_task_is_declared_as_it_stands() {
+        let at = ActorId::Local(1);
+        assert_eq!(registry_state(false, None), TaskState::Queued);
+        assert_eq!(
+            registry_state(false, Some(SlotState::Asked(at))),
+            TaskState::Queued
+        );
+        assert_eq!(
+            registry_state(false, Some(SlotState::Held(at))),
+            TaskState::Running
+        );
+        assert_eq!(
+            registry_state(true, Some(SlotState::Held(at))),
+            TaskState::Cancelling
+        );
     }
 
     #[test]

@@ -2,9 +2,11 @@
 //! the session's Rollout assigns. `EventSink` is the handle every producer holds; it captures
 //! the trace and span ids of the producer's current span (S11).
 
+use crate::directory::{RolloutTarget, Slot};
 use crate::rollout::RolloutMsg;
 use opentelemetry::trace::TraceContextExt;
-use ractor::ActorRef;
+use ractor::{ActorRef, MessagingErr};
+use tokio::sync::watch;
 use tracing_opentelemetry::OpenTelemetrySpanExt;
 use troupe_proto::{ConversationId, EventKind, TaskId};
 
@@ -80,9 +82,12 @@ pub fn current_trace_ids() -> (Option<String>, Option<String>) {
 }
 
 /// Where producers send events: the session's Rollout, which numbers, records and publishes.
+/// A live sink (from the session's [`Directory`](crate::directory::Directory)) reads the
+/// current Rollout at each emit, so it follows a restarted one; a fixed sink
+/// ([`EventSink::new`]) keeps the Rollout it was made with. Cheap to clone.
 #[derive(Clone)]
 pub struct EventSink {
-    rollout: ActorRef<RolloutMsg>,
+    rollout: watch::Receiver<Slot<RolloutTarget>>,
 }
 
 impl std::fmt::Debug for EventSink {
@@ -92,25 +97,61 @@ impl std::fmt::Debug for EventSink {
 }
 
 impl EventSink {
+    /// A sink bound to one Rollout for good (a Rollout outside a session, tests).
     pub fn new(rollout: ActorRef<RolloutMsg>) -> Self {
+        // Nobody drains this sink's parked events: what its Rollout refuses is dropped.
+        let (parked, _) = tokio::sync::mpsc::unbounded_channel();
+        let (_, rx) = watch::channel(Slot {
+            current: RolloutTarget {
+                actor: rollout,
+                parked,
+            },
+            generation: 0,
+        });
+        Self { rollout: rx }
+    }
+
+    pub(crate) fn live(rollout: watch::Receiver<Slot<RolloutTarget>>) -> Self {
         Self { rollout }
     }
 
-    /// Sends one event, stamped with the current span's ids. Never blocks. If the rollout is
-    /// gone the session is shutting down and the event has nowhere durable to go.
+    /// Sends one event, stamped with the current span's ids. Never blocks.
+    ///
+    /// A live sink whose Rollout has stopped parks the event; the Session hands parked events
+    /// to the Rollout that replaces it, in order and before any later event (see
+    /// [`crate::directory`]). Lost are: events the old Rollout had accepted (in its mailbox, or
+    /// the one it was handling) but not yet handed to its writer when it failed; events of a
+    /// sink whose session is gone; and with a fixed sink, every event its stopped Rollout
+    /// refuses (these two are counted in `troupe_rollout_events_lost_total`).
     pub fn emit(&self, draft: EventDraft) {
         let draft = if draft.trace_id.is_none() {
             draft.traced()
         } else {
             draft
         };
-        if let Err(e) = self.rollout.cast(RolloutMsg::Emit { draft }) {
-            tracing::warn!(error = %e, "event dropped: rollout stopped");
+        // The read lock is held until the event is sent or parked, so the Session cannot
+        // publish a new Rollout between the two (it hands parked events over under the write
+        // lock).
+        let slot = self.rollout.borrow();
+        let draft = match slot.current.actor.cast(RolloutMsg::Emit { draft }) {
+            Ok(()) => return,
+            Err(MessagingErr::SendErr(RolloutMsg::Emit { draft })) => draft,
+            Err(error) => {
+                crate::rollout::metrics::event_lost();
+                tracing::warn!(%error, "event dropped: the rollout refused it");
+                return;
+            }
+        };
+        if slot.current.parked.send(draft).is_ok() {
+            crate::rollout::metrics::event_parked();
+        } else {
+            crate::rollout::metrics::event_lost();
+            tracing::warn!("event dropped: the rollout stopped and nothing replaces it");
         }
     }
 
-    /// The rollout behind this sink.
-    pub fn rollout(&self) -> &ActorRef<RolloutMsg> {
-        &self.rollout
+    /// The Rollout behind this sink now.
+    pub fn rollout(&self) -> ActorRef<RolloutMsg> {
+        self.rollout.borrow().current.actor.clone()
     }
 }

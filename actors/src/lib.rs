@@ -1,16 +1,19 @@
 //! troupe's actors and the ports they call.
 //!
 //! ```text
-//! Session (one per session; supervises everything below)
+//! Session (one per session; supervises everything below, writes the directory)
 //! ├─ Rollout        numbers events, records them per StoragePolicy, publishes them
 //! ├─ Scheduler      single-flight (or N) slots, FIFO and fair, monitors holders
 //! ├─ TaskRegistry   task_id -> conversation, sub_id, state, cancel token
 //! ├─ ApprovalStore  approved keys with scope/expiry, pending human requests
-//! └─ Conversation × N   history, context, one task at a time
+//! ├─ McpPool        the session's MCP connections (when it runs one)
+//! └─ Conversation × N   history, context, one task at a time, holder of its task's slot
 //!      └─ task runner (a tokio task, aborted with its conversation)
 //! ```
 //!
-//! Actors share nothing mutable: each owns its state and changes it only in `handle`.
+//! Actors share nothing mutable: each owns its state and changes it only in `handle`. The
+//! references to the service actors live in one place, the session's [`directory`], read at
+//! each use: a service the Session replaced is found there, never through a stale copy.
 #![forbid(unsafe_code)]
 
 pub mod apply_patch;
@@ -18,6 +21,7 @@ pub mod approval_store;
 pub mod clock;
 pub mod context;
 pub mod conversation;
+pub mod directory;
 pub mod events;
 pub mod handle;
 pub mod history;

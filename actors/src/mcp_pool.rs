@@ -37,7 +37,6 @@
 //!   log line: MCP task augmentation is not supported.
 //! - `CallStarted`: a view runs a call, until the call's token fires (see *Server requests*).
 //! - `Attribute`: which task a server's request belongs to, with what answering it needs.
-//! - `ServicesChanged`: the session restarted its Rollout or ApprovalStore; use these.
 //! - `Snapshot` (observation), `Shutdown` (closes every connection, then stops),
 //!   `InjectPanic` (fault injection: fails the actor, to exercise the session's restart).
 //!
@@ -78,9 +77,13 @@
 //! No child actors: connect, refresh and close work runs in spawned tasks that report back by
 //! message (a connect that finishes after the pool stopped closes its own connection). When
 //! the pool stops or fails, its state's `Drop` cancels every connection's `closed` token (so
-//! calls fail fast) and closes every connection; views then answer `Internal` ("MCP pool
-//! stopped"). The Session starts a new pool when it fails and hands it to its conversations,
-//! which reopen their views on it; servers then start again lazily.
+//! calls in flight fail fast) and closes every connection; its views then answer `Internal`
+//! ("MCP pool stopped") and say they are closed (`McpView::is_closed`). The Session starts a
+//! new pool and publishes it in the session's directory; conversations open new views on it,
+//! and a running task opens its own at its next call (see `task`); servers then start again
+//! lazily, so a call made before its server is connected again fails as during any server
+//! restart. Events and approvals are read from the directory at each use, so a restart of
+//! the Rollout or the ApprovalStore needs nothing from the pool.
 
 pub mod metrics;
 
@@ -101,6 +104,7 @@ use self::metrics::{Occupancy, RequestKind, RequestOutcome};
 use self::requests::Requester;
 use crate::approval_store::ApprovalMsg;
 use crate::clock::Clock;
+use crate::directory::ServiceRef;
 use crate::events::{EventDraft, EventSink};
 use crate::ports::{
     ElicitOutcome, McpClientHandler, McpConnection, McpConnector, McpNotice, McpServerConfig,
@@ -208,8 +212,9 @@ pub struct McpPoolArgs {
     pub clock: Clock,
     /// Workspace roots offered to servers (`roots/list`): absolute paths or URIs.
     pub roots: Vec<String>,
-    /// Where servers' elicitation and sampling requests are approved; `None` declines them.
-    pub approvals: Option<ActorRef<ApprovalMsg>>,
+    /// Where servers' elicitation and sampling requests are approved (the session's current
+    /// ApprovalStore); `None` declines them.
+    pub approvals: Option<ServiceRef<ApprovalMsg>>,
     /// The model that answers approved sampling requests; `None` refuses them.
     pub model: Option<Arc<dyn ModelClient>>,
 }
@@ -239,7 +244,7 @@ pub struct McpPoolState {
     occupancy: Occupancy,
     /// Calls in flight per server, to attribute servers' requests.
     calls: CallRegistry,
-    approvals: Option<ActorRef<ApprovalMsg>>,
+    approvals: Option<ServiceRef<ApprovalMsg>>,
     model: Option<Arc<dyn ModelClient>>,
     /// The routes views resolve calls against, republished after every change.
     routes: watch::Sender<Arc<RouteTable>>,
@@ -344,11 +349,6 @@ pub enum McpPoolMsg {
         server: String,
         kind: RequestKind,
         reply: RpcReplyPort<Result<Requester, AgentError>>,
-    },
-    /// The session restarted a service: events and approvals go here from now on.
-    ServicesChanged {
-        events: Option<EventSink>,
-        approvals: Option<ActorRef<ApprovalMsg>>,
     },
     /// Observation.
     Snapshot { reply: RpcReplyPort<PoolSnapshot> },
@@ -479,11 +479,6 @@ impl Actor for McpPool {
             } => {
                 let _ = reply.send(state.attribute(server, kind));
             }
-            McpPoolMsg::ServicesChanged { events, approvals } => {
-                tracing::info!("MCP pool: the session's services changed");
-                state.events = events;
-                state.approvals = approvals;
-            }
             McpPoolMsg::Snapshot { reply } => {
                 let _ = reply.send(state.core.snapshot());
             }
@@ -509,7 +504,6 @@ fn changes_routes(msg: &McpPoolMsg) -> bool {
             | McpPoolMsg::ToolsListed { .. }
             | McpPoolMsg::IdleTimeout { .. }
             | McpPoolMsg::RestartDue { .. }
-            | McpPoolMsg::ServicesChanged { .. }
             | McpPoolMsg::ReleaseView { .. }
             | McpPoolMsg::Shutdown { .. }
     )

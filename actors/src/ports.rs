@@ -107,6 +107,12 @@ pub trait McpView: Send + Sync + 'static {
     ) -> Result<ToolOutput, AgentError>;
     /// Gives the view's references back to the pool. Idempotent.
     async fn release(&self);
+    /// Whether the pool behind the view has stopped, so that its calls can only fail (a
+    /// task then waits for the session's next pool). A port that never stops keeps the
+    /// default.
+    fn is_closed(&self) -> bool {
+        false
+    }
 }
 
 /// A command to run for the shell tool.

@@ -64,15 +64,24 @@
 //! it (`post_stop`) closes the writer's channel and joins the thread, which first commits with
 //! fsync everything it was handed: stop with `drain_and_wait` so that events still queued in
 //! the mailbox are handed over too. If the writer is gone, `Emit` fails the actor; the Session
-//! restarts it on the same storage, and `pre_start` continues `seq` after storage's
+//! starts a new one on the same storage, and `pre_start` continues `seq` after storage's
 //! `last_seq` (the highest recorded `seq` or high-water mark). If the actor is killed or
-//! panics instead, dropping its state closes the channel, the writer commits what it holds,
-//! and the drop waits for it (blocking). A session has one open sink at a time (the storage's
-//! writer lease: `writer.lock` for JSONL files, an in-process lease for SQLite), and `pre_start`
-//! opens its sink before it reads `last_seq`, so the next incarnation (restarted by the
-//! Session, or with the whole session by its host) waits until the old writer closed and never
-//! reads `last_seq` while the old one still writes. If the process dies, what was committed stays; what was not was
-//! never published, and its numbers may be handed out again.
+//! panics instead (`InjectPanic` does so on demand, for tests and drills), dropping its state
+//! closes the channel, the writer commits what it holds, and the drop waits for it
+//! (blocking). A session has one open sink at a time (the storage's writer lease:
+//! `writer.lock` for JSONL files, an in-process lease for SQLite), and `pre_start` opens its
+//! sink before it reads `last_seq`, so the next incarnation (restarted by the Session, or with
+//! the whole session by its host) waits until the old writer closed and never reads
+//! `last_seq` while the old one still writes.
+//! The new Rollout starts with the storage policy of every open conversation
+//! (`RolloutArgs::policies`), so a running task's events keep their policy, and it receives
+//! the events emitted while no Rollout ran before any later one (see `EventSink::emit`). What
+//! the old one had accepted but not handed to its writer (its mailbox, the event it was
+//! handling) is lost; it was never recorded and the new Rollout numbers on from the last
+//! number storage accounts for, so `seq` has no gap. Live subscribers of the old
+//! Rollout see their channel close (`EventStream` reconnects to the new one). If the process
+//! dies, what was committed stays; what was not was never published, and its numbers may be
+//! handed out again.
 
 #[doc(hidden)]
 pub mod conformance;
@@ -89,7 +98,7 @@ use ractor::{Actor, ActorProcessingErr, ActorRef, RpcReplyPort};
 use serde::{Deserialize, Serialize};
 use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Instant;
 use storage::RolloutStorage;
 use tokio::sync::broadcast;
 use troupe_proto::{
@@ -104,12 +113,12 @@ pub struct RolloutArgs {
     /// Where the session's record lives (and is read back from).
     pub storage: Arc<dyn RolloutStorage>,
     pub clock: Clock,
-    /// Not read: Ttl content is swept from what storage holds
-    /// ([`storage::RolloutStorage::sweep_due`]), by whoever owns the storage, not by each
-    /// session's Rollout. Kept so that existing callers build; to be removed with them.
-    pub ttl_sweep_interval: Duration,
     /// Live events buffered per subscriber before it lags.
     pub subscriber_capacity: usize,
+    /// Storage policies known before the first message: those of the session's conversations
+    /// when this Rollout replaces one that stopped (the new one must not record a running
+    /// task's events as policy `None`).
+    pub policies: Vec<(ConversationId, StoragePolicy)>,
 }
 
 /// The actor.
@@ -164,6 +173,9 @@ pub enum RolloutMsg {
     },
     /// Observation: the last sequence number assigned.
     LastSeq { reply: RpcReplyPort<u64> },
+    /// Fault injection: panics inside `handle`, to exercise the Session's restart of the
+    /// Rollout in tests and drills.
+    InjectPanic,
     /// Test only: the writer thread dies as in a killed process (nothing more is committed or
     /// published).
     #[cfg(test)]
@@ -282,9 +294,13 @@ impl Actor for Rollout {
         let (events, _) = broadcast::channel(args.subscriber_capacity.max(1));
         let writer = WriterHandle::spawn(sink, session_id, events.clone(), last_seq)
             .map_err(|e| AgentError::internal(format!("rollout writer thread: {e}")))?;
-        tracing::info!(%session_id, last_seq, "rollout started");
+        tracing::info!(%session_id, last_seq, policies = args.policies.len(), "rollout started");
+        let mut core = RolloutCore::new(last_seq);
+        for (conversation_id, policy) in args.policies {
+            core.register(conversation_id, policy);
+        }
         Ok(RolloutState {
-            core: RolloutCore::new(last_seq),
+            core,
             session_id,
             clock: args.clock,
             storage: args.storage,
@@ -331,6 +347,9 @@ impl Actor for Rollout {
             }
             RolloutMsg::LastSeq { reply } => {
                 let _ = reply.send(state.core.last_seq());
+            }
+            RolloutMsg::InjectPanic => {
+                panic!("injected fault in the rollout of {}", state.session_id)
             }
             #[cfg(test)]
             RolloutMsg::CrashWriter => {
@@ -836,6 +855,7 @@ mod tests {
     use ractor::call;
     use std::fs;
     use std::path::{Path, PathBuf};
+    use std::time::Duration;
     use tokio::sync::broadcast::error::TryRecvError;
     use troupe_proto::{ApprovalDecision, ApprovalId, CloseOutcome, Json, TaskStats, ToolCall};
 
@@ -1288,8 +1308,8 @@ mod tests {
             session_id,
             storage: Arc::new(storage),
             clock,
-            ttl_sweep_interval: Duration::from_secs(60),
             subscriber_capacity: capacity,
+            policies: Vec::new(),
         };
         (args, dir)
     }
@@ -1964,8 +1984,8 @@ mod tests {
                 commits,
             }),
             clock: Clock::new(),
-            ttl_sweep_interval: Duration::ZERO,
             subscriber_capacity: 64,
+            policies: Vec::new(),
         })
         .await;
         let mut rx = call!(rollout, |reply| RolloutMsg::Subscribe { reply }).unwrap();

@@ -7,7 +7,7 @@
 //! monitors, metrics, logs).
 //!
 //! ```text
-//!  caller (task of a conversation)       Scheduler                          holder actor
+//!  conversation (for its task)           Scheduler                          holder actor
 //!  Acquire{task, conv, holder, reply} ─▶ monitor(holder) ─────────────────▶ (watched)
 //!                                        slot free, nobody waits: reply Ok(())
 //!                                        queue has room: queued (reply comes at its turn)
@@ -19,7 +19,8 @@
 //!                                        release the holder's grants, withdraw its
 //!                                        requests, grant the next waiters, unmonitor it
 //!  Reinstate{task, conv, holder} ──────▶ count a grant that outlived a scheduler restart
-//!  Snapshot{reply} ────────────────────▶ reply {running, waiting in grant order, limit}
+//!  Recovered{holder} ──────────────────▶ the holder has no such grant
+//!  Snapshot{reply} ────────────────────▶ reply {running, waiting in grant order, limit, recovering}
 //! ```
 //!
 //! A slot is never freed by a timeout: it goes back on `Release` or when its holder stops
@@ -27,21 +28,29 @@
 //! it when it has neither). A waiter whose caller stopped waiting (its reply port is closed) is
 //! skipped when its turn comes, and a grant whose reply cannot be delivered is released at once.
 //!
-//! Children: none. Failure: the Session supervises the scheduler and restarts it empty. The
-//! reply ports of waiting callers are dropped with the old state, so each waiting `call` ends
-//! in a messaging error, which the conversation runner turns into `AgentError::Internal` for
-//! its task. Tasks that were running keep running: their holders re-register them with
-//! `Reinstate` (counted as running even above the limit, nothing is preempted), and their
-//! later `Release` is then honoured; a `Release` the new scheduler never heard of is a no-op.
+//! Children: none. Failure: the Session supervises the scheduler and starts a new one, naming
+//! the holders (its conversations) that may still hold grants of the old one
+//! ([`SchedulerStart::recover_from`]). The new scheduler grants nothing until each of them
+//! has spoken (its grant re-declared with `Reinstate`, a new `Acquire` for a task that was
+//! waiting, or `Recovered` when it has neither), has stopped, or `recovery_timeout` has
+//! passed (logged and counted: a holder that did not answer in time may then run beside a
+//! new grant). Meanwhile requests queue as usual. A reinstated grant counts as running, even
+//! above the limit (nothing is preempted), and its later `Release` is honoured; a `Release`
+//! the scheduler never heard of is a no-op. The old scheduler's waiting callers see their
+//! reply ports close; conversations ask the new one again (see `conversation`), so a
+//! restart may cost a waiting task its place in the queue, never its run.
+//! `InjectPanic` fails the actor on demand (tests, drills).
 
 pub mod metrics;
 
 use self::metrics::{AcquireOutcome, Occupancy, ReleaseReason};
 use ractor::{
-    Actor, ActorCell, ActorId, ActorProcessingErr, ActorRef, ActorStatus, RpcReplyPort,
-    SupervisionEvent,
+    Actor, ActorCell, ActorId, ActorProcessingErr, ActorRef, ActorStatus, MessagingErr,
+    RpcReplyPort, SupervisionEvent,
 };
-use std::collections::{HashMap, VecDeque};
+use std::collections::{HashMap, HashSet, VecDeque};
+use std::time::Duration;
+use tokio::task::JoinHandle;
 use tokio::time::Instant;
 use tracing::Span;
 use troupe_proto::{AgentError, ConversationId, TaskId};
@@ -54,6 +63,9 @@ pub struct SchedulerArgs {
     pub limit: usize,
     /// Requests that may wait for a slot; one more is answered `Overloaded` at once.
     pub queue_capacity: usize,
+    /// How long a scheduler that replaces a failed one waits for the holders of the old one's
+    /// grants before granting again.
+    pub recovery_timeout: Duration,
 }
 
 impl Default for SchedulerArgs {
@@ -61,6 +73,24 @@ impl Default for SchedulerArgs {
         Self {
             limit: 1,
             queue_capacity: 1024,
+            recovery_timeout: Duration::from_secs(5),
+        }
+    }
+}
+
+/// What a scheduler starts with.
+pub struct SchedulerStart {
+    pub args: SchedulerArgs,
+    /// Holders that may hold grants of a scheduler this one replaces: nothing is granted
+    /// until each has re-declared its grant (or that it has none), or has stopped.
+    pub recover_from: Vec<ActorCell>,
+}
+
+impl From<SchedulerArgs> for SchedulerStart {
+    fn from(args: SchedulerArgs) -> Self {
+        Self {
+            args,
+            recover_from: Vec::new(),
         }
     }
 }
@@ -72,6 +102,9 @@ pub struct SchedulerState {
     holders: HashMap<ActorId, ActorCell>,
     /// Last values pushed to the running/waiting gauges.
     occupancy: Occupancy,
+    recovery_timeout: Duration,
+    /// The end of the wait for the old scheduler's holders, while it runs.
+    recovery_timer: Option<JoinHandle<Result<(), MessagingErr<SchedulerMsg>>>>,
 }
 
 /// The Scheduler's mailbox.
@@ -98,6 +131,13 @@ pub enum SchedulerMsg {
         conversation_id: ConversationId,
         holder: ActorCell,
     },
+    /// After a scheduler restart: `holder` holds no grant of the old scheduler.
+    Recovered { holder: ActorCell },
+    /// Timer: stop waiting for the holders of the old scheduler's grants.
+    RecoveryTimedOut,
+    /// Fault injection: panics inside `handle`, to exercise the Session's restart of the
+    /// scheduler in tests and drills.
+    InjectPanic,
 }
 
 /// What the scheduler holds, for observation and tests.
@@ -106,6 +146,9 @@ pub struct SchedulerSnapshot {
     pub running: Vec<TaskId>,
     pub waiting: Vec<TaskId>,
     pub limit: usize,
+    /// Holders of a failed scheduler's grants not heard from yet (nothing is granted while
+    /// there are any).
+    pub recovering: usize,
 }
 
 /// The Scheduler actor.
@@ -116,18 +159,50 @@ pub struct Scheduler;
 impl Actor for Scheduler {
     type Msg = SchedulerMsg;
     type State = SchedulerState;
-    type Arguments = SchedulerArgs;
+    type Arguments = SchedulerStart;
 
     async fn pre_start(
         &self,
-        _myself: ActorRef<Self::Msg>,
-        args: SchedulerArgs,
+        myself: ActorRef<Self::Msg>,
+        start: SchedulerStart,
     ) -> Result<SchedulerState, ActorProcessingErr> {
-        Ok(SchedulerState {
+        let args = start.args;
+        let mut state = SchedulerState {
             core: SchedulerCore::new(args.limit, args.queue_capacity),
             holders: HashMap::new(),
             occupancy: Occupancy::default(),
-        })
+            recovery_timeout: args.recovery_timeout,
+            recovery_timer: None,
+        };
+        let me = myself.get_cell();
+        let mut alive = Vec::new();
+        for holder in start.recover_from {
+            let id = holder.get_id();
+            if state.watch(&me, holder) {
+                alive.push(id);
+            }
+        }
+        state.core.recover_from(alive);
+        // Holders already gone need no watching.
+        state.apply(&me, Effects::default(), Cause::Release);
+        Ok(state)
+    }
+
+    async fn post_start(
+        &self,
+        myself: ActorRef<Self::Msg>,
+        state: &mut SchedulerState,
+    ) -> Result<(), ActorProcessingErr> {
+        let waiting_for = state.core.recovering_len();
+        if waiting_for > 0 {
+            tracing::info!(
+                holders = waiting_for,
+                "scheduler: restarted; waiting for the holders of the old grants"
+            );
+            state.recovery_timer =
+                Some(myself.send_after(state.recovery_timeout, || SchedulerMsg::RecoveryTimedOut));
+        }
+        Ok(())
     }
 
     async fn handle(
@@ -156,6 +231,13 @@ impl Actor for Scheduler {
                 conversation_id,
                 holder,
             } => state.reinstate(&me, task_id, conversation_id, holder),
+            SchedulerMsg::Recovered { holder } => {
+                let fx = state.core.reported(holder.get_id());
+                state.apply(&me, fx, Cause::Release);
+                state.recovery_progress();
+            }
+            SchedulerMsg::RecoveryTimedOut => state.recovery_timed_out(&me),
+            SchedulerMsg::InjectPanic => panic!("injected fault in the scheduler"),
         }
         Ok(())
     }
@@ -185,6 +267,9 @@ impl Actor for Scheduler {
         let me = myself.get_cell();
         for (_, holder) in state.holders.drain() {
             me.unmonitor(holder);
+        }
+        if let Some(timer) = state.recovery_timer.take() {
+            timer.abort();
         }
         state.occupancy.publish(0, 0);
         Ok(())
@@ -299,6 +384,7 @@ impl SchedulerState {
             }
         }
         self.apply(me, fx, Cause::CallerGone);
+        self.recovery_progress();
     }
 
     fn reinstate(
@@ -313,14 +399,42 @@ impl SchedulerState {
             self.holder_stopped(me, holder_id);
             return;
         }
-        if self.core.reinstate(task_id, holder_id) {
+        let (reinstated, fx) = self.core.reinstate(task_id, holder_id);
+        if reinstated {
+            metrics::reinstated();
             tracing::info!(%task_id, %conversation_id, "scheduler: grant reinstated");
         }
-        self.apply(me, Effects::default(), Cause::Release);
+        self.apply(me, fx, Cause::Release);
+        self.recovery_progress();
+    }
+
+    /// Ends the recovery's timer once every holder was heard from.
+    fn recovery_progress(&mut self) {
+        if self.core.recovering_len() == 0
+            && let Some(timer) = self.recovery_timer.take()
+        {
+            timer.abort();
+            metrics::recovery(metrics::RecoveryOutcome::Complete);
+            tracing::info!("scheduler: every holder of the old grants answered");
+        }
+    }
+
+    fn recovery_timed_out(&mut self, me: &ActorCell) {
+        self.recovery_timer = None;
+        let (unheard, fx) = self.core.end_recovery();
+        if unheard > 0 {
+            metrics::recovery(metrics::RecoveryOutcome::TimedOut);
+            tracing::warn!(
+                holders = unheard,
+                "scheduler: holders of the old grants did not answer in time; granting again"
+            );
+        }
+        self.apply(me, fx, Cause::Release);
     }
 
     fn holder_stopped(&mut self, me: &ActorCell, holder: ActorId) {
         let fx = self.core.holder_died(holder);
+        self.recovery_progress();
         if fx.released > 0 || !fx.withdrawn.is_empty() {
             tracing::info!(
                 %holder,
@@ -475,8 +589,8 @@ impl<W> Effects<W> {
 /// The scheduler's decisions, free of actors and I/O.
 ///
 /// Invariants after every method: at most `limit` grants (unless reinstated above it); when
-/// fewer than `limit` are held, nobody waits; a conversation is in `rotation` exactly when its
-/// queue is non-empty.
+/// fewer than `limit` are held and no holder of a failed scheduler's grants is awaited, nobody
+/// waits; a conversation is in `rotation` exactly when its queue is non-empty.
 #[derive(Debug)]
 pub struct SchedulerCore<W> {
     limit: usize,
@@ -491,6 +605,9 @@ pub struct SchedulerCore<W> {
     waiting_in: HashMap<TaskId, ConversationId>,
     /// Grants plus waiting requests per holder; a holder is watched while it has any.
     holder_refs: HashMap<ActorId, usize>,
+    /// Holders that may hold grants of the scheduler this one replaced and were not heard
+    /// from yet: nothing is granted while any is left (watched too).
+    recovering: HashSet<ActorId>,
 }
 
 impl<W: Waiter> SchedulerCore<W> {
@@ -503,7 +620,37 @@ impl<W: Waiter> SchedulerCore<W> {
             rotation: VecDeque::new(),
             waiting_in: HashMap::new(),
             holder_refs: HashMap::new(),
+            recovering: HashSet::new(),
         }
+    }
+
+    /// Waits for these holders of a failed scheduler's grants before granting anything.
+    pub fn recover_from(&mut self, holders: impl IntoIterator<Item = ActorId>) {
+        self.recovering.extend(holders);
+    }
+
+    /// Holders of a failed scheduler's grants not heard from yet.
+    pub fn recovering_len(&self) -> usize {
+        self.recovering.len()
+    }
+
+    /// `holder` told what it holds of a failed scheduler's grants (any message of it does);
+    /// once nobody is left to hear from, waiters are granted.
+    pub fn reported(&mut self, holder: ActorId) -> Effects<W> {
+        let mut fx = Effects::default();
+        if self.recovering.remove(&holder) {
+            self.pump(&mut fx);
+        }
+        fx
+    }
+
+    /// Stops waiting for the holders not heard from; returns how many they were.
+    pub fn end_recovery(&mut self) -> (usize, Effects<W>) {
+        let unheard = self.recovering.len();
+        self.recovering.clear();
+        let mut fx = Effects::default();
+        self.pump(&mut fx);
+        (unheard, fx)
     }
 
     pub fn limit(&self) -> usize {
@@ -523,9 +670,9 @@ impl<W: Waiter> SchedulerCore<W> {
         self.waiting_in.len()
     }
 
-    /// Whether `holder` has a grant or a waiting request.
+    /// Whether `holder` has a grant or a waiting request, or is awaited after a restart.
     pub fn holds(&self, holder: &ActorId) -> bool {
-        self.holder_refs.contains_key(holder)
+        self.holder_refs.contains_key(holder) || self.recovering.contains(holder)
     }
 
     fn is_known(&self, task_id: TaskId) -> bool {
@@ -536,11 +683,15 @@ impl<W: Waiter> SchedulerCore<W> {
     /// overloaded. A full queue is first purged of waiters whose caller left, so that callers
     /// who gave up do not turn away live ones; those come back in the effects.
     pub fn request(&mut self, entry: Entry<W>) -> (Decision<W>, Effects<W>) {
-        let mut fx = Effects::default();
+        // Asking is how a holder whose task was waiting reports after a restart.
+        let mut fx = self.reported(entry.holder);
         if self.is_known(entry.task_id) {
             return (Decision::Duplicate(entry), fx);
         }
-        if self.running.len() < self.limit && self.waiting_in.is_empty() {
+        if self.running.len() < self.limit
+            && self.waiting_in.is_empty()
+            && self.recovering.is_empty()
+        {
             self.hold(entry.holder);
             self.running.push(Grant {
                 task_id: entry.task_id,
@@ -605,18 +756,20 @@ impl<W: Waiter> SchedulerCore<W> {
         let queues = &self.queues;
         self.rotation.retain(|c| queues.contains_key(c));
         self.holder_refs.remove(&holder);
+        self.recovering.remove(&holder);
         self.pump(&mut fx);
         fx
     }
 
-    /// Counts a grant held from before a restart. False if the task is already known.
-    pub fn reinstate(&mut self, task_id: TaskId, holder: ActorId) -> bool {
-        if self.is_known(task_id) {
-            return false;
+    /// Counts a grant held from before a restart (false if the task is already known), and
+    /// hears its holder (see [`Self::reported`]).
+    pub fn reinstate(&mut self, task_id: TaskId, holder: ActorId) -> (bool, Effects<W>) {
+        let added = !self.is_known(task_id);
+        if added {
+            self.hold(holder);
+            self.running.push(Grant { task_id, holder });
         }
-        self.hold(holder);
-        self.running.push(Grant { task_id, holder });
-        true
+        (added, self.reported(holder))
     }
 
     /// Running tasks in grant order, waiting tasks in the order they would be granted if
@@ -644,6 +797,7 @@ impl<W: Waiter> SchedulerCore<W> {
             running: self.running.iter().map(|g| g.task_id).collect(),
             waiting,
             limit: self.limit,
+            recovering: self.recovering.len(),
         }
     }
 
@@ -651,6 +805,9 @@ impl<W: Waiter> SchedulerCore<W> {
     /// oldest live waiter granted and goes to the back. Waiters whose caller left are dropped
     /// without costing their conversation its turn.
     fn pump(&mut self, fx: &mut Effects<W>) {
+        if !self.recovering.is_empty() {
+            return;
+        }
         while self.running.len() < self.limit {
             let Some(conversation_id) = self.rotation.pop_front() else {
                 break;
@@ -912,7 +1069,8 @@ mod tests {
             SchedulerSnapshot {
                 running: vec![],
                 waiting: vec![],
-                limit: 1
+                limit: 1,
+                recovering: 0,
             }
         );
     }
@@ -986,12 +1144,53 @@ mod tests {
         let mut core = SchedulerCore::<W>::new(1, 8);
         let c = ConversationId::new();
         let (old1, old2, fresh) = (TaskId::new(), TaskId::new(), TaskId::new());
-        assert!(core.reinstate(old1, ActorId::Local(1)));
-        assert!(core.reinstate(old2, ActorId::Local(2)));
-        assert!(!core.reinstate(old2, ActorId::Local(2)));
+        assert!(core.reinstate(old1, ActorId::Local(1)).0);
+        assert!(core.reinstate(old2, ActorId::Local(2)).0);
+        assert!(!core.reinstate(old2, ActorId::Local(2)).0);
         assert!(matches!(request(&mut core, fresh, c, 3), Decision::Queued));
         assert!(core.release(old1).granted.is_empty());
         assert_eq!(ids(&core.release(old2).granted), vec![fresh]);
+    }
+
+    #[test]
+    fn nothing_is_granted_until_every_holder_of_the_old_grants_is_heard() {
+        let mut core = SchedulerCore::<W>::new(1, 8);
+        let (b, c) = (ConversationId::new(), ConversationId::new());
+        let (running, was_waiting, fresh) = (TaskId::new(), TaskId::new(), TaskId::new());
+        core.recover_from([ActorId::Local(1), ActorId::Local(2)]);
+        assert!(core.holds(&ActorId::Local(2)));
+        // A new conversation asks first: it waits, although no slot is known to be taken.
+        assert!(matches!(request(&mut core, fresh, c, 3), Decision::Queued));
+        // The running task's holder re-declares it.
+        let (added, fx) = core.reinstate(running, ActorId::Local(1));
+        assert!(added && fx.granted.is_empty());
+        // The other holder's task was waiting: it asks again, and is heard by asking.
+        assert!(matches!(
+            request(&mut core, was_waiting, b, 2),
+            Decision::Queued
+        ));
+        assert_eq!(core.recovering_len(), 0);
+        assert_eq!(core.snapshot().running, vec![running]);
+        // Single-flight holds: the next runs only when the reinstated one is released.
+        assert_eq!(ids(&core.release(running).granted), vec![fresh]);
+        assert_eq!(ids(&core.release(fresh).granted), vec![was_waiting]);
+    }
+
+    #[test]
+    fn a_recovery_ends_when_its_holders_stop_or_its_time_is_up() {
+        let mut core = SchedulerCore::<W>::new(1, 8);
+        let t = TaskId::new();
+        core.recover_from([ActorId::Local(1), ActorId::Local(2)]);
+        assert!(matches!(
+            request(&mut core, t, ConversationId::new(), 3),
+            Decision::Queued
+        ));
+        assert!(core.holder_died(ActorId::Local(1)).granted.is_empty());
+        assert!(core.reported(ActorId::Local(7)).granted.is_empty());
+        let (unheard, fx) = core.end_recovery();
+        assert_eq!(unheard, 1);
+        assert_eq!(ids(&fx.granted), vec![t]);
+        assert!(!core.holds(&ActorId::Local(2)));
     }
 
     #[test]
@@ -1046,10 +1245,11 @@ mod tests {
             let (sched, _) = Actor::spawn(
                 None,
                 Scheduler,
-                SchedulerArgs {
+                SchedulerStart::from(SchedulerArgs {
                     limit,
                     queue_capacity,
-                },
+                    ..SchedulerArgs::default()
+                }),
             )
             .await
             .unwrap();
@@ -1142,7 +1342,8 @@ mod tests {
                 SchedulerSnapshot {
                     running: vec![t1],
                     waiting: vec![],
-                    limit: 1
+                    limit: 1,
+                    recovering: 0,
                 }
             );
         }
@@ -1248,6 +1449,76 @@ mod tests {
             assert_eq!(snapshot(&sched).await.running, vec![old]);
             assert!(still_waiting(&mut answer));
             sched.cast(SchedulerMsg::Release { task_id: old }).unwrap();
+            answer.await.unwrap().unwrap();
+        }
+
+        async fn replacing(recover_from: Vec<ActorCell>) -> ActorRef<SchedulerMsg> {
+            let start = SchedulerStart {
+                args: SchedulerArgs::default(),
+                recover_from,
+            };
+            Actor::spawn(None, Scheduler, start).await.unwrap().0
+        }
+
+        #[tokio::test(start_paused = true)]
+        async fn a_replacing_scheduler_keeps_single_flight_across_the_restart() {
+            let (a, _) = holder().await;
+            let (b, b_done) = holder().await;
+            let (c, _) = holder().await;
+            let sched = replacing(vec![a.get_cell(), b.get_cell()]).await;
+            let (running, fresh) = (TaskId::new(), TaskId::new());
+            let mut answer = acquire(&sched, fresh, &c);
+            assert_eq!(snapshot(&sched).await.recovering, 2);
+            sched
+                .cast(SchedulerMsg::Reinstate {
+                    task_id: running,
+                    conversation_id: ConversationId::new(),
+                    holder: a.get_cell(),
+                })
+                .unwrap();
+            sched
+                .cast(SchedulerMsg::Recovered {
+                    holder: b.get_cell(),
+                })
+                .unwrap();
+            let snap = snapshot(&sched).await;
+            assert_eq!((snap.running, snap.recovering), (vec![running], 0));
+            assert!(still_waiting(&mut answer));
+            sched
+                .cast(SchedulerMsg::Release { task_id: running })
+                .unwrap();
+            answer.await.unwrap().unwrap();
+            // A holder heard from is not watched for the recovery any more.
+            b.stop(None);
+            b_done.await.unwrap();
+            assert_eq!(snapshot(&sched).await.running, vec![fresh]);
+        }
+
+        #[tokio::test(start_paused = true)]
+        async fn a_silent_holder_holds_grants_back_only_until_the_recovery_times_out() {
+            let (silent, _) = holder().await;
+            let (c, _) = holder().await;
+            let sched = replacing(vec![silent.get_cell()]).await;
+            let mut answer = acquire(&sched, TaskId::new(), &c);
+            tokio::time::sleep(SchedulerArgs::default().recovery_timeout / 2).await;
+            assert!(still_waiting(&mut answer));
+            answer.await.unwrap().unwrap();
+            assert_eq!(snapshot(&sched).await.recovering, 0);
+        }
+
+        #[tokio::test(start_paused = true)]
+        async fn a_stopped_holder_is_not_waited_for() {
+            let (gone, gone_done) = holder().await;
+            gone.stop(None);
+            gone_done.await.unwrap();
+            let (alive, alive_done) = holder().await;
+            let sched = replacing(vec![gone.get_cell(), alive.get_cell()]).await;
+            assert_eq!(snapshot(&sched).await.recovering, 1);
+            let (c, _) = holder().await;
+            let mut answer = acquire(&sched, TaskId::new(), &c);
+            assert!(still_waiting(&mut answer));
+            alive.cast(HolderMsg::Panic).unwrap();
+            alive_done.await.unwrap();
             answer.await.unwrap().unwrap();
         }
     }

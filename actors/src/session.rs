@@ -2,11 +2,11 @@
 //!
 //! ```text
 //! Session
-//! ├─ Rollout        (restarted on failure; seq continues from storage)
-//! ├─ Scheduler      (restarted on failure; in-flight grants are lost with it)
-//! ├─ TaskRegistry   (restarted on failure)
-//! ├─ ApprovalStore  (restarted on failure; pending requests are denied by their closed ports)
-//! ├─ McpPool        (when the session runs one; restarted on failure, servers restart lazily)
+//! ├─ Rollout        (replaced on failure; seq continues from storage)
+//! ├─ Scheduler      (replaced on failure; running tasks re-declare their grants)
+//! ├─ TaskRegistry   (replaced on failure; running tasks are registered again)
+//! ├─ ApprovalStore  (replaced on failure; pending requests are asked again)
+//! ├─ McpPool        (when the session runs one; replaced on failure, servers restart lazily)
 //! └─ Conversation × N   (the root one from the start)
 //! ```
 //!
@@ -15,10 +15,23 @@
 //! conversation answered, tells the session (`ContextApplied`: the parameters a restart would
 //! use now include the change; `Forget`: the conversation is gone) before replying, so any
 //! later request from the same caller sees the outcome. A conversation that fails is restarted
-//! from its rollout with the same id and parameters; its siblings are not touched. A service
-//! actor that fails is restarted and every conversation gets the new references
-//! (`ServicesChanged`); a new McpPool makes each conversation reopen its MCP view on it (with
-//! its current allowlist), and the pool itself is told of a new Rollout or ApprovalStore.
+//! from its rollout with the same id and parameters; its siblings are not touched.
+//!
+//! Services: every reference to a service actor is read from the session's
+//! [`directory`](crate::directory), which the Session alone writes. A service actor that
+//! stops (fails, or stops on its own) outside shutdown is replaced and the new one published
+//! there; then each conversation is told `ServicesChanged` (no references: it reads the
+//! directory). What each replacement keeps:
+//! - Rollout: starts with the storage policy of every open conversation, continues `seq`
+//!   after storage's last one, and first receives the events emitted while there was none
+//!   (see `EventSink::emit` for what is lost).
+//! - Scheduler: starts knowing the open conversations and grants nothing until each has
+//!   re-declared its running task's grant (or said it has none): single-flight and any limit
+//!   hold across the restart (see `scheduler`).
+//! - TaskRegistry: each conversation registers its running task again (see `task_registry`).
+//! - ApprovalStore: a request pending at the old store is asked again at the new one.
+//! - McpPool: conversations and running tasks open new views on it.
+//!
 //! `Restore` opens a conversation of a previous run under its known id, its history rebuilt
 //! from the rollout as after a failure (tasks that were running are recorded as aborted and
 //! not run again); with `SessionConfig::root_id` the root conversation starts that way.
@@ -32,6 +45,8 @@ use crate::clock::Clock;
 use crate::conversation::{
     Conversation, ConversationArgs, ConversationMsg, ConversationSettings, RestoreCause, Services,
 };
+pub use crate::directory::ServiceRefs;
+use crate::directory::{DirectoryWriter, RolloutChannel};
 use crate::events::{EventDraft, EventSink};
 use crate::history::Summarizer;
 use crate::mcp_pool::{McpLimits, McpPoolArgs, McpPoolHandle};
@@ -40,7 +55,7 @@ use crate::ports::{
 };
 use crate::rollout::storage::RolloutStorage;
 use crate::rollout::{FileRolloutStorage, Rollout, RolloutArgs, RolloutMsg};
-use crate::scheduler::{Scheduler, SchedulerArgs, SchedulerMsg};
+use crate::scheduler::{Scheduler, SchedulerArgs, SchedulerMsg, SchedulerStart};
 use crate::task_registry::{TaskRegistry, TaskRegistryArgs, TaskRegistryMsg};
 use ractor::{
     Actor, ActorCell, ActorId, ActorProcessingErr, ActorRef, MessagingErr, RpcReplyPort,
@@ -52,7 +67,7 @@ use std::sync::Arc;
 use std::time::Duration;
 use troupe_proto::{
     AgentError, CloseOutcome, Closed, ConversationId, MessageReply, OpenConversation, SessionId,
-    SetContext,
+    SetContext, StoragePolicy,
 };
 
 /// How a session is set up.
@@ -66,6 +81,8 @@ pub struct SessionConfig {
     /// How long an approval request waits for a human.
     pub approval_timeout: Duration,
     pub approval_sweep_interval: Duration,
+    /// How often whoever owns the session's storage (`troupe serve`, `troupe chat`) sweeps
+    /// Ttl content that came due; the session itself does not sweep.
     pub ttl_sweep_interval: Duration,
     /// Live events buffered per subscriber before it lags.
     pub subscriber_capacity: usize,
@@ -127,15 +144,6 @@ pub struct SessionArgs {
     pub ports: SessionPorts,
 }
 
-/// References to a session's service actors.
-#[derive(Clone)]
-pub struct ServiceRefs {
-    pub rollout: ActorRef<RolloutMsg>,
-    pub scheduler: ActorRef<SchedulerMsg>,
-    pub registry: ActorRef<TaskRegistryMsg>,
-    pub approvals: ActorRef<ApprovalMsg>,
-}
-
 /// The Session's mailbox.
 pub enum SessionMsg {
     /// Opens a conversation.
@@ -185,7 +193,7 @@ pub enum SessionMsg {
         conversation_id: ConversationId,
         reply: RpcReplyPort<Option<ActorRef<ConversationMsg>>>,
     },
-    /// References to the service actors.
+    /// References to the service actors now.
     Services { reply: RpcReplyPort<ServiceRefs> },
     /// A context change a conversation accepted: keep the restart parameters in step.
     ContextApplied {
@@ -216,7 +224,8 @@ pub struct SessionState {
     clock: Clock,
     /// The Rollout's storage, kept for its restarts.
     rollout_storage: Arc<dyn RolloutStorage>,
-    services: ServiceRefs,
+    /// The one place the service actors are published; everyone else reads it.
+    directory: DirectoryWriter,
     root: ConversationId,
     conversations: HashMap<ConversationId, Entry>,
     by_actor: HashMap<ActorId, ConversationId>,
@@ -253,17 +262,18 @@ impl Actor for Session {
             &args.config,
             rollout_storage.clone(),
             clock,
+            Vec::new(),
             &cell,
         )
         .await?;
-        let events = EventSink::new(rollout.clone());
-        let services = ServiceRefs {
-            scheduler: spawn_scheduler(&args.config, &cell).await?,
-            registry: spawn_registry(clock, &cell).await?,
-            approvals: spawn_approvals(&args.config, clock, events, &cell).await?,
-            rollout,
-        };
-        let mut ports = args.ports;
+        // The ApprovalStore needs its event sink before the rest of the directory exists.
+        let rollout = RolloutChannel::new(rollout);
+        let scheduler = spawn_scheduler(&args.config, Vec::new(), &cell).await?;
+        let registry = spawn_registry(&cell).await?;
+        let approvals = spawn_approvals(&args.config, clock, rollout.events(), &cell).await?;
+        let ports = args.ports;
+        let directory =
+            DirectoryWriter::new(rollout, scheduler, registry, approvals, ports.mcp.clone());
         let mut mcp_pool = None;
         if ports.mcp.is_none()
             && let Some(connector) = ports.mcp_connector.clone()
@@ -274,11 +284,11 @@ impl Actor for Session {
                 connector,
                 ports.model.clone(),
                 clock,
-                &services,
+                &directory,
                 &cell,
             )
             .await?;
-            ports.mcp = Some(Arc::new(pool.clone()));
+            directory.replace_mcp(Some(Arc::new(pool.clone())));
             mcp_pool = Some(pool);
         }
         let mut state = SessionState {
@@ -288,7 +298,7 @@ impl Actor for Session {
             mcp_pool,
             clock,
             rollout_storage,
-            services,
+            directory,
             root: ConversationId::new(),
             conversations: HashMap::new(),
             by_actor: HashMap::new(),
@@ -362,7 +372,7 @@ impl Actor for Session {
                 let _ = reply.send(actor);
             }
             SessionMsg::Services { reply } => {
-                let _ = reply.send(state.services.clone());
+                let _ = reply.send(state.directory.snapshot());
             }
             SessionMsg::ContextApplied {
                 conversation_id,
@@ -376,7 +386,7 @@ impl Actor for Session {
                 let _ = reply.send(state.mcp_pool.clone());
             }
             SessionMsg::Emit { draft } => {
-                EventSink::new(state.services.rollout.clone()).emit(draft);
+                state.directory.events().emit(draft);
             }
             SessionMsg::Shutdown { reply } => {
                 state.shutdown().await;
@@ -426,14 +436,15 @@ async fn spawn_rollout(
     config: &SessionConfig,
     storage: Arc<dyn RolloutStorage>,
     clock: Clock,
+    policies: Vec<(ConversationId, StoragePolicy)>,
     cell: &ActorCell,
 ) -> Result<ActorRef<RolloutMsg>, ActorProcessingErr> {
     let args = RolloutArgs {
         session_id,
         storage,
         clock,
-        ttl_sweep_interval: config.ttl_sweep_interval,
         subscriber_capacity: config.subscriber_capacity,
+        policies,
     };
     Ok(Actor::spawn_linked(None, Rollout, args, cell.clone())
         .await?
@@ -445,39 +456,40 @@ async fn spawn_mcp_pool(
     connector: Arc<dyn McpConnector>,
     model: Arc<dyn ModelClient>,
     clock: Clock,
-    services: &ServiceRefs,
+    directory: &DirectoryWriter,
     cell: &ActorCell,
 ) -> Result<McpPoolHandle, ActorProcessingErr> {
     let args = McpPoolArgs {
         servers: config.mcp_servers.clone(),
         connector,
-        events: Some(EventSink::new(services.rollout.clone())),
+        events: Some(directory.events()),
         limits: config.mcp_limits,
         clock,
         roots: config.mcp_roots.clone(),
-        approvals: Some(services.approvals.clone()),
+        approvals: Some(directory.directory().approvals()),
         model: Some(model),
     };
     Ok(McpPoolHandle::spawn(args, Some(cell.clone())).await?.0)
 }
 
+/// A scheduler; `recover_from`: the holders that may hold grants of the one it replaces.
 async fn spawn_scheduler(
     config: &SessionConfig,
+    recover_from: Vec<ActorCell>,
     cell: &ActorCell,
 ) -> Result<ActorRef<SchedulerMsg>, ActorProcessingErr> {
-    Ok(
-        Actor::spawn_linked(None, Scheduler, config.scheduler.clone(), cell.clone())
-            .await?
-            .0,
-    )
+    let start = SchedulerStart {
+        args: config.scheduler.clone(),
+        recover_from,
+    };
+    Ok(Actor::spawn_linked(None, Scheduler, start, cell.clone())
+        .await?
+        .0)
 }
 
-async fn spawn_registry(
-    clock: Clock,
-    cell: &ActorCell,
-) -> Result<ActorRef<TaskRegistryMsg>, ActorProcessingErr> {
+async fn spawn_registry(cell: &ActorCell) -> Result<ActorRef<TaskRegistryMsg>, ActorProcessingErr> {
     Ok(
-        Actor::spawn_linked(None, TaskRegistry, TaskRegistryArgs { clock }, cell.clone())
+        Actor::spawn_linked(None, TaskRegistry, TaskRegistryArgs, cell.clone())
             .await?
             .0,
     )
@@ -512,14 +524,13 @@ enum Service {
 
 impl SessionState {
     fn conversation_services(&self) -> Services {
+        let directory = self.directory.directory();
         Services {
             session_id: self.id,
-            events: EventSink::new(self.services.rollout.clone()),
-            scheduler: self.services.scheduler.clone(),
-            registry: self.services.registry.clone(),
-            approvals: self.services.approvals.clone(),
+            events: directory.events(),
+            directory,
+            clock: self.clock,
             model: self.ports.model.clone(),
-            mcp: self.ports.mcp.clone(),
             exec: self.ports.exec.clone(),
             summarizer: self.ports.summarizer.clone(),
             tokens: self.ports.tokens.clone(),
@@ -698,13 +709,14 @@ impl SessionState {
 
     fn service_of(&self, cell: &ActorCell) -> Option<Service> {
         let id = cell.get_id();
-        if id == self.services.rollout.get_id() {
+        let services = self.directory.snapshot();
+        if id == services.rollout.get_id() {
             Some(Service::Rollout)
-        } else if id == self.services.scheduler.get_id() {
+        } else if id == services.scheduler.get_id() {
             Some(Service::Scheduler)
-        } else if id == self.services.registry.get_id() {
+        } else if id == services.registry.get_id() {
             Some(Service::Registry)
-        } else if id == self.services.approvals.get_id() {
+        } else if id == services.approvals.get_id() {
             Some(Service::Approvals)
         } else if self
             .mcp_pool
@@ -755,6 +767,7 @@ impl SessionState {
         Ok(())
     }
 
+    /// Replaces a service actor that stopped and publishes the new one in the directory.
     async fn restart_service(
         &mut self,
         myself: &ActorCell,
@@ -763,75 +776,86 @@ impl SessionState {
         match service {
             Service::Rollout => {
                 metrics::restarted(metrics::Restarted::Rollout);
-                self.services.rollout = spawn_rollout(
+                let rollout = spawn_rollout(
                     self.id,
                     &self.config,
                     self.rollout_storage.clone(),
                     self.clock,
+                    self.storage_policies(),
                     myself,
                 )
                 .await?;
+                let parked = self.directory.replace_rollout(rollout);
+                tracing::info!(session_id = %self.id, parked, "rollout replaced");
             }
             Service::Scheduler => {
                 metrics::restarted(metrics::Restarted::Scheduler);
-                self.services.scheduler = spawn_scheduler(&self.config, myself).await?;
+                let holders = self
+                    .conversations
+                    .values()
+                    .map(|e| e.actor.get_cell())
+                    .collect();
+                let scheduler = spawn_scheduler(&self.config, holders, myself).await?;
+                self.directory.replace_scheduler(scheduler);
             }
             Service::Registry => {
                 metrics::restarted(metrics::Restarted::TaskRegistry);
-                self.services.registry = spawn_registry(self.clock, myself).await?;
+                self.directory
+                    .replace_registry(spawn_registry(myself).await?);
             }
             Service::Approvals => {
                 metrics::restarted(metrics::Restarted::ApprovalStore);
-                let events = EventSink::new(self.services.rollout.clone());
-                self.services.approvals =
-                    spawn_approvals(&self.config, self.clock, events, myself).await?;
+                let events = self.directory.events();
+                let approvals = spawn_approvals(&self.config, self.clock, events, myself).await?;
+                self.directory.replace_approvals(approvals);
             }
-            Service::McpPool => {
-                // Counted by `restart_mcp_pool` once it knows a pool can start again.
-                // A pool that cannot start again costs the session its MCP tools, not its life.
-                if let Err(error) = self.restart_mcp_pool(myself).await {
-                    tracing::error!(session_id = %self.id, %error, "MCP pool restart failed");
-                    return Ok(());
-                }
-            }
+            Service::McpPool => self.restart_mcp_pool(myself).await,
         }
-        if matches!(service, Service::Rollout | Service::Approvals)
-            && let Some(pool) = &self.mcp_pool
-        {
-            pool.services_changed(
-                Some(EventSink::new(self.services.rollout.clone())),
-                Some(self.services.approvals.clone()),
-            );
-        }
-        let services = self.conversation_services();
+        // Conversations opened from now on read the new actor at their start; those open now
+        // re-declare what it must know (their running task's slot, registration, MCP view).
         for entry in self.conversations.values() {
-            let _ = entry.actor.cast(ConversationMsg::ServicesChanged {
-                services: Box::new(services.clone()),
-            });
+            let _ = entry.actor.cast(ConversationMsg::ServicesChanged);
         }
         Ok(())
     }
 
-    /// Starts a new McpPool in place of one that stopped; conversations reopen their views on
-    /// it when they get the new services.
-    async fn restart_mcp_pool(&mut self, myself: &ActorCell) -> Result<(), ActorProcessingErr> {
+    /// The storage policy of every open conversation, for a new Rollout.
+    fn storage_policies(&self) -> Vec<(ConversationId, StoragePolicy)> {
+        self.conversations
+            .iter()
+            .map(|(id, e)| (*id, e.params.storage_policy))
+            .collect()
+    }
+
+    /// Starts a new McpPool in place of one that stopped. A pool that cannot start again
+    /// costs the session its MCP tools, not its life: `None` is published, so that tasks
+    /// waiting for a new pool stop waiting.
+    async fn restart_mcp_pool(&mut self, myself: &ActorCell) {
         let Some(connector) = self.ports.mcp_connector.clone() else {
-            return Ok(());
+            return;
         };
         metrics::restarted(metrics::Restarted::McpPool);
-        let pool = spawn_mcp_pool(
+        match spawn_mcp_pool(
             &self.config,
             connector,
             self.ports.model.clone(),
             self.clock,
-            &self.services,
+            &self.directory,
             myself,
         )
-        .await?;
-        tracing::warn!(session_id = %self.id, "MCP pool restarted");
-        self.ports.mcp = Some(Arc::new(pool.clone()));
-        self.mcp_pool = Some(pool);
-        Ok(())
+        .await
+        {
+            Ok(pool) => {
+                tracing::warn!(session_id = %self.id, "MCP pool restarted");
+                self.directory.replace_mcp(Some(Arc::new(pool.clone())));
+                self.mcp_pool = Some(pool);
+            }
+            Err(error) => {
+                tracing::error!(session_id = %self.id, %error, "MCP pool restart failed");
+                self.mcp_pool = None;
+                self.directory.replace_mcp(None);
+            }
+        }
     }
 
     async fn shutdown(&mut self) {
@@ -844,16 +868,12 @@ impl SessionState {
         if let Some(pool) = &self.mcp_pool {
             pool.shutdown().await;
         }
-        if let Err(e) = ractor::call!(self.services.rollout, |r| RolloutMsg::Flush { reply: r }) {
+        let rollout = self.directory.snapshot().rollout;
+        if let Err(e) = ractor::call!(rollout, |r| RolloutMsg::Flush { reply: r }) {
             tracing::error!(error = %e, "rollout flush at shutdown failed");
         }
         // Drain, not stop: whatever is still queued for the rollout is written first.
-        if let Err(e) = self
-            .services
-            .rollout
-            .drain_and_wait(Some(Duration::from_secs(30)))
-            .await
-        {
+        if let Err(e) = rollout.drain_and_wait(Some(Duration::from_secs(30))).await {
             tracing::error!(error = %e, "rollout did not drain at shutdown");
         }
     }

@@ -1,7 +1,15 @@
 //! The task runner: one user message → one Turn of Steps (T1). It runs as a tokio task owned
-//! by its Conversation (aborted with it), holds a scheduler slot while it works, and reports
-//! its outcome back as a `TaskFinished` message. Decisions (what a tool call needs, when the
-//! loop ends) are pure functions below.
+//! by its Conversation (aborted with it), starts once the scheduler grants the slot its
+//! conversation asked for (see [`first_answer`]), and reports its outcome back as a
+//! `TaskFinished` message (after which the conversation gives the slot back). Decisions (what a tool call needs, when the loop
+//! ends, what to do with the MCP view) are pure functions below.
+//!
+//! It reads the session's services from the directory when it uses them, so that it outlives
+//! their restarts: events go to the current Rollout, an approval is asked of the current
+//! ApprovalStore (and asked again of the next one if the store fails while it waits), and an
+//! MCP call made after a pool restart goes through a view the task opens on the new pool,
+//! with the allowlist it started with. A call in flight when its pool fails ends with the
+//! pool's error (the connection is closed with the pool).
 //!
 //! Built-in tools: `shell` runs through the session's `CommandRunner` under the
 //! conversation's sandbox policy, after approval; `update_plan` records the plan as a
@@ -13,28 +21,30 @@ pub mod metrics;
 pub mod spans;
 
 use crate::apply_patch::{self, Patch, PatchError};
-use crate::approval_store::{ApprovalMsg, Granted};
+use crate::approval_store::{Ask, Granted, ask_until_answered};
+use crate::directory::Directory;
 use crate::events::{EventDraft, EventSink};
 use crate::history::HistorySnapshot;
 use crate::ports::{
     CommandRunner, DeltaSink, ExecRequest, McpView, ModelClient, ModelRequest, TokenCounter,
     ToolCallContext,
 };
-use crate::scheduler::SchedulerMsg;
-use crate::task_registry::TaskRegistryMsg;
-use ractor::{ActorCell, ActorRef};
+use ractor::ActorId;
 use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
+use tokio::sync::oneshot;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 use tracing::Instrument;
 use troupe_proto::{
-    AgentError, ApprovalPolicy, ConversationId, EventKind, HistoryItem, OverBudget, SandboxPolicy,
-    TaskId, TaskState, TaskStats, TaskStatus, ToolCall, ToolErrorPolicy, ToolOutput, ToolSpec,
+    AgentError, ApprovalPolicy, ApprovalSubject, ConversationId, EventKind, HistoryItem,
+    OverBudget, SandboxPolicy, TaskId, TaskStats, TaskStatus, ToolCall, ToolErrorPolicy,
+    ToolOutput, ToolSpec,
 };
 
-/// Everything a task needs, snapshotted from its conversation when it starts.
+/// Everything a task needs, taken from its conversation when it starts; the session's
+/// services it reads from the directory at each use.
 pub struct TaskContext {
     pub conversation_id: ConversationId,
     pub task_id: TaskId,
@@ -52,15 +62,17 @@ pub struct TaskContext {
     /// A one-turn system prompt (compaction); never stored (C3).
     pub turn_override: Option<String>,
     pub model: Arc<dyn ModelClient>,
+    /// The conversation's MCP view when the task started (`None`: no MCP tools).
     pub mcp: Option<Arc<dyn McpView>>,
+    /// The MCP port generation `mcp` was opened on.
+    pub mcp_generation: u64,
+    /// The allowlist of `mcp`, for a view opened on a new pool.
+    pub mcp_allowlist: Option<Vec<String>>,
     pub exec: Option<Arc<dyn CommandRunner>>,
-    pub approvals: ActorRef<ApprovalMsg>,
-    pub scheduler: ActorRef<SchedulerMsg>,
-    pub registry: ActorRef<TaskRegistryMsg>,
+    /// The session's services, read at each use.
+    pub services: Directory,
     pub events: EventSink,
     pub cancel: CancellationToken,
-    /// The conversation actor: the scheduler monitors it as the slot's holder.
-    pub holder: ActorCell,
     pub limits: TaskLimits,
     pub approval_policy: ApprovalPolicy,
     pub sandbox_policy: SandboxPolicy,
@@ -122,30 +134,60 @@ pub struct TaskOutcome {
     pub items: Vec<HistoryItem>,
 }
 
-/// Gives the scheduler slot back however the runner ends: completion, cancellation, abort
-/// (the future is dropped) or panic (unwinding drops it). Releasing twice is harmless.
-struct SlotGuard {
-    task_id: TaskId,
-    scheduler: ActorRef<SchedulerMsg>,
+/// A scheduler's answer to `Acquire`; `None` when it stopped before answering.
+pub type SchedulerAnswer = Option<Result<(), AgentError>>;
+
+/// How a task learns it may run: the answer of the scheduler its conversation (the slot's
+/// holder) asked, or, when that did not settle it, the conversation's verdict.
+pub struct SlotWait {
+    /// The answer of the scheduler first asked (closed: it stopped before answering).
+    pub first: oneshot::Receiver<Result<(), AgentError>>,
+    /// The scheduler first asked.
+    pub asked_of: ActorId,
+    /// Tells the conversation the first answer (`SlotAnswered`); called before the runner
+    /// acts on it.
+    pub report: Box<dyn FnOnce(SchedulerAnswer) + Send>,
+    /// The conversation's verdict, after the scheduler was replaced or asked again.
+    pub verdict: oneshot::Receiver<Result<(), AgentError>>,
+    /// `spans::scheduler_wait`, a child of the task's root span.
+    pub span: tracing::Span,
 }
 
-impl Drop for SlotGuard {
-    fn drop(&mut self) {
-        let _ = self.scheduler.cast(SchedulerMsg::Release {
-            task_id: self.task_id,
-        });
+/// What a runner does with the first scheduler's answer.
+#[derive(Debug, Clone, PartialEq)]
+pub enum FirstAnswer {
+    /// Granted by the session's current scheduler: run.
+    Run,
+    /// Refused by the session's current scheduler: end with this error.
+    End(AgentError),
+    /// That scheduler stopped or was replaced: the conversation decides (it asks the next).
+    AskConversation,
+}
+
+/// `asked_of` answered `answer` (`None`: it stopped first); `current` is the session's
+/// scheduler now, read after the answer was reported to the conversation.
+pub fn first_answer(
+    asked_of: ActorId,
+    current: ActorId,
+    answer: Option<&Result<(), AgentError>>,
+) -> FirstAnswer {
+    match answer {
+        Some(_) if asked_of != current => FirstAnswer::AskConversation,
+        Some(Ok(())) => FirstAnswer::Run,
+        Some(Err(error)) => FirstAnswer::End(error.clone()),
+        None => FirstAnswer::AskConversation,
     }
 }
 
 /// Runs the task to its end inside `span`, its root span (`spans::invoke_agent`), on which
 /// it records the outcome: status, total usage, `error.type`. Never panics on bad model
 /// output; every failure becomes an outcome with status `error` or `cancelled`.
-pub async fn run(ctx: TaskContext, span: tracing::Span) -> TaskOutcome {
+pub async fn run(ctx: TaskContext, slot: SlotWait, span: tracing::Span) -> TaskOutcome {
     let started = Instant::now();
     let trace_id = spans::span_ids(&span)
         .map(|(trace, _)| trace)
         .unwrap_or_else(|| fallback_trace_id(ctx.task_id));
-    let mut outcome = run_inner(&ctx).instrument(span.clone()).await;
+    let mut outcome = run_inner(&ctx, slot).instrument(span.clone()).await;
     outcome.stats.duration_ms = u64::try_from(started.elapsed().as_millis()).unwrap_or(u64::MAX);
     outcome.stats.trace_id = trace_id;
     span.record("troupe.task.status", outcome.status.as_str());
@@ -173,9 +215,17 @@ struct Prepared {
 
 /// The merged tool list (S8; conflicts become warnings), the turn's instructions (C3) and
 /// the prompt cache key (C7).
-async fn prepare(ctx: &TaskContext) -> Prepared {
-    let external = match &ctx.mcp {
-        Some(view) => match view.list_tools().await {
+async fn prepare(ctx: &TaskContext, mcp: &mut TaskMcp) -> Prepared {
+    let listed = if mcp.offered {
+        Some(match mcp.view(ctx).await {
+            Ok(view) => view.list_tools().await,
+            Err(error) => Err(error),
+        })
+    } else {
+        None
+    };
+    let external = match listed {
+        Some(listed) => match listed {
             Ok(tools) => tools,
             Err(error) => {
                 ctx.events.emit(EventDraft::task(
@@ -220,7 +270,7 @@ async fn prepare(ctx: &TaskContext) -> Prepared {
     }
 }
 
-async fn run_inner(ctx: &TaskContext) -> TaskOutcome {
+async fn run_inner(ctx: &TaskContext, slot: SlotWait) -> TaskOutcome {
     let mut loop_state = LoopState {
         items: vec![HistoryItem::user(ctx.input.clone())],
         stats: TaskStats {
@@ -232,26 +282,33 @@ async fn run_inner(ctx: &TaskContext) -> TaskOutcome {
     };
 
     // Wait for a slot, unless cancelled first.
-    let wait = spans::scheduler_wait(ctx.conversation_id, ctx.task_id);
-    let acquire = async {
-        ractor::call!(ctx.scheduler, |reply| SchedulerMsg::Acquire {
-            task_id: ctx.task_id,
-            conversation_id: ctx.conversation_id,
-            holder: ctx.holder.clone(),
-            reply,
-        })
-    };
-    let _slot = SlotGuard {
-        task_id: ctx.task_id,
-        scheduler: ctx.scheduler.clone(),
+    let SlotWait {
+        first,
+        asked_of,
+        report,
+        verdict,
+        span: wait,
+    } = slot;
+    let granted = async {
+        let answer = first.await.ok();
+        // Reported before the directory is read: a replacement published after this read is
+        // announced to the conversation after the report (see `conversation`).
+        report(answer.clone());
+        let current = ctx.services.scheduler().get_id();
+        match first_answer(asked_of, current, answer.as_ref()) {
+            FirstAnswer::Run => Ok(()),
+            FirstAnswer::End(error) => Err(error),
+            FirstAnswer::AskConversation => verdict.await.unwrap_or_else(|_| {
+                Err(AgentError::internal(
+                    "the conversation stopped before the task got a slot",
+                ))
+            }),
+        }
     };
     let granted = tokio::select! {
         biased;
         () = ctx.cancel.cancelled() => Err(AgentError::cancelled("cancelled while queued")),
-        r = acquire.instrument(wait.clone()) => match r {
-            Ok(inner) => inner,
-            Err(e) => Err(AgentError::internal(format!("scheduler unavailable: {e}"))),
-        },
+        r = granted.instrument(wait.clone()) => r,
     };
     if let Err(e) = granted {
         spans::record_error(&wait, &e);
@@ -259,10 +316,6 @@ async fn run_inner(ctx: &TaskContext) -> TaskOutcome {
     }
     loop_state.granted_at = Some(Instant::now());
     drop(wait);
-    let _ = ctx.registry.cast(TaskRegistryMsg::StateChanged {
-        task_id: ctx.task_id,
-        state: TaskState::Running,
-    });
     let turn = spans::turn(ctx.conversation_id, ctx.task_id, ctx.turn);
     let outcome = run_turn(ctx, loop_state).instrument(turn.clone()).await;
     turn.record("troupe.turn.steps", outcome.stats.steps);
@@ -272,7 +325,8 @@ async fn run_inner(ctx: &TaskContext) -> TaskOutcome {
 
 /// The steps of a turn, once the task holds its slot.
 async fn run_turn(ctx: &TaskContext, mut loop_state: LoopState) -> TaskOutcome {
-    let prepared = prepare(ctx).await;
+    let mut mcp = TaskMcp::new(ctx);
+    let prepared = prepare(ctx, &mut mcp).await;
 
     for step in 1..=ctx.limits.max_steps {
         if ctx.cancel.is_cancelled() {
@@ -331,7 +385,7 @@ async fn run_turn(ctx: &TaskContext, mut loop_state: LoopState) -> TaskOutcome {
             loop_state.stats.tool_calls += 1;
             let mut attempt = 0;
             let (output, error) = loop {
-                let (output, error) = run_tool(ctx, &prepared.tools, &call).await;
+                let (output, error) = run_tool(ctx, &mut mcp, &prepared.tools, &call).await;
                 match (&error, ctx.limits.tool_errors) {
                     (Some(e), ToolErrorPolicy::Retry { attempts })
                         if attempt < attempts && retryable_tool_error(e) =>
@@ -665,6 +719,7 @@ fn shell_argv(args: &serde_json::Value) -> Result<Vec<String>, String> {
 /// Runs one tool call; the output is what the model sees, the error (if any) what failed.
 async fn run_tool(
     ctx: &TaskContext,
+    mcp: &mut TaskMcp,
     tools: &[ToolSpec],
     call: &ToolCall,
 ) -> (ToolOutput, Option<AgentError>) {
@@ -683,7 +738,7 @@ async fn run_tool(
     };
     emit(EventKind::ToolCallStarted { call: call.clone() });
     let started = Instant::now();
-    let result = execute(ctx, tools, call, &span)
+    let result = execute(ctx, mcp, tools, call, &span)
         .instrument(span.clone())
         .await;
     let outcome = metrics::outcome_label(&result.as_ref().map(|o| o.is_error));
@@ -737,11 +792,12 @@ async fn run_tool(
 
 async fn execute(
     ctx: &TaskContext,
+    mcp: &mut TaskMcp,
     tools: &[ToolSpec],
     call: &ToolCall,
     span: &tracing::Span,
 ) -> Result<ToolOutput, AgentError> {
-    let has_mcp = ctx.mcp.is_some();
+    let has_mcp = mcp.offered;
     let ok = |output: String| ToolOutput {
         call_id: call.call_id.clone(),
         output,
@@ -776,21 +832,19 @@ async fn execute(
             patch,
             needs_approval,
         } => run_patch(ctx, call, patch, needs_approval).await.map(ok),
-        ToolRoute::External => match &ctx.mcp {
-            Some(view) => {
-                view.call_tool(
-                    call,
-                    ToolCallContext {
-                        conversation_id: ctx.conversation_id,
-                        task_id: ctx.task_id,
-                        cancel: &ctx.cancel,
-                        span,
-                    },
-                )
-                .await
-            }
-            None => Err(AgentError::internal("external tool routed without a view")),
-        },
+        ToolRoute::External => {
+            let view = mcp.view(ctx).await?;
+            view.call_tool(
+                call,
+                ToolCallContext {
+                    conversation_id: ctx.conversation_id,
+                    task_id: ctx.task_id,
+                    cancel: &ctx.cancel,
+                    span,
+                },
+            )
+            .await
+        }
         ToolRoute::Shell {
             argv,
             needs_approval,
@@ -911,35 +965,39 @@ async fn blocking<T: Send + 'static>(
         .map_err(|e| AgentError::internal(format!("file work failed: {e}")))
 }
 
-/// Asks the ApprovalStore; a denial (or a store that went away) is `ApprovalDenied`.
+/// Asks the session's ApprovalStore (the next one, if it fails while the task waits); a
+/// denial, or a session without a store any more, is `ApprovalDenied`.
 async fn approve(
     ctx: &TaskContext,
     argv: &[String],
     reason: String,
 ) -> Result<Granted, AgentError> {
     let span = spans::approval_wait(ctx.conversation_id, ctx.task_id);
-    let asked = async {
-        ractor::call!(ctx.approvals, |reply| ApprovalMsg::Request {
-            conversation_id: ctx.conversation_id,
-            task_id: Some(ctx.task_id),
-            command: argv.to_vec(),
-            reason,
-            timeout: None,
-            reply,
-        })
+    let ask = Ask {
+        conversation_id: ctx.conversation_id,
+        task_id: Some(ctx.task_id),
+        command: argv.to_vec(),
+        reason,
+        subject: ApprovalSubject::Command,
     };
+    let store = ctx.services.approvals();
+    let asked = ask_until_answered(
+        &store,
+        ask,
+        None,
+        crate::approval_store::metrics::Asker::Task,
+    );
     let answer = tokio::select! {
         biased;
         () = ctx.cancel.cancelled() => return Err(AgentError::cancelled("cancelled while waiting for approval")),
         r = asked.instrument(span.clone()) => r,
     };
-    let granted = match answer {
-        Ok(r) => r,
-        Err(e) => Err(AgentError::ApprovalDenied {
+    let granted = answer.unwrap_or_else(|| {
+        Err(AgentError::ApprovalDenied {
             command: argv.to_vec(),
-            reason: format!("approval store unavailable: {e}"),
-        }),
-    };
+            reason: "the session's approval store is gone".into(),
+        })
+    });
     span.in_scope(|| match &granted {
         Ok(how) => tracing::info!(?how, "approved"),
         Err(error) => tracing::info!(%error, "not approved"),
@@ -952,6 +1010,93 @@ async fn approve(
         }
     };
     granted
+}
+
+/// What an MCP call does with the task's view.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ViewStep {
+    /// The view is on the session's current pool: call through it.
+    Use,
+    /// The session has another pool than the view's: open a view there first.
+    Reopen,
+    /// The view's pool stopped and the session has not published the next one yet: wait.
+    AwaitPool,
+    /// No view (no pool could start again): the call fails.
+    Unavailable,
+}
+
+/// `opened_on`: the pool generation of the task's view; `now`: the session's; `closed`:
+/// whether the view's pool has stopped (`None`: no view).
+pub fn view_step(opened_on: u64, now: u64, closed: Option<bool>) -> ViewStep {
+    match (opened_on == now, closed) {
+        (false, _) => ViewStep::Reopen,
+        (true, Some(false)) => ViewStep::Use,
+        (true, Some(true)) => ViewStep::AwaitPool,
+        (true, None) => ViewStep::Unavailable,
+    }
+}
+
+/// The task's MCP view: it keeps the allowlist the task started with and follows the
+/// session's pool (see [`view_step`]).
+struct TaskMcp {
+    /// Whether the task was offered MCP tools at all (it had a view at its start).
+    offered: bool,
+    view: Option<Arc<dyn McpView>>,
+    generation: u64,
+}
+
+impl TaskMcp {
+    fn new(ctx: &TaskContext) -> Self {
+        Self {
+            offered: ctx.mcp.is_some(),
+            view: ctx.mcp.clone(),
+            generation: ctx.mcp_generation,
+        }
+    }
+
+    /// The view to call through now.
+    async fn view(&mut self, ctx: &TaskContext) -> Result<Arc<dyn McpView>, AgentError> {
+        loop {
+            let now = ctx.services.mcp();
+            let closed = self.view.as_ref().map(|v| v.is_closed());
+            match view_step(self.generation, now.generation, closed) {
+                ViewStep::Use => {
+                    if let Some(view) = &self.view {
+                        return Ok(view.clone());
+                    }
+                }
+                ViewStep::Reopen => {
+                    self.generation = now.generation;
+                    self.view = None;
+                    if let Some(port) = now.port {
+                        let view = port
+                            .open_view(ctx.conversation_id, ctx.mcp_allowlist.as_deref())
+                            .await?;
+                        crate::mcp_pool::metrics::view_reopened(
+                            crate::mcp_pool::metrics::ReopenedBy::Task,
+                        );
+                        tracing::info!("MCP view of the task reopened on a new pool");
+                        self.view = Some(view);
+                    }
+                }
+                ViewStep::AwaitPool => {
+                    let next = tokio::select! {
+                        biased;
+                        () = ctx.cancel.cancelled() => return Err(AgentError::cancelled("cancelled while the MCP pool restarted")),
+                        next = ctx.services.mcp_after(self.generation) => next,
+                    };
+                    if next.is_none() {
+                        return Err(AgentError::internal("the session's MCP pool is gone"));
+                    }
+                }
+                ViewStep::Unavailable => {
+                    return Err(AgentError::internal(
+                        "the session's MCP pool could not start again",
+                    ));
+                }
+            }
+        }
+    }
 }
 
 /// The observation a command leaves for the model.
@@ -1108,6 +1253,43 @@ mod tests {
             }),
             AgentError::InvalidInput { .. }
         ));
+    }
+
+    #[test]
+    fn a_runner_acts_only_on_the_answer_of_the_current_scheduler() {
+        let (asked, other) = (ActorId::Local(1), ActorId::Local(2));
+        let full = AgentError::Overloaded {
+            resource: "scheduler queue".into(),
+            limit: 1,
+        };
+        assert_eq!(first_answer(asked, asked, Some(&Ok(()))), FirstAnswer::Run);
+        assert_eq!(
+            first_answer(asked, asked, Some(&Err(full.clone()))),
+            FirstAnswer::End(full.clone())
+        );
+        // Replaced meanwhile: the grant of the old one does not count by itself.
+        assert_eq!(
+            first_answer(asked, other, Some(&Ok(()))),
+            FirstAnswer::AskConversation
+        );
+        assert_eq!(
+            first_answer(asked, other, Some(&Err(full))),
+            FirstAnswer::AskConversation
+        );
+        assert_eq!(
+            first_answer(asked, asked, None),
+            FirstAnswer::AskConversation
+        );
+    }
+
+    #[test]
+    fn a_view_follows_the_pool() {
+        assert_eq!(view_step(0, 0, Some(false)), ViewStep::Use);
+        assert_eq!(view_step(0, 1, Some(true)), ViewStep::Reopen);
+        assert_eq!(view_step(0, 1, Some(false)), ViewStep::Reopen);
+        assert_eq!(view_step(1, 1, Some(true)), ViewStep::AwaitPool);
+        assert_eq!(view_step(1, 1, None), ViewStep::Unavailable);
+        assert_eq!(view_step(1, 2, None), ViewStep::Reopen);
     }
 
     #[test]

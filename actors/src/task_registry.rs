@@ -8,11 +8,12 @@
 //! metrics.
 //!
 //! ```text
-//!  conversation / task runner            TaskRegistry
-//!  Register{task, conv, sub_id, token} ─▶ entry (state Queued, started_at = clock now)
+//!  conversation                          TaskRegistry
+//!  Register{task, conv, sub_id, token, started_at} ─▶ entry (state Queued)
 //!  StateChanged{task, state} ──────────▶ Queued → Running (Cancelling stays Cancelling)
 //!  Deregister{task} ───────────────────▶ entry dropped (idempotent)
 //!  ConversationGone{conv} ─────────────▶ its entries dropped, their tokens cancelled
+//!  Reinstate{.., state} ───────────────▶ entry as it was before a registry restart
 //!
 //!  API / session                         TaskRegistry                         task
 //!  Cancel{task, reply} ────────────────▶ token.cancel(), state Cancelling ──▶ token.cancelled()
@@ -24,34 +25,32 @@
 //! Cancelling only fires the token: the task notices it, stops, and deregisters. A task whose
 //! cancellation was asked stays `Cancelling` until then, whatever state it reports meanwhile.
 //!
-//! Children: none. Failure: the Session supervises the registry and restarts it empty. Callers
-//! waiting on a reply (`Cancel`, `CancelConversation`, `List`) see their reply port closed, a
-//! messaging error that the conversation runner (and the API) turns into
-//! `AgentError::Internal`. No task is lost or cancelled by the restart, since the tokens
-//! belong to the tasks; the index is rebuilt from what holders re-register: each conversation
-//! sends `Register` (and `StateChanged`) again for its live task, and a `Register` of a task
-//! that is already known keeps its start time and state.
+//! Children: none. Failure: the Session supervises the registry and starts a new, empty one
+//! in its place (`InjectPanic` fails it on demand, for tests and drills). Callers waiting on a
+//! reply (`Cancel`, `CancelConversation`, `List`) see their reply port closed, an error the API
+//! reports. No task is lost or cancelled by the restart, since the tokens belong to the tasks:
+//! each conversation with a running task, once it sees the new registry in the session's
+//! directory, sends `Reinstate` with the task's start time and state (counted in
+//! `troupe_tasks_reinstated_total`). Until that message arrives, which is the moment it takes a
+//! conversation to handle one message, the new registry does not know the task: `List` leaves
+//! it out and `Cancel` answers `NotFound`.
 
 pub mod metrics;
 
 use self::metrics::{CancelScope, LiveTasks, StateCounts};
-use crate::clock::Clock;
 use ractor::{Actor, ActorProcessingErr, ActorRef, RpcReplyPort};
 use std::collections::{BTreeSet, HashMap};
 use tokio_util::sync::CancellationToken;
 use troupe_proto::{AgentError, ConversationId, TaskId, TaskInfo, TaskState};
 
-/// Start-up arguments.
-#[derive(Debug, Clone)]
-pub struct TaskRegistryArgs {
-    pub clock: Clock,
-}
+/// Start-up arguments: none (start times come with each task, stamped by its conversation
+/// on the session's clock, so that a re-registered task keeps its own).
+#[derive(Debug, Clone, Copy, Default)]
+pub struct TaskRegistryArgs;
 
 /// The actor's state.
 pub struct TaskRegistryState {
     core: RegistryCore,
-    /// Stamps `started_at_ms`; follows tokio's clock so paused-time tests see consistent times.
-    clock: Clock,
     /// Last values pushed to the live-task gauges.
     live: LiveTasks,
 }
@@ -65,6 +64,16 @@ pub enum TaskRegistryMsg {
         conversation_id: ConversationId,
         sub_id: String,
         cancel: CancellationToken,
+        started_at_ms: u64,
+    },
+    /// Records a task registered with a registry this one replaced, as it stands now.
+    Reinstate {
+        task_id: TaskId,
+        conversation_id: ConversationId,
+        sub_id: String,
+        cancel: CancellationToken,
+        started_at_ms: u64,
+        state: TaskState,
     },
     /// The task moved to another state (queued → running).
     StateChanged { task_id: TaskId, state: TaskState },
@@ -87,6 +96,9 @@ pub enum TaskRegistryMsg {
         conversation_id: Option<ConversationId>,
         reply: RpcReplyPort<Vec<TaskInfo>>,
     },
+    /// Fault injection: panics inside `handle`, to exercise the Session's restart of the
+    /// registry in tests and drills.
+    InjectPanic,
 }
 
 /// The TaskRegistry actor.
@@ -102,11 +114,10 @@ impl Actor for TaskRegistry {
     async fn pre_start(
         &self,
         _myself: ActorRef<Self::Msg>,
-        args: TaskRegistryArgs,
+        _args: TaskRegistryArgs,
     ) -> Result<TaskRegistryState, ActorProcessingErr> {
         Ok(TaskRegistryState {
             core: RegistryCore::default(),
-            clock: args.clock,
             live: LiveTasks::default(),
         })
     }
@@ -124,10 +135,30 @@ impl Actor for TaskRegistry {
                 conversation_id,
                 sub_id,
                 cancel,
+                started_at_ms,
             } => {
-                let now_ms = state.clock.now_ms();
-                if !core.register(task_id, conversation_id, sub_id, cancel, now_ms) {
+                if !core.register(task_id, conversation_id, sub_id, cancel, started_at_ms) {
                     tracing::debug!(%task_id, %conversation_id, "task registry: task registered again");
+                }
+            }
+            TaskRegistryMsg::Reinstate {
+                task_id,
+                conversation_id,
+                sub_id,
+                cancel,
+                started_at_ms,
+                state,
+            } => {
+                if core.reinstate(
+                    task_id,
+                    conversation_id,
+                    sub_id,
+                    cancel,
+                    started_at_ms,
+                    state,
+                ) {
+                    metrics::reinstated();
+                    tracing::info!(%task_id, %conversation_id, ?state, "task registry: task reinstated");
                 }
             }
             TaskRegistryMsg::StateChanged { task_id, state } => {
@@ -165,6 +196,7 @@ impl Actor for TaskRegistry {
             } => {
                 let _ = reply.send(core.list(conversation_id));
             }
+            TaskRegistryMsg::InjectPanic => panic!("injected fault in the task registry"),
         }
         state.live.publish(state.core.counts());
         Ok(())
@@ -223,10 +255,9 @@ pub struct RegistryCore {
 }
 
 impl RegistryCore {
-    /// Records a task as `Queued`. Registering a known task again (after a registry restart
-    /// there is none; otherwise a caller's retry) keeps its start time and state and adopts
-    /// the new token, cancelled at once if the task is already being cancelled. Returns
-    /// whether the task was new.
+    /// Records a task as `Queued`, started at `now_ms`. Registering a known task again (a
+    /// caller's retry) keeps its start time and state and adopts the new token, cancelled at
+    /// once if the task is already being cancelled. Returns whether the task was new.
     pub fn register(
         &mut self,
         task_id: TaskId,
@@ -268,6 +299,27 @@ impl RegistryCore {
             .or_default()
             .insert(task_id);
         self.counts[metrics::state_index(TaskState::Queued)] += 1;
+        true
+    }
+
+    /// Records a task as it stood in a registry this one replaced: its start time and state.
+    /// A task already known is registered again as by [`Self::register`]. Returns whether it
+    /// was new.
+    pub fn reinstate(
+        &mut self,
+        task_id: TaskId,
+        conversation_id: ConversationId,
+        sub_id: String,
+        cancel: CancellationToken,
+        started_at_ms: u64,
+        state: TaskState,
+    ) -> bool {
+        if !self.register(task_id, conversation_id, sub_id, cancel, started_at_ms) {
+            return false;
+        }
+        if let Some(entry) = self.tasks.get_mut(&task_id) {
+            Self::shift(&mut self.counts, entry, state);
+        }
         true
     }
 
@@ -483,6 +535,31 @@ mod tests {
     }
 
     #[test]
+    fn a_reinstated_task_keeps_its_start_and_state() {
+        let mut core = RegistryCore::default();
+        let (t, c) = (TaskId::new(), ConversationId::new());
+        assert!(core.reinstate(t, c, "s".into(), token(), 7, TaskState::Running));
+        assert_eq!(
+            core.list(None),
+            vec![TaskInfo {
+                task_id: t,
+                conversation_id: c,
+                sub_id: "s".into(),
+                started_at_ms: 7,
+                state: TaskState::Running
+            }]
+        );
+        assert_eq!(core.counts(), [0, 1, 0]);
+        // Known already: nothing moves.
+        assert!(!core.reinstate(t, c, "s".into(), token(), 9, TaskState::Queued));
+        assert_eq!(core.list(None)[0].started_at_ms, 7);
+        assert_eq!(core.counts(), [0, 1, 0]);
+        let tok = token();
+        assert!(core.reinstate(TaskId::new(), c, "x".into(), tok, 8, TaskState::Cancelling));
+        assert_eq!(core.counts(), [0, 1, 1]);
+    }
+
+    #[test]
     fn cancel_conversation_reaches_only_its_tasks() {
         let mut core = RegistryCore::default();
         let (c, d) = (ConversationId::new(), ConversationId::new());
@@ -541,19 +618,22 @@ mod tests {
 
     mod actor {
         use super::*;
+        use crate::clock::Clock;
         use ractor::call;
         use std::time::Duration;
 
         async fn registry() -> (ActorRef<TaskRegistryMsg>, Clock) {
             let clock = Clock::new();
-            let (r, _) = Actor::spawn(None, TaskRegistry, TaskRegistryArgs { clock })
+            let (r, _) = Actor::spawn(None, TaskRegistry, TaskRegistryArgs)
                 .await
                 .unwrap();
             (r, clock)
         }
 
+        /// Registers as a conversation does: stamped with the session's clock.
         fn register(
             r: &ActorRef<TaskRegistryMsg>,
+            clock: &Clock,
             task_id: TaskId,
             conversation_id: ConversationId,
             cancel: &CancellationToken,
@@ -563,6 +643,7 @@ mod tests {
                 conversation_id,
                 sub_id: format!("sub-{task_id}"),
                 cancel: cancel.clone(),
+                started_at_ms: clock.now_ms(),
             })
             .unwrap();
         }
@@ -580,7 +661,7 @@ mod tests {
             let (r, clock) = registry().await;
             let (t, c) = (TaskId::new(), ConversationId::new());
             let started = clock.now_ms();
-            register(&r, t, c, &token());
+            register(&r, &clock, t, c, &token());
             r.cast(TaskRegistryMsg::StateChanged {
                 task_id: t,
                 state: TaskState::Running,
@@ -603,10 +684,10 @@ mod tests {
 
         #[tokio::test(start_paused = true)]
         async fn cancel_reaches_a_task_awaiting_its_token() {
-            let (r, _) = registry().await;
+            let (r, clock) = registry().await;
             let (t, c) = (TaskId::new(), ConversationId::new());
             let tok = token();
-            register(&r, t, c, &tok);
+            register(&r, &clock, t, c, &tok);
             let task = tokio::spawn({
                 let tok = tok.clone();
                 async move {
@@ -634,12 +715,12 @@ mod tests {
 
         #[tokio::test(start_paused = true)]
         async fn cancel_conversation_counts_and_fires_its_tokens() {
-            let (r, _) = registry().await;
+            let (r, clock) = registry().await;
             let (c, d) = (ConversationId::new(), ConversationId::new());
             let (a, b, other) = (token(), token(), token());
-            register(&r, TaskId::new(), c, &a);
-            register(&r, TaskId::new(), c, &b);
-            register(&r, TaskId::new(), d, &other);
+            register(&r, &clock, TaskId::new(), c, &a);
+            register(&r, &clock, TaskId::new(), c, &b);
+            register(&r, &clock, TaskId::new(), d, &other);
             let n = call!(r, |reply| TaskRegistryMsg::CancelConversation {
                 conversation_id: c,
                 reply
@@ -658,11 +739,11 @@ mod tests {
 
         #[tokio::test(start_paused = true)]
         async fn a_gone_conversation_is_dropped() {
-            let (r, _) = registry().await;
+            let (r, clock) = registry().await;
             let (c, d) = (ConversationId::new(), ConversationId::new());
-            register(&r, TaskId::new(), c, &token());
+            register(&r, &clock, TaskId::new(), c, &token());
             let kept = TaskId::new();
-            register(&r, kept, d, &token());
+            register(&r, &clock, kept, d, &token());
             r.cast(TaskRegistryMsg::ConversationGone { conversation_id: c })
                 .unwrap();
             assert!(list(&r, Some(c)).await.is_empty());
@@ -675,11 +756,11 @@ mod tests {
             let (r, clock) = registry().await;
             let c = ConversationId::new();
             let (first, second) = (TaskId::new(), TaskId::new());
-            register(&r, second, c, &token());
+            register(&r, &clock, second, c, &token());
             // A barrier, so that the first registration is stamped before time moves on.
             let _ = list(&r, None).await;
             tokio::time::advance(Duration::from_millis(5)).await;
-            register(&r, first, ConversationId::new(), &token());
+            register(&r, &clock, first, ConversationId::new(), &token());
             let listed = list(&r, None).await;
             let order: Vec<TaskId> = listed.iter().map(|i| i.task_id).collect();
             assert_eq!(order, vec![second, first]);

@@ -73,6 +73,10 @@ use troupe_store::ttl::TtlSweeper;
 
 pub use state::{AppState, ExtraRoutes};
 
+/// How long a failed service keeps its listener open, answering 503 on `/healthz` with the
+/// reason, before it shuts down and exits non-zero.
+pub const FAILED_LINGER: Duration = Duration::from_secs(2);
+
 /// A running service: the registry and what the transports share.
 #[derive(Clone)]
 pub struct Service {
@@ -223,6 +227,12 @@ impl Service {
         };
         if let Some(reason) = &failure {
             tracing::error!(%reason, "service failed; shutting down to be restarted");
+            // Keep answering for a moment, so that health checks see why (503 on /healthz
+            // and /readyz) before the listener closes.
+            tokio::select! {
+                () = tokio::time::sleep(FAILED_LINGER) => {}
+                () = self.state.shutdown.cancelled() => {}
+            }
         }
         self.shutdown().await;
         if let Some(a2a) = a2a {

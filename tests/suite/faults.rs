@@ -1,10 +1,11 @@
-//! Fault injection (seed 000 §14): a panicking conversation actor, tool conflicts,
-//! cancellation, a slow event subscriber.
+//! Fault injection (seed 000 §14): a panicking conversation actor, a panicking task runner,
+//! tool conflicts, cancellation, a slow event subscriber.
 
 use std::sync::Arc;
 use std::time::Duration;
 use tokio::sync::broadcast::error::TryRecvError;
 use troupe_actors::conversation::ConversationMsg;
+use troupe_actors::ports::{DeltaSink, ModelClient, ModelInfo, ModelRequest, ModelResponse};
 use troupe_proto::{EventKind, HistoryItem, Json, OpenConversation, TaskStatus, ToolSpec};
 use troupe_runtime::ScriptedReply;
 use troupe_tests::{FixedTools, RecordingModel, TestSession, start_with_model};
@@ -58,6 +59,56 @@ async fn a_panicking_conversation_restarts_from_its_rollout_and_siblings_are_unt
     );
     assert_eq!(
         session.message(b, "sibling two").await.unwrap().status,
+        TaskStatus::Ok
+    );
+    session.shutdown().await.unwrap();
+}
+
+/// Answers like the scripted model, except that it panics when the user says "boom".
+struct PanickyModel(troupe_runtime::ScriptedModel);
+
+#[async_trait::async_trait]
+impl ModelClient for PanickyModel {
+    fn info(&self) -> ModelInfo {
+        self.0.info()
+    }
+
+    async fn step(
+        &self,
+        request: ModelRequest<'_>,
+        deltas: &mut dyn DeltaSink,
+        cancel: &tokio_util::sync::CancellationToken,
+    ) -> Result<ModelResponse, troupe_proto::AgentError> {
+        let boom = request
+            .prompt
+            .iter()
+            .any(|i| matches!(i, HistoryItem::Message { text, .. } if text == "boom"));
+        assert!(!boom, "the model client has a bug");
+        self.0.step(request, deltas, cancel).await
+    }
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_task_whose_runner_panics_ends_in_error_and_gives_its_slot_back() {
+    let model = Arc::new(PanickyModel(troupe_runtime::ScriptedModel::default()));
+    let (session, _dir, _join) = start_with_model(model, |_| {}, None).await;
+    let root = session.root().await.unwrap();
+    let reply = session.message(root, "boom").await.unwrap();
+    assert_eq!(reply.status, TaskStatus::Error);
+    assert!(
+        matches!(reply.error, Some(troupe_proto::AgentError::Internal { .. })),
+        "{:?}",
+        reply.error
+    );
+    assert!(session.tasks(None).await.unwrap().is_empty());
+    // Single-flight: another conversation's task runs only if the slot was given back.
+    let other = session.open(OpenConversation::default()).await.unwrap();
+    assert_eq!(
+        session.message(other, "fine").await.unwrap().status,
+        TaskStatus::Ok
+    );
+    assert_eq!(
+        session.message(root, "still here").await.unwrap().status,
         TaskStatus::Ok
     );
     session.shutdown().await.unwrap();

@@ -1,8 +1,8 @@
 //! The session's McpPool against the real npm servers (server-everything, -memory,
 //! -filesystem) through real sessions: a server killed mid-call, allowlist views, limits,
 //! progress and cancellation, elicitation and sampling through the approval path, the
-//! scrubbed environment, the pool's own restart and a stable tool list. Every test is bounded
-//! in time and checks that no server process outlives its session.
+//! scrubbed environment, the pool's own restart (also under a running task) and a stable tool
+//! list. Every test is bounded in time and checks that no server process outlives its session.
 
 use serde_json::{Value, json};
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -37,12 +37,16 @@ async fn bounded(test: impl std::future::Future<Output = ()>) {
 // ----- a model that does what the user message says -----
 
 /// `call <tool> <json arguments>` calls that tool once, then reports what it answered
-/// (`observed: <output>`); any other message gets `model says: <message>`. Records the tools
+/// (`observed: <output>`); any other message gets `model says: <message>`. `hold, then
+/// <directive>` first waits for `release` (the task is in flight meanwhile). Records the tools
 /// each conversation was offered.
 #[derive(Default)]
 struct DirectiveModel {
     offered: Mutex<Vec<(ConversationId, Vec<ToolSpec>)>>,
     calls: AtomicU64,
+    /// Steps waiting for `release`.
+    held: AtomicU64,
+    release: tokio::sync::Notify,
 }
 
 impl DirectiveModel {
@@ -84,12 +88,22 @@ impl ModelClient for DirectiveModel {
         &self,
         request: ModelRequest<'_>,
         _deltas: &mut dyn DeltaSink,
-        _cancel: &CancellationToken,
+        cancel: &CancellationToken,
     ) -> Result<ModelResponse, AgentError> {
         self.offered
             .lock()
             .unwrap()
             .push((request.conversation_id, request.tools.to_vec()));
+        let held = request.prompt.iter().last().is_some_and(|item| {
+            matches!(item, HistoryItem::Message { role: Role::User, text } if text.starts_with("hold, then "))
+        });
+        if held {
+            self.held.fetch_add(1, Ordering::SeqCst);
+            tokio::select! {
+                () = self.release.notified() => {}
+                () = cancel.cancelled() => return Err(AgentError::cancelled("cancelled")),
+            }
+        }
         let mut last_user = String::new();
         let mut observed = None;
         for item in request.prompt.iter() {
@@ -105,6 +119,7 @@ impl ModelClient for DirectiveModel {
                 _ => {}
             }
         }
+        let last_user = last_user.trim_start_matches("hold, then ");
         let text = match (observed, last_user.strip_prefix("call ")) {
             (Some(out), _) => format!("observed: {out}"),
             (None, Some(directive)) => {
@@ -975,6 +990,60 @@ async fn a_failed_pool_is_restarted_and_conversations_keep_their_views() {
         assert_eq!(now.approvals.get_id(), services.approvals.get_id());
         assert_eq!(now.scheduler.get_id(), services.scheduler.get_id());
         assert_eq!(t.session.list().await.unwrap().len(), 2);
+        assert_eq!(servers.processes().len(), 1);
+    })
+    .await;
+    t.stop(&servers).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_running_task_calls_its_tools_through_the_pool_that_replaced_a_failed_one() {
+    let servers = Servers::new();
+    let mut t = start(vec![servers.everything()], |_| {}).await;
+    bounded(async {
+        t.wait_tools(&["everything__echo"]).await;
+        let root = t.session.root().await.unwrap();
+        let session = t.session.clone();
+        let text = format!(
+            "hold, then {}",
+            call(
+                "everything__echo",
+                json!({ "message": "across the restart" })
+            )
+        );
+        let task = tokio::spawn(async move { session.message(root, text).await });
+        // The task is in flight: its view is on the first pool, its model step is held.
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while t.model.held.load(Ordering::SeqCst) == 0 {
+            assert!(
+                Instant::now() < deadline,
+                "the task never reached the model"
+            );
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        let old = t.pool().await;
+        let first_pid = t.pid("everything").await.unwrap();
+        old.actor()
+            .cast(troupe_actors::mcp_pool::McpPoolMsg::InjectPanic)
+            .unwrap();
+        while t.pool().await.actor().get_id() == old.actor().get_id() {
+            assert!(Instant::now() < deadline, "the pool was not restarted");
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        // The conversation's new view starts the server again on the new pool.
+        t.event(Duration::from_secs(20), |e| {
+            matches!(e.event, EventKind::McpServerReady { .. })
+        })
+        .await;
+        t.wait_tools(&["everything__echo"]).await;
+        assert_ne!(t.pid("everything").await, Some(first_pid));
+        // Now the task makes its call: through a view of its own on the new pool.
+        t.model.release.notify_one();
+        let reply = task.await.unwrap().unwrap();
+        assert_eq!(
+            (reply.status, reply.text.as_str(), reply.stats.tool_calls),
+            (TaskStatus::Ok, "observed: Echo: across the restart", 1)
+        );
         assert_eq!(servers.processes().len(), 1);
     })
     .await;

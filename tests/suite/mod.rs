@@ -10,6 +10,7 @@ mod mcp;
 mod mcp_servers;
 mod observability;
 mod repl;
+mod restarts;
 mod resume;
 mod rollout;
 mod scheduling;

@@ -17,6 +17,29 @@ pub const PENDING: &str = "troupe_approval_pending";
 pub const KEYS: &str = "troupe_approval_keys";
 /// How long a pending request waited for its resolution, by outcome.
 pub const WAIT_SECONDS: &str = "troupe_approval_wait_seconds";
+/// Requests asked again of a store that replaced one that failed before answering, by who
+/// asked.
+pub const REASKED_TOTAL: &str = "troupe_approval_reasked_total";
+
+/// Who waits for an approval (a label).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Asker {
+    /// A task's command or patch.
+    Task,
+    /// An MCP server's elicitation or sampling request.
+    Mcp,
+}
+
+impl Asker {
+    pub const ALL: [Self; 2] = [Self::Task, Self::Mcp];
+
+    pub const fn as_str(self) -> &'static str {
+        match self {
+            Self::Task => "task",
+            Self::Mcp => "mcp",
+        }
+    }
+}
 
 /// How a request ended, as a metric label.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -107,6 +130,19 @@ pub fn describe() {
         Unit::Seconds,
         "Time from an approval request to its resolution, by outcome."
     );
+    describe_counter!(
+        REASKED_TOTAL,
+        Unit::Count,
+        "Approval requests asked again of a store that replaced a failed one, by asker (task, mcp)."
+    );
+    for asker in Asker::ALL {
+        counter!(REASKED_TOTAL, "asker" => asker.as_str()).increment(0);
+    }
+}
+
+/// Counts a request asked again after its store failed.
+pub fn reasked(asker: Asker) {
+    counter!(REASKED_TOTAL, "asker" => asker.as_str()).increment(1);
 }
 
 /// Counts one request taken in.

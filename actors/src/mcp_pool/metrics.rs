@@ -36,6 +36,33 @@ pub const PROGRESS_TOTAL: &str = "troupe_mcp_progress_notifications_total";
 pub const TOOLS_LEFT_OUT_TOTAL: &str = "troupe_mcp_tools_left_out_total";
 /// Requests of servers to the client (elicitation, sampling), by kind and outcome.
 pub const SERVER_REQUESTS_TOTAL: &str = "troupe_mcp_server_requests_total";
+/// Views opened again on a pool that replaced a failed one, by who opened them.
+pub const VIEWS_REOPENED_TOTAL: &str = "troupe_mcp_views_reopened_total";
+
+/// Who opened a view again after a pool restart (a label).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum ReopenedBy {
+    /// A conversation, for its next tasks.
+    Conversation,
+    /// A running task, for its remaining calls.
+    Task,
+}
+
+impl ReopenedBy {
+    pub const ALL: [Self; 2] = [Self::Conversation, Self::Task];
+
+    pub const fn as_str(self) -> &'static str {
+        match self {
+            Self::Conversation => "conversation",
+            Self::Task => "task",
+        }
+    }
+}
+
+/// Counts a view opened again on a new pool.
+pub fn view_reopened(by: ReopenedBy) {
+    counter!(VIEWS_REOPENED_TOTAL, "by" => by.as_str()).increment(1);
+}
 
 /// Registers descriptions; call once after installing a recorder.
 pub fn describe() {
@@ -104,6 +131,14 @@ pub fn describe() {
         Unit::Count,
         "Tools listed by MCP servers but not offered, by reason (requires_task, invalid_name)."
     );
+    describe_counter!(
+        VIEWS_REOPENED_TOTAL,
+        Unit::Count,
+        "MCP views opened again on a pool that replaced a failed one, by opener (conversation, task)."
+    );
+    for by in ReopenedBy::ALL {
+        counter!(VIEWS_REOPENED_TOTAL, "by" => by.as_str()).increment(0);
+    }
 }
 
 /// Which limit refused a call.

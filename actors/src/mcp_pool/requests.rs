@@ -14,10 +14,10 @@
 
 use super::calls::InFlightCall;
 use super::metrics::{self, RequestKind, RequestOutcome};
-use crate::approval_store::{ApprovalMsg, Ask, Granted};
+use crate::approval_store::{ApprovalMsg, Ask, Granted, ask_until_answered};
+use crate::directory::ServiceRef;
 use crate::history::{HistoryLimits, HistoryStore, LocalSummarizer};
 use crate::ports::{DeltaSink, ElicitOutcome, ModelClient, ModelRequest};
-use ractor::ActorRef;
 use serde_json::{Value, json};
 use std::sync::Arc;
 use tracing::Instrument;
@@ -30,7 +30,7 @@ const REASON_EXCERPT: usize = 200;
 pub struct Requester {
     pub server: String,
     pub call: InFlightCall,
-    pub approvals: Option<ActorRef<ApprovalMsg>>,
+    pub approvals: Option<ServiceRef<ApprovalMsg>>,
     pub model: Option<Arc<dyn ModelClient>>,
 }
 
@@ -54,8 +54,9 @@ impl Requester {
         )
     }
 
-    /// Asks a human through the ApprovalStore; `Cancelled` when the call ends first, the
-    /// store's answer otherwise (`Internal` if the store went away).
+    /// Asks a human through the session's ApprovalStore (the next one if it fails while the
+    /// request waits); `Cancelled` when the call ends first, the store's answer otherwise
+    /// (`Internal` if the session has no store any more).
     async fn ask(&self, ask: Ask) -> Result<Granted, AgentError> {
         let Some(approvals) = &self.approvals else {
             return Err(AgentError::ApprovalDenied {
@@ -63,28 +64,25 @@ impl Requester {
                 reason: "this session has no approval path for MCP requests".into(),
             });
         };
-        let asked = async {
-            ractor::call!(approvals, |reply| ApprovalMsg::RequestSubject {
-                ask,
-                timeout: None,
-                reply,
-            })
-        };
+        let asked = ask_until_answered(
+            approvals,
+            ask,
+            None,
+            crate::approval_store::metrics::Asker::Mcp,
+        );
         let answer = tokio::select! {
             biased;
             () = self.call.cancel.cancelled() => None,
             answer = asked => Some(answer),
         };
         match answer {
-            Some(answer) => answer.unwrap_or_else(|e| {
-                Err(AgentError::internal(format!(
-                    "approval store unavailable: {e}"
-                )))
+            Some(answer) => answer.unwrap_or_else(|| {
+                Err(AgentError::internal("the session's approval store is gone"))
             }),
             None => {
                 // Our wait is over (its reply port is dropped): the request is withdrawn
                 // rather than left for a human to answer in vain.
-                let _ = approvals.cast(ApprovalMsg::CallersGone {
+                let _ = approvals.get().cast(ApprovalMsg::CallersGone {
                     conversation_id: self.call.conversation_id,
                 });
                 Err(AgentError::cancelled(

@@ -358,7 +358,7 @@ async fn start_with_approvals(
     )
     .await
     .unwrap();
-    let harness = start_with(servers, limits(), Vec::new(), Some(store.clone())).await;
+    let harness = start_with(servers, limits(), Vec::new(), Some(store.clone().into())).await;
     (harness, store)
 }
 
@@ -366,7 +366,7 @@ async fn start_with(
     servers: &[&Arc<FakeServer>],
     limits: McpLimits,
     roots: Vec<String>,
-    approvals: Option<ActorRef<ApprovalMsg>>,
+    approvals: Option<ServiceRef<ApprovalMsg>>,
 ) -> Harness {
     let (tx, events) = mpsc::unbounded_channel();
     let (rollout, _) = Actor::spawn(None, Forward, tx).await.unwrap();
@@ -1358,7 +1358,7 @@ async fn a_connect_that_fails_with_nobody_waiting_is_not_retried() {
 }
 
 #[tokio::test(start_paused = true)]
-async fn without_an_approval_path_requests_are_declined_until_one_is_given() {
+async fn without_an_approval_path_requests_are_declined() {
     let a = FakeServer::new("a", &["ask"]);
     a.asks.send_replace(Asks::Elicitation);
     let mut h = start(&[&a], limits()).await;
@@ -1367,26 +1367,40 @@ async fn without_an_approval_path_requests_are_declined_until_one_is_given() {
     h.ready("a").await;
     let out = output(task_call(&view, "a__ask", c, TaskId::new(), CancellationToken::new()).await);
     assert!(out.ends_with("elicited Decline"), "{out}");
+}
 
-    // The session hands over its (restarted) ApprovalStore: requests go there from now on.
-    let (store, _) = Actor::spawn(
-        None,
-        ApprovalStore,
-        ApprovalStoreArgs {
-            clock: Clock::new(),
-            sweep_interval: Duration::from_secs(3600),
-            request_timeout: Duration::from_secs(60),
-            events: None,
-        },
-    )
-    .await
-    .unwrap();
-    h.pool.services_changed(None, Some(store.clone()));
+async fn approval_store() -> ActorRef<ApprovalMsg> {
+    let args = ApprovalStoreArgs {
+        clock: Clock::new(),
+        sweep_interval: Duration::from_secs(3600),
+        request_timeout: Duration::from_secs(60),
+        events: None,
+    };
+    Actor::spawn(None, ApprovalStore, args).await.unwrap().0
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_request_pending_when_the_approval_store_fails_is_asked_of_the_next_one() {
+    let a = FakeServer::new("a", &["ask"]);
+    a.asks.send_replace(Asks::Elicitation);
+    let first = approval_store().await;
+    let (slot, live) = crate::directory::TestSlot::new(first.clone());
+    let mut h = start_with(&[&a], limits(), Vec::new(), Some(live)).await;
+    let c = ConversationId::new();
+    let view = h.open_for(c, None).await;
+    h.ready("a").await;
     let running = task_call(&view, "a__ask", c, TaskId::new(), CancellationToken::new());
-    let p = pending_one(&store).await;
+    let before = pending_one(&first).await;
+    // The session replaces the failed store in its directory; the pool is told nothing.
+    first.cast(ApprovalMsg::InjectPanic).unwrap();
+    let second = approval_store().await;
+    slot.replace(second.clone());
+    let again = pending_one(&second).await;
+    assert_ne!(again.approval_id, before.approval_id);
+    assert_eq!(again.subject, before.subject);
     respond(
-        &store,
-        &p,
+        &second,
+        &again,
         ApprovalDecision::ApproveWithContent {
             content: Json(json!({"name": "Ada"})),
         },

@@ -10,11 +10,10 @@ use super::{
     CALL_TIMEOUT_GRACE, McpLimits, McpPool, McpPoolArgs, McpPoolMsg, PoolSnapshot, Route,
     RouteTable, ViewId, ViewScope, decide, metrics,
 };
-use crate::approval_store::ApprovalMsg;
 use crate::events::{EventDraft, EventSink};
 use crate::ports::{McpCall, McpNotice, McpPort, McpView, ToolCallContext};
 use async_trait::async_trait;
-use ractor::{Actor, ActorCell, ActorRef};
+use ractor::{Actor, ActorCell, ActorRef, ActorStatus};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use tokio::sync::{Semaphore, mpsc, watch};
@@ -74,17 +73,6 @@ impl McpPoolHandle {
     /// Closes every connection and stops the pool.
     pub async fn shutdown(&self) {
         let _ = ractor::call!(self.actor, |reply| McpPoolMsg::Shutdown { reply });
-    }
-
-    /// The session restarted its Rollout or ApprovalStore: events and approvals go to these.
-    pub fn services_changed(
-        &self,
-        events: Option<EventSink>,
-        approvals: Option<ActorRef<ApprovalMsg>>,
-    ) {
-        let _ = self
-            .actor
-            .cast(McpPoolMsg::ServicesChanged { events, approvals });
     }
 }
 
@@ -183,6 +171,10 @@ impl McpView for PoolView {
                 .actor
                 .cast(McpPoolMsg::ReleaseView { view_id: self.id });
         }
+    }
+
+    fn is_closed(&self) -> bool {
+        self.actor.get_status() >= ActorStatus::Stopping
     }
 }
 

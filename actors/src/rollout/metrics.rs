@@ -18,6 +18,10 @@ pub const UNREADABLE_LINES: &str = "troupe_rollout_unreadable_lines_total";
 pub const SUBSCRIBER_LAGGED: &str = "troupe_rollout_subscriber_lagged_events_total";
 pub const EVENTS_WITHHELD: &str = "troupe_rollout_events_withheld_total";
 pub const PUBLISH_DELAY: &str = "troupe_rollout_publish_delay_seconds";
+/// Events whose Rollout had stopped, kept for the one that replaces it.
+pub const EVENTS_PARKED: &str = "troupe_rollout_events_parked_total";
+/// Events dropped because no Rollout would take them.
+pub const EVENTS_LOST: &str = "troupe_rollout_events_lost_total";
 /// One group commit of the writer, whatever the storage, by whether it synced.
 pub const FLUSH_DURATION: &str = "troupe_rollout_flush_duration_seconds";
 
@@ -123,6 +127,19 @@ pub fn describe() {
         Unit::Count,
         "Live events a slow subscriber missed (counted by subscribers)."
     );
+    describe_counter!(
+        EVENTS_PARKED,
+        Unit::Count,
+        "Events emitted while the rollout was stopped, handed to the rollout that replaced it."
+    );
+    describe_counter!(
+        EVENTS_LOST,
+        Unit::Count,
+        "Events dropped because the rollout had stopped and nothing would replace it."
+    );
+    // Rare: the series exist at 0 so that an increase shows.
+    counter!(EVENTS_PARKED).increment(0);
+    counter!(EVENTS_LOST).increment(0);
 }
 
 pub fn event_emitted(kind: &'static str) {
@@ -182,4 +199,12 @@ pub fn unreadable_lines(lines: u64) {
 /// For subscribers: call with the count carried by `RecvError::Lagged`.
 pub fn subscriber_lagged(missed: u64) {
     counter!(SUBSCRIBER_LAGGED).increment(missed);
+}
+
+pub fn event_parked() {
+    counter!(EVENTS_PARKED).increment(1);
+}
+
+pub fn event_lost() {
+    counter!(EVENTS_LOST).increment(1);
 }

@@ -249,7 +249,6 @@ mod tests {
     use crate::events::EventDraft;
     use proptest::prelude::*;
     use ractor::Actor;
-    use std::time::Duration;
     use troupe_proto::{ConversationId, EventKind, SessionId, StoragePolicy};
 
     #[test]
@@ -397,8 +396,8 @@ mod tests {
                 session_id: SessionId::new(),
                 storage: Arc::new(FileRolloutStorage::new(tmp.path())),
                 clock: Clock::new(),
-                ttl_sweep_interval: Duration::ZERO,
                 subscriber_capacity: capacity,
+                policies: Vec::new(),
             },
         )
         .await
@@ -515,8 +514,8 @@ mod tests {
                 session_id: SessionId::new(),
                 storage: Arc::new(FileRolloutStorage::new(tmp.path())),
                 clock: Clock::new(),
-                ttl_sweep_interval: Duration::ZERO,
                 subscriber_capacity: 8,
+                policies: Vec::new(),
             },
         )
         .await

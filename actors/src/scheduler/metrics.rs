@@ -15,6 +15,10 @@ pub const RELEASES_TOTAL: &str = "troupe_scheduler_releases_total";
 pub const RUNNING: &str = "troupe_scheduler_running";
 /// Requests waiting for a slot now (summed over sessions).
 pub const WAITING: &str = "troupe_scheduler_waiting";
+/// Grants re-declared to a scheduler that replaced a failed one.
+pub const REINSTATED_TOTAL: &str = "troupe_scheduler_grants_reinstated_total";
+/// Waits of a replacing scheduler for the holders of the old grants, by how they ended.
+pub const RECOVERIES_TOTAL: &str = "troupe_scheduler_recoveries_total";
 
 /// Registers the descriptions (a Prometheus exporter rejects undescribed metrics).
 pub fn describe() {
@@ -39,6 +43,49 @@ pub fn describe() {
         Unit::Count,
         "Requests waiting for a scheduler slot (the queue depth)"
     );
+    describe_counter!(
+        REINSTATED_TOTAL,
+        Unit::Count,
+        "Grants of running tasks re-declared to a scheduler that replaced a failed one"
+    );
+    describe_counter!(
+        RECOVERIES_TOTAL,
+        Unit::Count,
+        "Waits of a replacing scheduler for the holders of the old grants, by outcome (complete, timed_out)"
+    );
+    // Restarts are rare: the series exist at 0 so that an increase shows.
+    counter!(REINSTATED_TOTAL).increment(0);
+    for outcome in RecoveryOutcome::ALL {
+        counter!(RECOVERIES_TOTAL, "outcome" => outcome.as_str()).increment(0);
+    }
+}
+
+/// How a replacing scheduler's wait for the old grants' holders ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum RecoveryOutcome {
+    /// Every holder answered (or stopped).
+    Complete,
+    /// `recovery_timeout` ran out first.
+    TimedOut,
+}
+
+impl RecoveryOutcome {
+    pub const ALL: [Self; 2] = [Self::Complete, Self::TimedOut];
+
+    pub const fn as_str(self) -> &'static str {
+        match self {
+            Self::Complete => "complete",
+            Self::TimedOut => "timed_out",
+        }
+    }
+}
+
+pub fn reinstated() {
+    counter!(REINSTATED_TOTAL).increment(1);
+}
+
+pub fn recovery(outcome: RecoveryOutcome) {
+    counter!(RECOVERIES_TOTAL, "outcome" => outcome.as_str()).increment(1);
 }
 
 /// How an `Acquire` was answered.
@@ -119,5 +166,43 @@ fn shift(name: &'static str, published: &mut usize, now: usize) {
     if now != *published {
         gauge!(name).increment(now as f64 - *published as f64);
         *published = now;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use metrics_util::debugging::{DebugValue, DebuggingRecorder};
+
+    #[test]
+    fn the_restart_series_exist_from_the_start() {
+        let recorder = DebuggingRecorder::new();
+        let snapshotter = recorder.snapshotter();
+        metrics::with_local_recorder(&recorder, || {
+            describe();
+            recovery(RecoveryOutcome::TimedOut);
+        });
+        let mut series: Vec<(String, Option<String>, u64)> = snapshotter
+            .snapshot()
+            .into_vec()
+            .into_iter()
+            .filter(|(key, ..)| [REINSTATED_TOTAL, RECOVERIES_TOTAL].contains(&key.key().name()))
+            .map(|(key, _, _, value)| {
+                let label = key.key().labels().next().map(|l| l.value().to_owned());
+                let DebugValue::Counter(n) = value else {
+                    panic!("not a counter")
+                };
+                (key.key().name().to_owned(), label, n)
+            })
+            .collect();
+        series.sort();
+        assert_eq!(
+            series,
+            vec![
+                (REINSTATED_TOTAL.to_owned(), None, 0),
+                (RECOVERIES_TOTAL.to_owned(), Some("complete".into()), 0),
+                (RECOVERIES_TOTAL.to_owned(), Some("timed_out".into()), 1),
+            ]
+        );
     }
 }

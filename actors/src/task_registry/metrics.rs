@@ -7,6 +7,8 @@ use troupe_proto::TaskState;
 pub const TASKS_LIVE: &str = "troupe_tasks_live";
 /// Cancellations requested, by scope.
 pub const TASK_CANCELLATIONS_TOTAL: &str = "troupe_task_cancellations_total";
+/// Tasks re-declared to a registry that replaced a failed one.
+pub const TASKS_REINSTATED_TOTAL: &str = "troupe_tasks_reinstated_total";
 
 /// Registers the descriptions (a Prometheus exporter rejects undescribed metrics).
 pub fn describe() {
@@ -20,6 +22,17 @@ pub fn describe() {
         Unit::Count,
         "Tasks whose cancellation was requested, by scope"
     );
+    describe_counter!(
+        TASKS_REINSTATED_TOTAL,
+        Unit::Count,
+        "Running tasks re-declared to a task registry that replaced a failed one"
+    );
+    // Restarts are rare: the series exists at 0 so that an increase shows.
+    counter!(TASKS_REINSTATED_TOTAL).increment(0);
+}
+
+pub fn reinstated() {
+    counter!(TASKS_REINSTATED_TOTAL).increment(1);
 }
 
 /// What a cancellation was aimed at.

@@ -217,6 +217,10 @@ async fn a_component_that_gives_up_fails_the_service() {
             reason: "the A2A endpoint keeps failing (drill)".into()
         }
     );
+    // Until it closes its listener, the service says why.
+    let (status, body) = api.get("/healthz").await;
+    assert_eq!(status, StatusCode::SERVICE_UNAVAILABLE, "{body}");
+    assert_eq!(body["component"], "a2a");
     // serve_http notices and shuts down with an error (Server::stop would panic on it).
     let t0 = Instant::now();
     while api
