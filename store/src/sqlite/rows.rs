@@ -1,0 +1,220 @@
+//! Reading rows: the SELECTs, paging, and decoding a row into its record (an undecodable
+//! column is an error naming the table, the row and the column).
+
+use super::writer::sql;
+use crate::conn::internal;
+use rusqlite::{Connection, Row, params};
+use troupe_proto::store::{
+    ConversationRecord, ConversationState, MessagePage, MessageRecord, MessageStatus, SessionRecord,
+};
+use troupe_proto::{AgentError, Json, Role, SessionId, TaskId};
+
+pub(super) const SESSION_SELECT: &str = "SELECT rowid, session_id, project_id, title, created_ms, \
+     root_conversation_id, settings FROM sessions";
+pub(super) const CONVERSATION_SELECT: &str = "SELECT rowid, conversation_id, session_id, params, is_root, \
+     state, created_ms, closed_ms FROM conversations";
+pub(super) const MESSAGE_SELECT: &str = "SELECT message_id, session_id, conversation_id, task_id, role, \
+     content, chars, created_ms, status, reply_message_id FROM messages";
+
+/// Every row of a query, decoded; the first undecodable row is an error naming it.
+pub(super) fn query_all<T>(
+    c: &Connection,
+    query: &str,
+    params: impl rusqlite::Params,
+    decode: impl Fn(&Row<'_>) -> Result<T, AgentError>,
+) -> Result<Vec<T>, AgentError> {
+    let mut st = c.prepare_cached(query).map_err(sql("prepare read"))?;
+    let mut rows = st.query(params).map_err(sql("read"))?;
+    let mut out = Vec::new();
+    while let Some(row) = rows.next().map_err(sql("read"))? {
+        out.push(decode(row)?);
+    }
+    Ok(out)
+}
+
+pub(super) fn message_page(
+    c: &Connection,
+    session_id: SessionId,
+    limit: usize,
+    before: Option<u64>,
+) -> Result<MessagePage, AgentError> {
+    // Ids are positive i64s, so clamping a larger cursor changes nothing.
+    let before = before.map_or(i64::MAX, |b| i64::try_from(b).unwrap_or(i64::MAX));
+    // One row more than asked tells whether an older page exists.
+    let fetch = i64::try_from(limit)
+        .unwrap_or(i64::MAX - 1)
+        .min(i64::MAX - 1)
+        + 1;
+    let mut newest_first = query_all(
+        c,
+        &format!(
+            "{MESSAGE_SELECT} WHERE session_id = ?1 AND message_id < ?2
+             ORDER BY message_id DESC LIMIT ?3"
+        ),
+        params![session_id.to_string(), before, fetch],
+        message_from_row,
+    )?;
+    let more = newest_first.len() > limit;
+    let next_before = if !more {
+        None
+    } else if limit == 0 {
+        // Nothing returned: the next page starts at the newest message we did not return.
+        newest_first.first().map(|m| m.message_id + 1)
+    } else {
+        newest_first.truncate(limit);
+        newest_first.last().map(|m| m.message_id)
+    };
+    newest_first.truncate(limit);
+    newest_first.reverse();
+    Ok(MessagePage {
+        messages: newest_first,
+        next_before,
+    })
+}
+
+/// Names a row in decoding errors: its table and rowid.
+pub(super) struct RowKey {
+    table: &'static str,
+    rowid: i64,
+}
+
+impl RowKey {
+    /// Reads column 0, which every query here selects as the rowid.
+    pub(super) fn new(table: &'static str, row: &Row<'_>) -> Result<Self, AgentError> {
+        let rowid = row
+            .get(0)
+            .map_err(|e| internal(format!("{table} row with no rowid"), e))?;
+        Ok(Self { table, rowid })
+    }
+
+    pub(super) fn err(&self, column: &str, e: impl std::fmt::Display) -> AgentError {
+        AgentError::internal(format!(
+            "corrupt {} row {}: column {column}: {e}",
+            self.table, self.rowid
+        ))
+    }
+
+    pub(super) fn get<T: rusqlite::types::FromSql>(
+        &self,
+        row: &Row<'_>,
+        index: usize,
+        column: &str,
+    ) -> Result<T, AgentError> {
+        row.get(index).map_err(|e| self.err(column, e))
+    }
+
+    /// A non-negative integer column.
+    pub(super) fn get_u64(
+        &self,
+        row: &Row<'_>,
+        index: usize,
+        column: &str,
+    ) -> Result<u64, AgentError> {
+        let v: i64 = self.get(row, index, column)?;
+        u64::try_from(v).map_err(|e| self.err(column, e))
+    }
+}
+
+pub(super) fn parse_id<T: std::str::FromStr>(
+    key: &RowKey,
+    row: &Row<'_>,
+    index: usize,
+    column: &str,
+) -> Result<T, AgentError>
+where
+    T::Err: std::fmt::Display,
+{
+    let text: String = key.get(row, index, column)?;
+    text.parse().map_err(|e| key.err(column, e))
+}
+
+pub(super) fn session_from_row(row: &Row<'_>) -> Result<SessionRecord, AgentError> {
+    let key = RowKey::new("sessions", row)?;
+    let settings: String = key.get(row, 6, "settings")?;
+    Ok(SessionRecord {
+        session_id: parse_id(&key, row, 1, "session_id")?,
+        project_id: key.get(row, 2, "project_id")?,
+        title: key.get(row, 3, "title")?,
+        created_ms: key.get_u64(row, 4, "created_ms")?,
+        root_conversation_id: parse_id(&key, row, 5, "root_conversation_id")?,
+        settings: Json(serde_json::from_str(&settings).map_err(|e| key.err("settings", e))?),
+    })
+}
+
+pub(super) fn conversation_from_row(row: &Row<'_>) -> Result<ConversationRecord, AgentError> {
+    let key = RowKey::new("conversations", row)?;
+    let params: String = key.get(row, 3, "params")?;
+    let state: String = key.get(row, 5, "state")?;
+    let closed_ms: Option<i64> = key.get(row, 7, "closed_ms")?;
+    Ok(ConversationRecord {
+        conversation_id: parse_id(&key, row, 1, "conversation_id")?,
+        session_id: parse_id(&key, row, 2, "session_id")?,
+        params: serde_json::from_str(&params).map_err(|e| key.err("params", e))?,
+        is_root: key.get(row, 4, "is_root")?,
+        state: parse_state(&state).ok_or_else(|| key.err("state", format!("unknown `{state}`")))?,
+        created_ms: key.get_u64(row, 6, "created_ms")?,
+        closed_ms: closed_ms
+            .map(|v| u64::try_from(v).map_err(|e| key.err("closed_ms", e)))
+            .transpose()?,
+    })
+}
+
+pub(super) fn message_from_row(row: &Row<'_>) -> Result<MessageRecord, AgentError> {
+    let key = RowKey::new("messages", row)?;
+    let role: String = key.get(row, 4, "role")?;
+    let task_id: Option<String> = key.get(row, 3, "task_id")?;
+    let status: Option<String> = key.get(row, 8, "status")?;
+    let reply: Option<i64> = key.get(row, 9, "reply_message_id")?;
+    Ok(MessageRecord {
+        message_id: key.get_u64(row, 0, "message_id")?,
+        session_id: parse_id(&key, row, 1, "session_id")?,
+        conversation_id: parse_id(&key, row, 2, "conversation_id")?,
+        task_id: task_id
+            .map(|t| t.parse::<TaskId>().map_err(|e| key.err("task_id", e)))
+            .transpose()?,
+        role: parse_role(&role).ok_or_else(|| key.err("role", format!("unknown `{role}`")))?,
+        content: key.get(row, 5, "content")?,
+        chars: key.get_u64(row, 6, "chars")?,
+        created_ms: key.get_u64(row, 7, "created_ms")?,
+        status: status
+            .map(|s| {
+                MessageStatus::parse(&s).ok_or_else(|| key.err("status", format!("unknown `{s}`")))
+            })
+            .transpose()?,
+        reply_message_id: reply
+            .map(|v| u64::try_from(v).map_err(|e| key.err("reply_message_id", e)))
+            .transpose()?,
+    })
+}
+
+pub(super) const fn role_str(role: Role) -> &'static str {
+    match role {
+        Role::System => "system",
+        Role::User => "user",
+        Role::Assistant => "assistant",
+    }
+}
+
+pub(super) fn parse_role(s: &str) -> Option<Role> {
+    match s {
+        "system" => Some(Role::System),
+        "user" => Some(Role::User),
+        "assistant" => Some(Role::Assistant),
+        _ => None,
+    }
+}
+
+pub(super) const fn state_str(state: ConversationState) -> &'static str {
+    match state {
+        ConversationState::Open => "open",
+        ConversationState::Closed => "closed",
+    }
+}
+
+pub(super) fn parse_state(s: &str) -> Option<ConversationState> {
+    match s {
+        "open" => Some(ConversationState::Open),
+        "closed" => Some(ConversationState::Closed),
+        _ => None,
+    }
+}
