@@ -13,10 +13,9 @@
 use super::error::A2aError;
 use super::events::final_state;
 use super::model::{
-    Artifact, ArtifactUpdate, Message, Part, SendResult, Status, StatusUpdate, StreamEvent, Task,
-    TaskPage, TaskState,
+    Artifact, ArtifactUpdate, Message, Part, Status, StatusUpdate, StreamEvent, Task, TaskState,
 };
-use super::request::{DEFAULT_PAGE_SIZE, ListParams, SendParams};
+use super::request::SendParams;
 use serde_json::json;
 use std::collections::{HashMap, VecDeque};
 use troupe_proto::{
@@ -502,66 +501,6 @@ impl TaskBook {
         })
     }
 
-    /// A task as the client sees it: at most `history_length` recent messages (spec 3.2.4),
-    /// artifacts only if asked.
-    pub fn view(
-        &self,
-        task_id: &str,
-        history_length: Option<u32>,
-        include_artifacts: bool,
-    ) -> Option<Task> {
-        self.tasks
-            .get(task_id)
-            .map(|r| trim(&r.task, history_length, include_artifacts))
-    }
-
-    /// `ListTasks`: filtered, newest status first, paged by an opaque cursor.
-    pub fn list(&self, q: &ListParams) -> Result<TaskPage, A2aError> {
-        let cursor = match &q.page_token {
-            Some(t) => Some(parse_cursor(t)?),
-            None => None,
-        };
-        let mut matching: Vec<&Record> = self
-            .tasks
-            .values()
-            .filter(|r| {
-                q.context_id
-                    .as_ref()
-                    .is_none_or(|c| *c == r.task.context_id)
-            })
-            .filter(|r| q.status.is_none_or(|s| s == r.task.status.state))
-            .filter(|r| {
-                q.status_timestamp_after_ms
-                    .is_none_or(|after| r.updated_ms() >= after)
-            })
-            .collect();
-        matching.sort_by(|a, b| (b.updated_ms(), &b.task.id).cmp(&(a.updated_ms(), &a.task.id)));
-        let total = matching.len();
-        let start = match &cursor {
-            None => 0,
-            Some((ms, id)) => matching
-                .iter()
-                .position(|r| (r.updated_ms(), &r.task.id) < (*ms, id))
-                .unwrap_or(total),
-        };
-        let size = q.page_size.unwrap_or(DEFAULT_PAGE_SIZE);
-        let end = start.saturating_add(size as usize).min(total);
-        let page = &matching[start..end];
-        let next = match page.last() {
-            Some(last) if end < total => format!("{}:{}", last.updated_ms(), last.task.id),
-            _ => String::new(),
-        };
-        Ok(TaskPage {
-            tasks: page
-                .iter()
-                .map(|r| trim(&r.task, q.history_length, q.include_artifacts))
-                .collect(),
-            next_page_token: next,
-            page_size: size,
-            total_size: u32::try_from(total).unwrap_or(u32::MAX),
-        })
-    }
-
     /// The optimistic WORKING of a task whose approval was just answered.
     pub fn answered(&mut self, task_id: &str, now_ms: u64) -> Vec<StreamEvent> {
         match self.tasks.get_mut(task_id) {
@@ -707,123 +646,12 @@ impl TaskBook {
         }
         gone
     }
-
-    /// The reply of a blocking or non-blocking send.
-    pub fn send_result(&self, task_id: &str, history_length: Option<u32>) -> Option<SendResult> {
-        self.view(task_id, history_length, true)
-            .map(SendResult::Task)
-    }
 }
 
-fn trim(task: &Task, history_length: Option<u32>, include_artifacts: bool) -> Task {
-    let mut t = task.clone();
-    if let Some(n) = history_length {
-        let keep = (n as usize).min(t.history.len());
-        t.history.drain(..t.history.len() - keep);
-    }
-    if !include_artifacts {
-        t.artifacts.clear();
-    }
-    t
-}
+mod approval;
+mod query;
 
-fn parse_cursor(token: &str) -> Result<(u64, String), A2aError> {
-    token
-        .split_once(':')
-        .and_then(|(ms, id)| Some((ms.parse().ok()?, id.to_owned())))
-        .ok_or_else(|| A2aError::InvalidParams("pageToken is not one this server gave".into()))
-}
-
-/// The status message of a task that waits for a human: what is asked, in text and as a data
-/// part (`approvalRequest`).
-fn approval_parts(
-    approval_id: ApprovalId,
-    command: &[String],
-    reason: &str,
-    subject: &ApprovalSubject,
-) -> Vec<Part> {
-    let id = approval_id.to_string();
-    match subject {
-        ApprovalSubject::Command => vec![
-            Part::text(format!(
-                "Approval needed to run `{}`: {reason}. Reply in this task with \"approve\" or \
-                 \"deny\".",
-                command.join(" ")
-            )),
-            Part::data(json!({"approvalRequest": {
-                "approvalId": id, "kind": "command", "command": command, "reason": reason,
-            }})),
-        ],
-        ApprovalSubject::McpElicitation {
-            server,
-            message,
-            schema,
-        } => vec![
-            Part::text(format!(
-                "The MCP server `{server}` asks: {message} Reply in this task with a data part \
-                 holding the answer (an object matching `schema`), or \"deny\"."
-            )),
-            Part::data(json!({"approvalRequest": {
-                "approvalId": id, "kind": "elicitation", "server": server,
-                "message": message, "schema": schema.0,
-            }})),
-        ],
-        ApprovalSubject::McpSampling { server, request } => vec![
-            Part::text(format!(
-                "The MCP server `{server}` asks to use the model. Reply in this task with \
-                 \"approve\" or \"deny\"."
-            )),
-            Part::data(json!({"approvalRequest": {
-                "approvalId": id, "kind": "sampling", "server": server, "request": request.0,
-            }})),
-        ],
-    }
-}
-
-/// The approval decision a client's reply expresses: a data part `{"decision": ...}` with a
-/// troupe decision; for an elicitation, any other data part is the answer's content; else
-/// text (`approve`, `yes`, ... approve once; anything else denies, the text being the reason).
-fn decision_of(params: &SendParams, elicitation: bool) -> ApprovalDecision {
-    for part in &params.message.parts {
-        if let super::model::PartContent::Data(d) = &part.content {
-            if let Some(v) = d.get("decision")
-                && let Ok(decision) = serde_json::from_value::<ApprovalDecision>(v.clone())
-            {
-                return decision;
-            }
-            if elicitation && d.is_object() {
-                return ApprovalDecision::ApproveWithContent {
-                    content: troupe_proto::Json(d.clone()),
-                };
-            }
-        }
-    }
-    let text: String = params
-        .message
-        .parts
-        .iter()
-        .filter_map(|p| match &p.content {
-            super::model::PartContent::Text(t) => Some(t.as_str()),
-            _ => None,
-        })
-        .collect::<Vec<_>>()
-        .join(" ");
-    let word = text
-        .trim()
-        .trim_end_matches(['.', '!'])
-        .to_ascii_lowercase();
-    if matches!(
-        word.as_str(),
-        "approve" | "approved" | "yes" | "y" | "ok" | "allow" | "go ahead"
-    ) {
-        ApprovalDecision::ApproveOnce
-    } else {
-        ApprovalDecision::Deny {
-            reason: Some(text.trim().chars().take(500).collect())
-                .filter(|s: &String| !s.is_empty()),
-        }
-    }
-}
+use approval::{approval_parts, decision_of};
 
 #[cfg(test)]
 #[path = "book_tests.rs"]

@@ -1,6 +1,7 @@
 use super::*;
 use crate::a2a::events::frame;
 use crate::a2a::model::{PartContent, Role};
+use crate::a2a::request::ListParams;
 use crate::a2a::version::Version;
 use proptest::prelude::*;
 use troupe_proto::{Json, SessionId, TaskStats, ToolCall};
