@@ -1,7 +1,7 @@
 //! Request bodies for both OpenAI APIs, built from a [`ModelRequest`] without copying the
 //! history more than once (into the JSON itself).
 //!
-//! The history is first read into [`Entry`]s that the APIs accept: a tool output whose call
+//! The history is first read into [`ApiItem`]s that the APIs accept: a tool output whose call
 //! was trimmed away becomes a user message (both APIs reject an output without its call),
 //! and a call left without an output gets a placeholder one (both reject that too).
 
@@ -17,9 +17,9 @@ pub const SUMMARY_PREFIX: &str = "Summary of the earlier conversation:\n";
 /// Output given to a call that has none in the history.
 pub const MISSING_OUTPUT: &str = "(no output was recorded for this call)";
 
-/// One history entry as the APIs see it.
+/// One history item as the model APIs see it.
 #[derive(Debug, Clone, PartialEq)]
-pub enum Entry<'a> {
+pub enum ApiItem<'a> {
     Message { role: Role, text: String },
     Call(&'a ToolCall),
     Output { call_id: &'a str, output: &'a str },
@@ -27,7 +27,7 @@ pub enum Entry<'a> {
 
 /// Reads the prompt into API-acceptable entries (see the module doc). `items` walks the
 /// prompt; it is called twice.
-pub fn entries<'a, I>(items: impl Fn() -> I) -> Vec<Entry<'a>>
+pub fn entries<'a, I>(items: impl Fn() -> I) -> Vec<ApiItem<'a>>
 where
     I: Iterator<Item = &'a HistoryItem>,
 {
@@ -45,11 +45,11 @@ where
             flush_unanswered(&mut out, &mut unanswered);
         }
         match item {
-            HistoryItem::Message { role, text } => out.push(Entry::Message {
+            HistoryItem::Message { role, text } => out.push(ApiItem::Message {
                 role: *role,
                 text: text.clone(),
             }),
-            HistoryItem::Summary { text, .. } => out.push(Entry::Message {
+            HistoryItem::Summary { text, .. } => out.push(ApiItem::Message {
                 role: Role::User,
                 text: format!("{SUMMARY_PREFIX}{text}"),
             }),
@@ -58,15 +58,15 @@ where
                 if !answered.contains(call.call_id.as_str()) {
                     unanswered.push(&call.call_id);
                 }
-                out.push(Entry::Call(call));
+                out.push(ApiItem::Call(call));
             }
             HistoryItem::ToolOutput(o) if called.contains(o.call_id.as_str()) => {
-                out.push(Entry::Output {
+                out.push(ApiItem::Output {
                     call_id: &o.call_id,
                     output: &o.output,
                 });
             }
-            HistoryItem::ToolOutput(o) => out.push(Entry::Message {
+            HistoryItem::ToolOutput(o) => out.push(ApiItem::Message {
                 role: Role::User,
                 text: format!("Output of an earlier tool call:\n{}", o.output),
             }),
@@ -76,9 +76,9 @@ where
     out
 }
 
-fn flush_unanswered<'a>(out: &mut Vec<Entry<'a>>, unanswered: &mut Vec<&'a str>) {
+fn flush_unanswered<'a>(out: &mut Vec<ApiItem<'a>>, unanswered: &mut Vec<&'a str>) {
     for call_id in unanswered.drain(..) {
-        out.push(Entry::Output {
+        out.push(ApiItem::Output {
             call_id,
             output: MISSING_OUTPUT,
         });
@@ -87,16 +87,16 @@ fn flush_unanswered<'a>(out: &mut Vec<Entry<'a>>, unanswered: &mut Vec<&'a str>)
 
 /// In the text dialect, calls and outputs become plain messages, and neighbouring messages of
 /// one role are joined: many local chat templates insist on alternating roles.
-pub fn text_dialect_messages(entries: Vec<Entry<'_>>) -> Vec<(Role, String)> {
+pub fn text_dialect_messages(entries: Vec<ApiItem<'_>>) -> Vec<(Role, String)> {
     let mut out: Vec<(Role, String)> = Vec::new();
     for entry in entries {
         let (role, text) = match entry {
-            Entry::Message { role, text } => (role, text),
-            Entry::Call(call) => (
+            ApiItem::Message { role, text } => (role, text),
+            ApiItem::Call(call) => (
                 Role::Assistant,
                 dialect::render_action(&call.name, &call.arguments.0),
             ),
-            Entry::Output { output, .. } => (Role::User, dialect::render_observation(output)),
+            ApiItem::Output { output, .. } => (Role::User, dialect::render_observation(output)),
         };
         match out.last_mut() {
             Some((last, joined)) if *last == role => {
@@ -147,10 +147,10 @@ pub fn responses_body(request: &ModelRequest<'_>, model: &str, mode: ToolMode) -
         ToolMode::Native => entries
             .into_iter()
             .map(|e| match e {
-                Entry::Message { role, text } => message(role, &text),
-                Entry::Call(c) => json!({"type": "function_call", "call_id": c.call_id,
+                ApiItem::Message { role, text } => message(role, &text),
+                ApiItem::Call(c) => json!({"type": "function_call", "call_id": c.call_id,
                                          "name": c.name, "arguments": c.arguments.0.to_string()}),
-                Entry::Output { call_id, output } => {
+                ApiItem::Output { call_id, output } => {
                     json!({"type": "function_call_output", "call_id": call_id, "output": output})
                 }
             })
@@ -221,17 +221,17 @@ pub fn chat_body(request: &ModelRequest<'_>, model: &str, mode: ToolMode) -> Val
 
 /// Chat messages with native tool calls: consecutive calls form one assistant message (whose
 /// content is the assistant text right before them, if any), outputs are `tool` messages.
-fn native_chat_messages(entries: Vec<Entry<'_>>, messages: &mut Vec<Value>) {
+fn native_chat_messages(entries: Vec<ApiItem<'_>>, messages: &mut Vec<Value>) {
     // Whether the last message pushed may still take tool calls: the assistant message of
     // the previous entry (plain text or calls).
     let mut open_assistant = false;
     for entry in entries {
         match entry {
-            Entry::Message { role, text } => {
+            ApiItem::Message { role, text } => {
                 messages.push(json!({"role": role_name(role), "content": text}));
                 open_assistant = role == Role::Assistant;
             }
-            Entry::Call(c) => {
+            ApiItem::Call(c) => {
                 let call = json!({"id": c.call_id, "type": "function",
                                   "function": {"name": c.name, "arguments": c.arguments.0.to_string()}});
                 let last = messages.last_mut().filter(|_| open_assistant);
@@ -247,7 +247,7 @@ fn native_chat_messages(entries: Vec<Entry<'_>>, messages: &mut Vec<Value>) {
                 }
                 open_assistant = true;
             }
-            Entry::Output { call_id, output } => {
+            ApiItem::Output { call_id, output } => {
                 messages.push(json!({"role": "tool", "tool_call_id": call_id, "content": output}));
                 open_assistant = false;
             }
@@ -287,20 +287,20 @@ mod tests {
         let e = entries(|| items.iter());
         assert_eq!(
             e[0],
-            Entry::Message {
+            ApiItem::Message {
                 role: Role::User,
                 text: "Output of an earlier tool call:\nold result".into()
             }
         );
-        assert!(matches!(e[2], Entry::Call(_)));
+        assert!(matches!(e[2], ApiItem::Call(_)));
         assert_eq!(
             e[3],
-            Entry::Output {
+            ApiItem::Output {
                 call_id: "a",
                 output: MISSING_OUTPUT
             }
         );
-        assert!(matches!(e[4], Entry::Message { .. }));
+        assert!(matches!(e[4], ApiItem::Message { .. }));
     }
 
     #[test]
