@@ -35,6 +35,11 @@ enum Command {
     },
 }
 
+/// Threads for blocking work (file and SQLite reads, opening rollouts): a bound whatever the
+/// number of sessions, so that the process's threads are the workers, these, the rollout
+/// writer pool and the store's few.
+const MAX_BLOCKING_THREADS: usize = 64;
+
 fn main() -> ExitCode {
     let cli = Cli::parse();
     // Before any thread or runtime exists: the launcher confines itself and execs.
@@ -43,6 +48,7 @@ fn main() -> ExitCode {
     }
     let runtime = match tokio::runtime::Builder::new_multi_thread()
         .enable_all()
+        .max_blocking_threads(MAX_BLOCKING_THREADS)
         .build()
     {
         Ok(rt) => rt,

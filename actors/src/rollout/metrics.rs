@@ -2,7 +2,9 @@
 //! writer operations, never ids.
 
 use super::RecordLevel;
-use metrics::{Unit, counter, describe_counter, describe_histogram, histogram};
+use metrics::{
+    Unit, counter, describe_counter, describe_gauge, describe_histogram, gauge, histogram,
+};
 use std::time::Duration;
 
 pub const EVENTS_EMITTED: &str = "troupe_rollout_events_emitted_total";
@@ -24,6 +26,10 @@ pub const EVENTS_PARKED: &str = "troupe_rollout_events_parked_total";
 pub const EVENTS_LOST: &str = "troupe_rollout_events_lost_total";
 /// One group commit of the writer, whatever the storage, by whether it synced.
 pub const FLUSH_DURATION: &str = "troupe_rollout_flush_duration_seconds";
+/// Threads of the shared writer pool (constant once started).
+pub const WRITER_THREADS: &str = "troupe_rollout_writer_threads";
+/// Sessions whose rollout is attached to a writer of the pool now.
+pub const WRITERS_ATTACHED: &str = "troupe_rollout_writers_attached";
 
 /// What the file storage was doing when an I/O error struck (its `op` labels; other storages
 /// name their own, see `SinkError::op`).
@@ -137,6 +143,18 @@ pub fn describe() {
         Unit::Count,
         "Events dropped because the rollout had stopped and nothing would replace it."
     );
+    describe_gauge!(
+        WRITER_THREADS,
+        Unit::Count,
+        "Threads of the rollout writer pool shared by every session (0 until the first session starts)."
+    );
+    describe_gauge!(
+        WRITERS_ATTACHED,
+        Unit::Count,
+        "Sessions whose rollout is attached to a thread of the writer pool now."
+    );
+    gauge!(WRITER_THREADS).increment(0.0);
+    gauge!(WRITERS_ATTACHED).increment(0.0);
     // Rare: the series exist at 0 so that an increase shows.
     counter!(EVENTS_PARKED).increment(0);
     counter!(EVENTS_LOST).increment(0);
@@ -207,4 +225,16 @@ pub fn event_parked() {
 
 pub fn event_lost() {
     counter!(EVENTS_LOST).increment(1);
+}
+
+pub fn pool_threads(threads: usize) {
+    gauge!(WRITER_THREADS).set(threads as f64);
+}
+
+pub fn writer_attached() {
+    gauge!(WRITERS_ATTACHED).increment(1.0);
+}
+
+pub fn writer_detached() {
+    gauge!(WRITERS_ATTACHED).decrement(1.0);
 }

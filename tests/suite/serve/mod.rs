@@ -4,6 +4,7 @@
 mod auth;
 mod crash;
 mod fuzz;
+mod many;
 mod process;
 mod props;
 mod queue;
