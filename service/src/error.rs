@@ -30,6 +30,8 @@ pub const MCP_ERROR: i64 = -32009;
 pub const MODEL_ERROR: i64 = -32010;
 pub const TOOL_ERROR: i64 = -32011;
 pub const INTERRUPTED: i64 = -32012;
+/// The answers to one request would pass the service's answer budget.
+pub const ANSWER_TOO_LARGE: i64 = -32013;
 
 /// The JSON-RPC code of an error kind.
 pub const fn rpc_code(kind: ErrorKind) -> i64 {

@@ -20,7 +20,14 @@ pub async fn rpc(
 ) -> Result<Response, ApiError> {
     let bytes = body(bytes, app.body_limit)?;
     Ok(match app.rpc.handle_frame(&scope, &bytes, None).await {
-        Some(answer) => axum::Json(answer).into_response(),
+        Some(answer) => (
+            [(
+                axum::http::header::CONTENT_TYPE,
+                axum::http::HeaderValue::from_static("application/json"),
+            )],
+            answer,
+        )
+            .into_response(),
         None => StatusCode::NO_CONTENT.into_response(),
     })
 }

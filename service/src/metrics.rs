@@ -31,6 +31,13 @@ pub const SESSION_ACTIVATIONS_TOTAL: &str = "troupe_session_activations_total";
 pub const SERVICE_RESTARTS_TOTAL: &str = "troupe_service_restarts_total";
 /// 1 while the service is healthy, 0 once a component could not be recovered.
 pub const SERVICE_HEALTHY: &str = "troupe_service_healthy";
+/// Streaming clients (WebSocket, stdio) the service dropped, by transport and reason.
+pub const STREAM_CLIENTS_DROPPED_TOTAL: &str = "troupe_stream_clients_dropped_total";
+/// Why a streaming client was dropped: it left its outbox full, or one write to it took too
+/// long.
+pub const DROP_REASONS: [&str; 2] = ["outbox_full", "send_timeout"];
+/// The streaming transports.
+pub const STREAM_TRANSPORTS: [&str; 3] = ["rpc_ws", "events_ws", "stdio"];
 
 /// Buckets of every `*_seconds` histogram without its own: 0.5 ms (a store read) to an hour
 /// (a task or an approval waiting for a human).
@@ -108,6 +115,13 @@ pub fn describe() {
         "The service's own actors restarted by their supervisor, by component (registry, a2a) \
          and outcome (restarted, given_up)"
     );
+    describe_counter!(
+        STREAM_CLIENTS_DROPPED_TOTAL,
+        Unit::Count,
+        "Streaming clients disconnected for not reading, by transport (rpc_ws, events_ws, \
+         stdio) and reason (outbox_full: frames worth the outbox left unread; send_timeout: \
+         one write took too long)"
+    );
     describe_gauge!(
         SERVICE_HEALTHY,
         "1 while every component of the service runs or can be restarted; 0 once one could \
@@ -133,6 +147,12 @@ pub fn service_series_start_at_zero() {
     for component in ["registry", "a2a"] {
         for outcome in ["restarted", "given_up"] {
             counter!(SERVICE_RESTARTS_TOTAL, "component" => component, "outcome" => outcome)
+                .increment(0);
+        }
+    }
+    for transport in STREAM_TRANSPORTS {
+        for reason in DROP_REASONS {
+            counter!(STREAM_CLIENTS_DROPPED_TOTAL, "transport" => transport, "reason" => reason)
                 .increment(0);
         }
     }
@@ -210,6 +230,12 @@ pub fn subscribers(transport: &'static str, delta: f64) {
 }
 
 /// One JSON-RPC call answered. `method` must come from the method list.
+/// A streaming client was dropped for not reading.
+pub fn stream_client_dropped(transport: &'static str, reason: &'static str) {
+    counter!(STREAM_CLIENTS_DROPPED_TOTAL, "transport" => transport, "reason" => reason)
+        .increment(1);
+}
+
 pub fn rpc_call(method: &'static str, outcome: &'static str) {
     counter!(RPC_CALLS_TOTAL, "method" => method, "outcome" => outcome).increment(1);
 }

@@ -9,14 +9,24 @@
 //! streaming transport's subscriptions are in [`Notifier`].
 //!
 //! Batches follow the specification: an empty array is one invalid-request error; the
-//! members run concurrently; notifications (no `id`) get no response; a batch of
-//! notifications answers nothing at all.
+//! members run concurrently ([`BATCH_CONCURRENCY`] at a time); notifications (no `id`) get
+//! no response; a batch of notifications answers nothing at all.
+//!
+//! What one client can make the service hold is bounded: a batch holds at most
+//! [`MAX_BATCH_CALLS`] calls (more is one invalid-request error), and the answer to a frame
+//! at most [`MAX_ANSWER_BYTES`]: a call whose answer would pass the budget is answered
+//! [`error::ANSWER_TOO_LARGE`] instead (what it did stands; a read did nothing), and so is
+//! every later member of its batch, which is then not run. Answers are built as text, the
+//! client's ids copied exactly.
 
 mod envelope;
 mod methods;
 mod notifier;
+pub mod outbox;
 
-pub use envelope::{Call, Frame, error_response, parse_call, parse_frame, response};
+pub use envelope::{
+    Call, Frame, Id, MAX_BATCH_CALLS, error_response, parse_call, parse_frame, response,
+};
 pub use methods::{METHODS, Request, decode, method_label};
 pub use notifier::Notifier;
 
@@ -24,9 +34,17 @@ use crate::api::page_limit;
 use crate::auth::Scope;
 use crate::error::{self, RpcError};
 use crate::sessions_api::SessionsApi;
-use serde_json::{Value, json};
+use futures::StreamExt;
+use serde_json::json;
+use serde_json::value::RawValue;
 use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
 use troupe_proto::{AgentError, SessionId};
+
+/// Members of one batch running at once.
+pub const BATCH_CONCURRENCY: usize = 4;
+/// Largest answer to one frame (a call or a whole batch), in bytes.
+pub const MAX_ANSWER_BYTES: usize = 16 << 20;
 
 /// The dispatcher.
 #[derive(Clone, Debug)]
@@ -37,45 +55,84 @@ pub struct Rpc {
 }
 
 impl Rpc {
-    /// Answers one frame; `None` when there is nothing to send back (notifications only).
+    /// Answers one frame, as JSON text; `None` when there is nothing to send back
+    /// (notifications only).
     pub async fn handle_frame(
         &self,
         scope: &Scope,
         bytes: &[u8],
         notifier: Option<&Arc<Notifier>>,
-    ) -> Option<Value> {
+    ) -> Option<String> {
         match parse_frame(bytes) {
             Err(e) => {
-                metrics_for("unknown", &Err(e.clone()));
-                Some(error_response(Value::Null, e))
+                metrics_for("unknown", &Err::<(), _>(e.clone()));
+                Some(error_response(&Id::NULL, &e))
             }
-            Ok(Frame::Single(v)) => self.handle_value(scope, v, notifier).await,
+            Ok(Frame::Single(raw)) => {
+                let (id, answer) = self.handle_call(scope, raw, notifier, None).await?;
+                Some(if answer.len() > MAX_ANSWER_BYTES {
+                    error_response(&id, &too_large(answer.len()))
+                } else {
+                    answer
+                })
+            }
             Ok(Frame::Batch(items)) => {
-                let answers = futures::future::join_all(
-                    items
-                        .into_iter()
-                        .map(|v| self.handle_value(scope, v, notifier)),
-                )
-                .await;
-                let answers: Vec<Value> = answers.into_iter().flatten().collect();
-                (!answers.is_empty()).then_some(Value::Array(answers))
+                let over = AtomicBool::new(false);
+                // The calls as futures first (they start when polled): a closure in the
+                // stream would borrow each member for any lifetime, which `Send` rejects.
+                let calls: Vec<_> = items
+                    .into_iter()
+                    .map(|raw| self.handle_call(scope, raw, notifier, Some(&over)))
+                    .collect();
+                let mut answers = futures::stream::iter(calls).buffered(BATCH_CONCURRENCY);
+                let mut out = String::from("[");
+                while let Some(answer) = answers.next().await {
+                    let Some((id, answer)) = answer else {
+                        continue;
+                    };
+                    let answer = if out.len() + answer.len() + 2 > MAX_ANSWER_BYTES {
+                        // Past the budget: members not started yet are answered without
+                        // being run.
+                        over.store(true, Ordering::Relaxed);
+                        error_response(&id, &too_large(answer.len()))
+                    } else {
+                        answer
+                    };
+                    if out.len() > 1 {
+                        out.push(',');
+                    }
+                    out.push_str(&answer);
+                }
+                out.push(']');
+                (out.len() > 2).then_some(out)
             }
         }
     }
 
-    async fn handle_value(
+    /// One member of a frame: its id and its answer, or `None` for a notification. Once
+    /// `over` is set (its batch's answer is full), a call is answered without being run.
+    async fn handle_call(
         &self,
         scope: &Scope,
-        value: Value,
+        raw: &RawValue,
         notifier: Option<&Arc<Notifier>>,
-    ) -> Option<Value> {
-        let call = match parse_call(value) {
+        over: Option<&AtomicBool>,
+    ) -> Option<(Id, String)> {
+        let call = match parse_call(raw) {
             Ok(c) => c,
             Err((id, e)) => {
-                metrics_for("unknown", &Err(e.clone()));
-                return Some(error_response(id, e));
+                metrics_for("unknown", &Err::<(), _>(e.clone()));
+                let answer = error_response(&id, &e);
+                return Some((id, answer));
             }
         };
+        if over.is_some_and(|o| o.load(Ordering::Relaxed)) {
+            let e = too_large(0);
+            metrics_for(method_label(&call.method), &Err::<(), _>(e.clone()));
+            let id = call.id?;
+            let answer = error_response(&id, &e);
+            return Some((id, answer));
+        }
         let span = tracing::info_span!("rpc", method = %method_label(&call.method));
         let result = match decode(&call.method, call.params) {
             Ok(request) => {
@@ -85,10 +142,11 @@ impl Rpc {
         };
         metrics_for(method_label(&call.method), &result);
         let id = call.id?;
-        Some(match result {
-            Ok(v) => response(id, v),
-            Err(e) => error_response(id, e),
-        })
+        let answer = match &result {
+            Ok(v) => response(&id, v),
+            Err(e) => error_response(&id, e),
+        };
+        Some((id, answer))
     }
 
     /// Runs one decoded request.
@@ -97,7 +155,7 @@ impl Rpc {
         scope: &Scope,
         request: Request,
         notifier: Option<&Arc<Notifier>>,
-    ) -> Result<Value, RpcError> {
+    ) -> Result<Box<RawValue>, RpcError> {
         let s = &self.sessions;
         let scope = scope.clone();
         Ok(match request {
@@ -106,7 +164,7 @@ impl Rpc {
             Request::SessionList { project_id } => to_json(s.list(scope, project_id).await?),
             Request::ConversationOpen { session_id, params } => {
                 let id = s.open(scope, session_id, params).await?;
-                json!({ "conversation_id": id })
+                to_json(json!({ "conversation_id": id }))
             }
             Request::ConversationMessage { session_id, send } => to_json(
                 s.send(
@@ -129,7 +187,7 @@ impl Rpc {
             } => {
                 s.set_context(scope, session_id, conversation_id, update)
                     .await?;
-                json!({})
+                to_json(json!({}))
             }
             Request::ConversationList { session_id } => {
                 to_json(s.conversations(scope, session_id).await?)
@@ -166,7 +224,7 @@ impl Rpc {
             } => {
                 let handle = s.session(scope, session_id).await?;
                 handle.respond_approval(approval_id, decision).await?;
-                json!({})
+                to_json(json!({}))
             }
             Request::MessagesList {
                 session_id,
@@ -190,11 +248,11 @@ impl Rpc {
                 let id = self
                     .subscribe(scope, session_id, after.unwrap_or(0), notifier)
                     .await?;
-                json!({ "subscription": id })
+                to_json(json!({ "subscription": id }))
             }
             Request::EventsUnsubscribe { subscription } => {
                 let notifier = notifier.ok_or_else(streaming_only)?;
-                json!({ "unsubscribed": notifier.remove(subscription) })
+                to_json(json!({ "unsubscribed": notifier.remove(subscription) }))
             }
         })
     }
@@ -212,7 +270,7 @@ impl Rpc {
     }
 }
 
-fn metrics_for(method: &'static str, result: &Result<Value, RpcError>) {
+fn metrics_for<T>(method: &'static str, result: &Result<T, RpcError>) {
     crate::metrics::rpc_call(method, outcome_label(result));
 }
 
@@ -223,11 +281,26 @@ fn streaming_only() -> RpcError {
     )
 }
 
-fn to_json<T: serde::Serialize>(value: T) -> Value {
-    serde_json::to_value(value).unwrap_or(Value::Null)
+/// A result as JSON text, serialised once (never through a `Value`).
+fn to_json<T: serde::Serialize>(value: T) -> Box<RawValue> {
+    serde_json::value::to_raw_value(&value).unwrap_or_else(|e| {
+        tracing::error!(error = %e, "an answer did not serialise");
+        RawValue::NULL.to_owned()
+    })
 }
 
-fn outcome_label(result: &Result<Value, RpcError>) -> &'static str {
+fn too_large(bytes: usize) -> RpcError {
+    RpcError::new(
+        error::ANSWER_TOO_LARGE,
+        format!(
+            "answer too large: the answers to one request may hold {MAX_ANSWER_BYTES} bytes; \
+             this one would pass it ({bytes} bytes for this call, 0 when it was not run); ask for less (smaller pages, \
+             fewer calls per batch)"
+        ),
+    )
+}
+
+fn outcome_label<T>(result: &Result<T, RpcError>) -> &'static str {
     match result {
         Ok(_) => "ok",
         Err(e) => match e.code {
@@ -236,6 +309,7 @@ fn outcome_label(result: &Result<Value, RpcError>) -> &'static str {
             error::METHOD_NOT_FOUND => "method_not_found",
             error::INVALID_PARAMS => "invalid_params",
             error::INTERNAL_ERROR => "internal",
+            error::ANSWER_TOO_LARGE => "answer_too_large",
             _ => "application_error",
         },
     }

@@ -2,16 +2,18 @@
 //! stdin, one answer or notification per line on stdout. The peer is the local user, so
 //! every call has [`Scope::All`].
 //!
-//! Calls run concurrently; answers may come out of order (match them by `id`). At the end of
-//! stdin the calls still running are finished and answered, then the transport returns. A
-//! line longer than the body limit is answered with a parse error.
+//! Calls run concurrently, at most [`MAX_IN_FLIGHT`](crate::rpc::outbox::MAX_IN_FLIGHT) at once (past that no line is read
+//! until one ends); answers may come out of order (match them by `id`). At the end of stdin
+//! the calls still running are finished and answered, then the transport returns. A line
+//! longer than the body limit is answered with a parse error (and never held whole). Answers
+//! wait in an outbox bounded in bytes; when the peer does not read, calls wait for it.
 
 use super::auth::Scope;
 use super::error::RpcError;
-use super::rpc::{Notifier, Rpc, error_response};
+use super::rpc::outbox::{InFlight, Outbox, Overflow};
+use super::rpc::{Id, Notifier, Rpc, error_response};
 use std::sync::Arc;
-use tokio::io::{AsyncBufReadExt, AsyncRead, AsyncWrite, AsyncWriteExt, BufReader};
-use tokio::sync::mpsc;
+use tokio::io::{AsyncBufReadExt, AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt, BufReader};
 use tokio::task::JoinSet;
 use tokio_util::sync::CancellationToken;
 
@@ -27,12 +29,12 @@ pub async fn serve<R, W>(
     R: AsyncRead + Unpin + Send + 'static,
     W: AsyncWrite + Unpin + Send + 'static,
 {
-    let (out, mut outbox) = mpsc::channel::<serde_json::Value>(256);
     let closed = shutdown.child_token();
+    let (out, mut queue) = Outbox::new(Overflow::Wait, closed.clone(), "stdio");
     let notifier = Arc::new(Notifier::new(out.clone(), closed.clone(), "stdio"));
     let writer = tokio::spawn(async move {
-        while let Some(v) = outbox.recv().await {
-            let mut line = v.to_string();
+        while let Some(queued) = queue.recv().await {
+            let mut line = queued.text;
             line.push('\n');
             if output.write_all(line.as_bytes()).await.is_err() || output.flush().await.is_err() {
                 break;
@@ -41,12 +43,18 @@ pub async fn serve<R, W>(
     });
     let mut reader = BufReader::new(input);
     let mut calls = JoinSet::new();
+    let in_flight = InFlight::default();
     let mut line = Vec::new();
     loop {
         line.clear();
+        let slot = tokio::select! {
+            () = closed.cancelled() => break,
+            slot = in_flight.slot() => slot,
+        };
+        let Some(slot) = slot else { break };
         let read = tokio::select! {
             () = closed.cancelled() => break,
-            r = reader.read_until(b'\n', &mut line) => r,
+            r = read_line(&mut reader, &mut line, line_limit) => r,
         };
         match read {
             Ok(0) | Err(_) => break,
@@ -57,14 +65,15 @@ pub async fn serve<R, W>(
         }
         if line.len() > line_limit {
             let e = RpcError::parse(format!("line longer than {line_limit} bytes"));
-            let _ = out.send(error_response(serde_json::Value::Null, e)).await;
+            out.push(error_response(&Id::NULL, &e)).await;
             continue;
         }
         let (rpc, notifier, out, bytes) =
             (rpc.clone(), notifier.clone(), out.clone(), line.clone());
         calls.spawn(async move {
+            let _slot = slot;
             if let Some(answer) = rpc.handle_frame(&Scope::All, &bytes, Some(&notifier)).await {
-                let _ = out.send(answer).await;
+                out.push(answer).await;
             }
         });
         // Reap finished calls as we go so the set stays small.
@@ -75,4 +84,30 @@ pub async fn serve<R, W>(
     drop(out);
     drop(notifier);
     let _ = writer.await;
+}
+
+/// Reads one line into `line`, keeping at most `limit + 1` bytes of it (the rest of a longer
+/// line is read and dropped). The bytes read, 0 at the end of the input.
+async fn read_line<R: AsyncRead + Unpin>(
+    reader: &mut BufReader<R>,
+    line: &mut Vec<u8>,
+    limit: usize,
+) -> std::io::Result<usize> {
+    let keep = u64::try_from(limit).unwrap_or(u64::MAX).saturating_add(1);
+    let mut read = (&mut *reader).take(keep).read_until(b'\n', line).await?;
+    if line.len() > limit && line.last() != Some(&b'\n') {
+        let mut rest = Vec::with_capacity(8192);
+        loop {
+            rest.clear();
+            let n = (&mut *reader)
+                .take(8192)
+                .read_until(b'\n', &mut rest)
+                .await?;
+            read += n;
+            if n == 0 || rest.last() == Some(&b'\n') {
+                break;
+            }
+        }
+    }
+    Ok(read)
 }

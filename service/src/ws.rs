@@ -4,29 +4,39 @@
 //! per text frame).
 //!
 //! Calls on one connection run concurrently (a waiting `conversation.message` does not block
-//! an `approval.respond` behind it); their answers and the notifications go out through one
-//! writer task. The connection ends when the client closes it or the service shuts down;
-//! its subscriptions end with it.
+//! an `approval.respond` behind it), at most [`MAX_IN_FLIGHT`](crate::rpc::outbox::MAX_IN_FLIGHT) at once: past that the
+//! connection reads no frame until a call ends. Answers and notifications go out through one
+//! writer task, from an outbox bounded in bytes ([`OUTBOX_BYTES`](crate::rpc::outbox::OUTBOX_BYTES)); a client that leaves it
+//! full, or that takes longer than [`SEND_TIMEOUT`] to take one frame, is disconnected. The
+//! connection ends when the client closes it or the service shuts down; its subscriptions end
+//! with it.
+//!
+//! Close codes: 1000 when the client closed, 1001 when the service shuts down, 1007 after a
+//! text frame that is not UTF-8, 1008 for a client that does not read, 1009 after a frame
+//! over the body limit, 1002 after any other protocol error.
 
 use crate::auth::Scope;
 use crate::error::ApiError;
 use crate::extract::{EventsQuery, session_id};
 use crate::rpc::Notifier;
+use crate::rpc::outbox::{InFlight, Outbox, Overflow, Queued};
 use crate::state::AppState;
 use crate::stream::{StreamEvent, Subscriber};
 use axum::Extension;
 use axum::extract::rejection::QueryRejection;
-use axum::extract::ws::{Message, WebSocket, WebSocketUpgrade};
+use axum::extract::ws::{CloseFrame, Message, WebSocket, WebSocketUpgrade, close_code};
 use axum::extract::{Path, Query, State};
 use axum::response::Response;
+use futures::stream::SplitSink;
 use futures::{SinkExt, StreamExt};
 use std::sync::Arc;
+use std::time::Duration;
 use tokio::sync::mpsc;
+use tokio_tungstenite::tungstenite;
 use tokio_util::sync::CancellationToken;
 
-/// Answers and notifications waiting for the writer; a client that reads nothing blocks its
-/// own calls once this is full, nobody else's.
-const OUTBOX: usize = 256;
+/// Longest one frame may take to reach a client before it is disconnected.
+pub const SEND_TIMEOUT: Duration = Duration::from_secs(30);
 
 /// `GET /rpc/ws`.
 pub async fn rpc(
@@ -41,45 +51,135 @@ pub async fn rpc(
 }
 
 async fn rpc_connection(app: AppState, scope: Scope, socket: WebSocket) {
-    let (mut sink, mut incoming) = socket.split();
-    let (out, mut outbox) = mpsc::channel::<serde_json::Value>(OUTBOX);
+    let (sink, mut incoming) = socket.split();
     let closed = app.shutdown.child_token();
-    let notifier = Arc::new(Notifier::new(out.clone(), closed.clone(), "rpc_ws"));
-    let writer = tokio::spawn(async move {
-        while let Some(v) = outbox.recv().await {
-            if sink.send(Message::text(v.to_string())).await.is_err() {
-                break;
-            }
-        }
-        let _ = sink.close().await;
-    });
+    let (outbox, queue) = Outbox::new(Overflow::Disconnect, closed.clone(), "rpc_ws");
+    let notifier = Arc::new(Notifier::new(outbox.clone(), closed.clone(), "rpc_ws"));
+    let writer = tokio::spawn(write_frames(sink, queue, closed.clone(), "rpc_ws"));
+    let in_flight = InFlight::default();
+    let mut code = close_code::NORMAL;
     loop {
+        let slot = tokio::select! {
+            () = closed.cancelled() => break,
+            slot = in_flight.slot() => slot,
+        };
+        let Some(slot) = slot else { break };
         let frame = tokio::select! {
             () = closed.cancelled() => break,
             f = incoming.next() => f,
         };
         let bytes = match frame {
-            Some(Ok(Message::Text(t))) => t.as_str().as_bytes().to_vec(),
-            Some(Ok(Message::Binary(b))) => b.to_vec(),
+            Some(Ok(Message::Text(t))) => axum::body::Bytes::from(t),
+            Some(Ok(Message::Binary(b))) => b,
             Some(Ok(Message::Ping(_) | Message::Pong(_))) => continue,
-            Some(Ok(Message::Close(_)) | Err(_)) | None => break,
+            Some(Ok(Message::Close(_))) | None => break,
+            Some(Err(e)) => {
+                code = close_code_for(e);
+                break;
+            }
         };
-        let (rpc, scope, notifier, out) = (
+        let (rpc, scope, notifier, outbox) = (
             app.rpc.clone(),
             scope.clone(),
             notifier.clone(),
-            out.clone(),
+            outbox.clone(),
         );
         tokio::spawn(async move {
+            let _slot = slot;
             if let Some(answer) = rpc.handle_frame(&scope, &bytes, Some(&notifier)).await {
-                let _ = out.send(answer).await;
+                outbox.push(answer).await;
             }
         });
     }
+    if closed.is_cancelled() {
+        code = if app.shutdown.is_cancelled() {
+            close_code::AWAY
+        } else {
+            close_code::POLICY
+        };
+    }
     closed.cancel();
-    drop(out);
     drop(notifier);
-    let _ = writer.await;
+    drop(outbox);
+    if let Ok(sink) = writer.await {
+        say_goodbye(sink, code).await;
+    }
+}
+
+/// Writes queued frames until the connection closes; a frame the client takes more than
+/// [`SEND_TIMEOUT`] to accept closes it. Hands the sink back for the close frame.
+async fn write_frames(
+    mut sink: SplitSink<WebSocket, Message>,
+    mut queue: mpsc::UnboundedReceiver<Queued>,
+    closed: CancellationToken,
+    transport: &'static str,
+) -> SplitSink<WebSocket, Message> {
+    loop {
+        let queued = tokio::select! {
+            () = closed.cancelled() => break,
+            q = queue.recv() => q,
+        };
+        let Some(queued) = queued else { break };
+        let sent = tokio::select! {
+            () = closed.cancelled() => break,
+            sent = tokio::time::timeout(SEND_TIMEOUT, sink.send(Message::text(queued.text))) => sent,
+        };
+        match sent {
+            Ok(Ok(())) => {}
+            Ok(Err(_)) => {
+                closed.cancel();
+                break;
+            }
+            Err(_) => {
+                tracing::info!(
+                    transport,
+                    "a frame took too long to reach the client: disconnected"
+                );
+                crate::metrics::stream_client_dropped(transport, "send_timeout");
+                closed.cancel();
+                break;
+            }
+        }
+    }
+    sink
+}
+
+/// Sends the close frame (bounded in time: the client may not be reading) and closes.
+async fn say_goodbye(mut sink: SplitSink<WebSocket, Message>, code: u16) {
+    let frame = Message::Close(Some(CloseFrame {
+        code,
+        reason: close_reason(code).into(),
+    }));
+    let _ = tokio::time::timeout(Duration::from_secs(1), async {
+        let _ = sink.send(frame).await;
+        let _ = sink.close().await;
+    })
+    .await;
+}
+
+/// The close code for a read error: what the client sent that ended the connection.
+fn close_code_for(error: axum::Error) -> u16 {
+    let inner = error.into_inner();
+    match inner.downcast_ref::<tungstenite::Error>() {
+        Some(tungstenite::Error::Capacity(_)) => close_code::SIZE,
+        Some(tungstenite::Error::Utf8(_)) => close_code::INVALID,
+        Some(tungstenite::Error::ConnectionClosed | tungstenite::Error::AlreadyClosed) => {
+            close_code::NORMAL
+        }
+        Some(tungstenite::Error::Io(_)) => close_code::ABNORMAL,
+        _ => close_code::PROTOCOL,
+    }
+}
+
+fn close_reason(code: u16) -> &'static str {
+    match code {
+        close_code::AWAY => "the service is shutting down",
+        close_code::INVALID => "a text frame was not valid UTF-8",
+        close_code::POLICY => "the client did not read what it was sent",
+        close_code::SIZE => "a frame was over the body limit",
+        close_code::PROTOCOL => "protocol error",
+        _ => "",
+    }
 }
 
 /// `GET /api/sessions/{id}/events/ws?after=`.
@@ -127,8 +227,15 @@ async fn forward(
                 None => break,
             },
         };
-        if sink.send(Message::text(text)).await.is_err() {
-            break;
+        match tokio::time::timeout(SEND_TIMEOUT, sink.send(Message::text(text))).await {
+            Ok(Ok(())) => {}
+            Ok(Err(_)) => break,
+            Err(_) => {
+                tracing::info!("an event took too long to reach the client: disconnected");
+                crate::metrics::stream_client_dropped("events_ws", "send_timeout");
+                say_goodbye(sink, close_code::POLICY).await;
+                return;
+            }
         }
     }
     let _ = sink.close().await;

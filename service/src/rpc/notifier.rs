@@ -2,20 +2,20 @@
 //! subscriptions, each a task forwarding one session's events until it is removed or the
 //! connection ends.
 
+use super::outbox::Outbox;
 use crate::error::RpcError;
 use crate::stream::{StreamEvent, Subscriber};
 use futures::{Stream, StreamExt};
-use serde_json::{Value, json};
+use serde_json::json;
 use std::collections::HashMap;
 use std::sync::Mutex;
 use std::sync::atomic::{AtomicU64, Ordering};
-use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
 use troupe_proto::AgentError;
 
 /// Where a streaming connection's notifications go, and its subscriptions.
 pub struct Notifier {
-    out: mpsc::Sender<Value>,
+    out: Outbox,
     /// Cancelled when the connection ends; every subscription is a child of it.
     closed: CancellationToken,
     next: AtomicU64,
@@ -24,11 +24,7 @@ pub struct Notifier {
 }
 
 impl Notifier {
-    pub fn new(
-        out: mpsc::Sender<Value>,
-        closed: CancellationToken,
-        transport: &'static str,
-    ) -> Self {
+    pub fn new(out: Outbox, closed: CancellationToken, transport: &'static str) -> Self {
         Self {
             out,
             closed,
@@ -89,7 +85,7 @@ impl Notifier {
                     None => break,
                 };
                 let last = note["method"] == "events.error";
-                if out.send(note).await.is_err() || last {
+                if !out.push(note.to_string()).await || last {
                     break;
                 }
             }

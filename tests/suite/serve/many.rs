@@ -11,7 +11,7 @@ use troupe_tests::troupe_bin;
 
 const SESSIONS: usize = 10_000;
 /// `session.create` calls per JSON-RPC batch.
-const BATCH: usize = 250;
+const BATCH: usize = troupe_service::rpc::MAX_BATCH_CALLS;
 /// Threads the binary's blocking pool may add under load (its bound).
 const BLOCKING_POOL: usize = 64;
 

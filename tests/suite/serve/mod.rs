@@ -2,6 +2,7 @@
 //! model, in-memory store) for the API, the real binary as a child for signals and stdio.
 
 mod auth;
+mod bounds;
 mod crash;
 mod fuzz;
 mod many;
