@@ -38,6 +38,7 @@ pub mod a2a;
 pub mod admission;
 pub mod api;
 pub mod auth;
+pub mod edge;
 pub mod error;
 pub mod extract;
 pub mod host;
@@ -85,6 +86,8 @@ pub struct Service {
     auth: Auth,
     metrics_public: bool,
     grace_period: Duration,
+    allowed_hosts: Vec<String>,
+    allowed_origins: Vec<String>,
     a2a: troupe_runtime::config::A2aServerConfig,
 }
 
@@ -167,6 +170,8 @@ impl Service {
             auth: Auth::new(tokens),
             metrics_public: config.server.metrics_public,
             grace_period: config.server.grace_period,
+            allowed_hosts: config.server.allowed_hosts.clone(),
+            allowed_origins: config.server.allowed_origins.clone(),
             a2a: config.server.a2a.clone(),
         })
     }
@@ -207,14 +212,23 @@ impl Service {
         Ok((Some(mounted), routes))
     }
 
-    /// Serves HTTP on `listener` until `shutdown` fires, then shuts down gracefully.
+    /// The Host, Origin and content-type checks of a service listening on `addr`.
+    pub fn edge_policy(&self, addr: SocketAddr) -> Result<edge::EdgePolicy, AgentError> {
+        edge::EdgePolicy::new(addr, &self.allowed_hosts, &self.allowed_origins)
+    }
+
+    /// Serves HTTP on `listener` until `shutdown` fires, then shuts down gracefully. Every
+    /// request passes the [`edge`] checks first.
     pub async fn serve_http(&self, listener: tokio::net::TcpListener) -> Result<(), AgentError> {
         let addr = listener
             .local_addr()
             .map_err(|e| AgentError::internal(format!("listener address: {e}")))?;
         self.check_bind(addr)?;
+        let policy = Arc::new(self.edge_policy(addr)?);
         let (a2a, extra) = self.extra_routes().await?;
-        let app = self.router(extra);
+        let app = self
+            .router(extra)
+            .layer(axum::middleware::from_fn_with_state(policy, edge::guard));
         let stop = self.state.shutdown.clone();
         let server = tokio::spawn(async move {
             axum::serve(listener, app)

@@ -10,6 +10,9 @@ use std::time::Duration;
 pub const REQUESTS_TOTAL: &str = "troupe_api_requests_total";
 /// HTTP request durations (to the response head; a stream counts until it starts).
 pub const REQUEST_DURATION_SECONDS: &str = "troupe_api_request_duration_seconds";
+/// Requests refused at the edge, before authentication, by reason (`host`, `origin`,
+/// `content_type`).
+pub const API_REFUSED_TOTAL: &str = "troupe_api_refused_total";
 /// Open event streams, by transport (`sse`, `ws`, `rpc_ws`, `stdio`).
 pub const STREAM_SUBSCRIBERS: &str = "troupe_stream_subscribers";
 /// JSON-RPC calls, by method and outcome (`ok` or an error kind / JSON-RPC error name).
@@ -54,6 +57,13 @@ pub fn describe() {
         REQUEST_DURATION_SECONDS,
         Unit::Seconds,
         "HTTP API request duration until the response starts, by route template"
+    );
+    describe_counter!(
+        API_REFUSED_TOTAL,
+        Unit::Count,
+        "HTTP requests refused before authentication, by reason (host: a foreign Host header; \
+         origin: a foreign Origin on a WebSocket upgrade or a state-changing request; \
+         content_type: a non-JSON body sent to a JSON API)"
     );
     describe_counter!(
         SESSION_RESTARTS_TOTAL,
@@ -136,6 +146,9 @@ pub fn service_series_start_at_zero() {
                 .increment(0);
         }
     }
+    for refusal in crate::edge::Refusal::ALL {
+        counter!(API_REFUSED_TOTAL, "reason" => refusal.reason()).increment(0);
+    }
     gauge!(SESSIONS_ACTIVE).increment(0.0);
     session_restarts_start_at_zero();
 }
@@ -202,6 +215,11 @@ pub fn request(route: &str, status: u16, elapsed: Duration) {
     counter!(REQUESTS_TOTAL, "route" => route.to_owned(), "status" => status.to_string())
         .increment(1);
     histogram!(REQUEST_DURATION_SECONDS, "route" => route.to_owned()).record(elapsed.as_secs_f64());
+}
+
+/// A request refused at the edge.
+pub fn edge_refused(refusal: crate::edge::Refusal) {
+    counter!(API_REFUSED_TOTAL, "reason" => refusal.reason()).increment(1);
 }
 
 /// A stream opened (`+1.0`) or closed (`-1.0`).
