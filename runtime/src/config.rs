@@ -296,6 +296,18 @@ pub struct ServerConfig {
     /// loopback or bound IP address, with the port): `name` (any port) or `name:port`; `"*"`
     /// turns the Host check off (a proxy in front checks it). Another Host is refused 403.
     pub allowed_hosts: Vec<String>,
+    /// Longest wait for a whole request head once its first byte arrived; then the
+    /// connection is closed.
+    #[serde(with = "humantime_serde")]
+    pub header_timeout: Duration,
+    /// Longest wait for a whole request body, from its head; then 408.
+    #[serde(with = "humantime_serde")]
+    pub body_timeout: Duration,
+    /// How long a connection may wait for its next request (keep-alive) before it is closed.
+    #[serde(with = "humantime_serde")]
+    pub idle_timeout: Duration,
+    /// Connections open at once; more wait in the listen backlog until one closes.
+    pub max_connections: usize,
     /// Origins (`https://console.example.com`) whose web pages may send requests that change
     /// state or open WebSockets, besides the service's own (`http://` + an allowed host).
     pub allowed_origins: Vec<String>,
@@ -342,6 +354,10 @@ impl Default for ServerConfig {
             task_queue: 64,
             conversation_queue: 16,
             max_page: 1000,
+            header_timeout: Duration::from_secs(10),
+            body_timeout: Duration::from_secs(30),
+            idle_timeout: Duration::from_secs(60),
+            max_connections: 10_000,
             allowed_hosts: Vec::new(),
             allowed_origins: Vec::new(),
             a2a: A2aServerConfig::default(),
@@ -362,6 +378,10 @@ impl std::fmt::Debug for ServerConfig {
             .field("task_queue", &self.task_queue)
             .field("conversation_queue", &self.conversation_queue)
             .field("max_page", &self.max_page)
+            .field("header_timeout", &self.header_timeout)
+            .field("body_timeout", &self.body_timeout)
+            .field("idle_timeout", &self.idle_timeout)
+            .field("max_connections", &self.max_connections)
             .field("allowed_hosts", &self.allowed_hosts)
             .field("allowed_origins", &self.allowed_origins)
             .field("a2a", &self.a2a)
@@ -814,6 +834,8 @@ listen = "0.0.0.0:9000"
 grace_period = "5s"
 body_limit = 4096
 allowed_hosts = ["troupe.internal:9000"]
+header_timeout = "2s"
+max_connections = 50
 [[server.tokens]]
 token = "s3cret"
 projects = ["alpha"]
@@ -837,6 +859,13 @@ public_url = "https://agents.example.com/a2a"
             Some("https://agents.example.com/a2a")
         );
         assert_eq!(c.server.allowed_hosts, vec!["troupe.internal:9000"]);
+        assert_eq!(c.server.header_timeout, Duration::from_secs(2));
+        assert_eq!(
+            c.server.idle_timeout,
+            Duration::from_secs(60),
+            "the default"
+        );
+        assert_eq!(c.server.max_connections, 50);
         assert!(c.server.allowed_origins.is_empty());
         let off = TroupeConfig::load(
             Some(&path),

@@ -119,6 +119,14 @@ impl ApiError {
         )
     }
 
+    pub fn request_timeout() -> Self {
+        Self::new(
+            StatusCode::REQUEST_TIMEOUT,
+            "request_timeout",
+            "the request body did not arrive in time (server.body_timeout)",
+        )
+    }
+
     pub fn route_not_found() -> Self {
         Self::new(StatusCode::NOT_FOUND, "not_found", "no such route")
     }

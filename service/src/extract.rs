@@ -16,6 +16,8 @@ pub fn body(bytes: Result<Bytes, BytesRejection>, limit: usize) -> Result<Bytes,
     bytes.map_err(|e| {
         if e.status() == StatusCode::PAYLOAD_TOO_LARGE {
             ApiError::too_large(limit)
+        } else if crate::listen::timed_out(&e) {
+            ApiError::request_timeout()
         } else {
             ApiError::bad_request(e.body_text())
         }

@@ -21,6 +21,8 @@
 //! - [`rpc`]: JSON-RPC decoding and dispatch, shared by the three transports.
 //! - [`rest`], [`ws`], [`stdio`], [`http`]: the transports and the router.
 //! - [`stream`]: the event stream every transport reads, and the client event types.
+//! - [`listen`]: the HTTP/1 connections (timeouts for slow and idle clients, a connection
+//!   cap); [`edge`]: the Host, Origin and content-type checks every request passes first.
 //! - [`auth`], [`error`], [`metrics`].
 //! - The Ttl sweeper ([`troupe_store::ttl`]): one sweep at start-up, before sessions are restored
 //!   and anything is served, then one every `ttl_sweep_interval` until shutdown begins.
@@ -43,6 +45,7 @@ pub mod error;
 pub mod extract;
 pub mod host;
 pub mod http;
+pub mod listen;
 pub mod metrics;
 pub mod registry;
 pub mod rest;
@@ -88,6 +91,7 @@ pub struct Service {
     grace_period: Duration,
     allowed_hosts: Vec<String>,
     allowed_origins: Vec<String>,
+    limits: listen::ConnLimits,
     a2a: troupe_runtime::config::A2aServerConfig,
 }
 
@@ -172,6 +176,12 @@ impl Service {
             grace_period: config.server.grace_period,
             allowed_hosts: config.server.allowed_hosts.clone(),
             allowed_origins: config.server.allowed_origins.clone(),
+            limits: listen::ConnLimits {
+                header_timeout: config.server.header_timeout,
+                body_timeout: config.server.body_timeout,
+                idle_timeout: config.server.idle_timeout,
+                max_connections: config.server.max_connections,
+            },
             a2a: config.server.a2a.clone(),
         })
     }
@@ -230,11 +240,8 @@ impl Service {
             .router(extra)
             .layer(axum::middleware::from_fn_with_state(policy, edge::guard));
         let stop = self.state.shutdown.clone();
-        let server = tokio::spawn(async move {
-            axum::serve(listener, app)
-                .with_graceful_shutdown(stop.cancelled_owned())
-                .await
-        });
+        let limits = self.limits;
+        let server = tokio::spawn(listen::serve(listener, app, limits, stop));
         let failure = tokio::select! {
             () = self.state.shutdown.cancelled() => None,
             reason = self.failed() => Some(reason),
@@ -254,8 +261,7 @@ impl Service {
         }
         // The last connections close once their replies are out.
         let served = match tokio::time::timeout(Duration::from_secs(10), server).await {
-            Ok(Ok(Ok(()))) => Ok(()),
-            Ok(Ok(Err(e))) => Err(AgentError::internal(format!("http server: {e}"))),
+            Ok(Ok(())) => Ok(()),
             Ok(Err(e)) => Err(AgentError::internal(format!("http server task: {e}"))),
             Err(_) => {
                 tracing::warn!("connections still open 10 s after shutdown; leaving them");

@@ -260,3 +260,199 @@ async fn configured_hosts_and_origins_are_let_in() {
     assert_eq!(status, 101);
     server.stop().await;
 }
+
+/// `troupe serve` uses the configured limits: a half-sent head is cut off at the header
+/// timeout (well before the idle timeout).
+#[tokio::test]
+async fn the_service_applies_its_configured_header_timeout() {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let server = Server::start_with(
+        |c| {
+            c.server.header_timeout = std::time::Duration::from_millis(200);
+            c.server.idle_timeout = std::time::Duration::from_secs(600);
+        },
+        Vec::new(),
+    )
+    .await;
+    let addr = server.base.trim_start_matches("http://").to_owned();
+    let mut s = tokio::net::TcpStream::connect(addr).await.unwrap();
+    s.write_all(b"POST /rpc HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-")
+        .await
+        .unwrap();
+    let mut rest = Vec::new();
+    tokio::time::timeout(std::time::Duration::from_secs(30), s.read_to_end(&mut rest))
+        .await
+        .expect("closed by the header timeout, not the idle one")
+        .unwrap();
+    assert!(rest.is_empty());
+    server.stop().await;
+}
+
+mod slow_clients {
+    //! The connection limits, against a small router on a real socket, in paused time: the
+    //! clock only moves when every task waits, so each close happens at its timeout exactly.
+
+    use axum::Router;
+    use axum::body::Bytes;
+    use axum::extract::rejection::BytesRejection;
+    use axum::response::IntoResponse;
+    use axum::routing::{get, post};
+    use std::time::Duration;
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    use tokio::net::TcpStream;
+    use tokio::time::Instant;
+    use tokio_util::sync::CancellationToken;
+    use troupe_service::listen::{ConnLimits, serve};
+
+    const LIMITS: ConnLimits = ConnLimits {
+        header_timeout: Duration::from_secs(2),
+        body_timeout: Duration::from_secs(5),
+        idle_timeout: Duration::from_secs(20),
+        max_connections: 2,
+    };
+
+    async fn start(limits: ConnLimits) -> (std::net::SocketAddr, CancellationToken) {
+        let app = Router::new().route("/", get(|| async { "ok" })).route(
+            "/echo",
+            post(|b: Result<Bytes, BytesRejection>| async move {
+                match troupe_service::extract::body(b, 1024) {
+                    Ok(b) => b.into_response(),
+                    Err(e) => e.into_response(),
+                }
+            }),
+        );
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let stop = CancellationToken::new();
+        tokio::spawn(serve(listener, app, limits, stop.clone()));
+        (addr, stop)
+    }
+
+    /// Reads until the peer closes; what was read.
+    async fn read_to_close(s: &mut TcpStream) -> String {
+        let mut out = Vec::new();
+        let _ = s.read_to_end(&mut out).await;
+        String::from_utf8_lossy(&out).into_owned()
+    }
+
+    /// Reads one response (headers and a body of `Content-Length`).
+    async fn read_response(s: &mut TcpStream) -> String {
+        let mut out = Vec::new();
+        let mut buf = [0u8; 1024];
+        loop {
+            let n = s.read(&mut buf).await.unwrap();
+            assert!(
+                n > 0,
+                "closed before a response: {:?}",
+                String::from_utf8_lossy(&out)
+            );
+            out.extend_from_slice(&buf[..n]);
+            let text = String::from_utf8_lossy(&out).into_owned();
+            if let Some((head, body)) = text.split_once("\r\n\r\n") {
+                let len: usize = head
+                    .lines()
+                    .find_map(|l| l.strip_prefix("content-length: "))
+                    .map_or(0, |l| l.trim().parse().unwrap());
+                if body.len() >= len {
+                    return text;
+                }
+            }
+        }
+    }
+
+    const GET: &[u8] = b"GET / HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n";
+
+    #[tokio::test(start_paused = true)]
+    async fn half_a_header_is_cut_off_at_the_header_timeout() {
+        let (addr, _stop) = start(LIMITS).await;
+        let mut s = TcpStream::connect(addr).await.unwrap();
+        let t0 = Instant::now();
+        s.write_all(b"GET / HTTP/1.1\r\nHost: 127.0").await.unwrap();
+        let answer = read_to_close(&mut s).await;
+        assert_eq!(answer, "", "no answer, just the close");
+        let waited = t0.elapsed();
+        assert!(
+            waited >= LIMITS.header_timeout && waited < LIMITS.idle_timeout,
+            "{waited:?}"
+        );
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn an_idle_keep_alive_connection_is_closed() {
+        let (addr, _stop) = start(LIMITS).await;
+        let mut s = TcpStream::connect(addr).await.unwrap();
+        s.write_all(GET).await.unwrap();
+        assert!(read_response(&mut s).await.ends_with("ok"));
+        let t0 = Instant::now();
+        // A second request well within the idle timeout is served on the same connection.
+        tokio::time::sleep(LIMITS.idle_timeout / 2).await;
+        s.write_all(GET).await.unwrap();
+        assert!(read_response(&mut s).await.ends_with("ok"));
+        let t1 = Instant::now();
+        assert_eq!(read_to_close(&mut s).await, "");
+        assert!(t1 - t0 >= LIMITS.idle_timeout / 2);
+        assert!(t1.elapsed() >= LIMITS.idle_timeout, "{:?}", t1.elapsed());
+        // A connection that never sends a byte goes the same way.
+        let mut silent = TcpStream::connect(addr).await.unwrap();
+        let t2 = Instant::now();
+        assert_eq!(read_to_close(&mut silent).await, "");
+        assert!(t2.elapsed() >= LIMITS.idle_timeout);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_slow_body_is_answered_408() {
+        let (addr, _stop) = start(LIMITS).await;
+        let mut s = TcpStream::connect(addr).await.unwrap();
+        s.write_all(b"POST /echo HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Length: 10\r\n\r\nabc")
+            .await
+            .unwrap();
+        let t0 = Instant::now();
+        let answer = read_response(&mut s).await;
+        assert!(answer.starts_with("HTTP/1.1 408"), "{answer}");
+        assert!(answer.contains(r#""code":"request_timeout""#), "{answer}");
+        assert!(t0.elapsed() >= LIMITS.body_timeout);
+        // A whole body in time is read.
+        let mut s = TcpStream::connect(addr).await.unwrap();
+        s.write_all(b"POST /echo HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Length: 3\r\n\r\nabc")
+            .await
+            .unwrap();
+        assert!(read_response(&mut s).await.ends_with("abc"));
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn connections_beyond_the_cap_wait_for_a_free_slot() {
+        let (addr, _stop) = start(LIMITS).await;
+        let mut held = Vec::new();
+        for _ in 0..LIMITS.max_connections {
+            let mut s = TcpStream::connect(addr).await.unwrap();
+            s.write_all(GET).await.unwrap();
+            assert!(read_response(&mut s).await.ends_with("ok"));
+            held.push(s);
+        }
+        // The kernel completes the handshake (backlog), but the service does not take it.
+        let mut waiting = TcpStream::connect(addr).await.unwrap();
+        waiting.write_all(GET).await.unwrap();
+        let early =
+            tokio::time::timeout(LIMITS.idle_timeout / 2, read_response(&mut waiting)).await;
+        assert!(early.is_err(), "answered beyond the cap: {early:?}");
+        drop(held.pop());
+        assert!(read_response(&mut waiting).await.ends_with("ok"));
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn shutdown_closes_idle_connections_and_returns() {
+        let app = Router::new().route("/", get(|| async { "ok" }));
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let stop = CancellationToken::new();
+        let served = tokio::spawn(serve(listener, app, LIMITS, stop.clone()));
+        let mut s = TcpStream::connect(addr).await.unwrap();
+        s.write_all(GET).await.unwrap();
+        assert!(read_response(&mut s).await.ends_with("ok"));
+        let t0 = Instant::now();
+        stop.cancel();
+        served.await.unwrap();
+        assert_eq!(read_to_close(&mut s).await, "");
+        assert!(t0.elapsed() < LIMITS.header_timeout, "not by a timeout");
+    }
+}
