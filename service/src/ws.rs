@@ -10,14 +10,14 @@
 
 use crate::auth::Scope;
 use crate::error::ApiError;
-use crate::extract::{EventsQuery, session_id};
+use crate::extract::{EventsQuery, PathIds, session_id};
 use crate::rpc::Notifier;
 use crate::state::AppState;
 use crate::stream::{StreamEvent, Subscriber};
 use axum::Extension;
 use axum::extract::rejection::QueryRejection;
 use axum::extract::ws::{Message, WebSocket, WebSocketUpgrade};
-use axum::extract::{Path, Query, State};
+use axum::extract::{Query, State};
 use axum::response::Response;
 use futures::{SinkExt, StreamExt};
 use std::sync::Arc;
@@ -86,7 +86,7 @@ async fn rpc_connection(app: AppState, scope: Scope, socket: WebSocket) {
 pub async fn events(
     State(app): State<AppState>,
     Extension(scope): Extension<Scope>,
-    Path(id): Path<String>,
+    PathIds(id): PathIds<String>,
     q: Result<Query<EventsQuery>, QueryRejection>,
     upgrade: WebSocketUpgrade,
 ) -> Result<Response, ApiError> {

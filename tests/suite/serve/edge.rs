@@ -261,6 +261,208 @@ async fn configured_hosts_and_origins_are_let_in() {
     server.stop().await;
 }
 
+/// The error body every error has.
+fn assert_error(status: StatusCode, v: &Value, want: StatusCode, code: &str) {
+    assert_eq!(status, want, "{v}");
+    assert_eq!(v["code"], code, "{v}");
+    assert!(v["message"].as_str().is_some_and(|m| !m.is_empty()), "{v}");
+    assert!(v.get("details").is_some(), "{v}");
+}
+
+#[tokio::test]
+async fn every_error_is_json() {
+    let server = Server::start_with(|c| c.server.body_limit = 1024, Vec::new()).await;
+    let api = server.api();
+    let json = [("content-type", "application/json")];
+    // Ids that do not decode are unknown ids, as the README promises.
+    for path in [
+        "/api/sessions/%ff",
+        "/api/sessions/%ff/messages",
+        "/api/sessions/%ff/events",
+        "/api/projects/%ff%fe/sessions",
+    ] {
+        let (status, v) = api.get(path).await;
+        assert_error(status, &v, StatusCode::NOT_FOUND, "not_found");
+    }
+    // A WebSocket route asked without the upgrade.
+    for path in ["/rpc/ws", "/api/sessions/x/events/ws"] {
+        let (status, v) = api.get(path).await;
+        assert!(status.is_client_error(), "{path}: {status}");
+        assert!(v["code"].is_string(), "{path}: {v}");
+        assert!(v["message"].is_string(), "{path}: {v}");
+    }
+    // Over the body limit, on every route that takes a body.
+    let big = "x".repeat(4096);
+    let big: &'static str = Box::leak(format!("{{\"text\": \"{big}\"}}").into_boxed_str());
+    let sid = super::id(&api.session(None).await, "session_id");
+    let messages = format!("/api/sessions/{sid}/messages");
+    for path in ["/rpc", "/a2a", "/api/sessions", messages.as_str()] {
+        let (status, v) = send(&api, reqwest::Method::POST, path, &json, big).await;
+        assert_error(
+            status,
+            &v,
+            StatusCode::PAYLOAD_TOO_LARGE,
+            "payload_too_large",
+        );
+    }
+    // The fallbacks.
+    let (status, v) = api.get("/nope").await;
+    assert_error(status, &v, StatusCode::NOT_FOUND, "not_found");
+    let (status, v) = send(&api, reqwest::Method::DELETE, "/rpc", &[], "").await;
+    assert_error(
+        status,
+        &v,
+        StatusCode::METHOD_NOT_ALLOWED,
+        "method_not_allowed",
+    );
+    let (status, v) = send(&api, reqwest::Method::GET, "/rpc", &[], "").await;
+    assert_error(
+        status,
+        &v,
+        StatusCode::METHOD_NOT_ALLOWED,
+        "method_not_allowed",
+    );
+    // Unreadable JSON.
+    let (status, v) = send(&api, reqwest::Method::POST, "/api/sessions", &json, "{").await;
+    assert_error(status, &v, StatusCode::BAD_REQUEST, "bad_request");
+    server.stop().await;
+}
+
+#[tokio::test]
+async fn a_new_session_is_an_object_with_a_real_project() {
+    let server = Server::start().await;
+    let api = server.api();
+    let json = [("content-type", "application/json")];
+    for (body, code) in [
+        (r#"["p", "t"]"#, "bad_request"),
+        ("\"p\"", "bad_request"),
+        (r#"{"settings": "x"}"#, "invalid_input"),
+        (r#"{"settings": [1]}"#, "invalid_input"),
+        (r#"{"project_id": ""}"#, "invalid_input"),
+    ] {
+        let (status, v) = send(&api, reqwest::Method::POST, "/api/sessions", &json, body).await;
+        assert_error(status, &v, StatusCode::BAD_REQUEST, code);
+    }
+    // JSON-RPC agrees.
+    for params in [
+        serde_json::json!(["p", "t"]),
+        serde_json::json!({"settings": "x"}),
+        serde_json::json!({"project_id": ""}),
+    ] {
+        let code = api.call_err("session.create", params.clone()).await;
+        assert_eq!(code, troupe_service::error::INVALID_PARAMS, "{params}");
+    }
+    let (status, v) = send(
+        &api,
+        reqwest::Method::POST,
+        "/api/sessions",
+        &json,
+        r#"{"project_id": "p", "settings": {"k": 1}}"#,
+    )
+    .await;
+    assert_eq!(status, StatusCode::CREATED, "{v}");
+    server.stop().await;
+}
+
+#[tokio::test]
+async fn the_bearer_scheme_is_case_insensitive() {
+    let server = Server::start_with(with_tokens, Vec::new()).await;
+    let api = server.api();
+    for header in ["Bearer ops-token", "bearer ops-token", "BEARER ops-token"] {
+        let (status, v) = send(
+            &api,
+            reqwest::Method::GET,
+            "/api/projects/alpha/sessions",
+            &[("authorization", header)],
+            "",
+        )
+        .await;
+        assert_eq!(status, StatusCode::OK, "{header}: {v}");
+    }
+    let (status, v) = send(
+        &api,
+        reqwest::Method::GET,
+        "/api/projects/alpha/sessions",
+        &[("authorization", "bearer OPS-TOKEN")],
+        "",
+    )
+    .await;
+    assert_error(status, &v, StatusCode::UNAUTHORIZED, "unauthorized");
+    server.stop().await;
+}
+
+#[tokio::test]
+async fn policies_take_both_spellings_and_are_written_one_way() {
+    let server = Server::start().await;
+    let api = server.api();
+    let sid = super::id(&api.session(None).await, "session_id");
+    for (storage, sandbox, written_storage, written_sandbox) in [
+        (
+            serde_json::json!("headers-only"),
+            "full-access",
+            serde_json::json!("headers_only"),
+            "full_access",
+        ),
+        (
+            serde_json::json!("ttl:60"),
+            "read-only",
+            serde_json::json!({"ttl": {"secs": 60}}),
+            "read_only",
+        ),
+        (
+            serde_json::json!({"ttl": {"secs": 5}}),
+            "workspace_write",
+            serde_json::json!({"ttl": {"secs": 5}}),
+            "workspace_write",
+        ),
+    ] {
+        let opened = api
+            .call(
+                "conversation.open",
+                serde_json::json!({
+                    "session_id": sid,
+                    "storage_policy": storage,
+                    "sandbox_policy": sandbox,
+                }),
+            )
+            .await;
+        let cid = opened["conversation_id"].clone();
+        let list = api
+            .call("conversation.list", serde_json::json!({"session_id": sid}))
+            .await;
+        let record = list
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|c| c["conversation_id"] == cid)
+            .unwrap_or_else(|| panic!("{cid} in {list}"));
+        assert_eq!(
+            record["params"]["storage_policy"], written_storage,
+            "{record}"
+        );
+        assert_eq!(
+            record["params"]["sandbox_policy"], written_sandbox,
+            "{record}"
+        );
+    }
+    // REST takes them too, in a new session's root conversation.
+    let (status, v) = api
+        .post(
+            "/api/sessions",
+            serde_json::json!({"root": {"storage_policy": "ttl:30", "sandbox_policy": "read-only"}}),
+        )
+        .await;
+    assert_eq!(status, StatusCode::CREATED, "{v}");
+    let code = api
+        .call_err(
+            "conversation.open",
+            serde_json::json!({"session_id": sid, "storage_policy": "forever"}),
+        )
+        .await;
+    assert_eq!(code, troupe_service::error::INVALID_PARAMS);
+    server.stop().await;
+}
+
 /// `troupe serve` uses the configured limits: a half-sent head is cut off at the header
 /// timeout (well before the idle timeout).
 #[tokio::test]
