@@ -543,6 +543,63 @@ mod tests {
         assert!(!is_json(""));
     }
 
+    #[test]
+    fn the_middleware_answers_and_counts_refusals() {
+        use tower::ServiceExt;
+        let recorder = metrics_util::debugging::DebuggingRecorder::new();
+        let snapshotter = recorder.snapshotter();
+        let app = axum::Router::new()
+            .route("/rpc", axum::routing::post(|| async { "called" }))
+            .layer(axum::middleware::from_fn_with_state(
+                Arc::new(loopback()),
+                guard,
+            ));
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .build()
+            .unwrap();
+        let statuses = metrics::with_local_recorder(&recorder, || {
+            rt.block_on(async {
+                let mut statuses = Vec::new();
+                for (origin, content_type) in [
+                    (None, "application/json"),
+                    (Some("https://evil.example"), "application/json"),
+                    (None, "text/plain"),
+                ] {
+                    let mut req = Request::post("/rpc")
+                        .header(header::HOST, "localhost:7878")
+                        .header(header::CONTENT_TYPE, content_type);
+                    if let Some(o) = origin {
+                        req = req.header(header::ORIGIN, o);
+                    }
+                    let req = req.body(axum::body::Body::from("{}")).unwrap();
+                    let answer = app.clone().oneshot(req).await.unwrap();
+                    statuses.push(answer.status().as_u16());
+                }
+                statuses
+            })
+        });
+        assert_eq!(statuses, [200, 403, 415]);
+        let counted: Vec<(String, u64)> = snapshotter
+            .snapshot()
+            .into_vec()
+            .into_iter()
+            .filter(|(key, ..)| key.key().name() == crate::metrics::API_REFUSED_TOTAL)
+            .map(|(key, _, _, value)| {
+                let reason = key.key().labels().next().unwrap().value().to_owned();
+                let metrics_util::debugging::DebugValue::Counter(n) = value else {
+                    panic!("a counter")
+                };
+                (reason, n)
+            })
+            .collect();
+        assert_eq!(counted.len(), 2, "{counted:?}");
+        assert!(counted.contains(&("origin".to_owned(), 1)), "{counted:?}");
+        assert!(
+            counted.contains(&("content_type".to_owned(), 1)),
+            "{counted:?}"
+        );
+    }
+
     proptest! {
         #[test]
         fn host_parsing_never_panics_and_round_trips(s in "\\PC{0,40}") {

@@ -642,6 +642,75 @@ mod slow_clients {
     }
 
     #[tokio::test(start_paused = true)]
+    async fn streams_and_websockets_outlive_the_timeouts() {
+        use axum::extract::ws::{Message, WebSocketUpgrade};
+        use futures::{SinkExt, StreamExt};
+        let app = Router::new()
+            .route(
+                "/slow",
+                get(|| async {
+                    // Six chunks, five seconds apart: longer than every timeout.
+                    let chunks = futures::stream::unfold(0u8, |n| async move {
+                        if n == 6 {
+                            return None;
+                        }
+                        tokio::time::sleep(Duration::from_secs(5)).await;
+                        Some((
+                            Ok::<_, std::convert::Infallible>(Bytes::from(vec![b'a' + n])),
+                            n + 1,
+                        ))
+                    });
+                    axum::body::Body::from_stream(chunks)
+                }),
+            )
+            .route(
+                "/ws",
+                get(|ws: WebSocketUpgrade| async move {
+                    ws.on_upgrade(|mut socket| async move {
+                        while let Some(Ok(Message::Text(t))) = socket.recv().await {
+                            if socket.send(Message::Text(t)).await.is_err() {
+                                break;
+                            }
+                        }
+                    })
+                }),
+            );
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let stop = CancellationToken::new();
+        tokio::spawn(serve(listener, app, LIMITS, stop.clone()));
+
+        let mut s = TcpStream::connect(addr).await.unwrap();
+        s.write_all(b"GET /slow HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n\r\n")
+            .await
+            .unwrap();
+        let t0 = Instant::now();
+        let answer = read_to_close(&mut s).await;
+        assert!(t0.elapsed() >= LIMITS.idle_timeout, "{:?}", t0.elapsed());
+        let body: String = answer
+            .split("\r\n\r\n")
+            .nth(1)
+            .unwrap()
+            .lines()
+            .filter(|l| l.len() == 1 && l.as_bytes()[0].is_ascii_lowercase())
+            .collect();
+        assert_eq!(body, "abcdef", "{answer}");
+
+        let (mut ws, _) = tokio_tungstenite::connect_async(format!("ws://{addr}/ws"))
+            .await
+            .unwrap();
+        for round in 0..3 {
+            tokio::time::sleep(LIMITS.idle_timeout + LIMITS.header_timeout).await;
+            let text = format!("still here {round}");
+            ws.send(tokio_tungstenite::tungstenite::Message::text(text.clone()))
+                .await
+                .unwrap();
+            let echo = ws.next().await.unwrap().unwrap();
+            assert_eq!(echo.into_text().unwrap().as_str(), text);
+        }
+    }
+
+    #[tokio::test(start_paused = true)]
     async fn shutdown_closes_idle_connections_and_returns() {
         let app = Router::new().route("/", get(|| async { "ok" }));
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
