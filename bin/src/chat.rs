@@ -90,17 +90,8 @@ pub struct ChatArgs {
 }
 
 fn parse_policy(s: &str) -> Result<StoragePolicy, String> {
-    match s {
-        "full" => Ok(StoragePolicy::Full),
-        "headers-only" | "headers_only" => Ok(StoragePolicy::HeadersOnly),
-        "none" => Ok(StoragePolicy::None),
-        other => match other.strip_prefix("ttl:").map(str::parse::<u64>) {
-            Some(Ok(secs)) => Ok(StoragePolicy::Ttl { secs }),
-            _ => Err(format!(
-                "unknown storage policy `{other}` (full, headers-only, none, ttl:<seconds>)"
-            )),
-        },
-    }
+    s.parse()
+        .map_err(|e: troupe_proto::AgentError| e.to_string())
 }
 
 /// Defaults < config file < TROUPE_* environment < flags.

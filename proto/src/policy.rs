@@ -1,11 +1,17 @@
 //! Policies attached to a session or a conversation: storage (S10), approvals and sandbox (C2),
 //! and the structured approval key (S9).
 
+use crate::AgentError;
 use crate::ids::ConversationId;
+use serde::de::{self, Deserializer, MapAccess, Visitor};
 use serde::{Deserialize, Serialize};
 
 /// What the rollout may keep of a conversation (S10).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, Default)]
+///
+/// Written as `"full"`, `"headers_only"`, `"none"` or `{"ttl": {"secs": N}}`. Read from those
+/// and, in human-readable formats (JSON, TOML), from the command-line spellings too:
+/// `"headers-only"` and `"ttl:<secs>"` (see [`FromStr`](std::str::FromStr)).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Default)]
 #[serde(rename_all = "snake_case")]
 pub enum StoragePolicy {
     /// Everything: messages, tool arguments and outputs.
@@ -26,6 +32,81 @@ impl StoragePolicy {
     }
 }
 
+/// The written form, which every format reads.
+#[derive(Deserialize)]
+#[serde(rename_all = "snake_case")]
+enum CanonicalStorage {
+    Full,
+    #[serde(alias = "headers-only")]
+    HeadersOnly,
+    None,
+    Ttl {
+        secs: u64,
+    },
+}
+
+impl From<CanonicalStorage> for StoragePolicy {
+    fn from(c: CanonicalStorage) -> Self {
+        match c {
+            CanonicalStorage::Full => Self::Full,
+            CanonicalStorage::HeadersOnly => Self::HeadersOnly,
+            CanonicalStorage::None => Self::None,
+            CanonicalStorage::Ttl { secs } => Self::Ttl { secs },
+        }
+    }
+}
+
+/// `full`, `headers_only` or `headers-only`, `none`, `ttl:<secs>`.
+impl std::str::FromStr for StoragePolicy {
+    type Err = AgentError;
+
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        match s {
+            "full" => Ok(Self::Full),
+            "headers_only" | "headers-only" => Ok(Self::HeadersOnly),
+            "none" => Ok(Self::None),
+            other => match other.strip_prefix("ttl:").map(|n| n.trim().parse::<u64>()) {
+                Some(Ok(secs)) => Ok(Self::Ttl { secs }),
+                _ => Err(AgentError::invalid(format!(
+                    "unknown storage policy `{other}` (full, headers_only, none, ttl:<seconds>, \
+                     or {{\"ttl\": {{\"secs\": N}}}})"
+                ))),
+            },
+        }
+    }
+}
+
+impl<'de> Deserialize<'de> for StoragePolicy {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        if d.is_human_readable() {
+            d.deserialize_any(StorageVisitor)
+        } else {
+            CanonicalStorage::deserialize(d).map(Into::into)
+        }
+    }
+}
+
+struct StorageVisitor;
+
+impl<'de> Visitor<'de> for StorageVisitor {
+    type Value = StoragePolicy;
+
+    fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(
+            "a storage policy: \"full\", \"headers_only\", \"none\", \"ttl:<secs>\" or \
+             {\"ttl\": {\"secs\": N}}",
+        )
+    }
+
+    fn visit_str<E: de::Error>(self, v: &str) -> Result<Self::Value, E> {
+        v.parse().map_err(|e: AgentError| E::custom(e))
+    }
+
+    fn visit_map<A: MapAccess<'de>>(self, map: A) -> Result<Self::Value, A::Error> {
+        CanonicalStorage::deserialize(de::value::MapAccessDeserializer::new(map)).map(Into::into)
+    }
+}
+
 /// When a command needs a human's approval.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Serialize, Deserialize, Default)]
 #[serde(rename_all = "snake_case")]
@@ -34,21 +115,26 @@ pub enum ApprovalPolicy {
     #[default]
     Always,
     /// Ask only when a command fails inside the sandbox and would need to leave it.
+    #[serde(alias = "on-failure")]
     OnFailure,
     /// Never ask: run what the sandbox allows, refuse the rest.
     Never,
 }
 
-/// What a command may touch.
+/// What a command may touch. Written `read_only`, `workspace_write`, `full_access`; the
+/// command-line spellings `read-only`, `workspace-write`, `full-access` are read too.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Serialize, Deserialize, Default)]
 #[serde(rename_all = "snake_case")]
 pub enum SandboxPolicy {
     /// Read anywhere, write nowhere. The strictest.
     #[default]
+    #[serde(alias = "read-only")]
     ReadOnly,
     /// Write inside the conversation's workspace only.
+    #[serde(alias = "workspace-write")]
     WorkspaceWrite,
     /// No restriction.
+    #[serde(alias = "full-access")]
     FullAccess,
 }
 
@@ -87,4 +173,87 @@ pub enum ToolErrorPolicy {
     Terminate,
     /// Run the call again, up to `attempts` more times, then go on as `skip`.
     Retry { attempts: u32 },
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    #[test]
+    fn storage_policies_read_both_spellings_and_write_one() {
+        for (text, policy) in [
+            (json!("full"), StoragePolicy::Full),
+            (json!("headers_only"), StoragePolicy::HeadersOnly),
+            (json!("headers-only"), StoragePolicy::HeadersOnly),
+            (json!("none"), StoragePolicy::None),
+            (json!("ttl:60"), StoragePolicy::Ttl { secs: 60 }),
+            (
+                json!({"ttl": {"secs": 60}}),
+                StoragePolicy::Ttl { secs: 60 },
+            ),
+        ] {
+            assert_eq!(
+                serde_json::from_value::<StoragePolicy>(text.clone()).unwrap(),
+                policy,
+                "{text}"
+            );
+        }
+        assert_eq!(
+            serde_json::to_value(StoragePolicy::Ttl { secs: 60 }).unwrap(),
+            json!({"ttl": {"secs": 60}})
+        );
+        assert_eq!(
+            serde_json::to_value(StoragePolicy::HeadersOnly).unwrap(),
+            json!("headers_only")
+        );
+        for bad in [
+            json!("ttl:"),
+            json!("ttl:-1"),
+            json!("headers"),
+            json!(5),
+            json!({"ttl": 5}),
+        ] {
+            let e = serde_json::from_value::<StoragePolicy>(bad.clone()).unwrap_err();
+            assert!(!e.to_string().is_empty(), "{bad}");
+        }
+        let e = serde_json::from_value::<StoragePolicy>(json!("forever")).unwrap_err();
+        assert!(e.to_string().contains("ttl:<seconds>"), "{e}");
+        #[derive(Deserialize)]
+        struct Chat {
+            storage_policy: StoragePolicy,
+        }
+        let toml: Chat = toml::from_str("storage_policy = \"ttl:30\"").unwrap();
+        assert_eq!(toml.storage_policy, StoragePolicy::Ttl { secs: 30 });
+        let toml: Chat = toml::from_str("storage_policy = { ttl = { secs = 30 } }").unwrap();
+        assert_eq!(toml.storage_policy, StoragePolicy::Ttl { secs: 30 });
+        assert_eq!(
+            "headers-only".parse::<StoragePolicy>().unwrap(),
+            StoragePolicy::HeadersOnly
+        );
+    }
+
+    #[test]
+    fn sandbox_and_approval_policies_read_both_spellings() {
+        for (text, policy) in [
+            ("read_only", SandboxPolicy::ReadOnly),
+            ("read-only", SandboxPolicy::ReadOnly),
+            ("workspace-write", SandboxPolicy::WorkspaceWrite),
+            ("full_access", SandboxPolicy::FullAccess),
+            ("full-access", SandboxPolicy::FullAccess),
+        ] {
+            assert_eq!(
+                serde_json::from_value::<SandboxPolicy>(json!(text)).unwrap(),
+                policy
+            );
+        }
+        assert_eq!(
+            serde_json::to_value(SandboxPolicy::FullAccess).unwrap(),
+            json!("full_access")
+        );
+        assert_eq!(
+            serde_json::from_value::<ApprovalPolicy>(json!("on-failure")).unwrap(),
+            ApprovalPolicy::OnFailure
+        );
+    }
 }

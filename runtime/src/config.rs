@@ -292,6 +292,25 @@ pub struct ServerConfig {
     pub conversation_queue: usize,
     /// Largest page of messages a listing returns.
     pub max_page: usize,
+    /// Host names the service answers to besides its own address (`localhost`, and the
+    /// loopback or bound IP address, with the port): `name` (any port) or `name:port`; `"*"`
+    /// turns the Host check off (a proxy in front checks it). Another Host is refused 403.
+    pub allowed_hosts: Vec<String>,
+    /// Longest wait for a whole request head once its first byte arrived; then the
+    /// connection is closed.
+    #[serde(with = "humantime_serde")]
+    pub header_timeout: Duration,
+    /// Longest wait for a whole request body, from its head; then 408.
+    #[serde(with = "humantime_serde")]
+    pub body_timeout: Duration,
+    /// How long a connection may wait for its next request (keep-alive) before it is closed.
+    #[serde(with = "humantime_serde")]
+    pub idle_timeout: Duration,
+    /// Connections open at once; more wait in the listen backlog until one closes.
+    pub max_connections: usize,
+    /// Origins (`https://console.example.com`) whose web pages may send requests that change
+    /// state or open WebSockets, besides the service's own (`http://` + an allowed host).
+    pub allowed_origins: Vec<String>,
     /// The A2A endpoint (`[server.a2a]`).
     pub a2a: A2aServerConfig,
 }
@@ -335,6 +354,12 @@ impl Default for ServerConfig {
             task_queue: 64,
             conversation_queue: 16,
             max_page: 1000,
+            header_timeout: Duration::from_secs(10),
+            body_timeout: Duration::from_secs(30),
+            idle_timeout: Duration::from_secs(60),
+            max_connections: 10_000,
+            allowed_hosts: Vec::new(),
+            allowed_origins: Vec::new(),
             a2a: A2aServerConfig::default(),
         }
     }
@@ -353,6 +378,12 @@ impl std::fmt::Debug for ServerConfig {
             .field("task_queue", &self.task_queue)
             .field("conversation_queue", &self.conversation_queue)
             .field("max_page", &self.max_page)
+            .field("header_timeout", &self.header_timeout)
+            .field("body_timeout", &self.body_timeout)
+            .field("idle_timeout", &self.idle_timeout)
+            .field("max_connections", &self.max_connections)
+            .field("allowed_hosts", &self.allowed_hosts)
+            .field("allowed_origins", &self.allowed_origins)
             .field("a2a", &self.a2a)
             .finish()
     }
@@ -468,6 +499,14 @@ pub const ENV_VARS: &[(&str, &str)] = &[
     ("TROUPE_GRACE_PERIOD", "server.grace_period"),
     ("TROUPE_BODY_LIMIT", "server.body_limit"),
     ("TROUPE_METRICS_PUBLIC", "server.metrics_public"),
+    (
+        "TROUPE_ALLOWED_HOSTS",
+        "server.allowed_hosts (comma-separated)",
+    ),
+    (
+        "TROUPE_ALLOWED_ORIGINS",
+        "server.allowed_origins (comma-separated)",
+    ),
     ("TROUPE_A2A", "server.a2a.enabled"),
     ("TROUPE_A2A_PROJECT", "server.a2a.project"),
     ("TROUPE_A2A_PUBLIC_URL", "server.a2a.public_url"),
@@ -563,6 +602,12 @@ impl TroupeConfig {
         if let Some(v) = get("TROUPE_METRICS_PUBLIC") {
             self.server.metrics_public = parse_bool("TROUPE_METRICS_PUBLIC", &v)?;
         }
+        if let Some(v) = get("TROUPE_ALLOWED_HOSTS") {
+            self.server.allowed_hosts = split_list(&v);
+        }
+        if let Some(v) = get("TROUPE_ALLOWED_ORIGINS") {
+            self.server.allowed_origins = split_list(&v);
+        }
         if let Some(v) = get("TROUPE_A2A") {
             self.server.a2a.enabled = parse_bool("TROUPE_A2A", &v)?;
         }
@@ -588,6 +633,16 @@ impl TroupeConfig {
         config.apply_env(env)?;
         Ok(config)
     }
+}
+
+/// A comma-separated list, trimmed, without empty items.
+fn split_list(value: &str) -> Vec<String> {
+    value
+        .split(',')
+        .map(str::trim)
+        .filter(|s| !s.is_empty())
+        .map(str::to_owned)
+        .collect()
 }
 
 /// Parses a unit-variant enum from its serde name (`openai-chat`, `trim`, ...).
@@ -778,6 +833,9 @@ wait_bound = "1500ms"
 listen = "0.0.0.0:9000"
 grace_period = "5s"
 body_limit = 4096
+allowed_hosts = ["troupe.internal:9000"]
+header_timeout = "2s"
+max_connections = 50
 [[server.tokens]]
 token = "s3cret"
 projects = ["alpha"]
@@ -800,7 +858,30 @@ public_url = "https://agents.example.com/a2a"
             c.server.a2a.public_url.as_deref(),
             Some("https://agents.example.com/a2a")
         );
-        let off = TroupeConfig::load(Some(&path), &env(&[("TROUPE_A2A", "false")])).unwrap();
+        assert_eq!(c.server.allowed_hosts, vec!["troupe.internal:9000"]);
+        assert_eq!(c.server.header_timeout, Duration::from_secs(2));
+        assert_eq!(
+            c.server.idle_timeout,
+            Duration::from_secs(60),
+            "the default"
+        );
+        assert_eq!(c.server.max_connections, 50);
+        assert!(c.server.allowed_origins.is_empty());
+        let off = TroupeConfig::load(
+            Some(&path),
+            &env(&[
+                ("TROUPE_A2A", "false"),
+                (
+                    "TROUPE_ALLOWED_ORIGINS",
+                    "https://a.example, ,https://b.example",
+                ),
+            ]),
+        )
+        .unwrap();
+        assert_eq!(
+            off.server.allowed_origins,
+            vec!["https://a.example", "https://b.example"]
+        );
         assert!(!off.server.a2a.enabled);
         assert_eq!(c.server.tokens.len(), 2);
         let ops = env(&[("OPS_TOKEN", "ops")]);

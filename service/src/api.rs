@@ -32,6 +32,28 @@ pub struct CreateSession {
     pub root: Option<OpenConversation>,
 }
 
+impl CreateSession {
+    /// What both `session.create` and `POST /api/sessions` refuse: an empty `project_id`,
+    /// and `settings` that are not an object.
+    pub fn validate(&self) -> Result<(), AgentError> {
+        if self
+            .project_id
+            .as_deref()
+            .is_some_and(|p| p.trim().is_empty())
+        {
+            return Err(AgentError::invalid(
+                "project_id must not be empty (leave it out for no project)",
+            ));
+        }
+        if let Some(settings) = &self.settings
+            && !settings.0.is_object()
+        {
+            return Err(AgentError::invalid("settings must be a JSON object"));
+        }
+        Ok(())
+    }
+}
+
 /// `conversation.message` / `conversation.send` / `POST /api/sessions/{id}/messages`.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -79,6 +101,31 @@ pub struct SetCurrent {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn what_a_new_session_may_not_be() {
+        let create = |v: serde_json::Value| serde_json::from_value::<CreateSession>(v).unwrap();
+        assert!(create(serde_json::json!({})).validate().is_ok());
+        assert!(
+            create(serde_json::json!({"project_id": "p", "settings": {"a": 1}}))
+                .validate()
+                .is_ok()
+        );
+        for bad in [
+            serde_json::json!({"project_id": ""}),
+            serde_json::json!({"project_id": "  "}),
+            serde_json::json!({"settings": "x"}),
+            serde_json::json!({"settings": [1]}),
+        ] {
+            assert!(
+                matches!(
+                    create(bad.clone()).validate(),
+                    Err(AgentError::InvalidInput { .. })
+                ),
+                "{bad}"
+            );
+        }
+    }
 
     #[test]
     fn page_limits() {

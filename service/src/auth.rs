@@ -100,8 +100,11 @@ impl Auth {
         if self.is_open() {
             return Some(Scope::All);
         }
-        let token = authorization?.strip_prefix("Bearer ")?.trim();
-        self.tokens.get(&digest(token)).cloned()
+        let (scheme, token) = authorization?.trim().split_once(' ')?;
+        if !scheme.eq_ignore_ascii_case("bearer") {
+            return None;
+        }
+        self.tokens.get(&digest(token.trim())).cloned()
     }
 }
 
@@ -139,6 +142,12 @@ mod tests {
         assert!(!a.sees(Some("beta")));
         assert!(!a.sees(None));
         assert_eq!(auth.check(Some("Bearer ops")), Some(Scope::All));
+        // The scheme is case-insensitive (RFC 7235); the token is not.
+        assert_eq!(auth.check(Some("bearer ops")), Some(Scope::All));
+        assert_eq!(auth.check(Some("BEARER  ops")), Some(Scope::All));
+        assert_eq!(auth.check(Some("Bearer OPS")), None);
+        assert_eq!(auth.check(Some("Basic ops")), None);
+        assert_eq!(auth.check(Some("Bearerops")), None);
         assert_eq!(Auth::default().check(None), Some(Scope::All));
     }
 

@@ -121,6 +121,14 @@ impl ApiError {
         )
     }
 
+    pub fn request_timeout() -> Self {
+        Self::new(
+            StatusCode::REQUEST_TIMEOUT,
+            "request_timeout",
+            "the request body did not arrive in time (server.body_timeout)",
+        )
+    }
+
     pub fn route_not_found() -> Self {
         Self::new(StatusCode::NOT_FOUND, "not_found", "no such route")
     }
@@ -162,6 +170,58 @@ impl IntoResponse for ApiError {
                 .insert(header::RETRY_AFTER, HeaderValue::from_static("1"));
         }
         response
+    }
+}
+
+/// Middleware: an error answered without the JSON body (a rejection of axum's own
+/// extractors: a WebSocket route without `Upgrade`, an unreadable body, ...) gets it, keeping
+/// its status and its text as the message. Every error of the service is `{code, message,
+/// details}`.
+pub async fn json_errors(req: axum::extract::Request, next: axum::middleware::Next) -> Response {
+    let response = next.run(req).await;
+    let status = response.status();
+    let is_json = response
+        .headers()
+        .get(header::CONTENT_TYPE)
+        .and_then(|v| v.to_str().ok())
+        .is_some_and(|t| t.starts_with("application/json"));
+    if !(status.is_client_error() || status.is_server_error()) || is_json {
+        return response;
+    }
+    let (parts, body) = response.into_parts();
+    let text = axum::body::to_bytes(body, 4096)
+        .await
+        .map(|b| String::from_utf8_lossy(&b).trim().to_owned())
+        .unwrap_or_default();
+    let message = if text.is_empty() {
+        status.canonical_reason().unwrap_or("error").to_owned()
+    } else {
+        text
+    };
+    let mut answer = ApiError::new(status, status_code_name(status), message).into_response();
+    for name in [header::ALLOW, header::RETRY_AFTER, header::WWW_AUTHENTICATE] {
+        if let Some(v) = parts.headers.get(&name) {
+            answer.headers_mut().insert(name, v.clone());
+        }
+    }
+    answer
+}
+
+/// The `code` of an error that only has a status.
+pub fn status_code_name(status: StatusCode) -> &'static str {
+    match status {
+        StatusCode::BAD_REQUEST => "bad_request",
+        StatusCode::UNAUTHORIZED => "unauthorized",
+        StatusCode::FORBIDDEN => "forbidden",
+        StatusCode::NOT_FOUND => "not_found",
+        StatusCode::METHOD_NOT_ALLOWED => "method_not_allowed",
+        StatusCode::REQUEST_TIMEOUT => "request_timeout",
+        StatusCode::PAYLOAD_TOO_LARGE => "payload_too_large",
+        StatusCode::UNSUPPORTED_MEDIA_TYPE => "unsupported_media_type",
+        StatusCode::UPGRADE_REQUIRED => "upgrade_required",
+        StatusCode::SERVICE_UNAVAILABLE => "overloaded",
+        s if s.is_server_error() => "internal",
+        _ => "bad_request",
     }
 }
 

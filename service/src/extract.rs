@@ -16,13 +16,16 @@ pub fn body(bytes: Result<Bytes, BytesRejection>, limit: usize) -> Result<Bytes,
     bytes.map_err(|e| {
         if e.status() == StatusCode::PAYLOAD_TOO_LARGE {
             ApiError::too_large(limit)
+        } else if crate::listen::timed_out(&e) {
+            ApiError::request_timeout()
         } else {
             ApiError::bad_request(e.body_text())
         }
     })
 }
 
-/// A JSON body of type `T` (an empty body reads as `{}`), or 400 / 413.
+/// A JSON object body read as `T` (an empty body reads as `{}`), or 400 / 413. Anything
+/// but an object (an array would fill a struct's fields in order) is 400.
 pub fn json_body<T: DeserializeOwned>(
     bytes: Result<Bytes, BytesRejection>,
     limit: usize,
@@ -33,7 +36,38 @@ pub fn json_body<T: DeserializeOwned>(
     } else {
         &bytes
     };
-    serde_json::from_slice(bytes).map_err(|e| ApiError::bad_request(format!("bad body: {e}")))
+    let value: serde_json::Value = serde_json::from_slice(bytes)
+        .map_err(|e| ApiError::bad_request(format!("bad body: {e}")))?;
+    if !value.is_object() {
+        return Err(ApiError::bad_request("bad body: must be a JSON object"));
+    }
+    serde_json::from_value(value).map_err(|e| ApiError::bad_request(format!("bad body: {e}")))
+}
+
+/// Path parameters; a segment that does not decode (bad percent-encoding, not UTF-8) names
+/// nothing: 404, like an id that does not parse.
+#[derive(Debug)]
+pub struct PathIds<T>(pub T);
+
+impl<T, S> axum::extract::FromRequestParts<S> for PathIds<T>
+where
+    T: DeserializeOwned + Send,
+    S: Send + Sync,
+{
+    type Rejection = ApiError;
+
+    async fn from_request_parts(
+        parts: &mut axum::http::request::Parts,
+        state: &S,
+    ) -> Result<Self, Self::Rejection> {
+        match axum::extract::Path::<T>::from_request_parts(parts, state).await {
+            Ok(axum::extract::Path(t)) => Ok(Self(t)),
+            Err(_) => Err(ApiError::from(AgentError::not_found(
+                "path",
+                parts.uri.path(),
+            ))),
+        }
+    }
 }
 
 /// A session id from the path; one that does not parse names no session.
@@ -58,6 +92,16 @@ pub struct EventsQuery {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn bodies_are_objects() {
+        let ok: Result<serde_json::Value, _> = json_body(Ok(Bytes::from_static(b" ")), 10);
+        assert_eq!(ok.unwrap(), serde_json::json!({}));
+        for bad in [&b"[\"p\", \"t\"]"[..], b"\"x\"", b"3", b"null"] {
+            let e = json_body::<serde_json::Value>(Ok(Bytes::copy_from_slice(bad)), 100);
+            assert_eq!(e.unwrap_err().status, StatusCode::BAD_REQUEST);
+        }
+    }
 
     #[test]
     fn bad_ids_are_unknown_ids() {

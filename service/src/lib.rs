@@ -21,6 +21,8 @@
 //! - [`rpc`]: JSON-RPC decoding and dispatch, shared by the three transports.
 //! - [`rest`], [`ws`], [`stdio`], [`http`]: the transports and the router.
 //! - [`stream`]: the event stream every transport reads, and the client event types.
+//! - [`listen`]: the HTTP/1 connections (timeouts for slow and idle clients, a connection
+//!   cap); [`edge`]: the Host, Origin and content-type checks every request passes first.
 //! - [`auth`], [`error`], [`metrics`].
 //! - The Ttl sweeper ([`troupe_store::ttl`]): one sweep at start-up, before sessions are restored
 //!   and anything is served, then one every `ttl_sweep_interval` until shutdown begins.
@@ -38,10 +40,12 @@ pub mod a2a;
 pub mod admission;
 pub mod api;
 pub mod auth;
+pub mod edge;
 pub mod error;
 pub mod extract;
 pub mod host;
 pub mod http;
+pub mod listen;
 pub mod metrics;
 pub mod registry;
 pub mod rest;
@@ -85,6 +89,9 @@ pub struct Service {
     auth: Auth,
     metrics_public: bool,
     grace_period: Duration,
+    allowed_hosts: Vec<String>,
+    allowed_origins: Vec<String>,
+    limits: listen::ConnLimits,
     a2a: troupe_runtime::config::A2aServerConfig,
 }
 
@@ -167,6 +174,14 @@ impl Service {
             auth: Auth::new(tokens),
             metrics_public: config.server.metrics_public,
             grace_period: config.server.grace_period,
+            allowed_hosts: config.server.allowed_hosts.clone(),
+            allowed_origins: config.server.allowed_origins.clone(),
+            limits: listen::ConnLimits {
+                header_timeout: config.server.header_timeout,
+                body_timeout: config.server.body_timeout,
+                idle_timeout: config.server.idle_timeout,
+                max_connections: config.server.max_connections,
+            },
             a2a: config.server.a2a.clone(),
         })
     }
@@ -207,20 +222,26 @@ impl Service {
         Ok((Some(mounted), routes))
     }
 
-    /// Serves HTTP on `listener` until `shutdown` fires, then shuts down gracefully.
+    /// The Host, Origin and content-type checks of a service listening on `addr`.
+    pub fn edge_policy(&self, addr: SocketAddr) -> Result<edge::EdgePolicy, AgentError> {
+        edge::EdgePolicy::new(addr, &self.allowed_hosts, &self.allowed_origins)
+    }
+
+    /// Serves HTTP on `listener` until `shutdown` fires, then shuts down gracefully. Every
+    /// request passes the [`edge`] checks first.
     pub async fn serve_http(&self, listener: tokio::net::TcpListener) -> Result<(), AgentError> {
         let addr = listener
             .local_addr()
             .map_err(|e| AgentError::internal(format!("listener address: {e}")))?;
         self.check_bind(addr)?;
+        let policy = Arc::new(self.edge_policy(addr)?);
         let (a2a, extra) = self.extra_routes().await?;
-        let app = self.router(extra);
+        let app = self
+            .router(extra)
+            .layer(axum::middleware::from_fn_with_state(policy, edge::guard));
         let stop = self.state.shutdown.clone();
-        let server = tokio::spawn(async move {
-            axum::serve(listener, app)
-                .with_graceful_shutdown(stop.cancelled_owned())
-                .await
-        });
+        let limits = self.limits;
+        let server = tokio::spawn(listen::serve(listener, app, limits, stop));
         let failure = tokio::select! {
             () = self.state.shutdown.cancelled() => None,
             reason = self.failed() => Some(reason),
@@ -240,8 +261,7 @@ impl Service {
         }
         // The last connections close once their replies are out.
         let served = match tokio::time::timeout(Duration::from_secs(10), server).await {
-            Ok(Ok(Ok(()))) => Ok(()),
-            Ok(Ok(Err(e))) => Err(AgentError::internal(format!("http server: {e}"))),
+            Ok(Ok(())) => Ok(()),
             Ok(Err(e)) => Err(AgentError::internal(format!("http server task: {e}"))),
             Err(_) => {
                 tracing::warn!("connections still open 10 s after shutdown; leaving them");

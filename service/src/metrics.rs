@@ -10,6 +10,14 @@ use std::time::Duration;
 pub const REQUESTS_TOTAL: &str = "troupe_api_requests_total";
 /// HTTP request durations (to the response head; a stream counts until it starts).
 pub const REQUEST_DURATION_SECONDS: &str = "troupe_api_request_duration_seconds";
+/// Requests refused at the edge, before authentication, by reason (`host`, `origin`,
+/// `content_type`).
+pub const API_REFUSED_TOTAL: &str = "troupe_api_refused_total";
+/// HTTP connections open now.
+pub const HTTP_CONNECTIONS_OPEN: &str = "troupe_http_connections_open";
+/// HTTP connections closed, by reason (`done`, `idle_timeout`, `header_timeout`,
+/// `shutdown`, `error`).
+pub const HTTP_CONNECTIONS_CLOSED_TOTAL: &str = "troupe_http_connections_closed_total";
 /// Open event streams, by transport (`sse`, `ws`, `rpc_ws`, `stdio`).
 pub const STREAM_SUBSCRIBERS: &str = "troupe_stream_subscribers";
 /// JSON-RPC calls, by method and outcome (`ok` or an error kind / JSON-RPC error name).
@@ -61,6 +69,25 @@ pub fn describe() {
         REQUEST_DURATION_SECONDS,
         Unit::Seconds,
         "HTTP API request duration until the response starts, by route template"
+    );
+    describe_counter!(
+        API_REFUSED_TOTAL,
+        Unit::Count,
+        "HTTP requests refused before authentication, by reason (host: a foreign Host header; \
+         origin: a foreign Origin on a WebSocket upgrade or a state-changing request; \
+         content_type: a non-JSON body sent to a JSON API)"
+    );
+    describe_gauge!(
+        HTTP_CONNECTIONS_OPEN,
+        Unit::Count,
+        "HTTP connections open (at most server.max_connections)"
+    );
+    describe_counter!(
+        HTTP_CONNECTIONS_CLOSED_TOTAL,
+        Unit::Count,
+        "HTTP connections closed, by reason (done: by the client or after a response; \
+         idle_timeout: no request within server.idle_timeout; header_timeout: a request head \
+         not complete within server.header_timeout; shutdown; error)"
     );
     describe_counter!(
         SESSION_RESTARTS_TOTAL,
@@ -156,6 +183,13 @@ pub fn service_series_start_at_zero() {
                 .increment(0);
         }
     }
+    for refusal in crate::edge::Refusal::ALL {
+        counter!(API_REFUSED_TOTAL, "reason" => refusal.reason()).increment(0);
+    }
+    for reason in crate::listen::Closed::ALL {
+        counter!(HTTP_CONNECTIONS_CLOSED_TOTAL, "reason" => reason.as_str()).increment(0);
+    }
+    gauge!(HTTP_CONNECTIONS_OPEN).increment(0.0);
     gauge!(SESSIONS_ACTIVE).increment(0.0);
     session_restarts_start_at_zero();
 }
@@ -217,11 +251,38 @@ impl Drop for ActiveSession {
     }
 }
 
+/// Counts an open HTTP connection in `troupe_http_connections_open` while it lives.
+#[derive(Debug)]
+pub struct ConnectionOpen(());
+
+impl ConnectionOpen {
+    pub fn start() -> Self {
+        gauge!(HTTP_CONNECTIONS_OPEN).increment(1.0);
+        Self(())
+    }
+
+    /// The connection closed for `reason`.
+    pub fn close(self, reason: crate::listen::Closed) {
+        counter!(HTTP_CONNECTIONS_CLOSED_TOTAL, "reason" => reason.as_str()).increment(1);
+    }
+}
+
+impl Drop for ConnectionOpen {
+    fn drop(&mut self) {
+        gauge!(HTTP_CONNECTIONS_OPEN).decrement(1.0);
+    }
+}
+
 /// One HTTP request answered.
 pub fn request(route: &str, status: u16, elapsed: Duration) {
     counter!(REQUESTS_TOTAL, "route" => route.to_owned(), "status" => status.to_string())
         .increment(1);
     histogram!(REQUEST_DURATION_SECONDS, "route" => route.to_owned()).record(elapsed.as_secs_f64());
+}
+
+/// A request refused at the edge.
+pub fn edge_refused(refusal: crate::edge::Refusal) {
+    counter!(API_REFUSED_TOTAL, "reason" => refusal.reason()).increment(1);
 }
 
 /// A stream opened (`+1.0`) or closed (`-1.0`).
@@ -373,6 +434,25 @@ mod tests {
             text.contains("gen_ai_request_model=\"m\",error_type=\"http_error\",le=\"1.28\"} 1"),
             "{text}"
         );
+    }
+
+    #[test]
+    fn edge_series_exist_from_the_start() {
+        let text = render(|| {
+            service_series_start_at_zero();
+            edge_refused(crate::edge::Refusal::Origin);
+            ConnectionOpen::start().close(crate::listen::Closed::HeaderTimeout);
+        });
+        for line in [
+            "troupe_api_refused_total{reason=\"host\"} 0",
+            "troupe_api_refused_total{reason=\"content_type\"} 0",
+            "troupe_api_refused_total{reason=\"origin\"} 1",
+            "troupe_http_connections_closed_total{reason=\"idle_timeout\"} 0",
+            "troupe_http_connections_closed_total{reason=\"header_timeout\"} 1",
+            "troupe_http_connections_open 0",
+        ] {
+            assert!(text.contains(line), "{line}: {text}");
+        }
     }
 
     #[test]

@@ -4,14 +4,14 @@
 use crate::api::{CreateSession, CurrentSession, SendText, SetCurrent, page_limit};
 use crate::auth::Scope;
 use crate::error::ApiError;
-use crate::extract::{EventsQuery, json_body, query, session_id};
+use crate::extract::{EventsQuery, PathIds, json_body, query, session_id};
 use crate::state::AppState;
 use crate::stream::Subscriber;
 use axum::Extension;
 use axum::Json;
 use axum::body::Bytes;
 use axum::extract::rejection::{BytesRejection, QueryRejection};
-use axum::extract::{Path, Query, State};
+use axum::extract::{Query, State};
 use axum::http::{HeaderMap, StatusCode};
 use axum::response::sse::{Event, KeepAlive, Sse};
 use axum::response::{IntoResponse, Response};
@@ -35,7 +35,7 @@ pub async fn create_session(
 pub async fn get_session(
     State(app): State<AppState>,
     Extension(scope): Extension<Scope>,
-    Path(id): Path<String>,
+    PathIds(id): PathIds<String>,
 ) -> Result<Response, ApiError> {
     let record = app.rpc.sessions.get(scope, session_id(&id)?).await?;
     Ok(Json(record).into_response())
@@ -53,7 +53,7 @@ pub struct MessagesQuery {
 pub async fn list_messages(
     State(app): State<AppState>,
     Extension(scope): Extension<Scope>,
-    Path(id): Path<String>,
+    PathIds(id): PathIds<String>,
     q: Result<Query<MessagesQuery>, QueryRejection>,
 ) -> Result<Response, ApiError> {
     let id = session_id(&id)?;
@@ -72,7 +72,7 @@ pub async fn list_messages(
 pub async fn get_message(
     State(app): State<AppState>,
     Extension(scope): Extension<Scope>,
-    Path((id, message_id)): Path<(String, String)>,
+    PathIds((id, message_id)): PathIds<(String, String)>,
 ) -> Result<Response, ApiError> {
     let id = session_id(&id)?;
     let message_id: u64 = message_id
@@ -87,7 +87,7 @@ pub async fn get_message(
 pub async fn post_message(
     State(app): State<AppState>,
     Extension(scope): Extension<Scope>,
-    Path(id): Path<String>,
+    PathIds(id): PathIds<String>,
     bytes: Result<Bytes, BytesRejection>,
 ) -> Result<Response, ApiError> {
     let id = session_id(&id)?;
@@ -110,7 +110,7 @@ pub async fn post_message(
 pub async fn project_sessions(
     State(app): State<AppState>,
     Extension(scope): Extension<Scope>,
-    Path(pid): Path<String>,
+    PathIds(pid): PathIds<String>,
 ) -> Result<Response, ApiError> {
     let sessions = app.rpc.sessions.list(scope, Some(pid)).await?;
     Ok(Json(sessions).into_response())
@@ -120,7 +120,7 @@ pub async fn project_sessions(
 pub async fn current_session(
     State(app): State<AppState>,
     Extension(scope): Extension<Scope>,
-    Path(pid): Path<String>,
+    PathIds(pid): PathIds<String>,
 ) -> Result<Response, ApiError> {
     let session = app.rpc.sessions.current(scope, pid.clone()).await?;
     Ok(Json(CurrentSession {
@@ -134,7 +134,7 @@ pub async fn current_session(
 pub async fn set_current_session(
     State(app): State<AppState>,
     Extension(scope): Extension<Scope>,
-    Path(pid): Path<String>,
+    PathIds(pid): PathIds<String>,
     bytes: Result<Bytes, BytesRejection>,
 ) -> Result<Response, ApiError> {
     let SetCurrent { session_id } = json_body(bytes, app.body_limit)?;
@@ -169,7 +169,7 @@ pub fn resume_from(headers: &HeaderMap, after: Option<u64>) -> Result<u64, ApiEr
 pub async fn events_sse(
     State(app): State<AppState>,
     Extension(scope): Extension<Scope>,
-    Path(id): Path<String>,
+    PathIds(id): PathIds<String>,
     headers: HeaderMap,
     q: Result<Query<EventsQuery>, QueryRejection>,
 ) -> Result<Response, ApiError> {

@@ -1,5 +1,7 @@
 //! The router: every route of the service, and the middleware each request passes (a span
-//! and the request metrics, then authentication for all but the public routes).
+//! and the request metrics, then authentication for all but the public routes). Every error
+//! leaves as `{code, message, details}`, axum's own rejections included
+//! ([`crate::error::json_errors`]).
 
 use crate::auth::{Auth, require_token};
 use crate::error::ApiError;
@@ -56,6 +58,7 @@ pub fn router(app: AppState, auth: Auth, metrics_public: bool, extra: ExtraRoute
         .fallback(|| async { ApiError::route_not_found() })
         .method_not_allowed_fallback(|| async { ApiError::method_not_allowed() })
         .layer(DefaultBodyLimit::max(limit))
+        .layer(middleware::from_fn(crate::error::json_errors))
 }
 
 /// A span and the request metrics, labelled by route template.

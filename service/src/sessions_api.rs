@@ -141,6 +141,7 @@ impl SessionsApi {
         scope: Scope,
         request: CreateSession,
     ) -> Result<SessionRecord, AgentError> {
+        request.validate()?;
         let registry = self.registry()?;
         ractor::call!(registry, |reply| RegistryMsg::Create {
             scope,

@@ -17,7 +17,7 @@
 
 use crate::auth::Scope;
 use crate::error::ApiError;
-use crate::extract::{EventsQuery, session_id};
+use crate::extract::{EventsQuery, PathIds, session_id};
 use crate::rpc::Notifier;
 use crate::rpc::outbox::{InFlight, Outbox, Overflow, Queued};
 use crate::state::AppState;
@@ -25,7 +25,7 @@ use crate::stream::{StreamEvent, Subscriber};
 use axum::Extension;
 use axum::extract::rejection::QueryRejection;
 use axum::extract::ws::{CloseFrame, Message, WebSocket, WebSocketUpgrade, close_code};
-use axum::extract::{Path, Query, State};
+use axum::extract::{Query, State};
 use axum::response::Response;
 use futures::stream::SplitSink;
 use futures::{SinkExt, StreamExt};
@@ -186,7 +186,7 @@ fn close_reason(code: u16) -> &'static str {
 pub async fn events(
     State(app): State<AppState>,
     Extension(scope): Extension<Scope>,
-    Path(id): Path<String>,
+    PathIds(id): PathIds<String>,
     q: Result<Query<EventsQuery>, QueryRejection>,
     upgrade: WebSocketUpgrade,
 ) -> Result<Response, ApiError> {

@@ -96,6 +96,7 @@ fn arbitrary_input_gets_a_well_formed_answer() {
         async move {
             let r = api
                 .request(reqwest::Method::POST, &path)
+                .header(reqwest::header::CONTENT_TYPE, "application/json")
                 .body(body)
                 .send()
                 .await
@@ -133,6 +134,7 @@ fn arbitrary_input_gets_a_well_formed_answer() {
                 well_formed(status, &body, rpc)?;
                 let r = api
                     .request(reqwest::Method::PUT, "/api/projects/p/current-session")
+                    .header(reqwest::header::CONTENT_TYPE, "application/json")
                     .body(bytes)
                     .send()
                     .await

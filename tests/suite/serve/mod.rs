@@ -4,6 +4,7 @@
 mod auth;
 mod bounds;
 mod crash;
+mod edge;
 mod fuzz;
 mod many;
 mod process;
@@ -152,8 +153,14 @@ impl Api {
         Self::answer(self.request(reqwest::Method::POST, path).json(&body)).await
     }
 
+    /// Posts `body` as it is, declared JSON (whatever it holds).
     pub async fn post_raw(&self, path: &str, body: Vec<u8>) -> (StatusCode, Value) {
-        Self::answer(self.request(reqwest::Method::POST, path).body(body)).await
+        Self::answer(
+            self.request(reqwest::Method::POST, path)
+                .header(reqwest::header::CONTENT_TYPE, "application/json")
+                .body(body),
+        )
+        .await
     }
 
     pub async fn put(&self, path: &str, body: Value) -> (StatusCode, Value) {
