@@ -3,12 +3,14 @@
 //! `seq` is assigned by the session's rollout, strictly increasing per session, so a client
 //! can resume a stream after the last `seq` it saw.
 
-use crate::api::{ApprovalDecision, ApprovalSubject, CloseOutcome, TaskStats};
+use crate::api::CloseOutcome;
+use crate::approval::{ApprovalDecision, ApprovalSubject};
 use crate::error::AgentError;
 use crate::ids::{ApprovalId, ConversationId, SessionId, TaskId};
 use crate::item::Usage;
 use crate::policy::StoragePolicy;
 use crate::store::MessageStatus;
+use crate::task::{TaskStats, TaskStatus};
 use crate::tool::{PlanStep, ToolCall};
 use serde::{Deserialize, Deserializer, Serialize, Serializer};
 
@@ -29,27 +31,6 @@ pub struct EventEnvelope {
     /// W3C span id (16 hex digits).
     pub span_id: Option<String>,
     pub event: EventKind,
-}
-
-/// How a task ended (T1 statuses plus cancellation).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
-#[serde(rename_all = "snake_case")]
-pub enum TaskStatus {
-    Ok,
-    Error,
-    MaxSteps,
-    Cancelled,
-}
-
-impl TaskStatus {
-    pub const fn as_str(self) -> &'static str {
-        match self {
-            Self::Ok => "ok",
-            Self::Error => "error",
-            Self::MaxSteps => "max_steps",
-            Self::Cancelled => "cancelled",
-        }
-    }
 }
 
 /// What happened. Content-bearing fields are the ones a storage policy may strip.

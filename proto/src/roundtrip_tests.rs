@@ -4,14 +4,16 @@
 //! that clients depend on.
 
 use crate::api::*;
+use crate::approval::*;
 use crate::error::{AgentError, ErrorKind};
-use crate::event::{EventEnvelope, EventKind, TaskStatus};
+use crate::event::{EventEnvelope, EventKind};
 use crate::ids::{ApprovalId, ConversationId, SessionId, TaskId};
 use crate::item::{HistoryItem, Role, Usage};
 use crate::json::Json;
 use crate::policy::{
     ApprovalPolicy, CommandKey, OverBudget, SandboxPolicy, StoragePolicy, ToolErrorPolicy,
 };
+use crate::task::*;
 use crate::tool::{PlanStep, PlanStepStatus, ToolCall, ToolOutput, ToolSpec};
 use proptest::prelude::*;
 use proptest::strategy::ValueTree;
