@@ -71,8 +71,8 @@ use tokio::task::AbortHandle;
 use tokio_util::sync::CancellationToken;
 use troupe_proto::{
     AgentError, ApprovalPolicy, CloseOutcome, Closed, ConversationId, ConversationStats, EventKind,
-    MessageReply, OpenConversation, SandboxPolicy, SessionId, SetContext, TaskId, TaskState,
-    TaskStats, TaskStatus,
+    EventName, MessageReply, OpenConversation, SandboxPolicy, SessionId, SetContext, TaskId,
+    TaskState, TaskStats, TaskStatus, WarningCode,
 };
 
 pub mod metrics;
@@ -368,9 +368,13 @@ impl Actor for Conversation {
             ));
         } else {
             let items = history_from_records(&records);
-            restored_turns =
-                u32::try_from(records.iter().filter(|r| r.kind == "task_started").count())
-                    .unwrap_or(u32::MAX);
+            restored_turns = u32::try_from(
+                records
+                    .iter()
+                    .filter(|r| r.kind == EventName::TaskStarted)
+                    .count(),
+            )
+            .unwrap_or(u32::MAX);
             let restored = items.len() as u64;
             history.append(items);
             let cause = args.restore_cause;
@@ -389,7 +393,7 @@ impl Actor for Conversation {
                     args.conversation_id,
                     task_id,
                     EventKind::Warning {
-                        code: "task_interrupted".into(),
+                        code: WarningCode::TaskInterrupted,
                         message: format!(
                             "task {task_id} was {}; it is not run again",
                             cause.interrupted()
@@ -407,7 +411,7 @@ impl Actor for Conversation {
             services.events.emit(EventDraft::conversation(
                 args.conversation_id,
                 EventKind::Warning {
-                    code: "deprecated_tool_name".into(),
+                    code: WarningCode::DeprecatedToolName,
                     message,
                 },
             ));
@@ -437,7 +441,7 @@ impl Actor for Conversation {
             services.events.emit(EventDraft::conversation(
                 args.conversation_id,
                 EventKind::Warning {
-                    code: "policy_clamped".into(),
+                    code: WarningCode::PolicyClamped,
                     message,
                 },
             ));
@@ -513,11 +517,13 @@ pub fn interrupted_tasks(records: &[RolloutRecord]) -> Vec<TaskId> {
     let mut ended = std::collections::HashSet::new();
     for r in records {
         let Some(task_id) = r.task_id else { continue };
-        match r.kind.as_str() {
-            "task_started" | "compaction_started" if !started.contains(&task_id) => {
+        match r.kind {
+            EventName::TaskStarted | EventName::CompactionStarted
+                if !started.contains(&task_id) =>
+            {
                 started.push(task_id);
             }
-            "task_finished" | "task_aborted" => {
+            EventName::TaskFinished | EventName::TaskAborted => {
                 ended.insert(task_id);
             }
             _ => {}
@@ -1087,7 +1093,7 @@ impl ConversationState {
             self.services.events.emit(EventDraft::conversation(
                 self.id,
                 EventKind::Warning {
-                    code: "deprecated_tool_name".into(),
+                    code: WarningCode::DeprecatedToolName,
                     message,
                 },
             ));
@@ -1125,7 +1131,7 @@ impl ConversationState {
                 self.services.events.emit(EventDraft::conversation(
                     self.id,
                     EventKind::Warning {
-                        code: "mcp_view_unavailable".into(),
+                        code: WarningCode::McpViewUnavailable,
                         message: format!("the MCP tools could not be reopened: {error}"),
                     },
                 ));
@@ -1237,13 +1243,13 @@ impl ConversationState {
 mod tests {
     use super::*;
 
-    fn record(seq: u64, task_id: TaskId, kind: &str) -> RolloutRecord {
+    fn record(seq: u64, task_id: TaskId, kind: EventName) -> RolloutRecord {
         RolloutRecord {
             seq,
             ts_ms: seq,
             conversation_id: None,
             task_id: Some(task_id),
-            kind: kind.into(),
+            kind,
             level: crate::rollout::RecordLevel::Minimal,
             event: None,
             meta: crate::rollout::RecordMeta::default(),
@@ -1255,13 +1261,13 @@ mod tests {
         let (done, aborted, running, compacting) =
             (TaskId::new(), TaskId::new(), TaskId::new(), TaskId::new());
         let records = vec![
-            record(1, done, "task_started"),
-            record(2, done, "task_finished"),
-            record(3, aborted, "task_started"),
-            record(4, running, "task_started"),
-            record(5, running, "step_started"),
-            record(6, aborted, "task_aborted"),
-            record(7, compacting, "compaction_started"),
+            record(1, done, EventName::TaskStarted),
+            record(2, done, EventName::TaskFinished),
+            record(3, aborted, EventName::TaskStarted),
+            record(4, running, EventName::TaskStarted),
+            record(5, running, EventName::StepStarted),
+            record(6, aborted, EventName::TaskAborted),
+            record(7, compacting, EventName::CompactionStarted),
         ];
         assert_eq!(interrupted_tasks(&records), vec![running, compacting]);
         assert!(interrupted_tasks(&[]).is_empty());

@@ -119,7 +119,7 @@ use tokio::sync::{Semaphore, mpsc, watch};
 use tokio::task::JoinHandle;
 use tokio::time::Instant;
 use tracing::Instrument;
-use troupe_proto::{AgentError, ConversationId, EventKind, ToolSpec};
+use troupe_proto::{AgentError, ConversationId, EventKind, ToolSpec, WarningCode};
 
 /// How long a call may outlive its own `call_timeout` before the pool stops waiting for the
 /// connection to report the timeout itself.
@@ -577,7 +577,7 @@ impl McpPoolState {
             metrics::server_request(kind, RequestOutcome::Unattributed);
             tracing::warn!(server, kind = kind.as_str(), %message, "MCP request refused");
             self.warn(
-                "mcp_request_unattributed",
+                WarningCode::McpRequestUnattributed,
                 format!("MCP server `{server}`: {message}"),
             );
             Err(AgentError::McpError { server, message })
@@ -750,7 +750,7 @@ impl McpPoolState {
                         ),
                     };
                     tracing::warn!(server, %reason, ?retry_in, "MCP server failed");
-                    self.warn("mcp_server_failed", message);
+                    self.warn(WarningCode::McpServerFailed, message);
                 }
             }
         }
@@ -764,12 +764,9 @@ impl McpPoolState {
         }
     }
 
-    fn warn(&self, code: &str, message: String) {
+    fn warn(&self, code: WarningCode, message: String) {
         if let Some(events) = &self.events {
-            events.emit(EventDraft::session(EventKind::Warning {
-                code: code.into(),
-                message,
-            }));
+            events.emit(EventDraft::session(EventKind::Warning { code, message }));
         }
     }
 

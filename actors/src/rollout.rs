@@ -102,8 +102,8 @@ use std::time::Instant;
 use storage::RolloutStorage;
 use tokio::sync::broadcast;
 use troupe_proto::{
-    AgentError, ApprovalSubject, ConversationId, ErrorKind, EventEnvelope, EventKind, SessionId,
-    StoragePolicy, TaskId, TaskStatus, Usage,
+    AgentError, ApprovalSubject, ConversationId, ErrorKind, EventEnvelope, EventKind, EventName,
+    SessionId, StoragePolicy, TaskId, TaskStatus, Usage,
 };
 use writer::{AckReceiver, WriterCmd, WriterHandle, wait_ack};
 
@@ -242,8 +242,8 @@ pub struct RolloutRecord {
     pub ts_ms: u64,
     pub conversation_id: Option<ConversationId>,
     pub task_id: Option<TaskId>,
-    /// `EventKind::name()` of the event.
-    pub kind: String,
+    /// `EventKind::name()` of the event (`Unknown`: a kind this build does not know).
+    pub kind: EventName,
     pub level: RecordLevel,
     /// The event itself, only at `RecordLevel::Full`.
     #[serde(skip_serializing_if = "Option::is_none")]
@@ -261,7 +261,7 @@ impl RolloutRecord {
             ts_ms: env.ts_ms,
             conversation_id: env.conversation_id,
             task_id: env.task_id,
-            kind: env.event.name().to_owned(),
+            kind: env.event.name(),
             level: RecordLevel::Full,
             event: Some(env.event.clone()),
             meta: headers_meta(&env.event),
@@ -385,7 +385,7 @@ impl RolloutState {
             metrics::unregistered_event();
             if self.core.first_unregistered(conversation_id) {
                 tracing::warn!(
-                    %conversation_id, kind,
+                    %conversation_id, %kind,
                     "event of an unregistered conversation: recorded as storage policy none"
                 );
             }
@@ -404,7 +404,7 @@ impl RolloutState {
             }
             _ => None,
         };
-        tracing::trace!(seq = env.seq, kind, "event emitted");
+        tracing::trace!(seq = env.seq, %kind, "event emitted");
         self.send(WriterCmd::Event {
             record,
             env: Arc::new(env),
@@ -609,14 +609,14 @@ pub fn is_due(record: &RolloutRecord, now_ms: u64) -> bool {
 }
 
 /// Kinds that policy `None` keeps.
-const MINIMAL_KINDS: [&str; 7] = [
-    "task_started",
-    "task_finished",
-    "task_aborted",
-    "error",
-    "conversation_opened",
-    "conversation_closed",
-    "message_updated",
+const MINIMAL_KINDS: [EventName; 7] = [
+    EventName::TaskStarted,
+    EventName::TaskFinished,
+    EventName::TaskAborted,
+    EventName::Error,
+    EventName::ConversationOpened,
+    EventName::ConversationClosed,
+    EventName::MessageUpdated,
 ];
 
 /// Events that carry no content at all (ids, a status): every policy keeps them whole, so a
@@ -663,7 +663,7 @@ pub fn record_for(policy: StoragePolicy, env: &EventEnvelope) -> Option<RolloutR
         ts_ms: env.ts_ms,
         conversation_id: env.conversation_id,
         task_id: env.task_id,
-        kind: kind.to_owned(),
+        kind,
         level,
         event,
         meta,
@@ -687,10 +687,10 @@ pub fn downgrade(record: RolloutRecord) -> RolloutRecord {
 }
 
 /// Whether a record makes the writer fsync the batch it is in.
-pub fn is_sync_point(kind: &str) -> bool {
+pub fn is_sync_point(kind: EventName) -> bool {
     matches!(
         kind,
-        "task_finished" | "task_aborted" | "conversation_closed"
+        EventName::TaskFinished | EventName::TaskAborted | EventName::ConversationClosed
     )
 }
 
@@ -857,7 +857,9 @@ mod tests {
     use std::path::{Path, PathBuf};
     use std::time::Duration;
     use tokio::sync::broadcast::error::TryRecvError;
-    use troupe_proto::{ApprovalDecision, ApprovalId, CloseOutcome, Json, TaskStats, ToolCall};
+    use troupe_proto::{
+        ApprovalDecision, ApprovalId, CloseOutcome, Json, TaskStats, ToolCall, WarningCode,
+    };
 
     const CANARY: &str = "CANARY-7f3a";
 
@@ -971,7 +973,7 @@ mod tests {
                 summary: field("summary"),
             },
             EventKind::Warning {
-                code: "clamped".into(),
+                code: WarningCode::PolicyClamped,
                 message: field("warning"),
             },
             EventKind::Error {
@@ -1059,10 +1061,10 @@ mod tests {
 
     #[test]
     fn samples_cover_every_kind() {
-        let names: HashSet<&str> = every_kind().iter().map(EventKind::name).collect();
+        let names: HashSet<EventName> = every_kind().iter().map(EventKind::name).collect();
         assert_eq!(names.len(), 21, "one sample per EventKind variant");
         for kind in MINIMAL_KINDS {
-            assert!(names.contains(kind));
+            assert!(names.contains(&kind));
         }
     }
 
@@ -1166,29 +1168,35 @@ mod tests {
     #[test]
     fn headers_keep_the_facts() {
         let kinds = every_kind();
-        let meta = |name: &str| headers_meta(kinds.iter().find(|k| k.name() == name).unwrap());
-        let finished = meta("task_finished");
+        let meta = |name: EventName| headers_meta(kinds.iter().find(|k| k.name() == name).unwrap());
+        let finished = meta(EventName::TaskFinished);
         assert_eq!(finished.status, Some(TaskStatus::Error));
         assert_eq!(finished.error_kind, Some(ErrorKind::ToolError));
         assert_eq!(finished.usage.unwrap().input_tokens, 10);
         assert_eq!((finished.steps, finished.tool_calls), (Some(2), Some(1)));
         assert_eq!(finished.duration_ms, Some(40));
-        let tool = meta("tool_call_finished");
+        let tool = meta(EventName::ToolCallFinished);
         assert_eq!(tool.tool.as_deref(), Some("shell"));
         assert_eq!(tool.is_error, Some(true));
         assert_eq!(tool.chars, Some(field("output").len() as u64));
-        assert_eq!(meta("tool_call_started").tool.as_deref(), Some("shell"));
         assert_eq!(
-            meta("task_started").chars,
+            meta(EventName::ToolCallStarted).tool.as_deref(),
+            Some("shell")
+        );
+        assert_eq!(
+            meta(EventName::TaskStarted).chars,
             Some(field("input").len() as u64)
         );
-        assert_eq!(meta("error").error_kind, Some(ErrorKind::ModelError));
         assert_eq!(
-            meta("tool_progress").chars,
+            meta(EventName::Error).error_kind,
+            Some(ErrorKind::ModelError)
+        );
+        assert_eq!(
+            meta(EventName::ToolProgress).chars,
             Some(field("progress").len() as u64)
         );
-        assert_eq!(meta("mcp_server_ready"), RecordMeta::default());
-        assert_eq!(meta("conversation_closed"), RecordMeta::default());
+        assert_eq!(meta(EventName::McpServerReady), RecordMeta::default());
+        assert_eq!(meta(EventName::ConversationClosed), RecordMeta::default());
     }
 
     #[test]
@@ -1220,7 +1228,7 @@ mod tests {
         for kind in every_kind() {
             let expected = matches!(
                 kind.name(),
-                "task_finished" | "task_aborted" | "conversation_closed"
+                EventName::TaskFinished | EventName::TaskAborted | EventName::ConversationClosed
             );
             assert_eq!(is_sync_point(kind.name()), expected);
         }
@@ -1382,7 +1390,7 @@ mod tests {
         emit(
             rollout,
             EventDraft::session(EventKind::Warning {
-                code: "session".into(),
+                code: WarningCode::McpServerFailed,
                 message: field("session_warning"),
             }),
         );

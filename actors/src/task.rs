@@ -40,7 +40,7 @@ use tracing::Instrument;
 use troupe_proto::{
     AgentError, ApprovalPolicy, ApprovalSubject, ConversationId, EventKind, HistoryItem,
     OverBudget, SandboxPolicy, TaskId, TaskStats, TaskStatus, ToolCall, ToolErrorPolicy,
-    ToolOutput, ToolSpec,
+    ToolOutput, ToolSpec, WarningCode,
 };
 
 /// Everything a task needs, taken from its conversation when it starts; the session's
@@ -232,7 +232,7 @@ async fn prepare(ctx: &TaskContext, mcp: &mut TaskMcp) -> Prepared {
                     ctx.conversation_id,
                     ctx.task_id,
                     EventKind::Warning {
-                        code: "mcp_tools_unavailable".into(),
+                        code: WarningCode::McpToolsUnavailable,
                         message: error.to_string(),
                     },
                 ));
@@ -248,7 +248,7 @@ async fn prepare(ctx: &TaskContext, mcp: &mut TaskMcp) -> Prepared {
             ctx.conversation_id,
             ctx.task_id,
             EventKind::Warning {
-                code: "tool_conflict".into(),
+                code: WarningCode::ToolConflict,
                 message: conflict.to_string(),
             },
         ));
@@ -487,7 +487,7 @@ async fn model_step(
     )?;
     if fitted.prompt.skipped() > 0 {
         ctx.emit(EventKind::Warning {
-            code: "prompt_trimmed".into(),
+            code: WarningCode::PromptTrimmed,
             message: format!(
                 "left out the {} oldest history items to fit max-prompt-tokens ({} -> {} tokens)",
                 fitted.prompt.skipped(),
@@ -500,7 +500,7 @@ async fn model_step(
         && fitted.estimate > warn
     {
         ctx.emit(EventKind::Warning {
-            code: "prompt_tokens_warning".into(),
+            code: WarningCode::PromptTokensWarning,
             message: format!(
                 "prompt is {} tokens ({}), above warn-prompt-tokens {warn}",
                 fitted.estimate,

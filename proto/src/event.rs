@@ -8,6 +8,7 @@ use crate::approval::{ApprovalDecision, ApprovalSubject};
 use crate::error::AgentError;
 use crate::ids::{ApprovalId, ConversationId, SessionId, TaskId};
 use crate::item::Usage;
+use crate::names::{EventName, WarningCode};
 use crate::policy::StoragePolicy;
 use crate::store::MessageStatus;
 use crate::task::{TaskStats, TaskStatus};
@@ -95,7 +96,7 @@ pub enum EventKind {
     /// Older history was trimmed and replaced by a summary (S6).
     HistoryTrimmed { removed_items: u64, summary: String },
     /// Something worth a human's attention that did not fail the task.
-    Warning { code: String, message: String },
+    Warning { code: WarningCode, message: String },
     /// A failure, with its kind and detail.
     Error { error: AgentError },
     /// A step ended: the local estimate of its prompt and the provider's usage (T5).
@@ -138,32 +139,32 @@ pub enum EventKind {
 }
 
 impl EventKind {
-    /// Bounded name of the kind (metric label, rollout header).
-    pub const fn name(&self) -> &'static str {
+    /// The kind's name (metric label, rollout header).
+    pub const fn name(&self) -> EventName {
         match self {
-            Self::ConversationOpened { .. } => "conversation_opened",
-            Self::ConversationClosed { .. } => "conversation_closed",
-            Self::ConversationRestarted { .. } => "conversation_restarted",
-            Self::TaskStarted { .. } => "task_started",
-            Self::TaskFinished { .. } => "task_finished",
-            Self::TaskAborted { .. } => "task_aborted",
-            Self::StepStarted { .. } => "step_started",
-            Self::AssistantChunk { .. } => "assistant_chunk",
-            Self::AssistantMessage { .. } => "assistant_message",
-            Self::ToolCallStarted { .. } => "tool_call_started",
-            Self::ToolCallFinished { .. } => "tool_call_finished",
-            Self::ApprovalRequested { .. } => "approval_requested",
-            Self::ApprovalResolved { .. } => "approval_resolved",
-            Self::HistoryTrimmed { .. } => "history_trimmed",
-            Self::Warning { .. } => "warning",
-            Self::Error { .. } => "error",
-            Self::StepFinished { .. } => "step_finished",
-            Self::CompactionStarted { .. } => "compaction_started",
-            Self::Compacted { .. } => "compacted",
-            Self::PlanUpdated { .. } => "plan_updated",
-            Self::ToolProgress { .. } => "tool_progress",
-            Self::McpServerReady { .. } => "mcp_server_ready",
-            Self::MessageUpdated { .. } => "message_updated",
+            Self::ConversationOpened { .. } => EventName::ConversationOpened,
+            Self::ConversationClosed { .. } => EventName::ConversationClosed,
+            Self::ConversationRestarted { .. } => EventName::ConversationRestarted,
+            Self::TaskStarted { .. } => EventName::TaskStarted,
+            Self::TaskFinished { .. } => EventName::TaskFinished,
+            Self::TaskAborted { .. } => EventName::TaskAborted,
+            Self::StepStarted { .. } => EventName::StepStarted,
+            Self::AssistantChunk { .. } => EventName::AssistantChunk,
+            Self::AssistantMessage { .. } => EventName::AssistantMessage,
+            Self::ToolCallStarted { .. } => EventName::ToolCallStarted,
+            Self::ToolCallFinished { .. } => EventName::ToolCallFinished,
+            Self::ApprovalRequested { .. } => EventName::ApprovalRequested,
+            Self::ApprovalResolved { .. } => EventName::ApprovalResolved,
+            Self::HistoryTrimmed { .. } => EventName::HistoryTrimmed,
+            Self::Warning { .. } => EventName::Warning,
+            Self::Error { .. } => EventName::Error,
+            Self::StepFinished { .. } => EventName::StepFinished,
+            Self::CompactionStarted { .. } => EventName::CompactionStarted,
+            Self::Compacted { .. } => EventName::Compacted,
+            Self::PlanUpdated { .. } => EventName::PlanUpdated,
+            Self::ToolProgress { .. } => EventName::ToolProgress,
+            Self::McpServerReady { .. } => EventName::McpServerReady,
+            Self::MessageUpdated { .. } => EventName::MessageUpdated,
         }
     }
 }
@@ -242,7 +243,7 @@ mod wire {
                     decision: ApprovalDecision,
                 },
                 HistoryTrimmed { removed_items: u64, summary: String },
-                Warning { code: String, message: String },
+                Warning { code: WarningCode, message: String },
                 Error { error: AgentError },
                 StepFinished {
                     turn: u32,

@@ -13,6 +13,7 @@ pub mod event;
 pub mod ids;
 pub mod item;
 pub mod json;
+pub mod names;
 pub mod policy;
 pub mod store;
 pub mod task;
@@ -25,6 +26,7 @@ pub use event::{EventEnvelope, EventKind};
 pub use ids::{ApprovalId, ConversationId, SessionId, TaskId};
 pub use item::{HistoryItem, Role, Usage};
 pub use json::Json;
+pub use names::{EventName, WarningCode};
 pub use policy::{
     ApprovalPolicy, CommandKey, OverBudget, SandboxPolicy, StoragePolicy, ToolErrorPolicy,
 };

@@ -445,7 +445,7 @@ impl Harness {
     }
 
     /// The next warning with `code`, skipping other events.
-    async fn warning(&mut self, code: &str) -> String {
+    async fn warning(&mut self, code: WarningCode) -> String {
         let wait = async {
             loop {
                 let draft = self.events.recv().await.expect("event stream open");
@@ -725,7 +725,7 @@ async fn a_death_fails_the_call_fast_and_the_server_restarts_with_backoff() {
         "{err:?}"
     );
     assert_eq!(died_at.elapsed(), Duration::ZERO);
-    let failed = h.warning("mcp_server_failed").await;
+    let failed = h.warning(WarningCode::McpServerFailed).await;
     assert!(
         failed.contains("exit status 1") && failed.contains("restarting in 1s"),
         "{failed}"
@@ -1009,7 +1009,7 @@ async fn servers_get_the_roots_and_their_requests_outside_a_call_are_refused() {
         .elicit_outcome("your name?".into(), Json(json!({"type": "object"})))
         .await;
     assert_eq!(elicited, ElicitOutcome::Decline);
-    let warned = h.warning("mcp_request_unattributed").await;
+    let warned = h.warning(WarningCode::McpRequestUnattributed).await;
     assert!(warned.contains("none of its tool calls"), "{warned}");
     let err = handler.sample(Json(json!({}))).await.unwrap_err();
     assert!(
@@ -1282,7 +1282,7 @@ async fn a_request_while_several_tasks_call_the_server_is_refused() {
         .elicit_outcome("which of you?".into(), Json(json!({"type": "object"})))
         .await;
     assert_eq!(outcome, ElicitOutcome::Decline);
-    let warned = h.warning("mcp_request_unattributed").await;
+    let warned = h.warning(WarningCode::McpRequestUnattributed).await;
     assert!(warned.contains("2 tasks"), "{warned}");
     // Nobody was asked.
     let pending = ractor::call!(store, |reply| ApprovalMsg::ListPending {
@@ -1349,7 +1349,7 @@ async fn a_connect_that_fails_with_nobody_waiting_is_not_retried() {
     let mut h = start(&[&a], limits()).await;
     let v = h.open(None).await;
     v.release().await;
-    let failed = h.warning("mcp_server_failed").await;
+    let failed = h.warning(WarningCode::McpServerFailed).await;
     assert!(failed.contains("not restarting"), "{failed}");
     tokio::time::advance(Duration::from_secs(3600)).await;
     settle().await;

@@ -1196,7 +1196,7 @@ mod tests {
     use super::*;
     use proptest::prelude::*;
     use std::sync::Arc;
-    use troupe_proto::EventKind;
+    use troupe_proto::{EventKind, EventName};
 
     fn full_record(seq: u64, ts_ms: u64, text: &str) -> RolloutRecord {
         RolloutRecord {
@@ -1204,7 +1204,7 @@ mod tests {
             ts_ms,
             conversation_id: Some(ConversationId::new()),
             task_id: None,
-            kind: "assistant_message".into(),
+            kind: EventName::AssistantMessage,
             level: RecordLevel::Full,
             event: Some(EventKind::AssistantMessage { text: text.into() }),
             meta: RecordMeta::default(),
@@ -1286,7 +1286,7 @@ mod tests {
                 ts_ms,
                 conversation_id: Some(conversation),
                 task_id: None,
-                kind: event.name().into(),
+                kind: event.name(),
                 level: RecordLevel::Full,
                 event: Some(event),
                 meta: RecordMeta::default(),

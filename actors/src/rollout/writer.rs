@@ -202,7 +202,7 @@ impl Writer {
                     let appended = match record {
                         None => true,
                         Some(record) => {
-                            sync |= is_sync_point(&record.kind);
+                            sync |= is_sync_point(record.kind);
                             match self.sink.append(record.conversation_id, &record) {
                                 Ok(()) => {
                                     metrics::record_written(record.level);
@@ -280,7 +280,7 @@ impl Writer {
                 metrics::event_withheld(kind);
                 tracing::warn!(
                     seq = p.env.seq,
-                    kind,
+                    %kind,
                     "event withheld: its record was not committed"
                 );
             }
