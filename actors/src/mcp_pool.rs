@@ -108,7 +108,7 @@ use crate::directory::ServiceRef;
 use crate::events::{EventDraft, EventSink};
 use crate::ports::{
     ElicitOutcome, McpClientHandler, McpConnection, McpConnector, McpNotice, McpServerConfig,
-    McpTool, ModelClient,
+    McpTool, ModelClient, ToolFailure,
 };
 use async_trait::async_trait;
 use ractor::{Actor, ActorProcessingErr, ActorRef, MessagingErr, RpcReplyPort};
@@ -308,7 +308,7 @@ pub enum McpPoolMsg {
     Resolve {
         view_id: ViewId,
         name: String,
-        reply: RpcReplyPort<Result<Route, AgentError>>,
+        reply: RpcReplyPort<Result<Route, ToolFailure>>,
     },
     /// A connect attempt succeeded and listed the server's tools.
     ServerConnected {

@@ -27,7 +27,7 @@ use crate::events::{EventDraft, EventSink};
 use crate::history::HistorySnapshot;
 use crate::ports::{
     CommandRunner, DeltaSink, ExecRequest, McpView, ModelClient, ModelRequest, TokenCounter,
-    ToolCallContext,
+    ToolCallContext, ToolFailure,
 };
 use ractor::ActorId;
 use std::path::PathBuf;
@@ -388,7 +388,7 @@ async fn run_turn(ctx: &TaskContext, mut loop_state: LoopState) -> TaskOutcome {
                 let (output, error) = run_tool(ctx, &mut mcp, &prepared.tools, &call).await;
                 match (&error, ctx.limits.tool_errors) {
                     (Some(e), ToolErrorPolicy::Retry { attempts })
-                        if attempt < attempts && retryable_tool_error(e) =>
+                        if attempt < attempts && e.retryable() =>
                     {
                         attempt += 1;
                         tracing::info!(tool = %call.name, attempt, "retrying failed tool call");
@@ -399,7 +399,7 @@ async fn run_turn(ctx: &TaskContext, mut loop_state: LoopState) -> TaskOutcome {
             loop_state.items.push(HistoryItem::ToolCall(call));
             loop_state.items.push(HistoryItem::ToolOutput(output));
             if let (Some(e), ToolErrorPolicy::Terminate) = (error, ctx.limits.tool_errors) {
-                return loop_state.end(TaskStatus::Error, Some(e));
+                return loop_state.end(TaskStatus::Error, Some(e.error));
             }
         }
     }
@@ -433,17 +433,6 @@ impl LoopState {
             items: self.items,
         }
     }
-}
-
-/// Whether running a failed call again could help: refusals and denials will not change.
-pub fn retryable_tool_error(error: &AgentError) -> bool {
-    !matches!(
-        error,
-        AgentError::ApprovalDenied { .. }
-            | AgentError::SandboxError { .. }
-            | AgentError::InvalidInput { .. }
-            | AgentError::Cancelled { .. }
-    ) && !matches!(error, AgentError::ToolError { message, .. } if message.starts_with("unknown tool"))
 }
 
 /// The status a failure ends a task with.
@@ -644,7 +633,7 @@ pub enum ToolRoute {
     /// An external (MCP) tool.
     External,
     /// Refused before running, with the observation the model gets.
-    Refuse(AgentError),
+    Refuse(ToolFailure),
 }
 
 /// Decides how a call is handled. Pure: the tool list, the policies and the call decide.
@@ -655,10 +644,7 @@ pub fn route_tool(
     has_mcp: bool,
 ) -> ToolRoute {
     if !tools.iter().any(|t| t.name == call.name) {
-        return ToolRoute::Refuse(AgentError::ToolError {
-            name: call.name.clone(),
-            message: format!("unknown tool `{}`", call.name),
-        });
+        return ToolRoute::Refuse(ToolFailure::unknown_tool(&call.name));
     }
     match call.name.as_str() {
         "shell" => match shell_argv(&call.arguments.0) {
@@ -666,10 +652,13 @@ pub fn route_tool(
                 argv,
                 needs_approval: approval != ApprovalPolicy::Never,
             },
-            Err(message) => ToolRoute::Refuse(AgentError::ToolError {
-                name: call.name.clone(),
-                message,
-            }),
+            Err(message) => ToolRoute::Refuse(
+                AgentError::ToolError {
+                    name: call.name.clone(),
+                    message,
+                }
+                .into(),
+            ),
         },
         "update_plan" => ToolRoute::Plan,
         "apply_patch" => match patch_input(&call.arguments.0) {
@@ -677,17 +666,23 @@ pub fn route_tool(
                 patch,
                 needs_approval: approval != ApprovalPolicy::Never,
             },
-            Err(e) => ToolRoute::Refuse(e),
+            Err(e) => ToolRoute::Refuse(e.into()),
         },
-        "web_search" => ToolRoute::Refuse(AgentError::ToolError {
-            name: call.name.clone(),
-            message: format!("`{}` is not available in this session", call.name),
-        }),
+        "web_search" => ToolRoute::Refuse(
+            AgentError::ToolError {
+                name: call.name.clone(),
+                message: format!("`{}` is not available in this session", call.name),
+            }
+            .into(),
+        ),
         _ if has_mcp => ToolRoute::External,
-        _ => ToolRoute::Refuse(AgentError::ToolError {
-            name: call.name.clone(),
-            message: "no MCP servers are configured".into(),
-        }),
+        _ => ToolRoute::Refuse(
+            AgentError::ToolError {
+                name: call.name.clone(),
+                message: "no MCP servers are configured".into(),
+            }
+            .into(),
+        ),
     }
 }
 
@@ -722,7 +717,7 @@ async fn run_tool(
     mcp: &mut TaskMcp,
     tools: &[ToolSpec],
     call: &ToolCall,
-) -> (ToolOutput, Option<AgentError>) {
+) -> (ToolOutput, Option<ToolFailure>) {
     let span = spans::execute_tool(ctx.conversation_id, ctx.task_id, call);
     if ctx.record_content {
         span.record(
@@ -741,7 +736,8 @@ async fn run_tool(
     let result = execute(ctx, mcp, tools, call, &span)
         .instrument(span.clone())
         .await;
-    let outcome = metrics::outcome_label(&result.as_ref().map(|o| o.is_error));
+    let outcome =
+        metrics::outcome_label(&result.as_ref().map(|o| o.is_error).map_err(|f| &f.error));
     match &result {
         Ok(output) => {
             if output.is_error {
@@ -752,26 +748,28 @@ async fn run_tool(
                 span.record("gen_ai.tool.call.result", spans::tool_result(output));
             }
         }
-        Err(error) => spans::record_error(&span, error),
+        Err(failure) => spans::record_error(&span, &failure.error),
     }
     let (output, failure) = match result {
         Ok(output) => {
-            let failure = output.is_error.then(|| AgentError::ToolError {
-                name: call.name.clone(),
-                message: output.output.clone(),
+            let failure = output.is_error.then(|| {
+                ToolFailure::from(AgentError::ToolError {
+                    name: call.name.clone(),
+                    message: output.output.clone(),
+                })
             });
             (output, failure)
         }
-        Err(error) => {
+        Err(failure) => {
             emit(EventKind::Error {
-                error: error.clone(),
+                error: failure.error.clone(),
             });
             let output = ToolOutput {
                 call_id: call.call_id.clone(),
-                output: error.to_string(),
+                output: failure.error.to_string(),
                 is_error: true,
             };
-            (output, Some(error))
+            (output, Some(failure))
         }
     };
     emit(EventKind::ToolCallFinished {
@@ -796,7 +794,7 @@ async fn execute(
     tools: &[ToolSpec],
     call: &ToolCall,
     span: &tracing::Span,
-) -> Result<ToolOutput, AgentError> {
+) -> Result<ToolOutput, ToolFailure> {
     let has_mcp = mcp.offered;
     let ok = |output: String| ToolOutput {
         call_id: call.call_id.clone(),
@@ -831,7 +829,7 @@ async fn execute(
         ToolRoute::ApplyPatch {
             patch,
             needs_approval,
-        } => run_patch(ctx, call, patch, needs_approval).await.map(ok),
+        } => Ok(ok(run_patch(ctx, call, patch, needs_approval).await?)),
         ToolRoute::External => {
             let view = mcp.view(ctx).await?;
             view.call_tool(
@@ -1126,7 +1124,45 @@ pub fn render_exec(out: &crate::ports::ExecOutput) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::ports::ToolFailureKind;
     use troupe_proto::Json;
+
+    #[test]
+    fn retry_follows_the_failure_kind_not_its_text() {
+        // A tool that is not there is refused again, whatever its name.
+        assert!(!ToolFailure::unknown_tool("gone__tool").retryable());
+        // A tool that ran and failed may do better next time, even when its output reads
+        // like a refusal.
+        let failed = ToolFailure::from(AgentError::ToolError {
+            name: "flaky".into(),
+            message: "unknown tool `flaky` (said the tool)".into(),
+        });
+        assert_eq!(failed.kind, ToolFailureKind::Failed);
+        assert!(failed.retryable());
+        assert!(
+            ToolFailure::from(AgentError::McpError {
+                server: "s".into(),
+                message: "connection reset".into(),
+            })
+            .retryable()
+        );
+        // Refusals and denials will not change.
+        for error in [
+            AgentError::ApprovalDenied {
+                command: vec!["rm".into()],
+                reason: "no".into(),
+            },
+            AgentError::SandboxError {
+                message: "read-only".into(),
+            },
+            AgentError::InvalidInput {
+                message: "bad patch".into(),
+            },
+            AgentError::cancelled("closed"),
+        ] {
+            assert!(!ToolFailure::from(error.clone()).retryable(), "{error:?}");
+        }
+    }
 
     fn spec(name: &str) -> ToolSpec {
         ToolSpec {
@@ -1152,7 +1188,7 @@ mod tests {
             ApprovalPolicy::Always,
             true,
         );
-        assert!(matches!(r, ToolRoute::Refuse(AgentError::ToolError { .. })));
+        assert!(matches!(r, ToolRoute::Refuse(ref f) if *f == ToolFailure::unknown_tool("nope")));
     }
 
     #[test]
@@ -1226,13 +1262,19 @@ mod tests {
                     ApprovalPolicy::Always,
                     false
                 ),
-                ToolRoute::Refuse(AgentError::InvalidInput { .. })
+                ToolRoute::Refuse(ToolFailure {
+                    error: AgentError::InvalidInput { .. },
+                    kind: ToolFailureKind::Failed,
+                })
             ));
         }
         // Not offered (the conversation did not ask for it): unknown.
         assert!(matches!(
             route_tool(&c, &[spec("shell")], ApprovalPolicy::Always, false),
-            ToolRoute::Refuse(AgentError::ToolError { .. })
+            ToolRoute::Refuse(ToolFailure {
+                error: AgentError::ToolError { .. },
+                kind: ToolFailureKind::UnknownTool,
+            })
         ));
     }
 

@@ -19,7 +19,7 @@
 //! late death notice or a fired timer never acts on a newer connection.
 
 use super::metrics::{CloseReason, LeftOut};
-use crate::ports::{McpConnection, McpServerConfig, McpTool};
+use crate::ports::{McpConnection, McpServerConfig, McpTool, ToolFailure};
 use crate::tools::is_valid_tool_name;
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::sync::Arc;
@@ -663,12 +663,9 @@ impl PoolCore {
     }
 
     /// Where a call of `name` goes, if the view may make it.
-    pub fn resolve(&self, id: ViewId, name: &str) -> Result<Route, AgentError> {
+    pub fn resolve(&self, id: ViewId, name: &str) -> Result<Route, ToolFailure> {
         let view = self.view(id)?;
-        let unknown = || AgentError::ToolError {
-            name: name.to_owned(),
-            message: format!("unknown tool `{name}`"),
-        };
+        let unknown = || ToolFailure::unknown_tool(name);
         let (server, tool) = split_qualified(name).ok_or_else(unknown)?;
         if !view.servers.contains(server) || !visible(view.allowlist.as_ref(), name) {
             return Err(unknown());
@@ -680,7 +677,8 @@ impl PoolCore {
                 return Err(AgentError::McpError {
                     server: server.to_owned(),
                     message: format!("the server is not connected ({})", other.name()),
-                });
+                }
+                .into());
             }
         };
         if !live.tools.contains_key(tool) {
@@ -688,7 +686,8 @@ impl PoolCore {
                 Some(LeftOut::RequiresTask) => AgentError::ToolError {
                     name: name.to_owned(),
                     message: "the tool needs MCP task augmentation, which is not supported".into(),
-                },
+                }
+                .into(),
                 _ => unknown(),
             });
         }
@@ -931,7 +930,7 @@ fn percent_encode_path(path: &str) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::ports::{McpCall, McpTransport};
+    use crate::ports::{McpCall, McpTransport, ToolFailureKind};
     use troupe_proto::ToolOutput;
 
     struct NullConn;
@@ -1251,10 +1250,8 @@ mod tests {
         assert!(core.resolve(some, "a__z").is_ok());
         for hidden in ["a__m", "a-b__c", "nope", "zz__x"] {
             let err = core.resolve(some, hidden).err().unwrap();
-            assert!(
-                matches!(err, AgentError::ToolError { ref message, .. } if message.contains("unknown tool")),
-                "{hidden}: {err:?}"
-            );
+            assert_eq!(err, ToolFailure::unknown_tool(hidden), "{hidden}");
+            assert!(!err.retryable());
         }
         let route = core.resolve(all, "a__m").unwrap();
         assert_eq!((route.server.as_str(), route.tool.as_str()), ("a", "m"));
@@ -1332,10 +1329,11 @@ mod tests {
         let mut core = core(&["a"]);
         let (v, _) = core.open_view(ConversationId::new(), None).unwrap();
         let err = core.resolve(v, "a__t").err().unwrap();
-        assert!(matches!(err, AgentError::McpError { ref server, .. } if server == "a"));
+        assert!(matches!(err.error, AgentError::McpError { ref server, .. } if server == "a"));
+        assert_eq!(err.kind, ToolFailureKind::Failed);
         core.release_view(v);
         assert!(matches!(
-            core.resolve(v, "a__t").err().unwrap(),
+            core.resolve(v, "a__t").err().unwrap().error,
             AgentError::NotFound { .. }
         ));
     }

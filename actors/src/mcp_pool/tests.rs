@@ -5,7 +5,7 @@ use crate::approval_store::{ApprovalStore, ApprovalStoreArgs};
 use crate::events::EventDraft;
 use crate::ports::{
     DeltaSink, McpCall, McpPort, McpTransport, McpView, ModelInfo, ModelRequest, ModelResponse,
-    ToolCallContext,
+    ToolCallContext, ToolFailure,
 };
 use crate::rollout::RolloutMsg;
 use serde_json::json;
@@ -494,7 +494,9 @@ impl Harness {
 }
 
 async fn call(view: &Arc<dyn McpView>, name: &str) -> Result<ToolOutput, AgentError> {
-    call_with(view, name, &CancellationToken::new()).await
+    try_call(view, name, &CancellationToken::new())
+        .await
+        .map_err(|failure| failure.error)
 }
 
 async fn call_with(
@@ -502,6 +504,17 @@ async fn call_with(
     name: &str,
     cancel: &CancellationToken,
 ) -> Result<ToolOutput, AgentError> {
+    try_call(view, name, cancel)
+        .await
+        .map_err(|failure| failure.error)
+}
+
+/// A call, failing with the kind of failure the view made.
+async fn try_call(
+    view: &Arc<dyn McpView>,
+    name: &str,
+    cancel: &CancellationToken,
+) -> Result<ToolOutput, ToolFailure> {
     let call = ToolCall {
         call_id: format!("call-{name}"),
         name: name.to_owned(),
@@ -611,11 +624,10 @@ async fn the_allowlist_shows_only_its_tools_and_unknown_entries_are_named() {
     let out = call(&some, "a__read").await.unwrap();
     assert_eq!(out.call_id, "call-a__read");
     assert_eq!(out.output, r#"a:read {"n":1}"#);
-    let hidden = call(&some, "a__write").await.unwrap_err();
-    assert!(
-        matches!(hidden, AgentError::ToolError { ref message, .. } if message.contains("unknown tool")),
-        "{hidden:?}"
-    );
+    let hidden = try_call(&some, "a__write", &CancellationToken::new())
+        .await
+        .unwrap_err();
+    assert_eq!(hidden, ToolFailure::unknown_tool("a__write"));
 
     let refused = h
         .pool
@@ -1119,6 +1131,7 @@ fn task_call(
             },
         )
         .await
+        .map_err(|failure| failure.error)
     })
 }
 
