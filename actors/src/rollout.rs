@@ -92,7 +92,7 @@ pub mod stream;
 mod writer;
 
 use crate::clock::Clock;
-use crate::events::EventDraft;
+use crate::event_draft::EventDraft;
 pub use file::{FileRolloutStorage, SESSION_FILE, conversation_path, read_records};
 use ractor::{Actor, ActorProcessingErr, ActorRef, RpcReplyPort};
 use serde::{Deserialize, Serialize};
@@ -1046,7 +1046,7 @@ mod tests {
             session_id: SessionId::new(),
             conversation_id: Some(conversation_id),
             task_id: Some(task_id),
-            sub_id: Some(crate::events::sub_id(conversation_id, task_id)),
+            sub_id: Some(crate::event_draft::sub_id(conversation_id, task_id)),
             trace_id: None,
             span_id: None,
             event,
