@@ -86,7 +86,7 @@ use troupe_proto::{
 
 use decide::*;
 pub use decide::{
-    Admission, ApprovalCore, Ask, Resolution, covers, fit_decision, key_for, key_path,
+    ApprovalCore, Ask, AskAdmission, Resolution, covers, fit_decision, key_for, key_path,
 };
 
 /// Start-up arguments.
@@ -345,22 +345,22 @@ impl ApprovalStoreState {
         let _entered = span.enter();
         let timeout = timeout.unwrap_or(self.request_timeout);
         match self.core.request(ask, now_ms, duration_ms(timeout), reply) {
-            Admission::Remembered(reply) => {
+            AskAdmission::Remembered(reply) => {
                 tracing::debug!("approval remembered");
-                metrics::requested(metrics::Admission::Remembered);
+                metrics::requested(metrics::AdmissionLabel::Remembered);
                 metrics::answered(Outcome::Remembered, 1);
                 let _ = reply.send(Ok(Granted::Remembered));
             }
-            Admission::Attached(approval_id) => {
+            AskAdmission::Attached(approval_id) => {
                 span.record("approval_id", tracing::field::display(approval_id));
                 tracing::debug!("identical approval already pending; caller attached");
-                metrics::requested(metrics::Admission::Attached);
+                metrics::requested(metrics::AdmissionLabel::Attached);
             }
-            Admission::Opened(request) => {
+            AskAdmission::Opened(request) => {
                 let approval_id = request.approval_id;
                 span.record("approval_id", tracing::field::display(approval_id));
                 tracing::info!(command = ?request.command, "approval requested");
-                metrics::requested(metrics::Admission::Asked);
+                metrics::requested(metrics::AdmissionLabel::Asked);
                 self.emit(
                     &request,
                     EventKind::ApprovalRequested {
@@ -530,7 +530,7 @@ mod tests {
     /// Opens a request in `core` and returns its id.
     fn open(core: &mut ApprovalCore<u32>, ask: Ask, now_ms: u64, waiter: u32) -> ApprovalId {
         match core.request(ask, now_ms, 1_000, waiter) {
-            Admission::Opened(info) => info.approval_id,
+            AskAdmission::Opened(info) => info.approval_id,
             other => panic!("expected a new request, got {other:?}"),
         }
     }
@@ -600,7 +600,7 @@ mod tests {
         let mut core = ApprovalCore::new();
         let id = open(&mut core, ask(a, &["make"]), 0, 1);
         assert!(
-            matches!(core.request(ask(a, &["make"]), 5, 1_000, 2), Admission::Attached(x) if x == id)
+            matches!(core.request(ask(a, &["make"]), 5, 1_000, 2), AskAdmission::Attached(x) if x == id)
         );
         // Another conversation or another argv is another question.
         open(&mut core, ask(b, &["make"]), 6, 3);
@@ -635,7 +635,7 @@ mod tests {
         core.decide(id, decision, 0).unwrap();
         assert!(matches!(
             core.request(ask(c, &["make"]), 999, 1_000, 7),
-            Admission::Remembered(7)
+            AskAdmission::Remembered(7)
         ));
         open(&mut core, ask(c, &["make"]), 1_000, 8);
     }
@@ -720,7 +720,7 @@ mod tests {
         let c = ConversationId::new();
         let mut core = ApprovalCore::new();
         let id = match core.request(ask(c, &["make"]), 100, 2_500, 1) {
-            Admission::Opened(info) => {
+            AskAdmission::Opened(info) => {
                 assert_eq!(info.deadline_ms, 2_600);
                 info.approval_id
             }
@@ -767,7 +767,7 @@ mod tests {
         let shared = open(&mut core, ask(a, &["ls"]), 1, 2);
         assert!(matches!(
             core.request(ask(a, &["ls"]), 2, 1_000, 3),
-            Admission::Attached(id) if id == shared
+            AskAdmission::Attached(id) if id == shared
         ));
         open(&mut core, ask(b, &["make"]), 3, 4);
         let withdrawn = core.withdraw_abandoned(a, |w| *w == 1 || *w == 2);
@@ -1410,7 +1410,7 @@ mod tests {
         core.decide(id, scoped, 1).unwrap();
         assert!(matches!(
             core.request(sampling(c, "a"), 2, 1_000, 2),
-            Admission::Remembered(2)
+            AskAdmission::Remembered(2)
         ));
         open(&mut core, sampling(c, "b"), 3, 3);
         open(&mut core, sampling(ConversationId::new(), "a"), 3, 4);
@@ -1430,7 +1430,7 @@ mod tests {
         .unwrap();
         assert!(matches!(
             core.request(sampling(c, "b"), 7, 1_000, 7),
-            Admission::Attached(_)
+            AskAdmission::Attached(_)
         ));
     }
 

@@ -81,7 +81,7 @@ pub mod metrics;
 mod tasks;
 
 pub use decide::{
-    Admission, Rejoin, SlotAnswer, SlotState, admit, clamp_message, interrupted_tasks,
+    MessageAdmission, Rejoin, SlotAnswer, SlotState, admit, clamp_message, interrupted_tasks,
     registry_state, rejoin, slot_answer,
 };
 
@@ -546,17 +546,17 @@ impl ConversationState {
             self.queue.len(),
             max,
         ) {
-            Admission::StartNow => self.start_task(myself, kind, text, reply, &caller),
-            Admission::Enqueue => self.queue.push_back(Queued {
+            MessageAdmission::StartNow => self.start_task(myself, kind, text, reply, &caller),
+            MessageAdmission::Enqueue => self.queue.push_back(Queued {
                 kind,
                 text,
                 reply,
                 caller,
             }),
-            Admission::RejectClosing => {
+            MessageAdmission::RejectClosing => {
                 let _ = reply.send(Err(AgentError::not_found("conversation", self.id)));
             }
-            Admission::RejectFull => {
+            MessageAdmission::RejectFull => {
                 let _ = reply.send(Err(AgentError::Overloaded {
                     resource: "conversation message queue".into(),
                     limit: u32::try_from(max).unwrap_or(u32::MAX),
@@ -746,9 +746,9 @@ mod tests {
 
     #[test]
     fn admission() {
-        assert_eq!(admit(false, false, 0, 2), Admission::StartNow);
-        assert_eq!(admit(false, true, 1, 2), Admission::Enqueue);
-        assert_eq!(admit(false, true, 2, 2), Admission::RejectFull);
-        assert_eq!(admit(true, false, 0, 2), Admission::RejectClosing);
+        assert_eq!(admit(false, false, 0, 2), MessageAdmission::StartNow);
+        assert_eq!(admit(false, true, 1, 2), MessageAdmission::Enqueue);
+        assert_eq!(admit(false, true, 2, 2), MessageAdmission::RejectFull);
+        assert_eq!(admit(true, false, 0, 2), MessageAdmission::RejectClosing);
     }
 }

@@ -56,7 +56,7 @@ use tokio::time::Instant;
 use tracing::Span;
 use troupe_proto::{AgentError, ConversationId, TaskId};
 
-pub use decide::{Decision, Effects, Entry, SchedulerCore, Waiter};
+pub use decide::{Decision, Effects, QueueEntry, SchedulerCore, Waiter};
 
 /// Start-up arguments.
 #[derive(Debug, Clone)]
@@ -349,7 +349,7 @@ impl SchedulerState {
             self.holder_stopped(me, holder_id);
             return;
         }
-        let entry = Entry {
+        let entry = QueueEntry {
             task_id,
             conversation_id,
             holder: holder_id,
@@ -501,8 +501,8 @@ impl SchedulerState {
 
 /// Answers a granted caller; returns the task id when the caller is gone, so that the slot is
 /// released instead of held by nobody.
-fn deliver_grant(entry: Entry<PendingAcquire>) -> Option<TaskId> {
-    let Entry {
+fn deliver_grant(entry: QueueEntry<PendingAcquire>) -> Option<TaskId> {
+    let QueueEntry {
         task_id,
         conversation_id,
         waiter,
@@ -543,8 +543,8 @@ mod tests {
         }
     }
 
-    fn entry(task_id: TaskId, conversation_id: ConversationId, holder: u64) -> Entry<W> {
-        Entry {
+    fn entry(task_id: TaskId, conversation_id: ConversationId, holder: u64) -> QueueEntry<W> {
+        QueueEntry {
             task_id,
             conversation_id,
             holder: ActorId::Local(holder),
@@ -552,7 +552,7 @@ mod tests {
         }
     }
 
-    fn ids(fx: &[Entry<W>]) -> Vec<TaskId> {
+    fn ids(fx: &[QueueEntry<W>]) -> Vec<TaskId> {
         fx.iter().map(|e| e.task_id).collect()
     }
 
@@ -1384,7 +1384,7 @@ mod tests {
                             gone: gone.clone(),
                             st: St::Waiting,
                         });
-                        let (decision, fx) = core.request(Entry {
+                        let (decision, fx) = core.request(QueueEntry {
                             task_id: task,
                             conversation_id: m.convs[conv],
                             holder: ActorId::Local(holder),

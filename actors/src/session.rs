@@ -216,7 +216,7 @@ pub enum SessionMsg {
     Shutdown { reply: RpcReplyPort<()> },
 }
 
-struct Entry {
+struct ConversationEntry {
     actor: ActorRef<ConversationMsg>,
     params: OpenConversation,
 }
@@ -232,7 +232,7 @@ pub struct SessionState {
     /// The one place the service actors are published; everyone else reads it.
     directory: DirectoryWriter,
     root: ConversationId,
-    conversations: HashMap<ConversationId, Entry>,
+    conversations: HashMap<ConversationId, ConversationEntry>,
     by_actor: HashMap<ActorId, ConversationId>,
     /// The session's McpPool, when it runs one.
     mcp_pool: Option<McpPoolHandle>,
@@ -472,7 +472,7 @@ impl SessionState {
             .map_err(|e| open_error(&e))?;
         self.by_actor.insert(actor.get_id(), conversation_id);
         self.conversations
-            .insert(conversation_id, Entry { actor, params });
+            .insert(conversation_id, ConversationEntry { actor, params });
         Ok(conversation_id)
     }
 

@@ -18,7 +18,7 @@ pub struct Ask {
 
 /// What became of a request.
 #[derive(Debug)]
-pub enum Admission<W> {
+pub enum AskAdmission<W> {
     /// A live key covers it; the waiter comes back to be answered at once.
     Remembered(W),
     /// An identical request was pending; the waiter joined it.
@@ -96,14 +96,20 @@ impl<W> ApprovalCore<W> {
 
     /// Admits a request: remembered, attached to an identical pending one, or opened with a
     /// deadline `timeout_ms` from now.
-    pub fn request(&mut self, ask: Ask, now_ms: u64, timeout_ms: u64, waiter: W) -> Admission<W> {
+    pub fn request(
+        &mut self,
+        ask: Ask,
+        now_ms: u64,
+        timeout_ms: u64,
+        waiter: W,
+    ) -> AskAdmission<W> {
         // An elicitation asks for content: no key answers it and no other request shares it.
         let shareable = !matches!(ask.subject, ApprovalSubject::McpElicitation { .. });
         if shareable
             && let Some(path) = key_path(&ask.subject, &ask.command)
             && self.is_approved(ask.conversation_id, &path, now_ms)
         {
-            return Admission::Remembered(waiter);
+            return AskAdmission::Remembered(waiter);
         }
         if shareable
             && let Some(same) = self.pending.values_mut().find(|p| {
@@ -113,7 +119,7 @@ impl<W> ApprovalCore<W> {
             })
         {
             same.waiters.push(waiter);
-            return Admission::Attached(same.info.approval_id);
+            return AskAdmission::Attached(same.info.approval_id);
         }
         let info = PendingApproval {
             approval_id: ApprovalId::new(),
@@ -135,7 +141,7 @@ impl<W> ApprovalCore<W> {
                 waiters: vec![waiter],
             },
         );
-        Admission::Opened(info)
+        AskAdmission::Opened(info)
     }
 
     /// Applies a decision to a pending request: stores its key, settles the request, and

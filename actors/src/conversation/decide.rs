@@ -29,7 +29,7 @@ pub fn interrupted_tasks(records: &[RolloutRecord]) -> Vec<TaskId> {
 
 /// What to do with a new message.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Admission {
+pub enum MessageAdmission {
     StartNow,
     Enqueue,
     RejectClosing,
@@ -60,12 +60,12 @@ pub fn clamp_message(
 }
 
 /// Pure admission decision for a message.
-pub fn admit(closing: bool, running: bool, queued: usize, max_queued: usize) -> Admission {
+pub fn admit(closing: bool, running: bool, queued: usize, max_queued: usize) -> MessageAdmission {
     match (closing, running) {
-        (true, _) => Admission::RejectClosing,
-        (false, false) => Admission::StartNow,
-        (false, true) if queued < max_queued => Admission::Enqueue,
-        (false, true) => Admission::RejectFull,
+        (true, _) => MessageAdmission::RejectClosing,
+        (false, false) => MessageAdmission::StartNow,
+        (false, true) if queued < max_queued => MessageAdmission::Enqueue,
+        (false, true) => MessageAdmission::RejectFull,
     }
 }
 

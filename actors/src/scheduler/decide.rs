@@ -13,7 +13,7 @@ pub trait Waiter {
 
 /// A request as the core sees it. `waiter` is opaque to the core (the actor's reply port).
 #[derive(Debug)]
-pub struct Entry<W> {
+pub struct QueueEntry<W> {
     pub task_id: TaskId,
     pub conversation_id: ConversationId,
     pub holder: ActorId,
@@ -31,24 +31,24 @@ pub(super) struct Grant {
 #[derive(Debug)]
 pub enum Decision<W> {
     /// A slot was free and nobody waited: the task runs now.
-    GrantNow(Entry<W>),
+    GrantNow(QueueEntry<W>),
     /// The request waits for its turn.
     Queued,
     /// The wait queue is full; answer at once.
-    Overloaded(Entry<W>),
+    Overloaded(QueueEntry<W>),
     /// The task already holds or awaits a slot.
-    Duplicate(Entry<W>),
+    Duplicate(QueueEntry<W>),
 }
 
 /// What an operation changed, for the actor to execute.
 #[derive(Debug)]
 pub struct Effects<W> {
     /// Waiters that now hold a slot, in grant order.
-    pub granted: Vec<Entry<W>>,
+    pub granted: Vec<QueueEntry<W>>,
     /// Waiting requests removed before their turn (by `release` or a holder's death).
-    pub withdrawn: Vec<Entry<W>>,
+    pub withdrawn: Vec<QueueEntry<W>>,
     /// Waiters dropped because their caller is gone.
-    pub caller_gone: Vec<Entry<W>>,
+    pub caller_gone: Vec<QueueEntry<W>>,
     /// Slots given back.
     pub released: usize,
 }
@@ -85,7 +85,7 @@ pub struct SchedulerCore<W> {
     /// Held slots, in grant order.
     pub(super) running: Vec<Grant>,
     /// Waiting requests per conversation, oldest first.
-    pub(super) queues: HashMap<ConversationId, VecDeque<Entry<W>>>,
+    pub(super) queues: HashMap<ConversationId, VecDeque<QueueEntry<W>>>,
     /// Conversations with waiting requests, in the order they will be served.
     pub(super) rotation: VecDeque<ConversationId>,
     /// Which conversation queue holds a waiting task.
@@ -169,7 +169,7 @@ impl<W: Waiter> SchedulerCore<W> {
     /// Grants at once when a slot is free and nobody waits; else queues if there is room; else
     /// overloaded. A full queue is first purged of waiters whose caller left, so that callers
     /// who gave up do not turn away live ones; those come back in the effects.
-    pub fn request(&mut self, entry: Entry<W>) -> (Decision<W>, Effects<W>) {
+    pub fn request(&mut self, entry: QueueEntry<W>) -> (Decision<W>, Effects<W>) {
         // Asking is how a holder whose task was waiting reports after a restart.
         let mut fx = self.reported(entry.holder);
         if self.is_known(entry.task_id) {
