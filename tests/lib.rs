@@ -12,7 +12,7 @@ use tokio_util::sync::CancellationToken;
 use troupe_actors::history::LocalSummarizer;
 use troupe_actors::ports::{
     CommandRunner, DeltaSink, McpPort, McpView, ModelClient, ModelInfo, ModelRequest,
-    ModelResponse, ToolCallContext,
+    ModelResponse, ToolCallContext, ToolFailure,
 };
 use troupe_actors::{SessionConfig, SessionHandle, SessionPorts};
 use troupe_proto::{AgentError, ConversationId, SessionId, ToolCall, ToolOutput, ToolSpec};
@@ -196,7 +196,7 @@ impl McpView for FixedView {
         &self,
         call: &ToolCall,
         _ctx: ToolCallContext<'_>,
-    ) -> Result<ToolOutput, AgentError> {
+    ) -> Result<ToolOutput, ToolFailure> {
         Ok(ToolOutput {
             call_id: call.call_id.clone(),
             output: call.arguments.0.to_string(),
@@ -381,13 +381,14 @@ impl McpView for FlakyView {
         &self,
         call: &ToolCall,
         _ctx: ToolCallContext<'_>,
-    ) -> Result<ToolOutput, AgentError> {
+    ) -> Result<ToolOutput, ToolFailure> {
         let n = self.calls.fetch_add(1, Ordering::SeqCst);
         if n < self.failures {
             return Err(AgentError::McpError {
                 server: "flaky".into(),
                 message: format!("failure {}", n + 1),
-            });
+            }
+            .into());
         }
         Ok(ToolOutput {
             call_id: call.call_id.clone(),

@@ -71,11 +71,19 @@ use tokio::task::AbortHandle;
 use tokio_util::sync::CancellationToken;
 use troupe_proto::{
     AgentError, ApprovalPolicy, CloseOutcome, Closed, ConversationId, ConversationStats, EventKind,
-    MessageReply, OpenConversation, SandboxPolicy, SessionId, SetContext, TaskId, TaskState,
-    TaskStats, TaskStatus,
+    EventName, MessageReply, OpenConversation, SandboxPolicy, SessionId, SetContext, TaskId,
+    TaskState, TaskStats, TaskStatus, WarningCode,
 };
 
+mod close;
+mod decide;
 pub mod metrics;
+mod tasks;
+
+pub use decide::{
+    MessageAdmission, Rejoin, SlotAnswer, SlotState, admit, clamp_message, interrupted_tasks,
+    registry_state, rejoin, slot_answer,
+};
 
 /// The one-turn system prompt of a compaction (C3); never stored.
 pub const COMPACT_INSTRUCTIONS: &str = "You are compacting a conversation. Write a summary of \
@@ -368,9 +376,13 @@ impl Actor for Conversation {
             ));
         } else {
             let items = history_from_records(&records);
-            restored_turns =
-                u32::try_from(records.iter().filter(|r| r.kind == "task_started").count())
-                    .unwrap_or(u32::MAX);
+            restored_turns = u32::try_from(
+                records
+                    .iter()
+                    .filter(|r| r.kind == EventName::TaskStarted)
+                    .count(),
+            )
+            .unwrap_or(u32::MAX);
             let restored = items.len() as u64;
             history.append(items);
             let cause = args.restore_cause;
@@ -389,7 +401,7 @@ impl Actor for Conversation {
                     args.conversation_id,
                     task_id,
                     EventKind::Warning {
-                        code: "task_interrupted".into(),
+                        code: WarningCode::TaskInterrupted,
                         message: format!(
                             "task {task_id} was {}; it is not run again",
                             cause.interrupted()
@@ -407,7 +419,7 @@ impl Actor for Conversation {
             services.events.emit(EventDraft::conversation(
                 args.conversation_id,
                 EventKind::Warning {
-                    code: "deprecated_tool_name".into(),
+                    code: WarningCode::DeprecatedToolName,
                     message,
                 },
             ));
@@ -437,7 +449,7 @@ impl Actor for Conversation {
             services.events.emit(EventDraft::conversation(
                 args.conversation_id,
                 EventKind::Warning {
-                    code: "policy_clamped".into(),
+                    code: WarningCode::PolicyClamped,
                     message,
                 },
             ));
@@ -506,138 +518,6 @@ impl Actor for Conversation {
     }
 }
 
-/// Tasks of a record that started and never ended (no `task_finished` or `task_aborted`), in
-/// the order they started.
-pub fn interrupted_tasks(records: &[RolloutRecord]) -> Vec<TaskId> {
-    let mut started = Vec::new();
-    let mut ended = std::collections::HashSet::new();
-    for r in records {
-        let Some(task_id) = r.task_id else { continue };
-        match r.kind.as_str() {
-            "task_started" | "compaction_started" if !started.contains(&task_id) => {
-                started.push(task_id);
-            }
-            "task_finished" | "task_aborted" => {
-                ended.insert(task_id);
-            }
-            _ => {}
-        }
-    }
-    started.retain(|t| !ended.contains(t));
-    started
-}
-
-/// What to do with a new message.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Admission {
-    StartNow,
-    Enqueue,
-    RejectClosing,
-    RejectFull,
-}
-
-/// The `policy_clamped` warning (C2): what was asked, what the conversation got.
-pub fn clamp_message(
-    params: &OpenConversation,
-    (approval_clamped, approval): (bool, ApprovalPolicy),
-    (sandbox_clamped, sandbox): (bool, SandboxPolicy),
-) -> String {
-    let mut parts = Vec::new();
-    if let (true, Some(asked)) = (approval_clamped, params.approval_policy) {
-        parts.push(format!(
-            "approval policy {asked:?} is wider than the session's; using {approval:?}"
-        ));
-    }
-    if let (true, Some(asked)) = (sandbox_clamped, params.sandbox_policy) {
-        parts.push(format!(
-            "sandbox policy {asked:?} is wider than the session's; using {sandbox:?}"
-        ));
-    }
-    format!(
-        "a conversation may only narrow the session's policies: {}",
-        parts.join("; ")
-    )
-}
-
-/// Pure admission decision for a message.
-pub fn admit(closing: bool, running: bool, queued: usize, max_queued: usize) -> Admission {
-    match (closing, running) {
-        (true, _) => Admission::RejectClosing,
-        (false, false) => Admission::StartNow,
-        (false, true) if queued < max_queued => Admission::Enqueue,
-        (false, true) => Admission::RejectFull,
-    }
-}
-
-/// Where a task stands with the scheduler, as its conversation knows it.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum SlotState {
-    /// This scheduler was asked and has not answered.
-    Asked(ActorId),
-    /// This scheduler granted the slot.
-    Held(ActorId),
-}
-
-/// What a conversation tells a scheduler it has not dealt with yet.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Rejoin {
-    /// The scheduler already knows where the task stands.
-    Nothing,
-    /// No slot is held or asked for: say so (`Recovered`).
-    Recovered,
-    /// The task holds a grant of the scheduler it replaced: `Reinstate` it.
-    Reinstate,
-    /// The task waited at the scheduler it replaced: ask again.
-    AskAgain,
-}
-
-/// What to tell the scheduler `current` about a task whose slot is `slot` (`None`: no task,
-/// or a task that was refused a slot).
-pub fn rejoin(slot: Option<SlotState>, current: ActorId) -> Rejoin {
-    match slot {
-        None => Rejoin::Recovered,
-        Some(SlotState::Asked(at) | SlotState::Held(at)) if at == current => Rejoin::Nothing,
-        Some(SlotState::Asked(_)) => Rejoin::AskAgain,
-        Some(SlotState::Held(_)) => Rejoin::Reinstate,
-    }
-}
-
-/// What a scheduler's answer means for the task.
-#[derive(Debug, Clone, PartialEq)]
-pub enum SlotAnswer {
-    /// The slot is the task's: it runs.
-    Granted,
-    /// Refused (overloaded, withdrawn): the task ends with this error.
-    Refused(AgentError),
-    /// The scheduler stopped before answering: its successor is asked once published.
-    Lost,
-    /// From a scheduler the task no longer waits for (asked again elsewhere): ignored.
-    Stale,
-}
-
-/// Judges the answer of scheduler `from` to a task whose slot is `slot`.
-pub fn slot_answer(
-    slot: Option<SlotState>,
-    from: ActorId,
-    answer: Option<Result<(), AgentError>>,
-) -> SlotAnswer {
-    match (slot, answer) {
-        (Some(SlotState::Asked(at)), Some(Ok(()))) if at == from => SlotAnswer::Granted,
-        (Some(SlotState::Asked(at)), Some(Err(error))) if at == from => SlotAnswer::Refused(error),
-        (Some(SlotState::Asked(at)), None) if at == from => SlotAnswer::Lost,
-        _ => SlotAnswer::Stale,
-    }
-}
-
-/// The state a task is declared in to a new TaskRegistry.
-pub fn registry_state(cancelled: bool, slot: Option<SlotState>) -> TaskState {
-    match (cancelled, slot) {
-        (true, _) => TaskState::Cancelling,
-        (false, Some(SlotState::Held(_))) => TaskState::Running,
-        (false, _) => TaskState::Queued,
-    }
-}
-
 /// What a task's end reports when its runner panicked.
 fn runner_panicked() -> TaskOutcome {
     TaskOutcome {
@@ -666,401 +546,23 @@ impl ConversationState {
             self.queue.len(),
             max,
         ) {
-            Admission::StartNow => self.start_task(myself, kind, text, reply, &caller),
-            Admission::Enqueue => self.queue.push_back(Queued {
+            MessageAdmission::StartNow => self.start_task(myself, kind, text, reply, &caller),
+            MessageAdmission::Enqueue => self.queue.push_back(Queued {
                 kind,
                 text,
                 reply,
                 caller,
             }),
-            Admission::RejectClosing => {
+            MessageAdmission::RejectClosing => {
                 let _ = reply.send(Err(AgentError::not_found("conversation", self.id)));
             }
-            Admission::RejectFull => {
+            MessageAdmission::RejectFull => {
                 let _ = reply.send(Err(AgentError::Overloaded {
                     resource: "conversation message queue".into(),
                     limit: u32::try_from(max).unwrap_or(u32::MAX),
                 }));
             }
         }
-    }
-
-    fn start_task(
-        &mut self,
-        myself: &ActorRef<ConversationMsg>,
-        kind: TaskKind,
-        text: String,
-        reply: RpcReplyPort<Result<MessageReply, AgentError>>,
-        caller: &tracing::Span,
-    ) {
-        let task_id = TaskId::new();
-        let cancel = CancellationToken::new();
-        let settings = self.services.settings.clone();
-        let started_at_ms = self.services.clock.now_ms();
-        let _ = self
-            .services
-            .directory
-            .registry()
-            .cast(TaskRegistryMsg::Register {
-                task_id,
-                conversation_id: self.id,
-                sub_id: sub_id(self.id, task_id),
-                cancel: cancel.clone(),
-                started_at_ms,
-            });
-        let info = self.services.model.info();
-        let span = crate::task::spans::invoke_agent(
-            crate::task::spans::TaskSpanInfo {
-                session_id: self.services.session_id,
-                conversation_id: self.id,
-                task_id,
-                turn: self.turns + 1,
-                kind: match kind {
-                    TaskKind::Message => "message",
-                    TaskKind::Compact => "compact",
-                },
-                provider: &info.provider,
-                model: &info.model,
-            },
-            caller,
-        );
-        metrics::task_started(match kind {
-            TaskKind::Message => "message",
-            TaskKind::Compact => "compact",
-        });
-        let started = match kind {
-            TaskKind::Message => EventKind::TaskStarted {
-                input: text.clone(),
-            },
-            TaskKind::Compact => EventKind::CompactionStarted {},
-        };
-        span.in_scope(|| {
-            self.services
-                .events
-                .emit(EventDraft::task(self.id, task_id, started));
-        });
-        let compact = kind == TaskKind::Compact;
-        self.turns += 1;
-        let wait = span.in_scope(|| crate::task::spans::scheduler_wait(self.id, task_id));
-        let (slot, first) = self.ask_slot(myself, task_id, &wait);
-        let (granted, granted_rx) = oneshot::channel();
-        let ctx = TaskContext {
-            conversation_id: self.id,
-            task_id,
-            turn: self.turns,
-            tokens: self.services.tokens.clone(),
-            input: text,
-            history: self.history.snapshot(),
-            pinned: self.context.pinned(),
-            // A compaction only writes: no tools.
-            builtins: if compact {
-                Vec::new()
-            } else {
-                crate::tools::builtin_tools(&self.context.prefs)
-            },
-            base_instructions: self.context.base_instructions.clone(),
-            turn_override: compact.then(|| COMPACT_INSTRUCTIONS.to_owned()),
-            model: self.services.model.clone(),
-            mcp: if compact { None } else { self.view.clone() },
-            mcp_generation: self.view_generation,
-            mcp_allowlist: self.context.mcp_tool_allowlist.clone(),
-            exec: self.services.exec.clone(),
-            services: self.services.directory.clone(),
-            events: self.services.events.clone(),
-            cancel: cancel.clone(),
-            limits: settings.task,
-            approval_policy: self.approval_policy,
-            sandbox_policy: self.sandbox_policy,
-            workspace_roots: settings.workspace_roots.clone(),
-            record_content: settings.record_content,
-        };
-        let me = myself.clone();
-        let task_span = span.clone();
-        let (SlotState::Asked(asked_of) | SlotState::Held(asked_of)) = slot;
-        let report = {
-            let me = myself.clone();
-            Box::new(move |answer| {
-                let _ = me.cast(ConversationMsg::SlotAnswered {
-                    task_id,
-                    scheduler: asked_of,
-                    answer,
-                });
-            })
-        };
-        let slot_wait = SlotWait {
-            first,
-            asked_of,
-            report,
-            verdict: granted_rx,
-            span: wait.clone(),
-        };
-        let join = tokio::spawn(async move {
-            // A panic still ends the task, so that its slot is given back and its caller hears.
-            let outcome = std::panic::AssertUnwindSafe(crate::task::run(ctx, slot_wait, task_span))
-                .catch_unwind()
-                .await
-                .unwrap_or_else(|_| runner_panicked());
-            let _ = me.cast(ConversationMsg::TaskFinished {
-                task_id,
-                outcome: Box::new(outcome),
-            });
-        });
-        self.running = Some(Running {
-            task_id,
-            kind,
-            span,
-            reply: Some(reply),
-            cancel,
-            abort: join.abort_handle(),
-            started_at_ms,
-            slot: Some(slot),
-            granted: Some(granted),
-            wait,
-        });
-    }
-
-    /// Asks the current scheduler for `task_id`'s slot; the receiver gets its answer (closed
-    /// if the scheduler is gone: the Session replaces it, and its successor is asked then).
-    fn ask_slot(
-        &self,
-        myself: &ActorRef<ConversationMsg>,
-        task_id: TaskId,
-        wait: &tracing::Span,
-    ) -> (SlotState, oneshot::Receiver<Result<(), AgentError>>) {
-        let scheduler = self.services.directory.scheduler();
-        let at = scheduler.get_id();
-        let (reply, answer) = oneshot::channel();
-        // Sent in the wait's span: the scheduler logs the grant in the task's trace.
-        let _ = wait.in_scope(|| {
-            scheduler.cast(SchedulerMsg::Acquire {
-                task_id,
-                conversation_id: self.id,
-                holder: myself.get_cell(),
-                reply: reply.into(),
-            })
-        });
-        (SlotState::Asked(at), answer)
-    }
-
-    /// Asks a new scheduler again for a task that waited at the one it replaced; its answer
-    /// comes back as `SlotAnswered`, and the runner gets the verdict.
-    fn ask_again(
-        &self,
-        myself: &ActorRef<ConversationMsg>,
-        task_id: TaskId,
-        wait: &tracing::Span,
-    ) -> SlotState {
-        let (slot, answer) = self.ask_slot(myself, task_id, wait);
-        let (SlotState::Asked(at) | SlotState::Held(at)) = slot;
-        let me = myself.clone();
-        tokio::spawn(async move {
-            let answer = answer.await.ok();
-            let _ = me.cast(ConversationMsg::SlotAnswered {
-                task_id,
-                scheduler: at,
-                answer,
-            });
-        });
-        slot
-    }
-
-    fn on_slot_answered(
-        &mut self,
-        task_id: TaskId,
-        from: ActorId,
-        answer: Option<Result<(), AgentError>>,
-    ) {
-        let Some(running) = self.running.as_mut().filter(|r| r.task_id == task_id) else {
-            return; // the task is over: its end released whatever it was granted
-        };
-        match slot_answer(running.slot, from, answer) {
-            SlotAnswer::Granted => {
-                running.slot = Some(SlotState::Held(from));
-                let _ = self
-                    .services
-                    .directory
-                    .registry()
-                    .cast(TaskRegistryMsg::StateChanged {
-                        task_id,
-                        state: TaskState::Running,
-                    });
-                if let Some(granted) = running.granted.take() {
-                    let _ = granted.send(Ok(()));
-                }
-            }
-            SlotAnswer::Refused(error) => {
-                running.slot = None;
-                if let Some(granted) = running.granted.take() {
-                    let _ = granted.send(Err(error));
-                }
-            }
-            SlotAnswer::Lost => {
-                tracing::info!(conversation_id = %self.id, %task_id, "scheduler stopped before answering; its successor will be asked");
-            }
-            SlotAnswer::Stale => {}
-        }
-    }
-
-    /// The directory changed: re-declares to each new service what it must know.
-    async fn on_services_changed(&mut self, myself: &ActorRef<ConversationMsg>) {
-        let now = self.services.directory.generations();
-        let replaced = now.replaced_since(&self.seen);
-        self.seen = now;
-        if replaced.scheduler {
-            self.rejoin_scheduler(myself);
-        }
-        if replaced.registry {
-            self.rejoin_registry();
-        }
-        if replaced.mcp {
-            self.reopen_view().await;
-        }
-    }
-
-    fn rejoin_scheduler(&mut self, myself: &ActorRef<ConversationMsg>) {
-        let scheduler = self.services.directory.scheduler();
-        let current = scheduler.get_id();
-        let slot = self.running.as_ref().and_then(|r| r.slot);
-        match rejoin(slot, current) {
-            Rejoin::Nothing => {}
-            Rejoin::Recovered => {
-                let _ = scheduler.cast(SchedulerMsg::Recovered {
-                    holder: myself.get_cell(),
-                });
-            }
-            Rejoin::Reinstate => {
-                if let Some(running) = &mut self.running {
-                    running.slot = Some(SlotState::Held(current));
-                    let task_id = running.task_id;
-                    tracing::info!(conversation_id = %self.id, %task_id, "grant re-declared to the new scheduler");
-                    let _ = scheduler.cast(SchedulerMsg::Reinstate {
-                        task_id,
-                        conversation_id: self.id,
-                        holder: myself.get_cell(),
-                    });
-                }
-            }
-            Rejoin::AskAgain => {
-                if let Some(running) = &self.running {
-                    let (task_id, wait) = (running.task_id, running.wait.clone());
-                    tracing::info!(conversation_id = %self.id, %task_id, "slot asked again of the new scheduler");
-                    let slot = self.ask_again(myself, task_id, &wait);
-                    if let Some(running) = &mut self.running {
-                        running.slot = Some(slot);
-                    }
-                }
-            }
-        }
-    }
-
-    fn rejoin_registry(&self) {
-        let Some(running) = &self.running else {
-            return;
-        };
-        let _ = self
-            .services
-            .directory
-            .registry()
-            .cast(TaskRegistryMsg::Reinstate {
-                task_id: running.task_id,
-                conversation_id: self.id,
-                sub_id: sub_id(self.id, running.task_id),
-                cancel: running.cancel.clone(),
-                started_at_ms: running.started_at_ms,
-                state: registry_state(running.cancel.is_cancelled(), running.slot),
-            });
-    }
-
-    fn on_task_finished(
-        &mut self,
-        myself: &ActorRef<ConversationMsg>,
-        task_id: TaskId,
-        outcome: TaskOutcome,
-    ) {
-        let Some(mut running) = self.running.take_if(|r| r.task_id == task_id) else {
-            return; // a late report of an aborted task
-        };
-        match running.kind {
-            TaskKind::Message => {
-                if let Some(report) = self.history.append(outcome.items.iter().cloned()) {
-                    self.services.events.emit(EventDraft::conversation(
-                        self.id,
-                        EventKind::HistoryTrimmed {
-                            removed_items: report.removed_items,
-                            summary: report.summary,
-                        },
-                    ));
-                }
-            }
-            TaskKind::Compact if outcome.status == TaskStatus::Ok && !outcome.text.is_empty() => {
-                let report = self.history.compact(outcome.text.clone());
-                running.span.in_scope(|| {
-                    self.services.events.emit(EventDraft::task(
-                        self.id,
-                        task_id,
-                        EventKind::Compacted {
-                            summary: report.summary,
-                            replaced_items: report.removed_items,
-                        },
-                    ));
-                });
-            }
-            // A failed compaction leaves the history as it was.
-            TaskKind::Compact => {}
-        }
-        self.record_stats(&outcome.stats, outcome.status);
-        running.span.in_scope(|| {
-            self.services.events.emit(EventDraft::task(
-                self.id,
-                task_id,
-                EventKind::TaskFinished {
-                    status: outcome.status,
-                    text: outcome.text.clone(),
-                    stats: outcome.stats.clone(),
-                    error: outcome.error.clone(),
-                },
-            ));
-        });
-        // The slot goes back to the scheduler of the moment: the one that granted it, or its
-        // successor once the grant was re-declared (a scheduler that never heard of the task
-        // ignores this).
-        let _ = self
-            .services
-            .directory
-            .scheduler()
-            .cast(SchedulerMsg::Release { task_id });
-        let _ = self
-            .services
-            .directory
-            .registry()
-            .cast(TaskRegistryMsg::Deregister { task_id });
-        if let Some(reply) = running.reply.take() {
-            let _ = reply.send(Ok(MessageReply {
-                conversation_id: self.id,
-                task_id,
-                status: outcome.status,
-                text: outcome.text,
-                stats: outcome.stats,
-                error: outcome.error,
-            }));
-        }
-        if self.closing.is_some() {
-            self.finish_close(myself, CloseOutcome::Closed);
-        } else if let Some(next) = self.queue.pop_front() {
-            self.start_task(myself, next.kind, next.text, next.reply, &next.caller);
-        }
-    }
-
-    fn record_stats(&mut self, stats: &TaskStats, status: TaskStatus) {
-        self.stats.tasks += 1;
-        match status {
-            TaskStatus::Error => self.stats.tasks_failed += 1,
-            TaskStatus::Cancelled => self.stats.tasks_cancelled += 1,
-            TaskStatus::Ok | TaskStatus::MaxSteps => {}
-        }
-        self.stats.usage.add(&stats.usage);
-        self.stats.tool_calls += u64::from(stats.tool_calls);
-        metrics::task_finished(status, stats);
     }
 
     async fn on_set_context(&mut self, update: &SetContext) -> Result<(), AgentError> {
@@ -1087,7 +589,7 @@ impl ConversationState {
             self.services.events.emit(EventDraft::conversation(
                 self.id,
                 EventKind::Warning {
-                    code: "deprecated_tool_name".into(),
+                    code: WarningCode::DeprecatedToolName,
                     message,
                 },
             ));
@@ -1125,111 +627,12 @@ impl ConversationState {
                 self.services.events.emit(EventDraft::conversation(
                     self.id,
                     EventKind::Warning {
-                        code: "mcp_view_unavailable".into(),
+                        code: WarningCode::McpViewUnavailable,
                         message: format!("the MCP tools could not be reopened: {error}"),
                     },
                 ));
             }
         }
-    }
-
-    fn on_close(&mut self, myself: &ActorRef<ConversationMsg>, reply: RpcReplyPort<Closed>) {
-        if let Some(waiters) = &mut self.closing {
-            waiters.push(reply);
-            return;
-        }
-        self.closing = Some(vec![reply]);
-        for q in self.queue.drain(..) {
-            let _ = q
-                .reply
-                .send(Err(AgentError::cancelled("conversation closed")));
-        }
-        match &self.running {
-            None => self.finish_close(myself, CloseOutcome::Closed),
-            Some(r) => {
-                r.cancel.cancel();
-                let task_id = r.task_id;
-                let timer = myself.send_after(self.services.settings.close_timeout, move || {
-                    ConversationMsg::CloseTimedOut { task_id }
-                });
-                self.close_timer = Some(timer.abort_handle());
-            }
-        }
-    }
-
-    fn on_close_timed_out(&mut self, myself: &ActorRef<ConversationMsg>, task_id: TaskId) {
-        let Some(mut running) = self.running.take_if(|r| r.task_id == task_id) else {
-            return; // the task ended in time
-        };
-        running.abort.abort();
-        let waited = self.services.settings.close_timeout;
-        tracing::warn!(conversation_id = %self.id, task_id = %task_id, "task ignored cancellation; aborted");
-        metrics::force_aborted();
-        running.span.in_scope(|| {
-            self.services.events.emit(EventDraft::task(
-                self.id,
-                task_id,
-                EventKind::TaskAborted {
-                    waited_ms: u64::try_from(waited.as_millis()).unwrap_or(u64::MAX),
-                },
-            ));
-        });
-        self.stats.tasks += 1;
-        self.stats.tasks_cancelled += 1;
-        // Released here, so that the slot is free by the time close answers.
-        let _ = self
-            .services
-            .directory
-            .scheduler()
-            .cast(SchedulerMsg::Release { task_id });
-        let _ = self
-            .services
-            .directory
-            .registry()
-            .cast(TaskRegistryMsg::Deregister { task_id });
-        if let Some(reply) = running.reply.take() {
-            let _ = reply.send(Err(AgentError::cancelled(
-                "aborted: the task ignored cancellation past the close timeout",
-            )));
-        }
-        self.finish_close(myself, CloseOutcome::ForceAborted);
-    }
-
-    fn finish_close(&mut self, myself: &ActorRef<ConversationMsg>, outcome: CloseOutcome) {
-        if let Some(timer) = self.close_timer.take() {
-            timer.abort();
-        }
-        if let Some(view) = self.view.take() {
-            tokio::spawn(async move { view.release().await });
-        }
-        let _ = self
-            .services
-            .directory
-            .approvals()
-            .get()
-            .cast(ApprovalMsg::ConversationClosed {
-                conversation_id: self.id,
-            });
-        let _ = self
-            .services
-            .directory
-            .registry()
-            .cast(TaskRegistryMsg::ConversationGone {
-                conversation_id: self.id,
-            });
-        self.services.events.emit(EventDraft::conversation(
-            self.id,
-            EventKind::ConversationClosed { outcome },
-        ));
-        for reply in self.closing.take().unwrap_or_default() {
-            let _ = reply.send(Closed {
-                conversation_id: self.id,
-                outcome,
-            });
-        }
-        // Stay "closing" so late messages are refused until the actor is gone.
-        self.closing = Some(Vec::new());
-        myself.stop(Some("closed".into()));
     }
 }
 
@@ -1237,13 +640,13 @@ impl ConversationState {
 mod tests {
     use super::*;
 
-    fn record(seq: u64, task_id: TaskId, kind: &str) -> RolloutRecord {
+    fn record(seq: u64, task_id: TaskId, kind: EventName) -> RolloutRecord {
         RolloutRecord {
             seq,
             ts_ms: seq,
             conversation_id: None,
             task_id: Some(task_id),
-            kind: kind.into(),
+            kind,
             level: crate::rollout::RecordLevel::Minimal,
             event: None,
             meta: crate::rollout::RecordMeta::default(),
@@ -1255,13 +658,13 @@ mod tests {
         let (done, aborted, running, compacting) =
             (TaskId::new(), TaskId::new(), TaskId::new(), TaskId::new());
         let records = vec![
-            record(1, done, "task_started"),
-            record(2, done, "task_finished"),
-            record(3, aborted, "task_started"),
-            record(4, running, "task_started"),
-            record(5, running, "step_started"),
-            record(6, aborted, "task_aborted"),
-            record(7, compacting, "compaction_started"),
+            record(1, done, EventName::TaskStarted),
+            record(2, done, EventName::TaskFinished),
+            record(3, aborted, EventName::TaskStarted),
+            record(4, running, EventName::TaskStarted),
+            record(5, running, EventName::StepStarted),
+            record(6, aborted, EventName::TaskAborted),
+            record(7, compacting, EventName::CompactionStarted),
         ];
         assert_eq!(interrupted_tasks(&records), vec![running, compacting]);
         assert!(interrupted_tasks(&[]).is_empty());
@@ -1343,9 +746,9 @@ mod tests {
 
     #[test]
     fn admission() {
-        assert_eq!(admit(false, false, 0, 2), Admission::StartNow);
-        assert_eq!(admit(false, true, 1, 2), Admission::Enqueue);
-        assert_eq!(admit(false, true, 2, 2), Admission::RejectFull);
-        assert_eq!(admit(true, false, 0, 2), Admission::RejectClosing);
+        assert_eq!(admit(false, false, 0, 2), MessageAdmission::StartNow);
+        assert_eq!(admit(false, true, 1, 2), MessageAdmission::Enqueue);
+        assert_eq!(admit(false, true, 2, 2), MessageAdmission::RejectFull);
+        assert_eq!(admit(true, false, 0, 2), MessageAdmission::RejectClosing);
     }
 }

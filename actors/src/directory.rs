@@ -374,7 +374,7 @@ mod tests {
     use super::*;
     use ractor::{Actor, ActorProcessingErr};
     use tokio::sync::mpsc::UnboundedSender;
-    use troupe_proto::EventKind;
+    use troupe_proto::{EventKind, WarningCode};
 
     #[test]
     fn replaced_names_exactly_the_services_whose_generation_moved() {
@@ -395,7 +395,7 @@ mod tests {
         );
     }
 
-    /// Stands in for a Rollout: reports every event's warning code, in arrival order.
+    /// Stands in for a Rollout: reports every event's warning message, in arrival order.
     struct Recorder;
 
     #[ractor::async_trait]
@@ -419,18 +419,19 @@ mod tests {
             out: &mut Self::State,
         ) -> Result<(), ActorProcessingErr> {
             if let RolloutMsg::Emit { draft } = msg
-                && let EventKind::Warning { code, .. } = draft.event
+                && let EventKind::Warning { message, .. } = draft.event
             {
-                let _ = out.send(code);
+                let _ = out.send(message);
             }
             Ok(())
         }
     }
 
-    fn event(code: &str) -> EventDraft {
+    /// A warning whose message is `marker`, so its arrival can be told apart.
+    fn event(marker: &str) -> EventDraft {
         EventDraft::session(EventKind::Warning {
-            code: code.into(),
-            message: String::new(),
+            code: WarningCode::McpServerFailed,
+            message: marker.into(),
         })
     }
 

@@ -1,85 +1,17 @@
-//! Emitting events: an `EventDraft` is an envelope without its sequence number and time, which
-//! the session's Rollout assigns. `EventSink` is the handle every producer holds; it captures
-//! the trace and span ids of the producer's current span (S11).
+//! Emitting events: an [`EventDraft`] is an envelope without its sequence number and time,
+//! which the session's Rollout assigns. `EventSink` is the handle every producer holds; it
+//! captures the trace and span ids of the producer's current span (S11).
+//!
+//! The draft itself lives in [`crate::event_draft`], which knows no actor: the Rollout takes
+//! drafts from there and this module sends them to the Rollout, so neither imports the other
+//! both ways.
 
 use crate::directory::{RolloutTarget, Slot};
 use crate::rollout::RolloutMsg;
-use opentelemetry::trace::TraceContextExt;
 use ractor::{ActorRef, MessagingErr};
 use tokio::sync::watch;
-use tracing_opentelemetry::OpenTelemetrySpanExt;
-use troupe_proto::{ConversationId, EventKind, TaskId};
 
-/// An event before the rollout numbers it.
-#[derive(Debug, Clone)]
-pub struct EventDraft {
-    pub conversation_id: Option<ConversationId>,
-    pub task_id: Option<TaskId>,
-    pub sub_id: Option<String>,
-    pub trace_id: Option<String>,
-    pub span_id: Option<String>,
-    pub event: EventKind,
-}
-
-impl EventDraft {
-    /// A session-level event.
-    pub fn session(event: EventKind) -> Self {
-        Self {
-            conversation_id: None,
-            task_id: None,
-            sub_id: None,
-            trace_id: None,
-            span_id: None,
-            event,
-        }
-    }
-
-    /// An event of a conversation, outside any task.
-    pub fn conversation(conversation_id: ConversationId, event: EventKind) -> Self {
-        Self {
-            conversation_id: Some(conversation_id),
-            ..Self::session(event)
-        }
-    }
-
-    /// An event of a task.
-    pub fn task(conversation_id: ConversationId, task_id: TaskId, event: EventKind) -> Self {
-        Self {
-            conversation_id: Some(conversation_id),
-            task_id: Some(task_id),
-            sub_id: Some(sub_id(conversation_id, task_id)),
-            ..Self::session(event)
-        }
-    }
-
-    /// Stamps the ids of the current tracing span (if it has an OpenTelemetry context).
-    pub fn traced(mut self) -> Self {
-        let (trace_id, span_id) = current_trace_ids();
-        self.trace_id = trace_id;
-        self.span_id = span_id;
-        self
-    }
-}
-
-/// The legacy correlation id older consumers read: `<conversation>/<task>`.
-pub fn sub_id(conversation_id: ConversationId, task_id: TaskId) -> String {
-    format!("{conversation_id}/{task_id}")
-}
-
-/// W3C trace and span ids of the current span, when an OpenTelemetry layer is installed.
-pub fn current_trace_ids() -> (Option<String>, Option<String>) {
-    let cx = tracing::Span::current().context();
-    let span = cx.span();
-    let sc = span.span_context();
-    if sc.is_valid() {
-        (
-            Some(sc.trace_id().to_string()),
-            Some(sc.span_id().to_string()),
-        )
-    } else {
-        (None, None)
-    }
-}
+pub use crate::event_draft::{EventDraft, current_trace_ids, sub_id};
 
 /// Where producers send events: the session's Rollout, which numbers, records and publishes.
 /// A live sink (from the session's [`Directory`](crate::directory::Directory)) reads the

@@ -22,6 +22,7 @@ pub mod clock;
 pub mod context;
 pub mod conversation;
 pub mod directory;
+pub mod event_draft;
 pub mod events;
 pub mod handle;
 pub mod history;

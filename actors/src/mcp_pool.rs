@@ -88,16 +88,21 @@
 pub mod metrics;
 
 mod calls;
+mod config;
+mod connect;
 mod decide;
+mod effects;
 mod limits;
 mod requests;
 mod view;
 
+pub use self::config::McpLimits;
 pub use self::decide::{PoolSnapshot, Route, RouteTable, ServerSnapshot, ViewId, ViewScope};
 pub use self::limits::Rate;
 pub use self::view::McpPoolHandle;
 
 use self::calls::{Attribution, CallRegistry, InFlightCall};
+use self::connect::*;
 use self::decide::{Effect, PoolCore};
 use self::limits::ConversationLimiter;
 use self::metrics::{Occupancy, RequestKind, RequestOutcome};
@@ -108,7 +113,7 @@ use crate::directory::ServiceRef;
 use crate::events::{EventDraft, EventSink};
 use crate::ports::{
     ElicitOutcome, McpClientHandler, McpConnection, McpConnector, McpNotice, McpServerConfig,
-    McpTool, ModelClient,
+    McpTool, ModelClient, ToolFailure,
 };
 use async_trait::async_trait;
 use ractor::{Actor, ActorProcessingErr, ActorRef, MessagingErr, RpcReplyPort};
@@ -119,87 +124,13 @@ use tokio::sync::{Semaphore, mpsc, watch};
 use tokio::task::JoinHandle;
 use tokio::time::Instant;
 use tracing::Instrument;
-use troupe_proto::{AgentError, ConversationId, EventKind, ToolSpec};
+use troupe_proto::{AgentError, ConversationId, EventKind, ToolSpec, WarningCode};
 
 /// How long a call may outlive its own `call_timeout` before the pool stops waiting for the
 /// connection to report the timeout itself.
 const CALL_TIMEOUT_GRACE: Duration = Duration::from_secs(1);
 /// How long `Shutdown` waits for connections to close.
 const SHUTDOWN_CLOSE_BOUND: Duration = Duration::from_secs(5);
-
-/// Limits and timings of a pool.
-#[derive(Debug, Clone, Copy, PartialEq)]
-pub struct McpLimits {
-    /// How long a connection nobody references stays open (a view reopened meanwhile keeps
-    /// it).
-    pub idle_timeout: Duration,
-    /// First restart delay after a death or failed connect; doubles per consecutive failure.
-    pub restart_backoff_base: Duration,
-    pub restart_backoff_max: Duration,
-    /// Calls of one conversation in flight at once (>= 1).
-    pub per_conversation_concurrency: usize,
-    /// Calls of one conversation per second, with a burst; `None` = unlimited.
-    pub per_conversation_rate: Option<Rate>,
-    /// Calls of the whole session in flight at once (>= 1).
-    pub session_concurrency: usize,
-    /// How long a call may wait for its slots and rate token before `Overloaded`.
-    pub wait_bound: Duration,
-    /// How long one call may run.
-    pub call_timeout: Duration,
-    /// How long a connect (handshake and first listing) may take before it counts as failed.
-    pub connect_timeout: Duration,
-}
-
-impl Default for McpLimits {
-    fn default() -> Self {
-        Self {
-            idle_timeout: Duration::from_secs(60),
-            restart_backoff_base: Duration::from_millis(500),
-            restart_backoff_max: Duration::from_secs(30),
-            per_conversation_concurrency: 4,
-            per_conversation_rate: Some(Rate {
-                per_second: 10.0,
-                burst: 20,
-            }),
-            session_concurrency: 16,
-            wait_bound: Duration::from_secs(30),
-            call_timeout: Duration::from_secs(120),
-            connect_timeout: Duration::from_secs(30),
-        }
-    }
-}
-
-impl McpLimits {
-    /// Checks the limits; the error names every bad one.
-    pub fn validate(&self) -> Result<(), AgentError> {
-        let mut problems = Vec::new();
-        if self.per_conversation_concurrency == 0 {
-            problems.push("per_conversation_concurrency must be at least 1");
-        }
-        if self.session_concurrency == 0 {
-            problems.push("session_concurrency must be at least 1");
-        }
-        if let Some(rate) = self.per_conversation_rate {
-            if !(rate.per_second.is_finite() && rate.per_second > 0.0) {
-                problems.push("per_conversation_rate.per_second must be a positive number");
-            }
-            if rate.burst == 0 {
-                problems.push("per_conversation_rate.burst must be at least 1");
-            }
-        }
-        if self.restart_backoff_base.is_zero() {
-            problems.push("restart_backoff_base must be positive");
-        }
-        if problems.is_empty() {
-            Ok(())
-        } else {
-            Err(AgentError::invalid(format!(
-                "invalid MCP limits: {}",
-                problems.join("; ")
-            )))
-        }
-    }
-}
 
 /// Start-up arguments.
 pub struct McpPoolArgs {
@@ -308,7 +239,7 @@ pub enum McpPoolMsg {
     Resolve {
         view_id: ViewId,
         name: String,
-        reply: RpcReplyPort<Result<Route, AgentError>>,
+        reply: RpcReplyPort<Result<Route, ToolFailure>>,
     },
     /// A connect attempt succeeded and listed the server's tools.
     ServerConnected {
@@ -577,7 +508,7 @@ impl McpPoolState {
             metrics::server_request(kind, RequestOutcome::Unattributed);
             tracing::warn!(server, kind = kind.as_str(), %message, "MCP request refused");
             self.warn(
-                "mcp_request_unattributed",
+                WarningCode::McpRequestUnattributed,
                 format!("MCP server `{server}`: {message}"),
             );
             Err(AgentError::McpError { server, message })
@@ -653,297 +584,6 @@ impl McpPoolState {
             let _ = reply.send(());
         });
         myself.stop(Some("shutdown".into()));
-    }
-
-    /// Carries out the effects of a transition.
-    fn apply(&mut self, myself: &ActorRef<McpPoolMsg>, fx: Vec<Effect>) {
-        for effect in fx {
-            match effect {
-                Effect::Connect {
-                    server,
-                    generation,
-                    config,
-                } => self.spawn_connect(myself, server, generation, config),
-                Effect::ScheduleIdle { server, epoch } => {
-                    let name = server.clone();
-                    let timer = myself.send_after(self.limits.idle_timeout, move || {
-                        McpPoolMsg::IdleTimeout {
-                            server: name,
-                            epoch,
-                        }
-                    });
-                    self.arm(server, timer);
-                }
-                Effect::ScheduleRestart {
-                    server,
-                    generation,
-                    delay,
-                } => {
-                    metrics::server_restart(&server);
-                    let name = server.clone();
-                    let timer = myself.send_after(delay, move || McpPoolMsg::RestartDue {
-                        server: name,
-                        generation,
-                    });
-                    self.arm(server, timer);
-                }
-                Effect::CancelTimer { server } => {
-                    if let Some(timer) = self.timers.remove(&server) {
-                        timer.abort();
-                    }
-                }
-                Effect::Close {
-                    server,
-                    conn,
-                    reason,
-                } => {
-                    tracing::info!(server, reason = reason.as_str(), "MCP connection closed");
-                    metrics::closed(reason);
-                    tokio::spawn(async move { conn.close().await });
-                }
-                Effect::Refresh {
-                    server,
-                    generation,
-                    seq,
-                    conn,
-                } => {
-                    let me = myself.clone();
-                    let bound = self.limits.connect_timeout;
-                    tokio::spawn(async move {
-                        let result = match tokio::time::timeout(bound, conn.list_tools()).await {
-                            Ok(result) => result,
-                            Err(_) => Err(AgentError::timeout("listing MCP tools", bound)),
-                        };
-                        let _ = me.cast(McpPoolMsg::ToolsListed {
-                            server,
-                            generation,
-                            seq,
-                            result,
-                        });
-                    });
-                }
-                Effect::Ready { server, tools } => {
-                    tracing::info!(
-                        server,
-                        tools,
-                        at_ms = self.clock.now_ms(),
-                        "MCP server ready"
-                    );
-                    if let Some(events) = &self.events {
-                        events.emit(EventDraft::session(EventKind::McpServerReady {
-                            server,
-                            tools: u32::try_from(tools).unwrap_or(u32::MAX),
-                        }));
-                    }
-                }
-                Effect::Failed {
-                    server,
-                    reason,
-                    retry_in,
-                } => {
-                    let message = match retry_in {
-                        Some(delay) => format!(
-                            "MCP server `{server}` failed: {reason}; restarting in {delay:?}"
-                        ),
-                        None => format!(
-                            "MCP server `{server}` failed: {reason}; no view uses it, not restarting"
-                        ),
-                    };
-                    tracing::warn!(server, %reason, ?retry_in, "MCP server failed");
-                    self.warn("mcp_server_failed", message);
-                }
-            }
-        }
-        self.occupancy
-            .publish(self.core.connected_servers(), self.core.views_len());
-    }
-
-    fn arm(&mut self, server: String, timer: JoinHandle<Result<(), MessagingErr<McpPoolMsg>>>) {
-        if let Some(old) = self.timers.insert(server, timer) {
-            old.abort();
-        }
-    }
-
-    fn warn(&self, code: &str, message: String) {
-        if let Some(events) = &self.events {
-            events.emit(EventDraft::session(EventKind::Warning {
-                code: code.into(),
-                message,
-            }));
-        }
-    }
-
-    /// Connects and lists in a task; then forwards the connection's notices as messages.
-    fn spawn_connect(
-        &self,
-        myself: &ActorRef<McpPoolMsg>,
-        server: String,
-        generation: u64,
-        config: McpServerConfig,
-    ) {
-        let connector = self.connector.clone();
-        let handler: Arc<dyn McpClientHandler> = Arc::new(PoolClient {
-            server: server.clone(),
-            roots: self.roots.clone(),
-            pool: myself.clone(),
-        });
-        let bound = self.limits.connect_timeout;
-        let me = myself.clone();
-        // A trace of its own: the connection outlives whatever caused it to start.
-        let span = tracing::info_span!(parent: None, "mcp_connect", server = %server, generation);
-        tracing::info!(parent: &span, "MCP server connecting");
-        tokio::spawn(
-            async move {
-                // Notices sent during the handshake wait in the channel until forwarded.
-                let (tx, rx) = mpsc::unbounded_channel();
-                match connect_and_list(connector.as_ref(), &config, handler, tx, bound).await {
-                    Ok((conn, tools)) => {
-                        metrics::connect(true);
-                        let sent = me.cast(McpPoolMsg::ServerConnected {
-                            server: server.clone(),
-                            generation,
-                            conn: conn.clone(),
-                            tools,
-                        });
-                        if sent.is_err() {
-                            conn.close().await; // the pool is gone
-                            return;
-                        }
-                        drop(conn);
-                        forward_notices(rx, &me, &server, generation).await;
-                    }
-                    Err(error) => {
-                        metrics::connect(false);
-                        let _ = me.cast(McpPoolMsg::ServerFailed {
-                            server,
-                            generation,
-                            error,
-                        });
-                    }
-                }
-            }
-            .instrument(span),
-        );
-    }
-}
-
-/// Handshake then first listing, within `bound` in all; a connection whose listing fails is
-/// closed here.
-async fn connect_and_list(
-    connector: &dyn McpConnector,
-    config: &McpServerConfig,
-    handler: Arc<dyn McpClientHandler>,
-    notices: mpsc::UnboundedSender<McpNotice>,
-    bound: Duration,
-) -> Result<(Arc<dyn McpConnection>, Vec<McpTool>), AgentError> {
-    let deadline = Instant::now() + bound;
-    let timed_out =
-        || AgentError::timeout(format!("connecting to MCP server `{}`", config.name), bound);
-    let conn = tokio::time::timeout_at(deadline, connector.connect(config, handler, notices))
-        .await
-        .map_err(|_| timed_out())??;
-    match tokio::time::timeout_at(deadline, conn.list_tools()).await {
-        Ok(Ok(tools)) => Ok((conn, tools)),
-        Ok(Err(error)) => {
-            conn.close().await;
-            Err(error)
-        }
-        Err(_) => {
-            conn.close().await;
-            Err(timed_out())
-        }
-    }
-}
-
-/// Turns a connection's notices into messages until it closes.
-async fn forward_notices(
-    mut rx: mpsc::UnboundedReceiver<McpNotice>,
-    me: &ActorRef<McpPoolMsg>,
-    server: &str,
-    generation: u64,
-) {
-    loop {
-        let msg = match rx.recv().await {
-            Some(McpNotice::ToolsChanged) => McpPoolMsg::ToolsChanged {
-                server: server.to_owned(),
-                generation,
-            },
-            Some(McpNotice::Progress { progress, .. }) => {
-                // Progress outside any call that asked for it: nothing to attach it to.
-                tracing::debug!(server, progress, "MCP progress without a call");
-                continue;
-            }
-            Some(McpNotice::Closed { reason }) => McpPoolMsg::ServerClosed {
-                server: server.to_owned(),
-                generation,
-                reason,
-            },
-            None => McpPoolMsg::ServerClosed {
-                server: server.to_owned(),
-                generation,
-                reason: "the connection went away".into(),
-            },
-        };
-        let last = matches!(msg, McpPoolMsg::ServerClosed { .. });
-        if me.cast(msg).is_err() || last {
-            return;
-        }
-    }
-}
-
-/// Answers one server's requests to the client.
-struct PoolClient {
-    server: String,
-    roots: Arc<[String]>,
-    /// Attributes elicitation and sampling requests to a task.
-    pool: ActorRef<McpPoolMsg>,
-}
-
-impl PoolClient {
-    async fn requester(&self, kind: RequestKind) -> Result<Requester, AgentError> {
-        ractor::call!(self.pool, |reply| McpPoolMsg::Attribute {
-            server: self.server.clone(),
-            kind,
-            reply,
-        })
-        .map_err(|e| AgentError::McpError {
-            server: self.server.clone(),
-            message: format!("the MCP pool is gone: {e}"),
-        })?
-    }
-}
-
-#[async_trait]
-impl McpClientHandler for PoolClient {
-    async fn list_roots(&self) -> Vec<String> {
-        self.roots.to_vec()
-    }
-
-    async fn elicit(
-        &self,
-        message: String,
-        schema: troupe_proto::Json,
-    ) -> Result<troupe_proto::Json, AgentError> {
-        match self.elicit_outcome(message, schema).await {
-            ElicitOutcome::Accept(content) => Ok(content),
-            ElicitOutcome::Decline => Err(AgentError::ApprovalDenied {
-                command: requests::mcp_command(&self.server, RequestKind::Elicitation),
-                reason: "the elicitation was declined".into(),
-            }),
-            ElicitOutcome::Cancel => Err(AgentError::cancelled("the elicitation was cancelled")),
-        }
-    }
-
-    async fn elicit_outcome(&self, message: String, schema: troupe_proto::Json) -> ElicitOutcome {
-        match self.requester(RequestKind::Elicitation).await {
-            Ok(requester) => requests::elicit(&requester, message, schema).await,
-            Err(_) => ElicitOutcome::Decline,
-        }
-    }
-
-    async fn sample(&self, request: troupe_proto::Json) -> Result<troupe_proto::Json, AgentError> {
-        let requester = self.requester(RequestKind::Sampling).await?;
-        requests::sample(&requester, request).await
     }
 }
 

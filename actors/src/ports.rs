@@ -104,7 +104,7 @@ pub trait McpView: Send + Sync + 'static {
         &self,
         call: &ToolCall,
         ctx: ToolCallContext<'_>,
-    ) -> Result<ToolOutput, AgentError>;
+    ) -> Result<ToolOutput, ToolFailure>;
     /// Gives the view's references back to the pool. Idempotent.
     async fn release(&self);
     /// Whether the pool behind the view has stopped, so that its calls can only fail (a
@@ -112,6 +112,61 @@ pub trait McpView: Send + Sync + 'static {
     /// default.
     fn is_closed(&self) -> bool {
         false
+    }
+}
+
+/// A tool call that failed: the error it ends with, and what kind of failure it is, set
+/// where the failure is made (the runner decides on the kind whether to run the call again,
+/// never on the error's text).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ToolFailure {
+    pub error: AgentError,
+    pub kind: ToolFailureKind,
+}
+
+/// What kind of failure a [`ToolFailure`] is.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ToolFailureKind {
+    /// The call names a tool its caller may not call (never offered, hidden by an
+    /// allowlist, or gone with its server): the same call is refused again.
+    UnknownTool,
+    /// Anything else; whether it could go better the next time follows the error's kind.
+    Failed,
+}
+
+impl ToolFailure {
+    /// The refusal of a call of `name`, a tool the caller may not call.
+    pub fn unknown_tool(name: &str) -> Self {
+        Self {
+            error: AgentError::ToolError {
+                name: name.to_owned(),
+                message: format!("unknown tool `{name}`"),
+            },
+            kind: ToolFailureKind::UnknownTool,
+        }
+    }
+
+    /// Whether running the same call again could help: refusals and denials will not
+    /// change, and neither will a tool that is not there.
+    pub fn retryable(&self) -> bool {
+        self.kind != ToolFailureKind::UnknownTool
+            && !matches!(
+                self.error,
+                AgentError::ApprovalDenied { .. }
+                    | AgentError::SandboxError { .. }
+                    | AgentError::InvalidInput { .. }
+                    | AgentError::Cancelled { .. }
+            )
+    }
+}
+
+impl From<AgentError> for ToolFailure {
+    /// An error made without a kind of its own is a plain `Failed`.
+    fn from(error: AgentError) -> Self {
+        Self {
+            error,
+            kind: ToolFailureKind::Failed,
+        }
     }
 }
 

@@ -87,12 +87,13 @@
 pub mod conformance;
 pub mod file;
 pub mod metrics;
+mod record;
 pub mod storage;
 pub mod stream;
 mod writer;
 
 use crate::clock::Clock;
-use crate::events::EventDraft;
+use crate::event_draft::EventDraft;
 pub use file::{FileRolloutStorage, SESSION_FILE, conversation_path, read_records};
 use ractor::{Actor, ActorProcessingErr, ActorRef, RpcReplyPort};
 use serde::{Deserialize, Serialize};
@@ -102,10 +103,15 @@ use std::time::Instant;
 use storage::RolloutStorage;
 use tokio::sync::broadcast;
 use troupe_proto::{
-    AgentError, ApprovalSubject, ConversationId, ErrorKind, EventEnvelope, EventKind, SessionId,
-    StoragePolicy, TaskId, TaskStatus, Usage,
+    AgentError, ApprovalSubject, ConversationId, ErrorKind, EventEnvelope, EventKind, EventName,
+    SessionId, StoragePolicy, TaskId, TaskStatus, Usage,
 };
 use writer::{AckReceiver, WriterCmd, WriterHandle, wait_ack};
+
+pub use record::{
+    RecordLevel, RecordMeta, RolloutRecord, downgrade, is_due, is_sync_point, record_for,
+    ttl_expiry_ms,
+};
 
 /// Start-up arguments.
 pub struct RolloutArgs {
@@ -180,93 +186,6 @@ pub enum RolloutMsg {
     /// published).
     #[cfg(test)]
     CrashWriter,
-}
-
-/// How much of an event a record keeps.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "snake_case")]
-pub enum RecordLevel {
-    /// The whole event, content included.
-    Full,
-    /// Metadata only.
-    Headers,
-    /// Start, end, error: kind and status only.
-    Minimal,
-}
-
-impl RecordLevel {
-    /// The snake_case name, as serialised (a metric label).
-    pub const fn as_str(self) -> &'static str {
-        match self {
-            Self::Full => "full",
-            Self::Headers => "headers",
-            Self::Minimal => "minimal",
-        }
-    }
-}
-
-/// Content-free facts about an event, kept at every level that keeps the event at all.
-#[derive(Debug, Clone, PartialEq, Default, Serialize, Deserialize)]
-#[serde(default)]
-pub struct RecordMeta {
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub tool: Option<String>,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub is_error: Option<bool>,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub status: Option<TaskStatus>,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub error_kind: Option<ErrorKind>,
-    /// Size of the event's content in bytes: what was left out below `Full`.
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub chars: Option<u64>,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub usage: Option<Usage>,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub steps: Option<u32>,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub tool_calls: Option<u32>,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub duration_ms: Option<u64>,
-    /// Ttl: when this record's content is due to go (unix ms). Only on `Full` records written
-    /// under a `Ttl` policy; [`downgrade`] clears it with the content.
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub expires_ms: Option<u64>,
-}
-
-/// One record of the rollout: a line of a conversation's rollout file, a row of a store, an
-/// item of an event stream.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-pub struct RolloutRecord {
-    pub seq: u64,
-    pub ts_ms: u64,
-    pub conversation_id: Option<ConversationId>,
-    pub task_id: Option<TaskId>,
-    /// `EventKind::name()` of the event.
-    pub kind: String,
-    pub level: RecordLevel,
-    /// The event itself, only at `RecordLevel::Full`.
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub event: Option<EventKind>,
-    pub meta: RecordMeta,
-}
-
-impl RolloutRecord {
-    /// A live event as a record: level `Full` with the event, whatever the conversation's
-    /// policy keeps (a live subscriber sees the event itself; storage keeps what the policy
-    /// allows).
-    pub fn live(env: &EventEnvelope) -> Self {
-        Self {
-            seq: env.seq,
-            ts_ms: env.ts_ms,
-            conversation_id: env.conversation_id,
-            task_id: env.task_id,
-            kind: env.event.name().to_owned(),
-            level: RecordLevel::Full,
-            event: Some(env.event.clone()),
-            meta: headers_meta(&env.event),
-        }
-    }
 }
 
 #[ractor::async_trait]
@@ -385,7 +304,7 @@ impl RolloutState {
             metrics::unregistered_event();
             if self.core.first_unregistered(conversation_id) {
                 tracing::warn!(
-                    %conversation_id, kind,
+                    %conversation_id, %kind,
                     "event of an unregistered conversation: recorded as storage policy none"
                 );
             }
@@ -404,7 +323,7 @@ impl RolloutState {
             }
             _ => None,
         };
-        tracing::trace!(seq = env.seq, kind, "event emitted");
+        tracing::trace!(seq = env.seq, %kind, "event emitted");
         self.send(WriterCmd::Event {
             record,
             env: Arc::new(env),
@@ -597,267 +516,18 @@ impl RolloutCore {
     }
 }
 
-/// When content written at `ts_ms` under `Ttl { secs }` is due to go (saturating: a ttl past
-/// the end of time never comes due).
-pub fn ttl_expiry_ms(ts_ms: u64, ttl_secs: u64) -> u64 {
-    ts_ms.saturating_add(ttl_secs.saturating_mul(1000))
-}
-
-/// Whether a sweep at `now_ms` must downgrade `record`: a `Full` record whose expiry has come.
-pub fn is_due(record: &RolloutRecord, now_ms: u64) -> bool {
-    record.level == RecordLevel::Full && record.meta.expires_ms.is_some_and(|e| e <= now_ms)
-}
-
-/// Kinds that policy `None` keeps.
-const MINIMAL_KINDS: [&str; 7] = [
-    "task_started",
-    "task_finished",
-    "task_aborted",
-    "error",
-    "conversation_opened",
-    "conversation_closed",
-    "message_updated",
-];
-
-/// Events that carry no content at all (ids, a status): every policy keeps them whole, so a
-/// resuming stream replays them as they were published.
-fn content_free(event: &EventKind) -> bool {
-    matches!(event, EventKind::MessageUpdated { .. })
-}
-
-/// What `policy` lets the rollout keep of `env`; `None` when it keeps nothing.
-pub fn record_for(policy: StoragePolicy, env: &EventEnvelope) -> Option<RolloutRecord> {
-    let kind = env.event.name();
-    let (level, event, meta) = match policy {
-        StoragePolicy::Full => (
-            RecordLevel::Full,
-            Some(env.event.clone()),
-            headers_meta(&env.event),
-        ),
-        StoragePolicy::Ttl { secs } => (
-            RecordLevel::Full,
-            Some(env.event.clone()),
-            RecordMeta {
-                expires_ms: Some(ttl_expiry_ms(env.ts_ms, secs)),
-                ..headers_meta(&env.event)
-            },
-        ),
-        StoragePolicy::HeadersOnly => (
-            RecordLevel::Headers,
-            content_free(&env.event).then(|| env.event.clone()),
-            headers_meta(&env.event),
-        ),
-        StoragePolicy::None => {
-            if !MINIMAL_KINDS.contains(&kind) {
-                return None;
-            }
-            (
-                RecordLevel::Minimal,
-                content_free(&env.event).then(|| env.event.clone()),
-                minimal_meta(&env.event),
-            )
-        }
-    };
-    Some(RolloutRecord {
-        seq: env.seq,
-        ts_ms: env.ts_ms,
-        conversation_id: env.conversation_id,
-        task_id: env.task_id,
-        kind: kind.to_owned(),
-        level,
-        event,
-        meta,
-    })
-}
-
-/// A `Full` record reduced to its headers (what the TTL sweep does); others are unchanged.
-pub fn downgrade(record: RolloutRecord) -> RolloutRecord {
-    match record.level {
-        RecordLevel::Full => RolloutRecord {
-            level: RecordLevel::Headers,
-            event: record.event.filter(content_free),
-            meta: RecordMeta {
-                expires_ms: None,
-                ..record.meta
-            },
-            ..record
-        },
-        RecordLevel::Headers | RecordLevel::Minimal => record,
-    }
-}
-
-/// Whether a record makes the writer fsync the batch it is in.
-pub fn is_sync_point(kind: &str) -> bool {
-    matches!(
-        kind,
-        "task_finished" | "task_aborted" | "conversation_closed"
-    )
-}
-
-/// Content-free facts of an event. `chars` counts the bytes of every content field (text,
-/// input, instructions, arguments, outputs, summaries, reasons, error details).
-fn headers_meta(event: &EventKind) -> RecordMeta {
-    let len = |s: &str| u64::try_from(s.len()).unwrap_or(u64::MAX);
-    let error_len = |e: &AgentError| len(&e.to_string());
-    match event {
-        EventKind::ConversationOpened {
-            base_instructions,
-            user_instructions,
-            ..
-        } => RecordMeta {
-            chars: Some(
-                base_instructions.as_deref().map_or(0, len)
-                    + user_instructions.as_deref().map_or(0, len),
-            ),
-            ..RecordMeta::default()
-        },
-        EventKind::ConversationRestarted { reason, .. } => RecordMeta {
-            chars: Some(len(reason)),
-            ..RecordMeta::default()
-        },
-        EventKind::TaskStarted { input } => RecordMeta {
-            chars: Some(len(input)),
-            ..RecordMeta::default()
-        },
-        EventKind::TaskFinished {
-            status,
-            text,
-            stats,
-            error,
-        } => RecordMeta {
-            status: Some(*status),
-            error_kind: error.as_ref().map(AgentError::kind),
-            chars: Some(len(text) + error.as_ref().map_or(0, error_len)),
-            usage: Some(stats.usage),
-            steps: Some(stats.steps),
-            tool_calls: Some(stats.tool_calls),
-            duration_ms: Some(stats.duration_ms),
-            ..RecordMeta::default()
-        },
-        EventKind::TaskAborted { waited_ms } => RecordMeta {
-            duration_ms: Some(*waited_ms),
-            ..RecordMeta::default()
-        },
-        EventKind::StepStarted { step, .. } => RecordMeta {
-            steps: Some(*step),
-            ..RecordMeta::default()
-        },
-        EventKind::StepFinished { step, usage, .. } => RecordMeta {
-            steps: Some(*step),
-            usage: *usage,
-            ..RecordMeta::default()
-        },
-        EventKind::AssistantChunk { delta: text } | EventKind::AssistantMessage { text } => {
-            RecordMeta {
-                chars: Some(len(text)),
-                ..RecordMeta::default()
-            }
-        }
-        EventKind::ToolCallStarted { call } => RecordMeta {
-            tool: Some(call.name.clone()),
-            chars: Some(serde_json::to_string(&call.arguments).map_or(0, |s| len(&s))),
-            ..RecordMeta::default()
-        },
-        EventKind::ToolCallFinished {
-            name,
-            output,
-            is_error,
-            duration_ms,
-            ..
-        } => RecordMeta {
-            tool: Some(name.clone()),
-            is_error: Some(*is_error),
-            chars: Some(len(output)),
-            duration_ms: Some(*duration_ms),
-            ..RecordMeta::default()
-        },
-        EventKind::ApprovalRequested {
-            command,
-            reason,
-            subject,
-            ..
-        } => {
-            let asked = match subject {
-                ApprovalSubject::Command => 0,
-                ApprovalSubject::McpElicitation {
-                    message, schema, ..
-                } => len(message) + len(&schema.0.to_string()),
-                ApprovalSubject::McpSampling { request, .. } => len(&request.0.to_string()),
-            };
-            RecordMeta {
-                chars: Some(command.iter().map(|a| len(a)).sum::<u64>() + len(reason) + asked),
-                ..RecordMeta::default()
-            }
-        }
-        EventKind::ApprovalResolved { decision, .. } => RecordMeta {
-            chars: match decision {
-                troupe_proto::ApprovalDecision::Deny { reason } => {
-                    Some(reason.as_deref().map_or(0, len))
-                }
-                troupe_proto::ApprovalDecision::ApproveWithContent { content } => {
-                    Some(len(&content.0.to_string()))
-                }
-                _ => None,
-            },
-            ..RecordMeta::default()
-        },
-        EventKind::ToolProgress { message, .. } => RecordMeta {
-            chars: Some(message.as_deref().map_or(0, len)),
-            ..RecordMeta::default()
-        },
-        EventKind::HistoryTrimmed { summary, .. } | EventKind::Compacted { summary, .. } => {
-            RecordMeta {
-                chars: Some(len(summary)),
-                ..RecordMeta::default()
-            }
-        }
-        EventKind::Warning { message, .. } => RecordMeta {
-            chars: Some(len(message)),
-            ..RecordMeta::default()
-        },
-        EventKind::Error { error } => RecordMeta {
-            error_kind: Some(error.kind()),
-            chars: Some(error_len(error)),
-            ..RecordMeta::default()
-        },
-        EventKind::PlanUpdated { explanation, plan } => RecordMeta {
-            tool: Some("update_plan".into()),
-            chars: Some(
-                explanation.as_deref().map_or(0, len)
-                    + plan.iter().map(|p| len(&p.step)).sum::<u64>(),
-            ),
-            ..RecordMeta::default()
-        },
-        // A kind this build does not know: keep nothing of it but its name.
-        _ => RecordMeta::default(),
-    }
-}
-
-/// Status and error kind only: what policy `None` keeps of the kinds it keeps.
-fn minimal_meta(event: &EventKind) -> RecordMeta {
-    match event {
-        EventKind::TaskFinished { status, error, .. } => RecordMeta {
-            status: Some(*status),
-            error_kind: error.as_ref().map(AgentError::kind),
-            ..RecordMeta::default()
-        },
-        EventKind::Error { error } => RecordMeta {
-            error_kind: Some(error.kind()),
-            ..RecordMeta::default()
-        },
-        _ => RecordMeta::default(),
-    }
-}
-
 #[cfg(test)]
 mod tests {
+    use super::record::*;
     use super::*;
     use ractor::call;
     use std::fs;
     use std::path::{Path, PathBuf};
     use std::time::Duration;
     use tokio::sync::broadcast::error::TryRecvError;
-    use troupe_proto::{ApprovalDecision, ApprovalId, CloseOutcome, Json, TaskStats, ToolCall};
+    use troupe_proto::{
+        ApprovalDecision, ApprovalId, CloseOutcome, Json, TaskStats, ToolCall, WarningCode,
+    };
 
     const CANARY: &str = "CANARY-7f3a";
 
@@ -971,7 +641,7 @@ mod tests {
                 summary: field("summary"),
             },
             EventKind::Warning {
-                code: "clamped".into(),
+                code: WarningCode::PolicyClamped,
                 message: field("warning"),
             },
             EventKind::Error {
@@ -1044,7 +714,7 @@ mod tests {
             session_id: SessionId::new(),
             conversation_id: Some(conversation_id),
             task_id: Some(task_id),
-            sub_id: Some(crate::events::sub_id(conversation_id, task_id)),
+            sub_id: Some(crate::event_draft::sub_id(conversation_id, task_id)),
             trace_id: None,
             span_id: None,
             event,
@@ -1059,10 +729,10 @@ mod tests {
 
     #[test]
     fn samples_cover_every_kind() {
-        let names: HashSet<&str> = every_kind().iter().map(EventKind::name).collect();
+        let names: HashSet<EventName> = every_kind().iter().map(EventKind::name).collect();
         assert_eq!(names.len(), 21, "one sample per EventKind variant");
         for kind in MINIMAL_KINDS {
-            assert!(names.contains(kind));
+            assert!(names.contains(&kind));
         }
     }
 
@@ -1166,29 +836,35 @@ mod tests {
     #[test]
     fn headers_keep_the_facts() {
         let kinds = every_kind();
-        let meta = |name: &str| headers_meta(kinds.iter().find(|k| k.name() == name).unwrap());
-        let finished = meta("task_finished");
+        let meta = |name: EventName| headers_meta(kinds.iter().find(|k| k.name() == name).unwrap());
+        let finished = meta(EventName::TaskFinished);
         assert_eq!(finished.status, Some(TaskStatus::Error));
         assert_eq!(finished.error_kind, Some(ErrorKind::ToolError));
         assert_eq!(finished.usage.unwrap().input_tokens, 10);
         assert_eq!((finished.steps, finished.tool_calls), (Some(2), Some(1)));
         assert_eq!(finished.duration_ms, Some(40));
-        let tool = meta("tool_call_finished");
+        let tool = meta(EventName::ToolCallFinished);
         assert_eq!(tool.tool.as_deref(), Some("shell"));
         assert_eq!(tool.is_error, Some(true));
         assert_eq!(tool.chars, Some(field("output").len() as u64));
-        assert_eq!(meta("tool_call_started").tool.as_deref(), Some("shell"));
         assert_eq!(
-            meta("task_started").chars,
+            meta(EventName::ToolCallStarted).tool.as_deref(),
+            Some("shell")
+        );
+        assert_eq!(
+            meta(EventName::TaskStarted).chars,
             Some(field("input").len() as u64)
         );
-        assert_eq!(meta("error").error_kind, Some(ErrorKind::ModelError));
         assert_eq!(
-            meta("tool_progress").chars,
+            meta(EventName::Error).error_kind,
+            Some(ErrorKind::ModelError)
+        );
+        assert_eq!(
+            meta(EventName::ToolProgress).chars,
             Some(field("progress").len() as u64)
         );
-        assert_eq!(meta("mcp_server_ready"), RecordMeta::default());
-        assert_eq!(meta("conversation_closed"), RecordMeta::default());
+        assert_eq!(meta(EventName::McpServerReady), RecordMeta::default());
+        assert_eq!(meta(EventName::ConversationClosed), RecordMeta::default());
     }
 
     #[test]
@@ -1220,7 +896,7 @@ mod tests {
         for kind in every_kind() {
             let expected = matches!(
                 kind.name(),
-                "task_finished" | "task_aborted" | "conversation_closed"
+                EventName::TaskFinished | EventName::TaskAborted | EventName::ConversationClosed
             );
             assert_eq!(is_sync_point(kind.name()), expected);
         }
@@ -1382,7 +1058,7 @@ mod tests {
         emit(
             rollout,
             EventDraft::session(EventKind::Warning {
-                code: "session".into(),
+                code: WarningCode::McpServerFailed,
                 message: field("session_warning"),
             }),
         );

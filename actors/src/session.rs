@@ -38,7 +38,10 @@
 //! `Shutdown` closes every conversation (each with its close timeout), flushes the rollout
 //! and stops the tree.
 
+mod forward;
 pub mod metrics;
+mod spawn;
+mod supervision;
 
 use crate::approval_store::{ApprovalMsg, ApprovalStore, ApprovalStoreArgs};
 use crate::clock::Clock;
@@ -69,6 +72,8 @@ use troupe_proto::{
     AgentError, CloseOutcome, Closed, ConversationId, MessageReply, OpenConversation, SessionId,
     SetContext, StoragePolicy,
 };
+
+use self::spawn::*;
 
 /// How a session is set up.
 #[derive(Debug, Clone)]
@@ -211,7 +216,7 @@ pub enum SessionMsg {
     Shutdown { reply: RpcReplyPort<()> },
 }
 
-struct Entry {
+struct ConversationEntry {
     actor: ActorRef<ConversationMsg>,
     params: OpenConversation,
 }
@@ -227,7 +232,7 @@ pub struct SessionState {
     /// The one place the service actors are published; everyone else reads it.
     directory: DirectoryWriter,
     root: ConversationId,
-    conversations: HashMap<ConversationId, Entry>,
+    conversations: HashMap<ConversationId, ConversationEntry>,
     by_actor: HashMap<ActorId, ConversationId>,
     /// The session's McpPool, when it runs one.
     mcp_pool: Option<McpPoolHandle>,
@@ -431,97 +436,6 @@ impl Actor for Session {
     }
 }
 
-async fn spawn_rollout(
-    session_id: SessionId,
-    config: &SessionConfig,
-    storage: Arc<dyn RolloutStorage>,
-    clock: Clock,
-    policies: Vec<(ConversationId, StoragePolicy)>,
-    cell: &ActorCell,
-) -> Result<ActorRef<RolloutMsg>, ActorProcessingErr> {
-    let args = RolloutArgs {
-        session_id,
-        storage,
-        clock,
-        subscriber_capacity: config.subscriber_capacity,
-        policies,
-    };
-    Ok(Actor::spawn_linked(None, Rollout, args, cell.clone())
-        .await?
-        .0)
-}
-
-async fn spawn_mcp_pool(
-    config: &SessionConfig,
-    connector: Arc<dyn McpConnector>,
-    model: Arc<dyn ModelClient>,
-    clock: Clock,
-    directory: &DirectoryWriter,
-    cell: &ActorCell,
-) -> Result<McpPoolHandle, ActorProcessingErr> {
-    let args = McpPoolArgs {
-        servers: config.mcp_servers.clone(),
-        connector,
-        events: Some(directory.events()),
-        limits: config.mcp_limits,
-        clock,
-        roots: config.mcp_roots.clone(),
-        approvals: Some(directory.directory().approvals()),
-        model: Some(model),
-    };
-    Ok(McpPoolHandle::spawn(args, Some(cell.clone())).await?.0)
-}
-
-/// A scheduler; `recover_from`: the holders that may hold grants of the one it replaces.
-async fn spawn_scheduler(
-    config: &SessionConfig,
-    recover_from: Vec<ActorCell>,
-    cell: &ActorCell,
-) -> Result<ActorRef<SchedulerMsg>, ActorProcessingErr> {
-    let start = SchedulerStart {
-        args: config.scheduler.clone(),
-        recover_from,
-    };
-    Ok(Actor::spawn_linked(None, Scheduler, start, cell.clone())
-        .await?
-        .0)
-}
-
-async fn spawn_registry(cell: &ActorCell) -> Result<ActorRef<TaskRegistryMsg>, ActorProcessingErr> {
-    Ok(
-        Actor::spawn_linked(None, TaskRegistry, TaskRegistryArgs, cell.clone())
-            .await?
-            .0,
-    )
-}
-
-async fn spawn_approvals(
-    config: &SessionConfig,
-    clock: Clock,
-    events: EventSink,
-    cell: &ActorCell,
-) -> Result<ActorRef<ApprovalMsg>, ActorProcessingErr> {
-    let args = ApprovalStoreArgs {
-        clock,
-        sweep_interval: config.approval_sweep_interval,
-        request_timeout: config.approval_timeout,
-        events: Some(events),
-    };
-    Ok(Actor::spawn_linked(None, ApprovalStore, args, cell.clone())
-        .await?
-        .0)
-}
-
-/// Which service a failed child was.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum Service {
-    Rollout,
-    Scheduler,
-    Registry,
-    Approvals,
-    McpPool,
-}
-
 impl SessionState {
     fn conversation_services(&self) -> Services {
         let directory = self.directory.directory();
@@ -558,7 +472,7 @@ impl SessionState {
             .map_err(|e| open_error(&e))?;
         self.by_actor.insert(actor.get_id(), conversation_id);
         self.conversations
-            .insert(conversation_id, Entry { actor, params });
+            .insert(conversation_id, ConversationEntry { actor, params });
         Ok(conversation_id)
     }
 
@@ -605,96 +519,6 @@ impl SessionState {
         Ok(())
     }
 
-    fn forward_message(
-        &self,
-        id: ConversationId,
-        text: String,
-        reply: RpcReplyPort<Result<MessageReply, AgentError>>,
-    ) {
-        let Some(entry) = self.conversations.get(&id) else {
-            let _ = reply.send(Err(AgentError::not_found("conversation", id)));
-            return;
-        };
-        if let Err(MessagingErr::SendErr(ConversationMsg::Message { reply, .. })) =
-            entry.actor.cast(ConversationMsg::Message { text, reply })
-        {
-            let _ = reply.send(Err(AgentError::not_found("conversation", id)));
-        }
-    }
-
-    fn forward_compact(
-        &self,
-        id: ConversationId,
-        reply: RpcReplyPort<Result<MessageReply, AgentError>>,
-    ) {
-        let Some(entry) = self.conversations.get(&id) else {
-            let _ = reply.send(Err(AgentError::not_found("conversation", id)));
-            return;
-        };
-        if let Err(MessagingErr::SendErr(ConversationMsg::Compact { reply })) =
-            entry.actor.cast(ConversationMsg::Compact { reply })
-        {
-            let _ = reply.send(Err(AgentError::not_found("conversation", id)));
-        }
-    }
-
-    fn forward_set_context(
-        &mut self,
-        myself: &ActorRef<SessionMsg>,
-        id: ConversationId,
-        update: SetContext,
-        reply: RpcReplyPort<Result<(), AgentError>>,
-    ) {
-        let Some(entry) = self.conversations.get(&id) else {
-            let _ = reply.send(Err(AgentError::not_found("conversation", id)));
-            return;
-        };
-        let actor = entry.actor.clone();
-        let session = myself.clone();
-        // The parameters a restart would use follow only a change the conversation accepted
-        // (a refused allowlist must not make its restart fail).
-        tokio::spawn(async move {
-            let applied = update.clone();
-            let answer = ractor::call!(actor, |r| ConversationMsg::SetContext { update, reply: r })
-                .unwrap_or_else(|_| Err(AgentError::not_found("conversation", id)));
-            if answer.is_ok() {
-                let _ = session.cast(SessionMsg::ContextApplied {
-                    conversation_id: id,
-                    update: applied,
-                });
-            }
-            let _ = reply.send(answer);
-        });
-    }
-
-    fn forward_close(
-        &self,
-        myself: &ActorRef<SessionMsg>,
-        id: ConversationId,
-        reply: RpcReplyPort<Closed>,
-    ) {
-        let Some(entry) = self.conversations.get(&id) else {
-            let _ = reply.send(Closed {
-                conversation_id: id,
-                outcome: CloseOutcome::AlreadyClosed,
-            });
-            return;
-        };
-        let actor = entry.actor.clone();
-        let session = myself.clone();
-        tokio::spawn(async move {
-            let closed =
-                ractor::call!(actor, |r| ConversationMsg::Close { reply: r }).unwrap_or(Closed {
-                    conversation_id: id,
-                    outcome: CloseOutcome::AlreadyClosed,
-                });
-            let _ = session.cast(SessionMsg::Forget {
-                conversation_id: id,
-            });
-            let _ = reply.send(closed);
-        });
-    }
-
     fn forget(&mut self, id: ConversationId) {
         if let Some(entry) = self.conversations.remove(&id) {
             self.by_actor.remove(&entry.actor.get_id());
@@ -705,157 +529,6 @@ impl SessionState {
         let mut ids: Vec<ConversationId> = self.conversations.keys().copied().collect();
         ids.sort_by_key(|id| (*id != self.root, *id));
         ids
-    }
-
-    fn service_of(&self, cell: &ActorCell) -> Option<Service> {
-        let id = cell.get_id();
-        let services = self.directory.snapshot();
-        if id == services.rollout.get_id() {
-            Some(Service::Rollout)
-        } else if id == services.scheduler.get_id() {
-            Some(Service::Scheduler)
-        } else if id == services.registry.get_id() {
-            Some(Service::Registry)
-        } else if id == services.approvals.get_id() {
-            Some(Service::Approvals)
-        } else if self
-            .mcp_pool
-            .as_ref()
-            .is_some_and(|pool| pool.actor().get_id() == id)
-        {
-            Some(Service::McpPool)
-        } else {
-            None
-        }
-    }
-
-    /// A child stopped (`failed`: it panicked or returned an error).
-    async fn child_down(
-        &mut self,
-        myself: &ActorCell,
-        cell: &ActorCell,
-        failed: bool,
-    ) -> Result<(), ActorProcessingErr> {
-        if self.shutting_down {
-            return Ok(());
-        }
-        if let Some(conversation_id) = self.by_actor.remove(&cell.get_id()) {
-            let Some(entry) = self.conversations.remove(&conversation_id) else {
-                return Ok(());
-            };
-            if failed {
-                // Restart from the rollout under the same id; siblings are untouched.
-                metrics::restarted(metrics::Restarted::Conversation);
-                if let Err(e) = self
-                    .spawn_conversation(
-                        myself,
-                        Some(conversation_id),
-                        entry.params,
-                        Some(RestoreCause::Failure),
-                    )
-                    .await
-                {
-                    tracing::error!(%conversation_id, error = %e, "conversation restart failed");
-                }
-            }
-            return Ok(());
-        }
-        if let Some(service) = self.service_of(cell) {
-            tracing::warn!(session_id = %self.id, ?service, "restarting service actor");
-            self.restart_service(myself, service).await?;
-        }
-        Ok(())
-    }
-
-    /// Replaces a service actor that stopped and publishes the new one in the directory.
-    async fn restart_service(
-        &mut self,
-        myself: &ActorCell,
-        service: Service,
-    ) -> Result<(), ActorProcessingErr> {
-        match service {
-            Service::Rollout => {
-                metrics::restarted(metrics::Restarted::Rollout);
-                let rollout = spawn_rollout(
-                    self.id,
-                    &self.config,
-                    self.rollout_storage.clone(),
-                    self.clock,
-                    self.storage_policies(),
-                    myself,
-                )
-                .await?;
-                let parked = self.directory.replace_rollout(rollout);
-                tracing::info!(session_id = %self.id, parked, "rollout replaced");
-            }
-            Service::Scheduler => {
-                metrics::restarted(metrics::Restarted::Scheduler);
-                let holders = self
-                    .conversations
-                    .values()
-                    .map(|e| e.actor.get_cell())
-                    .collect();
-                let scheduler = spawn_scheduler(&self.config, holders, myself).await?;
-                self.directory.replace_scheduler(scheduler);
-            }
-            Service::Registry => {
-                metrics::restarted(metrics::Restarted::TaskRegistry);
-                self.directory
-                    .replace_registry(spawn_registry(myself).await?);
-            }
-            Service::Approvals => {
-                metrics::restarted(metrics::Restarted::ApprovalStore);
-                let events = self.directory.events();
-                let approvals = spawn_approvals(&self.config, self.clock, events, myself).await?;
-                self.directory.replace_approvals(approvals);
-            }
-            Service::McpPool => self.restart_mcp_pool(myself).await,
-        }
-        // Conversations opened from now on read the new actor at their start; those open now
-        // re-declare what it must know (their running task's slot, registration, MCP view).
-        for entry in self.conversations.values() {
-            let _ = entry.actor.cast(ConversationMsg::ServicesChanged);
-        }
-        Ok(())
-    }
-
-    /// The storage policy of every open conversation, for a new Rollout.
-    fn storage_policies(&self) -> Vec<(ConversationId, StoragePolicy)> {
-        self.conversations
-            .iter()
-            .map(|(id, e)| (*id, e.params.storage_policy))
-            .collect()
-    }
-
-    /// Starts a new McpPool in place of one that stopped. A pool that cannot start again
-    /// costs the session its MCP tools, not its life: `None` is published, so that tasks
-    /// waiting for a new pool stop waiting.
-    async fn restart_mcp_pool(&mut self, myself: &ActorCell) {
-        let Some(connector) = self.ports.mcp_connector.clone() else {
-            return;
-        };
-        metrics::restarted(metrics::Restarted::McpPool);
-        match spawn_mcp_pool(
-            &self.config,
-            connector,
-            self.ports.model.clone(),
-            self.clock,
-            &self.directory,
-            myself,
-        )
-        .await
-        {
-            Ok(pool) => {
-                tracing::warn!(session_id = %self.id, "MCP pool restarted");
-                self.directory.replace_mcp(Some(Arc::new(pool.clone())));
-                self.mcp_pool = Some(pool);
-            }
-            Err(error) => {
-                tracing::error!(session_id = %self.id, %error, "MCP pool restart failed");
-                self.mcp_pool = None;
-                self.directory.replace_mcp(None);
-            }
-        }
     }
 
     async fn shutdown(&mut self) {

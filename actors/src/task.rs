@@ -27,7 +27,7 @@ use crate::events::{EventDraft, EventSink};
 use crate::history::HistorySnapshot;
 use crate::ports::{
     CommandRunner, DeltaSink, ExecRequest, McpView, ModelClient, ModelRequest, TokenCounter,
-    ToolCallContext,
+    ToolCallContext, ToolFailure,
 };
 use ractor::ActorId;
 use std::path::PathBuf;
@@ -40,8 +40,19 @@ use tracing::Instrument;
 use troupe_proto::{
     AgentError, ApprovalPolicy, ApprovalSubject, ConversationId, EventKind, HistoryItem,
     OverBudget, SandboxPolicy, TaskId, TaskStats, TaskStatus, ToolCall, ToolErrorPolicy,
-    ToolOutput, ToolSpec,
+    ToolOutput, ToolSpec, WarningCode,
 };
+
+mod mcp_view;
+mod step;
+mod tool_call;
+
+use mcp_view::*;
+pub use mcp_view::{ViewStep, view_step};
+use step::*;
+pub use step::{Fitted, fit_budget, fixed_prompt_tokens};
+use tool_call::*;
+pub use tool_call::{ToolRoute, render_exec, route_tool};
 
 /// Everything a task needs, taken from its conversation when it starts; the session's
 /// services it reads from the directory at each use.
@@ -232,7 +243,7 @@ async fn prepare(ctx: &TaskContext, mcp: &mut TaskMcp) -> Prepared {
                     ctx.conversation_id,
                     ctx.task_id,
                     EventKind::Warning {
-                        code: "mcp_tools_unavailable".into(),
+                        code: WarningCode::McpToolsUnavailable,
                         message: error.to_string(),
                     },
                 ));
@@ -248,7 +259,7 @@ async fn prepare(ctx: &TaskContext, mcp: &mut TaskMcp) -> Prepared {
             ctx.conversation_id,
             ctx.task_id,
             EventKind::Warning {
-                code: "tool_conflict".into(),
+                code: WarningCode::ToolConflict,
                 message: conflict.to_string(),
             },
         ));
@@ -388,7 +399,7 @@ async fn run_turn(ctx: &TaskContext, mut loop_state: LoopState) -> TaskOutcome {
                 let (output, error) = run_tool(ctx, &mut mcp, &prepared.tools, &call).await;
                 match (&error, ctx.limits.tool_errors) {
                     (Some(e), ToolErrorPolicy::Retry { attempts })
-                        if attempt < attempts && retryable_tool_error(e) =>
+                        if attempt < attempts && e.retryable() =>
                     {
                         attempt += 1;
                         tracing::info!(tool = %call.name, attempt, "retrying failed tool call");
@@ -399,7 +410,7 @@ async fn run_turn(ctx: &TaskContext, mut loop_state: LoopState) -> TaskOutcome {
             loop_state.items.push(HistoryItem::ToolCall(call));
             loop_state.items.push(HistoryItem::ToolOutput(output));
             if let (Some(e), ToolErrorPolicy::Terminate) = (error, ctx.limits.tool_errors) {
-                return loop_state.end(TaskStatus::Error, Some(e));
+                return loop_state.end(TaskStatus::Error, Some(e.error));
             }
         }
     }
@@ -435,17 +446,6 @@ impl LoopState {
     }
 }
 
-/// Whether running a failed call again could help: refusals and denials will not change.
-pub fn retryable_tool_error(error: &AgentError) -> bool {
-    !matches!(
-        error,
-        AgentError::ApprovalDenied { .. }
-            | AgentError::SandboxError { .. }
-            | AgentError::InvalidInput { .. }
-            | AgentError::Cancelled { .. }
-    ) && !matches!(error, AgentError::ToolError { message, .. } if message.starts_with("unknown tool"))
-}
-
 /// The status a failure ends a task with.
 pub fn status_of(error: &AgentError) -> TaskStatus {
     match error {
@@ -454,679 +454,48 @@ pub fn status_of(error: &AgentError) -> TaskStatus {
     }
 }
 
-/// Forwards streamed text as `assistant_chunk` events.
-struct ChunkEvents<'a> {
-    ctx: &'a TaskContext,
-}
-
-impl DeltaSink for ChunkEvents<'_> {
-    fn text_delta(&mut self, delta: &str) {
-        self.ctx.events.emit(EventDraft::task(
-            self.ctx.conversation_id,
-            self.ctx.task_id,
-            EventKind::AssistantChunk {
-                delta: delta.to_owned(),
-            },
-        ));
-    }
-}
-
-async fn model_step(
-    ctx: &TaskContext,
-    prepared: &Prepared,
-    items: &[HistoryItem],
-    step: u32,
-) -> Result<(crate::ports::ModelResponse, u64), AgentError> {
-    let full = ctx.history.view(ctx.pinned.as_ref(), &[], items);
-    let fitted = fit_budget(
-        full,
-        ctx.tokens.as_ref(),
-        prepared.fixed_tokens,
-        ctx.limits.max_prompt_tokens,
-        ctx.limits.over_budget,
-    )?;
-    if fitted.prompt.skipped() > 0 {
-        ctx.emit(EventKind::Warning {
-            code: "prompt_trimmed".into(),
-            message: format!(
-                "left out the {} oldest history items to fit max-prompt-tokens ({} -> {} tokens)",
-                fitted.prompt.skipped(),
-                fitted.before,
-                fitted.estimate
-            ),
-        });
-    }
-    if let Some(warn) = ctx.limits.warn_prompt_tokens
-        && fitted.estimate > warn
-    {
-        ctx.emit(EventKind::Warning {
-            code: "prompt_tokens_warning".into(),
-            message: format!(
-                "prompt is {} tokens ({}), above warn-prompt-tokens {warn}",
-                fitted.estimate,
-                ctx.tokens.encoding()
-            ),
-        });
-    }
-    let request = ModelRequest {
-        conversation_id: ctx.conversation_id,
-        task_id: ctx.task_id,
-        instructions: &prepared.instructions,
-        prompt: fitted.prompt,
-        tools: &prepared.tools,
-        prompt_cache_key: &prepared.cache_key,
-    };
-    let info = ctx.model.info();
-    let span = spans::chat(
-        ctx.conversation_id,
-        ctx.task_id,
-        &info.provider,
-        &info.model,
-        step,
-        fitted.estimate,
-    );
-    if ctx.record_content {
-        span.record(
-            "gen_ai.system_instructions",
-            spans::system_instructions(request.instructions),
-        );
-        span.record(
-            "gen_ai.input.messages",
-            spans::input_messages(request.prompt.iter()),
-        );
-    }
-    let mut sink = ChunkEvents { ctx };
-    let response = ctx
-        .model
-        .step(request, &mut sink, &ctx.cancel)
-        .instrument(span.clone())
-        .await
-        .inspect_err(|e| spans::record_error(&span, e))?;
-    spans::record_response(&span, &response);
-    if ctx.record_content {
-        span.record("gen_ai.output.messages", spans::output_messages(&response));
-    }
-    Ok((response, fitted.estimate))
-}
-
-/// Tokens of the parts of a prompt that do not change between steps: the instructions and
-/// the tool descriptions.
-pub fn fixed_prompt_tokens(
-    counter: &dyn TokenCounter,
-    instructions: &str,
-    tools: &[ToolSpec],
-) -> u64 {
-    let tools: usize = tools
-        .iter()
-        .map(|t| {
-            counter.count(&t.name)
-                + counter.count(&t.description)
-                + counter.count(&t.parameters.0.to_string())
-        })
-        .sum();
-    as_u64(counter.count(instructions) + tools)
-}
-
-/// A prompt that fits the budget.
-#[derive(Clone, Copy)]
-pub struct Fitted<'a> {
-    pub prompt: crate::history::PromptView<'a>,
-    /// Estimate of what is sent.
-    pub estimate: u64,
-    /// Estimate before trimming.
-    pub before: u64,
-}
-
-/// Applies `max-prompt-tokens` (T5): under it, the prompt as is; over it, an error
-/// (`Reject`) or the prompt without its oldest history items (`Trim`; an error if even the
-/// untouchable parts are over).
-pub fn fit_budget<'a>(
-    prompt: crate::history::PromptView<'a>,
-    counter: &dyn TokenCounter,
-    fixed: u64,
-    max: Option<u64>,
-    policy: OverBudget,
-) -> Result<Fitted<'a>, AgentError> {
-    let before = fixed + as_u64(prompt.iter().map(|i| counter.count_item(i)).sum());
-    let Some(max) = max.filter(|m| before > *m) else {
-        return Ok(Fitted {
-            prompt,
-            estimate: before,
-            before,
-        });
-    };
-    let over = |estimate: u64| AgentError::InvalidInput {
-        message: format!(
-            "prompt of {estimate} tokens ({}) is over max-prompt-tokens {max}",
-            counter.encoding()
-        ),
-    };
-    if policy == OverBudget::Reject {
-        return Err(over(before));
-    }
-    // Drop the oldest droppable items until the rest fits.
-    let mut estimate = before;
-    let mut dropped = 0;
-    for item in prompt.droppable_items() {
-        if estimate <= max {
-            break;
-        }
-        estimate -= as_u64(counter.count_item(item));
-        dropped += 1;
-    }
-    if estimate > max {
-        return Err(over(estimate));
-    }
-    Ok(Fitted {
-        prompt: prompt.without_oldest(dropped),
-        estimate,
-        before,
-    })
-}
-
-fn as_u64(n: usize) -> u64 {
-    u64::try_from(n).unwrap_or(u64::MAX)
-}
-
-/// What a tool call needs before it may run.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum ToolRoute {
-    /// Run the shell built-in (after approval, per policy).
-    Shell {
-        argv: Vec<String>,
-        needs_approval: bool,
-    },
-    /// The plan built-in: recorded, nothing executed.
-    Plan,
-    /// The apply_patch built-in, with its parsed patch (checked against the sandbox and the
-    /// workspace, then approved per policy).
-    ApplyPatch { patch: Patch, needs_approval: bool },
-    /// An external (MCP) tool.
-    External,
-    /// Refused before running, with the observation the model gets.
-    Refuse(AgentError),
-}
-
-/// Decides how a call is handled. Pure: the tool list, the policies and the call decide.
-pub fn route_tool(
-    call: &ToolCall,
-    tools: &[ToolSpec],
-    approval: ApprovalPolicy,
-    has_mcp: bool,
-) -> ToolRoute {
-    if !tools.iter().any(|t| t.name == call.name) {
-        return ToolRoute::Refuse(AgentError::ToolError {
-            name: call.name.clone(),
-            message: format!("unknown tool `{}`", call.name),
-        });
-    }
-    match call.name.as_str() {
-        "shell" => match shell_argv(&call.arguments.0) {
-            Ok(argv) => ToolRoute::Shell {
-                argv,
-                needs_approval: approval != ApprovalPolicy::Never,
-            },
-            Err(message) => ToolRoute::Refuse(AgentError::ToolError {
-                name: call.name.clone(),
-                message,
-            }),
-        },
-        "update_plan" => ToolRoute::Plan,
-        "apply_patch" => match patch_input(&call.arguments.0) {
-            Ok(patch) => ToolRoute::ApplyPatch {
-                patch,
-                needs_approval: approval != ApprovalPolicy::Never,
-            },
-            Err(e) => ToolRoute::Refuse(e),
-        },
-        "web_search" => ToolRoute::Refuse(AgentError::ToolError {
-            name: call.name.clone(),
-            message: format!("`{}` is not available in this session", call.name),
-        }),
-        _ if has_mcp => ToolRoute::External,
-        _ => ToolRoute::Refuse(AgentError::ToolError {
-            name: call.name.clone(),
-            message: "no MCP servers are configured".into(),
-        }),
-    }
-}
-
-/// The patch of an apply_patch call: `{"input": "*** Begin Patch ..."}`.
-fn patch_input(args: &serde_json::Value) -> Result<Patch, AgentError> {
-    let input = args
-        .get("input")
-        .and_then(|i| i.as_str())
-        .ok_or_else(|| AgentError::invalid("apply_patch needs `input`: the patch text"))?;
-    apply_patch::parse(input).map_err(|e| AgentError::invalid(e.to_string()))
-}
-
-/// argv of a shell call: `{"command": ["ls", "-l"]}`.
-fn shell_argv(args: &serde_json::Value) -> Result<Vec<String>, String> {
-    let command = args
-        .get("command")
-        .and_then(|c| c.as_array())
-        .ok_or_else(|| "shell needs `command`: an array of strings".to_owned())?;
-    let argv: Option<Vec<String>> = command
-        .iter()
-        .map(|a| a.as_str().map(str::to_owned))
-        .collect();
-    match argv {
-        Some(argv) if !argv.is_empty() => Ok(argv),
-        _ => Err("shell `command` must be a non-empty array of strings".to_owned()),
-    }
-}
-
-/// Runs one tool call; the output is what the model sees, the error (if any) what failed.
-async fn run_tool(
-    ctx: &TaskContext,
-    mcp: &mut TaskMcp,
-    tools: &[ToolSpec],
-    call: &ToolCall,
-) -> (ToolOutput, Option<AgentError>) {
-    let span = spans::execute_tool(ctx.conversation_id, ctx.task_id, call);
-    if ctx.record_content {
-        span.record(
-            "gen_ai.tool.call.arguments",
-            tracing::field::display(&call.arguments.0),
-        );
-    }
-    let emit = |event: EventKind| {
-        span.in_scope(|| {
-            ctx.events
-                .emit(EventDraft::task(ctx.conversation_id, ctx.task_id, event));
-        });
-    };
-    emit(EventKind::ToolCallStarted { call: call.clone() });
-    let started = Instant::now();
-    let result = execute(ctx, mcp, tools, call, &span)
-        .instrument(span.clone())
-        .await;
-    let outcome = metrics::outcome_label(&result.as_ref().map(|o| o.is_error));
-    match &result {
-        Ok(output) => {
-            if output.is_error {
-                spans::record_error_type(&span, troupe_proto::ErrorKind::ToolError.as_str());
-            }
-            // The conventions record a result only when the call succeeded.
-            if ctx.record_content && !output.is_error {
-                span.record("gen_ai.tool.call.result", spans::tool_result(output));
-            }
-        }
-        Err(error) => spans::record_error(&span, error),
-    }
-    let (output, failure) = match result {
-        Ok(output) => {
-            let failure = output.is_error.then(|| AgentError::ToolError {
-                name: call.name.clone(),
-                message: output.output.clone(),
-            });
-            (output, failure)
-        }
-        Err(error) => {
-            emit(EventKind::Error {
-                error: error.clone(),
-            });
-            let output = ToolOutput {
-                call_id: call.call_id.clone(),
-                output: error.to_string(),
-                is_error: true,
-            };
-            (output, Some(error))
-        }
-    };
-    emit(EventKind::ToolCallFinished {
-        call_id: call.call_id.clone(),
-        name: call.name.clone(),
-        output: output.output.clone(),
-        is_error: output.is_error,
-        duration_ms: u64::try_from(started.elapsed().as_millis()).unwrap_or(u64::MAX),
-    });
-    let offered = tools.iter().any(|t| t.name == call.name);
-    metrics::tool_finished(
-        metrics::tool_label(&call.name, offered),
-        outcome,
-        started.elapsed(),
-    );
-    (output, failure)
-}
-
-async fn execute(
-    ctx: &TaskContext,
-    mcp: &mut TaskMcp,
-    tools: &[ToolSpec],
-    call: &ToolCall,
-    span: &tracing::Span,
-) -> Result<ToolOutput, AgentError> {
-    let has_mcp = mcp.offered;
-    let ok = |output: String| ToolOutput {
-        call_id: call.call_id.clone(),
-        output,
-        is_error: false,
-    };
-    let route = route_tool(call, tools, ctx.approval_policy, has_mcp);
-    match route {
-        ToolRoute::External => {
-            span.record("gen_ai.tool.type", spans::TOOL_TYPE_EXTENSION);
-            span.record("mcp.method.name", "tools/call");
-        }
-        // A refused call ran nothing: it has no type.
-        ToolRoute::Refuse(_) => {}
-        _ => {
-            span.record("gen_ai.tool.type", spans::TOOL_TYPE_FUNCTION);
-        }
-    }
-    match route {
-        ToolRoute::Refuse(e) => Err(e),
-        ToolRoute::Plan => {
-            let args = builtins::parse_plan(&call.arguments.0)?;
-            let observation = builtins::plan_observation(&args.plan);
-            tracing::info!(steps = args.plan.len(), "plan updated");
-            metrics::plan_updated();
-            ctx.emit(EventKind::PlanUpdated {
-                explanation: args.explanation,
-                plan: args.plan,
-            });
-            Ok(ok(observation))
-        }
-        ToolRoute::ApplyPatch {
-            patch,
-            needs_approval,
-        } => run_patch(ctx, call, patch, needs_approval).await.map(ok),
-        ToolRoute::External => {
-            let view = mcp.view(ctx).await?;
-            view.call_tool(
-                call,
-                ToolCallContext {
-                    conversation_id: ctx.conversation_id,
-                    task_id: ctx.task_id,
-                    cancel: &ctx.cancel,
-                    span,
-                },
-            )
-            .await
-        }
-        ToolRoute::Shell {
-            argv,
-            needs_approval,
-        } => {
-            if needs_approval {
-                approve(ctx, &argv, "the model wants to run a command".into()).await?;
-            }
-            let exec = ctx.exec.as_ref().ok_or_else(|| AgentError::SandboxError {
-                message: "no command runner is configured for this session".into(),
-            })?;
-            let roots = builtins::workspace_roots(&ctx.workspace_roots);
-            let workdir = builtins::shell_workdir(
-                &roots,
-                call.arguments.0.get("workdir").and_then(|w| w.as_str()),
-            );
-            let timeout = call
-                .arguments
-                .0
-                .get("timeout_ms")
-                .and_then(serde_json::Value::as_u64)
-                .map_or(ctx.limits.exec_timeout, Duration::from_millis);
-            let out = exec
-                .run(
-                    ExecRequest {
-                        argv,
-                        workdir,
-                        timeout,
-                        sandbox: ctx.sandbox_policy,
-                        output_cap: ctx.limits.exec_output_cap,
-                        writable_roots: roots,
-                        conversation_id: Some(ctx.conversation_id),
-                        task_id: Some(ctx.task_id),
-                    },
-                    &ctx.cancel,
-                )
-                .await?;
-            Ok(ToolOutput {
-                call_id: call.call_id.clone(),
-                output: render_exec(&out),
-                is_error: out.exit_code != Some(0),
-            })
-        }
-    }
-}
-
-/// apply_patch: the sandbox must allow writes, every path must be inside the workspace, a
-/// human must approve (per policy); then the files change. Checks come before the approval
-/// so nobody is asked about a patch that would be refused anyway.
-async fn run_patch(
-    ctx: &TaskContext,
-    call: &ToolCall,
-    patch: Patch,
-    needs_approval: bool,
-) -> Result<String, AgentError> {
-    builtins::patch_allowed(ctx.sandbox_policy)?;
-    let roots = builtins::workspace_roots(&ctx.workspace_roots);
-    let check = {
-        let (patch, roots) = (patch.clone(), roots.clone());
-        move || {
-            patch
-                .ops
-                .iter()
-                .flat_map(|op| match op {
-                    apply_patch::FileOp::Update {
-                        path,
-                        move_to: Some(to),
-                        ..
-                    } => vec![path.clone(), to.clone()],
-                    other => vec![other.path().to_owned()],
-                })
-                .try_for_each(|path| apply_patch::resolve_in_workspace(&roots, &path).map(drop))
-        }
-    };
-    blocking(check).await?.map_err(patch_error)?;
-    if needs_approval {
-        let input = call
-            .arguments
-            .0
-            .get("input")
-            .and_then(|i| i.as_str())
-            .unwrap_or_default();
-        approve(
-            ctx,
-            &apply_patch::approval_command(&patch),
-            format!("the model wants to apply a patch:\n{input}"),
-        )
-        .await?;
-    }
-    let applied = blocking(move || apply_patch::apply(&patch, &roots))
-        .await?
-        .map_err(patch_error)?;
-    for a in &applied {
-        metrics::patch_file(a.op());
-    }
-    tracing::info!(files = applied.len(), "patch applied");
-    Ok(apply_patch::summary(&applied))
-}
-
-/// A path outside the workspace is a sandbox refusal; a patch that does not fit is the
-/// tool's own error.
-fn patch_error(error: PatchError) -> AgentError {
-    match error {
-        PatchError::OutsideWorkspace(message) => AgentError::SandboxError { message },
-        PatchError::Parse { .. } => AgentError::invalid(error.to_string()),
-        PatchError::Apply(message) => AgentError::ToolError {
-            name: crate::tools::APPLY_PATCH.into(),
-            message,
-        },
-    }
-}
-
-/// Runs file I/O on the blocking pool.
-async fn blocking<T: Send + 'static>(
-    work: impl FnOnce() -> T + Send + 'static,
-) -> Result<T, AgentError> {
-    tokio::task::spawn_blocking(work)
-        .await
-        .map_err(|e| AgentError::internal(format!("file work failed: {e}")))
-}
-
-/// Asks the session's ApprovalStore (the next one, if it fails while the task waits); a
-/// denial, or a session without a store any more, is `ApprovalDenied`.
-async fn approve(
-    ctx: &TaskContext,
-    argv: &[String],
-    reason: String,
-) -> Result<Granted, AgentError> {
-    let span = spans::approval_wait(ctx.conversation_id, ctx.task_id);
-    let ask = Ask {
-        conversation_id: ctx.conversation_id,
-        task_id: Some(ctx.task_id),
-        command: argv.to_vec(),
-        reason,
-        subject: ApprovalSubject::Command,
-    };
-    let store = ctx.services.approvals();
-    let asked = ask_until_answered(
-        &store,
-        ask,
-        None,
-        crate::approval_store::metrics::Asker::Task,
-    );
-    let answer = tokio::select! {
-        biased;
-        () = ctx.cancel.cancelled() => return Err(AgentError::cancelled("cancelled while waiting for approval")),
-        r = asked.instrument(span.clone()) => r,
-    };
-    let granted = answer.unwrap_or_else(|| {
-        Err(AgentError::ApprovalDenied {
-            command: argv.to_vec(),
-            reason: "the session's approval store is gone".into(),
-        })
-    });
-    span.in_scope(|| match &granted {
-        Ok(how) => tracing::info!(?how, "approved"),
-        Err(error) => tracing::info!(%error, "not approved"),
-    });
-    match &granted {
-        Ok(_) => span.record("troupe.approval.outcome", "approved"),
-        Err(error) => {
-            spans::record_error(&span, error);
-            span.record("troupe.approval.outcome", "not_approved")
-        }
-    };
-    granted
-}
-
-/// What an MCP call does with the task's view.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum ViewStep {
-    /// The view is on the session's current pool: call through it.
-    Use,
-    /// The session has another pool than the view's: open a view there first.
-    Reopen,
-    /// The view's pool stopped and the session has not published the next one yet: wait.
-    AwaitPool,
-    /// No view (no pool could start again): the call fails.
-    Unavailable,
-}
-
-/// `opened_on`: the pool generation of the task's view; `now`: the session's; `closed`:
-/// whether the view's pool has stopped (`None`: no view).
-pub fn view_step(opened_on: u64, now: u64, closed: Option<bool>) -> ViewStep {
-    match (opened_on == now, closed) {
-        (false, _) => ViewStep::Reopen,
-        (true, Some(false)) => ViewStep::Use,
-        (true, Some(true)) => ViewStep::AwaitPool,
-        (true, None) => ViewStep::Unavailable,
-    }
-}
-
-/// The task's MCP view: it keeps the allowlist the task started with and follows the
-/// session's pool (see [`view_step`]).
-struct TaskMcp {
-    /// Whether the task was offered MCP tools at all (it had a view at its start).
-    offered: bool,
-    view: Option<Arc<dyn McpView>>,
-    generation: u64,
-}
-
-impl TaskMcp {
-    fn new(ctx: &TaskContext) -> Self {
-        Self {
-            offered: ctx.mcp.is_some(),
-            view: ctx.mcp.clone(),
-            generation: ctx.mcp_generation,
-        }
-    }
-
-    /// The view to call through now.
-    async fn view(&mut self, ctx: &TaskContext) -> Result<Arc<dyn McpView>, AgentError> {
-        loop {
-            let now = ctx.services.mcp();
-            let closed = self.view.as_ref().map(|v| v.is_closed());
-            match view_step(self.generation, now.generation, closed) {
-                ViewStep::Use => {
-                    if let Some(view) = &self.view {
-                        return Ok(view.clone());
-                    }
-                }
-                ViewStep::Reopen => {
-                    self.generation = now.generation;
-                    self.view = None;
-                    if let Some(port) = now.port {
-                        let view = port
-                            .open_view(ctx.conversation_id, ctx.mcp_allowlist.as_deref())
-                            .await?;
-                        crate::mcp_pool::metrics::view_reopened(
-                            crate::mcp_pool::metrics::ReopenedBy::Task,
-                        );
-                        tracing::info!("MCP view of the task reopened on a new pool");
-                        self.view = Some(view);
-                    }
-                }
-                ViewStep::AwaitPool => {
-                    let next = tokio::select! {
-                        biased;
-                        () = ctx.cancel.cancelled() => return Err(AgentError::cancelled("cancelled while the MCP pool restarted")),
-                        next = ctx.services.mcp_after(self.generation) => next,
-                    };
-                    if next.is_none() {
-                        return Err(AgentError::internal("the session's MCP pool is gone"));
-                    }
-                }
-                ViewStep::Unavailable => {
-                    return Err(AgentError::internal(
-                        "the session's MCP pool could not start again",
-                    ));
-                }
-            }
-        }
-    }
-}
-
-/// The observation a command leaves for the model.
-pub fn render_exec(out: &crate::ports::ExecOutput) -> String {
-    let mut s = String::new();
-    match (out.exit_code, out.timed_out) {
-        (_, true) => s.push_str("timed out\n"),
-        (Some(code), _) => s.push_str(&format!("exit code {code}\n")),
-        (None, _) => s.push_str("killed by a signal\n"),
-    }
-    if !out.stdout.is_empty() {
-        s.push_str(&out.stdout);
-        if !out.stdout.ends_with('\n') {
-            s.push('\n');
-        }
-    }
-    if !out.stderr.is_empty() {
-        s.push_str("stderr:\n");
-        s.push_str(&out.stderr);
-    }
-    if out.truncated {
-        s.push_str("\n[output truncated]");
-    }
-    s
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::ports::ToolFailureKind;
     use troupe_proto::Json;
+
+    #[test]
+    fn retry_follows_the_failure_kind_not_its_text() {
+        // A tool that is not there is refused again, whatever its name.
+        assert!(!ToolFailure::unknown_tool("gone__tool").retryable());
+        // A tool that ran and failed may do better next time, even when its output reads
+        // like a refusal.
+        let failed = ToolFailure::from(AgentError::ToolError {
+            name: "flaky".into(),
+            message: "unknown tool `flaky` (said the tool)".into(),
+        });
+        assert_eq!(failed.kind, ToolFailureKind::Failed);
+        assert!(failed.retryable());
+        assert!(
+            ToolFailure::from(AgentError::McpError {
+                server: "s".into(),
+                message: "connection reset".into(),
+            })
+            .retryable()
+        );
+        // Refusals and denials will not change.
+        for error in [
+            AgentError::ApprovalDenied {
+                command: vec!["rm".into()],
+                reason: "no".into(),
+            },
+            AgentError::SandboxError {
+                message: "read-only".into(),
+            },
+            AgentError::InvalidInput {
+                message: "bad patch".into(),
+            },
+            AgentError::cancelled("closed"),
+        ] {
+            assert!(!ToolFailure::from(error.clone()).retryable(), "{error:?}");
+        }
+    }
 
     fn spec(name: &str) -> ToolSpec {
         ToolSpec {
@@ -1152,7 +521,7 @@ mod tests {
             ApprovalPolicy::Always,
             true,
         );
-        assert!(matches!(r, ToolRoute::Refuse(AgentError::ToolError { .. })));
+        assert!(matches!(r, ToolRoute::Refuse(ref f) if *f == ToolFailure::unknown_tool("nope")));
     }
 
     #[test]
@@ -1226,13 +595,19 @@ mod tests {
                     ApprovalPolicy::Always,
                     false
                 ),
-                ToolRoute::Refuse(AgentError::InvalidInput { .. })
+                ToolRoute::Refuse(ToolFailure {
+                    error: AgentError::InvalidInput { .. },
+                    kind: ToolFailureKind::Failed,
+                })
             ));
         }
         // Not offered (the conversation did not ask for it): unknown.
         assert!(matches!(
             route_tool(&c, &[spec("shell")], ApprovalPolicy::Always, false),
-            ToolRoute::Refuse(AgentError::ToolError { .. })
+            ToolRoute::Refuse(ToolFailure {
+                error: AgentError::ToolError { .. },
+                kind: ToolFailureKind::UnknownTool,
+            })
         ));
     }
 

@@ -223,7 +223,7 @@ pub fn next_state(current: TaskState, reported: TaskState) -> TaskState {
 
 /// One live task.
 #[derive(Debug)]
-struct Entry {
+struct LiveTask {
     conversation_id: ConversationId,
     sub_id: String,
     started_at_ms: u64,
@@ -232,7 +232,7 @@ struct Entry {
     cancel: CancellationToken,
 }
 
-impl Entry {
+impl LiveTask {
     fn info(&self, task_id: TaskId) -> TaskInfo {
         TaskInfo {
             task_id,
@@ -247,7 +247,7 @@ impl Entry {
 /// The registry's decisions, free of actors and I/O.
 #[derive(Debug, Default)]
 pub struct RegistryCore {
-    tasks: HashMap<TaskId, Entry>,
+    tasks: HashMap<TaskId, LiveTask>,
     /// Task ids per conversation, so that conversation-wide operations need not scan.
     by_conversation: HashMap<ConversationId, BTreeSet<TaskId>>,
     /// Live tasks per state, indexed as [`metrics::STATES`].
@@ -286,7 +286,7 @@ impl RegistryCore {
         }
         self.tasks.insert(
             task_id,
-            Entry {
+            LiveTask {
                 conversation_id,
                 sub_id,
                 started_at_ms: now_ms,
@@ -416,14 +416,14 @@ impl RegistryCore {
         self.tasks.is_empty()
     }
 
-    fn cancel_entry(counts: &mut StateCounts, entry: &mut Entry) -> bool {
+    fn cancel_entry(counts: &mut StateCounts, entry: &mut LiveTask) -> bool {
         entry.cancel.cancel();
         let newly = entry.state != TaskState::Cancelling;
         Self::shift(counts, entry, TaskState::Cancelling);
         newly
     }
 
-    fn shift(counts: &mut StateCounts, entry: &mut Entry, next: TaskState) {
+    fn shift(counts: &mut StateCounts, entry: &mut LiveTask, next: TaskState) {
         counts[metrics::state_index(entry.state)] -= 1;
         counts[metrics::state_index(next)] += 1;
         entry.state = next;

@@ -1,12 +1,12 @@
-//! Requests and replies of the session API: open, message, close, set-context, approvals,
-//! and the observation types they return.
+//! Requests and replies of the session API: open, message, close, set-context, and the
+//! observation types they return. Approvals are in [`crate::approval`], tasks in
+//! [`crate::task`].
 
 use crate::error::AgentError;
-use crate::event::TaskStatus;
-use crate::ids::{ApprovalId, ConversationId, TaskId};
+use crate::ids::{ConversationId, TaskId};
 use crate::item::Usage;
-use crate::json::Json;
 use crate::policy::{ApprovalPolicy, SandboxPolicy, StoragePolicy};
+use crate::task::{TaskStats, TaskStatus};
 use serde::{Deserialize, Serialize};
 
 /// Parameters of `conversation.open` (C6). Every field is optional on the wire.
@@ -40,21 +40,6 @@ pub struct Opened {
 pub struct SendMessage {
     pub conversation_id: ConversationId,
     pub text: String,
-}
-
-/// Statistics of one task (S5).
-#[derive(Debug, Clone, PartialEq, Eq, Default, Serialize, Deserialize)]
-pub struct TaskStats {
-    /// Provider-reported (or, for the scripted model, counted) usage.
-    pub usage: Usage,
-    /// Local estimate of the prompt tokens, summed over steps.
-    pub estimated_prompt_tokens: u64,
-    pub turns: u32,
-    pub steps: u32,
-    pub tool_calls: u32,
-    pub duration_ms: u64,
-    /// W3C trace id of the task's span.
-    pub trace_id: String,
 }
 
 /// Reply to `message`: the final text and the task's statistics.
@@ -122,116 +107,6 @@ impl OpenConversation {
             self.tools_web_search_request = v;
         }
     }
-}
-
-/// A human's answer to a pending approval (S9).
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "snake_case")]
-pub enum ApprovalDecision {
-    /// Run this one command, remember nothing.
-    ApproveOnce,
-    /// Remember the command for this conversation, optionally for `ttl_secs`.
-    ApproveForConversation { ttl_secs: Option<u64> },
-    /// Remember the command for every conversation of the session, optionally for `ttl_secs`.
-    ApproveForSession { ttl_secs: Option<u64> },
-    /// Refuse.
-    Deny { reason: Option<String> },
-    /// Nobody answered in time; counts as a denial.
-    TimedOut,
-    /// Accept an MCP elicitation with this content (an object matching its requested schema).
-    /// Answers elicitations only; like `ApproveOnce`, it remembers nothing.
-    ApproveWithContent { content: Json },
-}
-
-impl ApprovalDecision {
-    pub const fn approves(&self) -> bool {
-        matches!(
-            self,
-            Self::ApproveOnce
-                | Self::ApproveForConversation { .. }
-                | Self::ApproveForSession { .. }
-                | Self::ApproveWithContent { .. }
-        )
-    }
-}
-
-/// What an approval request asks a human to allow.
-#[derive(Debug, Clone, PartialEq, Eq, Default, Serialize, Deserialize)]
-#[serde(rename_all = "snake_case")]
-pub enum ApprovalSubject {
-    /// Run the command in `command` (the shell built-in, S9).
-    #[default]
-    Command,
-    /// An MCP server asks the user for input (`elicitation/create`) during a tool call.
-    /// Approving accepts: `ApproveWithContent` gives the content; the other approvals send the
-    /// schema's defaults (refused when a required field has none). Denying declines; no answer
-    /// in time cancels. Never remembered.
-    McpElicitation {
-        server: String,
-        /// What the server asks, for the human.
-        message: String,
-        /// The JSON Schema (a flat object of primitive fields) the answer must match.
-        schema: Json,
-    },
-    /// An MCP server asks to use the conversation's model (`sampling/createMessage`) during a
-    /// tool call. Approving runs the model on the server's messages; denying returns an error
-    /// to the server. Approvals for the conversation or the session are remembered per server.
-    McpSampling {
-        server: String,
-        /// The request's params as the server sent them (messages, system prompt, limits).
-        request: Json,
-    },
-}
-
-impl ApprovalSubject {
-    pub const fn is_command(&self) -> bool {
-        matches!(self, Self::Command)
-    }
-}
-
-/// `approval.respond`.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-pub struct RespondApproval {
-    pub approval_id: ApprovalId,
-    pub decision: ApprovalDecision,
-}
-
-/// A pending approval, as listed for a human.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-pub struct PendingApproval {
-    pub approval_id: ApprovalId,
-    pub conversation_id: ConversationId,
-    pub task_id: Option<TaskId>,
-    /// The command; for an MCP request, `["mcp", server, "elicitation" | "sampling"]`.
-    pub command: Vec<String>,
-    pub reason: String,
-    pub requested_at_ms: u64,
-    /// When the request times out into a denial.
-    pub deadline_ms: u64,
-    /// What is asked; a command unless an MCP server is asking.
-    #[serde(default)]
-    pub subject: ApprovalSubject,
-}
-
-/// The state of a registered task (S4).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "snake_case")]
-pub enum TaskState {
-    /// Waiting for a scheduler slot.
-    Queued,
-    Running,
-    /// Cancellation was requested; the task has not stopped yet.
-    Cancelling,
-}
-
-/// A task, as listed for observation.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-pub struct TaskInfo {
-    pub task_id: TaskId,
-    pub conversation_id: ConversationId,
-    pub sub_id: String,
-    pub started_at_ms: u64,
-    pub state: TaskState,
 }
 
 /// Per-conversation statistics (S11).

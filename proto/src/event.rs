@@ -3,12 +3,15 @@
 //! `seq` is assigned by the session's rollout, strictly increasing per session, so a client
 //! can resume a stream after the last `seq` it saw.
 
-use crate::api::{ApprovalDecision, ApprovalSubject, CloseOutcome, TaskStats};
+use crate::api::CloseOutcome;
+use crate::approval::{ApprovalDecision, ApprovalSubject};
 use crate::error::AgentError;
 use crate::ids::{ApprovalId, ConversationId, SessionId, TaskId};
 use crate::item::Usage;
+use crate::names::{EventName, WarningCode};
 use crate::policy::StoragePolicy;
 use crate::store::MessageStatus;
+use crate::task::{TaskStats, TaskStatus};
 use crate::tool::{PlanStep, ToolCall};
 use serde::{Deserialize, Deserializer, Serialize, Serializer};
 
@@ -29,27 +32,6 @@ pub struct EventEnvelope {
     /// W3C span id (16 hex digits).
     pub span_id: Option<String>,
     pub event: EventKind,
-}
-
-/// How a task ended (T1 statuses plus cancellation).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
-#[serde(rename_all = "snake_case")]
-pub enum TaskStatus {
-    Ok,
-    Error,
-    MaxSteps,
-    Cancelled,
-}
-
-impl TaskStatus {
-    pub const fn as_str(self) -> &'static str {
-        match self {
-            Self::Ok => "ok",
-            Self::Error => "error",
-            Self::MaxSteps => "max_steps",
-            Self::Cancelled => "cancelled",
-        }
-    }
 }
 
 /// What happened. Content-bearing fields are the ones a storage policy may strip.
@@ -114,7 +96,7 @@ pub enum EventKind {
     /// Older history was trimmed and replaced by a summary (S6).
     HistoryTrimmed { removed_items: u64, summary: String },
     /// Something worth a human's attention that did not fail the task.
-    Warning { code: String, message: String },
+    Warning { code: WarningCode, message: String },
     /// A failure, with its kind and detail.
     Error { error: AgentError },
     /// A step ended: the local estimate of its prompt and the provider's usage (T5).
@@ -157,32 +139,32 @@ pub enum EventKind {
 }
 
 impl EventKind {
-    /// Bounded name of the kind (metric label, rollout header).
-    pub const fn name(&self) -> &'static str {
+    /// The kind's name (metric label, rollout header).
+    pub const fn name(&self) -> EventName {
         match self {
-            Self::ConversationOpened { .. } => "conversation_opened",
-            Self::ConversationClosed { .. } => "conversation_closed",
-            Self::ConversationRestarted { .. } => "conversation_restarted",
-            Self::TaskStarted { .. } => "task_started",
-            Self::TaskFinished { .. } => "task_finished",
-            Self::TaskAborted { .. } => "task_aborted",
-            Self::StepStarted { .. } => "step_started",
-            Self::AssistantChunk { .. } => "assistant_chunk",
-            Self::AssistantMessage { .. } => "assistant_message",
-            Self::ToolCallStarted { .. } => "tool_call_started",
-            Self::ToolCallFinished { .. } => "tool_call_finished",
-            Self::ApprovalRequested { .. } => "approval_requested",
-            Self::ApprovalResolved { .. } => "approval_resolved",
-            Self::HistoryTrimmed { .. } => "history_trimmed",
-            Self::Warning { .. } => "warning",
-            Self::Error { .. } => "error",
-            Self::StepFinished { .. } => "step_finished",
-            Self::CompactionStarted { .. } => "compaction_started",
-            Self::Compacted { .. } => "compacted",
-            Self::PlanUpdated { .. } => "plan_updated",
-            Self::ToolProgress { .. } => "tool_progress",
-            Self::McpServerReady { .. } => "mcp_server_ready",
-            Self::MessageUpdated { .. } => "message_updated",
+            Self::ConversationOpened { .. } => EventName::ConversationOpened,
+            Self::ConversationClosed { .. } => EventName::ConversationClosed,
+            Self::ConversationRestarted { .. } => EventName::ConversationRestarted,
+            Self::TaskStarted { .. } => EventName::TaskStarted,
+            Self::TaskFinished { .. } => EventName::TaskFinished,
+            Self::TaskAborted { .. } => EventName::TaskAborted,
+            Self::StepStarted { .. } => EventName::StepStarted,
+            Self::AssistantChunk { .. } => EventName::AssistantChunk,
+            Self::AssistantMessage { .. } => EventName::AssistantMessage,
+            Self::ToolCallStarted { .. } => EventName::ToolCallStarted,
+            Self::ToolCallFinished { .. } => EventName::ToolCallFinished,
+            Self::ApprovalRequested { .. } => EventName::ApprovalRequested,
+            Self::ApprovalResolved { .. } => EventName::ApprovalResolved,
+            Self::HistoryTrimmed { .. } => EventName::HistoryTrimmed,
+            Self::Warning { .. } => EventName::Warning,
+            Self::Error { .. } => EventName::Error,
+            Self::StepFinished { .. } => EventName::StepFinished,
+            Self::CompactionStarted { .. } => EventName::CompactionStarted,
+            Self::Compacted { .. } => EventName::Compacted,
+            Self::PlanUpdated { .. } => EventName::PlanUpdated,
+            Self::ToolProgress { .. } => EventName::ToolProgress,
+            Self::McpServerReady { .. } => EventName::McpServerReady,
+            Self::MessageUpdated { .. } => EventName::MessageUpdated,
         }
     }
 }
@@ -261,7 +243,7 @@ mod wire {
                     decision: ApprovalDecision,
                 },
                 HistoryTrimmed { removed_items: u64, summary: String },
-                Warning { code: String, message: String },
+                Warning { code: WarningCode, message: String },
                 Error { error: AgentError },
                 StepFinished {
                     turn: u32,

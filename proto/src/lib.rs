@@ -7,24 +7,30 @@
 #![forbid(unsafe_code)]
 
 pub mod api;
+pub mod approval;
 pub mod error;
 pub mod event;
 pub mod ids;
 pub mod item;
 pub mod json;
+pub mod names;
 pub mod policy;
 pub mod store;
+pub mod task;
 pub mod tool;
 
 pub use api::*;
+pub use approval::{ApprovalDecision, ApprovalSubject, PendingApproval, RespondApproval};
 pub use error::{AgentError, ErrorKind};
-pub use event::{EventEnvelope, EventKind, TaskStatus};
+pub use event::{EventEnvelope, EventKind};
 pub use ids::{ApprovalId, ConversationId, SessionId, TaskId};
 pub use item::{HistoryItem, Role, Usage};
 pub use json::Json;
+pub use names::{EventName, WarningCode};
 pub use policy::{
     ApprovalPolicy, CommandKey, OverBudget, SandboxPolicy, StoragePolicy, ToolErrorPolicy,
 };
+pub use task::{TaskInfo, TaskState, TaskStats, TaskStatus};
 pub use tool::{PlanStep, PlanStepStatus, ToolCall, ToolOutput, ToolSpec};
 
 #[cfg(test)]

@@ -4,14 +4,17 @@
 //! that clients depend on.
 
 use crate::api::*;
+use crate::approval::*;
 use crate::error::{AgentError, ErrorKind};
-use crate::event::{EventEnvelope, EventKind, TaskStatus};
+use crate::event::{EventEnvelope, EventKind};
 use crate::ids::{ApprovalId, ConversationId, SessionId, TaskId};
 use crate::item::{HistoryItem, Role, Usage};
 use crate::json::Json;
+use crate::names::{EventName, WarningCode};
 use crate::policy::{
     ApprovalPolicy, CommandKey, OverBudget, SandboxPolicy, StoragePolicy, ToolErrorPolicy,
 };
+use crate::task::*;
 use crate::tool::{PlanStep, PlanStepStatus, ToolCall, ToolOutput, ToolSpec};
 use proptest::prelude::*;
 use proptest::strategy::ValueTree;
@@ -379,6 +382,10 @@ fn task_stats() -> impl Strategy<Value = TaskStats> {
         )
 }
 
+fn warning_code() -> impl Strategy<Value = WarningCode> {
+    proptest::sample::select(WarningCode::ALL)
+}
+
 fn task_status() -> impl Strategy<Value = TaskStatus> {
     prop_oneof![
         Just(TaskStatus::Ok),
@@ -619,7 +626,7 @@ fn event_kind() -> impl Strategy<Value = EventKind> {
             removed_items,
             summary,
         }),
-        (text(), text()).prop_map(|(code, message)| EventKind::Warning { code, message }),
+        (warning_code(), text()).prop_map(|(code, message)| EventKind::Warning { code, message }),
         agent_error().prop_map(|error| EventKind::Error { error }),
         Just(EventKind::CompactionStarted {}),
         (text(), any::<u64>()).prop_map(|(summary, replaced_items)| EventKind::Compacted {
@@ -861,7 +868,7 @@ proptest! {
     #[test]
     fn event_kind_roundtrips(v in event_kind()) {
         let value = roundtrip(&v)?;
-        prop_assert_eq!(value.get("kind"), Some(&Value::String(v.name().to_owned())));
+        prop_assert_eq!(value.get("kind"), Some(&Value::String(v.name().as_str().to_owned())));
         event_kind_ids(&v, &value, "")?;
     }
 
@@ -1024,6 +1031,14 @@ fn strategies_cover_every_variant() {
             "mcp_server_ready",
             "message_updated",
         ])
+    );
+    // One name per kind, each the kind's tag.
+    assert_eq!(
+        EventName::ALL
+            .iter()
+            .map(|n| n.as_str().to_owned())
+            .collect::<BTreeSet<_>>(),
+        tags_of(event_kind())
     );
     assert_eq!(
         tags_of(storage_policy()),

@@ -656,7 +656,7 @@ fn loose_line(
             Some((LineType::Approval, LineRole::System, content))
         }
         EventKind::Warning { code, message } => {
-            meta.code = Some(code.clone());
+            meta.code = Some(code.as_str().to_owned());
             let content = keep(level, message, meta);
             Some((LineType::Warning, LineRole::System, content))
         }

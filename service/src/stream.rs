@@ -25,7 +25,7 @@ use futures::{Stream, StreamExt};
 use serde::{Deserialize, Serialize};
 use troupe_actors::SessionHandle;
 use troupe_actors::rollout::{RolloutRecord, record_for};
-use troupe_proto::{AgentError, ConversationId, EventEnvelope, StoragePolicy, TaskId};
+use troupe_proto::{AgentError, ConversationId, EventEnvelope, EventName, StoragePolicy, TaskId};
 
 /// One event as a client receives it.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -36,7 +36,7 @@ pub struct StreamEvent {
     #[serde(rename = "type")]
     pub event_type: String,
     /// The troupe event kind (`assistant_chunk`, `task_finished`, ...).
-    pub kind: String,
+    pub kind: EventName,
     pub ts_ms: u64,
     pub conversation_id: Option<ConversationId>,
     pub task_id: Option<TaskId>,
@@ -46,15 +46,15 @@ pub struct StreamEvent {
 }
 
 /// The client type of a troupe event kind.
-pub fn event_type(kind: &str) -> &'static str {
+pub fn event_type(kind: EventName) -> &'static str {
     match kind {
-        "assistant_chunk" => "text_delta",
-        "tool_call_started" | "tool_call_finished" => "tool_call",
-        "error" => "error",
-        "task_finished" => "message_complete",
-        "approval_requested" => "approval_requested",
-        "approval_resolved" => "approval_resolved",
-        "message_updated" => "message_status",
+        EventName::AssistantChunk => "text_delta",
+        EventName::ToolCallStarted | EventName::ToolCallFinished => "tool_call",
+        EventName::Error => "error",
+        EventName::TaskFinished => "message_complete",
+        EventName::ApprovalRequested => "approval_requested",
+        EventName::ApprovalResolved => "approval_resolved",
+        EventName::MessageUpdated => "message_status",
         _ => "status_update",
     }
 }
@@ -70,8 +70,8 @@ pub fn from_record(record: &RolloutRecord) -> StreamEvent {
     };
     StreamEvent {
         seq: record.seq,
-        event_type: event_type(&record.kind).to_owned(),
-        kind: record.kind.clone(),
+        event_type: event_type(record.kind).to_owned(),
+        kind: record.kind,
         ts_ms: record.ts_ms,
         conversation_id: record.conversation_id,
         task_id: record.task_id,
@@ -136,14 +136,14 @@ mod tests {
     fn kinds_map_to_the_seven_types() {
         let e = from_live(&env(3, EventKind::AssistantChunk { delta: "hi".into() })).unwrap();
         assert_eq!(e.event_type, "text_delta");
-        assert_eq!(e.kind, "assistant_chunk");
+        assert_eq!(e.kind, EventName::AssistantChunk);
         assert_eq!(e.data, serde_json::json!({"delta": "hi"}));
         assert_eq!(e.seq, 3);
-        assert_eq!(event_type("task_finished"), "message_complete");
-        assert_eq!(event_type("tool_call_finished"), "tool_call");
-        assert_eq!(event_type("step_started"), "status_update");
-        assert_eq!(event_type("approval_resolved"), "approval_resolved");
-        assert_eq!(event_type("message_updated"), "message_status");
+        assert_eq!(event_type(EventName::TaskFinished), "message_complete");
+        assert_eq!(event_type(EventName::ToolCallFinished), "tool_call");
+        assert_eq!(event_type(EventName::StepStarted), "status_update");
+        assert_eq!(event_type(EventName::ApprovalResolved), "approval_resolved");
+        assert_eq!(event_type(EventName::MessageUpdated), "message_status");
     }
 
     #[test]

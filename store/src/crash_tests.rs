@@ -14,7 +14,7 @@ use std::time::{Duration, Instant};
 use troupe_actors::rollout::storage::RolloutStorage;
 use troupe_actors::rollout::{RecordLevel, RecordMeta, RolloutRecord};
 use troupe_proto::store::{ConversationRecord, ConversationState, NewMessage, SessionRecord};
-use troupe_proto::{ConversationId, EventKind, Json, OpenConversation, Role, SessionId};
+use troupe_proto::{ConversationId, EventKind, EventName, Json, OpenConversation, Role, SessionId};
 
 const CHILD_ENV: &str = "TROUPE_STORE_CRASH_DIR";
 const CHILD_TEST: &str = "crash_tests::crash_child";
@@ -117,7 +117,7 @@ fn record(seq: u64, conv: ConversationId) -> RolloutRecord {
         ts_ms: seq,
         conversation_id: Some(conv),
         task_id: None,
-        kind: "assistant_message".into(),
+        kind: EventName::AssistantMessage,
         level: RecordLevel::Full,
         event: Some(EventKind::AssistantMessage {
             text: format!("record {seq}"),

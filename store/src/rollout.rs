@@ -34,7 +34,7 @@ use troupe_actors::rollout::storage::SweepReport;
 use troupe_actors::rollout::storage::{RolloutSink, RolloutStorage, SinkError};
 use troupe_actors::rollout::{RecordLevel, RecordMeta};
 use troupe_actors::rollout::{RolloutRecord, downgrade};
-use troupe_proto::{AgentError, ConversationId, SessionId};
+use troupe_proto::{AgentError, ConversationId, EventName, SessionId};
 
 /// Sink batches committed in one transaction at most.
 const MAX_BATCH: usize = 256;
@@ -386,7 +386,7 @@ impl RolloutSink for SqliteRolloutSink {
             seq: int("seq", record.seq)?,
             conversation_id: conversation_id.map(|c| c.to_string()),
             task_id: record.task_id.map(|t| t.to_string()),
-            kind: record.kind.clone(),
+            kind: record.kind.as_str().to_owned(),
             ts_ms: int("ts_ms", record.ts_ms)?,
             level: record.level.as_str(),
             record: serde_json::to_string(record).map_err(|e| SinkError::new("encode", e))?,
@@ -600,7 +600,7 @@ impl DueRow {
                     ts_ms: u64::try_from(self.ts_ms).unwrap_or(0),
                     conversation_id: self.conversation_id.as_deref().and_then(|c| c.parse().ok()),
                     task_id: self.task_id.as_deref().and_then(|t| t.parse().ok()),
-                    kind: self.kind.clone(),
+                    kind: EventName::parse(&self.kind).unwrap_or(EventName::Unknown),
                     level: RecordLevel::Headers,
                     event: None,
                     meta: RecordMeta::default(),

@@ -6,6 +6,7 @@ use tempfile::TempDir;
 use troupe_actors::rollout::conformance::{full, ttl};
 use troupe_actors::rollout::storage::RolloutStorage;
 use troupe_actors::rollout::{RecordLevel, RecordMeta, RolloutRecord, downgrade};
+use troupe_proto::EventName;
 use troupe_proto::{ConversationId, EventKind, SessionId, StoragePolicy};
 
 fn open() -> (TempDir, SqliteRolloutStorage) {
@@ -214,7 +215,7 @@ fn a_due_record_that_does_not_parse_is_rebuilt_from_its_columns() {
         ),
         (4, 10, Some(conv), record.task_id)
     );
-    assert_eq!(got[0].kind, "assistant_message");
+    assert_eq!(got[0].kind, EventName::AssistantMessage);
     assert_eq!(got[0].level, RecordLevel::Headers);
     assert!(!contains(
         &file_bytes(&db_path(dir.path())),
@@ -254,7 +255,7 @@ fn records_from_before_expiries_are_dated_by_the_migration() {
             ts_ms: 1_000,
             conversation_id: Some(conv),
             task_id: None,
-            kind: "conversation_opened".into(),
+            kind: EventName::ConversationOpened,
             level: RecordLevel::Full,
             event: Some(EventKind::ConversationOpened {
                 storage_policy: policy,
@@ -285,7 +286,7 @@ fn records_from_before_expiries_are_dated_by_the_migration() {
                     session.to_string(),
                     r.seq as i64,
                     r.conversation_id.map(|c| c.to_string()),
-                    r.kind,
+                    r.kind.as_str(),
                     r.ts_ms as i64,
                     serde_json::to_string(r).unwrap(),
                 ],

@@ -22,7 +22,7 @@ use troupe_actors::rollout::storage::RolloutStorage;
 use troupe_actors::rollout::{RecordLevel, RecordMeta, RolloutRecord};
 use troupe_proto::store::{ConversationRecord, ConversationState, NewMessage, SessionRecord};
 use troupe_proto::{
-    ConversationId, EventKind, Json, OpenConversation, Role, SessionId, StoragePolicy,
+    ConversationId, EventKind, EventName, Json, OpenConversation, Role, SessionId, StoragePolicy,
 };
 use troupe_store::{SqliteOptions, SqliteRolloutStorage, SqliteStore, Store, db_path};
 
@@ -107,7 +107,7 @@ fn record(seq: u64, conv: ConversationId) -> RolloutRecord {
         ts_ms: seq,
         conversation_id: Some(conv),
         task_id: None,
-        kind: "assistant_message".into(),
+        kind: EventName::AssistantMessage,
         level: RecordLevel::Full,
         event: Some(EventKind::AssistantMessage { text: TEXT.into() }),
         meta: RecordMeta::default(),

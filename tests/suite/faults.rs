@@ -7,6 +7,7 @@ use tokio::sync::broadcast::error::TryRecvError;
 use troupe_actors::conversation::ConversationMsg;
 use troupe_actors::ports::{DeltaSink, ModelClient, ModelInfo, ModelRequest, ModelResponse};
 use troupe_proto::{EventKind, HistoryItem, Json, OpenConversation, TaskStatus, ToolSpec};
+use troupe_proto::{EventName, WarningCode};
 use troupe_runtime::ScriptedReply;
 use troupe_tests::{FixedTools, RecordingModel, TestSession, start_with_model};
 
@@ -149,7 +150,7 @@ async fn tool_conflict_is_a_warning_and_one_copy_is_kept() {
     session.flush().await.unwrap();
     while let Ok(e) = events.try_recv() {
         if let EventKind::Warning { code, message } = &e.event
-            && code == "tool_conflict"
+            && *code == WarningCode::ToolConflict
         {
             conflicts.push(message.clone());
         }
@@ -217,7 +218,10 @@ async fn a_slow_subscriber_lags_and_the_record_loses_nothing() {
     })
     .unwrap()
     .unwrap();
-    let finished = records.iter().filter(|r| r.kind == "task_finished").count();
+    let finished = records
+        .iter()
+        .filter(|r| r.kind == EventName::TaskFinished)
+        .count();
     assert_eq!(finished, 30);
     let seqs: Vec<u64> = records.iter().map(|r| r.seq).collect();
     assert!(seqs.windows(2).all(|w| w[0] < w[1]));

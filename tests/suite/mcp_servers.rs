@@ -580,6 +580,7 @@ async fn pool_call(
         },
     )
     .await
+    .map_err(|failure| failure.error)
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

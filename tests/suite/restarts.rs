@@ -12,6 +12,7 @@ use troupe_actors::approval_store::ApprovalMsg;
 use troupe_actors::rollout::{RecordLevel, RolloutMsg};
 use troupe_actors::scheduler::{SchedulerMsg, SchedulerSnapshot};
 use troupe_actors::task_registry::TaskRegistryMsg;
+use troupe_proto::EventName;
 use troupe_proto::{
     AgentError, ApprovalDecision, ConversationId, EventKind, MessageReply, OpenConversation,
     PendingApproval, SandboxPolicy, TaskState, TaskStatus,
@@ -332,7 +333,7 @@ async fn a_running_task_records_on_the_rollout_that_replaced_a_failed_one() {
     }
     let finished = later
         .iter()
-        .find(|r| r.kind == "tool_call_finished")
+        .find(|r| r.kind == EventName::ToolCallFinished)
         .unwrap();
     assert_eq!(finished.level, RecordLevel::Full);
     assert!(matches!(
@@ -342,6 +343,6 @@ async fn a_running_task_records_on_the_rollout_that_replaced_a_failed_one() {
             ..
         })
     ));
-    assert_eq!(later.last().unwrap().kind, "task_finished");
+    assert_eq!(later.last().unwrap().kind, EventName::TaskFinished);
     t.stop().await;
 }

@@ -14,6 +14,7 @@ use troupe_actors::{SessionConfig, SessionHandle, SessionPorts};
 use troupe_proto::{
     ConversationId, EventKind, HistoryItem, OpenConversation, SessionId, StoragePolicy,
 };
+use troupe_proto::{EventName, WarningCode};
 use troupe_runtime::{ScriptedModel, ScriptedReply};
 use troupe_tests::RecordingModel;
 
@@ -199,22 +200,22 @@ async fn a_restarted_session_restores_its_conversations_and_aborts_interrupted_t
         &seen_before[..],
         "the old record is intact"
     );
-    let of_task = |kind: &str| {
+    let of_task = |kind: EventName| {
         all.iter()
             .filter(|r| r.task_id == Some(task) && r.kind == kind)
             .collect::<Vec<_>>()
     };
-    assert_eq!(of_task("task_started").len(), 1, "not run again");
-    let aborted = of_task("task_aborted");
+    assert_eq!(of_task(EventName::TaskStarted).len(), 1, "not run again");
+    let aborted = of_task(EventName::TaskAborted);
     assert_eq!(aborted.len(), 1);
     assert!(aborted[0].seq > last_before);
-    assert!(of_task("warning").iter().any(|r| matches!(
+    assert!(of_task(EventName::Warning).iter().any(|r| matches!(
         &r.event,
-        Some(EventKind::Warning { code, message }) if code == "task_interrupted" && message.contains("interrupted by a restart")
+        Some(EventKind::Warning { code, message }) if *code == WarningCode::TaskInterrupted && message.contains("interrupted by a restart")
     )));
     let restarted: Vec<&RolloutRecord> = all
         .iter()
-        .filter(|r| r.kind == "conversation_restarted")
+        .filter(|r| r.kind == EventName::ConversationRestarted)
         .collect();
     assert_eq!(
         restarted

@@ -4,6 +4,7 @@
 
 use troupe_actors::rollout::storage::RolloutStorage;
 use troupe_actors::rollout::{FileRolloutStorage, RolloutMsg};
+use troupe_proto::EventName;
 use troupe_proto::{OpenConversation, StoragePolicy};
 use troupe_runtime::ScriptedReply;
 use troupe_tests::{TestSession, contains};
@@ -131,12 +132,12 @@ async fn ttl_keeps_content_until_the_sweep() {
     assert!(
         records
             .iter()
-            .any(|r| r.kind == "task_finished" && r.event.is_none())
+            .any(|r| r.kind == EventName::TaskFinished && r.event.is_none())
     );
     assert!(
         records
             .iter()
-            .any(|r| r.kind == "task_finished" && r.event.is_some())
+            .any(|r| r.kind == EventName::TaskFinished && r.event.is_some())
     );
     t.stop().await;
 }

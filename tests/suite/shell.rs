@@ -7,6 +7,7 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
 use tokio::sync::broadcast;
+use troupe_proto::WarningCode;
 use troupe_proto::{
     AgentError, ApprovalDecision, ApprovalId, ApprovalPolicy, ConversationId, EventEnvelope,
     EventKind, OpenConversation, PlanStep, PlanStepStatus, SandboxPolicy, TaskStatus,
@@ -344,7 +345,7 @@ async fn a_wider_conversation_policy_is_clamped_reported_and_used() {
         .unwrap();
     let message = wait_for(&mut events, |e| match &e.event {
         EventKind::Warning { code, message }
-            if code == "policy_clamped" && e.conversation_id == Some(c) =>
+            if *code == WarningCode::PolicyClamped && e.conversation_id == Some(c) =>
         {
             Some(message.clone())
         }
@@ -389,10 +390,9 @@ async fn a_narrower_conversation_policy_is_used_without_a_warning() {
         })
         .await
         .unwrap();
-    let clamped = drain(&t, &mut events)
-        .await
-        .into_iter()
-        .any(|e| matches!(e, EventKind::Warning { code, .. } if code == "policy_clamped"));
+    let clamped = drain(&t, &mut events).await.into_iter().any(
+        |e| matches!(e, EventKind::Warning { code, .. } if code == WarningCode::PolicyClamped),
+    );
     assert!(!clamped);
     let reply = message_unasked(&t, c, "write").await;
     assert!(reply.text.contains("Permission denied"), "{}", reply.text);

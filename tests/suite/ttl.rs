@@ -11,6 +11,7 @@ use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 use troupe_actors::rollout::storage::RolloutStorage;
 use troupe_actors::rollout::{RecordLevel, RolloutRecord, read_records};
+use troupe_proto::EventName;
 use troupe_store::SqliteRolloutStorage;
 use troupe_tests::{contains, troupe_bin};
 
@@ -146,11 +147,11 @@ fn troupe_chat_ttl_content_is_gone_from_disk_after_the_next_run() {
     }
     let first_conversation = first
         .iter()
-        .find(|r| r.kind == "task_finished")
+        .find(|r| r.kind == EventName::TaskFinished)
         .and_then(|r| r.conversation_id);
     let finished = after
         .iter()
-        .find(|r| r.kind == "task_finished" && r.conversation_id == first_conversation)
+        .find(|r| r.kind == EventName::TaskFinished && r.conversation_id == first_conversation)
         .unwrap();
     assert!(finished.event.is_none());
     assert_eq!(
@@ -321,7 +322,10 @@ async fn troupe_serve_sweeps_due_content_at_start_up_including_closed_conversati
         assert!(kinds.contains(&kind), "{kinds:?}");
     }
     assert!(records.iter().all(|r| r.level == RecordLevel::Headers));
-    let started = records.iter().find(|r| r.kind == "task_started").unwrap();
+    let started = records
+        .iter()
+        .find(|r| r.kind == EventName::TaskStarted)
+        .unwrap();
     assert_eq!(started.meta.chars, Some(canary.len() as u64));
 }
 

@@ -4,6 +4,7 @@
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
 use troupe_actors::conversation::COMPACT_INSTRUCTIONS;
+use troupe_proto::WarningCode;
 use troupe_proto::{
     AgentError, EventKind, HistoryItem, OpenConversation, OverBudget, TaskStatus, ToolErrorPolicy,
 };
@@ -75,7 +76,7 @@ async fn trim_leaves_out_the_oldest_history_and_warns() {
     session.flush().await.unwrap();
     while let Ok(e) = events.try_recv() {
         if let EventKind::Warning { code, .. } = &e.event {
-            trimmed |= code == "prompt_trimmed";
+            trimmed |= *code == WarningCode::PromptTrimmed;
         }
     }
     assert!(trimmed);
@@ -105,7 +106,9 @@ async fn warn_threshold_and_step_tokens_are_reported() {
     t.session.flush().await.unwrap();
     while let Ok(e) = events.try_recv() {
         match &e.event {
-            EventKind::Warning { code, .. } if code == "prompt_tokens_warning" => warned += 1,
+            EventKind::Warning { code, .. } if *code == WarningCode::PromptTokensWarning => {
+                warned += 1
+            }
             EventKind::StepFinished {
                 turn,
                 step,

@@ -74,7 +74,7 @@ impl Outcome {
 
 /// How a request was taken in, as a metric label.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-pub enum Admission {
+pub enum AdmissionLabel {
     /// A key covered it: answered at once.
     Remembered,
     /// A new pending request: a human is asked.
@@ -83,7 +83,7 @@ pub enum Admission {
     Attached,
 }
 
-impl Admission {
+impl AdmissionLabel {
     pub const ALL: [Self; 3] = [Self::Remembered, Self::Asked, Self::Attached];
 
     pub const fn as_str(self) -> &'static str {
@@ -109,7 +109,7 @@ pub fn describe() {
     );
     // Closed label sets: every series exists from the start, so that a ratio or an alert on
     // denials or expiries reads 0 rather than nothing.
-    for admission in Admission::ALL {
+    for admission in AdmissionLabel::ALL {
         counter!(REQUESTED_TOTAL, "admission" => admission.as_str()).increment(0);
     }
     for outcome in Outcome::ALL {
@@ -146,7 +146,7 @@ pub fn reasked(asker: Asker) {
 }
 
 /// Counts one request taken in.
-pub fn requested(admission: Admission) {
+pub fn requested(admission: AdmissionLabel) {
     counter!(REQUESTED_TOTAL, "admission" => admission.as_str()).increment(1);
 }
 

@@ -19,7 +19,7 @@
 //! late death notice or a fired timer never acts on a newer connection.
 
 use super::metrics::{CloseReason, LeftOut};
-use crate::ports::{McpConnection, McpServerConfig, McpTool};
+use crate::ports::{McpConnection, McpServerConfig, McpTool, ToolFailure};
 use crate::tools::is_valid_tool_name;
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::sync::Arc;
@@ -27,214 +27,17 @@ use std::time::Duration;
 use tokio_util::sync::CancellationToken;
 use troupe_proto::{AgentError, ConversationId, ToolSpec};
 
-/// Identifies one open view within its pool.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
-pub struct ViewId(pub u64);
+mod routing;
+mod rules;
+mod state;
 
-impl std::fmt::Display for ViewId {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(f, "view-{}", self.0)
-    }
-}
-
-/// Where a server is in its life.
-pub enum Phase {
-    /// No connection, none wanted (no references), or reclaimed.
-    Idle,
-    /// A connect (handshake and first listing) is under way.
-    Connecting,
-    /// Connected; its tools are known.
-    Ready(Live),
-    /// Died or failed to connect; a restart is due after a delay.
-    Backoff,
-}
-
-impl Phase {
-    /// Bounded name, for snapshots and logs.
-    pub const fn name(&self) -> &'static str {
-        match self {
-            Self::Idle => "idle",
-            Self::Connecting => "connecting",
-            Self::Ready(_) => "ready",
-            Self::Backoff => "backoff",
-        }
-    }
-}
-
-/// A ready connection and what it offers.
-pub struct Live {
-    pub conn: Arc<dyn McpConnection>,
-    /// Offered tools, by unqualified name.
-    pub tools: BTreeMap<String, McpTool>,
-    /// Listed but not offered, and why.
-    pub left_out: BTreeMap<String, LeftOut>,
-    /// Fired when this connection ends: calls waiting for a slot on it fail at once.
-    pub closed: CancellationToken,
-    /// Refreshes asked for and the newest applied, so an older listing that arrives late
-    /// never replaces a newer one.
-    refresh_asked: u64,
-    refresh_applied: u64,
-}
-
-/// One configured server.
-pub struct ServerSlot {
-    pub config: McpServerConfig,
-    pub phase: Phase,
-    /// Generation of the current phase.
-    pub generation: u64,
-    /// Open views that can see this server.
-    pub refs: usize,
-    /// `Some(epoch)` while an idle reclaim is armed (refs = 0, a connection up or coming).
-    pub idle_epoch: Option<u64>,
-    /// Failures since the last successful connect; sets the backoff.
-    pub failures: u32,
-}
-
-/// An open view as the pool remembers it.
-pub struct ViewRecord {
-    pub conversation_id: ConversationId,
-    /// Qualified names; `None` = every tool.
-    pub allowlist: Option<BTreeSet<String>>,
-    /// Servers it references.
-    pub servers: BTreeSet<String>,
-}
-
-/// The routes of every ready tool, published by the actor after each change of connections
-/// or tools, so that a call does not need a mailbox round trip to find its connection.
-#[derive(Clone, Default)]
-pub struct RouteTable {
-    routes: HashMap<String, Route>,
-}
-
-impl RouteTable {
-    /// The route of qualified `name` for a view with `scope`, if the call may go straight to
-    /// its connection: visible to the view, and the connection still open. `None` sends the
-    /// caller to the actor, which answers exactly (including every error).
-    pub fn fast_route(&self, scope: &ViewScope, name: &str) -> Option<&Route> {
-        let (server, _) = split_qualified(name)?;
-        if !scope.servers.contains(server) || !visible(scope.allowlist.as_ref(), name) {
-            return None;
-        }
-        self.routes.get(name).filter(|r| !r.closed.is_cancelled())
-    }
-
-    pub fn len(&self) -> usize {
-        self.routes.len()
-    }
-
-    pub fn is_empty(&self) -> bool {
-        self.routes.is_empty()
-    }
-
-    /// Sets the sink progress events go to on every route.
-    pub fn with_events(mut self, events: Option<&crate::events::EventSink>) -> Self {
-        for route in self.routes.values_mut() {
-            route.events = events.cloned();
-        }
-        self
-    }
-}
-
-/// What a view may see, copied into the view when it opens.
-#[derive(Debug, Clone, Default)]
-pub struct ViewScope {
-    pub servers: BTreeSet<String>,
-    pub allowlist: Option<BTreeSet<String>>,
-}
-
-/// What a call needs once it is allowed: the connection and its end signal.
-#[derive(Clone)]
-pub struct Route {
-    pub server: String,
-    /// Unqualified tool name.
-    pub tool: String,
-    pub conn: Arc<dyn McpConnection>,
-    pub closed: CancellationToken,
-    /// Where the call's progress events go (the pool's current sink; set by the actor).
-    pub events: Option<crate::events::EventSink>,
-}
-
-/// Work the actor does after a transition.
-pub enum Effect {
-    /// Start a connect attempt (handshake, then the first listing).
-    Connect {
-        server: String,
-        generation: u64,
-        config: McpServerConfig,
-    },
-    /// Arm the idle reclaim timer.
-    ScheduleIdle { server: String, epoch: u64 },
-    /// Arm the restart timer.
-    ScheduleRestart {
-        server: String,
-        generation: u64,
-        delay: Duration,
-    },
-    /// Disarm the server's timer.
-    CancelTimer { server: String },
-    /// End a connection.
-    Close {
-        server: String,
-        conn: Arc<dyn McpConnection>,
-        reason: CloseReason,
-    },
-    /// List the tools again.
-    Refresh {
-        server: String,
-        generation: u64,
-        seq: u64,
-        conn: Arc<dyn McpConnection>,
-    },
-    /// A server's tools are available.
-    Ready { server: String, tools: usize },
-    /// A connection died or could not be made; `retry_in` when a restart is scheduled.
-    Failed {
-        server: String,
-        reason: String,
-        retry_in: Option<Duration>,
-    },
-}
-
-impl std::fmt::Debug for Effect {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        match self {
-            Self::Connect {
-                server, generation, ..
-            } => write!(f, "Connect({server}, gen {generation})"),
-            Self::ScheduleIdle { server, epoch } => write!(f, "ScheduleIdle({server}, {epoch})"),
-            Self::ScheduleRestart { server, delay, .. } => {
-                write!(f, "ScheduleRestart({server}, {delay:?})")
-            }
-            Self::CancelTimer { server } => write!(f, "CancelTimer({server})"),
-            Self::Close { server, reason, .. } => write!(f, "Close({server}, {reason:?})"),
-            Self::Refresh { server, seq, .. } => write!(f, "Refresh({server}, {seq})"),
-            Self::Ready { server, tools } => write!(f, "Ready({server}, {tools})"),
-            Self::Failed {
-                server, retry_in, ..
-            } => write!(f, "Failed({server}, {retry_in:?})"),
-        }
-    }
-}
-
-/// A server as a snapshot shows it.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct ServerSnapshot {
-    pub name: String,
-    /// `idle`, `connecting`, `ready` or `backoff`.
-    pub phase: &'static str,
-    pub refs: usize,
-    /// Offered tools, qualified, sorted.
-    pub tools: Vec<String>,
-    pub failures: u32,
-    pub process_id: Option<u32>,
-}
-
-/// The pool, for observation and tests.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct PoolSnapshot {
-    pub servers: Vec<ServerSnapshot>,
-    pub views: usize,
-}
+pub use rules::{
+    backoff_delay, offered_tools, qualify, root_uris, split_qualified, validate_servers, visible,
+};
+pub use state::{
+    Effect, Live, Phase, PoolSnapshot, Route, RouteTable, ServerSlot, ServerSnapshot, ViewId,
+    ViewRecord, ViewScope,
+};
 
 /// Every decision of the pool.
 pub struct PoolCore {
@@ -639,105 +442,6 @@ impl PoolCore {
         fx
     }
 
-    /// The tools a view sees, qualified and sorted by name (S8).
-    pub fn list_tools(&self, id: ViewId) -> Result<Vec<ToolSpec>, AgentError> {
-        let view = self.view(id)?;
-        let mut tools: Vec<ToolSpec> = view
-            .servers
-            .iter()
-            .filter_map(|name| match self.servers.get(name).map(|s| &s.phase) {
-                Some(Phase::Ready(live)) => Some((name, live)),
-                _ => None,
-            })
-            .flat_map(|(name, live)| {
-                live.tools.values().map(move |tool| ToolSpec {
-                    name: qualify(name, &tool.name),
-                    description: tool.description.clone(),
-                    parameters: tool.input_schema.clone(),
-                })
-            })
-            .filter(|spec| visible(view.allowlist.as_ref(), &spec.name))
-            .collect();
-        tools.sort_by(|a, b| a.name.cmp(&b.name));
-        Ok(tools)
-    }
-
-    /// Where a call of `name` goes, if the view may make it.
-    pub fn resolve(&self, id: ViewId, name: &str) -> Result<Route, AgentError> {
-        let view = self.view(id)?;
-        let unknown = || AgentError::ToolError {
-            name: name.to_owned(),
-            message: format!("unknown tool `{name}`"),
-        };
-        let (server, tool) = split_qualified(name).ok_or_else(unknown)?;
-        if !view.servers.contains(server) || !visible(view.allowlist.as_ref(), name) {
-            return Err(unknown());
-        }
-        let slot = self.servers.get(server).ok_or_else(unknown)?;
-        let live = match &slot.phase {
-            Phase::Ready(live) => live,
-            other => {
-                return Err(AgentError::McpError {
-                    server: server.to_owned(),
-                    message: format!("the server is not connected ({})", other.name()),
-                });
-            }
-        };
-        if !live.tools.contains_key(tool) {
-            return Err(match live.left_out.get(tool) {
-                Some(LeftOut::RequiresTask) => AgentError::ToolError {
-                    name: name.to_owned(),
-                    message: "the tool needs MCP task augmentation, which is not supported".into(),
-                },
-                _ => unknown(),
-            });
-        }
-        Ok(Route {
-            server: server.to_owned(),
-            tool: tool.to_owned(),
-            conn: live.conn.clone(),
-            closed: live.closed.clone(),
-            events: None,
-        })
-    }
-
-    /// Every tool of every ready server, by qualified name, with its route: what views
-    /// resolve calls against without asking the actor (visibility is checked by the view).
-    pub fn route_table(&self) -> RouteTable {
-        let mut routes = HashMap::new();
-        for (server, slot) in &self.servers {
-            if let Phase::Ready(live) = &slot.phase {
-                for tool in live.tools.keys() {
-                    routes.insert(
-                        qualify(server, tool),
-                        Route {
-                            server: server.clone(),
-                            tool: tool.clone(),
-                            conn: live.conn.clone(),
-                            closed: live.closed.clone(),
-                            events: None,
-                        },
-                    );
-                }
-            }
-        }
-        RouteTable { routes }
-    }
-
-    /// What a view may see: its servers and its allowlist (fixed for its life).
-    pub fn view_scope(&self, id: ViewId) -> Option<ViewScope> {
-        self.views.get(&id).map(|v| ViewScope {
-            servers: v.servers.clone(),
-            allowlist: v.allowlist.clone(),
-        })
-    }
-
-    fn view(&self, id: ViewId) -> Result<&ViewRecord, AgentError> {
-        self.views
-            .get(&id)
-            .ok_or_else(|| AgentError::not_found("MCP view (released)", id))
-    }
-
     /// Live connections.
     #[cfg(test)]
     pub fn live_connections(&self) -> usize {
@@ -802,136 +506,10 @@ fn stale_close(server: &str, conn: Arc<dyn McpConnection>) -> Effect {
     }
 }
 
-/// `server__tool`.
-pub fn qualify(server: &str, tool: &str) -> String {
-    format!("{server}__{tool}")
-}
-
-/// Splits a qualified name at its first `__` (server names never contain one, and never end
-/// in `_`, so the split is unambiguous).
-pub fn split_qualified(name: &str) -> Option<(&str, &str)> {
-    name.split_once("__")
-        .filter(|(server, tool)| !server.is_empty() && !tool.is_empty())
-}
-
-/// Whether an allowlist lets a qualified name through (`None` = everything).
-pub fn visible(allowlist: Option<&BTreeSet<String>>, qualified: &str) -> bool {
-    allowlist.is_none_or(|list| list.contains(qualified))
-}
-
-/// Delay before restart number `attempt + 1` after consecutive failures: `base · 2^attempt`,
-/// capped at `max`.
-pub fn backoff_delay(base: Duration, max: Duration, attempt: u32) -> Duration {
-    let factor = 1u32.checked_shl(attempt).unwrap_or(u32::MAX);
-    base.checked_mul(factor).unwrap_or(max).min(max)
-}
-
-/// Splits a server's listing into the tools offered and those left out (task-augmented tools,
-/// names that do not make a legal qualified name), logging each one left out.
-pub fn offered_tools(
-    server: &str,
-    tools: Vec<McpTool>,
-) -> (BTreeMap<String, McpTool>, BTreeMap<String, LeftOut>) {
-    let mut offered = BTreeMap::new();
-    let mut left_out = BTreeMap::new();
-    for tool in tools {
-        let reason = if tool.requires_task {
-            Some(LeftOut::RequiresTask)
-        } else if !is_valid_tool_name(&qualify(server, &tool.name)) {
-            Some(LeftOut::InvalidName)
-        } else {
-            None
-        };
-        match reason {
-            Some(reason) => {
-                tracing::info!(
-                    server,
-                    tool = %tool.name,
-                    reason = reason.as_str(),
-                    "MCP tool left out"
-                );
-                super::metrics::left_out(reason);
-                left_out.insert(tool.name, reason);
-            }
-            None => {
-                offered.insert(tool.name.clone(), tool);
-            }
-        }
-    }
-    (offered, left_out)
-}
-
-/// Checks server names: legal (`[a-zA-Z0-9_-]+`, at most 64 bytes), without `__`, not ending
-/// in `_` (which would make `name___tool` ambiguous), and unique. The error names each one.
-pub fn validate_servers(servers: &[McpServerConfig]) -> Result<(), AgentError> {
-    let mut seen = BTreeSet::new();
-    let mut problems = Vec::new();
-    for s in servers {
-        let name = &s.name;
-        if !is_valid_tool_name(name) {
-            problems.push(format!(
-                "`{name}` (must match [a-zA-Z0-9_-]+, at most 64 bytes)"
-            ));
-        } else if name.contains("__") {
-            problems.push(format!("`{name}` (must not contain `__`)"));
-        } else if name.ends_with('_') {
-            problems.push(format!(
-                "`{name}` (must not end in `_`: its qualified tool names would be ambiguous)"
-            ));
-        } else if !seen.insert(name.as_str()) {
-            problems.push(format!("`{name}` (configured twice)"));
-        }
-    }
-    if problems.is_empty() {
-        Ok(())
-    } else {
-        Err(AgentError::invalid(format!(
-            "invalid MCP server names: {}",
-            problems.join(", ")
-        )))
-    }
-}
-
-/// The roots offered to servers: `file://` URIs, each once, sorted. Entries that already are
-/// URIs are kept; absolute paths are converted; anything else is an error naming it.
-pub fn root_uris(roots: &[String]) -> Result<Vec<String>, AgentError> {
-    let mut uris = BTreeSet::new();
-    let mut bad = Vec::new();
-    for root in roots {
-        if root.contains("://") {
-            uris.insert(root.clone());
-        } else if root.starts_with('/') {
-            uris.insert(format!("file://{}", percent_encode_path(root)));
-        } else {
-            bad.push(format!("`{root}`"));
-        }
-    }
-    if bad.is_empty() {
-        Ok(uris.into_iter().collect())
-    } else {
-        Err(AgentError::invalid(format!(
-            "MCP roots must be absolute paths or URIs: {}",
-            bad.join(", ")
-        )))
-    }
-}
-
-fn percent_encode_path(path: &str) -> String {
-    let mut out = String::with_capacity(path.len());
-    for b in path.bytes() {
-        if b.is_ascii_alphanumeric() || matches!(b, b'/' | b'-' | b'.' | b'_' | b'~') {
-            out.push(char::from(b));
-        } else {
-            out.push_str(&format!("%{b:02X}"));
-        }
-    }
-    out
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::ports::{McpCall, McpTransport};
+    use crate::ports::{McpCall, McpTransport, ToolFailureKind};
     use troupe_proto::ToolOutput;
 
     struct NullConn;
@@ -1251,10 +829,8 @@ mod tests {
         assert!(core.resolve(some, "a__z").is_ok());
         for hidden in ["a__m", "a-b__c", "nope", "zz__x"] {
             let err = core.resolve(some, hidden).err().unwrap();
-            assert!(
-                matches!(err, AgentError::ToolError { ref message, .. } if message.contains("unknown tool")),
-                "{hidden}: {err:?}"
-            );
+            assert_eq!(err, ToolFailure::unknown_tool(hidden), "{hidden}");
+            assert!(!err.retryable());
         }
         let route = core.resolve(all, "a__m").unwrap();
         assert_eq!((route.server.as_str(), route.tool.as_str()), ("a", "m"));
@@ -1332,10 +908,11 @@ mod tests {
         let mut core = core(&["a"]);
         let (v, _) = core.open_view(ConversationId::new(), None).unwrap();
         let err = core.resolve(v, "a__t").err().unwrap();
-        assert!(matches!(err, AgentError::McpError { ref server, .. } if server == "a"));
+        assert!(matches!(err.error, AgentError::McpError { ref server, .. } if server == "a"));
+        assert_eq!(err.kind, ToolFailureKind::Failed);
         core.release_view(v);
         assert!(matches!(
-            core.resolve(v, "a__t").err().unwrap(),
+            core.resolve(v, "a__t").err().unwrap().error,
             AgentError::NotFound { .. }
         ));
     }

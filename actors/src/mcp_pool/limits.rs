@@ -46,7 +46,7 @@ impl ConversationLimiter {
 
 /// The slots a call holds while it runs; dropping it gives them back.
 #[derive(Debug)]
-pub struct Admission {
+pub struct CallSlots {
     _conversation: OwnedSemaphorePermit,
     _session: OwnedSemaphorePermit,
 }
@@ -65,7 +65,7 @@ pub async fn admit(
     server: &str,
     closed: &CancellationToken,
     cancel: &CancellationToken,
-) -> Result<Admission, AgentError> {
+) -> Result<CallSlots, AgentError> {
     let started = Instant::now();
     let deadline = started + limits.wait_bound;
     let waits = Waits {
@@ -107,7 +107,7 @@ pub async fn admit(
             .map_err(|_| AgentError::internal("session MCP slots closed"))?,
     };
     metrics::slot_wait(started.elapsed());
-    Ok(Admission {
+    Ok(CallSlots {
         _conversation: conv,
         _session: sess,
     })

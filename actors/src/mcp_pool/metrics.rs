@@ -3,12 +3,12 @@
 //! the configuration (one list for every session of a process), never from a model or a
 //! client. Conversation ids and tool names go into spans and events, never into labels.
 
+use crate::ports::ToolFailure;
 use metrics::{
     Unit, counter, describe_counter, describe_gauge, describe_histogram, gauge, histogram,
 };
 use std::collections::BTreeSet;
 use std::time::Duration;
-use troupe_proto::AgentError;
 
 /// MCP tool calls, by outcome.
 pub const CALLS_TOTAL: &str = "troupe_mcp_calls_total";
@@ -276,11 +276,11 @@ impl Drop for InFlight {
 }
 
 /// The outcome label of a finished call.
-pub fn outcome(result: &Result<troupe_proto::ToolOutput, AgentError>) -> &'static str {
+pub fn outcome(result: &Result<troupe_proto::ToolOutput, ToolFailure>) -> &'static str {
     match result {
         Ok(out) if out.is_error => "tool_error",
         Ok(_) => "ok",
-        Err(e) => e.kind().as_str(),
+        Err(failure) => failure.error.kind().as_str(),
     }
 }
 

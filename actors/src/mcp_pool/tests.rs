@@ -5,7 +5,7 @@ use crate::approval_store::{ApprovalStore, ApprovalStoreArgs};
 use crate::events::EventDraft;
 use crate::ports::{
     DeltaSink, McpCall, McpPort, McpTransport, McpView, ModelInfo, ModelRequest, ModelResponse,
-    ToolCallContext,
+    ToolCallContext, ToolFailure,
 };
 use crate::rollout::RolloutMsg;
 use serde_json::json;
@@ -445,7 +445,7 @@ impl Harness {
     }
 
     /// The next warning with `code`, skipping other events.
-    async fn warning(&mut self, code: &str) -> String {
+    async fn warning(&mut self, code: WarningCode) -> String {
         let wait = async {
             loop {
                 let draft = self.events.recv().await.expect("event stream open");
@@ -494,7 +494,9 @@ impl Harness {
 }
 
 async fn call(view: &Arc<dyn McpView>, name: &str) -> Result<ToolOutput, AgentError> {
-    call_with(view, name, &CancellationToken::new()).await
+    try_call(view, name, &CancellationToken::new())
+        .await
+        .map_err(|failure| failure.error)
 }
 
 async fn call_with(
@@ -502,6 +504,17 @@ async fn call_with(
     name: &str,
     cancel: &CancellationToken,
 ) -> Result<ToolOutput, AgentError> {
+    try_call(view, name, cancel)
+        .await
+        .map_err(|failure| failure.error)
+}
+
+/// A call, failing with the kind of failure the view made.
+async fn try_call(
+    view: &Arc<dyn McpView>,
+    name: &str,
+    cancel: &CancellationToken,
+) -> Result<ToolOutput, ToolFailure> {
     let call = ToolCall {
         call_id: format!("call-{name}"),
         name: name.to_owned(),
@@ -611,11 +624,10 @@ async fn the_allowlist_shows_only_its_tools_and_unknown_entries_are_named() {
     let out = call(&some, "a__read").await.unwrap();
     assert_eq!(out.call_id, "call-a__read");
     assert_eq!(out.output, r#"a:read {"n":1}"#);
-    let hidden = call(&some, "a__write").await.unwrap_err();
-    assert!(
-        matches!(hidden, AgentError::ToolError { ref message, .. } if message.contains("unknown tool")),
-        "{hidden:?}"
-    );
+    let hidden = try_call(&some, "a__write", &CancellationToken::new())
+        .await
+        .unwrap_err();
+    assert_eq!(hidden, ToolFailure::unknown_tool("a__write"));
 
     let refused = h
         .pool
@@ -725,7 +737,7 @@ async fn a_death_fails_the_call_fast_and_the_server_restarts_with_backoff() {
         "{err:?}"
     );
     assert_eq!(died_at.elapsed(), Duration::ZERO);
-    let failed = h.warning("mcp_server_failed").await;
+    let failed = h.warning(WarningCode::McpServerFailed).await;
     assert!(
         failed.contains("exit status 1") && failed.contains("restarting in 1s"),
         "{failed}"
@@ -1009,7 +1021,7 @@ async fn servers_get_the_roots_and_their_requests_outside_a_call_are_refused() {
         .elicit_outcome("your name?".into(), Json(json!({"type": "object"})))
         .await;
     assert_eq!(elicited, ElicitOutcome::Decline);
-    let warned = h.warning("mcp_request_unattributed").await;
+    let warned = h.warning(WarningCode::McpRequestUnattributed).await;
     assert!(warned.contains("none of its tool calls"), "{warned}");
     let err = handler.sample(Json(json!({}))).await.unwrap_err();
     assert!(
@@ -1119,6 +1131,7 @@ fn task_call(
             },
         )
         .await
+        .map_err(|failure| failure.error)
     })
 }
 
@@ -1282,7 +1295,7 @@ async fn a_request_while_several_tasks_call_the_server_is_refused() {
         .elicit_outcome("which of you?".into(), Json(json!({"type": "object"})))
         .await;
     assert_eq!(outcome, ElicitOutcome::Decline);
-    let warned = h.warning("mcp_request_unattributed").await;
+    let warned = h.warning(WarningCode::McpRequestUnattributed).await;
     assert!(warned.contains("2 tasks"), "{warned}");
     // Nobody was asked.
     let pending = ractor::call!(store, |reply| ApprovalMsg::ListPending {
@@ -1349,7 +1362,7 @@ async fn a_connect_that_fails_with_nobody_waiting_is_not_retried() {
     let mut h = start(&[&a], limits()).await;
     let v = h.open(None).await;
     v.release().await;
-    let failed = h.warning("mcp_server_failed").await;
+    let failed = h.warning(WarningCode::McpServerFailed).await;
     assert!(failed.contains("not restarting"), "{failed}");
     tokio::time::advance(Duration::from_secs(3600)).await;
     settle().await;

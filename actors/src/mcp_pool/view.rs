@@ -11,7 +11,7 @@ use super::{
     RouteTable, ViewId, ViewScope, decide, metrics,
 };
 use crate::events::{EventDraft, EventSink};
-use crate::ports::{McpCall, McpNotice, McpPort, McpView, ToolCallContext};
+use crate::ports::{McpCall, McpNotice, McpPort, McpView, ToolCallContext, ToolFailure};
 use async_trait::async_trait;
 use ractor::{Actor, ActorCell, ActorRef, ActorStatus};
 use std::sync::Arc;
@@ -147,7 +147,7 @@ impl McpView for PoolView {
         &self,
         call: &ToolCall,
         ctx: ToolCallContext<'_>,
-    ) -> Result<ToolOutput, AgentError> {
+    ) -> Result<ToolOutput, ToolFailure> {
         let started = Instant::now();
         // No span of its own: the call's `execute_tool` span (`ctx.span`) gets the MCP
         // attributes, as the MCP conventions advise when a GenAI span covers the call.
@@ -181,7 +181,7 @@ impl McpView for PoolView {
 impl PoolView {
     /// The route of a call: from the published table when the tool is visible and its
     /// connection open; otherwise the actor decides (and names the error).
-    async fn resolve(&self, name: &str) -> Result<Route, AgentError> {
+    async fn resolve(&self, name: &str) -> Result<Route, ToolFailure> {
         if !self.released.load(Ordering::Acquire) {
             let table = self.routes.borrow().clone();
             if let Some(route) = table.fast_route(&self.scope, name) {
@@ -193,14 +193,14 @@ impl PoolView {
             name: name.to_owned(),
             reply,
         })
-        .map_err(pool_gone)?
+        .map_err(|e| ToolFailure::from(pool_gone(e)))?
     }
 
     async fn call(
         &self,
         call: &ToolCall,
         ctx: ToolCallContext<'_>,
-    ) -> Result<ToolOutput, AgentError> {
+    ) -> Result<ToolOutput, ToolFailure> {
         let route = self.resolve(&call.name).await?;
         ctx.span.record("troupe.mcp.server", route.server.as_str());
         let _slots = limits::admit(
@@ -278,9 +278,9 @@ impl PoolView {
         // two the call saw first: the task is over and the model will not read the answer.
         let mut output = match result {
             Ok(_) if ctx.cancel.is_cancelled() => {
-                return Err(AgentError::cancelled(
-                    "the task was cancelled during the MCP call",
-                ));
+                return Err(
+                    AgentError::cancelled("the task was cancelled during the MCP call").into(),
+                );
             }
             result => result?,
         };

@@ -16,7 +16,7 @@
 use super::storage::{RolloutSink, RolloutStorage};
 use super::{RecordLevel, RecordMeta, RolloutRecord, downgrade};
 use std::sync::Arc;
-use troupe_proto::{ConversationId, EventKind, SessionId, TaskId};
+use troupe_proto::{ConversationId, EventKind, EventName, SessionId, TaskId};
 
 /// Opens (or reopens) the storage under test.
 pub type Open<'a> = &'a dyn Fn() -> Arc<dyn RolloutStorage>;
@@ -53,7 +53,7 @@ pub fn full(
         ts_ms,
         conversation_id,
         task_id: Some(TaskId::new()),
-        kind: "assistant_message".into(),
+        kind: EventName::AssistantMessage,
         level: RecordLevel::Full,
         event: Some(EventKind::AssistantMessage { text: text.into() }),
         meta: RecordMeta {

@@ -6,6 +6,7 @@ use metrics::{
     Unit, counter, describe_counter, describe_gauge, describe_histogram, gauge, histogram,
 };
 use std::time::Duration;
+use troupe_proto::EventName;
 
 pub const EVENTS_EMITTED: &str = "troupe_rollout_events_emitted_total";
 pub const EVENTS_UNRECORDED: &str = "troupe_rollout_events_unrecorded_total";
@@ -160,12 +161,12 @@ pub fn describe() {
     counter!(EVENTS_LOST).increment(0);
 }
 
-pub fn event_emitted(kind: &'static str) {
-    counter!(EVENTS_EMITTED, "kind" => kind).increment(1);
+pub fn event_emitted(kind: EventName) {
+    counter!(EVENTS_EMITTED, "kind" => kind.as_str()).increment(1);
 }
 
-pub fn event_unrecorded(kind: &'static str) {
-    counter!(EVENTS_UNRECORDED, "kind" => kind).increment(1);
+pub fn event_unrecorded(kind: EventName) {
+    counter!(EVENTS_UNRECORDED, "kind" => kind.as_str()).increment(1);
 }
 
 pub fn unregistered_event() {
@@ -196,8 +197,8 @@ pub fn write_error(op: &'static str) {
     counter!(WRITE_ERRORS, "op" => op).increment(1);
 }
 
-pub fn event_withheld(kind: &'static str) {
-    counter!(EVENTS_WITHHELD, "kind" => kind).increment(1);
+pub fn event_withheld(kind: EventName) {
+    counter!(EVENTS_WITHHELD, "kind" => kind.as_str()).increment(1);
 }
 
 pub fn published(delay: Duration) {

@@ -246,7 +246,7 @@ mod tests {
     use super::super::{FileRolloutStorage, Rollout, RolloutArgs, record_for};
     use super::*;
     use crate::clock::Clock;
-    use crate::events::EventDraft;
+    use crate::event_draft::EventDraft;
     use proptest::prelude::*;
     use ractor::Actor;
     use troupe_proto::{ConversationId, EventKind, SessionId, StoragePolicy};

@@ -382,7 +382,7 @@ impl Writer {
                     let appended = match record {
                         None => true,
                         Some(record) => {
-                            sync |= is_sync_point(&record.kind);
+                            sync |= is_sync_point(record.kind);
                             match self.sink.append(record.conversation_id, &record) {
                                 Ok(()) => {
                                     metrics::record_written(record.level);
@@ -461,7 +461,7 @@ impl Writer {
                 tracing::warn!(
                     session_id = %self.session_id,
                     seq = p.env.seq,
-                    kind,
+                    %kind,
                     "event withheld: its record was not committed"
                 );
             }

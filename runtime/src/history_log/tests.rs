@@ -5,7 +5,7 @@ use std::fmt;
 use std::path::Path;
 use std::sync::Arc;
 use tokio::sync::broadcast;
-use troupe_proto::{CloseOutcome, Json, TaskStats, ToolCall, Usage};
+use troupe_proto::{CloseOutcome, Json, TaskStats, ToolCall, Usage, WarningCode};
 
 const SESSION: &str = "00000000-0000-7000-8000-000000000001";
 const CONV_A: &str = "00000000-0000-7000-8000-0000000000a1";
@@ -86,7 +86,7 @@ fn phase_one(ev: &mut Events) -> Vec<EventEnvelope> {
             Some(b),
             None,
             EventKind::Warning {
-                code: "policy_clamped".into(),
+                code: WarningCode::PolicyClamped,
                 message: "sandbox narrowed to read_only".into(),
             },
         ),

@@ -439,7 +439,7 @@ async fn a_task_is_one_tree_from_invoke_agent_to_the_mcp_call() {
         );
         let span = e.span_id.clone().unwrap();
         assert!(span_ids.contains(&span), "{e:?}");
-        by_kind.insert(e.event.name(), span);
+        by_kind.insert(e.event.name().as_str(), span);
     }
     assert_eq!(
         by_kind["tool_call_started"].as_str(),

@@ -1,0 +1,139 @@
+//! The conversation's decisions as pure functions of what it knows: which tasks a restored
+//! rollout left unfinished, whether a message is admitted or queued, which scheduler answer
+//! counts, and what a replaced Scheduler or TaskRegistry is told.
+
+use super::*;
+
+/// Tasks of a record that started and never ended (no `task_finished` or `task_aborted`), in
+/// the order they started.
+pub fn interrupted_tasks(records: &[RolloutRecord]) -> Vec<TaskId> {
+    let mut started = Vec::new();
+    let mut ended = std::collections::HashSet::new();
+    for r in records {
+        let Some(task_id) = r.task_id else { continue };
+        match r.kind {
+            EventName::TaskStarted | EventName::CompactionStarted
+                if !started.contains(&task_id) =>
+            {
+                started.push(task_id);
+            }
+            EventName::TaskFinished | EventName::TaskAborted => {
+                ended.insert(task_id);
+            }
+            _ => {}
+        }
+    }
+    started.retain(|t| !ended.contains(t));
+    started
+}
+
+/// What to do with a new message.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum MessageAdmission {
+    StartNow,
+    Enqueue,
+    RejectClosing,
+    RejectFull,
+}
+
+/// The `policy_clamped` warning (C2): what was asked, what the conversation got.
+pub fn clamp_message(
+    params: &OpenConversation,
+    (approval_clamped, approval): (bool, ApprovalPolicy),
+    (sandbox_clamped, sandbox): (bool, SandboxPolicy),
+) -> String {
+    let mut parts = Vec::new();
+    if let (true, Some(asked)) = (approval_clamped, params.approval_policy) {
+        parts.push(format!(
+            "approval policy {asked:?} is wider than the session's; using {approval:?}"
+        ));
+    }
+    if let (true, Some(asked)) = (sandbox_clamped, params.sandbox_policy) {
+        parts.push(format!(
+            "sandbox policy {asked:?} is wider than the session's; using {sandbox:?}"
+        ));
+    }
+    format!(
+        "a conversation may only narrow the session's policies: {}",
+        parts.join("; ")
+    )
+}
+
+/// Pure admission decision for a message.
+pub fn admit(closing: bool, running: bool, queued: usize, max_queued: usize) -> MessageAdmission {
+    match (closing, running) {
+        (true, _) => MessageAdmission::RejectClosing,
+        (false, false) => MessageAdmission::StartNow,
+        (false, true) if queued < max_queued => MessageAdmission::Enqueue,
+        (false, true) => MessageAdmission::RejectFull,
+    }
+}
+
+/// Where a task stands with the scheduler, as its conversation knows it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum SlotState {
+    /// This scheduler was asked and has not answered.
+    Asked(ActorId),
+    /// This scheduler granted the slot.
+    Held(ActorId),
+}
+
+/// What a conversation tells a scheduler it has not dealt with yet.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Rejoin {
+    /// The scheduler already knows where the task stands.
+    Nothing,
+    /// No slot is held or asked for: say so (`Recovered`).
+    Recovered,
+    /// The task holds a grant of the scheduler it replaced: `Reinstate` it.
+    Reinstate,
+    /// The task waited at the scheduler it replaced: ask again.
+    AskAgain,
+}
+
+/// What to tell the scheduler `current` about a task whose slot is `slot` (`None`: no task,
+/// or a task that was refused a slot).
+pub fn rejoin(slot: Option<SlotState>, current: ActorId) -> Rejoin {
+    match slot {
+        None => Rejoin::Recovered,
+        Some(SlotState::Asked(at) | SlotState::Held(at)) if at == current => Rejoin::Nothing,
+        Some(SlotState::Asked(_)) => Rejoin::AskAgain,
+        Some(SlotState::Held(_)) => Rejoin::Reinstate,
+    }
+}
+
+/// What a scheduler's answer means for the task.
+#[derive(Debug, Clone, PartialEq)]
+pub enum SlotAnswer {
+    /// The slot is the task's: it runs.
+    Granted,
+    /// Refused (overloaded, withdrawn): the task ends with this error.
+    Refused(AgentError),
+    /// The scheduler stopped before answering: its successor is asked once published.
+    Lost,
+    /// From a scheduler the task no longer waits for (asked again elsewhere): ignored.
+    Stale,
+}
+
+/// Judges the answer of scheduler `from` to a task whose slot is `slot`.
+pub fn slot_answer(
+    slot: Option<SlotState>,
+    from: ActorId,
+    answer: Option<Result<(), AgentError>>,
+) -> SlotAnswer {
+    match (slot, answer) {
+        (Some(SlotState::Asked(at)), Some(Ok(()))) if at == from => SlotAnswer::Granted,
+        (Some(SlotState::Asked(at)), Some(Err(error))) if at == from => SlotAnswer::Refused(error),
+        (Some(SlotState::Asked(at)), None) if at == from => SlotAnswer::Lost,
+        _ => SlotAnswer::Stale,
+    }
+}
+
+/// The state a task is declared in to a new TaskRegistry.
+pub fn registry_state(cancelled: bool, slot: Option<SlotState>) -> TaskState {
+    match (cancelled, slot) {
+        (true, _) => TaskState::Cancelling,
+        (false, Some(SlotState::Held(_))) => TaskState::Running,
+        (false, _) => TaskState::Queued,
+    }
+}

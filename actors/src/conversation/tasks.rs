@@ -1,0 +1,385 @@
+//! A conversation's tasks from start to end: starting one (or queueing it), asking the
+//! session's current Scheduler for its slot and the answer that decides, rejoining a
+//! replaced Scheduler or TaskRegistry, and recording a finished task's stats.
+
+use super::*;
+
+impl ConversationState {
+    pub(super) fn start_task(
+        &mut self,
+        myself: &ActorRef<ConversationMsg>,
+        kind: TaskKind,
+        text: String,
+        reply: RpcReplyPort<Result<MessageReply, AgentError>>,
+        caller: &tracing::Span,
+    ) {
+        let task_id = TaskId::new();
+        let cancel = CancellationToken::new();
+        let settings = self.services.settings.clone();
+        let started_at_ms = self.services.clock.now_ms();
+        let _ = self
+            .services
+            .directory
+            .registry()
+            .cast(TaskRegistryMsg::Register {
+                task_id,
+                conversation_id: self.id,
+                sub_id: sub_id(self.id, task_id),
+                cancel: cancel.clone(),
+                started_at_ms,
+            });
+        let info = self.services.model.info();
+        let span = crate::task::spans::invoke_agent(
+            crate::task::spans::TaskSpanInfo {
+                session_id: self.services.session_id,
+                conversation_id: self.id,
+                task_id,
+                turn: self.turns + 1,
+                kind: match kind {
+                    TaskKind::Message => "message",
+                    TaskKind::Compact => "compact",
+                },
+                provider: &info.provider,
+                model: &info.model,
+            },
+            caller,
+        );
+        metrics::task_started(match kind {
+            TaskKind::Message => "message",
+            TaskKind::Compact => "compact",
+        });
+        let started = match kind {
+            TaskKind::Message => EventKind::TaskStarted {
+                input: text.clone(),
+            },
+            TaskKind::Compact => EventKind::CompactionStarted {},
+        };
+        span.in_scope(|| {
+            self.services
+                .events
+                .emit(EventDraft::task(self.id, task_id, started));
+        });
+        let compact = kind == TaskKind::Compact;
+        self.turns += 1;
+        let wait = span.in_scope(|| crate::task::spans::scheduler_wait(self.id, task_id));
+        let (slot, first) = self.ask_slot(myself, task_id, &wait);
+        let (granted, granted_rx) = oneshot::channel();
+        let ctx = TaskContext {
+            conversation_id: self.id,
+            task_id,
+            turn: self.turns,
+            tokens: self.services.tokens.clone(),
+            input: text,
+            history: self.history.snapshot(),
+            pinned: self.context.pinned(),
+            // A compaction only writes: no tools.
+            builtins: if compact {
+                Vec::new()
+            } else {
+                crate::tools::builtin_tools(&self.context.prefs)
+            },
+            base_instructions: self.context.base_instructions.clone(),
+            turn_override: compact.then(|| COMPACT_INSTRUCTIONS.to_owned()),
+            model: self.services.model.clone(),
+            mcp: if compact { None } else { self.view.clone() },
+            mcp_generation: self.view_generation,
+            mcp_allowlist: self.context.mcp_tool_allowlist.clone(),
+            exec: self.services.exec.clone(),
+            services: self.services.directory.clone(),
+            events: self.services.events.clone(),
+            cancel: cancel.clone(),
+            limits: settings.task,
+            approval_policy: self.approval_policy,
+            sandbox_policy: self.sandbox_policy,
+            workspace_roots: settings.workspace_roots.clone(),
+            record_content: settings.record_content,
+        };
+        let me = myself.clone();
+        let task_span = span.clone();
+        let (SlotState::Asked(asked_of) | SlotState::Held(asked_of)) = slot;
+        let report = {
+            let me = myself.clone();
+            Box::new(move |answer| {
+                let _ = me.cast(ConversationMsg::SlotAnswered {
+                    task_id,
+                    scheduler: asked_of,
+                    answer,
+                });
+            })
+        };
+        let slot_wait = SlotWait {
+            first,
+            asked_of,
+            report,
+            verdict: granted_rx,
+            span: wait.clone(),
+        };
+        let join = tokio::spawn(async move {
+            // A panic still ends the task, so that its slot is given back and its caller hears.
+            let outcome = std::panic::AssertUnwindSafe(crate::task::run(ctx, slot_wait, task_span))
+                .catch_unwind()
+                .await
+                .unwrap_or_else(|_| runner_panicked());
+            let _ = me.cast(ConversationMsg::TaskFinished {
+                task_id,
+                outcome: Box::new(outcome),
+            });
+        });
+        self.running = Some(Running {
+            task_id,
+            kind,
+            span,
+            reply: Some(reply),
+            cancel,
+            abort: join.abort_handle(),
+            started_at_ms,
+            slot: Some(slot),
+            granted: Some(granted),
+            wait,
+        });
+    }
+
+    /// Asks the current scheduler for `task_id`'s slot; the receiver gets its answer (closed
+    /// if the scheduler is gone: the Session replaces it, and its successor is asked then).
+    pub(super) fn ask_slot(
+        &self,
+        myself: &ActorRef<ConversationMsg>,
+        task_id: TaskId,
+        wait: &tracing::Span,
+    ) -> (SlotState, oneshot::Receiver<Result<(), AgentError>>) {
+        let scheduler = self.services.directory.scheduler();
+        let at = scheduler.get_id();
+        let (reply, answer) = oneshot::channel();
+        // Sent in the wait's span: the scheduler logs the grant in the task's trace.
+        let _ = wait.in_scope(|| {
+            scheduler.cast(SchedulerMsg::Acquire {
+                task_id,
+                conversation_id: self.id,
+                holder: myself.get_cell(),
+                reply: reply.into(),
+            })
+        });
+        (SlotState::Asked(at), answer)
+    }
+
+    /// Asks a new scheduler again for a task that waited at the one it replaced; its answer
+    /// comes back as `SlotAnswered`, and the runner gets the verdict.
+    pub(super) fn ask_again(
+        &self,
+        myself: &ActorRef<ConversationMsg>,
+        task_id: TaskId,
+        wait: &tracing::Span,
+    ) -> SlotState {
+        let (slot, answer) = self.ask_slot(myself, task_id, wait);
+        let (SlotState::Asked(at) | SlotState::Held(at)) = slot;
+        let me = myself.clone();
+        tokio::spawn(async move {
+            let answer = answer.await.ok();
+            let _ = me.cast(ConversationMsg::SlotAnswered {
+                task_id,
+                scheduler: at,
+                answer,
+            });
+        });
+        slot
+    }
+
+    pub(super) fn on_slot_answered(
+        &mut self,
+        task_id: TaskId,
+        from: ActorId,
+        answer: Option<Result<(), AgentError>>,
+    ) {
+        let Some(running) = self.running.as_mut().filter(|r| r.task_id == task_id) else {
+            return; // the task is over: its end released whatever it was granted
+        };
+        match slot_answer(running.slot, from, answer) {
+            SlotAnswer::Granted => {
+                running.slot = Some(SlotState::Held(from));
+                let _ = self
+                    .services
+                    .directory
+                    .registry()
+                    .cast(TaskRegistryMsg::StateChanged {
+                        task_id,
+                        state: TaskState::Running,
+                    });
+                if let Some(granted) = running.granted.take() {
+                    let _ = granted.send(Ok(()));
+                }
+            }
+            SlotAnswer::Refused(error) => {
+                running.slot = None;
+                if let Some(granted) = running.granted.take() {
+                    let _ = granted.send(Err(error));
+                }
+            }
+            SlotAnswer::Lost => {
+                tracing::info!(conversation_id = %self.id, %task_id, "scheduler stopped before answering; its successor will be asked");
+            }
+            SlotAnswer::Stale => {}
+        }
+    }
+
+    /// The directory changed: re-declares to each new service what it must know.
+    pub(super) async fn on_services_changed(&mut self, myself: &ActorRef<ConversationMsg>) {
+        let now = self.services.directory.generations();
+        let replaced = now.replaced_since(&self.seen);
+        self.seen = now;
+        if replaced.scheduler {
+            self.rejoin_scheduler(myself);
+        }
+        if replaced.registry {
+            self.rejoin_registry();
+        }
+        if replaced.mcp {
+            self.reopen_view().await;
+        }
+    }
+
+    pub(super) fn rejoin_scheduler(&mut self, myself: &ActorRef<ConversationMsg>) {
+        let scheduler = self.services.directory.scheduler();
+        let current = scheduler.get_id();
+        let slot = self.running.as_ref().and_then(|r| r.slot);
+        match rejoin(slot, current) {
+            Rejoin::Nothing => {}
+            Rejoin::Recovered => {
+                let _ = scheduler.cast(SchedulerMsg::Recovered {
+                    holder: myself.get_cell(),
+                });
+            }
+            Rejoin::Reinstate => {
+                if let Some(running) = &mut self.running {
+                    running.slot = Some(SlotState::Held(current));
+                    let task_id = running.task_id;
+                    tracing::info!(conversation_id = %self.id, %task_id, "grant re-declared to the new scheduler");
+                    let _ = scheduler.cast(SchedulerMsg::Reinstate {
+                        task_id,
+                        conversation_id: self.id,
+                        holder: myself.get_cell(),
+                    });
+                }
+            }
+            Rejoin::AskAgain => {
+                if let Some(running) = &self.running {
+                    let (task_id, wait) = (running.task_id, running.wait.clone());
+                    tracing::info!(conversation_id = %self.id, %task_id, "slot asked again of the new scheduler");
+                    let slot = self.ask_again(myself, task_id, &wait);
+                    if let Some(running) = &mut self.running {
+                        running.slot = Some(slot);
+                    }
+                }
+            }
+        }
+    }
+
+    pub(super) fn rejoin_registry(&self) {
+        let Some(running) = &self.running else {
+            return;
+        };
+        let _ = self
+            .services
+            .directory
+            .registry()
+            .cast(TaskRegistryMsg::Reinstate {
+                task_id: running.task_id,
+                conversation_id: self.id,
+                sub_id: sub_id(self.id, running.task_id),
+                cancel: running.cancel.clone(),
+                started_at_ms: running.started_at_ms,
+                state: registry_state(running.cancel.is_cancelled(), running.slot),
+            });
+    }
+
+    pub(super) fn on_task_finished(
+        &mut self,
+        myself: &ActorRef<ConversationMsg>,
+        task_id: TaskId,
+        outcome: TaskOutcome,
+    ) {
+        let Some(mut running) = self.running.take_if(|r| r.task_id == task_id) else {
+            return; // a late report of an aborted task
+        };
+        match running.kind {
+            TaskKind::Message => {
+                if let Some(report) = self.history.append(outcome.items.iter().cloned()) {
+                    self.services.events.emit(EventDraft::conversation(
+                        self.id,
+                        EventKind::HistoryTrimmed {
+                            removed_items: report.removed_items,
+                            summary: report.summary,
+                        },
+                    ));
+                }
+            }
+            TaskKind::Compact if outcome.status == TaskStatus::Ok && !outcome.text.is_empty() => {
+                let report = self.history.compact(outcome.text.clone());
+                running.span.in_scope(|| {
+                    self.services.events.emit(EventDraft::task(
+                        self.id,
+                        task_id,
+                        EventKind::Compacted {
+                            summary: report.summary,
+                            replaced_items: report.removed_items,
+                        },
+                    ));
+                });
+            }
+            // A failed compaction leaves the history as it was.
+            TaskKind::Compact => {}
+        }
+        self.record_stats(&outcome.stats, outcome.status);
+        running.span.in_scope(|| {
+            self.services.events.emit(EventDraft::task(
+                self.id,
+                task_id,
+                EventKind::TaskFinished {
+                    status: outcome.status,
+                    text: outcome.text.clone(),
+                    stats: outcome.stats.clone(),
+                    error: outcome.error.clone(),
+                },
+            ));
+        });
+        // The slot goes back to the scheduler of the moment: the one that granted it, or its
+        // successor once the grant was re-declared (a scheduler that never heard of the task
+        // ignores this).
+        let _ = self
+            .services
+            .directory
+            .scheduler()
+            .cast(SchedulerMsg::Release { task_id });
+        let _ = self
+            .services
+            .directory
+            .registry()
+            .cast(TaskRegistryMsg::Deregister { task_id });
+        if let Some(reply) = running.reply.take() {
+            let _ = reply.send(Ok(MessageReply {
+                conversation_id: self.id,
+                task_id,
+                status: outcome.status,
+                text: outcome.text,
+                stats: outcome.stats,
+                error: outcome.error,
+            }));
+        }
+        if self.closing.is_some() {
+            self.finish_close(myself, CloseOutcome::Closed);
+        } else if let Some(next) = self.queue.pop_front() {
+            self.start_task(myself, next.kind, next.text, next.reply, &next.caller);
+        }
+    }
+
+    pub(super) fn record_stats(&mut self, stats: &TaskStats, status: TaskStatus) {
+        self.stats.tasks += 1;
+        match status {
+            TaskStatus::Error => self.stats.tasks_failed += 1,
+            TaskStatus::Cancelled => self.stats.tasks_cancelled += 1,
+            TaskStatus::Ok | TaskStatus::MaxSteps => {}
+        }
+        self.stats.usage.add(&stats.usage);
+        self.stats.tool_calls += u64::from(stats.tool_calls);
+        metrics::task_finished(status, stats);
+    }
+}

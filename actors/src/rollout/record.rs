@@ -1,0 +1,345 @@
+//! What the rollout stores of an event: [`RolloutRecord`] at its [`RecordLevel`], built from
+//! the event under the conversation's storage policy ([`record_for`]), its content-free
+//! facts ([`RecordMeta`]), the TTL expiry and its downgrade to headers, and the kinds that
+//! make the writer fsync.
+
+use super::*;
+
+/// How much of an event a record keeps.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum RecordLevel {
+    /// The whole event, content included.
+    Full,
+    /// Metadata only.
+    Headers,
+    /// Start, end, error: kind and status only.
+    Minimal,
+}
+
+impl RecordLevel {
+    /// The snake_case name, as serialised (a metric label).
+    pub const fn as_str(self) -> &'static str {
+        match self {
+            Self::Full => "full",
+            Self::Headers => "headers",
+            Self::Minimal => "minimal",
+        }
+    }
+}
+
+/// Content-free facts about an event, kept at every level that keeps the event at all.
+#[derive(Debug, Clone, PartialEq, Default, Serialize, Deserialize)]
+#[serde(default)]
+pub struct RecordMeta {
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub tool: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub is_error: Option<bool>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub status: Option<TaskStatus>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub error_kind: Option<ErrorKind>,
+    /// Size of the event's content in bytes: what was left out below `Full`.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub chars: Option<u64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub usage: Option<Usage>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub steps: Option<u32>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub tool_calls: Option<u32>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub duration_ms: Option<u64>,
+    /// Ttl: when this record's content is due to go (unix ms). Only on `Full` records written
+    /// under a `Ttl` policy; [`downgrade`] clears it with the content.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub expires_ms: Option<u64>,
+}
+
+/// One record of the rollout: a line of a conversation's rollout file, a row of a store, an
+/// item of an event stream.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct RolloutRecord {
+    pub seq: u64,
+    pub ts_ms: u64,
+    pub conversation_id: Option<ConversationId>,
+    pub task_id: Option<TaskId>,
+    /// `EventKind::name()` of the event (`Unknown`: a kind this build does not know).
+    pub kind: EventName,
+    pub level: RecordLevel,
+    /// The event itself, only at `RecordLevel::Full`.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub event: Option<EventKind>,
+    pub meta: RecordMeta,
+}
+
+impl RolloutRecord {
+    /// A live event as a record: level `Full` with the event, whatever the conversation's
+    /// policy keeps (a live subscriber sees the event itself; storage keeps what the policy
+    /// allows).
+    pub fn live(env: &EventEnvelope) -> Self {
+        Self {
+            seq: env.seq,
+            ts_ms: env.ts_ms,
+            conversation_id: env.conversation_id,
+            task_id: env.task_id,
+            kind: env.event.name(),
+            level: RecordLevel::Full,
+            event: Some(env.event.clone()),
+            meta: headers_meta(&env.event),
+        }
+    }
+}
+
+/// When content written at `ts_ms` under `Ttl { secs }` is due to go (saturating: a ttl past
+/// the end of time never comes due).
+pub fn ttl_expiry_ms(ts_ms: u64, ttl_secs: u64) -> u64 {
+    ts_ms.saturating_add(ttl_secs.saturating_mul(1000))
+}
+
+/// Whether a sweep at `now_ms` must downgrade `record`: a `Full` record whose expiry has come.
+pub fn is_due(record: &RolloutRecord, now_ms: u64) -> bool {
+    record.level == RecordLevel::Full && record.meta.expires_ms.is_some_and(|e| e <= now_ms)
+}
+
+/// Kinds that policy `None` keeps.
+pub(super) const MINIMAL_KINDS: [EventName; 7] = [
+    EventName::TaskStarted,
+    EventName::TaskFinished,
+    EventName::TaskAborted,
+    EventName::Error,
+    EventName::ConversationOpened,
+    EventName::ConversationClosed,
+    EventName::MessageUpdated,
+];
+
+/// Events that carry no content at all (ids, a status): every policy keeps them whole, so a
+/// resuming stream replays them as they were published.
+pub(super) fn content_free(event: &EventKind) -> bool {
+    matches!(event, EventKind::MessageUpdated { .. })
+}
+
+/// What `policy` lets the rollout keep of `env`; `None` when it keeps nothing.
+pub fn record_for(policy: StoragePolicy, env: &EventEnvelope) -> Option<RolloutRecord> {
+    let kind = env.event.name();
+    let (level, event, meta) = match policy {
+        StoragePolicy::Full => (
+            RecordLevel::Full,
+            Some(env.event.clone()),
+            headers_meta(&env.event),
+        ),
+        StoragePolicy::Ttl { secs } => (
+            RecordLevel::Full,
+            Some(env.event.clone()),
+            RecordMeta {
+                expires_ms: Some(ttl_expiry_ms(env.ts_ms, secs)),
+                ..headers_meta(&env.event)
+            },
+        ),
+        StoragePolicy::HeadersOnly => (
+            RecordLevel::Headers,
+            content_free(&env.event).then(|| env.event.clone()),
+            headers_meta(&env.event),
+        ),
+        StoragePolicy::None => {
+            if !MINIMAL_KINDS.contains(&kind) {
+                return None;
+            }
+            (
+                RecordLevel::Minimal,
+                content_free(&env.event).then(|| env.event.clone()),
+                minimal_meta(&env.event),
+            )
+        }
+    };
+    Some(RolloutRecord {
+        seq: env.seq,
+        ts_ms: env.ts_ms,
+        conversation_id: env.conversation_id,
+        task_id: env.task_id,
+        kind,
+        level,
+        event,
+        meta,
+    })
+}
+
+/// A `Full` record reduced to its headers (what the TTL sweep does); others are unchanged.
+pub fn downgrade(record: RolloutRecord) -> RolloutRecord {
+    match record.level {
+        RecordLevel::Full => RolloutRecord {
+            level: RecordLevel::Headers,
+            event: record.event.filter(content_free),
+            meta: RecordMeta {
+                expires_ms: None,
+                ..record.meta
+            },
+            ..record
+        },
+        RecordLevel::Headers | RecordLevel::Minimal => record,
+    }
+}
+
+/// Whether a record makes the writer fsync the batch it is in.
+pub fn is_sync_point(kind: EventName) -> bool {
+    matches!(
+        kind,
+        EventName::TaskFinished | EventName::TaskAborted | EventName::ConversationClosed
+    )
+}
+
+/// Content-free facts of an event. `chars` counts the bytes of every content field (text,
+/// input, instructions, arguments, outputs, summaries, reasons, error details).
+pub(super) fn headers_meta(event: &EventKind) -> RecordMeta {
+    let len = |s: &str| u64::try_from(s.len()).unwrap_or(u64::MAX);
+    let error_len = |e: &AgentError| len(&e.to_string());
+    match event {
+        EventKind::ConversationOpened {
+            base_instructions,
+            user_instructions,
+            ..
+        } => RecordMeta {
+            chars: Some(
+                base_instructions.as_deref().map_or(0, len)
+                    + user_instructions.as_deref().map_or(0, len),
+            ),
+            ..RecordMeta::default()
+        },
+        EventKind::ConversationRestarted { reason, .. } => RecordMeta {
+            chars: Some(len(reason)),
+            ..RecordMeta::default()
+        },
+        EventKind::TaskStarted { input } => RecordMeta {
+            chars: Some(len(input)),
+            ..RecordMeta::default()
+        },
+        EventKind::TaskFinished {
+            status,
+            text,
+            stats,
+            error,
+        } => RecordMeta {
+            status: Some(*status),
+            error_kind: error.as_ref().map(AgentError::kind),
+            chars: Some(len(text) + error.as_ref().map_or(0, error_len)),
+            usage: Some(stats.usage),
+            steps: Some(stats.steps),
+            tool_calls: Some(stats.tool_calls),
+            duration_ms: Some(stats.duration_ms),
+            ..RecordMeta::default()
+        },
+        EventKind::TaskAborted { waited_ms } => RecordMeta {
+            duration_ms: Some(*waited_ms),
+            ..RecordMeta::default()
+        },
+        EventKind::StepStarted { step, .. } => RecordMeta {
+            steps: Some(*step),
+            ..RecordMeta::default()
+        },
+        EventKind::StepFinished { step, usage, .. } => RecordMeta {
+            steps: Some(*step),
+            usage: *usage,
+            ..RecordMeta::default()
+        },
+        EventKind::AssistantChunk { delta: text } | EventKind::AssistantMessage { text } => {
+            RecordMeta {
+                chars: Some(len(text)),
+                ..RecordMeta::default()
+            }
+        }
+        EventKind::ToolCallStarted { call } => RecordMeta {
+            tool: Some(call.name.clone()),
+            chars: Some(serde_json::to_string(&call.arguments).map_or(0, |s| len(&s))),
+            ..RecordMeta::default()
+        },
+        EventKind::ToolCallFinished {
+            name,
+            output,
+            is_error,
+            duration_ms,
+            ..
+        } => RecordMeta {
+            tool: Some(name.clone()),
+            is_error: Some(*is_error),
+            chars: Some(len(output)),
+            duration_ms: Some(*duration_ms),
+            ..RecordMeta::default()
+        },
+        EventKind::ApprovalRequested {
+            command,
+            reason,
+            subject,
+            ..
+        } => {
+            let asked = match subject {
+                ApprovalSubject::Command => 0,
+                ApprovalSubject::McpElicitation {
+                    message, schema, ..
+                } => len(message) + len(&schema.0.to_string()),
+                ApprovalSubject::McpSampling { request, .. } => len(&request.0.to_string()),
+            };
+            RecordMeta {
+                chars: Some(command.iter().map(|a| len(a)).sum::<u64>() + len(reason) + asked),
+                ..RecordMeta::default()
+            }
+        }
+        EventKind::ApprovalResolved { decision, .. } => RecordMeta {
+            chars: match decision {
+                troupe_proto::ApprovalDecision::Deny { reason } => {
+                    Some(reason.as_deref().map_or(0, len))
+                }
+                troupe_proto::ApprovalDecision::ApproveWithContent { content } => {
+                    Some(len(&content.0.to_string()))
+                }
+                _ => None,
+            },
+            ..RecordMeta::default()
+        },
+        EventKind::ToolProgress { message, .. } => RecordMeta {
+            chars: Some(message.as_deref().map_or(0, len)),
+            ..RecordMeta::default()
+        },
+        EventKind::HistoryTrimmed { summary, .. } | EventKind::Compacted { summary, .. } => {
+            RecordMeta {
+                chars: Some(len(summary)),
+                ..RecordMeta::default()
+            }
+        }
+        EventKind::Warning { message, .. } => RecordMeta {
+            chars: Some(len(message)),
+            ..RecordMeta::default()
+        },
+        EventKind::Error { error } => RecordMeta {
+            error_kind: Some(error.kind()),
+            chars: Some(error_len(error)),
+            ..RecordMeta::default()
+        },
+        EventKind::PlanUpdated { explanation, plan } => RecordMeta {
+            tool: Some("update_plan".into()),
+            chars: Some(
+                explanation.as_deref().map_or(0, len)
+                    + plan.iter().map(|p| len(&p.step)).sum::<u64>(),
+            ),
+            ..RecordMeta::default()
+        },
+        // A kind this build does not know: keep nothing of it but its name.
+        _ => RecordMeta::default(),
+    }
+}
+
+/// Status and error kind only: what policy `None` keeps of the kinds it keeps.
+pub(super) fn minimal_meta(event: &EventKind) -> RecordMeta {
+    match event {
+        EventKind::TaskFinished { status, error, .. } => RecordMeta {
+            status: Some(*status),
+            error_kind: error.as_ref().map(AgentError::kind),
+            ..RecordMeta::default()
+        },
+        EventKind::Error { error } => RecordMeta {
+            error_kind: Some(error.kind()),
+            ..RecordMeta::default()
+        },
+        _ => RecordMeta::default(),
+    }
+}

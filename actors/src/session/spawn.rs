@@ -1,0 +1,97 @@
+//! Spawning the session's service actors (Rollout, McpPool, Scheduler, TaskRegistry,
+//! ApprovalStore) as linked children, at start and when one is replaced.
+
+use super::*;
+
+pub(super) async fn spawn_rollout(
+    session_id: SessionId,
+    config: &SessionConfig,
+    storage: Arc<dyn RolloutStorage>,
+    clock: Clock,
+    policies: Vec<(ConversationId, StoragePolicy)>,
+    cell: &ActorCell,
+) -> Result<ActorRef<RolloutMsg>, ActorProcessingErr> {
+    let args = RolloutArgs {
+        session_id,
+        storage,
+        clock,
+        subscriber_capacity: config.subscriber_capacity,
+        policies,
+    };
+    Ok(Actor::spawn_linked(None, Rollout, args, cell.clone())
+        .await?
+        .0)
+}
+
+pub(super) async fn spawn_mcp_pool(
+    config: &SessionConfig,
+    connector: Arc<dyn McpConnector>,
+    model: Arc<dyn ModelClient>,
+    clock: Clock,
+    directory: &DirectoryWriter,
+    cell: &ActorCell,
+) -> Result<McpPoolHandle, ActorProcessingErr> {
+    let args = McpPoolArgs {
+        servers: config.mcp_servers.clone(),
+        connector,
+        events: Some(directory.events()),
+        limits: config.mcp_limits,
+        clock,
+        roots: config.mcp_roots.clone(),
+        approvals: Some(directory.directory().approvals()),
+        model: Some(model),
+    };
+    Ok(McpPoolHandle::spawn(args, Some(cell.clone())).await?.0)
+}
+
+/// A scheduler; `recover_from`: the holders that may hold grants of the one it replaces.
+pub(super) async fn spawn_scheduler(
+    config: &SessionConfig,
+    recover_from: Vec<ActorCell>,
+    cell: &ActorCell,
+) -> Result<ActorRef<SchedulerMsg>, ActorProcessingErr> {
+    let start = SchedulerStart {
+        args: config.scheduler.clone(),
+        recover_from,
+    };
+    Ok(Actor::spawn_linked(None, Scheduler, start, cell.clone())
+        .await?
+        .0)
+}
+
+pub(super) async fn spawn_registry(
+    cell: &ActorCell,
+) -> Result<ActorRef<TaskRegistryMsg>, ActorProcessingErr> {
+    Ok(
+        Actor::spawn_linked(None, TaskRegistry, TaskRegistryArgs, cell.clone())
+            .await?
+            .0,
+    )
+}
+
+pub(super) async fn spawn_approvals(
+    config: &SessionConfig,
+    clock: Clock,
+    events: EventSink,
+    cell: &ActorCell,
+) -> Result<ActorRef<ApprovalMsg>, ActorProcessingErr> {
+    let args = ApprovalStoreArgs {
+        clock,
+        sweep_interval: config.approval_sweep_interval,
+        request_timeout: config.approval_timeout,
+        events: Some(events),
+    };
+    Ok(Actor::spawn_linked(None, ApprovalStore, args, cell.clone())
+        .await?
+        .0)
+}
+
+/// Which service a failed child was.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum Service {
+    Rollout,
+    Scheduler,
+    Registry,
+    Approvals,
+    McpPool,
+}

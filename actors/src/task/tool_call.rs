@@ -1,0 +1,422 @@
+//! One tool call of a turn: where it goes ([`route_tool`], pure), running it (shell,
+//! apply_patch, update_plan or an MCP tool), asking for approval, and the events and metrics
+//! of the call.
+
+use super::*;
+
+/// What a tool call needs before it may run.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum ToolRoute {
+    /// Run the shell built-in (after approval, per policy).
+    Shell {
+        argv: Vec<String>,
+        needs_approval: bool,
+    },
+    /// The plan built-in: recorded, nothing executed.
+    Plan,
+    /// The apply_patch built-in, with its parsed patch (checked against the sandbox and the
+    /// workspace, then approved per policy).
+    ApplyPatch { patch: Patch, needs_approval: bool },
+    /// An external (MCP) tool.
+    External,
+    /// Refused before running, with the observation the model gets.
+    Refuse(ToolFailure),
+}
+
+/// Decides how a call is handled. Pure: the tool list, the policies and the call decide.
+pub fn route_tool(
+    call: &ToolCall,
+    tools: &[ToolSpec],
+    approval: ApprovalPolicy,
+    has_mcp: bool,
+) -> ToolRoute {
+    if !tools.iter().any(|t| t.name == call.name) {
+        return ToolRoute::Refuse(ToolFailure::unknown_tool(&call.name));
+    }
+    match call.name.as_str() {
+        "shell" => match shell_argv(&call.arguments.0) {
+            Ok(argv) => ToolRoute::Shell {
+                argv,
+                needs_approval: approval != ApprovalPolicy::Never,
+            },
+            Err(message) => ToolRoute::Refuse(
+                AgentError::ToolError {
+                    name: call.name.clone(),
+                    message,
+                }
+                .into(),
+            ),
+        },
+        "update_plan" => ToolRoute::Plan,
+        "apply_patch" => match patch_input(&call.arguments.0) {
+            Ok(patch) => ToolRoute::ApplyPatch {
+                patch,
+                needs_approval: approval != ApprovalPolicy::Never,
+            },
+            Err(e) => ToolRoute::Refuse(e.into()),
+        },
+        "web_search" => ToolRoute::Refuse(
+            AgentError::ToolError {
+                name: call.name.clone(),
+                message: format!("`{}` is not available in this session", call.name),
+            }
+            .into(),
+        ),
+        _ if has_mcp => ToolRoute::External,
+        _ => ToolRoute::Refuse(
+            AgentError::ToolError {
+                name: call.name.clone(),
+                message: "no MCP servers are configured".into(),
+            }
+            .into(),
+        ),
+    }
+}
+
+/// The patch of an apply_patch call: `{"input": "*** Begin Patch ..."}`.
+pub(super) fn patch_input(args: &serde_json::Value) -> Result<Patch, AgentError> {
+    let input = args
+        .get("input")
+        .and_then(|i| i.as_str())
+        .ok_or_else(|| AgentError::invalid("apply_patch needs `input`: the patch text"))?;
+    apply_patch::parse(input).map_err(|e| AgentError::invalid(e.to_string()))
+}
+
+/// argv of a shell call: `{"command": ["ls", "-l"]}`.
+pub(super) fn shell_argv(args: &serde_json::Value) -> Result<Vec<String>, String> {
+    let command = args
+        .get("command")
+        .and_then(|c| c.as_array())
+        .ok_or_else(|| "shell needs `command`: an array of strings".to_owned())?;
+    let argv: Option<Vec<String>> = command
+        .iter()
+        .map(|a| a.as_str().map(str::to_owned))
+        .collect();
+    match argv {
+        Some(argv) if !argv.is_empty() => Ok(argv),
+        _ => Err("shell `command` must be a non-empty array of strings".to_owned()),
+    }
+}
+
+/// Runs one tool call; the output is what the model sees, the error (if any) what failed.
+pub(super) async fn run_tool(
+    ctx: &TaskContext,
+    mcp: &mut TaskMcp,
+    tools: &[ToolSpec],
+    call: &ToolCall,
+) -> (ToolOutput, Option<ToolFailure>) {
+    let span = spans::execute_tool(ctx.conversation_id, ctx.task_id, call);
+    if ctx.record_content {
+        span.record(
+            "gen_ai.tool.call.arguments",
+            tracing::field::display(&call.arguments.0),
+        );
+    }
+    let emit = |event: EventKind| {
+        span.in_scope(|| {
+            ctx.events
+                .emit(EventDraft::task(ctx.conversation_id, ctx.task_id, event));
+        });
+    };
+    emit(EventKind::ToolCallStarted { call: call.clone() });
+    let started = Instant::now();
+    let result = execute(ctx, mcp, tools, call, &span)
+        .instrument(span.clone())
+        .await;
+    let outcome =
+        metrics::outcome_label(&result.as_ref().map(|o| o.is_error).map_err(|f| &f.error));
+    match &result {
+        Ok(output) => {
+            if output.is_error {
+                spans::record_error_type(&span, troupe_proto::ErrorKind::ToolError.as_str());
+            }
+            // The conventions record a result only when the call succeeded.
+            if ctx.record_content && !output.is_error {
+                span.record("gen_ai.tool.call.result", spans::tool_result(output));
+            }
+        }
+        Err(failure) => spans::record_error(&span, &failure.error),
+    }
+    let (output, failure) = match result {
+        Ok(output) => {
+            let failure = output.is_error.then(|| {
+                ToolFailure::from(AgentError::ToolError {
+                    name: call.name.clone(),
+                    message: output.output.clone(),
+                })
+            });
+            (output, failure)
+        }
+        Err(failure) => {
+            emit(EventKind::Error {
+                error: failure.error.clone(),
+            });
+            let output = ToolOutput {
+                call_id: call.call_id.clone(),
+                output: failure.error.to_string(),
+                is_error: true,
+            };
+            (output, Some(failure))
+        }
+    };
+    emit(EventKind::ToolCallFinished {
+        call_id: call.call_id.clone(),
+        name: call.name.clone(),
+        output: output.output.clone(),
+        is_error: output.is_error,
+        duration_ms: u64::try_from(started.elapsed().as_millis()).unwrap_or(u64::MAX),
+    });
+    let offered = tools.iter().any(|t| t.name == call.name);
+    metrics::tool_finished(
+        metrics::tool_label(&call.name, offered),
+        outcome,
+        started.elapsed(),
+    );
+    (output, failure)
+}
+
+pub(super) async fn execute(
+    ctx: &TaskContext,
+    mcp: &mut TaskMcp,
+    tools: &[ToolSpec],
+    call: &ToolCall,
+    span: &tracing::Span,
+) -> Result<ToolOutput, ToolFailure> {
+    let has_mcp = mcp.offered;
+    let ok = |output: String| ToolOutput {
+        call_id: call.call_id.clone(),
+        output,
+        is_error: false,
+    };
+    let route = route_tool(call, tools, ctx.approval_policy, has_mcp);
+    match route {
+        ToolRoute::External => {
+            span.record("gen_ai.tool.type", spans::TOOL_TYPE_EXTENSION);
+            span.record("mcp.method.name", "tools/call");
+        }
+        // A refused call ran nothing: it has no type.
+        ToolRoute::Refuse(_) => {}
+        _ => {
+            span.record("gen_ai.tool.type", spans::TOOL_TYPE_FUNCTION);
+        }
+    }
+    match route {
+        ToolRoute::Refuse(e) => Err(e),
+        ToolRoute::Plan => {
+            let args = builtins::parse_plan(&call.arguments.0)?;
+            let observation = builtins::plan_observation(&args.plan);
+            tracing::info!(steps = args.plan.len(), "plan updated");
+            metrics::plan_updated();
+            ctx.emit(EventKind::PlanUpdated {
+                explanation: args.explanation,
+                plan: args.plan,
+            });
+            Ok(ok(observation))
+        }
+        ToolRoute::ApplyPatch {
+            patch,
+            needs_approval,
+        } => Ok(ok(run_patch(ctx, call, patch, needs_approval).await?)),
+        ToolRoute::External => {
+            let view = mcp.view(ctx).await?;
+            view.call_tool(
+                call,
+                ToolCallContext {
+                    conversation_id: ctx.conversation_id,
+                    task_id: ctx.task_id,
+                    cancel: &ctx.cancel,
+                    span,
+                },
+            )
+            .await
+        }
+        ToolRoute::Shell {
+            argv,
+            needs_approval,
+        } => {
+            if needs_approval {
+                approve(ctx, &argv, "the model wants to run a command".into()).await?;
+            }
+            let exec = ctx.exec.as_ref().ok_or_else(|| AgentError::SandboxError {
+                message: "no command runner is configured for this session".into(),
+            })?;
+            let roots = builtins::workspace_roots(&ctx.workspace_roots);
+            let workdir = builtins::shell_workdir(
+                &roots,
+                call.arguments.0.get("workdir").and_then(|w| w.as_str()),
+            );
+            let timeout = call
+                .arguments
+                .0
+                .get("timeout_ms")
+                .and_then(serde_json::Value::as_u64)
+                .map_or(ctx.limits.exec_timeout, Duration::from_millis);
+            let out = exec
+                .run(
+                    ExecRequest {
+                        argv,
+                        workdir,
+                        timeout,
+                        sandbox: ctx.sandbox_policy,
+                        output_cap: ctx.limits.exec_output_cap,
+                        writable_roots: roots,
+                        conversation_id: Some(ctx.conversation_id),
+                        task_id: Some(ctx.task_id),
+                    },
+                    &ctx.cancel,
+                )
+                .await?;
+            Ok(ToolOutput {
+                call_id: call.call_id.clone(),
+                output: render_exec(&out),
+                is_error: out.exit_code != Some(0),
+            })
+        }
+    }
+}
+
+/// apply_patch: the sandbox must allow writes, every path must be inside the workspace, a
+/// human must approve (per policy); then the files change. Checks come before the approval
+/// so nobody is asked about a patch that would be refused anyway.
+pub(super) async fn run_patch(
+    ctx: &TaskContext,
+    call: &ToolCall,
+    patch: Patch,
+    needs_approval: bool,
+) -> Result<String, AgentError> {
+    builtins::patch_allowed(ctx.sandbox_policy)?;
+    let roots = builtins::workspace_roots(&ctx.workspace_roots);
+    let check = {
+        let (patch, roots) = (patch.clone(), roots.clone());
+        move || {
+            patch
+                .ops
+                .iter()
+                .flat_map(|op| match op {
+                    apply_patch::FileOp::Update {
+                        path,
+                        move_to: Some(to),
+                        ..
+                    } => vec![path.clone(), to.clone()],
+                    other => vec![other.path().to_owned()],
+                })
+                .try_for_each(|path| apply_patch::resolve_in_workspace(&roots, &path).map(drop))
+        }
+    };
+    blocking(check).await?.map_err(patch_error)?;
+    if needs_approval {
+        let input = call
+            .arguments
+            .0
+            .get("input")
+            .and_then(|i| i.as_str())
+            .unwrap_or_default();
+        approve(
+            ctx,
+            &apply_patch::approval_command(&patch),
+            format!("the model wants to apply a patch:\n{input}"),
+        )
+        .await?;
+    }
+    let applied = blocking(move || apply_patch::apply(&patch, &roots))
+        .await?
+        .map_err(patch_error)?;
+    for a in &applied {
+        metrics::patch_file(a.op());
+    }
+    tracing::info!(files = applied.len(), "patch applied");
+    Ok(apply_patch::summary(&applied))
+}
+
+/// A path outside the workspace is a sandbox refusal; a patch that does not fit is the
+/// tool's own error.
+pub(super) fn patch_error(error: PatchError) -> AgentError {
+    match error {
+        PatchError::OutsideWorkspace(message) => AgentError::SandboxError { message },
+        PatchError::Parse { .. } => AgentError::invalid(error.to_string()),
+        PatchError::Apply(message) => AgentError::ToolError {
+            name: crate::tools::APPLY_PATCH.into(),
+            message,
+        },
+    }
+}
+
+/// Runs file I/O on the blocking pool.
+pub(super) async fn blocking<T: Send + 'static>(
+    work: impl FnOnce() -> T + Send + 'static,
+) -> Result<T, AgentError> {
+    tokio::task::spawn_blocking(work)
+        .await
+        .map_err(|e| AgentError::internal(format!("file work failed: {e}")))
+}
+
+/// Asks the session's ApprovalStore (the next one, if it fails while the task waits); a
+/// denial, or a session without a store any more, is `ApprovalDenied`.
+pub(super) async fn approve(
+    ctx: &TaskContext,
+    argv: &[String],
+    reason: String,
+) -> Result<Granted, AgentError> {
+    let span = spans::approval_wait(ctx.conversation_id, ctx.task_id);
+    let ask = Ask {
+        conversation_id: ctx.conversation_id,
+        task_id: Some(ctx.task_id),
+        command: argv.to_vec(),
+        reason,
+        subject: ApprovalSubject::Command,
+    };
+    let store = ctx.services.approvals();
+    let asked = ask_until_answered(
+        &store,
+        ask,
+        None,
+        crate::approval_store::metrics::Asker::Task,
+    );
+    let answer = tokio::select! {
+        biased;
+        () = ctx.cancel.cancelled() => return Err(AgentError::cancelled("cancelled while waiting for approval")),
+        r = asked.instrument(span.clone()) => r,
+    };
+    let granted = answer.unwrap_or_else(|| {
+        Err(AgentError::ApprovalDenied {
+            command: argv.to_vec(),
+            reason: "the session's approval store is gone".into(),
+        })
+    });
+    span.in_scope(|| match &granted {
+        Ok(how) => tracing::info!(?how, "approved"),
+        Err(error) => tracing::info!(%error, "not approved"),
+    });
+    match &granted {
+        Ok(_) => span.record("troupe.approval.outcome", "approved"),
+        Err(error) => {
+            spans::record_error(&span, error);
+            span.record("troupe.approval.outcome", "not_approved")
+        }
+    };
+    granted
+}
+
+/// The observation a command leaves for the model.
+pub fn render_exec(out: &crate::ports::ExecOutput) -> String {
+    let mut s = String::new();
+    match (out.exit_code, out.timed_out) {
+        (_, true) => s.push_str("timed out\n"),
+        (Some(code), _) => s.push_str(&format!("exit code {code}\n")),
+        (None, _) => s.push_str("killed by a signal\n"),
+    }
+    if !out.stdout.is_empty() {
+        s.push_str(&out.stdout);
+        if !out.stdout.ends_with('\n') {
+            s.push('\n');
+        }
+    }
+    if !out.stderr.is_empty() {
+        s.push_str("stderr:\n");
+        s.push_str(&out.stderr);
+    }
+    if out.truncated {
+        s.push_str("\n[output truncated]");
+    }
+    s
+}

@@ -1,0 +1,94 @@
+//! Approvals (S9): a human's decision, what is asked, and a pending request as listed.
+
+use crate::ids::{ApprovalId, ConversationId, TaskId};
+use crate::json::Json;
+use serde::{Deserialize, Serialize};
+
+/// A human's answer to a pending approval (S9).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum ApprovalDecision {
+    /// Run this one command, remember nothing.
+    ApproveOnce,
+    /// Remember the command for this conversation, optionally for `ttl_secs`.
+    ApproveForConversation { ttl_secs: Option<u64> },
+    /// Remember the command for every conversation of the session, optionally for `ttl_secs`.
+    ApproveForSession { ttl_secs: Option<u64> },
+    /// Refuse.
+    Deny { reason: Option<String> },
+    /// Nobody answered in time; counts as a denial.
+    TimedOut,
+    /// Accept an MCP elicitation with this content (an object matching its requested schema).
+    /// Answers elicitations only; like `ApproveOnce`, it remembers nothing.
+    ApproveWithContent { content: Json },
+}
+
+impl ApprovalDecision {
+    pub const fn approves(&self) -> bool {
+        matches!(
+            self,
+            Self::ApproveOnce
+                | Self::ApproveForConversation { .. }
+                | Self::ApproveForSession { .. }
+                | Self::ApproveWithContent { .. }
+        )
+    }
+}
+
+/// What an approval request asks a human to allow.
+#[derive(Debug, Clone, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum ApprovalSubject {
+    /// Run the command in `command` (the shell built-in, S9).
+    #[default]
+    Command,
+    /// An MCP server asks the user for input (`elicitation/create`) during a tool call.
+    /// Approving accepts: `ApproveWithContent` gives the content; the other approvals send the
+    /// schema's defaults (refused when a required field has none). Denying declines; no answer
+    /// in time cancels. Never remembered.
+    McpElicitation {
+        server: String,
+        /// What the server asks, for the human.
+        message: String,
+        /// The JSON Schema (a flat object of primitive fields) the answer must match.
+        schema: Json,
+    },
+    /// An MCP server asks to use the conversation's model (`sampling/createMessage`) during a
+    /// tool call. Approving runs the model on the server's messages; denying returns an error
+    /// to the server. Approvals for the conversation or the session are remembered per server.
+    McpSampling {
+        server: String,
+        /// The request's params as the server sent them (messages, system prompt, limits).
+        request: Json,
+    },
+}
+
+impl ApprovalSubject {
+    pub const fn is_command(&self) -> bool {
+        matches!(self, Self::Command)
+    }
+}
+
+/// `approval.respond`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct RespondApproval {
+    pub approval_id: ApprovalId,
+    pub decision: ApprovalDecision,
+}
+
+/// A pending approval, as listed for a human.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct PendingApproval {
+    pub approval_id: ApprovalId,
+    pub conversation_id: ConversationId,
+    pub task_id: Option<TaskId>,
+    /// The command; for an MCP request, `["mcp", server, "elicitation" | "sampling"]`.
+    pub command: Vec<String>,
+    pub reason: String,
+    pub requested_at_ms: u64,
+    /// When the request times out into a denial.
+    pub deadline_ms: u64,
+    /// What is asked; a command unless an MCP server is asking.
+    #[serde(default)]
+    pub subject: ApprovalSubject,
+}

@@ -1,0 +1,62 @@
+//! Tasks: how one ended, its statistics, and where a registered one stands (S4, S5, T1).
+
+use crate::ids::{ConversationId, TaskId};
+use crate::item::Usage;
+use serde::{Deserialize, Serialize};
+
+/// How a task ended (T1 statuses plus cancellation).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum TaskStatus {
+    Ok,
+    Error,
+    MaxSteps,
+    Cancelled,
+}
+
+impl TaskStatus {
+    pub const fn as_str(self) -> &'static str {
+        match self {
+            Self::Ok => "ok",
+            Self::Error => "error",
+            Self::MaxSteps => "max_steps",
+            Self::Cancelled => "cancelled",
+        }
+    }
+}
+
+/// Statistics of one task (S5).
+#[derive(Debug, Clone, PartialEq, Eq, Default, Serialize, Deserialize)]
+pub struct TaskStats {
+    /// Provider-reported (or, for the scripted model, counted) usage.
+    pub usage: Usage,
+    /// Local estimate of the prompt tokens, summed over steps.
+    pub estimated_prompt_tokens: u64,
+    pub turns: u32,
+    pub steps: u32,
+    pub tool_calls: u32,
+    pub duration_ms: u64,
+    /// W3C trace id of the task's span.
+    pub trace_id: String,
+}
+
+/// The state of a registered task (S4).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum TaskState {
+    /// Waiting for a scheduler slot.
+    Queued,
+    Running,
+    /// Cancellation was requested; the task has not stopped yet.
+    Cancelling,
+}
+
+/// A task, as listed for observation.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct TaskInfo {
+    pub task_id: TaskId,
+    pub conversation_id: ConversationId,
+    pub sub_id: String,
+    pub started_at_ms: u64,
+    pub state: TaskState,
+}
