@@ -1,6 +1,8 @@
-//! Arbitrary bytes and arbitrary JSON into `/rpc` and the REST bodies: always a well-formed
-//! answer (a JSON-RPC error, or an HTTP error with its body), never a panic or an
-//! undocumented 5xx.
+//! Arbitrary bytes and arbitrary JSON into `/rpc`, the REST bodies, query strings and path
+//! segments, and `/rpc/ws` frames: always a well-formed answer (a JSON-RPC error, or an HTTP
+//! error with its body), never a panic or an undocumented 5xx, and a WebSocket that goes on
+//! answering. Bounded: a few hundred cases each. (The A2A decoder, the JSON-RPC envelope and
+//! the edge checks have their own property tests beside them.)
 
 use super::{Server, id};
 use proptest::prelude::*;
@@ -144,5 +146,76 @@ fn arbitrary_input_gets_a_well_formed_answer() {
             })
         })
         .unwrap();
+    // Query strings and path segments, percent-encoding broken or not.
+    runner
+        .run(
+            &("[a-zA-Z0-9=&%._~+-]{0,40}", 0usize..3),
+            |(text, target)| {
+                let path = match target {
+                    0 => format!("/api/sessions/{text}"),
+                    1 => format!("/api/sessions/{sid}/messages?{text}"),
+                    _ => format!("/api/sessions/{sid}/messages/{text}"),
+                };
+                rt.block_on(async {
+                    let r = api
+                        .request(reqwest::Method::GET, &path)
+                        .send()
+                        .await
+                        .unwrap();
+                    let status = r.status();
+                    well_formed(status, &r.text().await.unwrap(), false)
+                })
+            },
+        )
+        .unwrap();
+    // WebSocket frames: each is answered well-formed (or not at all, for notifications),
+    // and the connection goes on answering.
+    rt.block_on(async {
+        use futures::{SinkExt, StreamExt};
+        use tokio_tungstenite::tungstenite::Message;
+        let url = format!("{}/rpc/ws", server.base.replace("http://", "ws://"));
+        let (mut ws, _) = tokio_tungstenite::connect_async(url).await.unwrap();
+        let mut cases = TestRunner::new(Config {
+            cases: 200,
+            failure_persistence: None,
+            ..Config::default()
+        });
+        let frames = (
+            proptest::collection::vec(any::<u8>(), 0..512),
+            arb_json(),
+            any::<bool>(),
+        );
+        for _ in 0..200 {
+            let (bytes, value, raw) =
+                proptest::strategy::ValueTree::current(&frames.new_tree(&mut cases).unwrap());
+            let frame = if raw {
+                Message::binary(bytes)
+            } else {
+                Message::text(value.to_string())
+            };
+            ws.send(frame).await.unwrap();
+            let sentinel = json!({"jsonrpc": "2.0", "id": "sentinel", "method": "session.list"});
+            ws.send(Message::text(sentinel.to_string())).await.unwrap();
+            loop {
+                let next = tokio::time::timeout(std::time::Duration::from_secs(10), ws.next())
+                    .await
+                    .expect("an answer")
+                    .expect("the connection stays open")
+                    .unwrap();
+                let answer: Value = serde_json::from_str(next.to_text().unwrap()).unwrap();
+                let answers = match &answer {
+                    Value::Array(a) => a.clone(),
+                    other => vec![other.clone()],
+                };
+                for a in answers.iter().filter(|a| a.get("method").is_none()) {
+                    assert_eq!(a["jsonrpc"], "2.0", "{a}");
+                    assert!(a.get("result").is_some() != a.get("error").is_some(), "{a}");
+                }
+                if answer["id"] == "sentinel" {
+                    break;
+                }
+            }
+        }
+    });
     rt.block_on(server.stop());
 }
