@@ -27,6 +27,7 @@ mod conn;
 mod crash_tests;
 pub mod memory;
 pub mod metrics;
+mod page;
 mod rollout;
 #[cfg(test)]
 mod rollout_tests;
@@ -41,6 +42,7 @@ pub use sqlite::{DB_FILE, SqliteOptions, SqliteStore, db_path};
 pub use ttl::TtlSweeper;
 
 use async_trait::async_trait;
+pub use troupe_proto::store::MAX_PAGE_BYTES;
 use troupe_proto::store::{
     ConversationRecord, FinishMessage, FinishedMessage, MessagePage, MessageRecord, NewMessage,
     SessionRecord,
@@ -91,12 +93,17 @@ pub trait Store: Send + Sync + 'static {
     /// The sessions that hold `queued` or `running` messages (the only ones a restart must
     /// wake at once).
     async fn sessions_with_pending_messages(&self) -> Result<Vec<SessionId>, AgentError>;
-    /// At most `limit` of the session's messages with `message_id < before` (all when `None`),
-    /// the newest such ones, returned oldest first.
+    /// The newest of the session's messages with `message_id < before` (all when `None`),
+    /// returned oldest first: at most `limit` of them, and no more than `max_bytes` of content
+    /// (the APIs pass [`MAX_PAGE_BYTES`]) unless the page is a single message, which it
+    /// always holds when one remains and `limit` is at least 1. `next_before` is set whenever
+    /// older messages remain. The store reads the content of no message it does not return,
+    /// so a page never costs much more memory than its budget.
     async fn messages(
         &self,
         session_id: SessionId,
         limit: usize,
+        max_bytes: usize,
         before: Option<u64>,
     ) -> Result<MessagePage, AgentError>;
     /// The Ttl sweep: drops the content of every stored message whose expiry is at or before

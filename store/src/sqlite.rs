@@ -420,12 +420,25 @@ impl Store for SqliteStore {
         &self,
         session_id: SessionId,
         limit: usize,
+        max_bytes: usize,
         before: Option<u64>,
     ) -> Result<MessagePage, AgentError> {
-        let span = tracing::debug_span!("store.messages", %session_id, limit, before);
-        observed(Op::Messages, span, async {
-            self.read(move |c| message_page(c, session_id, limit, before))
-                .await
+        let span = tracing::debug_span!(
+            "store.messages",
+            %session_id,
+            limit,
+            max_bytes,
+            before,
+            returned = tracing::field::Empty,
+            bytes = tracing::field::Empty,
+        );
+        observed(Op::Messages, span.clone(), async {
+            let (page, bytes) = self
+                .read(move |c| message_page(c, session_id, limit, max_bytes, before))
+                .await?;
+            span.record("returned", page.messages.len());
+            span.record("bytes", bytes);
+            Ok(page)
         })
         .await
     }

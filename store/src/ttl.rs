@@ -173,6 +173,7 @@ fn failed(store: SweptStore, error: &AgentError, started: Instant) {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::MAX_PAGE_BYTES;
     use crate::memory::MemoryStore;
     use troupe_actors::rollout::FileRolloutStorage;
     use troupe_actors::rollout::conformance::ttl;
@@ -261,7 +262,11 @@ mod tests {
         }
 
         async fn message_content(&self) -> Option<String> {
-            let page = self.store.messages(self.session_id, 1, None).await.unwrap();
+            let page = self
+                .store
+                .messages(self.session_id, 1, MAX_PAGE_BYTES, None)
+                .await
+                .unwrap();
             page.messages[0].content.clone()
         }
     }
