@@ -29,6 +29,21 @@ pub struct OpenConversation {
     pub sandbox_policy: Option<SandboxPolicy>,
 }
 
+impl OpenConversation {
+    /// These parameters as a store keeps them under their own storage policy: under
+    /// `headers_only` and `none` the instruction texts are content the policy forbids on disk,
+    /// so both are left out; a conversation reopened from the store (after a restart) runs
+    /// without them. `full` and `ttl` keep them.
+    #[must_use]
+    pub fn kept_by_policy(mut self) -> Self {
+        if !self.storage_policy.keeps_content() {
+            self.base_instructions = None;
+            self.user_instructions = None;
+        }
+        self
+    }
+}
+
 /// Reply to `open`.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct Opened {

@@ -10,6 +10,9 @@
 //!   expiry, `created_ms` + the ttl, and [`Store::sweep_due`] drops it once due, whether the
 //!   conversation is open, closed, or its session is not running.
 //! - Content a sweep dropped cannot be read back from the store's files.
+//! - `put_conversation` keeps the parameters as [`OpenConversation::kept_by_policy`] has
+//!   them: no instruction text of a `headers_only` or `none` conversation is stored, so
+//!   such a conversation is restored without its instructions.
 //! - Unknown ids read as `Ok(None)` / empty; writes naming an unknown session or conversation
 //!   fail with `AgentError::NotFound`; a duplicate create fails with `AgentError::InvalidInput`.
 //!
@@ -17,6 +20,8 @@
 //! Rollout's record can live in the same file through [`SqliteRolloutStorage`]. Both own their
 //! connections on threads of their own (see `sqlite.rs`, `rollout.rs`); the schema is
 //! versioned in `schema.rs`; metrics are in [`metrics`].
+//!
+//! [`OpenConversation::kept_by_policy`]: troupe_proto::OpenConversation::kept_by_policy
 //!
 //! The [`ttl`] sweeper drops Ttl content from the store and from any rollout storage once it
 //! is due; both commands run one.

@@ -146,6 +146,10 @@ impl Store for MemoryStore {
     }
 
     async fn put_conversation(&self, conversation: ConversationRecord) -> Result<(), AgentError> {
+        let conversation = ConversationRecord {
+            params: conversation.params.kept_by_policy(),
+            ..conversation
+        };
         self.with(|d| {
             if !d.sessions.contains_key(&conversation.session_id) {
                 return Err(AgentError::not_found("session", conversation.session_id));

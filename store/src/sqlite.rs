@@ -274,6 +274,10 @@ impl Store for SqliteStore {
             session_id = %conversation.session_id,
             conversation_id = %conversation.conversation_id,
         );
+        let conversation = ConversationRecord {
+            params: conversation.params.kept_by_policy(),
+            ..conversation
+        };
         observed(Op::PutConversation, span, async {
             self.write(WriteOp::PutConversation(conversation))
                 .await

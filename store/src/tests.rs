@@ -896,6 +896,78 @@ async fn large_messages_page_at_the_byte_budget_in_memory() {
     large_messages_page_at_max_page_bytes(&super::memory::MemoryStore::new()).await;
 }
 
+/// Stores a conversation under each policy with a canary in both instruction fields and
+/// reads them back: `full` and `ttl` keep the instructions, `headers_only` and `none` keep
+/// every parameter but them. Returns the canaries that must not be stored.
+async fn instructions_rules(store: &dyn Store, tag: &str) -> Vec<String> {
+    let s = session_in(None, 1);
+    store.create_session(s.clone()).await.unwrap();
+    let mut forbidden = Vec::new();
+    for (i, policy) in [
+        StoragePolicy::Full,
+        StoragePolicy::Ttl { secs: 60 },
+        StoragePolicy::HeadersOnly,
+        StoragePolicy::None,
+    ]
+    .into_iter()
+    .enumerate()
+    {
+        let id = if i == 0 {
+            s.root_conversation_id
+        } else {
+            ConversationId::new()
+        };
+        let mut c = conversation_of(&s, id, i as u64);
+        let base = format!("CANARY-BASE-{tag}-{i}");
+        let user = format!("CANARY-USER-{tag}-{i}");
+        c.params = OpenConversation {
+            base_instructions: Some(base.clone()),
+            user_instructions: Some(user.clone()),
+            mcp_tool_allowlist: Some(vec!["srv.tool".into()]),
+            include_plan_tool: true,
+            storage_policy: policy,
+            ..OpenConversation::default()
+        };
+        store.put_conversation(c.clone()).await.unwrap();
+        let stored = store
+            .conversations(s.session_id)
+            .await
+            .unwrap()
+            .into_iter()
+            .find(|x| x.conversation_id == id)
+            .unwrap();
+        if policy.keeps_content() {
+            assert_eq!(stored, c, "{policy:?} keeps everything");
+        } else {
+            let mut want = c.clone();
+            want.params.base_instructions = None;
+            want.params.user_instructions = None;
+            assert_eq!(stored, want, "{policy:?} keeps all but the instructions");
+            forbidden.extend([base, user]);
+        }
+    }
+    forbidden
+}
+
+#[tokio::test]
+async fn no_instructions_are_stored_against_the_policy_in_memory() {
+    instructions_rules(&super::memory::MemoryStore::new(), "memory").await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn no_instructions_are_stored_against_the_policy() {
+    let (dir, store) = fresh();
+    let forbidden = instructions_rules(&store, "sqlite").await;
+    drop(store);
+    let bytes = file_bytes(dir.path());
+    for canary in &forbidden {
+        assert!(!contains(&bytes, canary), "{canary} is in the files");
+    }
+    // The ones `full` and `ttl` keep are there: the scan can see them.
+    assert!(contains(&bytes, "CANARY-BASE-sqlite-0"));
+    assert!(contains(&bytes, "CANARY-USER-sqlite-1"));
+}
+
 #[tokio::test]
 async fn writes_survive_a_reopen() {
     let (dir, store) = fresh();
