@@ -35,11 +35,24 @@ impl OpenConversation {
     /// so both are left out; a conversation reopened from the store (after a restart) runs
     /// without them. `full` and `ttl` keep them.
     #[must_use]
-    pub fn kept_by_policy(mut self) -> Self {
-        if !self.storage_policy.keeps_content() {
-            self.base_instructions = None;
-            self.user_instructions = None;
+    pub fn kept_by_policy(self) -> Self {
+        if self.storage_policy.keeps_content() {
+            self
+        } else {
+            self.without_instructions()
         }
+    }
+
+    /// Whether any instruction text is set.
+    pub const fn has_instructions(&self) -> bool {
+        self.base_instructions.is_some() || self.user_instructions.is_some()
+    }
+
+    /// These parameters without their instruction texts (what a Ttl sweep leaves once due).
+    #[must_use]
+    pub fn without_instructions(mut self) -> Self {
+        self.base_instructions = None;
+        self.user_instructions = None;
         self
     }
 }

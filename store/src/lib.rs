@@ -12,7 +12,9 @@
 //! - Content a sweep dropped cannot be read back from the store's files.
 //! - `put_conversation` keeps the parameters as [`OpenConversation::kept_by_policy`] has
 //!   them: no instruction text of a `headers_only` or `none` conversation is stored, so
-//!   such a conversation is restored without its instructions.
+//!   such a conversation is restored without its instructions. A `Ttl` conversation's
+//!   instructions are due like a message written when it opened: [`Store::sweep_due`] drops
+//!   them (a conversation stored again after that keeps them until the next sweep).
 //! - Unknown ids read as `Ok(None)` / empty; writes naming an unknown session or conversation
 //!   fail with `AgentError::NotFound`; a duplicate create fails with `AgentError::InvalidInput`.
 //!
@@ -112,8 +114,9 @@ pub trait Store: Send + Sync + 'static {
         before: Option<u64>,
     ) -> Result<MessagePage, AgentError>;
     /// The Ttl sweep: drops the content of every stored message whose expiry is at or before
-    /// `now_ms` (its `chars` and everything else stay), in every session; returns how many
-    /// lost their content. Planned from what is stored, so it needs no session in memory;
+    /// `now_ms` (its `chars` and everything else stay), and the instruction texts of every
+    /// `Ttl` conversation whose `created_ms` + ttl is (its other parameters stay), in every
+    /// session; returns how many messages and conversations lost content. Planned from what is stored, so it needs no session in memory;
     /// sweeping again changes nothing.
     async fn sweep_due(&self, now_ms: u64) -> Result<u64, AgentError>;
 

@@ -321,7 +321,20 @@ impl Store for MemoryStore {
                     m.content = None;
                 }
             }
-            Ok(u64::try_from(due.len()).unwrap_or(u64::MAX))
+            let mut conversations = 0usize;
+            for c in d.conversations.values_mut() {
+                let due = match c.params.storage_policy {
+                    StoragePolicy::Ttl { secs } => {
+                        troupe_actors::rollout::ttl_expiry_ms(c.created_ms, secs) <= now_ms
+                    }
+                    _ => false,
+                };
+                if due && c.params.has_instructions() {
+                    c.params = c.params.clone().without_instructions();
+                    conversations += 1;
+                }
+            }
+            Ok(u64::try_from(due.len() + conversations).unwrap_or(u64::MAX))
         })
     }
 

@@ -437,8 +437,9 @@ async fn ttl_rules(store: &dyn Store) {
         ConversationId::new(),
         ConversationId::new(),
     );
+    // Opened at 1 s: a conversation's instructions are due like a message written then.
     let with_policy = |id, policy| {
-        let mut c = conversation_of(&s, id, 1);
+        let mut c = conversation_of(&s, id, 1_000);
         c.params.storage_policy = policy;
         c
     };
@@ -475,18 +476,51 @@ async fn ttl_rules(store: &dyn Store) {
     let contents = |page: MessagePage| -> Vec<Option<String>> {
         page.messages.into_iter().map(|m| m.content).collect()
     };
+    let instructions = || async {
+        store
+            .conversations(sid)
+            .await
+            .unwrap()
+            .into_iter()
+            .map(|c| (c.conversation_id, c.params.base_instructions))
+            .collect::<BTreeMap<_, _>>()
+    };
+    let brief = || Some("be brief".to_owned());
     assert_eq!(store.sweep_due(1_999).await.unwrap(), 0, "nothing due yet");
     assert_eq!(
         store.sweep_due(2_000).await.unwrap(),
-        1,
-        "the closed one, at 1 s + 1 s"
+        2,
+        "the closed one and its conversation's instructions, at 1 s + 1 s"
+    );
+    assert_eq!(
+        instructions().await,
+        BTreeMap::from([(ttl, brief()), (closed, None), (full, brief())])
     );
     assert_eq!(
         store.sweep_due(11_000).await.unwrap(),
-        1,
-        "ttl early, at 1 s + 10 s"
+        2,
+        "ttl early and its conversation's instructions, at 1 s + 10 s"
     );
     assert_eq!(store.sweep_due(11_000).await.unwrap(), 0, "idempotent");
+    assert_eq!(
+        instructions().await,
+        BTreeMap::from([(ttl, None), (closed, None), (full, brief())]),
+        "Full instructions never expire"
+    );
+    let swept = store
+        .conversations(sid)
+        .await
+        .unwrap()
+        .into_iter()
+        .find(|c| c.conversation_id == ttl)
+        .unwrap();
+    assert_eq!(
+        swept.params,
+        with_policy(ttl, StoragePolicy::Ttl { secs: 10 })
+            .params
+            .without_instructions(),
+        "the other parameters stay"
+    );
     let page = store.messages(sid, 10, MAX_PAGE_BYTES, None).await.unwrap();
     assert_eq!(
         page.messages[0].chars,
@@ -543,6 +577,8 @@ async fn a_sweep_leaves_no_byte_of_due_content_in_the_files() {
     store.create_session(s.clone()).await.unwrap();
     let mut c = conversation_of(&s, s.root_conversation_id, 1);
     c.params.storage_policy = StoragePolicy::Ttl { secs: 1 };
+    c.params.base_instructions = Some("CANARY-BASE-7730".into());
+    c.params.user_instructions = Some("CANARY-USER-7731".into());
     store.put_conversation(c).await.unwrap();
     let big = format!("CANARY-BIG-4410 {}", "y".repeat(30_000));
     for text in ["CANARY-SMALL-6620", big.as_str()] {
@@ -560,8 +596,16 @@ async fn a_sweep_leaves_no_byte_of_due_content_in_the_files() {
     }
     let before = file_bytes(dir.path());
     assert!(contains(&before, "CANARY-SMALL-6620") && contains(&before, "CANARY-BIG-4410"));
-    assert_eq!(store.sweep_due(1_010).await.unwrap(), 2);
+    assert!(contains(&before, "CANARY-BASE-7730") && contains(&before, "CANARY-USER-7731"));
+    assert_eq!(
+        store.sweep_due(1_010).await.unwrap(),
+        3,
+        "both messages and the conversation's instructions"
+    );
     let after = file_bytes(dir.path());
+    for canary in ["CANARY-BASE-7730", "CANARY-USER-7731"] {
+        assert!(!contains(&after, canary), "{canary} left in the files");
+    }
     assert!(
         !contains(&after, "CANARY-SMALL-6620"),
         "small content left in the files"
