@@ -1,7 +1,8 @@
 //! Ttl is a promise on disk (S10), end to end with the real binary: a canary written under a
 //! `Ttl` policy is on disk until it is due, then a sweep planned from what is stored removes
 //! it from every byte of every file under the data directory (databases, their WAL and
-//! shared-memory files, rollout files, histories), while the headers stay. `troupe chat`
+//! shared-memory files, rollout files, histories), while the headers stay. In `troupe serve`
+//! the canary is in the conversation's instructions as well: they go with the rest. `troupe chat`
 //! sweeps at the start of the next run; `troupe serve` sweeps at start-up and periodically
 //! while it runs, for closed conversations too.
 
@@ -213,15 +214,21 @@ impl Drop for Serve {
     }
 }
 
-/// Opens a `Ttl { secs }` conversation in a new session and says `text` in it; the session,
-/// the conversation, and when everything written is due.
+/// Opens a `Ttl { secs }` conversation in a new session, with `text` in both its
+/// instructions too, and says `text` in it; the session, the conversation, and when
+/// everything written is due.
 async fn say_in_ttl_conversation(api: &Api, secs: u64, text: &str) -> (String, String, u64) {
     let session = api.session(None).await;
     let sid = id(&session, "session_id");
     let opened = api
         .call(
             "conversation.open",
-            json!({"session_id": sid, "storage_policy": {"ttl": {"secs": secs}}}),
+            json!({
+                "session_id": sid,
+                "storage_policy": {"ttl": {"secs": secs}},
+                "base_instructions": format!("base {text}"),
+                "user_instructions": format!("user {text}"),
+            }),
         )
         .await;
     let cid = id(&opened, "conversation_id");
