@@ -29,6 +29,34 @@ pub struct OpenConversation {
     pub sandbox_policy: Option<SandboxPolicy>,
 }
 
+impl OpenConversation {
+    /// These parameters as a store keeps them under their own storage policy: under
+    /// `headers_only` and `none` the instruction texts are content the policy forbids on disk,
+    /// so both are left out; a conversation reopened from the store (after a restart) runs
+    /// without them. `full` and `ttl` keep them.
+    #[must_use]
+    pub fn kept_by_policy(self) -> Self {
+        if self.storage_policy.keeps_content() {
+            self
+        } else {
+            self.without_instructions()
+        }
+    }
+
+    /// Whether any instruction text is set.
+    pub const fn has_instructions(&self) -> bool {
+        self.base_instructions.is_some() || self.user_instructions.is_some()
+    }
+
+    /// These parameters without their instruction texts (what a Ttl sweep leaves once due).
+    #[must_use]
+    pub fn without_instructions(mut self) -> Self {
+        self.base_instructions = None;
+        self.user_instructions = None;
+        self
+    }
+}
+
 /// Reply to `open`.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct Opened {

@@ -154,8 +154,16 @@ pub struct MessageOutcome {
     pub reply_message_id: Option<u64>,
 }
 
-/// One page of messages: at most `limit` messages older than the cursor, oldest first.
-/// `next_before` is the cursor of the following (older) page, `None` when there is none.
+/// The most message content, in bytes (UTF-8), one page of messages holds: 4 MiB. A page
+/// stops at `limit` messages or before the message that would take its content past this
+/// budget, whichever comes first, but always holds at least one message (when `limit` is at
+/// least 1), so a single message larger than the budget comes alone in its page.
+pub const MAX_PAGE_BYTES: usize = 4 * 1024 * 1024;
+
+/// One page of messages: at most `limit` messages older than the cursor, oldest first, and
+/// no more content than the page's byte budget ([`MAX_PAGE_BYTES`] over the APIs) unless
+/// the page is a single message. `next_before` is the cursor of the following (older) page,
+/// `None` when there is none: following it visits every message exactly once.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct MessagePage {
     pub messages: Vec<MessageRecord>,

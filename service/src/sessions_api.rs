@@ -17,7 +17,9 @@ use std::sync::Arc;
 use tokio::sync::watch;
 use troupe_actors::SessionHandle;
 use troupe_actors::conversation::ConversationMsg;
-use troupe_proto::store::{ConversationRecord, MessagePage, MessageRecord, SessionRecord};
+use troupe_proto::store::{
+    ConversationRecord, MAX_PAGE_BYTES, MessagePage, MessageRecord, SessionRecord,
+};
 use troupe_proto::{
     AgentError, Closed, ConversationId, ConversationStats, OpenConversation, SessionId, SetContext,
 };
@@ -290,7 +292,8 @@ impl SessionsApi {
         )
     }
 
-    /// A page of a session's messages, from the store.
+    /// A page of a session's messages, from the store: at most `limit` messages and
+    /// [`MAX_PAGE_BYTES`] of content (a single larger message comes alone).
     pub async fn messages(
         &self,
         scope: Scope,
@@ -299,7 +302,9 @@ impl SessionsApi {
         before: Option<u64>,
     ) -> Result<MessagePage, AgentError> {
         self.record(&scope, session_id).await?;
-        self.store.messages(session_id, limit, before).await
+        self.store
+            .messages(session_id, limit, MAX_PAGE_BYTES, before)
+            .await
     }
 
     /// One message of a session, with its status, from the store.

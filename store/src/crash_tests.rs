@@ -6,7 +6,7 @@
 //! parent kills it with SIGKILL mid-stream, reopens the database and looks for every write
 //! the child printed.
 
-use super::{SqliteRolloutStorage, SqliteStore, Store, db_path};
+use super::{MAX_PAGE_BYTES, SqliteRolloutStorage, SqliteStore, Store, db_path};
 use std::collections::BTreeMap;
 use std::io::{BufRead, BufReader};
 use std::process::{Command, Stdio};
@@ -174,7 +174,10 @@ async fn acknowledged_writes_survive_sigkill() {
     let (session, conv) = session.unwrap();
     let path = db_path(dir.path());
     let store = SqliteStore::open(&path).unwrap();
-    let page = store.messages(session, 1_000_000, None).await.unwrap();
+    let page = store
+        .messages(session, 1_000_000, MAX_PAGE_BYTES, None)
+        .await
+        .unwrap();
     let stored: BTreeMap<u64, String> = page
         .messages
         .into_iter()

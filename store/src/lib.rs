@@ -10,6 +10,11 @@
 //!   expiry, `created_ms` + the ttl, and [`Store::sweep_due`] drops it once due, whether the
 //!   conversation is open, closed, or its session is not running.
 //! - Content a sweep dropped cannot be read back from the store's files.
+//! - `put_conversation` keeps the parameters as [`OpenConversation::kept_by_policy`] has
+//!   them: no instruction text of a `headers_only` or `none` conversation is stored, so
+//!   such a conversation is restored without its instructions. A `Ttl` conversation's
+//!   instructions are due like a message written when it opened: [`Store::sweep_due`] drops
+//!   them (a conversation stored again after that keeps them until the next sweep).
 //! - Unknown ids read as `Ok(None)` / empty; writes naming an unknown session or conversation
 //!   fail with `AgentError::NotFound`; a duplicate create fails with `AgentError::InvalidInput`.
 //!
@@ -17,6 +22,8 @@
 //! Rollout's record can live in the same file through [`SqliteRolloutStorage`]. Both own their
 //! connections on threads of their own (see `sqlite.rs`, `rollout.rs`); the schema is
 //! versioned in `schema.rs`; metrics are in [`metrics`].
+//!
+//! [`OpenConversation::kept_by_policy`]: troupe_proto::OpenConversation::kept_by_policy
 //!
 //! The [`ttl`] sweeper drops Ttl content from the store and from any rollout storage once it
 //! is due; both commands run one.
@@ -27,6 +34,7 @@ mod conn;
 mod crash_tests;
 pub mod memory;
 pub mod metrics;
+mod page;
 mod rollout;
 #[cfg(test)]
 mod rollout_tests;
@@ -41,6 +49,7 @@ pub use sqlite::{DB_FILE, SqliteOptions, SqliteStore, db_path};
 pub use ttl::TtlSweeper;
 
 use async_trait::async_trait;
+pub use troupe_proto::store::MAX_PAGE_BYTES;
 use troupe_proto::store::{
     ConversationRecord, FinishMessage, FinishedMessage, MessagePage, MessageRecord, NewMessage,
     SessionRecord,
@@ -91,17 +100,23 @@ pub trait Store: Send + Sync + 'static {
     /// The sessions that hold `queued` or `running` messages (the only ones a restart must
     /// wake at once).
     async fn sessions_with_pending_messages(&self) -> Result<Vec<SessionId>, AgentError>;
-    /// At most `limit` of the session's messages with `message_id < before` (all when `None`),
-    /// the newest such ones, returned oldest first.
+    /// The newest of the session's messages with `message_id < before` (all when `None`),
+    /// returned oldest first: at most `limit` of them, and no more than `max_bytes` of content
+    /// (the APIs pass [`MAX_PAGE_BYTES`]) unless the page is a single message, which it
+    /// always holds when one remains and `limit` is at least 1. `next_before` is set whenever
+    /// older messages remain. The store reads the content of no message it does not return,
+    /// so a page never costs much more memory than its budget.
     async fn messages(
         &self,
         session_id: SessionId,
         limit: usize,
+        max_bytes: usize,
         before: Option<u64>,
     ) -> Result<MessagePage, AgentError>;
     /// The Ttl sweep: drops the content of every stored message whose expiry is at or before
-    /// `now_ms` (its `chars` and everything else stay), in every session; returns how many
-    /// lost their content. Planned from what is stored, so it needs no session in memory;
+    /// `now_ms` (its `chars` and everything else stay), and the instruction texts of every
+    /// `Ttl` conversation whose `created_ms` + ttl is (its other parameters stay), in every
+    /// session; returns how many messages and conversations lost content. Planned from what is stored, so it needs no session in memory;
     /// sweeping again changes nothing.
     async fn sweep_due(&self, now_ms: u64) -> Result<u64, AgentError>;
 

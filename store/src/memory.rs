@@ -4,7 +4,7 @@
 //! One lock around the whole state: every operation is a few map operations, never awaits
 //! while holding it, and the service's writes are already serialised by its registry.
 
-use super::Store;
+use super::{Store, page};
 use async_trait::async_trait;
 use std::collections::{BTreeMap, HashMap};
 use std::sync::Mutex;
@@ -146,6 +146,10 @@ impl Store for MemoryStore {
     }
 
     async fn put_conversation(&self, conversation: ConversationRecord) -> Result<(), AgentError> {
+        let conversation = ConversationRecord {
+            params: conversation.params.kept_by_policy(),
+            ..conversation
+        };
         self.with(|d| {
             if !d.sessions.contains_key(&conversation.session_id) {
                 return Err(AgentError::not_found("session", conversation.session_id));
@@ -271,27 +275,34 @@ impl Store for MemoryStore {
         &self,
         session_id: SessionId,
         limit: usize,
+        max_bytes: usize,
         before: Option<u64>,
     ) -> Result<MessagePage, AgentError> {
         self.with(|d| {
             let upper = before.unwrap_or(u64::MAX);
-            let mut newest_first = d
+            let sizes = d
                 .messages
                 .range(..upper)
                 .rev()
                 .map(|(_, m)| m)
-                .filter(|m| m.session_id == session_id);
-            let mut page: Vec<MessageRecord> = newest_first.by_ref().take(limit).cloned().collect();
-            let more = newest_first.next().is_some();
-            page.reverse();
-            let next_before = if more {
-                page.first().map(|m| m.message_id)
-            } else {
-                None
+                .filter(|m| m.session_id == session_id)
+                .map(|m| {
+                    Ok::<_, AgentError>((m.message_id, m.content.as_ref().map_or(0, String::len)))
+                });
+            let plan = page::plan(sizes, limit, max_bytes)?;
+            let messages = match plan.ids {
+                None => Vec::new(),
+                Some((oldest, newest)) => d
+                    .messages
+                    .range(oldest..=newest)
+                    .map(|(_, m)| m)
+                    .filter(|m| m.session_id == session_id)
+                    .cloned()
+                    .collect(),
             };
             Ok(MessagePage {
-                messages: page,
-                next_before,
+                messages,
+                next_before: plan.next_before,
             })
         })
     }
@@ -310,7 +321,20 @@ impl Store for MemoryStore {
                     m.content = None;
                 }
             }
-            Ok(u64::try_from(due.len()).unwrap_or(u64::MAX))
+            let mut conversations = 0usize;
+            for c in d.conversations.values_mut() {
+                let due = match c.params.storage_policy {
+                    StoragePolicy::Ttl { secs } => {
+                        troupe_actors::rollout::ttl_expiry_ms(c.created_ms, secs) <= now_ms
+                    }
+                    _ => false,
+                };
+                if due && c.params.has_instructions() {
+                    c.params = c.params.clone().without_instructions();
+                    conversations += 1;
+                }
+            }
+            Ok(u64::try_from(due.len() + conversations).unwrap_or(u64::MAX))
         })
     }
 
@@ -340,6 +364,7 @@ impl Store for MemoryStore {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::MAX_PAGE_BYTES;
     use proptest::prelude::*;
     use troupe_proto::{OpenConversation, Role};
 
@@ -438,7 +463,7 @@ mod tests {
                 let mut seen = Vec::new();
                 let mut before = None;
                 loop {
-                    let page = store.messages(s.session_id, limit, before).await.unwrap();
+                    let page = store.messages(s.session_id, limit, MAX_PAGE_BYTES, before).await.unwrap();
                     prop_assert_eq!(page.messages.len(), limit.min(n - seen.len()));
                     let mut ids: Vec<u64> = page.messages.iter().map(|m| m.message_id).collect();
                     ids.extend(seen);

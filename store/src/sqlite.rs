@@ -274,6 +274,10 @@ impl Store for SqliteStore {
             session_id = %conversation.session_id,
             conversation_id = %conversation.conversation_id,
         );
+        let conversation = ConversationRecord {
+            params: conversation.params.kept_by_policy(),
+            ..conversation
+        };
         observed(Op::PutConversation, span, async {
             self.write(WriteOp::PutConversation(conversation))
                 .await
@@ -420,12 +424,25 @@ impl Store for SqliteStore {
         &self,
         session_id: SessionId,
         limit: usize,
+        max_bytes: usize,
         before: Option<u64>,
     ) -> Result<MessagePage, AgentError> {
-        let span = tracing::debug_span!("store.messages", %session_id, limit, before);
-        observed(Op::Messages, span, async {
-            self.read(move |c| message_page(c, session_id, limit, before))
-                .await
+        let span = tracing::debug_span!(
+            "store.messages",
+            %session_id,
+            limit,
+            max_bytes,
+            before,
+            returned = tracing::field::Empty,
+            bytes = tracing::field::Empty,
+        );
+        observed(Op::Messages, span.clone(), async {
+            let (page, bytes) = self
+                .read(move |c| message_page(c, session_id, limit, max_bytes, before))
+                .await?;
+            span.record("returned", page.messages.len());
+            span.record("bytes", bytes);
+            Ok(page)
         })
         .await
     }

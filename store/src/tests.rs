@@ -1,7 +1,7 @@
 //! The SQLite store against the `Store` rules, and the P6 properties (>= 100 cases each).
 
 use super::schema;
-use super::{SqliteStore, Store, db_path};
+use super::{MAX_PAGE_BYTES, SqliteStore, Store, db_path};
 use proptest::prelude::*;
 use std::collections::{BTreeMap, HashSet};
 use tempfile::TempDir;
@@ -158,7 +158,10 @@ async fn upgrade_from_version_1_keeps_rows() {
     let got = store.get_session(s.session_id).await.unwrap().unwrap();
     assert_eq!(got.title.as_deref(), Some("old"));
     assert_eq!(store.conversations(s.session_id).await.unwrap().len(), 1);
-    let page = store.messages(s.session_id, 10, None).await.unwrap();
+    let page = store
+        .messages(s.session_id, 10, MAX_PAGE_BYTES, None)
+        .await
+        .unwrap();
     assert_eq!(page.messages.len(), 1);
     assert_eq!(page.messages[0].content.as_deref(), Some("hello"));
     assert_eq!(
@@ -200,8 +203,16 @@ fn the_query_plans_use_the_indexes() {
             .collect::<Vec<_>>()
             .join("; ")
     };
+    // A page: planned from sizes newest first, then its rows read by id range.
     let p = plan(
-        "SELECT * FROM messages WHERE session_id = 'x' AND message_id < 5 ORDER BY message_id DESC LIMIT 3",
+        "SELECT message_id, octet_length(content) FROM messages WHERE session_id = 'x' AND message_id < 5 ORDER BY message_id DESC",
+    );
+    assert!(
+        p.contains("messages_by_session") && !p.contains("TEMP B-TREE"),
+        "{p}"
+    );
+    let p = plan(
+        "SELECT * FROM messages WHERE session_id = 'x' AND message_id BETWEEN 2 AND 5 ORDER BY message_id",
     );
     assert!(
         p.contains("messages_by_session") && !p.contains("TEMP B-TREE"),
@@ -273,7 +284,10 @@ async fn unknown_ids_read_as_none_or_empty() {
             .is_empty()
     );
     assert_eq!(
-        store.messages(SessionId::new(), 10, None).await.unwrap(),
+        store
+            .messages(SessionId::new(), 10, MAX_PAGE_BYTES, None)
+            .await
+            .unwrap(),
         MessagePage {
             messages: vec![],
             next_before: None
@@ -373,7 +387,7 @@ async fn append_message_checks_its_session_and_conversation() {
     assert_eq!(ok.content.as_deref(), Some("y"));
     assert!(
         store
-            .messages(s.session_id, 10, None)
+            .messages(s.session_id, 10, MAX_PAGE_BYTES, None)
             .await
             .unwrap()
             .messages
@@ -406,7 +420,7 @@ async fn out_of_range_numbers_are_invalid_input() {
         .await
         .unwrap();
     let page = store
-        .messages(s.session_id, 5, Some(u64::MAX))
+        .messages(s.session_id, 5, MAX_PAGE_BYTES, Some(u64::MAX))
         .await
         .unwrap();
     assert_eq!(page.messages.len(), 1);
@@ -423,8 +437,9 @@ async fn ttl_rules(store: &dyn Store) {
         ConversationId::new(),
         ConversationId::new(),
     );
+    // Opened at 1 s: a conversation's instructions are due like a message written then.
     let with_policy = |id, policy| {
-        let mut c = conversation_of(&s, id, 1);
+        let mut c = conversation_of(&s, id, 1_000);
         c.params.storage_policy = policy;
         c
     };
@@ -461,19 +476,52 @@ async fn ttl_rules(store: &dyn Store) {
     let contents = |page: MessagePage| -> Vec<Option<String>> {
         page.messages.into_iter().map(|m| m.content).collect()
     };
+    let instructions = || async {
+        store
+            .conversations(sid)
+            .await
+            .unwrap()
+            .into_iter()
+            .map(|c| (c.conversation_id, c.params.base_instructions))
+            .collect::<BTreeMap<_, _>>()
+    };
+    let brief = || Some("be brief".to_owned());
     assert_eq!(store.sweep_due(1_999).await.unwrap(), 0, "nothing due yet");
     assert_eq!(
         store.sweep_due(2_000).await.unwrap(),
-        1,
-        "the closed one, at 1 s + 1 s"
+        2,
+        "the closed one and its conversation's instructions, at 1 s + 1 s"
+    );
+    assert_eq!(
+        instructions().await,
+        BTreeMap::from([(ttl, brief()), (closed, None), (full, brief())])
     );
     assert_eq!(
         store.sweep_due(11_000).await.unwrap(),
-        1,
-        "ttl early, at 1 s + 10 s"
+        2,
+        "ttl early and its conversation's instructions, at 1 s + 10 s"
     );
     assert_eq!(store.sweep_due(11_000).await.unwrap(), 0, "idempotent");
-    let page = store.messages(sid, 10, None).await.unwrap();
+    assert_eq!(
+        instructions().await,
+        BTreeMap::from([(ttl, None), (closed, None), (full, brief())]),
+        "Full instructions never expire"
+    );
+    let swept = store
+        .conversations(sid)
+        .await
+        .unwrap()
+        .into_iter()
+        .find(|c| c.conversation_id == ttl)
+        .unwrap();
+    assert_eq!(
+        swept.params,
+        with_policy(ttl, StoragePolicy::Ttl { secs: 10 })
+            .params
+            .without_instructions(),
+        "the other parameters stay"
+    );
+    let page = store.messages(sid, 10, MAX_PAGE_BYTES, None).await.unwrap();
     assert_eq!(
         page.messages[0].chars,
         "ttl early".len() as u64,
@@ -490,7 +538,7 @@ async fn ttl_rules(store: &dyn Store) {
         ]
     );
     assert_eq!(store.sweep_due(u64::MAX).await.unwrap(), 1, "ttl late");
-    let page = store.messages(sid, 10, None).await.unwrap();
+    let page = store.messages(sid, 10, MAX_PAGE_BYTES, None).await.unwrap();
     assert_eq!(
         contents(page),
         vec![None, None, None, Some("full".to_owned()), None],
@@ -529,6 +577,8 @@ async fn a_sweep_leaves_no_byte_of_due_content_in_the_files() {
     store.create_session(s.clone()).await.unwrap();
     let mut c = conversation_of(&s, s.root_conversation_id, 1);
     c.params.storage_policy = StoragePolicy::Ttl { secs: 1 };
+    c.params.base_instructions = Some("CANARY-BASE-7730".into());
+    c.params.user_instructions = Some("CANARY-USER-7731".into());
     store.put_conversation(c).await.unwrap();
     let big = format!("CANARY-BIG-4410 {}", "y".repeat(30_000));
     for text in ["CANARY-SMALL-6620", big.as_str()] {
@@ -546,8 +596,16 @@ async fn a_sweep_leaves_no_byte_of_due_content_in_the_files() {
     }
     let before = file_bytes(dir.path());
     assert!(contains(&before, "CANARY-SMALL-6620") && contains(&before, "CANARY-BIG-4410"));
-    assert_eq!(store.sweep_due(1_010).await.unwrap(), 2);
+    assert!(contains(&before, "CANARY-BASE-7730") && contains(&before, "CANARY-USER-7731"));
+    assert_eq!(
+        store.sweep_due(1_010).await.unwrap(),
+        3,
+        "both messages and the conversation's instructions"
+    );
     let after = file_bytes(dir.path());
+    for canary in ["CANARY-BASE-7730", "CANARY-USER-7731"] {
+        assert!(!contains(&after, canary), "{canary} left in the files");
+    }
     assert!(
         !contains(&after, "CANARY-SMALL-6620"),
         "small content left in the files"
@@ -556,7 +614,10 @@ async fn a_sweep_leaves_no_byte_of_due_content_in_the_files() {
         !contains(&after, "CANARY-BIG-4410"),
         "big content left in the files"
     );
-    let page = store.messages(s.session_id, 10, None).await.unwrap();
+    let page = store
+        .messages(s.session_id, 10, MAX_PAGE_BYTES, None)
+        .await
+        .unwrap();
     assert_eq!(page.messages[1].chars, big.len() as u64);
     assert!(page.messages.iter().all(|m| m.content.is_none()));
 }
@@ -595,7 +656,10 @@ async fn messages_from_before_expiries_are_dated_by_the_migration() {
     let store = SqliteStore::open(&path).unwrap();
     assert_eq!(store.sweep_due(2_999).await.unwrap(), 0);
     assert_eq!(store.sweep_due(3_000).await.unwrap(), 1);
-    let page = store.messages(s.session_id, 10, None).await.unwrap();
+    let page = store
+        .messages(s.session_id, 10, MAX_PAGE_BYTES, None)
+        .await
+        .unwrap();
     let contents: Vec<_> = page.messages.iter().map(|m| m.content.clone()).collect();
     assert_eq!(contents, vec![None, Some("old full".to_owned())]);
     // New messages of the migrated conversation get their expiry from its stored policy.
@@ -655,7 +719,10 @@ async fn a_corrupt_row_is_an_error_naming_it() {
         err.to_string().contains("sessions row 1: column settings"),
         "{err}"
     );
-    let err = store.messages(s.session_id, 5, None).await.unwrap_err();
+    let err = store
+        .messages(s.session_id, 5, MAX_PAGE_BYTES, None)
+        .await
+        .unwrap_err();
     assert!(
         err.to_string().contains("messages row 1: column role"),
         "{err}"
@@ -708,7 +775,10 @@ async fn concurrent_writes_are_group_committed_and_isolated() {
         }
     }
     assert_eq!(ids.len(), 180);
-    let page = store.messages(s.session_id, 1000, None).await.unwrap();
+    let page = store
+        .messages(s.session_id, 1000, MAX_PAGE_BYTES, None)
+        .await
+        .unwrap();
     let got: Vec<_> = page.messages.iter().map(|m| m.message_id).collect();
     let mut want: Vec<_> = ids.into_iter().collect();
     want.sort_unstable();
@@ -729,14 +799,217 @@ async fn a_zero_limit_page_keeps_the_cursor() {
                 .message_id,
         );
     }
-    let page = store.messages(s.session_id, 0, None).await.unwrap();
+    let page = store
+        .messages(s.session_id, 0, MAX_PAGE_BYTES, None)
+        .await
+        .unwrap();
     assert!(page.messages.is_empty());
     let next = page.next_before.unwrap();
-    let rest = store.messages(s.session_id, 10, Some(next)).await.unwrap();
+    let rest = store
+        .messages(s.session_id, 10, MAX_PAGE_BYTES, Some(next))
+        .await
+        .unwrap();
     assert_eq!(rest.messages.len(), 3);
     assert_eq!(rest.next_before, None);
-    let none = store.messages(s.session_id, 0, Some(ids[0])).await.unwrap();
+    let none = store
+        .messages(s.session_id, 0, MAX_PAGE_BYTES, Some(ids[0]))
+        .await
+        .unwrap();
     assert_eq!(none.next_before, None);
+}
+
+/// The byte budget of a page, the same in every store: a page stops before the message that
+/// would take its content past the budget (a larger message comes alone), its cursor is the
+/// oldest message it holds, contentless messages cost nothing, and walking the cursor returns
+/// every message once.
+async fn page_budget_rules(store: &dyn Store) {
+    let s = session_in(None, 1);
+    store.create_session(s.clone()).await.unwrap();
+    let root = s.root_conversation_id;
+    store
+        .put_conversation(conversation_of(&s, root, 1))
+        .await
+        .unwrap();
+    let sid = s.session_id;
+    // Oldest to newest: 10, 30, 40, 5 (no content, 5 chars), 25, 100 bytes.
+    let mut ids = Vec::new();
+    for (i, size) in [10usize, 30, 40, 5, 25, 100].into_iter().enumerate() {
+        let mut m = message(sid, root, &"x".repeat(size), i as u64);
+        if size == 5 {
+            m.content = None;
+        }
+        ids.push(store.append_message(m).await.unwrap().message_id);
+    }
+    let page_ids =
+        |page: &MessagePage| -> Vec<u64> { page.messages.iter().map(|m| m.message_id).collect() };
+    // The newest is larger than the budget: alone, and the cursor moves past it.
+    let page = store.messages(sid, 100, 64, None).await.unwrap();
+    assert_eq!(page_ids(&page), vec![ids[5]]);
+    assert_eq!(page.next_before, Some(ids[5]));
+    // 25 + 0 + 40 = 65 > 64: stops before the 40-byte message.
+    let page = store.messages(sid, 100, 64, Some(ids[5])).await.unwrap();
+    assert_eq!(page_ids(&page), vec![ids[3], ids[4]]);
+    assert_eq!(page.next_before, Some(ids[3]));
+    // Exactly at the budget (40 + 30 = 70) is in; the count still bounds too.
+    let page = store.messages(sid, 100, 70, Some(ids[3])).await.unwrap();
+    assert_eq!(page_ids(&page), vec![ids[1], ids[2]]);
+    assert_eq!(page.next_before, Some(ids[1]));
+    let page = store.messages(sid, 1, 1000, Some(ids[3])).await.unwrap();
+    assert_eq!(page_ids(&page), vec![ids[2]]);
+    assert_eq!(page.next_before, Some(ids[2]));
+    // The last page has no cursor.
+    let page = store.messages(sid, 100, 70, Some(ids[1])).await.unwrap();
+    assert_eq!(page_ids(&page), vec![ids[0]]);
+    assert_eq!(page.next_before, None);
+    // The whole walk at a budget of 1 byte: one message a page, each once.
+    let mut seen = Vec::new();
+    let mut cursor = None;
+    loop {
+        let page = store.messages(sid, 1000, 1, cursor).await.unwrap();
+        assert_eq!(page.messages.len(), 1);
+        seen.splice(0..0, page_ids(&page));
+        match page.next_before {
+            Some(b) => cursor = Some(b),
+            None => break,
+        }
+    }
+    assert_eq!(seen, ids);
+}
+
+#[tokio::test]
+async fn a_page_stops_at_its_byte_budget() {
+    let (_dir, store) = fresh();
+    page_budget_rules(&store).await;
+}
+
+#[tokio::test]
+async fn a_page_stops_at_its_byte_budget_in_memory() {
+    page_budget_rules(&super::memory::MemoryStore::new()).await;
+}
+
+/// At the real budget: pages of 1 MiB messages asked for 1000 at a time hold 4 MiB each.
+async fn large_messages_page_at_max_page_bytes(store: &dyn Store) {
+    let s = session_in(None, 1);
+    store.create_session(s.clone()).await.unwrap();
+    let root = s.root_conversation_id;
+    store
+        .put_conversation(conversation_of(&s, root, 1))
+        .await
+        .unwrap();
+    let mib = "m".repeat(1024 * 1024);
+    let mut ids = Vec::new();
+    for i in 0..9 {
+        let m = message(s.session_id, root, &mib, i);
+        ids.push(store.append_message(m).await.unwrap().message_id);
+    }
+    let mut seen = Vec::new();
+    let mut sizes = Vec::new();
+    let mut cursor = None;
+    loop {
+        let page = store
+            .messages(s.session_id, 1000, MAX_PAGE_BYTES, cursor)
+            .await
+            .unwrap();
+        let bytes: usize = page
+            .messages
+            .iter()
+            .map(|m| m.content.as_ref().map_or(0, String::len))
+            .sum();
+        assert!(bytes <= MAX_PAGE_BYTES, "{bytes}");
+        sizes.push(page.messages.len());
+        let mut ids: Vec<u64> = page.messages.iter().map(|m| m.message_id).collect();
+        ids.extend(seen);
+        seen = ids;
+        match page.next_before {
+            Some(b) => cursor = Some(b),
+            None => break,
+        }
+    }
+    assert_eq!(sizes, vec![4, 4, 1]);
+    assert_eq!(seen, ids);
+}
+
+#[tokio::test]
+async fn large_messages_page_at_the_byte_budget() {
+    let (_dir, store) = fresh();
+    large_messages_page_at_max_page_bytes(&store).await;
+}
+
+#[tokio::test]
+async fn large_messages_page_at_the_byte_budget_in_memory() {
+    large_messages_page_at_max_page_bytes(&super::memory::MemoryStore::new()).await;
+}
+
+/// Stores a conversation under each policy with a canary in both instruction fields and
+/// reads them back: `full` and `ttl` keep the instructions, `headers_only` and `none` keep
+/// every parameter but them. Returns the canaries that must not be stored.
+async fn instructions_rules(store: &dyn Store, tag: &str) -> Vec<String> {
+    let s = session_in(None, 1);
+    store.create_session(s.clone()).await.unwrap();
+    let mut forbidden = Vec::new();
+    for (i, policy) in [
+        StoragePolicy::Full,
+        StoragePolicy::Ttl { secs: 60 },
+        StoragePolicy::HeadersOnly,
+        StoragePolicy::None,
+    ]
+    .into_iter()
+    .enumerate()
+    {
+        let id = if i == 0 {
+            s.root_conversation_id
+        } else {
+            ConversationId::new()
+        };
+        let mut c = conversation_of(&s, id, i as u64);
+        let base = format!("CANARY-BASE-{tag}-{i}");
+        let user = format!("CANARY-USER-{tag}-{i}");
+        c.params = OpenConversation {
+            base_instructions: Some(base.clone()),
+            user_instructions: Some(user.clone()),
+            mcp_tool_allowlist: Some(vec!["srv.tool".into()]),
+            include_plan_tool: true,
+            storage_policy: policy,
+            ..OpenConversation::default()
+        };
+        store.put_conversation(c.clone()).await.unwrap();
+        let stored = store
+            .conversations(s.session_id)
+            .await
+            .unwrap()
+            .into_iter()
+            .find(|x| x.conversation_id == id)
+            .unwrap();
+        if policy.keeps_content() {
+            assert_eq!(stored, c, "{policy:?} keeps everything");
+        } else {
+            let mut want = c.clone();
+            want.params.base_instructions = None;
+            want.params.user_instructions = None;
+            assert_eq!(stored, want, "{policy:?} keeps all but the instructions");
+            forbidden.extend([base, user]);
+        }
+    }
+    forbidden
+}
+
+#[tokio::test]
+async fn no_instructions_are_stored_against_the_policy_in_memory() {
+    instructions_rules(&super::memory::MemoryStore::new(), "memory").await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn no_instructions_are_stored_against_the_policy() {
+    let (dir, store) = fresh();
+    let forbidden = instructions_rules(&store, "sqlite").await;
+    drop(store);
+    let bytes = file_bytes(dir.path());
+    for canary in &forbidden {
+        assert!(!contains(&bytes, canary), "{canary} is in the files");
+    }
+    // The ones `full` and `ttl` keep are there: the scan can see them.
+    assert!(contains(&bytes, "CANARY-BASE-sqlite-0"));
+    assert!(contains(&bytes, "CANARY-USER-sqlite-1"));
 }
 
 #[tokio::test]
@@ -756,7 +1029,7 @@ async fn writes_survive_a_reopen() {
     );
     assert_eq!(
         store
-            .messages(s.session_id, 5, None)
+            .messages(s.session_id, 5, MAX_PAGE_BYTES, None)
             .await
             .unwrap()
             .messages,
@@ -890,7 +1163,7 @@ async fn a_message_goes_from_queued_to_its_outcome_with_its_reply() {
         vec![other.session_id]
     );
     let page = store
-        .messages(s.session_id, 10, None)
+        .messages(s.session_id, 10, MAX_PAGE_BYTES, None)
         .await
         .unwrap()
         .messages;
@@ -927,7 +1200,7 @@ async fn a_failed_reply_leaves_the_message_pending() {
     assert_eq!(store.pending_messages(s.session_id).await.unwrap(), vec![m]);
     assert!(
         store
-            .messages(other.session_id, 5, None)
+            .messages(other.session_id, 5, MAX_PAGE_BYTES, None)
             .await
             .unwrap()
             .messages
@@ -985,10 +1258,10 @@ proptest! {
                 prop_assert_eq!(record.created_ms, m.created_ms);
                 acked.push(record);
             }
-            let page = store.messages(s.session_id, acked.len(), None).await.unwrap();
+            let page = store.messages(s.session_id, acked.len(), MAX_PAGE_BYTES, None).await.unwrap();
             prop_assert_eq!(&page.messages, &acked);
             drop(store);
-            let page = reopen(&dir).messages(s.session_id, acked.len(), None).await.unwrap();
+            let page = reopen(&dir).messages(s.session_id, acked.len(), MAX_PAGE_BYTES, None).await.unwrap();
             prop_assert_eq!(&page.messages, &acked);
             Ok(())
         })?;
@@ -1135,7 +1408,7 @@ proptest! {
                 .copied()
                 .filter(|id| before.is_none_or(|b| *id < b))
                 .collect();
-            let page = store.messages(s.session_id, limit, before).await.unwrap();
+            let page = store.messages(s.session_id, limit, MAX_PAGE_BYTES, before).await.unwrap();
             let got: Vec<u64> = page.messages.iter().map(|m| m.message_id).collect();
             prop_assert_eq!(got.len(), limit.min(older.len()));
             prop_assert_eq!(&got[..], &older[older.len() - got.len()..]);
@@ -1148,7 +1421,7 @@ proptest! {
                 let mut seen = Vec::new();
                 let mut cursor = None;
                 loop {
-                    let page = store.messages(s.session_id, limit, cursor).await.unwrap();
+                    let page = store.messages(s.session_id, limit, MAX_PAGE_BYTES, cursor).await.unwrap();
                     prop_assert!(page.messages.len() <= limit);
                     let mut ids: Vec<u64> = page.messages.iter().map(|m| m.message_id).collect();
                     ids.extend(seen);
@@ -1160,6 +1433,94 @@ proptest! {
                 }
                 prop_assert_eq!(&seen, &ids);
             }
+            Ok(())
+        })?;
+    }
+}
+
+/// Walks every page of a session whose messages have the given sizes (`None`: no content)
+/// among another session's messages; checks each page's bounds and returns the ids seen,
+/// oldest first, and the ids stored.
+async fn walk_sized_pages(
+    store: &dyn Store,
+    sizes: &[Option<usize>],
+    limit: usize,
+    max_bytes: usize,
+) -> Result<(Vec<u64>, Vec<u64>), TestCaseError> {
+    let s = session_in(None, 1);
+    let other = session_in(None, 1);
+    for x in [&s, &other] {
+        store.create_session(x.clone()).await.unwrap();
+        store
+            .put_conversation(conversation_of(x, x.root_conversation_id, 1))
+            .await
+            .unwrap();
+    }
+    let mut ids = Vec::new();
+    for (i, size) in sizes.iter().enumerate() {
+        let mut m = message(s.session_id, s.root_conversation_id, "", i as u64);
+        m.content = size.map(|n| "é".repeat(n / 2) + &"a".repeat(n % 2));
+        ids.push(store.append_message(m).await.unwrap().message_id);
+        if i % 3 == 0 {
+            let noise = message(other.session_id, other.root_conversation_id, "noise", 0);
+            store.append_message(noise).await.unwrap();
+        }
+    }
+    let mut seen = Vec::new();
+    let mut cursor = None;
+    loop {
+        let page = store
+            .messages(s.session_id, limit, max_bytes, cursor)
+            .await
+            .unwrap();
+        let bytes: usize = page
+            .messages
+            .iter()
+            .map(|m| m.content.as_ref().map_or(0, String::len))
+            .sum();
+        prop_assert!(page.messages.len() <= limit);
+        prop_assert!(bytes <= max_bytes || page.messages.len() == 1, "{bytes}");
+        prop_assert!(!page.messages.is_empty() || (seen.is_empty() && ids.is_empty()));
+        prop_assert!(page.messages.iter().all(|m| m.session_id == s.session_id));
+        // The cursor is the oldest message of the page.
+        if let Some(b) = page.next_before {
+            prop_assert_eq!(Some(b), page.messages.first().map(|m| m.message_id));
+        }
+        let mut got: Vec<u64> = page.messages.iter().map(|m| m.message_id).collect();
+        got.extend(seen);
+        seen = got;
+        match page.next_before {
+            Some(b) => cursor = Some(b),
+            None => break,
+        }
+    }
+    Ok((seen, ids))
+}
+
+fn arb_sizes() -> impl Strategy<Value = Vec<Option<usize>>> {
+    proptest::collection::vec(proptest::option::weighted(0.9, 0usize..300), 0..30)
+}
+
+proptest! {
+    #![proptest_config(cases())]
+
+    /// Over any message sizes (multi-byte text, contentless messages), both stores page
+    /// within the count and the byte budget (a larger message alone) and the cursor walk
+    /// returns every message of the session exactly once, in order.
+    #[test]
+    fn prop_pages_within_the_byte_budget_cover_everything_once(
+        sizes in arb_sizes(),
+        limit in 1usize..10,
+        max_bytes in 0usize..600,
+    ) {
+        let rt = runtime();
+        rt.block_on(async {
+            let (_dir, store) = fresh();
+            let (seen, ids) = walk_sized_pages(&store, &sizes, limit, max_bytes).await?;
+            prop_assert_eq!(seen, ids);
+            let memory = super::memory::MemoryStore::new();
+            let (seen, ids) = walk_sized_pages(&memory, &sizes, limit, max_bytes).await?;
+            prop_assert_eq!(seen, ids);
             Ok(())
         })?;
     }
@@ -1277,7 +1638,10 @@ fn operations_are_timed_and_failures_counted_by_op_and_kind() {
             let _ = store
                 .append_message(message(s.session_id, ConversationId::new(), "x", 1))
                 .await;
-            store.messages(s.session_id, 10, None).await.unwrap();
+            store
+                .messages(s.session_id, 10, MAX_PAGE_BYTES, None)
+                .await
+                .unwrap();
         });
     });
     let d = super::metrics::OPERATION_DURATION;

@@ -1,7 +1,8 @@
 //! The Ttl sweeper (S10): keeps the promise of `StoragePolicy::Ttl` on disk.
 //!
 //! Content written under a Ttl policy is stored with its expiry: the store's messages
-//! (`expires_ms`, see [`Store::sweep_due`]) and the rollout's records
+//! (`expires_ms`) and conversations' instructions (due their ttl after the conversation
+//! opened; see [`Store::sweep_due`]) and the rollout's records
 //! ([`RolloutStorage::sweep_due`]). A sweep asks each storage to drop what is due at the time it
 //! runs. The plan is what is stored, not what some session remembers, so a sweep needs no
 //! session, conversation or Rollout in memory: it covers open and closed conversations,
@@ -44,7 +45,7 @@ pub struct TtlSweeper {
 /// What one sweep did.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct SweepSummary {
-    /// Messages that lost their content.
+    /// Messages that lost their content, and conversations that lost their instructions.
     pub messages: u64,
     /// Rollout records downgraded to headers.
     pub records: u64,
@@ -173,6 +174,7 @@ fn failed(store: SweptStore, error: &AgentError, started: Instant) {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::MAX_PAGE_BYTES;
     use crate::memory::MemoryStore;
     use troupe_actors::rollout::FileRolloutStorage;
     use troupe_actors::rollout::conformance::ttl;
@@ -261,7 +263,11 @@ mod tests {
         }
 
         async fn message_content(&self) -> Option<String> {
-            let page = self.store.messages(self.session_id, 1, None).await.unwrap();
+            let page = self
+                .store
+                .messages(self.session_id, 1, MAX_PAGE_BYTES, None)
+                .await
+                .unwrap();
             page.messages[0].content.clone()
         }
     }

@@ -24,7 +24,9 @@ use troupe_proto::store::{ConversationRecord, ConversationState, NewMessage, Ses
 use troupe_proto::{
     ConversationId, EventKind, EventName, Json, OpenConversation, Role, SessionId, StoragePolicy,
 };
-use troupe_store::{SqliteOptions, SqliteRolloutStorage, SqliteStore, Store, db_path};
+use troupe_store::{
+    MAX_PAGE_BYTES, SqliteOptions, SqliteRolloutStorage, SqliteStore, Store, db_path,
+};
 
 const TEXT: &str = "The quick brown fox jumps over the lazy dog; a message of a typical chat turn, \
     about two hundred bytes long, so that rows and pages look like the real ones do in use.";
@@ -271,7 +273,10 @@ fn main() {
             x ^= x << 17;
             let before = first + 200 + x % (last - first - 200);
             let t = Instant::now();
-            let page = store.messages(s, 50, Some(before)).await.unwrap();
+            let page = store
+                .messages(s, 50, MAX_PAGE_BYTES, Some(before))
+                .await
+                .unwrap();
             times.push(t.elapsed());
             assert_eq!(page.messages.len(), 50);
         }
@@ -287,7 +292,7 @@ fn main() {
             "",
         );
         let t = Instant::now();
-        let page = store.messages(s, 50, None).await.unwrap();
+        let page = store.messages(s, 50, MAX_PAGE_BYTES, None).await.unwrap();
         row(
             "messages newest page of 50",
             format!("{:.1?}", t.elapsed()),

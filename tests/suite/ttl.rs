@@ -1,7 +1,8 @@
 //! Ttl is a promise on disk (S10), end to end with the real binary: a canary written under a
 //! `Ttl` policy is on disk until it is due, then a sweep planned from what is stored removes
 //! it from every byte of every file under the data directory (databases, their WAL and
-//! shared-memory files, rollout files, histories), while the headers stay. `troupe chat`
+//! shared-memory files, rollout files, histories), while the headers stay. In `troupe serve`
+//! the canary is in the conversation's instructions as well: they go with the rest. `troupe chat`
 //! sweeps at the start of the next run; `troupe serve` sweeps at start-up and periodically
 //! while it runs, for closed conversations too.
 
@@ -214,15 +215,21 @@ impl Drop for Serve {
     }
 }
 
-/// Opens a `Ttl { secs }` conversation in a new session and says `text` in it; the session,
-/// the conversation, and when everything written is due.
+/// Opens a `Ttl { secs }` conversation in a new session, with `text` in both its
+/// instructions too, and says `text` in it; the session, the conversation, and when
+/// everything written is due.
 async fn say_in_ttl_conversation(api: &Api, secs: u64, text: &str) -> (String, String, u64) {
     let session = api.session(None).await;
     let sid = id(&session, "session_id");
     let opened = api
         .call(
             "conversation.open",
-            json!({"session_id": sid, "storage_policy": {"ttl": {"secs": secs}}}),
+            json!({
+                "session_id": sid,
+                "storage_policy": {"ttl": {"secs": secs}},
+                "base_instructions": format!("base {text}"),
+                "user_instructions": format!("user {text}"),
+            }),
         )
         .await;
     let cid = id(&opened, "conversation_id");
@@ -419,4 +426,85 @@ fn a_running_troupe_chat_sweeps_its_own_due_content() {
             .is_some_and(|e| format!("{e:?}").contains("after the sweep"))),
         "the line written after the sweep is in the file"
     );
+}
+
+/// No instruction text is stored against the policy: conversations opened under `none` and
+/// `headers_only` with a canary in both instruction fields run a turn, and once the service
+/// stopped no byte of any file under its directory (store, WAL, rollout, histories) holds
+/// their canaries, while the canaries of a `full` conversation are there (the scan sees
+/// them). Restarted, the `none` conversation is open again without its instructions and
+/// still answers.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn troupe_serve_stores_no_instructions_under_none_or_headers_only() {
+    let dir = tempfile::tempdir().unwrap();
+    let stamp = now_ms();
+    let serve = Serve::start(dir.path(), "1h");
+    let sid = id(&serve.api.session(None).await, "session_id");
+    let mut opened = Vec::new();
+    for policy in ["none", "headers_only", "full"] {
+        let base = format!("CANARY-BASE-{policy}-{stamp}");
+        let user = format!("CANARY-USER-{policy}-{stamp}");
+        let c = serve
+            .api
+            .call(
+                "conversation.open",
+                json!({
+                    "session_id": sid,
+                    "storage_policy": policy,
+                    "base_instructions": base,
+                    "user_instructions": user,
+                }),
+            )
+            .await;
+        let cid = id(&c, "conversation_id");
+        let (status, reply) = serve
+            .api
+            .post(
+                &format!("/api/sessions/{sid}/messages"),
+                json!({"text": format!("hello {policy}"), "conversation_id": cid}),
+            )
+            .await;
+        assert_eq!(status, reqwest::StatusCode::OK, "{reply}");
+        assert_eq!(reply["reply"]["status"], "ok", "{reply}");
+        opened.push((policy, cid, base, user));
+    }
+    serve.stop();
+
+    for (policy, _, base, user) in &opened {
+        for canary in [base, user] {
+            let found = holding(dir.path(), canary);
+            if *policy == "full" {
+                assert!(!found.is_empty(), "{canary} must be on disk under full");
+            } else {
+                assert!(found.is_empty(), "{canary} is in {found:?}");
+            }
+        }
+    }
+
+    let serve = Serve::start(dir.path(), "1h");
+    let (_, none_cid, _, _) = &opened[0];
+    let listed = serve
+        .api
+        .call("conversation.list", json!({"session_id": sid}))
+        .await;
+    let none = listed
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|c| c["conversation_id"] == *none_cid)
+        .unwrap_or_else(|| panic!("{listed}"))
+        .clone();
+    assert_eq!(none["state"], "open", "{none}");
+    assert_eq!(none["params"]["base_instructions"], Value::Null, "{none}");
+    assert_eq!(none["params"]["user_instructions"], Value::Null, "{none}");
+    let (status, reply) = serve
+        .api
+        .post(
+            &format!("/api/sessions/{sid}/messages"),
+            json!({"text": "again", "conversation_id": none_cid}),
+        )
+        .await;
+    assert_eq!(status, reqwest::StatusCode::OK, "{reply}");
+    assert_eq!(reply["reply"]["text"], "You said: again", "{reply}");
+    serve.stop();
 }

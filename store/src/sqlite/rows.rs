@@ -3,6 +3,7 @@
 
 use super::writer::sql;
 use crate::conn::internal;
+use crate::page;
 use rusqlite::{Connection, Row, params};
 use troupe_proto::store::{
     ConversationRecord, ConversationState, MessagePage, MessageRecord, MessageStatus, SessionRecord,
@@ -32,44 +33,72 @@ pub(super) fn query_all<T>(
     Ok(out)
 }
 
+/// A page of the session's messages (see [`crate::Store::messages`]) and its content bytes,
+/// in one read transaction. The page is planned from the ids and content sizes of the
+/// messages older than the cursor, read newest first one row at a time (SQLite gives a text
+/// column's size from its record header, without its text); then only the planned rows are
+/// read in full.
 pub(super) fn message_page(
     c: &Connection,
     session_id: SessionId,
     limit: usize,
+    max_bytes: usize,
     before: Option<u64>,
-) -> Result<MessagePage, AgentError> {
+) -> Result<(MessagePage, usize), AgentError> {
     // Ids are positive i64s, so clamping a larger cursor changes nothing.
     let before = before.map_or(i64::MAX, |b| i64::try_from(b).unwrap_or(i64::MAX));
-    // One row more than asked tells whether an older page exists.
-    let fetch = i64::try_from(limit)
-        .unwrap_or(i64::MAX - 1)
-        .min(i64::MAX - 1)
-        + 1;
-    let mut newest_first = query_all(
-        c,
-        &format!(
-            "{MESSAGE_SELECT} WHERE session_id = ?1 AND message_id < ?2
-             ORDER BY message_id DESC LIMIT ?3"
-        ),
-        params![session_id.to_string(), before, fetch],
-        message_from_row,
-    )?;
-    let more = newest_first.len() > limit;
-    let next_before = if !more {
-        None
-    } else if limit == 0 {
-        // Nothing returned: the next page starts at the newest message we did not return.
-        newest_first.first().map(|m| m.message_id + 1)
-    } else {
-        newest_first.truncate(limit);
-        newest_first.last().map(|m| m.message_id)
+    let session = session_id.to_string();
+    let tx = c.unchecked_transaction().map_err(sql("begin page read"))?;
+    let plan = {
+        let mut st = tx
+            .prepare_cached(
+                "SELECT message_id, octet_length(content) FROM messages
+                 WHERE session_id = ?1 AND message_id < ?2 ORDER BY message_id DESC",
+            )
+            .map_err(sql("prepare read"))?;
+        let mut rows = st
+            .query(params![session.as_str(), before])
+            .map_err(sql("read"))?;
+        let sizes = std::iter::from_fn(|| match rows.next() {
+            Ok(Some(row)) => Some(page_size_row(row)),
+            Ok(None) => None,
+            Err(e) => Some(Err(sql("read")(e))),
+        });
+        page::plan(sizes, limit, max_bytes)?
     };
-    newest_first.truncate(limit);
-    newest_first.reverse();
-    Ok(MessagePage {
-        messages: newest_first,
-        next_before,
-    })
+    let messages = match plan.ids {
+        None => Vec::new(),
+        Some((oldest, newest)) => query_all(
+            &tx,
+            &format!(
+                "{MESSAGE_SELECT} WHERE session_id = ?1 AND message_id BETWEEN ?2 AND ?3
+                 ORDER BY message_id"
+            ),
+            params![
+                session.as_str(),
+                i64::try_from(oldest).unwrap_or(i64::MAX),
+                i64::try_from(newest).unwrap_or(i64::MAX)
+            ],
+            message_from_row,
+        )?,
+    };
+    tx.finish().map_err(sql("end page read"))?;
+    Ok((
+        MessagePage {
+            messages,
+            next_before: plan.next_before,
+        },
+        plan.bytes,
+    ))
+}
+
+/// `(message_id, content bytes)` of a row of the page plan (no content counts as 0).
+fn page_size_row(row: &Row<'_>) -> Result<(u64, usize), AgentError> {
+    let key = RowKey::new("messages", row)?;
+    let id = key.get_u64(row, 0, "message_id")?;
+    let bytes: Option<i64> = key.get(row, 1, "content")?;
+    let bytes = usize::try_from(bytes.unwrap_or(0)).map_err(|e| key.err("content", e))?;
+    Ok((id, bytes))
 }
 
 /// Names a row in decoding errors: its table and rowid.

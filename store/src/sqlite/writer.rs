@@ -38,7 +38,8 @@ pub(super) enum WriteOp {
         message_id: u64,
     },
     FinishMessage(FinishMessage),
-    /// Drops the content of every message due at `now_ms`.
+    /// Drops the content of every message (and the instructions of every conversation) due
+    /// at `now_ms`.
     SweepDue {
         now_ms: u64,
     },
@@ -467,17 +468,31 @@ pub(super) fn status_name(status: Option<MessageStatus>) -> &'static str {
     status.map_or("without a status", MessageStatus::as_str)
 }
 
-/// Drops the content of every message due at `now_ms`; how many.
+/// Drops the content of every message due at `now_ms`, and the instructions of every Ttl
+/// conversation opened at least its ttl before (its `created_ms` + the ttl, saturating like
+/// a message's expiry); how many of both.
 pub(super) fn sweep_due(c: &Connection, now_ms: u64) -> Result<u64, AgentError> {
     // A time past every representable one makes everything due.
     let now = i64::try_from(now_ms).unwrap_or(i64::MAX);
-    let changed = c
+    let messages = c
         .prepare_cached(
             "UPDATE messages SET content = NULL, expires_ms = NULL WHERE expires_ms <= ?1",
         )
         .and_then(|mut st| st.execute([now]))
         .map_err(sql("sweep due messages"))?;
-    Ok(u64::try_from(changed).unwrap_or(u64::MAX))
+    let conversations = c
+        .prepare_cached(
+            "UPDATE conversations
+             SET params = json_set(params, '$.base_instructions', NULL, '$.user_instructions', NULL)
+             WHERE ttl_secs IS NOT NULL
+               AND CASE WHEN ttl_secs > (9223372036854775807 - created_ms) / 1000
+                   THEN 9223372036854775807 ELSE created_ms + ttl_secs * 1000 END <= ?1
+               AND (json_extract(params, '$.base_instructions') IS NOT NULL
+                    OR json_extract(params, '$.user_instructions') IS NOT NULL)",
+        )
+        .and_then(|mut st| st.execute([now]))
+        .map_err(sql("sweep due conversation instructions"))?;
+    Ok(u64::try_from(messages + conversations).unwrap_or(u64::MAX))
 }
 
 pub(super) fn set_current(

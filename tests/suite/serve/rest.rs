@@ -208,3 +208,97 @@ impl Api {
         (status, response.json().await.unwrap_or(Value::Null))
     }
 }
+
+/// A page is bounded by bytes as well as by count: `limit=1000` over messages of ~1 MB comes
+/// back with at most `MAX_PAGE_BYTES` of content (4 messages of 1 MB), and following
+/// `next_before` over REST and JSON-RPC returns every message exactly once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_page_of_large_messages_stops_at_the_byte_budget() {
+    use troupe_proto::store::MAX_PAGE_BYTES;
+    let server = Server::start().await;
+    let api = server.api();
+    let sid = id(&api.session(None).await, "session_id");
+    let texts: Vec<String> = (0..5u8)
+        .map(|i| char::from(b'a' + i).to_string().repeat(1_000_000))
+        .collect();
+    for text in &texts {
+        api.say(&sid, text).await;
+    }
+    // Every user message and its echoed reply: 10 messages of ~1 MB.
+    let mut want: Vec<String> = Vec::new();
+    for text in &texts {
+        want.push(text.clone());
+        want.push(format!("You said: {text}"));
+    }
+
+    let mut rest_seen: Vec<(u64, String)> = Vec::new();
+    let mut sizes = Vec::new();
+    let mut before: Option<u64> = None;
+    loop {
+        let path = match before {
+            Some(b) => format!("/api/sessions/{sid}/messages?limit=1000&before={b}"),
+            None => format!("/api/sessions/{sid}/messages?limit=1000"),
+        };
+        let response = api.request(Method::GET, &path).send().await.unwrap();
+        assert_eq!(response.status(), StatusCode::OK);
+        let body = response.bytes().await.unwrap();
+        assert!(
+            body.len() < MAX_PAGE_BYTES + 64 * 1024,
+            "a page of {} bytes",
+            body.len()
+        );
+        let page: Value = serde_json::from_slice(&body).unwrap();
+        let messages = page["messages"].as_array().unwrap();
+        sizes.push(messages.len());
+        let mut this: Vec<(u64, String)> = messages
+            .iter()
+            .map(|m| {
+                (
+                    m["message_id"].as_u64().unwrap(),
+                    m["content"].as_str().unwrap().to_owned(),
+                )
+            })
+            .collect();
+        this.extend(rest_seen);
+        rest_seen = this;
+        match page["next_before"].as_u64() {
+            Some(b) => before = Some(b),
+            None => break,
+        }
+    }
+    assert_eq!(sizes, [4, 4, 2], "pages of at most 4 MiB, newest first");
+    let contents: Vec<&String> = rest_seen.iter().map(|(_, c)| c).collect();
+    assert_eq!(contents, want.iter().collect::<Vec<_>>());
+    assert!(rest_seen.windows(2).all(|w| w[0].0 < w[1].0));
+
+    // `messages.list` pages the same way.
+    let mut rpc_ids: Vec<u64> = Vec::new();
+    let mut before = Value::Null;
+    loop {
+        let page = api
+            .call(
+                "messages.list",
+                json!({"session_id": sid, "limit": 1000, "before": before}),
+            )
+            .await;
+        let messages = page["messages"].as_array().unwrap();
+        let bytes: usize = messages
+            .iter()
+            .map(|m| m["content"].as_str().unwrap().len())
+            .sum();
+        assert!(bytes <= MAX_PAGE_BYTES, "{bytes}");
+        let mut this: Vec<u64> = messages
+            .iter()
+            .map(|m| m["message_id"].as_u64().unwrap())
+            .collect();
+        this.extend(rpc_ids);
+        rpc_ids = this;
+        if page["next_before"].is_null() {
+            break;
+        }
+        before = page["next_before"].clone();
+    }
+    let rest_ids: Vec<u64> = rest_seen.iter().map(|(id, _)| *id).collect();
+    assert_eq!(rpc_ids, rest_ids);
+    server.stop().await;
+}
