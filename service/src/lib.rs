@@ -160,10 +160,7 @@ impl Service {
         // Ends with the service: the token fires when shutdown begins.
         let _sweeping = sweeper.spawn(ttl_sweep_interval, shutdown.clone());
         let state = AppState {
-            rpc: Rpc {
-                sessions: sessions.clone(),
-                max_page: config.server.max_page.max(1),
-            },
+            rpc: Rpc::new(sessions.clone(), config.server.max_page.max(1)),
             body_limit: config.server.body_limit,
             shutdown,
             prometheus,

@@ -59,6 +59,8 @@ pub async fn list_messages(
     let id = session_id(&id)?;
     let q = query(q)?;
     let limit = page_limit(q.limit, app.rpc.max_page)?;
+    // Held until the page is serialised (`Json` serialises at once).
+    let _permit = app.rpc.page_permit().await;
     let page = app
         .rpc
         .sessions

@@ -17,7 +17,8 @@
 //! at most [`MAX_ANSWER_BYTES`]: a call whose answer would pass the budget is answered
 //! [`error::ANSWER_TOO_LARGE`] instead (what it did stands; a read did nothing), and so is
 //! every later member of its batch, which is then not run. Answers are built as text, the
-//! client's ids copied exactly.
+//! client's ids copied exactly. Pages of messages are read and serialised [`PAGE_READS`] at
+//! a time across the service, so what they hold is bounded too.
 
 mod envelope;
 mod methods;
@@ -52,6 +53,27 @@ pub struct Rpc {
     pub sessions: SessionsApi,
     /// Largest page `messages.list` returns.
     pub max_page: usize,
+    /// Pages being read and serialised at once, service-wide (REST and JSON-RPC): with
+    /// [`PAGE_READS`] permits, what pages hold in memory is bounded whatever the clients do.
+    pub pages: Arc<tokio::sync::Semaphore>,
+}
+
+/// Pages of messages read and serialised at once across the service.
+pub const PAGE_READS: usize = 4;
+
+impl Rpc {
+    pub fn new(sessions: SessionsApi, max_page: usize) -> Self {
+        Self {
+            sessions,
+            max_page,
+            pages: Arc::new(tokio::sync::Semaphore::new(PAGE_READS)),
+        }
+    }
+
+    /// Waits for a turn to read and serialise a page (held until the page is serialised).
+    pub async fn page_permit(&self) -> Option<tokio::sync::SemaphorePermit<'_>> {
+        self.pages.acquire().await.ok()
+    }
 }
 
 impl Rpc {
@@ -232,6 +254,7 @@ impl Rpc {
                 before,
             } => {
                 let limit = page_limit(limit, self.max_page)?;
+                let _permit = self.page_permit().await;
                 to_json(s.messages(scope, session_id, limit, before).await?)
             }
             Request::MessagesGet {

@@ -12,9 +12,9 @@ use tokio::sync::{OwnedSemaphorePermit, Semaphore, mpsc};
 use tokio_util::sync::CancellationToken;
 
 /// Calls of one connection running at once.
-pub const MAX_IN_FLIGHT: usize = 16;
+pub const MAX_IN_FLIGHT: usize = 8;
 /// Bytes of frames waiting for one client to read them.
-pub const OUTBOX_BYTES: usize = 32 << 20;
+pub const OUTBOX_BYTES: usize = 16 << 20;
 
 /// What a full outbox does to the connection.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
