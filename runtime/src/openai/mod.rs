@@ -24,6 +24,7 @@ mod request;
 mod responses;
 pub mod retry;
 mod stream;
+mod transport;
 
 use self::metrics::Outcome;
 use crate::config::{ModelConfig, Provider, ToolMode};
@@ -43,6 +44,9 @@ use troupe_proto::{AgentError, ConversationId, HistoryItem, Json, TaskId, ToolCa
 pub struct OpenAiClient {
     config: ModelConfig,
     http: reqwest::Client,
+    /// Plain HTTP to a loopback address: the client of `transport.rs` (one write per request,
+    /// immediate ACKs), with the headers `http` would add by default.
+    local: Option<(transport::LocalClient, HeaderMap)>,
     /// The endpoint, e.g. `https://api.openai.com/v1/responses`.
     url: String,
     /// The endpoint without query or credentials, for errors, logs and spans.
@@ -85,6 +89,14 @@ enum AttemptError {
         message: String,
     },
     Fatal(Failed),
+}
+
+/// Why a request could not be sent.
+enum SendError {
+    /// The request itself is wrong (not worth another attempt).
+    Invalid(String),
+    /// The transport failed before a response head arrived.
+    Transport(String),
 }
 
 /// Swallows deltas: the text dialect's raw reply holds tags the user should not see.
@@ -132,10 +144,16 @@ impl OpenAiClient {
             value.set_sensitive(true);
             headers.insert(header::AUTHORIZATION, value);
         }
+        const USER_AGENT: &str = concat!("troupe/", env!("CARGO_PKG_VERSION"));
+        let local = (loopback && parsed.scheme() == "http").then(|| {
+            let mut headers = headers.clone();
+            headers.insert(header::USER_AGENT, HeaderValue::from_static(USER_AGENT));
+            (transport::local_client(config.connect_timeout), headers)
+        });
         let mut builder = reqwest::Client::builder()
             .connect_timeout(config.connect_timeout)
             .default_headers(headers)
-            .user_agent(concat!("troupe/", env!("CARGO_PKG_VERSION")));
+            .user_agent(USER_AGENT);
         if loopback {
             // A local model server is never behind the machine's proxy.
             builder = builder.no_proxy();
@@ -148,6 +166,7 @@ impl OpenAiClient {
             family: family(&config.model),
             config,
             http,
+            local,
             url,
             shown_url,
             provider,
@@ -293,16 +312,9 @@ impl OpenAiClient {
     ) -> Result<Collected, AttemptError> {
         let idle = self.config.idle_timeout;
         let sent = Instant::now();
-        let send = self
-            .http
-            .post(&self.url)
-            .header(header::CONTENT_TYPE, "application/json")
-            .header(header::ACCEPT, "text/event-stream")
-            .body(body.to_vec())
-            .send();
         // A server that accepts the connection but never answers is as idle as a silent
         // stream, and nothing has been consumed yet: worth a retry.
-        let response = match tokio::time::timeout(idle, send).await {
+        let response = match tokio::time::timeout(idle, self.send(body)).await {
             Err(_) => {
                 return Err(AttemptError::Retryable {
                     reason: RetryReason::Transport,
@@ -315,22 +327,18 @@ impl OpenAiClient {
                     ),
                 });
             }
-            Ok(Err(e)) if e.is_builder() => {
+            Ok(Err(SendError::Invalid(e))) => {
                 return Err(AttemptError::Fatal(Failed::new(
                     Outcome::Transport,
-                    AgentError::invalid(format!(
-                        "cannot send to {}: {}",
-                        self.shown_url,
-                        chain(&e)
-                    )),
+                    AgentError::invalid(format!("cannot send to {}: {e}", self.shown_url)),
                 )));
             }
-            Ok(Err(e)) => {
+            Ok(Err(SendError::Transport(e))) => {
                 return Err(AttemptError::Retryable {
                     reason: RetryReason::Transport,
                     retry_after: None,
                     status: None,
-                    message: format!("request to {} failed: {}", self.shown_url, chain(&e)),
+                    message: format!("request to {} failed: {e}", self.shown_url),
                 });
             }
             Ok(Ok(response)) => response,
@@ -386,6 +394,45 @@ impl OpenAiClient {
                 )))
             }
         }
+    }
+
+    /// Sends the request; the response once its head has arrived.
+    async fn send(&self, body: &[u8]) -> Result<reqwest::Response, SendError> {
+        let Some((local, headers)) = &self.local else {
+            return self
+                .http
+                .post(&self.url)
+                .header(header::CONTENT_TYPE, "application/json")
+                .header(header::ACCEPT, "text/event-stream")
+                .body(body.to_vec())
+                .send()
+                .await
+                .map_err(|e| {
+                    if e.is_builder() {
+                        SendError::Invalid(chain(&e))
+                    } else {
+                        SendError::Transport(chain(&e))
+                    }
+                });
+        };
+        let mut request = hyper::Request::post(self.url.as_str())
+            .body(reqwest::Body::from(body.to_vec()))
+            .map_err(|e| SendError::Invalid(chain(&e)))?;
+        let h = request.headers_mut();
+        h.extend(headers.iter().map(|(k, v)| (k.clone(), v.clone())));
+        h.insert(
+            header::CONTENT_TYPE,
+            HeaderValue::from_static("application/json"),
+        );
+        h.insert(
+            header::ACCEPT,
+            HeaderValue::from_static("text/event-stream"),
+        );
+        let response = local
+            .request(request)
+            .await
+            .map_err(|e| SendError::Transport(chain(&e)))?;
+        Ok(reqwest::Response::from(response.map(reqwest::Body::wrap)))
     }
 
     /// The error of a non-success status, with the server's own message.
@@ -628,6 +675,32 @@ fn text_response(collected: Collected, first_call: u64) -> Result<ModelResponse,
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn only_plain_http_to_loopback_takes_the_local_transport() {
+        let client = |url: &str| {
+            OpenAiClient::new(ModelConfig {
+                provider: Provider::OpenaiResponses,
+                base_url: url.to_owned(),
+                ..ModelConfig::default()
+            })
+            .unwrap()
+        };
+        for url in [
+            "http://127.0.0.1:8080/v1",
+            "http://localhost:11434/v1",
+            "http://[::1]:8000/v1",
+        ] {
+            assert!(client(url).local.is_some(), "{url}");
+        }
+        for url in [
+            "https://127.0.0.1:8443/v1",
+            "http://example.com/v1",
+            "https://api.openai.com/v1",
+        ] {
+            assert!(client(url).local.is_none(), "{url}");
+        }
+    }
 
     #[test]
     fn families() {

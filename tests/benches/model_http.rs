@@ -1,0 +1,297 @@
+//! A warm turn of `troupe serve` against an HTTP model server, next to the raw streaming
+//! request to the same server; prints a table.
+//!
+//!     cargo bench -p troupe-tests --bench model_http
+//!
+//! The model server is `responses_server.py` (next to this file): a Python
+//! `ThreadingHTTPServer` speaking the Responses API, each SSE event written and flushed on its
+//! own, run twice: with Nagle's algorithm left on (as Python's default, and many small model
+//! servers, do) and with `TCP_NODELAY` (`--nodelay`).
+//!
+//! For each server, `TURNS` requests after `WARM_UP`, back to back on one keep-alive
+//! connection (warm: what matters is the connection's state between requests, so the two
+//! measures are not interleaved); troupe, raw, troupe, raw, all counted:
+//! - troupe: the service in this process (default SQLite store, `openai-responses` provider
+//!   pointed at the server), one keep-alive client, `POST /api/sessions/{id}/messages`
+//!   waiting for the reply, each turn in a new session (so every model request has the same
+//!   size; the session is created outside the timing);
+//! - raw: one keep-alive `reqwest` client POSTs troupe's own model request (the server hands
+//!   it back from `GET /last-request`) to `/v1/responses` and reads the SSE body to its end;
+//! - raw on a new connection each time (as `curl` would): the server's own time, which no
+//!   delayed ACK reaches (a new connection starts in quick-ACK mode).
+//!
+//! A last row runs the same turn with the built-in scripted model: what the service costs
+//! without any model server.
+#![forbid(unsafe_code)]
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+use futures::StreamExt;
+use serde_json::{Value, json};
+use std::io::BufRead;
+use std::process::{Child, Command, Stdio};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+use troupe_runtime::config::{Provider, TroupeConfig};
+use troupe_runtime::{ScriptedModel, assembly};
+use troupe_service::Service;
+
+const WARM_UP: usize = 50;
+const TURNS: usize = 500;
+
+struct ModelServer {
+    child: Child,
+    base_url: String,
+}
+
+impl ModelServer {
+    fn start(nodelay: bool) -> Self {
+        let script = concat!(env!("CARGO_MANIFEST_DIR"), "/benches/responses_server.py");
+        let mut cmd = Command::new("python3");
+        cmd.arg(script);
+        if nodelay {
+            cmd.arg("--nodelay");
+        }
+        let mut child = cmd
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .spawn()
+            .expect("python3 runs the model server");
+        let mut line = String::new();
+        std::io::BufReader::new(child.stdout.take().unwrap())
+            .read_line(&mut line)
+            .unwrap();
+        let port: u16 = line
+            .trim()
+            .strip_prefix("listening on ")
+            .unwrap_or_else(|| panic!("unexpected first line from the model server: {line:?}"))
+            .parse()
+            .unwrap();
+        Self {
+            child,
+            base_url: format!("http://127.0.0.1:{port}/v1"),
+        }
+    }
+}
+
+impl Drop for ModelServer {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+struct Running {
+    base: String,
+    service: Service,
+    task: tokio::task::JoinHandle<()>,
+    _dir: tempfile::TempDir,
+}
+
+/// The service in this process with the default store; the model from `base_url` (the
+/// scripted model when `None`).
+async fn start(base_url: Option<&str>) -> Running {
+    let dir = tempfile::tempdir().unwrap();
+    let mut config = TroupeConfig {
+        data_dir: dir.path().to_owned(),
+        ..TroupeConfig::default()
+    };
+    let model: Arc<dyn troupe_actors::ports::ModelClient> = match base_url {
+        Some(url) => {
+            config.model.provider = Provider::OpenaiResponses;
+            config.model.base_url = url.to_owned();
+            config.model.model = "bench-model".to_owned();
+            assembly::build_model(&config, None).unwrap()
+        }
+        None => Arc::new(ScriptedModel::new(Vec::new())),
+    };
+    let mut ports = assembly::session_ports(&config, model, assembly::build_tokens(&config));
+    let opened = troupe_service::open_store(&config, false).unwrap();
+    ports.rollout_storage = opened.rollout;
+    let service = Service::start(&config, opened.store, ports, None)
+        .await
+        .unwrap();
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let base = format!("http://{}", listener.local_addr().unwrap());
+    let s = service.clone();
+    let task = tokio::spawn(async move { s.serve_http(listener).await.unwrap() });
+    Running {
+        base,
+        service,
+        task,
+        _dir: dir,
+    }
+}
+
+impl Running {
+    async fn stop(self) {
+        self.service.shutdown_token().cancel();
+        let _ = tokio::time::timeout(Duration::from_secs(30), self.task).await;
+    }
+}
+
+async fn new_session(http: &reqwest::Client, base: &str) -> String {
+    let v: Value = http
+        .post(format!("{base}/api/sessions"))
+        .json(&json!({}))
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    v["session_id"].as_str().unwrap().to_owned()
+}
+
+/// One troupe turn: the message, waiting for its reply (`expect` in it).
+async fn turn(http: &reqwest::Client, base: &str, session: &str, expect: &str) {
+    let r = http
+        .post(format!("{base}/api/sessions/{session}/messages"))
+        .json(&json!({"text": "hello"}))
+        .send()
+        .await
+        .unwrap();
+    assert!(r.status().is_success(), "{}", r.text().await.unwrap());
+    let v: Value = r.json().await.unwrap();
+    assert_eq!(v["reply"]["text"], expect, "{v}");
+}
+
+/// One raw streaming request to the model server, its SSE body read to the end.
+async fn raw(http: &reqwest::Client, base_url: &str, body: &[u8]) {
+    let r = http
+        .post(format!("{base_url}/responses"))
+        .header("content-type", "application/json")
+        .header("accept", "text/event-stream")
+        .body(body.to_vec())
+        .send()
+        .await
+        .unwrap();
+    assert!(r.status().is_success());
+    let mut stream = r.bytes_stream();
+    let mut seen = 0;
+    while let Some(chunk) = stream.next().await {
+        seen += chunk.unwrap().len();
+    }
+    assert!(seen > 0);
+}
+
+fn pct(sorted: &[Duration], p: f64) -> Duration {
+    sorted[((sorted.len() as f64 - 1.0) * p).round() as usize]
+}
+
+fn ms(d: Duration) -> String {
+    format!("{:.3}", d.as_secs_f64() * 1e3)
+}
+
+/// `a − b` in milliseconds, with its sign.
+fn signed_ms(a: Duration, b: Duration) -> String {
+    format!("{:+.3}", (a.as_secs_f64() - b.as_secs_f64()) * 1e3)
+}
+
+fn sorted(mut times: Vec<Duration>) -> Vec<Duration> {
+    times.sort();
+    times
+}
+
+/// The raw request's times, sorted: `WARM_UP` requests, then `TURNS` timed, back to back
+/// on one keep-alive connection (a new connection for each with `fresh`); `body` is what
+/// troupe sent for its turn.
+async fn measure_raw(server: &ModelServer, body: &[u8], fresh: bool) -> Vec<Duration> {
+    let http = if fresh {
+        reqwest::Client::builder()
+            .pool_max_idle_per_host(0)
+            .build()
+            .unwrap()
+    } else {
+        reqwest::Client::new()
+    };
+    let mut times = Vec::with_capacity(TURNS);
+    for i in 0..WARM_UP + TURNS {
+        let t = Instant::now();
+        raw(&http, &server.base_url, body).await;
+        if i >= WARM_UP {
+            times.push(t.elapsed());
+        }
+    }
+    sorted(times)
+}
+
+/// Troupe's warm turn times, sorted, the same way (the scripted model without a server), and
+/// the body of troupe's last model request. Each turn is the first of a new session (created
+/// outside the timing), so every model request is the same size; the connection to the
+/// model server is the one pooled client of the process, warm after the warm-up.
+async fn measure_turns(server: Option<&ModelServer>) -> (Vec<Duration>, Vec<u8>) {
+    let running = start(server.map(|s| s.base_url.as_str())).await;
+    let expect = if server.is_some() {
+        "Hello, world."
+    } else {
+        "You said: hello"
+    };
+    let http = reqwest::Client::new();
+    let mut times = Vec::with_capacity(TURNS);
+    for i in 0..WARM_UP + TURNS {
+        let session = new_session(&http, &running.base).await;
+        let t = Instant::now();
+        turn(&http, &running.base, &session, expect).await;
+        if i >= WARM_UP {
+            times.push(t.elapsed());
+        }
+    }
+    running.stop().await;
+    let body = match server {
+        Some(server) => {
+            let url = server.base_url.trim_end_matches("/v1").to_owned() + "/last-request";
+            http.get(url)
+                .send()
+                .await
+                .unwrap()
+                .bytes()
+                .await
+                .unwrap()
+                .to_vec()
+        }
+        None => Vec::new(),
+    };
+    (sorted(times), body)
+}
+
+fn main() {
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    rt.block_on(async {
+        println!(
+            "| model server | raw, new connection p50 ms | raw keep-alive p50 ms | raw keep-alive p99 ms | troupe turn p50 ms | troupe p99 ms | troupe − raw keep-alive, p50 ms |"
+        );
+        println!("|---|---:|---:|---:|---:|---:|---:|");
+        for (name, nodelay) in [
+            ("Python, Nagle on", false),
+            ("Python, TCP_NODELAY", true),
+        ] {
+            let server = ModelServer::start(nodelay);
+            let (turns, body) = measure_turns(Some(&server)).await;
+            let mut raws = measure_raw(&server, &body, false).await;
+            // Troupe again, then raw again: both orders, so a change of load shows.
+            let (more, _) = measure_turns(Some(&server)).await;
+            raws.extend(measure_raw(&server, &body, false).await);
+            let turns = sorted(turns.into_iter().chain(more).collect());
+            let fresh = measure_raw(&server, &body, true).await;
+            let raws = sorted(raws);
+            println!(
+                "| {name} | {} | {} | {} | {} | {} | {} |",
+                ms(pct(&fresh, 0.5)),
+                ms(pct(&raws, 0.5)),
+                ms(pct(&raws, 0.99)),
+                ms(pct(&turns, 0.5)),
+                ms(pct(&turns, 0.99)),
+                signed_ms(pct(&turns, 0.5), pct(&raws, 0.5)),
+            );
+        }
+        let (turns, _) = measure_turns(None).await;
+        println!(
+            "| none (scripted model) | – | – | – | {} | {} | – |",
+            ms(pct(&turns, 0.5)),
+            ms(pct(&turns, 0.99)),
+        );
+    });
+}
