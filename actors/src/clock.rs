@@ -8,6 +8,15 @@
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 use tokio::time::Instant;
 
+/// Unix milliseconds now, from the system clock (0 before 1970, saturating far ahead). For
+/// record timestamps outside the timers' world; what timers act on goes through [`Clock`].
+pub fn unix_now_ms() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map(|d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX))
+        .unwrap_or(0)
+}
+
 /// A wall clock anchored on tokio's monotonic clock. Cheap to copy.
 #[derive(Debug, Clone, Copy)]
 pub struct Clock {
@@ -18,12 +27,8 @@ pub struct Clock {
 impl Clock {
     /// Anchors a clock now. Must run inside a tokio runtime when time is paused.
     pub fn new() -> Self {
-        let wall_base_ms = SystemTime::now()
-            .duration_since(UNIX_EPOCH)
-            .map(|d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX))
-            .unwrap_or(0);
         Self {
-            wall_base_ms,
+            wall_base_ms: unix_now_ms(),
             instant_base: Instant::now(),
         }
     }

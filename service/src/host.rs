@@ -59,9 +59,10 @@ use super::metrics;
 use ractor::{Actor, ActorProcessingErr, ActorRef, RpcReplyPort, SupervisionEvent};
 use std::collections::{HashMap, VecDeque};
 use std::sync::Arc;
-use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+use std::time::{Duration, Instant};
 use tokio::task::JoinHandle;
 use tracing::Instrument;
+use troupe_actors::clock::unix_now_ms as now_ms;
 use troupe_actors::{SessionConfig, SessionHandle, SessionPorts};
 use troupe_proto::store::{ConversationRecord, MessageRecord, SessionRecord};
 use troupe_proto::{
@@ -369,13 +370,6 @@ impl Actor for SessionHost {
         }
         Ok(())
     }
-}
-
-fn now_ms() -> u64 {
-    SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map(|d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX))
-        .unwrap_or(0)
 }
 
 /// What the store keeps of a message's text under a conversation's policy: the text only

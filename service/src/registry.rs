@@ -40,9 +40,9 @@ use super::metrics;
 use ractor::{Actor, ActorId, ActorProcessingErr, ActorRef, RpcReplyPort, SupervisionEvent};
 use std::collections::HashMap;
 use std::sync::Arc;
-use std::time::{SystemTime, UNIX_EPOCH};
 use tracing::Instrument;
 use troupe_actors::SessionHandle;
+use troupe_actors::clock::unix_now_ms as now_ms;
 use troupe_proto::store::{ConversationRecord, ConversationState, SessionRecord};
 use troupe_proto::{AgentError, Json, SessionId};
 use troupe_store::Store;
@@ -270,13 +270,6 @@ impl Actor for Registry {
         }
         Ok(())
     }
-}
-
-fn now_ms() -> u64 {
-    SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map(|d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX))
-        .unwrap_or(0)
 }
 
 /// The record of a session if `scope` sees it; `NotFound` otherwise, as for an unknown id.

@@ -133,12 +133,8 @@ impl Actor for ServiceSupervisor {
         event: SupervisionEvent,
         state: &mut SupervisorState,
     ) -> Result<(), ActorProcessingErr> {
-        let (cell, why) = match &event {
-            SupervisionEvent::ActorFailed(cell, e) => (cell, e.to_string()),
-            SupervisionEvent::ActorTerminated(cell, _, reason) => {
-                (cell, reason.clone().unwrap_or_else(|| "stopped".into()))
-            }
-            _ => return Ok(()),
+        let Some((cell, why)) = stopped_child(&event) else {
+            return Ok(());
         };
         let is_registry = state
             .registry
@@ -200,5 +196,17 @@ impl SupervisorState {
             component: component.to_owned(),
             reason,
         });
+    }
+}
+
+/// The child a supervision event says stopped, and why (its error, or its stop reason);
+/// `None` for events that stop nothing.
+pub(crate) fn stopped_child(event: &SupervisionEvent) -> Option<(&ractor::ActorCell, String)> {
+    match event {
+        SupervisionEvent::ActorFailed(cell, e) => Some((cell, e.to_string())),
+        SupervisionEvent::ActorTerminated(cell, _, reason) => {
+            Some((cell, reason.clone().unwrap_or_else(|| "stopped".into())))
+        }
+        _ => None,
     }
 }

@@ -12,7 +12,8 @@
 //! with it.
 //!
 //! Close codes: 1000 when the client closed, 1001 when the service shuts down, 1007 after a
-//! text frame that is not UTF-8, 1008 for a client that does not read, 1009 after a frame
+//! text frame that is not UTF-8, 1008 for a client that does not read (sent for a second at
+//! most: such a client may never read it), 1009 after a frame
 //! over the body limit, 1002 after any other protocol error.
 
 use crate::auth::Scope;

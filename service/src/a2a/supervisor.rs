@@ -18,6 +18,7 @@ use super::A2aBackend;
 use super::tasks::{A2aTasks, A2aTasksArgs, A2aTasksMsg, TasksConfig};
 use crate::host::plan::may_restart;
 use crate::metrics;
+use crate::supervisor::stopped_child;
 use ractor::{Actor, ActorProcessingErr, ActorRef, SupervisionEvent};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -97,12 +98,8 @@ impl Actor for A2aSupervisor {
         event: SupervisionEvent,
         state: &mut A2aSupervisorState,
     ) -> Result<(), ActorProcessingErr> {
-        let (cell, why) = match &event {
-            SupervisionEvent::ActorFailed(cell, e) => (cell, e.to_string()),
-            SupervisionEvent::ActorTerminated(cell, _, reason) => {
-                (cell, reason.clone().unwrap_or_else(|| "stopped".into()))
-            }
-            _ => return Ok(()),
+        let Some((cell, why)) = stopped_child(&event) else {
+            return Ok(());
         };
         if state
             .tasks

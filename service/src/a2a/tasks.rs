@@ -31,6 +31,7 @@ use std::sync::Arc;
 use std::time::Duration;
 use tokio::sync::{broadcast, mpsc, oneshot};
 use tokio::task::JoinHandle;
+use troupe_actors::clock::unix_now_ms as now_ms;
 use troupe_proto::{
     AgentError, ConversationId, EventEnvelope, EventKind, MessageReply, OpenConversation, TaskId,
 };
@@ -553,11 +554,4 @@ async fn forward(
             },
         }
     }
-}
-
-fn now_ms() -> u64 {
-    std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map(|d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX))
-        .unwrap_or(0)
 }
