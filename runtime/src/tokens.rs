@@ -4,13 +4,16 @@
 //!
 //! Nothing is built per process but the encoding's split regex, compiled on the first count
 //! (2–5 ms), so a one-shot process pays almost no tokenizer start-up;
-//! [`TiktokenCounter::warm`] compiles it ahead of time.
+//! [`TiktokenCounter::warm`] compiles it ahead of time. Long texts already counted (the
+//! instructions, tool schemas and history items counted again before every model call) are
+//! remembered per encoding (`tokens/memo.rs`).
 //!
 //! Text is counted as ordinary text: a `<|endoftext|>` inside a user message is five plain
 //! tokens, not one special token, which is what a provider bills for such a message.
 
 mod bpe;
 mod layout;
+mod memo;
 
 use std::fmt;
 use troupe_actors::ports::TokenCounter;

@@ -64,6 +64,8 @@ pub(super) struct Bpe {
     /// Compiled on first use (2–5 ms and 1–3 MiB, the whole start-up cost); `None` only if
     /// the constant pattern failed to compile, which the tests rule out.
     regex: OnceLock<Option<Regex>>,
+    /// Counts of long texts seen before (instructions, tool schemas, history items).
+    memo: super::memo::Memo,
 }
 
 impl Bpe {
@@ -72,6 +74,7 @@ impl Bpe {
             table,
             pattern,
             regex: OnceLock::new(),
+            memo: super::memo::Memo::new(),
         }
     }
 
@@ -92,8 +95,14 @@ impl Bpe {
             .as_ref()
     }
 
-    /// Tokens of `text` encoded as ordinary text (special tokens are plain text).
+    /// Tokens of `text` encoded as ordinary text (special tokens are plain text); a long
+    /// text counted before is not counted again.
     pub(super) fn count(&self, text: &str) -> usize {
+        self.memo
+            .get_or_count(text, |text| self.count_uncached(text))
+    }
+
+    fn count_uncached(&self, text: &str) -> usize {
         let Some(regex) = self.regex() else {
             return text.len().div_ceil(4);
         };
