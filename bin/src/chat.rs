@@ -13,16 +13,17 @@ use std::time::Duration;
 use tokio::sync::broadcast;
 use tokio_util::sync::CancellationToken;
 use troupe_actors::SessionHandle;
+use troupe_actors::mcp_pool::PoolSnapshot;
 use troupe_actors::rollout::FileRolloutStorage;
 use troupe_actors::rollout::storage::RolloutStorage;
 use troupe_proto::{
-    AgentError, ApprovalDecision, ConversationId, EventEnvelope, EventKind, MessageReply,
-    SessionId, StoragePolicy, TaskId, TaskStatus,
+    AgentError, ApprovalDecision, ApprovalSubject, ConversationId, EventEnvelope, EventKind,
+    MessageReply, SessionId, StoragePolicy, TaskId, TaskStatus, WarningCode,
 };
 use troupe_runtime::assembly;
-use troupe_runtime::config::{Provider, TroupeConfig, parse_enum};
+use troupe_runtime::config::{TroupeConfig, parse_enum};
 use troupe_runtime::history_log::{HistoryLog, HistoryLogHandle, HistoryLogOptions};
-use troupe_store::TtlSweeper;
+use troupe_store::{MemoryRolloutStorage, TtlSweeper};
 
 use crate::spinner::Spinner;
 
@@ -63,7 +64,8 @@ pub struct ChatArgs {
     /// reject or trim a prompt over --max-prompt-tokens.
     #[arg(long)]
     pub over_budget: Option<String>,
-    /// Model whose tokenizer estimates prompts; `approx` = four bytes a token.
+    /// Tokenizer that estimates prompts: an encoding (o200k_base, cl100k_base, p50k_base,
+    /// r50k_base), an OpenAI model name (gpt-4o, ...), or `approx` (four bytes a token).
     #[arg(long)]
     pub tokenizer_model: Option<String>,
     /// Where JSONL histories go (history/<session_id>.jsonl by default).
@@ -87,6 +89,69 @@ pub struct ChatArgs {
     /// Print the reply and its statistics as JSON (--once).
     #[arg(long)]
     pub json: bool,
+    /// Write nothing to disk: the rollout in memory, no JSONL history.
+    #[arg(long)]
+    pub ephemeral: bool,
+    /// Answer command (and MCP sampling) approvals without asking: deny or approve (once).
+    /// Default: ask at the terminal in the REPL; deny with --once or without a terminal.
+    #[arg(long, value_enum)]
+    pub approvals: Option<ApprovalAnswer>,
+    /// Answer MCP elicitations without asking: decline, or accept with the schema's
+    /// defaults. Default: ask at the terminal in the REPL; decline with --once or without a
+    /// terminal.
+    #[arg(long, value_enum)]
+    pub elicitation: Option<ElicitationAnswer>,
+}
+
+/// `--approvals`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum ApprovalAnswer {
+    Deny,
+    Approve,
+}
+
+/// `--elicitation`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum ElicitationAnswer {
+    Decline,
+    Defaults,
+}
+
+/// How approvals are answered when nobody is asked at the terminal.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct Unattended {
+    approvals: Option<ApprovalAnswer>,
+    elicitation: Option<ElicitationAnswer>,
+}
+
+impl Unattended {
+    /// The answer the flags give to a request about `subject`; `None`: no flag covers it.
+    fn decision(&self, subject: &ApprovalSubject) -> Option<ApprovalDecision> {
+        match subject {
+            ApprovalSubject::McpElicitation { .. } => self.elicitation.map(|a| match a {
+                // The approval store fills in the schema's defaults.
+                ElicitationAnswer::Defaults => ApprovalDecision::ApproveOnce,
+                ElicitationAnswer::Decline => ApprovalDecision::Deny {
+                    reason: Some("declined (--elicitation decline)".into()),
+                },
+            }),
+            ApprovalSubject::Command | ApprovalSubject::McpSampling { .. } => {
+                self.approvals.map(|a| match a {
+                    ApprovalAnswer::Approve => ApprovalDecision::ApproveOnce,
+                    ApprovalAnswer::Deny => ApprovalDecision::Deny {
+                        reason: Some("denied (--approvals deny)".into()),
+                    },
+                })
+            }
+        }
+    }
+}
+
+/// The safe answer when nobody can be asked and no flag says otherwise.
+fn safe_decision() -> ApprovalDecision {
+    ApprovalDecision::Deny {
+        reason: Some("no terminal to ask (troupe chat --once)".into()),
+    }
 }
 
 fn parse_policy(s: &str) -> Result<StoragePolicy, String> {
@@ -94,7 +159,8 @@ fn parse_policy(s: &str) -> Result<StoragePolicy, String> {
         .map_err(|e: troupe_proto::AgentError| e.to_string())
 }
 
-/// Defaults < config file < TROUPE_* environment < flags.
+/// Defaults < config file < environment < flags; the provider as
+/// [`TroupeConfig::choose_provider`] picks it.
 fn resolve(args: &ChatArgs) -> anyhow::Result<TroupeConfig> {
     let env = |k: &str| std::env::var(k).ok();
     let mut c = TroupeConfig::load(args.config.as_deref(), &env)?;
@@ -102,12 +168,14 @@ fn resolve(args: &ChatArgs) -> anyhow::Result<TroupeConfig> {
     if let Some(v) = &args.provider {
         c.model.provider =
             parse_enum("--provider", v, "scripted, openai-responses or openai-chat")?;
+        c.named.provider = true;
     }
     if let Some(v) = &args.model {
         c.model.model.clone_from(v);
     }
     if let Some(v) = &args.base_url {
         c.model.base_url.clone_from(v);
+        c.named.endpoint = true;
     }
     if let Some(v) = &args.api_key_env {
         c.model.api_key_env = Some(v.clone());
@@ -153,6 +221,7 @@ fn resolve(args: &ChatArgs) -> anyhow::Result<TroupeConfig> {
             "read-only, workspace-write or full-access",
         )?;
     }
+    c.choose_provider();
     Ok(c)
 }
 
@@ -163,8 +232,12 @@ struct Chat {
     conversations: Vec<ConversationId>,
     current: usize,
     storage_policy: StoragePolicy,
-    /// Ask approvals at the terminal; without one, deny them.
+    /// Ask approvals at the terminal; without one, answer as `unattended` says.
     interactive: bool,
+    /// The `--approvals` / `--elicitation` answers.
+    unattended: Unattended,
+    /// The safe default was announced on stderr.
+    told_safe_default: bool,
     /// Stream text and tool activity to the terminal (the REPL), or print only the reply.
     live: bool,
 }
@@ -176,18 +249,20 @@ pub async fn run(args: ChatArgs) -> anyhow::Result<ExitCode> {
     if args.once && args.question.is_none() {
         anyhow::bail!("--once needs a question: troupe chat --once \"...\"");
     }
-    if config.model.provider == Provider::Scripted {
-        eprintln!("troupe: no model endpoint configured; using the built-in scripted model");
-    }
+    let tokens = assembly::try_build_tokens(&config)?;
+    eprintln!("troupe: {}", config.model_line());
     let model = assembly::build_model(&config, args.script.as_deref())?;
     let info = model.info();
     let (model_name, provider_name) = (info.model, info.provider);
-    let mut ports = assembly::session_ports(&config, model, assembly::build_tokens(&config));
-    // Every run's rollout is under the data dir. Ttl content earlier runs left there is swept
-    // before this one starts, and the sweeper goes on while this run lives (this session's
-    // content included).
-    let rollout: Arc<dyn RolloutStorage> =
-        Arc::new(FileRolloutStorage::new(config.data_dir.join("rollout")));
+    let mut ports = assembly::session_ports(&config, model, tokens);
+    // Every run's rollout is under the data dir (in memory with --ephemeral). Ttl content
+    // earlier runs left there is swept before this one starts, and the sweeper goes on while
+    // this run lives (this session's content included).
+    let rollout: Arc<dyn RolloutStorage> = if args.ephemeral {
+        Arc::new(MemoryRolloutStorage::new())
+    } else {
+        Arc::new(FileRolloutStorage::new(config.data_dir.join("rollout")))
+    };
     ports.rollout_storage = Some(rollout.clone());
     let sweeper = TtlSweeper::new(None, rollout);
     sweeper.sweep().await;
@@ -202,14 +277,20 @@ pub async fn run(args: ChatArgs) -> anyhow::Result<ExitCode> {
         .with_policy(root, config.chat.storage_policy)
         .with_session_meta("model", serde_json::json!(model_name))
         .with_session_meta("provider", serde_json::json!(provider_name));
-    let log = HistoryLog::start_with(
-        &config.log_dir,
-        session_id,
-        session.subscribe().await?,
-        options,
-    )
-    .await
-    .with_context(|| format!("cannot write history under {}", config.log_dir.display()))?;
+    let log = if args.ephemeral {
+        None
+    } else {
+        Some(
+            HistoryLog::start_with(
+                &config.log_dir,
+                session_id,
+                session.subscribe().await?,
+                options,
+            )
+            .await
+            .with_context(|| format!("cannot write history under {}", config.log_dir.display()))?,
+        )
+    };
     let mut chat = Chat {
         session: session.clone(),
         events,
@@ -217,10 +298,16 @@ pub async fn run(args: ChatArgs) -> anyhow::Result<ExitCode> {
         current: 0,
         storage_policy: config.chat.storage_policy,
         interactive: std::io::stdin().is_terminal(),
+        unattended: Unattended {
+            approvals: args.approvals,
+            elicitation: args.elicitation,
+        },
+        told_safe_default: false,
         live: !args.once,
     };
     let result = if args.once {
         let question = args.question.clone().unwrap_or_default();
+        chat.wait_for_mcp(&config).await;
         once(&mut chat, question, args.json).await
     } else {
         repl(&mut chat, args.question.clone()).await
@@ -233,12 +320,18 @@ pub async fn run(args: ChatArgs) -> anyhow::Result<ExitCode> {
     result
 }
 
-async fn finish(session: SessionHandle, join: tokio::task::JoinHandle<()>, log: HistoryLogHandle) {
+async fn finish(
+    session: SessionHandle,
+    join: tokio::task::JoinHandle<()>,
+    log: Option<HistoryLogHandle>,
+) {
     if let Err(e) = session.shutdown().await {
         eprintln!("troupe: shutdown: {e}");
     }
     let _ = join.await;
-    if let Err(e) = log.finish().await {
+    if let Some(log) = log
+        && let Err(e) = log.finish().await
+    {
         eprintln!("troupe: history: {e}");
     }
 }
@@ -314,6 +407,68 @@ enum Flow {
 impl Chat {
     fn current_id(&self) -> ConversationId {
         self.conversations[self.current]
+    }
+
+    /// Before a `--once` turn: waits until every configured MCP server is connected or has
+    /// failed, at most the pool's connect timeout (and a moment for the pool to report), so
+    /// that the one turn sees their tools. A server that fails, or is not connected in time,
+    /// is reported on stderr and the turn goes on without it.
+    async fn wait_for_mcp(&mut self, config: &TroupeConfig) {
+        if config.mcp.servers.is_empty() {
+            return;
+        }
+        let pool = match self.session.mcp_pool().await {
+            Ok(Some(pool)) => pool,
+            Ok(None) => return,
+            Err(e) => {
+                eprintln!("troupe: MCP servers: {e}");
+                return;
+            }
+        };
+        let timeout = config.mcp.limits.connect_timeout;
+        let deadline = tokio::time::Instant::now() + timeout + MCP_REPORT_GRACE;
+        let mut warnings = Vec::new();
+        let progress = loop {
+            let progress = match pool.snapshot().await {
+                Ok(snapshot) => McpProgress::of(&snapshot),
+                Err(e) => {
+                    eprintln!("troupe: MCP servers: {e}");
+                    return;
+                }
+            };
+            if progress.pending.is_empty() {
+                break progress;
+            }
+            tokio::select! {
+                e = self.events.recv() => match e {
+                    Ok(e) => {
+                        if let EventKind::Warning { code: WarningCode::McpServerFailed, message } =
+                            &e.event
+                        {
+                            warnings.push(message.clone());
+                        }
+                    }
+                    Err(broadcast::error::RecvError::Lagged(_)) => {}
+                    Err(broadcast::error::RecvError::Closed) => break progress,
+                },
+                () = tokio::time::sleep_until(deadline) => break progress,
+            }
+        };
+        for server in &progress.failed {
+            let named = format!("`{server}`");
+            match warnings.iter().find(|w| w.contains(&named)) {
+                Some(w) => eprintln!("troupe: {w}; this turn goes on without it"),
+                None => eprintln!(
+                    "troupe: MCP server {named} failed to connect; this turn goes on without it"
+                ),
+            }
+        }
+        for server in &progress.pending {
+            eprintln!(
+                "troupe: MCP server `{server}` did not connect within {timeout:?}; this turn \
+                 goes on without it"
+            );
+        }
     }
 
     async fn command(&mut self, line: &str, editor: &mut DefaultEditor) -> anyhow::Result<Flow> {
@@ -587,13 +742,14 @@ impl Chat {
                 approval_id,
                 command,
                 reason,
-                ..
+                subject,
             } => {
                 stop_spinner();
                 return Some(Ask {
                     approval_id: *approval_id,
                     command: command.join(" "),
                     reason: reason.clone(),
+                    subject: subject.clone(),
                 });
             }
             _ => {}
@@ -601,10 +757,31 @@ impl Chat {
         None
     }
 
-    /// Asks a human at the terminal; without one, denies.
-    async fn ask(&self, ask: Ask, editor: Option<&mut DefaultEditor>) {
-        let decision = match (editor, self.interactive) {
-            (Some(editor), true) => {
+    /// Answers as `--approvals` / `--elicitation` say; else asks a human at the terminal;
+    /// without one, denies (declines an elicitation), saying so once.
+    async fn ask(&mut self, ask: Ask, editor: Option<&mut DefaultEditor>) {
+        let elicitation = matches!(ask.subject, ApprovalSubject::McpElicitation { .. });
+        let decision = match (
+            self.unattended.decision(&ask.subject),
+            editor,
+            self.interactive,
+        ) {
+            (Some(decision), _, _) => {
+                let verb = if decision.approves() {
+                    if elicitation {
+                        "accepted with the schema's defaults"
+                    } else {
+                        "approved"
+                    }
+                } else if elicitation {
+                    "declined"
+                } else {
+                    "denied"
+                };
+                eprintln!("troupe: `{}` {verb}", ask.command);
+                decision
+            }
+            (None, Some(editor), true) => {
                 println!("  ? approval needed: `{}` ({})", ask.command, ask.reason);
                 let answer = tokio::task::block_in_place(|| {
                     editor.readline(
@@ -621,23 +798,64 @@ impl Chat {
                     },
                 }
             }
-            _ => {
-                eprintln!(
-                    "troupe: `{}` needs approval and nobody can be asked here; denied",
-                    ask.command
-                );
-                ApprovalDecision::Deny {
-                    reason: Some("no terminal to ask (troupe chat --once)".into()),
+            (None, _, _) => {
+                if !self.told_safe_default {
+                    self.told_safe_default = true;
+                    eprintln!(
+                        "troupe: nobody can be asked here: approvals are denied and MCP \
+                         elicitations declined (--approvals, --elicitation answer them)"
+                    );
                 }
+                eprintln!(
+                    "troupe: `{}` needs an answer; {}",
+                    ask.command,
+                    if elicitation { "declined" } else { "denied" }
+                );
+                safe_decision()
             }
         };
+        let approved = decision.approves();
         if let Err(e) = self
             .session
             .respond_approval(ask.approval_id, decision)
             .await
         {
             eprintln!("troupe: approval: {e}");
+            // Defaults the schema lacks: decline rather than leave the request waiting.
+            if approved && elicitation {
+                let _ = self
+                    .session
+                    .respond_approval(ask.approval_id, safe_decision())
+                    .await;
+            }
         }
+    }
+}
+
+/// How long past the connect timeout `--once` waits for the pool to report a server.
+const MCP_REPORT_GRACE: Duration = Duration::from_millis(500);
+
+/// Where the configured MCP servers stand.
+#[derive(Debug, Default, PartialEq, Eq)]
+struct McpProgress {
+    /// Failed at least once and not connected now.
+    failed: Vec<String>,
+    /// Neither connected nor failed yet.
+    pending: Vec<String>,
+}
+
+impl McpProgress {
+    fn of(snapshot: &PoolSnapshot) -> Self {
+        let mut progress = Self::default();
+        for server in &snapshot.servers {
+            match server.phase {
+                "ready" => {}
+                "backoff" => progress.failed.push(server.name.clone()),
+                _ if server.failures > 0 => progress.failed.push(server.name.clone()),
+                _ => progress.pending.push(server.name.clone()),
+            }
+        }
+        progress
     }
 }
 
@@ -646,6 +864,7 @@ struct Ask {
     approval_id: troupe_proto::ApprovalId,
     command: String,
     reason: String,
+    subject: ApprovalSubject,
 }
 
 /// What the terminal shows of the current turn.
@@ -664,5 +883,89 @@ fn clip(s: &str, max: usize) -> String {
     match one_line.char_indices().nth(max) {
         Some((i, _)) => format!("{}…", &one_line[..i]),
         None => one_line,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use troupe_actors::mcp_pool::ServerSnapshot;
+
+    fn server(name: &str, phase: &'static str, failures: u32) -> ServerSnapshot {
+        ServerSnapshot {
+            name: name.to_owned(),
+            phase,
+            refs: 1,
+            tools: Vec::new(),
+            failures,
+            process_id: None,
+        }
+    }
+
+    #[test]
+    fn servers_are_ready_failed_or_pending() {
+        let snapshot = PoolSnapshot {
+            servers: vec![
+                server("up", "ready", 0),
+                server("back", "ready", 2),
+                server("down", "backoff", 1),
+                server("retrying", "connecting", 1),
+                server("starting", "connecting", 0),
+                server("unused", "idle", 0),
+            ],
+            views: 1,
+        };
+        assert_eq!(
+            McpProgress::of(&snapshot),
+            McpProgress {
+                failed: vec!["down".into(), "retrying".into()],
+                pending: vec!["starting".into(), "unused".into()],
+            }
+        );
+    }
+
+    #[test]
+    fn flags_answer_what_they_name_and_nothing_else() {
+        let elicit = ApprovalSubject::McpElicitation {
+            server: "s".into(),
+            message: "name?".into(),
+            schema: troupe_proto::Json::empty_object(),
+        };
+        let sampling = ApprovalSubject::McpSampling {
+            server: "s".into(),
+            request: troupe_proto::Json::empty_object(),
+        };
+        let none = Unattended {
+            approvals: None,
+            elicitation: None,
+        };
+        for subject in [&ApprovalSubject::Command, &elicit, &sampling] {
+            assert_eq!(none.decision(subject), None);
+        }
+        let yes = Unattended {
+            approvals: Some(ApprovalAnswer::Approve),
+            elicitation: Some(ElicitationAnswer::Defaults),
+        };
+        assert_eq!(
+            yes.decision(&ApprovalSubject::Command),
+            Some(ApprovalDecision::ApproveOnce)
+        );
+        assert_eq!(yes.decision(&sampling), Some(ApprovalDecision::ApproveOnce));
+        assert_eq!(yes.decision(&elicit), Some(ApprovalDecision::ApproveOnce));
+        let only_commands = Unattended {
+            approvals: Some(ApprovalAnswer::Approve),
+            elicitation: None,
+        };
+        assert_eq!(only_commands.decision(&elicit), None);
+        let no = Unattended {
+            approvals: Some(ApprovalAnswer::Deny),
+            elicitation: Some(ElicitationAnswer::Decline),
+        };
+        assert!(
+            !no.decision(&ApprovalSubject::Command)
+                .is_some_and(|d| d.approves())
+        );
+        assert!(no.decision(&elicit).is_some_and(|d| !d.approves()));
+        assert!(!safe_decision().approves());
     }
 }

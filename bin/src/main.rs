@@ -46,7 +46,15 @@ fn main() -> ExitCode {
     if let Command::SandboxExec { args } = &cli.command {
         return troupe_runtime::exec::sandbox::main(args);
     }
-    let runtime = match tokio::runtime::Builder::new_multi_thread()
+    // One turn needs no worker threads: everything runs on this one (the blocking pool still
+    // takes file and SQLite work), which saves their stacks and allocator arenas.
+    let one_turn = matches!(&cli.command, Command::Chat(args) if args.once);
+    let mut builder = if one_turn {
+        tokio::runtime::Builder::new_current_thread()
+    } else {
+        tokio::runtime::Builder::new_multi_thread()
+    };
+    let runtime = match builder
         .enable_all()
         .max_blocking_threads(MAX_BLOCKING_THREADS)
         .build()

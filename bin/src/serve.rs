@@ -8,7 +8,7 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 use std::time::Duration;
 use troupe_runtime::assembly;
-use troupe_runtime::config::{Provider, TroupeConfig, parse_duration, parse_enum};
+use troupe_runtime::config::{TroupeConfig, parse_duration, parse_enum};
 use troupe_service::Service;
 
 #[derive(Debug, clap::Args)]
@@ -25,7 +25,8 @@ pub struct ServeArgs {
     /// TOML configuration file (default: $TROUPE_CONFIG, else ./troupe.toml if present).
     #[arg(long)]
     pub config: Option<PathBuf>,
-    /// Keep the store in memory: nothing survives a restart.
+    /// Keep the store and the rollout in memory: nothing is written to disk, nothing survives
+    /// a restart.
     #[arg(long)]
     pub ephemeral: bool,
     /// How long running tasks may finish after SIGTERM, e.g. 30s.
@@ -45,7 +46,8 @@ pub struct ServeArgs {
     pub script: Option<PathBuf>,
 }
 
-/// Defaults < config file < TROUPE_* environment < flags.
+/// Defaults < config file < environment < flags; the provider as
+/// [`TroupeConfig::choose_provider`] picks it.
 fn resolve(args: &ServeArgs) -> anyhow::Result<TroupeConfig> {
     let env = |k: &str| std::env::var(k).ok();
     let mut c = TroupeConfig::load(args.config.as_deref(), &env)?;
@@ -61,13 +63,16 @@ fn resolve(args: &ServeArgs) -> anyhow::Result<TroupeConfig> {
     if let Some(v) = &args.provider {
         c.model.provider =
             parse_enum("--provider", v, "scripted, openai-responses or openai-chat")?;
+        c.named.provider = true;
     }
     if let Some(v) = &args.model {
         c.model.model.clone_from(v);
     }
     if let Some(v) = &args.base_url {
         c.model.base_url.clone_from(v);
+        c.named.endpoint = true;
     }
+    c.choose_provider();
     Ok(c)
 }
 
@@ -77,11 +82,10 @@ pub async fn run(args: ServeArgs) -> anyhow::Result<ExitCode> {
     let _telemetry = troupe_runtime::telemetry::install(&config.telemetry)?;
     let prometheus = troupe_service::metrics::install_prometheus();
     troupe_service::describe_metrics();
-    if config.model.provider == Provider::Scripted {
-        eprintln!("troupe: no model endpoint configured; using the built-in scripted model");
-    }
+    eprintln!("troupe: {}", config.model_line());
+    let tokens = assembly::try_build_tokens(&config)?;
     let model = assembly::build_model(&config, args.script.as_deref())?;
-    let mut ports = assembly::session_ports(&config, model, assembly::build_tokens(&config));
+    let mut ports = assembly::session_ports(&config, model, tokens);
     let storage = troupe_service::open_store(&config, args.ephemeral)?;
     eprintln!("troupe: {}", storage.description);
     ports.rollout_storage = storage.rollout;

@@ -28,16 +28,32 @@ pub fn build_model(
     })
 }
 
-/// The prompt estimator: the model's tokenizer; `approx` (and the scripted model, unless a
-/// tokenizer model is named) uses four bytes a token.
+/// The prompt estimator: `chat.tokenizer_model` when set (an encoding such as `o200k_base`,
+/// an OpenAI model name, or `approx` for four bytes a token; anything else is
+/// `InvalidInput`), else the model's own tokenizer (`cl100k_base` approximates models that
+/// are not OpenAI's), or four bytes a token for the scripted model.
+pub fn try_build_tokens(config: &TroupeConfig) -> Result<Arc<dyn TokenCounter>, AgentError> {
+    Ok(
+        match (&config.chat.tokenizer_model, config.model.provider) {
+            (Some(name), _) if name == "approx" => Arc::new(ApproxTokens),
+            (Some(name), _) => Arc::new(crate::tokens::TiktokenCounter::named(name)?),
+            (None, Provider::Scripted) => Arc::new(ApproxTokens),
+            (None, _) => Arc::new(crate::tokens::TiktokenCounter::for_model(
+                &config.model.model,
+            )),
+        },
+    )
+}
+
+/// [`try_build_tokens`] for a configuration already checked by it: an unknown tokenizer name
+/// is logged and estimated as the model's own tokenizer would be.
 pub fn build_tokens(config: &TroupeConfig) -> Arc<dyn TokenCounter> {
-    let name = match (&config.chat.tokenizer_model, config.model.provider) {
-        (Some(name), _) if name == "approx" => return Arc::new(ApproxTokens),
-        (Some(name), _) => name.clone(),
-        (None, Provider::Scripted) => return Arc::new(ApproxTokens),
-        (None, _) => config.model.model.clone(),
-    };
-    Arc::new(crate::tokens::TiktokenCounter::for_model(&name))
+    try_build_tokens(config).unwrap_or_else(|error| {
+        tracing::error!(%error, "bad tokenizer; using the model's own");
+        Arc::new(crate::tokens::TiktokenCounter::for_model(
+            &config.model.model,
+        ))
+    })
 }
 
 /// The ports of a session: `model` and `tokens` shared, a process runner for the shell tool,

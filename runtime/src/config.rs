@@ -167,6 +167,21 @@ pub struct TroupeConfig {
     pub server: ServerConfig,
     /// `[telemetry]`: OTLP span export (off by default) and content capture.
     pub telemetry: TelemetryConfig,
+    /// What named the model endpoint (file, environment, flags), for [`Self::choose_provider`].
+    #[serde(skip)]
+    pub named: ModelNamed,
+}
+
+/// Whether the provider, or an endpoint, was named somewhere, so that a base URL or an
+/// `OPENAI_*` variable given without a provider picks an OpenAI-compatible server instead of
+/// the scripted model.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct ModelNamed {
+    /// `provider` in the file, `TROUPE_PROVIDER` or `--provider`.
+    pub provider: bool,
+    /// `base_url` in the file, `TROUPE_BASE_URL`, `OPENAI_BASE_URL`, `--base-url`, or a set
+    /// `OPENAI_API_KEY`.
+    pub endpoint: bool,
 }
 
 impl Default for TroupeConfig {
@@ -180,6 +195,7 @@ impl Default for TroupeConfig {
             mcp: McpConfig::default(),
             server: ServerConfig::default(),
             telemetry: TelemetryConfig::default(),
+            named: ModelNamed::default(),
         }
     }
 }
@@ -491,6 +507,14 @@ pub const ENV_VARS: &[(&str, &str)] = &[
     ("TROUPE_WARN_PROMPT_TOKENS", "chat.warn_prompt_tokens"),
     ("TROUPE_OVER_BUDGET", "chat.over_budget"),
     ("TROUPE_TOKENIZER_MODEL", "chat.tokenizer_model"),
+    (
+        "OPENAI_BASE_URL",
+        "model.base_url when TROUPE_BASE_URL is unset; picks openai-chat unless a provider is named",
+    ),
+    (
+        "OPENAI_API_KEY",
+        "the default key; when set, picks openai-chat unless a provider is named",
+    ),
     ("TROUPE_LISTEN", "server.listen"),
     (
         "TROUPE_API_TOKENS",
@@ -519,10 +543,20 @@ impl TroupeConfig {
             path: path.to_owned(),
             source,
         })?;
-        toml::from_str(&text).map_err(|e| ConfigError::Parse {
+        let parse_error = |e: toml::de::Error| ConfigError::Parse {
             path: path.to_owned(),
             message: e.to_string(),
-        })
+        };
+        let table: toml::Table = toml::from_str(&text).map_err(parse_error)?;
+        let model = table.get("model").and_then(toml::Value::as_table);
+        let has = |key: &str| model.is_some_and(|m| m.contains_key(key));
+        let named = ModelNamed {
+            provider: has("provider"),
+            endpoint: has("base_url"),
+        };
+        let mut config: Self = toml::from_str(&text).map_err(parse_error)?;
+        config.named = named;
+        Ok(config)
     }
 
     /// The file to read: `explicit`, else `$TROUPE_CONFIG`, else `./troupe.toml` if present.
@@ -559,9 +593,14 @@ impl TroupeConfig {
                 &v,
                 "scripted, openai-responses or openai-chat",
             )?;
+            self.named.provider = true;
         }
-        if let Some(v) = get("TROUPE_BASE_URL") {
+        if let Some(v) = get("TROUPE_BASE_URL").or_else(|| get("OPENAI_BASE_URL")) {
             self.model.base_url = v;
+            self.named.endpoint = true;
+        }
+        if get("OPENAI_API_KEY").is_some() {
+            self.named.endpoint = true;
         }
         if let Some(v) = get("TROUPE_MODEL") {
             self.model.model = v;
@@ -621,6 +660,30 @@ impl TroupeConfig {
         Ok(())
     }
 
+    /// The provider once the flags are applied: the one named (file < environment < flags),
+    /// else `openai-chat` when an endpoint is named (a base URL, `OPENAI_BASE_URL`,
+    /// `OPENAI_API_KEY`), else the scripted model. Bins record their `--provider` and
+    /// `--base-url` flags in [`Self::named`] before calling this.
+    pub fn choose_provider(&mut self) {
+        self.model.provider = choose_provider(self.model.provider, self.named);
+    }
+
+    /// One line for stderr saying which model answers: provider, base URL and model, or the
+    /// scripted model.
+    pub fn model_line(&self) -> String {
+        match self.model.provider {
+            Provider::Scripted => {
+                "no model endpoint configured; using the built-in scripted model".to_owned()
+            }
+            p => format!(
+                "model: {} at {}, model {}",
+                provider_name(p),
+                self.model.base_url,
+                self.model.model
+            ),
+        }
+    }
+
     /// Loads the file (if any) and applies the environment: everything but the flags.
     pub fn load(
         explicit: Option<&std::path::Path>,
@@ -632,6 +695,25 @@ impl TroupeConfig {
         };
         config.apply_env(env)?;
         Ok(config)
+    }
+}
+
+/// The provider: `current` when one was named, else `openai-chat` when an endpoint was named,
+/// else the scripted model.
+pub fn choose_provider(current: Provider, named: ModelNamed) -> Provider {
+    match (named.provider, named.endpoint) {
+        (true, _) => current,
+        (false, true) => Provider::OpenaiChat,
+        (false, false) => Provider::Scripted,
+    }
+}
+
+/// The provider's name as the configuration spells it.
+pub const fn provider_name(provider: Provider) -> &'static str {
+    match provider {
+        Provider::Scripted => "scripted",
+        Provider::OpenaiResponses => "openai-responses",
+        Provider::OpenaiChat => "openai-chat",
     }
 }
 
@@ -914,6 +996,90 @@ public_url = "https://agents.example.com/a2a"
         let p = path.to_string_lossy().into_owned();
         let c = TroupeConfig::load(None, &env(&[("TROUPE_CONFIG", &p)])).unwrap();
         assert_eq!(c.chat.max_steps, 5);
+    }
+
+    /// Applies what a bin's `--provider` / `--base-url` flags would, then chooses.
+    fn chosen(c: &mut TroupeConfig, provider: Option<Provider>, base_url: Option<&str>) {
+        if let Some(p) = provider {
+            c.model.provider = p;
+            c.named.provider = true;
+        }
+        if let Some(u) = base_url {
+            c.model.base_url = u.to_owned();
+            c.named.endpoint = true;
+        }
+        c.choose_provider();
+    }
+
+    #[test]
+    fn an_endpoint_without_a_provider_picks_chat_completions() {
+        // Nothing named: the scripted model.
+        let mut c = TroupeConfig::load(None, &env(&[])).unwrap();
+        chosen(&mut c, None, None);
+        assert_eq!(c.model.provider, Provider::Scripted);
+        assert!(c.model_line().contains("scripted model"));
+        // A base URL flag.
+        let mut c = TroupeConfig::load(None, &env(&[])).unwrap();
+        chosen(&mut c, None, Some("http://127.0.0.1:9/v1"));
+        assert_eq!(c.model.provider, Provider::OpenaiChat);
+        assert_eq!(
+            c.model_line(),
+            "model: openai-chat at http://127.0.0.1:9/v1, model gpt-4o-mini"
+        );
+        // OPENAI_BASE_URL, below TROUPE_BASE_URL.
+        let mut c =
+            TroupeConfig::load(None, &env(&[("OPENAI_BASE_URL", "http://a:1/v1")])).unwrap();
+        chosen(&mut c, None, None);
+        assert_eq!(c.model.provider, Provider::OpenaiChat);
+        assert_eq!(c.model.base_url, "http://a:1/v1");
+        let c = TroupeConfig::load(
+            None,
+            &env(&[
+                ("OPENAI_BASE_URL", "http://a:1/v1"),
+                ("TROUPE_BASE_URL", "http://b:2/v1"),
+            ]),
+        )
+        .unwrap();
+        assert_eq!(c.model.base_url, "http://b:2/v1");
+        // OPENAI_API_KEY alone: OpenAI's own endpoint.
+        let mut c = TroupeConfig::load(None, &env(&[("OPENAI_API_KEY", "sk-x")])).unwrap();
+        chosen(&mut c, None, None);
+        assert_eq!(c.model.provider, Provider::OpenaiChat);
+        assert_eq!(c.model.base_url, "https://api.openai.com/v1");
+        // An empty variable names nothing.
+        let mut c = TroupeConfig::load(None, &env(&[("OPENAI_API_KEY", "")])).unwrap();
+        chosen(&mut c, None, None);
+        assert_eq!(c.model.provider, Provider::Scripted);
+    }
+
+    #[test]
+    fn a_named_provider_wins_flags_over_env_over_file() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("troupe.toml");
+        std::fs::write(&path, "[model]\nprovider = \"openai-responses\"\n").unwrap();
+        // The file names the provider: a base URL from the environment keeps it.
+        let mut c =
+            TroupeConfig::load(Some(&path), &env(&[("OPENAI_BASE_URL", "http://a:1/v1")])).unwrap();
+        chosen(&mut c, None, None);
+        assert_eq!(c.model.provider, Provider::OpenaiResponses);
+        assert_eq!(c.model.base_url, "http://a:1/v1", "env beats the file");
+        // The environment beats the file, the flag beats both.
+        let mut c =
+            TroupeConfig::load(Some(&path), &env(&[("TROUPE_PROVIDER", "openai-chat")])).unwrap();
+        chosen(&mut c, None, Some("http://c:3/v1"));
+        assert_eq!(c.model.provider, Provider::OpenaiChat);
+        chosen(&mut c, Some(Provider::Scripted), None);
+        assert_eq!(c.model.provider, Provider::Scripted);
+        // A file that names only a base URL picks Chat Completions.
+        std::fs::write(&path, "[model]\nbase_url = \"http://d:4/v1\"\n").unwrap();
+        let mut c = TroupeConfig::load(Some(&path), &env(&[])).unwrap();
+        chosen(&mut c, None, None);
+        assert_eq!(c.model.provider, Provider::OpenaiChat);
+        // A file that says scripted keeps it whatever the environment holds.
+        std::fs::write(&path, "[model]\nprovider = \"scripted\"\n").unwrap();
+        let mut c = TroupeConfig::load(Some(&path), &env(&[("OPENAI_API_KEY", "sk-x")])).unwrap();
+        chosen(&mut c, None, None);
+        assert_eq!(c.model.provider, Provider::Scripted);
     }
 
     #[test]

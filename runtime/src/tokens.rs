@@ -124,6 +124,33 @@ impl TiktokenCounter {
         }
     }
 
+    /// The counter a `--tokenizer-model` value names: an encoding (`o200k_base`, ...) or an
+    /// OpenAI model name (mapped to its encoding, as [`for_model`](Self::for_model) does).
+    /// Anything else is `InvalidInput` listing what is accepted: a name the counter does not
+    /// know is never silently approximated.
+    pub fn named(name: &str) -> Result<Self, AgentError> {
+        if let Some(encoding) = Encoding::from_name(name) {
+            return Ok(Self {
+                encoding,
+                exact: true,
+            });
+        }
+        let counter = Self::for_model(name);
+        if counter.exact {
+            return Ok(counter);
+        }
+        Err(AgentError::invalid(format!(
+            "unknown tokenizer `{name}`: give an encoding ({}), an OpenAI model name ({}, ...) \
+             or `approx` (four bytes a token)",
+            Encoding::ALL.map(Encoding::name).join(", "),
+            MODEL_PREFIXES
+                .iter()
+                .map(|(prefix, _)| *prefix)
+                .collect::<Vec<_>>()
+                .join(", ")
+        )))
+    }
+
     /// The counter for an encoding name (`cl100k_base`, `o200k_base`, `p50k_base`,
     /// `r50k_base`), as given to `--tokenizer-model`.
     pub fn by_encoding(name: &str) -> Result<Self, AgentError> {
@@ -261,6 +288,32 @@ mod tests {
             assert_eq!(counter.encoding(), encoding.name());
             assert_eq!(counter.encoding_kind(), encoding);
             assert!(counter.is_exact());
+        }
+    }
+
+    #[test]
+    fn tokenizer_names_are_encodings_or_openai_models() {
+        for (name, encoding) in [
+            ("o200k_base", "o200k_base"),
+            ("cl100k_base", "cl100k_base"),
+            ("p50k_base", "p50k_base"),
+            ("r50k_base", "r50k_base"),
+            ("gpt-4o", "o200k_base"),
+            ("openai/gpt-4.1-mini", "o200k_base"),
+            ("gpt-3.5-turbo", "cl100k_base"),
+        ] {
+            let counter = TiktokenCounter::named(name).unwrap();
+            assert_eq!(counter.encoding(), encoding, "{name}");
+            assert!(counter.is_exact(), "{name}");
+        }
+        for name in ["o200k", "llama3.1:8b", "", "approx"] {
+            let err = TiktokenCounter::named(name).unwrap_err();
+            assert_eq!(err.kind(), ErrorKind::InvalidInput, "{name}");
+            let text = err.to_string();
+            assert!(
+                text.contains("o200k_base") && text.contains("gpt-4o") && text.contains("approx"),
+                "{text}"
+            );
         }
     }
 

@@ -343,15 +343,16 @@ impl std::fmt::Debug for Storage {
     }
 }
 
-/// The service's storage: with `ephemeral` the store is in memory (rollouts stay JSONL
-/// files); otherwise the store is `<data_dir>/troupe.db` and every session's rollout is in
+/// The service's storage: with `ephemeral` the store and every rollout are in memory (nothing
+/// is written to disk); otherwise the store is `<data_dir>/troupe.db` and every session's rollout is in
 /// `<data_dir>/rollout.db` (see `SqliteRolloutStorage::path_in`).
 pub fn open_store(config: &TroupeConfig, ephemeral: bool) -> Result<Storage, AgentError> {
     if ephemeral {
         return Ok(Storage {
             store: Arc::new(troupe_store::memory::MemoryStore::new()),
-            rollout: None,
-            description: "store: in memory (--ephemeral); nothing survives a restart".to_owned(),
+            rollout: Some(Arc::new(troupe_store::MemoryRolloutStorage::new())),
+            description: "store and rollout: in memory (--ephemeral); nothing is written to disk"
+                .to_owned(),
         });
     }
     // Where the rollout goes is decided before the store creates troupe.db.

@@ -33,6 +33,7 @@ mod conn;
 #[cfg(test)]
 mod crash_tests;
 pub mod memory;
+mod memory_rollout;
 pub mod metrics;
 mod page;
 mod rollout;
@@ -44,6 +45,7 @@ mod sqlite;
 mod tests;
 pub mod ttl;
 
+pub use memory_rollout::MemoryRolloutStorage;
 pub use rollout::{ROLLOUT_DB_FILE, SqliteRolloutStorage};
 pub use sqlite::{DB_FILE, SqliteOptions, SqliteStore, db_path};
 pub use ttl::TtlSweeper;

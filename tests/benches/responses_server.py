@@ -11,6 +11,8 @@ the socket. Every request gets the same short reply (a few text deltas) whatever
 Nagle's algorithm, as Python's default does. Prints `listening on <port>` (port chosen by the
 system, on 127.0.0.1) once ready; stops when its stdin closes. `GET /last-request` answers
 the body of the last POST, for a client that wants to send exactly what another sent.
+A POST to a path ending in `/chat/completions` gets the same reply as Chat Completions
+chunks (`data:` lines, then `data: [DONE]`).
 
 Standard library only.
 """
@@ -56,6 +58,23 @@ def events(n):
                                          "content_index": 0, "part": part}
     yield "response.output_item.done", {"output_index": 0, "item": item}
     yield "response.completed", {"response": response("completed", [item])}
+
+
+def chat_chunks(n):
+    """The SSE `data:` payloads of reply number `n` over Chat Completions."""
+    cid = "chatcmpl_%d" % n
+
+    def chunk(delta, finish=None):
+        return {"id": cid, "object": "chat.completion.chunk", "model": "bench-model",
+                "choices": [{"index": 0, "delta": delta, "finish_reason": finish}]}
+
+    yield chunk({"role": "assistant", "content": ""})
+    for d in DELTAS:
+        yield chunk({"content": d})
+    yield chunk({}, "stop")
+    yield {"id": cid, "object": "chat.completion.chunk", "model": "bench-model",
+           "choices": [], "usage": {"prompt_tokens": 10, "completion_tokens": len(DELTAS),
+                                    "total_tokens": 10 + len(DELTAS)}}
 
 
 class Handler(BaseHTTPRequestHandler):
@@ -106,11 +125,16 @@ class Handler(BaseHTTPRequestHandler):
         self.send_header("Transfer-Encoding", "chunked")
         self.end_headers()
         self.wfile.flush()
-        seq = 0
-        for kind, payload in events(n):
-            payload = dict(payload, type=kind, sequence_number=seq)
-            seq += 1
-            frame = ("event: %s\ndata: %s\n\n" % (kind, json.dumps(payload))).encode()
+        if self.path.rstrip("/").endswith("/chat/completions"):
+            frames = ["data: %s\n\n" % json.dumps(c) for c in chat_chunks(n)]
+            frames.append("data: [DONE]\n\n")
+        else:
+            frames = []
+            for seq, (kind, payload) in enumerate(events(n)):
+                payload = dict(payload, type=kind, sequence_number=seq)
+                frames.append("event: %s\ndata: %s\n\n" % (kind, json.dumps(payload)))
+        for frame in frames:
+            frame = frame.encode()
             self.wfile.write(b"%x\r\n%s\r\n" % (len(frame), frame))
             self.wfile.flush()
         self.wfile.write(b"0\r\n\r\n")

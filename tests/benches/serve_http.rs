@@ -10,7 +10,7 @@
 //!
 //! Each figure is taken with the default store (SQLite under a temporary data dir, the
 //! rollout in the same database), with the SQLite store and the rollout in JSONL files, and
-//! with `--ephemeral` (in-memory store, JSONL rollout).
+//! with `--ephemeral` (store and rollout in memory).
 //! The service runs in this process, on a multi-threaded tokio runtime; the clients share it.
 #![forbid(unsafe_code)]
 #![allow(clippy::unwrap_used, clippy::expect_used)]
@@ -46,7 +46,7 @@ enum Storage {
     /// The SQLite store, the rollout as JSONL files: shows what the two SQLite writers
     /// sharing one database's write lock cost.
     SqliteStoreFileRollout,
-    /// `--ephemeral`: the store in memory, the rollout as JSONL files.
+    /// `--ephemeral`: the store and the rollout in memory.
     Memory,
 }
 
@@ -61,12 +61,11 @@ async fn start(storage: Storage) -> Running {
     let mut ports = assembly::session_ports(&config, model, Arc::new(ApproxTokens));
     let opened = troupe_service::open_store(&config, matches!(storage, Storage::Memory)).unwrap();
     let store = match storage {
-        Storage::Sqlite => {
+        Storage::Sqlite | Storage::Memory => {
             ports.rollout_storage = opened.rollout;
             opened.store
         }
         Storage::SqliteStoreFileRollout => opened.store,
-        Storage::Memory => opened.store,
     };
     let service = Service::start(&config, store, ports, None).await.unwrap();
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();

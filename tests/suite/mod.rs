@@ -1,6 +1,7 @@
 mod a2a;
 mod approvals;
 mod cli;
+mod cli_once;
 mod close;
 mod determinism;
 mod faults;

@@ -43,7 +43,10 @@ use troupe_proto::{AgentError, ConversationId, HistoryItem, Json, TaskId, ToolCa
 /// every conversation of a session.
 pub struct OpenAiClient {
     config: ModelConfig,
-    http: reqwest::Client,
+    /// Every endpoint but plain HTTP to a loopback address: reqwest (TLS, proxies). Not built
+    /// for a local endpoint, so that one pays for no TLS set-up (root certificates, crypto
+    /// provider).
+    http: Option<reqwest::Client>,
     /// Plain HTTP to a loopback address: the client of `transport.rs` (one write per request,
     /// immediate ACKs), with the headers `http` would add by default.
     local: Option<(transport::LocalClient, HeaderMap)>,
@@ -150,17 +153,22 @@ impl OpenAiClient {
             headers.insert(header::USER_AGENT, HeaderValue::from_static(USER_AGENT));
             (transport::local_client(config.connect_timeout), headers)
         });
-        let mut builder = reqwest::Client::builder()
-            .connect_timeout(config.connect_timeout)
-            .default_headers(headers)
-            .user_agent(USER_AGENT);
-        if loopback {
-            // A local model server is never behind the machine's proxy.
-            builder = builder.no_proxy();
-        }
-        let http = builder
-            .build()
-            .map_err(|e| AgentError::internal(format!("cannot build the HTTP client: {e}")))?;
+        let http = match local {
+            Some(_) => None,
+            None => {
+                let mut builder = reqwest::Client::builder()
+                    .connect_timeout(config.connect_timeout)
+                    .default_headers(headers)
+                    .user_agent(USER_AGENT);
+                if loopback {
+                    // A local model server is never behind the machine's proxy.
+                    builder = builder.no_proxy();
+                }
+                Some(builder.build().map_err(|e| {
+                    AgentError::internal(format!("cannot build the HTTP client: {e}"))
+                })?)
+            }
+        };
         metrics::describe();
         Ok(Self {
             family: family(&config.model),
@@ -399,8 +407,12 @@ impl OpenAiClient {
     /// Sends the request; the response once its head has arrived.
     async fn send(&self, body: &[u8]) -> Result<reqwest::Response, SendError> {
         let Some((local, headers)) = &self.local else {
-            return self
-                .http
+            let Some(http) = &self.http else {
+                return Err(SendError::Invalid(
+                    "no HTTP client for this endpoint".into(),
+                ));
+            };
+            return http
                 .post(&self.url)
                 .header(header::CONTENT_TYPE, "application/json")
                 .header(header::ACCEPT, "text/event-stream")
@@ -691,14 +703,17 @@ mod tests {
             "http://localhost:11434/v1",
             "http://[::1]:8000/v1",
         ] {
-            assert!(client(url).local.is_some(), "{url}");
+            let c = client(url);
+            assert!(c.local.is_some(), "{url}");
+            assert!(c.http.is_none(), "{url}: no TLS client is set up");
         }
         for url in [
             "https://127.0.0.1:8443/v1",
             "http://example.com/v1",
             "https://api.openai.com/v1",
         ] {
-            assert!(client(url).local.is_none(), "{url}");
+            let c = client(url);
+            assert!(c.local.is_none() && c.http.is_some(), "{url}");
         }
     }
 

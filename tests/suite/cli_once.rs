@@ -1,0 +1,446 @@
+//! `troupe chat --once` and `troupe serve` choosing what a user means: a base URL or the
+//! `OPENAI_*` variables pick an OpenAI-compatible server; MCP servers are connected before the
+//! one turn; approvals and elicitations are answered without a terminal as the flags say;
+//! tokenizer names are checked; `--ephemeral` writes nothing. Real processes, the test model
+//! server, the npm MCP servers.
+
+use std::io::{BufRead, BufReader, Write};
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output, Stdio};
+use std::time::Duration;
+use troupe_test_support::mcp::server_entry;
+use troupe_test_support::{CallScript, ModelServer, Reply};
+use troupe_tests::troupe_bin;
+
+/// Variables that would choose the model or the configuration for the child.
+const MODEL_ENV: [&str; 7] = [
+    "OPENAI_BASE_URL",
+    "OPENAI_API_KEY",
+    "TROUPE_CONFIG",
+    "TROUPE_PROVIDER",
+    "TROUPE_BASE_URL",
+    "TROUPE_SCRIPT",
+    "TROUPE_TOKENIZER_MODEL",
+];
+
+/// `troupe` in `cwd`, stdin closed, with none of the model variables of this process.
+fn troupe(cwd: &Path) -> tokio::process::Command {
+    let mut cmd = tokio::process::Command::new(troupe_bin());
+    for k in MODEL_ENV {
+        cmd.env_remove(k);
+    }
+    cmd.current_dir(cwd).stdin(Stdio::null());
+    cmd
+}
+
+async fn output(mut cmd: tokio::process::Command) -> Output {
+    tokio::time::timeout(Duration::from_secs(60), cmd.output())
+        .await
+        .expect("troupe did not finish in time")
+        .unwrap()
+}
+
+fn text(bytes: &[u8]) -> String {
+    String::from_utf8_lossy(bytes).into_owned()
+}
+
+/// Every path under `dir`, relative, sorted.
+fn tree(dir: &Path) -> Vec<PathBuf> {
+    let mut out = Vec::new();
+    let mut stack = vec![dir.to_owned()];
+    while let Some(d) = stack.pop() {
+        for e in std::fs::read_dir(&d).unwrap().flatten() {
+            let p = e.path();
+            out.push(p.strip_prefix(dir).unwrap().to_owned());
+            if p.is_dir() {
+                stack.push(p);
+            }
+        }
+    }
+    out.sort();
+    out
+}
+
+// ----- provider selection -----
+
+#[tokio::test]
+async fn a_base_url_alone_picks_that_server() {
+    let server = ModelServer::start().await;
+    server.push(Reply::text(["hi ", "from the server"]));
+    let dir = tempfile::tempdir().unwrap();
+    let mut cmd = troupe(dir.path());
+    cmd.args(["chat", "--once", "--base-url", &server.base_url()])
+        .args(["--model", "m", "say hi"]);
+    let out = output(cmd).await;
+    let stderr = text(&out.stderr);
+    assert!(out.status.success(), "{stderr}");
+    assert_eq!(text(&out.stdout).trim(), "hi from the server");
+    let requests = server.requests();
+    assert_eq!(requests.len(), 1);
+    assert!(
+        requests[0].path.ends_with("/chat/completions"),
+        "Chat Completions unless told otherwise: {}",
+        requests[0].path
+    );
+    assert_eq!(requests[0].body["model"], "m");
+    let line = format!("openai-chat at {}, model m", server.base_url());
+    assert!(
+        stderr.contains(&line),
+        "stderr names the endpoint: {stderr}"
+    );
+    assert!(!stderr.contains("scripted"), "{stderr}");
+}
+
+#[tokio::test]
+async fn openai_variables_pick_the_server_and_a_provider_flag_the_wire_format() {
+    let server = ModelServer::start().await;
+    server.push(Reply::text(["over chat"]));
+    server.push(Reply::text(["over responses"]));
+    let dir = tempfile::tempdir().unwrap();
+    let run = |extra: &'static [&'static str]| {
+        let mut cmd = troupe(dir.path());
+        cmd.args(["chat", "--once", "say hi"])
+            .args(extra)
+            .env("OPENAI_BASE_URL", server.base_url())
+            .env("OPENAI_API_KEY", "sk-from-env");
+        output(cmd)
+    };
+    let out = run(&[]).await;
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    assert_eq!(text(&out.stdout).trim(), "over chat");
+    assert!(
+        text(&out.stderr).contains(&format!("openai-chat at {}", server.base_url())),
+        "{}",
+        text(&out.stderr)
+    );
+    let out = run(&["--provider", "openai-responses"]).await;
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    assert_eq!(text(&out.stdout).trim(), "over responses");
+    assert!(text(&out.stderr).contains("openai-responses at"));
+    let requests = server.requests();
+    assert_eq!(requests.len(), 2);
+    assert!(requests[0].path.ends_with("/chat/completions"));
+    assert!(requests[1].path.ends_with("/responses"));
+    for r in &requests {
+        assert_eq!(r.header("authorization"), Some("Bearer sk-from-env"));
+    }
+    // A provider named scripted keeps the scripted model whatever the variables say.
+    let out = run(&["--provider", "scripted"]).await;
+    assert!(out.status.success());
+    assert_eq!(text(&out.stdout).trim(), "You said: say hi");
+    assert_eq!(server.requests().len(), 2);
+}
+
+#[tokio::test]
+async fn serve_chooses_the_same_way() {
+    let server = ModelServer::start().await;
+    let dir = tempfile::tempdir().unwrap();
+    // stdin at its end: the stdio server stops at once.
+    let mut cmd = troupe(dir.path());
+    cmd.args(["serve", "--stdio", "--ephemeral"])
+        .env("OPENAI_BASE_URL", server.base_url());
+    let out = output(cmd).await;
+    let stderr = text(&out.stderr);
+    assert!(out.status.success(), "{stderr}");
+    assert!(
+        stderr.contains(&format!("openai-chat at {}", server.base_url())),
+        "{stderr}"
+    );
+    let mut cmd = troupe(dir.path());
+    cmd.args(["serve", "--stdio", "--ephemeral"]);
+    let out = output(cmd).await;
+    assert!(text(&out.stderr).contains("scripted model"));
+}
+
+// ----- tokenizer names -----
+
+#[tokio::test]
+async fn tokenizer_names_are_encodings_models_or_approx() {
+    let dir = tempfile::tempdir().unwrap();
+    for name in ["o200k_base", "cl100k_base", "p50k_base", "gpt-4o", "approx"] {
+        let mut cmd = troupe(dir.path());
+        cmd.args([
+            "chat",
+            "--once",
+            "--ephemeral",
+            "--json",
+            "--tokenizer-model",
+            name,
+        ])
+        .arg("count me");
+        let out = output(cmd).await;
+        assert!(out.status.success(), "{name}: {}", text(&out.stderr));
+        let reply: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+        assert!(reply["stats"]["estimated_prompt_tokens"].as_u64().unwrap() > 0);
+    }
+    for name in ["o200k", "llama3", "gpt4o"] {
+        let mut cmd = troupe(dir.path());
+        cmd.args(["chat", "--once", "--tokenizer-model", name, "count me"]);
+        let out = output(cmd).await;
+        assert_eq!(out.status.code(), Some(1), "{name}");
+        let stderr = text(&out.stderr);
+        assert!(
+            stderr.contains(&format!("unknown tokenizer `{name}`"))
+                && stderr.contains("o200k_base")
+                && stderr.contains("gpt-4o")
+                && stderr.contains("approx"),
+            "{stderr}"
+        );
+        assert!(out.stdout.is_empty(), "no turn ran");
+    }
+    let mut cmd = troupe(dir.path());
+    cmd.args(["serve", "--stdio", "--ephemeral"])
+        .env("TROUPE_TOKENIZER_MODEL", "nonsense");
+    let out = output(cmd).await;
+    assert_eq!(out.status.code(), Some(1));
+    assert!(text(&out.stderr).contains("unknown tokenizer `nonsense`"));
+    assert!(tree(dir.path()).is_empty(), "{:?}", tree(dir.path()));
+}
+
+// ----- --ephemeral -----
+
+#[tokio::test]
+async fn ephemeral_chat_writes_nothing() {
+    let dir = tempfile::tempdir().unwrap();
+    let data = dir.path().join("data-dir");
+    let mut cmd = troupe(dir.path());
+    cmd.args(["chat", "--once", "--ephemeral", "remember nothing"]);
+    let out = output(cmd).await;
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    assert_eq!(text(&out.stdout).trim(), "You said: remember nothing");
+    let mut cmd = troupe(dir.path());
+    cmd.args(["chat", "--once", "--ephemeral", "--data-dir"])
+        .arg(&data)
+        .arg("--log-dir")
+        .arg(dir.path().join("logs"))
+        .args(["--storage-policy", "ttl:60", "again"]);
+    let out = output(cmd).await;
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    assert!(tree(dir.path()).is_empty(), "{:?}", tree(dir.path()));
+    // Without --ephemeral the same run leaves its rollout and history.
+    let mut cmd = troupe(dir.path());
+    cmd.args(["chat", "--once", "kept"]);
+    assert!(output(cmd).await.status.success());
+    let left = tree(dir.path());
+    assert!(
+        left.iter().any(|p| p.starts_with("data/rollout")),
+        "{left:?}"
+    );
+    assert!(left.iter().any(|p| p.starts_with("history")), "{left:?}");
+}
+
+#[test]
+fn ephemeral_serve_writes_nothing() {
+    let dir = tempfile::tempdir().unwrap();
+    let data = dir.path().join("data-dir");
+    for data_dir in [None, Some(&data)] {
+        let mut cmd = Command::new(troupe_bin());
+        for k in MODEL_ENV {
+            cmd.env_remove(k);
+        }
+        cmd.args(["serve", "--stdio", "--ephemeral"]);
+        if let Some(d) = data_dir {
+            cmd.arg("--data-dir").arg(d);
+        }
+        let mut child = cmd
+            .current_dir(dir.path())
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap();
+        let mut stdin = child.stdin.take().unwrap();
+        let mut lines = BufReader::new(child.stdout.take().unwrap()).lines();
+        let mut next = || -> serde_json::Value {
+            serde_json::from_str(&lines.next().unwrap().unwrap()).unwrap()
+        };
+        writeln!(
+            stdin,
+            r#"{{"jsonrpc":"2.0","id":1,"method":"session.create","params":{{}}}}"#
+        )
+        .unwrap();
+        let created = next();
+        let sid = created["result"]["session_id"].as_str().unwrap().to_owned();
+        writeln!(
+            stdin,
+            r#"{{"jsonrpc":"2.0","id":2,"method":"conversation.message","params":{{"session_id":"{sid}","text":"leave no trace"}}}}"#
+        )
+        .unwrap();
+        let reply = loop {
+            let v = next();
+            if v["id"] == 2 {
+                break v;
+            }
+        };
+        assert_eq!(
+            reply["result"]["reply"]["text"], "You said: leave no trace",
+            "{reply}"
+        );
+        drop(stdin);
+        let out = child.wait_with_output().unwrap();
+        assert!(out.status.success(), "{}", text(&out.stderr));
+        assert!(
+            text(&out.stderr).contains("nothing is written to disk"),
+            "{}",
+            text(&out.stderr)
+        );
+        assert!(tree(dir.path()).is_empty(), "{:?}", tree(dir.path()));
+    }
+}
+
+// ----- MCP servers and unattended answers -----
+
+/// A `troupe.toml` in `dir` naming the npm everything server (and `extra` TOML).
+fn mcp_config(dir: &Path, extra: &str) {
+    let entry = server_entry("server-everything");
+    std::fs::write(
+        dir.join("troupe.toml"),
+        format!(
+            "[[mcp.servers]]\nname = \"everything\"\ntype = \"stdio\"\ncommand = \"node\"\n\
+             args = [{:?}, \"stdio\"]\n{extra}",
+            entry.display().to_string()
+        ),
+    )
+    .unwrap();
+}
+
+fn once_against(server: &ModelServer, dir: &Path, extra: &[&str]) -> tokio::process::Command {
+    let mut cmd = troupe(dir);
+    cmd.args([
+        "chat",
+        "--once",
+        "--ephemeral",
+        "--base-url",
+        &server.base_url(),
+    ])
+    .args(extra)
+    .arg("go");
+    cmd
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn once_waits_for_mcp_servers_and_calls_their_tool() {
+    let server = ModelServer::start().await;
+    server.push(Reply::tool_call(
+        "everything__echo",
+        ["{\"message\": \"from the turn\"}"],
+    ));
+    server.push(Reply::text(["done"]));
+    let dir = tempfile::tempdir().unwrap();
+    // A second server that cannot start: reported, and the turn goes on without it.
+    mcp_config(
+        dir.path(),
+        "[[mcp.servers]]\nname = \"broken\"\ntype = \"stdio\"\n\
+         command = \"/nonexistent/mcp-server\"\n",
+    );
+    let out = output(once_against(&server, dir.path(), &[])).await;
+    let stderr = text(&out.stderr);
+    assert!(out.status.success(), "{stderr}");
+    assert_eq!(text(&out.stdout).trim(), "done");
+    let requests = server.requests();
+    assert_eq!(requests.len(), 2);
+    let offered = requests[0].body["tools"].to_string();
+    assert!(
+        offered.contains("everything__echo"),
+        "the first request offers the server's tools: {offered}"
+    );
+    let second = requests[1].body.to_string();
+    assert!(second.contains("Echo: from the turn"), "{second}");
+    assert!(!second.contains("unknown tool"), "{second}");
+    assert!(
+        stderr.contains("MCP server `broken`") && stderr.contains("goes on without it"),
+        "{stderr}"
+    );
+}
+
+/// Two shell calls that need approval (the default policy asks for every command).
+fn two_commands() -> Reply {
+    Reply::tool_calls([
+        CallScript::new("shell", ["{\"command\": [\"echo\", \"first-ran\"]}"]).with_id("c1"),
+        CallScript::new("shell", ["{\"command\": [\"echo\", \"second-ran\"]}"]).with_id("c2"),
+    ])
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn approvals_without_a_terminal_are_denied_unless_a_flag_approves() {
+    let dir = tempfile::tempdir().unwrap();
+    // No flag: denied, said once.
+    let server = ModelServer::start().await;
+    server.push(two_commands());
+    server.push(Reply::text(["after"]));
+    let out = output(once_against(&server, dir.path(), &[])).await;
+    let stderr = text(&out.stderr);
+    assert!(out.status.success(), "{stderr}");
+    assert_eq!(
+        stderr.matches("nobody can be asked here").count(),
+        1,
+        "{stderr}"
+    );
+    assert_eq!(
+        stderr.matches("needs an answer; denied").count(),
+        2,
+        "{stderr}"
+    );
+    let second = server.requests()[1].body.to_string();
+    assert!(
+        !second.contains("first-ran\\n") && !second.contains("second-ran\\n"),
+        "{second}"
+    );
+    assert!(second.contains("denied"), "{second}");
+
+    // --approvals approve: both commands run.
+    let server = ModelServer::start().await;
+    server.push(two_commands());
+    server.push(Reply::text(["after"]));
+    let out = output(once_against(
+        &server,
+        dir.path(),
+        &["--approvals", "approve"],
+    ))
+    .await;
+    let stderr = text(&out.stderr);
+    assert!(out.status.success(), "{stderr}");
+    assert!(!stderr.contains("nobody can be asked"), "{stderr}");
+    let second = server.requests()[1].body.to_string();
+    assert!(
+        second.contains("first-ran") && second.contains("second-ran"),
+        "{second}"
+    );
+
+    // A bad value is a clear error naming the choices.
+    let mut cmd = troupe(dir.path());
+    cmd.args(["chat", "--once", "--approvals", "maybe", "x"]);
+    let out = output(cmd).await;
+    assert_eq!(out.status.code(), Some(2));
+    assert!(
+        text(&out.stderr).contains("deny, approve"),
+        "{}",
+        text(&out.stderr)
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn elicitations_without_a_terminal_are_declined_or_answered_with_defaults() {
+    let dir = tempfile::tempdir().unwrap();
+    mcp_config(dir.path(), "");
+    let elicit = || Reply::tool_call("everything__trigger-elicitation-request", ["{}"]);
+    for (flags, said) in [
+        (&[][..], "nobody can be asked here"),
+        (&["--elicitation", "decline"][..], "declined"),
+        // The server's schema requires `name` without a default: accepting with the
+        // defaults is refused, and the request is declined rather than left waiting.
+        (&["--elicitation", "defaults"][..], "`name`"),
+    ] {
+        let server = ModelServer::start().await;
+        server.push(elicit());
+        server.push(Reply::text(["after"]));
+        let out = output(once_against(&server, dir.path(), flags)).await;
+        let stderr = text(&out.stderr);
+        assert!(out.status.success(), "{flags:?}: {stderr}");
+        assert!(stderr.contains(said), "{flags:?}: {stderr}");
+        let requests = server.requests();
+        assert_eq!(requests.len(), 2, "{flags:?}: {stderr}");
+        let second = requests[1].body.to_string();
+        assert!(second.contains("decline"), "{flags:?}: {second}");
+    }
+}
