@@ -15,6 +15,9 @@ pub enum TaskStatus {
 }
 
 impl TaskStatus {
+    /// Every status (the known values of a metric label).
+    pub const ALL: [Self; 4] = [Self::Ok, Self::Error, Self::MaxSteps, Self::Cancelled];
+
     pub const fn as_str(self) -> &'static str {
         match self {
             Self::Ok => "ok",
