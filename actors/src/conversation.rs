@@ -376,13 +376,7 @@ impl Actor for Conversation {
             ));
         } else {
             let items = history_from_records(&records);
-            restored_turns = u32::try_from(
-                records
-                    .iter()
-                    .filter(|r| r.kind == EventName::TaskStarted)
-                    .count(),
-            )
-            .unwrap_or(u32::MAX);
+            restored_turns = crate::context::turns_started(&records);
             let restored = items.len() as u64;
             history.append(items);
             let cause = args.restore_cause;

@@ -13,7 +13,7 @@ async fn root_conversation_answers_with_stats() {
     assert_eq!(reply.status, TaskStatus::Ok);
     assert_eq!(reply.text, "hello there");
     assert_eq!(reply.stats.steps, 1);
-    assert_eq!(reply.stats.turns, 1);
+    assert_eq!(reply.stats.turn, 1);
     assert_eq!(reply.stats.tool_calls, 0);
     assert!(reply.stats.usage.output_tokens > 0);
     assert!(reply.stats.estimated_prompt_tokens > 0);
