@@ -168,6 +168,28 @@ fn hex8(bytes: &[u8]) -> String {
 
 /// Rebuilds history items from a conversation's rollout, oldest first. Only records that
 /// kept content contribute: a conversation whose policy keeps none restarts empty.
+/// Checks that every (normalised) allowlist entry names one of the `configured` MCP servers,
+/// for when no MCP pool runs to check it (C5): an unknown server is an error at open, whether
+/// or not any server ever connected. The error names every bad entry.
+pub fn check_allowlist_servers(list: &[String], configured: &[String]) -> Result<(), AgentError> {
+    let unknown: Vec<String> = list
+        .iter()
+        .filter(|entry| {
+            entry
+                .split_once("__")
+                .is_none_or(|(server, _)| !configured.iter().any(|c| c == server))
+        })
+        .map(|entry| format!("`{entry}`"))
+        .collect();
+    if unknown.is_empty() {
+        return Ok(());
+    }
+    Err(AgentError::invalid(format!(
+        "MCP tool allowlist rejected: no configured MCP server for {}",
+        unknown.join(", ")
+    )))
+}
+
 /// How many turns a conversation's record shows started (T1): the number of distinct tasks
 /// that left a start, a step or an end (under every storage policy at least the start and end
 /// of each task are kept, compactions included), or the highest turn number a step or an end
@@ -281,6 +303,29 @@ mod tests {
             error: None,
         };
         record(task_id, EventName::TaskFinished, Some(event))
+    }
+
+    #[test]
+    fn without_a_pool_an_allowlist_is_checked_against_the_configured_servers() {
+        let configured = ["fs".to_owned(), "git".to_owned()];
+        let ok = ["fs__read".to_owned(), "git__log".to_owned()];
+        assert!(check_allowlist_servers(&ok, &configured).is_ok());
+        assert!(check_allowlist_servers(&[], &[]).is_ok());
+        let bad = [
+            "fs__read".to_owned(),
+            "web__search".to_owned(),
+            "x__y".to_owned(),
+        ];
+        let err = check_allowlist_servers(&bad, &configured).unwrap_err();
+        assert!(matches!(err, AgentError::InvalidInput { .. }));
+        let msg = err.to_string();
+        assert!(
+            msg.contains("`web__search`") && msg.contains("`x__y`"),
+            "{msg}"
+        );
+        assert!(!msg.contains("fs__read"), "{msg}");
+        // No server configured: any entry is unknown.
+        assert!(check_allowlist_servers(&ok, &[]).is_err());
     }
 
     #[test]

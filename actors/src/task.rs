@@ -560,6 +560,42 @@ mod tests {
         assert_eq!(completion_tokens(&tokens, &response), None);
     }
 
+    /// C1: the model is offered only what can run. Every built-in offered with every
+    /// preference on routes to its runner for a well-formed call; none is refused as unknown
+    /// or unavailable.
+    #[test]
+    fn every_offered_builtin_routes_to_a_runner() {
+        let all = crate::tools::ToolPrefs {
+            shell: true,
+            plan: true,
+            apply_patch: true,
+            web_search: true,
+        };
+        let tools = crate::tools::builtin_tools(&all);
+        assert!(!tools.is_empty());
+        for spec in &tools {
+            let args = match spec.name.as_str() {
+                crate::tools::SHELL => serde_json::json!({"command": ["true"]}),
+                crate::tools::UPDATE_PLAN => serde_json::json!({"plan": []}),
+                crate::tools::APPLY_PATCH => serde_json::json!({
+                    "input": "*** Begin Patch\n*** Delete File: a.txt\n*** End Patch\n"
+                }),
+                other => panic!("a built-in with no runner is offered: {other}"),
+            };
+            let route = route_tool(
+                &call(&spec.name, args),
+                &tools,
+                ApprovalPolicy::Never,
+                false,
+            );
+            assert!(
+                !matches!(route, ToolRoute::Refuse(_)),
+                "{}: {route:?}",
+                spec.name
+            );
+        }
+    }
+
     #[test]
     fn unknown_tool_is_refused() {
         let r = route_tool(
