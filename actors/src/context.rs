@@ -5,7 +5,9 @@
 use crate::rollout::RolloutRecord;
 use crate::tools::{ToolPrefs, is_valid_tool_name};
 use sha2::{Digest, Sha256};
-use troupe_proto::{AgentError, EventKind, HistoryItem, OpenConversation, SetContext, ToolSpec};
+use troupe_proto::{
+    AgentError, EventKind, EventName, HistoryItem, OpenConversation, SetContext, ToolSpec,
+};
 
 /// The built-in system prompt, used when a conversation sets no base instructions (C3).
 pub const DEFAULT_INSTRUCTIONS: &str = "You are a careful coding and chat assistant working for one user inside troupe. \
@@ -166,6 +168,56 @@ fn hex8(bytes: &[u8]) -> String {
 
 /// Rebuilds history items from a conversation's rollout, oldest first. Only records that
 /// kept content contribute: a conversation whose policy keeps none restarts empty.
+/// Checks that every (normalised) allowlist entry names one of the `configured` MCP servers,
+/// for when no MCP pool runs to check it (C5): an unknown server is an error at open, whether
+/// or not any server ever connected. The error names every bad entry.
+pub fn check_allowlist_servers(list: &[String], configured: &[String]) -> Result<(), AgentError> {
+    let unknown: Vec<String> = list
+        .iter()
+        .filter(|entry| {
+            entry
+                .split_once("__")
+                .is_none_or(|(server, _)| !configured.iter().any(|c| c == server))
+        })
+        .map(|entry| format!("`{entry}`"))
+        .collect();
+    if unknown.is_empty() {
+        return Ok(());
+    }
+    Err(AgentError::invalid(format!(
+        "MCP tool allowlist rejected: no configured MCP server for {}",
+        unknown.join(", ")
+    )))
+}
+
+/// How many turns a conversation's record shows started (T1): the number of distinct tasks
+/// that left a start, a step or an end (under every storage policy at least the start and end
+/// of each task are kept, compactions included), or the highest turn number a step or an end
+/// names if that is higher (a record read from a later point on). The next turn is this + 1,
+/// so turn numbers stay unique after a restore, whatever compactions came before.
+pub fn turns_started(records: &[RolloutRecord]) -> u32 {
+    let mut tasks = std::collections::HashSet::new();
+    let mut highest = 0;
+    for r in records {
+        if matches!(
+            r.kind,
+            EventName::TaskStarted
+                | EventName::CompactionStarted
+                | EventName::StepStarted
+                | EventName::TaskFinished
+                | EventName::TaskAborted
+        ) {
+            tasks.extend(r.task_id);
+        }
+        match &r.event {
+            Some(EventKind::StepStarted { turn, .. }) => highest = highest.max(*turn),
+            Some(EventKind::TaskFinished { stats, .. }) => highest = highest.max(stats.turn),
+            _ => {}
+        }
+    }
+    u32::try_from(tasks.len()).unwrap_or(u32::MAX).max(highest)
+}
+
 pub fn history_from_records(records: &[RolloutRecord]) -> Vec<HistoryItem> {
     let mut items = Vec::new();
     // Compaction tasks' own items never entered history.
@@ -224,7 +276,92 @@ pub fn history_from_records(records: &[RolloutRecord]) -> Vec<HistoryItem> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use troupe_proto::Json;
+    use troupe_proto::{Json, TaskId, TaskStats, TaskStatus};
+
+    fn record(task_id: TaskId, kind: EventName, event: Option<EventKind>) -> RolloutRecord {
+        RolloutRecord {
+            seq: 0,
+            ts_ms: 0,
+            conversation_id: None,
+            task_id: Some(task_id),
+            kind,
+            level: crate::rollout::RecordLevel::Minimal,
+            event,
+            meta: crate::rollout::RecordMeta::default(),
+        }
+    }
+
+    fn finished(task_id: TaskId, turn: u32) -> RolloutRecord {
+        let stats = TaskStats {
+            turn,
+            ..TaskStats::default()
+        };
+        let event = EventKind::TaskFinished {
+            status: TaskStatus::Ok,
+            text: String::new(),
+            stats,
+            error: None,
+        };
+        record(task_id, EventName::TaskFinished, Some(event))
+    }
+
+    #[test]
+    fn without_a_pool_an_allowlist_is_checked_against_the_configured_servers() {
+        let configured = ["fs".to_owned(), "git".to_owned()];
+        let ok = ["fs__read".to_owned(), "git__log".to_owned()];
+        assert!(check_allowlist_servers(&ok, &configured).is_ok());
+        assert!(check_allowlist_servers(&[], &[]).is_ok());
+        let bad = [
+            "fs__read".to_owned(),
+            "web__search".to_owned(),
+            "x__y".to_owned(),
+        ];
+        let err = check_allowlist_servers(&bad, &configured).unwrap_err();
+        assert!(matches!(err, AgentError::InvalidInput { .. }));
+        let msg = err.to_string();
+        assert!(
+            msg.contains("`web__search`") && msg.contains("`x__y`"),
+            "{msg}"
+        );
+        assert!(!msg.contains("fs__read"), "{msg}");
+        // No server configured: any entry is unknown.
+        assert!(check_allowlist_servers(&ok, &[]).is_err());
+    }
+
+    #[test]
+    fn compactions_count_as_turns_when_restored() {
+        let (a, compact, b) = (TaskId::new(), TaskId::new(), TaskId::new());
+        // Headers only (no events): a message, a compaction (its start is a
+        // `compaction_started`), another message that never ended.
+        let records = vec![
+            record(a, EventName::TaskStarted, None),
+            record(a, EventName::StepStarted, None),
+            record(a, EventName::TaskFinished, None),
+            record(compact, EventName::CompactionStarted, None),
+            record(compact, EventName::TaskFinished, None),
+            record(b, EventName::TaskStarted, None),
+        ];
+        assert_eq!(turns_started(&records), 3);
+        // Policy `none` keeps no compaction start, but the compaction's end.
+        let minimal = vec![
+            record(a, EventName::TaskStarted, None),
+            record(a, EventName::TaskFinished, None),
+            record(compact, EventName::TaskFinished, None),
+        ];
+        assert_eq!(turns_started(&minimal), 2);
+        assert_eq!(turns_started(&[]), 0);
+    }
+
+    #[test]
+    fn a_record_read_from_later_on_continues_from_the_turn_it_names() {
+        let (a, b) = (TaskId::new(), TaskId::new());
+        let step = EventKind::StepStarted { turn: 7, step: 1 };
+        let records = vec![
+            finished(a, 6),
+            record(b, EventName::StepStarted, Some(step)),
+        ];
+        assert_eq!(turns_started(&records), 7);
+    }
 
     #[test]
     fn slash_names_are_normalised_with_a_warning() {

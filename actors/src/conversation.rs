@@ -114,6 +114,9 @@ pub struct ConversationSettings {
     /// Record prompts, completions and tool input/output on the tasks' spans (opt-in: they
     /// may hold secrets).
     pub record_content: bool,
+    /// Names of the session's configured MCP servers: what an allowlist may name when no MCP
+    /// pool runs to check it (C5).
+    pub mcp_servers: Vec<String>,
 }
 
 impl Default for ConversationSettings {
@@ -128,6 +131,7 @@ impl Default for ConversationSettings {
             shell_tool: false,
             workspace_roots: Vec::new(),
             record_content: false,
+            mcp_servers: Vec::new(),
         }
     }
 }
@@ -344,7 +348,14 @@ impl Actor for Conversation {
                 port.open_view(args.conversation_id, context.mcp_tool_allowlist.as_deref())
                     .await?,
             ),
-            None => None,
+            // No pool to ask (none configured, or none running now): the configuration
+            // decides which servers an allowlist may name (C5).
+            None => {
+                if let Some(list) = &context.mcp_tool_allowlist {
+                    crate::context::check_allowlist_servers(list, &settings.mcp_servers)?;
+                }
+                None
+            }
         };
         let _ = services
             .directory
@@ -376,13 +387,7 @@ impl Actor for Conversation {
             ));
         } else {
             let items = history_from_records(&records);
-            restored_turns = u32::try_from(
-                records
-                    .iter()
-                    .filter(|r| r.kind == EventName::TaskStarted)
-                    .count(),
-            )
-            .unwrap_or(u32::MAX);
+            restored_turns = crate::context::turns_started(&records);
             let restored = items.len() as u64;
             history.append(items);
             let cause = args.restore_cause;
@@ -424,6 +429,7 @@ impl Actor for Conversation {
                 },
             ));
         }
+        warn_unavailable_tools(&services, args.conversation_id, &context.prefs);
         let (approval_policy, approval_clamped) =
             narrow(settings.approval_policy, args.params.approval_policy);
         let (sandbox_policy, sandbox_clamped) =
@@ -569,6 +575,11 @@ impl ConversationState {
         let mut next = self.context.clone();
         let warnings = next.apply(update)?;
         let mcp = self.services.directory.mcp();
+        if mcp.port.is_none()
+            && let Some(list) = &next.mcp_tool_allowlist
+        {
+            crate::context::check_allowlist_servers(list, &self.services.settings.mcp_servers)?;
+        }
         if next.mcp_tool_allowlist != self.context.mcp_tool_allowlist
             && let Some(port) = &mcp.port
         {
@@ -583,6 +594,9 @@ impl ConversationState {
             // The old view is released once a running task that holds it is done with it.
             self.view = Some(view);
             self.view_generation = mcp.generation;
+        }
+        if next.prefs != self.context.prefs {
+            warn_unavailable_tools(&self.services, self.id, &next.prefs);
         }
         self.context = next;
         for message in warnings {
@@ -633,6 +647,26 @@ impl ConversationState {
                 ));
             }
         }
+    }
+}
+
+/// Tells the conversation which built-in tools it asked for cannot run here and are not
+/// offered (C1: web search has no runner).
+fn warn_unavailable_tools(
+    services: &Services,
+    conversation_id: ConversationId,
+    prefs: &crate::tools::ToolPrefs,
+) {
+    for tool in crate::tools::unavailable_builtins(prefs) {
+        services.events.emit(EventDraft::conversation(
+            conversation_id,
+            EventKind::Warning {
+                code: WarningCode::ToolUnavailable,
+                message: format!(
+                    "`{tool}` was asked for but this session has no way to run it: it is not offered to the model"
+                ),
+            },
+        ));
     }
 }
 

@@ -306,6 +306,7 @@ impl Actor for McpPool {
     ) -> Result<Self::State, ActorProcessingErr> {
         args.limits.validate()?;
         let roots = decide::root_uris(&args.roots)?;
+        metrics::servers_configured(args.servers.iter().map(|s| s.name.as_str()));
         let core = PoolCore::new(
             args.servers,
             args.limits.restart_backoff_base,

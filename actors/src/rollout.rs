@@ -659,6 +659,7 @@ mod tests {
                     output_tokens: 5,
                     ..Usage::default()
                 }),
+                estimated_completion_tokens: None,
             },
             EventKind::PlanUpdated {
                 explanation: Some(field("plan_why")),

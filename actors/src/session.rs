@@ -448,7 +448,15 @@ impl SessionState {
             exec: self.ports.exec.clone(),
             summarizer: self.ports.summarizer.clone(),
             tokens: self.ports.tokens.clone(),
-            settings: Arc::new(self.config.conversation.clone()),
+            settings: Arc::new(ConversationSettings {
+                mcp_servers: self
+                    .config
+                    .mcp_servers
+                    .iter()
+                    .map(|s| s.name.clone())
+                    .collect(),
+                ..self.config.conversation.clone()
+            }),
         }
     }
 

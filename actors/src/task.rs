@@ -26,8 +26,8 @@ use crate::directory::Directory;
 use crate::events::{EventDraft, EventSink};
 use crate::history::HistorySnapshot;
 use crate::ports::{
-    CommandRunner, DeltaSink, ExecRequest, McpView, ModelClient, ModelRequest, TokenCounter,
-    ToolCallContext, ToolFailure,
+    CommandRunner, DeltaSink, ExecRequest, McpView, ModelClient, ModelRequest, ModelResponse,
+    TokenCounter, ToolCallContext, ToolFailure,
 };
 use ractor::ActorId;
 use std::path::PathBuf;
@@ -285,7 +285,7 @@ async fn run_inner(ctx: &TaskContext, slot: SlotWait) -> TaskOutcome {
     let mut loop_state = LoopState {
         items: vec![HistoryItem::user(ctx.input.clone())],
         stats: TaskStats {
-            turns: 1,
+            turn: ctx.turn,
             ..TaskStats::default()
         },
         last_text: String::new(),
@@ -354,14 +354,23 @@ async fn run_turn(ctx: &TaskContext, mut loop_state: LoopState) -> TaskOutcome {
         let response = match model_step(ctx, &prepared, &loop_state.items, step).await {
             Ok((response, estimate)) => {
                 loop_state.stats.estimated_prompt_tokens += estimate;
-                if let Some(usage) = response.usage {
-                    loop_state.stats.usage.add(&usage);
+                let completion = completion_tokens(ctx.tokens.as_ref(), &response);
+                match response.usage {
+                    Some(usage) => {
+                        loop_state.stats.usage.add(&usage);
+                        loop_state.stats.steps_with_usage += 1;
+                    }
+                    None => {
+                        loop_state.stats.estimated_completion_tokens +=
+                            completion.unwrap_or_default();
+                    }
                 }
                 ctx.emit(EventKind::StepFinished {
                     turn: ctx.turn,
                     step,
                     estimated_prompt_tokens: estimate,
                     usage: response.usage,
+                    estimated_completion_tokens: completion,
                 });
                 response
             }
@@ -446,6 +455,26 @@ impl LoopState {
     }
 }
 
+/// The local count of a step's completion (T5) when its provider reported no usage: the
+/// tokens of its text and of each tool call as the prompt would frame it. `None` when the
+/// provider reported usage (its numbers are the ones that count).
+pub fn completion_tokens(tokens: &dyn TokenCounter, response: &ModelResponse) -> Option<u64> {
+    if response.usage.is_some() {
+        return None;
+    }
+    let text = if response.text.is_empty() {
+        0
+    } else {
+        tokens.count(&response.text)
+    };
+    let calls: usize = response
+        .tool_calls
+        .iter()
+        .map(|c| tokens.count(&c.name) + tokens.count(&c.arguments.0.to_string()))
+        .sum();
+    Some(u64::try_from(text + calls).unwrap_or(u64::MAX))
+}
+
 /// The status a failure ends a task with.
 pub fn status_of(error: &AgentError) -> TaskStatus {
     match error {
@@ -510,6 +539,60 @@ mod tests {
             call_id: "c1".into(),
             name: name.into(),
             arguments: Json(args),
+        }
+    }
+
+    #[test]
+    fn completions_are_counted_locally_only_without_provider_usage() {
+        let tokens = crate::ports::ApproxTokens;
+        let mut response = ModelResponse {
+            text: "the answer is forty-two".into(),
+            tool_calls: vec![call("shell", serde_json::json!({"command": ["ls"]}))],
+            ..ModelResponse::default()
+        };
+        let local = completion_tokens(&tokens, &response).unwrap();
+        let expected = tokens.count("the answer is forty-two")
+            + tokens.count("shell")
+            + tokens.count(r#"{"command":["ls"]}"#);
+        assert_eq!(local, expected as u64);
+        assert!(local > 0);
+        response.usage = Some(troupe_proto::Usage::default());
+        assert_eq!(completion_tokens(&tokens, &response), None);
+    }
+
+    /// C1: the model is offered only what can run. Every built-in offered with every
+    /// preference on routes to its runner for a well-formed call; none is refused as unknown
+    /// or unavailable.
+    #[test]
+    fn every_offered_builtin_routes_to_a_runner() {
+        let all = crate::tools::ToolPrefs {
+            shell: true,
+            plan: true,
+            apply_patch: true,
+            web_search: true,
+        };
+        let tools = crate::tools::builtin_tools(&all);
+        assert!(!tools.is_empty());
+        for spec in &tools {
+            let args = match spec.name.as_str() {
+                crate::tools::SHELL => serde_json::json!({"command": ["true"]}),
+                crate::tools::UPDATE_PLAN => serde_json::json!({"plan": []}),
+                crate::tools::APPLY_PATCH => serde_json::json!({
+                    "input": "*** Begin Patch\n*** Delete File: a.txt\n*** End Patch\n"
+                }),
+                other => panic!("a built-in with no runner is offered: {other}"),
+            };
+            let route = route_tool(
+                &call(&spec.name, args),
+                &tools,
+                ApprovalPolicy::Never,
+                false,
+            );
+            assert!(
+                !matches!(route, ToolRoute::Refuse(_)),
+                "{}: {route:?}",
+                spec.name
+            );
         }
     }
 

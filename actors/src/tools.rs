@@ -27,19 +27,29 @@ pub const WEB_SEARCH: &str = "web_search";
 /// Longest qualified tool name accepted by model APIs.
 pub const MAX_TOOL_NAME_LEN: usize = 64;
 
-/// Built-ins in their fixed order: shell, update_plan, apply_patch, web_search (each only if
-/// enabled).
+/// Built-ins in their fixed order: shell, update_plan, apply_patch (each only if enabled).
+/// Only tools troupe can run are offered: web search has no runner, so it is never offered,
+/// whatever `prefs.web_search` asks (see [`unavailable_builtins`]).
 pub fn builtin_tools(prefs: &ToolPrefs) -> Vec<ToolSpec> {
     [
         (prefs.shell, shell_tool as fn() -> ToolSpec),
         (prefs.plan, update_plan_tool),
         (prefs.apply_patch, apply_patch_tool),
-        (prefs.web_search, web_search_tool),
     ]
     .into_iter()
     .filter(|(enabled, _)| *enabled)
     .map(|(_, build)| build())
     .collect()
+}
+
+/// Built-ins the preferences ask for that are not offered because nothing runs them: the
+/// conversation is warned instead of the model being told of a tool that would be refused.
+pub fn unavailable_builtins(prefs: &ToolPrefs) -> Vec<&'static str> {
+    if prefs.web_search {
+        vec![WEB_SEARCH]
+    } else {
+        Vec::new()
+    }
 }
 
 /// The tool list and the conflicts found while building it.
@@ -264,22 +274,6 @@ fn apply_patch_tool() -> ToolSpec {
     }
 }
 
-fn web_search_tool() -> ToolSpec {
-    ToolSpec {
-        name: WEB_SEARCH.into(),
-        description: "Searches the web; returns the top results with title, URL and snippet."
-            .into(),
-        parameters: Json(json!({
-            "type": "object",
-            "properties": {
-                "query": { "type": "string", "description": "What to search for." }
-            },
-            "required": ["query"],
-            "additionalProperties": false
-        })),
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -344,7 +338,7 @@ mod tests {
     fn builtins_keep_fixed_order_and_follow_prefs() {
         assert_eq!(
             names(&builtin_tools(&ALL)),
-            [SHELL, UPDATE_PLAN, APPLY_PATCH, WEB_SEARCH]
+            [SHELL, UPDATE_PLAN, APPLY_PATCH]
         );
         assert!(builtin_tools(&ToolPrefs::default()).is_empty());
         let some = ToolPrefs {
@@ -352,7 +346,10 @@ mod tests {
             web_search: true,
             ..ToolPrefs::default()
         };
-        assert_eq!(names(&builtin_tools(&some)), [SHELL, WEB_SEARCH]);
+        // Web search has no runner: asked for, it is reported, never offered.
+        assert_eq!(names(&builtin_tools(&some)), [SHELL]);
+        assert_eq!(unavailable_builtins(&some), [WEB_SEARCH]);
+        assert!(unavailable_builtins(&ToolPrefs::default()).is_empty());
     }
 
     #[test]
@@ -395,7 +392,7 @@ mod tests {
         let impostor = tool(SHELL, "Not the shell.", query_schema());
         let merged = merge_tools(builtin_tools(&ALL), vec![impostor]);
         assert_eq!(merged.tools[0], builtin_tools(&ALL)[0]);
-        assert_eq!(merged.tools.len(), 4);
+        assert_eq!(merged.tools.len(), 3);
         assert_eq!(conflict_names(&merged.conflicts), [SHELL]);
         assert!(matches!(
             &merged.conflicts[0],
@@ -423,7 +420,7 @@ mod tests {
         );
         assert_eq!(
             names(&merged.tools),
-            [SHELL, UPDATE_PLAN, APPLY_PATCH, WEB_SEARCH, "srv__t"]
+            [SHELL, UPDATE_PLAN, APPLY_PATCH, "srv__t"]
         );
         assert!(merged.conflicts.is_empty());
     }

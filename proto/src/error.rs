@@ -77,6 +77,24 @@ pub enum ErrorKind {
 }
 
 impl ErrorKind {
+    /// Every kind, in declaration order (the known values of a metric label).
+    pub const ALL: [Self; 14] = [
+        Self::Cancelled,
+        Self::Timeout,
+        Self::ApprovalDenied,
+        Self::SandboxError,
+        Self::McpError,
+        Self::ToolConflict,
+        Self::StoragePolicyViolation,
+        Self::Overloaded,
+        Self::NotFound,
+        Self::InvalidInput,
+        Self::ModelError,
+        Self::ToolError,
+        Self::Internal,
+        Self::Interrupted,
+    ];
+
     /// The snake_case name, as serialised.
     pub const fn as_str(self) -> &'static str {
         match self {

@@ -105,6 +105,9 @@ pub enum EventKind {
         step: u32,
         estimated_prompt_tokens: u64,
         usage: Option<Usage>,
+        /// The local count of the step's completion (its text and tool calls), made only when
+        /// the provider reported no usage (`usage` is `None`). Absent in older records.
+        estimated_completion_tokens: Option<u64>,
     },
     /// A compaction task started: the model summarises the history under a one-turn
     /// override (C3). Its items never enter history.
@@ -250,6 +253,8 @@ mod wire {
                     step: u32,
                     estimated_prompt_tokens: u64,
                     usage: Option<Usage>,
+                    #[serde(default)]
+                    estimated_completion_tokens: Option<u64>,
                 },
                 CompactionStarted {},
                 Compacted { summary: String, replaced_items: u64 },

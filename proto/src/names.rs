@@ -121,6 +121,10 @@ bounded_names! {
         McpServerFailed = "mcp_server_failed",
         /// An MCP server's request could not be tied to a call in flight and was refused.
         McpRequestUnattributed = "mcp_request_unattributed",
+        /// An allowlist entry names a tool its MCP server, once connected, does not offer.
+        McpAllowlistUnknownTool = "mcp_allowlist_unknown_tool",
+        /// A built-in tool was asked for that this session cannot run; it is not offered.
+        ToolUnavailable = "tool_unavailable",
     }
 }
 

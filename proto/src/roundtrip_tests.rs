@@ -364,16 +364,24 @@ fn send_message() -> impl Strategy<Value = SendMessage> {
 fn task_stats() -> impl Strategy<Value = TaskStats> {
     (
         usage(),
-        any::<u64>(),
-        any::<[u32; 3]>(),
+        any::<[u64; 2]>(),
+        any::<[u32; 4]>(),
         any::<u64>(),
         text(),
     )
         .prop_map(
-            |(usage, estimated, [turns, steps, tool_calls], duration_ms, trace_id)| TaskStats {
+            |(
+                usage,
+                [estimated, estimated_completion],
+                [turn, steps, steps_with_usage, tool_calls],
+                duration_ms,
+                trace_id,
+            )| TaskStats {
                 usage,
                 estimated_prompt_tokens: estimated,
-                turns,
+                estimated_completion_tokens: estimated_completion,
+                steps_with_usage,
+                turn,
                 steps,
                 tool_calls,
                 duration_ms,
@@ -637,16 +645,20 @@ fn event_kind() -> impl Strategy<Value = EventKind> {
             any::<u32>(),
             any::<u32>(),
             any::<u64>(),
-            proptest::option::of(usage())
+            proptest::option::of(usage()),
+            proptest::option::of(any::<u64>())
         )
-            .prop_map(|(turn, step, estimated_prompt_tokens, usage)| {
-                EventKind::StepFinished {
-                    turn,
-                    step,
-                    estimated_prompt_tokens,
-                    usage,
+            .prop_map(
+                |(turn, step, estimated_prompt_tokens, usage, estimated_completion_tokens)| {
+                    EventKind::StepFinished {
+                        turn,
+                        step,
+                        estimated_prompt_tokens,
+                        usage,
+                        estimated_completion_tokens,
+                    }
                 }
-            }),
+            ),
         (
             prop::option::of(text()),
             prop::collection::vec(plan_step(), 0..4)
@@ -1132,7 +1144,9 @@ fn task_finished_envelope_json_shape() {
                     reasoning_tokens: 1,
                 },
                 estimated_prompt_tokens: 12,
-                turns: 1,
+                estimated_completion_tokens: 0,
+                steps_with_usage: 2,
+                turn: 1,
                 steps: 2,
                 tool_calls: 1,
                 duration_ms: 250,
@@ -1166,7 +1180,9 @@ fn task_finished_envelope_json_shape() {
                         "reasoning_tokens": 1
                     },
                     "estimated_prompt_tokens": 12,
-                    "turns": 1,
+                    "estimated_completion_tokens": 0,
+                    "steps_with_usage": 2,
+                    "turn": 1,
                     "steps": 2,
                     "tool_calls": 1,
                     "duration_ms": 250,

@@ -15,6 +15,9 @@ pub enum TaskStatus {
 }
 
 impl TaskStatus {
+    /// Every status (the known values of a metric label).
+    pub const ALL: [Self; 4] = [Self::Ok, Self::Error, Self::MaxSteps, Self::Cancelled];
+
     pub const fn as_str(self) -> &'static str {
         match self {
             Self::Ok => "ok",
@@ -32,7 +35,19 @@ pub struct TaskStats {
     pub usage: Usage,
     /// Local estimate of the prompt tokens, summed over steps.
     pub estimated_prompt_tokens: u64,
-    pub turns: u32,
+    /// Local count of the completion tokens of the steps whose provider reported no usage
+    /// (T5): those steps' output is in here, not in `usage`.
+    #[serde(default)]
+    pub estimated_completion_tokens: u64,
+    /// Steps whose provider reported usage (the rest were counted locally).
+    #[serde(default)]
+    pub steps_with_usage: u32,
+    /// Index of this turn in its conversation, from 1 (T1); unique within the conversation,
+    /// also across restores and compactions (a compaction is a turn too). 0 in records
+    /// written before turns were numbered here.
+    #[serde(default)]
+    pub turn: u32,
+    /// Model calls (steps) made in this turn (0: it never reached the model).
     pub steps: u32,
     pub tool_calls: u32,
     pub duration_ms: u64,

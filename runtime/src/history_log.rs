@@ -32,7 +32,10 @@
 //! `StepFinished` gives a step's local prompt estimate and the provider's usage. They go into
 //! the step's `assistant` line as `meta.tokens` (the line waits for them until the task's next
 //! event), into `turn_end` as `meta.tokens.steps: [{step, ...}]` next to the turn's totals
-//! (the task's own statistics), and the session's totals into `session_end`.
+//! (the task's own statistics), and the session's totals into `session_end`. When the provider
+//! reported no usage for a step, the step's local completion count (`StepFinished`'s
+//! `estimated_completion_tokens`) goes into `estimated_completion`; `source` (provider, local,
+//! mixed) says which steps the provider's numbers cover ([`Tokens`]).
 //!
 //! # Storage policy (S10)
 //! This file is a second copy on disk, so it obeys each conversation's [`StoragePolicy`]:
@@ -63,6 +66,7 @@ pub mod xml;
 
 pub use line::{
     ErrorMeta, HistoryLine, LineMeta, LineRole, LineType, StepTokens, TokenMeta, Tokens,
+    UsageSource, source_of,
 };
 pub use writer::{HistoryLogHandle, HistorySummary};
 pub use xml::{export_xml, export_xml_from_lines};
@@ -387,10 +391,15 @@ impl HistoryLog {
             step,
             estimated_prompt_tokens,
             usage,
+            estimated_completion_tokens,
             ..
         } = &env.event
         {
-            let tokens = Tokens::new(*estimated_prompt_tokens, usage.as_ref());
+            let tokens = Tokens::new(
+                *estimated_prompt_tokens,
+                usage.as_ref(),
+                *estimated_completion_tokens,
+            );
             match turn.steps.iter_mut().find(|s| s.step == *step) {
                 Some(s) => s.tokens = tokens,
                 None => turn.steps.push(StepTokens {

@@ -192,7 +192,19 @@ pub fn service_series_start_at_zero() {
     gauge!(HTTP_CONNECTIONS_OPEN).increment(0.0);
     gauge!(SESSIONS_ACTIVE).increment(0.0);
     session_restarts_start_at_zero();
+    for transport in SUBSCRIBER_TRANSPORTS {
+        gauge!(STREAM_SUBSCRIBERS, "transport" => transport).increment(0.0);
+    }
+    for method in crate::rpc::METHODS {
+        for outcome in crate::rpc::OUTCOMES {
+            counter!(RPC_CALLS_TOTAL, "method" => *method, "outcome" => outcome).increment(0);
+        }
+    }
 }
+
+/// The `transport` values of `troupe_stream_subscribers`: REST's SSE, the events WebSocket,
+/// and JSON-RPC subscriptions over WebSocket and stdio.
+pub const SUBSCRIBER_TRANSPORTS: [&str; 4] = ["sse", "ws", "rpc_ws", "stdio"];
 
 /// The reasons a message is refused: the error kind of the refusal.
 const REFUSAL_REASONS: [&str; 4] = ["overloaded", "not_found", "internal", "other"];

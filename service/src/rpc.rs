@@ -323,6 +323,18 @@ fn too_large(bytes: usize) -> RpcError {
     )
 }
 
+/// Every value [`outcome_label`] gives (the known values of the metric label).
+pub const OUTCOMES: [&str; 8] = [
+    "ok",
+    "parse_error",
+    "invalid_request",
+    "method_not_found",
+    "invalid_params",
+    "internal",
+    "answer_too_large",
+    "application_error",
+];
+
 fn outcome_label<T>(result: &Result<T, RpcError>) -> &'static str {
     match result {
         Ok(_) => "ok",

@@ -36,6 +36,16 @@ pub fn describe() {
         Unit::Count,
         "Writes committed in one transaction (group commit), by writer (store, rollout)"
     );
+    // Every operation's series exists from the start: its latency, and its failures of kind
+    // `internal` (a broken database), at 0, so that an alert's `rate()` sees the first one.
+    for op in Op::ALL {
+        let _ = histogram!(OPERATION_DURATION, "op" => op.as_str());
+        counter!(ERRORS, "op" => op.as_str(), "kind" => "internal").increment(0);
+    }
+    for writer in [Writer::Store, Writer::Rollout] {
+        let _ = histogram!(BATCH_SIZE, "writer" => writer.as_str());
+        let _ = histogram!(QUEUE_WAIT, "writer" => writer.as_str());
+    }
 }
 
 /// A store operation (the `op` label).
@@ -72,6 +82,35 @@ pub enum Op {
 }
 
 impl Op {
+    pub const ALL: [Self; 26] = [
+        Self::Open,
+        Self::CreateSession,
+        Self::GetSession,
+        Self::AllSessions,
+        Self::ProjectSessions,
+        Self::PutConversation,
+        Self::CloseConversation,
+        Self::Conversations,
+        Self::AppendMessage,
+        Self::Message,
+        Self::StartMessage,
+        Self::FinishMessage,
+        Self::PendingMessages,
+        Self::SessionsWithPendingMessages,
+        Self::Messages,
+        Self::SweepDue,
+        Self::SetCurrentSession,
+        Self::CurrentSession,
+        Self::Ping,
+        Self::RolloutCommit,
+        Self::RolloutSweep,
+        Self::RolloutForget,
+        Self::RolloutLastSeq,
+        Self::RolloutReadConversation,
+        Self::RolloutReadAfter,
+        Self::Checkpoint,
+    ];
+
     pub const fn as_str(self) -> &'static str {
         match self {
             Self::Open => "open",

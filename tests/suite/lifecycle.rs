@@ -13,7 +13,7 @@ async fn root_conversation_answers_with_stats() {
     assert_eq!(reply.status, TaskStatus::Ok);
     assert_eq!(reply.text, "hello there");
     assert_eq!(reply.stats.steps, 1);
-    assert_eq!(reply.stats.turns, 1);
+    assert_eq!(reply.stats.turn, 1);
     assert_eq!(reply.stats.tool_calls, 0);
     assert!(reply.stats.usage.output_tokens > 0);
     assert!(reply.stats.estimated_prompt_tokens > 0);
@@ -203,4 +203,55 @@ async fn user_instructions_come_first_and_set_context_keeps_history_order() {
     );
     assert!(!sent[0].prompt_cache_key.is_empty());
     session.shutdown().await.unwrap();
+}
+
+/// C1: web search has no runner here, so asking for it (at open or by set-context) never
+/// puts it in front of the model: the tool list sent holds only tools that run, and the
+/// conversation gets a `tool_unavailable` warning instead.
+#[tokio::test]
+async fn web_search_is_never_offered_without_a_runner() {
+    use troupe_proto::WarningCode;
+    let model = Arc::new(RecordingModel::new(vec![]));
+    let (session, _dir, _join) = start_with_model(model.clone(), |_| {}, None).await;
+    let mut events = session.subscribe().await.unwrap();
+    let c = session
+        .open(OpenConversation {
+            tools_web_search_request: true,
+            include_plan_tool: true,
+            ..OpenConversation::default()
+        })
+        .await
+        .unwrap();
+    session.message(c, "search for it").await.unwrap();
+    let d = session.open(OpenConversation::default()).await.unwrap();
+    session
+        .set_context(
+            d,
+            SetContext {
+                tools_web_search_request: Some(true),
+                ..SetContext::default()
+            },
+        )
+        .await
+        .unwrap();
+    session.message(d, "and here").await.unwrap();
+    for sent in model.sent() {
+        assert!(
+            !sent.tools.iter().any(|t| t == "web_search"),
+            "{:?}",
+            sent.tools
+        );
+    }
+    assert!(model.sent()[0].tools.iter().any(|t| t == "update_plan"));
+    session.flush().await.unwrap();
+    let mut warned = Vec::new();
+    while let Ok(e) = events.try_recv() {
+        if let EventKind::Warning { code, message } = &e.event
+            && *code == WarningCode::ToolUnavailable
+        {
+            assert!(message.contains("web_search"), "{message}");
+            warned.extend(e.conversation_id);
+        }
+    }
+    assert_eq!(warned, [c, d]);
 }

@@ -1088,3 +1088,91 @@ async fn the_merged_tool_list_is_the_same_in_every_run() {
     })
     .await;
 }
+
+/// C5: an allowlist is checked against the configured servers at open, before any server has
+/// connected (the pool is asked at once, with nothing connected yet; without a pool the
+/// configuration itself is the reference); an entry of a configured server that turns out,
+/// once the server is up, not to be one of its tools gets a clear warning of its
+/// conversation.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn allowlists_are_checked_before_any_server_connects_and_unknown_tools_are_reported() {
+    use troupe_proto::WarningCode;
+    let servers = Servers::new();
+    // The server takes two seconds to start, so that the opens below happen before it is up.
+    let mut slow = servers.everything();
+    if let McpTransport::Stdio { command, args, .. } = &mut slow.transport {
+        let script = format!("sleep 2 && exec {command} {}", args.join(" "));
+        *command = "sh".into();
+        *args = vec!["-c".into(), script];
+    }
+    let mut t = start(vec![slow], |_| {}).await;
+    bounded(async {
+        let err = t
+            .session
+            .open(open_with(&["git__log", "everything__echo"]))
+            .await
+            .unwrap_err();
+        assert!(matches!(err, AgentError::InvalidInput { .. }), "{err:?}");
+        assert!(err.to_string().contains("`git__log`"), "{err}");
+
+        // A configured server's entries are accepted while it starts; once it is up, the one
+        // it does not offer is reported to that conversation.
+        let c = t
+            .session
+            .open(open_with(&["everything__echo", "everything__no_such_tool"]))
+            .await
+            .unwrap();
+        let warning = t
+            .event(Duration::from_secs(30), |e| {
+                e.conversation_id == Some(c)
+                    && matches!(&e.event, EventKind::Warning { code, .. } if *code == WarningCode::McpAllowlistUnknownTool)
+            })
+            .await;
+        let EventKind::Warning { message, .. } = &warning.event else {
+            unreachable!()
+        };
+        assert!(message.contains("everything__no_such_tool"), "{message}");
+        assert!(!message.contains("everything__echo"), "{message}");
+    })
+    .await;
+    t.stop(&servers).await;
+
+    // A session whose configured servers have no pool (no connector): the configuration
+    // still decides, at open and at set-context.
+    let data = tempfile::tempdir().unwrap();
+    let mut config = SessionConfig {
+        data_dir: data.path().to_path_buf(),
+        ..SessionConfig::default()
+    };
+    config.mcp_servers = vec![servers.everything()];
+    let ports = SessionPorts {
+        model: Arc::new(DirectiveModel::default()),
+        mcp: None,
+        mcp_connector: None,
+        exec: None,
+        summarizer: Arc::new(troupe_actors::history::LocalSummarizer::default()),
+        tokens: Arc::new(troupe_actors::ports::ApproxTokens),
+        rollout_storage: None,
+    };
+    let (session, _join) = SessionHandle::start(SessionId::new(), config, ports)
+        .await
+        .unwrap();
+    let err = session.open(open_with(&["git__log"])).await.unwrap_err();
+    assert!(err.to_string().contains("`git__log`"), "{err}");
+    let c = session
+        .open(open_with(&["everything__echo"]))
+        .await
+        .unwrap();
+    let refused = session
+        .set_context(
+            c,
+            SetContext {
+                mcp_tool_allowlist: Some(vec!["git__log".into()]),
+                ..SetContext::default()
+            },
+        )
+        .await
+        .unwrap_err();
+    assert!(refused.to_string().contains("`git__log`"), "{refused}");
+    session.shutdown().await.unwrap();
+}

@@ -780,3 +780,34 @@ fn the_sample_configuration_parses_and_the_unit_can_write_its_directories() {
         );
     }
 }
+
+/// Every series a dashboard panel or an alert rule names exists on `/metrics` right after
+/// start and one plain turn, error counters and storage failures included: each component
+/// registers its series with their known label values at 0, so a panel never shows "No data"
+/// and `rate()` sees an error counter's first increment.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_dashboard_series_exists_after_start_and_one_turn() {
+    let dir = tempfile::tempdir().unwrap();
+    let model = ModelServer::start().await;
+    let (_troupe, base) =
+        spawn_troupe(dir.path(), &troupe_config(&model, &dir.path().join("data")));
+    let api = Api::new(&base, Some(OPS_TOKEN));
+    let sid = id(&api.session(None).await, "session_id");
+    model.push(Reply::text(["Hello"]).with_usage(10, 2, 0, 0));
+    let r = api.say(&sid, "hello").await;
+    assert_eq!(r["reply"]["status"], "ok", "{r}");
+
+    let names = exported(&scrape(&base).await);
+    let rules = std::fs::read_to_string(repo().join("dashboards/prometheus/alerts.yml")).unwrap();
+    let mut named = metric_names(&rules);
+    for (_, board) in dashboards() {
+        for (_, expr) in queries(&board) {
+            named.extend(metric_names(&expr));
+        }
+    }
+    named.sort();
+    named.dedup();
+    let missing: Vec<&String> = named.iter().filter(|n| !names.contains(*n)).collect();
+    assert!(missing.is_empty(), "named but not on /metrics: {missing:?}");
+    assert!(named.len() > 40, "{named:?}");
+}

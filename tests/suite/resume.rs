@@ -300,3 +300,56 @@ async fn a_stream_follows_a_restarted_rollout() {
     );
     session.shutdown().await.unwrap();
 }
+
+/// T1: the reply names its turn (from 1 per conversation, a compaction is a turn too) and its
+/// step count; after a restore that follows a compaction, the next turn continues the
+/// numbering: no turn number is given twice, under a policy that keeps content or only
+/// headers.
+#[tokio::test]
+async fn turn_numbers_stay_unique_across_a_compaction_and_a_restore() {
+    for policy in [StoragePolicy::Full, StoragePolicy::HeadersOnly] {
+        let dir = tempfile::tempdir().unwrap();
+        let session_id = SessionId::new();
+        let (session, _join) = start(
+            dir.path(),
+            session_id,
+            None,
+            Arc::new(ScriptedModel::default()),
+        )
+        .await;
+        let root = session.root().await.unwrap();
+        let c = session.open(open(policy)).await.unwrap();
+        let mut turns = Vec::new();
+        for text in ["one", "two"] {
+            let reply = session.message(c, text).await.unwrap();
+            assert_eq!(reply.stats.steps, 1, "{reply:?}");
+            turns.push(reply.stats.turn);
+        }
+        turns.push(session.compact(c).await.unwrap().stats.turn);
+        turns.push(session.message(c, "three").await.unwrap().stats.turn);
+        assert_eq!(turns, [1, 2, 3, 4], "{policy:?}");
+        session.shutdown().await.unwrap();
+
+        let (session, _join) = start(
+            dir.path(),
+            session_id,
+            Some(root),
+            Arc::new(ScriptedModel::default()),
+        )
+        .await;
+        session.restore(c, open(policy)).await.unwrap();
+        let reply = session.message(c, "after the restore").await.unwrap();
+        turns.push(reply.stats.turn);
+        assert_eq!(turns, [1, 2, 3, 4, 5], "{policy:?}");
+        session.flush().await.unwrap();
+        // The record agrees: every step names a turn no other task has.
+        let mut step_turns = std::collections::BTreeMap::new();
+        for r in stored(&session).await {
+            if let Some(EventKind::StepStarted { turn, .. }) = r.event {
+                let task = step_turns.entry(turn).or_insert(r.task_id);
+                assert_eq!(*task, r.task_id, "turn {turn} given twice ({policy:?})");
+            }
+        }
+        session.shutdown().await.unwrap();
+    }
+}

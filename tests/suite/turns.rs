@@ -114,6 +114,7 @@ async fn warn_threshold_and_step_tokens_are_reported() {
                 step,
                 estimated_prompt_tokens,
                 usage,
+                ..
             } => {
                 assert_eq!(*turn, 1);
                 steps.push((*step, *estimated_prompt_tokens, usage.unwrap()));
@@ -247,4 +248,55 @@ async fn compaction_uses_a_one_turn_override_and_replaces_history() {
     assert!(matches!(&last.prompt[0], HistoryItem::Summary { .. }));
     assert_eq!(last.prompt.len(), 4);
     session.shutdown().await.unwrap();
+}
+
+/// T5: a provider that reports no usage (an OpenAI-compatible server over real HTTP, Chat and
+/// Responses) gets its completions counted locally: the turn's stats say how many tokens and
+/// that no step had provider usage; a step with usage is not counted again.
+#[tokio::test]
+async fn completions_without_provider_usage_are_counted_locally() {
+    use troupe_actors::ports::{ApproxTokens, TokenCounter};
+    use troupe_runtime::config::{ModelConfig, Provider};
+    use troupe_runtime::openai::OpenAiClient;
+    use troupe_test_support::{ModelServer, Reply};
+
+    for provider in [Provider::OpenaiChat, Provider::OpenaiResponses] {
+        let server = ModelServer::start().await;
+        server.push(Reply::text(["Hello", " there, friend"]).without_usage());
+        server.push(Reply::text(["counted upstream"]).with_usage(10, 3, 0, 0));
+        let model = OpenAiClient::new(ModelConfig {
+            provider,
+            base_url: server.base_url(),
+            model: "m".into(),
+            api_key_env: None,
+            ..ModelConfig::default()
+        })
+        .unwrap();
+        let (session, _dir, _join) = start_with_model(Arc::new(model), |_| {}, None).await;
+        let root = session.root().await.unwrap();
+
+        let reply = session.message(root, "hi").await.unwrap();
+        assert_eq!(reply.text, "Hello there, friend", "{provider:?}");
+        let stats = &reply.stats;
+        assert_eq!(stats.usage.output_tokens, 0, "{provider:?}");
+        assert_eq!(
+            (stats.steps, stats.steps_with_usage),
+            (1, 0),
+            "{provider:?}"
+        );
+        let local = ApproxTokens.count("Hello there, friend") as u64;
+        assert!(local > 0);
+        assert_eq!(stats.estimated_completion_tokens, local, "{provider:?}");
+
+        let reply = session.message(root, "again").await.unwrap();
+        let stats = &reply.stats;
+        assert_eq!(stats.usage.output_tokens, 3, "{provider:?}");
+        assert_eq!(
+            (stats.steps, stats.steps_with_usage),
+            (1, 1),
+            "{provider:?}"
+        );
+        assert_eq!(stats.estimated_completion_tokens, 0, "{provider:?}");
+        session.shutdown().await.unwrap();
+    }
 }

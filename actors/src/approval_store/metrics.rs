@@ -138,6 +138,12 @@ pub fn describe() {
     for asker in Asker::ALL {
         counter!(REASKED_TOTAL, "asker" => asker.as_str()).increment(0);
     }
+    gauge!(PENDING).increment(0.0);
+    gauge!(KEYS).increment(0.0);
+    for outcome in Outcome::ALL {
+        // Registering the handle is enough for an empty histogram to be exported.
+        let _ = histogram!(WAIT_SECONDS, "outcome" => outcome.as_str());
+    }
 }
 
 /// Counts a request asked again after its store failed.

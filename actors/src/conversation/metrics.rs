@@ -55,6 +55,21 @@ pub fn describe() {
     );
     // A close timeout is rare: the series exists at 0 so that rates and alerts see it.
     metrics::counter!(FORCE_ABORTS).increment(0);
+    for policy in ["approval", "sandbox"] {
+        metrics::counter!(POLICY_CLAMPED, "policy" => policy).increment(0);
+    }
+    for kind in ["message", "compact"] {
+        metrics::counter!(TASKS_STARTED, "kind" => kind).increment(0);
+    }
+    for status in TaskStatus::ALL {
+        metrics::counter!(TASKS_FINISHED, "status" => status.as_str()).increment(0);
+        let _ = metrics::histogram!(TASK_DURATION, "status" => status.as_str());
+    }
+    metrics::counter!(TOOL_CALLS).increment(0);
+    for direction in ["input", "output"] {
+        metrics::counter!(TOKENS, "direction" => direction).increment(0);
+    }
+    metrics::gauge!(LIVE).increment(0.0);
 }
 
 pub fn live(n: usize) {

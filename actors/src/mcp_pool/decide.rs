@@ -270,10 +270,41 @@ impl PoolCore {
             refresh_applied: 0,
         });
         slot.failures = 0;
-        vec![Effect::Ready {
+        let mut fx = vec![Effect::Ready {
             server: server.to_owned(),
             tools: count,
-        }]
+        }];
+        fx.extend(self.unknown_allowlisted(server));
+        fx
+    }
+
+    /// The allowlist entries of `server` that its views name but it does not offer, once its
+    /// tools are known: one effect per view with any (C5). Entries of a server still starting
+    /// were accepted at open; this is where they are found wanting.
+    pub fn unknown_allowlisted(&self, server: &str) -> Vec<Effect> {
+        let Some(Phase::Ready(live)) = self.servers.get(server).map(|s| &s.phase) else {
+            return Vec::new();
+        };
+        self.views
+            .values()
+            .filter_map(|view| {
+                let entries: Vec<String> = view
+                    .allowlist
+                    .iter()
+                    .flatten()
+                    .filter(|entry| {
+                        split_qualified(entry)
+                            .is_some_and(|(s, tool)| s == server && !live.tools.contains_key(tool))
+                    })
+                    .cloned()
+                    .collect();
+                (!entries.is_empty()).then(|| Effect::AllowlistUnknown {
+                    conversation_id: view.conversation_id,
+                    server: server.to_owned(),
+                    entries,
+                })
+            })
+            .collect()
     }
 
     /// A connect attempt failed.
@@ -799,6 +830,31 @@ mod tests {
             assert!(message.contains(needle), "{needle} missing from {message}");
         }
         assert!(!message.contains("`fs__read`"));
+    }
+
+    #[test]
+    fn entries_a_server_turns_out_not_to_offer_are_reported_when_it_is_ready() {
+        let mut core = core(&["fs", "web"]);
+        let (a, b) = (ConversationId::new(), ConversationId::new());
+        // Both accepted while nothing is connected.
+        core.open_view(a, Some(strings(&["fs__read", "fs__nope", "web__x"])))
+            .unwrap();
+        core.open_view(b, Some(strings(&["fs__read"]))).unwrap();
+        let fx = connect(&mut core, "fs", &["read", "write"]);
+        let reported: Vec<(ConversationId, String, Vec<String>)> = fx
+            .into_iter()
+            .filter_map(|e| match e {
+                Effect::AllowlistUnknown {
+                    conversation_id,
+                    server,
+                    entries,
+                } => Some((conversation_id, server, entries)),
+                _ => None,
+            })
+            .collect();
+        // Only `a`, only its `fs` entry: `web` is not up yet, `b` names what `fs` offers.
+        assert_eq!(reported, [(a, "fs".to_owned(), strings(&["fs__nope"]))]);
+        assert!(core.unknown_allowlisted("web").is_empty(), "not ready");
     }
 
     #[test]

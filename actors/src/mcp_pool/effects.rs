@@ -85,6 +85,26 @@ impl McpPoolState {
                         }));
                     }
                 }
+                Effect::AllowlistUnknown {
+                    conversation_id,
+                    server,
+                    entries,
+                } => {
+                    let message = format!(
+                        "MCP server `{server}` is ready but offers no {}: these allowlist entries match nothing",
+                        entries.join(", ")
+                    );
+                    tracing::warn!(%conversation_id, server, ?entries, "allowlisted MCP tools not offered");
+                    if let Some(events) = &self.events {
+                        events.emit(EventDraft::conversation(
+                            conversation_id,
+                            EventKind::Warning {
+                                code: WarningCode::McpAllowlistUnknownTool,
+                                message,
+                            },
+                        ));
+                    }
+                }
                 Effect::Failed {
                     server,
                     reason,

@@ -139,6 +139,46 @@ pub fn describe() {
     for by in ReopenedBy::ALL {
         counter!(VIEWS_REOPENED_TOTAL, "by" => by.as_str()).increment(0);
     }
+    // Every series exists from the start, at 0: a call outcome is `ok`, `tool_error` or an
+    // error kind.
+    for outcome in ["ok", "tool_error"]
+        .into_iter()
+        .chain(troupe_proto::ErrorKind::ALL.map(|k| k.as_str()))
+    {
+        counter!(CALLS_TOTAL, "outcome" => outcome).increment(0);
+        let _ = histogram!(CALL_SECONDS, "outcome" => outcome);
+    }
+    let _ = histogram!(SLOT_WAIT_SECONDS);
+    for limit in Limit::ALL {
+        counter!(OVERLOADED_TOTAL, "limit" => limit.as_str()).increment(0);
+    }
+    for outcome in ["ok", "failed"] {
+        counter!(CONNECTS_TOTAL, "outcome" => outcome).increment(0);
+    }
+    for reason in CloseReason::ALL {
+        counter!(CLOSED_TOTAL, "reason" => reason.as_str()).increment(0);
+    }
+    gauge!(VIEWS).increment(0.0);
+    counter!(PROGRESS_TOTAL).increment(0);
+    for reason in LeftOut::ALL {
+        counter!(TOOLS_LEFT_OUT_TOTAL, "reason" => reason.as_str()).increment(0);
+    }
+    for kind in RequestKind::ALL {
+        for outcome in RequestOutcome::ALL {
+            counter!(SERVER_REQUESTS_TOTAL, "kind" => kind.as_str(), "outcome" => outcome.as_str())
+                .increment(0);
+        }
+    }
+}
+
+/// Registers the per-server series of the configured servers at 0, so that a server that
+/// never connected or never got a call still has its series (a pool calls it at start).
+pub fn servers_configured<'a>(servers: impl IntoIterator<Item = &'a str>) {
+    for server in servers {
+        gauge!(CONNECTIONS, "server" => server.to_owned()).increment(0.0);
+        gauge!(CALLS_IN_FLIGHT, "server" => server.to_owned()).increment(0.0);
+        counter!(SERVER_RESTARTS_TOTAL, "server" => server.to_owned()).increment(0);
+    }
 }
 
 /// Which limit refused a call.
@@ -150,6 +190,12 @@ pub enum Limit {
 }
 
 impl Limit {
+    pub const ALL: [Self; 3] = [
+        Self::ConversationConcurrency,
+        Self::ConversationRate,
+        Self::SessionConcurrency,
+    ];
+
     pub const fn as_str(self) -> &'static str {
         match self {
             Self::ConversationConcurrency => "conversation_concurrency",
@@ -173,6 +219,8 @@ pub enum CloseReason {
 }
 
 impl CloseReason {
+    pub const ALL: [Self; 4] = [Self::Idle, Self::Died, Self::Stale, Self::Shutdown];
+
     pub const fn as_str(self) -> &'static str {
         match self {
             Self::Idle => "idle",
@@ -193,6 +241,8 @@ pub enum LeftOut {
 }
 
 impl LeftOut {
+    pub const ALL: [Self; 2] = [Self::RequiresTask, Self::InvalidName];
+
     pub const fn as_str(self) -> &'static str {
         match self {
             Self::RequiresTask => "requires_task",
@@ -209,6 +259,8 @@ pub enum RequestKind {
 }
 
 impl RequestKind {
+    pub const ALL: [Self; 2] = [Self::Elicitation, Self::Sampling];
+
     pub const fn as_str(self) -> &'static str {
         match self {
             Self::Elicitation => "elicitation",
@@ -233,6 +285,14 @@ pub enum RequestOutcome {
 }
 
 impl RequestOutcome {
+    pub const ALL: [Self; 5] = [
+        Self::Accepted,
+        Self::Declined,
+        Self::Cancelled,
+        Self::Failed,
+        Self::Unattributed,
+    ];
+
     pub const fn as_str(self) -> &'static str {
         match self {
             Self::Accepted => "accepted",

@@ -48,6 +48,17 @@ pub enum WriteOp {
 }
 
 impl WriteOp {
+    pub const ALL: [Self; 8] = [
+        Self::CreateDir,
+        Self::Open,
+        Self::Encode,
+        Self::Append,
+        Self::Flush,
+        Self::Sync,
+        Self::Ttl,
+        Self::HighWater,
+    ];
+
     pub const fn as_str(self) -> &'static str {
         match self {
             Self::CreateDir => "create_dir",
@@ -159,6 +170,43 @@ pub fn describe() {
     // Rare: the series exist at 0 so that an increase shows.
     counter!(EVENTS_PARKED).increment(0);
     counter!(EVENTS_LOST).increment(0);
+    // Every other series exists from the start too, at 0: a write error's first increment
+    // must be visible to `rate()`.
+    for kind in EventName::ALL {
+        counter!(EVENTS_EMITTED, "kind" => kind.as_str()).increment(0);
+        counter!(EVENTS_UNRECORDED, "kind" => kind.as_str()).increment(0);
+        counter!(EVENTS_WITHHELD, "kind" => kind.as_str()).increment(0);
+    }
+    for level in [
+        RecordLevel::Full,
+        RecordLevel::Headers,
+        RecordLevel::Minimal,
+    ] {
+        counter!(RECORDS_WRITTEN, "level" => level.as_str()).increment(0);
+    }
+    // `write` is the SQLite storage's name for its appends.
+    for op in WriteOp::ALL
+        .map(WriteOp::as_str)
+        .into_iter()
+        .chain(["write"])
+    {
+        counter!(WRITE_ERRORS, "op" => op).increment(0);
+    }
+    for sync in ["true", "false"] {
+        let _ = histogram!(FLUSH_DURATION, "sync" => sync);
+    }
+    for name in [
+        UNREGISTERED_EVENTS,
+        BYTES_WRITTEN,
+        FSYNCS,
+        UNREADABLE_LINES,
+        SUBSCRIBER_LAGGED,
+    ] {
+        counter!(name).increment(0);
+    }
+    let _ = histogram!(FSYNC_DURATION);
+    let _ = histogram!(BATCH_SIZE);
+    let _ = histogram!(PUBLISH_DELAY);
 }
 
 pub fn event_emitted(kind: EventName) {

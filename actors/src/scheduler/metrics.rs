@@ -58,6 +58,10 @@ pub fn describe() {
     for outcome in RecoveryOutcome::ALL {
         counter!(RECOVERIES_TOTAL, "outcome" => outcome.as_str()).increment(0);
     }
+    // The queue is empty and nothing runs until the first task: both read 0, not nothing.
+    gauge!(RUNNING).increment(0.0);
+    gauge!(WAITING).increment(0.0);
+    let _ = histogram!(QUEUE_WAIT_SECONDS);
 }
 
 /// How a replacing scheduler's wait for the old grants' holders ended.

@@ -41,7 +41,42 @@ pub fn describe() {
         Unit::Count,
         "Plans recorded with update_plan."
     );
+    // Every series exists from the start, at 0 (`mcp` and `unknown` tools included).
+    for tool in TOOL_LABELS {
+        for outcome in OUTCOME_LABELS {
+            metrics::counter!(TOOL_OUTCOMES, "tool" => tool, "outcome" => outcome).increment(0);
+            let _ = metrics::histogram!(TOOL_CALL_DURATION, "tool" => tool, "outcome" => outcome);
+        }
+    }
+    for status in TaskStatus::ALL {
+        let _ = metrics::histogram!(TURN_DURATION, "status" => status.as_str());
+    }
+    for op in ["add", "update", "move", "delete"] {
+        metrics::counter!(PATCH_FILES, "op" => op).increment(0);
+    }
+    metrics::counter!(PLAN_UPDATES).increment(0);
 }
+
+/// Every value [`tool_label`] gives.
+const TOOL_LABELS: [&str; 6] = [
+    crate::tools::SHELL,
+    crate::tools::UPDATE_PLAN,
+    crate::tools::APPLY_PATCH,
+    crate::tools::WEB_SEARCH,
+    "mcp",
+    "unknown",
+];
+
+/// Every value [`outcome_label`] gives.
+const OUTCOME_LABELS: [&str; 7] = [
+    "ok",
+    "error",
+    "denied",
+    "sandbox_refused",
+    "cancelled",
+    "invalid",
+    "failed",
+];
 
 /// The tool label: built-in names as they are, anything else `mcp` or `unknown`.
 pub fn tool_label(name: &str, offered: bool) -> &'static str {

@@ -55,13 +55,6 @@ pub fn route_tool(
             },
             Err(e) => ToolRoute::Refuse(e.into()),
         },
-        "web_search" => ToolRoute::Refuse(
-            AgentError::ToolError {
-                name: call.name.clone(),
-                message: format!("`{}` is not available in this session", call.name),
-            }
-            .into(),
-        ),
         _ if has_mcp => ToolRoute::External,
         _ => ToolRoute::Refuse(
             AgentError::ToolError {

@@ -29,6 +29,12 @@ pub fn describe() {
     );
     // Restarts are rare: the series exists at 0 so that an increase shows.
     counter!(TASKS_REINSTATED_TOTAL).increment(0);
+    for scope in CancelScope::ALL {
+        counter!(TASK_CANCELLATIONS_TOTAL, "scope" => scope.as_str()).increment(0);
+    }
+    for state in STATES {
+        gauge!(TASKS_LIVE, "state" => state_label(state)).increment(0.0);
+    }
 }
 
 pub fn reinstated() {
@@ -45,6 +51,8 @@ pub enum CancelScope {
 }
 
 impl CancelScope {
+    pub const ALL: [Self; 2] = [Self::Task, Self::Conversation];
+
     pub const fn as_str(self) -> &'static str {
         match self {
             Self::Task => "task",

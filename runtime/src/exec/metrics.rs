@@ -24,6 +24,15 @@ pub enum Outcome {
 }
 
 impl Outcome {
+    pub const ALL: [Self; 6] = [
+        Self::Ok,
+        Self::Failed,
+        Self::TimedOut,
+        Self::Cancelled,
+        Self::Refused,
+        Self::SpawnFailed,
+    ];
+
     pub const fn as_str(self) -> &'static str {
         match self {
             Self::Ok => "ok",
@@ -62,6 +71,20 @@ pub fn describe() {
         metrics::Unit::Count,
         "Commands refused because their sandbox policy could not be fully enforced, by policy."
     );
+    // Every series exists from the start, at 0.
+    for policy in [
+        SandboxPolicy::ReadOnly,
+        SandboxPolicy::WorkspaceWrite,
+        SandboxPolicy::FullAccess,
+    ] {
+        let policy = policy_label(policy);
+        for outcome in Outcome::ALL {
+            metrics::counter!(COMMANDS, "policy" => policy, "outcome" => outcome.as_str())
+                .increment(0);
+        }
+        let _ = metrics::histogram!(DURATION, "policy" => policy);
+        metrics::counter!(SANDBOX_REFUSALS, "policy" => policy).increment(0);
+    }
 }
 
 pub fn command_finished(policy: SandboxPolicy, outcome: Outcome, took: Duration) {

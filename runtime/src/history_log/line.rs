@@ -131,11 +131,17 @@ pub struct ErrorMeta {
     pub message: Option<String>,
 }
 
-/// Token counts of a step, a turn or a session.
+/// Token counts of a step, a turn or a session (T5). Two sources, in separate fields:
+/// `estimated_*` are troupe's own counts (the local tokenizer), `input` to `total` are what
+/// the provider reported. `source` says which steps the provider numbers cover.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
 pub struct Tokens {
     /// Local estimate of the prompt(s), before the model call.
     pub estimated_prompt: u64,
+    /// Local count of the completions the provider reported no usage for (0 when it always
+    /// did).
+    #[serde(default)]
+    pub estimated_completion: u64,
     /// Provider usage (0 when the provider reported none).
     pub input: u64,
     pub output: u64,
@@ -143,35 +149,97 @@ pub struct Tokens {
     pub reasoning: u64,
     /// `input + output`.
     pub total: u64,
+    /// Where the usage numbers come from; absent when no step ran.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub source: Option<UsageSource>,
+}
+
+/// Which steps the provider's usage covers (T5).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum UsageSource {
+    /// Every step's usage came from the provider; `estimated_completion` is 0.
+    Provider,
+    /// The provider reported none: `input` to `total` are 0, and the completions were counted
+    /// locally into `estimated_completion`.
+    Local,
+    /// Some steps had provider usage, others were counted locally.
+    Mixed,
+}
+
+impl UsageSource {
+    /// The source of two counts added together.
+    pub fn combine(a: Option<Self>, b: Option<Self>) -> Option<Self> {
+        match (a, b) {
+            (None, x) | (x, None) => x,
+            (Some(a), Some(b)) if a == b => Some(a),
+            _ => Some(Self::Mixed),
+        }
+    }
 }
 
 impl Tokens {
-    /// A step's counts: its prompt estimate and the provider's usage, if any.
-    pub fn new(estimated_prompt: u64, usage: Option<&Usage>) -> Self {
+    /// A step's counts: its prompt estimate, the provider's usage if any, otherwise the
+    /// local count of its completion.
+    pub fn new(
+        estimated_prompt: u64,
+        usage: Option<&Usage>,
+        estimated_completion: Option<u64>,
+    ) -> Self {
+        let source = Some(if usage.is_some() {
+            UsageSource::Provider
+        } else {
+            UsageSource::Local
+        });
         let usage = usage.copied().unwrap_or_default();
         Self {
             estimated_prompt,
+            estimated_completion: estimated_completion.unwrap_or_default(),
             input: usage.input_tokens,
             output: usage.output_tokens,
             cached: usage.cached_tokens,
             reasoning: usage.reasoning_tokens,
             total: usage.total(),
+            source,
         }
     }
 
     /// A task's counts, from its own statistics.
     pub fn of_task(stats: &TaskStats) -> Self {
-        Self::new(stats.estimated_prompt_tokens, Some(&stats.usage))
+        let usage = &stats.usage;
+        Self {
+            estimated_prompt: stats.estimated_prompt_tokens,
+            estimated_completion: stats.estimated_completion_tokens,
+            input: usage.input_tokens,
+            output: usage.output_tokens,
+            cached: usage.cached_tokens,
+            reasoning: usage.reasoning_tokens,
+            total: usage.total(),
+            source: source_of(stats.steps, stats.steps_with_usage),
+        }
     }
 
     /// Adds `other` to these counts.
     pub fn add(&mut self, other: &Tokens) {
         self.estimated_prompt += other.estimated_prompt;
+        self.estimated_completion += other.estimated_completion;
         self.input += other.input;
         self.output += other.output;
         self.cached += other.cached;
         self.reasoning += other.reasoning;
         self.total += other.total;
+        self.source = UsageSource::combine(self.source, other.source);
+    }
+}
+
+/// The source of a turn's usage: `steps` model calls, `with_usage` of them reported by the
+/// provider.
+pub fn source_of(steps: u32, with_usage: u32) -> Option<UsageSource> {
+    match (steps, with_usage) {
+        (0, _) => None,
+        (s, w) if w >= s => Some(UsageSource::Provider),
+        (_, 0) => Some(UsageSource::Local),
+        _ => Some(UsageSource::Mixed),
     }
 }
 

@@ -136,6 +136,7 @@ fn phase_one(ev: &mut Events) -> Vec<EventEnvelope> {
                 step: 1,
                 estimated_prompt_tokens: 120,
                 usage: usage(100, 20, 50),
+                estimated_completion_tokens: None,
             },
         ),
         ev.task(
@@ -168,6 +169,7 @@ fn phase_one(ev: &mut Events) -> Vec<EventEnvelope> {
                 step: 1,
                 estimated_prompt_tokens: 30,
                 usage: usage(25, 2, 0),
+                estimated_completion_tokens: None,
             },
         ),
         ev.task(b, b1, EventKind::AssistantMessage { text: "hi".into() }),
@@ -188,8 +190,10 @@ fn phase_one(ev: &mut Events) -> Vec<EventEnvelope> {
                 stats: TaskStats {
                     usage: usage(25, 2, 0).unwrap_or_default(),
                     estimated_prompt_tokens: 30,
-                    turns: 1,
+                    turn: 1,
                     steps: 1,
+                    steps_with_usage: 1,
+                    estimated_completion_tokens: 0,
                     tool_calls: 0,
                     duration_ms: 900,
                     trace_id: "4bf92f3577b34da6a3ce929d0e0e4736".into(),
@@ -224,6 +228,7 @@ fn phase_one(ev: &mut Events) -> Vec<EventEnvelope> {
                 step: 2,
                 estimated_prompt_tokens: 160,
                 usage: usage(140, 15, 100),
+                estimated_completion_tokens: None,
             },
         ),
         ev.task(
@@ -235,8 +240,10 @@ fn phase_one(ev: &mut Events) -> Vec<EventEnvelope> {
                 stats: TaskStats {
                     usage: usage(240, 35, 150).unwrap_or_default(),
                     estimated_prompt_tokens: 280,
-                    turns: 1,
+                    turn: 1,
                     steps: 2,
+                    steps_with_usage: 2,
+                    estimated_completion_tokens: 0,
                     tool_calls: 1,
                     duration_ms: 2300,
                     trace_id: String::new(),
@@ -289,8 +296,10 @@ fn phase_two(ev: &mut Events) -> Vec<EventEnvelope> {
             stats: TaskStats {
                 usage: Usage::default(),
                 estimated_prompt_tokens: 40,
-                turns: 1,
+                turn: 1,
                 steps: 1,
+                steps_with_usage: 0,
+                estimated_completion_tokens: 0,
                 tool_calls: 0,
                 duration_ms: 300,
                 trace_id: String::new(),
@@ -818,6 +827,7 @@ fn assistant_lines_wait_for_their_tokens_only_until_the_next_event() {
         step,
         estimated_prompt_tokens: 9,
         usage: None,
+        estimated_completion_tokens: None,
     };
     assert_eq!(feed(&mut log, finished(1)), [(Assistant, 1)]);
     feed(&mut log, EventKind::StepStarted { turn: 1, step: 2 });

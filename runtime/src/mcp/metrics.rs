@@ -60,6 +60,23 @@ pub fn describe() {
         Unit::Seconds,
         "Time from sending an MCP tool call to its result, error, cancellation or timeout"
     );
+    // Every series exists from the start, at 0.
+    for transport in Transport::ALL {
+        let transport = transport.as_str();
+        counter!(CONNECTIONS_OPENED_TOTAL, "transport" => transport).increment(0);
+        counter!(CONNECT_FAILURES_TOTAL, "transport" => transport).increment(0);
+        counter!(CONNECTIONS_CLOSED_TOTAL, "transport" => transport).increment(0);
+        for outcome in CallOutcome::ALL {
+            let outcome = outcome.as_str();
+            counter!(CALLS_TOTAL, "transport" => transport, "outcome" => outcome).increment(0);
+            let _ =
+                histogram!(CALL_DURATION_SECONDS, "transport" => transport, "outcome" => outcome);
+        }
+        for outcome in ["sent", "failed"] {
+            counter!(CANCEL_NOTICES_TOTAL, "transport" => transport, "outcome" => outcome)
+                .increment(0);
+        }
+    }
 }
 
 /// How an MCP server is reached.
@@ -70,6 +87,8 @@ pub enum Transport {
 }
 
 impl Transport {
+    pub const ALL: [Self; 2] = [Self::Stdio, Self::StreamableHttp];
+
     pub const fn as_str(self) -> &'static str {
         match self {
             Self::Stdio => "stdio",
@@ -93,6 +112,15 @@ pub enum CallOutcome {
 }
 
 impl CallOutcome {
+    pub const ALL: [Self; 6] = [
+        Self::Ok,
+        Self::ToolError,
+        Self::ProtocolError,
+        Self::Closed,
+        Self::Timeout,
+        Self::Cancelled,
+    ];
+
     pub const fn as_str(self) -> &'static str {
         match self {
             Self::Ok => "ok",

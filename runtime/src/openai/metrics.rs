@@ -86,7 +86,28 @@ pub fn describe() {
         Unit::Count,
         "Tokens reported by model providers, by kind (input, output, cached, reasoning)"
     );
+    // Every series of both providers exists from the start, at 0.
+    for provider in PROVIDERS {
+        for outcome in Outcome::ALL {
+            counter!(REQUESTS_TOTAL, "provider" => provider, "outcome" => outcome.as_str())
+                .increment(0);
+        }
+        for reason in RetryReason::ALL {
+            counter!(RETRIES_TOTAL, "provider" => provider, "reason" => reason.as_str())
+                .increment(0);
+        }
+        let _ = histogram!(TIME_TO_FIRST_BYTE_SECONDS, "provider" => provider);
+        for kind in TOKEN_KINDS {
+            counter!(TOKENS_TOTAL, "provider" => provider, "kind" => kind).increment(0);
+        }
+    }
 }
+
+/// The `provider` label values: the two APIs the client speaks.
+pub const PROVIDERS: [&str; 2] = ["openai-chat", "openai-responses"];
+
+/// The `kind` label values of [`TOKENS_TOTAL`].
+const TOKEN_KINDS: [&str; 4] = ["input", "output", "cached", "reasoning"];
 
 /// How a model call ended.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -104,6 +125,16 @@ pub enum Outcome {
 }
 
 impl Outcome {
+    pub const ALL: [Self; 7] = [
+        Self::Ok,
+        Self::Cancelled,
+        Self::Timeout,
+        Self::HttpError,
+        Self::Transport,
+        Self::StreamError,
+        Self::BadReply,
+    ];
+
     pub const fn as_str(self) -> &'static str {
         match self {
             Self::Ok => "ok",

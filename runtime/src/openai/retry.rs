@@ -18,6 +18,8 @@ pub enum RetryReason {
 }
 
 impl RetryReason {
+    pub const ALL: [Self; 3] = [Self::RateLimited, Self::ServerError, Self::Transport];
+
     pub const fn as_str(self) -> &'static str {
         match self {
             Self::RateLimited => "rate_limited",

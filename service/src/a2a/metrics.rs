@@ -23,6 +23,17 @@ pub fn describe() {
         Unit::Count,
         "A2A task records kept (live and finished)"
     );
+    // Every operation's successes exist from the start, at 0, in both versions (failures,
+    // by reason, appear with the first).
+    use super::version::{Operation, Version};
+    for op in Operation::ALL {
+        for version in [Version::V0_3, Version::V1_0] {
+            counter!(REQUESTS_TOTAL, "method" => op.label(), "version" => version.as_str(), "outcome" => "ok")
+                .increment(0);
+        }
+    }
+    gauge!(STREAMS_OPEN).increment(0.0);
+    gauge!(TASKS).increment(0.0);
 }
 
 /// `method`: an operation label or `unknown`; `version`: `1.0`, `0.3` or `unsupported`;

@@ -70,6 +70,20 @@ pub enum Operation {
 }
 
 impl Operation {
+    pub const ALL: [Self; 11] = [
+        Self::SendMessage,
+        Self::SendStreamingMessage,
+        Self::GetTask,
+        Self::ListTasks,
+        Self::CancelTask,
+        Self::SubscribeToTask,
+        Self::CreatePushConfig,
+        Self::GetPushConfig,
+        Self::ListPushConfigs,
+        Self::DeletePushConfig,
+        Self::GetExtendedAgentCard,
+    ];
+
     /// Bounded metric label.
     pub const fn label(self) -> &'static str {
         match self {

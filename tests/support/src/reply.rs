@@ -27,6 +27,8 @@ pub(crate) struct StreamScript {
     pub(crate) text: Vec<String>,
     pub(crate) calls: Vec<CallScript>,
     pub(crate) usage: Usage,
+    /// The stream reports no usage at all (as some OpenAI-compatible servers do).
+    pub(crate) no_usage: bool,
     pub(crate) fault: Option<Fault>,
 }
 
@@ -193,6 +195,12 @@ impl Reply {
                 reasoning,
             }
         })
+    }
+
+    /// No usage in the stream: no usage chunk (Chat, even when asked for one), no `usage` in
+    /// `response.completed` (Responses).
+    pub fn without_usage(self) -> Self {
+        self.map_stream(|s| s.no_usage = true)
     }
 
     /// A `Retry-After` header on an error reply (seconds or an HTTP date).

@@ -115,7 +115,7 @@ pub(crate) fn chat(script: &StreamScript, ctx: &WireContext) -> Rendered {
         "tool_calls"
     };
     frames.push(chunk(json!({}), json!(finish)));
-    if ctx.include_usage {
+    if ctx.include_usage && !script.no_usage {
         frames.push(data_frame(&json!({
             "id": format!("chatcmpl-{}", ctx.request),
             "object": "chat.completion.chunk",
@@ -234,7 +234,7 @@ pub(crate) fn responses(script: &StreamScript, ctx: &WireContext) -> Rendered {
     }
     out.push(
         "response.completed",
-        json!({"response": response("completed", done_items, Some(script.usage))}),
+        json!({"response": response("completed", done_items, (!script.no_usage).then_some(script.usage))}),
     );
     apply_fault(
         out.frames,

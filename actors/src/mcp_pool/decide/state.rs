@@ -163,6 +163,13 @@ pub enum Effect {
     },
     /// A server's tools are available.
     Ready { server: String, tools: usize },
+    /// A view's allowlist names tools of `server` that it does not offer, now that its tools
+    /// are known (C5): the conversation is told.
+    AllowlistUnknown {
+        conversation_id: ConversationId,
+        server: String,
+        entries: Vec<String>,
+    },
     /// A connection died or could not be made; `retry_in` when a restart is scheduled.
     Failed {
         server: String,
@@ -185,6 +192,9 @@ impl std::fmt::Debug for Effect {
             Self::Close { server, reason, .. } => write!(f, "Close({server}, {reason:?})"),
             Self::Refresh { server, seq, .. } => write!(f, "Refresh({server}, {seq})"),
             Self::Ready { server, tools } => write!(f, "Ready({server}, {tools})"),
+            Self::AllowlistUnknown {
+                server, entries, ..
+            } => write!(f, "AllowlistUnknown({server}, {entries:?})"),
             Self::Failed {
                 server, retry_in, ..
             } => write!(f, "Failed({server}, {retry_in:?})"),
