@@ -8,8 +8,16 @@
 //!               └─ no ──► queue (bounded; full → Overloaded)
 //! runner ──► TaskFinished ─► append items to history, emit task_finished, reply, next in queue
 //! Close ──► running? ── no ─► release, emit conversation_closed, reply, stop
-//!             └─ yes ─► cancel; TaskFinished → closed | CloseTimedOut → abort → force_aborted
+//!             └─ yes ─► cancel; TaskFinished → closed | CancelTimedOut → abort → force_aborted
+//! cancel (close, `CancelAll`, the TaskRegistry) ─► CancelSeen ─► timer (close timeout)
+//!             └─ TaskFinished first → timer dropped | CancelTimedOut → abort → task_aborted
 //! ```
+//!
+//! A task whose cancellation is asked, whoever asks, gets the close timeout to end; one that
+//! ignores it (a tool or a model stream that never returns) is aborted then: its slot is
+//! released, its caller answered `Cancelled`, a `cancel_ignored` warning and a `task_aborted`
+//! event are recorded, and the next queued message starts. A cancelled or aborted task's
+//! pending approvals are withdrawn (`ApprovalMsg::TaskCancelled`).
 //!
 //! Its MCP view follows its allowlist and its session's pool: a `SetContext` that changes the
 //! allowlist opens a new view first (checked by the pool as at open; refused → the error, and
@@ -81,8 +89,8 @@ pub mod metrics;
 mod tasks;
 
 pub use decide::{
-    MessageAdmission, Rejoin, SlotAnswer, SlotState, admit, clamp_message, interrupted_tasks,
-    registry_state, rejoin, slot_answer,
+    MessageAdmission, Rejoin, SlotAnswer, SlotState, abort_timer_needed, admit, clamp_message,
+    interrupted_tasks, registry_state, rejoin, slot_answer,
 };
 
 /// The one-turn system prompt of a compaction (C3); never stored.
@@ -208,13 +216,18 @@ pub enum ConversationMsg {
     },
     /// Closes the conversation (idempotent; every caller is answered).
     Close { reply: RpcReplyPort<Closed> },
+    /// Cancels the running task and every queued message (each answered `Cancelled`);
+    /// answers how many were cancelled. The conversation stays open.
+    CancelAll { reply: RpcReplyPort<usize> },
+    /// The running task's cancellation token fired (whoever fired it): its abort timer starts.
+    CancelSeen { task_id: TaskId },
     /// The runner of `task_id` ended.
     TaskFinished {
         task_id: TaskId,
         outcome: Box<TaskOutcome>,
     },
-    /// Timer: the close timeout of `task_id` ran out.
-    CloseTimedOut { task_id: TaskId },
+    /// Timer: `task_id` was cancelled a close timeout ago and has not ended.
+    CancelTimedOut { task_id: TaskId },
     /// The scheduler `scheduler` answered the slot request of `task_id` (`None`: it stopped
     /// before answering).
     SlotAnswered {
@@ -286,9 +299,9 @@ pub struct ConversationState {
     queue: VecDeque<Queued>,
     /// `Some` once close began: the callers to answer when it completes.
     closing: Option<Vec<RpcReplyPort<Closed>>>,
-    /// The close timeout; aborted once close completes, so the timer does not keep this
-    /// actor's cell alive for the rest of its period.
-    close_timer: Option<AbortHandle>,
+    /// The abort timer of a cancelled task; aborted once that task ends (or close completes),
+    /// so the timer does not keep this actor's cell alive for the rest of its period.
+    abort_timer: Option<AbortHandle>,
     stats: ConversationStats,
     /// Turns started so far (T1 numbers them from 1).
     turns: u32,
@@ -303,7 +316,7 @@ impl Drop for ConversationState {
         if let Some(r) = &self.running {
             r.abort.abort();
         }
-        if let Some(timer) = &self.close_timer {
+        if let Some(timer) = &self.abort_timer {
             timer.abort();
         }
         LIVE.fetch_sub(1, Ordering::Relaxed);
@@ -467,7 +480,7 @@ impl Actor for Conversation {
             running: None,
             queue: VecDeque::new(),
             closing: None,
-            close_timer: None,
+            abort_timer: None,
             stats: ConversationStats {
                 conversation_id: Some(args.conversation_id),
                 ..ConversationStats::default()
@@ -495,11 +508,15 @@ impl Actor for Conversation {
                 let _ = reply.send(state.on_set_context(&update).await);
             }
             ConversationMsg::Close { reply } => state.on_close(&myself, reply),
+            ConversationMsg::CancelAll { reply } => {
+                let _ = reply.send(state.on_cancel_all());
+            }
+            ConversationMsg::CancelSeen { task_id } => state.arm_abort_timer(&myself, task_id),
             ConversationMsg::TaskFinished { task_id, outcome } => {
                 state.on_task_finished(&myself, task_id, *outcome);
             }
-            ConversationMsg::CloseTimedOut { task_id } => {
-                state.on_close_timed_out(&myself, task_id)
+            ConversationMsg::CancelTimedOut { task_id } => {
+                state.on_cancel_timed_out(&myself, task_id)
             }
             ConversationMsg::SlotAnswered {
                 task_id,
@@ -742,6 +759,16 @@ mod tests {
             registry_state(true, Some(SlotState::Held(at))),
             TaskState::Cancelling
         );
+    }
+
+    #[test]
+    fn a_cancelled_task_gets_one_abort_timer_while_it_runs() {
+        assert!(abort_timer_needed(true, false));
+        assert!(
+            !abort_timer_needed(true, true),
+            "close and the token both ask"
+        );
+        assert!(!abort_timer_needed(false, false), "the task already ended");
     }
 
     #[test]

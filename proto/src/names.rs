@@ -121,6 +121,8 @@ bounded_names! {
         McpServerFailed = "mcp_server_failed",
         /// An MCP server's request could not be tied to a call in flight and was refused.
         McpRequestUnattributed = "mcp_request_unattributed",
+        /// A cancelled task did not end within the close timeout and was aborted.
+        CancelIgnored = "cancel_ignored",
     }
 }
 

@@ -1,5 +1,6 @@
 mod a2a;
 mod approvals;
+mod cancel;
 mod cli;
 mod close;
 mod determinism;

@@ -137,3 +137,9 @@ pub fn registry_state(cancelled: bool, slot: Option<SlotState>) -> TaskState {
         (false, _) => TaskState::Queued,
     }
 }
+
+/// Whether a cancelled task's abort timer must start: it still runs, and none is armed (close
+/// and the token's report both ask; the first one arms it).
+pub fn abort_timer_needed(task_runs: bool, armed: bool) -> bool {
+    task_runs && !armed
+}

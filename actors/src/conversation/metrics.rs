@@ -14,6 +14,8 @@ pub const TOOL_CALLS: &str = "troupe_tool_calls_total";
 pub const TOKENS: &str = "troupe_tokens_total";
 pub const FORCE_ABORTS: &str = "troupe_tasks_force_aborted_total";
 pub const POLICY_CLAMPED: &str = "troupe_policy_clamped_total";
+/// Tasks (running or queued) cancelled by a cancel-all of their conversation.
+pub const CANCELLED_ALL: &str = "troupe_conversation_tasks_cancelled_total";
 
 /// Registers descriptions (Prometheus needs one per metric).
 pub fn describe() {
@@ -46,7 +48,12 @@ pub fn describe() {
     metrics::describe_counter!(
         FORCE_ABORTS,
         Unit::Count,
-        "Close timeouts: tasks aborted because they ignored cancellation past the close timeout."
+        "Tasks aborted because they ignored their cancellation (by close, cancel-all or task.cancel) past the close timeout."
+    );
+    metrics::describe_counter!(
+        CANCELLED_ALL,
+        Unit::Count,
+        "Tasks (running or queued) cancelled by a cancel-all of their conversation."
     );
     metrics::describe_counter!(
         POLICY_CLAMPED,
@@ -55,6 +62,7 @@ pub fn describe() {
     );
     // A close timeout is rare: the series exists at 0 so that rates and alerts see it.
     metrics::counter!(FORCE_ABORTS).increment(0);
+    metrics::counter!(CANCELLED_ALL).increment(0);
 }
 
 pub fn live(n: usize) {
@@ -73,6 +81,11 @@ pub fn task_finished(status: TaskStatus, stats: &TaskStats) {
     metrics::counter!(TOOL_CALLS).increment(u64::from(stats.tool_calls));
     metrics::counter!(TOKENS, "direction" => "input").increment(stats.usage.input_tokens);
     metrics::counter!(TOKENS, "direction" => "output").increment(stats.usage.output_tokens);
+}
+
+/// A cancel-all of a conversation cancelled `n` tasks.
+pub fn cancelled_all(n: usize) {
+    metrics::counter!(CANCELLED_ALL).increment(n as u64);
 }
 
 pub fn force_aborted() {

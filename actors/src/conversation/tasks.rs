@@ -114,12 +114,23 @@ impl ConversationState {
             verdict: granted_rx,
             span: wait.clone(),
         };
+        let watch = cancel.clone();
         let join = tokio::spawn(async move {
             // A panic still ends the task, so that its slot is given back and its caller hears.
-            let outcome = std::panic::AssertUnwindSafe(crate::task::run(ctx, slot_wait, task_span))
-                .catch_unwind()
-                .await
-                .unwrap_or_else(|_| runner_panicked());
+            let run = std::panic::AssertUnwindSafe(crate::task::run(ctx, slot_wait, task_span))
+                .catch_unwind();
+            tokio::pin!(run);
+            // Whoever cancels the task (close, `CancelAll`, the TaskRegistry), the
+            // conversation hears it and gives the task the close timeout to end.
+            let outcome = tokio::select! {
+                biased;
+                outcome = &mut run => outcome,
+                () = watch.cancelled() => {
+                    let _ = me.cast(ConversationMsg::CancelSeen { task_id });
+                    run.await
+                }
+            }
+            .unwrap_or_else(|_| runner_panicked());
             let _ = me.cast(ConversationMsg::TaskFinished {
                 task_id,
                 outcome: Box::new(outcome),
@@ -300,6 +311,12 @@ impl ConversationState {
         let Some(mut running) = self.running.take_if(|r| r.task_id == task_id) else {
             return; // a late report of an aborted task
         };
+        if let Some(timer) = self.abort_timer.take() {
+            timer.abort();
+        }
+        if running.cancel.is_cancelled() {
+            self.withdraw_approvals(task_id, "its task was cancelled");
+        }
         match running.kind {
             TaskKind::Message => {
                 if let Some(report) = self.history.append(outcome.items.iter().cloned()) {

@@ -21,6 +21,7 @@ pub const METHODS: &[&str] = &[
     "conversation.setContext",
     "conversation.list",
     "conversation.stats",
+    "conversation.cancelAll",
     "task.cancel",
     "task.list",
     "approval.list",
@@ -74,6 +75,11 @@ pub enum Request {
         session_id: SessionId,
     },
     ConversationStats {
+        session_id: SessionId,
+        conversation_id: ConversationId,
+    },
+    /// `conversation.cancelAll`: the running task and the queued messages.
+    ConversationCancelAll {
         session_id: SessionId,
         conversation_id: ConversationId,
     },
@@ -295,6 +301,13 @@ pub fn decode(method: &str, raw: Option<Value>) -> Result<Request, RpcError> {
         "conversation.stats" => {
             let p: ConversationParams = params(value)?;
             Request::ConversationStats {
+                session_id: p.session_id,
+                conversation_id: p.conversation_id,
+            }
+        }
+        "conversation.cancelAll" => {
+            let p: ConversationParams = params(value)?;
+            Request::ConversationCancelAll {
                 session_id: p.session_id,
                 conversation_id: p.conversation_id,
             }
