@@ -106,6 +106,8 @@ pub const COMPACT_REQUEST: &str = "Summarize the conversation so far for your ow
 #[derive(Debug, Clone)]
 pub struct ConversationSettings {
     pub history: HistoryLimits,
+    /// Who writes the summary of trimmed history (S6).
+    pub summary: crate::history::SummaryMode,
     /// How long `close` waits for a cancelled task before aborting it (S5).
     pub close_timeout: Duration,
     /// Messages that may wait behind the running task; one more is `Overloaded`.
@@ -128,6 +130,7 @@ impl Default for ConversationSettings {
     fn default() -> Self {
         Self {
             history: HistoryLimits::default(),
+            summary: crate::history::SummaryMode::Local,
             close_timeout: Duration::from_secs(5),
             max_queued_messages: 16,
             task: TaskLimits::default(),

@@ -60,6 +60,17 @@ impl Summarizer for LocalSummarizer {
     }
 }
 
+/// Who writes a conversation's summary when its history is trimmed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum SummaryMode {
+    /// The session's [`Summarizer`] (local), at once.
+    #[default]
+    Local,
+    /// The conversation's model, in a task outside the conversation's mailbox; the local
+    /// summary stands in until it answers and stays if it fails or takes longer than `timeout`.
+    Model { timeout: std::time::Duration },
+}
+
 /// Bounds of a [`HistoryStore`].
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct HistoryLimits {
