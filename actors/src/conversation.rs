@@ -86,6 +86,7 @@ use troupe_proto::{
 mod close;
 mod decide;
 pub mod metrics;
+pub mod summary;
 mod tasks;
 
 pub use decide::{
@@ -224,6 +225,11 @@ pub enum ConversationMsg {
     CancelAll { reply: RpcReplyPort<usize> },
     /// The running task's cancellation token fired (whoever fired it): its abort timer starts.
     CancelSeen { task_id: TaskId },
+    /// The model wrote (or failed to write) the summary of generation `generation`.
+    SummaryWritten {
+        generation: u64,
+        result: Result<String, summary::SummaryFailure>,
+    },
     /// The runner of `task_id` ended.
     TaskFinished {
         task_id: TaskId,
@@ -306,6 +312,11 @@ pub struct ConversationState {
     /// so the timer does not keep this actor's cell alive for the rest of its period.
     abort_timer: Option<AbortHandle>,
     stats: ConversationStats,
+    /// This conversation's model: the session's, or the one its open request named (S1).
+    model: Arc<dyn ModelClient>,
+    /// The model summary being written (`SummaryMode::Model`), aborted when a newer trim
+    /// supersedes it or the conversation stops.
+    summary_task: Option<AbortHandle>,
     /// Turns started so far (T1 numbers them from 1).
     turns: u32,
     /// This conversation's policies: the session's, narrowed by the open request (C2).
@@ -321,6 +332,9 @@ impl Drop for ConversationState {
         }
         if let Some(timer) = &self.abort_timer {
             timer.abort();
+        }
+        if let Some(task) = &self.summary_task {
+            task.abort();
         }
         LIVE.fetch_sub(1, Ordering::Relaxed);
         metrics::live(LIVE.load(Ordering::Relaxed));
@@ -369,7 +383,10 @@ impl Actor for Conversation {
                 conversation_id: args.conversation_id,
                 policy: args.params.storage_policy,
             });
-        let mut history = HistoryStore::new(settings.history, services.summarizer.clone());
+        let mut history =
+            HistoryStore::new(settings.history, services.summarizer.clone()).keep_trimmed(
+                matches!(settings.summary, crate::history::SummaryMode::Model { .. }),
+            );
         let records = if args.restore {
             ractor::call!(services.directory.rollout(), |reply| {
                 RolloutMsg::ReadConversation {
@@ -401,6 +418,8 @@ impl Actor for Conversation {
             .unwrap_or(u32::MAX);
             let restored = items.len() as u64;
             history.append(items);
+            // What a restore trims is summarized locally.
+            drop(history.take_trimmed());
             let cause = args.restore_cause;
             tracing::info!(conversation_id = %args.conversation_id, ?cause, restored, "conversation restored from its rollout");
             services.events.emit(EventDraft::conversation(
@@ -470,6 +489,7 @@ impl Actor for Conversation {
                 },
             ));
         }
+        let model = services.model.clone();
         LIVE.fetch_add(1, Ordering::Relaxed);
         metrics::live(LIVE.load(Ordering::Relaxed));
         Ok(ConversationState {
@@ -488,6 +508,8 @@ impl Actor for Conversation {
                 conversation_id: Some(args.conversation_id),
                 ..ConversationStats::default()
             },
+            model,
+            summary_task: None,
             turns: restored_turns,
             approval_policy,
             sandbox_policy,
@@ -515,6 +537,9 @@ impl Actor for Conversation {
                 let _ = reply.send(state.on_cancel_all());
             }
             ConversationMsg::CancelSeen { task_id } => state.arm_abort_timer(&myself, task_id),
+            ConversationMsg::SummaryWritten { generation, result } => {
+                state.on_summary_written(generation, result);
+            }
             ConversationMsg::TaskFinished { task_id, outcome } => {
                 state.on_task_finished(&myself, task_id, *outcome);
             }

@@ -123,6 +123,8 @@ bounded_names! {
         McpRequestUnattributed = "mcp_request_unattributed",
         /// A cancelled task did not end within the close timeout and was aborted.
         CancelIgnored = "cancel_ignored",
+        /// The model could not summarize trimmed history; the local summary stays.
+        SummaryFallback = "summary_fallback",
     }
 }
 

@@ -17,6 +17,7 @@ mod rollout;
 mod scheduling;
 mod serve;
 mod shell;
+mod summaries;
 mod telemetry;
 mod traces;
 mod ttl;

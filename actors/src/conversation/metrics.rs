@@ -16,6 +16,10 @@ pub const FORCE_ABORTS: &str = "troupe_tasks_force_aborted_total";
 pub const POLICY_CLAMPED: &str = "troupe_policy_clamped_total";
 /// Tasks (running or queued) cancelled by a cancel-all of their conversation.
 pub const CANCELLED_ALL: &str = "troupe_conversation_tasks_cancelled_total";
+/// Model summaries of trimmed history, by outcome.
+pub const MODEL_SUMMARIES: &str = "troupe_history_model_summaries_total";
+/// The outcomes of [`MODEL_SUMMARIES`].
+pub const MODEL_SUMMARY_OUTCOMES: [&str; 5] = ["written", "stale", "failed", "empty", "timed_out"];
 
 /// Registers descriptions (Prometheus needs one per metric).
 pub fn describe() {
@@ -63,6 +67,19 @@ pub fn describe() {
     // A close timeout is rare: the series exists at 0 so that rates and alerts see it.
     metrics::counter!(FORCE_ABORTS).increment(0);
     metrics::counter!(CANCELLED_ALL).increment(0);
+    metrics::describe_counter!(
+        MODEL_SUMMARIES,
+        Unit::Count,
+        "Model summaries of trimmed history (summarizer = model), by outcome (written; stale: the history changed meanwhile; failed, empty, timed_out: the local summary stayed)."
+    );
+    for outcome in MODEL_SUMMARY_OUTCOMES {
+        metrics::counter!(MODEL_SUMMARIES, "outcome" => outcome).increment(0);
+    }
+}
+
+/// A model summary ended with `outcome` (one of [`MODEL_SUMMARY_OUTCOMES`]).
+pub fn model_summary(outcome: &'static str) {
+    metrics::counter!(MODEL_SUMMARIES, "outcome" => outcome).increment(1);
 }
 
 pub fn live(n: usize) {

@@ -28,7 +28,7 @@ impl ConversationState {
                 cancel: cancel.clone(),
                 started_at_ms,
             });
-        let info = self.services.model.info();
+        let info = self.model.info();
         let span = crate::task::spans::invoke_agent(
             crate::task::spans::TaskSpanInfo {
                 session_id: self.services.session_id,
@@ -80,7 +80,7 @@ impl ConversationState {
             },
             base_instructions: self.context.base_instructions.clone(),
             turn_override: compact.then(|| COMPACT_INSTRUCTIONS.to_owned()),
-            model: self.services.model.clone(),
+            model: self.model.clone(),
             mcp: if compact { None } else { self.view.clone() },
             mcp_generation: self.view_generation,
             mcp_allowlist: self.context.mcp_tool_allowlist.clone(),
@@ -319,6 +319,7 @@ impl ConversationState {
         }
         match running.kind {
             TaskKind::Message => {
+                let previous = self.history.summary().cloned();
                 if let Some(report) = self.history.append(outcome.items.iter().cloned()) {
                     self.services.events.emit(EventDraft::conversation(
                         self.id,
@@ -327,6 +328,7 @@ impl ConversationState {
                             summary: report.summary,
                         },
                     ));
+                    self.ask_model_summary(myself, previous);
                 }
             }
             TaskKind::Compact if outcome.status == TaskStatus::Ok && !outcome.text.is_empty() => {
