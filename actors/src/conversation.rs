@@ -90,8 +90,8 @@ pub mod summary;
 mod tasks;
 
 pub use decide::{
-    MessageAdmission, Rejoin, SlotAnswer, SlotState, abort_timer_needed, admit, clamp_message,
-    interrupted_tasks, registry_state, rejoin, slot_answer,
+    MessageAdmission, ModelChoice, Rejoin, SlotAnswer, SlotState, abort_timer_needed, admit,
+    choose_model, clamp_message, interrupted_tasks, registry_state, rejoin, slot_answer,
 };
 
 /// The one-turn system prompt of a compaction (C3); never stored.
@@ -368,6 +368,11 @@ impl Actor for Conversation {
         let seen = services.directory.generations();
         let (context, warnings) =
             ConversationContext::from_open(&args.params, settings.shell_tool)?;
+        let model = model_for(
+            &services.model,
+            args.params.provider.as_deref(),
+            args.params.model.as_deref(),
+        )?;
         let mcp = services.directory.mcp();
         let view = match &mcp.port {
             Some(port) => Some(
@@ -489,7 +494,6 @@ impl Actor for Conversation {
                 },
             ));
         }
-        let model = services.model.clone();
         LIVE.fetch_add(1, Ordering::Relaxed);
         metrics::live(LIVE.load(Ordering::Relaxed));
         Ok(ConversationState {
@@ -563,6 +567,30 @@ impl Actor for Conversation {
     }
 }
 
+/// The model client a conversation uses: the session's, or the session's client asking for
+/// the model the request names (see [`choose_model`]).
+fn model_for(
+    session: &Arc<dyn ModelClient>,
+    provider: Option<&str>,
+    model: Option<&str>,
+) -> Result<Arc<dyn ModelClient>, AgentError> {
+    let info = session.info();
+    match choose_model(&info, provider, model)? {
+        ModelChoice::Session => Ok(session.clone()),
+        ModelChoice::Named(name) => {
+            let client = session.with_model(&name).ok_or_else(|| {
+                AgentError::invalid(format!(
+                    "the `{}` model client serves only `{}`; it cannot ask for `{name}`",
+                    info.provider, info.model
+                ))
+            })?;
+            metrics::own_model();
+            tracing::info!(provider = %info.provider, model = %name, "conversation model chosen");
+            Ok(client)
+        }
+    }
+}
+
 /// What a task's end reports when its runner panicked.
 fn runner_panicked() -> TaskOutcome {
     TaskOutcome {
@@ -613,6 +641,11 @@ impl ConversationState {
     async fn on_set_context(&mut self, update: &SetContext) -> Result<(), AgentError> {
         let mut next = self.context.clone();
         let warnings = next.apply(update)?;
+        // Checked before anything changes; the running task keeps the model it started with.
+        let model = match &update.model {
+            Some(name) => Some(model_for(&self.services.model, None, Some(name))?),
+            None => None,
+        };
         let mcp = self.services.directory.mcp();
         if next.mcp_tool_allowlist != self.context.mcp_tool_allowlist
             && let Some(port) = &mcp.port
@@ -630,6 +663,9 @@ impl ConversationState {
             self.view_generation = mcp.generation;
         }
         self.context = next;
+        if let Some(model) = model {
+            self.model = model;
+        }
         for message in warnings {
             self.services.events.emit(EventDraft::conversation(
                 self.id,
@@ -797,6 +833,32 @@ mod tests {
             "close and the token both ask"
         );
         assert!(!abort_timer_needed(false, false), "the task already ended");
+    }
+
+    #[test]
+    fn a_conversation_may_name_a_model_of_its_sessions_provider_only() {
+        let session = crate::ports::ModelInfo {
+            provider: "openai-chat".into(),
+            model: "gpt-4o".into(),
+            family: "gpt-4o".into(),
+        };
+        assert_eq!(choose_model(&session, None, None), Ok(ModelChoice::Session));
+        assert_eq!(
+            choose_model(&session, Some("openai-chat"), Some("gpt-4o")),
+            Ok(ModelChoice::Session)
+        );
+        assert_eq!(
+            choose_model(&session, None, Some("gpt-4.1")),
+            Ok(ModelChoice::Named("gpt-4.1".into()))
+        );
+        let unknown = choose_model(&session, Some("anthropic"), Some("x"));
+        assert!(
+            matches!(&unknown, Err(AgentError::InvalidInput { message }) if message.contains("unknown provider `anthropic`")),
+            "{unknown:?}"
+        );
+        for bad in ["", "  ", "a\nb"] {
+            assert!(choose_model(&session, None, Some(bad)).is_err(), "{bad:?}");
+        }
     }
 
     #[test]

@@ -9,6 +9,7 @@ mod leaks;
 mod lifecycle;
 mod mcp;
 mod mcp_servers;
+mod models;
 mod observability;
 mod repl;
 mod restarts;

@@ -16,6 +16,8 @@ pub const FORCE_ABORTS: &str = "troupe_tasks_force_aborted_total";
 pub const POLICY_CLAMPED: &str = "troupe_policy_clamped_total";
 /// Tasks (running or queued) cancelled by a cancel-all of their conversation.
 pub const CANCELLED_ALL: &str = "troupe_conversation_tasks_cancelled_total";
+/// Conversations opened (or changed) with a model of their own.
+pub const OWN_MODEL: &str = "troupe_conversations_own_model_total";
 /// Model summaries of trimmed history, by outcome.
 pub const MODEL_SUMMARIES: &str = "troupe_history_model_summaries_total";
 /// The outcomes of [`MODEL_SUMMARIES`].
@@ -75,6 +77,17 @@ pub fn describe() {
     for outcome in MODEL_SUMMARY_OUTCOMES {
         metrics::counter!(MODEL_SUMMARIES, "outcome" => outcome).increment(0);
     }
+    metrics::describe_counter!(
+        OWN_MODEL,
+        Unit::Count,
+        "Conversations opened (or changed by set-context) with a model other than the session's."
+    );
+    metrics::counter!(OWN_MODEL).increment(0);
+}
+
+/// A conversation chose a model of its own.
+pub fn own_model() {
+    metrics::counter!(OWN_MODEL).increment(1);
 }
 
 /// A model summary ended with `outcome` (one of [`MODEL_SUMMARY_OUTCOMES`]).

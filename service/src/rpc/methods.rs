@@ -418,6 +418,30 @@ mod tests {
             r,
             Request::ConversationOpen { ref params, .. } if params.base_instructions.as_deref() == Some("be brief")
         ));
+        let r = decode(
+            "conversation.open",
+            Some(json!({"session_id": sid, "model": "gpt-4.1", "provider": "openai-chat"})),
+        )
+        .unwrap();
+        assert!(matches!(
+            r,
+            Request::ConversationOpen { ref params, .. }
+                if params.model.as_deref() == Some("gpt-4.1")
+                    && params.provider.as_deref() == Some("openai-chat")
+        ));
+        let cid = ConversationId::new();
+        let r = decode(
+            "conversation.cancelAll",
+            Some(json!({"session_id": sid, "conversation_id": cid})),
+        )
+        .unwrap();
+        assert_eq!(
+            r,
+            Request::ConversationCancelAll {
+                session_id: sid,
+                conversation_id: cid
+            }
+        );
         assert_eq!(decode("nope", None).unwrap_err().code, METHOD_NOT_FOUND);
         assert_eq!(
             decode("session.get", None).unwrap_err().code,
