@@ -39,6 +39,13 @@
 //! - `CallersGone`: a caller of the conversation stopped waiting (its task or call ended):
 //!   pending requests of that conversation whose every caller has gone are withdrawn (denied
 //!   as "withdrawn"), so humans are not left answering a question nobody asks any more.
+//! - `TaskCancelled`: the conversation cancelled (or aborted) a task: its pending requests are
+//!   withdrawn the same way, whoever still holds a reply port.
+//!
+//! A withdrawn request leaves the pending list and is announced by `approval_resolved` with a
+//! `deny` decision whose reason starts with "withdrawn" (or is "conversation closed"). A late
+//! answer to it is `Cancelled` saying it was withdrawn and why (the last
+//! [`WITHDRAWN_REMEMBERED`] are remembered), not a bare `NotFound`.
 //!
 //! A caller that gave up (its reply port is closed) is skipped silently.
 //!
@@ -86,7 +93,8 @@ use troupe_proto::{
 
 use decide::*;
 pub use decide::{
-    ApprovalCore, Ask, AskAdmission, Resolution, covers, fit_decision, key_for, key_path,
+    ApprovalCore, Ask, AskAdmission, Resolution, WITHDRAWN_REMEMBERED, covers, fit_decision,
+    key_for, key_path,
 };
 
 /// Start-up arguments.
@@ -160,6 +168,12 @@ pub enum ApprovalMsg {
     ConversationClosed { conversation_id: ConversationId },
     /// A caller of the conversation gave up waiting: withdraw its requests nobody waits for.
     CallersGone { conversation_id: ConversationId },
+    /// A task was cancelled or aborted: withdraw its pending requests (`reason` says why).
+    TaskCancelled {
+        conversation_id: ConversationId,
+        task_id: TaskId,
+        reason: String,
+    },
     /// Fault injection: panics inside `handle`, to exercise the Session's restart of the
     /// store in tests and drills.
     InjectPanic,
@@ -315,6 +329,17 @@ impl Actor for ApprovalStore {
                     .withdraw_abandoned(conversation_id, RpcReplyPort::is_closed);
                 if !withdrawn.is_empty() {
                     tracing::info!(%conversation_id, withdrawn = withdrawn.len(), "approval requests withdrawn");
+                }
+                state.finish(withdrawn, now_ms);
+            }
+            ApprovalMsg::TaskCancelled {
+                conversation_id,
+                task_id,
+                reason,
+            } => {
+                let withdrawn = state.core.withdraw_task(conversation_id, task_id, &reason);
+                if !withdrawn.is_empty() {
+                    tracing::info!(%conversation_id, %task_id, withdrawn = withdrawn.len(), %reason, "approval requests of a cancelled task withdrawn");
                 }
                 state.finish(withdrawn, now_ms);
             }
@@ -756,6 +781,61 @@ mod tests {
         assert_eq!(core.pending(None)[0].approval_id, theirs);
         // The scoped key is gone; the session key stays.
         assert_eq!(core.live_keys(3), vec![key(&["ls"], None, None)]);
+    }
+
+    #[test]
+    fn a_cancelled_task_withdraws_only_its_own_requests_and_a_late_answer_says_so() {
+        let a = ConversationId::new();
+        let (cancelled, other) = (TaskId::new(), TaskId::new());
+        let mut core = ApprovalCore::new();
+        let of_task = |task| Ask {
+            task_id: Some(task),
+            ..ask(a, &["make"])
+        };
+        let mine = open(&mut core, of_task(cancelled), 0, 1);
+        let theirs = open(
+            &mut core,
+            Ask {
+                task_id: Some(other),
+                ..ask(a, &["ls"])
+            },
+            1,
+            2,
+        );
+        let withdrawn = core.withdraw_task(a, cancelled, "its task was cancelled");
+        assert_eq!(withdrawn.len(), 1);
+        assert_eq!(withdrawn[0].request.approval_id, mine);
+        assert_eq!(withdrawn[0].outcome(), Outcome::Withdrawn);
+        assert_eq!(
+            withdrawn[0].decision,
+            ApprovalDecision::Deny {
+                reason: Some("withdrawn: its task was cancelled".into())
+            }
+        );
+        assert_eq!(core.pending(None)[0].approval_id, theirs);
+        match core.decide(mine, ApprovalDecision::ApproveOnce, 2) {
+            Err(AgentError::Cancelled { reason }) => {
+                assert!(
+                    reason.contains("withdrawn: its task was cancelled"),
+                    "{reason}"
+                );
+            }
+            other => panic!("a late answer is told the request was withdrawn: {other:?}"),
+        }
+        // An id that never was pending is still NotFound.
+        assert!(matches!(
+            core.decide(ApprovalId::new(), ApprovalDecision::ApproveOnce, 2),
+            Err(AgentError::NotFound { .. })
+        ));
+        // Only the newest WITHDRAWN_REMEMBERED are remembered.
+        for i in 0..WITHDRAWN_REMEMBERED {
+            let id = open(&mut core, of_task(cancelled), 3, 10 + i as u32);
+            assert_eq!(core.withdraw_task(a, cancelled, "again").len(), 1, "{id}");
+        }
+        assert!(matches!(
+            core.decide(mine, ApprovalDecision::ApproveOnce, 4),
+            Err(AgentError::NotFound { .. })
+        ));
     }
 
     #[test]

@@ -8,8 +8,16 @@
 //!               └─ no ──► queue (bounded; full → Overloaded)
 //! runner ──► TaskFinished ─► append items to history, emit task_finished, reply, next in queue
 //! Close ──► running? ── no ─► release, emit conversation_closed, reply, stop
-//!             └─ yes ─► cancel; TaskFinished → closed | CloseTimedOut → abort → force_aborted
+//!             └─ yes ─► cancel; TaskFinished → closed | CancelTimedOut → abort → force_aborted
+//! cancel (close, `CancelAll`, the TaskRegistry) ─► CancelSeen ─► timer (close timeout)
+//!             └─ TaskFinished first → timer dropped | CancelTimedOut → abort → task_aborted
 //! ```
+//!
+//! A task whose cancellation is asked, whoever asks, gets the close timeout to end; one that
+//! ignores it (a tool or a model stream that never returns) is aborted then: its slot is
+//! released, its caller answered `Cancelled`, a `cancel_ignored` warning and a `task_aborted`
+//! event are recorded, and the next queued message starts. A cancelled or aborted task's
+//! pending approvals are withdrawn (`ApprovalMsg::TaskCancelled`).
 //!
 //! Its MCP view follows its allowlist and its session's pool: a `SetContext` that changes the
 //! allowlist opens a new view first (checked by the pool as at open; refused → the error, and
@@ -78,11 +86,12 @@ use troupe_proto::{
 mod close;
 mod decide;
 pub mod metrics;
+pub mod summary;
 mod tasks;
 
 pub use decide::{
-    MessageAdmission, Rejoin, SlotAnswer, SlotState, admit, clamp_message, interrupted_tasks,
-    registry_state, rejoin, slot_answer,
+    MessageAdmission, ModelChoice, Rejoin, SlotAnswer, SlotState, abort_timer_needed, admit,
+    choose_model, clamp_message, interrupted_tasks, registry_state, rejoin, slot_answer,
 };
 
 /// The one-turn system prompt of a compaction (C3); never stored.
@@ -98,6 +107,8 @@ pub const COMPACT_REQUEST: &str = "Summarize the conversation so far for your ow
 #[derive(Debug, Clone)]
 pub struct ConversationSettings {
     pub history: HistoryLimits,
+    /// Who writes the summary of trimmed history (S6).
+    pub summary: crate::history::SummaryMode,
     /// How long `close` waits for a cancelled task before aborting it (S5).
     pub close_timeout: Duration,
     /// Messages that may wait behind the running task; one more is `Overloaded`.
@@ -123,6 +134,7 @@ impl Default for ConversationSettings {
     fn default() -> Self {
         Self {
             history: HistoryLimits::default(),
+            summary: crate::history::SummaryMode::Local,
             close_timeout: Duration::from_secs(5),
             max_queued_messages: 16,
             task: TaskLimits::default(),
@@ -212,13 +224,23 @@ pub enum ConversationMsg {
     },
     /// Closes the conversation (idempotent; every caller is answered).
     Close { reply: RpcReplyPort<Closed> },
+    /// Cancels the running task and every queued message (each answered `Cancelled`);
+    /// answers how many were cancelled. The conversation stays open.
+    CancelAll { reply: RpcReplyPort<usize> },
+    /// The running task's cancellation token fired (whoever fired it): its abort timer starts.
+    CancelSeen { task_id: TaskId },
+    /// The model wrote (or failed to write) the summary of generation `generation`.
+    SummaryWritten {
+        generation: u64,
+        result: Result<String, summary::SummaryFailure>,
+    },
     /// The runner of `task_id` ended.
     TaskFinished {
         task_id: TaskId,
         outcome: Box<TaskOutcome>,
     },
-    /// Timer: the close timeout of `task_id` ran out.
-    CloseTimedOut { task_id: TaskId },
+    /// Timer: `task_id` was cancelled a close timeout ago and has not ended.
+    CancelTimedOut { task_id: TaskId },
     /// The scheduler `scheduler` answered the slot request of `task_id` (`None`: it stopped
     /// before answering).
     SlotAnswered {
@@ -290,10 +312,15 @@ pub struct ConversationState {
     queue: VecDeque<Queued>,
     /// `Some` once close began: the callers to answer when it completes.
     closing: Option<Vec<RpcReplyPort<Closed>>>,
-    /// The close timeout; aborted once close completes, so the timer does not keep this
-    /// actor's cell alive for the rest of its period.
-    close_timer: Option<AbortHandle>,
+    /// The abort timer of a cancelled task; aborted once that task ends (or close completes),
+    /// so the timer does not keep this actor's cell alive for the rest of its period.
+    abort_timer: Option<AbortHandle>,
     stats: ConversationStats,
+    /// This conversation's model: the session's, or the one its open request named (S1).
+    model: Arc<dyn ModelClient>,
+    /// The model summary being written (`SummaryMode::Model`), aborted when a newer trim
+    /// supersedes it or the conversation stops.
+    summary_task: Option<AbortHandle>,
     /// Turns started so far (T1 numbers them from 1).
     turns: u32,
     /// This conversation's policies: the session's, narrowed by the open request (C2).
@@ -307,8 +334,11 @@ impl Drop for ConversationState {
         if let Some(r) = &self.running {
             r.abort.abort();
         }
-        if let Some(timer) = &self.close_timer {
+        if let Some(timer) = &self.abort_timer {
             timer.abort();
+        }
+        if let Some(task) = &self.summary_task {
+            task.abort();
         }
         LIVE.fetch_sub(1, Ordering::Relaxed);
         metrics::live(LIVE.load(Ordering::Relaxed));
@@ -342,6 +372,11 @@ impl Actor for Conversation {
         let seen = services.directory.generations();
         let (context, warnings) =
             ConversationContext::from_open(&args.params, settings.shell_tool)?;
+        let model = model_for(
+            &services.model,
+            args.params.provider.as_deref(),
+            args.params.model.as_deref(),
+        )?;
         let mcp = services.directory.mcp();
         let view = match &mcp.port {
             Some(port) => Some(
@@ -364,7 +399,10 @@ impl Actor for Conversation {
                 conversation_id: args.conversation_id,
                 policy: args.params.storage_policy,
             });
-        let mut history = HistoryStore::new(settings.history, services.summarizer.clone());
+        let mut history =
+            HistoryStore::new(settings.history, services.summarizer.clone()).keep_trimmed(
+                matches!(settings.summary, crate::history::SummaryMode::Model { .. }),
+            );
         let records = if args.restore {
             ractor::call!(services.directory.rollout(), |reply| {
                 RolloutMsg::ReadConversation {
@@ -390,6 +428,8 @@ impl Actor for Conversation {
             restored_turns = crate::context::turns_started(&records);
             let restored = items.len() as u64;
             history.append(items);
+            // What a restore trims is summarized locally.
+            drop(history.take_trimmed());
             let cause = args.restore_cause;
             tracing::info!(conversation_id = %args.conversation_id, ?cause, restored, "conversation restored from its rollout");
             services.events.emit(EventDraft::conversation(
@@ -473,11 +513,13 @@ impl Actor for Conversation {
             running: None,
             queue: VecDeque::new(),
             closing: None,
-            close_timer: None,
+            abort_timer: None,
             stats: ConversationStats {
                 conversation_id: Some(args.conversation_id),
                 ..ConversationStats::default()
             },
+            model,
+            summary_task: None,
             turns: restored_turns,
             approval_policy,
             sandbox_policy,
@@ -501,11 +543,18 @@ impl Actor for Conversation {
                 let _ = reply.send(state.on_set_context(&update).await);
             }
             ConversationMsg::Close { reply } => state.on_close(&myself, reply),
+            ConversationMsg::CancelAll { reply } => {
+                let _ = reply.send(state.on_cancel_all());
+            }
+            ConversationMsg::CancelSeen { task_id } => state.arm_abort_timer(&myself, task_id),
+            ConversationMsg::SummaryWritten { generation, result } => {
+                state.on_summary_written(generation, result);
+            }
             ConversationMsg::TaskFinished { task_id, outcome } => {
                 state.on_task_finished(&myself, task_id, *outcome);
             }
-            ConversationMsg::CloseTimedOut { task_id } => {
-                state.on_close_timed_out(&myself, task_id)
+            ConversationMsg::CancelTimedOut { task_id } => {
+                state.on_cancel_timed_out(&myself, task_id)
             }
             ConversationMsg::SlotAnswered {
                 task_id,
@@ -521,6 +570,30 @@ impl Actor for Conversation {
             ConversationMsg::InjectPanic => panic!("injected fault in conversation {}", state.id),
         }
         Ok(())
+    }
+}
+
+/// The model client a conversation uses: the session's, or the session's client asking for
+/// the model the request names (see [`choose_model`]).
+fn model_for(
+    session: &Arc<dyn ModelClient>,
+    provider: Option<&str>,
+    model: Option<&str>,
+) -> Result<Arc<dyn ModelClient>, AgentError> {
+    let info = session.info();
+    match choose_model(&info, provider, model)? {
+        ModelChoice::Session => Ok(session.clone()),
+        ModelChoice::Named(name) => {
+            let client = session.with_model(&name).ok_or_else(|| {
+                AgentError::invalid(format!(
+                    "the `{}` model client serves only `{}`; it cannot ask for `{name}`",
+                    info.provider, info.model
+                ))
+            })?;
+            metrics::own_model();
+            tracing::info!(provider = %info.provider, model = %name, "conversation model chosen");
+            Ok(client)
+        }
     }
 }
 
@@ -574,6 +647,11 @@ impl ConversationState {
     async fn on_set_context(&mut self, update: &SetContext) -> Result<(), AgentError> {
         let mut next = self.context.clone();
         let warnings = next.apply(update)?;
+        // Checked before anything changes; the running task keeps the model it started with.
+        let model = match &update.model {
+            Some(name) => Some(model_for(&self.services.model, None, Some(name))?),
+            None => None,
+        };
         let mcp = self.services.directory.mcp();
         if mcp.port.is_none()
             && let Some(list) = &next.mcp_tool_allowlist
@@ -599,6 +677,9 @@ impl ConversationState {
             warn_unavailable_tools(&self.services, self.id, &next.prefs);
         }
         self.context = next;
+        if let Some(model) = model {
+            self.model = model;
+        }
         for message in warnings {
             self.services.events.emit(EventDraft::conversation(
                 self.id,
@@ -776,6 +857,42 @@ mod tests {
             registry_state(true, Some(SlotState::Held(at))),
             TaskState::Cancelling
         );
+    }
+
+    #[test]
+    fn a_cancelled_task_gets_one_abort_timer_while_it_runs() {
+        assert!(abort_timer_needed(true, false));
+        assert!(
+            !abort_timer_needed(true, true),
+            "close and the token both ask"
+        );
+        assert!(!abort_timer_needed(false, false), "the task already ended");
+    }
+
+    #[test]
+    fn a_conversation_may_name_a_model_of_its_sessions_provider_only() {
+        let session = crate::ports::ModelInfo {
+            provider: "openai-chat".into(),
+            model: "gpt-4o".into(),
+            family: "gpt-4o".into(),
+        };
+        assert_eq!(choose_model(&session, None, None), Ok(ModelChoice::Session));
+        assert_eq!(
+            choose_model(&session, Some("openai-chat"), Some("gpt-4o")),
+            Ok(ModelChoice::Session)
+        );
+        assert_eq!(
+            choose_model(&session, None, Some("gpt-4.1")),
+            Ok(ModelChoice::Named("gpt-4.1".into()))
+        );
+        let unknown = choose_model(&session, Some("anthropic"), Some("x"));
+        assert!(
+            matches!(&unknown, Err(AgentError::InvalidInput { message }) if message.contains("unknown provider `anthropic`")),
+            "{unknown:?}"
+        );
+        for bad in ["", "  ", "a\nb"] {
+            assert!(choose_model(&session, None, Some(bad)).is_err(), "{bad:?}");
+        }
     }
 
     #[test]

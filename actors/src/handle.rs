@@ -295,6 +295,23 @@ impl SessionHandle {
         .map_err(gone)?
     }
 
+    /// Cancels the running task of a conversation and every message queued in it; answers
+    /// how many were cancelled. A task that ignores its cancellation is aborted after the
+    /// close timeout. The conversation stays open. `NotFound` if it is not open.
+    pub async fn cancel_conversation(
+        &self,
+        conversation_id: ConversationId,
+    ) -> Result<usize, AgentError> {
+        let actor = self
+            .conversation_actor(conversation_id)
+            .await?
+            .ok_or_else(|| AgentError::not_found("conversation", conversation_id))?;
+        ractor::call!(actor, |reply| {
+            crate::conversation::ConversationMsg::CancelAll { reply }
+        })
+        .map_err(|_| AgentError::not_found("conversation", conversation_id))
+    }
+
     /// Closes every conversation, flushes the rollout and stops the session.
     pub async fn shutdown(&self) -> Result<(), AgentError> {
         ractor::call!(self.actor, |reply| SessionMsg::Shutdown { reply }).map_err(gone)

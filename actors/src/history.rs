@@ -13,6 +13,11 @@
 //! summary (one item and an eighth of `max_tokens`) is reserved when trimming, and the store
 //! caps whatever the summarizer returns to that room, so both bounds hold after every append,
 //! summary included.
+//!
+//! A summary written elsewhere (by the model, `SummaryMode::Model`, see
+//! `conversation::summary`) replaces the local one through [`HistoryStore::replace_summary`],
+//! only while the summary is still the one it was asked about (its generation), and is capped
+//! to the same room; the items a trim removed are kept for it ([`HistoryStore::keep_trimmed`]).
 
 use std::collections::VecDeque;
 use std::fmt;
@@ -58,6 +63,17 @@ impl Summarizer for LocalSummarizer {
         }
         tail_lines(&out, self.max_chars).to_owned()
     }
+}
+
+/// Who writes a conversation's summary when its history is trimmed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum SummaryMode {
+    /// The session's [`Summarizer`] (local), at once.
+    #[default]
+    Local,
+    /// The conversation's model, in a task outside the conversation's mailbox; the local
+    /// summary stands in until it answers and stays if it fails or takes longer than `timeout`.
+    Model { timeout: std::time::Duration },
 }
 
 /// Bounds of a [`HistoryStore`].
@@ -142,6 +158,13 @@ pub struct HistoryStore {
     total_appended: u64,
     /// Items folded into the summary so far.
     replaced: u64,
+    /// Bumped at every change of the summary: a summary written elsewhere (by the model)
+    /// replaces only the one it was asked about.
+    summary_generation: u64,
+    /// Keep the items each trim removes for [`take_trimmed`](Self::take_trimmed) (a model
+    /// summarizer reads them); off, they are dropped once folded.
+    keep_trimmed: bool,
+    trimmed: Vec<HistoryItem>,
 }
 
 impl fmt::Debug for HistoryStore {
@@ -168,7 +191,52 @@ impl HistoryStore {
             tokens: 0,
             total_appended: 0,
             replaced: 0,
+            summary_generation: 0,
+            keep_trimmed: false,
+            trimmed: Vec::new(),
         }
+    }
+
+    /// Keeps the items trims remove until [`take_trimmed`](Self::take_trimmed) (for a
+    /// summarizer that runs elsewhere).
+    pub fn keep_trimmed(mut self, keep: bool) -> Self {
+        self.keep_trimmed = keep;
+        self
+    }
+
+    /// The items removed by trims since the last call, oldest first (empty unless
+    /// [`keep_trimmed`](Self::keep_trimmed)).
+    pub fn take_trimmed(&mut self) -> Vec<HistoryItem> {
+        std::mem::take(&mut self.trimmed)
+    }
+
+    /// Which summary is held now (bumped at every change).
+    pub fn summary_generation(&self) -> u64 {
+        self.summary_generation
+    }
+
+    /// Replaces the summary text, if the summary is still the one of `generation` (nothing
+    /// was trimmed or compacted since): capped to the summary's room, so the bounds hold.
+    /// Returns whether it was replaced.
+    pub fn replace_summary(&mut self, generation: u64, text: &str) -> bool {
+        if generation != self.summary_generation {
+            return false;
+        }
+        let Some(HistoryItem::Summary { replaced_items, .. }) = self.summary().cloned() else {
+            return false;
+        };
+        let max_bytes = (self.limits.summary_budget() - 4) * 4;
+        let item = HistoryItem::Summary {
+            text: tail_on_char_boundary(text, max_bytes).to_owned(),
+            replaced_items,
+        };
+        let tokens = item.approx_tokens();
+        self.summary = Some(Arc::new(Segment {
+            items: vec![item],
+            tokens,
+        }));
+        self.summary_generation += 1;
+        true
     }
 
     /// Appends only the given new items; trims when over a bound.
@@ -269,6 +337,7 @@ impl HistoryStore {
         self.segments.clear();
         self.items = 0;
         self.tokens = 0;
+        self.summary_generation += 1;
         TrimReport {
             removed_items: removed,
             summary,
@@ -353,6 +422,10 @@ impl HistoryStore {
         }
         let count = removed.len() as u64;
         let text = self.summarizer.summarize(self.summary_text(), removed);
+        self.summary_generation += 1;
+        if self.keep_trimmed {
+            self.trimmed.append(removed);
+        }
         // approx_tokens = ceil(bytes / 4) + 4, so this many bytes keep it within the budget.
         let max_bytes = (self.limits.summary_budget() - 4) * 4;
         let text = tail_on_char_boundary(&text, max_bytes).to_owned();
@@ -592,6 +665,38 @@ mod tests {
             },
             Arc::new(LocalSummarizer::default()),
         )
+    }
+
+    #[test]
+    fn a_summary_written_elsewhere_replaces_only_the_one_it_was_asked_about() {
+        let mut h = store(4, 10_000, 2).keep_trimmed(true);
+        let user = |i: usize| HistoryItem::user(format!("m{i}"));
+        assert!(h.append((0..4).map(user)).is_none());
+        assert!(!h.replace_summary(h.summary_generation(), "nothing to replace"));
+        assert!(h.take_trimmed().is_empty());
+        h.append([user(4), user(5)]).expect("trimmed");
+        assert_eq!(h.take_trimmed(), vec![user(0), user(1), user(2), user(3)]);
+        assert!(h.take_trimmed().is_empty(), "taken once");
+        let asked = h.summary_generation();
+        h.append([user(6), user(7)]).expect("trimmed again");
+        assert!(!h.replace_summary(asked, "stale"), "a newer trim wins");
+        let now = h.summary_generation();
+        assert!(h.replace_summary(now, "by the model"));
+        assert!(matches!(
+            h.summary(),
+            Some(HistoryItem::Summary { text, replaced_items: 6 }) if text == "by the model"
+        ));
+        // Capped to the summary's room, so the bounds hold.
+        let long = "x".repeat(100_000);
+        assert!(h.replace_summary(h.summary_generation(), &long));
+        check_consistent(&h);
+        let compacted = h.summary_generation();
+        h.compact("compacted".into());
+        assert!(!h.replace_summary(compacted, "late"));
+        // Without keep_trimmed nothing is held back.
+        let mut plain = store(4, 10_000, 2);
+        plain.append((0..6).map(user)).expect("trimmed");
+        assert!(plain.take_trimmed().is_empty());
     }
 
     fn held_items(store: &HistoryStore) -> Vec<HistoryItem> {

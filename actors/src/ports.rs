@@ -59,6 +59,13 @@ pub trait DeltaSink: Send {
 pub trait ModelClient: Send + Sync + 'static {
     fn info(&self) -> ModelInfo;
 
+    /// The same client (provider, endpoint, connection pool) asking for another model, for a
+    /// conversation that names its own (S1). `None`: this client serves one model only.
+    fn with_model(&self, model: &str) -> Option<Arc<dyn ModelClient>> {
+        let _ = model;
+        None
+    }
+
     /// Runs one step. Must stop promptly (with `AgentError::Cancelled`) once `cancel` fires;
     /// a client that does not is force-aborted by `close` after its timeout. It runs inside
     /// the step's `chat {model}` span (see `task::spans`): spans a client opens (an HTTP

@@ -8,7 +8,9 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 use std::time::Duration;
 use troupe_runtime::assembly;
-use troupe_runtime::config::{TroupeConfig, parse_duration, parse_enum};
+use troupe_runtime::config::{
+    ConversationFlags, Provider, TroupeConfig, parse_duration, parse_enum,
+};
 use troupe_service::Service;
 
 #[derive(Debug, clap::Args)]
@@ -44,6 +46,21 @@ pub struct ServeArgs {
     /// A JSON script for the built-in scripted model (`{"replies": [...]}`).
     #[arg(long, env = "TROUPE_SCRIPT")]
     pub script: Option<PathBuf>,
+    /// Most items a conversation's history holds (history.max_items).
+    #[arg(long)]
+    pub history_max_items: Option<String>,
+    /// Most approximate tokens a conversation's history holds (history.max_tokens).
+    #[arg(long)]
+    pub history_max_tokens: Option<String>,
+    /// Who summarizes trimmed history: local or model (history.summarizer).
+    #[arg(long)]
+    pub summarizer: Option<String>,
+    /// How long a cancelled task may take to stop before it is aborted, e.g. 5s.
+    #[arg(long)]
+    pub close_timeout: Option<String>,
+    /// How long an approval request waits for a human, e.g. 5m.
+    #[arg(long)]
+    pub approval_timeout: Option<String>,
 }
 
 /// Defaults < config file < environment < flags; the provider as
@@ -73,6 +90,13 @@ fn resolve(args: &ServeArgs) -> anyhow::Result<TroupeConfig> {
         c.named.endpoint = true;
     }
     c.choose_provider();
+    c.apply_conversation_flags(&ConversationFlags {
+        history_max_items: args.history_max_items.clone(),
+        history_max_tokens: args.history_max_tokens.clone(),
+        summarizer: args.summarizer.clone(),
+        close_timeout: args.close_timeout.clone(),
+        approval_timeout: args.approval_timeout.clone(),
+    })?;
     Ok(c)
 }
 

@@ -27,6 +27,13 @@ pub struct OpenConversation {
     pub approval_policy: Option<ApprovalPolicy>,
     /// May only narrow the session's policy (C2).
     pub sandbox_policy: Option<SandboxPolicy>,
+    /// The model this conversation asks (S1, C1), on the session's provider and endpoint;
+    /// `None`: the session's model.
+    pub model: Option<String>,
+    /// The provider this conversation expects (`openai-responses`, `openai-chat`,
+    /// `scripted`): it must be the session's (one endpoint per session); anything else is
+    /// refused at open. `None`: the session's.
+    pub provider: Option<String>,
 }
 
 impl OpenConversation {
@@ -111,6 +118,8 @@ pub struct SetContext {
     pub include_plan_tool: Option<bool>,
     pub include_apply_patch_tool: Option<bool>,
     pub tools_web_search_request: Option<bool>,
+    /// Another model for the conversation's next tasks (the running one keeps its own).
+    pub model: Option<String>,
 }
 
 impl OpenConversation {
@@ -133,6 +142,9 @@ impl OpenConversation {
         }
         if let Some(v) = update.tools_web_search_request {
             self.tools_web_search_request = v;
+        }
+        if let Some(v) = &update.model {
+            self.model = Some(v.clone());
         }
     }
 }

@@ -125,6 +125,10 @@ bounded_names! {
         McpAllowlistUnknownTool = "mcp_allowlist_unknown_tool",
         /// A built-in tool was asked for that this session cannot run; it is not offered.
         ToolUnavailable = "tool_unavailable",
+        /// A cancelled task did not end within the close timeout and was aborted.
+        CancelIgnored = "cancel_ignored",
+        /// The model could not summarize trimmed history; the local summary stays.
+        SummaryFallback = "summary_fallback",
     }
 }
 

@@ -332,9 +332,21 @@ fn open_conversation() -> impl Strategy<Value = OpenConversation> {
         storage_policy(),
         prop::option::of(approval_policy()),
         prop::option::of(sandbox_policy()),
+        prop::option::of(text()),
+        prop::option::of(text()),
     )
         .prop_map(
-            |(base, user, allow, [plan, patch, web], storage, approval, sandbox)| {
+            |(
+                base,
+                user,
+                allow,
+                [plan, patch, web],
+                storage,
+                approval,
+                sandbox,
+                model,
+                provider,
+            )| {
                 OpenConversation {
                     base_instructions: base,
                     user_instructions: user,
@@ -345,6 +357,8 @@ fn open_conversation() -> impl Strategy<Value = OpenConversation> {
                     storage_policy: storage,
                     approval_policy: approval,
                     sandbox_policy: sandbox,
+                    model,
+                    provider,
                 }
             },
         )
@@ -447,14 +461,16 @@ fn set_context() -> impl Strategy<Value = SetContext> {
         prop::option::of(any::<bool>()),
         prop::option::of(any::<bool>()),
         prop::option::of(any::<bool>()),
+        prop::option::of(text()),
     )
-        .prop_map(|(base, user, allow, plan, patch, web)| SetContext {
+        .prop_map(|(base, user, allow, plan, patch, web, model)| SetContext {
             base_instructions: base,
             user_instructions: user,
             mcp_tool_allowlist: allow,
             include_plan_tool: plan,
             include_apply_patch_tool: patch,
             tools_web_search_request: web,
+            model,
         })
 }
 

@@ -2,11 +2,11 @@
 //! command runner, MCP connector, summarizer) and its [`SessionConfig`]. `troupe chat` and
 //! `troupe serve` assemble sessions the same way through these functions.
 
-use crate::config::{Provider, TroupeConfig};
+use crate::config::{Provider, SummarizerKind, TroupeConfig};
 use crate::{ProcessRunner, ScriptedModel};
 use std::path::Path;
 use std::sync::Arc;
-use troupe_actors::history::LocalSummarizer;
+use troupe_actors::history::{LocalSummarizer, SummaryMode};
 use troupe_actors::ports::{ApproxTokens, McpConnector, ModelClient, TokenCounter};
 use troupe_actors::{SessionConfig, SessionPorts};
 use troupe_proto::{AgentError, OpenConversation, StoragePolicy};
@@ -103,6 +103,16 @@ pub fn session_config(config: &TroupeConfig) -> SessionConfig {
     conv.task.over_budget = chat.over_budget;
     conv.task.tool_errors = chat.tool_errors;
     conv.record_content = config.telemetry.record_content;
+    conv.history.max_items = config.history.max_items;
+    conv.history.max_tokens = config.history.max_tokens;
+    conv.summary = match config.history.summarizer {
+        SummarizerKind::Local => SummaryMode::Local,
+        SummarizerKind::Model => SummaryMode::Model {
+            timeout: config.history.summary_timeout,
+        },
+    };
+    conv.close_timeout = config.conversation.close_timeout;
+    s.approval_timeout = config.conversation.approval_timeout;
     s
 }
 
@@ -134,5 +144,37 @@ mod tests {
         assert_eq!(s.conversation.task.max_steps, 9);
         assert_eq!(s.ttl_sweep_interval, std::time::Duration::from_secs(7));
         assert!(s.root.include_plan_tool);
+    }
+
+    #[test]
+    fn history_and_timeouts_reach_the_conversations() {
+        let mut c = TroupeConfig::default();
+        c.history.max_items = 40;
+        c.history.max_tokens = 900;
+        c.history.summarizer = SummarizerKind::Model;
+        c.history.summary_timeout = std::time::Duration::from_secs(9);
+        c.conversation.close_timeout = std::time::Duration::from_secs(2);
+        c.conversation.approval_timeout = std::time::Duration::from_secs(30);
+        let s = session_config(&c);
+        assert_eq!(
+            (
+                s.conversation.history.max_items,
+                s.conversation.history.max_tokens
+            ),
+            (40, 900)
+        );
+        assert_eq!(
+            s.conversation.summary,
+            SummaryMode::Model {
+                timeout: std::time::Duration::from_secs(9)
+            }
+        );
+        assert_eq!(
+            s.conversation.close_timeout,
+            std::time::Duration::from_secs(2)
+        );
+        assert_eq!(s.approval_timeout, std::time::Duration::from_secs(30));
+        let local = session_config(&TroupeConfig::default());
+        assert_eq!(local.conversation.summary, SummaryMode::Local);
     }
 }

@@ -170,6 +170,81 @@ pub struct TroupeConfig {
     /// What named the model endpoint (file, environment, flags), for [`Self::choose_provider`].
     #[serde(skip)]
     pub named: ModelNamed,
+    /// `[history]`: bounds of a conversation's history and who writes its summary (S6).
+    pub history: HistoryConfig,
+    /// `[conversation]`: the close timeout and the approval timeout (S5, S9).
+    pub conversation: ConversationConfig,
+}
+
+/// `[history]`: a conversation's history bounds (S6).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct HistoryConfig {
+    /// Most items a conversation's history holds, its summary included.
+    pub max_items: usize,
+    /// Most approximate tokens it holds, its summary included.
+    pub max_tokens: usize,
+    /// Who writes the summary of trimmed items: `local` or `model`.
+    pub summarizer: SummarizerKind,
+    /// How long a model summary may take before the local one stays.
+    #[serde(with = "humantime_serde")]
+    pub summary_timeout: Duration,
+}
+
+impl Default for HistoryConfig {
+    fn default() -> Self {
+        let limits = troupe_actors::history::HistoryLimits::default();
+        Self {
+            max_items: limits.max_items,
+            max_tokens: limits.max_tokens,
+            summarizer: SummarizerKind::Local,
+            summary_timeout: Duration::from_secs(60),
+        }
+    }
+}
+
+/// Who writes the summary of a conversation's trimmed history.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum SummarizerKind {
+    /// A local digest (role and start of each item), written at once.
+    Local,
+    /// The conversation's model, asked outside its mailbox; the local digest stands in until
+    /// it answers, and stays if it fails or times out.
+    Model,
+}
+
+/// `[conversation]`: timeouts of every conversation.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct ConversationConfig {
+    /// How long a cancelled task (by close, cancel-all or `task.cancel`) may take to stop
+    /// before it is aborted.
+    #[serde(with = "humantime_serde")]
+    pub close_timeout: Duration,
+    /// How long an approval request waits for a human before it is denied.
+    #[serde(with = "humantime_serde")]
+    pub approval_timeout: Duration,
+}
+
+impl Default for ConversationConfig {
+    fn default() -> Self {
+        Self {
+            close_timeout: Duration::from_secs(5),
+            approval_timeout: Duration::from_secs(300),
+        }
+    }
+}
+
+/// The `troupe serve` flags of the history and conversation settings, as given (`None`: not
+/// given). They win over the file and the environment ([`TroupeConfig::apply_conversation_flags`]).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct ConversationFlags {
+    pub history_max_items: Option<String>,
+    pub history_max_tokens: Option<String>,
+    pub summarizer: Option<String>,
+    pub close_timeout: Option<String>,
+    pub approval_timeout: Option<String>,
 }
 
 /// Whether the provider, or an endpoint, was named somewhere, so that a base URL or an
@@ -196,6 +271,8 @@ impl Default for TroupeConfig {
             server: ServerConfig::default(),
             telemetry: TelemetryConfig::default(),
             named: ModelNamed::default(),
+            history: HistoryConfig::default(),
+            conversation: ConversationConfig::default(),
         }
     }
 }
@@ -534,6 +611,12 @@ pub const ENV_VARS: &[(&str, &str)] = &[
     ("TROUPE_A2A", "server.a2a.enabled"),
     ("TROUPE_A2A_PROJECT", "server.a2a.project"),
     ("TROUPE_A2A_PUBLIC_URL", "server.a2a.public_url"),
+    ("TROUPE_HISTORY_MAX_ITEMS", "history.max_items"),
+    ("TROUPE_HISTORY_MAX_TOKENS", "history.max_tokens"),
+    ("TROUPE_SUMMARIZER", "history.summarizer"),
+    ("TROUPE_SUMMARY_TIMEOUT", "history.summary_timeout"),
+    ("TROUPE_CLOSE_TIMEOUT", "conversation.close_timeout"),
+    ("TROUPE_APPROVAL_TIMEOUT", "conversation.approval_timeout"),
 ];
 
 impl TroupeConfig {
@@ -657,6 +740,58 @@ impl TroupeConfig {
             self.server.a2a.public_url = Some(v);
         }
         self.telemetry.apply_env(env)?;
+        self.apply_conversation_env(&get)?;
+        Ok(())
+    }
+
+    /// The `[history]` and `[conversation]` variables.
+    fn apply_conversation_env(
+        &mut self,
+        get: &dyn Fn(&str) -> Option<String>,
+    ) -> Result<(), ConfigError> {
+        let flags = ConversationFlags {
+            history_max_items: get("TROUPE_HISTORY_MAX_ITEMS"),
+            history_max_tokens: get("TROUPE_HISTORY_MAX_TOKENS"),
+            summarizer: get("TROUPE_SUMMARIZER"),
+            close_timeout: get("TROUPE_CLOSE_TIMEOUT"),
+            approval_timeout: get("TROUPE_APPROVAL_TIMEOUT"),
+        };
+        self.apply_conversation_settings(&flags, &ENV_NAMES)?;
+        if let Some(v) = get("TROUPE_SUMMARY_TIMEOUT") {
+            self.history.summary_timeout = parse_duration("TROUPE_SUMMARY_TIMEOUT", &v)?;
+        }
+        Ok(())
+    }
+
+    /// Applies the `troupe serve` flags of the history and conversation settings: called after
+    /// [`load`](Self::load), so a flag wins over the environment, which wins over the file.
+    pub fn apply_conversation_flags(
+        &mut self,
+        flags: &ConversationFlags,
+    ) -> Result<(), ConfigError> {
+        self.apply_conversation_settings(flags, &FLAG_NAMES)
+    }
+
+    fn apply_conversation_settings(
+        &mut self,
+        given: &ConversationFlags,
+        names: &[&str; 5],
+    ) -> Result<(), ConfigError> {
+        if let Some(v) = &given.history_max_items {
+            self.history.max_items = parse_num(names[0], v)?;
+        }
+        if let Some(v) = &given.history_max_tokens {
+            self.history.max_tokens = parse_num(names[1], v)?;
+        }
+        if let Some(v) = &given.summarizer {
+            self.history.summarizer = parse_enum(names[2], v, "local or model")?;
+        }
+        if let Some(v) = &given.close_timeout {
+            self.conversation.close_timeout = parse_duration(names[3], v)?;
+        }
+        if let Some(v) = &given.approval_timeout {
+            self.conversation.approval_timeout = parse_duration(names[4], v)?;
+        }
         Ok(())
     }
 
@@ -716,6 +851,23 @@ pub const fn provider_name(provider: Provider) -> &'static str {
         Provider::OpenaiChat => "openai-chat",
     }
 }
+/// The names errors give for the [`ConversationFlags`] fields, read from the environment...
+const ENV_NAMES: [&str; 5] = [
+    "TROUPE_HISTORY_MAX_ITEMS",
+    "TROUPE_HISTORY_MAX_TOKENS",
+    "TROUPE_SUMMARIZER",
+    "TROUPE_CLOSE_TIMEOUT",
+    "TROUPE_APPROVAL_TIMEOUT",
+];
+
+/// ...and given as flags.
+const FLAG_NAMES: [&str; 5] = [
+    "--history-max-items",
+    "--history-max-tokens",
+    "--summarizer",
+    "--close-timeout",
+    "--approval-timeout",
+];
 
 /// A comma-separated list, trimmed, without empty items.
 fn split_list(value: &str) -> Vec<String> {
@@ -824,6 +976,79 @@ tool_errors = { retry = { attempts = 2 } }
         );
         assert_eq!(c.model.idle_timeout, Duration::from_secs(45));
         assert_eq!(c.log_dir, std::path::PathBuf::from("logs"));
+    }
+
+    #[test]
+    fn history_and_timeouts_flags_beat_env_beat_file() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("troupe.toml");
+        std::fs::write(
+            &path,
+            r#"
+[history]
+max_items = 100
+max_tokens = 5000
+summarizer = "model"
+summary_timeout = "20s"
+[conversation]
+close_timeout = "7s"
+approval_timeout = "2m"
+"#,
+        )
+        .unwrap();
+        let file_only = TroupeConfig::load(Some(&path), &env(&[])).unwrap();
+        assert_eq!(file_only.history.max_items, 100);
+        assert_eq!(file_only.history.max_tokens, 5000);
+        assert_eq!(file_only.history.summarizer, SummarizerKind::Model);
+        assert_eq!(file_only.history.summary_timeout, Duration::from_secs(20));
+        assert_eq!(file_only.conversation.close_timeout, Duration::from_secs(7));
+        assert_eq!(
+            file_only.conversation.approval_timeout,
+            Duration::from_secs(120)
+        );
+        let mut c = TroupeConfig::load(
+            Some(&path),
+            &env(&[
+                ("TROUPE_HISTORY_MAX_ITEMS", "50"),
+                ("TROUPE_HISTORY_MAX_TOKENS", "4000"),
+                ("TROUPE_SUMMARIZER", "local"),
+                ("TROUPE_CLOSE_TIMEOUT", "3s"),
+                ("TROUPE_APPROVAL_TIMEOUT", "90s"),
+                ("TROUPE_SUMMARY_TIMEOUT", "5s"),
+            ]),
+        )
+        .unwrap();
+        assert_eq!(c.history.max_items, 50, "env beats the file");
+        assert_eq!(c.history.summarizer, SummarizerKind::Local);
+        assert_eq!(c.history.summary_timeout, Duration::from_secs(5));
+        assert_eq!(c.conversation.close_timeout, Duration::from_secs(3));
+        c.apply_conversation_flags(&ConversationFlags {
+            history_max_items: Some("20".into()),
+            summarizer: Some("model".into()),
+            close_timeout: Some("1s".into()),
+            ..ConversationFlags::default()
+        })
+        .unwrap();
+        assert_eq!(c.history.max_items, 20, "a flag beats the env");
+        assert_eq!(c.history.summarizer, SummarizerKind::Model);
+        assert_eq!(c.conversation.close_timeout, Duration::from_secs(1));
+        assert_eq!(c.history.max_tokens, 4000, "no flag: the env's stays");
+        assert_eq!(c.conversation.approval_timeout, Duration::from_secs(90));
+        let bad = c
+            .apply_conversation_flags(&ConversationFlags {
+                summarizer: Some("oracle".into()),
+                ..ConversationFlags::default()
+            })
+            .unwrap_err()
+            .to_string();
+        assert!(
+            bad.contains("--summarizer") && bad.contains("local or model"),
+            "{bad}"
+        );
+        let bad = TroupeConfig::load(None, &env(&[("TROUPE_CLOSE_TIMEOUT", "soon")]))
+            .unwrap_err()
+            .to_string();
+        assert!(bad.contains("TROUPE_CLOSE_TIMEOUT"), "{bad}");
     }
 
     #[test]

@@ -176,6 +176,12 @@ impl TiktokenCounter {
         self.exact
     }
 
+    /// Tokens of `text`, counted now: long texts counted before are not looked up, nor
+    /// remembered. For measuring the counter itself.
+    pub fn count_fresh(&self, text: &str) -> usize {
+        self.encoding.bpe().count_uncached(text)
+    }
+
     /// Compiles the encoding's split regex now if no one has yet (2–5 ms), so the first
     /// count does not.
     pub fn warm(&self) {

@@ -23,6 +23,9 @@
 //!   emit `message_updated` → start the conversation's next message.
 //! - `Open`, `SetContext`, `Close` → a task asks the session → `Opened`, `ContextChanged`,
 //!   `Closed` → store the change, reply. A close cancels the conversation's queued messages.
+//! - `CancelAll` → the conversation's queued messages end `cancelled` (stored first), then a
+//!   task asks the session to cancel what runs (its message ends `cancelled` by `TaskDone`)
+//!   and replies with the total.
 //! - `Session` → the running [`SessionHandle`] (for approvals, tasks, statistics, events).
 //! - its session stops (a supervision event: the session is linked to its host) → start it
 //!   again under its ids ([`plan::may_restart`]:
@@ -127,6 +130,12 @@ pub enum HostMsg {
     Close {
         conversation_id: ConversationId,
         reply: Reply<Closed>,
+    },
+    /// Cancels a conversation's queued messages (they end `cancelled`) and its running task;
+    /// answers how many.
+    CancelAll {
+        conversation_id: ConversationId,
+        reply: Reply<usize>,
     },
     /// Stops starting messages; answered once none runs.
     Drain { reply: RpcReplyPort<()> },
@@ -334,6 +343,10 @@ impl Actor for SessionHost {
                 let r = state.closed(&myself, conversation_id, result).await;
                 let _ = reply.send(r);
             }
+            HostMsg::CancelAll {
+                conversation_id,
+                reply,
+            } => state.cancel_all(conversation_id, reply).await,
             HostMsg::Drain { reply } => {
                 state.draining = true;
                 state.drain_waiters.push(reply);

@@ -108,6 +108,25 @@ pub async fn post_message(
     Ok((status, Json(sent)).into_response())
 }
 
+/// `POST /api/sessions/{id}/conversations/{cid}/cancel`: cancels the conversation's running
+/// task and its queued messages; 200 with `{"cancelled": n}`.
+pub async fn cancel_conversation(
+    State(app): State<AppState>,
+    Extension(scope): Extension<Scope>,
+    PathIds((id, cid)): PathIds<(String, String)>,
+) -> Result<Response, ApiError> {
+    let id = session_id(&id)?;
+    let conversation_id: troupe_proto::ConversationId = cid
+        .parse()
+        .map_err(|_| ApiError::from(AgentError::not_found("conversation", &cid)))?;
+    let cancelled = app
+        .rpc
+        .sessions
+        .cancel_all(scope, id, conversation_id)
+        .await?;
+    Ok(Json(serde_json::json!({ "cancelled": cancelled })).into_response())
+}
+
 /// `GET /api/projects/{pid}/sessions`: newest first.
 pub async fn project_sessions(
     State(app): State<AppState>,

@@ -221,6 +221,13 @@ impl Rpc {
                 s.conversation_stats(scope, session_id, conversation_id)
                     .await?,
             ),
+            Request::ConversationCancelAll {
+                session_id,
+                conversation_id,
+            } => {
+                let cancelled = s.cancel_all(scope, session_id, conversation_id).await?;
+                to_json(json!({ "cancelled": cancelled }))
+            }
             Request::TaskCancel {
                 session_id,
                 task_id,

@@ -272,6 +272,18 @@ impl SessionsApi {
         host_call!(host, Close { conversation_id })
     }
 
+    /// Cancels every task of a conversation (its running one and its queued messages);
+    /// answers how many.
+    pub async fn cancel_all(
+        &self,
+        scope: Scope,
+        session_id: SessionId,
+        conversation_id: ConversationId,
+    ) -> Result<usize, AgentError> {
+        let host = self.host(scope, session_id).await?;
+        host_call!(host, CancelAll { conversation_id })
+    }
+
     /// Stores a user message and runs it; with `wait`, answers once it ended.
     pub async fn send(
         &self,

@@ -36,12 +36,15 @@ pub struct Resolution<W> {
     /// What every waiter is answered.
     pub answer: Result<Granted, AgentError>,
     pub waiters: Vec<W>,
+    /// Withdrawn rather than answered (its task ended, nobody waits, its conversation closed).
+    pub withdrawn: bool,
 }
 
 impl<W> Resolution<W> {
     /// The metric label of this resolution.
     pub fn outcome(&self) -> Outcome {
         match (&self.answer, &self.decision) {
+            _ if self.withdrawn => Outcome::Withdrawn,
             (Ok(Granted::Remembered), _) => Outcome::Remembered,
             (Ok(Granted::Decided(_)), _) => Outcome::Approved,
             (Err(_), ApprovalDecision::TimedOut) => Outcome::TimedOut,
@@ -65,7 +68,13 @@ pub struct ApprovalCore<W> {
     pub(super) keys: Vec<CommandKey>,
     pub(super) pending: HashMap<ApprovalId, Pending<W>>,
     pub(super) next_seq: u64,
+    /// Requests withdrawn lately (newest last, at most [`WITHDRAWN_REMEMBERED`]) and why: a
+    /// late answer to one is told so, rather than "not found".
+    pub(super) withdrawn: std::collections::VecDeque<(ApprovalId, String)>,
 }
+
+/// How many withdrawn requests are remembered for late answers.
+pub const WITHDRAWN_REMEMBERED: usize = 1024;
 
 impl<W> Default for ApprovalCore<W> {
     fn default() -> Self {
@@ -79,6 +88,7 @@ impl<W> ApprovalCore<W> {
             keys: Vec::new(),
             pending: HashMap::new(),
             next_seq: 0,
+            withdrawn: std::collections::VecDeque::new(),
         }
     }
 
@@ -154,7 +164,7 @@ impl<W> ApprovalCore<W> {
         now_ms: u64,
     ) -> Result<Vec<Resolution<W>>, AgentError> {
         let Some(request) = self.pending.get(&approval_id) else {
-            return Err(AgentError::not_found("approval", approval_id));
+            return Err(self.gone(approval_id));
         };
         // Checked before anything changes: a decision that does not fit leaves it pending.
         let decision = fit_decision(&request.info.subject, decision)?;
@@ -172,6 +182,7 @@ impl<W> ApprovalCore<W> {
             decision: decision.clone(),
             request: decided.info,
             waiters: decided.waiters,
+            withdrawn: false,
         }];
         if let Some(key) = key {
             let mut covered: Vec<Pending<W>> = self
@@ -188,6 +199,7 @@ impl<W> ApprovalCore<W> {
                 decision: decision.clone(),
                 request: p.info,
                 waiters: p.waiters,
+                withdrawn: false,
             }));
             self.insert_key(key);
         }
@@ -224,12 +236,56 @@ impl<W> ApprovalCore<W> {
         closed
             .into_iter()
             .map(|p| {
-                let decision = ApprovalDecision::Deny {
-                    reason: Some(reason.to_owned()),
-                };
-                deny(p, decision, reason.to_owned())
+                self.remember_withdrawn(p.info.approval_id, reason);
+                withdraw(p, reason)
             })
             .collect()
+    }
+
+    /// Why an answer to `approval_id`, which is not pending, finds nothing: it was withdrawn
+    /// (`Cancelled`, with the reason), else `NotFound` (unknown, or already answered).
+    pub fn gone(&self, approval_id: ApprovalId) -> AgentError {
+        match self.withdrawn.iter().find(|(id, _)| *id == approval_id) {
+            Some((_, why)) => AgentError::Cancelled {
+                reason: format!(
+                    "approval {approval_id} was withdrawn ({why}); nobody waits for an answer"
+                ),
+            },
+            None => AgentError::not_found("approval", approval_id),
+        }
+    }
+
+    /// Withdraws the pending requests of a task that was cancelled or aborted (oldest first),
+    /// as denials whose reason says so.
+    pub fn withdraw_task(
+        &mut self,
+        conversation_id: ConversationId,
+        task_id: TaskId,
+        why: &str,
+    ) -> Vec<Resolution<W>> {
+        let mut theirs: Vec<Pending<W>> = self
+            .pending
+            .extract_if(|_, p| {
+                p.info.conversation_id == conversation_id && p.info.task_id == Some(task_id)
+            })
+            .map(|(_, p)| p)
+            .collect();
+        theirs.sort_by_key(|p| p.seq);
+        let reason = format!("withdrawn: {why}");
+        theirs
+            .into_iter()
+            .map(|p| {
+                self.remember_withdrawn(p.info.approval_id, &reason);
+                withdraw(p, &reason)
+            })
+            .collect()
+    }
+
+    fn remember_withdrawn(&mut self, approval_id: ApprovalId, why: &str) {
+        if self.withdrawn.len() == WITHDRAWN_REMEMBERED {
+            self.withdrawn.pop_front();
+        }
+        self.withdrawn.push_back((approval_id, why.to_owned()));
     }
 
     /// Withdraws the conversation's pending requests whose every waiter is `gone` (oldest
@@ -251,10 +307,8 @@ impl<W> ApprovalCore<W> {
         abandoned
             .into_iter()
             .map(|p| {
-                let decision = ApprovalDecision::Deny {
-                    reason: Some(reason.to_owned()),
-                };
-                deny(p, decision, reason.to_owned())
+                self.remember_withdrawn(p.info.approval_id, reason);
+                withdraw(p, reason)
             })
             .collect()
     }
@@ -412,6 +466,18 @@ pub(super) fn deny<W>(
         decision,
         request: pending.info,
         waiters: pending.waiters,
+        withdrawn: false,
+    }
+}
+
+/// A request withdrawn with `reason` (a denial nobody decided).
+pub(super) fn withdraw<W>(pending: Pending<W>, reason: &str) -> Resolution<W> {
+    let decision = ApprovalDecision::Deny {
+        reason: Some(reason.to_owned()),
+    };
+    Resolution {
+        withdrawn: true,
+        ..deny(pending, decision, reason.to_owned())
     }
 }
 

@@ -48,18 +48,21 @@ pub enum Outcome {
     Remembered,
     /// A human approved it.
     Approved,
-    /// A human refused it, or its conversation closed.
+    /// A human refused it.
     Denied,
     /// Nobody answered in time.
     TimedOut,
+    /// Withdrawn: its task was cancelled or aborted, or nobody waits any more.
+    Withdrawn,
 }
 
 impl Outcome {
-    pub const ALL: [Self; 4] = [
+    pub const ALL: [Self; 5] = [
         Self::Remembered,
         Self::Approved,
         Self::Denied,
         Self::TimedOut,
+        Self::Withdrawn,
     ];
 
     pub const fn as_str(self) -> &'static str {
@@ -68,6 +71,7 @@ impl Outcome {
             Self::Approved => "approved",
             Self::Denied => "denied",
             Self::TimedOut => "timed_out",
+            Self::Withdrawn => "withdrawn",
         }
     }
 }

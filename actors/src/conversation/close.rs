@@ -1,5 +1,7 @@
 //! Closing a conversation: refuse new work, cancel what runs, wait for its tasks (at most
 //! the close timeout), then report the outcome to every caller that asked and stop.
+//! Cancelling without closing (`CancelAll`, or the TaskRegistry's cancel): the same wait and
+//! the same force-abort, after which the conversation goes on with its next message.
 
 use super::*;
 
@@ -24,35 +26,77 @@ impl ConversationState {
             Some(r) => {
                 r.cancel.cancel();
                 let task_id = r.task_id;
-                let timer = myself.send_after(self.services.settings.close_timeout, move || {
-                    ConversationMsg::CloseTimedOut { task_id }
-                });
-                self.close_timer = Some(timer.abort_handle());
+                self.arm_abort_timer(myself, task_id);
             }
         }
     }
 
-    pub(super) fn on_close_timed_out(
+    /// Cancels the running task and every queued message; returns how many.
+    pub(super) fn on_cancel_all(&mut self) -> usize {
+        let queued = self.queue.len();
+        for q in self.queue.drain(..) {
+            let _ = q.reply.send(Err(AgentError::cancelled(
+                "cancelled with every task of its conversation",
+            )));
+        }
+        // The runner reports the token (`CancelSeen`), which starts the abort timer.
+        let running = self.running.as_ref().map_or(0, |r| {
+            let newly = !r.cancel.is_cancelled();
+            r.cancel.cancel();
+            usize::from(newly)
+        });
+        let n = queued + running;
+        tracing::info!(conversation_id = %self.id, queued, running, "every task of the conversation cancelled");
+        metrics::cancelled_all(n);
+        n
+    }
+
+    /// Starts the abort timer of the running task `task_id`, once: it has the close timeout
+    /// to end after its cancellation.
+    pub(super) fn arm_abort_timer(&mut self, myself: &ActorRef<ConversationMsg>, task_id: TaskId) {
+        let runs = self.running.as_ref().is_some_and(|r| r.task_id == task_id);
+        if !abort_timer_needed(runs, self.abort_timer.is_some()) {
+            return;
+        }
+        let timer = myself.send_after(self.services.settings.close_timeout, move || {
+            ConversationMsg::CancelTimedOut { task_id }
+        });
+        self.abort_timer = Some(timer.abort_handle());
+    }
+
+    pub(super) fn on_cancel_timed_out(
         &mut self,
         myself: &ActorRef<ConversationMsg>,
         task_id: TaskId,
     ) {
+        self.abort_timer = None;
         let Some(mut running) = self.running.take_if(|r| r.task_id == task_id) else {
             return; // the task ended in time
         };
         running.abort.abort();
         let waited = self.services.settings.close_timeout;
-        tracing::warn!(conversation_id = %self.id, task_id = %task_id, "task ignored cancellation; aborted");
+        let waited_ms = u64::try_from(waited.as_millis()).unwrap_or(u64::MAX);
+        tracing::warn!(conversation_id = %self.id, task_id = %task_id, waited_ms, "task ignored cancellation; aborted");
         metrics::force_aborted();
         running.span.in_scope(|| {
             self.services.events.emit(EventDraft::task(
                 self.id,
                 task_id,
-                EventKind::TaskAborted {
-                    waited_ms: u64::try_from(waited.as_millis()).unwrap_or(u64::MAX),
+                EventKind::Warning {
+                    code: WarningCode::CancelIgnored,
+                    message: format!(
+                        "task {task_id} ignored its cancellation for {waited_ms} ms (the close \
+                         timeout) and was aborted"
+                    ),
                 },
             ));
+            self.services.events.emit(EventDraft::task(
+                self.id,
+                task_id,
+                EventKind::TaskAborted { waited_ms },
+            ));
         });
+        self.withdraw_approvals(task_id, "its task was aborted");
         self.stats.tasks += 1;
         self.stats.tasks_cancelled += 1;
         // Released here, so that the slot is free by the time close answers.
@@ -71,7 +115,25 @@ impl ConversationState {
                 "aborted: the task ignored cancellation past the close timeout",
             )));
         }
-        self.finish_close(myself, CloseOutcome::ForceAborted);
+        if self.closing.is_some() {
+            self.finish_close(myself, CloseOutcome::ForceAborted);
+        } else if let Some(next) = self.queue.pop_front() {
+            self.start_task(myself, next.kind, next.text, next.reply, &next.caller);
+        }
+    }
+
+    /// Withdraws the pending approvals of a task that will not wait for them any more.
+    pub(super) fn withdraw_approvals(&self, task_id: TaskId, why: &str) {
+        let _ = self
+            .services
+            .directory
+            .approvals()
+            .get()
+            .cast(ApprovalMsg::TaskCancelled {
+                conversation_id: self.id,
+                task_id,
+                reason: why.to_owned(),
+            });
     }
 
     pub(super) fn finish_close(
@@ -79,7 +141,7 @@ impl ConversationState {
         myself: &ActorRef<ConversationMsg>,
         outcome: CloseOutcome,
     ) {
-        if let Some(timer) = self.close_timer.take() {
+        if let Some(timer) = self.abort_timer.take() {
             timer.abort();
         }
         if let Some(view) = self.view.take() {

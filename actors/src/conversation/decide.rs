@@ -137,3 +137,45 @@ pub fn registry_state(cancelled: bool, slot: Option<SlotState>) -> TaskState {
         (false, _) => TaskState::Queued,
     }
 }
+
+/// Whether a cancelled task's abort timer must start: it still runs, and none is armed (close
+/// and the token's report both ask; the first one arms it).
+pub fn abort_timer_needed(task_runs: bool, armed: bool) -> bool {
+    task_runs && !armed
+}
+
+/// Which model a conversation asks (S1, C1).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum ModelChoice {
+    /// The session's model.
+    Session,
+    /// Another model of the session's provider, on the same endpoint.
+    Named(String),
+}
+
+/// Checks what an open (or set-context) request names against the session's model: a
+/// provider must be the session's (a session has one endpoint), a model name must not be
+/// empty; naming the session's own model is the session's model.
+pub fn choose_model(
+    session: &crate::ports::ModelInfo,
+    provider: Option<&str>,
+    model: Option<&str>,
+) -> Result<ModelChoice, AgentError> {
+    if let Some(p) = provider.map(str::trim)
+        && p != session.provider
+    {
+        return Err(AgentError::invalid(format!(
+            "unknown provider `{p}`: this session's provider is `{}` (a conversation may name \
+             another model of it with `model`)",
+            session.provider
+        )));
+    }
+    match model {
+        None => Ok(ModelChoice::Session),
+        Some(m) if m.trim().is_empty() || m.chars().any(char::is_control) => Err(
+            AgentError::invalid("a model name must be non-empty text without control characters"),
+        ),
+        Some(m) if m == session.model => Ok(ModelChoice::Session),
+        Some(m) => Ok(ModelChoice::Named(m.to_owned())),
+    }
+}

@@ -14,6 +14,14 @@ pub const TOOL_CALLS: &str = "troupe_tool_calls_total";
 pub const TOKENS: &str = "troupe_tokens_total";
 pub const FORCE_ABORTS: &str = "troupe_tasks_force_aborted_total";
 pub const POLICY_CLAMPED: &str = "troupe_policy_clamped_total";
+/// Tasks (running or queued) cancelled by a cancel-all of their conversation.
+pub const CANCELLED_ALL: &str = "troupe_conversation_tasks_cancelled_total";
+/// Conversations opened (or changed) with a model of their own.
+pub const OWN_MODEL: &str = "troupe_conversations_own_model_total";
+/// Model summaries of trimmed history, by outcome.
+pub const MODEL_SUMMARIES: &str = "troupe_history_model_summaries_total";
+/// The outcomes of [`MODEL_SUMMARIES`].
+pub const MODEL_SUMMARY_OUTCOMES: [&str; 5] = ["written", "stale", "failed", "empty", "timed_out"];
 
 /// Registers descriptions (Prometheus needs one per metric).
 pub fn describe() {
@@ -46,7 +54,12 @@ pub fn describe() {
     metrics::describe_counter!(
         FORCE_ABORTS,
         Unit::Count,
-        "Close timeouts: tasks aborted because they ignored cancellation past the close timeout."
+        "Tasks aborted because they ignored their cancellation (by close, cancel-all or task.cancel) past the close timeout."
+    );
+    metrics::describe_counter!(
+        CANCELLED_ALL,
+        Unit::Count,
+        "Tasks (running or queued) cancelled by a cancel-all of their conversation."
     );
     metrics::describe_counter!(
         POLICY_CLAMPED,
@@ -70,6 +83,31 @@ pub fn describe() {
         metrics::counter!(TOKENS, "direction" => direction).increment(0);
     }
     metrics::gauge!(LIVE).increment(0.0);
+    metrics::counter!(CANCELLED_ALL).increment(0);
+    metrics::describe_counter!(
+        MODEL_SUMMARIES,
+        Unit::Count,
+        "Model summaries of trimmed history (summarizer = model), by outcome (written; stale: the history changed meanwhile; failed, empty, timed_out: the local summary stayed)."
+    );
+    for outcome in MODEL_SUMMARY_OUTCOMES {
+        metrics::counter!(MODEL_SUMMARIES, "outcome" => outcome).increment(0);
+    }
+    metrics::describe_counter!(
+        OWN_MODEL,
+        Unit::Count,
+        "Conversations opened (or changed by set-context) with a model other than the session's."
+    );
+    metrics::counter!(OWN_MODEL).increment(0);
+}
+
+/// A conversation chose a model of its own.
+pub fn own_model() {
+    metrics::counter!(OWN_MODEL).increment(1);
+}
+
+/// A model summary ended with `outcome` (one of [`MODEL_SUMMARY_OUTCOMES`]).
+pub fn model_summary(outcome: &'static str) {
+    metrics::counter!(MODEL_SUMMARIES, "outcome" => outcome).increment(1);
 }
 
 pub fn live(n: usize) {
@@ -88,6 +126,11 @@ pub fn task_finished(status: TaskStatus, stats: &TaskStats) {
     metrics::counter!(TOOL_CALLS).increment(u64::from(stats.tool_calls));
     metrics::counter!(TOKENS, "direction" => "input").increment(stats.usage.input_tokens);
     metrics::counter!(TOKENS, "direction" => "output").increment(stats.usage.output_tokens);
+}
+
+/// A cancel-all of a conversation cancelled `n` tasks.
+pub fn cancelled_all(n: usize) {
+    metrics::counter!(CANCELLED_ALL).increment(n as u64);
 }
 
 pub fn force_aborted() {

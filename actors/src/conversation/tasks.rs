@@ -28,7 +28,7 @@ impl ConversationState {
                 cancel: cancel.clone(),
                 started_at_ms,
             });
-        let info = self.services.model.info();
+        let info = self.model.info();
         let span = crate::task::spans::invoke_agent(
             crate::task::spans::TaskSpanInfo {
                 session_id: self.services.session_id,
@@ -80,7 +80,7 @@ impl ConversationState {
             },
             base_instructions: self.context.base_instructions.clone(),
             turn_override: compact.then(|| COMPACT_INSTRUCTIONS.to_owned()),
-            model: self.services.model.clone(),
+            model: self.model.clone(),
             mcp: if compact { None } else { self.view.clone() },
             mcp_generation: self.view_generation,
             mcp_allowlist: self.context.mcp_tool_allowlist.clone(),
@@ -114,12 +114,23 @@ impl ConversationState {
             verdict: granted_rx,
             span: wait.clone(),
         };
+        let watch = cancel.clone();
         let join = tokio::spawn(async move {
             // A panic still ends the task, so that its slot is given back and its caller hears.
-            let outcome = std::panic::AssertUnwindSafe(crate::task::run(ctx, slot_wait, task_span))
-                .catch_unwind()
-                .await
-                .unwrap_or_else(|_| runner_panicked());
+            let run = std::panic::AssertUnwindSafe(crate::task::run(ctx, slot_wait, task_span))
+                .catch_unwind();
+            tokio::pin!(run);
+            // Whoever cancels the task (close, `CancelAll`, the TaskRegistry), the
+            // conversation hears it and gives the task the close timeout to end.
+            let outcome = tokio::select! {
+                biased;
+                outcome = &mut run => outcome,
+                () = watch.cancelled() => {
+                    let _ = me.cast(ConversationMsg::CancelSeen { task_id });
+                    run.await
+                }
+            }
+            .unwrap_or_else(|_| runner_panicked());
             let _ = me.cast(ConversationMsg::TaskFinished {
                 task_id,
                 outcome: Box::new(outcome),
@@ -300,8 +311,15 @@ impl ConversationState {
         let Some(mut running) = self.running.take_if(|r| r.task_id == task_id) else {
             return; // a late report of an aborted task
         };
+        if let Some(timer) = self.abort_timer.take() {
+            timer.abort();
+        }
+        if running.cancel.is_cancelled() {
+            self.withdraw_approvals(task_id, "its task was cancelled");
+        }
         match running.kind {
             TaskKind::Message => {
+                let previous = self.history.summary().cloned();
                 if let Some(report) = self.history.append(outcome.items.iter().cloned()) {
                     self.services.events.emit(EventDraft::conversation(
                         self.id,
@@ -310,6 +328,7 @@ impl ConversationState {
                             summary: report.summary,
                         },
                     ));
+                    self.ask_model_summary(myself, previous);
                 }
             }
             TaskKind::Compact if outcome.status == TaskStatus::Ok && !outcome.text.is_empty() => {

@@ -40,7 +40,8 @@ use troupe_actors::ports::{DeltaSink, ModelClient, ModelInfo, ModelRequest, Mode
 use troupe_proto::{AgentError, ConversationId, HistoryItem, Json, TaskId, ToolCall};
 
 /// A client of one OpenAI-compatible endpoint. Cheap to share: one connection pool serves
-/// every conversation of a session.
+/// every conversation of a session (a clone shares it).
+#[derive(Clone)]
 pub struct OpenAiClient {
     config: ModelConfig,
     /// Every endpoint but plain HTTP to a loopback address: reqwest (TLS, proxies). Not built
@@ -491,6 +492,13 @@ impl ModelClient for OpenAiClient {
             model: self.config.model.clone(),
             family: self.family.clone(),
         }
+    }
+
+    fn with_model(&self, model: &str) -> Option<std::sync::Arc<dyn ModelClient>> {
+        let mut client = self.clone();
+        client.config.model = model.to_owned();
+        client.family = family(model);
+        Some(std::sync::Arc::new(client))
     }
 
     async fn step(

@@ -102,7 +102,8 @@ impl Bpe {
             .get_or_count(text, |text| self.count_uncached(text))
     }
 
-    fn count_uncached(&self, text: &str) -> usize {
+    /// Tokens of `text`, counted now (the memo neither read nor written).
+    pub(super) fn count_uncached(&self, text: &str) -> usize {
         let Some(regex) = self.regex() else {
             return text.len().div_ceil(4);
         };

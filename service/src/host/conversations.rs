@@ -174,3 +174,52 @@ impl HostState {
         Ok(closed)
     }
 }
+
+impl HostState {
+    /// Ends the conversation's queued messages `cancelled`, then asks the session to cancel
+    /// its running task (whose message ends `cancelled` when its `TaskDone` comes).
+    pub(super) async fn cancel_all(
+        &mut self,
+        conversation_id: ConversationId,
+        reply: Reply<usize>,
+    ) {
+        let open = self
+            .conversations
+            .get(&conversation_id)
+            .is_some_and(|c| c.record.state == ConversationState::Open);
+        let handle = match self.running() {
+            Ok(h) if open => h.clone(),
+            Ok(_) => {
+                let _ = reply.send(Err(AgentError::not_found("conversation", conversation_id)));
+                return;
+            }
+            Err(e) => {
+                let _ = reply.send(Err(e));
+                return;
+            }
+        };
+        let queued: Vec<Waiting> = self
+            .conversations
+            .get_mut(&conversation_id)
+            .map(|slot| slot.queue.drain(..).collect())
+            .unwrap_or_default();
+        let n = queued.len();
+        for w in queued {
+            let sent = self
+                .finish(
+                    w.message,
+                    Err(AgentError::cancelled(
+                        "cancelled with every task of its conversation",
+                    )),
+                )
+                .await;
+            if let Some(waiter) = w.waiter {
+                let _ = waiter.send(sent);
+            }
+        }
+        spawn_traced(async move {
+            let running = handle.cancel_conversation(conversation_id).await;
+            let _ = reply.send(running.map(|r| r + n));
+        });
+    }
+}

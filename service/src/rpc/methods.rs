@@ -21,6 +21,7 @@ pub const METHODS: &[&str] = &[
     "conversation.setContext",
     "conversation.list",
     "conversation.stats",
+    "conversation.cancelAll",
     "task.cancel",
     "task.list",
     "approval.list",
@@ -74,6 +75,11 @@ pub enum Request {
         session_id: SessionId,
     },
     ConversationStats {
+        session_id: SessionId,
+        conversation_id: ConversationId,
+    },
+    /// `conversation.cancelAll`: the running task and the queued messages.
+    ConversationCancelAll {
         session_id: SessionId,
         conversation_id: ConversationId,
     },
@@ -299,6 +305,13 @@ pub fn decode(method: &str, raw: Option<Value>) -> Result<Request, RpcError> {
                 conversation_id: p.conversation_id,
             }
         }
+        "conversation.cancelAll" => {
+            let p: ConversationParams = params(value)?;
+            Request::ConversationCancelAll {
+                session_id: p.session_id,
+                conversation_id: p.conversation_id,
+            }
+        }
         "task.cancel" => {
             let p: TaskParams = params(value)?;
             Request::TaskCancel {
@@ -405,6 +418,30 @@ mod tests {
             r,
             Request::ConversationOpen { ref params, .. } if params.base_instructions.as_deref() == Some("be brief")
         ));
+        let r = decode(
+            "conversation.open",
+            Some(json!({"session_id": sid, "model": "gpt-4.1", "provider": "openai-chat"})),
+        )
+        .unwrap();
+        assert!(matches!(
+            r,
+            Request::ConversationOpen { ref params, .. }
+                if params.model.as_deref() == Some("gpt-4.1")
+                    && params.provider.as_deref() == Some("openai-chat")
+        ));
+        let cid = ConversationId::new();
+        let r = decode(
+            "conversation.cancelAll",
+            Some(json!({"session_id": sid, "conversation_id": cid})),
+        )
+        .unwrap();
+        assert_eq!(
+            r,
+            Request::ConversationCancelAll {
+                session_id: sid,
+                conversation_id: cid
+            }
+        );
         assert_eq!(decode("nope", None).unwrap_err().code, METHOD_NOT_FOUND);
         assert_eq!(
             decode("session.get", None).unwrap_err().code,

@@ -433,3 +433,65 @@ async fn kill_9_then_a_resuming_stream_sees_no_gap_and_no_duplicate() {
     let status = tokio::task::block_in_place(|| wait_exit(&mut c.child, Duration::from_secs(15)));
     assert!(status.success());
 }
+
+/// A pending approval's timeout, as `troupe serve` started with `env` and `flags` (and a
+/// `troupe.toml` that sets it to 10 minutes) gives it: its deadline minus its request time.
+async fn approval_timeout_ms(env: &[(&str, &str)], flags: &[&str]) -> u64 {
+    let dir = tempfile::tempdir().unwrap();
+    let script = r#"{"replies": [{"tool_calls": [{"name": "shell", "arguments": {"command": ["echo", "hi"]}}]}]}"#;
+    std::fs::write(dir.path().join("script.json"), script).unwrap();
+    std::fs::write(
+        dir.path().join("troupe.toml"),
+        "[conversation]\napproval_timeout = \"10m\"\n",
+    )
+    .unwrap();
+    let mut command = Command::new(troupe_bin());
+    command
+        .args(["serve", "--listen", "127.0.0.1:0", "--ephemeral"])
+        .args(["--script", "script.json", "--data-dir", "data"])
+        .args(flags)
+        .current_dir(dir.path())
+        .env_remove("TROUPE_API_TOKENS")
+        .env_remove("TROUPE_CONFIG")
+        .env_remove("TROUPE_APPROVAL_TIMEOUT")
+        .envs(env.iter().copied())
+        .stderr(Stdio::null());
+    let (mut child, base) = troupe_tests::spawn_serve(&mut command);
+    let api = Api::new(&base, None);
+    let sid = id(&api.session(None).await, "session_id");
+    let (status, v) = api
+        .post(
+            &format!("/api/sessions/{sid}/messages"),
+            json!({"text": "run it", "wait": false}),
+        )
+        .await;
+    assert_eq!(status, reqwest::StatusCode::ACCEPTED, "{v}");
+    let t0 = Instant::now();
+    let pending = loop {
+        let list = api.call("approval.list", json!({"session_id": sid})).await;
+        if let Some(p) = list.as_array().and_then(|a| a.first()) {
+            break p.clone();
+        }
+        assert!(t0.elapsed() < Duration::from_secs(10), "no approval asked");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    };
+    child.kill().unwrap();
+    child.wait().unwrap();
+    pending["deadline_ms"].as_u64().unwrap() - pending["requested_at_ms"].as_u64().unwrap()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_approval_timeout_comes_from_the_flag_then_the_env_then_the_file() {
+    assert_eq!(approval_timeout_ms(&[], &[]).await, 600_000, "the file");
+    let env = [("TROUPE_APPROVAL_TIMEOUT", "5m")];
+    assert_eq!(
+        approval_timeout_ms(&env, &[]).await,
+        300_000,
+        "env beats the file"
+    );
+    assert_eq!(
+        approval_timeout_ms(&env, &["--approval-timeout", "42s"]).await,
+        42_000,
+        "a flag beats the env"
+    );
+}

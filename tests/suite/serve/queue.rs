@@ -392,3 +392,59 @@ async fn stored_sessions_start_on_first_use() {
     service.shutdown_token().cancel();
     task.await.unwrap();
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn cancel_all_ends_the_running_and_the_queued_messages_cancelled() {
+    let server = Server::start_with(
+        |_| {},
+        vec![
+            ScriptedReply::hang(true),
+            ScriptedReply::hang(true),
+            ScriptedReply::text("after"),
+        ],
+    )
+    .await;
+    let api = server.api();
+    let session = api.session(None).await;
+    let sid = id(&session, "session_id");
+    let root = id(&session, "root_conversation_id");
+    let mut acked = Vec::new();
+    for text in ["a", "b", "c"] {
+        let (status, v) = post(&api, &sid, None, text).await;
+        assert_eq!(status, StatusCode::ACCEPTED, "{v}");
+        acked.push(v["message"]["message_id"].as_u64().unwrap());
+    }
+    // JSON-RPC: the running one and the two queued ones.
+    let r = api
+        .call(
+            "conversation.cancelAll",
+            json!({"session_id": sid, "conversation_id": root}),
+        )
+        .await;
+    assert_eq!(r, json!({"cancelled": 3}));
+    for m in &acked {
+        assert_eq!(outcome(&api, &sid, *m).await["status"], "cancelled");
+    }
+    // REST: one running message.
+    let (_, v) = post(&api, &sid, None, "d").await;
+    let running = v["message"]["message_id"].as_u64().unwrap();
+    let (status, v) = api
+        .post(
+            &format!("/api/sessions/{sid}/conversations/{root}/cancel"),
+            json!({}),
+        )
+        .await;
+    assert_eq!((status, v), (StatusCode::OK, json!({"cancelled": 1})));
+    assert_eq!(outcome(&api, &sid, running).await["status"], "cancelled");
+    // The conversation stays open.
+    assert_eq!(api.say(&sid, "e").await["reply"]["text"], "after");
+    let unknown = ConversationId::new();
+    let (status, v) = api
+        .post(
+            &format!("/api/sessions/{sid}/conversations/{unknown}/cancel"),
+            json!({}),
+        )
+        .await;
+    assert_eq!(status, StatusCode::NOT_FOUND, "{v}");
+    server.stop().await;
+}

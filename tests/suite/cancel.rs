@@ -1,0 +1,215 @@
+//! Cancelling without closing (S4, S9): a cancelled task that ignores its cancellation is
+//! aborted after the close timeout and its conversation goes on; cancelling every task of a
+//! conversation reaches the running one and the queued ones; a cancelled task withdraws its
+//! pending approvals, and a late answer to one is told it was withdrawn.
+
+use std::time::Duration;
+use troupe_actors::scheduler::SchedulerMsg;
+use troupe_proto::{
+    AgentError, ApprovalDecision, EventKind, SandboxPolicy, TaskState, TaskStatus, WarningCode,
+};
+use troupe_runtime::ScriptedReply;
+use troupe_tests::TestSession;
+
+async fn wait_running(t: &TestSession) -> troupe_proto::TaskId {
+    // An RPC barrier loop: the registry lists the task once the runner holds the slot.
+    for _ in 0..10_000 {
+        let tasks = t.session.tasks(None).await.unwrap();
+        if let Some(task) = tasks.iter().find(|i| i.state == TaskState::Running) {
+            return task.task_id;
+        }
+        tokio::task::yield_now().await;
+    }
+    panic!("task never started");
+}
+
+async fn scheduler_idle(t: &TestSession) -> bool {
+    let s = t.session.services().await.unwrap();
+    let snap = ractor::call!(s.scheduler, |reply| SchedulerMsg::Snapshot { reply }).unwrap();
+    snap.running.is_empty() && snap.waiting.is_empty()
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_cancelled_task_that_ignores_it_is_aborted_and_the_conversation_goes_on() {
+    let t = TestSession::start_with(
+        vec![ScriptedReply::hang(false), ScriptedReply::text("after")],
+        |c| c.conversation.close_timeout = Duration::from_secs(3),
+        None,
+    )
+    .await;
+    let mut events = t.session.subscribe().await.unwrap();
+    let c = t.root().await;
+    let s2 = t.session.clone();
+    let deaf = tokio::spawn(async move { s2.message(c, "deaf").await });
+    let task_id = wait_running(&t).await;
+    let cancelled_at = tokio::time::Instant::now();
+    t.session.cancel_task(task_id).await.unwrap();
+    let err = deaf.await.unwrap().unwrap_err();
+    assert!(matches!(err, AgentError::Cancelled { .. }), "{err:?}");
+    assert!(
+        cancelled_at.elapsed() >= Duration::from_secs(3),
+        "not before the timeout"
+    );
+    assert!(scheduler_idle(&t).await, "the aborted task's slot is free");
+    assert!(t.session.tasks(None).await.unwrap().is_empty());
+    // The conversation is still open and runs its next message.
+    let next = t.session.message(c, "next").await.unwrap();
+    assert_eq!((next.status, next.text.as_str()), (TaskStatus::Ok, "after"));
+    t.session.flush().await.unwrap();
+    let (mut warned, mut aborted) = (false, None);
+    while let Ok(e) = events.try_recv() {
+        match &e.event {
+            EventKind::Warning {
+                code: WarningCode::CancelIgnored,
+                message,
+            } if e.task_id == Some(task_id) => {
+                assert!(message.contains("3000 ms"), "{message}");
+                warned = true;
+            }
+            EventKind::TaskAborted { waited_ms } if e.task_id == Some(task_id) => {
+                aborted = Some(*waited_ms);
+            }
+            _ => {}
+        }
+    }
+    assert!(warned, "a cancel_ignored warning says why");
+    assert_eq!(aborted, Some(3000));
+    t.stop().await;
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_task_that_honours_its_cancellation_is_not_aborted() {
+    let t = TestSession::start_with(
+        vec![ScriptedReply::hang(true)],
+        |c| c.conversation.close_timeout = Duration::from_secs(3),
+        None,
+    )
+    .await;
+    let mut events = t.session.subscribe().await.unwrap();
+    let c = t.root().await;
+    let s2 = t.session.clone();
+    let polite = tokio::spawn(async move { s2.message(c, "polite").await });
+    let task_id = wait_running(&t).await;
+    t.session.cancel_task(task_id).await.unwrap();
+    let reply = polite.await.unwrap().unwrap();
+    assert_eq!(reply.status, TaskStatus::Cancelled);
+    // Past the timeout: the timer was dropped with the task, nothing is aborted.
+    tokio::time::sleep(Duration::from_secs(10)).await;
+    t.session.flush().await.unwrap();
+    while let Ok(e) = events.try_recv() {
+        assert!(
+            !matches!(e.event, EventKind::TaskAborted { .. }),
+            "a task that ended is not aborted"
+        );
+    }
+    t.stop().await;
+}
+
+#[tokio::test(start_paused = true)]
+async fn cancel_all_reaches_the_running_task_and_the_queued_ones() {
+    let t = TestSession::start_with(
+        vec![ScriptedReply::hang(false), ScriptedReply::text("later")],
+        |c| c.conversation.close_timeout = Duration::from_secs(2),
+        None,
+    )
+    .await;
+    let c = t.root().await;
+    let s = t.session.clone();
+    let first = tokio::spawn(async move { s.message(c, "first").await });
+    wait_running(&t).await;
+    let queued: Vec<_> = (0..2)
+        .map(|i| {
+            let s = t.session.clone();
+            tokio::spawn(async move { s.message(c, &format!("queued {i}")).await })
+        })
+        .collect();
+    // Barrier: both queued messages reached the conversation (its mailbox is FIFO and the
+    // stats call goes through it after them).
+    for _ in 0..100 {
+        tokio::task::yield_now().await;
+    }
+    let _ = t.session.list().await.unwrap();
+    assert_eq!(t.session.cancel_conversation(c).await.unwrap(), 3);
+    for q in queued {
+        let err = q.await.unwrap().unwrap_err();
+        assert!(matches!(err, AgentError::Cancelled { .. }), "{err:?}");
+    }
+    let err = first.await.unwrap().unwrap_err();
+    assert!(
+        matches!(err, AgentError::Cancelled { .. }),
+        "aborted: {err:?}"
+    );
+    assert!(scheduler_idle(&t).await);
+    // Still open; nothing left to cancel.
+    assert_eq!(t.session.cancel_conversation(c).await.unwrap(), 0);
+    assert_eq!(t.session.message(c, "again").await.unwrap().text, "later");
+    let unknown = t
+        .session
+        .cancel_conversation(troupe_proto::ConversationId::new())
+        .await
+        .unwrap_err();
+    assert!(matches!(unknown, AgentError::NotFound { .. }));
+    t.stop().await;
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_cancelled_task_withdraws_its_pending_approvals() {
+    let t = TestSession::start_with(
+        vec![ScriptedReply::tool(
+            "shell",
+            serde_json::json!({"command": ["echo", "hi"]}),
+        )],
+        |c| {
+            c.conversation.sandbox_policy = SandboxPolicy::FullAccess;
+            c.approval_timeout = Duration::from_secs(3600);
+        },
+        None,
+    )
+    .await;
+    let mut events = t.session.subscribe().await.unwrap();
+    let c = t.root().await;
+    let s = t.session.clone();
+    let asking = tokio::spawn(async move { s.message(c, "run it").await });
+    let pending = loop {
+        if let Some(p) = t.session.pending_approvals().await.unwrap().pop() {
+            break p;
+        }
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    };
+    assert_eq!(t.session.cancel_conversation(c).await.unwrap(), 1);
+    let reply = asking.await.unwrap().unwrap();
+    assert_eq!(reply.status, TaskStatus::Cancelled);
+    // Withdrawn: gone from the list, announced, and a late answer says so.
+    t.session.flush().await.unwrap();
+    assert!(t.session.pending_approvals().await.unwrap().is_empty());
+    let late = t
+        .session
+        .respond_approval(pending.approval_id, ApprovalDecision::ApproveOnce)
+        .await
+        .unwrap_err();
+    match late {
+        AgentError::Cancelled { reason } => {
+            assert!(reason.contains("withdrawn"), "{reason}");
+            assert!(reason.contains("cancelled"), "{reason}");
+        }
+        other => panic!("a late answer must say the approval was withdrawn: {other:?}"),
+    }
+    let mut resolved = None;
+    while let Ok(e) = events.try_recv() {
+        if let EventKind::ApprovalResolved {
+            approval_id,
+            decision,
+        } = &e.event
+            && *approval_id == pending.approval_id
+        {
+            resolved = Some(decision.clone());
+        }
+    }
+    match resolved {
+        Some(ApprovalDecision::Deny {
+            reason: Some(reason),
+        }) => assert!(reason.starts_with("withdrawn"), "{reason}"),
+        other => panic!("approval_resolved must announce the withdrawal: {other:?}"),
+    }
+    t.stop().await;
+}
