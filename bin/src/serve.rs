@@ -8,9 +8,7 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 use std::time::Duration;
 use troupe_runtime::assembly;
-use troupe_runtime::config::{
-    ConversationFlags, Provider, TroupeConfig, parse_duration, parse_enum,
-};
+use troupe_runtime::config::{ConversationFlags, TroupeConfig, parse_duration, parse_enum};
 use troupe_service::Service;
 
 #[derive(Debug, clap::Args)]

@@ -2,7 +2,7 @@
 //! idle bound between events. What the parsers collect is the same for both APIs.
 
 use eventsource_stream::{EventStreamError, Eventsource};
-use futures::{Stream, StreamExt};
+use futures::{FutureExt, Stream, StreamExt};
 use std::fmt::Display;
 use std::time::Duration;
 use troupe_actors::ports::DeltaSink;
@@ -51,8 +51,39 @@ pub enum ReadError {
     Failed(AgentError),
 }
 
+/// Text deltas held while more events are ready: the deltas of events that arrived together
+/// (one read from the socket) reach the sink as one, so a reply streamed in many small events
+/// costs one `assistant_chunk` per read, not one per event. Nothing is held while the stream
+/// waits for the network: text reaches the sink as soon as it arrived.
+struct Coalesced<'a> {
+    sink: &'a mut dyn DeltaSink,
+    held: String,
+}
+
+/// Held text is passed on once it is this long, even if more events are ready.
+const HOLD_AT_MOST: usize = 16 * 1024;
+
+impl Coalesced<'_> {
+    fn flush(&mut self) {
+        if !self.held.is_empty() {
+            self.sink.text_delta(&self.held);
+            self.held.clear();
+        }
+    }
+}
+
+impl DeltaSink for Coalesced<'_> {
+    fn text_delta(&mut self, delta: &str) {
+        self.held.push_str(delta);
+        if self.held.len() >= HOLD_AT_MOST {
+            self.flush();
+        }
+    }
+}
+
 /// Feeds `bytes` to `parser` until its terminal event. `first_event` runs when the first event
-/// arrives (time to first byte).
+/// arrives (time to first byte). Deltas of events that are ready together are passed to
+/// `deltas` as one; all received text is passed on before this returns, error or not.
 pub async fn read_events<S, B, E, P>(
     bytes: S,
     parser: &mut P,
@@ -66,17 +97,46 @@ where
     E: Display,
     P: StreamParser,
 {
+    let mut coalesced = Coalesced {
+        sink: deltas,
+        held: String::new(),
+    };
+    let read = read_coalesced(bytes, parser, &mut coalesced, idle, first_event).await;
+    coalesced.flush();
+    read
+}
+
+async fn read_coalesced<S, B, E, P>(
+    bytes: S,
+    parser: &mut P,
+    deltas: &mut Coalesced<'_>,
+    idle: Duration,
+    first_event: impl FnOnce(),
+) -> Result<(), ReadError>
+where
+    S: Stream<Item = Result<B, E>> + Unpin,
+    B: AsRef<[u8]>,
+    E: Display,
+    P: StreamParser,
+{
     let mut events = bytes.eventsource();
     let mut first_event = Some(first_event);
     loop {
-        let next = tokio::time::timeout(idle, events.next())
-            .await
-            .map_err(|_| {
-                ReadError::Failed(AgentError::ModelError {
-                    message: format!("stream idle for {}s", idle.as_secs_f64()),
-                    retryable: true,
-                })
-            })?;
+        let next = match events.next().now_or_never() {
+            Some(ready) => ready,
+            None => {
+                // About to wait for the network: what arrived so far goes out now.
+                deltas.flush();
+                tokio::time::timeout(idle, events.next())
+                    .await
+                    .map_err(|_| {
+                        ReadError::Failed(AgentError::ModelError {
+                            message: format!("stream idle for {}s", idle.as_secs_f64()),
+                            retryable: true,
+                        })
+                    })?
+            }
+        };
         let event = match next {
             None => {
                 return Err(ReadError::Failed(AgentError::ModelError {
@@ -165,8 +225,16 @@ pub(crate) mod tests {
         text: &str,
         deltas: &mut Deltas,
     ) -> Result<(bool, Collected), AgentError> {
-        let bytes =
-            futures::stream::iter([Ok::<_, std::convert::Infallible>(text.as_bytes().to_vec())]);
+        // One event per read, each after a wait: the parser's own deltas reach `deltas`
+        // one by one, as they would from a server that sends them apart.
+        let chunks: Vec<Vec<u8>> = text
+            .split_inclusive("\n\n")
+            .map(|event| event.as_bytes().to_vec())
+            .collect();
+        let bytes = Stutter {
+            chunks: chunks.into_iter(),
+            wait: true,
+        };
         let result = tokio::runtime::Builder::new_current_thread()
             .enable_time()
             .build()
@@ -188,6 +256,106 @@ pub(crate) mod tests {
             Err(ReadError::Failed(e)) => Err(e),
             Err(ReadError::BeforeFirstEvent(e)) => Err(AgentError::internal(e)),
         }
+    }
+
+    /// A stream that is not ready once before each chunk, like a socket between reads.
+    struct Stutter {
+        chunks: std::vec::IntoIter<Vec<u8>>,
+        wait: bool,
+    }
+
+    impl Stream for Stutter {
+        type Item = Result<Vec<u8>, std::convert::Infallible>;
+
+        fn poll_next(
+            mut self: std::pin::Pin<&mut Self>,
+            cx: &mut std::task::Context<'_>,
+        ) -> std::task::Poll<Option<Self::Item>> {
+            let wait = self.wait;
+            self.wait = !wait;
+            if wait {
+                cx.waker().wake_by_ref();
+                return std::task::Poll::Pending;
+            }
+            std::task::Poll::Ready(self.chunks.next().map(Ok))
+        }
+    }
+
+    /// Each `d` event is a delta of its data; `end` is terminal.
+    #[derive(Default)]
+    struct Plain;
+
+    impl StreamParser for Plain {
+        fn on_event(
+            &mut self,
+            kind: &str,
+            data: &str,
+            deltas: &mut dyn DeltaSink,
+        ) -> Result<bool, AgentError> {
+            if kind == "d" {
+                deltas.text_delta(data);
+            }
+            Ok(kind == "end")
+        }
+
+        fn finish(self) -> Collected {
+            Collected::default()
+        }
+    }
+
+    /// A sink that hands each delta over a channel, so a test sees it while the read goes on.
+    struct Sent(tokio::sync::mpsc::UnboundedSender<String>);
+
+    impl DeltaSink for Sent {
+        fn text_delta(&mut self, delta: &str) {
+            let _ = self.0.send(delta.to_owned());
+        }
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn deltas_that_arrive_together_go_out_as_one_before_the_stream_waits() {
+        let (chunks, rx) = futures::channel::mpsc::unbounded::<Result<Vec<u8>, String>>();
+        let (sent, mut seen) = tokio::sync::mpsc::unbounded_channel();
+        let read = tokio::spawn(async move {
+            let mut sink = Sent(sent);
+            read_events(rx, &mut Plain, &mut sink, Duration::from_secs(5), || {}).await
+        });
+        // Three events in one read: one delta, passed on while the stream waits for more.
+        chunks
+            .unbounded_send(Ok(
+                b"event: d\ndata: He\n\nevent: d\ndata: ll\n\nevent: d\ndata: o\n\n".to_vec(),
+            ))
+            .unwrap();
+        assert_eq!(seen.recv().await.as_deref(), Some("Hello"));
+        assert!(!read.is_finished(), "the stream is still open");
+        // A later read: its own delta.
+        chunks
+            .unbounded_send(Ok(
+                b"event: d\ndata: , world\n\nevent: end\ndata: x\n\n".to_vec()
+            ))
+            .unwrap();
+        assert!(read.await.unwrap().is_ok());
+        assert_eq!(seen.recv().await.as_deref(), Some(", world"));
+        assert!(seen.try_recv().is_err(), "nothing else");
+    }
+
+    #[tokio::test]
+    async fn held_text_is_passed_on_when_the_stream_fails() {
+        let bytes = futures::stream::iter([
+            Ok(b"event: d\ndata: partial\n\n".to_vec()),
+            Err("connection reset"),
+        ]);
+        let mut deltas = Deltas::default();
+        let read = read_events(
+            bytes,
+            &mut Plain,
+            &mut deltas,
+            Duration::from_secs(5),
+            || {},
+        )
+        .await;
+        assert!(matches!(read, Err(ReadError::Failed(_))), "{read:?}");
+        assert_eq!(deltas.0, ["partial"]);
     }
 
     #[test]
