@@ -37,7 +37,8 @@ pub struct ChatArgs {
     /// TOML configuration file (default: $TROUPE_CONFIG, else ./troupe.toml if present).
     #[arg(long)]
     pub config: Option<PathBuf>,
-    /// scripted, openai-responses or openai-chat.
+    /// scripted, openai-responses or openai-chat (default: openai-chat when a base URL or
+    /// OPENAI_API_KEY is given, else scripted).
     #[arg(long)]
     pub provider: Option<String>,
     /// Model name sent to the endpoint.

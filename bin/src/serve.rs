@@ -32,7 +32,8 @@ pub struct ServeArgs {
     /// How long running tasks may finish after SIGTERM, e.g. 30s.
     #[arg(long)]
     pub grace_period: Option<String>,
-    /// scripted, openai-responses or openai-chat.
+    /// scripted, openai-responses or openai-chat (default: openai-chat when a base URL or
+    /// OPENAI_API_KEY is given, else scripted).
     #[arg(long)]
     pub provider: Option<String>,
     /// Model name sent to the endpoint.
