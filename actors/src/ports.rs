@@ -67,7 +67,8 @@ pub trait ModelClient: Send + Sync + 'static {
     }
 
     /// Runs one step. Must stop promptly (with `AgentError::Cancelled`) once `cancel` fires;
-    /// a client that does not is force-aborted by `close` after its timeout. It runs inside
+    /// a client that does not is force-aborted after the close timeout (whoever cancelled:
+    /// `close`, a cancel-all or `task.cancel`). It runs inside
     /// the step's `chat {model}` span (see `task::spans`): spans a client opens (an HTTP
     /// attempt) are its children.
     async fn step(

@@ -608,9 +608,17 @@ mod tests {
     }
 
     #[test]
-    fn shell_needs_approval_unless_never() {
+    fn shell_asks_first_only_under_always() {
         let tools = [spec("shell")];
         let c = call("shell", serde_json::json!({"command": ["echo", "hi"]}));
+        // on-failure runs it sandboxed first; the sandbox's refusal is what asks.
+        assert_eq!(
+            route_tool(&c, &tools, ApprovalPolicy::OnFailure, false),
+            ToolRoute::Shell {
+                argv: vec!["echo".into(), "hi".into()],
+                needs_approval: false
+            }
+        );
         assert_eq!(
             route_tool(&c, &tools, ApprovalPolicy::Always, false),
             ToolRoute::Shell {
@@ -625,6 +633,54 @@ mod tests {
                 needs_approval: false
             }
         );
+    }
+
+    #[test]
+    fn only_a_refused_access_under_a_confining_sandbox_is_the_sandboxs_failure() {
+        use crate::ports::ExecOutput;
+        let failed = |code: Option<i32>, stderr: &str| ExecOutput {
+            exit_code: code,
+            stderr: stderr.into(),
+            ..ExecOutput::default()
+        };
+        let denied = failed(Some(1), "sh: 1: cannot create /x: Permission denied\n");
+        assert_eq!(
+            sandbox_failure(&denied, SandboxPolicy::ReadOnly),
+            Some("Permission denied")
+        );
+        assert_eq!(
+            sandbox_failure(&denied, SandboxPolicy::WorkspaceWrite),
+            Some("Permission denied")
+        );
+        assert_eq!(
+            sandbox_failure(
+                &failed(Some(2), "rm: Operation not permitted"),
+                SandboxPolicy::ReadOnly
+            ),
+            Some("Operation not permitted")
+        );
+        // Not confined, not refused, or not a plain failure: the command's own business.
+        assert_eq!(sandbox_failure(&denied, SandboxPolicy::FullAccess), None);
+        assert_eq!(
+            sandbox_failure(&failed(Some(1), "no such file"), SandboxPolicy::ReadOnly),
+            None
+        );
+        assert_eq!(
+            sandbox_failure(
+                &failed(Some(0), "Permission denied"),
+                SandboxPolicy::ReadOnly
+            ),
+            None
+        );
+        assert_eq!(
+            sandbox_failure(&failed(None, "Permission denied"), SandboxPolicy::ReadOnly),
+            None
+        );
+        let timed_out = ExecOutput {
+            timed_out: true,
+            ..denied.clone()
+        };
+        assert_eq!(sandbox_failure(&timed_out, SandboxPolicy::ReadOnly), None);
     }
 
     #[test]

@@ -24,6 +24,10 @@
 //!
 //! Cancelling only fires the token: the task notices it, stops, and deregisters. A task whose
 //! cancellation was asked stays `Cancelling` until then, whatever state it reports meanwhile.
+//! Its conversation sees the token fire too, and aborts a task that has not ended within the
+//! close timeout (see `conversation`), so a cancelled task always ends and frees its slot.
+//! `CancelConversation` reaches the tasks registered here, the running ones; the
+//! conversation's own `CancelAll` (what the API calls) also cancels its queued messages.
 //!
 //! Children: none. Failure: the Session supervises the registry and starts a new, empty one
 //! in its place (`InjectPanic` fails it on demand, for tests and drills). Callers waiting on a

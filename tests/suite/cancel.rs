@@ -23,6 +23,14 @@ async fn wait_running(t: &TestSession) -> troupe_proto::TaskId {
     panic!("task never started");
 }
 
+/// Awaits `work`, failing the test (instead of hanging it) if it never ends: time is paused,
+/// so the guard fires as soon as nothing else can happen.
+async fn ends<T>(work: impl std::future::Future<Output = T>) -> T {
+    tokio::time::timeout(Duration::from_secs(600), work)
+        .await
+        .expect("it ends: the task is aborted after the close timeout")
+}
+
 async fn scheduler_idle(t: &TestSession) -> bool {
     let s = t.session.services().await.unwrap();
     let snap = ractor::call!(s.scheduler, |reply| SchedulerMsg::Snapshot { reply }).unwrap();
@@ -44,7 +52,7 @@ async fn a_cancelled_task_that_ignores_it_is_aborted_and_the_conversation_goes_o
     let task_id = wait_running(&t).await;
     let cancelled_at = tokio::time::Instant::now();
     t.session.cancel_task(task_id).await.unwrap();
-    let err = deaf.await.unwrap().unwrap_err();
+    let err = ends(deaf).await.unwrap().unwrap_err();
     assert!(matches!(err, AgentError::Cancelled { .. }), "{err:?}");
     assert!(
         cancelled_at.elapsed() >= Duration::from_secs(3),
@@ -91,7 +99,7 @@ async fn a_task_that_honours_its_cancellation_is_not_aborted() {
     let polite = tokio::spawn(async move { s2.message(c, "polite").await });
     let task_id = wait_running(&t).await;
     t.session.cancel_task(task_id).await.unwrap();
-    let reply = polite.await.unwrap().unwrap();
+    let reply = ends(polite).await.unwrap().unwrap();
     assert_eq!(reply.status, TaskStatus::Cancelled);
     // Past the timeout: the timer was dropped with the task, nothing is aborted.
     tokio::time::sleep(Duration::from_secs(10)).await;
@@ -134,7 +142,7 @@ async fn cancel_all_reaches_the_running_task_and_the_queued_ones() {
         let err = q.await.unwrap().unwrap_err();
         assert!(matches!(err, AgentError::Cancelled { .. }), "{err:?}");
     }
-    let err = first.await.unwrap().unwrap_err();
+    let err = ends(first).await.unwrap().unwrap_err();
     assert!(
         matches!(err, AgentError::Cancelled { .. }),
         "aborted: {err:?}"
@@ -177,7 +185,7 @@ async fn a_cancelled_task_withdraws_its_pending_approvals() {
         tokio::time::sleep(Duration::from_millis(5)).await;
     };
     assert_eq!(t.session.cancel_conversation(c).await.unwrap(), 1);
-    let reply = asking.await.unwrap().unwrap();
+    let reply = ends(asking).await.unwrap().unwrap();
     assert_eq!(reply.status, TaskStatus::Cancelled);
     // Withdrawn: gone from the list, announced, and a late answer says so.
     t.session.flush().await.unwrap();

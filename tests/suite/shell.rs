@@ -587,3 +587,67 @@ async fn built_in_tools_follow_the_conversation_preferences() {
     session.shutdown().await.unwrap();
     let _ = join.await;
 }
+
+#[tokio::test]
+async fn on_failure_runs_sandboxed_without_asking_and_asks_only_when_the_sandbox_refuses() {
+    let ws = tempfile::tempdir().unwrap();
+    let outside = tempfile::tempdir().unwrap();
+    let target = outside.path().join("escaped.txt");
+    let write = format!("echo out > {}", target.display());
+    let t = start(
+        vec![
+            sh("echo fine"),
+            ScriptedReply::default(),
+            sh(&write),
+            ScriptedReply::default(),
+            sh("exit 3"),
+            ScriptedReply::default(),
+        ],
+        ApprovalPolicy::OnFailure,
+        SandboxPolicy::WorkspaceWrite,
+        ws.path(),
+    )
+    .await;
+    let mut events = t.session.subscribe().await.unwrap();
+    let root = t.root().await;
+    // Allowed by the sandbox: runs at once, nobody is asked.
+    let fine = message_unasked(&t, root, "fine").await;
+    assert!(
+        fine.text.contains("exit code 0") && fine.text.contains("fine"),
+        "{}",
+        fine.text
+    );
+    assert!(
+        !drain(&t, &mut events)
+            .await
+            .iter()
+            .any(|e| matches!(e, EventKind::ApprovalRequested { .. })),
+        "no approval for a command the sandbox allows"
+    );
+    // Refused by the sandbox: a human is asked to run it without; approved, it runs.
+    let s = t.session.clone();
+    let escaping = tokio::spawn(async move { s.message(root, "write outside").await });
+    let (approval_id, command) = next_approval(&mut events).await;
+    assert_eq!(command, sh_argv(&write));
+    assert!(!target.exists(), "the sandboxed run wrote nothing");
+    let pending = t.session.pending_approvals().await.unwrap();
+    assert!(
+        pending[0]
+            .reason
+            .contains("failed in the workspace-write sandbox")
+            && pending[0].reason.contains("Permission denied"),
+        "{}",
+        pending[0].reason
+    );
+    t.session
+        .respond_approval(approval_id, ApprovalDecision::ApproveOnce)
+        .await
+        .unwrap();
+    let reply = escaping.await.unwrap().unwrap();
+    assert!(reply.text.contains("exit code 0"), "{}", reply.text);
+    assert_eq!(std::fs::read_to_string(&target).unwrap(), "out\n");
+    // A failure that is not the sandbox's goes to the model without asking.
+    let own = message_unasked(&t, root, "fail").await;
+    assert!(own.text.contains("exit code 3"), "{}", own.text);
+    t.stop().await;
+}

@@ -94,6 +94,8 @@ async fn the_model_summary_is_written_outside_the_mailbox_and_reaches_the_next_p
         "the local summary and the kept exchange"
     );
     loop {
+        // (Not under a timeout guard: with paused time it would fire while the rollout
+        // writes the event.)
         let e = events.recv().await.unwrap();
         if let EventKind::HistoryTrimmed {
             removed_items: 0,
@@ -141,6 +143,8 @@ async fn a_failed_model_summary_leaves_the_local_one_with_a_warning() {
     let mut events = session.subscribe().await.unwrap();
     let c = three_messages(&session).await;
     loop {
+        // (Not under a timeout guard: with paused time it would fire while the rollout
+        // writes the event.)
         let e = events.recv().await.unwrap();
         if let EventKind::Warning {
             code: WarningCode::SummaryFallback,
@@ -181,6 +185,8 @@ async fn a_model_summary_past_its_timeout_leaves_the_local_one() {
     let mut events = session.subscribe().await.unwrap();
     let c = three_messages(&session).await;
     loop {
+        // (Not under a timeout guard: with paused time it would fire while the rollout
+        // writes the event.)
         let e = events.recv().await.unwrap();
         if let EventKind::Warning {
             code: WarningCode::SummaryFallback,

@@ -13,6 +13,9 @@ pub const TOOL_CALL_DURATION: &str = "troupe_tool_call_duration_seconds";
 pub const TURN_DURATION: &str = "troupe_turn_duration_seconds";
 pub const PATCH_FILES: &str = "troupe_apply_patch_files_total";
 pub const PLAN_UPDATES: &str = "troupe_plan_updates_total";
+/// Commands that failed in the sandbox under `on-failure`, by whether a human let them run
+/// again without it.
+pub const SANDBOX_RETRIES: &str = "troupe_sandbox_retries_total";
 
 /// Registers descriptions (Prometheus needs one per metric).
 pub fn describe() {
@@ -55,6 +58,20 @@ pub fn describe() {
         metrics::counter!(PATCH_FILES, "op" => op).increment(0);
     }
     metrics::counter!(PLAN_UPDATES).increment(0);
+    metrics::describe_counter!(
+        SANDBOX_RETRIES,
+        Unit::Count,
+        "Commands that failed in the sandbox under approval_policy on-failure, by outcome (approved: run again without the sandbox; not_approved)."
+    );
+    for outcome in ["approved", "not_approved"] {
+        metrics::counter!(SANDBOX_RETRIES, "outcome" => outcome).increment(0);
+    }
+}
+
+/// A command failed in the sandbox under `on-failure`; `approved`: it runs again without.
+pub fn sandbox_retry(approved: bool) {
+    let outcome = if approved { "approved" } else { "not_approved" };
+    metrics::counter!(SANDBOX_RETRIES, "outcome" => outcome).increment(1);
 }
 
 /// Every value [`tool_label`] gives.

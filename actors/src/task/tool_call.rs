@@ -35,9 +35,10 @@ pub fn route_tool(
     }
     match call.name.as_str() {
         "shell" => match shell_argv(&call.arguments.0) {
+            // `on-failure` runs it sandboxed first and asks only if the sandbox stopped it.
             Ok(argv) => ToolRoute::Shell {
                 argv,
-                needs_approval: approval != ApprovalPolicy::Never,
+                needs_approval: approval == ApprovalPolicy::Always,
             },
             Err(message) => ToolRoute::Refuse(
                 AgentError::ToolError {
@@ -244,21 +245,32 @@ pub(super) async fn execute(
                 .get("timeout_ms")
                 .and_then(serde_json::Value::as_u64)
                 .map_or(ctx.limits.exec_timeout, Duration::from_millis);
-            let out = exec
-                .run(
-                    ExecRequest {
-                        argv,
-                        workdir,
-                        timeout,
-                        sandbox: ctx.sandbox_policy,
-                        output_cap: ctx.limits.exec_output_cap,
-                        writable_roots: roots,
-                        conversation_id: Some(ctx.conversation_id),
-                        task_id: Some(ctx.task_id),
-                    },
-                    &ctx.cancel,
-                )
-                .await?;
+            let request = |sandbox| ExecRequest {
+                argv: argv.clone(),
+                workdir: workdir.clone(),
+                timeout,
+                sandbox,
+                output_cap: ctx.limits.exec_output_cap,
+                writable_roots: roots.clone(),
+                conversation_id: Some(ctx.conversation_id),
+                task_id: Some(ctx.task_id),
+            };
+            let mut out = exec.run(request(ctx.sandbox_policy), &ctx.cancel).await?;
+            if ctx.approval_policy == ApprovalPolicy::OnFailure
+                && let Some(why) = sandbox_failure(&out, ctx.sandbox_policy)
+            {
+                tracing::info!(policy = ?ctx.sandbox_policy, why, "command failed in the sandbox; asking to run it without");
+                let reason = format!(
+                    "the command failed in the {} sandbox ({why}); run it again without the sandbox?",
+                    sandbox_name(ctx.sandbox_policy)
+                );
+                let granted = approve(ctx, &argv, reason).await;
+                metrics::sandbox_retry(granted.is_ok());
+                granted?;
+                out = exec
+                    .run(request(SandboxPolicy::FullAccess), &ctx.cancel)
+                    .await?;
+            }
             Ok(ToolOutput {
                 call_id: call.call_id.clone(),
                 output: render_exec(&out),
@@ -388,6 +400,39 @@ pub(super) async fn approve(
         }
     };
     granted
+}
+
+/// Whether a command's failure is the sandbox's doing, as far as its output tells (what
+/// `approval_policy = on-failure` asks a human about): it ran confined (not `full-access`),
+/// exited with a non-zero code (not a timeout, not a signal), and its stderr carries the
+/// kernel's refusal of an access: `Permission denied` (EACCES, what Landlock answers),
+/// `Operation not permitted` (EPERM) or `Read-only file system` (EROFS). Any other failure is
+/// the command's own and goes to the model as it is.
+pub fn sandbox_failure(
+    out: &crate::ports::ExecOutput,
+    policy: SandboxPolicy,
+) -> Option<&'static str> {
+    const REFUSALS: [&str; 3] = [
+        "Permission denied",
+        "Operation not permitted",
+        "Read-only file system",
+    ];
+    if policy == SandboxPolicy::FullAccess
+        || out.timed_out
+        || matches!(out.exit_code, Some(0) | None)
+    {
+        return None;
+    }
+    REFUSALS.into_iter().find(|r| out.stderr.contains(r))
+}
+
+/// The policy as the configuration writes it.
+fn sandbox_name(policy: SandboxPolicy) -> &'static str {
+    match policy {
+        SandboxPolicy::ReadOnly => "read-only",
+        SandboxPolicy::WorkspaceWrite => "workspace-write",
+        SandboxPolicy::FullAccess => "full-access",
+    }
 }
 
 /// The observation a command leaves for the model.
