@@ -245,8 +245,15 @@ struct Chat {
 
 pub async fn run(args: ChatArgs) -> anyhow::Result<ExitCode> {
     let config = resolve(&args)?;
-    // Dropped last: the session's spans end first, then the exporter flushes them.
-    let _telemetry = troupe_runtime::telemetry::install(&config.telemetry)?;
+    let telemetry = troupe_runtime::telemetry::install(&config.telemetry)?;
+    let result = run_with(args, config).await;
+    // Last: the session's spans have ended, the exporter flushes them (off this thread, which
+    // is the only one a `--once` runtime has).
+    telemetry.shutdown().await;
+    result
+}
+
+async fn run_with(args: ChatArgs, config: TroupeConfig) -> anyhow::Result<ExitCode> {
     if args.once && args.question.is_none() {
         anyhow::bail!("--once needs a question: troupe chat --once \"...\"");
     }

@@ -53,6 +53,14 @@ impl TelemetryGuard {
     pub fn exporting_to(&self) -> Option<&str> {
         self.exporting_to.as_deref()
     }
+
+    /// Flushes and shuts export down on a blocking thread, so that the runtime goes on
+    /// driving the exporter's connection meanwhile: on a current-thread runtime a gRPC
+    /// exporter's connection lives on the very thread a plain drop would block. Bounded by
+    /// [`SHUTDOWN_TIMEOUT`].
+    pub async fn shutdown(self) {
+        let _ = tokio::task::spawn_blocking(move || drop(self)).await;
+    }
 }
 
 impl Drop for TelemetryGuard {
