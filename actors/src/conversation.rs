@@ -376,6 +376,7 @@ impl Actor for Conversation {
             Vec::new()
         };
         let mut restored_turns = 0;
+        let mut stats = ConversationStats::default();
         if records.is_empty() {
             services.events.emit(EventDraft::conversation(
                 args.conversation_id,
@@ -388,6 +389,7 @@ impl Actor for Conversation {
         } else {
             let items = history_from_records(&records);
             restored_turns = crate::context::turns_started(&records);
+            stats = crate::context::stats_from_records(&records);
             let restored = items.len() as u64;
             history.append(items);
             let cause = args.restore_cause;
@@ -476,7 +478,7 @@ impl Actor for Conversation {
             close_timer: None,
             stats: ConversationStats {
                 conversation_id: Some(args.conversation_id),
-                ..ConversationStats::default()
+                ..stats
             },
             turns: restored_turns,
             approval_policy,
