@@ -6,7 +6,8 @@ use crate::rollout::RolloutRecord;
 use crate::tools::{ToolPrefs, is_valid_tool_name};
 use sha2::{Digest, Sha256};
 use troupe_proto::{
-    AgentError, EventKind, EventName, HistoryItem, OpenConversation, SetContext, ToolSpec,
+    AgentError, ConversationStats, EventKind, EventName, HistoryItem, OpenConversation, SetContext,
+    TaskStats, TaskStatus, ToolSpec,
 };
 
 /// The built-in system prompt, used when a conversation sets no base instructions (C3).
@@ -190,6 +191,47 @@ pub fn check_allowlist_servers(list: &[String], configured: &[String]) -> Result
     )))
 }
 
+/// Adds one finished task to its conversation's statistics (S11).
+pub fn add_task_stats(into: &mut ConversationStats, stats: &TaskStats, status: TaskStatus) {
+    into.tasks += 1;
+    match status {
+        TaskStatus::Error => into.tasks_failed += 1,
+        TaskStatus::Cancelled => into.tasks_cancelled += 1,
+        TaskStatus::Ok | TaskStatus::MaxSteps => {}
+    }
+    into.usage.add(&stats.usage);
+    into.tool_calls += u64::from(stats.tool_calls);
+    into.mcp_calls += u64::from(stats.mcp_calls);
+    into.mcp_latency_ms_total += stats.mcp_latency_ms;
+}
+
+/// A restored conversation's statistics, rebuilt from its record (S11): every task end the
+/// record holds. Where the policy kept the whole event (`Full`, `Ttl`) everything comes back,
+/// MCP calls included; from headers only, the status, usage and tool calls the headers keep.
+/// `history_items` is left for the caller.
+pub fn stats_from_records(records: &[RolloutRecord]) -> ConversationStats {
+    let mut out = ConversationStats::default();
+    for r in records.iter().filter(|r| r.kind == EventName::TaskFinished) {
+        match &r.event {
+            Some(EventKind::TaskFinished { status, stats, .. }) => {
+                add_task_stats(&mut out, stats, *status);
+            }
+            _ => {
+                let Some(status) = r.meta.status else {
+                    continue;
+                };
+                let stats = TaskStats {
+                    usage: r.meta.usage.unwrap_or_default(),
+                    tool_calls: r.meta.tool_calls.unwrap_or_default(),
+                    ..TaskStats::default()
+                };
+                add_task_stats(&mut out, &stats, status);
+            }
+        }
+    }
+    out
+}
+
 /// How many turns a conversation's record shows started (T1): the number of distinct tasks
 /// that left a start, a step or an end (under every storage policy at least the start and end
 /// of each task are kept, compactions included), or the highest turn number a step or an end
@@ -276,7 +318,7 @@ pub fn history_from_records(records: &[RolloutRecord]) -> Vec<HistoryItem> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use troupe_proto::{Json, TaskId, TaskStats, TaskStatus};
+    use troupe_proto::{Json, TaskId};
 
     fn record(task_id: TaskId, kind: EventName, event: Option<EventKind>) -> RolloutRecord {
         RolloutRecord {
@@ -326,6 +368,27 @@ mod tests {
         assert!(!msg.contains("fs__read"), "{msg}");
         // No server configured: any entry is unknown.
         assert!(check_allowlist_servers(&ok, &[]).is_err());
+    }
+
+    #[test]
+    fn stats_are_rebuilt_from_task_ends_whole_or_headers_only() {
+        let (a, b) = (TaskId::new(), TaskId::new());
+        let mut whole = finished(a, 1);
+        if let Some(EventKind::TaskFinished { stats, .. }) = &mut whole.event {
+            stats.tool_calls = 3;
+            stats.mcp_calls = 2;
+            stats.mcp_latency_ms = 40;
+            stats.usage.output_tokens = 7;
+        }
+        let mut headers = record(b, EventName::TaskFinished, None);
+        headers.meta.status = Some(TaskStatus::Error);
+        headers.meta.tool_calls = Some(1);
+        let started = record(b, EventName::TaskStarted, None);
+        let stats = stats_from_records(&[whole, started, headers]);
+        assert_eq!((stats.tasks, stats.tasks_failed), (2, 1));
+        assert_eq!((stats.tool_calls, stats.mcp_calls), (4, 2));
+        assert_eq!(stats.mcp_latency_ms_total, 40);
+        assert_eq!(stats.usage.output_tokens, 7);
     }
 
     #[test]

@@ -414,6 +414,7 @@ impl Actor for Conversation {
             Vec::new()
         };
         let mut restored_turns = 0;
+        let mut stats = ConversationStats::default();
         if records.is_empty() {
             services.events.emit(EventDraft::conversation(
                 args.conversation_id,
@@ -426,6 +427,7 @@ impl Actor for Conversation {
         } else {
             let items = history_from_records(&records);
             restored_turns = crate::context::turns_started(&records);
+            stats = crate::context::stats_from_records(&records);
             let restored = items.len() as u64;
             history.append(items);
             // What a restore trims is summarized locally.
@@ -516,7 +518,7 @@ impl Actor for Conversation {
             abort_timer: None,
             stats: ConversationStats {
                 conversation_id: Some(args.conversation_id),
-                ..ConversationStats::default()
+                ..stats
             },
             model,
             summary_task: None,

@@ -403,6 +403,8 @@ async fn run_turn(ctx: &TaskContext, mut loop_state: LoopState) -> TaskOutcome {
                 );
             }
             loop_state.stats.tool_calls += 1;
+            let mcp_call = is_mcp_tool(&call.name, &prepared.tools);
+            let call_started = Instant::now();
             let mut attempt = 0;
             let (output, error) = loop {
                 let (output, error) = run_tool(ctx, &mut mcp, &prepared.tools, &call).await;
@@ -416,6 +418,10 @@ async fn run_turn(ctx: &TaskContext, mut loop_state: LoopState) -> TaskOutcome {
                     _ => break (output, error),
                 }
             };
+            if mcp_call {
+                loop_state.stats.mcp_calls += 1;
+                loop_state.stats.mcp_latency_ms += millis(call_started.elapsed());
+            }
             loop_state.items.push(HistoryItem::ToolCall(call));
             loop_state.items.push(HistoryItem::ToolOutput(output));
             if let (Some(e), ToolErrorPolicy::Terminate) = (error, ctx.limits.tool_errors) {
@@ -453,6 +459,15 @@ impl LoopState {
             items: self.items,
         }
     }
+}
+
+/// Whether a call goes to an MCP server: an offered tool that is not a built-in (S11).
+pub fn is_mcp_tool(name: &str, offered: &[ToolSpec]) -> bool {
+    offered.iter().any(|t| t.name == name) && crate::tools::is_external(name)
+}
+
+fn millis(d: Duration) -> u64 {
+    u64::try_from(d.as_millis()).unwrap_or(u64::MAX)
 }
 
 /// The local count of a step's completion (T5) when its provider reported no usage: the
@@ -594,6 +609,17 @@ mod tests {
                 spec.name
             );
         }
+    }
+
+    #[test]
+    fn only_offered_external_tools_count_as_mcp_calls() {
+        let offered = [spec("shell"), spec("srv__echo")];
+        assert!(is_mcp_tool("srv__echo", &offered));
+        assert!(!is_mcp_tool("shell", &offered));
+        assert!(
+            !is_mcp_tool("srv__other", &offered),
+            "not offered: refused, never sent"
+        );
     }
 
     #[test]

@@ -42,6 +42,11 @@ pub fn builtin_tools(prefs: &ToolPrefs) -> Vec<ToolSpec> {
     .collect()
 }
 
+/// Whether `name` is an external (MCP) tool's: anything but a built-in's name.
+pub fn is_external(name: &str) -> bool {
+    !matches!(name, SHELL | UPDATE_PLAN | APPLY_PATCH | WEB_SEARCH)
+}
+
 /// Built-ins the preferences ask for that are not offered because nothing runs them: the
 /// conversation is warned instead of the model being told of a tool that would be refused.
 pub fn unavailable_builtins(prefs: &ToolPrefs) -> Vec<&'static str> {

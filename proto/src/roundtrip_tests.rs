@@ -378,19 +378,21 @@ fn send_message() -> impl Strategy<Value = SendMessage> {
 fn task_stats() -> impl Strategy<Value = TaskStats> {
     (
         usage(),
-        any::<[u64; 2]>(),
-        any::<[u32; 4]>(),
+        any::<[u64; 3]>(),
+        any::<[u32; 5]>(),
         any::<u64>(),
         text(),
     )
         .prop_map(
             |(
                 usage,
-                [estimated, estimated_completion],
-                [turn, steps, steps_with_usage, tool_calls],
+                [estimated, estimated_completion, mcp_latency_ms],
+                [turn, steps, steps_with_usage, tool_calls, mcp_calls],
                 duration_ms,
                 trace_id,
             )| TaskStats {
+                mcp_calls,
+                mcp_latency_ms,
                 usage,
                 estimated_prompt_tokens: estimated,
                 estimated_completion_tokens: estimated_completion,
@@ -1167,6 +1169,8 @@ fn task_finished_envelope_json_shape() {
                 tool_calls: 1,
                 duration_ms: 250,
                 trace_id: "4bf92f3577b34da6a3ce929d0e0e4736".into(),
+                mcp_calls: 0,
+                mcp_latency_ms: 0,
             },
             error: Some(AgentError::ModelError {
                 message: "502".into(),
@@ -1202,7 +1206,9 @@ fn task_finished_envelope_json_shape() {
                     "steps": 2,
                     "tool_calls": 1,
                     "duration_ms": 250,
-                    "trace_id": "4bf92f3577b34da6a3ce929d0e0e4736"
+                    "trace_id": "4bf92f3577b34da6a3ce929d0e0e4736",
+                    "mcp_calls": 0,
+                    "mcp_latency_ms": 0
                 },
                 "error": { "model_error": { "message": "502", "retryable": true } }
             }

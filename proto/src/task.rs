@@ -53,6 +53,12 @@ pub struct TaskStats {
     pub duration_ms: u64,
     /// W3C trace id of the task's span.
     pub trace_id: String,
+    /// Of `tool_calls`, those that went to an MCP server (S11).
+    #[serde(default)]
+    pub mcp_calls: u32,
+    /// Time spent in those MCP calls (slot waits and retries included), in milliseconds.
+    #[serde(default)]
+    pub mcp_latency_ms: u64,
 }
 
 /// The state of a registered task (S4).

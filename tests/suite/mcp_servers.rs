@@ -1176,3 +1176,86 @@ async fn allowlists_are_checked_before_any_server_connects_and_unknown_tools_are
     assert!(refused.to_string().contains("`git__log`"), "{refused}");
     session.shutdown().await.unwrap();
 }
+
+/// The statistics of `conversation`, from its actor.
+async fn conversation_stats(
+    session: &SessionHandle,
+    conversation: ConversationId,
+) -> troupe_proto::ConversationStats {
+    let actor = session
+        .conversation_actor(conversation)
+        .await
+        .unwrap()
+        .unwrap();
+    ractor::call!(actor, |reply| {
+        troupe_actors::conversation::ConversationMsg::Stats { reply }
+    })
+    .unwrap()
+}
+
+/// S11: a conversation counts its MCP calls and their latency (a real server's calls, one of
+/// them a second long), apart from its built-in tool calls, and the figures survive the
+/// conversation's restart from its rollout.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn mcp_call_counts_and_latency_are_per_conversation_and_survive_a_restart() {
+    let servers = Servers::new();
+    let mut t = start(vec![servers.everything()], |_| {}).await;
+    bounded(async {
+        t.wait_tools(&[
+            "everything__echo",
+            "everything__trigger-long-running-operation",
+        ])
+        .await;
+        let a = t.session.open(OpenConversation::default()).await.unwrap();
+        let b = t.session.open(OpenConversation::default()).await.unwrap();
+        t.session
+            .message(a, call("everything__echo", json!({"message": "hi"})))
+            .await
+            .unwrap();
+        let long = call(
+            "everything__trigger-long-running-operation",
+            json!({"duration": 1, "steps": 1}),
+        );
+        let reply = t.session.message(a, long).await.unwrap();
+        assert_eq!(reply.stats.mcp_calls, 1, "{reply:?}");
+        assert!(reply.stats.mcp_latency_ms >= 1000, "{reply:?}");
+        t.session.message(b, "no tools").await.unwrap();
+
+        let before = conversation_stats(&t.session, a).await;
+        assert_eq!(
+            (before.tasks, before.tool_calls, before.mcp_calls),
+            (2, 2, 2)
+        );
+        assert!(before.mcp_latency_ms_total >= 1000, "{before:?}");
+        let other = conversation_stats(&t.session, b).await;
+        assert_eq!((other.mcp_calls, other.mcp_latency_ms_total), (0, 0));
+
+        // The conversation fails and is restarted from its rollout: same figures.
+        let old = t.session.conversation_actor(a).await.unwrap().unwrap();
+        old.cast(troupe_actors::conversation::ConversationMsg::InjectPanic)
+            .unwrap();
+        t.event(Duration::from_secs(10), |e| {
+            e.conversation_id == Some(a)
+                && matches!(e.event, EventKind::ConversationRestarted { .. })
+        })
+        .await;
+        let after = conversation_stats(&t.session, a).await;
+        assert_eq!(
+            (
+                after.tasks,
+                after.tool_calls,
+                after.mcp_calls,
+                after.mcp_latency_ms_total
+            ),
+            (
+                before.tasks,
+                before.tool_calls,
+                before.mcp_calls,
+                before.mcp_latency_ms_total
+            )
+        );
+        assert_eq!(after.usage, before.usage);
+    })
+    .await;
+    t.stop(&servers).await;
+}

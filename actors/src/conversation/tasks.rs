@@ -391,14 +391,7 @@ impl ConversationState {
     }
 
     pub(super) fn record_stats(&mut self, stats: &TaskStats, status: TaskStatus) {
-        self.stats.tasks += 1;
-        match status {
-            TaskStatus::Error => self.stats.tasks_failed += 1,
-            TaskStatus::Cancelled => self.stats.tasks_cancelled += 1,
-            TaskStatus::Ok | TaskStatus::MaxSteps => {}
-        }
-        self.stats.usage.add(&stats.usage);
-        self.stats.tool_calls += u64::from(stats.tool_calls);
+        crate::context::add_task_stats(&mut self.stats, stats, status);
         metrics::task_finished(status, stats);
     }
 }
