@@ -142,22 +142,11 @@ async fn a_failed_model_summary_leaves_the_local_one_with_a_warning() {
     let (session, _dir, join) = start_with_model(model.clone(), small_history(mode), None).await;
     let mut events = session.subscribe().await.unwrap();
     let c = three_messages(&session).await;
-    loop {
-        // (Not under a timeout guard: with paused time it would fire while the rollout
-        // writes the event.)
-        let e = events.recv().await.unwrap();
-        if let EventKind::Warning {
-            code: WarningCode::SummaryFallback,
-            message,
-        } = &e.event
-        {
-            assert!(
-                message.contains("the summary endpoint is down"),
-                "{message}"
-            );
-            break;
-        }
-    }
+    let message = summary_fallback(&mut events).await;
+    assert!(
+        message.contains("the summary endpoint is down"),
+        "{message}"
+    );
     session.message(c, "delta question").await.unwrap();
     let sent = model.sent();
     let summary = summary_of(&sent[4].prompt).expect("a summary all the same");
@@ -184,22 +173,28 @@ async fn a_model_summary_past_its_timeout_leaves_the_local_one() {
     let (session, _dir, join) = start_with_model(model.clone(), small_history(mode), None).await;
     let mut events = session.subscribe().await.unwrap();
     let c = three_messages(&session).await;
+    let message = summary_fallback(&mut events).await;
+    assert!(message.contains("2000 ms"), "{message}");
+    session.message(c, "delta question").await.unwrap();
+    let summary = summary_of(&model.sent()[4].prompt).map(str::to_owned);
+    assert!(summary.is_some_and(|s| s.contains("alpha question")));
+    session.shutdown().await.unwrap();
+    let _ = join.await;
+}
+
+/// The message of the next `summary_fallback` warning. (Not under a timeout guard: with
+/// paused time it would fire while the rollout writes the event.)
+async fn summary_fallback(
+    events: &mut tokio::sync::broadcast::Receiver<Arc<troupe_proto::EventEnvelope>>,
+) -> String {
     loop {
-        // (Not under a timeout guard: with paused time it would fire while the rollout
-        // writes the event.)
         let e = events.recv().await.unwrap();
         if let EventKind::Warning {
             code: WarningCode::SummaryFallback,
             message,
         } = &e.event
         {
-            assert!(message.contains("2000 ms"), "{message}");
-            break;
+            return message.clone();
         }
     }
-    session.message(c, "delta question").await.unwrap();
-    let summary = summary_of(&model.sent()[4].prompt).map(str::to_owned);
-    assert!(summary.is_some_and(|s| s.contains("alpha question")));
-    session.shutdown().await.unwrap();
-    let _ = join.await;
 }
