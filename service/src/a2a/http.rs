@@ -22,7 +22,7 @@ use ractor::ActorRef;
 use serde_json::{Value, json};
 use std::convert::Infallible;
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, SystemTime};
 use tokio::sync::mpsc;
 use tracing::Instrument;
 
@@ -42,6 +42,18 @@ pub struct A2aState {
     pub(super) blocking_wait: Duration,
     /// Longest a cancel waits for the task to stop.
     pub(super) cancel_wait: Duration,
+    /// When this card was last changed (`Last-Modified`): its content is fixed from the
+    /// endpoint's start, so the start time, in whole seconds as HTTP dates carry it.
+    pub(super) card_modified: SystemTime,
+}
+
+/// `t` without its fraction of a second (an HTTP date's resolution), so that a client's
+/// `If-Modified-Since` echoing our `Last-Modified` compares equal.
+pub(super) fn whole_seconds(t: SystemTime) -> SystemTime {
+    let secs = t
+        .duration_since(SystemTime::UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs());
+    SystemTime::UNIX_EPOCH + Duration::from_secs(secs)
 }
 
 /// `GET /.well-known/agent-card.json`.
@@ -69,10 +81,16 @@ pub async fn card(State(s): State<A2aState>, req_headers: HeaderMap) -> Response
             "public, max-age=300".to_owned(),
         ),
         (axum::http::header::ETAG, etag.clone()),
+        (
+            axum::http::header::LAST_MODIFIED,
+            httpdate::fmt_http_date(s.card_modified),
+        ),
     ];
-    let cached = headers_match(
+    let cached = not_modified(
         headers_value(&req_headers, axum::http::header::IF_NONE_MATCH),
+        headers_value(&req_headers, axum::http::header::IF_MODIFIED_SINCE),
         &etag,
+        s.card_modified,
     );
     if cached {
         return (axum::http::StatusCode::NOT_MODIFIED, headers).into_response();
@@ -90,6 +108,23 @@ fn etag(card: &Value) -> String {
     let mut h = std::collections::hash_map::DefaultHasher::new();
     card.to_string().hash(&mut h);
     format!("W/\"{:016x}\"", h.finish())
+}
+
+/// Whether a conditional GET may be answered 304 (RFC 9110 13.2.2): `If-None-Match` decides
+/// when present; otherwise `If-Modified-Since` at or after the card's `Last-Modified`. An
+/// unreadable date is ignored, as the RFC asks.
+fn not_modified(
+    if_none_match: Option<&str>,
+    if_modified_since: Option<&str>,
+    etag: &str,
+    modified: SystemTime,
+) -> bool {
+    match if_none_match {
+        Some(_) => headers_match(if_none_match, etag),
+        None => if_modified_since
+            .and_then(|d| httpdate::parse_http_date(d).ok())
+            .is_some_and(|since| modified <= since),
+    }
 }
 
 /// `If-None-Match` (weak comparison, RFC 9110 13.1.2) against our tag.
@@ -172,8 +207,50 @@ pub fn parse_call(
     })
 }
 
+/// Whether a request's `Content-Type` is JSON (`application/json` or a `+json` type, any
+/// parameters, any case); the binding accepts nothing else (spec 9.5: -32005).
+pub fn check_content_type(content_type: Option<&str>) -> Result<(), A2aError> {
+    let Some(value) = content_type else {
+        return Err(A2aError::ContentTypeNotSupported(
+            "no Content-Type; send application/json".into(),
+        ));
+    };
+    let essence = value
+        .split(';')
+        .next()
+        .unwrap_or("")
+        .trim()
+        .to_ascii_lowercase();
+    let json = essence == "application/json"
+        || essence
+            .strip_prefix("application/")
+            .is_some_and(|sub| sub.ends_with("+json"));
+    if json {
+        Ok(())
+    } else {
+        Err(A2aError::ContentTypeNotSupported(format!(
+            "{value:?}; send application/json"
+        )))
+    }
+}
+
+/// The `id` of a request body, when it has a readable one (to answer a request rejected
+/// before it was parsed with the id its client waits for).
+fn best_effort_id(body: &[u8]) -> Value {
+    serde_json::from_slice::<Value>(body)
+        .ok()
+        .and_then(|v| v.get("id").cloned())
+        .filter(|id| id.is_string() || id.is_number())
+        .unwrap_or(Value::Null)
+}
+
 /// `POST <rpc_path>`: one JSON-RPC call.
 pub async fn rpc(State(s): State<A2aState>, headers: HeaderMap, body: Bytes) -> Response {
+    let content_type = headers_value(&headers, axum::http::header::CONTENT_TYPE);
+    if let Err(e) = check_content_type(content_type) {
+        metrics::request("unknown", "unsupported", e.outcome());
+        return Json(e.to_response(&best_effort_id(&body))).into_response();
+    }
     let header = headers.get(VERSION_HEADER).and_then(|h| h.to_str().ok());
     let call = match parse_call(header, &body) {
         Ok(c) => c,
@@ -397,6 +474,51 @@ fn event_stream(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn only_json_content_types_are_read() {
+        for ok in [
+            "application/json",
+            "application/json; charset=utf-8",
+            "APPLICATION/JSON",
+            "application/a2a+json",
+        ] {
+            assert_eq!(check_content_type(Some(ok)), Ok(()), "{ok}");
+        }
+        for bad in [
+            None,
+            Some("text/plain"),
+            Some("application/jsonl"),
+            Some("json"),
+            Some(""),
+        ] {
+            let e = check_content_type(bad).unwrap_err();
+            assert_eq!(e.code(), -32005, "{bad:?}");
+        }
+    }
+
+    #[test]
+    fn conditional_card_requests() {
+        let at = SystemTime::UNIX_EPOCH + Duration::from_secs(1_700_000_000);
+        let date = |t: SystemTime| httpdate::fmt_http_date(t);
+        let tag = "W/\"abc\"";
+        // If-None-Match decides when present, whatever the date says.
+        assert!(not_modified(Some(tag), Some(&date(at)), tag, at));
+        assert!(!not_modified(Some("W/\"other\""), Some(&date(at)), tag, at));
+        // Otherwise the date: at or after the change is 304.
+        assert!(not_modified(None, Some(&date(at)), tag, at));
+        let later = at + Duration::from_secs(5);
+        assert!(not_modified(None, Some(&date(later)), tag, at));
+        let earlier = at - Duration::from_secs(5);
+        assert!(!not_modified(None, Some(&date(earlier)), tag, at));
+        assert!(!not_modified(None, Some("yesterday"), tag, at));
+        assert!(!not_modified(None, None, tag, at));
+        assert_eq!(
+            whole_seconds(at + Duration::from_millis(999)),
+            at,
+            "HTTP dates have whole seconds"
+        );
+    }
 
     #[test]
     fn envelope_errors_carry_the_right_codes() {

@@ -3,7 +3,7 @@
 //!
 //! ```text
 //! GET  /.well-known/agent-card.json   card (public)
-//! POST /a2a                           JSON-RPC: SendMessage, SendStreamingMessage (SSE),
+//! POST /a2a (or /a2a/)                JSON-RPC: SendMessage, SendStreamingMessage (SSE),
 //!                                     GetTask, ListTasks, CancelTask, SubscribeToTask (SSE)
 //!                                     0.3: message/send, message/stream, tasks/get,
 //!                                     tasks/cancel, tasks/resubscribe
@@ -130,6 +130,7 @@ impl A2a {
                 rpc_path: Arc::from(config.rpc_path),
                 blocking_wait: config.blocking_wait,
                 cancel_wait: config.cancel_wait,
+                card_modified: http::whole_seconds(std::time::SystemTime::now()),
             },
             join,
         })
@@ -143,10 +144,17 @@ impl A2a {
     }
 
     /// The JSON-RPC route; the service wraps it in its authentication.
+    /// Served with and without a trailing slash: clients that build their HTTP client from
+    /// the card's URL as a base post to `/a2a/`.
     pub fn rpc_router(&self) -> Router {
-        Router::new()
-            .route(&self.state.rpc_path, post(http::rpc))
-            .with_state(self.state.clone())
+        let path = self.state.rpc_path.trim_end_matches('/');
+        let router = Router::new().route(&format!("{path}/"), post(http::rpc));
+        let router = if path.is_empty() {
+            router
+        } else {
+            router.route(path, post(http::rpc))
+        };
+        router.with_state(self.state.clone())
     }
 
     /// Both routes, unauthenticated.

@@ -329,6 +329,90 @@ async fn the_card_names_the_endpoint_it_was_fetched_from() {
         .await
         .unwrap();
     assert_eq!(again.status(), 304);
+    // Last-Modified: the same date back is 304, an earlier one gets the card.
+    let modified = first.headers()["last-modified"]
+        .to_str()
+        .unwrap()
+        .to_owned();
+    let since = |date: String| {
+        f.http
+            .get(format!("{base}{CARD_PATH}"))
+            .header("If-Modified-Since", date)
+            .send()
+    };
+    assert_eq!(since(modified.clone()).await.unwrap().status(), 304);
+    let earlier =
+        httpdate::parse_http_date(&modified).unwrap() - std::time::Duration::from_secs(60);
+    assert_eq!(
+        since(httpdate::fmt_http_date(earlier))
+            .await
+            .unwrap()
+            .status(),
+        200
+    );
+    f.stop().await;
+}
+
+#[tokio::test]
+async fn the_endpoint_takes_a_trailing_slash_and_only_json_bodies() {
+    let f = Fixture::start(vec![ScriptedReply::text("slash ok")]).await;
+    let send = json!({"jsonrpc": "2.0", "id": "s1", "method": "SendMessage",
+                      "params": {"message": v1_message("hi", json!({}))}});
+    // A client whose base URL is the card's URL posts to `/a2a/`.
+    let r: Value = f
+        .http
+        .post(format!("{}/", f.url))
+        .header("A2A-Version", "1.0")
+        .json(&send)
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    assert_eq!(r["id"], "s1");
+    assert_eq!(
+        r["result"]["task"]["status"]["state"], "TASK_STATE_COMPLETED",
+        "{r}"
+    );
+    // The body is not read unless it says it is JSON: the id is echoed, nothing runs.
+    for content_type in [
+        Some("text/plain"),
+        Some("application/x-www-form-urlencoded"),
+        None,
+    ] {
+        let mut req = f
+            .http
+            .post(&f.url)
+            .header("A2A-Version", "1.0")
+            .body(send.to_string());
+        if let Some(ct) = content_type {
+            req = req.header("content-type", ct);
+        }
+        let r: Value = req.send().await.unwrap().json().await.unwrap();
+        assert_eq!(r["error"]["code"], -32005, "{content_type:?}: {r}");
+        assert_eq!(r["id"], "s1");
+    }
+    let ran = f.model.calls();
+    assert_eq!(ran, 1, "only the JSON request reached the model");
+    // Parameters and case do not matter.
+    let r: Value = f
+        .http
+        .post(&f.url)
+        .header("A2A-Version", "1.0")
+        .header("content-type", "Application/JSON; charset=utf-8")
+        .body(
+            json!({"jsonrpc": "2.0", "id": 2, "method": "GetTask",
+                     "params": {"id": "missing"}})
+            .to_string(),
+        )
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    assert_eq!(r["error"]["code"], -32001, "{r}");
     f.stop().await;
 }
 
