@@ -229,6 +229,13 @@ impl SessionHandle {
         EventStream::open(source, after_seq, RESUME_PAGE).await
     }
 
+    /// The last sequence number the session assigned: [`SessionHandle::events`] after it
+    /// yields what happens from now on.
+    pub async fn last_seq(&self) -> Result<u64, AgentError> {
+        let s = self.services().await?;
+        ractor::call!(s.rollout, |reply| RolloutMsg::LastSeq { reply }).map_err(gone)
+    }
+
     /// One page of the session's stored records: up to `limit` with `seq > after_seq`, in
     /// order, all of them committed.
     pub async fn events_after(

@@ -8,7 +8,7 @@ Usage: client_e2e.py BASE_URL VERSION [TOKEN]
 
 The server's scripted model must answer, in this order (one model call per task):
   1. default (echoes "You said: hello")     send, blocking
-  2. {"text": "Streamed answer", "delay_ms": 300}   streamed
+  2. {"text": "Streamed answer", "chunk_chars": 4, "delay_ms": 300}   streamed
   3. {"hang": true}                         sent without waiting, then canceled
   4. {"text": "Slow answer", "delay_ms": 1500}      sent without waiting, then resubscribed
   5. default                                a raw 0.3 call with no A2A-Version header
@@ -59,6 +59,15 @@ def request(text, context_id=None, return_immediately=False):
 
 def answer_text(task):
     return "".join(p.text for a in task.artifacts for p in a.parts)
+
+
+def assemble(updates):
+    """The artifact's text as a client builds it: `append` adds to it, otherwise replaces."""
+    text = ""
+    for u in updates:
+        piece = "".join(p.text for p in u.artifact.parts)
+        text = text + piece if u.append else piece
+    return text
 
 
 async def only_event(stream):
@@ -116,9 +125,13 @@ async def run(base, version, token):
         states = [state_name(e.status_update.status.state) for e in events if e.HasField("status_update")]
         check(states[0] == "TASK_STATE_WORKING", f"the stream shows work ({states})")
         check(states[-1] == "TASK_STATE_COMPLETED", "the stream ends completed")
-        streamed = "".join(
-            p.text for e in events if e.HasField("artifact_update") for p in e.artifact_update.artifact.parts
-        )
+        # The answer arrives as it is written: pieces appended to the artifact, then the whole
+        # answer once more (append false, last chunk) at the end.
+        updates = [e.artifact_update for e in events if e.HasField("artifact_update")]
+        streamed = assemble(updates)
+        check(len(updates) > 2, f"the answer streams in pieces ({len(updates)} updates)")
+        check(any(u.append for u in updates), "later pieces append to the artifact")
+        check(updates[-1].last_chunk and not updates[-1].append, "the last update is the whole answer")
         check(streamed == "Streamed answer", f"the stream carries the answer ({streamed!r})")
         streamed_id = events[0].task.id
         check(events[0].task.context_id == context_id, "the streamed task joined the context")
@@ -163,9 +176,7 @@ async def run(base, version, token):
             state_name(events[-1].status_update.status.state) == "TASK_STATE_COMPLETED",
             "the resubscription follows the task to its end",
         )
-        resumed = "".join(
-            p.text for e in events if e.HasField("artifact_update") for p in e.artifact_update.artifact.parts
-        )
+        resumed = assemble(e.artifact_update for e in events if e.HasField("artifact_update"))
         check(resumed == "Slow answer", f"the resubscription carries the answer ({resumed!r})")
         try:
             async for _ in streaming.subscribe(SubscribeToTaskRequest(id=slow.id)):

@@ -32,7 +32,9 @@ fn python() -> PathBuf {
 fn script() -> Vec<ScriptedReply> {
     vec![
         ScriptedReply::default(),
-        ScriptedReply::text("Streamed answer").delayed(Duration::from_millis(300)),
+        ScriptedReply::text("Streamed answer")
+            .chunked(4)
+            .delayed(Duration::from_millis(300)),
         ScriptedReply::hang(true),
         ScriptedReply::text("Slow answer").delayed(Duration::from_millis(1500)),
         ScriptedReply::default(),

@@ -4,12 +4,11 @@
 //! creates lazily, one per tenant, ...).
 
 use async_trait::async_trait;
-use std::sync::Arc;
-use tokio::sync::broadcast;
 use troupe_actors::SessionHandle;
+use troupe_actors::rollout::stream::EventStream;
 use troupe_proto::{
-    AgentError, ApprovalDecision, ApprovalId, ConversationId, EventEnvelope, MessageReply,
-    OpenConversation, TaskId,
+    AgentError, ApprovalDecision, ApprovalId, ConversationId, MessageReply, OpenConversation,
+    TaskId,
 };
 
 /// The session an A2A endpoint runs its tasks in.
@@ -31,8 +30,10 @@ pub trait A2aBackend: Send + Sync + 'static {
         approval_id: ApprovalId,
         decision: ApprovalDecision,
     ) -> Result<(), AgentError>;
-    /// Live events of the session.
-    async fn subscribe(&self) -> Result<broadcast::Receiver<Arc<EventEnvelope>>, AgentError>;
+    /// The session's events after `after_seq` (`None`: from now on), in order and without
+    /// gaps: what storage keeps, then live events, refilled from storage when the reader
+    /// falls behind ([`SessionHandle::events`]).
+    async fn events(&self, after_seq: Option<u64>) -> Result<EventStream, AgentError>;
 }
 
 #[async_trait]
@@ -61,7 +62,11 @@ impl A2aBackend for SessionHandle {
         SessionHandle::respond_approval(self, approval_id, decision).await
     }
 
-    async fn subscribe(&self) -> Result<broadcast::Receiver<Arc<EventEnvelope>>, AgentError> {
-        SessionHandle::subscribe(self).await
+    async fn events(&self, after_seq: Option<u64>) -> Result<EventStream, AgentError> {
+        let after = match after_seq {
+            Some(seq) => seq,
+            None => self.last_seq().await?,
+        };
+        SessionHandle::events(self, after).await
     }
 }

@@ -13,7 +13,8 @@
 use super::error::A2aError;
 use super::events::final_state;
 use super::model::{
-    Artifact, ArtifactUpdate, Message, Part, Status, StatusUpdate, StreamEvent, Task, TaskState,
+    Artifact, ArtifactUpdate, Message, Part, PartContent, Status, StatusUpdate, StreamEvent, Task,
+    TaskState,
 };
 use super::request::SendParams;
 use serde_json::json;
@@ -55,6 +56,9 @@ pub struct Record {
     pending_reply: Option<MessageReply>,
     /// Messages written about this task so far (agent message ids are `<task>-m<n>`).
     messages: u32,
+    /// The answer artifact has text of the current step: the next delta appends to it (a
+    /// tool call closes it, and the next step's text replaces it).
+    answer_open: bool,
 }
 
 impl Record {
@@ -290,6 +294,7 @@ impl TaskBook {
                 pending_elicitation: false,
                 pending_reply: None,
                 messages: 0,
+                answer_open: false,
             },
         );
         Ok(task)
@@ -326,13 +331,24 @@ impl TaskBook {
 
     /// Applies one troupe event of the session.
     pub fn apply(&mut self, env: &EventEnvelope, now_ms: u64) -> Applied {
+        self.apply_event(env.conversation_id, env.task_id, &env.event, now_ms)
+    }
+
+    /// Applies one troupe event of the session, given as its parts.
+    pub fn apply_event(
+        &mut self,
+        conversation_id: Option<ConversationId>,
+        troupe_task: Option<TaskId>,
+        event: &EventKind,
+        now_ms: u64,
+    ) -> Applied {
         let mut out = Applied::default();
-        let Some(conversation_id) = env.conversation_id else {
+        let Some(conversation_id) = conversation_id else {
             return out;
         };
         // The task this event is about: bound already, or (task_started) the context's
         // dispatched task.
-        let task_id = match (&env.event, env.task_id) {
+        let task_id = match (event, troupe_task) {
             (EventKind::TaskStarted { .. }, Some(troupe_task)) => {
                 let Some(a2a) = self.bind(conversation_id, troupe_task) else {
                     return out;
@@ -348,11 +364,16 @@ impl TaskBook {
             },
             (_, None) => return out,
         };
-        let events = match &env.event {
+        let events = match event {
             EventKind::TaskStarted { .. } => {
                 self.set_status(&task_id, TaskState::Working, None, now_ms)
             }
+            EventKind::AssistantChunk { delta } => self.answer_delta(&task_id, delta),
             EventKind::ToolCallStarted { call } => {
+                // The text so far was said before a tool call; the answer starts anew.
+                if let Some(r) = self.tasks.get_mut(&task_id) {
+                    r.answer_open = false;
+                }
                 let parts = vec![
                     Part::text(format!("Calling tool `{}`.", call.name)),
                     Part::data(json!({"toolCall": {
@@ -501,11 +522,23 @@ impl TaskBook {
         })
     }
 
-    /// The optimistic WORKING of a task whose approval was just answered.
-    pub fn answered(&mut self, task_id: &str, now_ms: u64) -> Vec<StreamEvent> {
+    /// The client's answer to what an INPUT_REQUIRED task asked: the question and the answer
+    /// go into the task's history, in that order, and the task is optimistically WORKING.
+    pub fn answered(
+        &mut self,
+        task_id: &str,
+        mut message: Message,
+        now_ms: u64,
+    ) -> Vec<StreamEvent> {
         match self.tasks.get_mut(task_id) {
             Some(r) if r.task.status.state == TaskState::InputRequired => {
                 r.pending_approval = None;
+                if let Some(question) = r.task.status.message.take() {
+                    r.task.history.push(question);
+                }
+                message.context_id = Some(r.task.context_id.clone());
+                message.task_id = Some(task_id.to_owned());
+                r.task.history.push(message);
                 self.set_status(task_id, TaskState::Working, None, now_ms)
             }
             _ => Vec::new(),
@@ -574,6 +607,55 @@ impl TaskBook {
         })]
     }
 
+    /// A piece of the answer as the model streams it: the answer artifact grows (its first
+    /// piece of a step replaces what an earlier step said), and streams get the piece as an
+    /// artifact update (`append` after the first). The task's end sends the whole answer
+    /// again (`append: false`, `lastChunk: true`), so a client that missed a piece ends with
+    /// the right text.
+    fn answer_delta(&mut self, task_id: &str, delta: &str) -> Vec<StreamEvent> {
+        let Some(rec) = self.tasks.get_mut(task_id) else {
+            return Vec::new();
+        };
+        if delta.is_empty() || rec.task.status.state.is_terminal() {
+            return Vec::new();
+        }
+        let append = rec.answer_open;
+        rec.answer_open = true;
+        let answer_id = answer_artifact_id(task_id);
+        let stored = match rec
+            .task
+            .artifacts
+            .iter_mut()
+            .find(|a| a.artifact_id == answer_id)
+        {
+            Some(a) => a,
+            None => {
+                rec.task.artifacts.push(answer_artifact(task_id, ""));
+                let last = rec.task.artifacts.len() - 1;
+                &mut rec.task.artifacts[last]
+            }
+        };
+        match (append, stored.parts.first_mut()) {
+            (
+                true,
+                Some(Part {
+                    content: PartContent::Text(text),
+                    ..
+                }),
+            ) => text.push_str(delta),
+            _ => stored.parts = vec![Part::text(delta)],
+        }
+        let mut piece = answer_artifact(task_id, delta);
+        piece.parts = vec![Part::text(delta)];
+        vec![StreamEvent::Artifact(ArtifactUpdate {
+            task_id: task_id.to_owned(),
+            context_id: rec.task.context_id.clone(),
+            artifact: piece,
+            append,
+            last_chunk: false,
+        })]
+    }
+
     /// Ends a task (once: later reports of the same end are ignored).
     fn complete(
         &mut self,
@@ -591,14 +673,16 @@ impl TaskBook {
         }
         let mut events = Vec::new();
         if !text.is_empty() && status != TaskStatus::Cancelled {
-            let artifact = Artifact {
-                artifact_id: format!("{task_id}-answer"),
-                name: Some("answer".into()),
-                description: None,
-                parts: vec![Part::text(text)],
-                metadata: None,
-            };
-            rec.task.artifacts.push(artifact.clone());
+            let artifact = answer_artifact(task_id, text);
+            match rec
+                .task
+                .artifacts
+                .iter_mut()
+                .find(|a| a.artifact_id == artifact.artifact_id)
+            {
+                Some(streamed) => *streamed = artifact.clone(),
+                None => rec.task.artifacts.push(artifact.clone()),
+            }
             events.push(StreamEvent::Artifact(ArtifactUpdate {
                 task_id: task_id.to_owned(),
                 context_id: rec.task.context_id.clone(),
@@ -645,6 +729,22 @@ impl TaskBook {
             }
         }
         gone
+    }
+}
+
+/// The id of a task's answer artifact.
+fn answer_artifact_id(task_id: &str) -> String {
+    format!("{task_id}-answer")
+}
+
+/// A task's answer artifact holding `text`.
+fn answer_artifact(task_id: &str, text: &str) -> Artifact {
+    Artifact {
+        artifact_id: answer_artifact_id(task_id),
+        name: Some("answer".into()),
+        description: None,
+        parts: vec![Part::text(text)],
+        metadata: None,
     }
 }
 

@@ -85,8 +85,12 @@ fn streamed_task_events() -> Vec<StreamEvent> {
     let mut events = vec![StreamEvent::Task(task)];
     b.next_dispatch("ctx-1").unwrap();
     let t = Some(troupe_task());
+    let chunk = |delta: &str| EventKind::AssistantChunk {
+        delta: delta.into(),
+    };
     let steps = [
         EventKind::TaskStarted { input: "hi".into() },
+        chunk("Let me look."),
         EventKind::ToolCallStarted {
             call: ToolCall {
                 call_id: "call_0_0".into(),
@@ -94,9 +98,8 @@ fn streamed_task_events() -> Vec<StreamEvent> {
                 arguments: Json(serde_json::json!({"command": ["ls"]})),
             },
         },
-        EventKind::AssistantChunk {
-            delta: "ignored".into(),
-        },
+        chunk("Stream hello"),
+        chunk(" from troupe"),
         finished(TaskStatus::Ok, "Stream hello from troupe"),
     ];
     for (i, kind) in steps.into_iter().enumerate() {
@@ -130,7 +133,9 @@ fn only_the_last_frame_closes_the_stream() {
             .iter()
             .map(|e| frame(v, &serde_json::json!(1), e).1)
             .collect();
-        assert_eq!(closes, [false, false, false, false, true], "{v:?}");
+        let mut want = vec![false; closes.len() - 1];
+        want.push(true);
+        assert_eq!(closes, want, "{v:?}");
     }
 }
 
@@ -305,13 +310,93 @@ fn a_send_to_an_existing_task_is_checked() {
             reason: Some("no, too risky".into())
         }
     );
+    let before = b.record("task-1").unwrap().task.history.len();
     assert_eq!(
-        b.answered("task-1", T0)[0].state(),
+        b.answered("task-1", m.clone(), T0)[0].state(),
         Some(TaskState::Working)
     );
     assert!(!b.settled("task-1"));
+    // The question and the client's answer are both in the history, in that order.
+    let history = &b.record("task-1").unwrap().task.history;
+    assert_eq!(history.len(), before + 2, "{history:?}");
+    assert_eq!(history[before].role, Role::Agent);
+    assert_eq!(history[before + 1].role, Role::User);
+    assert_eq!(history[before + 1].parts, m.parts);
+    assert_eq!(history[before + 1].task_id.as_deref(), Some("task-1"));
     b.apply(&env(t, finished(TaskStatus::Ok, "done")), T0);
     assert_eq!(b.plan_send(&send_params(m)).unwrap_err().code(), -32004);
+}
+
+#[test]
+fn streamed_text_grows_the_answer_and_the_end_sends_it_whole() {
+    let mut b = started_book();
+    let t = Some(troupe_task());
+    b.apply(&env(t, EventKind::TaskStarted { input: "hi".into() }), T0);
+    let mut updates = Vec::new();
+    let chunk = |b: &mut TaskBook, delta: &str| -> Vec<ArtifactUpdate> {
+        let kind = EventKind::AssistantChunk {
+            delta: delta.into(),
+        };
+        b.apply(&env(t, kind), T0)
+            .events
+            .into_iter()
+            .map(|(_, e)| match e {
+                StreamEvent::Artifact(u) => u,
+                e => panic!("an artifact update: {e:?}"),
+            })
+            .collect()
+    };
+    updates.extend(chunk(&mut b, "Checking"));
+    let answer = |b: &TaskBook| {
+        let task = &b.record("task-1").unwrap().task;
+        assert_eq!(task.artifacts.len(), 1, "one answer artifact");
+        match &task.artifacts[0].parts[0].content {
+            PartContent::Text(t) => t.clone(),
+            other => panic!("text: {other:?}"),
+        }
+    };
+    assert_eq!(answer(&b), "Checking");
+    // A tool call: the next step's text replaces the answer.
+    b.apply(
+        &env(
+            t,
+            EventKind::ToolCallStarted {
+                call: ToolCall {
+                    call_id: "c".into(),
+                    name: "shell".into(),
+                    arguments: Json(serde_json::json!({})),
+                },
+            },
+        ),
+        T0,
+    );
+    updates.extend(chunk(&mut b, "It is"));
+    updates.extend(chunk(&mut b, ""));
+    updates.extend(chunk(&mut b, " 42."));
+    assert_eq!(
+        answer(&b),
+        "It is 42.",
+        "a GetTask while it runs sees the text so far"
+    );
+    let flags: Vec<(bool, bool)> = updates.iter().map(|u| (u.append, u.last_chunk)).collect();
+    assert_eq!(flags, [(false, false), (false, false), (true, false)]);
+    assert!(
+        updates
+            .iter()
+            .all(|u| u.artifact.artifact_id == "task-1-answer")
+    );
+    // The end sends the whole answer once more, replacing the streamed pieces.
+    let end = b
+        .apply(&env(t, finished(TaskStatus::Ok, "It is 42.")), T0)
+        .events;
+    let StreamEvent::Artifact(last) = &end[0].1 else {
+        panic!("the answer first: {end:?}")
+    };
+    assert_eq!((last.append, last.last_chunk), (false, true));
+    assert_eq!(answer(&b), "It is 42.");
+    // After the end, nothing more is streamed.
+    updates.extend(chunk(&mut b, "late"));
+    assert_eq!(updates.len(), 3);
 }
 
 #[test]

@@ -18,10 +18,11 @@ use axum::http::StatusCode;
 use axum::middleware::{self, Next};
 use axum::response::{IntoResponse, Response};
 use std::sync::Arc;
-use tokio::sync::{OnceCell, broadcast};
+use tokio::sync::OnceCell;
+use troupe_actors::rollout::stream::EventStream;
 use troupe_proto::{
-    AgentError, ApprovalDecision, ApprovalId, ConversationId, EventEnvelope, MessageReply,
-    OpenConversation, SessionId, TaskId,
+    AgentError, ApprovalDecision, ApprovalId, ConversationId, MessageReply, OpenConversation,
+    SessionId, TaskId,
 };
 use troupe_runtime::config::A2aServerConfig;
 
@@ -120,8 +121,9 @@ impl A2aBackend for RegistryBackend {
             .await
     }
 
-    async fn subscribe(&self) -> Result<broadcast::Receiver<Arc<EventEnvelope>>, AgentError> {
-        self.handle().await?.subscribe().await
+    async fn events(&self, after_seq: Option<u64>) -> Result<EventStream, AgentError> {
+        let handle = self.handle().await?;
+        A2aBackend::events(&handle, after_seq).await
     }
 }
 

@@ -7,7 +7,7 @@
 //!                                 context idle → spawn message(conversation, text) ──┐
 //!         ◀─ Accepted{task, events?, settled} ─                                     │
 //! handler ── Get / List / Subscribe / Cancel / WaitFor ─▶ answered from the book    │
-//! forwarder (tokio task) ── SessionEvent{env} ─▶ book.apply → publish to streams    │
+//! forwarder (tokio task) ── SessionEvent{event} ─▶ book.apply → publish to streams    │
 //! spawned call ── MessageAnswered{task, result} ◀────────────────────────────────────┘
 //!                                 → dispatch the context's next task; the task ends with
 //!                                   its task_finished event, or FinishDue after a grace
@@ -25,16 +25,16 @@ use super::error::A2aError;
 use super::metrics;
 use super::model::{StreamEvent, Task, TaskPage};
 use super::request::{ListParams, SendParams};
+use futures::StreamExt;
 use ractor::{Actor, ActorProcessingErr, ActorRef, RpcReplyPort};
 use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::Duration;
-use tokio::sync::{broadcast, mpsc, oneshot};
+use tokio::sync::{mpsc, oneshot};
 use tokio::task::JoinHandle;
 use troupe_actors::clock::unix_now_ms as now_ms;
-use troupe_proto::{
-    AgentError, ConversationId, EventEnvelope, EventKind, MessageReply, OpenConversation, TaskId,
-};
+use troupe_actors::rollout::stream::EventStream;
+use troupe_proto::{AgentError, ConversationId, EventKind, MessageReply, OpenConversation, TaskId};
 
 /// Settings of the task records.
 #[derive(Debug, Clone)]
@@ -144,7 +144,11 @@ pub enum A2aTasksMsg {
         reply: RpcReplyPort<oneshot::Receiver<()>>,
     },
     /// An event of the session, from the forwarder.
-    SessionEvent { event: Arc<EventEnvelope> },
+    SessionEvent {
+        conversation_id: Option<ConversationId>,
+        task_id: Option<TaskId>,
+        event: EventKind,
+    },
     /// A dispatched task's message call returned.
     MessageAnswered {
         task_id: String,
@@ -238,7 +242,11 @@ impl Actor for A2aTasks {
             } => {
                 let _ = reply.send(state.wait_for(task_id, until));
             }
-            A2aTasksMsg::SessionEvent { event } => state.on_event(&event),
+            A2aTasksMsg::SessionEvent {
+                conversation_id,
+                task_id,
+                event,
+            } => state.on_event(conversation_id, task_id, &event),
             A2aTasksMsg::MessageAnswered { task_id, result } => {
                 state.on_answered(&myself, task_id, result);
             }
@@ -261,7 +269,7 @@ impl A2aTasksState {
         }
         let events = self
             .backend
-            .subscribe()
+            .events(None)
             .await
             .map_err(|e| A2aError::from_agent(&e))?;
         self.forwarder = Some(tokio::spawn(forward(
@@ -292,7 +300,7 @@ impl A2aTasksState {
                         tracing::warn!(%approval_id, error = %e, "a2a approval answer failed");
                     }
                 });
-                let events = self.book.answered(&task_id, now_ms());
+                let events = self.book.answered(&task_id, params.message, now_ms());
                 self.publish(&task_id, events);
                 let events = stream.then(|| self.add_stream(&task_id));
                 let task = self.book.view(&task_id, params.history_length, true);
@@ -385,8 +393,15 @@ impl A2aTasksState {
         rx
     }
 
-    fn on_event(&mut self, event: &EventEnvelope) {
-        let applied = self.book.apply(event, now_ms());
+    fn on_event(
+        &mut self,
+        conversation_id: Option<ConversationId>,
+        task_id: Option<TaskId>,
+        event: &EventKind,
+    ) {
+        let applied = self
+            .book
+            .apply_event(conversation_id, task_id, event, now_ms());
         if let Some(troupe_task) = applied.cancel {
             self.forward_cancel(troupe_task);
         }
@@ -516,6 +531,7 @@ pub const fn relevant(kind: &EventKind) -> bool {
     matches!(
         kind,
         EventKind::TaskStarted { .. }
+            | EventKind::AssistantChunk { .. }
             | EventKind::ToolCallStarted { .. }
             | EventKind::ApprovalRequested { .. }
             | EventKind::ApprovalResolved { .. }
@@ -524,34 +540,50 @@ pub const fn relevant(kind: &EventKind) -> bool {
     )
 }
 
-/// Moves the session's events into the mailbox. A lag loses live detail only: a task's end
-/// also arrives through its message call. If the session's event stream closes (its rollout
-/// restarted), it subscribes again.
-async fn forward(
-    mut events: broadcast::Receiver<Arc<EventEnvelope>>,
-    backend: Arc<dyn A2aBackend>,
-    me: ActorRef<A2aTasksMsg>,
-) {
+/// How long the forwarder waits before opening the session's events again after they ended
+/// or failed.
+const REOPEN_AFTER: Duration = Duration::from_millis(500);
+
+/// Moves the session's events into the mailbox, from the session's gap-free stream: a reader
+/// that falls behind is refilled from storage, so no stored event (an approval request, a
+/// task's end) is ever skipped; only live text deltas that storage does not keep can be
+/// missed, and the task's answer still arrives whole at its end. When the stream ends or fails
+/// (the session's Rollout restarted, the session was replaced), it opens it again after the
+/// last `seq` it passed on.
+async fn forward(mut events: EventStream, backend: Arc<dyn A2aBackend>, me: ActorRef<A2aTasksMsg>) {
+    let mut last_seq = None;
     loop {
-        match events.recv().await {
-            Ok(event) => {
-                if relevant(&event.event) && me.cast(A2aTasksMsg::SessionEvent { event }).is_err() {
-                    return;
-                }
-            }
-            Err(broadcast::error::RecvError::Lagged(n)) => {
-                tracing::warn!(missed = n, "a2a event forwarder lagged");
-            }
-            Err(broadcast::error::RecvError::Closed) => loop {
-                tokio::time::sleep(Duration::from_millis(500)).await;
-                match backend.subscribe().await {
-                    Ok(rx) => {
-                        events = rx;
-                        break;
+        while let Some(item) = events.next().await {
+            match item {
+                Ok(record) => {
+                    last_seq = Some(record.seq);
+                    let Some(event) = record.event.filter(relevant) else {
+                        continue;
+                    };
+                    let msg = A2aTasksMsg::SessionEvent {
+                        conversation_id: record.conversation_id,
+                        task_id: record.task_id,
+                        event,
+                    };
+                    if me.cast(msg).is_err() {
+                        return;
                     }
-                    Err(e) => tracing::warn!(error = %e, "a2a cannot resubscribe to the session"),
                 }
-            },
+                Err(error) => {
+                    tracing::warn!(%error, ?last_seq, "a2a event stream failed; reopening");
+                    break;
+                }
+            }
+        }
+        loop {
+            tokio::time::sleep(REOPEN_AFTER).await;
+            match backend.events(last_seq).await {
+                Ok(stream) => {
+                    events = stream;
+                    break;
+                }
+                Err(e) => tracing::warn!(error = %e, "a2a cannot reopen the session's events"),
+            }
         }
     }
 }

@@ -22,12 +22,20 @@ struct Fixture {
 
 impl Fixture {
     async fn start(replies: Vec<ScriptedReply>) -> Self {
+        Self::start_with(replies, |_| {}).await
+    }
+
+    async fn start_with(
+        replies: Vec<ScriptedReply>,
+        tune: impl FnOnce(&mut SessionConfig),
+    ) -> Self {
         let dir = tempfile::tempdir().unwrap();
         let model = Arc::new(ScriptedModel::new(replies));
         let mut config = SessionConfig {
             data_dir: dir.path().to_path_buf(),
             ..SessionConfig::default()
         };
+        tune(&mut config);
         config.conversation.shell_tool = true;
         // Commands run unconfined (no sandbox is enforced yet): the approval is what guards.
         config.conversation.sandbox_policy = troupe_proto::SandboxPolicy::FullAccess;
@@ -165,8 +173,74 @@ async fn an_approval_is_input_required_and_answered_in_the_task() {
         answer.contains("a2a-ok") && !answer.contains("sandbox"),
         "{answer}"
     );
-    // The approval request moved into history behind the user's message.
-    assert_eq!(task["history"][0]["parts"][0]["text"], "run it");
+    // The approval request moved into history behind the user's message, and the answer
+    // follows it.
+    let history = task["history"].as_array().unwrap();
+    assert_eq!(history[0]["parts"][0]["text"], "run it");
+    let asked = history
+        .iter()
+        .position(|m| m["parts"][1]["data"]["approvalRequest"].is_object())
+        .expect("the approval request is in the history");
+    assert_eq!(history[asked + 1]["role"], "ROLE_USER", "{history:?}");
+    assert_eq!(history[asked + 1]["parts"][0]["text"], "approve");
+    assert_eq!(history[asked + 1]["taskId"], task_id.as_str());
+    f.stop().await;
+}
+
+/// The endpoint follows the session's events through the gap-free stream: with a live feed
+/// of one event, a task streaming thousands of deltas beside a task that asks for approval
+/// cannot make the endpoint miss the request (the stored event is read back from storage).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_lagging_event_feed_loses_no_approval_request() {
+    let long = "x".repeat(4000);
+    let f = Fixture::start_with(
+        vec![
+            shell(&["echo", "lag"]),
+            ScriptedReply::text(long.clone())
+                .chunked(1)
+                .delayed(std::time::Duration::from_millis(20)),
+            ScriptedReply::default(),
+        ],
+        |c| {
+            c.subscriber_capacity = 1;
+            c.scheduler.limit = 2;
+        },
+    )
+    .await;
+    let send = |text: &str| {
+        f.call(
+            Some("1.0"),
+            "SendMessage",
+            json!({"message": v1_message(text, json!({})),
+                   "configuration": {"returnImmediately": true}}),
+        )
+    };
+    let a = send("first").await["result"]["task"]["id"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    let b = send("second").await["result"]["task"]["id"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    // One of them took the shell call and waits for a human, the other streamed its answer.
+    let mut states = Vec::new();
+    for _ in 0..500 {
+        states.clear();
+        for id in [&a, &b] {
+            let r = f.call(Some("1.0"), "GetTask", json!({"id": id})).await;
+            states.push(r["result"]["status"]["state"].as_str().unwrap().to_owned());
+        }
+        states.sort();
+        if states == ["TASK_STATE_COMPLETED", "TASK_STATE_INPUT_REQUIRED"] {
+            break;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+    }
+    assert_eq!(
+        states,
+        ["TASK_STATE_COMPLETED", "TASK_STATE_INPUT_REQUIRED"]
+    );
     f.stop().await;
 }
 
