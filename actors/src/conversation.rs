@@ -90,8 +90,9 @@ pub mod summary;
 mod tasks;
 
 pub use decide::{
-    MessageAdmission, ModelChoice, Rejoin, SlotAnswer, SlotState, abort_timer_needed, admit,
-    choose_model, clamp_message, interrupted_tasks, registry_state, rejoin, slot_answer,
+    MessageAdmission, ModelChoice, ReclaimPlan, Rejoin, SlotAnswer, SlotState, YieldPlan,
+    abort_timer_needed, admit, choose_model, clamp_message, interrupted_tasks, reclaim_plan,
+    registry_state, rejoin, slot_answer, yield_plan,
 };
 
 /// The one-turn system prompt of a compaction (C3); never stored.
@@ -247,6 +248,14 @@ pub enum ConversationMsg {
         task_id: TaskId,
         scheduler: ActorId,
         answer: Option<Result<(), AgentError>>,
+    },
+    /// The runner of `task_id` waits for a human: give its slot back to the scheduler.
+    YieldSlot { task_id: TaskId },
+    /// The runner of `task_id` was answered: ask for its slot again; `granted` hears the
+    /// scheduler's verdict.
+    ReclaimSlot {
+        task_id: TaskId,
+        granted: oneshot::Sender<Result<(), AgentError>>,
     },
     /// The Session replaced a service actor in the directory: re-declare to the new actors
     /// what they must know.
@@ -563,6 +572,10 @@ impl Actor for Conversation {
                 scheduler,
                 answer,
             } => state.on_slot_answered(task_id, scheduler, answer),
+            ConversationMsg::YieldSlot { task_id } => state.on_yield_slot(task_id),
+            ConversationMsg::ReclaimSlot { task_id, granted } => {
+                state.on_reclaim_slot(&myself, task_id, granted);
+            }
             ConversationMsg::ServicesChanged => state.on_services_changed(&myself).await,
             ConversationMsg::Stats { reply } => {
                 let mut stats = state.stats.clone();
@@ -813,6 +826,7 @@ mod tests {
     fn a_new_scheduler_hears_exactly_what_it_does_not_know() {
         let (old, new) = (ActorId::Local(1), ActorId::Local(2));
         assert_eq!(rejoin(None, new), Rejoin::Recovered);
+        assert_eq!(rejoin(Some(SlotState::Yielded), new), Rejoin::Recovered);
         assert_eq!(rejoin(Some(SlotState::Held(old)), new), Rejoin::Reinstate);
         assert_eq!(rejoin(Some(SlotState::Asked(old)), new), Rejoin::AskAgain);
         // Already dealt with the new one (asked after it was published, or told twice).
@@ -858,6 +872,34 @@ mod tests {
         assert_eq!(
             registry_state(true, Some(SlotState::Held(at))),
             TaskState::Cancelling
+        );
+    }
+
+    #[test]
+    fn a_task_gives_back_only_a_slot_it_holds_and_asks_again_only_without_one() {
+        let at = ActorId::Local(1);
+        assert_eq!(yield_plan(Some(SlotState::Held(at))), YieldPlan::Release);
+        for slot in [None, Some(SlotState::Asked(at)), Some(SlotState::Yielded)] {
+            assert_eq!(yield_plan(slot), YieldPlan::Nothing, "{slot:?}");
+        }
+        assert_eq!(reclaim_plan(Some(SlotState::Yielded)), ReclaimPlan::Ask);
+        assert_eq!(
+            reclaim_plan(Some(SlotState::Held(at))),
+            ReclaimPlan::AlreadyHeld
+        );
+        assert_eq!(
+            reclaim_plan(Some(SlotState::Asked(at))),
+            ReclaimPlan::Pending
+        );
+        // While it waits without a slot it still counts as running, and a grant that comes
+        // for it then is stale.
+        assert_eq!(
+            registry_state(false, Some(SlotState::Yielded)),
+            TaskState::Running
+        );
+        assert_eq!(
+            slot_answer(Some(SlotState::Yielded), at, Some(Ok(()))),
+            SlotAnswer::Stale
         );
     }
 

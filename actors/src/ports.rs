@@ -88,6 +88,9 @@ pub struct ToolCallContext<'a> {
     /// The call's `execute_tool` span: the view and the connection record the MCP
     /// attributes on it, and it is the parent the server is given (`traceparent`).
     pub span: &'a tracing::Span,
+    /// The task's scheduler slot, given back while a server's request waits for a human
+    /// (`None`: kept).
+    pub slot: Option<&'a crate::task::SlotLease>,
 }
 
 /// The session's MCP pool, as the Conversation sees it. Implemented by the McpPool actor's

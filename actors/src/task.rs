@@ -32,6 +32,7 @@ use crate::ports::{
 use ractor::ActorId;
 use std::path::PathBuf;
 use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 use tokio::sync::oneshot;
 use tokio::time::Instant;
@@ -92,6 +93,90 @@ pub struct TaskContext {
     pub workspace_roots: Vec<PathBuf>,
     /// Record prompts, completions and tool input/output on the task's spans (opt-in).
     pub record_content: bool,
+    /// Gives the task's scheduler slot back while it waits for a human.
+    pub slot: SlotLease,
+}
+
+/// The task's scheduler slot while it waits for a human: a task waiting for an approval
+/// computes nothing, so it gives its slot back for the wait (another conversation's task may
+/// run meanwhile) and asks for it again once answered, queueing like a new task. Both go
+/// through the conversation, which holds the slot and keeps track of it across scheduler
+/// restarts.
+#[derive(Clone)]
+pub struct SlotLease {
+    give_back: Arc<dyn Fn() + Send + Sync>,
+    ask_again: Arc<dyn Fn(SlotGrant) + Send + Sync>,
+    /// Given back and not confirmed back yet (a wait whose reclaim was interrupted leaves it
+    /// set, and [`SlotLease::settle`] asks again).
+    out: Arc<AtomicBool>,
+}
+
+/// Where the verdict on a slot asked for again goes.
+pub type SlotGrant = oneshot::Sender<Result<(), AgentError>>;
+
+impl std::fmt::Debug for SlotLease {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("SlotLease")
+            .field("out", &self.out.load(Ordering::Relaxed))
+            .finish_non_exhaustive()
+    }
+}
+
+impl SlotLease {
+    /// `give_back` releases the slot; `ask_again` asks for it and answers through the sender
+    /// when granted (or refused; at once when the slot was never given back).
+    pub fn new(
+        give_back: impl Fn() + Send + Sync + 'static,
+        ask_again: impl Fn(SlotGrant) + Send + Sync + 'static,
+    ) -> Self {
+        Self {
+            give_back: Arc::new(give_back),
+            ask_again: Arc::new(ask_again),
+            out: Arc::new(AtomicBool::new(false)),
+        }
+    }
+
+    /// A slot that is never given back (a task run outside a scheduler).
+    pub fn kept() -> Self {
+        Self::new(
+            || {},
+            |granted| {
+                let _ = granted.send(Ok(()));
+            },
+        )
+    }
+
+    /// Gives the slot back for a wait.
+    pub fn give_back(&self) {
+        self.out.store(true, Ordering::SeqCst);
+        (self.give_back)();
+    }
+
+    /// Asks for the slot again and waits for it; `Cancelled` if the task is cancelled first,
+    /// the scheduler's refusal (overloaded) as it is.
+    pub async fn take_back(&self, cancel: &CancellationToken) -> Result<(), AgentError> {
+        let (granted, verdict) = oneshot::channel();
+        (self.ask_again)(granted);
+        let verdict = tokio::select! {
+            biased;
+            () = cancel.cancelled() => Err(AgentError::cancelled("cancelled while waiting for its slot back")),
+            v = verdict => v.unwrap_or_else(|_| Err(AgentError::internal("the conversation stopped before the slot came back"))),
+        };
+        if verdict.is_ok() {
+            self.out.store(false, Ordering::SeqCst);
+        }
+        verdict
+    }
+
+    /// Makes sure the task holds its slot after work that may have given it back on its
+    /// behalf (an MCP call whose server asked a human): asks again only if it is out.
+    pub async fn settle(&self, cancel: &CancellationToken) -> Result<(), AgentError> {
+        if self.out.load(Ordering::SeqCst) {
+            self.take_back(cancel).await
+        } else {
+            Ok(())
+        }
+    }
 }
 
 impl TaskContext {

@@ -176,6 +176,7 @@ async fn pool_vs_direct() {
                 task_id,
                 cancel: &cancel,
                 span: &tracing::Span::none(),
+                slot: None,
             },
         )
         .await

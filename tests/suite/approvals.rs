@@ -71,6 +71,44 @@ async fn approved_once_runs_and_asks_again_next_time() {
     t.stop().await;
 }
 
+/// A task waiting for a human gives its slot back: with one slot for the whole session,
+/// another conversation's message runs to its end while the first task waits for approval,
+/// and the first goes on (its slot asked for again) once approved.
+#[tokio::test]
+async fn a_task_waiting_for_approval_does_not_hold_the_sessions_slot() {
+    let t = start(
+        vec![
+            echo_call("first"),
+            ScriptedReply::text("other done"),
+            ScriptedReply::text("first done"),
+        ],
+        Duration::from_secs(60),
+    )
+    .await;
+    let root = t.root().await;
+    let other = t.session.open(OpenConversation::default()).await.unwrap();
+    let s = t.session.clone();
+    let first = tokio::spawn(async move { s.message(root, "run it").await });
+    let p = next_pending(&t).await;
+    assert_eq!(p.conversation_id, root);
+    // A bound on a hang, not a speed check: holding the slot, this never finishes.
+    let reply = tokio::time::timeout(Duration::from_secs(30), t.session.message(other, "hi"))
+        .await
+        .expect("the other conversation runs while the first task waits for a human")
+        .unwrap();
+    assert_eq!(reply.status, TaskStatus::Ok);
+    assert_eq!(reply.text, "other done");
+    t.session
+        .respond_approval(p.approval_id, ApprovalDecision::ApproveOnce)
+        .await
+        .unwrap();
+    let reply = first.await.unwrap().unwrap();
+    assert_eq!(reply.status, TaskStatus::Ok);
+    assert_eq!(reply.text, "first done");
+    assert_eq!(reply.stats.tool_calls, 1);
+    t.stop().await;
+}
+
 #[tokio::test]
 async fn denial_is_an_observation_and_an_event() {
     let t = start(

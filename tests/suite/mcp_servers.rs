@@ -577,6 +577,7 @@ async fn pool_call(
             task_id: TaskId::new(),
             cancel: &cancel,
             span: &tracing::Span::none(),
+            slot: None,
         },
     )
     .await
@@ -827,6 +828,12 @@ async fn elicitation_and_sampling_go_through_the_approval_path() {
         assert_eq!(server, "everything");
         assert!(message.contains("Please provide inputs"), "{message}");
         assert_eq!(schema.0["properties"]["name"]["type"], "string");
+        // While a human decides, the task holds no slot: with one slot for the session,
+        // another conversation's message runs to its end meanwhile.
+        let b = t.session.open(OpenConversation::default()).await.unwrap();
+        let other = t.session.message(b, "hello").await.unwrap();
+        assert_eq!(other.status, TaskStatus::Ok, "{other:?}");
+        assert_eq!(other.text, "model says: hello");
         // `name` is required and has no default: a plain approval is refused, still pending.
         let err = t
             .session

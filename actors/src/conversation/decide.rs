@@ -76,6 +76,9 @@ pub enum SlotState {
     Asked(ActorId),
     /// This scheduler granted the slot.
     Held(ActorId),
+    /// The task gave its slot back while it waits for a human (an approval, an MCP server's
+    /// question); it asks again once answered.
+    Yielded,
 }
 
 /// What a conversation tells a scheduler it has not dealt with yet.
@@ -95,7 +98,7 @@ pub enum Rejoin {
 /// or a task that was refused a slot).
 pub fn rejoin(slot: Option<SlotState>, current: ActorId) -> Rejoin {
     match slot {
-        None => Rejoin::Recovered,
+        None | Some(SlotState::Yielded) => Rejoin::Recovered,
         Some(SlotState::Asked(at) | SlotState::Held(at)) if at == current => Rejoin::Nothing,
         Some(SlotState::Asked(_)) => Rejoin::AskAgain,
         Some(SlotState::Held(_)) => Rejoin::Reinstate,
@@ -133,8 +136,46 @@ pub fn slot_answer(
 pub fn registry_state(cancelled: bool, slot: Option<SlotState>) -> TaskState {
     match (cancelled, slot) {
         (true, _) => TaskState::Cancelling,
-        (false, Some(SlotState::Held(_))) => TaskState::Running,
+        // A task waiting for a human without its slot has run, and goes on once answered.
+        (false, Some(SlotState::Held(_) | SlotState::Yielded)) => TaskState::Running,
         (false, _) => TaskState::Queued,
+    }
+}
+
+/// What a task's request to give its slot back while it waits for a human does.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum YieldPlan {
+    /// Release the slot to the scheduler; the task holds none until it asks again.
+    Release,
+    /// Nothing to give back (not granted, already given back, or not this task).
+    Nothing,
+}
+
+/// Judges a yield of the running task whose slot is `slot`.
+pub fn yield_plan(slot: Option<SlotState>) -> YieldPlan {
+    match slot {
+        Some(SlotState::Held(_)) => YieldPlan::Release,
+        _ => YieldPlan::Nothing,
+    }
+}
+
+/// What a task's request for its slot back (after a human answered) does.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ReclaimPlan {
+    /// Ask the scheduler; the runner waits for the grant like a new task.
+    Ask,
+    /// The task still holds its slot (it never gave it back): go on at once.
+    AlreadyHeld,
+    /// Asked already (a reclaim in flight): the runner waits for that answer.
+    Pending,
+}
+
+/// Judges a reclaim of the running task whose slot is `slot`.
+pub fn reclaim_plan(slot: Option<SlotState>) -> ReclaimPlan {
+    match slot {
+        Some(SlotState::Yielded) | None => ReclaimPlan::Ask,
+        Some(SlotState::Held(_)) => ReclaimPlan::AlreadyHeld,
+        Some(SlotState::Asked(_)) => ReclaimPlan::Pending,
     }
 }
 

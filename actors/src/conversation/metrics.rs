@@ -18,6 +18,8 @@ pub const POLICY_CLAMPED: &str = "troupe_policy_clamped_total";
 pub const CANCELLED_ALL: &str = "troupe_conversation_tasks_cancelled_total";
 /// Conversations opened (or changed) with a model of their own.
 pub const OWN_MODEL: &str = "troupe_conversations_own_model_total";
+/// Scheduler slots given back by tasks waiting for a human.
+pub const SLOT_YIELDS: &str = "troupe_task_slot_yields_total";
 /// Model summaries of trimmed history, by outcome.
 pub const MODEL_SUMMARIES: &str = "troupe_history_model_summaries_total";
 /// The outcomes of [`MODEL_SUMMARIES`].
@@ -98,6 +100,17 @@ pub fn describe() {
         "Conversations opened (or changed by set-context) with a model other than the session's."
     );
     metrics::counter!(OWN_MODEL).increment(0);
+    metrics::describe_counter!(
+        SLOT_YIELDS,
+        Unit::Count,
+        "Scheduler slots given back by tasks while they wait for a human (an approval); each asks for its slot again once answered."
+    );
+    metrics::counter!(SLOT_YIELDS).increment(0);
+}
+
+/// A task gave its slot back for a human's answer.
+pub fn slot_yielded() {
+    metrics::counter!(SLOT_YIELDS).increment(1);
 }
 
 /// A conversation chose a model of its own.

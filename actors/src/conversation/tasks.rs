@@ -93,10 +93,22 @@ impl ConversationState {
             sandbox_policy: self.sandbox_policy,
             workspace_roots: settings.workspace_roots.clone(),
             record_content: settings.record_content,
+            slot: {
+                let (give, ask) = (myself.clone(), myself.clone());
+                crate::task::SlotLease::new(
+                    move || {
+                        let _ = give.cast(ConversationMsg::YieldSlot { task_id });
+                    },
+                    move |granted| {
+                        // A conversation that stopped drops `granted`: the runner hears it.
+                        let _ = ask.cast(ConversationMsg::ReclaimSlot { task_id, granted });
+                    },
+                )
+            },
         };
         let me = myself.clone();
         let task_span = span.clone();
-        let (SlotState::Asked(asked_of) | SlotState::Held(asked_of)) = slot;
+        let asked_of = slot;
         let report = {
             let me = myself.clone();
             Box::new(move |answer| {
@@ -144,20 +156,21 @@ impl ConversationState {
             cancel,
             abort: join.abort_handle(),
             started_at_ms,
-            slot: Some(slot),
+            slot: Some(SlotState::Asked(slot)),
             granted: Some(granted),
             wait,
         });
     }
 
-    /// Asks the current scheduler for `task_id`'s slot; the receiver gets its answer (closed
-    /// if the scheduler is gone: the Session replaces it, and its successor is asked then).
+    /// Asks the current scheduler for `task_id`'s slot: the scheduler asked, and a receiver of
+    /// its answer (closed if the scheduler is gone: the Session replaces it, and its successor
+    /// is asked then).
     pub(super) fn ask_slot(
         &self,
         myself: &ActorRef<ConversationMsg>,
         task_id: TaskId,
         wait: &tracing::Span,
-    ) -> (SlotState, oneshot::Receiver<Result<(), AgentError>>) {
+    ) -> (ActorId, oneshot::Receiver<Result<(), AgentError>>) {
         let scheduler = self.services.directory.scheduler();
         let at = scheduler.get_id();
         let (reply, answer) = oneshot::channel();
@@ -170,7 +183,7 @@ impl ConversationState {
                 reply: reply.into(),
             })
         });
-        (SlotState::Asked(at), answer)
+        (at, answer)
     }
 
     /// Asks a new scheduler again for a task that waited at the one it replaced; its answer
@@ -181,8 +194,7 @@ impl ConversationState {
         task_id: TaskId,
         wait: &tracing::Span,
     ) -> SlotState {
-        let (slot, answer) = self.ask_slot(myself, task_id, wait);
-        let (SlotState::Asked(at) | SlotState::Held(at)) = slot;
+        let (at, answer) = self.ask_slot(myself, task_id, wait);
         let me = myself.clone();
         tokio::spawn(async move {
             let answer = answer.await.ok();
@@ -192,7 +204,7 @@ impl ConversationState {
                 answer,
             });
         });
-        slot
+        SlotState::Asked(at)
     }
 
     pub(super) fn on_slot_answered(
@@ -229,6 +241,51 @@ impl ConversationState {
                 tracing::info!(conversation_id = %self.id, %task_id, "scheduler stopped before answering; its successor will be asked");
             }
             SlotAnswer::Stale => {}
+        }
+    }
+
+    /// The running task waits for a human: its slot goes back to the scheduler, so that
+    /// another conversation's task may run meanwhile.
+    pub(super) fn on_yield_slot(&mut self, task_id: TaskId) {
+        let Some(running) = self.running.as_mut().filter(|r| r.task_id == task_id) else {
+            return;
+        };
+        if yield_plan(running.slot) == YieldPlan::Release {
+            running.slot = Some(SlotState::Yielded);
+            metrics::slot_yielded();
+            running.span.in_scope(|| {
+                tracing::info!(conversation_id = %self.id, %task_id, "slot given back while waiting for a human");
+            });
+            let _ = self
+                .services
+                .directory
+                .scheduler()
+                .cast(SchedulerMsg::Release { task_id });
+        }
+    }
+
+    /// The running task was answered: it asks for its slot again and waits its turn.
+    pub(super) fn on_reclaim_slot(
+        &mut self,
+        myself: &ActorRef<ConversationMsg>,
+        task_id: TaskId,
+        granted: oneshot::Sender<Result<(), AgentError>>,
+    ) {
+        let Some(running) = self.running.as_mut().filter(|r| r.task_id == task_id) else {
+            return; // dropping `granted` tells the runner
+        };
+        match reclaim_plan(running.slot) {
+            ReclaimPlan::AlreadyHeld => {
+                let _ = granted.send(Ok(()));
+            }
+            ReclaimPlan::Ask | ReclaimPlan::Pending => {
+                running.granted = Some(granted);
+                let wait = running.wait.clone();
+                let slot = self.ask_again(myself, task_id, &wait);
+                if let Some(running) = self.running.as_mut() {
+                    running.slot = Some(slot);
+                }
+            }
         }
     }
 

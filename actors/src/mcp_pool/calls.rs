@@ -26,6 +26,8 @@ pub struct InFlightCall {
     /// The call's `execute_tool` span: a server request it causes is traced under it, in the
     /// task's trace, although it arrives on the connection's own task.
     pub span: tracing::Span,
+    /// The task's scheduler slot, given back while a request of this call waits for a human.
+    pub slot: Option<crate::task::SlotLease>,
 }
 
 /// The outcome of attributing a server's request.
@@ -110,6 +112,7 @@ mod tests {
             task_id,
             cancel: CancellationToken::new(),
             span: tracing::Span::none(),
+            slot: None,
         }
     }
 

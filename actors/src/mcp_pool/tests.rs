@@ -527,6 +527,7 @@ async fn try_call(
             task_id: TaskId::new(),
             cancel,
             span: &tracing::Span::none(),
+            slot: None,
         },
     )
     .await
@@ -1128,6 +1129,7 @@ fn task_call(
                 task_id,
                 cancel: &cancel,
                 span: &tracing::Span::none(),
+                slot: None,
             },
         )
         .await

@@ -224,6 +224,7 @@ impl PoolView {
                 task_id: ctx.task_id,
                 cancel: cancel.clone(),
                 span: ctx.span.clone(),
+                slot: ctx.slot.cloned(),
             },
         );
         let _in_flight = metrics::InFlight::start(&route.server);

@@ -213,16 +213,24 @@ pub(super) async fn execute(
         } => Ok(ok(run_patch(ctx, call, patch, needs_approval).await?)),
         ToolRoute::External => {
             let view = mcp.view(ctx).await?;
-            view.call_tool(
-                call,
-                ToolCallContext {
-                    conversation_id: ctx.conversation_id,
-                    task_id: ctx.task_id,
-                    cancel: &ctx.cancel,
-                    span,
-                },
-            )
-            .await
+            let result = view
+                .call_tool(
+                    call,
+                    ToolCallContext {
+                        conversation_id: ctx.conversation_id,
+                        task_id: ctx.task_id,
+                        cancel: &ctx.cancel,
+                        span,
+                        slot: Some(&ctx.slot),
+                    },
+                )
+                .await;
+            // A server's question to a human gave the slot back: the task goes on with it.
+            ctx.slot
+                .settle(&ctx.cancel)
+                .instrument(spans::scheduler_wait(ctx.conversation_id, ctx.task_id))
+                .await?;
+            result
         }
         ToolRoute::Shell {
             argv,
@@ -377,11 +385,17 @@ pub(super) async fn approve(
         None,
         crate::approval_store::metrics::Asker::Task,
     );
+    // Nothing is computed while a human decides: the slot goes back for the wait.
+    ctx.slot.give_back();
     let answer = tokio::select! {
         biased;
         () = ctx.cancel.cancelled() => return Err(AgentError::cancelled("cancelled while waiting for approval")),
         r = asked.instrument(span.clone()) => r,
     };
+    ctx.slot
+        .take_back(&ctx.cancel)
+        .instrument(spans::scheduler_wait(ctx.conversation_id, ctx.task_id))
+        .await?;
     let granted = answer.unwrap_or_else(|| {
         Err(AgentError::ApprovalDenied {
             command: argv.to_vec(),

@@ -244,6 +244,48 @@ async fn a_lagging_event_feed_loses_no_approval_request() {
     f.stop().await;
 }
 
+/// Two clients, one slot for the whole session: a task waiting for input gives its slot back,
+/// so another context's blocking send completes meanwhile.
+#[tokio::test]
+async fn a_task_waiting_for_input_does_not_block_another_context() {
+    let f = Fixture::start(vec![
+        shell(&["echo", "waits"]),
+        ScriptedReply::text("the other answer"),
+        ScriptedReply::default(),
+    ])
+    .await;
+    let sent = f
+        .call(
+            Some("1.0"),
+            "SendMessage",
+            json!({"message": v1_message("run it", json!({})),
+                   "configuration": {"returnImmediately": true}}),
+        )
+        .await;
+    let waiting = sent["result"]["task"]["id"].as_str().unwrap().to_owned();
+    f.wait_state(&waiting, "TASK_STATE_INPUT_REQUIRED").await;
+    // A bound on a hang, not a speed check.
+    let other = tokio::time::timeout(
+        std::time::Duration::from_secs(30),
+        f.call(
+            Some("1.0"),
+            "SendMessage",
+            json!({"message": v1_message("hello", json!({"contextId": "other-client"}))}),
+        ),
+    )
+    .await
+    .expect("the other context's blocking send completes");
+    let task = &other["result"]["task"];
+    assert_eq!(task["status"]["state"], "TASK_STATE_COMPLETED", "{other}");
+    assert_eq!(task["artifacts"][0]["parts"][0]["text"], "the other answer");
+    let first = f.call(Some("1.0"), "GetTask", json!({"id": waiting})).await;
+    assert_eq!(
+        first["result"]["status"]["state"],
+        "TASK_STATE_INPUT_REQUIRED"
+    );
+    f.stop().await;
+}
+
 #[tokio::test]
 async fn a_0_3_stream_is_final_at_input_required() {
     let f = Fixture::start(vec![shell(&["echo", "x"]), ScriptedReply::default()]).await;
