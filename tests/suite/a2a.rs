@@ -218,3 +218,52 @@ async fn a2a_endpoint_needs_a_token_of_its_project() {
     assert_eq!(mine["error"]["code"], -32001, "TaskNotFound: {mine}");
     server.stop();
 }
+
+/// The card validates against the official A2A 1.0 `AgentCard` (the protobuf types the
+/// official SDK generates from the specification's `a2a.proto`, parsed strictly: an unknown
+/// field, such as a 0.3-only one, is an error, as under the 1.0 JSON schema's
+/// `additionalProperties: false`); the 0.3 card validates against the SDK's 0.3 types.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_card_validates_against_the_official_1_0_agent_card() {
+    let server = Server::start();
+    let http = reqwest::Client::new();
+    let fetch = |path: &'static str| {
+        let r = http.get(format!("{}{path}", server.base));
+        async move { r.send().await.unwrap().text().await.unwrap() }
+    };
+    let v1 = fetch("/.well-known/agent-card.json").await;
+    let v03 = fetch("/.well-known/agent.json").await;
+    const CHECK: &str = r#"
+import json, sys
+from google.protobuf.json_format import ParseDict
+from a2a.types.a2a_pb2 import AgentCard
+from a2a.compat.v0_3.types import AgentCard as AgentCardV03
+v1, v03 = json.loads(sys.argv[1]), json.loads(sys.argv[2])
+card = ParseDict(v1, AgentCard(), ignore_unknown_fields=False)
+assert card.supported_interfaces[0].protocol_version == "1.0", card
+assert "bearer" in card.security_schemes, card
+old = AgentCardV03.model_validate(v03)
+assert old.url == v1["supportedInterfaces"][0]["url"], old
+try:
+    ParseDict(v03, AgentCard(), ignore_unknown_fields=False)
+    raise SystemExit("the 0.3 card must not pass as 1.0")
+except Exception as e:
+    assert "has no field named" in str(e), e
+print("card ok")
+"#;
+    let out = tokio::process::Command::new(python())
+        .arg("-c")
+        .arg(CHECK)
+        .arg(&v1)
+        .arg(&v03)
+        .output()
+        .await
+        .expect("python runs");
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        out.status.success() && stdout.contains("card ok"),
+        "{stdout}\n{stderr}\n--- 1.0 card\n{v1}\n--- 0.3 card\n{v03}"
+    );
+    server.stop();
+}

@@ -1,9 +1,10 @@
 //! The agent card served at `/.well-known/agent-card.json` (spec 8).
 //!
-//! One document for both versions: the 1.0 fields (`supportedInterfaces`, one JSON-RPC
-//! interface per protocol version at the same URL) plus the 0.3 fields a 0.3 client requires
-//! (`url`, `preferredTransport`, `protocolVersion`, 0.3 security), as the reference SDK
-//! serves it. A 1.0 client picks the 1.0 interface; a 0.3 client reads the legacy fields.
+//! Two documents for one agent. The 1.0 card has only 1.0 fields (`supportedInterfaces`
+//! lists one JSON-RPC interface per protocol version at the same URL, so a 1.x SDK can still
+//! pick 0.3); the 0.3 card (`url`, `preferredTransport`, `protocolVersion`, 0.3 security) is
+//! for clients that only know 0.3: they get it with `A2A-Version: 0.3` or at the 0.3-era path
+//! `/.well-known/agent.json`.
 
 use super::request::{INPUT_MODES, OUTPUT_MODES};
 use serde_json::{Value, json};
@@ -32,7 +33,10 @@ impl Default for CardInfo {
     }
 }
 
-/// The card for an endpoint whose JSON-RPC URL is `rpc_url`.
+/// The 1.0 card for an endpoint whose JSON-RPC URL is `rpc_url`: only fields of the 1.0
+/// `AgentCard`, so a strict 1.0 client (or the 1.0 JSON schema, which allows no other field)
+/// accepts it. `supportedInterfaces` also lists the 0.3 binding at the same URL, which 1.x
+/// SDKs use to talk 0.3.
 pub fn agent_card(info: &CardInfo, rpc_url: &str) -> Value {
     let mut card = json!({
         "name": info.name,
@@ -41,43 +45,62 @@ pub fn agent_card(info: &CardInfo, rpc_url: &str) -> Value {
             {"url": rpc_url, "protocolBinding": "JSONRPC", "protocolVersion": "1.0"},
             {"url": rpc_url, "protocolBinding": "JSONRPC", "protocolVersion": "0.3"},
         ],
-        "provider": {"organization": "troupe", "url": "https://example.invalid/troupe"},
         "version": info.version,
         "capabilities": {
             "streaming": true,
             "pushNotifications": false,
             "extendedAgentCard": false,
-            // 0.3: the task's history keeps earlier status messages.
+        },
+        "defaultInputModes": INPUT_MODES,
+        "defaultOutputModes": OUTPUT_MODES,
+        "skills": skills(),
+    });
+    if info.bearer_auth {
+        card["securitySchemes"] = json!({
+            "bearer": {"httpAuthSecurityScheme": {"scheme": "Bearer"}}
+        });
+        card["securityRequirements"] = json!([{"schemes": {"bearer": {"list": []}}}]);
+    }
+    card
+}
+
+/// The same agent as a 0.3 client reads it (0.3 `AgentCard`: `url`, `preferredTransport`,
+/// `protocolVersion`, security schemes tagged by `type`), served to requests that ask for
+/// 0.3 (`A2A-Version: 0.3`) and at the 0.3-era path `/.well-known/agent.json`.
+pub fn agent_card_v03(info: &CardInfo, rpc_url: &str) -> Value {
+    let mut card = json!({
+        "name": info.name,
+        "description": info.description,
+        "url": rpc_url,
+        "preferredTransport": "JSONRPC",
+        "protocolVersion": "0.3.0",
+        "version": info.version,
+        "capabilities": {
+            "streaming": true,
+            "pushNotifications": false,
+            // The task's history keeps earlier status messages.
             "stateTransitionHistory": false,
         },
         "defaultInputModes": INPUT_MODES,
         "defaultOutputModes": OUTPUT_MODES,
-        "skills": [{
-            "id": "conversation",
-            "name": "Conversation",
-            "description": "Answers a message in an ongoing conversation (one per contextId), \
-                            using the tools its troupe session allows.",
-            "tags": ["chat", "tools", "troupe"],
-            "examples": ["Summarise the README of this project."],
-        }],
-        // 0.3 fields: the primary interface, spelled the old way.
-        "url": rpc_url,
-        "preferredTransport": "JSONRPC",
-        "protocolVersion": "0.3",
+        "skills": skills(),
     });
     if info.bearer_auth {
-        card["securitySchemes"] = json!({
-            "bearer": {
-                "httpAuthSecurityScheme": {"scheme": "Bearer"},
-                // 0.3 reads the scheme object itself, tagged by `type`.
-                "type": "http",
-                "scheme": "bearer",
-            }
-        });
-        card["securityRequirements"] = json!([{"schemes": {"bearer": {"list": []}}}]);
+        card["securitySchemes"] = json!({"bearer": {"type": "http", "scheme": "bearer"}});
         card["security"] = json!([{"bearer": []}]);
     }
     card
+}
+
+fn skills() -> Value {
+    json!([{
+        "id": "conversation",
+        "name": "Conversation",
+        "description": "Answers a message in an ongoing conversation (one per contextId), \
+                        using the tools its troupe session allows.",
+        "tags": ["chat", "tools", "troupe"],
+        "examples": ["Summarise the README of this project."],
+    }])
 }
 
 #[cfg(test)]
@@ -108,5 +131,18 @@ mod tests {
             }
             c
         });
+    }
+
+    #[test]
+    fn card_v03_snapshot() {
+        let info = CardInfo {
+            version: "0.0.0-test".into(),
+            bearer_auth: true,
+            ..CardInfo::default()
+        };
+        insta::assert_json_snapshot!(
+            "agent_card_v03",
+            agent_card_v03(&info, "http://127.0.0.1:7777/a2a")
+        );
     }
 }

@@ -2,7 +2,7 @@
 //! the streaming methods). Decoding is pure (`parse_call`); the work goes to the `A2aTasks`
 //! actor.
 
-use super::card::{CardInfo, agent_card};
+use super::card::{CardInfo, agent_card, agent_card_v03};
 use super::error::A2aError;
 use super::events::frame;
 use super::metrics::{self, StreamGuard};
@@ -56,8 +56,23 @@ pub(super) fn whole_seconds(t: SystemTime) -> SystemTime {
     SystemTime::UNIX_EPOCH + Duration::from_secs(secs)
 }
 
-/// `GET /.well-known/agent-card.json`.
+/// `GET /.well-known/agent-card.json`: the 1.0 card, or the 0.3 one for a request that says
+/// `A2A-Version: 0.3`.
 pub async fn card(State(s): State<A2aState>, req_headers: HeaderMap) -> Response {
+    let v03 = headers_value(
+        &req_headers,
+        axum::http::HeaderName::from_static(VERSION_HEADER),
+    )
+    .is_some_and(|v| v.trim().starts_with("0.3"));
+    serve_card(&s, &req_headers, v03)
+}
+
+/// `GET /.well-known/agent.json`: the 0.3 card, where 0.3-era clients look for it.
+pub async fn legacy_card(State(s): State<A2aState>, req_headers: HeaderMap) -> Response {
+    serve_card(&s, &req_headers, true)
+}
+
+fn serve_card(s: &A2aState, req_headers: &HeaderMap, v03: bool) -> Response {
     let url = match &s.public_url {
         Some(u) => u.to_string(),
         None => {
@@ -73,7 +88,11 @@ pub async fn card(State(s): State<A2aState>, req_headers: HeaderMap) -> Response
             format!("{scheme}://{host}{}", s.rpc_path)
         }
     };
-    let card = agent_card(&s.card, &url);
+    let card = if v03 {
+        agent_card_v03(&s.card, &url)
+    } else {
+        agent_card(&s.card, &url)
+    };
     let etag = etag(&card);
     let headers = [
         (
@@ -85,10 +104,12 @@ pub async fn card(State(s): State<A2aState>, req_headers: HeaderMap) -> Response
             axum::http::header::LAST_MODIFIED,
             httpdate::fmt_http_date(s.card_modified),
         ),
+        // One URL, two documents: caches key on the header that chooses.
+        (axum::http::header::VARY, VERSION_HEADER.to_owned()),
     ];
     let cached = not_modified(
-        headers_value(&req_headers, axum::http::header::IF_NONE_MATCH),
-        headers_value(&req_headers, axum::http::header::IF_MODIFIED_SINCE),
+        headers_value(req_headers, axum::http::header::IF_NONE_MATCH),
+        headers_value(req_headers, axum::http::header::IF_MODIFIED_SINCE),
         &etag,
         s.card_modified,
     );

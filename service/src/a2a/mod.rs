@@ -2,7 +2,8 @@
 //! the 0.3 method names and shapes for clients that send no `A2A-Version` header.
 //!
 //! ```text
-//! GET  /.well-known/agent-card.json   card (public)
+//! GET  /.well-known/agent-card.json   card (public; 1.0, or 0.3 with `A2A-Version: 0.3`)
+//! GET  /.well-known/agent.json        the 0.3 card (public)
 //! POST /a2a (or /a2a/)                JSON-RPC: SendMessage, SendStreamingMessage (SSE),
 //!                                     GetTask, ListTasks, CancelTask, SubscribeToTask (SSE)
 //!                                     0.3: message/send, message/stream, tasks/get,
@@ -55,6 +56,9 @@ use troupe_proto::AgentError;
 
 /// Where the agent card is served (spec 8.2).
 pub const CARD_PATH: &str = "/.well-known/agent-card.json";
+
+/// Where 0.2/0.3-era clients look for the card: the 0.3 card is served there.
+pub const LEGACY_CARD_PATH: &str = "/.well-known/agent.json";
 
 /// How the endpoint is set up.
 #[derive(Debug, Clone)]
@@ -140,6 +144,7 @@ impl A2a {
     pub fn card_router(&self) -> Router {
         Router::new()
             .route(CARD_PATH, get(http::card))
+            .route(LEGACY_CARD_PATH, get(http::legacy_card))
             .with_state(self.state.clone())
     }
 

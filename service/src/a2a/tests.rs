@@ -422,7 +422,28 @@ async fn the_card_names_the_endpoint_it_was_fetched_from() {
         .await
         .unwrap();
     assert_eq!(card["supportedInterfaces"][0]["url"], f.url);
-    assert_eq!(card["url"], f.url);
+    assert!(
+        card.get("url").is_none(),
+        "the 1.0 card has no 0.3 fields: {card}"
+    );
+    // A 0.3 client gets the 0.3 card: by the header, or at the 0.3-era path.
+    let v03 = |req: reqwest::RequestBuilder| async move {
+        let r = req.send().await.unwrap();
+        assert_eq!(r.headers()["vary"], "a2a-version");
+        r.json::<Value>().await.unwrap()
+    };
+    for card in [
+        v03(f
+            .http
+            .get(format!("{base}{CARD_PATH}"))
+            .header("A2A-Version", "0.3"))
+        .await,
+        v03(f.http.get(format!("{base}{LEGACY_CARD_PATH}"))).await,
+    ] {
+        assert_eq!(card["url"], f.url, "{card}");
+        assert_eq!(card["protocolVersion"], "0.3.0");
+        assert!(card.get("supportedInterfaces").is_none());
+    }
     // Cacheable: a client that has it gets 304 for its tag.
     let first = f
         .http
