@@ -107,7 +107,7 @@ pub struct SlotLease {
     give_back: Arc<dyn Fn() + Send + Sync>,
     ask_again: Arc<dyn Fn(SlotGrant) + Send + Sync>,
     /// Given back and not confirmed back yet (a wait whose reclaim was interrupted leaves it
-    /// set, and [`SlotLease::settle`] asks again).
+    /// set, and the task asks again: [`SlotLease::is_out`]).
     out: Arc<AtomicBool>,
 }
 
@@ -168,14 +168,11 @@ impl SlotLease {
         verdict
     }
 
-    /// Makes sure the task holds its slot after work that may have given it back on its
-    /// behalf (an MCP call whose server asked a human): asks again only if it is out.
-    pub async fn settle(&self, cancel: &CancellationToken) -> Result<(), AgentError> {
-        if self.out.load(Ordering::SeqCst) {
-            self.take_back(cancel).await
-        } else {
-            Ok(())
-        }
+    /// Whether the slot was given back and not confirmed back since: after work that may
+    /// give it back on the task's behalf (an MCP call whose server asked a human, and whose
+    /// wait for the slot was interrupted), the task asks again before going on.
+    pub fn is_out(&self) -> bool {
+        self.out.load(Ordering::SeqCst)
     }
 }
 

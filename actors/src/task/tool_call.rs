@@ -226,10 +226,12 @@ pub(super) async fn execute(
                 )
                 .await;
             // A server's question to a human gave the slot back: the task goes on with it.
-            ctx.slot
-                .settle(&ctx.cancel)
-                .instrument(spans::scheduler_wait(ctx.conversation_id, ctx.task_id))
-                .await?;
+            if ctx.slot.is_out() {
+                ctx.slot
+                    .take_back(&ctx.cancel)
+                    .instrument(spans::scheduler_wait(ctx.conversation_id, ctx.task_id))
+                    .await?;
+            }
             result
         }
         ToolRoute::Shell {
