@@ -6,7 +6,9 @@
 //! stream events to publish and what to ask of the session, and the actor does it.
 //!
 //! A context runs one task at a time, in arrival order: a task that arrives while another of
-//! its context runs stays SUBMITTED in the context's queue (and can be canceled there). That
+//! its context runs stays SUBMITTED in the context's queue (and can be canceled there). A
+//! task sent to its conversation stays SUBMITTED until its first step (it may wait for a
+//! scheduler slot meanwhile), then it is WORKING. That
 //! is also how a troupe task is matched to its A2A task: the next `task_started` of the
 //! conversation belongs to the context's dispatched task.
 
@@ -365,9 +367,15 @@ impl TaskBook {
             (_, None) => return out,
         };
         let events = match event {
-            EventKind::TaskStarted { .. } => {
-                self.set_status(&task_id, TaskState::Working, None, now_ms)
-            }
+            // Started in troupe, but maybe still waiting for a scheduler slot: it is WORKING
+            // from its first step on.
+            EventKind::TaskStarted { .. } => Vec::new(),
+            EventKind::StepStarted { .. } => match self.tasks.get(&task_id) {
+                Some(r) if r.task.status.state == TaskState::Submitted => {
+                    self.set_status(&task_id, TaskState::Working, None, now_ms)
+                }
+                _ => Vec::new(),
+            },
             EventKind::AssistantChunk { delta } => self.answer_delta(&task_id, delta),
             EventKind::ToolCallStarted { call } => {
                 // The text so far was said before a tool call; the answer starts anew.

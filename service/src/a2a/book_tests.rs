@@ -90,6 +90,7 @@ fn streamed_task_events() -> Vec<StreamEvent> {
     };
     let steps = [
         EventKind::TaskStarted { input: "hi".into() },
+        EventKind::StepStarted { turn: 1, step: 1 },
         chunk("Let me look."),
         EventKind::ToolCallStarted {
             call: ToolCall {
@@ -561,7 +562,15 @@ fn a_reply_that_beats_the_events_waits_for_them() {
         &env(t, EventKind::TaskStarted { input: "hi".into() }),
         T0 + 1,
     );
-    assert_eq!(started.events[0].1.state(), Some(TaskState::Working));
+    assert!(
+        started.events.is_empty(),
+        "started, maybe waiting for a slot"
+    );
+    let step = b.apply(&env(t, EventKind::StepStarted { turn: 1, step: 1 }), T0 + 1);
+    assert_eq!(step.events[0].1.state(), Some(TaskState::Working));
+    // Later steps change nothing more.
+    let again = b.apply(&env(t, EventKind::StepStarted { turn: 1, step: 2 }), T0 + 1);
+    assert!(again.events.is_empty());
     let done = b.apply(&env(t, finished(TaskStatus::Ok, "late")), T0 + 2);
     assert_eq!(done.events.len(), 2);
     assert!(b.finish_due("task-1", T0 + 3).is_empty(), "ended once");

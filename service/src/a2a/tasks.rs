@@ -531,6 +531,7 @@ pub const fn relevant(kind: &EventKind) -> bool {
     matches!(
         kind,
         EventKind::TaskStarted { .. }
+            | EventKind::StepStarted { .. }
             | EventKind::AssistantChunk { .. }
             | EventKind::ToolCallStarted { .. }
             | EventKind::ApprovalRequested { .. }

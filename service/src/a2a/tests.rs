@@ -286,6 +286,54 @@ async fn a_task_waiting_for_input_does_not_block_another_context() {
     f.stop().await;
 }
 
+/// A task that waits for the session's slot (another context's task runs) is SUBMITTED, not
+/// WORKING: it is WORKING from its first step.
+#[tokio::test]
+async fn a_task_waiting_for_a_slot_is_submitted() {
+    let f = Fixture::start(vec![
+        ScriptedReply::hang(true),
+        ScriptedReply::text("ran after the other"),
+    ])
+    .await;
+    let send = |text: &str, context: &str| {
+        f.call(
+            Some("1.0"),
+            "SendMessage",
+            json!({"message": v1_message(text, json!({"contextId": context})),
+                   "configuration": {"returnImmediately": true}}),
+        )
+    };
+    let busy = send("hang", "ctx-busy").await["result"]["task"]["id"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    f.wait_state(&busy, "TASK_STATE_WORKING").await;
+    let queued = send("next", "ctx-next").await["result"]["task"]["id"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    // Its troupe task started and waits for the slot the first one holds.
+    for _ in 0..200 {
+        let tasks = f.session.tasks(None).await.unwrap();
+        if tasks.len() == 2 {
+            break;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+    }
+    let r = f.call(Some("1.0"), "GetTask", json!({"id": queued})).await;
+    assert_eq!(
+        r["result"]["status"]["state"], "TASK_STATE_SUBMITTED",
+        "{r}"
+    );
+    f.call(Some("1.0"), "CancelTask", json!({"id": busy})).await;
+    let done = f.wait_state(&queued, "TASK_STATE_COMPLETED").await;
+    assert_eq!(
+        done["artifacts"][0]["parts"][0]["text"],
+        "ran after the other"
+    );
+    f.stop().await;
+}
+
 #[tokio::test]
 async fn a_0_3_stream_is_final_at_input_required() {
     let f = Fixture::start(vec![shell(&["echo", "x"]), ScriptedReply::default()]).await;
