@@ -59,29 +59,33 @@ impl ConversationContext {
         ))
     }
 
-    /// Applies a set-context request; history is not touched (C6).
+    /// Applies a set-context request; history is not touched (C6). A field the request
+    /// leaves out is unchanged; one it names as `null` goes back to what `open` gives when it
+    /// is not named (the built-in instructions, no user instructions, every MCP tool, no plan,
+    /// apply_patch or web-search tool).
     pub fn apply(&mut self, update: &SetContext) -> Result<Vec<String>, AgentError> {
         let mut warnings = Vec::new();
-        if let Some(list) = &update.mcp_tool_allowlist {
-            let (names, w) = normalize_allowlist(list)?;
-            self.mcp_tool_allowlist = Some(names);
-            warnings = w;
+        match &update.mcp_tool_allowlist {
+            Some(Some(list)) => {
+                let (names, w) = normalize_allowlist(list)?;
+                self.mcp_tool_allowlist = Some(names);
+                warnings = w;
+            }
+            Some(None) => self.mcp_tool_allowlist = None,
+            None => {}
         }
         if let Some(b) = &update.base_instructions {
-            self.base_instructions = Some(b.clone());
+            self.base_instructions.clone_from(b);
         }
         if let Some(u) = &update.user_instructions {
-            self.user_instructions = Some(u.clone());
+            self.user_instructions.clone_from(u);
         }
-        if let Some(v) = update.include_plan_tool {
-            self.prefs.plan = v;
-        }
-        if let Some(v) = update.include_apply_patch_tool {
-            self.prefs.apply_patch = v;
-        }
-        if let Some(v) = update.tools_web_search_request {
-            self.prefs.web_search = v;
-        }
+        let flag = |current: bool, patch: &Option<Option<bool>>| {
+            troupe_proto::patched(current, patch.as_ref(), false)
+        };
+        self.prefs.plan = flag(self.prefs.plan, &update.include_plan_tool);
+        self.prefs.apply_patch = flag(self.prefs.apply_patch, &update.include_apply_patch_tool);
+        self.prefs.web_search = flag(self.prefs.web_search, &update.tools_web_search_request);
         Ok(warnings)
     }
 

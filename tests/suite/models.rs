@@ -51,7 +51,7 @@ async fn two_conversations_of_one_session_ask_for_different_models() {
         .set_context(
             plain,
             SetContext {
-                model: Some("switched-model".into()),
+                model: Some(Some("switched-model".into())),
                 ..SetContext::default()
             },
         )
@@ -86,7 +86,7 @@ async fn two_conversations_of_one_session_ask_for_different_models() {
         .set_context(
             own,
             SetContext {
-                model: Some(" ".into()),
+                model: Some(Some(" ".into())),
                 ..SetContext::default()
             },
         )
