@@ -59,29 +59,33 @@ impl ConversationContext {
         ))
     }
 
-    /// Applies a set-context request; history is not touched (C6).
+    /// Applies a set-context request; history is not touched (C6). A field the request
+    /// leaves out is unchanged; one it names as `null` goes back to what `open` gives when it
+    /// is not named (the built-in instructions, no user instructions, every MCP tool, no plan,
+    /// apply_patch or web-search tool).
     pub fn apply(&mut self, update: &SetContext) -> Result<Vec<String>, AgentError> {
         let mut warnings = Vec::new();
-        if let Some(list) = &update.mcp_tool_allowlist {
-            let (names, w) = normalize_allowlist(list)?;
-            self.mcp_tool_allowlist = Some(names);
-            warnings = w;
+        match &update.mcp_tool_allowlist {
+            Some(Some(list)) => {
+                let (names, w) = normalize_allowlist(list)?;
+                self.mcp_tool_allowlist = Some(names);
+                warnings = w;
+            }
+            Some(None) => self.mcp_tool_allowlist = None,
+            None => {}
         }
         if let Some(b) = &update.base_instructions {
-            self.base_instructions = Some(b.clone());
+            self.base_instructions.clone_from(b);
         }
         if let Some(u) = &update.user_instructions {
-            self.user_instructions = Some(u.clone());
+            self.user_instructions.clone_from(u);
         }
-        if let Some(v) = update.include_plan_tool {
-            self.prefs.plan = v;
-        }
-        if let Some(v) = update.include_apply_patch_tool {
-            self.prefs.apply_patch = v;
-        }
-        if let Some(v) = update.tools_web_search_request {
-            self.prefs.web_search = v;
-        }
+        let flag = |current: bool, patch: &Option<Option<bool>>| {
+            troupe_proto::patched(current, patch.as_ref(), false)
+        };
+        self.prefs.plan = flag(self.prefs.plan, &update.include_plan_tool);
+        self.prefs.apply_patch = flag(self.prefs.apply_patch, &update.include_apply_patch_tool);
+        self.prefs.web_search = flag(self.prefs.web_search, &update.tools_web_search_request);
         Ok(warnings)
     }
 
@@ -318,6 +322,53 @@ pub fn history_from_records(records: &[RolloutRecord]) -> Vec<HistoryItem> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn set_context_leaves_absent_fields_resets_null_ones_and_sets_values() {
+        let open = OpenConversation {
+            base_instructions: Some("base".into()),
+            user_instructions: Some("user".into()),
+            mcp_tool_allowlist: Some(vec!["srv__tool".into()]),
+            include_plan_tool: true,
+            include_apply_patch_tool: true,
+            tools_web_search_request: true,
+            ..OpenConversation::default()
+        };
+        let (opened, _) = ConversationContext::from_open(&open, true).unwrap();
+        let mut ctx = opened.clone();
+        ctx.apply(&SetContext::default()).unwrap();
+        assert_eq!(ctx, opened, "absent: unchanged");
+
+        ctx.apply(&SetContext {
+            base_instructions: Some(None),
+            mcp_tool_allowlist: Some(None),
+            include_plan_tool: Some(None),
+            ..SetContext::default()
+        })
+        .unwrap();
+        let (defaults, _) =
+            ConversationContext::from_open(&OpenConversation::default(), true).unwrap();
+        assert_eq!(ctx.base_instructions, defaults.base_instructions);
+        assert_eq!(ctx.mcp_tool_allowlist, None, "null: every tool again");
+        assert_eq!(ctx.prefs.plan, defaults.prefs.plan);
+        assert_eq!(ctx.user_instructions.as_deref(), Some("user"), "not named");
+        assert!(ctx.prefs.apply_patch && ctx.prefs.web_search && ctx.prefs.shell);
+
+        let warnings = ctx
+            .apply(&SetContext {
+                mcp_tool_allowlist: Some(Some(vec!["srv/other".into()])),
+                user_instructions: Some(Some("new".into())),
+                ..SetContext::default()
+            })
+            .unwrap();
+        assert_eq!(ctx.mcp_tool_allowlist, Some(vec!["srv__other".into()]));
+        assert_eq!(ctx.user_instructions.as_deref(), Some("new"));
+        assert_eq!(
+            warnings.len(),
+            1,
+            "the deprecated spelling is still reported"
+        );
+    }
     use troupe_proto::{Json, TaskId};
 
     fn record(task_id: TaskId, kind: EventName, event: Option<EventKind>) -> RolloutRecord {

@@ -663,8 +663,10 @@ impl ConversationState {
         let mut next = self.context.clone();
         let warnings = next.apply(update)?;
         // Checked before anything changes; the running task keeps the model it started with.
+        // `null` puts the session's model back.
         let model = match &update.model {
-            Some(name) => Some(model_for(&self.services.model, None, Some(name))?),
+            Some(Some(name)) => Some(model_for(&self.services.model, None, Some(name))?),
+            Some(None) => Some(self.services.model.clone()),
             None => None,
         };
         let mcp = self.services.directory.mcp();
@@ -673,7 +675,8 @@ impl ConversationState {
         {
             crate::context::check_allowlist_servers(list, &self.services.settings.mcp_servers)?;
         }
-        if next.mcp_tool_allowlist != self.context.mcp_tool_allowlist
+        let new_allowlist = next.mcp_tool_allowlist != self.context.mcp_tool_allowlist;
+        if (new_allowlist || update.refresh_mcp)
             && let Some(port) = &mcp.port
         {
             // The new view first: if the pool refuses the allowlist, nothing changes.
@@ -683,7 +686,11 @@ impl ConversationState {
                 .inspect_err(|error| {
                     tracing::info!(conversation_id = %self.id, %error, "new MCP allowlist refused");
                 })?;
-            tracing::info!(conversation_id = %self.id, "MCP view reopened for a new allowlist");
+            if update.refresh_mcp {
+                // The pool lists its servers' tools again and restarts those waiting to.
+                view.refresh().await;
+            }
+            tracing::info!(conversation_id = %self.id, new_allowlist, refresh = update.refresh_mcp, "MCP view reopened");
             // The old view is released once a running task that holds it is done with it.
             self.view = Some(view);
             self.view_generation = mcp.generation;

@@ -35,6 +35,10 @@
 //!   successful connect) while views still reference it (`RestartDue`); a `mcp_server_failed`
 //!   warning says why and when it retries. Tools marked `requires_task` are left out, with a
 //!   log line: MCP task augmentation is not supported.
+//! - `Refresh` (a conversation's set-context with `refresh_mcp`): every server the view
+//!   references is read again: a ready one is listed again (as on `ToolsChanged`), one
+//!   waiting to restart starts now (its pending restart timer is then stale). Idle and
+//!   connecting servers are left as they are: their tools come with their connect.
 //! - `CallStarted`: a view runs a call, until the call's token fires (see *Server requests*).
 //! - `Attribute`: which task a server's request belongs to, with what answering it needs.
 //! - `Snapshot` (observation), `Shutdown` (closes every connection, then stops),
@@ -262,6 +266,9 @@ pub enum McpPoolMsg {
     },
     /// A server said its tools changed.
     ToolsChanged { server: String, generation: u64 },
+    /// A view asked for its tools to be read again (C6): its ready servers are listed again,
+    /// its servers waiting to restart start now.
+    Refresh { view_id: ViewId },
     /// A re-listing finished.
     ToolsListed {
         server: String,
@@ -387,6 +394,10 @@ impl Actor for McpPool {
             }
             McpPoolMsg::ToolsChanged { server, generation } => {
                 let fx = state.core.tools_changed(&server, generation);
+                state.apply(&myself, fx);
+            }
+            McpPoolMsg::Refresh { view_id } => {
+                let fx = state.core.refresh(view_id);
                 state.apply(&myself, fx);
             }
             McpPoolMsg::ToolsListed {

@@ -118,6 +118,11 @@ pub trait McpView: Send + Sync + 'static {
     ) -> Result<ToolOutput, ToolFailure>;
     /// Gives the view's references back to the pool. Idempotent.
     async fn release(&self);
+    /// Asks the pool to read its view's tools again (C6 `refresh_mcp`): the tools of the
+    /// view's ready servers are listed again, and servers waiting to restart start now. Does
+    /// not wait for them: each server's `mcp_server_ready` event says when it is done. A
+    /// port with nothing to refresh keeps the default.
+    async fn refresh(&self) {}
     /// Whether the pool behind the view has stopped, so that its calls can only fail (a
     /// task then waits for the session's next pool). A port that never stops keeps the
     /// default.

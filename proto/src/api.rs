@@ -87,6 +87,11 @@ pub struct MessageReply {
     pub stats: TaskStats,
     /// Set when `status` is `error` or `cancelled`.
     pub error: Option<AgentError>,
+    /// What the task added to the history, in order (the user message, the model's text,
+    /// its tool calls and their outputs): what the service stores as the exchange (P1).
+    /// In-process only: never on the wire.
+    #[serde(skip)]
+    pub items: Vec<crate::item::HistoryItem>,
 }
 
 /// How a close went. Closing twice is not an error (S5).
@@ -108,43 +113,154 @@ pub struct Closed {
     pub outcome: CloseOutcome,
 }
 
-/// `conversation.setContext`: fields left `None` are unchanged (C6).
-#[derive(Debug, Clone, PartialEq, Default, Serialize, Deserialize)]
-#[serde(default)]
+/// `conversation.setContext` (C6). Each field is a patch: `None` (absent on the wire) leaves
+/// it unchanged, `Some(None)` (`null` on the wire) puts it back to its default (what `open`
+/// gives when the field is not named: the built-in instructions, no user instructions, every
+/// MCP tool, no plan/apply_patch/web-search tool, the session's model), `Some(Some(v))`
+/// sets it. `refresh_mcp` asks for a fresh MCP view: the conversation opens a new view on the
+/// session's current pool, which lists the tools of its ready servers again and starts again
+/// at once the ones waiting to restart (see the McpPool).
+///
+/// In JSON an absent field and `null` differ; binary formats carry the patch as it is (see
+/// `set_context_wire`).
+#[derive(Debug, Clone, PartialEq, Default)]
 pub struct SetContext {
-    pub base_instructions: Option<String>,
-    pub user_instructions: Option<String>,
-    pub mcp_tool_allowlist: Option<Vec<String>>,
-    pub include_plan_tool: Option<bool>,
-    pub include_apply_patch_tool: Option<bool>,
-    pub tools_web_search_request: Option<bool>,
+    pub base_instructions: Option<Option<String>>,
+    pub user_instructions: Option<Option<String>>,
+    pub mcp_tool_allowlist: Option<Option<Vec<String>>>,
+    pub include_plan_tool: Option<Option<bool>>,
+    pub include_apply_patch_tool: Option<Option<bool>>,
+    pub tools_web_search_request: Option<Option<bool>>,
     /// Another model for the conversation's next tasks (the running one keeps its own).
-    pub model: Option<String>,
+    pub model: Option<Option<String>>,
+    pub refresh_mcp: bool,
+}
+
+/// One field of a [`SetContext`] applied (C6): `None` leaves `current`, `Some(None)` puts
+/// back `default`, `Some(Some(v))` sets `v`.
+pub fn patched<T: Clone>(current: T, patch: Option<&Option<T>>, default: T) -> T {
+    match patch {
+        None => current,
+        Some(None) => default,
+        Some(Some(v)) => v.clone(),
+    }
 }
 
 impl OpenConversation {
-    /// Applies a context update (C6: fields the update leaves unset are unchanged).
+    /// Applies a context update (C6: fields the update leaves unset are unchanged, fields it
+    /// names as `null` go back to their default, the value `open` gives an unnamed field).
     pub fn apply(&mut self, update: &SetContext) {
-        if let Some(v) = &update.base_instructions {
-            self.base_instructions = Some(v.clone());
+        // Every optional field defaults to `None`: `null` clears it.
+        fn opt<T: Clone>(current: &mut Option<T>, patch: &Option<Option<T>>) {
+            if let Some(v) = patch {
+                current.clone_from(v);
+            }
         }
-        if let Some(v) = &update.user_instructions {
-            self.user_instructions = Some(v.clone());
+        fn flag(current: &mut bool, patch: &Option<Option<bool>>) {
+            *current = patched(*current, patch.as_ref(), false);
         }
-        if let Some(v) = &update.mcp_tool_allowlist {
-            self.mcp_tool_allowlist = Some(v.clone());
+        opt(&mut self.base_instructions, &update.base_instructions);
+        opt(&mut self.user_instructions, &update.user_instructions);
+        opt(&mut self.mcp_tool_allowlist, &update.mcp_tool_allowlist);
+        flag(&mut self.include_plan_tool, &update.include_plan_tool);
+        flag(
+            &mut self.include_apply_patch_tool,
+            &update.include_apply_patch_tool,
+        );
+        flag(
+            &mut self.tools_web_search_request,
+            &update.tools_web_search_request,
+        );
+        opt(&mut self.model, &update.model);
+    }
+}
+
+/// How a [`SetContext`] travels: in human-readable formats (JSON) an absent field means
+/// "unchanged" and `null` "back to the default", so `None` is skipped and `Some(None)` is
+/// `null`; binary formats (bincode) cannot skip fields, so they carry every field as is.
+mod set_context_wire {
+    use super::SetContext;
+    use serde::{Deserialize, Deserializer, Serialize, Serializer};
+
+    /// `null` → `Some(None)`, a value → `Some(Some(v))` (absent: the field's default, `None`).
+    fn patch<'de, D: Deserializer<'de>, T: Deserialize<'de>>(
+        d: D,
+    ) -> Result<Option<Option<T>>, D::Error> {
+        Option::<T>::deserialize(d).map(Some)
+    }
+
+    macro_rules! wire {
+        ($($field:ident: $ty:ty),* $(,)?) => {
+            #[derive(Serialize, Deserialize, Default)]
+            #[serde(default)]
+            struct Text {
+                $(
+                    #[serde(skip_serializing_if = "Option::is_none", deserialize_with = "patch")]
+                    $field: Option<Option<$ty>>,
+                )*
+                #[serde(alias = "refreshMcp")]
+                refresh_mcp: bool,
+            }
+
+            #[derive(Serialize, Deserialize, Default)]
+            struct Binary {
+                $($field: Option<Option<$ty>>,)*
+                refresh_mcp: bool,
+            }
+
+            impl From<&SetContext> for Text {
+                fn from(v: &SetContext) -> Self {
+                    Self { $($field: v.$field.clone(),)* refresh_mcp: v.refresh_mcp }
+                }
+            }
+
+            impl From<&SetContext> for Binary {
+                fn from(v: &SetContext) -> Self {
+                    Self { $($field: v.$field.clone(),)* refresh_mcp: v.refresh_mcp }
+                }
+            }
+
+            impl From<Text> for SetContext {
+                fn from(v: Text) -> Self {
+                    Self { $($field: v.$field,)* refresh_mcp: v.refresh_mcp }
+                }
+            }
+
+            impl From<Binary> for SetContext {
+                fn from(v: Binary) -> Self {
+                    Self { $($field: v.$field,)* refresh_mcp: v.refresh_mcp }
+                }
+            }
+        };
+    }
+
+    wire! {
+        base_instructions: String,
+        user_instructions: String,
+        mcp_tool_allowlist: Vec<String>,
+        include_plan_tool: bool,
+        include_apply_patch_tool: bool,
+        tools_web_search_request: bool,
+        model: String,
+    }
+
+    impl Serialize for SetContext {
+        fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+            if s.is_human_readable() {
+                Text::from(self).serialize(s)
+            } else {
+                Binary::from(self).serialize(s)
+            }
         }
-        if let Some(v) = update.include_plan_tool {
-            self.include_plan_tool = v;
-        }
-        if let Some(v) = update.include_apply_patch_tool {
-            self.include_apply_patch_tool = v;
-        }
-        if let Some(v) = update.tools_web_search_request {
-            self.tools_web_search_request = v;
-        }
-        if let Some(v) = &update.model {
-            self.model = Some(v.clone());
+    }
+
+    impl<'de> Deserialize<'de> for SetContext {
+        fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+            if d.is_human_readable() {
+                Text::deserialize(d).map(Into::into)
+            } else {
+                Binary::deserialize(d).map(Into::into)
+            }
         }
     }
 }

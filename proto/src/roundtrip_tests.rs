@@ -436,6 +436,7 @@ fn message_reply() -> impl Strategy<Value = MessageReply> {
                 text,
                 stats,
                 error,
+                items: Vec::new(),
             },
         )
 }
@@ -455,25 +456,36 @@ fn closed() -> impl Strategy<Value = Closed> {
     })
 }
 
+/// A patch field: absent, `null` (back to the default) or a value.
+fn patch<T: Debug + Clone>(
+    value: impl Strategy<Value = T>,
+) -> impl Strategy<Value = Option<Option<T>>> {
+    prop::option::of(prop::option::of(value))
+}
+
 fn set_context() -> impl Strategy<Value = SetContext> {
     (
-        prop::option::of(text()),
-        prop::option::of(text()),
-        prop::option::of(strings()),
-        prop::option::of(any::<bool>()),
-        prop::option::of(any::<bool>()),
-        prop::option::of(any::<bool>()),
-        prop::option::of(text()),
+        patch(text()),
+        patch(text()),
+        patch(strings()),
+        patch(any::<bool>()),
+        patch(any::<bool>()),
+        patch(any::<bool>()),
+        patch(text()),
+        any::<bool>(),
     )
-        .prop_map(|(base, user, allow, plan, patch, web, model)| SetContext {
-            base_instructions: base,
-            user_instructions: user,
-            mcp_tool_allowlist: allow,
-            include_plan_tool: plan,
-            include_apply_patch_tool: patch,
-            tools_web_search_request: web,
-            model,
-        })
+        .prop_map(
+            |(base, user, allow, plan, patch, web, model, refresh_mcp)| SetContext {
+                base_instructions: base,
+                user_instructions: user,
+                mcp_tool_allowlist: allow,
+                include_plan_tool: plan,
+                include_apply_patch_tool: patch,
+                tools_web_search_request: web,
+                model,
+                refresh_mcp,
+            },
+        )
 }
 
 fn approval_decision() -> impl Strategy<Value = ApprovalDecision> {
@@ -1312,4 +1324,76 @@ fn elicitation_subject_json_shape() {
         serde_json::to_value(&decision).unwrap(),
         json!({ "approve_with_content": { "content": {"name": "Ada"} } })
     );
+}
+
+#[test]
+fn set_context_tells_absent_from_null_from_a_value_in_json() {
+    let update: SetContext = serde_json::from_value(json!({
+        "model": null,
+        "base_instructions": "be brief",
+        "refreshMcp": true,
+    }))
+    .unwrap();
+    assert_eq!(update.model, Some(None), "null: back to the default");
+    assert_eq!(update.base_instructions, Some(Some("be brief".into())));
+    assert_eq!(update.user_instructions, None, "absent: unchanged");
+    assert!(update.refresh_mcp);
+    assert_eq!(
+        serde_json::to_value(&update).unwrap(),
+        json!({"model": null, "base_instructions": "be brief", "refresh_mcp": true}),
+        "written back the same way: absent stays absent"
+    );
+    let empty: SetContext = serde_json::from_value(json!({})).unwrap();
+    assert_eq!(empty, SetContext::default());
+}
+
+#[test]
+fn set_context_patches_each_field_absent_null_or_value() {
+    assert_eq!(patched(3, None, 0), 3, "absent: unchanged");
+    assert_eq!(patched(3, Some(&None), 0), 0, "null: the default");
+    assert_eq!(patched(3, Some(&Some(7)), 0), 7, "a value: set");
+
+    let opened = OpenConversation {
+        base_instructions: Some("base".into()),
+        user_instructions: Some("user".into()),
+        mcp_tool_allowlist: Some(vec!["a__b".into()]),
+        include_plan_tool: true,
+        include_apply_patch_tool: true,
+        tools_web_search_request: true,
+        model: Some("m1".into()),
+        ..OpenConversation::default()
+    };
+    let mut unchanged = opened.clone();
+    unchanged.apply(&SetContext::default());
+    assert_eq!(unchanged, opened);
+
+    let mut reset = opened.clone();
+    reset.apply(&SetContext {
+        base_instructions: Some(None),
+        user_instructions: Some(None),
+        mcp_tool_allowlist: Some(None),
+        include_plan_tool: Some(None),
+        include_apply_patch_tool: Some(None),
+        tools_web_search_request: Some(None),
+        model: Some(None),
+        refresh_mcp: false,
+    });
+    assert_eq!(
+        reset,
+        OpenConversation {
+            storage_policy: opened.storage_policy,
+            ..OpenConversation::default()
+        },
+        "every field back to what open gives when it is not named"
+    );
+
+    let mut set = reset.clone();
+    set.apply(&SetContext {
+        model: Some(Some("m2".into())),
+        include_plan_tool: Some(Some(true)),
+        ..SetContext::default()
+    });
+    assert_eq!(set.model.as_deref(), Some("m2"));
+    assert!(set.include_plan_tool);
+    assert_eq!(set.base_instructions, None, "untouched");
 }

@@ -19,6 +19,101 @@ pub struct SessionRecord {
     pub root_conversation_id: ConversationId,
     /// Free-form settings the session was created with (model, limits, ...).
     pub settings: Json,
+    /// Where the session stands: `active` while it has work or none ended yet, else the
+    /// outcome of its last message (see [`SessionStatus`]).
+    #[serde(default)]
+    pub status: SessionStatus,
+    /// Unix ms of the last change the store recorded for the session (a message stored or
+    /// ended, a conversation opened, changed or closed, a status change); `created_ms` until
+    /// then.
+    #[serde(default)]
+    pub updated_ms: u64,
+}
+
+/// Where a session stands (P1). Set by the service's host of the session:
+/// - `active` when created and whenever one of its messages is accepted, and as long as any
+///   of its messages is queued or running;
+/// - once none is left, the outcome of the message that ended last: `completed` (its task
+///   answered), `failed` (its task failed, or was aborted by a crash or a restart),
+///   `cancelled` (its task was cancelled, or its conversation closed before it ran);
+/// - `failed` when the session cannot be started again (past its restart budget).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum SessionStatus {
+    #[default]
+    Active,
+    Completed,
+    Failed,
+    Cancelled,
+}
+
+impl SessionStatus {
+    pub const ALL: [Self; 4] = [Self::Active, Self::Completed, Self::Failed, Self::Cancelled];
+
+    pub const fn as_str(self) -> &'static str {
+        match self {
+            Self::Active => "active",
+            Self::Completed => "completed",
+            Self::Failed => "failed",
+            Self::Cancelled => "cancelled",
+        }
+    }
+
+    /// Parses [`SessionStatus::as_str`].
+    pub fn parse(s: &str) -> Option<Self> {
+        Self::ALL.into_iter().find(|v| v.as_str() == s)
+    }
+
+    /// The status a session takes once its last pending message ended with `outcome`.
+    pub const fn after(outcome: MessageStatus) -> Self {
+        match outcome {
+            MessageStatus::Queued | MessageStatus::Running => Self::Active,
+            MessageStatus::Completed => Self::Completed,
+            MessageStatus::Failed | MessageStatus::Aborted => Self::Failed,
+            MessageStatus::Cancelled => Self::Cancelled,
+        }
+    }
+}
+
+/// What a stored message is (P1), so that a client can rebuild a whole exchange from the
+/// message list. `content` and `metadata` by type:
+/// - `text`: a user message, a reply, or what the model said between tool calls; metadata
+///   `null`, or `{"reply_to": <user message id>}` for text written during a task;
+/// - `tool_call`: content = the call's arguments (JSON text); metadata `{"tool", "call_id",
+///   "reply_to"}`;
+/// - `tool_result`: content = the tool's output; metadata `{"tool", "call_id", "is_error",
+///   "reply_to"}`;
+/// - `status`: how a user message ended when it did not complete; content = the error's
+///   message; metadata `{"status", "code", "reply_to"}`.
+///
+/// The storage policy applies to `content` only; metadata never holds content (arguments,
+/// outputs and error texts are content), so it is kept under every policy.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum MessageKind {
+    #[default]
+    Text,
+    ToolCall,
+    ToolResult,
+    Status,
+}
+
+impl MessageKind {
+    pub const ALL: [Self; 4] = [Self::Text, Self::ToolCall, Self::ToolResult, Self::Status];
+
+    pub const fn as_str(self) -> &'static str {
+        match self {
+            Self::Text => "text",
+            Self::ToolCall => "tool_call",
+            Self::ToolResult => "tool_result",
+            Self::Status => "status",
+        }
+    }
+
+    /// Parses [`MessageKind::as_str`].
+    pub fn parse(s: &str) -> Option<Self> {
+        Self::ALL.into_iter().find(|v| v.as_str() == s)
+    }
 }
 
 /// Whether a conversation is still open.
@@ -111,6 +206,13 @@ pub struct MessageRecord {
     pub status: Option<MessageStatus>,
     /// The assistant message that answered this user message, once there is one.
     pub reply_message_id: Option<u64>,
+    /// What the message is (`type` on the wire); `text` for every message stored before
+    /// types existed.
+    #[serde(rename = "type", default)]
+    pub kind: MessageKind,
+    /// What a client needs besides the content to place the message (see [`MessageKind`]).
+    #[serde(default)]
+    pub metadata: Option<Json>,
 }
 
 /// A message to append; the store assigns `message_id`.
@@ -124,7 +226,12 @@ pub struct NewMessage {
     pub chars: u64,
     pub created_ms: u64,
     /// A user message's status when stored (`queued` or `running`); `None` for a reply.
+    /// Storing a user message (one with a status) makes its session `active`.
     pub status: Option<MessageStatus>,
+    #[serde(rename = "type", default)]
+    pub kind: MessageKind,
+    #[serde(default)]
+    pub metadata: Option<Json>,
 }
 
 /// The end of a user message: its outcome and, when its task answered, the reply to store,
@@ -135,13 +242,25 @@ pub struct FinishMessage {
     /// A terminal status.
     pub status: MessageStatus,
     pub task_id: Option<TaskId>,
+    /// Stored before the reply, in order: what the task did on the way (its tool calls and
+    /// results, the model's text between them) and, when the message did not complete, a
+    /// `status` message saying how it ended.
+    #[serde(default)]
+    pub items: Vec<NewMessage>,
     pub reply: Option<NewMessage>,
+    /// The session's status after this end (P1), written in the same transaction; `None`
+    /// leaves it as it is.
+    #[serde(default)]
+    pub session_status: Option<SessionStatus>,
 }
 
 /// A user message once ended, and its stored reply.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct FinishedMessage {
     pub message: MessageRecord,
+    /// The stored [`FinishMessage::items`], in order.
+    #[serde(default)]
+    pub items: Vec<MessageRecord>,
     pub reply: Option<MessageRecord>,
 }
 

@@ -43,7 +43,7 @@ use std::sync::Arc;
 use tracing::Instrument;
 use troupe_actors::SessionHandle;
 use troupe_actors::clock::unix_now_ms as now_ms;
-use troupe_proto::store::{ConversationRecord, ConversationState, SessionRecord};
+use troupe_proto::store::{ConversationRecord, ConversationState, SessionRecord, SessionStatus};
 use troupe_proto::{AgentError, Json, SessionId};
 use troupe_store::Store;
 
@@ -310,6 +310,8 @@ async fn start_new(
             settings: request
                 .settings
                 .unwrap_or_else(|| Json(serde_json::json!({}))),
+            status: SessionStatus::Active,
+            updated_ms: created_ms,
         };
         let root = ConversationRecord {
             conversation_id: root_id,
@@ -322,6 +324,8 @@ async fn start_new(
         };
         store.create_session(record.clone()).await?;
         store.put_conversation(root.clone()).await?;
+        // As stored (the root's write moved `updated_ms`): every view shows the same record.
+        let record = store.get_session(session_id).await?.unwrap_or(record);
         Ok::<_, AgentError>((record, root))
     };
     match stored.await {

@@ -127,6 +127,27 @@ pub async fn cancel_conversation(
     Ok(Json(serde_json::json!({ "cancelled": cancelled })).into_response())
 }
 
+/// `PUT /api/sessions/{id}/conversations/{cid}/context` with the fields to change (C6, as
+/// `conversation.setContext`: an absent field is unchanged, `null` puts its default back,
+/// `refresh_mcp: true` reads the MCP tools again); 200 with `{}`.
+pub async fn set_context(
+    State(app): State<AppState>,
+    Extension(scope): Extension<Scope>,
+    PathIds((id, cid)): PathIds<(String, String)>,
+    bytes: Result<Bytes, BytesRejection>,
+) -> Result<Response, ApiError> {
+    let id = session_id(&id)?;
+    let conversation_id: troupe_proto::ConversationId = cid
+        .parse()
+        .map_err(|_| ApiError::from(AgentError::not_found("conversation", &cid)))?;
+    let update: troupe_proto::SetContext = json_body(bytes, app.body_limit)?;
+    app.rpc
+        .sessions
+        .set_context(scope, id, conversation_id, update)
+        .await?;
+    Ok(Json(serde_json::json!({})).into_response())
+}
+
 /// `GET /api/projects/{pid}/sessions`: newest first.
 pub async fn project_sessions(
     State(app): State<AppState>,

@@ -161,7 +161,9 @@ impl SessionsApi {
         self.record(&scope, session_id).await
     }
 
-    /// Sessions the scope sees (of one project when given), newest first.
+    /// Sessions the scope sees (of one project when given), newest first. A project exists
+    /// once a session was created in it (projects are not stored apart from their sessions):
+    /// one with none is `NotFound`, as is one the scope does not see.
     pub async fn list(
         &self,
         scope: Scope,
@@ -171,7 +173,11 @@ impl SessionsApi {
             if !scope.sees(Some(p)) {
                 return Err(AgentError::not_found("project", p));
             }
-            return self.store.project_sessions(p).await;
+            let sessions = self.store.project_sessions(p).await?;
+            if sessions.is_empty() {
+                return Err(AgentError::not_found("project", p));
+            }
+            return Ok(sessions);
         }
         let mut all: Vec<SessionRecord> = self
             .store
@@ -361,10 +367,11 @@ impl SessionsApi {
         if !scope.sees(Some(&project_id)) {
             return Err(AgentError::not_found("project", project_id));
         }
-        let id = self
-            .store
-            .current_session(&project_id)
-            .await?
+        let current = self.store.current_session(&project_id).await?;
+        if current.is_none() && self.store.project_sessions(&project_id).await?.is_empty() {
+            return Err(AgentError::not_found("project", project_id));
+        }
+        let id = current
             .ok_or_else(|| AgentError::not_found("current session of project", &project_id))?;
         self.record(&scope, id).await
     }

@@ -46,6 +46,8 @@ fn crash_child() {
                 created_ms: 1,
                 root_conversation_id: conv,
                 settings: Json::empty_object(),
+                status: troupe_proto::store::SessionStatus::Active,
+                updated_ms: 0,
             })
             .await
             .unwrap();
@@ -96,6 +98,8 @@ fn crash_child() {
                                 chars: content.len() as u64,
                                 created_ms: i,
                                 status: None,
+                                kind: troupe_proto::store::MessageKind::Text,
+                                metadata: None,
                             })
                             .await
                             .unwrap();

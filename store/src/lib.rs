@@ -15,6 +15,11 @@
 //!   such a conversation is restored without its instructions. A `Ttl` conversation's
 //!   instructions are due like a message written when it opened: [`Store::sweep_due`] drops
 //!   them (a conversation stored again after that keeps them until the next sweep).
+//! - Every write about a session (a message stored, started or ended, a conversation stored
+//!   or closed, a status set) moves the session's `updated_ms` to the time of the write
+//!   (the store's clock, or the time the write names, whichever is later), never back.
+//! - A message is stored with its type and metadata as given; rows from before types existed
+//!   read as `text` with no metadata.
 //! - Unknown ids read as `Ok(None)` / empty; writes naming an unknown session or conversation
 //!   fail with `AgentError::NotFound`; a duplicate create fails with `AgentError::InvalidInput`.
 //!
@@ -54,7 +59,7 @@ use async_trait::async_trait;
 pub use troupe_proto::store::MAX_PAGE_BYTES;
 use troupe_proto::store::{
     ConversationRecord, FinishMessage, FinishedMessage, MessagePage, MessageRecord, NewMessage,
-    SessionRecord,
+    SessionRecord, SessionStatus,
 };
 use troupe_proto::{AgentError, ConversationId, SessionId};
 
@@ -129,6 +134,15 @@ pub trait Store: Send + Sync + 'static {
         session_id: SessionId,
     ) -> Result<(), AgentError>;
     async fn current_session(&self, project_id: &str) -> Result<Option<SessionId>, AgentError>;
+
+    /// Sets a session's status (P1) and moves its `updated_ms` to `at_ms` (never back).
+    /// `NotFound` for an unknown session.
+    async fn set_session_status(
+        &self,
+        session_id: SessionId,
+        status: SessionStatus,
+        at_ms: u64,
+    ) -> Result<(), AgentError>;
 
     /// Store is open and answering (for `/readyz`).
     async fn ping(&self) -> Result<(), AgentError>;

@@ -10,7 +10,7 @@ use std::collections::{BTreeMap, HashMap};
 use std::sync::Mutex;
 use troupe_proto::store::{
     ConversationRecord, ConversationState, FinishMessage, FinishedMessage, MessagePage,
-    MessageRecord, MessageStatus, NewMessage, SessionRecord,
+    MessageRecord, MessageStatus, NewMessage, SessionRecord, SessionStatus,
 };
 use troupe_proto::{AgentError, ConversationId, Role, SessionId, StoragePolicy};
 
@@ -30,6 +30,14 @@ struct Data {
 }
 
 impl Data {
+    /// Moves a session's `updated_ms` to the later of `at_ms` and now, never back.
+    fn touch(&mut self, session_id: SessionId, at_ms: u64) {
+        if let Some(s) = self.sessions.get_mut(&session_id) {
+            let at = at_ms.max(troupe_actors::clock::unix_now_ms());
+            s.updated_ms = s.updated_ms.max(s.created_ms).max(at);
+        }
+    }
+
     fn append(&mut self, message: NewMessage) -> Result<MessageRecord, AgentError> {
         if !self.sessions.contains_key(&message.session_id) {
             return Err(AgentError::not_found("session", message.session_id));
@@ -61,8 +69,16 @@ impl Data {
             created_ms: message.created_ms,
             status: message.status,
             reply_message_id: None,
+            kind: message.kind,
+            metadata: message.metadata,
         };
         self.messages.insert(record.message_id, record.clone());
+        if record.status.is_some()
+            && let Some(s) = self.sessions.get_mut(&record.session_id)
+        {
+            s.status = SessionStatus::Active;
+        }
+        self.touch(record.session_id, record.created_ms);
         Ok(record)
     }
 
@@ -112,7 +128,14 @@ impl Store for MemoryStore {
                 )));
             }
             d.order.push(session.session_id);
-            d.sessions.insert(session.session_id, session);
+            let updated_ms = session.updated_ms.max(session.created_ms);
+            d.sessions.insert(
+                session.session_id,
+                SessionRecord {
+                    updated_ms,
+                    ..session
+                },
+            );
             Ok(())
         })
     }
@@ -154,8 +177,13 @@ impl Store for MemoryStore {
             if !d.sessions.contains_key(&conversation.session_id) {
                 return Err(AgentError::not_found("session", conversation.session_id));
             }
+            let (session_id, at) = (
+                conversation.session_id,
+                conversation.closed_ms.unwrap_or(conversation.created_ms),
+            );
             d.conversations
                 .insert(conversation.conversation_id, conversation);
+            d.touch(session_id, at);
             Ok(())
         })
     }
@@ -174,6 +202,8 @@ impl Store for MemoryStore {
                 c.state = ConversationState::Closed;
                 c.closed_ms = Some(closed_ms);
             }
+            let session_id = c.session_id;
+            d.touch(session_id, closed_ms);
             Ok(())
         })
     }
@@ -214,7 +244,9 @@ impl Store for MemoryStore {
                 )));
             }
             m.status = Some(MessageStatus::Running);
-            Ok(m.clone())
+            let m = m.clone();
+            d.touch(m.session_id, 0);
+            Ok(m)
         })
     }
 
@@ -234,13 +266,36 @@ impl Store for MemoryStore {
                     s.as_str()
                 )));
             }
+            // All or nothing, as the SQLite store's transaction: checked before any is stored.
+            for new in finish.items.iter().chain(finish.reply.iter()) {
+                let known = d
+                    .conversations
+                    .get(&new.conversation_id)
+                    .is_some_and(|c| c.session_id == new.session_id);
+                if !known {
+                    return Err(AgentError::not_found("conversation", new.conversation_id));
+                }
+            }
+            let items = finish
+                .items
+                .into_iter()
+                .map(|i| d.append(i))
+                .collect::<Result<Vec<_>, _>>()?;
             let reply = finish.reply.map(|r| d.append(r)).transpose()?;
             let m = d.user_message(finish.message_id)?;
             m.status = Some(finish.status);
             m.task_id = finish.task_id.or(m.task_id);
             m.reply_message_id = reply.as_ref().map(|r| r.message_id).or(m.reply_message_id);
+            let m = m.clone();
+            if let Some(status) = finish.session_status
+                && let Some(s) = d.sessions.get_mut(&m.session_id)
+            {
+                s.status = status;
+            }
+            d.touch(m.session_id, 0);
             Ok(FinishedMessage {
-                message: m.clone(),
+                message: m,
+                items,
                 reply,
             })
         })
@@ -356,6 +411,23 @@ impl Store for MemoryStore {
         self.with(|d| Ok(d.current.get(project_id).copied()))
     }
 
+    async fn set_session_status(
+        &self,
+        session_id: SessionId,
+        status: SessionStatus,
+        at_ms: u64,
+    ) -> Result<(), AgentError> {
+        self.with(|d| {
+            let s = d
+                .sessions
+                .get_mut(&session_id)
+                .ok_or_else(|| AgentError::not_found("session", session_id))?;
+            s.status = status;
+            d.touch(session_id, at_ms);
+            Ok(())
+        })
+    }
+
     async fn ping(&self) -> Result<(), AgentError> {
         self.with(|_| Ok(()))
     }
@@ -376,6 +448,8 @@ mod tests {
             created_ms: 1,
             root_conversation_id: ConversationId::new(),
             settings: troupe_proto::Json(serde_json::json!({})),
+            status: troupe_proto::store::SessionStatus::Active,
+            updated_ms: 0,
         }
     }
 
@@ -401,6 +475,8 @@ mod tests {
             chars: 2,
             created_ms: 1,
             status: None,
+            kind: troupe_proto::store::MessageKind::Text,
+            metadata: None,
         }
     }
 

@@ -79,10 +79,11 @@ pub enum Op {
     RolloutReadAfter,
     /// A background WAL checkpoint that copied pages.
     Checkpoint,
+    SetSessionStatus,
 }
 
 impl Op {
-    pub const ALL: [Self; 26] = [
+    pub const ALL: [Self; 27] = [
         Self::Open,
         Self::CreateSession,
         Self::GetSession,
@@ -109,6 +110,7 @@ impl Op {
         Self::RolloutReadConversation,
         Self::RolloutReadAfter,
         Self::Checkpoint,
+        Self::SetSessionStatus,
     ];
 
     pub const fn as_str(self) -> &'static str {
@@ -139,6 +141,7 @@ impl Op {
             Self::RolloutReadConversation => "rollout_read_conversation",
             Self::RolloutReadAfter => "rollout_read_after",
             Self::Checkpoint => "checkpoint",
+            Self::SetSessionStatus => "set_session_status",
         }
     }
 }

@@ -425,6 +425,8 @@ async fn the_store_and_the_rollout_share_one_file() {
             created_ms: i,
             root_conversation_id: ConversationId::new(),
             settings: troupe_proto::Json::empty_object(),
+            status: troupe_proto::store::SessionStatus::Active,
+            updated_ms: 0,
         };
         ids.insert(s.session_id);
         store.create_session(s).await.unwrap();

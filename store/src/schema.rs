@@ -13,7 +13,13 @@ use troupe_proto::AgentError;
 /// The schema version this build reads and writes.
 pub const VERSION: u32 = MIGRATIONS.len() as u32;
 
-const MIGRATIONS: [&str; 4] = [V1_STORE, V2_ROLLOUT, V3_TTL_EXPIRY, V4_MESSAGE_STATUS];
+const MIGRATIONS: [&str; 5] = [
+    V1_STORE,
+    V2_ROLLOUT,
+    V3_TTL_EXPIRY,
+    V4_MESSAGE_STATUS,
+    V5_SESSION_STATUS_MESSAGE_TYPE,
+];
 
 /// Sessions, conversations, messages and each project's current session (P1).
 const V1_STORE: &str = "
@@ -130,6 +136,19 @@ ALTER TABLE messages ADD COLUMN reply_message_id INTEGER;
 -- What a restart must look at: messages that are queued or running, and nothing else.
 CREATE INDEX messages_pending ON messages (session_id, message_id)
     WHERE status IN ('queued', 'running');
+";
+
+/// P1: a session's status and last update; a message's type and metadata. Sessions stored
+/// before this version are `active`, updated at their newest message (or their creation);
+/// messages stored before it are `text` with no metadata (only text was stored then).
+const V5_SESSION_STATUS_MESSAGE_TYPE: &str = "
+ALTER TABLE sessions ADD COLUMN status TEXT NOT NULL DEFAULT 'active';
+ALTER TABLE sessions ADD COLUMN updated_ms INTEGER;
+UPDATE sessions SET updated_ms = max(created_ms, COALESCE(
+    (SELECT max(m.created_ms) FROM messages m WHERE m.session_id = sessions.session_id),
+    created_ms));
+ALTER TABLE messages ADD COLUMN kind TEXT NOT NULL DEFAULT 'text';
+ALTER TABLE messages ADD COLUMN metadata TEXT;
 ";
 
 /// The schema version of the open database.

@@ -47,7 +47,7 @@ use tokio::sync::{mpsc, oneshot};
 use tracing::{Instrument, Span};
 use troupe_proto::store::{
     ConversationRecord, FinishMessage, FinishedMessage, MessagePage, MessageRecord, NewMessage,
-    SessionRecord,
+    SessionRecord, SessionStatus,
 };
 use troupe_proto::{AgentError, ConversationId, SessionId};
 
@@ -496,6 +496,26 @@ impl Store for SqliteStore {
                 .map(|mut v| v.pop())
             })
             .await
+        })
+        .await
+    }
+
+    async fn set_session_status(
+        &self,
+        session_id: SessionId,
+        status: SessionStatus,
+        at_ms: u64,
+    ) -> Result<(), AgentError> {
+        let span =
+            tracing::debug_span!("store.set_session_status", %session_id, status = status.as_str());
+        observed(Op::SetSessionStatus, span, async {
+            self.write(WriteOp::SetSessionStatus {
+                session_id,
+                status,
+                at_ms,
+            })
+            .await
+            .map(drop)
         })
         .await
     }

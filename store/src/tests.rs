@@ -6,8 +6,8 @@ use proptest::prelude::*;
 use std::collections::{BTreeMap, HashSet};
 use tempfile::TempDir;
 use troupe_proto::store::{
-    ConversationRecord, ConversationState, FinishMessage, MessagePage, MessageStatus, NewMessage,
-    SessionRecord,
+    ConversationRecord, ConversationState, FinishMessage, MessageKind, MessagePage, MessageStatus,
+    NewMessage, SessionRecord, SessionStatus,
 };
 use troupe_proto::{
     AgentError, ConversationId, ErrorKind, Json, OpenConversation, Role, SessionId, StoragePolicy,
@@ -39,6 +39,8 @@ fn session_in(project: Option<&str>, created_ms: u64) -> SessionRecord {
         created_ms,
         root_conversation_id: ConversationId::new(),
         settings: Json(serde_json::json!({"model": "scripted", "limits": [1, 2.5, null]})),
+        status: troupe_proto::store::SessionStatus::Active,
+        updated_ms: created_ms,
     }
 }
 
@@ -72,6 +74,8 @@ fn message(s: SessionId, c: ConversationId, text: &str, created_ms: u64) -> NewM
         chars: text.len() as u64,
         created_ms,
         status: None,
+        kind: troupe_proto::store::MessageKind::Text,
+        metadata: None,
     }
 }
 
@@ -405,6 +409,12 @@ async fn out_of_range_numbers_are_invalid_input() {
         ErrorKind::InvalidInput
     );
     s.created_ms = 1;
+    assert_eq!(
+        kind(store.create_session(s.clone()).await),
+        ErrorKind::InvalidInput,
+        "nor an update time"
+    );
+    s.updated_ms = 1;
     store.create_session(s.clone()).await.unwrap();
     let root = s.root_conversation_id;
     store
@@ -1021,12 +1031,11 @@ async fn writes_survive_a_reopen() {
         .await
         .unwrap();
     store.set_current_session("p", s.session_id).await.unwrap();
+    let before = store.get_session(s.session_id).await.unwrap().unwrap();
+    assert!(before.updated_ms > s.updated_ms, "the writes moved it");
     drop(store);
     let store = reopen(&dir);
-    assert_eq!(
-        store.get_session(s.session_id).await.unwrap(),
-        Some(s.clone())
-    );
+    assert_eq!(store.get_session(s.session_id).await.unwrap(), Some(before));
     assert_eq!(
         store
             .messages(s.session_id, 5, MAX_PAGE_BYTES, None)
@@ -1101,6 +1110,8 @@ async fn a_message_goes_from_queued_to_its_outcome_with_its_reply() {
         status: MessageStatus::Queued,
         task_id: None,
         reply: None,
+        items: Vec::new(),
+        session_status: None,
     };
     assert_eq!(
         kind(store.finish_message(not_an_outcome).await),
@@ -1113,6 +1124,8 @@ async fn a_message_goes_from_queued_to_its_outcome_with_its_reply() {
             status: MessageStatus::Completed,
             task_id: Some(task),
             reply: Some(reply_to(s.session_id, root, task)),
+            items: Vec::new(),
+            session_status: None,
         })
         .await
         .unwrap();
@@ -1126,6 +1139,8 @@ async fn a_message_goes_from_queued_to_its_outcome_with_its_reply() {
         status: MessageStatus::Failed,
         task_id: None,
         reply: Some(reply_to(s.session_id, root, task)),
+        items: Vec::new(),
+        session_status: None,
     };
     assert_eq!(
         kind(store.finish_message(again).await),
@@ -1137,6 +1152,8 @@ async fn a_message_goes_from_queued_to_its_outcome_with_its_reply() {
             status: MessageStatus::Aborted,
             task_id: None,
             reply: None,
+            items: Vec::new(),
+            session_status: None,
         })
         .await
         .unwrap();
@@ -1195,6 +1212,8 @@ async fn a_failed_reply_leaves_the_message_pending() {
         status: MessageStatus::Completed,
         task_id: None,
         reply: Some(reply_to(s.session_id, other_root, TaskId::new())),
+        items: Vec::new(),
+        session_status: None,
     };
     assert!(store.finish_message(bad).await.is_err());
     assert_eq!(store.pending_messages(s.session_id).await.unwrap(), vec![m]);
@@ -1249,6 +1268,8 @@ proptest! {
                     chars,
                     created_ms,
                     status: None,
+                    kind: troupe_proto::store::MessageKind::Text,
+                    metadata: None,
                 };
                 let record = store.append_message(m.clone()).await.unwrap();
                 prop_assert_eq!(&record.content, &m.content);
@@ -1657,4 +1678,320 @@ fn operations_are_timed_and_failures_counted_by_op_and_kind() {
         recorded.count(&format!("{e}{{kind=not_found,op=messages}}")),
         0
     );
+}
+
+// ---- P1: session status and updates, message types and metadata ----
+
+/// The rules of session status, `updated_ms`, and typed messages with metadata, for any store.
+async fn status_and_types_rules(store: &dyn Store) {
+    let s = session_in(Some("p"), 1);
+    store.create_session(s.clone()).await.unwrap();
+    let got = store.get_session(s.session_id).await.unwrap().unwrap();
+    assert_eq!(got.status, SessionStatus::Active, "a new session is active");
+    assert_eq!(got.updated_ms, 1, "updated when created");
+    let root = s.root_conversation_id;
+    store
+        .put_conversation(conversation_of(&s, root, 1))
+        .await
+        .unwrap();
+    let after_open = store.get_session(s.session_id).await.unwrap().unwrap();
+    assert!(after_open.updated_ms > 1, "a conversation stored moves it");
+
+    // A message written later moves it to the message's time; an older one never back.
+    let future = after_open.updated_ms + 1_000_000;
+    let user = store
+        .append_message(NewMessage {
+            status: Some(MessageStatus::Running),
+            task_id: None,
+            ..message(s.session_id, root, "run a tool", future)
+        })
+        .await
+        .unwrap();
+    assert_eq!(user.kind, MessageKind::Text);
+    assert_eq!(user.metadata, None);
+    let got = store.get_session(s.session_id).await.unwrap().unwrap();
+    assert_eq!(got.updated_ms, future);
+    store
+        .append_message(message(s.session_id, root, "old", 2))
+        .await
+        .unwrap();
+    let got = store.get_session(s.session_id).await.unwrap().unwrap();
+    assert_eq!(got.updated_ms, future, "never moved back");
+
+    // The end of a message stores its exchange before its reply, in one go and in order.
+    let task = TaskId::new();
+    let typed = |kind, text: &str, meta: serde_json::Value| NewMessage {
+        kind,
+        metadata: Some(Json(meta)),
+        role: Role::Assistant,
+        task_id: Some(task),
+        ..message(s.session_id, root, text, future + 1)
+    };
+    let done = store
+        .finish_message(FinishMessage {
+            message_id: user.message_id,
+            status: MessageStatus::Completed,
+            task_id: Some(task),
+            items: vec![
+                typed(
+                    MessageKind::ToolCall,
+                    r#"{"command":["echo","hi"]}"#,
+                    serde_json::json!({"tool": "shell", "call_id": "c1"}),
+                ),
+                typed(
+                    MessageKind::ToolResult,
+                    "hi\n",
+                    serde_json::json!({"tool": "shell", "call_id": "c1", "is_error": false}),
+                ),
+            ],
+            reply: Some(reply_to(s.session_id, root, task)),
+            session_status: None,
+        })
+        .await
+        .unwrap();
+    let ids: Vec<u64> = done.items.iter().map(|m| m.message_id).collect();
+    let reply_id = done.reply.as_ref().unwrap().message_id;
+    assert!(
+        ids[0] < ids[1] && ids[1] < reply_id,
+        "items, then the reply"
+    );
+    assert_eq!(done.message.reply_message_id, Some(reply_id));
+    let page = store
+        .messages(s.session_id, 10, MAX_PAGE_BYTES, None)
+        .await
+        .unwrap();
+    let kinds: Vec<MessageKind> = page.messages.iter().map(|m| m.kind).collect();
+    assert_eq!(
+        kinds,
+        vec![
+            MessageKind::Text,
+            MessageKind::Text,
+            MessageKind::ToolCall,
+            MessageKind::ToolResult,
+            MessageKind::Text
+        ]
+    );
+    assert_eq!(page.messages[2].metadata, done.items[0].metadata);
+    assert_eq!(
+        page.messages[3].metadata.as_ref().unwrap().0["is_error"],
+        false
+    );
+    assert_eq!(
+        store
+            .message(ids[1])
+            .await
+            .unwrap()
+            .unwrap()
+            .content
+            .as_deref(),
+        Some("hi\n")
+    );
+    // An exchange item naming another session's conversation fails the whole end.
+    let other = session_in(None, 1);
+    store.create_session(other.clone()).await.unwrap();
+    let pending = store
+        .append_message(NewMessage {
+            status: Some(MessageStatus::Running),
+            ..message(s.session_id, root, "again", future + 2)
+        })
+        .await
+        .unwrap();
+    let bad = store
+        .finish_message(FinishMessage {
+            message_id: pending.message_id,
+            status: MessageStatus::Completed,
+            task_id: None,
+            items: vec![NewMessage {
+                conversation_id: ConversationId::new(),
+                ..typed(MessageKind::ToolCall, "{}", serde_json::json!({}))
+            }],
+            reply: None,
+            session_status: Some(SessionStatus::Completed),
+        })
+        .await;
+    assert_eq!(kind(bad), ErrorKind::NotFound);
+    assert_eq!(
+        store
+            .get_session(s.session_id)
+            .await
+            .unwrap()
+            .unwrap()
+            .status,
+        SessionStatus::Active,
+        "its status neither"
+    );
+    assert_eq!(
+        store
+            .message(pending.message_id)
+            .await
+            .unwrap()
+            .unwrap()
+            .status,
+        Some(MessageStatus::Running),
+        "nothing of a failed end is kept"
+    );
+
+    // Status: set, listed, and its time kept monotonic.
+    store
+        .set_session_status(s.session_id, SessionStatus::Completed, 3)
+        .await
+        .unwrap();
+    let got = store.get_session(s.session_id).await.unwrap().unwrap();
+    assert_eq!(got.status, SessionStatus::Completed);
+    assert_eq!(got.updated_ms, future + 2);
+    store
+        .set_session_status(s.session_id, SessionStatus::Failed, future + 9)
+        .await
+        .unwrap();
+    let listed = store.project_sessions("p").await.unwrap();
+    assert_eq!(listed.len(), 1);
+    assert_eq!(listed[0].status, SessionStatus::Failed);
+    assert_eq!(listed[0].updated_ms, future + 9);
+    assert_eq!(
+        kind(
+            store
+                .set_session_status(SessionId::new(), SessionStatus::Active, 1)
+                .await
+        ),
+        ErrorKind::NotFound
+    );
+    // Closing a conversation moves it too.
+    store.close_conversation(root, future + 20).await.unwrap();
+    let got = store.get_session(s.session_id).await.unwrap().unwrap();
+    assert_eq!(got.updated_ms, future + 20);
+
+    // A user message makes the session active; its end sets the status it names, with it.
+    let (t, t_root) = (session_in(None, 1), ConversationId::new());
+    let t = SessionRecord {
+        root_conversation_id: t_root,
+        status: SessionStatus::Cancelled,
+        ..t
+    };
+    store.create_session(t.clone()).await.unwrap();
+    store
+        .put_conversation(conversation_of(&t, t_root, 1))
+        .await
+        .unwrap();
+    let status_of = |id| async move { store.get_session(id).await.unwrap().unwrap().status };
+    assert_eq!(status_of(t.session_id).await, SessionStatus::Cancelled);
+    store
+        .append_message(reply_to(t.session_id, t_root, TaskId::new()))
+        .await
+        .unwrap();
+    assert_eq!(
+        status_of(t.session_id).await,
+        SessionStatus::Cancelled,
+        "a reply alone changes nothing"
+    );
+    let asked = store
+        .append_message(self::user(
+            t.session_id,
+            t_root,
+            "go",
+            MessageStatus::Queued,
+        ))
+        .await
+        .unwrap();
+    assert_eq!(status_of(t.session_id).await, SessionStatus::Active);
+    store
+        .finish_message(FinishMessage {
+            message_id: asked.message_id,
+            status: MessageStatus::Failed,
+            task_id: None,
+            items: Vec::new(),
+            reply: None,
+            session_status: Some(SessionStatus::Failed),
+        })
+        .await
+        .unwrap();
+    assert_eq!(status_of(t.session_id).await, SessionStatus::Failed);
+}
+
+#[tokio::test]
+async fn sessions_have_a_status_and_messages_a_type() {
+    let (_dir, store) = fresh();
+    status_and_types_rules(&store).await;
+}
+
+#[tokio::test]
+async fn sessions_have_a_status_and_messages_a_type_in_memory() {
+    status_and_types_rules(&super::memory::MemoryStore::new()).await;
+}
+
+#[tokio::test]
+async fn status_and_types_survive_a_reopen() {
+    let (dir, store) = fresh();
+    let (s, root) = seeded(&store, None).await;
+    store
+        .set_session_status(s.session_id, SessionStatus::Cancelled, 7)
+        .await
+        .unwrap();
+    let m = store
+        .append_message(NewMessage {
+            kind: MessageKind::Status,
+            metadata: Some(Json(
+                serde_json::json!({"status": "cancelled", "reply_to": 1}),
+            )),
+            ..message(s.session_id, root, "cancelled", 8)
+        })
+        .await
+        .unwrap();
+    drop(store);
+    let store = reopen(&dir);
+    let got = store.get_session(s.session_id).await.unwrap().unwrap();
+    assert_eq!(got.status, SessionStatus::Cancelled);
+    assert_eq!(store.message(m.message_id).await.unwrap().unwrap(), m);
+}
+
+#[tokio::test]
+async fn upgrade_from_version_4_types_old_messages_as_text_and_sessions_as_active() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = db_path(dir.path());
+    let s = session_in(Some("p"), 5);
+    let quiet = session_in(Some("p"), 9);
+    let c = s.root_conversation_id;
+    let qc = quiet.root_conversation_id;
+    {
+        let mut conn = super::conn::open(&path, super::conn::Role::Writer).unwrap();
+        schema::migrate_to(&mut conn, 4).unwrap();
+        assert_eq!(schema::version(&conn).unwrap(), 4);
+        conn.execute_batch(&format!(
+            "INSERT INTO sessions VALUES ('{s}', 'p', 'old', 5, '{c}', '{{}}');
+             INSERT INTO sessions VALUES ('{q}', 'p', 'quiet', 9, '{qc}', '{{}}');
+             INSERT INTO conversations VALUES ('{c}', '{s}', '{{}}', 1, 'open', 5, NULL, NULL);
+             INSERT INTO messages (session_id, conversation_id, task_id, role, content, chars, created_ms, status)
+                 VALUES ('{s}', '{c}', NULL, 'user', 'hello', 5, 6, 'completed');
+             INSERT INTO messages (session_id, conversation_id, task_id, role, content, chars, created_ms)
+                 VALUES ('{s}', '{c}', NULL, 'assistant', 'hi', 2, 8);",
+            s = s.session_id,
+            q = quiet.session_id,
+        ))
+        .unwrap();
+    }
+    let store = SqliteStore::open(&path).unwrap();
+    let got = store.get_session(s.session_id).await.unwrap().unwrap();
+    assert_eq!(got.status, SessionStatus::Active);
+    assert_eq!(got.updated_ms, 8, "updated at its newest message");
+    let got = store.get_session(quiet.session_id).await.unwrap().unwrap();
+    assert_eq!(
+        (got.status, got.updated_ms),
+        (SessionStatus::Active, 9),
+        "no message: updated when created"
+    );
+    let page = store
+        .messages(s.session_id, 10, MAX_PAGE_BYTES, None)
+        .await
+        .unwrap();
+    assert_eq!(page.messages.len(), 2);
+    for m in &page.messages {
+        assert_eq!((m.kind, &m.metadata), (MessageKind::Text, &None));
+    }
+    assert_eq!(page.messages[0].content.as_deref(), Some("hello"));
+    // And the new columns take writes.
+    store
+        .set_session_status(s.session_id, SessionStatus::Completed, 10)
+        .await
+        .unwrap();
+    let conn = super::conn::open(&path, super::conn::Role::Reader).unwrap();
+    assert_eq!(schema::version(&conn).unwrap(), schema::VERSION);
 }

@@ -204,6 +204,8 @@ mod tests {
                 created_ms: 1,
                 root_conversation_id: conversation_id,
                 settings: troupe_proto::Json::empty_object(),
+                status: troupe_proto::store::SessionStatus::Active,
+                updated_ms: 0,
             })
             .await
             .unwrap();
@@ -233,6 +235,8 @@ mod tests {
                 chars: 6,
                 created_ms: now,
                 status: None,
+                kind: troupe_proto::store::MessageKind::Text,
+                metadata: None,
             })
             .await
             .unwrap();

@@ -48,6 +48,8 @@ async fn populate(dir: &Path, n: usize) -> SessionId {
                     created_ms: i as u64,
                     root_conversation_id: ConversationId::new(),
                     settings: Json(json!({})),
+                    status: troupe_proto::store::SessionStatus::Active,
+                    updated_ms: 0,
                 };
                 store.create_session(s.clone()).await.unwrap();
                 store
@@ -71,6 +73,8 @@ async fn populate(dir: &Path, n: usize) -> SessionId {
                     chars: 5,
                     created_ms: i as u64,
                     status,
+                    kind: troupe_proto::store::MessageKind::Text,
+                    metadata: None,
                 };
                 let user = store
                     .append_message(message(Role::User, Some(MessageStatus::Running)))
@@ -82,6 +86,8 @@ async fn populate(dir: &Path, n: usize) -> SessionId {
                         message_id: user.message_id,
                         status: MessageStatus::Completed,
                         task_id: Some(task),
+                        items: Vec::new(),
+                        session_status: None,
                         reply: Some(NewMessage {
                             task_id: Some(task),
                             ..message(Role::Assistant, None)

@@ -47,6 +47,8 @@ async fn session(store: &SqliteStore) -> (SessionId, ConversationId) {
             created_ms: 1,
             root_conversation_id: c,
             settings: Json::empty_object(),
+            status: troupe_proto::store::SessionStatus::Active,
+            updated_ms: 0,
         })
         .await
         .unwrap();
@@ -79,6 +81,8 @@ fn msg(s: SessionId, c: ConversationId, i: u64) -> NewMessage {
         chars: TEXT.len() as u64,
         created_ms: i,
         status: None,
+        kind: troupe_proto::store::MessageKind::Text,
+        metadata: None,
     }
 }
 

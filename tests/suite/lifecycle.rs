@@ -55,7 +55,7 @@ async fn tool_calls_run_and_feed_back() {
         .set_context(
             root,
             SetContext {
-                include_plan_tool: Some(true),
+                include_plan_tool: Some(Some(true)),
                 ..SetContext::default()
             },
         )
@@ -178,7 +178,7 @@ async fn user_instructions_come_first_and_set_context_keeps_history_order() {
         .set_context(
             c,
             SetContext {
-                user_instructions: Some("be verbose".into()),
+                user_instructions: Some(Some("be verbose".into())),
                 ..SetContext::default()
             },
         )
@@ -228,7 +228,7 @@ async fn web_search_is_never_offered_without_a_runner() {
         .set_context(
             d,
             SetContext {
-                tools_web_search_request: Some(true),
+                tools_web_search_request: Some(Some(true)),
                 ..SetContext::default()
             },
         )

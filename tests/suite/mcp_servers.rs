@@ -535,7 +535,7 @@ async fn allowlists_show_each_conversation_its_tools_and_set_context_changes_the
 
         // set-context reopens the view; a refused allowlist changes nothing.
         let update = |list: &[&str]| SetContext {
-            mcp_tool_allowlist: Some(list.iter().map(|s| (*s).to_owned()).collect()),
+            mcp_tool_allowlist: Some(Some(list.iter().map(|s| (*s).to_owned()).collect())),
             ..SetContext::default()
         };
         t.session
@@ -1174,7 +1174,7 @@ async fn allowlists_are_checked_before_any_server_connects_and_unknown_tools_are
         .set_context(
             c,
             SetContext {
-                mcp_tool_allowlist: Some(vec!["git__log".into()]),
+                mcp_tool_allowlist: Some(Some(vec!["git__log".into()])),
                 ..SetContext::default()
             },
         )

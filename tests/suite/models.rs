@@ -51,7 +51,7 @@ async fn two_conversations_of_one_session_ask_for_different_models() {
         .set_context(
             plain,
             SetContext {
-                model: Some("switched-model".into()),
+                model: Some(Some("switched-model".into())),
                 ..SetContext::default()
             },
         )
@@ -62,6 +62,24 @@ async fn two_conversations_of_one_session_ask_for_different_models() {
     assert_eq!(
         asked(&server)[2..],
         ["switched-model", "conversation-model"]
+    );
+
+    // `null` (C6) puts the session's model back; the other conversation keeps its own.
+    let reset: SetContext = serde_json::from_value(serde_json::json!({"model": null})).unwrap();
+    session.set_context(plain, reset).await.unwrap();
+    session
+        .set_context(own, SetContext::default())
+        .await
+        .unwrap();
+    for _ in 0..2 {
+        server.push(Reply::text(["ok"]));
+    }
+    session.message(plain, "once more").await.unwrap();
+    session.message(own, "once more").await.unwrap();
+    assert_eq!(
+        asked(&server)[4..],
+        ["session-model", "conversation-model"],
+        "null: the default again; absent: unchanged"
     );
 
     // A provider that is not the session's is refused at open, saying which one is.
@@ -86,7 +104,7 @@ async fn two_conversations_of_one_session_ask_for_different_models() {
         .set_context(
             own,
             SetContext {
-                model: Some(" ".into()),
+                model: Some(Some(" ".into())),
                 ..SetContext::default()
             },
         )

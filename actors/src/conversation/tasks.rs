@@ -438,6 +438,7 @@ impl ConversationState {
                 text: outcome.text,
                 stats: outcome.stats,
                 error: outcome.error,
+                items: outcome.items,
             }));
         }
         if self.closing.is_some() {

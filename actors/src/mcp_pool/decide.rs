@@ -428,6 +428,28 @@ impl PoolCore {
         }
     }
 
+    /// A view asked for its tools to be read again: its ready servers are listed again, its
+    /// servers in backoff start now. Nothing for an unknown view.
+    pub fn refresh(&mut self, id: ViewId) -> Vec<Effect> {
+        let Some(view) = self.views.get(&id) else {
+            return Vec::new();
+        };
+        let servers: Vec<String> = view.servers.iter().cloned().collect();
+        let mut fx = Vec::new();
+        for server in servers {
+            let Some(slot) = self.servers.get(&server) else {
+                continue;
+            };
+            let generation = slot.generation;
+            match slot.phase {
+                Phase::Ready(_) => fx.extend(self.tools_changed(&server, generation)),
+                Phase::Backoff => fx.extend(self.restart_due(&server, generation)),
+                Phase::Idle | Phase::Connecting => {}
+            }
+        }
+        fx
+    }
+
     /// A refresh listed `tools`. Returns `Some(count)` when the list was replaced.
     pub fn tools_listed(
         &mut self,
@@ -986,6 +1008,40 @@ mod tests {
         assert_eq!(left.get("slow"), Some(&LeftOut::RequiresTask));
         assert_eq!(left.get("has.dot"), Some(&LeftOut::InvalidName));
         assert_eq!(left.get(long.as_str()), Some(&LeftOut::InvalidName));
+    }
+
+    #[test]
+    fn a_refresh_lists_ready_servers_again_and_restarts_waiting_ones_now() {
+        let mut core = core(&["a", "b", "c", "d"]);
+        let (v, _) = core
+            .open_view(
+                ConversationId::new(),
+                Some(strings(&["a__t", "b__t", "c__t"])),
+            )
+            .unwrap();
+        connect(&mut core, "a", &["t"]);
+        let gb = core.server("b").unwrap().generation;
+        let failed = core.connect_failed("b", gb, "not there yet".into());
+        let stale = failed
+            .iter()
+            .find_map(|fx| match fx {
+                Effect::ScheduleRestart { generation, .. } => Some(*generation),
+                _ => None,
+            })
+            .unwrap();
+        // c is still connecting; d is not the view's.
+        let fx = core.refresh(v);
+        assert!(
+            matches!(&fx[..], [Effect::Refresh { server: a, .. }, Effect::Connect { server: b, .. }]
+                if a == "a" && b == "b"),
+            "{fx:?}"
+        );
+        assert!(matches!(core.server("b").unwrap().phase, Phase::Connecting));
+        assert!(
+            core.restart_due("b", stale).is_empty(),
+            "the restart it replaced no longer acts"
+        );
+        assert!(core.refresh(ViewId(u64::MAX)).is_empty(), "an unknown view");
     }
 
     #[test]

@@ -173,6 +173,10 @@ impl McpView for PoolView {
         }
     }
 
+    async fn refresh(&self) {
+        let _ = self.actor.cast(McpPoolMsg::Refresh { view_id: self.id });
+    }
+
     fn is_closed(&self) -> bool {
         self.actor.get_status() >= ActorStatus::Stopping
     }

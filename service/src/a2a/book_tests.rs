@@ -159,6 +159,7 @@ fn a_context_runs_its_tasks_one_at_a_time() {
         text: "one".into(),
         stats: TaskStats::default(),
         error: None,
+        items: Vec::new(),
     });
     assert_eq!(b.finished("a", reply, T0 + 1), Finished::Deferred);
     let events = b.finish_due("a", T0 + 2);
@@ -184,6 +185,7 @@ fn the_end_is_reported_once() {
         text: "x".into(),
         stats: TaskStats::default(),
         error: None,
+        items: Vec::new(),
     });
     assert_eq!(b.finished("task-1", reply, T0 + 2), Finished::Done(vec![]));
     assert!(b.record("task-1").unwrap().task.status.state.is_terminal());
@@ -555,6 +557,7 @@ fn a_reply_that_beats_the_events_waits_for_them() {
         text: "late".into(),
         stats: TaskStats::default(),
         error: None,
+        items: Vec::new(),
     });
     assert_eq!(b.finished("task-1", reply, T0), Finished::Deferred);
     // The events still arrive in troupe's order and end the task.

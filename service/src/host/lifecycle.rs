@@ -10,7 +10,7 @@ use ractor::{ActorId, ActorRef};
 use std::collections::HashMap;
 use std::time::Instant;
 use troupe_actors::SessionHandle;
-use troupe_proto::store::{ConversationRecord, SessionRecord};
+use troupe_proto::store::{ConversationRecord, SessionRecord, SessionStatus};
 use troupe_proto::{AgentError, ConversationId};
 
 /// Starts a stored session again under its ids, linked to its host; its conversations'
@@ -61,6 +61,7 @@ impl HostState {
             Err(e) => {
                 tracing::error!(%session_id, error = %e, "stored session not started");
                 self.session = Liveness::Down(e);
+                self.set_status(SessionStatus::Failed).await;
             }
         }
         let records: HashMap<ConversationId, ConversationRecord> = self
@@ -105,6 +106,9 @@ impl HostState {
         for id in ids {
             self.run_next(myself, id).await;
         }
+        // Messages that run again keep it active, whatever ended before them.
+        let status = self.status_after(None);
+        self.set_status(status).await;
         Ok(())
     }
 
@@ -151,6 +155,7 @@ impl HostState {
             ));
             self.session = Liveness::Down(down.clone());
             self.fail_queued(&down).await;
+            self.set_status(SessionStatus::Failed).await;
             return;
         }
         tracing::warn!(%session_id, "session stopped on its own; starting it again");
@@ -195,6 +200,7 @@ impl HostState {
                 tracing::error!(%session_id, error = %e, "session could not be restarted");
                 self.session = Liveness::Down(e.clone());
                 self.fail_queued(&e).await;
+                self.set_status(SessionStatus::Failed).await;
             }
         }
     }

@@ -1,11 +1,16 @@
 //! The host's decisions, as plain functions: what a restart does with each pending message,
-//! which status a task's end gives its message, how a stored session is started again.
+//! which status a task's end gives its message and its session, which messages record the
+//! exchange, how a stored session is started again.
 
 use std::collections::HashMap;
 use troupe_proto::store::{
-    ConversationRecord, ConversationState, MessageRecord, MessageStatus, SessionRecord,
+    ConversationRecord, ConversationState, MessageKind, MessageRecord, MessageStatus, NewMessage,
+    SessionRecord, SessionStatus,
 };
-use troupe_proto::{AgentError, ConversationId, MessageReply, OpenConversation, TaskStatus};
+use troupe_proto::{
+    AgentError, ConversationId, HistoryItem, Json, MessageReply, OpenConversation, Role,
+    StoragePolicy, TaskStatus,
+};
 
 /// What a restart does with one message that was queued or running when the service stopped.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -52,6 +57,136 @@ pub fn outcome(result: &Result<MessageReply, AgentError>) -> MessageStatus {
         Err(AgentError::Cancelled { .. }) => MessageStatus::Cancelled,
         Err(_) => MessageStatus::Failed,
     }
+}
+
+/// The session's status (P1) once something happened to it: `active` while any of its
+/// messages is queued or running; else the outcome of the message that just ended (see
+/// [`SessionStatus::after`]); else (nothing ended) what it was.
+pub fn session_status(
+    pending: usize,
+    ended: Option<MessageStatus>,
+    current: SessionStatus,
+) -> SessionStatus {
+    match ended {
+        _ if pending > 0 => SessionStatus::Active,
+        Some(outcome) => SessionStatus::after(outcome),
+        None => current,
+    }
+}
+
+/// The messages stored with a user message's end, before its reply (P1): what its task did
+/// on the way, in order — the model's text between tool calls (`text`), each tool call
+/// (`tool_call`: content = its arguments) and each result (`tool_result`: content = the
+/// output) — then, when the message did not complete, a `status` message with the error.
+/// The task's first item (the user message, already stored) and its last (the final text,
+/// stored as the reply) are left out. Content is what `policy` keeps; metadata holds no
+/// content (tool names, call ids, error flags, codes, and `reply_to`: the user message).
+pub fn exchange(
+    user: &MessageRecord,
+    result: &Result<MessageReply, AgentError>,
+    status: MessageStatus,
+    policy: StoragePolicy,
+    at_ms: u64,
+) -> Vec<NewMessage> {
+    let reply_to = user.message_id;
+    let message = |kind, role, task_id, text: &str, metadata: serde_json::Value| {
+        let (content, chars) = super::stored_content(policy, text);
+        NewMessage {
+            session_id: user.session_id,
+            conversation_id: user.conversation_id,
+            task_id,
+            role,
+            content,
+            chars,
+            created_ms: at_ms,
+            status: None,
+            kind,
+            metadata: Some(Json(metadata)),
+        }
+    };
+    let mut out = Vec::new();
+    if let Ok(reply) = result {
+        let task = Some(reply.task_id);
+        let mut items: &[HistoryItem] = &reply.items;
+        if let [
+            HistoryItem::Message {
+                role: Role::User, ..
+            },
+            rest @ ..,
+        ] = items
+        {
+            items = rest;
+        }
+        if let [
+            rest @ ..,
+            HistoryItem::Message {
+                role: Role::Assistant,
+                text,
+            },
+        ] = items
+            && *text == reply.text
+        {
+            items = rest;
+        }
+        let mut tools: HashMap<&str, &str> = HashMap::new();
+        for item in items {
+            match item {
+                HistoryItem::Message { role, text } => out.push(message(
+                    MessageKind::Text,
+                    *role,
+                    task,
+                    text,
+                    serde_json::json!({ "reply_to": reply_to }),
+                )),
+                HistoryItem::ToolCall(call) => {
+                    tools.insert(&call.call_id, &call.name);
+                    out.push(message(
+                        MessageKind::ToolCall,
+                        Role::Assistant,
+                        task,
+                        &call.arguments.0.to_string(),
+                        serde_json::json!({
+                            "tool": call.name,
+                            "call_id": call.call_id,
+                            "reply_to": reply_to,
+                        }),
+                    ));
+                }
+                HistoryItem::ToolOutput(output) => out.push(message(
+                    MessageKind::ToolResult,
+                    Role::Assistant,
+                    task,
+                    &output.output,
+                    serde_json::json!({
+                        "tool": tools.get(output.call_id.as_str()),
+                        "call_id": output.call_id,
+                        "is_error": output.is_error,
+                        "reply_to": reply_to,
+                    }),
+                )),
+                // A task adds no summary to history; nothing of it is an exchange message.
+                HistoryItem::Summary { .. } => {}
+            }
+        }
+    }
+    if status != MessageStatus::Completed {
+        let error = match result {
+            Ok(reply) => reply.error.clone(),
+            Err(e) => Some(e.clone()),
+        };
+        out.push(message(
+            MessageKind::Status,
+            Role::System,
+            result.as_ref().ok().map(|r| r.task_id),
+            &error.as_ref().map(ToString::to_string).unwrap_or_default(),
+            serde_json::json!({
+                "status": status.as_str(),
+                "code": error.as_ref().map(|e| e.kind().as_str()),
+                "reply_to": reply_to,
+            }),
+        ));
+    }
+    out
 }
 
 /// What restarting a stored session takes: the root conversation's parameters (the session's
@@ -132,6 +267,8 @@ mod tests {
             created_ms: 1,
             status: Some(status),
             reply_message_id: None,
+            kind: troupe_proto::store::MessageKind::Text,
+            metadata: None,
         }
     }
 
@@ -182,6 +319,7 @@ mod tests {
             text: String::new(),
             stats: TaskStats::default(),
             error: None,
+            items: Vec::new(),
         };
         assert_eq!(
             outcome(&Ok(reply(TaskStatus::Ok))),
@@ -214,6 +352,145 @@ mod tests {
         assert!(MessageStatus::ALL.iter().all(
             |s| s.is_terminal() != matches!(s, MessageStatus::Queued | MessageStatus::Running)
         ));
+    }
+
+    #[test]
+    fn a_session_is_active_while_it_has_work_then_takes_the_last_outcome() {
+        use SessionStatus as S;
+        let all = MessageStatus::ALL;
+        for current in S::ALL {
+            for ended in all.map(Some).into_iter().chain([None]) {
+                assert_eq!(session_status(1, ended, current), S::Active, "work left");
+            }
+            assert_eq!(session_status(0, None, current), current, "nothing ended");
+        }
+        let ended = |m| session_status(0, Some(m), S::Active);
+        assert_eq!(ended(MessageStatus::Completed), S::Completed);
+        assert_eq!(ended(MessageStatus::Failed), S::Failed);
+        assert_eq!(ended(MessageStatus::Aborted), S::Failed);
+        assert_eq!(ended(MessageStatus::Cancelled), S::Cancelled);
+    }
+
+    #[test]
+    fn the_exchange_is_what_the_task_did_between_the_question_and_the_reply() {
+        use troupe_proto::{ToolCall, ToolOutput};
+        let c = conversation(SessionId::new(), ConversationState::Open);
+        let user = message(&c, MessageStatus::Running, Some("list files"));
+        let task_id = TaskId::new();
+        let call = ToolCall {
+            call_id: "c1".into(),
+            name: "shell".into(),
+            arguments: Json(serde_json::json!({"command": ["ls"]})),
+        };
+        let reply = |status, text: &str, error| MessageReply {
+            conversation_id: c.conversation_id,
+            task_id,
+            status,
+            text: text.into(),
+            stats: TaskStats::default(),
+            error,
+            items: vec![
+                HistoryItem::user("list files"),
+                HistoryItem::assistant("let me look"),
+                HistoryItem::ToolCall(call.clone()),
+                HistoryItem::ToolOutput(ToolOutput {
+                    call_id: "c1".into(),
+                    output: "a.txt".into(),
+                    is_error: false,
+                }),
+                HistoryItem::assistant("one file: a.txt"),
+            ],
+        };
+        let done = Ok(reply(TaskStatus::Ok, "one file: a.txt", None));
+        let items = exchange(
+            &user,
+            &done,
+            MessageStatus::Completed,
+            StoragePolicy::Full,
+            7,
+        );
+        let kinds: Vec<MessageKind> = items.iter().map(|m| m.kind).collect();
+        assert_eq!(
+            kinds,
+            vec![
+                MessageKind::Text,
+                MessageKind::ToolCall,
+                MessageKind::ToolResult
+            ],
+            "neither the question nor the reply: both are stored apart"
+        );
+        assert_eq!(items[0].content.as_deref(), Some("let me look"));
+        assert_eq!(
+            items[1].content.as_deref(),
+            Some(r#"{"command":["ls"]}"#),
+            "a call's content is its arguments"
+        );
+        assert_eq!(
+            items[1].metadata.as_ref().unwrap().0,
+            serde_json::json!({"tool": "shell", "call_id": "c1", "reply_to": 1})
+        );
+        assert_eq!(
+            items[2].metadata.as_ref().unwrap().0,
+            serde_json::json!({"tool": "shell", "call_id": "c1", "is_error": false, "reply_to": 1})
+        );
+        assert!(items.iter().all(|m| m.task_id == Some(task_id)
+            && m.created_ms == 7
+            && m.status.is_none()
+            && m.session_id == user.session_id));
+
+        // A policy that keeps no content keeps the metadata, never the content.
+        let headers = exchange(
+            &user,
+            &done,
+            MessageStatus::Completed,
+            StoragePolicy::HeadersOnly,
+            7,
+        );
+        assert!(
+            headers
+                .iter()
+                .all(|m| m.content.is_none() && m.metadata.is_some())
+        );
+        assert_eq!(headers[1].chars, 18);
+
+        // A message that did not complete ends with a status message.
+        let failed = Ok(reply(
+            TaskStatus::Error,
+            "",
+            Some(AgentError::internal("the model went away")),
+        ));
+        let items = exchange(
+            &user,
+            &failed,
+            MessageStatus::Failed,
+            StoragePolicy::Full,
+            7,
+        );
+        let last = items.last().unwrap();
+        assert_eq!(items.len(), 5, "the final text is not the reply here: kept");
+        assert_eq!((last.kind, last.role), (MessageKind::Status, Role::System));
+        assert!(
+            last.content
+                .as_deref()
+                .unwrap()
+                .contains("the model went away")
+        );
+        assert_eq!(
+            last.metadata.as_ref().unwrap().0,
+            serde_json::json!({"status": "failed", "code": "internal", "reply_to": 1})
+        );
+        let cancelled = Err(AgentError::cancelled("conversation closed"));
+        let items = exchange(
+            &user,
+            &cancelled,
+            MessageStatus::Cancelled,
+            StoragePolicy::Full,
+            7,
+        );
+        assert_eq!(items.len(), 1);
+        assert_eq!(items[0].kind, MessageKind::Status);
+        assert_eq!(items[0].task_id, None);
+        assert_eq!(items[0].metadata.as_ref().unwrap().0["code"], "cancelled");
     }
 
     #[test]
@@ -278,6 +555,8 @@ mod tests {
             created_ms: 1,
             root_conversation_id: root,
             settings: Json(serde_json::json!({})),
+            status: troupe_proto::store::SessionStatus::Active,
+            updated_ms: 0,
         };
         let (root_params, others) = restore_plan(
             &record,

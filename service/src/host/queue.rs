@@ -11,7 +11,8 @@ use crate::metrics;
 use ractor::ActorRef;
 use troupe_actors::events::EventDraft;
 use troupe_proto::store::{
-    ConversationState, FinishMessage, MessageRecord, MessageStatus, NewMessage,
+    ConversationState, FinishMessage, MessageKind, MessageRecord, MessageStatus, NewMessage,
+    SessionStatus,
 };
 use troupe_proto::{AgentError, ConversationId, EventKind, MessageReply, Role, StoragePolicy};
 
@@ -58,6 +59,8 @@ impl HostState {
                 chars,
                 created_ms: now_ms(),
                 status: Some(status),
+                kind: MessageKind::Text,
+                metadata: None,
             })
             .await;
         let message = match stored {
@@ -68,6 +71,8 @@ impl HostState {
             }
         };
         metrics::message_accepted(status);
+        // The store made the session active with the message (P1).
+        self.record.status = SessionStatus::Active;
         let waiter = if wait {
             Some(reply)
         } else {
@@ -216,6 +221,8 @@ impl HostState {
             .conversations
             .get(&message.conversation_id)
             .map_or(StoragePolicy::None, |c| c.record.params.storage_policy);
+        let at = now_ms();
+        let items = plan::exchange(&message, &result, status, policy, at);
         let reply = result.as_ref().ok().map(|r| {
             let (content, chars) = stored_content(policy, &r.text);
             NewMessage {
@@ -225,20 +232,28 @@ impl HostState {
                 role: Role::Assistant,
                 content,
                 chars,
-                created_ms: now_ms(),
+                created_ms: at,
                 status: None,
+                kind: MessageKind::Text,
+                metadata: None,
             }
         });
         let finish = FinishMessage {
             message_id: message.message_id,
             status,
             task_id: result.as_ref().ok().map(|r| r.task_id),
+            items,
             reply,
+            session_status: Some(self.status_after(Some(status))),
         };
+        let finish_status = finish.session_status;
         let stored = self.store.finish_message(finish).await;
         metrics::message_finished(status);
         match stored {
             Ok(done) => {
+                if let Some(s) = finish_status {
+                    self.record.status = s;
+                }
                 self.emit_update(&done.message);
                 tracing::debug!(
                     message_id = message.message_id,
@@ -257,6 +272,38 @@ impl HostState {
             Err(e) => {
                 tracing::error!(message_id = message.message_id, error = %e, "message outcome not stored");
                 Err(e)
+            }
+        }
+    }
+
+    /// The session's status once `ended` ended (P1, [`plan::session_status`]): the messages
+    /// still held by the conversations (queued or running) keep it active.
+    pub(super) fn status_after(&self, ended: Option<MessageStatus>) -> SessionStatus {
+        let pending = self
+            .conversations
+            .values()
+            .map(super::ConversationSlot::pending)
+            .sum::<usize>();
+        plan::session_status(pending, ended, self.record.status)
+    }
+
+    /// Stores `status` as the session's if it is not already.
+    pub(super) async fn set_status(&mut self, status: SessionStatus) {
+        if status == self.record.status {
+            return;
+        }
+        let session_id = self.record.session_id;
+        match self
+            .store
+            .set_session_status(session_id, status, now_ms())
+            .await
+        {
+            Ok(()) => {
+                tracing::debug!(%session_id, status = status.as_str(), "session status");
+                self.record.status = status;
+            }
+            Err(e) => {
+                tracing::warn!(%session_id, status = status.as_str(), error = %e, "session status not stored");
             }
         }
     }

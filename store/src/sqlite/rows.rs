@@ -6,16 +6,17 @@ use crate::conn::internal;
 use crate::page;
 use rusqlite::{Connection, Row, params};
 use troupe_proto::store::{
-    ConversationRecord, ConversationState, MessagePage, MessageRecord, MessageStatus, SessionRecord,
+    ConversationRecord, ConversationState, MessageKind, MessagePage, MessageRecord, MessageStatus,
+    SessionRecord, SessionStatus,
 };
 use troupe_proto::{AgentError, Json, Role, SessionId, TaskId};
 
 pub(super) const SESSION_SELECT: &str = "SELECT rowid, session_id, project_id, title, created_ms, \
-     root_conversation_id, settings FROM sessions";
+     root_conversation_id, settings, status, updated_ms FROM sessions";
 pub(super) const CONVERSATION_SELECT: &str = "SELECT rowid, conversation_id, session_id, params, is_root, \
      state, created_ms, closed_ms FROM conversations";
 pub(super) const MESSAGE_SELECT: &str = "SELECT message_id, session_id, conversation_id, task_id, role, \
-     content, chars, created_ms, status, reply_message_id FROM messages";
+     content, chars, created_ms, status, reply_message_id, kind, metadata FROM messages";
 
 /// Every row of a query, decoded; the first undecodable row is an error naming it.
 pub(super) fn query_all<T>(
@@ -160,13 +161,22 @@ where
 pub(super) fn session_from_row(row: &Row<'_>) -> Result<SessionRecord, AgentError> {
     let key = RowKey::new("sessions", row)?;
     let settings: String = key.get(row, 6, "settings")?;
+    let status: String = key.get(row, 7, "status")?;
+    let created_ms = key.get_u64(row, 4, "created_ms")?;
+    let updated_ms: Option<i64> = key.get(row, 8, "updated_ms")?;
     Ok(SessionRecord {
         session_id: parse_id(&key, row, 1, "session_id")?,
         project_id: key.get(row, 2, "project_id")?,
         title: key.get(row, 3, "title")?,
-        created_ms: key.get_u64(row, 4, "created_ms")?,
+        created_ms,
         root_conversation_id: parse_id(&key, row, 5, "root_conversation_id")?,
         settings: Json(serde_json::from_str(&settings).map_err(|e| key.err("settings", e))?),
+        status: SessionStatus::parse(&status)
+            .ok_or_else(|| key.err("status", format!("unknown `{status}`")))?,
+        updated_ms: match updated_ms {
+            Some(v) => u64::try_from(v).map_err(|e| key.err("updated_ms", e))?,
+            None => created_ms,
+        },
     })
 }
 
@@ -194,6 +204,8 @@ pub(super) fn message_from_row(row: &Row<'_>) -> Result<MessageRecord, AgentErro
     let task_id: Option<String> = key.get(row, 3, "task_id")?;
     let status: Option<String> = key.get(row, 8, "status")?;
     let reply: Option<i64> = key.get(row, 9, "reply_message_id")?;
+    let kind: String = key.get(row, 10, "kind")?;
+    let metadata: Option<String> = key.get(row, 11, "metadata")?;
     Ok(MessageRecord {
         message_id: key.get_u64(row, 0, "message_id")?,
         session_id: parse_id(&key, row, 1, "session_id")?,
@@ -212,6 +224,15 @@ pub(super) fn message_from_row(row: &Row<'_>) -> Result<MessageRecord, AgentErro
             .transpose()?,
         reply_message_id: reply
             .map(|v| u64::try_from(v).map_err(|e| key.err("reply_message_id", e)))
+            .transpose()?,
+        kind: MessageKind::parse(&kind)
+            .ok_or_else(|| key.err("kind", format!("unknown `{kind}`")))?,
+        metadata: metadata
+            .map(|m| {
+                serde_json::from_str(&m)
+                    .map(Json)
+                    .map_err(|e| key.err("metadata", e))
+            })
             .transpose()?,
     })
 }

@@ -12,7 +12,7 @@ use tokio::sync::{mpsc, oneshot};
 use tracing::Span;
 use troupe_proto::store::{
     ConversationRecord, FinishMessage, FinishedMessage, MessageRecord, MessageStatus, NewMessage,
-    SessionRecord,
+    SessionRecord, SessionStatus,
 };
 use troupe_proto::{AgentError, ConversationId, Role, SessionId, StoragePolicy, TaskId};
 
@@ -46,6 +46,11 @@ pub(super) enum WriteOp {
     SetCurrentSession {
         project_id: String,
         session_id: SessionId,
+    },
+    SetSessionStatus {
+        session_id: SessionId,
+        status: SessionStatus,
+        at_ms: u64,
     },
 }
 
@@ -175,6 +180,11 @@ pub(super) fn apply(c: &Connection, op: &WriteOp) -> Result<WriteOutput, AgentEr
             project_id,
             session_id,
         } => set_current(c, project_id, *session_id).map(|()| WriteOutput::Done),
+        WriteOp::SetSessionStatus {
+            session_id,
+            status,
+            at_ms,
+        } => set_session_status(c, *session_id, *status, *at_ms).map(|()| WriteOutput::Done),
     }
 }
 
@@ -223,6 +233,7 @@ pub(super) fn ttl_secs(policy: StoragePolicy) -> Option<i64> {
 
 pub(super) fn create_session(c: &Connection, s: &SessionRecord) -> Result<(), AgentError> {
     let created_ms = to_sql_int("created_ms", s.created_ms)?;
+    let updated_ms = to_sql_int("updated_ms", s.updated_ms.max(s.created_ms))?;
     if session_project(c, s.session_id)?.is_some() {
         return Err(AgentError::invalid(format!(
             "session {} already exists",
@@ -232,8 +243,8 @@ pub(super) fn create_session(c: &Connection, s: &SessionRecord) -> Result<(), Ag
     let settings =
         serde_json::to_string(&s.settings.0).map_err(|e| internal("encode settings", e))?;
     c.prepare_cached(
-        "INSERT INTO sessions (session_id, project_id, title, created_ms, root_conversation_id, settings)
-         VALUES (?1, ?2, ?3, ?4, ?5, ?6)",
+        "INSERT INTO sessions (session_id, project_id, title, created_ms, root_conversation_id, settings, status, updated_ms)
+         VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8)",
     )
     .and_then(|mut st| {
         st.execute(params![
@@ -243,6 +254,8 @@ pub(super) fn create_session(c: &Connection, s: &SessionRecord) -> Result<(), Ag
             created_ms,
             s.root_conversation_id.to_string(),
             settings,
+            s.status.as_str(),
+            updated_ms,
         ])
     })
     .map_err(sql("insert session"))?;
@@ -295,7 +308,7 @@ pub(super) fn put_conversation(
         ])
     })
     .map_err(sql("upsert conversation"))?;
-    Ok(())
+    touch(c, &session_id, conv.closed_ms.unwrap_or(conv.created_ms))
 }
 
 pub(super) fn close_conversation(
@@ -315,12 +328,21 @@ pub(super) fn close_conversation(
     if changed == 0 {
         return Err(AgentError::not_found("conversation", id));
     }
-    Ok(())
+    match conversation_session(c, id)? {
+        Some(session) => touch(c, &session, u64::try_from(closed_ms).unwrap_or(0)),
+        None => Ok(()),
+    }
 }
 
 pub(super) fn append_message(c: &Connection, m: &NewMessage) -> Result<MessageRecord, AgentError> {
     let chars = to_sql_int("chars", m.chars)?;
     let created_ms = to_sql_int("created_ms", m.created_ms)?;
+    let metadata = m
+        .metadata
+        .as_ref()
+        .map(|j| serde_json::to_string(&j.0))
+        .transpose()
+        .map_err(|e| internal("encode message metadata", e))?;
     let session_id = m.session_id.to_string();
     let ttl = match conversation_owner(c, m.conversation_id)? {
         Some((owner, ttl)) if owner == session_id => ttl,
@@ -342,8 +364,8 @@ pub(super) fn append_message(c: &Connection, m: &NewMessage) -> Result<MessageRe
         .filter(|_| m.content.is_some())
         .map(|secs| created_ms.saturating_add(secs.saturating_mul(1000)));
     c.prepare_cached(
-        "INSERT INTO messages (session_id, conversation_id, task_id, role, content, chars, created_ms, expires_ms, status)
-         VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9)",
+        "INSERT INTO messages (session_id, conversation_id, task_id, role, content, chars, created_ms, expires_ms, status, kind, metadata)
+         VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11)",
     )
     .and_then(|mut st| {
         st.execute(params![
@@ -356,10 +378,16 @@ pub(super) fn append_message(c: &Connection, m: &NewMessage) -> Result<MessageRe
             created_ms,
             expires_ms,
             m.status.map(MessageStatus::as_str),
+            m.kind.as_str(),
+            metadata,
         ])
     })
     .map_err(sql("insert message"))?;
     let message_id = u64::try_from(c.last_insert_rowid()).map_err(|e| internal("message_id", e))?;
+    if m.status.is_some() {
+        update_session_status(c, m.session_id, SessionStatus::Active)?;
+    }
+    touch(c, &session_id, m.created_ms)?;
     Ok(MessageRecord {
         message_id,
         session_id: m.session_id,
@@ -371,6 +399,8 @@ pub(super) fn append_message(c: &Connection, m: &NewMessage) -> Result<MessageRe
         created_ms: m.created_ms,
         status: m.status,
         reply_message_id: None,
+        kind: m.kind,
+        metadata: m.metadata.clone(),
     })
 }
 
@@ -433,6 +463,7 @@ pub(super) fn start_message(c: &Connection, message_id: u64) -> Result<MessageRe
         )));
     }
     set_status(c, message_id, MessageStatus::Running, None, None)?;
+    touch(c, &m.session_id.to_string(), 0)?;
     m.status = Some(MessageStatus::Running);
     Ok(m)
 }
@@ -455,13 +486,26 @@ pub(super) fn finish_message(
             status_name(m.status)
         )));
     }
+    let items = f
+        .items
+        .iter()
+        .map(|i| append_message(c, i))
+        .collect::<Result<Vec<_>, _>>()?;
     let reply = f.reply.as_ref().map(|r| append_message(c, r)).transpose()?;
     let reply_id = reply.as_ref().map(|r| r.message_id);
     set_status(c, f.message_id, f.status, f.task_id, reply_id)?;
+    if let Some(status) = f.session_status {
+        update_session_status(c, m.session_id, status)?;
+    }
+    touch(c, &m.session_id.to_string(), 0)?;
     m.status = Some(f.status);
     m.task_id = f.task_id.or(m.task_id);
     m.reply_message_id = reply_id.or(m.reply_message_id);
-    Ok(FinishedMessage { message: m, reply })
+    Ok(FinishedMessage {
+        message: m,
+        items,
+        reply,
+    })
 }
 
 pub(super) fn status_name(status: Option<MessageStatus>) -> &'static str {
@@ -515,5 +559,43 @@ pub(super) fn set_current(
     )
     .and_then(|mut st| st.execute(params![project_id, session_id.to_string()]))
     .map_err(sql("set current session"))?;
+    Ok(())
+}
+
+/// Moves a session's `updated_ms` to the later of `at_ms` and the store's clock, never back.
+pub(super) fn touch(c: &Connection, session_id: &str, at_ms: u64) -> Result<(), AgentError> {
+    let at = to_sql_int("updated_ms", at_ms.max(troupe_actors::clock::unix_now_ms()))?;
+    c.prepare_cached(
+        "UPDATE sessions SET updated_ms = max(COALESCE(updated_ms, created_ms), ?2)
+         WHERE session_id = ?1",
+    )
+    .and_then(|mut st| st.execute(params![session_id, at]))
+    .map_err(sql("touch session"))?;
+    Ok(())
+}
+
+pub(super) fn set_session_status(
+    c: &Connection,
+    session_id: SessionId,
+    status: SessionStatus,
+    at_ms: u64,
+) -> Result<(), AgentError> {
+    update_session_status(c, session_id, status)?;
+    touch(c, &session_id.to_string(), at_ms)
+}
+
+/// Sets a session's status; `NotFound` for an unknown session.
+fn update_session_status(
+    c: &Connection,
+    session_id: SessionId,
+    status: SessionStatus,
+) -> Result<(), AgentError> {
+    let changed = c
+        .prepare_cached("UPDATE sessions SET status = ?2 WHERE session_id = ?1")
+        .and_then(|mut st| st.execute(params![session_id.to_string(), status.as_str()]))
+        .map_err(sql("set session status"))?;
+    if changed == 0 {
+        return Err(AgentError::not_found("session", session_id));
+    }
     Ok(())
 }

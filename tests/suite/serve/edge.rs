@@ -117,7 +117,15 @@ async fn a_foreign_origin_cannot_open_a_websocket_or_post() {
             ("content-type", "application/json"),
             ("origin", own.as_str()),
         ];
-        let (status, v) = send(&api, reqwest::Method::POST, "/api/sessions", &mine, "{}").await;
+        // Created in project `p`, so that the read below names a project that exists.
+        let (status, v) = send(
+            &api,
+            reqwest::Method::POST,
+            "/api/sessions",
+            &mine,
+            r#"{"project_id": "p"}"#,
+        )
+        .await;
         assert_eq!(status, StatusCode::CREATED, "{v}");
         // Reads carry no Origin check (the browser keeps the answer from a foreign page).
         let (status, _) = send(
@@ -205,6 +213,8 @@ async fn a_foreign_host_is_refused_but_probes_pass() {
         } else {
             server.api()
         };
+        // A project that exists, so that the allowed read below answers 200.
+        api.session(Some("p")).await;
         let port = api.base.rsplit(':').next().unwrap().to_owned();
         let rebound = format!("rebind.evil.example:{port}");
         let (status, v) = send(
@@ -368,6 +378,8 @@ async fn a_new_session_is_an_object_with_a_real_project() {
 async fn the_bearer_scheme_is_case_insensitive() {
     let server = Server::start_with(with_tokens, Vec::new()).await;
     let api = server.api();
+    // A project that exists, so that an accepted token reads 200.
+    server.api_as("alpha-token").session(Some("alpha")).await;
     for header in ["Bearer ops-token", "bearer ops-token", "BEARER ops-token"] {
         let (status, v) = send(
             &api,

@@ -3,8 +3,10 @@
 
 mod auth;
 mod bounds;
+mod context;
 mod crash;
 mod edge;
+mod exchange;
 mod fuzz;
 mod many;
 mod process;
@@ -270,6 +272,17 @@ pub fn completes(events: &[Value]) -> usize {
 
 pub fn seqs(events: &[Value]) -> Vec<u64> {
     events.iter().map(|e| e["seq"].as_u64().unwrap()).collect()
+}
+
+/// A session record without what its activity changes (`status`, `updated_ms`), to compare
+/// a record read after messages with the one created.
+pub fn identity(session: &Value) -> Value {
+    let mut v = session.clone();
+    if let Some(o) = v.as_object_mut() {
+        o.remove("status");
+        o.remove("updated_ms");
+    }
+    v
 }
 
 pub fn id(v: &Value, field: &str) -> String {

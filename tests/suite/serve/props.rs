@@ -147,7 +147,7 @@ fn p6_current_session_load() {
                 let (_, cur) = api
                     .get(&format!("/api/projects/{project}/current-session"))
                     .await;
-                prop_assert_eq!(&cur["session"], &s);
+                prop_assert_eq!(super::identity(&cur["session"]), super::identity(&s));
                 let loaded = id(&cur["session"], "session_id");
                 let history = page(&api, &loaded, 100, None).await;
                 let users: Vec<&str> = history["messages"]

@@ -227,6 +227,8 @@ fn user(
         chars: 5,
         created_ms: 3,
         status: Some(status),
+        kind: troupe_proto::store::MessageKind::Text,
+        metadata: None,
     }
 }
 
@@ -259,6 +261,8 @@ async fn a_restart_settles_every_pending_message() {
         created_ms: 1,
         root_conversation_id: ConversationId::new(),
         settings: Json(json!({})),
+        status: troupe_proto::store::SessionStatus::Active,
+        updated_ms: 0,
     };
     let root = session.root_conversation_id;
     let (headers_only, closed) = (ConversationId::new(), ConversationId::new());
@@ -357,6 +361,8 @@ async fn stored_sessions_start_on_first_use() {
                 created_ms: i,
                 root_conversation_id: ConversationId::new(),
                 settings: Json(json!({})),
+                status: troupe_proto::store::SessionStatus::Active,
+                updated_ms: 0,
             };
             store.create_session(s.clone()).await.unwrap();
             let root = s.root_conversation_id;

@@ -26,6 +26,8 @@ async fn routes() {
     assert_eq!(s["settings"], json!({"k": 1}));
     let (status, got) = api.get(&format!("/api/sessions/{sid}")).await;
     assert_eq!((status, &got), (StatusCode::OK, &s));
+    assert_eq!(s["status"], "active", "a new session is active");
+    assert_eq!(s["updated_ms"], s["created_ms"]);
 
     let sent = api.say(&sid, "one").await;
     assert_eq!(sent["reply"]["text"], "You said: one");
@@ -67,12 +69,32 @@ async fn routes() {
     assert_eq!(older["messages"][0]["content"], "one");
     assert_eq!(older["next_before"], Value::Null);
 
+    // Its messages moved it on, and its last one completed.
+    let (_, s) = api.get(&format!("/api/sessions/{sid}")).await;
+    assert_eq!(s["status"], "completed");
+    assert!(s["updated_ms"].as_u64() >= all["messages"][3]["created_ms"].as_u64());
     let s2 = api.session(Some("p")).await;
     let (status, listed) = api.get("/api/projects/p/sessions").await;
     assert_eq!(status, StatusCode::OK);
     assert_eq!(listed, json!([s2, s]), "newest first");
-    let (_, none) = api.get("/api/projects/empty/sessions").await;
-    assert_eq!(none, json!([]));
+    // A project exists once a session was created in it: before, it is not found.
+    for path in [
+        "/api/projects/empty/sessions",
+        "/api/projects/empty/current-session",
+    ] {
+        let (status, body) = api.get(path).await;
+        assert_error(status, &body, StatusCode::NOT_FOUND, "not_found");
+        assert!(
+            body["message"].as_str().unwrap().contains("project"),
+            "{body}"
+        );
+    }
+    assert_eq!(
+        api.call_err("session.list", json!({"project_id": "empty"}))
+            .await,
+        troupe_service::error::NOT_FOUND,
+        "and its RPC twin"
+    );
 
     let (status, body) = api.get("/api/projects/p/current-session").await;
     assert_error(status, &body, StatusCode::NOT_FOUND, "not_found");
