@@ -6,6 +6,7 @@ mod cli_once;
 mod close;
 mod determinism;
 mod faults;
+mod history;
 mod leaks;
 mod lifecycle;
 mod mcp;
