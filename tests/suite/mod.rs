@@ -15,6 +15,7 @@ mod models;
 mod observability;
 mod repl;
 mod restarts;
+mod restore_window;
 mod resume;
 mod rollout;
 mod scheduling;
