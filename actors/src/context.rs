@@ -7,7 +7,7 @@ use crate::tools::{ToolPrefs, is_valid_tool_name};
 use sha2::{Digest, Sha256};
 use troupe_proto::{
     AgentError, ConversationStats, EventKind, EventName, HistoryItem, OpenConversation, SetContext,
-    TaskStats, TaskStatus, ToolSpec,
+    TaskId, TaskStats, TaskStatus, ToolSpec,
 };
 
 /// The built-in system prompt, used when a conversation sets no base instructions (C3).
@@ -265,7 +265,14 @@ pub fn turns_started(records: &[RolloutRecord]) -> u32 {
 }
 
 pub fn history_from_records(records: &[RolloutRecord]) -> Vec<HistoryItem> {
+    history_with_owners(records).0
+}
+
+/// [`history_from_records`], with the task each item came from (`None`: a compaction's
+/// summary), item by item.
+pub fn history_with_owners(records: &[RolloutRecord]) -> (Vec<HistoryItem>, Vec<Option<TaskId>>) {
     let mut items = Vec::new();
+    let mut owners = Vec::new();
     // Compaction tasks' own items never entered history.
     let mut compactions = std::collections::HashSet::new();
     // Where the running task's items begin: a task that failed before its first model call
@@ -287,36 +294,153 @@ pub fn history_from_records(records: &[RolloutRecord]) -> Vec<HistoryItem> {
                 replaced_items,
             } => {
                 items.clear();
+                owners.clear();
                 items.push(HistoryItem::Summary {
                     text: summary.clone(),
                     replaced_items: *replaced_items,
                 });
+                owners.push(None);
             }
             EventKind::TaskStarted { input } => {
                 task_start = items.len();
                 items.push(HistoryItem::user(input.clone()));
+                owners.push(r.task_id);
             }
             EventKind::TaskFinished { stats, .. } if stats.steps == 0 => {
                 items.truncate(task_start);
+                owners.truncate(task_start);
             }
             EventKind::AssistantMessage { text } => {
-                items.push(HistoryItem::assistant(text.clone()))
+                items.push(HistoryItem::assistant(text.clone()));
+                owners.push(r.task_id);
             }
-            EventKind::ToolCallStarted { call } => items.push(HistoryItem::ToolCall(call.clone())),
+            EventKind::ToolCallStarted { call } => {
+                items.push(HistoryItem::ToolCall(call.clone()));
+                owners.push(r.task_id);
+            }
             EventKind::ToolCallFinished {
                 call_id,
                 output,
                 is_error,
                 ..
-            } => items.push(HistoryItem::ToolOutput(troupe_proto::ToolOutput {
-                call_id: call_id.clone(),
-                output: output.clone(),
-                is_error: *is_error,
-            })),
+            } => {
+                items.push(HistoryItem::ToolOutput(troupe_proto::ToolOutput {
+                    call_id: call_id.clone(),
+                    output: output.clone(),
+                    is_error: *is_error,
+                }));
+                owners.push(r.task_id);
+            }
             _ => {}
         }
     }
-    items
+    (items, owners)
+}
+
+/// What a restore rebuilds of a conversation (S6), from all its records or from its window
+/// (what [`crate::rollout::storage::RolloutStorage::read_conversation_window`] returns).
+#[derive(Debug, Default)]
+pub struct Restored {
+    /// The newest checkpoint's summary and the items it stands for.
+    pub summary: Option<(String, u64)>,
+    /// The history after the summary, oldest first.
+    pub items: Vec<HistoryItem>,
+    /// The task of each item (`None`: not tied to one).
+    pub owners: Vec<Option<TaskId>>,
+    /// Items of the first item's task that were trimmed before.
+    pub skipped: u64,
+    /// Turns started so far (T1): the next turn is this + 1.
+    pub turns: u32,
+    /// Statistics of every task that ended (S11); `history_items` is left for the caller.
+    pub stats: ConversationStats,
+}
+
+/// Rebuilds a conversation from its records: without a `history_checkpoint`, from all of
+/// them (as [`history_from_records`], [`turns_started`] and [`stats_from_records`] do); with
+/// one, from the newest: its summary, the items of the records from the first record of the
+/// task it names on (minus the items of that task it says were trimmed), its turns and
+/// statistics plus what the records after it add. The records before the named task's first
+/// one are not needed, so a storage may leave them out.
+pub fn restore_from_records(records: &[RolloutRecord]) -> Restored {
+    let checkpoint = records
+        .iter()
+        .enumerate()
+        .rev()
+        .find_map(|(i, r)| match &r.event {
+            Some(EventKind::HistoryCheckpoint {
+                summary,
+                replaced_items,
+                from_task,
+                skip_items,
+                turns,
+                stats,
+            }) => Some((
+                i,
+                (
+                    summary,
+                    *replaced_items,
+                    *from_task,
+                    *skip_items,
+                    *turns,
+                    stats,
+                ),
+            )),
+            _ => None,
+        });
+    let Some((at, (summary, replaced, from_task, skip, turns, stats))) = checkpoint else {
+        let (items, owners) = history_with_owners(records);
+        return Restored {
+            summary: None,
+            items,
+            owners,
+            skipped: 0,
+            turns: turns_started(records),
+            stats: stats_from_records(records),
+        };
+    };
+    let after = &records[at + 1..];
+    // The named task's first record; without it (not kept), only what follows the checkpoint.
+    let (from, skip) = from_task
+        .and_then(|task| {
+            records[..at]
+                .iter()
+                .rposition(|r| r.task_id == Some(task) && r.kind == EventName::TaskStarted)
+        })
+        .map_or((at + 1, 0), |i| (i, skip));
+    let (mut items, mut owners) = history_with_owners(&records[from..]);
+    let skip_now = usize::try_from(skip).unwrap_or(usize::MAX).min(items.len());
+    items.drain(..skip_now);
+    owners.drain(..skip_now);
+    let started_after: std::collections::HashSet<TaskId> = after
+        .iter()
+        .filter(|r| {
+            matches!(
+                r.kind,
+                EventName::TaskStarted | EventName::CompactionStarted
+            )
+        })
+        .filter_map(|r| r.task_id)
+        .collect();
+    let turns_after = u32::try_from(started_after.len()).unwrap_or(u32::MAX);
+    let mut total = stats.clone();
+    let later = stats_from_records(after);
+    total.tasks += later.tasks;
+    total.tasks_failed += later.tasks_failed;
+    total.tasks_cancelled += later.tasks_cancelled;
+    total.usage.add(&later.usage);
+    total.tool_calls += later.tool_calls;
+    total.mcp_calls += later.mcp_calls;
+    total.mcp_latency_ms_total += later.mcp_latency_ms_total;
+    Restored {
+        summary: summary.clone().map(|text| (text, replaced)),
+        items,
+        owners,
+        skipped: skip,
+        turns: turns
+            .saturating_add(turns_after)
+            .max(turns_started(&records[from.min(at)..])),
+        stats: total,
+    }
 }
 
 #[cfg(test)]
@@ -396,6 +520,161 @@ mod tests {
             error: None,
         };
         record(task_id, EventName::TaskFinished, Some(event))
+    }
+
+    fn event(task_id: Option<TaskId>, event: EventKind) -> RolloutRecord {
+        RolloutRecord {
+            task_id,
+            kind: event.name(),
+            event: Some(event),
+            ..record(TaskId::new(), EventName::Unknown, None)
+        }
+    }
+
+    /// The end of a task that made one model call.
+    fn done(task_id: TaskId, turn: u32) -> RolloutRecord {
+        let mut r = finished(task_id, turn);
+        if let Some(EventKind::TaskFinished { stats, .. }) = &mut r.event {
+            stats.steps = 1;
+        }
+        r
+    }
+
+    /// Three turns: the second trimmed the first's user message and wrote a checkpoint; the
+    /// third was interrupted.
+    fn checkpointed(t: [TaskId; 3]) -> Vec<RolloutRecord> {
+        let text = |s: &str| EventKind::AssistantMessage { text: s.into() };
+        let start = |s: &str| EventKind::TaskStarted { input: s.into() };
+        let mut finished_2 = done(t[1], 2);
+        if let Some(EventKind::TaskFinished { stats, .. }) = &mut finished_2.event {
+            stats.steps = 1;
+            stats.tool_calls = 4;
+        }
+        let mut records = vec![
+            event(Some(t[0]), start("a")),
+            event(Some(t[0]), EventKind::StepStarted { turn: 1, step: 1 }),
+            event(Some(t[0]), text("A")),
+            done(t[0], 1),
+            event(Some(t[1]), start("b")),
+            event(Some(t[1]), text("B")),
+            event(
+                None,
+                EventKind::HistoryTrimmed {
+                    removed_items: 1,
+                    summary: "S".into(),
+                },
+            ),
+            event(
+                None,
+                EventKind::HistoryCheckpoint {
+                    summary: Some("S".into()),
+                    replaced_items: 1,
+                    from_task: Some(t[0]),
+                    skip_items: 1,
+                    turns: 2,
+                    stats: ConversationStats {
+                        tasks: 1,
+                        tool_calls: 3,
+                        ..ConversationStats::default()
+                    },
+                },
+            ),
+            finished_2,
+            event(Some(t[2]), start("c")),
+        ];
+        for (seq, r) in records.iter_mut().enumerate() {
+            r.seq = seq as u64 + 1;
+        }
+        records
+    }
+
+    #[test]
+    fn a_checkpoint_restores_its_summary_the_kept_items_turns_and_stats() {
+        let t = [TaskId::new(), TaskId::new(), TaskId::new()];
+        let records = checkpointed(t);
+        let r = restore_from_records(&records);
+        assert_eq!(r.summary, Some(("S".to_owned(), 1)));
+        assert_eq!(
+            r.items,
+            [
+                HistoryItem::assistant("A"),
+                HistoryItem::user("b"),
+                HistoryItem::assistant("B"),
+                HistoryItem::user("c"),
+            ],
+            "the first task's trimmed item is skipped"
+        );
+        assert_eq!(r.owners, [Some(t[0]), Some(t[1]), Some(t[1]), Some(t[2])]);
+        assert_eq!(r.skipped, 1);
+        assert_eq!(
+            r.turns, 3,
+            "two before the checkpoint, one started after it"
+        );
+        assert_eq!(
+            r.stats.tasks, 2,
+            "the checkpoint's one and the task that ended after it"
+        );
+        assert_eq!(r.stats.tool_calls, 7);
+        assert_eq!(
+            crate::rollout::window_start(&records),
+            0,
+            "the first task is still kept: its records are in the window"
+        );
+    }
+
+    #[test]
+    fn the_window_restores_what_the_whole_record_does() {
+        let t = [TaskId::new(), TaskId::new(), TaskId::new()];
+        // Older turns before the window: a long conversation's head.
+        let mut records: Vec<RolloutRecord> = (0..50)
+            .flat_map(|i| {
+                let task = TaskId::new();
+                [
+                    event(
+                        Some(task),
+                        EventKind::TaskStarted {
+                            input: format!("old {i}"),
+                        },
+                    ),
+                    done(task, 0),
+                ]
+            })
+            .collect();
+        let tail = checkpointed(t);
+        records.extend(tail);
+        for (seq, r) in records.iter_mut().enumerate() {
+            r.seq = seq as u64 + 1;
+        }
+        let whole = restore_from_records(&records);
+        let start = crate::rollout::window_start(&records);
+        assert_eq!(start, 100, "the window starts at the named task");
+        let window = restore_from_records(&records[start..]);
+        assert_eq!(window.summary, whole.summary);
+        assert_eq!(window.items, whole.items);
+        assert_eq!(window.owners, whole.owners);
+        assert_eq!(window.turns, whole.turns);
+        assert_eq!(window.stats, whole.stats);
+        assert_eq!(interrupted_tasks_of(&records[start..]), [t[2]]);
+    }
+
+    fn interrupted_tasks_of(records: &[RolloutRecord]) -> Vec<TaskId> {
+        crate::conversation::interrupted_tasks(records)
+    }
+
+    #[test]
+    fn without_a_checkpoint_everything_is_replayed() {
+        let t = TaskId::new();
+        let records = vec![
+            event(Some(t), EventKind::TaskStarted { input: "x".into() }),
+            event(Some(t), EventKind::AssistantMessage { text: "y".into() }),
+            done(t, 1),
+        ];
+        let r = restore_from_records(&records);
+        assert_eq!(r.summary, None);
+        assert_eq!(r.items, history_from_records(&records));
+        assert_eq!(r.owners, [Some(t), Some(t)]);
+        assert_eq!(r.turns, 1);
+        assert_eq!(r.stats.tasks, 1);
     }
 
     #[test]

@@ -52,14 +52,22 @@
 //! runner that panics ends its task with an `Internal` error.
 //!
 //! Restore (`restore`: after a failure, or after a restart of the process): `pre_start` reads
-//! the conversation's records, rebuilds the history from them (`history_from_records`), emits
+//! the conversation's window of records (`ReadRestoreWindow`: from its newest
+//! `history_checkpoint` on, or all of them without one), rebuilds the history, turn count and
+//! statistics from them (`restore_from_records`), emits
 //! `conversation_restarted`, and for every task that started and never ended a
 //! `task_interrupted` warning and a `task_aborted` record: nothing looks as if it were still
 //! running, and nothing is run again. A conversation with no record yet opens as new.
+//!
+//! Checkpoints (S6): after every trim, compaction or new summary of its history the
+//! conversation records a `history_checkpoint`: the summary, the task whose records hold the
+//! oldest kept item (`window::KeptTasks`) and how many of its items were trimmed, its turn
+//! count and statistics. A restore then reads that checkpoint and the records from that task
+//! on, so its cost follows the history's bounds, not the length of the conversation.
 
 use crate::approval_store::ApprovalMsg;
 use crate::clock::Clock;
-use crate::context::{ConversationContext, history_from_records, narrow};
+use crate::context::{ConversationContext, narrow};
 use crate::directory::{Directory, Generations};
 use crate::events::{EventDraft, EventSink, sub_id};
 use crate::history::{HistoryLimits, HistoryStore, Summarizer};
@@ -88,6 +96,7 @@ mod decide;
 pub mod metrics;
 pub mod summary;
 mod tasks;
+mod window;
 
 pub use decide::{
     MessageAdmission, ModelChoice, ReclaimPlan, Rejoin, SlotAnswer, SlotState, YieldPlan,
@@ -332,6 +341,8 @@ pub struct ConversationState {
     summary_task: Option<AbortHandle>,
     /// Turns started so far (T1 numbers them from 1).
     turns: u32,
+    /// Which tasks' items the history keeps: where a checkpoint says a restore starts (S6).
+    kept: window::KeptTasks,
     /// This conversation's policies: the session's, narrowed by the open request (C2).
     approval_policy: ApprovalPolicy,
     sandbox_policy: SandboxPolicy,
@@ -414,7 +425,7 @@ impl Actor for Conversation {
             );
         let records = if args.restore {
             ractor::call!(services.directory.rollout(), |reply| {
-                RolloutMsg::ReadConversation {
+                RolloutMsg::ReadRestoreWindow {
                     conversation_id: args.conversation_id,
                     reply,
                 }
@@ -424,6 +435,7 @@ impl Actor for Conversation {
         };
         let mut restored_turns = 0;
         let mut stats = ConversationStats::default();
+        let mut kept = window::KeptTasks::default();
         if records.is_empty() {
             services.events.emit(EventDraft::conversation(
                 args.conversation_id,
@@ -434,13 +446,18 @@ impl Actor for Conversation {
                 },
             ));
         } else {
-            let items = history_from_records(&records);
-            restored_turns = crate::context::turns_started(&records);
-            stats = crate::context::stats_from_records(&records);
-            let restored = items.len() as u64;
-            history.append(items);
+            let rebuilt = crate::context::restore_from_records(&records);
+            restored_turns = rebuilt.turns;
+            stats = rebuilt.stats;
+            if let Some((text, replaced)) = &rebuilt.summary {
+                history.set_summary(text, *replaced);
+            }
+            kept = window::KeptTasks::from_owners(&rebuilt.owners, rebuilt.skipped);
+            let restored = (rebuilt.items.len() + usize::from(rebuilt.summary.is_some())) as u64;
+            history.append(rebuilt.items);
             // What a restore trims is summarized locally.
             drop(history.take_trimmed());
+            kept.keep(window::held_items(&history));
             let cause = args.restore_cause;
             tracing::info!(conversation_id = %args.conversation_id, ?cause, restored, "conversation restored from its rollout");
             services.events.emit(EventDraft::conversation(
@@ -532,6 +549,7 @@ impl Actor for Conversation {
             model,
             summary_task: None,
             turns: restored_turns,
+            kept,
             approval_policy,
             sandbox_policy,
         })

@@ -239,6 +239,24 @@ impl HistoryStore {
         true
     }
 
+    /// Puts `text` in the summary's slot, standing for `replaced_items`, capped to the
+    /// summary's room: a history rebuilt from a checkpoint (S6), before its kept items are
+    /// appended.
+    pub fn set_summary(&mut self, text: &str, replaced_items: u64) {
+        let max_bytes = (self.limits.summary_budget() - 4) * 4;
+        let item = HistoryItem::Summary {
+            text: tail_on_char_boundary(text, max_bytes).to_owned(),
+            replaced_items,
+        };
+        let tokens = item.approx_tokens();
+        self.summary = Some(Arc::new(Segment {
+            items: vec![item],
+            tokens,
+        }));
+        self.replaced = replaced_items;
+        self.summary_generation += 1;
+    }
+
     /// Appends only the given new items; trims when over a bound.
     pub fn append(&mut self, items: impl IntoIterator<Item = HistoryItem>) -> Option<TrimReport> {
         let mut removed = Vec::new();

@@ -20,6 +20,9 @@
 //!   published, or `Internal` if the writer hit a storage error since the previous flush.
 //! - `ReadConversation { conversation_id, reply }`: a flush, then the conversation's records
 //!   (oldest first; an unreadable line, such as a torn last write, is skipped and logged).
+//! - `ReadRestoreWindow { conversation_id, reply }`: as `ReadConversation`, but only what a
+//!   restore needs: the records from the newest `history_checkpoint`'s window on
+//!   ([`window_start`]), or all of them without one (S6).
 //! - `ReadAfter { after_seq, limit, reply }`: up to `limit` of the session's records with
 //!   `seq > after_seq`, in order, once everything emitted before is committed (no fsync), and
 //!   bounded by the last `seq` assigned then: a page never holds a record beyond what is
@@ -110,7 +113,7 @@ use writer::{AckReceiver, WriterCmd, WriterHandle, wait_ack};
 
 pub use record::{
     RecordLevel, RecordMeta, RolloutRecord, downgrade, is_due, is_sync_point, record_for,
-    ttl_expiry_ms,
+    ttl_expiry_ms, window_start,
 };
 
 /// Start-up arguments.
@@ -163,6 +166,12 @@ pub enum RolloutMsg {
     },
     /// Reads a conversation's record back (after an implicit flush), oldest first.
     ReadConversation {
+        conversation_id: ConversationId,
+        reply: RpcReplyPort<Result<Vec<RolloutRecord>, AgentError>>,
+    },
+    /// Reads what a restore of the conversation needs (after an implicit flush): its records
+    /// from its newest checkpoint's window on, or all of them without one (S6).
+    ReadRestoreWindow {
         conversation_id: ConversationId,
         reply: RpcReplyPort<Result<Vec<RolloutRecord>, AgentError>>,
     },
@@ -255,7 +264,11 @@ impl Actor for Rollout {
             RolloutMsg::ReadConversation {
                 conversation_id,
                 reply,
-            } => state.read_conversation(conversation_id, reply),
+            } => state.read_conversation(conversation_id, false, reply),
+            RolloutMsg::ReadRestoreWindow {
+                conversation_id,
+                reply,
+            } => state.read_conversation(conversation_id, true, reply),
             RolloutMsg::ReadAfter {
                 after_seq,
                 limit,
@@ -348,9 +361,11 @@ impl RolloutState {
         }
     }
 
+    /// The conversation's records, all of them or (`window`) what a restore needs.
     fn read_conversation(
         &self,
         conversation_id: ConversationId,
+        window: bool,
         reply: RpcReplyPort<Result<Vec<RolloutRecord>, AgentError>>,
     ) {
         match self.request(|ack| WriterCmd::Flush { ack }) {
@@ -358,10 +373,13 @@ impl RolloutState {
                 let storage = self.storage.clone();
                 let session_id = self.session_id;
                 tokio::task::spawn_blocking(move || {
-                    let _ = reply.send(
-                        wait_ack(&ack)
-                            .and_then(|()| storage.read_conversation(session_id, conversation_id)),
-                    );
+                    let _ = reply.send(wait_ack(&ack).and_then(|()| {
+                        if window {
+                            storage.read_conversation_window(session_id, conversation_id)
+                        } else {
+                            storage.read_conversation(session_id, conversation_id)
+                        }
+                    }));
                 });
             }
             Err(e) => {

@@ -22,7 +22,7 @@ use troupe_proto::{
 };
 use troupe_runtime::assembly;
 use troupe_runtime::config::{TroupeConfig, parse_enum};
-use troupe_runtime::history_log::{HistoryLog, HistoryLogHandle, HistoryLogOptions};
+use troupe_runtime::history_log::{HistoryFeed, HistoryLog, HistoryLogHandle, HistoryLogOptions};
 use troupe_store::{MemoryRolloutStorage, TtlSweeper};
 
 use crate::spinner::Spinner;
@@ -258,6 +258,7 @@ async fn run_with(args: ChatArgs, config: TroupeConfig) -> anyhow::Result<ExitCo
         anyhow::bail!("--once needs a question: troupe chat --once \"...\"");
     }
     let tokens = assembly::try_build_tokens(&config)?;
+    let tokenizer = tokens.encoding().to_owned();
     eprintln!("troupe: {}", config.model_line());
     let model = assembly::build_model(&config, args.script.as_deref())?;
     let info = model.info();
@@ -272,31 +273,43 @@ async fn run_with(args: ChatArgs, config: TroupeConfig) -> anyhow::Result<ExitCo
         Arc::new(FileRolloutStorage::new(config.data_dir.join("rollout")))
     };
     ports.rollout_storage = Some(rollout.clone());
-    let sweeper = TtlSweeper::new(None, rollout);
+    let sweeper = TtlSweeper::new(None, rollout.clone());
     sweeper.sweep().await;
     let session_config = assembly::session_config(&config);
+    let mode = if args.once { "once" } else { "interactive" };
+    let meta = session_meta(
+        &config,
+        &session_config,
+        mode,
+        &model_name,
+        &provider_name,
+        &tokenizer,
+    );
     let stop_sweeping = CancellationToken::new();
     let sweeping = sweeper.spawn(session_config.ttl_sweep_interval, stop_sweeping.clone());
     let session_id = SessionId::new();
     let (session, join) = SessionHandle::start(session_id, session_config, ports).await?;
     let events = session.subscribe().await?;
     let root = session.root().await?;
-    let options = HistoryLogOptions::default()
-        .with_policy(root, config.chat.storage_policy)
-        .with_session_meta("model", serde_json::json!(model_name))
-        .with_session_meta("provider", serde_json::json!(provider_name));
+    let mut options = HistoryLogOptions::default().with_policy(root, config.chat.storage_policy);
+    for (key, value) in meta {
+        options = options.with_session_meta(key, value);
+    }
     let log = if args.ephemeral {
         None
     } else {
+        // From the session's first event, and never skipping one: the rollout's stream
+        // refills from storage when the log falls behind, and what it has not delivered
+        // when the session ends is read from storage at `finish`.
+        let feed = HistoryFeed::of_session(&session, 0)
+            .await?
+            .with_storage(rollout.clone());
         Some(
-            HistoryLog::start_with(
-                &config.log_dir,
-                session_id,
-                session.subscribe().await?,
-                options,
-            )
-            .await
-            .with_context(|| format!("cannot write history under {}", config.log_dir.display()))?,
+            HistoryLog::start_with(&config.log_dir, session_id, feed, options)
+                .await
+                .with_context(|| {
+                    format!("cannot write history under {}", config.log_dir.display())
+                })?,
         )
     };
     let mut chat = Chat {
@@ -326,6 +339,50 @@ async fn run_with(args: ChatArgs, config: TroupeConfig) -> anyhow::Result<ExitCo
     }
     finish(session, join, log).await;
     result
+}
+
+/// The `session_start` meta of the JSONL history (T4): how this run was started and
+/// configured. Names and switches only: no key, no header value, no endpoint URL (it may
+/// carry credentials).
+fn session_meta(
+    config: &TroupeConfig,
+    session: &troupe_actors::SessionConfig,
+    mode: &str,
+    model: &str,
+    provider: &str,
+    tokenizer: &str,
+) -> Vec<(&'static str, serde_json::Value)> {
+    use serde_json::json;
+    let root = &session.root;
+    let conv = &session.conversation;
+    let cwd = std::env::current_dir()
+        .map(|d| d.display().to_string())
+        .unwrap_or_default();
+    let servers: Vec<&str> = config.mcp.servers.iter().map(|s| s.name.as_str()).collect();
+    vec![
+        ("mode", json!(mode)),
+        ("model", json!(model)),
+        ("provider", json!(provider)),
+        // troupe sends no temperature: the provider's default applies.
+        ("temperature", serde_json::Value::Null),
+        ("tool_mode", json!(config.model.tool_mode)),
+        (
+            "tools",
+            json!({
+                "shell": conv.shell_tool,
+                "plan": root.include_plan_tool,
+                "apply_patch": root.include_apply_patch_tool,
+                "web_search": root.tools_web_search_request,
+                "mcp_servers": servers,
+            }),
+        ),
+        ("approval_policy", json!(conv.approval_policy)),
+        ("sandbox_policy", json!(conv.sandbox_policy)),
+        ("storage_policy", json!(root.storage_policy)),
+        ("max_steps", json!(conv.task.max_steps)),
+        ("tokenizer", json!(tokenizer)),
+        ("cwd", json!(cwd)),
+    ]
 }
 
 async fn finish(

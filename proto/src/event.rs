@@ -3,7 +3,7 @@
 //! `seq` is assigned by the session's rollout, strictly increasing per session, so a client
 //! can resume a stream after the last `seq` it saw.
 
-use crate::api::CloseOutcome;
+use crate::api::{CloseOutcome, ConversationStats};
 use crate::approval::{ApprovalDecision, ApprovalSubject};
 use crate::error::AgentError;
 use crate::ids::{ApprovalId, ConversationId, SessionId, TaskId};
@@ -139,6 +139,21 @@ pub enum EventKind {
         task_id: Option<TaskId>,
         reply_message_id: Option<u64>,
     },
+    /// Where a restore of the conversation may start (S6), written after each trim,
+    /// compaction or new summary of its history: the summary in front of the kept items, the
+    /// task whose records hold the oldest kept item (`None`: no item is kept) and how many of
+    /// that task's items were trimmed, and the conversation's turns and statistics so far (the
+    /// records after this one add to them). A restore reads the newest checkpoint and the
+    /// records from `from_task`'s first one on, not the whole record.
+    HistoryCheckpoint {
+        summary: Option<String>,
+        /// Items the summary stands for.
+        replaced_items: u64,
+        from_task: Option<TaskId>,
+        skip_items: u64,
+        turns: u32,
+        stats: ConversationStats,
+    },
 }
 
 impl EventKind {
@@ -168,6 +183,7 @@ impl EventKind {
             Self::ToolProgress { .. } => EventName::ToolProgress,
             Self::McpServerReady { .. } => EventName::McpServerReady,
             Self::MessageUpdated { .. } => EventName::MessageUpdated,
+            Self::HistoryCheckpoint { .. } => EventName::HistoryCheckpoint,
         }
     }
 }
@@ -274,6 +290,14 @@ mod wire {
                     status: MessageStatus,
                     task_id: Option<TaskId>,
                     reply_message_id: Option<u64>,
+                },
+                HistoryCheckpoint {
+                    summary: Option<String>,
+                    replaced_items: u64,
+                    from_task: Option<TaskId>,
+                    skip_items: u64,
+                    turns: u32,
+                    stats: ConversationStats,
                 },
             }
         };

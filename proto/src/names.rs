@@ -93,6 +93,7 @@ bounded_names! {
         ToolProgress = "tool_progress",
         McpServerReady = "mcp_server_ready",
         MessageUpdated = "message_updated",
+        HistoryCheckpoint = "history_checkpoint",
     }
 }
 

@@ -724,6 +724,25 @@ fn event_kind() -> impl Strategy<Value = EventKind> {
                     reply_message_id,
                 }
             }),
+        (
+            prop::option::of(text()),
+            any::<[u64; 2]>(),
+            prop::option::of(task_id()),
+            any::<u32>(),
+            conversation_stats(),
+        )
+            .prop_map(
+                |(summary, [replaced_items, skip_items], from_task, turns, stats)| {
+                    EventKind::HistoryCheckpoint {
+                        summary,
+                        replaced_items,
+                        from_task,
+                        skip_items,
+                        turns,
+                        stats,
+                    }
+                }
+            ),
     ]
 }
 
@@ -1072,6 +1091,7 @@ fn strategies_cover_every_variant() {
             "tool_progress",
             "mcp_server_ready",
             "message_updated",
+            "history_checkpoint",
         ])
     );
     // One name per kind, each the kind's tag.

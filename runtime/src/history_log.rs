@@ -1,5 +1,6 @@
 //! The JSONL history of a session (T4): `<dir>/<session_id>.jsonl`, one JSON object a line,
-//! written from the session's live events.
+//! written from the session's rollout: its gap-free stream of records
+//! ([`HistoryFeed::of_session`]), never from the lossy live feed alone.
 //!
 //! # Line format
 //! Every line has exactly these keys, in this order:
@@ -10,7 +11,7 @@
 //!
 //! | type | from | role | content | meta |
 //! |---|---|---|---|---|
-//! | `session_start` | [`HistoryLog::start`] | system | "" | pid, version, caller's extras |
+//! | `session_start` | [`HistoryLog::start`] | system | "" | pid, version, caller's extras (`troupe chat`: mode, model, provider, temperature, tools, approval and sandbox policies, tokenizer, cwd; never a secret) |
 //! | `turn_start` | `TaskStarted` | user | the input | |
 //! | `assistant_chunk` | `AssistantChunk` | assistant | the delta | |
 //! | `assistant` | `AssistantMessage` | assistant | the text | tokens of the step |
@@ -20,7 +21,7 @@
 //! | `turn_end` | `TaskFinished`, `TaskAborted` | system | status | status, steps, tool_calls, duration_ms, error, tokens (+ `steps`) |
 //! | `error` | `Error` | system | the message | kind |
 //! | `approval` | `ApprovalRequested/Resolved` | system | command / denial reason | approval_id, decision, reason, ttl_secs |
-//! | `warning` | `Warning`, a lagging receiver | system | the message | code (`gap`: missed) |
+//! | `warning` | `Warning`, a record the log could not read | system | the message | code (`gap`: the log could not read on) |
 //! | `session_end` | [`HistoryLogHandle::finish`], or the channel closing | system | "" | turns, unfinished, tokens |
 //!
 //! `approval` and `warning` (and `error`) go beyond the types T4 lists. Every line of a turn
@@ -50,13 +51,27 @@
 //!
 //! # Writing
 //! [`HistoryLog`] is the pure mapping from events to lines. [`HistoryLog::start`] writes the
-//! `session_start` line, then spawns one tokio task that owns the receiver and the file: it
-//! appends through a buffer (`tokio::fs`, so writes run on the blocking pool), flushes after
-//! every `turn_end`, after a gap and after a second of silence, and on a lagged receiver
-//! writes a `gap` warning and carries on. [`HistoryLogHandle::finish`] drains what is queued,
-//! writes `session_end` and flushes; dropping the handle does the same unawaited, and so does
-//! the channel closing. An I/O error ends the task; `finish` returns it. Reopening an existing
-//! file appends to it and continues its turn numbers.
+//! `session_start` line, then spawns one tokio task that owns the [`HistoryFeed`] and the file:
+//! it appends through a buffer (`tokio::fs`, so writes run on the blocking pool) and flushes
+//! after every `turn_end`, after a warning and after a second of silence.
+//!
+//! The feed is the session's record stream in `seq` order: stored records, then live events.
+//! When the log falls behind the live events (a burst of chunks, a slow disk), the stream
+//! reads what it missed back from storage instead of skipping it, so no line is dropped under
+//! load. When the stream ends before the log is finished (its session ended while it was
+//! behind), [`HistoryLogHandle::finish`] reads the rest from the storage given with
+//! [`HistoryFeed::with_storage`]; without one, or if that read fails, a `gap` warning says
+//! after which `seq` lines may be missing. Call `finish` once the session has ended (or accept
+//! that events not yet committed are left out): it writes what the stream already holds, then
+//! what storage holds beyond it, then `session_end`, and flushes; dropping the handle does the
+//! same unawaited. An I/O error ends the task; `finish` returns it. Reopening an existing file
+//! appends to it and continues its turn numbers.
+//!
+//! A record read back from storage is what its conversation's policy kept: the whole event
+//! (`Full`, `Ttl`) gives the same lines as the live event; headers give the same line types
+//! with the sizes the headers keep, but no call ids (`action`, `observation`), no warning code
+//! (`unknown`), no prompt estimates, and no `approval` lines (the headers keep no approval
+//! id).
 //!
 //! The XML export of the older format is in [`xml`].
 
@@ -68,14 +83,15 @@ pub use line::{
     ErrorMeta, HistoryLine, LineMeta, LineRole, LineType, StepTokens, TokenMeta, Tokens,
     UsageSource, source_of,
 };
-pub use writer::{HistoryLogHandle, HistorySummary};
+pub use writer::{HistoryFeed, HistoryLogHandle, HistorySummary};
 pub use xml::{export_xml, export_xml_from_lines};
 
 use std::collections::{BTreeMap, HashMap};
 use std::time::{Duration, UNIX_EPOCH};
+use troupe_actors::rollout::{RecordLevel, RolloutRecord};
 use troupe_proto::{
-    AgentError, ApprovalDecision, ConversationId, ErrorKind, EventEnvelope, EventKind, SessionId,
-    StoragePolicy, TaskId, TaskStatus,
+    AgentError, ApprovalDecision, ConversationId, ErrorKind, EventEnvelope, EventKind, EventName,
+    Json, SessionId, StoragePolicy, TaskId, TaskStats, TaskStatus, ToolCall, WarningCode,
 };
 
 /// What the log needs to know besides the events.
@@ -195,6 +211,9 @@ pub struct HistoryLog {
     open: HashMap<TaskId, Turn>,
     /// Totals of the turns ended in this run.
     totals: Tokens,
+    /// The stored size of the content of the event being mapped, when that event stands in
+    /// for stored headers (its own content is empty).
+    size: Option<u64>,
 }
 
 impl HistoryLog {
@@ -209,6 +228,7 @@ impl HistoryLog {
             turns_started: 0,
             open: HashMap::new(),
             totals: Tokens::default(),
+            size: None,
         }
     }
 
@@ -223,17 +243,54 @@ impl HistoryLog {
         self.session_line(now_ms, LineType::SessionStart, String::new(), meta)
     }
 
-    /// Lines for a receiver that lost `missed` events: lines held for tokens that may now
-    /// never come, then a `gap` warning.
-    pub fn on_gap(&mut self, missed: u64, now_ms: u64, out: &mut Vec<HistoryLine>) {
+    /// Lines for a log that cannot read on: lines held for tokens that may now never come,
+    /// then a `gap` warning saying why.
+    pub fn on_gap(&mut self, message: &str, now_ms: u64, out: &mut Vec<HistoryLine>) {
         self.release_all(out);
         let meta = LineMeta {
             code: Some("gap".into()),
-            missed: Some(missed),
             ..LineMeta::default()
         };
-        let content = format!("history log missed {missed} events (receiver lagged)");
-        out.push(self.session_line(now_ms, LineType::Warning, content, meta));
+        out.push(self.session_line(now_ms, LineType::Warning, message.to_owned(), meta));
+    }
+
+    /// The lines of one record of the session's stream: a live event, or a stored record as
+    /// its policy kept it (headers give content-free lines with the stored sizes).
+    pub fn on_record(&mut self, record: &RolloutRecord, out: &mut Vec<HistoryLine>) {
+        let (event, size) = match &record.event {
+            Some(event) => (event.clone(), None),
+            None => {
+                if let (EventName::ConversationOpened, Some(c)) =
+                    (record.kind, record.conversation_id)
+                {
+                    // The policy that kept only these headers.
+                    let policy = match record.level {
+                        RecordLevel::Minimal => StoragePolicy::None,
+                        RecordLevel::Full | RecordLevel::Headers => StoragePolicy::HeadersOnly,
+                    };
+                    self.policies.insert(c, policy);
+                    return;
+                }
+                match stand_in(record) {
+                    Some(event) => (event, record.meta.chars),
+                    None => return,
+                }
+            }
+        };
+        let env = EventEnvelope {
+            seq: record.seq,
+            ts_ms: record.ts_ms,
+            session_id: self.session_id,
+            conversation_id: record.conversation_id,
+            task_id: record.task_id,
+            sub_id: None,
+            trace_id: None,
+            span_id: None,
+            event,
+        };
+        self.size = size;
+        self.on_event(&env, out);
+        self.size = None;
     }
 
     /// The closing lines: anything held, then `session_end`.
@@ -276,6 +333,7 @@ impl HistoryLog {
             _ => {}
         }
         let level = self.level(env.conversation_id);
+        let size = self.size;
         let ts = format_ts(env.ts_ms);
         match env.task_id {
             None => self.loose_event(env, level, &ts, out),
@@ -291,9 +349,12 @@ impl HistoryLog {
                 } => {
                     let mut turn = self.take_turn(task_id, env.conversation_id);
                     turn.release(out);
-                    if !text.is_empty() && level != Level::Minimal {
+                    // Stored headers keep the text's size only (with the error's, if any).
+                    let has_text =
+                        !text.is_empty() || (error.is_none() && size.is_some_and(|n| n > 0));
+                    if has_text && level != Level::Minimal {
                         let mut meta = turn.meta();
-                        let content = keep(level, text, &mut meta);
+                        let content = keep(level, size, text, &mut meta);
                         let line = HistoryLine {
                             ts: ts.clone(),
                             session_id: self.session_id,
@@ -357,12 +418,13 @@ impl HistoryLog {
             // A repeated start says nothing new.
             return;
         }
+        let size = self.size;
         let session_id = self.session_id;
         let turn = self.turn_mut(task_id, conversation_id);
         let mut meta = turn.meta();
         let content = match level {
             Level::Minimal => String::new(),
-            _ => keep(level, input, &mut meta),
+            _ => keep(level, size, input, &mut meta),
         };
         out.push(HistoryLine {
             ts: ts.to_owned(),
@@ -386,6 +448,7 @@ impl HistoryLog {
         out: &mut Vec<HistoryLine>,
     ) {
         let session_id = self.session_id;
+        let size = self.size;
         let turn = self.turn_mut(task_id, env.conversation_id);
         if let EventKind::StepFinished {
             step,
@@ -428,7 +491,7 @@ impl HistoryLog {
                 (LineType::AssistantChunk, LineRole::Assistant, delta.clone())
             }
             EventKind::AssistantMessage { text } if level != Level::Minimal => {
-                let content = keep(level, text, &mut meta);
+                let content = keep(level, size, text, &mut meta);
                 meta.tokens = turn.step_tokens(turn.step).map(|totals| TokenMeta {
                     totals,
                     steps: Vec::new(),
@@ -458,7 +521,7 @@ impl HistoryLog {
                 }
                 meta.tool = Some(call.name.clone());
                 meta.call_id = Some(call.call_id.clone());
-                let content = keep(level, &call.arguments.0.to_string(), &mut meta);
+                let content = keep(level, size, &call.arguments.0.to_string(), &mut meta);
                 (LineType::Action, LineRole::Assistant, content)
             }
             EventKind::ToolCallFinished {
@@ -472,10 +535,10 @@ impl HistoryLog {
                 meta.call_id = Some(call_id.clone());
                 meta.is_error = Some(*is_error);
                 meta.duration_ms = Some(*duration_ms);
-                let content = keep(level, output, &mut meta);
+                let content = keep(level, size, output, &mut meta);
                 (LineType::Observation, LineRole::Tool, content)
             }
-            event => match loose_line(event, level, &mut meta) {
+            event => match loose_line(event, level, size, &mut meta) {
                 Some(parts) => parts,
                 None => return,
             },
@@ -498,7 +561,7 @@ impl HistoryLog {
             conversation_id: env.conversation_id,
             ..LineMeta::default()
         };
-        if let Some((kind, role, content)) = loose_line(&env.event, level, &mut meta) {
+        if let Some((kind, role, content)) = loose_line(&env.event, level, self.size, &mut meta) {
             out.push(HistoryLine {
                 ts: ts.to_owned(),
                 session_id: self.session_id,
@@ -604,12 +667,13 @@ impl HistoryLog {
     }
 }
 
-/// The content of a line as the level allows: all of it, or nothing and its size.
-fn keep(level: Level, text: &str, meta: &mut LineMeta) -> String {
+/// The content of a line as the level allows: all of it, or nothing and its size. `size`: the
+/// stored size of the content that `text` stands in for (empty, rebuilt from headers).
+fn keep(level: Level, size: Option<u64>, text: &str, meta: &mut LineMeta) -> String {
     if level == Level::Full {
         text.to_owned()
     } else {
-        meta.chars = Some(u64::try_from(text.len()).unwrap_or(u64::MAX));
+        meta.chars = Some(size.unwrap_or_else(|| u64::try_from(text.len()).unwrap_or(u64::MAX)));
         String::new()
     }
 }
@@ -621,11 +685,119 @@ fn error_meta(level: Level, error: &AgentError) -> ErrorMeta {
     }
 }
 
+/// A content-free event built from a stored record's headers, so that it maps to the lines
+/// the live event would have given at the same level; `None` for kinds whose lines need more
+/// than the headers keep (approvals) or that write no line.
+fn stand_in(record: &RolloutRecord) -> Option<EventKind> {
+    let meta = &record.meta;
+    let error = meta.error_kind.map(error_of_kind);
+    Some(match record.kind {
+        EventName::TaskStarted => EventKind::TaskStarted {
+            input: String::new(),
+        },
+        EventName::TaskFinished => EventKind::TaskFinished {
+            status: meta.status?,
+            text: String::new(),
+            stats: TaskStats {
+                usage: meta.usage.unwrap_or_default(),
+                steps: meta.steps.unwrap_or_default(),
+                tool_calls: meta.tool_calls.unwrap_or_default(),
+                duration_ms: meta.duration_ms.unwrap_or_default(),
+                ..TaskStats::default()
+            },
+            error,
+        },
+        EventName::TaskAborted => EventKind::TaskAborted {
+            waited_ms: meta.duration_ms.unwrap_or_default(),
+        },
+        EventName::StepStarted => EventKind::StepStarted {
+            turn: 0,
+            step: meta.steps?,
+        },
+        EventName::StepFinished => EventKind::StepFinished {
+            turn: 0,
+            step: meta.steps?,
+            estimated_prompt_tokens: 0,
+            usage: meta.usage,
+            estimated_completion_tokens: None,
+        },
+        EventName::AssistantMessage => EventKind::AssistantMessage {
+            text: String::new(),
+        },
+        EventName::ToolCallStarted => EventKind::ToolCallStarted {
+            call: ToolCall {
+                call_id: String::new(),
+                name: meta.tool.clone()?,
+                arguments: Json(serde_json::Value::Null),
+            },
+        },
+        EventName::ToolCallFinished => EventKind::ToolCallFinished {
+            call_id: String::new(),
+            name: meta.tool.clone()?,
+            output: String::new(),
+            is_error: meta.is_error.unwrap_or_default(),
+            duration_ms: meta.duration_ms.unwrap_or_default(),
+        },
+        EventName::Warning => EventKind::Warning {
+            code: WarningCode::Unknown,
+            message: String::new(),
+        },
+        EventName::Error => EventKind::Error { error: error? },
+        _ => return None,
+    })
+}
+
+/// An error of `kind` with no detail (what headers keep of one).
+fn error_of_kind(kind: ErrorKind) -> AgentError {
+    let none = String::new;
+    match kind {
+        ErrorKind::Cancelled => AgentError::Cancelled { reason: none() },
+        ErrorKind::Timeout => AgentError::Timeout {
+            what: none(),
+            after_ms: 0,
+        },
+        ErrorKind::ApprovalDenied => AgentError::ApprovalDenied {
+            command: Vec::new(),
+            reason: none(),
+        },
+        ErrorKind::SandboxError => AgentError::SandboxError { message: none() },
+        ErrorKind::McpError => AgentError::McpError {
+            server: none(),
+            message: none(),
+        },
+        ErrorKind::ToolConflict => AgentError::ToolConflict {
+            name: none(),
+            detail: none(),
+        },
+        ErrorKind::StoragePolicyViolation => AgentError::StoragePolicyViolation { message: none() },
+        ErrorKind::Overloaded => AgentError::Overloaded {
+            resource: none(),
+            limit: 0,
+        },
+        ErrorKind::NotFound => AgentError::NotFound {
+            what: none(),
+            id: none(),
+        },
+        ErrorKind::InvalidInput => AgentError::InvalidInput { message: none() },
+        ErrorKind::ModelError => AgentError::ModelError {
+            message: none(),
+            retryable: false,
+        },
+        ErrorKind::ToolError => AgentError::ToolError {
+            name: none(),
+            message: none(),
+        },
+        ErrorKind::Internal => AgentError::Internal { message: none() },
+        ErrorKind::Interrupted => AgentError::Interrupted { reason: none() },
+    }
+}
+
 /// The line (type, role, content) of an event that may appear inside or outside a turn;
 /// `None` for events that write nothing at this level.
 fn loose_line(
     event: &EventKind,
     level: Level,
+    size: Option<u64>,
     meta: &mut LineMeta,
 ) -> Option<(LineType, LineRole, String)> {
     match event {
@@ -633,7 +805,7 @@ fn loose_line(
             meta.kind = Some(error.kind());
             let content = match level {
                 Level::Minimal => String::new(),
-                _ => keep(level, &error.to_string(), meta),
+                _ => keep(level, size, &error.to_string(), meta),
             };
             Some((LineType::Error, LineRole::System, content))
         }
@@ -646,7 +818,7 @@ fn loose_line(
         } => {
             meta.approval_id = Some(*approval_id);
             meta.decision = Some("pending".into());
-            let content = keep(level, &command.join(" "), meta);
+            let content = keep(level, size, &command.join(" "), meta);
             meta.reason = (level == Level::Full).then(|| reason.clone());
             Some((LineType::Approval, LineRole::System, content))
         }
@@ -659,14 +831,14 @@ fn loose_line(
             meta.decision = Some(name.into());
             meta.ttl_secs = ttl_secs;
             let content = match reason {
-                Some(reason) => keep(level, reason, meta),
+                Some(reason) => keep(level, size, reason, meta),
                 None => String::new(),
             };
             Some((LineType::Approval, LineRole::System, content))
         }
         EventKind::Warning { code, message } => {
             meta.code = Some(code.as_str().to_owned());
-            let content = keep(level, message, meta);
+            let content = keep(level, size, message, meta);
             Some((LineType::Warning, LineRole::System, content))
         }
         _ => None,

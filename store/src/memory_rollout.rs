@@ -7,12 +7,19 @@
 //! One lock around the whole state: every operation is a few vector or map operations and
 //! never blocks while holding it, except `open_sink`, which waits on a condition variable
 //! (releasing the lock) while another sink of the same session is open.
+//!
+//! A restore's window (S6) is found from the newest end of the session's records: the newest
+//! `history_checkpoint` of the conversation, then the start of the task it names, so only the
+//! window's records are copied out ([`MemoryRolloutStorage::records_read`] counts every record
+//! a read copies out).
 
+use super::metrics::{self, RecordsRead};
 use std::collections::{HashMap, HashSet};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 use troupe_actors::rollout::storage::{RolloutSink, RolloutStorage, SinkError, SweepReport};
 use troupe_actors::rollout::{RolloutRecord, downgrade, is_due};
-use troupe_proto::{AgentError, ConversationId, SessionId};
+use troupe_proto::{AgentError, ConversationId, EventKind, EventName, SessionId};
 
 /// One session's committed record.
 #[derive(Debug, Default)]
@@ -35,6 +42,8 @@ struct Shared {
     data: Mutex<Data>,
     /// Signalled when a sink is released.
     released: Condvar,
+    /// Records copied out by reads.
+    records_read: AtomicU64,
 }
 
 impl Shared {
@@ -55,7 +64,20 @@ pub struct MemoryRolloutStorage {
 
 impl MemoryRolloutStorage {
     pub fn new() -> Self {
+        metrics::describe_records_read();
         Self::default()
+    }
+
+    /// Records copied out by reads so far, by this instance and its clones.
+    pub fn records_read(&self) -> u64 {
+        self.shared.records_read.load(Ordering::Relaxed)
+    }
+
+    fn count(&self, read: RecordsRead, records: &[RolloutRecord]) {
+        self.shared
+            .records_read
+            .fetch_add(records.len() as u64, Ordering::Relaxed);
+        metrics::records_read("memory", read, records.len());
     }
 }
 
@@ -91,7 +113,7 @@ impl RolloutStorage for MemoryRolloutStorage {
         conversation_id: ConversationId,
     ) -> Result<Vec<RolloutRecord>, AgentError> {
         let data = self.shared.lock();
-        Ok(data
+        let records: Vec<RolloutRecord> = data
             .sessions
             .get(&session_id)
             .map(|s| {
@@ -101,7 +123,30 @@ impl RolloutStorage for MemoryRolloutStorage {
                     .cloned()
                     .collect()
             })
-            .unwrap_or_default())
+            .unwrap_or_default();
+        drop(data);
+        self.count(RecordsRead::Conversation, &records);
+        Ok(records)
+    }
+
+    fn read_conversation_window(
+        &self,
+        session_id: SessionId,
+        conversation_id: ConversationId,
+    ) -> Result<Vec<RolloutRecord>, AgentError> {
+        let data = self.shared.lock();
+        let records: Vec<RolloutRecord> = data
+            .sessions
+            .get(&session_id)
+            .map(|s| {
+                let mine = |r: &&RolloutRecord| r.conversation_id == Some(conversation_id);
+                let start = window_index(&s.records, conversation_id);
+                s.records[start..].iter().filter(mine).cloned().collect()
+            })
+            .unwrap_or_default();
+        drop(data);
+        self.count(RecordsRead::Window, &records);
+        Ok(records)
     }
 
     fn read_after(
@@ -111,14 +156,17 @@ impl RolloutStorage for MemoryRolloutStorage {
         limit: usize,
     ) -> Result<Vec<RolloutRecord>, AgentError> {
         let data = self.shared.lock();
-        Ok(data
+        let records: Vec<RolloutRecord> = data
             .sessions
             .get(&session_id)
             .map(|s| {
                 let start = s.records.partition_point(|r| r.seq <= after_seq);
                 s.records[start..].iter().take(limit).cloned().collect()
             })
-            .unwrap_or_default())
+            .unwrap_or_default();
+        drop(data);
+        self.count(RecordsRead::After, &records);
+        Ok(records)
     }
 
     fn sweep_due(&self, now_ms: u64) -> Result<SweepReport, AgentError> {
@@ -133,6 +181,33 @@ impl RolloutStorage for MemoryRolloutStorage {
             }
         }
         Ok(report)
+    }
+}
+
+/// Where a restore's window of `conversation_id` starts among a session's records (see
+/// [`troupe_actors::rollout::window_start`]), searched from the newest end: its newest
+/// checkpoint that kept its event, then back to the start of the task that checkpoint names.
+/// 0 without one.
+fn window_index(records: &[RolloutRecord], conversation_id: ConversationId) -> usize {
+    let mine = |r: &RolloutRecord| r.conversation_id == Some(conversation_id);
+    let checkpoint =
+        records
+            .iter()
+            .enumerate()
+            .rev()
+            .find_map(|(i, r)| match (&r.event, mine(r)) {
+                (Some(EventKind::HistoryCheckpoint { from_task, .. }), true) => {
+                    Some((i, *from_task))
+                }
+                _ => None,
+            });
+    match checkpoint {
+        None => 0,
+        Some((at, None)) => at,
+        Some((at, Some(task))) => records[..at]
+            .iter()
+            .rposition(|r| mine(r) && r.task_id == Some(task) && r.kind == EventName::TaskStarted)
+            .unwrap_or(0),
     }
 }
 

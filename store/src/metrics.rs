@@ -13,6 +13,8 @@ pub const ERRORS: &str = "troupe_store_errors_total";
 pub const QUEUE_WAIT: &str = "troupe_store_queue_wait_seconds";
 /// Writes committed together in one transaction, by writer.
 pub const BATCH_SIZE: &str = "troupe_store_write_batch_size";
+/// Rollout records a storage read back, by storage and read.
+pub const RECORDS_READ: &str = "troupe_rollout_records_read_total";
 
 /// Registers the descriptions (a Prometheus exporter rejects undescribed metrics).
 pub fn describe() {
@@ -46,6 +48,50 @@ pub fn describe() {
         let _ = histogram!(BATCH_SIZE, "writer" => writer.as_str());
         let _ = histogram!(QUEUE_WAIT, "writer" => writer.as_str());
     }
+    describe_records_read();
+}
+
+/// Registers [`RECORDS_READ`] with every label pair at 0 (the memory storage, which opens
+/// nothing, calls only this).
+pub fn describe_records_read() {
+    describe_counter!(
+        RECORDS_READ,
+        Unit::Count,
+        "Rollout records read back from storage, by storage (sqlite, memory) and read (conversation: a whole conversation, window: a restore's window, after: a page of a resumed stream)"
+    );
+    for storage in ["sqlite", "memory"] {
+        for read in RecordsRead::ALL {
+            counter!(RECORDS_READ, "storage" => storage, "read" => read.as_str()).increment(0);
+        }
+    }
+}
+
+/// Which read of rollout records (the `read` label of [`RECORDS_READ`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum RecordsRead {
+    /// A whole conversation.
+    Conversation,
+    /// A restore's window (S6).
+    Window,
+    /// A page of the session's records after a `seq`.
+    After,
+}
+
+impl RecordsRead {
+    pub const ALL: [Self; 3] = [Self::Conversation, Self::Window, Self::After];
+
+    pub const fn as_str(self) -> &'static str {
+        match self {
+            Self::Conversation => "conversation",
+            Self::Window => "window",
+            Self::After => "after",
+        }
+    }
+}
+
+/// Counts `n` records read back by `storage` (`sqlite`, `memory`).
+pub fn records_read(storage: &'static str, read: RecordsRead, n: usize) {
+    counter!(RECORDS_READ, "storage" => storage, "read" => read.as_str()).increment(n as u64);
 }
 
 /// A store operation (the `op` label).

@@ -14,6 +14,15 @@
 //! from a small pool on the caller's (blocking) thread; a checkpointer thread copies the WAL
 //! into the database in the background.
 //!
+//! # Restore window (S6)
+//! [`RolloutStorage::read_conversation_window`] decodes only a restore's window: the
+//! conversation's newest `history_checkpoint` row that kept its event, found by walking the
+//! `(session_id, conversation_id, seq)` index backwards from the newest row; then, backwards
+//! from there, the `task_started` row of the task the checkpoint names; then the rows from
+//! that `seq` on. The walks stop at the first match, so they cover the window's rows and no
+//! more; only the rows returned are decoded. [`SqliteRolloutStorage::records_read`] counts the
+//! records every read decodes.
+//!
 //! # Ttl
 //! A `Full` record written under a `Ttl` policy keeps its expiry in the `expires_ms` column
 //! (indexed over the rows that have one). [`RolloutStorage::sweep_due`] runs on the writer
@@ -23,12 +32,13 @@
 //! old rows leave, so the old content is in no file of the database.
 
 use super::conn::{self, Checkpointer, ReaderPool, Role as ConnRole, internal, to_sql_int};
-use super::metrics::{self, Op, Writer};
+use super::metrics::{self, Op, RecordsRead, Writer};
 use super::schema;
 use crossbeam_channel::{Receiver, Sender};
 use rusqlite::{Connection, TransactionBehavior, params};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Instant;
 use troupe_actors::rollout::storage::SweepReport;
 use troupe_actors::rollout::storage::{RolloutSink, RolloutStorage, SinkError};
@@ -54,6 +64,8 @@ pub struct SqliteRolloutStorage {
     _checkpointer: Arc<Checkpointer>,
     /// Sessions whose sink is open (see [`Leases`]).
     leases: Arc<Leases>,
+    /// Records decoded by reads, by every clone.
+    records_read: Arc<AtomicU64>,
 }
 
 /// How long a new sink waits for its predecessor's lease.
@@ -176,7 +188,21 @@ impl SqliteRolloutStorage {
             readers: Arc::new(readers),
             _checkpointer: Arc::new(checkpointer),
             leases: Arc::new(Leases::default()),
+            records_read: Arc::new(AtomicU64::new(0)),
         })
+    }
+
+    /// Records decoded by reads so far, by this storage and its clones.
+    pub fn records_read(&self) -> u64 {
+        self.records_read.load(Ordering::Relaxed)
+    }
+
+    fn count(&self, read: RecordsRead, result: &Result<Vec<RolloutRecord>, AgentError>) {
+        if let Ok(records) = result {
+            self.records_read
+                .fetch_add(records.len() as u64, Ordering::Relaxed);
+            metrics::records_read("sqlite", read, records.len());
+        }
     }
 
     /// Runs a read, timed and counted.
@@ -229,7 +255,7 @@ impl RolloutStorage for SqliteRolloutStorage {
         let _span =
             tracing::debug_span!("rollout_db.read_conversation", %session_id, %conversation_id)
                 .entered();
-        self.read(Op::RolloutReadConversation, |c| {
+        let result = self.read(Op::RolloutReadConversation, |c| {
             read_records(
                 c,
                 session_id,
@@ -237,7 +263,32 @@ impl RolloutStorage for SqliteRolloutStorage {
                  WHERE session_id = ?1 AND conversation_id = ?2 ORDER BY seq",
                 params![session_id.to_string(), conversation_id.to_string()],
             )
-        })
+        });
+        self.count(RecordsRead::Conversation, &result);
+        result
+    }
+
+    fn read_conversation_window(
+        &self,
+        session_id: SessionId,
+        conversation_id: ConversationId,
+    ) -> Result<Vec<RolloutRecord>, AgentError> {
+        let _span =
+            tracing::debug_span!("rollout_db.read_conversation_window", %session_id, %conversation_id)
+                .entered();
+        let result = self.read(Op::RolloutReadConversation, |c| {
+            let (session, conversation) = (session_id.to_string(), conversation_id.to_string());
+            let from = window_seq(c, session_id, &session, &conversation)?;
+            read_records(
+                c,
+                session_id,
+                "SELECT seq, record FROM rollout_events
+                 WHERE session_id = ?1 AND conversation_id = ?2 AND seq >= ?3 ORDER BY seq",
+                params![session, conversation, from],
+            )
+        });
+        self.count(RecordsRead::Window, &result);
+        result
     }
 
     fn read_after(
@@ -251,7 +302,7 @@ impl RolloutStorage for SqliteRolloutStorage {
         // Past i64::MAX there is nothing; clamping keeps the comparison exact below that.
         let after = i64::try_from(after_seq).unwrap_or(i64::MAX);
         let limit = i64::try_from(limit).unwrap_or(i64::MAX);
-        self.read(Op::RolloutReadAfter, |c| {
+        let result = self.read(Op::RolloutReadAfter, |c| {
             read_records(
                 c,
                 session_id,
@@ -259,7 +310,9 @@ impl RolloutStorage for SqliteRolloutStorage {
                  WHERE session_id = ?1 AND seq > ?2 ORDER BY seq LIMIT ?3",
                 params![session_id.to_string(), after, limit],
             )
-        })
+        });
+        self.count(RecordsRead::After, &result);
+        result
     }
 
     fn sweep_due(&self, now_ms: u64) -> Result<SweepReport, AgentError> {
@@ -285,6 +338,62 @@ impl RolloutStorage for SqliteRolloutStorage {
             failures: 0,
         })
     }
+}
+
+/// The first `seq` of a restore's window (see the module doc): the start of the task the
+/// newest kept checkpoint names, that checkpoint when it names none, 0 without one.
+fn window_seq(
+    c: &Connection,
+    session_id: SessionId,
+    session: &str,
+    conversation: &str,
+) -> Result<i64, AgentError> {
+    use rusqlite::OptionalExtension;
+    let what = || format!("rollout window of session {session_id}");
+    let checkpoint: Option<(i64, String)> = c
+        .prepare_cached(
+            "SELECT seq, record FROM rollout_events
+             WHERE session_id = ?1 AND conversation_id = ?2
+               AND kind = 'history_checkpoint' AND level = 'full'
+             ORDER BY seq DESC LIMIT 1",
+        )
+        .and_then(|mut st| {
+            st.query_row(params![session, conversation], |r| {
+                Ok((r.get(0)?, r.get(1)?))
+            })
+            .optional()
+        })
+        .map_err(|e| internal(what(), e))?;
+    let Some((at, text)) = checkpoint else {
+        return Ok(0);
+    };
+    let record: RolloutRecord = serde_json::from_str(&text).map_err(|e| {
+        AgentError::internal(format!(
+            "corrupt rollout_events row (session {session_id}, seq {at}): {e}"
+        ))
+    })?;
+    let Some(troupe_proto::EventKind::HistoryCheckpoint {
+        from_task: Some(task),
+        ..
+    }) = record.event
+    else {
+        return Ok(at);
+    };
+    let start: Option<i64> = c
+        .prepare_cached(
+            "SELECT seq FROM rollout_events
+             WHERE session_id = ?1 AND conversation_id = ?2 AND seq < ?3
+               AND kind = 'task_started' AND task_id = ?4
+             ORDER BY seq DESC LIMIT 1",
+        )
+        .and_then(|mut st| {
+            st.query_row(params![session, conversation, at, task.to_string()], |r| {
+                r.get(0)
+            })
+            .optional()
+        })
+        .map_err(|e| internal(what(), e))?;
+    Ok(start.unwrap_or(0))
 }
 
 fn read_records(

@@ -444,3 +444,78 @@ async fn elicitations_without_a_terminal_are_declined_or_answered_with_defaults(
         assert!(second.contains("decline"), "{flags:?}: {second}");
     }
 }
+
+// ----- the history's first line (T4) -----
+
+/// The JSONL history of a `--once` run starts with a `session_start` line that says how the
+/// run was started and configured, and holds no secret.
+#[tokio::test]
+async fn the_history_starts_with_the_run_and_its_configuration() {
+    const KEY: &str = "sk-CANARY-5e1f";
+    let server = ModelServer::start().await;
+    server.push(Reply::text(["hello"]));
+    let dir = tempfile::tempdir().unwrap();
+    let mut cmd = troupe(dir.path());
+    cmd.env("OPENAI_API_KEY", KEY)
+        .args(["chat", "--once", "--base-url", &server.base_url()])
+        .args(["--model", "m-history", "--tokenizer-model", "o200k_base"])
+        .args([
+            "--approval-policy",
+            "never",
+            "--sandbox-policy",
+            "workspace-write",
+        ])
+        .args(["--log-dir", "logs", "say hello"]);
+    let out = output(cmd).await;
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    let files: Vec<PathBuf> = std::fs::read_dir(dir.path().join("logs"))
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .collect();
+    assert_eq!(files.len(), 1, "{files:?}");
+    let history = std::fs::read_to_string(&files[0]).unwrap();
+    assert!(!history.contains(KEY), "the API key reached the history");
+    let first: serde_json::Value = serde_json::from_str(history.lines().next().unwrap()).unwrap();
+    assert_eq!(first["type"], "session_start", "{first}");
+    let meta = &first["meta"];
+    assert_eq!(meta["mode"], "once", "{meta}");
+    assert_eq!(meta["model"], "m-history", "{meta}");
+    assert_eq!(meta["provider"], "openai-chat", "{meta}");
+    assert!(
+        meta.as_object().unwrap().contains_key("temperature"),
+        "{meta}"
+    );
+    assert_eq!(meta["tokenizer"], "o200k_base", "{meta}");
+    assert_eq!(meta["approval_policy"], "never", "{meta}");
+    assert_eq!(meta["sandbox_policy"], "workspace_write", "{meta}");
+    assert_eq!(meta["storage_policy"], "full", "{meta}");
+    assert_eq!(meta["tools"]["shell"], true, "{meta}");
+    assert_eq!(meta["tools"]["plan"], true, "{meta}");
+    assert_eq!(meta["tools"]["apply_patch"], false, "{meta}");
+    assert_eq!(meta["tools"]["web_search"], false, "{meta}");
+    assert_eq!(
+        meta["tools"]["mcp_servers"],
+        serde_json::json!([]),
+        "{meta}"
+    );
+    let cwd = std::fs::canonicalize(dir.path()).unwrap();
+    assert_eq!(meta["cwd"], cwd.display().to_string(), "{meta}");
+    // The rest of the run is there too.
+    let types: Vec<String> = history
+        .lines()
+        .map(|l| serde_json::from_str::<serde_json::Value>(l).unwrap()["type"].to_string())
+        .collect();
+    assert_eq!(
+        types,
+        [
+            "\"session_start\"",
+            "\"turn_start\"",
+            "\"assistant_chunk\"",
+            "\"assistant\"",
+            "\"final\"",
+            "\"turn_end\"",
+            "\"session_end\""
+        ],
+        "{history}"
+    );
+}

@@ -177,6 +177,7 @@ impl ConversationState {
                         summary,
                     },
                 ));
+                self.emit_checkpoint();
             }
             SummaryAnswer::Stale => {
                 metrics::model_summary("stale");

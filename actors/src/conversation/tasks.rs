@@ -377,7 +377,10 @@ impl ConversationState {
         match running.kind {
             TaskKind::Message => {
                 let previous = self.history.summary().cloned();
-                if let Some(report) = self.history.append(outcome.items.iter().cloned()) {
+                self.kept.appended(task_id, outcome.items.len() as u64);
+                let trimmed = self.history.append(outcome.items.iter().cloned());
+                self.kept.keep(window::held_items(&self.history));
+                if let Some(report) = trimmed {
                     self.services.events.emit(EventDraft::conversation(
                         self.id,
                         EventKind::HistoryTrimmed {
@@ -385,11 +388,13 @@ impl ConversationState {
                             summary: report.summary,
                         },
                     ));
+                    self.emit_checkpoint();
                     self.ask_model_summary(myself, previous);
                 }
             }
             TaskKind::Compact if outcome.status == TaskStatus::Ok && !outcome.text.is_empty() => {
                 let report = self.history.compact(outcome.text.clone());
+                self.kept.clear();
                 running.span.in_scope(|| {
                     self.services.events.emit(EventDraft::task(
                         self.id,
@@ -399,6 +404,7 @@ impl ConversationState {
                             replaced_items: report.removed_items,
                         },
                     ));
+                    self.emit_checkpoint();
                 });
             }
             // A failed compaction leaves the history as it was.
@@ -446,6 +452,36 @@ impl ConversationState {
         } else if let Some(next) = self.queue.pop_front() {
             self.start_task(myself, next.kind, next.text, next.reply, &next.caller);
         }
+    }
+
+    /// Records where a restore of this conversation may start (S6): the summary, the oldest
+    /// kept item's task, the turns and statistics so far. Called after every change of the
+    /// summary, before the statistics of the task that caused it are added (its
+    /// `task_finished` comes after the checkpoint, and a restore adds it).
+    pub(super) fn emit_checkpoint(&self) {
+        let (summary, replaced_items) = match self.history.summary() {
+            Some(troupe_proto::HistoryItem::Summary {
+                text,
+                replaced_items,
+            }) => (Some(text.clone()), *replaced_items),
+            _ => (None, 0),
+        };
+        let (from_task, skip_items) = self
+            .kept
+            .anchor()
+            .map_or((None, 0), |(task, skip)| (Some(task), skip));
+        tracing::debug!(conversation_id = %self.id, ?from_task, skip_items, turns = self.turns, "history checkpoint");
+        self.services.events.emit(EventDraft::conversation(
+            self.id,
+            EventKind::HistoryCheckpoint {
+                summary,
+                replaced_items,
+                from_task,
+                skip_items,
+                turns: self.turns,
+                stats: self.stats.clone(),
+            },
+        ));
     }
 
     pub(super) fn record_stats(&mut self, stats: &TaskStats, status: TaskStatus) {

@@ -32,6 +32,7 @@ pub fn run_all(open: Open<'_>) {
     a_reopened_sink_appends_after_the_old_records(open);
     sessions_are_isolated(open);
     one_sink_per_session_at_a_time(open);
+    a_restore_window_starts_at_the_newest_checkpoint(open);
 }
 
 fn ok<T, E: std::fmt::Display>(result: Result<T, E>, what: &str) -> T {
@@ -484,4 +485,124 @@ pub fn sessions_are_isolated(open: Open<'_>) {
         vec![1]
     );
     assert!(ok(storage.read_after(SessionId::new(), 0, 10), "unknown").is_empty());
+}
+
+/// A record of `task` in `conversation_id`: its start, or a step's message.
+fn task_record(
+    seq: u64,
+    conversation_id: ConversationId,
+    task: TaskId,
+    start: bool,
+) -> RolloutRecord {
+    let (kind, event) = if start {
+        (
+            EventName::TaskStarted,
+            EventKind::TaskStarted {
+                input: format!("input {seq}"),
+            },
+        )
+    } else {
+        (
+            EventName::AssistantMessage,
+            EventKind::AssistantMessage {
+                text: format!("reply {seq}"),
+            },
+        )
+    };
+    RolloutRecord {
+        task_id: Some(task),
+        kind,
+        event: Some(event),
+        ..full(seq, seq, Some(conversation_id), "")
+    }
+}
+
+/// A `history_checkpoint` of `conversation_id` naming `from_task`.
+fn checkpoint(
+    seq: u64,
+    conversation_id: ConversationId,
+    from_task: Option<TaskId>,
+) -> RolloutRecord {
+    RolloutRecord {
+        task_id: None,
+        kind: EventName::HistoryCheckpoint,
+        event: Some(EventKind::HistoryCheckpoint {
+            summary: Some(format!("summary {seq}")),
+            replaced_items: seq,
+            from_task,
+            skip_items: 1,
+            turns: 2,
+            stats: troupe_proto::ConversationStats::default(),
+        }),
+        ..full(seq, seq, Some(conversation_id), "")
+    }
+}
+
+/// `read_conversation_window` (S6): from the start of the task the conversation's newest
+/// checkpoint names (other conversations' records left out), from that checkpoint when it
+/// names none, everything without one; a checkpoint reduced to headers does not count. The
+/// same as the whole record cut at [`super::window_start`].
+pub fn a_restore_window_starts_at_the_newest_checkpoint(open: Open<'_>) {
+    let storage = open();
+    let session = SessionId::new();
+    let (a, b, c, d) = (
+        ConversationId::new(),
+        ConversationId::new(),
+        ConversationId::new(),
+        ConversationId::new(),
+    );
+    let (t1, t2, t3, u1) = (TaskId::new(), TaskId::new(), TaskId::new(), TaskId::new());
+    let written = vec![
+        task_record(1, a, t1, true),
+        task_record(2, a, t1, false),
+        checkpoint(3, a, Some(t1)),
+        task_record(4, b, u1, true),
+        task_record(5, a, t2, true),
+        task_record(6, a, t2, false),
+        task_record(7, b, u1, false),
+        checkpoint(8, a, Some(t2)),
+        checkpoint(9, b, None),
+        task_record(10, a, t3, true),
+        task_record(11, b, u1, false),
+        task_record(12, c, u1, true),
+        downgrade(checkpoint(13, c, None)),
+        // A checkpoint that names a task none of whose records is there: everything.
+        checkpoint(14, d, Some(t1)),
+    ];
+    let mut sink = ok(storage.open_sink(session), "open_sink");
+    for record in &written {
+        append(sink.as_mut(), record);
+    }
+    ok(sink.commit(false, 14), "commit");
+    let window = |conversation| {
+        seqs(&ok(
+            storage.read_conversation_window(session, conversation),
+            "read_conversation_window",
+        ))
+    };
+    assert_eq!(
+        window(a),
+        vec![5, 6, 8, 10],
+        "from the newest checkpoint's task"
+    );
+    assert_eq!(
+        window(b),
+        vec![9, 11],
+        "from a checkpoint that names no task"
+    );
+    assert_eq!(window(c), vec![12, 13], "a checkpoint without its event");
+    assert_eq!(window(d), vec![14], "the named task's start is missing");
+    assert!(window(ConversationId::new()).is_empty());
+    for conversation in [a, b, c, d] {
+        let whole = ok(storage.read_conversation(session, conversation), "read");
+        let start = super::window_start(&whole);
+        assert_eq!(
+            ok(
+                storage.read_conversation_window(session, conversation),
+                "window"
+            ),
+            whole[start..].to_vec(),
+            "the same as window_start"
+        );
+    }
 }

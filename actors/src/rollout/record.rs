@@ -181,6 +181,29 @@ pub fn downgrade(record: RolloutRecord) -> RolloutRecord {
     }
 }
 
+/// Where a restore's window starts in a conversation's records, oldest first (S6): at the
+/// first record of the task the newest `history_checkpoint` (that kept its event) names, or
+/// at that checkpoint when it names no task; 0 (everything) without one, or when the named
+/// task's start is not among the records.
+pub fn window_start(records: &[RolloutRecord]) -> usize {
+    let checkpoint = records
+        .iter()
+        .enumerate()
+        .rev()
+        .find_map(|(i, r)| match &r.event {
+            Some(EventKind::HistoryCheckpoint { from_task, .. }) => Some((i, *from_task)),
+            _ => None,
+        });
+    match checkpoint {
+        None => 0,
+        Some((at, None)) => at,
+        Some((at, Some(task))) => records[..at]
+            .iter()
+            .rposition(|r| r.task_id == Some(task) && r.kind == EventName::TaskStarted)
+            .unwrap_or(0),
+    }
+}
+
 /// Whether a record makes the writer fsync the batch it is in.
 pub fn is_sync_point(kind: EventName) -> bool {
     matches!(
@@ -306,6 +329,10 @@ pub(super) fn headers_meta(event: &EventKind) -> RecordMeta {
                 ..RecordMeta::default()
             }
         }
+        EventKind::HistoryCheckpoint { summary, .. } => RecordMeta {
+            chars: Some(summary.as_deref().map_or(0, len)),
+            ..RecordMeta::default()
+        },
         EventKind::Warning { message, .. } => RecordMeta {
             chars: Some(len(message)),
             ..RecordMeta::default()

@@ -31,6 +31,22 @@ pub trait RolloutStorage: Send + Sync + 'static {
         conversation_id: ConversationId,
     ) -> Result<Vec<RolloutRecord>, AgentError>;
 
+    /// What a restore of a conversation reads (S6): its records from [`super::window_start`]
+    /// on, in `seq` order: from the first record of the task its newest `history_checkpoint`
+    /// names (or from that checkpoint, when it names none), or every record when it has no
+    /// checkpoint that kept its event. A storage that can seek by conversation and `seq` reads
+    /// only those; this default reads the whole record and keeps the window.
+    fn read_conversation_window(
+        &self,
+        session_id: SessionId,
+        conversation_id: ConversationId,
+    ) -> Result<Vec<RolloutRecord>, AgentError> {
+        let mut records = self.read_conversation(session_id, conversation_id)?;
+        let start = super::window_start(&records);
+        records.drain(..start);
+        Ok(records)
+    }
+
     /// Up to `limit` of the session's records (session-level and every conversation's) with
     /// `seq > after_seq`, in `seq` order.
     fn read_after(

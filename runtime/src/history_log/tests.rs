@@ -5,6 +5,8 @@ use std::fmt;
 use std::path::Path;
 use std::sync::Arc;
 use tokio::sync::broadcast;
+use troupe_actors::rollout::record_for;
+use troupe_actors::rollout::storage::{RolloutSink, RolloutStorage, SweepReport};
 use troupe_proto::{CloseOutcome, Json, TaskStats, ToolCall, Usage, WarningCode};
 
 const SESSION: &str = "00000000-0000-7000-8000-000000000001";
@@ -258,7 +260,7 @@ fn phase_one(ev: &mut Events) -> Vec<EventEnvelope> {
     ]
 }
 
-/// A turn sent faster than a receiver of capacity 8 reads: its first four events are lost.
+/// A turn whose first four events come before the feed's start (see `scripted_session`).
 fn phase_two(ev: &mut Events) -> Vec<EventEnvelope> {
     let (a, a2) = (CONV_A, TASK_A2);
     let mut events = vec![
@@ -316,6 +318,17 @@ fn phase_two(ev: &mut Events) -> Vec<EventEnvelope> {
     events
 }
 
+/// A feed of the envelopes sent on `rx`, as the live records of a session's stream.
+fn feed(rx: broadcast::Receiver<Arc<EventEnvelope>>) -> HistoryFeed {
+    HistoryFeed::new(futures::stream::unfold(rx, |mut rx| async move {
+        match rx.recv().await {
+            Ok(env) => Some((Ok(RolloutRecord::live(&env)), rx)),
+            Err(broadcast::error::RecvError::Lagged(n)) => panic!("the test feed lost {n}"),
+            Err(broadcast::error::RecvError::Closed) => None,
+        }
+    }))
+}
+
 /// Waits until the log's receiver has taken every queued event (a mailbox barrier).
 async fn drained(tx: &broadcast::Sender<Arc<EventEnvelope>>) {
     while !tx.is_empty() {
@@ -325,11 +338,11 @@ async fn drained(tx: &broadcast::Sender<Arc<EventEnvelope>>) {
 
 /// Writes the scripted session and returns the file's text.
 async fn scripted_session(dir: &Path) -> (String, HistorySummary) {
-    let (tx, rx) = broadcast::channel(8);
+    let (tx, rx) = broadcast::channel(64);
     let log = HistoryLog::start_with(
         dir,
         id(SESSION),
-        rx,
+        feed(rx),
         HistoryLogOptions::default().with_session_meta("mode", "interactive"),
     )
     .await
@@ -339,8 +352,10 @@ async fn scripted_session(dir: &Path) -> (String, HistorySummary) {
         tx.send(Arc::new(env)).unwrap();
         drained(&tx).await;
     }
-    // No await between these sends: the receiver falls behind by exactly four.
-    for env in phase_two(&mut ev) {
+    // The second turn as a feed that starts inside it gives it (`HistoryFeed::of_session`
+    // after a `seq` within the turn): its first four events are not in the feed. No await
+    // between the sends: `finish` still writes what the feed holds.
+    for env in phase_two(&mut ev).into_iter().skip(4) {
         tx.send(Arc::new(env)).unwrap();
     }
     let summary = log.finish().await.unwrap();
@@ -509,7 +524,7 @@ async fn turns_count_per_session_and_steps_per_turn() {
             (2, 0, TurnEnd)
         ]
     );
-    // The lagged turn lost its start and its step: it still gets the next number.
+    // The turn whose start and step came before the feed's start still gets the next number.
     let a2 = turn_of(TASK_A2);
     assert!(a2.iter().all(|(turn, _, _)| *turn == 3), "{a2:?}");
     assert_eq!(a2.first(), Some(&(3, 0, AssistantChunk)));
@@ -572,41 +587,186 @@ async fn token_totals_are_the_sums_of_their_parts() {
     );
 }
 
+/// A storage that holds `records` for reading (what a finished session left behind).
+struct Stored {
+    records: Vec<RolloutRecord>,
+    /// Reads fail.
+    broken: bool,
+}
+
+impl RolloutStorage for Stored {
+    fn open_sink(&self, _: SessionId) -> Result<Box<dyn RolloutSink>, AgentError> {
+        Err(AgentError::internal("read only"))
+    }
+    fn last_seq(&self, _: SessionId) -> Result<u64, AgentError> {
+        Ok(self.records.last().map_or(0, |r| r.seq))
+    }
+    fn read_conversation(
+        &self,
+        _: SessionId,
+        _: ConversationId,
+    ) -> Result<Vec<RolloutRecord>, AgentError> {
+        Err(AgentError::internal("not read here"))
+    }
+    fn read_after(
+        &self,
+        _: SessionId,
+        after_seq: u64,
+        limit: usize,
+    ) -> Result<Vec<RolloutRecord>, AgentError> {
+        if self.broken {
+            return Err(AgentError::internal("disk on fire"));
+        }
+        Ok(self
+            .records
+            .iter()
+            .filter(|r| r.seq > after_seq)
+            .take(limit)
+            .cloned()
+            .collect())
+    }
+    fn sweep_due(&self, _: u64) -> Result<SweepReport, AgentError> {
+        Ok(SweepReport::default())
+    }
+}
+
+/// `n` chunks of one task, and the stream that delivers the first `delivered` of them, then
+/// fails (as a stream that fell behind when its session ended does).
+fn chunks(n: u64, delivered: usize) -> (Vec<RolloutRecord>, HistoryFeed) {
+    let mut ev = Events::new();
+    let records: Vec<RolloutRecord> = (0..n)
+        .map(|i| {
+            let env = ev.task(
+                CONV_A,
+                TASK_A1,
+                EventKind::AssistantChunk {
+                    delta: format!("d{i}"),
+                },
+            );
+            record_for(StoragePolicy::Full, &env).unwrap()
+        })
+        .collect();
+    let mut items: Vec<Result<RolloutRecord, AgentError>> =
+        records.iter().take(delivered).cloned().map(Ok).collect();
+    items.push(Err(AgentError::internal("rollout unavailable")));
+    (records, HistoryFeed::new(futures::stream::iter(items)))
+}
+
+fn chunk_contents(lines: &[HistoryLine]) -> Vec<&str> {
+    lines
+        .iter()
+        .filter(|l| l.kind == LineType::AssistantChunk)
+        .map(|l| l.content.as_str())
+        .collect()
+}
+
 #[tokio::test]
-async fn a_lagged_receiver_writes_a_gap_and_goes_on() {
+async fn a_stream_that_ends_early_is_caught_up_from_storage_at_the_end() {
     let dir = tempfile::tempdir().unwrap();
-    let (tx, rx) = broadcast::channel(2);
+    let (records, feed) = chunks(600, 5);
+    let storage = Arc::new(Stored {
+        records,
+        broken: false,
+    });
     let options = HistoryLogOptions::default().with_policy(id(CONV_A), StoragePolicy::Full);
-    let log = HistoryLog::start_with(dir.path(), id(SESSION), rx, options)
+    let log = HistoryLog::start_with(dir.path(), id(SESSION), feed.with_storage(storage), options)
         .await
         .unwrap();
-    let mut ev = Events::new();
-    for i in 0..5 {
-        let env = ev.task(
-            CONV_A,
-            TASK_A1,
-            EventKind::AssistantChunk {
-                delta: format!("d{i}"),
-            },
-        );
-        tx.send(Arc::new(env)).unwrap();
-    }
     let summary = log.finish().await.unwrap();
     let lines = parse(&std::fs::read_to_string(summary.path).unwrap());
-    let kinds: Vec<_> = lines.iter().map(|l| (l.kind, l.content.as_str())).collect();
-    assert_eq!(kinds[1].0, LineType::Warning);
-    assert_eq!(lines[1].meta.code.as_deref(), Some("gap"));
-    assert_eq!(lines[1].meta.missed, Some(3));
+    let expected: Vec<String> = (0..600).map(|i| format!("d{i}")).collect();
     assert_eq!(
-        kinds[2..],
-        [
-            (LineType::AssistantChunk, "d3"),
-            (LineType::AssistantChunk, "d4"),
-            (LineType::SessionEnd, ""),
-        ]
+        chunk_contents(&lines),
+        expected,
+        "every chunk, once, in order"
     );
-    // The turn whose end never came is reported.
-    assert_eq!(lines[4].meta.unfinished, Some(1));
+    assert!(
+        lines.iter().all(|l| l.kind != LineType::Warning),
+        "nothing is missing: no gap"
+    );
+}
+
+#[tokio::test]
+async fn what_cannot_be_read_is_reported_as_a_gap() {
+    for storage in [
+        None,
+        Some(Arc::new(Stored {
+            records: Vec::new(),
+            broken: true,
+        })),
+    ] {
+        let dir = tempfile::tempdir().unwrap();
+        let (_, mut feed) = chunks(10, 3);
+        if let Some(storage) = storage {
+            feed = feed.with_storage(storage);
+        }
+        let options = HistoryLogOptions::default().with_policy(id(CONV_A), StoragePolicy::Full);
+        let log = HistoryLog::start_with(dir.path(), id(SESSION), feed, options)
+            .await
+            .unwrap();
+        let summary = log.finish().await.unwrap();
+        let lines = parse(&std::fs::read_to_string(summary.path).unwrap());
+        assert_eq!(chunk_contents(&lines), ["d0", "d1", "d2"]);
+        let gap = &lines[lines.len() - 2];
+        assert_eq!(gap.kind, LineType::Warning);
+        assert_eq!(gap.meta.code.as_deref(), Some("gap"));
+        assert!(gap.content.contains("after seq 3"), "{}", gap.content);
+        // The turn whose end never came is reported.
+        assert_eq!(lines.last().unwrap().meta.unfinished, Some(1));
+    }
+}
+
+/// Stored headers (a `HeadersOnly` conversation's records read back by a stream that fell
+/// behind) give the lines the live events give at that level, with the stored sizes; only
+/// what the headers do not keep differs (call ids, approval lines, the warning code).
+#[test]
+fn stored_headers_give_the_lines_of_the_live_events() {
+    let mut ev = Events::new();
+    let mut events = phase_one(&mut ev);
+    events.extend(phase_two(&mut ev));
+    let policy = StoragePolicy::HeadersOnly;
+    let options = || {
+        HistoryLogOptions::default()
+            .with_policy(id(CONV_A), policy)
+            .with_policy(id(CONV_B), policy)
+    };
+    let strip = |lines: Vec<HistoryLine>| -> Vec<HistoryLine> {
+        lines
+            .into_iter()
+            .filter(|l| l.kind != LineType::Approval)
+            .map(|mut l| {
+                l.meta.call_id = None;
+                l.meta.trace_id = None;
+                if l.kind == LineType::Warning {
+                    l.meta.code = None;
+                }
+                // Prompt estimates are not in the headers.
+                if let Some(t) = &mut l.meta.tokens {
+                    t.totals.estimated_prompt = 0;
+                    t.totals.source = None;
+                    for s in &mut t.steps {
+                        s.tokens.estimated_prompt = 0;
+                    }
+                }
+                l
+            })
+            .collect()
+    };
+    let mut live = HistoryLog::new(id(SESSION), options(), 0);
+    let mut stored = HistoryLog::new(id(SESSION), options(), 0);
+    let (mut from_live, mut from_stored) = (Vec::new(), Vec::new());
+    for env in &events {
+        // Phase one opens its conversations as Full: here they are HeadersOnly throughout.
+        if matches!(env.event, EventKind::ConversationOpened { .. }) {
+            continue;
+        }
+        live.on_event(env, &mut from_live);
+        if let Some(record) = record_for(policy, env) {
+            stored.on_record(&record, &mut from_stored);
+        }
+    }
+    assert!(from_live.len() > 10, "{from_live:?}");
+    assert_eq!(strip(from_stored), strip(from_live));
 }
 
 #[tokio::test]
@@ -619,7 +779,7 @@ async fn storage_policies_keep_content_off_the_disk() {
     let (tx, rx) = broadcast::channel(256);
     // The root conversation was opened before the log subscribed.
     let options = HistoryLogOptions::default().with_policy(id(ROOT), StoragePolicy::Full);
-    let log = HistoryLog::start_with(dir.path(), id(SESSION), rx, options)
+    let log = HistoryLog::start_with(dir.path(), id(SESSION), feed(rx), options)
         .await
         .unwrap();
     let mut ev = Events::new();
@@ -751,7 +911,7 @@ async fn reopening_appends_and_continues_turn_numbers() {
     for run in 0..2 {
         let (tx, rx) = broadcast::channel(16);
         let options = HistoryLogOptions::default().with_policy(id(CONV_A), StoragePolicy::Full);
-        let log = HistoryLog::start_with(dir.path(), id(SESSION), rx, options)
+        let log = HistoryLog::start_with(dir.path(), id(SESSION), feed(rx), options)
             .await
             .unwrap();
         let task = if run == 0 { TASK_A1 } else { TASK_A2 };
@@ -795,7 +955,7 @@ async fn a_torn_last_line_is_ended_before_appending() {
     )
     .unwrap();
     let (_tx, rx) = broadcast::channel(1);
-    let log = HistoryLog::start(dir.path(), id(SESSION), rx)
+    let log = HistoryLog::start(dir.path(), id(SESSION), feed(rx))
         .await
         .unwrap();
     log.finish().await.unwrap();

@@ -1,23 +1,77 @@
-//! Writing the history: the task that owns the receiver and the file, and its handle.
+//! Writing the history: the task that owns the session's record stream and the file, and its
+//! handle.
 //!
-//! The task appends through a buffer over `tokio::fs` (writes run on the blocking pool, never
-//! on a runtime thread) and flushes after every `turn_end`, warning and `session_end`, and
-//! after [`IDLE_FLUSH`] without events, so a `tail -f` sees a long step's lines too.
+//! The task reads a [`HistoryFeed`]: the session's gap-free stream of records
+//! ([`SessionHandle::events`]), which refills from storage when it falls behind the live
+//! events instead of skipping them. It appends through a buffer over `tokio::fs` (writes run on
+//! the blocking pool, never on a runtime thread) and flushes after every `turn_end`, warning
+//! and `session_end`, and after [`IDLE_FLUSH`] without events, so a `tail -f` sees a long
+//! step's lines too.
 
 use super::{HistoryLine, HistoryLog, HistoryLogOptions, LineType, Tokens};
+use futures::FutureExt;
+use futures::stream::{BoxStream, Stream, StreamExt};
 use serde::Deserialize;
 use std::io::{BufRead, Read, Seek, SeekFrom};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 use tokio::io::{AsyncWriteExt, BufWriter};
-use tokio::sync::{broadcast, oneshot};
+use tokio::sync::oneshot;
 use tokio::task::JoinHandle;
 use tracing::Instrument;
-use troupe_proto::{AgentError, EventEnvelope, SessionId};
+use troupe_actors::SessionHandle;
+use troupe_actors::rollout::RolloutRecord;
+use troupe_actors::rollout::storage::RolloutStorage;
+use troupe_proto::{AgentError, SessionId};
 
 /// How long buffered lines may wait for a flush when no event arrives.
 const IDLE_FLUSH: Duration = Duration::from_secs(1);
+
+/// Records read from storage at once when the log catches up at its end.
+const CATCH_UP_PAGE: usize = 256;
+
+/// What the log reads: the session's records in `seq` order, and where to read the rest from
+/// when that stream ends before the log does.
+pub struct HistoryFeed {
+    records: BoxStream<'static, Result<RolloutRecord, AgentError>>,
+    /// Read after the stream ended (with the session, or with an error) when the log is
+    /// finished: a stream that fell behind as its session ended could not refill itself.
+    storage: Option<Arc<dyn RolloutStorage>>,
+}
+
+impl std::fmt::Debug for HistoryFeed {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("HistoryFeed")
+            .field("storage", &self.storage.is_some())
+            .finish_non_exhaustive()
+    }
+}
+
+impl HistoryFeed {
+    /// Any stream of records in strictly increasing `seq` (tests, embedders).
+    pub fn new(
+        records: impl Stream<Item = Result<RolloutRecord, AgentError>> + Send + 'static,
+    ) -> Self {
+        Self {
+            records: records.boxed(),
+            storage: None,
+        }
+    }
+
+    /// The session's events with `seq > after_seq` ([`SessionHandle::events`]): what storage
+    /// kept, then the live events; nothing skipped when the log falls behind.
+    pub async fn of_session(session: &SessionHandle, after_seq: u64) -> Result<Self, AgentError> {
+        Ok(Self::new(session.events(after_seq).await?))
+    }
+
+    /// Where the session's rollout is stored: what the stream did not deliver before it ended
+    /// is read from there when the log is finished.
+    pub fn with_storage(mut self, storage: Arc<dyn RolloutStorage>) -> Self {
+        self.storage = Some(storage);
+        self
+    }
+}
 
 /// What a finished log wrote.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -36,17 +90,17 @@ impl HistoryLog {
     pub async fn start(
         dir: &Path,
         session_id: SessionId,
-        events: broadcast::Receiver<Arc<EventEnvelope>>,
+        feed: HistoryFeed,
     ) -> Result<HistoryLogHandle, AgentError> {
-        Self::start_with(dir, session_id, events, HistoryLogOptions::default()).await
+        Self::start_with(dir, session_id, feed, HistoryLogOptions::default()).await
     }
 
     /// Starts the log: creates `dir`, opens the file for appending, writes `session_start`,
-    /// and spawns the task that writes the events of `events`.
+    /// and spawns the task that writes the records of `feed`.
     pub async fn start_with(
         dir: &Path,
         session_id: SessionId,
-        events: broadcast::Receiver<Arc<EventEnvelope>>,
+        feed: HistoryFeed,
         options: HistoryLogOptions,
     ) -> Result<HistoryLogHandle, AgentError> {
         let path = dir.join(format!("{session_id}.jsonl"));
@@ -83,7 +137,7 @@ impl HistoryLog {
         let span = tracing::info_span!("history_log", %session_id);
         let join = tokio::spawn(
             async move {
-                let result = run(&mut log, &mut writer, events, stopped).await;
+                let result = run(&mut log, &mut writer, feed, session_id, stopped).await;
                 if let Err(e) = &result {
                     tracing::error!(error = %e, "history log stopped");
                 }
@@ -184,46 +238,110 @@ impl Writer {
     }
 }
 
-/// The log's task: events until stopped (or the channel closes), then `session_end`.
+/// The log's task: records until stopped (or the stream ends and the log is stopped), then
+/// what storage holds beyond the last one, then `session_end`.
 async fn run(
     log: &mut HistoryLog,
     writer: &mut Writer,
-    mut events: broadcast::Receiver<Arc<EventEnvelope>>,
+    feed: HistoryFeed,
+    session_id: SessionId,
     mut stop: oneshot::Receiver<()>,
 ) -> Result<(), AgentError> {
-    use broadcast::error::{RecvError, TryRecvError};
+    let HistoryFeed {
+        mut records,
+        storage,
+    } = feed;
     let mut lines = Vec::new();
+    // The last `seq` written: where a catch-up from storage starts.
+    let mut last = 0;
+    let mut ended = false;
+    let mut failure: Option<AgentError> = None;
     loop {
         let dirty = writer.dirty;
         tokio::select! {
             biased;
             // A dropped handle stops the log too.
             _ = &mut stop => break,
-            received = events.recv() => match received {
-                Ok(env) => log.on_event(&env, &mut lines),
-                Err(RecvError::Lagged(missed)) => {
-                    tracing::warn!(missed, "history log lagged behind the session's events");
-                    log.on_gap(missed, now_ms(), &mut lines);
+            received = records.next(), if !ended => match received {
+                Some(Ok(record)) => {
+                    if record.seq > last {
+                        last = record.seq;
+                        log.on_record(&record, &mut lines);
+                    }
                 }
-                Err(RecvError::Closed) => break,
+                Some(Err(e)) => {
+                    tracing::warn!(error = %e, after = last, "history log stream failed");
+                    failure = Some(e);
+                    ended = true;
+                }
+                None => ended = true,
             },
             () = tokio::time::sleep(IDLE_FLUSH), if dirty => writer.flush().await?,
         }
         writer.lines(&mut lines).await?;
     }
-    // What was published before the stop belongs in the file.
-    loop {
-        match events.try_recv() {
-            Ok(env) => log.on_event(&env, &mut lines),
-            Err(TryRecvError::Lagged(missed)) => log.on_gap(missed, now_ms(), &mut lines),
-            Err(TryRecvError::Empty | TryRecvError::Closed) => break,
+    // What the stream already holds belongs in the file.
+    while !ended {
+        match records.next().now_or_never() {
+            Some(Some(Ok(record))) => {
+                if record.seq > last {
+                    last = record.seq;
+                    log.on_record(&record, &mut lines);
+                }
+            }
+            Some(Some(Err(e))) => {
+                failure = Some(e);
+                ended = true;
+            }
+            Some(None) => ended = true,
+            None => break,
         }
         writer.lines(&mut lines).await?;
+    }
+    // The stream may have ended behind the record (it lagged as its session ended): the rest
+    // is in storage.
+    if let Some(storage) = storage {
+        failure = None;
+        loop {
+            let storage = storage.clone();
+            let page = tokio::task::spawn_blocking(move || {
+                storage.read_after(session_id, last, CATCH_UP_PAGE)
+            })
+            .await
+            .map_err(|e| AgentError::internal(format!("history log catch-up: {e}")))?;
+            let page = match page {
+                Ok(page) => page,
+                Err(e) => {
+                    failure = Some(e);
+                    break;
+                }
+            };
+            let full = page.len() == CATCH_UP_PAGE;
+            for record in page {
+                if record.seq > last {
+                    last = record.seq;
+                    log.on_record(&record, &mut lines);
+                }
+            }
+            writer.lines(&mut lines).await?;
+            if !full {
+                break;
+            }
+        }
+    }
+    if let Some(e) = failure {
+        tracing::warn!(error = %e, after = last, "history log may miss the events after this seq");
+        let message = format!("history log could not read the events after seq {last}: {e}");
+        log.on_gap(&message, now_ms(), &mut lines);
     }
     log.session_end(now_ms(), &mut lines);
     writer.lines(&mut lines).await?;
     writer.flush().await?;
-    tracing::info!(lines = writer.lines, "history log finished");
+    tracing::info!(
+        lines = writer.lines,
+        last_seq = last,
+        "history log finished"
+    );
     Ok(())
 }
 
