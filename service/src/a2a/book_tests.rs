@@ -37,7 +37,7 @@ fn send_params(m: Message) -> SendParams {
         accepted_output_modes: vec![],
         history_length: None,
         return_immediately: false,
-        push_config: false,
+        push_config: None,
         metadata: None,
     }
 }

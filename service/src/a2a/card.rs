@@ -48,7 +48,7 @@ pub fn agent_card(info: &CardInfo, rpc_url: &str) -> Value {
         "version": info.version,
         "capabilities": {
             "streaming": true,
-            "pushNotifications": false,
+            "pushNotifications": true,
             "extendedAgentCard": false,
         },
         "defaultInputModes": INPUT_MODES,
@@ -77,7 +77,7 @@ pub fn agent_card_v03(info: &CardInfo, rpc_url: &str) -> Value {
         "version": info.version,
         "capabilities": {
             "streaming": true,
-            "pushNotifications": false,
+            "pushNotifications": true,
             // The task's history keeps earlier status messages.
             "stateTransitionHistory": false,
         },

@@ -7,8 +7,9 @@ use super::error::A2aError;
 use super::events::frame;
 use super::metrics::{self, StreamGuard};
 use super::model::{SendResult, StreamEvent, Task};
+use super::push;
 use super::request::{self, Request, SendParams};
-use super::tasks::{A2aTasksMsg, Until};
+use super::tasks::{A2aTasksMsg, PushAnswer, Until};
 use super::version::{self, Operation, Version};
 use super::wire;
 use axum::Json;
@@ -349,7 +350,21 @@ async fn execute(s: &A2aState, c: Call) -> Result<Response, Failed> {
                 .map_err(fail)?;
             Ok(sse(version, id, sub.task, sub.events))
         }
-        Request::PushConfig => Err(fail(A2aError::PushNotificationNotSupported)),
+        Request::Push(request) => {
+            let done = ask(&s.tasks, |reply| A2aTasksMsg::Push { request, reply })
+                .await
+                .map_err(fail)?
+                .map_err(fail)?;
+            let result = match done {
+                PushAnswer::Config(c) => push::encode(version, &c),
+                PushAnswer::List(cs) => push::encode_list(version, &cs),
+                PushAnswer::Deleted => match version {
+                    Version::V1_0 => json!({}),
+                    Version::V0_3 => Value::Null,
+                },
+            };
+            Ok(answer(result).into_response())
+        }
         Request::ExtendedCard => Err(fail(A2aError::UnsupportedOperation(
             "this agent has no extended agent card".into(),
         ))),
@@ -369,8 +384,11 @@ async fn ask<T: Send + 'static>(
 }
 
 fn validate(p: &SendParams) -> Result<String, A2aError> {
-    if p.push_config {
-        return Err(A2aError::PushNotificationNotSupported);
+    if let Some(config) = &p.push_config {
+        // Checked before the task exists, so a bad webhook starts nothing.
+        let mut probe = config.clone();
+        probe.task_id = "new".into();
+        push::validate(&probe)?;
     }
     request::input_text(p)
 }

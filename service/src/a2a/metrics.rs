@@ -9,6 +9,10 @@ pub const REQUESTS_TOTAL: &str = "troupe_a2a_requests_total";
 pub const STREAMS_OPEN: &str = "troupe_a2a_streams_open";
 /// A2A task records kept (live and finished).
 pub const TASKS: &str = "troupe_a2a_tasks";
+/// Push notification delivery attempts' outcomes.
+pub const PUSH_DELIVERIES: &str = "troupe_a2a_push_deliveries_total";
+/// The outcomes of [`PUSH_DELIVERIES`].
+pub const PUSH_OUTCOMES: [&str; 4] = ["delivered", "retried", "refused", "failed"];
 
 /// Registers the descriptions (a Prometheus exporter rejects undescribed metrics).
 pub fn describe() {
@@ -34,6 +38,19 @@ pub fn describe() {
     }
     gauge!(STREAMS_OPEN).increment(0.0);
     gauge!(TASKS).increment(0.0);
+    describe_counter!(
+        PUSH_DELIVERIES,
+        Unit::Count,
+        "A2A push notifications, by outcome: delivered, retried (an attempt failed and another follows), refused (the receiver answered a final 4xx), failed (every attempt failed)"
+    );
+    for outcome in PUSH_OUTCOMES {
+        counter!(PUSH_DELIVERIES, "outcome" => outcome).increment(0);
+    }
+}
+
+/// A push notification attempt ended with `outcome` (one of [`PUSH_OUTCOMES`]).
+pub fn push_delivery(outcome: &'static str) {
+    counter!(PUSH_DELIVERIES, "outcome" => outcome).increment(1);
 }
 
 /// `method`: an operation label or `unknown`; `version`: `1.0`, `0.3` or `unsupported`;

@@ -31,6 +31,7 @@ mod http;
 pub mod metrics;
 pub mod model;
 pub mod mount;
+pub mod push;
 pub mod request;
 pub mod supervisor;
 mod tasks;

@@ -14,8 +14,9 @@ pub struct SendParams {
     pub history_length: Option<u32>,
     /// 1.0 `returnImmediately`, 0.3 `blocking: false`.
     pub return_immediately: bool,
-    /// A push notification config came with the request (not supported).
-    pub push_config: bool,
+    /// A push notification config for the new task (its `task_id` is empty until the task
+    /// exists).
+    pub push_config: Option<super::push::PushConfig>,
     pub metadata: Option<Value>,
 }
 
@@ -51,8 +52,8 @@ pub enum Request {
     Subscribe {
         id: String,
     },
-    /// Any push notification config method (troupe sends no push notifications).
-    PushConfig,
+    /// A push notification config method.
+    Push(super::push::PushRequest),
     ExtendedCard,
 }
 
@@ -174,7 +175,7 @@ mod tests {
             accepted_output_modes: vec![],
             history_length: None,
             return_immediately: false,
-            push_config: false,
+            push_config: None,
             metadata: None,
         }
     }

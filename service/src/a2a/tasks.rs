@@ -22,9 +22,12 @@
 use super::backend::A2aBackend;
 use super::book::{CancelPlan, Dispatch, Finished, SendPlan, TaskBook};
 use super::error::A2aError;
+use super::events::closes_stream;
 use super::metrics;
 use super::model::{StreamEvent, Task, TaskPage};
+use super::push::{Deliveries, PushBook, PushConfig, PushRequest, RetryPolicy};
 use super::request::{ListParams, SendParams};
+use super::wire;
 use futures::StreamExt;
 use ractor::{Actor, ActorProcessingErr, ActorRef, RpcReplyPort};
 use std::collections::HashMap;
@@ -48,6 +51,8 @@ pub struct TasksConfig {
     /// How long a task's reply waits for its `task_finished` event before ending the task
     /// by itself (the event carries the end in order with the task's other events).
     pub finish_grace: Duration,
+    /// How push notifications are retried.
+    pub push_retry: RetryPolicy,
 }
 
 impl Default for TasksConfig {
@@ -57,6 +62,7 @@ impl Default for TasksConfig {
             subscriber_buffer: 256,
             open: OpenConversation::default(),
             finish_grace: Duration::from_millis(250),
+            push_retry: RetryPolicy::default(),
         }
     }
 }
@@ -90,6 +96,16 @@ pub struct A2aTasksState {
     streams: HashMap<String, Vec<mpsc::Sender<StreamEvent>>>,
     waiters: Vec<Waiter>,
     forwarder: Option<JoinHandle<()>>,
+    push: PushBook,
+    deliveries: Deliveries,
+}
+
+/// What a push config request answers.
+#[derive(Debug, Clone, PartialEq)]
+pub enum PushAnswer {
+    Config(PushConfig),
+    List(Vec<PushConfig>),
+    Deleted,
 }
 
 /// A send the actor took.
@@ -137,6 +153,11 @@ pub enum A2aTasksMsg {
         task_id: String,
         reply: RpcReplyPort<Result<Subscription, A2aError>>,
     },
+    /// A push notification config request.
+    Push {
+        request: PushRequest,
+        reply: RpcReplyPort<Result<PushAnswer, A2aError>>,
+    },
     /// Answers (through the receiver) when the task reaches `until`.
     WaitFor {
         task_id: String,
@@ -178,6 +199,7 @@ impl Actor for A2aTasks {
         // The session's events are followed from the first message on (see
         // `ensure_forwarding`): a backend that creates its session lazily is not forced to
         // create it at start-up.
+        let push_retry = args.config.push_retry;
         Ok(A2aTasksState {
             book: TaskBook::new(args.config.max_finished),
             backend: args.backend,
@@ -185,6 +207,8 @@ impl Actor for A2aTasks {
             streams: HashMap::new(),
             waiters: Vec::new(),
             forwarder: None,
+            push: PushBook::default(),
+            deliveries: Deliveries::new(push_retry),
         })
     }
 
@@ -234,6 +258,9 @@ impl Actor for A2aTasks {
             }
             A2aTasksMsg::Subscribe { task_id, reply } => {
                 let _ = reply.send(state.on_subscribe(&task_id));
+            }
+            A2aTasksMsg::Push { request, reply } => {
+                let _ = reply.send(state.on_push(request));
             }
             A2aTasksMsg::WaitFor {
                 task_id,
@@ -300,6 +327,10 @@ impl A2aTasksState {
                         tracing::warn!(%approval_id, error = %e, "a2a approval answer failed");
                     }
                 });
+                if let Some(mut config) = params.push_config {
+                    config.task_id.clone_from(&task_id);
+                    self.set_push(config)?;
+                }
                 let events = self.book.answered(&task_id, params.message, now_ms());
                 self.publish(&task_id, events);
                 let events = stream.then(|| self.add_stream(&task_id));
@@ -331,6 +362,10 @@ impl A2aTasksState {
             now_ms(),
         )?;
         tracing::info!(%task_id, %context_id, "a2a task submitted");
+        if let Some(mut config) = params.push_config {
+            config.task_id.clone_from(&task_id);
+            self.set_push(config)?;
+        }
         let events = stream.then(|| self.add_stream(&task_id));
         self.dispatch(myself, &context_id);
         metrics::tasks(self.book.len());
@@ -356,6 +391,53 @@ impl A2aTasksState {
             }
         }
         Ok(())
+    }
+
+    fn on_push(&mut self, request: PushRequest) -> Result<PushAnswer, A2aError> {
+        let known = |book: &TaskBook, task_id: &str| {
+            book.record(task_id)
+                .map(|r| r.task.status.state)
+                .ok_or_else(|| A2aError::TaskNotFound {
+                    task_id: task_id.to_owned(),
+                })
+        };
+        match request {
+            PushRequest::Set(config) => {
+                if known(&self.book, &config.task_id)?.is_terminal() {
+                    return Err(A2aError::UnsupportedOperation(format!(
+                        "task {} is over; it sends no more notifications",
+                        config.task_id
+                    )));
+                }
+                self.set_push(config).map(PushAnswer::Config)
+            }
+            PushRequest::Get { task_id, id } => {
+                known(&self.book, &task_id)?;
+                self.push
+                    .get(&task_id, id.as_deref())
+                    .map(PushAnswer::Config)
+            }
+            PushRequest::List { task_id } => {
+                known(&self.book, &task_id)?;
+                Ok(PushAnswer::List(self.push.of(&task_id).to_vec()))
+            }
+            PushRequest::Delete { task_id, id } => {
+                known(&self.book, &task_id)?;
+                if self.push.delete(&task_id, &id) {
+                    tracing::info!(%task_id, config_id = %id, "a2a push config deleted");
+                }
+                self.deliveries.close(&task_id, &id);
+                Ok(PushAnswer::Deleted)
+            }
+        }
+    }
+
+    /// Stores a task's push config; one that replaces another restarts its worker.
+    fn set_push(&mut self, config: PushConfig) -> Result<PushConfig, A2aError> {
+        let stored = self.push.set(config)?;
+        self.deliveries.close(&stored.task_id, &stored.id);
+        tracing::info!(task_id = %stored.task_id, config_id = %stored.id, "a2a push config set");
+        Ok(stored)
     }
 
     fn on_subscribe(&mut self, task_id: &str) -> Result<Subscription, A2aError> {
@@ -441,6 +523,8 @@ impl A2aTasksState {
     fn forget_old(&mut self) {
         for gone in self.book.evict() {
             self.streams.remove(&gone);
+            self.push.forget(&gone);
+            self.deliveries.close_task(&gone);
         }
         metrics::tasks(self.book.len());
     }
@@ -500,6 +584,17 @@ impl A2aTasksState {
                 // Dropping the senders ends the streams once they drained.
                 self.streams.remove(task_id);
             }
+        }
+        // Each webhook gets the events in the shape of the version that registered it.
+        for config in self.push.of(task_id) {
+            for e in &events {
+                let last = closes_stream(config.version, e);
+                self.deliveries
+                    .send(config, wire::stream_event(config.version, e, last));
+            }
+        }
+        if terminal {
+            self.deliveries.close_task(task_id);
         }
         let book = &self.book;
         let (ready, waiting): (Vec<Waiter>, Vec<Waiter>) = std::mem::take(&mut self.waiters)

@@ -51,7 +51,15 @@ impl Fixture {
         let (session, _join) = SessionHandle::start(SessionId::new(), config, ports)
             .await
             .unwrap();
-        let a2a = A2a::start(Arc::new(session.clone()), A2aConfig::default(), None)
+        let mut a2a_config = A2aConfig::default();
+        // Push notifications retry fast here.
+        a2a_config.tasks.push_retry = push::RetryPolicy {
+            attempts: 4,
+            base: std::time::Duration::from_millis(20),
+            max: std::time::Duration::from_millis(100),
+            timeout: std::time::Duration::from_secs(10),
+        };
+        let a2a = A2a::start(Arc::new(session.clone()), a2a_config, None)
             .await
             .unwrap();
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
@@ -431,7 +439,18 @@ async fn errors_carry_their_codes_on_the_wire() {
             f.call(Some("1.0"), "GetTaskPushNotificationConfig", json!({}))
                 .await
         ),
-        -32003
+        -32602
+    );
+    assert_eq!(
+        code(
+            f.call(
+                Some("1.0"),
+                "GetTaskPushNotificationConfig",
+                json!({"taskId": "missing", "id": "x"})
+            )
+            .await
+        ),
+        -32001
     );
     assert_eq!(
         code(f.call(Some("1.0"), "GetExtendedAgentCard", json!({})).await),
@@ -765,4 +784,243 @@ async fn an_a2a_actor_that_keeps_failing_is_given_up_and_says_so() {
     assert!(a2a.actor().is_none(), "left down");
     a2a.stop().await;
     session.shutdown().await.unwrap();
+}
+
+/// A webhook on loopback: records each request's headers and body, and answers 503 to the
+/// first one (troupe retries it).
+struct Hook {
+    url: String,
+    got: Arc<tokio::sync::Mutex<Vec<(axum::http::HeaderMap, Value)>>>,
+    server: tokio::task::JoinHandle<()>,
+}
+
+impl Hook {
+    async fn start() -> Self {
+        let got: Arc<tokio::sync::Mutex<Vec<(axum::http::HeaderMap, Value)>>> = Arc::default();
+        let seen = got.clone();
+        let app = axum::Router::new().route(
+            "/hook",
+            axum::routing::post(
+                move |headers: axum::http::HeaderMap, body: axum::body::Bytes| {
+                    let seen = seen.clone();
+                    async move {
+                        let mut seen = seen.lock().await;
+                        let first = seen.is_empty();
+                        let body = serde_json::from_slice(&body).unwrap_or(Value::Null);
+                        seen.push((headers, body));
+                        if first {
+                            axum::http::StatusCode::SERVICE_UNAVAILABLE
+                        } else {
+                            axum::http::StatusCode::OK
+                        }
+                    }
+                },
+            ),
+        );
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let url = format!("http://{}/hook", listener.local_addr().unwrap());
+        let server = tokio::spawn(async move {
+            let _ = axum::serve(listener, app).await;
+        });
+        Self { url, got, server }
+    }
+
+    /// The bodies received once one of them is the task's terminal status (bounded wait).
+    async fn until_terminal(&self) -> Vec<(axum::http::HeaderMap, Value)> {
+        for _ in 0..500 {
+            {
+                let got = self.got.lock().await;
+                let done = got.iter().any(|(_, b)| {
+                    b["statusUpdate"]["status"]["state"]
+                        .as_str()
+                        .is_some_and(|s| s == "TASK_STATE_COMPLETED" || s == "TASK_STATE_CANCELED")
+                });
+                if done {
+                    return got.clone();
+                }
+            }
+            tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+        }
+        panic!(
+            "the webhook never got the task's end: {:?}",
+            self.got.lock().await
+        )
+    }
+}
+
+/// A push notification config given with SendMessage: the webhook gets every event of the
+/// task, in order, as StreamResponse bodies with the config's token and credentials; the
+/// first attempt, refused with 503, is retried.
+#[tokio::test]
+async fn push_notifications_reach_the_webhook_in_order_with_their_credentials() {
+    let hook = Hook::start().await;
+    let f = Fixture::start(vec![ScriptedReply::text("pushed answer").chunked(3)]).await;
+    let sent = f
+        .call(
+            Some("1.0"),
+            "SendMessage",
+            json!({"message": v1_message("notify me", json!({})),
+                   "configuration": {"taskPushNotificationConfig": {
+                       "url": hook.url, "token": "tok-1",
+                       "authentication": {"scheme": "Bearer", "credentials": "secret"}}}}),
+        )
+        .await;
+    let task = &sent["result"]["task"];
+    assert_eq!(task["status"]["state"], "TASK_STATE_COMPLETED", "{sent}");
+    let task_id = task["id"].as_str().unwrap();
+    let got = hook.until_terminal().await;
+    for (headers, body) in &got {
+        assert_eq!(headers["x-a2a-notification-token"], "tok-1");
+        assert_eq!(headers["authorization"], "Bearer secret");
+        assert_eq!(headers["content-type"], "application/a2a+json");
+        let event = body
+            .as_object()
+            .and_then(|o| o.values().next())
+            .expect("a StreamResponse");
+        assert_eq!(event["taskId"], task_id, "{body}");
+    }
+    // The first delivery was refused (503) and sent again.
+    assert_eq!(got[0].1, got[1].1, "the refused body comes again");
+    let bodies: Vec<&Value> = got[1..].iter().map(|(_, b)| b).collect();
+    let states: Vec<&str> = bodies
+        .iter()
+        .filter_map(|b| b["statusUpdate"]["status"]["state"].as_str())
+        .collect();
+    assert_eq!(states, ["TASK_STATE_WORKING", "TASK_STATE_COMPLETED"]);
+    let mut text = String::new();
+    for b in &bodies {
+        let u = &b["artifactUpdate"];
+        if u.is_object() {
+            let piece = u["artifact"]["parts"][0]["text"].as_str().unwrap();
+            if u["append"] == true {
+                text.push_str(piece);
+            } else {
+                text = piece.to_owned();
+            }
+        }
+    }
+    assert_eq!(text, "pushed answer");
+    hook.server.abort();
+    f.stop().await;
+}
+
+/// Create, get, list and delete configs of a live task, in both versions' shapes.
+#[tokio::test]
+async fn push_configs_are_created_listed_and_deleted() {
+    let hook = Hook::start().await;
+    let f = Fixture::start(vec![ScriptedReply::hang(true)]).await;
+    let sent = f
+        .call(
+            Some("1.0"),
+            "SendMessage",
+            json!({"message": v1_message("wait", json!({})),
+                   "configuration": {"returnImmediately": true}}),
+        )
+        .await;
+    let task_id = sent["result"]["task"]["id"].as_str().unwrap().to_owned();
+    let call = |method: &'static str, params: Value| f.call(Some("1.0"), method, params);
+    let made = call(
+        "CreateTaskPushNotificationConfig",
+        json!({"taskId": task_id, "id": "mine", "url": hook.url, "token": "t"}),
+    )
+    .await;
+    assert_eq!(
+        made["result"],
+        json!({"id": "mine", "taskId": task_id, "url": hook.url, "token": "t"})
+    );
+    let named = call(
+        "CreateTaskPushNotificationConfig",
+        json!({"taskId": task_id, "url": hook.url}),
+    )
+    .await;
+    let named_id = named["result"]["id"].as_str().unwrap().to_owned();
+    assert!(!named_id.is_empty(), "the server names it: {named}");
+    let got = call(
+        "GetTaskPushNotificationConfig",
+        json!({"taskId": task_id, "id": "mine"}),
+    )
+    .await;
+    assert_eq!(got["result"], made["result"]);
+    let list = call(
+        "ListTaskPushNotificationConfigs",
+        json!({"taskId": task_id}),
+    )
+    .await;
+    assert_eq!(
+        list["result"]["configs"].as_array().unwrap().len(),
+        2,
+        "{list}"
+    );
+    assert_eq!(list["result"]["nextPageToken"], "");
+    let deleted = call(
+        "DeleteTaskPushNotificationConfig",
+        json!({"taskId": task_id, "id": "mine"}),
+    )
+    .await;
+    assert_eq!(deleted["result"], json!({}));
+    let again = call(
+        "DeleteTaskPushNotificationConfig",
+        json!({"taskId": task_id, "id": "mine"}),
+    )
+    .await;
+    assert_eq!(again["result"], json!({}), "idempotent");
+    let gone = call(
+        "GetTaskPushNotificationConfig",
+        json!({"taskId": task_id, "id": "mine"}),
+    )
+    .await;
+    assert_eq!(gone["error"]["code"], -32001);
+    let code = |r: Value| r["error"]["code"].as_i64().unwrap();
+    assert_eq!(
+        code(
+            call(
+                "CreateTaskPushNotificationConfig",
+                json!({"taskId": "nope", "url": hook.url})
+            )
+            .await
+        ),
+        -32001
+    );
+    assert_eq!(
+        code(
+            call(
+                "CreateTaskPushNotificationConfig",
+                json!({"taskId": task_id, "url": "/relative"})
+            )
+            .await
+        ),
+        -32602
+    );
+    // 0.3: the config nested under pushNotificationConfig, the task as `id`.
+    let v03 = |method: &'static str, params: Value| f.call(None, method, params);
+    let set = v03(
+        "tasks/pushNotificationConfig/set",
+        json!({"taskId": task_id, "pushNotificationConfig": {"id": "old", "url": hook.url,
+               "authentication": {"schemes": ["Bearer"], "credentials": "c"}}}),
+    )
+    .await;
+    assert_eq!(
+        set["result"],
+        json!({"taskId": task_id, "pushNotificationConfig": {"id": "old", "url": hook.url,
+               "authentication": {"schemes": ["Bearer"], "credentials": "c"}}})
+    );
+    let get = v03(
+        "tasks/pushNotificationConfig/get",
+        json!({"id": task_id, "pushNotificationConfigId": "old"}),
+    )
+    .await;
+    assert_eq!(get["result"], set["result"]);
+    let list = v03("tasks/pushNotificationConfig/list", json!({"id": task_id})).await;
+    assert_eq!(list["result"].as_array().unwrap().len(), 2, "{list}");
+    let del = v03(
+        "tasks/pushNotificationConfig/delete",
+        json!({"id": task_id, "pushNotificationConfigId": "old"}),
+    )
+    .await;
+    assert_eq!(del["result"], Value::Null, "{del}");
+    call("CancelTask", json!({"id": task_id})).await;
+    // The remaining config hears the end.
+    hook.until_terminal().await;
+    hook.server.abort();
+    f.stop().await;
 }

@@ -352,7 +352,11 @@ fn send_params(params: &Value) -> Result<SendParams, A2aError> {
         history_length: non_negative("configuration.historyLength", c.history_length)?,
         // 0.3 blocks unless told not to.
         return_immediately: c.blocking == Some(false),
-        push_config: c.push_notification_config.is_some(),
+        push_config: c
+            .push_notification_config
+            .filter(|v| !v.is_null())
+            .map(|v| super::push::config_v03(&v, Some("")))
+            .transpose()?,
         metadata: w.metadata,
     })
 }
@@ -383,7 +387,11 @@ pub fn decode(op: Operation, params: &Value) -> Result<Request, A2aError> {
         Operation::CreatePushConfig
         | Operation::GetPushConfig
         | Operation::ListPushConfigs
-        | Operation::DeletePushConfig => Request::PushConfig,
+        | Operation::DeletePushConfig => Request::Push(super::push::decode(
+            super::version::Version::V0_3,
+            op,
+            params,
+        )?),
         Operation::GetExtendedAgentCard => Request::ExtendedCard,
     })
 }

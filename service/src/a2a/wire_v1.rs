@@ -323,7 +323,11 @@ fn send_params(params: &Value) -> Result<SendParams, A2aError> {
         accepted_output_modes: c.accepted_output_modes,
         history_length: non_negative("configuration.historyLength", c.history_length)?,
         return_immediately: c.return_immediately,
-        push_config: c.task_push_notification_config.is_some(),
+        push_config: c
+            .task_push_notification_config
+            .filter(|v| !v.is_null())
+            .map(|v| super::push::config_v1(&v, Some("")))
+            .transpose()?,
         metadata: w.metadata,
     })
 }
@@ -376,7 +380,11 @@ pub fn decode(op: Operation, params: &Value) -> Result<Request, A2aError> {
         Operation::CreatePushConfig
         | Operation::GetPushConfig
         | Operation::ListPushConfigs
-        | Operation::DeletePushConfig => Request::PushConfig,
+        | Operation::DeletePushConfig => Request::Push(super::push::decode(
+            super::version::Version::V1_0,
+            op,
+            params,
+        )?),
         Operation::GetExtendedAgentCard => Request::ExtendedCard,
     })
 }
