@@ -17,8 +17,10 @@ Prints one line per step and exits 0 when every check holds.
 """
 
 import asyncio
+import http.server
 import json
 import sys
+import threading
 
 import httpx
 
@@ -26,11 +28,14 @@ from a2a.client import A2ACardResolver, ClientConfig, ClientFactory
 from a2a.helpers.proto_helpers import new_text_message
 from a2a.types.a2a_pb2 import (
     CancelTaskRequest,
+    GetTaskPushNotificationConfigRequest,
     GetTaskRequest,
+    ListTaskPushNotificationConfigsRequest,
     ListTasksRequest,
     Role,
     SendMessageRequest,
     SubscribeToTaskRequest,
+    TaskPushNotificationConfig,
     TaskState,
 )
 from a2a.utils.errors import (
@@ -85,8 +90,43 @@ async def wait_for_state(client, task_id, want, tries=100):
     raise AssertionError(f"task {task_id} never reached {state_name(want)}")
 
 
-V1_METHODS = {"SendMessage", "SendStreamingMessage", "GetTask", "ListTasks", "CancelTask", "SubscribeToTask"}
-V03_METHODS = {"message/send", "message/stream", "tasks/get", "tasks/cancel", "tasks/resubscribe"}
+V1_METHODS = {
+    "SendMessage", "SendStreamingMessage", "GetTask", "ListTasks", "CancelTask", "SubscribeToTask",
+    "CreateTaskPushNotificationConfig", "GetTaskPushNotificationConfig", "ListTaskPushNotificationConfigs",
+}
+V03_METHODS = {
+    "message/send", "message/stream", "tasks/get", "tasks/cancel", "tasks/resubscribe",
+    "tasks/pushNotificationConfig/set", "tasks/pushNotificationConfig/get",
+    "tasks/pushNotificationConfig/list",
+}
+
+
+class Webhook:
+    """A push notification receiver on loopback: keeps each POST's headers and JSON body."""
+
+    def __init__(self):
+        got = self.got = []
+        done = self.done = threading.Event()
+
+        class Handler(http.server.BaseHTTPRequestHandler):
+            def do_POST(self):
+                body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+                got.append(({k.lower(): v for k, v in self.headers.items()}, body))
+                self.send_response(200)
+                self.end_headers()
+                text = json.dumps(body)
+                if "TASK_STATE_COMPLETED" in text or '"completed"' in text:
+                    done.set()
+
+            def log_message(self, *args):
+                pass
+
+        self.server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.url = "http://127.0.0.1:%d/hook" % self.server.server_address[1]
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+
+    def close(self):
+        self.server.shutdown()
 
 
 async def run(base, version, token):
@@ -166,9 +206,22 @@ async def run(base, version, token):
         except TaskNotCancelableError:
             check(True, "canceling a canceled task is TaskNotCancelable")
 
-        # 6. resubscribe to a task that is working.
+        # 6. resubscribe to a task that is working, with a push notification webhook on it.
         slow = (await only_event(blocking.send_message(request("slow one", return_immediately=True)))).task
         await wait_for_state(blocking, slow.id, TaskState.TASK_STATE_WORKING)
+        hook = Webhook()
+        made = await blocking.create_task_push_notification_config(
+            TaskPushNotificationConfig(task_id=slow.id, url=hook.url, token="py-token")
+        )
+        check(made.id != "" and made.url == hook.url, f"a push config is created ({made})")
+        got = await blocking.get_task_push_notification_config(
+            GetTaskPushNotificationConfigRequest(task_id=slow.id, id=made.id)
+        )
+        check(got.url == hook.url and got.token == "py-token", "and read back")
+        listed = await blocking.list_task_push_notification_configs(
+            ListTaskPushNotificationConfigsRequest(task_id=slow.id)
+        )
+        check([c.id for c in listed.configs] == [made.id], "and listed")
         events = [e async for e in streaming.subscribe(SubscribeToTaskRequest(id=slow.id))]
         check(events[0].WhichOneof("payload") == "task", "a resubscription opens with the task")
         check(state_name(events[0].task.status.state) == "TASK_STATE_WORKING", "the task is still working")
@@ -178,6 +231,14 @@ async def run(base, version, token):
         )
         resumed = assemble(e.artifact_update for e in events if e.HasField("artifact_update"))
         check(resumed == "Slow answer", f"the resubscription carries the answer ({resumed!r})")
+        await asyncio.get_running_loop().run_in_executor(None, hook.done.wait, 10)
+        hook.close()
+        check(hook.done.is_set(), f"the webhook heard the task's end ({len(hook.got)} notifications)")
+        check(
+            all(h.get("x-a2a-notification-token") == "py-token" for h, _ in hook.got),
+            "every notification carries the config's token",
+        )
+        check(slow.id in json.dumps(hook.got[-1][1]), "and names the task")
         try:
             async for _ in streaming.subscribe(SubscribeToTaskRequest(id=slow.id)):
                 pass
