@@ -111,6 +111,10 @@ pub struct SlotLease {
     out: Arc<AtomicBool>,
 }
 
+/// How long a wait for a human keeps the slot: an answer that comes sooner (a decision the
+/// approval store remembers) costs no trip back through the scheduler's queue.
+pub const HUMAN_GRACE: Duration = Duration::from_millis(50);
+
 /// Where the verdict on a slot asked for again goes.
 pub type SlotGrant = oneshot::Sender<Result<(), AgentError>>;
 
@@ -166,6 +170,33 @@ impl SlotLease {
             self.out.store(false, Ordering::SeqCst);
         }
         verdict
+    }
+
+    /// Waits for `answer`, a human's: if it has not come within [`HUMAN_GRACE`] (a remembered
+    /// decision answers at once), the slot goes back for the rest of the wait and is asked
+    /// for again once answered. `why` names the wait in the `Cancelled` error a cancel ends it
+    /// with.
+    pub async fn wait_for_human<T>(
+        &self,
+        cancel: &CancellationToken,
+        why: &'static str,
+        answer: impl std::future::Future<Output = T>,
+    ) -> Result<T, AgentError> {
+        tokio::pin!(answer);
+        tokio::select! {
+            biased;
+            () = cancel.cancelled() => return Err(AgentError::cancelled(why)),
+            r = &mut answer => return Ok(r),
+            () = tokio::time::sleep(HUMAN_GRACE) => {}
+        }
+        self.give_back();
+        let r = tokio::select! {
+            biased;
+            () = cancel.cancelled() => return Err(AgentError::cancelled(why)),
+            r = &mut answer => r,
+        };
+        self.take_back(cancel).await?;
+        Ok(r)
     }
 
     /// Whether the slot was given back and not confirmed back since: after work that may
@@ -584,7 +615,77 @@ pub fn status_of(error: &AgentError) -> TaskStatus {
 mod tests {
     use super::*;
     use crate::ports::ToolFailureKind;
+    use std::sync::atomic::AtomicUsize;
     use troupe_proto::Json;
+
+    /// A lease counting what it is asked to do; its slot comes back at once.
+    fn counting_lease() -> (SlotLease, Arc<AtomicUsize>, Arc<AtomicUsize>) {
+        let (gave, asked) = (Arc::new(AtomicUsize::new(0)), Arc::new(AtomicUsize::new(0)));
+        let (g, a) = (gave.clone(), asked.clone());
+        let lease = SlotLease::new(
+            move || {
+                g.fetch_add(1, Ordering::SeqCst);
+            },
+            move |granted| {
+                a.fetch_add(1, Ordering::SeqCst);
+                let _ = granted.send(Ok(()));
+            },
+        );
+        (lease, gave, asked)
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_quick_answer_keeps_the_slot_and_a_slow_one_gives_it_back_for_the_wait() {
+        let cancel = CancellationToken::new();
+        let (lease, gave, asked) = counting_lease();
+        let quick = lease
+            .wait_for_human(&cancel, "x", async {
+                tokio::time::sleep(HUMAN_GRACE / 2).await;
+                1
+            })
+            .await;
+        assert_eq!(quick.unwrap(), 1);
+        assert_eq!(
+            (gave.load(Ordering::SeqCst), asked.load(Ordering::SeqCst)),
+            (0, 0)
+        );
+        let slow = lease
+            .wait_for_human(&cancel, "x", async {
+                tokio::time::sleep(Duration::from_secs(3600)).await;
+                2
+            })
+            .await;
+        assert_eq!(slow.unwrap(), 2);
+        assert_eq!(
+            (gave.load(Ordering::SeqCst), asked.load(Ordering::SeqCst)),
+            (1, 1)
+        );
+        assert!(!lease.is_out(), "back once granted");
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_cancel_during_the_wait_ends_it_without_asking_for_the_slot() {
+        let cancel = CancellationToken::new();
+        let (lease, gave, asked) = counting_lease();
+        let c = cancel.clone();
+        tokio::spawn(async move {
+            tokio::time::sleep(Duration::from_secs(5)).await;
+            c.cancel();
+        });
+        let r = lease
+            .wait_for_human(
+                &cancel,
+                "cancelled while waiting",
+                std::future::pending::<()>(),
+            )
+            .await;
+        assert_eq!(r.unwrap_err().kind(), troupe_proto::ErrorKind::Cancelled);
+        assert_eq!(
+            (gave.load(Ordering::SeqCst), asked.load(Ordering::SeqCst)),
+            (1, 0)
+        );
+        assert!(lease.is_out(), "still out: the task ends without it");
+    }
 
     #[test]
     fn retry_follows_the_failure_kind_not_its_text() {

@@ -70,19 +70,23 @@ impl Requester {
             None,
             crate::approval_store::metrics::Asker::Mcp,
         );
-        // The task computes nothing while a human decides: its slot goes back for the wait.
-        if let Some(slot) = &self.call.slot {
-            slot.give_back();
-        }
-        let answer = tokio::select! {
-            biased;
-            () = self.call.cancel.cancelled() => None,
-            answer = asked => Some(answer),
+        // The task computes nothing while a human decides: its slot goes back for the wait,
+        // and the server's request goes on (the answer reaches it) only once it is back.
+        let answer = match &self.call.slot {
+            Some(slot) => slot
+                .wait_for_human(
+                    &self.call.cancel,
+                    "the tool call that caused the request ended",
+                    asked,
+                )
+                .await
+                .ok(),
+            None => tokio::select! {
+                biased;
+                () = self.call.cancel.cancelled() => None,
+                answer = asked => Some(answer),
+            },
         };
-        // The server's request goes on (the answer reaches it) only once the slot is back.
-        if let (Some(slot), Some(_)) = (&self.call.slot, &answer) {
-            slot.take_back(&self.call.cancel).await?;
-        }
         match answer {
             Some(answer) => answer.unwrap_or_else(|| {
                 Err(AgentError::internal("the session's approval store is gone"))

@@ -388,15 +388,13 @@ pub(super) async fn approve(
         crate::approval_store::metrics::Asker::Task,
     );
     // Nothing is computed while a human decides: the slot goes back for the wait.
-    ctx.slot.give_back();
-    let answer = tokio::select! {
-        biased;
-        () = ctx.cancel.cancelled() => return Err(AgentError::cancelled("cancelled while waiting for approval")),
-        r = asked.instrument(span.clone()) => r,
-    };
-    ctx.slot
-        .take_back(&ctx.cancel)
-        .instrument(spans::scheduler_wait(ctx.conversation_id, ctx.task_id))
+    let answer = ctx
+        .slot
+        .wait_for_human(
+            &ctx.cancel,
+            "cancelled while waiting for approval",
+            asked.instrument(span.clone()),
+        )
         .await?;
     let granted = answer.unwrap_or_else(|| {
         Err(AgentError::ApprovalDenied {
