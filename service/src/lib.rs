@@ -93,6 +93,8 @@ pub struct Service {
     allowed_origins: Vec<String>,
     limits: listen::ConnLimits,
     a2a: troupe_runtime::config::A2aServerConfig,
+    /// What the A2A extended card adds: the shell tool and the configured MCP servers.
+    a2a_skills: Vec<serde_json::Value>,
 }
 
 impl std::fmt::Debug for Service {
@@ -180,6 +182,15 @@ impl Service {
                 max_connections: config.server.max_connections,
             },
             a2a: config.server.a2a.clone(),
+            a2a_skills: a2a::card::tool_skills(
+                true,
+                &config
+                    .mcp
+                    .servers
+                    .iter()
+                    .map(|s| s.name.clone())
+                    .collect::<Vec<_>>(),
+            ),
         })
     }
 
@@ -213,8 +224,13 @@ impl Service {
         if !self.a2a.enabled {
             return Ok((None, ExtraRoutes::default()));
         }
-        let (mounted, routes) =
-            a2a::mount::mount(self.sessions.clone(), &self.a2a, !self.auth.is_open()).await?;
+        let (mounted, routes) = a2a::mount::mount(
+            self.sessions.clone(),
+            &self.a2a,
+            !self.auth.is_open(),
+            self.a2a_skills.clone(),
+        )
+        .await?;
         tracing::info!(project = %self.a2a.project, "A2A endpoint mounted");
         Ok((Some(mounted), routes))
     }

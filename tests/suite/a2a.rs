@@ -233,13 +233,42 @@ async fn the_card_validates_against_the_official_1_0_agent_card() {
     };
     let v1 = fetch("/.well-known/agent-card.json").await;
     let v03 = fetch("/.well-known/agent.json").await;
+    // The extended card, for a caller with the token: the tools the agent can use.
+    let extended: Value = http
+        .post(format!("{}/a2a", server.base))
+        .bearer_auth(A2A_TOKEN)
+        .header("A2A-Version", "1.0")
+        .json(&json!({"jsonrpc": "2.0", "id": 1, "method": "GetExtendedAgentCard", "params": {}}))
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    let extended = extended["result"].to_string();
+    assert!(extended.contains("tool-shell"), "{extended}");
+    let old: Value = http
+        .post(format!("{}/a2a", server.base))
+        .bearer_auth(A2A_TOKEN)
+        .json(&json!({"jsonrpc": "2.0", "id": 2, "method": "agent/getAuthenticatedExtendedCard"}))
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    assert!(old["result"]["url"].is_string(), "{old}");
+    assert!(old["result"].to_string().contains("tool-shell"), "{old}");
     const CHECK: &str = r#"
 import json, sys
 from google.protobuf.json_format import ParseDict
 from a2a.types.a2a_pb2 import AgentCard
 from a2a.compat.v0_3.types import AgentCard as AgentCardV03
-v1, v03 = json.loads(sys.argv[1]), json.loads(sys.argv[2])
+v1, v03, ext = json.loads(sys.argv[1]), json.loads(sys.argv[2]), json.loads(sys.argv[3])
 card = ParseDict(v1, AgentCard(), ignore_unknown_fields=False)
+assert card.capabilities.extended_agent_card, card
+extended = ParseDict(ext, AgentCard(), ignore_unknown_fields=False)
+assert any(s.id == "tool-shell" for s in extended.skills), extended
 assert card.supported_interfaces[0].protocol_version == "1.0", card
 assert "bearer" in card.security_schemes, card
 old = AgentCardV03.model_validate(v03)
@@ -256,6 +285,7 @@ print("card ok")
         .arg(CHECK)
         .arg(&v1)
         .arg(&v03)
+        .arg(&extended)
         .output()
         .await
         .expect("python runs");

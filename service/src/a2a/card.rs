@@ -18,6 +18,10 @@ pub struct CardInfo {
     pub version: String,
     /// Requests need `Authorization: Bearer <token>` (the card itself is public).
     pub bearer_auth: bool,
+    /// Skills only an authenticated client sees, in the extended card: what the agent can
+    /// use (its tools, its MCP servers). The extended card is offered when requests need a
+    /// token, since only then is a caller known.
+    pub extended_skills: Vec<Value>,
 }
 
 impl Default for CardInfo {
@@ -29,6 +33,7 @@ impl Default for CardInfo {
                 .into(),
             version: env!("CARGO_PKG_VERSION").into(),
             bearer_auth: false,
+            extended_skills: Vec::new(),
         }
     }
 }
@@ -49,7 +54,7 @@ pub fn agent_card(info: &CardInfo, rpc_url: &str) -> Value {
         "capabilities": {
             "streaming": true,
             "pushNotifications": true,
-            "extendedAgentCard": false,
+            "extendedAgentCard": info.bearer_auth,
         },
         "defaultInputModes": INPUT_MODES,
         "defaultOutputModes": OUTPUT_MODES,
@@ -88,8 +93,48 @@ pub fn agent_card_v03(info: &CardInfo, rpc_url: &str) -> Value {
     if info.bearer_auth {
         card["securitySchemes"] = json!({"bearer": {"type": "http", "scheme": "bearer"}});
         card["security"] = json!([{"bearer": []}]);
+        card["supportsAuthenticatedExtendedCard"] = json!(true);
     }
     card
+}
+
+/// The card an authenticated client gets from `GetExtendedAgentCard` (0.3
+/// `agent/getAuthenticatedExtendedCard`): the public card of that version with the extended
+/// skills added.
+pub fn extended_card(info: &CardInfo, rpc_url: &str, v03: bool) -> Value {
+    let mut card = if v03 {
+        agent_card_v03(info, rpc_url)
+    } else {
+        agent_card(info, rpc_url)
+    };
+    if let Some(skills) = card["skills"].as_array_mut() {
+        skills.extend(info.extended_skills.iter().cloned());
+    }
+    card
+}
+
+/// The extended skills of an agent whose conversations have the shell tool and these MCP
+/// servers.
+pub fn tool_skills(shell: bool, mcp_servers: &[String]) -> Vec<Value> {
+    let mut skills = Vec::new();
+    if shell {
+        skills.push(json!({
+            "id": "tool-shell",
+            "name": "Shell commands",
+            "description": "Runs commands in the agent's workspace, sandboxed as its policy \
+                            says; a command that needs approval makes the task INPUT_REQUIRED.",
+            "tags": ["tool", "shell"],
+        }));
+    }
+    for server in mcp_servers {
+        skills.push(json!({
+            "id": format!("mcp-{server}"),
+            "name": format!("MCP server `{server}`"),
+            "description": format!("The tools of the MCP server `{server}` (named `{server}__<tool>`)."),
+            "tags": ["tool", "mcp"],
+        }));
+    }
+    skills
 }
 
 fn skills() -> Value {
@@ -131,6 +176,45 @@ mod tests {
             }
             c
         });
+    }
+
+    #[test]
+    fn the_extended_card_adds_the_tools_for_authenticated_callers() {
+        let open = CardInfo::default();
+        assert_eq!(
+            agent_card(&open, "u")["capabilities"]["extendedAgentCard"],
+            false
+        );
+        let info = CardInfo {
+            bearer_auth: true,
+            extended_skills: tool_skills(true, &["files".into()]),
+            ..CardInfo::default()
+        };
+        let public = agent_card(&info, "u");
+        assert_eq!(public["capabilities"]["extendedAgentCard"], true);
+        let ids = |card: &Value| -> Vec<String> {
+            card["skills"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .map(|s| s["id"].as_str().unwrap().to_owned())
+                .collect()
+        };
+        assert_eq!(
+            ids(&public),
+            ["conversation"],
+            "the public card keeps them back"
+        );
+        for v03 in [false, true] {
+            let extended = extended_card(&info, "u", v03);
+            assert_eq!(ids(&extended), ["conversation", "tool-shell", "mcp-files"]);
+            assert_eq!(extended.get("url").is_some(), v03);
+        }
+        assert_eq!(
+            agent_card_v03(&info, "u")["supportsAuthenticatedExtendedCard"],
+            true
+        );
+        assert!(tool_skills(false, &[]).is_empty());
     }
 
     #[test]

@@ -2,7 +2,7 @@
 //! the streaming methods). Decoding is pure (`parse_call`); the work goes to the `A2aTasks`
 //! actor.
 
-use super::card::{CardInfo, agent_card, agent_card_v03};
+use super::card::{CardInfo, agent_card, agent_card_v03, extended_card};
 use super::error::A2aError;
 use super::events::frame;
 use super::metrics::{self, StreamGuard};
@@ -73,8 +73,9 @@ pub async fn legacy_card(State(s): State<A2aState>, req_headers: HeaderMap) -> R
     serve_card(&s, &req_headers, true)
 }
 
-fn serve_card(s: &A2aState, req_headers: &HeaderMap, v03: bool) -> Response {
-    let url = match &s.public_url {
+/// The JSON-RPC URL a card names: the configured public one, else from the request's Host.
+fn card_url(s: &A2aState, req_headers: &HeaderMap) -> String {
+    match &s.public_url {
         Some(u) => u.to_string(),
         None => {
             let host = req_headers
@@ -88,7 +89,11 @@ fn serve_card(s: &A2aState, req_headers: &HeaderMap, v03: bool) -> Response {
                 .unwrap_or("http");
             format!("{scheme}://{host}{}", s.rpc_path)
         }
-    };
+    }
+}
+
+fn serve_card(s: &A2aState, req_headers: &HeaderMap, v03: bool) -> Response {
+    let url = card_url(s, req_headers);
     let card = if v03 {
         agent_card_v03(&s.card, &url)
     } else {
@@ -287,7 +292,8 @@ pub async fn rpc(State(s): State<A2aState>, headers: HeaderMap, body: Bytes) -> 
     };
     let (method, version) = (call.op.label(), call.version.as_str());
     let span = tracing::info_span!("a2a", method, version);
-    let result = execute(&s, call).instrument(span).await;
+    let url = card_url(&s, &headers);
+    let result = execute(&s, call, &url).instrument(span).await;
     match result {
         Ok(r) => {
             metrics::request(method, version, "ok");
@@ -303,7 +309,8 @@ pub async fn rpc(State(s): State<A2aState>, headers: HeaderMap, body: Bytes) -> 
 
 type Failed = (Value, A2aError);
 
-async fn execute(s: &A2aState, c: Call) -> Result<Response, Failed> {
+/// `card_url`: the JSON-RPC URL an extended card names.
+async fn execute(s: &A2aState, c: Call, card_url: &str) -> Result<Response, Failed> {
     let Call {
         id,
         version,
@@ -365,8 +372,12 @@ async fn execute(s: &A2aState, c: Call) -> Result<Response, Failed> {
             };
             Ok(answer(result).into_response())
         }
+        // The route sits behind the token check: a caller that reaches it is authenticated.
+        Request::ExtendedCard if s.card.bearer_auth => {
+            Ok(answer(extended_card(&s.card, card_url, version == Version::V0_3)).into_response())
+        }
         Request::ExtendedCard => Err(fail(A2aError::UnsupportedOperation(
-            "this agent has no extended agent card".into(),
+            "this agent takes no token, so it has no extended agent card".into(),
         ))),
     }
 }

@@ -128,10 +128,12 @@ impl A2aBackend for RegistryBackend {
 }
 
 /// Starts the endpoint over the registry; `bearer_auth`: the card says requests need a token.
+/// `extended_skills`: what the extended card adds for authenticated clients.
 pub async fn mount(
     sessions: SessionsApi,
     config: &A2aServerConfig,
     bearer_auth: bool,
+    extended_skills: Vec<serde_json::Value>,
 ) -> Result<(A2a, ExtraRoutes), AgentError> {
     let backend = RegistryBackend::new(sessions.clone(), &config.project);
     let give_up: super::supervisor::GiveUp =
@@ -142,6 +144,7 @@ pub async fn mount(
             card: CardInfo {
                 name: config.name.clone(),
                 bearer_auth,
+                extended_skills,
                 ..CardInfo::default()
             },
             public_url: config.public_url.clone(),
