@@ -85,6 +85,23 @@ impl Fixture {
         self.raw(version, body.to_string()).await
     }
 
+    /// A 1.0 send that returns at once (`extra` goes into the message: a contextId, ...);
+    /// answers the new task's id.
+    async fn send_now(&self, text: &str, extra: Value) -> String {
+        let sent = self
+            .call(
+                Some("1.0"),
+                "SendMessage",
+                json!({"message": v1_message(text, extra),
+                       "configuration": {"returnImmediately": true}}),
+            )
+            .await;
+        sent["result"]["task"]["id"]
+            .as_str()
+            .unwrap_or_else(|| panic!("no task in {sent}"))
+            .to_owned()
+    }
+
     async fn raw(&self, version: Option<&str>, body: String) -> Value {
         let mut req = self
             .http
@@ -150,15 +167,7 @@ fn shell(argv: &[&str]) -> ScriptedReply {
 #[tokio::test]
 async fn an_approval_is_input_required_and_answered_in_the_task() {
     let f = Fixture::start(vec![shell(&["echo", "a2a-ok"]), ScriptedReply::default()]).await;
-    let sent = f
-        .call(
-            Some("1.0"),
-            "SendMessage",
-            json!({"message": v1_message("run it", json!({})),
-                   "configuration": {"returnImmediately": true}}),
-        )
-        .await;
-    let task_id = sent["result"]["task"]["id"].as_str().unwrap().to_owned();
+    let task_id = f.send_now("run it", json!({})).await;
     let waiting = f.wait_state(&task_id, "TASK_STATE_INPUT_REQUIRED").await;
     let ask = &waiting["status"]["message"];
     assert_eq!(ask["role"], "ROLE_AGENT");
@@ -215,22 +224,8 @@ async fn a_lagging_event_feed_loses_no_approval_request() {
         },
     )
     .await;
-    let send = |text: &str| {
-        f.call(
-            Some("1.0"),
-            "SendMessage",
-            json!({"message": v1_message(text, json!({})),
-                   "configuration": {"returnImmediately": true}}),
-        )
-    };
-    let a = send("first").await["result"]["task"]["id"]
-        .as_str()
-        .unwrap()
-        .to_owned();
-    let b = send("second").await["result"]["task"]["id"]
-        .as_str()
-        .unwrap()
-        .to_owned();
+    let a = f.send_now("first", json!({})).await;
+    let b = f.send_now("second", json!({})).await;
     // One of them took the shell call and waits for a human, the other streamed its answer.
     let mut states = Vec::new();
     for _ in 0..500 {
@@ -262,15 +257,7 @@ async fn a_task_waiting_for_input_does_not_block_another_context() {
         ScriptedReply::default(),
     ])
     .await;
-    let sent = f
-        .call(
-            Some("1.0"),
-            "SendMessage",
-            json!({"message": v1_message("run it", json!({})),
-                   "configuration": {"returnImmediately": true}}),
-        )
-        .await;
-    let waiting = sent["result"]["task"]["id"].as_str().unwrap().to_owned();
+    let waiting = f.send_now("run it", json!({})).await;
     f.wait_state(&waiting, "TASK_STATE_INPUT_REQUIRED").await;
     // A bound on a hang, not a speed check.
     let other = tokio::time::timeout(
@@ -303,23 +290,9 @@ async fn a_task_waiting_for_a_slot_is_submitted() {
         ScriptedReply::text("ran after the other"),
     ])
     .await;
-    let send = |text: &str, context: &str| {
-        f.call(
-            Some("1.0"),
-            "SendMessage",
-            json!({"message": v1_message(text, json!({"contextId": context})),
-                   "configuration": {"returnImmediately": true}}),
-        )
-    };
-    let busy = send("hang", "ctx-busy").await["result"]["task"]["id"]
-        .as_str()
-        .unwrap()
-        .to_owned();
+    let busy = f.send_now("hang", json!({"contextId": "ctx-busy"})).await;
     f.wait_state(&busy, "TASK_STATE_WORKING").await;
-    let queued = send("next", "ctx-next").await["result"]["task"]["id"]
-        .as_str()
-        .unwrap()
-        .to_owned();
+    let queued = f.send_now("next", json!({"contextId": "ctx-next"})).await;
     // Its troupe task started and waits for the slot the first one holds.
     for _ in 0..200 {
         let tasks = f.session.tasks(None).await.unwrap();
@@ -909,15 +882,7 @@ async fn push_notifications_reach_the_webhook_in_order_with_their_credentials() 
 async fn push_configs_are_created_listed_and_deleted() {
     let hook = Hook::start().await;
     let f = Fixture::start(vec![ScriptedReply::hang(true)]).await;
-    let sent = f
-        .call(
-            Some("1.0"),
-            "SendMessage",
-            json!({"message": v1_message("wait", json!({})),
-                   "configuration": {"returnImmediately": true}}),
-        )
-        .await;
-    let task_id = sent["result"]["task"]["id"].as_str().unwrap().to_owned();
+    let task_id = f.send_now("wait", json!({})).await;
     let call = |method: &'static str, params: Value| f.call(Some("1.0"), method, params);
     let made = call(
         "CreateTaskPushNotificationConfig",
