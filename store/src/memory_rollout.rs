@@ -112,19 +112,7 @@ impl RolloutStorage for MemoryRolloutStorage {
         session_id: SessionId,
         conversation_id: ConversationId,
     ) -> Result<Vec<RolloutRecord>, AgentError> {
-        let data = self.shared.lock();
-        let records: Vec<RolloutRecord> = data
-            .sessions
-            .get(&session_id)
-            .map(|s| {
-                s.records
-                    .iter()
-                    .filter(|r| r.conversation_id == Some(conversation_id))
-                    .cloned()
-                    .collect()
-            })
-            .unwrap_or_default();
-        drop(data);
+        let records = self.conversation_records(session_id, conversation_id, false);
         self.count(RecordsRead::Conversation, &records);
         Ok(records)
     }
@@ -134,17 +122,7 @@ impl RolloutStorage for MemoryRolloutStorage {
         session_id: SessionId,
         conversation_id: ConversationId,
     ) -> Result<Vec<RolloutRecord>, AgentError> {
-        let data = self.shared.lock();
-        let records: Vec<RolloutRecord> = data
-            .sessions
-            .get(&session_id)
-            .map(|s| {
-                let mine = |r: &&RolloutRecord| r.conversation_id == Some(conversation_id);
-                let start = window_index(&s.records, conversation_id);
-                s.records[start..].iter().filter(mine).cloned().collect()
-            })
-            .unwrap_or_default();
-        drop(data);
+        let records = self.conversation_records(session_id, conversation_id, true);
         self.count(RecordsRead::Window, &records);
         Ok(records)
     }
@@ -188,6 +166,34 @@ impl RolloutStorage for MemoryRolloutStorage {
 /// [`troupe_actors::rollout::window_start`]), searched from the newest end: its newest
 /// checkpoint that kept its event, then back to the start of the task that checkpoint names.
 /// 0 without one.
+impl MemoryRolloutStorage {
+    /// A conversation's records of a session: all of them, or (`window`) from its newest
+    /// history checkpoint on.
+    fn conversation_records(
+        &self,
+        session_id: SessionId,
+        conversation_id: ConversationId,
+        window: bool,
+    ) -> Vec<RolloutRecord> {
+        let data = self.shared.lock();
+        data.sessions
+            .get(&session_id)
+            .map(|s| {
+                let start = if window {
+                    window_index(&s.records, conversation_id)
+                } else {
+                    0
+                };
+                s.records[start..]
+                    .iter()
+                    .filter(|r| r.conversation_id == Some(conversation_id))
+                    .cloned()
+                    .collect()
+            })
+            .unwrap_or_default()
+    }
+}
+
 fn window_index(records: &[RolloutRecord], conversation_id: ConversationId) -> usize {
     let mine = |r: &RolloutRecord| r.conversation_id == Some(conversation_id);
     let checkpoint =
