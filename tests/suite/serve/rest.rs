@@ -27,7 +27,9 @@ async fn routes() {
     let (status, got) = api.get(&format!("/api/sessions/{sid}")).await;
     assert_eq!((status, &got), (StatusCode::OK, &s));
     assert_eq!(s["status"], "active", "a new session is active");
-    assert_eq!(s["updated_ms"], s["created_ms"]);
+    // Storing the root conversation while the session is created may move `updated_ms` a
+    // millisecond past `created_ms`; it never lies before it.
+    assert!(s["updated_ms"].as_u64() >= s["created_ms"].as_u64(), "{s}");
 
     let sent = api.say(&sid, "one").await;
     assert_eq!(sent["reply"]["text"], "You said: one");
