@@ -15,6 +15,7 @@
 #![forbid(unsafe_code)]
 
 pub mod mcp;
+pub mod oauth;
 mod reply;
 pub mod wire;
 
