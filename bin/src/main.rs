@@ -3,6 +3,7 @@
 
 mod chat;
 mod history;
+mod mcp;
 mod serve;
 mod spinner;
 
@@ -26,6 +27,9 @@ enum Command {
     /// Work with JSONL chat histories.
     #[command(subcommand)]
     History(history::HistoryCommand),
+    /// OAuth logins of MCP servers: login, logout, status.
+    #[command(subcommand)]
+    Mcp(mcp::McpCommand),
     /// Runs a command under a sandbox policy (the shell tool's launcher; not for people).
     #[command(name = "sandbox-exec", hide = true, disable_help_flag = true)]
     SandboxExec {
@@ -74,6 +78,11 @@ fn main() -> ExitCode {
                 // Console logs only: nothing here is traced.
                 let _telemetry = troupe_runtime::telemetry::init("troupe");
                 history::run(cmd).map(|()| ExitCode::SUCCESS)
+            }
+            Command::Mcp(cmd) => {
+                // Console logs only: nothing here is traced.
+                let _telemetry = troupe_runtime::telemetry::init("troupe");
+                mcp::run(cmd).await
             }
             Command::SandboxExec { .. } => {
                 Ok(ExitCode::from(troupe_runtime::exec::sandbox::REFUSED_EXIT))
