@@ -309,6 +309,19 @@ impl Authorizer {
         }
     }
 
+    /// Notes in the stored login that the server asked for `scope`, so that the next login
+    /// asks for it.
+    fn want(&self, scope: &str) {
+        let Ok(Some(mut login)) = self.store.read() else {
+            return;
+        };
+        if login.want(scope)
+            && let Err(error) = self.store.write(&login)
+        {
+            tracing::warn!(mcp_server = %self.server, %error, "cannot note the scope the server wants");
+        }
+    }
+
     /// Records `failure` (counted, kept for the error message, and the login marked lost
     /// when only a person can fix it) and hands it back.
     pub(crate) fn fail(&self, failure: OAuthError) -> OAuthError {
@@ -373,9 +386,11 @@ impl Authorizer {
                 Err(StreamableHttpError::AuthRequired(challenge))
             }
             Err(StreamableHttpError::InsufficientScope(error)) => {
+                let scope = error.required_scope.clone().unwrap_or_default();
+                self.want(&scope);
                 self.fail(OAuthError::InsufficientScope {
                     server: self.server.to_string(),
-                    scope: error.required_scope.clone().unwrap_or_default(),
+                    scope,
                 });
                 Err(StreamableHttpError::InsufficientScope(error))
             }
