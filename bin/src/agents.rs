@@ -90,10 +90,17 @@ async fn listing(config: &TroupeConfig) -> anyhow::Result<AgentListing> {
     })
 }
 
-/// Every binding in the store of the data directory; none when there is no store yet.
+/// Every binding in the store of the data directory; none when there is no store yet (it
+/// is not created for a listing).
 async fn stored_bindings(config: &TroupeConfig) -> anyhow::Result<Vec<AgentBinding>> {
-    let _ = config;
-    Ok(Vec::new())
+    use troupe_store::BindingStore;
+    let path = troupe_store::db_path(&config.data_dir);
+    if !path.exists() {
+        return Ok(Vec::new());
+    }
+    let store =
+        tokio::task::spawn_blocking(move || troupe_store::SqliteStore::open(path)).await??;
+    Ok(store.bindings(None).await?)
 }
 
 fn write_table(out: &mut impl Write, agents: &[AgentInfo]) -> std::io::Result<()> {

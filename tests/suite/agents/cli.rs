@@ -103,3 +103,45 @@ fn without_a_configuration_there_are_no_agents() {
     assert!(out.status.success());
     assert!(String::from_utf8_lossy(&out.stdout).contains("no agents directory"));
 }
+
+#[tokio::test]
+async fn list_shows_the_bindings_the_store_holds() {
+    use troupe_store::BindingStore;
+    let dir = config_dir();
+    let session_id = troupe_proto::SessionId::new();
+    {
+        let store = troupe_store::SqliteStore::open_in(dir.path().join("data")).unwrap();
+        store
+            .put_binding(troupe_proto::agent::AgentBinding {
+                session_id,
+                agent_id: "coder".into(),
+                provider: troupe_proto::agent::ProviderKind::Model,
+                provider_session_id: "conv-1".into(),
+                created_ms: 1,
+                updated_ms: 2,
+            })
+            .await
+            .unwrap();
+    }
+    let out = Command::new(troupe_bin())
+        .args(["agents", "list", "--json", "--config"])
+        .arg(dir.path().join("troupe.toml"))
+        .env_remove("TROUPE_AGENTS_DIR")
+        .output()
+        .unwrap();
+    let listing: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let coder = &listing["agents"][0];
+    assert_eq!(coder["id"], "coder");
+    assert_eq!(coder["bindings"][0]["provider_session_id"], "conv-1");
+    assert_eq!(coder["bindings"][0]["session_id"], session_id.to_string());
+    assert_eq!(listing["agents"][1]["bindings"], serde_json::json!([]));
+    let table = Command::new(troupe_bin())
+        .args(["agents", "list", "--config"])
+        .arg(dir.path().join("troupe.toml"))
+        .env_remove("TROUPE_AGENTS_DIR")
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&table.stdout);
+    let coder_line = stdout.lines().find(|l| l.starts_with("coder")).unwrap();
+    assert!(coder_line.contains("  1  "), "one binding: {stdout}");
+}
