@@ -1,4 +1,5 @@
 mod a2a;
+mod acp;
 mod approvals;
 mod cancel;
 mod cli;
