@@ -1,4 +1,5 @@
 mod a2a;
+mod acp;
 mod agents;
 mod approvals;
 mod cancel;
