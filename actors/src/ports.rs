@@ -466,3 +466,33 @@ pub trait McpConnector: Send + Sync + 'static {
         notices: tokio::sync::mpsc::UnboundedSender<McpNotice>,
     ) -> Result<Arc<dyn McpConnection>, AgentError>;
 }
+
+// ---------------------------------------------------------------------------------------
+// Agents: where a session's bindings of agents to provider sessions are kept (A1).
+
+/// Keeps the bindings `(session, agent) -> provider session` (implemented by the service's
+/// store, SQLite or in memory). A binding written here survives what the store survives, so
+/// the next run of the session resumes it.
+#[async_trait]
+pub trait BindingStore: Send + Sync + 'static {
+    /// Inserts the binding of `(binding.session_id, binding.agent_id)`, or replaces it.
+    async fn put_binding(
+        &self,
+        binding: troupe_proto::agent::AgentBinding,
+    ) -> Result<(), AgentError>;
+
+    /// The bindings of one session (`None`: of every session), ordered by session, then
+    /// agent id.
+    async fn bindings(
+        &self,
+        session_id: Option<troupe_proto::SessionId>,
+    ) -> Result<Vec<troupe_proto::agent::AgentBinding>, AgentError>;
+
+    /// Forgets the binding of `(session_id, agent_id)`; forgetting one that is not there is
+    /// not an error.
+    async fn remove_binding(
+        &self,
+        session_id: troupe_proto::SessionId,
+        agent_id: &str,
+    ) -> Result<(), AgentError>;
+}

@@ -1,6 +1,7 @@
 //! The `troupe` command.
 #![forbid(unsafe_code)]
 
+mod agents;
 mod chat;
 mod history;
 mod mcp;
@@ -24,6 +25,9 @@ enum Command {
     Chat(Box<chat::ChatArgs>),
     /// Serve sessions over HTTP (JSON-RPC, REST, SSE, WebSocket) or stdio.
     Serve(Box<serve::ServeArgs>),
+    /// The agents a configuration defines.
+    #[command(subcommand)]
+    Agents(agents::AgentsCommand),
     /// Work with JSONL chat histories.
     #[command(subcommand)]
     History(history::HistoryCommand),
@@ -74,6 +78,10 @@ fn main() -> ExitCode {
         match cli.command {
             Command::Chat(args) => chat::run(*args).await,
             Command::Serve(args) => serve::run(*args).await,
+            Command::Agents(cmd) => {
+                let _telemetry = troupe_runtime::telemetry::init("troupe");
+                agents::run(cmd).await
+            }
             Command::History(cmd) => {
                 // Console logs only: nothing here is traced.
                 let _telemetry = troupe_runtime::telemetry::init("troupe");

@@ -1,4 +1,6 @@
 mod a2a;
+mod acp;
+mod agents;
 mod approvals;
 mod cancel;
 mod cli;

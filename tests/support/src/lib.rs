@@ -14,6 +14,7 @@
 //! ```
 #![forbid(unsafe_code)]
 
+pub mod acp;
 pub mod mcp;
 pub mod oauth;
 mod reply;
