@@ -1,6 +1,7 @@
 //! The Agent Client Protocol (ACP: JSON-RPC 2.0 on a child's stdio) in troupe.
 #![forbid(unsafe_code)]
 
+pub mod agent;
 pub mod client;
 pub mod error;
 pub mod event;

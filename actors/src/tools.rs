@@ -333,10 +333,14 @@ mod tests {
             tool("fs__write_file", "Write a file (v2).", path_schema()),
         ];
         let merged = merge_tools(builtin_tools(&ALL), external);
-        insta::assert_json_snapshot!(json!({
-            "tools": merged.tools,
-            "conflicts": merged.conflicts,
-        }));
+        // Keys sorted: the same snapshot whether or not serde_json keeps insertion order
+        // (its `preserve_order` feature, which a dependency may turn on for the whole build).
+        insta::with_settings!({sort_maps => true}, {
+            insta::assert_json_snapshot!(json!({
+                "tools": merged.tools,
+                "conflicts": merged.conflicts,
+            }));
+        });
     }
 
     #[test]

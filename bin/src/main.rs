@@ -1,6 +1,7 @@
 //! The `troupe` command.
 #![forbid(unsafe_code)]
 
+mod acp;
 mod chat;
 mod history;
 mod serve;
@@ -23,6 +24,8 @@ enum Command {
     Chat(Box<chat::ChatArgs>),
     /// Serve sessions over HTTP (JSON-RPC, REST, SSE, WebSocket) or stdio.
     Serve(Box<serve::ServeArgs>),
+    /// Serve troupe as an Agent Client Protocol agent on stdin/stdout (for editors).
+    Acp(Box<acp::AcpArgs>),
     /// Work with JSONL chat histories.
     #[command(subcommand)]
     History(history::HistoryCommand),
@@ -70,6 +73,7 @@ fn main() -> ExitCode {
         match cli.command {
             Command::Chat(args) => chat::run(*args).await,
             Command::Serve(args) => serve::run(*args).await,
+            Command::Acp(args) => acp::run(*args).await,
             Command::History(cmd) => {
                 // Console logs only: nothing here is traced.
                 let _telemetry = troupe_runtime::telemetry::init("troupe");
