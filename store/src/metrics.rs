@@ -126,10 +126,13 @@ pub enum Op {
     /// A background WAL checkpoint that copied pages.
     Checkpoint,
     SetSessionStatus,
+    PutBinding,
+    Bindings,
+    RemoveBinding,
 }
 
 impl Op {
-    pub const ALL: [Self; 27] = [
+    pub const ALL: [Self; 30] = [
         Self::Open,
         Self::CreateSession,
         Self::GetSession,
@@ -157,6 +160,9 @@ impl Op {
         Self::RolloutReadAfter,
         Self::Checkpoint,
         Self::SetSessionStatus,
+        Self::PutBinding,
+        Self::Bindings,
+        Self::RemoveBinding,
     ];
 
     pub const fn as_str(self) -> &'static str {
@@ -188,6 +194,9 @@ impl Op {
             Self::RolloutReadAfter => "rollout_read_after",
             Self::Checkpoint => "checkpoint",
             Self::SetSessionStatus => "set_session_status",
+            Self::PutBinding => "put_binding",
+            Self::Bindings => "bindings",
+            Self::RemoveBinding => "remove_binding",
         }
     }
 }

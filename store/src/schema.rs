@@ -13,12 +13,13 @@ use troupe_proto::AgentError;
 /// The schema version this build reads and writes.
 pub const VERSION: u32 = MIGRATIONS.len() as u32;
 
-const MIGRATIONS: [&str; 5] = [
+const MIGRATIONS: [&str; 6] = [
     V1_STORE,
     V2_ROLLOUT,
     V3_TTL_EXPIRY,
     V4_MESSAGE_STATUS,
     V5_SESSION_STATUS_MESSAGE_TYPE,
+    V6_AGENT_BINDINGS,
 ];
 
 /// Sessions, conversations, messages and each project's current session (P1).
@@ -149,6 +150,21 @@ UPDATE sessions SET updated_ms = max(created_ms, COALESCE(
     created_ms));
 ALTER TABLE messages ADD COLUMN kind TEXT NOT NULL DEFAULT 'text';
 ALTER TABLE messages ADD COLUMN metadata TEXT;
+";
+
+/// A1: each session's bindings of agents to provider sessions. No foreign key to
+/// `sessions`: a session's agent hub may bind before (or without) the service's session row,
+/// like the rollout.
+const V6_AGENT_BINDINGS: &str = "
+CREATE TABLE agent_bindings (
+    session_id TEXT NOT NULL,
+    agent_id TEXT NOT NULL,
+    provider TEXT NOT NULL,
+    provider_session_id TEXT NOT NULL,
+    created_ms INTEGER NOT NULL,
+    updated_ms INTEGER NOT NULL,
+    PRIMARY KEY (session_id, agent_id)
+);
 ";
 
 /// The schema version of the open database.

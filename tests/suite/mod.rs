@@ -1,6 +1,7 @@
 mod a2a;
 mod acp;
 mod acp_serve;
+mod agents;
 mod approvals;
 mod cancel;
 mod cli;
@@ -12,6 +13,7 @@ mod history;
 mod leaks;
 mod lifecycle;
 mod mcp;
+mod mcp_oauth;
 mod mcp_servers;
 mod models;
 mod observability;

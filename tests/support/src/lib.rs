@@ -16,6 +16,7 @@
 
 pub mod acp;
 pub mod mcp;
+pub mod oauth;
 mod reply;
 pub mod wire;
 
