@@ -8,9 +8,9 @@ pub mod event;
 pub mod metrics;
 
 pub use client::{
-    AcpAgent, AcpAgentSpec, AgentCommand, AgentHealth, AgentInfo, AgentPhase, FixedPermissions,
-    PermissionHandler, Replaced, RestartPolicy, SessionOpened, SessionOrigin, StopReason, Stopped,
-    Turn, TurnOutcome,
+    AcpAgent, AcpAgentSpec, AgentCommand, AgentHealth, AgentInfo, AgentPhase,
+    ApprovalStorePermissions, FixedPermissions, PermissionHandler, Replaced, RestartPolicy,
+    SessionOpened, SessionOrigin, StopReason, Stopped, Turn, TurnOutcome,
 };
 pub use error::{AcpError, AcpErrorKind};
 pub use event::{AcpEvent, PermissionChoice, PermissionDecision, PermissionRequest, PlanEntry};
