@@ -326,6 +326,11 @@ pub struct McpOAuth {
     /// resource metadata), or none.
     #[serde(skip_serializing_if = "Vec::is_empty")]
     pub scopes: Vec<String>,
+    /// The HTTPS URL of a client ID metadata document describing troupe (SEP-991), hosted by
+    /// whoever runs it: used as the client id by authorization servers that accept such
+    /// documents, before dynamic registration is tried.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub client_metadata_url: Option<String>,
     /// The port of the loopback redirect `http://127.0.0.1:PORT/callback` that
     /// `troupe mcp login` listens on; 0 picks a free one (fine with dynamic registration; a
     /// pre-registered client needs the port it was registered with).

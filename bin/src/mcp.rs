@@ -225,6 +225,13 @@ fn status(config: &TroupeConfig) -> anyhow::Result<()> {
                         server.name
                     ),
                     Ok(LoginStatus::Stored { token: None, .. }) => "no token yet".to_owned(),
+                    Ok(LoginStatus::Stored { wanted_scopes, .. }) if !wanted_scopes.is_empty() => {
+                        format!(
+                            "the server asked for more scope ({}): run `troupe mcp login {}`",
+                            wanted_scopes.join(" "),
+                            server.name
+                        )
+                    }
                     Ok(LoginStatus::Stored {
                         token: Some(token),
                         expires_in_secs,

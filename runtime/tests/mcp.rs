@@ -1004,6 +1004,65 @@ mod oauth {
         (login.await.unwrap(), page)
     }
 
+    /// Span names and counters of this process, seen by a global subscriber and recorder
+    /// (nextest runs each test in a process of its own).
+    struct Seen {
+        spans: Arc<Mutex<Vec<String>>>,
+        counters: metrics_util::debugging::Snapshotter,
+    }
+
+    struct SpanNames(Arc<Mutex<Vec<String>>>);
+
+    impl<S: tracing::Subscriber> tracing_subscriber::Layer<S> for SpanNames {
+        fn on_new_span(
+            &self,
+            attrs: &tracing::span::Attributes<'_>,
+            _id: &tracing::span::Id,
+            _ctx: tracing_subscriber::layer::Context<'_, S>,
+        ) {
+            self.0
+                .lock()
+                .unwrap()
+                .push(attrs.metadata().name().to_owned());
+        }
+    }
+
+    fn seen() -> &'static Seen {
+        static SEEN: std::sync::OnceLock<Seen> = std::sync::OnceLock::new();
+        SEEN.get_or_init(|| {
+            use tracing_subscriber::layer::SubscriberExt;
+            let spans = Arc::new(Mutex::new(Vec::new()));
+            let subscriber = tracing_subscriber::registry().with(SpanNames(spans.clone()));
+            tracing::subscriber::set_global_default(subscriber).unwrap();
+            let recorder = metrics_util::debugging::DebuggingRecorder::new();
+            let counters = recorder.snapshotter();
+            recorder.install().unwrap();
+            troupe_runtime::describe_metrics();
+            Seen { spans, counters }
+        })
+    }
+
+    /// Counter values by name and labels (`name{k=v,...}`, labels sorted).
+    fn counters(seen: &Seen) -> BTreeMap<String, u64> {
+        seen.counters
+            .snapshot()
+            .into_vec()
+            .into_iter()
+            .filter_map(|(key, _, _, value)| {
+                let metrics_util::debugging::DebugValue::Counter(v) = value else {
+                    return None;
+                };
+                let mut labels: Vec<String> = key
+                    .key()
+                    .labels()
+                    .map(|l| format!("{}={}", l.key(), l.value()))
+                    .collect();
+                labels.sort();
+                Some((format!("{}{{{}}}", key.key().name(), labels.join(",")), v))
+            })
+            .collect()
+    }
+
     fn file_of(dir: &Path) -> TokenStore {
         TokenStore::file(&oauth::token_dir(dir), "remote")
     }
@@ -1030,6 +1089,7 @@ mod oauth {
 
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn authorization_code_with_pkce_then_calls_restarts_and_refreshes() {
+        let seen = seen();
         bounded(async {
             let everything = EverythingHttp::start().await;
             let protected = ProtectedMcp::start(&everything.url(), OAuthOptions::default()).await;
@@ -1142,6 +1202,68 @@ mod oauth {
             };
             assert!(reason.contains("troupe mcp login remote"), "{reason}");
             assert_eq!(protected.stats().refused_refreshes, 1);
+        })
+        .await;
+
+        // Told in spans and counters.
+        let spans = seen.spans.lock().unwrap().clone();
+        for name in ["mcp_oauth_login", "mcp_oauth_renew"] {
+            assert!(spans.iter().any(|s| s == name), "no {name} span: {spans:?}");
+        }
+        let counters = counters(seen);
+        let renewals = |trigger: &str, outcome: &str| {
+            counters
+                .get(&format!(
+                    "troupe_mcp_client_oauth_renewals_total{{grant=authorization_code,outcome={outcome},trigger={trigger}}}"
+                ))
+                .copied()
+        };
+        assert_eq!(renewals("rejected", "ok"), Some(1), "{counters:?}");
+        assert_eq!(renewals("expiring", "ok"), Some(1), "{counters:?}");
+        assert!(
+            renewals("rejected", "login_required") >= Some(1),
+            "{counters:?}"
+        );
+        assert!(
+            counters
+                .get("troupe_mcp_client_oauth_failures_total{reason=login_required}")
+                .is_some_and(|n| *n >= 2),
+            "{counters:?}"
+        );
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn connections_sharing_a_login_renew_it_without_spending_a_refresh_token_twice() {
+        bounded(async {
+            let everything = EverythingHttp::start().await;
+            let protected = ProtectedMcp::start(&everything.url(), OAuthOptions::default()).await;
+            let dir = tempfile::tempdir().unwrap();
+            let config = remote(&protected.url, McpOAuth::default());
+            let (outcome, _) = login(&config, file_of(dir.path())).await;
+            outcome.unwrap();
+            // Two sessions (two connectors) on one data directory.
+            let mut connections = Vec::new();
+            for _ in 0..2 {
+                let connector = RmcpConnector::new().with_token_dir(oauth::token_dir(dir.path()));
+                connections.push(open(&connector, &config).await.unwrap().0);
+            }
+            for round in 0..3 {
+                protected.revoke_access_tokens();
+                let calls =
+                    connections.iter().map(|c| {
+                        let c = c.clone();
+                        async move {
+                            call(&*c, "echo", json!({"message": format!("round {round}")})).await
+                        }
+                    });
+                for result in futures::future::join_all(calls).await {
+                    assert_eq!(result.unwrap().output, format!("Echo: round {round}"));
+                }
+            }
+            // Rotated refresh tokens, never one presented twice.
+            let stats = protected.stats();
+            assert_eq!(stats.refused_refreshes, 0, "{stats:?}");
+            assert!(stats.refreshes >= 3, "{stats:?}");
         })
         .await;
     }

@@ -121,15 +121,17 @@ async fn login(dir: &Path) -> (Output, u16) {
     (out, status)
 }
 
-/// `chat --once` against `model`, whose first reply calls `remote__echo`.
-async fn once(dir: &Path, model: &ModelServer, message: &str) -> Output {
+/// `chat --once` (with `extra` flags) against `model`, whose first reply calls `remote__echo`.
+async fn once(dir: &Path, model: &ModelServer, message: &str, extra: &[&str]) -> Output {
     model.push(Reply::tool_call(
         "remote__echo",
         [json!({ "message": message }).to_string()],
     ));
     model.push(Reply::text(["done"]));
     let mut cmd = troupe(dir);
-    cmd.args(["chat", "--once", "--base-url", &model.base_url(), "go"]);
+    cmd.args(["chat", "--once", "--base-url", &model.base_url()])
+        .args(extra)
+        .arg("go");
     output(cmd).await
 }
 
@@ -154,7 +156,7 @@ async fn login_status_chat_refresh_and_logout_through_the_binary() {
 
     // Before a login: the turn goes on without the server, and stderr says what to run.
     let model = ModelServer::start().await;
-    let out = once(dir, &model, "too early").await;
+    let out = once(dir, &model, "too early", &[]).await;
     let stderr = text(&out.stderr);
     assert!(out.status.success(), "{stderr}");
     assert!(
@@ -186,15 +188,16 @@ async fn login_status_chat_refresh_and_logout_through_the_binary() {
 
     // A turn calls the protected server's tool.
     let model = ModelServer::start().await;
-    let out = once(dir, &model, "with a login").await;
+    let out = once(dir, &model, "with a login", &[]).await;
     assert!(out.status.success(), "{}", text(&out.stderr));
     let second = model.requests()[1].body.to_string();
     assert!(second.contains("Echo: with a login"), "{second}");
 
-    // The server stops taking the token: the next run refreshes it and goes on.
+    // The server stops taking the token: the next run refreshes it and goes on (an
+    // ephemeral run too: the login is a credential, not part of its session).
     protected.revoke_access_tokens();
     let model = ModelServer::start().await;
-    let out = once(dir, &model, "after a refresh").await;
+    let out = once(dir, &model, "after a refresh", &["--ephemeral"]).await;
     assert!(out.status.success(), "{}", text(&out.stderr));
     assert!(
         model.requests()[1]
@@ -224,6 +227,28 @@ async fn login_status_chat_refresh_and_logout_through_the_binary() {
     assert!(out.status.success());
     assert!(text(&out.stdout).contains("Forgot the login to `remote`"));
     assert!(!token_file(dir).exists());
+
+    // With $BROWSER set, the login opens the URL itself.
+    let browser = dir.join("browser.py");
+    std::fs::write(
+        &browser,
+        "#!/usr/bin/env python3\nimport sys, urllib.request\n\
+         urllib.request.urlopen(sys.argv[1], timeout=20).read()\n",
+    )
+    .unwrap();
+    std::fs::set_permissions(
+        &browser,
+        std::os::unix::fs::PermissionsExt::from_mode(0o755),
+    )
+    .unwrap();
+    let mut login = troupe(dir);
+    login
+        .args(["mcp", "login", "remote", "--timeout", "30s"])
+        .env("BROWSER", &browser);
+    let out = output(login).await;
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    assert!(token_file(dir).exists());
+    assert_eq!(protected.stats().authorizations, 2);
 
     // An unknown server is named, with the configured ones.
     let mut unknown = troupe(dir);
@@ -255,6 +280,13 @@ async fn serve_uses_the_client_credentials_grant_headless() {
         &protected.url,
         "{ grant = \"client_credentials\", client_id = \"svc\", client_secret_env = \"SVC_SECRET\" }",
     );
+    // A second server that needs a login nobody did: reported, not waited for.
+    let mut toml = std::fs::read_to_string(dir.join("troupe.toml")).unwrap();
+    toml.push_str(&format!(
+        "[[mcp.servers]]\nname = \"locked\"\ntype = \"streamable_http\"\nurl = \"{}\"\noauth = {{}}\n",
+        protected.url
+    ));
+    std::fs::write(dir.join("troupe.toml"), toml).unwrap();
     std::fs::write(
         dir.join("script.json"),
         json!({"replies": [
@@ -282,19 +314,21 @@ async fn serve_uses_the_client_credentials_grant_headless() {
     let api = Api::new(&base, None);
     let session = api.session(None).await;
     let sid = session["session_id"].as_str().unwrap().to_owned();
+    let ready = |e: &Value| e["kind"] == "mcp_server_ready" && e["data"]["server"] == "remote";
+    let locked = |e: &Value| {
+        e["kind"] == "warning"
+            && e["data"]["code"] == "mcp_server_failed"
+            && e["data"]["message"]
+                .as_str()
+                .is_some_and(|m| m.contains("run `troupe mcp login locked`"))
+    };
     let events = api
         .sse(&sid, None, |events| {
-            events
-                .iter()
-                .any(|e| e["kind"] == "mcp_server_ready" || e["kind"] == "warning")
+            events.iter().any(ready) && events.iter().any(locked)
         })
         .await;
-    assert!(
-        events
-            .iter()
-            .any(|e| e["kind"] == "mcp_server_ready" && e["data"]["server"] == "remote"),
-        "{events:?}"
-    );
+    assert!(events.iter().any(ready), "{events:?}");
+    assert!(events.iter().any(locked), "{events:?}");
     let reply = api.say(&sid, "echo it").await;
     assert!(reply.to_string().contains("Echo: from serve"), "{reply}");
     let stats = protected.stats();

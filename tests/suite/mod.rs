@@ -13,6 +13,7 @@ mod history;
 mod leaks;
 mod lifecycle;
 mod mcp;
+mod mcp_conformance;
 mod mcp_oauth;
 mod mcp_servers;
 mod models;

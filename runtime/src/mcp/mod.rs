@@ -335,8 +335,7 @@ async fn watch_login(auth: Arc<oauth::Authorizer>, ending: Arc<Ending>) {
     tokio::select! {
         () = auth.lost.cancelled() => {
             let reason = auth
-                .failure()
-                .map(|f| f.to_string())
+                .lost_reason()
                 .unwrap_or_else(|| "the OAuth login was lost".to_owned());
             ending.end(reason);
         }

@@ -59,7 +59,7 @@ pub enum OAuthError {
     TokenRejected { server: String },
     /// The server wants a scope the token was not granted.
     #[error(
-        "MCP server `{server}` needs the OAuth scope `{scope}`, which its token does not carry; add it to the server's `oauth.scopes` and run `troupe mcp login {server}`"
+        "MCP server `{server}` needs the OAuth scope `{scope}`, which its token does not carry; run `troupe mcp login {server}` (the login asks for it)"
     )]
     InsufficientScope { server: String, scope: String },
     /// The authorization server refused the client credentials.

@@ -38,6 +38,8 @@ pub(crate) struct Authorizer {
     /// Fired when the login is lost for good (a person must log in again): the connection
     /// ends, and the pool says why.
     pub(crate) lost: CancellationToken,
+    /// Why the login was lost (set before `lost` fires).
+    lost_reason: std::sync::OnceLock<String>,
 }
 
 impl Authorizer {
@@ -199,6 +201,7 @@ impl Authorizer {
             gate: tokio::sync::Mutex::new(()),
             failure: Mutex::new(None),
             lost: CancellationToken::new(),
+            lost_reason: std::sync::OnceLock::new(),
         }
     }
 
@@ -309,11 +312,25 @@ impl Authorizer {
         }
     }
 
+    /// Notes in the stored login that the server asked for `scope`, so that the next login
+    /// asks for it.
+    fn want(&self, scope: &str) {
+        let Ok(Some(mut login)) = self.store.read() else {
+            return;
+        };
+        if login.want(scope)
+            && let Err(error) = self.store.write(&login)
+        {
+            tracing::warn!(mcp_server = %self.server, %error, "cannot note the scope the server wants");
+        }
+    }
+
     /// Records `failure` (counted, kept for the error message, and the login marked lost
     /// when only a person can fix it) and hands it back.
     pub(crate) fn fail(&self, failure: OAuthError) -> OAuthError {
         metrics::oauth_failure(failure.reason());
         if failure.ends_connection() {
+            let _ = self.lost_reason.set(failure.to_string());
             self.lost.cancel();
         }
         *self
@@ -331,12 +348,9 @@ impl Authorizer {
             .take()
     }
 
-    /// The last failure, left in place.
-    pub(crate) fn failure(&self) -> Option<OAuthError> {
-        self.failure
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner)
-            .clone()
+    /// Why the login was lost, once `lost` has fired.
+    pub(crate) fn lost_reason(&self) -> Option<String> {
+        self.lost_reason.get().cloned()
     }
 
     /// Runs one HTTP exchange with the current token; after a 401, renews the token once and
@@ -373,9 +387,11 @@ impl Authorizer {
                 Err(StreamableHttpError::AuthRequired(challenge))
             }
             Err(StreamableHttpError::InsufficientScope(error)) => {
+                let scope = error.required_scope.clone().unwrap_or_default();
+                self.want(&scope);
                 self.fail(OAuthError::InsufficientScope {
                     server: self.server.to_string(),
-                    scope: error.required_scope.clone().unwrap_or_default(),
+                    scope,
                 });
                 Err(StreamableHttpError::InsufficientScope(error))
             }

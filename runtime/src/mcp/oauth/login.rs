@@ -153,12 +153,26 @@ async fn authorization_code(
         .port();
     let redirect_uri = format!("http://127.0.0.1:{port}{CALLBACK_PATH}");
 
+    // Scopes a server asked for since the last login are asked for now.
+    let wanted = store
+        .read()
+        .ok()
+        .flatten()
+        .filter(|l| l.url == url)
+        .map(|l| l.wanted_scopes)
+        .unwrap_or_default();
     let challenge = discovery::probe(url, headers).await.map_err(unavailable)?;
     let mut manager = super::manager(url).await.map_err(unavailable)?;
     let resolution = manager
         .resolve_metadata_from_challenge(challenge.as_deref())
         .await
         .map_err(|e| unavailable(format!("discovery failed: {e}")))?;
+    let accepts_metadata_documents = resolution
+        .metadata
+        .additional_fields
+        .get("client_id_metadata_document_supported")
+        .and_then(serde_json::Value::as_bool)
+        .unwrap_or(false);
     tracing::info!(
         mcp_server = name,
         authorization_endpoint = %resolution.metadata.authorization_endpoint,
@@ -169,34 +183,51 @@ async fn authorization_code(
     let tokens = InMemoryCredentialStore::new();
     manager.set_credential_store(tokens.clone());
 
+    // The configured scopes (else those the server names), and those it asked for since.
+    let mut scopes = if oauth.scopes.is_empty() {
+        manager.select_initial_scopes(&[]).await
+    } else {
+        oauth.scopes.clone()
+    };
+    for scope in wanted {
+        if !scopes.contains(&scope) {
+            scopes.push(scope);
+        }
+    }
     let configured_id = super::client_id(name, oauth, env)?;
     let configured_secret = super::client_secret(name, oauth, env)?;
-    let (client_id, client_secret, registered) = match configured_id {
-        Some(id) => (id, configured_secret, false),
-        None => {
-            let scopes = if oauth.scopes.is_empty() {
-                manager.select_initial_scopes(&[]).await
-            } else {
-                oauth.scopes.clone()
-            };
+    let metadata_document = oauth
+        .client_metadata_url
+        .clone()
+        .filter(|_| accepts_metadata_documents);
+    let mut request = AuthorizationRequest::new(&redirect_uri).with_client_name(CLIENT_NAME);
+    let (client_secret, registered) = match (configured_id, metadata_document) {
+        (Some(id), _) => {
+            request = request.with_preregistered_client(id);
+            (configured_secret, false)
+        }
+        // The document's URL is the client id (rmcp checks it is an https URL).
+        (None, Some(document)) => {
+            request = request.with_client_metadata_url(document);
+            (None, false)
+        }
+        (None, None) => {
             let scopes: Vec<&str> = scopes.iter().map(String::as_str).collect();
             let client = manager
                 .register_client(CLIENT_NAME, &redirect_uri, &scopes)
                 .await
                 .map_err(|e| failed(format!("troupe could not register itself: {e}")))?;
-            (client.client_id, client.client_secret, true)
+            request = request.with_preregistered_client(client.client_id);
+            (client.client_secret, true)
         }
     };
-    let mut request = AuthorizationRequest::new(&redirect_uri)
-        .with_client_name(CLIENT_NAME)
-        .with_preregistered_client(&client_id);
     if let Some(secret) = &client_secret {
         request = request.with_client_secret(secret);
     }
-    request = if oauth.scopes.is_empty() {
+    request = if scopes.is_empty() {
         request.with_initial_scope_selection()
     } else {
-        request.with_scopes(oauth.scopes.clone())
+        request.with_scopes(scopes)
     };
     if let Some(challenge) = &challenge {
         request = request.with_challenge(challenge);
@@ -225,6 +256,7 @@ async fn authorization_code(
         challenge,
         redirect_uri: Some(redirect_uri),
         registered_client_secret: if registered { client_secret } else { None },
+        wanted_scopes: Vec::new(),
         credentials: Some(credentials),
     };
     store.write(&login).map_err(unavailable)?;
@@ -360,6 +392,8 @@ pub enum LoginStatus {
     Stored {
         grant: McpOAuthGrant,
         token: Option<TokenSnapshot>,
+        /// Scopes the server asked for that the token lacks (a new login asks for them).
+        wanted_scopes: Vec<String>,
         /// Seconds until the access token expires (negative: it has); none if unknown.
         expires_in_secs: Option<i64>,
     },
@@ -383,6 +417,7 @@ pub fn status(url: &str, store: &TokenStore) -> Result<LoginStatus, String> {
     Ok(LoginStatus::Stored {
         grant: login.grant,
         token,
+        wanted_scopes: login.wanted_scopes,
         expires_in_secs,
     })
 }

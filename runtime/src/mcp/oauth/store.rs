@@ -40,6 +40,10 @@ pub struct StoredLogin {
     /// a configured secret stays in its environment variable and is never written here.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub registered_client_secret: Option<String>,
+    /// Scopes the server asked for (403 `insufficient_scope`) that the token lacks: the next
+    /// `troupe mcp login` asks for them too.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub wanted_scopes: Vec<String>,
     /// The client, the tokens and the scopes granted (rmcp's record).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub credentials: Option<StoredCredentials>,
@@ -71,8 +75,22 @@ impl StoredLogin {
             challenge: None,
             redirect_uri: None,
             registered_client_secret: None,
+            wanted_scopes: Vec::new(),
             credentials: None,
         }
+    }
+
+    /// Adds the scopes of a 403 challenge's `scope` (space-separated) to `wanted_scopes`;
+    /// `true` if one was new.
+    pub fn want(&mut self, scope: &str) -> bool {
+        let mut added = false;
+        for s in scope.split_whitespace() {
+            if !self.wanted_scopes.iter().any(|w| w == s) {
+                self.wanted_scopes.push(s.to_owned());
+                added = true;
+            }
+        }
+        added
     }
 
     /// What the tokens look like, without the secrets.
@@ -225,7 +243,14 @@ impl CredentialStore for CredentialFile {
     }
 
     async fn save(&self, credentials: StoredCredentials) -> Result<(), AuthError> {
-        let mut login = self.base.clone();
+        // What was written since (the scopes a server asked for) stays.
+        let mut login = self
+            .store
+            .read()
+            .ok()
+            .flatten()
+            .filter(|l| l.url == self.base.url && l.grant == self.base.grant)
+            .unwrap_or_else(|| self.base.clone());
         login.credentials = Some(credentials);
         self.store
             .write(&login)
@@ -296,6 +321,15 @@ mod tests {
         assert!(store.remove().unwrap());
         assert!(!store.remove().unwrap());
         assert!(store.read().unwrap().is_none());
+    }
+
+    #[test]
+    fn scopes_a_server_asks_for_are_noted_once() {
+        let mut login = StoredLogin::new("http://a/mcp", McpOAuthGrant::AuthorizationCode);
+        assert!(login.want("mcp:basic mcp:write"));
+        assert!(!login.want("mcp:write"));
+        assert!(login.want("mcp:admin"));
+        assert_eq!(login.wanted_scopes, ["mcp:basic", "mcp:write", "mcp:admin"]);
     }
 
     #[test]
