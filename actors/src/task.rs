@@ -69,7 +69,7 @@ pub struct TaskContext {
     /// The user instructions, always first in the prompt (C4).
     pub pinned: Option<HistoryItem>,
     /// Built-in tools of the conversation, in their fixed order.
-    pub builtins: Vec<ToolSpec>,
+    pub builtins: crate::tools::OfferedTools,
     pub base_instructions: Option<String>,
     /// A one-turn system prompt (compaction); never stored (C3).
     pub turn_override: Option<String>,
@@ -330,7 +330,7 @@ fn fallback_trace_id(task_id: TaskId) -> String {
 
 /// What a task resolves once, before its first step.
 struct Prepared {
-    tools: Vec<ToolSpec>,
+    tools: crate::tools::OfferedTools,
     instructions: String,
     cache_key: String,
     /// Tokens of the instructions and tool descriptions.
@@ -365,8 +365,8 @@ async fn prepare(ctx: &TaskContext, mcp: &mut TaskMcp) -> Prepared {
         },
         None => Vec::new(),
     };
-    let merged = crate::tools::merge_tools(ctx.builtins.clone(), external);
-    for conflict in merged.conflicts {
+    let (tools, conflicts) = crate::tools::offered_tools(&ctx.builtins, external);
+    for conflict in conflicts {
         tracing::warn!(error = %conflict, "tool conflict");
         ctx.events.emit(EventDraft::task(
             ctx.conversation_id,
@@ -377,17 +377,17 @@ async fn prepare(ctx: &TaskContext, mcp: &mut TaskMcp) -> Prepared {
             },
         ));
     }
-    let has_apply_patch = merged.tools.iter().any(|t| t.name == "apply_patch");
+    let has_apply_patch = tools.specs.iter().any(|t| t.name == "apply_patch");
     let instructions = crate::context::choose_instructions(
         ctx.turn_override.as_deref(),
         ctx.base_instructions.as_deref(),
         has_apply_patch,
     );
     let cache_key =
-        crate::context::prompt_cache_key(&instructions, &merged.tools, &ctx.model.info().family);
-    let fixed_tokens = fixed_prompt_tokens(ctx.tokens.as_ref(), &instructions, &merged.tools);
+        crate::context::prompt_cache_key(&instructions, &tools.specs, &ctx.model.info().family);
+    let fixed_tokens = fixed_prompt_tokens(ctx.tokens.as_ref(), &instructions, &tools);
     Prepared {
-        tools: merged.tools,
+        tools,
         instructions,
         cache_key,
         fixed_tokens,
@@ -516,11 +516,11 @@ async fn run_turn(ctx: &TaskContext, mut loop_state: LoopState) -> TaskOutcome {
                 );
             }
             loop_state.stats.tool_calls += 1;
-            let mcp_call = is_mcp_tool(&call.name, &prepared.tools);
+            let mcp_call = is_mcp_tool(&call.name, &prepared.tools.specs);
             let call_started = Instant::now();
             let mut attempt = 0;
             let (output, error) = loop {
-                let (output, error) = run_tool(ctx, &mut mcp, &prepared.tools, &call).await;
+                let (output, error) = run_tool(ctx, &mut mcp, &prepared.tools.specs, &call).await;
                 match (&error, ctx.limits.tool_errors) {
                     (Some(e), ToolErrorPolicy::Retry { attempts })
                         if attempt < attempts && e.retryable() =>

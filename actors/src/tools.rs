@@ -8,6 +8,7 @@
 
 use serde_json::{Value, json};
 use std::collections::{HashMap, HashSet};
+use std::sync::{Arc, OnceLock};
 use troupe_proto::{AgentError, Json, ToolSpec};
 
 /// Which built-in tools a conversation offers.
@@ -44,6 +45,53 @@ pub fn builtin_tools(prefs: &ToolPrefs) -> Vec<ToolSpec> {
         spec
     })
     .collect()
+}
+
+/// A tool list as a turn offers it: the specs, and each spec's parameter schema as JSON text
+/// (what the prompt's token estimate counts). Cheap to clone.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct OfferedTools {
+    pub specs: Arc<[ToolSpec]>,
+    /// `specs[i].parameters` as JSON text.
+    pub schemas: Arc<[String]>,
+}
+
+impl OfferedTools {
+    pub fn new(specs: Vec<ToolSpec>) -> Self {
+        let schemas = specs.iter().map(|t| t.parameters.0.to_string()).collect();
+        Self {
+            specs: specs.into(),
+            schemas,
+        }
+    }
+}
+
+/// [`builtin_tools`] for `prefs`, built once per process: the built-in specs never change, so
+/// a turn shares them instead of building, sorting and serializing their schemas again.
+pub fn shared_builtins(prefs: &ToolPrefs) -> OfferedTools {
+    static SETS: [OnceLock<OfferedTools>; 8] = [const { OnceLock::new() }; 8];
+    let index = usize::from(prefs.shell)
+        | (usize::from(prefs.plan) << 1)
+        | (usize::from(prefs.apply_patch) << 2);
+    let build = || OfferedTools::new(builtin_tools(prefs));
+    match SETS.get(index) {
+        Some(set) => set.get_or_init(build).clone(),
+        None => build(),
+    }
+}
+
+/// The tools of a turn: the built-ins, then the external tools merged in ([`merge_tools`]).
+/// Without external tools, the shared built-in set as is (their names differ, so they never
+/// conflict among themselves).
+pub fn offered_tools(
+    builtins: &OfferedTools,
+    external: Vec<ToolSpec>,
+) -> (OfferedTools, Vec<AgentError>) {
+    if external.is_empty() {
+        return (builtins.clone(), Vec::new());
+    }
+    let merged = merge_tools(builtins.specs.to_vec(), external);
+    (OfferedTools::new(merged.tools), merged.conflicts)
 }
 
 /// `value` with every object's keys in sorted order: the same text whether serde_json keeps
@@ -384,6 +432,45 @@ mod tests {
         assert_eq!(names(&builtin_tools(&some)), [SHELL]);
         assert_eq!(unavailable_builtins(&some), [WEB_SEARCH]);
         assert!(unavailable_builtins(&ToolPrefs::default()).is_empty());
+    }
+
+    #[test]
+    fn shared_builtins_are_the_built_ins_and_merge_to_themselves() {
+        for bits in 0..16u8 {
+            let prefs = ToolPrefs {
+                shell: bits & 1 != 0,
+                plan: bits & 2 != 0,
+                apply_patch: bits & 4 != 0,
+                web_search: bits & 8 != 0,
+            };
+            let shared = shared_builtins(&prefs);
+            assert_eq!(&shared.specs[..], builtin_tools(&prefs).as_slice());
+            assert_eq!(
+                shared,
+                shared_builtins(&prefs),
+                "built once, the same each time"
+            );
+            let texts: Vec<String> = shared
+                .specs
+                .iter()
+                .map(|t| t.parameters.0.to_string())
+                .collect();
+            assert_eq!(&shared.schemas[..], texts.as_slice());
+            // The shortcut without external tools is what the merge gives.
+            let merged = merge_tools(builtin_tools(&prefs), Vec::new());
+            assert!(merged.conflicts.is_empty());
+            let (offered, conflicts) = offered_tools(&shared, Vec::new());
+            assert_eq!(&offered.specs[..], merged.tools.as_slice());
+            assert!(conflicts.is_empty());
+        }
+        let external = vec![tool("shell", "A different shell.", query_schema())];
+        let (offered, conflicts) = offered_tools(&shared_builtins(&ALL), external.clone());
+        let merged = merge_tools(builtin_tools(&ALL), external);
+        assert_eq!(&offered.specs[..], merged.tools.as_slice());
+        assert_eq!(
+            conflict_names(&conflicts),
+            conflict_names(&merged.conflicts)
+        );
     }
 
     #[test]

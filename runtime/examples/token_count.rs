@@ -17,7 +17,7 @@ use tiktoken_rs::CoreBPE;
 use troupe_actors::context::{APPLY_PATCH_GUIDANCE, DEFAULT_INSTRUCTIONS};
 use troupe_actors::ports::TokenCounter;
 use troupe_actors::task::fixed_prompt_tokens;
-use troupe_actors::tools::{ToolPrefs, builtin_tools};
+use troupe_actors::tools::{OfferedTools, ToolPrefs, builtin_tools};
 use troupe_runtime::tokens::{Encoding, TiktokenCounter};
 
 const CORPUS: &str = include_str!("../src/tokens/corpus.txt");
@@ -60,12 +60,14 @@ fn main() -> Result<(), Box<dyn Error>> {
 
 fn first(name: &str, counter: &dyn TokenCounter) -> Result<(), Box<dyn Error>> {
     let instructions = format!("{DEFAULT_INSTRUCTIONS}{APPLY_PATCH_GUIDANCE}");
-    let tools = builtin_tools(&ToolPrefs {
+    let specs = builtin_tools(&ToolPrefs {
         shell: true,
         plan: true,
         ..ToolPrefs::default()
     });
     let t = Instant::now();
+    // Serializing the schemas is part of counting them the first time.
+    let tools = OfferedTools::new(specs);
     let n = fixed_prompt_tokens(counter, &instructions, &tools)
         + counter.count_item(&troupe_proto::HistoryItem::user("say hello")) as u64;
     let elapsed = t.elapsed();

@@ -91,6 +91,56 @@ pub fn open(path: &Path, role: Role) -> Result<Connection, AgentError> {
     Ok(conn)
 }
 
+/// Runs a statement without parameters or rows (transaction control, a pragma) from the
+/// connection's statement cache: parsed once per connection, not at every write.
+pub fn exec_cached(conn: &Connection, sql: &str) -> rusqlite::Result<()> {
+    conn.prepare_cached(sql)?.execute([]).map(drop)
+}
+
+/// Applies `apply` to every item in one `BEGIN IMMEDIATE` transaction, each in a savepoint of
+/// its own (a write that fails is undone alone; the others commit); one result per item.
+/// `Err` when the transaction could not begin or commit: then nothing of it is stored.
+/// `sql_error` names what failed (`begin`, `savepoint`, `commit`). The transaction-control
+/// statements come from the statement cache ([`exec_cached`]).
+pub fn write_batch<I, T, E>(
+    conn: &Connection,
+    items: impl IntoIterator<Item = I>,
+    mut apply: impl FnMut(&Connection, I) -> Result<T, E>,
+    sql_error: impl Fn(&'static str, rusqlite::Error) -> E,
+) -> Result<Vec<Result<T, E>>, E> {
+    exec_cached(conn, "BEGIN IMMEDIATE").map_err(|e| sql_error("begin", e))?;
+    let results = items
+        .into_iter()
+        .map(|item| in_savepoint(conn, |c| apply(c, item), &sql_error))
+        .collect();
+    if let Err(e) = exec_cached(conn, "COMMIT") {
+        // Not committed: end the transaction, and every write with it.
+        let _ = exec_cached(conn, "ROLLBACK");
+        return Err(sql_error("commit", e));
+    }
+    Ok(results)
+}
+
+/// `f` inside a savepoint: released when `f` succeeds, rolled back (only `f`'s changes) when it
+/// fails.
+fn in_savepoint<T, E>(
+    conn: &Connection,
+    f: impl FnOnce(&Connection) -> Result<T, E>,
+    sql_error: &impl Fn(&'static str, rusqlite::Error) -> E,
+) -> Result<T, E> {
+    exec_cached(conn, "SAVEPOINT write").map_err(|e| sql_error("savepoint", e))?;
+    let result = f(conn).and_then(|out| {
+        exec_cached(conn, "RELEASE write")
+            .map(|()| out)
+            .map_err(|e| sql_error("savepoint", e))
+    });
+    if result.is_err() {
+        let _ = exec_cached(conn, "ROLLBACK TO write");
+        let _ = exec_cached(conn, "RELEASE write");
+    }
+    result
+}
+
 /// A thread that checkpoints the WAL every [`CHECKPOINT_INTERVAL`] (`PASSIVE`: it never
 /// blocks writers or readers), so that a commit never waits for a checkpoint's copying and
 /// fsyncs, which SQLite would otherwise run on the committing thread. Stops when dropped.

@@ -725,29 +725,20 @@ fn commit_batch(conn: &mut Connection, batch: &[SinkJob]) -> Vec<Result<(), Sink
     };
     let sync = batch.iter().any(|j| j.sync);
     // The setting is read when the transaction commits; set it outside any transaction.
-    if sync && let Err(e) = conn.execute_batch("PRAGMA synchronous = FULL;") {
+    if sync && let Err(e) = conn::exec_cached(conn, "PRAGMA synchronous = FULL") {
         return fail_all(SinkError::new("sync", e));
     }
-    let results = (|| {
-        let mut tx = conn
-            .transaction_with_behavior(TransactionBehavior::Immediate)
-            .map_err(|e| SinkError::new("write", e))?;
-        let mut results = Vec::with_capacity(batch.len());
-        for job in batch {
-            let result = match tx.savepoint() {
-                Ok(sp) => match apply(&sp, job) {
-                    Ok(()) => sp.commit().map_err(|e| SinkError::new("write", e)),
-                    Err(e) => Err(e),
-                },
-                Err(e) => Err(SinkError::new("write", e)),
-            };
-            results.push(result);
-        }
-        tx.commit()
-            .map_err(|e| SinkError::new(if sync { "sync" } else { "write" }, e))?;
-        Ok(results)
-    })();
-    if sync && let Err(e) = conn.execute_batch("PRAGMA synchronous = NORMAL;") {
+    let results = conn::write_batch(conn, batch, apply, |what, e| {
+        SinkError::new(
+            if sync && what == "commit" {
+                "sync"
+            } else {
+                "write"
+            },
+            e,
+        )
+    });
+    if sync && let Err(e) = conn::exec_cached(conn, "PRAGMA synchronous = NORMAL") {
         tracing::warn!(error = %e, "rollout storage could not restore synchronous = NORMAL");
     }
     match results {

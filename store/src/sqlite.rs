@@ -1,13 +1,16 @@
 //! [`SqliteStore`]: the [`Store`] over one SQLite database file in WAL mode.
 //!
 //! # Threads
-//! - One writer thread owns the only writing connection. Writes reach it through a bounded
-//!   channel (a full queue makes callers wait, asynchronously); it takes one, drains what is
-//!   already queued (up to [`MAX_BATCH`]) and commits them in one transaction, each write in a
-//!   savepoint of its own so that one failing write (an unknown session) leaves the others in.
-//!   Replies go out over oneshot channels after `COMMIT` returned: an acknowledged write is in
-//!   the WAL, which survives a crash of the process (`synchronous = NORMAL`; with
-//!   [`SqliteOptions::power_loss_durable`] every commit also fsyncs the WAL).
+//! - One connection writes. A write that finds nothing queued and the connection free commits
+//!   at once on the caller's thread, in a transaction of its own (the fast path: no thread
+//!   hand-off, see `SqliteStore::write_here`). Otherwise it goes to the writer thread through a
+//!   bounded channel (a full queue makes callers wait, asynchronously); the writer takes one,
+//!   drains what is already queued (up to [`MAX_BATCH`]), locks the connection and commits
+//!   them in one transaction, each write in a savepoint of its own so that one failing write
+//!   (an unknown session) leaves the others in. Either way the caller hears only after
+//!   `COMMIT` returned: an acknowledged write is in the WAL, which survives a crash of the
+//!   process (`synchronous = NORMAL`; with [`SqliteOptions::power_loss_durable`] every commit
+//!   also fsyncs the WAL).
 //! - Reads run on tokio's blocking pool, each on a connection taken from a small pool
 //!   ([`ReaderPool`]). WAL readers see the last commit and never wait for the writer.
 //!
@@ -22,9 +25,10 @@
 //! `secure_delete` on, the freed bytes are zeroed; after a sweep that changed rows the writer
 //! truncates the WAL ([`conn::truncate_wal`]), so the dropped text is in no file of the store.
 //!
-//! No lock guards a connection: each one is owned by one thread at a time, moved over
-//! channels. When the last handle is dropped the writer's channel closes, the thread commits
-//! what is queued and ends.
+//! The writing connection is behind a mutex, held for one transaction at a time (by the writer
+//! thread or a fast-path caller, never across an `await`); readers' connections are owned by
+//! one thread at a time, moved over channels. When the last handle is dropped the writer's
+//! channel closes, the thread commits what is queued and ends.
 
 mod rows;
 mod writer;
@@ -33,7 +37,7 @@ use rows::{
     BINDING_SELECT, CONVERSATION_SELECT, MESSAGE_SELECT, RowKey, SESSION_SELECT, binding_from_row,
     conversation_from_row, message_from_row, message_page, parse_id, query_all, session_from_row,
 };
-use writer::{WriteJob, WriteOp, WriteOutput, message_by_id, writer_loop};
+use writer::{SharedConn, WriteJob, WriteOp, WriteOutput, message_by_id, writer_loop};
 
 use super::conn::{self, Checkpointer, ReaderPool, Role as ConnRole, internal};
 use super::metrics::{self, Op};
@@ -86,6 +90,12 @@ impl Default for SqliteOptions {
 #[derive(Clone)]
 pub struct SqliteStore {
     writer: mpsc::Sender<WriteJob>,
+    /// The writing connection: the writer thread's, and the fast path's when it is free and
+    /// nothing is queued ([`SqliteStore::write`]).
+    conn: SharedConn,
+    /// Writes committed on the fast path and writes handed to the writer thread, for tests.
+    #[cfg(test)]
+    paths: Arc<[std::sync::atomic::AtomicU64; 2]>,
     readers: Arc<ReaderPool>,
     /// Runs while any clone is alive.
     _checkpointer: Arc<Checkpointer>,
@@ -132,13 +142,18 @@ impl SqliteStore {
         let readers = ReaderPool::open(path, options.readers)?;
         let checkpointer = Checkpointer::spawn(path)?;
         let (writer, queue) = mpsc::channel(QUEUE_CAPACITY);
+        let conn = Arc::new(std::sync::Mutex::new(writer_conn));
+        let thread_conn = conn.clone();
         std::thread::Builder::new()
             .name("troupe-store-writer".into())
-            .spawn(move || writer_loop(writer_conn, queue))
+            .spawn(move || writer_loop(thread_conn, queue))
             .map_err(|e| internal("spawn store writer", e))?;
         tracing::info!(path = %path.display(), schema_from = found, schema = schema::VERSION, "store opened");
         Ok(Self {
             writer,
+            conn,
+            #[cfg(test)]
+            paths: Arc::default(),
             readers: Arc::new(readers),
             _checkpointer: Arc::new(checkpointer),
             path: path.into(),
@@ -150,8 +165,12 @@ impl SqliteStore {
         &self.path
     }
 
-    /// Queues a write and waits for its commit.
+    /// Commits a write: on the caller's thread when it can ([`Self::write_here`]), else
+    /// through the writer thread's queue; returns once it is committed.
     async fn write(&self, op: WriteOp) -> Result<WriteOutput, AgentError> {
+        if let Some(done) = self.write_here(&op) {
+            return done;
+        }
         let (reply, answer) = oneshot::channel();
         let job = WriteJob {
             op,
@@ -163,9 +182,51 @@ impl SqliteStore {
             .send(job)
             .await
             .map_err(|_| AgentError::internal("store writer has stopped"))?;
+        #[cfg(test)]
+        self.paths[1].fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         answer
             .await
             .map_err(|_| AgentError::internal("store writer stopped before replying"))?
+    }
+
+    /// The fast path of [`Self::write`]: with nothing queued for the writer thread and the
+    /// connection free, the write commits here, on the caller's thread, in a transaction of its
+    /// own (tens of microseconds of WAL appends; no fsync under `synchronous = NORMAL`). A
+    /// write handed to the writer thread costs two thread wake-ups (the writer's, then the
+    /// caller's on the reply), each longer than the write itself whether the machine is idle
+    /// (a parked core wakes slowly) or busy (a woken thread waits for a core), and a turn
+    /// makes two writes on its path. Concurrent writes find the connection busy or writes
+    /// queued and go to the writer thread, which commits them together, as before. TTL sweeps
+    /// always go there (the writer keeps track of the WAL they leave). `None`: queue it.
+    fn write_here(&self, op: &WriteOp) -> Option<Result<WriteOutput, AgentError>> {
+        if matches!(op, WriteOp::SweepDue { .. })
+            || self.writer.capacity() < self.writer.max_capacity()
+        {
+            return None;
+        }
+        let mut conn = writer::try_lock(&self.conn)?;
+        metrics::batch(metrics::Writer::Store, 1, std::time::Duration::ZERO);
+        #[cfg(test)]
+        self.paths[0].fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        Some(writer::commit_one(&mut conn, op))
+    }
+
+    /// Holds the writing connection, as a write in progress would.
+    #[cfg(test)]
+    pub(crate) fn hold_connection(&self) -> std::sync::MutexGuard<'_, Connection> {
+        writer::lock(&self.conn)
+    }
+
+    /// Writes committed on the fast path so far.
+    #[cfg(test)]
+    pub(crate) fn fast_writes(&self) -> u64 {
+        self.paths[0].load(std::sync::atomic::Ordering::Relaxed)
+    }
+
+    /// Writes handed to the writer thread so far.
+    #[cfg(test)]
+    pub(crate) fn queued_writes(&self) -> u64 {
+        self.paths[1].load(std::sync::atomic::Ordering::Relaxed)
     }
 
     /// Runs a read on a pooled connection on the blocking pool.

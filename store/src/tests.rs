@@ -796,6 +796,77 @@ async fn concurrent_writes_are_group_committed_and_isolated() {
 }
 
 #[tokio::test]
+async fn a_lone_write_commits_on_the_callers_thread() {
+    let (_dir, store) = fresh();
+    let (s, root) = seeded(&store, None).await;
+    let before = store.fast_writes();
+    assert_eq!(before, 2, "the session and its root conversation");
+    let m = store
+        .append_message(message(s.session_id, root, "hi", 1))
+        .await
+        .unwrap();
+    assert_eq!(store.fast_writes(), before + 1);
+    let read = store
+        .messages(s.session_id, 10, MAX_PAGE_BYTES, None)
+        .await
+        .unwrap();
+    assert_eq!(read.messages, vec![m]);
+    // A failing write on the fast path is rolled back alone and leaves the connection clean.
+    let bad = store
+        .append_message(message(s.session_id, ConversationId::new(), "bad", 2))
+        .await;
+    assert_eq!(kind(bad), ErrorKind::NotFound);
+    store
+        .append_message(message(s.session_id, root, "again", 3))
+        .await
+        .unwrap();
+    assert_eq!(store.fast_writes(), before + 3);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+// Holding the connection across awaits is the point: the writes must find it busy.
+#[allow(clippy::await_holding_lock)]
+async fn writes_that_find_the_connection_busy_wait_in_the_writer_queue() {
+    let (_dir, store) = fresh();
+    let (s, root) = seeded(&store, None).await;
+    let fast = store.fast_writes();
+    assert_eq!(store.queued_writes(), 0);
+    let held = store.hold_connection();
+    let tasks: Vec<_> = (0..20u64)
+        .map(|i| {
+            let store = store.clone();
+            tokio::spawn(async move {
+                store
+                    .append_message(message(s.session_id, root, &format!("m{i}"), i))
+                    .await
+            })
+        })
+        .collect();
+    // All 20 are handed to the writer thread; none is committed while the connection is held.
+    while store.queued_writes() < 20 {
+        tokio::task::yield_now().await;
+    }
+    assert!(tasks.iter().all(|t| !t.is_finished()));
+    drop(held);
+    for t in tasks {
+        t.await.unwrap().unwrap();
+    }
+    assert_eq!(store.fast_writes(), fast, "none went around the queue");
+    assert_eq!(store.queued_writes(), 20);
+    let page = store
+        .messages(s.session_id, 100, MAX_PAGE_BYTES, None)
+        .await
+        .unwrap();
+    assert_eq!(page.messages.len(), 20);
+    // With the queue empty again, the next write takes the fast path.
+    store
+        .append_message(message(s.session_id, root, "after", 99))
+        .await
+        .unwrap();
+    assert_eq!(store.fast_writes(), fast + 1);
+}
+
+#[tokio::test]
 async fn a_zero_limit_page_keeps_the_cursor() {
     let (_dir, store) = fresh();
     let (s, root) = seeded(&store, None).await;

@@ -8,7 +8,7 @@
 //! own, run twice: with Nagle's algorithm left on (as Python's default, and many small model
 //! servers, do) and with `TCP_NODELAY` (`--nodelay`).
 //!
-//! For each server, `TURNS` requests after `WARM_UP`, back to back on one keep-alive
+//! For each server, [`turns`] requests after `WARM_UP`, back to back on one keep-alive
 //! connection (warm: what matters is the connection's state between requests, so the two
 //! measures are not interleaved); troupe, raw, troupe, raw, all counted:
 //! - troupe: the service in this process (default SQLite store, `openai-responses` provider
@@ -22,6 +22,9 @@
 //!
 //! A last row runs the same turn with the built-in scripted model: what the service costs
 //! without any model server.
+//!
+//! For profiling: `TROUPE_BENCH_ROWS` picks rows (a comma list of `nagle`, `nodelay`,
+//! `scripted`; all by default) and `TROUPE_BENCH_TURNS` the timed turns of each half (500).
 #![forbid(unsafe_code)]
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
@@ -36,7 +39,20 @@ use troupe_runtime::{ScriptedModel, assembly};
 use troupe_service::Service;
 
 const WARM_UP: usize = 50;
-const TURNS: usize = 500;
+
+/// Timed turns (and raw requests) of each half of a row: `TROUPE_BENCH_TURNS`, else 500.
+fn turns() -> usize {
+    std::env::var("TROUPE_BENCH_TURNS")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(500)
+}
+
+/// Whether the row `name` runs (`TROUPE_BENCH_ROWS`, a comma list; every row when unset).
+fn row(name: &str) -> bool {
+    std::env::var("TROUPE_BENCH_ROWS")
+        .map_or(true, |rows| rows.split(',').any(|r| r.trim() == name))
+}
 
 struct ModelServer {
     child: Child,
@@ -192,7 +208,7 @@ fn sorted(mut times: Vec<Duration>) -> Vec<Duration> {
     times
 }
 
-/// The raw request's times, sorted: `WARM_UP` requests, then `TURNS` timed, back to back
+/// The raw request's times, sorted: `WARM_UP` requests, then [`turns`] timed, back to back
 /// on one keep-alive connection (a new connection for each with `fresh`); `body` is what
 /// troupe sent for its turn.
 async fn measure_raw(server: &ModelServer, body: &[u8], fresh: bool) -> Vec<Duration> {
@@ -204,8 +220,8 @@ async fn measure_raw(server: &ModelServer, body: &[u8], fresh: bool) -> Vec<Dura
     } else {
         reqwest::Client::new()
     };
-    let mut times = Vec::with_capacity(TURNS);
-    for i in 0..WARM_UP + TURNS {
+    let mut times = Vec::with_capacity(turns());
+    for i in 0..WARM_UP + turns() {
         let t = Instant::now();
         raw(&http, &server.base_url, body).await;
         if i >= WARM_UP {
@@ -227,8 +243,8 @@ async fn measure_turns(server: Option<&ModelServer>) -> (Vec<Duration>, Vec<u8>)
         "You said: hello"
     };
     let http = reqwest::Client::new();
-    let mut times = Vec::with_capacity(TURNS);
-    for i in 0..WARM_UP + TURNS {
+    let mut times = Vec::with_capacity(turns());
+    for i in 0..WARM_UP + turns() {
         let session = new_session(&http, &running.base).await;
         let t = Instant::now();
         turn(&http, &running.base, &session, expect).await;
@@ -268,6 +284,9 @@ fn main() {
             ("Python, Nagle on", false),
             ("Python, TCP_NODELAY", true),
         ] {
+            if !row(if nodelay { "nodelay" } else { "nagle" }) {
+                continue;
+            }
             let server = ModelServer::start(nodelay);
             let (turns, body) = measure_turns(Some(&server)).await;
             let mut raws = measure_raw(&server, &body, false).await;
@@ -286,6 +305,9 @@ fn main() {
                 ms(pct(&turns, 0.99)),
                 signed_ms(pct(&turns, 0.5), pct(&raws, 0.5)),
             );
+        }
+        if !row("scripted") {
+            return;
         }
         let (turns, _) = measure_turns(None).await;
         println!(

@@ -74,9 +74,9 @@ impl ConversationState {
             pinned: self.context.pinned(),
             // A compaction only writes: no tools.
             builtins: if compact {
-                Vec::new()
+                crate::tools::OfferedTools::default()
             } else {
-                crate::tools::builtin_tools(&self.context.prefs)
+                crate::tools::shared_builtins(&self.context.prefs)
             },
             base_instructions: self.context.base_instructions.clone(),
             turn_override: compact.then(|| COMPACT_INSTRUCTIONS.to_owned()),

@@ -62,7 +62,7 @@ pub(super) async fn model_step(
         task_id: ctx.task_id,
         instructions: &prepared.instructions,
         prompt: fitted.prompt,
-        tools: &prepared.tools,
+        tools: &prepared.tools.specs,
         prompt_cache_key: &prepared.cache_key,
     };
     let info = ctx.model.info();
@@ -99,18 +99,18 @@ pub(super) async fn model_step(
 }
 
 /// Tokens of the parts of a prompt that do not change between steps: the instructions and
-/// the tool descriptions.
+/// the tool descriptions (name, description and parameter schema of each tool).
 pub fn fixed_prompt_tokens(
     counter: &dyn TokenCounter,
     instructions: &str,
-    tools: &[ToolSpec],
+    tools: &crate::tools::OfferedTools,
 ) -> u64 {
     let tools: usize = tools
+        .specs
         .iter()
-        .map(|t| {
-            counter.count(&t.name)
-                + counter.count(&t.description)
-                + counter.count(&t.parameters.0.to_string())
+        .zip(tools.schemas.iter())
+        .map(|(t, schema)| {
+            counter.count(&t.name) + counter.count(&t.description) + counter.count(schema)
         })
         .sum();
     as_u64(counter.count(instructions) + tools)

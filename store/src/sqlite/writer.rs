@@ -6,7 +6,8 @@ use super::MAX_BATCH;
 use super::rows::{MESSAGE_SELECT, message_from_row, query_all, role_str, state_str};
 use crate::conn::{self, internal, to_sql_int};
 use crate::metrics::{self, Writer};
-use rusqlite::{Connection, OptionalExtension, TransactionBehavior, params};
+use rusqlite::{Connection, OptionalExtension, params};
+use std::sync::{Arc, Mutex, MutexGuard, TryLockError};
 use std::time::Instant;
 use tokio::sync::{mpsc, oneshot};
 use tracing::Span;
@@ -66,7 +67,41 @@ pub(super) enum WriteOutput {
     Count(u64),
 }
 
-pub(super) fn writer_loop(mut conn: Connection, mut queue: mpsc::Receiver<WriteJob>) {
+/// The writing connection, shared by the writer thread and the callers' fast path
+/// ([`super::SqliteStore`]'s `write`): whoever holds the lock writes.
+pub(super) type SharedConn = Arc<Mutex<Connection>>;
+
+/// Locks the writing connection, waiting for a caller writing on the fast path.
+pub(super) fn lock(conn: &Mutex<Connection>) -> MutexGuard<'_, Connection> {
+    match conn.lock() {
+        Ok(guard) => guard,
+        Err(poisoned) => recovered(conn, poisoned.into_inner()),
+    }
+}
+
+/// Locks the writing connection if it is free at once.
+pub(super) fn try_lock(conn: &Mutex<Connection>) -> Option<MutexGuard<'_, Connection>> {
+    match conn.try_lock() {
+        Ok(guard) => Some(guard),
+        Err(TryLockError::WouldBlock) => None,
+        Err(TryLockError::Poisoned(poisoned)) => Some(recovered(conn, poisoned.into_inner())),
+    }
+}
+
+/// A connection whose holder panicked: its transaction, if it left one open, is rolled back,
+/// so the next write begins on a clean connection.
+fn recovered<'a>(
+    conn: &'a Mutex<Connection>,
+    guard: MutexGuard<'a, Connection>,
+) -> MutexGuard<'a, Connection> {
+    conn.clear_poison();
+    if !guard.is_autocommit() {
+        let _ = guard.execute_batch("ROLLBACK");
+    }
+    guard
+}
+
+pub(super) fn writer_loop(conn: SharedConn, mut queue: mpsc::Receiver<WriteJob>) {
     let mut batch = Vec::with_capacity(MAX_BATCH);
     // A sweep dropped content whose old pages may still be in the WAL: every later sweep
     // tries to truncate it until one succeeds.
@@ -84,6 +119,7 @@ pub(super) fn writer_loop(mut conn: Connection, mut queue: mpsc::Receiver<WriteJ
             .map(|j| j.enqueued.elapsed())
             .unwrap_or_default();
         metrics::batch(Writer::Store, batch.len(), oldest_wait);
+        let mut conn = lock(&conn);
         let mut results = commit_batch(&mut conn, &batch);
         let sweeps: Vec<usize> = batch
             .iter()
@@ -109,6 +145,7 @@ pub(super) fn writer_loop(mut conn: Connection, mut queue: mpsc::Receiver<WriteJ
                 }
             }
         }
+        drop(conn);
         for (job, result) in batch.drain(..).zip(results) {
             let _ = job.reply.send(result);
         }
@@ -134,32 +171,36 @@ pub(super) fn commit_batch(
     conn: &mut Connection,
     batch: &[WriteJob],
 ) -> Vec<Result<WriteOutput, AgentError>> {
-    let fail_all = |e: AgentError| batch.iter().map(|_| Err(e.clone())).collect();
-    let mut tx = match conn.transaction_with_behavior(TransactionBehavior::Immediate) {
-        Ok(tx) => tx,
-        Err(e) => return fail_all(internal("store begin", e)),
-    };
-    let mut results = Vec::with_capacity(batch.len());
-    for job in batch {
-        let _entered = job.span.enter();
-        let result = match tx.savepoint() {
-            Ok(sp) => match apply(&sp, &job.op) {
-                Ok(out) => sp
-                    .commit()
-                    .map(|()| out)
-                    .map_err(|e| internal("store savepoint", e)),
-                // Dropping the savepoint rolls this write back, and only it.
-                Err(e) => Err(e),
-            },
-            Err(e) => Err(internal("store savepoint", e)),
-        };
-        results.push(result);
-    }
-    match tx.commit() {
-        Ok(()) => results,
+    let committed = conn::write_batch(
+        conn,
+        batch,
+        |c, job| {
+            let _entered = job.span.enter();
+            apply(c, &job.op)
+        },
+        |what, e| internal(format!("store {what}"), e),
+    );
+    match committed {
+        Ok(results) => results,
         Err(e) => {
             tracing::error!(error = %e, writes = batch.len(), "store commit failed");
-            fail_all(internal("store commit", e))
+            batch.iter().map(|_| Err(e.clone())).collect()
+        }
+    }
+}
+
+/// One write in a transaction of its own (the fast path, on the caller's thread).
+pub(super) fn commit_one(conn: &mut Connection, op: &WriteOp) -> Result<WriteOutput, AgentError> {
+    let committed = conn::write_batch(conn, [op], apply, |what, e| {
+        internal(format!("store {what}"), e)
+    });
+    match committed {
+        Ok(mut results) => results
+            .pop()
+            .unwrap_or_else(|| Err(AgentError::internal("store write without a result"))),
+        Err(e) => {
+            tracing::error!(error = %e, writes = 1, "store commit failed");
+            Err(e)
         }
     }
 }
@@ -436,10 +477,9 @@ pub(super) fn append_message(c: &Connection, m: &NewMessage) -> Result<MessageRe
     })
     .map_err(sql("insert message"))?;
     let message_id = u64::try_from(c.last_insert_rowid()).map_err(|e| internal("message_id", e))?;
-    if m.status.is_some() {
-        update_session_status(c, m.session_id, SessionStatus::Active)?;
-    }
-    touch(c, &session_id, m.created_ms)?;
+    // A user message (it has a status) makes its session active.
+    let status = m.status.map(|_| SessionStatus::Active);
+    touch_and_set(c, m.session_id, &session_id, status, m.created_ms)?;
     Ok(MessageRecord {
         message_id,
         session_id: m.session_id,
@@ -546,10 +586,13 @@ pub(super) fn finish_message(
     let reply = f.reply.as_ref().map(|r| append_message(c, r)).transpose()?;
     let reply_id = reply.as_ref().map(|r| r.message_id);
     set_status(c, f.message_id, f.status, f.task_id, reply_id)?;
-    if let Some(status) = f.session_status {
-        update_session_status(c, m.session_id, status)?;
-    }
-    touch(c, &m.session_id.to_string(), 0)?;
+    touch_and_set(
+        c,
+        m.session_id,
+        &m.session_id.to_string(),
+        f.session_status,
+        0,
+    )?;
     m.status = Some(f.status);
     m.task_id = f.task_id.or(m.task_id);
     m.reply_message_id = reply_id.or(m.reply_message_id);
@@ -632,22 +675,31 @@ pub(super) fn set_session_status(
     status: SessionStatus,
     at_ms: u64,
 ) -> Result<(), AgentError> {
-    update_session_status(c, session_id, status)?;
-    touch(c, &session_id.to_string(), at_ms)
+    touch_and_set(c, session_id, &session_id.to_string(), Some(status), at_ms)
 }
 
-/// Sets a session's status; `NotFound` for an unknown session.
-fn update_session_status(
+/// [`touch`], setting the session's status too when one is given (one statement):
+/// `NotFound` for an unknown session then.
+fn touch_and_set(
     c: &Connection,
-    session_id: SessionId,
-    status: SessionStatus,
+    id: SessionId,
+    session_id: &str,
+    status: Option<SessionStatus>,
+    at_ms: u64,
 ) -> Result<(), AgentError> {
+    let Some(status) = status else {
+        return touch(c, session_id, at_ms);
+    };
+    let at = to_sql_int("updated_ms", at_ms.max(troupe_actors::clock::unix_now_ms()))?;
     let changed = c
-        .prepare_cached("UPDATE sessions SET status = ?2 WHERE session_id = ?1")
-        .and_then(|mut st| st.execute(params![session_id.to_string(), status.as_str()]))
+        .prepare_cached(
+            "UPDATE sessions SET status = ?2, updated_ms = max(COALESCE(updated_ms, created_ms), ?3)
+             WHERE session_id = ?1",
+        )
+        .and_then(|mut st| st.execute(params![session_id, status.as_str(), at]))
         .map_err(sql("set session status"))?;
     if changed == 0 {
-        return Err(AgentError::not_found("session", session_id));
+        return Err(AgentError::not_found("session", id));
     }
     Ok(())
 }
