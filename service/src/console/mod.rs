@@ -122,7 +122,8 @@ async fn asset(Path(name): Path<String>, headers: HeaderMap) -> Response {
 }
 
 /// The headers of every page: a strict CSP (the service's own script, styles and
-/// connections only; no plugin, no frame), no sniffing, no referrer, never cached.
+/// connections only; no plugin, no frame), no sniffing, no referrer to other sites, never
+/// cached.
 fn html(status: StatusCode, text: String) -> Response {
     let mut response = (status, text).into_response();
     let h = response.headers_mut();
@@ -137,7 +138,9 @@ fn html(status: StatusCode, text: String) -> Response {
          connect-src 'self'; form-action 'self'; base-uri 'none'; frame-ancestors 'none'",
     );
     set(h, header::X_CONTENT_TYPE_OPTIONS, "nosniff");
-    set(h, header::REFERRER_POLICY, "no-referrer");
+    // `same-origin`, not `no-referrer`: with `no-referrer` a form post says `Origin: null`,
+    // which the edge refuses; other sites (a trace viewer) still get no referrer.
+    set(h, header::REFERRER_POLICY, "same-origin");
     set(h, header::X_FRAME_OPTIONS, "DENY");
     set(h, header::CACHE_CONTROL, "no-store");
     response

@@ -16,6 +16,7 @@ use troupe_tests::troupe_bin;
 
 const TOKEN: &str = "console-token";
 const WAIT: Duration = Duration::from_secs(20);
+const TRACE_URL: &str = "http://traces.invalid/trace/{trace_id}";
 
 /// `troupe serve` as a child process over a data directory that outlives it (restarts).
 struct Troupe {
@@ -25,10 +26,16 @@ struct Troupe {
     data: PathBuf,
     model: String,
     dir: PathBuf,
+    env: Vec<(String, String)>,
 }
 
 impl Troupe {
     fn start(dir: &Path, model: &ModelServer) -> Self {
+        Self::start_with(dir, model, &[])
+    }
+
+    /// With more environment variables.
+    fn start_with(dir: &Path, model: &ModelServer, env: &[(&str, &str)]) -> Self {
         let mut t = Self {
             child: None,
             base: String::new(),
@@ -36,6 +43,10 @@ impl Troupe {
             data: dir.join("data"),
             model: model.base_url(),
             dir: dir.to_owned(),
+            env: env
+                .iter()
+                .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
+                .collect(),
         };
         t.spawn();
         t
@@ -54,7 +65,9 @@ impl Troupe {
             .env("PATH", std::env::var_os("PATH").unwrap_or_default())
             .env("TROUPE_API_TOKENS", format!("{TOKEN}=*"))
             .env("OPENAI_API_KEY", "test-key")
+            .env("TROUPE_CONSOLE_TRACE_URL", TRACE_URL)
             .env("RUST_LOG", "warn")
+            .envs(self.env.iter().map(|(k, v)| (k, v)))
             .stderr(Stdio::null());
         let (child, base) = troupe_tests::spawn_serve(&mut command);
         self.port = base.rsplit(':').next().unwrap().parse().unwrap();
@@ -197,6 +210,48 @@ async fn a_browser_signs_in_chats_approves_survives_a_restart_and_pages_back() {
     browser.screenshot("02-sessions").await;
     browser.assert_quiet_console(quiet).await;
 
+    // The list: searched as one types ("/" goes to the search box), and a project's current
+    // session switched from it.
+    let older = api.session("Older work").await;
+    let newer = api.session("Newer work").await;
+    browser.goto(&format!("{}/", troupe.base)).await;
+    browser.find("#sessions").await;
+    browser.keys("/").await;
+    let focused = browser.js("return document.activeElement.id", vec![]).await;
+    assert_eq!(focused, json!("q"));
+    browser.keys("older").await;
+    let visible = browser
+        .js(
+            "return [...document.querySelectorAll('#sessions tbody tr')].filter(tr => !tr.hidden).map(tr => tr.dataset.sessionId)",
+            vec![],
+        )
+        .await;
+    assert_eq!(visible, json!([older]));
+    assert_eq!(browser.text("#count").await, "1 of 2 sessions match");
+    browser.screenshot("02b-search").await;
+    browser.goto(&format!("{}/", troupe.base)).await;
+    browser
+        .click(&format!("tr[data-session-id='{newer}'] .make-current"))
+        .await;
+    browser
+        .wait_for(
+            "the current session's mark",
+            &format!(
+                "const tr = document.querySelector(\"tr[data-session-id='{newer}']\"); return tr && tr.querySelector('.current')"
+            ),
+            WAIT,
+        )
+        .await;
+    let current = api
+        .send(
+            reqwest::Method::GET,
+            "/api/projects/alpha/current-session",
+            None,
+        )
+        .await;
+    assert_eq!(current["session"]["session_id"], json!(newer));
+    browser.assert_quiet_console(quiet).await;
+
     // --- Create a session from the list; the browser goes to its live view.
     browser.click("#create summary").await;
     browser.type_into("#new-project", "alpha").await;
@@ -247,6 +302,19 @@ async fn a_browser_signs_in_chats_approves_survives_a_restart_and_pages_back() {
             WAIT,
         )
         .await;
+    // Each task's trace id links to the configured trace viewer.
+    let href = browser
+        .wait_for(
+            "a trace link",
+            "const a = [...document.querySelectorAll('#messages a.trace')].pop(); return a && a.href",
+            WAIT,
+        )
+        .await;
+    let href = href.as_str().unwrap();
+    assert!(href.starts_with("http://traces.invalid/trace/"), "{href}");
+    let trace_id = href.rsplit('/').next().unwrap();
+    assert_eq!(trace_id.len(), 32, "a W3C trace id: {trace_id}");
+
     // Statistics follow: two tasks, one of them cancelled.
     browser
         .wait_for(
@@ -294,7 +362,60 @@ async fn a_browser_signs_in_chats_approves_survives_a_restart_and_pages_back() {
         )
         .await;
     assert_eq!(browser.text("#approvals-count").await, "0");
+    browser
+        .js(
+            "window.scrollTo(0, document.documentElement.scrollHeight)",
+            vec![],
+        )
+        .await;
     browser.screenshot("07-approved").await;
+
+    // Approved for the whole session, for an hour: the same command later runs unasked.
+    for _ in 0..2 {
+        model.push(Reply::tool_call(
+            "shell",
+            [r#"{"command": ["echo", "remembered"]}"#],
+        ));
+        model.push(Reply::text(["Ran it."]));
+    }
+    browser.type_into("#text", "run it once").await;
+    browser.keys(ENTER).await;
+    browser.find("#approvals .approval .ttl").await;
+    browser
+        .js(
+            "document.querySelector('#approvals .approval .ttl').value = '3600'",
+            vec![],
+        )
+        .await;
+    browser.click("#approvals .approval .approve-session").await;
+    let count_results = "return [...document.querySelectorAll('#messages .msg-tool_result')].filter(m => m.textContent.includes('remembered')).length";
+    browser
+        .wait_for(
+            "the first run",
+            &format!("{count_results} === 1 ? 1 : 0"),
+            WAIT,
+        )
+        .await;
+    browser.type_into("#text", "run it again").await;
+    browser.keys(ENTER).await;
+    browser
+        .wait_for(
+            "the second run, not asked",
+            &format!("{count_results} === 2 ? 1 : 0"),
+            WAIT,
+        )
+        .await;
+    let asked = browser
+        .js(
+            "return [...document.querySelectorAll('#events li[data-kind=approval_requested]')].length",
+            vec![],
+        )
+        .await;
+    assert_eq!(
+        asked,
+        json!(2),
+        "once for echo approved-in-the-browser, once for echo remembered"
+    );
 
     // Denied with a reason: the command does not run and the model is told why.
     model.push(Reply::tool_call(
@@ -318,6 +439,64 @@ async fn a_browser_signs_in_chats_approves_survives_a_restart_and_pages_back() {
         .await;
     assert!(!dir.path().join("should-not-exist").exists());
     browser.assert_quiet_console(quiet).await;
+
+    // --- A second conversation, opened from the page; its messages say where they belong.
+    browser.click("#new-conversation").await;
+    browser
+        .wait_for(
+            "two conversations",
+            "return document.querySelectorAll('#conversation option').length === 2 && document.querySelector('#conversation').selectedIndex === 1",
+            WAIT,
+        )
+        .await;
+    browser.type_into("#text", "in the second one").await;
+    browser.keys(ENTER).await;
+    browser
+        .wait_for(
+            "the message in conversation 2",
+            "return [...document.querySelectorAll('#messages .role-user')].some(m => m.textContent.includes('in the second one') && m.querySelector('.conv').textContent === 'conversation 2')",
+            WAIT,
+        )
+        .await;
+    let conversations = api
+        .send(
+            reqwest::Method::POST,
+            "/rpc",
+            Some(json!({"jsonrpc": "2.0", "id": 1, "method": "conversation.list", "params": {"session_id": sid}})),
+        )
+        .await;
+    assert_eq!(conversations["result"].as_array().unwrap().len(), 2);
+
+    // --- Routing decisions and the tree of dispatches, as the Agents panel draws them from
+    // their events (route_decided, dispatch_sent, dispatch_result, session_bound).
+    browser
+        .js(
+            r#"const a = window.troupeConsole.apply;
+               a({seq: 1e9, kind: 'route_decided', data: {decision: 'dispatch_agent', agent_id: 'lead', confidence: 0.9, source: 'model', reason: 'needs a lead'}});
+               a({seq: 1e9 + 1, kind: 'dispatch_sent', data: {dispatch_id: 'd1', agent_id: 'lead', chain: ['supervisor', 'lead'], input: 'x'}});
+               a({seq: 1e9 + 2, kind: 'dispatch_sent', data: {dispatch_id: 'd2', agent_id: 'worker', chain: ['supervisor', 'lead', 'worker'], input: 'y'}});
+               a({seq: 1e9 + 3, kind: 'session_bound', data: {agent_id: 'worker', provider: 'acp', provider_session_id: 'ps-7'}});
+               a({seq: 1e9 + 4, kind: 'dispatch_result', data: {dispatch_id: 'd2', agent_id: 'worker', status: 'ok', duration_ms: 1200, provider_session_id: 'ps-7'}});"#,
+            vec![],
+        )
+        .await;
+    let tree = browser
+        .wait_for(
+            "the dispatch tree",
+            "const t = document.querySelector('#agents .tree'); return t && t.innerText",
+            WAIT,
+        )
+        .await;
+    let tree = tree.as_str().unwrap();
+    assert!(tree.contains("supervisor → lead → worker"), "{tree}");
+    assert!(tree.contains("bound to ps-7"), "{tree}");
+    assert!(
+        browser
+            .text("#agents")
+            .await
+            .contains("dispatch_agent → lead")
+    );
+    browser.screenshot("07b-agents").await;
 
     // --- A phone's width: one column, nothing wider than the screen.
     browser.set_size(390, 844).await;
@@ -446,6 +625,23 @@ async fn a_browser_signs_in_chats_approves_survives_a_restart_and_pages_back() {
     browser.js("window.scrollTo(0, 0)", vec![]).await;
     browser.screenshot("12-paged-back").await;
     browser.assert_quiet_console(quiet).await;
+
+    // --- Signing out clears the cookie: the pages ask for the token again.
+    browser.click(".sign-out button").await;
+    browser
+        .wait_for(
+            "the sign-in form",
+            "return document.body.dataset.page === 'sign-in'",
+            WAIT,
+        )
+        .await;
+    let status = browser
+        .js(
+            "return fetch('/api/sessions/' + arguments[0]).then(r => r.status)",
+            vec![json!(paged)],
+        )
+        .await;
+    assert_eq!(status, json!(401));
 
     browser.quit().await;
     troupe.stop();
@@ -578,5 +774,46 @@ async fn curl_reads_the_session_list_without_javascript() {
         &format!("{}/console/sign-in", troupe.base),
     ]);
     assert_eq!(refused, "401");
+    // Behind a proxy that says the console was reached over HTTPS, the cookie is Secure.
+    let proxied = curl(&[
+        "-D",
+        "-",
+        "-o",
+        "/dev/null",
+        "-H",
+        "X-Forwarded-Proto: https",
+        "-H",
+        "Content-Type: application/json",
+        "-d",
+        &format!(r#"{{"token": "{TOKEN}"}}"#),
+        &format!("{}/console/sign-in", troupe.base),
+    ]);
+    assert!(proxied.starts_with("HTTP/1.1 204"), "{proxied}");
+    assert!(proxied.contains("; Secure"), "{proxied}");
+    let metrics = curl(&["-H", &auth, &format!("{}/metrics", troupe.base)]);
+    for line in [
+        "troupe_console_sign_ins_total{outcome=\"ok\"} 2",
+        "troupe_console_sign_ins_total{outcome=\"refused\"} 1",
+        "troupe_console_sign_ins_total{outcome=\"open\"} 0",
+    ] {
+        assert!(metrics.contains(line), "{line} in {metrics}");
+    }
     troupe.stop();
+
+    // Turned off, the console is not there at all.
+    let off_dir = tempfile::tempdir().unwrap();
+    let mut off = Troupe::start_with(off_dir.path(), &model, &[("TROUPE_CONSOLE", "false")]);
+    for path in ["/", &format!("/sessions/{a}"), "/console/console.js"] {
+        let code = curl(&[
+            "-H",
+            &auth,
+            "-o",
+            "/dev/null",
+            "-w",
+            "%{http_code}",
+            &format!("{}{path}", off.base),
+        ]);
+        assert_eq!(code, "404", "{path}");
+    }
+    off.stop();
 }

@@ -216,7 +216,7 @@ function sessionPage() {
     retry: 500,
     timer: null,
   };
-  window.troupeConsole = S; // for people debugging in the browser's console
+  window.troupeConsole = S;
 
   /* ---- messages ---- */
   const list = $('#messages');
@@ -646,11 +646,14 @@ function sessionPage() {
       const sorted = [...A.dispatches.values()].sort((a, b) => a.seq - b.seq);
       box.append(h('h3', {}, 'Dispatches'), h('ul', { class: 'tree' }, sorted.map((d) => {
         const chain = Array.isArray(d.chain) ? d.chain : [d.agent_id];
-        return h('li', { dataset: { dispatchId: d.dispatch_id }, style: `margin-left:${Math.max(0, chain.length - 2) * 14}px` },
+        const li = h('li', { dataset: { dispatchId: d.dispatch_id, depth: chain.length - 1 } },
           h('b', {}, d.agent_id), ' ', h('span', { class: `status status-${d.status}` }, d.status),
           d.duration_ms !== undefined ? ` ${fmtMs(d.duration_ms)}` : '',
           h('div', { class: 'muted' }, chain.join(' → ')),
           d.provider_session_id ? h('div', { class: 'mono' }, `bound to ${d.provider_session_id}`) : null);
+        // Indented by depth (the CSSOM, which the page's CSP allows; a style attribute it does not).
+        li.style.marginLeft = `${Math.max(0, chain.length - 2) * 14}px`;
+        return li;
       })));
     }
     if (A.bindings.size) {
@@ -778,6 +781,7 @@ function sessionPage() {
     es.addEventListener('open', () => {
       S.retry = 500;
       setConn('live', 'live');
+      show($('#send-error'), false);
       // What changed while the stream was down is in the events after lastSeq; the rest is
       // read again (idempotently).
       refreshNewestSoon();
@@ -806,10 +810,16 @@ function sessionPage() {
 
   function report(x) {
     if (x instanceof SignedOut) return;
+    // The service out of reach: the connection indicator says so, and the stream's
+    // reconnection reads everything again.
+    if (x instanceof TypeError) return;
     const err = $('#send-error');
     err.textContent = x.message;
     show(err, true);
   }
+
+  // For people debugging in the browser's console: the state, and how an event is shown.
+  S.apply = apply;
 
   setConn('connecting', 'connecting…');
   (async () => {
