@@ -126,10 +126,23 @@ pub enum Op {
     /// A background WAL checkpoint that copied pages.
     Checkpoint,
     SetSessionStatus,
+    OpenConversations,
+    Conversation,
+    PutA2aContext,
+    A2aContext,
+    A2aOpenContexts,
+    PutA2aTask,
+    A2aTask,
+    A2aLiveTasks,
+    A2aTasks,
+    PutA2aPush,
+    DeleteA2aPush,
+    A2aPushes,
+    PruneA2a,
 }
 
 impl Op {
-    pub const ALL: [Self; 27] = [
+    pub const ALL: [Self; 40] = [
         Self::Open,
         Self::CreateSession,
         Self::GetSession,
@@ -157,6 +170,19 @@ impl Op {
         Self::RolloutReadAfter,
         Self::Checkpoint,
         Self::SetSessionStatus,
+        Self::OpenConversations,
+        Self::Conversation,
+        Self::PutA2aContext,
+        Self::A2aContext,
+        Self::A2aOpenContexts,
+        Self::PutA2aTask,
+        Self::A2aTask,
+        Self::A2aLiveTasks,
+        Self::A2aTasks,
+        Self::PutA2aPush,
+        Self::DeleteA2aPush,
+        Self::A2aPushes,
+        Self::PruneA2a,
     ];
 
     pub const fn as_str(self) -> &'static str {
@@ -188,6 +214,19 @@ impl Op {
             Self::RolloutReadAfter => "rollout_read_after",
             Self::Checkpoint => "checkpoint",
             Self::SetSessionStatus => "set_session_status",
+            Self::OpenConversations => "open_conversations",
+            Self::Conversation => "conversation",
+            Self::PutA2aContext => "put_a2a_context",
+            Self::A2aContext => "a2a_context",
+            Self::A2aOpenContexts => "a2a_open_contexts",
+            Self::PutA2aTask => "put_a2a_task",
+            Self::A2aTask => "a2a_task",
+            Self::A2aLiveTasks => "a2a_live_tasks",
+            Self::A2aTasks => "a2a_tasks",
+            Self::PutA2aPush => "put_a2a_push",
+            Self::DeleteA2aPush => "delete_a2a_push",
+            Self::A2aPushes => "a2a_pushes",
+            Self::PruneA2a => "prune_a2a",
         }
     }
 }

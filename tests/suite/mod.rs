@@ -1,4 +1,5 @@
 mod a2a;
+mod a2a_restart;
 mod approvals;
 mod cancel;
 mod cli;

@@ -59,9 +59,14 @@ impl Fixture {
             max: std::time::Duration::from_millis(100),
             timeout: std::time::Duration::from_secs(10),
         };
-        let a2a = A2a::start(Arc::new(session.clone()), a2a_config, None)
-            .await
-            .unwrap();
+        let a2a = A2a::start(
+            Arc::new(session.clone()),
+            Arc::new(troupe_store::memory::MemoryStore::new()),
+            a2a_config,
+            None,
+        )
+        .await
+        .unwrap();
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
         let url = format!("http://{}/a2a", listener.local_addr().unwrap());
         let app = a2a.router();
@@ -666,7 +671,7 @@ async fn replaced(a2a: &A2a, old: ractor::ActorId) -> ActorRef<A2aTasksMsg> {
 }
 
 #[tokio::test]
-async fn a_failed_a2a_actor_is_replaced_and_the_endpoint_keeps_answering() {
+async fn a_failed_a2a_actor_is_replaced_and_its_records_are_kept() {
     let f = Fixture::start(vec![
         ScriptedReply::text("before"),
         ScriptedReply::text("after"),
@@ -699,12 +704,19 @@ async fn a_failed_a2a_actor_is_replaced_and_the_endpoint_keeps_answering() {
     let task = &second["result"]["task"];
     assert_eq!(task["status"]["state"], "TASK_STATE_COMPLETED", "{second}");
     assert_eq!(task["artifacts"][0]["parts"][0]["text"], "after");
-    // The failed actor's records are gone with it; the session ran both messages.
+    // The records outlive the failed actor: the new one finds the old task in the store.
     let old_task = first["result"]["task"]["id"].as_str().unwrap();
-    let gone = f
+    let found = f
         .call(Some("1.0"), "GetTask", json!({"id": old_task}))
         .await;
-    assert!(gone["error"].is_object(), "{gone}");
+    assert_eq!(
+        found["result"]["status"]["state"], "TASK_STATE_COMPLETED",
+        "{found}"
+    );
+    assert_eq!(
+        found["result"]["artifacts"][0]["parts"][0]["text"],
+        "before"
+    );
     f.stop().await;
 }
 
@@ -733,6 +745,7 @@ async fn an_a2a_actor_that_keeps_failing_is_given_up_and_says_so() {
     });
     let a2a = A2a::start(
         Arc::new(session.clone()),
+        Arc::new(troupe_store::memory::MemoryStore::new()),
         A2aConfig::default(),
         Some(give_up),
     )
