@@ -27,6 +27,7 @@ use super::model::{
     Artifact, ArtifactUpdate, Message, Part, PartContent, Status, StatusUpdate, StreamEvent, Task,
     TaskState,
 };
+use super::reply::{self, AnswerForm};
 use super::request::SendParams;
 use serde::{Deserialize, Serialize};
 use serde_json::json;
@@ -79,13 +80,40 @@ pub struct Record {
     /// the book's back): the task was queued again behind a reopen; a second NotFound fails it.
     #[serde(default)]
     retried: bool,
+    /// Files the task's tools made so far (they number its file artifacts).
+    #[serde(default)]
+    files: u32,
+    /// The agent answered with a plain Message (the reply form's `"reply": "message"`): what
+    /// a blocking send returns instead of the task.
+    #[serde(default)]
+    pub reply_message: Option<Message>,
     /// The conversation's reply, held until the task's `task_finished` event (or a grace).
     #[serde(skip)]
     pending_reply: Option<MessageReply>,
-    /// The answer artifact has text of the current step: the next delta appends to it (a
-    /// tool call closes it, and the next step's text replaces it).
+    /// The current step's text and whether it streams.
     #[serde(skip)]
-    answer_open: bool,
+    step: Step,
+    /// Tool calls started and not finished: their name and arguments, by call id.
+    #[serde(skip)]
+    calls: HashMap<String, (String, serde_json::Value)>,
+}
+
+/// The text the current step of a task wrote so far, and what is done with it.
+#[derive(Debug, Clone, Default)]
+struct Step {
+    text: String,
+    mode: StepMode,
+}
+
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+enum StepMode {
+    /// Nothing but white space yet.
+    #[default]
+    Undecided,
+    /// Streamed: each piece is an artifact update.
+    Streaming,
+    /// It may be JSON (a data answer, the reply form): it arrives whole at the end.
+    Held,
 }
 
 impl Record {
@@ -465,7 +493,10 @@ impl TaskBook {
                 messages: 0,
                 created_ms: now_ms,
                 retried: false,
-                answer_open: false,
+                files: 0,
+                reply_message: None,
+                step: Step::default(),
+                calls: HashMap::new(),
             },
         );
         self.touch_context(context_id, now_ms);
@@ -670,7 +701,12 @@ impl TaskBook {
         let events = match event {
             // Started in troupe, but maybe still waiting for a scheduler slot: it is WORKING
             // from its first step on.
-            EventKind::TaskStarted { .. } => Vec::new(),
+            EventKind::TaskStarted { .. } => {
+                if let Some(r) = self.tasks.get_mut(&task_id) {
+                    r.step = Step::default();
+                }
+                Vec::new()
+            }
             EventKind::StepStarted { .. } => match self.tasks.get(&task_id) {
                 Some(r) if r.task.status.state == TaskState::Submitted => {
                     self.set_status(&task_id, TaskState::Working, None, now_ms)
@@ -681,7 +717,11 @@ impl TaskBook {
             EventKind::ToolCallStarted { call } => {
                 // The text so far was said before a tool call; the answer starts anew.
                 if let Some(r) = self.tasks.get_mut(&task_id) {
-                    r.answer_open = false;
+                    r.step = Step::default();
+                    r.calls.insert(
+                        call.call_id.clone(),
+                        (call.name.clone(), call.arguments.0.clone()),
+                    );
                 }
                 let parts = vec![
                     Part::text(format!("Calling tool `{}`.", call.name)),
@@ -693,6 +733,12 @@ impl TaskBook {
                 ];
                 self.set_status(&task_id, TaskState::Working, Some(parts), now_ms)
             }
+            EventKind::ToolCallFinished {
+                call_id,
+                output,
+                is_error,
+                ..
+            } => self.tool_finished(&task_id, call_id, output, *is_error),
             EventKind::ApprovalRequested {
                 approval_id,
                 command,
@@ -941,7 +987,8 @@ impl TaskBook {
         Some(active)
     }
 
-    /// Changes a live task's status; an older status message moves into history.
+    /// Changes a live task's status, with a new agent message of these parts; an older
+    /// status message moves into history.
     fn set_status(
         &mut self,
         task_id: &str,
@@ -952,13 +999,27 @@ impl TaskBook {
         let Some(rec) = self.tasks.get_mut(task_id) else {
             return Vec::new();
         };
-        if rec.task.status.state.is_terminal() {
-            return Vec::new();
-        }
         let message = parts.map(|parts| {
             let id = rec.next_message_id();
             Message::agent(id, &rec.task.context_id, task_id, parts)
         });
+        self.set_status_message(task_id, state, message, now_ms)
+    }
+
+    /// Changes a live task's status, with this status message.
+    fn set_status_message(
+        &mut self,
+        task_id: &str,
+        state: TaskState,
+        message: Option<Message>,
+        now_ms: u64,
+    ) -> Vec<StreamEvent> {
+        let Some(rec) = self.tasks.get_mut(task_id) else {
+            return Vec::new();
+        };
+        if rec.task.status.state.is_terminal() {
+            return Vec::new();
+        }
         if let Some(old) = rec.task.status.message.take() {
             rec.task.history.push(old);
         }
@@ -982,7 +1043,9 @@ impl TaskBook {
     /// piece of a step replaces what an earlier step said), and streams get the piece as an
     /// artifact update (`append` after the first). The task's end sends the whole answer
     /// again (`append: false`, `lastChunk: true`), so a client that missed a piece ends with
-    /// the right text. Pieces are not stored: the end is.
+    /// the right text. A step whose text starts like JSON is held back: it may be a data
+    /// answer or the reply form, which arrive whole at the end. Pieces are not stored: the
+    /// end is.
     fn answer_delta(&mut self, task_id: &str, delta: &str) -> Vec<StreamEvent> {
         let Some(rec) = self.tasks.get_mut(task_id) else {
             return Vec::new();
@@ -990,8 +1053,20 @@ impl TaskBook {
         if delta.is_empty() || rec.task.status.state.is_terminal() {
             return Vec::new();
         }
-        let append = rec.answer_open;
-        rec.answer_open = true;
+        rec.step.text.push_str(delta);
+        let (piece, append) = match rec.step.mode {
+            StepMode::Held => return Vec::new(),
+            StepMode::Streaming => (delta.to_owned(), true),
+            StepMode::Undecided if rec.step.text.trim().is_empty() => return Vec::new(),
+            StepMode::Undecided if reply::held_back(&rec.step.text) => {
+                rec.step.mode = StepMode::Held;
+                return Vec::new();
+            }
+            StepMode::Undecided => {
+                rec.step.mode = StepMode::Streaming;
+                (rec.step.text.clone(), false)
+            }
+        };
         let answer_id = answer_artifact_id(task_id);
         let stored = match rec
             .task
@@ -1001,7 +1076,9 @@ impl TaskBook {
         {
             Some(a) => a,
             None => {
-                rec.task.artifacts.push(answer_artifact(task_id, ""));
+                rec.task
+                    .artifacts
+                    .push(answer_artifact(task_id, Vec::new()));
                 let last = rec.task.artifacts.len() - 1;
                 &mut rec.task.artifacts[last]
             }
@@ -1013,21 +1090,62 @@ impl TaskBook {
                     content: PartContent::Text(text),
                     ..
                 }),
-            ) => text.push_str(delta),
-            _ => stored.parts = vec![Part::text(delta)],
+            ) => text.push_str(&piece),
+            _ => stored.parts = vec![Part::text(piece.clone())],
         }
-        let mut piece = answer_artifact(task_id, delta);
-        piece.parts = vec![Part::text(delta)];
         vec![StreamEvent::Artifact(ArtifactUpdate {
             task_id: task_id.to_owned(),
             context_id: rec.task.context_id.clone(),
-            artifact: piece,
+            artifact: answer_artifact(task_id, vec![Part::text(piece)]),
             append,
             last_chunk: false,
         })]
     }
 
-    /// Ends a task (once: later reports of the same end are ignored).
+    /// A tool call ended: the file it made, if any, as an artifact of its own.
+    fn tool_finished(
+        &mut self,
+        task_id: &str,
+        call_id: &str,
+        output: &str,
+        is_error: bool,
+    ) -> Vec<StreamEvent> {
+        let Some(rec) = self.tasks.get_mut(task_id) else {
+            return Vec::new();
+        };
+        let Some((name, arguments)) = rec.calls.remove(call_id) else {
+            return Vec::new();
+        };
+        if is_error || rec.task.status.state.is_terminal() {
+            return Vec::new();
+        }
+        let Some(file) = reply::tool_file(&name, &arguments, output, rec.files + 1) else {
+            return Vec::new();
+        };
+        rec.files += 1;
+        let artifact = Artifact {
+            artifact_id: format!("{task_id}-file-{}", rec.files),
+            name: Some(file.name.to_owned()),
+            description: None,
+            parts: vec![file.part],
+            metadata: None,
+        };
+        rec.task.artifacts.push(artifact.clone());
+        let event = StreamEvent::Artifact(ArtifactUpdate {
+            task_id: task_id.to_owned(),
+            context_id: rec.task.context_id.clone(),
+            artifact,
+            append: false,
+            last_chunk: true,
+        });
+        self.touch_task(task_id);
+        vec![event]
+    }
+
+    /// Ends a task (once: later reports of the same end are ignored). An `ok` end's answer
+    /// takes the form it asks for ([`reply::answer_form`]): the answer artifact (text, data,
+    /// files, links), a plain Message, a question to the client (the task then waits for
+    /// its reply instead of ending), or a rejection.
     pub(super) fn complete(
         &mut self,
         task_id: &str,
@@ -1042,45 +1160,74 @@ impl TaskBook {
         if rec.task.status.state.is_terminal() {
             return Vec::new();
         }
+        rec.pending_approval = None;
+        rec.pending_reply = None;
+        rec.step = Step::default();
+        let form = match status {
+            TaskStatus::Ok if !text.is_empty() => reply::answer_form(text),
+            TaskStatus::Cancelled => AnswerForm::Artifact(Vec::new()),
+            _ if text.is_empty() => AnswerForm::Artifact(Vec::new()),
+            _ => AnswerForm::Artifact(vec![Part::text(text)]),
+        };
         let mut events = Vec::new();
-        if !text.is_empty() && status != TaskStatus::Cancelled {
-            let artifact = answer_artifact(task_id, text);
-            match rec
-                .task
-                .artifacts
-                .iter_mut()
-                .find(|a| a.artifact_id == artifact.artifact_id)
-            {
-                Some(streamed) => *streamed = artifact.clone(),
-                None => rec.task.artifacts.push(artifact.clone()),
+        let (state, note): (TaskState, Option<Vec<Part>>) = match form {
+            AnswerForm::InputRequired(question) => {
+                rec.phase = Phase::Waiting;
+                return self.set_status(task_id, TaskState::InputRequired, Some(question), now_ms);
             }
-            events.push(StreamEvent::Artifact(ArtifactUpdate {
-                task_id: task_id.to_owned(),
-                context_id: rec.task.context_id.clone(),
-                artifact,
-                append: false,
-                last_chunk: true,
-            }));
-        }
+            AnswerForm::Rejected(reason) => (TaskState::Rejected, Some(reason)),
+            AnswerForm::Message(parts) => {
+                let id = rec.next_message_id();
+                let message = Message::agent(id, &rec.task.context_id, task_id, parts);
+                rec.reply_message = Some(message.clone());
+                events.push(StreamEvent::Message(message));
+                (TaskState::Completed, None)
+            }
+            AnswerForm::Artifact(parts) => {
+                if !parts.is_empty() {
+                    let artifact = answer_artifact(task_id, parts);
+                    match rec
+                        .task
+                        .artifacts
+                        .iter_mut()
+                        .find(|a| a.artifact_id == artifact.artifact_id)
+                    {
+                        Some(streamed) => *streamed = artifact.clone(),
+                        None => rec.task.artifacts.push(artifact.clone()),
+                    }
+                    events.push(StreamEvent::Artifact(ArtifactUpdate {
+                        task_id: task_id.to_owned(),
+                        context_id: rec.task.context_id.clone(),
+                        artifact,
+                        append: false,
+                        last_chunk: true,
+                    }));
+                }
+                let note = match (status, error) {
+                    (TaskStatus::Ok, _) => None,
+                    (TaskStatus::MaxSteps, _) => {
+                        Some("Stopped at the step limit before an answer.".to_owned())
+                    }
+                    (TaskStatus::Cancelled, _) => Some("Canceled.".to_owned()),
+                    (TaskStatus::Error, Some(e)) => Some(e.to_string()),
+                    (TaskStatus::Error, None) => Some("The task failed.".into()),
+                };
+                (final_state(status), note.map(|n| vec![Part::text(n)]))
+            }
+        };
         if let Some(md) = rec.task.metadata.as_mut().and_then(|m| m.get_mut("troupe")) {
             md["status"] = json!(status.as_str());
         }
-        let note = match (status, error) {
-            (TaskStatus::Ok, _) => None,
-            (TaskStatus::MaxSteps, _) => Some("Stopped at the step limit before an answer.".into()),
-            (TaskStatus::Cancelled, _) => Some("Canceled.".to_owned()),
-            (TaskStatus::Error, Some(e)) => Some(e.to_string()),
-            (TaskStatus::Error, None) => Some("The task failed.".into()),
-        };
         rec.phase = Phase::Done;
-        rec.pending_approval = None;
-        rec.pending_reply = None;
-        events.extend(self.set_status(
-            task_id,
-            final_state(status),
-            note.map(|n| vec![Part::text(n)]),
-            now_ms,
-        ));
+        // A message reply is also the task's last status message.
+        let status_message = match &rec.reply_message {
+            Some(m) if state == TaskState::Completed => Some(m.clone()),
+            _ => None,
+        };
+        match status_message {
+            Some(m) => events.extend(self.set_status_message(task_id, state, Some(m), now_ms)),
+            None => events.extend(self.set_status(task_id, state, note, now_ms)),
+        }
         events
     }
 
@@ -1130,13 +1277,13 @@ fn answer_artifact_id(task_id: &str) -> String {
     format!("{task_id}-answer")
 }
 
-/// A task's answer artifact holding `text`.
-fn answer_artifact(task_id: &str, text: &str) -> Artifact {
+/// A task's answer artifact holding `parts`.
+fn answer_artifact(task_id: &str, parts: Vec<Part>) -> Artifact {
     Artifact {
         artifact_id: answer_artifact_id(task_id),
         name: Some("answer".into()),
         description: None,
-        parts: vec![Part::text(text)],
+        parts,
         metadata: None,
     }
 }
@@ -1146,7 +1293,7 @@ mod query;
 pub mod stored;
 
 use approval::{approval_parts, decision_of};
-pub use query::{list_query, stored_page, trim};
+pub use query::{list_query, send_result, stored_page, trim};
 
 #[cfg(test)]
 #[path = "book_tests.rs"]

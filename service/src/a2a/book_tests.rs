@@ -1,7 +1,7 @@
 use super::*;
 use crate::a2a::events::frame;
-use crate::a2a::model::TaskPage;
 use crate::a2a::model::{PartContent, Role};
+use crate::a2a::model::{SendResult, TaskPage};
 use crate::a2a::request::ListParams;
 use crate::a2a::version::Version;
 use proptest::prelude::*;
@@ -781,4 +781,230 @@ fn stored_tasks_read_back_whole_or_without_text() {
     assert!(!stored::keeps_content(troupe_proto::StoragePolicy::Ttl {
         secs: 60
     }));
+}
+
+/// `task-1` started; its task ends `ok` with `text`: the events.
+fn ended_with(b: &mut TaskBook, text: &str) -> Vec<StreamEvent> {
+    let t = Some(troupe_task());
+    b.apply(&env(t, EventKind::TaskStarted { input: "hi".into() }), T0);
+    b.apply(&env(t, finished(TaskStatus::Ok, text)), T0 + 1)
+        .events
+        .into_iter()
+        .map(|(_, e)| e)
+        .collect()
+}
+
+#[test]
+fn a_json_answer_is_a_data_part() {
+    let mut b = started_book();
+    let events = ended_with(&mut b, r#"{"total": 3}"#);
+    let StreamEvent::Artifact(a) = &events[0] else {
+        panic!("the answer: {events:?}")
+    };
+    assert_eq!(
+        a.artifact.parts[0].content,
+        PartContent::Data(serde_json::json!({"total": 3}))
+    );
+    assert_eq!(events[1].state(), Some(TaskState::Completed));
+}
+
+#[test]
+fn a_message_reply_answers_without_a_task() {
+    let mut b = started_book();
+    let events = ended_with(
+        &mut b,
+        r#"{"a2a": {"reply": "message", "text": "Hi there."}}"#,
+    );
+    let StreamEvent::Message(m) = &events[0] else {
+        panic!("a message first (it ends a stream): {events:?}")
+    };
+    assert_eq!(m.parts, vec![Part::text("Hi there.")]);
+    assert_eq!(m.role, Role::Agent);
+    assert_eq!(events[1].state(), Some(TaskState::Completed));
+    let rec = b.record("task-1").unwrap();
+    assert!(rec.task.artifacts.is_empty(), "no artifact");
+    assert_eq!(
+        rec.task.status.message.as_ref(),
+        Some(m),
+        "and the status says it"
+    );
+    let SendResult::Message(reply) = send_result(rec, None) else {
+        panic!("a blocking send answers the message")
+    };
+    assert_eq!(reply.task_id, None, "a plain message names no task");
+    assert_eq!(reply.parts, m.parts);
+    for v in [Version::V1_0, Version::V0_3] {
+        assert!(
+            frame(v, &serde_json::json!(1), &events[0]).1,
+            "it closes a {v:?} stream"
+        );
+    }
+}
+
+#[test]
+fn a_question_waits_for_the_clients_reply_which_runs_the_task_again() {
+    let mut b = started_book();
+    let events = ended_with(
+        &mut b,
+        r#"{"a2a": {"state": "input-required", "text": "Which city?"}}"#,
+    );
+    assert_eq!(events.len(), 1);
+    assert_eq!(events[0].state(), Some(TaskState::InputRequired));
+    assert!(b.settled("task-1"));
+    let reply = Ok(MessageReply {
+        conversation_id: conv(),
+        task_id: troupe_task(),
+        status: TaskStatus::Ok,
+        text: "ignored".into(),
+        stats: TaskStats::default(),
+        error: None,
+        items: Vec::new(),
+    });
+    assert_eq!(b.finished("task-1", reply, T0 + 2), Finished::Done(vec![]));
+    // The context is free meanwhile; the client's answer continues the task.
+    let mut m = user("Paris");
+    m.task_id = Some("task-1".into());
+    assert_eq!(
+        b.plan_send(&send_params(m.clone())).unwrap(),
+        SendPlan::Continue {
+            task_id: "task-1".into()
+        }
+    );
+    let events = b.continued("task-1", m, "Paris".into(), T0 + 3);
+    assert_eq!(events[0].state(), Some(TaskState::Working));
+    let d = dispatch(&mut b, "ctx-1").unwrap();
+    assert_eq!((d.task_id.as_str(), d.input.as_str()), ("task-1", "Paris"));
+    // A new troupe task runs it; its answer ends it.
+    let second = TaskId::new();
+    b.apply(
+        &env(
+            Some(second),
+            EventKind::TaskStarted {
+                input: "Paris".into(),
+            },
+        ),
+        T0 + 4,
+    );
+    b.apply(
+        &env(Some(second), finished(TaskStatus::Ok, "Sunny.")),
+        T0 + 5,
+    );
+    let task = b.view("task-1", None, true).unwrap();
+    assert_eq!(task.status.state, TaskState::Completed);
+    assert_eq!(task.artifacts[0].parts, vec![Part::text("Sunny.")]);
+    let texts: Vec<String> = task
+        .history
+        .iter()
+        .filter_map(|m| match &m.parts[0].content {
+            PartContent::Text(t) => Some(t.clone()),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(texts, ["hi", "Which city?", "Paris"]);
+}
+
+#[test]
+fn a_rejection_ends_the_task_rejected_with_its_reason() {
+    let mut b = started_book();
+    let events = ended_with(
+        &mut b,
+        r#"{"a2a": {"state": "rejected", "text": "I will not do that."}}"#,
+    );
+    assert_eq!(events.len(), 1);
+    let StreamEvent::Status(s) = &events[0] else {
+        panic!("a status")
+    };
+    assert_eq!(s.status.state, TaskState::Rejected);
+    assert_eq!(
+        s.status.message.as_ref().unwrap().parts,
+        vec![Part::text("I will not do that.")]
+    );
+    assert!(b.terminal("task-1"));
+}
+
+#[test]
+fn files_and_links_of_the_reply_form_are_parts_of_the_answer() {
+    let mut b = started_book();
+    ended_with(
+        &mut b,
+        r#"{"a2a": {"text": "Report:", "parts": [
+            {"url": "https://example.com/r.pdf", "mediaType": "application/pdf", "filename": "r.pdf"},
+            {"raw": "aGk=", "mediaType": "text/plain", "filename": "hi.txt"}]}}"#,
+    );
+    let task = b.view("task-1", None, true).unwrap();
+    let parts = &task.artifacts[0].parts;
+    assert_eq!(parts.len(), 3);
+    assert_eq!(
+        parts[1].content,
+        PartContent::Url("https://example.com/r.pdf".into())
+    );
+    assert_eq!(parts[2].filename.as_deref(), Some("hi.txt"));
+}
+
+#[test]
+fn tool_results_become_file_artifacts_and_json_is_not_streamed_in_pieces() {
+    let mut b = started_book();
+    let t = Some(troupe_task());
+    b.apply(&env(t, EventKind::TaskStarted { input: "hi".into() }), T0);
+    let call = |id: &str, name: &str, args: serde_json::Value| EventKind::ToolCallStarted {
+        call: ToolCall {
+            call_id: id.into(),
+            name: name.into(),
+            arguments: Json(args),
+        },
+    };
+    let done = |id: &str, name: &str, output: &str, is_error: bool| EventKind::ToolCallFinished {
+        call_id: id.into(),
+        name: name.into(),
+        output: output.into(),
+        is_error,
+        duration_ms: 1,
+    };
+    b.apply(
+        &env(
+            t,
+            call("c1", "shell", serde_json::json!({"command": ["ls"]})),
+        ),
+        T0,
+    );
+    let file = b
+        .apply(&env(t, done("c1", "shell", "a.txt\n", false)), T0)
+        .events;
+    let StreamEvent::Artifact(a) = &file[0].1 else {
+        panic!("a file artifact: {file:?}")
+    };
+    assert_eq!(a.artifact.artifact_id, "task-1-file-1");
+    assert_eq!(a.artifact.parts[0].filename.as_deref(), Some("shell-1.txt"));
+    assert!(a.last_chunk);
+    // A failed call makes no file.
+    b.apply(
+        &env(
+            t,
+            call("c2", "shell", serde_json::json!({"command": ["false"]})),
+        ),
+        T0,
+    );
+    assert!(
+        b.apply(&env(t, done("c2", "shell", "", true)), T0)
+            .events
+            .is_empty()
+    );
+    // JSON pieces are held back; the end sends the data whole.
+    let piece = |b: &mut TaskBook, d: &str| {
+        b.apply(&env(t, EventKind::AssistantChunk { delta: d.into() }), T0)
+            .events
+    };
+    assert!(piece(&mut b, "\n").is_empty());
+    assert!(piece(&mut b, "{\"k\"").is_empty());
+    assert!(piece(&mut b, ": 1}").is_empty());
+    let end = b.apply(&env(t, finished(TaskStatus::Ok, "{\"k\": 1}")), T0 + 1);
+    let StreamEvent::Artifact(answer) = &end.events[0].1 else {
+        panic!("the answer")
+    };
+    assert_eq!(
+        answer.artifact.parts[0].content,
+        PartContent::Data(serde_json::json!({"k": 1}))
+    );
+    let task = b.view("task-1", None, true).unwrap();
+    assert_eq!(task.artifacts.len(), 2, "the file and the answer");
 }

@@ -327,8 +327,8 @@ async fn execute(s: &A2aState, c: Call, card_url: &str) -> Result<Response, Fail
     let answer = |result: Value| Json(json!({"jsonrpc": "2.0", "id": id, "result": result}));
     match request {
         Request::Send(p) => {
-            let task = send(s, p).await.map_err(fail)?;
-            Ok(answer(wire::send_result(version, &SendResult::Task(task))).into_response())
+            let result = send(s, p).await.map_err(fail)?;
+            Ok(answer(wire::send_result(version, &result)).into_response())
         }
         Request::Stream(p) => {
             let (task, rx) = stream(s, p).await.map_err(fail)?;
@@ -459,17 +459,36 @@ async fn accept(
     Ok(accepted)
 }
 
-/// SendMessage: blocks until the task settles unless asked to return at once.
-async fn send(s: &A2aState, p: SendParams) -> Result<Task, A2aError> {
+/// SendMessage: blocks until the task settles unless asked to return at once; answers the
+/// task, or the agent's plain Message reply.
+async fn send(s: &A2aState, p: SendParams) -> Result<SendResult, A2aError> {
     let history_length = p.history_length;
     let return_immediately = p.return_immediately;
     let accepted = accept(s, p, false).await?;
     if return_immediately {
-        return Ok(accepted.task);
+        return Ok(SendResult::Task(accepted.task));
     }
     let task_id = accepted.task.id.clone();
     wait(s, &task_id, Until::Settled, s.blocking_wait).await?;
-    get(s, &task_id, history_length).await
+    let live = ask(&s.tasks, |reply| A2aTasksMsg::Outcome {
+        task_id: task_id.clone(),
+        history_length,
+        reply,
+    })
+    .await?;
+    if let Some(outcome) = live {
+        return Ok(outcome);
+    }
+    let record = s
+        .store
+        .a2a_task(&task_id)
+        .await
+        .map_err(|e| A2aError::Internal(format!("store: {e}")))?
+        .ok_or(A2aError::TaskNotFound { task_id })?;
+    Ok(super::book::send_result(
+        &super::book::stored::record_of(&record)?,
+        history_length,
+    ))
 }
 
 async fn stream(

@@ -38,6 +38,7 @@ pub mod model;
 pub mod mount;
 pub mod persist;
 pub mod push;
+pub mod reply;
 pub mod request;
 pub mod supervisor;
 mod tasks;
@@ -201,3 +202,5 @@ impl A2a {
 mod tests;
 #[cfg(test)]
 mod tests_durable;
+#[cfg(test)]
+mod tests_replies;

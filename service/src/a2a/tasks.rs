@@ -42,7 +42,7 @@ use super::book::{CancelPlan, Finished, Next, TaskBook};
 use super::error::A2aError;
 use super::events::closes_stream;
 use super::metrics;
-use super::model::{StreamEvent, Task};
+use super::model::{SendResult, StreamEvent, Task};
 use super::persist::{Persister, Write};
 use super::push::{Deliveries, PushBook, PushConfig, PushRequest, RetryPolicy};
 use super::request::SendParams;
@@ -200,6 +200,13 @@ pub enum A2aTasksMsg {
         history_length: Option<u32>,
         reply: RpcReplyPort<Option<Task>>,
     },
+    /// What a blocking send answers for a settled task: the task, or the agent's plain
+    /// Message reply; `None` when the book does not hold it.
+    Outcome {
+        task_id: String,
+        history_length: Option<u32>,
+        reply: RpcReplyPort<Option<SendResult>>,
+    },
     /// The book's versions of these tasks (live ones are fresher than the store's).
     Fresh {
         ids: Vec<String>,
@@ -353,6 +360,17 @@ impl Actor for A2aTasks {
                 reply,
             } => {
                 let _ = reply.send(state.book.view(&task_id, history_length, true));
+            }
+            A2aTasksMsg::Outcome {
+                task_id,
+                history_length,
+                reply,
+            } => {
+                let outcome = state
+                    .book
+                    .record(&task_id)
+                    .map(|r| super::book::send_result(r, history_length));
+                let _ = reply.send(outcome);
             }
             A2aTasksMsg::Fresh { ids, reply } => {
                 let fresh = ids
@@ -774,6 +792,7 @@ pub const fn relevant(kind: &EventKind) -> bool {
             | EventKind::StepStarted { .. }
             | EventKind::AssistantChunk { .. }
             | EventKind::ToolCallStarted { .. }
+            | EventKind::ToolCallFinished { .. }
             | EventKind::ApprovalRequested { .. }
             | EventKind::ApprovalResolved { .. }
             | EventKind::TaskFinished { .. }

@@ -256,6 +256,13 @@ fn parse<T: for<'de> Deserialize<'de>>(params: &Value) -> Result<T, A2aError> {
     serde_json::from_value(v).map_err(|e| A2aError::InvalidParams(e.to_string()))
 }
 
+/// One part in the 1.0 shape (a part of the A2A reply form), decoded.
+pub fn part_from_json(v: &Value) -> Result<Part, A2aError> {
+    let w: WirePart =
+        serde_json::from_value(v.clone()).map_err(|e| A2aError::InvalidParams(e.to_string()))?;
+    to_part(w)
+}
+
 fn to_part(p: WirePart) -> Result<Part, A2aError> {
     let mut contents = [
         p.text.map(PartContent::Text),

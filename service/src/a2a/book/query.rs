@@ -2,9 +2,9 @@
 //! newest status first, paged by an opaque cursor), which reads the store: it holds every
 //! task, the book only the live ones.
 
-use super::TaskBook;
+use super::{Record, TaskBook};
 use crate::a2a::error::A2aError;
-use crate::a2a::model::{Task, TaskPage};
+use crate::a2a::model::{SendResult, Task, TaskPage};
 use crate::a2a::request::{DEFAULT_PAGE_SIZE, ListParams};
 use troupe_proto::store::{A2aTaskPage, A2aTaskQuery};
 
@@ -20,6 +20,19 @@ impl TaskBook {
         self.tasks
             .get(task_id)
             .map(|r| trim(&r.task, history_length, include_artifacts))
+    }
+}
+
+/// What a blocking send answers for a settled task: the agent's plain Message reply when it
+/// gave one (without a task id: no task is needed to read it), else the task.
+pub fn send_result(r: &Record, history_length: Option<u32>) -> SendResult {
+    match &r.reply_message {
+        Some(m) => {
+            let mut m = m.clone();
+            m.task_id = None;
+            SendResult::Message(m)
+        }
+        None => SendResult::Task(trim(&r.task, history_length, true)),
     }
 }
 
