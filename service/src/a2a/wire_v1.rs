@@ -358,7 +358,9 @@ pub fn decode(op: Operation, params: &Value) -> Result<Request, A2aError> {
         Operation::ListTasks => {
             let w: WireList = parse(params)?;
             let status = match w.status.as_deref() {
-                None | Some("" | "TASK_STATE_UNSPECIFIED") => None,
+                // `UNRECOGNIZED` is how the official JS SDK (ts-proto) writes a filter the
+                // caller left unset.
+                None | Some("" | "TASK_STATE_UNSPECIFIED" | "UNRECOGNIZED") => None,
                 Some(s) => Some(TaskState::from_v1(s).ok_or_else(|| {
                     A2aError::InvalidParams(format!(
                         "status: unknown task state {:?}",
@@ -464,6 +466,11 @@ mod tests {
         }
         assert_eq!(
             decode(Operation::ListTasks, &Value::Null).unwrap(),
+            Request::List(ListParams::default())
+        );
+        // The JS SDK's unset filter.
+        assert_eq!(
+            decode(Operation::ListTasks, &json!({"status": "UNRECOGNIZED"})).unwrap(),
             Request::List(ListParams::default())
         );
     }
