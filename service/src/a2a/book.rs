@@ -647,12 +647,17 @@ impl TaskBook {
     }
 
     /// Forgets a terminal task once stored: it lives on in the store. Answers its context
-    /// when it went.
+    /// when it went. A task its context still waits for (its message call has not returned:
+    /// its end came first, by its event) stays until `finished` frees the context.
     pub fn forget_task(&mut self, task_id: &str) -> Option<String> {
-        let gone = self
-            .tasks
-            .get(task_id)
-            .is_some_and(|r| r.phase == Phase::Done && !self.dirty_tasks.contains(task_id));
+        let gone = self.tasks.get(task_id).is_some_and(|r| {
+            r.phase == Phase::Done
+                && !self.dirty_tasks.contains(task_id)
+                && self
+                    .contexts
+                    .get(&r.task.context_id)
+                    .is_none_or(|c| c.active.as_deref() != Some(task_id))
+        });
         if !gone {
             return None;
         }
@@ -817,6 +822,9 @@ impl TaskBook {
                     self.by_troupe.insert(reply.task_id, task_id.to_owned());
                 }
                 if r.task.status.state.is_terminal() || r.phase != Phase::Dispatched {
+                    // Ended already (its event came first): stored once more, so that its
+                    // context being free now lets it leave memory.
+                    self.touch_task(task_id);
                     return Finished::Done(Vec::new());
                 }
                 r.pending_reply = Some(reply);

@@ -1008,3 +1008,29 @@ fn tool_results_become_file_artifacts_and_json_is_not_streamed_in_pieces() {
     let task = b.view("task-1", None, true).unwrap();
     assert_eq!(task.artifacts.len(), 2, "the file and the answer");
 }
+
+#[test]
+fn a_task_whose_end_came_before_its_reply_stays_until_the_reply_frees_its_context() {
+    let mut b = started_book();
+    let t = Some(troupe_task());
+    b.apply(&env(t, EventKind::TaskStarted { input: "hi".into() }), T0);
+    b.apply(&env(t, finished(TaskStatus::Ok, "done")), T0 + 1);
+    b.take_dirty();
+    // Stored, but the context still waits for the message call: held.
+    assert_eq!(b.forget_task("task-1"), None);
+    let reply = Ok(MessageReply {
+        conversation_id: conv(),
+        task_id: troupe_task(),
+        status: TaskStatus::Ok,
+        text: "done".into(),
+        stats: TaskStats::default(),
+        error: None,
+        items: Vec::new(),
+    });
+    assert_eq!(b.finished("task-1", reply, T0 + 2), Finished::Done(vec![]));
+    assert!(b.context("ctx-1").unwrap().idle(), "the context is free");
+    // Stored once more, then it goes; the context can close when idle.
+    assert_eq!(b.take_dirty().tasks, ["task-1"]);
+    assert_eq!(b.forget_task("task-1").as_deref(), Some("ctx-1"));
+    assert_eq!(b.idle_contexts(T0 + 1_000, 10).len(), 1);
+}

@@ -75,7 +75,9 @@ pub struct TasksConfig {
     /// Parameters of each context's conversation.
     pub open: OpenConversation,
     /// How long a task's reply waits for its `task_finished` event before ending the task
-    /// by itself (the event carries the end in order with the task's other events).
+    /// by itself (the event carries the end in order with the task's other events, and the
+    /// files its tools made; the gap-free event stream brings it, so the reply is only a
+    /// safety net for a stream that stopped).
     pub finish_grace: Duration,
     /// How push notifications are retried.
     pub push_retry: RetryPolicy,
@@ -88,7 +90,7 @@ impl Default for TasksConfig {
             idle_close: Duration::from_secs(600),
             subscriber_buffer: 256,
             open: OpenConversation::default(),
-            finish_grace: Duration::from_millis(250),
+            finish_grace: Duration::from_secs(2),
             push_retry: RetryPolicy::default(),
         }
     }
