@@ -16,6 +16,7 @@
 //! each use: a service the Session replaced is found there, never through a stale copy.
 #![forbid(unsafe_code)]
 
+pub mod agents;
 pub mod apply_patch;
 pub mod approval_store;
 pub mod clock;

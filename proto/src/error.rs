@@ -54,6 +54,15 @@ pub enum AgentError {
     /// under it) and is not run again.
     #[error("interrupted: {reason}")]
     Interrupted { reason: String },
+    /// A dispatch to an agent was refused before it ran (A4): a cycle, a chain too deep, an
+    /// agent unknown or out of sight, no provider for it. `chain` is the execution chain it
+    /// would have extended, outermost first.
+    #[error("policy rejected ({}): {message} [chain: {}]", reason.as_str(), chain.join(" → "))]
+    PolicyRejected {
+        reason: crate::agent::PolicyReason,
+        chain: Vec<String>,
+        message: String,
+    },
 }
 
 /// The kind of an [`AgentError`], without detail: safe as a metric label and a wire code.
@@ -74,11 +83,12 @@ pub enum ErrorKind {
     ToolError,
     Internal,
     Interrupted,
+    PolicyRejected,
 }
 
 impl ErrorKind {
     /// Every kind, in declaration order (the known values of a metric label).
-    pub const ALL: [Self; 14] = [
+    pub const ALL: [Self; 15] = [
         Self::Cancelled,
         Self::Timeout,
         Self::ApprovalDenied,
@@ -93,6 +103,7 @@ impl ErrorKind {
         Self::ToolError,
         Self::Internal,
         Self::Interrupted,
+        Self::PolicyRejected,
     ];
 
     /// The snake_case name, as serialised.
@@ -112,6 +123,7 @@ impl ErrorKind {
             Self::ToolError => "tool_error",
             Self::Internal => "internal",
             Self::Interrupted => "interrupted",
+            Self::PolicyRejected => "policy_rejected",
         }
     }
 }
@@ -134,6 +146,7 @@ impl AgentError {
             Self::ToolError { .. } => ErrorKind::ToolError,
             Self::Internal { .. } => ErrorKind::Internal,
             Self::Interrupted { .. } => ErrorKind::Interrupted,
+            Self::PolicyRejected { .. } => ErrorKind::PolicyRejected,
         }
     }
 

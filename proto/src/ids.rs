@@ -86,6 +86,11 @@ strong_id!(
     ApprovalId
 );
 
+strong_id!(
+    /// One dispatch to an agent, and the id of the lease it holds while it runs (A4).
+    DispatchId
+);
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -6,6 +6,7 @@
 //! `troupe-actors`, which wraps these types in its mailbox messages.
 #![forbid(unsafe_code)]
 
+pub mod agent;
 pub mod api;
 pub mod approval;
 pub mod error;
@@ -23,7 +24,7 @@ pub use api::*;
 pub use approval::{ApprovalDecision, ApprovalSubject, PendingApproval, RespondApproval};
 pub use error::{AgentError, ErrorKind};
 pub use event::{EventEnvelope, EventKind};
-pub use ids::{ApprovalId, ConversationId, SessionId, TaskId};
+pub use ids::{ApprovalId, ConversationId, DispatchId, SessionId, TaskId};
 pub use item::{HistoryItem, Role, Usage};
 pub use json::Json;
 pub use names::{EventName, WarningCode};

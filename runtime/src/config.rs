@@ -174,6 +174,76 @@ pub struct TroupeConfig {
     pub history: HistoryConfig,
     /// `[conversation]`: the close timeout and the approval timeout (S5, S9).
     pub conversation: ConversationConfig,
+    /// `[agents]`: where agent definitions are read, who routes, the bounds of dispatches.
+    pub agents: AgentsConfig,
+    /// The file this configuration was read from (`None`: defaults and environment only):
+    /// relative paths of `[agents]` are taken from its directory.
+    #[serde(skip)]
+    pub source: Option<std::path::PathBuf>,
+}
+
+/// `[agents]`: the agents of a session (A1–A4).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct AgentsConfig {
+    /// The directory of definition files (`<id>.json` or `<id>.toml`). Default: `agents/`
+    /// beside the configuration file (none without a file); a relative path is taken from
+    /// the configuration file's directory.
+    pub dir: Option<std::path::PathBuf>,
+    /// The agent that routes the session's input (its model, instructions and workers).
+    /// Default: the agent whose role is `supervisor`, else a built-in supervisor on the
+    /// session's model that sees every agent.
+    pub supervisor: Option<String>,
+    /// How the supervisor decides: `model` (a `route` tool call) or `rules` (`@agent`
+    /// mentions, else a direct reply). Default: `model` when a model endpoint or a script is
+    /// configured, `rules` when nothing names a model.
+    pub router: Option<RouterKind>,
+    /// Most nested dispatches in one execution chain.
+    pub max_depth: usize,
+    /// How long a dispatch may run before its lease expires and the child is cancelled.
+    #[serde(with = "humantime_serde")]
+    pub lease_ttl: Duration,
+}
+
+impl Default for AgentsConfig {
+    fn default() -> Self {
+        Self {
+            dir: None,
+            supervisor: None,
+            router: None,
+            max_depth: troupe_proto::agent::DEFAULT_MAX_DEPTH,
+            lease_ttl: Duration::from_secs(600),
+        }
+    }
+}
+
+/// How a supervisor decides (`[agents] router`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum RouterKind {
+    Model,
+    Rules,
+}
+
+impl TroupeConfig {
+    /// The agents directory: `TROUPE_AGENTS_DIR` (applied by [`Self::apply_env`] into
+    /// `agents.dir`), else `[agents] dir` (relative to the configuration file), else
+    /// `agents/` beside the configuration file; `None` without a file or a setting.
+    /// The second value says whether it was named (a named directory must exist).
+    pub fn agents_dir(&self) -> Option<(std::path::PathBuf, bool)> {
+        let base = self
+            .source
+            .as_deref()
+            .and_then(std::path::Path::parent)
+            .map(std::path::Path::to_path_buf);
+        match (&self.agents.dir, base) {
+            (Some(dir), _) if dir.is_absolute() => Some((dir.clone(), true)),
+            (Some(dir), Some(base)) => Some((base.join(dir), true)),
+            (Some(dir), None) => Some((dir.clone(), true)),
+            (None, Some(base)) => Some((base.join("agents"), false)),
+            (None, None) => None,
+        }
+    }
 }
 
 /// `[history]`: a conversation's history bounds (S6).
@@ -273,6 +343,8 @@ impl Default for TroupeConfig {
             named: ModelNamed::default(),
             history: HistoryConfig::default(),
             conversation: ConversationConfig::default(),
+            agents: AgentsConfig::default(),
+            source: None,
         }
     }
 }
@@ -627,6 +699,7 @@ pub const ENV_VARS: &[(&str, &str)] = &[
     ("TROUPE_SUMMARY_TIMEOUT", "history.summary_timeout"),
     ("TROUPE_CLOSE_TIMEOUT", "conversation.close_timeout"),
     ("TROUPE_APPROVAL_TIMEOUT", "conversation.approval_timeout"),
+    ("TROUPE_AGENTS_DIR", "agents.dir"),
 ];
 
 impl TroupeConfig {
@@ -649,6 +722,7 @@ impl TroupeConfig {
         };
         let mut config: Self = toml::from_str(&text).map_err(parse_error)?;
         config.named = named;
+        config.source = Some(path.to_owned());
         Ok(config)
     }
 
@@ -751,6 +825,15 @@ impl TroupeConfig {
         }
         if let Some(v) = get("TROUPE_A2A_IDLE_CLOSE") {
             self.server.a2a.idle_close = parse_duration("TROUPE_A2A_IDLE_CLOSE", &v)?;
+        }
+        if let Some(v) = get("TROUPE_AGENTS_DIR") {
+            // From the environment: as given (relative to the working directory).
+            let dir = std::path::PathBuf::from(v);
+            self.agents.dir = Some(if dir.is_absolute() {
+                dir
+            } else {
+                std::env::current_dir().unwrap_or_default().join(dir)
+            });
         }
         self.telemetry.apply_env(env)?;
         self.apply_conversation_env(&get)?;
@@ -1098,6 +1181,59 @@ url = "http://127.0.0.1:3001/mcp"
             c.mcp.limits.limits(),
             troupe_actors::mcp_pool::McpLimits::default()
         );
+    }
+
+    #[test]
+    fn an_oauth_table_on_a_remote_server() {
+        use troupe_actors::ports::{McpOAuth, McpOAuthGrant, McpTransport};
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("troupe.toml");
+        std::fs::write(
+            &path,
+            r#"
+[[mcp.servers]]
+name = "remote"
+type = "streamable_http"
+url = "https://mcp.example.com/mcp"
+[mcp.servers.oauth]
+scopes = ["files:read"]
+redirect_port = 8765
+
+[[mcp.servers]]
+name = "service"
+type = "streamable_http"
+url = "https://api.example.com/mcp"
+oauth = { grant = "client_credentials", client_id_env = "SVC_ID", client_secret_env = "SVC_SECRET" }
+"#,
+        )
+        .unwrap();
+        let c = TroupeConfig::load(Some(&path), &env(&[])).unwrap();
+        let oauth = |i: usize| match &c.mcp.servers[i].transport {
+            McpTransport::StreamableHttp { oauth, .. } => oauth.clone(),
+            other => panic!("{other:?}"),
+        };
+        assert_eq!(
+            oauth(0),
+            Some(McpOAuth {
+                scopes: vec!["files:read".into()],
+                redirect_port: 8765,
+                ..McpOAuth::default()
+            })
+        );
+        let service = oauth(1).unwrap();
+        assert_eq!(service.grant, McpOAuthGrant::ClientCredentials);
+        assert_eq!(service.client_secret_env.as_deref(), Some("SVC_SECRET"));
+        // A misspelt key is refused, not ignored.
+        std::fs::write(
+            &path,
+            "[[mcp.servers]]\nname = \"r\"\ntype = \"streamable_http\"\nurl = \"http://x/mcp\"\n\
+             oauth = { client_secret = \"inline\" }\n",
+        )
+        .unwrap();
+        let bad = TroupeConfig::load(Some(&path), &env(&[]))
+            .unwrap_err()
+            .to_string();
+        assert!(bad.contains("client_secret"), "{bad}");
     }
 
     #[test]

@@ -789,6 +789,11 @@ fn error_of_kind(kind: ErrorKind) -> AgentError {
         },
         ErrorKind::Internal => AgentError::Internal { message: none() },
         ErrorKind::Interrupted => AgentError::Interrupted { reason: none() },
+        ErrorKind::PolicyRejected => AgentError::PolicyRejected {
+            reason: troupe_proto::agent::PolicyReason::Cycle,
+            chain: Vec::new(),
+            message: none(),
+        },
     }
 }
 

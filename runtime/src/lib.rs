@@ -5,6 +5,7 @@
 //! `troupe serve` service `troupe-service`.
 #![forbid(unsafe_code)]
 
+pub mod agents;
 pub mod assembly;
 pub mod config;
 pub mod exec;

@@ -32,6 +32,7 @@ pub const TOOL_ERROR: i64 = -32011;
 pub const INTERRUPTED: i64 = -32012;
 /// The answers to one request would pass the service's answer budget.
 pub const ANSWER_TOO_LARGE: i64 = -32013;
+pub const POLICY_REJECTED: i64 = -32014;
 
 /// The JSON-RPC code of an error kind.
 pub const fn rpc_code(kind: ErrorKind) -> i64 {
@@ -50,6 +51,7 @@ pub const fn rpc_code(kind: ErrorKind) -> i64 {
         ErrorKind::InvalidInput => INVALID_PARAMS,
         ErrorKind::Internal => INTERNAL_ERROR,
         ErrorKind::Interrupted => INTERRUPTED,
+        ErrorKind::PolicyRejected => POLICY_REJECTED,
     }
 }
 
@@ -61,7 +63,7 @@ pub const fn http_status(kind: ErrorKind) -> StatusCode {
         ErrorKind::Overloaded => StatusCode::SERVICE_UNAVAILABLE,
         ErrorKind::Timeout => StatusCode::GATEWAY_TIMEOUT,
         ErrorKind::Cancelled | ErrorKind::ToolConflict => StatusCode::CONFLICT,
-        ErrorKind::ApprovalDenied => StatusCode::FORBIDDEN,
+        ErrorKind::ApprovalDenied | ErrorKind::PolicyRejected => StatusCode::FORBIDDEN,
         ErrorKind::StoragePolicyViolation => StatusCode::UNPROCESSABLE_ENTITY,
         ErrorKind::McpError | ErrorKind::ModelError => StatusCode::BAD_GATEWAY,
         ErrorKind::SandboxError
@@ -274,7 +276,7 @@ impl From<AgentError> for RpcError {
 mod tests {
     use super::*;
 
-    const KINDS: [ErrorKind; 14] = [
+    const KINDS: [ErrorKind; 15] = [
         ErrorKind::Cancelled,
         ErrorKind::Timeout,
         ErrorKind::ApprovalDenied,
@@ -289,6 +291,7 @@ mod tests {
         ErrorKind::ToolError,
         ErrorKind::Internal,
         ErrorKind::Interrupted,
+        ErrorKind::PolicyRejected,
     ];
 
     #[test]
@@ -303,7 +306,7 @@ mod tests {
         codes.sort_unstable();
         codes.dedup();
         assert_eq!(codes.len(), n);
-        assert_eq!(n, 12);
+        assert_eq!(n, 13);
     }
 
     #[test]

@@ -1,10 +1,10 @@
 //! The A2A endpoint's records (P5) and the open-conversation reads, against the `Store` rules:
 //! the same rules for the SQLite store and the memory store, then what only SQLite has (the
-//! query plans, surviving a reopen, the upgrade from version 5).
+//! query plans, surviving a reopen, the upgrades from versions 5 and 6).
 
 use super::memory::MemoryStore;
 use super::schema;
-use super::{SqliteStore, Store, db_path};
+use super::{BindingStore, SqliteStore, Store, db_path};
 use serde_json::json;
 use troupe_proto::store::{
     A2aContextRecord, A2aPruned, A2aPushRecord, A2aTaskQuery, A2aTaskRecord, ConversationRecord,
@@ -363,28 +363,44 @@ fn the_a2a_reads_use_their_indexes() {
     );
 }
 
+/// A database written by the build before the agent bindings (v5) and one written by the
+/// build before the A2A tables (v6) both reach this version with their rows.
 #[tokio::test]
-async fn upgrade_from_version_5_keeps_rows_and_adds_the_a2a_tables() {
-    let dir = tempfile::tempdir().unwrap();
-    let path = db_path(dir.path());
-    let s = session(5);
-    let c = s.root_conversation_id;
-    {
-        let mut conn = super::conn::open(&path, super::conn::Role::Writer).unwrap();
-        schema::migrate_to(&mut conn, 5).unwrap();
-        conn.execute_batch(&format!(
-            "INSERT INTO sessions (session_id, project_id, title, created_ms, root_conversation_id, settings)
-                 VALUES ('{s}', 'p', NULL, 5, '{c}', '{{}}');
-             INSERT INTO conversations VALUES ('{c}', '{s}', '{{}}', 1, 'open', 5, NULL, NULL);",
-            s = s.session_id,
-        ))
-        .unwrap();
+async fn upgrade_from_versions_5_and_6_keeps_rows_and_adds_the_a2a_tables() {
+    for from in [5, 6] {
+        let dir = tempfile::tempdir().unwrap();
+        let path = db_path(dir.path());
+        let s = session(5);
+        let c = s.root_conversation_id;
+        {
+            let mut conn = super::conn::open(&path, super::conn::Role::Writer).unwrap();
+            schema::migrate_to(&mut conn, from).unwrap();
+            conn.execute_batch(&format!(
+                "INSERT INTO sessions (session_id, project_id, title, created_ms, root_conversation_id, settings)
+                     VALUES ('{s}', 'p', NULL, 5, '{c}', '{{}}');
+                 INSERT INTO conversations VALUES ('{c}', '{s}', '{{}}', 1, 'open', 5, NULL, NULL);",
+                s = s.session_id,
+            ))
+            .unwrap();
+            if from == 6 {
+                conn.execute_batch(&format!(
+                    "INSERT INTO agent_bindings VALUES ('{s}', 'coder', 'acp', 'x', 5, 5);",
+                    s = s.session_id,
+                ))
+                .unwrap();
+            }
+        }
+        let store = SqliteStore::open(&path).unwrap();
+        let open = store.open_conversations(s.session_id).await.unwrap();
+        assert_eq!(open.len(), 1, "from v{from}");
+        assert_eq!(
+            store.bindings(Some(s.session_id)).await.unwrap().len(),
+            usize::from(from == 6),
+            "from v{from}"
+        );
+        store.put_a2a_context(context("c", 1, true)).await.unwrap();
+        assert!(store.a2a_context("c").await.unwrap().is_some());
+        let conn = super::conn::open(&path, super::conn::Role::Reader).unwrap();
+        assert_eq!(schema::version(&conn).unwrap(), schema::VERSION);
     }
-    let store = SqliteStore::open(&path).unwrap();
-    let open = store.open_conversations(s.session_id).await.unwrap();
-    assert_eq!(open.len(), 1);
-    store.put_a2a_context(context("c", 1, true)).await.unwrap();
-    assert!(store.a2a_context("c").await.unwrap().is_some());
-    let conn = super::conn::open(&path, super::conn::Role::Reader).unwrap();
-    assert_eq!(schema::version(&conn).unwrap(), schema::VERSION);
 }

@@ -29,6 +29,8 @@ struct Data {
     next_message_id: u64,
     current: HashMap<String, SessionId>,
     a2a: crate::memory_a2a::A2aData,
+    /// Agent bindings by (session, agent): ordered as `bindings` lists them.
+    bindings: BTreeMap<(SessionId, String), troupe_proto::agent::AgentBinding>,
 }
 
 impl Data {
@@ -495,6 +497,46 @@ impl Store for MemoryStore {
 
     async fn prune_a2a(&self, keep_finished: usize) -> Result<A2aPruned, AgentError> {
         self.with(|d| Ok(d.a2a.prune(keep_finished)))
+    }
+}
+
+#[async_trait]
+impl super::BindingStore for MemoryStore {
+    async fn put_binding(
+        &self,
+        binding: troupe_proto::agent::AgentBinding,
+    ) -> Result<(), AgentError> {
+        self.with(|d| {
+            crate::conn::to_sql_int("created_ms", binding.created_ms)?;
+            crate::conn::to_sql_int("updated_ms", binding.updated_ms)?;
+            d.bindings
+                .insert((binding.session_id, binding.agent_id.clone()), binding);
+            Ok(())
+        })
+    }
+
+    async fn bindings(
+        &self,
+        session_id: Option<SessionId>,
+    ) -> Result<Vec<troupe_proto::agent::AgentBinding>, AgentError> {
+        self.with(|d| {
+            Ok(d.bindings
+                .values()
+                .filter(|b| session_id.is_none_or(|s| b.session_id == s))
+                .cloned()
+                .collect())
+        })
+    }
+
+    async fn remove_binding(
+        &self,
+        session_id: SessionId,
+        agent_id: &str,
+    ) -> Result<(), AgentError> {
+        self.with(|d| {
+            d.bindings.remove(&(session_id, agent_id.to_owned()));
+            Ok(())
+        })
     }
 }
 

@@ -139,10 +139,13 @@ pub enum Op {
     DeleteA2aPush,
     A2aPushes,
     PruneA2a,
+    PutBinding,
+    Bindings,
+    RemoveBinding,
 }
 
 impl Op {
-    pub const ALL: [Self; 40] = [
+    pub const ALL: [Self; 43] = [
         Self::Open,
         Self::CreateSession,
         Self::GetSession,
@@ -183,6 +186,9 @@ impl Op {
         Self::DeleteA2aPush,
         Self::A2aPushes,
         Self::PruneA2a,
+        Self::PutBinding,
+        Self::Bindings,
+        Self::RemoveBinding,
     ];
 
     pub const fn as_str(self) -> &'static str {
@@ -227,6 +233,9 @@ impl Op {
             Self::DeleteA2aPush => "delete_a2a_push",
             Self::A2aPushes => "a2a_pushes",
             Self::PruneA2a => "prune_a2a",
+            Self::PutBinding => "put_binding",
+            Self::Bindings => "bindings",
+            Self::RemoveBinding => "remove_binding",
         }
     }
 }

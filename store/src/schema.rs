@@ -13,13 +13,14 @@ use troupe_proto::AgentError;
 /// The schema version this build reads and writes.
 pub const VERSION: u32 = MIGRATIONS.len() as u32;
 
-const MIGRATIONS: [&str; 6] = [
+const MIGRATIONS: [&str; 7] = [
     V1_STORE,
     V2_ROLLOUT,
     V3_TTL_EXPIRY,
     V4_MESSAGE_STATUS,
     V5_SESSION_STATUS_MESSAGE_TYPE,
-    V6_A2A,
+    V6_AGENT_BINDINGS,
+    V7_A2A,
 ];
 
 /// Sessions, conversations, messages and each project's current session (P1).
@@ -152,11 +153,26 @@ ALTER TABLE messages ADD COLUMN kind TEXT NOT NULL DEFAULT 'text';
 ALTER TABLE messages ADD COLUMN metadata TEXT;
 ";
 
+/// A1: each session's bindings of agents to provider sessions. No foreign key to
+/// `sessions`: a session's agent hub may bind before (or without) the service's session row,
+/// like the rollout.
+const V6_AGENT_BINDINGS: &str = "
+CREATE TABLE agent_bindings (
+    session_id TEXT NOT NULL,
+    agent_id TEXT NOT NULL,
+    provider TEXT NOT NULL,
+    provider_session_id TEXT NOT NULL,
+    created_ms INTEGER NOT NULL,
+    updated_ms INTEGER NOT NULL,
+    PRIMARY KEY (session_id, agent_id)
+);
+";
+
 /// P5: the A2A endpoint's contexts, tasks and push notification configs, so that they
 /// survive a restart; and an index of the open conversations, so that a restart reads those
 /// and none of the (many) closed ones. Partial indexes hold only what a start-up reads: the
 /// open contexts and the live tasks.
-const V6_A2A: &str = "
+const V7_A2A: &str = "
 CREATE INDEX conversations_open ON conversations (session_id, created_ms) WHERE state = 'open';
 
 CREATE TABLE a2a_contexts (

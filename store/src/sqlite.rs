@@ -31,8 +31,8 @@ mod rows;
 mod writer;
 
 use rows::{
-    CONVERSATION_SELECT, MESSAGE_SELECT, RowKey, SESSION_SELECT, conversation_from_row,
-    message_from_row, message_page, parse_id, query_all, session_from_row,
+    BINDING_SELECT, CONVERSATION_SELECT, MESSAGE_SELECT, RowKey, SESSION_SELECT, binding_from_row,
+    conversation_from_row, message_from_row, message_page, parse_id, query_all, session_from_row,
 };
 use writer::{WriteJob, WriteOp, WriteOutput, message_by_id, writer_loop};
 
@@ -685,6 +685,67 @@ impl Store for SqliteStore {
                     .map_err(|e| internal("store ping", e))
             })
             .await
+        })
+        .await
+    }
+}
+
+#[async_trait]
+impl super::BindingStore for SqliteStore {
+    async fn put_binding(
+        &self,
+        binding: troupe_proto::agent::AgentBinding,
+    ) -> Result<(), AgentError> {
+        let span = tracing::debug_span!(
+            "store.put_binding",
+            session_id = %binding.session_id,
+            agent_id = %binding.agent_id,
+        );
+        observed(Op::PutBinding, span, async {
+            self.write(WriteOp::PutBinding(binding)).await.map(drop)
+        })
+        .await
+    }
+
+    async fn bindings(
+        &self,
+        session_id: Option<SessionId>,
+    ) -> Result<Vec<troupe_proto::agent::AgentBinding>, AgentError> {
+        let span = tracing::debug_span!("store.bindings", session_id = ?session_id);
+        observed(Op::Bindings, span, async {
+            self.read(move |c| match session_id {
+                Some(id) => query_all(
+                    c,
+                    &format!("{BINDING_SELECT} WHERE session_id = ?1 ORDER BY agent_id"),
+                    [id.to_string()],
+                    binding_from_row,
+                ),
+                None => query_all(
+                    c,
+                    &format!("{BINDING_SELECT} ORDER BY session_id, agent_id"),
+                    [],
+                    binding_from_row,
+                ),
+            })
+            .await
+        })
+        .await
+    }
+
+    async fn remove_binding(
+        &self,
+        session_id: SessionId,
+        agent_id: &str,
+    ) -> Result<(), AgentError> {
+        let span = tracing::debug_span!("store.remove_binding", %session_id, agent_id);
+        let agent_id = agent_id.to_owned();
+        observed(Op::RemoveBinding, span, async {
+            self.write(WriteOp::RemoveBinding {
+                session_id,
+                agent_id,
+            })
+            .await
+            .map(drop)
         })
         .await
     }

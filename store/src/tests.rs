@@ -1,7 +1,7 @@
 //! The SQLite store against the `Store` rules, and the P6 properties (>= 100 cases each).
 
 use super::schema;
-use super::{MAX_PAGE_BYTES, SqliteStore, Store, db_path};
+use super::{BindingStore, MAX_PAGE_BYTES, SqliteStore, Store, db_path};
 use proptest::prelude::*;
 use std::collections::{BTreeMap, HashSet};
 use tempfile::TempDir;
@@ -1994,4 +1994,222 @@ async fn upgrade_from_version_4_types_old_messages_as_text_and_sessions_as_activ
         .unwrap();
     let conn = super::conn::open(&path, super::conn::Role::Reader).unwrap();
     assert_eq!(schema::version(&conn).unwrap(), schema::VERSION);
+}
+
+// ---- agent bindings (A1) ----
+
+fn binding(
+    session_id: SessionId,
+    agent: &str,
+    provider_session_id: &str,
+    at: u64,
+) -> troupe_proto::agent::AgentBinding {
+    troupe_proto::agent::AgentBinding {
+        session_id,
+        agent_id: agent.to_owned(),
+        provider: troupe_proto::agent::ProviderKind::Model,
+        provider_session_id: provider_session_id.to_owned(),
+        created_ms: at,
+        updated_ms: at,
+    }
+}
+
+/// What every store keeps of bindings: one per (session, agent), replaced by a later put,
+/// listed per session or for all, ordered by session then agent; removing is idempotent; a
+/// binding needs no session row (a session's hub may bind before the service writes one).
+async fn binding_rules(store: &dyn Store) {
+    use troupe_proto::agent::ProviderKind;
+    let (a, b) = {
+        let (x, y) = (SessionId::new(), SessionId::new());
+        if x < y { (x, y) } else { (y, x) }
+    };
+    assert!(store.bindings(Some(a)).await.unwrap().is_empty());
+    store
+        .put_binding(binding(a, "reviewer", "r1", 5))
+        .await
+        .unwrap();
+    store
+        .put_binding(binding(a, "coder", "c1", 6))
+        .await
+        .unwrap();
+    store
+        .put_binding(binding(b, "coder", "c2", 7))
+        .await
+        .unwrap();
+    let of_a = store.bindings(Some(a)).await.unwrap();
+    assert_eq!(
+        of_a.iter().map(|x| x.agent_id.as_str()).collect::<Vec<_>>(),
+        ["coder", "reviewer"]
+    );
+    let all = store.bindings(None).await.unwrap();
+    assert_eq!(
+        all.iter()
+            .map(|x| (x.session_id, x.provider_session_id.as_str()))
+            .collect::<Vec<_>>(),
+        [(a, "c1"), (a, "r1"), (b, "c2")]
+    );
+    // A later put replaces: another provider session, another kind, another time.
+    let replaced = troupe_proto::agent::AgentBinding {
+        provider: ProviderKind::Acp,
+        provider_session_id: "sess-9".into(),
+        updated_ms: 11,
+        ..binding(a, "coder", "x", 6)
+    };
+    store.put_binding(replaced.clone()).await.unwrap();
+    let of_a = store.bindings(Some(a)).await.unwrap();
+    assert_eq!(of_a.len(), 2);
+    assert_eq!(of_a[0], replaced);
+    store.remove_binding(a, "coder").await.unwrap();
+    store.remove_binding(a, "coder").await.unwrap();
+    store.remove_binding(a, "nobody").await.unwrap();
+    assert_eq!(store.bindings(Some(a)).await.unwrap().len(), 1);
+    // Out of range numbers are refused, as for every other row.
+    let huge = troupe_proto::agent::AgentBinding {
+        updated_ms: u64::MAX,
+        ..binding(a, "x", "y", 1)
+    };
+    assert_eq!(kind(store.put_binding(huge).await), ErrorKind::InvalidInput);
+}
+
+#[tokio::test]
+async fn bindings_follow_the_rules() {
+    let (_dir, store) = fresh();
+    binding_rules(&store).await;
+}
+
+#[tokio::test]
+async fn bindings_follow_the_rules_in_memory() {
+    binding_rules(&super::memory::MemoryStore::new()).await;
+}
+
+#[tokio::test]
+async fn bindings_survive_a_reopen() {
+    let (dir, store) = fresh();
+    let s = SessionId::new();
+    let b = binding(s, "coder", "0190-conversation", 42);
+    store.put_binding(b.clone()).await.unwrap();
+    drop(store);
+    let store = reopen(&dir);
+    assert_eq!(store.bindings(Some(s)).await.unwrap(), [b]);
+}
+
+#[tokio::test]
+async fn upgrade_from_version_5_adds_bindings_and_keeps_rows() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = db_path(dir.path());
+    let s = session_in(Some("p"), 5);
+    let c = s.root_conversation_id;
+    {
+        let mut conn = super::conn::open(&path, super::conn::Role::Writer).unwrap();
+        schema::migrate_to(&mut conn, 5).unwrap();
+        conn.execute_batch(&format!(
+            "INSERT INTO sessions (session_id, project_id, title, created_ms, root_conversation_id, settings)
+                 VALUES ('{s}', 'p', 'old', 5, '{c}', '{{}}');",
+            s = s.session_id,
+        ))
+        .unwrap();
+    }
+    let store = SqliteStore::open(&path).unwrap();
+    assert!(store.get_session(s.session_id).await.unwrap().is_some());
+    assert!(store.bindings(None).await.unwrap().is_empty());
+    store
+        .put_binding(binding(s.session_id, "coder", "c", 6))
+        .await
+        .unwrap();
+    assert_eq!(store.bindings(Some(s.session_id)).await.unwrap().len(), 1);
+    let conn = super::conn::open(&path, super::conn::Role::Reader).unwrap();
+    assert_eq!(schema::version(&conn).unwrap(), schema::VERSION);
+}
+
+#[tokio::test]
+async fn a_corrupt_binding_row_is_an_error_naming_it() {
+    let (dir, store) = fresh();
+    let s = SessionId::new();
+    store
+        .put_binding(binding(s, "coder", "c", 1))
+        .await
+        .unwrap();
+    {
+        let conn = super::conn::open(&db_path(dir.path()), super::conn::Role::Writer).unwrap();
+        conn.execute("UPDATE agent_bindings SET provider = 'iflow'", [])
+            .unwrap();
+    }
+    let err = store.bindings(Some(s)).await.unwrap_err();
+    assert!(
+        err.to_string().contains("agent_bindings") && err.to_string().contains("iflow"),
+        "{err}"
+    );
+}
+
+/// One step of a binding history.
+#[derive(Debug, Clone)]
+enum BindingOp {
+    Put {
+        session: usize,
+        agent: usize,
+        psid: u8,
+        at: u32,
+    },
+    Remove {
+        session: usize,
+        agent: usize,
+    },
+}
+
+fn arb_binding_op() -> impl Strategy<Value = BindingOp> {
+    prop_oneof![
+        (0..3usize, 0..3usize, any::<u8>(), any::<u32>()).prop_map(|(session, agent, psid, at)| {
+            BindingOp::Put {
+                session,
+                agent,
+                psid,
+                at,
+            }
+        }),
+        (0..3usize, 0..3usize).prop_map(|(session, agent)| BindingOp::Remove { session, agent }),
+    ]
+}
+
+proptest! {
+    #![proptest_config(cases())]
+
+    /// Any history of puts and removes leaves both stores holding exactly what a map keyed by
+    /// (session, agent) holds, listed in the same order, before and after a reopen.
+    #[test]
+    fn prop_bindings_behave_like_a_map(ops in proptest::collection::vec(arb_binding_op(), 0..24)) {
+        let rt = runtime();
+        rt.block_on(async {
+            let mut sessions: Vec<SessionId> = (0..3).map(|_| SessionId::new()).collect();
+            sessions.sort();
+            let agents = ["a", "b", "c"];
+            let (dir, sqlite) = fresh();
+            let memory = super::memory::MemoryStore::new();
+            let mut model: BTreeMap<(SessionId, &str), troupe_proto::agent::AgentBinding> = BTreeMap::new();
+            for op in &ops {
+                match *op {
+                    BindingOp::Put { session, agent, psid, at } => {
+                        let b = binding(sessions[session], agents[agent], &format!("p{psid}"), u64::from(at));
+                        sqlite.put_binding(b.clone()).await.unwrap();
+                        memory.put_binding(b.clone()).await.unwrap();
+                        model.insert((sessions[session], agents[agent]), b);
+                    }
+                    BindingOp::Remove { session, agent } => {
+                        sqlite.remove_binding(sessions[session], agents[agent]).await.unwrap();
+                        memory.remove_binding(sessions[session], agents[agent]).await.unwrap();
+                        model.remove(&(sessions[session], agents[agent]));
+                    }
+                }
+            }
+            let expected: Vec<_> = model.values().cloned().collect();
+            prop_assert_eq!(&sqlite.bindings(None).await.unwrap(), &expected);
+            prop_assert_eq!(&memory.bindings(None).await.unwrap(), &expected);
+            for s in &sessions {
+                let of_s: Vec<_> = expected.iter().filter(|b| b.session_id == *s).cloned().collect();
+                prop_assert_eq!(&sqlite.bindings(Some(*s)).await.unwrap(), &of_s);
+            }
+            drop(sqlite);
+            prop_assert_eq!(&reopen(&dir).bindings(None).await.unwrap(), &expected);
+            Ok(())
+        })?;
+    }
 }

@@ -1,5 +1,8 @@
 mod a2a;
 mod a2a_restart;
+mod acp;
+mod acp_serve;
+mod agents;
 mod approvals;
 mod cancel;
 mod cli;
@@ -11,6 +14,8 @@ mod history;
 mod leaks;
 mod lifecycle;
 mod mcp;
+mod mcp_conformance;
+mod mcp_oauth;
 mod mcp_servers;
 mod models;
 mod observability;

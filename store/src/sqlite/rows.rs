@@ -268,3 +268,23 @@ pub(super) fn parse_state(s: &str) -> Option<ConversationState> {
         _ => None,
     }
 }
+
+/// The columns a binding is read with (`rowid` first, as [`RowKey`] wants).
+pub(super) const BINDING_SELECT: &str = "SELECT rowid, session_id, agent_id, provider, \
+    provider_session_id, created_ms, updated_ms FROM agent_bindings";
+
+pub(super) fn binding_from_row(
+    row: &Row<'_>,
+) -> Result<troupe_proto::agent::AgentBinding, AgentError> {
+    let key = RowKey::new("agent_bindings", row)?;
+    let provider: String = key.get(row, 3, "provider")?;
+    Ok(troupe_proto::agent::AgentBinding {
+        session_id: parse_id(&key, row, 1, "session_id")?,
+        agent_id: key.get(row, 2, "agent_id")?,
+        provider: troupe_proto::agent::ProviderKind::parse(&provider)
+            .ok_or_else(|| key.err("provider", format!("unknown provider kind `{provider}`")))?,
+        provider_session_id: key.get(row, 4, "provider_session_id")?,
+        created_ms: key.get_u64(row, 5, "created_ms")?,
+        updated_ms: key.get_u64(row, 6, "updated_ms")?,
+    })
+}

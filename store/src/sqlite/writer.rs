@@ -63,6 +63,11 @@ pub(super) enum WriteOp {
     PruneA2a {
         keep_finished: usize,
     },
+    PutBinding(troupe_proto::agent::AgentBinding),
+    RemoveBinding {
+        session_id: SessionId,
+        agent_id: String,
+    },
 }
 
 pub(super) enum WriteOutput {
@@ -207,7 +212,54 @@ pub(super) fn apply(c: &Connection, op: &WriteOp) -> Result<WriteOutput, AgentEr
         WriteOp::PruneA2a { keep_finished } => {
             a2a::prune(c, *keep_finished).map(WriteOutput::Pruned)
         }
+        WriteOp::PutBinding(b) => put_binding(c, b).map(|()| WriteOutput::Done),
+        WriteOp::RemoveBinding {
+            session_id,
+            agent_id,
+        } => remove_binding(c, *session_id, agent_id).map(|()| WriteOutput::Done),
     }
+}
+
+/// Inserts or replaces the binding of (session, agent).
+pub(super) fn put_binding(
+    c: &Connection,
+    b: &troupe_proto::agent::AgentBinding,
+) -> Result<(), AgentError> {
+    let created_ms = to_sql_int("created_ms", b.created_ms)?;
+    let updated_ms = to_sql_int("updated_ms", b.updated_ms)?;
+    c.prepare_cached(
+        "INSERT INTO agent_bindings
+             (session_id, agent_id, provider, provider_session_id, created_ms, updated_ms)
+         VALUES (?1, ?2, ?3, ?4, ?5, ?6)
+         ON CONFLICT (session_id, agent_id) DO UPDATE SET
+             provider = excluded.provider,
+             provider_session_id = excluded.provider_session_id,
+             created_ms = excluded.created_ms,
+             updated_ms = excluded.updated_ms",
+    )
+    .and_then(|mut st| {
+        st.execute(params![
+            b.session_id.to_string(),
+            b.agent_id,
+            b.provider.as_str(),
+            b.provider_session_id,
+            created_ms,
+            updated_ms
+        ])
+    })
+    .map_err(sql("put binding"))?;
+    Ok(())
+}
+
+pub(super) fn remove_binding(
+    c: &Connection,
+    session_id: SessionId,
+    agent_id: &str,
+) -> Result<(), AgentError> {
+    c.prepare_cached("DELETE FROM agent_bindings WHERE session_id = ?1 AND agent_id = ?2")
+        .and_then(|mut st| st.execute(params![session_id.to_string(), agent_id]))
+        .map_err(sql("remove binding"))?;
+    Ok(())
 }
 
 pub(super) fn sql(what: &'static str) -> impl Fn(rusqlite::Error) -> AgentError {

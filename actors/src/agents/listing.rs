@@ -1,0 +1,157 @@
+//! What a listing shows of the agents (`troupe agents list`, `agents.list`), and which
+//! agent is the supervisor. Pure functions of the catalog.
+
+use troupe_proto::agent::{
+    AgentBinding, AgentCatalog, AgentDefinition, AgentHealth, AgentInfo, ProviderKind,
+};
+
+/// The id the built-in supervisor goes by in execution chains and listings.
+pub const BUILTIN_SUPERVISOR: &str = "supervisor";
+
+/// The agent that routes the session's input: `configured` (`[agents] supervisor`), else
+/// the first agent (by id) whose role is `supervisor`; `Ok(None)`: the built-in one. A
+/// configured supervisor that is not a loaded model agent is an error saying why.
+pub fn supervisor_of<'a>(
+    catalog: &'a AgentCatalog,
+    configured: Option<&str>,
+) -> Result<Option<&'a AgentDefinition>, String> {
+    let chosen = match configured {
+        Some(id) => Some(catalog.get(id).ok_or_else(|| {
+            format!("[agents] supervisor names `{id}`, which is not a loaded agent")
+        })?),
+        None => catalog.agents.values().find(|d| d.role == "supervisor"),
+    };
+    match chosen {
+        Some(d) if d.provider.kind() != ProviderKind::Model => Err(format!(
+            "the supervisor `{}` must be a model agent (its decision is a tool call of its model), not {}",
+            d.id,
+            d.provider.kind()
+        )),
+        other => Ok(other),
+    }
+}
+
+/// One listing line per agent, sorted by id: its health as `health` says and its bindings
+/// among `bindings`.
+pub fn agent_infos(
+    catalog: &AgentCatalog,
+    health: impl Fn(&AgentDefinition) -> AgentHealth,
+    bindings: &[AgentBinding],
+    supervisor: Option<&str>,
+) -> Vec<AgentInfo> {
+    catalog
+        .agents
+        .values()
+        .map(|d| AgentInfo {
+            id: d.id.clone(),
+            role: d.role.clone(),
+            provider: d.provider.kind(),
+            health: health(d),
+            bindings: bindings
+                .iter()
+                .filter(|b| b.agent_id == d.id)
+                .cloned()
+                .collect(),
+            workers: d.workers.clone(),
+            supervisor: supervisor == Some(d.id.as_str()),
+        })
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use troupe_proto::SessionId;
+    use troupe_proto::agent::{HealthStatus, ProviderSpec};
+
+    fn def(id: &str, role: &str, provider: ProviderSpec) -> AgentDefinition {
+        AgentDefinition {
+            id: id.into(),
+            role: role.into(),
+            description: None,
+            provider,
+            session: Default::default(),
+            tools: Default::default(),
+            workers: Vec::new(),
+            governance: None,
+        }
+    }
+
+    fn model() -> ProviderSpec {
+        ProviderSpec::Model {
+            model: None,
+            provider: None,
+            base_url: None,
+            instructions: None,
+        }
+    }
+
+    fn acp() -> ProviderSpec {
+        ProviderSpec::Acp {
+            command: "x".into(),
+            args: Vec::new(),
+            env: Default::default(),
+            cwd: None,
+        }
+    }
+
+    fn catalog(defs: Vec<AgentDefinition>) -> AgentCatalog {
+        AgentCatalog {
+            agents: defs.into_iter().map(|d| (d.id.clone(), d)).collect(),
+            ..AgentCatalog::default()
+        }
+    }
+
+    #[test]
+    fn the_supervisor_is_named_or_found_by_role_and_must_be_a_model_agent() {
+        let c = catalog(vec![
+            def("boss", "supervisor", model()),
+            def("coder", "executor", model()),
+            def("ext", "supervisor", acp()),
+        ]);
+        assert_eq!(supervisor_of(&c, None).unwrap().unwrap().id, "boss");
+        assert_eq!(
+            supervisor_of(&c, Some("coder")).unwrap().unwrap().id,
+            "coder"
+        );
+        assert!(
+            supervisor_of(&c, Some("ghost"))
+                .unwrap_err()
+                .contains("ghost")
+        );
+        assert!(
+            supervisor_of(&c, Some("ext"))
+                .unwrap_err()
+                .contains("model agent")
+        );
+        let none = catalog(vec![def("coder", "executor", model())]);
+        assert!(supervisor_of(&none, None).unwrap().is_none());
+    }
+
+    #[test]
+    fn a_listing_line_has_its_health_and_only_its_bindings() {
+        let c = catalog(vec![def("a", "x", model()), def("b", "y", acp())]);
+        let session_id = SessionId::new();
+        let binding = AgentBinding {
+            session_id,
+            agent_id: "b".into(),
+            provider: ProviderKind::Acp,
+            provider_session_id: "s1".into(),
+            created_ms: 1,
+            updated_ms: 2,
+        };
+        let lines = agent_infos(
+            &c,
+            |d| match d.provider.kind() {
+                ProviderKind::Model => AgentHealth::ok(),
+                _ => AgentHealth::unavailable("no provider"),
+            },
+            std::slice::from_ref(&binding),
+            Some("a"),
+        );
+        assert_eq!(lines.len(), 2);
+        assert!(lines[0].supervisor && lines[0].bindings.is_empty());
+        assert_eq!(lines[1].health.status, HealthStatus::Unavailable);
+        assert_eq!(lines[1].bindings, [binding]);
+    }
+}
