@@ -2,6 +2,10 @@
 //! `src/tokens/bpe.rs` embeds with `include_bytes!`. Building tiktoken's hash maps at run time
 //! costs 85–215 ms and 30–55 MiB per process; reading these tables costs nothing up front.
 //! The layout is described in `src/tokens/layout.rs`.
+//!
+//! It also writes the Unicode character classes the split patterns use (`\p{L}`, `\s`, ...)
+//! as one range table, taken from regex-syntax, the crate whose tables tiktoken's regex
+//! engine matches with; `src/tokens/split.rs` splits text with it, no regex engine needed.
 
 use std::error::Error;
 use std::path::Path;
@@ -26,6 +30,7 @@ fn main() -> Result<(), Box<dyn Error>> {
     println!("cargo::rerun-if-changed=src/tokens/layout.rs");
     let out_dir = std::env::var_os("OUT_DIR").ok_or("OUT_DIR is not set")?;
     let out_dir = Path::new(&out_dir);
+    write_char_classes(out_dir)?;
     // One thread per encoding: loading o200k alone takes a few seconds unoptimised.
     std::thread::scope(|scope| {
         let jobs: Vec<_> = ENCODINGS
@@ -107,4 +112,55 @@ fn ordinary_tokens(bpe: &CoreBPE) -> BoxResult<Vec<(Vec<u8>, u32)>> {
         rank += 1;
     }
     Ok(tokens)
+}
+
+/// The classes of `src/tokens/split.rs`, as bits, in the order of its `Set` constants; every
+/// character is in exactly one.
+const CLASSES: [&str; 8] = [
+    // OTHER: what no other class holds.
+    "",
+    r"[\p{Lu}\p{Lt}]",
+    r"\p{Ll}",
+    r"[\p{Lm}\p{Lo}]",
+    r"\p{M}",
+    r"\p{N}",
+    r"[\s&&[^\r\n]]",
+    r"[\r\n]",
+];
+
+/// `char_classes.rs`: `CHAR_CLASSES`, sorted u32s `start << 8 | class bit`, each the first
+/// character of a run of characters of that one class (runs of one class merged).
+fn write_char_classes(out_dir: &Path) -> Result<(), Box<dyn Error>> {
+    let mut class_of = vec![0_u8; 0x11_0000];
+    for (bit, pattern) in CLASSES.iter().enumerate().skip(1) {
+        let hir = regex_syntax::Parser::new().parse(pattern)?;
+        let regex_syntax::hir::HirKind::Class(regex_syntax::hir::Class::Unicode(class)) =
+            hir.kind()
+        else {
+            return Err(format!("{pattern} is not a Unicode class").into());
+        };
+        for range in class.ranges() {
+            for c in u32::from(range.start())..=u32::from(range.end()) {
+                let slot = &mut class_of[c as usize];
+                if *slot != 0 {
+                    return Err(format!("U+{c:04X} is in two classes").into());
+                }
+                *slot = 1 << bit;
+            }
+        }
+    }
+    let mut runs = Vec::new();
+    for (c, &class) in class_of.iter().enumerate() {
+        let class = if class == 0 { 1 } else { class };
+        if runs.last().is_none_or(|&(_, last)| last != class) {
+            runs.push((c, class));
+        }
+    }
+    let mut source = format!("pub(super) const CHAR_CLASSES: [u32; {}] = [\n", runs.len());
+    for (start, class) in runs {
+        source.push_str(&format!("    0x{start:06x}{class:02x},\n"));
+    }
+    source.push_str("];\n");
+    std::fs::write(out_dir.join("char_classes.rs"), source)?;
+    Ok(())
 }

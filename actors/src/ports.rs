@@ -295,7 +295,72 @@ pub enum McpTransport {
         url: String,
         #[serde(default)]
         headers: std::collections::BTreeMap<String, String>,
+        /// OAuth 2.1 as the MCP authorization spec describes it: with this table the client
+        /// sends a bearer token it obtained by `troupe mcp login` or by the client-credentials
+        /// grant, and refreshes it. Without it, a server that answers 401 is not reached.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        oauth: Option<McpOAuth>,
     },
+}
+
+/// `oauth` of a streamable-HTTP MCP server: how troupe obtains its tokens. Secrets are never
+/// written here, only the names of the environment variables that hold them.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Hash, serde::Serialize, serde::Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct McpOAuth {
+    /// `authorization_code` (a person logs in once with `troupe mcp login`) or
+    /// `client_credentials` (headless: the client's own id and secret).
+    pub grant: McpOAuthGrant,
+    /// A client id registered beforehand with the authorization server. Without one (and
+    /// without `client_id_env`), `troupe mcp login` registers a client dynamically (RFC 7591).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub client_id: Option<String>,
+    /// The environment variable holding the client id (instead of `client_id`).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub client_id_env: Option<String>,
+    /// The environment variable holding the client secret (confidential clients, and the
+    /// client-credentials grant).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub client_secret_env: Option<String>,
+    /// Scopes to ask for; empty: those the server names (its challenge, then its protected
+    /// resource metadata), or none.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub scopes: Vec<String>,
+    /// The HTTPS URL of a client ID metadata document describing troupe (SEP-991), hosted by
+    /// whoever runs it: used as the client id by authorization servers that accept such
+    /// documents, before dynamic registration is tried.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub client_metadata_url: Option<String>,
+    /// The port of the loopback redirect `http://127.0.0.1:PORT/callback` that
+    /// `troupe mcp login` listens on; 0 picks a free one (fine with dynamic registration; a
+    /// pre-registered client needs the port it was registered with).
+    pub redirect_port: u16,
+}
+
+/// The OAuth grant troupe uses for an MCP server.
+#[derive(
+    Debug, Clone, Copy, Default, PartialEq, Eq, Hash, serde::Serialize, serde::Deserialize,
+)]
+#[serde(rename_all = "snake_case")]
+pub enum McpOAuthGrant {
+    /// Authorization code with PKCE, from an interactive `troupe mcp login`; refreshed with
+    /// the refresh token.
+    #[default]
+    AuthorizationCode,
+    /// Client credentials (no person involved), asked for again when the token expires.
+    ClientCredentials,
+}
+
+impl McpOAuthGrant {
+    pub const ALL: [Self; 2] = [Self::AuthorizationCode, Self::ClientCredentials];
+
+    /// The grant's OAuth name (a bounded metric label).
+    pub const fn as_str(self) -> &'static str {
+        match self {
+            Self::AuthorizationCode => "authorization_code",
+            Self::ClientCredentials => "client_credentials",
+        }
+    }
 }
 
 /// A tool as its server lists it (unqualified name).

@@ -27,7 +27,7 @@ use troupe_store::{MemoryRolloutStorage, TtlSweeper};
 
 use crate::spinner::Spinner;
 
-#[derive(Debug, clap::Args)]
+#[derive(Debug, Default, clap::Args)]
 pub struct ChatArgs {
     /// A first question; with --once, the only one.
     pub question: Option<String>,
@@ -162,7 +162,7 @@ fn parse_policy(s: &str) -> Result<StoragePolicy, String> {
 
 /// Defaults < config file < environment < flags; the provider as
 /// [`TroupeConfig::choose_provider`] picks it.
-fn resolve(args: &ChatArgs) -> anyhow::Result<TroupeConfig> {
+pub(crate) fn resolve(args: &ChatArgs) -> anyhow::Result<TroupeConfig> {
     let env = |k: &str| std::env::var(k).ok();
     let mut c = TroupeConfig::load(args.config.as_deref(), &env)?;
     let snake = |s: &str| s.replace('-', "_");

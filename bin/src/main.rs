@@ -1,9 +1,11 @@
 //! The `troupe` command.
 #![forbid(unsafe_code)]
 
+mod acp;
 mod agents;
 mod chat;
 mod history;
+mod mcp;
 mod serve;
 mod spinner;
 
@@ -24,12 +26,17 @@ enum Command {
     Chat(Box<chat::ChatArgs>),
     /// Serve sessions over HTTP (JSON-RPC, REST, SSE, WebSocket) or stdio.
     Serve(Box<serve::ServeArgs>),
+    /// Serve troupe as an Agent Client Protocol agent on stdin/stdout (for editors).
+    Acp(Box<acp::AcpArgs>),
     /// The agents a configuration defines.
     #[command(subcommand)]
     Agents(agents::AgentsCommand),
     /// Work with JSONL chat histories.
     #[command(subcommand)]
     History(history::HistoryCommand),
+    /// OAuth logins of MCP servers: login, logout, status.
+    #[command(subcommand)]
+    Mcp(mcp::McpCommand),
     /// Runs a command under a sandbox policy (the shell tool's launcher; not for people).
     #[command(name = "sandbox-exec", hide = true, disable_help_flag = true)]
     SandboxExec {
@@ -74,6 +81,7 @@ fn main() -> ExitCode {
         match cli.command {
             Command::Chat(args) => chat::run(*args).await,
             Command::Serve(args) => serve::run(*args).await,
+            Command::Acp(args) => acp::run(*args).await,
             Command::Agents(cmd) => {
                 let _telemetry = troupe_runtime::telemetry::init("troupe");
                 agents::run(cmd).await
@@ -82,6 +90,11 @@ fn main() -> ExitCode {
                 // Console logs only: nothing here is traced.
                 let _telemetry = troupe_runtime::telemetry::init("troupe");
                 history::run(cmd).map(|()| ExitCode::SUCCESS)
+            }
+            Command::Mcp(cmd) => {
+                // Console logs only: nothing here is traced.
+                let _telemetry = troupe_runtime::telemetry::init("troupe");
+                mcp::run(cmd).await
             }
             Command::SandboxExec { .. } => {
                 Ok(ExitCode::from(troupe_runtime::exec::sandbox::REFUSED_EXIT))

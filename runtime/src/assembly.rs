@@ -57,7 +57,8 @@ pub fn build_tokens(config: &TroupeConfig) -> Arc<dyn TokenCounter> {
 }
 
 /// The ports of a session: `model` and `tokens` shared, a process runner for the shell tool,
-/// an MCP connector when servers are configured, the local summarizer.
+/// an MCP connector when servers are configured (its OAuth logins under
+/// `<data_dir>/mcp-auth`), the local summarizer.
 pub fn session_ports(
     config: &TroupeConfig,
     model: Arc<dyn ModelClient>,
@@ -66,8 +67,12 @@ pub fn session_ports(
     SessionPorts {
         model,
         mcp: None,
-        mcp_connector: (!config.mcp.servers.is_empty())
-            .then(|| Arc::new(crate::RmcpConnector::new()) as Arc<dyn McpConnector>),
+        mcp_connector: (!config.mcp.servers.is_empty()).then(|| {
+            Arc::new(
+                crate::RmcpConnector::new()
+                    .with_token_dir(crate::mcp::oauth::token_dir(&config.data_dir)),
+            ) as Arc<dyn McpConnector>
+        }),
         exec: Some(Arc::new(ProcessRunner::new())),
         summarizer: Arc::new(LocalSummarizer::default()),
         tokens,

@@ -1171,6 +1171,59 @@ url = "http://127.0.0.1:3001/mcp"
     }
 
     #[test]
+    fn an_oauth_table_on_a_remote_server() {
+        use troupe_actors::ports::{McpOAuth, McpOAuthGrant, McpTransport};
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("troupe.toml");
+        std::fs::write(
+            &path,
+            r#"
+[[mcp.servers]]
+name = "remote"
+type = "streamable_http"
+url = "https://mcp.example.com/mcp"
+[mcp.servers.oauth]
+scopes = ["files:read"]
+redirect_port = 8765
+
+[[mcp.servers]]
+name = "service"
+type = "streamable_http"
+url = "https://api.example.com/mcp"
+oauth = { grant = "client_credentials", client_id_env = "SVC_ID", client_secret_env = "SVC_SECRET" }
+"#,
+        )
+        .unwrap();
+        let c = TroupeConfig::load(Some(&path), &env(&[])).unwrap();
+        let oauth = |i: usize| match &c.mcp.servers[i].transport {
+            McpTransport::StreamableHttp { oauth, .. } => oauth.clone(),
+            other => panic!("{other:?}"),
+        };
+        assert_eq!(
+            oauth(0),
+            Some(McpOAuth {
+                scopes: vec!["files:read".into()],
+                redirect_port: 8765,
+                ..McpOAuth::default()
+            })
+        );
+        let service = oauth(1).unwrap();
+        assert_eq!(service.grant, McpOAuthGrant::ClientCredentials);
+        assert_eq!(service.client_secret_env.as_deref(), Some("SVC_SECRET"));
+        // A misspelt key is refused, not ignored.
+        std::fs::write(
+            &path,
+            "[[mcp.servers]]\nname = \"r\"\ntype = \"streamable_http\"\nurl = \"http://x/mcp\"\n\
+             oauth = { client_secret = \"inline\" }\n",
+        )
+        .unwrap();
+        let bad = TroupeConfig::load(Some(&path), &env(&[]))
+            .unwrap_err()
+            .to_string();
+        assert!(bad.contains("client_secret"), "{bad}");
+    }
+
+    #[test]
     fn mcp_limits_from_the_file() {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("troupe.toml");

@@ -178,12 +178,21 @@ pub fn provider(
 /// The variable whose filter the console logs follow (`info`, `troupe=debug`, ...).
 pub const LOG_ENV: &str = "TROUPE_LOG";
 
+/// The most verbose level rmcp's OAuth module is logged at (see [`subscriber`]).
+const OAUTH_LOG_CAP: &str = "rmcp::transport::auth=info";
+
 /// The subscriber every troupe process runs: console logs per `TROUPE_LOG`, and troupe's
 /// spans (at `info` and above, whatever the console shows) into `provider`.
 pub fn subscriber(
     provider: &SdkTracerProvider,
 ) -> impl tracing::Subscriber + Send + Sync + 'static {
     let filter = EnvFilter::try_from_env(LOG_ENV).unwrap_or_else(|_| EnvFilter::new("warn"));
+    // rmcp's OAuth module prints authorization codes and token responses at debug: never below
+    // info, whatever the filter asks.
+    let filter = match OAUTH_LOG_CAP.parse() {
+        Ok(directive) => filter.add_directive(directive),
+        Err(_) => filter,
+    };
     let fmt = tracing_subscriber::fmt::layer()
         .with_writer(std::io::stderr)
         .with_filter(filter);

@@ -2,18 +2,21 @@
 //! exactly as tiktoken counts them, from rank tables compiled into the binary (no network,
 //! no files; see `build.rs` and `tokens/bpe.rs`).
 //!
-//! Nothing is built per process but the encoding's split regex, compiled on the first count
-//! (2–5 ms), so a one-shot process pays almost no tokenizer start-up;
-//! [`TiktokenCounter::warm`] compiles it ahead of time. Long texts already counted (the
+//! Nothing is built per process: the text is split as the encoding's regex splits it by
+//! hand-written code over Unicode tables compiled in (`tokens/split.rs`), and ranks are read
+//! in place, so a one-shot process pays no tokenizer start-up. Long texts already counted (the
 //! instructions, tool schemas and history items counted again before every model call) are
-//! remembered per encoding (`tokens/memo.rs`).
+//! remembered per encoding (`tokens/memo.rs`); the texts troupe writes itself (the default
+//! instructions, the built-in tools) have their counts in the source (`tokens/known.rs`).
 //!
 //! Text is counted as ordinary text: a `<|endoftext|>` inside a user message is five plain
 //! tokens, not one special token, which is what a provider bills for such a message.
 
 mod bpe;
+mod known;
 mod layout;
 mod memo;
+mod split;
 
 use std::fmt;
 use troupe_actors::ports::TokenCounter;
@@ -181,12 +184,6 @@ impl TiktokenCounter {
     pub fn count_fresh(&self, text: &str) -> usize {
         self.encoding.bpe().count_uncached(text)
     }
-
-    /// Compiles the encoding's split regex now if no one has yet (2–5 ms), so the first
-    /// count does not.
-    pub fn warm(&self) {
-        self.encoding.bpe().warm();
-    }
 }
 
 impl TokenCounter for TiktokenCounter {
@@ -195,7 +192,7 @@ impl TokenCounter for TiktokenCounter {
     }
 
     fn count(&self, text: &str) -> usize {
-        self.encoding.bpe().count(text)
+        known::count(self.encoding, text).unwrap_or_else(|| self.encoding.bpe().count(text))
     }
 }
 

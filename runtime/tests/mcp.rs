@@ -781,6 +781,7 @@ async fn everything_over_streamable_http_lists_and_calls() {
             transport: McpTransport::StreamableHttp {
                 url: format!("http://127.0.0.1:{}/mcp", server.port),
                 headers: BTreeMap::from([("x-troupe-test".to_owned(), "1".to_owned())]),
+                oauth: None,
             },
         };
         let (connection, _notices) = connect(&config, TestHandler::default()).await;
@@ -920,4 +921,480 @@ async fn every_page_is_listed_and_the_traceparent_is_sent() {
         connection.close().await;
     })
     .await;
+}
+
+// ----- OAuth: a real MCP server behind a local authorization server -----
+
+mod oauth {
+    use super::*;
+    use troupe_actors::ports::{McpOAuth, McpOAuthGrant};
+    use troupe_runtime::mcp::oauth::{self, EnvLookup, TokenStore};
+    use troupe_test_support::mcp::EverythingHttp;
+    use troupe_test_support::oauth::{OAuthOptions, ProtectedMcp};
+
+    fn remote(url: &str, oauth: McpOAuth) -> McpServerConfig {
+        McpServerConfig {
+            name: "remote".into(),
+            transport: McpTransport::StreamableHttp {
+                url: url.to_owned(),
+                headers: BTreeMap::new(),
+                oauth: Some(oauth),
+            },
+        }
+    }
+
+    fn no_env() -> EnvLookup {
+        Arc::new(|_| None)
+    }
+
+    fn env(pairs: &[(&str, &str)]) -> EnvLookup {
+        let map: BTreeMap<String, String> = pairs
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect();
+        Arc::new(move |k| map.get(k).cloned())
+    }
+
+    async fn open(
+        connector: &RmcpConnector,
+        config: &McpServerConfig,
+    ) -> Result<(Arc<dyn McpConnection>, UnboundedReceiver<McpNotice>), AgentError> {
+        let (tx, rx) = unbounded_channel();
+        let connection = connector
+            .connect(config, Arc::new(TestHandler::default()), tx)
+            .await?;
+        Ok((connection, rx))
+    }
+
+    /// Plays the user's browser: opens the authorization URL and follows its redirect to the
+    /// loopback listener of the login. Returns the page the browser lands on.
+    async fn browse(url: &str) -> (u16, String) {
+        let response = reqwest::Client::new().get(url).send().await.unwrap();
+        let status = response.status().as_u16();
+        (status, response.text().await.unwrap())
+    }
+
+    /// Runs `oauth::login` for `config`, playing the browser with `browse`.
+    async fn login(
+        config: &McpServerConfig,
+        store: TokenStore,
+    ) -> (
+        Result<oauth::LoginOutcome, oauth::OAuthError>,
+        Option<(u16, String)>,
+    ) {
+        let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel::<String>();
+        let config = config.clone();
+        let login = tokio::spawn(async move {
+            let mut show = move |url: &str| {
+                let _ = tx.send(url.to_owned());
+            };
+            oauth::login(
+                &config,
+                store,
+                &no_env(),
+                Duration::from_secs(20),
+                &mut show,
+            )
+            .await
+        });
+        let page = match rx.recv().await {
+            Some(url) => Some(browse(&url).await),
+            None => None,
+        };
+        (login.await.unwrap(), page)
+    }
+
+    /// Span names and counters of this process, seen by a global subscriber and recorder
+    /// (nextest runs each test in a process of its own).
+    struct Seen {
+        spans: Arc<Mutex<Vec<String>>>,
+        counters: metrics_util::debugging::Snapshotter,
+    }
+
+    struct SpanNames(Arc<Mutex<Vec<String>>>);
+
+    impl<S: tracing::Subscriber> tracing_subscriber::Layer<S> for SpanNames {
+        fn on_new_span(
+            &self,
+            attrs: &tracing::span::Attributes<'_>,
+            _id: &tracing::span::Id,
+            _ctx: tracing_subscriber::layer::Context<'_, S>,
+        ) {
+            self.0
+                .lock()
+                .unwrap()
+                .push(attrs.metadata().name().to_owned());
+        }
+    }
+
+    fn seen() -> &'static Seen {
+        static SEEN: std::sync::OnceLock<Seen> = std::sync::OnceLock::new();
+        SEEN.get_or_init(|| {
+            use tracing_subscriber::layer::SubscriberExt;
+            let spans = Arc::new(Mutex::new(Vec::new()));
+            let subscriber = tracing_subscriber::registry().with(SpanNames(spans.clone()));
+            tracing::subscriber::set_global_default(subscriber).unwrap();
+            let recorder = metrics_util::debugging::DebuggingRecorder::new();
+            let counters = recorder.snapshotter();
+            recorder.install().unwrap();
+            troupe_runtime::describe_metrics();
+            Seen { spans, counters }
+        })
+    }
+
+    /// Counter values by name and labels (`name{k=v,...}`, labels sorted).
+    fn counters(seen: &Seen) -> BTreeMap<String, u64> {
+        seen.counters
+            .snapshot()
+            .into_vec()
+            .into_iter()
+            .filter_map(|(key, _, _, value)| {
+                let metrics_util::debugging::DebugValue::Counter(v) = value else {
+                    return None;
+                };
+                let mut labels: Vec<String> = key
+                    .key()
+                    .labels()
+                    .map(|l| format!("{}={}", l.key(), l.value()))
+                    .collect();
+                labels.sort();
+                Some((format!("{}{{{}}}", key.key().name(), labels.join(",")), v))
+            })
+            .collect()
+    }
+
+    fn file_of(dir: &Path) -> TokenStore {
+        TokenStore::file(&oauth::token_dir(dir), "remote")
+    }
+
+    fn stored_access_token(store: &TokenStore) -> String {
+        store
+            .read()
+            .unwrap()
+            .unwrap()
+            .snapshot()
+            .unwrap()
+            .access_token
+    }
+
+    /// Moves the stored token's receipt into the past, as if troupe had been stopped for
+    /// `age`.
+    fn age_token(store: &TokenStore, age: Duration) {
+        let mut login = store.read().unwrap().unwrap();
+        let credentials = login.credentials.as_mut().unwrap();
+        credentials.token_received_at =
+            Some(credentials.token_received_at.unwrap() - age.as_secs());
+        store.write(&login).unwrap();
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn authorization_code_with_pkce_then_calls_restarts_and_refreshes() {
+        let seen = seen();
+        bounded(async {
+            let everything = EverythingHttp::start().await;
+            let protected = ProtectedMcp::start(&everything.url(), OAuthOptions::default()).await;
+            let dir = tempfile::tempdir().unwrap();
+            let config = remote(&protected.url, McpOAuth::default());
+            let connector = RmcpConnector::new().with_token_dir(oauth::token_dir(dir.path()));
+
+            // Nobody logged in: a clear error at once, and not a request to the server.
+            let started = Instant::now();
+            let error = open(&connector, &config).await.err().unwrap().to_string();
+            assert!(error.contains("run `troupe mcp login remote`"), "{error}");
+            assert!(started.elapsed() < Duration::from_secs(2));
+            assert_eq!(
+                protected.stats().unauthorized + protected.stats().proxied,
+                0
+            );
+
+            // The login: discovery from the 401, registration, PKCE, the loopback redirect.
+            let store = file_of(dir.path());
+            let (outcome, page) = login(&config, store.clone()).await;
+            let outcome = outcome.unwrap();
+            let (status, page) = page.unwrap();
+            assert_eq!(status, 200, "{page}");
+            assert!(page.contains("troupe is logged in"), "{page}");
+            assert!(outcome.registered);
+            assert!(outcome.has_refresh_token);
+            assert_eq!(outcome.scopes, ["mcp:tools"]);
+            let stats = protected.stats();
+            assert_eq!(
+                (
+                    stats.registrations,
+                    stats.authorizations,
+                    stats.code_exchanges
+                ),
+                (1, 1, 1)
+            );
+            // RFC 8707: every request named the MCP server as its resource.
+            assert!(
+                stats.resources.iter().all(|r| r == &protected.url),
+                "{:?}",
+                stats.resources
+            );
+            let path = outcome.path.unwrap();
+            use std::os::unix::fs::PermissionsExt;
+            assert_eq!(
+                std::fs::metadata(&path).unwrap().permissions().mode() & 0o777,
+                0o600
+            );
+
+            // Connected with the stored token: the real server's tools, through the proxy.
+            let (connection, _notices) = open(&connector, &config).await.unwrap();
+            let tools = connection.list_tools().await.unwrap();
+            assert!(tools.iter().any(|t| t.name == "echo"));
+            let out = call(&*connection, "echo", json!({"message": "with a token"}))
+                .await
+                .unwrap();
+            assert_eq!(out.output, "Echo: with a token");
+            let token = stored_access_token(&store);
+            assert!(protected.stats().tokens_seen.iter().all(|t| t == &token));
+            connection.close().await;
+
+            // A restart (a new connector on the same directory) reuses the login.
+            let connector = RmcpConnector::new().with_token_dir(oauth::token_dir(dir.path()));
+            let (connection, mut notices) = open(&connector, &config).await.unwrap();
+            call(&*connection, "echo", json!({"message": "again"}))
+                .await
+                .unwrap();
+            let stats = protected.stats();
+            assert_eq!((stats.code_exchanges, stats.refreshes), (1, 0));
+
+            // The server stops accepting the token mid-session: one refresh, one retry.
+            protected.revoke_access_tokens();
+            let unauthorized = protected.stats().unauthorized;
+            let out = call(&*connection, "echo", json!({"message": "after revocation"}))
+                .await
+                .unwrap();
+            assert_eq!(out.output, "Echo: after revocation");
+            let stats = protected.stats();
+            assert_eq!(stats.refreshes, 1);
+            assert_eq!(stats.unauthorized, unauthorized + 1);
+            let refreshed = stored_access_token(&store);
+            assert_ne!(refreshed, token);
+
+            // A token about to expire is refreshed before it is sent (no 401 on the way).
+            age_token(&store, Duration::from_secs(3590));
+            let out = call(&*connection, "echo", json!({"message": "before expiry"}))
+                .await
+                .unwrap();
+            assert_eq!(out.output, "Echo: before expiry");
+            let stats = protected.stats();
+            assert_eq!(stats.refreshes, 2);
+            assert_eq!(stats.unauthorized, unauthorized + 1);
+            assert!(!stats.tokens_seen[stats.tokens_seen.len() - 1].eq(&refreshed));
+
+            // The refresh token is revoked too: the call fails naming the command, and the
+            // connection ends with that reason.
+            protected.revoke_access_tokens();
+            protected.revoke_refresh_tokens();
+            let error = call(&*connection, "echo", json!({"message": "x"}))
+                .await
+                .unwrap_err()
+                .to_string();
+            assert!(error.contains("run `troupe mcp login remote`"), "{error}");
+            let closed = next_notice(&mut notices, Duration::from_secs(10), |n| {
+                matches!(n, McpNotice::Closed { .. })
+            })
+            .await;
+            let McpNotice::Closed { reason } = closed else {
+                unreachable!()
+            };
+            assert!(reason.contains("troupe mcp login remote"), "{reason}");
+            assert_eq!(protected.stats().refused_refreshes, 1);
+        })
+        .await;
+
+        // Told in spans and counters.
+        let spans = seen.spans.lock().unwrap().clone();
+        for name in ["mcp_oauth_login", "mcp_oauth_renew"] {
+            assert!(spans.iter().any(|s| s == name), "no {name} span: {spans:?}");
+        }
+        let counters = counters(seen);
+        let renewals = |trigger: &str, outcome: &str| {
+            counters
+                .get(&format!(
+                    "troupe_mcp_client_oauth_renewals_total{{grant=authorization_code,outcome={outcome},trigger={trigger}}}"
+                ))
+                .copied()
+        };
+        assert_eq!(renewals("rejected", "ok"), Some(1), "{counters:?}");
+        assert_eq!(renewals("expiring", "ok"), Some(1), "{counters:?}");
+        assert!(
+            renewals("rejected", "login_required") >= Some(1),
+            "{counters:?}"
+        );
+        assert!(
+            counters
+                .get("troupe_mcp_client_oauth_failures_total{reason=login_required}")
+                .is_some_and(|n| *n >= 2),
+            "{counters:?}"
+        );
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn connections_sharing_a_login_renew_it_without_spending_a_refresh_token_twice() {
+        bounded(async {
+            let everything = EverythingHttp::start().await;
+            let protected = ProtectedMcp::start(&everything.url(), OAuthOptions::default()).await;
+            let dir = tempfile::tempdir().unwrap();
+            let config = remote(&protected.url, McpOAuth::default());
+            let (outcome, _) = login(&config, file_of(dir.path())).await;
+            outcome.unwrap();
+            // Two sessions (two connectors) on one data directory.
+            let mut connections = Vec::new();
+            for _ in 0..2 {
+                let connector = RmcpConnector::new().with_token_dir(oauth::token_dir(dir.path()));
+                connections.push(open(&connector, &config).await.unwrap().0);
+            }
+            for round in 0..3 {
+                protected.revoke_access_tokens();
+                let calls =
+                    connections.iter().map(|c| {
+                        let c = c.clone();
+                        async move {
+                            call(&*c, "echo", json!({"message": format!("round {round}")})).await
+                        }
+                    });
+                for result in futures::future::join_all(calls).await {
+                    assert_eq!(result.unwrap().output, format!("Echo: round {round}"));
+                }
+            }
+            // Rotated refresh tokens, never one presented twice.
+            let stats = protected.stats();
+            assert_eq!(stats.refused_refreshes, 0, "{stats:?}");
+            assert!(stats.refreshes >= 3, "{stats:?}");
+        })
+        .await;
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_login_keeps_to_its_url_and_reports_a_refusal() {
+        bounded(async {
+            let everything = EverythingHttp::start().await;
+            let protected = ProtectedMcp::start(&everything.url(), OAuthOptions::default()).await;
+            let dir = tempfile::tempdir().unwrap();
+            let config = remote(&protected.url, McpOAuth::default());
+            let store = file_of(dir.path());
+
+            // The user refuses: the login fails with the server's answer, nothing is stored.
+            protected.deny_next_authorization();
+            let (outcome, page) = login(&config, store.clone()).await;
+            let error = outcome.unwrap_err().to_string();
+            assert!(error.contains("access_denied"), "{error}");
+            assert_eq!(page.unwrap().0, 400);
+            assert!(store.read().unwrap().is_none());
+
+            // A login for one URL is not used for another.
+            let (outcome, _) = login(&config, store.clone()).await;
+            outcome.unwrap();
+            let elsewhere = remote(
+                &protected.url.replace("/mcp", "/other/mcp"),
+                McpOAuth::default(),
+            );
+            let connector = RmcpConnector::new().with_token_dir(oauth::token_dir(dir.path()));
+            let error = open(&connector, &elsewhere)
+                .await
+                .err()
+                .unwrap()
+                .to_string();
+            assert!(error.contains("needs a login"), "{error}");
+            assert!(
+                !protected
+                    .stats()
+                    .tokens_seen
+                    .contains(&stored_access_token(&store)),
+                "no token was sent anywhere"
+            );
+
+            // No refresh token and an expired access token: a login is needed again.
+            let everything2 = EverythingHttp::start().await;
+            let no_refresh = ProtectedMcp::start(
+                &everything2.url(),
+                OAuthOptions {
+                    refresh_tokens: false,
+                    ..OAuthOptions::default()
+                },
+            )
+            .await;
+            let config = remote(&no_refresh.url, McpOAuth::default());
+            let (outcome, _) = login(&config, store.clone()).await;
+            assert!(!outcome.unwrap().has_refresh_token);
+            age_token(&store, Duration::from_secs(7200));
+            let error = open(&connector, &config).await.err().unwrap().to_string();
+            assert!(error.contains("run `troupe mcp login remote`"), "{error}");
+        })
+        .await;
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn client_credentials_without_a_person() {
+        bounded(async {
+            let everything = EverythingHttp::start().await;
+            let protected = ProtectedMcp::start(
+                &everything.url(),
+                OAuthOptions {
+                    clients: vec![("svc".into(), Some("svc-secret".into()))],
+                    ..OAuthOptions::default()
+                },
+            )
+            .await;
+            let dir = tempfile::tempdir().unwrap();
+            let config = remote(
+                &protected.url,
+                McpOAuth {
+                    grant: McpOAuthGrant::ClientCredentials,
+                    client_id: Some("svc".into()),
+                    client_secret_env: Some("SVC_SECRET".into()),
+                    ..McpOAuth::default()
+                },
+            );
+            let connector = RmcpConnector::new()
+                .with_token_dir(oauth::token_dir(dir.path()))
+                .with_env(env(&[("SVC_SECRET", "svc-secret")]));
+            let (connection, _notices) = open(&connector, &config).await.unwrap();
+            let out = call(&*connection, "echo", json!({"message": "headless"}))
+                .await
+                .unwrap();
+            assert_eq!(out.output, "Echo: headless");
+            assert_eq!(protected.stats().client_credentials, 1);
+            assert!(
+                protected
+                    .stats()
+                    .resources
+                    .iter()
+                    .all(|r| r == &protected.url)
+            );
+
+            // A refused token: the grant is asked again, the call goes through.
+            protected.revoke_access_tokens();
+            call(&*connection, "echo", json!({"message": "renewed"}))
+                .await
+                .unwrap();
+            assert_eq!(protected.stats().client_credentials, 2);
+            // An expiring one too, before it is sent.
+            age_token(&file_of(dir.path()), Duration::from_secs(3590));
+            call(&*connection, "echo", json!({"message": "renewed again"}))
+                .await
+                .unwrap();
+            assert_eq!(protected.stats().client_credentials, 3);
+            connection.close().await;
+
+            // The wrong secret: refused, said so.
+            let _ = file_of(dir.path()).remove();
+            let wrong = RmcpConnector::new()
+                .with_token_dir(oauth::token_dir(dir.path()))
+                .with_env(env(&[("SVC_SECRET", "wrong")]));
+            let error = open(&wrong, &config).await.err().unwrap().to_string();
+            assert!(
+                error.contains("refused troupe's client credentials"),
+                "{error}"
+            );
+            // A missing variable: named.
+            let unset = RmcpConnector::new().with_env(no_env());
+            let error = open(&unset, &config).await.err().unwrap().to_string();
+            assert!(error.contains("`SVC_SECRET` is not set"), "{error}");
+        })
+        .await;
+    }
 }

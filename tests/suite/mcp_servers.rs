@@ -1084,6 +1084,11 @@ async fn offered_tools() -> Vec<ToolSpec> {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_merged_tool_list_is_the_same_in_every_run() {
+    // Keys sorted: the same snapshot whether serde_json keeps insertion order or not (its
+    // `preserve_order` feature, which the ACP crate turns on for builds that include it).
+    let mut sorted = insta::Settings::clone_current();
+    sorted.set_sort_maps(true);
+    let _sorted = sorted.bind_to_scope();
     bounded(async {
         let first = offered_tools().await;
         let second = offered_tools().await;

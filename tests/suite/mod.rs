@@ -1,4 +1,6 @@
 mod a2a;
+mod acp;
+mod acp_serve;
 mod agents;
 mod approvals;
 mod cancel;
@@ -11,6 +13,8 @@ mod history;
 mod leaks;
 mod lifecycle;
 mod mcp;
+mod mcp_conformance;
+mod mcp_oauth;
 mod mcp_servers;
 mod models;
 mod observability;

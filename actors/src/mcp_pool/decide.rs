@@ -587,6 +587,7 @@ mod tests {
             transport: McpTransport::StreamableHttp {
                 url: format!("http://127.0.0.1/{name}"),
                 headers: Default::default(),
+                oauth: None,
             },
         }
     }

@@ -1,6 +1,7 @@
 //! The streamable HTTP transport: rmcp's client over reqwest, with every SSE event shown to
 //! the [`TaskSupportTap`] on its way in, and the MCP session id noted for the calls' spans.
 
+use super::oauth::Authorizer;
 use super::tap::TaskSupportTap;
 use futures::StreamExt;
 use futures::stream::BoxStream;
@@ -40,12 +41,22 @@ impl SessionSeen {
     }
 }
 
-/// reqwest's rmcp client, tapped.
-#[derive(Debug, Clone)]
+/// reqwest's rmcp client, tapped, and with an OAuth bearer token when the server has one.
+#[derive(Clone)]
 pub(crate) struct TapHttpClient {
     inner: reqwest::Client,
     tap: TaskSupportTap,
     session: SessionSeen,
+    /// Puts the token on every request and renews it (none: the configured headers only).
+    auth: Option<Arc<Authorizer>>,
+}
+
+impl std::fmt::Debug for TapHttpClient {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("TapHttpClient")
+            .field("oauth", &self.auth.is_some())
+            .finish_non_exhaustive()
+    }
 }
 
 impl TapHttpClient {
@@ -86,10 +97,19 @@ impl StreamableHttpClient for TapHttpClient {
         custom_headers: HashMap<HeaderName, HeaderValue>,
     ) -> Result<StreamableHttpPostResponse, StreamableHttpError<Self::Error>> {
         self.session.observe(session_id.as_ref());
-        let response = self
-            .inner
-            .post_message(uri, message, session_id, auth_header, custom_headers)
-            .await?;
+        let post = |token: Option<String>| {
+            self.inner.post_message(
+                uri.clone(),
+                message.clone(),
+                session_id.clone(),
+                token,
+                custom_headers.clone(),
+            )
+        };
+        let response = match &self.auth {
+            Some(auth) => auth.send(post).await?,
+            None => post(auth_header).await?,
+        };
         Ok(self.tap_response(response))
     }
 
@@ -103,17 +123,20 @@ impl StreamableHttpClient for TapHttpClient {
         max_sse_event_size: usize,
     ) -> Result<StreamableHttpPostResponse, StreamableHttpError<Self::Error>> {
         self.session.observe(session_id.as_ref());
-        let response = self
-            .inner
-            .post_message_with_max_sse_event_size(
-                uri,
-                message,
-                session_id,
-                auth_header,
-                custom_headers,
+        let post = |token: Option<String>| {
+            self.inner.post_message_with_max_sse_event_size(
+                uri.clone(),
+                message.clone(),
+                session_id.clone(),
+                token,
+                custom_headers.clone(),
                 max_sse_event_size,
             )
-            .await?;
+        };
+        let response = match &self.auth {
+            Some(auth) => auth.send(post).await?,
+            None => post(auth_header).await?,
+        };
         Ok(self.tap_response(response))
     }
 
@@ -124,9 +147,18 @@ impl StreamableHttpClient for TapHttpClient {
         auth_header: Option<String>,
         custom_headers: HashMap<HeaderName, HeaderValue>,
     ) -> Result<(), StreamableHttpError<Self::Error>> {
-        self.inner
-            .delete_session(uri, session_id, auth_header, custom_headers)
-            .await
+        let delete = |token: Option<String>| {
+            self.inner.delete_session(
+                uri.clone(),
+                session_id.clone(),
+                token,
+                custom_headers.clone(),
+            )
+        };
+        match &self.auth {
+            Some(auth) => auth.send(delete).await,
+            None => delete(auth_header).await,
+        }
     }
 
     async fn get_stream(
@@ -137,10 +169,19 @@ impl StreamableHttpClient for TapHttpClient {
         auth_header: Option<String>,
         custom_headers: HashMap<HeaderName, HeaderValue>,
     ) -> Result<SseStream, StreamableHttpError<Self::Error>> {
-        let stream = self
-            .inner
-            .get_stream(uri, session_id, last_event_id, auth_header, custom_headers)
-            .await?;
+        let get = |token: Option<String>| {
+            self.inner.get_stream(
+                uri.clone(),
+                session_id.clone(),
+                last_event_id.clone(),
+                token,
+                custom_headers.clone(),
+            )
+        };
+        let stream = match &self.auth {
+            Some(auth) => auth.send(get).await?,
+            None => get(auth_header).await?,
+        };
         Ok(self.tap_stream(stream))
     }
 
@@ -153,27 +194,31 @@ impl StreamableHttpClient for TapHttpClient {
         custom_headers: HashMap<HeaderName, HeaderValue>,
         max_sse_event_size: usize,
     ) -> Result<SseStream, StreamableHttpError<Self::Error>> {
-        let stream = self
-            .inner
-            .get_stream_with_max_sse_event_size(
-                uri,
-                session_id,
-                last_event_id,
-                auth_header,
-                custom_headers,
+        let get = |token: Option<String>| {
+            self.inner.get_stream_with_max_sse_event_size(
+                uri.clone(),
+                session_id.clone(),
+                last_event_id.clone(),
+                token,
+                custom_headers.clone(),
                 max_sse_event_size,
             )
-            .await?;
+        };
+        let stream = match &self.auth {
+            Some(auth) => auth.send(get).await?,
+            None => get(auth_header).await?,
+        };
         Ok(self.tap_stream(stream))
     }
 }
 
-/// The transport for `url` with the configured extra `headers`.
+/// The transport for `url` with the configured extra `headers` (and OAuth tokens from `auth`).
 pub(crate) fn transport(
     url: &str,
     headers: &BTreeMap<String, String>,
     tap: TaskSupportTap,
     session: SessionSeen,
+    auth: Option<Arc<Authorizer>>,
 ) -> Result<StreamableHttpClientTransport<TapHttpClient>, String> {
     let custom_headers = parse_headers(headers)?;
     let inner = reqwest::Client::builder()
@@ -190,6 +235,7 @@ pub(crate) fn transport(
             inner,
             tap,
             session,
+            auth,
         },
         config,
     ))

@@ -4,6 +4,7 @@
 
 use metrics::{Unit, counter, describe_counter, describe_histogram, histogram};
 use std::time::Duration;
+use troupe_actors::ports::McpOAuthGrant;
 
 /// Connections whose handshake completed, by transport.
 pub const CONNECTIONS_OPENED_TOTAL: &str = "troupe_mcp_client_connections_opened_total";
@@ -18,6 +19,13 @@ pub const CALL_DURATION_SECONDS: &str = "troupe_mcp_client_call_duration_seconds
 /// `notifications/cancelled` sent for abandoned calls (cancelled or timed out), by transport
 /// and whether the write went through.
 pub const CANCEL_NOTICES_TOTAL: &str = "troupe_mcp_client_cancel_notifications_total";
+
+/// OAuth tokens renewed (refresh-token grant, or the client-credentials grant asked again), by
+/// grant, what triggered it (`missing`, `expiring`, `rejected`: a 401) and outcome (`ok`,
+/// `login_required`, `failed`).
+pub const OAUTH_RENEWALS_TOTAL: &str = "troupe_mcp_client_oauth_renewals_total";
+/// OAuth failures that kept a connection or a call from an MCP server, by reason.
+pub const OAUTH_FAILURES_TOTAL: &str = "troupe_mcp_client_oauth_failures_total";
 
 /// `notifications/cancelled` written by this process: a client-side record tests can read
 /// without a metrics recorder.
@@ -60,7 +68,28 @@ pub fn describe() {
         Unit::Seconds,
         "Time from sending an MCP tool call to its result, error, cancellation or timeout"
     );
+    describe_counter!(
+        OAUTH_RENEWALS_TOTAL,
+        Unit::Count,
+        "OAuth access tokens renewed for MCP servers, by grant, trigger (missing, expiring, rejected) and outcome (ok, login_required, failed)"
+    );
+    describe_counter!(
+        OAUTH_FAILURES_TOTAL,
+        Unit::Count,
+        "OAuth failures that kept troupe from an MCP server, by reason (login_required, token_rejected, insufficient_scope, unavailable, config)"
+    );
     // Every series exists from the start, at 0.
+    for grant in McpOAuthGrant::ALL {
+        for trigger in RenewalTrigger::ALL {
+            for outcome in RenewalOutcome::ALL {
+                counter!(OAUTH_RENEWALS_TOTAL, "grant" => grant.as_str(), "trigger" => trigger.as_str(), "outcome" => outcome.as_str())
+                    .increment(0);
+            }
+        }
+    }
+    for reason in OAuthFailureReason::ALL {
+        counter!(OAUTH_FAILURES_TOTAL, "reason" => reason.as_str()).increment(0);
+    }
     for transport in Transport::ALL {
         let transport = transport.as_str();
         counter!(CONNECTIONS_OPENED_TOTAL, "transport" => transport).increment(0);
@@ -159,4 +188,94 @@ pub fn cancel_notice(transport: Transport, sent: bool) {
     }
     counter!(CANCEL_NOTICES_TOTAL, "transport" => transport.as_str(), "outcome" => outcome)
         .increment(1);
+}
+
+/// What made troupe renew an OAuth access token.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum RenewalTrigger {
+    /// There was none yet (the client-credentials grant's first token).
+    Missing,
+    /// It expires within the refresh margin (or has expired).
+    Expiring,
+    /// The server answered 401 to it.
+    Rejected,
+}
+
+impl RenewalTrigger {
+    pub const ALL: [Self; 3] = [Self::Missing, Self::Expiring, Self::Rejected];
+
+    pub const fn as_str(self) -> &'static str {
+        match self {
+            Self::Missing => "missing",
+            Self::Expiring => "expiring",
+            Self::Rejected => "rejected",
+        }
+    }
+}
+
+/// How a renewal ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum RenewalOutcome {
+    Ok,
+    /// The authorization server refused the grant (a revoked refresh token, wrong client
+    /// credentials): a person has to log in again or fix the configuration.
+    LoginRequired,
+    /// The token endpoint could not be reached or answered an error worth retrying.
+    Failed,
+}
+
+impl RenewalOutcome {
+    pub const ALL: [Self; 3] = [Self::Ok, Self::LoginRequired, Self::Failed];
+
+    pub const fn as_str(self) -> &'static str {
+        match self {
+            Self::Ok => "ok",
+            Self::LoginRequired => "login_required",
+            Self::Failed => "failed",
+        }
+    }
+}
+
+/// Why OAuth kept troupe from a server.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum OAuthFailureReason {
+    /// Nobody logged in, or the login can no longer be used.
+    LoginRequired,
+    /// The server refused a fresh token.
+    TokenRejected,
+    /// The server wants a scope the token does not have.
+    InsufficientScope,
+    /// Discovery or the token endpoint failed (network, server error).
+    Unavailable,
+    /// The configuration is unusable (a missing client id or secret variable).
+    Config,
+}
+
+impl OAuthFailureReason {
+    pub const ALL: [Self; 5] = [
+        Self::LoginRequired,
+        Self::TokenRejected,
+        Self::InsufficientScope,
+        Self::Unavailable,
+        Self::Config,
+    ];
+
+    pub const fn as_str(self) -> &'static str {
+        match self {
+            Self::LoginRequired => "login_required",
+            Self::TokenRejected => "token_rejected",
+            Self::InsufficientScope => "insufficient_scope",
+            Self::Unavailable => "unavailable",
+            Self::Config => "config",
+        }
+    }
+}
+
+pub fn oauth_renewal(grant: McpOAuthGrant, trigger: RenewalTrigger, outcome: RenewalOutcome) {
+    counter!(OAUTH_RENEWALS_TOTAL, "grant" => grant.as_str(), "trigger" => trigger.as_str(), "outcome" => outcome.as_str())
+        .increment(1);
+}
+
+pub fn oauth_failure(reason: OAuthFailureReason) {
+    counter!(OAUTH_FAILURES_TOTAL, "reason" => reason.as_str()).increment(1);
 }

@@ -20,8 +20,9 @@
 //! `tools/list` answers.
 
 mod client;
-mod http;
+pub(crate) mod http;
 pub mod metrics;
+pub mod oauth;
 mod stdio;
 mod tap;
 
@@ -58,15 +59,34 @@ const CLOSE_STEP_TIMEOUT: Duration = Duration::from_secs(5);
 const CANCEL_NOTICE_TIMEOUT: Duration = Duration::from_secs(5);
 
 /// Opens MCP connections with rmcp.
-#[derive(Debug, Clone)]
+#[derive(Clone)]
 pub struct RmcpConnector {
     connect_timeout: Duration,
+    /// Where OAuth logins are kept (`<data_dir>/mcp-auth`); none: in memory, so only the
+    /// client-credentials grant works and nothing outlives the connector.
+    token_dir: Option<std::path::PathBuf>,
+    /// Tokens kept in memory (no `token_dir`), one store per server.
+    memory_tokens: Arc<Mutex<std::collections::HashMap<String, oauth::TokenStore>>>,
+    /// Reads the variables that hold OAuth client ids and secrets.
+    env: oauth::EnvLookup,
+}
+
+impl std::fmt::Debug for RmcpConnector {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("RmcpConnector")
+            .field("connect_timeout", &self.connect_timeout)
+            .field("token_dir", &self.token_dir)
+            .finish_non_exhaustive()
+    }
 }
 
 impl Default for RmcpConnector {
     fn default() -> Self {
         Self {
             connect_timeout: DEFAULT_CONNECT_TIMEOUT,
+            token_dir: None,
+            memory_tokens: Arc::default(),
+            env: oauth::process_env(),
         }
     }
 }
@@ -80,6 +100,33 @@ impl RmcpConnector {
     pub fn with_connect_timeout(mut self, timeout: Duration) -> Self {
         self.connect_timeout = timeout;
         self
+    }
+
+    /// Keeps OAuth logins in `dir` (see [`oauth::token_dir`]), where `troupe mcp login`
+    /// stores them.
+    pub fn with_token_dir(mut self, dir: impl Into<std::path::PathBuf>) -> Self {
+        self.token_dir = Some(dir.into());
+        self
+    }
+
+    /// Reads OAuth client ids and secrets through `env` instead of the process environment.
+    pub fn with_env(mut self, env: oauth::EnvLookup) -> Self {
+        self.env = env;
+        self
+    }
+
+    /// Where the login of `server` is kept.
+    fn token_store(&self, server: &str) -> oauth::TokenStore {
+        match &self.token_dir {
+            Some(dir) => oauth::TokenStore::file(dir, server),
+            None => self
+                .memory_tokens
+                .lock()
+                .unwrap_or_else(std::sync::PoisonError::into_inner)
+                .entry(server.to_owned())
+                .or_insert_with(oauth::TokenStore::memory)
+                .clone(),
+        }
     }
 }
 
@@ -142,6 +189,7 @@ impl RmcpConnector {
             server: server.to_string(),
             message,
         };
+        let mut auth: Option<Arc<oauth::Authorizer>> = None;
         let (served, child) = match &config.transport {
             McpTransport::Stdio {
                 command,
@@ -166,9 +214,43 @@ impl RmcpConnector {
                 .map(|r| r.map_err(|e| e.to_string()));
                 (served, Some(child.control))
             }
-            McpTransport::StreamableHttp { url, headers } => {
+            McpTransport::StreamableHttp {
+                url,
+                headers,
+                oauth,
+            } => {
+                if let Some(oauth) = oauth {
+                    if headers
+                        .keys()
+                        .any(|h| h.eq_ignore_ascii_case("authorization"))
+                    {
+                        return Err(fail(
+                            "an `Authorization` header and an `oauth` table exclude each other"
+                                .into(),
+                        ));
+                    }
+                    let authorizer = tokio::time::timeout(
+                        self.connect_timeout,
+                        oauth::Authorizer::open(
+                            &server,
+                            url,
+                            headers,
+                            oauth,
+                            self.token_store(&server),
+                            &self.env,
+                        ),
+                    )
+                    .await
+                    .map_err(|_| AgentError::Timeout {
+                        what: format!("OAuth discovery for MCP server `{server}`"),
+                        after_ms: millis(self.connect_timeout),
+                    })?
+                    .map_err(|e| fail(e.to_string()))?;
+                    auth = Some(Arc::new(authorizer));
+                }
                 let transport =
-                    http::transport(url, headers, tap.clone(), session.clone()).map_err(fail)?;
+                    http::transport(url, headers, tap.clone(), session.clone(), auth.clone())
+                        .map_err(fail)?;
                 let served = tokio::time::timeout(
                     self.connect_timeout,
                     client.serve_with_ct(transport, service_ct.clone()),
@@ -184,6 +266,10 @@ impl RmcpConnector {
                 service_ct.cancel();
                 if let Some(child) = &child {
                     let _ = tokio::time::timeout(CLOSE_STEP_TIMEOUT, child.kill_and_reap()).await;
+                }
+                // An OAuth failure says what to do about it better than the transport error.
+                if let Some(failure) = auth.as_ref().and_then(|a| a.take_failure()) {
+                    return Err(fail(failure.to_string()));
                 }
                 return Err(match failed {
                     Ok(Err(message)) => fail(format!(
@@ -201,6 +287,9 @@ impl RmcpConnector {
         let peer = running.peer().clone();
         let service_done = CancellationToken::new();
         tokio::spawn(watch_service(running, ending.clone(), service_done.clone()));
+        if let Some(auth) = &auth {
+            tokio::spawn(watch_login(auth.clone(), ending.clone()));
+        }
         let connection = Arc::new(RmcpConnection {
             server: server.clone(),
             transport,
@@ -212,6 +301,7 @@ impl RmcpConnector {
             service_ct,
             service_done,
             child,
+            auth,
         });
         // The process may have died between the handshake and here; then nobody was told.
         if let Err(reason) = connection.ending.mark_connected() {
@@ -236,6 +326,21 @@ async fn watch_service(
     };
     ending.end(reason);
     done.cancel();
+}
+
+/// Ends the connection when its OAuth login is lost for good (a refused refresh token, a
+/// token refused even fresh): every later call would fail the same way, and the pool reports
+/// the reason and tries again with backoff, which succeeds once someone logs in.
+async fn watch_login(auth: Arc<oauth::Authorizer>, ending: Arc<Ending>) {
+    tokio::select! {
+        () = auth.lost.cancelled() => {
+            let reason = auth
+                .lost_reason()
+                .unwrap_or_else(|| "the OAuth login was lost".to_owned());
+            ending.end(reason);
+        }
+        () = ending.ended.cancelled() => {}
+    }
 }
 
 /// How a connection ended: decided once, seen by everyone.
@@ -343,6 +448,8 @@ pub struct RmcpConnection {
     service_done: CancellationToken,
     /// The child process (stdio).
     child: Option<stdio::ChildControl>,
+    /// The OAuth tokens (a streamable-HTTP server with `oauth`).
+    auth: Option<Arc<oauth::Authorizer>>,
 }
 
 type CallResult = Result<ToolOutput, (CallOutcome, AgentError)>;
@@ -357,6 +464,15 @@ impl RmcpConnection {
 
     /// An rmcp failure as troupe's error, with the outcome it counts as.
     fn service_error(&self, error: ServiceError) -> (CallOutcome, AgentError) {
+        // A request OAuth could not authorize: say why, and what fixes it.
+        if matches!(error, ServiceError::TransportSend(_))
+            && let Some(failure) = self.auth.as_ref().and_then(|a| a.take_failure())
+        {
+            return (
+                CallOutcome::ProtocolError,
+                self.mcp_error(failure.to_string()),
+            );
+        }
         match error {
             ServiceError::McpError(data) => (
                 CallOutcome::ProtocolError,

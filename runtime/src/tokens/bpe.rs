@@ -1,17 +1,16 @@
 //! tiktoken's ordinary encoding, counted over rank tables compiled into the binary by
-//! `build.rs`: nothing is built at run time but one regex per encoding, so the first count
-//! costs a few milliseconds instead of tiktoken's 85–215 ms and tens of MiB.
+//! `build.rs`: nothing is built at run time, so the first count costs no more than the next
+//! instead of tiktoken's 85–215 ms and tens of MiB.
 //!
-//! Counting follows tiktoken step by step, so counts are the same: the text is split by the
-//! encoding's regex; a piece that is a token counts one; any other piece starts as single
-//! bytes, and the adjacent pair whose concatenation has the lowest rank (leftmost on ties) is
-//! merged until no pair is a token; the parts that remain are counted.
+//! Counting follows tiktoken step by step, so counts are the same: the text is split as the
+//! encoding's regex splits it (`split.rs`); a piece that is a token counts one; any other
+//! piece starts as single bytes, and the adjacent pair whose concatenation has the lowest rank
+//! (leftmost on ties) is merged until no pair is a token; the parts that remain are counted.
 
 use super::layout;
-use fancy_regex::Regex;
+use super::split::{self, Pattern};
 use std::cmp::Ordering;
 use std::collections::BinaryHeap;
-use std::sync::OnceLock;
 
 type Rank = u32;
 
@@ -21,26 +20,6 @@ const NO_RANK: Rank = Rank::MAX;
 /// Pieces shorter than this merge in a small array scanned linearly (tiktoken's fast path);
 /// longer ones use a heap, which keeps a megabyte without spaces from going quadratic.
 const SMALL_PIECE: usize = 100;
-
-/// The split patterns, as tiktoken-rs 0.12.1 defines them (`tiktoken_ext/openai_public.rs`).
-const R50K_PATTERN: &str =
-    "'(?:[sdmt]|ll|ve|re)| ?\\p{L}++| ?\\p{N}++| ?[^\\s\\p{L}\\p{N}]++|\\s++$|\\s+(?!\\S)|\\s";
-const CL100K_PATTERN: &str = "'(?i:[sdmt]|ll|ve|re)|[^\\r\\n\\p{L}\\p{N}]?+\\p{L}++|\\p{N}{1,3}+| ?[^\\s\\p{L}\\p{N}]++[\\r\\n]*+|\\s++$|\\s*[\\r\\n]|\\s+(?!\\S)|\\s";
-const O200K_PATTERN: &str = concat!(
-    r#"[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]*[\p{Ll}\p{Lm}\p{Lo}\p{M}]+(?i:'s|'t|'re|'ve|'m|'ll|'d)?"#,
-    "|",
-    r#"[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]+[\p{Ll}\p{Lm}\p{Lo}\p{M}]*(?i:'s|'t|'re|'ve|'m|'ll|'d)?"#,
-    "|",
-    r#"\p{N}{1,3}"#,
-    "|",
-    r#" ?[^\s\p{L}\p{N}]+[\r\n/]*"#,
-    "|",
-    r#"\s*[\r\n]+"#,
-    "|",
-    r#"\s+(?!\S)"#,
-    "|",
-    r#"\s+"#
-);
 
 /// The table files `build.rs` wrote for encoding `$name`.
 macro_rules! table {
@@ -52,47 +31,26 @@ macro_rules! table {
     };
 }
 
-pub(super) static O200K_BASE: Bpe = Bpe::new(table!("o200k_base"), O200K_PATTERN);
-pub(super) static CL100K_BASE: Bpe = Bpe::new(table!("cl100k_base"), CL100K_PATTERN);
-pub(super) static P50K_BASE: Bpe = Bpe::new(table!("p50k_base"), R50K_PATTERN);
-pub(super) static R50K_BASE: Bpe = Bpe::new(table!("r50k_base"), R50K_PATTERN);
+pub(super) static O200K_BASE: Bpe = Bpe::new(table!("o200k_base"), Pattern::O200k);
+pub(super) static CL100K_BASE: Bpe = Bpe::new(table!("cl100k_base"), Pattern::Cl100k);
+pub(super) static P50K_BASE: Bpe = Bpe::new(table!("p50k_base"), Pattern::R50k);
+pub(super) static R50K_BASE: Bpe = Bpe::new(table!("r50k_base"), Pattern::R50k);
 
-/// One encoding: its ranks and its split pattern.
+/// One encoding: its ranks and its split.
 pub(super) struct Bpe {
     table: Table,
-    pattern: &'static str,
-    /// Compiled on first use (2–5 ms and 1–3 MiB, the whole start-up cost); `None` only if
-    /// the constant pattern failed to compile, which the tests rule out.
-    regex: OnceLock<Option<Regex>>,
+    pattern: Pattern,
     /// Counts of long texts seen before (instructions, tool schemas, history items).
     memo: super::memo::Memo,
 }
 
 impl Bpe {
-    const fn new(table: Table, pattern: &'static str) -> Self {
+    const fn new(table: Table, pattern: Pattern) -> Self {
         Self {
             table,
             pattern,
-            regex: OnceLock::new(),
             memo: super::memo::Memo::new(),
         }
-    }
-
-    /// Compiles the split regex now if no one has yet.
-    pub(super) fn warm(&self) {
-        let _ = self.regex();
-    }
-
-    fn regex(&self) -> Option<&Regex> {
-        self.regex
-            .get_or_init(|| match Regex::new(self.pattern) {
-                Ok(regex) => Some(regex),
-                Err(error) => {
-                    tracing::error!(%error, "token split pattern does not compile");
-                    None
-                }
-            })
-            .as_ref()
     }
 
     /// Tokens of `text` encoded as ordinary text (special tokens are plain text); a long
@@ -104,27 +62,9 @@ impl Bpe {
 
     /// Tokens of `text`, counted now (the memo neither read nor written).
     pub(super) fn count_uncached(&self, text: &str) -> usize {
-        let Some(regex) = self.regex() else {
-            return text.len().div_ceil(4);
-        };
-        let mut count = 0;
-        let mut end = 0;
-        for piece in regex.find_iter(text) {
-            match piece {
-                Ok(piece) => {
-                    count += self.count_piece(piece.as_str().as_bytes());
-                    end = piece.end();
-                }
-                Err(error) => {
-                    // The backtracking limit, which tiktoken would panic on: merge the rest
-                    // as one piece, which comes close.
-                    tracing::warn!(%error, "token split failed; counting the rest unsplit");
-                    count += self.count_piece(&text.as_bytes()[end..]);
-                    break;
-                }
-            }
-        }
-        count
+        split::pieces(self.pattern, text)
+            .map(|piece| self.count_piece(piece.as_bytes()))
+            .sum()
     }
 
     /// Tokens of one piece of the split.
@@ -437,13 +377,6 @@ mod tests {
                     assert_eq!(table.rank(&longer), None, "{name}: {longer:?}");
                 }
             }
-        }
-    }
-
-    #[test]
-    fn split_patterns_compile() {
-        for (name, bpe, _, _) in all() {
-            assert!(bpe.regex().is_some(), "{name}");
         }
     }
 

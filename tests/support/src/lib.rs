@@ -14,7 +14,9 @@
 //! ```
 #![forbid(unsafe_code)]
 
+pub mod acp;
 pub mod mcp;
+pub mod oauth;
 mod reply;
 pub mod wire;
 
