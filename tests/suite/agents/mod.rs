@@ -1,8 +1,10 @@
 //! Agents (A1–A4): definitions, bindings, dispatch, routing and the bounds that keep
 //! dispatches from locking themselves.
 
+mod bounds;
 mod cli;
 mod dispatch;
+mod routing;
 
 use std::sync::Arc;
 use std::time::Duration;
