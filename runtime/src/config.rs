@@ -520,6 +520,13 @@ pub struct A2aServerConfig {
     /// Absolute URL of the JSON-RPC endpoint written into the card (behind a proxy);
     /// default: from the request's Host header.
     pub public_url: Option<String>,
+    /// A context's conversation closes after this long without activity and reopens, with
+    /// its history, on the context's next message.
+    #[serde(with = "humantime_serde")]
+    pub idle_close: Duration,
+    /// Finished A2A tasks kept in the store for GetTask and ListTasks; older ones are
+    /// forgotten (with their push configs, and contexts left without a task).
+    pub keep_finished: usize,
 }
 
 impl Default for A2aServerConfig {
@@ -529,6 +536,8 @@ impl Default for A2aServerConfig {
             project: "a2a".into(),
             name: "troupe".into(),
             public_url: None,
+            idle_close: Duration::from_secs(600),
+            keep_finished: 10_000,
         }
     }
 }
@@ -711,6 +720,7 @@ pub const ENV_VARS: &[(&str, &str)] = &[
     ("TROUPE_A2A", "server.a2a.enabled"),
     ("TROUPE_A2A_PROJECT", "server.a2a.project"),
     ("TROUPE_A2A_PUBLIC_URL", "server.a2a.public_url"),
+    ("TROUPE_A2A_IDLE_CLOSE", "server.a2a.idle_close"),
     ("TROUPE_CONSOLE", "server.console.enabled"),
     ("TROUPE_CONSOLE_TRACE_URL", "server.console.trace_url"),
     ("TROUPE_HISTORY_MAX_ITEMS", "history.max_items"),
@@ -842,6 +852,9 @@ impl TroupeConfig {
         }
         if let Some(v) = get("TROUPE_A2A_PUBLIC_URL") {
             self.server.a2a.public_url = Some(v);
+        }
+        if let Some(v) = get("TROUPE_A2A_IDLE_CLOSE") {
+            self.server.a2a.idle_close = parse_duration("TROUPE_A2A_IDLE_CLOSE", &v)?;
         }
         if let Some(v) = get("TROUPE_CONSOLE") {
             self.server.console.enabled = parse_bool("TROUPE_CONSOLE", &v)?;

@@ -34,6 +34,8 @@ pub const MESSAGES_FINISHED_TOTAL: &str = "troupe_messages_finished_total";
 pub const SESSIONS_ACTIVE: &str = "troupe_sessions_active";
 /// Sessions activated, by why (`request`: first use; `pending`: unfinished messages at start).
 pub const SESSION_ACTIVATIONS_TOTAL: &str = "troupe_session_activations_total";
+/// Closed conversations opened again (an A2A context's next message after its idle close).
+pub const CONVERSATIONS_REOPENED_TOTAL: &str = "troupe_conversations_reopened_total";
 /// The service's own actors (the registry, the A2A endpoint's) restarted by their
 /// supervisor, by component and outcome.
 pub const SERVICE_RESTARTS_TOTAL: &str = "troupe_service_restarts_total";
@@ -142,6 +144,12 @@ pub fn describe() {
         "Sessions activated, by reason (request, pending)"
     );
     describe_counter!(
+        CONVERSATIONS_REOPENED_TOTAL,
+        Unit::Count,
+        "Closed conversations opened again under their id, their history rebuilt from the \
+         rollout (an A2A context's next message after its idle close)"
+    );
+    describe_counter!(
         SERVICE_RESTARTS_TOTAL,
         Unit::Count,
         "The service's own actors restarted by their supervisor, by component (registry, a2a) \
@@ -205,6 +213,7 @@ pub fn service_series_start_at_zero() {
     }
     gauge!(HTTP_CONNECTIONS_OPEN).increment(0.0);
     gauge!(SESSIONS_ACTIVE).increment(0.0);
+    counter!(CONVERSATIONS_REOPENED_TOTAL).increment(0);
     session_restarts_start_at_zero();
     for transport in SUBSCRIBER_TRANSPORTS {
         gauge!(STREAM_SUBSCRIBERS, "transport" => transport).increment(0.0);
@@ -243,6 +252,11 @@ pub fn message_refused(error: &troupe_proto::AgentError) {
 /// A message reached its outcome.
 pub fn message_finished(status: troupe_proto::store::MessageStatus) {
     counter!(MESSAGES_FINISHED_TOTAL, "status" => status.as_str()).increment(1);
+}
+
+/// A closed conversation was opened again.
+pub fn conversation_reopened() {
+    counter!(CONVERSATIONS_REOPENED_TOTAL).increment(1);
 }
 
 /// A session was activated (`request` or `pending`).
