@@ -69,7 +69,15 @@ fn sort_keys(value: Value) -> Value {
 
 /// Whether `name` is an external (MCP) tool's: anything but a built-in's name.
 pub fn is_external(name: &str) -> bool {
-    !matches!(name, SHELL | UPDATE_PLAN | APPLY_PATCH | WEB_SEARCH)
+    !matches!(
+        name,
+        SHELL
+            | UPDATE_PLAN
+            | APPLY_PATCH
+            | WEB_SEARCH
+            | crate::agents::route::DISPATCH_TOOL
+            | crate::agents::route::ROUTE_TOOL
+    )
 }
 
 /// Built-ins the preferences ask for that are not offered because nothing runs them: the

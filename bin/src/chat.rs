@@ -226,6 +226,31 @@ pub(crate) fn resolve(args: &ChatArgs) -> anyhow::Result<TroupeConfig> {
     Ok(c)
 }
 
+/// The agents of the configuration (said on stderr, with the files that did not load); a
+/// chat run's bindings last as long as the run.
+fn agents(
+    config: &TroupeConfig,
+    script: bool,
+) -> anyhow::Result<Option<troupe_actors::agents::AgentPorts>> {
+    let catalog = troupe_runtime::agents::catalog(config);
+    for error in &catalog.errors {
+        eprintln!("troupe: {error}");
+    }
+    if !catalog.is_empty() {
+        let ids: Vec<&str> = catalog.agents.keys().map(String::as_str).collect();
+        eprintln!(
+            "troupe: agents: {} (/hub <agent> <text> goes straight to one)",
+            ids.join(", ")
+        );
+    }
+    Ok(assembly::agent_ports(
+        config,
+        catalog,
+        script,
+        Arc::new(troupe_store::memory::MemoryStore::new()),
+    )?)
+}
+
 /// Everything one chat process holds.
 struct Chat {
     session: SessionHandle,
@@ -264,6 +289,7 @@ async fn run_with(args: ChatArgs, config: TroupeConfig) -> anyhow::Result<ExitCo
     let info = model.info();
     let (model_name, provider_name) = (info.model, info.provider);
     let mut ports = assembly::session_ports(&config, model, tokens);
+    ports.agents = agents(&config, args.script.is_some())?;
     // Every run's rollout is under the data dir (in memory with --ephemeral). Ttl content
     // earlier runs left there is swept before this one starts, and the sweeper goes on while
     // this run lives (this session's content included).

@@ -43,6 +43,11 @@ pub const SERVICE_RESTARTS_TOTAL: &str = "troupe_service_restarts_total";
 pub const SERVICE_HEALTHY: &str = "troupe_service_healthy";
 /// Streaming clients (WebSocket, stdio) the service dropped, by transport and reason.
 pub const STREAM_CLIENTS_DROPPED_TOTAL: &str = "troupe_stream_clients_dropped_total";
+/// Sign-ins to the web console, by outcome (`ok`, `refused`: not a valid token, `open`: no
+/// tokens are configured, nothing to sign in to).
+pub const CONSOLE_SIGN_INS_TOTAL: &str = "troupe_console_sign_ins_total";
+/// The outcomes of a console sign-in.
+pub const SIGN_IN_OUTCOMES: [&str; 3] = ["ok", "refused", "open"];
 /// Why a streaming client was dropped: it left its outbox full, or one write to it took too
 /// long.
 pub const DROP_REASONS: [&str; 2] = ["outbox_full", "send_timeout"];
@@ -157,6 +162,12 @@ pub fn describe() {
          stdio) and reason (outbox_full: frames worth the outbox left unread; send_timeout: \
          one write took too long)"
     );
+    describe_counter!(
+        CONSOLE_SIGN_INS_TOTAL,
+        Unit::Count,
+        "Sign-ins to the web console, by outcome (ok; refused: not a valid token; open: no \
+         tokens are configured)"
+    );
     describe_gauge!(
         SERVICE_HEALTHY,
         "1 while every component of the service runs or can be restarted; 0 once one could \
@@ -190,6 +201,9 @@ pub fn service_series_start_at_zero() {
             counter!(STREAM_CLIENTS_DROPPED_TOTAL, "transport" => transport, "reason" => reason)
                 .increment(0);
         }
+    }
+    for outcome in SIGN_IN_OUTCOMES {
+        counter!(CONSOLE_SIGN_INS_TOTAL, "outcome" => outcome).increment(0);
     }
     for refusal in crate::edge::Refusal::ALL {
         counter!(API_REFUSED_TOTAL, "reason" => refusal.reason()).increment(0);
@@ -307,6 +321,11 @@ pub fn request(route: &str, status: u16, elapsed: Duration) {
 }
 
 /// A request refused at the edge.
+/// A console sign-in; `outcome` is one of [`SIGN_IN_OUTCOMES`].
+pub fn console_sign_in(outcome: &'static str) {
+    counter!(CONSOLE_SIGN_INS_TOTAL, "outcome" => outcome).increment(1);
+}
+
 pub fn edge_refused(refusal: crate::edge::Refusal) {
     counter!(API_REFUSED_TOTAL, "reason" => refusal.reason()).increment(1);
 }

@@ -252,6 +252,7 @@ async fn start(
         summarizer: Arc::new(troupe_actors::history::LocalSummarizer::default()),
         tokens: Arc::new(troupe_actors::ports::ApproxTokens),
         rollout_storage: None,
+        agents: None,
     };
     let (session, join) = SessionHandle::start(SessionId::new(), config, ports)
         .await
@@ -1165,6 +1166,7 @@ async fn allowlists_are_checked_before_any_server_connects_and_unknown_tools_are
         summarizer: Arc::new(troupe_actors::history::LocalSummarizer::default()),
         tokens: Arc::new(troupe_actors::ports::ApproxTokens),
         rollout_storage: None,
+        agents: None,
     };
     let (session, _join) = SessionHandle::start(SessionId::new(), config, ports)
         .await

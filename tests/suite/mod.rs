@@ -8,6 +8,7 @@ mod cancel;
 mod cli;
 mod cli_once;
 mod close;
+mod console;
 mod determinism;
 mod faults;
 mod history;

@@ -134,6 +134,7 @@ async fn session_with(
         summarizer: Arc::new(LocalSummarizer::default()),
         tokens: Arc::new(troupe_actors::ports::ApproxTokens),
         rollout_storage: None,
+        agents: None,
     };
     let (session, _join) = SessionHandle::start(SessionId::new(), config, ports)
         .await
