@@ -17,7 +17,8 @@
 //   2. {"text": "Streamed answer", "chunk_chars": 4, "delay_ms": 300}  streamed
 //   3. {"hang": true}                                                  sent at once, then canceled
 //   4. {"text": "Slow answer", "delay_ms": 1500}                       resubscribed, with a webhook
-//   5. {"hang": true}                                                  running when the server dies
+//   5. {"a2a": {"state": "input-required", "text": "Which city?"}}     answered after the restart
+//   6. {"hang": true}                                                  running when the server dies
 //   after the restart: default answers.
 //
 // Prints one line per check and "all checks passed" when every one holds.
@@ -63,8 +64,9 @@ function message(textValue, extra = {}) {
   };
 }
 
-function request(textValue, { contextId, returnImmediately = false, push } = {}) {
+function request(textValue, { contextId, taskId, returnImmediately = false, push } = {}) {
   const extra = contextId ? { contextId } : {};
+  if (taskId) extra.taskId = taskId;
   const configuration = { returnImmediately };
   if (push) configuration.taskPushNotificationConfig = push;
   return { message: message(textValue, extra), configuration };
@@ -230,7 +232,11 @@ async function main() {
   check(await hook.heard(slow.id, completedName), 'the webhook hears the task end');
   check(hook.got.every((n) => n.headers['x-a2a-notification-token'] === 'js-token'), 'with the token');
 
-  // 7. A task that runs when the server dies, with a webhook; then the restart.
+  // 7. A question to the client (INPUT_REQUIRED), answered after the restart; a task that
+  // runs when the server dies, with a webhook; then the restart.
+  const asked = await client.sendMessage(request('weather please'));
+  check(stateName(asked.status.state) === 'TASK_STATE_INPUT_REQUIRED', 'a question waits for the client');
+  check(text(asked.status.message.parts) === 'Which city?', 'and asks it');
   const doomed = await client.sendMessage(
     request('run while the server dies', {
       contextId,
@@ -268,6 +274,16 @@ async function main() {
     check(page.totalSize === 4, `list finds the context's tasks from before and after (${page.totalSize})`);
     check(ids.includes(first.id) && ids.includes(doomed.id) && ids[0] === after.id, 'newest first');
   }
+  // The question asked before the restart still waits; the answer, sent into the task with
+  // its id, runs it again and stays in its history behind the question.
+  const waiting = await client.getTask({ id: asked.id });
+  check(stateName(waiting.status.state) === 'TASK_STATE_INPUT_REQUIRED', 'the question still waits after the restart');
+  const answered = await client.sendMessage(request('Paris', { contextId: asked.contextId, taskId: asked.id }));
+  check(answered.id === asked.id && stateName(answered.status.state) === 'TASK_STATE_COMPLETED', 'the answer completes the task');
+  check(answer(answered) === 'You said: Paris', `with the model's reply (${answer(answered)})`);
+  const full = await client.getTask({ id: asked.id });
+  const said = full.history.map((m) => text(m.parts));
+  check(JSON.stringify(said) === JSON.stringify(['weather please', 'Which city?', 'Paris']), `the follow-up is in the history (${said})`);
   console.log('all checks passed');
 }
 

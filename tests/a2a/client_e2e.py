@@ -17,7 +17,8 @@ The server's scripted model must answer, in this order (one model call per task)
   3. {"hang": true}                         sent without waiting, then canceled
   4. {"text": "Slow answer", "delay_ms": 1500}      sent without waiting, then resubscribed
   5. default                                a raw 0.3 call with no A2A-Version header
-  6. {"hang": true}                         running when the server dies
+  6. {"a2a": {"state": "input-required", "text": "Which city?"}}   answered after the restart
+  7. {"hang": true}                         running when the server dies
   after the restart: default answers.
 
 Prints one line per step and exits 0 when every check holds.
@@ -302,6 +303,10 @@ async def run(base, version, token):
 async def restart_phase(base, version, headers, hook, context_id, first_id, streamed_id):
     async with httpx.AsyncClient(headers=headers, timeout=30) as http:
         client = await client_of(http, base, version)
+        # A question to the client (INPUT_REQUIRED), answered after the restart.
+        asked = (await only_event(client.send_message(request("weather please")))).task
+        check(state_name(asked.status.state) == "TASK_STATE_INPUT_REQUIRED", "a question waits for the client")
+        check(asked.status.message.parts[0].text == "Which city?", "and asks it")
         msg = new_text_message("run while the server dies", context_id=context_id, role=Role.ROLE_USER)
         req = SendMessageRequest(message=msg)
         req.configuration.return_immediately = True
@@ -336,6 +341,17 @@ async def restart_phase(base, version, headers, hook, context_id, first_id, stre
             ids = [t.id for t in page.tasks]
             check(page.total_size == 4, f"list finds the context's tasks from before and after ({page.total_size})")
             check(ids[0] == after.id and first_id in ids and doomed.id in ids, "newest first")
+        # The question asked before the restart still waits; the answer, sent into the task
+        # with its id, runs it again and stays in its history behind the question.
+        waiting = await client.get_task(GetTaskRequest(id=asked.id))
+        check(state_name(waiting.status.state) == "TASK_STATE_INPUT_REQUIRED", "the question still waits after the restart")
+        reply = new_text_message("Paris", context_id=asked.context_id, task_id=asked.id, role=Role.ROLE_USER)
+        answered = (await only_event(client.send_message(SendMessageRequest(message=reply)))).task
+        check(answered.id == asked.id and state_name(answered.status.state) == "TASK_STATE_COMPLETED", "the answer completes the task")
+        check(answer_text(answered) == "You said: Paris", f"with the model's reply ({answer_text(answered)!r})")
+        full = await client.get_task(GetTaskRequest(id=asked.id))
+        said = [m.parts[0].text for m in full.history]
+        check(said == ["weather please", "Which city?", "Paris"], f"the follow-up is in the history ({said})")
 
 
 async def client_of(http, base, version):

@@ -53,8 +53,14 @@ fn script() -> Vec<ScriptedReply> {
         ScriptedReply::hang(true),
         ScriptedReply::text("Slow answer").delayed(Duration::from_millis(1500)),
         ScriptedReply::default(),
+        question(),
         ScriptedReply::hang(true),
     ]
+}
+
+/// A reply asking the client a question: the task waits for its answer (across the restart).
+fn question() -> ScriptedReply {
+    ScriptedReply::a2a(json!({"state": "input-required", "text": "Which city?"}))
 }
 
 /// The model replies the JS client script expects, in order, before the restart.
@@ -66,6 +72,7 @@ fn js_script() -> Vec<ScriptedReply> {
             .delayed(Duration::from_millis(300)),
         ScriptedReply::hang(true),
         ScriptedReply::text("Slow answer").delayed(Duration::from_millis(1500)),
+        question(),
         ScriptedReply::hang(true),
     ]
 }
