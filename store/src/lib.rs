@@ -37,6 +37,7 @@
 mod conn;
 #[cfg(test)]
 mod crash_tests;
+mod find;
 pub mod memory;
 mod memory_rollout;
 pub mod metrics;
@@ -50,6 +51,7 @@ mod sqlite;
 mod tests;
 pub mod ttl;
 
+pub use find::{FoundTask, find_task};
 pub use memory_rollout::MemoryRolloutStorage;
 pub use rollout::{ROLLOUT_DB_FILE, SqliteRolloutStorage};
 pub use sqlite::{DB_FILE, SqliteOptions, SqliteStore, db_path};
