@@ -278,6 +278,18 @@ impl SessionsApi {
         host_call!(host, Close { conversation_id })
     }
 
+    /// Opens a closed conversation again under its id, its history rebuilt from its rollout
+    /// (an open one: nothing to do). `NotFound` unless it is a conversation of the session.
+    pub async fn reopen(
+        &self,
+        scope: Scope,
+        session_id: SessionId,
+        conversation_id: ConversationId,
+    ) -> Result<(), AgentError> {
+        let host = self.host(scope, session_id).await?;
+        host_call!(host, Reopen { conversation_id })
+    }
+
     /// Cancels every task of a conversation (its running one and its queued messages);
     /// answers how many.
     pub async fn cancel_all(

@@ -1,4 +1,5 @@
 mod a2a;
+mod a2a_restart;
 mod acp;
 mod acp_serve;
 mod agents;
@@ -7,6 +8,7 @@ mod cancel;
 mod cli;
 mod cli_once;
 mod close;
+mod console;
 mod determinism;
 mod faults;
 mod history;

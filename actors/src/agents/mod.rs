@@ -31,7 +31,7 @@ pub mod route;
 
 pub use provider::{
     AgentInput, AgentOutput, AgentProvider, AgentProviderFactory, AgentRunContext, DispatchParent,
-    ProviderEnv, ResumeError, SessionContext,
+    ProviderEnv, ResumeError, SessionContext, SessionReplaced,
 };
 
 use crate::ports::{BindingStore, ModelClient};

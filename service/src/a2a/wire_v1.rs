@@ -256,6 +256,13 @@ fn parse<T: for<'de> Deserialize<'de>>(params: &Value) -> Result<T, A2aError> {
     serde_json::from_value(v).map_err(|e| A2aError::InvalidParams(e.to_string()))
 }
 
+/// One part in the 1.0 shape (a part of the A2A reply form), decoded.
+pub fn part_from_json(v: &Value) -> Result<Part, A2aError> {
+    let w: WirePart =
+        serde_json::from_value(v.clone()).map_err(|e| A2aError::InvalidParams(e.to_string()))?;
+    to_part(w)
+}
+
 fn to_part(p: WirePart) -> Result<Part, A2aError> {
     let mut contents = [
         p.text.map(PartContent::Text),
@@ -351,7 +358,9 @@ pub fn decode(op: Operation, params: &Value) -> Result<Request, A2aError> {
         Operation::ListTasks => {
             let w: WireList = parse(params)?;
             let status = match w.status.as_deref() {
-                None | Some("" | "TASK_STATE_UNSPECIFIED") => None,
+                // `UNRECOGNIZED` is how the official JS SDK (ts-proto) writes a filter the
+                // caller left unset.
+                None | Some("" | "TASK_STATE_UNSPECIFIED" | "UNRECOGNIZED") => None,
                 Some(s) => Some(TaskState::from_v1(s).ok_or_else(|| {
                     A2aError::InvalidParams(format!(
                         "status: unknown task state {:?}",
@@ -457,6 +466,11 @@ mod tests {
         }
         assert_eq!(
             decode(Operation::ListTasks, &Value::Null).unwrap(),
+            Request::List(ListParams::default())
+        );
+        // The JS SDK's unset filter.
+        assert_eq!(
+            decode(Operation::ListTasks, &json!({"status": "UNRECOGNIZED"})).unwrap(),
             Request::List(ListParams::default())
         );
     }
