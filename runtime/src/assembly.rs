@@ -74,6 +74,7 @@ pub fn session_ports(
             ) as Arc<dyn McpConnector>
         }),
         exec: Some(Arc::new(ProcessRunner::new())),
+        effects: troupe_actors::ports::Effects::Live,
         summarizer: Arc::new(LocalSummarizer::default()),
         tokens,
         rollout_storage: None,
@@ -93,17 +94,11 @@ pub fn agent_ports(
     script: bool,
     bindings: Arc<dyn troupe_actors::ports::BindingStore>,
 ) -> Result<Option<troupe_actors::agents::AgentPorts>, AgentError> {
-    use troupe_actors::agents::{AgentPorts, AgentSettings, RouterMode};
+    use troupe_actors::agents::AgentPorts;
     use troupe_proto::agent::ProviderSpec;
     if catalog.is_empty() {
         return Ok(None);
     }
-    let router = match config.agents.router {
-        Some(crate::config::RouterKind::Model) => RouterMode::Model,
-        Some(crate::config::RouterKind::Rules) => RouterMode::Rules,
-        None if config.model.provider != Provider::Scripted || script => RouterMode::Model,
-        None => RouterMode::Rules,
-    };
     let session_provider = crate::config::provider_name(config.model.provider);
     let mut models = std::collections::BTreeMap::new();
     for def in catalog.agents.values() {
@@ -144,16 +139,30 @@ pub fn agent_ports(
     }
     Ok(Some(AgentPorts {
         catalog: Arc::new(catalog),
-        settings: AgentSettings {
-            supervisor: config.agents.supervisor.clone(),
-            router,
-            max_depth: config.agents.max_depth,
-            lease_ttl: config.agents.lease_ttl,
-        },
+        settings: agent_settings(config, script),
         factories: crate::agents::factories(),
         models,
         bindings,
     }))
+}
+
+/// The agents' settings of a session (`[agents]`): the supervisor routes with its model
+/// (`route` tool calls) unless `router = "rules"`, or nothing names a model to route with
+/// (the scripted model without a script).
+pub fn agent_settings(config: &TroupeConfig, script: bool) -> troupe_actors::agents::AgentSettings {
+    use troupe_actors::agents::{AgentSettings, RouterMode};
+    let router = match config.agents.router {
+        Some(crate::config::RouterKind::Model) => RouterMode::Model,
+        Some(crate::config::RouterKind::Rules) => RouterMode::Rules,
+        None if config.model.provider != Provider::Scripted || script => RouterMode::Model,
+        None => RouterMode::Rules,
+    };
+    AgentSettings {
+        supervisor: config.agents.supervisor.clone(),
+        router,
+        max_depth: config.agents.max_depth,
+        lease_ttl: config.agents.lease_ttl,
+    }
 }
 
 /// The session configuration: data directory, MCP servers, the chat limits and policies, and

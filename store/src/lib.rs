@@ -39,6 +39,7 @@ mod a2a_tests;
 mod conn;
 #[cfg(test)]
 mod crash_tests;
+mod find;
 pub mod memory;
 mod memory_a2a;
 mod memory_rollout;
@@ -53,6 +54,7 @@ mod sqlite;
 mod tests;
 pub mod ttl;
 
+pub use find::{FoundTask, find_task};
 pub use memory_rollout::MemoryRolloutStorage;
 pub use rollout::{ROLLOUT_DB_FILE, SqliteRolloutStorage};
 pub use sqlite::{DB_FILE, SqliteOptions, SqliteStore, db_path};

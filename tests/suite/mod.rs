@@ -21,6 +21,7 @@ mod mcp_servers;
 mod models;
 mod observability;
 mod repl;
+mod replay;
 mod restarts;
 mod restore_window;
 mod resume;

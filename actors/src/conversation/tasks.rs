@@ -89,6 +89,7 @@ impl ConversationState {
             mcp_generation: self.view_generation,
             mcp_allowlist: self.context.mcp_tool_allowlist.clone(),
             exec: self.services.exec.clone(),
+            effects: self.services.effects.clone(),
             services: self.services.directory.clone(),
             events: self.services.events.clone(),
             cancel: cancel.clone(),

@@ -131,6 +131,7 @@ async fn session_with(
         mcp: None,
         mcp_connector: None,
         exec,
+        effects: troupe_actors::ports::Effects::Live,
         summarizer: Arc::new(LocalSummarizer::default()),
         tokens: Arc::new(troupe_actors::ports::ApproxTokens),
         rollout_storage: None,

@@ -140,6 +140,7 @@ impl Team {
             mcp: None,
             mcp_connector: None,
             exec: None,
+            effects: troupe_actors::ports::Effects::Live,
             summarizer: Arc::new(LocalSummarizer::default()),
             tokens: Arc::new(troupe_actors::ports::ApproxTokens),
             rollout_storage: None,
