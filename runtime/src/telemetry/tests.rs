@@ -665,3 +665,5 @@ async fn an_openai_call_is_a_chat_span_over_its_http_attempts() {
         HashSet::from(["503".to_owned(), "200".to_owned()])
     );
 }
+
+mod agents;
