@@ -12,7 +12,8 @@
 //!   `session/resume`) of the bound session in a new process. When the agent cannot take
 //!   it up, the client has opened another session already: that one is answered as
 //!   [`ResumeError::Replaced`], so the hub binds it and says why.
-//! - `handle` is one `session/prompt`. The agent's updates become `agent_update` events of
+//! - `handle` is one `session/prompt` (after the session's previous turn, if one still
+//!   runs). The agent's updates become `agent_update` events of
 //!   the dispatching task as they come; its permission requests become approvals of that
 //!   task in the session's ApprovalStore ([`ApprovalStorePermissions`]); a cancelled (or
 //!   expired) dispatch sends `session/cancel`. A process that dies mid-turn fails the
@@ -407,6 +408,34 @@ fn cancel_on(agent: &AcpAgent, cancel: &CancellationToken) -> DropGuard {
     guard
 }
 
+/// How often a dispatch looks again whether its session's previous turn has ended.
+const BUSY_POLL: Duration = Duration::from_millis(50);
+
+/// Sends `turn` once the session runs no other: an ACP session takes one prompt at a time,
+/// and a turn cancelled a moment ago may still be winding down, so a dispatch to a busy
+/// session waits for it (its lease bounds the wait) instead of failing.
+async fn prompt_when_free(
+    agent: &AcpAgent,
+    turn: Turn,
+    cancel: &CancellationToken,
+) -> Result<crate::TurnOutcome, AcpError> {
+    loop {
+        match agent.prompt(turn.clone()).await {
+            Err(AcpError::Busy) => {
+                tokio::select! {
+                    () = cancel.cancelled() => {
+                        return Err(AcpError::Cancelled {
+                            reason: "the dispatch was cancelled while its session was busy".into(),
+                        });
+                    }
+                    () = tokio::time::sleep(BUSY_POLL) => {}
+                }
+            }
+            other => return other,
+        }
+    }
+}
+
 /// One prompt, its events forwarded as they come; answers the outcome and, when the agent
 /// ended the turn after a refused permission, that refusal.
 async fn turn(
@@ -425,11 +454,15 @@ async fn turn(
     });
     let (tx, mut rx) = mpsc::channel(256);
     let _cancel = cancel_on(agent, ctx.cancel);
-    let prompt = agent.prompt(Turn {
-        text: input.text,
-        events: Some(tx),
-        permissions,
-    });
+    let prompt = prompt_when_free(
+        agent,
+        Turn {
+            text: input.text,
+            events: Some(tx),
+            permissions,
+        },
+        ctx.cancel,
+    );
     tokio::pin!(prompt);
     let mut forward = Forward {
         session_id: session_id.to_owned(),

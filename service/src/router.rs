@@ -44,6 +44,8 @@ pub fn router(
             "/api/sessions/{id}/conversations/{cid}/context",
             axum::routing::put(rest::set_context),
         )
+        .route("/api/agents", get(rest::list_agents))
+        .route("/api/sessions/{id}/agents", get(rest::session_agents))
         .route("/api/sessions/{id}/events", get(rest::events_sse))
         .route("/api/sessions/{id}/events/ws", get(ws::events))
         .route("/api/projects/{pid}/sessions", get(rest::project_sessions))

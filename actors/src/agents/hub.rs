@@ -112,6 +112,8 @@ pub struct DispatchRequest {
     pub parent_dispatch: Option<DispatchId>,
     /// The dispatcher's cancellation: the dispatch's own is a child of it.
     pub cancel: CancellationToken,
+    /// The dispatcher's span: `troupe.dispatch` is its child.
+    pub span: tracing::Span,
 }
 
 /// The hub's mailbox.
@@ -536,7 +538,7 @@ impl AgentHubState {
         let ttl = self.ports.settings.lease_ttl;
         let kind = def.provider.kind();
         let span = tracing::info_span!(
-            parent: &tracing::Span::current(),
+            parent: &request.span,
             "troupe.dispatch",
             otel.name = %format!("dispatch {}", request.agent_id),
             otel.kind = "internal",

@@ -100,4 +100,6 @@ pub struct DispatchOrigin {
     /// Ends with `agent_id`.
     pub chain: ExecutionChain,
     pub cancel: CancellationToken,
+    /// The dispatch's span: the agent's task links to it.
+    pub span: tracing::Span,
 }

@@ -46,7 +46,8 @@ impl ConversationState {
                 provider: &info.provider,
                 model: &info.model,
             },
-            caller,
+            // A dispatched task links to its dispatch (`troupe.dispatch`), whoever sent it.
+            origin.as_ref().map_or(caller, |o| &o.span),
         );
         metrics::task_started(match kind {
             TaskKind::Message => "message",

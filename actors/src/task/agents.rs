@@ -77,6 +77,7 @@ pub(super) async fn dispatch(
         },
         parent_dispatch: agents.origin.as_ref().map(|o| o.dispatch_id),
         cancel: ctx.cancel.clone(),
+        span: tracing::Span::current(),
     };
     agents
         .hub

@@ -730,3 +730,5 @@ async fn a_replay_is_one_span_with_its_task_and_its_outcome() {
         "the server was called once, by the run"
     );
 }
+
+mod agents;

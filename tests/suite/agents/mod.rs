@@ -6,6 +6,7 @@ mod bounds;
 mod cli;
 mod dispatch;
 mod routing;
+mod surfaces;
 
 use std::sync::Arc;
 use std::time::Duration;

@@ -273,3 +273,48 @@ async fn without_a_model_the_rules_route_mentions_and_answer_the_rest() {
         ]
     );
 }
+
+#[tokio::test]
+async fn a_defined_supervisor_routes_with_its_instructions_among_its_workers() {
+    let mut boss = model_agent("boss", "Route carefully.", &["coder"]);
+    boss.role = "supervisor".into();
+    let team = Team::start_with(
+        vec![
+            boss,
+            model_agent("coder", "You write code.", &[]),
+            model_agent("reviewer", "You review.", &[]),
+        ],
+        vec![
+            route(json!({"decision": "dispatch_agent", "agent_id": "reviewer", "confidence": 0.9})),
+            route(json!({"decision": "dispatch_agent", "agent_id": "coder", "confidence": 0.9})),
+            ScriptedReply::text("coded"),
+        ],
+        settings(RouterMode::Model),
+        |_| {},
+    )
+    .await;
+    // Only its workers are in sight: a route to another agent is refused.
+    let refused = team.send("review this").await;
+    assert!(
+        matches!(
+            &refused.error,
+            Some(AgentError::PolicyRejected {
+                reason: PolicyReason::NotVisible,
+                chain,
+                ..
+            }) if chain == &["boss", "reviewer"]
+        ),
+        "{:?}",
+        refused.error
+    );
+    let coded = team.send("write it").await;
+    assert_eq!(coded.text, "coded");
+    let sent = team.model.sent();
+    assert!(
+        sent[0].instructions.starts_with("Route carefully.")
+            && sent[0].instructions.contains("- coder (coder-role)")
+            && !sent[0].instructions.contains("- reviewer"),
+        "{}",
+        sent[0].instructions
+    );
+}
