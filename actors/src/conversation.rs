@@ -138,6 +138,8 @@ pub struct ConversationSettings {
     /// Names of the session's configured MCP servers: what an allowlist may name when no MCP
     /// pool runs to check it (C5).
     pub mcp_servers: Vec<String>,
+    /// `[tools]`: the global and role layers of every task's tool policy (A5).
+    pub tool_policy: Arc<troupe_proto::governance::ToolPolicyConfig>,
 }
 
 impl Default for ConversationSettings {
@@ -154,6 +156,7 @@ impl Default for ConversationSettings {
             workspace_roots: Vec::new(),
             record_content: false,
             mcp_servers: Vec::new(),
+            tool_policy: Arc::default(),
         }
     }
 }
@@ -226,7 +229,7 @@ pub enum ConversationMsg {
     /// conversation is); answered with the final reply.
     Message {
         text: String,
-        origin: Option<crate::agents::DispatchOrigin>,
+        request: crate::task::TaskRequest,
         reply: RpcReplyPort<Result<MessageReply, AgentError>>,
     },
     /// Replaces the history by a summary the model writes under a one-turn override (C3);
@@ -317,7 +320,7 @@ struct Running {
 struct Queued {
     kind: TaskKind,
     text: String,
-    origin: Option<crate::agents::DispatchOrigin>,
+    request: crate::task::TaskRequest,
     reply: RpcReplyPort<Result<MessageReply, AgentError>>,
     /// The sender's span, which the task's root span links to when it starts.
     caller: tracing::Span,
@@ -575,14 +578,20 @@ impl Actor for Conversation {
         match msg {
             ConversationMsg::Message {
                 text,
-                origin,
+                request,
                 reply,
             } => {
-                state.on_message(&myself, TaskKind::Message, text, origin, reply);
+                state.on_message(&myself, TaskKind::Message, text, request, reply);
             }
             ConversationMsg::Compact { reply } => {
                 let text = COMPACT_REQUEST.into();
-                state.on_message(&myself, TaskKind::Compact, text, None, reply);
+                state.on_message(
+                    &myself,
+                    TaskKind::Compact,
+                    text,
+                    crate::task::TaskRequest::default(),
+                    reply,
+                );
             }
             ConversationMsg::SetContext { update, reply } => {
                 let _ = reply.send(state.on_set_context(&update).await);
@@ -663,7 +672,7 @@ impl ConversationState {
         myself: &ActorRef<ConversationMsg>,
         kind: TaskKind,
         text: String,
-        origin: Option<crate::agents::DispatchOrigin>,
+        request: crate::task::TaskRequest,
         reply: RpcReplyPort<Result<MessageReply, AgentError>>,
     ) {
         let max = self.services.settings.max_queued_messages;
@@ -676,12 +685,12 @@ impl ConversationState {
             max,
         ) {
             MessageAdmission::StartNow => {
-                self.start_task(myself, kind, text, origin, reply, &caller);
+                self.start_task(myself, kind, text, request, reply, &caller);
             }
             MessageAdmission::Enqueue => self.queue.push_back(Queued {
                 kind,
                 text,
-                origin,
+                request,
                 reply,
                 caller,
             }),

@@ -12,6 +12,7 @@ use std::sync::Arc;
 use std::time::Duration;
 use tokio::sync::broadcast;
 use tokio::task::JoinHandle;
+use troupe_proto::governance::MessageOptions;
 use troupe_proto::{
     AgentError, ApprovalDecision, ApprovalId, Closed, ConversationId, EventEnvelope, MessageReply,
     OpenConversation, PendingApproval, SessionId, SetContext, TaskId, TaskInfo,
@@ -129,10 +130,23 @@ impl SessionHandle {
         conversation_id: ConversationId,
         text: impl Into<String>,
     ) -> Result<MessageReply, AgentError> {
+        self.message_with(conversation_id, text, MessageOptions::default())
+            .await
+    }
+
+    /// [`message`](Self::message) with a request layer of the tool policy and authorization
+    /// tokens (A5).
+    pub async fn message_with(
+        &self,
+        conversation_id: ConversationId,
+        text: impl Into<String>,
+        options: MessageOptions,
+    ) -> Result<MessageReply, AgentError> {
         let text = text.into();
         match ractor::call!(self.actor, |reply| SessionMsg::Message {
             conversation_id,
             text,
+            options,
             reply
         }) {
             Ok(r) => r,

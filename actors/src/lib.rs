@@ -25,6 +25,7 @@ pub mod conversation;
 pub mod directory;
 pub mod event_draft;
 pub mod events;
+pub mod governance;
 pub mod handle;
 pub mod history;
 pub mod mcp_pool;
@@ -45,6 +46,7 @@ pub fn describe_metrics() {
     agents::metrics::describe();
     approval_store::metrics::describe();
     conversation::metrics::describe();
+    governance::metrics::describe();
     mcp_pool::metrics::describe();
     replay::metrics::describe();
     rollout::metrics::describe();

@@ -172,6 +172,7 @@ impl ToolFailure {
                     | AgentError::SandboxError { .. }
                     | AgentError::InvalidInput { .. }
                     | AgentError::Cancelled { .. }
+                    | AgentError::PolicyRejected { .. }
             )
     }
 }

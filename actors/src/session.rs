@@ -173,6 +173,8 @@ pub enum SessionMsg {
     Message {
         conversation_id: ConversationId,
         text: String,
+        /// Its request layer of the tool policy and the authorization tokens it presents.
+        options: troupe_proto::governance::MessageOptions,
         reply: RpcReplyPort<Result<MessageReply, AgentError>>,
     },
     /// Opens the conversation of an in-process agent, with its own model client (`None`: the
@@ -374,8 +376,17 @@ impl Actor for Session {
             SessionMsg::Message {
                 conversation_id,
                 text,
+                options,
                 reply,
-            } => state.forward_message(conversation_id, text, None, reply),
+            } => state.forward_message(
+                conversation_id,
+                text,
+                crate::task::TaskRequest {
+                    origin: None,
+                    options,
+                },
+                reply,
+            ),
             SessionMsg::OpenAgent {
                 restore,
                 params,
@@ -392,7 +403,15 @@ impl Actor for Session {
                 text,
                 origin,
                 reply,
-            } => state.forward_message(conversation_id, text, Some(origin), reply),
+            } => state.forward_message(
+                conversation_id,
+                text,
+                crate::task::TaskRequest {
+                    origin: Some(origin),
+                    options: troupe_proto::governance::MessageOptions::default(),
+                },
+                reply,
+            ),
             SessionMsg::SetContext {
                 conversation_id,
                 update,

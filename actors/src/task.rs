@@ -17,7 +17,9 @@
 //! it write, after approval (the same policies as a command's writes).
 
 mod agents;
+mod authorize;
 mod builtins;
+mod govern;
 pub mod metrics;
 pub mod spans;
 
@@ -27,6 +29,7 @@ use crate::apply_patch::{self, Patch, PatchError};
 use crate::approval_store::{Ask, Granted, ask_until_answered};
 use crate::directory::Directory;
 use crate::events::{EventDraft, EventSink};
+use crate::governance::TaskGovernance;
 use crate::history::HistorySnapshot;
 use crate::ports::{
     CommandRunner, DeltaSink, Effects, ExecRequest, McpView, ModelClient, ModelRequest,
@@ -41,6 +44,7 @@ use tokio::sync::oneshot;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 use tracing::Instrument;
+use troupe_proto::governance::{MessageOptions, ToolPolicyConfig};
 use troupe_proto::{
     AgentError, ApprovalPolicy, ApprovalSubject, ConversationId, EventKind, HistoryItem,
     OverBudget, SandboxPolicy, TaskId, TaskStats, TaskStatus, ToolCall, ToolErrorPolicy,
@@ -103,6 +107,18 @@ pub struct TaskContext {
     /// Its place among the session's agents (`None`: it neither routes nor dispatches, as a
     /// compaction).
     pub agents: Option<TaskAgents>,
+    /// `[tools]`: the global and role layers of its tool policy (A5).
+    pub tool_policy: Arc<ToolPolicyConfig>,
+    /// What its message asked of tool governance: the request layer, the tokens presented.
+    pub options: MessageOptions,
+}
+
+/// What a message brings to its task besides its text: its dispatch when an agent's
+/// conversation runs it, and the sender's options (tool policy layer, tokens).
+#[derive(Debug, Clone, Default)]
+pub struct TaskRequest {
+    pub origin: Option<crate::agents::DispatchOrigin>,
+    pub options: MessageOptions,
 }
 
 /// The task's scheduler slot while it waits for a human: a task waiting for an approval
@@ -371,6 +387,7 @@ async fn prepare(
     ctx: &TaskContext,
     mcp: &mut TaskMcp,
     agents: Option<&agents::Agents>,
+    gov: &TaskGovernance,
 ) -> Prepared {
     let listed = if mcp.offered {
         Some(match mcp.view(ctx).await {
@@ -399,7 +416,14 @@ async fn prepare(
     };
     let mut builtins = ctx.builtins.clone();
     builtins.extend(agents.and_then(agents::Agents::dispatch_tool));
-    let merged = crate::tools::merge_tools(builtins, external);
+    let mut merged = crate::tools::merge_tools(builtins, external);
+    // A tool the policy denies is not offered: the model cannot call what it cannot see
+    // (and a call it makes up anyway is refused at the call).
+    let (offered, withheld) = crate::governance::offered(merged.tools, &gov.policy);
+    merged.tools = offered;
+    if !withheld.is_empty() {
+        tracing::debug!(?withheld, "tools withheld by the tool policy");
+    }
     for conflict in merged.conflicts {
         tracing::warn!(error = %conflict, "tool conflict");
         ctx.events.emit(EventDraft::task(
@@ -478,8 +502,9 @@ async fn run_inner(ctx: &TaskContext, slot: SlotWait) -> TaskOutcome {
     let turn = spans::turn(ctx.conversation_id, ctx.task_id, ctx.turn);
     let outcome = async {
         let agents = agents::agents_of(ctx).await;
+        let gov = govern::governance_of(ctx, agents.as_ref());
         if let Some(agents) = &agents
-            && let Some(routed) = agents::route_input(ctx, agents, &mut loop_state).await
+            && let Some(routed) = agents::route_input(ctx, agents, &gov, &mut loop_state).await
         {
             return match routed {
                 Ok(()) => loop_state.end(TaskStatus::Ok, None),
@@ -489,7 +514,7 @@ async fn run_inner(ctx: &TaskContext, slot: SlotWait) -> TaskOutcome {
                 }
             };
         }
-        run_turn(ctx, loop_state, agents.as_ref()).await
+        run_turn(ctx, loop_state, agents.as_ref(), &gov).await
     }
     .instrument(turn.clone())
     .await;
@@ -503,9 +528,10 @@ async fn run_turn(
     ctx: &TaskContext,
     mut loop_state: LoopState,
     agents: Option<&agents::Agents>,
+    gov: &Arc<TaskGovernance>,
 ) -> TaskOutcome {
     let mut mcp = TaskMcp::new(ctx);
-    let prepared = prepare(ctx, &mut mcp, agents).await;
+    let prepared = prepare(ctx, &mut mcp, agents, gov).await;
 
     let first = loop_state.stats.steps + 1;
     for step in first..=ctx.limits.max_steps {
@@ -576,7 +602,8 @@ async fn run_turn(
             let call_started = Instant::now();
             let mut attempt = 0;
             let (output, error) = loop {
-                let (output, error) = run_tool(ctx, &mut mcp, agents, &prepared.tools, &call).await;
+                let (output, error) =
+                    run_tool(ctx, &mut mcp, agents, gov, &prepared.tools, &call).await;
                 match (&error, ctx.limits.tool_errors) {
                     (Some(e), ToolErrorPolicy::Retry { attempts })
                         if attempt < attempts && e.retryable() =>

@@ -833,7 +833,7 @@ impl Chat {
                 println!();
                 view.open_line = false;
             }
-            EventKind::ToolCallStarted { call } if !quiet => {
+            EventKind::ToolCallStarted { call, .. } if !quiet => {
                 stop_spinner();
                 println!("  → {} {}", call.name, call.arguments.0);
                 *spinner = Some(Spinner::start("running"));

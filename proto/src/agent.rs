@@ -206,6 +206,41 @@ pub struct ToolRules {
     pub authorization_required: Vec<String>,
 }
 
+impl ToolRules {
+    /// Whether it restricts nothing and asks for no token.
+    pub fn is_empty(&self) -> bool {
+        self.whitelist.is_empty()
+            && self.blacklist.is_empty()
+            && self.authorization_required.is_empty()
+    }
+
+    /// Checks every pattern; `prefix` goes before the field's name in the error
+    /// (`tools.` gives `tools.whitelist[2]`).
+    pub fn validate(&self, prefix: &str) -> Result<(), FieldError> {
+        for (field, list) in [
+            ("whitelist", &self.whitelist),
+            ("blacklist", &self.blacklist),
+            ("authorizationRequired", &self.authorization_required),
+        ] {
+            for (i, name) in list.iter().enumerate() {
+                if !is_valid_tool_pattern(name) {
+                    return Err(FieldError::new(
+                        format!("{prefix}{field}[{i}]"),
+                        format!("`{name}` is not a tool name ([a-zA-Z0-9_.*-])"),
+                    ));
+                }
+                if list[..i].contains(name) {
+                    return Err(FieldError::new(
+                        format!("{prefix}{field}[{i}]"),
+                        format!("`{name}` is listed twice"),
+                    ));
+                }
+            }
+        }
+        Ok(())
+    }
+}
+
 /// Whether `id` is a valid agent id: `[a-zA-Z0-9_-]{1,64}`.
 pub fn is_valid_agent_id(id: &str) -> bool {
     (1..=MAX_AGENT_ID_LEN).contains(&id.len())
@@ -231,7 +266,7 @@ pub struct FieldError {
 }
 
 impl FieldError {
-    fn new(field: impl Into<String>, message: impl Into<String>) -> Self {
+    pub fn new(field: impl Into<String>, message: impl Into<String>) -> Self {
         Self {
             field: field.into(),
             message: message.into(),
@@ -282,29 +317,7 @@ impl AgentDefinition {
             }
             _ => {}
         }
-        for (field, list) in [
-            ("tools.whitelist", &self.tools.whitelist),
-            ("tools.blacklist", &self.tools.blacklist),
-            (
-                "tools.authorizationRequired",
-                &self.tools.authorization_required,
-            ),
-        ] {
-            for (i, name) in list.iter().enumerate() {
-                if !is_valid_tool_pattern(name) {
-                    return Err(FieldError::new(
-                        format!("{field}[{i}]"),
-                        format!("`{name}` is not a tool name ([a-zA-Z0-9_.*-])"),
-                    ));
-                }
-                if list[..i].contains(name) {
-                    return Err(FieldError::new(
-                        format!("{field}[{i}]"),
-                        format!("`{name}` is listed twice"),
-                    ));
-                }
-            }
-        }
+        self.tools.validate("tools.")?;
         for (i, worker) in self.workers.iter().enumerate() {
             if worker == &self.id {
                 return Err(FieldError::new(
@@ -541,10 +554,28 @@ pub enum PolicyReason {
     ProviderUnavailable,
     /// No module registry knows that module.
     UnknownModule,
+    /// Tool governance: the task's tool policy denies the tool (a blacklist names it, or a
+    /// whitelist leaves it out).
+    ToolDenied,
+    /// Tool governance: the tool needs an authorization token and none presented was valid.
+    Unauthorized,
 }
 
 impl PolicyReason {
-    pub const ALL: [Self; 7] = [
+    pub const ALL: [Self; 9] = [
+        Self::Cycle,
+        Self::WaitCycle,
+        Self::Depth,
+        Self::UnknownAgent,
+        Self::NotVisible,
+        Self::ProviderUnavailable,
+        Self::UnknownModule,
+        Self::ToolDenied,
+        Self::Unauthorized,
+    ];
+
+    /// The reasons a dispatch is refused for (the rest are tool governance's).
+    pub const DISPATCH: [Self; 7] = [
         Self::Cycle,
         Self::WaitCycle,
         Self::Depth,
@@ -553,6 +584,9 @@ impl PolicyReason {
         Self::ProviderUnavailable,
         Self::UnknownModule,
     ];
+
+    /// Tool governance's reasons.
+    pub const TOOL: [Self; 2] = [Self::ToolDenied, Self::Unauthorized];
 
     pub const fn as_str(self) -> &'static str {
         match self {
@@ -563,6 +597,8 @@ impl PolicyReason {
             Self::NotVisible => "not_visible",
             Self::ProviderUnavailable => "provider_unavailable",
             Self::UnknownModule => "unknown_module",
+            Self::ToolDenied => "tool_denied",
+            Self::Unauthorized => "unauthorized",
         }
     }
 }

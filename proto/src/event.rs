@@ -74,15 +74,21 @@ pub enum EventKind {
     AssistantChunk { delta: String },
     /// A complete assistant message of one step.
     AssistantMessage { text: String },
-    /// The model called a tool.
-    ToolCallStarted { call: ToolCall },
-    /// A tool call ended (its output, or the observation that stands for it).
+    /// The model called a tool (the seed's `tool_call`); `agent_id`: the agent whose task
+    /// called it (`None`: the session's own conversation).
+    ToolCallStarted {
+        call: ToolCall,
+        agent_id: Option<String>,
+    },
+    /// A tool call ended (its output, or the observation that stands for it): the seed's
+    /// `tool_result`, or `tool_error` when `is_error`.
     ToolCallFinished {
         call_id: String,
         name: String,
         output: String,
         is_error: bool,
         duration_ms: u64,
+        agent_id: Option<String>,
     },
     /// A command (or an MCP server's request, see `subject`) waits for a human.
     ApprovalRequested {
@@ -216,11 +222,14 @@ pub enum EventKind {
         duration_ms: u64,
     },
     /// A dispatch was refused before it ran (A4): `chain` is the one it would have extended.
+    /// Or a tool call was refused by tool governance (A5): `tool` names it, `agent_id` is the
+    /// agent that called it (empty: the session's own conversation), `chain` the caller's.
     PolicyRejected {
         agent_id: String,
         chain: ExecutionChain,
         reason: PolicyReason,
         message: String,
+        tool: Option<String>,
     },
     /// The supervisor asks the human a question (A3 `ask_human`); the next message answers.
     AskHuman { question: String },
@@ -330,13 +339,20 @@ mod wire {
                 StepStarted { turn: u32, step: u32 },
                 AssistantChunk { delta: String },
                 AssistantMessage { text: String },
-                ToolCallStarted { call: ToolCall },
+                ToolCallStarted {
+                    call: ToolCall,
+                    // Absent in records written before tool governance.
+                    #[serde(default)]
+                    agent_id: Option<String>,
+                },
                 ToolCallFinished {
                     call_id: String,
                     name: String,
                     output: String,
                     is_error: bool,
                     duration_ms: u64,
+                    #[serde(default)]
+                    agent_id: Option<String>,
                 },
                 ApprovalRequested {
                     approval_id: ApprovalId,
@@ -438,6 +454,8 @@ mod wire {
                 chain: ExecutionChain,
                 reason: PolicyReason,
                 message: String,
+                #[serde(default)]
+                tool: Option<String>,
             },
             AskHuman { question: String },
             AgentUpdate {

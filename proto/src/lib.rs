@@ -11,6 +11,7 @@ pub mod api;
 pub mod approval;
 pub mod error;
 pub mod event;
+pub mod governance;
 pub mod ids;
 pub mod item;
 pub mod json;

@@ -372,6 +372,7 @@ fn agent_event_kind() -> impl Strategy<Value = EventKind> {
                     chain,
                     reason,
                     message,
+                    tool: None,
                 }
             }
         ),
@@ -830,7 +831,10 @@ fn event_kind() -> impl Strategy<Value = EventKind> {
         (any::<u32>(), any::<u32>()).prop_map(|(turn, step)| EventKind::StepStarted { turn, step }),
         text().prop_map(|delta| EventKind::AssistantChunk { delta }),
         text().prop_map(|text| EventKind::AssistantMessage { text }),
-        tool_call().prop_map(|call| EventKind::ToolCallStarted { call }),
+        tool_call().prop_map(|call| EventKind::ToolCallStarted {
+            call,
+            agent_id: None
+        }),
         (text(), text(), text(), any::<bool>(), any::<u64>()).prop_map(
             |(call_id, name, output, is_error, duration_ms)| EventKind::ToolCallFinished {
                 call_id,
@@ -838,6 +842,7 @@ fn event_kind() -> impl Strategy<Value = EventKind> {
                 output,
                 is_error,
                 duration_ms,
+                agent_id: None,
             }
         ),
         (approval_id(), strings(), text(), approval_subject()).prop_map(

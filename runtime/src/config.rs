@@ -176,6 +176,9 @@ pub struct TroupeConfig {
     pub conversation: ConversationConfig,
     /// `[agents]`: where agent definitions are read, who routes, the bounds of dispatches.
     pub agents: AgentsConfig,
+    /// `[tools]`: the global layer of every task's tool policy, and `[tools.roles.<role>]`
+    /// the layer of the agents with that role (A5).
+    pub tools: troupe_proto::governance::ToolPolicyConfig,
     /// The file this configuration was read from (`None`: defaults and environment only):
     /// relative paths of `[agents]` are taken from its directory.
     #[serde(skip)]
@@ -344,6 +347,7 @@ impl Default for TroupeConfig {
             history: HistoryConfig::default(),
             conversation: ConversationConfig::default(),
             agents: AgentsConfig::default(),
+            tools: troupe_proto::governance::ToolPolicyConfig::default(),
             source: None,
         }
     }
@@ -751,6 +755,10 @@ impl TroupeConfig {
             endpoint: has("base_url"),
         };
         let mut config: Self = toml::from_str(&text).map_err(parse_error)?;
+        config.tools.validate().map_err(|e| ConfigError::Parse {
+            path: path.to_owned(),
+            message: format!("tools.{}: {}", e.field, e.message),
+        })?;
         config.named = named;
         config.source = Some(path.to_owned());
         Ok(config)

@@ -15,8 +15,8 @@
 //! | `turn_start` | `TaskStarted` | user | the input | |
 //! | `assistant_chunk` | `AssistantChunk` | assistant | the delta | |
 //! | `assistant` | `AssistantMessage` | assistant | the text | tokens of the step |
-//! | `action` | `ToolCallStarted` | assistant | arguments (JSON text) | tool, call_id |
-//! | `observation` | `ToolCallFinished` | tool | output | tool, call_id, is_error, duration_ms |
+//! | `action` | `ToolCallStarted` | assistant | arguments (JSON text) | tool, call_id, agent_id, event (`tool_call`) |
+//! | `observation` | `ToolCallFinished` | tool | output | tool, call_id, is_error, duration_ms, agent_id, event (`tool_result` or `tool_error`) |
 //! | `final` | `TaskFinished` (non-empty text) | assistant | the text | |
 //! | `turn_end` | `TaskFinished`, `TaskAborted` | system | status | status, steps, tool_calls, duration_ms, error, tokens (+ `steps`) |
 //! | `error` | `Error` | system | the message | kind |
@@ -514,13 +514,15 @@ impl HistoryLog {
                 }
                 return;
             }
-            EventKind::ToolCallStarted { call } => {
+            EventKind::ToolCallStarted { call, agent_id } => {
                 turn.tool_calls += 1;
                 if level == Level::Minimal {
                     return;
                 }
                 meta.tool = Some(call.name.clone());
                 meta.call_id = Some(call.call_id.clone());
+                meta.agent_id.clone_from(agent_id);
+                meta.extra.insert("event".into(), "tool_call".into());
                 let content = keep(level, size, &call.arguments.0.to_string(), &mut meta);
                 (LineType::Action, LineRole::Assistant, content)
             }
@@ -530,11 +532,19 @@ impl HistoryLog {
                 output,
                 is_error,
                 duration_ms,
+                agent_id,
             } if level != Level::Minimal => {
                 meta.tool = Some(name.clone());
                 meta.call_id = Some(call_id.clone());
                 meta.is_error = Some(*is_error);
                 meta.duration_ms = Some(*duration_ms);
+                meta.agent_id.clone_from(agent_id);
+                let seed_name = if *is_error {
+                    "tool_error"
+                } else {
+                    "tool_result"
+                };
+                meta.extra.insert("event".into(), seed_name.into());
                 let content = keep(level, size, output, &mut meta);
                 (LineType::Observation, LineRole::Tool, content)
             }
@@ -730,6 +740,7 @@ fn stand_in(record: &RolloutRecord) -> Option<EventKind> {
                 name: meta.tool.clone()?,
                 arguments: Json(serde_json::Value::Null),
             },
+            agent_id: meta.agent_id.clone(),
         },
         EventName::ToolCallFinished => EventKind::ToolCallFinished {
             call_id: String::new(),
@@ -737,6 +748,7 @@ fn stand_in(record: &RolloutRecord) -> Option<EventKind> {
             output: String::new(),
             is_error: meta.is_error.unwrap_or_default(),
             duration_ms: meta.duration_ms.unwrap_or_default(),
+            agent_id: meta.agent_id.clone(),
         },
         EventName::Warning => EventKind::Warning {
             code: WarningCode::Unknown,
@@ -992,8 +1004,10 @@ fn agent_line(
             chain,
             reason,
             message,
+            tool,
         } => {
             meta.agent_id = Some(agent_id.clone());
+            meta.tool.clone_from(tool);
             meta.chain = Some(chain.0.clone());
             meta.code = Some(reason.as_str().to_owned());
             system(LineType::PolicyRejected, keep(level, size, message, meta))

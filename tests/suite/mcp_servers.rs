@@ -703,7 +703,10 @@ async fn a_long_call_reports_progress_and_cancelling_its_task_tells_the_server()
             })
             .await;
         let task = started.task_id.unwrap();
-        let EventKind::ToolCallStarted { call: started_call } = &started.event else {
+        let EventKind::ToolCallStarted {
+            call: started_call, ..
+        } = &started.event
+        else {
             unreachable!()
         };
         let mut seen = Vec::new();

@@ -11,6 +11,7 @@ mod close;
 mod console;
 mod determinism;
 mod faults;
+mod governance;
 mod history;
 mod leaks;
 mod lifecycle;

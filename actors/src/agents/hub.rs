@@ -85,6 +85,17 @@ pub struct AgentView {
     pub visible: Vec<VisibleAgent>,
     /// How a user's message is routed; `None` for an agent's task.
     pub router: Option<Router>,
+    /// For an agent's task, its id, role and tool rules as its definition says now (the
+    /// agent layer of the task's tool policy).
+    pub own: Option<AgentRules>,
+}
+
+/// An agent's own layer of tool governance.
+#[derive(Debug, Clone)]
+pub struct AgentRules {
+    pub id: String,
+    pub role: String,
+    pub tools: troupe_proto::agent::ToolRules,
 }
 
 /// How the supervisor routes a user's message.
@@ -114,6 +125,8 @@ pub struct DispatchRequest {
     pub cancel: CancellationToken,
     /// The dispatcher's span: `troupe.dispatch` is its child.
     pub span: tracing::Span,
+    /// The dispatcher's tool governance (its policy and the tokens it was given).
+    pub governance: Arc<crate::governance::TaskGovernance>,
 }
 
 /// The hub's mailbox.
@@ -419,13 +432,23 @@ impl AgentHubState {
                 chain: ExecutionChain::start(&self.origin),
                 visible: self.router.agents.clone(),
                 router: Some(self.router.clone()),
+                own: None,
             },
             Some((chain, _)) => {
                 let visibility = decide::visible_from(&self.catalog, &chain);
+                let own = chain
+                    .current()
+                    .and_then(|id| self.catalog.get(id))
+                    .map(|def| AgentRules {
+                        id: def.id.clone(),
+                        role: def.role.clone(),
+                        tools: def.tools.clone(),
+                    });
                 AgentView {
                     visible: visible_agents(&self.catalog, &visibility, chain.current()),
                     chain,
                     router: None,
+                    own,
                 }
             }
         }
@@ -514,6 +537,7 @@ impl AgentHubState {
                         chain: chain.clone(),
                         reason: refusal.reason,
                         message: refusal.message.clone(),
+                        tool: None,
                     },
                 );
                 let _ = reply.send(Err(AgentError::PolicyRejected {
@@ -615,6 +639,7 @@ impl AgentHubState {
             chain,
             parent: request.parent,
             input: request.input,
+            governance: request.governance,
             cancel,
             events: self.events.clone(),
             env: self.env.clone(),
@@ -931,6 +956,8 @@ struct Worker {
     chain: ExecutionChain,
     parent: DispatchParent,
     input: String,
+    /// The dispatcher's tool governance: an in-process agent's task narrows it.
+    governance: Arc<crate::governance::TaskGovernance>,
     cancel: CancellationToken,
     events: EventSink,
     env: ProviderEnv,
@@ -986,6 +1013,7 @@ impl Worker {
             approval_timeout: self.env.approval_timeout,
             span: &self.span,
             replaced: &replaced,
+            governance: &self.governance,
         };
         let result = provider
             .handle(

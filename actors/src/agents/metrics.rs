@@ -105,7 +105,7 @@ pub fn describe() {
         }
         let _ = histogram!(DISPATCH_DURATION, "provider" => kind.as_str());
     }
-    for reason in PolicyReason::ALL {
+    for reason in PolicyReason::DISPATCH {
         counter!(POLICY_REJECTIONS_TOTAL, "reason" => reason.as_str()).increment(0);
     }
     for decision in RouteDecision::ALL {

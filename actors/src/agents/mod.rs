@@ -102,4 +102,6 @@ pub struct DispatchOrigin {
     pub cancel: CancellationToken,
     /// The dispatch's span: the agent's task links to it.
     pub span: tracing::Span,
+    /// The dispatcher's tool governance: the agent's task's policy is intersected with it.
+    pub governance: Arc<crate::governance::TaskGovernance>,
 }

@@ -114,6 +114,7 @@ impl AgentProvider for ModelAgent {
             chain: ctx.chain.clone(),
             cancel: ctx.cancel.clone(),
             span: ctx.span.clone(),
+            governance: ctx.governance.clone(),
         };
         let text = input.text;
         let reply = ractor::call!(self.session, |reply| SessionMsg::Dispatch {

@@ -188,6 +188,9 @@ pub struct AgentRunContext<'a> {
     pub span: &'a tracing::Span,
     /// Where [`session_replaced`](Self::session_replaced) leaves its word for the hub.
     pub replaced: &'a SessionReplaced,
+    /// The dispatcher's tool governance (A5): an in-process agent's task intersects its own
+    /// policy with it and may use the tokens it carries. External agents run their own tools.
+    pub governance: &'a std::sync::Arc<crate::governance::TaskGovernance>,
 }
 
 /// A provider session that changed under a dispatch: set at most once per `handle` call,

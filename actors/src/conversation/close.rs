@@ -122,7 +122,7 @@ impl ConversationState {
                 myself,
                 next.kind,
                 next.text,
-                next.origin,
+                next.request,
                 next.reply,
                 &next.caller,
             );

@@ -10,11 +10,12 @@ impl ConversationState {
         myself: &ActorRef<ConversationMsg>,
         kind: TaskKind,
         text: String,
-        origin: Option<crate::agents::DispatchOrigin>,
+        request: crate::task::TaskRequest,
         reply: RpcReplyPort<Result<MessageReply, AgentError>>,
         caller: &tracing::Span,
     ) {
         let task_id = TaskId::new();
+        let crate::task::TaskRequest { origin, options } = request;
         // A dispatched task stops with its dispatch (cancelled, or its lease expired).
         let cancel = origin
             .as_ref()
@@ -101,6 +102,8 @@ impl ConversationState {
             record_content: settings.record_content,
             // A compaction routes nothing and dispatches nothing.
             agents: (!compact).then_some(crate::task::TaskAgents { origin }),
+            tool_policy: self.services.settings.tool_policy.clone(),
+            options,
             slot: {
                 let (give, ask) = (myself.clone(), myself.clone());
                 crate::task::SlotLease::new(
@@ -462,7 +465,7 @@ impl ConversationState {
                 myself,
                 next.kind,
                 next.text,
-                next.origin,
+                next.request,
                 next.reply,
                 &next.caller,
             );

@@ -73,7 +73,10 @@ pub fn treatment(event: &EventKind) -> Treatment {
         } => compared(json!({ "turn": turn, "step": step, "usage": usage })),
         E::AssistantChunk { delta } => compared(json!({ "delta": delta })),
         E::AssistantMessage { text } => compared(json!({ "text": text })),
-        E::ToolCallStarted { call } => compared(json!({ "call": call })),
+        E::ToolCallStarted { call, agent_id } => match agent_id {
+            Some(agent_id) => compared(json!({ "call": call, "agent_id": agent_id })),
+            None => compared(json!({ "call": call })),
+        },
         E::ToolCallFinished {
             call_id,
             name,
@@ -110,17 +113,20 @@ pub fn treatment(event: &EventKind) -> Treatment {
             "source": source,
             "reason": reason,
         })),
-        // The task refuses a module itself; the hub refuses dispatches (played back).
+        // The task refuses a module and a tool its policy denies itself; the hub refuses
+        // dispatches (played back).
         E::PolicyRejected {
             agent_id,
             chain,
-            reason: reason @ PolicyReason::UnknownModule,
+            reason: reason @ (PolicyReason::UnknownModule | PolicyReason::ToolDenied),
             message,
+            tool,
         } => compared(json!({
             "agent_id": agent_id,
             "chain": chain,
             "reason": reason,
             "message": message,
+            "tool": tool,
         })),
         E::AskHuman { question } => compared(json!({ "question": question })),
         E::PolicyRejected { .. }
@@ -280,6 +286,7 @@ mod tests {
             output: output.into(),
             is_error: false,
             duration_ms,
+            agent_id: None,
         }
     }
 
@@ -384,6 +391,7 @@ mod tests {
             chain: chain.clone(),
             reason,
             message: "m".into(),
+            tool: None,
         };
         assert_eq!(
             treatment(&rejected(PolicyReason::Depth)),
@@ -412,6 +420,7 @@ mod tests {
                 name: "shell".into(),
                 arguments: troupe_proto::Json(serde_json::json!({"command": ["ls"]})),
             },
+            agent_id: None,
         };
         let Treatment::Compared(c) = treatment(&call) else {
             panic!("a call is compared")

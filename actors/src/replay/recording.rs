@@ -453,7 +453,7 @@ impl Reader {
                     }
                 });
             }
-            EventKind::ToolCallStarted { call } => self.call_started(call),
+            EventKind::ToolCallStarted { call, .. } => self.call_started(call),
             EventKind::ToolCallFinished {
                 call_id,
                 name,
@@ -674,7 +674,10 @@ mod tests {
     }
 
     fn calls(call: &ToolCall) -> EventKind {
-        EventKind::ToolCallStarted { call: call.clone() }
+        EventKind::ToolCallStarted {
+            call: call.clone(),
+            agent_id: None,
+        }
     }
 
     fn answered(call: &ToolCall, output: &str, is_error: bool) -> EventKind {
@@ -684,6 +687,7 @@ mod tests {
             output: output.into(),
             is_error,
             duration_ms: 7,
+            agent_id: None,
         }
     }
 
@@ -971,6 +975,7 @@ mod tests {
             chain: chain.clone(),
             reason,
             message: "no".into(),
+            tool: None,
         };
         let r = Run::new(vec![
             started("x"),

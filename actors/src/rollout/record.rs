@@ -304,8 +304,9 @@ pub(super) fn headers_meta(event: &EventKind) -> RecordMeta {
                 ..RecordMeta::default()
             }
         }
-        EventKind::ToolCallStarted { call } => RecordMeta {
+        EventKind::ToolCallStarted { call, agent_id } => RecordMeta {
             tool: Some(call.name.clone()),
+            agent_id: agent_id.clone(),
             chars: Some(serde_json::to_string(&call.arguments).map_or(0, |s| len(&s))),
             ..RecordMeta::default()
         },
@@ -314,9 +315,11 @@ pub(super) fn headers_meta(event: &EventKind) -> RecordMeta {
             output,
             is_error,
             duration_ms,
+            agent_id,
             ..
         } => RecordMeta {
             tool: Some(name.clone()),
+            agent_id: agent_id.clone(),
             is_error: Some(*is_error),
             chars: Some(len(output)),
             duration_ms: Some(*duration_ms),
@@ -453,9 +456,13 @@ pub(super) fn headers_meta(event: &EventKind) -> RecordMeta {
             ..RecordMeta::default()
         },
         EventKind::PolicyRejected {
-            agent_id, message, ..
+            agent_id,
+            message,
+            tool,
+            ..
         } => RecordMeta {
             agent_id: Some(agent_id.clone()),
+            tool: tool.clone(),
             chars: Some(len(message)),
             ..RecordMeta::default()
         },

@@ -8,7 +8,7 @@ impl SessionState {
         &self,
         id: ConversationId,
         text: String,
-        origin: Option<crate::agents::DispatchOrigin>,
+        request: crate::task::TaskRequest,
         reply: RpcReplyPort<Result<MessageReply, AgentError>>,
     ) {
         let Some(entry) = self.conversations.get(&id) else {
@@ -18,7 +18,7 @@ impl SessionState {
         if let Err(MessagingErr::SendErr(ConversationMsg::Message { reply, .. })) =
             entry.actor.cast(ConversationMsg::Message {
                 text,
-                origin,
+                request,
                 reply,
             })
         {

@@ -57,6 +57,7 @@ pub(super) async fn agents_of(ctx: &TaskContext) -> Option<Agents> {
 pub(super) async fn dispatch(
     ctx: &TaskContext,
     agents: &Agents,
+    gov: &Arc<TaskGovernance>,
     agent_id: &str,
     input: &str,
     by_human: bool,
@@ -78,6 +79,7 @@ pub(super) async fn dispatch(
         parent_dispatch: agents.origin.as_ref().map(|o| o.dispatch_id),
         cancel: ctx.cancel.clone(),
         span: tracing::Span::current(),
+        governance: gov.clone(),
     };
     agents
         .hub
@@ -102,6 +104,7 @@ pub(super) async fn dispatch(
 pub(super) async fn dispatch_call(
     ctx: &TaskContext,
     agents: Option<&Agents>,
+    gov: &Arc<TaskGovernance>,
     call: &ToolCall,
 ) -> Result<ToolOutput, ToolFailure> {
     let Some(agents) = agents else {
@@ -113,7 +116,7 @@ pub(super) async fn dispatch_call(
             message,
         })
     })?;
-    let output = dispatch(ctx, agents, &agent_id, &input, false).await?;
+    let output = dispatch(ctx, agents, gov, &agent_id, &input, false).await?;
     Ok(ToolOutput {
         call_id: call.call_id.clone(),
         output: output.text,
@@ -126,6 +129,7 @@ pub(super) async fn dispatch_call(
 pub(super) async fn route_input(
     ctx: &TaskContext,
     agents: &Agents,
+    gov: &Arc<TaskGovernance>,
     loop_state: &mut LoopState,
 ) -> Option<Result<(), AgentError>> {
     let router = agents.view.router.as_ref()?;
@@ -170,7 +174,7 @@ pub(super) async fn route_input(
             let agent = route.agent_id.unwrap_or_default();
             let input = route.input.unwrap_or_else(|| ctx.input.clone());
             let by_human = route.source == RouteSource::Hub;
-            match dispatch(ctx, agents, &agent, &input, by_human).await {
+            match dispatch(ctx, agents, gov, &agent, &input, by_human).await {
                 Ok(output) => answer(loop_state, output.text),
                 Err(error) => Some(Err(error)),
             }
@@ -183,6 +187,7 @@ pub(super) async fn route_input(
                 chain: agents.view.chain.clone(),
                 reason: PolicyReason::UnknownModule,
                 message: message.clone(),
+                tool: None,
             });
             crate::agents::metrics::rejected(PolicyReason::UnknownModule);
             Some(Err(AgentError::PolicyRejected {

@@ -109,6 +109,7 @@ pub(super) async fn run_tool(
     ctx: &TaskContext,
     mcp: &mut TaskMcp,
     agents: Option<&super::agents::Agents>,
+    gov: &Arc<TaskGovernance>,
     tools: &[ToolSpec],
     call: &ToolCall,
 ) -> (ToolOutput, Option<ToolFailure>) {
@@ -125,13 +126,23 @@ pub(super) async fn run_tool(
                 .emit(EventDraft::task(ctx.conversation_id, ctx.task_id, event));
         });
     };
-    emit(EventKind::ToolCallStarted { call: call.clone() });
+    let agent_id = super::govern::agent_of(ctx).map(str::to_owned);
+    emit(EventKind::ToolCallStarted {
+        call: call.clone(),
+        agent_id: agent_id.clone(),
+    });
     let started = Instant::now();
-    let result = if call.name == crate::agents::route::DISPATCH_TOOL
+    let chain = agents.map(|a| &a.view.chain);
+    let result = if let Err(refused) = span
+        .in_scope(|| super::govern::check_call(ctx, gov, chain, call))
+        .await
+    {
+        Err(refused)
+    } else if call.name == crate::agents::route::DISPATCH_TOOL
         && tools.iter().any(|t| t.name == call.name)
     {
         span.record("gen_ai.tool.type", spans::TOOL_TYPE_FUNCTION);
-        super::agents::dispatch_call(ctx, agents, call)
+        super::agents::dispatch_call(ctx, agents, gov, call)
             .instrument(span.clone())
             .await
     } else {
@@ -181,6 +192,7 @@ pub(super) async fn run_tool(
         output: output.output.clone(),
         is_error: output.is_error,
         duration_ms: u64::try_from(started.elapsed().as_millis()).unwrap_or(u64::MAX),
+        agent_id,
     });
     let offered = tools.iter().any(|t| t.name == call.name);
     metrics::tool_finished(

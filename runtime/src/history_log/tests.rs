@@ -150,6 +150,7 @@ fn phase_one(ev: &mut Events) -> Vec<EventEnvelope> {
                     name: "shell".into(),
                     arguments: Json(serde_json::json!({ "command": ["ls", "-1"] })),
                 },
+                agent_id: None,
             },
         ),
         ev.task(
@@ -214,6 +215,7 @@ fn phase_one(ev: &mut Events) -> Vec<EventEnvelope> {
                 output: "a.txt\nb <c>.txt\n".into(),
                 is_error: false,
                 duration_ms: 12,
+                agent_id: None,
             },
         ),
         ev.task(a, a1, EventKind::StepStarted { turn: 1, step: 2 }),
@@ -812,6 +814,7 @@ async fn storage_policies_keep_content_off_the_disk() {
                     name: "shell".into(),
                     arguments: Json(serde_json::json!({ "command": [secret] })),
                 },
+                agent_id: None,
             },
             EventKind::ApprovalRequested {
                 approval_id: id(APPROVAL),
@@ -831,6 +834,7 @@ async fn storage_policies_keep_content_off_the_disk() {
                 output: secret.into(),
                 is_error: true,
                 duration_ms: 1,
+                agent_id: None,
             },
             EventKind::Error {
                 error: AgentError::invalid(secret),
@@ -1007,6 +1011,7 @@ fn assistant_lines_wait_for_their_tokens_only_until_the_next_event() {
                 name: "shell".into(),
                 arguments: Json::empty_object(),
             },
+            agent_id: None,
         },
     );
     assert_eq!(lines, [(Assistant, 2), (Action, 2)]);
@@ -1254,4 +1259,126 @@ fn agent_events_are_lines_of_their_own_with_the_agent_and_its_provider_session()
         from_live.iter().all(|l| !l.content.contains("fix")),
         "no content: {from_live:?}"
     );
+}
+
+/// An agent's tool calls: one refused by its policy, one that ran and failed.
+fn governed_tool_events(ev: &mut Events) -> Vec<EventEnvelope> {
+    use troupe_proto::agent::{ExecutionChain, PolicyReason};
+    let call = |id: &str, name: &str| ToolCall {
+        call_id: id.into(),
+        name: name.into(),
+        arguments: Json(serde_json::json!({"command": ["ls"]})),
+    };
+    let coder = Some("coder".to_owned());
+    vec![
+        ev.task(
+            CONV_A,
+            TASK_A1,
+            EventKind::TaskStarted { input: "go".into() },
+        ),
+        ev.task(
+            CONV_A,
+            TASK_A1,
+            EventKind::ToolCallStarted {
+                call: call("c1", "shell"),
+                agent_id: coder.clone(),
+            },
+        ),
+        ev.task(
+            CONV_A,
+            TASK_A1,
+            EventKind::PolicyRejected {
+                agent_id: "coder".into(),
+                chain: ExecutionChain::start("supervisor").then("coder"),
+                reason: PolicyReason::ToolDenied,
+                message: "tool `shell` is denied by agent `coder`'s blacklist (`shell`)".into(),
+                tool: Some("shell".into()),
+            },
+        ),
+        ev.task(
+            CONV_A,
+            TASK_A1,
+            EventKind::ToolCallFinished {
+                call_id: "c1".into(),
+                name: "shell".into(),
+                output: "policy rejected".into(),
+                is_error: true,
+                duration_ms: 0,
+                agent_id: coder.clone(),
+            },
+        ),
+        ev.task(
+            CONV_A,
+            TASK_A1,
+            EventKind::ToolCallStarted {
+                call: call("c2", "update_plan"),
+                agent_id: coder.clone(),
+            },
+        ),
+        ev.task(
+            CONV_A,
+            TASK_A1,
+            EventKind::ToolCallFinished {
+                call_id: "c2".into(),
+                name: "update_plan".into(),
+                output: "ok".into(),
+                is_error: false,
+                duration_ms: 1,
+                agent_id: coder,
+            },
+        ),
+    ]
+}
+
+#[test]
+fn tool_lines_carry_the_agent_and_the_seed_event_names() {
+    let mut ev = Events::new();
+    let events = governed_tool_events(&mut ev);
+    for policy in [StoragePolicy::Full, StoragePolicy::HeadersOnly] {
+        let options = || HistoryLogOptions::default().with_policy(id(CONV_A), policy);
+        let (mut live, mut stored) = (
+            HistoryLog::new(id(SESSION), options(), 0),
+            HistoryLog::new(id(SESSION), options(), 0),
+        );
+        let (mut from_live, mut from_stored) = (Vec::new(), Vec::new());
+        for env in &events {
+            live.on_event(env, &mut from_live);
+            if let Some(record) = record_for(policy, env) {
+                stored.on_record(&record, &mut from_stored);
+            }
+        }
+        for out in [&from_live, &from_stored] {
+            let lines: Vec<serde_json::Value> = out
+                .iter()
+                .map(|l| serde_json::to_value(l).unwrap())
+                .collect();
+            let seen: Vec<(&str, &str, &str, &str)> = lines[1..]
+                .iter()
+                .map(|l| {
+                    (
+                        l["type"].as_str().unwrap(),
+                        l["meta"]["event"].as_str().unwrap_or(""),
+                        l["meta"]["agent_id"].as_str().unwrap(),
+                        l["meta"]["tool"].as_str().unwrap(),
+                    )
+                })
+                .collect();
+            assert_eq!(
+                seen,
+                [
+                    ("action", "tool_call", "coder", "shell"),
+                    ("policy_rejected", "", "coder", "shell"),
+                    ("observation", "tool_error", "coder", "shell"),
+                    ("action", "tool_call", "coder", "update_plan"),
+                    ("observation", "tool_result", "coder", "update_plan"),
+                ],
+                "{policy:?}"
+            );
+            for line in &lines[1..] {
+                assert_eq!(line["meta"]["conversation_id"], CONV_A);
+                assert_eq!(line["meta"]["task_id"], TASK_A1);
+            }
+            assert_eq!(lines[2]["meta"]["code"], "tool_denied");
+        }
+    }
 }

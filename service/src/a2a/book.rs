@@ -719,7 +719,7 @@ impl TaskBook {
                 _ => Vec::new(),
             },
             EventKind::AssistantChunk { delta } => self.answer_delta(&task_id, delta),
-            EventKind::ToolCallStarted { call } => {
+            EventKind::ToolCallStarted { call, .. } => {
                 // The text so far was said before a tool call; the answer starts anew.
                 if let Some(r) = self.tasks.get_mut(&task_id) {
                     r.step = Step::default();

@@ -107,6 +107,7 @@ fn streamed_task_events() -> Vec<StreamEvent> {
                 name: "shell".into(),
                 arguments: Json(serde_json::json!({"command": ["ls"]})),
             },
+            agent_id: None,
         },
         chunk("Stream hello"),
         chunk(" from troupe"),
@@ -388,6 +389,7 @@ fn streamed_text_grows_the_answer_and_the_end_sends_it_whole() {
                     name: "shell".into(),
                     arguments: Json(serde_json::json!({})),
                 },
+                agent_id: None,
             },
         ),
         T0,
@@ -461,7 +463,16 @@ fn history_length_keeps_the_newest_messages() {
             name: "shell".into(),
             arguments: Json(serde_json::json!({})),
         };
-        b.apply(&env(t, EventKind::ToolCallStarted { call }), T0 + i);
+        b.apply(
+            &env(
+                t,
+                EventKind::ToolCallStarted {
+                    call,
+                    agent_id: None,
+                },
+            ),
+            T0 + i,
+        );
     }
     // The user message and two tool-call status messages moved into history.
     assert_eq!(b.view("task-1", None, true).unwrap().history.len(), 3);
@@ -962,6 +973,7 @@ fn tool_results_become_file_artifacts_and_json_is_not_streamed_in_pieces() {
             name: name.into(),
             arguments: Json(args),
         },
+        agent_id: None,
     };
     let done = |id: &str, name: &str, output: &str, is_error: bool| EventKind::ToolCallFinished {
         call_id: id.into(),
@@ -969,6 +981,7 @@ fn tool_results_become_file_artifacts_and_json_is_not_streamed_in_pieces() {
         output: output.into(),
         is_error,
         duration_ms: 1,
+        agent_id: None,
     };
     b.apply(
         &env(

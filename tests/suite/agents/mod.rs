@@ -20,7 +20,7 @@ use troupe_store::memory::MemoryStore;
 use troupe_tests::RecordingModel;
 
 /// An in-process agent.
-pub(super) fn model_agent(id: &str, instructions: &str, workers: &[&str]) -> AgentDefinition {
+pub(crate) fn model_agent(id: &str, instructions: &str, workers: &[&str]) -> AgentDefinition {
     AgentDefinition {
         id: id.into(),
         role: format!("{id}-role"),
@@ -53,7 +53,7 @@ pub(super) fn acp_agent(id: &str) -> AgentDefinition {
 
 /// A session with agents around a recording scripted model, its bindings in a memory store
 /// that outlives a restart of the session.
-pub(super) struct Team {
+pub(crate) struct Team {
     pub session: SessionHandle,
     pub model: Arc<RecordingModel>,
     pub store: Arc<MemoryStore>,
@@ -73,7 +73,7 @@ struct Plan {
     factories: Vec<Arc<dyn AgentProviderFactory>>,
 }
 
-pub(super) fn settings(router: RouterMode) -> AgentSettings {
+pub(crate) fn settings(router: RouterMode) -> AgentSettings {
     AgentSettings {
         router,
         ..AgentSettings::default()
@@ -205,7 +205,7 @@ impl Team {
 }
 
 /// The kind names of `events` that are about agents, in order.
-pub(super) fn agent_kinds(events: &[EventKind]) -> Vec<&'static str> {
+pub(crate) fn agent_kinds(events: &[EventKind]) -> Vec<&'static str> {
     events
         .iter()
         .map(|e| e.name().as_str())
