@@ -140,6 +140,8 @@ pub struct ConversationSettings {
     pub mcp_servers: Vec<String>,
     /// `[tools]`: the global and role layers of every task's tool policy (A5).
     pub tool_policy: Arc<troupe_proto::governance::ToolPolicyConfig>,
+    /// The process's authorization tokens (`None`: a tool that needs one is refused).
+    pub token_book: Option<ActorRef<crate::token_book::TokenBookMsg>>,
 }
 
 impl Default for ConversationSettings {
@@ -157,6 +159,7 @@ impl Default for ConversationSettings {
             record_content: false,
             mcp_servers: Vec::new(),
             tool_policy: Arc::default(),
+            token_book: None,
         }
     }
 }

@@ -143,6 +143,24 @@ impl SessionHandle {
         options: MessageOptions,
     ) -> Result<MessageReply, AgentError> {
         let text = text.into();
+        // The tokens stop here: the session sees their digests only.
+        self.message_governed(
+            conversation_id,
+            text,
+            crate::governance::RequestGovernance::from(options),
+        )
+        .await
+    }
+
+    /// [`message_with`](Self::message_with) whose tokens are digests already (the service
+    /// turns them into digests where they enter).
+    pub async fn message_governed(
+        &self,
+        conversation_id: ConversationId,
+        text: impl Into<String>,
+        options: crate::governance::RequestGovernance,
+    ) -> Result<MessageReply, AgentError> {
+        let text = text.into();
         match ractor::call!(self.actor, |reply| SessionMsg::Message {
             conversation_id,
             text,

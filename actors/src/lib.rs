@@ -36,6 +36,7 @@ pub mod scheduler;
 pub mod session;
 pub mod task;
 pub mod task_registry;
+pub mod token_book;
 pub mod tools;
 
 pub use handle::SessionHandle;

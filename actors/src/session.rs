@@ -174,7 +174,7 @@ pub enum SessionMsg {
         conversation_id: ConversationId,
         text: String,
         /// Its request layer of the tool policy and the authorization tokens it presents.
-        options: troupe_proto::governance::MessageOptions,
+        options: crate::governance::RequestGovernance,
         reply: RpcReplyPort<Result<MessageReply, AgentError>>,
     },
     /// Opens the conversation of an in-process agent, with its own model client (`None`: the
@@ -408,7 +408,7 @@ impl Actor for Session {
                 text,
                 crate::task::TaskRequest {
                     origin: Some(origin),
-                    options: troupe_proto::governance::MessageOptions::default(),
+                    options: crate::governance::RequestGovernance::default(),
                 },
                 reply,
             ),

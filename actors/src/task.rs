@@ -29,7 +29,7 @@ use crate::apply_patch::{self, Patch, PatchError};
 use crate::approval_store::{Ask, Granted, ask_until_answered};
 use crate::directory::Directory;
 use crate::events::{EventDraft, EventSink};
-use crate::governance::TaskGovernance;
+use crate::governance::{RequestGovernance, TaskGovernance};
 use crate::history::HistorySnapshot;
 use crate::ports::{
     CommandRunner, DeltaSink, Effects, ExecRequest, McpView, ModelClient, ModelRequest,
@@ -44,7 +44,7 @@ use tokio::sync::oneshot;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 use tracing::Instrument;
-use troupe_proto::governance::{MessageOptions, ToolPolicyConfig};
+use troupe_proto::governance::ToolPolicyConfig;
 use troupe_proto::{
     AgentError, ApprovalPolicy, ApprovalSubject, ConversationId, EventKind, HistoryItem,
     OverBudget, SandboxPolicy, TaskId, TaskStats, TaskStatus, ToolCall, ToolErrorPolicy,
@@ -110,7 +110,9 @@ pub struct TaskContext {
     /// `[tools]`: the global and role layers of its tool policy (A5).
     pub tool_policy: Arc<ToolPolicyConfig>,
     /// What its message asked of tool governance: the request layer, the tokens presented.
-    pub options: MessageOptions,
+    pub options: RequestGovernance,
+    /// Where a tool call that needs a token asks for one use.
+    pub token_book: Option<ractor::ActorRef<crate::token_book::TokenBookMsg>>,
 }
 
 /// What a message brings to its task besides its text: its dispatch when an agent's
@@ -118,7 +120,7 @@ pub struct TaskContext {
 #[derive(Debug, Clone, Default)]
 pub struct TaskRequest {
     pub origin: Option<crate::agents::DispatchOrigin>,
-    pub options: MessageOptions,
+    pub options: RequestGovernance,
 }
 
 /// The task's scheduler slot while it waits for a human: a task waiting for an approval

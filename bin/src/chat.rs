@@ -102,6 +102,17 @@ pub struct ChatArgs {
     /// terminal.
     #[arg(long, value_enum)]
     pub elicitation: Option<ElicitationAnswer>,
+    /// An authorization token for the tools that need one (repeatable): issued with
+    /// `troupe tokens issue` into the same data directory, whose store counts its uses.
+    #[arg(long = "auth-token", value_name = "TOKEN")]
+    pub auth_tokens: Vec<String>,
+    /// The request layer of every turn's tool policy: only these tools (repeatable,
+    /// patterns). It can only narrow what the configuration and agent files allow.
+    #[arg(long = "allow-tool", value_name = "PATTERN")]
+    pub allow_tools: Vec<String>,
+    /// The request layer: never these tools (repeatable, patterns).
+    #[arg(long = "deny-tool", value_name = "PATTERN")]
+    pub deny_tools: Vec<String>,
 }
 
 /// `--approvals`.
@@ -266,6 +277,9 @@ struct Chat {
     told_safe_default: bool,
     /// Stream text and tool activity to the terminal (the REPL), or print only the reply.
     live: bool,
+    /// What every turn asks of tool governance (`--allow-tool`, `--deny-tool`,
+    /// `--auth-token`).
+    options: troupe_proto::governance::MessageOptions,
 }
 
 pub async fn run(args: ChatArgs) -> anyhow::Result<ExitCode> {
@@ -301,7 +315,15 @@ async fn run_with(args: ChatArgs, config: TroupeConfig) -> anyhow::Result<ExitCo
     ports.rollout_storage = Some(rollout.clone());
     let sweeper = TtlSweeper::new(None, rollout.clone());
     sweeper.sweep().await;
-    let session_config = assembly::session_config(&config);
+    let mut session_config = assembly::session_config(&config);
+    if !args.auth_tokens.is_empty() {
+        // Tokens live in the data directory's store, where `troupe tokens` issues them.
+        let dir = config.data_dir.clone();
+        let store =
+            tokio::task::spawn_blocking(move || troupe_store::SqliteStore::open_in(&dir)).await??;
+        session_config.conversation.token_book =
+            Some(troupe_actors::token_book::spawn(Arc::new(store)).await?);
+    }
     let mode = if args.once { "once" } else { "interactive" };
     let meta = session_meta(
         &config,
@@ -351,6 +373,7 @@ async fn run_with(args: ChatArgs, config: TroupeConfig) -> anyhow::Result<ExitCo
         },
         told_safe_default: false,
         live: !args.once,
+        options: message_options(&args)?,
     };
     let result = if args.once {
         let question = args.question.clone().unwrap_or_default();
@@ -409,6 +432,28 @@ fn session_meta(
         ("tokenizer", json!(tokenizer)),
         ("cwd", json!(cwd)),
     ]
+}
+
+/// `--allow-tool`, `--deny-tool` and `--auth-token` as a message's options.
+fn message_options(args: &ChatArgs) -> anyhow::Result<troupe_proto::governance::MessageOptions> {
+    let tools = troupe_proto::agent::ToolRules {
+        whitelist: args.allow_tools.clone(),
+        blacklist: args.deny_tools.clone(),
+        authorization_required: Vec::new(),
+    };
+    if let Err(e) = tools.validate("--") {
+        anyhow::bail!(
+            "{}: {}",
+            e.field
+                .replace("whitelist", "allow-tool")
+                .replace("blacklist", "deny-tool"),
+            e.message
+        );
+    }
+    Ok(troupe_proto::governance::MessageOptions {
+        tools: (!tools.is_empty()).then_some(tools),
+        authorization: args.auth_tokens.clone(),
+    })
 }
 
 async fn finish(
@@ -741,7 +786,9 @@ impl Chat {
         while self.events.try_recv().is_ok() {}
         let conversation = self.current_id();
         let session = self.session.clone();
-        let mut reply = Box::pin(async move { session.message(conversation, text).await });
+        let options = self.options.clone();
+        let mut reply =
+            Box::pin(async move { session.message_with(conversation, text, options).await });
         let mut spinner = self.live.then(|| Spinner::start("thinking"));
         let mut view = TurnView::default();
         let mut interrupted = false;

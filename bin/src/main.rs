@@ -9,6 +9,7 @@ mod mcp;
 mod replay;
 mod serve;
 mod spinner;
+mod tokens;
 
 use clap::{Parser, Subcommand};
 use std::process::ExitCode;
@@ -32,6 +33,9 @@ enum Command {
     /// The agents a configuration defines.
     #[command(subcommand)]
     Agents(agents::AgentsCommand),
+    /// Authorization tokens for the tools that need one: issue, list, revoke.
+    #[command(subcommand)]
+    Tokens(tokens::TokensCommand),
     /// Work with JSONL chat histories.
     #[command(subcommand)]
     History(history::HistoryCommand),
@@ -90,6 +94,10 @@ fn main() -> ExitCode {
             Command::Agents(cmd) => {
                 let _telemetry = troupe_runtime::telemetry::init("troupe");
                 agents::run(cmd).await
+            }
+            Command::Tokens(cmd) => {
+                let _telemetry = troupe_runtime::telemetry::init("troupe");
+                tokens::run(cmd).await
             }
             Command::History(cmd) => {
                 // Console logs only: nothing here is traced.

@@ -98,7 +98,7 @@ impl ToolPolicyConfig {
 
 /// What one message asks of tool governance besides its text: a request layer, and the
 /// authorization tokens its sender presents. Both reach the agents it is dispatched to.
-#[derive(Debug, Clone, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[derive(Clone, PartialEq, Eq, Default, Serialize, Deserialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct MessageOptions {
     /// The request layer of the task's tool policy (it can only narrow).
@@ -109,9 +109,164 @@ pub struct MessageOptions {
     pub authorization: Vec<String>,
 }
 
+/// Never prints a token: only how many were presented.
+impl std::fmt::Debug for MessageOptions {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("MessageOptions")
+            .field("tools", &self.tools)
+            .field(
+                "authorization",
+                &format_args!("[{} tokens]", self.authorization.len()),
+            )
+            .finish()
+    }
+}
+
 impl MessageOptions {
     pub fn is_empty(&self) -> bool {
         self.tools.as_ref().is_none_or(ToolRules::is_empty) && self.authorization.is_empty()
+    }
+}
+
+/// An authorization token as the store keeps it: its scope, bounds and use count, and the
+/// SHA-256 of its secret (never the secret).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct AuthToken {
+    /// Public id (a UUID): what lists, revocations and traces name.
+    pub id: String,
+    /// SHA-256 of the secret, in hex.
+    pub digest: String,
+    #[serde(flatten)]
+    pub scope: TokenScope,
+    /// Who issued it (free text: a person, `cli:<user>`).
+    pub issued_by: String,
+    pub issued_ms: u64,
+    pub expires_ms: u64,
+    pub max_uses: u32,
+    pub uses: u32,
+    /// When it was revoked, if it was.
+    pub revoked_ms: Option<u64>,
+}
+
+/// What a token allows: one agent (or `*`), one tool (a pattern), optionally only calls
+/// whose arguments match a pattern.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct TokenScope {
+    /// The agent whose calls it authorizes; `*`: any, the session's own conversation too.
+    pub agent: String,
+    /// The tool, a pattern as in a policy (`shell`, `files__*`).
+    pub tool: String,
+    /// A pattern (`*` matches any run of characters) the call's arguments must match: for
+    /// `shell` the command line (`git status*`), for other tools their arguments as compact
+    /// JSON. `None`: any arguments.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub args: Option<String>,
+}
+
+/// `tokens.issue`: what a person asks for.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct IssueToken {
+    #[serde(flatten)]
+    pub scope: TokenScope,
+    /// How long it is valid, in seconds.
+    pub ttl_secs: u64,
+    /// How many calls it authorizes.
+    pub max_uses: u32,
+    #[serde(default)]
+    pub issued_by: Option<String>,
+}
+
+/// What lists show of a token: everything but its digest.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct TokenInfo {
+    pub id: String,
+    #[serde(flatten)]
+    pub scope: TokenScope,
+    pub issued_by: String,
+    pub issued_ms: u64,
+    pub expires_ms: u64,
+    pub max_uses: u32,
+    pub uses: u32,
+    pub revoked_ms: Option<u64>,
+}
+
+impl From<&AuthToken> for TokenInfo {
+    fn from(t: &AuthToken) -> Self {
+        Self {
+            id: t.id.clone(),
+            scope: t.scope.clone(),
+            issued_by: t.issued_by.clone(),
+            issued_ms: t.issued_ms,
+            expires_ms: t.expires_ms,
+            max_uses: t.max_uses,
+            uses: t.uses,
+            revoked_ms: t.revoked_ms,
+        }
+    }
+}
+
+/// The answer to `tokens.issue`: the secret, shown this once, and the token.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct IssuedToken {
+    pub token: String,
+    pub info: TokenInfo,
+}
+
+/// Why a presented token did not authorize a call: a bounded label.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum TokenRefusal {
+    /// No token was presented.
+    Missing,
+    /// No token has that secret.
+    Unknown,
+    /// Its TTL has passed.
+    Expired,
+    /// Its uses are spent.
+    Exhausted,
+    Revoked,
+    /// It is for another agent, tool or arguments.
+    OutOfScope,
+    /// The token book could not be asked.
+    Unavailable,
+}
+
+impl TokenRefusal {
+    pub const ALL: [Self; 7] = [
+        Self::Missing,
+        Self::Unknown,
+        Self::Expired,
+        Self::Exhausted,
+        Self::Revoked,
+        Self::OutOfScope,
+        Self::Unavailable,
+    ];
+
+    pub const fn as_str(self) -> &'static str {
+        match self {
+            Self::Missing => "missing",
+            Self::Unknown => "unknown",
+            Self::Expired => "expired",
+            Self::Exhausted => "exhausted",
+            Self::Revoked => "revoked",
+            Self::OutOfScope => "out_of_scope",
+            Self::Unavailable => "unavailable",
+        }
+    }
+
+    /// A sentence for the refusal.
+    pub const fn explain(self) -> &'static str {
+        match self {
+            Self::Missing => "no token was presented",
+            Self::Unknown => "no token presented is known",
+            Self::Expired => "the token has expired",
+            Self::Exhausted => "the token's uses are spent",
+            Self::Revoked => "the token was revoked",
+            Self::OutOfScope => "no token presented covers this agent, tool and arguments",
+            Self::Unavailable => "the token book is unavailable",
+        }
     }
 }
 

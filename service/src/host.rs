@@ -70,6 +70,7 @@ use std::time::{Duration, Instant};
 use tokio::task::JoinHandle;
 use tracing::Instrument;
 use troupe_actors::clock::unix_now_ms as now_ms;
+use troupe_actors::governance::RequestGovernance;
 use troupe_actors::{SessionConfig, SessionHandle, SessionPorts};
 use troupe_proto::store::{ConversationRecord, MessageRecord, SessionRecord};
 use troupe_proto::{
@@ -117,6 +118,8 @@ pub enum HostMsg {
         conversation_id: Option<ConversationId>,
         text: String,
         wait: bool,
+        /// Its request layer of the tool policy and the digests of the tokens it presented.
+        governance: RequestGovernance,
         reply: Reply<Sent>,
     },
     /// Opens a conversation.
@@ -196,6 +199,9 @@ struct Running {
 struct Waiting {
     message: MessageRecord,
     text: String,
+    /// Kept in memory; its request layer is in the message's metadata too, so a message run
+    /// after a restart keeps it (its tokens do not: they are presented again).
+    governance: RequestGovernance,
     waiter: Option<Reply<Sent>>,
 }
 
@@ -313,10 +319,11 @@ impl Actor for SessionHost {
                 conversation_id,
                 text,
                 wait,
+                governance,
                 reply,
             } => {
                 state
-                    .send(&myself, conversation_id, text, wait, reply)
+                    .send(&myself, conversation_id, text, wait, governance, reply)
                     .await
             }
             HostMsg::TaskDone {

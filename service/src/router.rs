@@ -45,6 +45,14 @@ pub fn router(
             axum::routing::put(rest::set_context),
         )
         .route("/api/agents", get(rest::list_agents))
+        .route(
+            "/api/tokens",
+            get(rest::list_tokens).post(rest::issue_token),
+        )
+        .route(
+            "/api/tokens/{id}",
+            axum::routing::delete(rest::revoke_token),
+        )
         .route("/api/sessions/{id}/agents", get(rest::session_agents))
         .route("/api/sessions/{id}/events", get(rest::events_sse))
         .route("/api/sessions/{id}/events/ws", get(ws::events))

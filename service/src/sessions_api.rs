@@ -17,7 +17,9 @@ use std::sync::Arc;
 use tokio::sync::watch;
 use troupe_actors::SessionHandle;
 use troupe_actors::conversation::ConversationMsg;
+use troupe_actors::token_book::TokenBookMsg;
 use troupe_proto::agent::AgentListing;
+use troupe_proto::governance::{IssueToken, IssuedToken, TokenInfo};
 use troupe_proto::store::{
     ConversationRecord, MAX_PAGE_BYTES, MessagePage, MessageRecord, SessionRecord,
 };
@@ -35,6 +37,8 @@ pub struct SessionsApi {
     health: watch::Receiver<Health>,
     /// The agents every session runs (`None`: no definition loaded).
     agents: Option<troupe_actors::agents::AgentPorts>,
+    /// The authorization tokens of the service, over its store (A5).
+    token_book: ActorRef<TokenBookMsg>,
 }
 
 impl std::fmt::Debug for SessionsApi {
@@ -56,9 +60,12 @@ macro_rules! host_call {
 
 impl SessionsApi {
     /// Starts the service's actors (the supervisor and its registry) over `store`.
-    pub async fn start(args: RegistryArgs) -> Result<Self, AgentError> {
+    pub async fn start(mut args: RegistryArgs) -> Result<Self, AgentError> {
         super::metrics::service_series_start_at_zero();
         let store = args.store.clone();
+        // One book for the service: every session's tool calls are counted by it.
+        let token_book = troupe_actors::token_book::spawn(store.clone()).await?;
+        args.template.config.conversation.token_book = Some(token_book.clone());
         let agents = args.template.ports.agents.clone();
         let (registry_tx, registry) = watch::channel(None);
         let (health_tx, health) = watch::channel(Health::Ok);
@@ -79,7 +86,46 @@ impl SessionsApi {
             registry,
             health,
             agents,
+            token_book,
         })
+    }
+
+    /// Issues an authorization token (A5): only a caller that sees every project may.
+    pub async fn issue_token(
+        &self,
+        scope: &Scope,
+        request: IssueToken,
+    ) -> Result<IssuedToken, AgentError> {
+        Self::may_manage_tokens(scope)?;
+        ractor::call!(self.token_book, |reply| TokenBookMsg::Issue {
+            request,
+            reply
+        })
+        .map_err(gone("token book"))?
+    }
+
+    /// Every authorization token, newest first (never their secrets).
+    pub async fn tokens(&self, scope: &Scope) -> Result<Vec<TokenInfo>, AgentError> {
+        Self::may_manage_tokens(scope)?;
+        troupe_actors::token_book::list(&self.token_book).await
+    }
+
+    /// Revokes an authorization token by id.
+    pub async fn revoke_token(&self, scope: &Scope, id: String) -> Result<TokenInfo, AgentError> {
+        Self::may_manage_tokens(scope)?;
+        troupe_actors::token_book::revoke(&self.token_book, id).await
+    }
+
+    /// Tokens authorize calls in every session: managing them takes a view of every project.
+    fn may_manage_tokens(scope: &Scope) -> Result<(), AgentError> {
+        match scope {
+            Scope::All => Ok(()),
+            Scope::Projects(_) => Err(AgentError::PolicyRejected {
+                reason: troupe_proto::agent::PolicyReason::Unauthorized,
+                chain: Vec::new(),
+                message: "managing authorization tokens takes an API token that sees every project (\"*\")".into(),
+            }),
+        }
     }
 
     /// The store the service keeps its sessions in.
@@ -372,14 +418,18 @@ impl SessionsApi {
         conversation_id: Option<ConversationId>,
         text: String,
         wait: bool,
+        options: troupe_proto::governance::MessageOptions,
     ) -> Result<Sent, AgentError> {
+        // The tokens stop here: what goes on are their digests.
+        let governance = troupe_actors::governance::RequestGovernance::from(options);
         let host = self.host(scope, session_id).await?;
         host_call!(
             host,
             Send {
                 conversation_id,
                 text,
-                wait
+                wait,
+                governance
             }
         )
     }

@@ -61,7 +61,7 @@ pub use sqlite::{DB_FILE, SqliteOptions, SqliteStore, db_path};
 pub use ttl::TtlSweeper;
 
 use async_trait::async_trait;
-pub use troupe_actors::ports::BindingStore;
+pub use troupe_actors::ports::{BindingStore, TokenStore};
 pub use troupe_proto::store::MAX_PAGE_BYTES;
 use troupe_proto::store::{
     A2aContextRecord, A2aPruned, A2aPushRecord, A2aTaskPage, A2aTaskQuery, A2aTaskRecord,
@@ -71,10 +71,10 @@ use troupe_proto::store::{
 use troupe_proto::{AgentError, ConversationId, SessionId};
 
 /// Everything the service persists besides the rollout: sessions, conversations, messages,
-/// each project's current session, and (as a [`BindingStore`]) the agent bindings of every
-/// session (A1).
+/// each project's current session, (as a [`BindingStore`]) the agent bindings of every
+/// session (A1), and (as a [`TokenStore`]) the authorization tokens (A5).
 #[async_trait]
-pub trait Store: BindingStore + Send + Sync + 'static {
+pub trait Store: BindingStore + TokenStore + Send + Sync + 'static {
     async fn create_session(&self, session: SessionRecord) -> Result<(), AgentError>;
     async fn get_session(&self, session_id: SessionId)
     -> Result<Option<SessionRecord>, AgentError>;

@@ -31,6 +31,8 @@ struct Data {
     a2a: crate::memory_a2a::A2aData,
     /// Agent bindings by (session, agent): ordered as `bindings` lists them.
     bindings: BTreeMap<(SessionId, String), troupe_proto::agent::AgentBinding>,
+    /// Authorization tokens by id.
+    tokens: BTreeMap<String, troupe_proto::governance::AuthToken>,
 }
 
 impl Data {
@@ -536,6 +538,65 @@ impl super::BindingStore for MemoryStore {
         self.with(|d| {
             d.bindings.remove(&(session_id, agent_id.to_owned()));
             Ok(())
+        })
+    }
+}
+
+#[async_trait]
+impl super::TokenStore for MemoryStore {
+    async fn insert_token(
+        &self,
+        token: troupe_proto::governance::AuthToken,
+    ) -> Result<(), AgentError> {
+        self.with(|d| {
+            crate::conn::to_sql_int("expires_ms", token.expires_ms)?;
+            if d.tokens.contains_key(&token.id)
+                || d.tokens.values().any(|t| t.digest == token.digest)
+            {
+                return Err(AgentError::invalid("a token with this id or secret exists"));
+            }
+            d.tokens.insert(token.id.clone(), token);
+            Ok(())
+        })
+    }
+
+    async fn token_by_digest(
+        &self,
+        digest: &str,
+    ) -> Result<Option<troupe_proto::governance::AuthToken>, AgentError> {
+        self.with(|d| Ok(d.tokens.values().find(|t| t.digest == digest).cloned()))
+    }
+
+    async fn use_token(&self, id: &str, uses: u32) -> Result<bool, AgentError> {
+        self.with(|d| {
+            Ok(match d.tokens.get_mut(id) {
+                Some(t) if t.uses == uses && uses < t.max_uses && t.revoked_ms.is_none() => {
+                    t.uses = uses.saturating_add(1);
+                    true
+                }
+                _ => false,
+            })
+        })
+    }
+
+    async fn revoke_token(
+        &self,
+        id: &str,
+        at_ms: u64,
+    ) -> Result<Option<troupe_proto::governance::AuthToken>, AgentError> {
+        self.with(|d| {
+            Ok(d.tokens.get_mut(id).map(|t| {
+                t.revoked_ms.get_or_insert(at_ms);
+                t.clone()
+            }))
+        })
+    }
+
+    async fn tokens(&self) -> Result<Vec<troupe_proto::governance::AuthToken>, AgentError> {
+        self.with(|d| {
+            let mut all: Vec<_> = d.tokens.values().cloned().collect();
+            all.sort_by(|a, b| b.issued_ms.cmp(&a.issued_ms).then(a.id.cmp(&b.id)));
+            Ok(all)
         })
     }
 }

@@ -142,10 +142,15 @@ pub enum Op {
     PutBinding,
     Bindings,
     RemoveBinding,
+    InsertToken,
+    TokenByDigest,
+    UseToken,
+    RevokeToken,
+    Tokens,
 }
 
 impl Op {
-    pub const ALL: [Self; 43] = [
+    pub const ALL: [Self; 48] = [
         Self::Open,
         Self::CreateSession,
         Self::GetSession,
@@ -189,6 +194,11 @@ impl Op {
         Self::PutBinding,
         Self::Bindings,
         Self::RemoveBinding,
+        Self::InsertToken,
+        Self::TokenByDigest,
+        Self::UseToken,
+        Self::RevokeToken,
+        Self::Tokens,
     ];
 
     pub const fn as_str(self) -> &'static str {
@@ -236,6 +246,11 @@ impl Op {
             Self::PutBinding => "put_binding",
             Self::Bindings => "bindings",
             Self::RemoveBinding => "remove_binding",
+            Self::InsertToken => "insert_token",
+            Self::TokenByDigest => "token_by_digest",
+            Self::UseToken => "use_token",
+            Self::RevokeToken => "revoke_token",
+            Self::Tokens => "tokens",
         }
     }
 }

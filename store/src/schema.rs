@@ -13,7 +13,7 @@ use troupe_proto::AgentError;
 /// The schema version this build reads and writes.
 pub const VERSION: u32 = MIGRATIONS.len() as u32;
 
-const MIGRATIONS: [&str; 7] = [
+const MIGRATIONS: [&str; 8] = [
     V1_STORE,
     V2_ROLLOUT,
     V3_TTL_EXPIRY,
@@ -21,6 +21,7 @@ const MIGRATIONS: [&str; 7] = [
     V5_SESSION_STATUS_MESSAGE_TYPE,
     V6_AGENT_BINDINGS,
     V7_A2A,
+    V8_AUTH_TOKENS,
 ];
 
 /// Sessions, conversations, messages and each project's current session (P1).
@@ -206,6 +207,24 @@ CREATE TABLE a2a_push_configs (
     created_ms INTEGER NOT NULL,
     body TEXT NOT NULL,
     PRIMARY KEY (task_id, config_id)
+);
+";
+
+/// A5: authorization tokens. The secret is never stored: `digest` is its SHA-256; a use is
+/// counted by compare-and-set on `uses`.
+const V8_AUTH_TOKENS: &str = "
+CREATE TABLE auth_tokens (
+    token_id TEXT PRIMARY KEY NOT NULL,
+    digest TEXT NOT NULL UNIQUE,
+    agent TEXT NOT NULL,
+    tool TEXT NOT NULL,
+    args TEXT,
+    issued_by TEXT NOT NULL,
+    issued_ms INTEGER NOT NULL,
+    expires_ms INTEGER NOT NULL,
+    max_uses INTEGER NOT NULL,
+    uses INTEGER NOT NULL,
+    revoked_ms INTEGER
 );
 ";
 

@@ -31,8 +31,9 @@ mod rows;
 mod writer;
 
 use rows::{
-    BINDING_SELECT, CONVERSATION_SELECT, MESSAGE_SELECT, RowKey, SESSION_SELECT, binding_from_row,
-    conversation_from_row, message_from_row, message_page, parse_id, query_all, session_from_row,
+    BINDING_SELECT, CONVERSATION_SELECT, MESSAGE_SELECT, RowKey, SESSION_SELECT, TOKEN_SELECT,
+    binding_from_row, conversation_from_row, message_from_row, message_page, parse_id, query_all,
+    session_from_row, token_from_row,
 };
 use writer::{WriteJob, WriteOp, WriteOutput, message_by_id, writer_loop};
 
@@ -746,6 +747,104 @@ impl super::BindingStore for SqliteStore {
             })
             .await
             .map(drop)
+        })
+        .await
+    }
+}
+
+#[async_trait]
+impl super::TokenStore for SqliteStore {
+    async fn insert_token(
+        &self,
+        token: troupe_proto::governance::AuthToken,
+    ) -> Result<(), AgentError> {
+        let span = tracing::debug_span!("store.insert_token", token_id = %token.id);
+        observed(Op::InsertToken, span, async {
+            self.write(WriteOp::InsertToken(token)).await.map(drop)
+        })
+        .await
+    }
+
+    async fn token_by_digest(
+        &self,
+        digest: &str,
+    ) -> Result<Option<troupe_proto::governance::AuthToken>, AgentError> {
+        let span = tracing::debug_span!("store.token_by_digest");
+        let digest = digest.to_owned();
+        observed(Op::TokenByDigest, span, async {
+            self.read(move |c| {
+                let mut found = query_all(
+                    c,
+                    &format!("{TOKEN_SELECT} WHERE digest = ?1"),
+                    [digest],
+                    token_from_row,
+                )?;
+                Ok(found.pop())
+            })
+            .await
+        })
+        .await
+    }
+
+    async fn use_token(&self, id: &str, uses: u32) -> Result<bool, AgentError> {
+        let span = tracing::debug_span!("store.use_token", token_id = id, uses);
+        let id = id.to_owned();
+        observed(Op::UseToken, span, async {
+            match self.write(WriteOp::UseToken { id, uses }).await? {
+                WriteOutput::Flag(counted) => Ok(counted),
+                _ => Err(unexpected(Op::UseToken)),
+            }
+        })
+        .await
+    }
+
+    async fn revoke_token(
+        &self,
+        id: &str,
+        at_ms: u64,
+    ) -> Result<Option<troupe_proto::governance::AuthToken>, AgentError> {
+        let span = tracing::debug_span!("store.revoke_token", token_id = id);
+        let id = id.to_owned();
+        observed(Op::RevokeToken, span, async {
+            let found = match self
+                .write(WriteOp::RevokeToken {
+                    id: id.clone(),
+                    at_ms,
+                })
+                .await?
+            {
+                WriteOutput::Flag(found) => found,
+                _ => return Err(unexpected(Op::RevokeToken)),
+            };
+            if !found {
+                return Ok(None);
+            }
+            self.read(move |c| {
+                let mut found = query_all(
+                    c,
+                    &format!("{TOKEN_SELECT} WHERE token_id = ?1"),
+                    [id],
+                    token_from_row,
+                )?;
+                Ok(found.pop())
+            })
+            .await
+        })
+        .await
+    }
+
+    async fn tokens(&self) -> Result<Vec<troupe_proto::governance::AuthToken>, AgentError> {
+        let span = tracing::debug_span!("store.tokens");
+        observed(Op::Tokens, span, async {
+            self.read(|c| {
+                query_all(
+                    c,
+                    &format!("{TOKEN_SELECT} ORDER BY issued_ms DESC, token_id"),
+                    [],
+                    token_from_row,
+                )
+            })
+            .await
         })
         .await
     }

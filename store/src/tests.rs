@@ -2,6 +2,7 @@
 
 use super::schema;
 use super::{BindingStore, MAX_PAGE_BYTES, SqliteStore, Store, db_path};
+use crate::TokenStore;
 use proptest::prelude::*;
 use std::collections::{BTreeMap, HashSet};
 use tempfile::TempDir;
@@ -2212,4 +2213,107 @@ proptest! {
             Ok(())
         })?;
     }
+}
+
+// ---- authorization tokens (A5) ----
+
+fn auth_token(id: &str, digest: &str, issued_ms: u64) -> troupe_proto::governance::AuthToken {
+    troupe_proto::governance::AuthToken {
+        id: id.into(),
+        digest: digest.into(),
+        scope: troupe_proto::governance::TokenScope {
+            agent: "coder".into(),
+            tool: "shell".into(),
+            args: Some("git status*".into()),
+        },
+        issued_by: "ann".into(),
+        issued_ms,
+        expires_ms: issued_ms + 60_000,
+        max_uses: 2,
+        uses: 0,
+        revoked_ms: None,
+    }
+}
+
+/// What every store keeps of tokens: found by digest, counted by compare-and-set up to their
+/// maximum, revoked once (a revoked one counts nothing), listed newest first.
+async fn token_rules(store: &dyn Store) {
+    let t = auth_token("t1", "d1", 10);
+    store.insert_token(t.clone()).await.unwrap();
+    store
+        .insert_token(auth_token("t2", "d2", 20))
+        .await
+        .unwrap();
+    assert_eq!(
+        kind(store.insert_token(auth_token("t3", "d1", 30)).await),
+        ErrorKind::InvalidInput,
+        "a digest is unique"
+    );
+    assert_eq!(store.token_by_digest("d1").await.unwrap(), Some(t.clone()));
+    assert_eq!(store.token_by_digest("nope").await.unwrap(), None);
+    assert!(store.use_token("t1", 0).await.unwrap());
+    assert!(
+        !store.use_token("t1", 0).await.unwrap(),
+        "a stale count loses"
+    );
+    assert!(store.use_token("t1", 1).await.unwrap());
+    assert!(
+        !store.use_token("t1", 2).await.unwrap(),
+        "never past max_uses"
+    );
+    assert!(!store.use_token("none", 0).await.unwrap());
+    assert_eq!(store.token_by_digest("d1").await.unwrap().unwrap().uses, 2);
+    let revoked = store.revoke_token("t2", 50).await.unwrap().unwrap();
+    assert_eq!(revoked.revoked_ms, Some(50));
+    let again = store.revoke_token("t2", 60).await.unwrap().unwrap();
+    assert_eq!(again.revoked_ms, Some(50), "the first revocation stays");
+    assert!(!store.use_token("t2", 0).await.unwrap());
+    assert_eq!(store.revoke_token("none", 1).await.unwrap(), None);
+    let ids: Vec<String> = store
+        .tokens()
+        .await
+        .unwrap()
+        .into_iter()
+        .map(|t| t.id)
+        .collect();
+    assert_eq!(ids, ["t2", "t1"]);
+}
+
+#[tokio::test]
+async fn tokens_follow_the_rules() {
+    let (_dir, store) = fresh();
+    token_rules(&store).await;
+}
+
+#[tokio::test]
+async fn tokens_follow_the_rules_in_memory() {
+    token_rules(&super::memory::MemoryStore::new()).await;
+}
+
+#[tokio::test]
+async fn token_uses_survive_a_reopen_and_no_secret_is_stored() {
+    let (dir, store) = fresh();
+    store
+        .insert_token(auth_token("t1", "digest-of-secret", 1))
+        .await
+        .unwrap();
+    assert!(store.use_token("t1", 0).await.unwrap());
+    drop(store);
+    let store = reopen(&dir);
+    let t = store
+        .token_by_digest("digest-of-secret")
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!((t.uses, t.max_uses), (1, 2));
+    assert_eq!(t.scope.args.as_deref(), Some("git status*"));
+    let conn = super::conn::open(&db_path(dir.path()), super::conn::Role::Reader).unwrap();
+    let columns: Vec<String> = conn
+        .prepare("SELECT name FROM pragma_table_info('auth_tokens')")
+        .unwrap()
+        .query_map([], |r| r.get(0))
+        .unwrap()
+        .map(Result::unwrap)
+        .collect();
+    assert!(!columns.iter().any(|c| c.contains("secret")), "{columns:?}");
 }

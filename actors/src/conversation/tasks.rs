@@ -103,6 +103,7 @@ impl ConversationState {
             // A compaction routes nothing and dispatches nothing.
             agents: (!compact).then_some(crate::task::TaskAgents { origin }),
             tool_policy: self.services.settings.tool_policy.clone(),
+            token_book: self.services.settings.token_book.clone(),
             options,
             slot: {
                 let (give, ask) = (myself.clone(), myself.clone());

@@ -14,6 +14,7 @@
 
 pub mod metrics;
 pub mod policy;
+pub mod tokens;
 
 pub use policy::{Clause, Denial, ToolPolicy, ToolVerdict, effective, glob, normalize};
 
@@ -38,6 +39,27 @@ pub fn token_digest(token: &str) -> String {
         .iter()
         .map(|b| format!("{b:02x}"))
         .collect()
+}
+
+/// What a message brings to tool governance once it is inside troupe: its request layer,
+/// and the digests of the tokens it presented (the tokens themselves stop at the API).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct RequestGovernance {
+    pub tools: Option<ToolRules>,
+    pub authorization: Vec<String>,
+}
+
+impl From<troupe_proto::governance::MessageOptions> for RequestGovernance {
+    fn from(options: troupe_proto::governance::MessageOptions) -> Self {
+        Self {
+            tools: options.tools.filter(|t| !t.is_empty()),
+            authorization: options
+                .authorization
+                .iter()
+                .map(|t| token_digest(t.trim()))
+                .collect(),
+        }
+    }
 }
 
 /// The task's own agent, as its file says (`None` for the session's own conversation).

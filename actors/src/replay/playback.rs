@@ -137,6 +137,29 @@ impl Playback for RecordedEffects {
         }
     }
 
+    fn authorized(&self, call: &ToolCall) -> Result<(), AgentError> {
+        // Refused then: its recorded end is the refusal for want of a valid token.
+        let refused = self.tools.iter().zip(&self.taken).any(|(recorded, taken)| {
+            recorded.call == *call
+                && !taken.load(Ordering::SeqCst)
+                && matches!(
+                    &recorded.result,
+                    Err(ToolFailure {
+                        error: AgentError::PolicyRejected {
+                            reason: troupe_proto::agent::PolicyReason::Unauthorized,
+                            ..
+                        },
+                        ..
+                    })
+                )
+        });
+        if refused {
+            Err(AgentError::invalid("the recorded call was not authorized"))
+        } else {
+            Ok(())
+        }
+    }
+
     fn dispatch_result(&self, agent_id: &str) -> Result<AgentOutput, AgentError> {
         let n = self.next_dispatch.fetch_add(1, Ordering::SeqCst);
         self.dispatches.get(n).cloned().unwrap_or_else(|| {

@@ -33,7 +33,7 @@ pub(super) fn governance_of(
         .options
         .authorization
         .iter()
-        .map(|t| governance::token_digest(t))
+        .cloned()
         .chain(
             parent
                 .into_iter()

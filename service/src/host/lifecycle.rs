@@ -82,11 +82,13 @@ impl HostState {
             match plan::recover(&message, &records) {
                 plan::Recovery::Requeue => {
                     let text = message.content.clone().unwrap_or_default();
+                    let governance = super::queue::stored_governance(&message);
                     if let Some(slot) = self.conversations.get_mut(&message.conversation_id) {
                         requeued += 1;
                         slot.queue.push_back(Waiting {
                             message,
                             text,
+                            governance,
                             waiter: None,
                         });
                     }

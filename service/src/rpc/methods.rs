@@ -33,6 +33,9 @@ pub const METHODS: &[&str] = &[
     "events.subscribe",
     "events.unsubscribe",
     "agents.list",
+    "tokens.issue",
+    "tokens.list",
+    "tokens.revoke",
 ];
 
 /// The `&'static` name of a method for metric labels (`unknown` otherwise).
@@ -127,6 +130,22 @@ pub enum Request {
     EventsUnsubscribe {
         subscription: u64,
     },
+    /// `tokens.issue`: an authorization token for an agent and a tool (A5).
+    TokensIssue(troupe_proto::governance::IssueToken),
+    TokensList,
+    TokensRevoke {
+        id: String,
+    },
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct NoParams {}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct TokenIdParams {
+    id: String,
 }
 
 #[derive(Deserialize)]
@@ -162,6 +181,10 @@ struct MessageParams {
     #[serde(default)]
     conversation_id: Option<ConversationId>,
     text: String,
+    #[serde(default)]
+    tools: Option<troupe_proto::agent::ToolRules>,
+    #[serde(default)]
+    authorization: Vec<String>,
 }
 
 #[derive(Deserialize)]
@@ -289,6 +312,8 @@ pub fn decode(method: &str, raw: Option<Value>) -> Result<Request, RpcError> {
                     conversation_id: p.conversation_id,
                     text: p.text,
                     wait: method == "conversation.message",
+                    tools: p.tools,
+                    authorization: p.authorization,
                 },
             }
         }
@@ -386,6 +411,14 @@ pub fn decode(method: &str, raw: Option<Value>) -> Result<Request, RpcError> {
         }
         "events.unsubscribe" => Request::EventsUnsubscribe {
             subscription: params::<UnsubscribeParams>(value)?.subscription,
+        },
+        "tokens.issue" => Request::TokensIssue(params(value)?),
+        "tokens.list" => {
+            let NoParams {} = params(value)?;
+            Request::TokensList
+        }
+        "tokens.revoke" => Request::TokensRevoke {
+            id: params::<TokenIdParams>(value)?.id,
         },
         other => return Err(RpcError::method_not_found(other)),
     })

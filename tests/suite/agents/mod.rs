@@ -63,6 +63,7 @@ pub(crate) struct Team {
     settings: AgentSettings,
     tweak: fn(&mut SessionConfig),
     factories: Vec<Arc<dyn AgentProviderFactory>>,
+    extras: Extras,
 }
 
 /// What a team is made of, kept for its restarts.
@@ -71,6 +72,14 @@ struct Plan {
     settings: AgentSettings,
     tweak: fn(&mut SessionConfig),
     factories: Vec<Arc<dyn AgentProviderFactory>>,
+    extras: Extras,
+}
+
+/// What some teams have besides: a token book, a command runner.
+#[derive(Clone, Default)]
+pub(crate) struct Extras {
+    pub token_book: Option<troupe_actors::token_book::TokenBookRef>,
+    pub exec: bool,
 }
 
 pub(crate) fn settings(router: RouterMode) -> AgentSettings {
@@ -110,7 +119,28 @@ impl Team {
             settings,
             tweak,
             factories,
+            extras: Extras::default(),
         };
+        Self::launch(SessionId::new(), plan, dir, store, model).await
+    }
+
+    /// A team with extras (a token book, a command runner).
+    pub async fn start_extra(
+        defs: Vec<AgentDefinition>,
+        replies: Vec<ScriptedReply>,
+        tweak: fn(&mut SessionConfig),
+        extras: Extras,
+    ) -> Self {
+        let plan = Plan {
+            defs,
+            settings: settings(RouterMode::Rules),
+            tweak,
+            factories: Vec::new(),
+            extras,
+        };
+        let dir = Arc::new(tempfile::tempdir().unwrap());
+        let store = Arc::new(MemoryStore::new());
+        let model = Arc::new(RecordingModel::new(replies));
         Self::launch(SessionId::new(), plan, dir, store, model).await
     }
 
@@ -126,12 +156,17 @@ impl Team {
             settings,
             tweak,
             factories,
+            extras,
         } = plan;
         let mut config = SessionConfig {
             data_dir: dir.path().to_path_buf(),
             ..SessionConfig::default()
         };
         tweak(&mut config);
+        config
+            .conversation
+            .token_book
+            .clone_from(&extras.token_book);
         let catalog = AgentCatalog {
             agents: defs.iter().map(|d| (d.id.clone(), d.clone())).collect(),
             ..AgentCatalog::default()
@@ -140,7 +175,10 @@ impl Team {
             model: model.clone(),
             mcp: None,
             mcp_connector: None,
-            exec: None,
+            exec: extras.exec.then(|| {
+                Arc::new(troupe_tests::process_runner())
+                    as Arc<dyn troupe_actors::ports::CommandRunner>
+            }),
             effects: troupe_actors::ports::Effects::Live,
             summarizer: Arc::new(LocalSummarizer::default()),
             tokens: Arc::new(troupe_actors::ports::ApproxTokens),
@@ -166,6 +204,7 @@ impl Team {
             settings,
             tweak,
             factories,
+            extras,
         }
     }
 
@@ -178,6 +217,7 @@ impl Team {
             settings: self.settings,
             tweak: self.tweak,
             factories: self.factories,
+            extras: self.extras,
         };
         Self::launch(self.session_id, plan, self.dir, self.store, model).await
     }

@@ -2,6 +2,8 @@
 //! tokens, output guardrails.
 
 mod policy;
+mod serve_tokens;
+mod tokens;
 
 use troupe_proto::EventKind;
 use troupe_proto::agent::PolicyReason;
