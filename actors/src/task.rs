@@ -20,6 +20,7 @@ mod agents;
 mod authorize;
 mod builtins;
 mod govern;
+mod guardrail;
 pub mod metrics;
 pub mod spans;
 
@@ -381,6 +382,8 @@ struct Prepared {
     cache_key: String,
     /// Tokens of the instructions and tool descriptions.
     fixed_tokens: u64,
+    /// An output guardrail applies: no raw text goes out (streamed or whole).
+    hold_output: bool,
 }
 
 /// The merged tool list (S8; conflicts become warnings), the turn's instructions (C3) and
@@ -451,6 +454,7 @@ async fn prepare(
         instructions,
         cache_key,
         fixed_tokens,
+        hold_output: false,
     }
 }
 
@@ -533,7 +537,15 @@ async fn run_turn(
     gov: &Arc<TaskGovernance>,
 ) -> TaskOutcome {
     let mut mcp = TaskMcp::new(ctx);
-    let prepared = prepare(ctx, &mut mcp, agents, gov).await;
+    let mut prepared = prepare(ctx, &mut mcp, agents, gov).await;
+    let mut guarded = match guardrail::guard_of(agents) {
+        Ok(guarded) => guarded,
+        Err(e) => {
+            ctx.emit(EventKind::Error { error: e.clone() });
+            return loop_state.end(TaskStatus::Error, Some(e));
+        }
+    };
+    prepared.hold_output = guarded.is_some();
 
     let first = loop_state.stats.steps + 1;
     for step in first..=ctx.limits.max_steps {
@@ -548,7 +560,8 @@ async fn run_turn(
             turn: ctx.turn,
             step,
         });
-        let response = match model_step(ctx, &ctx.model, &prepared, &loop_state.items, step).await {
+        let prompt = guardrail::prompt(&loop_state.items, guarded.as_ref());
+        let response = match model_step(ctx, &ctx.model, &prepared, &prompt, step).await {
             Ok((response, estimate)) => {
                 loop_state.stats.estimated_prompt_tokens += estimate;
                 let completion = completion_tokens(ctx.tokens.as_ref(), &response);
@@ -580,17 +593,37 @@ async fn run_turn(
                 return loop_state.end(status_of(&e), Some(e));
             }
         };
-        if !response.text.is_empty() {
+        // Under an output guardrail, nothing the model wrote goes out or into history until
+        // it is validated.
+        if !response.text.is_empty() && guarded.is_none() {
             ctx.emit(EventKind::AssistantMessage {
                 text: response.text.clone(),
             });
             loop_state
                 .items
                 .push(HistoryItem::assistant(response.text.clone()));
-            loop_state.last_text = response.text;
+            loop_state.last_text = response.text.clone();
         }
         if response.tool_calls.is_empty() {
-            return loop_state.end(TaskStatus::Ok, None);
+            let Some(g) = guarded.as_mut() else {
+                return loop_state.end(TaskStatus::Ok, None);
+            };
+            match guardrail::judge(ctx, g, &response.text) {
+                guardrail::Judged::Answer(text) => {
+                    ctx.emit(EventKind::AssistantMessage { text: text.clone() });
+                    loop_state.items.push(HistoryItem::assistant(text.clone()));
+                    loop_state.last_text = text;
+                    return loop_state.end(TaskStatus::Ok, None);
+                }
+                guardrail::Judged::Retry => continue,
+                guardrail::Judged::Exhausted(end) => {
+                    return guardrail::exhausted(ctx, loop_state, end);
+                }
+            }
+        }
+        if let Some(g) = guarded.as_mut() {
+            // The model answered the retry with tool calls: they carry the conversation on.
+            g.retry.clear();
         }
         for call in response.tool_calls {
             if ctx.cancel.is_cancelled() {

@@ -60,6 +60,53 @@ pub struct AgentDefinition {
     /// Provider-specific governance (seed 003 §7.3), kept as given for tool governance.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub governance: Option<serde_json::Value>,
+    /// Its answers' shape (A8): a JSON Schema every answer is held to before anyone sees it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub output: Option<OutputSpec>,
+}
+
+/// `output`: the output guardrail of an agent (A8).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct OutputSpec {
+    /// The JSON Schema of an answer. Only the properties it declares reach anyone.
+    pub schema: serde_json::Value,
+    /// What happens when the answer still does not match after the retries: `reject` (the
+    /// task fails with `guardrail_failed`) or `ask_human` (the task asks a human instead).
+    #[serde(default, rename = "onFailure", alias = "on_failure")]
+    pub on_failure: GuardrailAction,
+    /// How often the model is asked again with the validation errors (0 to 2, default 2).
+    #[serde(default = "two", rename = "maxRetries", alias = "max_retries")]
+    pub max_retries: u32,
+}
+
+fn two() -> u32 {
+    2
+}
+
+/// Most retries an output guardrail may ask for.
+pub const MAX_GUARDRAIL_RETRIES: u32 = 2;
+
+/// What an output guardrail does once its retries are spent.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum GuardrailAction {
+    /// The task fails with `guardrail_failed`.
+    #[default]
+    Reject,
+    /// The task's answer is a question to a human (an `ask_human` event).
+    AskHuman,
+}
+
+impl GuardrailAction {
+    pub const ALL: [Self; 2] = [Self::Reject, Self::AskHuman];
+
+    pub const fn as_str(self) -> &'static str {
+        match self {
+            Self::Reject => "reject",
+            Self::AskHuman => "ask_human",
+        }
+    }
 }
 
 /// Who runs an agent.
@@ -318,6 +365,20 @@ impl AgentDefinition {
             _ => {}
         }
         self.tools.validate("tools.")?;
+        if let Some(output) = &self.output {
+            if !output.schema.is_object() && !output.schema.is_boolean() {
+                return Err(FieldError::new(
+                    "output.schema",
+                    "must be a JSON Schema (an object)",
+                ));
+            }
+            if output.max_retries > MAX_GUARDRAIL_RETRIES {
+                return Err(FieldError::new(
+                    "output.maxRetries",
+                    format!("at most {MAX_GUARDRAIL_RETRIES}"),
+                ));
+            }
+        }
         for (i, worker) in self.workers.iter().enumerate() {
             if worker == &self.id {
                 return Err(FieldError::new(

@@ -243,6 +243,25 @@ pub enum EventKind {
         text: String,
         data: Option<crate::json::Json>,
     },
+    /// An agent's answers did not match its output schema (A8) after `attempts` tries, the
+    /// model asked again each time with the errors: `status` is `exhausted`, `action` what
+    /// the task did instead (failed, or asked a human). `problems` name paths and keywords,
+    /// never the answer's values.
+    GuardrailFailed {
+        agent_id: Option<String>,
+        attempts: u32,
+        problems: Vec<String>,
+        status: GuardrailStatus,
+        action: crate::agent::GuardrailAction,
+    },
+}
+
+/// How an output guardrail ended without a valid answer.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum GuardrailStatus {
+    /// Every retry was spent.
+    Exhausted,
 }
 
 impl EventKind {
@@ -282,6 +301,7 @@ impl EventKind {
             Self::PolicyRejected { .. } => EventName::PolicyRejected,
             Self::AskHuman { .. } => EventName::AskHuman,
             Self::AgentUpdate { .. } => EventName::AgentUpdate,
+            Self::GuardrailFailed { .. } => EventName::GuardrailFailed,
         }
     }
 }
@@ -465,6 +485,13 @@ mod wire {
                 update: AgentUpdateKind,
                 text: String,
                 data: Option<crate::json::Json>,
+            },
+            GuardrailFailed {
+                agent_id: Option<String>,
+                attempts: u32,
+                problems: Vec<String>,
+                status: GuardrailStatus,
+                action: crate::agent::GuardrailAction,
             },
             }
         };

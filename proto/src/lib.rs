@@ -24,7 +24,7 @@ pub mod tool;
 pub use api::*;
 pub use approval::{ApprovalDecision, ApprovalSubject, PendingApproval, RespondApproval};
 pub use error::{AgentError, ErrorKind};
-pub use event::{EventEnvelope, EventKind};
+pub use event::{EventEnvelope, EventKind, GuardrailStatus};
 pub use ids::{ApprovalId, ConversationId, DispatchId, SessionId, TaskId};
 pub use item::{HistoryItem, Role, Usage};
 pub use json::Json;

@@ -103,6 +103,7 @@ bounded_names! {
         PolicyRejected = "policy_rejected",
         AskHuman = "ask_human",
         AgentUpdate = "agent_update",
+        GuardrailFailed = "guardrail_failed",
     }
 }
 
@@ -143,6 +144,12 @@ bounded_names! {
         BindingReplaced = "binding_replaced",
         /// A dispatch's lease expired: the child was cancelled and the lease reclaimed (A4).
         LeaseExpired = "lease_expired",
+        /// An agent's answer did not match its output schema; the model is asked again with
+        /// the errors (A8).
+        GuardrailRetry = "guardrail_retry",
+        /// An agent file or `[tools]` changed and did not load: the last good version stays
+        /// (A7).
+        ConfigRejected = "config_rejected",
     }
 }
 

@@ -186,6 +186,7 @@ fn error_kind() -> impl Strategy<Value = ErrorKind> {
         Just(ErrorKind::Internal),
         Just(ErrorKind::Interrupted),
         Just(ErrorKind::PolicyRejected),
+        Just(ErrorKind::GuardrailFailed),
     ]
 }
 
@@ -215,6 +216,8 @@ fn agent_error() -> impl Strategy<Value = AgentError> {
                 message,
             }
         }),
+        (any::<u32>(), strings())
+            .prop_map(|(attempts, problems)| AgentError::GuardrailFailed { attempts, problems }),
     ]
 }
 
@@ -377,6 +380,25 @@ fn agent_event_kind() -> impl Strategy<Value = EventKind> {
             }
         ),
         text().prop_map(|question| EventKind::AskHuman { question }),
+        (
+            proptest::option::of(text()),
+            any::<u32>(),
+            strings(),
+            any::<bool>()
+        )
+            .prop_map(
+                |(agent_id, attempts, problems, ask)| EventKind::GuardrailFailed {
+                    agent_id,
+                    attempts,
+                    problems,
+                    status: crate::GuardrailStatus::Exhausted,
+                    action: if ask {
+                        crate::agent::GuardrailAction::AskHuman
+                    } else {
+                        crate::agent::GuardrailAction::Reject
+                    },
+                }
+            ),
         (
             dispatch_id(),
             text(),
@@ -1262,6 +1284,7 @@ fn strategies_cover_every_variant() {
         "internal",
         "interrupted",
         "policy_rejected",
+        "guardrail_failed",
     ];
     assert_eq!(tags_of(error_kind()), set(&kinds));
     assert_eq!(tags_of(agent_error()), set(&kinds));
@@ -1301,6 +1324,7 @@ fn strategies_cover_every_variant() {
             "policy_rejected",
             "ask_human",
             "agent_update",
+            "guardrail_failed",
         ])
     );
     // One name per kind, each the kind's tag.

@@ -146,6 +146,10 @@ pub fn load_file(file: &Path) -> Result<AgentDefinition, AgentLoadError> {
     let def = parse(&text, format).map_err(|(field, message)| error(field, message))?;
     def.validate()
         .map_err(|e| error(Some(e.field), e.message))?;
+    if let Some(output) = &def.output {
+        troupe_actors::governance::guardrail::OutputGuard::compile(output)
+            .map_err(|e| error(Some("output.schema".into()), e))?;
+    }
     let stem = file
         .file_stem()
         .and_then(|s| s.to_str())
@@ -275,6 +279,55 @@ resume = false
         assert_eq!(c.agents.keys().collect::<Vec<_>>(), ["coder", "reviewer"]);
         assert!(!c.agents["reviewer"].session.resume);
         assert_eq!(c.agents["reviewer"].workers, ["coder"]);
+    }
+
+    #[test]
+    fn an_output_schema_is_compiled_when_the_file_loads() {
+        let dir = tempfile::tempdir().unwrap();
+        write(
+            dir.path(),
+            "shaped.json",
+            r#"{"id":"shaped","provider":{"type":"model"},
+               "output":{"schema":{"type":"object","properties":{"a":{"type":"integer"}}},"onFailure":"ask_human"}}"#,
+        );
+        write(
+            dir.path(),
+            "broken.json",
+            r#"{"id":"broken","provider":{"type":"model"},"output":{"schema":{"type":"nonsense"}}}"#,
+        );
+        write(
+            dir.path(),
+            "greedy.json",
+            r#"{"id":"greedy","provider":{"type":"model"},"output":{"schema":{},"maxRetries":5}}"#,
+        );
+        let c = load_all(dir.path());
+        let output = c.agents["shaped"].output.as_ref().unwrap();
+        assert_eq!(
+            output.on_failure,
+            troupe_proto::agent::GuardrailAction::AskHuman
+        );
+        assert_eq!(output.max_retries, 2);
+        let mut fields: Vec<(String, Option<String>)> = c
+            .errors
+            .iter()
+            .map(|e| {
+                (
+                    e.file.file_name().unwrap().to_string_lossy().into_owned(),
+                    e.field.clone(),
+                )
+            })
+            .collect();
+        fields.sort();
+        assert_eq!(
+            fields,
+            [
+                ("broken.json".to_owned(), Some("output.schema".to_owned())),
+                (
+                    "greedy.json".to_owned(),
+                    Some("output.maxRetries".to_owned())
+                ),
+            ]
+        );
     }
 
     #[test]

@@ -838,6 +838,10 @@ fn error_of_kind(kind: ErrorKind) -> AgentError {
             chain: Vec::new(),
             message: none(),
         },
+        ErrorKind::GuardrailFailed => AgentError::GuardrailFailed {
+            attempts: 0,
+            problems: Vec::new(),
+        },
     }
 }
 
@@ -1015,6 +1019,24 @@ fn agent_line(
         EventKind::AskHuman { question } => {
             let content = keep(level, size, question, meta);
             Some((LineType::AskHuman, LineRole::Assistant, content))
+        }
+        EventKind::GuardrailFailed {
+            agent_id,
+            attempts,
+            problems,
+            status,
+            action,
+        } => {
+            meta.agent_id.clone_from(agent_id);
+            meta.outcome = serde_json::to_value(status)
+                .ok()
+                .and_then(|v| v.as_str().map(str::to_owned));
+            meta.extra
+                .insert("attempts".into(), serde_json::json!(attempts));
+            meta.extra
+                .insert("action".into(), serde_json::json!(action));
+            // Paths and keywords, never the answer's values: kept under every policy.
+            system(LineType::GuardrailFailed, problems.join("; "))
         }
         _ => None,
     }

@@ -549,6 +549,7 @@ fn model_agent(id: &str) -> AgentDefinition {
         tools: Default::default(),
         workers: Vec::new(),
         governance: None,
+        output: None,
     }
 }
 

@@ -227,6 +227,7 @@ mod tests {
             tools: Default::default(),
             workers: workers.iter().map(|w| (*w).to_owned()).collect(),
             governance: None,
+            output: None,
         }
     }
 

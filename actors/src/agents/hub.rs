@@ -96,6 +96,8 @@ pub struct AgentRules {
     pub id: String,
     pub role: String,
     pub tools: troupe_proto::agent::ToolRules,
+    /// Its output guardrail (A8), when its file has one.
+    pub output: Option<troupe_proto::agent::OutputSpec>,
 }
 
 /// How the supervisor routes a user's message.
@@ -443,6 +445,7 @@ impl AgentHubState {
                         id: def.id.clone(),
                         role: def.role.clone(),
                         tools: def.tools.clone(),
+                        output: def.output.clone(),
                     });
                 AgentView {
                     visible: visible_agents(&self.catalog, &visibility, chain.current()),

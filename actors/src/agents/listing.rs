@@ -74,6 +74,7 @@ mod tests {
             tools: Default::default(),
             workers: Vec::new(),
             governance: None,
+            output: None,
         }
     }
 

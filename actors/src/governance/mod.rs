@@ -12,6 +12,7 @@
 //! - what the task dispatches carries its governance, so a sub-agent's rights are the
 //!   intersection of its own and its dispatcher's.
 
+pub mod guardrail;
 pub mod metrics;
 pub mod policy;
 pub mod tokens;

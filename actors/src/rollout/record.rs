@@ -150,6 +150,7 @@ pub(super) fn content_free(event: &EventKind) -> bool {
             | EventKind::SessionBound { .. }
             | EventKind::SessionResumed { .. }
             | EventKind::PolicyRejected { .. }
+            | EventKind::GuardrailFailed { .. }
     )
 }
 

@@ -232,6 +232,7 @@ async fn model_route(
         fixed_tokens: fixed_prompt_tokens(ctx.tokens.as_ref(), &router.instructions, &tools),
         instructions: router.instructions.clone(),
         tools,
+        hold_output: false,
     };
     let step = loop_state.stats.steps + 1;
     loop_state.stats.steps = step;

@@ -6,10 +6,15 @@ use super::*;
 /// Forwards streamed text as `assistant_chunk` events.
 pub(super) struct ChunkEvents<'a> {
     pub(super) ctx: &'a TaskContext,
+    /// An output guardrail holds the text back until it is validated (A8).
+    pub(super) hold: bool,
 }
 
 impl DeltaSink for ChunkEvents<'_> {
     fn text_delta(&mut self, delta: &str) {
+        if self.hold {
+            return;
+        }
         self.ctx.events.emit(EventDraft::task(
             self.ctx.conversation_id,
             self.ctx.task_id,
@@ -85,7 +90,10 @@ pub(super) async fn model_step(
             spans::input_messages(request.prompt.iter()),
         );
     }
-    let mut sink = ChunkEvents { ctx };
+    let mut sink = ChunkEvents {
+        ctx,
+        hold: prepared.hold_output,
+    };
     let response = model
         .step(request, &mut sink, &ctx.cancel)
         .instrument(span.clone())

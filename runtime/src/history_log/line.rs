@@ -36,6 +36,8 @@ pub enum LineType {
     PolicyRejected,
     /// The supervisor asked the human.
     AskHuman,
+    /// An agent's answers did not match its output schema (A8).
+    GuardrailFailed,
 }
 
 /// The `role` of a line.

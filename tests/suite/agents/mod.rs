@@ -35,6 +35,7 @@ pub(crate) fn model_agent(id: &str, instructions: &str, workers: &[&str]) -> Age
         tools: Default::default(),
         workers: workers.iter().map(|w| (*w).to_owned()).collect(),
         governance: None,
+        output: None,
     }
 }
 

@@ -59,6 +59,7 @@ fn agent(id: &str, workers: &[&str]) -> AgentDefinition {
         tools: Default::default(),
         workers: workers.iter().map(|w| (*w).to_owned()).collect(),
         governance: None,
+        output: None,
     }
 }
 
