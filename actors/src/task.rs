@@ -441,11 +441,13 @@ async fn prepare(
         ));
     }
     let has_apply_patch = merged.tools.iter().any(|t| t.name == "apply_patch");
-    let instructions = crate::context::choose_instructions(
-        ctx.turn_override.as_deref(),
-        ctx.base_instructions.as_deref(),
-        has_apply_patch,
-    );
+    // An agent's instructions are its file's as the hub has it now (A7).
+    let base = agents
+        .and_then(|a| a.view.own.as_ref())
+        .and_then(|own| own.instructions.as_deref())
+        .or(ctx.base_instructions.as_deref());
+    let instructions =
+        crate::context::choose_instructions(ctx.turn_override.as_deref(), base, has_apply_patch);
     let cache_key =
         crate::context::prompt_cache_key(&instructions, &merged.tools, &ctx.model.info().family);
     let fixed_tokens = fixed_prompt_tokens(ctx.tokens.as_ref(), &instructions, &merged.tools);

@@ -98,5 +98,6 @@ fn agents(config: &TroupeConfig) -> Option<AgentPorts> {
         factories: Vec::new(),
         models: Default::default(),
         bindings: Arc::new(replay::playback::NoBindings),
+        live: None,
     })
 }

@@ -436,6 +436,8 @@ pub struct AgentCatalog {
     pub errors: Vec<AgentLoadError>,
     /// Where they were read from (`None`: no agents directory).
     pub dir: Option<PathBuf>,
+    /// By id: the version of the definition in force, the start of its file's SHA-256.
+    pub versions: BTreeMap<String, String>,
 }
 
 impl AgentCatalog {
@@ -753,6 +755,10 @@ pub struct AgentInfo {
     /// Whether it routes the session's input.
     #[serde(default)]
     pub supervisor: bool,
+    /// The version of its definition in force (the start of its file's SHA-256), when it
+    /// was read from a file.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub version: Option<String>,
 }
 
 /// `agents.list`: the agents and the definition files that did not load.

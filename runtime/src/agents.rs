@@ -95,6 +95,9 @@ pub fn load(dir: &AgentsDir) -> AgentCatalog {
     for file in files {
         match load_file(&file) {
             Ok(def) => {
+                if let Ok(bytes) = std::fs::read(&file) {
+                    catalog.versions.insert(def.id.clone(), version_of(&bytes));
+                }
                 if let Some((other, _)) = loaded.iter().find(|(_, d)| d.id == def.id) {
                     catalog.errors.push(AgentLoadError {
                         file: file.clone(),
@@ -110,7 +113,19 @@ pub fn load(dir: &AgentsDir) -> AgentCatalog {
     }
     drop_orphans(&mut loaded, &mut catalog.errors);
     catalog.agents = loaded.into_iter().map(|(_, d)| (d.id.clone(), d)).collect();
+    let kept = &catalog.agents;
+    catalog.versions.retain(|id, _| kept.contains_key(id));
     catalog
+}
+
+/// A definition's version: the first 12 hex digits of its file's SHA-256.
+pub fn version_of(bytes: &[u8]) -> String {
+    use sha2::{Digest, Sha256};
+    Sha256::digest(bytes)
+        .iter()
+        .take(6)
+        .map(|b| format!("{b:02x}"))
+        .collect()
 }
 
 /// The format of a definition file, by its extension; `None`: not a definition.

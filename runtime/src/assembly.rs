@@ -143,6 +143,7 @@ pub fn agent_ports(
         factories: crate::agents::factories(),
         models,
         bindings,
+        live: None,
     }))
 }
 

@@ -70,8 +70,8 @@
 //! A record read back from storage is what its conversation's policy kept: the whole event
 //! (`Full`, `Ttl`) gives the same lines as the live event; headers give the same line types
 //! with the sizes the headers keep, but no call ids (`action`, `observation`), no warning code
-//! (`unknown`), no prompt estimates, and no `approval` lines (the headers keep no approval
-//! id).
+//! in records written before headers kept it (`unknown`), no prompt estimates, and no
+//! `approval` lines (the headers keep no approval id).
 //!
 //! The XML export of the older format is in [`xml`].
 
@@ -751,7 +751,7 @@ fn stand_in(record: &RolloutRecord) -> Option<EventKind> {
             agent_id: meta.agent_id.clone(),
         },
         EventName::Warning => EventKind::Warning {
-            code: WarningCode::Unknown,
+            code: meta.code.unwrap_or(WarningCode::Unknown),
             message: String::new(),
         },
         EventName::Error => EventKind::Error { error: error? },

@@ -271,7 +271,12 @@ impl SessionsApi {
                 errors: Vec::new(),
             });
         };
-        let errors = ports.catalog.errors.clone();
+        // The definitions in force: a watched directory's latest, else those read at start.
+        let catalog = ports
+            .live
+            .as_ref()
+            .map_or_else(|| ports.catalog.clone(), |live| live.borrow().clone());
+        let errors = catalog.errors.clone();
         if let Some(id) = session_id {
             let agents = self.session(scope, id).await?.agents().await?;
             return Ok(AgentListing { agents, errors });
@@ -292,7 +297,7 @@ impl SessionsApi {
                 bindings.push(binding);
             }
         }
-        let catalog = &ports.catalog;
+        let catalog = &*catalog;
         let supervisor = troupe_actors::agents::listing::supervisor_of(
             catalog,
             ports.settings.supervisor.as_deref(),

@@ -567,6 +567,7 @@ fn team(router: RouterMode) -> AgentPorts {
         factories: Vec::new(),
         models: Default::default(),
         bindings: Arc::new(troupe_store::memory::MemoryStore::new()),
+        live: None,
     }
 }
 

@@ -98,6 +98,9 @@ pub struct AgentRules {
     pub tools: troupe_proto::agent::ToolRules,
     /// Its output guardrail (A8), when its file has one.
     pub output: Option<troupe_proto::agent::OutputSpec>,
+    /// An in-process agent's instructions as its file says now: they replace those its
+    /// conversation was opened with, so that an edited file applies to the next task (A7).
+    pub instructions: Option<String>,
 }
 
 /// How the supervisor routes a user's message.
@@ -170,6 +173,9 @@ pub enum AgentHubMsg {
     List { reply: RpcReplyPort<Vec<AgentInfo>> },
     /// Shuts every provider down; the hub stops.
     Shutdown { reply: RpcReplyPort<()> },
+    /// The watched agents directory changed (A7): these definitions are in force from the
+    /// next task on.
+    CatalogChanged { catalog: Arc<AgentCatalog> },
 }
 
 /// Where a worker hears how to bind.
@@ -222,8 +228,13 @@ struct Flight {
 /// The hub's state.
 pub struct AgentHubState {
     session_id: SessionId,
+    /// The definitions in force: replaced as a watched directory changes (A7).
     catalog: Arc<AgentCatalog>,
     ports: AgentPorts,
+    /// What providers are built with when the definitions change.
+    session: ActorRef<SessionMsg>,
+    model: Arc<dyn ModelClient>,
+    storage_policy: StoragePolicy,
     clock: Clock,
     events: EventSink,
     env: ProviderEnv,
@@ -232,6 +243,9 @@ pub struct AgentHubState {
     router: Router,
     /// By agent id; `Err`: why it has no provider.
     providers: BTreeMap<String, Result<Arc<ProviderCell>, String>>,
+    /// Providers replaced by a reload: dispatches in flight may still use them; shut down
+    /// with the hub.
+    retired: Vec<Arc<ProviderCell>>,
     bindings: BTreeMap<String, BindingEntry>,
     /// Dispatches waiting for another to open their agent's provider session.
     waiting: BTreeMap<String, Vec<(DispatchId, BindReply)>>,
@@ -250,10 +264,15 @@ impl Actor for AgentHub {
 
     async fn pre_start(
         &self,
-        _myself: ActorRef<Self::Msg>,
+        myself: ActorRef<Self::Msg>,
         args: AgentHubArgs,
     ) -> Result<Self::State, ActorProcessingErr> {
-        let catalog = args.ports.catalog.clone();
+        // A watched directory's definitions in force now, else those read at start.
+        let catalog = args
+            .ports
+            .live
+            .as_ref()
+            .map_or_else(|| args.ports.catalog.clone(), |live| live.borrow().clone());
         let stored = args.ports.bindings.bindings(Some(args.session_id)).await?;
         let bindings = catalog
             .agents
@@ -272,28 +291,21 @@ impl Actor for AgentHub {
         let providers = catalog
             .agents
             .values()
-            .map(|def| (def.id.clone(), build_provider(def, &args)))
+            .map(|def| {
+                let built = build_provider(
+                    def,
+                    &args.ports,
+                    &args.env,
+                    &args.session,
+                    args.storage_policy,
+                );
+                (def.id.clone(), built)
+            })
             .collect();
-        let supervisor =
-            super::listing::supervisor_of(&catalog, args.ports.settings.supervisor.as_deref())
-                .ok()
-                .flatten();
-        let origin = supervisor
-            .map_or(super::listing::BUILTIN_SUPERVISOR, |d| d.id.as_str())
-            .to_owned();
-        let visibility = decide::visible_from(&catalog, &ExecutionChain::start(&origin));
-        let agents = visible_agents(&catalog, &visibility, Some(&origin));
-        let own = supervisor.and_then(|d| match &d.provider {
-            troupe_proto::agent::ProviderSpec::Model { instructions, .. } => instructions.clone(),
-            _ => None,
-        });
-        let model = supervisor.and_then(|d| supervisor_model(d, &args.ports, &args.model));
-        let router = Router {
-            mode: args.ports.settings.router,
-            instructions: router_instructions(own.as_deref(), &agents),
-            model,
-            agents,
-        };
+        let (origin, router) = routing(&catalog, &args.ports, &args.model);
+        if let Some(live) = args.ports.live.clone() {
+            watch_catalog(myself.clone(), live);
+        }
         Ok(AgentHubState {
             session_id: args.session_id,
             catalog,
@@ -301,9 +313,13 @@ impl Actor for AgentHub {
             events: args.env.events.clone(),
             env: args.env,
             ports: args.ports,
+            session: args.session,
+            model: args.model,
+            storage_policy: args.storage_policy,
             origin,
             router,
             providers,
+            retired: Vec::new(),
             bindings,
             waiting: BTreeMap::new(),
             leases: LeaseBook::default(),
@@ -344,6 +360,7 @@ impl Actor for AgentHub {
                 let _ = reply.send(());
                 myself.stop(Some("shutdown".into()));
             }
+            AgentHubMsg::CatalogChanged { catalog } => state.reload(catalog),
         }
         Ok(())
     }
@@ -368,25 +385,73 @@ impl Actor for AgentHub {
     }
 }
 
+/// Forwards the changes of a watched agents directory to the hub, as long as both live.
+fn watch_catalog(
+    hub: ActorRef<AgentHubMsg>,
+    mut live: tokio::sync::watch::Receiver<Arc<AgentCatalog>>,
+) {
+    tokio::spawn(async move {
+        while live.changed().await.is_ok() {
+            let catalog = live.borrow_and_update().clone();
+            if hub.cast(AgentHubMsg::CatalogChanged { catalog }).is_err() {
+                return;
+            }
+        }
+    });
+}
+
+/// The chain's origin (the supervisor's id, or the built-in one's name) and how it routes.
+fn routing(
+    catalog: &AgentCatalog,
+    ports: &AgentPorts,
+    model: &Arc<dyn ModelClient>,
+) -> (String, Router) {
+    let supervisor = super::listing::supervisor_of(catalog, ports.settings.supervisor.as_deref())
+        .ok()
+        .flatten();
+    let origin = supervisor
+        .map_or(super::listing::BUILTIN_SUPERVISOR, |d| d.id.as_str())
+        .to_owned();
+    let visibility = decide::visible_from(catalog, &ExecutionChain::start(&origin));
+    let agents = visible_agents(catalog, &visibility, Some(&origin));
+    let own = supervisor.and_then(|d| match &d.provider {
+        troupe_proto::agent::ProviderSpec::Model { instructions, .. } => instructions.clone(),
+        _ => None,
+    });
+    let router_model = supervisor.and_then(|d| supervisor_model(d, ports, model));
+    let router = Router {
+        mode: ports.settings.router,
+        instructions: router_instructions(own.as_deref(), &agents),
+        model: router_model,
+        agents,
+    };
+    (origin, router)
+}
+
 /// The provider of `def`: the in-process one for `model`, else the factory of its kind's.
-fn build_provider(def: &AgentDefinition, args: &AgentHubArgs) -> Result<Arc<ProviderCell>, String> {
+fn build_provider(
+    def: &AgentDefinition,
+    ports: &AgentPorts,
+    env: &ProviderEnv,
+    session: &ActorRef<SessionMsg>,
+    storage_policy: StoragePolicy,
+) -> Result<Arc<ProviderCell>, String> {
     let kind = def.provider.kind();
     let provider: Arc<dyn AgentProvider> = match kind {
         ProviderKind::Model => Arc::new(ModelAgent::new(
             def,
-            args.session.clone(),
-            args.ports.models.get(&def.id).cloned(),
-            args.storage_policy,
+            session.clone(),
+            ports.models.get(&def.id).cloned(),
+            storage_policy,
         )),
         _ => {
-            let factory = args
-                .ports
+            let factory = ports
                 .factories
                 .iter()
                 .find(|f| f.kind() == kind)
                 .ok_or_else(|| format!("no {kind} provider is plugged in"))?;
             factory
-                .build(def, &args.env)
+                .build(def, env)
                 .map_err(|e| format!("its {kind} provider could not be built: {e}"))?
         }
     };
@@ -446,6 +511,12 @@ impl AgentHubState {
                         role: def.role.clone(),
                         tools: def.tools.clone(),
                         output: def.output.clone(),
+                        instructions: match &def.provider {
+                            troupe_proto::agent::ProviderSpec::Model { instructions, .. } => {
+                                instructions.clone()
+                            }
+                            _ => None,
+                        },
                     });
                 AgentView {
                     visible: visible_agents(&self.catalog, &visibility, chain.current()),
@@ -937,8 +1008,64 @@ impl AgentHubState {
             .providers
             .values()
             .filter_map(|p| p.as_ref().ok())
+            .chain(&self.retired)
             .map(|cell| cell.provider.shutdown());
         futures::future::join_all(shutdowns).await;
+    }
+
+    /// New definitions are in force (A7): what the next task sees (its rules, instructions,
+    /// output schema, workers), the next dispatch's provider when its provider changed, the
+    /// router. Files that did not load are reported once, as `config_rejected` warnings.
+    fn reload(&mut self, catalog: Arc<AgentCatalog>) {
+        if Arc::ptr_eq(&catalog, &self.catalog) || *catalog == *self.catalog {
+            return;
+        }
+        for error in catalog
+            .errors
+            .iter()
+            .filter(|e| !self.catalog.errors.contains(e))
+        {
+            tracing::warn!(%error, "agent definition rejected; the last good version stays");
+            self.events.emit(EventDraft::session(EventKind::Warning {
+                code: WarningCode::ConfigRejected,
+                message: error.to_string(),
+            }));
+        }
+        for (id, def) in &catalog.agents {
+            let same = self
+                .catalog
+                .get(id)
+                .is_some_and(|old| old.provider == def.provider);
+            if !same {
+                let built = build_provider(
+                    def,
+                    &self.ports,
+                    &self.env,
+                    &self.session,
+                    self.storage_policy,
+                );
+                if let Some(Ok(old)) = self.providers.insert(id.clone(), built) {
+                    self.retired.push(old);
+                }
+            }
+            self.bindings.entry(id.clone()).or_default();
+        }
+        let gone: Vec<String> = self
+            .providers
+            .keys()
+            .filter(|id| !catalog.agents.contains_key(*id))
+            .cloned()
+            .collect();
+        for id in gone {
+            if let Some(Ok(old)) = self.providers.remove(&id) {
+                self.retired.push(old);
+            }
+        }
+        let (origin, router) = routing(&catalog, &self.ports, &self.model);
+        self.origin = origin;
+        self.router = router;
+        tracing::info!(agents = catalog.agents.len(), "agent definitions reloaded");
+        self.catalog = catalog;
     }
 }
 

@@ -88,6 +88,9 @@ pub struct AgentPorts {
     /// session's. Others use the session's model.
     pub models: BTreeMap<String, Arc<dyn ModelClient>>,
     pub bindings: Arc<dyn BindingStore>,
+    /// The definitions of a watched agents directory as they change (A7); `None`: `catalog`
+    /// stays as it was read.
+    pub live: Option<tokio::sync::watch::Receiver<Arc<AgentCatalog>>>,
 }
 
 /// What a dispatched message carries into an agent's conversation: its dispatch, so that

@@ -389,6 +389,7 @@ mod tests {
                 Arc::new(RecordedModel::new(Vec::new())) as Arc<dyn crate::ports::ModelClient>,
             )]),
             bindings: Arc::new(NoBindings),
+            live: None,
         };
         let model = Some(RouteSource::Model);
         assert!(replay_agents(&recording(None, false), Some(ports())).is_none());

@@ -73,6 +73,9 @@ pub struct RecordMeta {
     /// The kind of provider of a dispatch's agent.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub provider: Option<troupe_proto::agent::ProviderKind>,
+    /// A warning's code: a bounded name, never content (absent in older records).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub code: Option<troupe_proto::WarningCode>,
 }
 
 /// What the headers keep of a route decision: everything but the supervisor's reason.
@@ -370,8 +373,9 @@ pub(super) fn headers_meta(event: &EventKind) -> RecordMeta {
             chars: Some(summary.as_deref().map_or(0, len)),
             ..RecordMeta::default()
         },
-        EventKind::Warning { message, .. } => RecordMeta {
+        EventKind::Warning { code, message } => RecordMeta {
             chars: Some(len(message)),
+            code: Some(*code),
             ..RecordMeta::default()
         },
         EventKind::Error { error } => RecordMeta {

@@ -190,6 +190,7 @@ impl Team {
                 factories: factories.clone(),
                 models: Default::default(),
                 bindings: store.clone(),
+                live: None,
             }),
         };
         let (session, _join) = SessionHandle::start(session_id, config, ports)

@@ -3,6 +3,7 @@
 
 mod guardrail;
 mod policy;
+mod reload;
 mod serve_tokens;
 mod tokens;
 

@@ -106,6 +106,7 @@ async fn a_dispatch_is_a_span_of_its_dispatcher_and_the_agents_task_links_to_it(
             factories: Vec::new(),
             models: Default::default(),
             bindings: Arc::new(Bindings::default()),
+            live: None,
         }),
         effects: troupe_actors::ports::Effects::Live,
     };
