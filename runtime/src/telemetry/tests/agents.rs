@@ -93,7 +93,6 @@ async fn a_dispatch_is_a_span_of_its_dispatcher_and_the_agents_task_links_to_it(
         mcp: None,
         mcp_connector: None,
         exec: None,
-        effects: troupe_actors::ports::Effects::Live,
         summarizer: Arc::new(troupe_actors::history::LocalSummarizer::default()),
         tokens: Arc::new(troupe_actors::ports::ApproxTokens),
         rollout_storage: None,
