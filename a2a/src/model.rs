@@ -1,5 +1,6 @@
 //! A2A's data model, independent of the protocol version: what the endpoint keeps and
-//! builds. `wire_v1` and `wire_v03` turn it into (and read it from) the two JSON shapes.
+//! builds, and what the client reads. [`crate::wire`] turns it into (and reads it from) the
+//! JSON shapes of each version.
 
 use serde_json::Value;
 
