@@ -64,6 +64,7 @@ impl TestSession {
             summarizer: Arc::new(LocalSummarizer::default()),
             tokens: Arc::new(troupe_actors::ports::ApproxTokens),
             rollout_storage: None,
+            agents: None,
         };
         let (session, join) = SessionHandle::start(SessionId::new(), config, ports)
             .await
@@ -281,6 +282,7 @@ pub async fn start_with_model(
         summarizer: Arc::new(LocalSummarizer::default()),
         tokens: Arc::new(troupe_actors::ports::ApproxTokens),
         rollout_storage: None,
+        agents: None,
     };
     let (session, join) = SessionHandle::start(SessionId::new(), config, ports)
         .await

@@ -1,15 +1,16 @@
 //! The Agent Client Protocol (ACP: JSON-RPC 2.0 on a child's stdio) in troupe.
 #![forbid(unsafe_code)]
 
+pub mod agent;
 pub mod client;
 pub mod error;
 pub mod event;
 pub mod metrics;
 
 pub use client::{
-    AcpAgent, AcpAgentSpec, AgentCommand, AgentHealth, AgentInfo, AgentPhase, FixedPermissions,
-    PermissionHandler, Replaced, RestartPolicy, SessionOpened, SessionOrigin, StopReason, Stopped,
-    Turn, TurnOutcome,
+    AcpAgent, AcpAgentSpec, AgentCommand, AgentHealth, AgentInfo, AgentPhase,
+    ApprovalStorePermissions, FixedPermissions, PermissionHandler, Replaced, RestartPolicy,
+    SessionOpened, SessionOrigin, StopReason, Stopped, Turn, TurnOutcome,
 };
 pub use error::{AcpError, AcpErrorKind};
 pub use event::{AcpEvent, PermissionChoice, PermissionDecision, PermissionRequest, PlanEntry};

@@ -51,6 +51,15 @@ impl ExitReason {
     }
 }
 
+/// How a prompt served by `troupe acp` ended.
+pub const SERVED_OUTCOMES: [&str; 5] = [
+    "end_turn",
+    "max_turn_requests",
+    "cancelled",
+    "other",
+    "error",
+];
+
 /// How a session was opened.
 pub const SESSION_ORIGINS: [&str; 4] = ["new", "loaded", "resumed", "replaced"];
 
@@ -98,6 +107,8 @@ pub fn describe() {
     );
     for outcome in TURN_OUTCOMES {
         metrics::counter!(TURNS, "outcome" => outcome).increment(0);
+    }
+    for outcome in SERVED_OUTCOMES {
         metrics::counter!(SERVED_PROMPTS, "stop_reason" => outcome).increment(0);
     }
     let _ = metrics::histogram!(TURN_DURATION);

@@ -185,6 +185,9 @@ pub struct ConversationArgs {
     pub restore: bool,
     /// Why it is restored (ignored unless `restore`).
     pub restore_cause: RestoreCause,
+    /// Its own model client (an in-process agent's endpoint); `None`: the session's, asking
+    /// for the model its parameters name.
+    pub model: Option<Arc<dyn ModelClient>>,
 }
 
 /// Why a conversation is rebuilt from its rollout.
@@ -217,9 +220,11 @@ impl RestoreCause {
 
 /// The Conversation's mailbox.
 pub enum ConversationMsg {
-    /// Runs one task for a user message; answered with the final reply.
+    /// Runs one task for a user message (or, with `origin`, a dispatch to the agent this
+    /// conversation is); answered with the final reply.
     Message {
         text: String,
+        origin: Option<crate::agents::DispatchOrigin>,
         reply: RpcReplyPort<Result<MessageReply, AgentError>>,
     },
     /// Replaces the history by a summary the model writes under a one-turn override (C3);
@@ -310,6 +315,7 @@ struct Running {
 struct Queued {
     kind: TaskKind,
     text: String,
+    origin: Option<crate::agents::DispatchOrigin>,
     reply: RpcReplyPort<Result<MessageReply, AgentError>>,
     /// The sender's span, which the task's root span links to when it starts.
     caller: tracing::Span,
@@ -392,11 +398,14 @@ impl Actor for Conversation {
         let seen = services.directory.generations();
         let (context, warnings) =
             ConversationContext::from_open(&args.params, settings.shell_tool)?;
-        let model = model_for(
-            &services.model,
-            args.params.provider.as_deref(),
-            args.params.model.as_deref(),
-        )?;
+        let model = match args.model {
+            Some(own) => own,
+            None => model_for(
+                &services.model,
+                args.params.provider.as_deref(),
+                args.params.model.as_deref(),
+            )?,
+        };
         let mcp = services.directory.mcp();
         let view = match &mcp.port {
             Some(port) => Some(
@@ -562,11 +571,16 @@ impl Actor for Conversation {
         state: &mut Self::State,
     ) -> Result<(), ActorProcessingErr> {
         match msg {
-            ConversationMsg::Message { text, reply } => {
-                state.on_message(&myself, TaskKind::Message, text, reply);
+            ConversationMsg::Message {
+                text,
+                origin,
+                reply,
+            } => {
+                state.on_message(&myself, TaskKind::Message, text, origin, reply);
             }
             ConversationMsg::Compact { reply } => {
-                state.on_message(&myself, TaskKind::Compact, COMPACT_REQUEST.into(), reply);
+                let text = COMPACT_REQUEST.into();
+                state.on_message(&myself, TaskKind::Compact, text, None, reply);
             }
             ConversationMsg::SetContext { update, reply } => {
                 let _ = reply.send(state.on_set_context(&update).await);
@@ -647,6 +661,7 @@ impl ConversationState {
         myself: &ActorRef<ConversationMsg>,
         kind: TaskKind,
         text: String,
+        origin: Option<crate::agents::DispatchOrigin>,
         reply: RpcReplyPort<Result<MessageReply, AgentError>>,
     ) {
         let max = self.services.settings.max_queued_messages;
@@ -658,10 +673,13 @@ impl ConversationState {
             self.queue.len(),
             max,
         ) {
-            MessageAdmission::StartNow => self.start_task(myself, kind, text, reply, &caller),
+            MessageAdmission::StartNow => {
+                self.start_task(myself, kind, text, origin, reply, &caller);
+            }
             MessageAdmission::Enqueue => self.queue.push_back(Queued {
                 kind,
                 text,
+                origin,
                 reply,
                 caller,
             }),

@@ -41,6 +41,7 @@ pub use session::{SessionConfig, SessionPorts};
 
 /// Registers the description of every metric the actors record (Prometheus requires one).
 pub fn describe_metrics() {
+    agents::metrics::describe();
     approval_store::metrics::describe();
     conversation::metrics::describe();
     mcp_pool::metrics::describe();

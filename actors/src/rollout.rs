@@ -112,8 +112,8 @@ use troupe_proto::{
 use writer::{AckReceiver, WriterCmd, WriterHandle, wait_ack};
 
 pub use record::{
-    RecordLevel, RecordMeta, RolloutRecord, downgrade, is_due, is_sync_point, record_for,
-    ttl_expiry_ms, window_start,
+    RecordLevel, RecordMeta, RolloutRecord, RouteHeader, downgrade, is_due, is_sync_point,
+    record_for, ttl_expiry_ms, window_start,
 };
 
 /// Start-up arguments.

@@ -16,9 +16,12 @@
 //! `plan_updated` event; `apply_patch` edits files inside the workspace when the sandbox lets
 //! it write, after approval (the same policies as a command's writes).
 
+mod agents;
 mod builtins;
 pub mod metrics;
 pub mod spans;
+
+pub use agents::TaskAgents;
 
 use crate::apply_patch::{self, Patch, PatchError};
 use crate::approval_store::{Ask, Granted, ask_until_answered};
@@ -93,8 +96,11 @@ pub struct TaskContext {
     pub workspace_roots: Vec<PathBuf>,
     /// Record prompts, completions and tool input/output on the task's spans (opt-in).
     pub record_content: bool,
-    /// Gives the task's scheduler slot back while it waits for a human.
+    /// Gives the task's scheduler slot back while it waits for a human or an agent.
     pub slot: SlotLease,
+    /// Its place among the session's agents (`None`: it neither routes nor dispatches, as a
+    /// compaction).
+    pub agents: Option<TaskAgents>,
 }
 
 /// The task's scheduler slot while it waits for a human: a task waiting for an approval
@@ -194,6 +200,26 @@ impl SlotLease {
             biased;
             () = cancel.cancelled() => return Err(AgentError::cancelled(why)),
             r = &mut answer => r,
+        };
+        self.take_back(cancel).await?;
+        Ok(r)
+    }
+
+    /// Waits for `answer`, an agent's, without the slot: a dispatcher computes nothing while
+    /// its agent works (and an in-process agent needs a slot of its own: with a single slot,
+    /// keeping it would lock the session). The slot is asked for again once answered; a
+    /// cancel ends the wait without it.
+    pub async fn wait_for_child<T>(
+        &self,
+        cancel: &CancellationToken,
+        why: &'static str,
+        answer: impl std::future::Future<Output = T>,
+    ) -> Result<T, AgentError> {
+        self.give_back();
+        let r = tokio::select! {
+            biased;
+            () = cancel.cancelled() => return Err(AgentError::cancelled(why)),
+            r = answer => r,
         };
         self.take_back(cancel).await?;
         Ok(r)
@@ -339,7 +365,11 @@ struct Prepared {
 
 /// The merged tool list (S8; conflicts become warnings), the turn's instructions (C3) and
 /// the prompt cache key (C7).
-async fn prepare(ctx: &TaskContext, mcp: &mut TaskMcp) -> Prepared {
+async fn prepare(
+    ctx: &TaskContext,
+    mcp: &mut TaskMcp,
+    agents: Option<&agents::Agents>,
+) -> Prepared {
     let listed = if mcp.offered {
         Some(match mcp.view(ctx).await {
             Ok(view) => view.list_tools().await,
@@ -365,7 +395,9 @@ async fn prepare(ctx: &TaskContext, mcp: &mut TaskMcp) -> Prepared {
         },
         None => Vec::new(),
     };
-    let merged = crate::tools::merge_tools(ctx.builtins.clone(), external);
+    let mut builtins = ctx.builtins.clone();
+    builtins.extend(agents.and_then(agents::Agents::dispatch_tool));
+    let merged = crate::tools::merge_tools(builtins, external);
     for conflict in merged.conflicts {
         tracing::warn!(error = %conflict, "tool conflict");
         ctx.events.emit(EventDraft::task(
@@ -403,6 +435,7 @@ async fn run_inner(ctx: &TaskContext, slot: SlotWait) -> TaskOutcome {
         },
         last_text: String::new(),
         granted_at: None,
+        routed: false,
     };
 
     // Wait for a slot, unless cancelled first.
@@ -441,18 +474,39 @@ async fn run_inner(ctx: &TaskContext, slot: SlotWait) -> TaskOutcome {
     loop_state.granted_at = Some(Instant::now());
     drop(wait);
     let turn = spans::turn(ctx.conversation_id, ctx.task_id, ctx.turn);
-    let outcome = run_turn(ctx, loop_state).instrument(turn.clone()).await;
+    let outcome = async {
+        let agents = agents::agents_of(ctx).await;
+        if let Some(agents) = &agents
+            && let Some(routed) = agents::route_input(ctx, agents, &mut loop_state).await
+        {
+            return match routed {
+                Ok(()) => loop_state.end(TaskStatus::Ok, None),
+                Err(e) => {
+                    ctx.emit(EventKind::Error { error: e.clone() });
+                    loop_state.end(status_of(&e), Some(e))
+                }
+            };
+        }
+        run_turn(ctx, loop_state, agents.as_ref()).await
+    }
+    .instrument(turn.clone())
+    .await;
     turn.record("troupe.turn.steps", outcome.stats.steps);
     turn.record("troupe.turn.tool_calls", outcome.stats.tool_calls);
     outcome
 }
 
-/// The steps of a turn, once the task holds its slot.
-async fn run_turn(ctx: &TaskContext, mut loop_state: LoopState) -> TaskOutcome {
+/// The steps of a turn, once the task holds its slot (after its routing step, if any).
+async fn run_turn(
+    ctx: &TaskContext,
+    mut loop_state: LoopState,
+    agents: Option<&agents::Agents>,
+) -> TaskOutcome {
     let mut mcp = TaskMcp::new(ctx);
-    let prepared = prepare(ctx, &mut mcp).await;
+    let prepared = prepare(ctx, &mut mcp, agents).await;
 
-    for step in 1..=ctx.limits.max_steps {
+    let first = loop_state.stats.steps + 1;
+    for step in first..=ctx.limits.max_steps {
         if ctx.cancel.is_cancelled() {
             return loop_state.end(
                 TaskStatus::Cancelled,
@@ -464,7 +518,7 @@ async fn run_turn(ctx: &TaskContext, mut loop_state: LoopState) -> TaskOutcome {
             turn: ctx.turn,
             step,
         });
-        let response = match model_step(ctx, &prepared, &loop_state.items, step).await {
+        let response = match model_step(ctx, &ctx.model, &prepared, &loop_state.items, step).await {
             Ok((response, estimate)) => {
                 loop_state.stats.estimated_prompt_tokens += estimate;
                 let completion = completion_tokens(ctx.tokens.as_ref(), &response);
@@ -520,7 +574,7 @@ async fn run_turn(ctx: &TaskContext, mut loop_state: LoopState) -> TaskOutcome {
             let call_started = Instant::now();
             let mut attempt = 0;
             let (output, error) = loop {
-                let (output, error) = run_tool(ctx, &mut mcp, &prepared.tools, &call).await;
+                let (output, error) = run_tool(ctx, &mut mcp, agents, &prepared.tools, &call).await;
                 match (&error, ctx.limits.tool_errors) {
                     (Some(e), ToolErrorPolicy::Retry { attempts })
                         if attempt < attempts && e.retryable() =>
@@ -551,6 +605,9 @@ struct LoopState {
     last_text: String,
     /// When the scheduler granted the slot: the turn's start (`None` while queued).
     granted_at: Option<Instant>,
+    /// The supervisor answered it (a dispatch, a reply, a question): its exchange enters
+    /// history even without a model step of the turn.
+    routed: bool,
 }
 
 impl LoopState {
@@ -561,7 +618,7 @@ impl LoopState {
         // A task that never got a model call leaves no history: its message was not
         // processed (cancelled while queued, or its prompt was over budget — which would
         // otherwise make every later turn fail too). The rollout rebuild does the same.
-        if self.stats.steps == 0 {
+        if self.stats.steps == 0 && !self.routed {
             self.items.clear();
         }
         TaskOutcome {

@@ -38,13 +38,46 @@ pub fn builtin_tools(prefs: &ToolPrefs) -> Vec<ToolSpec> {
     ]
     .into_iter()
     .filter(|(enabled, _)| *enabled)
-    .map(|(_, build)| build())
+    .map(|(_, build)| {
+        let mut spec = build();
+        spec.parameters.0 = sort_keys(std::mem::take(&mut spec.parameters.0));
+        spec
+    })
     .collect()
+}
+
+/// `value` with every object's keys in sorted order: the same text whether serde_json keeps
+/// insertion order (its `preserve_order` feature, which a dependency may turn on for the
+/// whole build) or not, so a built-in schema reads the same to the model, to the token
+/// counter's table of known texts, and to every snapshot.
+fn sort_keys(value: Value) -> Value {
+    match value {
+        Value::Object(map) => {
+            let mut entries: Vec<(String, Value)> = map.into_iter().collect();
+            entries.sort_by(|a, b| a.0.cmp(&b.0));
+            Value::Object(
+                entries
+                    .into_iter()
+                    .map(|(k, v)| (k, sort_keys(v)))
+                    .collect(),
+            )
+        }
+        Value::Array(items) => Value::Array(items.into_iter().map(sort_keys).collect()),
+        other => other,
+    }
 }
 
 /// Whether `name` is an external (MCP) tool's: anything but a built-in's name.
 pub fn is_external(name: &str) -> bool {
-    !matches!(name, SHELL | UPDATE_PLAN | APPLY_PATCH | WEB_SEARCH)
+    !matches!(
+        name,
+        SHELL
+            | UPDATE_PLAN
+            | APPLY_PATCH
+            | WEB_SEARCH
+            | crate::agents::route::DISPATCH_TOOL
+            | crate::agents::route::ROUTE_TOOL
+    )
 }
 
 /// Built-ins the preferences ask for that are not offered because nothing runs them: the
@@ -333,10 +366,14 @@ mod tests {
             tool("fs__write_file", "Write a file (v2).", path_schema()),
         ];
         let merged = merge_tools(builtin_tools(&ALL), external);
-        insta::assert_json_snapshot!(json!({
-            "tools": merged.tools,
-            "conflicts": merged.conflicts,
-        }));
+        // Keys sorted: the same snapshot whether or not serde_json keeps insertion order
+        // (its `preserve_order` feature, which a dependency may turn on for the whole build).
+        insta::with_settings!({sort_maps => true}, {
+            insta::assert_json_snapshot!(json!({
+                "tools": merged.tools,
+                "conflicts": merged.conflicts,
+            }));
+        });
     }
 
     #[test]

@@ -27,7 +27,7 @@ use troupe_store::{MemoryRolloutStorage, TtlSweeper};
 
 use crate::spinner::Spinner;
 
-#[derive(Debug, clap::Args)]
+#[derive(Debug, Default, clap::Args)]
 pub struct ChatArgs {
     /// A first question; with --once, the only one.
     pub question: Option<String>,
@@ -162,7 +162,7 @@ fn parse_policy(s: &str) -> Result<StoragePolicy, String> {
 
 /// Defaults < config file < environment < flags; the provider as
 /// [`TroupeConfig::choose_provider`] picks it.
-fn resolve(args: &ChatArgs) -> anyhow::Result<TroupeConfig> {
+pub(crate) fn resolve(args: &ChatArgs) -> anyhow::Result<TroupeConfig> {
     let env = |k: &str| std::env::var(k).ok();
     let mut c = TroupeConfig::load(args.config.as_deref(), &env)?;
     let snake = |s: &str| s.replace('-', "_");
@@ -226,6 +226,31 @@ fn resolve(args: &ChatArgs) -> anyhow::Result<TroupeConfig> {
     Ok(c)
 }
 
+/// The agents of the configuration (said on stderr, with the files that did not load); a
+/// chat run's bindings last as long as the run.
+fn agents(
+    config: &TroupeConfig,
+    script: bool,
+) -> anyhow::Result<Option<troupe_actors::agents::AgentPorts>> {
+    let catalog = troupe_runtime::agents::catalog(config);
+    for error in &catalog.errors {
+        eprintln!("troupe: {error}");
+    }
+    if !catalog.is_empty() {
+        let ids: Vec<&str> = catalog.agents.keys().map(String::as_str).collect();
+        eprintln!(
+            "troupe: agents: {} (/hub <agent> <text> goes straight to one)",
+            ids.join(", ")
+        );
+    }
+    Ok(assembly::agent_ports(
+        config,
+        catalog,
+        script,
+        Arc::new(troupe_store::memory::MemoryStore::new()),
+    )?)
+}
+
 /// Everything one chat process holds.
 struct Chat {
     session: SessionHandle,
@@ -264,6 +289,7 @@ async fn run_with(args: ChatArgs, config: TroupeConfig) -> anyhow::Result<ExitCo
     let info = model.info();
     let (model_name, provider_name) = (info.model, info.provider);
     let mut ports = assembly::session_ports(&config, model, tokens);
+    ports.agents = agents(&config, args.script.is_some())?;
     // Every run's rollout is under the data dir (in memory with --ephemeral). Ttl content
     // earlier runs left there is swept before this one starts, and the sweeper goes on while
     // this run lives (this session's content included).

@@ -1,6 +1,7 @@
 //! The `troupe` command.
 #![forbid(unsafe_code)]
 
+mod acp;
 mod agents;
 mod chat;
 mod history;
@@ -25,6 +26,8 @@ enum Command {
     Chat(Box<chat::ChatArgs>),
     /// Serve sessions over HTTP (JSON-RPC, REST, SSE, WebSocket) or stdio.
     Serve(Box<serve::ServeArgs>),
+    /// Serve troupe as an Agent Client Protocol agent on stdin/stdout (for editors).
+    Acp(Box<acp::AcpArgs>),
     /// The agents a configuration defines.
     #[command(subcommand)]
     Agents(agents::AgentsCommand),
@@ -78,6 +81,7 @@ fn main() -> ExitCode {
         match cli.command {
             Command::Chat(args) => chat::run(*args).await,
             Command::Serve(args) => serve::run(*args).await,
+            Command::Acp(args) => acp::run(*args).await,
             Command::Agents(cmd) => {
                 let _telemetry = troupe_runtime::telemetry::init("troupe");
                 agents::run(cmd).await

@@ -112,6 +112,12 @@ pub async fn run(args: ServeArgs) -> anyhow::Result<ExitCode> {
     let storage = troupe_service::open_store(&config, args.ephemeral)?;
     eprintln!("troupe: {}", storage.description);
     ports.rollout_storage = storage.rollout;
+    let catalog = troupe_runtime::agents::catalog(&config);
+    for error in &catalog.errors {
+        eprintln!("troupe: {error}");
+    }
+    let bindings: std::sync::Arc<dyn troupe_store::BindingStore> = storage.store.clone();
+    ports.agents = assembly::agent_ports(&config, catalog, args.script.is_some(), bindings)?;
     let service = Service::start(&config, storage.store, ports, prometheus).await?;
     troupe_service::cancel_on_signals(service.shutdown_token())?;
     if args.stdio {

@@ -567,6 +567,27 @@ impl PolicyReason {
     }
 }
 
+/// What an [`AgentUpdate`](crate::EventKind::AgentUpdate) is (ACP's `session/update`
+/// kinds, and A2A's status updates).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum AgentUpdateKind {
+    /// A piece of the agent's answer.
+    MessageChunk,
+    /// A piece of its reasoning.
+    ThoughtChunk,
+    /// It started a tool call.
+    ToolCall,
+    /// A tool call progressed or ended.
+    ToolCallUpdate,
+    /// Its plan.
+    Plan,
+    /// Its state changed (A2A task status).
+    Status,
+    /// Anything else.
+    Other,
+}
+
 /// An agent's health, as its provider reports it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]

@@ -3,10 +3,14 @@
 //! `seq` is assigned by the session's rollout, strictly increasing per session, so a client
 //! can resume a stream after the last `seq` it saw.
 
+use crate::agent::{
+    AgentUpdateKind, DispatchStatus, ExecutionChain, PolicyReason, ProviderKind, RouteDecision,
+    RouteSource,
+};
 use crate::api::{CloseOutcome, ConversationStats};
 use crate::approval::{ApprovalDecision, ApprovalSubject};
 use crate::error::AgentError;
-use crate::ids::{ApprovalId, ConversationId, SessionId, TaskId};
+use crate::ids::{ApprovalId, ConversationId, DispatchId, SessionId, TaskId};
 use crate::item::Usage;
 use crate::names::{EventName, WarningCode};
 use crate::policy::StoragePolicy;
@@ -154,6 +158,82 @@ pub enum EventKind {
         turns: u32,
         stats: ConversationStats,
     },
+    /// A provider session was opened for an agent (A1), for the dispatch `dispatch_id`.
+    SessionCreated {
+        agent_id: String,
+        provider: ProviderKind,
+        provider_session_id: String,
+        dispatch_id: Option<DispatchId>,
+    },
+    /// An agent of this session is bound to a provider session: the next dispatches resume
+    /// it. `replaced`: the provider session of the binding it replaces, which could not be
+    /// resumed (a `binding_replaced` warning says why).
+    SessionBound {
+        agent_id: String,
+        provider: ProviderKind,
+        provider_session_id: String,
+        replaced: Option<String>,
+        dispatch_id: Option<DispatchId>,
+    },
+    /// An agent's bound provider session was taken up again (the first dispatch of a run to
+    /// a binding made before).
+    SessionResumed {
+        agent_id: String,
+        provider: ProviderKind,
+        provider_session_id: String,
+        dispatch_id: Option<DispatchId>,
+    },
+    /// The supervisor decided what to do with an input (A3); `agent_id` for
+    /// `dispatch_agent`, `module` for `dispatch_module`; `reason` is the supervisor's own.
+    RouteDecided {
+        decision: RouteDecision,
+        agent_id: Option<String>,
+        module: Option<String>,
+        confidence: f64,
+        source: RouteSource,
+        reason: String,
+    },
+    /// A dispatch to an agent left, holding its lease (`lease_ttl_ms`); `chain` ends with the
+    /// agent; `provider_session_id` is its binding when it has one already.
+    DispatchSent {
+        dispatch_id: DispatchId,
+        agent_id: String,
+        provider: ProviderKind,
+        provider_session_id: Option<String>,
+        chain: ExecutionChain,
+        lease_ttl_ms: u64,
+        input: String,
+    },
+    /// A dispatch ended: answered (`text`), failed, cancelled, or its lease expired (the
+    /// child was cancelled and the lease reclaimed).
+    DispatchResult {
+        dispatch_id: DispatchId,
+        agent_id: String,
+        provider_session_id: Option<String>,
+        status: DispatchStatus,
+        text: String,
+        error: Option<AgentError>,
+        duration_ms: u64,
+    },
+    /// A dispatch was refused before it ran (A4): `chain` is the one it would have extended.
+    PolicyRejected {
+        agent_id: String,
+        chain: ExecutionChain,
+        reason: PolicyReason,
+        message: String,
+    },
+    /// The supervisor asks the human a question (A3 `ask_human`); the next message answers.
+    AskHuman { question: String },
+    /// Progress of an external agent during a dispatch (an ACP session update, an A2A
+    /// status): `text` what it says, `data` the provider's own payload.
+    AgentUpdate {
+        dispatch_id: DispatchId,
+        agent_id: String,
+        provider_session_id: String,
+        update: AgentUpdateKind,
+        text: String,
+        data: Option<crate::json::Json>,
+    },
 }
 
 impl EventKind {
@@ -184,6 +264,15 @@ impl EventKind {
             Self::McpServerReady { .. } => EventName::McpServerReady,
             Self::MessageUpdated { .. } => EventName::MessageUpdated,
             Self::HistoryCheckpoint { .. } => EventName::HistoryCheckpoint,
+            Self::SessionCreated { .. } => EventName::SessionCreated,
+            Self::SessionBound { .. } => EventName::SessionBound,
+            Self::SessionResumed { .. } => EventName::SessionResumed,
+            Self::RouteDecided { .. } => EventName::RouteDecided,
+            Self::DispatchSent { .. } => EventName::DispatchSent,
+            Self::DispatchResult { .. } => EventName::DispatchResult,
+            Self::PolicyRejected { .. } => EventName::PolicyRejected,
+            Self::AskHuman { .. } => EventName::AskHuman,
+            Self::AgentUpdate { .. } => EventName::AgentUpdate,
         }
     }
 }
@@ -299,6 +388,66 @@ mod wire {
                     turns: u32,
                     stats: ConversationStats,
                 },
+            SessionCreated {
+                agent_id: String,
+                provider: ProviderKind,
+                provider_session_id: String,
+                dispatch_id: Option<DispatchId>,
+            },
+            SessionBound {
+                agent_id: String,
+                provider: ProviderKind,
+                provider_session_id: String,
+                replaced: Option<String>,
+                dispatch_id: Option<DispatchId>,
+            },
+            SessionResumed {
+                agent_id: String,
+                provider: ProviderKind,
+                provider_session_id: String,
+                dispatch_id: Option<DispatchId>,
+            },
+            RouteDecided {
+                decision: RouteDecision,
+                agent_id: Option<String>,
+                module: Option<String>,
+                confidence: f64,
+                source: RouteSource,
+                reason: String,
+            },
+            DispatchSent {
+                dispatch_id: DispatchId,
+                agent_id: String,
+                provider: ProviderKind,
+                provider_session_id: Option<String>,
+                chain: ExecutionChain,
+                lease_ttl_ms: u64,
+                input: String,
+            },
+            DispatchResult {
+                dispatch_id: DispatchId,
+                agent_id: String,
+                provider_session_id: Option<String>,
+                status: DispatchStatus,
+                text: String,
+                error: Option<AgentError>,
+                duration_ms: u64,
+            },
+            PolicyRejected {
+                agent_id: String,
+                chain: ExecutionChain,
+                reason: PolicyReason,
+                message: String,
+            },
+            AskHuman { question: String },
+            AgentUpdate {
+                dispatch_id: DispatchId,
+                agent_id: String,
+                provider_session_id: String,
+                update: AgentUpdateKind,
+                text: String,
+                data: Option<crate::json::Json>,
+            },
             }
         };
     }

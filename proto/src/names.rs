@@ -94,6 +94,15 @@ bounded_names! {
         McpServerReady = "mcp_server_ready",
         MessageUpdated = "message_updated",
         HistoryCheckpoint = "history_checkpoint",
+        SessionCreated = "session_created",
+        SessionBound = "session_bound",
+        SessionResumed = "session_resumed",
+        RouteDecided = "route_decided",
+        DispatchSent = "dispatch_sent",
+        DispatchResult = "dispatch_result",
+        PolicyRejected = "policy_rejected",
+        AskHuman = "ask_human",
+        AgentUpdate = "agent_update",
     }
 }
 
@@ -130,6 +139,10 @@ bounded_names! {
         CancelIgnored = "cancel_ignored",
         /// The model could not summarize trimmed history; the local summary stays.
         SummaryFallback = "summary_fallback",
+        /// An agent's binding could not be resumed; a new provider session replaces it (A1).
+        BindingReplaced = "binding_replaced",
+        /// A dispatch's lease expired: the child was cancelled and the lease reclaimed (A4).
+        LeaseExpired = "lease_expired",
     }
 }
 

@@ -77,7 +77,83 @@ pub fn session_ports(
         summarizer: Arc::new(LocalSummarizer::default()),
         tokens,
         rollout_storage: None,
+        agents: None,
     }
+}
+
+/// The agents of a session (A1–A4) from the configuration, or `None` when no definition
+/// loaded (the session then runs as without agents). `script`: a script drives the scripted
+/// model, which then routes like any model. The supervisor routes with its model (`route`
+/// tool calls) unless `[agents] router = "rules"`, or nothing names a model to route with.
+/// In-process agents that name another endpoint than the session's (`base_url`, or another
+/// `provider`) get a client of their own.
+pub fn agent_ports(
+    config: &TroupeConfig,
+    catalog: troupe_proto::agent::AgentCatalog,
+    script: bool,
+    bindings: Arc<dyn troupe_actors::ports::BindingStore>,
+) -> Result<Option<troupe_actors::agents::AgentPorts>, AgentError> {
+    use troupe_actors::agents::{AgentPorts, AgentSettings, RouterMode};
+    use troupe_proto::agent::ProviderSpec;
+    if catalog.is_empty() {
+        return Ok(None);
+    }
+    let router = match config.agents.router {
+        Some(crate::config::RouterKind::Model) => RouterMode::Model,
+        Some(crate::config::RouterKind::Rules) => RouterMode::Rules,
+        None if config.model.provider != Provider::Scripted || script => RouterMode::Model,
+        None => RouterMode::Rules,
+    };
+    let session_provider = crate::config::provider_name(config.model.provider);
+    let mut models = std::collections::BTreeMap::new();
+    for def in catalog.agents.values() {
+        let ProviderSpec::Model {
+            model,
+            provider,
+            base_url,
+            ..
+        } = &def.provider
+        else {
+            continue;
+        };
+        let other_provider = provider.as_deref().filter(|p| *p != session_provider);
+        if other_provider.is_none() && base_url.is_none() {
+            continue;
+        }
+        let mut own = config.clone();
+        if let Some(p) = other_provider {
+            own.model.provider = crate::config::parse_enum(
+                "provider.provider",
+                p,
+                "openai-responses, openai-chat or scripted",
+            )
+            .map_err(|e| AgentError::invalid(format!("agent `{}`: {e}", def.id)))?;
+        }
+        if let Some(url) = base_url {
+            own.model.base_url.clone_from(url);
+            if own.model.provider == Provider::Scripted {
+                own.model.provider = Provider::OpenaiChat;
+            }
+        }
+        if let Some(m) = model {
+            own.model.model.clone_from(m);
+        }
+        let client = build_model(&own, None)
+            .map_err(|e| AgentError::invalid(format!("agent `{}`: {e}", def.id)))?;
+        models.insert(def.id.clone(), client);
+    }
+    Ok(Some(AgentPorts {
+        catalog: Arc::new(catalog),
+        settings: AgentSettings {
+            supervisor: config.agents.supervisor.clone(),
+            router,
+            max_depth: config.agents.max_depth,
+            lease_ttl: config.agents.lease_ttl,
+        },
+        factories: crate::agents::factories(),
+        models,
+        bindings,
+    }))
 }
 
 /// The session configuration: data directory, MCP servers, the chat limits and policies, and

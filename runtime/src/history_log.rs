@@ -743,6 +743,38 @@ fn stand_in(record: &RolloutRecord) -> Option<EventKind> {
             message: String::new(),
         },
         EventName::Error => EventKind::Error { error: error? },
+        EventName::RouteDecided => {
+            let route = meta.route?;
+            EventKind::RouteDecided {
+                decision: route.decision,
+                agent_id: meta.agent_id.clone(),
+                module: None,
+                confidence: route.confidence,
+                source: route.source,
+                reason: String::new(),
+            }
+        }
+        EventName::DispatchSent => EventKind::DispatchSent {
+            dispatch_id: meta.dispatch_id?,
+            agent_id: meta.agent_id.clone()?,
+            provider: meta.provider?,
+            provider_session_id: meta.provider_session_id.clone(),
+            chain: troupe_proto::agent::ExecutionChain::default(),
+            lease_ttl_ms: 0,
+            input: String::new(),
+        },
+        EventName::DispatchResult => EventKind::DispatchResult {
+            dispatch_id: meta.dispatch_id?,
+            agent_id: meta.agent_id.clone()?,
+            provider_session_id: meta.provider_session_id.clone(),
+            status: meta.dispatch?,
+            text: String::new(),
+            error,
+            duration_ms: meta.duration_ms.unwrap_or_default(),
+        },
+        EventName::AskHuman => EventKind::AskHuman {
+            question: String::new(),
+        },
         _ => return None,
     })
 }
@@ -845,6 +877,130 @@ fn loose_line(
             meta.code = Some(code.as_str().to_owned());
             let content = keep(level, size, message, meta);
             Some((LineType::Warning, LineRole::System, content))
+        }
+        event => agent_line(event, level, size, meta),
+    }
+}
+
+/// The line of an agent event (seed 003 §9.1 names its type); `None` for other events.
+fn agent_line(
+    event: &EventKind,
+    level: Level,
+    size: Option<u64>,
+    meta: &mut LineMeta,
+) -> Option<(LineType, LineRole, String)> {
+    let system = |kind, content| Some((kind, LineRole::System, content));
+    match event {
+        EventKind::SessionCreated {
+            agent_id,
+            provider,
+            provider_session_id,
+            dispatch_id,
+        }
+        | EventKind::SessionResumed {
+            agent_id,
+            provider,
+            provider_session_id,
+            dispatch_id,
+        } => {
+            meta.agent_id = Some(agent_id.clone());
+            meta.provider = Some(provider.as_str().to_owned());
+            meta.provider_session_id = Some(provider_session_id.clone());
+            meta.dispatch_id = dispatch_id.map(|d| d.to_string());
+            let kind = if matches!(event, EventKind::SessionCreated { .. }) {
+                LineType::SessionCreated
+            } else {
+                LineType::SessionResumed
+            };
+            system(kind, provider_session_id.clone())
+        }
+        EventKind::SessionBound {
+            agent_id,
+            provider,
+            provider_session_id,
+            replaced,
+            dispatch_id,
+        } => {
+            meta.agent_id = Some(agent_id.clone());
+            meta.provider = Some(provider.as_str().to_owned());
+            meta.provider_session_id = Some(provider_session_id.clone());
+            meta.dispatch_id = dispatch_id.map(|d| d.to_string());
+            if let Some(old) = replaced {
+                meta.extra.insert("replaced".into(), serde_json::json!(old));
+            }
+            system(LineType::SessionBound, provider_session_id.clone())
+        }
+        EventKind::RouteDecided {
+            decision,
+            agent_id,
+            module,
+            confidence,
+            source,
+            reason,
+        } => {
+            meta.decision = Some(decision.as_str().to_owned());
+            meta.agent_id.clone_from(agent_id);
+            meta.confidence = Some(*confidence);
+            meta.source = Some(source.as_str().to_owned());
+            if let Some(module) = module {
+                meta.extra
+                    .insert("module".into(), serde_json::json!(module));
+            }
+            system(LineType::RouteDecided, keep(level, size, reason, meta))
+        }
+        EventKind::DispatchSent {
+            dispatch_id,
+            agent_id,
+            provider,
+            provider_session_id,
+            chain,
+            lease_ttl_ms,
+            input,
+        } => {
+            meta.agent_id = Some(agent_id.clone());
+            meta.provider = Some(provider.as_str().to_owned());
+            meta.provider_session_id.clone_from(provider_session_id);
+            meta.dispatch_id = Some(dispatch_id.to_string());
+            meta.chain = Some(chain.0.clone());
+            meta.extra
+                .insert("lease_ttl_ms".into(), serde_json::json!(lease_ttl_ms));
+            system(LineType::DispatchSent, keep(level, size, input, meta))
+        }
+        EventKind::DispatchResult {
+            dispatch_id,
+            agent_id,
+            provider_session_id,
+            status,
+            text,
+            error,
+            duration_ms,
+        } => {
+            meta.agent_id = Some(agent_id.clone());
+            meta.provider_session_id.clone_from(provider_session_id);
+            meta.dispatch_id = Some(dispatch_id.to_string());
+            meta.outcome = Some(status.as_str().to_owned());
+            meta.duration_ms = Some(*duration_ms);
+            meta.error = error.as_ref().map(|e| ErrorMeta {
+                kind: e.kind(),
+                message: (level == Level::Full).then(|| e.to_string()),
+            });
+            let content = keep(level, size, text, meta);
+            Some((LineType::DispatchResult, LineRole::Assistant, content))
+        }
+        EventKind::PolicyRejected {
+            agent_id,
+            chain,
+            reason,
+            message,
+        } => {
+            meta.agent_id = Some(agent_id.clone());
+            meta.chain = Some(chain.0.clone());
+            meta.code = Some(reason.as_str().to_owned());
+            system(LineType::PolicyRejected, keep(level, size, message, meta))
+        }
+        EventKind::AskHuman { question } => {
+            let content = keep(level, size, question, meta);
+            Some((LineType::AskHuman, LineRole::Assistant, content))
         }
         _ => None,
     }

@@ -70,6 +70,7 @@ async fn session(dir: &std::path::Path, model: ScriptedModel) -> SessionHandle {
         summarizer: Arc::new(LocalSummarizer::default()),
         tokens: Arc::new(troupe_actors::ports::ApproxTokens),
         rollout_storage: None,
+        agents: None,
     };
     SessionHandle::start(SessionId::new(), config, ports)
         .await

@@ -242,6 +242,7 @@ async fn shared_servers() {
         summarizer: Arc::new(troupe_actors::history::LocalSummarizer::default()),
         tokens: Arc::new(troupe_actors::ports::ApproxTokens),
         rollout_storage: None,
+        agents: None,
     };
     let before = rss_kib(std::process::id());
     let (session, _) =

@@ -47,6 +47,7 @@ async fn start(
         summarizer: Arc::new(LocalSummarizer::default()),
         tokens: Arc::new(troupe_actors::ports::ApproxTokens),
         rollout_storage: Some(Arc::new(storage.clone())),
+        agents: None,
     };
     SessionHandle::start(session_id, config, ports)
         .await

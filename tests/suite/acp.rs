@@ -506,3 +506,73 @@ async fn a_program_that_cannot_start_is_a_clear_error() {
     })
     .await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_permission_request_becomes_a_troupe_approval_of_the_task() {
+    bounded(async {
+        let codex = Codex::start("untrusted").await;
+        let marker = codex.work.path().join("marker.txt");
+        codex.server.push(Reply::tool_call(
+            "exec_command",
+            [r#"{"cmd":"touch marker.txt"}"#],
+        ));
+        codex.server.push(Reply::text(["done"]));
+        // A troupe session whose ApprovalStore answers for the dispatching task.
+        let session = troupe_tests::TestSession::start(Vec::new()).await;
+        let conversation = session.root().await;
+        let task_id = troupe_proto::TaskId::new();
+        let approvals = session.session.services().await.unwrap().approvals;
+        let permissions = Arc::new(troupe_acp::ApprovalStorePermissions {
+            approvals: troupe_actors::directory::ServiceRef::fixed(approvals),
+            conversation_id: conversation,
+            task_id,
+            agent_id: "codex".into(),
+            timeout: Some(Duration::from_secs(30)),
+            cancel: tokio_util::sync::CancellationToken::new(),
+        });
+        let agent = codex.agent().await;
+        let (tx, _rx) = mpsc::channel(256);
+        let running = tokio::spawn({
+            let agent = agent.clone();
+            async move { agent.prompt(turn("make a marker", &tx, permissions)).await }
+        });
+        // A human sees the request among the session's pending approvals and approves it.
+        let pending = tokio::time::timeout(Duration::from_secs(30), async {
+            loop {
+                let p = session.session.pending_approvals().await.unwrap();
+                if let Some(first) = p.into_iter().next() {
+                    return first;
+                }
+                tokio::time::sleep(Duration::from_millis(20)).await;
+            }
+        })
+        .await
+        .expect("the approval was asked");
+        assert_eq!(pending.conversation_id, conversation);
+        assert_eq!(pending.task_id, Some(task_id));
+        // codex-acp gives the argv it will run.
+        assert_eq!(pending.command, ["/bin/bash", "-lc", "touch marker.txt"]);
+        assert!(
+            pending.reason.contains("ACP agent `codex`"),
+            "{}",
+            pending.reason
+        );
+        session
+            .session
+            .respond_approval(
+                pending.approval_id,
+                troupe_proto::ApprovalDecision::ApproveOnce,
+            )
+            .await
+            .unwrap();
+        let out = running.await.unwrap().unwrap();
+        assert_eq!(
+            (out.stop_reason, out.text.as_str()),
+            (StopReason::EndTurn, "done")
+        );
+        assert!(marker.exists(), "the approved command did not run");
+        agent.shutdown().await;
+        session.stop().await;
+    })
+    .await;
+}

@@ -41,6 +41,7 @@ async fn the_history_keeps_every_event_of_a_burst_that_overruns_the_live_feed() 
         summarizer: Arc::new(LocalSummarizer::default()),
         tokens: Arc::new(troupe_actors::ports::ApproxTokens),
         rollout_storage: Some(storage.clone()),
+        agents: None,
     };
     let config = SessionConfig {
         data_dir: dir.path().to_path_buf(),

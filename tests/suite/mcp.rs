@@ -50,6 +50,7 @@ async fn two_hundred_conversations_share_one_server_process() {
             summarizer: Arc::new(troupe_actors::history::LocalSummarizer::default()),
             tokens: Arc::new(troupe_actors::ports::ApproxTokens),
             rollout_storage: None,
+            agents: None,
         };
         troupe_actors::SessionHandle::start(troupe_proto::SessionId::new(), config, ports)
             .await

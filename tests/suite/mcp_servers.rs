@@ -252,6 +252,7 @@ async fn start(
         summarizer: Arc::new(troupe_actors::history::LocalSummarizer::default()),
         tokens: Arc::new(troupe_actors::ports::ApproxTokens),
         rollout_storage: None,
+        agents: None,
     };
     let (session, join) = SessionHandle::start(SessionId::new(), config, ports)
         .await
@@ -1083,6 +1084,11 @@ async fn offered_tools() -> Vec<ToolSpec> {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_merged_tool_list_is_the_same_in_every_run() {
+    // Keys sorted: the same snapshot whether serde_json keeps insertion order or not (its
+    // `preserve_order` feature, which the ACP crate turns on for builds that include it).
+    let mut sorted = insta::Settings::clone_current();
+    sorted.set_sort_maps(true);
+    let _sorted = sorted.bind_to_scope();
     bounded(async {
         let first = offered_tools().await;
         let second = offered_tools().await;
@@ -1160,6 +1166,7 @@ async fn allowlists_are_checked_before_any_server_connects_and_unknown_tools_are
         summarizer: Arc::new(troupe_actors::history::LocalSummarizer::default()),
         tokens: Arc::new(troupe_actors::ports::ApproxTokens),
         rollout_storage: None,
+        agents: None,
     };
     let (session, _join) = SessionHandle::start(SessionId::new(), config, ports)
         .await

@@ -1,5 +1,6 @@
 mod a2a;
 mod acp;
+mod acp_serve;
 mod agents;
 mod approvals;
 mod cancel;

@@ -68,6 +68,7 @@ async fn start(
         summarizer: Arc::new(LocalSummarizer::default()),
         tokens: Arc::new(troupe_actors::ports::ApproxTokens),
         rollout_storage: Some(storage),
+        agents: None,
     };
     SessionHandle::start(session_id, config, ports)
         .await

@@ -38,6 +38,7 @@ async fn start(
         summarizer: Arc::new(LocalSummarizer::default()),
         tokens: Arc::new(troupe_actors::ports::ApproxTokens),
         rollout_storage: None,
+        agents: None,
     };
     SessionHandle::start(session_id, config, ports)
         .await

@@ -27,13 +27,18 @@
 //! - [`AcpAgent::health`] — the process's state, pid, restarts and last error.
 //! - [`AcpAgent::shutdown`] — SIGTERM, then SIGKILL after the grace period.
 //!
+//! [`ApprovalStorePermissions`] is the handler that routes permission requests into the
+//! session's ApprovalStore as approvals of the dispatching task.
+//!
 //! [`AcpEvent`]: crate::AcpEvent
 
+mod approvals;
 pub(crate) mod process;
 mod restart;
 pub(crate) mod session;
 mod supervisor;
 
+pub use approvals::{ApprovalStorePermissions, command_of};
 pub use process::{AgentCommand, Stopped};
 pub use restart::RestartPolicy;
 

@@ -10,11 +10,15 @@ impl ConversationState {
         myself: &ActorRef<ConversationMsg>,
         kind: TaskKind,
         text: String,
+        origin: Option<crate::agents::DispatchOrigin>,
         reply: RpcReplyPort<Result<MessageReply, AgentError>>,
         caller: &tracing::Span,
     ) {
         let task_id = TaskId::new();
-        let cancel = CancellationToken::new();
+        // A dispatched task stops with its dispatch (cancelled, or its lease expired).
+        let cancel = origin
+            .as_ref()
+            .map_or_else(CancellationToken::new, |o| o.cancel.child_token());
         let settings = self.services.settings.clone();
         let started_at_ms = self.services.clock.now_ms();
         let _ = self
@@ -93,6 +97,8 @@ impl ConversationState {
             sandbox_policy: self.sandbox_policy,
             workspace_roots: settings.workspace_roots.clone(),
             record_content: settings.record_content,
+            // A compaction routes nothing and dispatches nothing.
+            agents: (!compact).then_some(crate::task::TaskAgents { origin }),
             slot: {
                 let (give, ask) = (myself.clone(), myself.clone());
                 crate::task::SlotLease::new(
@@ -450,7 +456,14 @@ impl ConversationState {
         if self.closing.is_some() {
             self.finish_close(myself, CloseOutcome::Closed);
         } else if let Some(next) = self.queue.pop_front() {
-            self.start_task(myself, next.kind, next.text, next.reply, &next.caller);
+            self.start_task(
+                myself,
+                next.kind,
+                next.text,
+                next.origin,
+                next.reply,
+                &next.caller,
+            );
         }
     }
 

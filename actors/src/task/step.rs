@@ -22,6 +22,7 @@ impl DeltaSink for ChunkEvents<'_> {
 
 pub(super) async fn model_step(
     ctx: &TaskContext,
+    model: &Arc<dyn ModelClient>,
     prepared: &Prepared,
     items: &[HistoryItem],
     step: u32,
@@ -65,7 +66,7 @@ pub(super) async fn model_step(
         tools: &prepared.tools,
         prompt_cache_key: &prepared.cache_key,
     };
-    let info = ctx.model.info();
+    let info = model.info();
     let span = spans::chat(
         ctx.conversation_id,
         ctx.task_id,
@@ -85,8 +86,7 @@ pub(super) async fn model_step(
         );
     }
     let mut sink = ChunkEvents { ctx };
-    let response = ctx
-        .model
+    let response = model
         .step(request, &mut sink, &ctx.cancel)
         .instrument(span.clone())
         .await

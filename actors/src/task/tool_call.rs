@@ -96,6 +96,7 @@ pub(super) fn shell_argv(args: &serde_json::Value) -> Result<Vec<String>, String
 pub(super) async fn run_tool(
     ctx: &TaskContext,
     mcp: &mut TaskMcp,
+    agents: Option<&super::agents::Agents>,
     tools: &[ToolSpec],
     call: &ToolCall,
 ) -> (ToolOutput, Option<ToolFailure>) {
@@ -114,9 +115,18 @@ pub(super) async fn run_tool(
     };
     emit(EventKind::ToolCallStarted { call: call.clone() });
     let started = Instant::now();
-    let result = execute(ctx, mcp, tools, call, &span)
-        .instrument(span.clone())
-        .await;
+    let result = if call.name == crate::agents::route::DISPATCH_TOOL
+        && tools.iter().any(|t| t.name == call.name)
+    {
+        span.record("gen_ai.tool.type", spans::TOOL_TYPE_FUNCTION);
+        super::agents::dispatch_call(ctx, agents, call)
+            .instrument(span.clone())
+            .await
+    } else {
+        execute(ctx, mcp, tools, call, &span)
+            .instrument(span.clone())
+            .await
+    };
     let outcome =
         metrics::outcome_label(&result.as_ref().map(|o| o.is_error).map_err(|f| &f.error));
     match &result {

@@ -1092,3 +1092,166 @@ fn xml_export_names_the_unparseable_line() {
     let err = export_xml(Path::new("/nonexistent/history.jsonl")).unwrap_err();
     assert_eq!(err.kind(), ErrorKind::NotFound);
 }
+
+/// A dispatch's events as the task of the supervisor's conversation emits them.
+fn dispatch_events(ev: &mut Events) -> Vec<EventEnvelope> {
+    use troupe_proto::agent::{
+        DispatchStatus, ExecutionChain, ProviderKind, RouteDecision, RouteSource,
+    };
+    let dispatch_id: troupe_proto::DispatchId = id("00000000-0000-7000-8000-0000000000d1");
+    let chain = ExecutionChain::start("supervisor").then("coder");
+    let psid = "00000000-0000-7000-8000-0000000000e1".to_owned();
+    vec![
+        ev.task(
+            CONV_A,
+            TASK_A1,
+            EventKind::TaskStarted {
+                input: "/hub coder fix".into(),
+            },
+        ),
+        ev.task(
+            CONV_A,
+            TASK_A1,
+            EventKind::RouteDecided {
+                decision: RouteDecision::DispatchAgent,
+                agent_id: Some("coder".into()),
+                module: None,
+                confidence: 1.0,
+                source: RouteSource::Hub,
+                reason: "/hub names `coder`".into(),
+            },
+        ),
+        ev.task(
+            CONV_A,
+            TASK_A1,
+            EventKind::DispatchSent {
+                dispatch_id,
+                agent_id: "coder".into(),
+                provider: ProviderKind::Model,
+                provider_session_id: None,
+                chain,
+                lease_ttl_ms: 600_000,
+                input: "fix".into(),
+            },
+        ),
+        ev.task(
+            CONV_A,
+            TASK_A1,
+            EventKind::SessionCreated {
+                agent_id: "coder".into(),
+                provider: ProviderKind::Model,
+                provider_session_id: psid.clone(),
+                dispatch_id: Some(dispatch_id),
+            },
+        ),
+        ev.task(
+            CONV_A,
+            TASK_A1,
+            EventKind::SessionBound {
+                agent_id: "coder".into(),
+                provider: ProviderKind::Model,
+                provider_session_id: psid.clone(),
+                replaced: None,
+                dispatch_id: Some(dispatch_id),
+            },
+        ),
+        ev.task(
+            CONV_A,
+            TASK_A1,
+            EventKind::DispatchResult {
+                dispatch_id,
+                agent_id: "coder".into(),
+                provider_session_id: Some(psid),
+                status: DispatchStatus::Ok,
+                text: "fixed".into(),
+                error: None,
+                duration_ms: 12,
+            },
+        ),
+    ]
+}
+
+#[test]
+fn agent_events_are_lines_of_their_own_with_the_agent_and_its_provider_session() {
+    let mut ev = Events::new();
+    let events = dispatch_events(&mut ev);
+    let options = HistoryLogOptions::default().with_policy(id(CONV_A), StoragePolicy::Full);
+    let mut log = HistoryLog::new(id(SESSION), options, 0);
+    let mut out = Vec::new();
+    for env in &events {
+        log.on_event(env, &mut out);
+    }
+    let kinds: Vec<LineType> = out.iter().map(|l| l.kind).collect();
+    use LineType::*;
+    assert_eq!(
+        kinds,
+        [
+            TurnStart,
+            RouteDecided,
+            DispatchSent,
+            SessionCreated,
+            SessionBound,
+            DispatchResult
+        ]
+    );
+    let psid = "00000000-0000-7000-8000-0000000000e1";
+    for line in &out[1..] {
+        assert_eq!(line.meta.agent_id.as_deref(), Some("coder"), "{line:?}");
+        assert_eq!(line.meta.task_id, Some(id(TASK_A1)));
+        assert_eq!(line.turn, 1);
+    }
+    for line in &out[3..] {
+        assert_eq!(
+            line.meta.provider_session_id.as_deref(),
+            Some(psid),
+            "{line:?}"
+        );
+    }
+    assert_eq!(out[1].meta.decision.as_deref(), Some("dispatch_agent"));
+    assert_eq!(out[1].meta.source.as_deref(), Some("hub"));
+    assert_eq!(out[1].meta.confidence, Some(1.0));
+    assert_eq!(
+        out[2].meta.chain.as_deref(),
+        Some(&["supervisor".to_owned(), "coder".to_owned()][..])
+    );
+    assert_eq!(out[2].content, "fix");
+    assert_eq!(out[5].content, "fixed");
+    assert_eq!(out[5].meta.outcome.as_deref(), Some("ok"));
+    let json = serde_json::to_value(&out[5]).unwrap();
+    assert_eq!(json["type"], "dispatch_result");
+    assert_eq!(json["meta"]["agent_id"], "coder");
+    assert_eq!(json["meta"]["provider_session_id"], psid);
+
+    // Headers only: the same lines without their content, from the live events and from
+    // the stored headers alike.
+    let policy = StoragePolicy::HeadersOnly;
+    let options = || HistoryLogOptions::default().with_policy(id(CONV_A), policy);
+    let (mut live, mut stored) = (
+        HistoryLog::new(id(SESSION), options(), 0),
+        HistoryLog::new(id(SESSION), options(), 0),
+    );
+    let (mut from_live, mut from_stored) = (Vec::new(), Vec::new());
+    for env in &events {
+        live.on_event(env, &mut from_live);
+        if let Some(record) = record_for(policy, env) {
+            stored.on_record(&record, &mut from_stored);
+        }
+    }
+    // What the headers do not keep: the chain and lease of a dispatch.
+    let strip = |lines: Vec<HistoryLine>| -> Vec<HistoryLine> {
+        lines
+            .into_iter()
+            .map(|mut l| {
+                l.meta.chain = None;
+                l.meta.extra.remove("lease_ttl_ms");
+                l
+            })
+            .collect()
+    };
+    assert_eq!(from_live.len(), 6);
+    assert_eq!(strip(from_stored), strip(from_live.clone()));
+    assert!(
+        from_live.iter().all(|l| !l.content.contains("fix")),
+        "no content: {from_live:?}"
+    );
+}

@@ -185,6 +185,7 @@ impl Run {
             summarizer: Arc::new(troupe_actors::history::LocalSummarizer::default()),
             tokens: Arc::new(troupe_actors::ports::ApproxTokens),
             rollout_storage: None,
+            agents: None,
         };
         let (session, join) = SessionHandle::start(SessionId::new(), config, ports)
             .await
@@ -603,6 +604,7 @@ async fn an_openai_call_is_a_chat_span_over_its_http_attempts() {
         summarizer: Arc::new(troupe_actors::history::LocalSummarizer::default()),
         tokens: Arc::new(troupe_actors::ports::ApproxTokens),
         rollout_storage: None,
+        agents: None,
     };
     let (session, join) = SessionHandle::start(SessionId::new(), config, ports)
         .await

@@ -18,13 +18,13 @@ const KNOWN: &[Known] = &[
     (416, 0x3bfea199088dad32, [91, 91, 94, 94]), // You are a careful coding and chat assist
     (5, 0x9a6276305195dbcf, [1, 1, 1, 1]),       // shell
     (218, 0xacb0d5ba16c14648, [44, 44, 51, 51]), // Runs a command and returns its exit code
-    (508, 0xed7a0c90a3c73c10, [122, 120, 126, 126]), // {"type":"object","properties":{"command"
+    (508, 0xbd6610754b3aa3b9, [121, 117, 123, 123]), // {"additionalProperties":false,"propertie
     (11, 0x993cab57ad3996a7, [2, 2, 3, 3]),      // update_plan
     (128, 0x70f51cd85f3a705a, [27, 27, 30, 30]), // Records the plan for the current task: o
-    (419, 0x659061dd02580585, [95, 92, 100, 100]), // {"type":"object","properties":{"explanat
+    (419, 0x558452028a70f621, [96, 90, 98, 98]), // {"additionalProperties":false,"propertie
     (11, 0x86b7c172d7bdae57, [2, 2, 3, 3]),      // apply_patch
     (466, 0x3c501681cbd690ec, [122, 121, 128, 128]), // Edits files with a patch. The patch star
-    (184, 0x61c8a56719db4042, [44, 43, 45, 45]), // {"type":"object","properties":{"input":{
+    (184, 0x3e3a6a1bfcc6552e, [43, 42, 44, 44]), // {"additionalProperties":false,"propertie
 ];
 
 /// The count of `text` in `encoding` if it is one of the built-in texts.

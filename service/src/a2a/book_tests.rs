@@ -119,11 +119,21 @@ fn frames(version: Version) -> Vec<serde_json::Value> {
 
 #[test]
 fn streamed_task_snapshot_v1() {
+    // Keys sorted: the same snapshot whether serde_json keeps insertion order or not (its
+    // `preserve_order` feature, which the ACP crate turns on for builds that include it).
+    let mut sorted = insta::Settings::clone_current();
+    sorted.set_sort_maps(true);
+    let _sorted = sorted.bind_to_scope();
     insta::assert_json_snapshot!("stream_v1", frames(Version::V1_0));
 }
 
 #[test]
 fn streamed_task_snapshot_v03() {
+    // Keys sorted: the same snapshot whether serde_json keeps insertion order or not (its
+    // `preserve_order` feature, which the ACP crate turns on for builds that include it).
+    let mut sorted = insta::Settings::clone_current();
+    sorted.set_sort_maps(true);
+    let _sorted = sorted.bind_to_scope();
     insta::assert_json_snapshot!("stream_v03", frames(Version::V0_3));
 }
 

@@ -154,6 +154,11 @@ mod tests {
 
     #[test]
     fn card_snapshot() {
+        // Keys sorted: the same snapshot whether serde_json keeps insertion order or not (its
+        // `preserve_order` feature, which the ACP crate turns on for builds that include it).
+        let mut sorted = insta::Settings::clone_current();
+        sorted.set_sort_maps(true);
+        let _sorted = sorted.bind_to_scope();
         let info = CardInfo {
             version: "0.0.0-test".into(),
             ..CardInfo::default()
@@ -163,6 +168,11 @@ mod tests {
 
     #[test]
     fn card_with_bearer_auth_snapshot() {
+        // Keys sorted: the same snapshot whether serde_json keeps insertion order or not (its
+        // `preserve_order` feature, which the ACP crate turns on for builds that include it).
+        let mut sorted = insta::Settings::clone_current();
+        sorted.set_sort_maps(true);
+        let _sorted = sorted.bind_to_scope();
         let info = CardInfo {
             version: "0.0.0-test".into(),
             bearer_auth: true,
@@ -219,6 +229,11 @@ mod tests {
 
     #[test]
     fn card_v03_snapshot() {
+        // Keys sorted: the same snapshot whether serde_json keeps insertion order or not (its
+        // `preserve_order` feature, which the ACP crate turns on for builds that include it).
+        let mut sorted = insta::Settings::clone_current();
+        sorted.set_sort_maps(true);
+        let _sorted = sorted.bind_to_scope();
         let info = CardInfo {
             version: "0.0.0-test".into(),
             bearer_auth: true,

@@ -47,6 +47,7 @@ impl Fixture {
             summarizer: Arc::new(LocalSummarizer::default()),
             tokens: Arc::new(troupe_actors::ports::ApproxTokens),
             rollout_storage: None,
+            agents: None,
         };
         let (session, _join) = SessionHandle::start(SessionId::new(), config, ports)
             .await
@@ -723,6 +724,7 @@ async fn an_a2a_actor_that_keeps_failing_is_given_up_and_says_so() {
         summarizer: Arc::new(LocalSummarizer::default()),
         tokens: Arc::new(troupe_actors::ports::ApproxTokens),
         rollout_storage: None,
+        agents: None,
     };
     let (session, _join) = SessionHandle::start(SessionId::new(), config, ports)
         .await

@@ -1,0 +1,1084 @@
+//! AgentHub: a session's agents, their bindings and the dispatches in flight (A1–A4). One
+//! per session with agents, a child of the Session, published in the session's directory.
+//!
+//! # Mailbox
+//! - `View`: what a task needs before its first step: its execution chain, the agents it may
+//!   dispatch to (its `dispatch_agent` tool), and for a user's message how the supervisor
+//!   routes it.
+//! - `Dispatch`: admits or refuses a dispatch ([`decide::admit`], then the wait graph of the
+//!   [`LeaseBook`]). A refusal is a `policy_rejected` event and `PolicyRejected` to the caller;
+//!   an admission issues the lease (id + deadline, a timer), emits `dispatch_sent` and starts
+//!   the dispatch's worker (a tokio task, never awaited in `handle`).
+//! - `Bind` / `Bound` / `BindFailed`: the worker's binding, one opener per agent at a time
+//!   ([`decide::bind_plan`]); others wait for it. `Bound` emits `session_created`,
+//!   `session_bound`, `session_resumed` (and a `binding_replaced` warning when a binding could
+//!   not be resumed); the worker has written the binding to the store before.
+//! - `Finished`: the worker's end: `dispatch_result`, the lease returned, the caller answered.
+//! - `LeaseDue`: a lease's timer. Still held and past its deadline: the lease is reclaimed,
+//!   the child cancelled (its cancel token), `dispatch_result` with status `expired` and a
+//!   `lease_expired` warning, the caller answered `Timeout` at once. The worker's late end is
+//!   then ignored.
+//! - `List`: agents with health (asked of each provider off the mailbox) and bindings.
+//! - `Shutdown`: every provider's `shutdown`, then the hub stops.
+//!
+//! # Children and failure
+//! No child actors. Workers are tokio tasks holding the hub's reference; if the hub fails,
+//! the Session starts a new one (bindings are read again from the store); the callers of the
+//! failed one's dispatches see their reply port close, and its workers' reports go nowhere.
+//!
+//! # Scheduling (no self-lock)
+//! A dispatcher gives its scheduler slot back while it waits for the agent (as while it waits
+//! for a human: a slot is for computing), and asks for it again when the agent has answered.
+//! An in-process agent's task asks for a slot of its own like any task, so with a single slot
+//! per session the dispatcher's wait lets the agent run, and nested agents likewise. External
+//! agents (ACP, A2A) compute elsewhere and take no slot. An agent's task that ends, however it
+//! ends, gives its slot back like any task; a dispatch whose lease expires cancels it.
+
+use super::decide::{self, BindPlan, BindingEntry, Refusal, Visibility};
+use super::leases::{Lease, LeaseBook, Node};
+use super::metrics::{self, BindingOutcome};
+use super::model::ModelAgent;
+use super::provider::{
+    AgentInput, AgentOutput, AgentProvider, AgentRunContext, ProviderEnv, ResumeError,
+    SessionContext,
+};
+use super::route::{VisibleAgent, router_instructions};
+use super::{AgentPorts, DispatchParent, RouterMode};
+use crate::clock::Clock;
+use crate::events::{EventDraft, EventSink};
+use crate::ports::{BindingStore, ModelClient};
+use crate::session::SessionMsg;
+use ractor::{Actor, ActorProcessingErr, ActorRef, RpcReplyPort};
+use std::collections::BTreeMap;
+use std::sync::Arc;
+use std::time::Duration;
+use tokio::task::AbortHandle;
+use tokio::time::Instant;
+use tokio_util::sync::CancellationToken;
+use tracing::Instrument;
+use troupe_proto::agent::{
+    AgentBinding, AgentCatalog, AgentDefinition, AgentHealth, AgentInfo, DispatchStatus,
+    ExecutionChain, PolicyReason, ProviderKind,
+};
+use troupe_proto::{AgentError, DispatchId, EventKind, SessionId, StoragePolicy, WarningCode};
+
+/// Start-up arguments.
+pub struct AgentHubArgs {
+    pub session_id: SessionId,
+    /// The Session: in-process agents open their conversations through it.
+    pub session: ActorRef<SessionMsg>,
+    pub ports: AgentPorts,
+    /// What providers get of the session.
+    pub env: ProviderEnv,
+    /// The session's model: in-process agents without an endpoint of their own use it.
+    pub model: Arc<dyn ModelClient>,
+    /// What in-process agents' conversations keep (the session's root's policy).
+    pub storage_policy: StoragePolicy,
+}
+
+/// A task's view of the agents ([`AgentHubMsg::View`]).
+#[derive(Clone)]
+pub struct AgentView {
+    /// The task's execution chain: its dispatch's, or the supervisor's alone.
+    pub chain: ExecutionChain,
+    /// The agents it may dispatch to (its `dispatch_agent` tool); empty: no tool.
+    pub visible: Vec<VisibleAgent>,
+    /// How a user's message is routed; `None` for an agent's task.
+    pub router: Option<Router>,
+}
+
+/// How the supervisor routes a user's message.
+#[derive(Clone)]
+pub struct Router {
+    pub mode: RouterMode,
+    /// The routing step's system prompt.
+    pub instructions: String,
+    /// The supervisor's model when it has one of its own; `None`: the conversation's.
+    pub model: Option<Arc<dyn ModelClient>>,
+    /// The agents it may route to.
+    pub agents: Vec<VisibleAgent>,
+}
+
+/// A dispatch, as a task asks for it.
+pub struct DispatchRequest {
+    pub agent_id: String,
+    pub input: String,
+    /// The dispatcher's chain (from its [`AgentView`]).
+    pub chain: ExecutionChain,
+    /// A human named the agent (`/hub`): any agent is in sight.
+    pub by_human: bool,
+    pub parent: DispatchParent,
+    /// The dispatcher's own dispatch, when it is an agent's task.
+    pub parent_dispatch: Option<DispatchId>,
+    /// The dispatcher's cancellation: the dispatch's own is a child of it.
+    pub cancel: CancellationToken,
+}
+
+/// The hub's mailbox.
+pub enum AgentHubMsg {
+    /// A task's chain, the agents it may dispatch to and, for a user's message, its router.
+    /// `origin`: the task's dispatch (`None`: a user's message).
+    View {
+        origin: Option<(ExecutionChain, DispatchId)>,
+        reply: RpcReplyPort<AgentView>,
+    },
+    /// Dispatches to an agent; answered with its reply, a refusal, a failure, or `Timeout`
+    /// when the lease expires first.
+    Dispatch {
+        request: DispatchRequest,
+        reply: RpcReplyPort<Result<AgentOutput, AgentError>>,
+    },
+    /// A worker asks how to get its agent's provider session.
+    Bind {
+        agent_id: String,
+        reply: RpcReplyPort<Result<BindPlan, AgentError>>,
+    },
+    /// A worker bound its agent.
+    Bound {
+        agent_id: String,
+        dispatch_id: DispatchId,
+        bound: Bound,
+    },
+    /// A worker could not open or resume its agent's provider session.
+    BindFailed { agent_id: String, error: AgentError },
+    /// A dispatch's worker ended.
+    Finished {
+        dispatch_id: DispatchId,
+        result: Result<AgentOutput, AgentError>,
+    },
+    /// Timer: the lease of `dispatch_id` may have expired.
+    LeaseDue { dispatch_id: DispatchId },
+    /// The agents, their health and this session's bindings.
+    List { reply: RpcReplyPort<Vec<AgentInfo>> },
+    /// Shuts every provider down; the hub stops.
+    Shutdown { reply: RpcReplyPort<()> },
+}
+
+/// How a worker got its provider session.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Bound {
+    /// Opened and bound (`previous`: the binding it replaces; `alert`: why that one could not
+    /// be kept).
+    Opened {
+        binding: AgentBinding,
+        previous: Option<String>,
+        alert: Option<String>,
+    },
+    /// A stored binding taken up again.
+    Resumed { binding: AgentBinding },
+    /// Opened for this dispatch alone.
+    Fresh { provider_session_id: String },
+}
+
+/// An agent's provider, initialized once (again after a failure).
+struct ProviderCell {
+    provider: Arc<dyn AgentProvider>,
+    init: tokio::sync::OnceCell<()>,
+}
+
+impl ProviderCell {
+    async fn ready(&self) -> Result<&dyn AgentProvider, AgentError> {
+        self.init
+            .get_or_try_init(|| self.provider.initialize())
+            .await?;
+        Ok(self.provider.as_ref())
+    }
+}
+
+/// A dispatch in flight: what the hub needs beside its lease.
+struct Flight {
+    agent_id: String,
+    reply: Option<RpcReplyPort<Result<AgentOutput, AgentError>>>,
+    cancel: CancellationToken,
+    timer: AbortHandle,
+    parent: DispatchParent,
+    kind: ProviderKind,
+    provider_session_id: Option<String>,
+    started: Instant,
+    span: tracing::Span,
+}
+
+/// The hub's state.
+pub struct AgentHubState {
+    session_id: SessionId,
+    catalog: Arc<AgentCatalog>,
+    ports: AgentPorts,
+    clock: Clock,
+    events: EventSink,
+    env: ProviderEnv,
+    /// The chain's origin: the supervisor's id (the built-in one's name without a definition).
+    origin: String,
+    router: Router,
+    /// By agent id; `Err`: why it has no provider.
+    providers: BTreeMap<String, Result<Arc<ProviderCell>, String>>,
+    bindings: BTreeMap<String, BindingEntry>,
+    /// Dispatches waiting for another to open their agent's provider session.
+    waiting: BTreeMap<String, Vec<RpcReplyPort<Result<BindPlan, AgentError>>>>,
+    leases: LeaseBook,
+    flights: BTreeMap<DispatchId, Flight>,
+}
+
+/// The AgentHub actor.
+pub struct AgentHub;
+
+#[ractor::async_trait]
+impl Actor for AgentHub {
+    type Msg = AgentHubMsg;
+    type State = AgentHubState;
+    type Arguments = AgentHubArgs;
+
+    async fn pre_start(
+        &self,
+        _myself: ActorRef<Self::Msg>,
+        args: AgentHubArgs,
+    ) -> Result<Self::State, ActorProcessingErr> {
+        let catalog = args.ports.catalog.clone();
+        let stored = args.ports.bindings.bindings(Some(args.session_id)).await?;
+        let bindings = catalog
+            .agents
+            .keys()
+            .map(|id| {
+                let stored = stored.iter().find(|b| &b.agent_id == id).cloned();
+                (
+                    id.clone(),
+                    BindingEntry {
+                        stored,
+                        ..BindingEntry::default()
+                    },
+                )
+            })
+            .collect();
+        let providers = catalog
+            .agents
+            .values()
+            .map(|def| (def.id.clone(), build_provider(def, &args)))
+            .collect();
+        let supervisor =
+            super::listing::supervisor_of(&catalog, args.ports.settings.supervisor.as_deref())
+                .ok()
+                .flatten();
+        let origin = supervisor
+            .map_or(super::listing::BUILTIN_SUPERVISOR, |d| d.id.as_str())
+            .to_owned();
+        let visibility = decide::visible_from(&catalog, &ExecutionChain::start(&origin));
+        let agents = visible_agents(&catalog, &visibility, Some(&origin));
+        let own = supervisor.and_then(|d| match &d.provider {
+            troupe_proto::agent::ProviderSpec::Model { instructions, .. } => instructions.clone(),
+            _ => None,
+        });
+        let model = supervisor.and_then(|d| supervisor_model(d, &args.ports, &args.model));
+        let router = Router {
+            mode: args.ports.settings.router,
+            instructions: router_instructions(own.as_deref(), &agents),
+            model,
+            agents,
+        };
+        Ok(AgentHubState {
+            session_id: args.session_id,
+            catalog,
+            clock: args.env.clock,
+            events: args.env.events.clone(),
+            env: args.env,
+            ports: args.ports,
+            origin,
+            router,
+            providers,
+            bindings,
+            waiting: BTreeMap::new(),
+            leases: LeaseBook::default(),
+            flights: BTreeMap::new(),
+        })
+    }
+
+    async fn handle(
+        &self,
+        myself: ActorRef<Self::Msg>,
+        msg: Self::Msg,
+        state: &mut Self::State,
+    ) -> Result<(), ActorProcessingErr> {
+        match msg {
+            AgentHubMsg::View { origin, reply } => {
+                let _ = reply.send(state.view(origin));
+            }
+            AgentHubMsg::Dispatch { request, reply } => state.dispatch(&myself, request, reply),
+            AgentHubMsg::Bind { agent_id, reply } => state.bind(agent_id, reply),
+            AgentHubMsg::Bound {
+                agent_id,
+                dispatch_id,
+                bound,
+            } => state.bound(&agent_id, dispatch_id, bound),
+            AgentHubMsg::BindFailed { agent_id, error } => state.bind_failed(&agent_id, &error),
+            AgentHubMsg::Finished {
+                dispatch_id,
+                result,
+            } => state.finished(dispatch_id, result),
+            AgentHubMsg::LeaseDue { dispatch_id } => state.lease_due(dispatch_id),
+            AgentHubMsg::List { reply } => state.list(reply),
+            AgentHubMsg::Shutdown { reply } => {
+                state.shutdown().await;
+                let _ = reply.send(());
+                myself.stop(Some("shutdown".into()));
+            }
+        }
+        Ok(())
+    }
+
+    async fn post_stop(
+        &self,
+        _myself: ActorRef<Self::Msg>,
+        state: &mut Self::State,
+    ) -> Result<(), ActorProcessingErr> {
+        // Nothing in flight outlives the hub: its children are cancelled, its callers hear
+        // their reply port close.
+        for flight in state.flights.values() {
+            flight.cancel.cancel();
+            flight.timer.abort();
+            metrics::dispatch_ended(
+                flight.kind,
+                DispatchStatus::Cancelled,
+                flight.started.elapsed(),
+            );
+        }
+        Ok(())
+    }
+}
+
+/// The provider of `def`: the in-process one for `model`, else the factory of its kind's.
+fn build_provider(def: &AgentDefinition, args: &AgentHubArgs) -> Result<Arc<ProviderCell>, String> {
+    let kind = def.provider.kind();
+    let provider: Arc<dyn AgentProvider> = match kind {
+        ProviderKind::Model => Arc::new(ModelAgent::new(
+            def,
+            args.session.clone(),
+            args.ports.models.get(&def.id).cloned(),
+            args.storage_policy,
+        )),
+        _ => {
+            let factory = args
+                .ports
+                .factories
+                .iter()
+                .find(|f| f.kind() == kind)
+                .ok_or_else(|| format!("no {kind} provider is plugged in"))?;
+            factory
+                .build(def, &args.env)
+                .map_err(|e| format!("its {kind} provider could not be built: {e}"))?
+        }
+    };
+    Ok(Arc::new(ProviderCell {
+        provider,
+        init: tokio::sync::OnceCell::new(),
+    }))
+}
+
+/// The supervisor's own model client: one built for its endpoint, or the session's asking
+/// for its `model`; `None`: the conversation's model.
+fn supervisor_model(
+    def: &AgentDefinition,
+    ports: &AgentPorts,
+    session: &Arc<dyn ModelClient>,
+) -> Option<Arc<dyn ModelClient>> {
+    if let Some(own) = ports.models.get(&def.id) {
+        return Some(own.clone());
+    }
+    match &def.provider {
+        troupe_proto::agent::ProviderSpec::Model {
+            model: Some(name), ..
+        } => session.with_model(name),
+        _ => None,
+    }
+}
+
+fn visible_agents(
+    catalog: &AgentCatalog,
+    visibility: &Visibility,
+    except: Option<&str>,
+) -> Vec<VisibleAgent> {
+    visibility
+        .ids(catalog, except)
+        .iter()
+        .filter_map(|id| catalog.get(id))
+        .map(VisibleAgent::of)
+        .collect()
+}
+
+impl AgentHubState {
+    fn view(&self, origin: Option<(ExecutionChain, DispatchId)>) -> AgentView {
+        match origin {
+            None => AgentView {
+                chain: ExecutionChain::start(&self.origin),
+                visible: self.router.agents.clone(),
+                router: Some(self.router.clone()),
+            },
+            Some((chain, _)) => {
+                let visibility = decide::visible_from(&self.catalog, &chain);
+                AgentView {
+                    visible: visible_agents(&self.catalog, &visibility, chain.current()),
+                    chain,
+                    router: None,
+                }
+            }
+        }
+    }
+
+    /// The dispatcher's node in the wait graph.
+    fn node_of(&self, request: &DispatchRequest) -> Node {
+        match (request.chain.depth(), request.chain.current()) {
+            (0, _) | (_, None) => Node::Conversation(request.parent.conversation_id),
+            (_, Some(agent)) => self.agent_node(agent, request.parent_dispatch),
+        }
+    }
+
+    /// An agent's node: itself when bound per session, its dispatch when bound per dispatch.
+    fn agent_node(&self, agent_id: &str, dispatch: Option<DispatchId>) -> Node {
+        match (self.catalog.get(agent_id), dispatch) {
+            (Some(def), Some(id))
+                if def.session.binding_scope == troupe_proto::agent::BindingScope::Dispatch =>
+            {
+                Node::Dispatch(id)
+            }
+            _ => Node::Agent(agent_id.to_owned()),
+        }
+    }
+
+    /// Admission: the policy checks, then the wait graph.
+    fn admit(
+        &self,
+        request: &DispatchRequest,
+        dispatch_id: DispatchId,
+    ) -> Result<(Node, Node), Refusal> {
+        let visibility = if request.by_human {
+            Visibility::Any
+        } else {
+            decide::visible_from(&self.catalog, &request.chain)
+        };
+        decide::admit(
+            &self.catalog,
+            &request.chain,
+            &request.agent_id,
+            &visibility,
+            self.ports.settings.max_depth,
+            |id| matches!(self.providers.get(id), Some(Ok(_))),
+        )?;
+        let from = self.node_of(request);
+        let to = self.agent_node(&request.agent_id, Some(dispatch_id));
+        if let Some(path) = self.leases.wait_cycle(&from, &to) {
+            let path: Vec<String> = path.iter().map(ToString::to_string).collect();
+            return Err(Refusal {
+                reason: PolicyReason::WaitCycle,
+                message: format!(
+                    "`{}` already waits for `{from}` ({} → {from}): dispatching would deadlock",
+                    request.agent_id,
+                    path.join(" → ")
+                ),
+            });
+        }
+        Ok((from, to))
+    }
+
+    fn emit(&self, parent: DispatchParent, event: EventKind) {
+        self.events.emit(EventDraft::task(
+            parent.conversation_id,
+            parent.task_id,
+            event,
+        ));
+    }
+
+    fn dispatch(
+        &mut self,
+        myself: &ActorRef<AgentHubMsg>,
+        request: DispatchRequest,
+        reply: RpcReplyPort<Result<AgentOutput, AgentError>>,
+    ) {
+        let dispatch_id = DispatchId::new();
+        let chain = request.chain.then(&request.agent_id);
+        let (from, to) = match self.admit(&request, dispatch_id) {
+            Ok(nodes) => nodes,
+            Err(refusal) => {
+                tracing::info!(agent_id = %request.agent_id, chain = %chain, reason = refusal.reason.as_str(), "dispatch refused");
+                metrics::rejected(refusal.reason);
+                self.emit(
+                    request.parent,
+                    EventKind::PolicyRejected {
+                        agent_id: request.agent_id.clone(),
+                        chain: chain.clone(),
+                        reason: refusal.reason,
+                        message: refusal.message.clone(),
+                    },
+                );
+                let _ = reply.send(Err(AgentError::PolicyRejected {
+                    reason: refusal.reason,
+                    chain: chain.0,
+                    message: refusal.message,
+                }));
+                return;
+            }
+        };
+        let Some((def, Ok(cell))) = self
+            .catalog
+            .get(&request.agent_id)
+            .cloned()
+            .zip(self.providers.get(&request.agent_id).cloned())
+        else {
+            let _ = reply.send(Err(AgentError::internal(
+                "an admitted agent has no provider",
+            )));
+            return;
+        };
+        let ttl = self.ports.settings.lease_ttl;
+        let kind = def.provider.kind();
+        let span = tracing::info_span!(
+            parent: &tracing::Span::current(),
+            "troupe.dispatch",
+            otel.name = %format!("dispatch {}", request.agent_id),
+            otel.kind = "internal",
+            otel.status_code = tracing::field::Empty,
+            "error.type" = tracing::field::Empty,
+            "gen_ai.operation.name" = "invoke_agent",
+            "gen_ai.agent.name" = %request.agent_id,
+            dispatch_id = %dispatch_id,
+            agent_id = %request.agent_id,
+            provider = kind.as_str(),
+            provider_session_id = tracing::field::Empty,
+            depth = chain.depth(),
+            conversation_id = %request.parent.conversation_id,
+            task_id = %request.parent.task_id,
+        );
+        self.leases.issue(Lease {
+            id: dispatch_id,
+            agent_id: request.agent_id.clone(),
+            from,
+            to,
+            deadline_ms: self.clock.now_ms().saturating_add(millis(ttl)),
+        });
+        let timer = {
+            let hub = myself.clone();
+            tokio::spawn(async move {
+                tokio::time::sleep(ttl).await;
+                let _ = hub.cast(AgentHubMsg::LeaseDue { dispatch_id });
+            })
+            .abort_handle()
+        };
+        let cancel = request.cancel.child_token();
+        let known = self.bindings.get(&request.agent_id).and_then(|b| {
+            b.live
+                .clone()
+                .or_else(|| b.stored.as_ref().map(|s| s.provider_session_id.clone()))
+        });
+        metrics::dispatch_started();
+        span.in_scope(|| {
+            self.emit(
+                request.parent,
+                EventKind::DispatchSent {
+                    dispatch_id,
+                    agent_id: request.agent_id.clone(),
+                    provider: kind,
+                    provider_session_id: known,
+                    chain: chain.clone(),
+                    lease_ttl_ms: millis(ttl),
+                    input: request.input.clone(),
+                },
+            );
+        });
+        self.flights.insert(
+            dispatch_id,
+            Flight {
+                agent_id: request.agent_id.clone(),
+                reply: Some(reply),
+                cancel: cancel.clone(),
+                timer,
+                parent: request.parent,
+                kind,
+                provider_session_id: None,
+                started: Instant::now(),
+                span: span.clone(),
+            },
+        );
+        let worker = Worker {
+            hub: myself.clone(),
+            store: self.ports.bindings.clone(),
+            clock: self.clock,
+            session_id: self.session_id,
+            def,
+            cell,
+            dispatch_id,
+            chain,
+            parent: request.parent,
+            input: request.input,
+            cancel,
+            events: self.events.clone(),
+            env: self.env.clone(),
+            span: span.clone(),
+        };
+        tokio::spawn(worker.run().instrument(span));
+    }
+
+    fn bind(&mut self, agent_id: String, reply: RpcReplyPort<Result<BindPlan, AgentError>>) {
+        let Some(def) = self.catalog.get(&agent_id) else {
+            let _ = reply.send(Err(AgentError::not_found("agent", &agent_id)));
+            return;
+        };
+        let entry = self.bindings.entry(agent_id.clone()).or_default();
+        let plan = decide::bind_plan(
+            entry,
+            def.session.binding_scope,
+            def.session.resume,
+            def.provider.kind(),
+        );
+        match &plan {
+            BindPlan::Wait => {
+                self.waiting.entry(agent_id).or_default().push(reply);
+                return;
+            }
+            BindPlan::Resume { .. } | BindPlan::Open { .. } => entry.opening = true,
+            BindPlan::Use(_) | BindPlan::Fresh => {}
+        }
+        let _ = reply.send(Ok(plan));
+    }
+
+    fn bound(&mut self, agent_id: &str, dispatch_id: DispatchId, bound: Bound) {
+        let parent = self.flights.get(&dispatch_id).map(|f| f.parent);
+        let emit = |state: &Self, event: EventKind| match parent {
+            Some(parent) => state.emit(parent, event),
+            None => state.events.emit(EventDraft::session(event)),
+        };
+        let kind = self
+            .catalog
+            .get(agent_id)
+            .map_or(ProviderKind::Model, |d| d.provider.kind());
+        let psid = match &bound {
+            Bound::Opened { binding, .. } | Bound::Resumed { binding } => {
+                binding.provider_session_id.clone()
+            }
+            Bound::Fresh {
+                provider_session_id,
+            } => provider_session_id.clone(),
+        };
+        if let Some(flight) = self.flights.get_mut(&dispatch_id) {
+            flight.provider_session_id = Some(psid.clone());
+            flight.span.record("provider_session_id", psid.as_str());
+        }
+        let dispatch = Some(dispatch_id);
+        match bound {
+            Bound::Fresh { .. } => {
+                metrics::binding(kind, BindingOutcome::Fresh);
+                emit(
+                    self,
+                    EventKind::SessionCreated {
+                        agent_id: agent_id.to_owned(),
+                        provider: kind,
+                        provider_session_id: psid,
+                        dispatch_id: dispatch,
+                    },
+                );
+                return;
+            }
+            Bound::Resumed { binding } => {
+                metrics::binding(kind, BindingOutcome::Resumed);
+                emit(
+                    self,
+                    EventKind::SessionResumed {
+                        agent_id: agent_id.to_owned(),
+                        provider: kind,
+                        provider_session_id: psid.clone(),
+                        dispatch_id: dispatch,
+                    },
+                );
+                let entry = self.bindings.entry(agent_id.to_owned()).or_default();
+                entry.stored = Some(binding);
+            }
+            Bound::Opened {
+                binding,
+                previous,
+                alert,
+            } => {
+                if let Some(why) = &alert {
+                    metrics::binding(kind, BindingOutcome::Replaced);
+                    tracing::warn!(%agent_id, previous = ?previous, provider_session_id = %psid, "binding replaced: {why}");
+                    emit(
+                        self,
+                        EventKind::Warning {
+                            code: WarningCode::BindingReplaced,
+                            message: format!(
+                                "the binding of `{agent_id}` to {} could not be resumed ({why}); a new one replaces it: {psid}",
+                                previous.as_deref().unwrap_or("its provider session")
+                            ),
+                        },
+                    );
+                } else {
+                    metrics::binding(kind, BindingOutcome::Created);
+                }
+                emit(
+                    self,
+                    EventKind::SessionCreated {
+                        agent_id: agent_id.to_owned(),
+                        provider: kind,
+                        provider_session_id: psid.clone(),
+                        dispatch_id: dispatch,
+                    },
+                );
+                emit(
+                    self,
+                    EventKind::SessionBound {
+                        agent_id: agent_id.to_owned(),
+                        provider: kind,
+                        provider_session_id: psid.clone(),
+                        replaced: previous,
+                        dispatch_id: dispatch,
+                    },
+                );
+                let entry = self.bindings.entry(agent_id.to_owned()).or_default();
+                entry.stored = Some(binding);
+            }
+        }
+        let entry = self.bindings.entry(agent_id.to_owned()).or_default();
+        entry.live = Some(psid.clone());
+        entry.opening = false;
+        for waiter in self.waiting.remove(agent_id).unwrap_or_default() {
+            let _ = waiter.send(Ok(BindPlan::Use(psid.clone())));
+        }
+    }
+
+    fn bind_failed(&mut self, agent_id: &str, error: &AgentError) {
+        if let Some(kind) = self.catalog.get(agent_id).map(|d| d.provider.kind()) {
+            metrics::binding(kind, BindingOutcome::Failed);
+        }
+        if let Some(entry) = self.bindings.get_mut(agent_id) {
+            entry.opening = false;
+        }
+        for waiter in self.waiting.remove(agent_id).unwrap_or_default() {
+            let _ = waiter.send(Err(error.clone()));
+        }
+    }
+
+    fn finished(&mut self, dispatch_id: DispatchId, result: Result<AgentOutput, AgentError>) {
+        if self.leases.finish(dispatch_id).is_none() {
+            tracing::debug!(%dispatch_id, "a reclaimed dispatch ended late");
+            return;
+        }
+        let Some(mut flight) = self.flights.remove(&dispatch_id) else {
+            return;
+        };
+        flight.timer.abort();
+        let status = match &result {
+            Ok(_) => DispatchStatus::Ok,
+            Err(e) => DispatchStatus::of_error(e),
+        };
+        self.end(dispatch_id, &mut flight, status, result);
+    }
+
+    /// Emits `dispatch_result`, counts it, answers the dispatcher.
+    fn end(
+        &self,
+        dispatch_id: DispatchId,
+        flight: &mut Flight,
+        status: DispatchStatus,
+        result: Result<AgentOutput, AgentError>,
+    ) {
+        let took = flight.started.elapsed();
+        metrics::dispatch_ended(flight.kind, status, took);
+        let agent_id = flight.agent_id.clone();
+        if let Err(e) = &result {
+            flight.span.record("otel.status_code", "error");
+            flight.span.record("error.type", e.kind().as_str());
+        }
+        flight.span.in_scope(|| {
+            self.emit(
+                flight.parent,
+                EventKind::DispatchResult {
+                    dispatch_id,
+                    agent_id,
+                    provider_session_id: flight.provider_session_id.clone(),
+                    status,
+                    text: result.as_ref().map(|o| o.text.clone()).unwrap_or_default(),
+                    error: result.as_ref().err().cloned(),
+                    duration_ms: millis(took),
+                },
+            );
+        });
+        if let Some(reply) = flight.reply.take() {
+            let _ = reply.send(result);
+        }
+    }
+
+    fn lease_due(&mut self, dispatch_id: DispatchId) {
+        if !self.leases.is_expired(dispatch_id, self.clock.now_ms()) {
+            return;
+        }
+        let agent_id = self
+            .leases
+            .get(dispatch_id)
+            .map(|l| l.agent_id.clone())
+            .unwrap_or_default();
+        let Some(mut flight) = self.flights.remove(&dispatch_id) else {
+            self.leases.finish(dispatch_id);
+            return;
+        };
+        // The child is cancelled; the lease is reclaimed now, whatever the child does next.
+        flight.cancel.cancel();
+        metrics::lease_expired();
+        let ttl = self.ports.settings.lease_ttl;
+        tracing::warn!(%dispatch_id, %agent_id, ?ttl, "dispatch lease expired; its child is cancelled");
+        self.emit(
+            flight.parent,
+            EventKind::Warning {
+                code: WarningCode::LeaseExpired,
+                message: format!(
+                    "the lease of dispatch {dispatch_id} to `{agent_id}` expired after {} ms: the agent is cancelled and the lease reclaimed",
+                    millis(ttl)
+                ),
+            },
+        );
+        self.leases.finish(dispatch_id);
+        let error = AgentError::timeout(
+            format!("the dispatch to `{agent_id}` (lease {dispatch_id})"),
+            ttl,
+        );
+        self.end(
+            dispatch_id,
+            &mut flight,
+            DispatchStatus::Expired,
+            Err(error),
+        );
+    }
+
+    fn list(&self, reply: RpcReplyPort<Vec<AgentInfo>>) {
+        let catalog = self.catalog.clone();
+        let providers = self.providers.clone();
+        let bindings: Vec<AgentBinding> = self
+            .bindings
+            .values()
+            .filter_map(|b| b.stored.clone())
+            .collect();
+        let supervisor = (self.catalog.get(&self.origin).is_some()).then(|| self.origin.clone());
+        // Providers may take a moment to answer: asked off the mailbox.
+        tokio::spawn(async move {
+            let mut health = BTreeMap::new();
+            for (id, provider) in &providers {
+                let h = match provider {
+                    Ok(cell) => cell.provider.health().await,
+                    Err(why) => AgentHealth::unavailable(why.clone()),
+                };
+                health.insert(id.clone(), h);
+            }
+            let infos = super::listing::agent_infos(
+                &catalog,
+                |d| health.get(&d.id).cloned().unwrap_or_else(AgentHealth::ok),
+                &bindings,
+                supervisor.as_deref(),
+            );
+            let _ = reply.send(infos);
+        });
+    }
+
+    async fn shutdown(&mut self) {
+        for flight in self.flights.values() {
+            flight.cancel.cancel();
+        }
+        let shutdowns = self
+            .providers
+            .values()
+            .filter_map(|p| p.as_ref().ok())
+            .map(|cell| cell.provider.shutdown());
+        futures::future::join_all(shutdowns).await;
+    }
+}
+
+fn millis(d: Duration) -> u64 {
+    u64::try_from(d.as_millis()).unwrap_or(u64::MAX)
+}
+
+/// One dispatch's work, off the hub's mailbox: the provider's initialization, the binding,
+/// the agent's answer; its end goes back to the hub as `Finished`.
+struct Worker {
+    hub: ActorRef<AgentHubMsg>,
+    store: Arc<dyn BindingStore>,
+    clock: Clock,
+    session_id: SessionId,
+    def: AgentDefinition,
+    cell: Arc<ProviderCell>,
+    dispatch_id: DispatchId,
+    chain: ExecutionChain,
+    parent: DispatchParent,
+    input: String,
+    cancel: CancellationToken,
+    events: EventSink,
+    env: ProviderEnv,
+    span: tracing::Span,
+}
+
+/// Tells the hub a bind failed if the worker stops before it reported (so that dispatches
+/// waiting for the same binding are not left waiting).
+struct OpeningGuard {
+    hub: ActorRef<AgentHubMsg>,
+    agent_id: String,
+    reported: bool,
+}
+
+impl Drop for OpeningGuard {
+    fn drop(&mut self) {
+        if !self.reported {
+            let _ = self.hub.cast(AgentHubMsg::BindFailed {
+                agent_id: self.agent_id.clone(),
+                error: AgentError::cancelled("the dispatch opening the binding stopped"),
+            });
+        }
+    }
+}
+
+impl Worker {
+    async fn run(self) {
+        let result = tokio::select! {
+            biased;
+            () = self.cancel.cancelled() => Err(AgentError::cancelled("the dispatch was cancelled")),
+            r = self.work() => r,
+        };
+        let _ = self.hub.cast(AgentHubMsg::Finished {
+            dispatch_id: self.dispatch_id,
+            result,
+        });
+    }
+
+    async fn work(&self) -> Result<AgentOutput, AgentError> {
+        let provider = self.cell.ready().await?;
+        let provider_session_id = self.bind(provider).await?;
+        let ctx = AgentRunContext {
+            session_id: self.session_id,
+            agent_id: &self.def.id,
+            provider_session_id: &provider_session_id,
+            dispatch_id: self.dispatch_id,
+            chain: &self.chain,
+            parent: self.parent,
+            cancel: &self.cancel,
+            events: &self.events,
+            approvals: &self.env.approvals,
+            approval_timeout: self.env.approval_timeout,
+            span: &self.span,
+        };
+        provider
+            .handle(
+                AgentInput {
+                    text: self.input.clone(),
+                },
+                &ctx,
+            )
+            .await
+    }
+
+    /// The provider session of this dispatch, as the hub's plan says.
+    async fn bind(&self, provider: &dyn AgentProvider) -> Result<String, AgentError> {
+        let agent_id = self.def.id.clone();
+        let plan = ractor::call!(self.hub, |reply| AgentHubMsg::Bind {
+            agent_id: agent_id.clone(),
+            reply
+        })
+        .map_err(|e| AgentError::internal(format!("agent hub unavailable: {e}")))??;
+        let ctx = SessionContext {
+            session_id: self.session_id,
+            agent_id: &self.def.id,
+            dispatch_id: self.dispatch_id,
+            cancel: &self.cancel,
+        };
+        let (previous, alert) = match plan {
+            BindPlan::Use(id) => return Ok(id),
+            BindPlan::Wait => {
+                return Err(AgentError::internal(
+                    "a bind plan of `wait` reached a worker",
+                ));
+            }
+            BindPlan::Fresh => {
+                let id = provider.open_session(&ctx).await?;
+                self.report(Bound::Fresh {
+                    provider_session_id: id.clone(),
+                });
+                return Ok(id);
+            }
+            BindPlan::Resume {
+                provider_session_id: id,
+                created_ms,
+            } => {
+                let mut guard = self.guard();
+                match provider.resume_session(&id, &ctx).await {
+                    Ok(()) => {
+                        let binding = self.binding(&id, created_ms);
+                        self.persist(&binding).await;
+                        guard.reported = true;
+                        self.report(Bound::Resumed { binding });
+                        return Ok(id);
+                    }
+                    Err(ResumeError::NotResumable(why)) => {
+                        guard.reported = true;
+                        (Some(id), Some(why))
+                    }
+                    Err(ResumeError::Failed(error)) => {
+                        guard.reported = true;
+                        let _ = self.hub.cast(AgentHubMsg::BindFailed {
+                            agent_id,
+                            error: error.clone(),
+                        });
+                        return Err(error);
+                    }
+                }
+            }
+            BindPlan::Open { previous, alert } => (previous, alert),
+        };
+        let mut guard = self.guard();
+        match provider.open_session(&ctx).await {
+            Ok(id) => {
+                let binding = self.binding(&id, self.clock.now_ms());
+                self.persist(&binding).await;
+                guard.reported = true;
+                self.report(Bound::Opened {
+                    binding,
+                    previous,
+                    alert,
+                });
+                Ok(id)
+            }
+            Err(error) => {
+                guard.reported = true;
+                let _ = self.hub.cast(AgentHubMsg::BindFailed {
+                    agent_id,
+                    error: error.clone(),
+                });
+                Err(error)
+            }
+        }
+    }
+
+    fn guard(&self) -> OpeningGuard {
+        OpeningGuard {
+            hub: self.hub.clone(),
+            agent_id: self.def.id.clone(),
+            reported: false,
+        }
+    }
+
+    fn report(&self, bound: Bound) {
+        let _ = self.hub.cast(AgentHubMsg::Bound {
+            agent_id: self.def.id.clone(),
+            dispatch_id: self.dispatch_id,
+            bound,
+        });
+    }
+
+    fn binding(&self, provider_session_id: &str, created_ms: u64) -> AgentBinding {
+        let now = self.clock.now_ms();
+        AgentBinding {
+            session_id: self.session_id,
+            agent_id: self.def.id.clone(),
+            provider: self.def.provider.kind(),
+            provider_session_id: provider_session_id.to_owned(),
+            created_ms: created_ms.min(now),
+            updated_ms: now,
+        }
+    }
+
+    /// Writes the binding before the hub announces it; a store that fails costs the next run
+    /// its resume, not this dispatch.
+    async fn persist(&self, binding: &AgentBinding) {
+        if let Err(error) = self.store.put_binding(binding.clone()).await {
+            tracing::error!(agent_id = %binding.agent_id, %error, "the binding could not be stored; the next run will not resume it");
+        }
+    }
+}
