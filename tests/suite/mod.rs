@@ -1,4 +1,5 @@
 mod a2a;
+mod a2a_agents;
 mod acp;
 mod acp_serve;
 mod agents;

@@ -109,3 +109,6 @@ pub fn decode_stream_event(version: Version, v: &Value) -> Result<(StreamEvent, 
 pub fn decode_task_page(v: &Value) -> Result<TaskPage, WireError> {
     v1::decode_task_page(v)
 }
+
+#[cfg(test)]
+mod tests;

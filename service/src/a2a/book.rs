@@ -22,8 +22,8 @@ use super::request::SendParams;
 use serde_json::json;
 use std::collections::{HashMap, VecDeque};
 use troupe_proto::{
-    AgentError, ApprovalDecision, ApprovalId, ApprovalSubject, ConversationId, ErrorKind,
-    EventEnvelope, EventKind, MessageReply, TaskId, TaskStatus,
+    AgentError, ApprovalDecision, ApprovalId, ConversationId, ErrorKind, EventEnvelope, EventKind,
+    MessageReply, TaskId, TaskStatus,
 };
 
 /// Longest contextId a client may name (it becomes a key of the book).
@@ -400,8 +400,7 @@ impl TaskBook {
             } => {
                 if let Some(r) = self.tasks.get_mut(&task_id) {
                     r.pending_approval = Some(*approval_id);
-                    r.pending_elicitation =
-                        matches!(subject, ApprovalSubject::McpElicitation { .. });
+                    r.pending_elicitation = subject.takes_content();
                 }
                 let parts = approval_parts(*approval_id, command, reason, subject);
                 self.set_status(&task_id, TaskState::InputRequired, Some(parts), now_ms)
