@@ -170,6 +170,8 @@ pub struct Services {
     pub clock: Clock,
     pub model: Arc<dyn ModelClient>,
     pub exec: Option<Arc<dyn CommandRunner>>,
+    /// Run tool calls and dispatches, or play them back (replay).
+    pub effects: crate::ports::Effects,
     pub summarizer: Arc<dyn Summarizer>,
     pub tokens: Arc<dyn TokenCounter>,
     pub settings: Arc<ConversationSettings>,

@@ -258,6 +258,19 @@ impl SessionHandle {
         ractor::call!(s.rollout, |reply| RolloutMsg::Flush { reply }).map_err(gone)?
     }
 
+    /// The session's agents with their health (each provider asked) and this session's
+    /// bindings; empty when the session has no agents.
+    pub async fn agents(&self) -> Result<Vec<troupe_proto::agent::AgentInfo>, AgentError> {
+        let s = self.services().await?;
+        match s.agents {
+            Some(hub) => {
+                ractor::call!(hub, |reply| crate::agents::hub::AgentHubMsg::List { reply })
+                    .map_err(gone)
+            }
+            None => Ok(Vec::new()),
+        }
+    }
+
     pub async fn pending_approvals(&self) -> Result<Vec<PendingApproval>, AgentError> {
         let s = self.services().await?;
         ractor::call!(s.approvals, |reply| ApprovalMsg::ListPending {

@@ -29,6 +29,7 @@ pub mod handle;
 pub mod history;
 pub mod mcp_pool;
 pub mod ports;
+pub mod replay;
 pub mod rollout;
 pub mod scheduler;
 pub mod session;
@@ -45,6 +46,7 @@ pub fn describe_metrics() {
     approval_store::metrics::describe();
     conversation::metrics::describe();
     mcp_pool::metrics::describe();
+    replay::metrics::describe();
     rollout::metrics::describe();
     scheduler::metrics::describe();
     task_registry::metrics::describe();

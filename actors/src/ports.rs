@@ -186,6 +186,38 @@ impl From<AgentError> for ToolFailure {
     }
 }
 
+/// Where the effects of a task's tool calls and dispatches come from (A9). A port with a
+/// default: `Live` runs them (commands, patches, MCP calls, dispatches to agents, with their
+/// approvals); `Recorded` plays back what a rollout recorded of them instead (`troupe
+/// replay`), so that nothing runs, nothing is written and nobody is asked. What is decided
+/// without an effect runs either way: a call's routing and refusal, `update_plan`, the tool
+/// error policy, the supervisor's routing.
+#[derive(Clone, Default)]
+pub enum Effects {
+    #[default]
+    Live,
+    Recorded(Arc<dyn Playback>),
+}
+
+impl std::fmt::Debug for Effects {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            Self::Live => "Live",
+            Self::Recorded(_) => "Recorded",
+        })
+    }
+}
+
+/// Recorded results, played back in place of effects (see [`Effects`]). Each call takes the
+/// next recorded result: a retried tool call gets its attempts one by one, in order.
+pub trait Playback: Send + Sync + 'static {
+    /// What `call` (a shell command, a patch, an MCP tool) did when it was recorded.
+    fn tool_result(&self, call: &ToolCall) -> Result<ToolOutput, ToolFailure>;
+    /// What the next dispatch, to `agent_id`, answered when it was recorded (its refusal,
+    /// failure or expiry included).
+    fn dispatch_result(&self, agent_id: &str) -> Result<crate::agents::AgentOutput, AgentError>;
+}
+
 /// A command to run for the shell tool.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ExecRequest {

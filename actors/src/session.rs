@@ -135,6 +135,9 @@ pub struct SessionPorts {
     /// Opens MCP connections for the session's pool.
     pub mcp_connector: Option<Arc<dyn McpConnector>>,
     pub exec: Option<Arc<dyn CommandRunner>>,
+    /// Whether tool calls and dispatches run (`Effects::Live`, what every session but a
+    /// replay uses) or are played back from a recording.
+    pub effects: crate::ports::Effects,
     pub summarizer: Arc<dyn Summarizer>,
     /// Estimates prompts (T5); `ApproxTokens` when no tokenizer is plugged in.
     pub tokens: Arc<dyn TokenCounter>,
@@ -490,6 +493,7 @@ impl SessionState {
             clock: self.clock,
             model: self.ports.model.clone(),
             exec: self.ports.exec.clone(),
+            effects: self.ports.effects.clone(),
             summarizer: self.ports.summarizer.clone(),
             tokens: self.ports.tokens.clone(),
             settings: Arc::new(ConversationSettings {

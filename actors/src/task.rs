@@ -29,8 +29,8 @@ use crate::directory::Directory;
 use crate::events::{EventDraft, EventSink};
 use crate::history::HistorySnapshot;
 use crate::ports::{
-    CommandRunner, DeltaSink, ExecRequest, McpView, ModelClient, ModelRequest, ModelResponse,
-    TokenCounter, ToolCallContext, ToolFailure,
+    CommandRunner, DeltaSink, Effects, ExecRequest, McpView, ModelClient, ModelRequest,
+    ModelResponse, TokenCounter, ToolCallContext, ToolFailure,
 };
 use ractor::ActorId;
 use std::path::PathBuf;
@@ -84,6 +84,8 @@ pub struct TaskContext {
     /// The allowlist of `mcp`, for a view opened on a new pool.
     pub mcp_allowlist: Option<Vec<String>>,
     pub exec: Option<Arc<dyn CommandRunner>>,
+    /// Whether tool calls and dispatches run, or are played back from a recording (replay).
+    pub effects: Effects,
     /// The session's services, read at each use.
     pub services: Directory,
     pub events: EventSink,
@@ -849,6 +851,37 @@ mod tests {
                 spec.name
             );
         }
+    }
+
+    #[test]
+    fn only_what_reaches_outside_the_task_is_played_back_in_a_replay() {
+        let tools = [
+            spec("shell"),
+            spec("update_plan"),
+            spec("apply_patch"),
+            spec("srv__echo"),
+        ];
+        let route = |name: &str, args| {
+            route_tool(&call(name, args), &tools, ApprovalPolicy::Never, true).has_effects()
+        };
+        assert!(route(
+            "shell",
+            serde_json::json!({"command": ["touch", "x"]})
+        ));
+        assert!(route(
+            "apply_patch",
+            serde_json::json!({"input": "*** Begin Patch\n*** Delete File: a.txt\n*** End Patch\n"})
+        ));
+        assert!(route("srv__echo", serde_json::json!({})));
+        assert!(!route("update_plan", serde_json::json!({"plan": []})));
+        assert!(
+            !route("nope", serde_json::json!({})),
+            "a refusal runs nothing"
+        );
+        assert!(
+            !route("shell", serde_json::json!({})),
+            "nor does a malformed call"
+        );
     }
 
     #[test]

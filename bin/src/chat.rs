@@ -460,6 +460,8 @@ commands:
   /approve [N] [once|conversation|session]   answer a pending approval (default: the oldest, once)
   /deny [N]                     refuse a pending approval
   /compact                      replace this conversation's history by a summary
+  /hub AGENT TEXT               send TEXT straight to an agent (no routing)
+  /agents                       list the agents, their health and bindings
   /exit                         leave (also Ctrl-D)
 anything else is sent to the model.";
 
@@ -595,6 +597,37 @@ impl Chat {
                 println!("conversation {} ({})", self.current + 1, self.current_id());
             }
             "/approve" | "/deny" => self.answer_pending(head == "/approve", &rest).await?,
+            // The session routes it: straight to the agent named.
+            "/hub" => self.say(line.to_owned(), editor).await,
+            "/agents" => {
+                let agents = self.session.agents().await?;
+                if agents.is_empty() {
+                    println!("no agents (see [agents] dir in the configuration)");
+                }
+                for a in agents {
+                    let health = match &a.health.detail {
+                        Some(d) => format!("{}: {d}", a.health.status.as_str()),
+                        None => a.health.status.as_str().to_owned(),
+                    };
+                    let bound: Vec<&str> = a
+                        .bindings
+                        .iter()
+                        .map(|b| b.provider_session_id.as_str())
+                        .collect();
+                    println!(
+                        "{}{} ({}, {}) {health}{}",
+                        a.id,
+                        if a.supervisor { " [supervisor]" } else { "" },
+                        a.role,
+                        a.provider.as_str(),
+                        if bound.is_empty() {
+                            String::new()
+                        } else {
+                            format!(" bound to {}", bound.join(", "))
+                        }
+                    );
+                }
+            }
             "/compact" => {
                 let spinner = Spinner::start("compacting");
                 let reply = self.session.compact(self.current_id()).await;

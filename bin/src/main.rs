@@ -6,6 +6,7 @@ mod agents;
 mod chat;
 mod history;
 mod mcp;
+mod replay;
 mod serve;
 mod spinner;
 
@@ -37,6 +38,10 @@ enum Command {
     /// OAuth logins of MCP servers: login, logout, status.
     #[command(subcommand)]
     Mcp(mcp::McpCommand),
+    /// Runs a recorded task again from its rollout (no network, no side effects) and says
+    /// whether the same events and error class came out. Exits 0 when identical, 3 when
+    /// they differ, 4 when the task cannot be replayed.
+    Replay(replay::ReplayArgs),
     /// Runs a command under a sandbox policy (the shell tool's launcher; not for people).
     #[command(name = "sandbox-exec", hide = true, disable_help_flag = true)]
     SandboxExec {
@@ -96,6 +101,8 @@ fn main() -> ExitCode {
                 let _telemetry = troupe_runtime::telemetry::init("troupe");
                 mcp::run(cmd).await
             }
+            // Telemetry as `[telemetry]` says: a span per replay.
+            Command::Replay(args) => replay::run(args).await,
             Command::SandboxExec { .. } => {
                 Ok(ExitCode::from(troupe_runtime::exec::sandbox::REFUSED_EXIT))
             }

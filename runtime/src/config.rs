@@ -478,6 +478,32 @@ pub struct ServerConfig {
     pub allowed_origins: Vec<String>,
     /// The A2A endpoint (`[server.a2a]`).
     pub a2a: A2aServerConfig,
+    /// The web console (`[server.console]`).
+    pub console: ConsoleConfig,
+}
+
+/// `[server.console]`: the web console `troupe serve` serves at `/`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct ConsoleConfig {
+    /// Serve the console (its pages at `/` and `/sessions/{id}`, its assets, sign-in).
+    pub enabled: bool,
+    /// A link to a task's trace: a URL with `{trace_id}` where the trace id goes (a Jaeger
+    /// or Grafana Tempo page); none: the trace id is shown without a link.
+    pub trace_url: Option<String>,
+    /// How long a console sign-in lasts (the cookie's lifetime).
+    #[serde(with = "humantime_serde")]
+    pub sign_in_ttl: Duration,
+}
+
+impl Default for ConsoleConfig {
+    fn default() -> Self {
+        Self {
+            enabled: true,
+            trace_url: None,
+            sign_in_ttl: Duration::from_secs(12 * 3600),
+        }
+    }
 }
 
 /// `[server.a2a]`: the A2A protocol endpoint of `troupe serve`.
@@ -494,6 +520,13 @@ pub struct A2aServerConfig {
     /// Absolute URL of the JSON-RPC endpoint written into the card (behind a proxy);
     /// default: from the request's Host header.
     pub public_url: Option<String>,
+    /// A context's conversation closes after this long without activity and reopens, with
+    /// its history, on the context's next message.
+    #[serde(with = "humantime_serde")]
+    pub idle_close: Duration,
+    /// Finished A2A tasks kept in the store for GetTask and ListTasks; older ones are
+    /// forgotten (with their push configs, and contexts left without a task).
+    pub keep_finished: usize,
 }
 
 impl Default for A2aServerConfig {
@@ -503,6 +536,8 @@ impl Default for A2aServerConfig {
             project: "a2a".into(),
             name: "troupe".into(),
             public_url: None,
+            idle_close: Duration::from_secs(600),
+            keep_finished: 10_000,
         }
     }
 }
@@ -526,6 +561,7 @@ impl Default for ServerConfig {
             allowed_hosts: Vec::new(),
             allowed_origins: Vec::new(),
             a2a: A2aServerConfig::default(),
+            console: ConsoleConfig::default(),
         }
     }
 }
@@ -550,6 +586,7 @@ impl std::fmt::Debug for ServerConfig {
             .field("allowed_hosts", &self.allowed_hosts)
             .field("allowed_origins", &self.allowed_origins)
             .field("a2a", &self.a2a)
+            .field("console", &self.console)
             .finish()
     }
 }
@@ -683,6 +720,9 @@ pub const ENV_VARS: &[(&str, &str)] = &[
     ("TROUPE_A2A", "server.a2a.enabled"),
     ("TROUPE_A2A_PROJECT", "server.a2a.project"),
     ("TROUPE_A2A_PUBLIC_URL", "server.a2a.public_url"),
+    ("TROUPE_A2A_IDLE_CLOSE", "server.a2a.idle_close"),
+    ("TROUPE_CONSOLE", "server.console.enabled"),
+    ("TROUPE_CONSOLE_TRACE_URL", "server.console.trace_url"),
     ("TROUPE_HISTORY_MAX_ITEMS", "history.max_items"),
     ("TROUPE_HISTORY_MAX_TOKENS", "history.max_tokens"),
     ("TROUPE_SUMMARIZER", "history.summarizer"),
@@ -812,6 +852,15 @@ impl TroupeConfig {
         }
         if let Some(v) = get("TROUPE_A2A_PUBLIC_URL") {
             self.server.a2a.public_url = Some(v);
+        }
+        if let Some(v) = get("TROUPE_A2A_IDLE_CLOSE") {
+            self.server.a2a.idle_close = parse_duration("TROUPE_A2A_IDLE_CLOSE", &v)?;
+        }
+        if let Some(v) = get("TROUPE_CONSOLE") {
+            self.server.console.enabled = parse_bool("TROUPE_CONSOLE", &v)?;
+        }
+        if let Some(v) = get("TROUPE_CONSOLE_TRACE_URL") {
+            self.server.console.trace_url = Some(v).filter(|v| !v.trim().is_empty());
         }
         if let Some(v) = get("TROUPE_AGENTS_DIR") {
             // From the environment: as given (relative to the working directory).

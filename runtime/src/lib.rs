@@ -27,4 +27,6 @@ pub fn describe_metrics() {
     openai::metrics::describe();
     mcp::metrics::describe();
     exec::metrics::describe();
+    // External ACP agents run in sessions' hubs: their series exist from the start too.
+    troupe_acp::describe_metrics();
 }

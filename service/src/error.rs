@@ -177,7 +177,7 @@ impl IntoResponse for ApiError {
 
 /// Middleware: an error answered without the JSON body (a rejection of axum's own
 /// extractors: a WebSocket route without `Upgrade`, an unreadable body, ...) gets it, keeping
-/// its status and its text as the message. Every error of the service is `{code, message,
+/// its status and its text as the message (the console's HTML pages are left as they are). Every error of the service is `{code, message,
 /// details}`.
 pub async fn json_errors(req: axum::extract::Request, next: axum::middleware::Next) -> Response {
     let response = next.run(req).await;
@@ -186,7 +186,7 @@ pub async fn json_errors(req: axum::extract::Request, next: axum::middleware::Ne
         .headers()
         .get(header::CONTENT_TYPE)
         .and_then(|v| v.to_str().ok())
-        .is_some_and(|t| t.starts_with("application/json"));
+        .is_some_and(|t| t.starts_with("application/json") || t.starts_with("text/html"));
     if !(status.is_client_error() || status.is_server_error()) || is_json {
         return response;
     }

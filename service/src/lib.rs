@@ -23,6 +23,8 @@
 //! - [`stream`]: the event stream every transport reads, and the client event types.
 //! - [`listen`]: the HTTP/1 connections (timeouts for slow and idle clients, a connection
 //!   cap); [`edge`]: the Host, Origin and content-type checks every request passes first.
+//! - [`console`]: the web console at `/` (its pages, embedded assets and sign-in,
+//!   [`sign_in`]).
 //! - [`auth`], [`error`], [`metrics`].
 //! - The Ttl sweeper ([`troupe_store::ttl`]): one sweep at start-up, before sessions are restored
 //!   and anything is served, then one every `ttl_sweep_interval` until shutdown begins.
@@ -40,6 +42,7 @@ pub mod a2a;
 pub mod admission;
 pub mod api;
 pub mod auth;
+pub mod console;
 pub mod edge;
 pub mod error;
 pub mod extract;
@@ -52,6 +55,7 @@ pub mod rest;
 pub mod router;
 pub mod rpc;
 pub mod sessions_api;
+pub mod sign_in;
 pub mod state;
 pub mod stdio;
 pub mod stream;
@@ -93,6 +97,7 @@ pub struct Service {
     allowed_origins: Vec<String>,
     limits: listen::ConnLimits,
     a2a: troupe_runtime::config::A2aServerConfig,
+    console: troupe_runtime::config::ConsoleConfig,
     /// What the A2A extended card adds: the shell tool and the configured MCP servers.
     a2a_skills: Vec<serde_json::Value>,
 }
@@ -183,6 +188,7 @@ impl Service {
                 max_connections: config.server.max_connections,
             },
             a2a: config.server.a2a.clone(),
+            console: config.server.console.clone(),
             a2a_skills: a2a::card::tool_skills(
                 true,
                 &config
@@ -197,10 +203,18 @@ impl Service {
 
     /// The router, with `extra` routes (the A2A endpoint) merged in.
     pub fn router(&self, extra: ExtraRoutes) -> axum::Router {
+        self.router_on(None, extra)
+    }
+
+    /// The router of a service listening on `port` (the console's cookie is named for it).
+    fn router_on(&self, port: Option<u16>, extra: ExtraRoutes) -> axum::Router {
         router::router(
             self.state.clone(),
-            self.auth.clone(),
+            self.auth
+                .clone()
+                .with_sign_in(port, self.console.sign_in_ttl),
             self.metrics_public,
+            self.console.enabled.then(|| self.console.clone()),
             extra,
         )
     }
@@ -251,7 +265,7 @@ impl Service {
         let policy = Arc::new(self.edge_policy(addr)?);
         let (a2a, extra) = self.extra_routes().await?;
         let app = self
-            .router(extra)
+            .router_on(Some(addr.port()), extra)
             .layer(axum::middleware::from_fn_with_state(policy, edge::guard));
         let stop = self.state.shutdown.clone();
         let limits = self.limits;

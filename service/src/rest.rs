@@ -148,6 +148,30 @@ pub async fn set_context(
     Ok(Json(serde_json::json!({})).into_response())
 }
 
+/// `GET /api/agents`: the agents, with what each provider can tell without a session and
+/// the bindings of every session the token sees (`{agents, errors}`, as `agents.list`).
+pub async fn list_agents(
+    State(app): State<AppState>,
+    Extension(scope): Extension<Scope>,
+) -> Result<Response, ApiError> {
+    let listing = app.rpc.sessions.agents(scope, None).await?;
+    Ok(Json(listing).into_response())
+}
+
+/// `GET /api/sessions/{id}/agents`: the agents as the session runs them, with its bindings.
+pub async fn session_agents(
+    State(app): State<AppState>,
+    Extension(scope): Extension<Scope>,
+    PathIds(id): PathIds<String>,
+) -> Result<Response, ApiError> {
+    let listing = app
+        .rpc
+        .sessions
+        .agents(scope, Some(session_id(&id)?))
+        .await?;
+    Ok(Json(listing).into_response())
+}
+
 /// `GET /api/projects/{pid}/sessions`: newest first.
 pub async fn project_sessions(
     State(app): State<AppState>,

@@ -235,6 +235,7 @@ impl Rpc {
                 let handle = s.session(scope, session_id).await?;
                 to_json(handle.cancel_task(task_id).await?)
             }
+            Request::AgentsList { session_id } => to_json(s.agents(scope, session_id).await?),
             Request::TaskList {
                 session_id,
                 conversation_id,

@@ -17,6 +17,7 @@ use std::sync::Arc;
 use tokio::sync::watch;
 use troupe_actors::SessionHandle;
 use troupe_actors::conversation::ConversationMsg;
+use troupe_proto::agent::AgentListing;
 use troupe_proto::store::{
     ConversationRecord, MAX_PAGE_BYTES, MessagePage, MessageRecord, SessionRecord,
 };
@@ -32,6 +33,8 @@ pub struct SessionsApi {
     supervisor: ActorRef<SupervisorMsg>,
     registry: watch::Receiver<Option<ActorRef<RegistryMsg>>>,
     health: watch::Receiver<Health>,
+    /// The agents every session runs (`None`: no definition loaded).
+    agents: Option<troupe_actors::agents::AgentPorts>,
 }
 
 impl std::fmt::Debug for SessionsApi {
@@ -56,6 +59,7 @@ impl SessionsApi {
     pub async fn start(args: RegistryArgs) -> Result<Self, AgentError> {
         super::metrics::service_series_start_at_zero();
         let store = args.store.clone();
+        let agents = args.template.ports.agents.clone();
         let (registry_tx, registry) = watch::channel(None);
         let (health_tx, health) = watch::channel(Health::Ok);
         let (supervisor, _) = Actor::spawn(
@@ -74,6 +78,7 @@ impl SessionsApi {
             supervisor,
             registry,
             health,
+            agents,
         })
     }
 
@@ -201,6 +206,63 @@ impl SessionsApi {
         host_call!(host, Session {})
     }
 
+    /// The agents (`agents.list`, `GET /api/agents`): with a session, as that session runs
+    /// them (each provider asked its health) with its bindings; without, what each provider
+    /// can tell without starting anything, with the bindings of every session the scope
+    /// sees. The definition files that did not load are listed too.
+    pub async fn agents(
+        &self,
+        scope: Scope,
+        session_id: Option<SessionId>,
+    ) -> Result<AgentListing, AgentError> {
+        let Some(ports) = &self.agents else {
+            if let Some(id) = session_id {
+                // The session must exist and be the scope's, agents or not.
+                visible(&scope, id, self.store.get_session(id).await?)?;
+            }
+            return Ok(AgentListing {
+                agents: Vec::new(),
+                errors: Vec::new(),
+            });
+        };
+        let errors = ports.catalog.errors.clone();
+        if let Some(id) = session_id {
+            let agents = self.session(scope, id).await?.agents().await?;
+            return Ok(AgentListing { agents, errors });
+        }
+        let mut bindings = Vec::new();
+        let mut seen = std::collections::BTreeMap::new();
+        for binding in self.store.bindings(None).await? {
+            let sees = match seen.get(&binding.session_id) {
+                Some(sees) => *sees,
+                None => {
+                    let record = self.store.get_session(binding.session_id).await?;
+                    let sees = record.is_some_and(|r| scope.sees(r.project_id.as_deref()));
+                    seen.insert(binding.session_id, sees);
+                    sees
+                }
+            };
+            if sees {
+                bindings.push(binding);
+            }
+        }
+        let catalog = &ports.catalog;
+        let supervisor = troupe_actors::agents::listing::supervisor_of(
+            catalog,
+            ports.settings.supervisor.as_deref(),
+        )
+        .ok()
+        .flatten()
+        .map(|d| d.id.clone());
+        let agents = troupe_actors::agents::listing::agent_infos(
+            catalog,
+            |d| troupe_runtime::agents::probe(d, &ports.factories),
+            &bindings,
+            supervisor.as_deref(),
+        );
+        Ok(AgentListing { agents, errors })
+    }
+
     /// Every event of a session the scope sees with `seq > after` (see [`stream::events`]).
     pub async fn events(
         &self,
@@ -276,6 +338,18 @@ impl SessionsApi {
     ) -> Result<Closed, AgentError> {
         let host = self.host(scope, session_id).await?;
         host_call!(host, Close { conversation_id })
+    }
+
+    /// Opens a closed conversation again under its id, its history rebuilt from its rollout
+    /// (an open one: nothing to do). `NotFound` unless it is a conversation of the session.
+    pub async fn reopen(
+        &self,
+        scope: Scope,
+        session_id: SessionId,
+        conversation_id: ConversationId,
+    ) -> Result<(), AgentError> {
+        let host = self.host(scope, session_id).await?;
+        host_call!(host, Reopen { conversation_id })
     }
 
     /// Cancels every task of a conversation (its running one and its queued messages);

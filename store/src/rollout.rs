@@ -396,7 +396,7 @@ fn window_seq(
     Ok(start.unwrap_or(0))
 }
 
-fn read_records(
+pub(crate) fn read_records(
     c: &Connection,
     session_id: SessionId,
     query: &str,

@@ -26,6 +26,7 @@
 //! channels. When the last handle is dropped the writer's channel closes, the thread commits
 //! what is queued and ends.
 
+mod a2a;
 mod rows;
 mod writer;
 
@@ -46,6 +47,7 @@ use std::time::Instant;
 use tokio::sync::{mpsc, oneshot};
 use tracing::{Instrument, Span};
 use troupe_proto::store::{
+    A2aContextRecord, A2aPruned, A2aPushRecord, A2aTaskPage, A2aTaskQuery, A2aTaskRecord,
     ConversationRecord, FinishMessage, FinishedMessage, MessagePage, MessageRecord, NewMessage,
     SessionRecord, SessionStatus,
 };
@@ -324,6 +326,48 @@ impl Store for SqliteStore {
         .await
     }
 
+    async fn open_conversations(
+        &self,
+        session_id: SessionId,
+    ) -> Result<Vec<ConversationRecord>, AgentError> {
+        let span = tracing::debug_span!("store.open_conversations", %session_id);
+        observed(Op::OpenConversations, span, async {
+            self.read(move |c| {
+                query_all(
+                    c,
+                    &format!(
+                        "{CONVERSATION_SELECT} WHERE session_id = ?1 AND state = 'open'
+                         ORDER BY created_ms, rowid"
+                    ),
+                    [session_id.to_string()],
+                    conversation_from_row,
+                )
+            })
+            .await
+        })
+        .await
+    }
+
+    async fn conversation(
+        &self,
+        conversation_id: ConversationId,
+    ) -> Result<Option<ConversationRecord>, AgentError> {
+        let span = tracing::debug_span!("store.conversation", %conversation_id);
+        observed(Op::Conversation, span, async {
+            self.read(move |c| {
+                query_all(
+                    c,
+                    &format!("{CONVERSATION_SELECT} WHERE conversation_id = ?1"),
+                    [conversation_id.to_string()],
+                    conversation_from_row,
+                )
+                .map(|mut v| v.pop())
+            })
+            .await
+        })
+        .await
+    }
+
     async fn append_message(&self, message: NewMessage) -> Result<MessageRecord, AgentError> {
         let span = tracing::debug_span!(
             "store.append_message",
@@ -516,6 +560,116 @@ impl Store for SqliteStore {
             })
             .await
             .map(drop)
+        })
+        .await
+    }
+
+    async fn put_a2a_context(&self, context: A2aContextRecord) -> Result<(), AgentError> {
+        let span = tracing::debug_span!("store.put_a2a_context", context_id = %context.context_id);
+        observed(Op::PutA2aContext, span, async {
+            self.write(WriteOp::PutA2aContext(context)).await.map(drop)
+        })
+        .await
+    }
+
+    async fn a2a_context(&self, context_id: &str) -> Result<Option<A2aContextRecord>, AgentError> {
+        let span = tracing::debug_span!("store.a2a_context", context_id);
+        let context_id = context_id.to_owned();
+        observed(Op::A2aContext, span, async {
+            self.read(move |c| a2a::context(c, &context_id)).await
+        })
+        .await
+    }
+
+    async fn a2a_open_contexts(&self) -> Result<Vec<A2aContextRecord>, AgentError> {
+        let span = tracing::debug_span!("store.a2a_open_contexts");
+        observed(Op::A2aOpenContexts, span, async {
+            self.read(a2a::open_contexts).await
+        })
+        .await
+    }
+
+    async fn put_a2a_task(&self, task: A2aTaskRecord) -> Result<(), AgentError> {
+        let span = tracing::debug_span!("store.put_a2a_task", task_id = %task.task_id, state = %task.state);
+        observed(Op::PutA2aTask, span, async {
+            self.write(WriteOp::PutA2aTask(task)).await.map(drop)
+        })
+        .await
+    }
+
+    async fn a2a_task(&self, task_id: &str) -> Result<Option<A2aTaskRecord>, AgentError> {
+        let span = tracing::debug_span!("store.a2a_task", task_id);
+        let task_id = task_id.to_owned();
+        observed(Op::A2aTask, span, async {
+            self.read(move |c| a2a::task(c, &task_id)).await
+        })
+        .await
+    }
+
+    async fn a2a_live_tasks(&self) -> Result<Vec<A2aTaskRecord>, AgentError> {
+        let span = tracing::debug_span!("store.a2a_live_tasks");
+        observed(Op::A2aLiveTasks, span, async {
+            self.read(a2a::live_tasks).await
+        })
+        .await
+    }
+
+    async fn a2a_tasks(&self, query: A2aTaskQuery) -> Result<A2aTaskPage, AgentError> {
+        let span = tracing::debug_span!("store.a2a_tasks", limit = query.limit);
+        observed(Op::A2aTasks, span, async {
+            self.read(move |c| a2a::tasks(c, &query)).await
+        })
+        .await
+    }
+
+    async fn put_a2a_push(&self, push: A2aPushRecord) -> Result<(), AgentError> {
+        let span = tracing::debug_span!("store.put_a2a_push", task_id = %push.task_id, config_id = %push.config_id);
+        observed(Op::PutA2aPush, span, async {
+            self.write(WriteOp::PutA2aPush(push)).await.map(drop)
+        })
+        .await
+    }
+
+    async fn delete_a2a_push(&self, task_id: &str, config_id: &str) -> Result<bool, AgentError> {
+        let span = tracing::debug_span!("store.delete_a2a_push", task_id, config_id);
+        let op = WriteOp::DeleteA2aPush {
+            task_id: task_id.to_owned(),
+            config_id: config_id.to_owned(),
+        };
+        observed(Op::DeleteA2aPush, span, async {
+            match self.write(op).await? {
+                WriteOutput::Flag(gone) => Ok(gone),
+                _ => Err(unexpected(Op::DeleteA2aPush)),
+            }
+        })
+        .await
+    }
+
+    async fn a2a_pushes(&self, task_id: &str) -> Result<Vec<A2aPushRecord>, AgentError> {
+        let span = tracing::debug_span!("store.a2a_pushes", task_id);
+        let task_id = task_id.to_owned();
+        observed(Op::A2aPushes, span, async {
+            self.read(move |c| a2a::pushes(c, &task_id)).await
+        })
+        .await
+    }
+
+    async fn prune_a2a(&self, keep_finished: usize) -> Result<A2aPruned, AgentError> {
+        let span = tracing::debug_span!(
+            "store.prune_a2a",
+            keep_finished,
+            tasks = tracing::field::Empty,
+            contexts = tracing::field::Empty
+        );
+        observed(Op::PruneA2a, span.clone(), async {
+            match self.write(WriteOp::PruneA2a { keep_finished }).await? {
+                WriteOutput::Pruned(p) => {
+                    span.record("tasks", p.tasks);
+                    span.record("contexts", p.contexts);
+                    Ok(p)
+                }
+                _ => Err(unexpected(Op::PruneA2a)),
+            }
         })
         .await
     }

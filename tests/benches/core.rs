@@ -67,6 +67,7 @@ async fn session(dir: &std::path::Path, model: ScriptedModel) -> SessionHandle {
         mcp: None,
         mcp_connector: None,
         exec: None,
+        effects: troupe_actors::ports::Effects::Live,
         summarizer: Arc::new(LocalSummarizer::default()),
         tokens: Arc::new(troupe_actors::ports::ApproxTokens),
         rollout_storage: None,

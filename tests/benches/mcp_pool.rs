@@ -239,6 +239,7 @@ async fn shared_servers() {
         mcp: None,
         mcp_connector: Some(Arc::new(RmcpConnector::new())),
         exec: None,
+        effects: troupe_actors::ports::Effects::Live,
         summarizer: Arc::new(troupe_actors::history::LocalSummarizer::default()),
         tokens: Arc::new(troupe_actors::ports::ApproxTokens),
         rollout_storage: None,

@@ -7,6 +7,12 @@
 //! reply, or the message of its final status). Appended artifact chunks are shown as message
 //! chunks as they arrive; an artifact sent again whole (as troupe's own endpoint does at the
 //! end) shows only what it adds.
+//!
+//! A stream taken up again (`SubscribeToTask`) starts with the task as it stands, and the
+//! chunks that follow may repeat the last ones that task already holds: the official Python
+//! SDK taps the task's events before it reads the task, so what it applies in between comes
+//! twice. Chunks appended after a whole task are therefore first matched against that task's
+//! end: the longest run of them that its text already ends with is not added again.
 
 use crate::model::{Message, Part, PartContent, StreamEvent, Task, TaskState};
 use serde_json::{Value, json};
@@ -40,8 +46,8 @@ pub enum Settled {
 pub struct Tracker {
     task_id: Option<String>,
     state: Option<TaskState>,
-    /// Each artifact's id and its parts so far, in the order they appeared.
-    artifacts: Vec<(String, Vec<Part>)>,
+    /// Each artifact so far, in the order they appeared.
+    artifacts: Vec<ArtifactText>,
     /// The newest message of the agent (a direct reply or a status message).
     last_message: Option<Message>,
     /// A direct reply ended the exchange without a task.
@@ -86,7 +92,7 @@ impl Tracker {
             }
             StreamEvent::Artifact(a) => {
                 self.task_id.get_or_insert_with(|| a.task_id.clone());
-                self.artifact(&a.artifact.artifact_id, &a.artifact.parts, a.append)
+                self.artifact(&a.artifact.artifact_id, &a.artifact.parts, a.append, false)
                     .into_iter()
                     .collect()
             }
@@ -99,7 +105,7 @@ impl Tracker {
         let mut updates: Vec<Update> = task
             .artifacts
             .iter()
-            .filter_map(|a| self.artifact(&a.artifact_id, &a.parts, false))
+            .filter_map(|a| self.artifact(&a.artifact_id, &a.parts, false, true))
             .collect();
         updates.extend(self.status(task.status.state, task.status.message.as_ref()));
         updates
@@ -131,22 +137,28 @@ impl Tracker {
         })
     }
 
-    fn artifact(&mut self, id: &str, parts: &[Part], append: bool) -> Option<Update> {
-        let index = match self.artifacts.iter().position(|(a, _)| a == id) {
+    fn artifact(
+        &mut self,
+        id: &str,
+        parts: &[Part],
+        append: bool,
+        whole_task: bool,
+    ) -> Option<Update> {
+        let index = match self.artifacts.iter().position(|a| a.id == id) {
             Some(i) => i,
             None => {
-                self.artifacts.push((id.to_owned(), Vec::new()));
+                self.artifacts.push(ArtifactText::new(id));
                 self.artifacts.len() - 1
             }
         };
-        let stored = &mut self.artifacts[index].1;
-        let before = parts_text(stored);
+        let artifact = &mut self.artifacts[index];
+        let before = artifact.text();
         if append {
-            stored.extend(parts.iter().cloned());
+            artifact.append(parts);
         } else {
-            *stored = parts.to_vec();
+            artifact.replace(parts, whole_task);
         }
-        let after = parts_text(stored);
+        let after = artifact.text();
         // Show only what is new: a chunk, or the part of a resent artifact not shown yet.
         let shown = after.strip_prefix(before.as_str()).unwrap_or_default();
         (!shown.is_empty()).then(|| Update {
@@ -161,7 +173,7 @@ impl Tracker {
         let artifacts: Vec<String> = self
             .artifacts
             .iter()
-            .map(|(_, parts)| parts_text(parts))
+            .map(ArtifactText::text)
             .filter(|t| !t.is_empty())
             .collect();
         if artifacts.is_empty() {
@@ -208,6 +220,64 @@ impl Tracker {
     pub fn resume(&mut self) {
         self.state = None;
         self.last_message = None;
+    }
+}
+
+/// One artifact as followed: the parts it was last sent whole with, and the chunks appended
+/// since, of which the first `repeated` are already in those parts (see the module's doc).
+#[derive(Debug, Default, Clone)]
+struct ArtifactText {
+    id: String,
+    base: Vec<Part>,
+    /// The base came from a whole task (a stream's first event, `GetTask`), whose end the
+    /// chunks that follow may repeat.
+    from_task: bool,
+    chunks: Vec<Vec<Part>>,
+    /// How many of the first chunks repeat the base's end.
+    repeated: usize,
+    /// The text of the chunks so far, kept while it is no longer than the base's text (a
+    /// longer run cannot repeat it).
+    run: Option<String>,
+}
+
+impl ArtifactText {
+    fn new(id: &str) -> Self {
+        Self {
+            id: id.to_owned(),
+            ..Self::default()
+        }
+    }
+
+    fn replace(&mut self, parts: &[Part], from_task: bool) {
+        self.base = parts.to_vec();
+        self.from_task = from_task;
+        self.chunks.clear();
+        self.repeated = 0;
+        self.run = from_task.then(String::new);
+    }
+
+    fn append(&mut self, parts: &[Part]) {
+        self.chunks.push(parts.to_vec());
+        if let Some(mut run) = self.run.take() {
+            let base = parts_text(&self.base);
+            run.push_str(&parts_text(parts));
+            if run.len() <= base.len() {
+                if base.ends_with(run.as_str()) {
+                    self.repeated = self.chunks.len();
+                }
+                self.run = Some(run);
+            }
+        }
+    }
+
+    /// Its text: the base, then the chunks that do not repeat it.
+    fn text(&self) -> String {
+        let mut text = parts_text(&self.base);
+        let skip = if self.from_task { self.repeated } else { 0 };
+        for chunk in self.chunks.iter().skip(skip) {
+            text.push_str(&parts_text(chunk));
+        }
+        text
     }
 }
 
@@ -424,6 +494,48 @@ mod tests {
             1
         );
         assert!(t.apply(&status(TaskState::Working, None)).is_empty());
+    }
+
+    #[test]
+    fn chunks_a_resubscribed_stream_repeats_are_added_once() {
+        let mut t = Tracker::default();
+        let mut shown = Vec::new();
+        shown.extend(t.apply(&chunk("You", false)));
+        shown.extend(t.apply(&chunk(" said", true)));
+        // The stream broke; SubscribeToTask starts with the task, which holds two more
+        // chunks, and then repeats the last of them.
+        let mut whole = task(TaskState::Working);
+        whole.artifacts = vec![Artifact {
+            artifact_id: "t-answer".into(),
+            name: None,
+            description: None,
+            parts: vec![Part::text("You said: w0 w0")],
+            metadata: None,
+        }];
+        shown.extend(t.apply(&StreamEvent::Task(whole)));
+        shown.extend(t.apply(&chunk(" w0", true)));
+        shown.extend(t.apply(&chunk(" w1", true)));
+        shown.extend(t.apply(&chunk(" w0", true)));
+        let chunks: String = shown
+            .iter()
+            .filter(|u| u.kind == AgentUpdateKind::MessageChunk)
+            .map(|u| u.text.as_str())
+            .collect();
+        assert_eq!(chunks, "You said: w0 w0 w1 w0");
+        t.apply(&status(TaskState::Completed, None));
+        assert_eq!(
+            t.settled(),
+            Some(Settled::Answered {
+                text: "You said: w0 w0 w1 w0".into()
+            })
+        );
+        // Chunks of a stream that was not taken up again are never dropped.
+        let mut t = Tracker::default();
+        for (c, append) in [("a", false), ("a", true), ("a", true)] {
+            t.apply(&chunk(c, append));
+        }
+        t.apply(&status(TaskState::Completed, None));
+        assert_eq!(t.settled(), Some(Settled::Answered { text: "aaa".into() }));
     }
 
     #[test]

@@ -40,7 +40,7 @@ use super::metrics::{self, BindingOutcome};
 use super::model::ModelAgent;
 use super::provider::{
     AgentInput, AgentOutput, AgentProvider, AgentRunContext, ProviderEnv, ResumeError,
-    SessionContext,
+    SessionContext, SessionReplaced,
 };
 use super::route::{VisibleAgent, router_instructions};
 use super::{AgentPorts, DispatchParent, RouterMode};
@@ -112,6 +112,8 @@ pub struct DispatchRequest {
     pub parent_dispatch: Option<DispatchId>,
     /// The dispatcher's cancellation: the dispatch's own is a child of it.
     pub cancel: CancellationToken,
+    /// The dispatcher's span: `troupe.dispatch` is its child.
+    pub span: tracing::Span,
 }
 
 /// The hub's mailbox.
@@ -131,6 +133,7 @@ pub enum AgentHubMsg {
     /// A worker asks how to get its agent's provider session.
     Bind {
         agent_id: String,
+        dispatch_id: DispatchId,
         reply: RpcReplyPort<Result<BindPlan, AgentError>>,
     },
     /// A worker bound its agent.
@@ -153,6 +156,9 @@ pub enum AgentHubMsg {
     /// Shuts every provider down; the hub stops.
     Shutdown { reply: RpcReplyPort<()> },
 }
+
+/// Where a worker hears how to bind.
+type BindReply = RpcReplyPort<Result<BindPlan, AgentError>>;
 
 /// How a worker got its provider session.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -213,7 +219,7 @@ pub struct AgentHubState {
     providers: BTreeMap<String, Result<Arc<ProviderCell>, String>>,
     bindings: BTreeMap<String, BindingEntry>,
     /// Dispatches waiting for another to open their agent's provider session.
-    waiting: BTreeMap<String, Vec<RpcReplyPort<Result<BindPlan, AgentError>>>>,
+    waiting: BTreeMap<String, Vec<(DispatchId, BindReply)>>,
     leases: LeaseBook,
     flights: BTreeMap<DispatchId, Flight>,
 }
@@ -301,7 +307,11 @@ impl Actor for AgentHub {
                 let _ = reply.send(state.view(origin));
             }
             AgentHubMsg::Dispatch { request, reply } => state.dispatch(&myself, request, reply),
-            AgentHubMsg::Bind { agent_id, reply } => state.bind(agent_id, reply),
+            AgentHubMsg::Bind {
+                agent_id,
+                dispatch_id,
+                reply,
+            } => state.bind(agent_id, dispatch_id, reply),
             AgentHubMsg::Bound {
                 agent_id,
                 dispatch_id,
@@ -528,7 +538,7 @@ impl AgentHubState {
         let ttl = self.ports.settings.lease_ttl;
         let kind = def.provider.kind();
         let span = tracing::info_span!(
-            parent: &tracing::Span::current(),
+            parent: &request.span,
             "troupe.dispatch",
             otel.name = %format!("dispatch {}", request.agent_id),
             otel.kind = "internal",
@@ -613,7 +623,12 @@ impl AgentHubState {
         tokio::spawn(worker.run().instrument(span));
     }
 
-    fn bind(&mut self, agent_id: String, reply: RpcReplyPort<Result<BindPlan, AgentError>>) {
+    fn bind(
+        &mut self,
+        agent_id: String,
+        dispatch_id: DispatchId,
+        reply: RpcReplyPort<Result<BindPlan, AgentError>>,
+    ) {
         let Some(def) = self.catalog.get(&agent_id) else {
             let _ = reply.send(Err(AgentError::not_found("agent", &agent_id)));
             return;
@@ -627,13 +642,27 @@ impl AgentHubState {
         );
         match &plan {
             BindPlan::Wait => {
-                self.waiting.entry(agent_id).or_default().push(reply);
+                self.waiting
+                    .entry(agent_id)
+                    .or_default()
+                    .push((dispatch_id, reply));
                 return;
             }
             BindPlan::Resume { .. } | BindPlan::Open { .. } => entry.opening = true,
-            BindPlan::Use(_) | BindPlan::Fresh => {}
+            BindPlan::Use(id) => self.uses(dispatch_id, id),
+            BindPlan::Fresh => {}
         }
         let _ = reply.send(Ok(plan));
+    }
+
+    /// A dispatch runs in its agent's live provider session: its result names it.
+    fn uses(&mut self, dispatch_id: DispatchId, provider_session_id: &str) {
+        if let Some(flight) = self.flights.get_mut(&dispatch_id) {
+            flight.provider_session_id = Some(provider_session_id.to_owned());
+            flight
+                .span
+                .record("provider_session_id", provider_session_id);
+        }
     }
 
     fn bound(&mut self, agent_id: &str, dispatch_id: DispatchId, bound: Bound) {
@@ -734,7 +763,8 @@ impl AgentHubState {
         let entry = self.bindings.entry(agent_id.to_owned()).or_default();
         entry.live = Some(psid.clone());
         entry.opening = false;
-        for waiter in self.waiting.remove(agent_id).unwrap_or_default() {
+        for (waiting, waiter) in self.waiting.remove(agent_id).unwrap_or_default() {
+            self.uses(waiting, &psid);
             let _ = waiter.send(Ok(BindPlan::Use(psid.clone())));
         }
     }
@@ -746,7 +776,7 @@ impl AgentHubState {
         if let Some(entry) = self.bindings.get_mut(agent_id) {
             entry.opening = false;
         }
-        for waiter in self.waiting.remove(agent_id).unwrap_or_default() {
+        for (_, waiter) in self.waiting.remove(agent_id).unwrap_or_default() {
             let _ = waiter.send(Err(error.clone()));
         }
     }
@@ -941,7 +971,8 @@ impl Worker {
 
     async fn work(&self) -> Result<AgentOutput, AgentError> {
         let provider = self.cell.ready().await?;
-        let provider_session_id = self.bind(provider).await?;
+        let (provider_session_id, fresh) = self.bind(provider).await?;
+        let replaced = SessionReplaced::default();
         let ctx = AgentRunContext {
             session_id: self.session_id,
             agent_id: &self.def.id,
@@ -954,22 +985,52 @@ impl Worker {
             approvals: &self.env.approvals,
             approval_timeout: self.env.approval_timeout,
             span: &self.span,
+            replaced: &replaced,
         };
-        provider
+        let result = provider
             .handle(
                 AgentInput {
                     text: self.input.clone(),
                 },
                 &ctx,
             )
-            .await
+            .await;
+        if let Some((id, why)) = replaced.get() {
+            self.rebind(&provider_session_id, id, why, fresh).await;
+        }
+        result
     }
 
-    /// The provider session of this dispatch, as the hub's plan says.
-    async fn bind(&self, provider: &dyn AgentProvider) -> Result<String, AgentError> {
+    /// The provider session changed under the dispatch: bound in its place (a dispatch's own
+    /// session is only noted on the dispatch).
+    async fn rebind(&self, previous: &str, id: &str, why: &str, fresh: bool) {
+        if fresh {
+            self.report(Bound::Fresh {
+                provider_session_id: id.to_owned(),
+            });
+            return;
+        }
+        let binding = self.binding(id, self.clock.now_ms());
+        self.persist(&binding).await;
+        self.report(Bound::Opened {
+            binding,
+            previous: Some(previous.to_owned()),
+            alert: Some(why.to_owned()),
+        });
+    }
+
+    /// The provider session of this dispatch, as the hub's plan says, and whether it is the
+    /// dispatch's own (never bound).
+    async fn bind(&self, provider: &dyn AgentProvider) -> Result<(String, bool), AgentError> {
+        let fresh = self.def.session.binding_scope == troupe_proto::agent::BindingScope::Dispatch;
+        self.bind_plan(provider).await.map(|id| (id, fresh))
+    }
+
+    async fn bind_plan(&self, provider: &dyn AgentProvider) -> Result<String, AgentError> {
         let agent_id = self.def.id.clone();
         let plan = ractor::call!(self.hub, |reply| AgentHubMsg::Bind {
             agent_id: agent_id.clone(),
+            dispatch_id: self.dispatch_id,
             reply
         })
         .map_err(|e| AgentError::internal(format!("agent hub unavailable: {e}")))??;
@@ -1009,6 +1070,20 @@ impl Worker {
                     Err(ResumeError::NotResumable(why)) => {
                         guard.reported = true;
                         (Some(id), Some(why))
+                    }
+                    Err(ResumeError::Replaced {
+                        provider_session_id: new,
+                        reason,
+                    }) => {
+                        let binding = self.binding(&new, self.clock.now_ms());
+                        self.persist(&binding).await;
+                        guard.reported = true;
+                        self.report(Bound::Opened {
+                            binding,
+                            previous: Some(id),
+                            alert: Some(reason),
+                        });
+                        return Ok(new);
                     }
                     Err(ResumeError::Failed(error)) => {
                         guard.reported = true;

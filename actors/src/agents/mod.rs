@@ -31,7 +31,7 @@ pub mod route;
 
 pub use provider::{
     AgentInput, AgentOutput, AgentProvider, AgentProviderFactory, AgentRunContext, DispatchParent,
-    ProviderEnv, ResumeError, SessionContext,
+    ProviderEnv, ResumeError, SessionContext, SessionReplaced,
 };
 
 use crate::ports::{BindingStore, ModelClient};
@@ -100,4 +100,6 @@ pub struct DispatchOrigin {
     /// Ends with `agent_id`.
     pub chain: ExecutionChain,
     pub cancel: CancellationToken,
+    /// The dispatch's span: the agent's task links to it.
+    pub span: tracing::Span,
 }

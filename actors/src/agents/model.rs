@@ -113,6 +113,7 @@ impl AgentProvider for ModelAgent {
             agent_id: ctx.agent_id.to_owned(),
             chain: ctx.chain.clone(),
             cancel: ctx.cancel.clone(),
+            span: ctx.span.clone(),
         };
         let text = input.text;
         let reply = ractor::call!(self.session, |reply| SessionMsg::Dispatch {

@@ -46,7 +46,8 @@ impl ConversationState {
                 provider: &info.provider,
                 model: &info.model,
             },
-            caller,
+            // A dispatched task links to its dispatch (`troupe.dispatch`), whoever sent it.
+            origin.as_ref().map_or(caller, |o| &o.span),
         );
         metrics::task_started(match kind {
             TaskKind::Message => "message",
@@ -89,6 +90,7 @@ impl ConversationState {
             mcp_generation: self.view_generation,
             mcp_allowlist: self.context.mcp_tool_allowlist.clone(),
             exec: self.services.exec.clone(),
+            effects: self.services.effects.clone(),
             services: self.services.directory.clone(),
             events: self.services.events.clone(),
             cancel: cancel.clone(),

@@ -61,6 +61,10 @@ pub(super) async fn dispatch(
     input: &str,
     by_human: bool,
 ) -> Result<AgentOutput, AgentError> {
+    // A replay: the hub is not asked, no agent runs; the recorded answer stands for both.
+    if let Effects::Recorded(playback) = &ctx.effects {
+        return playback.dispatch_result(agent_id);
+    }
     let (reply, answer) = oneshot::channel();
     let request = DispatchRequest {
         agent_id: agent_id.to_owned(),
@@ -73,6 +77,7 @@ pub(super) async fn dispatch(
         },
         parent_dispatch: agents.origin.as_ref().map(|o| o.dispatch_id),
         cancel: ctx.cancel.clone(),
+        span: tracing::Span::current(),
     };
     agents
         .hub

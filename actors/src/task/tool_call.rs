@@ -23,6 +23,18 @@ pub enum ToolRoute {
     Refuse(ToolFailure),
 }
 
+impl ToolRoute {
+    /// Whether running it reaches outside the task: a command, a file, an MCP server (or a
+    /// human, for its approval). A replay plays these back; a refusal and the plan are
+    /// decided and recorded by the task alone, so they run in a replay too.
+    pub fn has_effects(&self) -> bool {
+        match self {
+            Self::Shell { .. } | Self::ApplyPatch { .. } | Self::External => true,
+            Self::Plan | Self::Refuse(_) => false,
+        }
+    }
+}
+
 /// Decides how a call is handled. Pure: the tool list, the policies and the call decide.
 pub fn route_tool(
     call: &ToolCall,
@@ -203,6 +215,11 @@ pub(super) async fn execute(
         _ => {
             span.record("gen_ai.tool.type", spans::TOOL_TYPE_FUNCTION);
         }
+    }
+    if let Effects::Recorded(playback) = &ctx.effects
+        && route.has_effects()
+    {
+        return playback.tool_result(call);
     }
     match route {
         ToolRoute::Refuse(e) => Err(e),

@@ -4,7 +4,7 @@
 //! `troupe_a2a::wire::v1`'s, shared with the client; the requests' params are decoded here.
 
 use super::error::A2aError;
-use super::model::{TaskState, parse_iso8601_ms};
+use super::model::{Part, TaskState, parse_iso8601_ms};
 use super::request::{
     GetParams, ListParams, Request, SendParams, non_negative, page_size, required,
 };
@@ -81,6 +81,11 @@ fn parse<T: for<'de> Deserialize<'de>>(params: &Value) -> Result<T, A2aError> {
     serde_json::from_value(v).map_err(|e| A2aError::InvalidParams(e.to_string()))
 }
 
+/// One part in the 1.0 shape (a part of the A2A reply form), decoded.
+pub fn part_from_json(v: &Value) -> Result<Part, A2aError> {
+    shared::decode_part(v).map_err(|e| A2aError::InvalidParams(e.0))
+}
+
 fn send_params(params: &Value) -> Result<SendParams, A2aError> {
     let w: WireSend = parse(params)?;
     let message = shared::decode_message(
@@ -122,7 +127,9 @@ pub fn decode(op: Operation, params: &Value) -> Result<Request, A2aError> {
         Operation::ListTasks => {
             let w: WireList = parse(params)?;
             let status = match w.status.as_deref() {
-                None | Some("" | "TASK_STATE_UNSPECIFIED") => None,
+                // `UNRECOGNIZED` is how the official JS SDK (ts-proto) writes a filter the
+                // caller left unset.
+                None | Some("" | "TASK_STATE_UNSPECIFIED" | "UNRECOGNIZED") => None,
                 Some(s) => Some(TaskState::from_v1(s).ok_or_else(|| {
                     A2aError::InvalidParams(format!(
                         "status: unknown task state {:?}",
@@ -230,6 +237,11 @@ mod tests {
         }
         assert_eq!(
             decode(Operation::ListTasks, &Value::Null).unwrap(),
+            Request::List(ListParams::default())
+        );
+        // The JS SDK's unset filter.
+        assert_eq!(
+            decode(Operation::ListTasks, &json!({"status": "UNRECOGNIZED"})).unwrap(),
             Request::List(ListParams::default())
         );
     }

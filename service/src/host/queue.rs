@@ -206,6 +206,7 @@ impl HostState {
             let _ = waiter.send(finished);
         }
         self.run_next(myself, conversation_id).await;
+        self.forget_if_closed(conversation_id);
         self.maybe_drained();
     }
 

@@ -32,6 +32,7 @@ pub const METHODS: &[&str] = &[
     "project.currentSession",
     "events.subscribe",
     "events.unsubscribe",
+    "agents.list",
 ];
 
 /// The `&'static` name of a method for metric labels (`unknown` otherwise).
@@ -86,6 +87,10 @@ pub enum Request {
     TaskCancel {
         session_id: SessionId,
         task_id: TaskId,
+    },
+    /// `agents.list`: the agents, as a session runs them when it is named.
+    AgentsList {
+        session_id: Option<SessionId>,
     },
     TaskList {
         session_id: SessionId,
@@ -182,6 +187,13 @@ struct TaskParams {
 }
 
 #[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct AgentsParams {
+    #[serde(default)]
+    session_id: Option<SessionId>,
+}
+
+#[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
 struct TaskListParams {
     session_id: SessionId,
@@ -319,6 +331,9 @@ pub fn decode(method: &str, raw: Option<Value>) -> Result<Request, RpcError> {
                 task_id: p.task_id,
             }
         }
+        "agents.list" => Request::AgentsList {
+            session_id: params::<AgentsParams>(value)?.session_id,
+        },
         "task.list" => {
             let p: TaskListParams = params(value)?;
             Request::TaskList {

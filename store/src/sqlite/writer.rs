@@ -3,6 +3,7 @@
 //! write.
 
 use super::MAX_BATCH;
+use super::a2a;
 use super::rows::{MESSAGE_SELECT, message_from_row, query_all, role_str, state_str};
 use crate::conn::{self, internal, to_sql_int};
 use crate::metrics::{self, Writer};
@@ -11,8 +12,8 @@ use std::time::Instant;
 use tokio::sync::{mpsc, oneshot};
 use tracing::Span;
 use troupe_proto::store::{
-    ConversationRecord, FinishMessage, FinishedMessage, MessageRecord, MessageStatus, NewMessage,
-    SessionRecord, SessionStatus,
+    A2aContextRecord, A2aPruned, A2aPushRecord, A2aTaskRecord, ConversationRecord, FinishMessage,
+    FinishedMessage, MessageRecord, MessageStatus, NewMessage, SessionRecord, SessionStatus,
 };
 use troupe_proto::{AgentError, ConversationId, Role, SessionId, StoragePolicy, TaskId};
 
@@ -52,6 +53,16 @@ pub(super) enum WriteOp {
         status: SessionStatus,
         at_ms: u64,
     },
+    PutA2aContext(A2aContextRecord),
+    PutA2aTask(A2aTaskRecord),
+    PutA2aPush(A2aPushRecord),
+    DeleteA2aPush {
+        task_id: String,
+        config_id: String,
+    },
+    PruneA2a {
+        keep_finished: usize,
+    },
     PutBinding(troupe_proto::agent::AgentBinding),
     RemoveBinding {
         session_id: SessionId,
@@ -64,6 +75,8 @@ pub(super) enum WriteOutput {
     Message(MessageRecord),
     Finished(Box<FinishedMessage>),
     Count(u64),
+    Flag(bool),
+    Pruned(A2aPruned),
 }
 
 pub(super) fn writer_loop(mut conn: Connection, mut queue: mpsc::Receiver<WriteJob>) {
@@ -190,6 +203,15 @@ pub(super) fn apply(c: &Connection, op: &WriteOp) -> Result<WriteOutput, AgentEr
             status,
             at_ms,
         } => set_session_status(c, *session_id, *status, *at_ms).map(|()| WriteOutput::Done),
+        WriteOp::PutA2aContext(r) => a2a::put_context(c, r).map(|()| WriteOutput::Done),
+        WriteOp::PutA2aTask(r) => a2a::put_task(c, r).map(|()| WriteOutput::Done),
+        WriteOp::PutA2aPush(r) => a2a::put_push(c, r).map(|()| WriteOutput::Done),
+        WriteOp::DeleteA2aPush { task_id, config_id } => {
+            a2a::delete_push(c, task_id, config_id).map(WriteOutput::Flag)
+        }
+        WriteOp::PruneA2a { keep_finished } => {
+            a2a::prune(c, *keep_finished).map(WriteOutput::Pruned)
+        }
         WriteOp::PutBinding(b) => put_binding(c, b).map(|()| WriteOutput::Done),
         WriteOp::RemoveBinding {
             session_id,

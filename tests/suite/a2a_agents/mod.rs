@@ -187,6 +187,7 @@ impl Hub {
                 models: Default::default(),
                 bindings: store.clone(),
             }),
+            effects: troupe_actors::ports::Effects::Live,
         };
         let (session, _join) = SessionHandle::start(session_id, config, ports)
             .await

@@ -122,6 +122,17 @@ async fn hub_goes_straight_to_the_agent_and_binds_its_conversation() {
     );
     assert!(events.iter().any(|e| matches!(e,
         EventKind::DispatchSent { provider_session_id: Some(p), .. } if *p == psid)));
+    let results: Vec<Option<String>> = events
+        .iter()
+        .filter_map(|e| match e {
+            EventKind::DispatchResult {
+                provider_session_id,
+                ..
+            } => Some(provider_session_id.clone()),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(results, [Some(psid.clone()), Some(psid.clone())]);
     let sent = team.model.sent();
     assert_eq!(user_texts(&sent[1].prompt), ["fix the bug", "and the test"]);
 }

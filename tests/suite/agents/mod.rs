@@ -1,12 +1,16 @@
 //! Agents (A1–A4): definitions, bindings, dispatch, routing and the bounds that keep
 //! dispatches from locking themselves.
 
+mod acp;
+mod bounds;
 mod cli;
 mod dispatch;
+mod routing;
+mod surfaces;
 
 use std::sync::Arc;
 use std::time::Duration;
-use troupe_actors::agents::{AgentPorts, AgentSettings, RouterMode};
+use troupe_actors::agents::{AgentPorts, AgentProviderFactory, AgentSettings, RouterMode};
 use troupe_actors::history::LocalSummarizer;
 use troupe_actors::{SessionConfig, SessionHandle, SessionPorts};
 use troupe_proto::agent::{AgentCatalog, AgentDefinition, ProviderSpec};
@@ -58,6 +62,15 @@ pub(super) struct Team {
     defs: Vec<AgentDefinition>,
     settings: AgentSettings,
     tweak: fn(&mut SessionConfig),
+    factories: Vec<Arc<dyn AgentProviderFactory>>,
+}
+
+/// What a team is made of, kept for its restarts.
+struct Plan {
+    defs: Vec<AgentDefinition>,
+    settings: AgentSettings,
+    tweak: fn(&mut SessionConfig),
+    factories: Vec<Arc<dyn AgentProviderFactory>>,
 }
 
 pub(super) fn settings(router: RouterMode) -> AgentSettings {
@@ -78,21 +91,42 @@ impl Team {
         settings: AgentSettings,
         tweak: fn(&mut SessionConfig),
     ) -> Self {
+        Self::start_with_factories(defs, replies, settings, tweak, Vec::new()).await
+    }
+
+    /// Same, with providers of external kinds plugged in.
+    pub async fn start_with_factories(
+        defs: Vec<AgentDefinition>,
+        replies: Vec<ScriptedReply>,
+        settings: AgentSettings,
+        tweak: fn(&mut SessionConfig),
+        factories: Vec<Arc<dyn AgentProviderFactory>>,
+    ) -> Self {
         let dir = Arc::new(tempfile::tempdir().unwrap());
         let store = Arc::new(MemoryStore::new());
         let model = Arc::new(RecordingModel::new(replies));
-        Self::launch(SessionId::new(), defs, settings, tweak, dir, store, model).await
+        let plan = Plan {
+            defs,
+            settings,
+            tweak,
+            factories,
+        };
+        Self::launch(SessionId::new(), plan, dir, store, model).await
     }
 
     async fn launch(
         session_id: SessionId,
-        defs: Vec<AgentDefinition>,
-        settings: AgentSettings,
-        tweak: fn(&mut SessionConfig),
+        plan: Plan,
         dir: Arc<tempfile::TempDir>,
         store: Arc<MemoryStore>,
         model: Arc<RecordingModel>,
     ) -> Self {
+        let Plan {
+            defs,
+            settings,
+            tweak,
+            factories,
+        } = plan;
         let mut config = SessionConfig {
             data_dir: dir.path().to_path_buf(),
             ..SessionConfig::default()
@@ -107,13 +141,14 @@ impl Team {
             mcp: None,
             mcp_connector: None,
             exec: None,
+            effects: troupe_actors::ports::Effects::Live,
             summarizer: Arc::new(LocalSummarizer::default()),
             tokens: Arc::new(troupe_actors::ports::ApproxTokens),
             rollout_storage: None,
             agents: Some(AgentPorts {
                 catalog: Arc::new(catalog),
                 settings: settings.clone(),
-                factories: Vec::new(),
+                factories: factories.clone(),
                 models: Default::default(),
                 bindings: store.clone(),
             }),
@@ -130,6 +165,7 @@ impl Team {
             defs,
             settings,
             tweak,
+            factories,
         }
     }
 
@@ -137,16 +173,13 @@ impl Team {
     pub async fn restart(self, replies: Vec<ScriptedReply>) -> Self {
         self.session.shutdown().await.unwrap();
         let model = Arc::new(RecordingModel::new(replies));
-        Self::launch(
-            self.session_id,
-            self.defs,
-            self.settings,
-            self.tweak,
-            self.dir,
-            self.store,
-            model,
-        )
-        .await
+        let plan = Plan {
+            defs: self.defs,
+            settings: self.settings,
+            tweak: self.tweak,
+            factories: self.factories,
+        };
+        Self::launch(self.session_id, plan, self.dir, self.store, model).await
     }
 
     /// A message to the root conversation, answered.
