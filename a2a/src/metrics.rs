@@ -26,7 +26,7 @@ pub const CLIENT_OPERATIONS: [Operation; 6] = [
     Operation::ListTasks,
 ];
 
-/// Registers the descriptions, and every operation's successes at 0.
+/// Registers the descriptions, every operation's outcomes at 0 and its duration histogram.
 pub fn describe() {
     describe_counter!(
         CALLS,
@@ -46,10 +46,13 @@ pub fn describe() {
     for op in CLIENT_OPERATIONS {
         for version in [Version::V0_3, Version::V1_0] {
             if op.method(version).is_some() {
-                counter!(CALLS, "operation" => op.label(), "version" => version.as_str(), "outcome" => OUTCOMES[0])
-                    .increment(0);
+                for outcome in OUTCOMES {
+                    counter!(CALLS, "operation" => op.label(), "version" => version.as_str(), "outcome" => outcome)
+                        .increment(0);
+                }
             }
         }
+        let _ = histogram!(CALL_DURATION, "operation" => op.label());
     }
     for kind in INPUT_KINDS {
         counter!(INPUT_REQUESTS, "kind" => kind).increment(0);
@@ -84,9 +87,16 @@ mod tests {
             call(Operation::GetTask, Version::V1_0, "rpc_error");
             input_request("question");
         });
-        let series: Vec<(String, Vec<String>, u64)> = snapshotter
-            .snapshot()
-            .into_vec()
+        let snapshot = snapshotter.snapshot().into_vec();
+        let histograms: Vec<String> = snapshot
+            .iter()
+            .filter(|(key, _, _, value)| {
+                key.key().name() == CALL_DURATION && matches!(value, DebugValue::Histogram(_))
+            })
+            .filter_map(|(key, _, _, _)| key.key().labels().next().map(|l| l.value().to_owned()))
+            .collect();
+        assert_eq!(histograms.len(), CLIENT_OPERATIONS.len(), "{histograms:?}");
+        let series: Vec<(String, Vec<String>, u64)> = snapshot
             .into_iter()
             .filter_map(|(key, _, _, value)| match value {
                 DebugValue::Counter(n) => Some((
@@ -111,7 +121,15 @@ mod tests {
                 .count(),
             11
         );
+        assert_eq!(
+            series.iter().filter(|(n, _, _)| n == CALLS).count(),
+            11 * OUTCOMES.len()
+        );
         assert_eq!(count(CALLS, &["send_message", "0.3", "ok"]), Some(0));
+        assert_eq!(
+            count(CALLS, &["subscribe_to_task", "1.0", "transport_error"]),
+            Some(0)
+        );
         assert_eq!(count(CALLS, &["list_tasks", "0.3", "ok"]), None);
         assert_eq!(count(CALLS, &["get_task", "1.0", "rpc_error"]), Some(1));
         assert_eq!(count(INPUT_REQUESTS, &["auth"]), Some(0));
