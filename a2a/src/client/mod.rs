@@ -34,6 +34,7 @@ use crate::model::{SendResult, Task, TaskPage};
 use crate::version::{Operation, Version};
 use crate::wire;
 use serde_json::{Value, json};
+use std::sync::Mutex;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
@@ -69,6 +70,9 @@ pub struct A2aClient {
     next_id: AtomicU64,
     /// The card it was found by, if any.
     card: Option<CardSummary>,
+    /// Why the last call got no JSON-RPC answer (the agent could not be reached, or its
+    /// HTTP server refused), until a later call gets one.
+    last_failure: Mutex<Option<ClientError>>,
 }
 
 impl A2aClient {
@@ -119,6 +123,7 @@ impl A2aClient {
                 token,
                 call_timeout: options.call_timeout,
                 next_id: AtomicU64::new(1),
+                last_failure: Mutex::new(None),
             });
         }
         Err(ClientError::Card(format!(
@@ -140,6 +145,7 @@ impl A2aClient {
             call_timeout: options.call_timeout,
             next_id: AtomicU64::new(1),
             card: None,
+            last_failure: Mutex::new(None),
         })
     }
 
@@ -149,6 +155,25 @@ impl A2aClient {
 
     pub fn version(&self) -> Version {
         self.endpoint.version
+    }
+
+    /// Why the agent cannot be talked to, as the last call found: it could not be reached
+    /// or its HTTP server refused the call (401, 404, 5xx). `None` once a call got a
+    /// JSON-RPC answer (a JSON-RPC error included), and before any call.
+    pub fn last_failure(&self) -> Option<ClientError> {
+        self.last_failure.lock().ok().and_then(|f| f.clone())
+    }
+
+    /// Notes whether a call reached the agent's JSON-RPC endpoint.
+    fn note<T>(&self, result: &Result<T, ClientError>) {
+        let failure = match result {
+            Err(e @ (ClientError::Transport { .. } | ClientError::Http { .. })) => Some(e.clone()),
+            Err(ClientError::Unsupported { .. }) => return,
+            _ => None,
+        };
+        if let Ok(mut last) = self.last_failure.lock() {
+            *last = failure;
+        }
     }
 
     /// The card it was found by (`None` for [`A2aClient::at`]).
@@ -274,6 +299,7 @@ impl A2aClient {
             rpc_result(op, &self.endpoint.url, status.as_u16(), &body)
         };
         let result = tracing::Instrument::instrument(result, span).await;
+        self.note(&result);
         metrics::duration(op, started.elapsed());
         if let Err(e) = &result {
             metrics::call(op, self.version(), e.outcome());
@@ -315,6 +341,7 @@ impl A2aClient {
             }
         }
         .await;
+        self.note(&result);
         metrics::duration(op, started.elapsed());
         metrics::call(
             op,

@@ -15,7 +15,9 @@
 //!   becomes `agent_update` events; a task waiting for input is asked of a human through the
 //!   session's approvals ([`input`]) and the answer sent back in the task; a dispatch
 //!   cancelled (or whose lease expired) cancels the remote task.
-//! - `health`: ready once the card was read; unavailable, saying why, when it could not be.
+//! - `health`: ready once the card was read; unavailable, saying why, when it could not be,
+//!   or when the last call could not reach the agent (or its HTTP server refused it) — until
+//!   a later call gets an answer. Nothing is called to tell it.
 //! - `shutdown` cancels the remote tasks of dispatches still running; nothing else lives.
 
 pub mod input;
@@ -237,7 +239,10 @@ impl AgentProvider for A2aAgent {
         }
         let last = self.last_error.lock().ok().and_then(|l| l.clone());
         match (self.client.get(), last) {
-            (Some(_), _) => AgentHealth::ok(),
+            (Some(client), _) => match client.last_failure() {
+                Some(e) => AgentHealth::unavailable(e.to_string()),
+                None => AgentHealth::ok(),
+            },
             (None, Some(e)) => AgentHealth::unavailable(e),
             (None, None) => AgentHealth::ok(),
         }

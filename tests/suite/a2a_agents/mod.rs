@@ -6,6 +6,7 @@
 mod cli;
 mod client;
 mod provider;
+mod troupe_peer;
 
 use serde_json::json;
 use std::io::BufRead;
@@ -85,6 +86,11 @@ impl Peer {
     /// no API tokens (open on loopback) and commands run unconfined: its approvals are what
     /// guard them.
     fn troupe(replies: Vec<ScriptedReply>) -> Self {
+        Self::troupe_at(replies, "127.0.0.1:0")
+    }
+
+    /// [`Peer::troupe`], listening on `listen`.
+    fn troupe_at(replies: Vec<ScriptedReply>, listen: &str) -> Self {
         let dir = tempfile::tempdir().unwrap();
         let script = dir.path().join("script.json");
         std::fs::write(&script, json!({ "replies": replies }).to_string()).unwrap();
@@ -92,13 +98,7 @@ impl Peer {
         std::fs::write(&config, "[chat]\nsandbox_policy = \"full-access\"\n").unwrap();
         let mut command = Command::new(troupe_bin());
         command
-            .args([
-                "serve",
-                "--listen",
-                "127.0.0.1:0",
-                "--ephemeral",
-                "--config",
-            ])
+            .args(["serve", "--listen", listen, "--ephemeral", "--config"])
             .arg(&config)
             .arg("--data-dir")
             .arg(dir.path())

@@ -266,9 +266,16 @@ async fn failures_and_direct_replies_of_the_python_agent() {
     let task = remote_tasks(&events, "remote").pop().unwrap();
     canceled_remotely(&peer, &task).await;
     // An agent nobody answers for is an error of the dispatch, not a hang.
+    let url = peer.rpc();
     drop(peer);
     let gone = hub.send("/hub remote echo anyone?").await;
     assert_eq!(gone.status, TaskStatus::Error);
+    assert!(
+        matches!(&gone.error, Some(AgentError::ToolError { message, .. })
+            if message.contains(&format!("cannot reach the A2A agent at {url}"))),
+        "{:?}",
+        gone.error
+    );
 }
 
 /// A second `troupe serve` as the remote agent: its reply, its approval asked here (under
