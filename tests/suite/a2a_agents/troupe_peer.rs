@@ -201,7 +201,8 @@ async fn a_troupe_peer_killed_mid_task_fails_the_dispatch_clearly_and_shows_unav
     let refused = hub.send("/hub peer anyone?").await;
     assert!(
         matches!(&refused.error, Some(AgentError::ToolError { message, .. })
-            if message.contains("cannot reach")),
+            if message.contains(&format!("cannot reach the A2A agent at {url}"))
+                && message.contains("Connection refused")),
         "{:?}",
         refused.error
     );
