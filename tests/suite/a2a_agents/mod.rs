@@ -142,15 +142,22 @@ struct Hub {
     dir: Arc<tempfile::TempDir>,
     session_id: SessionId,
     defs: Vec<AgentDefinition>,
+    settings: AgentSettings,
 }
 
 impl Hub {
     async fn start(defs: Vec<AgentDefinition>) -> Self {
+        Self::start_with(defs, AgentSettings::default()).await
+    }
+
+    /// [`Hub::start`] with these agent settings (the router is always the rules).
+    async fn start_with(defs: Vec<AgentDefinition>, settings: AgentSettings) -> Self {
         Self::launch(
             SessionId::new(),
             defs,
             Arc::new(tempfile::tempdir().unwrap()),
             Arc::new(MemoryStore::new()),
+            settings,
         )
         .await
     }
@@ -160,6 +167,7 @@ impl Hub {
         defs: Vec<AgentDefinition>,
         dir: Arc<tempfile::TempDir>,
         store: Arc<MemoryStore>,
+        settings: AgentSettings,
     ) -> Self {
         let config = SessionConfig {
             data_dir: dir.path().to_path_buf(),
@@ -181,7 +189,7 @@ impl Hub {
                 catalog: Arc::new(catalog),
                 settings: AgentSettings {
                     router: RouterMode::Rules,
-                    ..AgentSettings::default()
+                    ..settings.clone()
                 },
                 factories: troupe_runtime::agents::factories(),
                 models: Default::default(),
@@ -198,13 +206,21 @@ impl Hub {
             dir,
             session_id,
             defs,
+            settings,
         }
     }
 
     /// The same session started again (another run).
     async fn restart(self) -> Self {
         self.session.shutdown().await.unwrap();
-        Self::launch(self.session_id, self.defs, self.dir, self.store).await
+        Self::launch(
+            self.session_id,
+            self.defs,
+            self.dir,
+            self.store,
+            self.settings,
+        )
+        .await
     }
 
     /// A message to the root conversation, answered.

@@ -449,3 +449,61 @@ async fn an_agent_down_at_first_is_tried_again_and_dispatch_scope_opens_a_contex
         );
     }
 }
+
+/// The remote task of the newest `tick` the agent said, once it said one.
+async fn ticking(hub: &Hub) -> String {
+    hub.wait_for(|e| match e {
+        EventKind::AgentUpdate { text, data, .. } if text.starts_with("tick") => data
+            .as_ref()
+            .and_then(|d| d.0["taskId"].as_str().map(str::to_owned)),
+        _ => None,
+    })
+    .await
+    .1
+}
+
+/// A dispatch whose lease expires is ended `expired` by the hub, and its remote task is
+/// canceled, as when it is cancelled.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_expired_lease_cancels_the_remote_task() {
+    let peer = Peer::python(&[]);
+    let hub = Hub::start_with(
+        vec![a2a_agent("remote", &peer.base, None)],
+        troupe_actors::agents::AgentSettings {
+            lease_ttl: std::time::Duration::from_secs(2),
+            ..Default::default()
+        },
+    )
+    .await;
+    let reply = hub.send("/hub remote slow").await;
+    assert_eq!(reply.status, TaskStatus::Error, "{:?}", reply.error);
+    assert!(
+        matches!(reply.error, Some(AgentError::Timeout { .. })),
+        "{:?}",
+        reply.error
+    );
+    let events = hub.events().await;
+    assert!(events.iter().any(|e| matches!(e,
+        EventKind::DispatchResult { agent_id, status: troupe_proto::agent::DispatchStatus::Expired, .. }
+            if agent_id == "remote")), "{events:?}");
+    let task = remote_tasks(&events, "remote").pop().unwrap();
+    canceled_remotely(&peer, &task).await;
+}
+
+/// A session that ends while it waits on a remote agent cancels the remote task.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_session_that_ends_cancels_the_remote_task() {
+    let peer = Peer::python(&[]);
+    let hub = std::sync::Arc::new(Hub::start(vec![a2a_agent("remote", &peer.base, None)]).await);
+    let h = hub.clone();
+    let _running = tokio::spawn(async move {
+        let root = h.session.root().await.unwrap();
+        let _ = h.session.message(root, "/hub remote slow").await;
+    });
+    let task = ticking(&hub).await;
+    tokio::time::timeout(std::time::Duration::from_secs(30), hub.session.shutdown())
+        .await
+        .expect("the session ends in time")
+        .unwrap();
+    canceled_remotely(&peer, &task).await;
+}
