@@ -282,11 +282,7 @@ impl A2aClient {
     /// A unary call: its `result`, or why there is none.
     async fn call(&self, op: Operation, params: Value) -> Result<Value, ClientError> {
         let started = Instant::now();
-        let span = tracing::debug_span!(
-            "troupe.a2a.client.call",
-            operation = op.label(),
-            version = self.version().as_str()
-        );
+        let span = self.span(op);
         let result = async {
             let request = self.request(op, params)?.timeout(self.call_timeout);
             let answer = request
@@ -307,8 +303,22 @@ impl A2aClient {
         result
     }
 
+    /// The span of one call (of a stream: until it opened).
+    fn span(&self, op: Operation) -> tracing::Span {
+        tracing::info_span!(
+            "troupe.a2a.client.call",
+            otel.kind = "client",
+            "rpc.system" = "jsonrpc",
+            "rpc.method" = op.method(self.version()).unwrap_or_default(),
+            "url.full" = %self.endpoint.url,
+            operation = op.label(),
+            version = self.version().as_str(),
+        )
+    }
+
     async fn open_stream(&self, op: Operation, params: Value) -> Result<EventStream, ClientError> {
         let started = Instant::now();
+        let span = self.span(op);
         let result = async {
             let request = self.request(op, params)?;
             let answer = request
@@ -339,8 +349,8 @@ impl A2aClient {
                     message: "a stream was asked for and a single answer came".into(),
                 }),
             }
-        }
-        .await;
+        };
+        let result = tracing::Instrument::instrument(result, span).await;
         self.note(&result);
         metrics::duration(op, started.elapsed());
         metrics::call(

@@ -6,6 +6,7 @@
 mod cli;
 mod client;
 mod provider;
+mod spans;
 mod troupe_peer;
 
 use serde_json::json;
