@@ -477,7 +477,7 @@ async fn run_inner(ctx: &TaskContext, slot: SlotWait) -> TaskOutcome {
     drop(wait);
     let turn = spans::turn(ctx.conversation_id, ctx.task_id, ctx.turn);
     let outcome = async {
-        let agents = agents::agents_of(ctx).await;
+        let agents = agents::agents_of(ctx);
         if let Some(agents) = &agents
             && let Some(routed) = agents::route_input(ctx, agents, &mut loop_state).await
         {

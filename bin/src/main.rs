@@ -9,6 +9,8 @@ mod mcp;
 mod replay;
 mod serve;
 mod spinner;
+#[cfg(test)]
+mod turn_code;
 
 use clap::{Parser, Subcommand};
 use std::process::ExitCode;
