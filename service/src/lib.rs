@@ -117,6 +117,7 @@ pub fn describe_metrics() {
     troupe_actors::describe_metrics();
     metrics::describe();
     a2a::metrics::describe();
+    troupe_a2a::describe_metrics();
     troupe_runtime::describe_metrics();
     troupe_store::describe_metrics();
 }
