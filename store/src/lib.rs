@@ -45,6 +45,8 @@ mod memory_a2a;
 mod memory_rollout;
 pub mod metrics;
 mod page;
+#[cfg(feature = "postgres")]
+mod postgres;
 mod rollout;
 #[cfg(test)]
 mod rollout_tests;
@@ -56,6 +58,8 @@ pub mod ttl;
 
 pub use find::{FoundTask, find_task};
 pub use memory_rollout::MemoryRolloutStorage;
+#[cfg(feature = "postgres")]
+pub use postgres::{PgOptions, PgRolloutStorage, PgStore};
 pub use rollout::{ROLLOUT_DB_FILE, SqliteRolloutStorage};
 pub use sqlite::{DB_FILE, SqliteOptions, SqliteStore, db_path};
 pub use ttl::TtlSweeper;

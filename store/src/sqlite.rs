@@ -28,6 +28,8 @@
 
 mod a2a;
 mod rows;
+
+pub(crate) use rows::{parse_role, parse_state, role_str, state_str};
 mod writer;
 
 use rows::{
