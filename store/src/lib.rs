@@ -36,6 +36,8 @@
 
 #[cfg(test)]
 mod a2a_tests;
+#[cfg(test)]
+mod backends;
 mod conn;
 #[cfg(test)]
 mod crash_tests;

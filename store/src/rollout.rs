@@ -82,7 +82,11 @@ pub(crate) struct Leases {
 }
 
 impl Leases {
-    pub(crate) fn take(&self, session_id: SessionId, wait: std::time::Duration) -> Result<(), AgentError> {
+    pub(crate) fn take(
+        &self,
+        session_id: SessionId,
+        wait: std::time::Duration,
+    ) -> Result<(), AgentError> {
         let held = self
             .held
             .lock()

@@ -16,7 +16,10 @@ fn encode(what: &str, body: &troupe_proto::Json) -> Result<String, AgentError> {
     serde_json::to_string(&body.0).map_err(|e| AgentError::internal(format!("encode {what}: {e}")))
 }
 
-pub(super) async fn put_context(tx: &Transaction<'_>, r: &A2aContextRecord) -> Result<(), AgentError> {
+pub(super) async fn put_context(
+    tx: &Transaction<'_>,
+    r: &A2aContextRecord,
+) -> Result<(), AgentError> {
     let created_ms = to_sql_int("created_ms", r.created_ms)?;
     let active_ms = to_sql_int("active_ms", r.active_ms)?;
     exec(
@@ -121,7 +124,10 @@ pub(super) async fn delete_push(
 
 /// See [`crate::Store::prune_a2a`]: the oldest finished task kept is found through the index
 /// of finished tasks; the older ones go with their push configs, in one transaction.
-pub(super) async fn prune(tx: &Transaction<'_>, keep_finished: usize) -> Result<A2aPruned, AgentError> {
+pub(super) async fn prune(
+    tx: &Transaction<'_>,
+    keep_finished: usize,
+) -> Result<A2aPruned, AgentError> {
     let offset = i64::try_from(keep_finished.saturating_sub(1)).unwrap_or(i64::MAX);
     let cutoff: Option<(i64, String)> = if keep_finished == 0 {
         Some((i64::MAX, String::new()))
@@ -240,7 +246,10 @@ pub(super) async fn pushes(
 }
 
 /// One page of tasks and the number matching the filters, from one snapshot.
-pub(super) async fn tasks(tx: &Transaction<'_>, q: &A2aTaskQuery) -> Result<A2aTaskPage, AgentError> {
+pub(super) async fn tasks(
+    tx: &Transaction<'_>,
+    q: &A2aTaskQuery,
+) -> Result<A2aTaskPage, AgentError> {
     let after_ms = q
         .updated_after_ms
         .map(|ms| i64::try_from(ms).unwrap_or(i64::MAX));
@@ -272,7 +281,14 @@ pub(super) async fn tasks(tx: &Transaction<'_>, q: &A2aTaskQuery) -> Result<A2aT
              AND ($4::BIGINT IS NULL OR updated_ms < $4 OR (updated_ms = $4 AND task_id < $5::TEXT))
              ORDER BY updated_ms DESC, task_id DESC LIMIT $6"
         ),
-        &[&q.context_id, &q.state, &after_ms, &cursor_ms, &cursor_id, &limit],
+        &[
+            &q.context_id,
+            &q.state,
+            &after_ms,
+            &cursor_ms,
+            &cursor_id,
+            &limit,
+        ],
         task_from_row,
     )
     .await?;

@@ -73,17 +73,23 @@ impl Default for PgOptions {
     }
 }
 
-/// An `Internal` error naming what failed, counted in the PostgreSQL error metric by class.
+/// An error naming what failed, counted in the PostgreSQL error metric by class: what the
+/// server refused as data (SQLSTATE class 22: a character it cannot hold, a value out of
+/// range) is `InvalidInput`, anything else `Internal`.
 pub(crate) fn pg_err(what: impl Into<String>) -> impl Fn(tokio_postgres::Error) -> AgentError {
     let what = what.into();
     move |e| {
         metrics::pg_error(metrics::pg_error_class(&e));
         // The server's message and detail when it sent one; the driver's otherwise.
-        let detail = match e.as_db_error() {
-            Some(db) => format!("{} ({})", db.message(), db.code().code()),
-            None => e.to_string(),
-        };
-        AgentError::internal(format!("{what}: {detail}"))
+        match e.as_db_error() {
+            Some(db) if db.code().code().starts_with("22") => {
+                AgentError::invalid(format!("{what}: {}", db.message()))
+            }
+            Some(db) => {
+                AgentError::internal(format!("{what}: {} ({})", db.message(), db.code().code()))
+            }
+            None => AgentError::internal(format!("{what}: {e}")),
+        }
     }
 }
 
@@ -161,7 +167,11 @@ impl PgStore {
         let mut client = store.client().await?;
         let found = schema::migrate(&mut client).await?;
         drop(client);
-        tracing::info!(schema_from = found, schema = schema::VERSION, "postgres store opened");
+        tracing::info!(
+            schema_from = found,
+            schema = schema::VERSION,
+            "postgres store opened"
+        );
         Ok(store)
     }
 
@@ -402,9 +412,7 @@ impl Store for PgStore {
             decoded(
                 &self.client().await?,
                 "read conversations",
-                &format!(
-                    "{CONVERSATION_SELECT} WHERE session_id = $1 ORDER BY created_ms, row_id"
-                ),
+                &format!("{CONVERSATION_SELECT} WHERE session_id = $1 ORDER BY created_ms, row_id"),
                 &[&session_id.to_string()],
                 conversation_from_row,
             )
@@ -591,7 +599,8 @@ impl Store for PgStore {
     ) -> Result<(), AgentError> {
         let span = tracing::debug_span!("store.set_current_session", project_id, %session_id);
         observed(Op::SetCurrentSession, span, async {
-            in_transaction!(self, |tx| write::set_current(&tx, project_id, session_id).await)
+            in_transaction!(self, |tx| write::set_current(&tx, project_id, session_id)
+                .await)
         })
         .await
     }
@@ -796,7 +805,8 @@ impl super::BindingStore for PgStore {
     ) -> Result<(), AgentError> {
         let span = tracing::debug_span!("store.remove_binding", %session_id, agent_id);
         observed(Op::RemoveBinding, span, async {
-            in_transaction!(self, |tx| write::remove_binding(&tx, session_id, agent_id).await)
+            in_transaction!(self, |tx| write::remove_binding(&tx, session_id, agent_id)
+                .await)
         })
         .await
     }

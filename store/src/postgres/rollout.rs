@@ -305,7 +305,10 @@ impl RolloutStorage for PgRolloutStorage {
                     .await
                     .map_err(pg_err(what.clone()))?;
                 let rows = client
-                    .query(&st, &[&session_id.to_string(), &conversation_id.to_string()])
+                    .query(
+                        &st,
+                        &[&session_id.to_string(), &conversation_id.to_string()],
+                    )
                     .await
                     .map_err(pg_err(what))?;
                 decode_records(session_id, &rows)
@@ -330,8 +333,7 @@ impl RolloutStorage for PgRolloutStorage {
             RecordsRead::Window,
             async move {
                 let what = format!("rollout read of session {session_id}");
-                let (session, conversation) =
-                    (session_id.to_string(), conversation_id.to_string());
+                let (session, conversation) = (session_id.to_string(), conversation_id.to_string());
                 let mut client = Self::client(&pool).await?;
                 // The checkpoint, its task's start and the rows from there: one snapshot.
                 let tx = client
@@ -614,11 +616,14 @@ async fn commit(
             )
             .await;
         if let Err(e) = inserted {
-            let seq = duplicate_seq(&e)
-                .map_or_else(|| describe_seqs(&batch.seq), |s| format!("seq {s}"));
+            let seq =
+                duplicate_seq(&e).map_or_else(|| describe_seqs(&batch.seq), |s| format!("seq {s}"));
             return Err(SinkError::new(
                 "write",
-                format!("session {key} {seq}: {}", pg_err("insert rollout records")(e)),
+                format!(
+                    "session {key} {seq}: {}",
+                    pg_err("insert rollout records")(e)
+                ),
             ));
         }
     }
@@ -671,16 +676,18 @@ impl RolloutSink for PgRolloutSink {
         troupe_actors::rollout::metrics::bytes_written(text.len());
         let b = &mut self.pending;
         b.seq.push(seq);
-        b.conversation_id.push(conversation_id.map(|c| c.to_string()));
+        b.conversation_id
+            .push(conversation_id.map(|c| c.to_string()));
         b.task_id.push(record.task_id.map(|t| t.to_string()));
         b.kind.push(record.kind.as_str().to_owned());
         b.ts_ms.push(ts_ms);
         b.level.push(record.level.as_str().to_owned());
         b.record.push(text);
-        b.expires_ms.push(match (record.level, record.meta.expires_ms) {
-            (RecordLevel::Full, Some(ms)) => Some(i64::try_from(ms).unwrap_or(i64::MAX)),
-            _ => None,
-        });
+        b.expires_ms
+            .push(match (record.level, record.meta.expires_ms) {
+                (RecordLevel::Full, Some(ms)) => Some(i64::try_from(ms).unwrap_or(i64::MAX)),
+                _ => None,
+            });
         Ok(())
     }
 

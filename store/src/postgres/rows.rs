@@ -5,8 +5,8 @@ use crate::sqlite::{parse_role, parse_state};
 use tokio_postgres::Row;
 use tokio_postgres::types::FromSql;
 use troupe_proto::store::{
-    A2aContextRecord, A2aPushRecord, A2aTaskRecord, ConversationRecord, MessageKind,
-    MessageRecord, MessageStatus, SessionRecord, SessionStatus,
+    A2aContextRecord, A2aPushRecord, A2aTaskRecord, ConversationRecord, MessageKind, MessageRecord,
+    MessageStatus, SessionRecord, SessionStatus,
 };
 use troupe_proto::{AgentError, Json, TaskId};
 
@@ -61,7 +61,12 @@ impl RowKey {
         u64::try_from(v).map_err(|e| self.err(column, e))
     }
 
-    fn get_opt_u64(&self, row: &Row, index: usize, column: &str) -> Result<Option<u64>, AgentError> {
+    fn get_opt_u64(
+        &self,
+        row: &Row,
+        index: usize,
+        column: &str,
+    ) -> Result<Option<u64>, AgentError> {
         let v: Option<i64> = self.get(row, index, column)?;
         v.map(|v| u64::try_from(v).map_err(|e| self.err(column, e)))
             .transpose()
@@ -78,6 +83,14 @@ impl RowKey {
     {
         let text: &str = self.get(row, index, column)?;
         text.parse().map_err(|e| self.err(column, e))
+    }
+
+    /// A `BYTEA` column holding UTF-8 text.
+    fn text(&self, row: &Row, index: usize, column: &str) -> Result<Option<String>, AgentError> {
+        let bytes: Option<&[u8]> = self.get(row, index, column)?;
+        bytes
+            .map(|b| String::from_utf8(b.to_vec()).map_err(|e| self.err(column, e)))
+            .transpose()
     }
 
     fn json<T: serde::de::DeserializeOwned>(
@@ -97,7 +110,7 @@ pub(super) fn session_from_row(row: &Row) -> Result<SessionRecord, AgentError> {
     Ok(SessionRecord {
         session_id: key.parse(row, 1, "session_id")?,
         project_id: key.get(row, 2, "project_id")?,
-        title: key.get(row, 3, "title")?,
+        title: key.text(row, 3, "title")?,
         created_ms: key.get_u64(row, 4, "created_ms")?,
         root_conversation_id: key.parse(row, 5, "root_conversation_id")?,
         settings: Json(key.json(row, 6, "settings")?),
@@ -136,7 +149,7 @@ pub(super) fn message_from_row(row: &Row) -> Result<MessageRecord, AgentError> {
             .map(|t| t.parse::<TaskId>().map_err(|e| key.err("task_id", e)))
             .transpose()?,
         role: parse_role(role).ok_or_else(|| key.err("role", format!("unknown `{role}`")))?,
-        content: key.get(row, 5, "content")?,
+        content: key.text(row, 5, "content")?,
         chars: key.get_u64(row, 6, "chars")?,
         created_ms: key.get_u64(row, 7, "created_ms")?,
         status: status

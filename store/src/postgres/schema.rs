@@ -8,7 +8,9 @@
 //! version under it, so exactly one node applies each.
 //!
 //! Text columns that are keys, cursors or sort orders are `COLLATE "C"`: rows sort by their
-//! bytes, as SQLite sorts them, whatever locale the database was created with.
+//! bytes, as SQLite sorts them, whatever locale the database was created with. A message's
+//! content and a session's title are `BYTEA` holding UTF-8: PostgreSQL's `TEXT` cannot hold
+//! a NUL character, which SQLite's can (and a user's text may).
 
 use super::pg_err;
 use deadpool_postgres::Client;
@@ -36,7 +38,7 @@ CREATE TABLE sessions (
     session_id TEXT COLLATE "C" PRIMARY KEY,
     row_id BIGINT GENERATED ALWAYS AS IDENTITY,
     project_id TEXT COLLATE "C",
-    title TEXT,
+    title BYTEA,
     created_ms BIGINT NOT NULL,
     root_conversation_id TEXT COLLATE "C" NOT NULL,
     settings TEXT NOT NULL,
@@ -70,7 +72,7 @@ CREATE TABLE messages (
     conversation_id TEXT COLLATE "C" NOT NULL REFERENCES conversations (conversation_id),
     task_id TEXT COLLATE "C",
     role TEXT NOT NULL,
-    content TEXT,
+    content BYTEA,
     chars BIGINT NOT NULL,
     created_ms BIGINT NOT NULL,
     expires_ms BIGINT,

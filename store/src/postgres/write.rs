@@ -16,7 +16,9 @@ use troupe_proto::store::{
     ConversationRecord, FinishMessage, FinishedMessage, MessageRecord, MessageStatus, NewMessage,
     SessionRecord, SessionStatus,
 };
-use troupe_proto::{AgentError, ConversationId, OpenConversation, Role, SessionId, StoragePolicy, TaskId};
+use troupe_proto::{
+    AgentError, ConversationId, OpenConversation, Role, SessionId, StoragePolicy, TaskId,
+};
 
 type Tx<'a> = Transaction<'a>;
 
@@ -86,7 +88,12 @@ async fn conversation_owner(
         &[&id],
     )
     .await?
-    .map(|r| Ok((col(&r, 0, "read conversation")?, col(&r, 1, "read conversation")?)))
+    .map(|r| {
+        Ok((
+            col(&r, 0, "read conversation")?,
+            col(&r, 1, "read conversation")?,
+        ))
+    })
     .transpose()
 }
 
@@ -103,7 +110,7 @@ pub(super) async fn create_session(tx: &Tx<'_>, s: &SessionRecord) -> Result<(),
         &[
             &s.session_id.to_string(),
             &s.project_id,
-            &s.title,
+            &s.title.as_deref().map(str::as_bytes),
             &created_ms,
             &s.root_conversation_id.to_string(),
             &settings,
@@ -131,7 +138,14 @@ pub(super) async fn put_conversation(
         .map(|ms| to_sql_int("closed_ms", ms))
         .transpose()?;
     let session_id = conv.session_id.to_string();
-    if !touch(tx, &session_id, conv.closed_ms.unwrap_or(conv.created_ms), None).await? {
+    if !touch(
+        tx,
+        &session_id,
+        conv.closed_ms.unwrap_or(conv.created_ms),
+        None,
+    )
+    .await?
+    {
         return Err(AgentError::not_found("session", conv.session_id));
     }
     let conversation_id = conv.conversation_id.to_string();
@@ -237,7 +251,7 @@ pub(super) async fn append_message(
             &m.conversation_id.to_string(),
             &m.task_id.map(|t| t.to_string()),
             &role_str(m.role),
-            &m.content,
+            &m.content.as_deref().map(str::as_bytes),
             &chars,
             &created_ms,
             &expires_ms,
@@ -250,7 +264,8 @@ pub(super) async fn append_message(
     .ok_or_else(|| AgentError::internal("insert message returned no id"))?;
     let id: i64 = col(&inserted, 0, "insert message")?;
     Ok(MessageRecord {
-        message_id: u64::try_from(id).map_err(|e| AgentError::internal(format!("message_id: {e}")))?,
+        message_id: u64::try_from(id)
+            .map_err(|e| AgentError::internal(format!("message_id: {e}")))?,
         session_id: m.session_id,
         conversation_id: m.conversation_id,
         task_id: m.task_id,
@@ -298,7 +313,12 @@ async fn set_status(
         "UPDATE messages SET status = $2, task_id = COALESCE($3, task_id),
              reply_message_id = COALESCE($4, reply_message_id)
          WHERE message_id = $1",
-        &[&id, &status.as_str(), &task_id.map(|t| t.to_string()), &reply],
+        &[
+            &id,
+            &status.as_str(),
+            &task_id.map(|t| t.to_string()),
+            &reply,
+        ],
     )
     .await
     .map(drop)
@@ -394,7 +414,9 @@ pub(super) async fn sweep_due(tx: &Tx<'_>, now_ms: u64) -> Result<u64, AgentErro
         let id: &str = col(r, 0, "sweep due conversation instructions")?;
         let text: &str = col(r, 1, "sweep due conversation instructions")?;
         let params: OpenConversation = serde_json::from_str(text).map_err(|e| {
-            AgentError::internal(format!("corrupt conversations row {id}: column params: {e}"))
+            AgentError::internal(format!(
+                "corrupt conversations row {id}: column params: {e}"
+            ))
         })?;
         if params.base_instructions.is_none() && params.user_instructions.is_none() {
             continue;
