@@ -47,6 +47,8 @@ mod memory_a2a;
 mod memory_rollout;
 pub mod metrics;
 mod page;
+#[cfg(test)]
+mod pg_tests;
 #[cfg(feature = "postgres")]
 mod postgres;
 mod rollout;
