@@ -63,7 +63,7 @@ pub mod ttl;
 pub use find::{FoundTask, find_task};
 pub use memory_rollout::MemoryRolloutStorage;
 #[cfg(feature = "postgres")]
-pub use postgres::{PgOptions, PgRolloutStorage, PgStore};
+pub use postgres::{PgOptions, PgRolloutStorage, PgStore, describe_pg_url};
 pub use rollout::{ROLLOUT_DB_FILE, SqliteRolloutStorage};
 pub use sqlite::{DB_FILE, SqliteOptions, SqliteStore, db_path};
 pub use ttl::TtlSweeper;

@@ -98,6 +98,29 @@ fn pool_err(what: &str, e: impl std::fmt::Display) -> AgentError {
     AgentError::internal(format!("{what}: {e}"))
 }
 
+/// Where `url` points, for logs: user, hosts, ports and database, never the password; or
+/// that it does not parse.
+pub fn describe_pg_url(url: &str) -> String {
+    let Ok(config) = url.parse::<tokio_postgres::Config>() else {
+        return "an unparsable URL".to_owned();
+    };
+    let hosts: Vec<String> = config
+        .get_hosts()
+        .iter()
+        .zip(config.get_ports().iter().chain(std::iter::repeat(&5432)))
+        .map(|(host, port)| match host {
+            tokio_postgres::config::Host::Tcp(h) => format!("{h}:{port}"),
+            tokio_postgres::config::Host::Unix(p) => format!("{}:{port}", p.display()),
+        })
+        .collect();
+    format!(
+        "{}@{}/{}",
+        config.get_user().unwrap_or("(default user)"),
+        hosts.join(","),
+        config.get_dbname().unwrap_or("(default database)")
+    )
+}
+
 /// A pool of connections to `url` (`postgresql://user:password@host:port/database?...`).
 pub(crate) fn pool(url: &str, size: usize, timeout: Duration) -> Result<Pool, AgentError> {
     let mut config: tokio_postgres::Config = url.parse().map_err(|e| {

@@ -38,13 +38,24 @@ pub struct PgServer {
 }
 
 static SERVER: OnceLock<PgServer> = OnceLock::new();
+static DURABLE: OnceLock<PgServer> = OnceLock::new();
 
 /// The process's server, started on first use. Panics (the test fails) when PostgreSQL is
-/// not installed or does not start.
+/// not installed or does not start. It runs with `fsync = off`: what the tests kill is the
+/// client, never the server, and the suites run faster.
 pub fn server() -> &'static PgServer {
-    SERVER.get_or_init(|| match PgServer::start() {
+    SERVER.get_or_init(|| match PgServer::start(false) {
         Ok(server) => server,
         Err(e) => panic!("cannot start a test PostgreSQL server: {e}"),
+    })
+}
+
+/// A second server with PostgreSQL's default durability (`fsync = on`, full page writes), for
+/// benchmarks whose figures must be those of a real deployment.
+pub fn durable_server() -> &'static PgServer {
+    DURABLE.get_or_init(|| match PgServer::start(true) {
+        Ok(server) => server,
+        Err(e) => panic!("cannot start a PostgreSQL server: {e}"),
     })
 }
 
@@ -73,12 +84,29 @@ impl PgServer {
         )
     }
 
+    /// A new, empty database of its own (`troupe_<n>`), and its URL: a test's state kept
+    /// apart from the other tests of the process.
+    pub fn fresh_database(&self) -> String {
+        static DATABASES: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+        let n = DATABASES.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        let name = format!("troupe_{n}");
+        if let Err(e) = self.psql(&format!("CREATE DATABASE {name}")) {
+            panic!("create database {name}: {e}");
+        }
+        self.url(&name)
+    }
+
     /// Runs one SQL command with `psql` (as the superuser, on the `postgres` database).
     pub fn psql(&self, sql: &str) -> Result<String, String> {
+        self.psql_at(&self.url("postgres"), sql)
+    }
+
+    /// Runs one SQL command with `psql` on the database `url` names; its output, unaligned.
+    pub fn psql_at(&self, url: &str, sql: &str) -> Result<String, String> {
         let psql = bin_dir()?.join("psql");
         let out = Command::new(&psql)
             .args(["-X", "-q", "-t", "-A", "-v", "ON_ERROR_STOP=1", "-c", sql])
-            .arg(self.url("postgres"))
+            .arg(url)
             .output()
             .map_err(|e| format!("{}: {e}", psql.display()))?;
         if !out.status.success() {
@@ -90,7 +118,7 @@ impl PgServer {
         Ok(String::from_utf8_lossy(&out.stdout).trim().to_owned())
     }
 
-    fn start() -> Result<Self, String> {
+    fn start(durable: bool) -> Result<Self, String> {
         let bin = bin_dir()?;
         let owner = server_user()?;
         let dir = std::env::temp_dir().join(format!(
@@ -131,9 +159,13 @@ impl PgServer {
         let mut last = String::new();
         for _ in 0..5 {
             let port = free_port()?;
+            let speed = if durable {
+                ""
+            } else {
+                "-c fsync=off -c full_page_writes=off"
+            };
             let options = format!(
-                "-p {port} -k {} -h 127.0.0.1 -c fsync=off -c full_page_writes=off \
-                 -c max_connections=200 -c shared_buffers=32MB",
+                "-p {port} -k {} -h 127.0.0.1 {speed} -c max_connections=200 -c shared_buffers=32MB",
                 dir.display()
             );
             let started = run(
@@ -337,6 +369,16 @@ mod tests {
         assert_eq!(s.psql("SELECT 40 + 2").unwrap(), "42");
         assert!(s.dir().join("data/postmaster.pid").is_file());
         assert!(std::ptr::eq(s, server()), "one server per process");
+        let (a, b) = (s.fresh_database(), s.fresh_database());
+        assert_ne!(a, b);
+        let name = b.rsplit('/').next().unwrap();
+        assert_eq!(
+            s.psql(&format!(
+                "SELECT count(*) FROM pg_database WHERE datname = '{name}'"
+            ))
+            .unwrap(),
+            "1"
+        );
     }
 
     /// A child process starts a server and is killed: the server goes with it.
