@@ -188,6 +188,19 @@ fn quiet(_: &Value) -> bool {
 async fn a_browser_signs_in_chats_approves_survives_a_restart_and_pages_back() {
     let dir = tempfile::tempdir().unwrap();
     let model = ModelServer::start().await;
+    // One sub-agent, `coder`, on the same model; the rules router keeps every other message
+    // the conversation's own turn, so the scripted replies below stay in order.
+    std::fs::create_dir(dir.path().join("agents")).unwrap();
+    std::fs::write(
+        dir.path().join("agents/coder.json"),
+        r#"{"id": "coder", "role": "executor", "provider": {"type": "model", "instructions": "You write code."}}"#,
+    )
+    .unwrap();
+    std::fs::write(
+        dir.path().join("troupe.toml"),
+        "[agents]\ndir = \"agents\"\nrouter = \"rules\"\n",
+    )
+    .unwrap();
     let mut troupe = Troupe::start(dir.path(), &model);
     let browser = Browser::start(&screenshots()).await;
     let api = troupe.http();
@@ -467,8 +480,45 @@ async fn a_browser_signs_in_chats_approves_survives_a_restart_and_pages_back() {
         .await;
     assert_eq!(conversations["result"].as_array().unwrap().len(), 2);
 
+    // --- A real dispatch: `/hub coder ...` typed in the page goes straight to the sub-agent;
+    // its reply streams back, and the Agents panel shows the dispatch and its binding live.
+    model.push(Reply::text(["fn main() {}"]));
+    browser.type_into("#text", "/hub coder write main").await;
+    browser.keys(ENTER).await;
+    browser
+        .wait_for(
+            "the coder's reply",
+            "return [...document.querySelectorAll('#messages .role-assistant')].some(m => m.textContent.includes('fn main() {}'))",
+            WAIT,
+        )
+        .await;
+    let live = browser
+        .wait_for(
+            "the real dispatch in the tree",
+            "const li = document.querySelector('#agents .tree li'); return li && li.querySelector('.status-ok') && li.innerText",
+            WAIT,
+        )
+        .await;
+    let live = live.as_str().unwrap().to_owned();
+    assert!(live.starts_with("coder"), "{live}");
+    assert!(live.contains("bound to "), "{live}");
+    let bindings = browser.text("#agents").await;
+    assert!(bindings.contains("Bindings"), "{bindings}");
+    let agents = api
+        .send(
+            reqwest::Method::GET,
+            &format!("/api/sessions/{sid}/agents"),
+            None,
+        )
+        .await;
+    let bound = agents.to_string();
+    assert!(bound.contains("coder"), "{bound}");
+    browser.screenshot("07a-dispatch").await;
+    browser.assert_quiet_console(quiet).await;
+
     // --- Routing decisions and the tree of dispatches, as the Agents panel draws them from
-    // their events (route_decided, dispatch_sent, dispatch_result, session_bound).
+    // their events (route_decided, dispatch_sent, dispatch_result, session_bound); a deeper
+    // chain than one message makes here.
     browser
         .js(
             r#"const a = window.troupeConsole.apply;
@@ -483,7 +533,7 @@ async fn a_browser_signs_in_chats_approves_survives_a_restart_and_pages_back() {
     let tree = browser
         .wait_for(
             "the dispatch tree",
-            "const t = document.querySelector('#agents .tree'); return t && t.innerText",
+            "const t = document.querySelector('#agents .tree'); return t && t.innerText.includes('lead → worker') && t.innerText",
             WAIT,
         )
         .await;
