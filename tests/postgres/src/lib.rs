@@ -1,5 +1,6 @@
 //! A real PostgreSQL server for tests, started on first use and shared by every test of the
-//! process: `initdb` into a throwaway directory, then `pg_ctl start` on a free port of
+//! process: a fresh cluster in a throwaway directory (a copy of one `initdb` made once per
+//! machine and kept in the temporary directory), then `pg_ctl start` on a free port of
 //! 127.0.0.1 (and a Unix socket in the same directory), authentication `trust`, superuser
 //! `troupe`.
 //!
@@ -137,22 +138,12 @@ impl PgServer {
         // The watchdog first: from here on, the directory goes when the process does.
         let watchdog = watchdog(&bin, &dir, owner.as_ref())?;
         let data = dir.join("data");
+        // A copy of a cluster initdb made once for the machine: a copy takes a tenth of an
+        // initdb. `cp -a` keeps the owner and the modes the server insists on.
+        let template = template(&bin, owner.as_ref())?;
         run(
-            as_owner(owner.as_ref(), &bin.join("initdb"))
-                .arg("-D")
-                .arg(&data)
-                .args([
-                    "-A",
-                    "trust",
-                    "-U",
-                    USER,
-                    "-E",
-                    "UTF8",
-                    "--locale=C",
-                    "--no-sync",
-                    "--no-instructions",
-                ]),
-            "initdb",
+            Command::new("cp").arg("-a").arg(&template).arg(&data),
+            "copy the template cluster",
         )?;
         // A free port, taken again by the server; another process may win it meanwhile, so
         // a start that fails is tried on another port.
@@ -211,6 +202,67 @@ impl PgServer {
                 Err(_) => std::thread::sleep(Duration::from_millis(20)),
             }
         }
+    }
+}
+
+/// Options of every test cluster's `initdb`; part of the template's name, so a change makes a
+/// new template.
+const INITDB_OPTIONS: [&str; 9] = [
+    "-A",
+    "trust",
+    "-U",
+    USER,
+    "-E",
+    "UTF8",
+    "--locale=C",
+    "--no-sync",
+    "--no-instructions",
+];
+
+/// The template cluster, `<tmp>/troupe-pg-template-<version>-<options hash>-<owner uid>`:
+/// made by `initdb` the first time (in a directory of its own, renamed into place, so that
+/// processes starting at once never see half of one), kept for the next test processes.
+fn template(bin: &Path, owner: Option<&Owner>) -> Result<PathBuf, String> {
+    let version = bin
+        .parent()
+        .and_then(Path::file_name)
+        .and_then(|v| v.to_str())
+        .unwrap_or("pg")
+        .to_owned();
+    let tag = INITDB_OPTIONS
+        .iter()
+        .flat_map(|o| o.bytes())
+        .fold(0xcbf2_9ce4_8422_2325u64, |h, b| {
+            (h ^ u64::from(b)).wrapping_mul(0x0100_0000_01b3)
+        });
+    let uid = owner.map_or_else(|| id(&["-u"]).unwrap_or(0), |o| o.uid);
+    let path = std::env::temp_dir().join(format!("troupe-pg-template-{version}-{tag:016x}-{uid}"));
+    if path.join("PG_VERSION").is_file() {
+        return Ok(path);
+    }
+    let fresh = std::env::temp_dir().join(format!(
+        "troupe-pg-template-new-{}-{}",
+        std::process::id(),
+        std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map(|d| d.subsec_nanos())
+            .unwrap_or(0)
+    ));
+    run(
+        as_owner(owner, &bin.join("initdb"))
+            .arg("-D")
+            .arg(&fresh)
+            .args(INITDB_OPTIONS),
+        "initdb",
+    )?;
+    // Another process may have put its template in place meanwhile: either one will do.
+    if std::fs::rename(&fresh, &path).is_err() {
+        let _ = std::fs::remove_dir_all(&fresh);
+    }
+    if path.join("PG_VERSION").is_file() {
+        Ok(path)
+    } else {
+        Err(format!("no template cluster at {}", path.display()))
     }
 }
 
