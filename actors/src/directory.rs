@@ -19,7 +19,7 @@
 //! events reach it in the order they were emitted and before anything emitted after the
 //! switch. What is still lost is said on [`EventSink::emit`].
 
-use crate::agents::hub::AgentHubMsg;
+use crate::agents::hub::{AgentHubMsg, HubRef};
 use crate::approval_store::ApprovalMsg;
 use crate::events::{EventDraft, EventSink};
 use crate::ports::McpPort;
@@ -162,12 +162,21 @@ pub struct Directory {
     registry: ServiceRef<TaskRegistryMsg>,
     approvals: ServiceRef<ApprovalMsg>,
     mcp: watch::Receiver<Slot<Option<Arc<dyn McpPort>>>>,
-    agents: watch::Receiver<Slot<Option<ActorRef<AgentHubMsg>>>>,
+    agents: watch::Receiver<Slot<Option<HubRef>>>,
 }
 
 impl Directory {
     /// The session's AgentHub now; `None` without agents.
     pub fn agents(&self) -> Option<ActorRef<AgentHubMsg>> {
+        self.agents
+            .borrow()
+            .current
+            .as_ref()
+            .map(|h| h.actor.clone())
+    }
+
+    /// The session's AgentHub now with the views its tasks read; `None` without agents.
+    pub fn hub(&self) -> Option<HubRef> {
         self.agents.borrow().current.clone()
     }
 
@@ -263,7 +272,7 @@ pub struct DirectoryWriter {
     registry: watch::Sender<Slot<ActorRef<TaskRegistryMsg>>>,
     approvals: watch::Sender<Slot<ActorRef<ApprovalMsg>>>,
     mcp: watch::Sender<Slot<Option<Arc<dyn McpPort>>>>,
-    agents: watch::Sender<Slot<Option<ActorRef<AgentHubMsg>>>>,
+    agents: watch::Sender<Slot<Option<HubRef>>>,
 }
 
 impl DirectoryWriter {
@@ -359,7 +368,7 @@ impl DirectoryWriter {
     }
 
     /// Publishes the session's AgentHub (a new one after a failure).
-    pub fn replace_agents(&self, hub: Option<ActorRef<AgentHubMsg>>) {
+    pub fn replace_agents(&self, hub: Option<HubRef>) {
         replace(&self.agents, hub);
     }
 }

@@ -340,8 +340,9 @@ impl Actor for Session {
             shutting_down: false,
             _live: metrics::Live::start(),
         };
-        state.agent_hub = spawn_agent_hub(&myself, &state).await?;
-        state.directory.replace_agents(state.agent_hub.clone());
+        let hub = spawn_agent_hub(&myself, &state).await?;
+        state.agent_hub = hub.as_ref().map(|h| h.actor.clone());
+        state.directory.replace_agents(hub);
         let root_params = state.config.root.clone();
         let root_id = state.config.root_id;
         let restore = root_id.map(|_| RestoreCause::Restart);

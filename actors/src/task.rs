@@ -509,7 +509,7 @@ async fn run_inner(ctx: &TaskContext, slot: SlotWait) -> TaskOutcome {
     drop(wait);
     let turn = spans::turn(ctx.conversation_id, ctx.task_id, ctx.turn);
     let outcome = async {
-        let agents = agents::agents_of(ctx).await;
+        let agents = agents::agents_of(ctx);
         let gov = govern::governance_of(ctx, agents.as_ref());
         if let Some(agents) = &agents
             && let Some(routed) = agents::route_input(ctx, agents, &gov, &mut loop_state).await

@@ -90,10 +90,17 @@ async fn listing(config: &TroupeConfig) -> anyhow::Result<AgentListing> {
     })
 }
 
-/// Every binding in the store of the data directory; none when there is no store yet (it
-/// is not created for a listing).
+/// Every binding in the store: the PostgreSQL one when `[store] backend = "postgres"`, else
+/// the data directory's; none when there is no SQLite store yet (it is not created for a
+/// listing).
 async fn stored_bindings(config: &TroupeConfig) -> anyhow::Result<Vec<AgentBinding>> {
     use troupe_store::BindingStore;
+    #[cfg(feature = "postgres")]
+    if config.store.backend == troupe_runtime::config::StoreBackend::Postgres {
+        let url = troupe_service::postgres_url(config)?;
+        let store = troupe_store::PgStore::connect(&url).await?;
+        return Ok(store.bindings(None).await?);
+    }
     let path = troupe_store::db_path(&config.data_dir);
     if !path.exists() {
         return Ok(Vec::new());

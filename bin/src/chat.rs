@@ -147,6 +147,8 @@ impl Unattended {
                     reason: Some("declined (--elicitation decline)".into()),
                 },
             }),
+            // A question needs words no flag gives.
+            ApprovalSubject::AgentQuestion { .. } => None,
             ApprovalSubject::Command | ApprovalSubject::McpSampling { .. } => {
                 self.approvals.map(|a| match a {
                     ApprovalAnswer::Approve => ApprovalDecision::ApproveOnce,
@@ -952,6 +954,20 @@ impl Chat {
                 eprintln!("troupe: `{}` {verb}", ask.command);
                 decision
             }
+            (None, Some(editor), true) if ask.question().is_some() => {
+                let (agent, question) = ask.question().unwrap_or_default();
+                println!("  ? agent `{agent}` asks: {question}");
+                let answer = tokio::task::block_in_place(|| {
+                    editor.readline("    your answer (empty: refuse) > ")
+                })
+                .unwrap_or_default();
+                match answer.trim() {
+                    "" => ApprovalDecision::Deny {
+                        reason: Some("no answer at the terminal".into()),
+                    },
+                    text => troupe_proto::approval::agent_answer(text),
+                }
+            }
             (None, Some(editor), true) => {
                 println!("  ? approval needed: `{}` ({})", ask.command, ask.reason);
                 let answer = tokio::task::block_in_place(|| {
@@ -1038,6 +1054,18 @@ struct Ask {
     subject: ApprovalSubject,
 }
 
+impl Ask {
+    /// The agent and its question, when a remote agent asks one.
+    fn question(&self) -> Option<(&str, &str)> {
+        match &self.subject {
+            ApprovalSubject::AgentQuestion { agent_id, question } => {
+                Some((agent_id.as_str(), question.as_str()))
+            }
+            _ => None,
+        }
+    }
+}
+
 /// What the terminal shows of the current turn.
 #[derive(Default)]
 struct TurnView {
@@ -1110,7 +1138,11 @@ mod tests {
             approvals: None,
             elicitation: None,
         };
-        for subject in [&ApprovalSubject::Command, &elicit, &sampling] {
+        let question = ApprovalSubject::AgentQuestion {
+            agent_id: "remote".into(),
+            question: "which branch?".into(),
+        };
+        for subject in [&ApprovalSubject::Command, &elicit, &sampling, &question] {
             assert_eq!(none.decision(subject), None);
         }
         let yes = Unattended {
@@ -1123,6 +1155,7 @@ mod tests {
         );
         assert_eq!(yes.decision(&sampling), Some(ApprovalDecision::ApproveOnce));
         assert_eq!(yes.decision(&elicit), Some(ApprovalDecision::ApproveOnce));
+        assert_eq!(yes.decision(&question), None, "no flag answers a question");
         let only_commands = Unattended {
             approvals: Some(ApprovalAnswer::Approve),
             elicitation: None,

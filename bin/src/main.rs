@@ -10,6 +10,8 @@ mod replay;
 mod serve;
 mod spinner;
 mod tokens;
+#[cfg(test)]
+mod turn_code;
 
 use clap::{Parser, Subcommand};
 use std::process::ExitCode;

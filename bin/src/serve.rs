@@ -109,7 +109,7 @@ pub async fn run(args: ServeArgs) -> anyhow::Result<ExitCode> {
     let tokens = assembly::try_build_tokens(&config)?;
     let model = assembly::build_model(&config, args.script.as_deref())?;
     let mut ports = assembly::session_ports(&config, model, tokens);
-    let storage = troupe_service::open_store(&config, args.ephemeral)?;
+    let storage = troupe_service::open_store(&config, args.ephemeral).await?;
     eprintln!("troupe: {}", storage.description);
     ports.rollout_storage = storage.rollout;
     let catalog = troupe_runtime::agents::catalog(&config);

@@ -729,6 +729,8 @@ fn approval_subject() -> impl Strategy<Value = ApprovalSubject> {
         }),
         (text(), json())
             .prop_map(|(server, request)| ApprovalSubject::McpSampling { server, request }),
+        (text(), text())
+            .prop_map(|(agent_id, question)| ApprovalSubject::AgentQuestion { agent_id, question }),
     ]
 }
 
@@ -1373,7 +1375,12 @@ fn strategies_cover_every_variant() {
     );
     assert_eq!(
         tags_of(approval_subject()),
-        set(&["command", "mcp_elicitation", "mcp_sampling"])
+        set(&[
+            "command",
+            "mcp_elicitation",
+            "mcp_sampling",
+            "agent_question"
+        ])
     );
     assert_eq!(
         tags_of(task_state()),

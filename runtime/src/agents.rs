@@ -38,7 +38,10 @@ pub fn catalog(config: &TroupeConfig) -> AgentCatalog {
 /// The kinds of external agents this build runs, one factory each. The in-process kind
 /// (`model`) needs none: the session's hub runs it.
 pub fn factories() -> Vec<Arc<dyn AgentProviderFactory>> {
-    vec![Arc::new(troupe_acp::AcpFactory::default())]
+    vec![
+        Arc::new(troupe_acp::AcpFactory::default()),
+        Arc::new(troupe_a2a::A2aProviderFactory::default()),
+    ]
 }
 
 /// An agent's health without a session: a model agent is ready (its endpoint is reached at

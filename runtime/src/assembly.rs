@@ -340,7 +340,10 @@ mod tests {
         assert_eq!(ports.settings.lease_ttl, std::time::Duration::from_secs(5));
         assert_eq!(
             ports.factories.iter().map(|f| f.kind()).collect::<Vec<_>>(),
-            [troupe_proto::agent::ProviderKind::Acp]
+            [
+                troupe_proto::agent::ProviderKind::Acp,
+                troupe_proto::agent::ProviderKind::A2a
+            ]
         );
         let none = agent_ports(
             &limits,

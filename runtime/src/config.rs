@@ -179,6 +179,9 @@ pub struct TroupeConfig {
     /// `[tools]`: the global layer of every task's tool policy, and `[tools.roles.<role>]`
     /// the layer of the agents with that role (A5).
     pub tools: troupe_proto::governance::ToolPolicyConfig,
+    /// `[store]`: where `troupe serve` keeps sessions, messages and rollouts (SQLite in
+    /// `data_dir`, or a PostgreSQL server).
+    pub store: StoreConfig,
     /// The file this configuration was read from (`None`: defaults and environment only):
     /// relative paths of `[agents]` are taken from its directory.
     #[serde(skip)]
@@ -348,8 +351,58 @@ impl Default for TroupeConfig {
             conversation: ConversationConfig::default(),
             agents: AgentsConfig::default(),
             tools: troupe_proto::governance::ToolPolicyConfig::default(),
+            store: StoreConfig::default(),
             source: None,
         }
+    }
+}
+
+/// Which database `troupe serve` keeps its state in (`[store] backend`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, Default)]
+#[serde(rename_all = "kebab-case")]
+pub enum StoreBackend {
+    /// `<data_dir>/troupe.db` and `<data_dir>/rollout.db`, embedded: one node.
+    #[default]
+    Sqlite,
+    /// A PostgreSQL server at `postgres_url`, which several nodes can share.
+    Postgres,
+}
+
+/// `[store]`: where `troupe serve` keeps its durable state.
+#[derive(Clone, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct StoreConfig {
+    /// `sqlite` (the default) or `postgres`.
+    pub backend: StoreBackend,
+    /// The server of the `postgres` backend, as a connection URL
+    /// (`postgresql://user:password@host:port/database`, libpq's key=value form works too).
+    /// Never printed by `Debug`: it may hold a password.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub postgres_url: Option<String>,
+    /// Connections the store keeps to the server at most (the rollout has 4 more).
+    pub postgres_pool_size: usize,
+}
+
+impl Default for StoreConfig {
+    fn default() -> Self {
+        Self {
+            backend: StoreBackend::Sqlite,
+            postgres_url: None,
+            postgres_pool_size: 8,
+        }
+    }
+}
+
+impl std::fmt::Debug for StoreConfig {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("StoreConfig")
+            .field("backend", &self.backend)
+            .field(
+                "postgres_url",
+                &self.postgres_url.as_ref().map(|_| "<redacted>"),
+            )
+            .field("postgres_pool_size", &self.postgres_pool_size)
+            .finish()
     }
 }
 
@@ -734,6 +787,8 @@ pub const ENV_VARS: &[(&str, &str)] = &[
     ("TROUPE_CLOSE_TIMEOUT", "conversation.close_timeout"),
     ("TROUPE_APPROVAL_TIMEOUT", "conversation.approval_timeout"),
     ("TROUPE_AGENTS_DIR", "agents.dir"),
+    ("TROUPE_STORE_BACKEND", "store.backend (sqlite or postgres)"),
+    ("TROUPE_POSTGRES_URL", "store.postgres_url"),
 ];
 
 impl TroupeConfig {
@@ -878,6 +933,12 @@ impl TroupeConfig {
             } else {
                 std::env::current_dir().unwrap_or_default().join(dir)
             });
+        }
+        if let Some(v) = get("TROUPE_STORE_BACKEND") {
+            self.store.backend = parse_enum("TROUPE_STORE_BACKEND", &v, "sqlite or postgres")?;
+        }
+        if let Some(v) = get("TROUPE_POSTGRES_URL") {
+            self.store.postgres_url = Some(v);
         }
         self.telemetry.apply_env(env)?;
         self.apply_conversation_env(&get)?;
@@ -1116,6 +1177,47 @@ tool_errors = { retry = { attempts = 2 } }
         );
         assert_eq!(c.model.idle_timeout, Duration::from_secs(45));
         assert_eq!(c.log_dir, std::path::PathBuf::from("logs"));
+    }
+
+    #[test]
+    fn the_store_section_and_its_variables() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("troupe.toml");
+        std::fs::write(
+            &path,
+            r#"
+[store]
+backend = "postgres"
+postgres_url = "postgresql://troupe:secret@db.internal:5432/troupe"
+postgres_pool_size = 3
+"#,
+        )
+        .unwrap();
+        let c = TroupeConfig::load(Some(&path), &env(&[])).unwrap();
+        assert_eq!(c.store.backend, StoreBackend::Postgres);
+        assert_eq!(c.store.postgres_pool_size, 3);
+        assert!(!format!("{c:?}").contains("secret"), "the URL is redacted");
+        let c = TroupeConfig::load(
+            Some(&path),
+            &env(&[
+                ("TROUPE_POSTGRES_URL", "postgresql://other/db"),
+                ("TROUPE_STORE_BACKEND", "sqlite"),
+            ]),
+        )
+        .unwrap();
+        assert_eq!(c.store.backend, StoreBackend::Sqlite, "env beats the file");
+        assert_eq!(
+            c.store.postgres_url.as_deref(),
+            Some("postgresql://other/db")
+        );
+        assert_eq!(TroupeConfig::default().store.backend, StoreBackend::Sqlite);
+        let err = TroupeConfig::load(None, &env(&[("TROUPE_STORE_BACKEND", "mysql")]))
+            .unwrap_err()
+            .to_string();
+        assert!(
+            err.contains("TROUPE_STORE_BACKEND") && err.contains("sqlite or postgres"),
+            "{err}"
+        );
     }
 
     #[test]

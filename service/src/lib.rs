@@ -117,6 +117,7 @@ pub fn describe_metrics() {
     troupe_actors::describe_metrics();
     metrics::describe();
     a2a::metrics::describe();
+    troupe_a2a::describe_metrics();
     troupe_runtime::describe_metrics();
     troupe_store::describe_metrics();
 }
@@ -374,9 +375,11 @@ impl std::fmt::Debug for Storage {
 }
 
 /// The service's storage: with `ephemeral` the store and every rollout are in memory (nothing
-/// is written to disk); otherwise the store is `<data_dir>/troupe.db` and every session's rollout is in
-/// `<data_dir>/rollout.db` (see `SqliteRolloutStorage::path_in`).
-pub fn open_store(config: &TroupeConfig, ephemeral: bool) -> Result<Storage, AgentError> {
+/// is written to disk); otherwise as `[store] backend` says: SQLite, the store in
+/// `<data_dir>/troupe.db` and every session's rollout in `<data_dir>/rollout.db` (see
+/// `SqliteRolloutStorage::path_in`), or PostgreSQL, both on the server at `[store]
+/// postgres_url`, whose schema is brought up to date.
+pub async fn open_store(config: &TroupeConfig, ephemeral: bool) -> Result<Storage, AgentError> {
     if ephemeral {
         return Ok(Storage {
             store: Arc::new(troupe_store::memory::MemoryStore::new()),
@@ -385,6 +388,13 @@ pub fn open_store(config: &TroupeConfig, ephemeral: bool) -> Result<Storage, Age
                 .to_owned(),
         });
     }
+    match config.store.backend {
+        troupe_runtime::config::StoreBackend::Sqlite => open_sqlite(config),
+        troupe_runtime::config::StoreBackend::Postgres => open_postgres(config).await,
+    }
+}
+
+fn open_sqlite(config: &TroupeConfig) -> Result<Storage, AgentError> {
     // Where the rollout goes is decided before the store creates troupe.db.
     let rollout_path = troupe_store::SqliteRolloutStorage::path_in(&config.data_dir)?;
     let store = troupe_store::SqliteStore::open_in(&config.data_dir)?;
@@ -399,6 +409,53 @@ pub fn open_store(config: &TroupeConfig, ephemeral: bool) -> Result<Storage, Age
             rollout_path.display()
         ),
     })
+}
+
+/// The `[store] postgres_url`, or what to set.
+pub fn postgres_url(config: &TroupeConfig) -> Result<String, AgentError> {
+    config
+        .store
+        .postgres_url
+        .clone()
+        .filter(|u| !u.trim().is_empty())
+        .ok_or_else(|| {
+            AgentError::invalid(
+                "[store] backend = \"postgres\" needs [store] postgres_url (or TROUPE_POSTGRES_URL)",
+            )
+        })
+}
+
+#[cfg(feature = "postgres")]
+async fn open_postgres(config: &TroupeConfig) -> Result<Storage, AgentError> {
+    let url = postgres_url(config)?;
+    let options = troupe_store::PgOptions {
+        pool_size: config.store.postgres_pool_size,
+        ..troupe_store::PgOptions::default()
+    };
+    let store = troupe_store::PgStore::connect_with(&url, options).await?;
+    let rollout = {
+        let url = url.clone();
+        tokio::task::spawn_blocking(move || troupe_store::PgRolloutStorage::connect(&url))
+            .await
+            .map_err(|e| AgentError::internal(format!("postgres rollout storage: {e}")))??
+    };
+    Ok(Storage {
+        store: Arc::new(store),
+        rollout: Some(Arc::new(rollout)),
+        description: format!(
+            "store and rollout: PostgreSQL at {}",
+            troupe_store::describe_pg_url(&url)
+        ),
+    })
+}
+
+#[cfg(not(feature = "postgres"))]
+async fn open_postgres(config: &TroupeConfig) -> Result<Storage, AgentError> {
+    postgres_url(config)?;
+    Err(AgentError::invalid(
+        "this build of troupe has no PostgreSQL store (cargo feature `postgres`); \
+         use [store] backend = \"sqlite\"",
+    ))
 }
 
 /// An API without tokens may only listen on loopback.

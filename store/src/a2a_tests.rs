@@ -1,7 +1,8 @@
 //! The A2A endpoint's records (P5) and the open-conversation reads, against the `Store` rules:
-//! the same rules for the SQLite store and the memory store, then what only SQLite has (the
-//! query plans, surviving a reopen, the upgrades from versions 5 and 6).
+//! the same rules for the SQLite, PostgreSQL and memory stores, surviving a reopen on both
+//! databases, then what only SQLite has (its query plans, the upgrades from versions 5 and 6).
 
+use super::backends::{Db, Kind, on_every_backend};
 use super::memory::MemoryStore;
 use super::schema;
 use super::{BindingStore, SqliteStore, Store, db_path};
@@ -194,11 +195,9 @@ async fn a2a_rules(store: &dyn Store) {
     assert_eq!(store.a2a_pushes("t5").await.unwrap().len(), 1);
 }
 
-#[tokio::test]
-async fn a2a_records_keep_the_store_rules() {
-    let dir = tempfile::tempdir().unwrap();
-    let store = SqliteStore::open_in(dir.path()).unwrap();
-    a2a_rules(&store).await;
+async fn a2a_records_keep_the_store_rules(backend: Kind) {
+    let db = Db::fresh(backend);
+    a2a_rules(&*db.store().await).await;
 }
 
 #[tokio::test]
@@ -292,11 +291,9 @@ async fn open_conversation_rules(store: &dyn Store) {
     );
 }
 
-#[tokio::test]
-async fn open_conversations_are_read_alone() {
-    let dir = tempfile::tempdir().unwrap();
-    let store = SqliteStore::open_in(dir.path()).unwrap();
-    open_conversation_rules(&store).await;
+async fn open_conversations_are_read_alone(backend: Kind) {
+    let db = Db::fresh(backend);
+    open_conversation_rules(&*db.store().await).await;
 }
 
 #[tokio::test]
@@ -304,11 +301,10 @@ async fn open_conversations_are_read_alone_in_memory() {
     open_conversation_rules(&MemoryStore::new()).await;
 }
 
-#[tokio::test]
-async fn a2a_records_survive_a_reopen() {
-    let dir = tempfile::tempdir().unwrap();
+async fn a2a_records_survive_a_reopen(backend: Kind) {
+    let db = Db::fresh(backend);
     {
-        let store = SqliteStore::open_in(dir.path()).unwrap();
+        let store = db.store().await;
         store.put_a2a_context(context("c", 1, true)).await.unwrap();
         store
             .put_a2a_task(task("t", "c", "TASK_STATE_WORKING", 5))
@@ -316,7 +312,7 @@ async fn a2a_records_survive_a_reopen() {
             .unwrap();
         store.put_a2a_push(push("t", "p", 1)).await.unwrap();
     }
-    let store = SqliteStore::open_in(dir.path()).unwrap();
+    let store = db.store().await;
     assert!(store.a2a_context("c").await.unwrap().unwrap().open);
     assert_eq!(ids(&store.a2a_live_tasks().await.unwrap()), ["t"]);
     assert_eq!(store.a2a_pushes("t").await.unwrap()[0].config_id, "p");
@@ -404,3 +400,9 @@ async fn upgrade_from_versions_5_and_6_keeps_rows_and_adds_the_a2a_tables() {
         assert_eq!(schema::version(&conn).unwrap(), schema::VERSION);
     }
 }
+
+on_every_backend!(
+    a2a_records_keep_the_store_rules,
+    open_conversations_are_read_alone,
+    a2a_records_survive_a_reopen,
+);

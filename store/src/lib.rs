@@ -36,6 +36,8 @@
 
 #[cfg(test)]
 mod a2a_tests;
+#[cfg(test)]
+mod backends;
 mod conn;
 #[cfg(test)]
 mod crash_tests;
@@ -45,6 +47,10 @@ mod memory_a2a;
 mod memory_rollout;
 pub mod metrics;
 mod page;
+#[cfg(test)]
+mod pg_tests;
+#[cfg(feature = "postgres")]
+mod postgres;
 mod rollout;
 #[cfg(test)]
 mod rollout_tests;
@@ -56,6 +62,8 @@ pub mod ttl;
 
 pub use find::{FoundTask, find_task};
 pub use memory_rollout::MemoryRolloutStorage;
+#[cfg(feature = "postgres")]
+pub use postgres::{PgOptions, PgRolloutStorage, PgStore, describe_pg_url};
 pub use rollout::{ROLLOUT_DB_FILE, SqliteRolloutStorage};
 pub use sqlite::{DB_FILE, SqliteOptions, SqliteStore, db_path};
 pub use ttl::TtlSweeper;

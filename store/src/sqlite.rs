@@ -28,6 +28,9 @@
 
 mod a2a;
 mod rows;
+
+#[cfg(feature = "postgres")]
+pub(crate) use rows::{parse_role, parse_state, role_str, state_str};
 mod writer;
 
 use rows::{

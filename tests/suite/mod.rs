@@ -1,4 +1,5 @@
 mod a2a;
+mod a2a_agents;
 mod a2a_restart;
 mod acp;
 mod acp_serve;

@@ -74,23 +74,25 @@ pub struct AgentHubArgs {
     pub model: Arc<dyn ModelClient>,
     /// What in-process agents' conversations keep (the session's root's policy).
     pub storage_policy: StoragePolicy,
+    /// What tasks see of the agents ([`AgentViews::new`]), published beside the hub.
+    pub views: Arc<AgentViews>,
 }
 
-/// A task's view of the agents ([`AgentHubMsg::View`]).
+/// A task's view of the agents ([`AgentViews::view`]).
 #[derive(Clone)]
 pub struct AgentView {
     /// The task's execution chain: its dispatch's, or the supervisor's alone.
     pub chain: ExecutionChain,
     /// The agents it may dispatch to (its `dispatch_agent` tool); empty: no tool.
-    pub visible: Vec<VisibleAgent>,
+    pub visible: Arc<[VisibleAgent]>,
     /// How a user's message is routed; `None` for an agent's task.
-    pub router: Option<Router>,
-    /// For an agent's task, its id, role and tool rules as its definition says now (the
-    /// agent layer of the task's tool policy).
+    pub router: Option<Arc<Router>>,
+    /// For an agent's task, its id, role, tool rules, output schema and instructions as its
+    /// definition says now (the agent layer of the task's tool policy, A5, A7, A8).
     pub own: Option<AgentRules>,
 }
 
-/// An agent's own layer of tool governance.
+/// What an agent's own definition says to its task.
 #[derive(Debug, Clone)]
 pub struct AgentRules {
     pub id: String,
@@ -101,6 +103,141 @@ pub struct AgentRules {
     /// An in-process agent's instructions as its file says now: they replace those its
     /// conversation was opened with, so that an edited file applies to the next task (A7).
     pub instructions: Option<String>,
+}
+
+impl AgentRules {
+    fn of(def: &AgentDefinition) -> Self {
+        Self {
+            id: def.id.clone(),
+            role: def.role.clone(),
+            tools: def.tools.clone(),
+            output: def.output.clone(),
+            instructions: match &def.provider {
+                troupe_proto::agent::ProviderSpec::Model { instructions, .. } => {
+                    instructions.clone()
+                }
+                _ => None,
+            },
+        }
+    }
+}
+
+/// The session's hub as the directory publishes it: the actor, and the views its tasks read
+/// without asking it.
+#[derive(Clone)]
+pub struct HubRef {
+    pub actor: ActorRef<AgentHubMsg>,
+    pub views: Arc<AgentViews>,
+}
+
+/// What tasks read of the agents: the catalog, the supervisor (the chains' origin) and how it
+/// routes. A task asks it for its [`AgentView`] without a message to the hub (the session
+/// publishes it with the hub, see `Directory::agents`). It changes only when the hub takes
+/// new definitions from a watched directory (A7): the hub replaces the whole set at once.
+pub struct AgentViews {
+    set: tokio::sync::watch::Sender<Arc<ViewSet>>,
+}
+
+/// One version of the views.
+pub struct ViewSet {
+    catalog: Arc<AgentCatalog>,
+    /// The chain's origin: the supervisor's id (the built-in one's name without a definition).
+    origin: String,
+    router: Arc<Router>,
+    /// What the router sees, shared by every user's task.
+    routed: Arc<[VisibleAgent]>,
+}
+
+impl ViewSet {
+    fn of(catalog: Arc<AgentCatalog>, ports: &AgentPorts, model: &Arc<dyn ModelClient>) -> Self {
+        let supervisor =
+            super::listing::supervisor_of(&catalog, ports.settings.supervisor.as_deref())
+                .ok()
+                .flatten();
+        let origin = supervisor
+            .map_or(super::listing::BUILTIN_SUPERVISOR, |d| d.id.as_str())
+            .to_owned();
+        let visibility = decide::visible_from(&catalog, &ExecutionChain::start(&origin));
+        let agents = visible_agents(&catalog, &visibility, Some(&origin));
+        let own = supervisor.and_then(|d| match &d.provider {
+            troupe_proto::agent::ProviderSpec::Model { instructions, .. } => instructions.clone(),
+            _ => None,
+        });
+        let supervisor_model = supervisor.and_then(|d| supervisor_model(d, ports, model));
+        let router = Router {
+            mode: ports.settings.router,
+            instructions: router_instructions(own.as_deref(), &agents),
+            model: supervisor_model,
+            agents: agents.clone(),
+        };
+        Self {
+            catalog,
+            origin,
+            router: Arc::new(router),
+            routed: agents.into(),
+        }
+    }
+}
+
+impl AgentViews {
+    /// The views of `ports`' agents (a watched directory's definitions in force now, else
+    /// those read at start); `model` is the session's (a supervisor asking for another model
+    /// by name gets it from there).
+    pub fn new(ports: &AgentPorts, model: &Arc<dyn ModelClient>) -> Self {
+        let catalog = ports
+            .live
+            .as_ref()
+            .map_or_else(|| ports.catalog.clone(), |live| live.borrow().clone());
+        let (set, _) = tokio::sync::watch::channel(Arc::new(ViewSet::of(catalog, ports, model)));
+        Self { set }
+    }
+
+    /// New definitions: the views every task reads from now on.
+    fn replace(
+        &self,
+        catalog: Arc<AgentCatalog>,
+        ports: &AgentPorts,
+        model: &Arc<dyn ModelClient>,
+    ) {
+        self.set
+            .send_replace(Arc::new(ViewSet::of(catalog, ports, model)));
+    }
+
+    /// The definitions the views are made of.
+    pub fn catalog(&self) -> Arc<AgentCatalog> {
+        self.set.borrow().catalog.clone()
+    }
+
+    /// The chains' origin.
+    pub fn origin(&self) -> String {
+        self.set.borrow().origin.clone()
+    }
+
+    /// The view of a task: `origin` is its dispatch (its chain and id), `None` for a user's
+    /// message (the supervisor's chain, routed).
+    pub fn view(&self, origin: Option<&ExecutionChain>) -> AgentView {
+        let set = self.set.borrow().clone();
+        match origin {
+            None => AgentView {
+                chain: ExecutionChain::start(&set.origin),
+                visible: set.routed.clone(),
+                router: Some(set.router.clone()),
+                own: None,
+            },
+            Some(chain) => {
+                let visibility = decide::visible_from(&set.catalog, chain);
+                AgentView {
+                    visible: visible_agents(&set.catalog, &visibility, chain.current()).into(),
+                    chain: chain.clone(),
+                    router: None,
+                    own: chain
+                        .current()
+                        .and_then(|id| set.catalog.get(id))
+                        .map(AgentRules::of),
+                }
+            }
+        }
+    }
 }
 
 /// How the supervisor routes a user's message.
@@ -136,23 +273,11 @@ pub struct DispatchRequest {
 
 /// The hub's mailbox.
 pub enum AgentHubMsg {
-    /// A task's chain, the agents it may dispatch to and, for a user's message, its router.
-    /// `origin`: the task's dispatch (`None`: a user's message).
-    View {
-        origin: Option<(ExecutionChain, DispatchId)>,
-        reply: RpcReplyPort<AgentView>,
-    },
     /// Dispatches to an agent; answered with its reply, a refusal, a failure, or `Timeout`
     /// when the lease expires first.
     Dispatch {
         request: DispatchRequest,
         reply: RpcReplyPort<Result<AgentOutput, AgentError>>,
-    },
-    /// A worker asks how to get its agent's provider session.
-    Bind {
-        agent_id: String,
-        dispatch_id: DispatchId,
-        reply: RpcReplyPort<Result<BindPlan, AgentError>>,
     },
     /// A worker bound its agent.
     Bound {
@@ -180,6 +305,13 @@ pub enum AgentHubMsg {
 
 /// Where a worker hears how to bind.
 type BindReply = RpcReplyPort<Result<BindPlan, AgentError>>;
+
+/// A worker's bind plan: decided with its dispatch, or to come when the provider session
+/// another dispatch is opening is bound.
+enum PlanSource {
+    Ready(Result<BindPlan, AgentError>),
+    Wait(tokio::sync::oneshot::Receiver<Result<BindPlan, AgentError>>),
+}
 
 /// How a worker got its provider session.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -238,9 +370,7 @@ pub struct AgentHubState {
     clock: Clock,
     events: EventSink,
     env: ProviderEnv,
-    /// The chain's origin: the supervisor's id (the built-in one's name without a definition).
-    origin: String,
-    router: Router,
+    views: Arc<AgentViews>,
     /// By agent id; `Err`: why it has no provider.
     providers: BTreeMap<String, Result<Arc<ProviderCell>, String>>,
     /// Providers replaced by a reload: dispatches in flight may still use them; shut down
@@ -302,7 +432,6 @@ impl Actor for AgentHub {
                 (def.id.clone(), built)
             })
             .collect();
-        let (origin, router) = routing(&catalog, &args.ports, &args.model);
         if let Some(live) = args.ports.live.clone() {
             watch_catalog(myself.clone(), live);
         }
@@ -316,8 +445,7 @@ impl Actor for AgentHub {
             session: args.session,
             model: args.model,
             storage_policy: args.storage_policy,
-            origin,
-            router,
+            views: args.views,
             providers,
             retired: Vec::new(),
             bindings,
@@ -334,15 +462,7 @@ impl Actor for AgentHub {
         state: &mut Self::State,
     ) -> Result<(), ActorProcessingErr> {
         match msg {
-            AgentHubMsg::View { origin, reply } => {
-                let _ = reply.send(state.view(origin));
-            }
             AgentHubMsg::Dispatch { request, reply } => state.dispatch(&myself, request, reply),
-            AgentHubMsg::Bind {
-                agent_id,
-                dispatch_id,
-                reply,
-            } => state.bind(agent_id, dispatch_id, reply),
             AgentHubMsg::Bound {
                 agent_id,
                 dispatch_id,
@@ -398,34 +518,6 @@ fn watch_catalog(
             }
         }
     });
-}
-
-/// The chain's origin (the supervisor's id, or the built-in one's name) and how it routes.
-fn routing(
-    catalog: &AgentCatalog,
-    ports: &AgentPorts,
-    model: &Arc<dyn ModelClient>,
-) -> (String, Router) {
-    let supervisor = super::listing::supervisor_of(catalog, ports.settings.supervisor.as_deref())
-        .ok()
-        .flatten();
-    let origin = supervisor
-        .map_or(super::listing::BUILTIN_SUPERVISOR, |d| d.id.as_str())
-        .to_owned();
-    let visibility = decide::visible_from(catalog, &ExecutionChain::start(&origin));
-    let agents = visible_agents(catalog, &visibility, Some(&origin));
-    let own = supervisor.and_then(|d| match &d.provider {
-        troupe_proto::agent::ProviderSpec::Model { instructions, .. } => instructions.clone(),
-        _ => None,
-    });
-    let router_model = supervisor.and_then(|d| supervisor_model(d, ports, model));
-    let router = Router {
-        mode: ports.settings.router,
-        instructions: router_instructions(own.as_deref(), &agents),
-        model: router_model,
-        agents,
-    };
-    (origin, router)
 }
 
 /// The provider of `def`: the in-process one for `model`, else the factory of its kind's.
@@ -493,41 +585,6 @@ fn visible_agents(
 }
 
 impl AgentHubState {
-    fn view(&self, origin: Option<(ExecutionChain, DispatchId)>) -> AgentView {
-        match origin {
-            None => AgentView {
-                chain: ExecutionChain::start(&self.origin),
-                visible: self.router.agents.clone(),
-                router: Some(self.router.clone()),
-                own: None,
-            },
-            Some((chain, _)) => {
-                let visibility = decide::visible_from(&self.catalog, &chain);
-                let own = chain
-                    .current()
-                    .and_then(|id| self.catalog.get(id))
-                    .map(|def| AgentRules {
-                        id: def.id.clone(),
-                        role: def.role.clone(),
-                        tools: def.tools.clone(),
-                        output: def.output.clone(),
-                        instructions: match &def.provider {
-                            troupe_proto::agent::ProviderSpec::Model { instructions, .. } => {
-                                instructions.clone()
-                            }
-                            _ => None,
-                        },
-                    });
-                AgentView {
-                    visible: visible_agents(&self.catalog, &visibility, chain.current()),
-                    chain,
-                    router: None,
-                    own,
-                }
-            }
-        }
-    }
-
     /// The dispatcher's node in the wait graph.
     fn node_of(&self, request: &DispatchRequest) -> Node {
         match (request.chain.depth(), request.chain.current()) {
@@ -702,6 +759,7 @@ impl AgentHubState {
                 span: span.clone(),
             },
         );
+        let plan = self.plan(&request.agent_id, dispatch_id);
         let worker = Worker {
             hub: myself.clone(),
             store: self.ports.bindings.clone(),
@@ -719,20 +777,17 @@ impl AgentHubState {
             env: self.env.clone(),
             span: span.clone(),
         };
-        tokio::spawn(worker.run().instrument(span));
+        tokio::spawn(worker.run(plan).instrument(span));
     }
 
-    fn bind(
-        &mut self,
-        agent_id: String,
-        dispatch_id: DispatchId,
-        reply: RpcReplyPort<Result<BindPlan, AgentError>>,
-    ) {
-        let Some(def) = self.catalog.get(&agent_id) else {
-            let _ = reply.send(Err(AgentError::not_found("agent", &agent_id)));
-            return;
+    /// How dispatch `dispatch_id` gets its agent's provider session, decided when it is
+    /// admitted (no round trip from its worker): at once, or when the dispatch opening it now
+    /// has bound it (`BindPlan::Wait` is never handed out).
+    fn plan(&mut self, agent_id: &str, dispatch_id: DispatchId) -> PlanSource {
+        let Some(def) = self.catalog.get(agent_id) else {
+            return PlanSource::Ready(Err(AgentError::not_found("agent", agent_id)));
         };
-        let entry = self.bindings.entry(agent_id.clone()).or_default();
+        let entry = self.bindings.entry(agent_id.to_owned()).or_default();
         let plan = decide::bind_plan(
             entry,
             def.session.binding_scope,
@@ -741,17 +796,18 @@ impl AgentHubState {
         );
         match &plan {
             BindPlan::Wait => {
+                let (tx, rx) = tokio::sync::oneshot::channel();
                 self.waiting
-                    .entry(agent_id)
+                    .entry(agent_id.to_owned())
                     .or_default()
-                    .push((dispatch_id, reply));
-                return;
+                    .push((dispatch_id, tx.into()));
+                return PlanSource::Wait(rx);
             }
             BindPlan::Resume { .. } | BindPlan::Open { .. } => entry.opening = true,
             BindPlan::Use(id) => self.uses(dispatch_id, id),
             BindPlan::Fresh => {}
         }
-        let _ = reply.send(Ok(plan));
+        PlanSource::Ready(Ok(plan))
     }
 
     /// A dispatch runs in its agent's live provider session: its result names it.
@@ -979,7 +1035,8 @@ impl AgentHubState {
             .values()
             .filter_map(|b| b.stored.clone())
             .collect();
-        let supervisor = (self.catalog.get(&self.origin).is_some()).then(|| self.origin.clone());
+        let origin = self.views.origin();
+        let supervisor = (self.catalog.get(&origin).is_some()).then_some(origin);
         // Providers may take a moment to answer: asked off the mailbox.
         tokio::spawn(async move {
             let mut health = BTreeMap::new();
@@ -1061,9 +1118,8 @@ impl AgentHubState {
                 self.retired.push(old);
             }
         }
-        let (origin, router) = routing(&catalog, &self.ports, &self.model);
-        self.origin = origin;
-        self.router = router;
+        self.views
+            .replace(catalog.clone(), &self.ports, &self.model);
         tracing::info!(agents = catalog.agents.len(), "agent definitions reloaded");
         self.catalog = catalog;
     }
@@ -1114,11 +1170,11 @@ impl Drop for OpeningGuard {
 }
 
 impl Worker {
-    async fn run(self) {
+    async fn run(self, plan: PlanSource) {
         let result = tokio::select! {
             biased;
             () = self.cancel.cancelled() => Err(AgentError::cancelled("the dispatch was cancelled")),
-            r = self.work() => r,
+            r = self.work(plan) => r,
         };
         let _ = self.hub.cast(AgentHubMsg::Finished {
             dispatch_id: self.dispatch_id,
@@ -1126,9 +1182,15 @@ impl Worker {
         });
     }
 
-    async fn work(&self) -> Result<AgentOutput, AgentError> {
+    async fn work(&self, plan: PlanSource) -> Result<AgentOutput, AgentError> {
+        // A plan to open or resume is this worker's to report, whatever happens first.
+        let opening = matches!(
+            &plan,
+            PlanSource::Ready(Ok(BindPlan::Resume { .. } | BindPlan::Open { .. }))
+        )
+        .then(|| self.guard());
         let provider = self.cell.ready().await?;
-        let (provider_session_id, fresh) = self.bind(provider).await?;
+        let (provider_session_id, fresh) = self.bind(provider, plan, opening).await?;
         let replaced = SessionReplaced::default();
         let ctx = AgentRunContext {
             session_id: self.session_id,
@@ -1179,19 +1241,31 @@ impl Worker {
 
     /// The provider session of this dispatch, as the hub's plan says, and whether it is the
     /// dispatch's own (never bound).
-    async fn bind(&self, provider: &dyn AgentProvider) -> Result<(String, bool), AgentError> {
+    async fn bind(
+        &self,
+        provider: &dyn AgentProvider,
+        plan: PlanSource,
+        opening: Option<OpeningGuard>,
+    ) -> Result<(String, bool), AgentError> {
         let fresh = self.def.session.binding_scope == troupe_proto::agent::BindingScope::Dispatch;
-        self.bind_plan(provider).await.map(|id| (id, fresh))
+        let plan = match plan {
+            PlanSource::Ready(plan) => plan?,
+            PlanSource::Wait(rx) => rx.await.map_err(|_| {
+                AgentError::interrupted("the agent hub stopped before the agent was bound")
+            })??,
+        };
+        self.bind_plan(provider, plan, opening)
+            .await
+            .map(|id| (id, fresh))
     }
 
-    async fn bind_plan(&self, provider: &dyn AgentProvider) -> Result<String, AgentError> {
+    async fn bind_plan(
+        &self,
+        provider: &dyn AgentProvider,
+        plan: BindPlan,
+        mut opening: Option<OpeningGuard>,
+    ) -> Result<String, AgentError> {
         let agent_id = self.def.id.clone();
-        let plan = ractor::call!(self.hub, |reply| AgentHubMsg::Bind {
-            agent_id: agent_id.clone(),
-            dispatch_id: self.dispatch_id,
-            reply
-        })
-        .map_err(|e| AgentError::internal(format!("agent hub unavailable: {e}")))??;
         let ctx = SessionContext {
             session_id: self.session_id,
             agent_id: &self.def.id,
@@ -1216,7 +1290,7 @@ impl Worker {
                 provider_session_id: id,
                 created_ms,
             } => {
-                let mut guard = self.guard();
+                let mut guard = opening.take().unwrap_or_else(|| self.guard());
                 match provider.resume_session(&id, &ctx).await {
                     Ok(()) => {
                         let binding = self.binding(&id, created_ms);
@@ -1255,7 +1329,7 @@ impl Worker {
             }
             BindPlan::Open { previous, alert } => (previous, alert),
         };
-        let mut guard = self.guard();
+        let mut guard = opening.take().unwrap_or_else(|| self.guard());
         match provider.open_session(&ctx).await {
             Ok(id) => {
                 let binding = self.binding(&id, self.clock.now_ms());

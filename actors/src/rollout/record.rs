@@ -341,6 +341,7 @@ pub(super) fn headers_meta(event: &EventKind) -> RecordMeta {
                     message, schema, ..
                 } => len(message) + len(&schema.0.to_string()),
                 ApprovalSubject::McpSampling { request, .. } => len(&request.0.to_string()),
+                ApprovalSubject::AgentQuestion { question, .. } => len(question),
             };
             RecordMeta {
                 chars: Some(command.iter().map(|a| len(a)).sum::<u64>() + len(reason) + asked),

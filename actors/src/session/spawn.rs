@@ -90,10 +90,14 @@ pub(super) async fn spawn_approvals(
 pub(super) async fn spawn_agent_hub(
     session: &ActorRef<SessionMsg>,
     state: &SessionState,
-) -> Result<Option<ActorRef<crate::agents::hub::AgentHubMsg>>, ActorProcessingErr> {
+) -> Result<Option<crate::agents::hub::HubRef>, ActorProcessingErr> {
     let Some(ports) = state.ports.agents.clone().filter(|p| !p.catalog.is_empty()) else {
         return Ok(None);
     };
+    let views = Arc::new(crate::agents::hub::AgentViews::new(
+        &ports,
+        &state.ports.model,
+    ));
     let directory = state.directory.directory();
     let args = crate::agents::hub::AgentHubArgs {
         session_id: state.id,
@@ -109,10 +113,11 @@ pub(super) async fn spawn_agent_hub(
         },
         model: state.ports.model.clone(),
         storage_policy: state.config.root.storage_policy,
+        views: views.clone(),
     };
-    let (hub, _) =
+    let (actor, _) =
         Actor::spawn_linked(None, crate::agents::hub::AgentHub, args, session.get_cell()).await?;
-    Ok(Some(hub))
+    Ok(Some(crate::agents::hub::HubRef { actor, views }))
 }
 
 /// Which service a failed child was.

@@ -118,8 +118,9 @@ impl SessionState {
             Service::AgentHub => {
                 metrics::restarted(metrics::Restarted::AgentHub);
                 let me: ActorRef<SessionMsg> = myself.clone().into();
-                self.agent_hub = spawn_agent_hub(&me, self).await?;
-                self.directory.replace_agents(self.agent_hub.clone());
+                let hub = spawn_agent_hub(&me, self).await?;
+                self.agent_hub = hub.as_ref().map(|h| h.actor.clone());
+                self.directory.replace_agents(hub);
             }
         }
         // Conversations opened from now on read the new actor at their start; those open now

@@ -11,7 +11,7 @@
 //! error (a refused dispatch, an unknown module).
 
 use super::*;
-use crate::agents::hub::{AgentHubMsg, AgentView, DispatchRequest, Router};
+use crate::agents::hub::{AgentHubMsg, AgentView, DispatchRequest, HubRef, Router};
 use crate::agents::route::{self, DISPATCH_TOOL, Route, hub_command, parse_route, rules_route};
 use crate::agents::{AgentOutput, DispatchOrigin, DispatchParent, RouterMode};
 use ractor::ActorRef;
@@ -38,19 +38,14 @@ impl Agents {
     }
 }
 
-/// The agents of the task's session, when it has a hub (asked once, at the task's start).
-pub(super) async fn agents_of(ctx: &TaskContext) -> Option<Agents> {
+/// The agents of the task's session, when it has a hub (read once, at the task's start,
+/// from what the session published with its hub: no message to the hub).
+pub(super) fn agents_of(ctx: &TaskContext) -> Option<Agents> {
     let wanted = ctx.agents.as_ref()?;
-    let hub = ctx.services.agents()?;
+    let HubRef { actor: hub, views } = ctx.services.hub()?;
     let origin = wanted.origin.clone();
-    let key = origin.as_ref().map(|o| (o.chain.clone(), o.dispatch_id));
-    match ractor::call!(hub, |reply| AgentHubMsg::View { origin: key, reply }) {
-        Ok(view) => Some(Agents { hub, view, origin }),
-        Err(error) => {
-            tracing::warn!(%error, "the agent hub did not answer; the task runs without agents");
-            None
-        }
-    }
+    let view = views.view(origin.as_ref().map(|o| &o.chain));
+    Some(Agents { hub, view, origin })
 }
 
 /// Dispatches `input` to `agent_id` and waits for its answer, the slot given back meanwhile.

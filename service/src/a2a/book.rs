@@ -33,8 +33,8 @@ use serde::{Deserialize, Serialize};
 use serde_json::json;
 use std::collections::{BTreeSet, HashMap, VecDeque};
 use troupe_proto::{
-    AgentError, ApprovalDecision, ApprovalId, ApprovalSubject, ConversationId, ErrorKind,
-    EventEnvelope, EventKind, MessageReply, SessionId, TaskId, TaskStatus,
+    AgentError, ApprovalDecision, ApprovalId, ConversationId, ErrorKind, EventEnvelope, EventKind,
+    MessageReply, SessionId, TaskId, TaskStatus,
 };
 
 /// Longest contextId a client may name (it becomes a key of the book).
@@ -752,8 +752,7 @@ impl TaskBook {
             } => {
                 if let Some(r) = self.tasks.get_mut(&task_id) {
                     r.pending_approval = Some(*approval_id);
-                    r.pending_elicitation =
-                        matches!(subject, ApprovalSubject::McpElicitation { .. });
+                    r.pending_elicitation = subject.takes_content();
                 }
                 let parts = approval_parts(*approval_id, command, reason, subject);
                 self.set_status(&task_id, TaskState::InputRequired, Some(parts), now_ms)

@@ -5,7 +5,7 @@ use crate::a2a::model::{SendResult, TaskPage};
 use crate::a2a::request::ListParams;
 use crate::a2a::version::Version;
 use proptest::prelude::*;
-use troupe_proto::{Json, SessionId, TaskStats, ToolCall};
+use troupe_proto::{ApprovalSubject, Json, SessionId, TaskStats, ToolCall};
 
 const CONV: &str = "01930000-0000-7000-8000-000000000001";
 const TROUPE_TASK: &str = "01930000-0000-7000-8000-0000000000aa";

@@ -34,7 +34,6 @@ pub mod error;
 pub mod events;
 mod http;
 pub mod metrics;
-pub mod model;
 pub mod mount;
 pub mod persist;
 pub mod push;
@@ -46,6 +45,9 @@ pub mod version;
 pub mod wire;
 pub mod wire_v03;
 pub mod wire_v1;
+
+/// A2A's data model: shared with the client of remote agents (`troupe_a2a`).
+pub use troupe_a2a::model;
 
 pub use backend::A2aBackend;
 pub use book::TaskBook;

@@ -237,7 +237,7 @@ pub(super) fn message_from_row(row: &Row<'_>) -> Result<MessageRecord, AgentErro
     })
 }
 
-pub(super) const fn role_str(role: Role) -> &'static str {
+pub(crate) const fn role_str(role: Role) -> &'static str {
     match role {
         Role::System => "system",
         Role::User => "user",
@@ -245,7 +245,7 @@ pub(super) const fn role_str(role: Role) -> &'static str {
     }
 }
 
-pub(super) fn parse_role(s: &str) -> Option<Role> {
+pub(crate) fn parse_role(s: &str) -> Option<Role> {
     match s {
         "system" => Some(Role::System),
         "user" => Some(Role::User),
@@ -254,14 +254,14 @@ pub(super) fn parse_role(s: &str) -> Option<Role> {
     }
 }
 
-pub(super) const fn state_str(state: ConversationState) -> &'static str {
+pub(crate) const fn state_str(state: ConversationState) -> &'static str {
     match state {
         ConversationState::Open => "open",
         ConversationState::Closed => "closed",
     }
 }
 
-pub(super) fn parse_state(s: &str) -> Option<ConversationState> {
+pub(crate) fn parse_state(s: &str) -> Option<ConversationState> {
     match s {
         "open" => Some(ConversationState::Open),
         "closed" => Some(ConversationState::Closed),

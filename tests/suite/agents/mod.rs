@@ -5,6 +5,7 @@ mod acp;
 mod bounds;
 mod cli;
 mod dispatch;
+mod hub_env;
 mod routing;
 mod surfaces;
 

@@ -188,6 +188,19 @@ fn quiet(_: &Value) -> bool {
 async fn a_browser_signs_in_chats_approves_survives_a_restart_and_pages_back() {
     let dir = tempfile::tempdir().unwrap();
     let model = ModelServer::start().await;
+    // One sub-agent, `coder`, on the same model; the rules router keeps every other message
+    // the conversation's own turn, so the scripted replies below stay in order.
+    std::fs::create_dir(dir.path().join("agents")).unwrap();
+    std::fs::write(
+        dir.path().join("agents/coder.json"),
+        r#"{"id": "coder", "role": "executor", "provider": {"type": "model", "instructions": "You write code."}}"#,
+    )
+    .unwrap();
+    std::fs::write(
+        dir.path().join("troupe.toml"),
+        "[agents]\ndir = \"agents\"\nrouter = \"rules\"\n",
+    )
+    .unwrap();
     let mut troupe = Troupe::start(dir.path(), &model);
     let browser = Browser::start(&screenshots()).await;
     let api = troupe.http();
@@ -467,8 +480,45 @@ async fn a_browser_signs_in_chats_approves_survives_a_restart_and_pages_back() {
         .await;
     assert_eq!(conversations["result"].as_array().unwrap().len(), 2);
 
+    // --- A real dispatch: `/hub coder ...` typed in the page goes straight to the sub-agent;
+    // its reply streams back, and the Agents panel shows the dispatch and its binding live.
+    model.push(Reply::text(["fn main() {}"]));
+    browser.type_into("#text", "/hub coder write main").await;
+    browser.keys(ENTER).await;
+    browser
+        .wait_for(
+            "the coder's reply",
+            "return [...document.querySelectorAll('#messages .role-assistant')].some(m => m.textContent.includes('fn main() {}'))",
+            WAIT,
+        )
+        .await;
+    let live = browser
+        .wait_for(
+            "the real dispatch in the tree",
+            "const li = document.querySelector('#agents .tree li'); return li && li.querySelector('.status-ok') && li.innerText",
+            WAIT,
+        )
+        .await;
+    let live = live.as_str().unwrap().to_owned();
+    assert!(live.starts_with("coder"), "{live}");
+    assert!(live.contains("bound to "), "{live}");
+    let bindings = browser.text("#agents").await;
+    assert!(bindings.contains("Bindings"), "{bindings}");
+    let agents = api
+        .send(
+            reqwest::Method::GET,
+            &format!("/api/sessions/{sid}/agents"),
+            None,
+        )
+        .await;
+    let bound = agents.to_string();
+    assert!(bound.contains("coder"), "{bound}");
+    browser.screenshot("07a-dispatch").await;
+    browser.assert_quiet_console(quiet).await;
+
     // --- Routing decisions and the tree of dispatches, as the Agents panel draws them from
-    // their events (route_decided, dispatch_sent, dispatch_result, session_bound).
+    // their events (route_decided, dispatch_sent, dispatch_result, session_bound); a deeper
+    // chain than one message makes here.
     browser
         .js(
             r#"const a = window.troupeConsole.apply;
@@ -483,7 +533,7 @@ async fn a_browser_signs_in_chats_approves_survives_a_restart_and_pages_back() {
     let tree = browser
         .wait_for(
             "the dispatch tree",
-            "const t = document.querySelector('#agents .tree'); return t && t.innerText",
+            "const t = document.querySelector('#agents .tree'); return t && t.innerText.includes('lead → worker') && t.innerText",
             WAIT,
         )
         .await;
@@ -643,6 +693,147 @@ async fn a_browser_signs_in_chats_approves_survives_a_restart_and_pages_back() {
         .await;
     assert_eq!(status, json!(401));
 
+    browser.quit().await;
+    troupe.stop();
+}
+
+/// Requests that take content are answered in the inbox with it: an MCP server's form
+/// (elicitation) shows one field per property of its schema, filled with its defaults; the
+/// required one is typed in, and what the server receives is what was typed.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_browser_answers_an_mcp_servers_form() {
+    let dir = tempfile::tempdir().unwrap();
+    let model = ModelServer::start().await;
+    let entry = troupe_test_support::mcp::server_entry("server-everything");
+    std::fs::write(
+        dir.path().join("troupe.toml"),
+        format!(
+            "[[mcp.servers]]\nname = \"everything\"\ntype = \"stdio\"\ncommand = \"node\"\nargs = [{:?}, \"stdio\"]\n",
+            entry.display().to_string()
+        ),
+    )
+    .unwrap();
+    let mut troupe = Troupe::start(dir.path(), &model);
+    let browser = Browser::start(&screenshots()).await;
+    let api = troupe.http();
+    let sid = api.session("Forms").await;
+    browser.goto(&format!("{}/", troupe.base)).await;
+    browser.type_into("#token", TOKEN).await;
+    browser.keys(ENTER).await;
+    browser
+        .wait_for(
+            "the session list",
+            "return document.body.dataset.page === 'sessions'",
+            WAIT,
+        )
+        .await;
+    browser
+        .goto(&format!("{}/sessions/{sid}", troupe.base))
+        .await;
+    wait_live(&browser).await;
+    browser
+        .wait_for(
+            "the MCP server",
+            "return document.querySelector('#events li[data-kind=mcp_server_ready]') !== null",
+            WAIT,
+        )
+        .await;
+
+    model.push(Reply::tool_call(
+        "everything__trigger-elicitation-request",
+        ["{}"],
+    ));
+    model.push(Reply::text(["Thanks for the form."]));
+    browser.type_into("#text", "fill in a form").await;
+    browser.keys(ENTER).await;
+    let asked = browser
+        .wait_for(
+            "the form in the inbox",
+            "const a = document.querySelector('#approvals .approval .cmd'); return document.querySelector('#approvals .approval form.answer') && a.textContent",
+            WAIT,
+        )
+        .await;
+    assert!(
+        asked.as_str().unwrap().starts_with("everything asks: "),
+        "{asked}"
+    );
+    // A form is answered, never remembered: no approval for the conversation or session.
+    let remember = browser
+        .js(
+            "return document.querySelectorAll('#approvals .approve-session, #approvals .approve-conversation, #approvals .ttl').length",
+            vec![],
+        )
+        .await;
+    assert_eq!(remember, json!(0));
+    let fields = browser
+        .js(
+            "return [...document.querySelectorAll('#approvals form.answer [data-field]')].map(f => f.dataset.field)",
+            vec![],
+        )
+        .await;
+    let fields: Vec<&str> = fields
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|f| f.as_str().unwrap())
+        .collect();
+    assert!(fields.contains(&"name"), "{fields:?}");
+    assert!(fields.contains(&"check"), "{fields:?}");
+    assert!(fields.contains(&"integer"), "{fields:?}");
+    // Several choices at once (an array of an enum, or of titled constants) are a multiple
+    // select with the schema's default chosen.
+    let many = browser
+        .js(
+            "const s = document.querySelector('#approvals form.answer [data-field=titledMultipleSelectEnum]'); return s.multiple && [...s.selectedOptions].map(o => o.value + '=' + o.textContent)",
+            vec![],
+        )
+        .await;
+    assert_eq!(many, json!(["fish-1=Tuna"]));
+    browser.screenshot("20-form").await;
+    // `name` is required: the browser will not send the form without it.
+    browser.click("#approvals form.answer .answer-send").await;
+    assert_eq!(
+        browser
+            .js(
+                "return document.querySelectorAll('#approvals .approval').length",
+                vec![]
+            )
+            .await,
+        json!(1)
+    );
+    browser
+        .type_into("#approvals form.answer [data-field=name]", "Ada Lovelace")
+        .await;
+    browser
+        .js(
+            "const i = document.querySelector('#approvals form.answer [data-field=integer]'); i.value = '7';",
+            vec![],
+        )
+        .await;
+    browser.keys(ENTER).await;
+    browser
+        .wait_for(
+            "the answer at the server and the reply",
+            "return document.querySelectorAll('#approvals .approval').length === 0 \
+               && [...document.querySelectorAll('#messages .msg-tool_result')].some(m => m.textContent.includes('Ada Lovelace')) \
+               && [...document.querySelectorAll('#messages .role-assistant .text')].some(t => t.textContent === 'Thanks for the form.')",
+            WAIT,
+        )
+        .await;
+    let result = browser
+        .js(
+            "return [...document.querySelectorAll('#messages .msg-tool_result')].map(m => m.textContent).join('\\n')",
+            vec![],
+        )
+        .await;
+    let result = result.as_str().unwrap();
+    assert!(result.contains("Favorite Integer: 7"), "{result}");
+    assert!(result.contains("Agreed to terms: false"), "{result}");
+    // What the model got back is what the server answered with the typed content.
+    let second = model.requests()[1].body.to_string();
+    assert!(second.contains("Ada Lovelace"), "{second}");
+    browser.screenshot("21-form-answered").await;
+    browser.assert_quiet_console(quiet).await;
     browser.quit().await;
     troupe.stop();
 }

@@ -97,6 +97,7 @@ async fn a_dispatch_is_a_span_of_its_dispatcher_and_the_agents_task_links_to_it(
         summarizer: Arc::new(troupe_actors::history::LocalSummarizer::default()),
         tokens: Arc::new(troupe_actors::ports::ApproxTokens),
         rollout_storage: None,
+        effects: troupe_actors::ports::Effects::Live,
         agents: Some(AgentPorts {
             catalog: Arc::new(catalog),
             settings: AgentSettings {
@@ -108,7 +109,6 @@ async fn a_dispatch_is_a_span_of_its_dispatcher_and_the_agents_task_links_to_it(
             bindings: Arc::new(Bindings::default()),
             live: None,
         }),
-        effects: troupe_actors::ports::Effects::Live,
     };
     let (session, join) = SessionHandle::start(SessionId::new(), config, ports)
         .await

@@ -458,10 +458,12 @@ function sessionPage() {
     const ttlId = `ttl-${id}`;
     const reasonId = `deny-${id}`;
     const subject = a.subject && typeof a.subject === 'object' ? a.subject : null;
-    const what = subject && subject.mcp_elicitation
-      ? `${subject.mcp_elicitation.server} asks: ${subject.mcp_elicitation.message}`
-      : subject && subject.mcp_sampling ? `${subject.mcp_sampling.server} asks to use the model`
-        : `$ ${(a.command || []).join(' ')}`;
+    const elicit = subject && subject.mcp_elicitation;
+    const question = subject && subject.agent_question;
+    const what = elicit ? `${elicit.server} asks: ${elicit.message}`
+      : question ? `${question.agent_id} asks: ${question.question}`
+        : subject && subject.mcp_sampling ? `${subject.mcp_sampling.server} asks to use the model`
+          : `$ ${(a.command || []).join(' ')}`;
     const respond = async (decision, button) => {
       for (const b of li.querySelectorAll('button')) b.disabled = true;
       button.textContent += '…';
@@ -471,6 +473,7 @@ function sessionPage() {
         renderApprovals();
       } catch (x) {
         for (const b of li.querySelectorAll('button')) b.disabled = false;
+        button.textContent = button.textContent.replace(/…$/, '');
         report(x);
       }
     };
@@ -478,25 +481,109 @@ function sessionPage() {
       const v = Number($(`#${CSS.escape(ttlId)}`).value);
       return v > 0 ? v : null;
     };
+    // A request that takes content (an MCP server's form, a remote agent's question) is
+    // answered with it and never remembered; a command is approved once or for a while.
+    const answer = elicit ? elicitationForm(id, elicit.schema, respond)
+      : question ? questionForm(id, respond) : null;
     const li = h('li', { class: 'approval', dataset: { approvalId: id } },
       h('div', { class: 'cmd' }, what),
       a.reason ? h('div', { class: 'muted' }, a.reason) : null,
       h('div', { class: 'who' }, convLabel(a.conversation_id), a.task_id ? h('span', { class: 'mono' }, `task ${short(a.task_id)}`) : null,
         a.deadline_ms ? h('span', {}, 'answer before ', timeEl(a.deadline_ms)) : null),
-      h('div', { class: 'actions' },
-        h('button', { type: 'button', class: 'approve-once', onclick: (e) => respond('approve_once', e.currentTarget) }, 'Approve once'),
-        h('button', { type: 'button', class: 'secondary approve-conversation', onclick: (e) => respond({ approve_for_conversation: { ttl_secs: ttl() } }, e.currentTarget) }, 'For this conversation'),
-        h('button', { type: 'button', class: 'secondary approve-session', onclick: (e) => respond({ approve_for_session: { ttl_secs: ttl() } }, e.currentTarget) }, 'For the session')),
-      h('div', { class: 'actions' },
-        h('label', { for: ttlId }, 'remember for'),
-        h('select', { id: ttlId, class: 'ttl' },
-          h('option', { value: '0' }, 'ever'), h('option', { value: '300' }, '5 minutes'),
-          h('option', { value: '3600' }, '1 hour'), h('option', { value: '86400' }, '1 day'))),
+      answer || [
+        h('div', { class: 'actions' },
+          h('button', { type: 'button', class: 'approve-once', onclick: (e) => respond('approve_once', e.currentTarget) }, 'Approve once'),
+          h('button', { type: 'button', class: 'secondary approve-conversation', onclick: (e) => respond({ approve_for_conversation: { ttl_secs: ttl() } }, e.currentTarget) }, 'For this conversation'),
+          h('button', { type: 'button', class: 'secondary approve-session', onclick: (e) => respond({ approve_for_session: { ttl_secs: ttl() } }, e.currentTarget) }, 'For the session')),
+        h('div', { class: 'actions' },
+          h('label', { for: ttlId }, 'remember for'),
+          h('select', { id: ttlId, class: 'ttl' },
+            h('option', { value: '0' }, 'ever'), h('option', { value: '300' }, '5 minutes'),
+            h('option', { value: '3600' }, '1 hour'), h('option', { value: '86400' }, '1 day')))],
       h('div', { class: 'actions' },
         h('label', { for: reasonId, class: 'sr-only' }, 'Reason for denying'),
         h('input', { id: reasonId, class: 'deny-reason', placeholder: 'reason (optional)' }),
-        h('button', { type: 'button', class: 'danger deny', onclick: (e) => respond({ deny: { reason: $(`#${CSS.escape(reasonId)}`).value.trim() || null } }, e.currentTarget) }, 'Deny')));
+        h('button', { type: 'button', class: 'danger deny', onclick: (e) => respond({ deny: { reason: $(`#${CSS.escape(reasonId)}`).value.trim() || null } }, e.currentTarget) },
+          elicit ? 'Decline' : 'Deny')));
     return li;
+  }
+
+  /** The form of an MCP elicitation: one field per property of its (flat) schema, filled
+   *  with the schema's defaults; sent as the content the server asked for. */
+  function elicitationForm(id, schema, respond) {
+    const props = (schema && typeof schema === 'object' && schema.properties) || {};
+    const required = new Set(Array.isArray(schema && schema.required) ? schema.required : []);
+    const fields = Object.entries(props).map(([name, p], i) => {
+      const fid = `f-${id}-${i}`;
+      const label = `${(p && p.title) || name}${required.has(name) ? ' *' : ''}`;
+      const many = p.type === 'array';
+      const options = choices(many ? p.items : p);
+      let input;
+      if (p.type === 'boolean') {
+        input = h('input', { id: fid, type: 'checkbox', checked: p.default === true });
+      } else if (options) {
+        // A choice (enum, enumNames, oneOf/anyOf of const + title), or several (an array
+        // of them: a multiple select, Ctrl/Shift + arrows or click).
+        const chosen = new Set(many ? (Array.isArray(p.default) ? p.default : []) : [p.default]);
+        input = h('select', { id: fid, required: required.has(name) || (many && p.minItems > 0), multiple: many, size: many ? Math.min(options.length, 5) : null },
+          !many && (!required.has(name) || p.default === undefined) ? h('option', { value: '' }, '') : null,
+          options.map((o) => h('option', { value: o.value, selected: chosen.has(o.value) }, o.label)));
+      } else {
+        const numeric = p.type === 'number' || p.type === 'integer';
+        const type = numeric ? 'number' : p.format === 'email' ? 'email' : p.format === 'uri' ? 'url' : p.format === 'date' ? 'date' : 'text';
+        input = h('input', {
+          id: fid, type, required: required.has(name),
+          step: p.type === 'integer' ? '1' : numeric ? 'any' : null,
+          min: p.minimum, max: p.maximum, minlength: p.minLength, maxlength: p.maxLength,
+          value: p.default !== undefined ? String(p.default) : null,
+        });
+      }
+      input.dataset.field = name;
+      input.dataset.type = p.type || 'string';
+      return h('div', { class: 'field' }, h('label', { for: fid }, label),
+        p.description ? h('div', { class: 'muted' }, p.description) : null, input);
+    });
+    const send = h('button', { type: 'submit', class: 'answer-send' }, 'Send');
+    const form = h('form', { class: 'answer', onsubmit: (e) => {
+      e.preventDefault();
+      const content = {};
+      for (const el of form.querySelectorAll('[data-field]')) {
+        const t = el.dataset.type;
+        if (t === 'boolean') { content[el.dataset.field] = el.checked; continue; }
+        if (t === 'array') { content[el.dataset.field] = [...el.selectedOptions].map((o) => o.value); continue; }
+        if (el.value === '') continue;
+        content[el.dataset.field] = t === 'number' || t === 'integer' ? Number(el.value) : el.value;
+      }
+      respond({ approve_with_content: { content } }, send);
+    } }, fields, h('div', { class: 'actions' }, send));
+    return form;
+  }
+
+  /** The choices a schema offers, as {value, label}: `enum` (with the older `enumNames`
+   *  for labels), or `oneOf`/`anyOf` of `{const, title}`; null when it offers none. */
+  function choices(p) {
+    if (!p || typeof p !== 'object') return null;
+    if (Array.isArray(p.enum)) {
+      const names = Array.isArray(p.enumNames) ? p.enumNames : [];
+      return p.enum.map((v, k) => ({ value: String(v), label: String(names[k] ?? v) }));
+    }
+    const list = Array.isArray(p.oneOf) ? p.oneOf : Array.isArray(p.anyOf) ? p.anyOf : null;
+    if (!list || !list.every((o) => o && 'const' in o)) return null;
+    return list.map((o) => ({ value: String(o.const), label: String(o.title ?? o.const) }));
+  }
+
+  /** A remote agent's question: a text answer, sent back to the agent. */
+  function questionForm(id, respond) {
+    const fid = `answer-${id}`;
+    const text = h('textarea', { id: fid, class: 'answer-text', rows: 2, required: true });
+    const send = h('button', { type: 'submit', class: 'answer-send' }, 'Answer');
+    const form = h('form', { class: 'answer', onsubmit: (e) => {
+      e.preventDefault();
+      const answer = text.value.trim();
+      if (!answer) { text.focus(); return; }
+      respond({ approve_with_content: { content: { answer } } }, send);
+    } }, h('label', { for: fid }, 'Your answer'), text, h('div', { class: 'actions' }, send));
+    return form;
   }
 
   async function refreshApprovals() {

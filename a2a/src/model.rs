@@ -1,6 +1,7 @@
 //! A2A's data model, independent of the protocol version: what the endpoint keeps and
-//! builds. `wire_v1` and `wire_v03` turn it into (and read it from) the two JSON shapes.
-//! The serde derives are the endpoint's own format for its stored records (never the wire).
+//! builds, and what the client reads. [`crate::wire`] turns it into (and reads it from) the
+//! JSON shapes of each version. The serde derives are the endpoint's own format for its
+//! stored records (never the wire).
 
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
