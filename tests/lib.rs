@@ -61,9 +61,11 @@ impl TestSession {
             mcp,
             mcp_connector: None,
             exec: Some(exec),
+            effects: troupe_actors::ports::Effects::Live,
             summarizer: Arc::new(LocalSummarizer::default()),
             tokens: Arc::new(troupe_actors::ports::ApproxTokens),
             rollout_storage: None,
+            agents: None,
         };
         let (session, join) = SessionHandle::start(SessionId::new(), config, ports)
             .await
@@ -278,9 +280,11 @@ pub async fn start_with_model(
         mcp,
         mcp_connector: None,
         exec: Some(Arc::new(process_runner())),
+        effects: troupe_actors::ports::Effects::Live,
         summarizer: Arc::new(LocalSummarizer::default()),
         tokens: Arc::new(troupe_actors::ports::ApproxTokens),
         rollout_storage: None,
+        agents: None,
     };
     let (session, join) = SessionHandle::start(SessionId::new(), config, ports)
         .await

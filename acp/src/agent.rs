@@ -227,7 +227,7 @@ fn update_of(event: &EventKind) -> Option<acp::SessionUpdate> {
         EventKind::AssistantChunk { delta } => acp::SessionUpdate::AgentMessageChunk(
             acp::ContentChunk::new(acp::ContentBlock::from(delta.clone())),
         ),
-        EventKind::ToolCallStarted { call } => acp::SessionUpdate::ToolCall(
+        EventKind::ToolCallStarted { call, .. } => acp::SessionUpdate::ToolCall(
             acp::ToolCall::new(
                 call.call_id.clone(),
                 format!("{} {}", call.name, call.arguments.0),
@@ -398,7 +398,7 @@ async fn prompt(
         if e.conversation_id != Some(conversation) {
             return;
         }
-        if let EventKind::ToolCallStarted { call } = &e.event {
+        if let EventKind::ToolCallStarted { call, .. } = &e.event {
             *last_call = Some(call.call_id.clone());
         }
         if let EventKind::ApprovalRequested {

@@ -6,6 +6,7 @@ pub mod client;
 pub mod error;
 pub mod event;
 pub mod metrics;
+pub mod provider;
 
 pub use client::{
     AcpAgent, AcpAgentSpec, AgentCommand, AgentHealth, AgentInfo, AgentPhase,
@@ -14,6 +15,7 @@ pub use client::{
 };
 pub use error::{AcpError, AcpErrorKind};
 pub use event::{AcpEvent, PermissionChoice, PermissionDecision, PermissionRequest, PlanEntry};
+pub use provider::AcpFactory;
 
 /// Registers the description of every ACP metric, each series at 0.
 pub fn describe_metrics() {

@@ -62,6 +62,11 @@
 //! the other way round. An MCP request nobody answers in time ends in `Timeout` (not
 //! `ApprovalDenied`), so that an elicitation can be cancelled rather than declined.
 //!
+//! A remote agent's question during a dispatch (`AgentQuestion`, an A2A task in
+//! `input-required`) is asked the same way and, like an elicitation, never remembered nor
+//! shared: it is answered by `ApproveWithContent` with `{"answer": "<text>"}` (any other
+//! approval is an `InvalidInput` that leaves it pending) or denied.
+//!
 //! # Children and failure
 //! No child actors; only its own timers, aborted when it stops. If it fails (`InjectPanic`
 //! makes it fail on demand, for tests and drills), the Session starts a new, empty one and
@@ -1410,6 +1415,55 @@ mod tests {
             Err(AgentError::InvalidInput { .. })
         ));
         assert_eq!(core.keys_len(), 0);
+    }
+
+    #[test]
+    fn an_agent_question_takes_a_text_answer_and_is_never_remembered() {
+        let c = ConversationId::new();
+        let mut core = ApprovalCore::new();
+        let question = || Ask {
+            conversation_id: c,
+            task_id: Some(TaskId::new()),
+            command: argv(&["a2a", "remote", "question"]),
+            reason: "Which branch?".to_owned(),
+            subject: ApprovalSubject::AgentQuestion {
+                agent_id: "remote".into(),
+                question: "Which branch?".into(),
+            },
+        };
+        let id = open(&mut core, question(), 0, 1);
+        open(&mut core, question(), 1, 2);
+        assert_eq!(
+            core.pending_len(),
+            2,
+            "the same question twice is two requests"
+        );
+        for wrong in [
+            ApprovalDecision::ApproveOnce,
+            ApprovalDecision::ApproveForSession { ttl_secs: None },
+            ApprovalDecision::ApproveWithContent {
+                content: troupe_proto::Json(serde_json::json!({"answer": 3})),
+            },
+        ] {
+            assert!(
+                matches!(
+                    core.decide(id, wrong, 2),
+                    Err(AgentError::InvalidInput { .. })
+                ),
+                "an approval without a text answer is refused"
+            );
+        }
+        assert_eq!(core.pending_len(), 2);
+        let answer = troupe_proto::approval::agent_answer("main");
+        let resolved = core.decide(id, answer.clone(), 3).unwrap();
+        assert_eq!(resolved.len(), 1);
+        assert!(matches!(&resolved[0].answer, Ok(Granted::Decided(d)) if *d == answer));
+        assert_eq!(troupe_proto::approval::answer_text(&answer), Some("main"));
+        assert_eq!(core.keys_len(), 0);
+        let other = core.pending(None)[0].approval_id;
+        core.decide(other, ApprovalDecision::Deny { reason: None }, 4)
+            .unwrap();
+        assert_eq!(core.pending_len(), 0);
     }
 
     #[test]

@@ -314,7 +314,7 @@ pub fn history_with_owners(records: &[RolloutRecord]) -> (Vec<HistoryItem>, Vec<
                 items.push(HistoryItem::assistant(text.clone()));
                 owners.push(r.task_id);
             }
-            EventKind::ToolCallStarted { call } => {
+            EventKind::ToolCallStarted { call, .. } => {
                 items.push(HistoryItem::ToolCall(call.clone()));
                 owners.push(r.task_id);
             }

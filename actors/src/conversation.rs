@@ -138,6 +138,10 @@ pub struct ConversationSettings {
     /// Names of the session's configured MCP servers: what an allowlist may name when no MCP
     /// pool runs to check it (C5).
     pub mcp_servers: Vec<String>,
+    /// `[tools]`: the global and role layers of every task's tool policy (A5).
+    pub tool_policy: Arc<troupe_proto::governance::ToolPolicyConfig>,
+    /// The process's authorization tokens (`None`: a tool that needs one is refused).
+    pub token_book: Option<ActorRef<crate::token_book::TokenBookMsg>>,
 }
 
 impl Default for ConversationSettings {
@@ -154,6 +158,8 @@ impl Default for ConversationSettings {
             workspace_roots: Vec::new(),
             record_content: false,
             mcp_servers: Vec::new(),
+            tool_policy: Arc::default(),
+            token_book: None,
         }
     }
 }
@@ -170,6 +176,8 @@ pub struct Services {
     pub clock: Clock,
     pub model: Arc<dyn ModelClient>,
     pub exec: Option<Arc<dyn CommandRunner>>,
+    /// Run tool calls and dispatches, or play them back (replay).
+    pub effects: crate::ports::Effects,
     pub summarizer: Arc<dyn Summarizer>,
     pub tokens: Arc<dyn TokenCounter>,
     pub settings: Arc<ConversationSettings>,
@@ -185,6 +193,9 @@ pub struct ConversationArgs {
     pub restore: bool,
     /// Why it is restored (ignored unless `restore`).
     pub restore_cause: RestoreCause,
+    /// Its own model client (an in-process agent's endpoint); `None`: the session's, asking
+    /// for the model its parameters name.
+    pub model: Option<Arc<dyn ModelClient>>,
 }
 
 /// Why a conversation is rebuilt from its rollout.
@@ -217,9 +228,11 @@ impl RestoreCause {
 
 /// The Conversation's mailbox.
 pub enum ConversationMsg {
-    /// Runs one task for a user message; answered with the final reply.
+    /// Runs one task for a user message (or, with `origin`, a dispatch to the agent this
+    /// conversation is); answered with the final reply.
     Message {
         text: String,
+        request: crate::task::TaskRequest,
         reply: RpcReplyPort<Result<MessageReply, AgentError>>,
     },
     /// Replaces the history by a summary the model writes under a one-turn override (C3);
@@ -310,6 +323,7 @@ struct Running {
 struct Queued {
     kind: TaskKind,
     text: String,
+    request: crate::task::TaskRequest,
     reply: RpcReplyPort<Result<MessageReply, AgentError>>,
     /// The sender's span, which the task's root span links to when it starts.
     caller: tracing::Span,
@@ -392,11 +406,14 @@ impl Actor for Conversation {
         let seen = services.directory.generations();
         let (context, warnings) =
             ConversationContext::from_open(&args.params, settings.shell_tool)?;
-        let model = model_for(
-            &services.model,
-            args.params.provider.as_deref(),
-            args.params.model.as_deref(),
-        )?;
+        let model = match args.model {
+            Some(own) => own,
+            None => model_for(
+                &services.model,
+                args.params.provider.as_deref(),
+                args.params.model.as_deref(),
+            )?,
+        };
         let mcp = services.directory.mcp();
         let view = match &mcp.port {
             Some(port) => Some(
@@ -562,11 +579,22 @@ impl Actor for Conversation {
         state: &mut Self::State,
     ) -> Result<(), ActorProcessingErr> {
         match msg {
-            ConversationMsg::Message { text, reply } => {
-                state.on_message(&myself, TaskKind::Message, text, reply);
+            ConversationMsg::Message {
+                text,
+                request,
+                reply,
+            } => {
+                state.on_message(&myself, TaskKind::Message, text, request, reply);
             }
             ConversationMsg::Compact { reply } => {
-                state.on_message(&myself, TaskKind::Compact, COMPACT_REQUEST.into(), reply);
+                let text = COMPACT_REQUEST.into();
+                state.on_message(
+                    &myself,
+                    TaskKind::Compact,
+                    text,
+                    crate::task::TaskRequest::default(),
+                    reply,
+                );
             }
             ConversationMsg::SetContext { update, reply } => {
                 let _ = reply.send(state.on_set_context(&update).await);
@@ -647,6 +675,7 @@ impl ConversationState {
         myself: &ActorRef<ConversationMsg>,
         kind: TaskKind,
         text: String,
+        request: crate::task::TaskRequest,
         reply: RpcReplyPort<Result<MessageReply, AgentError>>,
     ) {
         let max = self.services.settings.max_queued_messages;
@@ -658,10 +687,13 @@ impl ConversationState {
             self.queue.len(),
             max,
         ) {
-            MessageAdmission::StartNow => self.start_task(myself, kind, text, reply, &caller),
+            MessageAdmission::StartNow => {
+                self.start_task(myself, kind, text, request, reply, &caller);
+            }
             MessageAdmission::Enqueue => self.queue.push_back(Queued {
                 kind,
                 text,
+                request,
                 reply,
                 caller,
             }),

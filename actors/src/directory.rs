@@ -19,6 +19,7 @@
 //! events reach it in the order they were emitted and before anything emitted after the
 //! switch. What is still lost is said on [`EventSink::emit`].
 
+use crate::agents::hub::{AgentHubMsg, HubRef};
 use crate::approval_store::ApprovalMsg;
 use crate::events::{EventDraft, EventSink};
 use crate::ports::McpPort;
@@ -63,6 +64,8 @@ pub struct ServiceRefs {
     /// The MCP port conversations open their views on (the session's McpPool or a port
     /// plugged in as is); `None` without MCP.
     pub mcp: Option<Arc<dyn McpPort>>,
+    /// The session's AgentHub; `None` without agents.
+    pub agents: Option<ActorRef<AgentHubMsg>>,
     pub generations: Generations,
 }
 
@@ -159,9 +162,24 @@ pub struct Directory {
     registry: ServiceRef<TaskRegistryMsg>,
     approvals: ServiceRef<ApprovalMsg>,
     mcp: watch::Receiver<Slot<Option<Arc<dyn McpPort>>>>,
+    agents: watch::Receiver<Slot<Option<HubRef>>>,
 }
 
 impl Directory {
+    /// The session's AgentHub now; `None` without agents.
+    pub fn agents(&self) -> Option<ActorRef<AgentHubMsg>> {
+        self.agents
+            .borrow()
+            .current
+            .as_ref()
+            .map(|h| h.actor.clone())
+    }
+
+    /// The session's AgentHub now with the views its tasks read; `None` without agents.
+    pub fn hub(&self) -> Option<HubRef> {
+        self.agents.borrow().current.clone()
+    }
+
     pub fn rollout(&self) -> ActorRef<RolloutMsg> {
         self.rollout.borrow().current.actor.clone()
     }
@@ -219,6 +237,7 @@ impl Directory {
             registry: self.registry(),
             approvals: self.approvals.get(),
             mcp: self.mcp().port,
+            agents: self.agents(),
             generations: self.generations(),
         }
     }
@@ -253,6 +272,7 @@ pub struct DirectoryWriter {
     registry: watch::Sender<Slot<ActorRef<TaskRegistryMsg>>>,
     approvals: watch::Sender<Slot<ActorRef<ApprovalMsg>>>,
     mcp: watch::Sender<Slot<Option<Arc<dyn McpPort>>>>,
+    agents: watch::Sender<Slot<Option<HubRef>>>,
 }
 
 impl DirectoryWriter {
@@ -269,6 +289,7 @@ impl DirectoryWriter {
             registry: watch::Sender::new(Slot::first(registry)),
             approvals: watch::Sender::new(Slot::first(approvals)),
             mcp: watch::Sender::new(Slot::first(mcp)),
+            agents: watch::Sender::new(Slot::first(None)),
         }
     }
 
@@ -286,6 +307,7 @@ impl DirectoryWriter {
                 rx: self.approvals.subscribe(),
             },
             mcp: self.mcp.subscribe(),
+            agents: self.agents.subscribe(),
         }
     }
 
@@ -343,6 +365,11 @@ impl DirectoryWriter {
     /// Publishes the session's MCP port: a new pool, or `None` when none could start again.
     pub fn replace_mcp(&self, port: Option<Arc<dyn McpPort>>) {
         replace(&self.mcp, port);
+    }
+
+    /// Publishes the session's AgentHub (a new one after a failure).
+    pub fn replace_agents(&self, hub: Option<HubRef>) {
+        replace(&self.agents, hub);
     }
 }
 

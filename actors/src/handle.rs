@@ -12,6 +12,7 @@ use std::sync::Arc;
 use std::time::Duration;
 use tokio::sync::broadcast;
 use tokio::task::JoinHandle;
+use troupe_proto::governance::MessageOptions;
 use troupe_proto::{
     AgentError, ApprovalDecision, ApprovalId, Closed, ConversationId, EventEnvelope, MessageReply,
     OpenConversation, PendingApproval, SessionId, SetContext, TaskId, TaskInfo,
@@ -129,10 +130,41 @@ impl SessionHandle {
         conversation_id: ConversationId,
         text: impl Into<String>,
     ) -> Result<MessageReply, AgentError> {
+        self.message_with(conversation_id, text, MessageOptions::default())
+            .await
+    }
+
+    /// [`message`](Self::message) with a request layer of the tool policy and authorization
+    /// tokens (A5).
+    pub async fn message_with(
+        &self,
+        conversation_id: ConversationId,
+        text: impl Into<String>,
+        options: MessageOptions,
+    ) -> Result<MessageReply, AgentError> {
+        let text = text.into();
+        // The tokens stop here: the session sees their digests only.
+        self.message_governed(
+            conversation_id,
+            text,
+            crate::governance::RequestGovernance::from(options),
+        )
+        .await
+    }
+
+    /// [`message_with`](Self::message_with) whose tokens are digests already (the service
+    /// turns them into digests where they enter).
+    pub async fn message_governed(
+        &self,
+        conversation_id: ConversationId,
+        text: impl Into<String>,
+        options: crate::governance::RequestGovernance,
+    ) -> Result<MessageReply, AgentError> {
         let text = text.into();
         match ractor::call!(self.actor, |reply| SessionMsg::Message {
             conversation_id,
             text,
+            options,
             reply
         }) {
             Ok(r) => r,
@@ -256,6 +288,19 @@ impl SessionHandle {
     pub async fn flush(&self) -> Result<(), AgentError> {
         let s = self.services().await?;
         ractor::call!(s.rollout, |reply| RolloutMsg::Flush { reply }).map_err(gone)?
+    }
+
+    /// The session's agents with their health (each provider asked) and this session's
+    /// bindings; empty when the session has no agents.
+    pub async fn agents(&self) -> Result<Vec<troupe_proto::agent::AgentInfo>, AgentError> {
+        let s = self.services().await?;
+        match s.agents {
+            Some(hub) => {
+                ractor::call!(hub, |reply| crate::agents::hub::AgentHubMsg::List { reply })
+                    .map_err(gone)
+            }
+            None => Ok(Vec::new()),
+        }
     }
 
     pub async fn pending_approvals(&self) -> Result<Vec<PendingApproval>, AgentError> {

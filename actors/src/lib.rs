@@ -25,15 +25,18 @@ pub mod conversation;
 pub mod directory;
 pub mod event_draft;
 pub mod events;
+pub mod governance;
 pub mod handle;
 pub mod history;
 pub mod mcp_pool;
 pub mod ports;
+pub mod replay;
 pub mod rollout;
 pub mod scheduler;
 pub mod session;
 pub mod task;
 pub mod task_registry;
+pub mod token_book;
 pub mod tools;
 
 pub use handle::SessionHandle;
@@ -41,9 +44,12 @@ pub use session::{SessionConfig, SessionPorts};
 
 /// Registers the description of every metric the actors record (Prometheus requires one).
 pub fn describe_metrics() {
+    agents::metrics::describe();
     approval_store::metrics::describe();
     conversation::metrics::describe();
+    governance::metrics::describe();
     mcp_pool::metrics::describe();
+    replay::metrics::describe();
     rollout::metrics::describe();
     scheduler::metrics::describe();
     task_registry::metrics::describe();

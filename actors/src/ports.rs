@@ -172,6 +172,7 @@ impl ToolFailure {
                     | AgentError::SandboxError { .. }
                     | AgentError::InvalidInput { .. }
                     | AgentError::Cancelled { .. }
+                    | AgentError::PolicyRejected { .. }
             )
     }
 }
@@ -183,6 +184,44 @@ impl From<AgentError> for ToolFailure {
             error,
             kind: ToolFailureKind::Failed,
         }
+    }
+}
+
+/// Where the effects of a task's tool calls and dispatches come from (A9). A port with a
+/// default: `Live` runs them (commands, patches, MCP calls, dispatches to agents, with their
+/// approvals); `Recorded` plays back what a rollout recorded of them instead (`troupe
+/// replay`), so that nothing runs, nothing is written and nobody is asked. What is decided
+/// without an effect runs either way: a call's routing and refusal, `update_plan`, the tool
+/// error policy, the supervisor's routing.
+#[derive(Clone, Default)]
+pub enum Effects {
+    #[default]
+    Live,
+    Recorded(Arc<dyn Playback>),
+}
+
+impl std::fmt::Debug for Effects {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            Self::Live => "Live",
+            Self::Recorded(_) => "Recorded",
+        })
+    }
+}
+
+/// Recorded results, played back in place of effects (see [`Effects`]). Each call takes the
+/// next recorded result: a retried tool call gets its attempts one by one, in order.
+pub trait Playback: Send + Sync + 'static {
+    /// What `call` (a shell command, a patch, an MCP tool) did when it was recorded.
+    fn tool_result(&self, call: &ToolCall) -> Result<ToolOutput, ToolFailure>;
+    /// What the next dispatch, to `agent_id`, answered when it was recorded (its refusal,
+    /// failure or expiry included).
+    fn dispatch_result(&self, agent_id: &str) -> Result<crate::agents::AgentOutput, AgentError>;
+    /// Whether `call`, a call of a tool that needs an authorization token, was authorized
+    /// when it was recorded (no token is consumed by a replay).
+    fn authorized(&self, call: &ToolCall) -> Result<(), AgentError> {
+        let _ = call;
+        Ok(())
     }
 }
 
@@ -495,4 +534,37 @@ pub trait BindingStore: Send + Sync + 'static {
         session_id: troupe_proto::SessionId,
         agent_id: &str,
     ) -> Result<(), AgentError>;
+}
+
+/// Keeps authorization tokens (A5): implemented by the service's store (SQLite or in
+/// memory). A use counted here survives what the store survives, so a restart does not give
+/// a token its uses back.
+#[async_trait]
+pub trait TokenStore: Send + Sync + 'static {
+    /// Adds a new token.
+    async fn insert_token(
+        &self,
+        token: troupe_proto::governance::AuthToken,
+    ) -> Result<(), AgentError>;
+
+    /// The token whose secret has this digest.
+    async fn token_by_digest(
+        &self,
+        digest: &str,
+    ) -> Result<Option<troupe_proto::governance::AuthToken>, AgentError>;
+
+    /// Counts one use of token `id` if it has exactly `uses` so far (compare and set, so that
+    /// two processes on one store never both count the last use): `true` when counted.
+    async fn use_token(&self, id: &str, uses: u32) -> Result<bool, AgentError>;
+
+    /// Revokes token `id` at `at_ms` (a revoked one keeps its first revocation); the token
+    /// after it, `None` when there is no such token.
+    async fn revoke_token(
+        &self,
+        id: &str,
+        at_ms: u64,
+    ) -> Result<Option<troupe_proto::governance::AuthToken>, AgentError>;
+
+    /// Every token, newest first.
+    async fn tokens(&self) -> Result<Vec<troupe_proto::governance::AuthToken>, AgentError>;
 }

@@ -112,8 +112,8 @@ use troupe_proto::{
 use writer::{AckReceiver, WriterCmd, WriterHandle, wait_ack};
 
 pub use record::{
-    RecordLevel, RecordMeta, RolloutRecord, downgrade, is_due, is_sync_point, record_for,
-    ttl_expiry_ms, window_start,
+    RecordLevel, RecordMeta, RolloutRecord, RouteHeader, downgrade, is_due, is_sync_point,
+    record_for, ttl_expiry_ms, window_start,
 };
 
 /// Start-up arguments.
@@ -602,6 +602,7 @@ mod tests {
                     name: "shell".into(),
                     arguments: Json(serde_json::json!({ "cmd": field("args") })),
                 },
+                agent_id: None,
             },
             EventKind::ToolCallFinished {
                 call_id: "call-1".into(),
@@ -609,6 +610,7 @@ mod tests {
                 output: field("output"),
                 is_error: true,
                 duration_ms: 12,
+                agent_id: None,
             },
             EventKind::ApprovalRequested {
                 approval_id: ApprovalId::new(),
@@ -903,6 +905,7 @@ mod tests {
                 output: "secret output".into(),
                 is_error: false,
                 duration_ms: 12,
+                agent_id: None,
             },
         };
         let line =

@@ -135,11 +135,17 @@ pub struct SessionPorts {
     /// Opens MCP connections for the session's pool.
     pub mcp_connector: Option<Arc<dyn McpConnector>>,
     pub exec: Option<Arc<dyn CommandRunner>>,
+    /// Whether tool calls and dispatches run (`Effects::Live`, what every session but a
+    /// replay uses) or are played back from a recording.
+    pub effects: crate::ports::Effects,
     pub summarizer: Arc<dyn Summarizer>,
     /// Estimates prompts (T5); `ApproxTokens` when no tokenizer is plugged in.
     pub tokens: Arc<dyn TokenCounter>,
     /// Where the rollout is kept; `None`: JSONL files under `<data_dir>/rollout`.
     pub rollout_storage: Option<Arc<dyn RolloutStorage>>,
+    /// The session's agents (A1–A4); `None` (or no definition): no AgentHub, and messages
+    /// are answered by their conversation as without agents.
+    pub agents: Option<crate::agents::AgentPorts>,
 }
 
 /// Start-up arguments.
@@ -167,6 +173,25 @@ pub enum SessionMsg {
     Message {
         conversation_id: ConversationId,
         text: String,
+        /// Its request layer of the tool policy and the authorization tokens it presents.
+        options: crate::governance::RequestGovernance,
+        reply: RpcReplyPort<Result<MessageReply, AgentError>>,
+    },
+    /// Opens the conversation of an in-process agent, with its own model client (`None`: the
+    /// session's); with `restore`, reopens that one from the rollout (already open: nothing
+    /// to do). Answers its id.
+    OpenAgent {
+        restore: Option<ConversationId>,
+        params: OpenConversation,
+        model: Option<Arc<dyn ModelClient>>,
+        reply: RpcReplyPort<Result<ConversationId, AgentError>>,
+    },
+    /// Runs a dispatched message in an agent's conversation: its task carries the dispatch
+    /// (chain, cancellation).
+    Dispatch {
+        conversation_id: ConversationId,
+        text: String,
+        origin: crate::agents::DispatchOrigin,
         reply: RpcReplyPort<Result<MessageReply, AgentError>>,
     },
     /// Compacts a conversation's history.
@@ -219,6 +244,8 @@ pub enum SessionMsg {
 struct ConversationEntry {
     actor: ActorRef<ConversationMsg>,
     params: OpenConversation,
+    /// An agent's own model client, kept for its restarts.
+    model: Option<Arc<dyn ModelClient>>,
 }
 
 /// The Session's state.
@@ -236,6 +263,8 @@ pub struct SessionState {
     by_actor: HashMap<ActorId, ConversationId>,
     /// The session's McpPool, when it runs one.
     mcp_pool: Option<McpPoolHandle>,
+    /// The session's AgentHub, when it has agents.
+    agent_hub: Option<ActorRef<crate::agents::hub::AgentHubMsg>>,
     shutting_down: bool,
     /// Keeps this session counted in `troupe_sessions_live` while the state exists.
     _live: metrics::Live,
@@ -307,14 +336,18 @@ impl Actor for Session {
             root: ConversationId::new(),
             conversations: HashMap::new(),
             by_actor: HashMap::new(),
+            agent_hub: None,
             shutting_down: false,
             _live: metrics::Live::start(),
         };
+        let hub = spawn_agent_hub(&myself, &state).await?;
+        state.agent_hub = hub.as_ref().map(|h| h.actor.clone());
+        state.directory.replace_agents(hub);
         let root_params = state.config.root.clone();
         let root_id = state.config.root_id;
         let restore = root_id.map(|_| RestoreCause::Restart);
         let root = state
-            .spawn_conversation(&cell, root_id, root_params, restore)
+            .spawn_conversation(&cell, root_id, root_params, None, restore)
             .await?;
         state.root = root;
         Ok(state)
@@ -344,8 +377,42 @@ impl Actor for Session {
             SessionMsg::Message {
                 conversation_id,
                 text,
+                options,
                 reply,
-            } => state.forward_message(conversation_id, text, reply),
+            } => state.forward_message(
+                conversation_id,
+                text,
+                crate::task::TaskRequest {
+                    origin: None,
+                    options,
+                },
+                reply,
+            ),
+            SessionMsg::OpenAgent {
+                restore,
+                params,
+                model,
+                reply,
+            } => {
+                let opened = state
+                    .open_agent(&myself.get_cell(), restore, params, model)
+                    .await;
+                let _ = reply.send(opened);
+            }
+            SessionMsg::Dispatch {
+                conversation_id,
+                text,
+                origin,
+                reply,
+            } => state.forward_message(
+                conversation_id,
+                text,
+                crate::task::TaskRequest {
+                    origin: Some(origin),
+                    options: crate::governance::RequestGovernance::default(),
+                },
+                reply,
+            ),
             SessionMsg::SetContext {
                 conversation_id,
                 update,
@@ -446,6 +513,7 @@ impl SessionState {
             clock: self.clock,
             model: self.ports.model.clone(),
             exec: self.ports.exec.clone(),
+            effects: self.ports.effects.clone(),
             summarizer: self.ports.summarizer.clone(),
             tokens: self.ports.tokens.clone(),
             settings: Arc::new(ConversationSettings {
@@ -465,6 +533,7 @@ impl SessionState {
         cell: &ActorCell,
         id: Option<ConversationId>,
         params: OpenConversation,
+        model: Option<Arc<dyn ModelClient>>,
         restore: Option<RestoreCause>,
     ) -> Result<ConversationId, AgentError> {
         let conversation_id = id.unwrap_or_default();
@@ -474,14 +543,41 @@ impl SessionState {
             services: self.conversation_services(),
             restore: restore.is_some(),
             restore_cause: restore.unwrap_or_default(),
+            model: model.clone(),
         };
         let (actor, _) = Actor::spawn_linked(None, Conversation, args, cell.clone())
             .await
             .map_err(|e| open_error(&e))?;
         self.by_actor.insert(actor.get_id(), conversation_id);
-        self.conversations
-            .insert(conversation_id, ConversationEntry { actor, params });
+        self.conversations.insert(
+            conversation_id,
+            ConversationEntry {
+                actor,
+                params,
+                model,
+            },
+        );
         Ok(conversation_id)
+    }
+
+    /// An in-process agent's conversation: opened, or (`restore`) reopened from the rollout
+    /// when it is not open.
+    async fn open_agent(
+        &mut self,
+        cell: &ActorCell,
+        restore: Option<ConversationId>,
+        params: OpenConversation,
+        model: Option<Arc<dyn ModelClient>>,
+    ) -> Result<ConversationId, AgentError> {
+        if let Some(id) = restore
+            && self.conversations.contains_key(&id)
+        {
+            return Ok(id);
+        }
+        self.admit_conversation()?;
+        let cause = restore.map(|_| RestoreCause::Restart);
+        self.spawn_conversation(cell, restore, params, model, cause)
+            .await
     }
 
     async fn open(
@@ -490,7 +586,8 @@ impl SessionState {
         params: OpenConversation,
     ) -> Result<ConversationId, AgentError> {
         self.admit_conversation()?;
-        self.spawn_conversation(cell, None, params, None).await
+        self.spawn_conversation(cell, None, params, None, None)
+            .await
     }
 
     async fn restore(
@@ -507,6 +604,7 @@ impl SessionState {
             cell,
             Some(conversation_id),
             params,
+            None,
             Some(RestoreCause::Restart),
         )
         .await
@@ -541,6 +639,13 @@ impl SessionState {
 
     async fn shutdown(&mut self) {
         self.shutting_down = true;
+        // Dispatches in flight are cancelled and the agents' processes stopped first: a
+        // conversation waiting for an agent then ends at once.
+        if let Some(hub) = &self.agent_hub {
+            let _ = ractor::call!(hub, |r| crate::agents::hub::AgentHubMsg::Shutdown {
+                reply: r
+            });
+        }
         let closes = self.conversations.values().map(|e| {
             let actor = e.actor.clone();
             async move { ractor::call!(actor, |r| ConversationMsg::Close { reply: r }) }

@@ -16,18 +16,25 @@
 //! `plan_updated` event; `apply_patch` edits files inside the workspace when the sandbox lets
 //! it write, after approval (the same policies as a command's writes).
 
+mod agents;
+mod authorize;
 mod builtins;
+mod govern;
+mod guardrail;
 pub mod metrics;
 pub mod spans;
+
+pub use agents::TaskAgents;
 
 use crate::apply_patch::{self, Patch, PatchError};
 use crate::approval_store::{Ask, Granted, ask_until_answered};
 use crate::directory::Directory;
 use crate::events::{EventDraft, EventSink};
+use crate::governance::{RequestGovernance, TaskGovernance};
 use crate::history::HistorySnapshot;
 use crate::ports::{
-    CommandRunner, DeltaSink, ExecRequest, McpView, ModelClient, ModelRequest, ModelResponse,
-    TokenCounter, ToolCallContext, ToolFailure,
+    CommandRunner, DeltaSink, Effects, ExecRequest, McpView, ModelClient, ModelRequest,
+    ModelResponse, TokenCounter, ToolCallContext, ToolFailure,
 };
 use ractor::ActorId;
 use std::path::PathBuf;
@@ -38,6 +45,7 @@ use tokio::sync::oneshot;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 use tracing::Instrument;
+use troupe_proto::governance::ToolPolicyConfig;
 use troupe_proto::{
     AgentError, ApprovalPolicy, ApprovalSubject, ConversationId, EventKind, HistoryItem,
     OverBudget, SandboxPolicy, TaskId, TaskStats, TaskStatus, ToolCall, ToolErrorPolicy,
@@ -81,6 +89,8 @@ pub struct TaskContext {
     /// The allowlist of `mcp`, for a view opened on a new pool.
     pub mcp_allowlist: Option<Vec<String>>,
     pub exec: Option<Arc<dyn CommandRunner>>,
+    /// Whether tool calls and dispatches run, or are played back from a recording (replay).
+    pub effects: Effects,
     /// The session's services, read at each use.
     pub services: Directory,
     pub events: EventSink,
@@ -93,8 +103,25 @@ pub struct TaskContext {
     pub workspace_roots: Vec<PathBuf>,
     /// Record prompts, completions and tool input/output on the task's spans (opt-in).
     pub record_content: bool,
-    /// Gives the task's scheduler slot back while it waits for a human.
+    /// Gives the task's scheduler slot back while it waits for a human or an agent.
     pub slot: SlotLease,
+    /// Its place among the session's agents (`None`: it neither routes nor dispatches, as a
+    /// compaction).
+    pub agents: Option<TaskAgents>,
+    /// `[tools]`: the global and role layers of its tool policy (A5).
+    pub tool_policy: Arc<ToolPolicyConfig>,
+    /// What its message asked of tool governance: the request layer, the tokens presented.
+    pub options: RequestGovernance,
+    /// Where a tool call that needs a token asks for one use.
+    pub token_book: Option<ractor::ActorRef<crate::token_book::TokenBookMsg>>,
+}
+
+/// What a message brings to its task besides its text: its dispatch when an agent's
+/// conversation runs it, and the sender's options (tool policy layer, tokens).
+#[derive(Debug, Clone, Default)]
+pub struct TaskRequest {
+    pub origin: Option<crate::agents::DispatchOrigin>,
+    pub options: RequestGovernance,
 }
 
 /// The task's scheduler slot while it waits for a human: a task waiting for an approval
@@ -194,6 +221,26 @@ impl SlotLease {
             biased;
             () = cancel.cancelled() => return Err(AgentError::cancelled(why)),
             r = &mut answer => r,
+        };
+        self.take_back(cancel).await?;
+        Ok(r)
+    }
+
+    /// Waits for `answer`, an agent's, without the slot: a dispatcher computes nothing while
+    /// its agent works (and an in-process agent needs a slot of its own: with a single slot,
+    /// keeping it would lock the session). The slot is asked for again once answered; a
+    /// cancel ends the wait without it.
+    pub async fn wait_for_child<T>(
+        &self,
+        cancel: &CancellationToken,
+        why: &'static str,
+        answer: impl std::future::Future<Output = T>,
+    ) -> Result<T, AgentError> {
+        self.give_back();
+        let r = tokio::select! {
+            biased;
+            () = cancel.cancelled() => return Err(AgentError::cancelled(why)),
+            r = answer => r,
         };
         self.take_back(cancel).await?;
         Ok(r)
@@ -335,11 +382,18 @@ struct Prepared {
     cache_key: String,
     /// Tokens of the instructions and tool descriptions.
     fixed_tokens: u64,
+    /// An output guardrail applies: no raw text goes out (streamed or whole).
+    hold_output: bool,
 }
 
 /// The merged tool list (S8; conflicts become warnings), the turn's instructions (C3) and
 /// the prompt cache key (C7).
-async fn prepare(ctx: &TaskContext, mcp: &mut TaskMcp) -> Prepared {
+async fn prepare(
+    ctx: &TaskContext,
+    mcp: &mut TaskMcp,
+    agents: Option<&agents::Agents>,
+    gov: &TaskGovernance,
+) -> Prepared {
     let listed = if mcp.offered {
         Some(match mcp.view(ctx).await {
             Ok(view) => view.list_tools().await,
@@ -365,7 +419,17 @@ async fn prepare(ctx: &TaskContext, mcp: &mut TaskMcp) -> Prepared {
         },
         None => Vec::new(),
     };
-    let (tools, conflicts) = crate::tools::offered_tools(&ctx.builtins, external);
+    let dispatch = agents.and_then(agents::Agents::dispatch_tool);
+    let (mut tools, conflicts) = crate::tools::offered_tools(&ctx.builtins, dispatch, external);
+    // A tool the policy denies is not offered: the model cannot call what it cannot see
+    // (and a call it makes up anyway is refused at the call).
+    if !gov.policy.is_open() {
+        let (offered, withheld) = crate::governance::offered(tools.specs.to_vec(), &gov.policy);
+        if !withheld.is_empty() {
+            tracing::debug!(?withheld, "tools withheld by the tool policy");
+            tools = crate::tools::OfferedTools::new(offered);
+        }
+    }
     for conflict in conflicts {
         tracing::warn!(error = %conflict, "tool conflict");
         ctx.events.emit(EventDraft::task(
@@ -378,11 +442,13 @@ async fn prepare(ctx: &TaskContext, mcp: &mut TaskMcp) -> Prepared {
         ));
     }
     let has_apply_patch = tools.specs.iter().any(|t| t.name == "apply_patch");
-    let instructions = crate::context::choose_instructions(
-        ctx.turn_override.as_deref(),
-        ctx.base_instructions.as_deref(),
-        has_apply_patch,
-    );
+    // An agent's instructions are its file's as the hub has it now (A7).
+    let base = agents
+        .and_then(|a| a.view.own.as_ref())
+        .and_then(|own| own.instructions.as_deref())
+        .or(ctx.base_instructions.as_deref());
+    let instructions =
+        crate::context::choose_instructions(ctx.turn_override.as_deref(), base, has_apply_patch);
     let cache_key =
         crate::context::prompt_cache_key(&instructions, &tools.specs, &ctx.model.info().family);
     let fixed_tokens = fixed_prompt_tokens(ctx.tokens.as_ref(), &instructions, &tools);
@@ -391,6 +457,7 @@ async fn prepare(ctx: &TaskContext, mcp: &mut TaskMcp) -> Prepared {
         instructions,
         cache_key,
         fixed_tokens,
+        hold_output: false,
     }
 }
 
@@ -403,6 +470,7 @@ async fn run_inner(ctx: &TaskContext, slot: SlotWait) -> TaskOutcome {
         },
         last_text: String::new(),
         granted_at: None,
+        routed: false,
     };
 
     // Wait for a slot, unless cancelled first.
@@ -441,18 +509,49 @@ async fn run_inner(ctx: &TaskContext, slot: SlotWait) -> TaskOutcome {
     loop_state.granted_at = Some(Instant::now());
     drop(wait);
     let turn = spans::turn(ctx.conversation_id, ctx.task_id, ctx.turn);
-    let outcome = run_turn(ctx, loop_state).instrument(turn.clone()).await;
+    let outcome = async {
+        let agents = agents::agents_of(ctx);
+        let gov = govern::governance_of(ctx, agents.as_ref());
+        if let Some(agents) = &agents
+            && let Some(routed) = agents::route_input(ctx, agents, &gov, &mut loop_state).await
+        {
+            return match routed {
+                Ok(()) => loop_state.end(TaskStatus::Ok, None),
+                Err(e) => {
+                    ctx.emit(EventKind::Error { error: e.clone() });
+                    loop_state.end(status_of(&e), Some(e))
+                }
+            };
+        }
+        run_turn(ctx, loop_state, agents.as_ref(), &gov).await
+    }
+    .instrument(turn.clone())
+    .await;
     turn.record("troupe.turn.steps", outcome.stats.steps);
     turn.record("troupe.turn.tool_calls", outcome.stats.tool_calls);
     outcome
 }
 
-/// The steps of a turn, once the task holds its slot.
-async fn run_turn(ctx: &TaskContext, mut loop_state: LoopState) -> TaskOutcome {
+/// The steps of a turn, once the task holds its slot (after its routing step, if any).
+async fn run_turn(
+    ctx: &TaskContext,
+    mut loop_state: LoopState,
+    agents: Option<&agents::Agents>,
+    gov: &Arc<TaskGovernance>,
+) -> TaskOutcome {
     let mut mcp = TaskMcp::new(ctx);
-    let prepared = prepare(ctx, &mut mcp).await;
+    let mut prepared = prepare(ctx, &mut mcp, agents, gov).await;
+    let mut guarded = match guardrail::guard_of(agents) {
+        Ok(guarded) => guarded,
+        Err(e) => {
+            ctx.emit(EventKind::Error { error: e.clone() });
+            return loop_state.end(TaskStatus::Error, Some(e));
+        }
+    };
+    prepared.hold_output = guarded.is_some();
 
-    for step in 1..=ctx.limits.max_steps {
+    let first = loop_state.stats.steps + 1;
+    for step in first..=ctx.limits.max_steps {
         if ctx.cancel.is_cancelled() {
             return loop_state.end(
                 TaskStatus::Cancelled,
@@ -464,7 +563,8 @@ async fn run_turn(ctx: &TaskContext, mut loop_state: LoopState) -> TaskOutcome {
             turn: ctx.turn,
             step,
         });
-        let response = match model_step(ctx, &prepared, &loop_state.items, step).await {
+        let prompt = guardrail::prompt(&loop_state.items, guarded.as_ref());
+        let response = match model_step(ctx, &ctx.model, &prepared, &prompt, step).await {
             Ok((response, estimate)) => {
                 loop_state.stats.estimated_prompt_tokens += estimate;
                 let completion = completion_tokens(ctx.tokens.as_ref(), &response);
@@ -496,17 +596,37 @@ async fn run_turn(ctx: &TaskContext, mut loop_state: LoopState) -> TaskOutcome {
                 return loop_state.end(status_of(&e), Some(e));
             }
         };
-        if !response.text.is_empty() {
+        // Under an output guardrail, nothing the model wrote goes out or into history until
+        // it is validated.
+        if !response.text.is_empty() && guarded.is_none() {
             ctx.emit(EventKind::AssistantMessage {
                 text: response.text.clone(),
             });
             loop_state
                 .items
                 .push(HistoryItem::assistant(response.text.clone()));
-            loop_state.last_text = response.text;
+            loop_state.last_text = response.text.clone();
         }
         if response.tool_calls.is_empty() {
-            return loop_state.end(TaskStatus::Ok, None);
+            let Some(g) = guarded.as_mut() else {
+                return loop_state.end(TaskStatus::Ok, None);
+            };
+            match guardrail::judge(ctx, g, &response.text) {
+                guardrail::Judged::Answer(text) => {
+                    ctx.emit(EventKind::AssistantMessage { text: text.clone() });
+                    loop_state.items.push(HistoryItem::assistant(text.clone()));
+                    loop_state.last_text = text;
+                    return loop_state.end(TaskStatus::Ok, None);
+                }
+                guardrail::Judged::Retry => continue,
+                guardrail::Judged::Exhausted(end) => {
+                    return guardrail::exhausted(ctx, loop_state, end);
+                }
+            }
+        }
+        if let Some(g) = guarded.as_mut() {
+            // The model answered the retry with tool calls: they carry the conversation on.
+            g.retry.clear();
         }
         for call in response.tool_calls {
             if ctx.cancel.is_cancelled() {
@@ -520,7 +640,8 @@ async fn run_turn(ctx: &TaskContext, mut loop_state: LoopState) -> TaskOutcome {
             let call_started = Instant::now();
             let mut attempt = 0;
             let (output, error) = loop {
-                let (output, error) = run_tool(ctx, &mut mcp, &prepared.tools.specs, &call).await;
+                let (output, error) =
+                    run_tool(ctx, &mut mcp, agents, gov, &prepared.tools.specs, &call).await;
                 match (&error, ctx.limits.tool_errors) {
                     (Some(e), ToolErrorPolicy::Retry { attempts })
                         if attempt < attempts && e.retryable() =>
@@ -551,6 +672,9 @@ struct LoopState {
     last_text: String,
     /// When the scheduler granted the slot: the turn's start (`None` while queued).
     granted_at: Option<Instant>,
+    /// The supervisor answered it (a dispatch, a reply, a question): its exchange enters
+    /// history even without a model step of the turn.
+    routed: bool,
 }
 
 impl LoopState {
@@ -561,7 +685,7 @@ impl LoopState {
         // A task that never got a model call leaves no history: its message was not
         // processed (cancelled while queued, or its prompt was over budget — which would
         // otherwise make every later turn fail too). The rollout rebuild does the same.
-        if self.stats.steps == 0 {
+        if self.stats.steps == 0 && !self.routed {
             self.items.clear();
         }
         TaskOutcome {
@@ -792,6 +916,37 @@ mod tests {
                 spec.name
             );
         }
+    }
+
+    #[test]
+    fn only_what_reaches_outside_the_task_is_played_back_in_a_replay() {
+        let tools = [
+            spec("shell"),
+            spec("update_plan"),
+            spec("apply_patch"),
+            spec("srv__echo"),
+        ];
+        let route = |name: &str, args| {
+            route_tool(&call(name, args), &tools, ApprovalPolicy::Never, true).has_effects()
+        };
+        assert!(route(
+            "shell",
+            serde_json::json!({"command": ["touch", "x"]})
+        ));
+        assert!(route(
+            "apply_patch",
+            serde_json::json!({"input": "*** Begin Patch\n*** Delete File: a.txt\n*** End Patch\n"})
+        ));
+        assert!(route("srv__echo", serde_json::json!({})));
+        assert!(!route("update_plan", serde_json::json!({"plan": []})));
+        assert!(
+            !route("nope", serde_json::json!({})),
+            "a refusal runs nothing"
+        );
+        assert!(
+            !route("shell", serde_json::json!({})),
+            "nor does a malformed call"
+        );
     }
 
     #[test]

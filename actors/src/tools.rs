@@ -80,17 +80,21 @@ pub fn shared_builtins(prefs: &ToolPrefs) -> OfferedTools {
     }
 }
 
-/// The tools of a turn: the built-ins, then the external tools merged in ([`merge_tools`]).
-/// Without external tools, the shared built-in set as is (their names differ, so they never
+/// The tools of a turn: the built-ins and `extra` (a built-in of this turn only, such as the
+/// agents' dispatch tool), then the external tools merged in ([`merge_tools`]). Without extra
+/// or external tools, the shared built-in set as is (their names differ, so they never
 /// conflict among themselves).
 pub fn offered_tools(
     builtins: &OfferedTools,
+    extra: Option<ToolSpec>,
     external: Vec<ToolSpec>,
 ) -> (OfferedTools, Vec<AgentError>) {
-    if external.is_empty() {
+    if extra.is_none() && external.is_empty() {
         return (builtins.clone(), Vec::new());
     }
-    let merged = merge_tools(builtins.specs.to_vec(), external);
+    let mut own = builtins.specs.to_vec();
+    own.extend(extra);
+    let merged = merge_tools(own, external);
     (OfferedTools::new(merged.tools), merged.conflicts)
 }
 
@@ -117,7 +121,15 @@ fn sort_keys(value: Value) -> Value {
 
 /// Whether `name` is an external (MCP) tool's: anything but a built-in's name.
 pub fn is_external(name: &str) -> bool {
-    !matches!(name, SHELL | UPDATE_PLAN | APPLY_PATCH | WEB_SEARCH)
+    !matches!(
+        name,
+        SHELL
+            | UPDATE_PLAN
+            | APPLY_PATCH
+            | WEB_SEARCH
+            | crate::agents::route::DISPATCH_TOOL
+            | crate::agents::route::ROUTE_TOOL
+    )
 }
 
 /// Built-ins the preferences ask for that are not offered because nothing runs them: the
@@ -459,12 +471,12 @@ mod tests {
             // The shortcut without external tools is what the merge gives.
             let merged = merge_tools(builtin_tools(&prefs), Vec::new());
             assert!(merged.conflicts.is_empty());
-            let (offered, conflicts) = offered_tools(&shared, Vec::new());
+            let (offered, conflicts) = offered_tools(&shared, None, Vec::new());
             assert_eq!(&offered.specs[..], merged.tools.as_slice());
             assert!(conflicts.is_empty());
         }
         let external = vec![tool("shell", "A different shell.", query_schema())];
-        let (offered, conflicts) = offered_tools(&shared_builtins(&ALL), external.clone());
+        let (offered, conflicts) = offered_tools(&shared_builtins(&ALL), None, external.clone());
         let merged = merge_tools(builtin_tools(&ALL), external);
         assert_eq!(&offered.specs[..], merged.tools.as_slice());
         assert_eq!(

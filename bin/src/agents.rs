@@ -90,10 +90,17 @@ async fn listing(config: &TroupeConfig) -> anyhow::Result<AgentListing> {
     })
 }
 
-/// Every binding in the store of the data directory; none when there is no store yet (it
-/// is not created for a listing).
+/// Every binding in the store: the PostgreSQL one when `[store] backend = "postgres"`, else
+/// the data directory's; none when there is no SQLite store yet (it is not created for a
+/// listing).
 async fn stored_bindings(config: &TroupeConfig) -> anyhow::Result<Vec<AgentBinding>> {
     use troupe_store::BindingStore;
+    #[cfg(feature = "postgres")]
+    if config.store.backend == troupe_runtime::config::StoreBackend::Postgres {
+        let url = troupe_service::postgres_url(config)?;
+        let store = troupe_store::PgStore::connect(&url).await?;
+        return Ok(store.bindings(None).await?);
+    }
     let path = troupe_store::db_path(&config.data_dir);
     if !path.exists() {
         return Ok(Vec::new());
@@ -104,7 +111,7 @@ async fn stored_bindings(config: &TroupeConfig) -> anyhow::Result<Vec<AgentBindi
 }
 
 fn write_table(out: &mut impl Write, agents: &[AgentInfo]) -> std::io::Result<()> {
-    let rows: Vec<[String; 5]> = agents
+    let rows: Vec<[String; 6]> = agents
         .iter()
         .map(|a| {
             let id = if a.supervisor {
@@ -121,18 +128,19 @@ fn write_table(out: &mut impl Write, agents: &[AgentInfo]) -> std::io::Result<()
                 a.role.clone(),
                 a.provider.as_str().to_owned(),
                 a.bindings.len().to_string(),
+                a.version.clone().unwrap_or_else(|| "-".into()),
                 health,
             ]
         })
         .collect();
-    let header = ["ID", "ROLE", "PROVIDER", "BINDINGS", "HEALTH"];
+    let header = ["ID", "ROLE", "PROVIDER", "BINDINGS", "VERSION", "HEALTH"];
     let mut widths = header.map(str::len);
     for row in &rows {
         for (w, cell) in widths.iter_mut().zip(row) {
             *w = (*w).max(cell.chars().count());
         }
     }
-    let line = |cells: [&str; 5]| {
+    let line = |cells: [&str; 6]| {
         let mut s = String::new();
         for (i, (cell, w)) in cells.iter().zip(widths).enumerate() {
             if i + 1 == cells.len() {

@@ -102,6 +102,17 @@ pub struct ChatArgs {
     /// terminal.
     #[arg(long, value_enum)]
     pub elicitation: Option<ElicitationAnswer>,
+    /// An authorization token for the tools that need one (repeatable): issued with
+    /// `troupe tokens issue` into the same data directory, whose store counts its uses.
+    #[arg(long = "auth-token", value_name = "TOKEN")]
+    pub auth_tokens: Vec<String>,
+    /// The request layer of every turn's tool policy: only these tools (repeatable,
+    /// patterns). It can only narrow what the configuration and agent files allow.
+    #[arg(long = "allow-tool", value_name = "PATTERN")]
+    pub allow_tools: Vec<String>,
+    /// The request layer: never these tools (repeatable, patterns).
+    #[arg(long = "deny-tool", value_name = "PATTERN")]
+    pub deny_tools: Vec<String>,
 }
 
 /// `--approvals`.
@@ -136,6 +147,8 @@ impl Unattended {
                     reason: Some("declined (--elicitation decline)".into()),
                 },
             }),
+            // A question needs words no flag gives.
+            ApprovalSubject::AgentQuestion { .. } => None,
             ApprovalSubject::Command | ApprovalSubject::McpSampling { .. } => {
                 self.approvals.map(|a| match a {
                     ApprovalAnswer::Approve => ApprovalDecision::ApproveOnce,
@@ -226,6 +239,31 @@ pub(crate) fn resolve(args: &ChatArgs) -> anyhow::Result<TroupeConfig> {
     Ok(c)
 }
 
+/// The agents of the configuration (said on stderr, with the files that did not load); a
+/// chat run's bindings last as long as the run.
+fn agents(
+    config: &TroupeConfig,
+    script: bool,
+) -> anyhow::Result<Option<troupe_actors::agents::AgentPorts>> {
+    let catalog = troupe_runtime::agents::catalog(config);
+    for error in &catalog.errors {
+        eprintln!("troupe: {error}");
+    }
+    if !catalog.is_empty() {
+        let ids: Vec<&str> = catalog.agents.keys().map(String::as_str).collect();
+        eprintln!(
+            "troupe: agents: {} (/hub <agent> <text> goes straight to one)",
+            ids.join(", ")
+        );
+    }
+    Ok(assembly::agent_ports(
+        config,
+        catalog,
+        script,
+        Arc::new(troupe_store::memory::MemoryStore::new()),
+    )?)
+}
+
 /// Everything one chat process holds.
 struct Chat {
     session: SessionHandle,
@@ -241,6 +279,9 @@ struct Chat {
     told_safe_default: bool,
     /// Stream text and tool activity to the terminal (the REPL), or print only the reply.
     live: bool,
+    /// What every turn asks of tool governance (`--allow-tool`, `--deny-tool`,
+    /// `--auth-token`).
+    options: troupe_proto::governance::MessageOptions,
 }
 
 pub async fn run(args: ChatArgs) -> anyhow::Result<ExitCode> {
@@ -264,6 +305,7 @@ async fn run_with(args: ChatArgs, config: TroupeConfig) -> anyhow::Result<ExitCo
     let info = model.info();
     let (model_name, provider_name) = (info.model, info.provider);
     let mut ports = assembly::session_ports(&config, model, tokens);
+    ports.agents = agents(&config, args.script.is_some())?;
     // Every run's rollout is under the data dir (in memory with --ephemeral). Ttl content
     // earlier runs left there is swept before this one starts, and the sweeper goes on while
     // this run lives (this session's content included).
@@ -275,7 +317,15 @@ async fn run_with(args: ChatArgs, config: TroupeConfig) -> anyhow::Result<ExitCo
     ports.rollout_storage = Some(rollout.clone());
     let sweeper = TtlSweeper::new(None, rollout.clone());
     sweeper.sweep().await;
-    let session_config = assembly::session_config(&config);
+    let mut session_config = assembly::session_config(&config);
+    if !args.auth_tokens.is_empty() {
+        // Tokens live in the data directory's store, where `troupe tokens` issues them.
+        let dir = config.data_dir.clone();
+        let store =
+            tokio::task::spawn_blocking(move || troupe_store::SqliteStore::open_in(&dir)).await??;
+        session_config.conversation.token_book =
+            Some(troupe_actors::token_book::spawn(Arc::new(store)).await?);
+    }
     let mode = if args.once { "once" } else { "interactive" };
     let meta = session_meta(
         &config,
@@ -325,6 +375,7 @@ async fn run_with(args: ChatArgs, config: TroupeConfig) -> anyhow::Result<ExitCo
         },
         told_safe_default: false,
         live: !args.once,
+        options: message_options(&args)?,
     };
     let result = if args.once {
         let question = args.question.clone().unwrap_or_default();
@@ -385,6 +436,28 @@ fn session_meta(
     ]
 }
 
+/// `--allow-tool`, `--deny-tool` and `--auth-token` as a message's options.
+fn message_options(args: &ChatArgs) -> anyhow::Result<troupe_proto::governance::MessageOptions> {
+    let tools = troupe_proto::agent::ToolRules {
+        whitelist: args.allow_tools.clone(),
+        blacklist: args.deny_tools.clone(),
+        authorization_required: Vec::new(),
+    };
+    if let Err(e) = tools.validate("--") {
+        anyhow::bail!(
+            "{}: {}",
+            e.field
+                .replace("whitelist", "allow-tool")
+                .replace("blacklist", "deny-tool"),
+            e.message
+        );
+    }
+    Ok(troupe_proto::governance::MessageOptions {
+        tools: (!tools.is_empty()).then_some(tools),
+        authorization: args.auth_tokens.clone(),
+    })
+}
+
 async fn finish(
     session: SessionHandle,
     join: tokio::task::JoinHandle<()>,
@@ -432,6 +505,8 @@ commands:
   /approve [N] [once|conversation|session]   answer a pending approval (default: the oldest, once)
   /deny [N]                     refuse a pending approval
   /compact                      replace this conversation's history by a summary
+  /hub AGENT TEXT               send TEXT straight to an agent (no routing)
+  /agents                       list the agents, their health and bindings
   /exit                         leave (also Ctrl-D)
 anything else is sent to the model.";
 
@@ -567,6 +642,37 @@ impl Chat {
                 println!("conversation {} ({})", self.current + 1, self.current_id());
             }
             "/approve" | "/deny" => self.answer_pending(head == "/approve", &rest).await?,
+            // The session routes it: straight to the agent named.
+            "/hub" => self.say(line.to_owned(), editor).await,
+            "/agents" => {
+                let agents = self.session.agents().await?;
+                if agents.is_empty() {
+                    println!("no agents (see [agents] dir in the configuration)");
+                }
+                for a in agents {
+                    let health = match &a.health.detail {
+                        Some(d) => format!("{}: {d}", a.health.status.as_str()),
+                        None => a.health.status.as_str().to_owned(),
+                    };
+                    let bound: Vec<&str> = a
+                        .bindings
+                        .iter()
+                        .map(|b| b.provider_session_id.as_str())
+                        .collect();
+                    println!(
+                        "{}{} ({}, {}) {health}{}",
+                        a.id,
+                        if a.supervisor { " [supervisor]" } else { "" },
+                        a.role,
+                        a.provider.as_str(),
+                        if bound.is_empty() {
+                            String::new()
+                        } else {
+                            format!(" bound to {}", bound.join(", "))
+                        }
+                    );
+                }
+            }
             "/compact" => {
                 let spinner = Spinner::start("compacting");
                 let reply = self.session.compact(self.current_id()).await;
@@ -682,7 +788,9 @@ impl Chat {
         while self.events.try_recv().is_ok() {}
         let conversation = self.current_id();
         let session = self.session.clone();
-        let mut reply = Box::pin(async move { session.message(conversation, text).await });
+        let options = self.options.clone();
+        let mut reply =
+            Box::pin(async move { session.message_with(conversation, text, options).await });
         let mut spinner = self.live.then(|| Spinner::start("thinking"));
         let mut view = TurnView::default();
         let mut interrupted = false;
@@ -774,7 +882,7 @@ impl Chat {
                 println!();
                 view.open_line = false;
             }
-            EventKind::ToolCallStarted { call } if !quiet => {
+            EventKind::ToolCallStarted { call, .. } if !quiet => {
                 stop_spinner();
                 println!("  → {} {}", call.name, call.arguments.0);
                 *spinner = Some(Spinner::start("running"));
@@ -845,6 +953,20 @@ impl Chat {
                 };
                 eprintln!("troupe: `{}` {verb}", ask.command);
                 decision
+            }
+            (None, Some(editor), true) if ask.question().is_some() => {
+                let (agent, question) = ask.question().unwrap_or_default();
+                println!("  ? agent `{agent}` asks: {question}");
+                let answer = tokio::task::block_in_place(|| {
+                    editor.readline("    your answer (empty: refuse) > ")
+                })
+                .unwrap_or_default();
+                match answer.trim() {
+                    "" => ApprovalDecision::Deny {
+                        reason: Some("no answer at the terminal".into()),
+                    },
+                    text => troupe_proto::approval::agent_answer(text),
+                }
             }
             (None, Some(editor), true) => {
                 println!("  ? approval needed: `{}` ({})", ask.command, ask.reason);
@@ -932,6 +1054,18 @@ struct Ask {
     subject: ApprovalSubject,
 }
 
+impl Ask {
+    /// The agent and its question, when a remote agent asks one.
+    fn question(&self) -> Option<(&str, &str)> {
+        match &self.subject {
+            ApprovalSubject::AgentQuestion { agent_id, question } => {
+                Some((agent_id.as_str(), question.as_str()))
+            }
+            _ => None,
+        }
+    }
+}
+
 /// What the terminal shows of the current turn.
 #[derive(Default)]
 struct TurnView {
@@ -1004,7 +1138,11 @@ mod tests {
             approvals: None,
             elicitation: None,
         };
-        for subject in [&ApprovalSubject::Command, &elicit, &sampling] {
+        let question = ApprovalSubject::AgentQuestion {
+            agent_id: "remote".into(),
+            question: "which branch?".into(),
+        };
+        for subject in [&ApprovalSubject::Command, &elicit, &sampling, &question] {
             assert_eq!(none.decision(subject), None);
         }
         let yes = Unattended {
@@ -1017,6 +1155,7 @@ mod tests {
         );
         assert_eq!(yes.decision(&sampling), Some(ApprovalDecision::ApproveOnce));
         assert_eq!(yes.decision(&elicit), Some(ApprovalDecision::ApproveOnce));
+        assert_eq!(yes.decision(&question), None, "no flag answers a question");
         let only_commands = Unattended {
             approvals: Some(ApprovalAnswer::Approve),
             elicitation: None,

@@ -6,8 +6,12 @@ mod agents;
 mod chat;
 mod history;
 mod mcp;
+mod replay;
 mod serve;
 mod spinner;
+mod tokens;
+#[cfg(test)]
+mod turn_code;
 
 use clap::{Parser, Subcommand};
 use std::process::ExitCode;
@@ -31,12 +35,19 @@ enum Command {
     /// The agents a configuration defines.
     #[command(subcommand)]
     Agents(agents::AgentsCommand),
+    /// Authorization tokens for the tools that need one: issue, list, revoke.
+    #[command(subcommand)]
+    Tokens(tokens::TokensCommand),
     /// Work with JSONL chat histories.
     #[command(subcommand)]
     History(history::HistoryCommand),
     /// OAuth logins of MCP servers: login, logout, status.
     #[command(subcommand)]
     Mcp(mcp::McpCommand),
+    /// Runs a recorded task again from its rollout (no network, no side effects) and says
+    /// whether the same events and error class came out. Exits 0 when identical, 3 when
+    /// they differ, 4 when the task cannot be replayed.
+    Replay(replay::ReplayArgs),
     /// Runs a command under a sandbox policy (the shell tool's launcher; not for people).
     #[command(name = "sandbox-exec", hide = true, disable_help_flag = true)]
     SandboxExec {
@@ -86,6 +97,10 @@ fn main() -> ExitCode {
                 let _telemetry = troupe_runtime::telemetry::init("troupe");
                 agents::run(cmd).await
             }
+            Command::Tokens(cmd) => {
+                let _telemetry = troupe_runtime::telemetry::init("troupe");
+                tokens::run(cmd).await
+            }
             Command::History(cmd) => {
                 // Console logs only: nothing here is traced.
                 let _telemetry = troupe_runtime::telemetry::init("troupe");
@@ -96,6 +111,8 @@ fn main() -> ExitCode {
                 let _telemetry = troupe_runtime::telemetry::init("troupe");
                 mcp::run(cmd).await
             }
+            // Telemetry as `[telemetry]` says: a span per replay.
+            Command::Replay(args) => replay::run(args).await,
             Command::SandboxExec { .. } => {
                 Ok(ExitCode::from(troupe_runtime::exec::sandbox::REFUSED_EXIT))
             }

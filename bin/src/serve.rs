@@ -109,9 +109,27 @@ pub async fn run(args: ServeArgs) -> anyhow::Result<ExitCode> {
     let tokens = assembly::try_build_tokens(&config)?;
     let model = assembly::build_model(&config, args.script.as_deref())?;
     let mut ports = assembly::session_ports(&config, model, tokens);
-    let storage = troupe_service::open_store(&config, args.ephemeral)?;
+    let storage = troupe_service::open_store(&config, args.ephemeral).await?;
     eprintln!("troupe: {}", storage.description);
     ports.rollout_storage = storage.rollout;
+    let catalog = troupe_runtime::agents::catalog(&config);
+    for error in &catalog.errors {
+        eprintln!("troupe: {error}");
+    }
+    let bindings: std::sync::Arc<dyn troupe_store::BindingStore> = storage.store.clone();
+    let read = catalog.clone();
+    ports.agents = assembly::agent_ports(&config, catalog, args.script.is_some(), bindings)?;
+    // The agents directory is watched: an edited file applies to the next task (A7).
+    let _live = match ports.agents.as_mut() {
+        Some(agents) => {
+            let live = troupe_runtime::live::watch_agents(&config, read)?;
+            agents.live = live
+                .as_ref()
+                .map(troupe_runtime::live::LiveAgents::subscribe);
+            live
+        }
+        None => None,
+    };
     let service = Service::start(&config, storage.store, ports, prometheus).await?;
     troupe_service::cancel_on_signals(service.shutdown_token())?;
     if args.stdio {

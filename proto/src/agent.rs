@@ -60,6 +60,53 @@ pub struct AgentDefinition {
     /// Provider-specific governance (seed 003 §7.3), kept as given for tool governance.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub governance: Option<serde_json::Value>,
+    /// Its answers' shape (A8): a JSON Schema every answer is held to before anyone sees it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub output: Option<OutputSpec>,
+}
+
+/// `output`: the output guardrail of an agent (A8).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct OutputSpec {
+    /// The JSON Schema of an answer. Only the properties it declares reach anyone.
+    pub schema: serde_json::Value,
+    /// What happens when the answer still does not match after the retries: `reject` (the
+    /// task fails with `guardrail_failed`) or `ask_human` (the task asks a human instead).
+    #[serde(default, rename = "onFailure", alias = "on_failure")]
+    pub on_failure: GuardrailAction,
+    /// How often the model is asked again with the validation errors (0 to 2, default 2).
+    #[serde(default = "two", rename = "maxRetries", alias = "max_retries")]
+    pub max_retries: u32,
+}
+
+fn two() -> u32 {
+    2
+}
+
+/// Most retries an output guardrail may ask for.
+pub const MAX_GUARDRAIL_RETRIES: u32 = 2;
+
+/// What an output guardrail does once its retries are spent.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum GuardrailAction {
+    /// The task fails with `guardrail_failed`.
+    #[default]
+    Reject,
+    /// The task's answer is a question to a human (an `ask_human` event).
+    AskHuman,
+}
+
+impl GuardrailAction {
+    pub const ALL: [Self; 2] = [Self::Reject, Self::AskHuman];
+
+    pub const fn as_str(self) -> &'static str {
+        match self {
+            Self::Reject => "reject",
+            Self::AskHuman => "ask_human",
+        }
+    }
 }
 
 /// Who runs an agent.
@@ -206,6 +253,41 @@ pub struct ToolRules {
     pub authorization_required: Vec<String>,
 }
 
+impl ToolRules {
+    /// Whether it restricts nothing and asks for no token.
+    pub fn is_empty(&self) -> bool {
+        self.whitelist.is_empty()
+            && self.blacklist.is_empty()
+            && self.authorization_required.is_empty()
+    }
+
+    /// Checks every pattern; `prefix` goes before the field's name in the error
+    /// (`tools.` gives `tools.whitelist[2]`).
+    pub fn validate(&self, prefix: &str) -> Result<(), FieldError> {
+        for (field, list) in [
+            ("whitelist", &self.whitelist),
+            ("blacklist", &self.blacklist),
+            ("authorizationRequired", &self.authorization_required),
+        ] {
+            for (i, name) in list.iter().enumerate() {
+                if !is_valid_tool_pattern(name) {
+                    return Err(FieldError::new(
+                        format!("{prefix}{field}[{i}]"),
+                        format!("`{name}` is not a tool name ([a-zA-Z0-9_.*-])"),
+                    ));
+                }
+                if list[..i].contains(name) {
+                    return Err(FieldError::new(
+                        format!("{prefix}{field}[{i}]"),
+                        format!("`{name}` is listed twice"),
+                    ));
+                }
+            }
+        }
+        Ok(())
+    }
+}
+
 /// Whether `id` is a valid agent id: `[a-zA-Z0-9_-]{1,64}`.
 pub fn is_valid_agent_id(id: &str) -> bool {
     (1..=MAX_AGENT_ID_LEN).contains(&id.len())
@@ -231,7 +313,7 @@ pub struct FieldError {
 }
 
 impl FieldError {
-    fn new(field: impl Into<String>, message: impl Into<String>) -> Self {
+    pub fn new(field: impl Into<String>, message: impl Into<String>) -> Self {
         Self {
             field: field.into(),
             message: message.into(),
@@ -282,27 +364,19 @@ impl AgentDefinition {
             }
             _ => {}
         }
-        for (field, list) in [
-            ("tools.whitelist", &self.tools.whitelist),
-            ("tools.blacklist", &self.tools.blacklist),
-            (
-                "tools.authorizationRequired",
-                &self.tools.authorization_required,
-            ),
-        ] {
-            for (i, name) in list.iter().enumerate() {
-                if !is_valid_tool_pattern(name) {
-                    return Err(FieldError::new(
-                        format!("{field}[{i}]"),
-                        format!("`{name}` is not a tool name ([a-zA-Z0-9_.*-])"),
-                    ));
-                }
-                if list[..i].contains(name) {
-                    return Err(FieldError::new(
-                        format!("{field}[{i}]"),
-                        format!("`{name}` is listed twice"),
-                    ));
-                }
+        self.tools.validate("tools.")?;
+        if let Some(output) = &self.output {
+            if !output.schema.is_object() && !output.schema.is_boolean() {
+                return Err(FieldError::new(
+                    "output.schema",
+                    "must be a JSON Schema (an object)",
+                ));
+            }
+            if output.max_retries > MAX_GUARDRAIL_RETRIES {
+                return Err(FieldError::new(
+                    "output.maxRetries",
+                    format!("at most {MAX_GUARDRAIL_RETRIES}"),
+                ));
             }
         }
         for (i, worker) in self.workers.iter().enumerate() {
@@ -362,6 +436,8 @@ pub struct AgentCatalog {
     pub errors: Vec<AgentLoadError>,
     /// Where they were read from (`None`: no agents directory).
     pub dir: Option<PathBuf>,
+    /// By id: the version of the definition in force, the start of its file's SHA-256.
+    pub versions: BTreeMap<String, String>,
 }
 
 impl AgentCatalog {
@@ -541,10 +617,28 @@ pub enum PolicyReason {
     ProviderUnavailable,
     /// No module registry knows that module.
     UnknownModule,
+    /// Tool governance: the task's tool policy denies the tool (a blacklist names it, or a
+    /// whitelist leaves it out).
+    ToolDenied,
+    /// Tool governance: the tool needs an authorization token and none presented was valid.
+    Unauthorized,
 }
 
 impl PolicyReason {
-    pub const ALL: [Self; 7] = [
+    pub const ALL: [Self; 9] = [
+        Self::Cycle,
+        Self::WaitCycle,
+        Self::Depth,
+        Self::UnknownAgent,
+        Self::NotVisible,
+        Self::ProviderUnavailable,
+        Self::UnknownModule,
+        Self::ToolDenied,
+        Self::Unauthorized,
+    ];
+
+    /// The reasons a dispatch is refused for (the rest are tool governance's).
+    pub const DISPATCH: [Self; 7] = [
         Self::Cycle,
         Self::WaitCycle,
         Self::Depth,
@@ -553,6 +647,9 @@ impl PolicyReason {
         Self::ProviderUnavailable,
         Self::UnknownModule,
     ];
+
+    /// Tool governance's reasons.
+    pub const TOOL: [Self; 2] = [Self::ToolDenied, Self::Unauthorized];
 
     pub const fn as_str(self) -> &'static str {
         match self {
@@ -563,8 +660,31 @@ impl PolicyReason {
             Self::NotVisible => "not_visible",
             Self::ProviderUnavailable => "provider_unavailable",
             Self::UnknownModule => "unknown_module",
+            Self::ToolDenied => "tool_denied",
+            Self::Unauthorized => "unauthorized",
         }
     }
+}
+
+/// What an [`AgentUpdate`](crate::EventKind::AgentUpdate) is (ACP's `session/update`
+/// kinds, and A2A's status updates).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum AgentUpdateKind {
+    /// A piece of the agent's answer.
+    MessageChunk,
+    /// A piece of its reasoning.
+    ThoughtChunk,
+    /// It started a tool call.
+    ToolCall,
+    /// A tool call progressed or ended.
+    ToolCallUpdate,
+    /// Its plan.
+    Plan,
+    /// Its state changed (A2A task status).
+    Status,
+    /// Anything else.
+    Other,
 }
 
 /// An agent's health, as its provider reports it.
@@ -635,6 +755,10 @@ pub struct AgentInfo {
     /// Whether it routes the session's input.
     #[serde(default)]
     pub supervisor: bool,
+    /// The version of its definition in force (the start of its file's SHA-256), when it
+    /// was read from a file.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub version: Option<String>,
 }
 
 /// `agents.list`: the agents and the definition files that did not load.

@@ -61,11 +61,46 @@ pub enum ApprovalSubject {
         /// The request's params as the server sent them (messages, system prompt, limits).
         request: Json,
     },
+    /// A remote agent asks the human a question during a dispatch (an A2A task that stopped
+    /// in `input-required` without a troupe approval request). Answered by
+    /// `ApproveWithContent` with `{"answer": "<text>"}`, which goes back to the agent;
+    /// denying, or no answer in time, ends the dispatch. Never remembered.
+    AgentQuestion {
+        agent_id: String,
+        /// What the agent asks, as it worded it.
+        question: String,
+    },
 }
 
 impl ApprovalSubject {
     pub const fn is_command(&self) -> bool {
         matches!(self, Self::Command)
+    }
+
+    /// Approving it takes content (an elicitation's fields, a question's answer): no key
+    /// answers it and no other request shares it.
+    pub const fn takes_content(&self) -> bool {
+        matches!(
+            self,
+            Self::McpElicitation { .. } | Self::AgentQuestion { .. }
+        )
+    }
+}
+
+/// The answer to an [`ApprovalSubject::AgentQuestion`], as `ApproveWithContent` carries it.
+pub fn agent_answer(text: impl Into<String>) -> ApprovalDecision {
+    ApprovalDecision::ApproveWithContent {
+        content: Json(serde_json::json!({ "answer": text.into() })),
+    }
+}
+
+/// The text of an answer to an [`ApprovalSubject::AgentQuestion`]: `content.answer`.
+pub fn answer_text(decision: &ApprovalDecision) -> Option<&str> {
+    match decision {
+        ApprovalDecision::ApproveWithContent { content } => {
+            content.0.get("answer").and_then(serde_json::Value::as_str)
+        }
+        _ => None,
     }
 }
 

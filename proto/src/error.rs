@@ -63,6 +63,14 @@ pub enum AgentError {
         chain: Vec<String>,
         message: String,
     },
+    /// An agent's answer did not match the JSON Schema of its `output` after it was asked
+    /// again as often as allowed (A8): `problems` say where (paths and keywords, never the
+    /// answer's values).
+    #[error("guardrail failed: the answer did not match its schema after {attempts} attempts ({})", problems.join("; "))]
+    GuardrailFailed {
+        attempts: u32,
+        problems: Vec<String>,
+    },
 }
 
 /// The kind of an [`AgentError`], without detail: safe as a metric label and a wire code.
@@ -84,11 +92,12 @@ pub enum ErrorKind {
     Internal,
     Interrupted,
     PolicyRejected,
+    GuardrailFailed,
 }
 
 impl ErrorKind {
     /// Every kind, in declaration order (the known values of a metric label).
-    pub const ALL: [Self; 15] = [
+    pub const ALL: [Self; 16] = [
         Self::Cancelled,
         Self::Timeout,
         Self::ApprovalDenied,
@@ -104,6 +113,7 @@ impl ErrorKind {
         Self::Internal,
         Self::Interrupted,
         Self::PolicyRejected,
+        Self::GuardrailFailed,
     ];
 
     /// The snake_case name, as serialised.
@@ -124,6 +134,7 @@ impl ErrorKind {
             Self::Internal => "internal",
             Self::Interrupted => "interrupted",
             Self::PolicyRejected => "policy_rejected",
+            Self::GuardrailFailed => "guardrail_failed",
         }
     }
 }
@@ -147,6 +158,7 @@ impl AgentError {
             Self::Internal { .. } => ErrorKind::Internal,
             Self::Interrupted { .. } => ErrorKind::Interrupted,
             Self::PolicyRejected { .. } => ErrorKind::PolicyRejected,
+            Self::GuardrailFailed { .. } => ErrorKind::GuardrailFailed,
         }
     }
 

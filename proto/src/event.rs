@@ -3,10 +3,14 @@
 //! `seq` is assigned by the session's rollout, strictly increasing per session, so a client
 //! can resume a stream after the last `seq` it saw.
 
+use crate::agent::{
+    AgentUpdateKind, DispatchStatus, ExecutionChain, PolicyReason, ProviderKind, RouteDecision,
+    RouteSource,
+};
 use crate::api::{CloseOutcome, ConversationStats};
 use crate::approval::{ApprovalDecision, ApprovalSubject};
 use crate::error::AgentError;
-use crate::ids::{ApprovalId, ConversationId, SessionId, TaskId};
+use crate::ids::{ApprovalId, ConversationId, DispatchId, SessionId, TaskId};
 use crate::item::Usage;
 use crate::names::{EventName, WarningCode};
 use crate::policy::StoragePolicy;
@@ -70,15 +74,21 @@ pub enum EventKind {
     AssistantChunk { delta: String },
     /// A complete assistant message of one step.
     AssistantMessage { text: String },
-    /// The model called a tool.
-    ToolCallStarted { call: ToolCall },
-    /// A tool call ended (its output, or the observation that stands for it).
+    /// The model called a tool (the seed's `tool_call`); `agent_id`: the agent whose task
+    /// called it (`None`: the session's own conversation).
+    ToolCallStarted {
+        call: ToolCall,
+        agent_id: Option<String>,
+    },
+    /// A tool call ended (its output, or the observation that stands for it): the seed's
+    /// `tool_result`, or `tool_error` when `is_error`.
     ToolCallFinished {
         call_id: String,
         name: String,
         output: String,
         is_error: bool,
         duration_ms: u64,
+        agent_id: Option<String>,
     },
     /// A command (or an MCP server's request, see `subject`) waits for a human.
     ApprovalRequested {
@@ -154,6 +164,104 @@ pub enum EventKind {
         turns: u32,
         stats: ConversationStats,
     },
+    /// A provider session was opened for an agent (A1), for the dispatch `dispatch_id`.
+    SessionCreated {
+        agent_id: String,
+        provider: ProviderKind,
+        provider_session_id: String,
+        dispatch_id: Option<DispatchId>,
+    },
+    /// An agent of this session is bound to a provider session: the next dispatches resume
+    /// it. `replaced`: the provider session of the binding it replaces, which could not be
+    /// resumed (a `binding_replaced` warning says why).
+    SessionBound {
+        agent_id: String,
+        provider: ProviderKind,
+        provider_session_id: String,
+        replaced: Option<String>,
+        dispatch_id: Option<DispatchId>,
+    },
+    /// An agent's bound provider session was taken up again (the first dispatch of a run to
+    /// a binding made before).
+    SessionResumed {
+        agent_id: String,
+        provider: ProviderKind,
+        provider_session_id: String,
+        dispatch_id: Option<DispatchId>,
+    },
+    /// The supervisor decided what to do with an input (A3); `agent_id` for
+    /// `dispatch_agent`, `module` for `dispatch_module`; `reason` is the supervisor's own.
+    RouteDecided {
+        decision: RouteDecision,
+        agent_id: Option<String>,
+        module: Option<String>,
+        confidence: f64,
+        source: RouteSource,
+        reason: String,
+    },
+    /// A dispatch to an agent left, holding its lease (`lease_ttl_ms`); `chain` ends with the
+    /// agent; `provider_session_id` is its binding when it has one already.
+    DispatchSent {
+        dispatch_id: DispatchId,
+        agent_id: String,
+        provider: ProviderKind,
+        provider_session_id: Option<String>,
+        chain: ExecutionChain,
+        lease_ttl_ms: u64,
+        input: String,
+    },
+    /// A dispatch ended: answered (`text`), failed, cancelled, or its lease expired (the
+    /// child was cancelled and the lease reclaimed).
+    DispatchResult {
+        dispatch_id: DispatchId,
+        agent_id: String,
+        provider_session_id: Option<String>,
+        status: DispatchStatus,
+        text: String,
+        error: Option<AgentError>,
+        duration_ms: u64,
+    },
+    /// A dispatch was refused before it ran (A4): `chain` is the one it would have extended.
+    /// Or a tool call was refused by tool governance (A5): `tool` names it, `agent_id` is the
+    /// agent that called it (empty: the session's own conversation), `chain` the caller's.
+    PolicyRejected {
+        agent_id: String,
+        chain: ExecutionChain,
+        reason: PolicyReason,
+        message: String,
+        tool: Option<String>,
+    },
+    /// The supervisor asks the human a question (A3 `ask_human`); the next message answers.
+    AskHuman { question: String },
+    /// Progress of an external agent during a dispatch (an ACP session update, an A2A
+    /// status): `text` what it says, `data` the provider's own payload.
+    AgentUpdate {
+        dispatch_id: DispatchId,
+        agent_id: String,
+        provider_session_id: String,
+        update: AgentUpdateKind,
+        text: String,
+        data: Option<crate::json::Json>,
+    },
+    /// An agent's answers did not match its output schema (A8) after `attempts` tries, the
+    /// model asked again each time with the errors: `status` is `exhausted`, `action` what
+    /// the task did instead (failed, or asked a human). `problems` name paths and keywords,
+    /// never the answer's values.
+    GuardrailFailed {
+        agent_id: Option<String>,
+        attempts: u32,
+        problems: Vec<String>,
+        status: GuardrailStatus,
+        action: crate::agent::GuardrailAction,
+    },
+}
+
+/// How an output guardrail ended without a valid answer.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum GuardrailStatus {
+    /// Every retry was spent.
+    Exhausted,
 }
 
 impl EventKind {
@@ -184,6 +292,16 @@ impl EventKind {
             Self::McpServerReady { .. } => EventName::McpServerReady,
             Self::MessageUpdated { .. } => EventName::MessageUpdated,
             Self::HistoryCheckpoint { .. } => EventName::HistoryCheckpoint,
+            Self::SessionCreated { .. } => EventName::SessionCreated,
+            Self::SessionBound { .. } => EventName::SessionBound,
+            Self::SessionResumed { .. } => EventName::SessionResumed,
+            Self::RouteDecided { .. } => EventName::RouteDecided,
+            Self::DispatchSent { .. } => EventName::DispatchSent,
+            Self::DispatchResult { .. } => EventName::DispatchResult,
+            Self::PolicyRejected { .. } => EventName::PolicyRejected,
+            Self::AskHuman { .. } => EventName::AskHuman,
+            Self::AgentUpdate { .. } => EventName::AgentUpdate,
+            Self::GuardrailFailed { .. } => EventName::GuardrailFailed,
         }
     }
 }
@@ -241,13 +359,20 @@ mod wire {
                 StepStarted { turn: u32, step: u32 },
                 AssistantChunk { delta: String },
                 AssistantMessage { text: String },
-                ToolCallStarted { call: ToolCall },
+                ToolCallStarted {
+                    call: ToolCall,
+                    // Absent in records written before tool governance.
+                    #[serde(default)]
+                    agent_id: Option<String>,
+                },
                 ToolCallFinished {
                     call_id: String,
                     name: String,
                     output: String,
                     is_error: bool,
                     duration_ms: u64,
+                    #[serde(default)]
+                    agent_id: Option<String>,
                 },
                 ApprovalRequested {
                     approval_id: ApprovalId,
@@ -299,6 +424,75 @@ mod wire {
                     turns: u32,
                     stats: ConversationStats,
                 },
+            SessionCreated {
+                agent_id: String,
+                provider: ProviderKind,
+                provider_session_id: String,
+                dispatch_id: Option<DispatchId>,
+            },
+            SessionBound {
+                agent_id: String,
+                provider: ProviderKind,
+                provider_session_id: String,
+                replaced: Option<String>,
+                dispatch_id: Option<DispatchId>,
+            },
+            SessionResumed {
+                agent_id: String,
+                provider: ProviderKind,
+                provider_session_id: String,
+                dispatch_id: Option<DispatchId>,
+            },
+            RouteDecided {
+                decision: RouteDecision,
+                agent_id: Option<String>,
+                module: Option<String>,
+                confidence: f64,
+                source: RouteSource,
+                reason: String,
+            },
+            DispatchSent {
+                dispatch_id: DispatchId,
+                agent_id: String,
+                provider: ProviderKind,
+                provider_session_id: Option<String>,
+                chain: ExecutionChain,
+                lease_ttl_ms: u64,
+                input: String,
+            },
+            DispatchResult {
+                dispatch_id: DispatchId,
+                agent_id: String,
+                provider_session_id: Option<String>,
+                status: DispatchStatus,
+                text: String,
+                error: Option<AgentError>,
+                duration_ms: u64,
+            },
+            PolicyRejected {
+                agent_id: String,
+                chain: ExecutionChain,
+                reason: PolicyReason,
+                message: String,
+                #[serde(default)]
+                tool: Option<String>,
+            },
+            AskHuman { question: String },
+            AgentUpdate {
+                dispatch_id: DispatchId,
+                agent_id: String,
+                provider_session_id: String,
+                update: AgentUpdateKind,
+                text: String,
+                data: Option<crate::json::Json>,
+            },
+            GuardrailFailed {
+                agent_id: Option<String>,
+                attempts: u32,
+                problems: Vec<String>,
+                status: GuardrailStatus,
+                action: crate::agent::GuardrailAction,
+            },
             }
         };
     }

@@ -94,6 +94,16 @@ bounded_names! {
         McpServerReady = "mcp_server_ready",
         MessageUpdated = "message_updated",
         HistoryCheckpoint = "history_checkpoint",
+        SessionCreated = "session_created",
+        SessionBound = "session_bound",
+        SessionResumed = "session_resumed",
+        RouteDecided = "route_decided",
+        DispatchSent = "dispatch_sent",
+        DispatchResult = "dispatch_result",
+        PolicyRejected = "policy_rejected",
+        AskHuman = "ask_human",
+        AgentUpdate = "agent_update",
+        GuardrailFailed = "guardrail_failed",
     }
 }
 
@@ -130,6 +140,16 @@ bounded_names! {
         CancelIgnored = "cancel_ignored",
         /// The model could not summarize trimmed history; the local summary stays.
         SummaryFallback = "summary_fallback",
+        /// An agent's binding could not be resumed; a new provider session replaces it (A1).
+        BindingReplaced = "binding_replaced",
+        /// A dispatch's lease expired: the child was cancelled and the lease reclaimed (A4).
+        LeaseExpired = "lease_expired",
+        /// An agent's answer did not match its output schema; the model is asked again with
+        /// the errors (A8).
+        GuardrailRetry = "guardrail_retry",
+        /// An agent file or `[tools]` changed and did not load: the last good version stays
+        /// (A7).
+        ConfigRejected = "config_rejected",
     }
 }
 

@@ -3,11 +3,15 @@
 //! every enum variant and both sides of every `Option`; a few plain tests pin the JSON shape
 //! that clients depend on.
 
+use crate::agent::{
+    AgentUpdateKind, DispatchStatus, ExecutionChain, PolicyReason, ProviderKind, RouteDecision,
+    RouteSource,
+};
 use crate::api::*;
 use crate::approval::*;
 use crate::error::{AgentError, ErrorKind};
 use crate::event::{EventEnvelope, EventKind};
-use crate::ids::{ApprovalId, ConversationId, SessionId, TaskId};
+use crate::ids::{ApprovalId, ConversationId, DispatchId, SessionId, TaskId};
 use crate::item::{HistoryItem, Role, Usage};
 use crate::json::Json;
 use crate::names::{EventName, WarningCode};
@@ -181,6 +185,8 @@ fn error_kind() -> impl Strategy<Value = ErrorKind> {
         Just(ErrorKind::ToolError),
         Just(ErrorKind::Internal),
         Just(ErrorKind::Interrupted),
+        Just(ErrorKind::PolicyRejected),
+        Just(ErrorKind::GuardrailFailed),
     ]
 }
 
@@ -203,6 +209,216 @@ fn agent_error() -> impl Strategy<Value = AgentError> {
         (text(), text()).prop_map(|(name, message)| AgentError::ToolError { name, message }),
         text().prop_map(|message| AgentError::Internal { message }),
         text().prop_map(|reason| AgentError::Interrupted { reason }),
+        (policy_reason(), strings(), text()).prop_map(|(reason, chain, message)| {
+            AgentError::PolicyRejected {
+                reason,
+                chain,
+                message,
+            }
+        }),
+        (any::<u32>(), strings())
+            .prop_map(|(attempts, problems)| AgentError::GuardrailFailed { attempts, problems }),
+    ]
+}
+
+fn policy_reason() -> impl Strategy<Value = PolicyReason> {
+    prop::sample::select(PolicyReason::ALL.to_vec())
+}
+
+fn provider_kind() -> impl Strategy<Value = ProviderKind> {
+    prop::sample::select(ProviderKind::ALL.to_vec())
+}
+
+fn dispatch_id() -> impl Strategy<Value = DispatchId> {
+    any::<u128>().prop_map(|n| DispatchId::from_uuid(Uuid::from_u128(n)))
+}
+
+fn chain() -> impl Strategy<Value = ExecutionChain> {
+    strings().prop_map(ExecutionChain)
+}
+
+fn agent_update_kind() -> impl Strategy<Value = AgentUpdateKind> {
+    prop::sample::select(vec![
+        AgentUpdateKind::MessageChunk,
+        AgentUpdateKind::ThoughtChunk,
+        AgentUpdateKind::ToolCall,
+        AgentUpdateKind::ToolCallUpdate,
+        AgentUpdateKind::Plan,
+        AgentUpdateKind::Status,
+        AgentUpdateKind::Other,
+    ])
+}
+
+/// The agent events (A1-A4).
+fn agent_event_kind() -> impl Strategy<Value = EventKind> {
+    prop_oneof![
+        (
+            text(),
+            provider_kind(),
+            text(),
+            prop::option::of(dispatch_id())
+        )
+            .prop_map(|(agent_id, provider, provider_session_id, dispatch_id)| {
+                EventKind::SessionCreated {
+                    agent_id,
+                    provider,
+                    provider_session_id,
+                    dispatch_id,
+                }
+            }),
+        (
+            text(),
+            provider_kind(),
+            text(),
+            prop::option::of(text()),
+            prop::option::of(dispatch_id())
+        )
+            .prop_map(
+                |(agent_id, provider, provider_session_id, replaced, dispatch_id)| {
+                    EventKind::SessionBound {
+                        agent_id,
+                        provider,
+                        provider_session_id,
+                        replaced,
+                        dispatch_id,
+                    }
+                }
+            ),
+        (
+            text(),
+            provider_kind(),
+            text(),
+            prop::option::of(dispatch_id())
+        )
+            .prop_map(|(agent_id, provider, provider_session_id, dispatch_id)| {
+                EventKind::SessionResumed {
+                    agent_id,
+                    provider,
+                    provider_session_id,
+                    dispatch_id,
+                }
+            }),
+        (
+            prop::sample::select(RouteDecision::ALL.to_vec()),
+            prop::option::of(text()),
+            prop::option::of(text()),
+            0.0..=1.0f64,
+            prop::sample::select(RouteSource::ALL.to_vec()),
+            text()
+        )
+            .prop_map(|(decision, agent_id, module, confidence, source, reason)| {
+                EventKind::RouteDecided {
+                    decision,
+                    agent_id,
+                    module,
+                    confidence,
+                    source,
+                    reason,
+                }
+            }),
+        (
+            dispatch_id(),
+            text(),
+            provider_kind(),
+            prop::option::of(text()),
+            chain(),
+            any::<u64>(),
+            text()
+        )
+            .prop_map(
+                |(
+                    dispatch_id,
+                    agent_id,
+                    provider,
+                    provider_session_id,
+                    chain,
+                    lease_ttl_ms,
+                    input,
+                )| {
+                    EventKind::DispatchSent {
+                        dispatch_id,
+                        agent_id,
+                        provider,
+                        provider_session_id,
+                        chain,
+                        lease_ttl_ms,
+                        input,
+                    }
+                }
+            ),
+        (
+            dispatch_id(),
+            text(),
+            prop::option::of(text()),
+            prop::sample::select(DispatchStatus::ALL.to_vec()),
+            text(),
+            prop::option::of(agent_error()),
+            any::<u64>()
+        )
+            .prop_map(
+                |(dispatch_id, agent_id, provider_session_id, status, text, error, duration_ms)| {
+                    EventKind::DispatchResult {
+                        dispatch_id,
+                        agent_id,
+                        provider_session_id,
+                        status,
+                        text,
+                        error,
+                        duration_ms,
+                    }
+                }
+            ),
+        (text(), chain(), policy_reason(), text()).prop_map(
+            |(agent_id, chain, reason, message)| {
+                EventKind::PolicyRejected {
+                    agent_id,
+                    chain,
+                    reason,
+                    message,
+                    tool: None,
+                }
+            }
+        ),
+        text().prop_map(|question| EventKind::AskHuman { question }),
+        (
+            proptest::option::of(text()),
+            any::<u32>(),
+            strings(),
+            any::<bool>()
+        )
+            .prop_map(
+                |(agent_id, attempts, problems, ask)| EventKind::GuardrailFailed {
+                    agent_id,
+                    attempts,
+                    problems,
+                    status: crate::GuardrailStatus::Exhausted,
+                    action: if ask {
+                        crate::agent::GuardrailAction::AskHuman
+                    } else {
+                        crate::agent::GuardrailAction::Reject
+                    },
+                }
+            ),
+        (
+            dispatch_id(),
+            text(),
+            text(),
+            agent_update_kind(),
+            text(),
+            prop::option::of(json())
+        )
+            .prop_map(
+                |(dispatch_id, agent_id, provider_session_id, update, text, data)| {
+                    EventKind::AgentUpdate {
+                        dispatch_id,
+                        agent_id,
+                        provider_session_id,
+                        update,
+                        text,
+                        data,
+                    }
+                }
+            ),
     ]
 }
 
@@ -513,6 +729,8 @@ fn approval_subject() -> impl Strategy<Value = ApprovalSubject> {
         }),
         (text(), json())
             .prop_map(|(server, request)| ApprovalSubject::McpSampling { server, request }),
+        (text(), text())
+            .prop_map(|(agent_id, question)| ApprovalSubject::AgentQuestion { agent_id, question }),
     ]
 }
 
@@ -600,6 +818,7 @@ fn conversation_stats() -> impl Strategy<Value = ConversationStats> {
 
 fn event_kind() -> impl Strategy<Value = EventKind> {
     prop_oneof![
+        agent_event_kind(),
         (
             storage_policy(),
             prop::option::of(text()),
@@ -636,7 +855,10 @@ fn event_kind() -> impl Strategy<Value = EventKind> {
         (any::<u32>(), any::<u32>()).prop_map(|(turn, step)| EventKind::StepStarted { turn, step }),
         text().prop_map(|delta| EventKind::AssistantChunk { delta }),
         text().prop_map(|text| EventKind::AssistantMessage { text }),
-        tool_call().prop_map(|call| EventKind::ToolCallStarted { call }),
+        tool_call().prop_map(|call| EventKind::ToolCallStarted {
+            call,
+            agent_id: None
+        }),
         (text(), text(), text(), any::<bool>(), any::<u64>()).prop_map(
             |(call_id, name, output, is_error, duration_ms)| EventKind::ToolCallFinished {
                 call_id,
@@ -644,6 +866,7 @@ fn event_kind() -> impl Strategy<Value = EventKind> {
                 output,
                 is_error,
                 duration_ms,
+                agent_id: None,
             }
         ),
         (approval_id(), strings(), text(), approval_subject()).prop_map(
@@ -1062,6 +1285,8 @@ fn strategies_cover_every_variant() {
         "tool_error",
         "internal",
         "interrupted",
+        "policy_rejected",
+        "guardrail_failed",
     ];
     assert_eq!(tags_of(error_kind()), set(&kinds));
     assert_eq!(tags_of(agent_error()), set(&kinds));
@@ -1092,6 +1317,16 @@ fn strategies_cover_every_variant() {
             "mcp_server_ready",
             "message_updated",
             "history_checkpoint",
+            "session_created",
+            "session_bound",
+            "session_resumed",
+            "route_decided",
+            "dispatch_sent",
+            "dispatch_result",
+            "policy_rejected",
+            "ask_human",
+            "agent_update",
+            "guardrail_failed",
         ])
     );
     // One name per kind, each the kind's tag.
@@ -1140,7 +1375,12 @@ fn strategies_cover_every_variant() {
     );
     assert_eq!(
         tags_of(approval_subject()),
-        set(&["command", "mcp_elicitation", "mcp_sampling"])
+        set(&[
+            "command",
+            "mcp_elicitation",
+            "mcp_sampling",
+            "agent_question"
+        ])
     );
     assert_eq!(
         tags_of(task_state()),

@@ -288,3 +288,78 @@ pub struct MessagePage {
     pub messages: Vec<MessageRecord>,
     pub next_before: Option<u64>,
 }
+
+/// One A2A context as the A2A endpoint keeps it (P5): the conversation its tasks run in.
+/// Its conversation is closed once the context has been idle for a while and reopened, under
+/// the same id and from its record, on the context's next message.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct A2aContextRecord {
+    /// The client's (or the server's) name for the context, at most 256 bytes.
+    pub context_id: String,
+    /// The session the conversation belongs to.
+    pub session_id: SessionId,
+    pub conversation_id: ConversationId,
+    pub created_ms: u64,
+    /// When a task of the context last arrived or changed state: idleness is measured from
+    /// it.
+    pub active_ms: u64,
+    /// Whether the conversation is open now.
+    pub open: bool,
+}
+
+/// One A2A task as the A2A endpoint keeps it. The store reads only the columns; `body` is
+/// the endpoint's own serialisation of the task (status, history, artifacts and what it
+/// needs to go on), written and read back whole.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct A2aTaskRecord {
+    pub task_id: String,
+    pub context_id: String,
+    /// The A2A state's name (`TASK_STATE_WORKING`, ...): what `ListTasks` filters on.
+    pub state: String,
+    /// No further change will happen: finished tasks are the ones retention forgets.
+    pub terminal: bool,
+    pub created_ms: u64,
+    /// The time of its current status: `ListTasks` orders by it, newest first.
+    pub updated_ms: u64,
+    pub body: Json,
+}
+
+/// One push notification config of an A2A task; `body` is the endpoint's serialisation of it
+/// (the webhook's URL, token and credentials).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct A2aPushRecord {
+    pub task_id: String,
+    pub config_id: String,
+    pub created_ms: u64,
+    pub body: Json,
+}
+
+/// Which A2A tasks a listing returns: all filters must hold. Tasks come newest first, by
+/// (`updated_ms`, `task_id`) descending.
+#[derive(Debug, Clone, PartialEq, Eq, Default, Serialize, Deserialize)]
+pub struct A2aTaskQuery {
+    pub context_id: Option<String>,
+    pub state: Option<String>,
+    /// Only tasks whose `updated_ms` is at least this.
+    pub updated_after_ms: Option<u64>,
+    /// Only tasks strictly after this (`updated_ms`, `task_id`) in that order: the cursor of
+    /// the next page.
+    pub after: Option<(u64, String)>,
+    pub limit: usize,
+}
+
+/// One page of A2A tasks and how many match the filters (the cursor aside).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct A2aTaskPage {
+    pub tasks: Vec<A2aTaskRecord>,
+    pub total: u64,
+}
+
+/// What one A2A retention pass forgot.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+pub struct A2aPruned {
+    /// Finished tasks (with their push configs).
+    pub tasks: u64,
+    /// Closed contexts left without a task.
+    pub contexts: u64,
+}

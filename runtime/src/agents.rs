@@ -38,7 +38,10 @@ pub fn catalog(config: &TroupeConfig) -> AgentCatalog {
 /// The kinds of external agents this build runs, one factory each. The in-process kind
 /// (`model`) needs none: the session's hub runs it.
 pub fn factories() -> Vec<Arc<dyn AgentProviderFactory>> {
-    Vec::new()
+    vec![
+        Arc::new(troupe_acp::AcpFactory::default()),
+        Arc::new(troupe_a2a::A2aProviderFactory::default()),
+    ]
 }
 
 /// An agent's health without a session: a model agent is ready (its endpoint is reached at
@@ -95,6 +98,9 @@ pub fn load(dir: &AgentsDir) -> AgentCatalog {
     for file in files {
         match load_file(&file) {
             Ok(def) => {
+                if let Ok(bytes) = std::fs::read(&file) {
+                    catalog.versions.insert(def.id.clone(), version_of(&bytes));
+                }
                 if let Some((other, _)) = loaded.iter().find(|(_, d)| d.id == def.id) {
                     catalog.errors.push(AgentLoadError {
                         file: file.clone(),
@@ -110,7 +116,19 @@ pub fn load(dir: &AgentsDir) -> AgentCatalog {
     }
     drop_orphans(&mut loaded, &mut catalog.errors);
     catalog.agents = loaded.into_iter().map(|(_, d)| (d.id.clone(), d)).collect();
+    let kept = &catalog.agents;
+    catalog.versions.retain(|id, _| kept.contains_key(id));
     catalog
+}
+
+/// A definition's version: the first 12 hex digits of its file's SHA-256.
+pub fn version_of(bytes: &[u8]) -> String {
+    use sha2::{Digest, Sha256};
+    Sha256::digest(bytes)
+        .iter()
+        .take(6)
+        .map(|b| format!("{b:02x}"))
+        .collect()
 }
 
 /// The format of a definition file, by its extension; `None`: not a definition.
@@ -146,6 +164,10 @@ pub fn load_file(file: &Path) -> Result<AgentDefinition, AgentLoadError> {
     let def = parse(&text, format).map_err(|(field, message)| error(field, message))?;
     def.validate()
         .map_err(|e| error(Some(e.field), e.message))?;
+    if let Some(output) = &def.output {
+        troupe_actors::governance::guardrail::OutputGuard::compile(output)
+            .map_err(|e| error(Some("output.schema".into()), e))?;
+    }
     let stem = file
         .file_stem()
         .and_then(|s| s.to_str())
@@ -275,6 +297,55 @@ resume = false
         assert_eq!(c.agents.keys().collect::<Vec<_>>(), ["coder", "reviewer"]);
         assert!(!c.agents["reviewer"].session.resume);
         assert_eq!(c.agents["reviewer"].workers, ["coder"]);
+    }
+
+    #[test]
+    fn an_output_schema_is_compiled_when_the_file_loads() {
+        let dir = tempfile::tempdir().unwrap();
+        write(
+            dir.path(),
+            "shaped.json",
+            r#"{"id":"shaped","provider":{"type":"model"},
+               "output":{"schema":{"type":"object","properties":{"a":{"type":"integer"}}},"onFailure":"ask_human"}}"#,
+        );
+        write(
+            dir.path(),
+            "broken.json",
+            r#"{"id":"broken","provider":{"type":"model"},"output":{"schema":{"type":"nonsense"}}}"#,
+        );
+        write(
+            dir.path(),
+            "greedy.json",
+            r#"{"id":"greedy","provider":{"type":"model"},"output":{"schema":{},"maxRetries":5}}"#,
+        );
+        let c = load_all(dir.path());
+        let output = c.agents["shaped"].output.as_ref().unwrap();
+        assert_eq!(
+            output.on_failure,
+            troupe_proto::agent::GuardrailAction::AskHuman
+        );
+        assert_eq!(output.max_retries, 2);
+        let mut fields: Vec<(String, Option<String>)> = c
+            .errors
+            .iter()
+            .map(|e| {
+                (
+                    e.file.file_name().unwrap().to_string_lossy().into_owned(),
+                    e.field.clone(),
+                )
+            })
+            .collect();
+        fields.sort();
+        assert_eq!(
+            fields,
+            [
+                ("broken.json".to_owned(), Some("output.schema".to_owned())),
+                (
+                    "greedy.json".to_owned(),
+                    Some("output.maxRetries".to_owned())
+                ),
+            ]
+        );
     }
 
     #[test]

@@ -74,9 +74,95 @@ pub fn session_ports(
             ) as Arc<dyn McpConnector>
         }),
         exec: Some(Arc::new(ProcessRunner::new())),
+        effects: troupe_actors::ports::Effects::Live,
         summarizer: Arc::new(LocalSummarizer::default()),
         tokens,
         rollout_storage: None,
+        agents: None,
+    }
+}
+
+/// The agents of a session (A1–A4) from the configuration, or `None` when no definition
+/// loaded (the session then runs as without agents). `script`: a script drives the scripted
+/// model, which then routes like any model. The supervisor routes with its model (`route`
+/// tool calls) unless `[agents] router = "rules"`, or nothing names a model to route with.
+/// In-process agents that name another endpoint than the session's (`base_url`, or another
+/// `provider`) get a client of their own.
+pub fn agent_ports(
+    config: &TroupeConfig,
+    catalog: troupe_proto::agent::AgentCatalog,
+    script: bool,
+    bindings: Arc<dyn troupe_actors::ports::BindingStore>,
+) -> Result<Option<troupe_actors::agents::AgentPorts>, AgentError> {
+    use troupe_actors::agents::AgentPorts;
+    use troupe_proto::agent::ProviderSpec;
+    if catalog.is_empty() {
+        return Ok(None);
+    }
+    let session_provider = crate::config::provider_name(config.model.provider);
+    let mut models = std::collections::BTreeMap::new();
+    for def in catalog.agents.values() {
+        let ProviderSpec::Model {
+            model,
+            provider,
+            base_url,
+            ..
+        } = &def.provider
+        else {
+            continue;
+        };
+        let other_provider = provider.as_deref().filter(|p| *p != session_provider);
+        if other_provider.is_none() && base_url.is_none() {
+            continue;
+        }
+        let mut own = config.clone();
+        if let Some(p) = other_provider {
+            own.model.provider = crate::config::parse_enum(
+                "provider.provider",
+                p,
+                "openai-responses, openai-chat or scripted",
+            )
+            .map_err(|e| AgentError::invalid(format!("agent `{}`: {e}", def.id)))?;
+        }
+        if let Some(url) = base_url {
+            own.model.base_url.clone_from(url);
+            if own.model.provider == Provider::Scripted {
+                own.model.provider = Provider::OpenaiChat;
+            }
+        }
+        if let Some(m) = model {
+            own.model.model.clone_from(m);
+        }
+        let client = build_model(&own, None)
+            .map_err(|e| AgentError::invalid(format!("agent `{}`: {e}", def.id)))?;
+        models.insert(def.id.clone(), client);
+    }
+    Ok(Some(AgentPorts {
+        catalog: Arc::new(catalog),
+        settings: agent_settings(config, script),
+        factories: crate::agents::factories(),
+        models,
+        bindings,
+        live: None,
+    }))
+}
+
+/// The agents' settings of a session (`[agents]`): the supervisor routes with its model
+/// (`route` tool calls) unless `router = "rules"`, or nothing names a model to route with
+/// (the scripted model without a script).
+pub fn agent_settings(config: &TroupeConfig, script: bool) -> troupe_actors::agents::AgentSettings {
+    use troupe_actors::agents::{AgentSettings, RouterMode};
+    let router = match config.agents.router {
+        Some(crate::config::RouterKind::Model) => RouterMode::Model,
+        Some(crate::config::RouterKind::Rules) => RouterMode::Rules,
+        None if config.model.provider != Provider::Scripted || script => RouterMode::Model,
+        None => RouterMode::Rules,
+    };
+    AgentSettings {
+        supervisor: config.agents.supervisor.clone(),
+        router,
+        max_depth: config.agents.max_depth,
+        lease_ttl: config.agents.lease_ttl,
     }
 }
 
@@ -108,6 +194,7 @@ pub fn session_config(config: &TroupeConfig) -> SessionConfig {
     conv.task.over_budget = chat.over_budget;
     conv.task.tool_errors = chat.tool_errors;
     conv.record_content = config.telemetry.record_content;
+    conv.tool_policy = std::sync::Arc::new(config.tools.clone());
     conv.history.max_items = config.history.max_items;
     conv.history.max_tokens = config.history.max_tokens;
     conv.summary = match config.history.summarizer {
@@ -181,5 +268,90 @@ mod tests {
         assert_eq!(s.approval_timeout, std::time::Duration::from_secs(30));
         let local = session_config(&TroupeConfig::default());
         assert_eq!(local.conversation.summary, SummaryMode::Local);
+    }
+
+    /// A store that keeps nothing: the assembly only hands it on.
+    struct NoBindings;
+
+    #[async_trait::async_trait]
+    impl troupe_actors::ports::BindingStore for NoBindings {
+        async fn put_binding(
+            &self,
+            _: troupe_proto::agent::AgentBinding,
+        ) -> Result<(), AgentError> {
+            Ok(())
+        }
+        async fn bindings(
+            &self,
+            _: Option<troupe_proto::SessionId>,
+        ) -> Result<Vec<troupe_proto::agent::AgentBinding>, AgentError> {
+            Ok(Vec::new())
+        }
+        async fn remove_binding(
+            &self,
+            _: troupe_proto::SessionId,
+            _: &str,
+        ) -> Result<(), AgentError> {
+            Ok(())
+        }
+    }
+
+    fn catalog() -> troupe_proto::agent::AgentCatalog {
+        let def: troupe_proto::agent::AgentDefinition = serde_json::from_value(serde_json::json!({
+            "id": "coder", "role": "executor", "provider": {"type": "model"}
+        }))
+        .unwrap();
+        troupe_proto::agent::AgentCatalog {
+            agents: [(def.id.clone(), def)].into_iter().collect(),
+            ..Default::default()
+        }
+    }
+
+    #[test]
+    fn agents_route_with_a_model_when_one_is_named_else_by_rules() {
+        use troupe_actors::agents::RouterMode;
+        let router = |c: &TroupeConfig, script: bool| {
+            agent_ports(c, catalog(), script, Arc::new(NoBindings))
+                .unwrap()
+                .unwrap()
+                .settings
+                .router
+        };
+        let scripted = TroupeConfig::default();
+        assert_eq!(scripted.model.provider, Provider::Scripted);
+        assert_eq!(router(&scripted, false), RouterMode::Rules);
+        assert_eq!(
+            router(&scripted, true),
+            RouterMode::Model,
+            "a script routes"
+        );
+        let mut endpoint = TroupeConfig::default();
+        endpoint.model.provider = Provider::OpenaiChat;
+        assert_eq!(router(&endpoint, false), RouterMode::Model);
+        endpoint.agents.router = Some(crate::config::RouterKind::Rules);
+        assert_eq!(router(&endpoint, false), RouterMode::Rules, "the key wins");
+        let mut limits = TroupeConfig::default();
+        limits.agents.max_depth = 2;
+        limits.agents.lease_ttl = std::time::Duration::from_secs(5);
+        let ports = agent_ports(&limits, catalog(), false, Arc::new(NoBindings))
+            .unwrap()
+            .unwrap();
+        assert_eq!(ports.settings.max_depth, 2);
+        assert_eq!(ports.settings.lease_ttl, std::time::Duration::from_secs(5));
+        assert_eq!(
+            ports.factories.iter().map(|f| f.kind()).collect::<Vec<_>>(),
+            [
+                troupe_proto::agent::ProviderKind::Acp,
+                troupe_proto::agent::ProviderKind::A2a
+            ]
+        );
+        let none = agent_ports(
+            &limits,
+            troupe_proto::agent::AgentCatalog::default(),
+            false,
+            Arc::new(NoBindings),
+        )
+        .unwrap();
+        assert!(none.is_none(), "no agents, no hub");
     }
 }

@@ -176,6 +176,12 @@ pub struct TroupeConfig {
     pub conversation: ConversationConfig,
     /// `[agents]`: where agent definitions are read, who routes, the bounds of dispatches.
     pub agents: AgentsConfig,
+    /// `[tools]`: the global layer of every task's tool policy, and `[tools.roles.<role>]`
+    /// the layer of the agents with that role (A5).
+    pub tools: troupe_proto::governance::ToolPolicyConfig,
+    /// `[store]`: where `troupe serve` keeps sessions, messages and rollouts (SQLite in
+    /// `data_dir`, or a PostgreSQL server).
+    pub store: StoreConfig,
     /// The file this configuration was read from (`None`: defaults and environment only):
     /// relative paths of `[agents]` are taken from its directory.
     #[serde(skip)]
@@ -344,8 +350,59 @@ impl Default for TroupeConfig {
             history: HistoryConfig::default(),
             conversation: ConversationConfig::default(),
             agents: AgentsConfig::default(),
+            tools: troupe_proto::governance::ToolPolicyConfig::default(),
+            store: StoreConfig::default(),
             source: None,
         }
+    }
+}
+
+/// Which database `troupe serve` keeps its state in (`[store] backend`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, Default)]
+#[serde(rename_all = "kebab-case")]
+pub enum StoreBackend {
+    /// `<data_dir>/troupe.db` and `<data_dir>/rollout.db`, embedded: one node.
+    #[default]
+    Sqlite,
+    /// A PostgreSQL server at `postgres_url`, which several nodes can share.
+    Postgres,
+}
+
+/// `[store]`: where `troupe serve` keeps its durable state.
+#[derive(Clone, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct StoreConfig {
+    /// `sqlite` (the default) or `postgres`.
+    pub backend: StoreBackend,
+    /// The server of the `postgres` backend, as a connection URL
+    /// (`postgresql://user:password@host:port/database`, libpq's key=value form works too).
+    /// Never printed by `Debug`: it may hold a password.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub postgres_url: Option<String>,
+    /// Connections the store keeps to the server at most (the rollout has 4 more).
+    pub postgres_pool_size: usize,
+}
+
+impl Default for StoreConfig {
+    fn default() -> Self {
+        Self {
+            backend: StoreBackend::Sqlite,
+            postgres_url: None,
+            postgres_pool_size: 8,
+        }
+    }
+}
+
+impl std::fmt::Debug for StoreConfig {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("StoreConfig")
+            .field("backend", &self.backend)
+            .field(
+                "postgres_url",
+                &self.postgres_url.as_ref().map(|_| "<redacted>"),
+            )
+            .field("postgres_pool_size", &self.postgres_pool_size)
+            .finish()
     }
 }
 
@@ -478,6 +535,32 @@ pub struct ServerConfig {
     pub allowed_origins: Vec<String>,
     /// The A2A endpoint (`[server.a2a]`).
     pub a2a: A2aServerConfig,
+    /// The web console (`[server.console]`).
+    pub console: ConsoleConfig,
+}
+
+/// `[server.console]`: the web console `troupe serve` serves at `/`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct ConsoleConfig {
+    /// Serve the console (its pages at `/` and `/sessions/{id}`, its assets, sign-in).
+    pub enabled: bool,
+    /// A link to a task's trace: a URL with `{trace_id}` where the trace id goes (a Jaeger
+    /// or Grafana Tempo page); none: the trace id is shown without a link.
+    pub trace_url: Option<String>,
+    /// How long a console sign-in lasts (the cookie's lifetime).
+    #[serde(with = "humantime_serde")]
+    pub sign_in_ttl: Duration,
+}
+
+impl Default for ConsoleConfig {
+    fn default() -> Self {
+        Self {
+            enabled: true,
+            trace_url: None,
+            sign_in_ttl: Duration::from_secs(12 * 3600),
+        }
+    }
 }
 
 /// `[server.a2a]`: the A2A protocol endpoint of `troupe serve`.
@@ -494,6 +577,13 @@ pub struct A2aServerConfig {
     /// Absolute URL of the JSON-RPC endpoint written into the card (behind a proxy);
     /// default: from the request's Host header.
     pub public_url: Option<String>,
+    /// A context's conversation closes after this long without activity and reopens, with
+    /// its history, on the context's next message.
+    #[serde(with = "humantime_serde")]
+    pub idle_close: Duration,
+    /// Finished A2A tasks kept in the store for GetTask and ListTasks; older ones are
+    /// forgotten (with their push configs, and contexts left without a task).
+    pub keep_finished: usize,
 }
 
 impl Default for A2aServerConfig {
@@ -503,6 +593,8 @@ impl Default for A2aServerConfig {
             project: "a2a".into(),
             name: "troupe".into(),
             public_url: None,
+            idle_close: Duration::from_secs(600),
+            keep_finished: 10_000,
         }
     }
 }
@@ -526,6 +618,7 @@ impl Default for ServerConfig {
             allowed_hosts: Vec::new(),
             allowed_origins: Vec::new(),
             a2a: A2aServerConfig::default(),
+            console: ConsoleConfig::default(),
         }
     }
 }
@@ -550,6 +643,7 @@ impl std::fmt::Debug for ServerConfig {
             .field("allowed_hosts", &self.allowed_hosts)
             .field("allowed_origins", &self.allowed_origins)
             .field("a2a", &self.a2a)
+            .field("console", &self.console)
             .finish()
     }
 }
@@ -683,6 +777,9 @@ pub const ENV_VARS: &[(&str, &str)] = &[
     ("TROUPE_A2A", "server.a2a.enabled"),
     ("TROUPE_A2A_PROJECT", "server.a2a.project"),
     ("TROUPE_A2A_PUBLIC_URL", "server.a2a.public_url"),
+    ("TROUPE_A2A_IDLE_CLOSE", "server.a2a.idle_close"),
+    ("TROUPE_CONSOLE", "server.console.enabled"),
+    ("TROUPE_CONSOLE_TRACE_URL", "server.console.trace_url"),
     ("TROUPE_HISTORY_MAX_ITEMS", "history.max_items"),
     ("TROUPE_HISTORY_MAX_TOKENS", "history.max_tokens"),
     ("TROUPE_SUMMARIZER", "history.summarizer"),
@@ -690,6 +787,8 @@ pub const ENV_VARS: &[(&str, &str)] = &[
     ("TROUPE_CLOSE_TIMEOUT", "conversation.close_timeout"),
     ("TROUPE_APPROVAL_TIMEOUT", "conversation.approval_timeout"),
     ("TROUPE_AGENTS_DIR", "agents.dir"),
+    ("TROUPE_STORE_BACKEND", "store.backend (sqlite or postgres)"),
+    ("TROUPE_POSTGRES_URL", "store.postgres_url"),
 ];
 
 impl TroupeConfig {
@@ -711,6 +810,10 @@ impl TroupeConfig {
             endpoint: has("base_url"),
         };
         let mut config: Self = toml::from_str(&text).map_err(parse_error)?;
+        config.tools.validate().map_err(|e| ConfigError::Parse {
+            path: path.to_owned(),
+            message: format!("tools.{}: {}", e.field, e.message),
+        })?;
         config.named = named;
         config.source = Some(path.to_owned());
         Ok(config)
@@ -813,6 +916,15 @@ impl TroupeConfig {
         if let Some(v) = get("TROUPE_A2A_PUBLIC_URL") {
             self.server.a2a.public_url = Some(v);
         }
+        if let Some(v) = get("TROUPE_A2A_IDLE_CLOSE") {
+            self.server.a2a.idle_close = parse_duration("TROUPE_A2A_IDLE_CLOSE", &v)?;
+        }
+        if let Some(v) = get("TROUPE_CONSOLE") {
+            self.server.console.enabled = parse_bool("TROUPE_CONSOLE", &v)?;
+        }
+        if let Some(v) = get("TROUPE_CONSOLE_TRACE_URL") {
+            self.server.console.trace_url = Some(v).filter(|v| !v.trim().is_empty());
+        }
         if let Some(v) = get("TROUPE_AGENTS_DIR") {
             // From the environment: as given (relative to the working directory).
             let dir = std::path::PathBuf::from(v);
@@ -821,6 +933,12 @@ impl TroupeConfig {
             } else {
                 std::env::current_dir().unwrap_or_default().join(dir)
             });
+        }
+        if let Some(v) = get("TROUPE_STORE_BACKEND") {
+            self.store.backend = parse_enum("TROUPE_STORE_BACKEND", &v, "sqlite or postgres")?;
+        }
+        if let Some(v) = get("TROUPE_POSTGRES_URL") {
+            self.store.postgres_url = Some(v);
         }
         self.telemetry.apply_env(env)?;
         self.apply_conversation_env(&get)?;
@@ -1059,6 +1177,47 @@ tool_errors = { retry = { attempts = 2 } }
         );
         assert_eq!(c.model.idle_timeout, Duration::from_secs(45));
         assert_eq!(c.log_dir, std::path::PathBuf::from("logs"));
+    }
+
+    #[test]
+    fn the_store_section_and_its_variables() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("troupe.toml");
+        std::fs::write(
+            &path,
+            r#"
+[store]
+backend = "postgres"
+postgres_url = "postgresql://troupe:secret@db.internal:5432/troupe"
+postgres_pool_size = 3
+"#,
+        )
+        .unwrap();
+        let c = TroupeConfig::load(Some(&path), &env(&[])).unwrap();
+        assert_eq!(c.store.backend, StoreBackend::Postgres);
+        assert_eq!(c.store.postgres_pool_size, 3);
+        assert!(!format!("{c:?}").contains("secret"), "the URL is redacted");
+        let c = TroupeConfig::load(
+            Some(&path),
+            &env(&[
+                ("TROUPE_POSTGRES_URL", "postgresql://other/db"),
+                ("TROUPE_STORE_BACKEND", "sqlite"),
+            ]),
+        )
+        .unwrap();
+        assert_eq!(c.store.backend, StoreBackend::Sqlite, "env beats the file");
+        assert_eq!(
+            c.store.postgres_url.as_deref(),
+            Some("postgresql://other/db")
+        );
+        assert_eq!(TroupeConfig::default().store.backend, StoreBackend::Sqlite);
+        let err = TroupeConfig::load(None, &env(&[("TROUPE_STORE_BACKEND", "mysql")]))
+            .unwrap_err()
+            .to_string();
+        assert!(
+            err.contains("TROUPE_STORE_BACKEND") && err.contains("sqlite or postgres"),
+            "{err}"
+        );
     }
 
     #[test]

@@ -15,8 +15,8 @@
 //! | `turn_start` | `TaskStarted` | user | the input | |
 //! | `assistant_chunk` | `AssistantChunk` | assistant | the delta | |
 //! | `assistant` | `AssistantMessage` | assistant | the text | tokens of the step |
-//! | `action` | `ToolCallStarted` | assistant | arguments (JSON text) | tool, call_id |
-//! | `observation` | `ToolCallFinished` | tool | output | tool, call_id, is_error, duration_ms |
+//! | `action` | `ToolCallStarted` | assistant | arguments (JSON text) | tool, call_id, agent_id, event (`tool_call`) |
+//! | `observation` | `ToolCallFinished` | tool | output | tool, call_id, is_error, duration_ms, agent_id, event (`tool_result` or `tool_error`) |
 //! | `final` | `TaskFinished` (non-empty text) | assistant | the text | |
 //! | `turn_end` | `TaskFinished`, `TaskAborted` | system | status | status, steps, tool_calls, duration_ms, error, tokens (+ `steps`) |
 //! | `error` | `Error` | system | the message | kind |
@@ -70,8 +70,8 @@
 //! A record read back from storage is what its conversation's policy kept: the whole event
 //! (`Full`, `Ttl`) gives the same lines as the live event; headers give the same line types
 //! with the sizes the headers keep, but no call ids (`action`, `observation`), no warning code
-//! (`unknown`), no prompt estimates, and no `approval` lines (the headers keep no approval
-//! id).
+//! in records written before headers kept it (`unknown`), no prompt estimates, and no
+//! `approval` lines (the headers keep no approval id).
 //!
 //! The XML export of the older format is in [`xml`].
 
@@ -514,13 +514,15 @@ impl HistoryLog {
                 }
                 return;
             }
-            EventKind::ToolCallStarted { call } => {
+            EventKind::ToolCallStarted { call, agent_id } => {
                 turn.tool_calls += 1;
                 if level == Level::Minimal {
                     return;
                 }
                 meta.tool = Some(call.name.clone());
                 meta.call_id = Some(call.call_id.clone());
+                meta.agent_id.clone_from(agent_id);
+                meta.extra.insert("event".into(), "tool_call".into());
                 let content = keep(level, size, &call.arguments.0.to_string(), &mut meta);
                 (LineType::Action, LineRole::Assistant, content)
             }
@@ -530,11 +532,19 @@ impl HistoryLog {
                 output,
                 is_error,
                 duration_ms,
+                agent_id,
             } if level != Level::Minimal => {
                 meta.tool = Some(name.clone());
                 meta.call_id = Some(call_id.clone());
                 meta.is_error = Some(*is_error);
                 meta.duration_ms = Some(*duration_ms);
+                meta.agent_id.clone_from(agent_id);
+                let seed_name = if *is_error {
+                    "tool_error"
+                } else {
+                    "tool_result"
+                };
+                meta.extra.insert("event".into(), seed_name.into());
                 let content = keep(level, size, output, &mut meta);
                 (LineType::Observation, LineRole::Tool, content)
             }
@@ -730,6 +740,7 @@ fn stand_in(record: &RolloutRecord) -> Option<EventKind> {
                 name: meta.tool.clone()?,
                 arguments: Json(serde_json::Value::Null),
             },
+            agent_id: meta.agent_id.clone(),
         },
         EventName::ToolCallFinished => EventKind::ToolCallFinished {
             call_id: String::new(),
@@ -737,12 +748,45 @@ fn stand_in(record: &RolloutRecord) -> Option<EventKind> {
             output: String::new(),
             is_error: meta.is_error.unwrap_or_default(),
             duration_ms: meta.duration_ms.unwrap_or_default(),
+            agent_id: meta.agent_id.clone(),
         },
         EventName::Warning => EventKind::Warning {
-            code: WarningCode::Unknown,
+            code: meta.code.unwrap_or(WarningCode::Unknown),
             message: String::new(),
         },
         EventName::Error => EventKind::Error { error: error? },
+        EventName::RouteDecided => {
+            let route = meta.route?;
+            EventKind::RouteDecided {
+                decision: route.decision,
+                agent_id: meta.agent_id.clone(),
+                module: None,
+                confidence: route.confidence,
+                source: route.source,
+                reason: String::new(),
+            }
+        }
+        EventName::DispatchSent => EventKind::DispatchSent {
+            dispatch_id: meta.dispatch_id?,
+            agent_id: meta.agent_id.clone()?,
+            provider: meta.provider?,
+            provider_session_id: meta.provider_session_id.clone(),
+            chain: troupe_proto::agent::ExecutionChain::default(),
+            lease_ttl_ms: 0,
+            input: String::new(),
+        },
+        EventName::DispatchResult => EventKind::DispatchResult {
+            dispatch_id: meta.dispatch_id?,
+            agent_id: meta.agent_id.clone()?,
+            provider_session_id: meta.provider_session_id.clone(),
+            status: meta.dispatch?,
+            text: String::new(),
+            error,
+            duration_ms: meta.duration_ms.unwrap_or_default(),
+        },
+        EventName::AskHuman => EventKind::AskHuman {
+            question: String::new(),
+        },
         _ => return None,
     })
 }
@@ -793,6 +837,10 @@ fn error_of_kind(kind: ErrorKind) -> AgentError {
             reason: troupe_proto::agent::PolicyReason::Cycle,
             chain: Vec::new(),
             message: none(),
+        },
+        ErrorKind::GuardrailFailed => AgentError::GuardrailFailed {
+            attempts: 0,
+            problems: Vec::new(),
         },
     }
 }
@@ -845,6 +893,150 @@ fn loose_line(
             meta.code = Some(code.as_str().to_owned());
             let content = keep(level, size, message, meta);
             Some((LineType::Warning, LineRole::System, content))
+        }
+        event => agent_line(event, level, size, meta),
+    }
+}
+
+/// The line of an agent event (seed 003 §9.1 names its type); `None` for other events.
+fn agent_line(
+    event: &EventKind,
+    level: Level,
+    size: Option<u64>,
+    meta: &mut LineMeta,
+) -> Option<(LineType, LineRole, String)> {
+    let system = |kind, content| Some((kind, LineRole::System, content));
+    match event {
+        EventKind::SessionCreated {
+            agent_id,
+            provider,
+            provider_session_id,
+            dispatch_id,
+        }
+        | EventKind::SessionResumed {
+            agent_id,
+            provider,
+            provider_session_id,
+            dispatch_id,
+        } => {
+            meta.agent_id = Some(agent_id.clone());
+            meta.provider = Some(provider.as_str().to_owned());
+            meta.provider_session_id = Some(provider_session_id.clone());
+            meta.dispatch_id = dispatch_id.map(|d| d.to_string());
+            let kind = if matches!(event, EventKind::SessionCreated { .. }) {
+                LineType::SessionCreated
+            } else {
+                LineType::SessionResumed
+            };
+            system(kind, provider_session_id.clone())
+        }
+        EventKind::SessionBound {
+            agent_id,
+            provider,
+            provider_session_id,
+            replaced,
+            dispatch_id,
+        } => {
+            meta.agent_id = Some(agent_id.clone());
+            meta.provider = Some(provider.as_str().to_owned());
+            meta.provider_session_id = Some(provider_session_id.clone());
+            meta.dispatch_id = dispatch_id.map(|d| d.to_string());
+            if let Some(old) = replaced {
+                meta.extra.insert("replaced".into(), serde_json::json!(old));
+            }
+            system(LineType::SessionBound, provider_session_id.clone())
+        }
+        EventKind::RouteDecided {
+            decision,
+            agent_id,
+            module,
+            confidence,
+            source,
+            reason,
+        } => {
+            meta.decision = Some(decision.as_str().to_owned());
+            meta.agent_id.clone_from(agent_id);
+            meta.confidence = Some(*confidence);
+            meta.source = Some(source.as_str().to_owned());
+            if let Some(module) = module {
+                meta.extra
+                    .insert("module".into(), serde_json::json!(module));
+            }
+            system(LineType::RouteDecided, keep(level, size, reason, meta))
+        }
+        EventKind::DispatchSent {
+            dispatch_id,
+            agent_id,
+            provider,
+            provider_session_id,
+            chain,
+            lease_ttl_ms,
+            input,
+        } => {
+            meta.agent_id = Some(agent_id.clone());
+            meta.provider = Some(provider.as_str().to_owned());
+            meta.provider_session_id.clone_from(provider_session_id);
+            meta.dispatch_id = Some(dispatch_id.to_string());
+            meta.chain = Some(chain.0.clone());
+            meta.extra
+                .insert("lease_ttl_ms".into(), serde_json::json!(lease_ttl_ms));
+            system(LineType::DispatchSent, keep(level, size, input, meta))
+        }
+        EventKind::DispatchResult {
+            dispatch_id,
+            agent_id,
+            provider_session_id,
+            status,
+            text,
+            error,
+            duration_ms,
+        } => {
+            meta.agent_id = Some(agent_id.clone());
+            meta.provider_session_id.clone_from(provider_session_id);
+            meta.dispatch_id = Some(dispatch_id.to_string());
+            meta.outcome = Some(status.as_str().to_owned());
+            meta.duration_ms = Some(*duration_ms);
+            meta.error = error.as_ref().map(|e| ErrorMeta {
+                kind: e.kind(),
+                message: (level == Level::Full).then(|| e.to_string()),
+            });
+            let content = keep(level, size, text, meta);
+            Some((LineType::DispatchResult, LineRole::Assistant, content))
+        }
+        EventKind::PolicyRejected {
+            agent_id,
+            chain,
+            reason,
+            message,
+            tool,
+        } => {
+            meta.agent_id = Some(agent_id.clone());
+            meta.tool.clone_from(tool);
+            meta.chain = Some(chain.0.clone());
+            meta.code = Some(reason.as_str().to_owned());
+            system(LineType::PolicyRejected, keep(level, size, message, meta))
+        }
+        EventKind::AskHuman { question } => {
+            let content = keep(level, size, question, meta);
+            Some((LineType::AskHuman, LineRole::Assistant, content))
+        }
+        EventKind::GuardrailFailed {
+            agent_id,
+            attempts,
+            problems,
+            status,
+            action,
+        } => {
+            meta.agent_id.clone_from(agent_id);
+            meta.outcome = serde_json::to_value(status)
+                .ok()
+                .and_then(|v| v.as_str().map(str::to_owned));
+            meta.extra
+                .insert("attempts".into(), serde_json::json!(attempts));
+            meta.extra
+                .insert("action".into(), serde_json::json!(action));
+            // Paths and keywords, never the answer's values: kept under every policy.
+            system(LineType::GuardrailFailed, problems.join("; "))
         }
         _ => None,
     }

@@ -10,6 +10,7 @@ pub mod assembly;
 pub mod config;
 pub mod exec;
 pub mod history_log;
+pub mod live;
 pub mod mcp;
 pub mod openai;
 pub mod scripted;
@@ -27,4 +28,7 @@ pub fn describe_metrics() {
     openai::metrics::describe();
     mcp::metrics::describe();
     exec::metrics::describe();
+    live::metrics::describe();
+    // External ACP agents run in sessions' hubs: their series exist from the start too.
+    troupe_acp::describe_metrics();
 }

@@ -3,9 +3,11 @@
 //! (`ModelInfo::provider == "scripted"`).
 //!
 //! A script is a queue of replies consumed one per model call (a Step). Each reply may wait,
-//! stream text in chunks, call tools, fail, or hang (honouring cancellation or not). When the
-//! queue is empty the model answers by rule: it reports the last tool observation, or
-//! repeats the last user message.
+//! stream text in chunks, call tools, fail, or hang (honouring cancellation or not). Its text
+//! may be given as JSON (`json`: a structured answer) or as an A2A reply form (`a2a`: the
+//! A2A endpoint's file, link, data, message-only, input-required and rejected replies), so
+//! every A2A path runs offline. When the queue is empty the model answers by rule: it reports
+//! the last tool observation, or repeats the last user message.
 
 use async_trait::async_trait;
 use serde::{Deserialize, Serialize};
@@ -41,6 +43,11 @@ pub struct ScriptedReply {
     pub delay_ms: u64,
     /// Text to stream.
     pub text: Option<String>,
+    /// A JSON answer: its compact text is the reply's text (when `text` is not set).
+    pub json: Option<serde_json::Value>,
+    /// An A2A reply form (`{"reply", "state", "text", "parts"}`, see the A2A endpoint): the
+    /// reply's text is `{"a2a": <this>}` (when neither `text` nor `json` is set).
+    pub a2a: Option<serde_json::Value>,
     /// Streamed in chunks of this many characters (0 = one chunk).
     pub chunk_chars: usize,
     pub tool_calls: Vec<ScriptedCall>,
@@ -58,6 +65,8 @@ impl Default for ScriptedReply {
         Self {
             delay_ms: 0,
             text: None,
+            json: None,
+            a2a: None,
             chunk_chars: 0,
             tool_calls: Vec::new(),
             error: None,
@@ -74,6 +83,34 @@ impl ScriptedReply {
             honour_cancel: true,
             ..Self::default()
         }
+    }
+
+    /// A JSON answer.
+    pub fn json(value: serde_json::Value) -> Self {
+        Self {
+            json: Some(value),
+            ..Self::default()
+        }
+    }
+
+    /// An A2A reply form (see [`ScriptedReply::a2a`]).
+    pub fn a2a(form: serde_json::Value) -> Self {
+        Self {
+            a2a: Some(form),
+            ..Self::default()
+        }
+    }
+
+    /// The text this reply answers with: `text`, else the JSON answer, else the reply form.
+    pub fn answer_text(&self) -> Option<String> {
+        self.text
+            .clone()
+            .or_else(|| self.json.as_ref().map(serde_json::Value::to_string))
+            .or_else(|| {
+                self.a2a
+                    .as_ref()
+                    .map(|f| serde_json::json!({ "a2a": f }).to_string())
+            })
     }
 
     pub fn tool(name: impl Into<String>, arguments: serde_json::Value) -> Self {
@@ -229,6 +266,7 @@ impl ModelClient for ScriptedModel {
             .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         let reply = self.next_reply();
         let mut reply = reply.unwrap_or_default();
+        reply.text = reply.answer_text();
         if reply.text.is_none()
             && reply.tool_calls.is_empty()
             && reply.error.is_none()
@@ -328,6 +366,21 @@ mod tests {
         ];
         assert_eq!(default_answer(items.iter()), "The tool answered: 42");
         assert_eq!(default_answer(items[..1].iter()), "You said: hi");
+    }
+
+    #[test]
+    fn json_and_reply_forms_are_the_text() {
+        let s: Script = serde_json::from_str(
+            r#"{"replies":[{"json":{"total":3}},{"a2a":{"state":"rejected","text":"No."}},{"text":"t","json":[1]}]}"#,
+        )
+        .unwrap();
+        assert_eq!(s.replies[0].answer_text().unwrap(), r#"{"total":3}"#);
+        assert_eq!(
+            s.replies[1].answer_text().unwrap(),
+            r#"{"a2a":{"state":"rejected","text":"No."}}"#
+        );
+        assert_eq!(s.replies[2].answer_text().unwrap(), "t", "text first");
+        assert_eq!(ScriptedReply::default().answer_text(), None);
     }
 
     #[test]

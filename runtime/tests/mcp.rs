@@ -1201,7 +1201,9 @@ mod oauth {
                 unreachable!()
             };
             assert!(reason.contains("troupe mcp login remote"), "{reason}");
-            assert_eq!(protected.stats().refused_refreshes, 1);
+            // Refused at least once: on a loaded machine a second attempt can come before the
+            // connection has ended, and is refused the same way.
+            assert!(protected.stats().refused_refreshes >= 1);
         })
         .await;
 

@@ -55,7 +55,7 @@ impl CreateSession {
 }
 
 /// `conversation.message` / `conversation.send` / `POST /api/sessions/{id}/messages`.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct SendText {
     /// Default: the session's root conversation.
@@ -65,6 +65,38 @@ pub struct SendText {
     /// Wait for the reply (default) or answer once the message is stored.
     #[serde(default = "yes")]
     pub wait: bool,
+    /// The request layer of the task's tool policy (A5): it can only narrow.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tools: Option<troupe_proto::agent::ToolRules>,
+    /// Authorization tokens for the tools that need one (A5). Never stored or logged.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub authorization: Vec<String>,
+}
+
+/// Never prints a token.
+impl std::fmt::Debug for SendText {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("SendText")
+            .field("conversation_id", &self.conversation_id)
+            .field("text", &self.text)
+            .field("wait", &self.wait)
+            .field("tools", &self.tools)
+            .field(
+                "authorization",
+                &format_args!("[{} tokens]", self.authorization.len()),
+            )
+            .finish()
+    }
+}
+
+impl SendText {
+    /// What it asks of tool governance.
+    pub fn options(&self) -> troupe_proto::governance::MessageOptions {
+        troupe_proto::governance::MessageOptions {
+            tools: self.tools.clone(),
+            authorization: self.authorization.clone(),
+        }
+    }
 }
 
 fn yes() -> bool {

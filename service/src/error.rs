@@ -33,6 +33,7 @@ pub const INTERRUPTED: i64 = -32012;
 /// The answers to one request would pass the service's answer budget.
 pub const ANSWER_TOO_LARGE: i64 = -32013;
 pub const POLICY_REJECTED: i64 = -32014;
+pub const GUARDRAIL_FAILED: i64 = -32015;
 
 /// The JSON-RPC code of an error kind.
 pub const fn rpc_code(kind: ErrorKind) -> i64 {
@@ -52,6 +53,7 @@ pub const fn rpc_code(kind: ErrorKind) -> i64 {
         ErrorKind::Internal => INTERNAL_ERROR,
         ErrorKind::Interrupted => INTERRUPTED,
         ErrorKind::PolicyRejected => POLICY_REJECTED,
+        ErrorKind::GuardrailFailed => GUARDRAIL_FAILED,
     }
 }
 
@@ -64,7 +66,9 @@ pub const fn http_status(kind: ErrorKind) -> StatusCode {
         ErrorKind::Timeout => StatusCode::GATEWAY_TIMEOUT,
         ErrorKind::Cancelled | ErrorKind::ToolConflict => StatusCode::CONFLICT,
         ErrorKind::ApprovalDenied | ErrorKind::PolicyRejected => StatusCode::FORBIDDEN,
-        ErrorKind::StoragePolicyViolation => StatusCode::UNPROCESSABLE_ENTITY,
+        ErrorKind::StoragePolicyViolation | ErrorKind::GuardrailFailed => {
+            StatusCode::UNPROCESSABLE_ENTITY
+        }
         ErrorKind::McpError | ErrorKind::ModelError => StatusCode::BAD_GATEWAY,
         ErrorKind::SandboxError
         | ErrorKind::ToolError
@@ -177,7 +181,7 @@ impl IntoResponse for ApiError {
 
 /// Middleware: an error answered without the JSON body (a rejection of axum's own
 /// extractors: a WebSocket route without `Upgrade`, an unreadable body, ...) gets it, keeping
-/// its status and its text as the message. Every error of the service is `{code, message,
+/// its status and its text as the message (the console's HTML pages are left as they are). Every error of the service is `{code, message,
 /// details}`.
 pub async fn json_errors(req: axum::extract::Request, next: axum::middleware::Next) -> Response {
     let response = next.run(req).await;
@@ -186,7 +190,7 @@ pub async fn json_errors(req: axum::extract::Request, next: axum::middleware::Ne
         .headers()
         .get(header::CONTENT_TYPE)
         .and_then(|v| v.to_str().ok())
-        .is_some_and(|t| t.starts_with("application/json"));
+        .is_some_and(|t| t.starts_with("application/json") || t.starts_with("text/html"));
     if !(status.is_client_error() || status.is_server_error()) || is_json {
         return response;
     }
@@ -276,7 +280,7 @@ impl From<AgentError> for RpcError {
 mod tests {
     use super::*;
 
-    const KINDS: [ErrorKind; 15] = [
+    const KINDS: [ErrorKind; 16] = [
         ErrorKind::Cancelled,
         ErrorKind::Timeout,
         ErrorKind::ApprovalDenied,
@@ -292,6 +296,7 @@ mod tests {
         ErrorKind::Internal,
         ErrorKind::Interrupted,
         ErrorKind::PolicyRejected,
+        ErrorKind::GuardrailFailed,
     ];
 
     #[test]
@@ -306,7 +311,7 @@ mod tests {
         codes.sort_unstable();
         codes.dedup();
         assert_eq!(codes.len(), n);
-        assert_eq!(n, 13);
+        assert_eq!(n, 14);
     }
 
     #[test]

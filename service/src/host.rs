@@ -22,7 +22,10 @@
 //! - `TaskDone` → store the outcome and the reply ([`plan::outcome`]) → answer the waiter →
 //!   emit `message_updated` → start the conversation's next message.
 //! - `Open`, `SetContext`, `Close` → a task asks the session → `Opened`, `ContextChanged`,
-//!   `Closed` → store the change, reply. A close cancels the conversation's queued messages.
+//!   `Closed` → store the change, reply. A close cancels the conversation's queued messages;
+//!   once nothing of it runs, the host forgets it (it keeps only open conversations).
+//! - `Reopen` → a task reads the closed conversation's record and asks the session to restore
+//!   it under its id (history from its rollout) → `Reopened` → store it open again, reply.
 //! - `CancelAll` → the conversation's queued messages end `cancelled` (stored first), then a
 //!   task asks the session to cancel what runs (its message ends `cancelled` by `TaskDone`)
 //!   and replies with the total.
@@ -38,7 +41,8 @@
 //! A host is started for a session that was just created (its session already runs), or to
 //! activate a stored one on its first use or because it has pending messages. Activation
 //! (`post_start`) starts the session again under its ids (open conversations reopened from
-//! their rollout; a task a crash interrupted is recorded as aborted there), then settles every
+//! their rollout, closed ones not even read: a session with many closed conversations starts
+//! as fast as one without; a task a crash interrupted is recorded as aborted there), then settles every
 //! pending message ([`plan::recover`]): one that was running ends `aborted`; one that was
 //! queued runs, unless its conversation closed (`cancelled`) or its text was never stored
 //! because its conversation's storage policy keeps no content (`aborted`, with that reason).
@@ -66,6 +70,7 @@ use std::time::{Duration, Instant};
 use tokio::task::JoinHandle;
 use tracing::Instrument;
 use troupe_actors::clock::unix_now_ms as now_ms;
+use troupe_actors::governance::RequestGovernance;
 use troupe_actors::{SessionConfig, SessionHandle, SessionPorts};
 use troupe_proto::store::{ConversationRecord, MessageRecord, SessionRecord};
 use troupe_proto::{
@@ -113,6 +118,8 @@ pub enum HostMsg {
         conversation_id: Option<ConversationId>,
         text: String,
         wait: bool,
+        /// Its request layer of the tool policy and the digests of the tokens it presented.
+        governance: RequestGovernance,
         reply: Reply<Sent>,
     },
     /// Opens a conversation.
@@ -130,6 +137,12 @@ pub enum HostMsg {
     Close {
         conversation_id: ConversationId,
         reply: Reply<Closed>,
+    },
+    /// Opens a closed conversation of this session again, under its id and with its stored
+    /// parameters, its history rebuilt from its rollout; an open one: nothing to do.
+    Reopen {
+        conversation_id: ConversationId,
+        reply: Reply<()>,
     },
     /// Cancels a conversation's queued messages (they end `cancelled`) and its running task;
     /// answers how many.
@@ -164,6 +177,11 @@ pub enum HostMsg {
         result: Result<Closed, AgentError>,
         reply: Reply<Closed>,
     },
+    /// The session opened a closed conversation again for `Reopen` (or could not).
+    Reopened {
+        result: Result<ConversationRecord, AgentError>,
+        reply: Reply<()>,
+    },
     /// A stopped session was started again (or could not be).
     SessionRestarted {
         result: Result<SessionHandle, AgentError>,
@@ -181,6 +199,9 @@ struct Running {
 struct Waiting {
     message: MessageRecord,
     text: String,
+    /// Kept in memory; its request layer is in the message's metadata too, so a message run
+    /// after a restart keeps it (its tokens do not: they are presented again).
+    governance: RequestGovernance,
     waiter: Option<Reply<Sent>>,
 }
 
@@ -298,10 +319,11 @@ impl Actor for SessionHost {
                 conversation_id,
                 text,
                 wait,
+                governance,
                 reply,
             } => {
                 state
-                    .send(&myself, conversation_id, text, wait, reply)
+                    .send(&myself, conversation_id, text, wait, governance, reply)
                     .await
             }
             HostMsg::TaskDone {
@@ -347,6 +369,14 @@ impl Actor for SessionHost {
                 conversation_id,
                 reply,
             } => state.cancel_all(conversation_id, reply).await,
+            HostMsg::Reopen {
+                conversation_id,
+                reply,
+            } => state.reopen(&myself, conversation_id, reply),
+            HostMsg::Reopened { result, reply } => {
+                let r = state.reopened(result).await;
+                let _ = reply.send(r);
+            }
             HostMsg::Drain { reply } => {
                 state.draining = true;
                 state.drain_waiters.push(reply);

@@ -23,6 +23,8 @@
 //! - [`stream`]: the event stream every transport reads, and the client event types.
 //! - [`listen`]: the HTTP/1 connections (timeouts for slow and idle clients, a connection
 //!   cap); [`edge`]: the Host, Origin and content-type checks every request passes first.
+//! - [`console`]: the web console at `/` (its pages, embedded assets and sign-in,
+//!   [`sign_in`]).
 //! - [`auth`], [`error`], [`metrics`].
 //! - The Ttl sweeper ([`troupe_store::ttl`]): one sweep at start-up, before sessions are restored
 //!   and anything is served, then one every `ttl_sweep_interval` until shutdown begins.
@@ -40,6 +42,7 @@ pub mod a2a;
 pub mod admission;
 pub mod api;
 pub mod auth;
+pub mod console;
 pub mod edge;
 pub mod error;
 pub mod extract;
@@ -52,6 +55,7 @@ pub mod rest;
 pub mod router;
 pub mod rpc;
 pub mod sessions_api;
+pub mod sign_in;
 pub mod state;
 pub mod stdio;
 pub mod stream;
@@ -93,6 +97,7 @@ pub struct Service {
     allowed_origins: Vec<String>,
     limits: listen::ConnLimits,
     a2a: troupe_runtime::config::A2aServerConfig,
+    console: troupe_runtime::config::ConsoleConfig,
     /// What the A2A extended card adds: the shell tool and the configured MCP servers.
     a2a_skills: Vec<serde_json::Value>,
 }
@@ -112,6 +117,7 @@ pub fn describe_metrics() {
     troupe_actors::describe_metrics();
     metrics::describe();
     a2a::metrics::describe();
+    troupe_a2a::describe_metrics();
     troupe_runtime::describe_metrics();
     troupe_store::describe_metrics();
 }
@@ -182,6 +188,7 @@ impl Service {
                 max_connections: config.server.max_connections,
             },
             a2a: config.server.a2a.clone(),
+            console: config.server.console.clone(),
             a2a_skills: a2a::card::tool_skills(
                 true,
                 &config
@@ -196,10 +203,18 @@ impl Service {
 
     /// The router, with `extra` routes (the A2A endpoint) merged in.
     pub fn router(&self, extra: ExtraRoutes) -> axum::Router {
+        self.router_on(None, extra)
+    }
+
+    /// The router of a service listening on `port` (the console's cookie is named for it).
+    fn router_on(&self, port: Option<u16>, extra: ExtraRoutes) -> axum::Router {
         router::router(
             self.state.clone(),
-            self.auth.clone(),
+            self.auth
+                .clone()
+                .with_sign_in(port, self.console.sign_in_ttl),
             self.metrics_public,
+            self.console.enabled.then(|| self.console.clone()),
             extra,
         )
     }
@@ -250,7 +265,7 @@ impl Service {
         let policy = Arc::new(self.edge_policy(addr)?);
         let (a2a, extra) = self.extra_routes().await?;
         let app = self
-            .router(extra)
+            .router_on(Some(addr.port()), extra)
             .layer(axum::middleware::from_fn_with_state(policy, edge::guard));
         let stop = self.state.shutdown.clone();
         let limits = self.limits;
@@ -360,9 +375,11 @@ impl std::fmt::Debug for Storage {
 }
 
 /// The service's storage: with `ephemeral` the store and every rollout are in memory (nothing
-/// is written to disk); otherwise the store is `<data_dir>/troupe.db` and every session's rollout is in
-/// `<data_dir>/rollout.db` (see `SqliteRolloutStorage::path_in`).
-pub fn open_store(config: &TroupeConfig, ephemeral: bool) -> Result<Storage, AgentError> {
+/// is written to disk); otherwise as `[store] backend` says: SQLite, the store in
+/// `<data_dir>/troupe.db` and every session's rollout in `<data_dir>/rollout.db` (see
+/// `SqliteRolloutStorage::path_in`), or PostgreSQL, both on the server at `[store]
+/// postgres_url`, whose schema is brought up to date.
+pub async fn open_store(config: &TroupeConfig, ephemeral: bool) -> Result<Storage, AgentError> {
     if ephemeral {
         return Ok(Storage {
             store: Arc::new(troupe_store::memory::MemoryStore::new()),
@@ -371,6 +388,13 @@ pub fn open_store(config: &TroupeConfig, ephemeral: bool) -> Result<Storage, Age
                 .to_owned(),
         });
     }
+    match config.store.backend {
+        troupe_runtime::config::StoreBackend::Sqlite => open_sqlite(config),
+        troupe_runtime::config::StoreBackend::Postgres => open_postgres(config).await,
+    }
+}
+
+fn open_sqlite(config: &TroupeConfig) -> Result<Storage, AgentError> {
     // Where the rollout goes is decided before the store creates troupe.db.
     let rollout_path = troupe_store::SqliteRolloutStorage::path_in(&config.data_dir)?;
     let store = troupe_store::SqliteStore::open_in(&config.data_dir)?;
@@ -385,6 +409,53 @@ pub fn open_store(config: &TroupeConfig, ephemeral: bool) -> Result<Storage, Age
             rollout_path.display()
         ),
     })
+}
+
+/// The `[store] postgres_url`, or what to set.
+pub fn postgres_url(config: &TroupeConfig) -> Result<String, AgentError> {
+    config
+        .store
+        .postgres_url
+        .clone()
+        .filter(|u| !u.trim().is_empty())
+        .ok_or_else(|| {
+            AgentError::invalid(
+                "[store] backend = \"postgres\" needs [store] postgres_url (or TROUPE_POSTGRES_URL)",
+            )
+        })
+}
+
+#[cfg(feature = "postgres")]
+async fn open_postgres(config: &TroupeConfig) -> Result<Storage, AgentError> {
+    let url = postgres_url(config)?;
+    let options = troupe_store::PgOptions {
+        pool_size: config.store.postgres_pool_size,
+        ..troupe_store::PgOptions::default()
+    };
+    let store = troupe_store::PgStore::connect_with(&url, options).await?;
+    let rollout = {
+        let url = url.clone();
+        tokio::task::spawn_blocking(move || troupe_store::PgRolloutStorage::connect(&url))
+            .await
+            .map_err(|e| AgentError::internal(format!("postgres rollout storage: {e}")))??
+    };
+    Ok(Storage {
+        store: Arc::new(store),
+        rollout: Some(Arc::new(rollout)),
+        description: format!(
+            "store and rollout: PostgreSQL at {}",
+            troupe_store::describe_pg_url(&url)
+        ),
+    })
+}
+
+#[cfg(not(feature = "postgres"))]
+async fn open_postgres(config: &TroupeConfig) -> Result<Storage, AgentError> {
+    postgres_url(config)?;
+    Err(AgentError::invalid(
+        "this build of troupe has no PostgreSQL store (cargo feature `postgres`); \
+         use [store] backend = \"sqlite\"",
+    ))
 }
 
 /// An API without tokens may only listen on loopback.

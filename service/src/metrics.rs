@@ -34,6 +34,8 @@ pub const MESSAGES_FINISHED_TOTAL: &str = "troupe_messages_finished_total";
 pub const SESSIONS_ACTIVE: &str = "troupe_sessions_active";
 /// Sessions activated, by why (`request`: first use; `pending`: unfinished messages at start).
 pub const SESSION_ACTIVATIONS_TOTAL: &str = "troupe_session_activations_total";
+/// Closed conversations opened again (an A2A context's next message after its idle close).
+pub const CONVERSATIONS_REOPENED_TOTAL: &str = "troupe_conversations_reopened_total";
 /// The service's own actors (the registry, the A2A endpoint's) restarted by their
 /// supervisor, by component and outcome.
 pub const SERVICE_RESTARTS_TOTAL: &str = "troupe_service_restarts_total";
@@ -41,6 +43,11 @@ pub const SERVICE_RESTARTS_TOTAL: &str = "troupe_service_restarts_total";
 pub const SERVICE_HEALTHY: &str = "troupe_service_healthy";
 /// Streaming clients (WebSocket, stdio) the service dropped, by transport and reason.
 pub const STREAM_CLIENTS_DROPPED_TOTAL: &str = "troupe_stream_clients_dropped_total";
+/// Sign-ins to the web console, by outcome (`ok`, `refused`: not a valid token, `open`: no
+/// tokens are configured, nothing to sign in to).
+pub const CONSOLE_SIGN_INS_TOTAL: &str = "troupe_console_sign_ins_total";
+/// The outcomes of a console sign-in.
+pub const SIGN_IN_OUTCOMES: [&str; 3] = ["ok", "refused", "open"];
 /// Why a streaming client was dropped: it left its outbox full, or one write to it took too
 /// long.
 pub const DROP_REASONS: [&str; 2] = ["outbox_full", "send_timeout"];
@@ -137,6 +144,12 @@ pub fn describe() {
         "Sessions activated, by reason (request, pending)"
     );
     describe_counter!(
+        CONVERSATIONS_REOPENED_TOTAL,
+        Unit::Count,
+        "Closed conversations opened again under their id, their history rebuilt from the \
+         rollout (an A2A context's next message after its idle close)"
+    );
+    describe_counter!(
         SERVICE_RESTARTS_TOTAL,
         Unit::Count,
         "The service's own actors restarted by their supervisor, by component (registry, a2a) \
@@ -148,6 +161,12 @@ pub fn describe() {
         "Streaming clients disconnected for not reading, by transport (rpc_ws, events_ws, \
          stdio) and reason (outbox_full: frames worth the outbox left unread; send_timeout: \
          one write took too long)"
+    );
+    describe_counter!(
+        CONSOLE_SIGN_INS_TOTAL,
+        Unit::Count,
+        "Sign-ins to the web console, by outcome (ok; refused: not a valid token; open: no \
+         tokens are configured)"
     );
     describe_gauge!(
         SERVICE_HEALTHY,
@@ -183,6 +202,9 @@ pub fn service_series_start_at_zero() {
                 .increment(0);
         }
     }
+    for outcome in SIGN_IN_OUTCOMES {
+        counter!(CONSOLE_SIGN_INS_TOTAL, "outcome" => outcome).increment(0);
+    }
     for refusal in crate::edge::Refusal::ALL {
         counter!(API_REFUSED_TOTAL, "reason" => refusal.reason()).increment(0);
     }
@@ -191,6 +213,7 @@ pub fn service_series_start_at_zero() {
     }
     gauge!(HTTP_CONNECTIONS_OPEN).increment(0.0);
     gauge!(SESSIONS_ACTIVE).increment(0.0);
+    counter!(CONVERSATIONS_REOPENED_TOTAL).increment(0);
     session_restarts_start_at_zero();
     for transport in SUBSCRIBER_TRANSPORTS {
         gauge!(STREAM_SUBSCRIBERS, "transport" => transport).increment(0.0);
@@ -229,6 +252,11 @@ pub fn message_refused(error: &troupe_proto::AgentError) {
 /// A message reached its outcome.
 pub fn message_finished(status: troupe_proto::store::MessageStatus) {
     counter!(MESSAGES_FINISHED_TOTAL, "status" => status.as_str()).increment(1);
+}
+
+/// A closed conversation was opened again.
+pub fn conversation_reopened() {
+    counter!(CONVERSATIONS_REOPENED_TOTAL).increment(1);
 }
 
 /// A session was activated (`request` or `pending`).
@@ -293,6 +321,11 @@ pub fn request(route: &str, status: u16, elapsed: Duration) {
 }
 
 /// A request refused at the edge.
+/// A console sign-in; `outcome` is one of [`SIGN_IN_OUTCOMES`].
+pub fn console_sign_in(outcome: &'static str) {
+    counter!(CONSOLE_SIGN_INS_TOTAL, "outcome" => outcome).increment(1);
+}
+
 pub fn edge_refused(refusal: crate::edge::Refusal) {
     counter!(API_REFUSED_TOTAL, "reason" => refusal.reason()).increment(1);
 }

@@ -98,7 +98,14 @@ pub async fn post_message(
     let sent = app
         .rpc
         .sessions
-        .send(scope, id, send.conversation_id, send.text, wait)
+        .send(
+            scope,
+            id,
+            send.conversation_id,
+            send.text.clone(),
+            wait,
+            send.options(),
+        )
         .await?;
     let status = if wait {
         StatusCode::OK
@@ -146,6 +153,59 @@ pub async fn set_context(
         .set_context(scope, id, conversation_id, update)
         .await?;
     Ok(Json(serde_json::json!({})).into_response())
+}
+
+/// `GET /api/agents`: the agents, with what each provider can tell without a session and
+/// the bindings of every session the token sees (`{agents, errors}`, as `agents.list`).
+pub async fn list_agents(
+    State(app): State<AppState>,
+    Extension(scope): Extension<Scope>,
+) -> Result<Response, ApiError> {
+    let listing = app.rpc.sessions.agents(scope, None).await?;
+    Ok(Json(listing).into_response())
+}
+
+/// `POST /api/tokens`: issues an authorization token (A5); `201` with `{token, info}`, the
+/// secret shown this once.
+pub async fn issue_token(
+    State(app): State<AppState>,
+    Extension(scope): Extension<Scope>,
+    bytes: Result<Bytes, BytesRejection>,
+) -> Result<Response, ApiError> {
+    let request: troupe_proto::governance::IssueToken = json_body(bytes, app.body_limit)?;
+    let issued = app.rpc.sessions.issue_token(&scope, request).await?;
+    Ok((StatusCode::CREATED, Json(issued)).into_response())
+}
+
+/// `GET /api/tokens`: every authorization token, newest first, without secrets.
+pub async fn list_tokens(
+    State(app): State<AppState>,
+    Extension(scope): Extension<Scope>,
+) -> Result<Response, ApiError> {
+    Ok(Json(app.rpc.sessions.tokens(&scope).await?).into_response())
+}
+
+/// `DELETE /api/tokens/{id}`: revokes a token; answers it.
+pub async fn revoke_token(
+    State(app): State<AppState>,
+    Extension(scope): Extension<Scope>,
+    PathIds(id): PathIds<String>,
+) -> Result<Response, ApiError> {
+    Ok(Json(app.rpc.sessions.revoke_token(&scope, id).await?).into_response())
+}
+
+/// `GET /api/sessions/{id}/agents`: the agents as the session runs them, with its bindings.
+pub async fn session_agents(
+    State(app): State<AppState>,
+    Extension(scope): Extension<Scope>,
+    PathIds(id): PathIds<String>,
+) -> Result<Response, ApiError> {
+    let listing = app
+        .rpc
+        .sessions
+        .agents(scope, Some(session_id(&id)?))
+        .await?;
+    Ok(Json(listing).into_response())
 }
 
 /// `GET /api/projects/{pid}/sessions`: newest first.

@@ -16,7 +16,13 @@ use std::time::Instant;
 use tracing::Instrument;
 
 /// The whole service, with `extra` routes merged in (`protected` ones behind the token check).
-pub fn router(app: AppState, auth: Auth, metrics_public: bool, extra: ExtraRoutes) -> Router {
+pub fn router(
+    app: AppState,
+    auth: Auth,
+    metrics_public: bool,
+    console: Option<troupe_runtime::config::ConsoleConfig>,
+    extra: ExtraRoutes,
+) -> Router {
     let mut api = Router::new()
         .route("/rpc", post(http::rpc))
         .route("/rpc/ws", get(ws::rpc))
@@ -38,6 +44,16 @@ pub fn router(app: AppState, auth: Auth, metrics_public: bool, extra: ExtraRoute
             "/api/sessions/{id}/conversations/{cid}/context",
             axum::routing::put(rest::set_context),
         )
+        .route("/api/agents", get(rest::list_agents))
+        .route(
+            "/api/tokens",
+            get(rest::list_tokens).post(rest::issue_token),
+        )
+        .route(
+            "/api/tokens/{id}",
+            axum::routing::delete(rest::revoke_token),
+        )
+        .route("/api/sessions/{id}/agents", get(rest::session_agents))
         .route("/api/sessions/{id}/events", get(rest::events_sse))
         .route("/api/sessions/{id}/events/ws", get(ws::events))
         .route("/api/projects/{pid}/sessions", get(rest::project_sessions))
@@ -54,6 +70,10 @@ pub fn router(app: AppState, auth: Auth, metrics_public: bool, extra: ExtraRoute
         api = api.route("/metrics", get(http::metrics));
     }
     let limit = app.body_limit;
+    let console = match console {
+        Some(config) => crate::console::routes(app.clone(), auth.clone(), config),
+        None => Router::new(),
+    };
     let api = api
         .with_state(app.clone())
         .merge(extra.protected)
@@ -61,6 +81,7 @@ pub fn router(app: AppState, auth: Auth, metrics_public: bool, extra: ExtraRoute
     Router::new()
         .merge(open.with_state(app))
         .merge(extra.public)
+        .merge(console)
         .merge(api)
         .route_layer(middleware::from_fn(observe))
         .fallback(|| async { ApiError::route_not_found() })

@@ -193,8 +193,9 @@ impl Rpc {
                     scope,
                     session_id,
                     send.conversation_id,
-                    send.text,
+                    send.text.clone(),
                     send.wait,
+                    send.options(),
                 )
                 .await?,
             ),
@@ -235,6 +236,10 @@ impl Rpc {
                 let handle = s.session(scope, session_id).await?;
                 to_json(handle.cancel_task(task_id).await?)
             }
+            Request::AgentsList { session_id } => to_json(s.agents(scope, session_id).await?),
+            Request::TokensIssue(request) => to_json(s.issue_token(&scope, request).await?),
+            Request::TokensList => to_json(s.tokens(&scope).await?),
+            Request::TokensRevoke { id } => to_json(s.revoke_token(&scope, id).await?),
             Request::TaskList {
                 session_id,
                 conversation_id,

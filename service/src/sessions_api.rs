@@ -17,6 +17,9 @@ use std::sync::Arc;
 use tokio::sync::watch;
 use troupe_actors::SessionHandle;
 use troupe_actors::conversation::ConversationMsg;
+use troupe_actors::token_book::TokenBookMsg;
+use troupe_proto::agent::AgentListing;
+use troupe_proto::governance::{IssueToken, IssuedToken, TokenInfo};
 use troupe_proto::store::{
     ConversationRecord, MAX_PAGE_BYTES, MessagePage, MessageRecord, SessionRecord,
 };
@@ -32,6 +35,10 @@ pub struct SessionsApi {
     supervisor: ActorRef<SupervisorMsg>,
     registry: watch::Receiver<Option<ActorRef<RegistryMsg>>>,
     health: watch::Receiver<Health>,
+    /// The agents every session runs (`None`: no definition loaded).
+    agents: Option<troupe_actors::agents::AgentPorts>,
+    /// The authorization tokens of the service, over its store (A5).
+    token_book: ActorRef<TokenBookMsg>,
 }
 
 impl std::fmt::Debug for SessionsApi {
@@ -53,9 +60,13 @@ macro_rules! host_call {
 
 impl SessionsApi {
     /// Starts the service's actors (the supervisor and its registry) over `store`.
-    pub async fn start(args: RegistryArgs) -> Result<Self, AgentError> {
+    pub async fn start(mut args: RegistryArgs) -> Result<Self, AgentError> {
         super::metrics::service_series_start_at_zero();
         let store = args.store.clone();
+        // One book for the service: every session's tool calls are counted by it.
+        let token_book = troupe_actors::token_book::spawn(store.clone()).await?;
+        args.template.config.conversation.token_book = Some(token_book.clone());
+        let agents = args.template.ports.agents.clone();
         let (registry_tx, registry) = watch::channel(None);
         let (health_tx, health) = watch::channel(Health::Ok);
         let (supervisor, _) = Actor::spawn(
@@ -74,7 +85,47 @@ impl SessionsApi {
             supervisor,
             registry,
             health,
+            agents,
+            token_book,
         })
+    }
+
+    /// Issues an authorization token (A5): only a caller that sees every project may.
+    pub async fn issue_token(
+        &self,
+        scope: &Scope,
+        request: IssueToken,
+    ) -> Result<IssuedToken, AgentError> {
+        Self::may_manage_tokens(scope)?;
+        ractor::call!(self.token_book, |reply| TokenBookMsg::Issue {
+            request,
+            reply
+        })
+        .map_err(gone("token book"))?
+    }
+
+    /// Every authorization token, newest first (never their secrets).
+    pub async fn tokens(&self, scope: &Scope) -> Result<Vec<TokenInfo>, AgentError> {
+        Self::may_manage_tokens(scope)?;
+        troupe_actors::token_book::list(&self.token_book).await
+    }
+
+    /// Revokes an authorization token by id.
+    pub async fn revoke_token(&self, scope: &Scope, id: String) -> Result<TokenInfo, AgentError> {
+        Self::may_manage_tokens(scope)?;
+        troupe_actors::token_book::revoke(&self.token_book, id).await
+    }
+
+    /// Tokens authorize calls in every session: managing them takes a view of every project.
+    fn may_manage_tokens(scope: &Scope) -> Result<(), AgentError> {
+        match scope {
+            Scope::All => Ok(()),
+            Scope::Projects(_) => Err(AgentError::PolicyRejected {
+                reason: troupe_proto::agent::PolicyReason::Unauthorized,
+                chain: Vec::new(),
+                message: "managing authorization tokens takes an API token that sees every project (\"*\")".into(),
+            }),
+        }
     }
 
     /// The store the service keeps its sessions in.
@@ -201,6 +252,68 @@ impl SessionsApi {
         host_call!(host, Session {})
     }
 
+    /// The agents (`agents.list`, `GET /api/agents`): with a session, as that session runs
+    /// them (each provider asked its health) with its bindings; without, what each provider
+    /// can tell without starting anything, with the bindings of every session the scope
+    /// sees. The definition files that did not load are listed too.
+    pub async fn agents(
+        &self,
+        scope: Scope,
+        session_id: Option<SessionId>,
+    ) -> Result<AgentListing, AgentError> {
+        let Some(ports) = &self.agents else {
+            if let Some(id) = session_id {
+                // The session must exist and be the scope's, agents or not.
+                visible(&scope, id, self.store.get_session(id).await?)?;
+            }
+            return Ok(AgentListing {
+                agents: Vec::new(),
+                errors: Vec::new(),
+            });
+        };
+        // The definitions in force: a watched directory's latest, else those read at start.
+        let catalog = ports
+            .live
+            .as_ref()
+            .map_or_else(|| ports.catalog.clone(), |live| live.borrow().clone());
+        let errors = catalog.errors.clone();
+        if let Some(id) = session_id {
+            let agents = self.session(scope, id).await?.agents().await?;
+            return Ok(AgentListing { agents, errors });
+        }
+        let mut bindings = Vec::new();
+        let mut seen = std::collections::BTreeMap::new();
+        for binding in self.store.bindings(None).await? {
+            let sees = match seen.get(&binding.session_id) {
+                Some(sees) => *sees,
+                None => {
+                    let record = self.store.get_session(binding.session_id).await?;
+                    let sees = record.is_some_and(|r| scope.sees(r.project_id.as_deref()));
+                    seen.insert(binding.session_id, sees);
+                    sees
+                }
+            };
+            if sees {
+                bindings.push(binding);
+            }
+        }
+        let catalog = &*catalog;
+        let supervisor = troupe_actors::agents::listing::supervisor_of(
+            catalog,
+            ports.settings.supervisor.as_deref(),
+        )
+        .ok()
+        .flatten()
+        .map(|d| d.id.clone());
+        let agents = troupe_actors::agents::listing::agent_infos(
+            catalog,
+            |d| troupe_runtime::agents::probe(d, &ports.factories),
+            &bindings,
+            supervisor.as_deref(),
+        );
+        Ok(AgentListing { agents, errors })
+    }
+
     /// Every event of a session the scope sees with `seq > after` (see [`stream::events`]).
     pub async fn events(
         &self,
@@ -278,6 +391,18 @@ impl SessionsApi {
         host_call!(host, Close { conversation_id })
     }
 
+    /// Opens a closed conversation again under its id, its history rebuilt from its rollout
+    /// (an open one: nothing to do). `NotFound` unless it is a conversation of the session.
+    pub async fn reopen(
+        &self,
+        scope: Scope,
+        session_id: SessionId,
+        conversation_id: ConversationId,
+    ) -> Result<(), AgentError> {
+        let host = self.host(scope, session_id).await?;
+        host_call!(host, Reopen { conversation_id })
+    }
+
     /// Cancels every task of a conversation (its running one and its queued messages);
     /// answers how many.
     pub async fn cancel_all(
@@ -298,14 +423,18 @@ impl SessionsApi {
         conversation_id: Option<ConversationId>,
         text: String,
         wait: bool,
+        options: troupe_proto::governance::MessageOptions,
     ) -> Result<Sent, AgentError> {
+        // The tokens stop here: what goes on are their digests.
+        let governance = troupe_actors::governance::RequestGovernance::from(options);
         let host = self.host(scope, session_id).await?;
         host_call!(
             host,
             Send {
                 conversation_id,
                 text,
-                wait
+                wait,
+                governance
             }
         )
     }

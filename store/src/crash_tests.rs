@@ -6,10 +6,14 @@
 //! parent kills it with SIGKILL mid-stream, reopens the database and looks for every write
 //! the child printed.
 
-use super::{MAX_PAGE_BYTES, SqliteRolloutStorage, SqliteStore, Store, db_path};
+use super::backends::{Db, Kind};
+use super::{
+    MAX_PAGE_BYTES, PgRolloutStorage, PgStore, SqliteRolloutStorage, SqliteStore, Store, db_path,
+};
 use std::collections::BTreeMap;
 use std::io::{BufRead, BufReader};
 use std::process::{Command, Stdio};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 use troupe_actors::rollout::storage::RolloutStorage;
 use troupe_actors::rollout::{RecordLevel, RecordMeta, RolloutRecord};
@@ -17,6 +21,8 @@ use troupe_proto::store::{ConversationRecord, ConversationState, NewMessage, Ses
 use troupe_proto::{ConversationId, EventKind, EventName, Json, OpenConversation, Role, SessionId};
 
 const CHILD_ENV: &str = "TROUPE_STORE_CRASH_DIR";
+/// Set when the child writes to PostgreSQL: the database's URL.
+const CHILD_URL_ENV: &str = "TROUPE_STORE_CRASH_URL";
 const CHILD_TEST: &str = "crash_tests::crash_child";
 /// The child stops on its own after this, should the parent be gone.
 const CHILD_LIFETIME: Duration = Duration::from_secs(60);
@@ -28,15 +34,24 @@ fn crash_child() {
         return;
     };
     let path = db_path(std::path::Path::new(&dir));
-    let store = SqliteStore::open(&path).unwrap();
-    let storage = SqliteRolloutStorage::open(&path).unwrap();
-    let session = SessionId::new();
-    let conv = ConversationId::new();
     let rt = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
         .enable_all()
         .build()
         .unwrap();
+    let (store, storage): (Arc<dyn Store>, Arc<dyn RolloutStorage>) =
+        match std::env::var(CHILD_URL_ENV) {
+            Ok(url) => (
+                Arc::new(rt.block_on(PgStore::connect(&url)).unwrap()),
+                Arc::new(PgRolloutStorage::connect(&url).unwrap()),
+            ),
+            Err(_) => (
+                Arc::new(SqliteStore::open(&path).unwrap()),
+                Arc::new(SqliteRolloutStorage::open(&path).unwrap()),
+            ),
+        };
+    let session = SessionId::new();
+    let conv = ConversationId::new();
     rt.block_on(async {
         store
             .create_session(SessionRecord {
@@ -130,16 +145,29 @@ fn record(seq: u64, conv: ConversationId) -> RolloutRecord {
     }
 }
 
-#[tokio::test]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn acknowledged_writes_survive_sigkill() {
-    let dir = tempfile::tempdir().unwrap();
-    let mut child = Command::new(std::env::current_exe().unwrap())
+    writes_survive_sigkill(Kind::Sqlite).await;
+}
+
+/// The same on PostgreSQL: the child writes to the parent's server, which outlives it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn acknowledged_writes_survive_sigkill_on_postgres() {
+    writes_survive_sigkill(Kind::Postgres).await;
+}
+
+async fn writes_survive_sigkill(backend: Kind) {
+    let db = Db::fresh(backend);
+    let mut command = Command::new(std::env::current_exe().unwrap());
+    command
         .args([CHILD_TEST, "--exact", "--nocapture", "--test-threads=1"])
-        .env(CHILD_ENV, dir.path())
+        .env(CHILD_ENV, db.dir.path())
         .stdout(Stdio::piped())
-        .stderr(Stdio::null())
-        .spawn()
-        .unwrap();
+        .stderr(Stdio::null());
+    if let Some(url) = &db.url {
+        command.env(CHILD_URL_ENV, url);
+    }
+    let mut child = command.spawn().unwrap();
     let mut lines = BufReader::new(child.stdout.take().unwrap()).lines();
     let mut session = None;
     let mut messages = BTreeMap::new();
@@ -176,8 +204,7 @@ async fn acknowledged_writes_survive_sigkill() {
     );
 
     let (session, conv) = session.unwrap();
-    let path = db_path(dir.path());
-    let store = SqliteStore::open(&path).unwrap();
+    let store = db.store().await;
     let page = store
         .messages(session, 1_000_000, MAX_PAGE_BYTES, None)
         .await
@@ -195,7 +222,7 @@ async fn acknowledged_writes_survive_sigkill() {
         );
     }
 
-    let storage = SqliteRolloutStorage::open(&path).unwrap();
+    let storage = db.rollout();
     let records = storage.read_conversation(session, conv).unwrap();
     let seqs: Vec<u64> = records.iter().map(|r| r.seq).collect();
     assert!(seqs.len() as u64 >= high_water);

@@ -34,13 +34,23 @@
 //! is due; both commands run one.
 #![forbid(unsafe_code)]
 
+#[cfg(test)]
+mod a2a_tests;
+#[cfg(test)]
+mod backends;
 mod conn;
 #[cfg(test)]
 mod crash_tests;
+mod find;
 pub mod memory;
+mod memory_a2a;
 mod memory_rollout;
 pub mod metrics;
 mod page;
+#[cfg(test)]
+mod pg_tests;
+#[cfg(feature = "postgres")]
+mod postgres;
 mod rollout;
 #[cfg(test)]
 mod rollout_tests;
@@ -50,25 +60,29 @@ mod sqlite;
 mod tests;
 pub mod ttl;
 
+pub use find::{FoundTask, find_task};
 pub use memory_rollout::MemoryRolloutStorage;
+#[cfg(feature = "postgres")]
+pub use postgres::{PgOptions, PgRolloutStorage, PgStore, describe_pg_url};
 pub use rollout::{ROLLOUT_DB_FILE, SqliteRolloutStorage};
 pub use sqlite::{DB_FILE, SqliteOptions, SqliteStore, db_path};
 pub use ttl::TtlSweeper;
 
 use async_trait::async_trait;
-pub use troupe_actors::ports::BindingStore;
+pub use troupe_actors::ports::{BindingStore, TokenStore};
 pub use troupe_proto::store::MAX_PAGE_BYTES;
 use troupe_proto::store::{
+    A2aContextRecord, A2aPruned, A2aPushRecord, A2aTaskPage, A2aTaskQuery, A2aTaskRecord,
     ConversationRecord, FinishMessage, FinishedMessage, MessagePage, MessageRecord, NewMessage,
     SessionRecord, SessionStatus,
 };
 use troupe_proto::{AgentError, ConversationId, SessionId};
 
 /// Everything the service persists besides the rollout: sessions, conversations, messages,
-/// each project's current session, and (as a [`BindingStore`]) the agent bindings of every
-/// session (A1).
+/// each project's current session, (as a [`BindingStore`]) the agent bindings of every
+/// session (A1), and (as a [`TokenStore`]) the authorization tokens (A5).
 #[async_trait]
-pub trait Store: BindingStore + Send + Sync + 'static {
+pub trait Store: BindingStore + TokenStore + Send + Sync + 'static {
     async fn create_session(&self, session: SessionRecord) -> Result<(), AgentError>;
     async fn get_session(&self, session_id: SessionId)
     -> Result<Option<SessionRecord>, AgentError>;
@@ -89,6 +103,17 @@ pub trait Store: BindingStore + Send + Sync + 'static {
         &self,
         session_id: SessionId,
     ) -> Result<Vec<ConversationRecord>, AgentError>;
+    /// A session's open conversations, oldest first: what a restart reopens. Reads none of
+    /// the closed ones, however many there are.
+    async fn open_conversations(
+        &self,
+        session_id: SessionId,
+    ) -> Result<Vec<ConversationRecord>, AgentError>;
+    /// One conversation, open or closed; `None` if unknown.
+    async fn conversation(
+        &self,
+        conversation_id: ConversationId,
+    ) -> Result<Option<ConversationRecord>, AgentError>;
 
     /// Appends a message and returns it with its `message_id`.
     async fn append_message(&self, message: NewMessage) -> Result<MessageRecord, AgentError>;
@@ -149,6 +174,37 @@ pub trait Store: BindingStore + Send + Sync + 'static {
 
     /// Store is open and answering (for `/readyz`).
     async fn ping(&self) -> Result<(), AgentError>;
+
+    // ---- The A2A endpoint's records (P5) ----
+    // Its contexts, tasks and push notification configs, so that a restart loses none of
+    // them. They name no stored session or conversation (the endpoint keeps that link), so
+    // none of these writes touches a session's `updated_ms`.
+
+    /// Inserts or replaces a context.
+    async fn put_a2a_context(&self, context: A2aContextRecord) -> Result<(), AgentError>;
+    async fn a2a_context(&self, context_id: &str) -> Result<Option<A2aContextRecord>, AgentError>;
+    /// The contexts whose conversation is open, oldest first. Reads none of the closed ones.
+    async fn a2a_open_contexts(&self) -> Result<Vec<A2aContextRecord>, AgentError>;
+    /// Inserts or replaces a task. `NotFound` unless its context is stored.
+    async fn put_a2a_task(&self, task: A2aTaskRecord) -> Result<(), AgentError>;
+    async fn a2a_task(&self, task_id: &str) -> Result<Option<A2aTaskRecord>, AgentError>;
+    /// The tasks that are not terminal, oldest first. Reads none of the finished ones.
+    async fn a2a_live_tasks(&self) -> Result<Vec<A2aTaskRecord>, AgentError>;
+    /// One page of tasks (see [`A2aTaskQuery`]): at most `limit`, newest first, and how many
+    /// match the filters.
+    async fn a2a_tasks(&self, query: A2aTaskQuery) -> Result<A2aTaskPage, AgentError>;
+    /// Inserts or replaces a task's push notification config. `NotFound` unless the task is
+    /// stored.
+    async fn put_a2a_push(&self, push: A2aPushRecord) -> Result<(), AgentError>;
+    /// Removes a push config; whether there was one.
+    async fn delete_a2a_push(&self, task_id: &str, config_id: &str) -> Result<bool, AgentError>;
+    /// A task's push configs, oldest first.
+    async fn a2a_pushes(&self, task_id: &str) -> Result<Vec<A2aPushRecord>, AgentError>;
+    /// Retention: keeps the newest `keep_finished` terminal tasks (by `updated_ms`, then
+    /// `task_id`) and forgets the older ones with their push configs, and every closed
+    /// context that is left without a task and was last active no later than the oldest
+    /// finished task kept. Live tasks and open contexts are never forgotten.
+    async fn prune_a2a(&self, keep_finished: usize) -> Result<A2aPruned, AgentError>;
 }
 
 /// Registers the description of every metric this crate records (the store's and the Ttl

@@ -9,6 +9,7 @@ use async_trait::async_trait;
 use std::collections::{BTreeMap, HashMap};
 use std::sync::Mutex;
 use troupe_proto::store::{
+    A2aContextRecord, A2aPruned, A2aPushRecord, A2aTaskPage, A2aTaskQuery, A2aTaskRecord,
     ConversationRecord, ConversationState, FinishMessage, FinishedMessage, MessagePage,
     MessageRecord, MessageStatus, NewMessage, SessionRecord, SessionStatus,
 };
@@ -27,8 +28,11 @@ struct Data {
     expires: BTreeMap<u64, u64>,
     next_message_id: u64,
     current: HashMap<String, SessionId>,
+    a2a: crate::memory_a2a::A2aData,
     /// Agent bindings by (session, agent): ordered as `bindings` lists them.
     bindings: BTreeMap<(SessionId, String), troupe_proto::agent::AgentBinding>,
+    /// Authorization tokens by id.
+    tokens: BTreeMap<String, troupe_proto::governance::AuthToken>,
 }
 
 impl Data {
@@ -226,6 +230,22 @@ impl Store for MemoryStore {
             out.sort_by_key(|c| (c.created_ms, c.conversation_id));
             Ok(out)
         })
+    }
+
+    async fn open_conversations(
+        &self,
+        session_id: SessionId,
+    ) -> Result<Vec<ConversationRecord>, AgentError> {
+        let mut all = self.conversations(session_id).await?;
+        all.retain(|c| c.state == ConversationState::Open);
+        Ok(all)
+    }
+
+    async fn conversation(
+        &self,
+        conversation_id: ConversationId,
+    ) -> Result<Option<ConversationRecord>, AgentError> {
+        self.with(|d| Ok(d.conversations.get(&conversation_id).cloned()))
     }
 
     async fn append_message(&self, message: NewMessage) -> Result<MessageRecord, AgentError> {
@@ -433,6 +453,53 @@ impl Store for MemoryStore {
     async fn ping(&self) -> Result<(), AgentError> {
         self.with(|_| Ok(()))
     }
+
+    async fn put_a2a_context(&self, context: A2aContextRecord) -> Result<(), AgentError> {
+        self.with(|d| {
+            d.a2a.put_context(context);
+            Ok(())
+        })
+    }
+
+    async fn a2a_context(&self, context_id: &str) -> Result<Option<A2aContextRecord>, AgentError> {
+        self.with(|d| Ok(d.a2a.context(context_id)))
+    }
+
+    async fn a2a_open_contexts(&self) -> Result<Vec<A2aContextRecord>, AgentError> {
+        self.with(|d| Ok(d.a2a.open_contexts()))
+    }
+
+    async fn put_a2a_task(&self, task: A2aTaskRecord) -> Result<(), AgentError> {
+        self.with(|d| d.a2a.put_task(task))
+    }
+
+    async fn a2a_task(&self, task_id: &str) -> Result<Option<A2aTaskRecord>, AgentError> {
+        self.with(|d| Ok(d.a2a.task(task_id)))
+    }
+
+    async fn a2a_live_tasks(&self) -> Result<Vec<A2aTaskRecord>, AgentError> {
+        self.with(|d| Ok(d.a2a.live_tasks()))
+    }
+
+    async fn a2a_tasks(&self, query: A2aTaskQuery) -> Result<A2aTaskPage, AgentError> {
+        self.with(|d| Ok(d.a2a.tasks(&query)))
+    }
+
+    async fn put_a2a_push(&self, push: A2aPushRecord) -> Result<(), AgentError> {
+        self.with(|d| d.a2a.put_push(push))
+    }
+
+    async fn delete_a2a_push(&self, task_id: &str, config_id: &str) -> Result<bool, AgentError> {
+        self.with(|d| Ok(d.a2a.delete_push(task_id, config_id)))
+    }
+
+    async fn a2a_pushes(&self, task_id: &str) -> Result<Vec<A2aPushRecord>, AgentError> {
+        self.with(|d| Ok(d.a2a.pushes(task_id)))
+    }
+
+    async fn prune_a2a(&self, keep_finished: usize) -> Result<A2aPruned, AgentError> {
+        self.with(|d| Ok(d.a2a.prune(keep_finished)))
+    }
 }
 
 #[async_trait]
@@ -471,6 +538,65 @@ impl super::BindingStore for MemoryStore {
         self.with(|d| {
             d.bindings.remove(&(session_id, agent_id.to_owned()));
             Ok(())
+        })
+    }
+}
+
+#[async_trait]
+impl super::TokenStore for MemoryStore {
+    async fn insert_token(
+        &self,
+        token: troupe_proto::governance::AuthToken,
+    ) -> Result<(), AgentError> {
+        self.with(|d| {
+            crate::conn::to_sql_int("expires_ms", token.expires_ms)?;
+            if d.tokens.contains_key(&token.id)
+                || d.tokens.values().any(|t| t.digest == token.digest)
+            {
+                return Err(AgentError::invalid("a token with this id or secret exists"));
+            }
+            d.tokens.insert(token.id.clone(), token);
+            Ok(())
+        })
+    }
+
+    async fn token_by_digest(
+        &self,
+        digest: &str,
+    ) -> Result<Option<troupe_proto::governance::AuthToken>, AgentError> {
+        self.with(|d| Ok(d.tokens.values().find(|t| t.digest == digest).cloned()))
+    }
+
+    async fn use_token(&self, id: &str, uses: u32) -> Result<bool, AgentError> {
+        self.with(|d| {
+            Ok(match d.tokens.get_mut(id) {
+                Some(t) if t.uses == uses && uses < t.max_uses && t.revoked_ms.is_none() => {
+                    t.uses = uses.saturating_add(1);
+                    true
+                }
+                _ => false,
+            })
+        })
+    }
+
+    async fn revoke_token(
+        &self,
+        id: &str,
+        at_ms: u64,
+    ) -> Result<Option<troupe_proto::governance::AuthToken>, AgentError> {
+        self.with(|d| {
+            Ok(d.tokens.get_mut(id).map(|t| {
+                t.revoked_ms.get_or_insert(at_ms);
+                t.clone()
+            }))
+        })
+    }
+
+    async fn tokens(&self) -> Result<Vec<troupe_proto::governance::AuthToken>, AgentError> {
+        self.with(|d| {
+            let mut all: Vec<_> = d.tokens.values().cloned().collect();
+            all.sort_by(|a, b| b.issued_ms.cmp(&a.issued_ms).then(a.id.cmp(&b.id)));
+            Ok(all)
         })
     }
 }

@@ -76,13 +76,17 @@ pub const LEASE_WAIT: std::time::Duration = std::time::Duration::from_secs(10);
 /// committed what it held, so a restarted Rollout never reads `last_seq` (nor hands out `seq`s)
 /// while its predecessor still writes.
 #[derive(Default)]
-struct Leases {
+pub(crate) struct Leases {
     held: std::sync::Mutex<std::collections::HashSet<SessionId>>,
     freed: std::sync::Condvar,
 }
 
 impl Leases {
-    fn take(&self, session_id: SessionId, wait: std::time::Duration) -> Result<(), AgentError> {
+    pub(crate) fn take(
+        &self,
+        session_id: SessionId,
+        wait: std::time::Duration,
+    ) -> Result<(), AgentError> {
         let held = self
             .held
             .lock()
@@ -100,7 +104,7 @@ impl Leases {
         Ok(())
     }
 
-    fn release(&self, session_id: SessionId) {
+    pub(crate) fn release(&self, session_id: SessionId) {
         if let Ok(mut held) = self.held.lock() {
             held.remove(&session_id);
         }
@@ -396,7 +400,7 @@ fn window_seq(
     Ok(start.unwrap_or(0))
 }
 
-fn read_records(
+pub(crate) fn read_records(
     c: &Connection,
     session_id: SessionId,
     query: &str,

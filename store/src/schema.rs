@@ -13,13 +13,15 @@ use troupe_proto::AgentError;
 /// The schema version this build reads and writes.
 pub const VERSION: u32 = MIGRATIONS.len() as u32;
 
-const MIGRATIONS: [&str; 6] = [
+const MIGRATIONS: [&str; 8] = [
     V1_STORE,
     V2_ROLLOUT,
     V3_TTL_EXPIRY,
     V4_MESSAGE_STATUS,
     V5_SESSION_STATUS_MESSAGE_TYPE,
     V6_AGENT_BINDINGS,
+    V7_A2A,
+    V8_AUTH_TOKENS,
 ];
 
 /// Sessions, conversations, messages and each project's current session (P1).
@@ -164,6 +166,65 @@ CREATE TABLE agent_bindings (
     created_ms INTEGER NOT NULL,
     updated_ms INTEGER NOT NULL,
     PRIMARY KEY (session_id, agent_id)
+);
+";
+
+/// P5: the A2A endpoint's contexts, tasks and push notification configs, so that they
+/// survive a restart; and an index of the open conversations, so that a restart reads those
+/// and none of the (many) closed ones. Partial indexes hold only what a start-up reads: the
+/// open contexts and the live tasks.
+const V7_A2A: &str = "
+CREATE INDEX conversations_open ON conversations (session_id, created_ms) WHERE state = 'open';
+
+CREATE TABLE a2a_contexts (
+    context_id TEXT PRIMARY KEY NOT NULL,
+    session_id TEXT NOT NULL,
+    conversation_id TEXT NOT NULL,
+    created_ms INTEGER NOT NULL,
+    active_ms INTEGER NOT NULL,
+    open INTEGER NOT NULL
+);
+CREATE INDEX a2a_contexts_open ON a2a_contexts (created_ms) WHERE open = 1;
+CREATE INDEX a2a_contexts_closed ON a2a_contexts (active_ms) WHERE open = 0;
+
+CREATE TABLE a2a_tasks (
+    task_id TEXT PRIMARY KEY NOT NULL,
+    context_id TEXT NOT NULL,
+    state TEXT NOT NULL,
+    terminal INTEGER NOT NULL,
+    created_ms INTEGER NOT NULL,
+    updated_ms INTEGER NOT NULL,
+    body TEXT NOT NULL
+);
+CREATE INDEX a2a_tasks_by_update ON a2a_tasks (updated_ms, task_id);
+CREATE INDEX a2a_tasks_by_context ON a2a_tasks (context_id, updated_ms, task_id);
+CREATE INDEX a2a_tasks_finished ON a2a_tasks (updated_ms, task_id) WHERE terminal = 1;
+CREATE INDEX a2a_tasks_live ON a2a_tasks (created_ms) WHERE terminal = 0;
+
+CREATE TABLE a2a_push_configs (
+    task_id TEXT NOT NULL,
+    config_id TEXT NOT NULL,
+    created_ms INTEGER NOT NULL,
+    body TEXT NOT NULL,
+    PRIMARY KEY (task_id, config_id)
+);
+";
+
+/// A5: authorization tokens. The secret is never stored: `digest` is its SHA-256; a use is
+/// counted by compare-and-set on `uses`.
+const V8_AUTH_TOKENS: &str = "
+CREATE TABLE auth_tokens (
+    token_id TEXT PRIMARY KEY NOT NULL,
+    digest TEXT NOT NULL UNIQUE,
+    agent TEXT NOT NULL,
+    tool TEXT NOT NULL,
+    args TEXT,
+    issued_by TEXT NOT NULL,
+    issued_ms INTEGER NOT NULL,
+    expires_ms INTEGER NOT NULL,
+    max_uses INTEGER NOT NULL,
+    uses INTEGER NOT NULL,
+    revoked_ms INTEGER
 );
 ";
 

@@ -30,12 +30,17 @@
 //! one thread at a time, moved over channels. When the last handle is dropped the writer's
 //! channel closes, the thread commits what is queued and ends.
 
+mod a2a;
 mod rows;
+
+#[cfg(feature = "postgres")]
+pub(crate) use rows::{parse_role, parse_state, role_str, state_str};
 mod writer;
 
 use rows::{
-    BINDING_SELECT, CONVERSATION_SELECT, MESSAGE_SELECT, RowKey, SESSION_SELECT, binding_from_row,
-    conversation_from_row, message_from_row, message_page, parse_id, query_all, session_from_row,
+    BINDING_SELECT, CONVERSATION_SELECT, MESSAGE_SELECT, RowKey, SESSION_SELECT, TOKEN_SELECT,
+    binding_from_row, conversation_from_row, message_from_row, message_page, parse_id, query_all,
+    session_from_row, token_from_row,
 };
 use writer::{SharedConn, WriteJob, WriteOp, WriteOutput, message_by_id, writer_loop};
 
@@ -50,6 +55,7 @@ use std::time::Instant;
 use tokio::sync::{mpsc, oneshot};
 use tracing::{Instrument, Span};
 use troupe_proto::store::{
+    A2aContextRecord, A2aPruned, A2aPushRecord, A2aTaskPage, A2aTaskQuery, A2aTaskRecord,
     ConversationRecord, FinishMessage, FinishedMessage, MessagePage, MessageRecord, NewMessage,
     SessionRecord, SessionStatus,
 };
@@ -385,6 +391,48 @@ impl Store for SqliteStore {
         .await
     }
 
+    async fn open_conversations(
+        &self,
+        session_id: SessionId,
+    ) -> Result<Vec<ConversationRecord>, AgentError> {
+        let span = tracing::debug_span!("store.open_conversations", %session_id);
+        observed(Op::OpenConversations, span, async {
+            self.read(move |c| {
+                query_all(
+                    c,
+                    &format!(
+                        "{CONVERSATION_SELECT} WHERE session_id = ?1 AND state = 'open'
+                         ORDER BY created_ms, rowid"
+                    ),
+                    [session_id.to_string()],
+                    conversation_from_row,
+                )
+            })
+            .await
+        })
+        .await
+    }
+
+    async fn conversation(
+        &self,
+        conversation_id: ConversationId,
+    ) -> Result<Option<ConversationRecord>, AgentError> {
+        let span = tracing::debug_span!("store.conversation", %conversation_id);
+        observed(Op::Conversation, span, async {
+            self.read(move |c| {
+                query_all(
+                    c,
+                    &format!("{CONVERSATION_SELECT} WHERE conversation_id = ?1"),
+                    [conversation_id.to_string()],
+                    conversation_from_row,
+                )
+                .map(|mut v| v.pop())
+            })
+            .await
+        })
+        .await
+    }
+
     async fn append_message(&self, message: NewMessage) -> Result<MessageRecord, AgentError> {
         let span = tracing::debug_span!(
             "store.append_message",
@@ -581,6 +629,116 @@ impl Store for SqliteStore {
         .await
     }
 
+    async fn put_a2a_context(&self, context: A2aContextRecord) -> Result<(), AgentError> {
+        let span = tracing::debug_span!("store.put_a2a_context", context_id = %context.context_id);
+        observed(Op::PutA2aContext, span, async {
+            self.write(WriteOp::PutA2aContext(context)).await.map(drop)
+        })
+        .await
+    }
+
+    async fn a2a_context(&self, context_id: &str) -> Result<Option<A2aContextRecord>, AgentError> {
+        let span = tracing::debug_span!("store.a2a_context", context_id);
+        let context_id = context_id.to_owned();
+        observed(Op::A2aContext, span, async {
+            self.read(move |c| a2a::context(c, &context_id)).await
+        })
+        .await
+    }
+
+    async fn a2a_open_contexts(&self) -> Result<Vec<A2aContextRecord>, AgentError> {
+        let span = tracing::debug_span!("store.a2a_open_contexts");
+        observed(Op::A2aOpenContexts, span, async {
+            self.read(a2a::open_contexts).await
+        })
+        .await
+    }
+
+    async fn put_a2a_task(&self, task: A2aTaskRecord) -> Result<(), AgentError> {
+        let span = tracing::debug_span!("store.put_a2a_task", task_id = %task.task_id, state = %task.state);
+        observed(Op::PutA2aTask, span, async {
+            self.write(WriteOp::PutA2aTask(task)).await.map(drop)
+        })
+        .await
+    }
+
+    async fn a2a_task(&self, task_id: &str) -> Result<Option<A2aTaskRecord>, AgentError> {
+        let span = tracing::debug_span!("store.a2a_task", task_id);
+        let task_id = task_id.to_owned();
+        observed(Op::A2aTask, span, async {
+            self.read(move |c| a2a::task(c, &task_id)).await
+        })
+        .await
+    }
+
+    async fn a2a_live_tasks(&self) -> Result<Vec<A2aTaskRecord>, AgentError> {
+        let span = tracing::debug_span!("store.a2a_live_tasks");
+        observed(Op::A2aLiveTasks, span, async {
+            self.read(a2a::live_tasks).await
+        })
+        .await
+    }
+
+    async fn a2a_tasks(&self, query: A2aTaskQuery) -> Result<A2aTaskPage, AgentError> {
+        let span = tracing::debug_span!("store.a2a_tasks", limit = query.limit);
+        observed(Op::A2aTasks, span, async {
+            self.read(move |c| a2a::tasks(c, &query)).await
+        })
+        .await
+    }
+
+    async fn put_a2a_push(&self, push: A2aPushRecord) -> Result<(), AgentError> {
+        let span = tracing::debug_span!("store.put_a2a_push", task_id = %push.task_id, config_id = %push.config_id);
+        observed(Op::PutA2aPush, span, async {
+            self.write(WriteOp::PutA2aPush(push)).await.map(drop)
+        })
+        .await
+    }
+
+    async fn delete_a2a_push(&self, task_id: &str, config_id: &str) -> Result<bool, AgentError> {
+        let span = tracing::debug_span!("store.delete_a2a_push", task_id, config_id);
+        let op = WriteOp::DeleteA2aPush {
+            task_id: task_id.to_owned(),
+            config_id: config_id.to_owned(),
+        };
+        observed(Op::DeleteA2aPush, span, async {
+            match self.write(op).await? {
+                WriteOutput::Flag(gone) => Ok(gone),
+                _ => Err(unexpected(Op::DeleteA2aPush)),
+            }
+        })
+        .await
+    }
+
+    async fn a2a_pushes(&self, task_id: &str) -> Result<Vec<A2aPushRecord>, AgentError> {
+        let span = tracing::debug_span!("store.a2a_pushes", task_id);
+        let task_id = task_id.to_owned();
+        observed(Op::A2aPushes, span, async {
+            self.read(move |c| a2a::pushes(c, &task_id)).await
+        })
+        .await
+    }
+
+    async fn prune_a2a(&self, keep_finished: usize) -> Result<A2aPruned, AgentError> {
+        let span = tracing::debug_span!(
+            "store.prune_a2a",
+            keep_finished,
+            tasks = tracing::field::Empty,
+            contexts = tracing::field::Empty
+        );
+        observed(Op::PruneA2a, span.clone(), async {
+            match self.write(WriteOp::PruneA2a { keep_finished }).await? {
+                WriteOutput::Pruned(p) => {
+                    span.record("tasks", p.tasks);
+                    span.record("contexts", p.contexts);
+                    Ok(p)
+                }
+                _ => Err(unexpected(Op::PruneA2a)),
+            }
+        })
+        .await
+    }
+
     async fn ping(&self) -> Result<(), AgentError> {
         let span = tracing::debug_span!("store.ping");
         observed(Op::Ping, span, async {
@@ -653,6 +811,104 @@ impl super::BindingStore for SqliteStore {
             })
             .await
             .map(drop)
+        })
+        .await
+    }
+}
+
+#[async_trait]
+impl super::TokenStore for SqliteStore {
+    async fn insert_token(
+        &self,
+        token: troupe_proto::governance::AuthToken,
+    ) -> Result<(), AgentError> {
+        let span = tracing::debug_span!("store.insert_token", token_id = %token.id);
+        observed(Op::InsertToken, span, async {
+            self.write(WriteOp::InsertToken(token)).await.map(drop)
+        })
+        .await
+    }
+
+    async fn token_by_digest(
+        &self,
+        digest: &str,
+    ) -> Result<Option<troupe_proto::governance::AuthToken>, AgentError> {
+        let span = tracing::debug_span!("store.token_by_digest");
+        let digest = digest.to_owned();
+        observed(Op::TokenByDigest, span, async {
+            self.read(move |c| {
+                let mut found = query_all(
+                    c,
+                    &format!("{TOKEN_SELECT} WHERE digest = ?1"),
+                    [digest],
+                    token_from_row,
+                )?;
+                Ok(found.pop())
+            })
+            .await
+        })
+        .await
+    }
+
+    async fn use_token(&self, id: &str, uses: u32) -> Result<bool, AgentError> {
+        let span = tracing::debug_span!("store.use_token", token_id = id, uses);
+        let id = id.to_owned();
+        observed(Op::UseToken, span, async {
+            match self.write(WriteOp::UseToken { id, uses }).await? {
+                WriteOutput::Flag(counted) => Ok(counted),
+                _ => Err(unexpected(Op::UseToken)),
+            }
+        })
+        .await
+    }
+
+    async fn revoke_token(
+        &self,
+        id: &str,
+        at_ms: u64,
+    ) -> Result<Option<troupe_proto::governance::AuthToken>, AgentError> {
+        let span = tracing::debug_span!("store.revoke_token", token_id = id);
+        let id = id.to_owned();
+        observed(Op::RevokeToken, span, async {
+            let found = match self
+                .write(WriteOp::RevokeToken {
+                    id: id.clone(),
+                    at_ms,
+                })
+                .await?
+            {
+                WriteOutput::Flag(found) => found,
+                _ => return Err(unexpected(Op::RevokeToken)),
+            };
+            if !found {
+                return Ok(None);
+            }
+            self.read(move |c| {
+                let mut found = query_all(
+                    c,
+                    &format!("{TOKEN_SELECT} WHERE token_id = ?1"),
+                    [id],
+                    token_from_row,
+                )?;
+                Ok(found.pop())
+            })
+            .await
+        })
+        .await
+    }
+
+    async fn tokens(&self) -> Result<Vec<troupe_proto::governance::AuthToken>, AgentError> {
+        let span = tracing::debug_span!("store.tokens");
+        observed(Op::Tokens, span, async {
+            self.read(|c| {
+                query_all(
+                    c,
+                    &format!("{TOKEN_SELECT} ORDER BY issued_ms DESC, token_id"),
+                    [],
+                    token_from_row,
+                )
+            })
+            .await
         })
         .await
     }

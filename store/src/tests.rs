@@ -1,9 +1,15 @@
-//! The SQLite store against the `Store` rules, and the P6 properties (>= 100 cases each).
+//! The stores against the `Store` rules, and the P6 properties (>= 100 cases each): every
+//! rule and property on SQLite and on PostgreSQL (`sqlite::`, `postgres::`,
+//! `*_properties::`), and on the memory store where it keeps them; then what only SQLite has
+//! (its schema's versions and upgrades, its query plans, its files).
 
+use super::backends::{Db, Kind, on_every_backend};
 use super::schema;
 use super::{BindingStore, MAX_PAGE_BYTES, SqliteStore, Store, db_path};
+use crate::TokenStore;
 use proptest::prelude::*;
 use std::collections::{BTreeMap, HashSet};
+use std::sync::Arc;
 use tempfile::TempDir;
 use troupe_proto::store::{
     ConversationRecord, ConversationState, FinishMessage, MessageKind, MessagePage, MessageStatus,
@@ -14,14 +20,22 @@ use troupe_proto::{
     TaskId,
 };
 
-fn fresh() -> (TempDir, SqliteStore) {
+fn fresh_sqlite() -> (TempDir, SqliteStore) {
     let dir = tempfile::tempdir().unwrap();
     let store = SqliteStore::open_in(dir.path()).unwrap();
     (dir, store)
 }
 
-fn reopen(dir: &TempDir) -> SqliteStore {
-    SqliteStore::open_in(dir.path()).unwrap()
+/// A new store on `backend`, and where it lives.
+async fn fresh(backend: Kind) -> (Db, Arc<dyn Store>) {
+    let db = Db::fresh(backend);
+    let store = db.store().await;
+    (db, store)
+}
+
+/// The store of `db`, opened again.
+async fn reopen(db: &Db) -> Arc<dyn Store> {
+    db.store().await
 }
 
 fn runtime() -> tokio::runtime::Runtime {
@@ -80,7 +94,7 @@ fn message(s: SessionId, c: ConversationId, text: &str, created_ms: u64) -> NewM
 }
 
 /// A session with its root conversation.
-async fn seeded(store: &SqliteStore, project: Option<&str>) -> (SessionRecord, ConversationId) {
+async fn seeded(store: &dyn Store, project: Option<&str>) -> (SessionRecord, ConversationId) {
     let s = session_in(project, 1);
     store.create_session(s.clone()).await.unwrap();
     let root = s.root_conversation_id;
@@ -257,9 +271,8 @@ fn the_query_plans_use_the_indexes() {
 
 // ---- the Store rules ----
 
-#[tokio::test]
-async fn sessions_round_trip_and_list_in_order() {
-    let (_dir, store) = fresh();
+async fn sessions_round_trip_and_list_in_order(backend: Kind) {
+    let (_dir, store) = fresh(backend).await;
     let a = session_in(Some("p"), 10);
     let b = session_in(Some("p"), 20);
     let c = session_in(None, 15);
@@ -276,9 +289,8 @@ async fn sessions_round_trip_and_list_in_order() {
     assert!(store.project_sessions("q").await.unwrap().is_empty());
 }
 
-#[tokio::test]
-async fn unknown_ids_read_as_none_or_empty() {
-    let (_dir, store) = fresh();
+async fn unknown_ids_read_as_none_or_empty(backend: Kind) {
+    let (_dir, store) = fresh(backend).await;
     assert_eq!(store.get_session(SessionId::new()).await.unwrap(), None);
     assert!(
         store
@@ -301,9 +313,36 @@ async fn unknown_ids_read_as_none_or_empty() {
     store.ping().await.unwrap();
 }
 
-#[tokio::test]
-async fn a_duplicate_session_is_invalid_input() {
-    let (_dir, store) = fresh();
+/// Text keeps every character, NUL included, in a title, a message and its metadata.
+async fn every_character_round_trips(backend: Kind) {
+    let (_db, store) = fresh(backend).await;
+    let odd = "nul \0 bell \u{7} bom \u{feff} emoji \u{1F600} é";
+    let s = SessionRecord {
+        title: Some(odd.to_owned()),
+        ..session_in(None, 1)
+    };
+    store.create_session(s.clone()).await.unwrap();
+    let root = s.root_conversation_id;
+    store
+        .put_conversation(conversation_of(&s, root, 1))
+        .await
+        .unwrap();
+    let m = NewMessage {
+        metadata: Some(Json(serde_json::json!({ "odd": odd }))),
+        ..message(s.session_id, root, odd, 2)
+    };
+    let stored = store.append_message(m).await.unwrap();
+    let got = store.get_session(s.session_id).await.unwrap().unwrap();
+    assert_eq!(got.title.as_deref(), Some(odd));
+    assert_eq!(
+        store.message(stored.message_id).await.unwrap(),
+        Some(stored.clone())
+    );
+    assert_eq!(stored.content.as_deref(), Some(odd));
+}
+
+async fn a_duplicate_session_is_invalid_input(backend: Kind) {
+    let (_dir, store) = fresh(backend).await;
     let s = session_in(None, 1);
     store.create_session(s.clone()).await.unwrap();
     let mut again = s.clone();
@@ -315,10 +354,9 @@ async fn a_duplicate_session_is_invalid_input() {
     assert_eq!(store.get_session(s.session_id).await.unwrap(), Some(s));
 }
 
-#[tokio::test]
-async fn conversations_upsert_close_and_keep_their_order() {
-    let (_dir, store) = fresh();
-    let (s, root) = seeded(&store, None).await;
+async fn conversations_upsert_close_and_keep_their_order(backend: Kind) {
+    let (_dir, store) = fresh(backend).await;
+    let (s, root) = seeded(&*store, None).await;
     let child = ConversationId::new();
     let mut second = conversation_of(&s, child, 1);
     store.put_conversation(second.clone()).await.unwrap();
@@ -355,11 +393,10 @@ async fn conversations_upsert_close_and_keep_their_order() {
     );
 }
 
-#[tokio::test]
-async fn append_message_checks_its_session_and_conversation() {
-    let (_dir, store) = fresh();
-    let (s, root) = seeded(&store, None).await;
-    let (other, other_root) = seeded(&store, None).await;
+async fn append_message_checks_its_session_and_conversation(backend: Kind) {
+    let (_dir, store) = fresh(backend).await;
+    let (s, root) = seeded(&*store, None).await;
+    let (other, other_root) = seeded(&*store, None).await;
     let err = store
         .append_message(message(SessionId::new(), ConversationId::new(), "x", 1))
         .await
@@ -400,9 +437,8 @@ async fn append_message_checks_its_session_and_conversation() {
     let _ = root;
 }
 
-#[tokio::test]
-async fn out_of_range_numbers_are_invalid_input() {
-    let (_dir, store) = fresh();
+async fn out_of_range_numbers_are_invalid_input(backend: Kind) {
+    let (_dir, store) = fresh(backend).await;
     let mut s = session_in(None, u64::MAX);
     assert_eq!(
         kind(store.create_session(s.clone()).await),
@@ -556,15 +592,14 @@ async fn ttl_rules(store: &dyn Store) {
     );
 }
 
-#[tokio::test]
-async fn ttl_content_is_dropped_when_due() {
-    let (_dir, store) = fresh();
-    ttl_rules(&store).await;
+async fn ttl_content_is_dropped_when_due(backend: Kind) {
+    let (_dir, store) = fresh(backend).await;
+    ttl_rules(&*store).await;
 }
 
 #[tokio::test]
 async fn ttl_content_is_dropped_when_due_in_memory() {
-    ttl_rules(&super::memory::MemoryStore::new()).await;
+    ttl_rules(&crate::memory::MemoryStore::new()).await;
 }
 
 /// Every byte of the store's files: the database, its WAL and shared-memory index.
@@ -582,7 +617,7 @@ fn contains(hay: &[u8], needle: &str) -> bool {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_sweep_leaves_no_byte_of_due_content_in_the_files() {
-    let (dir, store) = fresh();
+    let (dir, store) = fresh_sqlite();
     let s = session_in(None, 1);
     store.create_session(s.clone()).await.unwrap();
     let mut c = conversation_of(&s, s.root_conversation_id, 1);
@@ -681,12 +716,11 @@ async fn messages_from_before_expiries_are_dated_by_the_migration() {
     assert_eq!(store.sweep_due(12_000).await.unwrap(), 1);
 }
 
-#[tokio::test]
-async fn current_session_must_exist_and_belong_to_the_project() {
-    let (_dir, store) = fresh();
-    let (a, _) = seeded(&store, Some("p")).await;
-    let (b, _) = seeded(&store, Some("q")).await;
-    let (loose, _) = seeded(&store, None).await;
+async fn current_session_must_exist_and_belong_to_the_project(backend: Kind) {
+    let (_dir, store) = fresh(backend).await;
+    let (a, _) = seeded(&*store, Some("p")).await;
+    let (b, _) = seeded(&*store, Some("q")).await;
+    let (loose, _) = seeded(&*store, None).await;
     assert_eq!(
         kind(store.set_current_session("p", SessionId::new()).await),
         ErrorKind::NotFound
@@ -707,22 +741,24 @@ async fn current_session_must_exist_and_belong_to_the_project() {
     assert_eq!(store.current_session("q").await.unwrap(), None);
 }
 
-#[tokio::test]
-async fn a_corrupt_row_is_an_error_naming_it() {
-    let (dir, store) = fresh();
-    let (s, root) = seeded(&store, Some("p")).await;
+async fn a_corrupt_row_is_an_error_naming_it(backend: Kind) {
+    let (db, store) = fresh(backend).await;
+    let (s, root) = seeded(&*store, Some("p")).await;
     store
         .append_message(message(s.session_id, root, "x", 1))
         .await
         .unwrap();
-    let raw = rusqlite::Connection::open(db_path(dir.path())).unwrap();
-    raw.execute_batch(
-        "PRAGMA foreign_keys = OFF;
-         UPDATE sessions SET settings = '{not json';
+    // Foreign keys off: SQLite's pragma, PostgreSQL's replica role (no triggers run).
+    let no_foreign_keys = match backend {
+        Kind::Sqlite => "PRAGMA foreign_keys = OFF;",
+        Kind::Postgres => "SET session_replication_role = replica;",
+    };
+    db.raw(&format!(
+        "{no_foreign_keys}
+         UPDATE sessions SET settings = '{{not json';
          UPDATE messages SET role = 'robot';
-         UPDATE conversations SET session_id = 'not-a-uuid';",
-    )
-    .unwrap();
+         UPDATE conversations SET session_id = 'not-a-uuid';"
+    ));
     let err = store.get_session(s.session_id).await.unwrap_err();
     assert_eq!(err.kind(), ErrorKind::Internal);
     assert!(
@@ -739,10 +775,9 @@ async fn a_corrupt_row_is_an_error_naming_it() {
     );
     let err = store.project_sessions("p").await.unwrap_err();
     assert!(err.to_string().contains("sessions row 1"), "{err}");
-    raw.execute_batch(
+    db.raw(
         "UPDATE conversations SET session_id = (SELECT session_id FROM sessions), state = 'half';",
-    )
-    .unwrap();
+    );
     let err = store.conversations(s.session_id).await.unwrap_err();
     assert!(
         err.to_string()
@@ -751,10 +786,9 @@ async fn a_corrupt_row_is_an_error_naming_it() {
     );
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn concurrent_writes_are_group_committed_and_isolated() {
-    let (_dir, store) = fresh();
-    let (s, root) = seeded(&store, None).await;
+async fn concurrent_writes_are_group_committed_and_isolated(backend: Kind) {
+    let (_dir, store) = fresh(backend).await;
+    let (s, root) = seeded(&*store, None).await;
     let mut tasks = Vec::new();
     for i in 0..200u64 {
         let store = store.clone();
@@ -795,81 +829,9 @@ async fn concurrent_writes_are_group_committed_and_isolated() {
     assert_eq!(got, want);
 }
 
-#[tokio::test]
-async fn a_lone_write_commits_on_the_callers_thread() {
-    let (_dir, store) = fresh();
-    let (s, root) = seeded(&store, None).await;
-    let before = store.fast_writes();
-    assert_eq!(before, 2, "the session and its root conversation");
-    let m = store
-        .append_message(message(s.session_id, root, "hi", 1))
-        .await
-        .unwrap();
-    assert_eq!(store.fast_writes(), before + 1);
-    let read = store
-        .messages(s.session_id, 10, MAX_PAGE_BYTES, None)
-        .await
-        .unwrap();
-    assert_eq!(read.messages, vec![m]);
-    // A failing write on the fast path is rolled back alone and leaves the connection clean.
-    let bad = store
-        .append_message(message(s.session_id, ConversationId::new(), "bad", 2))
-        .await;
-    assert_eq!(kind(bad), ErrorKind::NotFound);
-    store
-        .append_message(message(s.session_id, root, "again", 3))
-        .await
-        .unwrap();
-    assert_eq!(store.fast_writes(), before + 3);
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-// Holding the connection across awaits is the point: the writes must find it busy.
-#[allow(clippy::await_holding_lock)]
-async fn writes_that_find_the_connection_busy_wait_in_the_writer_queue() {
-    let (_dir, store) = fresh();
-    let (s, root) = seeded(&store, None).await;
-    let fast = store.fast_writes();
-    assert_eq!(store.queued_writes(), 0);
-    let held = store.hold_connection();
-    let tasks: Vec<_> = (0..20u64)
-        .map(|i| {
-            let store = store.clone();
-            tokio::spawn(async move {
-                store
-                    .append_message(message(s.session_id, root, &format!("m{i}"), i))
-                    .await
-            })
-        })
-        .collect();
-    // All 20 are handed to the writer thread; none is committed while the connection is held.
-    while store.queued_writes() < 20 {
-        tokio::task::yield_now().await;
-    }
-    assert!(tasks.iter().all(|t| !t.is_finished()));
-    drop(held);
-    for t in tasks {
-        t.await.unwrap().unwrap();
-    }
-    assert_eq!(store.fast_writes(), fast, "none went around the queue");
-    assert_eq!(store.queued_writes(), 20);
-    let page = store
-        .messages(s.session_id, 100, MAX_PAGE_BYTES, None)
-        .await
-        .unwrap();
-    assert_eq!(page.messages.len(), 20);
-    // With the queue empty again, the next write takes the fast path.
-    store
-        .append_message(message(s.session_id, root, "after", 99))
-        .await
-        .unwrap();
-    assert_eq!(store.fast_writes(), fast + 1);
-}
-
-#[tokio::test]
-async fn a_zero_limit_page_keeps_the_cursor() {
-    let (_dir, store) = fresh();
-    let (s, root) = seeded(&store, None).await;
+async fn a_zero_limit_page_keeps_the_cursor(backend: Kind) {
+    let (_dir, store) = fresh(backend).await;
+    let (s, root) = seeded(&*store, None).await;
     let mut ids = Vec::new();
     for i in 0..3 {
         ids.push(
@@ -957,15 +919,14 @@ async fn page_budget_rules(store: &dyn Store) {
     assert_eq!(seen, ids);
 }
 
-#[tokio::test]
-async fn a_page_stops_at_its_byte_budget() {
-    let (_dir, store) = fresh();
-    page_budget_rules(&store).await;
+async fn a_page_stops_at_its_byte_budget(backend: Kind) {
+    let (_dir, store) = fresh(backend).await;
+    page_budget_rules(&*store).await;
 }
 
 #[tokio::test]
 async fn a_page_stops_at_its_byte_budget_in_memory() {
-    page_budget_rules(&super::memory::MemoryStore::new()).await;
+    page_budget_rules(&crate::memory::MemoryStore::new()).await;
 }
 
 /// At the real budget: pages of 1 MiB messages asked for 1000 at a time hold 4 MiB each.
@@ -1010,15 +971,14 @@ async fn large_messages_page_at_max_page_bytes(store: &dyn Store) {
     assert_eq!(seen, ids);
 }
 
-#[tokio::test]
-async fn large_messages_page_at_the_byte_budget() {
-    let (_dir, store) = fresh();
-    large_messages_page_at_max_page_bytes(&store).await;
+async fn large_messages_page_at_the_byte_budget(backend: Kind) {
+    let (_dir, store) = fresh(backend).await;
+    large_messages_page_at_max_page_bytes(&*store).await;
 }
 
 #[tokio::test]
 async fn large_messages_page_at_the_byte_budget_in_memory() {
-    large_messages_page_at_max_page_bytes(&super::memory::MemoryStore::new()).await;
+    large_messages_page_at_max_page_bytes(&crate::memory::MemoryStore::new()).await;
 }
 
 /// Stores a conversation under each policy with a canary in both instruction fields and
@@ -1074,14 +1034,19 @@ async fn instructions_rules(store: &dyn Store, tag: &str) -> Vec<String> {
     forbidden
 }
 
+async fn no_instructions_are_stored_against_the_policy_on_any_backend(backend: Kind) {
+    let (_db, store) = fresh(backend).await;
+    instructions_rules(&*store, "any").await;
+}
+
 #[tokio::test]
 async fn no_instructions_are_stored_against_the_policy_in_memory() {
-    instructions_rules(&super::memory::MemoryStore::new(), "memory").await;
+    instructions_rules(&crate::memory::MemoryStore::new(), "memory").await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn no_instructions_are_stored_against_the_policy() {
-    let (dir, store) = fresh();
+    let (dir, store) = fresh_sqlite();
     let forbidden = instructions_rules(&store, "sqlite").await;
     drop(store);
     let bytes = file_bytes(dir.path());
@@ -1093,10 +1058,9 @@ async fn no_instructions_are_stored_against_the_policy() {
     assert!(contains(&bytes, "CANARY-USER-sqlite-1"));
 }
 
-#[tokio::test]
-async fn writes_survive_a_reopen() {
-    let (dir, store) = fresh();
-    let (s, root) = seeded(&store, Some("p")).await;
+async fn writes_survive_a_reopen(backend: Kind) {
+    let (dir, store) = fresh(backend).await;
+    let (s, root) = seeded(&*store, Some("p")).await;
     let m = store
         .append_message(message(s.session_id, root, "kept", 3))
         .await
@@ -1105,7 +1069,7 @@ async fn writes_survive_a_reopen() {
     let before = store.get_session(s.session_id).await.unwrap().unwrap();
     assert!(before.updated_ms > s.updated_ms, "the writes moved it");
     drop(store);
-    let store = reopen(&dir);
+    let store = reopen(&dir).await;
     assert_eq!(store.get_session(s.session_id).await.unwrap(), Some(before));
     assert_eq!(
         store
@@ -1139,11 +1103,10 @@ fn reply_to(s: SessionId, c: ConversationId, task: TaskId) -> NewMessage {
     }
 }
 
-#[tokio::test]
-async fn a_message_goes_from_queued_to_its_outcome_with_its_reply() {
-    let (dir, store) = fresh();
-    let (s, root) = seeded(&store, None).await;
-    let (other, other_root) = seeded(&store, None).await;
+async fn a_message_goes_from_queued_to_its_outcome_with_its_reply(backend: Kind) {
+    let (dir, store) = fresh(backend).await;
+    let (s, root) = seeded(&*store, None).await;
+    let (other, other_root) = seeded(&*store, None).await;
     let queued = store
         .append_message(user(s.session_id, root, "q", MessageStatus::Queued))
         .await
@@ -1245,7 +1208,7 @@ async fn a_message_goes_from_queued_to_its_outcome_with_its_reply() {
 
     // What a restart sees: the outcomes and the other session's queue.
     drop(store);
-    let store = reopen(&dir);
+    let store = reopen(&dir).await;
     assert_eq!(
         store.sessions_with_pending_messages().await.unwrap(),
         vec![other.session_id]
@@ -1268,16 +1231,15 @@ async fn a_message_goes_from_queued_to_its_outcome_with_its_reply() {
     assert_eq!(page[2], reply);
 }
 
-#[tokio::test]
-async fn a_failed_reply_leaves_the_message_pending() {
-    let (_dir, store) = fresh();
-    let (s, root) = seeded(&store, None).await;
+async fn a_failed_reply_leaves_the_message_pending(backend: Kind) {
+    let (_dir, store) = fresh(backend).await;
+    let (s, root) = seeded(&*store, None).await;
     let m = store
         .append_message(user(s.session_id, root, "q", MessageStatus::Running))
         .await
         .unwrap();
     // A reply into another session's conversation fails: nothing of the finish is kept.
-    let (other, other_root) = seeded(&store, None).await;
+    let (other, other_root) = seeded(&*store, None).await;
     let bad = FinishMessage {
         message_id: m.message_id,
         status: MessageStatus::Completed,
@@ -1312,223 +1274,6 @@ fn arb_role() -> impl Strategy<Value = Role> {
 }
 
 const MAX_INT: u64 = i64::MAX as u64;
-
-proptest! {
-    #![proptest_config(cases())]
-
-    /// What append_message acknowledged reads back identical, before and after a reopen.
-    #[test]
-    fn prop_message_round_trip(
-        contents in proptest::collection::vec(
-            (proptest::option::of(any::<String>()), arb_role(), any::<bool>(), 0..=MAX_INT, 0..=MAX_INT),
-            1..8,
-        ),
-    ) {
-        let rt = runtime();
-        rt.block_on(async {
-            let (dir, store) = fresh();
-            let (s, root) = seeded(&store, None).await;
-            let mut acked = Vec::new();
-            for (content, role, with_task, chars, created_ms) in contents {
-                let m = NewMessage {
-                    session_id: s.session_id,
-                    conversation_id: root,
-                    task_id: with_task.then(TaskId::new),
-                    role,
-                    content,
-                    chars,
-                    created_ms,
-                    status: None,
-                    kind: troupe_proto::store::MessageKind::Text,
-                    metadata: None,
-                };
-                let record = store.append_message(m.clone()).await.unwrap();
-                prop_assert_eq!(&record.content, &m.content);
-                prop_assert_eq!(record.role, m.role);
-                prop_assert_eq!(record.task_id, m.task_id);
-                prop_assert_eq!(record.chars, m.chars);
-                prop_assert_eq!(record.created_ms, m.created_ms);
-                acked.push(record);
-            }
-            let page = store.messages(s.session_id, acked.len(), MAX_PAGE_BYTES, None).await.unwrap();
-            prop_assert_eq!(&page.messages, &acked);
-            drop(store);
-            let page = reopen(&dir).messages(s.session_id, acked.len(), MAX_PAGE_BYTES, None).await.unwrap();
-            prop_assert_eq!(&page.messages, &acked);
-            Ok(())
-        })?;
-    }
-
-    /// Each session id names one session: a repeated id is refused and changes nothing.
-    #[test]
-    fn prop_unique_session_ids(picks in proptest::collection::vec(0usize..6, 1..20)) {
-        let rt = runtime();
-        rt.block_on(async {
-            let (_dir, store) = fresh();
-            let pool: Vec<SessionRecord> =
-                (0..6).map(|i| session_in(Some("p"), i)).collect();
-            let mut created: Vec<SessionRecord> = Vec::new();
-            for i in picks {
-                let result = store.create_session(pool[i].clone()).await;
-                if created.iter().any(|s| s.session_id == pool[i].session_id) {
-                    prop_assert_eq!(kind(result), ErrorKind::InvalidInput);
-                } else {
-                    prop_assert!(result.is_ok());
-                    created.push(pool[i].clone());
-                }
-            }
-            let all = store.all_sessions().await.unwrap();
-            let ids: HashSet<_> = all.iter().map(|s| s.session_id).collect();
-            prop_assert_eq!(ids.len(), all.len());
-            prop_assert_eq!(all.len(), created.len());
-            for s in &created {
-                let got = store.get_session(s.session_id).await.unwrap();
-                prop_assert_eq!(got.as_ref(), Some(s));
-            }
-            Ok(())
-        })?;
-    }
-
-    /// After any sequence of switches, each project's current session is the last one set
-    /// successfully; refused switches change nothing.
-    #[test]
-    fn prop_current_session_switch(
-        ops in proptest::collection::vec((0usize..3, 0usize..7), 1..25),
-    ) {
-        let rt = runtime();
-        rt.block_on(async {
-            let (_dir, store) = fresh();
-            let projects = ["a", "b", "c"];
-            let mut sessions = Vec::new();
-            for (i, p) in projects.iter().enumerate() {
-                for _ in 0..2 {
-                    let s = session_in(Some(p), i as u64);
-                    store.create_session(s.clone()).await.unwrap();
-                    sessions.push(s);
-                }
-            }
-            let mut model: BTreeMap<&str, SessionId> = BTreeMap::new();
-            for (p, s) in ops {
-                let project = projects[p];
-                // Index 6 names no session at all.
-                let (id, owner) = sessions
-                    .get(s)
-                    .map_or((SessionId::new(), None), |s| (s.session_id, s.project_id.clone()));
-                let result = store.set_current_session(project, id).await;
-                match owner {
-                    None => prop_assert_eq!(kind(result), ErrorKind::NotFound),
-                    Some(o) if o != project => prop_assert_eq!(kind(result), ErrorKind::InvalidInput),
-                    Some(_) => {
-                        prop_assert!(result.is_ok());
-                        model.insert(project, id);
-                    }
-                }
-                for p in projects {
-                    prop_assert_eq!(store.current_session(p).await.unwrap(), model.get(p).copied());
-                }
-            }
-            Ok(())
-        })?;
-    }
-
-    /// The current sessions read back the same from a reopened store.
-    #[test]
-    fn prop_current_session_load(
-        ops in proptest::collection::vec((0usize..3, 0usize..2), 0..10),
-    ) {
-        let rt = runtime();
-        rt.block_on(async {
-            let (dir, store) = fresh();
-            let projects = ["a", "b", "c"];
-            let mut sessions = BTreeMap::new();
-            for p in projects {
-                for i in 0..2 {
-                    let s = session_in(Some(p), i);
-                    store.create_session(s.clone()).await.unwrap();
-                    sessions.insert((p, i), s.session_id);
-                }
-            }
-            let mut model: BTreeMap<&str, SessionId> = BTreeMap::new();
-            for (p, i) in ops {
-                let id = sessions[&(projects[p], i as u64)];
-                store.set_current_session(projects[p], id).await.unwrap();
-                model.insert(projects[p], id);
-            }
-            drop(store);
-            let store = reopen(&dir);
-            for p in projects {
-                prop_assert_eq!(store.current_session(p).await.unwrap(), model.get(p).copied());
-            }
-            Ok(())
-        })?;
-    }
-
-    /// A page holds min(N, M) messages, where M is how many are older than the cursor: the
-    /// newest such ones, oldest first. Following `next_before` visits every message once.
-    #[test]
-    fn prop_pagination_min_n_m_and_cursor(
-        total in 0usize..40,
-        noise in 0usize..10,
-        limit in 0usize..12,
-        cursor_pick in proptest::option::of(0usize..45),
-    ) {
-        let rt = runtime();
-        rt.block_on(async {
-            let (_dir, store) = fresh();
-            let (s, root) = seeded(&store, None).await;
-            let (other, other_root) = seeded(&store, None).await;
-            let mut ids = Vec::new();
-            for i in 0..total.max(noise) {
-                if i < total {
-                    let m = store
-                        .append_message(message(s.session_id, root, &format!("m{i}"), i as u64))
-                        .await
-                        .unwrap();
-                    ids.push(m.message_id);
-                }
-                if i < noise {
-                    store
-                        .append_message(message(other.session_id, other_root, "noise", 0))
-                        .await
-                        .unwrap();
-                }
-            }
-            // A cursor: some message's id, one past the last, or none.
-            let before = cursor_pick.map(|k| ids.get(k).copied().unwrap_or(u64::MAX / 2));
-            let older: Vec<u64> = ids
-                .iter()
-                .copied()
-                .filter(|id| before.is_none_or(|b| *id < b))
-                .collect();
-            let page = store.messages(s.session_id, limit, MAX_PAGE_BYTES, before).await.unwrap();
-            let got: Vec<u64> = page.messages.iter().map(|m| m.message_id).collect();
-            prop_assert_eq!(got.len(), limit.min(older.len()));
-            prop_assert_eq!(&got[..], &older[older.len() - got.len()..]);
-            prop_assert!(page.messages.iter().all(|m| m.session_id == s.session_id));
-            let has_more = older.len() > limit;
-            prop_assert_eq!(page.next_before.is_some(), has_more);
-
-            // Walking the cursor from the newest page visits everything once, in order.
-            if limit > 0 {
-                let mut seen = Vec::new();
-                let mut cursor = None;
-                loop {
-                    let page = store.messages(s.session_id, limit, MAX_PAGE_BYTES, cursor).await.unwrap();
-                    prop_assert!(page.messages.len() <= limit);
-                    let mut ids: Vec<u64> = page.messages.iter().map(|m| m.message_id).collect();
-                    ids.extend(seen);
-                    seen = ids;
-                    match page.next_before {
-                        Some(b) => cursor = Some(b),
-                        None => break,
-                    }
-                }
-                prop_assert_eq!(&seen, &ids);
-            }
-            Ok(())
-        })?;
-    }
-}
 
 /// Walks every page of a session whose messages have the given sizes (`None`: no content)
 /// among another session's messages; checks each page's bounds and returns the ids seen,
@@ -1593,34 +1338,9 @@ fn arb_sizes() -> impl Strategy<Value = Vec<Option<usize>>> {
     proptest::collection::vec(proptest::option::weighted(0.9, 0usize..300), 0..30)
 }
 
-proptest! {
-    #![proptest_config(cases())]
-
-    /// Over any message sizes (multi-byte text, contentless messages), both stores page
-    /// within the count and the byte budget (a larger message alone) and the cursor walk
-    /// returns every message of the session exactly once, in order.
-    #[test]
-    fn prop_pages_within_the_byte_budget_cover_everything_once(
-        sizes in arb_sizes(),
-        limit in 1usize..10,
-        max_bytes in 0usize..600,
-    ) {
-        let rt = runtime();
-        rt.block_on(async {
-            let (_dir, store) = fresh();
-            let (seen, ids) = walk_sized_pages(&store, &sizes, limit, max_bytes).await?;
-            prop_assert_eq!(seen, ids);
-            let memory = super::memory::MemoryStore::new();
-            let (seen, ids) = walk_sized_pages(&memory, &sizes, limit, max_bytes).await?;
-            prop_assert_eq!(seen, ids);
-            Ok(())
-        })?;
-    }
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_checkpointer_copies_the_wal_into_the_database() {
-    let (dir, store) = fresh();
+    let (dir, store) = fresh_sqlite();
     let (s, root) = seeded(&store, None).await;
     let db = db_path(dir.path());
     let before = std::fs::metadata(&db).unwrap().len();
@@ -1718,11 +1438,20 @@ impl metrics::Recorder for Recorded {
 
 #[test]
 fn operations_are_timed_and_failures_counted_by_op_and_kind() {
+    operations_are_timed(Kind::Sqlite);
+}
+
+#[test]
+fn operations_are_timed_and_failures_counted_by_op_and_kind_on_postgres() {
+    operations_are_timed(Kind::Postgres);
+}
+
+fn operations_are_timed(backend: Kind) {
     let recorded = Recorded::default();
     metrics::with_local_recorder(&recorded, || {
         runtime().block_on(async {
-            let (_dir, store) = fresh();
-            let (s, root) = seeded(&store, None).await;
+            let (_dir, store) = fresh(backend).await;
+            let (s, root) = seeded(&*store, None).await;
             store
                 .append_message(message(s.session_id, root, "x", 1))
                 .await
@@ -1978,21 +1707,19 @@ async fn status_and_types_rules(store: &dyn Store) {
     assert_eq!(status_of(t.session_id).await, SessionStatus::Failed);
 }
 
-#[tokio::test]
-async fn sessions_have_a_status_and_messages_a_type() {
-    let (_dir, store) = fresh();
-    status_and_types_rules(&store).await;
+async fn sessions_have_a_status_and_messages_a_type(backend: Kind) {
+    let (_dir, store) = fresh(backend).await;
+    status_and_types_rules(&*store).await;
 }
 
 #[tokio::test]
 async fn sessions_have_a_status_and_messages_a_type_in_memory() {
-    status_and_types_rules(&super::memory::MemoryStore::new()).await;
+    status_and_types_rules(&crate::memory::MemoryStore::new()).await;
 }
 
-#[tokio::test]
-async fn status_and_types_survive_a_reopen() {
-    let (dir, store) = fresh();
-    let (s, root) = seeded(&store, None).await;
+async fn status_and_types_survive_a_reopen(backend: Kind) {
+    let (dir, store) = fresh(backend).await;
+    let (s, root) = seeded(&*store, None).await;
     store
         .set_session_status(s.session_id, SessionStatus::Cancelled, 7)
         .await
@@ -2008,7 +1735,7 @@ async fn status_and_types_survive_a_reopen() {
         .await
         .unwrap();
     drop(store);
-    let store = reopen(&dir);
+    let store = reopen(&dir).await;
     let got = store.get_session(s.session_id).await.unwrap().unwrap();
     assert_eq!(got.status, SessionStatus::Cancelled);
     assert_eq!(store.message(m.message_id).await.unwrap().unwrap(), m);
@@ -2142,25 +1869,23 @@ async fn binding_rules(store: &dyn Store) {
     assert_eq!(kind(store.put_binding(huge).await), ErrorKind::InvalidInput);
 }
 
-#[tokio::test]
-async fn bindings_follow_the_rules() {
-    let (_dir, store) = fresh();
-    binding_rules(&store).await;
+async fn bindings_follow_the_rules(backend: Kind) {
+    let (_dir, store) = fresh(backend).await;
+    binding_rules(&*store).await;
 }
 
 #[tokio::test]
 async fn bindings_follow_the_rules_in_memory() {
-    binding_rules(&super::memory::MemoryStore::new()).await;
+    binding_rules(&crate::memory::MemoryStore::new()).await;
 }
 
-#[tokio::test]
-async fn bindings_survive_a_reopen() {
-    let (dir, store) = fresh();
+async fn bindings_survive_a_reopen(backend: Kind) {
+    let (dir, store) = fresh(backend).await;
     let s = SessionId::new();
     let b = binding(s, "coder", "0190-conversation", 42);
     store.put_binding(b.clone()).await.unwrap();
     drop(store);
-    let store = reopen(&dir);
+    let store = reopen(&dir).await;
     assert_eq!(store.bindings(Some(s)).await.unwrap(), [b]);
 }
 
@@ -2194,7 +1919,7 @@ async fn upgrade_from_version_5_adds_bindings_and_keeps_rows() {
 
 #[tokio::test]
 async fn a_corrupt_binding_row_is_an_error_naming_it() {
-    let (dir, store) = fresh();
+    let (dir, store) = fresh_sqlite();
     let s = SessionId::new();
     store
         .put_binding(binding(s, "coder", "c", 1))
@@ -2241,46 +1966,513 @@ fn arb_binding_op() -> impl Strategy<Value = BindingOp> {
     ]
 }
 
-proptest! {
-    #![proptest_config(cases())]
+/// The P6 properties (and the byte budget's and the bindings'), on one backend.
+macro_rules! store_properties {
+    ($kind:expr) => {
+        proptest! {
+            #![proptest_config(cases())]
 
-    /// Any history of puts and removes leaves both stores holding exactly what a map keyed by
-    /// (session, agent) holds, listed in the same order, before and after a reopen.
-    #[test]
-    fn prop_bindings_behave_like_a_map(ops in proptest::collection::vec(arb_binding_op(), 0..24)) {
-        let rt = runtime();
-        rt.block_on(async {
-            let mut sessions: Vec<SessionId> = (0..3).map(|_| SessionId::new()).collect();
-            sessions.sort();
-            let agents = ["a", "b", "c"];
-            let (dir, sqlite) = fresh();
-            let memory = super::memory::MemoryStore::new();
-            let mut model: BTreeMap<(SessionId, &str), troupe_proto::agent::AgentBinding> = BTreeMap::new();
-            for op in &ops {
-                match *op {
-                    BindingOp::Put { session, agent, psid, at } => {
-                        let b = binding(sessions[session], agents[agent], &format!("p{psid}"), u64::from(at));
-                        sqlite.put_binding(b.clone()).await.unwrap();
-                        memory.put_binding(b.clone()).await.unwrap();
-                        model.insert((sessions[session], agents[agent]), b);
+            /// What append_message acknowledged reads back identical, before and after a reopen.
+            #[test]
+            fn prop_message_round_trip(
+                contents in proptest::collection::vec(
+                    // Any character, NUL and controls included.
+                    (proptest::option::of("(?s).{0,24}"), arb_role(), any::<bool>(), 0..=MAX_INT, 0..=MAX_INT),
+                    1..8,
+                ),
+            ) {
+                let rt = runtime();
+                rt.block_on(async {
+                    let (dir, store) = fresh($kind).await;
+                    let (s, root) = seeded(&*store, None).await;
+                    let mut acked = Vec::new();
+                    for (content, role, with_task, chars, created_ms) in contents {
+                        let m = NewMessage {
+                            session_id: s.session_id,
+                            conversation_id: root,
+                            task_id: with_task.then(TaskId::new),
+                            role,
+                            content,
+                            chars,
+                            created_ms,
+                            status: None,
+                            kind: troupe_proto::store::MessageKind::Text,
+                            metadata: None,
+                        };
+                        let record = store.append_message(m.clone()).await.unwrap();
+                        prop_assert_eq!(&record.content, &m.content);
+                        prop_assert_eq!(record.role, m.role);
+                        prop_assert_eq!(record.task_id, m.task_id);
+                        prop_assert_eq!(record.chars, m.chars);
+                        prop_assert_eq!(record.created_ms, m.created_ms);
+                        acked.push(record);
                     }
-                    BindingOp::Remove { session, agent } => {
-                        sqlite.remove_binding(sessions[session], agents[agent]).await.unwrap();
-                        memory.remove_binding(sessions[session], agents[agent]).await.unwrap();
-                        model.remove(&(sessions[session], agents[agent]));
+                    let page = store.messages(s.session_id, acked.len(), MAX_PAGE_BYTES, None).await.unwrap();
+                    prop_assert_eq!(&page.messages, &acked);
+                    drop(store);
+                    let page = reopen(&dir).await.messages(s.session_id, acked.len(), MAX_PAGE_BYTES, None).await.unwrap();
+                    prop_assert_eq!(&page.messages, &acked);
+                    Ok(())
+                })?;
+            }
+
+            /// Each session id names one session: a repeated id is refused and changes nothing.
+            #[test]
+            fn prop_unique_session_ids(picks in proptest::collection::vec(0usize..6, 1..20)) {
+                let rt = runtime();
+                rt.block_on(async {
+                    let (_dir, store) = fresh($kind).await;
+                    let pool: Vec<SessionRecord> =
+                        (0..6).map(|i| session_in(Some("p"), i)).collect();
+                    let mut created: Vec<SessionRecord> = Vec::new();
+                    for i in picks {
+                        let result = store.create_session(pool[i].clone()).await;
+                        if created.iter().any(|s| s.session_id == pool[i].session_id) {
+                            prop_assert_eq!(kind(result), ErrorKind::InvalidInput);
+                        } else {
+                            prop_assert!(result.is_ok());
+                            created.push(pool[i].clone());
+                        }
                     }
-                }
+                    let all = store.all_sessions().await.unwrap();
+                    let ids: HashSet<_> = all.iter().map(|s| s.session_id).collect();
+                    prop_assert_eq!(ids.len(), all.len());
+                    prop_assert_eq!(all.len(), created.len());
+                    for s in &created {
+                        let got = store.get_session(s.session_id).await.unwrap();
+                        prop_assert_eq!(got.as_ref(), Some(s));
+                    }
+                    Ok(())
+                })?;
             }
-            let expected: Vec<_> = model.values().cloned().collect();
-            prop_assert_eq!(&sqlite.bindings(None).await.unwrap(), &expected);
-            prop_assert_eq!(&memory.bindings(None).await.unwrap(), &expected);
-            for s in &sessions {
-                let of_s: Vec<_> = expected.iter().filter(|b| b.session_id == *s).cloned().collect();
-                prop_assert_eq!(&sqlite.bindings(Some(*s)).await.unwrap(), &of_s);
+
+            /// After any sequence of switches, each project's current session is the last one set
+            /// successfully; refused switches change nothing.
+            #[test]
+            fn prop_current_session_switch(
+                ops in proptest::collection::vec((0usize..3, 0usize..7), 1..25),
+            ) {
+                let rt = runtime();
+                rt.block_on(async {
+                    let (_dir, store) = fresh($kind).await;
+                    let projects = ["a", "b", "c"];
+                    let mut sessions = Vec::new();
+                    for (i, p) in projects.iter().enumerate() {
+                        for _ in 0..2 {
+                            let s = session_in(Some(p), i as u64);
+                            store.create_session(s.clone()).await.unwrap();
+                            sessions.push(s);
+                        }
+                    }
+                    let mut model: BTreeMap<&str, SessionId> = BTreeMap::new();
+                    for (p, s) in ops {
+                        let project = projects[p];
+                        // Index 6 names no session at all.
+                        let (id, owner) = sessions
+                            .get(s)
+                            .map_or((SessionId::new(), None), |s| (s.session_id, s.project_id.clone()));
+                        let result = store.set_current_session(project, id).await;
+                        match owner {
+                            None => prop_assert_eq!(kind(result), ErrorKind::NotFound),
+                            Some(o) if o != project => prop_assert_eq!(kind(result), ErrorKind::InvalidInput),
+                            Some(_) => {
+                                prop_assert!(result.is_ok());
+                                model.insert(project, id);
+                            }
+                        }
+                        for p in projects {
+                            prop_assert_eq!(store.current_session(p).await.unwrap(), model.get(p).copied());
+                        }
+                    }
+                    Ok(())
+                })?;
             }
-            drop(sqlite);
-            prop_assert_eq!(&reopen(&dir).bindings(None).await.unwrap(), &expected);
-            Ok(())
-        })?;
+
+            /// The current sessions read back the same from a reopened store.
+            #[test]
+            fn prop_current_session_load(
+                ops in proptest::collection::vec((0usize..3, 0usize..2), 0..10),
+            ) {
+                let rt = runtime();
+                rt.block_on(async {
+                    let (dir, store) = fresh($kind).await;
+                    let projects = ["a", "b", "c"];
+                    let mut sessions = BTreeMap::new();
+                    for p in projects {
+                        for i in 0..2 {
+                            let s = session_in(Some(p), i);
+                            store.create_session(s.clone()).await.unwrap();
+                            sessions.insert((p, i), s.session_id);
+                        }
+                    }
+                    let mut model: BTreeMap<&str, SessionId> = BTreeMap::new();
+                    for (p, i) in ops {
+                        let id = sessions[&(projects[p], i as u64)];
+                        store.set_current_session(projects[p], id).await.unwrap();
+                        model.insert(projects[p], id);
+                    }
+                    drop(store);
+                    let store = reopen(&dir).await;
+                    for p in projects {
+                        prop_assert_eq!(store.current_session(p).await.unwrap(), model.get(p).copied());
+                    }
+                    Ok(())
+                })?;
+            }
+
+            /// A page holds min(N, M) messages, where M is how many are older than the cursor: the
+            /// newest such ones, oldest first. Following `next_before` visits every message once.
+            #[test]
+            fn prop_pagination_min_n_m_and_cursor(
+                total in 0usize..40,
+                noise in 0usize..10,
+                limit in 0usize..12,
+                cursor_pick in proptest::option::of(0usize..45),
+            ) {
+                let rt = runtime();
+                rt.block_on(async {
+                    let (_dir, store) = fresh($kind).await;
+                    let (s, root) = seeded(&*store, None).await;
+                    let (other, other_root) = seeded(&*store, None).await;
+                    let mut ids = Vec::new();
+                    for i in 0..total.max(noise) {
+                        if i < total {
+                            let m = store
+                                .append_message(message(s.session_id, root, &format!("m{i}"), i as u64))
+                                .await
+                                .unwrap();
+                            ids.push(m.message_id);
+                        }
+                        if i < noise {
+                            store
+                                .append_message(message(other.session_id, other_root, "noise", 0))
+                                .await
+                                .unwrap();
+                        }
+                    }
+                    // A cursor: some message's id, one past the last, or none.
+                    let before = cursor_pick.map(|k| ids.get(k).copied().unwrap_or(u64::MAX / 2));
+                    let older: Vec<u64> = ids
+                        .iter()
+                        .copied()
+                        .filter(|id| before.is_none_or(|b| *id < b))
+                        .collect();
+                    let page = store.messages(s.session_id, limit, MAX_PAGE_BYTES, before).await.unwrap();
+                    let got: Vec<u64> = page.messages.iter().map(|m| m.message_id).collect();
+                    prop_assert_eq!(got.len(), limit.min(older.len()));
+                    prop_assert_eq!(&got[..], &older[older.len() - got.len()..]);
+                    prop_assert!(page.messages.iter().all(|m| m.session_id == s.session_id));
+                    let has_more = older.len() > limit;
+                    prop_assert_eq!(page.next_before.is_some(), has_more);
+
+                    // Walking the cursor from the newest page visits everything once, in order.
+                    if limit > 0 {
+                        let mut seen = Vec::new();
+                        let mut cursor = None;
+                        loop {
+                            let page = store.messages(s.session_id, limit, MAX_PAGE_BYTES, cursor).await.unwrap();
+                            prop_assert!(page.messages.len() <= limit);
+                            let mut ids: Vec<u64> = page.messages.iter().map(|m| m.message_id).collect();
+                            ids.extend(seen);
+                            seen = ids;
+                            match page.next_before {
+                                Some(b) => cursor = Some(b),
+                                None => break,
+                            }
+                        }
+                        prop_assert_eq!(&seen, &ids);
+                    }
+                    Ok(())
+                })?;
+            }
+        }
+
+        proptest! {
+            #![proptest_config(cases())]
+
+            /// Over any message sizes (multi-byte text, contentless messages), both stores page
+            /// within the count and the byte budget (a larger message alone) and the cursor walk
+            /// returns every message of the session exactly once, in order.
+            #[test]
+            fn prop_pages_within_the_byte_budget_cover_everything_once(
+                sizes in arb_sizes(),
+                limit in 1usize..10,
+                max_bytes in 0usize..600,
+            ) {
+                let rt = runtime();
+                rt.block_on(async {
+                    let (_dir, store) = fresh($kind).await;
+                    let (seen, ids) = walk_sized_pages(&*store, &sizes, limit, max_bytes).await?;
+                    prop_assert_eq!(seen, ids);
+                    let memory = crate::memory::MemoryStore::new();
+                    let (seen, ids) = walk_sized_pages(&memory, &sizes, limit, max_bytes).await?;
+                    prop_assert_eq!(seen, ids);
+                    Ok(())
+                })?;
+            }
+        }
+
+        proptest! {
+            #![proptest_config(cases())]
+
+            /// Any history of puts and removes leaves both stores holding exactly what a map keyed by
+            /// (session, agent) holds, listed in the same order, before and after a reopen.
+            #[test]
+            fn prop_bindings_behave_like_a_map(ops in proptest::collection::vec(arb_binding_op(), 0..24)) {
+                let rt = runtime();
+                rt.block_on(async {
+                    let mut sessions: Vec<SessionId> = (0..3).map(|_| SessionId::new()).collect();
+                    sessions.sort();
+                    let agents = ["a", "b", "c"];
+                    let (dir, sqlite) = fresh($kind).await;
+                    let memory = crate::memory::MemoryStore::new();
+                    let mut model: BTreeMap<(SessionId, &str), troupe_proto::agent::AgentBinding> = BTreeMap::new();
+                    for op in &ops {
+                        match *op {
+                            BindingOp::Put { session, agent, psid, at } => {
+                                let b = binding(sessions[session], agents[agent], &format!("p{psid}"), u64::from(at));
+                                sqlite.put_binding(b.clone()).await.unwrap();
+                                memory.put_binding(b.clone()).await.unwrap();
+                                model.insert((sessions[session], agents[agent]), b);
+                            }
+                            BindingOp::Remove { session, agent } => {
+                                sqlite.remove_binding(sessions[session], agents[agent]).await.unwrap();
+                                memory.remove_binding(sessions[session], agents[agent]).await.unwrap();
+                                model.remove(&(sessions[session], agents[agent]));
+                            }
+                        }
+                    }
+                    let expected: Vec<_> = model.values().cloned().collect();
+                    prop_assert_eq!(&sqlite.bindings(None).await.unwrap(), &expected);
+                    prop_assert_eq!(&memory.bindings(None).await.unwrap(), &expected);
+                    for s in &sessions {
+                        let of_s: Vec<_> = expected.iter().filter(|b| b.session_id == *s).cloned().collect();
+                        prop_assert_eq!(&sqlite.bindings(Some(*s)).await.unwrap(), &of_s);
+                    }
+                    drop(sqlite);
+                    prop_assert_eq!(&reopen(&dir).await.bindings(None).await.unwrap(), &expected);
+                    Ok(())
+                })?;
+            }
+        }
+    };
+}
+
+// ---- authorization tokens (A5) ----
+
+fn auth_token(id: &str, digest: &str, issued_ms: u64) -> troupe_proto::governance::AuthToken {
+    troupe_proto::governance::AuthToken {
+        id: id.into(),
+        digest: digest.into(),
+        scope: troupe_proto::governance::TokenScope {
+            agent: "coder".into(),
+            tool: "shell".into(),
+            args: Some("git status*".into()),
+        },
+        issued_by: "ann".into(),
+        issued_ms,
+        expires_ms: issued_ms + 60_000,
+        max_uses: 2,
+        uses: 0,
+        revoked_ms: None,
     }
 }
+
+/// What every store keeps of tokens: found by digest, counted by compare-and-set up to their
+/// maximum, revoked once (a revoked one counts nothing), listed newest first.
+async fn token_rules(store: &dyn Store) {
+    let t = auth_token("t1", "d1", 10);
+    store.insert_token(t.clone()).await.unwrap();
+    store
+        .insert_token(auth_token("t2", "d2", 20))
+        .await
+        .unwrap();
+    assert_eq!(
+        kind(store.insert_token(auth_token("t3", "d1", 30)).await),
+        ErrorKind::InvalidInput,
+        "a digest is unique"
+    );
+    assert_eq!(store.token_by_digest("d1").await.unwrap(), Some(t.clone()));
+    assert_eq!(store.token_by_digest("nope").await.unwrap(), None);
+    assert!(store.use_token("t1", 0).await.unwrap());
+    assert!(
+        !store.use_token("t1", 0).await.unwrap(),
+        "a stale count loses"
+    );
+    assert!(store.use_token("t1", 1).await.unwrap());
+    assert!(
+        !store.use_token("t1", 2).await.unwrap(),
+        "never past max_uses"
+    );
+    assert!(!store.use_token("none", 0).await.unwrap());
+    assert_eq!(store.token_by_digest("d1").await.unwrap().unwrap().uses, 2);
+    let revoked = store.revoke_token("t2", 50).await.unwrap().unwrap();
+    assert_eq!(revoked.revoked_ms, Some(50));
+    let again = store.revoke_token("t2", 60).await.unwrap().unwrap();
+    assert_eq!(again.revoked_ms, Some(50), "the first revocation stays");
+    assert!(!store.use_token("t2", 0).await.unwrap());
+    assert_eq!(store.revoke_token("none", 1).await.unwrap(), None);
+    let ids: Vec<String> = store
+        .tokens()
+        .await
+        .unwrap()
+        .into_iter()
+        .map(|t| t.id)
+        .collect();
+    assert_eq!(ids, ["t2", "t1"]);
+}
+
+async fn tokens_follow_the_rules(backend: Kind) {
+    let (_dir, store) = fresh(backend).await;
+    token_rules(&*store).await;
+}
+
+#[tokio::test]
+async fn tokens_follow_the_rules_in_memory() {
+    token_rules(&super::memory::MemoryStore::new()).await;
+}
+
+async fn token_uses_survive_a_reopen(backend: Kind) {
+    let (dir, store) = fresh(backend).await;
+    store
+        .insert_token(auth_token("t1", "digest-of-secret", 1))
+        .await
+        .unwrap();
+    assert!(store.use_token("t1", 0).await.unwrap());
+    drop(store);
+    let store = reopen(&dir).await;
+    let t = store
+        .token_by_digest("digest-of-secret")
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!((t.uses, t.max_uses), (1, 2));
+    assert_eq!(t.scope.args.as_deref(), Some("git status*"));
+}
+
+#[tokio::test]
+async fn no_token_secret_is_stored() {
+    let (dir, store) = fresh_sqlite();
+    store
+        .insert_token(auth_token("t1", "digest-of-secret", 1))
+        .await
+        .unwrap();
+    let conn = super::conn::open(&db_path(dir.path()), super::conn::Role::Reader).unwrap();
+    let columns: Vec<String> = conn
+        .prepare("SELECT name FROM pragma_table_info('auth_tokens')")
+        .unwrap()
+        .query_map([], |r| r.get(0))
+        .unwrap()
+        .map(Result::unwrap)
+        .collect();
+    assert!(!columns.iter().any(|c| c.contains("secret")), "{columns:?}");
+}
+#[tokio::test]
+async fn a_lone_write_commits_on_the_callers_thread() {
+    let (_dir, store) = fresh_sqlite();
+    let store = Arc::new(store);
+    let (s, root) = seeded(&*store, None).await;
+    let before = store.fast_writes();
+    assert_eq!(before, 2, "the session and its root conversation");
+    let m = store
+        .append_message(message(s.session_id, root, "hi", 1))
+        .await
+        .unwrap();
+    assert_eq!(store.fast_writes(), before + 1);
+    let read = store
+        .messages(s.session_id, 10, MAX_PAGE_BYTES, None)
+        .await
+        .unwrap();
+    assert_eq!(read.messages, vec![m]);
+    // A failing write on the fast path is rolled back alone and leaves the connection clean.
+    let bad = store
+        .append_message(message(s.session_id, ConversationId::new(), "bad", 2))
+        .await;
+    assert_eq!(kind(bad), ErrorKind::NotFound);
+    store
+        .append_message(message(s.session_id, root, "again", 3))
+        .await
+        .unwrap();
+    assert_eq!(store.fast_writes(), before + 3);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+// Holding the connection across awaits is the point: the writes must find it busy.
+#[allow(clippy::await_holding_lock)]
+async fn writes_that_find_the_connection_busy_wait_in_the_writer_queue() {
+    let (_dir, store) = fresh_sqlite();
+    let store = Arc::new(store);
+    let (s, root) = seeded(&*store, None).await;
+    let fast = store.fast_writes();
+    assert_eq!(store.queued_writes(), 0);
+    let held = store.hold_connection();
+    let tasks: Vec<_> = (0..20u64)
+        .map(|i| {
+            let store = store.clone();
+            tokio::spawn(async move {
+                store
+                    .append_message(message(s.session_id, root, &format!("m{i}"), i))
+                    .await
+            })
+        })
+        .collect();
+    // All 20 are handed to the writer thread; none is committed while the connection is held.
+    while store.queued_writes() < 20 {
+        tokio::task::yield_now().await;
+    }
+    assert!(tasks.iter().all(|t| !t.is_finished()));
+    drop(held);
+    for t in tasks {
+        t.await.unwrap().unwrap();
+    }
+    assert_eq!(store.fast_writes(), fast, "none went around the queue");
+    assert_eq!(store.queued_writes(), 20);
+    let page = store
+        .messages(s.session_id, 100, MAX_PAGE_BYTES, None)
+        .await
+        .unwrap();
+    assert_eq!(page.messages.len(), 20);
+    // With the queue empty again, the next write takes the fast path.
+    store
+        .append_message(message(s.session_id, root, "after", 99))
+        .await
+        .unwrap();
+    assert_eq!(store.fast_writes(), fast + 1);
+}
+
+mod sqlite_properties {
+    use super::*;
+    store_properties!(Kind::Sqlite);
+}
+
+mod postgres_properties {
+    use super::*;
+    store_properties!(Kind::Postgres);
+}
+
+on_every_backend!(
+    sessions_round_trip_and_list_in_order,
+    every_character_round_trips,
+    unknown_ids_read_as_none_or_empty,
+    a_duplicate_session_is_invalid_input,
+    conversations_upsert_close_and_keep_their_order,
+    append_message_checks_its_session_and_conversation,
+    out_of_range_numbers_are_invalid_input,
+    ttl_content_is_dropped_when_due,
+    current_session_must_exist_and_belong_to_the_project,
+    a_corrupt_row_is_an_error_naming_it,
+    concurrent_writes_are_group_committed_and_isolated,
+    a_zero_limit_page_keeps_the_cursor,
+    a_page_stops_at_its_byte_budget,
+    large_messages_page_at_the_byte_budget,
+    no_instructions_are_stored_against_the_policy_on_any_backend,
+    writes_survive_a_reopen,
+    a_message_goes_from_queued_to_its_outcome_with_its_reply,
+    a_failed_reply_leaves_the_message_pending,
+    sessions_have_a_status_and_messages_a_type,
+    status_and_types_survive_a_reopen,
+    bindings_follow_the_rules,
+    bindings_survive_a_reopen,
+    tokens_follow_the_rules,
+    token_uses_survive_a_reopen,
+);

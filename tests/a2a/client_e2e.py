@@ -6,12 +6,20 @@ Usage: client_e2e.py BASE_URL VERSION [TOKEN]
   VERSION   1.0 or 0.3: the card interface the client picks (0.3 uses the SDK's 0.3 transport)
   TOKEN     bearer token, when the server wants one
 
+At the end it prints "RESTART" and reads one line from stdin: the base URL of the server
+started again over the same data directory (killed with SIGKILL meanwhile). Then it checks that
+the context goes on in the same conversation, that old tasks are found with their history and
+artifacts, and that the task running at the crash ended FAILED and its webhook heard it.
+
 The server's scripted model must answer, in this order (one model call per task):
   1. default (echoes "You said: hello")     send, blocking
   2. {"text": "Streamed answer", "chunk_chars": 4, "delay_ms": 300}   streamed
   3. {"hang": true}                         sent without waiting, then canceled
   4. {"text": "Slow answer", "delay_ms": 1500}      sent without waiting, then resubscribed
   5. default                                a raw 0.3 call with no A2A-Version header
+  6. {"a2a": {"state": "input-required", "text": "Which city?"}}   answered after the restart
+  7. {"hang": true}                         running when the server dies
+  after the restart: default answers.
 
 Prints one line per step and exits 0 when every check holds.
 """
@@ -107,6 +115,7 @@ class Webhook:
     def __init__(self):
         got = self.got = []
         done = self.done = threading.Event()
+        failed = self.failed = threading.Event()
 
         class Handler(http.server.BaseHTTPRequestHandler):
             def do_POST(self):
@@ -117,6 +126,8 @@ class Webhook:
                 text = json.dumps(body)
                 if "TASK_STATE_COMPLETED" in text or '"completed"' in text:
                     done.set()
+                if "TASK_STATE_FAILED" in text or '"failed"' in text:
+                    failed.set()
 
             def log_message(self, *args):
                 pass
@@ -232,7 +243,6 @@ async def run(base, version, token):
         resumed = assemble(e.artifact_update for e in events if e.HasField("artifact_update"))
         check(resumed == "Slow answer", f"the resubscription carries the answer ({resumed!r})")
         await asyncio.get_running_loop().run_in_executor(None, hook.done.wait, 10)
-        hook.close()
         check(hook.done.is_set(), f"the webhook heard the task's end ({len(hook.got)} notifications)")
         check(
             all(h.get("x-a2a-notification-token") == "py-token" for h, _ in hook.got),
@@ -284,6 +294,73 @@ async def run(base, version, token):
             check("bearer" in card.json().get("securitySchemes", {}), "the card names the bearer scheme")
             denied = await anonymous.post(rpc_url, json=body)
             check(denied.status_code == 401, f"the endpoint needs the token ({denied.status_code})")
+
+    # 9. A task that runs when the server dies (its webhook listens), then the restart.
+    await restart_phase(base, version, headers, hook, context_id, first.id, streamed_id)
+    hook.close()
+
+
+async def restart_phase(base, version, headers, hook, context_id, first_id, streamed_id):
+    async with httpx.AsyncClient(headers=headers, timeout=30) as http:
+        client = await client_of(http, base, version)
+        # A question to the client (INPUT_REQUIRED), answered after the restart.
+        asked = (await only_event(client.send_message(request("weather please")))).task
+        check(state_name(asked.status.state) == "TASK_STATE_INPUT_REQUIRED", "a question waits for the client")
+        check(asked.status.message.parts[0].text == "Which city?", "and asks it")
+        msg = new_text_message("run while the server dies", context_id=context_id, role=Role.ROLE_USER)
+        req = SendMessageRequest(message=msg)
+        req.configuration.return_immediately = True
+        req.configuration.task_push_notification_config.url = hook.url
+        req.configuration.task_push_notification_config.token = "py-token"
+        doomed = (await only_event(client.send_message(req))).task
+        working = await wait_for_state(client, doomed.id, TaskState.TASK_STATE_WORKING)
+        conversation = working.metadata["troupe"]["conversationId"]
+    print("RESTART", flush=True)
+    new_base = (await asyncio.get_running_loop().run_in_executor(None, sys.stdin.readline)).strip()
+    check(new_base.startswith("http"), f"the restarted server is at {new_base}")
+    async with httpx.AsyncClient(headers=headers, timeout=30) as http:
+        client = await client_of(http, new_base, version)
+        back = await client.get_task(GetTaskRequest(id=first_id))
+        check(state_name(back.status.state) == "TASK_STATE_COMPLETED", "an old task is found after the restart")
+        check(back.history[0].parts[0].text == "hello", "with its history")
+        check(answer_text(back) == "You said: hello", "and its answer")
+        streamed = await client.get_task(GetTaskRequest(id=streamed_id))
+        check(answer_text(streamed) == "Streamed answer", "the streamed task is found whole")
+        failed = await wait_for_state(client, doomed.id, TaskState.TASK_STATE_FAILED)
+        note = failed.status.message.parts[0].text
+        check("interrupted by a restart" in note, f"the task the crash interrupted ends FAILED ({note})")
+        await asyncio.get_running_loop().run_in_executor(None, hook.failed.wait, 20)
+        check(hook.failed.is_set(), "its webhook hears it after the restart")
+        after = (await only_event(client.send_message(request("after the restart", context_id)))).task
+        check(state_name(after.status.state) == "TASK_STATE_COMPLETED", "the context takes a new message")
+        check(after.context_id == context_id, "in the same context")
+        check(after.metadata["troupe"]["conversationId"] == conversation, "and the same conversation")
+        check(answer_text(after) == "You said: after the restart", f"which answers ({answer_text(after)!r})")
+        if version == "1.0":
+            page = await client.list_tasks(ListTasksRequest(context_id=context_id))
+            ids = [t.id for t in page.tasks]
+            check(page.total_size == 4, f"list finds the context's tasks from before and after ({page.total_size})")
+            check(ids[0] == after.id and first_id in ids and doomed.id in ids, "newest first")
+        # The question asked before the restart still waits; the answer, sent into the task
+        # with its id, runs it again and stays in its history behind the question.
+        waiting = await client.get_task(GetTaskRequest(id=asked.id))
+        check(state_name(waiting.status.state) == "TASK_STATE_INPUT_REQUIRED", "the question still waits after the restart")
+        reply = new_text_message("Paris", context_id=asked.context_id, task_id=asked.id, role=Role.ROLE_USER)
+        answered = (await only_event(client.send_message(SendMessageRequest(message=reply)))).task
+        check(answered.id == asked.id and state_name(answered.status.state) == "TASK_STATE_COMPLETED", "the answer completes the task")
+        check(answer_text(answered) == "You said: Paris", f"with the model's reply ({answer_text(answered)!r})")
+        full = await client.get_task(GetTaskRequest(id=asked.id))
+        said = [m.parts[0].text for m in full.history]
+        check(said == ["weather please", "Which city?", "Paris"], f"the follow-up is in the history ({said})")
+
+
+async def client_of(http, base, version):
+    """A client of the server at `base`, keeping only the card interface of `version`."""
+    card = await A2ACardResolver(http, base).get_agent_card()
+    keep = [i for i in card.supported_interfaces if i.protocol_version == version]
+    del card.supported_interfaces[:]
+    card.supported_interfaces.extend(keep)
+    return ClientFactory(ClientConfig(streaming=False, httpx_client=http)).create(card)
 
 
 def main():

@@ -1,7 +1,13 @@
-//! A warm ACP turn against codex-acp (pointed at the loopback model server): through troupe's
-//! client (`troupe_acp::AcpAgent`: supervisor actor, operation task, event stream) and through
-//! a minimal direct client on the same crate (one connection, prompt, wait for the result).
-//! Prints one table row per client and the ratio of the medians.
+//! A warm ACP turn against codex-acp (pointed at the loopback model server) three ways:
+//! - direct: a minimal client on the same crate (one connection, prompt, wait for the result);
+//! - troupe's client alone (`troupe_acp::AcpAgent`: supervisor actor, operation task, event
+//!   stream drained by a task);
+//! - through a troupe session: `/hub codex hi` to the root conversation of a session whose
+//!   hub holds codex-acp as an ACP agent (the user's task routes, the hub admits, leases and
+//!   binds the dispatch, the ACP provider prompts the bound session, its updates become
+//!   `agent_update` events, the answer comes back as the task's reply).
+//!
+//! Prints one table row per way and the ratios of the medians to the direct client.
 //!
 //!     scripts/install-acp-agents && cargo bench -p troupe-tests --bench acp_turn
 #![forbid(unsafe_code)]
@@ -18,11 +24,19 @@ use tokio_util::compat::{TokioAsyncReadCompatExt, TokioAsyncWriteCompatExt};
 use troupe_acp::{
     AcpAgent, AcpAgentSpec, AgentCommand, FixedPermissions, PermissionDecision, StopReason, Turn,
 };
+use troupe_actors::agents::{AgentPorts, AgentSettings, RouterMode};
+use troupe_actors::history::LocalSummarizer;
+use troupe_actors::{SessionConfig, SessionHandle, SessionPorts};
+use troupe_proto::SessionId;
+use troupe_proto::agent::{AgentCatalog, AgentDefinition};
 use troupe_test_support::ModelServer;
 use troupe_test_support::acp::{codex_acp_bin, write_codex_home};
 
 const WARMUP: usize = 5;
+/// Measured turns per round and way.
 const RUNS: usize = 40;
+/// Rounds, each running the three ways one after the other.
+const ROUNDS: usize = 3;
 
 fn percentile(sorted: &[Duration], p: f64) -> Duration {
     sorted[((sorted.len() as f64 - 1.0) * p).round() as usize]
@@ -32,7 +46,8 @@ fn row(name: &str, mut t: Vec<Duration>) -> Duration {
     t.sort();
     let ms = |d: Duration| d.as_secs_f64() * 1e3;
     println!(
-        "| {name} | {RUNS} | {:.1} ms | {:.1} ms | {:.1} ms |",
+        "| {name} | {} | {:.1} ms | {:.1} ms | {:.1} ms |",
+        t.len(),
         ms(percentile(&t, 0.5)),
         ms(percentile(&t, 0.9)),
         ms(*t.last().unwrap())
@@ -67,6 +82,66 @@ async fn through_troupe(command: &AgentCommand) -> Vec<Duration> {
         }
     }
     agent.shutdown().await;
+    times
+}
+
+async fn through_hub(command: &AgentCommand) -> Vec<Duration> {
+    let codex: AgentDefinition = serde_json::from_value(serde_json::json!({
+        "id": "codex", "role": "executor",
+        "provider": {
+            "type": "acp",
+            "command": command.command,
+            "args": command.args,
+            "env": command.env,
+            "cwd": command.cwd,
+        }
+    }))
+    .unwrap();
+    let data = tempfile::tempdir().unwrap();
+    let config = SessionConfig {
+        data_dir: data.path().to_path_buf(),
+        ..SessionConfig::default()
+    };
+    let ports = SessionPorts {
+        model: Arc::new(troupe_runtime::ScriptedModel::default()),
+        mcp: None,
+        mcp_connector: None,
+        exec: None,
+        effects: troupe_actors::ports::Effects::Live,
+        summarizer: Arc::new(LocalSummarizer::default()),
+        tokens: Arc::new(troupe_actors::ports::ApproxTokens),
+        rollout_storage: None,
+        agents: Some(AgentPorts {
+            catalog: Arc::new(AgentCatalog {
+                agents: [(codex.id.clone(), codex)].into_iter().collect(),
+                ..AgentCatalog::default()
+            }),
+            settings: AgentSettings {
+                router: RouterMode::Rules,
+                ..AgentSettings::default()
+            },
+            factories: troupe_runtime::agents::factories(),
+            models: Default::default(),
+            bindings: Arc::new(troupe_store::memory::MemoryStore::new()),
+            live: None,
+        }),
+    };
+    let (session, join) = SessionHandle::start(SessionId::new(), config, ports)
+        .await
+        .unwrap();
+    let root = session.root().await.unwrap();
+    let mut times = Vec::new();
+    for i in 0..WARMUP + RUNS {
+        let t = Instant::now();
+        let reply = session.message(root, "/hub codex hi").await.unwrap();
+        let took = t.elapsed();
+        assert_eq!(reply.status, troupe_proto::TaskStatus::Ok, "{reply:?}");
+        if i >= WARMUP {
+            times.push(took);
+        }
+    }
+    session.shutdown().await.unwrap();
+    let _ = join.await;
     times
 }
 
@@ -148,16 +223,20 @@ fn main() {
         };
         println!("| client | turns | p50 | p90 | max |");
         println!("|---|---:|---:|---:|---:|");
-        // Alternated, so that neither gets a warmer agent or model server.
-        let d1 = direct(&command).await;
-        let t1 = through_troupe(&command).await;
-        let d2 = direct(&command).await;
-        let t2 = through_troupe(&command).await;
-        let direct = row("direct (agent-client-protocol)", [d1, d2].concat());
-        let troupe = row("troupe AcpAgent", [t1, t2].concat());
+        // Alternated, so that none gets a warmer agent or model server.
+        let (mut d, mut t, mut h) = (Vec::new(), Vec::new(), Vec::new());
+        for _ in 0..ROUNDS {
+            d.extend(direct(&command).await);
+            t.extend(through_troupe(&command).await);
+            h.extend(through_hub(&command).await);
+        }
+        let direct = row("direct (agent-client-protocol)", d);
+        let troupe = row("troupe AcpAgent", t);
+        let hub = row("troupe session, /hub codex", h);
         println!(
-            "\nratio of medians (troupe / direct): {:.3}",
-            troupe.as_secs_f64() / direct.as_secs_f64()
+            "\nratio of medians to direct: AcpAgent {:.3}, /hub through a session {:.3}",
+            troupe.as_secs_f64() / direct.as_secs_f64(),
+            hub.as_secs_f64() / direct.as_secs_f64()
         );
     });
 }

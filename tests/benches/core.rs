@@ -67,9 +67,11 @@ async fn session(dir: &std::path::Path, model: ScriptedModel) -> SessionHandle {
         mcp: None,
         mcp_connector: None,
         exec: None,
+        effects: troupe_actors::ports::Effects::Live,
         summarizer: Arc::new(LocalSummarizer::default()),
         tokens: Arc::new(troupe_actors::ports::ApproxTokens),
         rollout_storage: None,
+        agents: None,
     };
     SessionHandle::start(SessionId::new(), config, ports)
         .await

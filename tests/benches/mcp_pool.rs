@@ -239,9 +239,11 @@ async fn shared_servers() {
         mcp: None,
         mcp_connector: Some(Arc::new(RmcpConnector::new())),
         exec: None,
+        effects: troupe_actors::ports::Effects::Live,
         summarizer: Arc::new(troupe_actors::history::LocalSummarizer::default()),
         tokens: Arc::new(troupe_actors::ports::ApproxTokens),
         rollout_storage: None,
+        agents: None,
     };
     let before = rss_kib(std::process::id());
     let (session, _) =

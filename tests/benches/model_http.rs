@@ -121,7 +121,7 @@ async fn start(base_url: Option<&str>) -> Running {
         None => Arc::new(ScriptedModel::new(Vec::new())),
     };
     let mut ports = assembly::session_ports(&config, model, assembly::build_tokens(&config));
-    let opened = troupe_service::open_store(&config, false).unwrap();
+    let opened = troupe_service::open_store(&config, false).await.unwrap();
     ports.rollout_storage = opened.rollout;
     let service = Service::start(&config, opened.store, ports, None)
         .await

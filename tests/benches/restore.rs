@@ -44,9 +44,11 @@ async fn start(
         mcp: None,
         mcp_connector: None,
         exec: None,
+        effects: troupe_actors::ports::Effects::Live,
         summarizer: Arc::new(LocalSummarizer::default()),
         tokens: Arc::new(troupe_actors::ports::ApproxTokens),
         rollout_storage: Some(Arc::new(storage.clone())),
+        agents: None,
     };
     SessionHandle::start(session_id, config, ports)
         .await

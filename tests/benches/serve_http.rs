@@ -59,7 +59,9 @@ async fn start(storage: Storage) -> Running {
     config.server.task_queue = 1_024;
     let model = Arc::new(ScriptedModel::new(Vec::new()));
     let mut ports = assembly::session_ports(&config, model, Arc::new(ApproxTokens));
-    let opened = troupe_service::open_store(&config, matches!(storage, Storage::Memory)).unwrap();
+    let opened = troupe_service::open_store(&config, matches!(storage, Storage::Memory))
+        .await
+        .unwrap();
     let store = match storage {
         Storage::Sqlite | Storage::Memory => {
             ports.rollout_storage = opened.rollout;

@@ -1,7 +1,11 @@
-//! A2A (P5) with the official Python SDK client (`a2a-sdk`, installed into `.venv` by
-//! `scripts/install-python-peers`): send, stream, get, list, cancel a running task,
-//! resubscribe, and a headerless 0.3 call, over both the 1.0 and the 0.3 transport.
-//! The script is tests/a2a/client_e2e.py; its docstring lists the model replies it expects.
+//! A2A (P5) with the official SDK clients: Python's `a2a-sdk` (installed into `.venv` by
+//! `scripts/install-python-peers`) and JavaScript's `@a2a-js/sdk` (into `.tools/a2a-js` by
+//! `scripts/install-js-peers`, run on the machine's Node): send, stream with incremental text,
+//! get with full history, list, cancel a running task, resubscribe, a push notification to a
+//! local receiver, and `troupe serve` killed with SIGKILL and started again in the middle
+//! (the context goes on, old tasks are found), over both the 1.0 and the 0.3 transport.
+//! The scripts are tests/a2a/client_e2e.py and client_e2e.mjs; their headers list the model
+//! replies they expect.
 
 use reqwest::StatusCode;
 use serde_json::{Value, json};
@@ -28,7 +32,18 @@ fn python() -> PathBuf {
     py
 }
 
-/// The model replies the client script expects, in order.
+/// The JS SDK the project installed.
+fn js_sdk() -> PathBuf {
+    let sdk = root().join(".tools/a2a-js/node_modules/@a2a-js/sdk");
+    assert!(
+        sdk.join("package.json").is_file(),
+        "{} is missing: run scripts/install-js-peers",
+        sdk.display()
+    );
+    sdk
+}
+
+/// The model replies the Python client script expects, in order, before the restart.
 fn script() -> Vec<ScriptedReply> {
     vec![
         ScriptedReply::default(),
@@ -38,46 +53,87 @@ fn script() -> Vec<ScriptedReply> {
         ScriptedReply::hang(true),
         ScriptedReply::text("Slow answer").delayed(Duration::from_millis(1500)),
         ScriptedReply::default(),
+        question(),
+        ScriptedReply::hang(true),
+    ]
+}
+
+/// A reply asking the client a question: the task waits for its answer (across the restart).
+fn question() -> ScriptedReply {
+    ScriptedReply::a2a(json!({"state": "input-required", "text": "Which city?"}))
+}
+
+/// The model replies the JS client script expects, in order, before the restart.
+fn js_script() -> Vec<ScriptedReply> {
+    vec![
+        ScriptedReply::default(),
+        ScriptedReply::text("Streamed answer")
+            .chunked(4)
+            .delayed(Duration::from_millis(300)),
+        ScriptedReply::hang(true),
+        ScriptedReply::text("Slow answer").delayed(Duration::from_millis(1500)),
+        question(),
+        ScriptedReply::hang(true),
     ]
 }
 
 const A2A_TOKEN: &str = "a2a-token";
 const OTHER_TOKEN: &str = "other-token";
 
-/// `troupe serve` (the real binary) with the scripted model, the in-memory store and two
-/// tokens: one bound to the A2A project, one to another project.
+/// `troupe serve` (the real binary) with the scripted model, its store in a data directory
+/// of its own, and two tokens: one bound to the A2A project, one to another project.
 struct Server {
     child: Child,
     base: String,
-    _dir: tempfile::TempDir,
+    dir: tempfile::TempDir,
 }
 
 impl Server {
     fn start() -> Self {
+        Self::start_with(&script())
+    }
+
+    fn start_with(replies: &[ScriptedReply]) -> Self {
         let dir = tempfile::tempdir().unwrap();
-        let script_path = dir.path().join("script.json");
-        std::fs::write(&script_path, json!({ "replies": script() }).to_string()).unwrap();
+        let (child, base) = Self::spawn(dir.path(), replies);
+        Self { child, base, dir }
+    }
+
+    fn spawn(dir: &Path, replies: &[ScriptedReply]) -> (Child, String) {
+        let script_path = dir.join("script.json");
+        std::fs::write(&script_path, json!({ "replies": replies }).to_string()).unwrap();
         let mut command = Command::new(troupe_bin());
         command
-            .args(["serve", "--listen", "127.0.0.1:0", "--ephemeral"])
+            .args(["serve", "--listen", "127.0.0.1:0"])
             .arg("--data-dir")
-            .arg(dir.path())
+            .arg(dir.join("data"))
             .arg("--script")
             .arg(&script_path)
-            .current_dir(dir.path())
+            .current_dir(dir)
             .env(
                 "TROUPE_API_TOKENS",
                 format!("{A2A_TOKEN}=a2a;{OTHER_TOKEN}=elsewhere"),
             )
             .env_remove("TROUPE_A2A")
             .env_remove("TROUPE_A2A_PROJECT")
+            .env_remove("TROUPE_A2A_IDLE_CLOSE")
             .stderr(Stdio::null());
-        let (child, base) = troupe_tests::spawn_serve(&mut command);
-        Self {
-            child,
-            base,
-            _dir: dir,
-        }
+        troupe_tests::spawn_serve(&mut command)
+    }
+
+    /// SIGKILL, then the same binary over the same data directory, its model answering
+    /// by rule: the new base URL.
+    fn kill_and_restart(&mut self) -> String {
+        nix::sys::signal::kill(
+            nix::unistd::Pid::from_raw(i32::try_from(self.child.id()).unwrap()),
+            nix::sys::signal::Signal::SIGKILL,
+        )
+        .unwrap();
+        self.child.wait().unwrap();
+        let (child, base) = Self::spawn(self.dir.path(), &[]);
+        self.child = child;
+        self.base = base.clone();
+        base
     }
 
     /// SIGTERM, then the exit status (the service shuts down gracefully: exit 0).
@@ -145,45 +201,104 @@ async fn assert_stored(base: &str) {
     assert!(has("Streamed answer") && has("no header"), "{texts:?}");
 }
 
-/// Runs the client script; its output goes into the failure message.
-async fn run_client(base: &str, version: &str) {
-    let out = tokio::time::timeout(
-        Duration::from_secs(120),
-        tokio::process::Command::new(python())
-            .arg(root().join("tests/a2a/client_e2e.py"))
-            .arg(base)
-            .arg(version)
-            .arg(A2A_TOKEN)
-            .stdin(Stdio::null())
-            .kill_on_drop(true)
-            .output(),
-    )
-    .await
-    .expect("the client script finishes")
-    .expect("python runs");
-    let stdout = String::from_utf8_lossy(&out.stdout);
-    let stderr = String::from_utf8_lossy(&out.stderr);
-    println!("{stdout}");
+/// Runs a client script against `server`: when it prints `RESTART`, the server is killed
+/// with SIGKILL and started again, and the script reads the new base URL on its stdin. Its
+/// output goes into the failure message.
+async fn run_client(mut command: tokio::process::Command, server: &mut Server) {
+    use tokio::io::{AsyncBufReadExt, AsyncWriteExt};
+    let mut child = command
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .kill_on_drop(true)
+        .spawn()
+        .expect("the client starts");
+    let mut stdin = child.stdin.take().unwrap();
+    let mut lines = tokio::io::BufReader::new(child.stdout.take().unwrap()).lines();
+    let mut stderr = child.stderr.take().unwrap();
+    let mut stdout = String::new();
+    let mut restarted = false;
+    let read = async {
+        while let Some(line) = lines.next_line().await.unwrap() {
+            println!("{line}");
+            stdout.push_str(&line);
+            stdout.push('\n');
+            if line.trim() == "RESTART" {
+                let base = server.kill_and_restart();
+                restarted = true;
+                stdin
+                    .write_all(format!("{base}\n").as_bytes())
+                    .await
+                    .unwrap();
+                stdin.flush().await.unwrap();
+            }
+        }
+    };
+    tokio::time::timeout(Duration::from_secs(180), read)
+        .await
+        .expect("the client script finishes");
+    let status = tokio::time::timeout(Duration::from_secs(30), child.wait())
+        .await
+        .expect("the client exits")
+        .unwrap();
+    let mut err = String::new();
+    let _ = tokio::io::AsyncReadExt::read_to_string(&mut stderr, &mut err).await;
     assert!(
-        out.status.success() && stdout.contains("all checks passed"),
-        "client script failed ({})\n--- stdout\n{stdout}\n--- stderr\n{stderr}",
-        out.status
+        status.success() && restarted && stdout.contains("all checks passed"),
+        "client script failed ({status}, restarted: {restarted})\n--- stdout\n{stdout}\n--- stderr\n{err}"
     );
+}
+
+fn python_client(base: &str, version: &str) -> tokio::process::Command {
+    let mut c = tokio::process::Command::new(python());
+    c.arg(root().join("tests/a2a/client_e2e.py"))
+        .arg(base)
+        .arg(version)
+        .arg(A2A_TOKEN);
+    c
+}
+
+fn js_client(base: &str, version: &str) -> tokio::process::Command {
+    let mut c = tokio::process::Command::new("node");
+    c.arg(root().join("tests/a2a/client_e2e.mjs"))
+        .arg(base)
+        .arg(version)
+        .arg(A2A_TOKEN)
+        .env("A2A_JS_SDK", js_sdk());
+    c
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn python_sdk_client_over_a2a_1_0() {
-    let server = Server::start();
-    run_client(&server.base, "1.0").await;
+    let mut server = Server::start();
+    let command = python_client(&server.base, "1.0");
+    run_client(command, &mut server).await;
     assert_stored(&server.base).await;
     server.stop();
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn python_sdk_client_over_a2a_0_3() {
-    let server = Server::start();
-    run_client(&server.base, "0.3").await;
+    let mut server = Server::start();
+    let command = python_client(&server.base, "0.3");
+    run_client(command, &mut server).await;
     assert_stored(&server.base).await;
+    server.stop();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn js_sdk_client_over_a2a_1_0() {
+    let mut server = Server::start_with(&js_script());
+    let command = js_client(&server.base, "1.0");
+    run_client(command, &mut server).await;
+    server.stop();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn js_sdk_client_over_a2a_0_3() {
+    let mut server = Server::start_with(&js_script());
+    let command = js_client(&server.base, "0.3");
+    run_client(command, &mut server).await;
     server.stop();
 }
 

@@ -206,9 +206,26 @@ async fn command_turn(
         .prompt(turn("make a marker", &tx, recorder.clone()))
         .await
         .unwrap();
+    // codex-acp may send the command's last update after it has answered the prompt: when
+    // the command ran, keep reading until it has come (bounded), then stop the agent.
+    let mut events = drain(&mut rx);
+    let done = |e: &AcpEvent| matches!(e, AcpEvent::ToolCallUpdate { status: Some(s), .. } if s == "completed");
+    if out.stop_reason == StopReason::EndTurn && !events.iter().any(done) {
+        let _ = tokio::time::timeout(Duration::from_secs(3), async {
+            while let Some(e) = rx.recv().await {
+                let last = done(&e);
+                events.push(e);
+                if last {
+                    break;
+                }
+            }
+        })
+        .await;
+    }
     agent.shutdown().await;
+    events.extend(drain(&mut rx));
     let asked = recorder.asked.lock().unwrap().clone();
-    (codex, out.stop_reason, drain(&mut rx), asked, marker)
+    (codex, out.stop_reason, events, asked, marker)
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -242,11 +259,15 @@ async fn a_permission_request_goes_to_the_handler_and_its_answer_to_the_agent() 
             )
         })
         .unwrap();
+        let ran = pos(&|e| matches!(e, AcpEvent::ToolCall { kind, .. } if kind == "execute"))
+            .unwrap_or_else(|| panic!("no command in {events:#?}"));
+        assert!(requested < answered && answered < ran, "{events:#?}");
+        // codex-acp reports the command completed in most turns, not all (it can end the turn
+        // first and drop the update): when it does, after the command started.
         let completed = pos(
             &|e| matches!(e, AcpEvent::ToolCallUpdate { status: Some(s), .. } if s == "completed"),
-        )
-        .unwrap_or_else(|| panic!("no completed tool call in {events:#?}"));
-        assert!(requested < answered && answered < completed, "{events:#?}");
+        );
+        assert!(completed.is_none_or(|c| ran < c), "{events:#?}");
         assert!(marker.exists(), "the approved command did not run");
         // The command's result went back to the model.
         let sent = codex.server.requests();

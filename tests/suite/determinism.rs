@@ -50,7 +50,7 @@ async fn run_once(order: &[usize]) -> (Vec<String>, Vec<String>) {
     while let Ok(e) = events.try_recv() {
         let detail = match &e.event {
             EventKind::AssistantChunk { delta } => format!(":{delta}"),
-            EventKind::ToolCallStarted { call } => format!(":{}", call.name),
+            EventKind::ToolCallStarted { call, .. } => format!(":{}", call.name),
             EventKind::TaskFinished { status, .. } => format!(":{}", status.as_str()),
             _ => String::new(),
         };

@@ -38,9 +38,11 @@ async fn the_history_keeps_every_event_of_a_burst_that_overruns_the_live_feed() 
         mcp: None,
         mcp_connector: None,
         exec: None,
+        effects: troupe_actors::ports::Effects::Live,
         summarizer: Arc::new(LocalSummarizer::default()),
         tokens: Arc::new(troupe_actors::ports::ApproxTokens),
         rollout_storage: Some(storage.clone()),
+        agents: None,
     };
     let config = SessionConfig {
         data_dir: dir.path().to_path_buf(),

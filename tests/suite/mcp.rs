@@ -47,9 +47,11 @@ async fn two_hundred_conversations_share_one_server_process() {
             mcp: None,
             mcp_connector: Some(Arc::new(RmcpConnector::new())),
             exec: None,
+            effects: troupe_actors::ports::Effects::Live,
             summarizer: Arc::new(troupe_actors::history::LocalSummarizer::default()),
             tokens: Arc::new(troupe_actors::ports::ApproxTokens),
             rollout_storage: None,
+            agents: None,
         };
         troupe_actors::SessionHandle::start(troupe_proto::SessionId::new(), config, ports)
             .await

@@ -249,9 +249,11 @@ async fn start(
         mcp: None,
         mcp_connector: Some(Arc::new(RmcpConnector::new())),
         exec: None,
+        effects: troupe_actors::ports::Effects::Live,
         summarizer: Arc::new(troupe_actors::history::LocalSummarizer::default()),
         tokens: Arc::new(troupe_actors::ports::ApproxTokens),
         rollout_storage: None,
+        agents: None,
     };
     let (session, join) = SessionHandle::start(SessionId::new(), config, ports)
         .await
@@ -701,7 +703,10 @@ async fn a_long_call_reports_progress_and_cancelling_its_task_tells_the_server()
             })
             .await;
         let task = started.task_id.unwrap();
-        let EventKind::ToolCallStarted { call: started_call } = &started.event else {
+        let EventKind::ToolCallStarted {
+            call: started_call, ..
+        } = &started.event
+        else {
             unreachable!()
         };
         let mut seen = Vec::new();
@@ -1162,9 +1167,11 @@ async fn allowlists_are_checked_before_any_server_connects_and_unknown_tools_are
         mcp: None,
         mcp_connector: None,
         exec: None,
+        effects: troupe_actors::ports::Effects::Live,
         summarizer: Arc::new(troupe_actors::history::LocalSummarizer::default()),
         tokens: Arc::new(troupe_actors::ports::ApproxTokens),
         rollout_storage: None,
+        agents: None,
     };
     let (session, _join) = SessionHandle::start(SessionId::new(), config, ports)
         .await

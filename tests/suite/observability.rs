@@ -53,7 +53,7 @@ fn dashboards() -> Vec<(String, Value)> {
         })
         .collect();
     out.sort_by(|a, b| a.0.cmp(&b.0));
-    assert_eq!(out.len(), 6, "six dashboards in {}", dir.display());
+    assert_eq!(out.len(), 8, "eight dashboards in {}", dir.display());
     out
 }
 
@@ -691,7 +691,7 @@ fn dashboards_rules_and_scrape_config_pass_their_linters() {
     }
     uids.sort();
     uids.dedup();
-    assert_eq!(uids.len(), 6, "dashboard uids are distinct");
+    assert_eq!(uids.len(), 8, "dashboard uids are distinct");
 
     let prometheus = repo().join("dashboards/prometheus");
     let (ok, out) = run(

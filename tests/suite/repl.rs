@@ -170,3 +170,45 @@ fn ctrl_c_cancels_the_running_turn_not_the_program() {
     p.send_line("/exit").unwrap();
     p.exp_eof().unwrap();
 }
+
+#[test]
+fn hub_and_agents_at_the_terminal() {
+    let dir = tempfile::tempdir().unwrap();
+    let agents = dir.path().join("agents");
+    std::fs::create_dir(&agents).unwrap();
+    std::fs::write(
+        agents.join("coder.json"),
+        r#"{"id": "coder", "role": "executor", "provider": {"type": "model", "instructions": "You write code."}}"#,
+    )
+    .unwrap();
+    let script_path = dir.path().join("script.json");
+    std::fs::write(&script_path, r#"{"replies": [{"text": "patched it"}]}"#).unwrap();
+    let mut cmd = Command::new(troupe_bin());
+    cmd.arg("chat")
+        .arg("--data-dir")
+        .arg(dir.path().join("data"))
+        .arg("--log-dir")
+        .arg(dir.path().join("history"))
+        .arg("--script")
+        .arg(&script_path)
+        .env("TERM", "xterm")
+        .env("TROUPE_AGENTS_DIR", &agents)
+        .env_remove("TROUPE_CONFIG")
+        .current_dir(dir.path());
+    let mut p = spawn_command(cmd, Some(TIMEOUT_MS)).unwrap();
+    p.exp_string("agents: coder").unwrap();
+    p.exp_string("[1]> ").unwrap();
+    p.send_line("/agents").unwrap();
+    p.exp_string("coder (executor, model) ok").unwrap();
+    p.exp_string("[1]> ").unwrap();
+    p.send_line("/hub coder fix the bug").unwrap();
+    p.exp_string("patched it").unwrap();
+    p.exp_string("(ok ").unwrap();
+    p.exp_string("[1]> ").unwrap();
+    p.send_line("/agents").unwrap();
+    p.exp_string("coder (executor, model) ok bound to ")
+        .unwrap();
+    p.exp_string("[1]> ").unwrap();
+    p.send_line("/exit").unwrap();
+    p.exp_eof().unwrap();
+}

@@ -74,6 +74,7 @@ async fn run_case(case: Case) {
                 .cast(SessionMsg::Message {
                     conversation_id: c,
                     text: format!("c{ci}-m{m}"),
+                    options: Default::default(),
                     reply: tx.into(),
                 })
                 .unwrap();

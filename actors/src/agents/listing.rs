@@ -54,6 +54,7 @@ pub fn agent_infos(
                 .collect(),
             workers: d.workers.clone(),
             supervisor: supervisor == Some(d.id.as_str()),
+            version: catalog.versions.get(&d.id).cloned(),
         })
         .collect()
 }
@@ -74,6 +75,7 @@ mod tests {
             tools: Default::default(),
             workers: Vec::new(),
             governance: None,
+            output: None,
         }
     }
 

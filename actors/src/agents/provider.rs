@@ -21,6 +21,11 @@
 //! and lists (health `unavailable`), and a dispatch to it is refused before it runs
 //! (`policy_rejected`, reason `provider_unavailable`), never silently dropped.
 //!
+//! A bound provider session that cannot go on is the hub's to replace and announce: a
+//! provider answers `resume_session` with [`ResumeError::NotResumable`] (the hub opens a new
+//! one) or [`ResumeError::Replaced`] (it opened one itself), and a session that changes while
+//! `handle` runs is reported with [`AgentRunContext::session_replaced`].
+//!
 //! Implementations must:
 //! - stop `handle` promptly with `AgentError::Cancelled` once `ctx.cancel` fires (a child
 //!   whose lease expired is cancelled and its dispatcher has already been answered);
@@ -87,6 +92,13 @@ pub enum ResumeError {
     /// Something failed that may work next time (the process did not start): the dispatch
     /// fails with it and the binding stays.
     Failed(AgentError),
+    /// It could not be taken up, and the provider has already opened another in its place
+    /// (an ACP agent answers a failed `session/load` so): the hub binds `provider_session_id`
+    /// without calling `open_session`, and says why (`binding_replaced` warning).
+    Replaced {
+        provider_session_id: String,
+        reason: String,
+    },
 }
 
 /// One agent, whoever runs it (seed 003 §5.1 `UnifiedAgent`, with the session operations of
@@ -174,9 +186,39 @@ pub struct AgentRunContext<'a> {
     pub approval_timeout: Duration,
     /// The dispatch's span (`troupe.dispatch`): spans a provider opens are its children.
     pub span: &'a tracing::Span,
+    /// Where [`session_replaced`](Self::session_replaced) leaves its word for the hub.
+    pub replaced: &'a SessionReplaced,
+    /// The dispatcher's tool governance (A5): an in-process agent's task intersects its own
+    /// policy with it and may use the tokens it carries. External agents run their own tools.
+    pub governance: &'a std::sync::Arc<crate::governance::TaskGovernance>,
+}
+
+/// A provider session that changed under a dispatch: set at most once per `handle` call,
+/// read by the hub when it returns.
+#[derive(Debug, Default)]
+pub struct SessionReplaced(std::sync::OnceLock<(String, String)>);
+
+impl SessionReplaced {
+    /// The new provider session and why the bound one was left, if it changed.
+    pub fn get(&self) -> Option<(&str, &str)> {
+        self.0.get().map(|(id, why)| (id.as_str(), why.as_str()))
+    }
 }
 
 impl AgentRunContext<'_> {
+    /// Says that the dispatch now runs in another provider session than the bound one (an
+    /// external agent's process was restarted and could not take its session up again, so
+    /// it opened another). When `handle` returns, the hub binds the agent to
+    /// `provider_session_id` in the store and says why (`binding_replaced` warning,
+    /// `session_created` and `session_bound`); the dispatch's result names the new one. Only
+    /// the first call of a `handle` counts.
+    pub fn session_replaced(&self, provider_session_id: &str, reason: &str) {
+        let _ = self
+            .replaced
+            .0
+            .set((provider_session_id.to_owned(), reason.to_owned()));
+    }
+
     /// Emits an event of the dispatching task (its conversation and task ids), in the
     /// dispatch's trace.
     pub fn emit(&self, event: EventKind) {

@@ -113,8 +113,9 @@ impl<W> ApprovalCore<W> {
         timeout_ms: u64,
         waiter: W,
     ) -> AskAdmission<W> {
-        // An elicitation asks for content: no key answers it and no other request shares it.
-        let shareable = !matches!(ask.subject, ApprovalSubject::McpElicitation { .. });
+        // An elicitation or a question asks for content: no key answers it and no other
+        // request shares it.
+        let shareable = !ask.subject.takes_content();
         if shareable
             && let Some(path) = key_path(&ask.subject, &ask.command)
             && self.is_approved(ask.conversation_id, &path, now_ms)
@@ -407,7 +408,7 @@ pub fn key_path(subject: &ApprovalSubject, command: &[String]) -> Option<Vec<Str
             server.clone(),
             "sampling".to_owned(),
         ]),
-        ApprovalSubject::McpElicitation { .. } => None,
+        ApprovalSubject::McpElicitation { .. } | ApprovalSubject::AgentQuestion { .. } => None,
     }
 }
 
@@ -425,6 +426,15 @@ pub fn fit_decision(
                 .map_err(AgentError::invalid)
         }
         ApprovalSubject::McpElicitation { .. } => Ok(decision),
+        ApprovalSubject::AgentQuestion { .. } if decision.approves() => {
+            match troupe_proto::approval::answer_text(&decision) {
+                Some(_) => Ok(decision),
+                None => Err(AgentError::invalid(
+                    "an agent's question is answered with content {\"answer\": \"<text>\"}, or denied",
+                )),
+            }
+        }
+        ApprovalSubject::AgentQuestion { .. } => Ok(decision),
         _ if matches!(decision, ApprovalDecision::ApproveWithContent { .. }) => {
             Err(AgentError::invalid(
                 "content answers an MCP elicitation only; approve or deny this request",

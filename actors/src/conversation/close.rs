@@ -118,7 +118,14 @@ impl ConversationState {
         if self.closing.is_some() {
             self.finish_close(myself, CloseOutcome::ForceAborted);
         } else if let Some(next) = self.queue.pop_front() {
-            self.start_task(myself, next.kind, next.text, next.reply, &next.caller);
+            self.start_task(
+                myself,
+                next.kind,
+                next.text,
+                next.request,
+                next.reply,
+                &next.caller,
+            );
         }
     }
 

@@ -10,11 +10,16 @@ impl ConversationState {
         myself: &ActorRef<ConversationMsg>,
         kind: TaskKind,
         text: String,
+        request: crate::task::TaskRequest,
         reply: RpcReplyPort<Result<MessageReply, AgentError>>,
         caller: &tracing::Span,
     ) {
         let task_id = TaskId::new();
-        let cancel = CancellationToken::new();
+        let crate::task::TaskRequest { origin, options } = request;
+        // A dispatched task stops with its dispatch (cancelled, or its lease expired).
+        let cancel = origin
+            .as_ref()
+            .map_or_else(CancellationToken::new, |o| o.cancel.child_token());
         let settings = self.services.settings.clone();
         let started_at_ms = self.services.clock.now_ms();
         let _ = self
@@ -42,7 +47,8 @@ impl ConversationState {
                 provider: &info.provider,
                 model: &info.model,
             },
-            caller,
+            // A dispatched task links to its dispatch (`troupe.dispatch`), whoever sent it.
+            origin.as_ref().map_or(caller, |o| &o.span),
         );
         metrics::task_started(match kind {
             TaskKind::Message => "message",
@@ -85,6 +91,7 @@ impl ConversationState {
             mcp_generation: self.view_generation,
             mcp_allowlist: self.context.mcp_tool_allowlist.clone(),
             exec: self.services.exec.clone(),
+            effects: self.services.effects.clone(),
             services: self.services.directory.clone(),
             events: self.services.events.clone(),
             cancel: cancel.clone(),
@@ -93,6 +100,11 @@ impl ConversationState {
             sandbox_policy: self.sandbox_policy,
             workspace_roots: settings.workspace_roots.clone(),
             record_content: settings.record_content,
+            // A compaction routes nothing and dispatches nothing.
+            agents: (!compact).then_some(crate::task::TaskAgents { origin }),
+            tool_policy: self.services.settings.tool_policy.clone(),
+            token_book: self.services.settings.token_book.clone(),
+            options,
             slot: {
                 let (give, ask) = (myself.clone(), myself.clone());
                 crate::task::SlotLease::new(
@@ -450,7 +462,14 @@ impl ConversationState {
         if self.closing.is_some() {
             self.finish_close(myself, CloseOutcome::Closed);
         } else if let Some(next) = self.queue.pop_front() {
-            self.start_task(myself, next.kind, next.text, next.reply, &next.caller);
+            self.start_task(
+                myself,
+                next.kind,
+                next.text,
+                next.request,
+                next.reply,
+                &next.caller,
+            );
         }
     }
 

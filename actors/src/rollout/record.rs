@@ -55,6 +55,35 @@ pub struct RecordMeta {
     /// under a `Ttl` policy; [`downgrade`] clears it with the content.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub expires_ms: Option<u64>,
+    /// The agent an agent event is about (an id, never content).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub agent_id: Option<String>,
+    /// The provider session it is bound to, when known.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub provider_session_id: Option<String>,
+    /// A route decision, without its reason.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub route: Option<RouteHeader>,
+    /// How a dispatch ended.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub dispatch: Option<troupe_proto::agent::DispatchStatus>,
+    /// The dispatch a dispatch event is about.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub dispatch_id: Option<troupe_proto::DispatchId>,
+    /// The kind of provider of a dispatch's agent.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub provider: Option<troupe_proto::agent::ProviderKind>,
+    /// A warning's code: a bounded name, never content (absent in older records).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub code: Option<troupe_proto::WarningCode>,
+}
+
+/// What the headers keep of a route decision: everything but the supervisor's reason.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+pub struct RouteHeader {
+    pub decision: troupe_proto::agent::RouteDecision,
+    pub source: troupe_proto::agent::RouteSource,
+    pub confidence: f64,
 }
 
 /// One record of the rollout: a line of a conversation's rollout file, a row of a store, an
@@ -117,7 +146,15 @@ pub(super) const MINIMAL_KINDS: [EventName; 7] = [
 /// Events that carry no content at all (ids, a status): every policy keeps them whole, so a
 /// resuming stream replays them as they were published.
 pub(super) fn content_free(event: &EventKind) -> bool {
-    matches!(event, EventKind::MessageUpdated { .. })
+    matches!(
+        event,
+        EventKind::MessageUpdated { .. }
+            | EventKind::SessionCreated { .. }
+            | EventKind::SessionBound { .. }
+            | EventKind::SessionResumed { .. }
+            | EventKind::PolicyRejected { .. }
+            | EventKind::GuardrailFailed { .. }
+    )
 }
 
 /// What `policy` lets the rollout keep of `env`; `None` when it keeps nothing.
@@ -271,8 +308,9 @@ pub(super) fn headers_meta(event: &EventKind) -> RecordMeta {
                 ..RecordMeta::default()
             }
         }
-        EventKind::ToolCallStarted { call } => RecordMeta {
+        EventKind::ToolCallStarted { call, agent_id } => RecordMeta {
             tool: Some(call.name.clone()),
+            agent_id: agent_id.clone(),
             chars: Some(serde_json::to_string(&call.arguments).map_or(0, |s| len(&s))),
             ..RecordMeta::default()
         },
@@ -281,9 +319,11 @@ pub(super) fn headers_meta(event: &EventKind) -> RecordMeta {
             output,
             is_error,
             duration_ms,
+            agent_id,
             ..
         } => RecordMeta {
             tool: Some(name.clone()),
+            agent_id: agent_id.clone(),
             is_error: Some(*is_error),
             chars: Some(len(output)),
             duration_ms: Some(*duration_ms),
@@ -301,6 +341,7 @@ pub(super) fn headers_meta(event: &EventKind) -> RecordMeta {
                     message, schema, ..
                 } => len(message) + len(&schema.0.to_string()),
                 ApprovalSubject::McpSampling { request, .. } => len(&request.0.to_string()),
+                ApprovalSubject::AgentQuestion { question, .. } => len(question),
             };
             RecordMeta {
                 chars: Some(command.iter().map(|a| len(a)).sum::<u64>() + len(reason) + asked),
@@ -333,8 +374,9 @@ pub(super) fn headers_meta(event: &EventKind) -> RecordMeta {
             chars: Some(summary.as_deref().map_or(0, len)),
             ..RecordMeta::default()
         },
-        EventKind::Warning { message, .. } => RecordMeta {
+        EventKind::Warning { code, message } => RecordMeta {
             chars: Some(len(message)),
+            code: Some(*code),
             ..RecordMeta::default()
         },
         EventKind::Error { error } => RecordMeta {
@@ -348,6 +390,102 @@ pub(super) fn headers_meta(event: &EventKind) -> RecordMeta {
                 explanation.as_deref().map_or(0, len)
                     + plan.iter().map(|p| len(&p.step)).sum::<u64>(),
             ),
+            ..RecordMeta::default()
+        },
+        EventKind::SessionCreated {
+            agent_id,
+            provider_session_id,
+            ..
+        }
+        | EventKind::SessionBound {
+            agent_id,
+            provider_session_id,
+            ..
+        }
+        | EventKind::SessionResumed {
+            agent_id,
+            provider_session_id,
+            ..
+        } => RecordMeta {
+            agent_id: Some(agent_id.clone()),
+            provider_session_id: Some(provider_session_id.clone()),
+            ..RecordMeta::default()
+        },
+        EventKind::RouteDecided {
+            decision,
+            agent_id,
+            reason,
+            confidence,
+            source,
+            ..
+        } => RecordMeta {
+            agent_id: agent_id.clone(),
+            route: Some(RouteHeader {
+                decision: *decision,
+                source: *source,
+                confidence: *confidence,
+            }),
+            chars: Some(len(reason)),
+            ..RecordMeta::default()
+        },
+        EventKind::DispatchSent {
+            dispatch_id,
+            agent_id,
+            provider,
+            provider_session_id,
+            input,
+            ..
+        } => RecordMeta {
+            dispatch_id: Some(*dispatch_id),
+            provider: Some(*provider),
+            agent_id: Some(agent_id.clone()),
+            provider_session_id: provider_session_id.clone(),
+            chars: Some(len(input)),
+            ..RecordMeta::default()
+        },
+        EventKind::DispatchResult {
+            dispatch_id,
+            agent_id,
+            provider_session_id,
+            status,
+            text,
+            error,
+            duration_ms,
+        } => RecordMeta {
+            dispatch_id: Some(*dispatch_id),
+            agent_id: Some(agent_id.clone()),
+            provider_session_id: provider_session_id.clone(),
+            dispatch: Some(*status),
+            error_kind: error.as_ref().map(AgentError::kind),
+            chars: Some(len(text) + error.as_ref().map_or(0, error_len)),
+            duration_ms: Some(*duration_ms),
+            ..RecordMeta::default()
+        },
+        EventKind::PolicyRejected {
+            agent_id,
+            message,
+            tool,
+            ..
+        } => RecordMeta {
+            agent_id: Some(agent_id.clone()),
+            tool: tool.clone(),
+            chars: Some(len(message)),
+            ..RecordMeta::default()
+        },
+        EventKind::AskHuman { question } => RecordMeta {
+            chars: Some(len(question)),
+            ..RecordMeta::default()
+        },
+        EventKind::AgentUpdate {
+            agent_id,
+            provider_session_id,
+            text,
+            data,
+            ..
+        } => RecordMeta {
+            agent_id: Some(agent_id.clone()),
+            provider_session_id: Some(provider_session_id.clone()),
+            chars: Some(len(text) + data.as_ref().map_or(0, |d| len(&d.0.to_string()))),
             ..RecordMeta::default()
         },
         // A kind this build does not know: keep nothing of it but its name.

@@ -8,6 +8,7 @@ impl SessionState {
         &self,
         id: ConversationId,
         text: String,
+        request: crate::task::TaskRequest,
         reply: RpcReplyPort<Result<MessageReply, AgentError>>,
     ) {
         let Some(entry) = self.conversations.get(&id) else {
@@ -15,7 +16,11 @@ impl SessionState {
             return;
         };
         if let Err(MessagingErr::SendErr(ConversationMsg::Message { reply, .. })) =
-            entry.actor.cast(ConversationMsg::Message { text, reply })
+            entry.actor.cast(ConversationMsg::Message {
+                text,
+                request,
+                reply,
+            })
         {
             let _ = reply.send(Err(AgentError::not_found("conversation", id)));
         }

@@ -17,16 +17,18 @@ pub enum Restarted {
     TaskRegistry,
     ApprovalStore,
     McpPool,
+    AgentHub,
 }
 
 impl Restarted {
-    pub const ALL: [Self; 6] = [
+    pub const ALL: [Self; 7] = [
         Self::Conversation,
         Self::Rollout,
         Self::Scheduler,
         Self::TaskRegistry,
         Self::ApprovalStore,
         Self::McpPool,
+        Self::AgentHub,
     ];
 
     pub const fn as_str(self) -> &'static str {
@@ -37,6 +39,7 @@ impl Restarted {
             Self::TaskRegistry => "task_registry",
             Self::ApprovalStore => "approval_store",
             Self::McpPool => "mcp_pool",
+            Self::AgentHub => "agent_hub",
         }
     }
 }
@@ -51,7 +54,7 @@ pub fn describe() {
     describe_counter!(
         ACTOR_RESTARTS,
         Unit::Count,
-        "Actors a session restarted after they failed, by actor (conversation, rollout, scheduler, task_registry, approval_store, mcp_pool)."
+        "Actors a session restarted after they failed, by actor (conversation, rollout, scheduler, task_registry, approval_store, mcp_pool, agent_hub)."
     );
     // Restarts are rare: every series exists at 0 so that an alert on an increase sees it.
     for actor in Restarted::ALL {

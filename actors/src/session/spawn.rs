@@ -86,6 +86,40 @@ pub(super) async fn spawn_approvals(
         .0)
 }
 
+/// The session's AgentHub, when it has agents (`None` without a definition).
+pub(super) async fn spawn_agent_hub(
+    session: &ActorRef<SessionMsg>,
+    state: &SessionState,
+) -> Result<Option<crate::agents::hub::HubRef>, ActorProcessingErr> {
+    let Some(ports) = state.ports.agents.clone().filter(|p| !p.catalog.is_empty()) else {
+        return Ok(None);
+    };
+    let views = Arc::new(crate::agents::hub::AgentViews::new(
+        &ports,
+        &state.ports.model,
+    ));
+    let directory = state.directory.directory();
+    let args = crate::agents::hub::AgentHubArgs {
+        session_id: state.id,
+        session: session.clone(),
+        ports,
+        env: crate::agents::ProviderEnv {
+            session_id: state.id,
+            events: directory.events(),
+            approvals: directory.approvals(),
+            clock: state.clock,
+            data_dir: state.config.data_dir.clone(),
+            approval_timeout: state.config.approval_timeout,
+        },
+        model: state.ports.model.clone(),
+        storage_policy: state.config.root.storage_policy,
+        views: views.clone(),
+    };
+    let (actor, _) =
+        Actor::spawn_linked(None, crate::agents::hub::AgentHub, args, session.get_cell()).await?;
+    Ok(Some(crate::agents::hub::HubRef { actor, views }))
+}
+
 /// Which service a failed child was.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(super) enum Service {
@@ -94,4 +128,5 @@ pub(super) enum Service {
     Registry,
     Approvals,
     McpPool,
+    AgentHub,
 }

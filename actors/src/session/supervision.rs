@@ -22,6 +22,12 @@ impl SessionState {
             .is_some_and(|pool| pool.actor().get_id() == id)
         {
             Some(Service::McpPool)
+        } else if self
+            .agent_hub
+            .as_ref()
+            .is_some_and(|hub| hub.get_id() == id)
+        {
+            Some(Service::AgentHub)
         } else {
             None
         }
@@ -49,6 +55,7 @@ impl SessionState {
                         myself,
                         Some(conversation_id),
                         entry.params,
+                        entry.model,
                         Some(RestoreCause::Failure),
                     )
                     .await
@@ -108,6 +115,13 @@ impl SessionState {
                 self.directory.replace_approvals(approvals);
             }
             Service::McpPool => self.restart_mcp_pool(myself).await,
+            Service::AgentHub => {
+                metrics::restarted(metrics::Restarted::AgentHub);
+                let me: ActorRef<SessionMsg> = myself.clone().into();
+                let hub = spawn_agent_hub(&me, self).await?;
+                self.agent_hub = hub.as_ref().map(|h| h.actor.clone());
+                self.directory.replace_agents(hub);
+            }
         }
         // Conversations opened from now on read the new actor at their start; those open now
         // re-declare what it must know (their running task's slot, registration, MCP view).

@@ -10,8 +10,13 @@
 //!    └─ execute_tool {tool}      INTERNAL  one per tool call; MCP attributes for MCP tools,
 //!       │                                  whose `traceparent` it is
 //!       ├─ troupe.approval.wait            a human's answer (shell, apply_patch)
-//!       └─ mcp_server_request              elicitation or sampling the call caused
+//!       ├─ mcp_server_request              elicitation or sampling the call caused
+//!       └─ troupe.dispatch       INTERNAL  a `dispatch_agent` call's dispatch (a `/hub` or
+//!                                          routed dispatch is a child of `troupe.turn`)
 //! ```
+//!
+//! An in-process agent's task, run for a dispatch, is a trace of its own whose root links to
+//! that `troupe.dispatch` span.
 //!
 //! Every span carries `conversation_id` and `task_id`. Span names and kinds are set through
 //! tracing-opentelemetry's `otel.name` / `otel.kind`; a failure sets `otel.status_code` and

@@ -6,10 +6,15 @@ use super::*;
 /// Forwards streamed text as `assistant_chunk` events.
 pub(super) struct ChunkEvents<'a> {
     pub(super) ctx: &'a TaskContext,
+    /// An output guardrail holds the text back until it is validated (A8).
+    pub(super) hold: bool,
 }
 
 impl DeltaSink for ChunkEvents<'_> {
     fn text_delta(&mut self, delta: &str) {
+        if self.hold {
+            return;
+        }
         self.ctx.events.emit(EventDraft::task(
             self.ctx.conversation_id,
             self.ctx.task_id,
@@ -22,6 +27,7 @@ impl DeltaSink for ChunkEvents<'_> {
 
 pub(super) async fn model_step(
     ctx: &TaskContext,
+    model: &Arc<dyn ModelClient>,
     prepared: &Prepared,
     items: &[HistoryItem],
     step: u32,
@@ -65,7 +71,7 @@ pub(super) async fn model_step(
         tools: &prepared.tools.specs,
         prompt_cache_key: &prepared.cache_key,
     };
-    let info = ctx.model.info();
+    let info = model.info();
     let span = spans::chat(
         ctx.conversation_id,
         ctx.task_id,
@@ -84,9 +90,11 @@ pub(super) async fn model_step(
             spans::input_messages(request.prompt.iter()),
         );
     }
-    let mut sink = ChunkEvents { ctx };
-    let response = ctx
-        .model
+    let mut sink = ChunkEvents {
+        ctx,
+        hold: prepared.hold_output,
+    };
+    let response = model
         .step(request, &mut sink, &ctx.cancel)
         .instrument(span.clone())
         .await

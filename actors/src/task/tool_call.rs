@@ -23,6 +23,18 @@ pub enum ToolRoute {
     Refuse(ToolFailure),
 }
 
+impl ToolRoute {
+    /// Whether running it reaches outside the task: a command, a file, an MCP server (or a
+    /// human, for its approval). A replay plays these back; a refusal and the plan are
+    /// decided and recorded by the task alone, so they run in a replay too.
+    pub fn has_effects(&self) -> bool {
+        match self {
+            Self::Shell { .. } | Self::ApplyPatch { .. } | Self::External => true,
+            Self::Plan | Self::Refuse(_) => false,
+        }
+    }
+}
+
 /// Decides how a call is handled. Pure: the tool list, the policies and the call decide.
 pub fn route_tool(
     call: &ToolCall,
@@ -96,6 +108,8 @@ pub(super) fn shell_argv(args: &serde_json::Value) -> Result<Vec<String>, String
 pub(super) async fn run_tool(
     ctx: &TaskContext,
     mcp: &mut TaskMcp,
+    agents: Option<&super::agents::Agents>,
+    gov: &Arc<TaskGovernance>,
     tools: &[ToolSpec],
     call: &ToolCall,
 ) -> (ToolOutput, Option<ToolFailure>) {
@@ -112,11 +126,30 @@ pub(super) async fn run_tool(
                 .emit(EventDraft::task(ctx.conversation_id, ctx.task_id, event));
         });
     };
-    emit(EventKind::ToolCallStarted { call: call.clone() });
+    let agent_id = super::govern::agent_of(ctx).map(str::to_owned);
+    emit(EventKind::ToolCallStarted {
+        call: call.clone(),
+        agent_id: agent_id.clone(),
+    });
     let started = Instant::now();
-    let result = execute(ctx, mcp, tools, call, &span)
-        .instrument(span.clone())
-        .await;
+    let chain = agents.map(|a| &a.view.chain);
+    let result = if let Err(refused) = span
+        .in_scope(|| super::govern::check_call(ctx, gov, chain, call))
+        .await
+    {
+        Err(refused)
+    } else if call.name == crate::agents::route::DISPATCH_TOOL
+        && tools.iter().any(|t| t.name == call.name)
+    {
+        span.record("gen_ai.tool.type", spans::TOOL_TYPE_FUNCTION);
+        super::agents::dispatch_call(ctx, agents, gov, call)
+            .instrument(span.clone())
+            .await
+    } else {
+        execute(ctx, mcp, tools, call, &span)
+            .instrument(span.clone())
+            .await
+    };
     let outcome =
         metrics::outcome_label(&result.as_ref().map(|o| o.is_error).map_err(|f| &f.error));
     match &result {
@@ -159,6 +192,7 @@ pub(super) async fn run_tool(
         output: output.output.clone(),
         is_error: output.is_error,
         duration_ms: u64::try_from(started.elapsed().as_millis()).unwrap_or(u64::MAX),
+        agent_id,
     });
     let offered = tools.iter().any(|t| t.name == call.name);
     metrics::tool_finished(
@@ -193,6 +227,11 @@ pub(super) async fn execute(
         _ => {
             span.record("gen_ai.tool.type", spans::TOOL_TYPE_FUNCTION);
         }
+    }
+    if let Effects::Recorded(playback) = &ctx.effects
+        && route.has_effects()
+    {
+        return playback.tool_result(call);
     }
     match route {
         ToolRoute::Refuse(e) => Err(e),

@@ -23,6 +23,21 @@ pub enum LineType {
     Approval,
     Warning,
     SessionEnd,
+    /// Agents (seed 003 §9.1): a provider session opened, bound, resumed.
+    SessionCreated,
+    SessionBound,
+    SessionResumed,
+    /// The supervisor's decision about an input.
+    RouteDecided,
+    /// A dispatch to an agent left / ended.
+    DispatchSent,
+    DispatchResult,
+    /// A dispatch refused before it ran.
+    PolicyRejected,
+    /// The supervisor asked the human.
+    AskHuman,
+    /// An agent's answers did not match its output schema (A8).
+    GuardrailFailed,
 }
 
 /// The `role` of a line.
@@ -117,6 +132,29 @@ pub struct LineMeta {
     pub unfinished: Option<u32>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub tokens: Option<TokenMeta>,
+    /// The agent of an agent line (an id, never content).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub agent_id: Option<String>,
+    /// The provider session the agent is bound to, when known.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub provider_session_id: Option<String>,
+    /// `model`, `acp` or `a2a`.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub provider: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub dispatch_id: Option<String>,
+    /// The execution chain, outermost first.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub chain: Option<Vec<String>>,
+    /// A route decision's confidence, 0 to 1.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub confidence: Option<f64>,
+    /// Who decided a route: `model`, `rules` or `hub`.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub source: Option<String>,
+    /// How a dispatch ended: `ok`, `error`, `cancelled`, `expired`.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub outcome: Option<String>,
     /// The caller's `session_start` extras (mode, model, tokenizer...), and unknown keys
     /// when reading.
     #[serde(flatten)]

@@ -150,6 +150,7 @@ fn phase_one(ev: &mut Events) -> Vec<EventEnvelope> {
                     name: "shell".into(),
                     arguments: Json(serde_json::json!({ "command": ["ls", "-1"] })),
                 },
+                agent_id: None,
             },
         ),
         ev.task(
@@ -214,6 +215,7 @@ fn phase_one(ev: &mut Events) -> Vec<EventEnvelope> {
                 output: "a.txt\nb <c>.txt\n".into(),
                 is_error: false,
                 duration_ms: 12,
+                agent_id: None,
             },
         ),
         ev.task(a, a1, EventKind::StepStarted { turn: 1, step: 2 }),
@@ -812,6 +814,7 @@ async fn storage_policies_keep_content_off_the_disk() {
                     name: "shell".into(),
                     arguments: Json(serde_json::json!({ "command": [secret] })),
                 },
+                agent_id: None,
             },
             EventKind::ApprovalRequested {
                 approval_id: id(APPROVAL),
@@ -831,6 +834,7 @@ async fn storage_policies_keep_content_off_the_disk() {
                 output: secret.into(),
                 is_error: true,
                 duration_ms: 1,
+                agent_id: None,
             },
             EventKind::Error {
                 error: AgentError::invalid(secret),
@@ -1007,6 +1011,7 @@ fn assistant_lines_wait_for_their_tokens_only_until_the_next_event() {
                 name: "shell".into(),
                 arguments: Json::empty_object(),
             },
+            agent_id: None,
         },
     );
     assert_eq!(lines, [(Assistant, 2), (Action, 2)]);
@@ -1091,4 +1096,289 @@ fn xml_export_names_the_unparseable_line() {
     assert_eq!(err.kind(), ErrorKind::InvalidInput);
     let err = export_xml(Path::new("/nonexistent/history.jsonl")).unwrap_err();
     assert_eq!(err.kind(), ErrorKind::NotFound);
+}
+
+/// A dispatch's events as the task of the supervisor's conversation emits them.
+fn dispatch_events(ev: &mut Events) -> Vec<EventEnvelope> {
+    use troupe_proto::agent::{
+        DispatchStatus, ExecutionChain, ProviderKind, RouteDecision, RouteSource,
+    };
+    let dispatch_id: troupe_proto::DispatchId = id("00000000-0000-7000-8000-0000000000d1");
+    let chain = ExecutionChain::start("supervisor").then("coder");
+    let psid = "00000000-0000-7000-8000-0000000000e1".to_owned();
+    vec![
+        ev.task(
+            CONV_A,
+            TASK_A1,
+            EventKind::TaskStarted {
+                input: "/hub coder fix".into(),
+            },
+        ),
+        ev.task(
+            CONV_A,
+            TASK_A1,
+            EventKind::RouteDecided {
+                decision: RouteDecision::DispatchAgent,
+                agent_id: Some("coder".into()),
+                module: None,
+                confidence: 1.0,
+                source: RouteSource::Hub,
+                reason: "/hub names `coder`".into(),
+            },
+        ),
+        ev.task(
+            CONV_A,
+            TASK_A1,
+            EventKind::DispatchSent {
+                dispatch_id,
+                agent_id: "coder".into(),
+                provider: ProviderKind::Model,
+                provider_session_id: None,
+                chain,
+                lease_ttl_ms: 600_000,
+                input: "fix".into(),
+            },
+        ),
+        ev.task(
+            CONV_A,
+            TASK_A1,
+            EventKind::SessionCreated {
+                agent_id: "coder".into(),
+                provider: ProviderKind::Model,
+                provider_session_id: psid.clone(),
+                dispatch_id: Some(dispatch_id),
+            },
+        ),
+        ev.task(
+            CONV_A,
+            TASK_A1,
+            EventKind::SessionBound {
+                agent_id: "coder".into(),
+                provider: ProviderKind::Model,
+                provider_session_id: psid.clone(),
+                replaced: None,
+                dispatch_id: Some(dispatch_id),
+            },
+        ),
+        ev.task(
+            CONV_A,
+            TASK_A1,
+            EventKind::DispatchResult {
+                dispatch_id,
+                agent_id: "coder".into(),
+                provider_session_id: Some(psid),
+                status: DispatchStatus::Ok,
+                text: "fixed".into(),
+                error: None,
+                duration_ms: 12,
+            },
+        ),
+    ]
+}
+
+#[test]
+fn agent_events_are_lines_of_their_own_with_the_agent_and_its_provider_session() {
+    let mut ev = Events::new();
+    let events = dispatch_events(&mut ev);
+    let options = HistoryLogOptions::default().with_policy(id(CONV_A), StoragePolicy::Full);
+    let mut log = HistoryLog::new(id(SESSION), options, 0);
+    let mut out = Vec::new();
+    for env in &events {
+        log.on_event(env, &mut out);
+    }
+    let kinds: Vec<LineType> = out.iter().map(|l| l.kind).collect();
+    use LineType::*;
+    assert_eq!(
+        kinds,
+        [
+            TurnStart,
+            RouteDecided,
+            DispatchSent,
+            SessionCreated,
+            SessionBound,
+            DispatchResult
+        ]
+    );
+    let psid = "00000000-0000-7000-8000-0000000000e1";
+    for line in &out[1..] {
+        assert_eq!(line.meta.agent_id.as_deref(), Some("coder"), "{line:?}");
+        assert_eq!(line.meta.task_id, Some(id(TASK_A1)));
+        assert_eq!(line.turn, 1);
+    }
+    for line in &out[3..] {
+        assert_eq!(
+            line.meta.provider_session_id.as_deref(),
+            Some(psid),
+            "{line:?}"
+        );
+    }
+    assert_eq!(out[1].meta.decision.as_deref(), Some("dispatch_agent"));
+    assert_eq!(out[1].meta.source.as_deref(), Some("hub"));
+    assert_eq!(out[1].meta.confidence, Some(1.0));
+    assert_eq!(
+        out[2].meta.chain.as_deref(),
+        Some(&["supervisor".to_owned(), "coder".to_owned()][..])
+    );
+    assert_eq!(out[2].content, "fix");
+    assert_eq!(out[5].content, "fixed");
+    assert_eq!(out[5].meta.outcome.as_deref(), Some("ok"));
+    let json = serde_json::to_value(&out[5]).unwrap();
+    assert_eq!(json["type"], "dispatch_result");
+    assert_eq!(json["meta"]["agent_id"], "coder");
+    assert_eq!(json["meta"]["provider_session_id"], psid);
+
+    // Headers only: the same lines without their content, from the live events and from
+    // the stored headers alike.
+    let policy = StoragePolicy::HeadersOnly;
+    let options = || HistoryLogOptions::default().with_policy(id(CONV_A), policy);
+    let (mut live, mut stored) = (
+        HistoryLog::new(id(SESSION), options(), 0),
+        HistoryLog::new(id(SESSION), options(), 0),
+    );
+    let (mut from_live, mut from_stored) = (Vec::new(), Vec::new());
+    for env in &events {
+        live.on_event(env, &mut from_live);
+        if let Some(record) = record_for(policy, env) {
+            stored.on_record(&record, &mut from_stored);
+        }
+    }
+    // What the headers do not keep: the chain and lease of a dispatch.
+    let strip = |lines: Vec<HistoryLine>| -> Vec<HistoryLine> {
+        lines
+            .into_iter()
+            .map(|mut l| {
+                l.meta.chain = None;
+                l.meta.extra.remove("lease_ttl_ms");
+                l
+            })
+            .collect()
+    };
+    assert_eq!(from_live.len(), 6);
+    assert_eq!(strip(from_stored), strip(from_live.clone()));
+    assert!(
+        from_live.iter().all(|l| !l.content.contains("fix")),
+        "no content: {from_live:?}"
+    );
+}
+
+/// An agent's tool calls: one refused by its policy, one that ran and failed.
+fn governed_tool_events(ev: &mut Events) -> Vec<EventEnvelope> {
+    use troupe_proto::agent::{ExecutionChain, PolicyReason};
+    let call = |id: &str, name: &str| ToolCall {
+        call_id: id.into(),
+        name: name.into(),
+        arguments: Json(serde_json::json!({"command": ["ls"]})),
+    };
+    let coder = Some("coder".to_owned());
+    vec![
+        ev.task(
+            CONV_A,
+            TASK_A1,
+            EventKind::TaskStarted { input: "go".into() },
+        ),
+        ev.task(
+            CONV_A,
+            TASK_A1,
+            EventKind::ToolCallStarted {
+                call: call("c1", "shell"),
+                agent_id: coder.clone(),
+            },
+        ),
+        ev.task(
+            CONV_A,
+            TASK_A1,
+            EventKind::PolicyRejected {
+                agent_id: "coder".into(),
+                chain: ExecutionChain::start("supervisor").then("coder"),
+                reason: PolicyReason::ToolDenied,
+                message: "tool `shell` is denied by agent `coder`'s blacklist (`shell`)".into(),
+                tool: Some("shell".into()),
+            },
+        ),
+        ev.task(
+            CONV_A,
+            TASK_A1,
+            EventKind::ToolCallFinished {
+                call_id: "c1".into(),
+                name: "shell".into(),
+                output: "policy rejected".into(),
+                is_error: true,
+                duration_ms: 0,
+                agent_id: coder.clone(),
+            },
+        ),
+        ev.task(
+            CONV_A,
+            TASK_A1,
+            EventKind::ToolCallStarted {
+                call: call("c2", "update_plan"),
+                agent_id: coder.clone(),
+            },
+        ),
+        ev.task(
+            CONV_A,
+            TASK_A1,
+            EventKind::ToolCallFinished {
+                call_id: "c2".into(),
+                name: "update_plan".into(),
+                output: "ok".into(),
+                is_error: false,
+                duration_ms: 1,
+                agent_id: coder,
+            },
+        ),
+    ]
+}
+
+#[test]
+fn tool_lines_carry_the_agent_and_the_seed_event_names() {
+    let mut ev = Events::new();
+    let events = governed_tool_events(&mut ev);
+    for policy in [StoragePolicy::Full, StoragePolicy::HeadersOnly] {
+        let options = || HistoryLogOptions::default().with_policy(id(CONV_A), policy);
+        let (mut live, mut stored) = (
+            HistoryLog::new(id(SESSION), options(), 0),
+            HistoryLog::new(id(SESSION), options(), 0),
+        );
+        let (mut from_live, mut from_stored) = (Vec::new(), Vec::new());
+        for env in &events {
+            live.on_event(env, &mut from_live);
+            if let Some(record) = record_for(policy, env) {
+                stored.on_record(&record, &mut from_stored);
+            }
+        }
+        for out in [&from_live, &from_stored] {
+            let lines: Vec<serde_json::Value> = out
+                .iter()
+                .map(|l| serde_json::to_value(l).unwrap())
+                .collect();
+            let seen: Vec<(&str, &str, &str, &str)> = lines[1..]
+                .iter()
+                .map(|l| {
+                    (
+                        l["type"].as_str().unwrap(),
+                        l["meta"]["event"].as_str().unwrap_or(""),
+                        l["meta"]["agent_id"].as_str().unwrap(),
+                        l["meta"]["tool"].as_str().unwrap(),
+                    )
+                })
+                .collect();
+            assert_eq!(
+                seen,
+                [
+                    ("action", "tool_call", "coder", "shell"),
+                    ("policy_rejected", "", "coder", "shell"),
+                    ("observation", "tool_error", "coder", "shell"),
+                    ("action", "tool_call", "coder", "update_plan"),
+                    ("observation", "tool_result", "coder", "update_plan"),
+                ],
+                "{policy:?}"
+            );
+            for line in &lines[1..] {
+                assert_eq!(line["meta"]["conversation_id"], CONV_A);
+                assert_eq!(line["meta"]["task_id"], TASK_A1);
+            }
+            assert_eq!(lines[2]["meta"]["code"], "tool_denied");
+        }
+    }
 }

@@ -182,9 +182,11 @@ impl Run {
             mcp: None,
             mcp_connector: Some(Arc::new(server)),
             exec: Some(Arc::new(Instant)),
+            effects: troupe_actors::ports::Effects::Live,
             summarizer: Arc::new(troupe_actors::history::LocalSummarizer::default()),
             tokens: Arc::new(troupe_actors::ports::ApproxTokens),
             rollout_storage: None,
+            agents: None,
         };
         let (session, join) = SessionHandle::start(SessionId::new(), config, ports)
             .await
@@ -600,9 +602,11 @@ async fn an_openai_call_is_a_chat_span_over_its_http_attempts() {
         mcp: None,
         mcp_connector: None,
         exec: None,
+        effects: troupe_actors::ports::Effects::Live,
         summarizer: Arc::new(troupe_actors::history::LocalSummarizer::default()),
         tokens: Arc::new(troupe_actors::ports::ApproxTokens),
         rollout_storage: None,
+        agents: None,
     };
     let (session, join) = SessionHandle::start(SessionId::new(), config, ports)
         .await
@@ -663,3 +667,68 @@ async fn an_openai_call_is_a_chat_span_over_its_http_attempts() {
         HashSet::from(["503".to_owned(), "200".to_owned()])
     );
 }
+
+#[tokio::test]
+async fn a_replay_is_one_span_with_its_task_and_its_outcome() {
+    use troupe_actors::replay::{ReplayOutcome, ReplayRequest, replay};
+    use troupe_actors::rollout::FileRolloutStorage;
+    use troupe_actors::rollout::storage::RolloutStorage;
+    let traced = Traced::new();
+    let run = Run::start(echo_then_plan(), false).await;
+    let root = run.session.root().await.unwrap();
+    let session_id = run.session.id();
+    let reply = run.session.message(root, "echo and plan").await.unwrap();
+    assert_eq!(reply.status, TaskStatus::Ok);
+    let recorded = FileRolloutStorage::new(run._dir.path().join("rollout"));
+    let echoes = run.traceparents.clone();
+    assert_eq!(echoes.lock().unwrap().len(), 1);
+    let Run {
+        session,
+        join,
+        _dir,
+        ..
+    } = run;
+    session.shutdown().await.unwrap();
+    let _ = join.await;
+    let records = recorded.read_conversation(session_id, root).unwrap();
+    let elsewhere = tempfile::tempdir().unwrap();
+    let report = replay(ReplayRequest {
+        task_id: reply.task_id,
+        session_id,
+        records,
+        config: SessionConfig::default(),
+        agents: None,
+        storage: Arc::new(FileRolloutStorage::new(elsewhere.path())),
+    })
+    .await
+    .unwrap();
+    assert_eq!(
+        report.outcome,
+        ReplayOutcome::Identical,
+        "{}",
+        report.human()
+    );
+    let spans = traced.spans();
+    let span = one(&spans, "replay");
+    assert_eq!(attr(span, "task_id"), Some(reply.task_id.to_string()));
+    assert_eq!(attr(span, "conversation_id"), Some(root.to_string()));
+    assert_eq!(
+        attr(span, "troupe.replay.outcome").as_deref(),
+        Some("identical")
+    );
+    assert_eq!(
+        attr(span, "troupe.replay.differences").as_deref(),
+        Some("0")
+    );
+    let replayed = report.replayed.unwrap().task_id.to_string();
+    assert_eq!(attr(span, "replay_task_id"), Some(replayed));
+    // The replay's task ran (its own `invoke_agent` tree); its MCP call reached no server.
+    assert_eq!(named(&spans, "invoke_agent troupe").len(), 2);
+    assert_eq!(
+        echoes.lock().unwrap().len(),
+        1,
+        "the server was called once, by the run"
+    );
+}
+
+mod agents;

@@ -1,5 +1,6 @@
-//! What the A2A endpoint needs of a troupe session, as a small port: open a conversation,
-//! run a message in it, cancel a task, answer an approval, and watch the session's events.
+//! What the A2A endpoint needs of a troupe session, as a small port: open, close and reopen a
+//! conversation, run a message in it, cancel a task, answer an approval, and watch the
+//! session's events.
 //! `SessionHandle` is the implementation; the service may plug in another (a session it
 //! creates lazily, one per tenant, ...).
 
@@ -8,14 +9,28 @@ use troupe_actors::SessionHandle;
 use troupe_actors::rollout::stream::EventStream;
 use troupe_proto::{
     AgentError, ApprovalDecision, ApprovalId, ConversationId, MessageReply, OpenConversation,
-    TaskId,
+    SessionId, TaskId,
 };
 
 /// The session an A2A endpoint runs its tasks in.
 #[async_trait]
 pub trait A2aBackend: Send + Sync + 'static {
+    /// The session every context runs in (its id is stored with each context).
+    async fn session_id(&self) -> Result<SessionId, AgentError>;
     /// Opens the conversation of a new context.
     async fn open(&self, params: OpenConversation) -> Result<ConversationId, AgentError>;
+    /// Opens a closed conversation again under its id, its history rebuilt from its rollout
+    /// (an open one: nothing to do). `params`: what it was opened with, for a backend that
+    /// keeps no record of it. `NotFound` when the session has no such conversation.
+    async fn reopen(
+        &self,
+        conversation_id: ConversationId,
+        params: OpenConversation,
+    ) -> Result<(), AgentError>;
+    /// Closes a conversation (an idle context's).
+    async fn close(&self, conversation_id: ConversationId) -> Result<(), AgentError>;
+    /// Cancels whatever runs or waits in a conversation.
+    async fn cancel_conversation(&self, conversation_id: ConversationId) -> Result<(), AgentError>;
     /// Runs one task; answers when it is over.
     async fn message(
         &self,
@@ -38,8 +53,30 @@ pub trait A2aBackend: Send + Sync + 'static {
 
 #[async_trait]
 impl A2aBackend for SessionHandle {
+    async fn session_id(&self) -> Result<SessionId, AgentError> {
+        Ok(self.id())
+    }
+
     async fn open(&self, params: OpenConversation) -> Result<ConversationId, AgentError> {
         SessionHandle::open(self, params).await
+    }
+
+    async fn reopen(
+        &self,
+        conversation_id: ConversationId,
+        params: OpenConversation,
+    ) -> Result<(), AgentError> {
+        self.restore(conversation_id, params).await
+    }
+
+    async fn close(&self, conversation_id: ConversationId) -> Result<(), AgentError> {
+        SessionHandle::close(self, conversation_id).await.map(drop)
+    }
+
+    async fn cancel_conversation(&self, conversation_id: ConversationId) -> Result<(), AgentError> {
+        SessionHandle::cancel_conversation(self, conversation_id)
+            .await
+            .map(drop)
     }
 
     async fn message(

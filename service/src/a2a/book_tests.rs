@@ -1,10 +1,11 @@
 use super::*;
 use crate::a2a::events::frame;
 use crate::a2a::model::{PartContent, Role};
+use crate::a2a::model::{SendResult, TaskPage};
 use crate::a2a::request::ListParams;
 use crate::a2a::version::Version;
 use proptest::prelude::*;
-use troupe_proto::{Json, SessionId, TaskStats, ToolCall};
+use troupe_proto::{ApprovalSubject, Json, SessionId, TaskStats, ToolCall};
 
 const CONV: &str = "01930000-0000-7000-8000-000000000001";
 const TROUPE_TASK: &str = "01930000-0000-7000-8000-0000000000aa";
@@ -65,25 +66,33 @@ fn finished(status: TaskStatus, text: &str) -> EventKind {
     }
 }
 
+/// The context's next task, if it can go now.
+fn dispatch(b: &mut TaskBook, context_id: &str) -> Option<Dispatch> {
+    match b.next(context_id) {
+        Next::Dispatch(d) => Some(d),
+        _ => None,
+    }
+}
+
 /// A book with one context and one dispatched task `task-1`.
 fn started_book() -> TaskBook {
-    let mut b = TaskBook::new(100);
-    b.add_context("ctx-1".into(), conv());
+    let mut b = TaskBook::new();
+    b.add_context("ctx-1".into(), conv(), SessionId::new(), T0);
     b.create_task("task-1".into(), "ctx-1", user("hi"), "hi".into(), T0)
         .unwrap();
-    assert!(b.next_dispatch("ctx-1").is_some());
+    assert!(dispatch(&mut b, "ctx-1").is_some());
     b
 }
 
 /// The events of a task that streams, calls a tool and completes.
 fn streamed_task_events() -> Vec<StreamEvent> {
-    let mut b = TaskBook::new(100);
-    b.add_context("ctx-1".into(), conv());
+    let mut b = TaskBook::new();
+    b.add_context("ctx-1".into(), conv(), SessionId::new(), T0);
     let task = b
         .create_task("task-1".into(), "ctx-1", user("hi"), "hi".into(), T0)
         .unwrap();
     let mut events = vec![StreamEvent::Task(task)];
-    b.next_dispatch("ctx-1").unwrap();
+    dispatch(&mut b, "ctx-1").unwrap();
     let t = Some(troupe_task());
     let chunk = |delta: &str| EventKind::AssistantChunk {
         delta: delta.into(),
@@ -98,6 +107,7 @@ fn streamed_task_events() -> Vec<StreamEvent> {
                 name: "shell".into(),
                 arguments: Json(serde_json::json!({"command": ["ls"]})),
             },
+            agent_id: None,
         },
         chunk("Stream hello"),
         chunk(" from troupe"),
@@ -152,16 +162,16 @@ fn only_the_last_frame_closes_the_stream() {
 
 #[test]
 fn a_context_runs_its_tasks_one_at_a_time() {
-    let mut b = TaskBook::new(100);
-    b.add_context("c".into(), conv());
+    let mut b = TaskBook::new();
+    b.add_context("c".into(), conv(), SessionId::new(), T0);
     b.create_task("a".into(), "c", user("1"), "1".into(), T0)
         .unwrap();
     b.create_task("b".into(), "c", user("2"), "2".into(), T0)
         .unwrap();
-    let first = b.next_dispatch("c").unwrap();
+    let first = dispatch(&mut b, "c").unwrap();
     assert_eq!(first.task_id, "a");
     assert_eq!(first.conversation_id, conv());
-    assert_eq!(b.next_dispatch("c"), None, "a is still running");
+    assert_eq!(dispatch(&mut b, "c"), None, "a is still running");
     let reply = Ok(MessageReply {
         conversation_id: conv(),
         task_id: troupe_task(),
@@ -175,7 +185,7 @@ fn a_context_runs_its_tasks_one_at_a_time() {
     let events = b.finish_due("a", T0 + 2);
     assert_eq!(events.len(), 2, "artifact, then COMPLETED");
     assert!(b.finish_due("a", T0 + 3).is_empty());
-    assert_eq!(b.next_dispatch("c").unwrap().task_id, "b");
+    assert_eq!(dispatch(&mut b, "c").unwrap().task_id, "b");
     let a = b.view("a", None, true).unwrap();
     assert_eq!(a.status.state, TaskState::Completed);
     assert_eq!(a.metadata.unwrap()["troupe"]["taskId"], TROUPE_TASK);
@@ -231,13 +241,13 @@ fn states_follow_troupe_outcomes() {
 
 #[test]
 fn cancel_depends_on_where_the_task_is() {
-    let mut b = TaskBook::new(100);
-    b.add_context("c".into(), conv());
+    let mut b = TaskBook::new();
+    b.add_context("c".into(), conv(), SessionId::new(), T0);
     b.create_task("a".into(), "c", user("1"), "1".into(), T0)
         .unwrap();
     b.create_task("queued".into(), "c", user("2"), "2".into(), T0)
         .unwrap();
-    b.next_dispatch("c").unwrap();
+    dispatch(&mut b, "c").unwrap();
     // Waiting behind "a": canceled on the spot.
     let CancelPlan::Canceled(events) = b.cancel("queued", T0).unwrap() else {
         panic!("a queued task cancels at once")
@@ -263,7 +273,7 @@ fn cancel_depends_on_where_the_task_is() {
     );
     assert_eq!(b.cancel("a", T0).unwrap_err().code(), -32002);
     assert_eq!(b.cancel("nope", T0).unwrap_err().code(), -32001);
-    assert_eq!(b.next_dispatch("c"), None, "the canceled task never runs");
+    assert_eq!(dispatch(&mut b, "c"), None, "the canceled task never runs");
 }
 
 #[test]
@@ -379,6 +389,7 @@ fn streamed_text_grows_the_answer_and_the_end_sends_it_whole() {
                     name: "shell".into(),
                     arguments: Json(serde_json::json!({})),
                 },
+                agent_id: None,
             },
         ),
         T0,
@@ -452,7 +463,16 @@ fn history_length_keeps_the_newest_messages() {
             name: "shell".into(),
             arguments: Json(serde_json::json!({})),
         };
-        b.apply(&env(t, EventKind::ToolCallStarted { call }), T0 + i);
+        b.apply(
+            &env(
+                t,
+                EventKind::ToolCallStarted {
+                    call,
+                    agent_id: None,
+                },
+            ),
+            T0 + i,
+        );
     }
     // The user message and two tool-call status messages moved into history.
     assert_eq!(b.view("task-1", None, true).unwrap().history.len(), 3);
@@ -463,57 +483,88 @@ fn history_length_keeps_the_newest_messages() {
 }
 
 #[test]
-fn finished_tasks_past_the_limit_are_forgotten() {
-    let mut b = TaskBook::new(2);
-    b.add_context("c".into(), conv());
-    for i in 0..4 {
-        let id = format!("t{i}");
-        b.create_task(id.clone(), "c", user("x"), "x".into(), T0 + i)
-            .unwrap();
-        b.next_dispatch("c").unwrap();
-        b.finished(&id, Err(AgentError::cancelled("stop")), T0 + i);
-    }
-    assert_eq!(b.evict(), vec!["t0".to_owned(), "t1".to_owned()]);
-    assert_eq!(b.len(), 2);
-    assert!(b.view("t3", None, false).is_some());
+fn a_finished_task_leaves_memory_only_once_stored() {
+    let mut b = TaskBook::new();
+    b.add_context("c".into(), conv(), SessionId::new(), T0);
+    b.create_task("t".into(), "c", user("x"), "x".into(), T0)
+        .unwrap();
+    let dirty = b.take_dirty();
+    assert_eq!(dirty.contexts, ["c"]);
+    assert_eq!(dirty.tasks, ["t"]);
+    assert_eq!(b.forget_task("t"), None, "live: held");
+    dispatch(&mut b, "c").unwrap();
+    b.finished("t", Err(AgentError::cancelled("stop")), T0 + 1);
+    assert_eq!(b.forget_task("t"), None, "changed since stored: held");
+    assert!(b.take_dirty().tasks.contains(&"t".to_owned()));
+    assert_eq!(b.forget_task("t").as_deref(), Some("c"));
+    assert!(b.is_empty());
+    assert!(b.view("t", None, false).is_none());
+    // The context is open: it stays, though it holds no task.
+    assert!(!b.forget_context("c"));
+}
+
+/// The book's tasks stored, then listed as `ListTasks` reads them: from the store.
+fn list(b: &TaskBook, q: &ListParams) -> Result<TaskPage, A2aError> {
+    use troupe_store::Store;
+    let store = troupe_store::memory::MemoryStore::new();
+    futures::executor::block_on(async {
+        for id in b.context_ids() {
+            let c = stored::context_record(&id, b.context(&id).unwrap());
+            store.put_a2a_context(c).await.unwrap();
+        }
+        for id in b.tasks_in(Phase::Queued) {
+            let r = stored::task_record(b.record(&id).unwrap(), true).unwrap();
+            store.put_a2a_task(r).await.unwrap();
+        }
+        let page = store.a2a_tasks(list_query(q)?).await.unwrap();
+        stored_page(q, &page, |_| None)
+    })
 }
 
 #[test]
 fn list_filters_by_context_and_state() {
-    let mut b = TaskBook::new(100);
-    b.add_context("c1".into(), conv());
-    b.add_context("c2".into(), ConversationId::new());
+    let mut b = TaskBook::new();
+    b.add_context("c1".into(), conv(), SessionId::new(), T0);
+    b.add_context("c2".into(), ConversationId::new(), SessionId::new(), T0);
     b.create_task("a".into(), "c1", user("1"), "1".into(), T0)
         .unwrap();
     b.create_task("b".into(), "c2", user("2"), "2".into(), T0 + 5)
         .unwrap();
-    let page = b
-        .list(&ListParams {
+    let page = list(
+        &b,
+        &ListParams {
             context_id: Some("c1".into()),
             ..ListParams::default()
-        })
-        .unwrap();
+        },
+    )
+    .unwrap();
     assert_eq!(page.tasks.len(), 1);
     assert_eq!(page.total_size, 1);
     assert_eq!(page.next_page_token, "");
-    let all = b.list(&ListParams::default()).unwrap();
+    assert!(page.tasks[0].artifacts.is_empty());
+    let all = list(&b, &ListParams::default()).unwrap();
     assert_eq!(
         all.tasks.iter().map(|t| t.id.as_str()).collect::<Vec<_>>(),
         ["b", "a"],
         "newest first"
     );
-    let working = b
-        .list(&ListParams {
+    let working = list(
+        &b,
+        &ListParams {
             status: Some(TaskState::Working),
             ..ListParams::default()
-        })
-        .unwrap();
+        },
+    )
+    .unwrap();
     assert!(working.tasks.is_empty());
     assert_eq!(
-        b.list(&ListParams {
-            page_token: Some("garbage".into()),
-            ..ListParams::default()
-        })
+        list(
+            &b,
+            &ListParams {
+                page_token: Some("garbage".into()),
+                ..ListParams::default()
+            }
+        )
         .unwrap_err()
         .code(),
         -32602
@@ -528,15 +579,15 @@ proptest! {
         stamps in proptest::collection::vec(0u64..50, 0..60),
         size in 1u32..12,
     ) {
-        let mut b = TaskBook::new(1000);
-        b.add_context("c".into(), conv());
+        let mut b = TaskBook::new();
+        b.add_context("c".into(), conv(), SessionId::new(), T0);
         for (i, s) in stamps.iter().enumerate() {
             b.create_task(format!("t{i:03}"), "c", user("x"), "x".into(), T0 + s).unwrap();
         }
         let mut seen = Vec::new();
         let mut token = None;
         loop {
-            let page = b.list(&ListParams {
+            let page = list(&b, &ListParams {
                 page_size: Some(size),
                 page_token: token.clone(),
                 ..ListParams::default()
@@ -547,6 +598,7 @@ proptest! {
             if page.next_page_token.is_empty() {
                 break;
             }
+            prop_assert!(!page.tasks.is_empty(), "no empty page before the last");
             token = Some(page.next_page_token);
         }
         prop_assert_eq!(seen.len(), stamps.len());
@@ -631,4 +683,377 @@ fn an_elicitation_is_answered_with_a_data_part() {
             content: Json(serde_json::json!({"name": "Ada"}))
         }
     );
+}
+
+#[test]
+fn an_idle_context_closes_and_a_queued_task_reopens_it() {
+    let mut b = TaskBook::new();
+    b.add_context("c".into(), conv(), SessionId::new(), T0);
+    b.create_task("t".into(), "c", user("x"), "x".into(), T0)
+        .unwrap();
+    let d = dispatch(&mut b, "c").unwrap();
+    // Busy: not idle, however long.
+    assert!(b.idle_contexts(T0 + 1_000_000, 10).is_empty());
+    b.finished(&d.task_id, Err(AgentError::cancelled("stop")), T0 + 5);
+    // Idle since its task changed state (T0 + 5).
+    assert!(
+        b.idle_contexts(T0 + 10, 10).is_empty(),
+        "not idle long enough"
+    );
+    assert_eq!(b.idle_contexts(T0 + 15, 10), vec![("c".to_owned(), conv())]);
+    assert_eq!(b.context("c").unwrap().conv, Conv::Closing);
+    assert!(b.idle_contexts(T0 + 100, 10).is_empty(), "asked once");
+    // A task arrives while it closes: it waits; once closed, the context reopens.
+    b.create_task("u".into(), "c", user("y"), "y".into(), T0 + 20)
+        .unwrap();
+    assert_eq!(b.next("c"), Next::Nothing, "closing: nothing goes");
+    assert!(b.context_closed("c", true), "a task waits");
+    assert_eq!(b.next("c"), Next::Reopen(conv()));
+    assert_eq!(b.next("c"), Next::Nothing, "reopening once");
+    assert!(b.context_reopened("c", None, T0 + 30));
+    let d = dispatch(&mut b, "c").unwrap();
+    assert_eq!((d.task_id.as_str(), d.conversation_id), ("u", conv()));
+    // A close that fails leaves it open.
+    b.finished("u", Err(AgentError::cancelled("stop")), T0 + 40);
+    assert_eq!(b.idle_contexts(T0 + 100, 10).len(), 1);
+    assert!(!b.context_closed("c", false));
+    assert_eq!(b.context("c").unwrap().conv, Conv::Open);
+}
+
+#[test]
+fn a_context_that_cannot_be_reopened_gets_a_new_conversation_or_fails_its_tasks() {
+    let mut b = TaskBook::new();
+    b.hydrate_context("c".into(), conv(), SessionId::new(), T0, T0, false);
+    b.create_task("t".into(), "c", user("x"), "x".into(), T0)
+        .unwrap();
+    assert_eq!(b.next("c"), Next::Reopen(conv()));
+    let new = ConversationId::new();
+    assert!(b.context_reopened("c", Some(new), T0 + 1));
+    let d = dispatch(&mut b, "c").unwrap();
+    assert_eq!(d.conversation_id, new, "the replacement serves the context");
+    // Events of the new conversation reach the task.
+    let troupe = TaskId::new();
+    let started = b.apply_event(
+        Some(new),
+        Some(troupe),
+        &EventKind::TaskStarted { input: "x".into() },
+        T0 + 2,
+    );
+    assert!(started.events.is_empty());
+    assert_eq!(b.record("t").unwrap().troupe_task, Some(troupe));
+    // When nothing can be opened, the queued tasks fail with the reason.
+    let mut b = TaskBook::new();
+    b.hydrate_context("c".into(), conv(), SessionId::new(), T0, T0, false);
+    b.create_task("t".into(), "c", user("x"), "x".into(), T0)
+        .unwrap();
+    assert_eq!(b.next("c"), Next::Reopen(conv()));
+    let failed = b.reopen_failed("c", &AgentError::internal("session down"), T0 + 1);
+    assert_eq!(failed.len(), 1);
+    assert_eq!(b.record("t").unwrap().task.status.state, TaskState::Failed);
+}
+
+#[test]
+fn a_conversation_closed_behind_the_books_back_is_reopened_once() {
+    let mut b = started_book();
+    let gone = Err(AgentError::not_found("conversation", conv()));
+    assert_eq!(
+        b.finished("task-1", gone.clone(), T0 + 1),
+        Finished::Requeued
+    );
+    assert_eq!(b.next("ctx-1"), Next::Reopen(conv()));
+    b.context_reopened("ctx-1", None, T0 + 2);
+    assert_eq!(dispatch(&mut b, "ctx-1").unwrap().task_id, "task-1");
+    // A second NotFound fails it.
+    let Finished::Done(events) = b.finished("task-1", gone, T0 + 3) else {
+        panic!("failed")
+    };
+    assert_eq!(events.last().unwrap().state(), Some(TaskState::Failed));
+}
+
+#[test]
+fn stored_tasks_read_back_whole_or_without_text() {
+    let mut b = started_book();
+    let t = Some(troupe_task());
+    b.apply(&env(t, EventKind::TaskStarted { input: "hi".into() }), T0);
+    b.apply(&env(t, finished(TaskStatus::Ok, "the answer")), T0 + 1);
+    let rec = b.record("task-1").unwrap();
+    let full = stored::task_record(rec, true).unwrap();
+    assert_eq!(
+        (full.state.as_str(), full.terminal, full.updated_ms),
+        ("TASK_STATE_COMPLETED", true, T0 + 1)
+    );
+    let back = stored::record_of(&full).unwrap();
+    assert_eq!(back.task, rec.task);
+    assert_eq!(back.phase, Phase::Done);
+    assert_eq!(back.troupe_task, Some(troupe_task()));
+    let bare = stored::task_record(rec, false).unwrap();
+    let text = bare.body.0.to_string();
+    assert!(
+        !text.contains("the answer") && !text.contains("\"hi\""),
+        "{text}"
+    );
+    let back = stored::record_of(&bare).unwrap();
+    assert_eq!(back.task.id, "task-1");
+    assert_eq!(back.task.status.state, TaskState::Completed);
+    assert!(stored::keeps_content(troupe_proto::StoragePolicy::Full));
+    assert!(!stored::keeps_content(
+        troupe_proto::StoragePolicy::HeadersOnly
+    ));
+    assert!(!stored::keeps_content(troupe_proto::StoragePolicy::Ttl {
+        secs: 60
+    }));
+}
+
+/// `task-1` started; its task ends `ok` with `text`: the events.
+fn ended_with(b: &mut TaskBook, text: &str) -> Vec<StreamEvent> {
+    let t = Some(troupe_task());
+    b.apply(&env(t, EventKind::TaskStarted { input: "hi".into() }), T0);
+    b.apply(&env(t, finished(TaskStatus::Ok, text)), T0 + 1)
+        .events
+        .into_iter()
+        .map(|(_, e)| e)
+        .collect()
+}
+
+#[test]
+fn a_json_answer_is_a_data_part() {
+    let mut b = started_book();
+    let events = ended_with(&mut b, r#"{"total": 3}"#);
+    let StreamEvent::Artifact(a) = &events[0] else {
+        panic!("the answer: {events:?}")
+    };
+    assert_eq!(
+        a.artifact.parts[0].content,
+        PartContent::Data(serde_json::json!({"total": 3}))
+    );
+    assert_eq!(events[1].state(), Some(TaskState::Completed));
+}
+
+#[test]
+fn a_message_reply_answers_without_a_task() {
+    let mut b = started_book();
+    let events = ended_with(
+        &mut b,
+        r#"{"a2a": {"reply": "message", "text": "Hi there."}}"#,
+    );
+    let StreamEvent::Message(m) = &events[0] else {
+        panic!("a message first (it ends a stream): {events:?}")
+    };
+    assert_eq!(m.parts, vec![Part::text("Hi there.")]);
+    assert_eq!(m.role, Role::Agent);
+    assert_eq!(events[1].state(), Some(TaskState::Completed));
+    let rec = b.record("task-1").unwrap();
+    assert!(rec.task.artifacts.is_empty(), "no artifact");
+    assert_eq!(
+        rec.task.status.message.as_ref(),
+        Some(m),
+        "and the status says it"
+    );
+    let SendResult::Message(reply) = send_result(rec, None) else {
+        panic!("a blocking send answers the message")
+    };
+    assert_eq!(reply.task_id, None, "a plain message names no task");
+    assert_eq!(reply.parts, m.parts);
+    for v in [Version::V1_0, Version::V0_3] {
+        assert!(
+            frame(v, &serde_json::json!(1), &events[0]).1,
+            "it closes a {v:?} stream"
+        );
+    }
+}
+
+#[test]
+fn a_question_waits_for_the_clients_reply_which_runs_the_task_again() {
+    let mut b = started_book();
+    let events = ended_with(
+        &mut b,
+        r#"{"a2a": {"state": "input-required", "text": "Which city?"}}"#,
+    );
+    assert_eq!(events.len(), 1);
+    assert_eq!(events[0].state(), Some(TaskState::InputRequired));
+    assert!(b.settled("task-1"));
+    let reply = Ok(MessageReply {
+        conversation_id: conv(),
+        task_id: troupe_task(),
+        status: TaskStatus::Ok,
+        text: "ignored".into(),
+        stats: TaskStats::default(),
+        error: None,
+        items: Vec::new(),
+    });
+    assert_eq!(b.finished("task-1", reply, T0 + 2), Finished::Done(vec![]));
+    // The context is free meanwhile; the client's answer continues the task.
+    let mut m = user("Paris");
+    m.task_id = Some("task-1".into());
+    assert_eq!(
+        b.plan_send(&send_params(m.clone())).unwrap(),
+        SendPlan::Continue {
+            task_id: "task-1".into()
+        }
+    );
+    let events = b.continued("task-1", m, "Paris".into(), T0 + 3);
+    assert_eq!(events[0].state(), Some(TaskState::Working));
+    let d = dispatch(&mut b, "ctx-1").unwrap();
+    assert_eq!((d.task_id.as_str(), d.input.as_str()), ("task-1", "Paris"));
+    // A new troupe task runs it; its answer ends it.
+    let second = TaskId::new();
+    b.apply(
+        &env(
+            Some(second),
+            EventKind::TaskStarted {
+                input: "Paris".into(),
+            },
+        ),
+        T0 + 4,
+    );
+    b.apply(
+        &env(Some(second), finished(TaskStatus::Ok, "Sunny.")),
+        T0 + 5,
+    );
+    let task = b.view("task-1", None, true).unwrap();
+    assert_eq!(task.status.state, TaskState::Completed);
+    assert_eq!(task.artifacts[0].parts, vec![Part::text("Sunny.")]);
+    let texts: Vec<String> = task
+        .history
+        .iter()
+        .filter_map(|m| match &m.parts[0].content {
+            PartContent::Text(t) => Some(t.clone()),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(texts, ["hi", "Which city?", "Paris"]);
+}
+
+#[test]
+fn a_rejection_ends_the_task_rejected_with_its_reason() {
+    let mut b = started_book();
+    let events = ended_with(
+        &mut b,
+        r#"{"a2a": {"state": "rejected", "text": "I will not do that."}}"#,
+    );
+    assert_eq!(events.len(), 1);
+    let StreamEvent::Status(s) = &events[0] else {
+        panic!("a status")
+    };
+    assert_eq!(s.status.state, TaskState::Rejected);
+    assert_eq!(
+        s.status.message.as_ref().unwrap().parts,
+        vec![Part::text("I will not do that.")]
+    );
+    assert!(b.terminal("task-1"));
+}
+
+#[test]
+fn files_and_links_of_the_reply_form_are_parts_of_the_answer() {
+    let mut b = started_book();
+    ended_with(
+        &mut b,
+        r#"{"a2a": {"text": "Report:", "parts": [
+            {"url": "https://example.com/r.pdf", "mediaType": "application/pdf", "filename": "r.pdf"},
+            {"raw": "aGk=", "mediaType": "text/plain", "filename": "hi.txt"}]}}"#,
+    );
+    let task = b.view("task-1", None, true).unwrap();
+    let parts = &task.artifacts[0].parts;
+    assert_eq!(parts.len(), 3);
+    assert_eq!(
+        parts[1].content,
+        PartContent::Url("https://example.com/r.pdf".into())
+    );
+    assert_eq!(parts[2].filename.as_deref(), Some("hi.txt"));
+}
+
+#[test]
+fn tool_results_become_file_artifacts_and_json_is_not_streamed_in_pieces() {
+    let mut b = started_book();
+    let t = Some(troupe_task());
+    b.apply(&env(t, EventKind::TaskStarted { input: "hi".into() }), T0);
+    let call = |id: &str, name: &str, args: serde_json::Value| EventKind::ToolCallStarted {
+        call: ToolCall {
+            call_id: id.into(),
+            name: name.into(),
+            arguments: Json(args),
+        },
+        agent_id: None,
+    };
+    let done = |id: &str, name: &str, output: &str, is_error: bool| EventKind::ToolCallFinished {
+        call_id: id.into(),
+        name: name.into(),
+        output: output.into(),
+        is_error,
+        duration_ms: 1,
+        agent_id: None,
+    };
+    b.apply(
+        &env(
+            t,
+            call("c1", "shell", serde_json::json!({"command": ["ls"]})),
+        ),
+        T0,
+    );
+    let file = b
+        .apply(&env(t, done("c1", "shell", "a.txt\n", false)), T0)
+        .events;
+    let StreamEvent::Artifact(a) = &file[0].1 else {
+        panic!("a file artifact: {file:?}")
+    };
+    assert_eq!(a.artifact.artifact_id, "task-1-file-1");
+    assert_eq!(a.artifact.parts[0].filename.as_deref(), Some("shell-1.txt"));
+    assert!(a.last_chunk);
+    // A failed call makes no file.
+    b.apply(
+        &env(
+            t,
+            call("c2", "shell", serde_json::json!({"command": ["false"]})),
+        ),
+        T0,
+    );
+    assert!(
+        b.apply(&env(t, done("c2", "shell", "", true)), T0)
+            .events
+            .is_empty()
+    );
+    // JSON pieces are held back; the end sends the data whole.
+    let piece = |b: &mut TaskBook, d: &str| {
+        b.apply(&env(t, EventKind::AssistantChunk { delta: d.into() }), T0)
+            .events
+    };
+    assert!(piece(&mut b, "\n").is_empty());
+    assert!(piece(&mut b, "{\"k\"").is_empty());
+    assert!(piece(&mut b, ": 1}").is_empty());
+    let end = b.apply(&env(t, finished(TaskStatus::Ok, "{\"k\": 1}")), T0 + 1);
+    let StreamEvent::Artifact(answer) = &end.events[0].1 else {
+        panic!("the answer")
+    };
+    assert_eq!(
+        answer.artifact.parts[0].content,
+        PartContent::Data(serde_json::json!({"k": 1}))
+    );
+    let task = b.view("task-1", None, true).unwrap();
+    assert_eq!(task.artifacts.len(), 2, "the file and the answer");
+}
+
+#[test]
+fn a_task_whose_end_came_before_its_reply_stays_until_the_reply_frees_its_context() {
+    let mut b = started_book();
+    let t = Some(troupe_task());
+    b.apply(&env(t, EventKind::TaskStarted { input: "hi".into() }), T0);
+    b.apply(&env(t, finished(TaskStatus::Ok, "done")), T0 + 1);
+    b.take_dirty();
+    // Stored, but the context still waits for the message call: held.
+    assert_eq!(b.forget_task("task-1"), None);
+    let reply = Ok(MessageReply {
+        conversation_id: conv(),
+        task_id: troupe_task(),
+        status: TaskStatus::Ok,
+        text: "done".into(),
+        stats: TaskStats::default(),
+        error: None,
+        items: Vec::new(),
+    });
+    assert_eq!(b.finished("task-1", reply, T0 + 2), Finished::Done(vec![]));
+    assert!(b.context("ctx-1").unwrap().idle(), "the context is free");
+    // Stored once more, then it goes; the context can close when idle.
+    assert_eq!(b.take_dirty().tasks, ["task-1"]);
+    assert_eq!(b.forget_task("task-1").as_deref(), Some("ctx-1"));
+    assert_eq!(b.idle_contexts(T0 + 1_000, 10).len(), 1);
 }

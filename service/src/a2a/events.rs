@@ -5,10 +5,16 @@
 //! troupe                               A2A
 //! (accepted, waiting its turn)         TASK_STATE_SUBMITTED   (the stream's first event: the Task)
 //! task_started                         statusUpdate WORKING
+//! assistant_chunk                      artifactUpdate (a piece of the answer; not for JSON)
 //! tool_call_started                    statusUpdate WORKING + agent message (tool name, arguments)
+//! tool_call_finished (patch, shell)    artifactUpdate (a file: the patch, the output)
 //! approval_requested                   statusUpdate INPUT_REQUIRED + agent message (command)
 //! approval_resolved                    statusUpdate WORKING
-//! task_finished ok                     artifactUpdate (the answer) + statusUpdate COMPLETED
+//! task_finished ok                     artifactUpdate (the answer: text, data, links, files)
+//!                                      + statusUpdate COMPLETED; or, as the reply form asks,
+//!                                      message + statusUpdate COMPLETED (a plain Message),
+//!                                      statusUpdate INPUT_REQUIRED (a question), or
+//!                                      statusUpdate REJECTED (see `reply`)
 //! task_finished error | max_steps      [artifactUpdate] + statusUpdate FAILED + agent message
 //! task_finished cancelled, aborted     statusUpdate CANCELED
 //! ```

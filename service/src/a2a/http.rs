@@ -2,6 +2,8 @@
 //! the streaming methods). Decoding is pure (`parse_call`); the work goes to the `A2aTasks`
 //! actor.
 
+use super::book::stored::task_of;
+use super::book::{list_query, stored_page, trim};
 use super::card::{CardInfo, agent_card, agent_card_v03, extended_card};
 use super::error::A2aError;
 use super::events::frame;
@@ -9,7 +11,7 @@ use super::metrics::{self, StreamGuard};
 use super::model::{SendResult, StreamEvent, Task};
 use super::push;
 use super::request::{self, Request, SendParams};
-use super::tasks::{A2aTasksMsg, PushAnswer, Until};
+use super::tasks::{A2aTasksMsg, Known, PushAnswer, Until};
 use super::version::{self, Operation, Version};
 use super::wire;
 use axum::Json;
@@ -26,6 +28,7 @@ use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 use tokio::sync::mpsc;
 use tracing::Instrument;
+use troupe_store::Store;
 
 /// The header that names the protocol version (spec 3.2.6).
 pub const VERSION_HEADER: &str = "a2a-version";
@@ -35,6 +38,9 @@ pub const VERSION_HEADER: &str = "a2a-version";
 pub struct A2aState {
     /// The current tasks actor, as its supervisor publishes it (a restart replaces it).
     pub(super) tasks: tokio::sync::watch::Receiver<Option<ActorRef<A2aTasksMsg>>>,
+    /// The endpoint's records: what the actor no longer holds (finished tasks, idle
+    /// contexts) is read here.
+    pub(super) store: Arc<dyn Store>,
     pub(super) card: Arc<CardInfo>,
     /// Absolute URL of the JSON-RPC endpoint; derived from each request's Host when `None`.
     pub(super) public_url: Option<Arc<str>>,
@@ -321,29 +327,19 @@ async fn execute(s: &A2aState, c: Call, card_url: &str) -> Result<Response, Fail
     let answer = |result: Value| Json(json!({"jsonrpc": "2.0", "id": id, "result": result}));
     match request {
         Request::Send(p) => {
-            let task = send(s, p).await.map_err(fail)?;
-            Ok(answer(wire::send_result(version, &SendResult::Task(task))).into_response())
+            let result = send(s, p).await.map_err(fail)?;
+            Ok(answer(wire::send_result(version, &result)).into_response())
         }
         Request::Stream(p) => {
             let (task, rx) = stream(s, p).await.map_err(fail)?;
             Ok(sse(version, id, task, rx))
         }
         Request::Get(g) => {
-            let task = ask(&s.tasks, |reply| A2aTasksMsg::Get {
-                task_id: g.id.clone(),
-                history_length: g.history_length,
-                reply,
-            })
-            .await
-            .map_err(fail)?
-            .ok_or_else(|| fail(A2aError::TaskNotFound { task_id: g.id }))?;
+            let task = get(s, &g.id, g.history_length).await.map_err(fail)?;
             Ok(answer(wire::task(version, &task)).into_response())
         }
         Request::List(l) => {
-            let page = ask(&s.tasks, |reply| A2aTasksMsg::List { params: l, reply })
-                .await
-                .map_err(fail)?
-                .map_err(fail)?;
+            let page = list(s, &l).await.map_err(fail)?;
             Ok(answer(wire::task_page(&page)).into_response())
         }
         Request::Cancel { id: task_id } => {
@@ -351,17 +347,29 @@ async fn execute(s: &A2aState, c: Call, card_url: &str) -> Result<Response, Fail
             Ok(answer(wire::task(version, &task)).into_response())
         }
         Request::Subscribe { id: task_id } => {
-            let sub = ask(&s.tasks, |reply| A2aTasksMsg::Subscribe { task_id, reply })
-                .await
-                .map_err(fail)?
-                .map_err(fail)?;
+            let asked = ask(&s.tasks, |reply| A2aTasksMsg::Subscribe {
+                task_id: task_id.clone(),
+                reply,
+            })
+            .await
+            .map_err(fail)?;
+            let sub = match asked {
+                Err(A2aError::TaskNotFound { .. }) => {
+                    // Not live: a stored one is over.
+                    return Err(fail(match stored(s, &task_id).await.map_err(fail)? {
+                        Some(t) => A2aError::UnsupportedOperation(format!(
+                            "task {task_id} is {}; nothing more will happen",
+                            t.status.state.v1_name()
+                        )),
+                        None => A2aError::TaskNotFound { task_id },
+                    }));
+                }
+                other => other.map_err(fail)?,
+            };
             Ok(sse(version, id, sub.task, sub.events))
         }
         Request::Push(request) => {
-            let done = ask(&s.tasks, |reply| A2aTasksMsg::Push { request, reply })
-                .await
-                .map_err(fail)?
-                .map_err(fail)?;
+            let done = push_request(s, request).await.map_err(fail)?;
             let result = match done {
                 PushAnswer::Config(c) => push::encode(version, &c),
                 PushAnswer::List(cs) => push::encode_list(version, &cs),
@@ -404,65 +412,220 @@ fn validate(p: &SendParams) -> Result<String, A2aError> {
     request::input_text(p)
 }
 
-/// SendMessage: blocks until the task settles unless asked to return at once.
-async fn send(s: &A2aState, p: SendParams) -> Result<Task, A2aError> {
+/// What the store holds about the task and the context a send names (the actor takes them
+/// back when it does not hold them).
+async fn known(s: &A2aState, p: &SendParams) -> Result<Known, A2aError> {
+    let store_err = |e: troupe_proto::AgentError| A2aError::Internal(format!("store: {e}"));
+    let mut known = Known::default();
+    if let Some(task_id) = &p.message.task_id {
+        known.task = s.store.a2a_task(task_id).await.map_err(store_err)?;
+        if let Some(t) = &known.task
+            && !t.terminal
+        {
+            known.pushes = s.store.a2a_pushes(task_id).await.map_err(store_err)?;
+        }
+    }
+    let context_id = known
+        .task
+        .as_ref()
+        .map(|t| t.context_id.clone())
+        .or_else(|| p.message.context_id.clone());
+    if let Some(c) = context_id {
+        known.context = s.store.a2a_context(&c).await.map_err(store_err)?;
+    }
+    Ok(known)
+}
+
+/// Hands a send to the actor; answers once its task is stored.
+async fn accept(
+    s: &A2aState,
+    p: SendParams,
+    stream: bool,
+) -> Result<super::tasks::Accepted, A2aError> {
     let input = validate(&p)?;
-    let history_length = p.history_length;
-    let return_immediately = p.return_immediately;
-    let accepted = ask(&s.tasks, |reply| A2aTasksMsg::Send {
-        params: p,
+    let known = known(s, &p).await?;
+    let mut accepted = ask(&s.tasks, |reply| A2aTasksMsg::Send {
+        params: Box::new(p),
         input,
-        stream: false,
+        stream,
+        known: Box::new(known),
         reply,
     })
     .await??;
+    // A store that fails is logged by the writer; the task runs all the same.
+    if let Some(stored) = accepted.stored.take() {
+        let _ = stored.await;
+    }
+    Ok(accepted)
+}
+
+/// SendMessage: blocks until the task settles unless asked to return at once; answers the
+/// task, or the agent's plain Message reply.
+async fn send(s: &A2aState, p: SendParams) -> Result<SendResult, A2aError> {
+    let history_length = p.history_length;
+    let return_immediately = p.return_immediately;
+    let accepted = accept(s, p, false).await?;
     if return_immediately {
-        return Ok(accepted.task);
+        return Ok(SendResult::Task(accepted.task));
     }
     let task_id = accepted.task.id.clone();
     wait(s, &task_id, Until::Settled, s.blocking_wait).await?;
-    ask(&s.tasks, |reply| A2aTasksMsg::Get {
+    let live = ask(&s.tasks, |reply| A2aTasksMsg::Outcome {
         task_id: task_id.clone(),
         history_length,
         reply,
     })
-    .await?
-    .ok_or(A2aError::TaskNotFound { task_id })
+    .await?;
+    if let Some(outcome) = live {
+        return Ok(outcome);
+    }
+    let record = s
+        .store
+        .a2a_task(&task_id)
+        .await
+        .map_err(|e| A2aError::Internal(format!("store: {e}")))?
+        .ok_or(A2aError::TaskNotFound { task_id })?;
+    Ok(super::book::send_result(
+        &super::book::stored::record_of(&record)?,
+        history_length,
+    ))
 }
 
 async fn stream(
     s: &A2aState,
     p: SendParams,
 ) -> Result<(Task, mpsc::Receiver<StreamEvent>), A2aError> {
-    let input = validate(&p)?;
-    let accepted = ask(&s.tasks, |reply| A2aTasksMsg::Send {
-        params: p,
-        input,
-        stream: true,
-        reply,
-    })
-    .await??;
+    let accepted = accept(s, p, true).await?;
     let rx = accepted
         .events
         .ok_or_else(|| A2aError::Internal("no stream for a streaming send".into()))?;
     Ok((accepted.task, rx))
 }
 
+/// A task from the store, as the client sees it.
+async fn stored(s: &A2aState, task_id: &str) -> Result<Option<Task>, A2aError> {
+    let record = s
+        .store
+        .a2a_task(task_id)
+        .await
+        .map_err(|e| A2aError::Internal(format!("store: {e}")))?;
+    record.as_ref().map(task_of).transpose()
+}
+
+/// GetTask: the actor's version of a live task, else the store's.
+async fn get(s: &A2aState, task_id: &str, history_length: Option<u32>) -> Result<Task, A2aError> {
+    let live = ask(&s.tasks, |reply| A2aTasksMsg::Get {
+        task_id: task_id.to_owned(),
+        history_length,
+        reply,
+    })
+    .await?;
+    if let Some(t) = live {
+        return Ok(t);
+    }
+    stored(s, task_id)
+        .await?
+        .map(|t| trim(&t, history_length, true))
+        .ok_or_else(|| A2aError::TaskNotFound {
+            task_id: task_id.to_owned(),
+        })
+}
+
+/// ListTasks: a page of the store, live tasks in the actor's fresher version.
+async fn list(s: &A2aState, l: &request::ListParams) -> Result<super::model::TaskPage, A2aError> {
+    let page = s
+        .store
+        .a2a_tasks(list_query(l)?)
+        .await
+        .map_err(|e| A2aError::Internal(format!("store: {e}")))?;
+    let live_ids: Vec<String> = page
+        .tasks
+        .iter()
+        .filter(|t| !t.terminal)
+        .map(|t| t.task_id.clone())
+        .collect();
+    let fresh = if live_ids.is_empty() {
+        std::collections::HashMap::new()
+    } else {
+        ask(&s.tasks, |reply| A2aTasksMsg::Fresh {
+            ids: live_ids,
+            reply,
+        })
+        .await?
+    };
+    stored_page(l, &page, |id| fresh.get(id).cloned())
+}
+
 /// CancelTask: answers the task once it stopped (or, past `cancel_wait`, as it is).
 async fn cancel(s: &A2aState, task_id: String) -> Result<Task, A2aError> {
-    ask(&s.tasks, |reply| A2aTasksMsg::Cancel {
+    let asked = ask(&s.tasks, |reply| A2aTasksMsg::Cancel {
         task_id: task_id.clone(),
+        reply,
+    })
+    .await?;
+    if let Err(A2aError::TaskNotFound { .. }) = asked {
+        // Not live: a stored one is over.
+        return Err(match stored(s, &task_id).await? {
+            Some(t) => A2aError::TaskNotCancelable {
+                task_id,
+                state: t.status.state.v1_name(),
+            },
+            None => A2aError::TaskNotFound { task_id },
+        });
+    }
+    asked?;
+    wait(s, &task_id, Until::Terminal, s.cancel_wait).await?;
+    get(s, &task_id, None).await
+}
+
+/// A push config request: the actor's for a live task, the store's for a finished one.
+async fn push_request(s: &A2aState, request: push::PushRequest) -> Result<PushAnswer, A2aError> {
+    let asked = ask(&s.tasks, |reply| A2aTasksMsg::Push {
+        request: request.clone(),
         reply,
     })
     .await??;
-    wait(s, &task_id, Until::Terminal, s.cancel_wait).await?;
-    ask(&s.tasks, |reply| A2aTasksMsg::Get {
-        task_id: task_id.clone(),
-        history_length: None,
-        reply,
-    })
-    .await?
-    .ok_or(A2aError::TaskNotFound { task_id })
+    if let Some(answer) = asked {
+        return Ok(answer);
+    }
+    let store_err = |e: troupe_proto::AgentError| A2aError::Internal(format!("store: {e}"));
+    let task_id = match &request {
+        push::PushRequest::Set(c) => c.task_id.clone(),
+        push::PushRequest::Get { task_id, .. }
+        | push::PushRequest::List { task_id }
+        | push::PushRequest::Delete { task_id, .. } => task_id.clone(),
+    };
+    let Some(task) = s.store.a2a_task(&task_id).await.map_err(store_err)? else {
+        return Err(A2aError::TaskNotFound { task_id });
+    };
+    let configs = || async {
+        let stored = s.store.a2a_pushes(&task_id).await.map_err(store_err)?;
+        stored
+            .iter()
+            .map(push::config_of)
+            .collect::<Result<Vec<_>, _>>()
+    };
+    match request {
+        push::PushRequest::Set(_) => Err(A2aError::UnsupportedOperation(format!(
+            "task {task_id} is {}; it sends no more notifications",
+            task.state
+        ))),
+        push::PushRequest::Get { id, .. } => {
+            let mut book = push::PushBook::default();
+            for c in configs().await? {
+                book.restore(c);
+            }
+            book.get(&task_id, id.as_deref()).map(PushAnswer::Config)
+        }
+        push::PushRequest::List { .. } => configs().await.map(PushAnswer::List),
+        push::PushRequest::Delete { id, .. } => {
+            s.store
+                .delete_a2a_push(&task_id, &id)
+                .await
+                .map_err(store_err)?;
+            Ok(PushAnswer::Deleted)
+        }
+    }
 }
 
 async fn wait(s: &A2aState, task_id: &str, until: Until, limit: Duration) -> Result<(), A2aError> {

@@ -10,17 +10,22 @@
 //!                                     tasks/cancel, tasks/resubscribe
 //!        │
 //!        ▼
-//! A2aSupervisor → A2aTasks actor (TaskBook: contextId → conversation, A2A task → troupe task)
-//!        │  open / message / cancel_task / respond_approval / subscribe
+//! A2aSupervisor → A2aTasks actor (TaskBook: the live contexts and tasks)
+//!        │  open / reopen / close / message / cancel / respond_approval / events
+//!        ├──────────────▶ A2aBackend (the session every A2A context runs in)
+//!        │ changes, in order
 //!        ▼
-//! A2aBackend (a SessionHandle: the session every A2A context runs in)
+//! Persister ──▶ Store (a2a_contexts, a2a_tasks, a2a_push_configs)
+//!                 ▲ finished tasks, idle contexts: read by the handlers
 //! ```
 //!
 //! A context is a conversation of that session (a context the server names has the
 //! conversation's id); each message starts one A2A task, run by one troupe task; tasks of a
-//! context run one after another. Records live in the actor's memory (the newest
-//! `max_finished` finished tasks are kept); its supervisor ([`supervisor`]) replaces it when
-//! it fails, and the handlers follow the replacement.
+//! context run one after another. Every context, task and push config is stored, so a restart
+//! (or a failure of the actor, which its supervisor ([`supervisor`]) replaces) loses none:
+//! memory holds only what is live. A context's conversation is closed once idle for
+//! `idle_close` and reopened, with its history, on its next message; the store keeps the
+//! newest `keep_finished` finished tasks.
 
 mod backend;
 mod book;
@@ -29,9 +34,10 @@ pub mod error;
 pub mod events;
 mod http;
 pub mod metrics;
-pub mod model;
 pub mod mount;
+pub mod persist;
 pub mod push;
+pub mod reply;
 pub mod request;
 pub mod supervisor;
 mod tasks;
@@ -39,6 +45,9 @@ pub mod version;
 pub mod wire;
 pub mod wire_v03;
 pub mod wire_v1;
+
+/// A2A's data model: shared with the client of remote agents (`troupe_a2a`).
+pub use troupe_a2a::model;
 
 pub use backend::A2aBackend;
 pub use book::TaskBook;
@@ -54,6 +63,7 @@ use std::sync::Arc;
 use std::time::Duration;
 use tokio::task::JoinHandle;
 use troupe_proto::AgentError;
+use troupe_store::Store;
 
 /// Where the agent card is served (spec 8.2).
 pub const CARD_PATH: &str = "/.well-known/agent-card.json";
@@ -105,20 +115,24 @@ impl std::fmt::Debug for A2a {
 }
 
 impl A2a {
-    /// Starts the endpoint's actor over `backend`, under its supervisor; `give_up` is
-    /// called if the actor keeps failing and is left down.
+    /// Starts the endpoint's actor over `backend`, its records in `store`, under its
+    /// supervisor; `give_up` is called if the actor keeps failing and is left down.
     pub async fn start(
         backend: Arc<dyn A2aBackend>,
+        store: Arc<dyn Store>,
         config: A2aConfig,
         give_up: Option<supervisor::GiveUp>,
     ) -> Result<Self, AgentError> {
         metrics::describe();
+        let persister = persist::Persister::start(store.clone());
         let (tasks_tx, tasks) = tokio::sync::watch::channel(None);
         let (supervisor, join) = Actor::spawn(
             None,
             supervisor::A2aSupervisor,
             supervisor::A2aSupervisorArgs {
                 backend,
+                store: store.clone(),
+                persister,
                 config: config.tasks,
                 tasks_tx,
                 give_up,
@@ -130,6 +144,7 @@ impl A2a {
             supervisor,
             state: http::A2aState {
                 tasks,
+                store,
                 card: Arc::new(config.card),
                 public_url: config.public_url.map(Arc::from),
                 rpc_path: Arc::from(config.rpc_path),
@@ -187,3 +202,7 @@ impl A2a {
 
 #[cfg(test)]
 mod tests;
+#[cfg(test)]
+mod tests_durable;
+#[cfg(test)]
+mod tests_replies;

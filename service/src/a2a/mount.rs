@@ -87,9 +87,41 @@ async fn current_or_new(sessions: &SessionsApi, project: &str) -> Result<Session
 
 #[async_trait]
 impl A2aBackend for RegistryBackend {
+    async fn session_id(&self) -> Result<SessionId, AgentError> {
+        RegistryBackend::session_id(self).await
+    }
+
     async fn open(&self, params: OpenConversation) -> Result<ConversationId, AgentError> {
         let session_id = self.session_id().await?;
         self.sessions.open(Scope::All, session_id, params).await
+    }
+
+    /// The stored record's parameters reopen it (`_params` are what it was opened with).
+    async fn reopen(
+        &self,
+        conversation_id: ConversationId,
+        _params: OpenConversation,
+    ) -> Result<(), AgentError> {
+        let session_id = self.session_id().await?;
+        self.sessions
+            .reopen(Scope::All, session_id, conversation_id)
+            .await
+    }
+
+    async fn close(&self, conversation_id: ConversationId) -> Result<(), AgentError> {
+        let session_id = self.session_id().await?;
+        self.sessions
+            .close(Scope::All, session_id, conversation_id)
+            .await
+            .map(drop)
+    }
+
+    async fn cancel_conversation(&self, conversation_id: ConversationId) -> Result<(), AgentError> {
+        let session_id = self.session_id().await?;
+        self.sessions
+            .cancel_all(Scope::All, session_id, conversation_id)
+            .await
+            .map(drop)
     }
 
     async fn message(
@@ -100,7 +132,14 @@ impl A2aBackend for RegistryBackend {
         let session_id = self.session_id().await?;
         let sent = self
             .sessions
-            .send(Scope::All, session_id, Some(conversation_id), text, true)
+            .send(
+                Scope::All,
+                session_id,
+                Some(conversation_id),
+                text,
+                true,
+                Default::default(),
+            )
             .await?;
         sent.reply
             .ok_or_else(|| AgentError::internal("the registry answered without the task's reply"))
@@ -136,10 +175,12 @@ pub async fn mount(
     extended_skills: Vec<serde_json::Value>,
 ) -> Result<(A2a, ExtraRoutes), AgentError> {
     let backend = RegistryBackend::new(sessions.clone(), &config.project);
+    let store = sessions.store().clone();
     let give_up: super::supervisor::GiveUp =
         Arc::new(move |reason| sessions.report_failure("a2a", reason));
     let endpoint = A2a::start(
         Arc::new(backend),
+        store,
         A2aConfig {
             card: CardInfo {
                 name: config.name.clone(),
@@ -148,6 +189,11 @@ pub async fn mount(
                 ..CardInfo::default()
             },
             public_url: config.public_url.clone(),
+            tasks: super::TasksConfig {
+                idle_close: config.idle_close,
+                keep_finished: config.keep_finished,
+                ..super::TasksConfig::default()
+            },
             ..A2aConfig::default()
         },
         Some(give_up),

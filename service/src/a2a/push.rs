@@ -11,7 +11,9 @@
 //! event is given up (counted and logged) and the next one goes. A worker ends once the task's
 //! last event is delivered or its config is deleted.
 //!
-//! Configs live with the task records, in memory: they go when the task is forgotten.
+//! Configs of live tasks are held with them, and every config is stored
+//! ([`stored_config`], [`config_of`]): after a restart the configs of a task that goes on
+//! still deliver; a finished task's configs are read from the store, and forgotten with it.
 
 use super::error::A2aError;
 use super::version::Version;
@@ -64,6 +66,30 @@ pub enum PushRequest {
         task_id: String,
         id: String,
     },
+}
+
+/// A config as stored (its token and credentials included: they are what the webhook
+/// checks).
+pub fn stored_config(c: &PushConfig, now_ms: u64) -> troupe_proto::store::A2aPushRecord {
+    let mut body = encode(Version::V1_0, c);
+    body["version"] = json!(c.version.as_str());
+    troupe_proto::store::A2aPushRecord {
+        task_id: c.task_id.clone(),
+        config_id: c.id.clone(),
+        created_ms: now_ms,
+        body: troupe_proto::Json(body),
+    }
+}
+
+/// A stored config read back.
+pub fn config_of(r: &troupe_proto::store::A2aPushRecord) -> Result<PushConfig, A2aError> {
+    let mut c = config_v1(&r.body.0, Some(&r.task_id))?;
+    c.id.clone_from(&r.config_id);
+    c.version = match r.body.0.get("version").and_then(Value::as_str) {
+        Some("0.3") => Version::V0_3,
+        _ => Version::V1_0,
+    };
+    Ok(c)
 }
 
 /// Checks a webhook URL: absolute `http` or `https` with a host.
@@ -182,7 +208,15 @@ impl PushBook {
         gone
     }
 
-    /// Forgets a task's configs (the task itself was forgotten).
+    /// Puts back a config read from the store (already validated when it was made).
+    pub fn restore(&mut self, config: PushConfig) {
+        let configs = self.by_task.entry(config.task_id.clone()).or_default();
+        if !configs.iter().any(|c| c.id == config.id) {
+            configs.push(config);
+        }
+    }
+
+    /// Forgets a task's configs (the task left the book; the store keeps them).
     pub fn forget(&mut self, task_id: &str) {
         self.by_task.remove(task_id);
     }

@@ -1,5 +1,6 @@
 //! Decoded A2A requests, the same for both versions, and their validation: which parts and
-//! media types troupe accepts (text and JSON), and the paging limits of `ListTasks`.
+//! media types troupe accepts (text, JSON, and text files), and the paging limits of
+//! `ListTasks`.
 
 use super::error::A2aError;
 use super::model::{Message, PartContent, Role, TaskState};
@@ -81,13 +82,20 @@ pub fn page_size(v: Option<i64>) -> Result<Option<u32>, A2aError> {
     }
 }
 
-/// Media types troupe reads in a message, and what it writes.
+/// Media types troupe reads in a message (text files of any `text/*` type too), and what it
+/// writes: text, JSON data, and the files its tools make (patches, command output).
 pub const INPUT_MODES: [&str; 2] = ["text/plain", "application/json"];
-pub const OUTPUT_MODES: [&str; 1] = ["text/plain"];
+pub const OUTPUT_MODES: [&str; 3] = ["text/plain", "application/json", "text/x-diff"];
 
-/// The text troupe's conversation receives for a client message: its text parts, and its
-/// data parts as JSON text. Files (raw bytes or URLs) and other media types are refused
-/// with `ContentTypeNotSupported`; so is a client that accepts no text output.
+/// Largest text file a message may carry (decoded).
+pub const MAX_FILE_BYTES: usize = 256 * 1024;
+
+/// The text troupe's conversation receives for a client message: its text parts; its data
+/// parts as JSON text; its text files (`raw` parts of a `text/*` or JSON media type, or of
+/// none when the bytes are UTF-8), each as its name, media type and content in a fenced
+/// block. Files by URL (troupe fetches nothing for a client), binary files and other media
+/// types are refused with `ContentTypeNotSupported`; so is a client that accepts no text
+/// output.
 pub fn input_text(params: &SendParams) -> Result<String, A2aError> {
     if !params.accepted_output_modes.is_empty()
         && !params.accepted_output_modes.iter().any(|m| accepts_text(m))
@@ -106,19 +114,22 @@ pub fn input_text(params: &SendParams) -> Result<String, A2aError> {
     for part in &params.message.parts {
         if let Some(mt) = &part.media_type
             && !mt.is_empty()
-            && !INPUT_MODES.iter().any(|m| media_type_is(mt, m))
-            && !mt.starts_with("text/")
+            && !is_text_type(mt)
         {
-            return Err(A2aError::ContentTypeNotSupported(mt.clone()));
+            return Err(A2aError::ContentTypeNotSupported(format!(
+                "{mt}; troupe reads text (text/*) and JSON"
+            )));
         }
         match &part.content {
             PartContent::Text(t) => pieces.push(t.clone()),
             PartContent::Data(v) => pieces.push(v.to_string()),
-            PartContent::Raw(_) | PartContent::Url(_) => {
-                return Err(A2aError::ContentTypeNotSupported(format!(
-                    "file parts ({}); troupe reads text/plain and application/json",
-                    part.media_type.as_deref().unwrap_or("no media type")
-                )));
+            PartContent::Raw(b64) => pieces.push(text_file(part, b64)?),
+            PartContent::Url(_) => {
+                return Err(A2aError::ContentTypeNotSupported(
+                    "files by URL: troupe does not fetch them; send the file's content (raw) \
+                     or its text"
+                        .into(),
+                ));
             }
         }
     }
@@ -131,12 +142,45 @@ pub fn input_text(params: &SendParams) -> Result<String, A2aError> {
     Ok(text)
 }
 
-/// `text/plain; charset=utf-8` is `text/plain`.
-fn media_type_is(given: &str, want: &str) -> bool {
-    given
+/// A media type troupe reads as text: `text/*`, JSON (`application/json`, `+json`) and the
+/// usual textual application types.
+fn is_text_type(mt: &str) -> bool {
+    let essence = mt
         .split(';')
         .next()
-        .is_some_and(|m| m.trim().eq_ignore_ascii_case(want))
+        .unwrap_or("")
+        .trim()
+        .to_ascii_lowercase();
+    essence.starts_with("text/")
+        || INPUT_MODES.iter().any(|m| essence == *m)
+        || essence.ends_with("+json")
+        || essence.ends_with("+xml")
+        || matches!(
+            essence.as_str(),
+            "application/xml" | "application/yaml" | "application/x-yaml" | "application/toml"
+        )
+}
+
+/// A text file of a message, as the conversation reads it.
+fn text_file(part: &super::model::Part, b64: &str) -> Result<String, A2aError> {
+    let name = part.filename.as_deref().unwrap_or("file");
+    let bytes = super::reply::raw_bytes(b64)
+        .ok_or_else(|| A2aError::InvalidParams(format!("file {name}: raw is not base64")))?;
+    if bytes.len() > MAX_FILE_BYTES {
+        return Err(A2aError::InvalidParams(format!(
+            "file {name} is larger than {MAX_FILE_BYTES} bytes"
+        )));
+    }
+    let text = String::from_utf8(bytes).map_err(|_| {
+        A2aError::ContentTypeNotSupported(format!(
+            "file {name} is not UTF-8 text; troupe reads text files"
+        ))
+    })?;
+    let media_type = part.media_type.as_deref().unwrap_or("text/plain");
+    let fence = if text.contains("```") { "````" } else { "```" };
+    Ok(format!(
+        "File `{name}` ({media_type}):\n{fence}\n{text}\n{fence}"
+    ))
 }
 
 fn accepts_text(mode: &str) -> bool {
@@ -190,10 +234,38 @@ mod tests {
     }
 
     #[test]
+    fn text_files_are_read_and_named() {
+        let mut file = Part::text("");
+        file.content = PartContent::Raw("aGVsbG8gZmlsZQ==".into());
+        file.media_type = Some("text/markdown".into());
+        file.filename = Some("notes.md".into());
+        let text = input_text(&send(vec![Part::text("Summarise:"), file.clone()])).unwrap();
+        assert_eq!(
+            text,
+            "Summarise:\nFile `notes.md` (text/markdown):\n```\nhello file\n```"
+        );
+        // No media type: read when the bytes are text.
+        file.media_type = None;
+        assert!(input_text(&send(vec![file.clone()])).is_ok());
+        // Binary bytes, or not base64.
+        file.content = PartContent::Raw("//79/A==".into());
+        assert_eq!(
+            input_text(&send(vec![file.clone()])).unwrap_err().code(),
+            -32005
+        );
+        file.content = PartContent::Raw("not base64!".into());
+        assert_eq!(input_text(&send(vec![file])).unwrap_err().code(), -32602);
+    }
+
+    #[test]
     fn files_and_foreign_media_types_are_refused() {
         let mut file = Part::text("");
-        file.content = PartContent::Url("https://x/y.png".into());
+        file.content = PartContent::Url("https://x/y.txt".into());
         assert_eq!(input_text(&send(vec![file])).unwrap_err().code(), -32005);
+        let mut image = Part::text("");
+        image.content = PartContent::Raw("aGVsbG8=".into());
+        image.media_type = Some("image/png".into());
+        assert_eq!(input_text(&send(vec![image])).unwrap_err().code(), -32005);
         let mut png = Part::text("x");
         png.media_type = Some("image/png".into());
         assert_eq!(input_text(&send(vec![png])).unwrap_err().code(), -32005);

@@ -7,9 +7,10 @@
 //!
 //! The current `A2aTasks` is published on a `watch` channel that the HTTP handlers read at
 //! each request, so a restart is followed at once. A new `A2aTasks` starts over the same
-//! session and with the same settings; the task records lived in the failed actor's memory and
-//! are gone with it (a client asking for an old task id gets `TaskNotFound`), while the
-//! messages those tasks ran, and their replies, are in the store like any other. When it keeps
+//! session, store and writer, with the same settings, and takes the live records back from
+//! the store (once the writer stored what the failed one queued): every task is still found;
+//! one that troupe was running when the actor failed ends FAILED (its troupe task is
+//! cancelled), as after a restart of the process. When it keeps
 //! failing, the supervisor stops restarting it and calls its `give_up` hook: inside
 //! `troupe serve` that turns the service's health to failed, so the process exits non-zero and
 //! its service manager starts it again.
@@ -35,6 +36,8 @@ pub type GiveUp = Arc<dyn Fn(String) + Send + Sync>;
 /// Start-up arguments.
 pub struct A2aSupervisorArgs {
     pub backend: Arc<dyn A2aBackend>,
+    pub store: Arc<dyn troupe_store::Store>,
+    pub persister: super::persist::Persister,
     pub config: TasksConfig,
     pub tasks_tx: watch::Sender<Option<ActorRef<A2aTasksMsg>>>,
     pub give_up: Option<GiveUp>,
@@ -141,6 +144,8 @@ async fn spawn_tasks(
         A2aTasks,
         A2aTasksArgs {
             backend: args.backend.clone(),
+            store: args.store.clone(),
+            persister: args.persister.clone(),
             config: args.config.clone(),
         },
         myself.get_cell(),

@@ -1,32 +1,51 @@
-//! `A2aTasks`: the actor that owns the A2A endpoint's records (a [`TaskBook`]) and talks to
-//! the session on its behalf. HTTP handlers only send it messages.
+//! `A2aTasks`: the actor that owns the A2A endpoint's live records (a [`TaskBook`]) and talks
+//! to the session on its behalf. HTTP handlers only send it messages (and read the store for
+//! what the book no longer holds: finished tasks, idle contexts).
 //!
 //! ```text
-//! handler ── Send{params} ──────▶ plan: new context? open a conversation (awaited here);
-//!                                 new task → SUBMITTED, queued in its context;
-//!                                 context idle → spawn message(conversation, text) ──┐
-//!         ◀─ Accepted{task, events?, settled} ─                                     │
-//! handler ── Get / List / Subscribe / Cancel / WaitFor ─▶ answered from the book    │
-//! forwarder (tokio task) ── SessionEvent{event} ─▶ book.apply → publish to streams    │
-//! spawned call ── MessageAnswered{task, result} ◀────────────────────────────────────┘
-//!                                 → dispatch the context's next task; the task ends with
-//!                                   its task_finished event, or FinishDue after a grace
+//! handler ── Send{params, known} ─▶ plan: new context? open its conversation (a spawned call;
+//!                                   the send waits, parked, for ContextOpened);
+//!                                   new task → SUBMITTED, queued in its context, stored;
+//!                                   context idle → spawn message(conversation, text) ───┐
+//!         ◀─ Accepted{task, events?, stored} ─                                          │
+//! handler ── Get / Fresh / Subscribe / Cancel / Push / WaitFor ─▶ answered from the book │
+//! forwarder (tokio task) ── SessionEvent{event} ─▶ book.apply → publish to streams      │
+//! spawned call ── MessageAnswered{task, result} ◀────────────────────────────────────────┘
+//!                                   → dispatch the context's next task; the task ends with
+//!                                     its task_finished event, or FinishDue after a grace
+//! timer ── Sweep ─▶ close the conversations of contexts idle for `idle_close` (spawned
+//!                   calls → ContextClosed); retention of finished tasks in the store
+//! a task queued in a closed context ─▶ reopen its conversation (spawned → ContextReopened)
+//! the writer ── Stored{task | context} ─▶ a finished task, a closed context leaves memory
 //! ```
+//!
+//! Every change the book marks is queued to the endpoint's writer ([`Persister`]) at the end
+//! of the message that made it, in order; a send answers once its new task is stored, so a
+//! client that got a task id finds it after any crash. At start (`pre_start`) the actor takes
+//! back from the store what was live: the open contexts and the tasks that had not finished.
+//! A task that had not reached troupe runs; one that troupe was running ends FAILED (it is
+//! not run again: it may have had effects), as the service's durable queue settles a message
+//! that was running; one that waited for the client's reply waits on. Their push configs
+//! come back with them.
 //!
 //! Streams get events through bounded channels: a subscriber that falls behind by a whole
 //! buffer is dropped (its stream ends; it may subscribe again), so a stuck client never
 //! holds the actor up. Children: none; the forwarder task is aborted when the actor stops.
-//! A failure of this actor loses the records (they live in memory); the session and its
-//! conversations keep running.
+//! The actor's supervisor replaces it when it fails; the new one starts from the store.
+
+mod contexts;
+mod recover;
+mod send;
 
 use super::backend::A2aBackend;
-use super::book::{CancelPlan, Dispatch, Finished, SendPlan, TaskBook};
+use super::book::{CancelPlan, Finished, Next, TaskBook};
 use super::error::A2aError;
 use super::events::closes_stream;
 use super::metrics;
-use super::model::{StreamEvent, Task, TaskPage};
+use super::model::{SendResult, StreamEvent, Task};
+use super::persist::{Persister, Write};
 use super::push::{Deliveries, PushBook, PushConfig, PushRequest, RetryPolicy};
-use super::request::{ListParams, SendParams};
+use super::request::SendParams;
 use super::wire;
 use futures::StreamExt;
 use ractor::{Actor, ActorProcessingErr, ActorRef, RpcReplyPort};
@@ -37,19 +56,28 @@ use tokio::sync::{mpsc, oneshot};
 use tokio::task::JoinHandle;
 use troupe_actors::clock::unix_now_ms as now_ms;
 use troupe_actors::rollout::stream::EventStream;
+use troupe_proto::store::{A2aContextRecord, A2aPushRecord, A2aTaskRecord};
 use troupe_proto::{AgentError, ConversationId, EventKind, MessageReply, OpenConversation, TaskId};
+use troupe_store::Store;
+
+pub use send::Parked;
 
 /// Settings of the task records.
 #[derive(Debug, Clone)]
 pub struct TasksConfig {
-    /// Terminal tasks kept for GetTask/ListTasks; the oldest are forgotten first.
-    pub max_finished: usize,
+    /// Finished tasks kept in the store for GetTask/ListTasks; the oldest are forgotten first.
+    pub keep_finished: usize,
+    /// A context's conversation closes after this long without a task arriving or changing
+    /// state, and reopens on its next message.
+    pub idle_close: Duration,
     /// Events buffered per stream before a slow client is dropped.
     pub subscriber_buffer: usize,
     /// Parameters of each context's conversation.
     pub open: OpenConversation,
     /// How long a task's reply waits for its `task_finished` event before ending the task
-    /// by itself (the event carries the end in order with the task's other events).
+    /// by itself (the event carries the end in order with the task's other events, and the
+    /// files its tools made; the gap-free event stream brings it, so the reply is only a
+    /// safety net for a stream that stopped).
     pub finish_grace: Duration,
     /// How push notifications are retried.
     pub push_retry: RetryPolicy,
@@ -58,18 +86,29 @@ pub struct TasksConfig {
 impl Default for TasksConfig {
     fn default() -> Self {
         Self {
-            max_finished: 10_000,
+            keep_finished: 10_000,
+            idle_close: Duration::from_secs(600),
             subscriber_buffer: 256,
             open: OpenConversation::default(),
-            finish_grace: Duration::from_millis(250),
+            finish_grace: Duration::from_secs(2),
             push_retry: RetryPolicy::default(),
         }
+    }
+}
+
+impl TasksConfig {
+    /// How often idle contexts are looked for: a quarter of the idle time, between 10 ms and
+    /// a minute.
+    pub fn sweep_every(&self) -> Duration {
+        (self.idle_close / 4).clamp(Duration::from_millis(10), Duration::from_secs(60))
     }
 }
 
 /// Start-up arguments.
 pub struct A2aTasksArgs {
     pub backend: Arc<dyn A2aBackend>,
+    pub store: Arc<dyn Store>,
+    pub persister: Persister,
     pub config: TasksConfig,
 }
 
@@ -92,12 +131,22 @@ struct Waiter {
 pub struct A2aTasksState {
     book: TaskBook,
     backend: Arc<dyn A2aBackend>,
+    persister: Persister,
     config: TasksConfig,
+    /// Whether task records are stored with their content (the contexts' storage policy).
+    keep_content: bool,
     streams: HashMap<String, Vec<mpsc::Sender<StreamEvent>>>,
     waiters: Vec<Waiter>,
     forwarder: Option<JoinHandle<()>>,
     push: PushBook,
     deliveries: Deliveries,
+    /// Sends waiting for their new context's conversation.
+    parked: HashMap<u64, Parked>,
+    next_parked: u64,
+    /// Tasks finished since the last retention pass.
+    finished_since_prune: usize,
+    /// Conversations whose troupe task a restart interrupted: cancelled once the session runs.
+    to_cancel: Vec<ConversationId>,
 }
 
 /// What a push config request answers.
@@ -114,6 +163,8 @@ pub struct Accepted {
     pub task: Task,
     /// The task's later events, when the send asked to stream.
     pub events: Option<mpsc::Receiver<StreamEvent>>,
+    /// Answers once the new task is stored.
+    pub stored: Option<oneshot::Receiver<()>>,
 }
 
 /// A stream of an existing task: its current state, then its events.
@@ -123,40 +174,58 @@ pub struct Subscription {
     pub events: mpsc::Receiver<StreamEvent>,
 }
 
+/// What the store holds about the task or context a send names, read by the handler before
+/// the send reaches the actor: the book uses it for what it does not hold.
+#[derive(Debug, Default)]
+pub struct Known {
+    pub context: Option<A2aContextRecord>,
+    pub task: Option<A2aTaskRecord>,
+    pub pushes: Vec<A2aPushRecord>,
+}
+
+type Reply<T> = RpcReplyPort<Result<T, A2aError>>;
+
 /// The actor's mailbox.
 pub enum A2aTasksMsg {
-    /// Starts a task for a client message, or answers the approval its task waits for.
+    /// Starts a task for a client message, or answers the approval (or the question) its
+    /// task waits for.
     Send {
-        params: SendParams,
+        params: Box<SendParams>,
         input: String,
         stream: bool,
-        reply: RpcReplyPort<Result<Accepted, A2aError>>,
+        known: Box<Known>,
+        reply: Reply<Accepted>,
     },
-    /// A task as the client sees it.
+    /// A task as the client sees it, if the book holds it (else the store has it).
     Get {
         task_id: String,
         history_length: Option<u32>,
         reply: RpcReplyPort<Option<Task>>,
     },
-    /// One page of tasks.
-    List {
-        params: ListParams,
-        reply: RpcReplyPort<Result<TaskPage, A2aError>>,
-    },
-    /// Cancels a task; answers once the cancellation is under way.
-    Cancel {
+    /// What a blocking send answers for a settled task: the task, or the agent's plain
+    /// Message reply; `None` when the book does not hold it.
+    Outcome {
         task_id: String,
-        reply: RpcReplyPort<Result<(), A2aError>>,
+        history_length: Option<u32>,
+        reply: RpcReplyPort<Option<SendResult>>,
     },
-    /// Streams a live task.
+    /// The book's versions of these tasks (live ones are fresher than the store's).
+    Fresh {
+        ids: Vec<String>,
+        reply: RpcReplyPort<HashMap<String, Task>>,
+    },
+    /// Cancels a task; answers once the cancellation is under way. `TaskNotFound` when the
+    /// book does not hold it.
+    Cancel { task_id: String, reply: Reply<()> },
+    /// Streams a live task. `TaskNotFound` when the book does not hold it.
     Subscribe {
         task_id: String,
-        reply: RpcReplyPort<Result<Subscription, A2aError>>,
+        reply: Reply<Subscription>,
     },
-    /// A push notification config request.
+    /// A push notification config request; `None` when the book does not hold the task.
     Push {
         request: PushRequest,
-        reply: RpcReplyPort<Result<PushAnswer, A2aError>>,
+        reply: Reply<Option<PushAnswer>>,
     },
     /// Answers (through the receiver) when the task reaches `until`.
     WaitFor {
@@ -177,6 +246,33 @@ pub enum A2aTasksMsg {
     },
     /// The grace for a task's `task_finished` event is over.
     FinishDue { task_id: String },
+    /// A new context's conversation opened (or could not): the parked send goes on.
+    ContextOpened {
+        parked: u64,
+        result: Result<(ConversationId, troupe_proto::SessionId), AgentError>,
+    },
+    /// A closed context's conversation is open again (`Some`: a new one replaced it).
+    ContextReopened {
+        context_id: String,
+        result: Result<Option<ConversationId>, AgentError>,
+    },
+    /// An idle context's conversation closed (or could not).
+    ContextClosed {
+        context_id: String,
+        result: Result<(), AgentError>,
+    },
+    /// A record was stored: a finished task, a closed context may leave memory.
+    Stored {
+        task_id: Option<String>,
+        context_id: Option<String>,
+    },
+    /// Timer: close idle contexts, apply retention.
+    Sweep,
+    /// How much the book holds: (tasks, contexts, contexts with an open conversation); for
+    /// observation (tests, drills).
+    Held {
+        reply: RpcReplyPort<(usize, usize, usize)>,
+    },
     /// Fault injection: panics inside `handle`, to exercise its supervisor in tests and drills.
     InjectPanic,
 }
@@ -195,21 +291,38 @@ impl Actor for A2aTasks {
         myself: ActorRef<Self::Msg>,
         args: A2aTasksArgs,
     ) -> Result<Self::State, ActorProcessingErr> {
-        let _ = myself;
-        // The session's events are followed from the first message on (see
-        // `ensure_forwarding`): a backend that creates its session lazily is not forced to
-        // create it at start-up.
         let push_retry = args.config.push_retry;
-        Ok(A2aTasksState {
-            book: TaskBook::new(args.config.max_finished),
+        let keep_content = super::book::stored::keeps_content(args.config.open.storage_policy);
+        let mut state = A2aTasksState {
+            book: TaskBook::new(),
             backend: args.backend,
+            persister: args.persister,
             config: args.config,
+            keep_content,
             streams: HashMap::new(),
             waiters: Vec::new(),
             forwarder: None,
             push: PushBook::default(),
             deliveries: Deliveries::new(push_retry),
-        })
+            parked: HashMap::new(),
+            next_parked: 0,
+            finished_since_prune: 0,
+            to_cancel: Vec::new(),
+        };
+        let _ = myself;
+        // What was live comes back from the store (see `recover`).
+        state.recover(args.store.as_ref()).await;
+        Ok(state)
+    }
+
+    async fn post_start(
+        &self,
+        myself: ActorRef<Self::Msg>,
+        state: &mut Self::State,
+    ) -> Result<(), ActorProcessingErr> {
+        myself.send_interval(state.config.sweep_every(), || A2aTasksMsg::Sweep);
+        state.resume(&myself).await;
+        Ok(())
     }
 
     async fn post_stop(
@@ -235,14 +348,14 @@ impl Actor for A2aTasks {
                 params,
                 input,
                 stream,
+                known,
                 reply,
-            } => {
-                let r = match state.ensure_forwarding(&myself).await {
-                    Ok(()) => state.on_send(&myself, params, input, stream).await,
-                    Err(e) => Err(e),
-                };
-                let _ = reply.send(r);
-            }
+            } => match state.ensure_forwarding(&myself).await {
+                Ok(()) => state.on_send(&myself, *params, input, stream, *known, reply),
+                Err(e) => {
+                    let _ = reply.send(Err(e));
+                }
+            },
             A2aTasksMsg::Get {
                 task_id,
                 history_length,
@@ -250,8 +363,23 @@ impl Actor for A2aTasks {
             } => {
                 let _ = reply.send(state.book.view(&task_id, history_length, true));
             }
-            A2aTasksMsg::List { params, reply } => {
-                let _ = reply.send(state.book.list(&params));
+            A2aTasksMsg::Outcome {
+                task_id,
+                history_length,
+                reply,
+            } => {
+                let outcome = state
+                    .book
+                    .record(&task_id)
+                    .map(|r| super::book::send_result(r, history_length));
+                let _ = reply.send(outcome);
+            }
+            A2aTasksMsg::Fresh { ids, reply } => {
+                let fresh = ids
+                    .into_iter()
+                    .filter_map(|id| state.book.view(&id, None, true).map(|t| (id, t)))
+                    .collect();
+                let _ = reply.send(fresh);
             }
             A2aTasksMsg::Cancel { task_id, reply } => {
                 let _ = reply.send(state.on_cancel(&task_id));
@@ -280,9 +408,27 @@ impl Actor for A2aTasks {
             A2aTasksMsg::FinishDue { task_id } => {
                 let events = state.book.finish_due(&task_id, now_ms());
                 state.publish(&task_id, events);
-                state.forget_old();
+            }
+            A2aTasksMsg::ContextOpened { parked, result } => {
+                state.on_context_opened(&myself, parked, result);
+            }
+            A2aTasksMsg::ContextReopened { context_id, result } => {
+                state.on_context_reopened(&myself, &context_id, result);
+            }
+            A2aTasksMsg::ContextClosed { context_id, result } => {
+                state.on_context_closed(&myself, &context_id, result);
+            }
+            A2aTasksMsg::Stored {
+                task_id,
+                context_id,
+            } => state.on_stored(task_id.as_deref(), context_id.as_deref()),
+            A2aTasksMsg::Sweep => state.on_sweep(&myself).await,
+            A2aTasksMsg::Held { reply } => {
+                let b = &state.book;
+                let _ = reply.send((b.len(), b.contexts_len(), b.open_contexts()));
             }
         }
+        state.store_changes(&myself);
         Ok(())
     }
 }
@@ -307,79 +453,90 @@ impl A2aTasksState {
         Ok(())
     }
 
-    async fn on_send(
-        &mut self,
-        myself: &ActorRef<A2aTasksMsg>,
-        params: SendParams,
-        input: String,
-        stream: bool,
-    ) -> Result<Accepted, A2aError> {
-        let context_id = match self.book.plan_send(&params)? {
-            SendPlan::Answer {
-                task_id,
-                approval_id,
-                decision,
-            } => {
-                tracing::info!(%task_id, %approval_id, approves = decision.approves(), "a2a approval answer");
-                let backend = self.backend.clone();
-                tokio::spawn(async move {
-                    if let Err(e) = backend.respond_approval(approval_id, decision).await {
-                        tracing::warn!(%approval_id, error = %e, "a2a approval answer failed");
+    /// Queues what the book changed to the writer; a finished task and a closed context are
+    /// told back once stored, to leave memory.
+    fn store_changes(&mut self, myself: &ActorRef<A2aTasksMsg>) {
+        let dirty = self.book.take_dirty();
+        for context_id in dirty.contexts {
+            let Some(c) = self.book.context(&context_id) else {
+                continue;
+            };
+            let record = super::book::stored::context_record(&context_id, c);
+            let done = (!record.open).then(|| {
+                let me = myself.clone();
+                let id = context_id.clone();
+                Box::new(move |r: Result<(), AgentError>| {
+                    if r.is_ok() {
+                        let _ = me.cast(A2aTasksMsg::Stored {
+                            task_id: None,
+                            context_id: Some(id),
+                        });
                     }
-                });
-                if let Some(mut config) = params.push_config {
-                    config.task_id.clone_from(&task_id);
-                    self.set_push(config)?;
-                }
-                let events = self.book.answered(&task_id, params.message, now_ms());
-                self.publish(&task_id, events);
-                let events = stream.then(|| self.add_stream(&task_id));
-                let task = self.book.view(&task_id, params.history_length, true);
-                return task
-                    .map(|task| Accepted { task, events })
-                    .ok_or(A2aError::TaskNotFound { task_id });
-            }
-            SendPlan::NewTask { context_id } => context_id,
-            SendPlan::NewContext { context_id } => {
-                let conversation_id = self
-                    .backend
-                    .open(self.config.open.clone())
-                    .await
-                    .map_err(|e| A2aError::from_agent(&e))?;
-                // A context the server names is its conversation's id.
-                let context_id = context_id.unwrap_or_else(|| conversation_id.to_string());
-                tracing::info!(%context_id, %conversation_id, "a2a context opened");
-                self.book.add_context(context_id.clone(), conversation_id);
-                context_id
-            }
-        };
-        let task_id = TaskId::new().to_string();
-        let task = self.book.create_task(
-            task_id.clone(),
-            &context_id,
-            params.message,
-            input,
-            now_ms(),
-        )?;
-        tracing::info!(%task_id, %context_id, "a2a task submitted");
-        if let Some(mut config) = params.push_config {
-            config.task_id.clone_from(&task_id);
-            self.set_push(config)?;
+                }) as super::persist::Done
+            });
+            self.persister.write(Write::Context(record), done);
         }
-        let events = stream.then(|| self.add_stream(&task_id));
-        self.dispatch(myself, &context_id);
+        for task_id in dirty.tasks {
+            let Some(rec) = self.book.record(&task_id) else {
+                continue;
+            };
+            let record = match super::book::stored::task_record(rec, self.keep_content) {
+                Ok(r) => r,
+                Err(e) => {
+                    tracing::error!(%task_id, error = %e, "a2a task not stored");
+                    continue;
+                }
+            };
+            let done = record.terminal.then(|| {
+                self.finished_since_prune += 1;
+                let me = myself.clone();
+                let id = task_id.clone();
+                Box::new(move |r: Result<(), AgentError>| {
+                    if r.is_ok() {
+                        let _ = me.cast(A2aTasksMsg::Stored {
+                            task_id: Some(id),
+                            context_id: None,
+                        });
+                    }
+                }) as super::persist::Done
+            });
+            self.persister.write(Write::Task(record), done);
+        }
         metrics::tasks(self.book.len());
-        let task = self
-            .book
-            .view(&task_id, params.history_length, true)
-            .unwrap_or(task);
-        Ok(Accepted { task, events })
+        metrics::contexts_open(self.book.open_contexts());
+    }
+
+    /// A oneshot that answers once everything queued to the writer so far is stored.
+    fn stored_mark(&self) -> oneshot::Receiver<()> {
+        let (tx, rx) = oneshot::channel();
+        self.persister.write(
+            Write::Barrier,
+            Some(Box::new(move |_| {
+                let _ = tx.send(());
+            })),
+        );
+        rx
+    }
+
+    fn on_stored(&mut self, task_id: Option<&str>, context_id: Option<&str>) {
+        if let Some(id) = task_id
+            && let Some(context_id) = self.book.forget_task(id)
+        {
+            self.streams.remove(id);
+            self.push.forget(id);
+            self.deliveries.close_task(id);
+            // Its context may be closed and idle, held only for it.
+            self.book.forget_context(&context_id);
+        }
+        if let Some(id) = context_id {
+            self.book.forget_context(id);
+        }
     }
 
     fn on_cancel(&mut self, task_id: &str) -> Result<(), A2aError> {
         match self.book.cancel(task_id, now_ms())? {
             CancelPlan::Canceled(events) => {
-                tracing::info!(%task_id, "a2a task canceled before it started");
+                tracing::info!(%task_id, "a2a task canceled before it ran");
                 self.publish(task_id, events);
             }
             CancelPlan::Forward(troupe_task) => {
@@ -393,50 +550,59 @@ impl A2aTasksState {
         Ok(())
     }
 
-    fn on_push(&mut self, request: PushRequest) -> Result<PushAnswer, A2aError> {
-        let known = |book: &TaskBook, task_id: &str| {
-            book.record(task_id)
-                .map(|r| r.task.status.state)
-                .ok_or_else(|| A2aError::TaskNotFound {
-                    task_id: task_id.to_owned(),
-                })
-        };
+    fn on_push(&mut self, request: PushRequest) -> Result<Option<PushAnswer>, A2aError> {
+        let held =
+            |book: &TaskBook, task_id: &str| book.record(task_id).map(|r| r.task.status.state);
         match request {
-            PushRequest::Set(config) => {
-                if known(&self.book, &config.task_id)?.is_terminal() {
-                    return Err(A2aError::UnsupportedOperation(format!(
-                        "task {} is over; it sends no more notifications",
-                        config.task_id
-                    )));
-                }
-                self.set_push(config).map(PushAnswer::Config)
-            }
+            PushRequest::Set(config) => match held(&self.book, &config.task_id) {
+                None => Ok(None),
+                Some(s) if s.is_terminal() => Err(A2aError::UnsupportedOperation(format!(
+                    "task {} is over; it sends no more notifications",
+                    config.task_id
+                ))),
+                Some(_) => self.set_push(config).map(|c| Some(PushAnswer::Config(c))),
+            },
             PushRequest::Get { task_id, id } => {
-                known(&self.book, &task_id)?;
+                if held(&self.book, &task_id).is_none() {
+                    return Ok(None);
+                }
                 self.push
                     .get(&task_id, id.as_deref())
-                    .map(PushAnswer::Config)
+                    .map(|c| Some(PushAnswer::Config(c)))
             }
-            PushRequest::List { task_id } => {
-                known(&self.book, &task_id)?;
-                Ok(PushAnswer::List(self.push.of(&task_id).to_vec()))
-            }
+            PushRequest::List { task_id } => Ok(held(&self.book, &task_id)
+                .map(|_| PushAnswer::List(self.push.of(&task_id).to_vec()))),
             PushRequest::Delete { task_id, id } => {
-                known(&self.book, &task_id)?;
+                if held(&self.book, &task_id).is_none() {
+                    return Ok(None);
+                }
                 if self.push.delete(&task_id, &id) {
                     tracing::info!(%task_id, config_id = %id, "a2a push config deleted");
                 }
                 self.deliveries.close(&task_id, &id);
-                Ok(PushAnswer::Deleted)
+                self.persister.write(
+                    Write::DeletePush {
+                        task_id,
+                        config_id: id,
+                    },
+                    None,
+                );
+                Ok(Some(PushAnswer::Deleted))
             }
         }
     }
 
-    /// Stores a task's push config; one that replaces another restarts its worker.
+    /// Stores a task's push config; one that replaces another restarts its worker. The
+    /// task's record must be queued to the writer already (the store keeps a config only for
+    /// a stored task).
     fn set_push(&mut self, config: PushConfig) -> Result<PushConfig, A2aError> {
         let stored = self.push.set(config)?;
         self.deliveries.close(&stored.task_id, &stored.id);
         tracing::info!(task_id = %stored.task_id, config_id = %stored.id, "a2a push config set");
+        self.persister.write(
+            Write::Push(super::push::stored_config(&stored, now_ms())),
+            None,
+        );
         Ok(stored)
     }
 
@@ -513,36 +679,34 @@ impl A2aTasksState {
                     task_id: due,
                 });
             }
+            Finished::Requeued => {
+                tracing::info!(%task_id, "a2a context's conversation was closed; reopening it");
+            }
         }
         if let Some(context_id) = self.book.context_of(&task_id) {
             self.dispatch(myself, &context_id);
         }
-        self.forget_old();
     }
 
-    fn forget_old(&mut self) {
-        for gone in self.book.evict() {
-            self.streams.remove(&gone);
-            self.push.forget(&gone);
-            self.deliveries.close_task(&gone);
-        }
-        metrics::tasks(self.book.len());
-    }
-
-    /// Sends the context's next task to its conversation, if the context is idle.
+    /// Sends the context's next task to its conversation (if it is idle), reopening the
+    /// conversation first when it is closed.
     fn dispatch(&mut self, myself: &ActorRef<A2aTasksMsg>, context_id: &str) {
-        let Some(Dispatch {
-            task_id,
-            conversation_id,
-            input,
-        }) = self.book.next_dispatch(context_id)
-        else {
-            return;
-        };
-        tracing::debug!(%task_id, %conversation_id, "a2a task dispatched");
-        let backend = self.backend.clone();
-        let me = myself.clone();
-        tokio::spawn(run_message(backend, me, task_id, conversation_id, input));
+        match self.book.next(context_id) {
+            Next::Dispatch(d) => {
+                tracing::debug!(task_id = %d.task_id, conversation_id = %d.conversation_id, "a2a task dispatched");
+                let backend = self.backend.clone();
+                let me = myself.clone();
+                tokio::spawn(run_message(
+                    backend,
+                    me,
+                    d.task_id,
+                    d.conversation_id,
+                    d.input,
+                ));
+            }
+            Next::Reopen(conversation_id) => self.reopen(myself, context_id, conversation_id),
+            Next::Nothing => {}
+        }
     }
 
     fn forward_cancel(&self, troupe_task: TaskId) {
@@ -561,7 +725,8 @@ impl A2aTasksState {
         rx
     }
 
-    /// Sends a task's new events to its streams, then wakes whoever waits for its state.
+    /// Sends a task's new events to its streams and webhooks, then wakes whoever waits for
+    /// its state.
     fn publish(&mut self, task_id: &str, events: Vec<StreamEvent>) {
         if events.is_empty() {
             return;
@@ -629,6 +794,7 @@ pub const fn relevant(kind: &EventKind) -> bool {
             | EventKind::StepStarted { .. }
             | EventKind::AssistantChunk { .. }
             | EventKind::ToolCallStarted { .. }
+            | EventKind::ToolCallFinished { .. }
             | EventKind::ApprovalRequested { .. }
             | EventKind::ApprovalResolved { .. }
             | EventKind::TaskFinished { .. }

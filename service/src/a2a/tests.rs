@@ -10,24 +10,33 @@ use troupe_proto::SessionId;
 use troupe_runtime::exec::ProcessRunner;
 use troupe_runtime::scripted::{ScriptedModel, ScriptedReply};
 
-struct Fixture {
-    session: SessionHandle,
-    model: Arc<ScriptedModel>,
-    a2a: A2a,
-    url: String,
-    http: reqwest::Client,
+pub(super) struct Fixture {
+    pub(super) session: SessionHandle,
+    pub(super) model: Arc<ScriptedModel>,
+    pub(super) a2a: A2a,
+    pub(super) url: String,
+    pub(super) http: reqwest::Client,
     server: tokio::task::JoinHandle<()>,
     _dir: tempfile::TempDir,
 }
 
 impl Fixture {
-    async fn start(replies: Vec<ScriptedReply>) -> Self {
+    pub(super) async fn start(replies: Vec<ScriptedReply>) -> Self {
         Self::start_with(replies, |_| {}).await
     }
 
-    async fn start_with(
+    pub(super) async fn start_with(
         replies: Vec<ScriptedReply>,
         tune: impl FnOnce(&mut SessionConfig),
+    ) -> Self {
+        Self::start_tuned(replies, tune, |_| {}).await
+    }
+
+    /// With the session's and the endpoint's settings tuned.
+    pub(super) async fn start_tuned(
+        replies: Vec<ScriptedReply>,
+        tune: impl FnOnce(&mut SessionConfig),
+        tune_a2a: impl FnOnce(&mut A2aConfig),
     ) -> Self {
         let dir = tempfile::tempdir().unwrap();
         let model = Arc::new(ScriptedModel::new(replies));
@@ -44,9 +53,11 @@ impl Fixture {
             mcp: None,
             mcp_connector: None,
             exec: Some(Arc::new(ProcessRunner::new())),
+            effects: troupe_actors::ports::Effects::Live,
             summarizer: Arc::new(LocalSummarizer::default()),
             tokens: Arc::new(troupe_actors::ports::ApproxTokens),
             rollout_storage: None,
+            agents: None,
         };
         let (session, _join) = SessionHandle::start(SessionId::new(), config, ports)
             .await
@@ -59,9 +70,15 @@ impl Fixture {
             max: std::time::Duration::from_millis(100),
             timeout: std::time::Duration::from_secs(10),
         };
-        let a2a = A2a::start(Arc::new(session.clone()), a2a_config, None)
-            .await
-            .unwrap();
+        tune_a2a(&mut a2a_config);
+        let a2a = A2a::start(
+            Arc::new(session.clone()),
+            Arc::new(troupe_store::memory::MemoryStore::new()),
+            a2a_config,
+            None,
+        )
+        .await
+        .unwrap();
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
         let url = format!("http://{}/a2a", listener.local_addr().unwrap());
         let app = a2a.router();
@@ -80,14 +97,14 @@ impl Fixture {
     }
 
     /// One JSON-RPC call; `version` is the A2A-Version header (none when `None`).
-    async fn call(&self, version: Option<&str>, method: &str, params: Value) -> Value {
+    pub(super) async fn call(&self, version: Option<&str>, method: &str, params: Value) -> Value {
         let body = json!({"jsonrpc": "2.0", "id": 1, "method": method, "params": params});
         self.raw(version, body.to_string()).await
     }
 
     /// A 1.0 send that returns at once (`extra` goes into the message: a contextId, ...);
     /// answers the new task's id.
-    async fn send_now(&self, text: &str, extra: Value) -> String {
+    pub(super) async fn send_now(&self, text: &str, extra: Value) -> String {
         let sent = self
             .call(
                 Some("1.0"),
@@ -102,7 +119,7 @@ impl Fixture {
             .to_owned()
     }
 
-    async fn raw(&self, version: Option<&str>, body: String) -> Value {
+    pub(super) async fn raw(&self, version: Option<&str>, body: String) -> Value {
         let mut req = self
             .http
             .post(&self.url)
@@ -115,7 +132,12 @@ impl Fixture {
     }
 
     /// A streaming call, read to its end: the `result` of every frame.
-    async fn stream(&self, version: Option<&str>, method: &str, params: Value) -> Vec<Value> {
+    pub(super) async fn stream(
+        &self,
+        version: Option<&str>,
+        method: &str,
+        params: Value,
+    ) -> Vec<Value> {
         let body = json!({"jsonrpc": "2.0", "id": 9, "method": method, "params": params});
         let mut req = self.http.post(&self.url).json(&body);
         if let Some(v) = version {
@@ -128,7 +150,7 @@ impl Fixture {
             .collect()
     }
 
-    async fn wait_state(&self, task_id: &str, want: &str) -> Value {
+    pub(super) async fn wait_state(&self, task_id: &str, want: &str) -> Value {
         for _ in 0..200 {
             let r = self
                 .call(Some("1.0"), "GetTask", json!({"id": task_id}))
@@ -141,14 +163,14 @@ impl Fixture {
         panic!("task {task_id} never reached {want}")
     }
 
-    async fn stop(self) {
+    pub(super) async fn stop(self) {
         self.server.abort();
         self.a2a.stop().await;
         self.session.shutdown().await.unwrap();
     }
 }
 
-fn v1_message(text: &str, extra: Value) -> Value {
+pub(super) fn v1_message(text: &str, extra: Value) -> Value {
     let mut m = json!({
         "messageId": format!("m-{text}"),
         "role": "ROLE_USER",
@@ -185,7 +207,22 @@ async fn an_approval_is_input_required_and_answered_in_the_task() {
         .await;
     let task = &done["result"]["task"];
     assert_eq!(task["status"]["state"], "TASK_STATE_COMPLETED", "{done}");
-    let answer = task["artifacts"][0]["parts"][0]["text"].as_str().unwrap();
+    // The command's output is a file of the task; the answer comes after it.
+    let file = &task["artifacts"][0];
+    assert_eq!(file["name"], "shell output", "{task}");
+    let output = &file["parts"][0];
+    assert_eq!(
+        (&output["mediaType"], &output["filename"]),
+        (&json!("text/plain"), &json!("shell-1.txt"))
+    );
+    let bytes = reply::raw_bytes(output["raw"].as_str().unwrap()).unwrap();
+    // The output as the model saw it: the exit code, then what the command printed.
+    assert_eq!(
+        String::from_utf8(bytes).unwrap().trim(),
+        "exit code 0\na2a-ok"
+    );
+    assert_eq!(output["metadata"]["command"], json!(["echo", "a2a-ok"]));
+    let answer = task["artifacts"][1]["parts"][0]["text"].as_str().unwrap();
     assert!(
         answer.contains("a2a-ok") && !answer.contains("sandbox"),
         "{answer}"
@@ -666,7 +703,7 @@ async fn replaced(a2a: &A2a, old: ractor::ActorId) -> ActorRef<A2aTasksMsg> {
 }
 
 #[tokio::test]
-async fn a_failed_a2a_actor_is_replaced_and_the_endpoint_keeps_answering() {
+async fn a_failed_a2a_actor_is_replaced_and_its_records_are_kept() {
     let f = Fixture::start(vec![
         ScriptedReply::text("before"),
         ScriptedReply::text("after"),
@@ -699,12 +736,19 @@ async fn a_failed_a2a_actor_is_replaced_and_the_endpoint_keeps_answering() {
     let task = &second["result"]["task"];
     assert_eq!(task["status"]["state"], "TASK_STATE_COMPLETED", "{second}");
     assert_eq!(task["artifacts"][0]["parts"][0]["text"], "after");
-    // The failed actor's records are gone with it; the session ran both messages.
+    // The records outlive the failed actor: the new one finds the old task in the store.
     let old_task = first["result"]["task"]["id"].as_str().unwrap();
-    let gone = f
+    let found = f
         .call(Some("1.0"), "GetTask", json!({"id": old_task}))
         .await;
-    assert!(gone["error"].is_object(), "{gone}");
+    assert_eq!(
+        found["result"]["status"]["state"], "TASK_STATE_COMPLETED",
+        "{found}"
+    );
+    assert_eq!(
+        found["result"]["artifacts"][0]["parts"][0]["text"],
+        "before"
+    );
     f.stop().await;
 }
 
@@ -720,9 +764,11 @@ async fn an_a2a_actor_that_keeps_failing_is_given_up_and_says_so() {
         mcp: None,
         mcp_connector: None,
         exec: None,
+        effects: troupe_actors::ports::Effects::Live,
         summarizer: Arc::new(LocalSummarizer::default()),
         tokens: Arc::new(troupe_actors::ports::ApproxTokens),
         rollout_storage: None,
+        agents: None,
     };
     let (session, _join) = SessionHandle::start(SessionId::new(), config, ports)
         .await
@@ -733,6 +779,7 @@ async fn an_a2a_actor_that_keeps_failing_is_given_up_and_says_so() {
     });
     let a2a = A2a::start(
         Arc::new(session.clone()),
+        Arc::new(troupe_store::memory::MemoryStore::new()),
         A2aConfig::default(),
         Some(give_up),
     )

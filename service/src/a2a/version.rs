@@ -1,4 +1,5 @@
-//! Version negotiation (spec 3.6) and method names (spec 5.3, and the 0.3 names).
+//! Version negotiation (spec 3.6) and resolving a method name (the names of each version are
+//! `troupe_a2a::version`'s).
 //!
 //! The `A2A-Version` header picks the protocol: absent or empty means 0.3, `1.x` means 1.0,
 //! anything else is `VersionNotSupported`. A method belongs to one version: a 1.0 name under
@@ -7,22 +8,7 @@
 
 use super::error::A2aError;
 
-/// A protocol version this endpoint speaks.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-pub enum Version {
-    V0_3,
-    V1_0,
-}
-
-impl Version {
-    /// As written in the card and as the metric label.
-    pub const fn as_str(self) -> &'static str {
-        match self {
-            Self::V0_3 => "0.3",
-            Self::V1_0 => "1.0",
-        }
-    }
-}
+pub use troupe_a2a::version::{METHOD_NAMES, Operation, Version};
 
 /// Reads the `A2A-Version` header (patch numbers are ignored, spec 3.6).
 pub fn negotiate(header: Option<&str>) -> Result<Version, A2aError> {
@@ -53,106 +39,9 @@ pub fn negotiate(header: Option<&str>) -> Result<Version, A2aError> {
     }
 }
 
-/// An A2A operation, whatever its name in either version.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-pub enum Operation {
-    SendMessage,
-    SendStreamingMessage,
-    GetTask,
-    ListTasks,
-    CancelTask,
-    SubscribeToTask,
-    CreatePushConfig,
-    GetPushConfig,
-    ListPushConfigs,
-    DeletePushConfig,
-    GetExtendedAgentCard,
-}
-
-impl Operation {
-    pub const ALL: [Self; 11] = [
-        Self::SendMessage,
-        Self::SendStreamingMessage,
-        Self::GetTask,
-        Self::ListTasks,
-        Self::CancelTask,
-        Self::SubscribeToTask,
-        Self::CreatePushConfig,
-        Self::GetPushConfig,
-        Self::ListPushConfigs,
-        Self::DeletePushConfig,
-        Self::GetExtendedAgentCard,
-    ];
-
-    /// Bounded metric label.
-    pub const fn label(self) -> &'static str {
-        match self {
-            Self::SendMessage => "send_message",
-            Self::SendStreamingMessage => "send_streaming_message",
-            Self::GetTask => "get_task",
-            Self::ListTasks => "list_tasks",
-            Self::CancelTask => "cancel_task",
-            Self::SubscribeToTask => "subscribe_to_task",
-            Self::CreatePushConfig => "create_push_config",
-            Self::GetPushConfig => "get_push_config",
-            Self::ListPushConfigs => "list_push_configs",
-            Self::DeletePushConfig => "delete_push_config",
-            Self::GetExtendedAgentCard => "get_extended_agent_card",
-        }
-    }
-
-    /// Answered over SSE.
-    pub const fn is_streaming(self) -> bool {
-        matches!(self, Self::SendStreamingMessage | Self::SubscribeToTask)
-    }
-}
-
-/// (1.0 name, 0.3 name) of each operation. 0.3 had no ListTasks.
-const NAMES: [(Operation, &str, Option<&str>); 11] = [
-    (Operation::SendMessage, "SendMessage", Some("message/send")),
-    (
-        Operation::SendStreamingMessage,
-        "SendStreamingMessage",
-        Some("message/stream"),
-    ),
-    (Operation::GetTask, "GetTask", Some("tasks/get")),
-    (Operation::ListTasks, "ListTasks", None),
-    (Operation::CancelTask, "CancelTask", Some("tasks/cancel")),
-    (
-        Operation::SubscribeToTask,
-        "SubscribeToTask",
-        Some("tasks/resubscribe"),
-    ),
-    (
-        Operation::CreatePushConfig,
-        "CreateTaskPushNotificationConfig",
-        Some("tasks/pushNotificationConfig/set"),
-    ),
-    (
-        Operation::GetPushConfig,
-        "GetTaskPushNotificationConfig",
-        Some("tasks/pushNotificationConfig/get"),
-    ),
-    (
-        Operation::ListPushConfigs,
-        "ListTaskPushNotificationConfigs",
-        Some("tasks/pushNotificationConfig/list"),
-    ),
-    (
-        Operation::DeletePushConfig,
-        "DeleteTaskPushNotificationConfig",
-        Some("tasks/pushNotificationConfig/delete"),
-    ),
-    (
-        Operation::GetExtendedAgentCard,
-        "GetExtendedAgentCard",
-        Some("agent/getAuthenticatedExtendedCard"),
-    ),
-];
-
 /// The operation a method name asks for under the negotiated version.
 pub fn resolve(version: Version, method: &str) -> Result<Operation, A2aError> {
-    for (op, v1, v03) in NAMES {
+    for (op, v1, v03) in METHOD_NAMES {
         let in_v1 = v1 == method;
         let in_v03 = v03 == Some(method);
         if !(in_v1 || in_v03) {

@@ -171,7 +171,85 @@ impl HostState {
                 let _ = waiter.send(sent);
             }
         }
+        self.forget_if_closed(conversation_id);
         Ok(closed)
+    }
+
+    /// Forgets a closed conversation once nothing of it runs (its running task's `TaskDone`
+    /// may come after the close): the host keeps only what it may run, so its memory follows
+    /// the open conversations, not every conversation the session ever had.
+    pub(super) fn forget_if_closed(&mut self, conversation_id: ConversationId) {
+        let idle_and_closed = self
+            .conversations
+            .get(&conversation_id)
+            .is_some_and(|s| s.record.state == ConversationState::Closed && s.pending() == 0);
+        if idle_and_closed {
+            self.conversations.remove(&conversation_id);
+        }
+    }
+
+    /// Reopens a closed conversation (see [`HostMsg::Reopen`]).
+    pub(super) fn reopen(
+        &self,
+        myself: &ActorRef<HostMsg>,
+        conversation_id: ConversationId,
+        reply: Reply<()>,
+    ) {
+        match self.conversations.get(&conversation_id) {
+            Some(slot) if slot.record.state == ConversationState::Open && !slot.closing => {
+                let _ = reply.send(Ok(()));
+                return;
+            }
+            Some(_) => {
+                let _ = reply.send(Err(AgentError::invalid(format!(
+                    "conversation {conversation_id} is closing; reopen it once it closed"
+                ))));
+                return;
+            }
+            None => {}
+        }
+        let handle = match self.running() {
+            Ok(h) => h.clone(),
+            Err(e) => {
+                let _ = reply.send(Err(e));
+                return;
+            }
+        };
+        let store = self.store.clone();
+        let session_id = self.record.session_id;
+        let myself = myself.clone();
+        spawn_traced(async move {
+            let result = async {
+                let mut record = store
+                    .conversation(conversation_id)
+                    .await?
+                    .filter(|c| c.session_id == session_id)
+                    .ok_or_else(|| AgentError::not_found("conversation", conversation_id))?;
+                handle
+                    .restore(conversation_id, record.params.clone())
+                    .await?;
+                record.state = ConversationState::Open;
+                record.closed_ms = None;
+                Ok(record)
+            }
+            .await;
+            let _ = myself.cast(HostMsg::Reopened { result, reply });
+        });
+    }
+
+    pub(super) async fn reopened(
+        &mut self,
+        result: Result<ConversationRecord, AgentError>,
+    ) -> Result<(), AgentError> {
+        let record = result?;
+        let id = record.conversation_id;
+        self.store.put_conversation(record.clone()).await?;
+        tracing::info!(conversation_id = %id, "conversation reopened");
+        crate::metrics::conversation_reopened();
+        self.conversations
+            .entry(id)
+            .or_insert_with(|| ConversationSlot::new(record));
+        Ok(())
     }
 }
 

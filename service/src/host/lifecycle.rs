@@ -47,7 +47,15 @@ impl HostState {
     /// Activation: start the stored session again, then settle its pending messages.
     pub(super) async fn activate(&mut self, myself: &ActorRef<HostMsg>) -> Result<(), AgentError> {
         let session_id = self.record.session_id;
-        let records = self.store.conversations(session_id).await?;
+        // Only the open conversations (and the root, open or not: its parameters start the
+        // session): closed ones are read when one is reopened.
+        let mut records = self.store.open_conversations(session_id).await?;
+        let root = self.record.root_conversation_id;
+        if !records.iter().any(|c| c.conversation_id == root)
+            && let Some(closed_root) = self.store.conversation(root).await?
+        {
+            records.insert(0, closed_root);
+        }
         let pending = self.store.pending_messages(session_id).await?;
         let started = restart(myself, &self.template, &self.record, &records).await;
         self.conversations = records
@@ -74,11 +82,13 @@ impl HostState {
             match plan::recover(&message, &records) {
                 plan::Recovery::Requeue => {
                     let text = message.content.clone().unwrap_or_default();
+                    let governance = super::queue::stored_governance(&message);
                     if let Some(slot) = self.conversations.get_mut(&message.conversation_id) {
                         requeued += 1;
                         slot.queue.push_back(Waiting {
                             message,
                             text,
+                            governance,
                             waiter: None,
                         });
                     }

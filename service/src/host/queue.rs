@@ -10,11 +10,25 @@ use crate::api::Sent;
 use crate::metrics;
 use ractor::ActorRef;
 use troupe_actors::events::EventDraft;
+use troupe_actors::governance::RequestGovernance;
 use troupe_proto::store::{
     ConversationState, FinishMessage, MessageKind, MessageRecord, MessageStatus, NewMessage,
     SessionStatus,
 };
 use troupe_proto::{AgentError, ConversationId, EventKind, MessageReply, Role, StoragePolicy};
+
+/// The request layer a stored message keeps in its metadata (none: it had none).
+pub(super) fn stored_governance(message: &MessageRecord) -> RequestGovernance {
+    let tools = message
+        .metadata
+        .as_ref()
+        .and_then(|m| m.0.get("tools"))
+        .and_then(|t| serde_json::from_value(t.clone()).ok());
+    RequestGovernance {
+        tools,
+        authorization: Vec::new(),
+    }
+}
 
 impl HostState {
     pub(super) async fn send(
@@ -23,6 +37,7 @@ impl HostState {
         conversation_id: Option<ConversationId>,
         text: String,
         wait: bool,
+        governance: RequestGovernance,
         reply: Reply<Sent>,
     ) {
         let conversation_id = conversation_id.unwrap_or(self.record.root_conversation_id);
@@ -60,7 +75,12 @@ impl HostState {
                 created_ms: now_ms(),
                 status: Some(status),
                 kind: MessageKind::Text,
-                metadata: None,
+                // Its request layer, so that it still applies if the message waits through a
+                // restart (a policy, not content; never a token).
+                metadata: governance
+                    .tools
+                    .as_ref()
+                    .map(|tools| troupe_proto::Json(serde_json::json!({ "tools": tools }))),
             })
             .await;
         let message = match stored {
@@ -87,10 +107,13 @@ impl HostState {
             return;
         };
         match admission {
-            Admitted::RunNow => self.dispatch(myself, conversation_id, message, text, waiter),
+            Admitted::RunNow => {
+                self.dispatch(myself, conversation_id, message, text, governance, waiter);
+            }
             Admitted::Queue => slot.queue.push_back(Waiting {
                 message,
                 text,
+                governance,
                 waiter,
             }),
         }
@@ -126,6 +149,7 @@ impl HostState {
         conversation_id: ConversationId,
         message: MessageRecord,
         text: String,
+        governance: RequestGovernance,
         waiter: Option<Reply<Sent>>,
     ) {
         let Some(slot) = self.conversations.get_mut(&conversation_id) else {
@@ -136,6 +160,7 @@ impl HostState {
             slot.queue.push_front(Waiting {
                 message,
                 text,
+                governance,
                 waiter,
             });
             return;
@@ -145,7 +170,9 @@ impl HostState {
         slot.running = Some(Running { message, waiter });
         let myself = myself.clone();
         spawn_traced(async move {
-            let result = handle.message(conversation_id, text).await;
+            let result = handle
+                .message_governed(conversation_id, text, governance)
+                .await;
             let _ = myself.cast(HostMsg::TaskDone {
                 conversation_id,
                 message_id,
@@ -176,7 +203,14 @@ impl HostState {
             match self.store.start_message(next.message.message_id).await {
                 Ok(message) => {
                     self.emit_update(&message);
-                    self.dispatch(myself, conversation_id, message, next.text, next.waiter);
+                    self.dispatch(
+                        myself,
+                        conversation_id,
+                        message,
+                        next.text,
+                        next.governance,
+                        next.waiter,
+                    );
                     return;
                 }
                 Err(e) => {
@@ -206,6 +240,7 @@ impl HostState {
             let _ = waiter.send(finished);
         }
         self.run_next(myself, conversation_id).await;
+        self.forget_if_closed(conversation_id);
         self.maybe_drained();
     }
 

@@ -32,6 +32,10 @@ pub const METHODS: &[&str] = &[
     "project.currentSession",
     "events.subscribe",
     "events.unsubscribe",
+    "agents.list",
+    "tokens.issue",
+    "tokens.list",
+    "tokens.revoke",
 ];
 
 /// The `&'static` name of a method for metric labels (`unknown` otherwise).
@@ -87,6 +91,10 @@ pub enum Request {
         session_id: SessionId,
         task_id: TaskId,
     },
+    /// `agents.list`: the agents, as a session runs them when it is named.
+    AgentsList {
+        session_id: Option<SessionId>,
+    },
     TaskList {
         session_id: SessionId,
         conversation_id: Option<ConversationId>,
@@ -122,6 +130,22 @@ pub enum Request {
     EventsUnsubscribe {
         subscription: u64,
     },
+    /// `tokens.issue`: an authorization token for an agent and a tool (A5).
+    TokensIssue(troupe_proto::governance::IssueToken),
+    TokensList,
+    TokensRevoke {
+        id: String,
+    },
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct NoParams {}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct TokenIdParams {
+    id: String,
 }
 
 #[derive(Deserialize)]
@@ -157,6 +181,10 @@ struct MessageParams {
     #[serde(default)]
     conversation_id: Option<ConversationId>,
     text: String,
+    #[serde(default)]
+    tools: Option<troupe_proto::agent::ToolRules>,
+    #[serde(default)]
+    authorization: Vec<String>,
 }
 
 #[derive(Deserialize)]
@@ -182,6 +210,13 @@ struct TaskParams {
 }
 
 #[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct AgentsParams {
+    #[serde(default)]
+    session_id: Option<SessionId>,
+}
+
+#[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
 struct TaskListParams {
     session_id: SessionId,
@@ -277,6 +312,8 @@ pub fn decode(method: &str, raw: Option<Value>) -> Result<Request, RpcError> {
                     conversation_id: p.conversation_id,
                     text: p.text,
                     wait: method == "conversation.message",
+                    tools: p.tools,
+                    authorization: p.authorization,
                 },
             }
         }
@@ -319,6 +356,9 @@ pub fn decode(method: &str, raw: Option<Value>) -> Result<Request, RpcError> {
                 task_id: p.task_id,
             }
         }
+        "agents.list" => Request::AgentsList {
+            session_id: params::<AgentsParams>(value)?.session_id,
+        },
         "task.list" => {
             let p: TaskListParams = params(value)?;
             Request::TaskList {
@@ -371,6 +411,14 @@ pub fn decode(method: &str, raw: Option<Value>) -> Result<Request, RpcError> {
         }
         "events.unsubscribe" => Request::EventsUnsubscribe {
             subscription: params::<UnsubscribeParams>(value)?.subscription,
+        },
+        "tokens.issue" => Request::TokensIssue(params(value)?),
+        "tokens.list" => {
+            let NoParams {} = params(value)?;
+            Request::TokensList
+        }
+        "tokens.revoke" => Request::TokensRevoke {
+            id: params::<TokenIdParams>(value)?.id,
         },
         other => return Err(RpcError::method_not_found(other)),
     })

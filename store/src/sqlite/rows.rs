@@ -237,7 +237,7 @@ pub(super) fn message_from_row(row: &Row<'_>) -> Result<MessageRecord, AgentErro
     })
 }
 
-pub(super) const fn role_str(role: Role) -> &'static str {
+pub(crate) const fn role_str(role: Role) -> &'static str {
     match role {
         Role::System => "system",
         Role::User => "user",
@@ -245,7 +245,7 @@ pub(super) const fn role_str(role: Role) -> &'static str {
     }
 }
 
-pub(super) fn parse_role(s: &str) -> Option<Role> {
+pub(crate) fn parse_role(s: &str) -> Option<Role> {
     match s {
         "system" => Some(Role::System),
         "user" => Some(Role::User),
@@ -254,14 +254,14 @@ pub(super) fn parse_role(s: &str) -> Option<Role> {
     }
 }
 
-pub(super) const fn state_str(state: ConversationState) -> &'static str {
+pub(crate) const fn state_str(state: ConversationState) -> &'static str {
     match state {
         ConversationState::Open => "open",
         ConversationState::Closed => "closed",
     }
 }
 
-pub(super) fn parse_state(s: &str) -> Option<ConversationState> {
+pub(crate) fn parse_state(s: &str) -> Option<ConversationState> {
     match s {
         "open" => Some(ConversationState::Open),
         "closed" => Some(ConversationState::Closed),
@@ -286,5 +286,33 @@ pub(super) fn binding_from_row(
         provider_session_id: key.get(row, 4, "provider_session_id")?,
         created_ms: key.get_u64(row, 5, "created_ms")?,
         updated_ms: key.get_u64(row, 6, "updated_ms")?,
+    })
+}
+
+/// The columns a token is read with (`rowid` first, as [`RowKey`] wants).
+pub(super) const TOKEN_SELECT: &str = "SELECT rowid, token_id, digest, agent, tool, args, \
+    issued_by, issued_ms, expires_ms, max_uses, uses, revoked_ms FROM auth_tokens";
+
+pub(super) fn token_from_row(
+    row: &Row<'_>,
+) -> Result<troupe_proto::governance::AuthToken, AgentError> {
+    let key = RowKey::new("auth_tokens", row)?;
+    let revoked: Option<i64> = key.get(row, 11, "revoked_ms")?;
+    Ok(troupe_proto::governance::AuthToken {
+        id: key.get(row, 1, "token_id")?,
+        digest: key.get(row, 2, "digest")?,
+        scope: troupe_proto::governance::TokenScope {
+            agent: key.get(row, 3, "agent")?,
+            tool: key.get(row, 4, "tool")?,
+            args: key.get(row, 5, "args")?,
+        },
+        issued_by: key.get(row, 6, "issued_by")?,
+        issued_ms: key.get_u64(row, 7, "issued_ms")?,
+        expires_ms: key.get_u64(row, 8, "expires_ms")?,
+        max_uses: key.get(row, 9, "max_uses")?,
+        uses: key.get(row, 10, "uses")?,
+        revoked_ms: revoked
+            .map(|r| u64::try_from(r).map_err(|_| key.err("revoked_ms", "negative")))
+            .transpose()?,
     })
 }

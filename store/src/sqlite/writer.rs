@@ -3,6 +3,7 @@
 //! write.
 
 use super::MAX_BATCH;
+use super::a2a;
 use super::rows::{MESSAGE_SELECT, message_from_row, query_all, role_str, state_str};
 use crate::conn::{self, internal, to_sql_int};
 use crate::metrics::{self, Writer};
@@ -12,8 +13,8 @@ use std::time::Instant;
 use tokio::sync::{mpsc, oneshot};
 use tracing::Span;
 use troupe_proto::store::{
-    ConversationRecord, FinishMessage, FinishedMessage, MessageRecord, MessageStatus, NewMessage,
-    SessionRecord, SessionStatus,
+    A2aContextRecord, A2aPruned, A2aPushRecord, A2aTaskRecord, ConversationRecord, FinishMessage,
+    FinishedMessage, MessageRecord, MessageStatus, NewMessage, SessionRecord, SessionStatus,
 };
 use troupe_proto::{AgentError, ConversationId, Role, SessionId, StoragePolicy, TaskId};
 
@@ -53,10 +54,29 @@ pub(super) enum WriteOp {
         status: SessionStatus,
         at_ms: u64,
     },
+    PutA2aContext(A2aContextRecord),
+    PutA2aTask(A2aTaskRecord),
+    PutA2aPush(A2aPushRecord),
+    DeleteA2aPush {
+        task_id: String,
+        config_id: String,
+    },
+    PruneA2a {
+        keep_finished: usize,
+    },
     PutBinding(troupe_proto::agent::AgentBinding),
     RemoveBinding {
         session_id: SessionId,
         agent_id: String,
+    },
+    InsertToken(troupe_proto::governance::AuthToken),
+    UseToken {
+        id: String,
+        uses: u32,
+    },
+    RevokeToken {
+        id: String,
+        at_ms: u64,
     },
 }
 
@@ -65,6 +85,8 @@ pub(super) enum WriteOutput {
     Message(MessageRecord),
     Finished(Box<FinishedMessage>),
     Count(u64),
+    Flag(bool),
+    Pruned(A2aPruned),
 }
 
 /// The writing connection, shared by the writer thread and the callers' fast path
@@ -231,12 +253,90 @@ pub(super) fn apply(c: &Connection, op: &WriteOp) -> Result<WriteOutput, AgentEr
             status,
             at_ms,
         } => set_session_status(c, *session_id, *status, *at_ms).map(|()| WriteOutput::Done),
+        WriteOp::PutA2aContext(r) => a2a::put_context(c, r).map(|()| WriteOutput::Done),
+        WriteOp::PutA2aTask(r) => a2a::put_task(c, r).map(|()| WriteOutput::Done),
+        WriteOp::PutA2aPush(r) => a2a::put_push(c, r).map(|()| WriteOutput::Done),
+        WriteOp::DeleteA2aPush { task_id, config_id } => {
+            a2a::delete_push(c, task_id, config_id).map(WriteOutput::Flag)
+        }
+        WriteOp::PruneA2a { keep_finished } => {
+            a2a::prune(c, *keep_finished).map(WriteOutput::Pruned)
+        }
         WriteOp::PutBinding(b) => put_binding(c, b).map(|()| WriteOutput::Done),
         WriteOp::RemoveBinding {
             session_id,
             agent_id,
         } => remove_binding(c, *session_id, agent_id).map(|()| WriteOutput::Done),
+        WriteOp::InsertToken(t) => insert_token(c, t).map(|()| WriteOutput::Done),
+        WriteOp::UseToken { id, uses } => use_token(c, id, *uses).map(WriteOutput::Flag),
+        WriteOp::RevokeToken { id, at_ms } => revoke_token(c, id, *at_ms).map(WriteOutput::Flag),
     }
+}
+
+/// Adds a token (its digest, never its secret).
+pub(super) fn insert_token(
+    c: &Connection,
+    t: &troupe_proto::governance::AuthToken,
+) -> Result<(), AgentError> {
+    let issued_ms = to_sql_int("issued_ms", t.issued_ms)?;
+    let expires_ms = to_sql_int("expires_ms", t.expires_ms)?;
+    let revoked_ms = t
+        .revoked_ms
+        .map(|r| to_sql_int("revoked_ms", r))
+        .transpose()?;
+    let exists = c
+        .prepare_cached("SELECT 1 FROM auth_tokens WHERE token_id = ?1 OR digest = ?2")
+        .and_then(|mut st| st.exists(params![t.id, t.digest]))
+        .map_err(sql("insert token"))?;
+    if exists {
+        return Err(AgentError::invalid("a token with this id or secret exists"));
+    }
+    c.prepare_cached(
+        "INSERT INTO auth_tokens (token_id, digest, agent, tool, args, issued_by, issued_ms,
+             expires_ms, max_uses, uses, revoked_ms)
+         VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11)",
+    )
+    .and_then(|mut st| {
+        st.execute(params![
+            t.id,
+            t.digest,
+            t.scope.agent,
+            t.scope.tool,
+            t.scope.args,
+            t.issued_by,
+            issued_ms,
+            expires_ms,
+            t.max_uses,
+            t.uses,
+            revoked_ms,
+        ])
+    })
+    .map_err(sql("insert token"))?;
+    Ok(())
+}
+
+/// Counts one use if the token has had exactly `uses`: whether it was counted.
+pub(super) fn use_token(c: &Connection, id: &str, uses: u32) -> Result<bool, AgentError> {
+    let changed = c
+        .prepare_cached(
+            "UPDATE auth_tokens SET uses = uses + 1
+             WHERE token_id = ?1 AND uses = ?2 AND uses < max_uses AND revoked_ms IS NULL",
+        )
+        .and_then(|mut st| st.execute(params![id, uses]))
+        .map_err(sql("use token"))?;
+    Ok(changed == 1)
+}
+
+/// Revokes a token (keeping its first revocation): whether there is such a token.
+pub(super) fn revoke_token(c: &Connection, id: &str, at_ms: u64) -> Result<bool, AgentError> {
+    let at_ms = to_sql_int("revoked_ms", at_ms)?;
+    let changed = c
+        .prepare_cached(
+            "UPDATE auth_tokens SET revoked_ms = coalesce(revoked_ms, ?2) WHERE token_id = ?1",
+        )
+        .and_then(|mut st| st.execute(params![id, at_ms]))
+        .map_err(sql("revoke token"))?;
+    Ok(changed == 1)
 }
 
 /// Inserts or replaces the binding of (session, agent).

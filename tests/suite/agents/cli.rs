@@ -54,8 +54,8 @@ fn list_shows_every_agent_that_loaded_and_names_the_file_and_field_that_did_not(
     assert!(lines[1].starts_with("coder") && lines[1].contains("model") && lines[1].contains("ok"));
     assert!(lines[2].starts_with("reviewer") && lines[2].contains("acp"));
     assert!(
-        lines[2].contains("unavailable"),
-        "no ACP provider in this build yet: {stdout}"
+        lines[2].contains("unavailable: command `codex-acp` is not found"),
+        "the probe looks for the program without starting it: {stdout}"
     );
     assert!(
         stderr.contains("broken.json: field `session.bindingScope`") && stderr.contains("forever"),

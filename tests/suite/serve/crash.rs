@@ -2,7 +2,8 @@
 //! again while clients post messages without waiting (`"wait": false`). After the last
 //! restart every message that was acknowledged (202) is stored exactly once and has reached
 //! an outcome (completed, failed, cancelled or aborted); none is left queued or running, and
-//! none ran twice.
+//! none ran twice. The same on each store: SQLite in the data directory, and PostgreSQL
+//! (`[store] backend = "postgres"`, a database of its own on the test's server).
 
 use super::Api;
 use reqwest::StatusCode;
@@ -20,9 +21,17 @@ const KILLS: usize = 10;
 const CLIENTS_PER_SESSION: usize = 2;
 const SESSIONS: usize = 3;
 
-/// `troupe serve` over the data directory, with a model whose every turn takes a moment, so
-/// that messages queue and tasks are in flight when the process dies.
-fn serve(dir: &Path) -> (Child, String) {
+/// Where the served process keeps its state.
+enum Keep {
+    /// `<dir>/data`.
+    Sqlite,
+    /// This PostgreSQL database (its URL).
+    Postgres(String),
+}
+
+/// `troupe serve` over the data directory (and the database), with a model whose every turn
+/// takes a moment, so that messages queue and tasks are in flight when the process dies.
+fn serve(dir: &Path, keep: &Keep) -> (Child, String) {
     let script: Vec<Value> = (0..20_000)
         .map(|i| json!({"delay_ms": 5 + (i % 4) * 5, "text": format!("reply {i}")}))
         .collect();
@@ -42,7 +51,14 @@ fn serve(dir: &Path) -> (Child, String) {
         .arg(&script_path)
         .current_dir(dir)
         .env_remove("TROUPE_API_TOKENS")
+        .env_remove("TROUPE_STORE_BACKEND")
+        .env_remove("TROUPE_POSTGRES_URL")
         .stderr(Stdio::null());
+    if let Keep::Postgres(url) = keep {
+        command
+            .env("TROUPE_STORE_BACKEND", "postgres")
+            .env("TROUPE_POSTGRES_URL", url);
+    }
     troupe_tests::spawn_serve(&mut command)
 }
 
@@ -133,11 +149,21 @@ fn pending(messages: &[Value]) -> usize {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn every_acknowledged_message_ends_across_repeated_kill_9() {
+    acknowledged_messages_end(Keep::Sqlite).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_acknowledged_message_ends_across_repeated_kill_9_on_postgres() {
+    let url = troupe_test_postgres::server().fresh_database();
+    acknowledged_messages_end(Keep::Postgres(url)).await;
+}
+
+async fn acknowledged_messages_end(keep: Keep) {
     let dir = tempfile::tempdir().unwrap();
     let acked = Arc::new(Mutex::new(Vec::<Acked>::new()));
 
     // The sessions and their conversations, created once.
-    let (mut child, base) = serve(dir.path());
+    let (mut child, base) = serve(dir.path(), &keep);
     let api = Api::new(&base, None);
     let mut targets = Vec::new();
     for _ in 0..SESSIONS {
@@ -161,14 +187,14 @@ async fn every_acknowledged_message_ends_across_repeated_kill_9() {
     let mut base = base;
     for round in 0..KILLS {
         if round > 0 {
-            (child, base) = serve(dir.path());
+            (child, base) = serve(dir.path(), &keep);
         }
         run_clients(&base, &targets, &acked, round).await;
         kill9(&mut child);
     }
 
     // The last start settles what the kills left; then nothing is pending any more.
-    let (mut child, base) = serve(dir.path());
+    let (mut child, base) = serve(dir.path(), &keep);
     let api = Api::new(&base, None);
     let t0 = Instant::now();
     let mut by_session: HashMap<String, Vec<Value>> = HashMap::new();
@@ -257,6 +283,16 @@ async fn every_acknowledged_message_ends_across_repeated_kill_9() {
         "{outcomes:?}"
     );
     kill9(&mut child);
+    // It was the database that kept them.
+    if let Keep::Postgres(url) = &keep {
+        let stored: usize = troupe_test_postgres::server()
+            .psql_at(url, "SELECT count(*) FROM messages WHERE role = 'user'")
+            .unwrap()
+            .parse()
+            .unwrap();
+        assert_eq!(stored, users.len(), "the messages are in PostgreSQL");
+        assert!(!dir.path().join("data").join("troupe.db").exists());
+    }
 }
 
 /// Runs the clients against `base` for a while (a different while each round).
@@ -283,4 +319,83 @@ async fn run_clients(
     // The kill comes while the clients still post; each ends at its first failed request.
     drop(stop);
     drop(clients);
+}
+
+/// `troupe serve` with the PostgreSQL store: what it says at start-up. It names where the
+/// state is (never the password); without a URL, or with a server that does not answer, it
+/// stops at once with the reason.
+#[test]
+fn serve_on_postgres_says_where_and_refuses_what_cannot_work() {
+    let dir = tempfile::tempdir().unwrap();
+    let command = |backend: &str, url: Option<&str>| {
+        let mut c = Command::new(troupe_bin());
+        c.args(["serve", "--listen", "127.0.0.1:0", "--data-dir"])
+            .arg(dir.path().join("data"))
+            .current_dir(dir.path())
+            .env_remove("TROUPE_API_TOKENS")
+            .env_remove("TROUPE_POSTGRES_URL")
+            .env("TROUPE_STORE_BACKEND", backend)
+            .stdin(Stdio::null());
+        if let Some(url) = url {
+            c.env("TROUPE_POSTGRES_URL", url);
+        }
+        c
+    };
+    let out = command("postgres", None).output().unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success());
+    assert!(
+        err.contains("[store] backend = \"postgres\" needs [store] postgres_url"),
+        "{err}"
+    );
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let out = command(
+        "postgres",
+        Some(&format!("postgresql://troupe@127.0.0.1:{port}/nothing")),
+    )
+    .output()
+    .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success());
+    assert!(err.contains("postgres connection"), "{err}");
+    let out = command("mysql", None).output().unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        !out.status.success() && err.contains("sqlite or postgres"),
+        "{err}"
+    );
+
+    // The test server trusts every local connection: the password is ignored, and must not
+    // be printed.
+    let url = troupe_test_postgres::server().fresh_database();
+    let with_password = url.replacen("troupe@", "troupe:CANARY-PASSWORD-4471@", 1);
+    let mut child = command("postgres", Some(&with_password))
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let stderr = child.stderr.take().unwrap();
+    let mut said = String::new();
+    for line in std::io::BufRead::lines(std::io::BufReader::new(stderr)) {
+        let line = line.unwrap();
+        if line.contains("store and rollout") {
+            said = line;
+            break;
+        }
+    }
+    kill9(&mut child);
+    let database = url.rsplit('/').next().unwrap();
+    let port = troupe_test_postgres::server().port();
+    assert!(
+        said.contains(&format!(
+            "store and rollout: PostgreSQL at troupe@127.0.0.1:{port}/{database}"
+        )),
+        "{said}"
+    );
+    assert!(!said.contains("CANARY-PASSWORD"), "{said}");
+    assert!(!dir.path().join("data").join("troupe.db").exists());
 }

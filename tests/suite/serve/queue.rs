@@ -47,6 +47,19 @@ async fn outcome(api: &Api, sid: &str, message_id: u64) -> Value {
     }
 }
 
+/// Waits until the scripted model has been called `n` times (15 s at most).
+async fn called(server: &Server, n: u64) {
+    let t0 = Instant::now();
+    while server.model.calls() < n {
+        assert!(
+            t0.elapsed() < Duration::from_secs(15),
+            "the model was called {} times, not {n}",
+            server.model.calls()
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+}
+
 fn delayed(text: &str, ms: u64) -> ScriptedReply {
     ScriptedReply {
         delay_ms: ms,
@@ -420,7 +433,9 @@ async fn cancel_all_ends_the_running_and_the_queued_messages_cancelled() {
         assert_eq!(status, StatusCode::ACCEPTED, "{v}");
         acked.push(v["message"]["message_id"].as_u64().unwrap());
     }
-    // JSON-RPC: the running one and the two queued ones.
+    // JSON-RPC: the running one (once its model call has taken the first scripted reply, so
+    // the replies left are the ones the test expects next) and the two queued ones.
+    called(&server, 1).await;
     let r = api
         .call(
             "conversation.cancelAll",
@@ -434,6 +449,7 @@ async fn cancel_all_ends_the_running_and_the_queued_messages_cancelled() {
     // REST: one running message.
     let (_, v) = post(&api, &sid, None, "d").await;
     let running = v["message"]["message_id"].as_u64().unwrap();
+    called(&server, 2).await;
     let (status, v) = api
         .post(
             &format!("/api/sessions/{sid}/conversations/{root}/cancel"),

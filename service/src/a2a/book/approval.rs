@@ -40,6 +40,15 @@ pub(super) fn approval_parts(
                 "message": message, "schema": schema.0,
             }})),
         ],
+        ApprovalSubject::AgentQuestion { agent_id, question } => vec![
+            Part::text(format!(
+                "The agent `{agent_id}` asks: {question} Reply in this task with a data part \
+                 {{\"answer\": \"...\"}}, or \"deny\"."
+            )),
+            Part::data(json!({"approvalRequest": {
+                "approvalId": id, "kind": "question", "agentId": agent_id, "question": question,
+            }})),
+        ],
         ApprovalSubject::McpSampling { server, request } => vec![
             Part::text(format!(
                 "The MCP server `{server}` asks to use the model. Reply in this task with \
@@ -53,7 +62,7 @@ pub(super) fn approval_parts(
 }
 
 /// The approval decision a client's reply expresses: a data part `{"decision": ...}` with a
-/// troupe decision; for an elicitation, any other data part is the answer's content; else
+/// troupe decision; for an elicitation or a question, any other data part is the content; else
 /// text (`approve`, `yes`, ... approve once; anything else denies, the text being the reason).
 pub(super) fn decision_of(params: &SendParams, elicitation: bool) -> ApprovalDecision {
     for part in &params.message.parts {

@@ -1,10 +1,14 @@
 //! A2A's data model, independent of the protocol version: what the endpoint keeps and
-//! builds. `wire_v1` and `wire_v03` turn it into (and read it from) the two JSON shapes.
+//! builds, and what the client reads. [`crate::wire`] turns it into (and reads it from) the
+//! JSON shapes of each version. The serde derives are the endpoint's own format for its
+//! stored records (never the wire).
 
+use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
 /// The lifecycle state of an A2A task (spec 4.1.3).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
 pub enum TaskState {
     Submitted,
     Working,
@@ -81,14 +85,16 @@ impl TaskState {
 }
 
 /// Who sent a message.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
 pub enum Role {
     User,
     Agent,
 }
 
 /// The content of a part: exactly one of these (a protobuf `oneof`).
-#[derive(Debug, Clone, PartialEq)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
 pub enum PartContent {
     Text(String),
     /// File bytes, base64 as on the wire (never decoded here).
@@ -97,7 +103,7 @@ pub enum PartContent {
     Data(Value),
 }
 
-#[derive(Debug, Clone, PartialEq)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct Part {
     pub content: PartContent,
     pub media_type: Option<String>,
@@ -125,7 +131,7 @@ impl Part {
     }
 }
 
-#[derive(Debug, Clone, PartialEq)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct Message {
     pub message_id: String,
     pub context_id: Option<String>,
@@ -153,7 +159,7 @@ impl Message {
     }
 }
 
-#[derive(Debug, Clone, PartialEq)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct Status {
     pub state: TaskState,
     pub message: Option<Message>,
@@ -161,7 +167,7 @@ pub struct Status {
     pub timestamp_ms: Option<u64>,
 }
 
-#[derive(Debug, Clone, PartialEq)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct Artifact {
     pub artifact_id: String,
     pub name: Option<String>,
@@ -170,7 +176,7 @@ pub struct Artifact {
     pub metadata: Option<Value>,
 }
 
-#[derive(Debug, Clone, PartialEq)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct Task {
     pub id: String,
     pub context_id: String,

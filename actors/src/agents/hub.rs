@@ -1,0 +1,1391 @@
+//! AgentHub: a session's agents, their bindings and the dispatches in flight (A1–A4). One
+//! per session with agents, a child of the Session, published in the session's directory.
+//!
+//! # Mailbox
+//! - `View`: what a task needs before its first step: its execution chain, the agents it may
+//!   dispatch to (its `dispatch_agent` tool), and for a user's message how the supervisor
+//!   routes it.
+//! - `Dispatch`: admits or refuses a dispatch ([`decide::admit`], then the wait graph of the
+//!   [`LeaseBook`]). A refusal is a `policy_rejected` event and `PolicyRejected` to the caller;
+//!   an admission issues the lease (id + deadline, a timer), emits `dispatch_sent` and starts
+//!   the dispatch's worker (a tokio task, never awaited in `handle`).
+//! - `Bind` / `Bound` / `BindFailed`: the worker's binding, one opener per agent at a time
+//!   ([`decide::bind_plan`]); others wait for it. `Bound` emits `session_created`,
+//!   `session_bound`, `session_resumed` (and a `binding_replaced` warning when a binding could
+//!   not be resumed); the worker has written the binding to the store before.
+//! - `Finished`: the worker's end: `dispatch_result`, the lease returned, the caller answered.
+//! - `LeaseDue`: a lease's timer. Still held and past its deadline: the lease is reclaimed,
+//!   the child cancelled (its cancel token), `dispatch_result` with status `expired` and a
+//!   `lease_expired` warning, the caller answered `Timeout` at once. The worker's late end is
+//!   then ignored.
+//! - `List`: agents with health (asked of each provider off the mailbox) and bindings.
+//! - `Shutdown`: every provider's `shutdown`, then the hub stops.
+//!
+//! # Children and failure
+//! No child actors. Workers are tokio tasks holding the hub's reference; if the hub fails,
+//! the Session starts a new one (bindings are read again from the store); the callers of the
+//! failed one's dispatches see their reply port close, and its workers' reports go nowhere.
+//!
+//! # Scheduling (no self-lock)
+//! A dispatcher gives its scheduler slot back while it waits for the agent (as while it waits
+//! for a human: a slot is for computing), and asks for it again when the agent has answered.
+//! An in-process agent's task asks for a slot of its own like any task, so with a single slot
+//! per session the dispatcher's wait lets the agent run, and nested agents likewise. External
+//! agents (ACP, A2A) compute elsewhere and take no slot. An agent's task that ends, however it
+//! ends, gives its slot back like any task; a dispatch whose lease expires cancels it.
+
+use super::decide::{self, BindPlan, BindingEntry, Refusal, Visibility};
+use super::leases::{Lease, LeaseBook, Node};
+use super::metrics::{self, BindingOutcome};
+use super::model::ModelAgent;
+use super::provider::{
+    AgentInput, AgentOutput, AgentProvider, AgentRunContext, ProviderEnv, ResumeError,
+    SessionContext, SessionReplaced,
+};
+use super::route::{VisibleAgent, router_instructions};
+use super::{AgentPorts, DispatchParent, RouterMode};
+use crate::clock::Clock;
+use crate::events::{EventDraft, EventSink};
+use crate::ports::{BindingStore, ModelClient};
+use crate::session::SessionMsg;
+use ractor::{Actor, ActorProcessingErr, ActorRef, RpcReplyPort};
+use std::collections::BTreeMap;
+use std::sync::Arc;
+use std::time::Duration;
+use tokio::task::AbortHandle;
+use tokio::time::Instant;
+use tokio_util::sync::CancellationToken;
+use tracing::Instrument;
+use troupe_proto::agent::{
+    AgentBinding, AgentCatalog, AgentDefinition, AgentHealth, AgentInfo, DispatchStatus,
+    ExecutionChain, PolicyReason, ProviderKind,
+};
+use troupe_proto::{AgentError, DispatchId, EventKind, SessionId, StoragePolicy, WarningCode};
+
+/// Start-up arguments.
+pub struct AgentHubArgs {
+    pub session_id: SessionId,
+    /// The Session: in-process agents open their conversations through it.
+    pub session: ActorRef<SessionMsg>,
+    pub ports: AgentPorts,
+    /// What providers get of the session.
+    pub env: ProviderEnv,
+    /// The session's model: in-process agents without an endpoint of their own use it.
+    pub model: Arc<dyn ModelClient>,
+    /// What in-process agents' conversations keep (the session's root's policy).
+    pub storage_policy: StoragePolicy,
+    /// What tasks see of the agents ([`AgentViews::new`]), published beside the hub.
+    pub views: Arc<AgentViews>,
+}
+
+/// A task's view of the agents ([`AgentViews::view`]).
+#[derive(Clone)]
+pub struct AgentView {
+    /// The task's execution chain: its dispatch's, or the supervisor's alone.
+    pub chain: ExecutionChain,
+    /// The agents it may dispatch to (its `dispatch_agent` tool); empty: no tool.
+    pub visible: Arc<[VisibleAgent]>,
+    /// How a user's message is routed; `None` for an agent's task.
+    pub router: Option<Arc<Router>>,
+    /// For an agent's task, its id, role, tool rules, output schema and instructions as its
+    /// definition says now (the agent layer of the task's tool policy, A5, A7, A8).
+    pub own: Option<AgentRules>,
+}
+
+/// What an agent's own definition says to its task.
+#[derive(Debug, Clone)]
+pub struct AgentRules {
+    pub id: String,
+    pub role: String,
+    pub tools: troupe_proto::agent::ToolRules,
+    /// Its output guardrail (A8), when its file has one.
+    pub output: Option<troupe_proto::agent::OutputSpec>,
+    /// An in-process agent's instructions as its file says now: they replace those its
+    /// conversation was opened with, so that an edited file applies to the next task (A7).
+    pub instructions: Option<String>,
+}
+
+impl AgentRules {
+    fn of(def: &AgentDefinition) -> Self {
+        Self {
+            id: def.id.clone(),
+            role: def.role.clone(),
+            tools: def.tools.clone(),
+            output: def.output.clone(),
+            instructions: match &def.provider {
+                troupe_proto::agent::ProviderSpec::Model { instructions, .. } => {
+                    instructions.clone()
+                }
+                _ => None,
+            },
+        }
+    }
+}
+
+/// The session's hub as the directory publishes it: the actor, and the views its tasks read
+/// without asking it.
+#[derive(Clone)]
+pub struct HubRef {
+    pub actor: ActorRef<AgentHubMsg>,
+    pub views: Arc<AgentViews>,
+}
+
+/// What tasks read of the agents: the catalog, the supervisor (the chains' origin) and how it
+/// routes. A task asks it for its [`AgentView`] without a message to the hub (the session
+/// publishes it with the hub, see `Directory::agents`). It changes only when the hub takes
+/// new definitions from a watched directory (A7): the hub replaces the whole set at once.
+pub struct AgentViews {
+    set: tokio::sync::watch::Sender<Arc<ViewSet>>,
+}
+
+/// One version of the views.
+pub struct ViewSet {
+    catalog: Arc<AgentCatalog>,
+    /// The chain's origin: the supervisor's id (the built-in one's name without a definition).
+    origin: String,
+    router: Arc<Router>,
+    /// What the router sees, shared by every user's task.
+    routed: Arc<[VisibleAgent]>,
+}
+
+impl ViewSet {
+    fn of(catalog: Arc<AgentCatalog>, ports: &AgentPorts, model: &Arc<dyn ModelClient>) -> Self {
+        let supervisor =
+            super::listing::supervisor_of(&catalog, ports.settings.supervisor.as_deref())
+                .ok()
+                .flatten();
+        let origin = supervisor
+            .map_or(super::listing::BUILTIN_SUPERVISOR, |d| d.id.as_str())
+            .to_owned();
+        let visibility = decide::visible_from(&catalog, &ExecutionChain::start(&origin));
+        let agents = visible_agents(&catalog, &visibility, Some(&origin));
+        let own = supervisor.and_then(|d| match &d.provider {
+            troupe_proto::agent::ProviderSpec::Model { instructions, .. } => instructions.clone(),
+            _ => None,
+        });
+        let supervisor_model = supervisor.and_then(|d| supervisor_model(d, ports, model));
+        let router = Router {
+            mode: ports.settings.router,
+            instructions: router_instructions(own.as_deref(), &agents),
+            model: supervisor_model,
+            agents: agents.clone(),
+        };
+        Self {
+            catalog,
+            origin,
+            router: Arc::new(router),
+            routed: agents.into(),
+        }
+    }
+}
+
+impl AgentViews {
+    /// The views of `ports`' agents (a watched directory's definitions in force now, else
+    /// those read at start); `model` is the session's (a supervisor asking for another model
+    /// by name gets it from there).
+    pub fn new(ports: &AgentPorts, model: &Arc<dyn ModelClient>) -> Self {
+        let catalog = ports
+            .live
+            .as_ref()
+            .map_or_else(|| ports.catalog.clone(), |live| live.borrow().clone());
+        let (set, _) = tokio::sync::watch::channel(Arc::new(ViewSet::of(catalog, ports, model)));
+        Self { set }
+    }
+
+    /// New definitions: the views every task reads from now on.
+    fn replace(
+        &self,
+        catalog: Arc<AgentCatalog>,
+        ports: &AgentPorts,
+        model: &Arc<dyn ModelClient>,
+    ) {
+        self.set
+            .send_replace(Arc::new(ViewSet::of(catalog, ports, model)));
+    }
+
+    /// The definitions the views are made of.
+    pub fn catalog(&self) -> Arc<AgentCatalog> {
+        self.set.borrow().catalog.clone()
+    }
+
+    /// The chains' origin.
+    pub fn origin(&self) -> String {
+        self.set.borrow().origin.clone()
+    }
+
+    /// The view of a task: `origin` is its dispatch (its chain and id), `None` for a user's
+    /// message (the supervisor's chain, routed).
+    pub fn view(&self, origin: Option<&ExecutionChain>) -> AgentView {
+        let set = self.set.borrow().clone();
+        match origin {
+            None => AgentView {
+                chain: ExecutionChain::start(&set.origin),
+                visible: set.routed.clone(),
+                router: Some(set.router.clone()),
+                own: None,
+            },
+            Some(chain) => {
+                let visibility = decide::visible_from(&set.catalog, chain);
+                AgentView {
+                    visible: visible_agents(&set.catalog, &visibility, chain.current()).into(),
+                    chain: chain.clone(),
+                    router: None,
+                    own: chain
+                        .current()
+                        .and_then(|id| set.catalog.get(id))
+                        .map(AgentRules::of),
+                }
+            }
+        }
+    }
+}
+
+/// How the supervisor routes a user's message.
+#[derive(Clone)]
+pub struct Router {
+    pub mode: RouterMode,
+    /// The routing step's system prompt.
+    pub instructions: String,
+    /// The supervisor's model when it has one of its own; `None`: the conversation's.
+    pub model: Option<Arc<dyn ModelClient>>,
+    /// The agents it may route to.
+    pub agents: Vec<VisibleAgent>,
+}
+
+/// A dispatch, as a task asks for it.
+pub struct DispatchRequest {
+    pub agent_id: String,
+    pub input: String,
+    /// The dispatcher's chain (from its [`AgentView`]).
+    pub chain: ExecutionChain,
+    /// A human named the agent (`/hub`): any agent is in sight.
+    pub by_human: bool,
+    pub parent: DispatchParent,
+    /// The dispatcher's own dispatch, when it is an agent's task.
+    pub parent_dispatch: Option<DispatchId>,
+    /// The dispatcher's cancellation: the dispatch's own is a child of it.
+    pub cancel: CancellationToken,
+    /// The dispatcher's span: `troupe.dispatch` is its child.
+    pub span: tracing::Span,
+    /// The dispatcher's tool governance (its policy and the tokens it was given).
+    pub governance: Arc<crate::governance::TaskGovernance>,
+}
+
+/// The hub's mailbox.
+pub enum AgentHubMsg {
+    /// Dispatches to an agent; answered with its reply, a refusal, a failure, or `Timeout`
+    /// when the lease expires first.
+    Dispatch {
+        request: DispatchRequest,
+        reply: RpcReplyPort<Result<AgentOutput, AgentError>>,
+    },
+    /// A worker bound its agent.
+    Bound {
+        agent_id: String,
+        dispatch_id: DispatchId,
+        bound: Bound,
+    },
+    /// A worker could not open or resume its agent's provider session.
+    BindFailed { agent_id: String, error: AgentError },
+    /// A dispatch's worker ended.
+    Finished {
+        dispatch_id: DispatchId,
+        result: Result<AgentOutput, AgentError>,
+    },
+    /// Timer: the lease of `dispatch_id` may have expired.
+    LeaseDue { dispatch_id: DispatchId },
+    /// The agents, their health and this session's bindings.
+    List { reply: RpcReplyPort<Vec<AgentInfo>> },
+    /// Shuts every provider down; the hub stops.
+    Shutdown { reply: RpcReplyPort<()> },
+    /// The watched agents directory changed (A7): these definitions are in force from the
+    /// next task on.
+    CatalogChanged { catalog: Arc<AgentCatalog> },
+}
+
+/// Where a worker hears how to bind.
+type BindReply = RpcReplyPort<Result<BindPlan, AgentError>>;
+
+/// A worker's bind plan: decided with its dispatch, or to come when the provider session
+/// another dispatch is opening is bound.
+enum PlanSource {
+    Ready(Result<BindPlan, AgentError>),
+    Wait(tokio::sync::oneshot::Receiver<Result<BindPlan, AgentError>>),
+}
+
+/// How a worker got its provider session.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Bound {
+    /// Opened and bound (`previous`: the binding it replaces; `alert`: why that one could not
+    /// be kept).
+    Opened {
+        binding: AgentBinding,
+        previous: Option<String>,
+        alert: Option<String>,
+    },
+    /// A stored binding taken up again.
+    Resumed { binding: AgentBinding },
+    /// Opened for this dispatch alone.
+    Fresh { provider_session_id: String },
+}
+
+/// An agent's provider, initialized once (again after a failure).
+struct ProviderCell {
+    provider: Arc<dyn AgentProvider>,
+    init: tokio::sync::OnceCell<()>,
+}
+
+impl ProviderCell {
+    async fn ready(&self) -> Result<&dyn AgentProvider, AgentError> {
+        self.init
+            .get_or_try_init(|| self.provider.initialize())
+            .await?;
+        Ok(self.provider.as_ref())
+    }
+}
+
+/// A dispatch in flight: what the hub needs beside its lease.
+struct Flight {
+    agent_id: String,
+    reply: Option<RpcReplyPort<Result<AgentOutput, AgentError>>>,
+    cancel: CancellationToken,
+    timer: AbortHandle,
+    parent: DispatchParent,
+    kind: ProviderKind,
+    provider_session_id: Option<String>,
+    started: Instant,
+    span: tracing::Span,
+}
+
+/// The hub's state.
+pub struct AgentHubState {
+    session_id: SessionId,
+    /// The definitions in force: replaced as a watched directory changes (A7).
+    catalog: Arc<AgentCatalog>,
+    ports: AgentPorts,
+    /// What providers are built with when the definitions change.
+    session: ActorRef<SessionMsg>,
+    model: Arc<dyn ModelClient>,
+    storage_policy: StoragePolicy,
+    clock: Clock,
+    events: EventSink,
+    env: ProviderEnv,
+    views: Arc<AgentViews>,
+    /// By agent id; `Err`: why it has no provider.
+    providers: BTreeMap<String, Result<Arc<ProviderCell>, String>>,
+    /// Providers replaced by a reload: dispatches in flight may still use them; shut down
+    /// with the hub.
+    retired: Vec<Arc<ProviderCell>>,
+    bindings: BTreeMap<String, BindingEntry>,
+    /// Dispatches waiting for another to open their agent's provider session.
+    waiting: BTreeMap<String, Vec<(DispatchId, BindReply)>>,
+    leases: LeaseBook,
+    flights: BTreeMap<DispatchId, Flight>,
+}
+
+/// The AgentHub actor.
+pub struct AgentHub;
+
+#[ractor::async_trait]
+impl Actor for AgentHub {
+    type Msg = AgentHubMsg;
+    type State = AgentHubState;
+    type Arguments = AgentHubArgs;
+
+    async fn pre_start(
+        &self,
+        myself: ActorRef<Self::Msg>,
+        args: AgentHubArgs,
+    ) -> Result<Self::State, ActorProcessingErr> {
+        // A watched directory's definitions in force now, else those read at start.
+        let catalog = args
+            .ports
+            .live
+            .as_ref()
+            .map_or_else(|| args.ports.catalog.clone(), |live| live.borrow().clone());
+        let stored = args.ports.bindings.bindings(Some(args.session_id)).await?;
+        let bindings = catalog
+            .agents
+            .keys()
+            .map(|id| {
+                let stored = stored.iter().find(|b| &b.agent_id == id).cloned();
+                (
+                    id.clone(),
+                    BindingEntry {
+                        stored,
+                        ..BindingEntry::default()
+                    },
+                )
+            })
+            .collect();
+        let providers = catalog
+            .agents
+            .values()
+            .map(|def| {
+                let built = build_provider(
+                    def,
+                    &args.ports,
+                    &args.env,
+                    &args.session,
+                    args.storage_policy,
+                );
+                (def.id.clone(), built)
+            })
+            .collect();
+        if let Some(live) = args.ports.live.clone() {
+            watch_catalog(myself.clone(), live);
+        }
+        Ok(AgentHubState {
+            session_id: args.session_id,
+            catalog,
+            clock: args.env.clock,
+            events: args.env.events.clone(),
+            env: args.env,
+            ports: args.ports,
+            session: args.session,
+            model: args.model,
+            storage_policy: args.storage_policy,
+            views: args.views,
+            providers,
+            retired: Vec::new(),
+            bindings,
+            waiting: BTreeMap::new(),
+            leases: LeaseBook::default(),
+            flights: BTreeMap::new(),
+        })
+    }
+
+    async fn handle(
+        &self,
+        myself: ActorRef<Self::Msg>,
+        msg: Self::Msg,
+        state: &mut Self::State,
+    ) -> Result<(), ActorProcessingErr> {
+        match msg {
+            AgentHubMsg::Dispatch { request, reply } => state.dispatch(&myself, request, reply),
+            AgentHubMsg::Bound {
+                agent_id,
+                dispatch_id,
+                bound,
+            } => state.bound(&agent_id, dispatch_id, bound),
+            AgentHubMsg::BindFailed { agent_id, error } => state.bind_failed(&agent_id, &error),
+            AgentHubMsg::Finished {
+                dispatch_id,
+                result,
+            } => state.finished(dispatch_id, result),
+            AgentHubMsg::LeaseDue { dispatch_id } => state.lease_due(dispatch_id),
+            AgentHubMsg::List { reply } => state.list(reply),
+            AgentHubMsg::Shutdown { reply } => {
+                state.shutdown().await;
+                let _ = reply.send(());
+                myself.stop(Some("shutdown".into()));
+            }
+            AgentHubMsg::CatalogChanged { catalog } => state.reload(catalog),
+        }
+        Ok(())
+    }
+
+    async fn post_stop(
+        &self,
+        _myself: ActorRef<Self::Msg>,
+        state: &mut Self::State,
+    ) -> Result<(), ActorProcessingErr> {
+        // Nothing in flight outlives the hub: its children are cancelled, its callers hear
+        // their reply port close.
+        for flight in state.flights.values() {
+            flight.cancel.cancel();
+            flight.timer.abort();
+            metrics::dispatch_ended(
+                flight.kind,
+                DispatchStatus::Cancelled,
+                flight.started.elapsed(),
+            );
+        }
+        Ok(())
+    }
+}
+
+/// Forwards the changes of a watched agents directory to the hub, as long as both live.
+fn watch_catalog(
+    hub: ActorRef<AgentHubMsg>,
+    mut live: tokio::sync::watch::Receiver<Arc<AgentCatalog>>,
+) {
+    tokio::spawn(async move {
+        while live.changed().await.is_ok() {
+            let catalog = live.borrow_and_update().clone();
+            if hub.cast(AgentHubMsg::CatalogChanged { catalog }).is_err() {
+                return;
+            }
+        }
+    });
+}
+
+/// The provider of `def`: the in-process one for `model`, else the factory of its kind's.
+fn build_provider(
+    def: &AgentDefinition,
+    ports: &AgentPorts,
+    env: &ProviderEnv,
+    session: &ActorRef<SessionMsg>,
+    storage_policy: StoragePolicy,
+) -> Result<Arc<ProviderCell>, String> {
+    let kind = def.provider.kind();
+    let provider: Arc<dyn AgentProvider> = match kind {
+        ProviderKind::Model => Arc::new(ModelAgent::new(
+            def,
+            session.clone(),
+            ports.models.get(&def.id).cloned(),
+            storage_policy,
+        )),
+        _ => {
+            let factory = ports
+                .factories
+                .iter()
+                .find(|f| f.kind() == kind)
+                .ok_or_else(|| format!("no {kind} provider is plugged in"))?;
+            factory
+                .build(def, env)
+                .map_err(|e| format!("its {kind} provider could not be built: {e}"))?
+        }
+    };
+    Ok(Arc::new(ProviderCell {
+        provider,
+        init: tokio::sync::OnceCell::new(),
+    }))
+}
+
+/// The supervisor's own model client: one built for its endpoint, or the session's asking
+/// for its `model`; `None`: the conversation's model.
+fn supervisor_model(
+    def: &AgentDefinition,
+    ports: &AgentPorts,
+    session: &Arc<dyn ModelClient>,
+) -> Option<Arc<dyn ModelClient>> {
+    if let Some(own) = ports.models.get(&def.id) {
+        return Some(own.clone());
+    }
+    match &def.provider {
+        troupe_proto::agent::ProviderSpec::Model {
+            model: Some(name), ..
+        } => session.with_model(name),
+        _ => None,
+    }
+}
+
+fn visible_agents(
+    catalog: &AgentCatalog,
+    visibility: &Visibility,
+    except: Option<&str>,
+) -> Vec<VisibleAgent> {
+    visibility
+        .ids(catalog, except)
+        .iter()
+        .filter_map(|id| catalog.get(id))
+        .map(VisibleAgent::of)
+        .collect()
+}
+
+impl AgentHubState {
+    /// The dispatcher's node in the wait graph.
+    fn node_of(&self, request: &DispatchRequest) -> Node {
+        match (request.chain.depth(), request.chain.current()) {
+            (0, _) | (_, None) => Node::Conversation(request.parent.conversation_id),
+            (_, Some(agent)) => self.agent_node(agent, request.parent_dispatch),
+        }
+    }
+
+    /// An agent's node: itself when bound per session, its dispatch when bound per dispatch.
+    fn agent_node(&self, agent_id: &str, dispatch: Option<DispatchId>) -> Node {
+        match (self.catalog.get(agent_id), dispatch) {
+            (Some(def), Some(id))
+                if def.session.binding_scope == troupe_proto::agent::BindingScope::Dispatch =>
+            {
+                Node::Dispatch(id)
+            }
+            _ => Node::Agent(agent_id.to_owned()),
+        }
+    }
+
+    /// Admission: the policy checks, then the wait graph.
+    fn admit(
+        &self,
+        request: &DispatchRequest,
+        dispatch_id: DispatchId,
+    ) -> Result<(Node, Node), Refusal> {
+        let visibility = if request.by_human {
+            Visibility::Any
+        } else {
+            decide::visible_from(&self.catalog, &request.chain)
+        };
+        decide::admit(
+            &self.catalog,
+            &request.chain,
+            &request.agent_id,
+            &visibility,
+            self.ports.settings.max_depth,
+            |id| matches!(self.providers.get(id), Some(Ok(_))),
+        )?;
+        let from = self.node_of(request);
+        let to = self.agent_node(&request.agent_id, Some(dispatch_id));
+        if let Some(path) = self.leases.wait_cycle(&from, &to) {
+            let path: Vec<String> = path.iter().map(ToString::to_string).collect();
+            return Err(Refusal {
+                reason: PolicyReason::WaitCycle,
+                message: format!(
+                    "`{}` already waits for `{from}` ({} → {from}): dispatching would deadlock",
+                    request.agent_id,
+                    path.join(" → ")
+                ),
+            });
+        }
+        Ok((from, to))
+    }
+
+    fn emit(&self, parent: DispatchParent, event: EventKind) {
+        self.events.emit(EventDraft::task(
+            parent.conversation_id,
+            parent.task_id,
+            event,
+        ));
+    }
+
+    fn dispatch(
+        &mut self,
+        myself: &ActorRef<AgentHubMsg>,
+        request: DispatchRequest,
+        reply: RpcReplyPort<Result<AgentOutput, AgentError>>,
+    ) {
+        let dispatch_id = DispatchId::new();
+        let chain = request.chain.then(&request.agent_id);
+        let (from, to) = match self.admit(&request, dispatch_id) {
+            Ok(nodes) => nodes,
+            Err(refusal) => {
+                tracing::info!(agent_id = %request.agent_id, chain = %chain, reason = refusal.reason.as_str(), "dispatch refused");
+                metrics::rejected(refusal.reason);
+                self.emit(
+                    request.parent,
+                    EventKind::PolicyRejected {
+                        agent_id: request.agent_id.clone(),
+                        chain: chain.clone(),
+                        reason: refusal.reason,
+                        message: refusal.message.clone(),
+                        tool: None,
+                    },
+                );
+                let _ = reply.send(Err(AgentError::PolicyRejected {
+                    reason: refusal.reason,
+                    chain: chain.0,
+                    message: refusal.message,
+                }));
+                return;
+            }
+        };
+        let Some((def, Ok(cell))) = self
+            .catalog
+            .get(&request.agent_id)
+            .cloned()
+            .zip(self.providers.get(&request.agent_id).cloned())
+        else {
+            let _ = reply.send(Err(AgentError::internal(
+                "an admitted agent has no provider",
+            )));
+            return;
+        };
+        let ttl = self.ports.settings.lease_ttl;
+        let kind = def.provider.kind();
+        let span = tracing::info_span!(
+            parent: &request.span,
+            "troupe.dispatch",
+            otel.name = %format!("dispatch {}", request.agent_id),
+            otel.kind = "internal",
+            otel.status_code = tracing::field::Empty,
+            "error.type" = tracing::field::Empty,
+            "gen_ai.operation.name" = "invoke_agent",
+            "gen_ai.agent.name" = %request.agent_id,
+            dispatch_id = %dispatch_id,
+            agent_id = %request.agent_id,
+            provider = kind.as_str(),
+            provider_session_id = tracing::field::Empty,
+            depth = chain.depth(),
+            conversation_id = %request.parent.conversation_id,
+            task_id = %request.parent.task_id,
+        );
+        self.leases.issue(Lease {
+            id: dispatch_id,
+            agent_id: request.agent_id.clone(),
+            from,
+            to,
+            deadline_ms: self.clock.now_ms().saturating_add(millis(ttl)),
+        });
+        let timer = {
+            let hub = myself.clone();
+            tokio::spawn(async move {
+                tokio::time::sleep(ttl).await;
+                let _ = hub.cast(AgentHubMsg::LeaseDue { dispatch_id });
+            })
+            .abort_handle()
+        };
+        let cancel = request.cancel.child_token();
+        let known = self.bindings.get(&request.agent_id).and_then(|b| {
+            b.live
+                .clone()
+                .or_else(|| b.stored.as_ref().map(|s| s.provider_session_id.clone()))
+        });
+        metrics::dispatch_started();
+        span.in_scope(|| {
+            self.emit(
+                request.parent,
+                EventKind::DispatchSent {
+                    dispatch_id,
+                    agent_id: request.agent_id.clone(),
+                    provider: kind,
+                    provider_session_id: known,
+                    chain: chain.clone(),
+                    lease_ttl_ms: millis(ttl),
+                    input: request.input.clone(),
+                },
+            );
+        });
+        self.flights.insert(
+            dispatch_id,
+            Flight {
+                agent_id: request.agent_id.clone(),
+                reply: Some(reply),
+                cancel: cancel.clone(),
+                timer,
+                parent: request.parent,
+                kind,
+                provider_session_id: None,
+                started: Instant::now(),
+                span: span.clone(),
+            },
+        );
+        let plan = self.plan(&request.agent_id, dispatch_id);
+        let worker = Worker {
+            hub: myself.clone(),
+            store: self.ports.bindings.clone(),
+            clock: self.clock,
+            session_id: self.session_id,
+            def,
+            cell,
+            dispatch_id,
+            chain,
+            parent: request.parent,
+            input: request.input,
+            governance: request.governance,
+            cancel,
+            events: self.events.clone(),
+            env: self.env.clone(),
+            span: span.clone(),
+        };
+        tokio::spawn(worker.run(plan).instrument(span));
+    }
+
+    /// How dispatch `dispatch_id` gets its agent's provider session, decided when it is
+    /// admitted (no round trip from its worker): at once, or when the dispatch opening it now
+    /// has bound it (`BindPlan::Wait` is never handed out).
+    fn plan(&mut self, agent_id: &str, dispatch_id: DispatchId) -> PlanSource {
+        let Some(def) = self.catalog.get(agent_id) else {
+            return PlanSource::Ready(Err(AgentError::not_found("agent", agent_id)));
+        };
+        let entry = self.bindings.entry(agent_id.to_owned()).or_default();
+        let plan = decide::bind_plan(
+            entry,
+            def.session.binding_scope,
+            def.session.resume,
+            def.provider.kind(),
+        );
+        match &plan {
+            BindPlan::Wait => {
+                let (tx, rx) = tokio::sync::oneshot::channel();
+                self.waiting
+                    .entry(agent_id.to_owned())
+                    .or_default()
+                    .push((dispatch_id, tx.into()));
+                return PlanSource::Wait(rx);
+            }
+            BindPlan::Resume { .. } | BindPlan::Open { .. } => entry.opening = true,
+            BindPlan::Use(id) => self.uses(dispatch_id, id),
+            BindPlan::Fresh => {}
+        }
+        PlanSource::Ready(Ok(plan))
+    }
+
+    /// A dispatch runs in its agent's live provider session: its result names it.
+    fn uses(&mut self, dispatch_id: DispatchId, provider_session_id: &str) {
+        if let Some(flight) = self.flights.get_mut(&dispatch_id) {
+            flight.provider_session_id = Some(provider_session_id.to_owned());
+            flight
+                .span
+                .record("provider_session_id", provider_session_id);
+        }
+    }
+
+    fn bound(&mut self, agent_id: &str, dispatch_id: DispatchId, bound: Bound) {
+        let parent = self.flights.get(&dispatch_id).map(|f| f.parent);
+        let emit = |state: &Self, event: EventKind| match parent {
+            Some(parent) => state.emit(parent, event),
+            None => state.events.emit(EventDraft::session(event)),
+        };
+        let kind = self
+            .catalog
+            .get(agent_id)
+            .map_or(ProviderKind::Model, |d| d.provider.kind());
+        let psid = match &bound {
+            Bound::Opened { binding, .. } | Bound::Resumed { binding } => {
+                binding.provider_session_id.clone()
+            }
+            Bound::Fresh {
+                provider_session_id,
+            } => provider_session_id.clone(),
+        };
+        if let Some(flight) = self.flights.get_mut(&dispatch_id) {
+            flight.provider_session_id = Some(psid.clone());
+            flight.span.record("provider_session_id", psid.as_str());
+        }
+        let dispatch = Some(dispatch_id);
+        match bound {
+            Bound::Fresh { .. } => {
+                metrics::binding(kind, BindingOutcome::Fresh);
+                emit(
+                    self,
+                    EventKind::SessionCreated {
+                        agent_id: agent_id.to_owned(),
+                        provider: kind,
+                        provider_session_id: psid,
+                        dispatch_id: dispatch,
+                    },
+                );
+                return;
+            }
+            Bound::Resumed { binding } => {
+                metrics::binding(kind, BindingOutcome::Resumed);
+                emit(
+                    self,
+                    EventKind::SessionResumed {
+                        agent_id: agent_id.to_owned(),
+                        provider: kind,
+                        provider_session_id: psid.clone(),
+                        dispatch_id: dispatch,
+                    },
+                );
+                let entry = self.bindings.entry(agent_id.to_owned()).or_default();
+                entry.stored = Some(binding);
+            }
+            Bound::Opened {
+                binding,
+                previous,
+                alert,
+            } => {
+                if let Some(why) = &alert {
+                    metrics::binding(kind, BindingOutcome::Replaced);
+                    tracing::warn!(%agent_id, previous = ?previous, provider_session_id = %psid, "binding replaced: {why}");
+                    emit(
+                        self,
+                        EventKind::Warning {
+                            code: WarningCode::BindingReplaced,
+                            message: format!(
+                                "the binding of `{agent_id}` to {} could not be resumed ({why}); a new one replaces it: {psid}",
+                                previous.as_deref().unwrap_or("its provider session")
+                            ),
+                        },
+                    );
+                } else {
+                    metrics::binding(kind, BindingOutcome::Created);
+                }
+                emit(
+                    self,
+                    EventKind::SessionCreated {
+                        agent_id: agent_id.to_owned(),
+                        provider: kind,
+                        provider_session_id: psid.clone(),
+                        dispatch_id: dispatch,
+                    },
+                );
+                emit(
+                    self,
+                    EventKind::SessionBound {
+                        agent_id: agent_id.to_owned(),
+                        provider: kind,
+                        provider_session_id: psid.clone(),
+                        replaced: previous,
+                        dispatch_id: dispatch,
+                    },
+                );
+                let entry = self.bindings.entry(agent_id.to_owned()).or_default();
+                entry.stored = Some(binding);
+            }
+        }
+        let entry = self.bindings.entry(agent_id.to_owned()).or_default();
+        entry.live = Some(psid.clone());
+        entry.opening = false;
+        for (waiting, waiter) in self.waiting.remove(agent_id).unwrap_or_default() {
+            self.uses(waiting, &psid);
+            let _ = waiter.send(Ok(BindPlan::Use(psid.clone())));
+        }
+    }
+
+    fn bind_failed(&mut self, agent_id: &str, error: &AgentError) {
+        if let Some(kind) = self.catalog.get(agent_id).map(|d| d.provider.kind()) {
+            metrics::binding(kind, BindingOutcome::Failed);
+        }
+        if let Some(entry) = self.bindings.get_mut(agent_id) {
+            entry.opening = false;
+        }
+        for (_, waiter) in self.waiting.remove(agent_id).unwrap_or_default() {
+            let _ = waiter.send(Err(error.clone()));
+        }
+    }
+
+    fn finished(&mut self, dispatch_id: DispatchId, result: Result<AgentOutput, AgentError>) {
+        if self.leases.finish(dispatch_id).is_none() {
+            tracing::debug!(%dispatch_id, "a reclaimed dispatch ended late");
+            return;
+        }
+        let Some(mut flight) = self.flights.remove(&dispatch_id) else {
+            return;
+        };
+        flight.timer.abort();
+        let status = match &result {
+            Ok(_) => DispatchStatus::Ok,
+            Err(e) => DispatchStatus::of_error(e),
+        };
+        self.end(dispatch_id, &mut flight, status, result);
+    }
+
+    /// Emits `dispatch_result`, counts it, answers the dispatcher.
+    fn end(
+        &self,
+        dispatch_id: DispatchId,
+        flight: &mut Flight,
+        status: DispatchStatus,
+        result: Result<AgentOutput, AgentError>,
+    ) {
+        let took = flight.started.elapsed();
+        metrics::dispatch_ended(flight.kind, status, took);
+        let agent_id = flight.agent_id.clone();
+        if let Err(e) = &result {
+            flight.span.record("otel.status_code", "error");
+            flight.span.record("error.type", e.kind().as_str());
+        }
+        flight.span.in_scope(|| {
+            self.emit(
+                flight.parent,
+                EventKind::DispatchResult {
+                    dispatch_id,
+                    agent_id,
+                    provider_session_id: flight.provider_session_id.clone(),
+                    status,
+                    text: result.as_ref().map(|o| o.text.clone()).unwrap_or_default(),
+                    error: result.as_ref().err().cloned(),
+                    duration_ms: millis(took),
+                },
+            );
+        });
+        if let Some(reply) = flight.reply.take() {
+            let _ = reply.send(result);
+        }
+    }
+
+    fn lease_due(&mut self, dispatch_id: DispatchId) {
+        if !self.leases.is_expired(dispatch_id, self.clock.now_ms()) {
+            return;
+        }
+        let agent_id = self
+            .leases
+            .get(dispatch_id)
+            .map(|l| l.agent_id.clone())
+            .unwrap_or_default();
+        let Some(mut flight) = self.flights.remove(&dispatch_id) else {
+            self.leases.finish(dispatch_id);
+            return;
+        };
+        // The child is cancelled; the lease is reclaimed now, whatever the child does next.
+        flight.cancel.cancel();
+        metrics::lease_expired();
+        let ttl = self.ports.settings.lease_ttl;
+        tracing::warn!(%dispatch_id, %agent_id, ?ttl, "dispatch lease expired; its child is cancelled");
+        self.emit(
+            flight.parent,
+            EventKind::Warning {
+                code: WarningCode::LeaseExpired,
+                message: format!(
+                    "the lease of dispatch {dispatch_id} to `{agent_id}` expired after {} ms: the agent is cancelled and the lease reclaimed",
+                    millis(ttl)
+                ),
+            },
+        );
+        self.leases.finish(dispatch_id);
+        let error = AgentError::timeout(
+            format!("the dispatch to `{agent_id}` (lease {dispatch_id})"),
+            ttl,
+        );
+        self.end(
+            dispatch_id,
+            &mut flight,
+            DispatchStatus::Expired,
+            Err(error),
+        );
+    }
+
+    fn list(&self, reply: RpcReplyPort<Vec<AgentInfo>>) {
+        let catalog = self.catalog.clone();
+        let providers = self.providers.clone();
+        let bindings: Vec<AgentBinding> = self
+            .bindings
+            .values()
+            .filter_map(|b| b.stored.clone())
+            .collect();
+        let origin = self.views.origin();
+        let supervisor = (self.catalog.get(&origin).is_some()).then_some(origin);
+        // Providers may take a moment to answer: asked off the mailbox.
+        tokio::spawn(async move {
+            let mut health = BTreeMap::new();
+            for (id, provider) in &providers {
+                let h = match provider {
+                    Ok(cell) => cell.provider.health().await,
+                    Err(why) => AgentHealth::unavailable(why.clone()),
+                };
+                health.insert(id.clone(), h);
+            }
+            let infos = super::listing::agent_infos(
+                &catalog,
+                |d| health.get(&d.id).cloned().unwrap_or_else(AgentHealth::ok),
+                &bindings,
+                supervisor.as_deref(),
+            );
+            let _ = reply.send(infos);
+        });
+    }
+
+    async fn shutdown(&mut self) {
+        for flight in self.flights.values() {
+            flight.cancel.cancel();
+        }
+        let shutdowns = self
+            .providers
+            .values()
+            .filter_map(|p| p.as_ref().ok())
+            .chain(&self.retired)
+            .map(|cell| cell.provider.shutdown());
+        futures::future::join_all(shutdowns).await;
+    }
+
+    /// New definitions are in force (A7): what the next task sees (its rules, instructions,
+    /// output schema, workers), the next dispatch's provider when its provider changed, the
+    /// router. Files that did not load are reported once, as `config_rejected` warnings.
+    fn reload(&mut self, catalog: Arc<AgentCatalog>) {
+        if Arc::ptr_eq(&catalog, &self.catalog) || *catalog == *self.catalog {
+            return;
+        }
+        for error in catalog
+            .errors
+            .iter()
+            .filter(|e| !self.catalog.errors.contains(e))
+        {
+            tracing::warn!(%error, "agent definition rejected; the last good version stays");
+            self.events.emit(EventDraft::session(EventKind::Warning {
+                code: WarningCode::ConfigRejected,
+                message: error.to_string(),
+            }));
+        }
+        for (id, def) in &catalog.agents {
+            let same = self
+                .catalog
+                .get(id)
+                .is_some_and(|old| old.provider == def.provider);
+            if !same {
+                let built = build_provider(
+                    def,
+                    &self.ports,
+                    &self.env,
+                    &self.session,
+                    self.storage_policy,
+                );
+                if let Some(Ok(old)) = self.providers.insert(id.clone(), built) {
+                    self.retired.push(old);
+                }
+            }
+            self.bindings.entry(id.clone()).or_default();
+        }
+        let gone: Vec<String> = self
+            .providers
+            .keys()
+            .filter(|id| !catalog.agents.contains_key(*id))
+            .cloned()
+            .collect();
+        for id in gone {
+            if let Some(Ok(old)) = self.providers.remove(&id) {
+                self.retired.push(old);
+            }
+        }
+        self.views
+            .replace(catalog.clone(), &self.ports, &self.model);
+        tracing::info!(agents = catalog.agents.len(), "agent definitions reloaded");
+        self.catalog = catalog;
+    }
+}
+
+fn millis(d: Duration) -> u64 {
+    u64::try_from(d.as_millis()).unwrap_or(u64::MAX)
+}
+
+/// One dispatch's work, off the hub's mailbox: the provider's initialization, the binding,
+/// the agent's answer; its end goes back to the hub as `Finished`.
+struct Worker {
+    hub: ActorRef<AgentHubMsg>,
+    store: Arc<dyn BindingStore>,
+    clock: Clock,
+    session_id: SessionId,
+    def: AgentDefinition,
+    cell: Arc<ProviderCell>,
+    dispatch_id: DispatchId,
+    chain: ExecutionChain,
+    parent: DispatchParent,
+    input: String,
+    /// The dispatcher's tool governance: an in-process agent's task narrows it.
+    governance: Arc<crate::governance::TaskGovernance>,
+    cancel: CancellationToken,
+    events: EventSink,
+    env: ProviderEnv,
+    span: tracing::Span,
+}
+
+/// Tells the hub a bind failed if the worker stops before it reported (so that dispatches
+/// waiting for the same binding are not left waiting).
+struct OpeningGuard {
+    hub: ActorRef<AgentHubMsg>,
+    agent_id: String,
+    reported: bool,
+}
+
+impl Drop for OpeningGuard {
+    fn drop(&mut self) {
+        if !self.reported {
+            let _ = self.hub.cast(AgentHubMsg::BindFailed {
+                agent_id: self.agent_id.clone(),
+                error: AgentError::cancelled("the dispatch opening the binding stopped"),
+            });
+        }
+    }
+}
+
+impl Worker {
+    async fn run(self, plan: PlanSource) {
+        let result = tokio::select! {
+            biased;
+            () = self.cancel.cancelled() => Err(AgentError::cancelled("the dispatch was cancelled")),
+            r = self.work(plan) => r,
+        };
+        let _ = self.hub.cast(AgentHubMsg::Finished {
+            dispatch_id: self.dispatch_id,
+            result,
+        });
+    }
+
+    async fn work(&self, plan: PlanSource) -> Result<AgentOutput, AgentError> {
+        // A plan to open or resume is this worker's to report, whatever happens first.
+        let opening = matches!(
+            &plan,
+            PlanSource::Ready(Ok(BindPlan::Resume { .. } | BindPlan::Open { .. }))
+        )
+        .then(|| self.guard());
+        let provider = self.cell.ready().await?;
+        let (provider_session_id, fresh) = self.bind(provider, plan, opening).await?;
+        let replaced = SessionReplaced::default();
+        let ctx = AgentRunContext {
+            session_id: self.session_id,
+            agent_id: &self.def.id,
+            provider_session_id: &provider_session_id,
+            dispatch_id: self.dispatch_id,
+            chain: &self.chain,
+            parent: self.parent,
+            cancel: &self.cancel,
+            events: &self.events,
+            approvals: &self.env.approvals,
+            approval_timeout: self.env.approval_timeout,
+            span: &self.span,
+            replaced: &replaced,
+            governance: &self.governance,
+        };
+        let result = provider
+            .handle(
+                AgentInput {
+                    text: self.input.clone(),
+                },
+                &ctx,
+            )
+            .await;
+        if let Some((id, why)) = replaced.get() {
+            self.rebind(&provider_session_id, id, why, fresh).await;
+        }
+        result
+    }
+
+    /// The provider session changed under the dispatch: bound in its place (a dispatch's own
+    /// session is only noted on the dispatch).
+    async fn rebind(&self, previous: &str, id: &str, why: &str, fresh: bool) {
+        if fresh {
+            self.report(Bound::Fresh {
+                provider_session_id: id.to_owned(),
+            });
+            return;
+        }
+        let binding = self.binding(id, self.clock.now_ms());
+        self.persist(&binding).await;
+        self.report(Bound::Opened {
+            binding,
+            previous: Some(previous.to_owned()),
+            alert: Some(why.to_owned()),
+        });
+    }
+
+    /// The provider session of this dispatch, as the hub's plan says, and whether it is the
+    /// dispatch's own (never bound).
+    async fn bind(
+        &self,
+        provider: &dyn AgentProvider,
+        plan: PlanSource,
+        opening: Option<OpeningGuard>,
+    ) -> Result<(String, bool), AgentError> {
+        let fresh = self.def.session.binding_scope == troupe_proto::agent::BindingScope::Dispatch;
+        let plan = match plan {
+            PlanSource::Ready(plan) => plan?,
+            PlanSource::Wait(rx) => rx.await.map_err(|_| {
+                AgentError::interrupted("the agent hub stopped before the agent was bound")
+            })??,
+        };
+        self.bind_plan(provider, plan, opening)
+            .await
+            .map(|id| (id, fresh))
+    }
+
+    async fn bind_plan(
+        &self,
+        provider: &dyn AgentProvider,
+        plan: BindPlan,
+        mut opening: Option<OpeningGuard>,
+    ) -> Result<String, AgentError> {
+        let agent_id = self.def.id.clone();
+        let ctx = SessionContext {
+            session_id: self.session_id,
+            agent_id: &self.def.id,
+            dispatch_id: self.dispatch_id,
+            cancel: &self.cancel,
+        };
+        let (previous, alert) = match plan {
+            BindPlan::Use(id) => return Ok(id),
+            BindPlan::Wait => {
+                return Err(AgentError::internal(
+                    "a bind plan of `wait` reached a worker",
+                ));
+            }
+            BindPlan::Fresh => {
+                let id = provider.open_session(&ctx).await?;
+                self.report(Bound::Fresh {
+                    provider_session_id: id.clone(),
+                });
+                return Ok(id);
+            }
+            BindPlan::Resume {
+                provider_session_id: id,
+                created_ms,
+            } => {
+                let mut guard = opening.take().unwrap_or_else(|| self.guard());
+                match provider.resume_session(&id, &ctx).await {
+                    Ok(()) => {
+                        let binding = self.binding(&id, created_ms);
+                        self.persist(&binding).await;
+                        guard.reported = true;
+                        self.report(Bound::Resumed { binding });
+                        return Ok(id);
+                    }
+                    Err(ResumeError::NotResumable(why)) => {
+                        guard.reported = true;
+                        (Some(id), Some(why))
+                    }
+                    Err(ResumeError::Replaced {
+                        provider_session_id: new,
+                        reason,
+                    }) => {
+                        let binding = self.binding(&new, self.clock.now_ms());
+                        self.persist(&binding).await;
+                        guard.reported = true;
+                        self.report(Bound::Opened {
+                            binding,
+                            previous: Some(id),
+                            alert: Some(reason),
+                        });
+                        return Ok(new);
+                    }
+                    Err(ResumeError::Failed(error)) => {
+                        guard.reported = true;
+                        let _ = self.hub.cast(AgentHubMsg::BindFailed {
+                            agent_id,
+                            error: error.clone(),
+                        });
+                        return Err(error);
+                    }
+                }
+            }
+            BindPlan::Open { previous, alert } => (previous, alert),
+        };
+        let mut guard = opening.take().unwrap_or_else(|| self.guard());
+        match provider.open_session(&ctx).await {
+            Ok(id) => {
+                let binding = self.binding(&id, self.clock.now_ms());
+                self.persist(&binding).await;
+                guard.reported = true;
+                self.report(Bound::Opened {
+                    binding,
+                    previous,
+                    alert,
+                });
+                Ok(id)
+            }
+            Err(error) => {
+                guard.reported = true;
+                let _ = self.hub.cast(AgentHubMsg::BindFailed {
+                    agent_id,
+                    error: error.clone(),
+                });
+                Err(error)
+            }
+        }
+    }
+
+    fn guard(&self) -> OpeningGuard {
+        OpeningGuard {
+            hub: self.hub.clone(),
+            agent_id: self.def.id.clone(),
+            reported: false,
+        }
+    }
+
+    fn report(&self, bound: Bound) {
+        let _ = self.hub.cast(AgentHubMsg::Bound {
+            agent_id: self.def.id.clone(),
+            dispatch_id: self.dispatch_id,
+            bound,
+        });
+    }
+
+    fn binding(&self, provider_session_id: &str, created_ms: u64) -> AgentBinding {
+        let now = self.clock.now_ms();
+        AgentBinding {
+            session_id: self.session_id,
+            agent_id: self.def.id.clone(),
+            provider: self.def.provider.kind(),
+            provider_session_id: provider_session_id.to_owned(),
+            created_ms: created_ms.min(now),
+            updated_ms: now,
+        }
+    }
+
+    /// Writes the binding before the hub announces it; a store that fails costs the next run
+    /// its resume, not this dispatch.
+    async fn persist(&self, binding: &AgentBinding) {
+        if let Err(error) = self.store.put_binding(binding.clone()).await {
+            tracing::error!(agent_id = %binding.agent_id, %error, "the binding could not be stored; the next run will not resume it");
+        }
+    }
+}

@@ -1,0 +1,148 @@
+//! The in-process provider (`"type": "model"`): an agent that is a conversation of the
+//! session, with its own instructions and model (and the session's tools). Its provider
+//! session is that conversation: opened at the first dispatch, reopened from the rollout when
+//! a later run resumes the binding, and each dispatch is one message to it, carrying the
+//! dispatch (its chain, its cancel token) so that what the agent dispatches in turn extends
+//! the chain and a cancelled or expired dispatch stops its task.
+
+use super::DispatchOrigin;
+use super::provider::{
+    AgentInput, AgentOutput, AgentProvider, AgentRunContext, ResumeError, SessionContext,
+};
+use crate::ports::ModelClient;
+use crate::session::SessionMsg;
+use async_trait::async_trait;
+use ractor::ActorRef;
+use std::sync::Arc;
+use troupe_proto::agent::{AgentDefinition, AgentHealth, ProviderSpec};
+use troupe_proto::{AgentError, ConversationId, OpenConversation, StoragePolicy, TaskStatus};
+
+/// An in-process agent of one session.
+pub struct ModelAgent {
+    session: ActorRef<SessionMsg>,
+    params: OpenConversation,
+    /// Its own model client (its definition names another endpoint); `None`: the session's,
+    /// asking for the definition's `model` if it names one.
+    model: Option<Arc<dyn ModelClient>>,
+}
+
+impl ModelAgent {
+    /// The agent of `def` in the session of `session`; its conversation keeps what
+    /// `storage_policy` allows.
+    pub fn new(
+        def: &AgentDefinition,
+        session: ActorRef<SessionMsg>,
+        model: Option<Arc<dyn ModelClient>>,
+        storage_policy: StoragePolicy,
+    ) -> Self {
+        let mut params = OpenConversation {
+            storage_policy,
+            ..OpenConversation::default()
+        };
+        if let ProviderSpec::Model {
+            model: named,
+            provider,
+            instructions,
+            ..
+        } = &def.provider
+        {
+            params.base_instructions.clone_from(instructions);
+            // A client of its own serves its model already.
+            if model.is_none() {
+                params.model.clone_from(named);
+                params.provider.clone_from(provider);
+            }
+        }
+        Self {
+            session,
+            params,
+            model,
+        }
+    }
+
+    fn conversation(provider_session_id: &str) -> Result<ConversationId, String> {
+        provider_session_id
+            .parse()
+            .map_err(|_| format!("`{provider_session_id}` is not a conversation id"))
+    }
+
+    async fn open(&self, restore: Option<ConversationId>) -> Result<ConversationId, AgentError> {
+        let (params, model) = (self.params.clone(), self.model.clone());
+        ractor::call!(self.session, |reply| SessionMsg::OpenAgent {
+            restore,
+            params,
+            model,
+            reply
+        })
+        .map_err(|e| AgentError::internal(format!("session unavailable: {e}")))?
+    }
+}
+
+#[async_trait]
+impl AgentProvider for ModelAgent {
+    async fn initialize(&self) -> Result<(), AgentError> {
+        Ok(())
+    }
+
+    async fn open_session(&self, _ctx: &SessionContext<'_>) -> Result<String, AgentError> {
+        self.open(None).await.map(|id| id.to_string())
+    }
+
+    async fn resume_session(
+        &self,
+        provider_session_id: &str,
+        _ctx: &SessionContext<'_>,
+    ) -> Result<(), ResumeError> {
+        let id = Self::conversation(provider_session_id).map_err(ResumeError::NotResumable)?;
+        // Open already: nothing to do; else rebuilt from the rollout under its id.
+        self.open(Some(id))
+            .await
+            .map(drop)
+            .map_err(|e| ResumeError::NotResumable(e.to_string()))
+    }
+
+    async fn handle(
+        &self,
+        input: AgentInput,
+        ctx: &AgentRunContext<'_>,
+    ) -> Result<AgentOutput, AgentError> {
+        let conversation_id =
+            Self::conversation(ctx.provider_session_id).map_err(AgentError::invalid)?;
+        let origin = DispatchOrigin {
+            dispatch_id: ctx.dispatch_id,
+            agent_id: ctx.agent_id.to_owned(),
+            chain: ctx.chain.clone(),
+            cancel: ctx.cancel.clone(),
+            span: ctx.span.clone(),
+            governance: ctx.governance.clone(),
+        };
+        let text = input.text;
+        let reply = ractor::call!(self.session, |reply| SessionMsg::Dispatch {
+            conversation_id,
+            text,
+            origin,
+            reply
+        })
+        .map_err(|_| {
+            AgentError::interrupted("the agent's conversation stopped before answering")
+        })??;
+        match reply.status {
+            TaskStatus::Ok | TaskStatus::MaxSteps => Ok(AgentOutput {
+                text: reply.text,
+                usage: Some(reply.stats.usage),
+            }),
+            TaskStatus::Cancelled => Err(reply
+                .error
+                .unwrap_or_else(|| AgentError::cancelled("the agent's task was cancelled"))),
+            TaskStatus::Error => Err(reply
+                .error
+                .unwrap_or_else(|| AgentError::internal("the agent's task failed"))),
+        }
+    }
+
+    async fn health(&self) -> AgentHealth {
+        AgentHealth::ok()
+    }
+
+    async fn shutdown(&self) {}
+}

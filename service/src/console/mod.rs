@@ -1,0 +1,437 @@
+//! The web console (P7): `troupe serve` serves it at `/`, from assets compiled into the
+//! binary (no network and no other server at run time, no build step).
+//!
+//! | route | |
+//! |---|---|
+//! | `GET /` | the session list (`?q=` searches), server-rendered: it reads without JavaScript |
+//! | `GET /sessions/{id}` | a session's live view (its header and latest messages server-rendered) |
+//! | `GET /console/{asset}` | the script and the style sheet (`ETag`, revalidated) |
+//! | `POST /console/sign-in` | `{token}` (JSON) or a form: sets the sign-in cookie ([`crate::sign_in`]) |
+//! | `POST /console/sign-out` | clears it |
+//!
+//! The pages authenticate like the API (a bearer token, or the sign-in cookie); without
+//! either, when tokens are configured, they answer the sign-in form. Everything live goes
+//! through the ordinary API with the cookie: `POST /rpc`, the REST routes and the session's
+//! SSE stream. Pages carry a strict Content-Security-Policy (only the service's own script,
+//! styles and connections; no framing).
+
+pub mod page;
+
+use crate::auth::{Auth, Credential, Scope};
+use crate::extract::body;
+use crate::sign_in;
+use crate::state::AppState;
+use axum::Router;
+use axum::body::Bytes;
+use axum::extract::rejection::BytesRejection;
+use axum::extract::{Path, Query, State};
+use axum::http::{HeaderMap, HeaderValue, StatusCode, header};
+use axum::response::{IntoResponse, Response};
+use axum::routing::{get, post};
+use serde::Deserialize;
+use sha2::{Digest, Sha256};
+use std::collections::{BTreeMap, BTreeSet};
+use std::sync::LazyLock;
+use troupe_runtime::config::ConsoleConfig;
+
+/// The page size of the live view's message listing (and of its server-rendered part).
+pub const PAGE: usize = 50;
+
+/// How many recorded events before the present a live view replays (tasks in flight, tool
+/// durations, trace ids, routing) before it goes live.
+pub const REPLAY_EVENTS: u64 = 1_000;
+
+/// Rows of the server-rendered session list.
+pub const MAX_ROWS: usize = 500;
+
+/// What the console's handlers share.
+#[derive(Clone)]
+pub struct ConsoleState {
+    app: AppState,
+    auth: Auth,
+    config: ConsoleConfig,
+}
+
+/// The console's routes (they authenticate on their own: a page without credentials is the
+/// sign-in form, not a 401).
+pub fn routes(app: AppState, auth: Auth, config: ConsoleConfig) -> Router {
+    Router::new()
+        .route("/", get(sessions_page))
+        .route("/sessions/{id}", get(session_page))
+        .route("/console/sign-in", post(sign_in_route))
+        .route("/console/sign-out", post(sign_out))
+        .route("/console/{asset}", get(asset))
+        .with_state(ConsoleState { app, auth, config })
+}
+
+/// The console's static files.
+struct Asset {
+    name: &'static str,
+    content_type: &'static str,
+    body: &'static str,
+}
+
+const ASSETS: &[Asset] = &[
+    Asset {
+        name: "console.js",
+        content_type: "text/javascript; charset=utf-8",
+        body: include_str!("assets/console.js"),
+    },
+    Asset {
+        name: "console.css",
+        content_type: "text/css; charset=utf-8",
+        body: include_str!("assets/console.css"),
+    },
+];
+
+/// Each asset's ETag (a digest of its bytes), computed once.
+static ETAGS: LazyLock<BTreeMap<&'static str, String>> = LazyLock::new(|| {
+    ASSETS
+        .iter()
+        .map(|a| {
+            let digest = Sha256::digest(a.body.as_bytes());
+            let tag: String = digest[..12].iter().map(|b| format!("{b:02x}")).collect();
+            (a.name, format!("\"{tag}\""))
+        })
+        .collect()
+});
+
+async fn asset(Path(name): Path<String>, headers: HeaderMap) -> Response {
+    let Some(asset) = ASSETS.iter().find(|a| a.name == name) else {
+        return crate::error::ApiError::route_not_found().into_response();
+    };
+    let etag = ETAGS.get(asset.name).cloned().unwrap_or_default();
+    let fresh = headers
+        .get(header::IF_NONE_MATCH)
+        .and_then(|v| v.to_str().ok())
+        .is_some_and(|v| v.split(',').any(|t| t.trim() == etag));
+    let common = [
+        (header::ETAG, etag),
+        (header::CACHE_CONTROL, "no-cache".to_owned()),
+        (header::X_CONTENT_TYPE_OPTIONS, "nosniff".to_owned()),
+    ];
+    if fresh {
+        return (StatusCode::NOT_MODIFIED, common).into_response();
+    }
+    (
+        common,
+        [(header::CONTENT_TYPE, asset.content_type)],
+        asset.body,
+    )
+        .into_response()
+}
+
+/// The headers of every page: a strict CSP (the service's own script, styles and
+/// connections only; no plugin, no frame), no sniffing, no referrer to other sites, never
+/// cached.
+fn html(status: StatusCode, text: String) -> Response {
+    let mut response = (status, text).into_response();
+    let h = response.headers_mut();
+    let set = |h: &mut HeaderMap, name, value: &'static str| {
+        h.insert(name, HeaderValue::from_static(value));
+    };
+    set(h, header::CONTENT_TYPE, "text/html; charset=utf-8");
+    set(
+        h,
+        header::CONTENT_SECURITY_POLICY,
+        "default-src 'none'; script-src 'self'; style-src 'self'; img-src 'self' data:; \
+         connect-src 'self'; form-action 'self'; base-uri 'none'; frame-ancestors 'none'",
+    );
+    set(h, header::X_CONTENT_TYPE_OPTIONS, "nosniff");
+    // `same-origin`, not `no-referrer`: with `no-referrer` a form post says `Origin: null`,
+    // which the edge refuses; other sites (a trace viewer) still get no referrer.
+    set(h, header::REFERRER_POLICY, "same-origin");
+    set(h, header::X_FRAME_OPTIONS, "DENY");
+    set(h, header::CACHE_CONTROL, "no-store");
+    response
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(default)]
+struct ListQuery {
+    q: String,
+}
+
+/// `GET /`: the session list.
+async fn sessions_page(
+    State(c): State<ConsoleState>,
+    headers: HeaderMap,
+    q: Result<Query<ListQuery>, axum::extract::rejection::QueryRejection>,
+) -> Response {
+    let Some((scope, via)) = c.auth.check_request(&headers) else {
+        return html(StatusCode::OK, page::sign_in("/", None));
+    };
+    let q = q.map(|Query(q)| q.q).unwrap_or_default();
+    let q = q.trim();
+    let mut all = match c.app.rpc.sessions.list(scope.clone(), None).await {
+        Ok(all) => all,
+        Err(e) => return error_page(&e, via),
+    };
+    all.sort_by(|a, b| {
+        b.updated_ms
+            .max(b.created_ms)
+            .cmp(&a.updated_ms.max(a.created_ms))
+    });
+    let current = current_sessions(&c, &scope, &all).await;
+    let matching: Vec<_> = all.iter().filter(|r| page::matches(r, q)).collect();
+    let rows: Vec<page::SessionRow<'_>> = matching
+        .iter()
+        .take(MAX_ROWS)
+        .map(|r| page::SessionRow {
+            record: r,
+            current: current.contains(&r.session_id),
+        })
+        .collect();
+    html(
+        StatusCode::OK,
+        page::sessions(&rows, q, all.len(), via == Credential::SignIn),
+    )
+}
+
+/// The current session of each project among `sessions`.
+async fn current_sessions(
+    c: &ConsoleState,
+    scope: &Scope,
+    sessions: &[troupe_proto::store::SessionRecord],
+) -> BTreeSet<troupe_proto::SessionId> {
+    let projects: BTreeSet<&str> = sessions
+        .iter()
+        .filter_map(|r| r.project_id.as_deref())
+        .collect();
+    let mut current = BTreeSet::new();
+    for p in projects {
+        if let Ok(record) = c
+            .app
+            .rpc
+            .sessions
+            .current(scope.clone(), p.to_owned())
+            .await
+        {
+            current.insert(record.session_id);
+        }
+    }
+    current
+}
+
+/// `GET /sessions/{id}`: a session's live view.
+async fn session_page(
+    State(c): State<ConsoleState>,
+    headers: HeaderMap,
+    Path(raw): Path<String>,
+) -> Response {
+    let Some((scope, via)) = c.auth.check_request(&headers) else {
+        return html(
+            StatusCode::OK,
+            page::sign_in(&format!("/sessions/{raw}"), None),
+        );
+    };
+    let signed_in = via == Credential::SignIn;
+    let Ok(id) = raw.parse::<troupe_proto::SessionId>() else {
+        return html(
+            StatusCode::NOT_FOUND,
+            page::not_found(&format!("There is no session {raw}."), signed_in),
+        );
+    };
+    let sessions = &c.app.rpc.sessions;
+    let record = match sessions.get(scope.clone(), id).await {
+        Ok(r) => r,
+        Err(e) => return error_page(&e, via),
+    };
+    // The head of the event record first, then the messages: whatever happens after the
+    // head reaches the page as an event, so the page misses nothing between the two.
+    let last_seq = match sessions.session(scope.clone(), id).await {
+        Ok(handle) => handle.last_seq().await.unwrap_or(0),
+        Err(_) => 0,
+    };
+    let messages = match sessions.messages(scope, id, PAGE, None).await {
+        Ok(page) => page.messages,
+        Err(e) => return error_page(&e, via),
+    };
+    let boot = serde_json::json!({
+        "session": record,
+        "last_seq": last_seq,
+        "replay_from": last_seq.saturating_sub(REPLAY_EVENTS),
+        "page_size": PAGE,
+        "trace_url": c.config.trace_url,
+    });
+    html(
+        StatusCode::OK,
+        page::session(&record, &messages, &boot, signed_in),
+    )
+}
+
+fn error_page(e: &troupe_proto::AgentError, via: Credential) -> Response {
+    let signed_in = via == Credential::SignIn;
+    match e {
+        troupe_proto::AgentError::NotFound { .. } => html(
+            StatusCode::NOT_FOUND,
+            page::not_found(&e.to_string(), signed_in),
+        ),
+        _ => {
+            let status = crate::error::ApiError::from(e.clone()).status;
+            html(status, page::not_found(&e.to_string(), signed_in))
+        }
+    }
+}
+
+/// What a sign-in sends: JSON from the console's script, or the form without it.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct SignIn {
+    token: String,
+    #[serde(default)]
+    next: Option<String>,
+}
+
+/// Where a form sign-in goes next: a path of this service, else `/`.
+pub fn safe_next(next: Option<&str>) -> &str {
+    match next {
+        Some(n)
+            if n.starts_with('/')
+                && !n.starts_with("//")
+                && !n.contains('\\')
+                && !n.chars().any(char::is_control) =>
+        {
+            n
+        }
+        _ => "/",
+    }
+}
+
+/// Whether the console was reached over HTTPS (directly, or behind a proxy that says so):
+/// the cookie is then `Secure`.
+fn over_https(headers: &HeaderMap) -> bool {
+    let text = |name| {
+        headers
+            .get(name)
+            .and_then(|v: &HeaderValue| v.to_str().ok())
+    };
+    text(header::ORIGIN).is_some_and(|o| o.starts_with("https://"))
+        || text(header::HeaderName::from_static("x-forwarded-proto"))
+            .is_some_and(|p| p.eq_ignore_ascii_case("https"))
+}
+
+/// `POST /console/sign-in`: a valid token sets the sign-in cookie (204 for the script, 303 to
+/// `next` for a form); an invalid one is 401 (the form again, with the reason).
+async fn sign_in_route(
+    State(c): State<ConsoleState>,
+    headers: HeaderMap,
+    bytes: Result<Bytes, BytesRejection>,
+) -> Response {
+    let is_json = headers
+        .get(header::CONTENT_TYPE)
+        .and_then(|v| v.to_str().ok())
+        .is_some_and(crate::edge::is_json);
+    let bytes = match body(bytes, c.app.body_limit) {
+        Ok(b) => b,
+        Err(e) => return e.into_response(),
+    };
+    let request: Result<SignIn, String> = if is_json {
+        serde_json::from_slice(&bytes).map_err(|e| e.to_string())
+    } else {
+        serde_urlencoded_form(&bytes)
+    };
+    let request = match request {
+        Ok(r) => r,
+        Err(e) => {
+            return crate::error::ApiError::bad_request(format!("bad sign-in: {e}"))
+                .into_response();
+        }
+    };
+    if c.auth.is_open() {
+        crate::metrics::console_sign_in("open");
+        return crate::error::ApiError::bad_request(
+            "no API tokens are configured: the console needs no sign-in",
+        )
+        .into_response();
+    }
+    let Some(value) = c.auth.sign_in(&request.token) else {
+        crate::metrics::console_sign_in("refused");
+        tracing::info!("console sign-in refused");
+        if is_json {
+            return crate::error::ApiError::new(
+                StatusCode::UNAUTHORIZED,
+                "unauthorized",
+                "that token is not valid",
+            )
+            .into_response();
+        }
+        let next = safe_next(request.next.as_deref());
+        return html(
+            StatusCode::UNAUTHORIZED,
+            page::sign_in(next, Some("That token is not valid.")),
+        );
+    };
+    crate::metrics::console_sign_in("ok");
+    let cookie = sign_in::set_cookie(
+        c.auth.cookie_name(),
+        &value,
+        c.auth.sign_in_ttl().as_secs(),
+        over_https(&headers),
+    );
+    let mut response = if is_json {
+        StatusCode::NO_CONTENT.into_response()
+    } else {
+        let next = safe_next(request.next.as_deref()).to_owned();
+        (StatusCode::SEE_OTHER, [(header::LOCATION, next)]).into_response()
+    };
+    if let Ok(v) = HeaderValue::from_str(&cookie) {
+        response.headers_mut().insert(header::SET_COOKIE, v);
+    }
+    response
+        .headers_mut()
+        .insert(header::CACHE_CONTROL, HeaderValue::from_static("no-store"));
+    response
+}
+
+/// A form body (`token=...&next=...`).
+fn serde_urlencoded_form(bytes: &[u8]) -> Result<SignIn, String> {
+    serde_urlencoded::from_bytes(bytes).map_err(|e| e.to_string())
+}
+
+/// `POST /console/sign-out`: clears the cookie and goes to `/`.
+async fn sign_out(State(c): State<ConsoleState>) -> Response {
+    let mut response = (StatusCode::SEE_OTHER, [(header::LOCATION, "/")]).into_response();
+    if let Ok(v) = HeaderValue::from_str(&sign_in::clear_cookie(c.auth.cookie_name())) {
+        response.headers_mut().insert(header::SET_COOKIE, v);
+    }
+    response
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_sign_in_goes_back_only_to_this_service() {
+        assert_eq!(safe_next(Some("/sessions/abc")), "/sessions/abc");
+        assert_eq!(safe_next(Some("/")), "/");
+        for bad in [
+            None,
+            Some("https://evil.example/"),
+            Some("//evil.example/x"),
+            Some("/\\evil.example"),
+            Some("sessions"),
+            Some("/x\r\nSet-Cookie: a=b"),
+        ] {
+            assert_eq!(safe_next(bad), "/", "{bad:?}");
+        }
+    }
+
+    #[test]
+    fn a_form_sign_in_is_read() {
+        let s = serde_urlencoded_form(b"token=a%20b&next=%2Fsessions%2Fx").unwrap();
+        assert_eq!(s.token, "a b");
+        assert_eq!(s.next.as_deref(), Some("/sessions/x"));
+        assert!(serde_urlencoded_form(b"next=/").is_err());
+        assert!(serde_urlencoded_form(b"token=a&other=1").is_err());
+    }
+
+    #[test]
+    fn assets_are_embedded_with_their_etags() {
+        for a in ASSETS {
+            assert!(!a.body.is_empty(), "{}", a.name);
+            assert!(ETAGS[a.name].starts_with('"'));
+        }
+    }
+}

@@ -1,0 +1,479 @@
+//! An external agent over ACP as a sub-agent (A2, O5): the real codex-acp (installed by
+//! scripts/install-acp-agents) pointed at the test model server, plugged into a session's hub
+//! by troupe's ACP provider. `/hub` to it, its updates as `agent_update` events, a permission
+//! request answered through troupe's approvals, the binding reused and resumed by the next
+//! run (`session/load`), the process stopped with the session, and a process killed mid-turn
+//! started again by the next dispatch.
+
+use super::{Team, agent_kinds, settings};
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::Duration;
+use troupe_acp::{AcpFactory, RestartPolicy};
+use troupe_actors::agents::{AgentProviderFactory, RouterMode};
+use troupe_proto::agent::{
+    AgentDefinition, AgentUpdateKind, DispatchStatus, ProviderKind, ProviderSpec,
+};
+use troupe_proto::{AgentError, ApprovalDecision, EventKind, MessageReply, TaskStatus};
+use troupe_store::BindingStore;
+use troupe_test_support::acp::{codex_acp_bin, write_codex_home};
+use troupe_test_support::{ModelServer, Reply};
+
+/// The model server, codex-acp's home pointing at it, and its workspace.
+struct Codex {
+    server: ModelServer,
+    home: tempfile::TempDir,
+    work: tempfile::TempDir,
+    env: Vec<(String, String)>,
+}
+
+impl Codex {
+    async fn start(approval_policy: &str) -> Self {
+        let server = ModelServer::start().await;
+        let home = tempfile::tempdir().unwrap();
+        let work = tempfile::tempdir().unwrap();
+        let env = write_codex_home(home.path(), &server.base_url(), approval_policy).unwrap();
+        Self {
+            server,
+            home,
+            work,
+            env,
+        }
+    }
+
+    fn definition(&self) -> AgentDefinition {
+        AgentDefinition {
+            provider: ProviderSpec::Acp {
+                command: codex_acp_bin().display().to_string(),
+                args: Vec::new(),
+                env: self.env.iter().cloned().collect(),
+                cwd: Some(self.work.path().to_path_buf()),
+            },
+            ..super::model_agent("codex", "", &[])
+        }
+    }
+
+    async fn team(&self) -> Team {
+        let factory = AcpFactory {
+            restart: RestartPolicy {
+                min_delay: Duration::from_millis(50),
+                max_delay: Duration::from_millis(400),
+                factor: 2.0,
+            },
+            ..AcpFactory::default()
+        };
+        let factories: Vec<Arc<dyn AgentProviderFactory>> = vec![Arc::new(factory)];
+        Team::start_with_factories(
+            vec![self.definition()],
+            Vec::new(),
+            settings(RouterMode::Rules),
+            |_| {},
+            factories,
+        )
+        .await
+    }
+
+    /// The codex-acp processes of this home that are alive.
+    fn pids(&self) -> Vec<u32> {
+        let want = format!("CODEX_HOME={}", self.home.path().display());
+        let bin = codex_acp_bin();
+        std::fs::read_dir("/proc")
+            .unwrap()
+            .flatten()
+            .filter_map(|e| e.file_name().to_str()?.parse::<u32>().ok())
+            .filter(|pid| {
+                let environ = std::fs::read(format!("/proc/{pid}/environ")).unwrap_or_default();
+                let has_home = environ.split(|b| *b == 0).any(|v| v == want.as_bytes());
+                let exe = std::fs::read_link(format!("/proc/{pid}/exe")).unwrap_or_default();
+                has_home && same_file(&exe, &bin) && alive(*pid)
+            })
+            .collect()
+    }
+}
+
+fn same_file(a: &Path, b: &Path) -> bool {
+    let canon = |p: &Path| std::fs::canonicalize(p).unwrap_or_else(|_| PathBuf::from(p));
+    canon(a) == canon(b)
+}
+
+fn alive(pid: u32) -> bool {
+    std::fs::read_to_string(format!("/proc/{pid}/stat"))
+        .map(|s| !s.contains(") Z "))
+        .unwrap_or(false)
+}
+
+async fn bounded<T>(what: &str, f: impl std::future::Future<Output = T>) -> T {
+    tokio::time::timeout(Duration::from_secs(60), f)
+        .await
+        .unwrap_or_else(|_| panic!("{what} did not happen in time"))
+}
+
+/// Sends `text` to the root conversation from a task of its own.
+fn send_later(team: &Team, text: &str) -> tokio::task::JoinHandle<MessageReply> {
+    let session = team.session.clone();
+    let text = text.to_owned();
+    tokio::spawn(async move {
+        let root = session.root().await.unwrap();
+        session.message(root, &text).await.unwrap()
+    })
+}
+
+fn updates(events: &[EventKind]) -> Vec<(AgentUpdateKind, String, String)> {
+    events
+        .iter()
+        .filter_map(|e| match e {
+            EventKind::AgentUpdate {
+                update,
+                text,
+                provider_session_id,
+                agent_id,
+                ..
+            } => {
+                assert_eq!(agent_id, "codex");
+                Some((*update, text.clone(), provider_session_id.clone()))
+            }
+            _ => None,
+        })
+        .collect()
+}
+
+fn results(events: &[EventKind]) -> Vec<(DispatchStatus, Option<String>)> {
+    events
+        .iter()
+        .filter_map(|e| match e {
+            EventKind::DispatchResult {
+                status,
+                provider_session_id,
+                ..
+            } => Some((*status, provider_session_id.clone())),
+            _ => None,
+        })
+        .collect()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn hub_to_codex_streams_its_answer_and_binds_its_session() {
+    let codex = Codex::start("never").await;
+    codex.server.push(Reply::text(["Hel", "lo", " there"]));
+    let team = codex.team().await;
+    let reply = team.send("/hub codex say hello").await;
+    assert_eq!(
+        (reply.status, reply.text.as_str()),
+        (TaskStatus::Ok, "Hello there"),
+        "{:?}",
+        reply.error
+    );
+    let events = team.events().await;
+    assert_eq!(
+        agent_kinds(&events),
+        [
+            "route_decided",
+            "dispatch_sent",
+            "session_created",
+            "session_bound",
+            "dispatch_result"
+        ]
+    );
+    let bound = results(&events)[0]
+        .1
+        .clone()
+        .expect("the result names the session");
+    assert!(events.iter().any(|e| matches!(e,
+        EventKind::SessionBound { provider: ProviderKind::Acp, provider_session_id, .. }
+            if *provider_session_id == bound)));
+    let chunks: Vec<String> = updates(&events)
+        .into_iter()
+        .filter(|(kind, _, psid)| *kind == AgentUpdateKind::MessageChunk && *psid == bound)
+        .map(|(_, text, _)| text)
+        .collect();
+    assert_eq!(chunks, ["Hel", "lo", " there"]);
+    // The model behind the agent got the dispatched text, not the /hub command.
+    let body = codex.server.requests().last().unwrap().body.to_string();
+    assert!(
+        body.contains("say hello") && !body.contains("/hub"),
+        "{body}"
+    );
+    let stored = team.store.bindings(Some(team.session_id)).await.unwrap();
+    assert_eq!(
+        (stored[0].provider, stored[0].provider_session_id.as_str()),
+        (ProviderKind::Acp, bound.as_str())
+    );
+
+    // The next dispatch reuses the bound session in the same process.
+    let pids = codex.pids();
+    assert_eq!(pids.len(), 1, "one process for the binding");
+    codex.server.push(Reply::text(["again"]));
+    let again = team.send("/hub codex once more").await;
+    assert_eq!(again.text, "again");
+    let events = team.events().await;
+    assert_eq!(
+        agent_kinds(&events)[5..],
+        ["route_decided", "dispatch_sent", "dispatch_result"]
+    );
+    assert_eq!(
+        results(&events)[1],
+        (DispatchStatus::Ok, Some(bound.clone()))
+    );
+    let body = codex.server.requests().last().unwrap().body.to_string();
+    assert!(
+        body.contains("say hello") && body.contains("once more"),
+        "{body}"
+    );
+    assert_eq!(codex.pids(), pids);
+    // A listing of the running session names the process.
+    let listed = team.session.agents().await.unwrap();
+    let health = &listed[0].health;
+    assert_eq!(health.status, troupe_proto::agent::HealthStatus::Ok);
+    assert_eq!(
+        health.detail.as_deref(),
+        Some(format!("pid {} ready", pids[0]).as_str())
+    );
+    assert_eq!(listed[0].bindings[0].provider_session_id, bound);
+    team.session.shutdown().await.unwrap();
+    assert!(codex.pids().is_empty(), "codex-acp outlived its session");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn cancelling_the_dispatcher_cancels_the_codex_turn() {
+    let codex = Codex::start("never").await;
+    codex
+        .server
+        .push(Reply::text(["thinking", " forever"]).stall_after(4));
+    let team = codex.team().await;
+    let root = team.session.root().await.unwrap();
+    let running = send_later(&team, "/hub codex think hard");
+    bounded("the first chunk", async {
+        while !updates(&team.events().await)
+            .iter()
+            .any(|(_, t, _)| t == "thinking")
+        {
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    })
+    .await;
+    let task = team.session.tasks(Some(root)).await.unwrap().remove(0);
+    team.session.cancel_task(task.task_id).await.unwrap();
+    let cancelled = bounded("the cancelled reply", running).await.unwrap();
+    assert_eq!(cancelled.status, TaskStatus::Cancelled);
+    // The agent heard session/cancel: its turn ended and it takes the next one at once
+    // (a turn still running would make it refuse as busy).
+    codex.server.push(Reply::text(["free again"]));
+    let next = team.send("/hub codex are you free?").await;
+    assert_eq!(
+        (next.status, next.text.as_str()),
+        (TaskStatus::Ok, "free again"),
+        "{:?}",
+        next.error
+    );
+    let statuses: Vec<DispatchStatus> = results(&team.events().await)
+        .into_iter()
+        .map(|r| r.0)
+        .collect();
+    assert_eq!(statuses, [DispatchStatus::Cancelled, DispatchStatus::Ok]);
+    assert_eq!(codex.pids().len(), 1, "the same process goes on");
+    team.session.shutdown().await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn codex_permission_requests_are_troupe_approvals_of_the_dispatching_task() {
+    let codex = Codex::start("untrusted").await;
+    let team = codex.team().await;
+    let root = team.session.root().await.unwrap();
+    for (file, decision) in [
+        ("approved.txt", ApprovalDecision::ApproveOnce),
+        ("denied.txt", ApprovalDecision::Deny { reason: None }),
+    ] {
+        codex.server.push(Reply::tool_call(
+            "exec_command",
+            [format!(r#"{{"cmd":"touch {file}"}}"#)],
+        ));
+        codex.server.push(Reply::text(["done"]));
+        let running = send_later(&team, &format!("/hub codex make {file}"));
+        let pending = bounded("the approval request", async {
+            loop {
+                if let Some(p) = team.session.pending_approvals().await.unwrap().pop() {
+                    return p;
+                }
+                tokio::time::sleep(Duration::from_millis(20)).await;
+            }
+        })
+        .await;
+        // Asked as the dispatching task: the root conversation's, with the agent named.
+        let task = team.session.tasks(Some(root)).await.unwrap().remove(0);
+        assert_eq!(
+            (pending.conversation_id, pending.task_id),
+            (root, Some(task.task_id))
+        );
+        assert_eq!(
+            pending.command,
+            ["/bin/bash", "-lc", &format!("touch {file}")]
+        );
+        assert!(pending.reason.contains("`codex`"), "{}", pending.reason);
+        team.session
+            .respond_approval(pending.approval_id, decision.clone())
+            .await
+            .unwrap();
+        let reply = bounded("the reply", running).await.unwrap();
+        let path = codex.work.path().join(file);
+        match decision {
+            ApprovalDecision::ApproveOnce => {
+                assert_eq!(
+                    (reply.status, reply.text.as_str()),
+                    (TaskStatus::Ok, "done")
+                );
+                assert!(path.exists(), "the approved command did not run");
+            }
+            _ => {
+                assert_eq!(reply.status, TaskStatus::Error);
+                assert!(
+                    matches!(&reply.error, Some(AgentError::ApprovalDenied { command, .. })
+                        if command.last().is_some_and(|c| c.contains("denied.txt"))),
+                    "{:?}",
+                    reply.error
+                );
+                assert!(!path.exists(), "a refused command ran");
+            }
+        }
+    }
+    let events = team.events().await;
+    let resolved = events
+        .iter()
+        .filter(|e| matches!(e, EventKind::ApprovalResolved { .. }))
+        .count();
+    assert_eq!(resolved, 2);
+    let kinds: Vec<AgentUpdateKind> = updates(&events).into_iter().map(|u| u.0).collect();
+    assert!(kinds.contains(&AgentUpdateKind::ToolCall), "{kinds:?}");
+    assert_eq!(
+        results(&events)
+            .into_iter()
+            .map(|r| r.0)
+            .collect::<Vec<_>>(),
+        [DispatchStatus::Ok, DispatchStatus::Error]
+    );
+    team.session.shutdown().await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_next_run_loads_the_bound_codex_session() {
+    let codex = Codex::start("never").await;
+    codex.server.push(Reply::text(["first answer"]));
+    let team = codex.team().await;
+    let first = team.send("/hub codex remember the word pelican").await;
+    assert_eq!(first.text, "first answer");
+    let bound = team.store.bindings(None).await.unwrap().remove(0);
+
+    // Another run of the session: its hub starts a new process, which loads the session.
+    let team = team.restart(Vec::new()).await;
+    assert!(
+        codex.pids().is_empty(),
+        "the first run's process was stopped"
+    );
+    codex.server.push(Reply::text(["second answer"]));
+    let second = team.send("/hub codex which word?").await;
+    assert_eq!(second.text, "second answer", "{:?}", second.error);
+    let events = team.events().await;
+    let resumed: Vec<&EventKind> = events
+        .iter()
+        .filter(|e| matches!(e, EventKind::SessionResumed { .. }))
+        .collect();
+    assert!(
+        matches!(resumed.as_slice(), [EventKind::SessionResumed { provider: ProviderKind::Acp, provider_session_id, .. }]
+            if *provider_session_id == bound.provider_session_id),
+        "{:?}",
+        agent_kinds(&events)
+    );
+    assert_eq!(
+        events
+            .iter()
+            .filter(|e| matches!(e, EventKind::SessionCreated { .. }))
+            .count(),
+        1,
+        "the second run opened nothing"
+    );
+    // The model got the earlier exchange with the new question.
+    let body = codex.server.requests().last().unwrap().body.to_string();
+    assert!(
+        body.contains("pelican") && body.contains("first answer") && body.contains("which word?"),
+        "{body}"
+    );
+    team.session.shutdown().await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_codex_process_killed_mid_turn_fails_its_dispatch_and_the_next_starts_it_again() {
+    let codex = Codex::start("never").await;
+    codex.server.push(Reply::text(["warm"]));
+    let team = codex.team().await;
+    assert_eq!(team.send("/hub codex warm up").await.text, "warm");
+    let bound = team.store.bindings(None).await.unwrap().remove(0);
+    // The next answer stalls after its first text.
+    codex
+        .server
+        .push(Reply::text(["partial", " never"]).stall_after(4));
+    let running = send_later(&team, "/hub codex go on");
+    bounded("the first chunk", async {
+        loop {
+            let events = team.events().await;
+            if updates(&events).iter().any(|(_, t, _)| t == "partial") {
+                return;
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    })
+    .await;
+    let pids = codex.pids();
+    assert_eq!(pids.len(), 1);
+    nix::sys::signal::kill(
+        nix::unistd::Pid::from_raw(i32::try_from(pids[0]).unwrap()),
+        nix::sys::signal::Signal::SIGKILL,
+    )
+    .unwrap();
+    let failed = bounded("the failed reply", running).await.unwrap();
+    assert_eq!(failed.status, TaskStatus::Error);
+    let error = failed.error.unwrap();
+    assert!(
+        matches!(error, AgentError::Interrupted { .. })
+            && error.to_string().contains("exited during session/prompt"),
+        "{error}"
+    );
+
+    // The next dispatch starts a new process, which loads the same session.
+    codex.server.push(Reply::text(["back"]));
+    let back = team.send("/hub codex are you back?").await;
+    assert_eq!(
+        (back.status, back.text.as_str()),
+        (TaskStatus::Ok, "back"),
+        "{:?}",
+        back.error
+    );
+    let now = codex.pids();
+    assert_eq!(now.len(), 1);
+    assert_ne!(now, pids);
+    let events = team.events().await;
+    assert_eq!(
+        results(&events),
+        [
+            (DispatchStatus::Ok, Some(bound.provider_session_id.clone())),
+            (
+                DispatchStatus::Error,
+                Some(bound.provider_session_id.clone())
+            ),
+            (DispatchStatus::Ok, Some(bound.provider_session_id.clone())),
+        ]
+    );
+    assert!(
+        updates(&events)
+            .iter()
+            .any(|(kind, text, _)| *kind == AgentUpdateKind::Status
+                && text.contains("started again")),
+        "{:?}",
+        updates(&events)
+    );
+    assert!(
+        !events
+            .iter()
+            .any(|e| matches!(e, EventKind::Warning { .. })),
+        "the binding was kept"
+    );
+    team.session.shutdown().await.unwrap();
+}

@@ -1,0 +1,377 @@
+//! No self-lock (A4): a cycle and a chain deeper than the limit are refused before they run,
+//! naming the chain; an expired lease is reclaimed and its child cancelled; with a single
+//! scheduler slot for the whole session a parent that waits for its child does not lock
+//! itself; and a child that ended, however it ended, holds no slot.
+
+use super::{Team, agent_kinds, model_agent, settings};
+use serde_json::json;
+use std::time::Duration;
+use troupe_actors::agents::RouterMode;
+use troupe_actors::scheduler::{SchedulerMsg, SchedulerSnapshot};
+use troupe_proto::agent::{DispatchStatus, PolicyReason};
+use troupe_proto::{ErrorKind, EventKind, TaskStatus, WarningCode};
+use troupe_runtime::ScriptedReply;
+
+fn dispatch(agent_id: &str, input: &str) -> ScriptedReply {
+    ScriptedReply::tool(
+        "dispatch_agent",
+        json!({"agent_id": agent_id, "input": input}),
+    )
+}
+
+fn one_slot(config: &mut troupe_actors::SessionConfig) {
+    config.scheduler.limit = 1;
+}
+
+async fn scheduler(team: &Team) -> SchedulerSnapshot {
+    let services = team.session.services().await.unwrap();
+    ractor::call!(services.scheduler, |reply| SchedulerMsg::Snapshot { reply }).unwrap()
+}
+
+fn rejections(events: &[EventKind]) -> Vec<(PolicyReason, Vec<String>, String)> {
+    events
+        .iter()
+        .filter_map(|e| match e {
+            EventKind::PolicyRejected {
+                reason,
+                chain,
+                message,
+                ..
+            } => Some((*reason, chain.0.clone(), message.clone())),
+            _ => None,
+        })
+        .collect()
+}
+
+fn results(events: &[EventKind]) -> Vec<(String, DispatchStatus)> {
+    events
+        .iter()
+        .filter_map(|e| match e {
+            EventKind::DispatchResult {
+                agent_id, status, ..
+            } => Some((agent_id.clone(), *status)),
+            _ => None,
+        })
+        .collect()
+}
+
+#[tokio::test]
+async fn a_cycle_is_refused_before_it_runs_naming_the_chain() {
+    // a may dispatch to b and b to a: a → b → a would never end.
+    let team = Team::start(
+        vec![model_agent("a", "A", &["b"]), model_agent("b", "B", &["a"])],
+        vec![
+            dispatch("b", "ask a"),
+            dispatch("a", "back to a"),
+            ScriptedReply::text("b gave up"),
+            ScriptedReply::text("a done"),
+        ],
+    )
+    .await;
+    let reply = team.send("/hub a go").await;
+    assert_eq!(
+        (reply.status, reply.text.as_str()),
+        (TaskStatus::Ok, "a done")
+    );
+    let events = team.events().await;
+    let rejected = rejections(&events);
+    assert_eq!(rejected.len(), 1, "{rejected:?}");
+    let (reason, chain, message) = &rejected[0];
+    assert_eq!(*reason, PolicyReason::Cycle);
+    assert_eq!(chain, &["supervisor", "a", "b", "a"]);
+    assert!(
+        message.contains("supervisor → a → b") && message.contains("cycle"),
+        "{message}"
+    );
+    // Only a and b ran; the refused dispatch left nothing in flight.
+    assert_eq!(
+        results(&events),
+        [
+            ("b".to_owned(), DispatchStatus::Ok),
+            ("a".to_owned(), DispatchStatus::Ok)
+        ]
+    );
+    assert_eq!(
+        agent_kinds(&events)
+            .iter()
+            .filter(|k| **k == "dispatch_sent")
+            .count(),
+        2
+    );
+    // b's model saw the refusal as its tool call's observation, and went on.
+    let sent = team.model.sent();
+    assert_eq!(sent.len(), 4, "no model call for the refused dispatch");
+    let observation = format!("{:?}", sent[2].prompt);
+    assert!(
+        observation.contains("already in the execution chain"),
+        "{observation}"
+    );
+    assert!(scheduler(&team).await.running.is_empty());
+}
+
+#[tokio::test]
+async fn a_chain_deeper_than_the_limit_is_refused() {
+    // a → b → c → d → e: the dispatch to e would be the fifth, over the default limit of 4.
+    let team = Team::start(
+        vec![
+            model_agent("a", "A", &["b"]),
+            model_agent("b", "B", &["c"]),
+            model_agent("c", "C", &["d"]),
+            model_agent("d", "D", &["e"]),
+            model_agent("e", "E", &[]),
+        ],
+        vec![
+            dispatch("b", "to b"),
+            dispatch("c", "to c"),
+            dispatch("d", "to d"),
+            dispatch("e", "to e"),
+            ScriptedReply::text("d alone"),
+            ScriptedReply::text("c done"),
+            ScriptedReply::text("b done"),
+            ScriptedReply::text("a done"),
+        ],
+    )
+    .await;
+    let reply = team.send("/hub a go deep").await;
+    assert_eq!(
+        (reply.status, reply.text.as_str()),
+        (TaskStatus::Ok, "a done")
+    );
+    let events = team.events().await;
+    let rejected = rejections(&events);
+    assert_eq!(rejected.len(), 1, "{rejected:?}");
+    let (reason, chain, message) = &rejected[0];
+    assert_eq!(*reason, PolicyReason::Depth);
+    assert_eq!(chain, &["supervisor", "a", "b", "c", "d", "e"]);
+    assert!(
+        message.contains("5 deep") && message.contains("limit of 4"),
+        "{message}"
+    );
+    let depths: Vec<usize> = events
+        .iter()
+        .filter_map(|e| match e {
+            EventKind::DispatchSent { chain, .. } => Some(chain.depth()),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(depths, [1, 2, 3, 4], "e never ran");
+    assert!(
+        results(&events)
+            .iter()
+            .all(|(_, s)| *s == DispatchStatus::Ok)
+    );
+}
+
+#[tokio::test(start_paused = true)]
+async fn an_expired_lease_is_reclaimed_and_its_child_cancelled() {
+    let mut s = settings(RouterMode::Rules);
+    s.lease_ttl = Duration::from_secs(20);
+    let team = Team::start_with(
+        vec![model_agent("slow", "S", &[])],
+        // The first dispatch's model call never ends by itself; the second answers.
+        vec![ScriptedReply::hang(true), ScriptedReply::text("quick")],
+        s,
+        one_slot,
+    )
+    .await;
+    let started = tokio::time::Instant::now();
+    let reply = team.send("/hub slow take your time").await;
+    // Answered when the lease expired, not when the agent ended (it never would have).
+    assert_eq!(started.elapsed(), Duration::from_secs(20));
+    assert_eq!(reply.status, TaskStatus::Error);
+    let error = reply.error.unwrap();
+    assert_eq!(error.kind(), ErrorKind::Timeout, "{error}");
+    assert!(error.to_string().contains("slow"), "{error}");
+
+    // The child's task is cancelled: its conversation reports it, and its slot is free.
+    let child_cancelled = |events: &[EventKind]| {
+        events.iter().any(|e| {
+            matches!(
+                e,
+                EventKind::TaskFinished {
+                    status: TaskStatus::Cancelled,
+                    ..
+                }
+            )
+        })
+    };
+    let mut events = team.events().await;
+    for _ in 0..100 {
+        if child_cancelled(&events) {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+        events = team.events().await;
+    }
+    assert!(child_cancelled(&events), "{:?}", agent_kinds(&events));
+    assert_eq!(results(&events), [("slow".into(), DispatchStatus::Expired)]);
+    let warning = events
+        .iter()
+        .find_map(|e| match e {
+            EventKind::Warning {
+                code: WarningCode::LeaseExpired,
+                message,
+            } => Some(message.clone()),
+            _ => None,
+        })
+        .expect("a lease_expired warning");
+    assert!(
+        warning.contains("`slow`") && warning.contains("20000 ms"),
+        "{warning}"
+    );
+    let snapshot = scheduler(&team).await;
+    assert!(
+        snapshot.running.is_empty() && snapshot.waiting.is_empty(),
+        "{snapshot:?}"
+    );
+
+    // The lease is reclaimed: the agent takes the next dispatch at once.
+    let again = team.send("/hub slow now quickly").await;
+    assert_eq!(
+        (again.status, again.text.as_str()),
+        (TaskStatus::Ok, "quick")
+    );
+    assert_eq!(
+        results(&team.events().await),
+        [
+            ("slow".into(), DispatchStatus::Expired),
+            ("slow".into(), DispatchStatus::Ok)
+        ]
+    );
+}
+
+/// How children are scheduled: a dispatcher gives its slot back while its child works and
+/// asks for it again when the child has answered; the child's task asks for a slot like any
+/// task. With one slot for the whole session (every conversation, every agent), a supervisor
+/// that routes with its model, a lead that delegates and its worker all run in turn.
+#[tokio::test(start_paused = true)]
+async fn with_a_single_slot_a_parent_waiting_for_its_child_does_not_lock_the_session() {
+    let team = Team::start_with(
+        vec![
+            model_agent("lead", "L", &["worker"]),
+            model_agent("worker", "W", &[]),
+        ],
+        vec![
+            ScriptedReply::tool(
+                "route",
+                json!({"decision": "dispatch_agent", "agent_id": "lead", "confidence": 0.9}),
+            ),
+            dispatch("worker", "do the part"),
+            ScriptedReply::text("part done").delayed(Duration::from_secs(1)),
+            ScriptedReply::text("all done"),
+        ],
+        settings(RouterMode::Model),
+        one_slot,
+    )
+    .await;
+    assert_eq!(scheduler(&team).await.limit, 1);
+    let reply = team.send("build it").await;
+    assert_eq!(
+        (reply.status, reply.text.as_str()),
+        (TaskStatus::Ok, "all done")
+    );
+    let events = team.events().await;
+    assert_eq!(
+        results(&events),
+        [
+            ("worker".into(), DispatchStatus::Ok),
+            ("lead".into(), DispatchStatus::Ok)
+        ]
+    );
+    // Three tasks ran (root, lead, worker), each model call alone.
+    let finished = events
+        .iter()
+        .filter(|e| matches!(e, EventKind::TaskFinished { .. }))
+        .count();
+    assert_eq!(finished, 3);
+    assert_eq!(team.model.sent().len(), 4);
+    let snapshot = scheduler(&team).await;
+    assert!(
+        snapshot.running.is_empty() && snapshot.waiting.is_empty(),
+        "{snapshot:?}"
+    );
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_failed_or_cancelled_child_keeps_no_slot() {
+    let team = Team::start_with(
+        vec![model_agent("worker", "W", &[])],
+        vec![
+            ScriptedReply::error("the model broke"),
+            ScriptedReply::hang(true),
+        ],
+        settings(RouterMode::Rules),
+        one_slot,
+    )
+    .await;
+    // A child that fails: the dispatcher hears why, and no slot stays held.
+    let failed = team.send("/hub worker try").await;
+    assert_eq!(failed.status, TaskStatus::Error);
+    assert!(
+        failed
+            .error
+            .as_ref()
+            .unwrap()
+            .to_string()
+            .contains("the model broke"),
+        "{:?}",
+        failed.error
+    );
+    let snapshot = scheduler(&team).await;
+    assert!(snapshot.running.is_empty(), "{snapshot:?}");
+
+    // A child cancelled with its dispatcher: both end, no slot stays held.
+    let root = team.session.root().await.unwrap();
+    let session = team.session.clone();
+    let running =
+        tokio::spawn(async move { session.message(root, "/hub worker wait forever").await });
+    let child = loop {
+        let tasks = team.session.tasks(None).await.unwrap();
+        if let Some(child) = tasks.iter().find(|t| t.conversation_id != root)
+            && team.model.sent().len() == 2
+        {
+            break child.clone();
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    };
+    let parent = team
+        .session
+        .tasks(Some(root))
+        .await
+        .unwrap()
+        .remove(0)
+        .task_id;
+    team.session.cancel_task(parent).await.unwrap();
+    let cancelled = running.await.unwrap().unwrap();
+    assert_eq!(cancelled.status, TaskStatus::Cancelled);
+    for _ in 0..100 {
+        if team.session.tasks(None).await.unwrap().is_empty() {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    assert!(
+        team.session.tasks(None).await.unwrap().is_empty(),
+        "the child {} still runs",
+        child.task_id
+    );
+    let snapshot = scheduler(&team).await;
+    assert!(
+        snapshot.running.is_empty() && snapshot.waiting.is_empty(),
+        "{snapshot:?}"
+    );
+    let events = team.events().await;
+    assert_eq!(
+        results(&events),
+        [
+            ("worker".into(), DispatchStatus::Error),
+            ("worker".into(), DispatchStatus::Cancelled)
+        ]
+    );
+    // The session goes on with its single slot: the same agent answers the next dispatch.
+    let next = team.send("/hub worker hello again").await;
+    assert_eq!(
+        (next.status, next.text.as_str()),
+        (TaskStatus::Ok, "You said: hello again")
+    );
+}

@@ -1,0 +1,278 @@
+//! Dispatch to an in-process agent and its binding (A1, A2): `/hub` straight to the agent,
+//! the binding made, stored, reused, resumed by the next run, replaced when it cannot be; a
+//! dispatch that cannot run is refused with its reason, never dropped.
+
+use super::{Team, acp_agent, agent_kinds, model_agent};
+use troupe_proto::agent::{
+    AgentBinding, DispatchStatus, PolicyReason, ProviderKind, RouteDecision, RouteSource,
+};
+use troupe_proto::{
+    AgentError, ConversationId, ErrorKind, EventKind, HistoryItem, TaskStatus, WarningCode,
+};
+use troupe_runtime::ScriptedReply;
+use troupe_store::BindingStore;
+
+fn user_texts(prompt: &[HistoryItem]) -> Vec<String> {
+    prompt
+        .iter()
+        .filter_map(|i| match i {
+            HistoryItem::Message {
+                role: troupe_proto::Role::User,
+                text,
+            } => Some(text.clone()),
+            _ => None,
+        })
+        .collect()
+}
+
+#[tokio::test]
+async fn hub_goes_straight_to_the_agent_and_binds_its_conversation() {
+    let team = Team::start(
+        vec![model_agent("coder", "You write code.", &[])],
+        vec![ScriptedReply::text("patched")],
+    )
+    .await;
+    let reply = team.send("/hub coder fix the bug").await;
+    assert_eq!(
+        (reply.status, reply.text.as_str()),
+        (TaskStatus::Ok, "patched")
+    );
+    let sent = team.model.sent();
+    assert_eq!(sent.len(), 1, "only the agent called the model");
+    assert_eq!(sent[0].instructions, "You write code.");
+    assert_eq!(user_texts(&sent[0].prompt), ["fix the bug"]);
+
+    let events = team.events().await;
+    assert_eq!(
+        agent_kinds(&events),
+        [
+            "route_decided",
+            "dispatch_sent",
+            "session_created",
+            "session_bound",
+            "dispatch_result"
+        ]
+    );
+    let route = events
+        .iter()
+        .find_map(|e| match e {
+            EventKind::RouteDecided {
+                decision,
+                agent_id,
+                confidence,
+                source,
+                ..
+            } => Some((*decision, agent_id.clone(), *confidence, *source)),
+            _ => None,
+        })
+        .unwrap();
+    assert_eq!(
+        route,
+        (
+            RouteDecision::DispatchAgent,
+            Some("coder".into()),
+            1.0,
+            RouteSource::Hub
+        )
+    );
+    let (psid, status, text) = events
+        .iter()
+        .find_map(|e| match e {
+            EventKind::DispatchResult {
+                provider_session_id,
+                status,
+                text,
+                agent_id,
+                ..
+            } if agent_id == "coder" => Some((provider_session_id.clone()?, *status, text.clone())),
+            _ => None,
+        })
+        .unwrap();
+    assert_eq!((status, text.as_str()), (DispatchStatus::Ok, "patched"));
+    assert!(events.iter().any(|e| matches!(e,
+        EventKind::SessionBound { agent_id, provider: ProviderKind::Model, provider_session_id, replaced: None, .. }
+            if agent_id == "coder" && *provider_session_id == psid)));
+    // The provider session is the agent's conversation, open in the session.
+    let conversation: ConversationId = psid.parse().unwrap();
+    assert!(
+        team.session
+            .conversation_actor(conversation)
+            .await
+            .unwrap()
+            .is_some()
+    );
+    let stored = team.store.bindings(Some(team.session_id)).await.unwrap();
+    assert_eq!(stored.len(), 1);
+    assert_eq!(
+        (
+            stored[0].agent_id.as_str(),
+            stored[0].provider,
+            stored[0].provider_session_id.as_str()
+        ),
+        ("coder", ProviderKind::Model, psid.as_str())
+    );
+
+    // The next dispatch reuses the binding: no new provider session, the agent remembers.
+    let again = team.send("/hub coder and the test").await;
+    assert_eq!(again.text, "You said: and the test");
+    let events = team.events().await;
+    assert_eq!(
+        agent_kinds(&events)[5..],
+        ["route_decided", "dispatch_sent", "dispatch_result"]
+    );
+    assert!(events.iter().any(|e| matches!(e,
+        EventKind::DispatchSent { provider_session_id: Some(p), .. } if *p == psid)));
+    let results: Vec<Option<String>> = events
+        .iter()
+        .filter_map(|e| match e {
+            EventKind::DispatchResult {
+                provider_session_id,
+                ..
+            } => Some(provider_session_id.clone()),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(results, [Some(psid.clone()), Some(psid.clone())]);
+    let sent = team.model.sent();
+    assert_eq!(user_texts(&sent[1].prompt), ["fix the bug", "and the test"]);
+}
+
+#[tokio::test]
+async fn the_next_run_resumes_the_binding_with_the_agents_history() {
+    let team = Team::start(
+        vec![model_agent("coder", "You write code.", &[])],
+        vec![ScriptedReply::text("noted")],
+    )
+    .await;
+    team.send("/hub coder remember the number 42").await;
+    let first: AgentBinding = team.store.bindings(None).await.unwrap().remove(0);
+
+    let team = team.restart(vec![ScriptedReply::text("it was 42")]).await;
+    let reply = team.send("/hub coder which number?").await;
+    assert_eq!(reply.text, "it was 42");
+    let events = team.events().await;
+    let resumed: Vec<&EventKind> = events
+        .iter()
+        .filter(|e| matches!(e, EventKind::SessionResumed { .. }))
+        .collect();
+    assert_eq!(resumed.len(), 1, "{:?}", agent_kinds(&events));
+    assert!(matches!(resumed[0],
+        EventKind::SessionResumed { agent_id, provider_session_id, .. }
+            if agent_id == "coder" && *provider_session_id == first.provider_session_id));
+    assert_eq!(
+        events
+            .iter()
+            .filter(|e| matches!(e, EventKind::SessionCreated { .. }))
+            .count(),
+        1,
+        "the second run created nothing"
+    );
+    // Rebuilt from the rollout: the agent's conversation still holds the first exchange.
+    let sent = team.model.sent();
+    assert_eq!(
+        user_texts(&sent[0].prompt),
+        ["remember the number 42", "which number?"]
+    );
+    let now = team.store.bindings(None).await.unwrap().remove(0);
+    assert_eq!(now.provider_session_id, first.provider_session_id);
+    assert_eq!(now.created_ms, first.created_ms);
+    assert!(now.updated_ms >= first.updated_ms);
+}
+
+#[tokio::test]
+async fn a_binding_that_cannot_be_resumed_is_replaced_with_an_alert() {
+    let team = Team::start(vec![model_agent("coder", "x", &[])], Vec::new()).await;
+    team.store
+        .put_binding(AgentBinding {
+            session_id: team.session_id,
+            agent_id: "coder".into(),
+            provider: ProviderKind::Model,
+            provider_session_id: "gone-long-ago".into(),
+            created_ms: 1,
+            updated_ms: 1,
+        })
+        .await
+        .unwrap();
+    let team = team.restart(Vec::new()).await;
+    let reply = team.send("/hub coder hello").await;
+    assert_eq!(reply.text, "You said: hello");
+    let events = team.events().await;
+    let warning = events
+        .iter()
+        .find_map(|e| match e {
+            EventKind::Warning {
+                code: WarningCode::BindingReplaced,
+                message,
+            } => Some(message.clone()),
+            _ => None,
+        })
+        .expect("an alert says the binding was replaced");
+    assert!(
+        warning.contains("coder") && warning.contains("gone-long-ago"),
+        "{warning}"
+    );
+    let bound = events
+        .iter()
+        .find_map(|e| match e {
+            EventKind::SessionBound {
+                provider_session_id,
+                replaced,
+                ..
+            } => Some((provider_session_id.clone(), replaced.clone())),
+            _ => None,
+        })
+        .unwrap();
+    assert_eq!(bound.1.as_deref(), Some("gone-long-ago"));
+    assert!(bound.0.parse::<ConversationId>().is_ok());
+    let stored = team.store.bindings(None).await.unwrap();
+    assert_eq!(stored[0].provider_session_id, bound.0);
+}
+
+#[tokio::test]
+async fn a_dispatch_that_cannot_run_is_refused_with_its_reason() {
+    let team = Team::start(
+        vec![model_agent("coder", "x", &[]), acp_agent("external")],
+        Vec::new(),
+    )
+    .await;
+    for (text, reason) in [
+        ("/hub ghost do it", PolicyReason::UnknownAgent),
+        ("/hub external do it", PolicyReason::ProviderUnavailable),
+    ] {
+        let reply = team.send(text).await;
+        assert_eq!(reply.status, TaskStatus::Error, "{text}");
+        match reply.error {
+            Some(AgentError::PolicyRejected {
+                reason: r, chain, ..
+            }) => {
+                assert_eq!(r, reason);
+                assert_eq!(chain.first().map(String::as_str), Some("supervisor"));
+            }
+            other => panic!("{text}: {other:?}"),
+        }
+    }
+    let events = team.events().await;
+    let rejected: Vec<PolicyReason> = events
+        .iter()
+        .filter_map(|e| match e {
+            EventKind::PolicyRejected { reason, .. } => Some(*reason),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(
+        rejected,
+        [
+            PolicyReason::UnknownAgent,
+            PolicyReason::ProviderUnavailable
+        ]
+    );
+    assert!(
+        !events
+            .iter()
+            .any(|e| matches!(e, EventKind::DispatchSent { .. })),
+        "nothing was sent"
+    );
+    let usage = team.send("/hub coder").await;
+    assert_eq!(usage.error.map(|e| e.kind()), Some(ErrorKind::InvalidInput));
+    assert!(team.model.sent().is_empty());
+}

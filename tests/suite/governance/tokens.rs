@@ -1,0 +1,338 @@
+//! Authorization tokens (A5): a tool listed `authorizationRequired` runs only with a valid
+//! token a person issued, scoped to an agent, a tool and optionally its arguments, with a TTL
+//! and a number of uses counted once each by the process's token book, in the store (a
+//! restart gives no use back), revocable, and never written anywhere in clear.
+
+use super::tool_refusals;
+use crate::suite::agents::{Extras, Team, model_agent};
+use serde_json::json;
+use std::sync::Arc;
+use std::time::Duration;
+use troupe_actors::token_book::{self, ConsumeRequest, TokenBookRef};
+use troupe_proto::agent::{AgentDefinition, PolicyReason, ToolRules};
+use troupe_proto::governance::{IssueToken, IssuedToken, MessageOptions, TokenRefusal, TokenScope};
+use troupe_proto::{EventKind, MessageReply};
+use troupe_runtime::ScriptedReply;
+use troupe_store::TokenStore;
+use troupe_store::memory::MemoryStore;
+
+fn issue_for(
+    agent: &str,
+    tool: &str,
+    args: Option<&str>,
+    ttl_secs: u64,
+    max_uses: u32,
+) -> IssueToken {
+    IssueToken {
+        scope: TokenScope {
+            agent: agent.into(),
+            tool: tool.into(),
+            args: args.map(str::to_owned),
+        },
+        ttl_secs,
+        max_uses,
+        issued_by: Some("ann".into()),
+    }
+}
+
+fn consume_for(secret: &str, agent: &str, tool: &str) -> ConsumeRequest {
+    ConsumeRequest {
+        digests: vec![troupe_actors::governance::token_digest(secret)],
+        agent: Some(agent.into()),
+        tool: tool.into(),
+        args: "echo hi".into(),
+    }
+}
+
+async fn book_rules(store: Arc<dyn TokenStore>) {
+    let book = token_book::spawn(store.clone()).await.unwrap();
+    let issued = token_book::issue(&book, issue_for("coder", "shell", None, 60, 3))
+        .await
+        .unwrap();
+    let kept = store.tokens().await.unwrap();
+    assert_eq!(kept.len(), 1);
+    assert_ne!(kept[0].digest, issued.token, "only the digest is kept");
+    assert!(!format!("{kept:?}").contains(&issued.token));
+    // Ten calls at once, three uses: exactly three go through.
+    let asks =
+        (0..10).map(|_| token_book::consume(&book, consume_for(&issued.token, "coder", "shell")));
+    let answers = futures::future::join_all(asks).await;
+    assert_eq!(
+        answers.iter().filter(|a| a.is_ok()).count(),
+        3,
+        "{answers:?}"
+    );
+    assert!(
+        answers
+            .iter()
+            .filter_map(|a| a.as_ref().err())
+            .all(|r| *r == TokenRefusal::Exhausted)
+    );
+    assert_eq!(store.tokens().await.unwrap()[0].uses, 3);
+    assert_eq!(
+        token_book::consume(&book, consume_for("tat_nothing", "coder", "shell")).await,
+        Err(TokenRefusal::Unknown)
+    );
+    // Revoked: nothing more.
+    let other = token_book::issue(&book, issue_for("*", "files__*", None, 60, 5))
+        .await
+        .unwrap();
+    assert!(
+        token_book::consume(&book, consume_for(&other.token, "x", "files__read"))
+            .await
+            .is_ok()
+    );
+    assert_eq!(
+        token_book::consume(&book, consume_for(&other.token, "x", "shell")).await,
+        Err(TokenRefusal::OutOfScope)
+    );
+    let revoked = token_book::revoke(&book, other.info.id.clone())
+        .await
+        .unwrap();
+    assert!(revoked.revoked_ms.is_some());
+    assert_eq!(
+        token_book::consume(&book, consume_for(&other.token, "x", "files__read")).await,
+        Err(TokenRefusal::Revoked)
+    );
+    // Bad requests are refused with what is wrong.
+    for bad in [
+        issue_for("no spaces", "shell", None, 60, 1),
+        issue_for("a", "shell", None, 60, 0),
+        issue_for("a", "a b", None, 60, 1),
+        issue_for("a", "shell", None, 0, 1),
+    ] {
+        let answer = token_book::issue(&book, bad.clone()).await;
+        assert!(
+            matches!(answer, Err(troupe_proto::AgentError::InvalidInput { .. })),
+            "{bad:?}: {answer:?}"
+        );
+    }
+    assert!(
+        token_book::revoke(&book, "no-such-token".into())
+            .await
+            .is_err()
+    );
+}
+
+#[tokio::test]
+async fn the_book_counts_each_use_once_in_memory() {
+    book_rules(Arc::new(MemoryStore::new())).await;
+}
+
+#[tokio::test]
+async fn the_book_counts_each_use_once_in_sqlite() {
+    let dir = tempfile::tempdir().unwrap();
+    book_rules(Arc::new(
+        troupe_store::SqliteStore::open_in(dir.path()).unwrap(),
+    ))
+    .await;
+}
+
+#[tokio::test(start_paused = true)]
+async fn an_expired_token_is_refused() {
+    let book = token_book::spawn(Arc::new(MemoryStore::new()))
+        .await
+        .unwrap();
+    let issued = token_book::issue(&book, issue_for("coder", "shell", None, 60, 5))
+        .await
+        .unwrap();
+    assert!(
+        token_book::consume(&book, consume_for(&issued.token, "coder", "shell"))
+            .await
+            .is_ok()
+    );
+    tokio::time::advance(Duration::from_secs(61)).await;
+    assert_eq!(
+        token_book::consume(&book, consume_for(&issued.token, "coder", "shell")).await,
+        Err(TokenRefusal::Expired)
+    );
+}
+
+fn guarded(mut def: AgentDefinition) -> AgentDefinition {
+    def.tools = ToolRules {
+        authorization_required: vec!["shell".into()],
+        ..ToolRules::default()
+    };
+    def
+}
+
+fn echo(word: &str) -> ScriptedReply {
+    ScriptedReply::tool("shell", json!({"command": ["echo", word]}))
+}
+
+/// Commands run for real, without asking.
+fn runs_commands(config: &mut troupe_actors::SessionConfig) {
+    config.conversation.shell_tool = true;
+    config.conversation.approval_policy = troupe_proto::ApprovalPolicy::Never;
+    config.conversation.sandbox_policy = troupe_proto::SandboxPolicy::FullAccess;
+}
+
+async fn send(team: &Team, text: &str, tokens: &[&str]) -> MessageReply {
+    let root = team.session.root().await.unwrap();
+    let options = MessageOptions {
+        tools: None,
+        authorization: tokens.iter().map(|t| (*t).to_owned()).collect(),
+    };
+    tokio::time::timeout(
+        Duration::from_secs(30),
+        team.session.message_with(root, text, options),
+    )
+    .await
+    .unwrap()
+    .unwrap()
+}
+
+/// Outputs of finished shell calls.
+fn shell_outputs(events: &[EventKind]) -> Vec<String> {
+    events
+        .iter()
+        .filter_map(|e| match e {
+            EventKind::ToolCallFinished { name, output, .. } if name == "shell" => {
+                Some(output.clone())
+            }
+            _ => None,
+        })
+        .collect()
+}
+
+async fn team_with_book(
+    defs: Vec<AgentDefinition>,
+    replies: Vec<ScriptedReply>,
+) -> (Team, TokenBookRef) {
+    let book = token_book::spawn(Arc::new(MemoryStore::new()))
+        .await
+        .unwrap();
+    let team = Team::start_extra(
+        defs,
+        replies,
+        runs_commands,
+        Extras {
+            token_book: Some(book.clone()),
+            exec: true,
+        },
+    )
+    .await;
+    (team, book)
+}
+
+#[tokio::test]
+async fn a_tool_that_needs_a_token_runs_only_with_a_valid_one_for_its_agent_tool_and_arguments() {
+    let (team, book) = team_with_book(
+        vec![guarded(model_agent("coder", "You run commands.", &[]))],
+        vec![
+            echo("first"),
+            ScriptedReply::text("one"),
+            echo("second"),
+            ScriptedReply::text("two"),
+            echo("third"),
+            ScriptedReply::text("three"),
+            ScriptedReply::tool("shell", json!({"command": ["rm", "-rf", "x"]})),
+            ScriptedReply::text("four"),
+        ],
+    )
+    .await;
+    let IssuedToken { token, .. } =
+        token_book::issue(&book, issue_for("coder", "shell", Some("echo *"), 600, 1))
+            .await
+            .unwrap();
+    let second = token_book::issue(&book, issue_for("coder", "shell", Some("echo *"), 600, 5))
+        .await
+        .unwrap()
+        .token;
+    // Without a token: refused, nothing ran.
+    assert_eq!(send(&team, "/hub coder say first", &[]).await.text, "one");
+    // With one: it runs, and the one use is spent.
+    assert_eq!(
+        send(&team, "/hub coder say second", &[&token]).await.text,
+        "two"
+    );
+    assert_eq!(
+        send(&team, "/hub coder say third", &[&token]).await.text,
+        "three"
+    );
+    // Another token, but for other arguments.
+    assert_eq!(
+        send(&team, "/hub coder clean", &[&second]).await.text,
+        "four"
+    );
+
+    let events = team.events().await;
+    let outputs = shell_outputs(&events);
+    assert_eq!(outputs.len(), 4, "{outputs:?}");
+    assert!(outputs[1].contains("second"), "it ran: {outputs:?}");
+    let refusals = tool_refusals(&events);
+    let got: Vec<(&str, PolicyReason, bool)> = refusals
+        .iter()
+        .map(|(agent, tool, reason, message)| {
+            assert_eq!((agent.as_str(), tool.as_str()), ("coder", "shell"));
+            (
+                message.as_str(),
+                *reason,
+                message.contains("the agent layer requires one"),
+            )
+        })
+        .map(|(m, r, layer)| {
+            let why = if m.contains("no token was presented") {
+                "missing"
+            } else if m.contains("spent") {
+                "spent"
+            } else if m.contains("covers this agent, tool and arguments") {
+                "scope"
+            } else {
+                m
+            };
+            (why, r, layer)
+        })
+        .collect();
+    assert_eq!(
+        got,
+        [
+            ("missing", PolicyReason::Unauthorized, true),
+            ("spent", PolicyReason::Unauthorized, true),
+            ("scope", PolicyReason::Unauthorized, true),
+        ]
+    );
+    for output in [&outputs[0], &outputs[2], &outputs[3]] {
+        assert!(
+            output.contains("policy rejected (unauthorized)"),
+            "{output}"
+        );
+    }
+    // The token appears in no event.
+    let all = format!("{events:?}");
+    assert!(!all.contains(&token) && !all.contains(&second));
+}
+
+#[tokio::test]
+async fn a_token_presented_to_the_dispatcher_authorizes_its_sub_agents_call() {
+    let (team, book) = team_with_book(
+        vec![
+            model_agent("lead", "You lead.", &["coder"]),
+            guarded(model_agent("coder", "You run commands.", &[])),
+        ],
+        vec![
+            ScriptedReply::tool(
+                "dispatch_agent",
+                json!({"agent_id": "coder", "input": "say hi"}),
+            ),
+            echo("delegated"),
+            ScriptedReply::text("said it"),
+            ScriptedReply::text("done"),
+        ],
+    )
+    .await;
+    let token = token_book::issue(&book, issue_for("coder", "shell", None, 600, 1))
+        .await
+        .unwrap()
+        .token;
+    assert_eq!(send(&team, "/hub lead go", &[&token]).await.text, "done");
+    let events = team.events().await;
+    assert!(
+        tool_refusals(&events).is_empty(),
+        "{:?}",
+        tool_refusals(&events)
+    );
+    assert!(shell_outputs(&events)[0].contains("delegated"));
+    let listed = token_book::list(&book).await.unwrap();
+    assert_eq!(listed[0].uses, 1);
+}
