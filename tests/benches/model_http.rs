@@ -13,10 +13,13 @@
 //! measures are not interleaved); troupe, raw, troupe, raw, all counted:
 //! - troupe: the service in this process (default SQLite store, `openai-responses` provider
 //!   pointed at the server), one keep-alive client, `POST /api/sessions/{id}/messages`
-//!   waiting for the reply, each turn in a new session (so every model request has the same
-//!   size; the session is created outside the timing);
-//! - raw: one keep-alive `reqwest` client POSTs troupe's own model request (the server hands
-//!   it back from `GET /last-request`) to `/v1/responses` and reads the SSE body to its end;
+//!   waiting for the reply; two rows per server: each turn the first of a new session (so
+//!   every model request has the same size; the session is created outside the timing), and
+//!   the later turns of a conversation (sessions of `TROUPE_BENCH_PER_SESSION` turns, 8 by
+//!   default, the first of each not timed);
+//! - raw: one keep-alive `reqwest` client POSTs troupe's own model requests (the server hands
+//!   each back from `GET /last-request`; for the later turns, those of a whole session, taken
+//!   in turn) to `/v1/responses` and reads the SSE body to its end;
 //! - raw on a new connection each time (as `curl` would): the server's own time, which no
 //!   delayed ACK reaches (a new connection starts in quick-ACK mode).
 //!
@@ -209,9 +212,9 @@ fn sorted(mut times: Vec<Duration>) -> Vec<Duration> {
 }
 
 /// The raw request's times, sorted: `WARM_UP` requests, then [`turns`] timed, back to back
-/// on one keep-alive connection (a new connection for each with `fresh`); `body` is what
-/// troupe sent for its turn.
-async fn measure_raw(server: &ModelServer, body: &[u8], fresh: bool) -> Vec<Duration> {
+/// on one keep-alive connection (a new connection for each with `fresh`); `bodies` are what
+/// troupe sent for its turns, taken in turn.
+async fn measure_raw(server: &ModelServer, bodies: &[Vec<u8>], fresh: bool) -> Vec<Duration> {
     let http = if fresh {
         reqwest::Client::builder()
             .pool_max_idle_per_host(0)
@@ -222,6 +225,7 @@ async fn measure_raw(server: &ModelServer, body: &[u8], fresh: bool) -> Vec<Dura
     };
     let mut times = Vec::with_capacity(turns());
     for i in 0..WARM_UP + turns() {
+        let body = &bodies[i % bodies.len()];
         let t = Instant::now();
         raw(&http, &server.base_url, body).await;
         if i >= WARM_UP {
@@ -232,10 +236,17 @@ async fn measure_raw(server: &ModelServer, body: &[u8], fresh: bool) -> Vec<Dura
 }
 
 /// Troupe's warm turn times, sorted, the same way (the scripted model without a server), and
-/// the body of troupe's last model request. Each turn is the first of a new session (created
-/// outside the timing), so every model request is the same size; the connection to the
-/// model server is the one pooled client of the process, warm after the warm-up.
-async fn measure_turns(server: Option<&ModelServer>) -> (Vec<Duration>, Vec<u8>) {
+/// the bodies of troupe's model requests to replay raw. The connection to the model server is
+/// the one pooled client of the process, warm after the warm-up. With `per_session` 1, each
+/// turn is the first of a new session (created outside the timing), so every model request is
+/// the same size; with more, each session takes `per_session` turns and the first is not
+/// timed (the later turns of a live conversation: its actors up, its history growing), and
+/// the bodies are the last session's requests of its timed turns, one per turn, so the raw
+/// requests carry the same sizes.
+async fn measure_turns(
+    server: Option<&ModelServer>,
+    per_session: usize,
+) -> (Vec<Duration>, Vec<Vec<u8>>) {
     let running = start(server.map(|s| s.base_url.as_str())).await;
     let expect = if server.is_some() {
         "Hello, world."
@@ -244,30 +255,53 @@ async fn measure_turns(server: Option<&ModelServer>) -> (Vec<Duration>, Vec<u8>)
     };
     let http = reqwest::Client::new();
     let mut times = Vec::with_capacity(turns());
-    for i in 0..WARM_UP + turns() {
+    let timed_per_session = per_session.saturating_sub(1).max(1);
+    let sessions = (WARM_UP + turns()).div_ceil(timed_per_session);
+    let mut bodies = Vec::new();
+    let mut done = 0;
+    for n in 0..sessions {
         let session = new_session(&http, &running.base).await;
-        let t = Instant::now();
-        turn(&http, &running.base, &session, expect).await;
-        if i >= WARM_UP {
-            times.push(t.elapsed());
+        bodies.clear();
+        for k in 0..per_session {
+            let t = Instant::now();
+            turn(&http, &running.base, &session, expect).await;
+            let elapsed = t.elapsed();
+            if per_session > 1 && k == 0 {
+                continue;
+            }
+            if done >= WARM_UP {
+                times.push(elapsed);
+            }
+            done += 1;
+            if let Some(server) = server.filter(|_| n + 1 == sessions) {
+                bodies.push(last_request(&http, server).await);
+            }
         }
     }
     running.stop().await;
-    let body = match server {
-        Some(server) => {
-            let url = server.base_url.trim_end_matches("/v1").to_owned() + "/last-request";
-            http.get(url)
-                .send()
-                .await
-                .unwrap()
-                .bytes()
-                .await
-                .unwrap()
-                .to_vec()
-        }
-        None => Vec::new(),
-    };
-    (sorted(times), body)
+    (sorted(times), bodies)
+}
+
+/// The body of the model server's last request.
+async fn last_request(http: &reqwest::Client, server: &ModelServer) -> Vec<u8> {
+    let url = server.base_url.trim_end_matches("/v1").to_owned() + "/last-request";
+    http.get(url)
+        .send()
+        .await
+        .unwrap()
+        .bytes()
+        .await
+        .unwrap()
+        .to_vec()
+}
+
+/// Turns a session takes in the "later turns" rows (`TROUPE_BENCH_PER_SESSION`, else 8).
+fn per_session() -> usize {
+    std::env::var("TROUPE_BENCH_PER_SESSION")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(8)
+        .max(2)
 }
 
 fn main() {
@@ -280,6 +314,7 @@ fn main() {
             "| model server | raw, new connection p50 ms | raw keep-alive p50 ms | raw keep-alive p99 ms | troupe turn p50 ms | troupe p99 ms | troupe − raw keep-alive, p50 ms |"
         );
         println!("|---|---:|---:|---:|---:|---:|---:|");
+        let later = per_session();
         for (name, nodelay) in [
             ("Python, Nagle on", false),
             ("Python, TCP_NODELAY", true),
@@ -288,32 +323,36 @@ fn main() {
                 continue;
             }
             let server = ModelServer::start(nodelay);
-            let (turns, body) = measure_turns(Some(&server)).await;
-            let mut raws = measure_raw(&server, &body, false).await;
-            // Troupe again, then raw again: both orders, so a change of load shows.
-            let (more, _) = measure_turns(Some(&server)).await;
-            raws.extend(measure_raw(&server, &body, false).await);
-            let turns = sorted(turns.into_iter().chain(more).collect());
-            let fresh = measure_raw(&server, &body, true).await;
-            let raws = sorted(raws);
-            println!(
-                "| {name} | {} | {} | {} | {} | {} | {} |",
-                ms(pct(&fresh, 0.5)),
-                ms(pct(&raws, 0.5)),
-                ms(pct(&raws, 0.99)),
-                ms(pct(&turns, 0.5)),
-                ms(pct(&turns, 0.99)),
-                signed_ms(pct(&turns, 0.5), pct(&raws, 0.5)),
-            );
+            for (what, per) in [("first turn of a session", 1), ("later turns", later)] {
+                let (turns, bodies) = measure_turns(Some(&server), per).await;
+                let mut raws = measure_raw(&server, &bodies, false).await;
+                // Troupe again, then raw again: both orders, so a change of load shows.
+                let (more, _) = measure_turns(Some(&server), per).await;
+                raws.extend(measure_raw(&server, &bodies, false).await);
+                let turns = sorted(turns.into_iter().chain(more).collect());
+                let fresh = measure_raw(&server, &bodies, true).await;
+                let raws = sorted(raws);
+                println!(
+                    "| {name}, {what} | {} | {} | {} | {} | {} | {} |",
+                    ms(pct(&fresh, 0.5)),
+                    ms(pct(&raws, 0.5)),
+                    ms(pct(&raws, 0.99)),
+                    ms(pct(&turns, 0.5)),
+                    ms(pct(&turns, 0.99)),
+                    signed_ms(pct(&turns, 0.5), pct(&raws, 0.5)),
+                );
+            }
         }
         if !row("scripted") {
             return;
         }
-        let (turns, _) = measure_turns(None).await;
-        println!(
-            "| none (scripted model) | – | – | – | {} | {} | – |",
-            ms(pct(&turns, 0.5)),
-            ms(pct(&turns, 0.99)),
-        );
+        for (what, per) in [("first turn of a session", 1), ("later turns", later)] {
+            let (turns, _) = measure_turns(None, per).await;
+            println!(
+                "| none (scripted model), {what} | – | – | – | {} | {} | – |",
+                ms(pct(&turns, 0.5)),
+                ms(pct(&turns, 0.99)),
+            );
+        }
     });
 }
