@@ -166,6 +166,24 @@ async fn run() {
     config.model.provider = Provider::OpenaiResponses;
     config.model.base_url = server.base_url();
     let http = assembly::build_model(&config, None).unwrap();
+    // For profiling: `TROUPE_BENCH_PROFILE=<kind index>` runs only that kind, scripted.
+    if let Some(k) = std::env::var("TROUPE_BENCH_PROFILE")
+        .ok()
+        .and_then(|v| v.parse::<usize>().ok())
+    {
+        let kinds = [
+            Kind::Plain,
+            Kind::PlainWithAgents,
+            Kind::Dispatch,
+            Kind::TwoPlain,
+        ];
+        let dir = tempfile::tempdir().unwrap();
+        let store = Arc::new(MemoryStore::new());
+        for _ in 0..400 {
+            batch(kinds[k], &Model::Scripted, dir.path(), &store).await;
+        }
+        return;
+    }
     measure("scripted model", &Model::Scripted).await;
     println!();
     measure(
