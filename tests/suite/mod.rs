@@ -22,6 +22,7 @@ mod mcp_oauth;
 mod mcp_servers;
 mod models;
 mod observability;
+mod passivation;
 mod repl;
 mod replay;
 mod restarts;
