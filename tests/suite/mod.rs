@@ -9,6 +9,7 @@ mod cancel;
 mod cli;
 mod cli_once;
 mod close;
+mod cluster;
 mod console;
 mod determinism;
 mod faults;
