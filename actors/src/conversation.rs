@@ -94,14 +94,16 @@ use troupe_proto::{
 mod close;
 mod decide;
 pub mod metrics;
+mod passivation;
 pub mod summary;
 mod tasks;
 mod window;
 
 pub use decide::{
     MessageAdmission, ModelChoice, ReclaimPlan, Rejoin, SlotAnswer, SlotState, YieldPlan,
-    abort_timer_needed, admit, choose_model, clamp_message, interrupted_tasks, reclaim_plan,
-    registry_state, rejoin, slot_answer, yield_plan,
+    abort_timer_needed, admit, choose_model, clamp_message, idle_timer_needed, interrupted_tasks,
+    is_idle, passivation_allowed, passivation_due, reclaim_plan, registry_state, rejoin,
+    slot_answer, yield_plan,
 };
 
 /// The one-turn system prompt of a compaction (C3); never stored.
@@ -138,6 +140,9 @@ pub struct ConversationSettings {
     /// Names of the session's configured MCP servers: what an allowlist may name when no MCP
     /// pool runs to check it (C5).
     pub mcp_servers: Vec<String>,
+    /// How long a conversation stays idle before it offers to be passivated (stopped, kept
+    /// only in the store, reactivated by its next request); `None`: never.
+    pub passivate_after: Option<Duration>,
     /// `[tools]`: the global and role layers of every task's tool policy (A5).
     pub tool_policy: Arc<troupe_proto::governance::ToolPolicyConfig>,
     /// The process's authorization tokens (`None`: a tool that needs one is refused).
@@ -158,6 +163,7 @@ impl Default for ConversationSettings {
             workspace_roots: Vec::new(),
             record_content: false,
             mcp_servers: Vec::new(),
+            passivate_after: None,
             tool_policy: Arc::default(),
             token_book: None,
         }
@@ -206,6 +212,8 @@ pub enum RestoreCause {
     Failure,
     /// The process restarted (`SessionHandle::restore`, `SessionConfig::root_id`).
     Restart,
+    /// It was passivated while idle, and a request for it came.
+    Reactivation,
 }
 
 impl RestoreCause {
@@ -214,6 +222,7 @@ impl RestoreCause {
         match self {
             Self::Failure => "the conversation actor failed",
             Self::Restart => "restored after a restart",
+            Self::Reactivation => "reactivated after passivation",
         }
     }
 
@@ -222,6 +231,7 @@ impl RestoreCause {
         match self {
             Self::Failure => "interrupted by the conversation's failure",
             Self::Restart => "interrupted by a restart",
+            Self::Reactivation => "interrupted before its passivation",
         }
     }
 }
@@ -286,6 +296,11 @@ pub enum ConversationMsg {
     Stats {
         reply: RpcReplyPort<ConversationStats>,
     },
+    /// Timer: the conversation became idle at activity `epoch`, `passivate_after` ago.
+    IdleTimedOut { epoch: u64 },
+    /// The Session asks whether it may passivate this conversation: `true` when it is idle,
+    /// and it then stops; `false` when work came first, and it stays.
+    Passivate { reply: RpcReplyPort<bool> },
     /// Fault injection: panics inside `handle`, to exercise supervision (restart from the
     /// rollout) in tests and drills.
     InjectPanic,
@@ -360,6 +375,13 @@ pub struct ConversationState {
     /// This conversation's policies: the session's, narrowed by the open request (C2).
     approval_policy: ApprovalPolicy,
     sandbox_policy: SandboxPolicy,
+    /// Passivation: counts the requests handled, so an idle timer armed before the latest one
+    /// is known to be stale; and the timer armed (its epoch, to abort it when re-armed).
+    activity: u64,
+    idle_timer: Option<(u64, AbortHandle)>,
+    /// Whether this conversation may be passivated at all (`passivate_after` set and its
+    /// storage policy keeps everything a restore needs).
+    passivate_after: Option<Duration>,
 }
 
 impl Drop for ConversationState {
@@ -373,6 +395,9 @@ impl Drop for ConversationState {
         }
         if let Some(task) = &self.summary_task {
             task.abort();
+        }
+        if let Some((_, timer)) = &self.idle_timer {
+            timer.abort();
         }
         LIVE.fetch_sub(1, Ordering::Relaxed);
         metrics::live(LIVE.load(Ordering::Relaxed));
@@ -406,6 +431,7 @@ impl Actor for Conversation {
         let seen = services.directory.generations();
         let (context, warnings) =
             ConversationContext::from_open(&args.params, settings.shell_tool)?;
+        let own_model = args.model.is_some();
         let model = match args.model {
             Some(own) => own,
             None => model_for(
@@ -569,7 +595,23 @@ impl Actor for Conversation {
             kept,
             approval_policy,
             sandbox_policy,
+            activity: 0,
+            idle_timer: None,
+            passivate_after: passivation_allowed(
+                settings.passivate_after,
+                args.params.storage_policy,
+                own_model,
+            ),
         })
+    }
+
+    async fn post_start(
+        &self,
+        myself: ActorRef<Self::Msg>,
+        state: &mut Self::State,
+    ) -> Result<(), ActorProcessingErr> {
+        state.arm_idle_timer(&myself);
+        Ok(())
     }
 
     async fn handle(
@@ -579,6 +621,28 @@ impl Actor for Conversation {
         state: &mut Self::State,
     ) -> Result<(), ActorProcessingErr> {
         match msg {
+            ConversationMsg::IdleTimedOut { epoch } => {
+                if passivation_due(state.is_idle(), epoch, state.activity) {
+                    state.idle_timer = None;
+                    state.offer_passivation(&myself);
+                }
+                return Ok(());
+            }
+            ConversationMsg::Passivate { reply } => {
+                let idle = state.is_idle();
+                let _ = reply.send(idle);
+                if idle {
+                    tracing::debug!(conversation_id = %state.id, "conversation passivated");
+                    myself.stop(Some("passivated".into()));
+                } else {
+                    state.arm_idle_timer(&myself);
+                }
+                return Ok(());
+            }
+            _ => state.activity += 1,
+        }
+        match msg {
+            ConversationMsg::IdleTimedOut { .. } | ConversationMsg::Passivate { .. } => {}
             ConversationMsg::Message {
                 text,
                 request,
@@ -630,6 +694,7 @@ impl Actor for Conversation {
             }
             ConversationMsg::InjectPanic => panic!("injected fault in conversation {}", state.id),
         }
+        state.arm_idle_timer(&myself);
         Ok(())
     }
 }

@@ -230,6 +230,19 @@ impl SessionHandle {
         .map_err(gone)
     }
 
+    /// Where an open conversation stands (live, asked to passivate, passivated) without
+    /// reactivating it; `None` when it is not open. Observation and tests.
+    pub async fn standing(
+        &self,
+        conversation_id: ConversationId,
+    ) -> Result<Option<crate::session::Standing>, AgentError> {
+        ractor::call!(self.actor, |reply| SessionMsg::Standing {
+            conversation_id,
+            reply
+        })
+        .map_err(gone)
+    }
+
     /// The session's own McpPool (`None` when it runs none), for observation and tests.
     pub async fn mcp_pool(&self) -> Result<Option<crate::mcp_pool::McpPoolHandle>, AgentError> {
         ractor::call!(self.actor, |reply| SessionMsg::McpPool { reply }).map_err(gone)
@@ -354,14 +367,30 @@ impl SessionHandle {
         &self,
         conversation_id: ConversationId,
     ) -> Result<usize, AgentError> {
-        let actor = self
-            .conversation_actor(conversation_id)
-            .await?
-            .ok_or_else(|| AgentError::not_found("conversation", conversation_id))?;
-        ractor::call!(actor, |reply| {
+        self.ask_conversation(conversation_id, |reply| {
             crate::conversation::ConversationMsg::CancelAll { reply }
         })
-        .map_err(|_| AgentError::not_found("conversation", conversation_id))
+        .await
+    }
+
+    /// Calls an open conversation's actor (reactivating it if it was passivated). An actor
+    /// that stopped between the look-up and the call (passivated, or restarted after a
+    /// failure) is looked up again. `NotFound` if it is not open.
+    pub async fn ask_conversation<T: Send + 'static>(
+        &self,
+        conversation_id: ConversationId,
+        make: impl Fn(ractor::RpcReplyPort<T>) -> crate::conversation::ConversationMsg,
+    ) -> Result<T, AgentError> {
+        for _ in 0..3 {
+            let actor = self
+                .conversation_actor(conversation_id)
+                .await?
+                .ok_or_else(|| AgentError::not_found("conversation", conversation_id))?;
+            if let Ok(ractor::rpc::CallResult::Success(answer)) = actor.call(&make, None).await {
+                return Ok(answer);
+            }
+        }
+        Err(AgentError::not_found("conversation", conversation_id))
     }
 
     /// Closes every conversation, flushes the rollout and stops the session.

@@ -40,6 +40,7 @@
 
 mod forward;
 pub mod metrics;
+mod passivation;
 mod spawn;
 mod supervision;
 
@@ -73,6 +74,8 @@ use troupe_proto::{
     SetContext, StoragePolicy,
 };
 
+use self::forward::ConversationRequest;
+pub use self::passivation::{PassivationRoute, Standing, passivation_accepted, request_route};
 use self::spawn::*;
 
 /// How a session is set up.
@@ -223,6 +226,11 @@ pub enum SessionMsg {
         conversation_id: ConversationId,
         reply: RpcReplyPort<Option<ActorRef<ConversationMsg>>>,
     },
+    /// Where a conversation stands, without reactivating it (observation, tests).
+    Standing {
+        conversation_id: ConversationId,
+        reply: RpcReplyPort<Option<Standing>>,
+    },
     /// References to the service actors now.
     Services { reply: RpcReplyPort<ServiceRefs> },
     /// A context change a conversation accepted: keep the restart parameters in step.
@@ -237,15 +245,69 @@ pub enum SessionMsg {
     /// Emits an event of the session through its current Rollout (the service's own events,
     /// such as a stored message's outcome).
     Emit { draft: EventDraft },
+    /// A conversation has been idle for `passivate_after` (from its actor `actor`).
+    PassivationOffered {
+        conversation_id: ConversationId,
+        actor: ActorId,
+    },
+    /// The conversation asked to passivate answered (`Some(true)`: it stopped; `None`: it was
+    /// gone before it could answer).
+    PassivationAnswered {
+        conversation_id: ConversationId,
+        actor: ActorId,
+        answer: Option<bool>,
+    },
     /// Closes everything, flushes the rollout, stops the tree.
     Shutdown { reply: RpcReplyPort<()> },
 }
 
-struct ConversationEntry {
+/// An open conversation in the session's index: its actor, or (passivated) only what starts
+/// it again. Both variants are one pointer, so a passivated conversation costs the map slot
+/// and its boxed parameters.
+enum ConversationEntry {
+    Live(Box<LiveConversation>),
+    Passivated(Box<OpenConversation>),
+}
+
+struct LiveConversation {
     actor: ActorRef<ConversationMsg>,
     params: OpenConversation,
     /// An agent's own model client, kept for its restarts.
     model: Option<Arc<dyn ModelClient>>,
+    /// `Some` while the conversation is asked to passivate: the requests for it that came
+    /// meanwhile, delivered in order once it answered (to it, or to its reactivation).
+    held: Option<Vec<ConversationRequest>>,
+}
+
+impl ConversationEntry {
+    fn params(&self) -> &OpenConversation {
+        match self {
+            Self::Live(live) => &live.params,
+            Self::Passivated(params) => params,
+        }
+    }
+
+    fn params_mut(&mut self) -> &mut OpenConversation {
+        match self {
+            Self::Live(live) => &mut live.params,
+            Self::Passivated(params) => params,
+        }
+    }
+
+    fn standing(&self) -> Standing {
+        match self {
+            Self::Live(live) if live.held.is_some() => Standing::Asked,
+            Self::Live(_) => Standing::Live,
+            Self::Passivated(_) => Standing::Passivated,
+        }
+    }
+
+    fn live(&self) -> Option<&LiveConversation> {
+        match self {
+            Self::Live(live) => Some(live),
+            Self::Passivated(_) => None,
+        }
+    }
 }
 
 /// The Session's state.
@@ -379,15 +441,18 @@ impl Actor for Session {
                 text,
                 options,
                 reply,
-            } => state.forward_message(
-                conversation_id,
-                text,
-                crate::task::TaskRequest {
+            } => {
+                let request = crate::task::TaskRequest {
                     origin: None,
                     options,
-                },
-                reply,
-            ),
+                };
+                let request = ConversationRequest::Message {
+                    text,
+                    request,
+                    reply,
+                };
+                state.deliver(&myself, conversation_id, request).await;
+            }
             SessionMsg::OpenAgent {
                 restore,
                 params,
@@ -404,28 +469,40 @@ impl Actor for Session {
                 text,
                 origin,
                 reply,
-            } => state.forward_message(
-                conversation_id,
-                text,
-                crate::task::TaskRequest {
+            } => {
+                let request = crate::task::TaskRequest {
                     origin: Some(origin),
                     options: crate::governance::RequestGovernance::default(),
-                },
-                reply,
-            ),
+                };
+                let request = ConversationRequest::Message {
+                    text,
+                    request,
+                    reply,
+                };
+                state.deliver(&myself, conversation_id, request).await;
+            }
             SessionMsg::SetContext {
                 conversation_id,
                 update,
                 reply,
-            } => state.forward_set_context(&myself, conversation_id, update, reply),
+            } => {
+                let request = ConversationRequest::SetContext { update, reply };
+                state.deliver(&myself, conversation_id, request).await;
+            }
             SessionMsg::Compact {
                 conversation_id,
                 reply,
-            } => state.forward_compact(conversation_id, reply),
+            } => {
+                let request = ConversationRequest::Compact { reply };
+                state.deliver(&myself, conversation_id, request).await;
+            }
             SessionMsg::Close {
                 conversation_id,
                 reply,
-            } => state.forward_close(&myself, conversation_id, reply),
+            } => {
+                let request = ConversationRequest::Close { reply };
+                state.deliver(&myself, conversation_id, request).await;
+            }
             SessionMsg::Forget { conversation_id } => state.forget(conversation_id),
             SessionMsg::List { reply } => {
                 let _ = reply.send(state.list());
@@ -437,11 +514,18 @@ impl Actor for Session {
                 conversation_id,
                 reply,
             } => {
-                let actor = state
+                let request = ConversationRequest::Actor { reply };
+                state.deliver(&myself, conversation_id, request).await;
+            }
+            SessionMsg::Standing {
+                conversation_id,
+                reply,
+            } => {
+                let standing = state
                     .conversations
                     .get(&conversation_id)
-                    .map(|e| e.actor.clone());
-                let _ = reply.send(actor);
+                    .map(ConversationEntry::standing);
+                let _ = reply.send(standing);
             }
             SessionMsg::Services { reply } => {
                 let _ = reply.send(state.directory.snapshot());
@@ -451,7 +535,7 @@ impl Actor for Session {
                 update,
             } => {
                 if let Some(entry) = state.conversations.get_mut(&conversation_id) {
-                    entry.params.apply(&update);
+                    entry.params_mut().apply(&update);
                 }
             }
             SessionMsg::McpPool { reply } => {
@@ -459,6 +543,19 @@ impl Actor for Session {
             }
             SessionMsg::Emit { draft } => {
                 state.directory.events().emit(draft);
+            }
+            SessionMsg::PassivationOffered {
+                conversation_id,
+                actor,
+            } => state.on_passivation_offered(&myself, conversation_id, actor),
+            SessionMsg::PassivationAnswered {
+                conversation_id,
+                actor,
+                answer,
+            } => {
+                state
+                    .on_passivation_answered(&myself, conversation_id, actor, answer)
+                    .await;
             }
             SessionMsg::Shutdown { reply } => {
                 state.shutdown().await;
@@ -551,11 +648,12 @@ impl SessionState {
         self.by_actor.insert(actor.get_id(), conversation_id);
         self.conversations.insert(
             conversation_id,
-            ConversationEntry {
+            ConversationEntry::Live(Box::new(LiveConversation {
                 actor,
                 params,
                 model,
-            },
+                held: None,
+            })),
         );
         Ok(conversation_id)
     }
@@ -626,8 +724,8 @@ impl SessionState {
     }
 
     fn forget(&mut self, id: ConversationId) {
-        if let Some(entry) = self.conversations.remove(&id) {
-            self.by_actor.remove(&entry.actor.get_id());
+        if let Some(ConversationEntry::Live(live)) = self.conversations.remove(&id) {
+            self.by_actor.remove(&live.actor.get_id());
         }
     }
 
@@ -646,9 +744,10 @@ impl SessionState {
                 reply: r
             });
         }
-        let closes = self.conversations.values().map(|e| {
-            let actor = e.actor.clone();
-            async move { ractor::call!(actor, |r| ConversationMsg::Close { reply: r }) }
+        // A passivated conversation has nothing running: there is nothing to close.
+        let closes = self.conversations.values().filter_map(|e| {
+            let actor = e.live()?.actor.clone();
+            Some(async move { ractor::call!(actor, |r| ConversationMsg::Close { reply: r }) })
         });
         futures::future::join_all(closes).await;
         if let Some(pool) = &self.mcp_pool {

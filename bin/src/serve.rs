@@ -60,6 +60,10 @@ pub struct ServeArgs {
     /// How long an approval request waits for a human, e.g. 5m.
     #[arg(long)]
     pub approval_timeout: Option<String>,
+    /// How long a conversation may stay idle before it is passivated, e.g. 10m; 0: never
+    /// (sessions.passivate_after).
+    #[arg(long)]
+    pub passivate_after: Option<String>,
 }
 
 /// Defaults < config file < environment < flags; the provider as
@@ -95,6 +99,7 @@ fn resolve(args: &ServeArgs) -> anyhow::Result<TroupeConfig> {
         summarizer: args.summarizer.clone(),
         close_timeout: args.close_timeout.clone(),
         approval_timeout: args.approval_timeout.clone(),
+        passivate_after: args.passivate_after.clone(),
     })?;
     Ok(c)
 }

@@ -204,6 +204,7 @@ pub fn session_config(config: &TroupeConfig) -> SessionConfig {
         },
     };
     conv.close_timeout = config.conversation.close_timeout;
+    conv.passivate_after = config.sessions.passivation();
     s.approval_timeout = config.conversation.approval_timeout;
     s
 }
@@ -247,7 +248,12 @@ mod tests {
         c.history.summary_timeout = std::time::Duration::from_secs(9);
         c.conversation.close_timeout = std::time::Duration::from_secs(2);
         c.conversation.approval_timeout = std::time::Duration::from_secs(30);
+        c.sessions.passivate_after = std::time::Duration::from_secs(90);
         let s = session_config(&c);
+        assert_eq!(
+            s.conversation.passivate_after,
+            Some(std::time::Duration::from_secs(90))
+        );
         assert_eq!(
             (
                 s.conversation.history.max_items,

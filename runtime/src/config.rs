@@ -174,6 +174,8 @@ pub struct TroupeConfig {
     pub history: HistoryConfig,
     /// `[conversation]`: the close timeout and the approval timeout (S5, S9).
     pub conversation: ConversationConfig,
+    /// `[sessions]`: how long an idle conversation stays in memory before it is passivated.
+    pub sessions: SessionsConfig,
     /// `[agents]`: where agent definitions are read, who routes, the bounds of dispatches.
     pub agents: AgentsConfig,
     /// `[tools]`: the global layer of every task's tool policy, and `[tools.roles.<role>]`
@@ -312,6 +314,25 @@ impl Default for ConversationConfig {
     }
 }
 
+/// `[sessions]`: what a session keeps in memory.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, Default)]
+#[serde(default, deny_unknown_fields)]
+pub struct SessionsConfig {
+    /// A conversation idle this long (no task running or queued, and so no approval pending)
+    /// is passivated: stopped and kept only in the store, its session keeping a small index
+    /// entry; its next request reactivates it with its history window. Zero (the default):
+    /// never.
+    #[serde(with = "humantime_serde")]
+    pub passivate_after: Duration,
+}
+
+impl SessionsConfig {
+    /// `passivate_after` as the conversations take it (`None`: never).
+    pub fn passivation(&self) -> Option<Duration> {
+        Some(self.passivate_after).filter(|d| !d.is_zero())
+    }
+}
+
 /// The `troupe serve` flags of the history and conversation settings, as given (`None`: not
 /// given). They win over the file and the environment ([`TroupeConfig::apply_conversation_flags`]).
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
@@ -321,6 +342,7 @@ pub struct ConversationFlags {
     pub summarizer: Option<String>,
     pub close_timeout: Option<String>,
     pub approval_timeout: Option<String>,
+    pub passivate_after: Option<String>,
 }
 
 /// Whether the provider, or an endpoint, was named somewhere, so that a base URL or an
@@ -349,6 +371,7 @@ impl Default for TroupeConfig {
             named: ModelNamed::default(),
             history: HistoryConfig::default(),
             conversation: ConversationConfig::default(),
+            sessions: SessionsConfig::default(),
             agents: AgentsConfig::default(),
             tools: troupe_proto::governance::ToolPolicyConfig::default(),
             store: StoreConfig::default(),
@@ -786,6 +809,7 @@ pub const ENV_VARS: &[(&str, &str)] = &[
     ("TROUPE_SUMMARY_TIMEOUT", "history.summary_timeout"),
     ("TROUPE_CLOSE_TIMEOUT", "conversation.close_timeout"),
     ("TROUPE_APPROVAL_TIMEOUT", "conversation.approval_timeout"),
+    ("TROUPE_PASSIVATE_AFTER", "sessions.passivate_after"),
     ("TROUPE_AGENTS_DIR", "agents.dir"),
     ("TROUPE_STORE_BACKEND", "store.backend (sqlite or postgres)"),
     ("TROUPE_POSTGRES_URL", "store.postgres_url"),
@@ -956,6 +980,7 @@ impl TroupeConfig {
             summarizer: get("TROUPE_SUMMARIZER"),
             close_timeout: get("TROUPE_CLOSE_TIMEOUT"),
             approval_timeout: get("TROUPE_APPROVAL_TIMEOUT"),
+            passivate_after: get("TROUPE_PASSIVATE_AFTER"),
         };
         self.apply_conversation_settings(&flags, &ENV_NAMES)?;
         if let Some(v) = get("TROUPE_SUMMARY_TIMEOUT") {
@@ -976,7 +1001,7 @@ impl TroupeConfig {
     fn apply_conversation_settings(
         &mut self,
         given: &ConversationFlags,
-        names: &[&str; 5],
+        names: &[&str; 6],
     ) -> Result<(), ConfigError> {
         if let Some(v) = &given.history_max_items {
             self.history.max_items = parse_num(names[0], v)?;
@@ -992,6 +1017,9 @@ impl TroupeConfig {
         }
         if let Some(v) = &given.approval_timeout {
             self.conversation.approval_timeout = parse_duration(names[4], v)?;
+        }
+        if let Some(v) = &given.passivate_after {
+            self.sessions.passivate_after = parse_duration(names[5], v)?;
         }
         Ok(())
     }
@@ -1053,21 +1081,23 @@ pub const fn provider_name(provider: Provider) -> &'static str {
     }
 }
 /// The names errors give for the [`ConversationFlags`] fields, read from the environment...
-const ENV_NAMES: [&str; 5] = [
+const ENV_NAMES: [&str; 6] = [
     "TROUPE_HISTORY_MAX_ITEMS",
     "TROUPE_HISTORY_MAX_TOKENS",
     "TROUPE_SUMMARIZER",
     "TROUPE_CLOSE_TIMEOUT",
     "TROUPE_APPROVAL_TIMEOUT",
+    "TROUPE_PASSIVATE_AFTER",
 ];
 
 /// ...and given as flags.
-const FLAG_NAMES: [&str; 5] = [
+const FLAG_NAMES: [&str; 6] = [
     "--history-max-items",
     "--history-max-tokens",
     "--summarizer",
     "--close-timeout",
     "--approval-timeout",
+    "--passivate-after",
 ];
 
 /// A comma-separated list, trimmed, without empty items.
@@ -1235,6 +1265,8 @@ summary_timeout = "20s"
 [conversation]
 close_timeout = "7s"
 approval_timeout = "2m"
+[sessions]
+passivate_after = "10m"
 "#,
         )
         .unwrap();
@@ -1248,6 +1280,15 @@ approval_timeout = "2m"
             file_only.conversation.approval_timeout,
             Duration::from_secs(120)
         );
+        assert_eq!(
+            file_only.sessions.passivation(),
+            Some(Duration::from_secs(600))
+        );
+        assert_eq!(
+            TroupeConfig::default().sessions.passivation(),
+            None,
+            "off by default"
+        );
         let mut c = TroupeConfig::load(
             Some(&path),
             &env(&[
@@ -1257,6 +1298,7 @@ approval_timeout = "2m"
                 ("TROUPE_CLOSE_TIMEOUT", "3s"),
                 ("TROUPE_APPROVAL_TIMEOUT", "90s"),
                 ("TROUPE_SUMMARY_TIMEOUT", "5s"),
+                ("TROUPE_PASSIVATE_AFTER", "5m"),
             ]),
         )
         .unwrap();
@@ -1264,8 +1306,10 @@ approval_timeout = "2m"
         assert_eq!(c.history.summarizer, SummarizerKind::Local);
         assert_eq!(c.history.summary_timeout, Duration::from_secs(5));
         assert_eq!(c.conversation.close_timeout, Duration::from_secs(3));
+        assert_eq!(c.sessions.passivate_after, Duration::from_secs(300));
         c.apply_conversation_flags(&ConversationFlags {
             history_max_items: Some("20".into()),
+            passivate_after: Some("0s".into()),
             summarizer: Some("model".into()),
             close_timeout: Some("1s".into()),
             ..ConversationFlags::default()
@@ -1276,6 +1320,11 @@ approval_timeout = "2m"
         assert_eq!(c.conversation.close_timeout, Duration::from_secs(1));
         assert_eq!(c.history.max_tokens, 4000, "no flag: the env's stays");
         assert_eq!(c.conversation.approval_timeout, Duration::from_secs(90));
+        assert_eq!(
+            c.sessions.passivation(),
+            None,
+            "a flag of zero turns it off"
+        );
         let bad = c
             .apply_conversation_flags(&ConversationFlags {
                 summarizer: Some("oracle".into()),
@@ -1291,6 +1340,10 @@ approval_timeout = "2m"
             .unwrap_err()
             .to_string();
         assert!(bad.contains("TROUPE_CLOSE_TIMEOUT"), "{bad}");
+        let bad = TroupeConfig::load(None, &env(&[("TROUPE_PASSIVATE_AFTER", "idle")]))
+            .unwrap_err()
+            .to_string();
+        assert!(bad.contains("TROUPE_PASSIVATE_AFTER"), "{bad}");
     }
 
     #[test]

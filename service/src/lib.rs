@@ -48,6 +48,7 @@ pub mod error;
 pub mod extract;
 pub mod host;
 pub mod http;
+pub mod lease_keeper;
 pub mod listen;
 pub mod metrics;
 pub mod registry;

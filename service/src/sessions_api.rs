@@ -336,12 +336,9 @@ impl SessionsApi {
         conversation_id: ConversationId,
     ) -> Result<ConversationStats, AgentError> {
         let handle = self.session(scope, session_id).await?;
-        let actor = handle
-            .conversation_actor(conversation_id)
-            .await?
-            .ok_or_else(|| AgentError::not_found("conversation", conversation_id))?;
-        ractor::call!(actor, |reply| ConversationMsg::Stats { reply })
-            .map_err(|e| AgentError::internal(format!("conversation unavailable: {e}")))
+        handle
+            .ask_conversation(conversation_id, |reply| ConversationMsg::Stats { reply })
+            .await
     }
 
     /// A session's conversations (open and closed), oldest first.

@@ -42,6 +42,7 @@ mod conn;
 #[cfg(test)]
 mod crash_tests;
 mod find;
+pub mod leases;
 pub mod memory;
 mod memory_a2a;
 mod memory_rollout;
@@ -61,6 +62,7 @@ mod tests;
 pub mod ttl;
 
 pub use find::{FoundTask, find_task};
+pub use leases::{Acquired, Lease, SessionLeases, SingleNode};
 pub use memory_rollout::MemoryRolloutStorage;
 #[cfg(feature = "postgres")]
 pub use postgres::{PgOptions, PgRolloutStorage, PgStore, describe_pg_url};

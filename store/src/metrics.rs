@@ -56,6 +56,7 @@ pub fn describe() {
     }
     describe_records_read();
     describe_pg();
+    crate::leases::describe();
 }
 
 /// Registers the PostgreSQL store's series at 0: its pools (none open yet) and its errors.

@@ -220,3 +220,39 @@ pub fn choose_model(
         Some(m) => Ok(ModelChoice::Named(m.to_owned())),
     }
 }
+
+/// Whether a conversation is idle: no task runs or waits in it, it is not closing, and no
+/// model summary of its history is being written. (A pending approval or elicitation always
+/// belongs to a running task; event subscribers listen to the session's Rollout, which stays.)
+pub fn is_idle(running: bool, queued: usize, closing: bool, summarizing: bool) -> bool {
+    !running && queued == 0 && !closing && !summarizing
+}
+
+/// How long a conversation waits idle before it offers to be passivated: `after` when its
+/// storage policy keeps every record a restore rebuilds it from (`Full`: a `Ttl` sweep, or a
+/// policy without content, would bring it back with less history than it had), and it has
+/// no model client of its own (an in-process agent's, which only its hub can give again).
+pub fn passivation_allowed(
+    after: Option<Duration>,
+    policy: troupe_proto::StoragePolicy,
+    own_model: bool,
+) -> Option<Duration> {
+    after.filter(|_| policy == troupe_proto::StoragePolicy::Full && !own_model)
+}
+
+/// Whether to arm the idle timer: passivation is on, the conversation is idle, and no timer
+/// is armed for its latest activity.
+pub fn idle_timer_needed(
+    after: Option<Duration>,
+    idle: bool,
+    armed: Option<u64>,
+    activity: u64,
+) -> bool {
+    after.is_some() && idle && armed != Some(activity)
+}
+
+/// Whether an idle timer that fired counts: nothing happened since it was armed and the
+/// conversation is still idle.
+pub fn passivation_due(idle: bool, timer_epoch: u64, activity: u64) -> bool {
+    idle && timer_epoch == activity
+}

@@ -5,6 +5,8 @@ use metrics::Unit;
 use troupe_proto::{TaskStats, TaskStatus};
 
 pub const LIVE: &str = "troupe_conversations_live";
+/// Conversations active (not passivated) in this process: their actors are alive.
+pub const ACTIVE: &str = "troupe_conversations_active";
 /// Tasks started, by kind (`message`, `compact`).
 pub const TASKS_STARTED: &str = "troupe_tasks_started_total";
 /// Tasks finished, by status.
@@ -85,6 +87,12 @@ pub fn describe() {
         metrics::counter!(TOKENS, "direction" => direction).increment(0);
     }
     metrics::gauge!(LIVE).increment(0.0);
+    metrics::describe_gauge!(
+        ACTIVE,
+        Unit::Count,
+        "Conversations active in this process (their actors alive; passivated ones are not counted)."
+    );
+    metrics::gauge!(ACTIVE).increment(0.0);
     metrics::counter!(CANCELLED_ALL).increment(0);
     metrics::describe_counter!(
         MODEL_SUMMARIES,
@@ -125,6 +133,7 @@ pub fn model_summary(outcome: &'static str) {
 
 pub fn live(n: usize) {
     metrics::gauge!(LIVE).set(n as f64);
+    metrics::gauge!(ACTIVE).set(n as f64);
 }
 
 /// A task started; `kind` is `message` or `compact`.

@@ -1,101 +1,176 @@
 //! Requests the session passes on to one of its conversations: a message, a compaction, a
-//! context update, a close; an unknown conversation is `NotFound`.
+//! context update, a close, a look-up of its actor. A passivated conversation is reactivated
+//! first, and one being asked to passivate holds them (see `passivation`); an unknown
+//! conversation is `NotFound`.
 
 use super::*;
 
-impl SessionState {
-    pub(super) fn forward_message(
-        &self,
-        id: ConversationId,
+/// A request for one conversation, as the session delivers it.
+pub(crate) enum ConversationRequest {
+    /// Runs one task (a user message, or a dispatch to an agent).
+    Message {
         text: String,
         request: crate::task::TaskRequest,
         reply: RpcReplyPort<Result<MessageReply, AgentError>>,
-    ) {
-        let Some(entry) = self.conversations.get(&id) else {
-            let _ = reply.send(Err(AgentError::not_found("conversation", id)));
-            return;
-        };
-        if let Err(MessagingErr::SendErr(ConversationMsg::Message { reply, .. })) =
-            entry.actor.cast(ConversationMsg::Message {
-                text,
-                request,
-                reply,
-            })
-        {
-            let _ = reply.send(Err(AgentError::not_found("conversation", id)));
-        }
-    }
-
-    pub(super) fn forward_compact(
-        &self,
-        id: ConversationId,
+    },
+    Compact {
         reply: RpcReplyPort<Result<MessageReply, AgentError>>,
-    ) {
-        let Some(entry) = self.conversations.get(&id) else {
-            let _ = reply.send(Err(AgentError::not_found("conversation", id)));
-            return;
-        };
-        if let Err(MessagingErr::SendErr(ConversationMsg::Compact { reply })) =
-            entry.actor.cast(ConversationMsg::Compact { reply })
-        {
-            let _ = reply.send(Err(AgentError::not_found("conversation", id)));
-        }
-    }
-
-    pub(super) fn forward_set_context(
-        &mut self,
-        myself: &ActorRef<SessionMsg>,
-        id: ConversationId,
+    },
+    SetContext {
         update: SetContext,
         reply: RpcReplyPort<Result<(), AgentError>>,
-    ) {
-        let Some(entry) = self.conversations.get(&id) else {
-            let _ = reply.send(Err(AgentError::not_found("conversation", id)));
-            return;
-        };
-        let actor = entry.actor.clone();
-        let session = myself.clone();
-        // The parameters a restart would use follow only a change the conversation accepted
-        // (a refused allowlist must not make its restart fail).
-        tokio::spawn(async move {
-            let applied = update.clone();
-            let answer = ractor::call!(actor, |r| ConversationMsg::SetContext { update, reply: r })
-                .unwrap_or_else(|_| Err(AgentError::not_found("conversation", id)));
-            if answer.is_ok() {
-                let _ = session.cast(SessionMsg::ContextApplied {
-                    conversation_id: id,
-                    update: applied,
-                });
-            }
-            let _ = reply.send(answer);
-        });
-    }
-
-    pub(super) fn forward_close(
-        &self,
-        myself: &ActorRef<SessionMsg>,
-        id: ConversationId,
+    },
+    Close {
         reply: RpcReplyPort<Closed>,
-    ) {
-        let Some(entry) = self.conversations.get(&id) else {
-            let _ = reply.send(Closed {
-                conversation_id: id,
-                outcome: CloseOutcome::AlreadyClosed,
-            });
-            return;
-        };
-        let actor = entry.actor.clone();
-        let session = myself.clone();
-        tokio::spawn(async move {
-            let closed =
-                ractor::call!(actor, |r| ConversationMsg::Close { reply: r }).unwrap_or(Closed {
+    },
+    /// Its actor (statistics, cancel-all and tests call it directly).
+    Actor {
+        reply: RpcReplyPort<Option<ActorRef<ConversationMsg>>>,
+    },
+}
+
+impl ConversationRequest {
+    /// Answers a request its conversation cannot take (a close: already closed).
+    pub(super) fn refuse(self, id: ConversationId, error: AgentError) {
+        match self {
+            Self::Message { reply, .. } | Self::Compact { reply } => {
+                let _ = reply.send(Err(error));
+            }
+            Self::SetContext { reply, .. } => {
+                let _ = reply.send(Err(error));
+            }
+            Self::Close { reply } => {
+                let _ = reply.send(Closed {
                     conversation_id: id,
                     outcome: CloseOutcome::AlreadyClosed,
                 });
-            let _ = session.cast(SessionMsg::Forget {
-                conversation_id: id,
-            });
-            let _ = reply.send(closed);
-        });
+            }
+            Self::Actor { reply } => {
+                let _ = reply.send(None);
+            }
+        }
     }
+}
+
+impl SessionState {
+    /// Delivers a request to its conversation: now when it is live, after its reactivation
+    /// when it is passivated, or once it answered when it is being asked to passivate.
+    pub(super) async fn deliver(
+        &mut self,
+        myself: &ActorRef<SessionMsg>,
+        id: ConversationId,
+        request: ConversationRequest,
+    ) {
+        let standing = self.conversations.get(&id).map(ConversationEntry::standing);
+        match request_route(standing) {
+            PassivationRoute::Unknown => {
+                request.refuse(id, AgentError::not_found("conversation", id));
+            }
+            PassivationRoute::Forward => self.forward(myself, id, request),
+            PassivationRoute::Hold => {
+                if let Some(ConversationEntry::Live(live)) = self.conversations.get_mut(&id)
+                    && let Some(held) = &mut live.held
+                {
+                    held.push(request);
+                }
+            }
+            PassivationRoute::Reactivate => match self.reactivate(&myself.get_cell(), id).await {
+                Ok(()) => self.forward(myself, id, request),
+                Err(error) => request.refuse(id, error),
+            },
+        }
+    }
+
+    /// Passes a request on to a live conversation's actor.
+    pub(super) fn forward(
+        &self,
+        myself: &ActorRef<SessionMsg>,
+        id: ConversationId,
+        request: ConversationRequest,
+    ) {
+        let Some(actor) = self
+            .conversations
+            .get(&id)
+            .and_then(ConversationEntry::live)
+            .map(|live| live.actor.clone())
+        else {
+            request.refuse(id, AgentError::not_found("conversation", id));
+            return;
+        };
+        match request {
+            ConversationRequest::Message {
+                text,
+                request,
+                reply,
+            } => {
+                if let Err(MessagingErr::SendErr(ConversationMsg::Message { reply, .. })) = actor
+                    .cast(ConversationMsg::Message {
+                        text,
+                        request,
+                        reply,
+                    })
+                {
+                    let _ = reply.send(Err(AgentError::not_found("conversation", id)));
+                }
+            }
+            ConversationRequest::Compact { reply } => {
+                if let Err(MessagingErr::SendErr(ConversationMsg::Compact { reply })) =
+                    actor.cast(ConversationMsg::Compact { reply })
+                {
+                    let _ = reply.send(Err(AgentError::not_found("conversation", id)));
+                }
+            }
+            ConversationRequest::SetContext { update, reply } => {
+                forward_set_context(myself, actor, id, update, reply);
+            }
+            ConversationRequest::Close { reply } => forward_close(myself, actor, id, reply),
+            ConversationRequest::Actor { reply } => {
+                let _ = reply.send(Some(actor));
+            }
+        }
+    }
+}
+
+fn forward_set_context(
+    myself: &ActorRef<SessionMsg>,
+    actor: ActorRef<ConversationMsg>,
+    id: ConversationId,
+    update: SetContext,
+    reply: RpcReplyPort<Result<(), AgentError>>,
+) {
+    let session = myself.clone();
+    // The parameters a restart would use follow only a change the conversation accepted
+    // (a refused allowlist must not make its restart fail).
+    tokio::spawn(async move {
+        let applied = update.clone();
+        let answer = ractor::call!(actor, |r| ConversationMsg::SetContext { update, reply: r })
+            .unwrap_or_else(|_| Err(AgentError::not_found("conversation", id)));
+        if answer.is_ok() {
+            let _ = session.cast(SessionMsg::ContextApplied {
+                conversation_id: id,
+                update: applied,
+            });
+        }
+        let _ = reply.send(answer);
+    });
+}
+
+fn forward_close(
+    myself: &ActorRef<SessionMsg>,
+    actor: ActorRef<ConversationMsg>,
+    id: ConversationId,
+    reply: RpcReplyPort<Closed>,
+) {
+    let session = myself.clone();
+    tokio::spawn(async move {
+        let closed =
+            ractor::call!(actor, |r| ConversationMsg::Close { reply: r }).unwrap_or(Closed {
+                conversation_id: id,
+                outcome: CloseOutcome::AlreadyClosed,
+            });
+        let _ = session.cast(SessionMsg::Forget {
+            conversation_id: id,
+        });
+        let _ = reply.send(closed);
+    });
 }

@@ -5,6 +5,10 @@ use metrics::{Unit, counter, describe_counter, describe_gauge, gauge};
 
 /// Session actors alive in this process.
 pub const SESSIONS_LIVE: &str = "troupe_sessions_live";
+/// Idle conversations stopped and kept only in the store.
+pub const PASSIVATED: &str = "troupe_conversations_passivated_total";
+/// Passivated conversations started again from the store by a request for them.
+pub const REACTIVATED: &str = "troupe_conversations_reactivated_total";
 /// Children the session restarted after they failed, by actor.
 pub const ACTOR_RESTARTS: &str = "troupe_actor_restarts_total";
 
@@ -56,6 +60,18 @@ pub fn describe() {
         Unit::Count,
         "Actors a session restarted after they failed, by actor (conversation, rollout, scheduler, task_registry, approval_store, mcp_pool, agent_hub)."
     );
+    describe_counter!(
+        PASSIVATED,
+        Unit::Count,
+        "Idle conversations passivated: stopped, kept only in the store and in their session's index."
+    );
+    describe_counter!(
+        REACTIVATED,
+        Unit::Count,
+        "Passivated conversations reactivated from the store by a request for them."
+    );
+    counter!(PASSIVATED).increment(0);
+    counter!(REACTIVATED).increment(0);
     // Restarts are rare: every series exists at 0 so that an alert on an increase sees it.
     for actor in Restarted::ALL {
         counter!(ACTOR_RESTARTS, "actor" => actor.as_str()).increment(0);
@@ -64,6 +80,14 @@ pub fn describe() {
 
 pub fn restarted(actor: Restarted) {
     counter!(ACTOR_RESTARTS, "actor" => actor.as_str()).increment(1);
+}
+
+pub fn passivated() {
+    counter!(PASSIVATED).increment(1);
+}
+
+pub fn reactivated() {
+    counter!(REACTIVATED).increment(1);
 }
 
 /// Counts a session while it lives (a failed session's state is dropped too).

@@ -47,20 +47,40 @@ impl SessionState {
             let Some(entry) = self.conversations.remove(&conversation_id) else {
                 return Ok(());
             };
-            if failed {
+            let live = match entry {
+                ConversationEntry::Live(live) => *live,
+                passivated @ ConversationEntry::Passivated(_) => {
+                    self.conversations.insert(conversation_id, passivated);
+                    return Ok(());
+                }
+            };
+            let me: ActorRef<SessionMsg> = myself.clone().into();
+            if !failed && live.held.is_some() {
+                // It stopped because it was asked to passivate (its answer may come later).
+                self.passivated(&me, conversation_id, live).await;
+            } else if failed {
                 // Restart from the rollout under the same id; siblings are untouched.
                 metrics::restarted(metrics::Restarted::Conversation);
-                if let Err(e) = self
+                match self
                     .spawn_conversation(
                         myself,
                         Some(conversation_id),
-                        entry.params,
-                        entry.model,
+                        live.params,
+                        live.model,
                         Some(RestoreCause::Failure),
                     )
                     .await
                 {
-                    tracing::error!(%conversation_id, error = %e, "conversation restart failed");
+                    Ok(_) => self.release_held(&me, conversation_id, live.held).await,
+                    Err(e) => {
+                        tracing::error!(%conversation_id, error = %e, "conversation restart failed");
+                        for request in live.held.into_iter().flatten() {
+                            request.refuse(
+                                conversation_id,
+                                AgentError::not_found("conversation", conversation_id),
+                            );
+                        }
+                    }
                 }
             }
             return Ok(());
@@ -98,7 +118,7 @@ impl SessionState {
                 let holders = self
                     .conversations
                     .values()
-                    .map(|e| e.actor.get_cell())
+                    .filter_map(|e| Some(e.live()?.actor.get_cell()))
                     .collect();
                 let scheduler = spawn_scheduler(&self.config, holders, myself).await?;
                 self.directory.replace_scheduler(scheduler);
@@ -125,8 +145,12 @@ impl SessionState {
         }
         // Conversations opened from now on read the new actor at their start; those open now
         // re-declare what it must know (their running task's slot, registration, MCP view).
-        for entry in self.conversations.values() {
-            let _ = entry.actor.cast(ConversationMsg::ServicesChanged);
+        for live in self
+            .conversations
+            .values()
+            .filter_map(ConversationEntry::live)
+        {
+            let _ = live.actor.cast(ConversationMsg::ServicesChanged);
         }
         Ok(())
     }
@@ -135,7 +159,7 @@ impl SessionState {
     pub(super) fn storage_policies(&self) -> Vec<(ConversationId, StoragePolicy)> {
         self.conversations
             .iter()
-            .map(|(id, e)| (*id, e.params.storage_policy))
+            .map(|(id, e)| (*id, e.params().storage_policy))
             .collect()
     }
 

@@ -29,12 +29,14 @@
 //! in the server's files; unlike SQLite's, this store does not scrub them.
 
 mod a2a;
+mod leases;
 mod rollout;
 mod rows;
 pub(crate) mod schema;
 mod sql;
 mod write;
 
+pub use leases::Fencing;
 pub use rollout::PgRolloutStorage;
 
 use super::Store;
@@ -62,6 +64,10 @@ pub struct PgOptions {
     pub pool_size: usize,
     /// How long an operation waits for a free connection, or for a new one to connect.
     pub connect_timeout: Duration,
+    /// This node's name, when several nodes share the database: it owns sessions through
+    /// leases ([`crate::SessionLeases`]) and each of its writes about a session is refused
+    /// unless it holds the session's current fence. `None`: one node alone, nothing checked.
+    pub node: Option<String>,
 }
 
 impl Default for PgOptions {
@@ -69,6 +75,7 @@ impl Default for PgOptions {
         Self {
             pool_size: 8,
             connect_timeout: Duration::from_secs(10),
+            node: None,
         }
     }
 }
@@ -155,6 +162,8 @@ pub(crate) fn pool(url: &str, size: usize, timeout: Duration) -> Result<Pool, Ag
 #[derive(Clone)]
 pub struct PgStore {
     pool: Pool,
+    /// The fences this node holds (with a node name).
+    fencing: Fencing,
 }
 
 impl std::fmt::Debug for PgStore {
@@ -186,7 +195,10 @@ impl PgStore {
 
     async fn connect_inner(url: &str, options: &PgOptions) -> Result<Self, AgentError> {
         let pool = pool(url, options.pool_size, options.connect_timeout)?;
-        let store = Self { pool };
+        let store = Self {
+            pool,
+            fencing: Fencing::new(options.node.clone()),
+        };
         let mut client = store.client().await?;
         let found = schema::migrate(&mut client).await?;
         drop(client);
@@ -196,6 +208,12 @@ impl PgStore {
             "postgres store opened"
         );
         Ok(store)
+    }
+
+    /// This node's fences, to share with its rollout storage
+    /// ([`PgRolloutStorage::connect_fenced`]).
+    pub fn fencing(&self) -> Fencing {
+        self.fencing.clone()
     }
 
     /// The schema version of the database it is connected to.
@@ -337,7 +355,12 @@ impl Store for PgStore {
     async fn create_session(&self, session: SessionRecord) -> Result<(), AgentError> {
         let span = tracing::debug_span!("store.create_session", session_id = %session.session_id);
         observed(Op::CreateSession, span, async {
-            in_transaction!(self, |tx| write::create_session(&tx, &session).await)
+            in_transaction!(self, |tx| write::create_session(
+                &tx,
+                &self.fencing,
+                &session
+            )
+            .await)
         })
         .await
     }
@@ -404,7 +427,12 @@ impl Store for PgStore {
             ..conversation
         };
         observed(Op::PutConversation, span, async {
-            in_transaction!(self, |tx| write::put_conversation(&tx, &conversation).await)
+            in_transaction!(self, |tx| write::put_conversation(
+                &tx,
+                &self.fencing,
+                &conversation
+            )
+            .await)
         })
         .await
     }
@@ -418,6 +446,7 @@ impl Store for PgStore {
         observed(Op::CloseConversation, span, async {
             in_transaction!(self, |tx| write::close_conversation(
                 &tx,
+                &self.fencing,
                 conversation_id,
                 closed_ms
             )
@@ -492,7 +521,12 @@ impl Store for PgStore {
             message_id = tracing::field::Empty,
         );
         observed(Op::AppendMessage, span.clone(), async {
-            let record = in_transaction!(self, |tx| write::append_message(&tx, &message).await)?;
+            let record = in_transaction!(self, |tx| write::append_message(
+                &tx,
+                &self.fencing,
+                &message
+            )
+            .await)?;
             span.record("message_id", record.message_id);
             Ok(record)
         })
@@ -519,7 +553,12 @@ impl Store for PgStore {
     async fn start_message(&self, message_id: u64) -> Result<MessageRecord, AgentError> {
         let span = tracing::debug_span!("store.start_message", message_id);
         observed(Op::StartMessage, span, async {
-            in_transaction!(self, |tx| write::start_message(&tx, message_id).await)
+            in_transaction!(self, |tx| write::start_message(
+                &tx,
+                &self.fencing,
+                message_id
+            )
+            .await)
         })
         .await
     }
@@ -531,7 +570,12 @@ impl Store for PgStore {
             status = finish.status.as_str()
         );
         observed(Op::FinishMessage, span, async {
-            in_transaction!(self, |tx| write::finish_message(&tx, &finish).await)
+            in_transaction!(self, |tx| write::finish_message(
+                &tx,
+                &self.fencing,
+                &finish
+            )
+            .await)
         })
         .await
     }
@@ -654,7 +698,11 @@ impl Store for PgStore {
             tracing::debug_span!("store.set_session_status", %session_id, status = status.as_str());
         observed(Op::SetSessionStatus, span, async {
             in_transaction!(self, |tx| write::set_session_status(
-                &tx, session_id, status, at_ms
+                &tx,
+                &self.fencing,
+                session_id,
+                status,
+                at_ms
             )
             .await)
         })
@@ -783,7 +831,8 @@ impl super::BindingStore for PgStore {
             agent_id = %binding.agent_id,
         );
         observed(Op::PutBinding, span, async {
-            in_transaction!(self, |tx| write::put_binding(&tx, &binding).await)
+            in_transaction!(self, |tx| write::put_binding(&tx, &self.fencing, &binding)
+                .await)
         })
         .await
     }
@@ -828,8 +877,13 @@ impl super::BindingStore for PgStore {
     ) -> Result<(), AgentError> {
         let span = tracing::debug_span!("store.remove_binding", %session_id, agent_id);
         observed(Op::RemoveBinding, span, async {
-            in_transaction!(self, |tx| write::remove_binding(&tx, session_id, agent_id)
-                .await)
+            in_transaction!(self, |tx| write::remove_binding(
+                &tx,
+                &self.fencing,
+                session_id,
+                agent_id
+            )
+            .await)
         })
         .await
     }

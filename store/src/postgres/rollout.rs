@@ -51,6 +51,9 @@ struct Inner {
     runtime: Driver,
     leases: Leases,
     records_read: AtomicU64,
+    /// The node's fences (shared with its store): a commit for a session this node lost is
+    /// refused.
+    fencing: super::Fencing,
 }
 
 /// The runtime the statements run on; shut down without waiting when the last clone goes
@@ -68,14 +71,21 @@ impl Drop for Driver {
 impl PgRolloutStorage {
     /// Connects to `url` and brings the schema up to date. Blocks until the server answered.
     pub fn connect(url: &str) -> Result<Self, AgentError> {
+        Self::connect_fenced(url, super::Fencing::default())
+    }
+
+    /// [`PgRolloutStorage::connect`] for a node that owns sessions through leases: give it
+    /// its store's [`PgStore::fencing`](super::PgStore::fencing), and every commit checks the
+    /// session's fence in its transaction.
+    pub fn connect_fenced(url: &str, fencing: super::Fencing) -> Result<Self, AgentError> {
         metrics::describe();
         let started = Instant::now();
-        let result = Self::connect_inner(url);
+        let result = Self::connect_inner(url, fencing);
         metrics::observe(Op::Open, started, result.as_ref().err());
         result
     }
 
-    fn connect_inner(url: &str) -> Result<Self, AgentError> {
+    fn connect_inner(url: &str, fencing: super::Fencing) -> Result<Self, AgentError> {
         let runtime = tokio::runtime::Builder::new_multi_thread()
             .worker_threads(1)
             .thread_name("troupe-pg-rollout")
@@ -93,6 +103,7 @@ impl PgRolloutStorage {
                 runtime: Driver(Some(runtime)),
                 leases: Leases::default(),
                 records_read: AtomicU64::new(0),
+                fencing,
             }),
         };
         let pool = storage.inner.pool.clone();
@@ -549,9 +560,10 @@ impl PgRolloutSink {
         let batch = std::mem::take(&mut self.pending);
         let key = self.session_key.clone();
         let pool = self.storage.inner.pool.clone();
+        let fencing = self.storage.inner.fencing.clone();
         let result = match self
             .storage
-            .run(async move { commit(&pool, &key, batch, high_water, sync).await })
+            .run(async move { commit(&pool, &fencing, &key, batch, high_water, sync).await })
         {
             Ok(r) => r,
             Err(e) => Err(SinkError::new("write", e)),
@@ -571,6 +583,7 @@ impl PgRolloutSink {
 /// The insert of a batch and the high-water mark, in one transaction.
 async fn commit(
     pool: &Pool,
+    fencing: &super::Fencing,
     key: &str,
     batch: Batch,
     high_water: Option<i64>,
@@ -584,6 +597,10 @@ async fn commit(
         .transaction()
         .await
         .map_err(|e| SinkError::new("write", pg_err("begin")(e)))?;
+    fencing
+        .check(&tx, key)
+        .await
+        .map_err(|e| SinkError::new("write", e))?;
     if !sync {
         tx.batch_execute("SET LOCAL synchronous_commit = off")
             .await

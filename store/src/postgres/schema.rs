@@ -22,7 +22,19 @@ pub const VERSION: i32 = MIGRATIONS.len() as i32;
 /// The advisory lock every migration takes (`troupe` in ASCII).
 const MIGRATION_LOCK: i64 = 0x7472_6f75_7065;
 
-const MIGRATIONS: [&str; 2] = [V1, V2_AUTH_TOKENS];
+const MIGRATIONS: [&str; 3] = [V1, V2_AUTH_TOKENS, V3_SESSION_LEASES];
+
+/// Which node owns which session (see `crate::leases`): the owner, its fencing token, and
+/// until when. A row is never deleted (a release expires it), so a fence only grows. No
+/// foreign key: a lease is taken before its session's row is written.
+const V3_SESSION_LEASES: &str = r#"
+CREATE TABLE session_leases (
+    session_id TEXT COLLATE "C" PRIMARY KEY,
+    owner TEXT COLLATE "C" NOT NULL,
+    fence BIGINT NOT NULL,
+    expires_ms BIGINT NOT NULL
+);
+"#;
 
 /// A5: authorization tokens, as SQLite's version 8 keeps them: the digest of the secret,
 /// never the secret; a use counted by compare-and-set on `uses`.

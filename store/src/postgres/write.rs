@@ -5,8 +5,11 @@
 //! Locks: a write about a session locks the session's row (`UPDATE sessions ...`) before it
 //! inserts, so that the session's message ids are in commit order and concurrent writes of
 //! one session are serialised as on SQLite; starting or ending a message locks the message's
-//! row first, so that two nodes cannot both start or end it.
+//! row first, so that two nodes cannot both start or end it. With a node name, every write
+//! about a session first checks this node's fence against the session's lease
+//! ([`Fencing::check`]).
 
+use super::leases::Fencing;
 use super::rows::{MESSAGE_SELECT, message_from_row};
 use super::sql::{col, decoded, exec, row, rows};
 use crate::conn::to_sql_int;
@@ -43,10 +46,12 @@ fn touch_time(at_ms: u64) -> Result<i64, AgentError> {
 /// back, and sets its status when one is given; `false` if there is no such session.
 pub(super) async fn touch(
     tx: &Tx<'_>,
+    fencing: &Fencing,
     session_id: &str,
     at_ms: u64,
     status: Option<SessionStatus>,
 ) -> Result<bool, AgentError> {
+    fencing.check(tx, session_id).await?;
     let at = touch_time(at_ms)?;
     let status = status.map(SessionStatus::as_str);
     let n = exec(
@@ -97,10 +102,15 @@ async fn conversation_owner(
     .transpose()
 }
 
-pub(super) async fn create_session(tx: &Tx<'_>, s: &SessionRecord) -> Result<(), AgentError> {
+pub(super) async fn create_session(
+    tx: &Tx<'_>,
+    fencing: &Fencing,
+    s: &SessionRecord,
+) -> Result<(), AgentError> {
     let created_ms = to_sql_int("created_ms", s.created_ms)?;
     let updated_ms = to_sql_int("updated_ms", s.updated_ms.max(s.created_ms))?;
     let settings = encode("settings", &s.settings.0)?;
+    fencing.check(tx, &s.session_id.to_string()).await?;
     let inserted = exec(
         tx,
         "insert session",
@@ -130,6 +140,7 @@ pub(super) async fn create_session(tx: &Tx<'_>, s: &SessionRecord) -> Result<(),
 
 pub(super) async fn put_conversation(
     tx: &Tx<'_>,
+    fencing: &Fencing,
     conv: &ConversationRecord,
 ) -> Result<(), AgentError> {
     let created_ms = to_sql_int("created_ms", conv.created_ms)?;
@@ -140,6 +151,7 @@ pub(super) async fn put_conversation(
     let session_id = conv.session_id.to_string();
     if !touch(
         tx,
+        fencing,
         &session_id,
         conv.closed_ms.unwrap_or(conv.created_ms),
         None,
@@ -185,6 +197,7 @@ pub(super) async fn put_conversation(
 
 pub(super) async fn close_conversation(
     tx: &Tx<'_>,
+    fencing: &Fencing,
     id: ConversationId,
     closed_ms: u64,
 ) -> Result<(), AgentError> {
@@ -202,11 +215,14 @@ pub(super) async fn close_conversation(
         return Err(AgentError::not_found("conversation", id));
     };
     let session: String = col(&closed, 0, "close conversation")?;
-    touch(tx, &session, closed_ms, None).await.map(drop)
+    touch(tx, fencing, &session, closed_ms, None)
+        .await
+        .map(drop)
 }
 
 pub(super) async fn append_message(
     tx: &Tx<'_>,
+    fencing: &Fencing,
     m: &NewMessage,
 ) -> Result<MessageRecord, AgentError> {
     let chars = to_sql_int("chars", m.chars)?;
@@ -234,7 +250,7 @@ pub(super) async fn append_message(
     };
     // A user message makes its session active. The session's row is locked from here on.
     let status = m.status.map(|_| SessionStatus::Active);
-    if !touch(tx, &session_id, m.created_ms, status).await? {
+    if !touch(tx, fencing, &session_id, m.created_ms, status).await? {
         return Err(AgentError::not_found("session", m.session_id));
     }
     let expires_ms = ttl
@@ -330,6 +346,7 @@ fn status_name(status: Option<MessageStatus>) -> &'static str {
 
 pub(super) async fn start_message(
     tx: &Tx<'_>,
+    fencing: &Fencing,
     message_id: u64,
 ) -> Result<MessageRecord, AgentError> {
     let mut m = lock_user_message(tx, message_id).await?;
@@ -340,13 +357,14 @@ pub(super) async fn start_message(
         )));
     }
     set_status(tx, message_id, MessageStatus::Running, None, None).await?;
-    touch(tx, &m.session_id.to_string(), 0, None).await?;
+    touch(tx, fencing, &m.session_id.to_string(), 0, None).await?;
     m.status = Some(MessageStatus::Running);
     Ok(m)
 }
 
 pub(super) async fn finish_message(
     tx: &Tx<'_>,
+    fencing: &Fencing,
     f: &FinishMessage,
 ) -> Result<FinishedMessage, AgentError> {
     if !f.status.is_terminal() {
@@ -365,15 +383,15 @@ pub(super) async fn finish_message(
     }
     let mut items = Vec::with_capacity(f.items.len());
     for item in &f.items {
-        items.push(append_message(tx, item).await?);
+        items.push(append_message(tx, fencing, item).await?);
     }
     let reply = match &f.reply {
-        Some(r) => Some(append_message(tx, r).await?),
+        Some(r) => Some(append_message(tx, fencing, r).await?),
         None => None,
     };
     let reply_id = reply.as_ref().map(|r| r.message_id);
     set_status(tx, f.message_id, f.status, f.task_id, reply_id).await?;
-    if !touch(tx, &m.session_id.to_string(), 0, f.session_status).await? {
+    if !touch(tx, fencing, &m.session_id.to_string(), 0, f.session_status).await? {
         return Err(AgentError::not_found("session", m.session_id));
     }
     m.status = Some(f.status);
@@ -462,11 +480,12 @@ pub(super) async fn set_current(
 
 pub(super) async fn set_session_status(
     tx: &Tx<'_>,
+    fencing: &Fencing,
     session_id: SessionId,
     status: SessionStatus,
     at_ms: u64,
 ) -> Result<(), AgentError> {
-    if !touch(tx, &session_id.to_string(), at_ms, Some(status)).await? {
+    if !touch(tx, fencing, &session_id.to_string(), at_ms, Some(status)).await? {
         return Err(AgentError::not_found("session", session_id));
     }
     Ok(())
@@ -474,10 +493,12 @@ pub(super) async fn set_session_status(
 
 pub(super) async fn put_binding(
     tx: &Tx<'_>,
+    fencing: &Fencing,
     b: &troupe_proto::agent::AgentBinding,
 ) -> Result<(), AgentError> {
     let created_ms = to_sql_int("created_ms", b.created_ms)?;
     let updated_ms = to_sql_int("updated_ms", b.updated_ms)?;
+    fencing.check(tx, &b.session_id.to_string()).await?;
     exec(
         tx,
         "put binding",
@@ -504,9 +525,11 @@ pub(super) async fn put_binding(
 
 pub(super) async fn remove_binding(
     tx: &Tx<'_>,
+    fencing: &Fencing,
     session_id: SessionId,
     agent_id: &str,
 ) -> Result<(), AgentError> {
+    fencing.check(tx, &session_id.to_string()).await?;
     exec(
         tx,
         "remove binding",

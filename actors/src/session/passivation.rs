@@ -1,0 +1,247 @@
+//! Passivation, the session's side (virtual conversations).
+//!
+//! ```text
+//! Conversation idle for passivate_after ──PassivationOffered──► Session
+//!   accepted? ── no ─► nothing (it stays live)
+//!     └─ yes ─► entry Asked: requests for it are held ──Passivate──► Conversation
+//!                 ├─ true:  it stops; entry Passivated (its parameters only); held
+//!                 │         requests reactivate it
+//!                 └─ false: work came first; held requests go to it, in order
+//! a request for a Passivated entry ─► reactivate (restore from the rollout, as after a
+//!   restart) ─► deliver it
+//! ```
+//!
+//! Nothing is lost in the race between a request and a passivation: whatever the Session
+//! forwarded before it asked is ahead of `Passivate` in the conversation's mailbox (the
+//! conversation then is not idle and says no), and whatever comes after is held by the
+//! Session until the answer. The conversation's stop (a supervision event) and its answer
+//! may arrive in either order; the first settles the entry, the second finds nothing to do.
+//!
+//! What stays while a conversation is passivated: its index entry here, its storage policy
+//! at the Rollout, its remembered approvals at the ApprovalStore and the session's event
+//! stream (subscribers listen to the Rollout, which stays: they see its events again once it
+//! is reactivated). Reactivation reads its restore window from the rollout and emits
+//! `conversation_restarted` (reason "reactivated after passivation").
+
+use super::*;
+
+/// Where a conversation stands in the session's index.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Standing {
+    Live,
+    /// Asked to passivate; requests for it are held until it answers.
+    Asked,
+    Passivated,
+}
+
+/// What to do with a request for a conversation.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum PassivationRoute {
+    Unknown,
+    Forward,
+    Hold,
+    Reactivate,
+}
+
+/// Where a request for a conversation goes, by where it stands (`None`: not open).
+pub fn request_route(standing: Option<Standing>) -> PassivationRoute {
+    match standing {
+        None => PassivationRoute::Unknown,
+        Some(Standing::Live) => PassivationRoute::Forward,
+        Some(Standing::Asked) => PassivationRoute::Hold,
+        Some(Standing::Passivated) => PassivationRoute::Reactivate,
+    }
+}
+
+/// Whether the session takes a conversation's offer to passivate: it is live (not already
+/// asked), the offer comes from its current actor (not one that failed and was replaced),
+/// it has no model client of its own, and the session is not shutting down.
+pub fn passivation_accepted(
+    shutting_down: bool,
+    standing: Option<Standing>,
+    same_actor: bool,
+    own_model: bool,
+) -> bool {
+    !shutting_down && standing == Some(Standing::Live) && same_actor && !own_model
+}
+
+impl SessionState {
+    pub(super) fn on_passivation_offered(
+        &mut self,
+        myself: &ActorRef<SessionMsg>,
+        id: ConversationId,
+        actor: ActorId,
+    ) {
+        let standing = self.conversations.get(&id).map(ConversationEntry::standing);
+        let Some(ConversationEntry::Live(live)) = self.conversations.get_mut(&id) else {
+            return;
+        };
+        if !passivation_accepted(
+            self.shutting_down,
+            standing,
+            live.actor.get_id() == actor,
+            live.model.is_some(),
+        ) {
+            return;
+        }
+        live.held = Some(Vec::new());
+        let conversation = live.actor.clone();
+        let session = myself.clone();
+        tokio::spawn(async move {
+            let answer =
+                ractor::call!(conversation, |reply| ConversationMsg::Passivate { reply }).ok();
+            let _ = session.cast(SessionMsg::PassivationAnswered {
+                conversation_id: id,
+                actor,
+                answer,
+            });
+        });
+    }
+
+    pub(super) async fn on_passivation_answered(
+        &mut self,
+        myself: &ActorRef<SessionMsg>,
+        id: ConversationId,
+        actor: ActorId,
+        answer: Option<bool>,
+    ) {
+        let asked = matches!(
+            self.conversations.get(&id),
+            Some(ConversationEntry::Live(live)) if live.held.is_some() && live.actor.get_id() == actor
+        );
+        if !asked {
+            return; // settled already (by its stop, or its failure and restart)
+        }
+        match answer {
+            Some(true) => {
+                let Some(ConversationEntry::Live(live)) = self.conversations.remove(&id) else {
+                    return;
+                };
+                self.by_actor.remove(&actor);
+                self.passivated(myself, id, *live).await;
+            }
+            // It had work, or it is gone (its stop or failure settles it as a supervision
+            // event; until then its requests stay held).
+            Some(false) => {
+                let held = match self.conversations.get_mut(&id) {
+                    Some(ConversationEntry::Live(live)) => live.held.take(),
+                    _ => None,
+                };
+                self.release_held(myself, id, held).await;
+            }
+            None => {}
+        }
+    }
+
+    /// A conversation stopped for its passivation: keep only its parameters, then reactivate
+    /// it at once if requests came meanwhile.
+    pub(super) async fn passivated(
+        &mut self,
+        myself: &ActorRef<SessionMsg>,
+        id: ConversationId,
+        live: LiveConversation,
+    ) {
+        metrics::passivated();
+        tracing::debug!(session_id = %self.id, conversation_id = %id, "conversation passivated");
+        self.conversations
+            .insert(id, ConversationEntry::Passivated(Box::new(live.params)));
+        self.release_held(myself, id, live.held).await;
+    }
+
+    /// Delivers the requests held during a passivation, in the order they came.
+    pub(super) async fn release_held(
+        &mut self,
+        myself: &ActorRef<SessionMsg>,
+        id: ConversationId,
+        held: Option<Vec<ConversationRequest>>,
+    ) {
+        for request in held.into_iter().flatten() {
+            self.deliver(myself, id, request).await;
+        }
+    }
+
+    /// Starts a passivated conversation again, its history restored from its rollout.
+    pub(super) async fn reactivate(
+        &mut self,
+        cell: &ActorCell,
+        id: ConversationId,
+    ) -> Result<(), AgentError> {
+        let Some(ConversationEntry::Passivated(params)) = self.conversations.remove(&id) else {
+            return Ok(());
+        };
+        let started = std::time::Instant::now();
+        let kept = (*params).clone();
+        match self
+            .spawn_conversation(
+                cell,
+                Some(id),
+                *params,
+                None,
+                Some(RestoreCause::Reactivation),
+            )
+            .await
+        {
+            Ok(_) => {
+                metrics::reactivated();
+                tracing::debug!(session_id = %self.id, conversation_id = %id, elapsed_ms = started.elapsed().as_millis() as u64, "conversation reactivated");
+                Ok(())
+            }
+            Err(error) => {
+                tracing::error!(session_id = %self.id, conversation_id = %id, %error, "conversation could not be reactivated");
+                self.conversations
+                    .insert(id, ConversationEntry::Passivated(Box::new(kept)));
+                Err(error)
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn requests_go_where_their_conversation_stands() {
+        assert_eq!(request_route(None), PassivationRoute::Unknown);
+        assert_eq!(
+            request_route(Some(Standing::Live)),
+            PassivationRoute::Forward
+        );
+        assert_eq!(request_route(Some(Standing::Asked)), PassivationRoute::Hold);
+        assert_eq!(
+            request_route(Some(Standing::Passivated)),
+            PassivationRoute::Reactivate
+        );
+    }
+
+    #[test]
+    fn only_a_live_conversation_of_the_sessions_model_is_passivated_by_its_current_actor() {
+        let live = Some(Standing::Live);
+        assert!(passivation_accepted(false, live, true, false));
+        assert!(
+            !passivation_accepted(true, live, true, false),
+            "shutting down"
+        );
+        assert!(
+            !passivation_accepted(false, live, false, false),
+            "a replaced actor"
+        );
+        assert!(
+            !passivation_accepted(false, live, true, true),
+            "an agent's model"
+        );
+        assert!(!passivation_accepted(
+            false,
+            Some(Standing::Asked),
+            true,
+            false
+        ));
+        assert!(!passivation_accepted(
+            false,
+            Some(Standing::Passivated),
+            true,
+            false
+        ));
+        assert!(!passivation_accepted(false, None, true, false));
+    }
+}

@@ -1,0 +1,241 @@
+//! Session leases on PostgreSQL (`session_leases`, schema version 3) and the fence check of
+//! every write about a session (see [`crate::leases`] for the protocol).
+//!
+//! Acquiring locks the lease row (or inserts it) and takes it when it is free, expired or this
+//! node's, bumping its fence. A write about a session reads the lease row `FOR SHARE` in its own
+//! transaction and compares it with the fence this node holds: a takeover's `UPDATE` waits
+//! for writes that read the old fence to commit, and every write after it sees the new one, so
+//! a node's writes after losing the session are refused.
+
+use super::sql::{col, exec, row};
+use super::{PgStore, pg_err};
+use crate::leases::{Acquired, FenceVerdict, Lease, SessionLeases, expiry, fence_verdict};
+use async_trait::async_trait;
+use deadpool_postgres::GenericClient;
+use metrics::counter;
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+use troupe_proto::{AgentError, SessionId};
+
+/// The fences this node holds, by session; shared by its store's clones. Without a node name
+/// (one node alone) nothing is checked.
+#[derive(Clone, Default)]
+pub struct Fencing {
+    node: Option<Arc<str>>,
+    // A plain mutex: held to read or change one entry, never across an await.
+    held: Arc<Mutex<HashMap<String, u64>>>,
+}
+
+impl Fencing {
+    pub(crate) fn new(node: Option<String>) -> Self {
+        Self {
+            node: node.map(Into::into),
+            held: Arc::default(),
+        }
+    }
+
+    fn held(&self, session_id: &str) -> Option<u64> {
+        self.lock().get(session_id).copied()
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<String, u64>> {
+        self.held
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
+    /// Refuses the write (`Interrupted`, "lease lost") unless this node holds the session's
+    /// current fence. Call inside the write's transaction, before it changes anything.
+    pub(crate) async fn check(
+        &self,
+        tx: &impl GenericClient,
+        session_id: &str,
+    ) -> Result<(), AgentError> {
+        let Some(node) = &self.node else {
+            return Ok(());
+        };
+        let lease = row(
+            tx,
+            "read lease",
+            "SELECT owner, fence FROM session_leases WHERE session_id = $1 FOR SHARE",
+            &[&session_id],
+        )
+        .await?;
+        let lease = lease
+            .map(|r| {
+                let owner: String = col(&r, 0, "read lease")?;
+                let fence: i64 = col(&r, 1, "read lease")?;
+                Ok::<_, AgentError>((owner, u64::try_from(fence).unwrap_or(0)))
+            })
+            .transpose()?;
+        let held = self.held(session_id);
+        match fence_verdict(node, held, lease.as_ref().map(|(o, f)| (o.as_str(), *f))) {
+            FenceVerdict::Allowed => Ok(()),
+            FenceVerdict::Refused(why) => {
+                tracing::warn!(session_id, node = %node, %why, "write refused: lease lost");
+                Err(crate::leases::lease_lost(session_id, &why))
+            }
+        }
+    }
+}
+
+fn ms(what: &str, value: u64) -> Result<i64, AgentError> {
+    crate::conn::to_sql_int(what, value)
+}
+
+impl PgStore {
+    fn node_name(&self) -> Result<&str, AgentError> {
+        self.fencing
+            .node
+            .as_deref()
+            .ok_or_else(|| AgentError::invalid("this store has no node name: it takes no leases"))
+    }
+}
+
+#[async_trait]
+impl SessionLeases for PgStore {
+    fn node(&self) -> &str {
+        self.fencing.node.as_deref().unwrap_or("local")
+    }
+
+    async fn acquire(
+        &self,
+        session_id: SessionId,
+        now_ms: u64,
+        ttl: Duration,
+    ) -> Result<Acquired, AgentError> {
+        let node = self.node_name()?.to_owned();
+        let key = session_id.to_string();
+        let (now, until) = (
+            ms("now_ms", now_ms)?,
+            ms("expires_ms", expiry(now_ms, ttl))?,
+        );
+        let mut client = self.client().await?;
+        let tx = client.transaction().await.map_err(pg_err("begin"))?;
+        // The previous owner (locked), then the lease taken if it is free, expired or ours.
+        let before = row(
+            &tx,
+            "read lease",
+            "SELECT owner, expires_ms FROM session_leases WHERE session_id = $1 FOR UPDATE",
+            &[&key],
+        )
+        .await?
+        .map(|r| {
+            Ok::<_, AgentError>((
+                col::<String>(&r, 0, "read lease")?,
+                col::<i64>(&r, 1, "read lease")?,
+            ))
+        })
+        .transpose()?;
+        let taken = row(
+            &tx,
+            "acquire lease",
+            "INSERT INTO session_leases (session_id, owner, fence, expires_ms) VALUES ($1, $2, 1, $4)
+             ON CONFLICT (session_id) DO UPDATE
+                 SET owner = $2, fence = session_leases.fence + 1, expires_ms = $4
+                 WHERE session_leases.owner = $2 OR session_leases.expires_ms <= $3
+             RETURNING fence",
+            &[&key, &node, &now, &until],
+        )
+        .await?;
+        let answer = match taken {
+            Some(r) => {
+                let fence = u64::try_from(col::<i64>(&r, 0, "acquire lease")?).unwrap_or(0);
+                let from = before.map(|(owner, _)| owner).filter(|o| *o != node);
+                Acquired::Granted {
+                    lease: Lease {
+                        fence,
+                        expires_ms: expiry(now_ms, ttl),
+                    },
+                    from,
+                }
+            }
+            None => {
+                let (owner, expires_ms) = before.unwrap_or_default();
+                Acquired::Held {
+                    owner,
+                    expires_ms: u64::try_from(expires_ms).unwrap_or(0),
+                }
+            }
+        };
+        tx.commit().await.map_err(pg_err("commit"))?;
+        match &answer {
+            Acquired::Granted { lease, from } => {
+                self.fencing.lock().insert(key, lease.fence);
+                counter!(crate::leases::ACQUISITIONS, "outcome" => "granted").increment(1);
+                if let Some(from) = from {
+                    counter!(crate::leases::TAKEOVERS).increment(1);
+                    tracing::warn!(%session_id, node = %node, from = %from, fence = lease.fence, "session lease taken over");
+                } else {
+                    tracing::debug!(%session_id, node = %node, fence = lease.fence, "session lease acquired");
+                }
+            }
+            Acquired::Held { owner, .. } => {
+                counter!(crate::leases::ACQUISITIONS, "outcome" => "held").increment(1);
+                tracing::debug!(%session_id, node = %node, %owner, "session lease held elsewhere");
+            }
+        }
+        Ok(answer)
+    }
+
+    async fn renew(
+        &self,
+        session_id: SessionId,
+        now_ms: u64,
+        ttl: Duration,
+    ) -> Result<Lease, AgentError> {
+        let node = self.node_name()?.to_owned();
+        let key = session_id.to_string();
+        let lost = |why: &str| {
+            counter!(crate::leases::RENEWALS, "outcome" => "lost").increment(1);
+            tracing::warn!(%session_id, node = %node, why, "session lease lost");
+            AgentError::Interrupted {
+                reason: format!("lease lost: session {session_id}: {why}"),
+            }
+        };
+        let Some(fence) = self.fencing.held(&key) else {
+            return Err(lost("this node holds no lease for it"));
+        };
+        let until = ms("expires_ms", expiry(now_ms, ttl))?;
+        let fence_col = i64::try_from(fence).unwrap_or(i64::MAX);
+        let client = self.client().await?;
+        let n = exec(
+            &client,
+            "renew lease",
+            "UPDATE session_leases SET expires_ms = $4
+             WHERE session_id = $1 AND owner = $2 AND fence = $3",
+            &[&key, &node, &fence_col, &until],
+        )
+        .await?;
+        if n == 0 {
+            self.fencing.lock().remove(&key);
+            return Err(lost("another node took it over"));
+        }
+        counter!(crate::leases::RENEWALS, "outcome" => "renewed").increment(1);
+        Ok(Lease {
+            fence,
+            expires_ms: expiry(now_ms, ttl),
+        })
+    }
+
+    async fn release(&self, session_id: SessionId) -> Result<(), AgentError> {
+        let node = self.node_name()?.to_owned();
+        let key = session_id.to_string();
+        let Some(fence) = self.fencing.lock().remove(&key) else {
+            return Ok(());
+        };
+        let fence = i64::try_from(fence).unwrap_or(i64::MAX);
+        let client = self.client().await?;
+        // Expired, not deleted: the fence must never start again from 1.
+        exec(
+            &client,
+            "release lease",
+            "UPDATE session_leases SET expires_ms = 0
+             WHERE session_id = $1 AND owner = $2 AND fence = $3",
+            &[&key, &node, &fence],
+        )
+        .await
+        .map(drop)
+    }
+}

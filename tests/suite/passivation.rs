@@ -1,0 +1,231 @@
+//! Passivation (virtual conversations): a conversation idle for `passivate_after` is stopped
+//! and kept only in the store; its next message reactivates it with its history, which the
+//! model server sees in the prompt. A message that races the passivation is answered, and its
+//! conversation's history is whole. SQLite and PostgreSQL rollouts; paused time for the idle
+//! period; a real HTTP model server recording what it was sent.
+
+use std::sync::Arc;
+use std::time::Duration;
+use troupe_actors::rollout::storage::RolloutStorage;
+use troupe_actors::session::{SessionMsg, Standing};
+use troupe_actors::{SessionConfig, SessionHandle, SessionPorts};
+use troupe_proto::{ConversationId, EventName, OpenConversation, SessionId, TaskStatus};
+use troupe_runtime::assembly;
+use troupe_runtime::config::{Provider, TroupeConfig};
+use troupe_store::{PgRolloutStorage, SqliteRolloutStorage};
+use troupe_test_support::{ModelServer, Reply};
+
+const IDLE: Duration = Duration::from_secs(600);
+
+#[derive(Clone, Copy, Debug)]
+enum Backend {
+    Sqlite,
+    Postgres,
+}
+
+fn storage(backend: Backend, dir: &std::path::Path) -> Arc<dyn RolloutStorage> {
+    match backend {
+        Backend::Sqlite => Arc::new(SqliteRolloutStorage::open_in(dir).unwrap()),
+        Backend::Postgres => {
+            let url = troupe_test_postgres::server().fresh_database();
+            Arc::new(PgRolloutStorage::connect(&url).unwrap())
+        }
+    }
+}
+
+async fn start(
+    server: &ModelServer,
+    backend: Backend,
+    dir: &std::path::Path,
+) -> (SessionHandle, tokio::task::JoinHandle<()>) {
+    let mut config = TroupeConfig::default();
+    config.model.provider = Provider::OpenaiChat;
+    config.model.base_url = server.base_url();
+    config.model.model = "m".into();
+    config.model.api_key = Some("k".into());
+    let model = assembly::build_model(&config, None).unwrap();
+    let mut session = SessionConfig {
+        data_dir: dir.to_path_buf(),
+        ..SessionConfig::default()
+    };
+    session.conversation.passivate_after = Some(IDLE);
+    let ports = SessionPorts {
+        model,
+        mcp: None,
+        mcp_connector: None,
+        exec: None,
+        effects: troupe_actors::ports::Effects::Live,
+        summarizer: Arc::new(troupe_actors::history::LocalSummarizer::default()),
+        tokens: Arc::new(troupe_actors::ports::ApproxTokens),
+        rollout_storage: Some(storage(backend, dir)),
+        agents: None,
+    };
+    SessionHandle::start(SessionId::new(), session, ports)
+        .await
+        .unwrap()
+}
+
+/// The text of every message of the last request the model server received.
+fn last_prompt(server: &ModelServer) -> String {
+    let requests = server.requests();
+    let last = requests.last().expect("the model was asked");
+    last.body["messages"].to_string()
+}
+
+async fn standing(session: &SessionHandle, c: ConversationId) -> Option<Standing> {
+    session.standing(c).await.unwrap()
+}
+
+/// Lets the idle period pass on a paused clock, and waits (on that clock) until the
+/// conversation is passivated.
+async fn idle_until_passivated(session: &SessionHandle, c: ConversationId) {
+    tokio::time::pause();
+    tokio::time::advance(IDLE + Duration::from_secs(1)).await;
+    for _ in 0..1000 {
+        if standing(session, c).await == Some(Standing::Passivated) {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    assert_eq!(standing(session, c).await, Some(Standing::Passivated));
+    tokio::time::resume();
+}
+
+async fn reactivated_with_its_history(backend: Backend) {
+    let dir = tempfile::tempdir().unwrap();
+    let server = ModelServer::start().await;
+    let (session, _join) = start(&server, backend, dir.path()).await;
+    let c = session.open(OpenConversation::default()).await.unwrap();
+    let other = session.open(OpenConversation::default()).await.unwrap();
+    server.push(Reply::text(["Noted, ", "Ada."]));
+    let first = session.message(c, "My name is Ada.").await.unwrap();
+    assert_eq!(first.status, TaskStatus::Ok, "{first:?}");
+    assert_eq!(
+        troupe_actors::conversation::live_conversations(),
+        3,
+        "root, c, other"
+    );
+
+    idle_until_passivated(&session, c).await;
+    // Every idle conversation went: the root and the other one too.
+    assert_eq!(standing(&session, other).await, Some(Standing::Passivated));
+    assert_eq!(troupe_actors::conversation::live_conversations(), 0);
+    assert_eq!(session.list().await.unwrap().len(), 3, "still open");
+
+    server.push(Reply::text(["You are Ada."]));
+    let second = session.message(c, "What is my name?").await.unwrap();
+    assert_eq!(second.status, TaskStatus::Ok, "{second:?}");
+    assert_eq!(second.text, "You are Ada.");
+    let prompt = last_prompt(&server);
+    for said in ["My name is Ada.", "Noted, Ada.", "What is my name?"] {
+        assert!(prompt.contains(said), "{said:?} missing from {prompt}");
+    }
+    assert_eq!(standing(&session, c).await, Some(Standing::Live));
+    assert_eq!(standing(&session, other).await, Some(Standing::Passivated));
+    assert_eq!(troupe_actors::conversation::live_conversations(), 1);
+    let records = session.events_after(0, 1000).await.unwrap();
+    let restarted: Vec<_> = records
+        .iter()
+        .filter(|r| r.kind == EventName::ConversationRestarted)
+        .filter_map(|r| r.event.as_ref())
+        .collect();
+    assert_eq!(restarted.len(), 1, "{restarted:?}");
+    assert!(
+        serde_json::to_string(restarted[0])
+            .unwrap()
+            .contains("reactivated after passivation"),
+        "{restarted:?}"
+    );
+    session.shutdown().await.unwrap();
+}
+
+#[tokio::test]
+async fn a_passivated_conversation_answers_with_its_history_on_sqlite() {
+    reactivated_with_its_history(Backend::Sqlite).await;
+}
+
+#[tokio::test]
+async fn a_passivated_conversation_answers_with_its_history_on_postgres() {
+    reactivated_with_its_history(Backend::Postgres).await;
+}
+
+/// Offers the conversation's passivation as its idle timer would.
+async fn offer(session: &SessionHandle, c: ConversationId) {
+    let actor = session.conversation_actor(c).await.unwrap().unwrap();
+    session
+        .actor()
+        .cast(SessionMsg::PassivationOffered {
+            conversation_id: c,
+            actor: actor.get_id(),
+        })
+        .unwrap();
+}
+
+#[tokio::test]
+async fn a_message_racing_passivation_is_not_lost() {
+    let dir = tempfile::tempdir().unwrap();
+    let server = ModelServer::start().await;
+    let (session, _join) = start(&server, Backend::Sqlite, dir.path()).await;
+    let c = session.open(OpenConversation::default()).await.unwrap();
+    server.push(Reply::text(["one"]));
+    session.message(c, "first").await.unwrap();
+
+    // The offer is ahead of the message: the message is held while the conversation stops,
+    // then reactivates it.
+    offer(&session, c).await;
+    server.push(Reply::text(["two"]));
+    let reply = session.message(c, "second").await.unwrap();
+    assert_eq!(reply.text, "two", "{reply:?}");
+    assert!(last_prompt(&server).contains("first"));
+    assert!(last_prompt(&server).contains("one"));
+    assert_eq!(standing(&session, c).await, Some(Standing::Live));
+
+    // The message is ahead of the offer: the conversation has work and says no.
+    let before = session.conversation_actor(c).await.unwrap().unwrap();
+    server.push(Reply::text(["three"]).delayed(Duration::from_millis(300)));
+    let (tx, rx) = tokio::sync::oneshot::channel();
+    let send = {
+        let session = session.clone();
+        tokio::spawn(async move {
+            let _ = tx.send(());
+            session.message(c, "third").await
+        })
+    };
+    rx.await.unwrap();
+    // The message is in the session's mailbox before the offer (the spawned task sent it
+    // before answering; a call sends at once).
+    tokio::task::yield_now().await;
+    offer(&session, c).await;
+    let reply = send.await.unwrap().unwrap();
+    assert_eq!(reply.text, "three", "{reply:?}");
+    let after = session.conversation_actor(c).await.unwrap().unwrap();
+    assert_eq!(
+        before.get_id(),
+        after.get_id(),
+        "not passivated: it had work"
+    );
+
+    // An offer while its task runs (the model was asked): no, and the task goes on.
+    server.push(Reply::text(["four"]).delayed(Duration::from_millis(300)));
+    let send = {
+        let session = session.clone();
+        tokio::spawn(async move { session.message(c, "fourth").await })
+    };
+    while server.requests().len() < 4 {
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    offer(&session, c).await;
+    server.push(Reply::text(["five"]));
+    let fifth = session.message(c, "fifth").await.unwrap();
+    assert_eq!(send.await.unwrap().unwrap().text, "four");
+    assert_eq!(fifth.text, "five");
+    let prompt = last_prompt(&server);
+    for said in [
+        "first", "one", "second", "two", "third", "three", "fourth", "four",
+    ] {
+        assert!(prompt.contains(said), "{said:?} missing from {prompt}");
+    }
+    let after_all = session.conversation_actor(c).await.unwrap().unwrap();
+    assert_eq!(before.get_id(), after_all.get_id());
+    session.shutdown().await.unwrap();
+}
