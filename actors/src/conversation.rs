@@ -147,6 +147,41 @@ pub struct ConversationSettings {
     pub tool_policy: Arc<troupe_proto::governance::ToolPolicyConfig>,
     /// The process's authorization tokens (`None`: a tool that needs one is refused).
     pub token_book: Option<ActorRef<crate::token_book::TokenBookMsg>>,
+    /// `[capabilities]`: the capability registry (A6) and its context budget.
+    pub capabilities: Arc<troupe_proto::capability::CapabilityCatalog>,
+    pub capability_budget: troupe_proto::capability::CapabilityBudget,
+    /// What a running `troupe serve` reloads (A7: `[tools]`, the capabilities directory, on
+    /// a change or SIGHUP); when set, it stands for `tool_policy`, `capabilities` and
+    /// `capability_budget`, and each task takes what is in force when it starts.
+    pub live: Option<tokio::sync::watch::Receiver<Arc<Reloadable>>>,
+}
+
+/// The settings a running service may change: a task takes them once, when it starts, and
+/// keeps them to its end.
+#[derive(Debug, Clone, PartialEq, Default)]
+pub struct Reloadable {
+    pub tool_policy: Arc<troupe_proto::governance::ToolPolicyConfig>,
+    pub capabilities: Arc<troupe_proto::capability::CapabilityCatalog>,
+    pub capability_budget: troupe_proto::capability::CapabilityBudget,
+    /// What the service's last reading of its configuration file said: a file that did not
+    /// load, changes that need a restart. Each session reports them as `config_rejected`.
+    pub rejected: Vec<troupe_proto::agent::AgentLoadError>,
+}
+
+impl ConversationSettings {
+    /// The reloadable settings in force now: the live ones when the service reloads them,
+    /// else the session's.
+    pub fn reloadable(&self) -> Arc<Reloadable> {
+        match &self.live {
+            Some(live) => live.borrow().clone(),
+            None => Arc::new(Reloadable {
+                tool_policy: self.tool_policy.clone(),
+                capabilities: self.capabilities.clone(),
+                capability_budget: self.capability_budget,
+                rejected: Vec::new(),
+            }),
+        }
+    }
 }
 
 impl Default for ConversationSettings {
@@ -166,6 +201,9 @@ impl Default for ConversationSettings {
             passivate_after: None,
             tool_policy: Arc::default(),
             token_book: None,
+            capabilities: Arc::default(),
+            capability_budget: troupe_proto::capability::CapabilityBudget::default(),
+            live: None,
         }
     }
 }

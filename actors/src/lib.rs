@@ -19,6 +19,7 @@
 pub mod agents;
 pub mod apply_patch;
 pub mod approval_store;
+pub mod capabilities;
 pub mod clock;
 pub mod context;
 pub mod conversation;
@@ -46,6 +47,7 @@ pub use session::{SessionConfig, SessionPorts};
 pub fn describe_metrics() {
     agents::metrics::describe();
     approval_store::metrics::describe();
+    capabilities::metrics::describe();
     conversation::metrics::describe();
     governance::metrics::describe();
     mcp_pool::metrics::describe();

@@ -330,6 +330,54 @@ pub struct SessionState {
     shutting_down: bool,
     /// Keeps this session counted in `troupe_sessions_live` while the state exists.
     _live: metrics::Live,
+    /// Reports what the service's reloads rejected, while the session lives.
+    _rejections: Option<RejectionReporter>,
+}
+
+/// Reports, as `config_rejected` warnings of the session, the capability folders and
+/// configuration changes a running service did not take (A7): each once, when it is new.
+/// Stops with the session.
+struct RejectionReporter(tokio::task::JoinHandle<()>);
+
+impl Drop for RejectionReporter {
+    fn drop(&mut self) {
+        self.0.abort();
+    }
+}
+
+impl RejectionReporter {
+    fn start(
+        mut live: tokio::sync::watch::Receiver<Arc<crate::conversation::Reloadable>>,
+        events: EventSink,
+    ) -> Self {
+        Self(tokio::spawn(async move {
+            let mut seen = live.borrow_and_update().clone();
+            while live.changed().await.is_ok() {
+                let now = live.borrow_and_update().clone();
+                for error in new_rejections(&seen, &now) {
+                    tracing::warn!(%error, "configuration rejected");
+                    events.emit(EventDraft::session(troupe_proto::EventKind::Warning {
+                        code: troupe_proto::WarningCode::ConfigRejected,
+                        message: error.to_string(),
+                    }));
+                }
+                seen = now;
+            }
+        }))
+    }
+}
+
+/// The rejections `now` has that `before` did not. Pure.
+pub fn new_rejections<'a>(
+    before: &crate::conversation::Reloadable,
+    now: &'a crate::conversation::Reloadable,
+) -> Vec<&'a troupe_proto::agent::AgentLoadError> {
+    now.capabilities
+        .errors
+        .iter()
+        .filter(|e| !before.capabilities.errors.contains(e))
+        .chain(now.rejected.iter().filter(|e| !before.rejected.contains(e)))
+        .collect()
 }
 
 /// The Session actor.
@@ -401,7 +449,14 @@ impl Actor for Session {
             agent_hub: None,
             shutting_down: false,
             _live: metrics::Live::start(),
+            _rejections: None,
         };
+        state._rejections = state
+            .config
+            .conversation
+            .live
+            .clone()
+            .map(|live| RejectionReporter::start(live, state.directory.events()));
         let hub = spawn_agent_hub(&myself, &state).await?;
         state.agent_hub = hub.as_ref().map(|h| h.actor.clone());
         state.directory.replace_agents(hub);

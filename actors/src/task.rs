@@ -19,6 +19,7 @@
 mod agents;
 mod authorize;
 mod builtins;
+mod capability;
 mod govern;
 mod guardrail;
 pub mod metrics;
@@ -110,6 +111,9 @@ pub struct TaskContext {
     pub agents: Option<TaskAgents>,
     /// `[tools]`: the global and role layers of its tool policy (A5).
     pub tool_policy: Arc<ToolPolicyConfig>,
+    /// The capability registry (A6) as it was when the task started, and its budget.
+    pub capabilities: Arc<troupe_proto::capability::CapabilityCatalog>,
+    pub capability_budget: troupe_proto::capability::CapabilityBudget,
     /// What its message asked of tool governance: the request layer, the tokens presented.
     pub options: RequestGovernance,
     /// Where a tool call that needs a token asks for one use.
@@ -419,8 +423,17 @@ async fn prepare(
         },
         None => Vec::new(),
     };
-    let dispatch = agents.and_then(agents::Agents::dispatch_tool);
-    let (mut tools, conflicts) = crate::tools::offered_tools(&ctx.builtins, dispatch, external);
+    let mut extra: Vec<ToolSpec> = agents
+        .and_then(agents::Agents::dispatch_tool)
+        .into_iter()
+        .collect();
+    // The capability registry (A6): its tools when the policy leaves a capability to use
+    // (a compaction, which has no tools, has none).
+    let capabilities = crate::capabilities::visible(&ctx.capabilities, &gov.policy);
+    if !capabilities.is_empty() && ctx.turn_override.is_none() {
+        extra.extend(crate::capabilities::tool_specs());
+    }
+    let (mut tools, conflicts) = crate::tools::offered_tools(&ctx.builtins, extra, external);
     // A tool the policy denies is not offered: the model cannot call what it cannot see
     // (and a call it makes up anyway is refused at the call).
     if !gov.policy.is_open() {
@@ -447,8 +460,25 @@ async fn prepare(
         .and_then(|a| a.view.own.as_ref())
         .and_then(|own| own.instructions.as_deref())
         .or(ctx.base_instructions.as_deref());
-    let instructions =
+    let mut instructions =
         crate::context::choose_instructions(ctx.turn_override.as_deref(), base, has_apply_patch);
+    // One line per capability, within its budget; the rest on demand (capability_inspect).
+    if tools
+        .specs
+        .iter()
+        .any(|t| crate::capabilities::is_capability_tool(&t.name))
+        && let Some(summary) = crate::capabilities::summary(
+            &capabilities,
+            ctx.capability_budget.prompt_tokens,
+            &|text: &str| ctx.tokens.count(text),
+        )
+    {
+        if summary.lines().last().is_some_and(|l| l.starts_with('+')) {
+            crate::capabilities::metrics::summary_truncated();
+        }
+        instructions.push_str("\n\n");
+        instructions.push_str(&summary);
+    }
     let cache_key =
         crate::context::prompt_cache_key(&instructions, &tools.specs, &ctx.model.info().family);
     let fixed_tokens = fixed_prompt_tokens(ctx.tokens.as_ref(), &instructions, &tools);

@@ -80,16 +80,16 @@ pub fn shared_builtins(prefs: &ToolPrefs) -> OfferedTools {
     }
 }
 
-/// The tools of a turn: the built-ins and `extra` (a built-in of this turn only, such as the
-/// agents' dispatch tool), then the external tools merged in ([`merge_tools`]). Without extra
+/// The tools of a turn: the built-ins and `extra` (built-ins of this turn only, such as the
+/// agents' dispatch tool and the capability tools), then the external tools merged in ([`merge_tools`]). Without extra
 /// or external tools, the shared built-in set as is (their names differ, so they never
 /// conflict among themselves).
 pub fn offered_tools(
     builtins: &OfferedTools,
-    extra: Option<ToolSpec>,
+    extra: Vec<ToolSpec>,
     external: Vec<ToolSpec>,
 ) -> (OfferedTools, Vec<AgentError>) {
-    if extra.is_none() && external.is_empty() {
+    if extra.is_empty() && external.is_empty() {
         return (builtins.clone(), Vec::new());
     }
     let mut own = builtins.specs.to_vec();
@@ -471,12 +471,13 @@ mod tests {
             // The shortcut without external tools is what the merge gives.
             let merged = merge_tools(builtin_tools(&prefs), Vec::new());
             assert!(merged.conflicts.is_empty());
-            let (offered, conflicts) = offered_tools(&shared, None, Vec::new());
+            let (offered, conflicts) = offered_tools(&shared, Vec::new(), Vec::new());
             assert_eq!(&offered.specs[..], merged.tools.as_slice());
             assert!(conflicts.is_empty());
         }
         let external = vec![tool("shell", "A different shell.", query_schema())];
-        let (offered, conflicts) = offered_tools(&shared_builtins(&ALL), None, external.clone());
+        let (offered, conflicts) =
+            offered_tools(&shared_builtins(&ALL), Vec::new(), external.clone());
         let merged = merge_tools(builtin_tools(&ALL), external);
         assert_eq!(&offered.specs[..], merged.tools.as_slice());
         assert_eq!(

@@ -11,7 +11,7 @@ use troupe_runtime::assembly;
 use troupe_runtime::config::{ConversationFlags, TroupeConfig, parse_duration, parse_enum};
 use troupe_service::Service;
 
-#[derive(Debug, clap::Args)]
+#[derive(Debug, Clone, clap::Args)]
 pub struct ServeArgs {
     /// host:port to listen on (port 0 picks a free one); default [server].listen.
     #[arg(long)]
@@ -64,6 +64,10 @@ pub struct ServeArgs {
     /// (sessions.passivate_after).
     #[arg(long)]
     pub passivate_after: Option<String>,
+    /// The capabilities directory (capabilities.dir; default: capabilities/ beside the
+    /// configuration file).
+    #[arg(long)]
+    pub capabilities_dir: Option<String>,
 }
 
 /// Defaults < config file < environment < flags; the provider as
@@ -91,6 +95,9 @@ fn resolve(args: &ServeArgs) -> anyhow::Result<TroupeConfig> {
     if let Some(v) = &args.base_url {
         c.model.base_url.clone_from(v);
         c.named.endpoint = true;
+    }
+    if let Some(v) = &args.capabilities_dir {
+        c.set_capabilities_dir(v);
     }
     c.choose_provider();
     c.apply_conversation_flags(&ConversationFlags {
@@ -121,21 +128,33 @@ pub async fn run(args: ServeArgs) -> anyhow::Result<ExitCode> {
     for error in &catalog.errors {
         eprintln!("troupe: {error}");
     }
+    let capabilities = troupe_runtime::capabilities::catalog(&config);
+    for error in &capabilities.errors {
+        eprintln!("troupe: {error}");
+    }
     let bindings: std::sync::Arc<dyn troupe_store::BindingStore> = storage.store.clone();
     let read = catalog.clone();
     ports.agents = assembly::agent_ports(&config, catalog, args.script.is_some(), bindings)?;
-    // The agents directory is watched: an edited file applies to the next task (A7).
-    let _live = match ports.agents.as_mut() {
-        Some(agents) => {
-            let live = troupe_runtime::live::watch_agents(&config, read)?;
-            agents.live = live
-                .as_ref()
-                .map(troupe_runtime::live::LiveAgents::subscribe);
-            live
-        }
-        None => None,
+    // The agents and capabilities directories are watched, and SIGHUP reads the
+    // configuration file again: a valid change applies to the next task (A7).
+    let reread = {
+        let args = args.clone();
+        Box::new(move || resolve(&args).map_err(|e| format!("{e:#}")))
     };
-    let service = Service::start(&config, storage.store, ports, prometheus).await?;
+    let live =
+        troupe_runtime::reload::LiveConfig::start(config.clone(), read, capabilities, reread)?;
+    if let Some(agents) = ports.agents.as_mut() {
+        agents.live = Some(live.agents());
+    }
+    let service = Service::start_live(
+        &config,
+        storage.store,
+        ports,
+        prometheus,
+        Some(live.settings()),
+    )
+    .await?;
+    reread_on_sighup(live)?;
     troupe_service::cancel_on_signals(service.shutdown_token())?;
     if args.stdio {
         service
@@ -151,6 +170,25 @@ pub async fn run(args: ServeArgs) -> anyhow::Result<ExitCode> {
     // Let the last log lines out.
     tokio::time::sleep(Duration::from_millis(10)).await;
     Ok(ExitCode::SUCCESS)
+}
+
+/// Reads the configuration file again at each SIGHUP, as long as the process runs.
+fn reread_on_sighup(live: troupe_runtime::reload::LiveConfig) -> anyhow::Result<()> {
+    #[cfg(unix)]
+    {
+        use tokio::signal::unix::{SignalKind, signal};
+        let mut hangup = signal(SignalKind::hangup()).context("SIGHUP handler")?;
+        tokio::spawn(async move {
+            while hangup.recv().await.is_some() {
+                tracing::info!("SIGHUP: reading the configuration again");
+                eprintln!("troupe: SIGHUP: reading the configuration again");
+                live.reread();
+            }
+        });
+    }
+    #[cfg(not(unix))]
+    drop(live);
+    Ok(())
 }
 
 /// Resolves `listen`, refuses a non-loopback address without tokens, binds.

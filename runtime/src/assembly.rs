@@ -195,6 +195,8 @@ pub fn session_config(config: &TroupeConfig) -> SessionConfig {
     conv.task.tool_errors = chat.tool_errors;
     conv.record_content = config.telemetry.record_content;
     conv.tool_policy = std::sync::Arc::new(config.tools.clone());
+    conv.capabilities = std::sync::Arc::new(crate::capabilities::catalog(config));
+    conv.capability_budget = config.capabilities.budget();
     conv.history.max_items = config.history.max_items;
     conv.history.max_tokens = config.history.max_tokens;
     conv.summary = match config.history.summarizer {

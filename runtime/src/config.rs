@@ -181,6 +181,8 @@ pub struct TroupeConfig {
     /// `[tools]`: the global layer of every task's tool policy, and `[tools.roles.<role>]`
     /// the layer of the agents with that role (A5).
     pub tools: troupe_proto::governance::ToolPolicyConfig,
+    /// `[capabilities]`: the capability registry's directory and context budget (A6).
+    pub capabilities: CapabilitiesConfig,
     /// `[store]`: where `troupe serve` keeps sessions, messages and rollouts (SQLite in
     /// `data_dir`, or a PostgreSQL server).
     pub store: StoreConfig,
@@ -225,6 +227,40 @@ impl Default for AgentsConfig {
     }
 }
 
+/// `[capabilities]`: the capability registry (A6).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct CapabilitiesConfig {
+    /// The directory of capability folders. Default: `capabilities/` beside the
+    /// configuration file (none without a file); a relative path is taken from the
+    /// configuration file's directory.
+    pub dir: Option<std::path::PathBuf>,
+    /// Tokens the one-line summaries may take in the prompt, all together.
+    pub prompt_tokens: usize,
+    /// Tokens one `capability_inspect` answer may take.
+    pub inspect_tokens: usize,
+}
+
+impl Default for CapabilitiesConfig {
+    fn default() -> Self {
+        let budget = troupe_proto::capability::CapabilityBudget::default();
+        Self {
+            dir: None,
+            prompt_tokens: budget.prompt_tokens,
+            inspect_tokens: budget.inspect_tokens,
+        }
+    }
+}
+
+impl CapabilitiesConfig {
+    pub fn budget(&self) -> troupe_proto::capability::CapabilityBudget {
+        troupe_proto::capability::CapabilityBudget {
+            prompt_tokens: self.prompt_tokens,
+            inspect_tokens: self.inspect_tokens,
+        }
+    }
+}
+
 /// How a supervisor decides (`[agents] router`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "kebab-case")]
@@ -251,6 +287,36 @@ impl TroupeConfig {
             (None, Some(base)) => Some((base.join("agents"), false)),
             (None, None) => None,
         }
+    }
+
+    /// The capabilities directory: `TROUPE_CAPABILITIES_DIR` or `--capabilities-dir` (into
+    /// `capabilities.dir`), else `[capabilities] dir` (relative to the configuration file),
+    /// else `capabilities/` beside the configuration file; `None` without a file or a
+    /// setting. The second value says whether it was named (a named directory must exist).
+    pub fn capabilities_dir(&self) -> Option<(std::path::PathBuf, bool)> {
+        let base = self
+            .source
+            .as_deref()
+            .and_then(std::path::Path::parent)
+            .map(std::path::Path::to_path_buf);
+        match (&self.capabilities.dir, base) {
+            (Some(dir), _) if dir.is_absolute() => Some((dir.clone(), true)),
+            (Some(dir), Some(base)) => Some((base.join(dir), true)),
+            (Some(dir), None) => Some((dir.clone(), true)),
+            (None, Some(base)) => Some((base.join("capabilities"), false)),
+            (None, None) => None,
+        }
+    }
+
+    /// Sets the capabilities directory from the environment or a flag: as given, relative
+    /// to the working directory.
+    pub fn set_capabilities_dir(&mut self, dir: &str) {
+        let dir = std::path::PathBuf::from(dir);
+        self.capabilities.dir = Some(if dir.is_absolute() {
+            dir
+        } else {
+            std::env::current_dir().unwrap_or_default().join(dir)
+        });
     }
 }
 
@@ -374,6 +440,7 @@ impl Default for TroupeConfig {
             sessions: SessionsConfig::default(),
             agents: AgentsConfig::default(),
             tools: troupe_proto::governance::ToolPolicyConfig::default(),
+            capabilities: CapabilitiesConfig::default(),
             store: StoreConfig::default(),
             source: None,
         }
@@ -811,6 +878,7 @@ pub const ENV_VARS: &[(&str, &str)] = &[
     ("TROUPE_APPROVAL_TIMEOUT", "conversation.approval_timeout"),
     ("TROUPE_PASSIVATE_AFTER", "sessions.passivate_after"),
     ("TROUPE_AGENTS_DIR", "agents.dir"),
+    ("TROUPE_CAPABILITIES_DIR", "capabilities.dir"),
     ("TROUPE_STORE_BACKEND", "store.backend (sqlite or postgres)"),
     ("TROUPE_POSTGRES_URL", "store.postgres_url"),
 ];
@@ -957,6 +1025,9 @@ impl TroupeConfig {
             } else {
                 std::env::current_dir().unwrap_or_default().join(dir)
             });
+        }
+        if let Some(v) = get("TROUPE_CAPABILITIES_DIR") {
+            self.set_capabilities_dir(&v);
         }
         if let Some(v) = get("TROUPE_STORE_BACKEND") {
             self.store.backend = parse_enum("TROUPE_STORE_BACKEND", &v, "sqlite or postgres")?;

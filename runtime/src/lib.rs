@@ -7,12 +7,14 @@
 
 pub mod agents;
 pub mod assembly;
+pub mod capabilities;
 pub mod config;
 pub mod exec;
 pub mod history_log;
 pub mod live;
 pub mod mcp;
 pub mod openai;
+pub mod reload;
 pub mod scripted;
 pub mod telemetry;
 pub mod tokens;
@@ -29,6 +31,7 @@ pub fn describe_metrics() {
     mcp::metrics::describe();
     exec::metrics::describe();
     live::metrics::describe();
+    reload::metrics::describe();
     // External ACP agents run in sessions' hubs: their series exist from the start too.
     troupe_acp::describe_metrics();
 }

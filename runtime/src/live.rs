@@ -121,6 +121,11 @@ pub fn keep_last_good(current: &AgentCatalog, mut next: AgentCatalog) -> AgentCa
     next
 }
 
+/// The capability gauges, from the catalog in force.
+pub fn capability_metrics(catalog: &troupe_proto::capability::CapabilityCatalog) {
+    troupe_actors::capabilities::metrics::loaded(catalog.capabilities.len(), catalog.errors.len());
+}
+
 pub mod metrics {
     //! Live configuration metrics: bounded labels only.
 

@@ -132,8 +132,20 @@ impl Service {
     pub async fn start(
         config: &TroupeConfig,
         store: Arc<dyn Store>,
+        ports: SessionPorts,
+        prometheus: Option<PrometheusHandle>,
+    ) -> Result<Self, AgentError> {
+        Self::start_live(config, store, ports, prometheus, None).await
+    }
+
+    /// [`Self::start`], with the reloadable settings (`[tools]`, the capabilities) taken
+    /// from `live` by each task when it starts, instead of from `config` once (A7).
+    pub async fn start_live(
+        config: &TroupeConfig,
+        store: Arc<dyn Store>,
         mut ports: SessionPorts,
         prometheus: Option<PrometheusHandle>,
+        live: Option<tokio::sync::watch::Receiver<Arc<troupe_actors::conversation::Reloadable>>>,
     ) -> Result<Self, AgentError> {
         let env = |k: &str| std::env::var(k).ok();
         let mut tokens = Vec::new();
@@ -146,7 +158,8 @@ impl Service {
             })?;
             tokens.push((secret, t.projects.clone()));
         }
-        let session_config = troupe_runtime::assembly::session_config(config);
+        let mut session_config = troupe_runtime::assembly::session_config(config);
+        session_config.conversation.live = live;
         // The sessions write to the very storage the sweeper sweeps.
         let rollout = ports.rollout_storage.clone().unwrap_or_else(|| {
             Arc::new(FileRolloutStorage::new(

@@ -70,6 +70,8 @@ impl ConversationState {
         let wait = span.in_scope(|| crate::task::spans::scheduler_wait(self.id, task_id));
         let (slot, first) = self.ask_slot(myself, task_id, &wait);
         let (granted, granted_rx) = oneshot::channel();
+        // `[tools]` and the capabilities as they are now: the task keeps them to its end.
+        let reloadable = self.services.settings.reloadable();
         let ctx = TaskContext {
             conversation_id: self.id,
             task_id,
@@ -102,7 +104,9 @@ impl ConversationState {
             record_content: settings.record_content,
             // A compaction routes nothing and dispatches nothing.
             agents: (!compact).then_some(crate::task::TaskAgents { origin }),
-            tool_policy: self.services.settings.tool_policy.clone(),
+            tool_policy: reloadable.tool_policy.clone(),
+            capabilities: reloadable.capabilities.clone(),
+            capability_budget: reloadable.capability_budget,
             token_book: self.services.settings.token_book.clone(),
             options,
             slot: {

@@ -75,11 +75,13 @@ pub fn sandbox_retry(approved: bool) {
 }
 
 /// Every value [`tool_label`] gives.
-const TOOL_LABELS: [&str; 6] = [
+const TOOL_LABELS: [&str; 8] = [
     crate::tools::SHELL,
     crate::tools::UPDATE_PLAN,
     crate::tools::APPLY_PATCH,
     crate::tools::WEB_SEARCH,
+    crate::capabilities::INSPECT,
+    crate::capabilities::RUN,
     "mcp",
     "unknown",
 ];
@@ -102,6 +104,8 @@ pub fn tool_label(name: &str, offered: bool) -> &'static str {
         crate::tools::UPDATE_PLAN => crate::tools::UPDATE_PLAN,
         crate::tools::APPLY_PATCH => crate::tools::APPLY_PATCH,
         crate::tools::WEB_SEARCH => crate::tools::WEB_SEARCH,
+        crate::capabilities::INSPECT if offered => crate::capabilities::INSPECT,
+        crate::capabilities::RUN if offered => crate::capabilities::RUN,
         _ if offered => "mcp",
         _ => "unknown",
     }

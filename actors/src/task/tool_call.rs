@@ -19,6 +19,9 @@ pub enum ToolRoute {
     ApplyPatch { patch: Patch, needs_approval: bool },
     /// An external (MCP) tool.
     External,
+    /// One of the capability registry's tools (A6): a capability's documents, or one of
+    /// its commands run as the shell tool runs one.
+    Capability,
     /// Refused before running, with the observation the model gets.
     Refuse(ToolFailure),
 }
@@ -29,7 +32,10 @@ impl ToolRoute {
     /// decided and recorded by the task alone, so they run in a replay too.
     pub fn has_effects(&self) -> bool {
         match self {
-            Self::Shell { .. } | Self::ApplyPatch { .. } | Self::External => true,
+            // An inspection may run a probe: played back as a command is.
+            Self::Shell { .. } | Self::ApplyPatch { .. } | Self::External | Self::Capability => {
+                true
+            }
             Self::Plan | Self::Refuse(_) => false,
         }
     }
@@ -61,6 +67,7 @@ pub fn route_tool(
             ),
         },
         "update_plan" => ToolRoute::Plan,
+        crate::capabilities::INSPECT | crate::capabilities::RUN => ToolRoute::Capability,
         "apply_patch" => match patch_input(&call.arguments.0) {
             Ok(patch) => ToolRoute::ApplyPatch {
                 patch,
@@ -146,7 +153,7 @@ pub(super) async fn run_tool(
             .instrument(span.clone())
             .await
     } else {
-        execute(ctx, mcp, tools, call, &span)
+        execute(ctx, mcp, gov, tools, call, &span)
             .instrument(span.clone())
             .await
     };
@@ -206,6 +213,7 @@ pub(super) async fn run_tool(
 pub(super) async fn execute(
     ctx: &TaskContext,
     mcp: &mut TaskMcp,
+    gov: &TaskGovernance,
     tools: &[ToolSpec],
     call: &ToolCall,
     span: &tracing::Span,
@@ -277,56 +285,80 @@ pub(super) async fn execute(
             argv,
             needs_approval,
         } => {
-            if needs_approval {
-                approve(ctx, &argv, "the model wants to run a command".into()).await?;
-            }
-            let exec = ctx.exec.as_ref().ok_or_else(|| AgentError::SandboxError {
-                message: "no command runner is configured for this session".into(),
-            })?;
-            let roots = builtins::workspace_roots(&ctx.workspace_roots);
-            let workdir = builtins::shell_workdir(
-                &roots,
-                call.arguments.0.get("workdir").and_then(|w| w.as_str()),
-            );
+            let workdir = call.arguments.0.get("workdir").and_then(|w| w.as_str());
             let timeout = call
                 .arguments
                 .0
                 .get("timeout_ms")
                 .and_then(serde_json::Value::as_u64)
-                .map_or(ctx.limits.exec_timeout, Duration::from_millis);
-            let request = |sandbox| ExecRequest {
-                argv: argv.clone(),
-                workdir: workdir.clone(),
+                .map(Duration::from_millis);
+            let out = run_command(
+                ctx,
+                &argv,
+                needs_approval,
+                workdir,
                 timeout,
-                sandbox,
-                output_cap: ctx.limits.exec_output_cap,
-                writable_roots: roots.clone(),
-                conversation_id: Some(ctx.conversation_id),
-                task_id: Some(ctx.task_id),
-            };
-            let mut out = exec.run(request(ctx.sandbox_policy), &ctx.cancel).await?;
-            if ctx.approval_policy == ApprovalPolicy::OnFailure
-                && let Some(why) = sandbox_failure(&out, ctx.sandbox_policy)
-            {
-                tracing::info!(policy = ?ctx.sandbox_policy, why, "command failed in the sandbox; asking to run it without");
-                let reason = format!(
-                    "the command failed in the {} sandbox ({why}); run it again without the sandbox?",
-                    sandbox_name(ctx.sandbox_policy)
-                );
-                let granted = approve(ctx, &argv, reason).await;
-                metrics::sandbox_retry(granted.is_ok());
-                granted?;
-                out = exec
-                    .run(request(SandboxPolicy::FullAccess), &ctx.cancel)
-                    .await?;
-            }
+                "the model wants to run a command".into(),
+            )
+            .await?;
             Ok(ToolOutput {
                 call_id: call.call_id.clone(),
                 output: render_exec(&out),
                 is_error: out.exit_code != Some(0),
             })
         }
+        ToolRoute::Capability => super::capability::call(ctx, gov, call).await,
     }
+}
+
+/// Runs `argv` as the shell tool does: approved first when `needs_approval`, under the
+/// conversation's sandbox, and under `on-failure` asked again without the sandbox when the
+/// sandbox stopped it. `workdir` is taken inside the workspace; `timeout` defaults to the
+/// session's command timeout.
+pub(super) async fn run_command(
+    ctx: &TaskContext,
+    argv: &[String],
+    needs_approval: bool,
+    workdir: Option<&str>,
+    timeout: Option<Duration>,
+    why: String,
+) -> Result<crate::ports::ExecOutput, AgentError> {
+    if needs_approval {
+        approve(ctx, argv, why).await?;
+    }
+    let exec = ctx.exec.as_ref().ok_or_else(|| AgentError::SandboxError {
+        message: "no command runner is configured for this session".into(),
+    })?;
+    let roots = builtins::workspace_roots(&ctx.workspace_roots);
+    let workdir = builtins::shell_workdir(&roots, workdir);
+    let timeout = timeout.unwrap_or(ctx.limits.exec_timeout);
+    let request = |sandbox| ExecRequest {
+        argv: argv.to_vec(),
+        workdir: workdir.clone(),
+        timeout,
+        sandbox,
+        output_cap: ctx.limits.exec_output_cap,
+        writable_roots: roots.clone(),
+        conversation_id: Some(ctx.conversation_id),
+        task_id: Some(ctx.task_id),
+    };
+    let mut out = exec.run(request(ctx.sandbox_policy), &ctx.cancel).await?;
+    if ctx.approval_policy == ApprovalPolicy::OnFailure
+        && let Some(why) = sandbox_failure(&out, ctx.sandbox_policy)
+    {
+        tracing::info!(policy = ?ctx.sandbox_policy, why, "command failed in the sandbox; asking to run it without");
+        let reason = format!(
+            "the command failed in the {} sandbox ({why}); run it again without the sandbox?",
+            sandbox_name(ctx.sandbox_policy)
+        );
+        let granted = approve(ctx, argv, reason).await;
+        metrics::sandbox_retry(granted.is_ok());
+        granted?;
+        out = exec
+            .run(request(SandboxPolicy::FullAccess), &ctx.cancel)
+            .await?;
+    }
+    Ok(out)
 }
 
 /// apply_patch: the sandbox must allow writes, every path must be inside the workspace, a

@@ -8,6 +8,9 @@
 //! | `GET /console/{asset}` | the script and the style sheet (`ETag`, revalidated) |
 //! | `POST /console/sign-in` | `{token}` (JSON) or a form: sets the sign-in cookie ([`crate::sign_in`]) |
 //! | `POST /console/sign-out` | clears it |
+//! | `GET /tokens` | the authorization tokens, the form that issues one, a revoke button each |
+//! | `POST /console/tokens` | a form: issues a token and shows its secret once |
+//! | `POST /console/tokens/{id}/revoke` | revokes a token, back to `/tokens` |
 //!
 //! The pages authenticate like the API (a bearer token, or the sign-in cookie); without
 //! either, when tokens are configured, they answer the sign-in form. Everything live goes
@@ -60,6 +63,9 @@ pub fn routes(app: AppState, auth: Auth, config: ConsoleConfig) -> Router {
         .route("/sessions/{id}", get(session_page))
         .route("/console/sign-in", post(sign_in_route))
         .route("/console/sign-out", post(sign_out))
+        .route("/tokens", get(tokens_page))
+        .route("/console/tokens", post(issue_token))
+        .route("/console/tokens/{id}/revoke", post(revoke_token))
         .route("/console/{asset}", get(asset))
         .with_state(ConsoleState { app, auth, config })
 }
@@ -382,6 +388,147 @@ async fn sign_in_route(
         .headers_mut()
         .insert(header::CACHE_CONTROL, HeaderValue::from_static("no-store"));
     response
+}
+
+/// What the issue form sends (numbers as the form's text).
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct IssueForm {
+    agent: String,
+    tool: String,
+    #[serde(default)]
+    args: String,
+    ttl_secs: String,
+    max_uses: String,
+}
+
+impl IssueForm {
+    /// The request it makes, or what is wrong with it.
+    fn request(self) -> Result<troupe_proto::governance::IssueToken, String> {
+        let number = |name: &str, v: &str| {
+            v.trim()
+                .parse::<u64>()
+                .ok()
+                .filter(|n| *n > 0)
+                .ok_or_else(|| format!("{name} must be a whole number above 0, not `{v}`"))
+        };
+        let ttl_secs = number("Valid for", &self.ttl_secs)?;
+        let max_uses = u32::try_from(number("Uses", &self.max_uses)?)
+            .map_err(|_| "Uses is too large".to_owned())?;
+        let args = self.args.trim();
+        Ok(troupe_proto::governance::IssueToken {
+            scope: troupe_proto::governance::TokenScope {
+                agent: self.agent.trim().to_owned(),
+                tool: self.tool.trim().to_owned(),
+                args: (!args.is_empty()).then(|| args.to_owned()),
+            },
+            ttl_secs,
+            max_uses,
+            issued_by: Some("console".into()),
+        })
+    }
+}
+
+fn now_ms() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX))
+}
+
+/// The tokens page with `issued` (just issued) or `error` on top.
+async fn tokens_view(
+    c: &ConsoleState,
+    scope: &Scope,
+    via: Credential,
+    status: StatusCode,
+    issued: Option<&troupe_proto::governance::IssuedToken>,
+    error: Option<&str>,
+) -> Response {
+    match c.app.rpc.sessions.tokens(scope).await {
+        Ok(list) => html(
+            status,
+            page::tokens(&list, issued, error, now_ms(), via == Credential::SignIn),
+        ),
+        Err(e) => error_page(&e, via),
+    }
+}
+
+/// `GET /tokens`: the authorization tokens.
+async fn tokens_page(State(c): State<ConsoleState>, headers: HeaderMap) -> Response {
+    let Some((scope, via)) = c.auth.check_request(&headers) else {
+        return html(StatusCode::OK, page::sign_in("/tokens", None));
+    };
+    tokens_view(&c, &scope, via, StatusCode::OK, None, None).await
+}
+
+/// `POST /console/tokens`: issues a token from the form; the page shows its secret once.
+async fn issue_token(
+    State(c): State<ConsoleState>,
+    headers: HeaderMap,
+    bytes: Result<Bytes, BytesRejection>,
+) -> Response {
+    let Some((scope, via)) = c.auth.check_request(&headers) else {
+        return crate::error::ApiError::new(
+            StatusCode::UNAUTHORIZED,
+            "unauthorized",
+            "sign in first",
+        )
+        .into_response();
+    };
+    let bytes = match body(bytes, c.app.body_limit) {
+        Ok(b) => b,
+        Err(e) => return e.into_response(),
+    };
+    let request = serde_urlencoded::from_bytes::<IssueForm>(&bytes)
+        .map_err(|e| format!("bad form: {e}"))
+        .and_then(IssueForm::request);
+    let request = match request {
+        Ok(r) => r,
+        Err(e) => {
+            return tokens_view(&c, &scope, via, StatusCode::BAD_REQUEST, None, Some(&e)).await;
+        }
+    };
+    match c.app.rpc.sessions.issue_token(&scope, request).await {
+        Ok(issued) => {
+            tracing::info!(token_id = %issued.info.id, "token issued from the console");
+            tokens_view(&c, &scope, via, StatusCode::CREATED, Some(&issued), None).await
+        }
+        Err(e @ troupe_proto::AgentError::InvalidInput { .. }) => {
+            tokens_view(
+                &c,
+                &scope,
+                via,
+                StatusCode::BAD_REQUEST,
+                None,
+                Some(&e.to_string()),
+            )
+            .await
+        }
+        Err(e) => error_page(&e, via),
+    }
+}
+
+/// `POST /console/tokens/{id}/revoke`: revokes it, then back to the list.
+async fn revoke_token(
+    State(c): State<ConsoleState>,
+    headers: HeaderMap,
+    Path(id): Path<String>,
+) -> Response {
+    let Some((scope, via)) = c.auth.check_request(&headers) else {
+        return crate::error::ApiError::new(
+            StatusCode::UNAUTHORIZED,
+            "unauthorized",
+            "sign in first",
+        )
+        .into_response();
+    };
+    match c.app.rpc.sessions.revoke_token(&scope, id).await {
+        Ok(info) => {
+            tracing::info!(token_id = %info.id, "token revoked from the console");
+            (StatusCode::SEE_OTHER, [(header::LOCATION, "/tokens")]).into_response()
+        }
+        Err(e) => error_page(&e, via),
+    }
 }
 
 /// A form body (`token=...&next=...`).

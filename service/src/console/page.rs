@@ -98,7 +98,7 @@ fn top(signed_in: bool) -> String {
         ""
     };
     format!(
-        r#"<header class="top"><a class="brand" href="/">troupe</a><nav aria-label="Main"><a href="/">Sessions</a></nav><span id="conn" class="conn" role="status" aria-live="polite"></span>{sign_out}</header>"#
+        r#"<header class="top"><a class="brand" href="/">troupe</a><nav aria-label="Main"><a href="/">Sessions</a> <a href="/tokens">Tokens</a></nav><span id="conn" class="conn" role="status" aria-live="polite"></span>{sign_out}</header>"#
     )
 }
 
@@ -305,6 +305,83 @@ fn static_message(m: &MessageRecord) -> String {
         id = m.message_id,
         text = esc(&text),
     )
+}
+
+/// The authorization tokens page (A5): every token, newest first, each with a revoke button
+/// while it is in force; the form that issues one; and, right after an issue, its secret,
+/// shown this once. Reads and works without the script (plain forms).
+pub fn tokens(
+    list: &[troupe_proto::governance::TokenInfo],
+    issued: Option<&troupe_proto::governance::IssuedToken>,
+    error: Option<&str>,
+    now_ms: u64,
+    signed_in: bool,
+) -> String {
+    let mut body = top(signed_in);
+    body.push_str(r#"<main id="main"><div class="head"><h1>Authorization tokens</h1></div>"#);
+    if let Some(issued) = issued {
+        body.push_str(&format!(
+            r#"<section class="issued" role="status"><h2>Token issued</h2><p>Give this token to whoever sends the message; it is shown this once and is not kept in clear anywhere.</p><p><code id="issued-secret">{}</code></p><p class="muted">id {}</p></section>"#,
+            esc(&issued.token),
+            esc(&issued.info.id)
+        ));
+    }
+    if let Some(error) = error {
+        body.push_str(&format!(
+            r#"<p class="error" role="alert">{}</p>"#,
+            esc(error)
+        ));
+    }
+    body.push_str(
+        r#"<form method="post" action="/console/tokens" id="issue-form" class="issue">
+<fieldset><legend>Issue a token</legend>
+<label for="agent">Agent</label><input id="agent" name="agent" value="*" required>
+<label for="tool">Tool (a pattern: <code>shell</code>, <code>files__*</code>)</label><input id="tool" name="tool" required>
+<label for="args">Arguments pattern (optional, e.g. <code>git status*</code>)</label><input id="args" name="args">
+<label for="ttl_secs">Valid for (seconds)</label><input id="ttl_secs" name="ttl_secs" type="number" min="1" value="3600" required>
+<label for="max_uses">Uses</label><input id="max_uses" name="max_uses" type="number" min="1" value="1" required>
+<button type="submit">Issue</button>
+</fieldset>
+</form>
+"#,
+    );
+    if list.is_empty() {
+        body.push_str(r#"<p class="muted" id="no-tokens">No tokens yet.</p>"#);
+    } else {
+        body.push_str(r#"<table class="tokens" id="tokens"><thead><tr><th>id</th><th>agent</th><th>tool</th><th>arguments</th><th>uses</th><th>expires</th><th>state</th><th></th></tr></thead><tbody>"#);
+        for t in list {
+            let state = if t.revoked_ms.is_some() {
+                "revoked"
+            } else if t.expires_ms <= now_ms {
+                "expired"
+            } else if t.uses >= t.max_uses {
+                "used up"
+            } else {
+                "in force"
+            };
+            let revoke = if state == "in force" {
+                format!(
+                    r#"<form method="post" action="/console/tokens/{id}/revoke"><button type="submit">Revoke</button></form>"#,
+                    id = esc(&t.id)
+                )
+            } else {
+                String::new()
+            };
+            body.push_str(&format!(
+                r#"<tr data-token="{id}"><td><code>{id}</code></td><td>{agent}</td><td><code>{tool}</code></td><td>{args}</td><td>{uses} / {max}</td><td>{expires}</td><td class="state">{state}</td><td>{revoke}</td></tr>"#,
+                id = esc(&t.id),
+                agent = esc(&t.scope.agent),
+                tool = esc(&t.scope.tool),
+                args = t.scope.args.as_deref().map(|a| format!("<code>{}</code>", esc(a))).unwrap_or_default(),
+                uses = t.uses,
+                max = t.max_uses,
+                expires = time(t.expires_ms),
+            ));
+        }
+        body.push_str("</tbody></table>");
+    }
+    body.push_str("</main>");
+    layout("Tokens", "tokens", &body, None)
 }
 
 #[cfg(test)]

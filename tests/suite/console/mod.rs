@@ -5,6 +5,7 @@
 //! `target/tmp/console/`. The page without JavaScript is read with curl.
 
 mod driver;
+mod tokens;
 
 use driver::{Browser, ENTER};
 use serde_json::{Value, json};
