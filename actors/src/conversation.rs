@@ -142,6 +142,8 @@ pub struct ConversationSettings {
     pub tool_policy: Arc<troupe_proto::governance::ToolPolicyConfig>,
     /// The process's authorization tokens (`None`: a tool that needs one is refused).
     pub token_book: Option<ActorRef<crate::token_book::TokenBookMsg>>,
+    /// The process's modules (A10): what `dispatch_module` reaches (`None`: no modules).
+    pub modules: Option<Arc<dyn crate::modules::ModulePort>>,
 }
 
 impl Default for ConversationSettings {
@@ -160,6 +162,7 @@ impl Default for ConversationSettings {
             mcp_servers: Vec::new(),
             tool_policy: Arc::default(),
             token_book: None,
+            modules: None,
         }
     }
 }

@@ -53,6 +53,7 @@ use troupe_proto::{
 };
 
 mod mcp_view;
+mod modules;
 mod step;
 mod tool_call;
 
@@ -114,6 +115,9 @@ pub struct TaskContext {
     pub options: RequestGovernance,
     /// Where a tool call that needs a token asks for one use.
     pub token_book: Option<ractor::ActorRef<crate::token_book::TokenBookMsg>>,
+    /// The process's modules: what `dispatch_module` and the supervisor's
+    /// `dispatch_module` decision reach (`None`: no modules).
+    pub modules: Option<Arc<dyn crate::modules::ModulePort>>,
 }
 
 /// What a message brings to its task besides its text: its dispatch when an agent's
@@ -421,6 +425,7 @@ async fn prepare(
     };
     let mut builtins = ctx.builtins.clone();
     builtins.extend(agents.and_then(agents::Agents::dispatch_tool));
+    builtins.extend(modules::dispatch_tool(ctx));
     let mut merged = crate::tools::merge_tools(builtins, external);
     // A tool the policy denies is not offered: the model cannot call what it cannot see
     // (and a call it makes up anyway is refused at the call).

@@ -60,6 +60,9 @@ pub struct ServeArgs {
     /// How long an approval request waits for a human, e.g. 5m.
     #[arg(long)]
     pub approval_timeout: Option<String>,
+    /// The modules directory (modules.dir; default `modules/` beside the configuration).
+    #[arg(long)]
+    pub modules_dir: Option<PathBuf>,
 }
 
 /// Defaults < config file < environment < flags; the provider as
@@ -83,6 +86,13 @@ fn resolve(args: &ServeArgs) -> anyhow::Result<TroupeConfig> {
     }
     if let Some(v) = &args.model {
         c.model.model.clone_from(v);
+    }
+    if let Some(v) = &args.modules_dir {
+        c.modules.dir = Some(if v.is_absolute() {
+            v.clone()
+        } else {
+            std::env::current_dir()?.join(v)
+        });
     }
     if let Some(v) = &args.base_url {
         c.model.base_url.clone_from(v);
@@ -130,7 +140,15 @@ pub async fn run(args: ServeArgs) -> anyhow::Result<ExitCode> {
         }
         None => None,
     };
-    let service = Service::start(&config, storage.store, ports, prometheus).await?;
+    // Modules and I/O gateways (A10): a file that does not load is reported, the others run.
+    let modules = troupe_runtime::modules::catalog(&config);
+    for error in &modules.errors {
+        eprintln!("troupe: {error}");
+    }
+    let modules = troupe_service::modules::Modules::new(modules);
+    let service =
+        Service::start_with_modules(&config, storage.store, ports, prometheus, Some(modules))
+            .await?;
     troupe_service::cancel_on_signals(service.shutdown_token())?;
     if args.stdio {
         service

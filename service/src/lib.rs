@@ -50,6 +50,7 @@ pub mod host;
 pub mod http;
 pub mod listen;
 pub mod metrics;
+pub mod modules;
 pub mod registry;
 pub mod rest;
 pub mod router;
@@ -116,6 +117,7 @@ impl std::fmt::Debug for Service {
 pub fn describe_metrics() {
     troupe_actors::describe_metrics();
     metrics::describe();
+    modules::metrics::describe();
     a2a::metrics::describe();
     troupe_a2a::describe_metrics();
     troupe_runtime::describe_metrics();
@@ -131,8 +133,21 @@ impl Service {
     pub async fn start(
         config: &TroupeConfig,
         store: Arc<dyn Store>,
+        ports: SessionPorts,
+        prometheus: Option<PrometheusHandle>,
+    ) -> Result<Self, AgentError> {
+        Self::start_with_modules(config, store, ports, prometheus, None).await
+    }
+
+    /// [`Self::start`], with the process's modules (A10): their gateways start once the
+    /// sessions can take messages, every task may dispatch to them, and they stop after the
+    /// sessions' last replies are delivered.
+    pub async fn start_with_modules(
+        config: &TroupeConfig,
+        store: Arc<dyn Store>,
         mut ports: SessionPorts,
         prometheus: Option<PrometheusHandle>,
+        modules: Option<modules::Modules>,
     ) -> Result<Self, AgentError> {
         let env = |k: &str| std::env::var(k).ok();
         let mut tokens = Vec::new();
@@ -145,7 +160,11 @@ impl Service {
             })?;
             tokens.push((secret, t.projects.clone()));
         }
-        let session_config = troupe_runtime::assembly::session_config(config);
+        let mut session_config = troupe_runtime::assembly::session_config(config);
+        let modules = modules.filter(|m| !m.is_empty());
+        if let Some(m) = &modules {
+            session_config.conversation.modules = Some(Arc::new(m.clone()));
+        }
         // The sessions write to the very storage the sweeper sweeps.
         let rollout = ports.rollout_storage.clone().unwrap_or_else(|| {
             Arc::new(FileRolloutStorage::new(
@@ -164,6 +183,10 @@ impl Service {
             },
         })
         .await?;
+        if let Some(m) = &modules {
+            sessions.set_modules(m.clone());
+            m.start(sessions.clone()).await?;
+        }
         let shutdown = CancellationToken::new();
         // Ends with the service: the token fires when shutdown begins.
         let _sweeping = sweeper.spawn(ttl_sweep_interval, shutdown.clone());
@@ -338,6 +361,10 @@ impl Service {
         }
         // Cancelled tasks answer promptly; their replies are stored before this returns.
         let _ = tokio::time::timeout(Duration::from_secs(10), self.sessions.drain()).await;
+        // The last replies went to their modules; now the gateways stop.
+        if let Some(modules) = self.sessions.modules() {
+            modules.stop().await;
+        }
         self.sessions.stop().await;
     }
 

@@ -21,6 +21,7 @@ mod mcp_conformance;
 mod mcp_oauth;
 mod mcp_servers;
 mod models;
+mod modules;
 mod observability;
 mod repl;
 mod replay;

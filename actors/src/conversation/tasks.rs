@@ -104,6 +104,7 @@ impl ConversationState {
             agents: (!compact).then_some(crate::task::TaskAgents { origin }),
             tool_policy: self.services.settings.tool_policy.clone(),
             token_book: self.services.settings.token_book.clone(),
+            modules: self.services.settings.modules.clone(),
             options,
             slot: {
                 let (give, ask) = (myself.clone(), myself.clone());
