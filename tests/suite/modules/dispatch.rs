@@ -140,3 +140,47 @@ async fn a_policy_that_denies_the_module_refuses_the_dispatch() {
     assert!(posted.on("answer").is_empty(), "nothing was delivered");
     assert_eq!(posted.on("ok").len(), 1);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_supervisor_routes_a_message_to_a_module() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    let (hooks, posted) = webhook().await;
+    module(
+        d,
+        "answer",
+        http_module("answer", "sync", format!("{hooks}/answer"), json!({})),
+    );
+    std::fs::create_dir_all(d.join("agents")).unwrap();
+    std::fs::write(
+        d.join("agents/coder.json"),
+        r#"{"id": "coder", "role": "executor", "provider": {"type": "model", "instructions": "You write code."}}"#,
+    )
+    .unwrap();
+    let serving = serve(
+        d,
+        "[agents]\nrouter = \"model\"\n",
+        json!([
+            {"tool_calls": [{"name": "route", "arguments": {"decision": "dispatch_module", "module": "answer", "input": "what is it?", "confidence": 0.9}}]},
+        ]),
+    );
+    let api = &serving.api;
+    let sid = crate::suite::serve::id(&api.session(None).await, "session_id");
+    let sent = api.say(&sid, "ask the answering service").await;
+    assert_eq!(sent["reply"]["status"], "ok", "{sent}");
+    assert_eq!(sent["reply"]["text"], r#"{"answer":42}"#, "{sent}");
+    let answers = posted.on("answer");
+    assert_eq!(answers.len(), 1, "{answers:?}");
+    assert_eq!(answers[0]["payload"], "what is it?");
+    let events = api
+        .sse(&sid, None, |seen| {
+            seen.iter().any(|e| e["kind"] == "route_decided")
+        })
+        .await;
+    let routed = events
+        .iter()
+        .find(|e| e["kind"] == "route_decided")
+        .unwrap();
+    assert_eq!(routed["data"]["decision"], "dispatch_module", "{routed}");
+    assert_eq!(routed["data"]["module"], "answer", "{routed}");
+}

@@ -1,7 +1,8 @@
 #!/usr/bin/env python3
 """A small stdio gateway for troupe's tests, speaking the module line protocol.
 
-At start it writes its pid to $GATEWAY_PID and feeds the texts of $GATEWAY_FEED (a JSON
+At start it writes its pid to $GATEWAY_PID, a line to stderr, the lines of $GATEWAY_RAW (a
+JSON array of strings) as they are, and feeds the texts of $GATEWAY_FEED (a JSON
 array) as messages with ids `m-<pid>-<n>` in conversation $GATEWAY_CONVERSATION (default
 `chan-1`). Every frame troupe writes is appended to $GATEWAY_LOG (one JSON object a line,
 with this process's pid). A reply, dispatch or ping is acknowledged unless $GATEWAY_ACK is
@@ -34,6 +35,12 @@ if os.environ.get("GATEWAY_PID"):
     with open(tmp, "w") as f:
         f.write(str(pid))
     os.replace(tmp, os.environ["GATEWAY_PID"])
+
+print(f"gateway {pid} started", file=sys.stderr, flush=True)
+
+for raw in json.loads(os.environ.get("GATEWAY_RAW", "[]")):
+    sys.stdout.write(raw + "\n")
+    sys.stdout.flush()
 
 for n, text in enumerate(json.loads(os.environ.get("GATEWAY_FEED", "[]"))):
     send({"type": "message", "id": f"m-{pid}-{n}", "conversation": conversation, "text": text})

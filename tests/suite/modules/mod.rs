@@ -72,7 +72,7 @@ pub fn serve(dir: &Path, extra: &str, replies: Value) -> Serving {
         .env_remove("TROUPE_CONFIG")
         .env_remove("TROUPE_API_TOKENS")
         .env_remove("TROUPE_LISTEN")
-        .env("RUST_LOG", "info")
+        .env("TROUPE_LOG", "info")
         .stderr(Stdio::from(log));
     let (child, base) = troupe_tests::spawn_serve(&mut command);
     Serving {

@@ -17,10 +17,14 @@ async fn a_stdio_gateway_feeds_a_message_and_receives_its_reply() {
             "bridge",
             "duplex",
             "sync",
-            json!({"GATEWAY_FEED": "[\"hello from the channel\"]"}),
+            json!({"GATEWAY_FEED": "[\"hello from the channel\", \"and then\"]"}),
         ),
     );
-    let serving = serve(d, "", json!([{"text": "Hi from troupe"}]));
+    let serving = serve(
+        d,
+        "",
+        json!([{"text": "Hi from troupe", "delay_ms": 100}, {"text": "Second"}]),
+    );
     let pid: u32 = eventually(Duration::from_secs(10), async || {
         std::fs::read_to_string(d.join("bridge.pid"))
             .ok()?
@@ -30,12 +34,25 @@ async fn a_stdio_gateway_feeds_a_message_and_receives_its_reply() {
     .await;
     let frames = eventually(Duration::from_secs(15), async || {
         let frames = received(d, "bridge");
-        frames
-            .iter()
-            .any(|f| f["type"] == "reply")
-            .then_some(frames)
+        (frames.iter().filter(|f| f["type"] == "reply").count() == 2).then_some(frames)
     })
     .await;
+    // Taken in order, one conversation for the key: the second waited for the first.
+    let replies: Vec<(&str, &str)> = frames
+        .iter()
+        .filter(|f| f["type"] == "reply")
+        .map(|f| {
+            (
+                f["in_reply_to"].as_str().unwrap(),
+                f["text"].as_str().unwrap(),
+            )
+        })
+        .collect();
+    let (m0, m1) = (format!("m-{pid}-0"), format!("m-{pid}-1"));
+    assert_eq!(
+        replies,
+        [(m0.as_str(), "Hi from troupe"), (m1.as_str(), "Second")]
+    );
     // First troupe's acknowledgement of the stored message, then the reply.
     let ack = &frames[0];
     assert_eq!(ack["type"], "ack", "{frames:?}");
@@ -70,22 +87,27 @@ async fn a_stdio_gateway_feeds_a_message_and_receives_its_reply() {
             )
         })
         .collect();
-    assert!(
-        texts.contains(&("user", "hello from the channel"))
-            && texts.contains(&("assistant", "Hi from troupe")),
-        "{texts:?}"
+    // Both were stored as they came (the second queued behind the first), then answered.
+    assert_eq!(
+        texts,
+        [
+            ("user", "hello from the channel"),
+            ("user", "and then"),
+            ("assistant", "Hi from troupe"),
+            ("assistant", "Second"),
+        ]
     );
     let base = &serving.base;
     metric_reaches(
         base,
         r#"troupe_module_messages_total{module="bridge",direction="duplex",outcome="accepted"}"#,
-        1.0,
+        2.0,
     )
     .await;
     metric_reaches(
         base,
         r#"troupe_module_deliveries_total{module="bridge",direction="duplex",outcome="delivered"}"#,
-        1.0,
+        2.0,
     )
     .await;
     let (_, listing) = api.get("/api/modules").await;
@@ -93,6 +115,10 @@ async fn a_stdio_gateway_feeds_a_message_and_receives_its_reply() {
     assert_eq!(listing["modules"][0]["health"], "up", "{listing}");
     let rpc = api.call("modules.list", json!({})).await;
     assert_eq!(rpc["modules"][0]["id"], "bridge", "{rpc}");
+
+    // Its stderr is in troupe's log.
+    let log = std::fs::read_to_string(d.join("serve.log")).unwrap();
+    assert!(log.contains(&format!("gateway {pid} started")), "{log}");
 
     // troupe stops its gateways when it stops: no process is left behind.
     serving.terminate();
@@ -199,7 +225,14 @@ async fn a_sync_gateway_that_does_not_acknowledge_times_out_visibly() {
         "mute",
         "duplex",
         "sync",
-        json!({"GATEWAY_ACK": "no", "GATEWAY_FEED": "[\"anyone there?\"]"}),
+        json!({
+            "GATEWAY_ACK": "no",
+            "GATEWAY_FEED": "[\"anyone there?\"]",
+            "GATEWAY_RAW": json!([
+                "not json",
+                json!({"type": "message", "id": "lost", "session": "0199a1b2-0000-7000-8000-000000000000", "text": "hi"}).to_string(),
+            ]).to_string(),
+        }),
     );
     mute["timeout"] = json!("300ms");
     module(d, "mute", mute);
@@ -220,6 +253,26 @@ async fn a_sync_gateway_that_does_not_acknowledge_times_out_visibly() {
     metric_reaches(
         &serving.base,
         r#"troupe_module_deliveries_total{module="mute",direction="duplex",outcome="timeout"}"#,
+        1.0,
+    )
+    .await;
+    // A line that is not a frame, and a message for a session that does not exist, are
+    // answered with errors; the module goes on.
+    let errors: Vec<(Value, Value)> = received(d, "mute")
+        .into_iter()
+        .filter(|f| f["type"] == "error")
+        .map(|f| (f["id"].clone(), f["code"].clone()))
+        .collect();
+    assert_eq!(
+        errors,
+        [
+            (Value::Null, json!("invalid_input")),
+            (json!("lost"), json!("not_found"))
+        ]
+    );
+    metric_reaches(
+        &serving.base,
+        r#"troupe_module_messages_total{module="mute",direction="duplex",outcome="refused"}"#,
         1.0,
     )
     .await;
