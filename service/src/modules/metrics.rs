@@ -85,6 +85,7 @@ pub fn start_at_zero(module: &ModuleDefinition) {
         counter!(RESTARTS, "module" => id.clone(), "direction" => dir, "outcome" => outcome)
             .increment(0);
     }
+    let _ = histogram!(DELIVERY_SECONDS, "module" => id.clone(), "direction" => dir);
     gauge!(UP, "module" => id, "direction" => dir).set(0.0);
 }
 
