@@ -1,6 +1,7 @@
 //! Governance (A5, A8): tool policies enforced where calls are dispatched, authorization
 //! tokens, output guardrails.
 
+mod a2a_data;
 mod guardrail;
 mod policy;
 mod reload;
