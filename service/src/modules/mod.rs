@@ -324,14 +324,18 @@ impl Modules {
         let Some(source) = self.inner.defs.get(&origin.source) else {
             return;
         };
-        for id in plan::recipients(self.inner.defs.values().map(|d| &**d), source) {
-            let frame_id = frame::new_id("r");
-            let frame = match &result {
-                Ok(reply) => frame::reply(&frame_id, &origin, reply),
-                Err(e) => frame::failed_reply(&frame_id, &origin, e),
-            };
-            self.deliver(&id, frame).await;
-        }
+        // Each recipient at its own pace: a slow sync one does not hold up the others.
+        let deliveries = plan::recipients(self.inner.defs.values().map(|d| &**d), source)
+            .into_iter()
+            .map(|id| {
+                let frame_id = frame::new_id("r");
+                let frame = match &result {
+                    Ok(reply) => frame::reply(&frame_id, &origin, reply),
+                    Err(e) => frame::failed_reply(&frame_id, &origin, e),
+                };
+                async move { self.deliver(&id, frame).await }
+            });
+        futures::future::join_all(deliveries).await;
     }
 }
 
