@@ -42,8 +42,8 @@ use tokio::time::Instant;
 use tokio_util::task::TaskTracker;
 use tracing::Instrument;
 use troupe_actors::modules::{ModuleDispatch, ModuleDispatchError, ModulePort, ModuleTarget};
-use troupe_proto::AgentError;
 use troupe_proto::agent::AgentLoadError;
+use troupe_proto::{AgentError, SessionId};
 use troupe_runtime::modules::{DeliveryMode, ModuleCatalog, ModuleDefinition, ModuleProtocol};
 
 /// How long [`Modules::stop`] waits for async deliveries still being tried.
@@ -63,6 +63,9 @@ struct Inner {
     gateways: OnceLock<BTreeMap<String, ActorRef<GatewayMsg>>>,
     /// Async deliveries in the background.
     deliveries: TaskTracker,
+    /// The sessions, once started: a reply that could not be delivered is reported in its
+    /// session.
+    sessions: OnceLock<SessionsApi>,
 }
 
 impl std::fmt::Debug for Modules {
@@ -118,6 +121,7 @@ impl Modules {
                 http,
                 gateways: OnceLock::new(),
                 deliveries: TaskTracker::new(),
+                sessions: OnceLock::new(),
             }),
         }
     }
@@ -138,6 +142,7 @@ impl Modules {
     /// Starts every stdio module's process (input ones feed `sessions`). A module whose
     /// program cannot start is retried by its gateway, like one that exits.
     pub async fn start(&self, sessions: SessionsApi) -> Result<(), AgentError> {
+        let _ = self.inner.sessions.set(sessions.clone());
         let mut gateways = BTreeMap::new();
         for def in self.inner.defs.values() {
             if def.protocol != ModuleProtocol::Stdio {
@@ -272,6 +277,12 @@ impl Modules {
     /// acknowledgement (one attempt); `async` returns at once and tries in the background,
     /// again after a failure, `retries` times with backoff.
     pub async fn deliver(&self, id: &str, frame: Value) {
+        self.deliver_for(id, frame, None).await;
+    }
+
+    /// [`Self::deliver`]; a delivery that fails in the end is reported in `session` as a
+    /// `module_delivery_failed` warning.
+    async fn deliver_for(&self, id: &str, frame: Value, session: Option<SessionId>) {
         let Some(def) = self.inner.defs.get(id).cloned() else {
             return;
         };
@@ -284,6 +295,7 @@ impl Modules {
                     .instrument(span.clone())
                     .await;
                 record(&def, &span, &outcome, started.elapsed());
+                self.report(&def, session, &outcome).await;
             }
             DeliveryMode::Async => {
                 let this = self.clone();
@@ -295,6 +307,7 @@ impl Modules {
                             let outcome = this.attempt(&def, &frame, false).await;
                             if matches!(outcome, Attempt::Done(_)) || tries >= def.retries {
                                 record(&def, &tracing::Span::current(), &outcome, started.elapsed());
+                                this.report(&def, session, &outcome).await;
                                 return;
                             }
                             tries += 1;
@@ -311,6 +324,25 @@ impl Modules {
                     .instrument(span),
                 );
             }
+        }
+    }
+
+    /// A delivery that failed, as a warning in the session of the reply it carried.
+    async fn report(&self, def: &ModuleDefinition, session: Option<SessionId>, outcome: &Attempt) {
+        let (Some(session), Some(sessions)) = (session, self.inner.sessions.get()) else {
+            return;
+        };
+        let why = match outcome {
+            Attempt::Done(_) => return,
+            Attempt::Timeout(why) | Attempt::Failed(why) => why,
+        };
+        if let Ok(handle) = sessions.session(crate::auth::Scope::All, session).await {
+            handle.emit(troupe_actors::events::EventDraft::session(
+                troupe_proto::EventKind::Warning {
+                    code: troupe_proto::WarningCode::ModuleDeliveryFailed,
+                    message: format!("a reply was not delivered to module `{}`: {why}", def.id),
+                },
+            ));
         }
     }
 
@@ -333,7 +365,8 @@ impl Modules {
                     Ok(reply) => frame::reply(&frame_id, &origin, reply),
                     Err(e) => frame::failed_reply(&frame_id, &origin, e),
                 };
-                async move { self.deliver(&id, frame).await }
+                let session = Some(origin.session);
+                async move { self.deliver_for(&id, frame, session).await }
             });
         futures::future::join_all(deliveries).await;
     }

@@ -290,4 +290,24 @@ async fn a_sync_gateway_that_does_not_acknowledge_times_out_visibly() {
         log.contains("delivery to a module failed") && log.contains("mute"),
         "{log}"
     );
+    // And in the session of the reply, as a warning.
+    let ack = received(d, "mute")
+        .into_iter()
+        .find(|f| f["type"] == "ack")
+        .unwrap();
+    let sid = ack["session"].as_str().unwrap();
+    let events = serving
+        .api
+        .sse(sid, None, |seen| {
+            seen.iter()
+                .any(|e| e["kind"] == "warning" && e["data"]["code"] == "module_delivery_failed")
+        })
+        .await;
+    // (Its message is for live subscribers: a session-level event is recorded without
+    // content.)
+    assert!(
+        events
+            .iter()
+            .any(|e| e["kind"] == "warning" && e["data"]["code"] == "module_delivery_failed")
+    );
 }
