@@ -182,6 +182,8 @@ impl ConversationSettings {
             }),
         }
     }
+    /// The process's modules (A10): what `dispatch_module` reaches (`None`: no modules).
+    pub modules: Option<Arc<dyn crate::modules::ModulePort>>,
 }
 
 impl Default for ConversationSettings {
@@ -204,6 +206,7 @@ impl Default for ConversationSettings {
             capabilities: Arc::default(),
             capability_budget: troupe_proto::capability::CapabilityBudget::default(),
             live: None,
+            modules: None,
         }
     }
 }

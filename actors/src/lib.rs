@@ -30,6 +30,7 @@ pub mod governance;
 pub mod handle;
 pub mod history;
 pub mod mcp_pool;
+pub mod modules;
 pub mod ports;
 pub mod replay;
 pub mod rollout;

@@ -54,6 +54,7 @@ use troupe_proto::{
 };
 
 mod mcp_view;
+mod modules;
 mod step;
 mod tool_call;
 
@@ -118,6 +119,9 @@ pub struct TaskContext {
     pub options: RequestGovernance,
     /// Where a tool call that needs a token asks for one use.
     pub token_book: Option<ractor::ActorRef<crate::token_book::TokenBookMsg>>,
+    /// The process's modules: what `dispatch_module` and the supervisor's
+    /// `dispatch_module` decision reach (`None`: no modules).
+    pub modules: Option<Arc<dyn crate::modules::ModulePort>>,
 }
 
 /// What a message brings to its task besides its text: its dispatch when an agent's
@@ -427,6 +431,7 @@ async fn prepare(
         .and_then(agents::Agents::dispatch_tool)
         .into_iter()
         .collect();
+    extra.extend(modules::dispatch_tool(ctx));
     // The capability registry (A6): its tools when the policy leaves a capability to use
     // (a compaction, which has no tools, has none).
     let capabilities = crate::capabilities::visible(&ctx.capabilities, &gov.policy);

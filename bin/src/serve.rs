@@ -68,6 +68,9 @@ pub struct ServeArgs {
     /// configuration file).
     #[arg(long)]
     pub capabilities_dir: Option<String>,
+    /// The modules directory (modules.dir; default `modules/` beside the configuration).
+    #[arg(long)]
+    pub modules_dir: Option<PathBuf>,
 }
 
 /// Defaults < config file < environment < flags; the provider as
@@ -91,6 +94,13 @@ fn resolve(args: &ServeArgs) -> anyhow::Result<TroupeConfig> {
     }
     if let Some(v) = &args.model {
         c.model.model.clone_from(v);
+    }
+    if let Some(v) = &args.modules_dir {
+        c.modules.dir = Some(if v.is_absolute() {
+            v.clone()
+        } else {
+            std::env::current_dir()?.join(v)
+        });
     }
     if let Some(v) = &args.base_url {
         c.model.base_url.clone_from(v);
@@ -146,12 +156,21 @@ pub async fn run(args: ServeArgs) -> anyhow::Result<ExitCode> {
     if let Some(agents) = ports.agents.as_mut() {
         agents.live = Some(live.agents());
     }
-    let service = Service::start_live(
+    // Modules and I/O gateways (A10): a file that does not load is reported, the others run.
+    let modules = troupe_runtime::modules::catalog(&config);
+    for error in &modules.errors {
+        eprintln!("troupe: {error}");
+    }
+    let modules = troupe_service::modules::Modules::new(modules);
+    let service = Service::start_with(
         &config,
         storage.store,
         ports,
         prometheus,
-        Some(live.settings()),
+        troupe_service::StartOptions {
+            live: Some(live.settings()),
+            modules: Some(modules),
+        },
     )
     .await?;
     reread_on_sighup(live)?;

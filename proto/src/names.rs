@@ -150,6 +150,9 @@ bounded_names! {
         /// An agent file or `[tools]` changed and did not load: the last good version stays
         /// (A7).
         ConfigRejected = "config_rejected",
+        /// A reply could not be delivered to a module: a sync one did not acknowledge in
+        /// time, or it failed (an async one after its retries) (A10).
+        ModuleDeliveryFailed = "module_delivery_failed",
     }
 }
 

@@ -178,6 +178,8 @@ pub struct TroupeConfig {
     pub sessions: SessionsConfig,
     /// `[agents]`: where agent definitions are read, who routes, the bounds of dispatches.
     pub agents: AgentsConfig,
+    /// `[modules]`: where module definitions (I/O gateways, A10) are read.
+    pub modules: ModulesConfig,
     /// `[tools]`: the global layer of every task's tool policy, and `[tools.roles.<role>]`
     /// the layer of the agents with that role (A5).
     pub tools: troupe_proto::governance::ToolPolicyConfig,
@@ -259,6 +261,14 @@ impl CapabilitiesConfig {
             inspect_tokens: self.inspect_tokens,
         }
     }
+/// `[modules]`: modules and I/O gateways (A10).
+#[derive(Debug, Clone, PartialEq, Default, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct ModulesConfig {
+    /// The directory of modules: a folder per module holding `module.json`, or a file
+    /// `<id>.json`. Default: `modules/` beside the configuration file (none without a file);
+    /// a relative path is taken from the configuration file's directory.
+    pub dir: Option<std::path::PathBuf>,
 }
 
 /// How a supervisor decides (`[agents] router`).
@@ -270,6 +280,34 @@ pub enum RouterKind {
 }
 
 impl TroupeConfig {
+    /// The modules directory: `TROUPE_MODULES_DIR` (applied by [`Self::apply_env`] into
+    /// `modules.dir`), else `[modules] dir` (relative to the configuration file), else
+    /// `modules/` beside the configuration file; `None` without a file or a setting. The
+    /// second value says whether it was named (a named directory must exist).
+    pub fn modules_dir(&self) -> Option<(std::path::PathBuf, bool)> {
+        self.dir_beside(self.modules.dir.as_ref(), "modules")
+    }
+
+    /// `named`, relative to the configuration file's directory, else `default` there.
+    fn dir_beside(
+        &self,
+        named: Option<&std::path::PathBuf>,
+        default: &str,
+    ) -> Option<(std::path::PathBuf, bool)> {
+        let base = self
+            .source
+            .as_deref()
+            .and_then(std::path::Path::parent)
+            .map(std::path::Path::to_path_buf);
+        match (named, base) {
+            (Some(dir), _) if dir.is_absolute() => Some((dir.clone(), true)),
+            (Some(dir), Some(base)) => Some((base.join(dir), true)),
+            (Some(dir), None) => Some((dir.clone(), true)),
+            (None, Some(base)) => Some((base.join(default), false)),
+            (None, None) => None,
+        }
+    }
+
     /// The agents directory: `TROUPE_AGENTS_DIR` (applied by [`Self::apply_env`] into
     /// `agents.dir`), else `[agents] dir` (relative to the configuration file), else
     /// `agents/` beside the configuration file; `None` without a file or a setting.
@@ -439,6 +477,7 @@ impl Default for TroupeConfig {
             conversation: ConversationConfig::default(),
             sessions: SessionsConfig::default(),
             agents: AgentsConfig::default(),
+            modules: ModulesConfig::default(),
             tools: troupe_proto::governance::ToolPolicyConfig::default(),
             capabilities: CapabilitiesConfig::default(),
             store: StoreConfig::default(),
@@ -879,6 +918,7 @@ pub const ENV_VARS: &[(&str, &str)] = &[
     ("TROUPE_PASSIVATE_AFTER", "sessions.passivate_after"),
     ("TROUPE_AGENTS_DIR", "agents.dir"),
     ("TROUPE_CAPABILITIES_DIR", "capabilities.dir"),
+    ("TROUPE_MODULES_DIR", "modules.dir"),
     ("TROUPE_STORE_BACKEND", "store.backend (sqlite or postgres)"),
     ("TROUPE_POSTGRES_URL", "store.postgres_url"),
 ];
@@ -1028,6 +1068,14 @@ impl TroupeConfig {
         }
         if let Some(v) = get("TROUPE_CAPABILITIES_DIR") {
             self.set_capabilities_dir(&v);
+        if let Some(v) = get("TROUPE_MODULES_DIR") {
+            // From the environment: as given (relative to the working directory).
+            let dir = std::path::PathBuf::from(v);
+            self.modules.dir = Some(if dir.is_absolute() {
+                dir
+            } else {
+                std::env::current_dir().unwrap_or_default().join(dir)
+            });
         }
         if let Some(v) = get("TROUPE_STORE_BACKEND") {
             self.store.backend = parse_enum("TROUPE_STORE_BACKEND", &v, "sqlite or postgres")?;

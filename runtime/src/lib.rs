@@ -13,6 +13,7 @@ pub mod exec;
 pub mod history_log;
 pub mod live;
 pub mod mcp;
+pub mod modules;
 pub mod openai;
 pub mod reload;
 pub mod scripted;

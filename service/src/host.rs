@@ -120,6 +120,9 @@ pub enum HostMsg {
         wait: bool,
         /// Its request layer of the tool policy and the digests of the tokens it presented.
         governance: RequestGovernance,
+        /// Told the stored message as soon as it is stored, before it runs (a caller that
+        /// waits for the reply acknowledges the message meanwhile).
+        accepted: Option<tokio::sync::oneshot::Sender<troupe_proto::store::MessageRecord>>,
         reply: Reply<Sent>,
     },
     /// Opens a conversation.
@@ -320,10 +323,18 @@ impl Actor for SessionHost {
                 text,
                 wait,
                 governance,
+                accepted,
                 reply,
             } => {
                 state
-                    .send(&myself, conversation_id, text, wait, governance, reply)
+                    .send(
+                        &myself,
+                        conversation_id,
+                        (text, wait),
+                        governance,
+                        accepted,
+                        reply,
+                    )
                     .await
             }
             HostMsg::TaskDone {

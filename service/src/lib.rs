@@ -51,6 +51,7 @@ pub mod http;
 pub mod lease_keeper;
 pub mod listen;
 pub mod metrics;
+pub mod modules;
 pub mod registry;
 pub mod rest;
 pub mod router;
@@ -117,10 +118,20 @@ impl std::fmt::Debug for Service {
 pub fn describe_metrics() {
     troupe_actors::describe_metrics();
     metrics::describe();
+    modules::metrics::describe();
     a2a::metrics::describe();
     troupe_a2a::describe_metrics();
     troupe_runtime::describe_metrics();
     troupe_store::describe_metrics();
+}
+
+/// What [`Service::start_with`] adds to [`Service::start`].
+#[derive(Default)]
+pub struct StartOptions {
+    /// The reloadable settings, as the live configuration publishes them (A7).
+    pub live: Option<tokio::sync::watch::Receiver<Arc<troupe_actors::conversation::Reloadable>>>,
+    /// The process's modules and I/O gateways (A10).
+    pub modules: Option<modules::Modules>,
 }
 
 impl Service {
@@ -135,17 +146,20 @@ impl Service {
         ports: SessionPorts,
         prometheus: Option<PrometheusHandle>,
     ) -> Result<Self, AgentError> {
-        Self::start_live(config, store, ports, prometheus, None).await
+        Self::start_with(config, store, ports, prometheus, StartOptions::default()).await
     }
 
-    /// [`Self::start`], with the reloadable settings (`[tools]`, the capabilities) taken
-    /// from `live` by each task when it starts, instead of from `config` once (A7).
-    pub async fn start_live(
+    /// [`Self::start`], with what `troupe serve` adds: the reloadable settings (`[tools]`,
+    /// the capabilities) taken from `options.live` by each task when it starts, instead of
+    /// from `config` once (A7); and the process's modules (A10): their gateways start once
+    /// the sessions can take messages, every task may dispatch to them, and they stop after
+    /// the sessions' last replies are delivered.
+    pub async fn start_with(
         config: &TroupeConfig,
         store: Arc<dyn Store>,
         mut ports: SessionPorts,
         prometheus: Option<PrometheusHandle>,
-        live: Option<tokio::sync::watch::Receiver<Arc<troupe_actors::conversation::Reloadable>>>,
+        options: StartOptions,
     ) -> Result<Self, AgentError> {
         let env = |k: &str| std::env::var(k).ok();
         let mut tokens = Vec::new();
@@ -159,7 +173,12 @@ impl Service {
             tokens.push((secret, t.projects.clone()));
         }
         let mut session_config = troupe_runtime::assembly::session_config(config);
+        let StartOptions { live, modules } = options;
         session_config.conversation.live = live;
+        let modules = modules.filter(|m| !m.is_empty());
+        if let Some(m) = &modules {
+            session_config.conversation.modules = Some(Arc::new(m.clone()));
+        }
         // The sessions write to the very storage the sweeper sweeps.
         let rollout = ports.rollout_storage.clone().unwrap_or_else(|| {
             Arc::new(FileRolloutStorage::new(
@@ -178,6 +197,10 @@ impl Service {
             },
         })
         .await?;
+        if let Some(m) = &modules {
+            sessions.set_modules(m.clone());
+            m.start(sessions.clone()).await?;
+        }
         let shutdown = CancellationToken::new();
         // Ends with the service: the token fires when shutdown begins.
         let _sweeping = sweeper.spawn(ttl_sweep_interval, shutdown.clone());
@@ -352,6 +375,10 @@ impl Service {
         }
         // Cancelled tasks answer promptly; their replies are stored before this returns.
         let _ = tokio::time::timeout(Duration::from_secs(10), self.sessions.drain()).await;
+        // The last replies went to their modules; now the gateways stop.
+        if let Some(modules) = self.sessions.modules() {
+            modules.stop().await;
+        }
         self.sessions.stop().await;
     }
 

@@ -165,6 +165,12 @@ pub async fn list_agents(
     Ok(Json(listing).into_response())
 }
 
+/// `GET /api/modules`: the modules with their health, and the files of the modules
+/// directory that did not load (`{modules, errors}`, as `modules.list`).
+pub async fn list_modules(State(app): State<AppState>) -> Result<Response, ApiError> {
+    Ok(Json(app.rpc.sessions.list_modules().await).into_response())
+}
+
 /// `POST /api/tokens`: issues an authorization token (A5); `201` with `{token, info}`, the
 /// secret shown this once.
 pub async fn issue_token(

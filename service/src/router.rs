@@ -45,6 +45,7 @@ pub fn router(
             axum::routing::put(rest::set_context),
         )
         .route("/api/agents", get(rest::list_agents))
+        .route("/api/modules", get(rest::list_modules))
         .route(
             "/api/tokens",
             get(rest::list_tokens).post(rest::issue_token),

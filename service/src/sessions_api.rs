@@ -39,6 +39,8 @@ pub struct SessionsApi {
     agents: Option<troupe_actors::agents::AgentPorts>,
     /// The authorization tokens of the service, over its store (A5).
     token_book: ActorRef<TokenBookMsg>,
+    /// The process's modules (A10), set once at start.
+    modules: Arc<std::sync::OnceLock<crate::modules::Modules>>,
 }
 
 impl std::fmt::Debug for SessionsApi {
@@ -56,6 +58,27 @@ macro_rules! host_call {
         ractor::call!($host, |reply| HostMsg::$variant { $($field,)* reply })
             .map_err(gone("session host"))?
     };
+}
+
+/// The end of a message's task ([`SessionsApi::send_tracked`]).
+#[derive(Debug)]
+pub struct TaskEnd(tokio::sync::oneshot::Receiver<Result<Sent, AgentError>>);
+
+impl TaskEnd {
+    /// The task's reply, once it ended.
+    pub async fn wait(self) -> Result<Sent, AgentError> {
+        self.0
+            .await
+            .unwrap_or_else(|_| Err(AgentError::interrupted("the session host stopped")))
+    }
+}
+
+impl std::future::IntoFuture for TaskEnd {
+    type Output = Result<Sent, AgentError>;
+    type IntoFuture = std::pin::Pin<Box<dyn std::future::Future<Output = Self::Output> + Send>>;
+    fn into_future(self) -> Self::IntoFuture {
+        Box::pin(self.wait())
+    }
 }
 
 impl SessionsApi {
@@ -87,6 +110,7 @@ impl SessionsApi {
             health,
             agents,
             token_book,
+            modules: Arc::default(),
         })
     }
 
@@ -425,15 +449,48 @@ impl SessionsApi {
         // The tokens stop here: what goes on are their digests.
         let governance = troupe_actors::governance::RequestGovernance::from(options);
         let host = self.host(scope, session_id).await?;
+        let accepted = None;
         host_call!(
             host,
             Send {
                 conversation_id,
                 text,
                 wait,
-                governance
+                governance,
+                accepted
             }
         )
+    }
+
+    /// Stores a user message and runs it, as [`Self::send`] with `wait`, but answers as soon
+    /// as the message is stored: the stored message, and the task's end to wait for.
+    pub async fn send_tracked(
+        &self,
+        scope: Scope,
+        session_id: SessionId,
+        conversation_id: Option<ConversationId>,
+        text: String,
+    ) -> Result<(MessageRecord, TaskEnd), AgentError> {
+        let host = self.host(scope, session_id).await?;
+        let (accepted, stored) = tokio::sync::oneshot::channel();
+        let (reply, ended) = tokio::sync::oneshot::channel();
+        host.cast(HostMsg::Send {
+            conversation_id,
+            text,
+            wait: true,
+            governance: Default::default(),
+            accepted: Some(accepted),
+            reply: reply.into(),
+        })
+        .map_err(|e| AgentError::internal(format!("session host unavailable: {e}")))?;
+        let ended = TaskEnd(ended);
+        match stored.await {
+            Ok(message) => Ok((message, ended)),
+            // Refused before it was stored: the reply says why.
+            Err(_) => Err(ended.await.err().unwrap_or_else(|| {
+                AgentError::internal("the session host answered without storing the message")
+            })),
+        }
     }
 
     /// A page of a session's messages, from the store: at most `limit` messages and
@@ -503,6 +560,28 @@ impl SessionsApi {
     }
 
     /// The store answers, the registry runs, and the service is healthy.
+    /// Hands the process's modules to the API (once, at start).
+    pub fn set_modules(&self, modules: crate::modules::Modules) {
+        let _ = self.modules.set(modules);
+    }
+
+    /// The process's modules, when it has any.
+    pub fn modules(&self) -> Option<&crate::modules::Modules> {
+        self.modules.get()
+    }
+
+    /// The modules with their health, and the files of the modules directory that did not
+    /// load (`modules.list`, `GET /api/modules`).
+    pub async fn list_modules(&self) -> serde_json::Value {
+        match self.modules.get() {
+            Some(m) => serde_json::json!({
+                "modules": m.list().await,
+                "errors": m.errors().iter().map(ToString::to_string).collect::<Vec<_>>(),
+            }),
+            None => serde_json::json!({"modules": [], "errors": []}),
+        }
+    }
+
     pub async fn ready(&self) -> Result<(), AgentError> {
         if let Health::Failed { reason, .. } = &*self.health.borrow() {
             return Err(AgentError::internal(reason.clone()));

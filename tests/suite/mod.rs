@@ -22,6 +22,7 @@ mod mcp_conformance;
 mod mcp_oauth;
 mod mcp_servers;
 mod models;
+mod modules;
 mod observability;
 mod passivation;
 mod repl;

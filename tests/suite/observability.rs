@@ -53,7 +53,7 @@ fn dashboards() -> Vec<(String, Value)> {
         })
         .collect();
     out.sort_by(|a, b| a.0.cmp(&b.0));
-    assert_eq!(out.len(), 8, "eight dashboards in {}", dir.display());
+    assert_eq!(out.len(), 9, "nine dashboards in {}", dir.display());
     out
 }
 
@@ -223,10 +223,17 @@ restart_backoff_max = "1s"
     )
 }
 
-/// `troupe serve` with `config`; its base URL.
+/// `troupe serve` with `config`, and a webhook module in its modules directory (never
+/// delivered to: it lists no source), so that the module series exist; its base URL.
 fn spawn_troupe(dir: &Path, config: &str) -> (Killed, String) {
     let path = dir.join("troupe.toml");
     std::fs::write(&path, config).unwrap();
+    std::fs::create_dir_all(dir.join("modules")).unwrap();
+    std::fs::write(
+        dir.join("modules/notify.json"),
+        r#"{"id": "notify", "direction": "output", "protocol": "http", "url": "http://127.0.0.1:9/hook"}"#,
+    )
+    .unwrap();
     let mut command = Command::new(troupe_bin());
     command
         .args(["serve", "--config"])
@@ -691,7 +698,7 @@ fn dashboards_rules_and_scrape_config_pass_their_linters() {
     }
     uids.sort();
     uids.dedup();
-    assert_eq!(uids.len(), 8, "dashboard uids are distinct");
+    assert_eq!(uids.len(), 9, "dashboard uids are distinct");
 
     let prometheus = repo().join("dashboards/prometheus");
     let (ok, out) = run(

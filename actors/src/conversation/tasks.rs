@@ -108,6 +108,7 @@ impl ConversationState {
             capabilities: reloadable.capabilities.clone(),
             capability_budget: reloadable.capability_budget,
             token_book: self.services.settings.token_book.clone(),
+            modules: self.services.settings.modules.clone(),
             options,
             slot: {
                 let (give, ask) = (myself.clone(), myself.clone());

@@ -176,7 +176,23 @@ pub(super) async fn route_input(
         }
         RouteDecision::DispatchModule => {
             let module = route.module.unwrap_or_default();
-            let message = format!("no module `{module}`: this session has no module registry");
+            if super::modules::knows(ctx, &module) {
+                let chain = Some(&agents.view.chain);
+                if let Err(refused) = super::modules::check(ctx, gov, chain, &module, "route").await
+                {
+                    return Some(Err(refused.error));
+                }
+                let input = route.input.unwrap_or_else(|| ctx.input.clone());
+                let payload = serde_json::Value::String(input);
+                return match super::modules::dispatch(ctx, &module, payload).await {
+                    Ok(value) => answer(loop_state, crate::modules::observation(&value)),
+                    Err(error) => Some(Err(error)),
+                };
+            }
+            let message = match &ctx.modules {
+                Some(_) => format!("no module `{module}` takes dispatches"),
+                None => format!("no module `{module}`: this session has no module registry"),
+            };
             ctx.emit(EventKind::PolicyRejected {
                 agent_id: module,
                 chain: agents.view.chain.clone(),

@@ -152,6 +152,13 @@ pub(super) async fn run_tool(
         super::agents::dispatch_call(ctx, agents, gov, call)
             .instrument(span.clone())
             .await
+    } else if call.name == crate::modules::DISPATCH_MODULE_TOOL
+        && tools.iter().any(|t| t.name == call.name)
+    {
+        span.record("gen_ai.tool.type", spans::TOOL_TYPE_FUNCTION);
+        super::modules::dispatch_call(ctx, gov, chain, call)
+            .instrument(span.clone())
+            .await
     } else {
         execute(ctx, mcp, gov, tools, call, &span)
             .instrument(span.clone())

@@ -35,9 +35,9 @@ impl HostState {
         &mut self,
         myself: &ActorRef<HostMsg>,
         conversation_id: Option<ConversationId>,
-        text: String,
-        wait: bool,
+        (text, wait): (String, bool),
         governance: RequestGovernance,
+        accepted: Option<tokio::sync::oneshot::Sender<MessageRecord>>,
         reply: Reply<Sent>,
     ) {
         let conversation_id = conversation_id.unwrap_or(self.record.root_conversation_id);
@@ -91,6 +91,9 @@ impl HostState {
             }
         };
         metrics::message_accepted(status);
+        if let Some(accepted) = accepted {
+            let _ = accepted.send(message.clone());
+        }
         // The store made the session active with the message (P1).
         self.record.status = SessionStatus::Active;
         let waiter = if wait {

@@ -33,6 +33,7 @@ pub const METHODS: &[&str] = &[
     "events.subscribe",
     "events.unsubscribe",
     "agents.list",
+    "modules.list",
     "tokens.issue",
     "tokens.list",
     "tokens.revoke",
@@ -95,6 +96,8 @@ pub enum Request {
     AgentsList {
         session_id: Option<SessionId>,
     },
+    /// `modules.list`: the modules with their health.
+    ModulesList,
     TaskList {
         session_id: SessionId,
         conversation_id: Option<ConversationId>,
@@ -356,6 +359,7 @@ pub fn decode(method: &str, raw: Option<Value>) -> Result<Request, RpcError> {
                 task_id: p.task_id,
             }
         }
+        "modules.list" => Request::ModulesList,
         "agents.list" => Request::AgentsList {
             session_id: params::<AgentsParams>(value)?.session_id,
         },

@@ -2,6 +2,7 @@
 //! tokens, output guardrails.
 
 mod capabilities;
+mod a2a_data;
 mod guardrail;
 mod policy;
 mod reload;

@@ -1,0 +1,170 @@
+//! Modules as a task sees them (A10): the port through which a dispatch reaches a module
+//! (the service runs the gateways behind it), the `dispatch_module` tool, and the
+//! supervisor's `dispatch_module` routing decision.
+//!
+//! A dispatch is governed like a tool call: besides `dispatch_module` itself, the task's
+//! tool policy must allow `module__<id>` (so `deny = ["module__*"]` shuts every module out,
+//! `allow` can name the ones an agent may reach). The module's answer, or its timeout, is the
+//! observation.
+
+use async_trait::async_trait;
+use serde_json::{Value, json};
+use troupe_proto::{AgentError, ConversationId, Json, TaskId, ToolSpec};
+
+/// The tool a model calls to hand a request to a module.
+pub const DISPATCH_MODULE_TOOL: &str = "dispatch_module";
+
+/// A module a dispatch may reach.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ModuleTarget {
+    pub id: String,
+    pub description: String,
+}
+
+/// One dispatch to a module.
+#[derive(Debug, Clone)]
+pub struct ModuleDispatch {
+    pub module: String,
+    pub payload: Value,
+    pub conversation_id: ConversationId,
+    pub task_id: TaskId,
+}
+
+/// Why a dispatch did not get an answer.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum ModuleDispatchError {
+    /// No module of that id takes dispatches.
+    Unknown(String),
+    /// The module did not answer within its timeout.
+    Timeout(String),
+    /// It is down, refused, or answered with an error.
+    Failed(String),
+}
+
+/// The modules of the process, as the session's tasks reach them.
+#[async_trait]
+pub trait ModulePort: Send + Sync + std::fmt::Debug + 'static {
+    /// The modules a dispatch may reach (output and duplex ones), sorted by id.
+    fn targets(&self) -> Vec<ModuleTarget>;
+    /// Delivers the dispatch and waits for the module's answer (within its timeout).
+    async fn dispatch(&self, dispatch: ModuleDispatch) -> Result<Value, ModuleDispatchError>;
+}
+
+/// The tool-policy name of a dispatch to `module`.
+pub fn policy_name(module: &str) -> String {
+    format!("module__{module}")
+}
+
+/// The `dispatch_module` tool, listing the modules in reach.
+pub fn dispatch_module_tool(targets: &[ModuleTarget]) -> ToolSpec {
+    let listing: Vec<String> = targets
+        .iter()
+        .map(|t| {
+            if t.description.is_empty() {
+                t.id.clone()
+            } else {
+                format!("{}: {}", t.id, t.description)
+            }
+        })
+        .collect();
+    ToolSpec {
+        name: DISPATCH_MODULE_TOOL.to_owned(),
+        description: format!(
+            "Send a request to a module (an external worker or notification channel) and get \
+             its answer. Modules: {}",
+            listing.join("; ")
+        ),
+        parameters: Json(json!({
+            "type": "object",
+            "properties": {
+                "module": {"type": "string", "enum": targets.iter().map(|t| t.id.as_str()).collect::<Vec<_>>()},
+                "payload": {"description": "What the module is given: any JSON value (a string for plain text)."},
+            },
+            "required": ["module", "payload"],
+            "additionalProperties": false,
+        })),
+    }
+}
+
+/// `(module, payload)` of a `dispatch_module` call.
+pub fn parse_dispatch_module(args: &Value) -> Result<(String, Value), String> {
+    let module = args
+        .get("module")
+        .and_then(Value::as_str)
+        .map(str::trim)
+        .filter(|s| !s.is_empty())
+        .ok_or_else(|| "dispatch_module needs `module`: a non-empty string".to_owned())?;
+    let payload = args
+        .get("payload")
+        .cloned()
+        .ok_or_else(|| "dispatch_module needs `payload`".to_owned())?;
+    Ok((module.to_owned(), payload))
+}
+
+/// A module's answer as the model reads it: a string as is, anything else as JSON.
+pub fn observation(answer: &Value) -> String {
+    match answer {
+        Value::String(s) => s.clone(),
+        Value::Null => String::new(),
+        other => other.to_string(),
+    }
+}
+
+impl ModuleDispatchError {
+    /// The error a task reports for it (`dispatch_module` is the tool that failed).
+    pub fn into_agent_error(self) -> AgentError {
+        let message = match self {
+            Self::Unknown(m) | Self::Timeout(m) | Self::Failed(m) => m,
+        };
+        AgentError::ToolError {
+            name: DISPATCH_MODULE_TOOL.to_owned(),
+            message,
+        }
+    }
+
+    /// The metric label of its outcome.
+    pub fn outcome(&self) -> &'static str {
+        match self {
+            Self::Unknown(_) => "unknown",
+            Self::Timeout(_) => "timeout",
+            Self::Failed(_) => "failed",
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_tool_lists_its_modules_and_its_calls_parse() {
+        let tool = dispatch_module_tool(&[
+            ModuleTarget {
+                id: "notify".into(),
+                description: "posts to the team channel".into(),
+            },
+            ModuleTarget {
+                id: "bare".into(),
+                description: String::new(),
+            },
+        ]);
+        assert_eq!(tool.name, "dispatch_module");
+        assert!(
+            tool.description
+                .contains("notify: posts to the team channel; bare")
+        );
+        assert_eq!(
+            tool.parameters.0["properties"]["module"]["enum"],
+            json!(["notify", "bare"])
+        );
+        assert_eq!(
+            parse_dispatch_module(&json!({"module": " notify ", "payload": {"a": 1}})).unwrap(),
+            ("notify".to_owned(), json!({"a": 1}))
+        );
+        assert!(parse_dispatch_module(&json!({"payload": 1})).is_err());
+        assert!(parse_dispatch_module(&json!({"module": "x"})).is_err());
+        assert_eq!(observation(&json!("done")), "done");
+        assert_eq!(observation(&json!({"ok": true})), r#"{"ok":true}"#);
+        assert_eq!(policy_name("notify"), "module__notify");
+    }
+}

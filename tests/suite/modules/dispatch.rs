@@ -1,0 +1,186 @@
+//! `dispatch_module`: a model's call reaches a webhook and a stdio gateway, their answers are
+//! the observations; a tool policy that denies `module__<id>` refuses the call before
+//! anything is delivered.
+
+use super::webhook::{http_module, webhook};
+use super::*;
+
+/// The session's events once `n` tool calls finished.
+async fn tool_results(api: &Api, session: &str, n: usize) -> Vec<Value> {
+    api.sse(session, None, |seen| {
+        seen.iter()
+            .filter(|e| e["kind"] == "tool_call_finished")
+            .count()
+            >= n
+    })
+    .await
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_model_dispatches_to_a_webhook_and_to_a_stdio_gateway() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    let (hooks, posted) = webhook().await;
+    module(
+        d,
+        "answer",
+        http_module("answer", "sync", format!("{hooks}/answer"), json!({})),
+    );
+    module(
+        d,
+        "bridge",
+        gateway_module(d, "bridge", "duplex", "async", json!({})),
+    );
+    let serving = serve(
+        d,
+        "",
+        json!([
+            {"tool_calls": [{"name": "dispatch_module", "arguments": {"module": "answer", "payload": {"question": "?"}}}]},
+            {"text": "first done"},
+            {"tool_calls": [{"name": "dispatch_module", "arguments": {"module": "bridge", "payload": "ping me"}}]},
+            {"text": "second done"},
+        ]),
+    );
+    // The gateway runs before the message is sent.
+    eventually(Duration::from_secs(10), async || {
+        d.join("bridge.pid").exists().then_some(())
+    })
+    .await;
+    let api = &serving.api;
+    let sid = crate::suite::serve::id(&api.session(None).await, "session_id");
+    let first = api.say(&sid, "ask the webhook").await;
+    assert_eq!(first["reply"]["text"], "first done", "{first}");
+    let second = api.say(&sid, "ask the gateway").await;
+    assert_eq!(second["reply"]["text"], "second done", "{second}");
+
+    let answers = posted.on("answer");
+    assert_eq!(answers.len(), 1, "{answers:?}");
+    assert_eq!(answers[0]["type"], "dispatch");
+    assert_eq!(answers[0]["payload"], json!({"question": "?"}));
+    let frames = received(d, "bridge");
+    let dispatch = frames.iter().find(|f| f["type"] == "dispatch").unwrap();
+    assert_eq!(dispatch["payload"], "ping me");
+
+    let events = tool_results(api, &sid, 2).await;
+    let outputs: Vec<(&str, bool)> = events
+        .iter()
+        .filter(|e| e["kind"] == "tool_call_finished")
+        .map(|e| {
+            assert_eq!(e["data"]["name"], "dispatch_module");
+            (
+                e["data"]["output"].as_str().unwrap(),
+                e["data"]["is_error"].as_bool().unwrap(),
+            )
+        })
+        .collect();
+    assert_eq!(
+        outputs,
+        [
+            (r#"{"answer":42}"#, false),
+            (r#"{"echo":"ping me"}"#, false)
+        ]
+    );
+    metric_reaches(
+        &serving.base,
+        r#"troupe_module_dispatches_total{module="answer",direction="output",outcome="ok"}"#,
+        1.0,
+    )
+    .await;
+    metric_reaches(
+        &serving.base,
+        r#"troupe_module_dispatches_total{module="bridge",direction="duplex",outcome="ok"}"#,
+        1.0,
+    )
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_policy_that_denies_the_module_refuses_the_dispatch() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    let (hooks, posted) = webhook().await;
+    module(
+        d,
+        "answer",
+        http_module("answer", "sync", format!("{hooks}/answer"), json!({})),
+    );
+    module(
+        d,
+        "other",
+        http_module("other", "sync", format!("{hooks}/ok"), json!({})),
+    );
+    let serving = serve(
+        d,
+        "[tools]\nblacklist = [\"module__answer\"]\n",
+        json!([
+            {"tool_calls": [{"name": "dispatch_module", "arguments": {"module": "answer", "payload": 1}}]},
+            {"text": "refused"},
+            {"tool_calls": [{"name": "dispatch_module", "arguments": {"module": "other", "payload": 2}}]},
+            {"text": "allowed"},
+        ]),
+    );
+    let api = &serving.api;
+    let sid = crate::suite::serve::id(&api.session(None).await, "session_id");
+    assert_eq!(api.say(&sid, "one").await["reply"]["text"], "refused");
+    assert_eq!(api.say(&sid, "two").await["reply"]["text"], "allowed");
+    let events = tool_results(api, &sid, 2).await;
+    let rejected: Vec<&Value> = events
+        .iter()
+        .filter(|e| e["kind"] == "policy_rejected")
+        .collect();
+    assert_eq!(rejected.len(), 1, "{events:?}");
+    assert_eq!(rejected[0]["data"]["tool"], "module__answer");
+    assert_eq!(rejected[0]["data"]["reason"], "tool_denied");
+    let finished: Vec<bool> = events
+        .iter()
+        .filter(|e| e["kind"] == "tool_call_finished")
+        .map(|e| e["data"]["is_error"].as_bool().unwrap())
+        .collect();
+    assert_eq!(finished, [true, false]);
+    assert!(posted.on("answer").is_empty(), "nothing was delivered");
+    assert_eq!(posted.on("ok").len(), 1);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_supervisor_routes_a_message_to_a_module() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    let (hooks, posted) = webhook().await;
+    module(
+        d,
+        "answer",
+        http_module("answer", "sync", format!("{hooks}/answer"), json!({})),
+    );
+    std::fs::create_dir_all(d.join("agents")).unwrap();
+    std::fs::write(
+        d.join("agents/coder.json"),
+        r#"{"id": "coder", "role": "executor", "provider": {"type": "model", "instructions": "You write code."}}"#,
+    )
+    .unwrap();
+    let serving = serve(
+        d,
+        "[agents]\nrouter = \"model\"\n",
+        json!([
+            {"tool_calls": [{"name": "route", "arguments": {"decision": "dispatch_module", "module": "answer", "input": "what is it?", "confidence": 0.9}}]},
+        ]),
+    );
+    let api = &serving.api;
+    let sid = crate::suite::serve::id(&api.session(None).await, "session_id");
+    let sent = api.say(&sid, "ask the answering service").await;
+    assert_eq!(sent["reply"]["status"], "ok", "{sent}");
+    assert_eq!(sent["reply"]["text"], r#"{"answer":42}"#, "{sent}");
+    let answers = posted.on("answer");
+    assert_eq!(answers.len(), 1, "{answers:?}");
+    assert_eq!(answers[0]["payload"], "what is it?");
+    let events = api
+        .sse(&sid, None, |seen| {
+            seen.iter().any(|e| e["kind"] == "route_decided")
+        })
+        .await;
+    let routed = events
+        .iter()
+        .find(|e| e["kind"] == "route_decided")
+        .unwrap();
+    assert_eq!(routed["data"]["decision"], "dispatch_module", "{routed}");
+    assert_eq!(routed["data"]["module"], "answer", "{routed}");
+}
