@@ -154,6 +154,8 @@ pub struct ConversationSettings {
     /// a change or SIGHUP); when set, it stands for `tool_policy`, `capabilities` and
     /// `capability_budget`, and each task takes what is in force when it starts.
     pub live: Option<tokio::sync::watch::Receiver<Arc<Reloadable>>>,
+    /// The process's modules (A10): what `dispatch_module` reaches (`None`: no modules).
+    pub modules: Option<Arc<dyn crate::modules::ModulePort>>,
 }
 
 /// The settings a running service may change: a task takes them once, when it starts, and
@@ -182,8 +184,6 @@ impl ConversationSettings {
             }),
         }
     }
-    /// The process's modules (A10): what `dispatch_module` reaches (`None`: no modules).
-    pub modules: Option<Arc<dyn crate::modules::ModulePort>>,
 }
 
 impl Default for ConversationSettings {

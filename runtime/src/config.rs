@@ -261,6 +261,8 @@ impl CapabilitiesConfig {
             inspect_tokens: self.inspect_tokens,
         }
     }
+}
+
 /// `[modules]`: modules and I/O gateways (A10).
 #[derive(Debug, Clone, PartialEq, Default, Serialize, Deserialize)]
 #[serde(default, deny_unknown_fields)]
@@ -1068,6 +1070,7 @@ impl TroupeConfig {
         }
         if let Some(v) = get("TROUPE_CAPABILITIES_DIR") {
             self.set_capabilities_dir(&v);
+        }
         if let Some(v) = get("TROUPE_MODULES_DIR") {
             // From the environment: as given (relative to the working directory).
             let dir = std::path::PathBuf::from(v);

@@ -88,8 +88,8 @@ async fn run() {
             modules: Some(modules.clone()),
         },
     )
-        .await
-        .unwrap();
+    .await
+    .unwrap();
     // The gateway is up once it acknowledges.
     let frame = |id: &str| json!({"type": "reply", "id": id, "text": "hello", "status": "ok"});
     let started = Instant::now();

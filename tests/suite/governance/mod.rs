@@ -1,8 +1,8 @@
 //! Governance (A5, A8): tool policies enforced where calls are dispatched, authorization
 //! tokens, output guardrails.
 
-mod capabilities;
 mod a2a_data;
+mod capabilities;
 mod guardrail;
 mod policy;
 mod reload;
