@@ -461,19 +461,39 @@ async fn tokens_page(State(c): State<ConsoleState>, headers: HeaderMap) -> Respo
     tokens_view(&c, &scope, via, StatusCode::OK, None, None).await
 }
 
+/// Who may change state through a console form: the same rule as every cookie write
+/// ([`crate::auth::cookie_may`]): a request signed in by the cookie alone must name its
+/// Origin (the edge already refused another site's).
+fn writer(auth: &Auth, headers: &HeaderMap) -> Option<(Scope, Credential)> {
+    auth.check_request(headers).filter(|(_, via)| {
+        *via != Credential::SignIn || crate::auth::cookie_may(&axum::http::Method::POST, headers)
+    })
+}
+
+/// The answer to a form post [`writer`] refused: 401 without credentials, 403 for a
+/// cookie that may not write from where it was sent.
+fn refused(auth: &Auth, headers: &HeaderMap) -> Response {
+    if auth.check_request(headers).is_some() {
+        return crate::error::ApiError::new(
+            StatusCode::FORBIDDEN,
+            "forbidden",
+            "a form signed in by the console's cookie is accepted only from the console's own \
+             pages (with an Origin header)",
+        )
+        .into_response();
+    }
+    crate::error::ApiError::new(StatusCode::UNAUTHORIZED, "unauthorized", "sign in first")
+        .into_response()
+}
+
 /// `POST /console/tokens`: issues a token from the form; the page shows its secret once.
 async fn issue_token(
     State(c): State<ConsoleState>,
     headers: HeaderMap,
     bytes: Result<Bytes, BytesRejection>,
 ) -> Response {
-    let Some((scope, via)) = c.auth.check_request(&headers) else {
-        return crate::error::ApiError::new(
-            StatusCode::UNAUTHORIZED,
-            "unauthorized",
-            "sign in first",
-        )
-        .into_response();
+    let Some((scope, via)) = writer(&c.auth, &headers) else {
+        return refused(&c.auth, &headers);
     };
     let bytes = match body(bytes, c.app.body_limit) {
         Ok(b) => b,
@@ -514,13 +534,8 @@ async fn revoke_token(
     headers: HeaderMap,
     Path(id): Path<String>,
 ) -> Response {
-    let Some((scope, via)) = c.auth.check_request(&headers) else {
-        return crate::error::ApiError::new(
-            StatusCode::UNAUTHORIZED,
-            "unauthorized",
-            "sign in first",
-        )
-        .into_response();
+    let Some((scope, via)) = writer(&c.auth, &headers) else {
+        return refused(&c.auth, &headers);
     };
     match c.app.rpc.sessions.revoke_token(&scope, id).await {
         Ok(info) => {

@@ -158,7 +158,28 @@ async fn a_person_issues_and_revokes_a_token_from_the_console() {
         .concat(),
     );
     assert_eq!(forged, "403");
+    // The cookie alone, without an Origin (a client that does not say where it posts from):
+    // refused as every cookie write is.
+    let unnamed = curl(
+        &[
+            &["-o", "/dev/null", "-w", "%{http_code}", "-b", &cookie][..],
+            &form[..],
+            &[format!("{base}/console/tokens").as_str()][..],
+        ]
+        .concat(),
+    );
+    assert_eq!(unnamed, "403");
     assert_eq!(tokens(&base).as_array().unwrap().len(), 1);
+    for from in [None, Some("Origin: http://evil.example")] {
+        let revoke = format!("{base}/console/tokens/{id}/revoke");
+        let mut args = vec!["-o", "/dev/null", "-w", "%{http_code}", "-b", &cookie];
+        if let Some(from) = from {
+            args.extend(["-H", from]);
+        }
+        args.extend(["-X", "POST", &revoke]);
+        assert_eq!(curl(&args), "403", "revoke from {from:?}");
+        assert!(tokens(&base)[0]["revoked_ms"].is_null(), "still in force");
+    }
 
     // Revoke: 303 back to the list, where it shows revoked and has no button any more.
     let revoked = curl(&[
