@@ -18,7 +18,7 @@
 
 pub mod metrics;
 
-use crate::governance::ToolPolicy;
+use crate::governance::{ToolPolicy, ToolVerdict};
 use serde_json::{Value, json};
 use troupe_proto::capability::{Capability, CapabilityCatalog};
 use troupe_proto::{Json, ToolSpec};
@@ -48,6 +48,32 @@ pub fn called_id(name: &str, args: &Value) -> Option<String> {
         .and_then(Value::as_str)
         .filter(|id| !id.is_empty())
         .map(str::to_owned)
+}
+
+/// The one name a call is governed by, so that the policy decides it once (one decision
+/// counted, one token use at most): for a call of the registry's tools about a capability,
+/// the stricter of the tool's own name and the capability's qualified name (denied over
+/// needing a token over allowed; on a tie the qualified name, which tokens name); any other
+/// call, its own name.
+pub fn governed_name(policy: &ToolPolicy, name: &str, args: &Value) -> String {
+    let Some(id) = called_id(name, args) else {
+        return name.to_owned();
+    };
+    let qualified = qualified(&id);
+    let rank = |verdict: ToolVerdict| match verdict {
+        ToolVerdict::Denied(_) => 2,
+        ToolVerdict::Allowed {
+            authorization: Some(_),
+        } => 1,
+        ToolVerdict::Allowed {
+            authorization: None,
+        } => 0,
+    };
+    if rank(policy.decide(name)) > rank(policy.decide(&qualified)) {
+        name.to_owned()
+    } else {
+        qualified
+    }
 }
 
 /// The capabilities `policy` lets a task use, by id.
@@ -540,6 +566,35 @@ mod tests {
                 assert!(approx(&text) <= budget, "{budget}: {}", approx(&text));
             }
         }
+    }
+
+    #[test]
+    fn a_capability_call_is_governed_by_one_name() {
+        let policy = |config: ToolPolicyConfig| task_policy(&config, None, None, None);
+        let run = |id: &str| json!({"id": id, "command": "status"});
+        // Both names need a token: decided once, under the capability's name.
+        let both = policy(ToolPolicyConfig {
+            authorization_required: vec!["capability_*".into()],
+            ..ToolPolicyConfig::default()
+        });
+        assert_eq!(governed_name(&both, RUN, &run("git")), "capability__git");
+        // Only the tool needs one: the tool's name.
+        let tool = policy(ToolPolicyConfig {
+            authorization_required: vec![RUN.into()],
+            ..ToolPolicyConfig::default()
+        });
+        assert_eq!(governed_name(&tool, RUN, &run("git")), RUN);
+        // A denial wins over a token.
+        let denied = policy(ToolPolicyConfig {
+            blacklist: vec!["capability__git".into()],
+            authorization_required: vec![RUN.into()],
+            ..ToolPolicyConfig::default()
+        });
+        assert_eq!(governed_name(&denied, RUN, &run("git")), "capability__git");
+        assert_eq!(governed_name(&denied, RUN, &run("jq")), RUN);
+        // Without an id, and for other tools, the call's own name.
+        assert_eq!(governed_name(&both, INSPECT, &json!({})), INSPECT);
+        assert_eq!(governed_name(&both, "shell", &run("git")), "shell");
     }
 
     #[test]
