@@ -19,6 +19,10 @@ pub struct CapabilityCommand {
     pub name: String,
     pub argv: Vec<String>,
     pub description: String,
+    /// The placeholders whose values may start with `-` (be read by the program as
+    /// options). Any other placeholder before a literal `--` element refuses such a value.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub options: Vec<String>,
 }
 
 /// A capability as its `module.json` declares it.

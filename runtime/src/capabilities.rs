@@ -7,7 +7,8 @@
 //!   "description": "Read the workspace's git history and status.",
 //!   "commands": [
 //!     {"name": "status", "argv": ["git", "status", "--short"], "description": "Changed files."},
-//!     {"name": "log", "argv": ["git", "log", "--oneline", "-n", "{count}"], "description": "Recent commits."}
+//!     {"name": "log", "argv": ["git", "log", "--oneline", "-n", "{count}"], "description": "Recent commits."},
+//!     {"name": "grep", "argv": ["git", "grep", "{flags}", "-e", "{pattern}"], "options": ["flags"], "description": "Search tracked files."}
 //!   ],
 //!   "probe": ["git", "--version"],
 //!   "timeout": "20s"
@@ -96,6 +97,8 @@ struct CommandFile {
     name: String,
     argv: Vec<String>,
     description: String,
+    #[serde(default)]
+    options: Vec<String>,
 }
 
 /// Loads and checks one capability folder: the folder is named after its id.
@@ -221,10 +224,25 @@ fn check(module: ModuleFile) -> Result<CapabilityModule, (String, String)> {
             }
             Some(_) => {}
         }
+        let keys = placeholders(&command.argv);
+        if let Some(unknown) = command.options.iter().find(|o| !keys.contains(o)) {
+            return Err((
+                field("options"),
+                format!(
+                    "`{unknown}` is not a placeholder of its argv (it has: {})",
+                    if keys.is_empty() {
+                        "none".to_owned()
+                    } else {
+                        keys.join(", ")
+                    }
+                ),
+            ));
+        }
         commands.push(CapabilityCommand {
             name: command.name,
             argv: command.argv,
             description: command.description,
+            options: command.options,
         });
     }
     if module.probe.first().is_none_or(String::is_empty) {
@@ -276,6 +294,7 @@ mod tests {
         assert!(catalog.errors.is_empty(), "{:?}", catalog.errors);
         let git = &catalog.capabilities["git"];
         assert_eq!(git.module.commands.len(), 2);
+        assert!(git.module.commands[1].options.is_empty());
         assert_eq!(git.module.timeout_ms, Some(20_000));
         assert_eq!(git.readme, "# usage\n");
         assert_eq!(git.cli, "# detail\n");
@@ -330,6 +349,14 @@ mod tests {
                 GIT.replace(r#""id": "git""#, r#""id": "i""#)
                     .replace("Read the workspace's git history.", "two\\nlines"),
                 "description",
+            ),
+            (
+                "j",
+                GIT.replace(r#""id": "git""#, r#""id": "j""#).replace(
+                    r#""description": "Recent commits.""#,
+                    r#""description": "Recent commits.", "options": ["counts"]"#,
+                ),
+                "commands[1].options",
             ),
         ];
         for (name, text, _) in &cases {

@@ -18,7 +18,7 @@
 
 pub mod metrics;
 
-use crate::governance::ToolPolicy;
+use crate::governance::{ToolPolicy, ToolVerdict};
 use serde_json::{Value, json};
 use troupe_proto::capability::{Capability, CapabilityCatalog};
 use troupe_proto::{Json, ToolSpec};
@@ -48,6 +48,32 @@ pub fn called_id(name: &str, args: &Value) -> Option<String> {
         .and_then(Value::as_str)
         .filter(|id| !id.is_empty())
         .map(str::to_owned)
+}
+
+/// The one name a call is governed by, so that the policy decides it once (one decision
+/// counted, one token use at most): for a call of the registry's tools about a capability,
+/// the stricter of the tool's own name and the capability's qualified name (denied over
+/// needing a token over allowed; on a tie the qualified name, which tokens name); any other
+/// call, its own name.
+pub fn governed_name(policy: &ToolPolicy, name: &str, args: &Value) -> String {
+    let Some(id) = called_id(name, args) else {
+        return name.to_owned();
+    };
+    let qualified = qualified(&id);
+    let rank = |verdict: ToolVerdict| match verdict {
+        ToolVerdict::Denied(_) => 2,
+        ToolVerdict::Allowed {
+            authorization: Some(_),
+        } => 1,
+        ToolVerdict::Allowed {
+            authorization: None,
+        } => 0,
+    };
+    if rank(policy.decide(name)) > rank(policy.decide(&qualified)) {
+        name.to_owned()
+    } else {
+        qualified
+    }
 }
 
 /// The capabilities `policy` lets a task use, by id.
@@ -263,6 +289,10 @@ pub struct RunPlan {
 /// command's template is replaced by `args.name` (a string, a number or a boolean; a list
 /// of strings when the element is exactly `{name}`, which then stands for several). A
 /// missing or unknown argument is an error naming it.
+///
+/// A value starting with `-` would be read by the program as an option (`rg --pre=sh`,
+/// `git diff --output=FILE`): it is refused unless its placeholder is listed in the
+/// command's `options` or its element comes after a literal `--` element of the template.
 pub fn run_plan(capability: &Capability, args: &Value) -> Result<RunPlan, String> {
     let module = &capability.module;
     let name = args.get("command").and_then(Value::as_str).ok_or_else(|| {
@@ -301,15 +331,30 @@ pub fn run_plan(capability: &Capability, args: &Value) -> Result<RunPlan, String
         ));
     }
     let mut argv = Vec::with_capacity(command.argv.len());
+    let mut after_dashes = false;
     for element in &command.argv {
+        if element == "--" {
+            after_dashes = true;
+        }
+        let value_of = |key: &str, value: &Value| {
+            let text = scalar(key, value)?;
+            if text.starts_with('-') && !after_dashes && !command.options.iter().any(|o| o == key) {
+                return Err(format!(
+                    "argument `{key}` must not start with `-` (`{text}` would be read as an \
+                     option); command `{}` of `{}` takes no options there",
+                    command.name, module.id
+                ));
+            }
+            Ok(text)
+        };
         if let Some(key) = whole_placeholder(element) {
             match given.get(key) {
                 Some(Value::Array(items)) => {
                     for item in items {
-                        argv.push(scalar(key, item)?);
+                        argv.push(value_of(key, item)?);
                     }
                 }
-                Some(value) => argv.push(scalar(key, value)?),
+                Some(value) => argv.push(value_of(key, value)?),
                 None => return Err(missing(&command.name, key)),
             }
             continue;
@@ -328,7 +373,7 @@ pub fn run_plan(capability: &Capability, args: &Value) -> Result<RunPlan, String
             }
             out.push_str(&rest[..start]);
             let value = given.get(key).ok_or_else(|| missing(&command.name, key))?;
-            out.push_str(&scalar(key, value)?);
+            out.push_str(&value_of(key, value)?);
             rest = &rest[start + len + 1..];
         }
         out.push_str(rest);
@@ -451,6 +496,7 @@ mod tests {
                         name: "status".into(),
                         argv: vec!["git".into(), "status".into(), "--short".into()],
                         description: "Short status.".into(),
+                        options: vec![],
                     },
                     CapabilityCommand {
                         name: "log".into(),
@@ -462,6 +508,7 @@ mod tests {
                             "{paths}".into(),
                         ],
                         description: "Recent commits touching paths.".into(),
+                        options: vec![],
                     },
                 ],
                 probe: vec!["git".into(), "--version".into()],
@@ -519,6 +566,35 @@ mod tests {
                 assert!(approx(&text) <= budget, "{budget}: {}", approx(&text));
             }
         }
+    }
+
+    #[test]
+    fn a_capability_call_is_governed_by_one_name() {
+        let policy = |config: ToolPolicyConfig| task_policy(&config, None, None, None);
+        let run = |id: &str| json!({"id": id, "command": "status"});
+        // Both names need a token: decided once, under the capability's name.
+        let both = policy(ToolPolicyConfig {
+            authorization_required: vec!["capability_*".into()],
+            ..ToolPolicyConfig::default()
+        });
+        assert_eq!(governed_name(&both, RUN, &run("git")), "capability__git");
+        // Only the tool needs one: the tool's name.
+        let tool = policy(ToolPolicyConfig {
+            authorization_required: vec![RUN.into()],
+            ..ToolPolicyConfig::default()
+        });
+        assert_eq!(governed_name(&tool, RUN, &run("git")), RUN);
+        // A denial wins over a token.
+        let denied = policy(ToolPolicyConfig {
+            blacklist: vec!["capability__git".into()],
+            authorization_required: vec![RUN.into()],
+            ..ToolPolicyConfig::default()
+        });
+        assert_eq!(governed_name(&denied, RUN, &run("git")), "capability__git");
+        assert_eq!(governed_name(&denied, RUN, &run("jq")), RUN);
+        // Without an id, and for other tools, the call's own name.
+        assert_eq!(governed_name(&both, INSPECT, &json!({})), INSPECT);
+        assert_eq!(governed_name(&both, "shell", &run("git")), "shell");
     }
 
     #[test]
@@ -651,6 +727,64 @@ mod tests {
         assert!(
             err(json!({"id": "git", "command": "log", "args": 3}))
                 .contains("`args` must be an object")
+        );
+    }
+
+    fn command(argv: &[&str], options: &[&str]) -> Capability {
+        let mut c = capability("rg", "Search.");
+        c.module.commands = vec![CapabilityCommand {
+            name: "search".into(),
+            argv: argv.iter().map(|a| (*a).to_owned()).collect(),
+            description: "Search.".into(),
+            options: options.iter().map(|o| (*o).to_owned()).collect(),
+        }];
+        c
+    }
+
+    #[test]
+    fn run_plans_refuse_values_that_would_be_options() {
+        let rg = command(&["rg", "{pattern}", "src"], &[]);
+        let plan = |c: &Capability, args: Value| {
+            run_plan(c, &json!({"id": "rg", "command": "search", "args": args}))
+        };
+        // A scalar, an item of a list, and a value inside a larger element.
+        for pattern in [json!("--pre=sh"), json!(["ok", "-e"]), json!(-1)] {
+            let err = plan(&rg, json!({"pattern": pattern})).unwrap_err();
+            assert!(
+                err.contains("argument `pattern` must not start with `-`"),
+                "{err}"
+            );
+        }
+        let inside = command(&["git", "diff", "{rev}..HEAD"], &[]);
+        assert!(
+            plan(&inside, json!({"rev": "--output=/tmp/x"}))
+                .unwrap_err()
+                .contains("`rev` must not start with `-`")
+        );
+        assert_eq!(
+            plan(&rg, json!({"pattern": "a-b"})).unwrap().argv,
+            ["rg", "a-b", "src"]
+        );
+        // After a literal `--`, the program reads no options.
+        let dashes = command(&["rg", "-e", "x", "--", "{paths}"], &[]);
+        assert_eq!(
+            plan(&dashes, json!({"paths": ["-weird-name"]}))
+                .unwrap()
+                .argv,
+            ["rg", "-e", "x", "--", "-weird-name"]
+        );
+        // A placeholder declared as taking options.
+        let flags = command(&["rg", "{flags}", "{pattern}"], &["flags"]);
+        assert_eq!(
+            plan(&flags, json!({"flags": ["-i", "-w"], "pattern": "x"}))
+                .unwrap()
+                .argv,
+            ["rg", "-i", "-w", "x"]
+        );
+        assert!(
+            plan(&flags, json!({"flags": "-i", "pattern": "-x"}))
+                .unwrap_err()
+                .contains("`pattern` must not start with `-`")
         );
     }
 

@@ -58,23 +58,25 @@ pub(super) fn agent_of(ctx: &TaskContext) -> Option<&str> {
 
 /// The policy's word on `call` before it runs: `Ok` lets it run; a refusal is emitted as
 /// `policy_rejected` and comes back as the failure the model reads. A call of the capability
-/// registry's tools is also decided under its capability's qualified name
-/// (`capability__<id>`), so a policy that denies a capability refuses both of its tools.
+/// registry's tools is decided once, under the stricter of its own name and its capability's
+/// qualified name (`capability__<id>`, see [`crate::capabilities::governed_name`]), so a
+/// policy that denies a capability refuses both of its tools, and a call counts one decision
+/// and uses a token at most once.
 pub(super) async fn check_call(
     ctx: &TaskContext,
     gov: &TaskGovernance,
     chain: Option<&ExecutionChain>,
     call: &ToolCall,
 ) -> Result<(), ToolFailure> {
-    check_one(ctx, gov, chain, call).await?;
-    if let Some(id) = crate::capabilities::called_id(&call.name, &call.arguments.0) {
-        let qualified = ToolCall {
-            name: crate::capabilities::qualified(&id),
-            ..call.clone()
-        };
-        check_one(ctx, gov, chain, &qualified).await?;
+    let name = crate::capabilities::governed_name(&gov.policy, &call.name, &call.arguments.0);
+    if name == call.name {
+        return check_one(ctx, gov, chain, call).await;
     }
-    Ok(())
+    let governed = ToolCall {
+        name,
+        ..call.clone()
+    };
+    check_one(ctx, gov, chain, &governed).await
 }
 
 async fn check_one(

@@ -35,6 +35,7 @@ use serde::Deserialize;
 use sha2::{Digest, Sha256};
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::LazyLock;
+use troupe_proto::governance::IssuedToken;
 use troupe_runtime::config::ConsoleConfig;
 
 /// The page size of the live view's message listing (and of its server-rendered part).
@@ -53,6 +54,36 @@ pub struct ConsoleState {
     app: AppState,
     auth: Auth,
     config: ConsoleConfig,
+    /// Tokens just issued from the form, waiting for the page the form's answer redirects
+    /// to: each is shown once, then forgotten (a reload shows no secret and issues nothing).
+    issued: std::sync::Arc<std::sync::Mutex<std::collections::VecDeque<(String, IssuedToken)>>>,
+}
+
+/// How many issued tokens wait for their page at most (the oldest is dropped).
+const ISSUED_WAITING: usize = 32;
+
+impl ConsoleState {
+    fn stash(&self, token: IssuedToken) -> String {
+        let key = uuid::Uuid::new_v4().simple().to_string();
+        let mut waiting = self
+            .issued
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        if waiting.len() >= ISSUED_WAITING {
+            waiting.pop_front();
+        }
+        waiting.push_back((key.clone(), token));
+        key
+    }
+
+    fn take(&self, key: &str) -> Option<IssuedToken> {
+        let mut waiting = self
+            .issued
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        let at = waiting.iter().position(|(k, _)| k == key)?;
+        waiting.remove(at).map(|(_, token)| token)
+    }
 }
 
 /// The console's routes (they authenticate on their own: a page without credentials is the
@@ -67,7 +98,12 @@ pub fn routes(app: AppState, auth: Auth, config: ConsoleConfig) -> Router {
         .route("/console/tokens", post(issue_token))
         .route("/console/tokens/{id}/revoke", post(revoke_token))
         .route("/console/{asset}", get(asset))
-        .with_state(ConsoleState { app, auth, config })
+        .with_state(ConsoleState {
+            app,
+            auth,
+            config,
+            issued: Default::default(),
+        })
 }
 
 /// The console's static files.
@@ -453,27 +489,59 @@ async fn tokens_view(
     }
 }
 
-/// `GET /tokens`: the authorization tokens.
-async fn tokens_page(State(c): State<ConsoleState>, headers: HeaderMap) -> Response {
+#[derive(Debug, Deserialize)]
+struct TokensQuery {
+    /// The key of a token just issued, whose secret this page shows once.
+    issued: Option<String>,
+}
+
+/// `GET /tokens`: the authorization tokens (and, once, the secret of the one just issued).
+async fn tokens_page(
+    State(c): State<ConsoleState>,
+    headers: HeaderMap,
+    Query(query): Query<TokensQuery>,
+) -> Response {
     let Some((scope, via)) = c.auth.check_request(&headers) else {
         return html(StatusCode::OK, page::sign_in("/tokens", None));
     };
-    tokens_view(&c, &scope, via, StatusCode::OK, None, None).await
+    let issued = query.issued.as_deref().and_then(|key| c.take(key));
+    tokens_view(&c, &scope, via, StatusCode::OK, issued.as_ref(), None).await
 }
 
-/// `POST /console/tokens`: issues a token from the form; the page shows its secret once.
+/// Who may change state through a console form: the same rule as every cookie write
+/// ([`crate::auth::cookie_may`]): a request signed in by the cookie alone must name its
+/// Origin (the edge already refused another site's).
+fn writer(auth: &Auth, headers: &HeaderMap) -> Option<(Scope, Credential)> {
+    auth.check_request(headers).filter(|(_, via)| {
+        *via != Credential::SignIn || crate::auth::cookie_may(&axum::http::Method::POST, headers)
+    })
+}
+
+/// The answer to a form post [`writer`] refused: 401 without credentials, 403 for a
+/// cookie that may not write from where it was sent.
+fn refused(auth: &Auth, headers: &HeaderMap) -> Response {
+    if auth.check_request(headers).is_some() {
+        return crate::error::ApiError::new(
+            StatusCode::FORBIDDEN,
+            "forbidden",
+            "a form signed in by the console's cookie is accepted only from the console's own \
+             pages (with an Origin header)",
+        )
+        .into_response();
+    }
+    crate::error::ApiError::new(StatusCode::UNAUTHORIZED, "unauthorized", "sign in first")
+        .into_response()
+}
+
+/// `POST /console/tokens`: issues a token from the form, then 303 to the tokens page,
+/// which shows its secret once.
 async fn issue_token(
     State(c): State<ConsoleState>,
     headers: HeaderMap,
     bytes: Result<Bytes, BytesRejection>,
 ) -> Response {
-    let Some((scope, via)) = c.auth.check_request(&headers) else {
-        return crate::error::ApiError::new(
-            StatusCode::UNAUTHORIZED,
-            "unauthorized",
-            "sign in first",
-        )
-        .into_response();
+    let Some((scope, via)) = writer(&c.auth, &headers) else {
+        return refused(&c.auth, &headers);
     };
     let bytes = match body(bytes, c.app.body_limit) {
         Ok(b) => b,
@@ -491,7 +559,13 @@ async fn issue_token(
     match c.app.rpc.sessions.issue_token(&scope, request).await {
         Ok(issued) => {
             tracing::info!(token_id = %issued.info.id, "token issued from the console");
-            tokens_view(&c, &scope, via, StatusCode::CREATED, Some(&issued), None).await
+            // Redirect after post: reloading the page that shows the secret posts nothing.
+            let key = c.stash(issued);
+            (
+                StatusCode::SEE_OTHER,
+                [(header::LOCATION, format!("/tokens?issued={key}"))],
+            )
+                .into_response()
         }
         Err(e @ troupe_proto::AgentError::InvalidInput { .. }) => {
             tokens_view(
@@ -514,13 +588,8 @@ async fn revoke_token(
     headers: HeaderMap,
     Path(id): Path<String>,
 ) -> Response {
-    let Some((scope, via)) = c.auth.check_request(&headers) else {
-        return crate::error::ApiError::new(
-            StatusCode::UNAUTHORIZED,
-            "unauthorized",
-            "sign in first",
-        )
-        .into_response();
+    let Some((scope, via)) = writer(&c.auth, &headers) else {
+        return refused(&c.auth, &headers);
     };
     match c.app.rpc.sessions.revoke_token(&scope, id).await {
         Ok(info) => {

@@ -70,7 +70,8 @@ async fn a_person_issues_and_revokes_a_token_from_the_console() {
     assert!(page.contains(r#"id="no-tokens""#), "{page}");
     assert!(page.contains(r#"<a href="/tokens">Tokens</a>"#), "{page}");
 
-    // Issue: 201, the secret on the page once.
+    // Issue: 303 to the tokens page, which shows the secret once; reloading it shows no
+    // secret and issues nothing more.
     let form = [
         "--data-urlencode",
         "agent=*",
@@ -83,21 +84,35 @@ async fn a_person_issues_and_revokes_a_token_from_the_console() {
         "--data-urlencode",
         "max_uses=2",
     ];
-    let issued = curl(
+    let answer = curl(
         &[
-            &["-w", "\n%{http_code}", "-b", &cookie, "-H", &origin][..],
+            &["-D", "-", "-o", "/dev/null", "-b", &cookie, "-H", &origin][..],
             &form[..],
             &[format!("{base}/console/tokens").as_str()][..],
         ]
         .concat(),
     );
-    assert!(issued.ends_with("\n201"), "{issued}");
+    assert!(answer.starts_with("HTTP/1.1 303"), "{answer}");
+    let location = answer
+        .lines()
+        .find(|l| l.to_ascii_lowercase().starts_with("location:"))
+        .and_then(|l| l.split_once(':'))
+        .map(|(_, v)| v.trim().to_owned())
+        .unwrap_or_else(|| panic!("no location in {answer}"));
+    assert!(location.starts_with("/tokens?issued="), "{location}");
+    let issued = curl(&["-b", &cookie, &format!("{base}{location}")]);
     let secret = issued
         .split(r#"<code id="issued-secret">"#)
         .nth(1)
         .and_then(|rest| rest.split("</code>").next())
         .unwrap_or_else(|| panic!("no secret on {issued}"))
         .to_owned();
+    let reloaded = curl(&["-b", &cookie, &format!("{base}{location}")]);
+    assert!(
+        !reloaded.contains("issued-secret") && !reloaded.contains(&secret),
+        "{reloaded}"
+    );
+    assert_eq!(tokens(&base).as_array().unwrap().len(), 1, "one token only");
     assert!(secret.len() >= 16, "{secret}");
     let listing = tokens(&base);
     let list = listing.as_array().unwrap();
@@ -158,7 +173,28 @@ async fn a_person_issues_and_revokes_a_token_from_the_console() {
         .concat(),
     );
     assert_eq!(forged, "403");
+    // The cookie alone, without an Origin (a client that does not say where it posts from):
+    // refused as every cookie write is.
+    let unnamed = curl(
+        &[
+            &["-o", "/dev/null", "-w", "%{http_code}", "-b", &cookie][..],
+            &form[..],
+            &[format!("{base}/console/tokens").as_str()][..],
+        ]
+        .concat(),
+    );
+    assert_eq!(unnamed, "403");
     assert_eq!(tokens(&base).as_array().unwrap().len(), 1);
+    for from in [None, Some("Origin: http://evil.example")] {
+        let revoke = format!("{base}/console/tokens/{id}/revoke");
+        let mut args = vec!["-o", "/dev/null", "-w", "%{http_code}", "-b", &cookie];
+        if let Some(from) = from {
+            args.extend(["-H", from]);
+        }
+        args.extend(["-X", "POST", &revoke]);
+        assert_eq!(curl(&args), "403", "revoke from {from:?}");
+        assert!(tokens(&base)[0]["revoked_ms"].is_null(), "still in force");
+    }
 
     // Revoke: 303 back to the list, where it shows revoked and has no button any more.
     let revoked = curl(&[
