@@ -17,6 +17,7 @@
 //! [`plan::after_exit`] decides: start it again after a backoff, or, past `max_restarts`
 //! within the restart window, leave it down (`troupe_module_up` 0, health `failed`).
 //! Stopping the actor closes the module's stdin, gives it a moment to exit, then kills it.
+//! Each process leads its own process group, and kills reach the whole group.
 
 use super::frame::{self, Incoming, InputMessage};
 use super::{metrics, plan};
@@ -356,6 +357,8 @@ fn spawn(
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
         .kill_on_drop(true)
+        // Its own process group: stopping or restarting it kills whatever it started too.
+        .process_group(0)
         .spawn()
         .map_err(|e| format!("cannot start `{}`: {e}", program.display()))?;
     let (Some(mut stdin), Some(stdout), Some(stderr)) =
@@ -391,14 +394,19 @@ fn spawn(
     let (kill, killed) = oneshot::channel::<()>();
     let (exited, done) = oneshot::channel::<()>();
     let me = myself.clone();
+    let pid = child.id();
     tokio::spawn(async move {
         let status = tokio::select! {
             status = child.wait() => status,
             _ = killed => {
+                kill_group(pid);
                 let _ = child.start_kill();
                 child.wait().await
             }
         };
+        // What it left running in its group (a crashed wrapper's children) goes with it: the
+        // group's id stays reserved while any member lives, so this names no stranger.
+        kill_group(pid);
         let status = match status {
             Ok(s) => s.to_string(),
             Err(e) => format!("wait failed: {e}"),
@@ -411,4 +419,13 @@ fn spawn(
         kill: Some(kill),
         done,
     })
+}
+
+/// SIGKILL to the process group led by `pid`.
+fn kill_group(pid: Option<u32>) {
+    use nix::sys::signal::{Signal, killpg};
+    use nix::unistd::Pid;
+    if let Some(pid) = pid.and_then(|p| i32::try_from(p).ok()) {
+        let _ = killpg(Pid::from_raw(pid), Signal::SIGKILL);
+    }
 }

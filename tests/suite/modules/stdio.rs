@@ -311,3 +311,39 @@ async fn a_sync_gateway_that_does_not_acknowledge_times_out_visibly() {
             .any(|e| e["kind"] == "warning" && e["data"]["code"] == "module_delivery_failed")
     );
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn stopping_a_gateway_kills_what_its_process_started() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    let pidfile = d.join("grandchild.pid");
+    // A wrapper that starts a grandchild and waits: it never reads its stdin, so it is killed.
+    module(
+        d,
+        "wrapper",
+        json!({
+            "id": "wrapper", "direction": "output", "protocol": "stdio", "command": "sh",
+            "args": ["-c", format!("sleep 300 & echo $! > {}; wait", pidfile.display())],
+        }),
+    );
+    let serving = serve(d, "", json!([]));
+    let grandchild: i32 = eventually(Duration::from_secs(10), async || {
+        std::fs::read_to_string(&pidfile).ok()?.trim().parse().ok()
+    })
+    .await;
+    assert!(alive(grandchild));
+    serving.terminate();
+    eventually(Duration::from_secs(10), async || {
+        (!alive(grandchild)).then_some(())
+    })
+    .await;
+}
+
+/// Whether `pid` runs (a zombie waiting to be reaped does not).
+fn alive(pid: i32) -> bool {
+    std::fs::read_to_string(format!("/proc/{pid}/stat")).is_ok_and(|s| {
+        !s.rsplit(')')
+            .next()
+            .is_some_and(|r| r.trim_start().starts_with('Z'))
+    })
+}
