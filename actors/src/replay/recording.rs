@@ -515,7 +515,13 @@ impl Reader {
         if self.route_open {
             let text = text.to_owned();
             self.fill_route(move |r| {
-                if r.decision == RouteDecision::DirectReply && r.reply.is_none() {
+                // A module's answer is played back in place of a dispatch (a replay
+                // delivers nothing to modules).
+                let answered = matches!(
+                    r.decision,
+                    RouteDecision::DirectReply | RouteDecision::DispatchModule
+                );
+                if answered && r.reply.is_none() {
                     r.reply = Some(text.clone());
                 }
             });
@@ -922,6 +928,30 @@ mod tests {
                 usage: None
             })]
         );
+    }
+
+    #[test]
+    fn a_module_dispatch_decision_carries_the_modules_answer() {
+        let recording = Run::new(vec![
+            started("order it"),
+            step(1),
+            stepped(1, None),
+            EventKind::RouteDecided {
+                decision: RouteDecision::DispatchModule,
+                agent_id: None,
+                module: Some("orders".into()),
+                confidence: 1.0,
+                source: RouteSource::Model,
+                reason: String::new(),
+            },
+            said("order 17 placed"),
+            finished(TaskStatus::Ok, "order 17 placed", 1, None),
+        ])
+        .recording();
+        let answer = recording.steps[0].answer.as_ref().unwrap();
+        let route = crate::agents::route::parse_route(&answer.tool_calls[0].arguments.0).unwrap();
+        assert_eq!(route.decision, RouteDecision::DispatchModule);
+        assert_eq!(route.reply.as_deref(), Some("order 17 placed"));
     }
 
     #[test]

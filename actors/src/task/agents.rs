@@ -176,6 +176,16 @@ pub(super) async fn route_input(
         }
         RouteDecision::DispatchModule => {
             let module = route.module.unwrap_or_default();
+            // A replay delivers nothing: the module's recorded answer stands for it.
+            if let Effects::Recorded(_) = &ctx.effects {
+                return match route.reply {
+                    Some(text) => answer(loop_state, text),
+                    None => Some(Err(AgentError::NotFound {
+                        what: "recorded answer of the module dispatch".into(),
+                        id: module,
+                    })),
+                };
+            }
             if super::modules::knows(ctx, &module) {
                 let chain = Some(&agents.view.chain);
                 if let Err(refused) = super::modules::check(ctx, gov, chain, &module, "route").await

@@ -17,18 +17,21 @@
 //! [`plan::after_exit`] decides: start it again after a backoff, or, past `max_restarts`
 //! within the restart window, leave it down (`troupe_module_up` 0, health `failed`).
 //! Stopping the actor closes the module's stdin, gives it a moment to exit, then kills it.
+//! Each process leads its own process group, and kills reach the whole group.
 
 use super::frame::{self, Incoming, InputMessage};
 use super::{metrics, plan};
+use futures::StreamExt;
 use ractor::{Actor, ActorProcessingErr, ActorRef, RpcReplyPort};
 use serde_json::Value;
 use std::collections::HashMap;
 use std::process::Stdio;
 use std::sync::Arc;
 use std::time::Duration;
-use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader};
+use tokio::io::AsyncWriteExt;
 use tokio::sync::{mpsc, oneshot};
 use tokio::time::Instant;
+use tokio_util::codec::{FramedRead, LinesCodec, LinesCodecError};
 use troupe_runtime::modules::ModuleDefinition;
 
 /// How long a stopping module may take to exit once its stdin is closed.
@@ -70,6 +73,10 @@ pub enum GatewayMsg {
     Line { generation: u64, line: String },
     /// The process of `generation` exited.
     Exited { generation: u64, status: String },
+    /// The process of `generation` wrote a line longer than [`MAX_LINE`] (skipped).
+    TooLong { generation: u64 },
+    /// Its stdout of `generation` ended or cannot be read any more.
+    ReaderEnded { generation: u64 },
     /// Time to start the process again.
     Restart,
     /// Time to probe its health.
@@ -155,6 +162,20 @@ impl Actor for StdioGateway {
                 state.exited(&myself, status);
             }
             GatewayMsg::Exited { .. } => {}
+            GatewayMsg::TooLong { generation } if generation == state.generation => {
+                tracing::warn!(module = %state.def.id, "module wrote a line over {MAX_LINE} bytes; skipped");
+                let message = format!("a line longer than {MAX_LINE} bytes is not read");
+                let _ = state.write(frame::refused(None, "invalid_input", &message), None);
+            }
+            GatewayMsg::TooLong { .. } => {}
+            GatewayMsg::ReaderEnded { generation } if generation == state.generation => {
+                if let Some(process) = &mut state.process
+                    && let Some(kill) = process.kill.take()
+                {
+                    let _ = kill.send(());
+                }
+            }
+            GatewayMsg::ReaderEnded { .. } => {}
             GatewayMsg::Restart => {
                 state.restarts.push(Instant::now());
                 state.restarted += 1;
@@ -339,6 +360,9 @@ impl GatewayState {
     }
 }
 
+/// The longest line read from a module's stdout or stderr; a longer one is skipped.
+pub const MAX_LINE: usize = 1 << 20;
+
 /// Starts the module's process and the tasks around it.
 fn spawn(
     def: &ModuleDefinition,
@@ -356,6 +380,8 @@ fn spawn(
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
         .kill_on_drop(true)
+        // Its own process group: stopping or restarting it kills whatever it started too.
+        .process_group(0)
         .spawn()
         .map_err(|e| format!("cannot start `{}`: {e}", program.display()))?;
     let (Some(mut stdin), Some(stdout), Some(stderr)) =
@@ -373,32 +399,66 @@ fn spawn(
         }
     });
     let me = myself.clone();
+    let id = def.id.clone();
     tokio::spawn(async move {
-        let mut out = BufReader::new(stdout).lines();
-        while let Ok(Some(line)) = out.next_line().await {
-            if me.cast(GatewayMsg::Line { generation, line }).is_err() {
-                break;
+        let mut out = FramedRead::new(stdout, LinesCodec::new_with_max_length(MAX_LINE));
+        // After a decoding error the stream yields one `None` and then reads on.
+        let mut skipped = false;
+        loop {
+            match out.next().await {
+                Some(Ok(line)) => {
+                    skipped = false;
+                    if me.cast(GatewayMsg::Line { generation, line }).is_err() {
+                        return;
+                    }
+                }
+                Some(Err(LinesCodecError::MaxLineLengthExceeded)) => {
+                    skipped = true;
+                    if me.cast(GatewayMsg::TooLong { generation }).is_err() {
+                        return;
+                    }
+                }
+                Some(Err(LinesCodecError::Io(e))) => {
+                    tracing::warn!(module = %id, error = %e, "module's stdout cannot be read (not UTF-8?); restarting it");
+                    break;
+                }
+                None if skipped => skipped = false,
+                None => break,
             }
         }
+        // Nothing it writes is heard any more: a process still running is killed (and
+        // started again like one that exited).
+        let _ = me.cast(GatewayMsg::ReaderEnded { generation });
     });
     let id = def.id.clone();
     tokio::spawn(async move {
-        let mut err = BufReader::new(stderr).lines();
-        while let Ok(Some(line)) = err.next_line().await {
-            tracing::info!(module = %id, "{line}");
+        let mut err = FramedRead::new(stderr, LinesCodec::new_with_max_length(MAX_LINE));
+        while let Some(line) = err.next().await {
+            match line {
+                Ok(line) => tracing::info!(module = %id, "{line}"),
+                Err(LinesCodecError::MaxLineLengthExceeded) => {
+                    tracing::warn!(module = %id, "module wrote a stderr line over {MAX_LINE} bytes; skipped");
+                }
+                Err(LinesCodecError::Io(_)) => break,
+            }
         }
     });
     let (kill, killed) = oneshot::channel::<()>();
     let (exited, done) = oneshot::channel::<()>();
     let me = myself.clone();
+    let pid = child.id();
     tokio::spawn(async move {
         let status = tokio::select! {
             status = child.wait() => status,
             _ = killed => {
+                kill_group(pid);
                 let _ = child.start_kill();
                 child.wait().await
             }
         };
+        // What it left running in its group (a crashed wrapper's children) goes with it: the
+        // group's id stays reserved while any member lives, so this names no stranger.
+        kill_group(pid);
         let status = match status {
             Ok(s) => s.to_string(),
             Err(e) => format!("wait failed: {e}"),
@@ -411,4 +471,13 @@ fn spawn(
         kill: Some(kill),
         done,
     })
+}
+
+/// SIGKILL to the process group led by `pid`.
+fn kill_group(pid: Option<u32>) {
+    use nix::sys::signal::{Signal, killpg};
+    use nix::unistd::Pid;
+    if let Some(pid) = pid.and_then(|p| i32::try_from(p).ok()) {
+        let _ = killpg(Pid::from_raw(pid), Signal::SIGKILL);
+    }
 }

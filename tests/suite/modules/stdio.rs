@@ -311,3 +311,95 @@ async fn a_sync_gateway_that_does_not_acknowledge_times_out_visibly() {
             .any(|e| e["kind"] == "warning" && e["data"]["code"] == "module_delivery_failed")
     );
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn stopping_a_gateway_kills_what_its_process_started() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    let pidfile = d.join("grandchild.pid");
+    // A wrapper that starts a grandchild and waits: it never reads its stdin, so it is killed.
+    module(
+        d,
+        "wrapper",
+        json!({
+            "id": "wrapper", "direction": "output", "protocol": "stdio", "command": "sh",
+            "args": ["-c", format!("sleep 300 & echo $! > {}; wait", pidfile.display())],
+        }),
+    );
+    let serving = serve(d, "", json!([]));
+    let grandchild: i32 = eventually(Duration::from_secs(10), async || {
+        std::fs::read_to_string(&pidfile).ok()?.trim().parse().ok()
+    })
+    .await;
+    assert!(alive(grandchild));
+    serving.terminate();
+    eventually(Duration::from_secs(10), async || {
+        (!alive(grandchild)).then_some(())
+    })
+    .await;
+}
+
+/// Whether `pid` runs (a zombie waiting to be reaped does not).
+fn alive(pid: i32) -> bool {
+    std::fs::read_to_string(format!("/proc/{pid}/stat")).is_ok_and(|s| {
+        !s.rsplit(')')
+            .next()
+            .is_some_and(|r| r.trim_start().starts_with('Z'))
+    })
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_over_long_line_is_refused_and_unreadable_output_restarts_the_module() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    // First run: a line over the cap (refused, the module keeps running), then bytes that
+    // are not UTF-8 (the module is restarted). Later runs only read.
+    let script = r#"
+import os, sys
+d = sys.argv[1]
+with open(os.path.join(d, "pids"), "a") as f:
+    f.write(f"{os.getpid()}\n")
+first = len(open(os.path.join(d, "pids")).read().split()) == 1
+out = sys.stdout.buffer
+if first:
+    out.write(b"a" * (2 << 20) + b"\n"); out.flush()
+for line in sys.stdin:
+    with open(os.path.join(d, "frames"), "a") as f:
+        f.write(line)
+    if first:
+        out.write(b"\xff\xfe not utf-8\n"); out.flush()
+        first = False
+"#;
+    module(
+        d,
+        "noisy",
+        json!({
+            "id": "noisy", "direction": "output", "protocol": "stdio", "command": "python3",
+            "args": ["-c", script, d],
+            "restart": {"backoff_min": "20ms", "backoff_max": "40ms"},
+        }),
+    );
+    let serving = serve(d, "", json!([]));
+    let refused: Value = eventually(Duration::from_secs(10), async || {
+        let frames = std::fs::read_to_string(d.join("frames")).ok()?;
+        serde_json::from_str(frames.lines().next()?).ok()
+    })
+    .await;
+    assert_eq!(refused["type"], "error", "{refused}");
+    assert_eq!(refused["code"], "invalid_input", "{refused}");
+    assert!(
+        refused["message"].as_str().unwrap().contains("longer than"),
+        "{refused}"
+    );
+    eventually(Duration::from_secs(10), async || {
+        let pids = std::fs::read_to_string(d.join("pids")).ok()?;
+        (pids.lines().count() >= 2).then_some(())
+    })
+    .await;
+    metric_reaches(
+        &serving.base,
+        r#"troupe_module_restarts_total{module="noisy",direction="output",outcome="restarted"}"#,
+        1.0,
+    )
+    .await;
+}
