@@ -161,7 +161,7 @@ pub async fn run(args: ServeArgs) -> anyhow::Result<ExitCode> {
     for error in &modules.errors {
         eprintln!("troupe: {error}");
     }
-    let modules = troupe_service::modules::Modules::new(modules);
+    let modules = troupe_service::modules::Modules::new(modules)?;
     let service = Service::start_with(
         &config,
         storage.store,

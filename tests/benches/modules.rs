@@ -67,7 +67,7 @@ async fn run() {
     .unwrap();
     let catalog = troupe_runtime::modules::load(&modules_dir, true);
     assert!(catalog.errors.is_empty(), "{:?}", catalog.errors);
-    let modules = Modules::new(catalog);
+    let modules = Modules::new(catalog).unwrap();
     let config = TroupeConfig {
         data_dir: dir.path().join("data"),
         ..TroupeConfig::default()

@@ -75,13 +75,15 @@ pub fn sandbox_retry(approved: bool) {
 }
 
 /// Every value [`tool_label`] gives.
-const TOOL_LABELS: [&str; 8] = [
+const TOOL_LABELS: [&str; 10] = [
     crate::tools::SHELL,
     crate::tools::UPDATE_PLAN,
     crate::tools::APPLY_PATCH,
     crate::tools::WEB_SEARCH,
     crate::capabilities::INSPECT,
     crate::capabilities::RUN,
+    crate::agents::route::DISPATCH_TOOL,
+    crate::modules::DISPATCH_MODULE_TOOL,
     "mcp",
     "unknown",
 ];
@@ -106,6 +108,8 @@ pub fn tool_label(name: &str, offered: bool) -> &'static str {
         crate::tools::WEB_SEARCH => crate::tools::WEB_SEARCH,
         crate::capabilities::INSPECT if offered => crate::capabilities::INSPECT,
         crate::capabilities::RUN if offered => crate::capabilities::RUN,
+        crate::agents::route::DISPATCH_TOOL if offered => crate::agents::route::DISPATCH_TOOL,
+        crate::modules::DISPATCH_MODULE_TOOL if offered => crate::modules::DISPATCH_MODULE_TOOL,
         _ if offered => "mcp",
         _ => "unknown",
     }
@@ -142,4 +146,32 @@ pub fn patch_file(op: &'static str) {
 
 pub fn plan_updated() {
     metrics::counter!(PLAN_UPDATES).increment(1);
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_offered_built_in_has_its_own_label_and_the_rest_are_mcp_or_unknown() {
+        for name in [
+            crate::tools::SHELL,
+            crate::tools::UPDATE_PLAN,
+            crate::tools::APPLY_PATCH,
+            crate::tools::WEB_SEARCH,
+            crate::capabilities::INSPECT,
+            crate::capabilities::RUN,
+            crate::agents::route::DISPATCH_TOOL,
+            crate::modules::DISPATCH_MODULE_TOOL,
+        ] {
+            assert_eq!(tool_label(name, true), name);
+            assert!(TOOL_LABELS.contains(&tool_label(name, true)));
+        }
+        assert_eq!(tool_label("github__search", true), "mcp");
+        assert_eq!(
+            tool_label(crate::modules::DISPATCH_MODULE_TOOL, false),
+            "unknown"
+        );
+        assert_eq!(tool_label("made_up", false), "unknown");
+    }
 }

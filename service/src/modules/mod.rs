@@ -102,15 +102,18 @@ pub enum Attempt {
 
 impl Modules {
     /// The modules of `catalog` (nothing runs until [`Self::start`]); their series start at 0.
-    pub fn new(catalog: ModuleCatalog) -> Self {
+    /// An error when the HTTP client for webhook modules cannot be set up.
+    pub fn new(catalog: ModuleCatalog) -> Result<Self, AgentError> {
         for def in catalog.modules.values() {
             metrics::start_at_zero(def);
         }
         let http = reqwest::Client::builder()
             .connect_timeout(Duration::from_secs(10))
             .build()
-            .unwrap_or_default();
-        Self {
+            .map_err(|e| {
+                AgentError::internal(format!("the webhook client cannot be set up: {e}"))
+            })?;
+        Ok(Self {
             inner: Arc::new(Inner {
                 defs: catalog
                     .modules
@@ -123,7 +126,7 @@ impl Modules {
                 deliveries: TaskTracker::new(),
                 sessions: OnceLock::new(),
             }),
-        }
+        })
     }
 
     pub fn is_empty(&self) -> bool {
