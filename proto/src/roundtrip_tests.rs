@@ -405,7 +405,8 @@ fn agent_event_kind() -> impl Strategy<Value = EventKind> {
             text(),
             agent_update_kind(),
             text(),
-            prop::option::of(json())
+            // `data: null` and no `data` are one value on the wire (read back as `None`).
+            prop::option::of(json().prop_filter("null is an absent value", |j| !j.0.is_null()))
         )
             .prop_map(
                 |(dispatch_id, agent_id, provider_session_id, update, text, data)| {
