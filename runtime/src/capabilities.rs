@@ -43,29 +43,14 @@ pub fn load(dir: &Path, named: bool) -> CapabilityCatalog {
         dir: Some(dir.to_owned()),
         ..CapabilityCatalog::default()
     };
-    let entries = match std::fs::read_dir(dir) {
-        Ok(entries) => entries,
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound && !named => return catalog,
-        Err(e) => {
-            catalog.errors.push(AgentLoadError {
-                file: dir.to_owned(),
-                field: None,
-                message: format!("cannot read the capabilities directory: {e}"),
-            });
+    let folders: Vec<PathBuf> = match crate::config_dir_entries(dir, named, "capabilities") {
+        Ok(Some(entries)) => entries.into_iter().filter(|p| p.is_dir()).collect(),
+        Ok(None) => return catalog,
+        Err(error) => {
+            catalog.errors.push(error);
             return catalog;
         }
     };
-    let mut folders: Vec<PathBuf> = entries
-        .filter_map(Result::ok)
-        .map(|e| e.path())
-        .filter(|p| {
-            p.is_dir()
-                && p.file_name()
-                    .and_then(|n| n.to_str())
-                    .is_some_and(|n| !n.starts_with('.'))
-        })
-        .collect();
-    folders.sort();
     for folder in folders {
         match load_folder(&folder) {
             Ok(capability) => {

@@ -36,3 +36,35 @@ pub fn describe_metrics() {
     // External ACP agents run in sessions' hubs: their series exist from the start too.
     troupe_acp::describe_metrics();
 }
+
+/// The entries of a configuration directory (capabilities, modules) that are not hidden,
+/// sorted: `Ok(None)` when it does not exist and the configuration did not name it, an error
+/// naming the directory (`what` says which) when it cannot be read.
+pub(crate) fn config_dir_entries(
+    dir: &std::path::Path,
+    named: bool,
+    what: &str,
+) -> Result<Option<Vec<std::path::PathBuf>>, troupe_proto::agent::AgentLoadError> {
+    let entries = match std::fs::read_dir(dir) {
+        Ok(entries) => entries,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound && !named => return Ok(None),
+        Err(e) => {
+            return Err(troupe_proto::agent::AgentLoadError {
+                file: dir.to_owned(),
+                field: None,
+                message: format!("cannot read the {what} directory: {e}"),
+            });
+        }
+    };
+    let mut paths: Vec<_> = entries
+        .filter_map(Result::ok)
+        .map(|e| e.path())
+        .filter(|p| {
+            !p.file_name()
+                .and_then(|n| n.to_str())
+                .is_some_and(|n| n.starts_with('.'))
+        })
+        .collect();
+    paths.sort();
+    Ok(Some(paths))
+}

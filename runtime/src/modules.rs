@@ -341,26 +341,16 @@ pub fn load(dir: &Path, named: bool) -> ModuleCatalog {
         dir: Some(dir.to_owned()),
         ..ModuleCatalog::default()
     };
-    let entries = match std::fs::read_dir(dir) {
-        Ok(entries) => entries,
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound && !named => return catalog,
-        Err(e) => {
-            catalog.errors.push(AgentLoadError {
-                file: dir.to_owned(),
-                field: None,
-                message: format!("cannot read the modules directory: {e}"),
-            });
+    let entries = match crate::config_dir_entries(dir, named, "modules") {
+        Ok(Some(entries)) => entries,
+        Ok(None) => return catalog,
+        Err(error) => {
+            catalog.errors.push(error);
             return catalog;
         }
     };
     let mut files: Vec<(PathBuf, Option<String>)> = entries
-        .filter_map(Result::ok)
-        .map(|e| e.path())
-        .filter(|p| {
-            !p.file_name()
-                .and_then(|n| n.to_str())
-                .is_some_and(|n| n.starts_with('.'))
-        })
+        .into_iter()
         .filter_map(|p| {
             if p.is_dir() {
                 let file = p.join("module.json");
