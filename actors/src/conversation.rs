@@ -103,7 +103,7 @@ pub use decide::{
     MessageAdmission, ModelChoice, ReclaimPlan, Rejoin, SlotAnswer, SlotState, YieldPlan,
     abort_timer_needed, admit, choose_model, clamp_message, idle_timer_needed, interrupted_tasks,
     is_idle, passivation_allowed, passivation_due, reclaim_plan, registry_state, rejoin,
-    slot_answer, yield_plan,
+    releases_at_end, slot_answer, yield_plan,
 };
 
 /// The one-turn system prompt of a compaction (C3); never stored.
@@ -1064,6 +1064,23 @@ mod tests {
             slot_answer(Some(SlotState::Yielded), at, Some(Ok(()))),
             SlotAnswer::Stale
         );
+    }
+
+    #[test]
+    fn a_task_on_a_lent_slot_asks_gives_back_and_releases_nothing() {
+        let at = ActorId::Local(1);
+        let lent = Some(SlotState::Lent);
+        assert_eq!(yield_plan(lent), YieldPlan::Nothing);
+        assert_eq!(reclaim_plan(lent), ReclaimPlan::AlreadyHeld);
+        assert!(!releases_at_end(lent));
+        for slot in [None, Some(SlotState::Held(at)), Some(SlotState::Yielded)] {
+            assert!(releases_at_end(slot), "{slot:?}");
+        }
+        // It runs; a new scheduler hears it holds nothing there; no grant is for it.
+        assert_eq!(registry_state(false, lent), TaskState::Running);
+        assert_eq!(registry_state(true, lent), TaskState::Cancelling);
+        assert_eq!(rejoin(lent, at), Rejoin::Recovered);
+        assert_eq!(slot_answer(lent, at, Some(Ok(()))), SlotAnswer::Stale);
     }
 
     #[test]

@@ -105,7 +105,8 @@ pub struct TaskContext {
     pub workspace_roots: Vec<PathBuf>,
     /// Record prompts, completions and tool input/output on the task's spans (opt-in).
     pub record_content: bool,
-    /// Gives the task's scheduler slot back while it waits for a human or an agent.
+    /// Gives the task's scheduler slot back while it waits for a human or an external agent
+    /// (an in-process agent's task runs on it instead).
     pub slot: SlotLease,
     /// Its place among the session's agents (`None`: it neither routes nor dispatches, as a
     /// compaction).
@@ -234,23 +235,26 @@ impl SlotLease {
         Ok(r)
     }
 
-    /// Waits for `answer`, an agent's, without the slot: a dispatcher computes nothing while
-    /// its agent works (and an in-process agent needs a slot of its own: with a single slot,
-    /// keeping it would lock the session). The slot is asked for again once answered; a
-    /// cancel ends the wait without it.
+    /// Waits for `answer`, an agent's. Whoever runs the dispatch decides what becomes of the
+    /// slot meanwhile (see `agents::hub`, Scheduling): an in-process agent's task runs on it
+    /// (lent: the dispatcher computes nothing while its agent works, and a slot of the
+    /// agent's own would lock a session with a single slot), an external agent computes
+    /// elsewhere and the slot goes back ([`give_back`](Self::give_back)) for the wait. A slot
+    /// given back is asked for again once answered; a cancel ends the wait without it.
     pub async fn wait_for_child<T>(
         &self,
         cancel: &CancellationToken,
         why: &'static str,
         answer: impl std::future::Future<Output = T>,
     ) -> Result<T, AgentError> {
-        self.give_back();
         let r = tokio::select! {
             biased;
             () = cancel.cancelled() => return Err(AgentError::cancelled(why)),
             r = answer => r,
         };
-        self.take_back(cancel).await?;
+        if self.is_out() {
+            self.take_back(cancel).await?;
+        }
         Ok(r)
     }
 

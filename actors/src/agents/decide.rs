@@ -193,6 +193,16 @@ pub fn bind_plan(
     }
 }
 
+/// Whether a dispatch to an agent of `kind` lends the dispatcher's scheduler slot to the
+/// agent's task (an in-process agent, whose task needs one) rather than giving it back for
+/// the wait (an external agent computes elsewhere and takes none).
+pub fn slot_lent(kind: ProviderKind) -> bool {
+    match kind {
+        ProviderKind::Model => true,
+        ProviderKind::Acp | ProviderKind::A2a => false,
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -414,5 +424,12 @@ mod tests {
                 prop_assert!(c.get(to).is_some());
             }
         }
+    }
+
+    #[test]
+    fn only_an_in_process_agent_runs_on_its_dispatchers_slot() {
+        assert!(slot_lent(ProviderKind::Model));
+        assert!(!slot_lent(ProviderKind::Acp));
+        assert!(!slot_lent(ProviderKind::A2a));
     }
 }

@@ -27,12 +27,20 @@
 //! failed one's dispatches see their reply port close, and its workers' reports go nowhere.
 //!
 //! # Scheduling (no self-lock)
-//! A dispatcher gives its scheduler slot back while it waits for the agent (as while it waits
-//! for a human: a slot is for computing), and asks for it again when the agent has answered.
-//! An in-process agent's task asks for a slot of its own like any task, so with a single slot
-//! per session the dispatcher's wait lets the agent run, and nested agents likewise. External
-//! agents (ACP, A2A) compute elsewhere and take no slot. An agent's task that ends, however it
-//! ends, gives its slot back like any task; a dispatch whose lease expires cancels it.
+//! A dispatcher computes nothing while its agent works (a slot is for computing), so its
+//! scheduler slot serves the agent:
+//! - an in-process agent's task runs on the dispatcher's slot, lent for the dispatch: it asks
+//!   the scheduler for none and gives none back, and the dispatcher goes on with its slot when
+//!   the agent has answered. With a single slot per session the agent runs while its
+//!   dispatcher waits, and nested agents likewise (each runs on the slot it was lent). A
+//!   lent slot is not given back while the agent's task waits for a human: it is its
+//!   dispatcher's;
+//! - an external agent (ACP, A2A) computes elsewhere and takes no slot: the hub gives the
+//!   dispatcher's back for the wait, and the dispatcher asks for it again once answered.
+//!
+//! ([`decide::slot_lent`] tells which way a dispatch goes.) An agent's task that ends,
+//! however it ends, holds nothing of the slot; a dispatch whose lease expires cancels it, and
+//! its dispatcher goes on (or ends) with its slot.
 
 use super::decide::{self, BindPlan, BindingEntry, Refusal, Visibility};
 use super::leases::{Lease, LeaseBook, Node};
@@ -269,6 +277,9 @@ pub struct DispatchRequest {
     pub span: tracing::Span,
     /// The dispatcher's tool governance (its policy and the tokens it was given).
     pub governance: Arc<crate::governance::TaskGovernance>,
+    /// The dispatcher's scheduler slot: lent to an in-process agent's task, given back for
+    /// the wait on an external agent (see Scheduling above).
+    pub slot: crate::task::SlotLease,
 }
 
 /// The hub's mailbox.
@@ -692,6 +703,12 @@ impl AgentHubState {
         };
         let ttl = self.ports.settings.lease_ttl;
         let kind = def.provider.kind();
+        // An in-process agent's task runs on the dispatcher's slot; an external agent takes
+        // none, so the dispatcher's goes back for the wait.
+        let slot_lent = decide::slot_lent(kind);
+        if !slot_lent {
+            request.slot.give_back();
+        }
         let span = tracing::info_span!(
             parent: &request.span,
             "troupe.dispatch",
@@ -772,6 +789,7 @@ impl AgentHubState {
             parent: request.parent,
             input: request.input,
             governance: request.governance,
+            slot_lent,
             cancel,
             events: self.events.clone(),
             env: self.env.clone(),
@@ -1144,6 +1162,8 @@ struct Worker {
     input: String,
     /// The dispatcher's tool governance: an in-process agent's task narrows it.
     governance: Arc<crate::governance::TaskGovernance>,
+    /// The dispatcher kept its slot for the agent's task.
+    slot_lent: bool,
     cancel: CancellationToken,
     events: EventSink,
     env: ProviderEnv,
@@ -1206,6 +1226,7 @@ impl Worker {
             span: &self.span,
             replaced: &replaced,
             governance: &self.governance,
+            slot_lent: self.slot_lent,
         };
         let result = provider
             .handle(

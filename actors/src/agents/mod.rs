@@ -107,4 +107,7 @@ pub struct DispatchOrigin {
     pub span: tracing::Span,
     /// The dispatcher's tool governance: the agent's task's policy is intersected with it.
     pub governance: Arc<crate::governance::TaskGovernance>,
+    /// The agent's task runs on its dispatcher's scheduler slot (lent for the dispatch): it
+    /// asks the scheduler for none and gives none back.
+    pub slot_lent: bool,
 }

@@ -115,6 +115,7 @@ impl AgentProvider for ModelAgent {
             cancel: ctx.cancel.clone(),
             span: ctx.span.clone(),
             governance: ctx.governance.clone(),
+            slot_lent: ctx.slot_lent,
         };
         let text = input.text;
         let reply = ractor::call!(self.session, |reply| SessionMsg::Dispatch {

@@ -191,6 +191,9 @@ pub struct AgentRunContext<'a> {
     /// The dispatcher's tool governance (A5): an in-process agent's task intersects its own
     /// policy with it and may use the tokens it carries. External agents run their own tools.
     pub governance: &'a std::sync::Arc<crate::governance::TaskGovernance>,
+    /// The dispatcher kept its scheduler slot for this dispatch: an in-process agent's task
+    /// runs on it (see `hub`, Scheduling).
+    pub slot_lent: bool,
 }
 
 /// A provider session that changed under a dispatch: set at most once per `handle` call,

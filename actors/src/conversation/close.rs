@@ -99,12 +99,15 @@ impl ConversationState {
         self.withdraw_approvals(task_id, "its task was aborted");
         self.stats.tasks += 1;
         self.stats.tasks_cancelled += 1;
-        // Released here, so that the slot is free by the time close answers.
-        let _ = self
-            .services
-            .directory
-            .scheduler()
-            .cast(SchedulerMsg::Release { task_id });
+        // Released here, so that the slot is free by the time close answers (a lent slot is
+        // its dispatcher's).
+        if releases_at_end(running.slot) {
+            let _ = self
+                .services
+                .directory
+                .scheduler()
+                .cast(SchedulerMsg::Release { task_id });
+        }
         let _ = self
             .services
             .directory

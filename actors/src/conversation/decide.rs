@@ -79,6 +79,10 @@ pub enum SlotState {
     /// The task gave its slot back while it waits for a human (an approval, an MCP server's
     /// question); it asks again once answered.
     Yielded,
+    /// An agent's task running on its dispatcher's slot (lent for the dispatch): the
+    /// scheduler knows only the dispatcher's grant, and this task neither asks, gives back
+    /// nor releases anything.
+    Lent,
 }
 
 /// What a conversation tells a scheduler it has not dealt with yet.
@@ -98,7 +102,7 @@ pub enum Rejoin {
 /// or a task that was refused a slot).
 pub fn rejoin(slot: Option<SlotState>, current: ActorId) -> Rejoin {
     match slot {
-        None | Some(SlotState::Yielded) => Rejoin::Recovered,
+        None | Some(SlotState::Yielded | SlotState::Lent) => Rejoin::Recovered,
         Some(SlotState::Asked(at) | SlotState::Held(at)) if at == current => Rejoin::Nothing,
         Some(SlotState::Asked(_)) => Rejoin::AskAgain,
         Some(SlotState::Held(_)) => Rejoin::Reinstate,
@@ -137,7 +141,9 @@ pub fn registry_state(cancelled: bool, slot: Option<SlotState>) -> TaskState {
     match (cancelled, slot) {
         (true, _) => TaskState::Cancelling,
         // A task waiting for a human without its slot has run, and goes on once answered.
-        (false, Some(SlotState::Held(_) | SlotState::Yielded)) => TaskState::Running,
+        (false, Some(SlotState::Held(_) | SlotState::Yielded | SlotState::Lent)) => {
+            TaskState::Running
+        }
         (false, _) => TaskState::Queued,
     }
 }
@@ -147,7 +153,8 @@ pub fn registry_state(cancelled: bool, slot: Option<SlotState>) -> TaskState {
 pub enum YieldPlan {
     /// Release the slot to the scheduler; the task holds none until it asks again.
     Release,
-    /// Nothing to give back (not granted, already given back, or not this task).
+    /// Nothing to give back (not granted, already given back, lent by a dispatcher, or not
+    /// this task).
     Nothing,
 }
 
@@ -174,7 +181,7 @@ pub enum ReclaimPlan {
 pub fn reclaim_plan(slot: Option<SlotState>) -> ReclaimPlan {
     match slot {
         Some(SlotState::Yielded) | None => ReclaimPlan::Ask,
-        Some(SlotState::Held(_)) => ReclaimPlan::AlreadyHeld,
+        Some(SlotState::Held(_) | SlotState::Lent) => ReclaimPlan::AlreadyHeld,
         Some(SlotState::Asked(_)) => ReclaimPlan::Pending,
     }
 }
@@ -255,4 +262,10 @@ pub fn idle_timer_needed(
 /// conversation is still idle.
 pub fn passivation_due(idle: bool, timer_epoch: u64, activity: u64) -> bool {
     idle && timer_epoch == activity
+}
+
+/// Whether a task whose slot is `slot` releases a grant when it ends: a lent slot is its
+/// dispatcher's, who goes on with it.
+pub fn releases_at_end(slot: Option<SlotState>) -> bool {
+    slot != Some(SlotState::Lent)
 }

@@ -68,7 +68,13 @@ impl ConversationState {
         let compact = kind == TaskKind::Compact;
         self.turns += 1;
         let wait = span.in_scope(|| crate::task::spans::scheduler_wait(self.id, task_id));
-        let (slot, first) = self.ask_slot(myself, task_id, &wait);
+        // An agent's task whose dispatcher lent it its slot runs at once: nothing is asked.
+        let lent = origin.as_ref().is_some_and(|o| o.slot_lent);
+        let (slot, first) = if lent {
+            self.lent_slot(task_id)
+        } else {
+            self.ask_slot(myself, task_id, &wait)
+        };
         let (granted, granted_rx) = oneshot::channel();
         // `[tools]` and the capabilities as they are now: the task keeps them to its end.
         let reloadable = self.services.settings.reloadable();
@@ -126,7 +132,10 @@ impl ConversationState {
         let me = myself.clone();
         let task_span = span.clone();
         let asked_of = slot;
-        let report = {
+        let report: Box<dyn FnOnce(crate::task::SchedulerAnswer) + Send> = if lent {
+            // Nothing was asked: the conversation knows where the slot stands already.
+            Box::new(|_| {})
+        } else {
             let me = myself.clone();
             Box::new(move |answer| {
                 let _ = me.cast(ConversationMsg::SlotAnswered {
@@ -135,6 +144,13 @@ impl ConversationState {
                     answer,
                 });
             })
+        };
+        // A lent slot needs no verdict; the runner has it at once whatever it reads.
+        let granted = if lent {
+            let _ = granted.send(Ok(()));
+            None
+        } else {
+            Some(granted)
         };
         let slot_wait = SlotWait {
             first,
@@ -173,10 +189,30 @@ impl ConversationState {
             cancel,
             abort: join.abort_handle(),
             started_at_ms,
-            slot: Some(SlotState::Asked(slot)),
-            granted: Some(granted),
+            slot: Some(if lent {
+                SlotState::Lent
+            } else {
+                SlotState::Asked(slot)
+            }),
+            granted,
             wait,
         });
+    }
+
+    /// The slot an agent's task was lent by its dispatcher: granted already (the current
+    /// scheduler's id, so that the runner goes on at once), and the task is running.
+    fn lent_slot(&self, task_id: TaskId) -> (ActorId, oneshot::Receiver<Result<(), AgentError>>) {
+        let (granted, answer) = oneshot::channel();
+        let _ = granted.send(Ok(()));
+        let _ = self
+            .services
+            .directory
+            .registry()
+            .cast(TaskRegistryMsg::StateChanged {
+                task_id,
+                state: TaskState::Running,
+            });
+        (self.services.directory.scheduler().get_id(), answer)
     }
 
     /// Asks the current scheduler for `task_id`'s slot: the scheduler asked, and a receiver of
@@ -442,12 +478,14 @@ impl ConversationState {
         });
         // The slot goes back to the scheduler of the moment: the one that granted it, or its
         // successor once the grant was re-declared (a scheduler that never heard of the task
-        // ignores this).
-        let _ = self
-            .services
-            .directory
-            .scheduler()
-            .cast(SchedulerMsg::Release { task_id });
+        // ignores this). A lent slot stays with the dispatcher.
+        if releases_at_end(running.slot) {
+            let _ = self
+                .services
+                .directory
+                .scheduler()
+                .cast(SchedulerMsg::Release { task_id });
+        }
         let _ = self
             .services
             .directory

@@ -1,6 +1,6 @@
 //! A task among agents (A3, A4): routing a user's message before the turn, and dispatching
-//! to an agent (the route's dispatch, a `dispatch_agent` call), with the slot given back for
-//! the wait.
+//! to an agent (the route's dispatch, a `dispatch_agent` call), with the slot lent to an
+//! in-process agent's task or given back for the wait.
 //!
 //! Routing, once the task holds its slot: `/hub <agent> <text>` dispatches straight to the
 //! agent; otherwise the supervisor decides, by one model step offered only the `route` tool
@@ -48,7 +48,8 @@ pub(super) fn agents_of(ctx: &TaskContext) -> Option<Agents> {
     Some(Agents { hub, view, origin })
 }
 
-/// Dispatches `input` to `agent_id` and waits for its answer, the slot given back meanwhile.
+/// Dispatches `input` to `agent_id` and waits for its answer, the slot lent to the agent's
+/// task or given back meanwhile (the hub decides, see `agents::hub`).
 pub(super) async fn dispatch(
     ctx: &TaskContext,
     agents: &Agents,
@@ -75,6 +76,7 @@ pub(super) async fn dispatch(
         cancel: ctx.cancel.clone(),
         span: tracing::Span::current(),
         governance: gov.clone(),
+        slot: ctx.slot.clone(),
     };
     agents
         .hub

@@ -240,10 +240,11 @@ async fn an_expired_lease_is_reclaimed_and_its_child_cancelled() {
     );
 }
 
-/// How children are scheduled: a dispatcher gives its slot back while its child works and
-/// asks for it again when the child has answered; the child's task asks for a slot like any
-/// task. With one slot for the whole session (every conversation, every agent), a supervisor
-/// that routes with its model, a lead that delegates and its worker all run in turn.
+/// How children are scheduled: a dispatcher lends its slot to its in-process child's task
+/// for the dispatch and goes on with it once the child has answered; the child's task asks
+/// for none. With one slot for the whole session (every conversation, every agent), a
+/// supervisor that routes with its model, a lead that delegates and its worker all run in
+/// turn, on the root task's one grant.
 #[tokio::test(start_paused = true)]
 async fn with_a_single_slot_a_parent_waiting_for_its_child_does_not_lock_the_session() {
     let team = Team::start_with(
@@ -265,11 +266,18 @@ async fn with_a_single_slot_a_parent_waiting_for_its_child_does_not_lock_the_ses
     )
     .await;
     assert_eq!(scheduler(&team).await.limit, 1);
-    let reply = team.send("build it").await;
+    // While the worker answers (its reply takes a second), the scheduler holds one grant,
+    // the root task's, lent down the chain; nothing waits for a slot.
+    let (reply, during) = tokio::join!(team.send("build it"), async {
+        tokio::time::sleep(Duration::from_millis(500)).await;
+        scheduler(&team).await
+    });
     assert_eq!(
         (reply.status, reply.text.as_str()),
         (TaskStatus::Ok, "all done")
     );
+    assert_eq!(during.running, [reply.task_id], "{during:?}");
+    assert!(during.waiting.is_empty(), "{during:?}");
     let events = team.events().await;
     assert_eq!(
         results(&events),
