@@ -7,8 +7,9 @@
 //!   routes it.
 //! - `Dispatch`: admits or refuses a dispatch ([`decide::admit`], then the wait graph of the
 //!   [`LeaseBook`]). A refusal is a `policy_rejected` event and `PolicyRejected` to the caller;
-//!   an admission issues the lease (id + deadline, a timer), emits `dispatch_sent` and starts
-//!   the dispatch's worker (a tokio task, never awaited in `handle`).
+//!   an admission issues the lease (id + deadline), emits `dispatch_sent` and starts the
+//!   dispatch's worker (a tokio task, never awaited in `handle`), which also runs the lease's
+//!   timer.
 //! - `Bind` / `Bound` / `BindFailed`: the worker's binding, one opener per agent at a time
 //!   ([`decide::bind_plan`]); others wait for it. `Bound` emits `session_created`,
 //!   `session_bound`, `session_resumed` (and a `binding_replaced` warning when a binding could
@@ -56,11 +57,11 @@ use crate::clock::Clock;
 use crate::events::{EventDraft, EventSink};
 use crate::ports::{BindingStore, ModelClient};
 use crate::session::SessionMsg;
+use futures::FutureExt;
 use ractor::{Actor, ActorProcessingErr, ActorRef, RpcReplyPort};
 use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::Duration;
-use tokio::task::AbortHandle;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 use tracing::Instrument;
@@ -360,7 +361,6 @@ struct Flight {
     agent_id: String,
     reply: Option<RpcReplyPort<Result<AgentOutput, AgentError>>>,
     cancel: CancellationToken,
-    timer: AbortHandle,
     parent: DispatchParent,
     kind: ProviderKind,
     provider_session_id: Option<String>,
@@ -505,7 +505,6 @@ impl Actor for AgentHub {
         // their reply port close.
         for flight in state.flights.values() {
             flight.cancel.cancel();
-            flight.timer.abort();
             metrics::dispatch_ended(
                 flight.kind,
                 DispatchStatus::Cancelled,
@@ -733,14 +732,6 @@ impl AgentHubState {
             to,
             deadline_ms: self.clock.now_ms().saturating_add(millis(ttl)),
         });
-        let timer = {
-            let hub = myself.clone();
-            tokio::spawn(async move {
-                tokio::time::sleep(ttl).await;
-                let _ = hub.cast(AgentHubMsg::LeaseDue { dispatch_id });
-            })
-            .abort_handle()
-        };
         let cancel = request.cancel.child_token();
         let known = self.bindings.get(&request.agent_id).and_then(|b| {
             b.live
@@ -768,7 +759,6 @@ impl AgentHubState {
                 agent_id: request.agent_id.clone(),
                 reply: Some(reply),
                 cancel: cancel.clone(),
-                timer,
                 parent: request.parent,
                 kind,
                 provider_session_id: None,
@@ -790,6 +780,7 @@ impl AgentHubState {
             input: request.input,
             governance: request.governance,
             slot_lent,
+            ttl,
             cancel,
             events: self.events.clone(),
             env: self.env.clone(),
@@ -962,7 +953,6 @@ impl AgentHubState {
         let Some(mut flight) = self.flights.remove(&dispatch_id) else {
             return;
         };
-        flight.timer.abort();
         let status = match &result {
             Ok(_) => DispatchStatus::Ok,
             Err(e) => DispatchStatus::of_error(e),
@@ -1164,6 +1154,8 @@ struct Worker {
     governance: Arc<crate::governance::TaskGovernance>,
     /// The dispatcher kept its slot for the agent's task.
     slot_lent: bool,
+    /// The lease's time to live: past it, the worker tells the hub (`LeaseDue`).
+    ttl: Duration,
     cancel: CancellationToken,
     events: EventSink,
     env: ProviderEnv,
@@ -1191,11 +1183,33 @@ impl Drop for OpeningGuard {
 
 impl Worker {
     async fn run(self, plan: PlanSource) {
-        let result = tokio::select! {
-            biased;
-            () = self.cancel.cancelled() => Err(AgentError::cancelled("the dispatch was cancelled")),
-            r = self.work(plan) => r,
+        // The lease's timer runs beside the work: past the lease's time the hub reclaims it
+        // (it cancels the dispatch, whose work then ends here). A worker that panics ends
+        // its dispatch at once.
+        let run = async {
+            let work = async {
+                tokio::select! {
+                    biased;
+                    () = self.cancel.cancelled() => Err(AgentError::cancelled("the dispatch was cancelled")),
+                    r = self.work(plan) => r,
+                }
+            };
+            tokio::pin!(work);
+            tokio::select! {
+                biased;
+                r = &mut work => r,
+                () = tokio::time::sleep(self.ttl) => {
+                    let _ = self.hub.cast(AgentHubMsg::LeaseDue {
+                        dispatch_id: self.dispatch_id,
+                    });
+                    work.await
+                }
+            }
         };
+        let result = std::panic::AssertUnwindSafe(run)
+            .catch_unwind()
+            .await
+            .unwrap_or_else(|_| Err(AgentError::internal("the dispatch's worker panicked")));
         let _ = self.hub.cast(AgentHubMsg::Finished {
             dispatch_id: self.dispatch_id,
             result,
