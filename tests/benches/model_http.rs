@@ -17,11 +17,15 @@
 //!   every model request has the same size; the session is created outside the timing), and
 //!   the later turns of a conversation (sessions of `TROUPE_BENCH_PER_SESSION` turns, 8 by
 //!   default, the first of each not timed);
-//! - raw: one keep-alive `reqwest` client POSTs troupe's own model requests (the server hands
-//!   each back from `GET /last-request`; for the later turns, those of a whole session, taken
-//!   in turn) to `/v1/responses` and reads the SSE body to its end;
-//! - raw on a new connection each time (as `curl` would): the server's own time, which no
-//!   delayed ACK reaches (a new connection starts in quick-ACK mode).
+//! - raw: troupe's own model requests (the server hands each back from `GET /last-request`;
+//!   for the later turns, those of a whole session, taken in turn) POSTed to `/v1/responses`
+//!   by a client of troupe's own transport (`OpenAiClient::raw_request`: the same pooled
+//!   keep-alive connection handling, the same headers, the same body bytes), the SSE body read
+//!   to its end without parsing. The bench checks that the server saw the same request line
+//!   and headers from both (`GET /last-request-head`);
+//! - raw on a new connection each time (a `reqwest` client that keeps no connection, as
+//!   `curl` would): the server's own time, which no delayed ACK reaches (a new connection
+//!   starts in quick-ACK mode).
 //!
 //! A last row runs the same turn with the built-in scripted model: what the service costs
 //! without any model server.
@@ -38,6 +42,7 @@ use std::process::{Child, Command, Stdio};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 use troupe_runtime::config::{Provider, TroupeConfig};
+use troupe_runtime::openai::OpenAiClient;
 use troupe_runtime::{ScriptedModel, assembly};
 use troupe_service::Service;
 
@@ -116,9 +121,7 @@ async fn start(base_url: Option<&str>) -> Running {
     };
     let model: Arc<dyn troupe_actors::ports::ModelClient> = match base_url {
         Some(url) => {
-            config.model.provider = Provider::OpenaiResponses;
-            config.model.base_url = url.to_owned();
-            config.model.model = "bench-model".to_owned();
+            config.model = model_config(url).model;
             assembly::build_model(&config, None).unwrap()
         }
         None => Arc::new(ScriptedModel::new(Vec::new())),
@@ -174,8 +177,18 @@ async fn turn(http: &reqwest::Client, base: &str, session: &str, expect: &str) {
     assert_eq!(v["reply"]["text"], expect, "{v}");
 }
 
-/// One raw streaming request to the model server, its SSE body read to the end.
-async fn raw(http: &reqwest::Client, base_url: &str, body: &[u8]) {
+/// The model client troupe builds for `base_url`: the raw requests go through it.
+fn model_config(base_url: &str) -> TroupeConfig {
+    let mut config = TroupeConfig::default();
+    config.model.provider = Provider::OpenaiResponses;
+    config.model.base_url = base_url.to_owned();
+    config.model.model = "bench-model".to_owned();
+    config
+}
+
+/// One raw streaming request to the model server on a new connection, its SSE body read to
+/// the end.
+async fn raw_fresh(http: &reqwest::Client, base_url: &str, body: &[u8]) {
     let r = http
         .post(format!("{base_url}/responses"))
         .header("content-type", "application/json")
@@ -212,22 +225,23 @@ fn sorted(mut times: Vec<Duration>) -> Vec<Duration> {
 }
 
 /// The raw request's times, sorted: `WARM_UP` requests, then [`turns`] timed, back to back
-/// on one keep-alive connection (a new connection for each with `fresh`); `bodies` are what
-/// troupe sent for its turns, taken in turn.
+/// on one keep-alive connection of troupe's transport (a new connection for each with
+/// `fresh`); `bodies` are what troupe sent for its turns, taken in turn.
 async fn measure_raw(server: &ModelServer, bodies: &[Vec<u8>], fresh: bool) -> Vec<Duration> {
-    let http = if fresh {
-        reqwest::Client::builder()
-            .pool_max_idle_per_host(0)
-            .build()
-            .unwrap()
-    } else {
-        reqwest::Client::new()
-    };
+    let fresh_http = reqwest::Client::builder()
+        .pool_max_idle_per_host(0)
+        .build()
+        .unwrap();
+    let client = OpenAiClient::new(model_config(&server.base_url).model).unwrap();
     let mut times = Vec::with_capacity(turns());
     for i in 0..WARM_UP + turns() {
         let body = &bodies[i % bodies.len()];
         let t = Instant::now();
-        raw(&http, &server.base_url, body).await;
+        if fresh {
+            raw_fresh(&fresh_http, &server.base_url, body).await;
+        } else {
+            assert!(client.raw_request(body).await.unwrap() > 0);
+        }
         if i >= WARM_UP {
             times.push(t.elapsed());
         }
@@ -235,8 +249,20 @@ async fn measure_raw(server: &ModelServer, bodies: &[Vec<u8>], fresh: bool) -> V
     sorted(times)
 }
 
-/// Troupe's warm turn times, sorted, the same way (the scripted model without a server), and
-/// the bodies of troupe's model requests to replay raw. The connection to the model server is
+/// The request line and headers of the model server's last request, but its
+/// `Content-Length` (the bodies of a session's turns differ in size; each is replayed as it
+/// was).
+async fn last_head(server: &ModelServer) -> Vec<String> {
+    let url = server.base_url.trim_end_matches("/v1").to_owned() + "/last-request-head";
+    let head: Vec<String> = reqwest::get(url).await.unwrap().json().await.unwrap();
+    head.into_iter()
+        .filter(|line| !line.to_ascii_lowercase().starts_with("content-length:"))
+        .collect()
+}
+
+/// Troupe's warm turn times, sorted, the same way (the scripted model without a server), the
+/// bodies of troupe's model requests to replay raw, and the request line and headers of the
+/// first of them. The connection to the model server is
 /// the one pooled client of the process, warm after the warm-up. With `per_session` 1, each
 /// turn is the first of a new session (created outside the timing), so every model request is
 /// the same size; with more, each session takes `per_session` turns and the first is not
@@ -246,8 +272,9 @@ async fn measure_raw(server: &ModelServer, bodies: &[Vec<u8>], fresh: bool) -> V
 async fn measure_turns(
     server: Option<&ModelServer>,
     per_session: usize,
-) -> (Vec<Duration>, Vec<Vec<u8>>) {
+) -> (Vec<Duration>, Vec<Vec<u8>>, Vec<String>) {
     let running = start(server.map(|s| s.base_url.as_str())).await;
+    let mut head = Vec::new();
     let expect = if server.is_some() {
         "Hello, world."
     } else {
@@ -274,12 +301,15 @@ async fn measure_turns(
             }
             done += 1;
             if let Some(server) = server.filter(|_| n + 1 == sessions) {
+                if head.is_empty() {
+                    head = last_head(server).await;
+                }
                 bodies.push(last_request(&http, server).await);
             }
         }
     }
     running.stop().await;
-    (sorted(times), bodies)
+    (sorted(times), bodies, head)
 }
 
 /// The body of the model server's last request.
@@ -324,10 +354,12 @@ fn main() {
             }
             let server = ModelServer::start(nodelay);
             for (what, per) in [("first turn of a session", 1), ("later turns", later)] {
-                let (turns, bodies) = measure_turns(Some(&server), per).await;
+                let (turns, bodies, head) = measure_turns(Some(&server), per).await;
                 let mut raws = measure_raw(&server, &bodies, false).await;
+                // The raw requests are troupe's, byte for byte: the same head, the same body.
+                assert_eq!(last_head(&server).await, head, "raw and troupe requests differ");
                 // Troupe again, then raw again: both orders, so a change of load shows.
-                let (more, _) = measure_turns(Some(&server), per).await;
+                let (more, _, _) = measure_turns(Some(&server), per).await;
                 raws.extend(measure_raw(&server, &bodies, false).await);
                 let turns = sorted(turns.into_iter().chain(more).collect());
                 let fresh = measure_raw(&server, &bodies, true).await;
@@ -347,7 +379,7 @@ fn main() {
             return;
         }
         for (what, per) in [("first turn of a session", 1), ("later turns", later)] {
-            let (turns, _) = measure_turns(None, per).await;
+            let (turns, _, _) = measure_turns(None, per).await;
             println!(
                 "| none (scripted model), {what} | – | – | – | {} | {} | – |",
                 ms(pct(&turns, 0.5)),

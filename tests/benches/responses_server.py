@@ -10,7 +10,9 @@ the socket. Every request gets the same short reply (a few text deltas) whatever
 `--nodelay` sets TCP_NODELAY on each accepted connection; without it the socket keeps
 Nagle's algorithm, as Python's default does. Prints `listening on <port>` (port chosen by the
 system, on 127.0.0.1) once ready; stops when its stdin closes. `GET /last-request` answers
-the body of the last POST, for a client that wants to send exactly what another sent.
+the body of the last POST, for a client that wants to send exactly what another sent, and
+`GET /last-request-head` its request line and headers (a JSON list, in the order they came),
+to check that it did.
 A POST to a path ending in `/chat/completions` gets the same reply as Chat Completions
 chunks (`data:` lines, then `data: [DONE]`).
 
@@ -82,18 +84,23 @@ class Handler(BaseHTTPRequestHandler):
     disable_nagle_algorithm = False
     counter = 0
     last_request = b"{}"
+    last_head = b"[]"
     lock = threading.Lock()
 
     def log_message(self, *args):
         pass
 
     def do_GET(self):
-        """`GET /last-request`: the body of the last POST, as it came."""
-        if self.path != "/last-request":
+        """`GET /last-request`: the body of the last POST, as it came; `GET
+        /last-request-head`: its request line and headers."""
+        if self.path not in ("/last-request", "/last-request-head"):
             self.send_error(404)
             return
         with Handler.lock:
-            body = Handler.last_request
+            if self.path == "/last-request":
+                body = Handler.last_request
+            else:
+                body = Handler.last_head
         self.send_response(200)
         self.send_header("Content-Type", "application/json")
         self.send_header("Content-Length", str(len(body)))
@@ -115,9 +122,11 @@ class Handler(BaseHTTPRequestHandler):
         except ValueError:
             self.send_error(400, "bad JSON")
             return
+        head = [self.requestline] + ["%s: %s" % kv for kv in self.headers.items()]
         with Handler.lock:
             Handler.counter += 1
             Handler.last_request = body
+            Handler.last_head = json.dumps(head).encode()
             n = Handler.counter
         self.send_response(200)
         self.send_header("Content-Type", "text/event-stream")

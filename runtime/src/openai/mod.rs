@@ -405,6 +405,34 @@ impl OpenAiClient {
         }
     }
 
+    /// Sends `body` as this client sends a model request (the same connection pool and
+    /// transport, the same headers) and reads the response body to its end without parsing
+    /// it; the bytes read. The baseline of `cargo bench --bench model_http`: the bare request
+    /// troupe's turn makes.
+    #[doc(hidden)]
+    pub async fn raw_request(&self, body: &[u8]) -> Result<usize, AgentError> {
+        let mut response = self.send(body).await.map_err(|e| match e {
+            SendError::Invalid(message) => AgentError::invalid(message),
+            SendError::Transport(message) => AgentError::internal(message),
+        })?;
+        let status = response.status();
+        if !status.is_success() {
+            return Err(AgentError::internal(format!(
+                "HTTP {status} from {}",
+                self.shown_url
+            )));
+        }
+        let mut read = 0;
+        while let Some(chunk) = response
+            .chunk()
+            .await
+            .map_err(|e| AgentError::internal(chain(&e)))?
+        {
+            read += chunk.len();
+        }
+        Ok(read)
+    }
+
     /// Sends the request; the response once its head has arrived.
     async fn send(&self, body: &[u8]) -> Result<reqwest::Response, SendError> {
         let Some((local, headers)) = &self.local else {
