@@ -36,6 +36,7 @@
 
 #[cfg(test)]
 mod a2a_tests;
+mod answer;
 #[cfg(test)]
 mod backends;
 mod conn;

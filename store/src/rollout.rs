@@ -34,6 +34,7 @@
 use super::conn::{self, Checkpointer, ReaderPool, Role as ConnRole, internal, to_sql_int};
 use super::metrics::{self, Op, RecordsRead, Writer};
 use super::schema;
+use crate::answer::{Answerer, answer};
 use crossbeam_channel::{Receiver, Sender};
 use rusqlite::{Connection, TransactionBehavior, params};
 use std::path::{Path, PathBuf};
@@ -460,7 +461,7 @@ impl SqliteRolloutSink {
     /// Hands `work` (with every pending record) to the writer thread and waits for its commit.
     fn submit(&mut self, op: Op, work: Work, sync: bool) -> Result<(), SinkError> {
         let started = Instant::now();
-        let (reply, answer) = crossbeam_channel::bounded(1);
+        let (reply, answer) = answer(Err(SinkError::new("write", "rollout writer stopped")));
         let job = Job::Sink(SinkJob {
             session_key: self.session_key.clone(),
             rows: std::mem::take(&mut self.pending),
@@ -469,10 +470,9 @@ impl SqliteRolloutSink {
             reply,
             enqueued: started,
         });
+        // Waits without spinning: the writer's answer often takes a whole fsync.
         let result = match self.writer.send(job) {
-            Ok(()) => answer
-                .recv()
-                .unwrap_or_else(|_| Err(SinkError::new("write", "rollout writer stopped"))),
+            Ok(()) => answer.wait(),
             Err(_) => Err(SinkError::new("write", "rollout writer stopped")),
         };
         let err = result
@@ -558,7 +558,7 @@ struct SinkJob {
     work: Work,
     /// Commit under `synchronous = FULL`.
     sync: bool,
-    reply: Sender<Result<(), SinkError>>,
+    reply: Answerer<Result<(), SinkError>>,
     enqueued: Instant,
 }
 
@@ -592,7 +592,7 @@ fn writer_loop(mut conn: Connection, queue: Receiver<Job>) {
             metrics::batch(Writer::Rollout, batch.len(), oldest_wait);
             let results = commit_batch(&mut conn, &batch);
             for (job, result) in batch.drain(..).zip(results) {
-                let _ = job.reply.send(result);
+                job.reply.send(result);
             }
         }
         for (now_ms, reply) in sweeps.drain(..) {
