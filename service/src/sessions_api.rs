@@ -450,6 +450,7 @@ impl SessionsApi {
         let governance = troupe_actors::governance::RequestGovernance::from(options);
         let host = self.host(scope, session_id).await?;
         let accepted = None;
+        let module = None;
         host_call!(
             host,
             Send {
@@ -457,19 +458,22 @@ impl SessionsApi {
                 text,
                 wait,
                 governance,
-                accepted
+                accepted,
+                module
             }
         )
     }
 
     /// Stores a user message and runs it, as [`Self::send`] with `wait`, but answers as soon
     /// as the message is stored: the stored message, and the task's end to wait for.
+    /// `module`: the module it came from, kept in its metadata (its reply is routed there).
     pub async fn send_tracked(
         &self,
         scope: Scope,
         session_id: SessionId,
         conversation_id: Option<ConversationId>,
         text: String,
+        module: Option<serde_json::Value>,
     ) -> Result<(MessageRecord, TaskEnd), AgentError> {
         let host = self.host(scope, session_id).await?;
         let (accepted, stored) = tokio::sync::oneshot::channel();
@@ -480,6 +484,7 @@ impl SessionsApi {
             wait: true,
             governance: Default::default(),
             accepted: Some(accepted),
+            module,
             reply: reply.into(),
         })
         .map_err(|e| AgentError::internal(format!("session host unavailable: {e}")))?;

@@ -1,7 +1,9 @@
 //! An input gateway's feeder: its messages, one at a time and in order, into sessions,
 //! through the API's own path ([`SessionsApi::send_tracked`]: admission, storage, the
 //! durable queue). Each message is acknowledged to the module once stored (or refused with
-//! why); its reply is routed when its task ends, without holding up the next message.
+//! why). The stored message keeps its origin in its metadata (`module`: the module's id and
+//! its id for the message), so its reply is routed when its task ends, also when that is
+//! after a restart, without holding up the next message.
 //!
 //! Where a message goes: `session` names a session; without one, the current session of the
 //! module's project (created and made current on first use). `conversation` names a
@@ -38,29 +40,14 @@ pub async fn run(
         let span = tracing::info_span!("troupe.module.message", module = %feeder.module.id, session_id = tracing::field::Empty, conversation_id = tracing::field::Empty);
         let id = message.id.clone();
         match feeder.take(message).instrument(span.clone()).await {
-            Ok((session, conversation, message_id, end)) => {
+            // Its reply is routed from the stored message's metadata when its task ends
+            // (the session host hands it to [`Modules::route_reply_later`]).
+            Ok((session, conversation, message_id)) => {
                 span.record("session_id", tracing::field::display(session));
                 span.record("conversation_id", tracing::field::display(conversation));
                 metrics::message(&feeder.module, "accepted");
                 let ack = frame::accepted(id.as_deref(), session, conversation, message_id);
                 modules.tell(&feeder.module.id, ack).await;
-                let origin = ReplyOrigin {
-                    source: feeder.module.id.clone(),
-                    in_reply_to: id,
-                    session,
-                };
-                let modules = modules.clone();
-                tokio::spawn(
-                    async move {
-                        let result = end.wait().await.and_then(|sent| {
-                            sent.reply.ok_or_else(|| {
-                                AgentError::internal("the session answered without a reply")
-                            })
-                        });
-                        modules.route_reply(origin, result).await;
-                    }
-                    .instrument(span),
-                );
             }
             Err(error) => {
                 metrics::message(&feeder.module, "refused");
@@ -86,7 +73,7 @@ impl Feeder {
     async fn take(
         &mut self,
         message: InputMessage,
-    ) -> Result<(SessionId, ConversationId, u64, crate::sessions_api::TaskEnd), AgentError> {
+    ) -> Result<(SessionId, ConversationId, u64), AgentError> {
         let session = match &message.session {
             Some(s) => s.parse::<SessionId>().map_err(|_| {
                 AgentError::invalid(format!("`session` must be a session id, not `{s}`"))
@@ -97,11 +84,18 @@ impl Feeder {
             None => None,
             Some(c) => Some(self.conversation(session, c).await?),
         };
-        let (stored, end) = self
+        let origin = ReplyOrigin::metadata(&self.module.id, message.id.as_deref());
+        let (stored, _end) = self
             .sessions
-            .send_tracked(Scope::All, session, conversation, message.text)
+            .send_tracked(
+                Scope::All,
+                session,
+                conversation,
+                message.text,
+                Some(origin),
+            )
             .await?;
-        Ok((session, stored.conversation_id, stored.message_id, end))
+        Ok((session, stored.conversation_id, stored.message_id))
     }
 
     async fn project_session(&mut self) -> Result<SessionId, AgentError> {
