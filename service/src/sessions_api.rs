@@ -577,12 +577,26 @@ impl SessionsApi {
 
     /// The modules with their health, and the files of the modules directory that did not
     /// load (`modules.list`, `GET /api/modules`).
-    pub async fn list_modules(&self) -> serde_json::Value {
+    /// A token scoped to projects sees the modules of those projects (`project`, default the
+    /// module's id) and no file errors (they name paths of the host).
+    pub async fn list_modules(&self, scope: &Scope) -> serde_json::Value {
         match self.modules.get() {
-            Some(m) => serde_json::json!({
-                "modules": m.list().await,
-                "errors": m.errors().iter().map(ToString::to_string).collect::<Vec<_>>(),
-            }),
+            Some(m) => {
+                let modules: Vec<_> = m
+                    .list()
+                    .await
+                    .into_iter()
+                    .filter(|info| {
+                        m.get(&info.id)
+                            .is_some_and(|def| scope.sees(Some(def.project())))
+                    })
+                    .collect();
+                let errors: Vec<String> = match scope {
+                    Scope::All => m.errors().iter().map(ToString::to_string).collect(),
+                    Scope::Projects(_) => Vec::new(),
+                };
+                serde_json::json!({ "modules": modules, "errors": errors })
+            }
             None => serde_json::json!({"modules": [], "errors": []}),
         }
     }

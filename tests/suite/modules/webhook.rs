@@ -171,3 +171,55 @@ async fn webhooks_receive_the_replies_sync_with_a_timeout_and_async_with_retries
     assert_eq!(frames.len(), 1, "{frames:?}");
     assert_eq!(frames[0]["type"], "ack");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_token_scoped_to_a_project_lists_only_that_projects_modules() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    for id in ["alpha", "beta"] {
+        module(
+            d,
+            id,
+            json!({"id": id, "direction": "output", "protocol": "http", "url": "http://127.0.0.1:9/hook"}),
+        );
+    }
+    module(
+        d,
+        "broken",
+        json!({"id": "broken", "direction": "sideways"}),
+    );
+    let tokens = r#"
+[[server.tokens]]
+token = "all-token"
+projects = ["*"]
+
+[[server.tokens]]
+token = "alpha-token"
+projects = ["alpha"]
+"#;
+    let serving = serve(d, tokens, json!([]));
+    let ids = |listing: &Value| -> Vec<String> {
+        listing["modules"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|m| m["id"].as_str().unwrap().to_owned())
+            .collect()
+    };
+    let all = Api::new(&serving.base, Some("all-token"));
+    let (status, listing) = all.get("/api/modules").await;
+    assert_eq!(status, reqwest::StatusCode::OK, "{listing}");
+    assert_eq!(ids(&listing), ["alpha", "beta"]);
+    assert_eq!(listing["errors"].as_array().unwrap().len(), 1, "{listing}");
+    let alpha = Api::new(&serving.base, Some("alpha-token"));
+    let (status, listing) = alpha.get("/api/modules").await;
+    assert_eq!(status, reqwest::StatusCode::OK, "{listing}");
+    assert_eq!(ids(&listing), ["alpha"]);
+    assert_eq!(
+        listing["errors"],
+        json!([]),
+        "the host's paths are not shown"
+    );
+    let rpc = alpha.call("modules.list", json!({})).await;
+    assert_eq!(ids(&rpc), ["alpha"], "{rpc}");
+}
