@@ -15,12 +15,10 @@
 //! as needing a restart and not applied.
 
 use crate::config::TroupeConfig;
-use notify::Watcher;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use tokio::sync::{mpsc, watch};
 use troupe_actors::conversation::Reloadable;
-use troupe_proto::AgentError;
 use troupe_proto::agent::{AgentCatalog, AgentLoadError};
 use troupe_proto::capability::CapabilityCatalog;
 
@@ -33,6 +31,7 @@ pub struct LiveConfig {
     agents: watch::Receiver<Arc<AgentCatalog>>,
     signals: mpsc::UnboundedSender<Signal>,
     task: tokio::task::JoinHandle<()>,
+    watch_error: Option<String>,
 }
 
 impl Drop for LiveConfig {
@@ -50,25 +49,55 @@ enum Signal {
     Barrier(tokio::sync::oneshot::Sender<()>),
 }
 
+/// A file system watcher (notify's, or a stand-in in tests).
+type BoxWatcher = Box<dyn notify::Watcher + Send>;
+
+/// What a watcher calls with each file system event.
+type Handler = Box<dyn FnMut(notify::Result<notify::Event>) + Send>;
+
 impl LiveConfig {
     /// Starts from what the process read at start: `config`, its agents catalog and its
-    /// capabilities; `resolve` reads the configuration again on [`Self::reread`].
+    /// capabilities; `resolve` reads the configuration again on [`Self::reread`]. When the
+    /// directories cannot be watched (no inotify instance left...), that is logged and the
+    /// rest works: `SIGHUP` ([`Self::reread`]) still reads everything again.
     pub fn start(
         config: TroupeConfig,
         agents: AgentCatalog,
         capabilities: CapabilityCatalog,
         resolve: Resolve,
-    ) -> Result<Self, AgentError> {
+    ) -> Self {
+        Self::start_with(config, agents, capabilities, resolve, |handler| {
+            notify::recommended_watcher(handler).map(|w| Box::new(w) as BoxWatcher)
+        })
+    }
+
+    /// [`Self::start`] with the watcher `watcher` makes.
+    fn start_with(
+        config: TroupeConfig,
+        agents: AgentCatalog,
+        capabilities: CapabilityCatalog,
+        resolve: Resolve,
+        watcher: impl FnOnce(Handler) -> notify::Result<BoxWatcher>,
+    ) -> Self {
         let (signals, rx) = mpsc::unbounded_channel();
         let events = signals.clone();
-        let watcher = notify::recommended_watcher(move |event: notify::Result<notify::Event>| {
+        let watcher = watcher(Box::new(move |event: notify::Result<notify::Event>| {
             if let Ok(event) = event
                 && !event.kind.is_access()
             {
                 let _ = events.send(Signal::Changed(event.paths));
             }
-        })
-        .map_err(|e| AgentError::internal(format!("cannot watch the configuration: {e}")))?;
+        }));
+        let (watcher, watch_error) = match watcher {
+            Ok(w) => (Some(w), None),
+            Err(e) => {
+                let why = format!(
+                    "the agents and capabilities directories are not watched ({e}); SIGHUP reads them again"
+                );
+                tracing::warn!("{why}");
+                (None, Some(why))
+            }
+        };
         let settings = Reloadable {
             tool_policy: Arc::new(config.tools.clone()),
             capability_budget: config.capabilities.budget(),
@@ -88,12 +117,18 @@ impl LiveConfig {
         };
         owner.rewatch();
         let task = tokio::spawn(owner.run(rx));
-        Ok(Self {
+        Self {
             settings,
             agents,
             signals,
             task,
-        })
+            watch_error,
+        }
+    }
+
+    /// Why the directories are not watched, when they are not.
+    pub fn watch_error(&self) -> Option<&str> {
+        self.watch_error.as_deref()
     }
 
     /// The reloadable settings in force, and their changes.
@@ -130,7 +165,8 @@ enum Dir {
 struct Owner {
     config: TroupeConfig,
     resolve: Resolve,
-    watcher: notify::RecommendedWatcher,
+    /// `None`: watching could not be set up.
+    watcher: Option<BoxWatcher>,
     /// What is watched now.
     watched: Vec<(Dir, PathBuf)>,
     settings: watch::Sender<Arc<Reloadable>>,
@@ -188,6 +224,9 @@ impl Owner {
 
     /// Watches the directories of the configuration in force (those that exist).
     fn rewatch(&mut self) {
+        let Some(watcher) = self.watcher.as_mut() else {
+            return;
+        };
         let wanted: Vec<(Dir, PathBuf)> = [
             self.config.agents_dir().map(|(d, _)| (Dir::Agents, d)),
             self.config
@@ -202,7 +241,7 @@ impl Owner {
             return;
         }
         for (_, dir) in std::mem::take(&mut self.watched) {
-            let _ = self.watcher.unwatch(&dir);
+            let _ = watcher.unwatch(&dir);
         }
         for (kind, dir) in wanted {
             // Capability folders hold their files: the whole tree is watched.
@@ -210,7 +249,7 @@ impl Owner {
                 Dir::Agents => notify::RecursiveMode::NonRecursive,
                 Dir::Capabilities => notify::RecursiveMode::Recursive,
             };
-            match self.watcher.watch(&dir, mode) {
+            match watcher.watch(&dir, mode) {
                 Ok(()) => self.watched.push((kind, dir)),
                 Err(error) => tracing::warn!(dir = %dir.display(), %error, "cannot watch"),
             }
@@ -518,6 +557,29 @@ mod tests {
         assert!(merged.capabilities.contains_key("jq"));
         assert!(merged.errors[0].message.ends_with("stays in force)"));
         assert_eq!(merged.errors[1].message, "bad");
+    }
+
+    #[tokio::test]
+    async fn without_a_watcher_it_starts_and_sighup_still_reloads() {
+        let config = TroupeConfig::default();
+        let mut next = config.clone();
+        next.tools.blacklist = vec!["shell".into()];
+        let live = LiveConfig::start_with(
+            config,
+            AgentCatalog::default(),
+            CapabilityCatalog::default(),
+            Box::new(move || Ok(next.clone())),
+            |_| Err(notify::Error::generic("no inotify instance left")),
+        );
+        assert!(
+            live.watch_error()
+                .is_some_and(|w| w.contains("no inotify instance left")),
+            "{:?}",
+            live.watch_error()
+        );
+        live.reread();
+        live.settled().await;
+        assert_eq!(live.settings().borrow().tool_policy.blacklist, ["shell"]);
     }
 
     #[test]
