@@ -195,7 +195,10 @@ pub(super) async fn route_input(
                 let input = route.input.unwrap_or_else(|| ctx.input.clone());
                 let payload = serde_json::Value::String(input);
                 return match super::modules::dispatch(ctx, &module, payload).await {
-                    Ok(value) => answer(loop_state, crate::modules::observation(&value)),
+                    Ok(value) => answer(
+                        loop_state,
+                        crate::modules::observation(&value, ctx.limits.exec_output_cap),
+                    ),
                     Err(error) => Some(Err(error)),
                 };
             }

@@ -34,7 +34,7 @@ pub async fn run(
     modules: Modules,
     sessions: SessionsApi,
     module: Arc<ModuleDefinition>,
-    mut messages: mpsc::UnboundedReceiver<InputMessage>,
+    mut messages: mpsc::Receiver<InputMessage>,
 ) {
     let mut feeder = Feeder::new(sessions, module, MAX_KEYS);
     while let Some(message) = messages.recv().await {

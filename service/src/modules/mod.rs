@@ -161,7 +161,7 @@ impl Modules {
                 continue;
             }
             let feeder = def.direction.feeds().then(|| {
-                let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
+                let (tx, rx) = tokio::sync::mpsc::channel(gateway::FEED_QUEUE);
                 tokio::spawn(feed::run(self.clone(), sessions.clone(), def.clone(), rx));
                 tx
             });
