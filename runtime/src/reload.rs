@@ -788,9 +788,15 @@ mod tests {
         next.server.listen = "127.0.0.1:1".into();
         next.agents.max_depth = 9;
         next.data_dir = "other".into();
+        next.modules.dir = Some("gateways".into());
         assert_eq!(
             restart_needed(&current, &next),
-            ["agents.max_depth", "data_dir", "server.listen"]
+            [
+                "agents.max_depth",
+                "data_dir",
+                "modules.dir",
+                "server.listen"
+            ]
         );
     }
 }

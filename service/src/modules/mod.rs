@@ -114,6 +114,9 @@ impl Modules {
         for def in catalog.modules.values() {
             metrics::start_at_zero(def);
         }
+        if catalog.modules.is_empty() {
+            metrics::start_at_zero_without_modules();
+        }
         let http = reqwest::Client::builder()
             .connect_timeout(Duration::from_secs(10))
             .build()

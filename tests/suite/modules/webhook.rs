@@ -24,8 +24,9 @@ impl Received {
     }
 }
 
-/// A webhook receiver on 127.0.0.1: `/ok` answers 200, `/slow` after 2 s, `/flaky` 500 to
-/// its first post and 200 after, `/answer` 200 with `{"answer": 42}`. Its base URL.
+/// A webhook receiver on 127.0.0.1: `/ok` answers 200, `/slow` after 2 s (noting
+/// `slow:answered` then), `/flaky` 500 to its first post and 200 after, `/answer` 200 with
+/// `{"answer": 42}`. Its base URL.
 pub async fn webhook() -> (String, Received) {
     let received = Received::default();
     async fn hook(
@@ -41,6 +42,11 @@ pub async fn webhook() -> (String, Received) {
         match route.as_str() {
             "slow" => {
                 tokio::time::sleep(Duration::from_secs(2)).await;
+                received
+                    .0
+                    .lock()
+                    .unwrap()
+                    .push(("slow:answered".into(), Value::Null));
                 (StatusCode::OK, Json(json!({})))
             }
             "flaky" if seen == 1 => (
@@ -122,6 +128,18 @@ async fn webhooks_receive_the_replies_sync_with_a_timeout_and_async_with_retries
             json!({"sources": ["*"], "retries": 3, "restart": {"backoff_min": "50ms", "backoff_max": "100ms"}}),
         ),
     );
+    // Waits for its slow answer (2 s, within its timeout), and sorts before `ok`: were the
+    // recipients served one after the other, `ok` would be posted after that answer.
+    module(
+        d,
+        "late",
+        http_module(
+            "late",
+            "sync",
+            format!("{hooks}/slow"),
+            json!({"sources": ["*"], "timeout": "10s"}),
+        ),
+    );
     // Lists no source: it receives no reply.
     module(
         d,
@@ -138,6 +156,19 @@ async fn webhooks_receive_the_replies_sync_with_a_timeout_and_async_with_retries
     .await;
     let ok = posted.on("ok");
     assert_eq!(ok.len(), 1, "{ok:?}");
+    // All at once: `ok` did not wait for the slow answer of `late`, sorted before it.
+    let order: Vec<String> = posted
+        .0
+        .lock()
+        .unwrap()
+        .iter()
+        .map(|(r, _)| r.clone())
+        .collect();
+    let at = |route: &str| order.iter().position(|r| r == route);
+    assert!(
+        at("slow:answered").is_none_or(|answered| at("ok").unwrap() < answered),
+        "{order:?}"
+    );
     assert_eq!(ok[0]["type"], "reply");
     assert_eq!(ok[0]["text"], "noted");
     assert_eq!(ok[0]["source"], "watcher");
