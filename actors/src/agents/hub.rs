@@ -269,6 +269,12 @@ pub struct DispatchRequest {
     pub span: tracing::Span,
     /// The dispatcher's tool governance (its policy and the tokens it was given).
     pub governance: Arc<crate::governance::TaskGovernance>,
+    /// The dispatcher's `[tools]` (global and role layers): an external agent's own layers
+    /// are read from it ([`crate::governance::external_agent`]).
+    pub tool_config: Arc<troupe_proto::governance::ToolPolicyConfig>,
+    /// The process's token book, where an external agent's call to an
+    /// `authorizationRequired` tool uses a token (`None`: no token can be used).
+    pub token_book: Option<crate::token_book::TokenBookRef>,
 }
 
 /// The hub's mailbox.
@@ -772,6 +778,8 @@ impl AgentHubState {
             parent: request.parent,
             input: request.input,
             governance: request.governance,
+            tool_config: request.tool_config,
+            token_book: request.token_book,
             cancel,
             events: self.events.clone(),
             env: self.env.clone(),
@@ -1144,6 +1152,8 @@ struct Worker {
     input: String,
     /// The dispatcher's tool governance: an in-process agent's task narrows it.
     governance: Arc<crate::governance::TaskGovernance>,
+    tool_config: Arc<troupe_proto::governance::ToolPolicyConfig>,
+    token_book: Option<crate::token_book::TokenBookRef>,
     cancel: CancellationToken,
     events: EventSink,
     env: ProviderEnv,
@@ -1192,6 +1202,17 @@ impl Worker {
         let provider = self.cell.ready().await?;
         let (provider_session_id, fresh) = self.bind(provider, plan, opening).await?;
         let replaced = SessionReplaced::default();
+        // An in-process agent's task computes its own policy (its layers, then the
+        // dispatcher's); an external agent's tool calls answer to its layers and the
+        // dispatcher's, computed here.
+        let governance = match self.def.provider.kind() {
+            ProviderKind::Model => self.governance.clone(),
+            _ => Arc::new(crate::governance::external_agent(
+                &self.tool_config,
+                &self.def,
+                &self.governance,
+            )),
+        };
         let ctx = AgentRunContext {
             session_id: self.session_id,
             agent_id: &self.def.id,
@@ -1205,7 +1226,8 @@ impl Worker {
             approval_timeout: self.env.approval_timeout,
             span: &self.span,
             replaced: &replaced,
-            governance: &self.governance,
+            governance: &governance,
+            token_book: self.token_book.as_ref(),
         };
         let result = provider
             .handle(

@@ -75,6 +75,8 @@ pub(super) async fn dispatch(
         cancel: ctx.cancel.clone(),
         span: tracing::Span::current(),
         governance: gov.clone(),
+        tool_config: ctx.tool_policy.clone(),
+        token_book: ctx.token_book.clone(),
     };
     agents
         .hub
