@@ -22,14 +22,15 @@
 //!   open instead ([`AgentRunContext::session_replaced`]).
 //! - `shutdown` stops every process (SIGTERM, then SIGKILL).
 
+use crate::client::governed::ungoverned;
 use crate::client::{
-    AcpAgent, AcpAgentSpec, AgentCommand, ApprovalStorePermissions, RestartPolicy, StopReason,
-    Turn, command_of,
+    AcpAgent, AcpAgentSpec, AgentCommand, ApprovalStorePermissions, Governed, RestartPolicy,
+    StopReason, Turn, command_of,
 };
 use crate::error::AcpError;
 use crate::event::{AcpEvent, PermissionDecision};
 use async_trait::async_trait;
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -39,10 +40,11 @@ use troupe_actors::agents::{
     AgentInput, AgentOutput, AgentProvider, AgentProviderFactory, AgentRunContext, ProviderEnv,
     ResumeError, SessionContext,
 };
+use troupe_actors::governance::TaskGovernance;
 use troupe_proto::agent::{
     AgentDefinition, AgentHealth, AgentUpdateKind, BindingScope, ProviderKind, ProviderSpec,
 };
-use troupe_proto::{AgentError, EventKind, Json};
+use troupe_proto::{AgentError, EventKind, Json, WarningCode};
 
 /// Builds the providers of `acp` agents.
 #[derive(Debug, Clone)]
@@ -444,6 +446,7 @@ async fn turn(
     input: AgentInput,
     ctx: &AgentRunContext<'_>,
 ) -> Result<(crate::TurnOutcome, Option<AgentError>), AgentError> {
+    let refused = Arc::new(std::sync::OnceLock::new());
     let permissions = Arc::new(ApprovalStorePermissions {
         approvals: ctx.approvals.clone(),
         conversation_id: ctx.parent.conversation_id,
@@ -451,6 +454,14 @@ async fn turn(
         agent_id: ctx.agent_id.to_owned(),
         timeout: Some(ctx.approval_timeout),
         cancel: ctx.cancel.clone(),
+        governed: Some(Governed {
+            governance: ctx.governance.clone(),
+            token_book: ctx.token_book.cloned(),
+            events: ctx.events.clone(),
+            chain: ctx.chain.clone(),
+            span: ctx.span.clone(),
+            refused: refused.clone(),
+        }),
     });
     let (tx, mut rx) = mpsc::channel(256);
     let _cancel = cancel_on(agent, ctx.cancel);
@@ -466,7 +477,10 @@ async fn turn(
     tokio::pin!(prompt);
     let mut forward = Forward {
         session_id: session_id.to_owned(),
+        governance: ctx.governance.clone(),
         asked: BTreeMap::new(),
+        kinds: BTreeMap::new(),
+        warned: BTreeSet::new(),
         denied: None,
     };
     let result = loop {
@@ -507,14 +521,22 @@ async fn turn(
             ctx.session_replaced(&reopened.session_id, &reason);
         }
     }
-    Ok((outcome, forward.denied))
+    // A refusal by policy says more than the agent's word that it was refused.
+    let denied = refused.get().cloned().or(forward.denied);
+    Ok((outcome, denied))
 }
 
 /// Turns a turn's [`AcpEvent`]s into `agent_update` events.
 struct Forward {
     session_id: String,
+    /// The policy the agent's tool calls answer to.
+    governance: Arc<TaskGovernance>,
     /// Permission requests by tool call, for the refusal's command.
     asked: BTreeMap<String, Vec<String>>,
+    /// The kind of each tool call (its updates do not repeat it).
+    kinds: BTreeMap<String, String>,
+    /// Tool calls already reported as ungoverned.
+    warned: BTreeSet<String>,
     denied: Option<AgentError>,
 }
 
@@ -536,7 +558,54 @@ impl Forward {
         });
     }
 
+    /// A tool call of a denied tool that runs without having asked: a warning, once per
+    /// call (troupe could not stop it; see [`ungoverned`]).
+    fn watch(&mut self, ctx: &AgentRunContext<'_>, id: &str, title: &str, status: Option<&str>) {
+        let kind = self.kinds.get(id).map(String::as_str);
+        let asked = self.asked.contains_key(id);
+        if self.warned.contains(id) {
+            return;
+        }
+        let Some(denial) = ungoverned(&self.governance.policy, kind, status, asked) else {
+            return;
+        };
+        self.warned.insert(id.to_owned());
+        let message = format!(
+            "ACP agent `{}` ran a tool call without asking permission, and troupe could not stop it: {} (tool call `{id}`, kind `{}`: {title}); set the agent's own approval policy so that it asks",
+            ctx.agent_id,
+            denial.message,
+            kind.unwrap_or("other"),
+        );
+        tracing::warn!(agent_id = %ctx.agent_id, tool_call_id = %id, %message, "ungoverned ACP tool call");
+        ctx.emit(EventKind::Warning {
+            code: WarningCode::UngovernedToolCall,
+            message,
+        });
+    }
+
     fn event(&mut self, ctx: &AgentRunContext<'_>, event: AcpEvent) {
+        match &event {
+            AcpEvent::ToolCall {
+                tool_call_id,
+                title,
+                kind,
+                status,
+                ..
+            } => {
+                self.kinds.insert(tool_call_id.clone(), kind.clone());
+                self.watch(ctx, tool_call_id, title, Some(status));
+            }
+            AcpEvent::ToolCallUpdate {
+                tool_call_id,
+                status,
+                title,
+                ..
+            } => {
+                let title = title.clone().unwrap_or_default();
+                self.watch(ctx, tool_call_id, &title, status.as_deref());
+            }
+            _ => {}
+        }
         let data = serde_json::to_value(&event).ok();
         let (update, text) = match &event {
             AcpEvent::MessageChunk { text } => (AgentUpdateKind::MessageChunk, text.clone()),

@@ -101,13 +101,24 @@ pub fn parse_dispatch_module(args: &Value) -> Result<(String, Value), String> {
     Ok((module.to_owned(), payload))
 }
 
-/// A module's answer as the model reads it: a string as is, anything else as JSON.
-pub fn observation(answer: &Value) -> String {
-    match answer {
+/// A module's answer as the model reads it: a string as is, anything else as JSON; at most
+/// `cap` bytes of it (the task's `exec_output_cap`), a longer one cut with a marker saying so.
+pub fn observation(answer: &Value, cap: usize) -> String {
+    let mut text = match answer {
         Value::String(s) => s.clone(),
         Value::Null => String::new(),
         other => other.to_string(),
+    };
+    if text.len() > cap {
+        let total = text.len();
+        let mut end = cap;
+        while !text.is_char_boundary(end) {
+            end -= 1;
+        }
+        text.truncate(end);
+        text.push_str(&format!("\n[output truncated: {end} of {total} bytes]"));
     }
+    text
 }
 
 impl ModuleDispatchError {
@@ -163,8 +174,24 @@ mod tests {
         );
         assert!(parse_dispatch_module(&json!({"payload": 1})).is_err());
         assert!(parse_dispatch_module(&json!({"module": "x"})).is_err());
-        assert_eq!(observation(&json!("done")), "done");
-        assert_eq!(observation(&json!({"ok": true})), r#"{"ok":true}"#);
+        assert_eq!(observation(&json!("done"), 64), "done");
+        assert_eq!(observation(&json!({"ok": true}), 64), r#"{"ok":true}"#);
         assert_eq!(policy_name("notify"), "module__notify");
+    }
+
+    #[test]
+    fn a_long_answer_reaches_the_model_cut_at_the_cap_with_a_marker() {
+        let long = "é".repeat(100);
+        let seen = observation(&json!(long), 51);
+        assert_eq!(
+            seen,
+            format!("{}\n[output truncated: 50 of 200 bytes]", "é".repeat(25))
+        );
+        let seen = observation(&json!({"rows": vec![1; 1000]}), 20);
+        assert!(seen.starts_with(r#"{"rows":[1,1,1"#), "{seen}");
+        assert!(
+            seen.ends_with("[output truncated: 20 of 2010 bytes]"),
+            "{seen}"
+        );
     }
 }

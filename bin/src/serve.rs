@@ -152,7 +152,10 @@ pub async fn run(args: ServeArgs) -> anyhow::Result<ExitCode> {
         Box::new(move || resolve(&args).map_err(|e| format!("{e:#}")))
     };
     let live =
-        troupe_runtime::reload::LiveConfig::start(config.clone(), read, capabilities, reread)?;
+        troupe_runtime::reload::LiveConfig::start(config.clone(), read, capabilities, reread);
+    if let Some(why) = live.watch_error() {
+        eprintln!("troupe: {why}");
+    }
     if let Some(agents) = ports.agents.as_mut() {
         agents.live = Some(live.agents());
     }

@@ -153,6 +153,9 @@ bounded_names! {
         /// A reply could not be delivered to a module: a sync one did not acknowledge in
         /// time, or it failed (an async one after its retries) (A10).
         ModuleDeliveryFailed = "module_delivery_failed",
+        /// An external agent ran a tool call its tool policy denies without asking troupe
+        /// first (A5): troupe could not stop it, and says so.
+        UngovernedToolCall = "ungoverned_tool_call",
     }
 }
 

@@ -4,7 +4,8 @@
 //! `[capabilities]`.
 //!
 //! One task owns the configuration in force and the watcher. A change is read once the
-//! directories have been quiet for [`QUIET`](crate::live::QUIET); what it gives is published
+//! directories have been quiet for [`QUIET`](crate::live::QUIET) (at most [`MAX_DEBOUNCE`]
+//! after it, however busy they stay), off the async workers; what it gives is published
 //! on two watch channels: the agents catalog (for each session's agent hub) and the
 //! [`Reloadable`] settings (each task takes them when it starts; a running task keeps
 //! what it started with). A folder or file that no longer loads keeps its last good
@@ -15,12 +16,10 @@
 //! as needing a restart and not applied.
 
 use crate::config::TroupeConfig;
-use notify::Watcher;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use tokio::sync::{mpsc, watch};
 use troupe_actors::conversation::Reloadable;
-use troupe_proto::AgentError;
 use troupe_proto::agent::{AgentCatalog, AgentLoadError};
 use troupe_proto::capability::CapabilityCatalog;
 
@@ -33,6 +32,7 @@ pub struct LiveConfig {
     agents: watch::Receiver<Arc<AgentCatalog>>,
     signals: mpsc::UnboundedSender<Signal>,
     task: tokio::task::JoinHandle<()>,
+    watch_error: Option<String>,
 }
 
 impl Drop for LiveConfig {
@@ -50,25 +50,55 @@ enum Signal {
     Barrier(tokio::sync::oneshot::Sender<()>),
 }
 
+/// A file system watcher (notify's, or a stand-in in tests).
+type BoxWatcher = Box<dyn notify::Watcher + Send>;
+
+/// What a watcher calls with each file system event.
+type Handler = Box<dyn FnMut(notify::Result<notify::Event>) + Send>;
+
 impl LiveConfig {
     /// Starts from what the process read at start: `config`, its agents catalog and its
-    /// capabilities; `resolve` reads the configuration again on [`Self::reread`].
+    /// capabilities; `resolve` reads the configuration again on [`Self::reread`]. When the
+    /// directories cannot be watched (no inotify instance left...), that is logged and the
+    /// rest works: `SIGHUP` ([`Self::reread`]) still reads everything again.
     pub fn start(
         config: TroupeConfig,
         agents: AgentCatalog,
         capabilities: CapabilityCatalog,
         resolve: Resolve,
-    ) -> Result<Self, AgentError> {
+    ) -> Self {
+        Self::start_with(config, agents, capabilities, resolve, |handler| {
+            notify::recommended_watcher(handler).map(|w| Box::new(w) as BoxWatcher)
+        })
+    }
+
+    /// [`Self::start`] with the watcher `watcher` makes.
+    fn start_with(
+        config: TroupeConfig,
+        agents: AgentCatalog,
+        capabilities: CapabilityCatalog,
+        resolve: Resolve,
+        watcher: impl FnOnce(Handler) -> notify::Result<BoxWatcher>,
+    ) -> Self {
         let (signals, rx) = mpsc::unbounded_channel();
         let events = signals.clone();
-        let watcher = notify::recommended_watcher(move |event: notify::Result<notify::Event>| {
+        let watcher = watcher(Box::new(move |event: notify::Result<notify::Event>| {
             if let Ok(event) = event
                 && !event.kind.is_access()
             {
                 let _ = events.send(Signal::Changed(event.paths));
             }
-        })
-        .map_err(|e| AgentError::internal(format!("cannot watch the configuration: {e}")))?;
+        }));
+        let (watcher, watch_error) = match watcher {
+            Ok(w) => (Some(w), None),
+            Err(e) => {
+                let why = format!(
+                    "the agents and capabilities directories are not watched ({e}); SIGHUP reads them again"
+                );
+                tracing::warn!("{why}");
+                (None, Some(why))
+            }
+        };
         let settings = Reloadable {
             tool_policy: Arc::new(config.tools.clone()),
             capability_budget: config.capabilities.budget(),
@@ -82,18 +112,25 @@ impl LiveConfig {
             config,
             resolve,
             watcher,
-            watched: Vec::new(),
+            dirs: Vec::new(),
+            watching: Vec::new(),
             settings: publish_settings,
             agents: publish_agents,
         };
         owner.rewatch();
         let task = tokio::spawn(owner.run(rx));
-        Ok(Self {
+        Self {
             settings,
             agents,
             signals,
             task,
-        })
+            watch_error,
+        }
+    }
+
+    /// Why the directories are not watched, when they are not.
+    pub fn watch_error(&self) -> Option<&str> {
+        self.watch_error.as_deref()
     }
 
     /// The reloadable settings in force, and their changes.
@@ -130,9 +167,13 @@ enum Dir {
 struct Owner {
     config: TroupeConfig,
     resolve: Resolve,
-    watcher: notify::RecommendedWatcher,
-    /// What is watched now.
-    watched: Vec<(Dir, PathBuf)>,
+    /// `None`: watching could not be set up.
+    watcher: Option<BoxWatcher>,
+    /// The directories of the configuration in force, existing or not.
+    dirs: Vec<(Dir, PathBuf)>,
+    /// The paths watched now: each directory that exists, and the parent of each (where
+    /// the directory is seen created, removed or replaced).
+    watching: Vec<PathBuf>,
     settings: watch::Sender<Arc<Reloadable>>,
     agents: watch::Sender<Arc<AgentCatalog>>,
 }
@@ -140,24 +181,22 @@ struct Owner {
 impl Owner {
     async fn run(mut self, mut rx: mpsc::UnboundedReceiver<Signal>) {
         while let Some(first) = rx.recv().await {
-            let mut work = Work::default();
-            let mut barriers = Vec::new();
-            self.note(first, &mut work, &mut barriers);
-            // Wait for the directories to be quiet (an editor's save is several events).
+            let (work, barriers) =
+                gather(&self.dirs, first, &mut rx, crate::live::QUIET, MAX_DEBOUNCE).await;
             if !work.is_empty() {
-                while let Ok(Some(next)) = tokio::time::timeout(crate::live::QUIET, rx.recv()).await
+                // Directory reads and parsing are blocking work: off the async workers.
+                self = match tokio::task::spawn_blocking(move || {
+                    self.apply(work);
+                    self
+                })
+                .await
                 {
-                    self.note(next, &mut work, &mut barriers);
-                }
-            }
-            if work.reread {
-                self.reread();
-            }
-            if work.agents {
-                self.read_agents();
-            }
-            if work.capabilities {
-                self.read_capabilities(Vec::new());
+                    Ok(owner) => owner,
+                    Err(error) => {
+                        tracing::error!(%error, "configuration reload failed; no more reloads");
+                        return;
+                    }
+                };
             }
             for done in barriers {
                 let _ = done.send(());
@@ -165,30 +204,28 @@ impl Owner {
         }
     }
 
-    fn note(
-        &self,
-        signal: Signal,
-        work: &mut Work,
-        barriers: &mut Vec<tokio::sync::oneshot::Sender<()>>,
-    ) {
-        match signal {
-            Signal::Changed(paths) => {
-                for path in paths {
-                    match which_dir(&self.watched, &path) {
-                        Some(Dir::Agents) => work.agents = true,
-                        Some(Dir::Capabilities) => work.capabilities = true,
-                        None => {}
-                    }
-                }
-            }
-            Signal::Reread => work.reread = true,
-            Signal::Barrier(done) => barriers.push(done),
+    fn apply(&mut self, work: Work) {
+        if work.reread {
+            // Watches again, and reads both directories.
+            self.reread();
+            return;
+        }
+        if work.rewatch {
+            self.rewatch();
+        }
+        if work.agents {
+            self.read_agents();
+        }
+        if work.capabilities {
+            self.read_capabilities(Vec::new());
         }
     }
 
-    /// Watches the directories of the configuration in force (those that exist).
+    /// Watches the directories of the configuration in force, afresh: each that exists, and
+    /// the parent of each, so that a directory created after start, or removed and put back
+    /// (`rm -r` then `mv`), is watched again when it appears.
     fn rewatch(&mut self) {
-        let wanted: Vec<(Dir, PathBuf)> = [
+        self.dirs = [
             self.config.agents_dir().map(|(d, _)| (Dir::Agents, d)),
             self.config
                 .capabilities_dir()
@@ -196,23 +233,34 @@ impl Owner {
         ]
         .into_iter()
         .flatten()
-        .filter(|(_, d)| d.is_dir())
         .collect();
-        if wanted == self.watched {
+        let Some(watcher) = self.watcher.as_mut() else {
             return;
+        };
+        for path in std::mem::take(&mut self.watching) {
+            let _ = watcher.unwatch(&path);
         }
-        for (_, dir) in std::mem::take(&mut self.watched) {
-            let _ = self.watcher.unwatch(&dir);
+        let mut wanted: Vec<(PathBuf, notify::RecursiveMode)> = Vec::new();
+        for (kind, dir) in &self.dirs {
+            if let Some(parent) = dir.parent().filter(|p| p.is_dir()) {
+                wanted.push((parent.to_owned(), notify::RecursiveMode::NonRecursive));
+            }
+            if dir.is_dir() {
+                // Capability folders hold their files: the whole tree is watched.
+                let mode = match kind {
+                    Dir::Agents => notify::RecursiveMode::NonRecursive,
+                    Dir::Capabilities => notify::RecursiveMode::Recursive,
+                };
+                wanted.push((dir.clone(), mode));
+            }
         }
-        for (kind, dir) in wanted {
-            // Capability folders hold their files: the whole tree is watched.
-            let mode = match kind {
-                Dir::Agents => notify::RecursiveMode::NonRecursive,
-                Dir::Capabilities => notify::RecursiveMode::Recursive,
-            };
-            match self.watcher.watch(&dir, mode) {
-                Ok(()) => self.watched.push((kind, dir)),
-                Err(error) => tracing::warn!(dir = %dir.display(), %error, "cannot watch"),
+        for (path, mode) in wanted {
+            if self.watching.contains(&path) {
+                continue;
+            }
+            match watcher.watch(&path, mode) {
+                Ok(()) => self.watching.push(path),
+                Err(error) => tracing::warn!(dir = %path.display(), %error, "cannot watch"),
             }
         }
     }
@@ -328,24 +376,87 @@ fn same_file(config: &TroupeConfig) -> PathBuf {
         .unwrap_or_else(|| "troupe.toml".into())
 }
 
-#[derive(Default)]
+/// The longest a change waits to be read while its directory keeps changing: past it, what
+/// changed so far is read (a SIGHUP among the changes is not held up longer either).
+pub const MAX_DEBOUNCE: std::time::Duration = std::time::Duration::from_secs(2);
+
+/// What is to be done after a round of signals.
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
 struct Work {
     agents: bool,
     capabilities: bool,
     reread: bool,
+    /// A directory itself appeared, went or was replaced: watch afresh.
+    rewatch: bool,
 }
 
 impl Work {
     fn is_empty(&self) -> bool {
-        !(self.agents || self.capabilities || self.reread)
+        !(self.agents || self.capabilities || self.reread || self.rewatch)
     }
 }
 
-fn which_dir(watched: &[(Dir, PathBuf)], path: &Path) -> Option<Dir> {
-    watched
-        .iter()
+/// A round of signals starting with `first`: once there is work, the ones that follow
+/// until the directories have been quiet for `quiet`, or `max` has passed since `first`.
+async fn gather(
+    dirs: &[(Dir, PathBuf)],
+    first: Signal,
+    rx: &mut mpsc::UnboundedReceiver<Signal>,
+    quiet: std::time::Duration,
+    max: std::time::Duration,
+) -> (Work, Vec<tokio::sync::oneshot::Sender<()>>) {
+    let mut work = Work::default();
+    let mut barriers = Vec::new();
+    note(dirs, first, &mut work, &mut barriers);
+    if work.is_empty() {
+        return (work, barriers);
+    }
+    let deadline = tokio::time::Instant::now() + max;
+    loop {
+        let now = tokio::time::Instant::now();
+        if now >= deadline {
+            break;
+        }
+        match tokio::time::timeout_at((now + quiet).min(deadline), rx.recv()).await {
+            Ok(Some(next)) => note(dirs, next, &mut work, &mut barriers),
+            Ok(None) | Err(_) => break,
+        }
+    }
+    (work, barriers)
+}
+
+fn note(
+    dirs: &[(Dir, PathBuf)],
+    signal: Signal,
+    work: &mut Work,
+    barriers: &mut Vec<tokio::sync::oneshot::Sender<()>>,
+) {
+    match signal {
+        Signal::Changed(paths) => {
+            for path in paths {
+                match which_dir(dirs, &path) {
+                    Some((Dir::Agents, whole)) => {
+                        work.agents = true;
+                        work.rewatch |= whole;
+                    }
+                    Some((Dir::Capabilities, whole)) => {
+                        work.capabilities = true;
+                        work.rewatch |= whole;
+                    }
+                    None => {}
+                }
+            }
+        }
+        Signal::Reread => work.reread = true,
+        Signal::Barrier(done) => barriers.push(done),
+    }
+}
+
+/// The directory `path` is in, and whether it is that directory itself.
+fn which_dir(dirs: &[(Dir, PathBuf)], path: &Path) -> Option<(Dir, bool)> {
+    dirs.iter()
         .find(|(_, dir)| path.starts_with(dir))
-        .map(|(kind, _)| *kind)
+        .map(|(kind, dir)| (*kind, path == dir))
 }
 
 /// `next`, where every capability whose folder no longer loads keeps the version `current`
@@ -474,6 +585,7 @@ pub mod metrics {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::time::Duration;
     use troupe_proto::capability::{Capability, CapabilityModule};
 
     fn capability(id: &str, description: &str) -> Capability {
@@ -520,6 +632,151 @@ mod tests {
         assert_eq!(merged.errors[1].message, "bad");
     }
 
+    #[tokio::test]
+    async fn without_a_watcher_it_starts_and_sighup_still_reloads() {
+        let config = TroupeConfig::default();
+        let mut next = config.clone();
+        next.tools.blacklist = vec!["shell".into()];
+        let live = LiveConfig::start_with(
+            config,
+            AgentCatalog::default(),
+            CapabilityCatalog::default(),
+            Box::new(move || Ok(next.clone())),
+            |_| Err(notify::Error::generic("no inotify instance left")),
+        );
+        assert!(
+            live.watch_error()
+                .is_some_and(|w| w.contains("no inotify instance left")),
+            "{:?}",
+            live.watch_error()
+        );
+        live.reread();
+        live.settled().await;
+        assert_eq!(live.settings().borrow().tool_policy.blacklist, ["shell"]);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_directory_that_keeps_changing_is_read_within_the_maximum_delay() {
+        use crate::live::QUIET;
+        let dirs = vec![(Dir::Capabilities, PathBuf::from("/caps"))];
+        let (tx, mut rx) = mpsc::unbounded_channel();
+        // A change every half quiet period, for ever.
+        let busy = tokio::spawn(async move {
+            loop {
+                tokio::time::sleep(QUIET / 2).await;
+                let change = Signal::Changed(vec!["/caps/x/module.json".into()]);
+                if tx.send(change).is_err() {
+                    return;
+                }
+            }
+        });
+        let t0 = tokio::time::Instant::now();
+        let first = Signal::Changed(vec!["/caps/x/README.md".into()]);
+        let (work, _) = tokio::time::timeout(
+            Duration::from_secs(60),
+            gather(&dirs, first, &mut rx, QUIET, MAX_DEBOUNCE),
+        )
+        .await
+        .expect("read within its maximum delay");
+        assert!(t0.elapsed() <= MAX_DEBOUNCE + QUIET, "{:?}", t0.elapsed());
+        assert!(
+            work.capabilities && !work.rewatch && !work.agents,
+            "{work:?}"
+        );
+        busy.abort();
+        // The directory itself (created, removed, replaced): watched afresh.
+        let (work, _) = gather(
+            &dirs,
+            Signal::Changed(vec!["/caps".into()]),
+            &mut rx,
+            QUIET,
+            MAX_DEBOUNCE,
+        )
+        .await;
+        assert!(work.capabilities && work.rewatch, "{work:?}");
+    }
+
+    fn capability_folder(dir: &Path, id: &str) {
+        let folder = dir.join(id);
+        std::fs::create_dir_all(&folder).unwrap();
+        let module = serde_json::json!({
+            "id": id,
+            "description": format!("The {id} one."),
+            "commands": [{"name": "hi", "argv": ["echo", "hi"], "description": "Says hi."}],
+            "probe": ["true"],
+        });
+        std::fs::write(folder.join("module.json"), module.to_string()).unwrap();
+        std::fs::write(folder.join("README.md"), "# usage\n").unwrap();
+        std::fs::write(folder.join("cli.md"), "# detail\n").unwrap();
+    }
+
+    /// Waits (10 s at most) until the capabilities in force satisfy `check`.
+    async fn until(live: &LiveConfig, what: &str, check: impl Fn(&CapabilityCatalog) -> bool) {
+        let mut settings = live.settings();
+        let seen = async {
+            loop {
+                if check(&settings.borrow_and_update().capabilities) {
+                    return;
+                }
+                settings.changed().await.unwrap();
+            }
+        };
+        if tokio::time::timeout(Duration::from_secs(10), seen)
+            .await
+            .is_err()
+        {
+            panic!(
+                "{what}: not read: {:?}",
+                live.settings().borrow().capabilities
+            );
+        }
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_capabilities_directory_created_after_start_or_replaced_is_watched() {
+        let root = tempfile::tempdir().unwrap();
+        let config = TroupeConfig {
+            source: Some(root.path().join("troupe.toml")),
+            ..TroupeConfig::default()
+        };
+        let start = crate::capabilities::catalog(&config);
+        assert!(start.capabilities.is_empty() && start.errors.is_empty());
+        let again = config.clone();
+        let live = LiveConfig::start(
+            config,
+            AgentCatalog::default(),
+            start,
+            Box::new(move || Ok(again.clone())),
+        );
+        assert_eq!(live.watch_error(), None);
+        let caps = root.path().join("capabilities");
+        capability_folder(&caps, "first");
+        until(&live, "a directory created after start", |c| {
+            c.capabilities.contains_key("first")
+        })
+        .await;
+        capability_folder(&caps, "second");
+        until(&live, "a folder added to it", |c| {
+            c.capabilities.contains_key("second")
+        })
+        .await;
+        // Replaced: a new directory prepared beside it, the old one removed, the new one
+        // moved in its place.
+        let next = root.path().join("capabilities.next");
+        capability_folder(&next, "third");
+        std::fs::remove_dir_all(&caps).unwrap();
+        std::fs::rename(&next, &caps).unwrap();
+        until(&live, "the replaced directory", |c| {
+            c.capabilities.keys().eq(["third"])
+        })
+        .await;
+        capability_folder(&caps, "fourth");
+        until(&live, "a folder added to the replaced directory", |c| {
+            c.capabilities.contains_key("fourth")
+        })
+        .await;
+    }
+
     #[test]
     fn only_what_is_not_reloadable_needs_a_restart() {
         let current = TroupeConfig::default();
@@ -531,9 +788,15 @@ mod tests {
         next.server.listen = "127.0.0.1:1".into();
         next.agents.max_depth = 9;
         next.data_dir = "other".into();
+        next.modules.dir = Some("gateways".into());
         assert_eq!(
             restart_needed(&current, &next),
-            ["agents.max_depth", "data_dir", "server.listen"]
+            [
+                "agents.max_depth",
+                "data_dir",
+                "modules.dir",
+                "server.listen"
+            ]
         );
     }
 }

@@ -96,6 +96,9 @@ pub struct Created {
 pub struct SessionTemplate {
     pub config: SessionConfig,
     pub ports: SessionPorts,
+    /// The process's modules: a message that came from one has its reply routed to them
+    /// when it ends (A10).
+    pub modules: Option<crate::modules::Modules>,
 }
 
 /// Start-up arguments.
@@ -123,6 +126,9 @@ pub enum HostMsg {
         /// Told the stored message as soon as it is stored, before it runs (a caller that
         /// waits for the reply acknowledges the message meanwhile).
         accepted: Option<tokio::sync::oneshot::Sender<troupe_proto::store::MessageRecord>>,
+        /// The module it came from (`{"id", "in_reply_to"}`), kept in its metadata: its reply
+        /// is routed there when it ends, also after a restart.
+        module: Option<serde_json::Value>,
         reply: Reply<Sent>,
     },
     /// Opens a conversation.
@@ -324,13 +330,14 @@ impl Actor for SessionHost {
                 wait,
                 governance,
                 accepted,
+                module,
                 reply,
             } => {
                 state
                     .send(
                         &myself,
                         conversation_id,
-                        (text, wait),
+                        (text, wait, module),
                         governance,
                         accepted,
                         reply,

@@ -194,6 +194,7 @@ impl Service {
             template: SessionTemplate {
                 config: session_config,
                 ports,
+                modules: modules.clone(),
             },
         })
         .await?;

@@ -167,8 +167,11 @@ pub async fn list_agents(
 
 /// `GET /api/modules`: the modules with their health, and the files of the modules
 /// directory that did not load (`{modules, errors}`, as `modules.list`).
-pub async fn list_modules(State(app): State<AppState>) -> Result<Response, ApiError> {
-    Ok(Json(app.rpc.sessions.list_modules().await).into_response())
+pub async fn list_modules(
+    State(app): State<AppState>,
+    Extension(scope): Extension<Scope>,
+) -> Result<Response, ApiError> {
+    Ok(Json(app.rpc.sessions.list_modules(&scope).await).into_response())
 }
 
 /// `POST /api/tokens`: issues an authorization token (A5); `201` with `{token, info}`, the

@@ -237,7 +237,7 @@ impl Rpc {
                 to_json(handle.cancel_task(task_id).await?)
             }
             Request::AgentsList { session_id } => to_json(s.agents(scope, session_id).await?),
-            Request::ModulesList => to_json(s.list_modules().await),
+            Request::ModulesList => to_json(s.list_modules(&scope).await),
             Request::TokensIssue(request) => to_json(s.issue_token(&scope, request).await?),
             Request::TokensList => to_json(s.tokens(&scope).await?),
             Request::TokensRevoke { id } => to_json(s.revoke_token(&scope, id).await?),

@@ -450,6 +450,7 @@ impl SessionsApi {
         let governance = troupe_actors::governance::RequestGovernance::from(options);
         let host = self.host(scope, session_id).await?;
         let accepted = None;
+        let module = None;
         host_call!(
             host,
             Send {
@@ -457,19 +458,22 @@ impl SessionsApi {
                 text,
                 wait,
                 governance,
-                accepted
+                accepted,
+                module
             }
         )
     }
 
     /// Stores a user message and runs it, as [`Self::send`] with `wait`, but answers as soon
     /// as the message is stored: the stored message, and the task's end to wait for.
+    /// `module`: the module it came from, kept in its metadata (its reply is routed there).
     pub async fn send_tracked(
         &self,
         scope: Scope,
         session_id: SessionId,
         conversation_id: Option<ConversationId>,
         text: String,
+        module: Option<serde_json::Value>,
     ) -> Result<(MessageRecord, TaskEnd), AgentError> {
         let host = self.host(scope, session_id).await?;
         let (accepted, stored) = tokio::sync::oneshot::channel();
@@ -480,6 +484,7 @@ impl SessionsApi {
             wait: true,
             governance: Default::default(),
             accepted: Some(accepted),
+            module,
             reply: reply.into(),
         })
         .map_err(|e| AgentError::internal(format!("session host unavailable: {e}")))?;
@@ -572,12 +577,26 @@ impl SessionsApi {
 
     /// The modules with their health, and the files of the modules directory that did not
     /// load (`modules.list`, `GET /api/modules`).
-    pub async fn list_modules(&self) -> serde_json::Value {
+    /// A token scoped to projects sees the modules of those projects (`project`, default the
+    /// module's id) and no file errors (they name paths of the host).
+    pub async fn list_modules(&self, scope: &Scope) -> serde_json::Value {
         match self.modules.get() {
-            Some(m) => serde_json::json!({
-                "modules": m.list().await,
-                "errors": m.errors().iter().map(ToString::to_string).collect::<Vec<_>>(),
-            }),
+            Some(m) => {
+                let modules: Vec<_> = m
+                    .list()
+                    .await
+                    .into_iter()
+                    .filter(|info| {
+                        m.get(&info.id)
+                            .is_some_and(|def| scope.sees(Some(def.project())))
+                    })
+                    .collect();
+                let errors: Vec<String> = match scope {
+                    Scope::All => m.errors().iter().map(ToString::to_string).collect(),
+                    Scope::Projects(_) => Vec::new(),
+                };
+                serde_json::json!({ "modules": modules, "errors": errors })
+            }
             None => serde_json::json!({"modules": [], "errors": []}),
         }
     }

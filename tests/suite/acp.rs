@@ -550,6 +550,7 @@ async fn a_permission_request_becomes_a_troupe_approval_of_the_task() {
             agent_id: "codex".into(),
             timeout: Some(Duration::from_secs(30)),
             cancel: tokio_util::sync::CancellationToken::new(),
+            governed: None,
         });
         let agent = codex.agent().await;
         let (tx, _rx) = mpsc::channel(256);

@@ -10,15 +10,47 @@
 //! agent asks again next time and troupe's keys answer), a denial `reject_once`, and a
 //! request nobody can answer any more (the dispatch cancelled, the session gone)
 //! `cancelled`.
+//!
+//! Before anyone is asked, the request answers to tool governance (A5) when the handler has
+//! it ([`Governed`]): a tool the policy denies is refused (`reject_once`) without asking a
+//! human, with a `policy_rejected` event; one that needs an authorization token uses one of
+//! the dispatcher's (refused `unauthorized` without one); see [`super::governed`].
 
 use super::PermissionHandler;
+use super::governed::{GovernedCall, PermissionVerdict, permission_verdict, refusal_message};
 use crate::event::{PermissionDecision, PermissionRequest};
 use serde_json::Value;
+use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 use tokio_util::sync::CancellationToken;
 use troupe_actors::approval_store::{ApprovalMsg, Ask, ask_until_answered, metrics::Asker};
 use troupe_actors::directory::ServiceRef;
-use troupe_proto::{AgentError, ApprovalSubject, ConversationId, TaskId};
+use troupe_actors::event_draft::EventDraft;
+use troupe_actors::events::EventSink;
+use troupe_actors::governance::{self, TaskGovernance, metrics::Decision};
+use troupe_actors::token_book::{ConsumeRequest, TokenBookRef, consume};
+use troupe_proto::agent::{ExecutionChain, PolicyReason};
+use troupe_proto::governance::{PolicyLayer, TokenRefusal};
+use troupe_proto::{AgentError, ApprovalSubject, ConversationId, EventKind, TaskId};
+
+/// What a permission request answers to before anyone is asked: the policy of the agent's
+/// calls, the tokens its dispatcher was given, and where a refusal is said.
+#[derive(Clone)]
+pub struct Governed {
+    /// The agent's policy ([`troupe_actors::governance::external_agent`]).
+    pub governance: Arc<TaskGovernance>,
+    /// Where a token's use is counted (`None`: a call that needs one is refused).
+    pub token_book: Option<TokenBookRef>,
+    /// The session's events: `policy_rejected` goes there, as the dispatching task's.
+    pub events: EventSink,
+    /// The dispatch's chain (ending with the agent), named by a refusal.
+    pub chain: ExecutionChain,
+    /// The dispatch's span: the refusal's event is in its trace.
+    pub span: tracing::Span,
+    /// The first refusal of the turn, which its dispatch fails with when the agent ends the
+    /// turn without an answer.
+    pub refused: Arc<OnceLock<AgentError>>,
+}
 
 /// Asks the session's ApprovalStore on behalf of one task.
 #[derive(Clone)]
@@ -34,6 +66,9 @@ pub struct ApprovalStorePermissions {
     pub timeout: Option<Duration>,
     /// The dispatch is over: stop asking.
     pub cancel: CancellationToken,
+    /// Tool governance (A5), checked before anyone is asked (`None`: every request is
+    /// asked, as for an agent run outside a dispatch).
+    pub governed: Option<Governed>,
 }
 
 impl std::fmt::Debug for ApprovalStorePermissions {
@@ -88,6 +123,11 @@ pub fn decision_of(
 #[async_trait::async_trait]
 impl PermissionHandler for ApprovalStorePermissions {
     async fn decide(&self, request: &PermissionRequest) -> PermissionDecision {
+        if let Some(governed) = &self.governed
+            && let Err(refusal) = self.govern(governed, request).await
+        {
+            return refusal;
+        }
         let title = request.title.clone().unwrap_or_default();
         let ask = Ask {
             conversation_id: self.conversation_id,
@@ -101,6 +141,110 @@ impl PermissionHandler for ApprovalStorePermissions {
             biased;
             () = self.cancel.cancelled() => PermissionDecision::Cancelled,
             answer = asked => decision_of(answer),
+        }
+    }
+}
+
+impl ApprovalStorePermissions {
+    /// The policy's word on `request`: `Ok` goes on to ask; a refusal is said (event,
+    /// metrics, log) and answered `reject_once`.
+    async fn govern(
+        &self,
+        governed: &Governed,
+        request: &PermissionRequest,
+    ) -> Result<(), PermissionDecision> {
+        let call = GovernedCall::of(request);
+        let (reason, why) = match permission_verdict(&governed.governance.policy, &call) {
+            PermissionVerdict::Ask => {
+                governance::metrics::decided(Decision::Allowed);
+                return Ok(());
+            }
+            PermissionVerdict::NeedsToken(layer) => {
+                match self.authorize(governed, &call, layer).await {
+                    Ok(()) => {
+                        governance::metrics::decided(Decision::Authorized);
+                        return Ok(());
+                    }
+                    Err(why) => {
+                        governance::metrics::decided(Decision::Unauthorized);
+                        (PolicyReason::Unauthorized, why)
+                    }
+                }
+            }
+            PermissionVerdict::Refuse(denial) => {
+                governance::metrics::decided(Decision::Denied);
+                governance::metrics::denied(denial.layer);
+                (PolicyReason::ToolDenied, denial.message)
+            }
+        };
+        let message = refusal_message(&self.agent_id, request, &why);
+        governed.span.in_scope(|| {
+            tracing::info!(
+                agent_id = %self.agent_id,
+                tool = %call.tool,
+                reason = reason.as_str(),
+                %message,
+                "ACP permission request refused by policy"
+            );
+            governed.events.emit(EventDraft::task(
+                self.conversation_id,
+                self.task_id,
+                EventKind::PolicyRejected {
+                    agent_id: self.agent_id.clone(),
+                    chain: governed.chain.clone(),
+                    reason,
+                    message: message.clone(),
+                    tool: Some(call.tool.clone()),
+                },
+            ));
+        });
+        let _ = governed.refused.set(AgentError::PolicyRejected {
+            reason,
+            chain: governed.chain.0.clone(),
+            message,
+        });
+        Err(PermissionDecision::RejectOnce)
+    }
+
+    /// Uses one use of a token of the dispatcher's that covers `call` (scoped to this
+    /// agent, or to any); `Err` says why none did.
+    async fn authorize(
+        &self,
+        governed: &Governed,
+        call: &GovernedCall,
+        layer: PolicyLayer,
+    ) -> Result<(), String> {
+        let refused = |refusal: TokenRefusal| {
+            format!(
+                "tool `{}` needs an authorization token (the {layer} layer requires one): {}",
+                call.tool,
+                refusal.explain()
+            )
+        };
+        if governed.governance.authorization.is_empty() {
+            return Err(refused(TokenRefusal::Missing));
+        }
+        let Some(book) = &governed.token_book else {
+            return Err(refused(TokenRefusal::Unavailable));
+        };
+        let request = ConsumeRequest {
+            digests: governed.governance.authorization.clone(),
+            agent: Some(self.agent_id.clone()),
+            tool: call.tool.clone(),
+            args: call.args.clone(),
+        };
+        match consume(book, request).await {
+            Ok(consumed) => {
+                tracing::info!(
+                    token_id = %consumed.token_id,
+                    uses = consumed.uses,
+                    max_uses = consumed.max_uses,
+                    agent_id = %self.agent_id,
+                    "ACP tool call authorized"
+                );
+                Ok(())
+            }
+            Err(refusal) => Err(refused(refusal)),
         }
     }
 }

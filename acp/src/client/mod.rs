@@ -33,12 +33,13 @@
 //! [`AcpEvent`]: crate::AcpEvent
 
 mod approvals;
+pub mod governed;
 pub(crate) mod process;
 mod restart;
 pub(crate) mod session;
 mod supervisor;
 
-pub use approvals::{ApprovalStorePermissions, command_of};
+pub use approvals::{ApprovalStorePermissions, Governed, command_of};
 pub use process::{AgentCommand, Stopped};
 pub use restart::RestartPolicy;
 

@@ -281,6 +281,12 @@ pub struct DispatchRequest {
     /// The dispatcher's scheduler slot: lent to an in-process agent's task, given back for
     /// the wait on an external agent (see Scheduling above).
     pub slot: crate::task::SlotLease,
+    /// The dispatcher's `[tools]` (global and role layers): an external agent's own layers
+    /// are read from it ([`crate::governance::external_agent`]).
+    pub tool_config: Arc<troupe_proto::governance::ToolPolicyConfig>,
+    /// The process's token book, where an external agent's call to an
+    /// `authorizationRequired` tool uses a token (`None`: no token can be used).
+    pub token_book: Option<crate::token_book::TokenBookRef>,
 }
 
 /// The hub's mailbox.
@@ -781,6 +787,8 @@ impl AgentHubState {
             governance: request.governance,
             slot_lent,
             ttl,
+            tool_config: request.tool_config,
+            token_book: request.token_book,
             cancel,
             events: self.events.clone(),
             env: self.env.clone(),
@@ -1156,6 +1164,8 @@ struct Worker {
     slot_lent: bool,
     /// The lease's time to live: past it, the worker tells the hub (`LeaseDue`).
     ttl: Duration,
+    tool_config: Arc<troupe_proto::governance::ToolPolicyConfig>,
+    token_book: Option<crate::token_book::TokenBookRef>,
     cancel: CancellationToken,
     events: EventSink,
     env: ProviderEnv,
@@ -1226,6 +1236,17 @@ impl Worker {
         let provider = self.cell.ready().await?;
         let (provider_session_id, fresh) = self.bind(provider, plan, opening).await?;
         let replaced = SessionReplaced::default();
+        // An in-process agent's task computes its own policy (its layers, then the
+        // dispatcher's); an external agent's tool calls answer to its layers and the
+        // dispatcher's, computed here.
+        let governance = match self.def.provider.kind() {
+            ProviderKind::Model => self.governance.clone(),
+            _ => Arc::new(crate::governance::external_agent(
+                &self.tool_config,
+                &self.def,
+                &self.governance,
+            )),
+        };
         let ctx = AgentRunContext {
             session_id: self.session_id,
             agent_id: &self.def.id,
@@ -1239,8 +1260,9 @@ impl Worker {
             approval_timeout: self.env.approval_timeout,
             span: &self.span,
             replaced: &replaced,
-            governance: &self.governance,
             slot_lent: self.slot_lent,
+            governance: &governance,
+            token_book: self.token_book.as_ref(),
         };
         let result = provider
             .handle(

@@ -188,12 +188,17 @@ pub struct AgentRunContext<'a> {
     pub span: &'a tracing::Span,
     /// Where [`session_replaced`](Self::session_replaced) leaves its word for the hub.
     pub replaced: &'a SessionReplaced,
-    /// The dispatcher's tool governance (A5): an in-process agent's task intersects its own
-    /// policy with it and may use the tokens it carries. External agents run their own tools.
+    /// Tool governance (A5). For an in-process agent, the dispatcher's: its task intersects
+    /// its own policy with it and may use the tokens it carries. For an external agent, the
+    /// policy its tool calls answer to: its own layers (role, file) and the dispatcher's
+    /// ([`crate::governance::external_agent`]), checked where the agent lets troupe see a
+    /// call (an ACP permission request).
     pub governance: &'a std::sync::Arc<crate::governance::TaskGovernance>,
     /// The dispatcher kept its scheduler slot for this dispatch: an in-process agent's task
     /// runs on it (see `hub`, Scheduling).
     pub slot_lent: bool,
+    /// The process's token book: where a call to an `authorizationRequired` tool uses a token.
+    pub token_book: Option<&'a crate::token_book::TokenBookRef>,
 }
 
 /// A provider session that changed under a dispatch: set at most once per `handle` call,

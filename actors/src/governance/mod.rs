@@ -20,7 +20,7 @@ pub mod tokens;
 pub use policy::{Clause, Denial, ToolPolicy, ToolVerdict, effective, glob, normalize};
 
 use troupe_proto::ToolSpec;
-use troupe_proto::agent::ToolRules;
+use troupe_proto::agent::{AgentDefinition, ToolRules};
 use troupe_proto::governance::{PolicyLayer, ToolPolicyConfig};
 
 /// What a task carries of tool governance, and passes on to what it dispatches.
@@ -95,6 +95,30 @@ pub fn task_policy(
     )
 }
 
+/// The governance an external agent's tool calls answer to (an ACP agent's permission
+/// requests): the layers of its own file (its role's `[tools.roles.<role>]`, its `tools`)
+/// over its dispatcher's policy, which holds the global and request layers, so that the
+/// agent gets no more than its dispatcher; and the tokens its dispatcher was given.
+pub fn external_agent(
+    config: &ToolPolicyConfig,
+    definition: &AgentDefinition,
+    dispatcher: &TaskGovernance,
+) -> TaskGovernance {
+    TaskGovernance {
+        policy: task_policy(
+            config,
+            Some(AgentLayer {
+                id: &definition.id,
+                role: &definition.role,
+                tools: &definition.tools,
+            }),
+            None,
+            Some(&dispatcher.policy),
+        ),
+        authorization: dispatcher.authorization.clone(),
+    }
+}
+
 /// The tools offered to the model: those the policy allows, in their order.
 pub fn offered(tools: Vec<ToolSpec>, policy: &ToolPolicy) -> (Vec<ToolSpec>, Vec<String>) {
     if policy.is_open() {
@@ -162,6 +186,51 @@ mod tests {
         let root = task_policy(&config, None, None, None);
         assert!(!root.decide("git__push").is_allowed());
         assert!(task_policy(&ToolPolicyConfig::default(), None, None, None).is_open());
+    }
+
+    #[test]
+    fn an_external_agent_answers_to_its_own_layers_and_its_dispatchers() {
+        let config: ToolPolicyConfig = serde_json::from_value(serde_json::json!({
+            "roles": {"reviewer": {"blacklist": ["apply_patch"]}}
+        }))
+        .unwrap();
+        let definition: AgentDefinition = serde_json::from_value(serde_json::json!({
+            "id": "codex",
+            "role": "reviewer",
+            "provider": {"type": "acp", "command": "codex-acp"},
+            "tools": {"blacklist": ["shell"]}
+        }))
+        .unwrap();
+        let request = ToolRules {
+            blacklist: vec!["web_fetch".into()],
+            ..ToolRules::default()
+        };
+        let dispatcher = TaskGovernance {
+            policy: task_policy(&config, None, Some(&request), None),
+            authorization: vec!["d1".into()],
+        };
+        let gov = external_agent(&config, &definition, &dispatcher);
+        assert_eq!(gov.authorization, ["d1"]);
+        for (tool, layer) in [
+            ("shell", PolicyLayer::Agent),
+            ("apply_patch", PolicyLayer::Role),
+            ("web_fetch", PolicyLayer::Request),
+        ] {
+            match gov.policy.decide(tool) {
+                ToolVerdict::Denied(denial) => assert_eq!(denial.layer, layer, "{tool}"),
+                other => panic!("{tool}: {other:?}"),
+            }
+        }
+        assert!(gov.policy.decide("acp__read").is_allowed());
+        // An agent with no rules of its own gets its dispatcher's, no more.
+        let open: AgentDefinition = serde_json::from_value(serde_json::json!({
+            "id": "plain",
+            "provider": {"type": "acp", "command": "codex-acp"}
+        }))
+        .unwrap();
+        let plain = external_agent(&ToolPolicyConfig::default(), &open, &dispatcher);
+        assert!(!plain.policy.decide("web_fetch").is_allowed());
+        assert!(plain.policy.decide("shell").is_allowed());
     }
 
     #[test]

@@ -77,6 +77,8 @@ pub(super) async fn dispatch(
         span: tracing::Span::current(),
         governance: gov.clone(),
         slot: ctx.slot.clone(),
+        tool_config: ctx.tool_policy.clone(),
+        token_book: ctx.token_book.clone(),
     };
     agents
         .hub
@@ -197,7 +199,10 @@ pub(super) async fn route_input(
                 let input = route.input.unwrap_or_else(|| ctx.input.clone());
                 let payload = serde_json::Value::String(input);
                 return match super::modules::dispatch(ctx, &module, payload).await {
-                    Ok(value) => answer(loop_state, crate::modules::observation(&value)),
+                    Ok(value) => answer(
+                        loop_state,
+                        crate::modules::observation(&value, ctx.limits.exec_output_cap),
+                    ),
                     Err(error) => Some(Err(error)),
                 };
             }

@@ -35,7 +35,7 @@ pub(super) async fn dispatch_call(
     let answer = dispatch(ctx, &module, payload).await?;
     Ok(ToolOutput {
         call_id: call.call_id.clone(),
-        output: port::observation(&answer),
+        output: port::observation(&answer, ctx.limits.exec_output_cap),
         is_error: false,
     })
 }

@@ -30,12 +30,28 @@ pub(super) fn stored_governance(message: &MessageRecord) -> RequestGovernance {
     }
 }
 
+/// A message's metadata: its request layer of the tool policy (`tools`) and the module it
+/// came from (`module`), when it has them.
+fn stored_metadata(
+    governance: &RequestGovernance,
+    module: Option<serde_json::Value>,
+) -> Option<troupe_proto::Json> {
+    let mut metadata = serde_json::Map::new();
+    if let Some(tools) = &governance.tools {
+        metadata.insert("tools".into(), serde_json::json!(tools));
+    }
+    if let Some(module) = module {
+        metadata.insert("module".into(), module);
+    }
+    (!metadata.is_empty()).then(|| troupe_proto::Json(serde_json::Value::Object(metadata)))
+}
+
 impl HostState {
     pub(super) async fn send(
         &mut self,
         myself: &ActorRef<HostMsg>,
         conversation_id: Option<ConversationId>,
-        (text, wait): (String, bool),
+        (text, wait, module): (String, bool, Option<serde_json::Value>),
         governance: RequestGovernance,
         accepted: Option<tokio::sync::oneshot::Sender<MessageRecord>>,
         reply: Reply<Sent>,
@@ -76,11 +92,8 @@ impl HostState {
                 status: Some(status),
                 kind: MessageKind::Text,
                 // Its request layer, so that it still applies if the message waits through a
-                // restart (a policy, not content; never a token).
-                metadata: governance
-                    .tools
-                    .as_ref()
-                    .map(|tools| troupe_proto::Json(serde_json::json!({ "tools": tools }))),
+                // restart (a policy, not content; never a token), and the module it came from.
+                metadata: stored_metadata(&governance, module),
             })
             .await;
         let message = match stored {
@@ -286,6 +299,14 @@ impl HostState {
         };
         let finish_status = finish.session_status;
         let stored = self.store.finish_message(finish).await;
+        // A module's message: its reply goes to the modules, however it ended (live, after
+        // a restart, or aborted by one).
+        if let (Some(modules), Some(origin)) = (
+            &self.template.modules,
+            crate::modules::frame::ReplyOrigin::of(&message),
+        ) {
+            modules.route_reply_later(origin, result.clone());
+        }
         metrics::message_finished(status);
         match stored {
             Ok(done) => {

@@ -124,6 +124,28 @@ pub struct ReplyOrigin {
     pub session: SessionId,
 }
 
+impl ReplyOrigin {
+    /// What a stored message keeps of where it came from (its metadata's `module`): the
+    /// module's id and its id for the message, nothing secret.
+    pub fn metadata(source: &str, in_reply_to: Option<&str>) -> Value {
+        json!({ "id": source, "in_reply_to": in_reply_to })
+    }
+
+    /// The origin a stored message keeps in its metadata (see [`Self::metadata`]), if it
+    /// came from a module.
+    pub fn of(message: &troupe_proto::store::MessageRecord) -> Option<Self> {
+        let module = message.metadata.as_ref()?.0.get("module")?;
+        Some(Self {
+            source: module.get("id")?.as_str()?.to_owned(),
+            in_reply_to: module
+                .get("in_reply_to")
+                .and_then(Value::as_str)
+                .map(str::to_owned),
+            session: message.session_id,
+        })
+    }
+}
+
 /// A task's reply, to a gateway (`id`: what its acknowledgement names).
 pub fn reply(id: &str, origin: &ReplyOrigin, reply: &MessageReply) -> Value {
     let mut frame = json!({

@@ -45,7 +45,7 @@ pub struct StdioGateway;
 pub struct GatewayArgs {
     pub def: Arc<ModuleDefinition>,
     /// Where the module's input messages go (`None`: it is an output module).
-    pub feeder: Option<mpsc::UnboundedSender<InputMessage>>,
+    pub feeder: Option<mpsc::Sender<InputMessage>>,
 }
 
 /// A gateway's state as `modules.list` and the health endpoint show it.
@@ -91,7 +91,7 @@ pub enum GatewayMsg {
 
 /// The running process, as the actor reaches it.
 struct Running {
-    lines: mpsc::UnboundedSender<String>,
+    lines: mpsc::Sender<String>,
     /// Kills the process (its waiter reports the exit).
     kill: Option<oneshot::Sender<()>>,
     /// Fires when the process has exited.
@@ -100,7 +100,7 @@ struct Running {
 
 pub struct GatewayState {
     def: Arc<ModuleDefinition>,
-    feeder: Option<mpsc::UnboundedSender<InputMessage>>,
+    feeder: Option<mpsc::Sender<InputMessage>>,
     process: Option<Running>,
     generation: u64,
     /// Acknowledgements owed by the running process, by frame id.
@@ -262,11 +262,19 @@ impl GatewayState {
             self.pending.retain(|_, w| !w.is_closed());
             self.pending.insert(id, waiter);
         }
-        if process.lines.send(frame.to_string()).is_err() {
+        if let Err(e) = process.lines.try_send(frame.to_string()) {
             if let Some(id) = id {
                 self.pending.remove(&id);
             }
-            return Err(format!("module `{}` does not read its input", self.def.id));
+            return Err(match e {
+                mpsc::error::TrySendError::Full(_) => format!(
+                    "module `{}` does not read its input ({WRITE_QUEUE} frames wait)",
+                    self.def.id
+                ),
+                mpsc::error::TrySendError::Closed(_) => {
+                    format!("module `{}` does not read its input", self.def.id)
+                }
+            });
         }
         Ok(())
     }
@@ -284,7 +292,11 @@ impl GatewayState {
             }
             Ok(Incoming::Message(message)) => match &self.feeder {
                 Some(feeder) => {
-                    let _ = feeder.send(message);
+                    if let Err(refused) = feed(feeder, message) {
+                        metrics::message(&self.def, "refused");
+                        tracing::warn!(module = %self.def.id, "module's messages refused: its queue is full");
+                        let _ = self.write(refused, None);
+                    }
                 }
                 None => {
                     let refused = frame::refused(
@@ -363,6 +375,32 @@ impl GatewayState {
 /// The longest line read from a module's stdout or stderr; a longer one is skipped.
 pub const MAX_LINE: usize = 1 << 20;
 
+/// At most this many frames wait to be written to a module's stdin; past it, a write fails
+/// (the module does not read its input).
+pub const WRITE_QUEUE: usize = 1024;
+
+/// At most this many of a module's messages wait for its feeder; past it, a message is
+/// refused (`overloaded`).
+pub const FEED_QUEUE: usize = 256;
+
+/// Hands `message` to the feeder; when its queue is full, the refusal to write back.
+fn feed(feeder: &mpsc::Sender<InputMessage>, message: InputMessage) -> Result<(), Value> {
+    match feeder.try_send(message) {
+        Ok(()) => Ok(()),
+        Err(mpsc::error::TrySendError::Full(message)) => Err(frame::refused(
+            message.id.as_deref(),
+            "overloaded",
+            &format!("more than {FEED_QUEUE} messages wait to be stored; send it again later"),
+        )),
+        // The feeder ended with the service: nothing is taken any more.
+        Err(mpsc::error::TrySendError::Closed(message)) => Err(frame::refused(
+            message.id.as_deref(),
+            "overloaded",
+            "troupe is stopping: no message is taken",
+        )),
+    }
+}
+
 /// Starts the module's process and the tasks around it.
 fn spawn(
     def: &ModuleDefinition,
@@ -389,7 +427,7 @@ fn spawn(
     else {
         return Err("the process has no pipes".to_owned());
     };
-    let (lines, mut to_write) = mpsc::unbounded_channel::<String>();
+    let (lines, mut to_write) = mpsc::channel::<String>(WRITE_QUEUE);
     tokio::spawn(async move {
         while let Some(mut line) = to_write.recv().await {
             line.push('\n');
@@ -479,5 +517,63 @@ fn kill_group(pid: Option<u32>) {
     use nix::unistd::Pid;
     if let Some(pid) = pid.and_then(|p| i32::try_from(p).ok()) {
         let _ = killpg(Pid::from_raw(pid), Signal::SIGKILL);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn message(id: &str) -> InputMessage {
+        InputMessage {
+            id: Some(id.into()),
+            session: None,
+            conversation: None,
+            text: "hi".into(),
+        }
+    }
+
+    #[test]
+    fn a_full_feeder_refuses_the_message_as_overloaded() {
+        let (feeder, _taken) = mpsc::channel(1);
+        assert_eq!(feed(&feeder, message("m1")), Ok(()));
+        let refused = feed(&feeder, message("m2")).unwrap_err();
+        assert_eq!(refused["id"], "m2");
+        assert_eq!(refused["code"], "overloaded");
+    }
+
+    #[test]
+    fn writes_to_a_module_that_does_not_read_fail_once_its_queue_is_full() {
+        let def: ModuleDefinition = serde_json::from_str(
+            r#"{"id":"deaf","direction":"output","protocol":"stdio","command":"x"}"#,
+        )
+        .unwrap();
+        let (lines, _unread) = mpsc::channel(WRITE_QUEUE);
+        let (_exited, done) = oneshot::channel();
+        let mut state = GatewayState {
+            def: Arc::new(def),
+            feeder: None,
+            process: Some(Running {
+                lines,
+                kill: None,
+                done,
+            }),
+            generation: 1,
+            pending: HashMap::new(),
+            restarts: Vec::new(),
+            restarted: 0,
+            given_up: false,
+            last_exit: None,
+            probing: false,
+        };
+        for n in 0..WRITE_QUEUE {
+            assert_eq!(state.write(frame::ping(&n.to_string()), None), Ok(()));
+        }
+        let (waiter, _answer) = oneshot::channel();
+        let full = state
+            .write(frame::ping("one more"), Some(("one more".into(), waiter)))
+            .unwrap_err();
+        assert!(full.contains("does not read its input"), "{full}");
+        assert!(state.pending.is_empty(), "no acknowledgement is awaited");
     }
 }

@@ -89,6 +89,25 @@ pub fn start_at_zero(module: &ModuleDefinition) {
     gauge!(UP, "module" => id, "direction" => dir).set(0.0);
 }
 
+/// With no module configured: one series of each name without the module's labels (by
+/// outcome where the name has one), at 0, so that the names exist for dashboards and alerts.
+pub fn start_at_zero_without_modules() {
+    for outcome in DELIVERY_OUTCOMES {
+        counter!(DELIVERIES, "outcome" => outcome).increment(0);
+    }
+    for outcome in MESSAGE_OUTCOMES {
+        counter!(MESSAGES, "outcome" => outcome).increment(0);
+    }
+    for outcome in DISPATCH_OUTCOMES {
+        counter!(DISPATCHES, "outcome" => outcome).increment(0);
+    }
+    for outcome in RESTART_OUTCOMES {
+        counter!(RESTARTS, "outcome" => outcome).increment(0);
+    }
+    let _ = histogram!(DELIVERY_SECONDS);
+    gauge!(UP).set(0.0);
+}
+
 fn labels(module: &ModuleDefinition) -> (String, &'static str) {
     (module.id.clone(), module.direction.as_str())
 }

@@ -9,8 +9,10 @@
 //!
 //! - An input gateway's message goes through [`SessionsApi::send_tracked`]: the same
 //!   admission, storage and durability as a message of the API. troupe acknowledges it once
-//!   stored; when its task ends, the reply goes to the module it came from (a duplex one)
-//!   and to every output module whose `sources` name that module (or `*`).
+//!   stored, with its origin in its metadata; when its task ends (also after a restart),
+//!   its session host hands the reply to [`Modules::route_reply_later`]: it goes to the
+//!   module it came from (a duplex one) and to every output module whose `sources` name
+//!   that module (or `*`).
 //! - A delivery to a `sync` module waits for its acknowledgement within the module's
 //!   timeout: a stdio module's `ack` line, an http module's 2xx answer. An `async` one is
 //!   sent in the background and tried again (`retries`, with backoff) when it fails. Every
@@ -19,9 +21,9 @@
 //! - A dispatch (`dispatch_module`) is always a request: the module's acknowledgement
 //!   carries its `result`, or the http answer's body is the result.
 //!
-//! Shutdown: [`Modules::stop`] runs after the sessions drained (their last replies are
-//! delivered), stops the gateways (each closes its process's stdin, then kills it) and waits
-//! a moment for async deliveries still trying.
+//! Shutdown: [`Modules::stop`] runs after the sessions drained, waits a moment for the
+//! replies being routed and the async deliveries still trying, then stops the gateways (each
+//! closes its process's stdin, then kills it).
 
 pub mod feed;
 pub mod frame;
@@ -46,7 +48,8 @@ use troupe_proto::agent::AgentLoadError;
 use troupe_proto::{AgentError, SessionId};
 use troupe_runtime::modules::{DeliveryMode, ModuleCatalog, ModuleDefinition, ModuleProtocol};
 
-/// How long [`Modules::stop`] waits for async deliveries still being tried.
+/// How long [`Modules::stop`] waits for replies being routed and async deliveries still
+/// being tried.
 const STOP_DELIVERIES: Duration = Duration::from_secs(2);
 
 /// The process's modules. Cheap to clone.
@@ -61,8 +64,12 @@ struct Inner {
     http: reqwest::Client,
     /// The stdio gateways, once started.
     gateways: OnceLock<BTreeMap<String, ActorRef<GatewayMsg>>>,
-    /// Async deliveries in the background.
+    /// Async deliveries and replies being routed, in the background: [`Modules::stop`]
+    /// waits for them.
     deliveries: TaskTracker,
+    /// Set once the gateways run: a reply routed before (a message that ended while the
+    /// service started again) waits for it.
+    started: tokio::sync::watch::Sender<bool>,
     /// The sessions, once started: a reply that could not be delivered is reported in its
     /// session.
     sessions: OnceLock<SessionsApi>,
@@ -107,6 +114,9 @@ impl Modules {
         for def in catalog.modules.values() {
             metrics::start_at_zero(def);
         }
+        if catalog.modules.is_empty() {
+            metrics::start_at_zero_without_modules();
+        }
         let http = reqwest::Client::builder()
             .connect_timeout(Duration::from_secs(10))
             .build()
@@ -124,6 +134,7 @@ impl Modules {
                 http,
                 gateways: OnceLock::new(),
                 deliveries: TaskTracker::new(),
+                started: tokio::sync::watch::Sender::new(false),
                 sessions: OnceLock::new(),
             }),
         })
@@ -153,7 +164,7 @@ impl Modules {
                 continue;
             }
             let feeder = def.direction.feeds().then(|| {
-                let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
+                let (tx, rx) = tokio::sync::mpsc::channel(gateway::FEED_QUEUE);
                 tokio::spawn(feed::run(self.clone(), sessions.clone(), def.clone(), rx));
                 tx
             });
@@ -172,10 +183,12 @@ impl Modules {
             gateways.insert(def.id.clone(), actor);
         }
         let _ = self.inner.gateways.set(gateways);
+        self.inner.started.send_replace(true);
         Ok(())
     }
 
-    /// Stops every gateway (and its process), after a moment for async deliveries.
+    /// Stops every gateway (and its process), after a moment for the replies being routed
+    /// and the async deliveries.
     pub async fn stop(&self) {
         self.inner.deliveries.close();
         let _ = tokio::time::timeout(STOP_DELIVERIES, self.inner.deliveries.wait()).await;
@@ -349,6 +362,23 @@ impl Modules {
         }
     }
 
+    /// [`Self::route_reply`] in the background, once the modules started; [`Self::stop`]
+    /// waits for it. The session hosts call it when a module's message ended.
+    pub(crate) fn route_reply_later(
+        &self,
+        origin: frame::ReplyOrigin,
+        result: Result<troupe_proto::MessageReply, AgentError>,
+    ) {
+        let this = self.clone();
+        let mut started = self.inner.started.subscribe();
+        self.inner.deliveries.spawn(async move {
+            if started.wait_for(|s| *s).await.is_err() {
+                return;
+            }
+            this.route_reply(origin, result).await;
+        });
+    }
+
     /// Delivers a task's reply (or its failure) to whoever receives the replies of
     /// `origin.source` (see [`plan::recipients`]).
     pub(crate) async fn route_reply(
@@ -384,7 +414,10 @@ fn record(def: &ModuleDefinition, span: &tracing::Span, outcome: &Attempt, took:
     };
     span.record("outcome", label);
     match outcome {
-        Attempt::Done(_) => metrics::delivered(def, label, Some(took)),
+        Attempt::Done(_) => {
+            metrics::delivered(def, label, Some(took));
+            tracing::info!(module = %def.id, outcome = label, took_ms = took.as_millis() as u64, "delivered to a module");
+        }
         Attempt::Timeout(why) | Attempt::Failed(why) => {
             metrics::delivered(def, label, None);
             tracing::warn!(module = %def.id, outcome = label, %why, "delivery to a module failed");

@@ -353,6 +353,169 @@ async fn codex_permission_requests_are_troupe_approvals_of_the_dispatching_task(
     team.session.shutdown().await.unwrap();
 }
 
+/// Tool governance (A5) over an ACP agent: its file denies `shell`, codex (asking under its
+/// `untrusted` approval policy) asks to run `touch`; troupe refuses at once, asks nobody, and
+/// says so with `policy_rejected` (live and in the rollout); the command does not run.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_tool_the_codex_agents_policy_denies_is_refused_without_asking_anyone() {
+    let codex = Codex::start("untrusted").await;
+    let mut definition = codex.definition();
+    definition.tools.blacklist = vec!["shell".into()];
+    let factory = AcpFactory::default();
+    let team = Team::start_with_factories(
+        vec![definition],
+        Vec::new(),
+        settings(RouterMode::Rules),
+        |_| {},
+        vec![Arc::new(factory) as Arc<dyn AgentProviderFactory>],
+    )
+    .await;
+    let mut live = team.session.subscribe().await.unwrap();
+    let root = team.session.root().await.unwrap();
+    codex.server.push(Reply::tool_call(
+        "exec_command",
+        [r#"{"cmd":"touch refused.txt"}"#],
+    ));
+    codex.server.push(Reply::text(["done"]));
+    let reply = bounded(
+        "the reply",
+        send_later(&team, "/hub codex make refused.txt"),
+    )
+    .await
+    .unwrap();
+    // The dispatch fails with the policy's refusal, which names the layer.
+    assert_eq!(reply.status, TaskStatus::Error);
+    match &reply.error {
+        Some(AgentError::PolicyRejected {
+            reason, message, ..
+        }) => {
+            assert_eq!(*reason, troupe_proto::agent::PolicyReason::ToolDenied);
+            assert!(
+                message.contains("tool `shell` is denied by agent `codex`'s blacklist"),
+                "{message}"
+            );
+        }
+        other => panic!("{other:?}"),
+    }
+    assert!(
+        !codex.work.path().join("refused.txt").exists(),
+        "a command the policy denies ran"
+    );
+    assert!(team.session.pending_approvals().await.unwrap().is_empty());
+    let is_refusal = |e: &EventKind| {
+        matches!(e, EventKind::PolicyRejected { agent_id, tool, reason, chain, message }
+            if agent_id == "codex"
+                && tool.as_deref() == Some("shell")
+                && *reason == troupe_proto::agent::PolicyReason::ToolDenied
+                && chain.0.last().map(String::as_str) == Some("codex")
+                && message.contains("agent `codex`'s blacklist (`shell`)")
+                && message.contains("touch refused.txt"))
+    };
+    // In the rollout, as the dispatching task's; nobody was asked.
+    team.session.flush().await.unwrap();
+    let records = team.session.events_after(0, 100_000).await.unwrap();
+    let refusals: Vec<_> = records
+        .iter()
+        .filter(|r| r.event.as_ref().is_some_and(is_refusal))
+        .collect();
+    assert_eq!(refusals.len(), 1, "{records:?}");
+    // The task that dispatched to codex.
+    let dispatcher = records
+        .iter()
+        .find(|r| matches!(r.event, Some(EventKind::DispatchSent { .. })))
+        .and_then(|r| r.task_id)
+        .expect("the dispatching task");
+    assert_eq!(
+        (refusals[0].conversation_id, refusals[0].task_id),
+        (Some(root), Some(dispatcher))
+    );
+    assert_eq!(refusals[0].meta.tool.as_deref(), Some("shell"));
+    assert!(
+        !records.iter().any(|r| matches!(
+            r.event,
+            Some(EventKind::ApprovalRequested { .. } | EventKind::ApprovalResolved { .. })
+        )),
+        "an approval was asked"
+    );
+    // And in the live stream.
+    let mut seen = false;
+    while let Ok(env) = live.try_recv() {
+        if is_refusal(&env.event) {
+            assert_eq!(env.task_id, Some(dispatcher));
+            seen = true;
+        }
+    }
+    assert!(seen, "no policy_rejected in the event stream");
+    // codex asked (it did not run the call on its own): no ungoverned warning.
+    assert!(!records.iter().any(|r| matches!(
+        &r.event,
+        Some(EventKind::Warning { code, .. }) if *code == troupe_proto::WarningCode::UngovernedToolCall
+    )));
+    team.session.shutdown().await.unwrap();
+}
+
+/// An ACP agent that does not ask (codex under its `never` approval policy) runs a denied
+/// tool on its own: troupe cannot stop it, and says so with an `ungoverned_tool_call`
+/// warning naming the call and the layer that denies it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_denied_tool_codex_runs_without_asking_is_reported_as_ungoverned() {
+    let codex = Codex::start("never").await;
+    let mut definition = codex.definition();
+    definition.tools.blacklist = vec!["shell".into()];
+    let team = Team::start_with_factories(
+        vec![definition],
+        Vec::new(),
+        settings(RouterMode::Rules),
+        |_| {},
+        vec![Arc::new(AcpFactory::default()) as Arc<dyn AgentProviderFactory>],
+    )
+    .await;
+    codex.server.push(Reply::tool_call(
+        "exec_command",
+        [r#"{"cmd":"touch unasked.txt"}"#],
+    ));
+    codex.server.push(Reply::text(["done"]));
+    let reply = bounded(
+        "the reply",
+        send_later(&team, "/hub codex make unasked.txt"),
+    )
+    .await
+    .unwrap();
+    assert_eq!(
+        (reply.status, reply.text.as_str()),
+        (TaskStatus::Ok, "done")
+    );
+    // It ran: troupe was never asked.
+    assert!(codex.work.path().join("unasked.txt").exists());
+    let events = team.events().await;
+    let warnings: Vec<&String> = events
+        .iter()
+        .filter_map(|e| match e {
+            EventKind::Warning { code, message }
+                if *code == troupe_proto::WarningCode::UngovernedToolCall =>
+            {
+                Some(message)
+            }
+            _ => None,
+        })
+        .collect();
+    assert_eq!(warnings.len(), 1, "{events:?}");
+    assert!(
+        warnings[0].contains("ACP agent `codex` ran a tool call without asking permission")
+            && warnings[0].contains("tool `shell` is denied by agent `codex`'s blacklist")
+            && warnings[0].contains("kind `execute`"),
+        "{}",
+        warnings[0]
+    );
+    assert!(
+        !events
+            .iter()
+            .any(|e| matches!(e, EventKind::PolicyRejected { .. })),
+        "nothing was refused"
+    );
+    team.session.shutdown().await.unwrap();
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_next_run_loads_the_bound_codex_session() {
     let codex = Codex::start("never").await;

@@ -26,10 +26,15 @@ impl Drop for Serving {
     }
 }
 
-/// A capability folder: `echo`'s `hello` command, its documents, and `echo --version` as
-/// its probe.
+/// A capability folder: `echo`'s `hello` command, its documents, and `echo PROBE-OF-<id>`
+/// as its probe (what it prints is the test's own, whatever `echo` the system has).
 fn capability(dir: &Path, id: &str, description: &str) {
-    let folder = dir.join("capabilities").join(id);
+    capability_in(&dir.join("capabilities"), id, description);
+}
+
+/// [`capability`] in the capabilities directory `root`.
+fn capability_in(root: &Path, id: &str, description: &str) {
+    let folder = root.join(id);
     std::fs::create_dir_all(&folder).unwrap();
     std::fs::write(
         folder.join("module.json"),
@@ -39,7 +44,7 @@ fn capability(dir: &Path, id: &str, description: &str) {
             "commands": [
                 {"name": "hello", "argv": ["echo", "hello", "{name}"], "description": "Greets someone."}
             ],
-            "probe": ["echo", "--version"],
+            "probe": ["echo", format!("PROBE-OF-{id}")],
             "timeout": "10s"
         })
         .to_string(),
@@ -260,8 +265,12 @@ async fn the_model_sees_one_line_each_inspects_and_runs_and_a_denied_capability_
     assert!(!two.contains("FULL-DETAIL"), "{two}");
     let three = tool_result(&model, 3);
     assert!(three.contains("FULL-DETAIL-OF-greet"), "{three}");
-    assert!(three.contains("$ echo --version"), "{three}");
-    assert!(three.contains("(GNU coreutils)"), "{three}");
+    assert!(three.contains("$ echo PROBE-OF-greet"), "{three}");
+    // The probe's output, on a line of its own: it ran.
+    assert!(
+        three.lines().any(|l| l.trim() == "PROBE-OF-greet"),
+        "{three}"
+    );
     // The command ran, through the sandbox, with its argument.
     let ran = tool_result(&model, 4);
     assert!(
@@ -457,4 +466,89 @@ async fn sighup_rereads_the_configuration_and_a_broken_file_keeps_the_running_on
     let log = std::fs::read_to_string(dir.path().join("serve.log")).unwrap();
     assert!(log.contains("configuration not reloaded"), "{log}");
     assert!(log.contains("history.max_items"), "{log}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_running_task_keeps_its_snapshot_and_sighup_changes_the_capabilities_dir_and_budget() {
+    let model = ModelServer::start().await;
+    let dir = tempfile::tempdir().unwrap();
+    capability(dir.path(), "greet", "Version one.");
+    capability_in(&dir.path().join("caps2"), "wave", "Waves.");
+    let toml = dir.path().join("troupe.toml");
+    std::fs::write(&toml, config(dir.path(), &model, "")).unwrap();
+    let (serving, api, _) = serve(dir.path());
+    let pid = serving.0.id().to_string();
+    let reloads = async || metric(&api, "troupe_config_file_reloads_total{outcome=\"ok\"}").await;
+    let hup = async |config: String, nth: f64| {
+        std::fs::write(&toml, config).unwrap();
+        let status = Command::new("kill").args(["-HUP", &pid]).status().unwrap();
+        assert!(status.success());
+        until("SIGHUP is handled", async || {
+            (reloads().await == nth).then_some(())
+        })
+        .await;
+    };
+    let sid = id(&api.session(None).await, "session_id");
+    // The first task's first step answers slowly: the capabilities change meanwhile.
+    model.push(call("capability_inspect", json!({"id": "greet"})).delayed(Duration::from_secs(3)));
+    for text in ["one", "two", "three", "four"] {
+        model.push(Reply::text([text]));
+    }
+    let first = {
+        let api = Api::new(&api.base, None);
+        let sid = sid.clone();
+        tokio::spawn(async move { api.say(&sid, "hi").await })
+    };
+    until("the first step is asked", async || {
+        (!model.requests().is_empty()).then_some(())
+    })
+    .await;
+    capability(dir.path(), "greet", "Version two.");
+    capability(dir.path(), "extra", "Added while it ran.");
+    until("the edit is read", async || {
+        (metric(&api, "troupe_capability_registered").await == 2.0).then_some(())
+    })
+    .await;
+    assert_eq!(
+        model.requests().len(),
+        1,
+        "the edit was read while the first step still waited"
+    );
+    assert_eq!(first.await.unwrap()["reply"]["text"], "one");
+    // Its second step still sees what the task started with.
+    let (system, _) = asked(&model, 1);
+    assert!(system.contains("- greet: Version one."), "{system}");
+    assert!(!system.contains("extra"), "{system}");
+    let inspected = tool_result(&model, 1);
+    assert!(!inspected.contains("Version two"), "{inspected}");
+    // The next task sees the change.
+    assert_eq!(api.say(&sid, "again").await["reply"]["text"], "two");
+    let (system, _) = asked(&model, 2);
+    assert!(
+        system.contains("- greet: Version two.") && system.contains("- extra: Added while it ran."),
+        "{system}"
+    );
+
+    // SIGHUP: `[capabilities] dir` names another directory; the next task sees its
+    // capabilities only.
+    let base = config(dir.path(), &model, "");
+    hup(format!("{base}\n[capabilities]\ndir = \"caps2\"\n"), 1.0).await;
+    assert_eq!(api.say(&sid, "and now?").await["reply"]["text"], "three");
+    let (system, _) = asked(&model, 3);
+    assert!(system.contains("- wave: Waves."), "{system}");
+    assert!(!system.contains("greet"), "{system}");
+    // And a budget of one token: no line fits, the prompt says how many there are.
+    hup(
+        format!("{base}\n[capabilities]\ndir = \"caps2\"\nprompt_tokens = 1\n"),
+        2.0,
+    )
+    .await;
+    assert_eq!(api.say(&sid, "last").await["reply"]["text"], "four");
+    let (system, _) = asked(&model, 4);
+    assert!(!system.contains("- wave:"), "{system}");
+    assert!(system.lines().any(|l| l.starts_with("+1 more")), "{system}");
+    assert_eq!(
+        metric(&api, "troupe_capability_prompt_truncations_total").await,
+        1.0
+    );
 }

@@ -6,16 +6,19 @@ JSON array of strings) as they are, and feeds the texts of $GATEWAY_FEED (a JSON
 array) as messages with ids `m-<pid>-<n>` in conversation $GATEWAY_CONVERSATION (default
 `chan-1`). Every frame troupe writes is appended to $GATEWAY_LOG (one JSON object a line,
 with this process's pid). A reply, dispatch or ping is acknowledged unless $GATEWAY_ACK is
-`no`; a dispatch's result echoes its payload. It ends when its stdin ends.
+`no` (a reply after $GATEWAY_ACK_DELAY seconds, default 0); a dispatch's result echoes its
+payload. It ends when its stdin ends.
 """
 import json
 import os
 import sys
+import time
 
 pid = os.getpid()
 log_path = os.environ.get("GATEWAY_LOG")
 ack = os.environ.get("GATEWAY_ACK", "yes") == "yes"
 conversation = os.environ.get("GATEWAY_CONVERSATION", "chan-1")
+ack_delay = float(os.environ.get("GATEWAY_ACK_DELAY", "0"))
 
 
 def send(frame):
@@ -52,7 +55,10 @@ for line in sys.stdin:
     frame = json.loads(line)
     record(frame)
     kind = frame.get("type")
-    if kind in ("reply", "ping") and ack:
+    if kind == "reply" and ack:
+        time.sleep(ack_delay)
+        send({"type": "ack", "id": frame["id"]})
+    elif kind == "ping" and ack:
         send({"type": "ack", "id": frame["id"]})
     elif kind == "dispatch" and ack:
         send({"type": "ack", "id": frame["id"], "result": {"echo": frame["payload"]}})

@@ -3,6 +3,7 @@
 //! received by a webhook server in the test.
 
 mod dispatch;
+mod replies;
 mod stdio;
 mod webhook;
 

@@ -24,8 +24,9 @@ impl Received {
     }
 }
 
-/// A webhook receiver on 127.0.0.1: `/ok` answers 200, `/slow` after 2 s, `/flaky` 500 to
-/// its first post and 200 after, `/answer` 200 with `{"answer": 42}`. Its base URL.
+/// A webhook receiver on 127.0.0.1: `/ok` answers 200, `/slow` after 2 s (noting
+/// `slow:answered` then), `/flaky` 500 to its first post and 200 after, `/answer` 200 with
+/// `{"answer": 42}`. Its base URL.
 pub async fn webhook() -> (String, Received) {
     let received = Received::default();
     async fn hook(
@@ -41,6 +42,11 @@ pub async fn webhook() -> (String, Received) {
         match route.as_str() {
             "slow" => {
                 tokio::time::sleep(Duration::from_secs(2)).await;
+                received
+                    .0
+                    .lock()
+                    .unwrap()
+                    .push(("slow:answered".into(), Value::Null));
                 (StatusCode::OK, Json(json!({})))
             }
             "flaky" if seen == 1 => (
@@ -122,6 +128,18 @@ async fn webhooks_receive_the_replies_sync_with_a_timeout_and_async_with_retries
             json!({"sources": ["*"], "retries": 3, "restart": {"backoff_min": "50ms", "backoff_max": "100ms"}}),
         ),
     );
+    // Waits for its slow answer (2 s, within its timeout), and sorts before `ok`: were the
+    // recipients served one after the other, `ok` would be posted after that answer.
+    module(
+        d,
+        "late",
+        http_module(
+            "late",
+            "sync",
+            format!("{hooks}/slow"),
+            json!({"sources": ["*"], "timeout": "10s"}),
+        ),
+    );
     // Lists no source: it receives no reply.
     module(
         d,
@@ -138,6 +156,19 @@ async fn webhooks_receive_the_replies_sync_with_a_timeout_and_async_with_retries
     .await;
     let ok = posted.on("ok");
     assert_eq!(ok.len(), 1, "{ok:?}");
+    // All at once: `ok` did not wait for the slow answer of `late`, sorted before it.
+    let order: Vec<String> = posted
+        .0
+        .lock()
+        .unwrap()
+        .iter()
+        .map(|(r, _)| r.clone())
+        .collect();
+    let at = |route: &str| order.iter().position(|r| r == route);
+    assert!(
+        at("slow:answered").is_none_or(|answered| at("ok").unwrap() < answered),
+        "{order:?}"
+    );
     assert_eq!(ok[0]["type"], "reply");
     assert_eq!(ok[0]["text"], "noted");
     assert_eq!(ok[0]["source"], "watcher");
@@ -170,4 +201,56 @@ async fn webhooks_receive_the_replies_sync_with_a_timeout_and_async_with_retries
     let frames = received(d, "watcher");
     assert_eq!(frames.len(), 1, "{frames:?}");
     assert_eq!(frames[0]["type"], "ack");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_token_scoped_to_a_project_lists_only_that_projects_modules() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    for id in ["alpha", "beta"] {
+        module(
+            d,
+            id,
+            json!({"id": id, "direction": "output", "protocol": "http", "url": "http://127.0.0.1:9/hook"}),
+        );
+    }
+    module(
+        d,
+        "broken",
+        json!({"id": "broken", "direction": "sideways"}),
+    );
+    let tokens = r#"
+[[server.tokens]]
+token = "all-token"
+projects = ["*"]
+
+[[server.tokens]]
+token = "alpha-token"
+projects = ["alpha"]
+"#;
+    let serving = serve(d, tokens, json!([]));
+    let ids = |listing: &Value| -> Vec<String> {
+        listing["modules"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|m| m["id"].as_str().unwrap().to_owned())
+            .collect()
+    };
+    let all = Api::new(&serving.base, Some("all-token"));
+    let (status, listing) = all.get("/api/modules").await;
+    assert_eq!(status, reqwest::StatusCode::OK, "{listing}");
+    assert_eq!(ids(&listing), ["alpha", "beta"]);
+    assert_eq!(listing["errors"].as_array().unwrap().len(), 1, "{listing}");
+    let alpha = Api::new(&serving.base, Some("alpha-token"));
+    let (status, listing) = alpha.get("/api/modules").await;
+    assert_eq!(status, reqwest::StatusCode::OK, "{listing}");
+    assert_eq!(ids(&listing), ["alpha"]);
+    assert_eq!(
+        listing["errors"],
+        json!([]),
+        "the host's paths are not shown"
+    );
+    let rpc = alpha.call("modules.list", json!({})).await;
+    assert_eq!(ids(&rpc), ["alpha"], "{rpc}");
 }

@@ -1,0 +1,263 @@
+//! Tool governance (A5) of an external ACP agent's tool calls, where troupe can see them.
+//!
+//! An ACP agent runs its own tools. troupe sees a call in two ways: a
+//! `session/request_permission` (the agent waits for the answer: troupe can refuse it), and a
+//! `tool_call` session update (the agent says what it runs: too late to stop it). Both are
+//! named like troupe's own tools ([`qualified_tool`]) and decided by the policy the agent's
+//! calls answer to (its layers and its dispatcher's, see
+//! [`troupe_actors::governance::external_agent`]):
+//!
+//! - a permission request for a denied tool is refused (`reject_once`) without asking a
+//!   human, with a `policy_rejected` event; one that needs an authorization token uses one
+//!   (or is refused, `unauthorized`); an allowed one goes on to the approvals;
+//! - a tool call of a denied tool that runs without having asked is reported as
+//!   [`ungoverned`]: a `warning` (`ungoverned_tool_call`), since troupe could not stop it.
+
+use crate::client::command_of;
+use crate::event::PermissionRequest;
+use serde_json::Value;
+use troupe_actors::governance::{Denial, ToolPolicy, ToolVerdict};
+
+/// The troupe tool an ACP tool call of `kind` stands for: `execute` is `shell`; `edit`,
+/// `delete` and `move` change files like `apply_patch`; `fetch` is `web_fetch`; any other
+/// kind (`read`, `search`, `think`, `switch_mode`, `other`, one the protocol adds later) is
+/// `acp__<kind>`, and a missing or malformed kind `acp__other`. Patterns name them as any
+/// other tool (`acp__*`: every one of them).
+pub fn qualified_tool(kind: Option<&str>) -> String {
+    let kind = kind.unwrap_or_default().trim().to_ascii_lowercase();
+    match kind.as_str() {
+        "execute" => "shell".to_owned(),
+        "edit" | "delete" | "move" => "apply_patch".to_owned(),
+        "fetch" => "web_fetch".to_owned(),
+        k if !k.is_empty() && k.chars().all(|c| c.is_ascii_alphanumeric() || c == '_') => {
+            format!("acp__{k}")
+        }
+        _ => "acp__other".to_owned(),
+    }
+}
+
+/// What a permission request's tool call is to troupe's policy: its qualified name, and the
+/// text a token's arguments pattern is matched against (a command's line, `bash -lc LINE`
+/// read as `LINE`; another tool's input as compact JSON).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct GovernedCall {
+    pub tool: String,
+    pub args: String,
+}
+
+impl GovernedCall {
+    pub fn of(request: &PermissionRequest) -> Self {
+        let tool = qualified_tool(request.kind.as_deref());
+        let args = if tool == "shell" {
+            command_line(&command_of(request))
+        } else {
+            request
+                .raw_input
+                .as_ref()
+                .map_or_else(|| "{}".to_owned(), Value::to_string)
+        };
+        Self { tool, args }
+    }
+}
+
+/// A command's line: the script of `sh -c` / `bash -lc` (what the agent meant to run), else
+/// the words joined by spaces.
+fn command_line(argv: &[String]) -> String {
+    match argv {
+        [shell, flag, script]
+            if shell.rsplit('/').next().is_some_and(|s| s.ends_with("sh"))
+                && flag.starts_with('-')
+                && flag.ends_with('c') =>
+        {
+            script.clone()
+        }
+        _ => argv.join(" "),
+    }
+}
+
+/// The policy's word on a permission request.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum PermissionVerdict {
+    /// Allowed: ask as before (the approvals).
+    Ask,
+    /// Allowed with a token: the layer that requires one.
+    NeedsToken(troupe_proto::governance::PolicyLayer),
+    /// Refused without asking anyone.
+    Refuse(Denial),
+}
+
+/// Decides a permission request for `call` under `policy`.
+pub fn permission_verdict(policy: &ToolPolicy, call: &GovernedCall) -> PermissionVerdict {
+    match policy.decide(&call.tool) {
+        ToolVerdict::Allowed {
+            authorization: None,
+        } => PermissionVerdict::Ask,
+        ToolVerdict::Allowed {
+            authorization: Some(layer),
+        } => PermissionVerdict::NeedsToken(layer),
+        ToolVerdict::Denied(denial) => PermissionVerdict::Refuse(denial),
+    }
+}
+
+/// The sentence a refusal of an ACP tool call carries: the policy's (naming the layer), and
+/// which call of the agent it was.
+pub fn refusal_message(agent_id: &str, request: &PermissionRequest, why: &str) -> String {
+    let kind = request.kind.as_deref().unwrap_or("other");
+    match request.title.as_deref().filter(|t| !t.is_empty()) {
+        Some(title) => {
+            format!(
+                "{why}; ACP agent `{agent_id}` asked to run a tool call of kind `{kind}`: {title}"
+            )
+        }
+        None => format!("{why}; ACP agent `{agent_id}` asked to run a tool call of kind `{kind}`"),
+    }
+}
+
+/// A tool call the agent reports as running or done (`status` `in_progress` or
+/// `completed`) without having asked permission for it: when the policy denies its tool,
+/// the denial (troupe could not stop it, it says so). A call it asked about was decided
+/// then; a call still `pending` or `failed` did not run (yet).
+pub fn ungoverned(
+    policy: &ToolPolicy,
+    kind: Option<&str>,
+    status: Option<&str>,
+    asked: bool,
+) -> Option<Denial> {
+    if asked || !matches!(status, Some("in_progress" | "completed")) {
+        return None;
+    }
+    match policy.decide(&qualified_tool(kind)) {
+        ToolVerdict::Denied(denial) => Some(denial),
+        ToolVerdict::Allowed { .. } => None,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+    use troupe_actors::governance::task_policy;
+    use troupe_proto::agent::ToolRules;
+    use troupe_proto::governance::{PolicyLayer, ToolPolicyConfig};
+
+    fn request(kind: Option<&str>, raw_input: Option<Value>) -> PermissionRequest {
+        PermissionRequest {
+            session_id: "s".into(),
+            tool_call_id: "c1".into(),
+            title: Some("touch x".into()),
+            kind: kind.map(str::to_owned),
+            raw_input,
+            options: Vec::new(),
+        }
+    }
+
+    fn policy(blacklist: &[&str], authorization: &[&str]) -> ToolPolicy {
+        let request = ToolRules {
+            blacklist: blacklist.iter().map(|s| (*s).to_owned()).collect(),
+            authorization_required: authorization.iter().map(|s| (*s).to_owned()).collect(),
+            ..ToolRules::default()
+        };
+        task_policy(&ToolPolicyConfig::default(), None, Some(&request), None)
+    }
+
+    #[test]
+    fn acp_kinds_are_named_like_troupe_tools() {
+        for (kind, tool) in [
+            (Some("execute"), "shell"),
+            (Some("edit"), "apply_patch"),
+            (Some("delete"), "apply_patch"),
+            (Some("move"), "apply_patch"),
+            (Some("fetch"), "web_fetch"),
+            (Some("read"), "acp__read"),
+            (Some("search"), "acp__search"),
+            (Some("think"), "acp__think"),
+            (Some("other"), "acp__other"),
+            (Some("switch_mode"), "acp__switch_mode"),
+            (Some(" Execute "), "shell"),
+            (Some("we!rd"), "acp__other"),
+            (Some(""), "acp__other"),
+            (None, "acp__other"),
+        ] {
+            assert_eq!(qualified_tool(kind), tool, "{kind:?}");
+        }
+    }
+
+    #[test]
+    fn a_command_is_matched_by_its_script() {
+        let call = GovernedCall::of(&request(
+            Some("execute"),
+            Some(json!({"command": ["/bin/bash", "-lc", "git status"]})),
+        ));
+        assert_eq!(
+            call,
+            GovernedCall {
+                tool: "shell".into(),
+                args: "git status".into()
+            }
+        );
+        let argv = GovernedCall::of(&request(
+            Some("execute"),
+            Some(json!({"command": ["git", "status"]})),
+        ));
+        assert_eq!(argv.args, "git status");
+        let edit = GovernedCall::of(&request(Some("edit"), Some(json!({"path": "a"}))));
+        assert_eq!(edit.tool, "apply_patch");
+        assert_eq!(edit.args, r#"{"path":"a"}"#);
+        assert_eq!(GovernedCall::of(&request(Some("read"), None)).args, "{}");
+    }
+
+    #[test]
+    fn a_denied_tool_is_refused_a_required_token_asked_for_and_others_asked() {
+        let policy = policy(&["shell", "acp__*"], &["apply_patch"]);
+        let call = |kind| GovernedCall::of(&request(Some(kind), None));
+        match permission_verdict(&policy, &call("execute")) {
+            PermissionVerdict::Refuse(denial) => {
+                assert_eq!(denial.layer, PolicyLayer::Request);
+                assert!(denial.message.contains("`shell`"), "{}", denial.message);
+            }
+            other => panic!("{other:?}"),
+        }
+        assert!(matches!(
+            permission_verdict(&policy, &call("think")),
+            PermissionVerdict::Refuse(_)
+        ));
+        assert_eq!(
+            permission_verdict(&policy, &call("edit")),
+            PermissionVerdict::NeedsToken(PolicyLayer::Request)
+        );
+        assert_eq!(
+            permission_verdict(&policy, &call("fetch")),
+            PermissionVerdict::Ask
+        );
+        assert_eq!(
+            permission_verdict(&ToolPolicy::open(), &call("execute")),
+            PermissionVerdict::Ask
+        );
+    }
+
+    #[test]
+    fn a_refusal_names_the_policy_and_the_call() {
+        let message = refusal_message(
+            "codex",
+            &request(Some("execute"), None),
+            "tool `shell` is denied by agent `codex`'s blacklist (`shell`)",
+        );
+        assert_eq!(
+            message,
+            "tool `shell` is denied by agent `codex`'s blacklist (`shell`); ACP agent `codex` asked to run a tool call of kind `execute`: touch x"
+        );
+    }
+
+    #[test]
+    fn only_a_denied_call_that_runs_without_asking_is_ungoverned() {
+        let policy = policy(&["shell"], &[]);
+        let denied = ungoverned(&policy, Some("execute"), Some("in_progress"), false);
+        assert!(denied.is_some_and(|d| d.layer == PolicyLayer::Request));
+        assert!(ungoverned(&policy, Some("execute"), Some("completed"), false).is_some());
+        assert!(ungoverned(&policy, Some("execute"), Some("completed"), true).is_none());
+        assert!(ungoverned(&policy, Some("execute"), Some("pending"), false).is_none());
+        assert!(ungoverned(&policy, Some("execute"), Some("failed"), false).is_none());
+        assert!(ungoverned(&policy, Some("execute"), None, false).is_none());
+        assert!(ungoverned(&policy, Some("read"), Some("completed"), false).is_none());
+    }
+}
