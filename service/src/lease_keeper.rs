@@ -158,11 +158,13 @@ impl Actor for LeaseKeeper {
             } => {
                 if let Ok(Acquired::Granted { lease, .. }) = &result {
                     state.held.insert(session_id, *lease);
+                    super::metrics::leases_held(state.held.len());
                 }
                 let _ = reply.send(result);
             }
             LeaseKeeperMsg::Release { session_id, reply } => {
                 state.held.remove(&session_id);
+                super::metrics::leases_held(state.held.len());
                 let leases = state.args.leases.clone();
                 tokio::spawn(async move {
                     let _ = reply.send(leases.release(session_id).await);
@@ -175,6 +177,7 @@ impl Actor for LeaseKeeper {
                     tracing::warn!(%session_id, node = state.args.leases.node(), "session lease lost: giving the session up");
                     let _ = state.args.lost.send(session_id);
                 }
+                super::metrics::leases_held(state.held.len());
             }
             LeaseKeeperMsg::Held { reply } => {
                 let mut held: Vec<(SessionId, Lease)> =

@@ -132,6 +132,8 @@ pub struct StartOptions {
     pub live: Option<tokio::sync::watch::Receiver<Arc<troupe_actors::conversation::Reloadable>>>,
     /// The process's modules and I/O gateways (A10).
     pub modules: Option<modules::Modules>,
+    /// This node's session leases, when it is one node of a cluster ([`Storage::cluster`]).
+    pub cluster: Option<ClusterStorage>,
 }
 
 impl Service {
@@ -173,7 +175,11 @@ impl Service {
             tokens.push((secret, t.projects.clone()));
         }
         let mut session_config = troupe_runtime::assembly::session_config(config);
-        let StartOptions { live, modules } = options;
+        let StartOptions {
+            live,
+            modules,
+            cluster,
+        } = options;
         session_config.conversation.live = live;
         let modules = modules.filter(|m| !m.is_empty());
         if let Some(m) = &modules {
@@ -189,14 +195,31 @@ impl Service {
         let sweeper = TtlSweeper::new(Some(store.clone()), rollout);
         sweeper.sweep().await;
         let ttl_sweep_interval = session_config.ttl_sweep_interval;
+        let (cluster, lost) = match cluster {
+            Some(c) => {
+                let (registry, lost) = start_lease_keeper(c).await?;
+                (Some(registry), Some(lost))
+            }
+            None => (None, None),
+        };
         let sessions = SessionsApi::start(RegistryArgs {
             store,
             template: SessionTemplate {
                 config: session_config,
                 ports,
             },
+            cluster,
         })
         .await?;
+        if let Some(mut lost) = lost {
+            // A session another node took over: its host stops here.
+            let sessions = sessions.clone();
+            tokio::spawn(async move {
+                while let Some(session_id) = lost.recv().await {
+                    sessions.lease_lost(session_id);
+                }
+            });
+        }
         if let Some(m) = &modules {
             sessions.set_modules(m.clone());
             m.start(sessions.clone()).await?;
@@ -397,6 +420,39 @@ impl Service {
     }
 }
 
+/// Starts this node's [`LeaseKeeper`](lease_keeper::LeaseKeeper): what the registry takes
+/// leases through, and where the sessions it loses are reported.
+async fn start_lease_keeper(
+    cluster: ClusterStorage,
+) -> Result<
+    (
+        registry::RegistryCluster,
+        tokio::sync::mpsc::UnboundedReceiver<troupe_proto::SessionId>,
+    ),
+    AgentError,
+> {
+    let (lost_tx, lost) = tokio::sync::mpsc::unbounded_channel();
+    let (keeper, _) = ractor::Actor::spawn(
+        None,
+        lease_keeper::LeaseKeeper,
+        lease_keeper::LeaseKeeperArgs {
+            leases: cluster.leases,
+            ttl: cluster.lease_ttl,
+            clock: troupe_actors::clock::Clock::new(),
+            lost: lost_tx,
+        },
+    )
+    .await
+    .map_err(|e| AgentError::internal(format!("lease keeper failed to start: {e}")))?;
+    Ok((
+        registry::RegistryCluster {
+            keeper,
+            scan_every: cluster.lease_ttl,
+        },
+        lost,
+    ))
+}
+
 /// Where the service keeps things.
 pub struct Storage {
     pub store: Arc<dyn Store>,
@@ -405,6 +461,15 @@ pub struct Storage {
     pub rollout: Option<Arc<dyn troupe_actors::rollout::storage::RolloutStorage>>,
     /// A line saying which, for the operator.
     pub description: String,
+    /// This node's session leases, when it is one node of a cluster (`[cluster] node`).
+    pub cluster: Option<ClusterStorage>,
+}
+
+/// What a node of a cluster owns its sessions through.
+#[derive(Clone)]
+pub struct ClusterStorage {
+    pub leases: Arc<dyn troupe_store::SessionLeases>,
+    pub lease_ttl: Duration,
 }
 
 impl std::fmt::Debug for Storage {
@@ -427,11 +492,21 @@ pub async fn open_store(config: &TroupeConfig, ephemeral: bool) -> Result<Storag
             rollout: Some(Arc::new(troupe_store::MemoryRolloutStorage::new())),
             description: "store and rollout: in memory (--ephemeral); nothing is written to disk"
                 .to_owned(),
+            cluster: None,
         });
+    }
+    let node = config
+        .cluster
+        .node(&config.store)
+        .map_err(|e| AgentError::invalid(e.to_string()))?;
+    if let Some(node) = node {
+        return open_postgres(config, &node.postgres_url, Some(node.clone())).await;
     }
     match config.store.backend {
         troupe_runtime::config::StoreBackend::Sqlite => open_sqlite(config),
-        troupe_runtime::config::StoreBackend::Postgres => open_postgres(config).await,
+        troupe_runtime::config::StoreBackend::Postgres => {
+            open_postgres(config, &postgres_url(config)?, None).await
+        }
     }
 }
 
@@ -449,6 +524,7 @@ fn open_sqlite(config: &TroupeConfig) -> Result<Storage, AgentError> {
             path.display(),
             rollout_path.display()
         ),
+        cluster: None,
     })
 }
 
@@ -466,33 +542,55 @@ pub fn postgres_url(config: &TroupeConfig) -> Result<String, AgentError> {
         })
 }
 
+/// The store and the rollout on PostgreSQL at `url`; a node of a cluster (`node`) fences
+/// both with its leases.
 #[cfg(feature = "postgres")]
-async fn open_postgres(config: &TroupeConfig) -> Result<Storage, AgentError> {
-    let url = postgres_url(config)?;
+async fn open_postgres(
+    config: &TroupeConfig,
+    url: &str,
+    node: Option<troupe_runtime::config::ClusterNode>,
+) -> Result<Storage, AgentError> {
     let options = troupe_store::PgOptions {
         pool_size: config.store.postgres_pool_size,
+        node: node.as_ref().map(|n| n.node.clone()),
         ..troupe_store::PgOptions::default()
     };
-    let store = troupe_store::PgStore::connect_with(&url, options).await?;
+    let store = Arc::new(troupe_store::PgStore::connect_with(url, options).await?);
     let rollout = {
-        let url = url.clone();
-        tokio::task::spawn_blocking(move || troupe_store::PgRolloutStorage::connect(&url))
-            .await
-            .map_err(|e| AgentError::internal(format!("postgres rollout storage: {e}")))??
+        let (url, fencing) = (url.to_owned(), store.fencing());
+        tokio::task::spawn_blocking(move || {
+            troupe_store::PgRolloutStorage::connect_fenced(&url, fencing)
+        })
+        .await
+        .map_err(|e| AgentError::internal(format!("postgres rollout storage: {e}")))??
     };
+    let mut description = format!(
+        "store and rollout: PostgreSQL at {}",
+        troupe_store::describe_pg_url(url)
+    );
+    if let Some(n) = &node {
+        description.push_str(&format!(
+            "; cluster node {} (session leases of {:?})",
+            n.node, n.lease_ttl
+        ));
+    }
     Ok(Storage {
-        store: Arc::new(store),
+        cluster: node.map(|n| ClusterStorage {
+            leases: store.clone(),
+            lease_ttl: n.lease_ttl,
+        }),
+        store,
         rollout: Some(Arc::new(rollout)),
-        description: format!(
-            "store and rollout: PostgreSQL at {}",
-            troupe_store::describe_pg_url(&url)
-        ),
+        description,
     })
 }
 
 #[cfg(not(feature = "postgres"))]
-async fn open_postgres(config: &TroupeConfig) -> Result<Storage, AgentError> {
-    postgres_url(config)?;
+async fn open_postgres(
+    _config: &TroupeConfig,
+    _url: &str,
+    _node: Option<troupe_runtime::config::ClusterNode>,
+) -> Result<Storage, AgentError> {
     Err(AgentError::invalid(
         "this build of troupe has no PostgreSQL store (cargo feature `postgres`); \
          use [store] backend = \"sqlite\"",

@@ -189,6 +189,13 @@ impl SessionsApi {
             })
     }
 
+    /// Another node took this session over: its host stops here.
+    pub(crate) fn lease_lost(&self, session_id: troupe_proto::SessionId) {
+        if let Ok(registry) = self.registry() {
+            let _ = registry.cast(RegistryMsg::LeaseLost { session_id });
+        }
+    }
+
     /// The host of a session the scope sees, activating the session if needed.
     async fn host(
         &self,

@@ -1,0 +1,253 @@
+//! Failover between two real `troupe serve` processes (nodes `a` and `b`, `[cluster] node`)
+//! on loopback over one real PostgreSQL database, with a 2 s lease ttl.
+//!
+//! A session is created on A, which runs one message (its model answers only after ten
+//! minutes) and queues another. B refuses the session while A lives (503 naming A). A is
+//! killed with SIGKILL; nobody asks B anything about the session, yet once A's lease has
+//! expired B's scan of sessions with unfinished messages takes it over: the message A was
+//! running ends `aborted`, the queued one runs on B and completes, and B serves new
+//! messages for it. A restarted under its name finds the session B's: its message is refused
+//! (503 naming B) and nothing of the session changes. Then B is paused (SIGSTOP) past its
+//! lease: A takes the session over on the next request; B, resumed, gives the session up
+//! (503 naming A) without writing for it. A stopped with SIGTERM gives its lease back.
+
+use reqwest::StatusCode;
+use serde_json::{Value, json};
+use std::path::Path;
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+use troupe_tests::troupe_bin;
+
+const LEASE_TTL: &str = "2s";
+
+/// A node: `troupe serve` as cluster node `name`, its model answering after `delay_ms`.
+fn node(dir: &Path, url: &str, name: &str, delay_ms: u64) -> (Child, String) {
+    let script: Vec<Value> = (0..200)
+        .map(|i| json!({"delay_ms": delay_ms, "text": format!("{name} reply {i}")}))
+        .collect();
+    let script_path = dir.join(format!("script-{name}.json"));
+    std::fs::write(
+        &script_path,
+        serde_json::to_vec(&json!({ "replies": script })).unwrap(),
+    )
+    .unwrap();
+    let mut command = Command::new(troupe_bin());
+    command
+        .args(["serve", "--listen", "127.0.0.1:0", "--data-dir"])
+        .arg(dir.join(format!("data-{name}")))
+        .arg("--script")
+        .arg(&script_path)
+        .args(["--node", name, "--lease-ttl", LEASE_TTL])
+        .current_dir(dir)
+        .env_remove("TROUPE_API_TOKENS")
+        .env_remove("TROUPE_STORE_BACKEND")
+        .env_remove("TROUPE_NODE")
+        .env("TROUPE_POSTGRES_URL", url)
+        .stderr(Stdio::null());
+    troupe_tests::spawn_serve(&mut command)
+}
+
+fn kill9(child: &mut Child) {
+    signal(child, nix::sys::signal::Signal::SIGKILL);
+    child.wait().unwrap();
+}
+
+fn http() -> reqwest::Client {
+    reqwest::Client::builder()
+        .timeout(Duration::from_secs(10))
+        .build()
+        .unwrap()
+}
+
+async fn post(base: &str, path: &str, body: Value) -> (StatusCode, Value) {
+    let r = http()
+        .post(format!("{base}{path}"))
+        .json(&body)
+        .send()
+        .await
+        .unwrap();
+    let status = r.status();
+    (status, r.json().await.unwrap_or(Value::Null))
+}
+
+/// The session's messages (user and assistant), oldest first.
+async fn messages(base: &str, session: &str) -> Vec<Value> {
+    let r = http()
+        .get(format!("{base}/api/sessions/{session}/messages?limit=1000"))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), StatusCode::OK);
+    let page: Value = r.json().await.unwrap();
+    page["messages"].as_array().unwrap().clone()
+}
+
+fn status_of(messages: &[Value], id: u64) -> Option<String> {
+    messages
+        .iter()
+        .find(|m| m["message_id"].as_u64() == Some(id))
+        .and_then(|m| m["status"].as_str())
+        .map(str::to_owned)
+}
+
+async fn send(base: &str, session: &str, text: &str) -> (StatusCode, Value) {
+    post(
+        base,
+        &format!("/api/sessions/{session}/messages"),
+        json!({"text": text, "wait": false}),
+    )
+    .await
+}
+
+/// Polls `check` on the session's messages at `base` until it holds, for at most `within`.
+async fn until(base: &str, session: &str, within: Duration, check: impl Fn(&[Value]) -> bool) {
+    let started = Instant::now();
+    loop {
+        let m = messages(base, session).await;
+        if check(&m) {
+            return;
+        }
+        assert!(
+            started.elapsed() < within,
+            "not reached within {within:?}: {m:#?}"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_killed_nodes_session_is_taken_over_and_its_accepted_work_ends() {
+    let url = troupe_test_postgres::server().fresh_database();
+    let dir = tempfile::tempdir().unwrap();
+    let (mut a, base_a) = node(dir.path(), &url, "a", 600_000);
+    let (mut b, base_b) = node(dir.path(), &url, "b", 10);
+
+    let (status, s) = post(&base_a, "/api/sessions", json!({})).await;
+    assert_eq!(status, StatusCode::CREATED, "{s}");
+    let session = s["session_id"].as_str().unwrap().to_owned();
+    let (status, first) = send(&base_a, &session, "runs on a").await;
+    assert_eq!(status, StatusCode::ACCEPTED, "{first}");
+    let (status, second) = send(&base_a, &session, "queued on a").await;
+    assert_eq!(status, StatusCode::ACCEPTED, "{second}");
+    let first = first["message"]["message_id"].as_u64().unwrap();
+    let second = second["message"]["message_id"].as_u64().unwrap();
+    until(&base_a, &session, Duration::from_secs(10), |m| {
+        status_of(m, first).as_deref() == Some("running")
+            && status_of(m, second).as_deref() == Some("queued")
+    })
+    .await;
+
+    // A lives: B does not activate the session.
+    let (status, refused) = send(&base_b, &session, "to b while a lives").await;
+    assert_eq!(status, StatusCode::SERVICE_UNAVAILABLE, "{refused}");
+    assert!(refused.to_string().contains("owned by node a"), "{refused}");
+
+    kill9(&mut a);
+    let killed = Instant::now();
+    // Nothing is asked of B: its scan takes the session over once A's lease expired.
+    until(&base_b, &session, Duration::from_secs(30), |m| {
+        status_of(m, first).as_deref() == Some("aborted")
+            && status_of(m, second).as_deref() == Some("completed")
+    })
+    .await;
+    let failover = killed.elapsed();
+    eprintln!("taken over and the queued message answered {failover:?} after the kill");
+    assert!(
+        failover >= Duration::from_secs(1),
+        "taken over before the lease could expire: {failover:?}"
+    );
+    let replies: Vec<Value> = messages(&base_b, &session)
+        .await
+        .into_iter()
+        .filter(|m| m["role"] == "assistant")
+        .collect();
+    assert!(
+        replies.iter().any(|m| m["content"]
+            .as_str()
+            .is_some_and(|c| c.starts_with("b reply"))),
+        "the queued message was answered by b's model: {replies:#?}"
+    );
+
+    // B serves the session now.
+    let (status, third) = send(&base_b, &session, "to b after the takeover").await;
+    assert_eq!(status, StatusCode::ACCEPTED, "{third}");
+    let third = third["message"]["message_id"].as_u64().unwrap();
+    until(&base_b, &session, Duration::from_secs(10), |m| {
+        status_of(m, third).as_deref() == Some("completed")
+    })
+    .await;
+
+    // A comes back under its name: the session is B's, A neither takes it nor writes for it.
+    let (mut a, base_a) = node(dir.path(), &url, "a", 10);
+    let before = messages(&base_b, &session).await;
+    let (status, refused) = send(&base_a, &session, "to a after its restart").await;
+    assert_eq!(status, StatusCode::SERVICE_UNAVAILABLE, "{refused}");
+    assert!(refused.to_string().contains("owned by node b"), "{refused}");
+    tokio::time::sleep(Duration::from_secs(3)).await; // a scan of A's runs meanwhile
+    assert_eq!(
+        messages(&base_a, &session).await,
+        before,
+        "nothing written by a"
+    );
+
+    // B is paused past its lease: A takes the session over on the next request, and B, once
+    // it runs again, finds its lease lost and gives the session up without writing for it.
+    signal(&b, nix::sys::signal::Signal::SIGSTOP);
+    let started = Instant::now();
+    let fourth = loop {
+        let (status, v) = send(&base_a, &session, "to a while b is paused").await;
+        if status == StatusCode::ACCEPTED {
+            break v["message"]["message_id"].as_u64().unwrap();
+        }
+        assert_eq!(status, StatusCode::SERVICE_UNAVAILABLE, "{v}");
+        assert!(started.elapsed() < Duration::from_secs(15), "{v}");
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    };
+    until(&base_a, &session, Duration::from_secs(10), |m| {
+        status_of(m, fourth).as_deref() == Some("completed")
+    })
+    .await;
+    signal(&b, nix::sys::signal::Signal::SIGCONT);
+    let resumed = Instant::now();
+    loop {
+        let (status, v) = send(&base_b, &session, "to b after its pause").await;
+        assert_ne!(
+            status,
+            StatusCode::ACCEPTED,
+            "b wrote for a session it lost: {v}"
+        );
+        if status == StatusCode::SERVICE_UNAVAILABLE {
+            assert!(v.to_string().contains("owned by node a"), "{v}");
+            break;
+        }
+        // Before its renewal fails, B's host still runs: the fence refuses its write.
+        assert!(v.to_string().contains("lease lost"), "{status}: {v}");
+        assert!(resumed.elapsed() < Duration::from_secs(10), "{v}");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let last = messages(&base_a, &session).await;
+    assert!(
+        last.iter().all(|m| m["content"] != "to b after its pause"),
+        "{last:#?}"
+    );
+
+    // A shuts down gracefully: it gives its leases back (expired at once).
+    signal(&a, nix::sys::signal::Signal::SIGTERM);
+    a.wait().unwrap();
+    let leases = troupe_test_postgres::server()
+        .psql_at(
+            &url,
+            &format!("SELECT owner, expires_ms FROM session_leases WHERE session_id = '{session}'"),
+        )
+        .unwrap();
+    assert_eq!(leases.trim(), "a|0", "given back, expired at once");
+    kill9(&mut b);
+}
+
+fn signal(child: &Child, signal: nix::sys::signal::Signal) {
+    nix::sys::signal::kill(
+        nix::unistd::Pid::from_raw(i32::try_from(child.id()).unwrap()),
+        signal,
+    )
+    .unwrap();
+}
