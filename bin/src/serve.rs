@@ -205,6 +205,18 @@ pub async fn run(args: ServeArgs) -> anyhow::Result<ExitCode> {
     }
     let listener = bind(&service, &config.server.listen).await?;
     let addr = listener.local_addr()?;
+    if config.cluster.node.is_some() {
+        let api_url = config
+            .cluster
+            .api_url
+            .clone()
+            .unwrap_or_else(|| format!("http://{addr}"));
+        service
+            .publish_api(&api_url)
+            .await
+            .with_context(|| format!("cannot publish this node's API address {api_url}"))?;
+        eprintln!("troupe: cluster node API published at {api_url}");
+    }
     println!("troupe serve listening on http://{addr}");
     std::io::stdout().flush()?;
     service.serve_http(listener).await?;

@@ -560,6 +560,10 @@ pub struct ClusterConfig {
     /// The shared database; defaults to `[store] postgres_url`. Never printed by `Debug`.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub postgres_url: Option<String>,
+    /// Where the other nodes reach this node's API (`http://host:port`), to forward calls for
+    /// its sessions; default `http://` + the address `troupe serve` listens on.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub api_url: Option<String>,
     /// How long a session's lease lasts without renewal (renewed three times per ttl): how
     /// long a dead node's sessions wait before another node takes them over.
     #[serde(with = "humantime_serde")]
@@ -574,6 +578,7 @@ impl Default for ClusterConfig {
             seeds: Vec::new(),
             cookie: None,
             postgres_url: None,
+            api_url: None,
             lease_ttl: Duration::from_secs(15),
         }
     }
@@ -588,6 +593,7 @@ impl std::fmt::Debug for ClusterConfig {
             .field("seeds", &self.seeds)
             .field("cookie", &redacted(&self.cookie))
             .field("postgres_url", &redacted(&self.postgres_url))
+            .field("api_url", &self.api_url)
             .field("lease_ttl", &self.lease_ttl)
             .finish()
     }
@@ -1072,6 +1078,7 @@ pub const ENV_VARS: &[(&str, &str)] = &[
     ("TROUPE_CLUSTER_COOKIE", "cluster.cookie"),
     ("TROUPE_CLUSTER_POSTGRES_URL", "cluster.postgres_url"),
     ("TROUPE_LEASE_TTL", "cluster.lease_ttl"),
+    ("TROUPE_CLUSTER_API_URL", "cluster.api_url"),
 ];
 
 impl TroupeConfig {
@@ -1254,6 +1261,9 @@ impl TroupeConfig {
         }
         if let Some(v) = get("TROUPE_CLUSTER_POSTGRES_URL") {
             self.cluster.postgres_url = Some(v);
+        }
+        if let Some(v) = get("TROUPE_CLUSTER_API_URL") {
+            self.cluster.api_url = Some(v);
         }
         self.telemetry.apply_env(env)?;
         self.apply_conversation_env(&get)?;

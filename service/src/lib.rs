@@ -46,6 +46,7 @@ pub mod console;
 pub mod edge;
 pub mod error;
 pub mod extract;
+pub mod forward;
 pub mod host;
 pub mod http;
 pub mod lease_keeper;
@@ -91,6 +92,8 @@ pub const FAILED_LINGER: Duration = Duration::from_secs(2);
 #[derive(Clone)]
 pub struct Service {
     pub sessions: SessionsApi,
+    /// This node's session leases, on a node of a cluster.
+    leases: Option<Arc<dyn troupe_store::SessionLeases>>,
     state: AppState,
     auth: Auth,
     metrics_public: bool,
@@ -118,6 +121,7 @@ impl std::fmt::Debug for Service {
 pub fn describe_metrics() {
     troupe_actors::describe_metrics();
     metrics::describe();
+    forward::describe();
     modules::metrics::describe();
     a2a::metrics::describe();
     troupe_a2a::describe_metrics();
@@ -195,6 +199,14 @@ impl Service {
         let sweeper = TtlSweeper::new(Some(store.clone()), rollout);
         sweeper.sweep().await;
         let ttl_sweep_interval = session_config.ttl_sweep_interval;
+        let forward = cluster.as_ref().map(|c| {
+            Arc::new(forward::Forwarder::new(
+                c.leases.node().to_owned(),
+                c.leases.clone(),
+                config.server.body_limit,
+            ))
+        });
+        let leases = cluster.as_ref().map(|c| c.leases.clone());
         let (cluster, lost) = match cluster {
             Some(c) => {
                 let (registry, lost) = start_lease_keeper(c).await?;
@@ -232,9 +244,11 @@ impl Service {
             body_limit: config.server.body_limit,
             shutdown,
             prometheus,
+            forward,
         };
         Ok(Self {
             sessions,
+            leases,
             state,
             auth: Auth::new(tokens),
             metrics_public: config.server.metrics_public,
@@ -281,6 +295,19 @@ impl Service {
 
     pub fn state(&self) -> &AppState {
         &self.state
+    }
+
+    /// A node of a cluster publishes where its API answers (`http://host:port`), so that the
+    /// other nodes forward to it the calls for its sessions. One node alone: nothing to do.
+    pub async fn publish_api(&self, api_url: &str) -> Result<(), AgentError> {
+        match &self.leases {
+            Some(leases) => {
+                leases
+                    .publish_api(api_url, troupe_actors::clock::unix_now_ms())
+                    .await
+            }
+            None => Ok(()),
+        }
     }
 
     /// Fired when shutdown begins.

@@ -104,6 +104,22 @@ pub trait SessionLeases: Send + Sync {
 
     /// Gives the session up: its lease expires now, its fence stays.
     async fn release(&self, session_id: SessionId) -> Result<(), AgentError>;
+
+    /// Publishes where this node answers its API (`http://host:port`), for the other nodes
+    /// to forward calls for its sessions. One node alone: nothing to publish.
+    async fn publish_api(&self, _api_url: &str, _now_ms: u64) -> Result<(), AgentError> {
+        Ok(())
+    }
+
+    /// The node whose lease on the session is unexpired at `now_ms`, with the API address it
+    /// published (`None` when it published none); `None`: no node holds it.
+    async fn owner_of(
+        &self,
+        _session_id: SessionId,
+        _now_ms: u64,
+    ) -> Result<Option<(String, Option<String>)>, AgentError> {
+        Ok(None)
+    }
 }
 
 /// One node alone (SQLite): every lease is granted, nothing is checked.

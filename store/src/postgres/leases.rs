@@ -219,6 +219,47 @@ impl SessionLeases for PgStore {
         })
     }
 
+    async fn publish_api(&self, api_url: &str, now_ms: u64) -> Result<(), AgentError> {
+        let node = self.node_name()?.to_owned();
+        let now = ms("now_ms", now_ms)?;
+        let client = self.client().await?;
+        exec(
+            &client,
+            "publish node",
+            "INSERT INTO cluster_nodes (node, api_url, heartbeat_ms) VALUES ($1, $2, $3)
+             ON CONFLICT (node) DO UPDATE SET api_url = $2, heartbeat_ms = $3",
+            &[&node, &api_url, &now],
+        )
+        .await
+        .map(drop)
+    }
+
+    async fn owner_of(
+        &self,
+        session_id: SessionId,
+        now_ms: u64,
+    ) -> Result<Option<(String, Option<String>)>, AgentError> {
+        let key = session_id.to_string();
+        let now = ms("now_ms", now_ms)?;
+        let client = self.client().await?;
+        row(
+            &client,
+            "read owner",
+            "SELECT l.owner, n.api_url FROM session_leases l
+             LEFT JOIN cluster_nodes n ON n.node = l.owner
+             WHERE l.session_id = $1 AND l.expires_ms > $2",
+            &[&key, &now],
+        )
+        .await?
+        .map(|r| {
+            Ok::<_, AgentError>((
+                col::<String>(&r, 0, "read owner")?,
+                col::<Option<String>>(&r, 1, "read owner")?,
+            ))
+        })
+        .transpose()
+    }
+
     async fn release(&self, session_id: SessionId) -> Result<(), AgentError> {
         let node = self.node_name()?.to_owned();
         let key = session_id.to_string();

@@ -2,7 +2,9 @@
 //! on loopback over one real PostgreSQL database, with a 2 s lease ttl.
 //!
 //! A session is created on A, which runs one message (its model answers only after ten
-//! minutes) and queues another. B refuses the session while A lives (503 naming A). A is
+//! minutes) and queues another. B does not activate the session while A lives: a call sent
+//! to B with forwarding turned off (`x-troupe-forwarded-by`, as a forwarded call carries) is
+//! answered 503 naming A. A is
 //! killed with SIGKILL; nobody asks B anything about the session, yet once A's lease has
 //! expired B's scan of sessions with unfinished messages takes it over: the message A was
 //! running ends `aborted`, the queued one runs on B and completes, and B serves new
@@ -11,109 +13,10 @@
 //! lease: A takes the session over on the next request; B, resumed, gives the session up
 //! (503 naming A) without writing for it. A stopped with SIGTERM gives its lease back.
 
+use super::{kill9, messages, node, post, send, send_here, signal, status_of, until};
 use reqwest::StatusCode;
 use serde_json::{Value, json};
-use std::path::Path;
-use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
-use troupe_tests::troupe_bin;
-
-const LEASE_TTL: &str = "2s";
-
-/// A node: `troupe serve` as cluster node `name`, its model answering after `delay_ms`.
-fn node(dir: &Path, url: &str, name: &str, delay_ms: u64) -> (Child, String) {
-    let script: Vec<Value> = (0..200)
-        .map(|i| json!({"delay_ms": delay_ms, "text": format!("{name} reply {i}")}))
-        .collect();
-    let script_path = dir.join(format!("script-{name}.json"));
-    std::fs::write(
-        &script_path,
-        serde_json::to_vec(&json!({ "replies": script })).unwrap(),
-    )
-    .unwrap();
-    let mut command = Command::new(troupe_bin());
-    command
-        .args(["serve", "--listen", "127.0.0.1:0", "--data-dir"])
-        .arg(dir.join(format!("data-{name}")))
-        .arg("--script")
-        .arg(&script_path)
-        .args(["--node", name, "--lease-ttl", LEASE_TTL])
-        .current_dir(dir)
-        .env_remove("TROUPE_API_TOKENS")
-        .env_remove("TROUPE_STORE_BACKEND")
-        .env_remove("TROUPE_NODE")
-        .env("TROUPE_POSTGRES_URL", url)
-        .stderr(Stdio::null());
-    troupe_tests::spawn_serve(&mut command)
-}
-
-fn kill9(child: &mut Child) {
-    signal(child, nix::sys::signal::Signal::SIGKILL);
-    child.wait().unwrap();
-}
-
-fn http() -> reqwest::Client {
-    reqwest::Client::builder()
-        .timeout(Duration::from_secs(10))
-        .build()
-        .unwrap()
-}
-
-async fn post(base: &str, path: &str, body: Value) -> (StatusCode, Value) {
-    let r = http()
-        .post(format!("{base}{path}"))
-        .json(&body)
-        .send()
-        .await
-        .unwrap();
-    let status = r.status();
-    (status, r.json().await.unwrap_or(Value::Null))
-}
-
-/// The session's messages (user and assistant), oldest first.
-async fn messages(base: &str, session: &str) -> Vec<Value> {
-    let r = http()
-        .get(format!("{base}/api/sessions/{session}/messages?limit=1000"))
-        .send()
-        .await
-        .unwrap();
-    assert_eq!(r.status(), StatusCode::OK);
-    let page: Value = r.json().await.unwrap();
-    page["messages"].as_array().unwrap().clone()
-}
-
-fn status_of(messages: &[Value], id: u64) -> Option<String> {
-    messages
-        .iter()
-        .find(|m| m["message_id"].as_u64() == Some(id))
-        .and_then(|m| m["status"].as_str())
-        .map(str::to_owned)
-}
-
-async fn send(base: &str, session: &str, text: &str) -> (StatusCode, Value) {
-    post(
-        base,
-        &format!("/api/sessions/{session}/messages"),
-        json!({"text": text, "wait": false}),
-    )
-    .await
-}
-
-/// Polls `check` on the session's messages at `base` until it holds, for at most `within`.
-async fn until(base: &str, session: &str, within: Duration, check: impl Fn(&[Value]) -> bool) {
-    let started = Instant::now();
-    loop {
-        let m = messages(base, session).await;
-        if check(&m) {
-            return;
-        }
-        assert!(
-            started.elapsed() < within,
-            "not reached within {within:?}: {m:#?}"
-        );
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
-}
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_killed_nodes_session_is_taken_over_and_its_accepted_work_ends() {
@@ -137,8 +40,8 @@ async fn a_killed_nodes_session_is_taken_over_and_its_accepted_work_ends() {
     })
     .await;
 
-    // A lives: B does not activate the session.
-    let (status, refused) = send(&base_b, &session, "to b while a lives").await;
+    // A lives: B does not activate the session (asked not to forward, it answers 503).
+    let (status, refused) = send_here(&base_b, &session, "to b while a lives").await;
     assert_eq!(status, StatusCode::SERVICE_UNAVAILABLE, "{refused}");
     assert!(refused.to_string().contains("owned by node a"), "{refused}");
 
@@ -180,7 +83,7 @@ async fn a_killed_nodes_session_is_taken_over_and_its_accepted_work_ends() {
     // A comes back under its name: the session is B's, A neither takes it nor writes for it.
     let (mut a, base_a) = node(dir.path(), &url, "a", 10);
     let before = messages(&base_b, &session).await;
-    let (status, refused) = send(&base_a, &session, "to a after its restart").await;
+    let (status, refused) = send_here(&base_a, &session, "to a after its restart").await;
     assert_eq!(status, StatusCode::SERVICE_UNAVAILABLE, "{refused}");
     assert!(refused.to_string().contains("owned by node b"), "{refused}");
     tokio::time::sleep(Duration::from_secs(3)).await; // a scan of A's runs meanwhile
@@ -195,7 +98,7 @@ async fn a_killed_nodes_session_is_taken_over_and_its_accepted_work_ends() {
     signal(&b, nix::sys::signal::Signal::SIGSTOP);
     let started = Instant::now();
     let fourth = loop {
-        let (status, v) = send(&base_a, &session, "to a while b is paused").await;
+        let (status, v) = send_here(&base_a, &session, "to a while b is paused").await;
         if status == StatusCode::ACCEPTED {
             break v["message"]["message_id"].as_u64().unwrap();
         }
@@ -210,7 +113,7 @@ async fn a_killed_nodes_session_is_taken_over_and_its_accepted_work_ends() {
     signal(&b, nix::sys::signal::Signal::SIGCONT);
     let resumed = Instant::now();
     loop {
-        let (status, v) = send(&base_b, &session, "to b after its pause").await;
+        let (status, v) = send_here(&base_b, &session, "to b after its pause").await;
         assert_ne!(
             status,
             StatusCode::ACCEPTED,
@@ -242,12 +145,4 @@ async fn a_killed_nodes_session_is_taken_over_and_its_accepted_work_ends() {
         .unwrap();
     assert_eq!(leases.trim(), "a|0", "given back, expired at once");
     kill9(&mut b);
-}
-
-fn signal(child: &Child, signal: nix::sys::signal::Signal) {
-    nix::sys::signal::kill(
-        nix::unistd::Pid::from_raw(i32::try_from(child.id()).unwrap()),
-        signal,
-    )
-    .unwrap();
 }
