@@ -5,6 +5,7 @@
 mod failover;
 mod fencing;
 mod forwarding;
+mod load;
 
 use reqwest::StatusCode;
 use serde_json::{Value, json};
@@ -17,7 +18,7 @@ pub const LEASE_TTL: &str = "2s";
 
 /// A node: `troupe serve` as cluster node `name`, its model answering after `delay_ms`.
 pub fn node(dir: &Path, url: &str, name: &str, delay_ms: u64) -> (Child, String) {
-    let script: Vec<Value> = (0..200)
+    let script: Vec<Value> = (0..5_000)
         .map(|i| json!({"delay_ms": delay_ms, "text": format!("{name} reply {i}")}))
         .collect();
     let script_path = dir.join(format!("script-{name}.json"));
