@@ -204,10 +204,7 @@ impl LeaseKeeperState {
         );
         let myself = myself.clone();
         tokio::spawn(async move {
-            let mut outcomes = Vec::with_capacity(sessions.len());
-            for session_id in sessions {
-                outcomes.push((session_id, leases.renew(session_id, now, ttl).await));
-            }
+            let outcomes = leases.renew_many(&sessions, now, ttl).await;
             let _ = myself.cast(LeaseKeeperMsg::Renewed { outcomes });
         });
     }

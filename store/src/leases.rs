@@ -105,6 +105,21 @@ pub trait SessionLeases: Send + Sync {
     /// Gives the session up: its lease expires now, its fence stays.
     async fn release(&self, session_id: SessionId) -> Result<(), AgentError>;
 
+    /// [`renew`](Self::renew) for many leases at once (PostgreSQL: one statement), each
+    /// with its outcome.
+    async fn renew_many(
+        &self,
+        sessions: &[SessionId],
+        now_ms: u64,
+        ttl: Duration,
+    ) -> Vec<(SessionId, Result<Lease, AgentError>)> {
+        let mut out = Vec::with_capacity(sessions.len());
+        for &session_id in sessions {
+            out.push((session_id, self.renew(session_id, now_ms, ttl).await));
+        }
+        out
+    }
+
     /// Publishes where this node answers its API (`http://host:port`), for the other nodes
     /// to forward calls for its sessions. One node alone: nothing to publish.
     async fn publish_api(&self, _api_url: &str, _now_ms: u64) -> Result<(), AgentError> {

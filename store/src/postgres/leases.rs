@@ -7,7 +7,7 @@
 //! for writes that read the old fence to commit, and every write after it sees the new one, so
 //! a node's writes after losing the session are refused.
 
-use super::sql::{col, exec, row};
+use super::sql::{col, exec, row, rows};
 use super::{PgStore, pg_err};
 use crate::leases::{Acquired, FenceVerdict, Lease, SessionLeases, expiry, fence_verdict};
 use async_trait::async_trait;
@@ -217,6 +217,90 @@ impl SessionLeases for PgStore {
             fence,
             expires_ms: expiry(now_ms, ttl),
         })
+    }
+
+    async fn renew_many(
+        &self,
+        sessions: &[SessionId],
+        now_ms: u64,
+        ttl: Duration,
+    ) -> Vec<(SessionId, Result<Lease, AgentError>)> {
+        let node = match self.node_name() {
+            Ok(n) => n.to_owned(),
+            Err(e) => return sessions.iter().map(|s| (*s, Err(e.clone()))).collect(),
+        };
+        let lost = |session_id: SessionId, why: &str| {
+            counter!(crate::leases::RENEWALS, "outcome" => "lost").increment(1);
+            tracing::warn!(%session_id, node = %node, why, "session lease lost");
+            AgentError::Interrupted {
+                reason: format!("lease lost: session {session_id}: {why}"),
+            }
+        };
+        let mut out = Vec::with_capacity(sessions.len());
+        let mut keys = Vec::new();
+        let mut fences = Vec::new();
+        let mut held = Vec::new();
+        for &session_id in sessions {
+            let key = session_id.to_string();
+            match self.fencing.held(&key) {
+                Some(fence) => {
+                    keys.push(key);
+                    fences.push(i64::try_from(fence).unwrap_or(i64::MAX));
+                    held.push((session_id, fence));
+                }
+                None => out.push((
+                    session_id,
+                    Err(lost(session_id, "this node holds no lease for it")),
+                )),
+            }
+        }
+        if held.is_empty() {
+            return out;
+        }
+        let result = async {
+            let until = ms("expires_ms", expiry(now_ms, ttl))?;
+            let client = self.client().await?;
+            let renewed = rows(
+                &client,
+                "renew leases",
+                "UPDATE session_leases l SET expires_ms = $3
+                 FROM unnest($1::text[], $2::bigint[]) AS r(session_id, fence)
+                 WHERE l.session_id = r.session_id AND l.fence = r.fence AND l.owner = $4
+                 RETURNING l.session_id",
+                &[&keys, &fences, &until, &node],
+            )
+            .await?;
+            renewed
+                .iter()
+                .map(|r| col::<String>(r, 0, "renew leases"))
+                .collect::<Result<std::collections::HashSet<String>, _>>()
+        }
+        .await;
+        match result {
+            Ok(renewed) => {
+                for (session_id, fence) in held {
+                    let key = session_id.to_string();
+                    if renewed.contains(&key) {
+                        counter!(crate::leases::RENEWALS, "outcome" => "renewed").increment(1);
+                        out.push((
+                            session_id,
+                            Ok(Lease {
+                                fence,
+                                expires_ms: expiry(now_ms, ttl),
+                            }),
+                        ));
+                    } else {
+                        self.fencing.lock().remove(&key);
+                        out.push((
+                            session_id,
+                            Err(lost(session_id, "another node took it over")),
+                        ));
+                    }
+                }
+            }
+            Err(e) => out.extend(held.into_iter().map(|(s, _)| (s, Err(e.clone())))),
+        }
+        out
     }
 
     async fn publish_api(&self, api_url: &str, now_ms: u64) -> Result<(), AgentError> {

@@ -35,7 +35,7 @@ async fn events_until(base: &str, session: &str, needle: &str) -> Vec<Value> {
     out
 }
 
-fn forwarded_ok(metrics: &str) -> f64 {
+pub(super) fn forwarded_ok(metrics: &str) -> f64 {
     metrics
         .lines()
         .find(|l| l.starts_with("troupe_cluster_forwarded_calls_total{outcome=\"ok\"}"))
@@ -44,7 +44,7 @@ fn forwarded_ok(metrics: &str) -> f64 {
         .unwrap_or_else(|| panic!("no forwarded calls series in {metrics}"))
 }
 
-async fn metrics(base: &str) -> String {
+pub(super) async fn metrics(base: &str) -> String {
     http()
         .get(format!("{base}/metrics"))
         .send()
