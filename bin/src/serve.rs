@@ -211,8 +211,9 @@ pub async fn run(args: ServeArgs) -> anyhow::Result<ExitCode> {
             .api_url
             .clone()
             .unwrap_or_else(|| format!("http://{addr}"));
+        let every = troupe_service::lease_keeper::renew_interval(config.cluster.lease_ttl);
         service
-            .publish_api(&api_url)
+            .keep_published(api_url.clone(), every)
             .await
             .with_context(|| format!("cannot publish this node's API address {api_url}"))?;
         eprintln!("troupe: cluster node API published at {api_url}");

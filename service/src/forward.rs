@@ -10,9 +10,11 @@
 //!            owner when it changed meanwhile)
 //! ```
 //!
+//! A new session (`POST /api/sessions`, JSON-RPC `session.create`) is placed by load: created
+//! on the live node (heartbeat within a lease ttl) owning the fewest sessions.
+//!
 //! A forwarded request is never forwarded again (the header says it was). Not forwarded:
-//! session creation (a new session lives where it was created), WebSocket upgrades, JSON-RPC
-//! batches.
+//! WebSocket upgrades, JSON-RPC batches.
 
 use crate::error::ApiError;
 use axum::body::{Body, Bytes};
@@ -49,6 +51,8 @@ pub fn describe() {
 /// HTTP client, the request body limit.
 pub struct Forwarder {
     pub node: String,
+    /// A node whose heartbeat is older than this is not given new sessions.
+    pub lease_ttl: std::time::Duration,
     pub leases: Arc<dyn SessionLeases>,
     pub http: reqwest::Client,
     pub body_limit: usize,
@@ -63,9 +67,15 @@ impl std::fmt::Debug for Forwarder {
 }
 
 impl Forwarder {
-    pub fn new(node: String, leases: Arc<dyn SessionLeases>, body_limit: usize) -> Self {
+    pub fn new(
+        node: String,
+        leases: Arc<dyn SessionLeases>,
+        body_limit: usize,
+        lease_ttl: std::time::Duration,
+    ) -> Self {
         Self {
             node,
+            lease_ttl,
             leases,
             // No overall timeout: an event stream lasts as long as its client.
             http: reqwest::Client::builder()
@@ -89,11 +99,40 @@ pub fn session_of_path(path: &str) -> Option<SessionId> {
     SessionId::from_str(id).ok()
 }
 
+/// What a call is about, for forwarding.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Target {
+    /// A session: its owner answers.
+    Session(SessionId),
+    /// A new session: the least loaded node creates it.
+    NewSession,
+}
+
 /// The session a single JSON-RPC call names in `params.session_id` (a batch: none).
 pub fn session_of_rpc(body: &[u8]) -> Option<SessionId> {
+    match target_of_rpc(body) {
+        Some(Target::Session(id)) => Some(id),
+        _ => None,
+    }
+}
+
+/// What a single JSON-RPC call is about: `session.create`, or the session of its
+/// `params.session_id` (a batch: nothing).
+pub fn target_of_rpc(body: &[u8]) -> Option<Target> {
     let call: serde_json::Value = serde_json::from_slice(body).ok()?;
+    if call.get("method").and_then(|m| m.as_str()) == Some("session.create") {
+        return Some(Target::NewSession);
+    }
     let id = call.get("params")?.get("session_id")?.as_str()?;
-    SessionId::from_str(id).ok()
+    SessionId::from_str(id).ok().map(Target::Session)
+}
+
+/// What a REST call is about.
+pub fn target_of_rest(method: &Method, path: &str) -> Option<Target> {
+    if path == "/api/sessions" && method == Method::POST {
+        return Some(Target::NewSession);
+    }
+    session_of_path(path).map(Target::Session)
 }
 
 /// Whether to forward: the owner, when it is another node that published its API address.
@@ -118,7 +157,7 @@ pub async fn forward(
     }
     let path = req.uri().path().to_owned();
     let rpc = path == "/rpc" && req.method() == Method::POST;
-    if !rpc && session_of_path(&path).is_none() {
+    if !rpc && target_of_rest(req.method(), &path).is_none() {
         return next.run(req).await;
     }
     let (parts, body) = req.into_parts();
@@ -132,21 +171,32 @@ pub async fn forward(
             .into_response();
         }
     };
-    let session = if rpc {
-        session_of_rpc(&bytes)
+    let target = if rpc {
+        target_of_rpc(&bytes)
     } else {
-        session_of_path(&path)
+        target_of_rest(&parts.method, &path)
     };
-    let Some(session_id) = session else {
+    let Some(target) = target else {
         return next
             .run(Request::from_parts(parts, Body::from(bytes)))
             .await;
     };
     let now = troupe_actors::clock::unix_now_ms();
-    let owner = match f.leases.owner_of(session_id, now).await {
+    let owner = match target {
+        Target::Session(session_id) => f.leases.owner_of(session_id, now).await,
+        Target::NewSession => {
+            let alive_after =
+                now.saturating_sub(u64::try_from(f.lease_ttl.as_millis()).unwrap_or(0));
+            f.leases
+                .least_loaded(now, alive_after)
+                .await
+                .map(|n| n.map(|(node, url)| (node, Some(url))))
+        }
+    };
+    let owner = match owner {
         Ok(o) => o,
         Err(e) => {
-            tracing::warn!(%session_id, error = %e, "session owner not read; answering here");
+            tracing::warn!(?target, error = %e, "owner not read; answering here");
             None
         }
     };
@@ -154,6 +204,10 @@ pub async fn forward(
         return next
             .run(Request::from_parts(parts, Body::from(bytes)))
             .await;
+    };
+    let session_id = match target {
+        Target::Session(id) => id.to_string(),
+        Target::NewSession => "(new)".to_owned(),
     };
     match send(&f, &url, &parts, bytes.clone()).await {
         Ok(response) => {
@@ -284,6 +338,19 @@ mod tests {
             "a batch"
         );
         assert_eq!(session_of_rpc(b"{\"method\": \"session.create\"}"), None);
+        assert_eq!(
+            target_of_rpc(b"{\"method\": \"session.create\", \"params\": {}}"),
+            Some(Target::NewSession)
+        );
+        assert_eq!(
+            target_of_rest(&Method::POST, "/api/sessions"),
+            Some(Target::NewSession)
+        );
+        assert_eq!(target_of_rest(&Method::GET, "/api/sessions"), None);
+        assert_eq!(
+            target_of_rest(&Method::GET, &format!("/api/sessions/{id}")),
+            Some(Target::Session(id))
+        );
     }
 
     #[test]

@@ -204,6 +204,7 @@ impl Service {
                 c.leases.node().to_owned(),
                 c.leases.clone(),
                 config.server.body_limit,
+                c.lease_ttl,
             ))
         });
         let leases = cluster.as_ref().map(|c| c.leases.clone());
@@ -308,6 +309,31 @@ impl Service {
             }
             None => Ok(()),
         }
+    }
+
+    /// [`Self::publish_api`] now, then again every `every` until shutdown: the node's
+    /// heartbeat (a node silent for a lease ttl gets no new sessions).
+    pub async fn keep_published(&self, api_url: String, every: Duration) -> Result<(), AgentError> {
+        self.publish_api(&api_url).await?;
+        let Some(leases) = self.leases.clone() else {
+            return Ok(());
+        };
+        let stop = self.state.shutdown.clone();
+        tokio::spawn(async move {
+            loop {
+                tokio::select! {
+                    () = stop.cancelled() => return,
+                    () = tokio::time::sleep(every) => {}
+                }
+                if let Err(e) = leases
+                    .publish_api(&api_url, troupe_actors::clock::unix_now_ms())
+                    .await
+                {
+                    tracing::warn!(error = %e, "node heartbeat not written");
+                }
+            }
+        });
+        Ok(())
     }
 
     /// Fired when shutdown begins.

@@ -126,6 +126,16 @@ pub trait SessionLeases: Send + Sync {
         Ok(())
     }
 
+    /// The live node (its heartbeat after `alive_after_ms`) owning the fewest sessions at
+    /// `now_ms` (ties at random), with its API address: where a new session goes.
+    async fn least_loaded(
+        &self,
+        _now_ms: u64,
+        _alive_after_ms: u64,
+    ) -> Result<Option<(String, String)>, AgentError> {
+        Ok(None)
+    }
+
     /// The node whose lease on the session is unexpired at `now_ms`, with the API address it
     /// published (`None` when it published none); `None`: no node holds it.
     async fn owner_of(

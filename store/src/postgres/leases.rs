@@ -318,6 +318,34 @@ impl SessionLeases for PgStore {
         .map(drop)
     }
 
+    async fn least_loaded(
+        &self,
+        now_ms: u64,
+        alive_after_ms: u64,
+    ) -> Result<Option<(String, String)>, AgentError> {
+        let (now, alive) = (ms("now_ms", now_ms)?, ms("alive_after_ms", alive_after_ms)?);
+        let client = self.client().await?;
+        row(
+            &client,
+            "least loaded node",
+            "SELECT n.node, n.api_url FROM cluster_nodes n
+             LEFT JOIN session_leases l ON l.owner = n.node AND l.expires_ms > $1
+             WHERE n.heartbeat_ms > $2
+             GROUP BY n.node, n.api_url
+             ORDER BY count(l.session_id), random()
+             LIMIT 1",
+            &[&now, &alive],
+        )
+        .await?
+        .map(|r| {
+            Ok::<_, AgentError>((
+                col::<String>(&r, 0, "least loaded node")?,
+                col::<String>(&r, 1, "least loaded node")?,
+            ))
+        })
+        .transpose()
+    }
+
     async fn owner_of(
         &self,
         session_id: SessionId,

@@ -13,9 +13,9 @@
 //! lease: A takes the session over on the next request; B, resumed, gives the session up
 //! (503 naming A) without writing for it. A stopped with SIGTERM gives its lease back.
 
-use super::{kill9, messages, node, post, send, send_here, signal, status_of, until};
+use super::{create_here, kill9, messages, node, send, send_here, signal, status_of, until};
 use reqwest::StatusCode;
-use serde_json::{Value, json};
+use serde_json::Value;
 use std::time::{Duration, Instant};
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -25,7 +25,7 @@ async fn a_killed_nodes_session_is_taken_over_and_its_accepted_work_ends() {
     let (mut a, base_a) = node(dir.path(), &url, "a", 600_000);
     let (mut b, base_b) = node(dir.path(), &url, "b", 10);
 
-    let (status, s) = post(&base_a, "/api/sessions", json!({})).await;
+    let (status, s) = create_here(&base_a).await;
     assert_eq!(status, StatusCode::CREATED, "{s}");
     let session = s["session_id"].as_str().unwrap().to_owned();
     let (status, first) = send(&base_a, &session, "runs on a").await;

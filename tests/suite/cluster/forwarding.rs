@@ -1,9 +1,10 @@
 //! Any node answers: two real `troupe serve` nodes on one real PostgreSQL database. A session
 //! created on A is used through B only (REST messages, a JSON-RPC call, the SSE event stream):
 //! B forwards each call to A, whose model answers; a session created on B is served through A
-//! by B. Every forwarded call is counted on the forwarding node's `/metrics`.
+//! by B. Every forwarded call is counted on the forwarding node's `/metrics`. New sessions
+//! asked of one node are placed by load: six asked of A, three end on each node.
 
-use super::{http, kill9, messages, node, post};
+use super::{create_here, http, kill9, messages, node, post};
 use reqwest::StatusCode;
 use serde_json::{Value, json};
 use std::time::Duration;
@@ -67,7 +68,33 @@ async fn a_session_owned_by_one_node_is_used_through_another() {
         "at 0 from the start"
     );
 
-    let (status, s) = post(&base_a, "/api/sessions", json!({})).await;
+    // Placed by load: each new session goes to the node owning the fewest.
+    for i in 0..6 {
+        let (status, s) = if i % 2 == 0 {
+            post(&base_a, "/api/sessions", json!({})).await
+        } else {
+            let (status, v) = post(
+                &base_a,
+                "/rpc",
+                json!({"jsonrpc": "2.0", "id": i, "method": "session.create", "params": {}}),
+            )
+            .await;
+            (status, v["result"].clone())
+        };
+        assert!(status.is_success(), "{s}");
+        assert!(s["session_id"].is_string(), "{s}");
+    }
+    let owners = troupe_test_postgres::server()
+        .psql_at(
+            &url,
+            "SELECT owner, count(*) FROM session_leases GROUP BY owner ORDER BY owner",
+        )
+        .unwrap();
+    assert_eq!(owners.trim(), "a|3\nb|3", "placed by load");
+    let placed = forwarded_ok(&metrics(&base_a).await);
+    assert_eq!(placed, 3.0, "the three that went to b were forwarded");
+
+    let (status, s) = create_here(&base_a).await;
     assert_eq!(status, StatusCode::CREATED, "{s}");
     let session = s["session_id"].as_str().unwrap().to_owned();
 
@@ -114,7 +141,7 @@ async fn a_session_owned_by_one_node_is_used_through_another() {
     );
 
     // A session created on B belongs to B: through A, B's model answers.
-    let (status, s) = post(&base_b, "/api/sessions", json!({})).await;
+    let (status, s) = create_here(&base_b).await;
     assert_eq!(status, StatusCode::CREATED, "{s}");
     let on_b = s["session_id"].as_str().unwrap().to_owned();
     let (status, said) = post(
@@ -127,7 +154,7 @@ async fn a_session_owned_by_one_node_is_used_through_another() {
     assert!(said.to_string().contains("b reply"), "{said}");
 
     assert!(forwarded_ok(&metrics(&base_b).await) >= 4.0);
-    assert!(forwarded_ok(&metrics(&base_a).await) >= 1.0);
+    assert!(forwarded_ok(&metrics(&base_a).await) >= placed + 1.0);
     kill9(&mut a);
     kill9(&mut b);
 }

@@ -7,7 +7,7 @@
 //!
 //! `TROUPE_CLUSTER_SESSIONS` sets how many sessions (30 by default).
 
-use super::{http, kill9, node, post};
+use super::{create_here, http, kill9, node, post};
 use reqwest::StatusCode;
 use serde_json::{Value, json};
 use std::collections::{HashMap, HashSet};
@@ -136,7 +136,7 @@ async fn three_nodes_lose_one_under_load_and_every_acknowledged_message_ends() {
     // Sessions created on every node in turn: each owned by the node that created it.
     let mut ids = Vec::new();
     for i in 0..sessions {
-        let (status, s) = post(&bases[i % 3], "/api/sessions", json!({})).await;
+        let (status, s) = create_here(&bases[i % 3]).await;
         assert_eq!(status, StatusCode::CREATED, "{s}");
         ids.push(s["session_id"].as_str().unwrap().to_owned());
     }

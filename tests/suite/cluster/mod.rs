@@ -125,6 +125,20 @@ pub async fn send_here(base: &str, session: &str, text: &str) -> (StatusCode, Va
     (status, r.json().await.unwrap_or(Value::Null))
 }
 
+/// Creates a session on this very node (not placed elsewhere: the header a forwarded call
+/// carries).
+pub async fn create_here(base: &str) -> (StatusCode, Value) {
+    let r = http()
+        .post(format!("{base}/api/sessions"))
+        .header("x-troupe-forwarded-by", "test")
+        .json(&json!({}))
+        .send()
+        .await
+        .unwrap();
+    let status = r.status();
+    (status, r.json().await.unwrap_or(Value::Null))
+}
+
 pub fn signal(child: &Child, signal: nix::sys::signal::Signal) {
     nix::sys::signal::kill(
         nix::unistd::Pid::from_raw(i32::try_from(child.id()).unwrap()),
