@@ -6,6 +6,7 @@ mod failover;
 mod fencing;
 mod forwarding;
 mod load;
+mod resume;
 
 use reqwest::StatusCode;
 use serde_json::{Value, json};
