@@ -489,7 +489,7 @@ async fn start_lease_keeper(
         None,
         lease_keeper::LeaseKeeper,
         lease_keeper::LeaseKeeperArgs {
-            leases: cluster.leases,
+            leases: cluster.leases.clone(),
             ttl: cluster.lease_ttl,
             clock: troupe_actors::clock::Clock::new(),
             lost: lost_tx,
@@ -500,6 +500,7 @@ async fn start_lease_keeper(
     Ok((
         registry::RegistryCluster {
             keeper,
+            leases: cluster.leases,
             scan_every: cluster.lease_ttl,
         },
         lost,

@@ -78,6 +78,8 @@ pub struct RegistryArgs {
 pub struct RegistryCluster {
     /// Takes, renews and releases this node's session leases.
     pub keeper: ActorRef<LeaseKeeperMsg>,
+    /// Who holds which lease (read only: a scan skips the sessions of live nodes).
+    pub leases: Arc<dyn troupe_store::SessionLeases>,
     /// How often the sessions with unfinished messages are looked at, to take over those
     /// whose owner is gone (the lease ttl).
     pub scan_every: Duration,
@@ -471,9 +473,17 @@ impl RegistryState {
         }
         self.scanning = true;
         let store = self.store.clone();
+        let leases = self.cluster.as_ref().map(|c| c.leases.clone());
         let myself = myself.clone();
         tokio::spawn(async move {
-            let ids = match store.sessions_with_pending_messages().await {
+            let ids = store.sessions_with_pending_messages().await;
+            // On a node of a cluster, only those no live node holds: no lease is asked for
+            // the sessions the other nodes run.
+            let ids = match (ids, leases) {
+                (Ok(ids), Some(leases)) => leases.not_held_elsewhere(ids, now_ms()).await,
+                (ids, _) => ids,
+            };
+            let ids = match ids {
                 Ok(ids) => ids,
                 Err(e) => {
                     tracing::error!(error = %e, "sessions with unfinished messages could not be read");

@@ -126,6 +126,16 @@ pub trait SessionLeases: Send + Sync {
         Ok(())
     }
 
+    /// Those of `sessions` that no other node holds an unexpired lease on at `now_ms`: the
+    /// ones this node may take (one alone: all of them).
+    async fn not_held_elsewhere(
+        &self,
+        sessions: Vec<SessionId>,
+        _now_ms: u64,
+    ) -> Result<Vec<SessionId>, AgentError> {
+        Ok(sessions)
+    }
+
     /// The live node (its heartbeat after `alive_after_ms`) owning the fewest sessions at
     /// `now_ms` (ties at random), with its API address: where a new session goes.
     async fn least_loaded(

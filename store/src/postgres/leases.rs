@@ -318,6 +318,35 @@ impl SessionLeases for PgStore {
         .map(drop)
     }
 
+    async fn not_held_elsewhere(
+        &self,
+        sessions: Vec<SessionId>,
+        now_ms: u64,
+    ) -> Result<Vec<SessionId>, AgentError> {
+        if sessions.is_empty() {
+            return Ok(sessions);
+        }
+        let node = self.node_name()?.to_owned();
+        let now = ms("now_ms", now_ms)?;
+        let keys: Vec<String> = sessions.iter().map(ToString::to_string).collect();
+        let client = self.client().await?;
+        let held: std::collections::HashSet<String> = rows(
+            &client,
+            "leases held elsewhere",
+            "SELECT session_id FROM session_leases
+             WHERE session_id = ANY($1::text[]) AND expires_ms > $2 AND owner <> $3",
+            &[&keys, &now, &node],
+        )
+        .await?
+        .iter()
+        .map(|r| col::<String>(r, 0, "leases held elsewhere"))
+        .collect::<Result<_, _>>()?;
+        Ok(sessions
+            .into_iter()
+            .filter(|s| !held.contains(&s.to_string()))
+            .collect())
+    }
+
     async fn least_loaded(
         &self,
         now_ms: u64,
