@@ -208,21 +208,24 @@ impl Service {
             ))
         });
         let leases = cluster.as_ref().map(|c| c.leases.clone());
-        let (cluster, lost) = match cluster {
+        let (cluster, keeper, lost) = match cluster {
             Some(c) => {
-                let (registry, lost) = start_lease_keeper(c).await?;
-                (Some(registry), Some(lost))
+                let (registry, keeper, lost) = lease_keeper_of(c);
+                (Some(registry), Some(keeper), Some(lost))
             }
-            None => (None, None),
+            None => (None, None, None),
         };
-        let sessions = SessionsApi::start(RegistryArgs {
-            store,
-            template: SessionTemplate {
-                config: session_config,
-                ports,
+        let sessions = SessionsApi::start_with_keeper(
+            RegistryArgs {
+                store,
+                template: SessionTemplate {
+                    config: session_config,
+                    ports,
+                },
+                cluster,
             },
-            cluster,
-        })
+            keeper,
+        )
         .await?;
         if let Some(mut lost) = lost {
             // A session another node took over: its host stops here.
@@ -473,38 +476,36 @@ impl Service {
     }
 }
 
-/// Starts this node's [`LeaseKeeper`](lease_keeper::LeaseKeeper): what the registry takes
-/// leases through, and where the sessions it loses are reported.
-async fn start_lease_keeper(
+/// This node's [`LeaseKeeper`](lease_keeper::LeaseKeeper), as the service's supervisor starts
+/// (and restarts) it: what the registry takes leases through, and where the sessions it loses
+/// are reported.
+fn lease_keeper_of(
     cluster: ClusterStorage,
-) -> Result<
-    (
-        registry::RegistryCluster,
-        tokio::sync::mpsc::UnboundedReceiver<troupe_proto::SessionId>,
-    ),
-    AgentError,
-> {
+) -> (
+    registry::RegistryCluster,
+    supervisor::KeeperSpec,
+    tokio::sync::mpsc::UnboundedReceiver<troupe_proto::SessionId>,
+) {
     let (lost_tx, lost) = tokio::sync::mpsc::unbounded_channel();
-    let (keeper, _) = ractor::Actor::spawn(
-        None,
-        lease_keeper::LeaseKeeper,
-        lease_keeper::LeaseKeeperArgs {
+    let (tx, rx) = tokio::sync::watch::channel(None);
+    let spec = supervisor::KeeperSpec {
+        args: lease_keeper::LeaseKeeperArgs {
             leases: cluster.leases.clone(),
             ttl: cluster.lease_ttl,
             clock: troupe_actors::clock::Clock::new(),
             lost: lost_tx,
         },
-    )
-    .await
-    .map_err(|e| AgentError::internal(format!("lease keeper failed to start: {e}")))?;
-    Ok((
+        tx,
+    };
+    (
         registry::RegistryCluster {
-            keeper,
+            keeper: lease_keeper::KeeperRef::new(rx),
             leases: cluster.leases,
             scan_every: cluster.lease_ttl,
         },
+        spec,
         lost,
-    ))
+    )
 }
 
 /// Where the service keeps things.

@@ -159,7 +159,7 @@ pub fn describe() {
     describe_counter!(
         SERVICE_RESTARTS_TOTAL,
         Unit::Count,
-        "The service's own actors restarted by their supervisor, by component (registry, a2a) \
+        "The service's own actors restarted by their supervisor, by component (registry, a2a, lease_keeper) \
          and outcome (restarted, given_up)"
     );
     describe_counter!(
@@ -198,7 +198,7 @@ pub fn service_series_start_at_zero() {
     for reason in ["request", "pending"] {
         counter!(SESSION_ACTIVATIONS_TOTAL, "reason" => reason).increment(0);
     }
-    for component in ["registry", "a2a"] {
+    for component in ["registry", "a2a", "lease_keeper"] {
         for outcome in ["restarted", "given_up"] {
             counter!(SERVICE_RESTARTS_TOTAL, "component" => component, "outcome" => outcome)
                 .increment(0);

@@ -51,7 +51,7 @@
 use super::api::CreateSession;
 use super::auth::Scope;
 use super::host::{Created, HostArgs, HostMsg, SessionHost, SessionTemplate};
-use super::lease_keeper::LeaseKeeperMsg;
+use super::lease_keeper::{KeeperRef, LeaseKeeperMsg};
 use super::metrics;
 use ractor::{Actor, ActorId, ActorProcessingErr, ActorRef, RpcReplyPort, SupervisionEvent};
 use std::collections::HashMap;
@@ -76,8 +76,9 @@ pub struct RegistryArgs {
 /// A node of a cluster, as its registry sees it.
 #[derive(Clone)]
 pub struct RegistryCluster {
-    /// Takes, renews and releases this node's session leases.
-    pub keeper: ActorRef<LeaseKeeperMsg>,
+    /// Takes, renews and releases this node's session leases (the current keeper: its
+    /// supervisor replaces it after a failure).
+    pub keeper: KeeperRef,
     /// Who holds which lease (read only: a scan skips the sessions of live nodes).
     pub leases: Arc<dyn troupe_store::SessionLeases>,
     /// How often the sessions with unfinished messages are looked at, to take over those
@@ -331,10 +332,8 @@ pub fn owned_elsewhere(session_id: SessionId, owner: &str) -> AgentError {
 }
 
 /// Takes a session's lease through the keeper: `Ok` when this node holds it now.
-async fn acquire(
-    keeper: &ActorRef<LeaseKeeperMsg>,
-    session_id: SessionId,
-) -> Result<(), AgentError> {
+async fn acquire(keeper: &KeeperRef, session_id: SessionId) -> Result<(), AgentError> {
+    let keeper = keeper.get().await?;
     let answer = ractor::call!(keeper, |reply| LeaseKeeperMsg::Acquire {
         session_id,
         reply
@@ -352,7 +351,14 @@ async fn acquire(
 }
 
 /// Gives a session's lease back (a failure is logged: the lease then expires on its own).
-async fn release(keeper: ActorRef<LeaseKeeperMsg>, session_id: SessionId) {
+async fn release(keeper: KeeperRef, session_id: SessionId) {
+    let keeper = match keeper.get().await {
+        Ok(k) => k,
+        Err(e) => {
+            tracing::warn!(%session_id, error = %e, "session lease not released");
+            return;
+        }
+    };
     match ractor::call!(keeper, |reply| LeaseKeeperMsg::Release {
         session_id,
         reply
@@ -367,7 +373,7 @@ async fn release(keeper: ActorRef<LeaseKeeperMsg>, session_id: SessionId) {
 /// (an unknown id takes none). Held by another node: [`owned_elsewhere`].
 async fn look_up(
     store: &dyn Store,
-    keeper: Option<&ActorRef<LeaseKeeperMsg>>,
+    keeper: Option<&KeeperRef>,
     session_id: SessionId,
 ) -> Result<Option<SessionRecord>, AgentError> {
     let record = store.get_session(session_id).await?;
@@ -384,7 +390,7 @@ async fn start_new(
     project_id: Option<String>,
     request: CreateSession,
     store: Arc<dyn Store>,
-    keeper: Option<ActorRef<LeaseKeeperMsg>>,
+    keeper: Option<KeeperRef>,
 ) -> Result<(SessionRecord, Created), AgentError> {
     let mut config = template.config;
     if let Some(root) = request.root {
@@ -463,7 +469,7 @@ impl RegistryState {
         Some(session_id)
     }
 
-    fn keeper(&self) -> Option<ActorRef<LeaseKeeperMsg>> {
+    fn keeper(&self) -> Option<KeeperRef> {
         self.cluster.as_ref().map(|c| c.keeper.clone())
     }
 

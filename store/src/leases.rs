@@ -105,6 +105,12 @@ pub trait SessionLeases: Send + Sync {
     /// Gives the session up: its lease expires now, its fence stays.
     async fn release(&self, session_id: SessionId) -> Result<(), AgentError>;
 
+    /// The sessions this node holds a fence for (acquired, not released nor lost), with that
+    /// fence: what a new lease keeper renews after the previous one failed.
+    fn held_fences(&self) -> Vec<(SessionId, u64)> {
+        Vec::new()
+    }
+
     /// [`renew`](Self::renew) for many leases at once (PostgreSQL: one statement), each
     /// with its outcome.
     async fn renew_many(

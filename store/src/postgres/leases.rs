@@ -99,6 +99,17 @@ impl SessionLeases for PgStore {
         self.fencing.node.as_deref().unwrap_or("local")
     }
 
+    fn held_fences(&self) -> Vec<(SessionId, u64)> {
+        let mut held: Vec<(SessionId, u64)> = self
+            .fencing
+            .lock()
+            .iter()
+            .filter_map(|(k, f)| k.parse().ok().map(|s| (s, *f)))
+            .collect();
+        held.sort_unstable();
+        held
+    }
+
     async fn acquire(
         &self,
         session_id: SessionId,

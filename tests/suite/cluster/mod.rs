@@ -7,6 +7,7 @@ mod fencing;
 mod forwarding;
 mod load;
 mod resume;
+mod supervision;
 
 use reqwest::StatusCode;
 use serde_json::{Value, json};
