@@ -8,7 +8,9 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 use std::time::Duration;
 use troupe_runtime::assembly;
-use troupe_runtime::config::{ConversationFlags, TroupeConfig, parse_duration, parse_enum};
+use troupe_runtime::config::{
+    ClusterFlags, ConversationFlags, TroupeConfig, parse_duration, parse_enum,
+};
 use troupe_service::Service;
 
 #[derive(Debug, Clone, clap::Args)]
@@ -71,6 +73,18 @@ pub struct ServeArgs {
     /// The modules directory (modules.dir; default `modules/` beside the configuration).
     #[arg(long)]
     pub modules_dir: Option<PathBuf>,
+    /// Run as this node of a cluster sharing one PostgreSQL database (cluster.node).
+    #[arg(long)]
+    pub node: Option<String>,
+    /// host:port for the traffic between nodes (cluster.listen).
+    #[arg(long)]
+    pub cluster_listen: Option<String>,
+    /// Other nodes' cluster addresses, comma-separated (cluster.seeds).
+    #[arg(long)]
+    pub seeds: Option<String>,
+    /// How long a session's lease lasts without renewal, e.g. 15s (cluster.lease_ttl).
+    #[arg(long)]
+    pub lease_ttl: Option<String>,
 }
 
 /// Defaults < config file < environment < flags; the provider as
@@ -110,6 +124,12 @@ fn resolve(args: &ServeArgs) -> anyhow::Result<TroupeConfig> {
         c.set_capabilities_dir(v);
     }
     c.choose_provider();
+    c.apply_cluster_flags(&ClusterFlags {
+        node: args.node.clone(),
+        listen: args.cluster_listen.clone(),
+        seeds: args.seeds.clone(),
+        lease_ttl: args.lease_ttl.clone(),
+    })?;
     c.apply_conversation_flags(&ConversationFlags {
         history_max_items: args.history_max_items.clone(),
         history_max_tokens: args.history_max_tokens.clone(),
@@ -134,6 +154,7 @@ pub async fn run(args: ServeArgs) -> anyhow::Result<ExitCode> {
     let storage = troupe_service::open_store(&config, args.ephemeral).await?;
     eprintln!("troupe: {}", storage.description);
     ports.rollout_storage = storage.rollout;
+    let cluster = storage.cluster;
     let catalog = troupe_runtime::agents::catalog(&config);
     for error in &catalog.errors {
         eprintln!("troupe: {error}");
@@ -173,6 +194,7 @@ pub async fn run(args: ServeArgs) -> anyhow::Result<ExitCode> {
         troupe_service::StartOptions {
             live: Some(live.settings()),
             modules: Some(modules),
+            cluster,
         },
     )
     .await?;
@@ -186,6 +208,19 @@ pub async fn run(args: ServeArgs) -> anyhow::Result<ExitCode> {
     }
     let listener = bind(&service, &config.server.listen).await?;
     let addr = listener.local_addr()?;
+    if config.cluster.node.is_some() {
+        let api_url = config
+            .cluster
+            .api_url
+            .clone()
+            .unwrap_or_else(|| format!("http://{addr}"));
+        let every = troupe_service::lease_keeper::renew_interval(config.cluster.lease_ttl);
+        service
+            .keep_published(api_url.clone(), every)
+            .await
+            .with_context(|| format!("cannot publish this node's API address {api_url}"))?;
+        eprintln!("troupe: cluster node API published at {api_url}");
+    }
     println!("troupe serve listening on http://{addr}");
     std::io::stdout().flush()?;
     service.serve_http(listener).await?;

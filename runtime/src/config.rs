@@ -188,6 +188,9 @@ pub struct TroupeConfig {
     /// `[store]`: where `troupe serve` keeps sessions, messages and rollouts (SQLite in
     /// `data_dir`, or a PostgreSQL server).
     pub store: StoreConfig,
+    /// `[cluster]`: this process as one node of several sharing a PostgreSQL database (off
+    /// unless `node` is set).
+    pub cluster: ClusterConfig,
     /// The file this configuration was read from (`None`: defaults and environment only):
     /// relative paths of `[agents]` are taken from its directory.
     #[serde(skip)]
@@ -483,6 +486,7 @@ impl Default for TroupeConfig {
             tools: troupe_proto::governance::ToolPolicyConfig::default(),
             capabilities: CapabilitiesConfig::default(),
             store: StoreConfig::default(),
+            cluster: ClusterConfig::default(),
             source: None,
         }
     }
@@ -534,6 +538,149 @@ impl std::fmt::Debug for StoreConfig {
             )
             .field("postgres_pool_size", &self.postgres_pool_size)
             .finish()
+    }
+}
+
+/// `[cluster]`: several `troupe serve` processes (nodes) sharing one PostgreSQL database.
+/// Each session is owned by one node at a time through a lease with a fencing token; a node
+/// that dies loses its leases after `lease_ttl` and another node takes its sessions over.
+#[derive(Clone, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct ClusterConfig {
+    /// This node's name, unique among the nodes (`None`: one node alone, no cluster).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub node: Option<String>,
+    /// host:port for the traffic between nodes.
+    pub listen: String,
+    /// Other nodes' cluster addresses (host:port) to join at start.
+    pub seeds: Vec<String>,
+    /// The secret every node of the cluster shares. Never printed by `Debug`.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub cookie: Option<String>,
+    /// The shared database; defaults to `[store] postgres_url`. Never printed by `Debug`.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub postgres_url: Option<String>,
+    /// Where the other nodes reach this node's API (`http://host:port`), to forward calls for
+    /// its sessions; default `http://` + the address `troupe serve` listens on.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub api_url: Option<String>,
+    /// How long a session's lease lasts without renewal (renewed three times per ttl): how
+    /// long a dead node's sessions wait before another node takes them over.
+    #[serde(with = "humantime_serde")]
+    pub lease_ttl: Duration,
+}
+
+impl Default for ClusterConfig {
+    fn default() -> Self {
+        Self {
+            node: None,
+            listen: "127.0.0.1:4697".to_owned(),
+            seeds: Vec::new(),
+            cookie: None,
+            postgres_url: None,
+            api_url: None,
+            lease_ttl: Duration::from_secs(15),
+        }
+    }
+}
+
+impl std::fmt::Debug for ClusterConfig {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let redacted = |v: &Option<String>| v.as_ref().map(|_| "<redacted>");
+        f.debug_struct("ClusterConfig")
+            .field("node", &self.node)
+            .field("listen", &self.listen)
+            .field("seeds", &self.seeds)
+            .field("cookie", &redacted(&self.cookie))
+            .field("postgres_url", &redacted(&self.postgres_url))
+            .field("api_url", &self.api_url)
+            .field("lease_ttl", &self.lease_ttl)
+            .finish()
+    }
+}
+
+/// The `troupe serve` flags of `[cluster]`, as given (`None`: not given).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct ClusterFlags {
+    pub node: Option<String>,
+    pub listen: Option<String>,
+    pub seeds: Option<String>,
+    pub lease_ttl: Option<String>,
+}
+
+/// How a clustered node keeps its state: its name, the shared database, the lease ttl.
+#[derive(Clone, PartialEq, Eq)]
+pub struct ClusterNode {
+    pub node: String,
+    pub postgres_url: String,
+    pub lease_ttl: Duration,
+}
+
+impl std::fmt::Debug for ClusterNode {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ClusterNode")
+            .field("node", &self.node)
+            .field("lease_ttl", &self.lease_ttl)
+            .finish_non_exhaustive()
+    }
+}
+
+impl ClusterConfig {
+    /// Applies `[cluster]` flags or variables (`names`: node, listen, seeds, lease_ttl).
+    fn apply(&mut self, given: &ClusterFlags, names: [&str; 4]) -> Result<(), ConfigError> {
+        if let Some(v) = &given.node {
+            self.node = Some(v.clone());
+        }
+        if let Some(v) = &given.listen {
+            self.listen.clone_from(v);
+        }
+        if let Some(v) = &given.seeds {
+            self.seeds = v
+                .split(',')
+                .map(str::trim)
+                .filter(|s| !s.is_empty())
+                .map(str::to_owned)
+                .collect();
+        }
+        if let Some(v) = &given.lease_ttl {
+            self.lease_ttl = parse_duration(names[3], v)?;
+        }
+        Ok(())
+    }
+
+    /// This node, when `[cluster] node` is set: `None` alone; an error when the cluster is
+    /// configured but cannot work (no database, an empty name, a zero ttl).
+    pub fn node(&self, store: &StoreConfig) -> Result<Option<ClusterNode>, ConfigError> {
+        let Some(node) = &self.node else {
+            return Ok(None);
+        };
+        let invalid = |message: String| ConfigError::Cluster { message };
+        let node = node.trim();
+        if node.is_empty() || node.len() > 64 {
+            return Err(invalid(
+                "node must be a name of 1 to 64 characters".to_owned(),
+            ));
+        }
+        let postgres_url = self
+            .postgres_url
+            .clone()
+            .or_else(|| store.postgres_url.clone())
+            .filter(|u| !u.trim().is_empty())
+            .ok_or_else(|| {
+                invalid(
+                    "a node needs the shared PostgreSQL database: set [cluster] postgres_url, \
+                     [store] postgres_url or TROUPE_POSTGRES_URL"
+                        .to_owned(),
+                )
+            })?;
+        if self.lease_ttl < Duration::from_millis(100) {
+            return Err(invalid("lease_ttl must be at least 100ms".to_owned()));
+        }
+        Ok(Some(ClusterNode {
+            node: node.to_owned(),
+            postgres_url,
+            lease_ttl: self.lease_ttl,
+        }))
     }
 }
 
@@ -864,6 +1011,8 @@ pub enum ConfigError {
     },
     #[error("cannot export spans to {url}: {message}")]
     Telemetry { url: String, message: String },
+    #[error("[cluster]: {message}")]
+    Cluster { message: String },
 }
 
 /// The environment variables read, and what they set.
@@ -923,6 +1072,13 @@ pub const ENV_VARS: &[(&str, &str)] = &[
     ("TROUPE_MODULES_DIR", "modules.dir"),
     ("TROUPE_STORE_BACKEND", "store.backend (sqlite or postgres)"),
     ("TROUPE_POSTGRES_URL", "store.postgres_url"),
+    ("TROUPE_NODE", "cluster.node"),
+    ("TROUPE_CLUSTER_LISTEN", "cluster.listen"),
+    ("TROUPE_CLUSTER_SEEDS", "cluster.seeds (comma-separated)"),
+    ("TROUPE_CLUSTER_COOKIE", "cluster.cookie"),
+    ("TROUPE_CLUSTER_POSTGRES_URL", "cluster.postgres_url"),
+    ("TROUPE_LEASE_TTL", "cluster.lease_ttl"),
+    ("TROUPE_CLUSTER_API_URL", "cluster.api_url"),
 ];
 
 impl TroupeConfig {
@@ -1086,6 +1242,29 @@ impl TroupeConfig {
         if let Some(v) = get("TROUPE_POSTGRES_URL") {
             self.store.postgres_url = Some(v);
         }
+        self.cluster.apply(
+            &ClusterFlags {
+                node: get("TROUPE_NODE"),
+                listen: get("TROUPE_CLUSTER_LISTEN"),
+                seeds: get("TROUPE_CLUSTER_SEEDS"),
+                lease_ttl: get("TROUPE_LEASE_TTL"),
+            },
+            [
+                "TROUPE_NODE",
+                "TROUPE_CLUSTER_LISTEN",
+                "TROUPE_CLUSTER_SEEDS",
+                "TROUPE_LEASE_TTL",
+            ],
+        )?;
+        if let Some(v) = get("TROUPE_CLUSTER_COOKIE") {
+            self.cluster.cookie = Some(v);
+        }
+        if let Some(v) = get("TROUPE_CLUSTER_POSTGRES_URL") {
+            self.cluster.postgres_url = Some(v);
+        }
+        if let Some(v) = get("TROUPE_CLUSTER_API_URL") {
+            self.cluster.api_url = Some(v);
+        }
         self.telemetry.apply_env(env)?;
         self.apply_conversation_env(&get)?;
         Ok(())
@@ -1144,6 +1323,15 @@ impl TroupeConfig {
             self.sessions.passivate_after = parse_duration(names[5], v)?;
         }
         Ok(())
+    }
+
+    /// Applies the `troupe serve` flags of `[cluster]` (after [`load`](Self::load): a flag
+    /// wins over the environment, which wins over the file).
+    pub fn apply_cluster_flags(&mut self, flags: &ClusterFlags) -> Result<(), ConfigError> {
+        self.cluster.apply(
+            flags,
+            ["--node", "--cluster-listen", "--seeds", "--lease-ttl"],
+        )
     }
 
     /// The provider once the flags are applied: the one named (file < environment < flags),
@@ -1370,6 +1558,90 @@ postgres_pool_size = 3
             err.contains("TROUPE_STORE_BACKEND") && err.contains("sqlite or postgres"),
             "{err}"
         );
+    }
+
+    #[test]
+    fn the_cluster_section_its_variables_and_flags() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("troupe.toml");
+        std::fs::write(
+            &path,
+            r#"
+[store]
+postgres_url = "postgresql://troupe:secret@db.internal:5432/troupe"
+
+[cluster]
+node = "a"
+listen = "10.0.0.1:4697"
+seeds = ["10.0.0.2:4697"]
+cookie = "sesame"
+lease_ttl = "5s"
+"#,
+        )
+        .unwrap();
+        let mut c = TroupeConfig::load(Some(&path), &env(&[])).unwrap();
+        assert_eq!(c.cluster.seeds, vec!["10.0.0.2:4697".to_owned()]);
+        let debug = format!("{c:?}");
+        assert!(
+            !debug.contains("sesame") && !debug.contains("secret"),
+            "{debug}"
+        );
+        let node = c.cluster.node(&c.store).unwrap().unwrap();
+        assert_eq!(node.node, "a");
+        assert_eq!(node.lease_ttl, Duration::from_secs(5));
+        assert!(node.postgres_url.contains("db.internal"), "the store's URL");
+        let c2 = TroupeConfig::load(
+            Some(&path),
+            &env(&[
+                ("TROUPE_NODE", "b"),
+                ("TROUPE_CLUSTER_SEEDS", "x:1, y:2"),
+                ("TROUPE_CLUSTER_POSTGRES_URL", "postgresql://shared/db"),
+            ]),
+        )
+        .unwrap();
+        let node = c2.cluster.node(&c2.store).unwrap().unwrap();
+        assert_eq!(
+            (node.node.as_str(), node.postgres_url.as_str()),
+            ("b", "postgresql://shared/db")
+        );
+        assert_eq!(c2.cluster.seeds, vec!["x:1".to_owned(), "y:2".to_owned()]);
+        c.apply_cluster_flags(&ClusterFlags {
+            node: Some("c".into()),
+            lease_ttl: Some("2s".into()),
+            ..ClusterFlags::default()
+        })
+        .unwrap();
+        let node = c.cluster.node(&c.store).unwrap().unwrap();
+        assert_eq!(
+            (node.node.as_str(), node.lease_ttl),
+            ("c", Duration::from_secs(2))
+        );
+        let err = c
+            .apply_cluster_flags(&ClusterFlags {
+                lease_ttl: Some("soon".into()),
+                ..ClusterFlags::default()
+            })
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("--lease-ttl"), "{err}");
+        assert_eq!(
+            TroupeConfig::default()
+                .cluster
+                .node(&StoreConfig::default())
+                .unwrap(),
+            None
+        );
+        let mut lonely = ClusterConfig {
+            node: Some("a".into()),
+            ..ClusterConfig::default()
+        };
+        let err = lonely
+            .node(&StoreConfig::default())
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("postgres_url"), "{err}");
+        lonely.node = Some(" ".into());
+        assert!(lonely.node(&StoreConfig::default()).is_err());
     }
 
     #[test]

@@ -12,8 +12,12 @@
 //! tick that comes while one runs is skipped. A lease renewed late (past its expiry) still
 //! counts if no other node took it meanwhile: the fence decides, not the clock.
 //!
-//! Children: none. If it fails, its owner starts a new one and acquires again (a new fence:
-//! writes under the old one are refused, which is the point).
+//! Children: none. Supervised by the service's supervisor
+//! ([`ServiceSupervisor`](super::supervisor)): if it fails, a new one starts and takes over
+//! the leases the node still holds (the store keeps their fences: [`SessionLeases::held_fences`])
+//! by renewing them at once, so the node's sessions keep their leases and new sessions can
+//! start again. Callers reach the current keeper through a [`KeeperRef`], which follows
+//! restarts.
 
 use ractor::{Actor, ActorProcessingErr, ActorRef, RpcReplyPort};
 use std::collections::HashMap;
@@ -24,6 +28,7 @@ use troupe_proto::{AgentError, SessionId};
 use troupe_store::{Acquired, Lease, SessionLeases};
 
 /// Start-up arguments.
+#[derive(Clone)]
 pub struct LeaseKeeperArgs {
     pub leases: Arc<dyn SessionLeases>,
     /// How long a lease lasts without renewal.
@@ -63,6 +68,43 @@ pub enum LeaseKeeperMsg {
     Held {
         reply: RpcReplyPort<Vec<(SessionId, Lease)>>,
     },
+    /// Fault injection: panics inside `handle`, to exercise its supervisor in tests and drills.
+    InjectPanic,
+}
+
+/// The current lease keeper, as its supervisor publishes it (a restart replaces it: a
+/// reference taken once would go stale).
+#[derive(Clone)]
+pub struct KeeperRef(tokio::sync::watch::Receiver<Option<ActorRef<LeaseKeeperMsg>>>);
+
+/// How long a caller waits for a keeper being restarted.
+const KEEPER_WAIT: Duration = Duration::from_secs(5);
+
+impl KeeperRef {
+    /// A reference following what `tx` publishes.
+    pub fn new(rx: tokio::sync::watch::Receiver<Option<ActorRef<LeaseKeeperMsg>>>) -> Self {
+        Self(rx)
+    }
+
+    /// The keeper running now, if one does.
+    pub fn now(&self) -> Option<ActorRef<LeaseKeeperMsg>> {
+        self.0.borrow().clone()
+    }
+
+    /// The keeper, waiting a little for one being restarted.
+    pub async fn get(&self) -> Result<ActorRef<LeaseKeeperMsg>, AgentError> {
+        let mut rx = self.0.clone();
+        let waited = tokio::time::timeout(KEEPER_WAIT, rx.wait_for(Option::is_some)).await;
+        match waited {
+            Ok(Ok(keeper)) => keeper
+                .clone()
+                .ok_or_else(|| AgentError::internal("no lease keeper runs")),
+            _ => Err(AgentError::Overloaded {
+                resource: "the lease keeper of this node (restarting)".into(),
+                limit: 0,
+            }),
+        }
+    }
 }
 
 /// The LeaseKeeper's state.
@@ -80,6 +122,23 @@ pub struct LeaseKeeper;
 /// database) before a lease expires.
 pub fn renew_interval(ttl: Duration) -> Duration {
     (ttl / 3).max(Duration::from_millis(10))
+}
+
+/// The leases a new keeper starts with: those the store still holds fences for (their
+/// expiry unknown here: renewed at once).
+pub fn adopted(fences: Vec<(SessionId, u64)>) -> HashMap<SessionId, Lease> {
+    fences
+        .into_iter()
+        .map(|(s, fence)| {
+            (
+                s,
+                Lease {
+                    fence,
+                    expires_ms: 0,
+                },
+            )
+        })
+        .collect()
 }
 
 /// What a renewal round changes: the leases kept (with their new expiry) and the sessions
@@ -122,9 +181,21 @@ impl Actor for LeaseKeeper {
         args: LeaseKeeperArgs,
     ) -> Result<Self::State, ActorProcessingErr> {
         myself.send_interval(renew_interval(args.ttl), || LeaseKeeperMsg::Tick);
+        // What an earlier keeper of this node held: renewed at once, not acquired again (the
+        // fences stay those the sessions write under).
+        let held = adopted(args.leases.held_fences());
+        if !held.is_empty() {
+            tracing::warn!(
+                sessions = held.len(),
+                node = args.leases.node(),
+                "lease keeper started with leases held: renewing them"
+            );
+            myself.cast(LeaseKeeperMsg::Tick)?;
+        }
+        super::metrics::leases_held(held.len());
         Ok(LeaseKeeperState {
             args,
-            held: HashMap::new(),
+            held,
             renewing: false,
         })
     }
@@ -158,11 +229,13 @@ impl Actor for LeaseKeeper {
             } => {
                 if let Ok(Acquired::Granted { lease, .. }) = &result {
                     state.held.insert(session_id, *lease);
+                    super::metrics::leases_held(state.held.len());
                 }
                 let _ = reply.send(result);
             }
             LeaseKeeperMsg::Release { session_id, reply } => {
                 state.held.remove(&session_id);
+                super::metrics::leases_held(state.held.len());
                 let leases = state.args.leases.clone();
                 tokio::spawn(async move {
                     let _ = reply.send(leases.release(session_id).await);
@@ -175,6 +248,7 @@ impl Actor for LeaseKeeper {
                     tracing::warn!(%session_id, node = state.args.leases.node(), "session lease lost: giving the session up");
                     let _ = state.args.lost.send(session_id);
                 }
+                super::metrics::leases_held(state.held.len());
             }
             LeaseKeeperMsg::Held { reply } => {
                 let mut held: Vec<(SessionId, Lease)> =
@@ -182,6 +256,7 @@ impl Actor for LeaseKeeper {
                 held.sort_by_key(|(s, _)| *s);
                 let _ = reply.send(held);
             }
+            LeaseKeeperMsg::InjectPanic => panic!("injected fault in the lease keeper"),
         }
         Ok(())
     }
@@ -201,10 +276,7 @@ impl LeaseKeeperState {
         );
         let myself = myself.clone();
         tokio::spawn(async move {
-            let mut outcomes = Vec::with_capacity(sessions.len());
-            for session_id in sessions {
-                outcomes.push((session_id, leases.renew(session_id, now, ttl).await));
-            }
+            let outcomes = leases.renew_many(&sessions, now, ttl).await;
             let _ = myself.cast(LeaseKeeperMsg::Renewed { outcomes });
         });
     }
@@ -221,6 +293,16 @@ mod tests {
             Duration::from_secs(5)
         );
         assert_eq!(renew_interval(Duration::ZERO), Duration::from_millis(10));
+    }
+
+    #[test]
+    fn a_new_keeper_adopts_the_fences_the_store_holds_to_renew_them_at_once() {
+        let (a, b) = (SessionId::new(), SessionId::new());
+        let held = adopted(vec![(a, 3), (b, 7)]);
+        assert_eq!(held.len(), 2);
+        assert_eq!(held[&a].fence, 3);
+        assert_eq!(held[&b].fence, 7);
+        assert!(adopted(Vec::new()).is_empty());
     }
 
     #[test]

@@ -46,6 +46,7 @@ pub mod console;
 pub mod edge;
 pub mod error;
 pub mod extract;
+pub mod forward;
 pub mod host;
 pub mod http;
 pub mod lease_keeper;
@@ -91,6 +92,8 @@ pub const FAILED_LINGER: Duration = Duration::from_secs(2);
 #[derive(Clone)]
 pub struct Service {
     pub sessions: SessionsApi,
+    /// This node's session leases, on a node of a cluster.
+    leases: Option<Arc<dyn troupe_store::SessionLeases>>,
     state: AppState,
     auth: Auth,
     metrics_public: bool,
@@ -118,6 +121,7 @@ impl std::fmt::Debug for Service {
 pub fn describe_metrics() {
     troupe_actors::describe_metrics();
     metrics::describe();
+    forward::describe();
     modules::metrics::describe();
     a2a::metrics::describe();
     troupe_a2a::describe_metrics();
@@ -132,6 +136,8 @@ pub struct StartOptions {
     pub live: Option<tokio::sync::watch::Receiver<Arc<troupe_actors::conversation::Reloadable>>>,
     /// The process's modules and I/O gateways (A10).
     pub modules: Option<modules::Modules>,
+    /// This node's session leases, when it is one node of a cluster ([`Storage::cluster`]).
+    pub cluster: Option<ClusterStorage>,
 }
 
 impl Service {
@@ -173,7 +179,11 @@ impl Service {
             tokens.push((secret, t.projects.clone()));
         }
         let mut session_config = troupe_runtime::assembly::session_config(config);
-        let StartOptions { live, modules } = options;
+        let StartOptions {
+            live,
+            modules,
+            cluster,
+        } = options;
         session_config.conversation.live = live;
         let modules = modules.filter(|m| !m.is_empty());
         if let Some(m) = &modules {
@@ -189,15 +199,44 @@ impl Service {
         let sweeper = TtlSweeper::new(Some(store.clone()), rollout);
         sweeper.sweep().await;
         let ttl_sweep_interval = session_config.ttl_sweep_interval;
-        let sessions = SessionsApi::start(RegistryArgs {
-            store,
-            template: SessionTemplate {
-                config: session_config,
-                ports,
-                modules: modules.clone(),
+        let forward = cluster.as_ref().map(|c| {
+            Arc::new(forward::Forwarder::new(
+                c.leases.node().to_owned(),
+                c.leases.clone(),
+                config.server.body_limit,
+                c.lease_ttl,
+            ))
+        });
+        let leases = cluster.as_ref().map(|c| c.leases.clone());
+        let (cluster, keeper, lost) = match cluster {
+            Some(c) => {
+                let (registry, keeper, lost) = lease_keeper_of(c);
+                (Some(registry), Some(keeper), Some(lost))
+            }
+            None => (None, None, None),
+        };
+        let sessions = SessionsApi::start_with_keeper(
+            RegistryArgs {
+                store,
+                template: SessionTemplate {
+                    config: session_config,
+                    ports,
+                    modules: modules.clone(),
+                },
+                cluster,
             },
-        })
+            keeper,
+        )
         .await?;
+        if let Some(mut lost) = lost {
+            // A session another node took over: its host stops here.
+            let sessions = sessions.clone();
+            tokio::spawn(async move {
+                while let Some(session_id) = lost.recv().await {
+                    sessions.lease_lost(session_id);
+                }
+            });
+        }
         if let Some(m) = &modules {
             sessions.set_modules(m.clone());
             m.start(sessions.clone()).await?;
@@ -210,9 +249,11 @@ impl Service {
             body_limit: config.server.body_limit,
             shutdown,
             prometheus,
+            forward,
         };
         Ok(Self {
             sessions,
+            leases,
             state,
             auth: Auth::new(tokens),
             metrics_public: config.server.metrics_public,
@@ -259,6 +300,44 @@ impl Service {
 
     pub fn state(&self) -> &AppState {
         &self.state
+    }
+
+    /// A node of a cluster publishes where its API answers (`http://host:port`), so that the
+    /// other nodes forward to it the calls for its sessions. One node alone: nothing to do.
+    pub async fn publish_api(&self, api_url: &str) -> Result<(), AgentError> {
+        match &self.leases {
+            Some(leases) => {
+                leases
+                    .publish_api(api_url, troupe_actors::clock::unix_now_ms())
+                    .await
+            }
+            None => Ok(()),
+        }
+    }
+
+    /// [`Self::publish_api`] now, then again every `every` until shutdown: the node's
+    /// heartbeat (a node silent for a lease ttl gets no new sessions).
+    pub async fn keep_published(&self, api_url: String, every: Duration) -> Result<(), AgentError> {
+        self.publish_api(&api_url).await?;
+        let Some(leases) = self.leases.clone() else {
+            return Ok(());
+        };
+        let stop = self.state.shutdown.clone();
+        tokio::spawn(async move {
+            loop {
+                tokio::select! {
+                    () = stop.cancelled() => return,
+                    () = tokio::time::sleep(every) => {}
+                }
+                if let Err(e) = leases
+                    .publish_api(&api_url, troupe_actors::clock::unix_now_ms())
+                    .await
+                {
+                    tracing::warn!(error = %e, "node heartbeat not written");
+                }
+            }
+        });
+        Ok(())
     }
 
     /// Fired when shutdown begins.
@@ -398,6 +477,38 @@ impl Service {
     }
 }
 
+/// This node's [`LeaseKeeper`](lease_keeper::LeaseKeeper), as the service's supervisor starts
+/// (and restarts) it: what the registry takes leases through, and where the sessions it loses
+/// are reported.
+fn lease_keeper_of(
+    cluster: ClusterStorage,
+) -> (
+    registry::RegistryCluster,
+    supervisor::KeeperSpec,
+    tokio::sync::mpsc::UnboundedReceiver<troupe_proto::SessionId>,
+) {
+    let (lost_tx, lost) = tokio::sync::mpsc::unbounded_channel();
+    let (tx, rx) = tokio::sync::watch::channel(None);
+    let spec = supervisor::KeeperSpec {
+        args: lease_keeper::LeaseKeeperArgs {
+            leases: cluster.leases.clone(),
+            ttl: cluster.lease_ttl,
+            clock: troupe_actors::clock::Clock::new(),
+            lost: lost_tx,
+        },
+        tx,
+    };
+    (
+        registry::RegistryCluster {
+            keeper: lease_keeper::KeeperRef::new(rx),
+            leases: cluster.leases,
+            scan_every: cluster.lease_ttl,
+        },
+        spec,
+        lost,
+    )
+}
+
 /// Where the service keeps things.
 pub struct Storage {
     pub store: Arc<dyn Store>,
@@ -406,6 +517,15 @@ pub struct Storage {
     pub rollout: Option<Arc<dyn troupe_actors::rollout::storage::RolloutStorage>>,
     /// A line saying which, for the operator.
     pub description: String,
+    /// This node's session leases, when it is one node of a cluster (`[cluster] node`).
+    pub cluster: Option<ClusterStorage>,
+}
+
+/// What a node of a cluster owns its sessions through.
+#[derive(Clone)]
+pub struct ClusterStorage {
+    pub leases: Arc<dyn troupe_store::SessionLeases>,
+    pub lease_ttl: Duration,
 }
 
 impl std::fmt::Debug for Storage {
@@ -428,11 +548,21 @@ pub async fn open_store(config: &TroupeConfig, ephemeral: bool) -> Result<Storag
             rollout: Some(Arc::new(troupe_store::MemoryRolloutStorage::new())),
             description: "store and rollout: in memory (--ephemeral); nothing is written to disk"
                 .to_owned(),
+            cluster: None,
         });
+    }
+    let node = config
+        .cluster
+        .node(&config.store)
+        .map_err(|e| AgentError::invalid(e.to_string()))?;
+    if let Some(node) = node {
+        return open_postgres(config, &node.postgres_url, Some(node.clone())).await;
     }
     match config.store.backend {
         troupe_runtime::config::StoreBackend::Sqlite => open_sqlite(config),
-        troupe_runtime::config::StoreBackend::Postgres => open_postgres(config).await,
+        troupe_runtime::config::StoreBackend::Postgres => {
+            open_postgres(config, &postgres_url(config)?, None).await
+        }
     }
 }
 
@@ -450,6 +580,7 @@ fn open_sqlite(config: &TroupeConfig) -> Result<Storage, AgentError> {
             path.display(),
             rollout_path.display()
         ),
+        cluster: None,
     })
 }
 
@@ -467,33 +598,55 @@ pub fn postgres_url(config: &TroupeConfig) -> Result<String, AgentError> {
         })
 }
 
+/// The store and the rollout on PostgreSQL at `url`; a node of a cluster (`node`) fences
+/// both with its leases.
 #[cfg(feature = "postgres")]
-async fn open_postgres(config: &TroupeConfig) -> Result<Storage, AgentError> {
-    let url = postgres_url(config)?;
+async fn open_postgres(
+    config: &TroupeConfig,
+    url: &str,
+    node: Option<troupe_runtime::config::ClusterNode>,
+) -> Result<Storage, AgentError> {
     let options = troupe_store::PgOptions {
         pool_size: config.store.postgres_pool_size,
+        node: node.as_ref().map(|n| n.node.clone()),
         ..troupe_store::PgOptions::default()
     };
-    let store = troupe_store::PgStore::connect_with(&url, options).await?;
+    let store = Arc::new(troupe_store::PgStore::connect_with(url, options).await?);
     let rollout = {
-        let url = url.clone();
-        tokio::task::spawn_blocking(move || troupe_store::PgRolloutStorage::connect(&url))
-            .await
-            .map_err(|e| AgentError::internal(format!("postgres rollout storage: {e}")))??
+        let (url, fencing) = (url.to_owned(), store.fencing());
+        tokio::task::spawn_blocking(move || {
+            troupe_store::PgRolloutStorage::connect_fenced(&url, fencing)
+        })
+        .await
+        .map_err(|e| AgentError::internal(format!("postgres rollout storage: {e}")))??
     };
+    let mut description = format!(
+        "store and rollout: PostgreSQL at {}",
+        troupe_store::describe_pg_url(url)
+    );
+    if let Some(n) = &node {
+        description.push_str(&format!(
+            "; cluster node {} (session leases of {:?})",
+            n.node, n.lease_ttl
+        ));
+    }
     Ok(Storage {
-        store: Arc::new(store),
+        cluster: node.map(|n| ClusterStorage {
+            leases: store.clone(),
+            lease_ttl: n.lease_ttl,
+        }),
+        store,
         rollout: Some(Arc::new(rollout)),
-        description: format!(
-            "store and rollout: PostgreSQL at {}",
-            troupe_store::describe_pg_url(&url)
-        ),
+        description,
     })
 }
 
 #[cfg(not(feature = "postgres"))]
-async fn open_postgres(config: &TroupeConfig) -> Result<Storage, AgentError> {
-    postgres_url(config)?;
+async fn open_postgres(
+    _config: &TroupeConfig,
+    _url: &str,
+    _node: Option<troupe_runtime::config::ClusterNode>,
+) -> Result<Storage, AgentError> {
     Err(AgentError::invalid(
         "this build of troupe has no PostgreSQL store (cargo feature `postgres`); \
          use [store] backend = \"sqlite\"",

@@ -32,6 +32,8 @@ pub const MESSAGES_REFUSED_TOTAL: &str = "troupe_messages_refused_total";
 pub const MESSAGES_FINISHED_TOTAL: &str = "troupe_messages_finished_total";
 /// Sessions active in this process (their host runs; idle stored sessions are not counted).
 pub const SESSIONS_ACTIVE: &str = "troupe_sessions_active";
+/// Session leases this node holds: the sessions it owns (0 unless it is a node of a cluster).
+pub const LEASES_HELD: &str = "troupe_leases_held";
 /// Sessions activated, by why (`request`: first use; `pending`: unfinished messages at start).
 pub const SESSION_ACTIVATIONS_TOTAL: &str = "troupe_session_activations_total";
 /// Closed conversations opened again (an A2A context's next message after its idle close).
@@ -138,6 +140,11 @@ pub fn describe() {
         Unit::Count,
         "Sessions active in this process (stored sessions are activated on first use)"
     );
+    describe_gauge!(
+        LEASES_HELD,
+        Unit::Count,
+        "Session leases this node holds: the sessions it owns (0 unless it is a node of a cluster)"
+    );
     describe_counter!(
         SESSION_ACTIVATIONS_TOTAL,
         Unit::Count,
@@ -152,7 +159,7 @@ pub fn describe() {
     describe_counter!(
         SERVICE_RESTARTS_TOTAL,
         Unit::Count,
-        "The service's own actors restarted by their supervisor, by component (registry, a2a) \
+        "The service's own actors restarted by their supervisor, by component (registry, a2a, lease_keeper) \
          and outcome (restarted, given_up)"
     );
     describe_counter!(
@@ -178,6 +185,7 @@ pub fn describe() {
 /// Every message and service series reads 0 (not "no data") from the start.
 pub fn service_series_start_at_zero() {
     use troupe_proto::store::MessageStatus;
+    gauge!(LEASES_HELD).set(0.0);
     for status in [MessageStatus::Running, MessageStatus::Queued] {
         counter!(MESSAGES_ACCEPTED_TOTAL, "status" => status.as_str()).increment(0);
     }
@@ -190,7 +198,7 @@ pub fn service_series_start_at_zero() {
     for reason in ["request", "pending"] {
         counter!(SESSION_ACTIVATIONS_TOTAL, "reason" => reason).increment(0);
     }
-    for component in ["registry", "a2a"] {
+    for component in ["registry", "a2a", "lease_keeper"] {
         for outcome in ["restarted", "given_up"] {
             counter!(SERVICE_RESTARTS_TOTAL, "component" => component, "outcome" => outcome)
                 .increment(0);
@@ -267,6 +275,12 @@ pub fn session_activated(reason: &'static str) {
 /// A supervisor restarted `component` (`restarted`), or gave up on it (`given_up`).
 pub fn service_restart(component: &'static str, outcome: &'static str) {
     counter!(SERVICE_RESTARTS_TOTAL, "component" => component, "outcome" => outcome).increment(1);
+}
+
+/// How many session leases this node holds now.
+#[allow(clippy::cast_precision_loss)]
+pub fn leases_held(n: usize) {
+    gauge!(LEASES_HELD).set(n as f64);
 }
 
 /// The service's health as a gauge.

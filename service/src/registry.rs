@@ -26,6 +26,21 @@
 //! - `Drain` → every host stops starting messages; answered once none runs. New hosts start
 //!   drained. `Shutdown` → every host shuts its session down.
 //! - `Ping` → answered (the registry runs).
+//! - `Scan` (at start, and every lease ttl on a node of a cluster) → a task reads the sessions
+//!   with unfinished messages → `Pending` → each one not active is activated (as `Host`).
+//! - `LeaseLost` (a node of a cluster: another node took a session over) → its host is
+//!   forgotten and shut down; its writes are refused by the fence meanwhile.
+//!
+//! # Cluster
+//! On a node of a cluster (`[cluster] node`), a session is activated only under its lease:
+//! the activation's task reads the record, then takes the lease through the
+//! [`LeaseKeeper`](super::lease_keeper) (a new session takes it before anything of it is
+//! written). A session whose lease another live node holds is not activated here: the
+//! caller gets `Overloaded` naming the owner. A node that died stops renewing its leases; once
+//! they expire, the next request for one of its sessions, or the periodic `Scan` of sessions
+//! with unfinished messages, takes it over here and restores it from the shared store and
+//! rollout as after a restart (queued messages run, interrupted ones end `aborted`). A host
+//! that stops gives its lease back; so does a shutdown, for every active session.
 //!
 //! # Failure
 //! A host that stops or fails is forgotten; its next use activates it again from the store.
@@ -36,22 +51,39 @@
 use super::api::CreateSession;
 use super::auth::Scope;
 use super::host::{Created, HostArgs, HostMsg, SessionHost, SessionTemplate};
+use super::lease_keeper::{KeeperRef, LeaseKeeperMsg};
 use super::metrics;
 use ractor::{Actor, ActorId, ActorProcessingErr, ActorRef, RpcReplyPort, SupervisionEvent};
 use std::collections::HashMap;
 use std::sync::Arc;
+use std::time::Duration;
 use tracing::Instrument;
 use troupe_actors::SessionHandle;
 use troupe_actors::clock::unix_now_ms as now_ms;
 use troupe_proto::store::{ConversationRecord, ConversationState, SessionRecord, SessionStatus};
 use troupe_proto::{AgentError, Json, SessionId};
-use troupe_store::Store;
+use troupe_store::{Acquired, Store};
 
 /// Start-up arguments.
 #[derive(Clone)]
 pub struct RegistryArgs {
     pub store: Arc<dyn Store>,
     pub template: SessionTemplate,
+    /// Set on a node of a cluster: sessions are activated under their lease.
+    pub cluster: Option<RegistryCluster>,
+}
+
+/// A node of a cluster, as its registry sees it.
+#[derive(Clone)]
+pub struct RegistryCluster {
+    /// Takes, renews and releases this node's session leases (the current keeper: its
+    /// supervisor replaces it after a failure).
+    pub keeper: KeeperRef,
+    /// Who holds which lease (read only: a scan skips the sessions of live nodes).
+    pub leases: Arc<dyn troupe_store::SessionLeases>,
+    /// How often the sessions with unfinished messages are looked at, to take over those
+    /// whose owner is gone (the lease ttl).
+    pub scan_every: Duration,
 }
 
 type Reply<T> = RpcReplyPort<Result<T, AgentError>>;
@@ -94,6 +126,12 @@ pub enum RegistryMsg {
     Shutdown { reply: RpcReplyPort<()> },
     /// Answered at once: the registry runs.
     Ping { reply: RpcReplyPort<()> },
+    /// Looks for sessions with unfinished messages that no host here runs.
+    Scan,
+    /// The sessions with unfinished messages, as read by `Scan`.
+    Pending { ids: Vec<SessionId> },
+    /// Another node took this session over: its host must stop.
+    LeaseLost { session_id: SessionId },
     /// A session's record was read for an activation.
     Looked {
         session_id: SessionId,
@@ -131,6 +169,9 @@ pub struct RegistryState {
     /// Activations whose record is being read, with the callers that wait for them.
     looking: HashMap<SessionId, Vec<Waiter>>,
     draining: bool,
+    cluster: Option<RegistryCluster>,
+    /// A `Scan` runs.
+    scanning: bool,
 }
 
 /// The Registry actor.
@@ -154,6 +195,8 @@ impl Actor for Registry {
             by_actor: HashMap::new(),
             looking: HashMap::new(),
             draining: false,
+            cluster: args.cluster,
+            scanning: false,
         })
     }
 
@@ -163,26 +206,11 @@ impl Actor for Registry {
         state: &mut RegistryState,
     ) -> Result<(), ActorProcessingErr> {
         // Sessions with unfinished messages are woken now; every other one waits for its
-        // first use.
-        let store = state.store.clone();
-        tokio::spawn(async move {
-            let ids = match store.sessions_with_pending_messages().await {
-                Ok(ids) => ids,
-                Err(e) => {
-                    tracing::error!(error = %e, "pending messages could not be read at start-up");
-                    return;
-                }
-            };
-            tracing::info!(sessions = ids.len(), "sessions with unfinished messages");
-            for session_id in ids {
-                let result = store.get_session(session_id).await;
-                let _ = myself.cast(RegistryMsg::Looked {
-                    session_id,
-                    result,
-                    why: Activation::Pending,
-                });
-            }
-        });
+        // first use. On a node of a cluster, again every lease ttl: those of a node that died.
+        myself.send_message(RegistryMsg::Scan)?;
+        if let Some(cluster) = &state.cluster {
+            myself.send_interval(cluster.scan_every, || RegistryMsg::Scan);
+        }
         Ok(())
     }
 
@@ -233,17 +261,29 @@ impl Actor for Registry {
                 state.draining = true;
                 let hosts = state.hosts();
                 tracing::info!(sessions = hosts.len(), "shutting sessions down");
+                // Once shut down, their leases go back: another node may take them at once.
+                let owned: Vec<SessionId> = state.active.keys().copied().collect();
+                let keeper = state.cluster.as_ref().map(|c| c.keeper.clone());
                 tokio::spawn(async move {
                     futures::future::join_all(hosts.iter().map(|h| async move {
                         ractor::call!(h, |r| HostMsg::Shutdown { reply: r })
                     }))
                     .await;
+                    if let Some(keeper) = keeper {
+                        futures::future::join_all(
+                            owned.into_iter().map(|id| release(keeper.clone(), id)),
+                        )
+                        .await;
+                    }
                     let _ = reply.send(());
                 });
             }
             RegistryMsg::Ping { reply } => {
                 let _ = reply.send(());
             }
+            RegistryMsg::Scan => state.scan(&myself),
+            RegistryMsg::Pending { ids } => state.pending(&myself, ids),
+            RegistryMsg::LeaseLost { session_id } => state.lease_lost(session_id),
             RegistryMsg::InjectPanic => panic!("injected fault in the sessions registry"),
         }
         Ok(())
@@ -283,13 +323,74 @@ pub fn visible(
         .ok_or_else(|| AgentError::not_found("session", session_id))
 }
 
+/// The error of a session another live node owns.
+pub fn owned_elsewhere(session_id: SessionId, owner: &str) -> AgentError {
+    AgentError::Overloaded {
+        resource: format!("session {session_id} (owned by node {owner}; ask that node)"),
+        limit: 0,
+    }
+}
+
+/// Takes a session's lease through the keeper: `Ok` when this node holds it now.
+async fn acquire(keeper: &KeeperRef, session_id: SessionId) -> Result<(), AgentError> {
+    let keeper = keeper.get().await?;
+    let answer = ractor::call!(keeper, |reply| LeaseKeeperMsg::Acquire {
+        session_id,
+        reply
+    })
+    .map_err(|e| AgentError::internal(format!("lease keeper: {e}")))??;
+    match answer {
+        Acquired::Granted { from, .. } => {
+            if let Some(from) = from {
+                tracing::warn!(%session_id, %from, "session taken over from another node");
+            }
+            Ok(())
+        }
+        Acquired::Held { owner, .. } => Err(owned_elsewhere(session_id, &owner)),
+    }
+}
+
+/// Gives a session's lease back (a failure is logged: the lease then expires on its own).
+async fn release(keeper: KeeperRef, session_id: SessionId) {
+    let keeper = match keeper.get().await {
+        Ok(k) => k,
+        Err(e) => {
+            tracing::warn!(%session_id, error = %e, "session lease not released");
+            return;
+        }
+    };
+    match ractor::call!(keeper, |reply| LeaseKeeperMsg::Release {
+        session_id,
+        reply
+    }) {
+        Ok(Ok(())) => {}
+        Ok(Err(e)) => tracing::warn!(%session_id, error = %e, "session lease not released"),
+        Err(e) => tracing::warn!(%session_id, error = %e, "session lease not released"),
+    }
+}
+
+/// Reads a session's record for its activation; on a node of a cluster, then takes its lease
+/// (an unknown id takes none). Held by another node: [`owned_elsewhere`].
+async fn look_up(
+    store: &dyn Store,
+    keeper: Option<&KeeperRef>,
+    session_id: SessionId,
+) -> Result<Option<SessionRecord>, AgentError> {
+    let record = store.get_session(session_id).await?;
+    if let (Some(keeper), Some(_)) = (keeper, &record) {
+        acquire(keeper, session_id).await?;
+    }
+    Ok(record)
+}
+
 /// Starts a new session and stores it with its root conversation (the store's rows exist
-/// before anyone can see the session).
+/// before anyone can see the session). On a node of a cluster its lease is taken first.
 async fn start_new(
     template: SessionTemplate,
     project_id: Option<String>,
     request: CreateSession,
     store: Arc<dyn Store>,
+    keeper: Option<KeeperRef>,
 ) -> Result<(SessionRecord, Created), AgentError> {
     let mut config = template.config;
     if let Some(root) = request.root {
@@ -297,6 +398,9 @@ async fn start_new(
     }
     let root_params = config.root.clone();
     let session_id = SessionId::new();
+    if let Some(keeper) = &keeper {
+        acquire(keeper, session_id).await?;
+    }
     let (handle, _join) = SessionHandle::start(session_id, config, template.ports).await?;
     let stored = async {
         let root_id = handle.root().await?;
@@ -336,6 +440,9 @@ async fn start_new(
         Err(e) => {
             tracing::error!(%session_id, error = %e, "session not stored");
             let _ = handle.shutdown().await;
+            if let Some(keeper) = keeper {
+                release(keeper, session_id).await;
+            }
             Err(e)
         }
     }
@@ -346,6 +453,7 @@ impl RegistryState {
         self.active.values().map(|a| a.host.clone()).collect()
     }
 
+    /// Forgets a host that stopped; its lease goes back (on a node of a cluster).
     fn forget(&mut self, actor: ActorId) -> Option<SessionId> {
         let session_id = self.by_actor.remove(&actor)?;
         if self
@@ -354,8 +462,88 @@ impl RegistryState {
             .is_some_and(|a| a.host.get_id() == actor)
         {
             self.active.remove(&session_id);
+            if let Some(cluster) = &self.cluster {
+                tokio::spawn(release(cluster.keeper.clone(), session_id));
+            }
         }
         Some(session_id)
+    }
+
+    fn keeper(&self) -> Option<KeeperRef> {
+        self.cluster.as_ref().map(|c| c.keeper.clone())
+    }
+
+    fn scan(&mut self, myself: &ActorRef<RegistryMsg>) {
+        if self.scanning || self.draining {
+            return;
+        }
+        self.scanning = true;
+        let store = self.store.clone();
+        let leases = self.cluster.as_ref().map(|c| c.leases.clone());
+        let myself = myself.clone();
+        tokio::spawn(async move {
+            let ids = store.sessions_with_pending_messages().await;
+            // On a node of a cluster, only those no live node holds: no lease is asked for
+            // the sessions the other nodes run.
+            let ids = match (ids, leases) {
+                (Ok(ids), Some(leases)) => leases.not_held_elsewhere(ids, now_ms()).await,
+                (ids, _) => ids,
+            };
+            let ids = match ids {
+                Ok(ids) => ids,
+                Err(e) => {
+                    tracing::error!(error = %e, "sessions with unfinished messages could not be read");
+                    Vec::new()
+                }
+            };
+            let _ = myself.cast(RegistryMsg::Pending { ids });
+        });
+    }
+
+    /// Activates every session of `ids` that is neither active nor being activated, one
+    /// after the other in one task.
+    fn pending(&mut self, myself: &ActorRef<RegistryMsg>, ids: Vec<SessionId>) {
+        self.scanning = false;
+        let ids: Vec<SessionId> = ids
+            .into_iter()
+            .filter(|id| !self.active.contains_key(id) && !self.looking.contains_key(id))
+            .collect();
+        if ids.is_empty() {
+            return;
+        }
+        tracing::info!(
+            sessions = ids.len(),
+            "sessions with unfinished messages to activate"
+        );
+        for id in &ids {
+            self.looking.insert(*id, Vec::new());
+        }
+        let (store, keeper, myself) = (self.store.clone(), self.keeper(), myself.clone());
+        tokio::spawn(async move {
+            for session_id in ids {
+                let result = look_up(store.as_ref(), keeper.as_ref(), session_id).await;
+                let _ = myself.cast(RegistryMsg::Looked {
+                    session_id,
+                    result,
+                    why: Activation::Pending,
+                });
+            }
+        });
+    }
+
+    /// Another node took the session over: its host is forgotten (its lease is not given
+    /// back: it is not this node's any more) and shut down.
+    fn lease_lost(&mut self, session_id: SessionId) {
+        let Some(active) = self.active.remove(&session_id) else {
+            return;
+        };
+        self.by_actor.remove(&active.host.get_id());
+        tracing::warn!(%session_id, "session lease lost: its host stops");
+        let host = active.host;
+        tokio::spawn(async move {
+            let _ = ractor::call_t!(host, |r| HostMsg::Shutdown { reply: r }, 10_000);
+            host.stop(Some("session lease lost".into()));
+        });
     }
 
     fn host(
@@ -377,11 +565,11 @@ impl RegistryState {
             return;
         }
         self.looking.insert(session_id, vec![waiter]);
-        let store = self.store.clone();
+        let (store, keeper) = (self.store.clone(), self.keeper());
         let myself = myself.clone();
         tokio::spawn(
             async move {
-                let result = store.get_session(session_id).await;
+                let result = look_up(store.as_ref(), keeper.as_ref(), session_id).await;
                 let _ = myself.cast(RegistryMsg::Looked {
                     session_id,
                     result,
@@ -479,10 +667,11 @@ impl RegistryState {
         }
         let template = self.template.clone();
         let store = self.store.clone();
+        let keeper = self.keeper();
         let myself = myself.clone();
         tokio::spawn(
             async move {
-                match start_new(template, project_id, request, store).await {
+                match start_new(template, project_id, request, store, keeper).await {
                     Ok((record, created)) => {
                         if let Err(e) = myself.cast(RegistryMsg::Created {
                             record,

@@ -75,9 +75,14 @@ pub fn router(
         Some(config) => crate::console::routes(app.clone(), auth.clone(), config),
         None => Router::new(),
     };
+    let forward = app.forward.clone();
     let api = api
         .with_state(app.clone())
         .merge(extra.protected)
+        .route_layer(middleware::from_fn_with_state(
+            forward,
+            crate::forward::forward,
+        ))
         .route_layer(middleware::from_fn_with_state(auth, require_token));
     Router::new()
         .merge(open.with_state(app))

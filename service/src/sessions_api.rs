@@ -33,6 +33,8 @@ use troupe_store::Store;
 pub struct SessionsApi {
     store: Arc<dyn Store>,
     supervisor: ActorRef<SupervisorMsg>,
+    /// A node of a cluster: its current lease keeper.
+    lease_keeper: Option<super::lease_keeper::KeeperRef>,
     registry: watch::Receiver<Option<ActorRef<RegistryMsg>>>,
     health: watch::Receiver<Health>,
     /// The agents every session runs (`None`: no definition loaded).
@@ -83,7 +85,15 @@ impl std::future::IntoFuture for TaskEnd {
 
 impl SessionsApi {
     /// Starts the service's actors (the supervisor and its registry) over `store`.
-    pub async fn start(mut args: RegistryArgs) -> Result<Self, AgentError> {
+    pub async fn start(args: RegistryArgs) -> Result<Self, AgentError> {
+        Self::start_with_keeper(args, None).await
+    }
+
+    /// [`Self::start`] on a node of a cluster: the supervisor also runs its lease keeper.
+    pub async fn start_with_keeper(
+        mut args: RegistryArgs,
+        keeper: Option<super::supervisor::KeeperSpec>,
+    ) -> Result<Self, AgentError> {
         super::metrics::service_series_start_at_zero();
         let store = args.store.clone();
         // One book for the service: every session's tool calls are counted by it.
@@ -92,6 +102,9 @@ impl SessionsApi {
         let agents = args.template.ports.agents.clone();
         let (registry_tx, registry) = watch::channel(None);
         let (health_tx, health) = watch::channel(Health::Ok);
+        let lease_keeper = keeper
+            .as_ref()
+            .map(|k| super::lease_keeper::KeeperRef::new(k.tx.subscribe()));
         let (supervisor, _) = Actor::spawn(
             None,
             ServiceSupervisor,
@@ -99,6 +112,7 @@ impl SessionsApi {
                 registry: args,
                 registry_tx,
                 health_tx,
+                keeper,
             },
         )
         .await
@@ -111,6 +125,7 @@ impl SessionsApi {
             agents,
             token_book,
             modules: Arc::default(),
+            lease_keeper,
         })
     }
 
@@ -179,6 +194,11 @@ impl SessionsApi {
         self.registry.borrow().clone()
     }
 
+    /// The current lease keeper, on a node of a cluster (observation: tests and drills).
+    pub fn current_lease_keeper(&self) -> Option<ActorRef<super::lease_keeper::LeaseKeeperMsg>> {
+        self.lease_keeper.as_ref().and_then(|k| k.now())
+    }
+
     fn registry(&self) -> Result<ActorRef<RegistryMsg>, AgentError> {
         self.registry
             .borrow()
@@ -187,6 +207,13 @@ impl SessionsApi {
                 Health::Failed { reason, .. } => AgentError::internal(reason.clone()),
                 Health::Ok => AgentError::internal("sessions registry restarting"),
             })
+    }
+
+    /// Another node took this session over: its host stops here.
+    pub(crate) fn lease_lost(&self, session_id: troupe_proto::SessionId) {
+        if let Ok(registry) = self.registry() {
+            let _ = registry.cast(RegistryMsg::LeaseLost { session_id });
+        }
     }
 
     /// The host of a session the scope sees, activating the session if needed.

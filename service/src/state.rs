@@ -18,6 +18,8 @@ pub struct AppState {
     /// Fired when the service starts shutting down: streams end, `/readyz` says so.
     pub shutdown: CancellationToken,
     pub prometheus: Option<PrometheusHandle>,
+    /// A node of a cluster forwards calls for the sessions other nodes own.
+    pub forward: Option<std::sync::Arc<crate::forward::Forwarder>>,
 }
 
 impl AppState {

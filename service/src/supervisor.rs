@@ -2,10 +2,16 @@
 //!
 //! ```text
 //! ServiceSupervisor
+//! ├─ LeaseKeeper                  (a node of a cluster; restarted on failure, same limit)
 //! └─ Registry                     (restarted on failure, at most RESTARTS_PER_WINDOW a window)
 //!      └─ SessionHost × active sessions
 //!           └─ Session (troupe-actors)
 //! ```
+//!
+//! A new lease keeper renews at once the leases the node still holds (their fences are kept
+//! by the store), and is published on a `watch` channel that the registry's
+//! [`KeeperRef`](super::lease_keeper::KeeperRef) follows. One that keeps failing turns the
+//! health `failed`, as the registry does.
 //!
 //! The A2A endpoint has a supervisor of its own (`a2a::supervisor`), which reports here when
 //! it gives up (`ComponentFailed`), so the whole service's health says so.
@@ -19,6 +25,7 @@
 //! service manager restarts the process. A registry stopped on purpose (`Stop`) is not
 //! restarted.
 
+use super::lease_keeper::{LeaseKeeper, LeaseKeeperArgs, LeaseKeeperMsg};
 use super::metrics;
 use super::registry::{Registry, RegistryArgs, RegistryMsg};
 use ractor::{Actor, ActorProcessingErr, ActorRef, RpcReplyPort, SupervisionEvent};
@@ -46,6 +53,14 @@ pub struct SupervisorArgs {
     pub registry: RegistryArgs,
     pub registry_tx: watch::Sender<Option<ActorRef<RegistryMsg>>>,
     pub health_tx: watch::Sender<Health>,
+    /// A node of a cluster: its lease keeper, started before the registry.
+    pub keeper: Option<KeeperSpec>,
+}
+
+/// How to start a node's lease keeper, and where to publish the one running.
+pub struct KeeperSpec {
+    pub args: LeaseKeeperArgs,
+    pub tx: watch::Sender<Option<ActorRef<LeaseKeeperMsg>>>,
 }
 
 /// The supervisor's mailbox.
@@ -54,6 +69,8 @@ pub enum SupervisorMsg {
     Stop { reply: RpcReplyPort<()> },
     /// Fault injection: makes the registry fail, to exercise its restart in tests and drills.
     FailRegistry,
+    /// Fault injection: makes the lease keeper fail, to exercise its restart.
+    FailLeaseKeeper,
     /// Another supervised part of the service (the A2A endpoint) failed for good.
     ComponentFailed {
         component: &'static str,
@@ -69,6 +86,9 @@ pub struct SupervisorState {
     health_tx: watch::Sender<Health>,
     restarts: Vec<Instant>,
     stopping: bool,
+    keeper: Option<KeeperSpec>,
+    keeper_ref: Option<ActorRef<LeaseKeeperMsg>>,
+    keeper_restarts: Vec<Instant>,
 }
 
 /// The ServiceSupervisor actor.
@@ -86,6 +106,14 @@ impl Actor for ServiceSupervisor {
         args: SupervisorArgs,
     ) -> Result<SupervisorState, ActorProcessingErr> {
         metrics::service_healthy(true);
+        let keeper_ref = match &args.keeper {
+            Some(spec) => {
+                let keeper = spawn_keeper(&myself, &spec.args).await?;
+                spec.tx.send_replace(Some(keeper.clone()));
+                Some(keeper)
+            }
+            None => None,
+        };
         let registry = spawn_registry(&myself, &args.registry).await?;
         args.registry_tx.send_replace(Some(registry.clone()));
         Ok(SupervisorState {
@@ -95,6 +123,9 @@ impl Actor for ServiceSupervisor {
             health_tx: args.health_tx,
             restarts: Vec::new(),
             stopping: false,
+            keeper: args.keeper,
+            keeper_ref,
+            keeper_restarts: Vec::new(),
         })
     }
 
@@ -113,7 +144,20 @@ impl Actor for ServiceSupervisor {
                         .stop_and_wait(None, Some(Duration::from_secs(30)))
                         .await;
                 }
+                if let Some(keeper) = state.keeper_ref.take() {
+                    if let Some(spec) = &state.keeper {
+                        spec.tx.send_replace(None);
+                    }
+                    let _ = keeper
+                        .stop_and_wait(None, Some(Duration::from_secs(5)))
+                        .await;
+                }
                 let _ = reply.send(());
+            }
+            SupervisorMsg::FailLeaseKeeper => {
+                if let Some(keeper) = &state.keeper_ref {
+                    let _ = keeper.cast(LeaseKeeperMsg::InjectPanic);
+                }
             }
             SupervisorMsg::FailRegistry => {
                 if let Some(registry) = &state.registry {
@@ -136,6 +180,14 @@ impl Actor for ServiceSupervisor {
         let Some((cell, why)) = stopped_child(&event) else {
             return Ok(());
         };
+        let is_keeper = state
+            .keeper_ref
+            .as_ref()
+            .is_some_and(|k| k.get_id() == cell.get_id());
+        if is_keeper && !state.stopping {
+            state.restart_keeper(&myself, why).await;
+            return Ok(());
+        }
         let is_registry = state
             .registry
             .as_ref()
@@ -188,7 +240,55 @@ async fn spawn_registry(
         .map_err(|e| AgentError::internal(format!("sessions registry failed to start: {e}")))
 }
 
+async fn spawn_keeper(
+    myself: &ActorRef<SupervisorMsg>,
+    args: &LeaseKeeperArgs,
+) -> Result<ActorRef<LeaseKeeperMsg>, AgentError> {
+    Actor::spawn_linked(None, LeaseKeeper, args.clone(), myself.get_cell())
+        .await
+        .map(|(k, _)| k)
+        .map_err(|e| AgentError::internal(format!("lease keeper failed to start: {e}")))
+}
+
 impl SupervisorState {
+    /// The lease keeper stopped: a new one takes over the leases the node holds.
+    async fn restart_keeper(&mut self, myself: &ActorRef<SupervisorMsg>, why: String) {
+        tracing::error!(reason = %why, "lease keeper stopped; starting a new one");
+        self.keeper_ref = None;
+        let Some(spec) = &self.keeper else {
+            return;
+        };
+        spec.tx.send_replace(None);
+        if !super::host::plan::may_restart(
+            &mut self.keeper_restarts,
+            Instant::now(),
+            RESTARTS_PER_WINDOW,
+            RESTART_WINDOW,
+        ) {
+            metrics::service_restart("lease_keeper", "given_up");
+            self.fail(
+                "lease_keeper",
+                format!("the lease keeper keeps failing ({why})"),
+            );
+            return;
+        }
+        match spawn_keeper(myself, &spec.args).await {
+            Ok(keeper) => {
+                metrics::service_restart("lease_keeper", "restarted");
+                tracing::warn!("lease keeper restarted");
+                spec.tx.send_replace(Some(keeper.clone()));
+                self.keeper_ref = Some(keeper);
+            }
+            Err(e) => {
+                metrics::service_restart("lease_keeper", "given_up");
+                self.fail(
+                    "lease_keeper",
+                    format!("the lease keeper could not be restarted: {e}"),
+                );
+            }
+        }
+    }
+
     fn fail(&self, component: &str, reason: String) {
         tracing::error!(component, %reason, "service unhealthy: it cannot recover by itself");
         metrics::service_healthy(false);

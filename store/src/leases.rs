@@ -104,6 +104,63 @@ pub trait SessionLeases: Send + Sync {
 
     /// Gives the session up: its lease expires now, its fence stays.
     async fn release(&self, session_id: SessionId) -> Result<(), AgentError>;
+
+    /// The sessions this node holds a fence for (acquired, not released nor lost), with that
+    /// fence: what a new lease keeper renews after the previous one failed.
+    fn held_fences(&self) -> Vec<(SessionId, u64)> {
+        Vec::new()
+    }
+
+    /// [`renew`](Self::renew) for many leases at once (PostgreSQL: one statement), each
+    /// with its outcome.
+    async fn renew_many(
+        &self,
+        sessions: &[SessionId],
+        now_ms: u64,
+        ttl: Duration,
+    ) -> Vec<(SessionId, Result<Lease, AgentError>)> {
+        let mut out = Vec::with_capacity(sessions.len());
+        for &session_id in sessions {
+            out.push((session_id, self.renew(session_id, now_ms, ttl).await));
+        }
+        out
+    }
+
+    /// Publishes where this node answers its API (`http://host:port`), for the other nodes
+    /// to forward calls for its sessions. One node alone: nothing to publish.
+    async fn publish_api(&self, _api_url: &str, _now_ms: u64) -> Result<(), AgentError> {
+        Ok(())
+    }
+
+    /// Those of `sessions` that no other node holds an unexpired lease on at `now_ms`: the
+    /// ones this node may take (one alone: all of them).
+    async fn not_held_elsewhere(
+        &self,
+        sessions: Vec<SessionId>,
+        _now_ms: u64,
+    ) -> Result<Vec<SessionId>, AgentError> {
+        Ok(sessions)
+    }
+
+    /// The live node (its heartbeat after `alive_after_ms`) owning the fewest sessions at
+    /// `now_ms` (ties at random), with its API address: where a new session goes.
+    async fn least_loaded(
+        &self,
+        _now_ms: u64,
+        _alive_after_ms: u64,
+    ) -> Result<Option<(String, String)>, AgentError> {
+        Ok(None)
+    }
+
+    /// The node whose lease on the session is unexpired at `now_ms`, with the API address it
+    /// published (`None` when it published none); `None`: no node holds it.
+    async fn owner_of(
+        &self,
+        _session_id: SessionId,
+        _now_ms: u64,
+    ) -> Result<Option<(String, Option<String>)>, AgentError> {
+        Ok(None)
+    }
 }
 
 /// One node alone (SQLite): every lease is granted, nothing is checked.

@@ -86,6 +86,7 @@ async fn run() {
         troupe_service::StartOptions {
             live: None,
             modules: Some(modules.clone()),
+            cluster: None,
         },
     )
     .await

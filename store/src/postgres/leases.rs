@@ -7,7 +7,7 @@
 //! for writes that read the old fence to commit, and every write after it sees the new one, so
 //! a node's writes after losing the session are refused.
 
-use super::sql::{col, exec, row};
+use super::sql::{col, exec, row, rows};
 use super::{PgStore, pg_err};
 use crate::leases::{Acquired, FenceVerdict, Lease, SessionLeases, expiry, fence_verdict};
 use async_trait::async_trait;
@@ -97,6 +97,17 @@ impl PgStore {
 impl SessionLeases for PgStore {
     fn node(&self) -> &str {
         self.fencing.node.as_deref().unwrap_or("local")
+    }
+
+    fn held_fences(&self) -> Vec<(SessionId, u64)> {
+        let mut held: Vec<(SessionId, u64)> = self
+            .fencing
+            .lock()
+            .iter()
+            .filter_map(|(k, f)| k.parse().ok().map(|s| (s, *f)))
+            .collect();
+        held.sort_unstable();
+        held
     }
 
     async fn acquire(
@@ -217,6 +228,188 @@ impl SessionLeases for PgStore {
             fence,
             expires_ms: expiry(now_ms, ttl),
         })
+    }
+
+    async fn renew_many(
+        &self,
+        sessions: &[SessionId],
+        now_ms: u64,
+        ttl: Duration,
+    ) -> Vec<(SessionId, Result<Lease, AgentError>)> {
+        let node = match self.node_name() {
+            Ok(n) => n.to_owned(),
+            Err(e) => return sessions.iter().map(|s| (*s, Err(e.clone()))).collect(),
+        };
+        let lost = |session_id: SessionId, why: &str| {
+            counter!(crate::leases::RENEWALS, "outcome" => "lost").increment(1);
+            tracing::warn!(%session_id, node = %node, why, "session lease lost");
+            AgentError::Interrupted {
+                reason: format!("lease lost: session {session_id}: {why}"),
+            }
+        };
+        let mut out = Vec::with_capacity(sessions.len());
+        let mut keys = Vec::new();
+        let mut fences = Vec::new();
+        let mut held = Vec::new();
+        for &session_id in sessions {
+            let key = session_id.to_string();
+            match self.fencing.held(&key) {
+                Some(fence) => {
+                    keys.push(key);
+                    fences.push(i64::try_from(fence).unwrap_or(i64::MAX));
+                    held.push((session_id, fence));
+                }
+                None => out.push((
+                    session_id,
+                    Err(lost(session_id, "this node holds no lease for it")),
+                )),
+            }
+        }
+        if held.is_empty() {
+            return out;
+        }
+        let result = async {
+            let until = ms("expires_ms", expiry(now_ms, ttl))?;
+            let client = self.client().await?;
+            let renewed = rows(
+                &client,
+                "renew leases",
+                "UPDATE session_leases l SET expires_ms = $3
+                 FROM unnest($1::text[], $2::bigint[]) AS r(session_id, fence)
+                 WHERE l.session_id = r.session_id AND l.fence = r.fence AND l.owner = $4
+                 RETURNING l.session_id",
+                &[&keys, &fences, &until, &node],
+            )
+            .await?;
+            renewed
+                .iter()
+                .map(|r| col::<String>(r, 0, "renew leases"))
+                .collect::<Result<std::collections::HashSet<String>, _>>()
+        }
+        .await;
+        match result {
+            Ok(renewed) => {
+                for (session_id, fence) in held {
+                    let key = session_id.to_string();
+                    if renewed.contains(&key) {
+                        counter!(crate::leases::RENEWALS, "outcome" => "renewed").increment(1);
+                        out.push((
+                            session_id,
+                            Ok(Lease {
+                                fence,
+                                expires_ms: expiry(now_ms, ttl),
+                            }),
+                        ));
+                    } else {
+                        self.fencing.lock().remove(&key);
+                        out.push((
+                            session_id,
+                            Err(lost(session_id, "another node took it over")),
+                        ));
+                    }
+                }
+            }
+            Err(e) => out.extend(held.into_iter().map(|(s, _)| (s, Err(e.clone())))),
+        }
+        out
+    }
+
+    async fn publish_api(&self, api_url: &str, now_ms: u64) -> Result<(), AgentError> {
+        let node = self.node_name()?.to_owned();
+        let now = ms("now_ms", now_ms)?;
+        let client = self.client().await?;
+        exec(
+            &client,
+            "publish node",
+            "INSERT INTO cluster_nodes (node, api_url, heartbeat_ms) VALUES ($1, $2, $3)
+             ON CONFLICT (node) DO UPDATE SET api_url = $2, heartbeat_ms = $3",
+            &[&node, &api_url, &now],
+        )
+        .await
+        .map(drop)
+    }
+
+    async fn not_held_elsewhere(
+        &self,
+        sessions: Vec<SessionId>,
+        now_ms: u64,
+    ) -> Result<Vec<SessionId>, AgentError> {
+        if sessions.is_empty() {
+            return Ok(sessions);
+        }
+        let node = self.node_name()?.to_owned();
+        let now = ms("now_ms", now_ms)?;
+        let keys: Vec<String> = sessions.iter().map(ToString::to_string).collect();
+        let client = self.client().await?;
+        let held: std::collections::HashSet<String> = rows(
+            &client,
+            "leases held elsewhere",
+            "SELECT session_id FROM session_leases
+             WHERE session_id = ANY($1::text[]) AND expires_ms > $2 AND owner <> $3",
+            &[&keys, &now, &node],
+        )
+        .await?
+        .iter()
+        .map(|r| col::<String>(r, 0, "leases held elsewhere"))
+        .collect::<Result<_, _>>()?;
+        Ok(sessions
+            .into_iter()
+            .filter(|s| !held.contains(&s.to_string()))
+            .collect())
+    }
+
+    async fn least_loaded(
+        &self,
+        now_ms: u64,
+        alive_after_ms: u64,
+    ) -> Result<Option<(String, String)>, AgentError> {
+        let (now, alive) = (ms("now_ms", now_ms)?, ms("alive_after_ms", alive_after_ms)?);
+        let client = self.client().await?;
+        row(
+            &client,
+            "least loaded node",
+            "SELECT n.node, n.api_url FROM cluster_nodes n
+             LEFT JOIN session_leases l ON l.owner = n.node AND l.expires_ms > $1
+             WHERE n.heartbeat_ms > $2
+             GROUP BY n.node, n.api_url
+             ORDER BY count(l.session_id), random()
+             LIMIT 1",
+            &[&now, &alive],
+        )
+        .await?
+        .map(|r| {
+            Ok::<_, AgentError>((
+                col::<String>(&r, 0, "least loaded node")?,
+                col::<String>(&r, 1, "least loaded node")?,
+            ))
+        })
+        .transpose()
+    }
+
+    async fn owner_of(
+        &self,
+        session_id: SessionId,
+        now_ms: u64,
+    ) -> Result<Option<(String, Option<String>)>, AgentError> {
+        let key = session_id.to_string();
+        let now = ms("now_ms", now_ms)?;
+        let client = self.client().await?;
+        row(
+            &client,
+            "read owner",
+            "SELECT l.owner, n.api_url FROM session_leases l
+             LEFT JOIN cluster_nodes n ON n.node = l.owner
+             WHERE l.session_id = $1 AND l.expires_ms > $2",
+            &[&key, &now],
+        )
+        .await?
+        .map(|r| {
+            Ok::<_, AgentError>((
+                col::<String>(&r, 0, "read owner")?,
+                col::<Option<String>>(&r, 1, "read owner")?,
+            ))
+        })
+        .transpose()
     }
 
     async fn release(&self, session_id: SessionId) -> Result<(), AgentError> {

@@ -22,7 +22,17 @@ pub const VERSION: i32 = MIGRATIONS.len() as i32;
 /// The advisory lock every migration takes (`troupe` in ASCII).
 const MIGRATION_LOCK: i64 = 0x7472_6f75_7065;
 
-const MIGRATIONS: [&str; 3] = [V1, V2_AUTH_TOKENS, V3_SESSION_LEASES];
+const MIGRATIONS: [&str; 4] = [V1, V2_AUTH_TOKENS, V3_SESSION_LEASES, V4_CLUSTER_NODES];
+
+/// The nodes of a cluster and where each answers its API (`crate::leases`): another node
+/// forwards a call for a session to the API of the node that holds the session's lease.
+const V4_CLUSTER_NODES: &str = r#"
+CREATE TABLE cluster_nodes (
+    node TEXT COLLATE "C" PRIMARY KEY,
+    api_url TEXT NOT NULL,
+    heartbeat_ms BIGINT NOT NULL
+);
+"#;
 
 /// Which node owns which session (see `crate::leases`): the owner, its fencing token, and
 /// until when. A row is never deleted (a release expires it), so a fence only grows. No

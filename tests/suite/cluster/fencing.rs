@@ -134,6 +134,27 @@ async fn a_node_whose_lease_was_taken_over_cannot_write_for_the_session() {
         }
     );
 
+    // A scan of B skips it while A's lease runs, not after; A's own scan keeps it.
+    let free = SessionId::new();
+    assert_eq!(
+        b.not_held_elsewhere(vec![s.session_id, free], t0 + 5_000)
+            .await
+            .unwrap(),
+        vec![free]
+    );
+    assert_eq!(
+        b.not_held_elsewhere(vec![s.session_id], t0 + 11_000)
+            .await
+            .unwrap(),
+        vec![s.session_id]
+    );
+    assert_eq!(
+        a.not_held_elsewhere(vec![s.session_id], t0 + 5_000)
+            .await
+            .unwrap(),
+        vec![s.session_id]
+    );
+
     // A stops renewing (paused, partitioned); once its lease expired B takes over.
     let Acquired::Granted { lease, from } =
         b.acquire(s.session_id, t0 + 11_000, TTL).await.unwrap()

@@ -1,4 +1,150 @@
-//! Several troupe nodes over one PostgreSQL database: session leases with fencing tokens.
+//! Several troupe nodes over one PostgreSQL database: session leases with fencing tokens, and
+//! sessions taken over when their node dies.
 //! Run them alone with `cargo nextest run -p troupe-tests -E 'test(/suite::cluster/)'`.
 
+mod failover;
 mod fencing;
+mod forwarding;
+mod load;
+mod resume;
+mod supervision;
+
+use reqwest::StatusCode;
+use serde_json::{Value, json};
+use std::path::Path;
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+use troupe_tests::troupe_bin;
+
+pub const LEASE_TTL: &str = "2s";
+
+/// A node: `troupe serve` as cluster node `name`, its model answering after `delay_ms`.
+pub fn node(dir: &Path, url: &str, name: &str, delay_ms: u64) -> (Child, String) {
+    let script: Vec<Value> = (0..5_000)
+        .map(|i| json!({"delay_ms": delay_ms, "text": format!("{name} reply {i}")}))
+        .collect();
+    let script_path = dir.join(format!("script-{name}.json"));
+    std::fs::write(
+        &script_path,
+        serde_json::to_vec(&json!({ "replies": script })).unwrap(),
+    )
+    .unwrap();
+    let mut command = Command::new(troupe_bin());
+    command
+        .args(["serve", "--listen", "127.0.0.1:0", "--data-dir"])
+        .arg(dir.join(format!("data-{name}")))
+        .arg("--script")
+        .arg(&script_path)
+        .args(["--node", name, "--lease-ttl", LEASE_TTL])
+        .current_dir(dir)
+        .env_remove("TROUPE_API_TOKENS")
+        .env_remove("TROUPE_STORE_BACKEND")
+        .env_remove("TROUPE_NODE")
+        .env("TROUPE_POSTGRES_URL", url)
+        .stderr(Stdio::null());
+    troupe_tests::spawn_serve(&mut command)
+}
+
+pub fn kill9(child: &mut Child) {
+    signal(child, nix::sys::signal::Signal::SIGKILL);
+    child.wait().unwrap();
+}
+
+pub fn http() -> reqwest::Client {
+    reqwest::Client::builder()
+        .timeout(Duration::from_secs(10))
+        .build()
+        .unwrap()
+}
+
+pub async fn post(base: &str, path: &str, body: Value) -> (StatusCode, Value) {
+    let r = http()
+        .post(format!("{base}{path}"))
+        .json(&body)
+        .send()
+        .await
+        .unwrap();
+    let status = r.status();
+    (status, r.json().await.unwrap_or(Value::Null))
+}
+
+/// The session's messages (user and assistant), oldest first.
+pub async fn messages(base: &str, session: &str) -> Vec<Value> {
+    let r = http()
+        .get(format!("{base}/api/sessions/{session}/messages?limit=1000"))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), StatusCode::OK);
+    let page: Value = r.json().await.unwrap();
+    page["messages"].as_array().unwrap().clone()
+}
+
+pub fn status_of(messages: &[Value], id: u64) -> Option<String> {
+    messages
+        .iter()
+        .find(|m| m["message_id"].as_u64() == Some(id))
+        .and_then(|m| m["status"].as_str())
+        .map(str::to_owned)
+}
+
+pub async fn send(base: &str, session: &str, text: &str) -> (StatusCode, Value) {
+    post(
+        base,
+        &format!("/api/sessions/{session}/messages"),
+        json!({"text": text, "wait": false}),
+    )
+    .await
+}
+
+/// Polls `check` on the session's messages at `base` until it holds, for at most `within`.
+pub async fn until(base: &str, session: &str, within: Duration, check: impl Fn(&[Value]) -> bool) {
+    let started = Instant::now();
+    loop {
+        let m = messages(base, session).await;
+        if check(&m) {
+            return;
+        }
+        assert!(
+            started.elapsed() < within,
+            "not reached within {within:?}: {m:#?}"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+/// Sends a message to this very node: the header a forwarded call carries keeps it from
+/// being forwarded again.
+pub async fn send_here(base: &str, session: &str, text: &str) -> (StatusCode, Value) {
+    let r = http()
+        .post(format!("{base}/api/sessions/{session}/messages"))
+        .header("x-troupe-forwarded-by", "test")
+        .json(&json!({"text": text, "wait": false}))
+        .send()
+        .await
+        .unwrap();
+    let status = r.status();
+    (status, r.json().await.unwrap_or(Value::Null))
+}
+
+/// Creates a session on this very node (not placed elsewhere: the header a forwarded call
+/// carries).
+pub async fn create_here(base: &str) -> (StatusCode, Value) {
+    let r = http()
+        .post(format!("{base}/api/sessions"))
+        .header("x-troupe-forwarded-by", "test")
+        .json(&json!({}))
+        .send()
+        .await
+        .unwrap();
+    let status = r.status();
+    (status, r.json().await.unwrap_or(Value::Null))
+}
+
+pub fn signal(child: &Child, signal: nix::sys::signal::Signal) {
+    nix::sys::signal::kill(
+        nix::unistd::Pid::from_raw(i32::try_from(child.id()).unwrap()),
+        signal,
+    )
+    .unwrap();
+}

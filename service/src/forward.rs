@@ -1,0 +1,371 @@
+//! Forwarding (a node of a cluster): a call for a session that another live node owns is
+//! sent on to that node's API, and its answer (an event stream included) comes back as is, so
+//! a client may talk to any node.
+//!
+//! ```text
+//! request ─► token check ─► session named? (REST path /api/sessions/{id}/…, or a JSON-RPC
+//!            call's params.session_id) ─► its lease unexpired and another node's
+//!            ─► HTTP to that node's published API address (x-troupe-forwarded-by: this node)
+//!            otherwise ─► answered here (activated here under its lease, or 503 naming the
+//!            owner when it changed meanwhile)
+//! ```
+//!
+//! A new session (`POST /api/sessions`, JSON-RPC `session.create`) is placed by load: created
+//! on the live node (heartbeat within a lease ttl) owning the fewest sessions.
+//!
+//! A forwarded request is never forwarded again (the header says it was). Not forwarded:
+//! WebSocket upgrades, JSON-RPC batches.
+
+use crate::error::ApiError;
+use axum::body::{Body, Bytes};
+use axum::extract::{Request, State};
+use axum::http::{HeaderMap, HeaderName, Method, header};
+use axum::middleware::Next;
+use axum::response::{IntoResponse, Response};
+use metrics::{Unit, counter, describe_counter};
+use std::str::FromStr;
+use std::sync::Arc;
+use troupe_proto::{AgentError, SessionId};
+use troupe_store::SessionLeases;
+
+/// Calls forwarded to the node owning their session, by outcome (`ok`: the owner answered;
+/// `failed`: it could not be reached).
+pub const FORWARDED_CALLS: &str = "troupe_cluster_forwarded_calls_total";
+
+/// The header a forwarded request carries: the node that forwarded it.
+pub const FORWARDED_BY: &str = "x-troupe-forwarded-by";
+
+/// Registers the description; every series exists at 0 from the start.
+pub fn describe() {
+    describe_counter!(
+        FORWARDED_CALLS,
+        Unit::Count,
+        "Calls for a session another node owns, forwarded to that node, by outcome (ok; failed: the owner could not be reached)"
+    );
+    for outcome in ["ok", "failed"] {
+        counter!(FORWARDED_CALLS, "outcome" => outcome).increment(0);
+    }
+}
+
+/// What forwarding needs: this node's name, the leases (who owns what, where it answers), an
+/// HTTP client, the request body limit.
+pub struct Forwarder {
+    pub node: String,
+    /// A node whose heartbeat is older than this is not given new sessions.
+    pub lease_ttl: std::time::Duration,
+    pub leases: Arc<dyn SessionLeases>,
+    pub http: reqwest::Client,
+    pub body_limit: usize,
+}
+
+impl std::fmt::Debug for Forwarder {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Forwarder")
+            .field("node", &self.node)
+            .finish_non_exhaustive()
+    }
+}
+
+impl Forwarder {
+    pub fn new(
+        node: String,
+        leases: Arc<dyn SessionLeases>,
+        body_limit: usize,
+        lease_ttl: std::time::Duration,
+    ) -> Self {
+        Self {
+            node,
+            lease_ttl,
+            leases,
+            // No overall timeout: an event stream lasts as long as its client.
+            http: reqwest::Client::builder()
+                .connect_timeout(std::time::Duration::from_secs(5))
+                .build()
+                .unwrap_or_default(),
+            body_limit,
+        }
+    }
+}
+
+/// The session a REST path names (`/api/sessions/{id}` and below), but not a WebSocket route.
+pub fn session_of_path(path: &str) -> Option<SessionId> {
+    let rest = path.strip_prefix("/api/sessions/")?;
+    let mut parts = rest.split('/');
+    let id = parts.next()?;
+    let tail: Vec<&str> = parts.collect();
+    if tail.last() == Some(&"ws") {
+        return None;
+    }
+    SessionId::from_str(id).ok()
+}
+
+/// What a call is about, for forwarding.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Target {
+    /// A session: its owner answers.
+    Session(SessionId),
+    /// A new session: the least loaded node creates it.
+    NewSession,
+}
+
+/// The session a single JSON-RPC call names in `params.session_id` (a batch: none).
+pub fn session_of_rpc(body: &[u8]) -> Option<SessionId> {
+    match target_of_rpc(body) {
+        Some(Target::Session(id)) => Some(id),
+        _ => None,
+    }
+}
+
+/// What a single JSON-RPC call is about: `session.create`, or the session of its
+/// `params.session_id` (a batch: nothing).
+pub fn target_of_rpc(body: &[u8]) -> Option<Target> {
+    let call: serde_json::Value = serde_json::from_slice(body).ok()?;
+    if call.get("method").and_then(|m| m.as_str()) == Some("session.create") {
+        return Some(Target::NewSession);
+    }
+    let id = call.get("params")?.get("session_id")?.as_str()?;
+    SessionId::from_str(id).ok().map(Target::Session)
+}
+
+/// What a REST call is about.
+pub fn target_of_rest(method: &Method, path: &str) -> Option<Target> {
+    if path == "/api/sessions" && method == Method::POST {
+        return Some(Target::NewSession);
+    }
+    session_of_path(path).map(Target::Session)
+}
+
+/// Whether to forward: the owner, when it is another node that published its API address.
+pub fn forward_to(me: &str, owner: Option<(String, Option<String>)>) -> Option<(String, String)> {
+    match owner {
+        Some((node, Some(url))) if node != me => Some((node, url)),
+        _ => None,
+    }
+}
+
+/// The middleware (after the token check).
+pub async fn forward(
+    State(forwarder): State<Option<Arc<Forwarder>>>,
+    req: Request,
+    next: Next,
+) -> Response {
+    let Some(f) = forwarder else {
+        return next.run(req).await;
+    };
+    if req.headers().contains_key(FORWARDED_BY) {
+        return next.run(req).await;
+    }
+    let path = req.uri().path().to_owned();
+    let rpc = path == "/rpc" && req.method() == Method::POST;
+    if !rpc && target_of_rest(req.method(), &path).is_none() {
+        return next.run(req).await;
+    }
+    let (parts, body) = req.into_parts();
+    let bytes = match axum::body::to_bytes(body, f.body_limit).await {
+        Ok(b) => b,
+        Err(_) => {
+            return ApiError::from(AgentError::invalid(format!(
+                "request body larger than {} bytes",
+                f.body_limit
+            )))
+            .into_response();
+        }
+    };
+    let target = if rpc {
+        target_of_rpc(&bytes)
+    } else {
+        target_of_rest(&parts.method, &path)
+    };
+    let Some(target) = target else {
+        return next
+            .run(Request::from_parts(parts, Body::from(bytes)))
+            .await;
+    };
+    let now = troupe_actors::clock::unix_now_ms();
+    let owner = match target {
+        Target::Session(session_id) => f.leases.owner_of(session_id, now).await,
+        Target::NewSession => {
+            let alive_after =
+                now.saturating_sub(u64::try_from(f.lease_ttl.as_millis()).unwrap_or(0));
+            f.leases
+                .least_loaded(now, alive_after)
+                .await
+                .map(|n| n.map(|(node, url)| (node, Some(url))))
+        }
+    };
+    let owner = match owner {
+        Ok(o) => o,
+        Err(e) => {
+            tracing::warn!(?target, error = %e, "owner not read; answering here");
+            None
+        }
+    };
+    let Some((node, url)) = forward_to(&f.node, owner) else {
+        return next
+            .run(Request::from_parts(parts, Body::from(bytes)))
+            .await;
+    };
+    let session_id = match target {
+        Target::Session(id) => id.to_string(),
+        Target::NewSession => "(new)".to_owned(),
+    };
+    match send(&f, &url, &parts, bytes.clone()).await {
+        Ok(response) => {
+            counter!(FORWARDED_CALLS, "outcome" => "ok").increment(1);
+            tracing::debug!(%session_id, owner = %node, "call forwarded");
+            response
+        }
+        Err(Unsent::Unreachable(e)) => {
+            // The owner is gone (its lease not expired yet): answered here, where reads are
+            // served from the store and the session is taken over once the lease expires.
+            counter!(FORWARDED_CALLS, "outcome" => "failed").increment(1);
+            tracing::info!(%session_id, owner = %node, %url, error = %e, "session owner unreachable; answering here");
+            next.run(Request::from_parts(parts, Body::from(bytes)))
+                .await
+        }
+        Err(Unsent::Failed(e)) => {
+            counter!(FORWARDED_CALLS, "outcome" => "failed").increment(1);
+            tracing::warn!(%session_id, owner = %node, %url, error = %e, "call not forwarded");
+            ApiError::from(AgentError::Overloaded {
+                resource: format!(
+                    "session {session_id} (owned by node {node} at {url}, which did not answer: {e})"
+                ),
+                limit: 0,
+            })
+            .into_response()
+        }
+    }
+}
+
+/// Headers that belong to one connection, not to the request or response.
+fn hop_by_hop(name: &HeaderName) -> bool {
+    matches!(
+        name.as_str(),
+        "connection"
+            | "keep-alive"
+            | "proxy-connection"
+            | "transfer-encoding"
+            | "upgrade"
+            | "te"
+            | "trailer"
+            | "host"
+            | "content-length"
+    )
+}
+
+fn copy_headers(from: &HeaderMap, to: &mut HeaderMap) {
+    for (name, value) in from {
+        if !hop_by_hop(name) {
+            to.append(name.clone(), value.clone());
+        }
+    }
+}
+
+/// Why a call was not forwarded.
+enum Unsent {
+    /// No connection to the owner: the request was not delivered.
+    Unreachable(String),
+    /// Delivered, or perhaps delivered, but no answer came back.
+    Failed(String),
+}
+
+/// Sends the request to `base` and streams its answer back.
+async fn send(
+    f: &Forwarder,
+    base: &str,
+    parts: &axum::http::request::Parts,
+    bytes: Bytes,
+) -> Result<Response, Unsent> {
+    let path = parts
+        .uri
+        .path_and_query()
+        .map_or_else(|| parts.uri.path().to_owned(), |p| p.as_str().to_owned());
+    let mut headers = HeaderMap::new();
+    copy_headers(&parts.headers, &mut headers);
+    let mut request = f
+        .http
+        .request(
+            parts.method.clone(),
+            format!("{}{path}", base.trim_end_matches('/')),
+        )
+        .headers(headers)
+        .header(FORWARDED_BY, f.node.as_str());
+    if !bytes.is_empty() {
+        request = request.body(bytes);
+    }
+    let answer = request.send().await.map_err(|e| {
+        if e.is_connect() {
+            Unsent::Unreachable(e.to_string())
+        } else {
+            Unsent::Failed(e.to_string())
+        }
+    })?;
+    let mut response = Response::builder().status(answer.status());
+    if let Some(h) = response.headers_mut() {
+        copy_headers(answer.headers(), h);
+        h.remove(header::CONTENT_LENGTH);
+    }
+    response
+        .body(Body::from_stream(answer.bytes_stream()))
+        .map_err(|e| Unsent::Failed(e.to_string()))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_session_a_call_names() {
+        let id = SessionId::new();
+        assert_eq!(session_of_path(&format!("/api/sessions/{id}")), Some(id));
+        assert_eq!(
+            session_of_path(&format!("/api/sessions/{id}/messages/3")),
+            Some(id)
+        );
+        assert_eq!(
+            session_of_path(&format!("/api/sessions/{id}/events/ws")),
+            None
+        );
+        assert_eq!(session_of_path("/api/sessions"), None);
+        assert_eq!(session_of_path("/api/sessions/not-an-id/messages"), None);
+        assert_eq!(session_of_path("/api/agents"), None);
+        let call = serde_json::json!({"jsonrpc": "2.0", "id": 1, "method": "message.send",
+            "params": {"session_id": id.to_string(), "text": "hi"}});
+        assert_eq!(session_of_rpc(call.to_string().as_bytes()), Some(id));
+        assert_eq!(
+            session_of_rpc(format!("[{call}]").as_bytes()),
+            None,
+            "a batch"
+        );
+        assert_eq!(session_of_rpc(b"{\"method\": \"session.create\"}"), None);
+        assert_eq!(
+            target_of_rpc(b"{\"method\": \"session.create\", \"params\": {}}"),
+            Some(Target::NewSession)
+        );
+        assert_eq!(
+            target_of_rest(&Method::POST, "/api/sessions"),
+            Some(Target::NewSession)
+        );
+        assert_eq!(target_of_rest(&Method::GET, "/api/sessions"), None);
+        assert_eq!(
+            target_of_rest(&Method::GET, &format!("/api/sessions/{id}")),
+            Some(Target::Session(id))
+        );
+    }
+
+    #[test]
+    fn only_another_nodes_published_lease_is_forwarded_to() {
+        let url = || Some("http://127.0.0.1:1".to_owned());
+        assert_eq!(
+            forward_to("a", Some(("b".into(), url()))),
+            Some(("b".into(), "http://127.0.0.1:1".into()))
+        );
+        assert_eq!(forward_to("a", Some(("a".into(), url()))), None, "mine");
+        assert_eq!(
+            forward_to("a", Some(("b".into(), None))),
+            None,
+            "no address"
+        );
+        assert_eq!(forward_to("a", None), None, "nobody's: activated here");
+    }
+}
