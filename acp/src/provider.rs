@@ -14,8 +14,11 @@
 //!   [`ResumeError::Replaced`], so the hub binds it and says why.
 //! - `handle` is one `session/prompt` (after the session's previous turn, if one still
 //!   runs). The agent's updates become `agent_update` events of
-//!   the dispatching task as they come; its permission requests become approvals of that
-//!   task in the session's ApprovalStore ([`ApprovalStorePermissions`]); a cancelled (or
+//!   the dispatching task as they come; its permission requests answer to the tool policy
+//!   of its calls first ([`crate::client::governed`]: a denied tool is refused without
+//!   asking, with `policy_rejected`), then become approvals of that task in the session's
+//!   ApprovalStore ([`ApprovalStorePermissions`]); a tool call of a denied tool that it ran
+//!   without asking is an `ungoverned_tool_call` warning; a cancelled (or
 //!   expired) dispatch sends `session/cancel`. A process that dies mid-turn fails the
 //!   dispatch (`interrupted`); the next dispatch starts it again and loads the session
 //!   (an `agent_update` with status `restarted` says so), or reports the session it had to

@@ -276,6 +276,162 @@ mod tests {
         assert_eq!(command_of(&request(None, None)), ["c1"]);
     }
 
+    /// Forwards what it is sent (the kind of each message, an emitted event) to a channel.
+    struct Probe;
+
+    #[async_trait::async_trait]
+    impl ractor::Actor for Probe {
+        type Msg = troupe_actors::rollout::RolloutMsg;
+        type State = tokio::sync::mpsc::UnboundedSender<EventKind>;
+        type Arguments = Self::State;
+        async fn pre_start(
+            &self,
+            _: ractor::ActorRef<Self::Msg>,
+            tx: Self::State,
+        ) -> Result<Self::State, ractor::ActorProcessingErr> {
+            Ok(tx)
+        }
+        async fn handle(
+            &self,
+            _: ractor::ActorRef<Self::Msg>,
+            msg: Self::Msg,
+            tx: &mut Self::State,
+        ) -> Result<(), ractor::ActorProcessingErr> {
+            if let troupe_actors::rollout::RolloutMsg::Emit { draft } = msg {
+                let _ = tx.send(draft.event);
+            }
+            Ok(())
+        }
+    }
+
+    /// Counts what it is asked.
+    struct Approvals;
+
+    #[async_trait::async_trait]
+    impl ractor::Actor for Approvals {
+        type Msg = ApprovalMsg;
+        type State = tokio::sync::mpsc::UnboundedSender<()>;
+        type Arguments = Self::State;
+        async fn pre_start(
+            &self,
+            _: ractor::ActorRef<Self::Msg>,
+            tx: Self::State,
+        ) -> Result<Self::State, ractor::ActorProcessingErr> {
+            Ok(tx)
+        }
+        async fn handle(
+            &self,
+            _: ractor::ActorRef<Self::Msg>,
+            _: Self::Msg,
+            tx: &mut Self::State,
+        ) -> Result<(), ractor::ActorProcessingErr> {
+            let _ = tx.send(());
+            Ok(())
+        }
+    }
+
+    #[test]
+    fn a_denied_tool_is_refused_without_asking_said_and_counted() {
+        use metrics_util::debugging::{DebugValue, DebuggingRecorder};
+        use troupe_actors::governance::{metrics::DECISIONS_TOTAL, task_policy};
+        use troupe_proto::agent::ToolRules;
+        use troupe_proto::governance::ToolPolicyConfig;
+        let recorder = DebuggingRecorder::new();
+        let snapshotter = recorder.snapshotter();
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap();
+        let (events, asked) = metrics::with_local_recorder(&recorder, || {
+            rt.block_on(async {
+                let (etx, mut erx) = tokio::sync::mpsc::unbounded_channel();
+                let (atx, mut arx) = tokio::sync::mpsc::unbounded_channel();
+                let (rollout, _) = ractor::Actor::spawn(None, Probe, etx).await.unwrap();
+                let (approvals, _) = ractor::Actor::spawn(None, Approvals, atx).await.unwrap();
+                let rules = ToolRules {
+                    blacklist: vec!["shell".into()],
+                    ..ToolRules::default()
+                };
+                let policy = task_policy(&ToolPolicyConfig::default(), None, Some(&rules), None);
+                let refused = Arc::new(OnceLock::new());
+                let handler = ApprovalStorePermissions {
+                    approvals: ServiceRef::fixed(approvals.clone()),
+                    conversation_id: ConversationId::new(),
+                    task_id: TaskId::new(),
+                    agent_id: "codex".into(),
+                    timeout: Some(Duration::from_millis(50)),
+                    cancel: CancellationToken::new(),
+                    governed: Some(Governed {
+                        governance: Arc::new(TaskGovernance {
+                            policy,
+                            authorization: Vec::new(),
+                        }),
+                        token_book: None,
+                        events: EventSink::new(rollout.clone()),
+                        chain: ExecutionChain::start("codex"),
+                        span: tracing::Span::none(),
+                        refused: refused.clone(),
+                    }),
+                };
+                let mut denied = request(Some(json!({"command": ["touch", "x"]})), Some("t"));
+                denied.kind = Some("execute".into());
+                assert_eq!(
+                    handler.decide(&denied).await,
+                    PermissionDecision::RejectOnce
+                );
+                assert!(matches!(
+                    refused.get(),
+                    Some(AgentError::PolicyRejected {
+                        reason: PolicyReason::ToolDenied,
+                        ..
+                    })
+                ));
+                let mut allowed = denied.clone();
+                allowed.kind = Some("read".into());
+                // Allowed: asked (the store answers nothing here: the ask times out).
+                let _ = handler.decide(&allowed).await;
+                tokio::task::yield_now().await;
+                let mut events = Vec::new();
+                while let Ok(e) = erx.try_recv() {
+                    events.push(e);
+                }
+                let mut asked = 0;
+                while arx.try_recv().is_ok() {
+                    asked += 1;
+                }
+                rollout.stop(None);
+                approvals.stop(None);
+                (events, asked)
+            })
+        });
+        assert_eq!(asked, 1, "only the allowed request was asked");
+        assert!(
+            matches!(&events[..], [EventKind::PolicyRejected { agent_id, tool, reason, message, .. }]
+                if agent_id == "codex" && tool.as_deref() == Some("shell")
+                    && *reason == PolicyReason::ToolDenied
+                    && message.contains("request")),
+            "{events:?}"
+        );
+        let counted: Vec<(String, u64)> = snapshotter
+            .snapshot()
+            .into_vec()
+            .into_iter()
+            .filter(|(key, ..)| key.key().name() == DECISIONS_TOTAL)
+            .filter_map(|(key, _, _, value)| match value {
+                DebugValue::Counter(n) => Some((
+                    key.key()
+                        .labels()
+                        .map(|l| l.value().to_owned())
+                        .collect::<String>(),
+                    n,
+                )),
+                _ => None,
+            })
+            .collect();
+        assert!(counted.contains(&("denied".to_owned(), 1)), "{counted:?}");
+        assert!(counted.contains(&("allowed".to_owned(), 1)), "{counted:?}");
+    }
+
     #[test]
     fn approvals_allow_once_denials_reject_and_silence_cancels() {
         use troupe_actors::approval_store::Granted;

@@ -140,7 +140,9 @@ pub fn treatment(event: &EventKind) -> Treatment {
         | E::SessionResumed { .. }
         | E::AgentUpdate { .. } => Treatment::PlayedBack,
         E::Warning { code, .. } => match code {
-            WarningCode::BindingReplaced | WarningCode::LeaseExpired => Treatment::PlayedBack,
+            WarningCode::BindingReplaced
+            | WarningCode::LeaseExpired
+            | WarningCode::UngovernedToolCall => Treatment::PlayedBack,
             _ => Treatment::NotCompared,
         },
         E::ConversationOpened { .. }
@@ -405,6 +407,7 @@ mod tests {
         for (code, expected) in [
             (WarningCode::LeaseExpired, Treatment::PlayedBack),
             (WarningCode::BindingReplaced, Treatment::PlayedBack),
+            (WarningCode::UngovernedToolCall, Treatment::PlayedBack),
             (WarningCode::PromptTrimmed, Treatment::NotCompared),
             (WarningCode::McpToolsUnavailable, Treatment::NotCompared),
         ] {

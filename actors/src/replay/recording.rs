@@ -465,9 +465,11 @@ impl Reader {
                 reason,
                 chain,
                 message,
+                tool: None,
                 ..
             } if *reason != PolicyReason::UnknownModule => {
-                // The hub's refusal of a dispatch (an unknown module is the task's own).
+                // The hub's refusal of a dispatch (an unknown module is the task's own, and
+                // a refused tool call, the task's or an external agent's, names its tool).
                 self.dispatches.push(Err(AgentError::PolicyRejected {
                     reason: *reason,
                     chain: chain.0.clone(),
@@ -998,7 +1000,7 @@ mod tests {
     }
 
     #[test]
-    fn the_hubs_refusal_is_a_dispatchs_answer_and_an_unknown_module_is_not() {
+    fn the_hubs_refusal_is_a_dispatchs_answer_and_an_unknown_module_or_a_refused_tool_is_not() {
         let chain = ExecutionChain::start("supervisor").then("a");
         let rejected = |reason| EventKind::PolicyRejected {
             agent_id: "a".into(),
@@ -1007,8 +1009,17 @@ mod tests {
             message: "no".into(),
             tool: None,
         };
+        // A refused tool call (the task's own, or an ACP sub-agent's) answers no dispatch.
+        let refused_tool = EventKind::PolicyRejected {
+            agent_id: "a".into(),
+            chain: chain.clone(),
+            reason: PolicyReason::ToolDenied,
+            message: "tool `shell` is denied".into(),
+            tool: Some("shell".into()),
+        };
         let r = Run::new(vec![
             started("x"),
+            refused_tool,
             rejected(PolicyReason::Cycle),
             rejected(PolicyReason::UnknownModule),
             finished(TaskStatus::Error, "", 0, None),

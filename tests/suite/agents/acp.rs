@@ -516,6 +516,113 @@ async fn a_denied_tool_codex_runs_without_asking_is_reported_as_ungoverned() {
     team.session.shutdown().await.unwrap();
 }
 
+/// A shell call codex asks about, which its agent file lists `authorizationRequired`: the
+/// dispatcher's token (for `codex`, `shell`, `touch tokened*`, one use) lets it on to the
+/// approval; the next call finds the use spent and is refused `unauthorized` without asking.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_codex_call_that_needs_a_token_uses_the_dispatchers_token() {
+    use troupe_actors::token_book;
+    use troupe_proto::governance::{IssueToken, MessageOptions, TokenScope};
+    let codex = Codex::start("untrusted").await;
+    let mut definition = codex.definition();
+    definition.tools.authorization_required = vec!["shell".into()];
+    let book = token_book::spawn(Arc::new(troupe_store::memory::MemoryStore::new()))
+        .await
+        .unwrap();
+    let issued = token_book::issue(
+        &book,
+        IssueToken {
+            scope: TokenScope {
+                agent: "codex".into(),
+                tool: "shell".into(),
+                args: Some("touch tokened*".into()),
+            },
+            ttl_secs: 600,
+            max_uses: 1,
+            issued_by: None,
+        },
+    )
+    .await
+    .unwrap();
+    let team = Team::start_with_factories_extra(
+        vec![definition],
+        vec![Arc::new(AcpFactory::default()) as Arc<dyn AgentProviderFactory>],
+        super::Extras {
+            token_book: Some(book.clone()),
+            exec: false,
+        },
+    )
+    .await;
+    let root = team.session.root().await.unwrap();
+    let send = |text: String| {
+        let session = team.session.clone();
+        let options = MessageOptions {
+            tools: None,
+            authorization: vec![issued.token.clone()],
+        };
+        tokio::spawn(async move { session.message_with(root, &text, options).await.unwrap() })
+    };
+    // With the token: on to the approval, approved, run.
+    codex.server.push(Reply::tool_call(
+        "exec_command",
+        [r#"{"cmd":"touch tokened.txt"}"#],
+    ));
+    codex.server.push(Reply::text(["done"]));
+    let running = send("/hub codex make tokened.txt".into());
+    let pending = bounded("the approval request", async {
+        loop {
+            if let Some(p) = team.session.pending_approvals().await.unwrap().pop() {
+                return p;
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    })
+    .await;
+    team.session
+        .respond_approval(pending.approval_id, ApprovalDecision::ApproveOnce)
+        .await
+        .unwrap();
+    let reply = bounded("the reply", running).await.unwrap();
+    assert_eq!(
+        (reply.status, reply.text.as_str()),
+        (TaskStatus::Ok, "done")
+    );
+    assert!(codex.work.path().join("tokened.txt").exists());
+    // Its one use is spent: refused at once, nobody asked, nothing run.
+    codex.server.push(Reply::tool_call(
+        "exec_command",
+        [r#"{"cmd":"touch tokened-again.txt"}"#],
+    ));
+    codex.server.push(Reply::text(["done"]));
+    let reply = bounded(
+        "the reply",
+        send("/hub codex make tokened-again.txt".into()),
+    )
+    .await
+    .unwrap();
+    assert_eq!(reply.status, TaskStatus::Error);
+    assert!(
+        matches!(&reply.error, Some(AgentError::PolicyRejected { reason, message, .. })
+            if *reason == troupe_proto::agent::PolicyReason::Unauthorized
+                && message.contains("tool `shell` needs an authorization token")),
+        "{:?}",
+        reply.error
+    );
+    assert!(!codex.work.path().join("tokened-again.txt").exists());
+    let events = team.events().await;
+    let asked = events
+        .iter()
+        .filter(|e| matches!(e, EventKind::ApprovalRequested { .. }))
+        .count();
+    assert_eq!(asked, 1, "only the call with a token was asked about");
+    assert!(events.iter().any(|e| matches!(e,
+        EventKind::PolicyRejected { agent_id, reason, tool, .. }
+            if agent_id == "codex"
+                && *reason == troupe_proto::agent::PolicyReason::Unauthorized
+                && tool.as_deref() == Some("shell"))));
+    team.session.shutdown().await.unwrap();
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_next_run_loads_the_bound_codex_session() {
     let codex = Codex::start("never").await;

@@ -126,6 +126,25 @@ impl Team {
         Self::launch(SessionId::new(), plan, dir, store, model).await
     }
 
+    /// A team with external kinds plugged in and extras (a token book).
+    pub async fn start_with_factories_extra(
+        defs: Vec<AgentDefinition>,
+        factories: Vec<Arc<dyn AgentProviderFactory>>,
+        extras: Extras,
+    ) -> Self {
+        let plan = Plan {
+            defs,
+            settings: settings(RouterMode::Rules),
+            tweak: |_| {},
+            factories,
+            extras,
+        };
+        let dir = Arc::new(tempfile::tempdir().unwrap());
+        let store = Arc::new(MemoryStore::new());
+        let model = Arc::new(RecordingModel::new(Vec::new()));
+        Self::launch(SessionId::new(), plan, dir, store, model).await
+    }
+
     /// A team with extras (a token book, a command runner).
     pub async fn start_extra(
         defs: Vec<AgentDefinition>,
