@@ -13,6 +13,9 @@
 //! A new session (`POST /api/sessions`, JSON-RPC `session.create`) is placed by load: created
 //! on the live node (heartbeat within a lease ttl) owning the fewest sessions.
 //!
+//! A call for a session this node holds the unexpired lease of (as its last renewal says) is
+//! answered here without asking the database.
+//!
 //! A forwarded request is never forwarded again (the header says it was). Not forwarded:
 //! WebSocket upgrades, JSON-RPC batches.
 
@@ -32,6 +35,10 @@ use troupe_store::SessionLeases;
 /// `failed`: it could not be reached).
 pub const FORWARDED_CALLS: &str = "troupe_cluster_forwarded_calls_total";
 
+/// Owner look-ups of session calls, by where the answer came from (`held`: this node holds
+/// the session's unexpired lease, answered from memory; `store`: one PostgreSQL query).
+pub const OWNER_LOOKUPS: &str = "troupe_cluster_owner_lookups_total";
+
 /// The header a forwarded request carries: the node that forwarded it.
 pub const FORWARDED_BY: &str = "x-troupe-forwarded-by";
 
@@ -44,6 +51,14 @@ pub fn describe() {
     );
     for outcome in ["ok", "failed"] {
         counter!(FORWARDED_CALLS, "outcome" => outcome).increment(0);
+    }
+    describe_counter!(
+        OWNER_LOOKUPS,
+        Unit::Count,
+        "Owner look-ups of calls naming a session, by source (held: this node holds its lease, no query; store: one PostgreSQL query)"
+    );
+    for source in ["held", "store"] {
+        counter!(OWNER_LOOKUPS, "source" => source).increment(0);
     }
 }
 
@@ -183,7 +198,17 @@ pub async fn forward(
     };
     let now = troupe_actors::clock::unix_now_ms();
     let owner = match target {
-        Target::Session(session_id) => f.leases.owner_of(session_id, now).await,
+        Target::Session(session_id) if f.leases.holds(session_id, now) => {
+            // Held here: served here, no query.
+            counter!(OWNER_LOOKUPS, "source" => "held").increment(1);
+            return next
+                .run(Request::from_parts(parts, Body::from(bytes)))
+                .await;
+        }
+        Target::Session(session_id) => {
+            counter!(OWNER_LOOKUPS, "source" => "store").increment(1);
+            f.leases.owner_of(session_id, now).await
+        }
         Target::NewSession => {
             let alive_after =
                 now.saturating_sub(u64::try_from(f.lease_ttl.as_millis()).unwrap_or(0));

@@ -6,6 +6,7 @@ mod failover;
 mod fencing;
 mod forwarding;
 mod load;
+mod lookups;
 mod resume;
 mod supervision;
 
