@@ -234,7 +234,7 @@ impl SessionLeases for PgStore {
         };
         let until = ms("expires_ms", expiry(now_ms, ttl))?;
         let fence_col = i64::try_from(fence).unwrap_or(i64::MAX);
-        let client = self.client().await?;
+        let client = self.lease_client().await?;
         let n = exec(
             &client,
             "renew lease",
@@ -295,7 +295,7 @@ impl SessionLeases for PgStore {
         }
         let result = async {
             let until = ms("expires_ms", expiry(now_ms, ttl))?;
-            let client = self.client().await?;
+            let client = self.lease_client().await?;
             let renewed = rows(
                 &client,
                 "renew leases",
@@ -343,7 +343,7 @@ impl SessionLeases for PgStore {
     async fn publish_api(&self, api_url: &str, now_ms: u64) -> Result<(), AgentError> {
         let node = self.node_name()?.to_owned();
         let now = ms("now_ms", now_ms)?;
-        let client = self.client().await?;
+        let client = self.lease_client().await?;
         exec(
             &client,
             "publish node",
