@@ -16,8 +16,12 @@
 //! A call for a session this node holds the unexpired lease of (as its last renewal says) is
 //! answered here without asking the database.
 //!
+//! A JSON-RPC batch whose calls name sessions of one other node is forwarded whole; one
+//! naming sessions of different nodes is refused, each call answered with an error naming
+//! each session's owner.
+//!
 //! A forwarded request is never forwarded again (the header says it was). Not forwarded:
-//! WebSocket upgrades, JSON-RPC batches.
+//! WebSocket upgrades.
 
 use crate::error::ApiError;
 use axum::body::{Body, Bytes};
@@ -142,6 +146,97 @@ pub fn target_of_rpc(body: &[u8]) -> Option<Target> {
     SessionId::from_str(id).ok().map(Target::Session)
 }
 
+/// The distinct sessions the calls of a JSON-RPC batch name in `params.session_id`, in the
+/// order first named; `None` when the body is not a batch.
+pub fn sessions_of_batch(body: &[u8]) -> Option<Vec<SessionId>> {
+    let calls: Vec<serde_json::Value> = serde_json::from_slice(body).ok()?;
+    let mut out = Vec::new();
+    for call in &calls {
+        let id = call
+            .get("params")
+            .and_then(|p| p.get("session_id"))
+            .and_then(|v| v.as_str())
+            .and_then(|v| SessionId::from_str(v).ok());
+        if let Some(id) = id
+            && !out.contains(&id)
+        {
+            out.push(id);
+        }
+    }
+    Some(out)
+}
+
+/// Where a JSON-RPC batch goes, from the owners of the sessions it names.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum BatchRoute {
+    /// Every session it names is this node's (or nobody's): answered here.
+    Here,
+    /// Every session it names is owned by one other node: forwarded there (node, API).
+    To(String, String),
+    /// Its sessions live on different nodes: refused, naming each session's owner.
+    Mixed(Vec<(SessionId, String)>),
+}
+
+/// [`BatchRoute`] of a batch whose sessions have these owners (`forward_to` of each: `None`
+/// = answered here).
+pub fn batch_route(me: &str, owners: Vec<(SessionId, Option<(String, String)>)>) -> BatchRoute {
+    let mut elsewhere: Option<(String, String)> = None;
+    let mut mixed = false;
+    let mut here = false;
+    for (_, owner) in &owners {
+        match (owner, &elsewhere) {
+            (None, _) => here = true,
+            (Some(o), None) => elsewhere = Some(o.clone()),
+            (Some((node, _)), Some((first, _))) => mixed |= node != first,
+        }
+    }
+    match elsewhere {
+        None => BatchRoute::Here,
+        Some((node, url)) if !mixed && !here => BatchRoute::To(node, url),
+        Some(_) => BatchRoute::Mixed(
+            owners
+                .into_iter()
+                .map(|(s, o)| (s, o.map_or_else(|| me.to_owned(), |(node, _)| node)))
+                .collect(),
+        ),
+    }
+}
+
+/// The answer to a batch naming sessions of different nodes: one JSON-RPC error per call
+/// (invalid request), naming each session's owner.
+pub fn mixed_batch_answer(body: &[u8], owners: &[(SessionId, String)]) -> serde_json::Value {
+    let named: Vec<String> = owners
+        .iter()
+        .map(|(s, node)| format!("session {s} on node {node}"))
+        .collect();
+    let message = format!(
+        "a batch naming sessions owned by different nodes is not answered: {}; send each \
+         node's calls in a batch of their own (or singly: any node forwards them)",
+        named.join(", ")
+    );
+    let owners_data: serde_json::Map<String, serde_json::Value> = owners
+        .iter()
+        .map(|(s, node)| (s.to_string(), serde_json::Value::from(node.as_str())))
+        .collect();
+    let calls: Vec<serde_json::Value> = serde_json::from_slice(body).unwrap_or_default();
+    let answers: Vec<serde_json::Value> = calls
+        .iter()
+        .filter_map(|c| c.get("id"))
+        .map(|id| {
+            serde_json::json!({
+                "jsonrpc": "2.0",
+                "id": id,
+                "error": {
+                    "code": crate::error::INVALID_REQUEST,
+                    "message": message,
+                    "data": {"owners": owners_data},
+                },
+            })
+        })
+        .collect();
+    serde_json::Value::Array(answers)
+}
+
 /// What a REST call is about.
 pub fn target_of_rest(method: &Method, path: &str) -> Option<Target> {
     if path == "/api/sessions" && method == Method::POST {
@@ -186,6 +281,9 @@ pub async fn forward(
             .into_response();
         }
     };
+    if rpc && let Some(sessions) = sessions_of_batch(&bytes) {
+        return forward_batch(&f, sessions, parts, bytes, next).await;
+    }
     let target = if rpc {
         target_of_rpc(&bytes)
     } else {
@@ -259,6 +357,71 @@ pub async fn forward(
             })
             .into_response()
         }
+    }
+}
+
+/// A JSON-RPC batch: answered here when its sessions are all this node's (or nobody's),
+/// forwarded when they are all one other node's, refused when they live on different nodes.
+async fn forward_batch(
+    f: &Forwarder,
+    sessions: Vec<SessionId>,
+    parts: axum::http::request::Parts,
+    bytes: Bytes,
+    next: Next,
+) -> Response {
+    let now = troupe_actors::clock::unix_now_ms();
+    let mut owners = Vec::with_capacity(sessions.len());
+    for session_id in sessions {
+        let owner = if f.leases.holds(session_id, now) {
+            counter!(OWNER_LOOKUPS, "source" => "held").increment(1);
+            None
+        } else {
+            counter!(OWNER_LOOKUPS, "source" => "store").increment(1);
+            match f.leases.owner_of(session_id, now).await {
+                Ok(o) => forward_to(&f.node, o),
+                Err(e) => {
+                    tracing::warn!(%session_id, error = %e, "owner not read; answering here");
+                    None
+                }
+            }
+        };
+        owners.push((session_id, owner));
+    }
+    match batch_route(&f.node, owners) {
+        BatchRoute::Here => {
+            next.run(Request::from_parts(parts, Body::from(bytes)))
+                .await
+        }
+        BatchRoute::Mixed(owners) => {
+            tracing::info!(
+                sessions = owners.len(),
+                "batch naming sessions of several nodes refused"
+            );
+            axum::Json(mixed_batch_answer(&bytes, &owners)).into_response()
+        }
+        BatchRoute::To(node, url) => match send(f, &url, &parts, bytes.clone()).await {
+            Ok(response) => {
+                counter!(FORWARDED_CALLS, "outcome" => "ok").increment(1);
+                tracing::debug!(owner = %node, "batch forwarded");
+                response
+            }
+            Err(Unsent::Unreachable(e)) => {
+                counter!(FORWARDED_CALLS, "outcome" => "failed").increment(1);
+                tracing::info!(owner = %node, %url, error = %e, "batch's owner unreachable; answering here");
+                next.run(Request::from_parts(parts, Body::from(bytes)))
+                    .await
+            }
+            Err(Unsent::Failed(e)) => {
+                counter!(FORWARDED_CALLS, "outcome" => "failed").increment(1);
+                ApiError::from(AgentError::Overloaded {
+                    resource: format!(
+                        "a batch for node {node} at {url}, which did not answer: {e}"
+                    ),
+                    limit: 0,
+                })
+                .into_response()
+            }
+        },
     }
 }
 
@@ -376,6 +539,47 @@ mod tests {
             target_of_rest(&Method::GET, &format!("/api/sessions/{id}")),
             Some(Target::Session(id))
         );
+    }
+
+    #[test]
+    fn a_batch_goes_where_all_its_sessions_live_or_is_refused() {
+        let (x, y) = (SessionId::new(), SessionId::new());
+        let on = |n: &str| Some((n.to_owned(), format!("http://{n}")));
+        let call = |s: SessionId, id: u32| {
+            serde_json::json!({"jsonrpc": "2.0", "id": id, "method": "session.get",
+                "params": {"session_id": s.to_string()}})
+        };
+        let body = serde_json::json!([call(x, 1), call(y, 2), call(x, 3)]).to_string();
+        assert_eq!(sessions_of_batch(body.as_bytes()), Some(vec![x, y]));
+        assert_eq!(sessions_of_batch(call(x, 1).to_string().as_bytes()), None);
+        assert_eq!(batch_route("a", vec![]), BatchRoute::Here);
+        assert_eq!(
+            batch_route("a", vec![(x, None), (y, None)]),
+            BatchRoute::Here
+        );
+        assert_eq!(
+            batch_route("a", vec![(x, on("b")), (y, on("b"))]),
+            BatchRoute::To("b".into(), "http://b".into())
+        );
+        assert_eq!(
+            batch_route("a", vec![(x, None), (y, on("b"))]),
+            BatchRoute::Mixed(vec![(x, "a".into()), (y, "b".into())])
+        );
+        assert_eq!(
+            batch_route("a", vec![(x, on("c")), (y, on("b"))]),
+            BatchRoute::Mixed(vec![(x, "c".into()), (y, "b".into())])
+        );
+        let answer = mixed_batch_answer(body.as_bytes(), &[(x, "a".into()), (y, "b".into())]);
+        let answers = answer.as_array().unwrap();
+        assert_eq!(answers.len(), 3);
+        assert_eq!(answers[1]["id"], 2);
+        assert_eq!(answers[1]["error"]["code"], crate::error::INVALID_REQUEST);
+        let message = answers[1]["error"]["message"].as_str().unwrap();
+        assert!(
+            message.contains(&format!("session {y} on node b")),
+            "{message}"
+        );
+        assert_eq!(answers[0]["error"]["data"]["owners"][x.to_string()], "a");
     }
 
     #[test]
