@@ -20,8 +20,12 @@
 //! naming sessions of different nodes is refused, each call answered with an error naming
 //! each session's owner.
 //!
+//! A session's WebSocket event route (`/api/sessions/{id}/events/ws`) is relayed to the
+//! owner's: the upgrade is accepted here once the owner's accepted it, and frames go both
+//! ways until either side closes.
+//!
 //! A forwarded request is never forwarded again (the header says it was). Not forwarded:
-//! WebSocket upgrades.
+//! `/rpc/ws` (its calls name sessions frame by frame).
 
 use crate::error::ApiError;
 use axum::body::{Body, Bytes};
@@ -116,6 +120,26 @@ pub fn session_of_path(path: &str) -> Option<SessionId> {
         return None;
     }
     SessionId::from_str(id).ok()
+}
+
+/// The session of a WebSocket event route (`/api/sessions/{id}/events/ws`).
+pub fn session_of_ws_path(path: &str) -> Option<SessionId> {
+    let rest = path.strip_prefix("/api/sessions/")?;
+    let id = rest.strip_suffix("/events/ws")?;
+    SessionId::from_str(id).ok()
+}
+
+/// The WebSocket address of `path_and_query` on the node whose API is at `base`.
+pub fn ws_url(base: &str, path_and_query: &str) -> String {
+    let base = base.trim_end_matches('/');
+    let base = if let Some(rest) = base.strip_prefix("https://") {
+        format!("wss://{rest}")
+    } else if let Some(rest) = base.strip_prefix("http://") {
+        format!("ws://{rest}")
+    } else {
+        base.to_owned()
+    };
+    format!("{base}{path_and_query}")
 }
 
 /// What a call is about, for forwarding.
@@ -266,6 +290,9 @@ pub async fn forward(
         return next.run(req).await;
     }
     let path = req.uri().path().to_owned();
+    if let Some(session_id) = session_of_ws_path(&path) {
+        return forward_ws(&f, session_id, req, next).await;
+    }
     let rpc = path == "/rpc" && req.method() == Method::POST;
     if !rpc && target_of_rest(req.method(), &path).is_none() {
         return next.run(req).await;
@@ -357,6 +384,117 @@ pub async fn forward(
             })
             .into_response()
         }
+    }
+}
+
+/// A session's WebSocket event route: when another node owns the session, the upgrade is
+/// accepted here and its frames relayed both ways to the same route on the owner.
+async fn forward_ws(f: &Forwarder, session_id: SessionId, req: Request, next: Next) -> Response {
+    use axum::extract::FromRequestParts;
+    use axum::extract::ws::WebSocketUpgrade;
+    let now = troupe_actors::clock::unix_now_ms();
+    if f.leases.holds(session_id, now) {
+        counter!(OWNER_LOOKUPS, "source" => "held").increment(1);
+        return next.run(req).await;
+    }
+    counter!(OWNER_LOOKUPS, "source" => "store").increment(1);
+    let owner = match f.leases.owner_of(session_id, now).await {
+        Ok(o) => forward_to(&f.node, o),
+        Err(e) => {
+            tracing::warn!(%session_id, error = %e, "owner not read; answering here");
+            None
+        }
+    };
+    let Some((node, url)) = owner else {
+        return next.run(req).await;
+    };
+    let (mut parts, body) = req.into_parts();
+    let Ok(upgrade) = WebSocketUpgrade::from_request_parts(&mut parts, &()).await else {
+        // Not an upgrade: the route answers it as it would.
+        return next.run(Request::from_parts(parts, body)).await;
+    };
+    let path = parts
+        .uri
+        .path_and_query()
+        .map_or_else(|| parts.uri.path().to_owned(), |p| p.as_str().to_owned());
+    let target = ws_url(&url, &path);
+    let upstream = async {
+        use tokio_tungstenite::tungstenite::client::IntoClientRequest;
+        let mut request = target.as_str().into_client_request()?;
+        let headers = request.headers_mut();
+        if let Some(auth) = parts.headers.get(header::AUTHORIZATION) {
+            headers.insert(header::AUTHORIZATION, auth.clone());
+        }
+        if let Ok(me) = f.node.parse() {
+            headers.insert(FORWARDED_BY, me);
+        }
+        tokio_tungstenite::connect_async(request).await
+    }
+    .await;
+    let upstream = match upstream {
+        Ok((ws, _)) => ws,
+        Err(e) => {
+            counter!(FORWARDED_CALLS, "outcome" => "failed").increment(1);
+            tracing::info!(%session_id, owner = %node, %url, error = %e, "session owner's WebSocket not reached; answering here");
+            return next.run(Request::from_parts(parts, body)).await;
+        }
+    };
+    counter!(FORWARDED_CALLS, "outcome" => "ok").increment(1);
+    tracing::debug!(%session_id, owner = %node, "WebSocket forwarded");
+    upgrade.on_upgrade(move |client| relay(client, upstream))
+}
+
+/// Relays frames between a client's WebSocket and the owner's until either side closes.
+async fn relay(
+    client: axum::extract::ws::WebSocket,
+    upstream: tokio_tungstenite::WebSocketStream<
+        tokio_tungstenite::MaybeTlsStream<tokio::net::TcpStream>,
+    >,
+) {
+    use axum::extract::ws::Message as Down;
+    use futures::{SinkExt, StreamExt};
+    use tokio_tungstenite::tungstenite::Message as Up;
+    let (mut client_tx, mut client_rx) = client.split();
+    let (mut up_tx, mut up_rx) = upstream.split();
+    let to_owner = async {
+        while let Some(Ok(m)) = client_rx.next().await {
+            let m = match m {
+                Down::Text(t) => Up::text(t.as_str()),
+                Down::Binary(b) => Up::binary(b),
+                Down::Close(_) => break,
+                Down::Ping(_) | Down::Pong(_) => continue,
+            };
+            if up_tx.send(m).await.is_err() {
+                break;
+            }
+        }
+        let _ = up_tx.close().await;
+    };
+    let to_client = async {
+        while let Some(Ok(m)) = up_rx.next().await {
+            let m = match m {
+                Up::Text(t) => Down::text(t.as_str()),
+                Up::Binary(b) => Down::binary(b),
+                Up::Close(frame) => {
+                    let _ = client_tx
+                        .send(Down::Close(frame.map(|f| axum::extract::ws::CloseFrame {
+                            code: f.code.into(),
+                            reason: f.reason.as_str().into(),
+                        })))
+                        .await;
+                    break;
+                }
+                Up::Ping(_) | Up::Pong(_) | Up::Frame(_) => continue,
+            };
+            if client_tx.send(m).await.is_err() {
+                break;
+            }
+        }
+        let _ = client_tx.close().await;
+    };
+    tokio::select! {
+        () = to_owner => {}
+        () = to_client => {}
     }
 }
 
@@ -539,6 +677,26 @@ mod tests {
             target_of_rest(&Method::GET, &format!("/api/sessions/{id}")),
             Some(Target::Session(id))
         );
+    }
+
+    #[test]
+    fn a_sessions_websocket_route_and_the_owners_address_for_it() {
+        let id = SessionId::new();
+        assert_eq!(
+            session_of_ws_path(&format!("/api/sessions/{id}/events/ws")),
+            Some(id)
+        );
+        assert_eq!(
+            session_of_ws_path(&format!("/api/sessions/{id}/events")),
+            None
+        );
+        assert_eq!(session_of_ws_path("/api/sessions/nope/events/ws"), None);
+        assert_eq!(session_of_ws_path("/rpc/ws"), None);
+        assert_eq!(
+            ws_url("http://127.0.0.1:8081/", "/api/x/events/ws?after=3"),
+            "ws://127.0.0.1:8081/api/x/events/ws?after=3"
+        );
+        assert_eq!(ws_url("https://a.example", "/p"), "wss://a.example/p");
     }
 
     #[test]

@@ -11,6 +11,7 @@ mod lookups;
 mod renewals;
 mod resume;
 mod supervision;
+mod websocket;
 
 use reqwest::StatusCode;
 use serde_json::{Value, json};
