@@ -11,6 +11,7 @@ mod lookups;
 mod renewals;
 mod resume;
 mod supervision;
+mod throughput;
 mod websocket;
 
 use reqwest::StatusCode;
