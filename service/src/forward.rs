@@ -13,8 +13,19 @@
 //! A new session (`POST /api/sessions`, JSON-RPC `session.create`) is placed by load: created
 //! on the live node (heartbeat within a lease ttl) owning the fewest sessions.
 //!
+//! A call for a session this node holds the unexpired lease of (as its last renewal says) is
+//! answered here without asking the database.
+//!
+//! A JSON-RPC batch whose calls name sessions of one other node is forwarded whole; one
+//! naming sessions of different nodes is refused, each call answered with an error naming
+//! each session's owner.
+//!
+//! A session's WebSocket event route (`/api/sessions/{id}/events/ws`) is relayed to the
+//! owner's: the upgrade is accepted here once the owner's accepted it, and frames go both
+//! ways until either side closes.
+//!
 //! A forwarded request is never forwarded again (the header says it was). Not forwarded:
-//! WebSocket upgrades, JSON-RPC batches.
+//! `/rpc/ws` (its calls name sessions frame by frame).
 
 use crate::error::ApiError;
 use axum::body::{Body, Bytes};
@@ -32,6 +43,10 @@ use troupe_store::SessionLeases;
 /// `failed`: it could not be reached).
 pub const FORWARDED_CALLS: &str = "troupe_cluster_forwarded_calls_total";
 
+/// Owner look-ups of session calls, by where the answer came from (`held`: this node holds
+/// the session's unexpired lease, answered from memory; `store`: one PostgreSQL query).
+pub const OWNER_LOOKUPS: &str = "troupe_cluster_owner_lookups_total";
+
 /// The header a forwarded request carries: the node that forwarded it.
 pub const FORWARDED_BY: &str = "x-troupe-forwarded-by";
 
@@ -44,6 +59,14 @@ pub fn describe() {
     );
     for outcome in ["ok", "failed"] {
         counter!(FORWARDED_CALLS, "outcome" => outcome).increment(0);
+    }
+    describe_counter!(
+        OWNER_LOOKUPS,
+        Unit::Count,
+        "Owner look-ups of calls naming a session, by source (held: this node holds its lease, no query; store: one PostgreSQL query)"
+    );
+    for source in ["held", "store"] {
+        counter!(OWNER_LOOKUPS, "source" => source).increment(0);
     }
 }
 
@@ -99,6 +122,26 @@ pub fn session_of_path(path: &str) -> Option<SessionId> {
     SessionId::from_str(id).ok()
 }
 
+/// The session of a WebSocket event route (`/api/sessions/{id}/events/ws`).
+pub fn session_of_ws_path(path: &str) -> Option<SessionId> {
+    let rest = path.strip_prefix("/api/sessions/")?;
+    let id = rest.strip_suffix("/events/ws")?;
+    SessionId::from_str(id).ok()
+}
+
+/// The WebSocket address of `path_and_query` on the node whose API is at `base`.
+pub fn ws_url(base: &str, path_and_query: &str) -> String {
+    let base = base.trim_end_matches('/');
+    let base = if let Some(rest) = base.strip_prefix("https://") {
+        format!("wss://{rest}")
+    } else if let Some(rest) = base.strip_prefix("http://") {
+        format!("ws://{rest}")
+    } else {
+        base.to_owned()
+    };
+    format!("{base}{path_and_query}")
+}
+
 /// What a call is about, for forwarding.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Target {
@@ -125,6 +168,97 @@ pub fn target_of_rpc(body: &[u8]) -> Option<Target> {
     }
     let id = call.get("params")?.get("session_id")?.as_str()?;
     SessionId::from_str(id).ok().map(Target::Session)
+}
+
+/// The distinct sessions the calls of a JSON-RPC batch name in `params.session_id`, in the
+/// order first named; `None` when the body is not a batch.
+pub fn sessions_of_batch(body: &[u8]) -> Option<Vec<SessionId>> {
+    let calls: Vec<serde_json::Value> = serde_json::from_slice(body).ok()?;
+    let mut out = Vec::new();
+    for call in &calls {
+        let id = call
+            .get("params")
+            .and_then(|p| p.get("session_id"))
+            .and_then(|v| v.as_str())
+            .and_then(|v| SessionId::from_str(v).ok());
+        if let Some(id) = id
+            && !out.contains(&id)
+        {
+            out.push(id);
+        }
+    }
+    Some(out)
+}
+
+/// Where a JSON-RPC batch goes, from the owners of the sessions it names.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum BatchRoute {
+    /// Every session it names is this node's (or nobody's): answered here.
+    Here,
+    /// Every session it names is owned by one other node: forwarded there (node, API).
+    To(String, String),
+    /// Its sessions live on different nodes: refused, naming each session's owner.
+    Mixed(Vec<(SessionId, String)>),
+}
+
+/// [`BatchRoute`] of a batch whose sessions have these owners (`forward_to` of each: `None`
+/// = answered here).
+pub fn batch_route(me: &str, owners: Vec<(SessionId, Option<(String, String)>)>) -> BatchRoute {
+    let mut elsewhere: Option<(String, String)> = None;
+    let mut mixed = false;
+    let mut here = false;
+    for (_, owner) in &owners {
+        match (owner, &elsewhere) {
+            (None, _) => here = true,
+            (Some(o), None) => elsewhere = Some(o.clone()),
+            (Some((node, _)), Some((first, _))) => mixed |= node != first,
+        }
+    }
+    match elsewhere {
+        None => BatchRoute::Here,
+        Some((node, url)) if !mixed && !here => BatchRoute::To(node, url),
+        Some(_) => BatchRoute::Mixed(
+            owners
+                .into_iter()
+                .map(|(s, o)| (s, o.map_or_else(|| me.to_owned(), |(node, _)| node)))
+                .collect(),
+        ),
+    }
+}
+
+/// The answer to a batch naming sessions of different nodes: one JSON-RPC error per call
+/// (invalid request), naming each session's owner.
+pub fn mixed_batch_answer(body: &[u8], owners: &[(SessionId, String)]) -> serde_json::Value {
+    let named: Vec<String> = owners
+        .iter()
+        .map(|(s, node)| format!("session {s} on node {node}"))
+        .collect();
+    let message = format!(
+        "a batch naming sessions owned by different nodes is not answered: {}; send each \
+         node's calls in a batch of their own (or singly: any node forwards them)",
+        named.join(", ")
+    );
+    let owners_data: serde_json::Map<String, serde_json::Value> = owners
+        .iter()
+        .map(|(s, node)| (s.to_string(), serde_json::Value::from(node.as_str())))
+        .collect();
+    let calls: Vec<serde_json::Value> = serde_json::from_slice(body).unwrap_or_default();
+    let answers: Vec<serde_json::Value> = calls
+        .iter()
+        .filter_map(|c| c.get("id"))
+        .map(|id| {
+            serde_json::json!({
+                "jsonrpc": "2.0",
+                "id": id,
+                "error": {
+                    "code": crate::error::INVALID_REQUEST,
+                    "message": message,
+                    "data": {"owners": owners_data},
+                },
+            })
+        })
+        .collect();
+    serde_json::Value::Array(answers)
 }
 
 /// What a REST call is about.
@@ -156,6 +290,9 @@ pub async fn forward(
         return next.run(req).await;
     }
     let path = req.uri().path().to_owned();
+    if let Some(session_id) = session_of_ws_path(&path) {
+        return forward_ws(&f, session_id, req, next).await;
+    }
     let rpc = path == "/rpc" && req.method() == Method::POST;
     if !rpc && target_of_rest(req.method(), &path).is_none() {
         return next.run(req).await;
@@ -171,6 +308,9 @@ pub async fn forward(
             .into_response();
         }
     };
+    if rpc && let Some(sessions) = sessions_of_batch(&bytes) {
+        return forward_batch(&f, sessions, parts, bytes, next).await;
+    }
     let target = if rpc {
         target_of_rpc(&bytes)
     } else {
@@ -183,7 +323,17 @@ pub async fn forward(
     };
     let now = troupe_actors::clock::unix_now_ms();
     let owner = match target {
-        Target::Session(session_id) => f.leases.owner_of(session_id, now).await,
+        Target::Session(session_id) if f.leases.holds(session_id, now) => {
+            // Held here: served here, no query.
+            counter!(OWNER_LOOKUPS, "source" => "held").increment(1);
+            return next
+                .run(Request::from_parts(parts, Body::from(bytes)))
+                .await;
+        }
+        Target::Session(session_id) => {
+            counter!(OWNER_LOOKUPS, "source" => "store").increment(1);
+            f.leases.owner_of(session_id, now).await
+        }
         Target::NewSession => {
             let alive_after =
                 now.saturating_sub(u64::try_from(f.lease_ttl.as_millis()).unwrap_or(0));
@@ -234,6 +384,182 @@ pub async fn forward(
             })
             .into_response()
         }
+    }
+}
+
+/// A session's WebSocket event route: when another node owns the session, the upgrade is
+/// accepted here and its frames relayed both ways to the same route on the owner.
+async fn forward_ws(f: &Forwarder, session_id: SessionId, req: Request, next: Next) -> Response {
+    use axum::extract::FromRequestParts;
+    use axum::extract::ws::WebSocketUpgrade;
+    let now = troupe_actors::clock::unix_now_ms();
+    if f.leases.holds(session_id, now) {
+        counter!(OWNER_LOOKUPS, "source" => "held").increment(1);
+        return next.run(req).await;
+    }
+    counter!(OWNER_LOOKUPS, "source" => "store").increment(1);
+    let owner = match f.leases.owner_of(session_id, now).await {
+        Ok(o) => forward_to(&f.node, o),
+        Err(e) => {
+            tracing::warn!(%session_id, error = %e, "owner not read; answering here");
+            None
+        }
+    };
+    let Some((node, url)) = owner else {
+        return next.run(req).await;
+    };
+    let (mut parts, body) = req.into_parts();
+    let Ok(upgrade) = WebSocketUpgrade::from_request_parts(&mut parts, &()).await else {
+        // Not an upgrade: the route answers it as it would.
+        return next.run(Request::from_parts(parts, body)).await;
+    };
+    let path = parts
+        .uri
+        .path_and_query()
+        .map_or_else(|| parts.uri.path().to_owned(), |p| p.as_str().to_owned());
+    let target = ws_url(&url, &path);
+    let upstream = async {
+        use tokio_tungstenite::tungstenite::client::IntoClientRequest;
+        let mut request = target.as_str().into_client_request()?;
+        let headers = request.headers_mut();
+        if let Some(auth) = parts.headers.get(header::AUTHORIZATION) {
+            headers.insert(header::AUTHORIZATION, auth.clone());
+        }
+        if let Ok(me) = f.node.parse() {
+            headers.insert(FORWARDED_BY, me);
+        }
+        tokio_tungstenite::connect_async(request).await
+    }
+    .await;
+    let upstream = match upstream {
+        Ok((ws, _)) => ws,
+        Err(e) => {
+            counter!(FORWARDED_CALLS, "outcome" => "failed").increment(1);
+            tracing::info!(%session_id, owner = %node, %url, error = %e, "session owner's WebSocket not reached; answering here");
+            return next.run(Request::from_parts(parts, body)).await;
+        }
+    };
+    counter!(FORWARDED_CALLS, "outcome" => "ok").increment(1);
+    tracing::debug!(%session_id, owner = %node, "WebSocket forwarded");
+    upgrade.on_upgrade(move |client| relay(client, upstream))
+}
+
+/// Relays frames between a client's WebSocket and the owner's until either side closes.
+async fn relay(
+    client: axum::extract::ws::WebSocket,
+    upstream: tokio_tungstenite::WebSocketStream<
+        tokio_tungstenite::MaybeTlsStream<tokio::net::TcpStream>,
+    >,
+) {
+    use axum::extract::ws::Message as Down;
+    use futures::{SinkExt, StreamExt};
+    use tokio_tungstenite::tungstenite::Message as Up;
+    let (mut client_tx, mut client_rx) = client.split();
+    let (mut up_tx, mut up_rx) = upstream.split();
+    let to_owner = async {
+        while let Some(Ok(m)) = client_rx.next().await {
+            let m = match m {
+                Down::Text(t) => Up::text(t.as_str()),
+                Down::Binary(b) => Up::binary(b),
+                Down::Close(_) => break,
+                Down::Ping(_) | Down::Pong(_) => continue,
+            };
+            if up_tx.send(m).await.is_err() {
+                break;
+            }
+        }
+        let _ = up_tx.close().await;
+    };
+    let to_client = async {
+        while let Some(Ok(m)) = up_rx.next().await {
+            let m = match m {
+                Up::Text(t) => Down::text(t.as_str()),
+                Up::Binary(b) => Down::binary(b),
+                Up::Close(frame) => {
+                    let _ = client_tx
+                        .send(Down::Close(frame.map(|f| axum::extract::ws::CloseFrame {
+                            code: f.code.into(),
+                            reason: f.reason.as_str().into(),
+                        })))
+                        .await;
+                    break;
+                }
+                Up::Ping(_) | Up::Pong(_) | Up::Frame(_) => continue,
+            };
+            if client_tx.send(m).await.is_err() {
+                break;
+            }
+        }
+        let _ = client_tx.close().await;
+    };
+    tokio::select! {
+        () = to_owner => {}
+        () = to_client => {}
+    }
+}
+
+/// A JSON-RPC batch: answered here when its sessions are all this node's (or nobody's),
+/// forwarded when they are all one other node's, refused when they live on different nodes.
+async fn forward_batch(
+    f: &Forwarder,
+    sessions: Vec<SessionId>,
+    parts: axum::http::request::Parts,
+    bytes: Bytes,
+    next: Next,
+) -> Response {
+    let now = troupe_actors::clock::unix_now_ms();
+    let mut owners = Vec::with_capacity(sessions.len());
+    for session_id in sessions {
+        let owner = if f.leases.holds(session_id, now) {
+            counter!(OWNER_LOOKUPS, "source" => "held").increment(1);
+            None
+        } else {
+            counter!(OWNER_LOOKUPS, "source" => "store").increment(1);
+            match f.leases.owner_of(session_id, now).await {
+                Ok(o) => forward_to(&f.node, o),
+                Err(e) => {
+                    tracing::warn!(%session_id, error = %e, "owner not read; answering here");
+                    None
+                }
+            }
+        };
+        owners.push((session_id, owner));
+    }
+    match batch_route(&f.node, owners) {
+        BatchRoute::Here => {
+            next.run(Request::from_parts(parts, Body::from(bytes)))
+                .await
+        }
+        BatchRoute::Mixed(owners) => {
+            tracing::info!(
+                sessions = owners.len(),
+                "batch naming sessions of several nodes refused"
+            );
+            axum::Json(mixed_batch_answer(&bytes, &owners)).into_response()
+        }
+        BatchRoute::To(node, url) => match send(f, &url, &parts, bytes.clone()).await {
+            Ok(response) => {
+                counter!(FORWARDED_CALLS, "outcome" => "ok").increment(1);
+                tracing::debug!(owner = %node, "batch forwarded");
+                response
+            }
+            Err(Unsent::Unreachable(e)) => {
+                counter!(FORWARDED_CALLS, "outcome" => "failed").increment(1);
+                tracing::info!(owner = %node, %url, error = %e, "batch's owner unreachable; answering here");
+                next.run(Request::from_parts(parts, Body::from(bytes)))
+                    .await
+            }
+            Err(Unsent::Failed(e)) => {
+                counter!(FORWARDED_CALLS, "outcome" => "failed").increment(1);
+                ApiError::from(AgentError::Overloaded {
+                    resource: format!(
+                        "a batch for node {node} at {url}, which did not answer: {e}"
+                    ),
+                    limit: 0,
+                })
+                .into_response()
+            }
+        },
     }
 }
 
@@ -351,6 +677,67 @@ mod tests {
             target_of_rest(&Method::GET, &format!("/api/sessions/{id}")),
             Some(Target::Session(id))
         );
+    }
+
+    #[test]
+    fn a_sessions_websocket_route_and_the_owners_address_for_it() {
+        let id = SessionId::new();
+        assert_eq!(
+            session_of_ws_path(&format!("/api/sessions/{id}/events/ws")),
+            Some(id)
+        );
+        assert_eq!(
+            session_of_ws_path(&format!("/api/sessions/{id}/events")),
+            None
+        );
+        assert_eq!(session_of_ws_path("/api/sessions/nope/events/ws"), None);
+        assert_eq!(session_of_ws_path("/rpc/ws"), None);
+        assert_eq!(
+            ws_url("http://127.0.0.1:8081/", "/api/x/events/ws?after=3"),
+            "ws://127.0.0.1:8081/api/x/events/ws?after=3"
+        );
+        assert_eq!(ws_url("https://a.example", "/p"), "wss://a.example/p");
+    }
+
+    #[test]
+    fn a_batch_goes_where_all_its_sessions_live_or_is_refused() {
+        let (x, y) = (SessionId::new(), SessionId::new());
+        let on = |n: &str| Some((n.to_owned(), format!("http://{n}")));
+        let call = |s: SessionId, id: u32| {
+            serde_json::json!({"jsonrpc": "2.0", "id": id, "method": "session.get",
+                "params": {"session_id": s.to_string()}})
+        };
+        let body = serde_json::json!([call(x, 1), call(y, 2), call(x, 3)]).to_string();
+        assert_eq!(sessions_of_batch(body.as_bytes()), Some(vec![x, y]));
+        assert_eq!(sessions_of_batch(call(x, 1).to_string().as_bytes()), None);
+        assert_eq!(batch_route("a", vec![]), BatchRoute::Here);
+        assert_eq!(
+            batch_route("a", vec![(x, None), (y, None)]),
+            BatchRoute::Here
+        );
+        assert_eq!(
+            batch_route("a", vec![(x, on("b")), (y, on("b"))]),
+            BatchRoute::To("b".into(), "http://b".into())
+        );
+        assert_eq!(
+            batch_route("a", vec![(x, None), (y, on("b"))]),
+            BatchRoute::Mixed(vec![(x, "a".into()), (y, "b".into())])
+        );
+        assert_eq!(
+            batch_route("a", vec![(x, on("c")), (y, on("b"))]),
+            BatchRoute::Mixed(vec![(x, "c".into()), (y, "b".into())])
+        );
+        let answer = mixed_batch_answer(body.as_bytes(), &[(x, "a".into()), (y, "b".into())]);
+        let answers = answer.as_array().unwrap();
+        assert_eq!(answers.len(), 3);
+        assert_eq!(answers[1]["id"], 2);
+        assert_eq!(answers[1]["error"]["code"], crate::error::INVALID_REQUEST);
+        let message = answers[1]["error"]["message"].as_str().unwrap();
+        assert!(
+            message.contains(&format!("session {y} on node b")),
+            "{message}"
+        );
+        assert_eq!(answers[0]["error"]["data"]["owners"][x.to_string()], "a");
     }
 
     #[test]

@@ -105,6 +105,13 @@ pub trait SessionLeases: Send + Sync {
     /// Gives the session up: its lease expires now, its fence stays.
     async fn release(&self, session_id: SessionId) -> Result<(), AgentError>;
 
+    /// Whether this node holds the session's lease, unexpired at `now_ms` by its last
+    /// acquisition or renewal: answered from memory, without a query (one node alone:
+    /// `false`, nothing is held).
+    fn holds(&self, _session_id: SessionId, _now_ms: u64) -> bool {
+        false
+    }
+
     /// The sessions this node holds a fence for (acquired, not released nor lost), with that
     /// fence: what a new lease keeper renews after the previous one failed.
     fn held_fences(&self) -> Vec<(SessionId, u64)> {

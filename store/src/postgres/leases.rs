@@ -23,8 +23,9 @@ use troupe_proto::{AgentError, SessionId};
 #[derive(Clone, Default)]
 pub struct Fencing {
     node: Option<Arc<str>>,
-    // A plain mutex: held to read or change one entry, never across an await.
-    held: Arc<Mutex<HashMap<String, u64>>>,
+    // A plain mutex: held to read or change one entry, never across an await. By session:
+    // (fence, the lease's expiry as last acquired or renewed).
+    held: Arc<Mutex<HashMap<String, (u64, u64)>>>,
 }
 
 impl Fencing {
@@ -36,10 +37,27 @@ impl Fencing {
     }
 
     fn held(&self, session_id: &str) -> Option<u64> {
-        self.lock().get(session_id).copied()
+        self.lock().get(session_id).map(|(fence, _)| *fence)
     }
 
-    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<String, u64>> {
+    /// Whether this node holds the session's lease, unexpired at `now_ms` as far as its last
+    /// acquisition or renewal says (no query).
+    pub fn holds(&self, session_id: &str, now_ms: u64) -> bool {
+        self.lock()
+            .get(session_id)
+            .is_some_and(|(_, until)| now_ms < *until)
+    }
+
+    /// Notes a renewal's new expiry.
+    fn renewed(&self, session_id: &str, fence: u64, until: u64) {
+        if let Some(h) = self.lock().get_mut(session_id)
+            && h.0 == fence
+        {
+            h.1 = until;
+        }
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<String, (u64, u64)>> {
         self.held
             .lock()
             .unwrap_or_else(std::sync::PoisonError::into_inner)
@@ -99,12 +117,16 @@ impl SessionLeases for PgStore {
         self.fencing.node.as_deref().unwrap_or("local")
     }
 
+    fn holds(&self, session_id: SessionId, now_ms: u64) -> bool {
+        self.fencing.holds(&session_id.to_string(), now_ms)
+    }
+
     fn held_fences(&self) -> Vec<(SessionId, u64)> {
         let mut held: Vec<(SessionId, u64)> = self
             .fencing
             .lock()
             .iter()
-            .filter_map(|(k, f)| k.parse().ok().map(|s| (s, *f)))
+            .filter_map(|(k, (f, _))| k.parse().ok().map(|s| (s, *f)))
             .collect();
         held.sort_unstable();
         held
@@ -173,7 +195,9 @@ impl SessionLeases for PgStore {
         tx.commit().await.map_err(pg_err("commit"))?;
         match &answer {
             Acquired::Granted { lease, from } => {
-                self.fencing.lock().insert(key, lease.fence);
+                self.fencing
+                    .lock()
+                    .insert(key, (lease.fence, lease.expires_ms));
                 counter!(crate::leases::ACQUISITIONS, "outcome" => "granted").increment(1);
                 if let Some(from) = from {
                     counter!(crate::leases::TAKEOVERS).increment(1);
@@ -210,7 +234,7 @@ impl SessionLeases for PgStore {
         };
         let until = ms("expires_ms", expiry(now_ms, ttl))?;
         let fence_col = i64::try_from(fence).unwrap_or(i64::MAX);
-        let client = self.client().await?;
+        let client = self.lease_client().await?;
         let n = exec(
             &client,
             "renew lease",
@@ -224,6 +248,7 @@ impl SessionLeases for PgStore {
             return Err(lost("another node took it over"));
         }
         counter!(crate::leases::RENEWALS, "outcome" => "renewed").increment(1);
+        self.fencing.renewed(&key, fence, expiry(now_ms, ttl));
         Ok(Lease {
             fence,
             expires_ms: expiry(now_ms, ttl),
@@ -270,7 +295,7 @@ impl SessionLeases for PgStore {
         }
         let result = async {
             let until = ms("expires_ms", expiry(now_ms, ttl))?;
-            let client = self.client().await?;
+            let client = self.lease_client().await?;
             let renewed = rows(
                 &client,
                 "renew leases",
@@ -293,6 +318,7 @@ impl SessionLeases for PgStore {
                     let key = session_id.to_string();
                     if renewed.contains(&key) {
                         counter!(crate::leases::RENEWALS, "outcome" => "renewed").increment(1);
+                        self.fencing.renewed(&key, fence, expiry(now_ms, ttl));
                         out.push((
                             session_id,
                             Ok(Lease {
@@ -317,7 +343,7 @@ impl SessionLeases for PgStore {
     async fn publish_api(&self, api_url: &str, now_ms: u64) -> Result<(), AgentError> {
         let node = self.node_name()?.to_owned();
         let now = ms("now_ms", now_ms)?;
-        let client = self.client().await?;
+        let client = self.lease_client().await?;
         exec(
             &client,
             "publish node",
@@ -415,7 +441,7 @@ impl SessionLeases for PgStore {
     async fn release(&self, session_id: SessionId) -> Result<(), AgentError> {
         let node = self.node_name()?.to_owned();
         let key = session_id.to_string();
-        let Some(fence) = self.fencing.lock().remove(&key) else {
+        let Some((fence, _)) = self.fencing.lock().remove(&key) else {
             return Ok(());
         };
         let fence = i64::try_from(fence).unwrap_or(i64::MAX);

@@ -158,10 +158,17 @@ pub(crate) fn pool(url: &str, size: usize, timeout: Duration) -> Result<Pool, Ag
         .map_err(|e| AgentError::internal(format!("postgres pool: {e}")))
 }
 
+/// Connections a node keeps for its lease renewals and heartbeats, besides the store's pool.
+pub const LEASE_CONNECTIONS: usize = 2;
+
 /// The service's store on PostgreSQL. Cheap to clone; clones share the pool.
 #[derive(Clone)]
 pub struct PgStore {
     pool: Pool,
+    /// A node of a cluster: connections of its own for lease renewals and heartbeats, so a
+    /// busy store pool never delays them past the lease ttl (sessions would move between
+    /// live nodes).
+    lease_pool: Option<Pool>,
     /// The fences this node holds (with a node name).
     fencing: Fencing,
 }
@@ -195,8 +202,13 @@ impl PgStore {
 
     async fn connect_inner(url: &str, options: &PgOptions) -> Result<Self, AgentError> {
         let pool = pool(url, options.pool_size, options.connect_timeout)?;
+        let lease_pool = match &options.node {
+            Some(_) => Some(self::pool(url, LEASE_CONNECTIONS, options.connect_timeout)?),
+            None => None,
+        };
         let store = Self {
             pool,
+            lease_pool,
             fencing: Fencing::new(options.node.clone()),
         };
         let mut client = store.client().await?;
@@ -225,6 +237,18 @@ impl PgStore {
     pub fn pool_status(&self) -> (usize, usize) {
         let s = self.pool.status();
         (s.size, s.available)
+    }
+
+    /// A connection for lease renewals and heartbeats: from the node's lease pool (the
+    /// store's pool without a node name).
+    pub(crate) async fn lease_client(&self) -> Result<deadpool_postgres::Object, AgentError> {
+        match &self.lease_pool {
+            Some(pool) => pool
+                .get()
+                .await
+                .map_err(|e| pool_err("postgres lease connection", e)),
+            None => self.client().await,
+        }
     }
 
     async fn client(&self) -> Result<deadpool_postgres::Object, AgentError> {

@@ -2,12 +2,17 @@
 //! sessions taken over when their node dies.
 //! Run them alone with `cargo nextest run -p troupe-tests -E 'test(/suite::cluster/)'`.
 
+mod batches;
 mod failover;
 mod fencing;
 mod forwarding;
 mod load;
+mod lookups;
+mod renewals;
 mod resume;
 mod supervision;
+mod throughput;
+mod websocket;
 
 use reqwest::StatusCode;
 use serde_json::{Value, json};
@@ -20,6 +25,17 @@ pub const LEASE_TTL: &str = "2s";
 
 /// A node: `troupe serve` as cluster node `name`, its model answering after `delay_ms`.
 pub fn node(dir: &Path, url: &str, name: &str, delay_ms: u64) -> (Child, String) {
+    node_with_ttl(dir, url, name, delay_ms, LEASE_TTL)
+}
+
+/// [`node`] with its lease ttl.
+pub fn node_with_ttl(
+    dir: &Path,
+    url: &str,
+    name: &str,
+    delay_ms: u64,
+    ttl: &str,
+) -> (Child, String) {
     let script: Vec<Value> = (0..5_000)
         .map(|i| json!({"delay_ms": delay_ms, "text": format!("{name} reply {i}")}))
         .collect();
@@ -35,7 +51,7 @@ pub fn node(dir: &Path, url: &str, name: &str, delay_ms: u64) -> (Child, String)
         .arg(dir.join(format!("data-{name}")))
         .arg("--script")
         .arg(&script_path)
-        .args(["--node", name, "--lease-ttl", LEASE_TTL])
+        .args(["--node", name, "--lease-ttl", ttl])
         .current_dir(dir)
         .env_remove("TROUPE_API_TOKENS")
         .env_remove("TROUPE_STORE_BACKEND")
