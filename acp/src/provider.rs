@@ -569,7 +569,7 @@ impl Forward {
         if self.warned.contains(id) {
             return;
         }
-        let Some(denial) = ungoverned(&self.governance.policy, kind, status, asked) else {
+        let Some(denial) = ungoverned(&self.governance.policy, (kind, None), status, asked) else {
             return;
         };
         self.warned.insert(id.to_owned());

@@ -45,9 +45,47 @@ pub struct GovernedCall {
     pub args: String,
 }
 
+/// The kind a tool call without one (or with `other`) stands for, read from its input: a
+/// `command`/`cmd` runs a command (`execute`); a path with new content, a replacement or a
+/// patch changes a file (`edit`); a `url` fetches (`fetch`). Agents that leave the kind out
+/// of a permission request still answer to the policy for what they would run.
+pub fn inferred_kind(raw_input: Option<&Value>) -> Option<&'static str> {
+    let input = raw_input?.as_object()?;
+    let has = |keys: &[&str]| keys.iter().any(|k| input.contains_key(*k));
+    if has(&["command", "cmd"]) {
+        Some("execute")
+    } else if has(&["file_path", "path", "filePath"])
+        && has(&[
+            "content",
+            "old_string",
+            "new_string",
+            "edits",
+            "diff",
+            "patch",
+        ])
+        || has(&["patch", "diff"])
+    {
+        Some("edit")
+    } else if has(&["url"]) {
+        Some("fetch")
+    } else {
+        None
+    }
+}
+
+/// The troupe tool a tool call stands for: by its kind ([`qualified_tool`]), and when the
+/// kind is missing or `other`, by what its input shows it would do ([`inferred_kind`]).
+pub fn tool_of(kind: Option<&str>, raw_input: Option<&Value>) -> String {
+    let vague = kind.is_none_or(|k| k.trim().is_empty() || k.trim().eq_ignore_ascii_case("other"));
+    match (vague, inferred_kind(raw_input)) {
+        (true, Some(inferred)) => qualified_tool(Some(inferred)),
+        _ => qualified_tool(kind),
+    }
+}
+
 impl GovernedCall {
     pub fn of(request: &PermissionRequest) -> Self {
-        let tool = qualified_tool(request.kind.as_deref());
+        let tool = tool_of(request.kind.as_deref(), request.raw_input.as_ref());
         let args = if tool == "shell" {
             command_line(&command_of(request))
         } else {
@@ -119,14 +157,14 @@ pub fn refusal_message(agent_id: &str, request: &PermissionRequest, why: &str) -
 /// then; a call still `pending` or `failed` did not run (yet).
 pub fn ungoverned(
     policy: &ToolPolicy,
-    kind: Option<&str>,
+    (kind, raw_input): (Option<&str>, Option<&Value>),
     status: Option<&str>,
     asked: bool,
 ) -> Option<Denial> {
     if asked || !matches!(status, Some("in_progress" | "completed")) {
         return None;
     }
-    match policy.decide(&qualified_tool(kind)) {
+    match policy.decide(&tool_of(kind, raw_input)) {
         ToolVerdict::Denied(denial) => Some(denial),
         ToolVerdict::Allowed { .. } => None,
     }
@@ -249,15 +287,44 @@ mod tests {
     }
 
     #[test]
+    fn a_call_without_a_kind_is_named_by_what_its_input_would_do() {
+        for (kind, input, tool) in [
+            (None, json!({"command": "touch x"}), "shell"),
+            (Some("other"), json!({"cmd": ["rm", "-rf", "x"]}), "shell"),
+            (
+                None,
+                json!({"file_path": "a.rs", "old_string": "a", "new_string": "b"}),
+                "apply_patch",
+            ),
+            (None, json!({"path": "a.rs", "content": "x"}), "apply_patch"),
+            (None, json!({"patch": "*** Begin Patch"}), "apply_patch"),
+            (None, json!({"url": "http://127.0.0.1/"}), "web_fetch"),
+            (None, json!({"query": "x"}), "acp__other"),
+            // A kind the agent gave stands, whatever the input.
+            (Some("read"), json!({"command": "cat x"}), "acp__read"),
+        ] {
+            assert_eq!(tool_of(kind, Some(&input)), tool, "{kind:?} {input}");
+        }
+        assert_eq!(tool_of(None, None), "acp__other");
+        // A denied shell is refused when the request leaves the kind out.
+        let call = GovernedCall::of(&request(None, Some(json!({"command": "touch x"}))));
+        assert_eq!(call.tool, "shell");
+        assert!(matches!(
+            permission_verdict(&policy(&["shell"], &[]), &call),
+            PermissionVerdict::Refuse(_)
+        ));
+    }
+
+    #[test]
     fn only_a_denied_call_that_runs_without_asking_is_ungoverned() {
         let policy = policy(&["shell"], &[]);
-        let denied = ungoverned(&policy, Some("execute"), Some("in_progress"), false);
+        let denied = ungoverned(&policy, (Some("execute"), None), Some("in_progress"), false);
         assert!(denied.is_some_and(|d| d.layer == PolicyLayer::Request));
-        assert!(ungoverned(&policy, Some("execute"), Some("completed"), false).is_some());
-        assert!(ungoverned(&policy, Some("execute"), Some("completed"), true).is_none());
-        assert!(ungoverned(&policy, Some("execute"), Some("pending"), false).is_none());
-        assert!(ungoverned(&policy, Some("execute"), Some("failed"), false).is_none());
-        assert!(ungoverned(&policy, Some("execute"), None, false).is_none());
-        assert!(ungoverned(&policy, Some("read"), Some("completed"), false).is_none());
+        assert!(ungoverned(&policy, (Some("execute"), None), Some("completed"), false).is_some());
+        assert!(ungoverned(&policy, (Some("execute"), None), Some("completed"), true).is_none());
+        assert!(ungoverned(&policy, (Some("execute"), None), Some("pending"), false).is_none());
+        assert!(ungoverned(&policy, (Some("execute"), None), Some("failed"), false).is_none());
+        assert!(ungoverned(&policy, (Some("execute"), None), None, false).is_none());
+        assert!(ungoverned(&policy, (Some("read"), None), Some("completed"), false).is_none());
     }
 }
