@@ -95,18 +95,25 @@ impl Forwarder {
         leases: Arc<dyn SessionLeases>,
         body_limit: usize,
         lease_ttl: std::time::Duration,
-    ) -> Self {
-        Self {
+    ) -> Result<Self, AgentError> {
+        // No overall timeout: an event stream lasts as long as its client. Calls between
+        // nodes go straight to the owner: never through a proxy of the environment (they
+        // carry the caller's token), and a redirect is not followed (it would turn a POST
+        // into a GET without its body).
+        let http = reqwest::Client::builder()
+            .connect_timeout(std::time::Duration::from_secs(5))
+            .tcp_keepalive(std::time::Duration::from_secs(15))
+            .no_proxy()
+            .redirect(reqwest::redirect::Policy::none())
+            .build()
+            .map_err(|e| AgentError::internal(format!("forwarding HTTP client: {e}")))?;
+        Ok(Self {
             node,
             lease_ttl,
             leases,
-            // No overall timeout: an event stream lasts as long as its client.
-            http: reqwest::Client::builder()
-                .connect_timeout(std::time::Duration::from_secs(5))
-                .build()
-                .unwrap_or_default(),
+            http,
             body_limit,
-        }
+        })
     }
 }
 
@@ -172,8 +179,15 @@ pub fn target_of_rpc(body: &[u8]) -> Option<Target> {
 
 /// The distinct sessions the calls of a JSON-RPC batch name in `params.session_id`, in the
 /// order first named; `None` when the body is not a batch.
+///
+/// A batch of more calls than a node takes ([`crate::rpc::MAX_BATCH_CALLS`]) is
+/// `None` too: answered here (refused as an invalid request) without reading any owner.
 pub fn sessions_of_batch(body: &[u8]) -> Option<Vec<SessionId>> {
     let calls: Vec<serde_json::Value> = serde_json::from_slice(body).ok()?;
+    if calls.len() > crate::rpc::MAX_BATCH_CALLS {
+        return None;
+    }
+    let mut seen = std::collections::HashSet::new();
     let mut out = Vec::new();
     for call in &calls {
         let id = call
@@ -182,7 +196,7 @@ pub fn sessions_of_batch(body: &[u8]) -> Option<Vec<SessionId>> {
             .and_then(|v| v.as_str())
             .and_then(|v| SessionId::from_str(v).ok());
         if let Some(id) = id
-            && !out.contains(&id)
+            && seen.insert(id)
         {
             out.push(id);
         }
@@ -267,6 +281,12 @@ pub fn target_of_rest(method: &Method, path: &str) -> Option<Target> {
         return Some(Target::NewSession);
     }
     session_of_path(path).map(Target::Session)
+}
+
+/// Whether a call the owner may have received before failing could have changed something
+/// (anything but a read): its failure is reported as of unknown outcome, not as a refusal.
+pub fn outcome_unknown(method: &Method) -> bool {
+    !matches!(*method, Method::GET | Method::HEAD | Method::OPTIONS)
 }
 
 /// Whether to forward: the owner, when it is another node that published its API address.
@@ -376,6 +396,18 @@ pub async fn forward(
         Err(Unsent::Failed(e)) => {
             counter!(FORWARDED_CALLS, "outcome" => "failed").increment(1);
             tracing::warn!(%session_id, owner = %node, %url, error = %e, "call not forwarded");
+            if outcome_unknown(&parts.method) {
+                // The owner may have taken it before it failed: not a refusal that invites a
+                // blind retry.
+                return ApiError::new(
+                    axum::http::StatusCode::BAD_GATEWAY,
+                    "forward_outcome_unknown",
+                    format!(
+                        "session {session_id}: the call was sent to node {node} at {url}, which did not answer ({e}); it may have been applied: read the session before sending it again"
+                    ),
+                )
+                .into_response();
+            }
             ApiError::from(AgentError::Overloaded {
                 resource: format!(
                     "session {session_id} (owned by node {node} at {url}, which did not answer: {e})"
@@ -409,10 +441,15 @@ async fn forward_ws(f: &Forwarder, session_id: SessionId, req: Request, next: Ne
         return next.run(req).await;
     };
     let (mut parts, body) = req.into_parts();
-    let Ok(upgrade) = WebSocketUpgrade::from_request_parts(&mut parts, &()).await else {
+    let upgrading = parts
+        .headers
+        .get(header::UPGRADE)
+        .and_then(|v| v.to_str().ok())
+        .is_some_and(|v| v.eq_ignore_ascii_case("websocket"));
+    if !upgrading {
         // Not an upgrade: the route answers it as it would.
         return next.run(Request::from_parts(parts, body)).await;
-    };
+    }
     let path = parts
         .uri
         .path_and_query()
@@ -420,15 +457,29 @@ async fn forward_ws(f: &Forwarder, session_id: SessionId, req: Request, next: Ne
     let target = ws_url(&url, &path);
     let upstream = async {
         use tokio_tungstenite::tungstenite::client::IntoClientRequest;
-        let mut request = target.as_str().into_client_request()?;
+        let mut request = target
+            .as_str()
+            .into_client_request()
+            .map_err(|e| e.to_string())?;
         let headers = request.headers_mut();
-        if let Some(auth) = parts.headers.get(header::AUTHORIZATION) {
-            headers.insert(header::AUTHORIZATION, auth.clone());
+        for name in [header::AUTHORIZATION, header::COOKIE] {
+            if let Some(value) = parts.headers.get(&name) {
+                headers.insert(name, value.clone());
+            }
         }
         if let Ok(me) = f.node.parse() {
             headers.insert(FORWARDED_BY, me);
         }
-        tokio_tungstenite::connect_async(request).await
+        // An owner whose packets are dropped does not hold the client for minutes.
+        match tokio::time::timeout(
+            std::time::Duration::from_secs(5),
+            tokio_tungstenite::connect_async(request),
+        )
+        .await
+        {
+            Ok(connected) => connected.map_err(|e| e.to_string()),
+            Err(_) => Err("no answer within 5 s".to_owned()),
+        }
     }
     .await;
     let upstream = match upstream {
@@ -438,6 +489,12 @@ async fn forward_ws(f: &Forwarder, session_id: SessionId, req: Request, next: Ne
             tracing::info!(%session_id, owner = %node, %url, error = %e, "session owner's WebSocket not reached; answering here");
             return next.run(Request::from_parts(parts, body)).await;
         }
+    };
+    // The upgrade is taken from the request only now: had the owner not been reached, the
+    // route here would have answered the untouched request.
+    let upgrade = match WebSocketUpgrade::from_request_parts(&mut parts, &()).await {
+        Ok(upgrade) => upgrade,
+        Err(rejection) => return rejection.into_response(),
     };
     counter!(FORWARDED_CALLS, "outcome" => "ok").increment(1);
     tracing::debug!(%session_id, owner = %node, "WebSocket forwarded");
@@ -710,6 +767,16 @@ mod tests {
         let body = serde_json::json!([call(x, 1), call(y, 2), call(x, 3)]).to_string();
         assert_eq!(sessions_of_batch(body.as_bytes()), Some(vec![x, y]));
         assert_eq!(sessions_of_batch(call(x, 1).to_string().as_bytes()), None);
+        // More calls than a node takes: answered (refused) here, no owner read.
+        let many: Vec<serde_json::Value> = (0..=crate::rpc::MAX_BATCH_CALLS)
+            .map(|i| call(SessionId::new(), i as u32))
+            .collect();
+        assert_eq!(
+            sessions_of_batch(serde_json::Value::Array(many).to_string().as_bytes()),
+            None
+        );
+        assert!(outcome_unknown(&Method::POST) && outcome_unknown(&Method::DELETE));
+        assert!(!outcome_unknown(&Method::GET));
         assert_eq!(batch_route("a", vec![]), BatchRoute::Here);
         assert_eq!(
             batch_route("a", vec![(x, None), (y, None)]),

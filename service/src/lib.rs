@@ -199,14 +199,18 @@ impl Service {
         let sweeper = TtlSweeper::new(Some(store.clone()), rollout);
         sweeper.sweep().await;
         let ttl_sweep_interval = session_config.ttl_sweep_interval;
-        let forward = cluster.as_ref().map(|c| {
-            Arc::new(forward::Forwarder::new(
-                c.leases.node().to_owned(),
-                c.leases.clone(),
-                config.server.body_limit,
-                c.lease_ttl,
-            ))
-        });
+        let forward = cluster
+            .as_ref()
+            .map(|c| {
+                forward::Forwarder::new(
+                    c.leases.node().to_owned(),
+                    c.leases.clone(),
+                    config.server.body_limit,
+                    c.lease_ttl,
+                )
+                .map(Arc::new)
+            })
+            .transpose()?;
         let leases = cluster.as_ref().map(|c| c.leases.clone());
         let (cluster, keeper, lost) = match cluster {
             Some(c) => {
