@@ -84,6 +84,11 @@ async fn client(
             StatusCode::SERVICE_UNAVAILABLE | StatusCode::TOO_MANY_REQUESTS => {
                 tokio::time::sleep(Duration::from_millis(50)).await;
             }
+            StatusCode::BAD_GATEWAY => {
+                // Forwarded to the node killed while it ran: not acknowledged, and said so.
+                let body = response.text().await.unwrap_or_default();
+                assert!(body.contains("forward_outcome_unknown"), "{body}");
+            }
             StatusCode::INTERNAL_SERVER_ERROR => {
                 // A refused write of a node that just lost the session: not acknowledged.
                 let body = response.text().await.unwrap_or_default();
