@@ -57,6 +57,19 @@ impl Fencing {
         }
     }
 
+    /// A renewal of the lease of `fence` failed: the session is forgotten, unless this node
+    /// acquired it again meanwhile (a newer fence): that lease, `(fence, expiry)`, stands.
+    fn renewal_failed(&self, session_id: &str, fence: u64) -> Option<(u64, u64)> {
+        let mut held = self.lock();
+        match held.get(session_id) {
+            Some(&(current, until)) if current != fence => Some((current, until)),
+            _ => {
+                held.remove(session_id);
+                None
+            }
+        }
+    }
+
     fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<String, (u64, u64)>> {
         self.held
             .lock()
@@ -244,7 +257,10 @@ impl SessionLeases for PgStore {
         )
         .await?;
         if n == 0 {
-            self.fencing.lock().remove(&key);
+            if let Some((fence, expires_ms)) = self.fencing.renewal_failed(&key, fence) {
+                // Acquired again while this renewal ran: the newer lease is held.
+                return Ok(Lease { fence, expires_ms });
+            }
             return Err(lost("another node took it over"));
         }
         counter!(crate::leases::RENEWALS, "outcome" => "renewed").increment(1);
@@ -326,8 +342,12 @@ impl SessionLeases for PgStore {
                                 expires_ms: expiry(now_ms, ttl),
                             }),
                         ));
+                    } else if let Some((fence, expires_ms)) =
+                        self.fencing.renewal_failed(&key, fence)
+                    {
+                        // Acquired again while this renewal ran: the newer lease is held.
+                        out.push((session_id, Ok(Lease { fence, expires_ms })));
                     } else {
-                        self.fencing.lock().remove(&key);
                         out.push((
                             session_id,
                             Err(lost(session_id, "another node took it over")),
@@ -456,5 +476,25 @@ impl SessionLeases for PgStore {
         )
         .await
         .map(drop)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::Fencing;
+
+    #[test]
+    fn a_failed_renewal_forgets_only_the_lease_it_renewed() {
+        let fencing = Fencing::new(Some("a".into()));
+        fencing.lock().insert("s".into(), (3, 1_000));
+        // The lease of fence 3 is gone: forgotten.
+        assert_eq!(fencing.renewal_failed("s", 3), None);
+        assert_eq!(fencing.held("s"), None);
+        // Acquired again (fence 5) while a renewal of fence 4 ran: fence 5 stands.
+        fencing.lock().insert("s".into(), (5, 2_000));
+        assert_eq!(fencing.renewal_failed("s", 4), Some((5, 2_000)));
+        assert_eq!(fencing.held("s"), Some(5));
+        // Nothing held: nothing to keep.
+        assert_eq!(fencing.renewal_failed("t", 1), None);
     }
 }
