@@ -209,11 +209,7 @@ pub async fn run(args: ServeArgs) -> anyhow::Result<ExitCode> {
     let listener = bind(&service, &config.server.listen).await?;
     let addr = listener.local_addr()?;
     if config.cluster.node.is_some() {
-        let api_url = config
-            .cluster
-            .api_url
-            .clone()
-            .unwrap_or_else(|| format!("http://{addr}"));
+        let api_url = published_api_url(config.cluster.api_url.clone(), addr)?;
         let every = troupe_service::lease_keeper::renew_interval(config.cluster.lease_ttl);
         service
             .keep_published(api_url.clone(), every)
@@ -263,4 +259,43 @@ async fn bind(service: &Service, listen: &str) -> anyhow::Result<tokio::net::Tcp
     tokio::net::TcpListener::bind(first)
         .await
         .with_context(|| format!("cannot listen on {first}"))
+}
+
+/// The API address a cluster node publishes for the others: the configured one, else
+/// `http://` + the address it listens on, which must then be one the others can reach (not
+/// 0.0.0.0 or [::]: another node would call itself).
+fn published_api_url(
+    configured: Option<String>,
+    listening: std::net::SocketAddr,
+) -> anyhow::Result<String> {
+    match configured {
+        Some(url) => Ok(url),
+        None if listening.ip().is_unspecified() => anyhow::bail!(
+            "this node listens on {listening} (every address), which the other nodes cannot call: set [cluster] api_url (TROUPE_CLUSTER_API_URL) to the address they reach it at"
+        ),
+        None => Ok(format!("http://{listening}")),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::published_api_url;
+
+    #[test]
+    fn a_node_publishes_an_address_the_others_can_call() {
+        let local = "127.0.0.1:7000".parse().unwrap();
+        let any = "0.0.0.0:7000".parse().unwrap();
+        let any6 = "[::]:7000".parse().unwrap();
+        assert_eq!(
+            published_api_url(None, local).unwrap(),
+            "http://127.0.0.1:7000"
+        );
+        let err = published_api_url(None, any).unwrap_err().to_string();
+        assert!(err.contains("api_url"), "{err}");
+        assert!(published_api_url(None, any6).is_err());
+        assert_eq!(
+            published_api_url(Some("http://10.0.0.2:7000".into()), any).unwrap(),
+            "http://10.0.0.2:7000"
+        );
+    }
 }
