@@ -234,11 +234,17 @@ impl Actor for LeaseKeeper {
                 let _ = reply.send(result);
             }
             LeaseKeeperMsg::Release { session_id, reply } => {
-                state.held.remove(&session_id);
+                let released = state.held.remove(&session_id);
                 super::metrics::leases_held(state.held.len());
                 let leases = state.args.leases.clone();
                 tokio::spawn(async move {
-                    let _ = reply.send(leases.release(session_id).await);
+                    // The lease this keeper held, by its fence: a release that runs after the
+                    // session was acquired again leaves the newer lease alone.
+                    let result = match released {
+                        Some(lease) => leases.release_fence(session_id, lease.fence).await,
+                        None => leases.release(session_id).await,
+                    };
+                    let _ = reply.send(result);
                 });
             }
             LeaseKeeperMsg::Tick => state.renew_all(&myself),

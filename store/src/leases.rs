@@ -105,6 +105,13 @@ pub trait SessionLeases: Send + Sync {
     /// Gives the session up: its lease expires now, its fence stays.
     async fn release(&self, session_id: SessionId) -> Result<(), AgentError>;
 
+    /// Gives up the lease of `fence` only: when this node acquired the session again
+    /// meanwhile (a newer fence), that newer lease stays held and unexpired.
+    async fn release_fence(&self, session_id: SessionId, fence: u64) -> Result<(), AgentError> {
+        let _ = fence;
+        self.release(session_id).await
+    }
+
     /// Whether this node holds the session's lease, unexpired at `now_ms` by its last
     /// acquisition or renewal: answered from memory, without a query (one node alone:
     /// `false`, nothing is held).

@@ -459,11 +459,29 @@ impl SessionLeases for PgStore {
     }
 
     async fn release(&self, session_id: SessionId) -> Result<(), AgentError> {
-        let node = self.node_name()?.to_owned();
         let key = session_id.to_string();
         let Some((fence, _)) = self.fencing.lock().remove(&key) else {
             return Ok(());
         };
+        self.expire(&key, fence).await
+    }
+
+    async fn release_fence(&self, session_id: SessionId, fence: u64) -> Result<(), AgentError> {
+        let key = session_id.to_string();
+        {
+            let mut held = self.fencing.lock();
+            if held.get(&key).is_some_and(|(current, _)| *current == fence) {
+                held.remove(&key);
+            }
+        }
+        self.expire(&key, fence).await
+    }
+}
+
+impl PgStore {
+    /// Expires the lease of `fence` (only that one: a newer fence of the session is left).
+    async fn expire(&self, key: &str, fence: u64) -> Result<(), AgentError> {
+        let node = self.node_name()?.to_owned();
         let fence = i64::try_from(fence).unwrap_or(i64::MAX);
         let client = self.client().await?;
         // Expired, not deleted: the fence must never start again from 1.

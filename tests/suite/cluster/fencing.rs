@@ -273,3 +273,34 @@ async fn a_nodes_lease_keeper_gives_up_a_session_another_node_took_over() {
     assert_eq!(held.iter().map(|(s, _)| *s).collect::<Vec<_>>(), vec![s2]);
     keeper.stop(None);
 }
+
+/// A release of a lease that runs after the node acquired the same session again (the host
+/// stopped, then a request activated it at once) leaves the newer lease held and unexpired.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_late_release_leaves_the_newer_lease_of_the_same_node_alone() {
+    let url = troupe_test_postgres::server().fresh_database();
+    let a = node(&url, "a").await;
+    let s = session(SessionId::new());
+    let t0 = troupe_actors::clock::unix_now_ms();
+    let Acquired::Granted { lease: old, .. } = a.acquire(s.session_id, t0, TTL).await.unwrap()
+    else {
+        panic!("a free session is granted")
+    };
+    a.create_session(s.clone()).await.unwrap();
+    a.put_conversation(conversation(&s)).await.unwrap();
+    let Acquired::Granted { lease: new, .. } =
+        a.acquire(s.session_id, t0 + 1_000, TTL).await.unwrap()
+    else {
+        panic!("its own session is granted again")
+    };
+    assert!(new.fence > old.fence, "{new:?} after {old:?}");
+    // The release of the old lease comes late.
+    a.release_fence(s.session_id, old.fence).await.unwrap();
+    assert!(a.holds(s.session_id, t0 + 2_000), "the newer lease is held");
+    a.append_message(message(&s, "still a's")).await.unwrap();
+    let renewed = a.renew(s.session_id, t0 + 3_000, TTL).await.unwrap();
+    assert_eq!(renewed.fence, new.fence);
+    // Released by its own fence, it is gone.
+    a.release_fence(s.session_id, new.fence).await.unwrap();
+    assert!(!a.holds(s.session_id, t0 + 4_000));
+}
