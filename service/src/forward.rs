@@ -636,9 +636,19 @@ fn hop_by_hop(name: &HeaderName) -> bool {
     )
 }
 
+/// Copies the end-to-end headers: not the hop-by-hop ones, nor those the `Connection` header
+/// names as this hop's own (RFC 9110 §7.6.1).
 fn copy_headers(from: &HeaderMap, to: &mut HeaderMap) {
+    let named: Vec<String> = from
+        .get_all(header::CONNECTION)
+        .iter()
+        .filter_map(|v| v.to_str().ok())
+        .flat_map(|v| v.split(','))
+        .map(|n| n.trim().to_ascii_lowercase())
+        .filter(|n| !n.is_empty())
+        .collect();
     for (name, value) in from {
-        if !hop_by_hop(name) {
+        if !hop_by_hop(name) && !named.iter().any(|n| n == name.as_str()) {
             to.append(name.clone(), value.clone());
         }
     }
@@ -696,6 +706,21 @@ async fn send(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn only_end_to_end_headers_are_passed_on() {
+        let mut from = HeaderMap::new();
+        from.insert(header::CONNECTION, "keep-alive, X-Hop".parse().unwrap());
+        from.insert("x-hop", "1".parse().unwrap());
+        from.insert(header::HOST, "a:1".parse().unwrap());
+        from.insert(header::AUTHORIZATION, "Bearer t".parse().unwrap());
+        from.insert("x-end", "2".parse().unwrap());
+        let mut to = HeaderMap::new();
+        copy_headers(&from, &mut to);
+        let mut names: Vec<&str> = to.keys().map(HeaderName::as_str).collect();
+        names.sort_unstable();
+        assert_eq!(names, ["authorization", "x-end"]);
+    }
 
     #[test]
     fn the_session_a_call_names() {
