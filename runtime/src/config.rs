@@ -318,18 +318,7 @@ impl TroupeConfig {
     /// `agents/` beside the configuration file; `None` without a file or a setting.
     /// The second value says whether it was named (a named directory must exist).
     pub fn agents_dir(&self) -> Option<(std::path::PathBuf, bool)> {
-        let base = self
-            .source
-            .as_deref()
-            .and_then(std::path::Path::parent)
-            .map(std::path::Path::to_path_buf);
-        match (&self.agents.dir, base) {
-            (Some(dir), _) if dir.is_absolute() => Some((dir.clone(), true)),
-            (Some(dir), Some(base)) => Some((base.join(dir), true)),
-            (Some(dir), None) => Some((dir.clone(), true)),
-            (None, Some(base)) => Some((base.join("agents"), false)),
-            (None, None) => None,
-        }
+        self.dir_beside(self.agents.dir.as_ref(), "agents")
     }
 
     /// The capabilities directory: `TROUPE_CAPABILITIES_DIR` or `--capabilities-dir` (into
@@ -337,18 +326,7 @@ impl TroupeConfig {
     /// else `capabilities/` beside the configuration file; `None` without a file or a
     /// setting. The second value says whether it was named (a named directory must exist).
     pub fn capabilities_dir(&self) -> Option<(std::path::PathBuf, bool)> {
-        let base = self
-            .source
-            .as_deref()
-            .and_then(std::path::Path::parent)
-            .map(std::path::Path::to_path_buf);
-        match (&self.capabilities.dir, base) {
-            (Some(dir), _) if dir.is_absolute() => Some((dir.clone(), true)),
-            (Some(dir), Some(base)) => Some((base.join(dir), true)),
-            (Some(dir), None) => Some((dir.clone(), true)),
-            (None, Some(base)) => Some((base.join("capabilities"), false)),
-            (None, None) => None,
-        }
+        self.dir_beside(self.capabilities.dir.as_ref(), "capabilities")
     }
 
     /// Sets the capabilities directory from the environment or a flag: as given, relative
