@@ -186,12 +186,25 @@ impl Auth {
             let scope = self.check(authorization.to_str().ok())?;
             return Some((scope, Credential::Bearer));
         }
-        let scope = headers
-            .get_all(header::COOKIE)
-            .iter()
-            .filter_map(|v| v.to_str().ok())
+        let cookies = || {
+            headers
+                .get_all(header::COOKIE)
+                .iter()
+                .filter_map(|v| v.to_str().ok())
+        };
+        let own = cookies()
             .find_map(|h| sign_in::cookie_value(h, &self.cookie_name))
-            .and_then(|v| self.check_cookie(v))?;
+            .and_then(|v| self.check_cookie(v));
+        // A call another node forwarded carries the cookie of the node the browser signed in
+        // to, named for that node's port: any console cookie this service's tokens signed
+        // stands for its token here too.
+        let scope = match own {
+            Some(scope) => scope,
+            None if headers.contains_key(crate::forward::FORWARDED_BY) => cookies()
+                .flat_map(|h| sign_in::console_cookie_values(h, DEFAULT_COOKIE))
+                .find_map(|v| self.check_cookie(v))?,
+            None => return None,
+        };
         Some((scope, Credential::SignIn))
     }
 
@@ -302,6 +315,14 @@ mod tests {
             .clone()
             .with_sign_in(Some(9000), std::time::Duration::from_secs(60));
         assert!(other.check_request(&headers).is_none());
+        // ... unless another node forwarded the call: the cookie it signed is taken.
+        let mut forwarded = headers.clone();
+        forwarded.insert(crate::forward::FORWARDED_BY, "b".parse().unwrap());
+        assert_eq!(
+            other.check_request(&forwarded).map(|(_, via)| via),
+            Some(Credential::SignIn)
+        );
+        assert!(revoked.check_request(&forwarded).is_none());
         // A bad Authorization header is not rescued by the cookie.
         headers.insert(header::AUTHORIZATION, "Bearer wrong".parse().unwrap());
         assert!(auth.check_request(&headers).is_none());

@@ -289,6 +289,22 @@ pub fn outcome_unknown(method: &Method) -> bool {
     !matches!(*method, Method::GET | Method::HEAD | Method::OPTIONS)
 }
 
+/// What a request body that could not be read is answered: 413 over the limit, 408 when it
+/// did not arrive in time, 400 otherwise (the client went away, a broken chunk).
+fn body_error(error: &axum::Error, limit: usize) -> ApiError {
+    let mut cause: Option<&(dyn std::error::Error + 'static)> = Some(error);
+    while let Some(e) = cause {
+        if e.is::<http_body_util::LengthLimitError>() {
+            return ApiError::too_large(limit);
+        }
+        cause = e.source();
+    }
+    if crate::listen::timed_out(error) {
+        return ApiError::request_timeout();
+    }
+    ApiError::bad_request(format!("the request body was not read: {error}"))
+}
+
 /// Whether to forward: the owner, when it is another node that published its API address.
 pub fn forward_to(me: &str, owner: Option<(String, Option<String>)>) -> Option<(String, String)> {
     match owner {
@@ -320,13 +336,7 @@ pub async fn forward(
     let (parts, body) = req.into_parts();
     let bytes = match axum::body::to_bytes(body, f.body_limit).await {
         Ok(b) => b,
-        Err(_) => {
-            return ApiError::from(AgentError::invalid(format!(
-                "request body larger than {} bytes",
-                f.body_limit
-            )))
-            .into_response();
-        }
+        Err(e) => return body_error(&e, f.body_limit).into_response(),
     };
     if rpc && let Some(sessions) = sessions_of_batch(&bytes) {
         return forward_batch(&f, sessions, parts, bytes, next).await;
@@ -462,11 +472,12 @@ async fn forward_ws(f: &Forwarder, session_id: SessionId, req: Request, next: Ne
             .into_client_request()
             .map_err(|e| e.to_string())?;
         let headers = request.headers_mut();
-        for name in [header::AUTHORIZATION, header::COOKIE] {
+        for name in [header::AUTHORIZATION, header::COOKIE, header::ORIGIN] {
             if let Some(value) = parts.headers.get(&name) {
                 headers.insert(name, value.clone());
             }
         }
+        vouch_origin(headers, &url);
         if let Ok(me) = f.node.parse() {
             headers.insert(FORWARDED_BY, me);
         }
@@ -654,6 +665,27 @@ fn copy_headers(from: &HeaderMap, to: &mut HeaderMap) {
     }
 }
 
+/// A browser's `Origin` passed this node's edge check before the call was forwarded: the
+/// owner gets its own origin instead, so that its check (and the rule that a console cookie
+/// changes state only with an Origin) passes for what this node already let through.
+fn vouch_origin(headers: &mut HeaderMap, owner: &str) {
+    if !headers.contains_key(header::ORIGIN) {
+        return;
+    }
+    let origin = reqwest::Url::parse(owner)
+        .ok()
+        .map(|u| u.origin().ascii_serialization())
+        .and_then(|o| axum::http::HeaderValue::from_str(&o).ok());
+    match origin {
+        Some(origin) => {
+            headers.insert(header::ORIGIN, origin);
+        }
+        None => {
+            headers.remove(header::ORIGIN);
+        }
+    }
+}
+
 /// Why a call was not forwarded.
 enum Unsent {
     /// No connection to the owner: the request was not delivered.
@@ -675,6 +707,7 @@ async fn send(
         .map_or_else(|| parts.uri.path().to_owned(), |p| p.as_str().to_owned());
     let mut headers = HeaderMap::new();
     copy_headers(&parts.headers, &mut headers);
+    vouch_origin(&mut headers, base);
     let mut request = f
         .http
         .request(
@@ -706,6 +739,36 @@ async fn send(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_checked_origin_is_passed_on_as_the_owners() {
+        let mut h = HeaderMap::new();
+        vouch_origin(&mut h, "http://10.0.0.2:7878/");
+        assert!(h.get(header::ORIGIN).is_none(), "none added");
+        h.insert(header::ORIGIN, "http://127.0.0.1:9000".parse().unwrap());
+        vouch_origin(&mut h, "http://10.0.0.2:7878/");
+        assert_eq!(h[header::ORIGIN], "http://10.0.0.2:7878");
+        vouch_origin(&mut h, "not a url");
+        assert!(h.get(header::ORIGIN).is_none());
+    }
+
+    #[tokio::test]
+    async fn a_body_not_read_is_answered_by_why() {
+        use axum::http::StatusCode;
+        let over = axum::body::to_bytes(Body::from(vec![b'x'; 20]), 10)
+            .await
+            .unwrap_err();
+        assert_eq!(body_error(&over, 10).status, StatusCode::PAYLOAD_TOO_LARGE);
+        let broken = futures::stream::iter([
+            Ok::<_, std::io::Error>(Bytes::from_static(b"{")),
+            Err(std::io::Error::other("connection reset")),
+        ]);
+        let broken = axum::body::to_bytes(Body::from_stream(broken), 10)
+            .await
+            .unwrap_err();
+        let answer = body_error(&broken, 10);
+        assert_eq!(answer.status, StatusCode::BAD_REQUEST);
+    }
 
     #[test]
     fn only_end_to_end_headers_are_passed_on() {

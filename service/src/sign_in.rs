@@ -100,6 +100,24 @@ pub fn cookie_value<'a>(header: &'a str, name: &str) -> Option<&'a str> {
     })
 }
 
+/// The values of the console's cookies of every port (`troupe_console`, `troupe_console_<port>`)
+/// in a `Cookie` request header, in their order.
+pub fn console_cookie_values<'a>(
+    header: &'a str,
+    base: &'a str,
+) -> impl Iterator<Item = &'a str> + 'a {
+    header.split(';').filter_map(move |pair| {
+        let (k, v) = pair.trim().split_once('=')?;
+        let k = k.trim();
+        let port = k.strip_prefix(base)?;
+        let named = port.is_empty()
+            || port
+                .strip_prefix('_')
+                .is_some_and(|p| !p.is_empty() && p.bytes().all(|b| b.is_ascii_digit()));
+        named.then(|| v.trim().trim_matches('"'))
+    })
+}
+
 /// The `Set-Cookie` value that signs a browser in for `max_age_secs`; `secure` when the
 /// console was reached over HTTPS.
 pub fn set_cookie(name: &str, value: &str, max_age_secs: u64, secure: bool) -> String {
@@ -172,6 +190,13 @@ mod tests {
         ] {
             assert_eq!(verify(bad, lookup, 0), None, "{bad}");
         }
+    }
+
+    #[test]
+    fn console_cookies_of_every_port_are_found() {
+        let h = "x=1; troupe_console_7878=a; troupe_console=b; troupe_consoleX=c; troupe_console_=d; troupe_console_9x=e; troupe_console_9=\"f\"";
+        let found: Vec<&str> = console_cookie_values(h, "troupe_console").collect();
+        assert_eq!(found, ["a", "b", "f"]);
     }
 
     #[test]

@@ -3,6 +3,7 @@
 //! Run them alone with `cargo nextest run -p troupe-tests -E 'test(/suite::cluster/)'`.
 
 mod batches;
+mod console;
 mod failover;
 mod fencing;
 mod forwarding;

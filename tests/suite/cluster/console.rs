@@ -1,0 +1,162 @@
+//! The console through any node: a browser signed in to node B (its cookie named for B's
+//! port) reads and writes a session that node A owns; B forwards the calls with that cookie
+//! and A takes it, since the same tokens signed it.
+
+use super::http;
+use reqwest::StatusCode;
+use serde_json::{Value, json};
+use std::path::Path;
+use std::process::{Child, Command, Stdio};
+use std::time::Duration;
+use troupe_tests::troupe_bin;
+
+const TOKEN: &str = "cluster-console-token";
+
+fn node(dir: &Path, url: &str, name: &str) -> (Child, String) {
+    let script: Vec<Value> = (0..50)
+        .map(|i| json!({"text": format!("{name} reply {i}")}))
+        .collect();
+    let script_path = dir.join(format!("script-{name}.json"));
+    std::fs::write(
+        &script_path,
+        serde_json::to_vec(&json!({ "replies": script })).unwrap(),
+    )
+    .unwrap();
+    let mut command = Command::new(troupe_bin());
+    command
+        .args(["serve", "--listen", "127.0.0.1:0", "--data-dir"])
+        .arg(dir.join(format!("data-{name}")))
+        .arg("--script")
+        .arg(&script_path)
+        .args(["--node", name, "--lease-ttl", super::LEASE_TTL])
+        .current_dir(dir)
+        .env("TROUPE_API_TOKENS", format!("{TOKEN}=*"))
+        .env_remove("TROUPE_STORE_BACKEND")
+        .env_remove("TROUPE_NODE")
+        .env("TROUPE_POSTGRES_URL", url)
+        .stderr(Stdio::null());
+    troupe_tests::spawn_serve(&mut command)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_console_signed_in_to_one_node_uses_a_session_another_node_owns() {
+    let url = troupe_test_postgres::server().fresh_database();
+    let dir = tempfile::tempdir().unwrap();
+    let (mut a, base_a) = node(dir.path(), &url, "a");
+    let (mut b, base_b) = node(dir.path(), &url, "b");
+
+    // A session on A (asked of A with the token, answered there).
+    let created = http()
+        .post(format!("{base_a}/api/sessions"))
+        .bearer_auth(TOKEN)
+        .header("x-troupe-forwarded-by", "test")
+        .json(&json!({}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(created.status(), StatusCode::CREATED);
+    let session: Value = created.json().await.unwrap();
+    let session = session["session_id"].as_str().unwrap().to_owned();
+
+    // Signed in to B's console: the cookie is named for B's port.
+    let signed = http()
+        .post(format!("{base_b}/console/sign-in"))
+        .json(&json!({"token": TOKEN}))
+        .send()
+        .await
+        .unwrap();
+    assert!(signed.status().is_success(), "{:?}", signed.status());
+    let set_cookie = signed
+        .headers()
+        .get(reqwest::header::SET_COOKIE)
+        .unwrap()
+        .to_str()
+        .unwrap()
+        .to_owned();
+    let port_b = base_b.rsplit(':').next().unwrap().trim_end_matches('/');
+    let pair = set_cookie.split(';').next().unwrap().to_owned();
+    assert!(
+        pair.starts_with(&format!("troupe_console_{port_b}=")),
+        "{set_cookie}"
+    );
+
+    // Read through B with the cookie alone: forwarded to A, which takes B's cookie.
+    let read = http()
+        .get(format!("{base_b}/api/sessions/{session}/messages"))
+        .header(reqwest::header::COOKIE, &pair)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(
+        read.status(),
+        StatusCode::OK,
+        "{}",
+        read.text().await.unwrap()
+    );
+
+    // A message sent from B's console pages (cookie + Origin) runs on A.
+    let sent = http()
+        .post(format!("{base_b}/api/sessions/{session}/messages"))
+        .header(reqwest::header::COOKIE, &pair)
+        .header(reqwest::header::ORIGIN, base_b.trim_end_matches('/'))
+        .json(&json!({"text": "hello from b's console", "wait": true}))
+        .timeout(Duration::from_secs(20))
+        .send()
+        .await
+        .unwrap();
+    let status = sent.status();
+    let body: Value = sent.json().await.unwrap_or(Value::Null);
+    assert_eq!(status, StatusCode::OK, "{body}");
+    assert!(
+        body.to_string().contains("a reply"),
+        "answered by A: {body}"
+    );
+
+    // The console's event stream over a WebSocket through B, signed in by the cookie: relayed
+    // from A with A's events.
+    let ws = format!(
+        "{}/api/sessions/{session}/events/ws?after=0",
+        base_b.trim_end_matches('/').replace("http://", "ws://")
+    );
+    let mut request =
+        tokio_tungstenite::tungstenite::client::IntoClientRequest::into_client_request(ws.as_str())
+            .unwrap();
+    request
+        .headers_mut()
+        .insert("cookie", pair.parse().unwrap());
+    request
+        .headers_mut()
+        .insert("origin", base_b.trim_end_matches('/').parse().unwrap());
+    let (mut stream, _) = tokio::time::timeout(
+        Duration::from_secs(10),
+        tokio_tungstenite::connect_async(request),
+    )
+    .await
+    .unwrap()
+    .unwrap();
+    let read = async {
+        use futures::StreamExt;
+        while let Some(Ok(frame)) = stream.next().await {
+            if let tokio_tungstenite::tungstenite::Message::Text(t) = frame
+                && t.as_str().contains("a reply")
+            {
+                return;
+            }
+        }
+        panic!("the stream ended before A's reply");
+    };
+    tokio::time::timeout(Duration::from_secs(10), read)
+        .await
+        .expect("A's reply through B's WebSocket");
+
+    // Without the cookie, B's forwarded call is still refused.
+    let refused = http()
+        .get(format!("{base_b}/api/sessions/{session}/messages"))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(refused.status(), StatusCode::UNAUTHORIZED);
+
+    super::kill9(&mut a);
+    super::kill9(&mut b);
+}
