@@ -336,3 +336,88 @@ async fn a_token_presented_to_the_dispatcher_authorizes_its_sub_agents_call() {
     let listed = token_book::list(&book).await.unwrap();
     assert_eq!(listed[0].uses, 1);
 }
+
+/// Commands run for real once a human approves each.
+fn asks_for_commands(config: &mut troupe_actors::SessionConfig) {
+    config.conversation.shell_tool = true;
+    config.conversation.approval_policy = troupe_proto::ApprovalPolicy::Always;
+    config.conversation.sandbox_policy = troupe_proto::SandboxPolicy::FullAccess;
+}
+
+#[tokio::test]
+async fn a_use_is_spent_when_governance_lets_the_call_through_even_if_a_human_then_denies_it() {
+    let book = token_book::spawn(Arc::new(MemoryStore::new()))
+        .await
+        .unwrap();
+    let team = Team::start_extra(
+        vec![guarded(model_agent("coder", "You run commands.", &[]))],
+        vec![echo("asked"), ScriptedReply::text("denied it")],
+        asks_for_commands,
+        Extras {
+            token_book: Some(book.clone()),
+            exec: true,
+        },
+    )
+    .await;
+    let token = token_book::issue(&book, issue_for("coder", "shell", None, 600, 2))
+        .await
+        .unwrap()
+        .token;
+    let session = team.session.clone();
+    let root = session.root().await.unwrap();
+    let options = MessageOptions {
+        tools: None,
+        authorization: vec![token.clone()],
+    };
+    let task = tokio::spawn(async move {
+        session
+            .message_with(root, "/hub coder say asked", options)
+            .await
+    });
+    let pending = tokio::time::timeout(Duration::from_secs(30), async {
+        loop {
+            if let Some(p) = team
+                .session
+                .pending_approvals()
+                .await
+                .unwrap()
+                .into_iter()
+                .next()
+            {
+                return p;
+            }
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+    })
+    .await
+    .expect("the command waits for a human");
+    assert_eq!(pending.command, ["echo", "asked"]);
+    team.session
+        .respond_approval(
+            pending.approval_id,
+            troupe_proto::ApprovalDecision::Deny { reason: None },
+        )
+        .await
+        .unwrap();
+    let reply = tokio::time::timeout(Duration::from_secs(30), task)
+        .await
+        .unwrap()
+        .unwrap()
+        .unwrap();
+    assert_eq!(reply.text, "denied it");
+    // One of the two uses went to the denied call: one is left.
+    assert!(
+        token_book::consume(&book, consume_for(&token, "coder", "shell"))
+            .await
+            .is_ok()
+    );
+    assert_eq!(
+        token_book::consume(&book, consume_for(&token, "coder", "shell")).await,
+        Err(TokenRefusal::Exhausted)
+    );
+    let outputs = shell_outputs(&team.events().await);
+    assert!(
+        outputs.iter().all(|o| !o.contains("asked\n")),
+        "nothing ran: {outputs:?}"
+    );
+}
