@@ -34,6 +34,12 @@ pub enum AcpEvent {
         tool_call_id: String,
         status: Option<String>,
         title: Option<String>,
+        /// A kind the update changes (it usually does not).
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        kind: Option<String>,
+        /// An input the update changes.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        raw_input: Option<Value>,
         /// The text of its content blocks, joined by newlines (diffs as `path` lines).
         output: Option<String>,
         raw_output: Option<Value>,
@@ -197,6 +203,8 @@ impl AcpEvent {
                 tool_call_id: u.tool_call_id.0.to_string(),
                 status: u.fields.status.as_ref().map(name_of),
                 title: u.fields.title.clone(),
+                kind: u.fields.kind.as_ref().map(name_of),
+                raw_input: u.fields.raw_input.clone(),
                 output: u.fields.content.as_deref().map(tool_output),
                 raw_output: u.fields.raw_output.clone(),
             },

@@ -17,15 +17,16 @@
 //!   the dispatching task as they come; its permission requests answer to the tool policy
 //!   of its calls first ([`crate::client::governed`]: a denied tool is refused without
 //!   asking, with `policy_rejected`), then become approvals of that task in the session's
-//!   ApprovalStore ([`ApprovalStorePermissions`]); a tool call of a denied tool that it ran
-//!   without asking is an `ungoverned_tool_call` warning; a cancelled (or
+//!   ApprovalStore ([`ApprovalStorePermissions`]); a tool call it ran outside troupe's word
+//!   (a denied tool, or one that needs a token, without asking; any call it was refused) is
+//!   an `ungoverned_tool_call` warning; a cancelled (or
 //!   expired) dispatch sends `session/cancel`. A process that dies mid-turn fails the
 //!   dispatch (`interrupted`); the next dispatch starts it again and loads the session
 //!   (an `agent_update` with status `restarted` says so), or reports the session it had to
 //!   open instead ([`AgentRunContext::session_replaced`]).
 //! - `shutdown` stops every process (SIGTERM, then SIGKILL).
 
-use crate::client::governed::ungoverned;
+use crate::client::governed::{Asked, ungoverned};
 use crate::client::{
     AcpAgent, AcpAgentSpec, AgentCommand, ApprovalStorePermissions, Governed, RestartPolicy,
     StopReason, Turn, command_of,
@@ -482,7 +483,7 @@ async fn turn(
         session_id: session_id.to_owned(),
         governance: ctx.governance.clone(),
         asked: BTreeMap::new(),
-        kinds: BTreeMap::new(),
+        calls: BTreeMap::new(),
         warned: BTreeSet::new(),
         denied: None,
     };
@@ -534,10 +535,10 @@ struct Forward {
     session_id: String,
     /// The policy the agent's tool calls answer to.
     governance: Arc<TaskGovernance>,
-    /// Permission requests by tool call, for the refusal's command.
-    asked: BTreeMap<String, Vec<String>>,
-    /// The kind of each tool call (its updates do not repeat it).
-    kinds: BTreeMap<String, String>,
+    /// Permission requests by tool call: the command (for a refusal's), and the answer.
+    asked: BTreeMap<String, (Vec<String>, Asked)>,
+    /// The kind and input of each tool call, as its updates change them.
+    calls: BTreeMap<String, (Option<String>, Option<serde_json::Value>)>,
     /// Tool calls already reported as ungoverned.
     warned: BTreeSet<String>,
     denied: Option<AgentError>,
@@ -561,22 +562,25 @@ impl Forward {
         });
     }
 
-    /// A tool call of a denied tool that runs without having asked: a warning, once per
-    /// call (troupe could not stop it; see [`ungoverned`]).
+    /// A tool call that runs outside troupe's word: a warning, once per call (troupe could
+    /// not stop it; see [`ungoverned`]).
     fn watch(&mut self, ctx: &AgentRunContext<'_>, id: &str, title: &str, status: Option<&str>) {
-        let kind = self.kinds.get(id).map(String::as_str);
-        let asked = self.asked.contains_key(id);
         if self.warned.contains(id) {
             return;
         }
-        let Some(denial) = ungoverned(&self.governance.policy, (kind, None), status, asked) else {
+        let (kind, raw_input) = self
+            .calls
+            .get(id)
+            .map_or((None, None), |(k, i)| (k.as_deref(), i.as_ref()));
+        let asked = self.asked.get(id).map_or(Asked::Never, |(_, a)| *a);
+        let Some(why) = ungoverned(&self.governance.policy, (kind, raw_input), status, asked)
+        else {
             return;
         };
         self.warned.insert(id.to_owned());
         let message = format!(
-            "ACP agent `{}` ran a tool call without asking permission, and troupe could not stop it: {} (tool call `{id}`, kind `{}`: {title}); set the agent's own approval policy so that it asks",
+            "ACP agent `{}` ran a tool call troupe did not allow, and troupe could not stop it: {why} (tool call `{id}`, kind `{}`: {title}); set the agent's own approval policy so that it asks and abides by the answer",
             ctx.agent_id,
-            denial.message,
             kind.unwrap_or("other"),
         );
         tracing::warn!(agent_id = %ctx.agent_id, tool_call_id = %id, %message, "ungoverned ACP tool call");
@@ -593,17 +597,29 @@ impl Forward {
                 title,
                 kind,
                 status,
-                ..
+                raw_input,
             } => {
-                self.kinds.insert(tool_call_id.clone(), kind.clone());
+                self.calls.insert(
+                    tool_call_id.clone(),
+                    (Some(kind.clone()), raw_input.clone()),
+                );
                 self.watch(ctx, tool_call_id, title, Some(status));
             }
             AcpEvent::ToolCallUpdate {
                 tool_call_id,
                 status,
                 title,
+                kind,
+                raw_input,
                 ..
             } => {
+                let seen = self.calls.entry(tool_call_id.clone()).or_default();
+                if kind.is_some() {
+                    seen.0.clone_from(kind);
+                }
+                if raw_input.is_some() {
+                    seen.1.clone_from(raw_input);
+                }
                 let title = title.clone().unwrap_or_default();
                 self.watch(ctx, tool_call_id, &title, status.as_deref());
             }
@@ -636,8 +652,18 @@ impl Forward {
                     .join("\n"),
             ),
             AcpEvent::PermissionRequested(request) => {
-                self.asked
-                    .insert(request.tool_call_id.clone(), command_of(request));
+                self.asked.insert(
+                    request.tool_call_id.clone(),
+                    (command_of(request), Asked::Pending),
+                );
+                // The request's kind and input count for the call when its own said nothing.
+                let seen = self.calls.entry(request.tool_call_id.clone()).or_default();
+                if seen.0.is_none() {
+                    seen.0.clone_from(&request.kind);
+                }
+                if seen.1.is_none() {
+                    seen.1.clone_from(&request.raw_input);
+                }
                 (
                     AgentUpdateKind::Other,
                     request.title.clone().unwrap_or_default(),
@@ -647,12 +673,27 @@ impl Forward {
                 tool_call_id,
                 decision,
             } => {
+                let allowed = matches!(
+                    decision,
+                    PermissionDecision::AllowOnce | PermissionDecision::AllowAlways
+                );
+                if let Some((_, asked)) = self.asked.get_mut(tool_call_id) {
+                    *asked = if allowed {
+                        Asked::Allowed
+                    } else {
+                        Asked::Refused
+                    };
+                }
                 if matches!(
                     decision,
                     PermissionDecision::RejectOnce | PermissionDecision::RejectAlways
                 ) {
                     self.denied = Some(AgentError::ApprovalDenied {
-                        command: self.asked.get(tool_call_id).cloned().unwrap_or_default(),
+                        command: self
+                            .asked
+                            .get(tool_call_id)
+                            .map(|(c, _)| c.clone())
+                            .unwrap_or_default(),
                         reason: format!(
                             "`{}` asked for a permission that was refused, and ended its turn",
                             ctx.agent_id

@@ -10,8 +10,11 @@
 //! - a permission request for a denied tool is refused (`reject_once`) without asking a
 //!   human, with a `policy_rejected` event; one that needs an authorization token uses one
 //!   (or is refused, `unauthorized`); an allowed one goes on to the approvals;
-//! - a tool call of a denied tool that runs without having asked is reported as
-//!   [`ungoverned`]: a `warning` (`ungoverned_tool_call`), since troupe could not stop it.
+//! - a tool call that runs outside troupe's word is reported as [`ungoverned`]: a `warning`
+//!   (`ungoverned_tool_call`), since troupe could not stop it: one of a denied tool (or of a
+//!   tool that needs a token) that runs without having asked, or before the answer, and one
+//!   that runs though its request was refused. A call's kind and input are those of its
+//!   `tool_call` as its `tool_call_update`s change them.
 
 use crate::client::command_of;
 use crate::event::PermissionRequest;
@@ -151,22 +154,51 @@ pub fn refusal_message(agent_id: &str, request: &PermissionRequest, why: &str) -
     }
 }
 
+/// What became of a tool call's permission request, as far as troupe saw it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Asked {
+    /// The agent never asked about the call.
+    Never,
+    /// It asked, and has no answer yet.
+    Pending,
+    /// It asked and was allowed (`allow_once`/`allow_always`).
+    Allowed,
+    /// It asked and was refused or its request cancelled.
+    Refused,
+}
+
 /// A tool call the agent reports as running or done (`status` `in_progress` or
-/// `completed`) without having asked permission for it: when the policy denies its tool,
-/// the denial (troupe could not stop it, it says so). A call it asked about was decided
-/// then; a call still `pending` or `failed` did not run (yet).
+/// `completed`) that troupe's word did not cover, with why (troupe could not stop it: it
+/// says so): one it ran though its permission request was refused (by policy or by a
+/// human), or one it ran without asking (or before the answer) whose tool the policy denies
+/// or lets run only with an authorization token (none was used). A call allowed when it
+/// asked was decided then; a call still `pending` or `failed` did not run (yet).
 pub fn ungoverned(
     policy: &ToolPolicy,
     (kind, raw_input): (Option<&str>, Option<&Value>),
     status: Option<&str>,
-    asked: bool,
-) -> Option<Denial> {
-    if asked || !matches!(status, Some("in_progress" | "completed")) {
+    asked: Asked,
+) -> Option<String> {
+    if !matches!(status, Some("in_progress" | "completed")) {
         return None;
     }
-    match policy.decide(&tool_of(kind, raw_input)) {
-        ToolVerdict::Denied(denial) => Some(denial),
-        ToolVerdict::Allowed { .. } => None,
+    let tool = tool_of(kind, raw_input);
+    match asked {
+        Asked::Allowed => None,
+        Asked::Refused => Some(format!(
+            "it ran tool `{tool}` after its permission request was refused"
+        )),
+        Asked::Never | Asked::Pending => match policy.decide(&tool) {
+            ToolVerdict::Denied(denial) => Some(denial.message),
+            ToolVerdict::Allowed {
+                authorization: Some(layer),
+            } => Some(format!(
+                "tool `{tool}` needs an authorization token (the {layer} layer requires one), and no token was used for a call that did not ask"
+            )),
+            ToolVerdict::Allowed {
+                authorization: None,
+            } => None,
+        },
     }
 }
 
@@ -316,15 +348,34 @@ mod tests {
     }
 
     #[test]
-    fn only_a_denied_call_that_runs_without_asking_is_ungoverned() {
-        let policy = policy(&["shell"], &[]);
-        let denied = ungoverned(&policy, (Some("execute"), None), Some("in_progress"), false);
-        assert!(denied.is_some_and(|d| d.layer == PolicyLayer::Request));
-        assert!(ungoverned(&policy, (Some("execute"), None), Some("completed"), false).is_some());
-        assert!(ungoverned(&policy, (Some("execute"), None), Some("completed"), true).is_none());
-        assert!(ungoverned(&policy, (Some("execute"), None), Some("pending"), false).is_none());
-        assert!(ungoverned(&policy, (Some("execute"), None), Some("failed"), false).is_none());
-        assert!(ungoverned(&policy, (Some("execute"), None), None, false).is_none());
-        assert!(ungoverned(&policy, (Some("read"), None), Some("completed"), false).is_none());
+    fn a_call_that_ran_outside_troupes_word_is_ungoverned() {
+        let policy = policy(&["shell"], &["web_fetch"]);
+        let run = |kind: Option<&str>, input: Option<Value>, status: Option<&str>, asked| {
+            ungoverned(&policy, (kind, input.as_ref()), status, asked)
+        };
+        let denied = run(Some("execute"), None, Some("in_progress"), Asked::Never).unwrap();
+        assert!(denied.contains("`shell`"), "{denied}");
+        assert!(run(Some("execute"), None, Some("completed"), Asked::Never).is_some());
+        assert!(run(Some("execute"), None, Some("completed"), Asked::Pending).is_some());
+        assert!(run(Some("execute"), None, Some("completed"), Asked::Allowed).is_none());
+        assert!(run(Some("execute"), None, Some("pending"), Asked::Never).is_none());
+        assert!(run(Some("execute"), None, Some("failed"), Asked::Never).is_none());
+        assert!(run(Some("execute"), None, None, Asked::Never).is_none());
+        assert!(run(Some("read"), None, Some("completed"), Asked::Never).is_none());
+        // Refused, then run anyway: whatever the policy says of the tool.
+        let refused = run(Some("read"), None, Some("completed"), Asked::Refused).unwrap();
+        assert!(refused.contains("was refused"), "{refused}");
+        // A tool that needs a token, run without asking: no token was used.
+        let unpaid = run(Some("fetch"), None, Some("completed"), Asked::Never).unwrap();
+        assert!(unpaid.contains("authorization token"), "{unpaid}");
+        assert!(run(Some("fetch"), None, Some("completed"), Asked::Allowed).is_none());
+        // The kind left out: the input says what ran.
+        let inferred = run(
+            None,
+            Some(json!({"command": ["rm", "x"]})),
+            Some("completed"),
+            Asked::Never,
+        );
+        assert!(inferred.is_some_and(|m| m.contains("`shell`")));
     }
 }

@@ -501,7 +501,7 @@ async fn a_denied_tool_codex_runs_without_asking_is_reported_as_ungoverned() {
         .collect();
     assert_eq!(warnings.len(), 1, "{events:?}");
     assert!(
-        warnings[0].contains("ACP agent `codex` ran a tool call without asking permission")
+        warnings[0].contains("ACP agent `codex` ran a tool call troupe did not allow")
             && warnings[0].contains("tool `shell` is denied by agent `codex`'s blacklist")
             && warnings[0].contains("kind `execute`"),
         "{}",
@@ -512,6 +512,59 @@ async fn a_denied_tool_codex_runs_without_asking_is_reported_as_ungoverned() {
             .iter()
             .any(|e| matches!(e, EventKind::PolicyRejected { .. })),
         "nothing was refused"
+    );
+    team.session.shutdown().await.unwrap();
+}
+
+/// A tool that runs only with an authorization token, which codex (under `never`) runs
+/// without asking: no token was used, and troupe says so.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_call_that_needs_a_token_codex_runs_without_asking_is_reported_as_ungoverned() {
+    let codex = Codex::start("never").await;
+    let mut definition = codex.definition();
+    definition.tools.authorization_required = vec!["shell".into()];
+    let team = Team::start_with_factories(
+        vec![definition],
+        Vec::new(),
+        settings(RouterMode::Rules),
+        |_| {},
+        vec![Arc::new(AcpFactory::default()) as Arc<dyn AgentProviderFactory>],
+    )
+    .await;
+    codex.server.push(Reply::tool_call(
+        "exec_command",
+        [r#"{"cmd":"touch untokened.txt"}"#],
+    ));
+    codex.server.push(Reply::text(["done"]));
+    let reply = bounded(
+        "the reply",
+        send_later(&team, "/hub codex make untokened.txt"),
+    )
+    .await
+    .unwrap();
+    assert_eq!(
+        (reply.status, reply.text.as_str()),
+        (TaskStatus::Ok, "done")
+    );
+    assert!(codex.work.path().join("untokened.txt").exists());
+    let events = team.events().await;
+    let warnings: Vec<&String> = events
+        .iter()
+        .filter_map(|e| match e {
+            EventKind::Warning { code, message }
+                if *code == troupe_proto::WarningCode::UngovernedToolCall =>
+            {
+                Some(message)
+            }
+            _ => None,
+        })
+        .collect();
+    assert_eq!(warnings.len(), 1, "{events:?}");
+    assert!(
+        warnings[0].contains("tool `shell` needs an authorization token")
+            && warnings[0].contains("no token was used"),
+        "{}",
+        warnings[0]
     );
     team.session.shutdown().await.unwrap();
 }
