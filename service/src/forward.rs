@@ -96,13 +96,16 @@ impl Forwarder {
         body_limit: usize,
         lease_ttl: std::time::Duration,
     ) -> Result<Self, AgentError> {
-        // No overall timeout: an event stream lasts as long as its client. Calls between
-        // nodes go straight to the owner: never through a proxy of the environment (they
-        // carry the caller's token), and a redirect is not followed (it would turn a POST
-        // into a GET without its body).
+        // No overall timeout: an event stream lasts as long as its client; an owner that
+        // vanished without closing its connections (cut off, powered down) is found by TCP
+        // keep-alive probes within ~30 s. Calls between nodes go straight to the owner:
+        // never through a proxy of the environment (they carry the caller's token), and a
+        // redirect is not followed (it would turn a POST into a GET without its body).
         let http = reqwest::Client::builder()
             .connect_timeout(std::time::Duration::from_secs(5))
             .tcp_keepalive(std::time::Duration::from_secs(15))
+            .tcp_keepalive_interval(std::time::Duration::from_secs(5))
+            .tcp_keepalive_retries(3)
             .no_proxy()
             .redirect(reqwest::redirect::Policy::none())
             .build()
@@ -512,25 +515,53 @@ async fn forward_ws(f: &Forwarder, session_id: SessionId, req: Request, next: Ne
     upgrade.on_upgrade(move |client| relay(client, upstream))
 }
 
-/// Relays frames between a client's WebSocket and the owner's until either side closes.
+/// How often a relay pings the owner's end of a relayed WebSocket.
+const RELAY_PING: std::time::Duration = std::time::Duration::from_secs(15);
+
+/// How long a relay waits for any frame (a pong included) from the owner before it takes
+/// the owner for gone and closes the client's end (1011), so the client reconnects.
+const RELAY_SILENCE: std::time::Duration = std::time::Duration::from_secs(45);
+
+/// Relays frames between a client's WebSocket and the owner's until either side closes,
+/// pinging the owner every [`RELAY_PING`] and closing once it was silent [`RELAY_SILENCE`].
 async fn relay(
     client: axum::extract::ws::WebSocket,
     upstream: tokio_tungstenite::WebSocketStream<
         tokio_tungstenite::MaybeTlsStream<tokio::net::TcpStream>,
     >,
 ) {
+    use futures::StreamExt;
+    let (client_tx, client_rx) = client.split();
+    let (up_tx, up_rx) = upstream.split();
+    relay_frames((client_tx, client_rx), (up_tx, up_rx)).await;
+}
+
+/// [`relay`] over any two ends: the client's (axum's frames) and the owner's (tungstenite's).
+async fn relay_frames<CT, CR, UT, UR, CE, UE>(
+    (mut client_tx, mut client_rx): (CT, CR),
+    (mut up_tx, mut up_rx): (UT, UR),
+) where
+    CT: futures::Sink<axum::extract::ws::Message> + Unpin,
+    CR: futures::Stream<Item = Result<axum::extract::ws::Message, CE>> + Unpin,
+    UT: futures::Sink<tokio_tungstenite::tungstenite::Message> + Unpin,
+    UR: futures::Stream<Item = Result<tokio_tungstenite::tungstenite::Message, UE>> + Unpin,
+{
     use axum::extract::ws::Message as Down;
     use futures::{SinkExt, StreamExt};
     use tokio_tungstenite::tungstenite::Message as Up;
-    let (mut client_tx, mut client_rx) = client.split();
-    let (mut up_tx, mut up_rx) = upstream.split();
     let to_owner = async {
-        while let Some(Ok(m)) = client_rx.next().await {
-            let m = match m {
-                Down::Text(t) => Up::text(t.as_str()),
-                Down::Binary(b) => Up::binary(b),
-                Down::Close(_) => break,
-                Down::Ping(_) | Down::Pong(_) => continue,
+        let mut pings = tokio::time::interval(RELAY_PING);
+        pings.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        pings.tick().await;
+        loop {
+            let m = tokio::select! {
+                m = client_rx.next() => match m {
+                    Some(Ok(Down::Text(t))) => Up::text(t.as_str()),
+                    Some(Ok(Down::Binary(b))) => Up::binary(b),
+                    Some(Ok(Down::Ping(_) | Down::Pong(_))) => continue,
+                    Some(Ok(Down::Close(_)) | Err(_)) | None => break,
+                },
+                _ = pings.tick() => Up::Ping(Bytes::new()),
             };
             if up_tx.send(m).await.is_err() {
                 break;
@@ -539,7 +570,24 @@ async fn relay(
         let _ = up_tx.close().await;
     };
     let to_client = async {
-        while let Some(Ok(m)) = up_rx.next().await {
+        loop {
+            let m = match tokio::time::timeout(RELAY_SILENCE, up_rx.next()).await {
+                Ok(Some(Ok(m))) => m,
+                Ok(_) => break,
+                Err(_) => {
+                    tracing::info!(
+                        silent_secs = RELAY_SILENCE.as_secs(),
+                        "session owner's WebSocket silent; closing the relayed one"
+                    );
+                    let _ = client_tx
+                        .send(Down::Close(Some(axum::extract::ws::CloseFrame {
+                            code: 1011,
+                            reason: "the session's node stopped answering; reconnect".into(),
+                        })))
+                        .await;
+                    break;
+                }
+            };
             let m = match m {
                 Up::Text(t) => Down::text(t.as_str()),
                 Up::Binary(b) => Down::binary(b),
@@ -750,6 +798,69 @@ mod tests {
         assert_eq!(h[header::ORIGIN], "http://10.0.0.2:7878");
         vouch_origin(&mut h, "not a url");
         assert!(h.get(header::ORIGIN).is_none());
+    }
+
+    /// A relay whose client end is two channels and whose owner end is a real WebSocket
+    /// over an in-memory pipe; the owner's end is handed back to the test.
+    async fn relay_pair() -> (
+        futures::channel::mpsc::UnboundedSender<Result<axum::extract::ws::Message, String>>,
+        futures::channel::mpsc::UnboundedReceiver<axum::extract::ws::Message>,
+        tokio_tungstenite::WebSocketStream<tokio::io::DuplexStream>,
+        tokio::task::JoinHandle<()>,
+    ) {
+        use futures::StreamExt;
+        use tokio_tungstenite::tungstenite::protocol::Role;
+        let (near, far) = tokio::io::duplex(1 << 16);
+        let up =
+            tokio_tungstenite::WebSocketStream::from_raw_socket(near, Role::Client, None).await;
+        let owner =
+            tokio_tungstenite::WebSocketStream::from_raw_socket(far, Role::Server, None).await;
+        let (to_relay, client_rx) = futures::channel::mpsc::unbounded();
+        let (client_tx, from_relay) = futures::channel::mpsc::unbounded();
+        let (up_tx, up_rx) = up.split();
+        let relay = tokio::spawn(relay_frames((client_tx, client_rx), (up_tx, up_rx)));
+        (to_relay, from_relay, owner, relay)
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_relay_closes_its_client_once_the_owner_is_silent() {
+        use futures::StreamExt;
+        let (_to_relay, mut from_relay, _owner, relay) = relay_pair().await;
+        // The owner's end is never read: no pong, nothing.
+        tokio::time::sleep(RELAY_SILENCE + std::time::Duration::from_secs(1)).await;
+        let closed = from_relay.next().await;
+        match closed {
+            Some(axum::extract::ws::Message::Close(Some(frame))) => assert_eq!(frame.code, 1011),
+            other => panic!("expected a close 1011, got {other:?}"),
+        }
+        relay.await.unwrap();
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_relay_pings_an_owner_that_answers_and_stays_open() {
+        use futures::StreamExt;
+        use tokio_tungstenite::tungstenite::Message as Up;
+        let (_to_relay, mut from_relay, mut owner, relay) = relay_pair().await;
+        // The owner's end is read (so it answers pings) for three silence periods.
+        let pings = tokio::time::timeout(RELAY_SILENCE * 3, async {
+            let mut pings = 0;
+            while let Some(Ok(frame)) = owner.next().await {
+                if matches!(frame, Up::Ping(_)) {
+                    pings += 1;
+                }
+            }
+            pings
+        })
+        .await;
+        assert!(pings.is_err(), "the owner's end stayed open");
+        assert!(!relay.is_finished(), "the relay still runs");
+        assert!(from_relay.try_recv().is_err(), "nothing sent to the client");
+        // The owner says a word: it reaches the client.
+        futures::SinkExt::send(&mut owner, Up::text("hello"))
+            .await
+            .unwrap();
+        let said = from_relay.next().await;
+        assert_eq!(said, Some(axum::extract::ws::Message::text("hello")));
     }
 
     #[tokio::test]
