@@ -4,6 +4,7 @@
 
 mod batches;
 mod console;
+mod edges;
 mod failover;
 mod fencing;
 mod forwarding;
