@@ -63,17 +63,23 @@ async fn replay_task(task_id: &str, config: &TroupeConfig) -> anyhow::Result<Rep
     let task_id: TaskId = task_id
         .parse()
         .map_err(|_| anyhow::anyhow!("`{task_id}` is not a task id (a UUID)"))?;
-    let data_dir = config.data_dir.clone();
-    let found =
-        tokio::task::spawn_blocking(move || troupe_store::find_task(&data_dir, task_id)).await??;
+    let (found, searched) = match troupe_service::rollout_postgres_url(config)? {
+        Some(url) => find_on_postgres(url, task_id).await?,
+        None => {
+            let data_dir = config.data_dir.clone();
+            let found =
+                tokio::task::spawn_blocking(move || troupe_store::find_task(&data_dir, task_id))
+                    .await??;
+            (found, config.data_dir.display().to_string())
+        }
+    };
     let Some(found) = found else {
-        let searched = config.data_dir.display().to_string();
         return Ok(replay::refused(
             task_id,
             Refusal::not_found(task_id, &searched),
         ));
     };
-    tracing::info!(source = %found.source.display(), "replaying a recorded task");
+    tracing::info!(source = %found.source, "replaying a recorded task");
     Ok(replay::replay(ReplayRequest {
         task_id,
         session_id: found.session_id,
@@ -83,6 +89,31 @@ async fn replay_task(task_id: &str, config: &TroupeConfig) -> anyhow::Result<Rep
         storage: Arc::new(troupe_store::MemoryRolloutStorage::new()),
     })
     .await?)
+}
+
+/// The task's records in the rollout on PostgreSQL at `url` (the server's schema is brought
+/// up to date first, as any troupe process connecting to it does).
+#[cfg(feature = "postgres")]
+async fn find_on_postgres(
+    url: String,
+    task_id: TaskId,
+) -> anyhow::Result<(Option<troupe_store::FoundTask>, String)> {
+    let searched = format!("PostgreSQL at {}", troupe_store::describe_pg_url(&url));
+    let found = tokio::task::spawn_blocking(move || {
+        troupe_store::PgRolloutStorage::connect(&url)?.find_task(task_id)
+    })
+    .await??;
+    Ok((found, searched))
+}
+
+#[cfg(not(feature = "postgres"))]
+async fn find_on_postgres(
+    _url: String,
+    _task_id: TaskId,
+) -> anyhow::Result<(Option<troupe_store::FoundTask>, String)> {
+    anyhow::bail!(
+        "this build of troupe has no PostgreSQL store (cargo feature `postgres`): it cannot read the rollout there"
+    )
 }
 
 /// The configuration's agents as a replay uses them: definitions and settings only (no

@@ -588,6 +588,22 @@ fn open_sqlite(config: &TroupeConfig) -> Result<Storage, AgentError> {
     })
 }
 
+/// The PostgreSQL server the rollout is on: a cluster node's, or `[store] postgres_url`
+/// when `[store] backend = "postgres"`; `None` when the rollout is the data directory's.
+pub fn rollout_postgres_url(config: &TroupeConfig) -> Result<Option<String>, AgentError> {
+    let node = config
+        .cluster
+        .node(&config.store)
+        .map_err(|e| AgentError::invalid(e.to_string()))?;
+    if let Some(node) = node {
+        return Ok(Some(node.postgres_url));
+    }
+    match config.store.backend {
+        troupe_runtime::config::StoreBackend::Sqlite => Ok(None),
+        troupe_runtime::config::StoreBackend::Postgres => postgres_url(config).map(Some),
+    }
+}
+
 /// The `[store] postgres_url`, or what to set.
 pub fn postgres_url(config: &TroupeConfig) -> Result<String, AgentError> {
     config

@@ -7,7 +7,7 @@
 use crate::conn::internal;
 use crate::rollout::SqliteRolloutStorage;
 use rusqlite::{Connection, OpenFlags, OptionalExtension, params};
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use troupe_actors::rollout::{RolloutRecord, SESSION_FILE, read_records};
 use troupe_proto::{AgentError, ConversationId, SessionId, TaskId};
 
@@ -19,7 +19,7 @@ pub struct FoundTask {
     /// Every record of the task's conversation, in `seq` order.
     pub records: Vec<RolloutRecord>,
     /// The database or file they were read from.
-    pub source: PathBuf,
+    pub source: String,
 }
 
 /// The records of `task_id`'s conversation under `data_dir`; `None` when no rollout there
@@ -79,7 +79,7 @@ fn find_in_db(path: &Path, task_id: TaskId) -> Result<Option<FoundTask>, AgentEr
         session_id,
         conversation_id,
         records,
-        source: path.to_path_buf(),
+        source: path.display().to_string(),
     }))
 }
 
@@ -121,7 +121,7 @@ fn find_in_files(root: &Path, task_id: TaskId) -> Result<Option<FoundTask>, Agen
                     session_id,
                     conversation_id,
                     records,
-                    source: path,
+                    source: path.display().to_string(),
                 }));
             }
         }

@@ -822,3 +822,89 @@ async fn the_command_replays_a_chat_turn_and_says_when_it_cannot() {
     assert_eq!(out.status.code(), Some(1));
     assert!(String::from_utf8_lossy(&out.stderr).contains("is not a task id"));
 }
+
+/// A task of `troupe serve` on PostgreSQL is replayed from the rollout there: `troupe replay`
+/// reads where the configuration's store is (`[store] backend = "postgres"`), and says where
+/// it looked when the task is not there.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_command_replays_a_task_recorded_on_postgres() {
+    let url = troupe_test_postgres::server().fresh_database();
+    let dir = tempfile::tempdir().unwrap();
+    let script = dir.path().join("script.json");
+    std::fs::write(
+        &script,
+        serde_json::json!({"replies": [{"text": "kept on postgres", "chunk_chars": 4}]})
+            .to_string(),
+    )
+    .unwrap();
+    let mut serve = std::process::Command::new(troupe_tests::troupe_bin());
+    serve
+        .args(["serve", "--listen", "127.0.0.1:0", "--data-dir", "data"])
+        .arg("--script")
+        .arg(&script)
+        .current_dir(dir.path())
+        .env_remove("TROUPE_API_TOKENS")
+        .env_remove("TROUPE_NODE")
+        .env("TROUPE_STORE_BACKEND", "postgres")
+        .env("TROUPE_POSTGRES_URL", &url)
+        .stderr(std::process::Stdio::null());
+    let (mut child, base) = troupe_tests::spawn_serve(&mut serve);
+    let http = reqwest::Client::new();
+    let session: serde_json::Value = http
+        .post(format!("{base}/api/sessions"))
+        .json(&serde_json::json!({}))
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    let session = session["session_id"].as_str().unwrap().to_owned();
+    let reply: serde_json::Value = http
+        .post(format!("{base}/api/sessions/{session}/messages"))
+        .json(&serde_json::json!({"text": "say it"}))
+        .timeout(Duration::from_secs(30))
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    let task = reply["reply"]["task_id"]
+        .as_str()
+        .unwrap_or_else(|| panic!("{reply}"))
+        .to_owned();
+    nix::sys::signal::kill(
+        nix::unistd::Pid::from_raw(i32::try_from(child.id()).unwrap()),
+        nix::sys::signal::Signal::SIGTERM,
+    )
+    .unwrap();
+    child.wait().unwrap();
+
+    let mut cmd = troupe(dir.path());
+    cmd.args(["replay", &task, "--data-dir", "data"])
+        .env("TROUPE_STORE_BACKEND", "postgres")
+        .env("TROUPE_POSTGRES_URL", &url);
+    let out = output(cmd).await;
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert_eq!(
+        out.status.code(),
+        Some(0),
+        "{stdout}{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(
+        stdout.starts_with(&format!("replay of task {task}: identical")),
+        "{stdout}"
+    );
+
+    // The data directory holds no rollout of it: refused, naming where it looked.
+    let mut cmd = troupe(dir.path());
+    cmd.args(["replay", &task, "--data-dir", "data"])
+        .env("TROUPE_STORE_BACKEND", "sqlite")
+        .env_remove("TROUPE_POSTGRES_URL");
+    let out = output(cmd).await;
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(4), "{stderr}");
+    assert!(stderr.contains("no rollout in data holds task"), "{stderr}");
+}

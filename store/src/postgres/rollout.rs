@@ -31,7 +31,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 use troupe_actors::rollout::storage::{RolloutSink, RolloutStorage, SinkError, SweepReport};
 use troupe_actors::rollout::{RecordLevel, RecordMeta, RolloutRecord, downgrade};
-use troupe_proto::{AgentError, ConversationId, EventName, SessionId};
+use troupe_proto::{AgentError, ConversationId, EventName, SessionId, TaskId};
 
 /// Connections of the rollout's pool.
 const POOL_SIZE: usize = 4;
@@ -116,6 +116,44 @@ impl PgRolloutStorage {
         })??;
         tracing::info!("postgres rollout storage opened");
         Ok(storage)
+    }
+
+    /// The records of `task_id`'s conversation (`troupe replay`); `None` when no rollout
+    /// record names the task. Blocks. One scan of the rollout (no index on task ids), for a
+    /// command a person runs now and then.
+    pub fn find_task(&self, task_id: TaskId) -> Result<Option<crate::FoundTask>, AgentError> {
+        let pool = self.inner.pool.clone();
+        let found = self.run(async move {
+            let what = format!("rollout search for task {task_id}");
+            let client = Self::client(&pool).await?;
+            let row = client
+                .query_opt(
+                    "SELECT session_id, conversation_id FROM rollout_events
+                     WHERE task_id = $1 AND conversation_id IS NOT NULL LIMIT 1",
+                    &[&task_id.to_string()],
+                )
+                .await
+                .map_err(pg_err(what.clone()))?;
+            let Some(row) = row else {
+                return Ok(None);
+            };
+            let corrupt = |e: &dyn std::fmt::Display| AgentError::internal(format!("{what}: {e}"));
+            let session: String = row.try_get(0).map_err(|e| corrupt(&e))?;
+            let conversation: String = row.try_get(1).map_err(|e| corrupt(&e))?;
+            let session_id: SessionId = session.parse().map_err(|e| corrupt(&e))?;
+            let conversation_id: ConversationId = conversation.parse().map_err(|e| corrupt(&e))?;
+            Ok::<_, AgentError>(Some((session_id, conversation_id)))
+        })??;
+        let Some((session_id, conversation_id)) = found else {
+            return Ok(None);
+        };
+        let records = self.read_conversation(session_id, conversation_id)?;
+        Ok(Some(crate::FoundTask {
+            session_id,
+            conversation_id,
+            records,
+            source: "PostgreSQL (rollout_events)".to_owned(),
+        }))
     }
 
     /// Records decoded by reads so far, by this storage and its clones.
