@@ -214,10 +214,11 @@ struct Waiting {
     waiter: Option<Reply<Sent>>,
 }
 
-/// A conversation as its host tracks it.
+/// A conversation as its host tracks it. The host keeps one for every open conversation,
+/// passivated ones included, so it stays small: a running message is boxed.
 struct ConversationSlot {
     record: ConversationRecord,
-    running: Option<Running>,
+    running: Option<Box<Running>>,
     queue: VecDeque<Waiting>,
     /// A close was asked: nothing more starts or is admitted.
     closing: bool,

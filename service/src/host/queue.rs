@@ -183,7 +183,7 @@ impl HostState {
         };
         let handle = handle.clone();
         let message_id = message.message_id;
-        slot.running = Some(Running { message, waiter });
+        slot.running = Some(Box::new(Running { message, waiter }));
         let myself = myself.clone();
         spawn_traced(async move {
             let result = handle
@@ -251,8 +251,9 @@ impl HostState {
         let Some(running) = running else {
             return;
         };
-        let finished = self.finish(running.message, result).await;
-        if let Some(waiter) = running.waiter {
+        let Running { message, waiter } = *running;
+        let finished = self.finish(message, result).await;
+        if let Some(waiter) = waiter {
             let _ = waiter.send(finished);
         }
         self.run_next(myself, conversation_id).await;
