@@ -24,8 +24,13 @@
 //! owner's: the upgrade is accepted here once the owner's accepted it, and frames go both
 //! ways until either side closes.
 //!
-//! A forwarded request is never forwarded again (the header says it was). Not forwarded:
-//! `/rpc/ws` (its calls name sessions frame by frame).
+//! On a JSON-RPC WebSocket (`/rpc/ws`) each frame is routed on its own ([`RpcWsRelay`]): a
+//! call (or a batch) for another node's session is posted to that node's `/rpc` with the
+//! socket's credentials and its answer sent back as the frame's; `events.subscribe` and
+//! `events.unsubscribe` stay on the node the socket is open on (a subscription lives with its
+//! socket), as does `session.create`.
+//!
+//! A forwarded request is never forwarded again (the header says it was).
 
 use crate::error::ApiError;
 use axum::body::{Body, Bytes};
@@ -331,6 +336,12 @@ pub async fn forward(
     let path = req.uri().path().to_owned();
     if let Some(session_id) = session_of_ws_path(&path) {
         return forward_ws(&f, session_id, req, next).await;
+    }
+    if path == "/rpc/ws" {
+        let mut req = req;
+        let relay = RpcWsRelay::new(f.clone(), req.headers());
+        req.extensions_mut().insert(relay);
+        return next.run(req).await;
     }
     let rpc = path == "/rpc" && req.method() == Method::POST;
     if !rpc && target_of_rest(req.method(), &path).is_none() {
@@ -679,6 +690,163 @@ async fn forward_batch(
     }
 }
 
+/// Routes the frames of one `/rpc/ws` socket whose calls name sessions of other nodes.
+#[derive(Clone)]
+pub struct RpcWsRelay {
+    forwarder: Arc<Forwarder>,
+    /// The socket's credentials (and Origin), sent with every call forwarded for it.
+    headers: HeaderMap,
+}
+
+impl std::fmt::Debug for RpcWsRelay {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("RpcWsRelay").finish_non_exhaustive()
+    }
+}
+
+/// Whether a JSON-RPC call stays on the node its WebSocket is open on whatever session it
+/// names: a subscription lives with its socket.
+pub fn stays_on_socket(method: Option<&str>) -> bool {
+    matches!(method, Some("events.subscribe" | "events.unsubscribe"))
+}
+
+impl RpcWsRelay {
+    fn new(forwarder: Arc<Forwarder>, from: &HeaderMap) -> Self {
+        let mut headers = HeaderMap::new();
+        for name in [header::AUTHORIZATION, header::COOKIE, header::ORIGIN] {
+            for value in from.get_all(&name) {
+                headers.append(name.clone(), value.clone());
+            }
+        }
+        Self { forwarder, headers }
+    }
+
+    /// The owner of `session_id` when it is another node (its name and address).
+    async fn elsewhere(&self, session_id: SessionId) -> Option<(String, String)> {
+        let f = &self.forwarder;
+        let now = troupe_actors::clock::unix_now_ms();
+        if f.leases.holds(session_id, now) {
+            counter!(OWNER_LOOKUPS, "source" => "held").increment(1);
+            return None;
+        }
+        counter!(OWNER_LOOKUPS, "source" => "store").increment(1);
+        match f.leases.owner_of(session_id, now).await {
+            Ok(o) => forward_to(&f.node, o),
+            Err(e) => {
+                tracing::warn!(%session_id, error = %e, "owner not read; answering here");
+                None
+            }
+        }
+    }
+
+    /// The answer to `frame` when its calls belong to another node: `Some(answer)` (`None`
+    /// inside for notifications only), or `None` to answer it here.
+    pub async fn answer(&self, frame: &[u8]) -> Option<Option<String>> {
+        if let Some(sessions) = sessions_of_batch(frame) {
+            let mut owners = Vec::with_capacity(sessions.len());
+            for session_id in sessions {
+                owners.push((session_id, self.elsewhere(session_id).await));
+            }
+            let subscribes =
+                serde_json::from_slice::<Vec<serde_json::Value>>(frame).is_ok_and(|calls| {
+                    calls
+                        .iter()
+                        .any(|c| stays_on_socket(c.get("method").and_then(|m| m.as_str())))
+                });
+            return match batch_route(&self.forwarder.node, owners) {
+                BatchRoute::Here => None,
+                BatchRoute::Mixed(owners) => {
+                    Some(Some(mixed_batch_answer(frame, &owners).to_string()))
+                }
+                BatchRoute::To(..) if subscribes => None,
+                BatchRoute::To(node, url) => self.post(frame, &node, &url).await,
+            };
+        }
+        let call: serde_json::Value = serde_json::from_slice(frame).ok()?;
+        if stays_on_socket(call.get("method").and_then(|m| m.as_str())) {
+            return None;
+        }
+        let Some(Target::Session(session_id)) = target_of_rpc(frame) else {
+            return None;
+        };
+        let (node, url) = self.elsewhere(session_id).await?;
+        self.post(frame, &node, &url).await
+    }
+
+    /// Posts `frame` to the owner's `/rpc`: its answer, or `None` (answer here) when the
+    /// owner could not be reached at all.
+    async fn post(&self, frame: &[u8], node: &str, url: &str) -> Option<Option<String>> {
+        let f = &self.forwarder;
+        let mut headers = self.headers.clone();
+        vouch_origin(&mut headers, url);
+        let sent = f
+            .http
+            .post(format!("{}/rpc", url.trim_end_matches('/')))
+            .headers(headers)
+            .header(FORWARDED_BY, f.node.as_str())
+            .header(header::CONTENT_TYPE, "application/json")
+            .body(Bytes::copy_from_slice(frame))
+            .send()
+            .await;
+        let failed = |e: String| {
+            counter!(FORWARDED_CALLS, "outcome" => "failed").increment(1);
+            tracing::warn!(owner = %node, %url, error = %e, "WebSocket call not forwarded");
+            Some(unanswered_frame(frame, node, url, &e))
+        };
+        let answer = match sent {
+            Ok(answer) => answer,
+            Err(e) if e.is_connect() => {
+                counter!(FORWARDED_CALLS, "outcome" => "failed").increment(1);
+                tracing::info!(owner = %node, %url, error = %e, "session owner unreachable; answering here");
+                return None;
+            }
+            Err(e) => return failed(e.to_string()),
+        };
+        let status = answer.status();
+        match answer.text().await {
+            Ok(text) if status == reqwest::StatusCode::NO_CONTENT => {
+                counter!(FORWARDED_CALLS, "outcome" => "ok").increment(1);
+                drop(text);
+                Some(None)
+            }
+            Ok(text) if status.is_success() => {
+                counter!(FORWARDED_CALLS, "outcome" => "ok").increment(1);
+                tracing::debug!(owner = %node, "WebSocket call forwarded");
+                Some(Some(text))
+            }
+            Ok(text) => failed(format!("HTTP {status}: {text}")),
+            Err(e) => failed(e.to_string()),
+        }
+    }
+}
+
+/// The frame's answer when its owner took it but gave no answer back: an error for each of
+/// its calls (notifications get none) saying the outcome is unknown.
+fn unanswered_frame(frame: &[u8], node: &str, url: &str, why: &str) -> Option<String> {
+    #[derive(serde::Deserialize)]
+    struct IdOf<'a> {
+        #[serde(borrow, default)]
+        id: Option<&'a serde_json::value::RawValue>,
+    }
+    let error = crate::error::RpcError::new(
+        crate::error::INTERNAL_ERROR,
+        format!(
+            "forward_outcome_unknown: the call was sent to node {node} at {url}, which did not answer ({why}); it may have been applied: read the session before sending it again"
+        ),
+    );
+    let error = serde_json::to_string(&error).unwrap_or_default();
+    let one = |id: &serde_json::value::RawValue| {
+        format!(r#"{{"jsonrpc":"2.0","id":{},"error":{error}}}"#, id.get())
+    };
+    if let Ok(calls) = serde_json::from_slice::<Vec<IdOf<'_>>>(frame) {
+        let answers: Vec<String> = calls.iter().filter_map(|c| c.id.map(one)).collect();
+        return (!answers.is_empty()).then(|| format!("[{}]", answers.join(",")));
+    }
+    serde_json::from_slice::<IdOf<'_>>(frame)
+        .ok()
+        .and_then(|c| c.id.map(one))
+}
+
 /// Headers that belong to one connection, not to the request or response.
 fn hop_by_hop(name: &HeaderName) -> bool {
     matches!(
@@ -787,6 +955,47 @@ async fn send(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_frame_the_owner_took_without_answering_gets_an_error_per_call() {
+        let one = unanswered_frame(
+            br#"{"jsonrpc":"2.0","id":123456789012345678901234567890,"method":"m"}"#,
+            "a",
+            "http://a",
+            "reset",
+        )
+        .unwrap();
+        let v: serde_json::Value = serde_json::from_str(&one).unwrap();
+        assert!(
+            one.contains(r#""id":123456789012345678901234567890"#),
+            "{one}"
+        );
+        assert_eq!(v["error"]["code"], crate::error::INTERNAL_ERROR);
+        assert!(
+            v["error"]["message"]
+                .as_str()
+                .unwrap()
+                .contains("forward_outcome_unknown")
+        );
+        let batch = unanswered_frame(
+            br#"[{"jsonrpc":"2.0","id":"x","method":"m"},{"jsonrpc":"2.0","method":"n"}]"#,
+            "a",
+            "http://a",
+            "reset",
+        )
+        .unwrap();
+        let v: serde_json::Value = serde_json::from_str(&batch).unwrap();
+        assert_eq!(v.as_array().unwrap().len(), 1, "notifications get none");
+        assert_eq!(v[0]["id"], "x");
+        assert_eq!(
+            unanswered_frame(br#"{"jsonrpc":"2.0","method":"n"}"#, "a", "u", "r"),
+            None
+        );
+        assert!(stays_on_socket(Some("events.subscribe")));
+        assert!(stays_on_socket(Some("events.unsubscribe")));
+        assert!(!stays_on_socket(Some("conversation.message")));
+        assert!(!stays_on_socket(None));
+    }
 
     #[test]
     fn a_checked_origin_is_passed_on_as_the_owners() {

@@ -43,15 +43,22 @@ pub const SEND_TIMEOUT: Duration = Duration::from_secs(30);
 pub async fn rpc(
     State(app): State<AppState>,
     Extension(scope): Extension<Scope>,
+    relay: Option<Extension<crate::forward::RpcWsRelay>>,
     upgrade: WebSocketUpgrade,
 ) -> Response {
     let limit = app.body_limit;
+    let relay = relay.map(|Extension(r)| r);
     upgrade
         .max_message_size(limit)
-        .on_upgrade(move |socket| rpc_connection(app, scope, socket))
+        .on_upgrade(move |socket| rpc_connection(app, scope, relay, socket))
 }
 
-async fn rpc_connection(app: AppState, scope: Scope, socket: WebSocket) {
+async fn rpc_connection(
+    app: AppState,
+    scope: Scope,
+    relay: Option<crate::forward::RpcWsRelay>,
+    socket: WebSocket,
+) {
     let (sink, mut incoming) = socket.split();
     let closed = app.shutdown.child_token();
     let (outbox, queue) = Outbox::new(Overflow::Disconnect, closed.clone(), "rpc_ws");
@@ -79,15 +86,25 @@ async fn rpc_connection(app: AppState, scope: Scope, socket: WebSocket) {
                 break;
             }
         };
-        let (rpc, scope, notifier, outbox) = (
+        let (rpc, scope, notifier, outbox, relay) = (
             app.rpc.clone(),
             scope.clone(),
             notifier.clone(),
             outbox.clone(),
+            relay.clone(),
         );
         tokio::spawn(async move {
             let _slot = slot;
-            if let Some(answer) = rpc.handle_frame(&scope, &bytes, Some(&notifier)).await {
+            // A node of a cluster: calls for another node's session go to that node.
+            let forwarded = match &relay {
+                Some(relay) => relay.answer(&bytes).await,
+                None => None,
+            };
+            let answer = match forwarded {
+                Some(answer) => answer,
+                None => rpc.handle_frame(&scope, &bytes, Some(&notifier)).await,
+            };
+            if let Some(answer) = answer {
                 outbox.push(answer).await;
             }
         });

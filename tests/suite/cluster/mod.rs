@@ -12,6 +12,7 @@ mod load;
 mod lookups;
 mod renewals;
 mod resume;
+mod rpc_ws;
 mod supervision;
 mod throughput;
 mod websocket;
