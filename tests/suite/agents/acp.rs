@@ -454,14 +454,16 @@ async fn a_tool_the_codex_agents_policy_denies_is_refused_without_asking_anyone(
     team.session.shutdown().await.unwrap();
 }
 
-/// An ACP agent that does not ask (codex under its `never` approval policy) runs a denied
-/// tool on its own: troupe cannot stop it, and says so with an `ungoverned_tool_call`
-/// warning naming the call and the layer that denies it.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_denied_tool_codex_runs_without_asking_is_reported_as_ungoverned() {
+/// codex under its `never` approval policy, with `rules` applied to its agent file, runs
+/// `touch <file>` without asking: the file is made (troupe cannot stop it); the events, and
+/// the `ungoverned_tool_call` warnings among them.
+async fn unasked_touch(
+    rules: impl FnOnce(&mut troupe_proto::agent::ToolRules),
+    file: &str,
+) -> (Vec<EventKind>, Vec<String>) {
     let codex = Codex::start("never").await;
     let mut definition = codex.definition();
-    definition.tools.blacklist = vec!["shell".into()];
+    rules(&mut definition.tools);
     let team = Team::start_with_factories(
         vec![definition],
         Vec::new(),
@@ -472,12 +474,12 @@ async fn a_denied_tool_codex_runs_without_asking_is_reported_as_ungoverned() {
     .await;
     codex.server.push(Reply::tool_call(
         "exec_command",
-        [r#"{"cmd":"touch unasked.txt"}"#],
+        [format!(r#"{{"cmd":"touch {file}"}}"#).as_str()],
     ));
     codex.server.push(Reply::text(["done"]));
     let reply = bounded(
         "the reply",
-        send_later(&team, "/hub codex make unasked.txt"),
+        send_later(&team, &format!("/hub codex make {file}")),
     )
     .await
     .unwrap();
@@ -485,20 +487,30 @@ async fn a_denied_tool_codex_runs_without_asking_is_reported_as_ungoverned() {
         (reply.status, reply.text.as_str()),
         (TaskStatus::Ok, "done")
     );
-    // It ran: troupe was never asked.
-    assert!(codex.work.path().join("unasked.txt").exists());
+    assert!(codex.work.path().join(file).exists(), "it ran");
     let events = team.events().await;
-    let warnings: Vec<&String> = events
+    let warnings = events
         .iter()
         .filter_map(|e| match e {
             EventKind::Warning { code, message }
                 if *code == troupe_proto::WarningCode::UngovernedToolCall =>
             {
-                Some(message)
+                Some(message.clone())
             }
             _ => None,
         })
         .collect();
+    team.session.shutdown().await.unwrap();
+    (events, warnings)
+}
+
+/// An ACP agent that does not ask (codex under its `never` approval policy) runs a denied
+/// tool on its own: troupe cannot stop it, and says so with an `ungoverned_tool_call`
+/// warning naming the call and the layer that denies it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_denied_tool_codex_runs_without_asking_is_reported_as_ungoverned() {
+    let (events, warnings) =
+        unasked_touch(|t| t.blacklist = vec!["shell".into()], "unasked.txt").await;
     assert_eq!(warnings.len(), 1, "{events:?}");
     assert!(
         warnings[0].contains("ACP agent `codex` ran a tool call troupe did not allow")
@@ -513,52 +525,17 @@ async fn a_denied_tool_codex_runs_without_asking_is_reported_as_ungoverned() {
             .any(|e| matches!(e, EventKind::PolicyRejected { .. })),
         "nothing was refused"
     );
-    team.session.shutdown().await.unwrap();
 }
 
 /// A tool that runs only with an authorization token, which codex (under `never`) runs
 /// without asking: no token was used, and troupe says so.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_call_that_needs_a_token_codex_runs_without_asking_is_reported_as_ungoverned() {
-    let codex = Codex::start("never").await;
-    let mut definition = codex.definition();
-    definition.tools.authorization_required = vec!["shell".into()];
-    let team = Team::start_with_factories(
-        vec![definition],
-        Vec::new(),
-        settings(RouterMode::Rules),
-        |_| {},
-        vec![Arc::new(AcpFactory::default()) as Arc<dyn AgentProviderFactory>],
+    let (events, warnings) = unasked_touch(
+        |t| t.authorization_required = vec!["shell".into()],
+        "untokened.txt",
     )
     .await;
-    codex.server.push(Reply::tool_call(
-        "exec_command",
-        [r#"{"cmd":"touch untokened.txt"}"#],
-    ));
-    codex.server.push(Reply::text(["done"]));
-    let reply = bounded(
-        "the reply",
-        send_later(&team, "/hub codex make untokened.txt"),
-    )
-    .await
-    .unwrap();
-    assert_eq!(
-        (reply.status, reply.text.as_str()),
-        (TaskStatus::Ok, "done")
-    );
-    assert!(codex.work.path().join("untokened.txt").exists());
-    let events = team.events().await;
-    let warnings: Vec<&String> = events
-        .iter()
-        .filter_map(|e| match e {
-            EventKind::Warning { code, message }
-                if *code == troupe_proto::WarningCode::UngovernedToolCall =>
-            {
-                Some(message)
-            }
-            _ => None,
-        })
-        .collect();
     assert_eq!(warnings.len(), 1, "{events:?}");
     assert!(
         warnings[0].contains("tool `shell` needs an authorization token")
@@ -566,7 +543,6 @@ async fn a_call_that_needs_a_token_codex_runs_without_asking_is_reported_as_ungo
         "{}",
         warnings[0]
     );
-    team.session.shutdown().await.unwrap();
 }
 
 /// A shell call codex asks about, which its agent file lists `authorizationRequired`: the

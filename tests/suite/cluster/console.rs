@@ -6,35 +6,14 @@ use super::http;
 use reqwest::StatusCode;
 use serde_json::{Value, json};
 use std::path::Path;
-use std::process::{Child, Command, Stdio};
+use std::process::Child;
 use std::time::Duration;
-use troupe_tests::troupe_bin;
 
 const TOKEN: &str = "cluster-console-token";
 
 fn node(dir: &Path, url: &str, name: &str) -> (Child, String) {
-    let script: Vec<Value> = (0..50)
-        .map(|i| json!({"text": format!("{name} reply {i}")}))
-        .collect();
-    let script_path = dir.join(format!("script-{name}.json"));
-    std::fs::write(
-        &script_path,
-        serde_json::to_vec(&json!({ "replies": script })).unwrap(),
-    )
-    .unwrap();
-    let mut command = Command::new(troupe_bin());
-    command
-        .args(["serve", "--listen", "127.0.0.1:0", "--data-dir"])
-        .arg(dir.join(format!("data-{name}")))
-        .arg("--script")
-        .arg(&script_path)
-        .args(["--node", name, "--lease-ttl", super::LEASE_TTL])
-        .current_dir(dir)
-        .env("TROUPE_API_TOKENS", format!("{TOKEN}=*"))
-        .env_remove("TROUPE_STORE_BACKEND")
-        .env_remove("TROUPE_NODE")
-        .env("TROUPE_POSTGRES_URL", url)
-        .stderr(Stdio::null());
+    let mut command = super::node_command(dir, url, name, 0, super::LEASE_TTL);
+    command.env("TROUPE_API_TOKENS", format!("{TOKEN}=*"));
     troupe_tests::spawn_serve(&mut command)
 }
 

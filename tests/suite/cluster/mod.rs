@@ -39,6 +39,11 @@ pub fn node_with_ttl(
     delay_ms: u64,
     ttl: &str,
 ) -> (Child, String) {
+    troupe_tests::spawn_serve(&mut node_command(dir, url, name, delay_ms, ttl))
+}
+
+/// The `troupe serve` command of [`node_with_ttl`], to add to before it is spawned.
+pub fn node_command(dir: &Path, url: &str, name: &str, delay_ms: u64, ttl: &str) -> Command {
     let script: Vec<Value> = (0..5_000)
         .map(|i| json!({"delay_ms": delay_ms, "text": format!("{name} reply {i}")}))
         .collect();
@@ -61,7 +66,7 @@ pub fn node_with_ttl(
         .env_remove("TROUPE_NODE")
         .env("TROUPE_POSTGRES_URL", url)
         .stderr(Stdio::null());
-    troupe_tests::spawn_serve(&mut command)
+    command
 }
 
 pub fn kill9(child: &mut Child) {
