@@ -24,6 +24,9 @@
 //! owner's: the upgrade is accepted here once the owner's accepted it, and frames go both
 //! ways until either side closes.
 //!
+//! An A2A call (`POST /a2a`) goes to the node owning the A2A endpoint's session (the current
+//! session of its project), its stream included.
+//!
 //! On a JSON-RPC WebSocket (`/rpc/ws`) each frame is routed on its own ([`RpcWsRelay`]): a
 //! call (or a batch) for another node's session is posted to that node's `/rpc` with the
 //! socket's credentials and its answer sent back as the frame's; `events.subscribe` and
@@ -84,6 +87,48 @@ pub struct Forwarder {
     pub leases: Arc<dyn SessionLeases>,
     pub http: reqwest::Client,
     pub body_limit: usize,
+    /// The A2A endpoint's session (the current session of its project), where `POST /a2a`
+    /// goes: `None` when the endpoint is off.
+    pub a2a: Option<A2aRoute>,
+}
+
+/// Where the A2A endpoint's calls go: the current session of its project, as the endpoint
+/// itself finds it (once, then kept: the endpoint keeps the session it first found too).
+pub struct A2aRoute {
+    store: Arc<dyn troupe_store::Store>,
+    project: String,
+    session: tokio::sync::OnceCell<SessionId>,
+}
+
+impl A2aRoute {
+    pub fn new(store: Arc<dyn troupe_store::Store>, project: String) -> Self {
+        Self {
+            store,
+            project,
+            session: tokio::sync::OnceCell::new(),
+        }
+    }
+
+    /// The A2A session once the project has one; `None` before (the first A2A call creates
+    /// it where it is answered).
+    async fn session(&self) -> Option<SessionId> {
+        if let Some(id) = self.session.get() {
+            return Some(*id);
+        }
+        match self.store.current_session(&self.project).await {
+            Ok(Some(id)) => Some(*self.session.get_or_init(|| async { id }).await),
+            Ok(None) => None,
+            Err(e) => {
+                tracing::warn!(project = %self.project, error = %e, "A2A session not read; answering here");
+                None
+            }
+        }
+    }
+}
+
+/// Whether a request is an A2A call (`POST /a2a`).
+pub fn is_a2a_call(method: &Method, path: &str) -> bool {
+    *method == Method::POST && matches!(path, "/a2a" | "/a2a/")
 }
 
 impl std::fmt::Debug for Forwarder {
@@ -121,6 +166,7 @@ impl Forwarder {
             leases,
             http,
             body_limit,
+            a2a: None,
         })
     }
 }
@@ -344,7 +390,8 @@ pub async fn forward(
         return next.run(req).await;
     }
     let rpc = path == "/rpc" && req.method() == Method::POST;
-    if !rpc && target_of_rest(req.method(), &path).is_none() {
+    let a2a = f.a2a.is_some() && is_a2a_call(req.method(), &path);
+    if !rpc && !a2a && target_of_rest(req.method(), &path).is_none() {
         return next.run(req).await;
     }
     let (parts, body) = req.into_parts();
@@ -355,7 +402,12 @@ pub async fn forward(
     if rpc && let Some(sessions) = sessions_of_batch(&bytes) {
         return forward_batch(&f, sessions, parts, bytes, next).await;
     }
-    let target = if rpc {
+    let target = if a2a {
+        match &f.a2a {
+            Some(route) => route.session().await.map(Target::Session),
+            None => None,
+        }
+    } else if rpc {
         target_of_rpc(&bytes)
     } else {
         target_of_rest(&parts.method, &path)

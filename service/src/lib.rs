@@ -208,7 +208,15 @@ impl Service {
                     config.server.body_limit,
                     c.lease_ttl,
                 )
-                .map(Arc::new)
+                .map(|mut f| {
+                    if config.server.a2a.enabled {
+                        f.a2a = Some(forward::A2aRoute::new(
+                            store.clone(),
+                            config.server.a2a.project.clone(),
+                        ));
+                    }
+                    Arc::new(f)
+                })
             })
             .transpose()?;
         let leases = cluster.as_ref().map(|c| c.leases.clone());

@@ -2,6 +2,7 @@
 //! sessions taken over when their node dies.
 //! Run them alone with `cargo nextest run -p troupe-tests -E 'test(/suite::cluster/)'`.
 
+mod a2a;
 mod batches;
 mod console;
 mod edges;
