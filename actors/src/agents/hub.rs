@@ -32,9 +32,11 @@
 //!
 //! # Children and failure
 //! No child actors. Workers (and direct dispatches' answers) hold the hub's reference; if
-//! the hub fails,
-//! the Session starts a new one (bindings are read again from the store); the callers of the
-//! failed one's dispatches see their reply port close, and its workers' reports go nowhere.
+//! the hub fails, the Session starts a new one (bindings are read again from the store); the
+//! callers of the failed one's dispatches see their reply port close, and its workers'
+//! reports go nowhere. A direct dispatch whose dispatcher is cancelled ends when its agent's
+//! task does (that task's cancel token is a child of the dispatcher's; one still queued in the
+//! agent's conversation ends as soon as it starts); its dispatcher stops waiting at once.
 //!
 //! # Scheduling (no self-lock)
 //! A dispatcher computes nothing while its agent works (a slot is for computing), so its
