@@ -277,6 +277,30 @@ impl RestoreCause {
     }
 }
 
+/// Where a task's final reply goes.
+pub enum Answer {
+    /// A caller waiting on its port.
+    Port(RpcReplyPort<Result<MessageReply, AgentError>>),
+    /// The agent hub that sent the dispatch straight here (see `agents::direct`).
+    Hub(crate::agents::direct::HubAnswer),
+}
+
+impl Answer {
+    /// Answers; `false` if nobody hears it any more.
+    pub fn send(self, reply: Result<MessageReply, AgentError>) -> bool {
+        match self {
+            Self::Port(port) => port.send(reply).is_ok(),
+            Self::Hub(hub) => hub.send(reply),
+        }
+    }
+}
+
+impl From<RpcReplyPort<Result<MessageReply, AgentError>>> for Answer {
+    fn from(port: RpcReplyPort<Result<MessageReply, AgentError>>) -> Self {
+        Self::Port(port)
+    }
+}
+
 /// The Conversation's mailbox.
 pub enum ConversationMsg {
     /// Runs one task for a user message (or, with `origin`, a dispatch to the agent this
@@ -284,8 +308,11 @@ pub enum ConversationMsg {
     Message {
         text: String,
         request: crate::task::TaskRequest,
-        reply: RpcReplyPort<Result<MessageReply, AgentError>>,
+        reply: Answer,
     },
+    /// A dispatch the agent hub sends straight to the agent this conversation is: runs as a
+    /// `Message` with its origin, and its end goes to the hub (see `agents::direct`).
+    Dispatch(crate::agents::direct::DirectDispatch),
     /// Replaces the history by a summary the model writes under a one-turn override (C3);
     /// runs as a task, after any running one.
     Compact {
@@ -362,7 +389,7 @@ struct Running {
     kind: TaskKind,
     /// The task's span: its start and end events carry the same trace as its steps.
     span: tracing::Span,
-    reply: Option<RpcReplyPort<Result<MessageReply, AgentError>>>,
+    reply: Option<Answer>,
     cancel: CancellationToken,
     abort: AbortHandle,
     /// Unix ms of its start (session clock), declared again to a new TaskRegistry.
@@ -380,7 +407,7 @@ struct Queued {
     kind: TaskKind,
     text: String,
     request: crate::task::TaskRequest,
-    reply: RpcReplyPort<Result<MessageReply, AgentError>>,
+    reply: Answer,
     /// The sender's span, which the task's root span links to when it starts.
     caller: tracing::Span,
 }
@@ -691,6 +718,16 @@ impl Actor for Conversation {
             } => {
                 state.on_message(&myself, TaskKind::Message, text, request, reply);
             }
+            ConversationMsg::Dispatch(dispatch) => {
+                if let Some(parts) = dispatch.take() {
+                    let request = crate::task::TaskRequest {
+                        origin: Some(parts.origin),
+                        options: crate::governance::RequestGovernance::default(),
+                    };
+                    let reply = Answer::Hub(parts.answer);
+                    state.on_message(&myself, TaskKind::Message, parts.text, request, reply);
+                }
+            }
             ConversationMsg::Compact { reply } => {
                 let text = COMPACT_REQUEST.into();
                 state.on_message(
@@ -698,7 +735,7 @@ impl Actor for Conversation {
                     TaskKind::Compact,
                     text,
                     crate::task::TaskRequest::default(),
-                    reply,
+                    reply.into(),
                 );
             }
             ConversationMsg::SetContext { update, reply } => {
@@ -782,7 +819,7 @@ impl ConversationState {
         kind: TaskKind,
         text: String,
         request: crate::task::TaskRequest,
-        reply: RpcReplyPort<Result<MessageReply, AgentError>>,
+        reply: Answer,
     ) {
         let max = self.services.settings.max_queued_messages;
         // With ractor's span propagation, the current span in `handle` is the sender's.

@@ -195,7 +195,7 @@ pub enum SessionMsg {
         conversation_id: ConversationId,
         text: String,
         origin: crate::agents::DispatchOrigin,
-        reply: RpcReplyPort<Result<MessageReply, AgentError>>,
+        reply: crate::conversation::Answer,
     },
     /// Compacts a conversation's history.
     Compact {
@@ -504,7 +504,7 @@ impl Actor for Session {
                 let request = ConversationRequest::Message {
                     text,
                     request,
-                    reply,
+                    reply: reply.into(),
                 };
                 state.deliver(&myself, conversation_id, request).await;
             }

@@ -203,6 +203,40 @@ pub fn slot_lent(kind: ProviderKind) -> bool {
     }
 }
 
+/// How an admitted dispatch reaches its agent.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum DispatchPath {
+    /// Straight to the agent's conversation, its end straight back (`agents::direct`).
+    Direct,
+    /// Through a worker: the provider's initialization, the binding, its `handle`.
+    Worker,
+}
+
+/// How a dispatch to an agent of `kind` goes, given its bind plan (`None`: it waits for
+/// another dispatch's binding, or has none) and the conversation the hub knows for the agent
+/// (`known`: its provider session, and whether its actor is alive). Only an in-process agent
+/// whose live binding is that conversation's goes direct; anything to open, resume or
+/// reactivate takes the worker (which goes through the Session).
+pub fn dispatch_path(
+    kind: ProviderKind,
+    plan: Option<&BindPlan>,
+    known: Option<(&str, bool)>,
+) -> DispatchPath {
+    match (kind, plan, known) {
+        (ProviderKind::Model, Some(BindPlan::Use(id)), Some((known, true))) if id == known => {
+            DispatchPath::Direct
+        }
+        _ => DispatchPath::Worker,
+    }
+}
+
+/// Whether the hub arms its lease timer for a new lease of `deadline_ms`: none is armed, or
+/// the armed one comes later. One timer for the earliest deadline serves every lease: when it
+/// fires, the hub reclaims what expired and arms it for the next deadline.
+pub fn arm_lease_timer(armed_ms: Option<u64>, deadline_ms: u64) -> bool {
+    armed_ms.is_none_or(|armed| deadline_ms < armed)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -431,5 +465,63 @@ mod tests {
         assert!(slot_lent(ProviderKind::Model));
         assert!(!slot_lent(ProviderKind::Acp));
         assert!(!slot_lent(ProviderKind::A2a));
+    }
+
+    #[test]
+    fn only_an_in_process_agent_in_its_known_live_conversation_goes_direct() {
+        let used = BindPlan::Use("c1".into());
+        let direct = dispatch_path;
+        assert_eq!(
+            direct(ProviderKind::Model, Some(&used), Some(("c1", true))),
+            DispatchPath::Direct
+        );
+        // Its actor stopped (passivated, restarted): through the Session, which reactivates it.
+        assert_eq!(
+            direct(ProviderKind::Model, Some(&used), Some(("c1", false))),
+            DispatchPath::Worker
+        );
+        // Bound elsewhere since, or not known yet.
+        assert_eq!(
+            direct(ProviderKind::Model, Some(&used), Some(("c0", true))),
+            DispatchPath::Worker
+        );
+        assert_eq!(
+            direct(ProviderKind::Model, Some(&used), None),
+            DispatchPath::Worker
+        );
+        for plan in [
+            BindPlan::Fresh,
+            BindPlan::Open {
+                previous: None,
+                alert: None,
+            },
+            BindPlan::Resume {
+                provider_session_id: "c1".into(),
+                created_ms: 0,
+            },
+        ] {
+            assert_eq!(
+                direct(ProviderKind::Model, Some(&plan), Some(("c1", true))),
+                DispatchPath::Worker
+            );
+        }
+        assert_eq!(
+            direct(ProviderKind::Model, None, Some(("c1", true))),
+            DispatchPath::Worker
+        );
+        for kind in [ProviderKind::Acp, ProviderKind::A2a] {
+            assert_eq!(
+                direct(kind, Some(&used), Some(("c1", true))),
+                DispatchPath::Worker
+            );
+        }
+    }
+
+    #[test]
+    fn the_lease_timer_is_armed_for_the_earliest_deadline_only() {
+        assert!(arm_lease_timer(None, 500));
+        assert!(arm_lease_timer(Some(600), 500));
+        assert!(!arm_lease_timer(Some(500), 500));
+        assert!(!arm_lease_timer(Some(400), 500));
     }
 }

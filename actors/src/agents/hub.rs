@@ -7,25 +7,36 @@
 //!   routes it.
 //! - `Dispatch`: admits or refuses a dispatch ([`decide::admit`], then the wait graph of the
 //!   [`LeaseBook`]). A refusal is a `policy_rejected` event and `PolicyRejected` to the caller;
-//!   an admission issues the lease (id + deadline), emits `dispatch_sent` and starts the
-//!   dispatch's worker (a tokio task, never awaited in `handle`), which also runs the lease's
-//!   timer.
+//!   an admission issues the lease (id + deadline), arms the lease timer if the lease is the
+//!   first to expire, emits `dispatch_sent` and either starts the dispatch's worker (a tokio
+//!   task, never awaited in `handle`) or, for an in-process agent bound to a conversation
+//!   whose actor the hub knows alive, sends it straight to that conversation
+//!   ([`decide::dispatch_path`], [`super::direct`]): no worker, no Session on the way, and the
+//!   agent's task's end comes back as `Finished`.
 //! - `Bind` / `Bound` / `BindFailed`: the worker's binding, one opener per agent at a time
 //!   ([`decide::bind_plan`]); others wait for it. `Bound` emits `session_created`,
 //!   `session_bound`, `session_resumed` (and a `binding_replaced` warning when a binding could
 //!   not be resumed); the worker has written the binding to the store before.
-//! - `Finished`: the worker's end: `dispatch_result`, the lease returned, the caller answered.
-//! - `LeaseDue`: a lease's timer. Still held and past its deadline: the lease is reclaimed,
-//!   the child cancelled (its cancel token), `dispatch_result` with status `expired` and a
-//!   `lease_expired` warning, the caller answered `Timeout` at once. The worker's late end is
-//!   then ignored.
+//! - `Finished`: the dispatch's end (its worker's, or its agent's conversation's):
+//!   `dispatch_result`, the lease returned, the caller answered. An in-process agent's first
+//!   dispatch on a binding (through its worker and the Session) has the hub look the
+//!   conversation's actor up once, off the mailbox (`Learned`); it is looked up again after
+//!   its actor stopped (passivated, restarted).
+//! - `LeaseTick`: the lease timer, armed for the earliest deadline in flight. Every lease
+//!   still held and past its deadline is reclaimed: the child cancelled (its cancel token),
+//!   `dispatch_result` with status `expired` and a `lease_expired` warning, the caller
+//!   answered `Timeout` at once; the timer is armed again for the next deadline. The child's
+//!   late end is then ignored.
 //! - `List`: agents with health (asked of each provider off the mailbox) and bindings.
 //! - `Shutdown`: every provider's `shutdown`, then the hub stops.
 //!
 //! # Children and failure
-//! No child actors. Workers are tokio tasks holding the hub's reference; if the hub fails,
-//! the Session starts a new one (bindings are read again from the store); the callers of the
-//! failed one's dispatches see their reply port close, and its workers' reports go nowhere.
+//! No child actors. Workers (and direct dispatches' answers) hold the hub's reference; if
+//! the hub fails, the Session starts a new one (bindings are read again from the store); the
+//! callers of the failed one's dispatches see their reply port close, and its workers'
+//! reports go nowhere. A direct dispatch whose dispatcher is cancelled ends when its agent's
+//! task does (that task's cancel token is a child of the dispatcher's; one still queued in the
+//! agent's conversation ends as soon as it starts); its dispatcher stops waiting at once.
 //!
 //! # Scheduling (no self-lock)
 //! A dispatcher computes nothing while its agent works (a slot is for computing), so its
@@ -54,6 +65,7 @@ use super::provider::{
 use super::route::{VisibleAgent, router_instructions};
 use super::{AgentPorts, DispatchParent, RouterMode};
 use crate::clock::Clock;
+use crate::conversation::ConversationMsg;
 use crate::events::{EventDraft, EventSink};
 use crate::ports::{BindingStore, ModelClient};
 use crate::session::SessionMsg;
@@ -310,8 +322,15 @@ pub enum AgentHubMsg {
         dispatch_id: DispatchId,
         result: Result<AgentOutput, AgentError>,
     },
-    /// Timer: the lease of `dispatch_id` may have expired.
-    LeaseDue { dispatch_id: DispatchId },
+    /// Timer: leases may have expired.
+    LeaseTick,
+    /// The actor of an in-process agent's conversation (its provider session), looked up
+    /// after a dispatch reached it through the Session: later dispatches go straight to it.
+    Learned {
+        agent_id: String,
+        provider_session_id: String,
+        actor: Option<ActorRef<ConversationMsg>>,
+    },
     /// The agents, their health and this session's bindings.
     List { reply: RpcReplyPort<Vec<AgentInfo>> },
     /// Shuts every provider down; the hub stops.
@@ -374,6 +393,13 @@ struct Flight {
     span: tracing::Span,
 }
 
+/// An in-process agent's conversation, as the hub knows it.
+struct KnownConversation {
+    provider_session_id: String,
+    id: troupe_proto::ConversationId,
+    actor: ActorRef<ConversationMsg>,
+}
+
 /// The hub's state.
 pub struct AgentHubState {
     session_id: SessionId,
@@ -397,7 +423,14 @@ pub struct AgentHubState {
     /// Dispatches waiting for another to open their agent's provider session.
     waiting: BTreeMap<String, Vec<(DispatchId, BindReply)>>,
     leases: LeaseBook,
+    /// The deadline the lease timer is armed for.
+    lease_timer: Option<u64>,
     flights: BTreeMap<DispatchId, Flight>,
+    /// By agent id: the conversation an in-process agent is bound to (its provider session
+    /// id) and its actor, for dispatches sent straight to it.
+    conversations: BTreeMap<String, KnownConversation>,
+    /// Agents whose conversation's actor is being looked up.
+    learning: std::collections::BTreeSet<String>,
 }
 
 /// The AgentHub actor.
@@ -468,7 +501,10 @@ impl Actor for AgentHub {
             bindings,
             waiting: BTreeMap::new(),
             leases: LeaseBook::default(),
+            lease_timer: None,
             flights: BTreeMap::new(),
+            conversations: BTreeMap::new(),
+            learning: std::collections::BTreeSet::new(),
         })
     }
 
@@ -489,8 +525,13 @@ impl Actor for AgentHub {
             AgentHubMsg::Finished {
                 dispatch_id,
                 result,
-            } => state.finished(dispatch_id, result),
-            AgentHubMsg::LeaseDue { dispatch_id } => state.lease_due(dispatch_id),
+            } => state.finished(&myself, dispatch_id, result),
+            AgentHubMsg::LeaseTick => state.lease_tick(&myself),
+            AgentHubMsg::Learned {
+                agent_id,
+                provider_session_id,
+                actor,
+            } => state.learned(agent_id, provider_session_id, actor),
             AgentHubMsg::List { reply } => state.list(reply),
             AgentHubMsg::Shutdown { reply } => {
                 state.shutdown().await;
@@ -731,13 +772,15 @@ impl AgentHubState {
             conversation_id = %request.parent.conversation_id,
             task_id = %request.parent.task_id,
         );
+        let deadline_ms = self.clock.now_ms().saturating_add(millis(ttl));
         self.leases.issue(Lease {
             id: dispatch_id,
             agent_id: request.agent_id.clone(),
             from,
             to,
-            deadline_ms: self.clock.now_ms().saturating_add(millis(ttl)),
+            deadline_ms,
         });
+        self.arm_lease_timer(myself, deadline_ms);
         let cancel = request.cancel.child_token();
         let known = self.bindings.get(&request.agent_id).and_then(|b| {
             b.live
@@ -773,6 +816,37 @@ impl AgentHubState {
             },
         );
         let plan = self.plan(&request.agent_id, dispatch_id);
+        let ready = match &plan {
+            PlanSource::Ready(Ok(plan)) => Some(plan),
+            _ => None,
+        };
+        let known = self.conversations.get(&request.agent_id);
+        let path = decide::dispatch_path(
+            kind,
+            ready,
+            known.map(|k| (k.provider_session_id.as_str(), alive(&k.actor))),
+        );
+        if let (decide::DispatchPath::Direct, Some(known)) = (path, known) {
+            let origin = super::DispatchOrigin {
+                dispatch_id,
+                agent_id: request.agent_id,
+                chain,
+                cancel,
+                span: span.clone(),
+                governance: request.governance,
+                slot_lent,
+            };
+            let direct = super::direct::DirectDispatch::new(
+                self.session.clone(),
+                known.id,
+                request.input,
+                origin,
+                super::direct::HubAnswer::new(myself.clone(), dispatch_id),
+            );
+            // Not taken (its actor just stopped): it goes through the Session on drop.
+            let _ = span.in_scope(|| known.actor.cast(ConversationMsg::Dispatch(direct)));
+            return;
+        }
         let worker = Worker {
             hub: myself.clone(),
             store: self.ports.bindings.clone(),
@@ -786,7 +860,6 @@ impl AgentHubState {
             input: request.input,
             governance: request.governance,
             slot_lent,
-            ttl,
             tool_config: request.tool_config,
             token_book: request.token_book,
             cancel,
@@ -953,7 +1026,12 @@ impl AgentHubState {
         }
     }
 
-    fn finished(&mut self, dispatch_id: DispatchId, result: Result<AgentOutput, AgentError>) {
+    fn finished(
+        &mut self,
+        myself: &ActorRef<AgentHubMsg>,
+        dispatch_id: DispatchId,
+        result: Result<AgentOutput, AgentError>,
+    ) {
         if self.leases.finish(dispatch_id).is_none() {
             tracing::debug!(%dispatch_id, "a reclaimed dispatch ended late");
             return;
@@ -965,7 +1043,94 @@ impl AgentHubState {
             Ok(_) => DispatchStatus::Ok,
             Err(e) => DispatchStatus::of_error(e),
         };
+        if flight.kind == ProviderKind::Model
+            && result.is_ok()
+            && let Some(psid) = &flight.provider_session_id
+        {
+            self.learn(myself, &flight.agent_id, psid);
+        }
         self.end(dispatch_id, &mut flight, status, result);
+    }
+
+    /// Looks up, off the mailbox, the actor of the conversation an in-process agent answered
+    /// from, unless it is known alive or being looked up.
+    fn learn(&mut self, myself: &ActorRef<AgentHubMsg>, agent_id: &str, psid: &str) {
+        let known = self
+            .conversations
+            .get(agent_id)
+            .is_some_and(|k| k.provider_session_id == psid && alive(&k.actor));
+        if known || self.learning.contains(agent_id) {
+            return;
+        }
+        let Ok(conversation_id) = ModelAgent::conversation(psid) else {
+            return;
+        };
+        self.learning.insert(agent_id.to_owned());
+        let (hub, session) = (myself.clone(), self.session.clone());
+        let (agent_id, provider_session_id) = (agent_id.to_owned(), psid.to_owned());
+        tokio::spawn(async move {
+            let actor = ractor::call!(session, |reply| SessionMsg::Conversation {
+                conversation_id,
+                reply
+            })
+            .ok()
+            .flatten();
+            let _ = hub.cast(AgentHubMsg::Learned {
+                agent_id,
+                provider_session_id,
+                actor,
+            });
+        });
+    }
+
+    fn learned(
+        &mut self,
+        agent_id: String,
+        provider_session_id: String,
+        actor: Option<ActorRef<ConversationMsg>>,
+    ) {
+        self.learning.remove(&agent_id);
+        match actor {
+            Some(actor) => {
+                if let Ok(id) = ModelAgent::conversation(&provider_session_id) {
+                    let known = KnownConversation {
+                        provider_session_id,
+                        id,
+                        actor,
+                    };
+                    self.conversations.insert(agent_id, known);
+                }
+            }
+            None => {
+                self.conversations.remove(&agent_id);
+            }
+        }
+    }
+
+    /// Arms the lease timer for `deadline_ms` if it is the earliest.
+    fn arm_lease_timer(&mut self, myself: &ActorRef<AgentHubMsg>, deadline_ms: u64) {
+        if !decide::arm_lease_timer(self.lease_timer, deadline_ms) {
+            return;
+        }
+        self.lease_timer = Some(deadline_ms);
+        let after = Duration::from_millis(deadline_ms.saturating_sub(self.clock.now_ms()));
+        myself.send_after(after, || AgentHubMsg::LeaseTick);
+    }
+
+    /// Reclaims every lease past its deadline; arms the timer for the next one.
+    fn lease_tick(&mut self, myself: &ActorRef<AgentHubMsg>) {
+        let now = self.clock.now_ms();
+        if self.lease_timer.is_some_and(|armed| armed > now) {
+            // A timer armed for a later deadline, superseded: the armed one is to come.
+            return;
+        }
+        self.lease_timer = None;
+        for dispatch_id in self.leases.expired(now) {
+            self.lease_due(dispatch_id);
+        }
+        if let Some(next) = self.leases.earliest() {
+            self.arm_lease_timer(myself, next);
+        }
     }
 
     /// Emits `dispatch_result`, counts it, answers the dispatcher.
@@ -1002,10 +1167,8 @@ impl AgentHubState {
         }
     }
 
+    /// Reclaims the expired lease of `dispatch_id`.
     fn lease_due(&mut self, dispatch_id: DispatchId) {
-        if !self.leases.is_expired(dispatch_id, self.clock.now_ms()) {
-            return;
-        }
         let agent_id = self
             .leases
             .get(dispatch_id)
@@ -1120,6 +1283,7 @@ impl AgentHubState {
                 if let Some(Ok(old)) = self.providers.insert(id.clone(), built) {
                     self.retired.push(old);
                 }
+                self.conversations.remove(id);
             }
             self.bindings.entry(id.clone()).or_default();
         }
@@ -1133,12 +1297,21 @@ impl AgentHubState {
             if let Some(Ok(old)) = self.providers.remove(&id) {
                 self.retired.push(old);
             }
+            self.conversations.remove(&id);
         }
         self.views
             .replace(catalog.clone(), &self.ports, &self.model);
         tracing::info!(agents = catalog.agents.len(), "agent definitions reloaded");
         self.catalog = catalog;
     }
+}
+
+/// Whether an actor still takes messages.
+fn alive(actor: &ActorRef<ConversationMsg>) -> bool {
+    matches!(
+        actor.get_status(),
+        ractor::ActorStatus::Running | ractor::ActorStatus::Upgrading
+    )
 }
 
 fn millis(d: Duration) -> u64 {
@@ -1162,8 +1335,6 @@ struct Worker {
     governance: Arc<crate::governance::TaskGovernance>,
     /// The dispatcher kept its slot for the agent's task.
     slot_lent: bool,
-    /// The lease's time to live: past it, the worker tells the hub (`LeaseDue`).
-    ttl: Duration,
     tool_config: Arc<troupe_proto::governance::ToolPolicyConfig>,
     token_book: Option<crate::token_book::TokenBookRef>,
     cancel: CancellationToken,
@@ -1193,27 +1364,13 @@ impl Drop for OpeningGuard {
 
 impl Worker {
     async fn run(self, plan: PlanSource) {
-        // The lease's timer runs beside the work: past the lease's time the hub reclaims it
-        // (it cancels the dispatch, whose work then ends here). A worker that panics ends
-        // its dispatch at once.
+        // Past the lease's time the hub reclaims it (it cancels the dispatch, whose work
+        // then ends here). A worker that panics ends its dispatch at once.
         let run = async {
-            let work = async {
-                tokio::select! {
-                    biased;
-                    () = self.cancel.cancelled() => Err(AgentError::cancelled("the dispatch was cancelled")),
-                    r = self.work(plan) => r,
-                }
-            };
-            tokio::pin!(work);
             tokio::select! {
                 biased;
-                r = &mut work => r,
-                () = tokio::time::sleep(self.ttl) => {
-                    let _ = self.hub.cast(AgentHubMsg::LeaseDue {
-                        dispatch_id: self.dispatch_id,
-                    });
-                    work.await
-                }
+                () = self.cancel.cancelled() => Err(AgentError::cancelled("the dispatch was cancelled")),
+                r = self.work(plan) => r,
             }
         };
         let result = std::panic::AssertUnwindSafe(run)

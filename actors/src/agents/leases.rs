@@ -5,8 +5,9 @@
 //! for the dispatcher would never end (each side waits for the other's one-at-a-time
 //! conversation), so it is refused before it runs.
 //!
-//! Pure bookkeeping: the hub holds the timers, the cancel tokens and the callers' reply
-//! ports beside it.
+//! Pure bookkeeping: the hub holds the timer (armed for the earliest deadline, see
+//! [`super::decide::arm_lease_timer`]), the cancel tokens and the callers' reply ports beside
+//! it.
 
 use std::collections::BTreeMap;
 use troupe_proto::{ConversationId, DispatchId};
@@ -67,6 +68,20 @@ impl LeaseBook {
         self.leases
             .get(&id)
             .is_some_and(|l| l.deadline_ms <= now_ms)
+    }
+
+    /// The leases past their deadline at `now_ms`.
+    pub fn expired(&self, now_ms: u64) -> Vec<DispatchId> {
+        self.leases
+            .values()
+            .filter(|l| l.deadline_ms <= now_ms)
+            .map(|l| l.id)
+            .collect()
+    }
+
+    /// The first deadline of the leases in flight.
+    pub fn earliest(&self) -> Option<u64> {
+        self.leases.values().map(|l| l.deadline_ms).min()
     }
 
     pub fn get(&self, id: DispatchId) -> Option<&Lease> {
@@ -149,6 +164,25 @@ mod tests {
         assert!(book.finish(id).is_none(), "a late end finds nothing");
         assert!(!book.is_expired(id, 1000));
         assert!(book.is_empty());
+    }
+
+    #[test]
+    fn the_earliest_deadline_and_the_expired_leases_are_those_in_flight() {
+        let mut book = LeaseBook::default();
+        assert_eq!(book.earliest(), None);
+        let (a, b) = (
+            lease(agent("u"), agent("a"), 300),
+            lease(agent("u"), agent("b"), 100),
+        );
+        let (ida, idb) = (a.id, b.id);
+        book.issue(a);
+        book.issue(b);
+        assert_eq!(book.earliest(), Some(100));
+        assert_eq!(book.expired(99), Vec::<DispatchId>::new());
+        assert_eq!(book.expired(100), vec![idb]);
+        book.finish(idb);
+        assert_eq!(book.earliest(), Some(300));
+        assert_eq!(book.expired(1000), vec![ida]);
     }
 
     #[test]

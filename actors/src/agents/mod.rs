@@ -4,7 +4,9 @@
 //! Session
 //! └─ AgentHub (one per session with agents; replaced on failure, bindings re-read)
 //!    ├─ a provider per agent: in-process (model), or plugged in per kind (acp, a2a)
-//!    └─ a worker task per dispatch in flight (binding, then the provider's `handle`)
+//!    └─ a worker task per dispatch in flight (binding, then the provider's `handle`),
+//!       except a dispatch to an in-process agent whose conversation the hub knows, which
+//!       goes straight to it ([`direct`])
 //! ```
 //!
 //! - [`provider`]: the one agent interface ([`AgentProvider`]) and what plugs a kind of
@@ -12,6 +14,8 @@
 //! - [`hub`]: the session's agents, bindings and dispatches (its doc tells the protocol and
 //!   how children are scheduled so that nothing locks itself).
 //! - [`model`]: the in-process provider, a conversation of the session.
+//! - [`direct`]: a dispatch sent straight to an in-process agent's conversation, and its end
+//!   straight back to the hub.
 //! - [`decide`], [`leases`], [`route`]: the decisions (admission, bindings, the wait graph,
 //!   routing) as plain functions.
 //! - [`listing`]: what `troupe agents list` and `agents.list` show.
@@ -21,6 +25,7 @@
 //! `task::agents`), and a model agent with agents in sight has a `dispatch_agent` tool.
 
 pub mod decide;
+pub mod direct;
 pub mod hub;
 pub mod leases;
 pub mod listing;

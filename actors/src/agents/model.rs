@@ -15,7 +15,26 @@ use async_trait::async_trait;
 use ractor::ActorRef;
 use std::sync::Arc;
 use troupe_proto::agent::{AgentDefinition, AgentHealth, ProviderSpec};
-use troupe_proto::{AgentError, ConversationId, OpenConversation, StoragePolicy, TaskStatus};
+use troupe_proto::{
+    AgentError, ConversationId, MessageReply, OpenConversation, StoragePolicy, TaskStatus,
+};
+
+/// What an agent's task's end answers its dispatch: its text (a task that ran out of steps
+/// answers what it has), or why it did not end well.
+pub fn agent_output(reply: MessageReply) -> Result<AgentOutput, AgentError> {
+    match reply.status {
+        TaskStatus::Ok | TaskStatus::MaxSteps => Ok(AgentOutput {
+            text: reply.text,
+            usage: Some(reply.stats.usage),
+        }),
+        TaskStatus::Cancelled => Err(reply
+            .error
+            .unwrap_or_else(|| AgentError::cancelled("the agent's task was cancelled"))),
+        TaskStatus::Error => Err(reply
+            .error
+            .unwrap_or_else(|| AgentError::internal("the agent's task failed"))),
+    }
+}
 
 /// An in-process agent of one session.
 pub struct ModelAgent {
@@ -60,7 +79,8 @@ impl ModelAgent {
         }
     }
 
-    fn conversation(provider_session_id: &str) -> Result<ConversationId, String> {
+    /// The conversation a provider session id names.
+    pub fn conversation(provider_session_id: &str) -> Result<ConversationId, String> {
         provider_session_id
             .parse()
             .map_err(|_| format!("`{provider_session_id}` is not a conversation id"))
@@ -122,23 +142,12 @@ impl AgentProvider for ModelAgent {
             conversation_id,
             text,
             origin,
-            reply
+            reply: crate::conversation::Answer::Port(reply),
         })
         .map_err(|_| {
             AgentError::interrupted("the agent's conversation stopped before answering")
         })??;
-        match reply.status {
-            TaskStatus::Ok | TaskStatus::MaxSteps => Ok(AgentOutput {
-                text: reply.text,
-                usage: Some(reply.stats.usage),
-            }),
-            TaskStatus::Cancelled => Err(reply
-                .error
-                .unwrap_or_else(|| AgentError::cancelled("the agent's task was cancelled"))),
-            TaskStatus::Error => Err(reply
-                .error
-                .unwrap_or_else(|| AgentError::internal("the agent's task failed"))),
-        }
+        agent_output(reply)
     }
 
     async fn health(&self) -> AgentHealth {
@@ -146,4 +155,42 @@ impl AgentProvider for ModelAgent {
     }
 
     async fn shutdown(&self) {}
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use troupe_proto::{TaskId, TaskStats};
+
+    fn reply(status: TaskStatus, error: Option<AgentError>) -> MessageReply {
+        MessageReply {
+            conversation_id: ConversationId::new(),
+            task_id: TaskId::new(),
+            status,
+            text: "done".into(),
+            stats: TaskStats::default(),
+            error,
+            items: Vec::new(),
+        }
+    }
+
+    #[test]
+    fn a_task_that_ended_or_ran_out_of_steps_answers_its_text() {
+        for status in [TaskStatus::Ok, TaskStatus::MaxSteps] {
+            let out = agent_output(reply(status, None)).expect("an answer");
+            assert_eq!(out.text, "done");
+            assert!(out.usage.is_some());
+        }
+    }
+
+    #[test]
+    fn a_cancelled_or_failed_task_answers_its_error_or_a_default_one() {
+        let err = agent_output(reply(TaskStatus::Cancelled, None)).expect_err("cancelled");
+        assert!(matches!(err, AgentError::Cancelled { .. }), "{err:?}");
+        let err = agent_output(reply(TaskStatus::Error, None)).expect_err("failed");
+        assert!(matches!(err, AgentError::Internal { .. }), "{err:?}");
+        let own = AgentError::invalid("bad input");
+        let err = agent_output(reply(TaskStatus::Error, Some(own.clone()))).expect_err("failed");
+        assert_eq!(err, own);
+    }
 }

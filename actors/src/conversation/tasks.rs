@@ -11,7 +11,7 @@ impl ConversationState {
         kind: TaskKind,
         text: String,
         request: crate::task::TaskRequest,
-        reply: RpcReplyPort<Result<MessageReply, AgentError>>,
+        reply: Answer,
         caller: &tracing::Span,
     ) {
         let task_id = TaskId::new();

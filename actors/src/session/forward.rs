@@ -11,7 +11,7 @@ pub(crate) enum ConversationRequest {
     Message {
         text: String,
         request: crate::task::TaskRequest,
-        reply: RpcReplyPort<Result<MessageReply, AgentError>>,
+        reply: crate::conversation::Answer,
     },
     Compact {
         reply: RpcReplyPort<Result<MessageReply, AgentError>>,
@@ -33,7 +33,10 @@ impl ConversationRequest {
     /// Answers a request its conversation cannot take (a close: already closed).
     pub(super) fn refuse(self, id: ConversationId, error: AgentError) {
         match self {
-            Self::Message { reply, .. } | Self::Compact { reply } => {
+            Self::Message { reply, .. } => {
+                let _ = reply.send(Err(error));
+            }
+            Self::Compact { reply } => {
                 let _ = reply.send(Err(error));
             }
             Self::SetContext { reply, .. } => {

@@ -179,6 +179,99 @@ async fn the_next_run_resumes_the_binding_with_the_agents_history() {
     assert!(now.updated_ms >= first.updated_ms);
 }
 
+/// The agent's conversation's standing in the session.
+async fn standing(team: &Team, c: ConversationId) -> Option<troupe_actors::session::Standing> {
+    team.session.standing(c).await.unwrap()
+}
+
+#[tokio::test]
+async fn an_agents_conversation_passivated_between_dispatches_is_reactivated_with_its_history() {
+    const IDLE: std::time::Duration = std::time::Duration::from_secs(600);
+    let team = Team::start_with(
+        vec![model_agent("coder", "You write code.", &[])],
+        Vec::new(),
+        super::settings(troupe_actors::agents::RouterMode::Rules),
+        |config| config.conversation.passivate_after = Some(IDLE),
+    )
+    .await;
+    // The first dispatch binds the conversation; the next ones go straight to it.
+    for text in ["one", "two", "three"] {
+        let reply = team.send(&format!("/hub coder {text}")).await;
+        assert_eq!(reply.text, format!("You said: {text}"), "{reply:?}");
+    }
+    let psid = team
+        .store
+        .bindings(None)
+        .await
+        .unwrap()
+        .remove(0)
+        .provider_session_id;
+    let coder: ConversationId = psid.parse().unwrap();
+    let live = team
+        .session
+        .conversation_actor(coder)
+        .await
+        .unwrap()
+        .unwrap();
+
+    // Idle for the passivation period (paused clock): the agent's conversation stops.
+    tokio::time::pause();
+    tokio::time::advance(IDLE + std::time::Duration::from_secs(1)).await;
+    for _ in 0..1000 {
+        if standing(&team, coder).await == Some(troupe_actors::session::Standing::Passivated) {
+            break;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+    }
+    tokio::time::resume();
+    assert_eq!(
+        standing(&team, coder).await,
+        Some(troupe_actors::session::Standing::Passivated)
+    );
+    assert_eq!(live.get_status(), ractor::ActorStatus::Stopped);
+
+    // The next dispatches reactivate it, with the exchanges so far, and reach its new actor.
+    for text in ["four", "five"] {
+        let reply = team.send(&format!("/hub coder {text}")).await;
+        assert_eq!(reply.text, format!("You said: {text}"), "{reply:?}");
+    }
+    let sent = team.model.sent();
+    assert_eq!(
+        user_texts(&sent.last().unwrap().prompt),
+        ["one", "two", "three", "four", "five"]
+    );
+    let events = team.events().await;
+    let results: Vec<(DispatchStatus, Option<String>)> = events
+        .iter()
+        .filter_map(|e| match e {
+            EventKind::DispatchResult {
+                status,
+                provider_session_id,
+                ..
+            } => Some((*status, provider_session_id.clone())),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(results, vec![(DispatchStatus::Ok, Some(psid.clone())); 5]);
+    assert_eq!(
+        events
+            .iter()
+            .filter(|e| matches!(e, EventKind::SessionCreated { .. }))
+            .count(),
+        1,
+        "bound once"
+    );
+    assert!(events.iter().any(|e| matches!(e,
+        EventKind::ConversationRestarted { reason, .. } if reason.contains("passivation"))));
+    let again = team
+        .session
+        .conversation_actor(coder)
+        .await
+        .unwrap()
+        .unwrap();
+    assert_ne!(again.get_id(), live.get_id(), "a new actor");
+}
+
 #[tokio::test]
 async fn a_binding_that_cannot_be_resumed_is_replaced_with_an_alert() {
     let team = Team::start(vec![model_agent("coder", "x", &[])], Vec::new()).await;
