@@ -212,6 +212,15 @@ pub enum DispatchPath {
     Worker,
 }
 
+impl DispatchPath {
+    pub const fn as_str(self) -> &'static str {
+        match self {
+            Self::Direct => "direct",
+            Self::Worker => "worker",
+        }
+    }
+}
+
 /// How a dispatch to an agent of `kind` goes, given its bind plan (`None`: it waits for
 /// another dispatch's binding, or has none) and the conversation the hub knows for the agent
 /// (`known`: its provider session, and whether its actor is alive). Only an in-process agent

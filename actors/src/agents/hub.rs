@@ -826,6 +826,7 @@ impl AgentHubState {
             ready,
             known.map(|k| (k.provider_session_id.as_str(), alive(&k.actor))),
         );
+        super::metrics::dispatch_path(path.as_str());
         if let (decide::DispatchPath::Direct, Some(known)) = (path, known) {
             let origin = super::DispatchOrigin {
                 dispatch_id,

@@ -21,6 +21,8 @@ pub const ROUTE_DECISIONS_TOTAL: &str = "troupe_agent_route_decisions_total";
 pub const BINDINGS_TOTAL: &str = "troupe_agent_bindings_total";
 /// Leases reclaimed on expiry (their child cancelled).
 pub const LEASES_EXPIRED_TOTAL: &str = "troupe_agent_leases_expired_total";
+/// Admitted dispatches by the way they reached their agent (`direct`, `worker`).
+pub const DISPATCH_PATHS_TOTAL: &str = "troupe_agent_dispatch_paths_total";
 
 /// What became of a binding at a dispatch.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -115,6 +117,19 @@ pub fn describe() {
     }
     counter!(LEASES_EXPIRED_TOTAL).increment(0);
     gauge!(DISPATCHES_IN_FLIGHT).increment(0.0);
+    describe_counter!(
+        DISPATCH_PATHS_TOTAL,
+        Unit::Count,
+        "Admitted dispatches by the way they reached their agent: direct (straight to an in-process agent's conversation) or worker"
+    );
+    for path in ["direct", "worker"] {
+        counter!(DISPATCH_PATHS_TOTAL, "path" => path).increment(0);
+    }
+}
+
+/// A dispatch admitted, on its way by `path` (`direct` or `worker`).
+pub fn dispatch_path(path: &'static str) {
+    counter!(DISPATCH_PATHS_TOTAL, "path" => path).increment(1);
 }
 
 pub fn dispatch_started() {

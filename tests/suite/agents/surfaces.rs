@@ -82,7 +82,12 @@ fn agent<'a>(listing: &'a Value, id: &str) -> &'a Value {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn serve_lists_agents_and_streams_their_events_and_metrics() {
-    let dir = config_dir(json!([{"text": "patched"}]));
+    let dir = config_dir(json!([
+        {"text": "patched"},
+        {"text": "patched 2"},
+        {"text": "patched 3"},
+        {"text": "patched 4"}
+    ]));
     let mut serve = command(dir.path());
     serve
         .args(["serve", "--listen", "127.0.0.1:0", "--config"])
@@ -112,6 +117,8 @@ async fn serve_lists_agents_and_streams_their_events_and_metrics() {
         "troupe_agent_leases_expired_total 0",
         "troupe_agent_dispatches_in_flight 0",
         "troupe_acp_processes 0",
+        r#"troupe_agent_dispatch_paths_total{path="direct"} 0"#,
+        r#"troupe_agent_dispatch_paths_total{path="worker"} 0"#,
     ] {
         assert!(metrics.contains(series), "{series} missing from /metrics");
     }
@@ -211,9 +218,38 @@ async fn serve_lists_agents_and_streams_their_events_and_metrics() {
         r#"troupe_agent_dispatches_total{provider="model",status="ok"} 1"#,
         r#"troupe_agent_route_decisions_total{decision="dispatch_agent",source="hub"} 1"#,
         r#"troupe_agent_bindings_total{provider="model",outcome="created"} 1"#,
+        r#"troupe_agent_dispatch_paths_total{path="worker"} 1"#,
     ] {
         assert!(metrics.contains(series), "{series} missing from /metrics");
     }
+
+    // The next dispatches to the bound agent go straight to its conversation once the hub
+    // knows it (learned after the first one ended).
+    for n in 2..=4 {
+        let reply = api.say(&sid, "/hub coder again").await;
+        assert_eq!(reply["reply"]["text"], format!("patched {n}"), "{reply}");
+    }
+    let metrics = api
+        .request(reqwest::Method::GET, "/metrics")
+        .send()
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    let count = |path: &str| -> u64 {
+        let series = format!("troupe_agent_dispatch_paths_total{{path=\"{path}\"}} ");
+        metrics
+            .lines()
+            .find_map(|l| l.strip_prefix(series.as_str()))
+            .and_then(|v| v.trim().parse().ok())
+            .unwrap_or_else(|| panic!("{series} missing from /metrics"))
+    };
+    assert_eq!(count("direct") + count("worker"), 4, "{metrics}");
+    assert!(
+        count("direct") >= 2,
+        "dispatches 3 and 4 went direct: {metrics}"
+    );
 }
 
 #[test]
