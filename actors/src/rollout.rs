@@ -16,7 +16,8 @@
 //!   once): content never reaches storage unless a policy allowed it.
 //! - `Emit { draft }`: numbers, hands the record (if any) and the envelope to the writer.
 //!   Never waits for storage.
-//! - `Flush { reply }`: answered once everything emitted before it is committed with fsync and
+//! - `Flush { reply }`: answered once everything emitted before it is committed as a sync point
+//!   (fsynced where the storage fsyncs them, see [`storage::RolloutSink::commit`]) and
 //!   published, or `Internal` if the writer hit a storage error since the previous flush.
 //! - `ReadConversation { conversation_id, reply }`: a flush, then the conversation's records
 //!   (oldest first; an unreadable line, such as a torn last write, is skipped and logged).
@@ -54,8 +55,9 @@
 //! # Durability
 //! All writes happen on one dedicated writer thread fed by a channel (`rollout/writer.rs`). It
 //! takes one command, drains what is already queued (up to 1024) and group-commits: one
-//! [`storage::RolloutSink::commit`] per batch, with fsync only when the batch holds a sync
-//! point (a `task_finished`, `task_aborted` or `conversation_closed` record, or a `Flush`),
+//! [`storage::RolloutSink::commit`] per batch, asking for a sync (an fsync, where the storage
+//! promises power-loss durability) only when the batch holds a sync point (a `task_finished`,
+//! `task_aborted` or `conversation_closed` record, or a `Flush`),
 //! and with the highest `seq` assigned so far as the high-water mark, so that numbers of events
 //! the policy did not record are not handed out again after a restart. Then it publishes the
 //! batch's events and answers its flushes. An event whose record failed to append or commit is

@@ -494,6 +494,11 @@ pub struct StoreConfig {
     pub postgres_url: Option<String>,
     /// Connections the store keeps to the server at most (the rollout has 4 more).
     pub postgres_pool_size: usize,
+    /// SQLite: fsync the WAL at every commit of `troupe.db` and at every task's end in
+    /// `rollout.db`, so that acknowledged work also survives a power loss or a crash of the
+    /// machine. Off by default: every commit survives a crash of the process (`kill -9`,
+    /// a panic, the OOM killer) without an fsync on the turn's path.
+    pub power_loss_durable: bool,
 }
 
 impl Default for StoreConfig {
@@ -502,6 +507,7 @@ impl Default for StoreConfig {
             backend: StoreBackend::Sqlite,
             postgres_url: None,
             postgres_pool_size: 8,
+            power_loss_durable: false,
         }
     }
 }
@@ -515,6 +521,7 @@ impl std::fmt::Debug for StoreConfig {
                 &self.postgres_url.as_ref().map(|_| "<redacted>"),
             )
             .field("postgres_pool_size", &self.postgres_pool_size)
+            .field("power_loss_durable", &self.power_loss_durable)
             .finish()
     }
 }
@@ -1508,12 +1515,15 @@ tool_errors = { retry = { attempts = 2 } }
 backend = "postgres"
 postgres_url = "postgresql://troupe:secret@db.internal:5432/troupe"
 postgres_pool_size = 3
+power_loss_durable = true
 "#,
         )
         .unwrap();
         let c = TroupeConfig::load(Some(&path), &env(&[])).unwrap();
         assert_eq!(c.store.backend, StoreBackend::Postgres);
         assert_eq!(c.store.postgres_pool_size, 3);
+        assert!(c.store.power_loss_durable);
+        assert!(!TroupeConfig::default().store.power_loss_durable);
         assert!(!format!("{c:?}").contains("secret"), "the URL is redacted");
         let c = TroupeConfig::load(
             Some(&path),

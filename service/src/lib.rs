@@ -581,9 +581,16 @@ pub async fn open_store(config: &TroupeConfig, ephemeral: bool) -> Result<Storag
 fn open_sqlite(config: &TroupeConfig) -> Result<Storage, AgentError> {
     // Where the rollout goes is decided before the store creates troupe.db.
     let rollout_path = troupe_store::SqliteRolloutStorage::path_in(&config.data_dir)?;
-    let store = troupe_store::SqliteStore::open_in(&config.data_dir)?;
+    let durable = config.store.power_loss_durable;
+    let store = troupe_store::SqliteStore::open_in_with(
+        &config.data_dir,
+        troupe_store::SqliteOptions {
+            power_loss_durable: durable,
+            ..Default::default()
+        },
+    )?;
     let path = troupe_store::db_path(&config.data_dir);
-    let rollout = troupe_store::SqliteRolloutStorage::open(&rollout_path)?;
+    let rollout = troupe_store::SqliteRolloutStorage::open_with(&rollout_path, durable)?;
     Ok(Storage {
         store: Arc::new(store),
         rollout: Some(Arc::new(rollout)),

@@ -8,11 +8,15 @@
 //! Sinks (one per Rollout incarnation, on the Rollout's writer thread) buffer appended records
 //! and, at `commit`, hand the batch to this storage's own writer thread and block until it is
 //! committed. The writer owns one connection and group-commits what the sinks of every session
-//! queued meanwhile, each batch in a savepoint of its own. `synchronous = NORMAL` makes a commit
-//! survive a crash of the process; a batch that asks for `sync` is committed under
-//! `synchronous = FULL`, which fsyncs the WAL before `COMMIT` returns. Reads take a connection
-//! from a small pool on the caller's (blocking) thread; a checkpointer thread copies the WAL
-//! into the database in the background.
+//! queued meanwhile, each batch in a savepoint of its own. `synchronous = NORMAL` makes every
+//! commit survive a crash of the process (it is in the WAL when `COMMIT` returns). A batch that
+//! asks for `sync` (a task's end, a flush) is committed the same way by default, as the
+//! store's writes in `troupe.db` are: no fsync, so a power loss (or a crash of the machine) may
+//! lose the last commits of both files. Opened power-loss durable
+//! ([`SqliteRolloutStorage::open_with`], `[store] power_loss_durable`), a `sync` batch is
+//! committed under `synchronous = FULL`, which fsyncs the WAL before `COMMIT` returns. Reads take
+//! a connection from a small pool on the caller's (blocking) thread; a checkpointer thread
+//! copies the WAL into the database in the background.
 //!
 //! # Restore window (S6)
 //! [`RolloutStorage::read_conversation_window`] decodes only a restore's window: the
@@ -67,6 +71,8 @@ pub struct SqliteRolloutStorage {
     leases: Arc<Leases>,
     /// Records decoded by reads, by every clone.
     records_read: Arc<AtomicU64>,
+    /// Commits made under `synchronous = FULL` (an fsync each), by every clone.
+    synced_commits: Arc<AtomicU64>,
 }
 
 /// How long a new sink waits for its predecessor's lease.
@@ -145,12 +151,19 @@ fn holds_records(path: &Path) -> Result<bool, AgentError> {
 
 impl SqliteRolloutStorage {
     /// Opens (creating it if needed) the database at `path` — normally the service store's
-    /// file — with connections of its own, and brings the schema up to date. Blocks.
+    /// file — with connections of its own, and brings the schema up to date. Blocks. Its
+    /// commits survive a crash of the process, not a power loss (see the module doc).
     pub fn open(path: impl AsRef<Path>) -> Result<Self, AgentError> {
+        Self::open_with(path, false)
+    }
+
+    /// [`SqliteRolloutStorage::open`]; with `power_loss_durable`, every commit that asks for
+    /// `sync` (a task's end, a flush) fsyncs the WAL before it returns.
+    pub fn open_with(path: impl AsRef<Path>, power_loss_durable: bool) -> Result<Self, AgentError> {
         metrics::describe();
         let started = Instant::now();
         let path = path.as_ref();
-        let result = Self::open_inner(path);
+        let result = Self::open_inner(path, power_loss_durable);
         metrics::observe(Op::Open, started, result.as_ref().err());
         result
     }
@@ -177,24 +190,36 @@ impl SqliteRolloutStorage {
         Self::open(super::db_path(dir))
     }
 
-    fn open_inner(path: &Path) -> Result<Self, AgentError> {
+    fn open_inner(path: &Path, power_loss_durable: bool) -> Result<Self, AgentError> {
         let mut conn = conn::open(path, ConnRole::Writer)?;
         schema::migrate(&mut conn)?;
         let readers = ReaderPool::open(path, READERS)?;
         let checkpointer = Checkpointer::spawn(path)?;
         let (writer, queue) = crossbeam_channel::bounded(QUEUE_CAPACITY);
+        let synced_commits = Arc::new(AtomicU64::new(0));
+        let durability = Durability {
+            power_loss: power_loss_durable,
+            synced_commits: synced_commits.clone(),
+        };
         std::thread::Builder::new()
             .name("troupe-rollout-db".into())
-            .spawn(move || writer_loop(conn, queue))
+            .spawn(move || writer_loop(conn, queue, durability))
             .map_err(|e| internal("spawn rollout writer", e))?;
-        tracing::info!(path = %path.display(), "rollout storage opened");
+        tracing::info!(path = %path.display(), power_loss_durable, "rollout storage opened");
         Ok(Self {
             writer,
             readers: Arc::new(readers),
             _checkpointer: Arc::new(checkpointer),
             leases: Arc::new(Leases::default()),
             records_read: Arc::new(AtomicU64::new(0)),
+            synced_commits,
         })
+    }
+
+    /// Commits made with an fsync so far (under `synchronous = FULL`), by this storage and its
+    /// clones: none unless it was opened power-loss durable.
+    pub fn synced_commits(&self) -> u64 {
+        self.synced_commits.load(Ordering::Relaxed)
     }
 
     /// Records decoded by reads so far, by this storage and its clones.
@@ -556,7 +581,8 @@ struct SinkJob {
     /// Inserted first, then `work` runs.
     rows: Vec<Row>,
     work: Work,
-    /// Commit under `synchronous = FULL`.
+    /// A sync point: committed under `synchronous = FULL` when the storage is power-loss
+    /// durable.
     sync: bool,
     reply: Answerer<Result<(), SinkError>>,
     enqueued: Instant,
@@ -567,7 +593,13 @@ enum Work {
     HighWater(i64),
 }
 
-fn writer_loop(mut conn: Connection, queue: Receiver<Job>) {
+/// Whether `sync` batches fsync, and how many did.
+struct Durability {
+    power_loss: bool,
+    synced_commits: Arc<AtomicU64>,
+}
+
+fn writer_loop(mut conn: Connection, queue: Receiver<Job>, durability: Durability) {
     let mut batch = Vec::with_capacity(MAX_BATCH);
     let mut sweeps = Vec::new();
     // A sweep changed rows whose old pages may still be in the WAL: later sweeps retry the
@@ -590,7 +622,11 @@ fn writer_loop(mut conn: Connection, queue: Receiver<Job>) {
                 .map(|j| j.enqueued.elapsed())
                 .unwrap_or_default();
             metrics::batch(Writer::Rollout, batch.len(), oldest_wait);
-            let results = commit_batch(&mut conn, &batch);
+            let sync = durability.power_loss && batch.iter().any(|j| j.sync);
+            let results = commit_batch(&mut conn, &batch, sync);
+            if sync {
+                durability.synced_commits.fetch_add(1, Ordering::Relaxed);
+            }
             for (job, result) in batch.drain(..).zip(results) {
                 job.reply.send(result);
             }
@@ -723,11 +759,15 @@ impl DueRow {
     }
 }
 
-fn commit_batch(conn: &mut Connection, batch: &[SinkJob]) -> Vec<Result<(), SinkError>> {
+/// Commits `batch` in one transaction; with `sync`, under `synchronous = FULL` (an fsync).
+fn commit_batch(
+    conn: &mut Connection,
+    batch: &[SinkJob],
+    sync: bool,
+) -> Vec<Result<(), SinkError>> {
     let fail_all = |e: SinkError| -> Vec<Result<(), SinkError>> {
         batch.iter().map(|_| Err(e.clone())).collect()
     };
-    let sync = batch.iter().any(|j| j.sync);
     // The setting is read when the transaction commits; set it outside any transaction.
     if sync && let Err(e) = conn::exec_cached(conn, "PRAGMA synchronous = FULL") {
         return fail_all(SinkError::new("sync", e));

@@ -440,6 +440,32 @@ fn rollout_storage_conformance(backend: Kind) {
 
 /// A new data directory keeps the rollout in `rollout.db`, apart from the store's writer; a
 /// directory whose `troupe.db` already holds rollout records keeps reading them there.
+/// A task's end (`sync`) is committed without an fsync by default, as every other commit (it
+/// survives a crash of the process: see `crash_tests`), and with one when the storage is
+/// power-loss durable.
+#[test]
+fn a_sync_commit_fsyncs_only_when_power_loss_durable() {
+    for (durable, synced) in [(false, 0), (true, 1)] {
+        let dir = tempfile::tempdir().unwrap();
+        let storage = SqliteRolloutStorage::open_with(db_path(dir.path()), durable).unwrap();
+        let session = SessionId::new();
+        let conv = ConversationId::new();
+        let mut sink = storage.open_sink(session).unwrap();
+        let a = full(1, 10, Some(conv), "a");
+        sink.append(Some(conv), &a).unwrap();
+        sink.commit(false, 1).unwrap();
+        assert_eq!(storage.synced_commits(), 0, "durable: {durable}");
+        let b = full(2, 11, Some(conv), "b");
+        sink.append(Some(conv), &b).unwrap();
+        sink.commit(true, 2).unwrap();
+        assert_eq!(storage.synced_commits(), synced, "durable: {durable}");
+        assert_eq!(
+            storage.read_conversation(session, conv).unwrap(),
+            vec![a, b]
+        );
+    }
+}
+
 #[test]
 fn the_rollout_has_its_own_file_unless_troupe_db_holds_records() {
     use super::ROLLOUT_DB_FILE;

@@ -118,10 +118,18 @@ impl SqliteStore {
 
     /// Opens `<data_dir>/troupe.db`, creating the directory if needed.
     pub fn open_in(data_dir: impl AsRef<Path>) -> Result<Self, AgentError> {
+        Self::open_in_with(data_dir, SqliteOptions::default())
+    }
+
+    /// [`SqliteStore::open_in`] with explicit options.
+    pub fn open_in_with(
+        data_dir: impl AsRef<Path>,
+        options: SqliteOptions,
+    ) -> Result<Self, AgentError> {
         let dir = data_dir.as_ref();
         std::fs::create_dir_all(dir)
             .map_err(|e| internal(format!("create {}", dir.display()), e))?;
-        Self::open(db_path(dir))
+        Self::open_with(db_path(dir), options)
     }
 
     /// [`SqliteStore::open`] with explicit options.

@@ -88,9 +88,11 @@ pub trait RolloutSink: Send + 'static {
     ) -> Result<(), SinkError>;
 
     /// Ends a batch. Afterwards everything appended is visible to readers and survives a crash
-    /// of this process; with `sync` it also survives a power loss (fsync). `high_water` is the
-    /// highest `seq` assigned so far, recorded or not, and is kept so that numbers are never
-    /// reused after a restart.
+    /// of this process. `sync` marks a sync point (a task's end, a close, a flush): a storage
+    /// that promises power-loss durability makes it survive a power loss too (an fsync: the
+    /// JSONL files always; SQLite when opened power-loss durable; PostgreSQL by waiting for the
+    /// server's WAL flush). `high_water` is the highest `seq` assigned so far, recorded or not,
+    /// and is kept so that numbers are never reused after a restart.
     fn commit(&mut self, sync: bool, high_water: u64) -> Result<(), SinkError>;
 
     /// The conversation is over: release what the sink holds for it (durably).

@@ -195,10 +195,12 @@ impl OpenAiClient {
     ) -> Result<(ModelResponse, Option<String>), Failed> {
         let mode = self.config.tool_mode;
         let body = match self.config.provider {
-            Provider::OpenaiChat => request::chat_body(&request, &self.config.model, mode),
-            _ => request::responses_body(&request, &self.config.model, mode),
+            Provider::OpenaiChat => {
+                serde_json::to_vec(&request::chat_body(&request, &self.config.model, mode))
+            }
+            _ => serde_json::to_vec(&request::responses_body(&request, &self.config.model, mode)),
         };
-        let body = serde_json::to_vec(&body).map_err(|e| {
+        let body = body.map_err(|e| {
             Failed::new(
                 Outcome::BadReply,
                 AgentError::internal(format!("cannot encode the model request: {e}")),

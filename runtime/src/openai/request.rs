@@ -7,6 +7,7 @@
 
 use super::dialect;
 use crate::config::ToolMode;
+use serde::Serialize;
 use serde_json::{Map, Value, json};
 use std::collections::HashSet;
 use troupe_actors::ports::ModelRequest;
@@ -131,56 +132,128 @@ fn insert_cache_key(body: &mut Map<String, Value>, key: &str) {
     }
 }
 
+/// The body of `POST /responses`, serialized straight from the request it borrows (no
+/// intermediate `serde_json::Value`: the history and the tools' schemas are not copied). The
+/// keys come out in this order: `model`, `instructions`, `input`, the tool keys, `stream`,
+/// `store`, `prompt_cache_key`.
+#[derive(Debug, Serialize)]
+pub struct ResponsesBody<'a> {
+    model: &'a str,
+    instructions: String,
+    input: Vec<ResponsesInput<'a>>,
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    tools: Vec<ResponsesTool<'a>>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    tool_choice: Option<&'static str>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    parallel_tool_calls: Option<bool>,
+    stream: bool,
+    store: bool,
+    #[serde(skip_serializing_if = "str::is_empty")]
+    prompt_cache_key: &'a str,
+}
+
+/// One entry of a Responses `input`.
+#[derive(Debug, Serialize)]
+#[serde(tag = "type", rename_all = "snake_case")]
+enum ResponsesInput<'a> {
+    Message {
+        role: &'static str,
+        content: [ResponsesContent; 1],
+    },
+    FunctionCall {
+        call_id: &'a str,
+        name: &'a str,
+        arguments: String,
+    },
+    FunctionCallOutput {
+        call_id: &'a str,
+        output: &'a str,
+    },
+}
+
+/// A message's text: `input_text`, or `output_text` for the assistant's.
+#[derive(Debug, Serialize)]
+struct ResponsesContent {
+    #[serde(rename = "type")]
+    kind: &'static str,
+    text: String,
+}
+
+/// A function tool as the Responses API takes it.
+#[derive(Debug, Serialize)]
+struct ResponsesTool<'a> {
+    #[serde(rename = "type")]
+    kind: &'static str,
+    name: &'a str,
+    description: &'a str,
+    parameters: &'a Value,
+}
+
 /// `POST /responses`
-pub fn responses_body(request: &ModelRequest<'_>, model: &str, mode: ToolMode) -> Value {
+pub fn responses_body<'a>(
+    request: &ModelRequest<'a>,
+    model: &'a str,
+    mode: ToolMode,
+) -> ResponsesBody<'a> {
     let entries = entries(|| request.prompt.iter());
-    let message = |role: Role, text: &str| {
+    let message = |role: Role, text: String| {
         let kind = if role == Role::Assistant {
             "output_text"
         } else {
             "input_text"
         };
-        json!({"type": "message", "role": role_name(role),
-               "content": [{"type": kind, "text": text}]})
+        ResponsesInput::Message {
+            role: role_name(role),
+            content: [ResponsesContent { kind, text }],
+        }
     };
-    let input: Vec<Value> = match mode {
+    let input: Vec<ResponsesInput<'a>> = match mode {
         ToolMode::Native => entries
             .into_iter()
             .map(|e| match e {
-                ApiItem::Message { role, text } => message(role, &text),
-                ApiItem::Call(c) => json!({"type": "function_call", "call_id": c.call_id,
-                                         "name": c.name, "arguments": c.arguments.0.to_string()}),
+                ApiItem::Message { role, text } => message(role, text),
+                ApiItem::Call(c) => ResponsesInput::FunctionCall {
+                    call_id: &c.call_id,
+                    name: &c.name,
+                    arguments: c.arguments.0.to_string(),
+                },
                 ApiItem::Output { call_id, output } => {
-                    json!({"type": "function_call_output", "call_id": call_id, "output": output})
+                    ResponsesInput::FunctionCallOutput { call_id, output }
                 }
             })
             .collect(),
         ToolMode::Text => text_dialect_messages(entries)
             .into_iter()
-            .map(|(role, text)| message(role, &text))
+            .map(|(role, text)| message(role, text))
             .collect(),
     };
-    let mut body = Map::new();
-    body.insert("model".into(), json!(model));
-    body.insert("instructions".into(), json!(instructions(request, mode)));
-    body.insert("input".into(), Value::Array(input));
-    if mode == ToolMode::Native && !request.tools.is_empty() {
-        let tools: Vec<Value> = request
+    let native_tools = mode == ToolMode::Native && !request.tools.is_empty();
+    let tools = if native_tools {
+        request
             .tools
             .iter()
-            .map(|t| {
-                json!({"type": "function", "name": t.name, "description": t.description,
-                            "parameters": t.parameters.0})
+            .map(|t| ResponsesTool {
+                kind: "function",
+                name: &t.name,
+                description: &t.description,
+                parameters: &t.parameters.0,
             })
-            .collect();
-        body.insert("tools".into(), Value::Array(tools));
-        body.insert("tool_choice".into(), json!("auto"));
-        body.insert("parallel_tool_calls".into(), json!(true));
+            .collect()
+    } else {
+        Vec::new()
+    };
+    ResponsesBody {
+        model,
+        instructions: instructions(request, mode),
+        input,
+        tools,
+        tool_choice: native_tools.then_some("auto"),
+        parallel_tool_calls: native_tools.then_some(true),
+        stream: true,
+        store: false,
+        prompt_cache_key: request.prompt_cache_key,
     }
-    body.insert("stream".into(), json!(true));
-    body.insert("store".into(), json!(false));
-    insert_cache_key(&mut body, request.prompt_cache_key);
-    Value::Object(body)
 }
 
 /// `POST /chat/completions`
@@ -333,6 +406,74 @@ mod tests {
                 {"role": "tool", "tool_call_id": "c", "content": "3"},
             ])
         );
+    }
+
+    /// A Responses request with every kind of input entry, the tools and a cache key.
+    fn responses_bytes(mode: ToolMode, cache_key: &str) -> String {
+        use std::sync::Arc;
+        use troupe_actors::history::{HistoryLimits, HistoryStore, LocalSummarizer};
+        let history = HistoryStore::new(
+            HistoryLimits::default(),
+            Arc::new(LocalSummarizer::default()),
+        )
+        .snapshot();
+        let items = [
+            HistoryItem::user("do it"),
+            HistoryItem::assistant("on it"),
+            call("a", "x"),
+            output("a", "1"),
+        ];
+        let tools = [troupe_proto::ToolSpec {
+            name: "x".into(),
+            description: "does x".into(),
+            parameters: Json(json!({"type": "object", "properties": {"n": {"type": "integer"}}})),
+        }];
+        let request = ModelRequest {
+            conversation_id: troupe_proto::ConversationId::new(),
+            task_id: troupe_proto::TaskId::new(),
+            instructions: "be brief",
+            prompt: history.view(None, &[], &items),
+            tools: &tools,
+            prompt_cache_key: cache_key,
+        };
+        String::from_utf8(serde_json::to_vec(&responses_body(&request, "m", mode)).unwrap())
+            .unwrap()
+    }
+
+    #[test]
+    fn responses_body_has_the_documented_keys_in_order() {
+        let expected = json!({
+            "model": "m",
+            "instructions": "be brief",
+            "input": [
+                {"type": "message", "role": "user",
+                 "content": [{"type": "input_text", "text": "do it"}]},
+                {"type": "message", "role": "assistant",
+                 "content": [{"type": "output_text", "text": "on it"}]},
+                {"type": "function_call", "call_id": "a", "name": "x", "arguments": "{\"n\":1}"},
+                {"type": "function_call_output", "call_id": "a", "output": "1"},
+            ],
+            "tools": [{"type": "function", "name": "x", "description": "does x",
+                       "parameters": {"type": "object",
+                                      "properties": {"n": {"type": "integer"}}}}],
+            "tool_choice": "auto",
+            "parallel_tool_calls": true,
+            "stream": true,
+            "store": false,
+            "prompt_cache_key": "k",
+        });
+        // Byte for byte: the same keys in the same order as the object above.
+        assert_eq!(responses_bytes(ToolMode::Native, "k"), expected.to_string());
+        // The text dialect sends no tool keys; no cache key, no `prompt_cache_key`.
+        let text: Value = serde_json::from_str(&responses_bytes(ToolMode::Text, "")).unwrap();
+        let keys: Vec<&str> = text
+            .as_object()
+            .unwrap()
+            .keys()
+            .map(String::as_str)
+            .collect();
+        assert_eq!(keys, ["model", "instructions", "input", "stream", "store"]);
+        assert_eq!(text["input"][0]["content"][0]["type"], "input_text");
     }
 
     #[test]

@@ -21,6 +21,36 @@ pub struct ResponsesStream {
     usage: Option<Usage>,
 }
 
+/// Events that carry nothing this parser keeps: the text comes from the deltas, the calls
+/// from their own events and items.
+const SKIPPED: [&str; 3] = [
+    "response.content_part.added",
+    "response.content_part.done",
+    "response.output_text.done",
+];
+
+/// The fields of the most frequent events (a text delta, an event [`SKIPPED`]), read without
+/// building a [`Value`]: every other field is skipped unread. `None` when the event is not an
+/// object with those fields as strings (or absent); the event then goes through the whole
+/// parse, as before, whose errors say what is wrong.
+#[derive(serde::Deserialize)]
+struct LightEvent<'a> {
+    #[serde(rename = "type", borrow, default)]
+    kind: Option<std::borrow::Cow<'a, str>>,
+    #[serde(borrow, default)]
+    delta: Option<std::borrow::Cow<'a, str>>,
+}
+
+impl<'a> LightEvent<'a> {
+    fn parse(data: &'a str) -> Option<Self> {
+        // A struct also reads from an array: only an object is this shape.
+        if !data.trim_start().starts_with('{') {
+            return None;
+        }
+        serde_json::from_str(data).ok()
+    }
+}
+
 fn str_of<'a>(v: &'a Value, key: &str) -> Option<&'a str> {
     v.get(key).and_then(Value::as_str)
 }
@@ -85,6 +115,19 @@ impl StreamParser for ResponsesStream {
         data: &str,
         deltas: &mut dyn DeltaSink,
     ) -> Result<bool, AgentError> {
+        if let Some(light) = LightEvent::parse(data) {
+            match light.kind.as_deref().unwrap_or(kind) {
+                "response.output_text.delta" => {
+                    if let Some(delta) = light.delta.as_deref().filter(|d| !d.is_empty()) {
+                        deltas.text_delta(delta);
+                        self.text.push_str(delta);
+                    }
+                    return Ok(false);
+                }
+                kind if SKIPPED.contains(&kind) => return Ok(false),
+                _ => {}
+            }
+        }
         let event: Value = serde_json::from_str(data).map_err(|e| malformed(e, data))?;
         if !event.is_object() {
             return Err(malformed("an event is not a JSON object", data));
@@ -234,6 +277,38 @@ mod tests {
             c.usage.map(|u| (u.cached_tokens, u.reasoning_tokens)),
             Some((6, 2))
         );
+    }
+
+    #[test]
+    fn the_light_read_of_deltas_keeps_what_the_whole_parse_kept() {
+        let stream = concat!(
+            // Escapes, and fields the light read skips.
+            "event: response.output_text.delta\ndata: {\"type\":\"response.output_text.delta\",\"item_id\":\"m\",\"output_index\":0,\"content_index\":0,\"delta\":\"a\\n\\u00e9\\\"\",\"logprobs\":[{\"x\":1}]}\n\n",
+            // No `type`: the SSE event's name says what it is.
+            "event: response.output_text.delta\ndata: {\"delta\":\"b\"}\n\n",
+            // A delta that is not a string is ignored, as before.
+            "event: response.output_text.delta\ndata: {\"type\":\"response.output_text.delta\",\"delta\":5}\n\n",
+            "event: response.output_text.done\ndata: {\"type\":\"response.output_text.done\",\"text\":\"ignored\"}\n\n",
+            "event: response.in_progress\ndata: {\"type\":\"response.in_progress\",\"response\":{\"id\":\"r\",\"model\":\"m2\"}}\n\n",
+            "data: {\"type\":\"response.completed\",\"response\":{\"id\":\"r\"}}\n\n",
+        );
+        let mut deltas = Deltas::default();
+        let (done, c) = feed(ResponsesStream::default(), stream, &mut deltas).unwrap();
+        assert!(done);
+        assert_eq!(c.text, "a\n\u{e9}\"b");
+        assert_eq!(
+            c.model.as_deref(),
+            Some("m2"),
+            "in_progress still read whole"
+        );
+        // An array is no event, whatever it holds.
+        let e = feed(
+            ResponsesStream::default(),
+            "event: response.output_text.delta\ndata: [\"response.output_text.delta\",\"x\"]\n\n",
+            &mut deltas,
+        )
+        .unwrap_err();
+        assert!(e.to_string().contains("malformed stream"), "{e}");
     }
 
     #[test]
