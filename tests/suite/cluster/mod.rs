@@ -12,6 +12,8 @@ mod renewals;
 mod resume;
 mod supervision;
 mod throughput;
+#[cfg(feature = "cluster")]
+mod transport;
 mod websocket;
 
 use reqwest::StatusCode;
@@ -36,6 +38,12 @@ pub fn node_with_ttl(
     delay_ms: u64,
     ttl: &str,
 ) -> (Child, String) {
+    let mut command = node_command(dir, url, name, delay_ms, ttl);
+    troupe_tests::spawn_serve(command.stderr(Stdio::null()))
+}
+
+/// The command of [`node_with_ttl`], to add to.
+pub fn node_command(dir: &Path, url: &str, name: &str, delay_ms: u64, ttl: &str) -> Command {
     let script: Vec<Value> = (0..5_000)
         .map(|i| json!({"delay_ms": delay_ms, "text": format!("{name} reply {i}")}))
         .collect();
@@ -56,9 +64,8 @@ pub fn node_with_ttl(
         .env_remove("TROUPE_API_TOKENS")
         .env_remove("TROUPE_STORE_BACKEND")
         .env_remove("TROUPE_NODE")
-        .env("TROUPE_POSTGRES_URL", url)
-        .stderr(Stdio::null());
-    troupe_tests::spawn_serve(&mut command)
+        .env("TROUPE_POSTGRES_URL", url);
+    command
 }
 
 pub fn kill9(child: &mut Child) {
