@@ -384,3 +384,102 @@ async fn a_killed_node_is_taken_over_once_its_leases_can_have_expired() {
     assert!(series(&m, "troupe_lease_takeovers_total") >= 1.0);
     kill9(&mut b);
 }
+
+/// One failover: a session with a running and a queued message on `a`, `a` killed; how long
+/// until `b` answered the queued message. `transport`: both nodes joined (b looks when the
+/// connection drops); otherwise PostgreSQL alone (b looks at its periodic scan, every ttl).
+async fn failover_once(transport: bool, ttl: &str) -> Duration {
+    let url = troupe_test_postgres::server().fresh_database();
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    let (pa, pb) = (free_port(), free_port());
+    let (mut a, base_a, mut b, base_b) = if transport {
+        let (a, base_a) = joined(
+            d,
+            &url,
+            Joined {
+                name: "a",
+                delay_ms: 600_000,
+                ttl,
+                port: pa,
+                seeds: &[],
+                cookie: COOKIE,
+            },
+        );
+        let (b, base_b) = joined(
+            d,
+            &url,
+            Joined {
+                name: "b",
+                delay_ms: 10,
+                ttl,
+                port: pb,
+                seeds: &[pa],
+                cookie: COOKIE,
+            },
+        );
+        until_series(&base_b, PEERS, Duration::from_secs(20), |v| v == 1.0, d).await;
+        (a, base_a, b, base_b)
+    } else {
+        let (a, base_a) = super::node_with_ttl(d, &url, "a", 600_000, ttl);
+        let (b, base_b) = super::node_with_ttl(d, &url, "b", 10, ttl);
+        (a, base_a, b, base_b)
+    };
+    let (status, s) = create_here(&base_a).await;
+    assert_eq!(status, StatusCode::CREATED, "{s}");
+    let session = s["session_id"].as_str().unwrap().to_owned();
+    let (_, first) = send(&base_a, &session, "runs on a").await;
+    let (_, second) = send(&base_a, &session, "queued on a").await;
+    let first = first["message"]["message_id"].as_u64().unwrap();
+    let second = second["message"]["message_id"].as_u64().unwrap();
+    until(&base_a, &session, Duration::from_secs(10), |m| {
+        status_of(m, first).as_deref() == Some("running")
+    })
+    .await;
+    kill9(&mut a);
+    let killed = Instant::now();
+    until(&base_b, &session, Duration::from_secs(60), |m| {
+        status_of(m, second).as_deref() == Some("completed")
+    })
+    .await;
+    let took = killed.elapsed();
+    kill9(&mut b);
+    took
+}
+
+/// Failover time after kill -9, by the dropped connection against by the periodic scan alone,
+/// with the same lease ttl (BENCHMARKS.md, "The node transport"). Prints a table.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn failover_by_disconnect_and_by_lease_expiry() {
+    let rounds: usize = std::env::var("TROUPE_FAILOVER_ROUNDS")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(2);
+    let ttl = Duration::from_secs(4);
+    let mut table = Vec::new();
+    for transport in [true, false] {
+        let mut times = Vec::new();
+        for _ in 0..rounds {
+            times.push(failover_once(transport, "4s").await);
+        }
+        for t in &times {
+            // Never before the lease could expire (a renewal is at most ttl/3 old).
+            assert!(*t >= ttl * 2 / 3, "{t:?}");
+        }
+        table.push((transport, times));
+    }
+    eprintln!("| path (lease ttl 4 s) | kill -9 → queued message answered by b |");
+    eprintln!("|---|---|");
+    for (transport, times) in table {
+        let path = if transport {
+            "connection dropped (peer_lost scan)"
+        } else {
+            "PostgreSQL alone (periodic scan every ttl)"
+        };
+        let list: Vec<String> = times
+            .iter()
+            .map(|t| format!("{:.2} s", t.as_secs_f64()))
+            .collect();
+        eprintln!("| {path} | {} |", list.join(", "));
+    }
+}
