@@ -199,6 +199,9 @@ pub struct RegistryState {
     cluster: Option<RegistryCluster>,
     /// A `Scan` runs.
     scanning: bool,
+    /// A scan asked for while one ran: it runs once that one ends (the running one may have
+    /// read the leases before the node that left gave them back).
+    rescan: Option<ScanTrigger>,
 }
 
 /// The Registry actor.
@@ -224,6 +227,7 @@ impl Actor for Registry {
             draining: false,
             cluster: args.cluster,
             scanning: false,
+            rescan: None,
         })
     }
 
@@ -505,7 +509,11 @@ impl RegistryState {
     }
 
     fn scan(&mut self, myself: &ActorRef<RegistryMsg>, trigger: ScanTrigger) {
-        if self.scanning || self.draining {
+        if self.draining {
+            return;
+        }
+        if self.scanning {
+            self.rescan = Some(trigger);
             return;
         }
         metrics::session_scan(trigger.label());
@@ -536,6 +544,9 @@ impl RegistryState {
     /// after the other in one task.
     fn pending(&mut self, myself: &ActorRef<RegistryMsg>, ids: Vec<SessionId>) {
         self.scanning = false;
+        if let Some(trigger) = self.rescan.take() {
+            self.scan(myself, trigger);
+        }
         let ids: Vec<SessionId> = ids
             .into_iter()
             .filter(|id| !self.active.contains_key(id) && !self.looking.contains_key(id))
