@@ -483,3 +483,38 @@ async fn failover_by_disconnect_and_by_lease_expiry() {
         eprintln!("| {path} | {} |", list.join(", "));
     }
 }
+
+/// A node with seeds but no `listen` says at start that it does not join the transport; one
+/// with `listen` but no cookie refuses to start, naming the setting.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_node_says_what_of_its_transport_settings_it_cannot_use() {
+    let url = troupe_test_postgres::server().fresh_database();
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    let log = std::fs::File::create(d.join("stderr-a.log")).unwrap();
+    let mut command = node_command(d, &url, "a", 10, "2s");
+    command
+        .args(["--seeds", "127.0.0.1:1"])
+        .stderr(Stdio::from(log));
+    let (mut a, base_a) = troupe_tests::spawn_serve(&mut command);
+    let said = stderr_of(d, "a");
+    assert!(
+        said.contains(
+            "troupe: warning: [cluster] seeds and cookie are ignored without [cluster] listen"
+        ),
+        "{said}"
+    );
+    assert_eq!(series(&metrics(&base_a).await, PEERS), 0.0);
+    kill9(&mut a);
+
+    let out = node_command(d, &url, "b", 10, "2s")
+        .args(["--cluster-listen", &format!("127.0.0.1:{}", free_port())])
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "{stderr}");
+    assert!(
+        stderr.contains("the node transport needs [cluster] cookie (TROUPE_CLUSTER_COOKIE)"),
+        "{stderr}"
+    );
+}
