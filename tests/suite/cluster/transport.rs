@@ -1,8 +1,9 @@
 //! The node transport (a build with the `cluster` feature): real `troupe serve` nodes joined
 //! over ractor_cluster on loopback, sharing one real PostgreSQL database.
 //!
-//! - Nodes that share the cookie see each other (`troupe_cluster_peers`); a node with another
-//!   cookie is refused; a seed killed and restarted on its address is joined again.
+//! - Nodes that share the cookie see each other (`troupe_cluster_peers`), a node joining
+//!   through one seed meets that seed's peers too; a node with another cookie is refused; a
+//!   seed killed and restarted on its address is joined again.
 //! - A node stopped with SIGTERM gives its leases back and tells the others (`leaving`): its
 //!   queued message runs on the other node well within a 60 s lease ttl and a 120 s periodic
 //!   scan, so neither the lease's expiry nor that scan can have done it.
@@ -174,6 +175,26 @@ async fn nodes_see_each_other_a_wrong_cookie_is_refused_and_a_restarted_seed_is_
     );
     kill9(&mut c);
 
+    // A node that joins through b alone meets a too (b tells it its peers).
+    let pd = free_port();
+    let (mut d_node, base_d) = joined(
+        d,
+        &url,
+        Joined {
+            name: "d",
+            delay_ms: 10,
+            ttl: "2s",
+            port: pd,
+            seeds: &[pb],
+            cookie: COOKIE,
+        },
+    );
+    for base in [&base_a, &base_b, &base_d] {
+        until_series(base, PEERS, within, |v| v == 2.0, d).await;
+    }
+    kill9(&mut d_node);
+    until_series(&base_b, PEERS, within, |v| v == 1.0, d).await;
+
     // The seed dies: b loses it; restarted on its address, b joins it again by itself.
     kill9(&mut a);
     until_series(&base_b, PEERS, within, |v| v == 0.0, d).await;
@@ -182,7 +203,8 @@ async fn nodes_see_each_other_a_wrong_cookie_is_refused_and_a_restarted_seed_is_
             &metrics(&base_b).await,
             r#"troupe_cluster_peer_events_total{event="lost"}"#
         ),
-        1.0
+        2.0,
+        "d, then a"
     );
     let (mut a, base_a) = joined(
         d,
