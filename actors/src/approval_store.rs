@@ -1678,3 +1678,6 @@ mod tests {
         assert!(alone.await.is_none());
     }
 }
+
+// A message of actors on this process only (see `local_message!`).
+crate::local_message!(ApprovalMsg);

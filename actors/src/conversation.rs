@@ -1164,3 +1164,6 @@ mod tests {
         assert_eq!(admit(true, false, 0, 2), MessageAdmission::RejectClosing);
     }
 }
+
+// A message of actors on this process only (see `local_message!`).
+crate::local_message!(ConversationMsg);

@@ -42,6 +42,28 @@ pub mod token_book;
 pub mod tools;
 
 pub use handle::SessionHandle;
+
+/// Declares types as messages of actors on this process only.
+///
+/// With ractor's `cluster` feature (troupe's own `cluster` feature, which the node transport
+/// needs), ractor no longer implements its `Message` trait for every type: each message type
+/// says whether it can cross to another node. Without it, ractor's blanket implementation
+/// covers every type and this expands to nothing.
+#[cfg(feature = "cluster")]
+#[macro_export]
+macro_rules! local_message {
+    ($($t:ty),+ $(,)?) => {
+        $(impl ::ractor::Message for $t {})+
+    };
+}
+
+/// Declares types as messages of actors on this process only (nothing to do in a build
+/// without the `cluster` feature: ractor's blanket implementation covers every type).
+#[cfg(not(feature = "cluster"))]
+#[macro_export]
+macro_rules! local_message {
+    ($($t:ty),+ $(,)?) => {};
+}
 pub use session::{SessionConfig, SessionPorts};
 
 /// Registers the description of every metric the actors record (Prometheus requires one).

@@ -601,3 +601,6 @@ impl McpPoolState {
 
 #[cfg(test)]
 mod tests;
+
+// A message of actors on this process only (see `local_message!`).
+crate::local_message!(McpPoolMsg);

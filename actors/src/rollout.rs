@@ -1917,3 +1917,6 @@ mod tests {
         rollout.drain_and_wait(None).await.unwrap();
     }
 }
+
+// A message of actors on this process only (see `local_message!`).
+crate::local_message!(RolloutMsg);

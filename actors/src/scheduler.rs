@@ -845,6 +845,7 @@ mod tests {
         enum HolderMsg {
             Panic,
         }
+        crate::local_message!(HolderMsg);
 
         #[ractor::async_trait]
         impl Actor for Holder {
@@ -1490,3 +1491,6 @@ mod tests {
         }
     }
 }
+
+// A message of actors on this process only (see `local_message!`).
+crate::local_message!(SchedulerMsg);

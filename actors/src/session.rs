@@ -829,3 +829,6 @@ fn open_error(e: &ractor::SpawnErr) -> AgentError {
         other => AgentError::internal(format!("conversation failed to start: {other}")),
     }
 }
+
+// A message of actors on this process only (see `local_message!`).
+crate::local_message!(SessionMsg);

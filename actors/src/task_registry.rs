@@ -773,3 +773,6 @@ mod tests {
         }
     }
 }
+
+// A message of actors on this process only (see `local_message!`).
+crate::local_message!(TaskRegistryMsg);

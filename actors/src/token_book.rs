@@ -298,3 +298,6 @@ pub async fn revoke(book: &ActorRef<TokenBookMsg>, id: String) -> Result<TokenIn
 fn unavailable<T>(e: ractor::RactorErr<T>) -> AgentError {
     AgentError::internal(format!("token book unavailable: {e}"))
 }
+
+// A message of actors on this process only (see `local_message!`).
+crate::local_message!(TokenBookMsg);

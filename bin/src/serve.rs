@@ -148,6 +148,10 @@ pub async fn run(args: ServeArgs) -> anyhow::Result<ExitCode> {
     let prometheus = troupe_service::metrics::install_prometheus();
     troupe_service::describe_metrics();
     eprintln!("troupe: {}", config.model_line());
+    if let Some(notice) = troupe_service::transport::start_notice(&config.cluster) {
+        tracing::warn!("{notice}");
+        eprintln!("troupe: warning: {notice}");
+    }
     let tokens = assembly::try_build_tokens(&config)?;
     let model = assembly::build_model(&config, args.script.as_deref())?;
     let mut ports = assembly::session_ports(&config, model, tokens);
@@ -216,6 +220,14 @@ pub async fn run(args: ServeArgs) -> anyhow::Result<ExitCode> {
             .await
             .with_context(|| format!("cannot publish this node's API address {api_url}"))?;
         eprintln!("troupe: cluster node API published at {api_url}");
+        if cfg!(feature = "cluster")
+            && let Some(listen) = &config.cluster.listen
+        {
+            eprintln!(
+                "troupe: node transport listening on {listen}, seeds {:?}",
+                config.cluster.seeds
+            );
+        }
     }
     println!("troupe serve listening on http://{addr}");
     std::io::stdout().flush()?;

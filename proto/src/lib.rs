@@ -10,6 +10,7 @@ pub mod agent;
 pub mod api;
 pub mod approval;
 pub mod capability;
+pub mod cluster;
 pub mod error;
 pub mod event;
 pub mod governance;

@@ -535,8 +535,11 @@ pub struct ClusterConfig {
     /// This node's name, unique among the nodes (`None`: one node alone, no cluster).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub node: Option<String>,
-    /// host:port for the traffic between nodes.
-    pub listen: String,
+    /// ip:port the node transport listens on (a build with the `cluster` feature): set, the
+    /// node joins the others over ractor_cluster; unset, the nodes meet through PostgreSQL
+    /// alone.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub listen: Option<String>,
     /// Other nodes' cluster addresses (host:port) to join at start.
     pub seeds: Vec<String>,
     /// The secret every node of the cluster shares. Never printed by `Debug`.
@@ -553,18 +556,28 @@ pub struct ClusterConfig {
     /// long a dead node's sessions wait before another node takes them over.
     #[serde(with = "humantime_serde")]
     pub lease_ttl: Duration,
+    /// How often the node looks for sessions with unfinished messages that no live node
+    /// holds (a dead node's); unset: every `lease_ttl`. With the node transport, a node's
+    /// departure or loss starts a scan of its own, so this is only the backstop.
+    #[serde(
+        default,
+        with = "humantime_serde",
+        skip_serializing_if = "Option::is_none"
+    )]
+    pub scan_every: Option<Duration>,
 }
 
 impl Default for ClusterConfig {
     fn default() -> Self {
         Self {
             node: None,
-            listen: "127.0.0.1:4697".to_owned(),
+            listen: None,
             seeds: Vec::new(),
             cookie: None,
             postgres_url: None,
             api_url: None,
             lease_ttl: Duration::from_secs(15),
+            scan_every: None,
         }
     }
 }
@@ -580,6 +593,7 @@ impl std::fmt::Debug for ClusterConfig {
             .field("postgres_url", &redacted(&self.postgres_url))
             .field("api_url", &self.api_url)
             .field("lease_ttl", &self.lease_ttl)
+            .field("scan_every", &self.scan_every)
             .finish()
     }
 }
@@ -617,7 +631,7 @@ impl ClusterConfig {
             self.node = Some(v.clone());
         }
         if let Some(v) = &given.listen {
-            self.listen.clone_from(v);
+            self.listen = Some(v.clone());
         }
         if let Some(v) = &given.seeds {
             self.seeds = v
@@ -1064,6 +1078,7 @@ pub const ENV_VARS: &[(&str, &str)] = &[
     ("TROUPE_CLUSTER_POSTGRES_URL", "cluster.postgres_url"),
     ("TROUPE_LEASE_TTL", "cluster.lease_ttl"),
     ("TROUPE_CLUSTER_API_URL", "cluster.api_url"),
+    ("TROUPE_CLUSTER_SCAN_EVERY", "cluster.scan_every"),
 ];
 
 impl TroupeConfig {
@@ -1249,6 +1264,9 @@ impl TroupeConfig {
         }
         if let Some(v) = get("TROUPE_CLUSTER_API_URL") {
             self.cluster.api_url = Some(v);
+        }
+        if let Some(v) = get("TROUPE_CLUSTER_SCAN_EVERY") {
+            self.cluster.scan_every = Some(parse_duration("TROUPE_CLUSTER_SCAN_EVERY", &v)?);
         }
         self.telemetry.apply_env(env)?;
         self.apply_conversation_env(&get)?;
@@ -1568,6 +1586,7 @@ lease_ttl = "5s"
         )
         .unwrap();
         let mut c = TroupeConfig::load(Some(&path), &env(&[])).unwrap();
+        assert_eq!(c.cluster.listen.as_deref(), Some("10.0.0.1:4697"));
         assert_eq!(c.cluster.seeds, vec!["10.0.0.2:4697".to_owned()]);
         let debug = format!("{c:?}");
         assert!(

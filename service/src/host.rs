@@ -472,3 +472,6 @@ impl HostState {
         }
     }
 }
+
+// A message of actors on this process only (see `local_message!`).
+troupe_actors::local_message!(HostMsg);

@@ -350,3 +350,6 @@ mod tests {
         assert!(again.is_empty(), "reported once");
     }
 }
+
+// A message of actors on this process only (see `local_message!`).
+troupe_actors::local_message!(LeaseKeeperMsg);

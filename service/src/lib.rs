@@ -63,6 +63,7 @@ pub mod state;
 pub mod stdio;
 pub mod stream;
 pub mod supervisor;
+pub mod transport;
 pub mod ws;
 
 use auth::Auth;
@@ -94,6 +95,9 @@ pub struct Service {
     pub sessions: SessionsApi,
     /// This node's session leases, on a node of a cluster.
     leases: Option<Arc<dyn troupe_store::SessionLeases>>,
+    /// This node's node actor on the node transport (`[cluster] listen`).
+    #[cfg(feature = "cluster")]
+    transport: Option<ractor::ActorRef<transport::TransportMsg>>,
     state: AppState,
     auth: Auth,
     metrics_public: bool,
@@ -122,6 +126,7 @@ pub fn describe_metrics() {
     troupe_actors::describe_metrics();
     metrics::describe();
     forward::describe();
+    transport::describe();
     modules::metrics::describe();
     a2a::metrics::describe();
     troupe_a2a::describe_metrics();
@@ -220,9 +225,14 @@ impl Service {
             })
             .transpose()?;
         let leases = cluster.as_ref().map(|c| c.leases.clone());
+        #[cfg(feature = "cluster")]
+        let joins = cluster.as_ref().map(|c| c.lease_ttl);
         let (cluster, keeper, lost) = match cluster {
             Some(c) => {
-                let (registry, keeper, lost) = lease_keeper_of(c);
+                let (mut registry, keeper, lost) = lease_keeper_of(c);
+                if let Some(every) = config.cluster.scan_every {
+                    registry.scan_every = every.max(Duration::from_millis(100));
+                }
                 (Some(registry), Some(keeper), Some(lost))
             }
             None => (None, None, None),
@@ -253,6 +263,13 @@ impl Service {
             sessions.set_modules(m.clone());
             m.start(sessions.clone()).await?;
         }
+        #[cfg(feature = "cluster")]
+        let transport = match (joins, &config.cluster.listen) {
+            (Some(lease_ttl), Some(listen)) => {
+                Some(join_transport(&config.cluster, listen, lease_ttl, sessions.clone()).await?)
+            }
+            _ => None,
+        };
         let shutdown = CancellationToken::new();
         // Ends with the service: the token fires when shutdown begins.
         let _sweeping = sweeper.spawn(ttl_sweep_interval, shutdown.clone());
@@ -266,6 +283,8 @@ impl Service {
         Ok(Self {
             sessions,
             leases,
+            #[cfg(feature = "cluster")]
+            transport,
             state,
             auth: Auth::new(tokens),
             metrics_public: config.server.metrics_public,
@@ -465,6 +484,14 @@ impl Service {
         if let Err(e) = self.sessions.shutdown().await {
             tracing::error!(error = %e, "sessions shutdown");
         }
+        // Its leases are given back: the other nodes may take its sessions over at once.
+        #[cfg(feature = "cluster")]
+        if let Some(node) = &self.transport {
+            match ractor::call!(node, |reply| transport::TransportMsg::Leave { reply }) {
+                Ok(heard) => tracing::info!(nodes = heard, "told the other nodes this one leaves"),
+                Err(e) => tracing::warn!(error = %e, "the other nodes were not told"),
+            }
+        }
         // Cancelled tasks answer promptly; their replies are stored before this returns.
         let _ = tokio::time::timeout(Duration::from_secs(10), self.sessions.drain()).await;
         // The last replies went to their modules; now the gateways stop.
@@ -472,6 +499,20 @@ impl Service {
             modules.stop().await;
         }
         self.sessions.stop().await;
+        #[cfg(feature = "cluster")]
+        if let Some(node) = &self.transport {
+            node.stop(Some("service stopped".into()));
+        }
+    }
+
+    /// The nodes connected to this one over the node transport, by name (none without it).
+    pub async fn peers(&self) -> Vec<String> {
+        #[cfg(feature = "cluster")]
+        if let Some(node) = &self.transport {
+            return ractor::call!(node, |reply| transport::TransportMsg::Peers { reply })
+                .unwrap_or_default();
+        }
+        Vec::new()
     }
 
     /// Resolves when the service can no longer do its work by itself (a component failed
@@ -487,6 +528,44 @@ impl Service {
             }
         }
     }
+}
+
+/// Starts this node's node actor on the node transport: its NodeServer listening on
+/// `listen` with the cluster's cookie, connected to the seeds.
+#[cfg(feature = "cluster")]
+async fn join_transport(
+    cluster: &troupe_runtime::config::ClusterConfig,
+    listen: &str,
+    lease_ttl: Duration,
+    sessions: SessionsApi,
+) -> Result<ractor::ActorRef<transport::TransportMsg>, AgentError> {
+    let invalid = |m: String| AgentError::invalid(format!("[cluster] listen: {m}"));
+    let (Some(node), Some(cookie)) = (&cluster.node, &cluster.cookie) else {
+        return Err(invalid(
+            "the node transport needs [cluster] cookie (TROUPE_CLUSTER_COOKIE), the secret every node shares"
+                .into(),
+        ));
+    };
+    let addr = tokio::net::lookup_host(listen)
+        .await
+        .map_err(|e| invalid(format!("cannot resolve `{listen}`: {e}")))?
+        .next()
+        .ok_or_else(|| invalid(format!("`{listen}` resolves to no address")))?;
+    let (actor, _) = ractor::Actor::spawn(
+        None,
+        transport::ClusterTransport,
+        transport::TransportArgs {
+            node: node.clone(),
+            listen: addr,
+            cookie: cookie.clone(),
+            seeds: cluster.seeds.clone(),
+            lease_ttl,
+            sessions,
+        },
+    )
+    .await
+    .map_err(|e| invalid(format!("cannot listen on {addr}: {e}")))?;
+    Ok(actor)
 }
 
 /// This node's [`LeaseKeeper`](lease_keeper::LeaseKeeper), as the service's supervisor starts

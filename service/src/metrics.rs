@@ -36,6 +36,9 @@ pub const SESSIONS_ACTIVE: &str = "troupe_sessions_active";
 pub const LEASES_HELD: &str = "troupe_leases_held";
 /// Sessions activated, by why (`request`: first use; `pending`: unfinished messages at start).
 pub const SESSION_ACTIVATIONS_TOTAL: &str = "troupe_session_activations_total";
+/// Scans of the sessions with unfinished messages, by trigger (start, periodic, peer_left,
+/// peer_lost).
+pub const SESSION_SCANS_TOTAL: &str = "troupe_session_scans_total";
 /// Closed conversations opened again (an A2A context's next message after its idle close).
 pub const CONVERSATIONS_REOPENED_TOTAL: &str = "troupe_conversations_reopened_total";
 /// The service's own actors (the registry, the A2A endpoint's) restarted by their
@@ -151,6 +154,11 @@ pub fn describe() {
         "Sessions activated, by reason (request, pending)"
     );
     describe_counter!(
+        SESSION_SCANS_TOTAL,
+        Unit::Count,
+        "Scans for sessions with unfinished messages to take over, by trigger (start; periodic: every lease ttl on a node of a cluster; peer_left: another node said it stopped; peer_lost: another node's transport connection dropped and its leases can have expired)"
+    );
+    describe_counter!(
         CONVERSATIONS_REOPENED_TOTAL,
         Unit::Count,
         "Closed conversations opened again under their id, their history rebuilt from the \
@@ -197,6 +205,9 @@ pub fn service_series_start_at_zero() {
     }
     for reason in ["request", "pending"] {
         counter!(SESSION_ACTIVATIONS_TOTAL, "reason" => reason).increment(0);
+    }
+    for trigger in crate::registry::ScanTrigger::ALL {
+        counter!(SESSION_SCANS_TOTAL, "trigger" => trigger.label()).increment(0);
     }
     for component in ["registry", "a2a", "lease_keeper"] {
         for outcome in ["restarted", "given_up"] {
@@ -265,6 +276,11 @@ pub fn message_finished(status: troupe_proto::store::MessageStatus) {
 /// A closed conversation was opened again.
 pub fn conversation_reopened() {
     counter!(CONVERSATIONS_REOPENED_TOTAL).increment(1);
+}
+
+/// A scan for sessions with unfinished messages began.
+pub fn session_scan(trigger: &'static str) {
+    counter!(SESSION_SCANS_TOTAL, "trigger" => trigger).increment(1);
 }
 
 /// A session was activated (`request` or `pending`).

@@ -26,8 +26,9 @@
 //! - `Drain` → every host stops starting messages; answered once none runs. New hosts start
 //!   drained. `Shutdown` → every host shuts its session down.
 //! - `Ping` → answered (the registry runs).
-//! - `Scan` (at start, and every lease ttl on a node of a cluster) → a task reads the sessions
-//!   with unfinished messages → `Pending` → each one not active is activated (as `Host`).
+//! - `Scan` (at start, every lease ttl on a node of a cluster, and when the node transport
+//!   says another node left or was lost) → a task reads the sessions with unfinished
+//!   messages → `Pending` → each one not active is activated (as `Host`).
 //! - `LeaseLost` (a node of a cluster: another node took a session over) → its host is
 //!   forgotten and shut down; its writes are refused by the fence meanwhile.
 //!
@@ -106,6 +107,32 @@ impl Activation {
     }
 }
 
+/// Why the sessions with unfinished messages are looked at.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ScanTrigger {
+    /// The registry started.
+    Start,
+    /// Every lease ttl, on a node of a cluster.
+    Periodic,
+    /// Another node said it stopped and gave its leases back (the node transport).
+    PeerLeft,
+    /// Another node's transport connection dropped, and its leases can have expired since.
+    PeerLost,
+}
+
+impl ScanTrigger {
+    pub const ALL: [Self; 4] = [Self::Start, Self::Periodic, Self::PeerLeft, Self::PeerLost];
+
+    pub const fn label(self) -> &'static str {
+        match self {
+            Self::Start => "start",
+            Self::Periodic => "periodic",
+            Self::PeerLeft => "peer_left",
+            Self::PeerLost => "peer_lost",
+        }
+    }
+}
+
 /// The registry's mailbox.
 pub enum RegistryMsg {
     /// The host of a session the scope sees, activating the session if needed.
@@ -127,7 +154,7 @@ pub enum RegistryMsg {
     /// Answered at once: the registry runs.
     Ping { reply: RpcReplyPort<()> },
     /// Looks for sessions with unfinished messages that no host here runs.
-    Scan,
+    Scan { trigger: ScanTrigger },
     /// The sessions with unfinished messages, as read by `Scan`.
     Pending { ids: Vec<SessionId> },
     /// Another node took this session over: its host must stop.
@@ -172,6 +199,9 @@ pub struct RegistryState {
     cluster: Option<RegistryCluster>,
     /// A `Scan` runs.
     scanning: bool,
+    /// A scan asked for while one ran: it runs once that one ends (the running one may have
+    /// read the leases before the node that left gave them back).
+    rescan: Option<ScanTrigger>,
 }
 
 /// The Registry actor.
@@ -197,6 +227,7 @@ impl Actor for Registry {
             draining: false,
             cluster: args.cluster,
             scanning: false,
+            rescan: None,
         })
     }
 
@@ -207,9 +238,13 @@ impl Actor for Registry {
     ) -> Result<(), ActorProcessingErr> {
         // Sessions with unfinished messages are woken now; every other one waits for its
         // first use. On a node of a cluster, again every lease ttl: those of a node that died.
-        myself.send_message(RegistryMsg::Scan)?;
+        myself.send_message(RegistryMsg::Scan {
+            trigger: ScanTrigger::Start,
+        })?;
         if let Some(cluster) = &state.cluster {
-            myself.send_interval(cluster.scan_every, || RegistryMsg::Scan);
+            myself.send_interval(cluster.scan_every, || RegistryMsg::Scan {
+                trigger: ScanTrigger::Periodic,
+            });
         }
         Ok(())
     }
@@ -281,7 +316,7 @@ impl Actor for Registry {
             RegistryMsg::Ping { reply } => {
                 let _ = reply.send(());
             }
-            RegistryMsg::Scan => state.scan(&myself),
+            RegistryMsg::Scan { trigger } => state.scan(&myself, trigger),
             RegistryMsg::Pending { ids } => state.pending(&myself, ids),
             RegistryMsg::LeaseLost { session_id } => state.lease_lost(session_id),
             RegistryMsg::InjectPanic => panic!("injected fault in the sessions registry"),
@@ -473,10 +508,15 @@ impl RegistryState {
         self.cluster.as_ref().map(|c| c.keeper.clone())
     }
 
-    fn scan(&mut self, myself: &ActorRef<RegistryMsg>) {
-        if self.scanning || self.draining {
+    fn scan(&mut self, myself: &ActorRef<RegistryMsg>, trigger: ScanTrigger) {
+        if self.draining {
             return;
         }
+        if self.scanning {
+            self.rescan = Some(trigger);
+            return;
+        }
+        metrics::session_scan(trigger.label());
         self.scanning = true;
         let store = self.store.clone();
         let leases = self.cluster.as_ref().map(|c| c.leases.clone());
@@ -504,6 +544,9 @@ impl RegistryState {
     /// after the other in one task.
     fn pending(&mut self, myself: &ActorRef<RegistryMsg>, ids: Vec<SessionId>) {
         self.scanning = false;
+        if let Some(trigger) = self.rescan.take() {
+            self.scan(myself, trigger);
+        }
         let ids: Vec<SessionId> = ids
             .into_iter()
             .filter(|id| !self.active.contains_key(id) && !self.looking.contains_key(id))
@@ -708,3 +751,6 @@ impl RegistryState {
         }
     }
 }
+
+// A message of actors on this process only (see `local_message!`).
+troupe_actors::local_message!(RegistryMsg);

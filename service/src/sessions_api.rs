@@ -638,6 +638,14 @@ impl SessionsApi {
         self.store.ping().await
     }
 
+    /// Looks for sessions with unfinished messages to take over now, instead of at the next
+    /// periodic scan (a node of a cluster: another node left or was lost).
+    pub fn scan(&self, trigger: super::registry::ScanTrigger) {
+        if let Ok(registry) = self.registry() {
+            let _ = registry.cast(RegistryMsg::Scan { trigger });
+        }
+    }
+
     /// Stops admitting messages; returns once none runs.
     pub async fn drain(&self) -> Result<(), AgentError> {
         let registry = self.registry()?;

@@ -310,3 +310,6 @@ pub(crate) fn stopped_child(event: &SupervisionEvent) -> Option<(&ractor::ActorC
         _ => None,
     }
 }
+
+// A message of actors on this process only (see `local_message!`).
+troupe_actors::local_message!(SupervisorMsg);

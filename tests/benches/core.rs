@@ -20,9 +20,13 @@ use troupe_runtime::{ScriptedModel, ScriptedReply};
 
 struct Echo;
 
+/// The bare round trip's message: a reply port, as every call carries.
+struct Ping(RpcReplyPort<u64>);
+troupe_actors::local_message!(Ping);
+
 #[ractor::async_trait]
 impl Actor for Echo {
-    type Msg = RpcReplyPort<u64>;
+    type Msg = Ping;
     type State = u64;
     type Arguments = ();
     async fn pre_start(&self, _m: ActorRef<Self::Msg>, _a: ()) -> Result<u64, ActorProcessingErr> {
@@ -35,7 +39,7 @@ impl Actor for Echo {
         state: &mut u64,
     ) -> Result<(), ActorProcessingErr> {
         *state += 1;
-        let _ = reply.send(*state);
+        let _ = reply.0.send(*state);
         Ok(())
     }
 }
@@ -100,12 +104,12 @@ async fn run() {
     // Bare ractor call round trip.
     let (echo, _) = Actor::spawn(None, Echo, ()).await.unwrap();
     for _ in 0..2_000 {
-        ractor::call!(echo, |r| r).unwrap();
+        ractor::call!(echo, Ping).unwrap();
     }
     let mut bare = Vec::with_capacity(20_000);
     for _ in 0..20_000 {
         let t = Instant::now();
-        ractor::call!(echo, |r| r).unwrap();
+        ractor::call!(echo, Ping).unwrap();
         bare.push(t.elapsed());
     }
     bare.sort();

@@ -736,3 +736,6 @@ mod tests {
         assert_eq!(health_of(&s).phase, AgentPhase::Stopped);
     }
 }
+
+// A message of actors on this process only (see `local_message!`).
+troupe_actors::local_message!(AgentMsg);

@@ -1604,3 +1604,6 @@ impl Worker {
         }
     }
 }
+
+// A message of actors on this process only (see `local_message!`).
+crate::local_message!(AgentHubMsg);

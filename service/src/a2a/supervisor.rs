@@ -164,3 +164,6 @@ impl A2aSupervisorState {
         }
     }
 }
+
+// A message of actors on this process only (see `local_message!`).
+troupe_actors::local_message!(A2aSupervisorMsg);

@@ -849,3 +849,6 @@ async fn forward(mut events: EventStream, backend: Arc<dyn A2aBackend>, me: Acto
         }
     }
 }
+
+// A message of actors on this process only (see `local_message!`).
+troupe_actors::local_message!(A2aTasksMsg);

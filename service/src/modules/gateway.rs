@@ -577,3 +577,6 @@ mod tests {
         assert!(state.pending.is_empty(), "no acknowledgement is awaited");
     }
 }
+
+// A message of actors on this process only (see `local_message!`).
+troupe_actors::local_message!(GatewayMsg);

@@ -13,7 +13,9 @@ const TOKEN: &str = "cluster-console-token";
 
 fn node(dir: &Path, url: &str, name: &str) -> (Child, String) {
     let mut command = super::node_command(dir, url, name, 0, super::LEASE_TTL);
-    command.env("TROUPE_API_TOKENS", format!("{TOKEN}=*"));
+    command
+        .env("TROUPE_API_TOKENS", format!("{TOKEN}=*"))
+        .stderr(std::process::Stdio::null());
     troupe_tests::spawn_serve(&mut command)
 }
 

@@ -16,6 +16,8 @@ mod resume;
 mod rpc_ws;
 mod supervision;
 mod throughput;
+#[cfg(feature = "cluster")]
+mod transport;
 mod websocket;
 
 use reqwest::StatusCode;
@@ -40,10 +42,11 @@ pub fn node_with_ttl(
     delay_ms: u64,
     ttl: &str,
 ) -> (Child, String) {
-    troupe_tests::spawn_serve(&mut node_command(dir, url, name, delay_ms, ttl))
+    let mut command = node_command(dir, url, name, delay_ms, ttl);
+    troupe_tests::spawn_serve(command.stderr(Stdio::null()))
 }
 
-/// The `troupe serve` command of [`node_with_ttl`], to add to before it is spawned.
+/// The command of [`node_with_ttl`], to add to.
 pub fn node_command(dir: &Path, url: &str, name: &str, delay_ms: u64, ttl: &str) -> Command {
     let script: Vec<Value> = (0..5_000)
         .map(|i| json!({"delay_ms": delay_ms, "text": format!("{name} reply {i}")}))
@@ -65,8 +68,7 @@ pub fn node_command(dir: &Path, url: &str, name: &str, delay_ms: u64, ttl: &str)
         .env_remove("TROUPE_API_TOKENS")
         .env_remove("TROUPE_STORE_BACKEND")
         .env_remove("TROUPE_NODE")
-        .env("TROUPE_POSTGRES_URL", url)
-        .stderr(Stdio::null());
+        .env("TROUPE_POSTGRES_URL", url);
     command
 }
 
