@@ -484,7 +484,10 @@ impl Service {
         if let Err(e) = self.sessions.shutdown().await {
             tracing::error!(error = %e, "sessions shutdown");
         }
-        // Its leases are given back: the other nodes may take its sessions over at once.
+        // Cancelled tasks answer promptly; their replies are stored before this returns.
+        let _ = tokio::time::timeout(Duration::from_secs(10), self.sessions.drain()).await;
+        // Its leases are given back and its last replies stored: the other nodes may take its
+        // sessions over at once.
         #[cfg(feature = "cluster")]
         if let Some(node) = &self.transport {
             match ractor::call!(node, |reply| transport::TransportMsg::Leave { reply }) {
@@ -492,8 +495,6 @@ impl Service {
                 Err(e) => tracing::warn!(error = %e, "the other nodes were not told"),
             }
         }
-        // Cancelled tasks answer promptly; their replies are stored before this returns.
-        let _ = tokio::time::timeout(Duration::from_secs(10), self.sessions.drain()).await;
         // The last replies went to their modules; now the gateways stop.
         if let Some(modules) = self.sessions.modules() {
             modules.stop().await;
@@ -540,9 +541,12 @@ async fn join_transport(
     sessions: SessionsApi,
 ) -> Result<ractor::ActorRef<transport::TransportMsg>, AgentError> {
     let invalid = |m: String| AgentError::invalid(format!("[cluster] listen: {m}"));
-    let (Some(node), Some(cookie)) = (&cluster.node, &cluster.cookie) else {
+    let (Some(node), Some(cookie)) = (
+        &cluster.node,
+        cluster.cookie.as_ref().filter(|c| !c.trim().is_empty()),
+    ) else {
         return Err(invalid(
-            "the node transport needs [cluster] cookie (TROUPE_CLUSTER_COOKIE), the secret every node shares"
+            "the node transport needs [cluster] cookie (TROUPE_CLUSTER_COOKIE), the secret every node shares (not empty)"
                 .into(),
         ));
     };
@@ -551,6 +555,12 @@ async fn join_transport(
         .map_err(|e| invalid(format!("cannot resolve `{listen}`: {e}")))?
         .next()
         .ok_or_else(|| invalid(format!("`{listen}` resolves to no address")))?;
+    if addr.ip().is_unspecified() {
+        // The node tells its peers this address: they would call themselves.
+        return Err(invalid(format!(
+            "`{listen}` is every address, which this node would tell the others to reach it at: name the address they reach it at"
+        )));
+    }
     let (actor, _) = ractor::Actor::spawn(
         None,
         transport::ClusterTransport,

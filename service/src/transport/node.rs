@@ -180,6 +180,11 @@ impl Actor for ClusterTransport {
     ) -> Result<(), ActorProcessingErr> {
         state.stop.cancel();
         gauge!(PEERS).set(0.0);
+        // When the service did not stop it (its NodeServer failed), the node goes on through
+        // PostgreSQL alone until it is restarted: say so.
+        tracing::warn!(
+            "node transport stopped: this node meets the others through PostgreSQL alone from now on (expected when the service stops)"
+        );
         Ok(())
     }
 
