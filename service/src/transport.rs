@@ -129,7 +129,11 @@ mod tests {
             ..ClusterConfig::default()
         };
         for built_with in [true, false] {
-            assert_eq!(notice_of(&c, built_with), None, "PostgreSQL alone, as asked");
+            assert_eq!(
+                notice_of(&c, built_with),
+                None,
+                "PostgreSQL alone, as asked"
+            );
         }
         c.listen = Some("127.0.0.1:4697".into());
         c.cookie = Some("secret".into());

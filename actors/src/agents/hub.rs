@@ -34,9 +34,11 @@
 //! No child actors. Workers (and direct dispatches' answers) hold the hub's reference; if
 //! the hub fails, the Session starts a new one (bindings are read again from the store); the
 //! callers of the failed one's dispatches see their reply port close, and its workers'
-//! reports go nowhere. A direct dispatch whose dispatcher is cancelled ends when its agent's
-//! task does (that task's cancel token is a child of the dispatcher's; one still queued in the
-//! agent's conversation ends as soon as it starts); its dispatcher stops waiting at once.
+//! reports go nowhere. A dispatch whose dispatcher is cancelled ends `cancelled` at once: the
+//! dispatching task tells the hub it stopped waiting (`DispatcherCancelled`), which ends its
+//! dispatches then (leases and waits released); their agents' tasks are cancelled with them
+//! (their cancel tokens are the dispatcher's children: one still queued in the agent's
+//! conversation ends as soon as it starts, and its late answer is ignored).
 //!
 //! # Scheduling (no self-lock)
 //! A dispatcher computes nothing while its agent works (a slot is for computing), so its
@@ -322,6 +324,10 @@ pub enum AgentHubMsg {
         dispatch_id: DispatchId,
         result: Result<AgentOutput, AgentError>,
     },
+    /// The task that dispatched stopped waiting (it was cancelled): its dispatches still in
+    /// flight end `cancelled` now, their leases and waits released, whatever their agents'
+    /// tasks do next (a queued one ends as it starts: its cancel token is the dispatcher's).
+    DispatcherCancelled { parent: DispatchParent },
     /// Timer: leases may have expired.
     LeaseTick,
     /// The actor of an in-process agent's conversation (its provider session), looked up
@@ -526,6 +532,9 @@ impl Actor for AgentHub {
                 dispatch_id,
                 result,
             } => state.finished(&myself, dispatch_id, result),
+            AgentHubMsg::DispatcherCancelled { parent } => {
+                state.dispatcher_cancelled(&myself, parent);
+            }
             AgentHubMsg::LeaseTick => state.lease_tick(&myself),
             AgentHubMsg::Learned {
                 agent_id,
@@ -1051,6 +1060,27 @@ impl AgentHubState {
             self.learn(myself, &flight.agent_id, psid);
         }
         self.end(dispatch_id, &mut flight, status, result);
+    }
+
+    /// Ends the dispatches of a task that stopped waiting for them (see
+    /// [`AgentHubMsg::DispatcherCancelled`]).
+    fn dispatcher_cancelled(&mut self, myself: &ActorRef<AgentHubMsg>, parent: DispatchParent) {
+        let ids: Vec<DispatchId> = self
+            .flights
+            .iter()
+            .filter(|(_, f)| f.parent == parent)
+            .map(|(id, _)| *id)
+            .collect();
+        for dispatch_id in ids {
+            if let Some(flight) = self.flights.get(&dispatch_id) {
+                flight.cancel.cancel();
+            }
+            self.finished(
+                myself,
+                dispatch_id,
+                Err(AgentError::cancelled("the dispatching task was cancelled")),
+            );
+        }
     }
 
     /// Looks up, off the mailbox, the actor of the conversation an in-process agent answered

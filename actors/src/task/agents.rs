@@ -91,7 +91,21 @@ pub(super) async fn dispatch(
         .slot
         .wait_for_child(&ctx.cancel, "cancelled while an agent worked", answer)
         .instrument(spans::scheduler_wait(ctx.conversation_id, ctx.task_id))
-        .await?;
+        .await;
+    let answered = match answered {
+        Ok(answered) => answered,
+        Err(e) => {
+            // This task no longer waits: its dispatches end now (leases and waits released),
+            // not when their agents' queued tasks get to start.
+            let _ = agents.hub.cast(AgentHubMsg::DispatcherCancelled {
+                parent: DispatchParent {
+                    conversation_id: ctx.conversation_id,
+                    task_id: ctx.task_id,
+                },
+            });
+            return Err(e);
+        }
+    };
     answered.unwrap_or_else(|_| {
         Err(AgentError::interrupted(
             "the agent hub stopped before the agent answered",

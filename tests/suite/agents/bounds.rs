@@ -383,3 +383,94 @@ async fn a_failed_or_cancelled_child_keeps_no_slot() {
         (TaskStatus::Ok, "You said: hello again")
     );
 }
+
+/// A dispatch queued behind another task of its agent's conversation ends `cancelled` as soon
+/// as its dispatcher is cancelled (its lease and wait released then), not when the task ahead
+/// of it ends or its lease expires.
+#[tokio::test]
+async fn a_queued_dispatch_ends_as_soon_as_its_dispatcher_is_cancelled() {
+    let team = Team::start_with(
+        vec![model_agent("worker", "W", &[])],
+        vec![ScriptedReply::text("bound"), ScriptedReply::hang(true)],
+        settings(RouterMode::Rules),
+        |config| config.scheduler.limit = 4,
+    )
+    .await;
+    assert_eq!(team.send("/hub worker bind").await.text, "bound");
+    // The agent's conversation is busy with a task that does not end.
+    let root = team.session.root().await.unwrap();
+    let session = team.session.clone();
+    let busy = tokio::spawn(async move { session.message(root, "/hub worker hang").await });
+    let deadline = std::time::Instant::now() + Duration::from_secs(20);
+    while team.model.sent().len() < 2 {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the agent never got busy"
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    // Another conversation's dispatch to it waits behind that task.
+    let other = team
+        .session
+        .open(troupe_proto::OpenConversation::default())
+        .await
+        .unwrap();
+    let session = team.session.clone();
+    let queued = tokio::spawn(async move { session.message(other, "/hub worker later").await });
+    let sent = |events: &[EventKind]| {
+        events
+            .iter()
+            .filter(|e| matches!(e, EventKind::DispatchSent { .. }))
+            .count()
+    };
+    while sent(&team.events().await) < 3 {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the third dispatch was never sent"
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    let dispatcher = team
+        .session
+        .tasks(Some(other))
+        .await
+        .unwrap()
+        .remove(0)
+        .task_id;
+    team.session.cancel_task(dispatcher).await.unwrap();
+    let reply = tokio::time::timeout(Duration::from_secs(20), queued)
+        .await
+        .unwrap()
+        .unwrap()
+        .unwrap();
+    assert_eq!(reply.status, TaskStatus::Cancelled);
+    // Its dispatch ended with it, while the agent is still busy with the first.
+    let ended = loop {
+        let r = results(&team.events().await);
+        if r.len() == 2 {
+            break r;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the cancelled dispatch never ended: {r:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    };
+    assert_eq!(
+        ended,
+        [
+            ("worker".into(), DispatchStatus::Ok),
+            ("worker".into(), DispatchStatus::Cancelled)
+        ]
+    );
+    assert!(!busy.is_finished(), "the first dispatch still runs");
+    let first = team
+        .session
+        .tasks(Some(root))
+        .await
+        .unwrap()
+        .remove(0)
+        .task_id;
+    team.session.cancel_task(first).await.unwrap();
+    let _ = tokio::time::timeout(Duration::from_secs(20), busy).await;
+}
