@@ -96,8 +96,13 @@ pub enum TransportMsg {
     },
     /// A transport connection opened.
     SessionOpened { id: u64, addr: String },
-    /// The node at the other end authenticated (the cookie matched).
-    SessionAuthenticated { id: u64, peer: String },
+    /// The node at the other end authenticated (the cookie matched); `advertised`: the
+    /// address it listens on, as it says.
+    SessionAuthenticated {
+        id: u64,
+        peer: String,
+        advertised: String,
+    },
     /// A transport connection closed.
     SessionClosed { id: u64 },
     /// A lost node's leases can have expired now.
@@ -208,13 +213,21 @@ impl Actor for ClusterTransport {
             TransportMsg::SessionOpened { id, addr } => {
                 state.links.insert(id, Link { addr, peer: None });
             }
-            TransportMsg::SessionAuthenticated { id, peer } => {
+            TransportMsg::SessionAuthenticated {
+                id,
+                peer,
+                advertised,
+            } => {
                 let peer = node_name(&peer).to_owned();
                 let known = connected(&state.links).contains(peer.as_str());
                 if let Some(link) = state.links.get_mut(&id) {
                     link.peer = Some(peer.clone());
                     state.met.insert(link.addr.clone(), peer.clone());
                 }
+                // A seed that connected to this node first is met at the address it listens
+                // on: its seed task sees it connected and does not dial it again (two nodes
+                // naming each other as seeds keep one connection, not a dial every 5 s).
+                state.met.insert(advertised, peer.clone());
                 if !known {
                     tracing::info!(%peer, "node connected");
                     counter!(PEER_EVENTS, "event" => PeerEvent::Connected.label()).increment(1);
@@ -368,6 +381,7 @@ impl NodeEventSubscription for Events {
             let _ = self.0.cast(TransportMsg::SessionAuthenticated {
                 id: ses.node_id,
                 peer: peer.name,
+                advertised: peer.connection_string,
             });
         }
     }

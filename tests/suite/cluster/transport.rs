@@ -540,3 +540,50 @@ async fn a_node_says_what_of_its_transport_settings_it_cannot_use() {
         "{stderr}"
     );
 }
+
+/// Two nodes that name each other as seeds (the usual configuration) join once and stay
+/// joined: neither keeps dialling the other (no connection refused after they joined).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn nodes_that_seed_each_other_join_once_and_stop_dialling() {
+    let url = troupe_test_postgres::server().fresh_database();
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    let (pa, pb) = (free_port(), free_port());
+    let node = |name, port, seeds| Joined {
+        name,
+        delay_ms: 10,
+        ttl: "2s",
+        port,
+        seeds,
+        cookie: COOKIE,
+    };
+    let (seeds_a, seeds_b) = ([pb], [pa]);
+    let (mut a, base_a) = joined(d, &url, node("a", pa, &seeds_a));
+    let (mut b, base_b) = joined(d, &url, node("b", pb, &seeds_b));
+    let within = Duration::from_secs(20);
+    until_series(&base_a, PEERS, within, |v| v == 1.0, d).await;
+    until_series(&base_b, PEERS, within, |v| v == 1.0, d).await;
+    // Joined: settle, then watch both nodes over more than two redial periods (5 s).
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let refused = r#"troupe_cluster_peer_events_total{event="refused"}"#;
+    let before = (
+        series(&metrics(&base_a).await, refused),
+        series(&metrics(&base_b).await, refused),
+    );
+    tokio::time::sleep(Duration::from_secs(12)).await;
+    let after = (
+        series(&metrics(&base_a).await, refused),
+        series(&metrics(&base_b).await, refused),
+    );
+    assert_eq!(
+        before,
+        after,
+        "no more dials once joined\n--- a\n{}\n--- b\n{}",
+        stderr_of(d, "a"),
+        stderr_of(d, "b")
+    );
+    assert_eq!(series(&metrics(&base_a).await, PEERS), 1.0);
+    assert_eq!(series(&metrics(&base_b).await, PEERS), 1.0);
+    kill9(&mut a);
+    kill9(&mut b);
+}
