@@ -14,7 +14,10 @@
 //! Nothing is lost in the race between a request and a passivation: whatever the Session
 //! forwarded before it asked is ahead of `Passivate` in the conversation's mailbox (the
 //! conversation then is not idle and says no), and whatever comes after is held by the
-//! Session until the answer. The conversation's stop (a supervision event) and its answer
+//! Session until the answer. A dispatch the agent hub sent straight to the conversation
+//! (`agents::direct`) may be ahead of `Passivate` too (the conversation then is busy and says
+//! no), or arrive after it stopped: undelivered, it is handed to the Session, which holds or
+//! reactivates as for any request. The conversation's stop (a supervision event) and its answer
 //! may arrive in either order; the first settles the entry, the second finds nothing to do.
 //!
 //! What stays while a conversation is passivated: its index entry here, its storage policy
