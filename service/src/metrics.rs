@@ -209,7 +209,7 @@ pub fn service_series_start_at_zero() {
     for trigger in crate::registry::ScanTrigger::ALL {
         counter!(SESSION_SCANS_TOTAL, "trigger" => trigger.label()).increment(0);
     }
-    for component in ["registry", "a2a", "lease_keeper"] {
+    for component in ["registry", "a2a", "lease_keeper", "node_transport"] {
         for outcome in ["restarted", "given_up"] {
             counter!(SERVICE_RESTARTS_TOTAL, "component" => component, "outcome" => outcome)
                 .increment(0);

@@ -14,9 +14,13 @@
 //! - `Peers` → the connected nodes' names.
 //!
 //! # Failure
-//! The NodeServer is linked: if it fails, this actor fails and the node stops joining (the
-//! leases and the periodic scan go on; this node stays reachable over HTTP). Seed tasks end
-//! with this actor.
+//! The NodeServer is linked: if it stops on its own, this actor starts a new one on the same
+//! address (its seed tasks again, its connections counted from nothing), at most
+//! [`RESTARTS_PER_WINDOW`](crate::host::RESTARTS_PER_WINDOW) times per
+//! [`RESTART_WINDOW`](crate::host::RESTART_WINDOW)
+//! (`troupe_service_restarts_total{component="node_transport"}`); past that, or when no new
+//! one starts, it reports the service failed (`/healthz` 503, the process exits to be
+//! restarted) and stops. Seed tasks end with the server they dial through.
 
 use super::{PEER_EVENTS, PEERS, PeerEvent, REMOTE_MESSAGES};
 use crate::registry::ScanTrigger;
@@ -72,12 +76,22 @@ struct Link {
     peer: Option<String>,
 }
 
+/// What a NodeServer is started with (again, after it failed).
+struct ServerArgs {
+    node: String,
+    listen: SocketAddr,
+    cookie: String,
+}
+
 /// The actor's state.
 pub struct TransportState {
     node: String,
     lease_ttl: Duration,
     sessions: SessionsApi,
     server: ActorRef<NodeServerMessage>,
+    server_args: ServerArgs,
+    /// When the NodeServer was started again lately.
+    restarts: Vec<std::time::Instant>,
     links: HashMap<u64, Link>,
     /// The node met at each address (a seed connected once), to know a seed is connected
     /// through a connection the other node opened.
@@ -132,29 +146,20 @@ impl Actor for ClusterTransport {
         myself: ActorRef<TransportMsg>,
         args: TransportArgs,
     ) -> Result<TransportState, ActorProcessingErr> {
-        let server = NodeServer::new(
-            args.listen.port(),
-            args.cookie,
-            args.node.clone(),
-            args.listen.ip().to_string(),
-            None,
-            // A node that joins through one seed meets the seed's peers too.
-            Some(NodeConnectionMode::Transitive),
-        )
-        .with_listen_addr(args.listen.ip());
-        let (server, _) = Actor::spawn_linked(None, server, (), myself.get_cell()).await?;
-        server
-            .cast(NodeServerMessage::SubscribeToEvents {
-                id: "troupe".into(),
-                subscription: Box::new(Events(myself.clone())),
-            })
-            .map_err(|_| "the node server stopped at start")?;
+        let server_args = ServerArgs {
+            node: args.node.clone(),
+            listen: args.listen,
+            cookie: args.cookie,
+        };
+        let server = start_server(&myself, &server_args).await?;
         ractor::pg::join(GROUP.into(), vec![myself.get_cell()]);
         Ok(TransportState {
             node: args.node,
             lease_ttl: args.lease_ttl,
             sessions: args.sessions,
             server,
+            server_args,
+            restarts: Vec::new(),
             links: HashMap::new(),
             met: HashMap::new(),
             stop: CancellationToken::new(),
@@ -167,14 +172,29 @@ impl Actor for ClusterTransport {
         myself: ActorRef<TransportMsg>,
         state: &mut TransportState,
     ) -> Result<(), ActorProcessingErr> {
-        for seed in &state.seeds {
-            tokio::spawn(keep_connected(
-                seed.clone(),
-                state.server.clone(),
-                myself.clone(),
-                state.stop.clone(),
-            ));
-        }
+        state.dial_seeds(&myself);
+        Ok(())
+    }
+
+    async fn handle_supervisor_evt(
+        &self,
+        myself: ActorRef<TransportMsg>,
+        event: ractor::SupervisionEvent,
+        state: &mut TransportState,
+    ) -> Result<(), ActorProcessingErr> {
+        use ractor::SupervisionEvent;
+        let why = match &event {
+            SupervisionEvent::ActorFailed(who, e) if who.get_id() == state.server.get_id() => {
+                e.to_string()
+            }
+            SupervisionEvent::ActorTerminated(who, _, reason)
+                if who.get_id() == state.server.get_id() =>
+            {
+                reason.clone().unwrap_or_else(|| "stopped".into())
+            }
+            _ => return Ok(()),
+        };
+        state.restart_server(&myself, why).await;
         Ok(())
     }
 
@@ -288,6 +308,95 @@ impl TransportState {
     fn set_gauge(&self) {
         gauge!(PEERS).set(connected(&self.links).len() as f64);
     }
+
+    /// A seed task per seed, dialling through the current NodeServer.
+    fn dial_seeds(&self, myself: &ActorRef<TransportMsg>) {
+        for seed in &self.seeds {
+            tokio::spawn(keep_connected(
+                seed.clone(),
+                self.server.clone(),
+                myself.clone(),
+                self.stop.clone(),
+            ));
+        }
+    }
+
+    /// The NodeServer stopped on its own: a new one on the same address, or the service
+    /// reported failed when they keep failing (or none starts).
+    async fn restart_server(&mut self, myself: &ActorRef<TransportMsg>, why: String) {
+        tracing::error!(reason = %why, "node transport's server stopped; starting a new one");
+        self.stop.cancel();
+        self.links.clear();
+        self.set_gauge();
+        let allowed = crate::host::plan::may_restart(
+            &mut self.restarts,
+            std::time::Instant::now(),
+            crate::host::RESTARTS_PER_WINDOW,
+            crate::host::RESTART_WINDOW,
+        );
+        let started = if allowed {
+            // Its listener may take a moment to let the address go.
+            let mut wait = BACKOFF_MIN;
+            let mut last = String::new();
+            let mut server = None;
+            for _ in 0..5 {
+                match start_server(myself, &self.server_args).await {
+                    Ok(s) => {
+                        server = Some(s);
+                        break;
+                    }
+                    Err(e) => last = e.to_string(),
+                }
+                tokio::time::sleep(wait).await;
+                wait = next_wait(wait);
+            }
+            server.ok_or(last)
+        } else {
+            Err(format!("it keeps failing ({why})"))
+        };
+        match started {
+            Ok(server) => {
+                crate::metrics::service_restart("node_transport", "restarted");
+                tracing::warn!(listen = %self.server_args.listen, "node transport restarted");
+                self.server = server;
+                self.stop = CancellationToken::new();
+                self.dial_seeds(myself);
+            }
+            Err(e) => {
+                crate::metrics::service_restart("node_transport", "given_up");
+                self.sessions.report_failure(
+                    "node_transport",
+                    format!("the node transport could not be started again: {e}"),
+                );
+                myself.stop(Some("node transport given up".into()));
+            }
+        }
+    }
+}
+
+/// Starts a NodeServer linked to this actor and subscribes to its events.
+async fn start_server(
+    myself: &ActorRef<TransportMsg>,
+    args: &ServerArgs,
+) -> Result<ActorRef<NodeServerMessage>, ActorProcessingErr> {
+    let server = NodeServer::new(
+        args.listen.port(),
+        args.cookie.clone(),
+        args.node.clone(),
+        args.listen.ip().to_string(),
+        None,
+        // A node that joins through one seed meets the seed's peers too.
+        Some(NodeConnectionMode::Transitive),
+    )
+    .with_listen_addr(args.listen.ip());
+    let (server, _) = Actor::spawn_linked(None, server, (), myself.get_cell()).await?;
+    server
+        .cast(NodeServerMessage::SubscribeToEvents {
+            id: "troupe".into(),
+            subscription: Box::new(Events(myself.clone())),
+        })
+        .map_err(|_| "the node server stopped at start")?;
+    Ok(server)
 }
 
 /// Sends `notice` to every other node of the group; how many acknowledged it in time.
@@ -515,6 +624,79 @@ fn next_wait(wait: Duration) -> Duration {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Whether something accepts TCP connections at `addr`.
+    async fn listening(addr: SocketAddr) -> bool {
+        tokio::net::TcpStream::connect(addr).await.is_ok()
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_node_server_that_stops_is_started_again_on_its_address() {
+        let dir = tempfile::tempdir().unwrap();
+        let config = troupe_runtime::config::TroupeConfig {
+            data_dir: dir.path().to_owned(),
+            ..troupe_runtime::config::TroupeConfig::default()
+        };
+        let ports = troupe_runtime::assembly::session_ports(
+            &config,
+            std::sync::Arc::new(troupe_runtime::ScriptedModel::default()),
+            std::sync::Arc::new(troupe_actors::ports::ApproxTokens),
+        );
+        let store = std::sync::Arc::new(troupe_store::memory::MemoryStore::new());
+        let service = crate::Service::start(&config, store, ports, None)
+            .await
+            .unwrap();
+        let port = std::net::TcpListener::bind("127.0.0.1:0")
+            .unwrap()
+            .local_addr()
+            .unwrap()
+            .port();
+        let listen: SocketAddr = format!("127.0.0.1:{port}").parse().unwrap();
+        let (transport, _) = Actor::spawn(
+            None,
+            ClusterTransport,
+            TransportArgs {
+                node: "restarting".into(),
+                listen,
+                cookie: "secret".into(),
+                seeds: Vec::new(),
+                lease_ttl: Duration::from_secs(2),
+                sessions: service.sessions.clone(),
+            },
+        )
+        .await
+        .unwrap();
+        let until = |check: bool| async move {
+            for _ in 0..200 {
+                if listening(listen).await == check {
+                    return true;
+                }
+                tokio::time::sleep(Duration::from_millis(25)).await;
+            }
+            false
+        };
+        assert!(until(true).await, "listening at start");
+        let server = transport.get_children();
+        assert_eq!(server.len(), 1, "the NodeServer");
+        server[0].stop(Some("a fault".into()));
+        // A new server on the same address, the transport itself still running.
+        let mut again = false;
+        for _ in 0..200 {
+            let children = transport.get_children();
+            if children.len() == 1
+                && children[0].get_id() != server[0].get_id()
+                && listening(listen).await
+            {
+                again = true;
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(25)).await;
+        }
+        assert!(again, "a new NodeServer listens on {listen}");
+        assert_eq!(transport.get_status(), ractor::ActorStatus::Running);
+        transport.stop(None);
+        service.shutdown().await;
+    }
 
     fn link(addr: &str, peer: Option<&str>) -> Link {
         Link {
