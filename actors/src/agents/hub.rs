@@ -395,6 +395,9 @@ struct Flight {
     parent: DispatchParent,
     kind: ProviderKind,
     provider_session_id: Option<String>,
+    /// Its provider session is the agent's binding (not one for this dispatch alone): the
+    /// hub learns its conversation for the next dispatches.
+    bound: bool,
     started: Instant,
     span: tracing::Span,
 }
@@ -820,6 +823,7 @@ impl AgentHubState {
                 parent: request.parent,
                 kind,
                 provider_session_id: None,
+                bound: true,
                 started: Instant::now(),
                 span: span.clone(),
             },
@@ -940,6 +944,7 @@ impl AgentHubState {
         };
         if let Some(flight) = self.flights.get_mut(&dispatch_id) {
             flight.provider_session_id = Some(psid.clone());
+            flight.bound = !matches!(bound, Bound::Fresh { .. });
             flight.span.record("provider_session_id", psid.as_str());
         }
         let dispatch = Some(dispatch_id);
@@ -1054,6 +1059,7 @@ impl AgentHubState {
             Err(e) => DispatchStatus::of_error(e),
         };
         if flight.kind == ProviderKind::Model
+            && flight.bound
             && result.is_ok()
             && let Some(psid) = &flight.provider_session_id
         {
