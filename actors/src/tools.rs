@@ -64,6 +64,25 @@ impl OfferedTools {
             schemas,
         }
     }
+
+    /// These tools followed by `more` (their schema texts computed, these ones reused).
+    fn with(&self, more: Vec<ToolSpec>) -> Self {
+        let schemas = self
+            .schemas
+            .iter()
+            .cloned()
+            .chain(more.iter().map(|t| t.parameters.0.to_string()))
+            .collect();
+        let specs = self.specs.iter().cloned().chain(more).collect();
+        Self { specs, schemas }
+    }
+}
+
+/// Whether `more` names no tool twice and none of `these`: appended, nothing conflicts.
+fn names_apart(these: &[ToolSpec], more: &[ToolSpec]) -> bool {
+    more.iter().enumerate().all(|(i, t)| {
+        !these.iter().any(|b| b.name == t.name) && !more[..i].iter().any(|m| m.name == t.name)
+    })
 }
 
 /// [`builtin_tools`] for `prefs`, built once per process: the built-in specs never change, so
@@ -91,6 +110,11 @@ pub fn offered_tools(
 ) -> (OfferedTools, Vec<AgentError>) {
     if extra.is_empty() && external.is_empty() {
         return (builtins.clone(), Vec::new());
+    }
+    if external.is_empty() && names_apart(&builtins.specs, &extra) {
+        // Nothing to merge (the common case of a session with agents: the dispatch tool
+        // beside the built-ins): the shared built-ins' schema texts are reused as they are.
+        return (builtins.with(extra), Vec::new());
     }
     let mut own = builtins.specs.to_vec();
     own.extend(extra);
@@ -483,6 +507,58 @@ mod tests {
         assert_eq!(
             conflict_names(&conflicts),
             conflict_names(&merged.conflicts)
+        );
+    }
+
+    #[test]
+    fn turn_only_tools_beside_the_shared_built_ins_are_what_the_merge_gives() {
+        let dispatch = tool(
+            crate::agents::route::DISPATCH_TOOL,
+            "Dispatch to an agent.",
+            query_schema(),
+        );
+        let other = tool("capability__search", "Search.", query_schema());
+        for bits in 0..16u8 {
+            let prefs = ToolPrefs {
+                shell: bits & 1 != 0,
+                plan: bits & 2 != 0,
+                apply_patch: bits & 4 != 0,
+                web_search: bits & 8 != 0,
+            };
+            let shared = shared_builtins(&prefs);
+            for extra in [
+                vec![dispatch.clone()],
+                vec![dispatch.clone(), other.clone()],
+            ] {
+                let mut own = builtin_tools(&prefs);
+                own.extend(extra.clone());
+                let merged = merge_tools(own, Vec::new());
+                let (offered, conflicts) = offered_tools(&shared, extra, Vec::new());
+                assert_eq!(&offered.specs[..], merged.tools.as_slice());
+                assert_eq!(offered, OfferedTools::new(merged.tools.clone()));
+                assert!(conflicts.is_empty() && merged.conflicts.is_empty());
+            }
+        }
+        // A turn-only tool named like a built-in, or twice: merged, the conflict said.
+        let clash = tool("shell", "Another shell.", query_schema());
+        let (offered, conflicts) = offered_tools(&shared_builtins(&ALL), vec![clash], Vec::new());
+        assert_eq!(
+            offered.specs.iter().filter(|t| t.name == "shell").count(),
+            1
+        );
+        assert_eq!(conflict_names(&conflicts), ["shell"]);
+        let (offered, _) = offered_tools(
+            &shared_builtins(&ALL),
+            vec![dispatch.clone(), dispatch.clone()],
+            Vec::new(),
+        );
+        assert_eq!(
+            offered
+                .specs
+                .iter()
+                .filter(|t| t.name == crate::agents::route::DISPATCH_TOOL)
+                .count(),
+            1
         );
     }
 
