@@ -133,7 +133,7 @@ pub fn describe() {
     describe_histogram!(
         FLUSH_DURATION,
         Unit::Seconds,
-        "Time of one group commit of the rollout writer (its flush to storage), by sync (true when it was made durable)."
+        "Time of one group commit of the rollout writer (its flush to storage), by sync (true at a sync point a turn's end waits for: fsynced in JSONL files always, in SQLite only with power_loss_durable, on PostgreSQL by the server's WAL flush)."
     );
     describe_counter!(
         UNREADABLE_LINES,
@@ -253,7 +253,8 @@ pub fn published(delay: Duration) {
     histogram!(PUBLISH_DELAY).record(delay.as_secs_f64());
 }
 
-/// A commit of the writer took `took`; `sync`: it was made durable.
+/// A commit of the writer took `took`; `sync`: a sync point (a task's end, a close, a
+/// flush), which its caller waits for and the storage makes as durable as it promises.
 pub fn flushed(sync: bool, took: Duration) {
     let sync = if sync { "true" } else { "false" };
     histogram!(FLUSH_DURATION, "sync" => sync).record(took.as_secs_f64());
