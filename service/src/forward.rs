@@ -500,20 +500,7 @@ pub async fn forward(
 async fn forward_ws(f: &Forwarder, session_id: SessionId, req: Request, next: Next) -> Response {
     use axum::extract::FromRequestParts;
     use axum::extract::ws::WebSocketUpgrade;
-    let now = troupe_actors::clock::unix_now_ms();
-    if f.leases.holds(session_id, now) {
-        counter!(OWNER_LOOKUPS, "source" => "held").increment(1);
-        return next.run(req).await;
-    }
-    counter!(OWNER_LOOKUPS, "source" => "store").increment(1);
-    let owner = match f.leases.owner_of(session_id, now).await {
-        Ok(o) => forward_to(&f.node, o),
-        Err(e) => {
-            tracing::warn!(%session_id, error = %e, "owner not read; answering here");
-            None
-        }
-    };
-    let Some((node, url)) = owner else {
+    let Some((node, url)) = elsewhere(f, session_id).await else {
         return next.run(req).await;
     };
     let (mut parts, body) = req.into_parts();
@@ -584,6 +571,24 @@ const RELAY_PING: std::time::Duration = std::time::Duration::from_secs(15);
 /// How long a relay waits for any frame (a pong included) from the owner before it takes
 /// the owner for gone and closes the client's end (1011), so the client reconnects.
 const RELAY_SILENCE: std::time::Duration = std::time::Duration::from_secs(45);
+
+/// The owner of `session_id` when it is another node (its name and address): none when this
+/// node holds its lease (no query), when nobody does, or when the owner could not be read.
+async fn elsewhere(f: &Forwarder, session_id: SessionId) -> Option<(String, String)> {
+    let now = troupe_actors::clock::unix_now_ms();
+    if f.leases.holds(session_id, now) {
+        counter!(OWNER_LOOKUPS, "source" => "held").increment(1);
+        return None;
+    }
+    counter!(OWNER_LOOKUPS, "source" => "store").increment(1);
+    match f.leases.owner_of(session_id, now).await {
+        Ok(o) => forward_to(&f.node, o),
+        Err(e) => {
+            tracing::warn!(%session_id, error = %e, "owner not read; answering here");
+            None
+        }
+    }
+}
 
 /// Relays frames between a client's WebSocket and the owner's until either side closes,
 /// pinging the owner every [`RELAY_PING`] and closing once it was silent [`RELAY_SILENCE`].
@@ -686,23 +691,9 @@ async fn forward_batch(
     bytes: Bytes,
     next: Next,
 ) -> Response {
-    let now = troupe_actors::clock::unix_now_ms();
     let mut owners = Vec::with_capacity(sessions.len());
     for session_id in sessions {
-        let owner = if f.leases.holds(session_id, now) {
-            counter!(OWNER_LOOKUPS, "source" => "held").increment(1);
-            None
-        } else {
-            counter!(OWNER_LOOKUPS, "source" => "store").increment(1);
-            match f.leases.owner_of(session_id, now).await {
-                Ok(o) => forward_to(&f.node, o),
-                Err(e) => {
-                    tracing::warn!(%session_id, error = %e, "owner not read; answering here");
-                    None
-                }
-            }
-        };
-        owners.push((session_id, owner));
+        owners.push((session_id, elsewhere(f, session_id).await));
     }
     match batch_route(&f.node, owners) {
         BatchRoute::Here => {
@@ -773,31 +764,13 @@ impl RpcWsRelay {
         Self { forwarder, headers }
     }
 
-    /// The owner of `session_id` when it is another node (its name and address).
-    async fn elsewhere(&self, session_id: SessionId) -> Option<(String, String)> {
-        let f = &self.forwarder;
-        let now = troupe_actors::clock::unix_now_ms();
-        if f.leases.holds(session_id, now) {
-            counter!(OWNER_LOOKUPS, "source" => "held").increment(1);
-            return None;
-        }
-        counter!(OWNER_LOOKUPS, "source" => "store").increment(1);
-        match f.leases.owner_of(session_id, now).await {
-            Ok(o) => forward_to(&f.node, o),
-            Err(e) => {
-                tracing::warn!(%session_id, error = %e, "owner not read; answering here");
-                None
-            }
-        }
-    }
-
     /// The answer to `frame` when its calls belong to another node: `Some(answer)` (`None`
     /// inside for notifications only), or `None` to answer it here.
     pub async fn answer(&self, frame: &[u8]) -> Option<Option<String>> {
         if let Some(sessions) = sessions_of_batch(frame) {
             let mut owners = Vec::with_capacity(sessions.len());
             for session_id in sessions {
-                owners.push((session_id, self.elsewhere(session_id).await));
+                owners.push((session_id, elsewhere(&self.forwarder, session_id).await));
             }
             let subscribes =
                 serde_json::from_slice::<Vec<serde_json::Value>>(frame).is_ok_and(|calls| {
@@ -821,7 +794,7 @@ impl RpcWsRelay {
         let Some(Target::Session(session_id)) = target_of_rpc(frame) else {
             return None;
         };
-        let (node, url) = self.elsewhere(session_id).await?;
+        let (node, url) = elsewhere(&self.forwarder, session_id).await?;
         self.post(frame, &node, &url).await
     }
 

@@ -43,6 +43,19 @@ fn rejections(events: &[EventKind]) -> Vec<(PolicyReason, Vec<String>, String)> 
         .collect()
 }
 
+/// The first task of `conversation` (its running one).
+async fn first_task(
+    team: &Team,
+    conversation: troupe_proto::ConversationId,
+) -> troupe_proto::TaskId {
+    team.session
+        .tasks(Some(conversation))
+        .await
+        .unwrap()
+        .remove(0)
+        .task_id
+}
+
 fn results(events: &[EventKind]) -> Vec<(String, DispatchStatus)> {
     events
         .iter()
@@ -342,13 +355,7 @@ async fn a_failed_or_cancelled_child_keeps_no_slot() {
         }
         tokio::time::sleep(Duration::from_millis(10)).await;
     };
-    let parent = team
-        .session
-        .tasks(Some(root))
-        .await
-        .unwrap()
-        .remove(0)
-        .task_id;
+    let parent = first_task(&team, root).await;
     team.session.cancel_task(parent).await.unwrap();
     let cancelled = running.await.unwrap().unwrap();
     assert_eq!(cancelled.status, TaskStatus::Cancelled);
@@ -430,13 +437,7 @@ async fn a_queued_dispatch_ends_as_soon_as_its_dispatcher_is_cancelled() {
         );
         tokio::time::sleep(Duration::from_millis(10)).await;
     }
-    let dispatcher = team
-        .session
-        .tasks(Some(other))
-        .await
-        .unwrap()
-        .remove(0)
-        .task_id;
+    let dispatcher = first_task(&team, other).await;
     team.session.cancel_task(dispatcher).await.unwrap();
     let reply = tokio::time::timeout(Duration::from_secs(20), queued)
         .await
@@ -464,13 +465,7 @@ async fn a_queued_dispatch_ends_as_soon_as_its_dispatcher_is_cancelled() {
         ]
     );
     assert!(!busy.is_finished(), "the first dispatch still runs");
-    let first = team
-        .session
-        .tasks(Some(root))
-        .await
-        .unwrap()
-        .remove(0)
-        .task_id;
+    let first = first_task(&team, root).await;
     team.session.cancel_task(first).await.unwrap();
     let _ = tokio::time::timeout(Duration::from_secs(20), busy).await;
 }

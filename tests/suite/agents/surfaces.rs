@@ -71,6 +71,17 @@ impl Drop for Serving {
     }
 }
 
+/// The service's `/metrics` text.
+async fn metrics_of(api: &Api) -> String {
+    api.request(reqwest::Method::GET, "/metrics")
+        .send()
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap()
+}
+
 fn agent<'a>(listing: &'a Value, id: &str) -> &'a Value {
     listing["agents"]
         .as_array()
@@ -101,14 +112,7 @@ async fn serve_lists_agents_and_streams_their_events_and_metrics() {
 
     // Every series of the agents is there at 0 before anything ran.
     let (_, _) = api.get("/healthz").await;
-    let metrics = api
-        .request(reqwest::Method::GET, "/metrics")
-        .send()
-        .await
-        .unwrap()
-        .text()
-        .await
-        .unwrap();
+    let metrics = metrics_of(&api).await;
     for series in [
         r#"troupe_agent_dispatches_total{provider="acp",status="expired"} 0"#,
         r#"troupe_agent_policy_rejections_total{reason="cycle"} 0"#,
@@ -206,14 +210,7 @@ async fn serve_lists_agents_and_streams_their_events_and_metrics() {
         }
     }
 
-    let metrics = api
-        .request(reqwest::Method::GET, "/metrics")
-        .send()
-        .await
-        .unwrap()
-        .text()
-        .await
-        .unwrap();
+    let metrics = metrics_of(&api).await;
     for series in [
         r#"troupe_agent_dispatches_total{provider="model",status="ok"} 1"#,
         r#"troupe_agent_route_decisions_total{decision="dispatch_agent",source="hub"} 1"#,
@@ -229,14 +226,7 @@ async fn serve_lists_agents_and_streams_their_events_and_metrics() {
         let reply = api.say(&sid, "/hub coder again").await;
         assert_eq!(reply["reply"]["text"], format!("patched {n}"), "{reply}");
     }
-    let metrics = api
-        .request(reqwest::Method::GET, "/metrics")
-        .send()
-        .await
-        .unwrap()
-        .text()
-        .await
-        .unwrap();
+    let metrics = metrics_of(&api).await;
     let count = |path: &str| -> u64 {
         let series = format!("troupe_agent_dispatch_paths_total{{path=\"{path}\"}} ");
         metrics

@@ -13,7 +13,7 @@
 //! lease: A takes the session over on the next request; B, resumed, gives the session up
 //! (503 naming A) without writing for it. A stopped with SIGTERM gives its lease back.
 
-use super::{create_here, kill9, messages, node, send, send_here, signal, status_of, until};
+use super::{kill9, messages, node, running_and_queued, send, send_here, signal, status_of, until};
 use reqwest::StatusCode;
 use serde_json::Value;
 use std::time::{Duration, Instant};
@@ -25,20 +25,7 @@ async fn a_killed_nodes_session_is_taken_over_and_its_accepted_work_ends() {
     let (mut a, base_a) = node(dir.path(), &url, "a", 600_000);
     let (mut b, base_b) = node(dir.path(), &url, "b", 10);
 
-    let (status, s) = create_here(&base_a).await;
-    assert_eq!(status, StatusCode::CREATED, "{s}");
-    let session = s["session_id"].as_str().unwrap().to_owned();
-    let (status, first) = send(&base_a, &session, "runs on a").await;
-    assert_eq!(status, StatusCode::ACCEPTED, "{first}");
-    let (status, second) = send(&base_a, &session, "queued on a").await;
-    assert_eq!(status, StatusCode::ACCEPTED, "{second}");
-    let first = first["message"]["message_id"].as_u64().unwrap();
-    let second = second["message"]["message_id"].as_u64().unwrap();
-    until(&base_a, &session, Duration::from_secs(10), |m| {
-        status_of(m, first).as_deref() == Some("running")
-            && status_of(m, second).as_deref() == Some("queued")
-    })
-    .await;
+    let (session, first, second) = running_and_queued(&base_a).await;
 
     // A lives: B does not activate the session (asked not to forward, it answers 503).
     let (status, refused) = send_here(&base_b, &session, "to b while a lives").await;

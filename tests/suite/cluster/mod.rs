@@ -168,6 +168,26 @@ pub async fn create_here(base: &str) -> (StatusCode, Value) {
     (status, r.json().await.unwrap_or(Value::Null))
 }
 
+/// A new session on the node at `base` with one message running ("runs on a") and one
+/// queued behind it ("queued on a"): its id and the two message ids.
+pub async fn running_and_queued(base: &str) -> (String, u64, u64) {
+    let (status, s) = create_here(base).await;
+    assert_eq!(status, StatusCode::CREATED, "{s}");
+    let session = s["session_id"].as_str().unwrap().to_owned();
+    let (status, first) = send(base, &session, "runs on a").await;
+    assert_eq!(status, StatusCode::ACCEPTED, "{first}");
+    let (status, second) = send(base, &session, "queued on a").await;
+    assert_eq!(status, StatusCode::ACCEPTED, "{second}");
+    let first = first["message"]["message_id"].as_u64().unwrap();
+    let second = second["message"]["message_id"].as_u64().unwrap();
+    until(base, &session, Duration::from_secs(10), |m| {
+        status_of(m, first).as_deref() == Some("running")
+            && status_of(m, second).as_deref() == Some("queued")
+    })
+    .await;
+    (session, first, second)
+}
+
 pub fn signal(child: &Child, signal: nix::sys::signal::Signal) {
     nix::sys::signal::kill(
         nix::unistd::Pid::from_raw(i32::try_from(child.id()).unwrap()),

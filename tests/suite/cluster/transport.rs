@@ -13,7 +13,8 @@
 
 use super::forwarding::metrics;
 use super::{
-    create_here, kill9, messages, node_command, send, send_here, signal, status_of, until,
+    create_here, kill9, messages, node_command, running_and_queued, send, send_here, signal,
+    status_of, until,
 };
 use reqwest::StatusCode;
 use serde_json::Value;
@@ -260,20 +261,7 @@ async fn a_node_stopping_gracefully_hands_its_sessions_over_at_once() {
     until_series(&base_a, PEERS, within, |v| v == 1.0, d).await;
     until_series(&base_b, PEERS, within, |v| v == 1.0, d).await;
 
-    let (status, s) = create_here(&base_a).await;
-    assert_eq!(status, StatusCode::CREATED, "{s}");
-    let session = s["session_id"].as_str().unwrap().to_owned();
-    let (status, first) = send(&base_a, &session, "runs on a").await;
-    assert_eq!(status, StatusCode::ACCEPTED, "{first}");
-    let (status, second) = send(&base_a, &session, "queued on a").await;
-    assert_eq!(status, StatusCode::ACCEPTED, "{second}");
-    let first = first["message"]["message_id"].as_u64().unwrap();
-    let second = second["message"]["message_id"].as_u64().unwrap();
-    until(&base_a, &session, Duration::from_secs(10), |m| {
-        status_of(m, first).as_deref() == Some("running")
-            && status_of(m, second).as_deref() == Some("queued")
-    })
-    .await;
+    let (session, first, second) = running_and_queued(&base_a).await;
     let (status, refused) = send_here(&base_b, &session, "to b while a lives").await;
     assert_eq!(status, StatusCode::SERVICE_UNAVAILABLE, "{refused}");
 
@@ -360,20 +348,7 @@ async fn a_killed_node_is_taken_over_once_its_leases_can_have_expired() {
     let within = Duration::from_secs(20);
     until_series(&base_b, PEERS, within, |v| v == 1.0, d).await;
 
-    let (status, s) = create_here(&base_a).await;
-    assert_eq!(status, StatusCode::CREATED, "{s}");
-    let session = s["session_id"].as_str().unwrap().to_owned();
-    let (status, first) = send(&base_a, &session, "runs on a").await;
-    assert_eq!(status, StatusCode::ACCEPTED, "{first}");
-    let (status, second) = send(&base_a, &session, "queued on a").await;
-    assert_eq!(status, StatusCode::ACCEPTED, "{second}");
-    let first = first["message"]["message_id"].as_u64().unwrap();
-    let second = second["message"]["message_id"].as_u64().unwrap();
-    until(&base_a, &session, Duration::from_secs(10), |m| {
-        status_of(m, first).as_deref() == Some("running")
-            && status_of(m, second).as_deref() == Some("queued")
-    })
-    .await;
+    let (session, first, second) = running_and_queued(&base_a).await;
 
     kill9(&mut a);
     let killed = Instant::now();
