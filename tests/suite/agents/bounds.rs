@@ -253,6 +253,69 @@ async fn an_expired_lease_is_reclaimed_and_its_child_cancelled() {
     );
 }
 
+/// A dispatch sent straight to the agent's conversation (the binding's second) is answered
+/// by whoever ends it first: here the hub, when the lease expires; the agent's task, cancelled
+/// then, ends without a second `dispatch_result`, and the next dispatch is its own.
+#[tokio::test(start_paused = true)]
+async fn an_expired_lease_of_a_direct_dispatch_is_answered_once() {
+    let mut s = settings(RouterMode::Rules);
+    s.lease_ttl = Duration::from_secs(20);
+    let team = Team::start_with(
+        vec![model_agent("slow", "S", &[])],
+        vec![
+            ScriptedReply::text("bound"),
+            ScriptedReply::hang(true),
+            ScriptedReply::text("quick"),
+        ],
+        s,
+        one_slot,
+    )
+    .await;
+    assert_eq!(team.send("/hub slow bind").await.text, "bound");
+    // The hub looks the agent's conversation up after the first dispatch (off its mailbox).
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    let started = tokio::time::Instant::now();
+    let reply = team.send("/hub slow take your time").await;
+    assert_eq!(started.elapsed(), Duration::from_secs(20));
+    assert_eq!(reply.error.map(|e| e.kind()), Some(ErrorKind::Timeout));
+    let cancelled_children = |events: &[EventKind]| {
+        events
+            .iter()
+            .filter(|e| {
+                matches!(
+                    e,
+                    EventKind::TaskFinished {
+                        status: TaskStatus::Cancelled,
+                        ..
+                    }
+                )
+            })
+            .count()
+    };
+    let mut events = team.events().await;
+    for _ in 0..100 {
+        if cancelled_children(&events) == 1 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+        events = team.events().await;
+    }
+    assert_eq!(cancelled_children(&events), 1, "{:?}", agent_kinds(&events));
+    let again = team.send("/hub slow now quickly").await;
+    assert_eq!(
+        (again.status, again.text.as_str()),
+        (TaskStatus::Ok, "quick")
+    );
+    assert_eq!(
+        results(&team.events().await),
+        [
+            ("slow".into(), DispatchStatus::Ok),
+            ("slow".into(), DispatchStatus::Expired),
+            ("slow".into(), DispatchStatus::Ok)
+        ]
+    );
+}
+
 /// How children are scheduled: a dispatcher lends its slot to its in-process child's task
 /// for the dispatch and goes on with it once the child has answered; the child's task asks
 /// for none. With one slot for the whole session (every conversation, every agent), a
