@@ -6,17 +6,17 @@ use super::http;
 use reqwest::StatusCode;
 use serde_json::{Value, json};
 use std::path::Path;
-use std::process::Child;
+use super::Node;
 use std::time::Duration;
 
 const TOKEN: &str = "cluster-console-token";
 
-fn node(dir: &Path, url: &str, name: &str) -> (Child, String) {
+fn node(dir: &Path, url: &str, name: &str) -> (Node, String) {
     let mut command = super::node_command(dir, url, name, 0, super::LEASE_TTL);
     command
         .env("TROUPE_API_TOKENS", format!("{TOKEN}=*"))
         .stderr(std::process::Stdio::null());
-    troupe_tests::spawn_serve(&mut command)
+    super::spawn_node(&mut command)
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

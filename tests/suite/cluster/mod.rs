@@ -29,8 +29,38 @@ use troupe_tests::troupe_bin;
 
 pub const LEASE_TTL: &str = "2s";
 
+/// A running `troupe serve` node, killed when dropped: a test that fails part-way leaves no
+/// node behind.
+pub struct Node(Child);
+
+impl std::ops::Deref for Node {
+    type Target = Child;
+    fn deref(&self) -> &Child {
+        &self.0
+    }
+}
+
+impl std::ops::DerefMut for Node {
+    fn deref_mut(&mut self) -> &mut Child {
+        &mut self.0
+    }
+}
+
+impl Drop for Node {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+/// Starts `command` (a `troupe serve`): the node and its base URL.
+pub fn spawn_node(command: &mut Command) -> (Node, String) {
+    let (child, base) = troupe_tests::spawn_serve(command);
+    (Node(child), base)
+}
+
 /// A node: `troupe serve` as cluster node `name`, its model answering after `delay_ms`.
-pub fn node(dir: &Path, url: &str, name: &str, delay_ms: u64) -> (Child, String) {
+pub fn node(dir: &Path, url: &str, name: &str, delay_ms: u64) -> (Node, String) {
     node_with_ttl(dir, url, name, delay_ms, LEASE_TTL)
 }
 
@@ -41,9 +71,9 @@ pub fn node_with_ttl(
     name: &str,
     delay_ms: u64,
     ttl: &str,
-) -> (Child, String) {
+) -> (Node, String) {
     let mut command = node_command(dir, url, name, delay_ms, ttl);
-    troupe_tests::spawn_serve(command.stderr(Stdio::null()))
+    spawn_node(command.stderr(Stdio::null()))
 }
 
 /// The command of [`node_with_ttl`], to add to.

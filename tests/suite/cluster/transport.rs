@@ -19,7 +19,7 @@ use super::{
 use reqwest::StatusCode;
 use serde_json::Value;
 use std::path::Path;
-use std::process::{Child, Stdio};
+use std::process::Stdio;
 use std::time::{Duration, Instant};
 
 const COOKIE: &str = "the cluster's secret";
@@ -47,7 +47,7 @@ struct Joined<'a> {
 
 /// Starts the node `n`. Its stderr goes to `stderr-<name>.log` in `dir` (appended: a
 /// restarted node adds to it).
-fn joined(dir: &Path, url: &str, n: Joined<'_>) -> (Child, String) {
+fn joined(dir: &Path, url: &str, n: Joined<'_>) -> (super::Node, String) {
     let Joined {
         name,
         delay_ms,
@@ -71,7 +71,7 @@ fn joined(dir: &Path, url: &str, n: Joined<'_>) -> (Child, String) {
     if !seeds.is_empty() {
         command.args(["--seeds", &seeds.join(",")]);
     }
-    troupe_tests::spawn_serve(&mut command)
+    super::spawn_node(&mut command)
 }
 
 fn stderr_of(dir: &Path, name: &str) -> String {
@@ -493,7 +493,7 @@ async fn a_node_says_what_of_its_transport_settings_it_cannot_use() {
     command
         .args(["--seeds", "127.0.0.1:1"])
         .stderr(Stdio::from(log));
-    let (mut a, base_a) = troupe_tests::spawn_serve(&mut command);
+    let (mut a, base_a) = super::spawn_node(&mut command);
     let said = stderr_of(d, "a");
     assert!(
         said.contains(
