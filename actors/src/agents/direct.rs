@@ -1,21 +1,12 @@
 //! A dispatch to an in-process agent whose conversation the hub knows: sent straight to that
-//! conversation (no worker, no Session in between), and answered straight from the agent's
-//! task as it ends.
+//! conversation (no worker, no Session in between), and its task's end reported straight to
+//! the hub.
 //!
 //! ```text
 //! hub ──ConversationMsg::Dispatch──► agent's conversation ──► task ──► TaskFinished
-//!                                                              │            │
-//! dispatcher ◄──── dispatch_result, then the answer ───────────┘            │
-//!  hub ◄────────── AgentHubMsg::Finished (HubAnswer): lease returned ◄──────┘
+//!  ▲                                                                        │
+//!  └──────────────── AgentHubMsg::Finished (HubAnswer) ─────────────────────┘
 //! ```
-//!
-//! A dispatch is answered once ([`DispatchReply`]): whoever claims it first answers, the
-//! others stay silent. The agent's task claims it as it ends (its `TaskFinished` is sent to its
-//! conversation first, so a next dispatch to the agent queues behind it), emits
-//! `dispatch_result` in its dispatcher's task and answers; the hub hears the end afterwards
-//! from the conversation and returns the lease. The hub claims it for everything else: a
-//! refusal, a lease that expired, a dispatcher that was cancelled, an agent reached through its
-//! worker, a conversation that stopped before its task ended.
 //!
 //! Nothing is lost on the way:
 //! - a [`DirectDispatch`] that its conversation never took (it was passivated, it failed and
@@ -25,155 +16,14 @@
 //!   passivate, refuses it for one that is gone;
 //! - a [`HubAnswer`] dropped unanswered (the conversation stopped while the task was queued
 //!   or running) reports `Interrupted` to the hub, as a dispatcher waiting on the Session's
-//!   reply would have heard its port close; the hub answers then, unless the agent's task did;
-//! - a dispatcher whose [`DispatchReply`] every holder dropped unanswered hears that too
-//!   ([`DispatchWait::recv`] is `None`).
+//!   reply would have heard its port close.
 
+use super::DispatchOrigin;
 use super::hub::AgentHubMsg;
 use super::model::agent_output;
-use super::{AgentOutput, DispatchOrigin, DispatchParent};
-use crate::events::{EventDraft, EventSink};
 use crate::session::SessionMsg;
 use ractor::ActorRef;
-use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, Ordering};
-use tokio::sync::mpsc;
-use tokio::time::Instant;
-use troupe_proto::agent::DispatchStatus;
-use troupe_proto::{AgentError, ConversationId, DispatchId, EventKind, MessageReply};
-
-/// A dispatch's answer to its dispatcher, given once by whoever claims it first (see the
-/// module doc). Cheap to clone: every holder may answer.
-#[derive(Clone)]
-pub struct DispatchReply {
-    claimed: Arc<AtomicBool>,
-    tx: mpsc::UnboundedSender<Result<AgentOutput, AgentError>>,
-}
-
-/// The dispatcher's end of a [`DispatchReply`].
-pub struct DispatchWait(mpsc::UnboundedReceiver<Result<AgentOutput, AgentError>>);
-
-/// The right to answer a dispatch, held by the one holder that claimed it.
-pub struct Claimed(mpsc::UnboundedSender<Result<AgentOutput, AgentError>>);
-
-impl DispatchReply {
-    /// A reply and the dispatcher's wait for it.
-    pub fn channel() -> (Self, DispatchWait) {
-        let (tx, rx) = mpsc::unbounded_channel();
-        let reply = Self {
-            claimed: Arc::new(AtomicBool::new(false)),
-            tx,
-        };
-        (reply, DispatchWait(rx))
-    }
-
-    /// The right to answer: `Some` for exactly one claim among all the clones.
-    pub fn claim(&self) -> Option<Claimed> {
-        (!self.claimed.swap(true, Ordering::AcqRel)).then(|| Claimed(self.tx.clone()))
-    }
-
-    /// Claims and answers at once (a holder that emits nothing first); `false` if another
-    /// holder had claimed it.
-    pub fn answer(&self, result: Result<AgentOutput, AgentError>) -> bool {
-        self.claim().map(|c| c.send(result)).is_some()
-    }
-}
-
-impl std::fmt::Debug for DispatchReply {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("DispatchReply")
-            .field("claimed", &self.claimed.load(Ordering::Acquire))
-            .finish_non_exhaustive()
-    }
-}
-
-impl Claimed {
-    /// Answers the dispatcher (who may have stopped waiting).
-    pub fn send(self, result: Result<AgentOutput, AgentError>) {
-        let _ = self.0.send(result);
-    }
-}
-
-impl DispatchWait {
-    /// The answer; `None` when every holder dropped the reply unanswered.
-    pub async fn recv(mut self) -> Option<Result<AgentOutput, AgentError>> {
-        self.0.recv().await
-    }
-}
-
-/// `dispatch_result` of a dispatch that ended with `result` after `took`: its status and the
-/// event, whoever ends it (the hub, or the agent's task of a direct dispatch).
-pub fn result_event(
-    dispatch_id: DispatchId,
-    agent_id: String,
-    provider_session_id: Option<String>,
-    result: &Result<AgentOutput, AgentError>,
-    status: DispatchStatus,
-    took: std::time::Duration,
-) -> EventKind {
-    EventKind::DispatchResult {
-        dispatch_id,
-        agent_id,
-        provider_session_id,
-        status,
-        text: result.as_ref().map(|o| o.text.clone()).unwrap_or_default(),
-        error: result.as_ref().err().cloned(),
-        duration_ms: u64::try_from(took.as_millis()).unwrap_or(u64::MAX),
-    }
-}
-
-/// The status of a dispatch that its agent ended with `result`.
-pub fn status_of(result: &Result<AgentOutput, AgentError>) -> DispatchStatus {
-    match result {
-        Ok(_) => DispatchStatus::Ok,
-        Err(e) => DispatchStatus::of_error(e),
-    }
-}
-
-/// What an agent's task of a direct dispatch needs to answer its dispatcher itself.
-#[derive(Debug, Clone)]
-pub struct DirectEnd {
-    pub reply: DispatchReply,
-    /// The dispatcher's task: `dispatch_result` is one of its events.
-    pub parent: DispatchParent,
-    /// The agent's conversation.
-    pub provider_session_id: String,
-    /// When the hub admitted the dispatch (`duration_ms`).
-    pub started: Instant,
-}
-
-/// Ends a direct dispatch with its agent's task's `result`, unless the hub ended it first (a
-/// lease that expired, a dispatcher that was cancelled): `dispatch_result` in the dispatcher's
-/// task, then the answer. `false` when the hub had ended it.
-pub fn end_direct(
-    origin: &DispatchOrigin,
-    events: &EventSink,
-    result: Result<AgentOutput, AgentError>,
-) -> bool {
-    let Some(end) = &origin.direct else {
-        return false;
-    };
-    let Some(claimed) = end.reply.claim() else {
-        return false;
-    };
-    let event = result_event(
-        origin.dispatch_id,
-        origin.agent_id.clone(),
-        Some(end.provider_session_id.clone()),
-        &result,
-        status_of(&result),
-        end.started.elapsed(),
-    );
-    origin.span.in_scope(|| {
-        events.emit(EventDraft::task(
-            end.parent.conversation_id,
-            end.parent.task_id,
-            event,
-        ));
-    });
-    claimed.send(result);
-    true
-}
+use troupe_proto::{AgentError, ConversationId, DispatchId, MessageReply};
 
 /// Where an agent's task's end goes when its dispatch came from the hub directly.
 pub struct HubAnswer {
@@ -274,7 +124,9 @@ impl Drop for DirectDispatch {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::agents::AgentOutput;
     use ractor::{Actor, ActorProcessingErr};
+    use std::sync::Arc;
     use std::time::Duration;
     use tokio::sync::mpsc;
     use tokio_util::sync::CancellationToken;
@@ -333,7 +185,6 @@ mod tests {
             span: tracing::Span::none(),
             governance: Arc::new(crate::governance::TaskGovernance::default()),
             slot_lent: true,
-            direct: None,
         }
     }
 
@@ -442,125 +293,6 @@ mod tests {
             matches!(result, Err(AgentError::Interrupted { .. })),
             "{result:?}"
         );
-    }
-
-    #[tokio::test]
-    async fn a_dispatch_is_answered_once_by_whoever_claims_it_first() {
-        let output = |text: &str| AgentOutput {
-            text: text.into(),
-            usage: None,
-        };
-        let (hub, wait) = DispatchReply::channel();
-        let agent = hub.clone();
-        assert!(agent.answer(Ok(output("from the agent"))));
-        assert!(hub.claim().is_none(), "claimed already");
-        assert!(!hub.answer(Ok(output("from the hub"))));
-        drop((hub, agent));
-        let answer = wait.recv().await.expect("an answer");
-        assert_eq!(answer.expect("ok").text, "from the agent");
-
-        // Nobody answered: the dispatcher hears it when the last holder is gone.
-        let (hub, wait) = DispatchReply::channel();
-        let agent = hub.clone();
-        drop(hub);
-        let waiting = tokio::spawn(wait.recv());
-        tokio::task::yield_now().await;
-        assert!(!waiting.is_finished(), "one holder left: still waiting");
-        drop(agent);
-        assert!(waiting.await.unwrap().is_none());
-    }
-
-    fn direct_origin(
-        dispatch_id: DispatchId,
-        reply: &DispatchReply,
-    ) -> (DispatchOrigin, DispatchParent) {
-        let parent = DispatchParent {
-            conversation_id: ConversationId::new(),
-            task_id: TaskId::new(),
-        };
-        let mut origin = origin(dispatch_id);
-        origin.direct = Some(DirectEnd {
-            reply: reply.clone(),
-            parent,
-            provider_session_id: "agent-conversation".into(),
-            started: Instant::now(),
-        });
-        (origin, parent)
-    }
-
-    #[tokio::test]
-    async fn an_agents_task_ends_its_direct_dispatch_result_first_then_answer() {
-        let (rollout, mut rollout_rx) = probe::<crate::rollout::RolloutMsg>().await;
-        let events = EventSink::new(rollout);
-        let dispatch_id = DispatchId::new();
-        let (reply, wait) = DispatchReply::channel();
-        let (ends, parent) = direct_origin(dispatch_id, &reply);
-        assert!(end_direct(
-            &ends,
-            &events,
-            Ok(AgentOutput {
-                text: "fixed".into(),
-                usage: None
-            })
-        ));
-        let crate::rollout::RolloutMsg::Emit { draft } = next(&mut rollout_rx).await else {
-            panic!("not an event");
-        };
-        // The dispatcher's task's event, naming the agent's conversation.
-        assert_eq!(
-            (draft.conversation_id, draft.task_id),
-            (Some(parent.conversation_id), Some(parent.task_id))
-        );
-        match draft.event {
-            EventKind::DispatchResult {
-                dispatch_id: id,
-                agent_id,
-                provider_session_id,
-                status,
-                text,
-                error,
-                ..
-            } => {
-                assert_eq!((id, agent_id.as_str()), (dispatch_id, "coder"));
-                assert_eq!(provider_session_id.as_deref(), Some("agent-conversation"));
-                assert_eq!(
-                    (status, text.as_str(), error),
-                    (DispatchStatus::Ok, "fixed", None)
-                );
-            }
-            other => panic!("not a dispatch_result: {other:?}"),
-        }
-        drop((ends, reply));
-        assert_eq!(wait.recv().await.unwrap().unwrap().text, "fixed");
-
-        // The hub ended it first (its lease expired): the task's end says nothing.
-        let (reply, wait) = DispatchReply::channel();
-        let (late, _) = direct_origin(DispatchId::new(), &reply);
-        assert!(reply.answer(Err(AgentError::cancelled("expired"))));
-        assert!(!end_direct(
-            &late,
-            &events,
-            Ok(AgentOutput {
-                text: "late".into(),
-                usage: None
-            })
-        ));
-        drop((late, reply));
-        assert!(matches!(
-            wait.recv().await,
-            Some(Err(AgentError::Cancelled { .. }))
-        ));
-        tokio::time::sleep(Duration::from_millis(20)).await;
-        assert!(rollout_rx.try_recv().is_err(), "no second dispatch_result");
-
-        // A dispatch the hub answers (through its worker) is not the task's to end.
-        let (reply, _wait) = DispatchReply::channel();
-        assert!(!end_direct(
-            &origin(DispatchId::new()),
-            &events,
-            Err(AgentError::cancelled("x"))
-        ));
-        assert!(reply.claim().is_some());
     }
 
     async fn hub_session() -> ActorRef<SessionMsg> {

@@ -11,17 +11,14 @@
 //!   first to expire, emits `dispatch_sent` and either starts the dispatch's worker (a tokio
 //!   task, never awaited in `handle`) or, for an in-process agent bound to a conversation
 //!   whose actor the hub knows alive, sends it straight to that conversation
-//!   ([`decide::dispatch_path`], [`super::direct`]): no worker, no Session on the way; the
-//!   agent's task answers the dispatcher itself as it ends, and its end comes back to the hub
-//!   as `Finished`. A dispatch is answered once ([`DispatchReply`]): by whoever claims it
-//!   first, the agent's task of a direct dispatch or the hub.
+//!   ([`decide::dispatch_path`], [`super::direct`]): no worker, no Session on the way, and the
+//!   agent's task's end comes back as `Finished`.
 //! - `Bind` / `Bound` / `BindFailed`: the worker's binding, one opener per agent at a time
 //!   ([`decide::bind_plan`]); others wait for it. `Bound` emits `session_created`,
 //!   `session_bound`, `session_resumed` (and a `binding_replaced` warning when a binding could
 //!   not be resumed); the worker has written the binding to the store before.
-//! - `Finished`: the dispatch's end (its worker's, or its agent's conversation's): the lease
-//!   returned, and unless the agent's task answered already (a direct dispatch),
-//!   `dispatch_result` and the caller answered. An in-process agent's first
+//! - `Finished`: the dispatch's end (its worker's, or its agent's conversation's):
+//!   `dispatch_result`, the lease returned, the caller answered. An in-process agent's first
 //!   dispatch on a binding (through its worker and the Session) has the hub look the
 //!   conversation's actor up once, off the mailbox (`Learned`); it is looked up again after
 //!   its actor stopped (passivated, restarted).
@@ -29,17 +26,15 @@
 //!   still held and past its deadline is reclaimed: the child cancelled (its cancel token),
 //!   `dispatch_result` with status `expired` and a `lease_expired` warning, the caller
 //!   answered `Timeout` at once; the timer is armed again for the next deadline. The child's
-//!   late end is then ignored. (A direct dispatch whose agent's task answered just before the
-//!   deadline has ended: its lease is returned, nothing is reclaimed.)
+//!   late end is then ignored.
 //! - `List`: agents with health (asked of each provider off the mailbox) and bindings.
 //! - `Shutdown`: every provider's `shutdown`, then the hub stops.
 //!
 //! # Children and failure
 //! No child actors. Workers (and direct dispatches' answers) hold the hub's reference; if
 //! the hub fails, the Session starts a new one (bindings are read again from the store); the
-//! callers of the failed one's dispatches hear their agent's task's end (a direct dispatch's
-//! task answers itself) or see their reply dropped unanswered, and its workers' reports go
-//! nowhere. A dispatch whose dispatcher is cancelled ends `cancelled` at once: the
+//! callers of the failed one's dispatches see their reply port close, and its workers'
+//! reports go nowhere. A dispatch whose dispatcher is cancelled ends `cancelled` at once: the
 //! dispatching task tells the hub it stopped waiting (`DispatcherCancelled`), which ends its
 //! dispatches then (leases and waits released); their agents' tasks are cancelled with them
 //! (their cancel tokens are the dispatcher's children: one still queued in the agent's
@@ -62,7 +57,6 @@
 //! its dispatcher goes on (or ends) with its slot.
 
 use super::decide::{self, BindPlan, BindingEntry, Refusal, Visibility};
-use super::direct::DispatchReply;
 use super::leases::{Lease, LeaseBook, Node};
 use super::metrics::{self, BindingOutcome};
 use super::model::ModelAgent;
@@ -315,7 +309,7 @@ pub enum AgentHubMsg {
     /// when the lease expires first.
     Dispatch {
         request: DispatchRequest,
-        reply: DispatchReply,
+        reply: RpcReplyPort<Result<AgentOutput, AgentError>>,
     },
     /// A worker bound its agent.
     Bound {
@@ -396,8 +390,7 @@ impl ProviderCell {
 /// A dispatch in flight: what the hub needs beside its lease.
 struct Flight {
     agent_id: String,
-    /// Answered by whoever claims it first: the hub, or the agent's task of a direct dispatch.
-    reply: DispatchReply,
+    reply: Option<RpcReplyPort<Result<AgentOutput, AgentError>>>,
     cancel: CancellationToken,
     parent: DispatchParent,
     kind: ProviderKind,
@@ -567,9 +560,8 @@ impl Actor for AgentHub {
         _myself: ActorRef<Self::Msg>,
         state: &mut Self::State,
     ) -> Result<(), ActorProcessingErr> {
-        // Nothing in flight outlives the hub: its children are cancelled; their callers hear
-        // the end from the agent's task (a direct dispatch, answered `cancelled`) or their
-        // reply dropped unanswered.
+        // Nothing in flight outlives the hub: its children are cancelled, its callers hear
+        // their reply port close.
         for flight in state.flights.values() {
             flight.cancel.cancel();
             metrics::dispatch_ended(
@@ -729,7 +721,7 @@ impl AgentHubState {
         &mut self,
         myself: &ActorRef<AgentHubMsg>,
         request: DispatchRequest,
-        reply: DispatchReply,
+        reply: RpcReplyPort<Result<AgentOutput, AgentError>>,
     ) {
         let dispatch_id = DispatchId::new();
         let chain = request.chain.then(&request.agent_id);
@@ -748,7 +740,7 @@ impl AgentHubState {
                         tool: None,
                     },
                 );
-                reply.answer(Err(AgentError::PolicyRejected {
+                let _ = reply.send(Err(AgentError::PolicyRejected {
                     reason: refusal.reason,
                     chain: chain.0,
                     message: refusal.message,
@@ -762,7 +754,7 @@ impl AgentHubState {
             .cloned()
             .zip(self.providers.get(&request.agent_id).cloned())
         else {
-            reply.answer(Err(AgentError::internal(
+            let _ = reply.send(Err(AgentError::internal(
                 "an admitted agent has no provider",
             )));
             return;
@@ -822,18 +814,17 @@ impl AgentHubState {
                 },
             );
         });
-        let started = Instant::now();
         self.flights.insert(
             dispatch_id,
             Flight {
                 agent_id: request.agent_id.clone(),
-                reply: reply.clone(),
+                reply: Some(reply),
                 cancel: cancel.clone(),
                 parent: request.parent,
                 kind,
                 provider_session_id: None,
                 bound: true,
-                started,
+                started: Instant::now(),
                 span: span.clone(),
             },
         );
@@ -858,13 +849,6 @@ impl AgentHubState {
                 span: span.clone(),
                 governance: request.governance,
                 slot_lent,
-                // Its task answers the dispatcher as it ends: no hand-off through the hub.
-                direct: Some(super::direct::DirectEnd {
-                    reply,
-                    parent: request.parent,
-                    provider_session_id: known.provider_session_id.clone(),
-                    started,
-                }),
             };
             let direct = super::direct::DirectDispatch::new(
                 self.session.clone(),
@@ -1063,13 +1047,17 @@ impl AgentHubState {
         dispatch_id: DispatchId,
         result: Result<AgentOutput, AgentError>,
     ) {
-        // A lease may be gone already: its deadline passed after the agent's task answered.
-        self.leases.finish(dispatch_id);
-        let Some(mut flight) = self.flights.remove(&dispatch_id) else {
+        if self.leases.finish(dispatch_id).is_none() {
             tracing::debug!(%dispatch_id, "a reclaimed dispatch ended late");
             return;
+        }
+        let Some(mut flight) = self.flights.remove(&dispatch_id) else {
+            return;
         };
-        let status = super::direct::status_of(&result);
+        let status = match &result {
+            Ok(_) => DispatchStatus::Ok,
+            Err(e) => DispatchStatus::of_error(e),
+        };
         if flight.kind == ProviderKind::Model
             && flight.bound
             && result.is_ok()
@@ -1077,9 +1065,7 @@ impl AgentHubState {
         {
             self.learn(myself, &flight.agent_id, psid);
         }
-        // Answered already when its agent's task claimed the answer (a direct dispatch).
-        let claimed = flight.reply.claim();
-        self.end(dispatch_id, &mut flight, status, result, claimed);
+        self.end(dispatch_id, &mut flight, status, result);
     }
 
     /// Ends the dispatches of a task that stopped waiting for them (see
@@ -1184,35 +1170,38 @@ impl AgentHubState {
         }
     }
 
-    /// Counts a dispatch's end; with the answer `claimed`, emits `dispatch_result` and
-    /// answers the dispatcher (without it, the agent's task has done both).
+    /// Emits `dispatch_result`, counts it, answers the dispatcher.
     fn end(
         &self,
         dispatch_id: DispatchId,
         flight: &mut Flight,
         status: DispatchStatus,
         result: Result<AgentOutput, AgentError>,
-        claimed: Option<super::direct::Claimed>,
     ) {
         let took = flight.started.elapsed();
         metrics::dispatch_ended(flight.kind, status, took);
+        let agent_id = flight.agent_id.clone();
         if let Err(e) = &result {
             flight.span.record("otel.status_code", "error");
             flight.span.record("error.type", e.kind().as_str());
         }
-        let Some(claimed) = claimed else {
-            return;
-        };
-        let event = super::direct::result_event(
-            dispatch_id,
-            flight.agent_id.clone(),
-            flight.provider_session_id.clone(),
-            &result,
-            status,
-            took,
-        );
-        flight.span.in_scope(|| self.emit(flight.parent, event));
-        claimed.send(result);
+        flight.span.in_scope(|| {
+            self.emit(
+                flight.parent,
+                EventKind::DispatchResult {
+                    dispatch_id,
+                    agent_id,
+                    provider_session_id: flight.provider_session_id.clone(),
+                    status,
+                    text: result.as_ref().map(|o| o.text.clone()).unwrap_or_default(),
+                    error: result.as_ref().err().cloned(),
+                    duration_ms: millis(took),
+                },
+            );
+        });
+        if let Some(reply) = flight.reply.take() {
+            let _ = reply.send(result);
+        }
     }
 
     /// Reclaims the expired lease of `dispatch_id`.
@@ -1222,14 +1211,8 @@ impl AgentHubState {
             .get(dispatch_id)
             .map(|l| l.agent_id.clone())
             .unwrap_or_default();
-        self.leases.finish(dispatch_id);
         let Some(mut flight) = self.flights.remove(&dispatch_id) else {
-            return;
-        };
-        let Some(claimed) = flight.reply.claim() else {
-            // Its agent's task answered just before the deadline: the end it reported is on
-            // its way (`Finished` counts it); nothing to reclaim.
-            self.flights.insert(dispatch_id, flight);
+            self.leases.finish(dispatch_id);
             return;
         };
         // The child is cancelled; the lease is reclaimed now, whatever the child does next.
@@ -1247,6 +1230,7 @@ impl AgentHubState {
                 ),
             },
         );
+        self.leases.finish(dispatch_id);
         let error = AgentError::timeout(
             format!("the dispatch to `{agent_id}` (lease {dispatch_id})"),
             ttl,
@@ -1256,7 +1240,6 @@ impl AgentHubState {
             &mut flight,
             DispatchStatus::Expired,
             Err(error),
-            Some(claimed),
         );
     }
 

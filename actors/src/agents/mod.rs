@@ -14,8 +14,8 @@
 //! - [`hub`]: the session's agents, bindings and dispatches (its doc tells the protocol and
 //!   how children are scheduled so that nothing locks itself).
 //! - [`model`]: the in-process provider, a conversation of the session.
-//! - [`direct`]: a dispatch sent straight to an in-process agent's conversation, answered
-//!   straight from the agent's task; and the dispatch's answer, given once.
+//! - [`direct`]: a dispatch sent straight to an in-process agent's conversation, and its end
+//!   straight back to the hub.
 //! - [`decide`], [`leases`], [`route`]: the decisions (admission, bindings, the wait graph,
 //!   routing) as plain functions.
 //! - [`listing`]: what `troupe agents list` and `agents.list` show.
@@ -115,7 +115,4 @@ pub struct DispatchOrigin {
     /// The agent's task runs on its dispatcher's scheduler slot (lent for the dispatch): it
     /// asks the scheduler for none and gives none back.
     pub slot_lent: bool,
-    /// Sent straight to the agent's conversation: its task answers the dispatcher itself as
-    /// it ends ([`direct::end_direct`]). `None`: the hub answers.
-    pub direct: Option<direct::DirectEnd>,
 }

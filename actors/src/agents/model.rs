@@ -22,27 +22,17 @@ use troupe_proto::{
 /// What an agent's task's end answers its dispatch: its text (a task that ran out of steps
 /// answers what it has), or why it did not end well.
 pub fn agent_output(reply: MessageReply) -> Result<AgentOutput, AgentError> {
-    task_output(reply.status, reply.text, reply.stats.usage, reply.error)
-}
-
-/// [`agent_output`] of a task's end, read from its parts.
-pub fn task_output(
-    status: TaskStatus,
-    text: String,
-    usage: troupe_proto::Usage,
-    error: Option<AgentError>,
-) -> Result<AgentOutput, AgentError> {
-    match status {
+    match reply.status {
         TaskStatus::Ok | TaskStatus::MaxSteps => Ok(AgentOutput {
-            text,
-            usage: Some(usage),
+            text: reply.text,
+            usage: Some(reply.stats.usage),
         }),
-        TaskStatus::Cancelled => {
-            Err(error.unwrap_or_else(|| AgentError::cancelled("the agent's task was cancelled")))
-        }
-        TaskStatus::Error => {
-            Err(error.unwrap_or_else(|| AgentError::internal("the agent's task failed")))
-        }
+        TaskStatus::Cancelled => Err(reply
+            .error
+            .unwrap_or_else(|| AgentError::cancelled("the agent's task was cancelled"))),
+        TaskStatus::Error => Err(reply
+            .error
+            .unwrap_or_else(|| AgentError::internal("the agent's task failed"))),
     }
 }
 
@@ -146,7 +136,6 @@ impl AgentProvider for ModelAgent {
             span: ctx.span.clone(),
             governance: ctx.governance.clone(),
             slot_lent: ctx.slot_lent,
-            direct: None,
         };
         let text = input.text;
         let reply = ractor::call!(self.session, |reply| SessionMsg::Dispatch {

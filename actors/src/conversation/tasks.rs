@@ -16,7 +16,6 @@ impl ConversationState {
     ) {
         let task_id = TaskId::new();
         let crate::task::TaskRequest { origin, options } = request;
-        let origin_direct = origin.as_ref().filter(|o| o.direct.is_some()).cloned();
         // A dispatched task stops with its dispatch (cancelled, or its lease expired).
         let cancel = origin
             .as_ref()
@@ -161,8 +160,6 @@ impl ConversationState {
             span: wait.clone(),
         };
         let watch = cancel.clone();
-        // A dispatch sent straight here: the task answers its dispatcher as it ends.
-        let direct = origin_direct.map(|origin| (origin, self.services.events.clone()));
         let join = tokio::spawn(async move {
             // A panic still ends the task, so that its slot is given back and its caller hears.
             let run = std::panic::AssertUnwindSafe(crate::task::run(ctx, slot_wait, task_span))
@@ -179,22 +176,10 @@ impl ConversationState {
                 }
             }
             .unwrap_or_else(|_| runner_panicked());
-            let answer = direct.as_ref().map(|_| {
-                crate::agents::model::task_output(
-                    outcome.status,
-                    outcome.text.clone(),
-                    outcome.stats.usage,
-                    outcome.error.clone(),
-                )
-            });
-            // The conversation hears first: a next dispatch to it queues behind this end.
             let _ = me.cast(ConversationMsg::TaskFinished {
                 task_id,
                 outcome: Box::new(outcome),
             });
-            if let (Some((origin, events)), Some(answer)) = (direct, answer) {
-                crate::agents::direct::end_direct(&origin, &events, answer);
-            }
         });
         self.running = Some(Running {
             task_id,

@@ -11,7 +11,6 @@
 //! error (a refused dispatch, an unknown module).
 
 use super::*;
-use crate::agents::direct::DispatchReply;
 use crate::agents::hub::{AgentHubMsg, AgentView, DispatchRequest, HubRef, Router};
 use crate::agents::route::{self, DISPATCH_TOOL, Route, hub_command, parse_route, rules_route};
 use crate::agents::{AgentOutput, DispatchOrigin, DispatchParent, RouterMode};
@@ -63,7 +62,7 @@ pub(super) async fn dispatch(
     if let Effects::Recorded(playback) = &ctx.effects {
         return playback.dispatch_result(agent_id);
     }
-    let (reply, answer) = DispatchReply::channel();
+    let (reply, answer) = oneshot::channel();
     let request = DispatchRequest {
         agent_id: agent_id.to_owned(),
         input: input.to_owned(),
@@ -83,15 +82,14 @@ pub(super) async fn dispatch(
     };
     agents
         .hub
-        .cast(AgentHubMsg::Dispatch { request, reply })
+        .cast(AgentHubMsg::Dispatch {
+            request,
+            reply: reply.into(),
+        })
         .map_err(|e| AgentError::internal(format!("agent hub unavailable: {e}")))?;
     let answered = ctx
         .slot
-        .wait_for_child(
-            &ctx.cancel,
-            "cancelled while an agent worked",
-            answer.recv(),
-        )
+        .wait_for_child(&ctx.cancel, "cancelled while an agent worked", answer)
         .instrument(spans::scheduler_wait(ctx.conversation_id, ctx.task_id))
         .await;
     let answered = match answered {
@@ -108,7 +106,7 @@ pub(super) async fn dispatch(
             return Err(e);
         }
     };
-    answered.unwrap_or_else(|| {
+    answered.unwrap_or_else(|_| {
         Err(AgentError::interrupted(
             "the agent hub stopped before the agent answered",
         ))
