@@ -2,11 +2,11 @@
 //! port) reads and writes a session that node A owns; B forwards the calls with that cookie
 //! and A takes it, since the same tokens signed it.
 
+use super::Node;
 use super::http;
 use reqwest::StatusCode;
 use serde_json::{Value, json};
 use std::path::Path;
-use super::Node;
 use std::time::Duration;
 
 const TOKEN: &str = "cluster-console-token";
