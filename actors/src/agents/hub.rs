@@ -33,8 +33,9 @@
 //! # Children and failure
 //! No child actors. Workers (and direct dispatches' answers) hold the hub's reference; if
 //! the hub fails, the Session starts a new one (bindings are read again from the store); the
-//! callers of the failed one's dispatches see their reply port close, and its workers'
-//! reports go nowhere. A dispatch whose dispatcher is cancelled ends `cancelled` at once: the
+//! failed one's dispatches end with it (ractor runs no `post_stop` for a failed actor: its
+//! state's drop does it): their agents' tasks are cancelled, their callers see their reply
+//! port close, and its workers' reports go nowhere. A dispatch whose dispatcher is cancelled ends `cancelled` at once: the
 //! dispatching task tells the hub it stopped waiting (`DispatcherCancelled`), which ends its
 //! dispatches then (leases and waits released); their agents' tasks are cancelled with them
 //! (their cancel tokens are the dispatcher's children: one still queued in the agent's
@@ -402,6 +403,13 @@ struct Flight {
     span: tracing::Span,
 }
 
+impl Drop for AgentHubState {
+    /// A hub that fails (or is killed) gets no `post_stop`: what it had in flight ends here.
+    fn drop(&mut self) {
+        self.abandon_flights();
+    }
+}
+
 /// An in-process agent's conversation, as the hub knows it.
 struct KnownConversation {
     provider_session_id: String,
@@ -560,16 +568,7 @@ impl Actor for AgentHub {
         _myself: ActorRef<Self::Msg>,
         state: &mut Self::State,
     ) -> Result<(), ActorProcessingErr> {
-        // Nothing in flight outlives the hub: its children are cancelled, its callers hear
-        // their reply port close.
-        for flight in state.flights.values() {
-            flight.cancel.cancel();
-            metrics::dispatch_ended(
-                flight.kind,
-                DispatchStatus::Cancelled,
-                flight.started.elapsed(),
-            );
-        }
+        state.abandon_flights();
         Ok(())
     }
 }
@@ -1026,6 +1025,19 @@ impl AgentHubState {
         for (waiting, waiter) in self.waiting.remove(agent_id).unwrap_or_default() {
             self.uses(waiting, &psid);
             let _ = waiter.send(Ok(BindPlan::Use(psid.clone())));
+        }
+    }
+
+    /// Nothing in flight outlives the hub, however it stops: its agents' tasks are cancelled
+    /// (their cancel tokens), its callers hear their reply port close.
+    fn abandon_flights(&mut self) {
+        for (_, flight) in std::mem::take(&mut self.flights) {
+            flight.cancel.cancel();
+            metrics::dispatch_ended(
+                flight.kind,
+                DispatchStatus::Cancelled,
+                flight.started.elapsed(),
+            );
         }
     }
 

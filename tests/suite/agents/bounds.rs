@@ -454,6 +454,64 @@ async fn a_failed_or_cancelled_child_keeps_no_slot() {
     );
 }
 
+/// A hub that stops without its `post_stop` (killed here, as when it fails) takes its
+/// dispatches with it: the dispatcher hears at once, the agent's task is cancelled (not left
+/// running on the slot its dispatcher lent it), and the hub the Session starts in its place
+/// takes the next dispatch.
+#[tokio::test]
+async fn a_hub_that_fails_leaves_no_agent_task_running() {
+    let team = Team::start_with(
+        vec![model_agent("slow", "S", &[])],
+        vec![ScriptedReply::hang(true), ScriptedReply::text("quick")],
+        settings(RouterMode::Rules),
+        one_slot,
+    )
+    .await;
+    let root = team.session.root().await.unwrap();
+    let session = team.session.clone();
+    let running =
+        tokio::spawn(async move { session.message(root, "/hub slow take your time").await });
+    let child = loop {
+        let tasks = team.session.tasks(None).await.unwrap();
+        if let Some(child) = tasks.iter().find(|t| t.conversation_id != root)
+            && team.model.sent().len() == 1
+        {
+            break child.clone();
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    };
+    let hub = team.session.services().await.unwrap().agents.unwrap();
+    hub.kill();
+    let reply = tokio::time::timeout(Duration::from_secs(10), running)
+        .await
+        .expect("the dispatcher hears at once")
+        .unwrap()
+        .unwrap();
+    assert_eq!(
+        reply.error.as_ref().map(troupe_proto::AgentError::kind),
+        Some(ErrorKind::Interrupted),
+        "{reply:?}"
+    );
+    for _ in 0..200 {
+        if team.session.tasks(None).await.unwrap().is_empty() {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    assert!(
+        team.session.tasks(None).await.unwrap().is_empty(),
+        "the agent's task {} still runs",
+        child.task_id
+    );
+    let snapshot = scheduler(&team).await;
+    assert!(
+        snapshot.running.is_empty() && snapshot.waiting.is_empty(),
+        "{snapshot:?}"
+    );
+    let next = team.send("/hub slow now quickly").await;
+    assert_eq!((next.status, next.text.as_str()), (TaskStatus::Ok, "quick"));
+}
+
 /// A dispatch queued behind another task of its agent's conversation ends `cancelled` as soon
 /// as its dispatcher is cancelled (its lease and wait released then), not when the task ahead
 /// of it ends or its lease expires.
