@@ -26,6 +26,8 @@ pub mod conversation;
 pub mod directory;
 pub mod event_draft;
 pub mod events;
+#[cfg(test)]
+mod gauge_test;
 pub mod governance;
 pub mod handle;
 pub mod history;

@@ -194,11 +194,36 @@ impl Gauges {
     }
 }
 
+impl Drop for Gauges {
+    /// A store that fails runs no `post_stop`: its share of the gauges goes with its state.
+    fn drop(&mut self) {
+        self.clear();
+    }
+}
+
 fn shift(name: &'static str, from: usize, to: usize) {
     // Counts this small are exact in f64.
     match to.cmp(&from) {
         std::cmp::Ordering::Greater => gauge!(name).increment((to - from) as f64),
         std::cmp::Ordering::Less => gauge!(name).decrement((from - to) as f64),
         std::cmp::Ordering::Equal => {}
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_store_whose_state_drops_withdraws_what_it_reported() {
+        let mut kept = Gauges::default();
+        let gauges = crate::gauge_test::gauges_after(|| {
+            kept.sync(1, 1);
+            // A store that failed: no `post_stop`, its state dropped.
+            let mut failed = Gauges::default();
+            failed.sync(3, 2);
+            drop(failed);
+        });
+        assert_eq!(gauges, [(KEYS.to_owned(), 1.0), (PENDING.to_owned(), 1.0)]);
     }
 }

@@ -398,6 +398,13 @@ impl Occupancy {
     }
 }
 
+impl Drop for Occupancy {
+    /// A pool that fails runs no `post_stop`: its share of the gauges goes with its state.
+    fn drop(&mut self) {
+        self.publish([], 0);
+    }
+}
+
 fn shift(name: &'static str, published: &mut usize, now: usize) {
     if now != *published {
         gauge!(name).increment(now as f64 - *published as f64);
@@ -433,9 +440,22 @@ mod tests {
     }
 
     #[test]
-    fn pools_add_up_per_server_and_withdraw_what_they_reported() {
+    fn a_pool_whose_state_drops_withdraws_what_it_reported() {
+        let mut kept = Occupancy::default();
         let got = connections(|| {
-            let (mut a, mut b) = (Occupancy::default(), Occupancy::default());
+            kept.publish(["git"], 1);
+            let mut failed = Occupancy::default();
+            failed.publish(["fs", "git"], 2);
+            drop(failed);
+        });
+        assert_eq!(got, [("fs".to_owned(), 0.0), ("git".to_owned(), 1.0)]);
+    }
+
+    #[test]
+    fn pools_add_up_per_server_and_withdraw_what_they_reported() {
+        // Both pools live on past the reading.
+        let (mut a, mut b) = (Occupancy::default(), Occupancy::default());
+        let got = connections(|| {
             a.publish(["fs", "git"], 2);
             b.publish(["fs"], 1);
             // Publishing the same set again changes nothing.

@@ -166,6 +166,13 @@ impl Occupancy {
     }
 }
 
+impl Drop for Occupancy {
+    /// A scheduler that fails runs no `post_stop`: its share of the gauges goes with its state.
+    fn drop(&mut self) {
+        self.publish(0, 0);
+    }
+}
+
 fn shift(name: &'static str, published: &mut usize, now: usize) {
     if now != *published {
         gauge!(name).increment(now as f64 - *published as f64);
@@ -176,6 +183,21 @@ fn shift(name: &'static str, published: &mut usize, now: usize) {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_scheduler_whose_state_drops_withdraws_what_it_reported() {
+        let mut kept = Occupancy::default();
+        let gauges = crate::gauge_test::gauges_after(|| {
+            kept.publish(1, 0);
+            let mut failed = Occupancy::default();
+            failed.publish(2, 3);
+            drop(failed);
+        });
+        assert_eq!(
+            gauges,
+            [(RUNNING.to_owned(), 1.0), (WAITING.to_owned(), 0.0)]
+        );
+    }
     use metrics_util::debugging::{DebugValue, DebuggingRecorder};
 
     #[test]

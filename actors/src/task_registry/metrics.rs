@@ -111,3 +111,29 @@ impl LiveTasks {
         }
     }
 }
+
+impl Drop for LiveTasks {
+    /// A registry that fails runs no `post_stop`: its share of the gauges goes with its state.
+    fn drop(&mut self) {
+        self.publish(StateCounts::default());
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_registry_whose_state_drops_withdraws_what_it_reported() {
+        let mut kept = LiveTasks::default();
+        let gauges = crate::gauge_test::gauges_after(|| {
+            kept.publish([1, 0, 0]);
+            let mut failed = LiveTasks::default();
+            failed.publish([2, 1, 1]);
+            drop(failed);
+        });
+        let total: f64 = gauges.iter().map(|(_, v)| v).sum();
+        assert_eq!(total, 1.0, "{gauges:?}");
+        assert!(gauges.iter().all(|(name, _)| name.starts_with(TASKS_LIVE)));
+    }
+}
