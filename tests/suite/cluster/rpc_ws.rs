@@ -94,3 +94,75 @@ async fn calls_on_a_json_rpc_websocket_go_to_their_sessions_owner() {
     kill9(&mut a);
     kill9(&mut b);
 }
+
+/// A frame the owner took but never answered (it was killed mid-call) gets an error for its
+/// call saying the outcome is unknown, on the same socket, which stays open for the next.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_call_whose_owner_dies_mid_call_is_answered_outcome_unknown() {
+    let url = troupe_test_postgres::server().fresh_database();
+    let dir = tempfile::tempdir().unwrap();
+    // A's model takes its time: the call is still running on A when A dies.
+    let (mut a, base_a) = node(dir.path(), &url, "a", 30_000);
+    let (mut b, base_b) = node(dir.path(), &url, "b", 10);
+    let (_, s) = create_here(&base_a).await;
+    let on_a = s["session_id"].as_str().unwrap().to_owned();
+    let (_, s) = create_here(&base_b).await;
+    let on_b = s["session_id"].as_str().unwrap().to_owned();
+
+    let ws = format!(
+        "{}/rpc/ws",
+        base_b.trim_end_matches('/').replace("http://", "ws://")
+    );
+    let (mut socket, _) = tokio::time::timeout(
+        Duration::from_secs(10),
+        tokio_tungstenite::connect_async(ws),
+    )
+    .await
+    .unwrap()
+    .unwrap();
+    let call = json!({"jsonrpc": "2.0", "id": 7, "method": "conversation.message",
+                      "params": {"session_id": on_a, "text": "slow on a"}});
+    socket.send(Message::text(call.to_string())).await.unwrap();
+    // The call is running on A: its message is stored there.
+    super::until(&base_a, &on_a, Duration::from_secs(10), |m| {
+        m.iter().any(|m| m["status"] == "running")
+    })
+    .await;
+    kill9(&mut a);
+    let read = async {
+        loop {
+            match socket.next().await {
+                Some(Ok(Message::Text(t))) => {
+                    return serde_json::from_str::<Value>(t.as_str()).unwrap();
+                }
+                Some(Ok(_)) => continue,
+                other => panic!("socket ended: {other:?}"),
+            }
+        }
+    };
+    let answer = tokio::time::timeout(Duration::from_secs(30), read)
+        .await
+        .expect("an answer on the socket");
+    assert_eq!(answer["id"], 7, "{answer}");
+    let message = answer["error"]["message"].as_str().unwrap_or_default();
+    assert!(
+        message.starts_with("forward_outcome_unknown") && message.contains("node a"),
+        "{answer}"
+    );
+
+    // The socket goes on: B's own session answers on it.
+    let call = json!({"jsonrpc": "2.0", "id": 8, "method": "conversation.message",
+                      "params": {"session_id": on_b, "text": "still here"}});
+    socket.send(Message::text(call.to_string())).await.unwrap();
+    let answer = tokio::time::timeout(Duration::from_secs(20), async {
+        loop {
+            if let Some(Ok(Message::Text(t))) = socket.next().await {
+                return serde_json::from_str::<Value>(t.as_str()).unwrap();
+            }
+        }
+    })
+    .await
+    .expect("an answer on the socket");
+    assert!(answer["result"].to_string().contains("b reply"), "{answer}");
+    kill9(&mut b);
+}
