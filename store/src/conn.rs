@@ -13,6 +13,7 @@ use crossbeam_channel::{Receiver, Sender};
 use rusqlite::Connection;
 use std::fmt::Display;
 use std::path::Path;
+use std::sync::{Mutex, MutexGuard, TryLockError};
 use std::time::{Duration, Instant};
 use troupe_proto::AgentError;
 
@@ -91,6 +92,36 @@ pub fn open(path: &Path, role: Role) -> Result<Connection, AgentError> {
     Ok(conn)
 }
 
+/// Locks the writing connection, waiting for a caller writing on the fast path.
+pub fn lock(conn: &Mutex<Connection>) -> MutexGuard<'_, Connection> {
+    match conn.lock() {
+        Ok(guard) => guard,
+        Err(poisoned) => recovered(conn, poisoned.into_inner()),
+    }
+}
+
+/// Locks the writing connection if it is free at once.
+pub fn try_lock(conn: &Mutex<Connection>) -> Option<MutexGuard<'_, Connection>> {
+    match conn.try_lock() {
+        Ok(guard) => Some(guard),
+        Err(TryLockError::WouldBlock) => None,
+        Err(TryLockError::Poisoned(poisoned)) => Some(recovered(conn, poisoned.into_inner())),
+    }
+}
+
+/// A connection whose holder panicked: its transaction, if it left one open, is rolled back,
+/// so the next write begins on a clean connection.
+fn recovered<'a>(
+    conn: &'a Mutex<Connection>,
+    guard: MutexGuard<'a, Connection>,
+) -> MutexGuard<'a, Connection> {
+    conn.clear_poison();
+    if !guard.is_autocommit() {
+        let _ = guard.execute_batch("ROLLBACK");
+    }
+    guard
+}
+
 /// Runs a statement without parameters or rows (transaction control, a pragma) from the
 /// connection's statement cache: parsed once per connection, not at every write.
 pub fn exec_cached(conn: &Connection, sql: &str) -> rusqlite::Result<()> {
@@ -102,6 +133,10 @@ pub fn exec_cached(conn: &Connection, sql: &str) -> rusqlite::Result<()> {
 /// `Err` when the transaction could not begin or commit: then nothing of it is stored.
 /// `sql_error` names what failed (`begin`, `savepoint`, `commit`). The transaction-control
 /// statements come from the statement cache ([`exec_cached`]).
+///
+/// A lone item needs no savepoint: if it fails, the whole transaction is rolled back, which
+/// undoes the same changes (and saves the copy of every page it touches into the savepoint's
+/// journal: a turn's writes are mostly alone in their transaction).
 pub fn write_batch<I, T, E>(
     conn: &Connection,
     items: impl IntoIterator<Item = I>,
@@ -109,8 +144,30 @@ pub fn write_batch<I, T, E>(
     sql_error: impl Fn(&'static str, rusqlite::Error) -> E,
 ) -> Result<Vec<Result<T, E>>, E> {
     exec_cached(conn, "BEGIN IMMEDIATE").map_err(|e| sql_error("begin", e))?;
-    let results = items
+    let mut items = items.into_iter().peekable();
+    let first = items.next();
+    let lone = items.peek().is_none();
+    let first = match first {
+        Some(item) if lone => {
+            let result = apply(conn, item);
+            if result.is_err() {
+                // Undone alone, as a savepoint would: there is nothing else to keep.
+                return match exec_cached(conn, "ROLLBACK") {
+                    Ok(()) => Ok(vec![result]),
+                    Err(e) => Err(sql_error("commit", e)),
+                };
+            }
+            if let Err(e) = exec_cached(conn, "COMMIT") {
+                let _ = exec_cached(conn, "ROLLBACK");
+                return Err(sql_error("commit", e));
+            }
+            return Ok(vec![result]);
+        }
+        first => first,
+    };
+    let results = first
         .into_iter()
+        .chain(items)
         .map(|item| in_savepoint(conn, |c| apply(c, item), &sql_error))
         .collect();
     if let Err(e) = exec_cached(conn, "COMMIT") {

@@ -2,13 +2,19 @@
 //!
 //! Table `rollout_events` keeps one row per record, keyed `(session_id, seq)`, with the
 //! columns the reads filter on and the whole [`RolloutRecord`] as JSON; `rollout_high_water`
-//! keeps each session's last committed high-water mark.
+//! keeps each session's last committed high-water mark, written only by a commit whose batch
+//! does not itself record that `seq` (a session's `last_seq` is the greater of the two, and
+//! no record is ever deleted).
 //!
 //! # Threads
 //! Sinks (one per Rollout incarnation, on the Rollout's writer thread) buffer appended records
-//! and, at `commit`, hand the batch to this storage's own writer thread and block until it is
-//! committed. The writer owns one connection and group-commits what the sinks of every session
-//! queued meanwhile, each batch in a savepoint of its own. `synchronous = NORMAL` makes every
+//! and commit them at `commit`. One connection writes. A sink that finds nothing queued for
+//! this storage's writer thread and the connection free commits its batch itself, on its own
+//! thread, in a transaction of its own: handing it over would cost two thread wake-ups (the
+//! writer's, then the sink's on the answer), each longer than the commit, on the cores the
+//! turn and the model server need. Otherwise it hands the batch to the writer thread and blocks
+//! until it is committed; the writer group-commits what the sinks of every session queued
+//! meanwhile, each batch in a savepoint of its own. `synchronous = NORMAL` makes every
 //! commit survive a crash of the process (it is in the WAL when `COMMIT` returns). A batch that
 //! asks for `sync` (a task's end, a flush) is committed the same way by default, as the
 //! store's writes in `troupe.db` are: no fsync, so a power loss (or a crash of the machine) may
@@ -42,9 +48,9 @@ use crate::answer::{Answerer, answer};
 use crossbeam_channel::{Receiver, Sender};
 use rusqlite::{Connection, TransactionBehavior, params};
 use std::path::{Path, PathBuf};
-use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::time::Instant;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
 use troupe_actors::rollout::storage::SweepReport;
 use troupe_actors::rollout::storage::{RolloutSink, RolloutStorage, SinkError};
 use troupe_actors::rollout::{RecordLevel, RecordMeta};
@@ -64,6 +70,9 @@ const SWEEP_CHUNK: i64 = 512;
 #[derive(Clone)]
 pub struct SqliteRolloutStorage {
     writer: Sender<Job>,
+    /// The writing connection and what its commits promise, shared by the writer thread and
+    /// the sinks' fast path.
+    write: Arc<WriteSide>,
     readers: Arc<ReaderPool>,
     /// Runs while any clone is alive.
     _checkpointer: Arc<Checkpointer>,
@@ -71,8 +80,6 @@ pub struct SqliteRolloutStorage {
     leases: Arc<Leases>,
     /// Records decoded by reads, by every clone.
     records_read: Arc<AtomicU64>,
-    /// Commits made under `synchronous = FULL` (an fsync each), by every clone.
-    synced_commits: Arc<AtomicU64>,
 }
 
 /// How long a new sink waits for its predecessor's lease.
@@ -196,30 +203,47 @@ impl SqliteRolloutStorage {
         let readers = ReaderPool::open(path, READERS)?;
         let checkpointer = Checkpointer::spawn(path)?;
         let (writer, queue) = crossbeam_channel::bounded(QUEUE_CAPACITY);
-        let synced_commits = Arc::new(AtomicU64::new(0));
-        let durability = Durability {
+        let write = Arc::new(WriteSide {
+            conn: Mutex::new(conn),
             power_loss: power_loss_durable,
-            synced_commits: synced_commits.clone(),
-        };
+            synced_commits: AtomicU64::new(0),
+            commits: [AtomicU64::new(0), AtomicU64::new(0)],
+        });
+        let shared = write.clone();
         std::thread::Builder::new()
             .name("troupe-rollout-db".into())
-            .spawn(move || writer_loop(conn, queue, durability))
+            .spawn(move || writer_loop(&shared, queue))
             .map_err(|e| internal("spawn rollout writer", e))?;
         tracing::info!(path = %path.display(), power_loss_durable, "rollout storage opened");
         Ok(Self {
             writer,
+            write,
             readers: Arc::new(readers),
             _checkpointer: Arc::new(checkpointer),
             leases: Arc::new(Leases::default()),
             records_read: Arc::new(AtomicU64::new(0)),
-            synced_commits,
         })
     }
 
     /// Commits made with an fsync so far (under `synchronous = FULL`), by this storage and its
     /// clones: none unless it was opened power-loss durable.
     pub fn synced_commits(&self) -> u64 {
-        self.synced_commits.load(Ordering::Relaxed)
+        self.write.synced_commits.load(Ordering::Relaxed)
+    }
+
+    /// Sink batches committed so far on the sinks' own threads (`[0]`) and handed to the
+    /// writer thread (`[1]`), by this storage and its clones.
+    pub fn commits_by_path(&self) -> [u64; 2] {
+        self.write
+            .commits
+            .each_ref()
+            .map(|c| c.load(Ordering::Relaxed))
+    }
+
+    /// Holds the writing connection, as a commit in progress would.
+    #[cfg(test)]
+    pub(crate) fn hold_connection(&self) -> std::sync::MutexGuard<'_, Connection> {
+        conn::lock(&self.write.conn)
     }
 
     /// Records decoded by reads so far, by this storage and its clones.
@@ -256,6 +280,7 @@ impl RolloutStorage for SqliteRolloutStorage {
             session_key: session_id.to_string(),
             pending: Vec::new(),
             writer: self.writer.clone(),
+            write: self.write.clone(),
             leases: self.leases.clone(),
         }))
     }
@@ -459,6 +484,7 @@ struct SqliteRolloutSink {
     session_key: String,
     pending: Vec<Row>,
     writer: Sender<Job>,
+    write: Arc<WriteSide>,
     /// Released when the sink is dropped.
     leases: Arc<Leases>,
 }
@@ -483,22 +509,42 @@ struct Row {
 }
 
 impl SqliteRolloutSink {
-    /// Hands `work` (with every pending record) to the writer thread and waits for its commit.
+    /// Commits `work` (with every pending record): here when the writer thread has nothing
+    /// queued and the connection is free (see the module doc), else by handing it to the
+    /// writer thread and waiting for its commit.
     fn submit(&mut self, op: Op, work: Work, sync: bool) -> Result<(), SinkError> {
         let started = Instant::now();
         let (reply, answer) = answer(Err(SinkError::new("write", "rollout writer stopped")));
-        let job = Job::Sink(SinkJob {
+        let job = SinkJob {
             session_key: self.session_key.clone(),
             rows: std::mem::take(&mut self.pending),
             work,
             sync,
             reply,
             enqueued: started,
-        });
-        // Waits without spinning: the writer's answer often takes a whole fsync.
-        let result = match self.writer.send(job) {
-            Ok(()) => answer.wait(),
-            Err(_) => Err(SinkError::new("write", "rollout writer stopped")),
+        };
+        let here = if self.writer.is_empty() {
+            conn::try_lock(&self.write.conn)
+        } else {
+            None
+        };
+        let result = if let Some(mut conn) = here {
+            metrics::batch(Writer::Rollout, 1, Duration::ZERO);
+            let batch = [job];
+            let result = self.write.commit(&mut conn, &batch).pop();
+            drop(conn);
+            self.write.commits[0].fetch_add(1, Ordering::Relaxed);
+            result
+                .unwrap_or_else(|| Err(SinkError::new("write", "rollout commit without a result")))
+        } else {
+            // Waits without spinning: the writer's answer often takes a whole fsync.
+            match self.writer.send(Job::Sink(job)) {
+                Ok(()) => {
+                    self.write.commits[1].fetch_add(1, Ordering::Relaxed);
+                    answer.wait()
+                }
+                Err(_) => Err(SinkError::new("write", "rollout writer stopped")),
+            }
         };
         let err = result
             .as_ref()
@@ -593,13 +639,31 @@ enum Work {
     HighWater(i64),
 }
 
-/// Whether `sync` batches fsync, and how many did.
-struct Durability {
+/// The writing connection, whether `sync` batches fsync, and how many commits did what.
+struct WriteSide {
+    conn: Mutex<Connection>,
     power_loss: bool,
-    synced_commits: Arc<AtomicU64>,
+    /// Commits made under `synchronous = FULL` (an fsync each).
+    synced_commits: AtomicU64,
+    /// Sink batches committed on a sink's thread (`[0]`) and handed to the writer thread
+    /// (`[1]`).
+    commits: [AtomicU64; 2],
 }
 
-fn writer_loop(mut conn: Connection, queue: Receiver<Job>, durability: Durability) {
+impl WriteSide {
+    /// Commits `batch` in one transaction on `conn` (held), fsynced when the storage is
+    /// power-loss durable and a batch asks for a sync; one result per batch.
+    fn commit(&self, conn: &mut Connection, batch: &[SinkJob]) -> Vec<Result<(), SinkError>> {
+        let sync = self.power_loss && batch.iter().any(|j| j.sync);
+        let results = commit_batch(conn, batch, sync);
+        if sync {
+            self.synced_commits.fetch_add(1, Ordering::Relaxed);
+        }
+        results
+    }
+}
+
+fn writer_loop(write: &WriteSide, queue: Receiver<Job>) {
     let mut batch = Vec::with_capacity(MAX_BATCH);
     let mut sweeps = Vec::new();
     // A sweep changed rows whose old pages may still be in the WAL: later sweeps retry the
@@ -622,16 +686,15 @@ fn writer_loop(mut conn: Connection, queue: Receiver<Job>, durability: Durabilit
                 .map(|j| j.enqueued.elapsed())
                 .unwrap_or_default();
             metrics::batch(Writer::Rollout, batch.len(), oldest_wait);
-            let sync = durability.power_loss && batch.iter().any(|j| j.sync);
-            let results = commit_batch(&mut conn, &batch, sync);
-            if sync {
-                durability.synced_commits.fetch_add(1, Ordering::Relaxed);
-            }
+            let mut conn = conn::lock(&write.conn);
+            let results = write.commit(&mut conn, &batch);
+            drop(conn);
             for (job, result) in batch.drain(..).zip(results) {
                 job.reply.send(result);
             }
         }
         for (now_ms, reply) in sweeps.drain(..) {
+            let mut conn = conn::lock(&write.conn);
             let result = sweep_due(&mut conn, now_ms).and_then(|downgraded| {
                 wal_holds_dropped |= downgraded > 0;
                 if wal_holds_dropped {
@@ -640,6 +703,7 @@ fn writer_loop(mut conn: Connection, queue: Receiver<Job>, durability: Durabilit
                 }
                 Ok(downgraded)
             });
+            drop(conn);
             if let Err(e) = &result {
                 tracing::warn!(error = %e, "rollout ttl sweep failed; the next sweep tries again");
             }
@@ -795,6 +859,11 @@ fn commit_batch(
     }
 }
 
+/// Whether `rows` record a `seq` at or past `high_water`.
+fn records_high_water(rows: &[Row], high_water: i64) -> bool {
+    rows.iter().any(|r| r.seq >= high_water)
+}
+
 /// One sink batch inside the writer's transaction.
 fn apply(c: &Connection, job: &SinkJob) -> Result<(), SinkError> {
     if !job.rows.is_empty() {
@@ -827,6 +896,10 @@ fn apply(c: &Connection, job: &SinkJob) -> Result<(), SinkError> {
     }
     match &job.work {
         Work::Nothing => Ok(()),
+        // A batch that records its high-water mark's `seq` needs no mark: `last_seq` is the
+        // greater of the two, and records are never deleted (only downgraded). Saves a page
+        // of every commit of a turn, whose events are all recorded.
+        Work::HighWater(high_water) if records_high_water(&job.rows, *high_water) => Ok(()),
         Work::HighWater(high_water) => c
             .prepare_cached(
                 "INSERT INTO rollout_high_water (session_id, high_water) VALUES (?1, ?2)

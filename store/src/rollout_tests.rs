@@ -116,10 +116,19 @@ fn the_high_water_mark_outlives_unrecorded_numbers(backend: Kind) {
     sink.append(None, &full(12, 1, None, "y")).unwrap();
     sink.commit(false, 10).unwrap();
     assert_eq!(storage.last_seq(session).unwrap(), 12);
+    // A batch that records its own mark (no mark written), then marks past every record.
+    sink.append(None, &full(13, 1, None, "z")).unwrap();
+    sink.commit(false, 13).unwrap();
+    assert_eq!(storage.last_seq(session).unwrap(), 13);
+    sink.commit(false, 15).unwrap();
+    assert_eq!(storage.last_seq(session).unwrap(), 15);
+    sink.append(None, &full(16, 1, None, "w")).unwrap();
+    sink.commit(false, 16).unwrap();
+    assert_eq!(storage.last_seq(session).unwrap(), 16);
     drop(sink);
     drop(storage);
     let storage = dir.rollout();
-    assert_eq!(storage.last_seq(session).unwrap(), 12);
+    assert_eq!(storage.last_seq(session).unwrap(), 16);
     assert_eq!(storage.last_seq(SessionId::new()).unwrap(), 0);
 }
 
@@ -464,6 +473,45 @@ fn a_sync_commit_fsyncs_only_when_power_loss_durable() {
             vec![a, b]
         );
     }
+}
+
+/// A sink that finds the writer thread idle and the connection free commits on its own
+/// thread; one that finds the connection busy hands its batch to the writer thread, which
+/// commits it once the connection is free; then the next commit takes the fast path again.
+#[test]
+fn sinks_commit_on_their_own_thread_unless_the_connection_is_busy() {
+    let (_dir, storage) = open_sqlite();
+    let session = SessionId::new();
+    let conv = ConversationId::new();
+    let mut sink = storage.open_sink(session).unwrap();
+    let a = full(1, 10, Some(conv), "a");
+    sink.append(Some(conv), &a).unwrap();
+    sink.commit(true, 1).unwrap();
+    assert_eq!(storage.commits_by_path(), [1, 0]);
+    let held = storage.hold_connection();
+    let b = full(2, 11, Some(conv), "b");
+    let committing = std::thread::spawn(move || {
+        sink.append(Some(conv), &b).unwrap();
+        sink.commit(false, 2).unwrap();
+        sink
+    });
+    // Handed to the writer thread, which waits for the connection.
+    while storage.commits_by_path()[1] == 0 {
+        std::thread::yield_now();
+    }
+    assert!(!committing.is_finished());
+    assert_eq!(storage.commits_by_path(), [1, 1]);
+    drop(held);
+    let mut sink = committing.join().unwrap();
+    assert_eq!(storage.commits_by_path(), [1, 1]);
+    let c = full(3, 12, Some(conv), "c");
+    sink.append(Some(conv), &c).unwrap();
+    sink.commit(false, 3).unwrap();
+    assert_eq!(storage.commits_by_path(), [2, 1]);
+    assert_eq!(
+        seqs(&storage.read_conversation(session, conv).unwrap()),
+        [1, 2, 3]
+    );
 }
 
 #[test]

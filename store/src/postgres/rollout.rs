@@ -10,7 +10,8 @@
 //!
 //! # Commits
 //! A sink buffers what it is given; `commit` inserts the batch in one statement (arrays
-//! unnested) and raises the session's high-water mark, in one transaction. A commit without
+//! unnested) and raises the session's high-water mark (unless the batch records that `seq`
+//! itself), in one transaction. A commit without
 //! `sync` sets `synchronous_commit = off` for its transaction: it is durable once the server
 //! has it (a crash of this process loses nothing), not yet flushed against a crash of the
 //! server; a commit with `sync` waits for the WAL flush. One open sink per session in this
@@ -682,6 +683,9 @@ async fn commit(
             ));
         }
     }
+    // A batch that records its high-water mark's `seq` needs no mark (as on SQLite: `last_seq`
+    // is the greater of the two, and records are never deleted).
+    let high_water = high_water.filter(|hw| !batch.seq.iter().any(|s| s >= hw));
     if let Some(high_water) = high_water {
         let st = tx
             .prepare_cached(

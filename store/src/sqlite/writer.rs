@@ -8,7 +8,7 @@ use super::rows::{MESSAGE_SELECT, message_from_row, query_all, role_str, state_s
 use crate::conn::{self, internal, to_sql_int};
 use crate::metrics::{self, Writer};
 use rusqlite::{Connection, OptionalExtension, params};
-use std::sync::{Arc, Mutex, MutexGuard, TryLockError};
+use std::sync::{Arc, Mutex};
 use std::time::Instant;
 use tokio::sync::{mpsc, oneshot};
 use tracing::Span;
@@ -93,35 +93,7 @@ pub(super) enum WriteOutput {
 /// ([`super::SqliteStore`]'s `write`): whoever holds the lock writes.
 pub(super) type SharedConn = Arc<Mutex<Connection>>;
 
-/// Locks the writing connection, waiting for a caller writing on the fast path.
-pub(super) fn lock(conn: &Mutex<Connection>) -> MutexGuard<'_, Connection> {
-    match conn.lock() {
-        Ok(guard) => guard,
-        Err(poisoned) => recovered(conn, poisoned.into_inner()),
-    }
-}
-
-/// Locks the writing connection if it is free at once.
-pub(super) fn try_lock(conn: &Mutex<Connection>) -> Option<MutexGuard<'_, Connection>> {
-    match conn.try_lock() {
-        Ok(guard) => Some(guard),
-        Err(TryLockError::WouldBlock) => None,
-        Err(TryLockError::Poisoned(poisoned)) => Some(recovered(conn, poisoned.into_inner())),
-    }
-}
-
-/// A connection whose holder panicked: its transaction, if it left one open, is rolled back,
-/// so the next write begins on a clean connection.
-fn recovered<'a>(
-    conn: &'a Mutex<Connection>,
-    guard: MutexGuard<'a, Connection>,
-) -> MutexGuard<'a, Connection> {
-    conn.clear_poison();
-    if !guard.is_autocommit() {
-        let _ = guard.execute_batch("ROLLBACK");
-    }
-    guard
-}
+pub(super) use crate::conn::{lock, try_lock};
 
 pub(super) fn writer_loop(conn: SharedConn, mut queue: mpsc::Receiver<WriteJob>) {
     let mut batch = Vec::with_capacity(MAX_BATCH);
