@@ -131,7 +131,8 @@ pub fn exec_cached(conn: &Connection, sql: &str) -> rusqlite::Result<()> {
 /// Applies `apply` to every item in one `BEGIN IMMEDIATE` transaction, each in a savepoint of
 /// its own (a write that fails is undone alone; the others commit); one result per item.
 /// `Err` when the transaction could not begin or commit: then nothing of it is stored.
-/// `sql_error` names what failed (`begin`, `savepoint`, `commit`). The transaction-control
+/// `sql_error` names what failed (`begin`, `savepoint`, `commit`; a lone item's failed
+/// `ROLLBACK` is reported as `commit`). The transaction-control
 /// statements come from the statement cache ([`exec_cached`]).
 ///
 /// A lone item needs no savepoint: if it fails, the whole transaction is rolled back, which

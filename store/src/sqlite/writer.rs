@@ -1,6 +1,6 @@
 //! The writer thread: the only writing connection, the queue of writes it drains, the batch it
-//! commits in one transaction (each write in a savepoint of its own), and the SQL of each
-//! write.
+//! commits in one transaction (each write in a savepoint of its own, a lone write in none),
+//! and the SQL of each write.
 
 use super::MAX_BATCH;
 use super::a2a;
@@ -159,8 +159,8 @@ pub(super) fn truncate_after_sweep(conn: &Connection) -> Result<(), AgentError> 
     }
 }
 
-/// Applies every write of `batch` in one transaction, each in its own savepoint; one result
-/// per write. If the transaction cannot begin or commit, every write fails.
+/// Applies every write of `batch` in one transaction, each in its own savepoint (a lone write
+/// in none: see [`crate::conn::write_batch`]); one result per write. If the transaction cannot begin or commit, every write fails.
 pub(super) fn commit_batch(
     conn: &mut Connection,
     batch: &[WriteJob],
