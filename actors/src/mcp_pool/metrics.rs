@@ -419,24 +419,14 @@ mod tests {
 
     /// The `troupe_mcp_connections` gauges by server after `record`.
     fn connections(record: impl FnOnce()) -> Vec<(String, f64)> {
-        let recorder = DebuggingRecorder::new();
-        let snapshotter = recorder.snapshotter();
-        metrics::with_local_recorder(&recorder, record);
-        let mut out: Vec<(String, f64)> = snapshotter
-            .snapshot()
-            .into_vec()
+        let prefix = format!("{CONNECTIONS}{{server=");
+        crate::gauge_test::gauges_after(record)
             .into_iter()
-            .filter(|(key, ..)| key.key().name() == CONNECTIONS)
-            .map(|(key, _, _, value)| {
-                let server = key.key().labels().next().unwrap().value().to_owned();
-                let DebugValue::Gauge(v) = value else {
-                    panic!("not a gauge")
-                };
-                (server, v.into_inner())
+            .filter_map(|(name, v)| {
+                let server = name.strip_prefix(&prefix)?.strip_suffix('}')?;
+                Some((server.to_owned(), v))
             })
-            .collect();
-        out.sort_by(|a, b| a.0.cmp(&b.0));
-        out
+            .collect()
     }
 
     #[test]

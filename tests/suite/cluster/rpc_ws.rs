@@ -9,6 +9,41 @@ use serde_json::{Value, json};
 use std::time::Duration;
 use tokio_tungstenite::tungstenite::Message;
 
+type Socket =
+    tokio_tungstenite::WebSocketStream<tokio_tungstenite::MaybeTlsStream<tokio::net::TcpStream>>;
+
+/// A JSON-RPC WebSocket opened on the node at `base`.
+async fn rpc_socket(base: &str) -> Socket {
+    let ws = format!(
+        "{}/rpc/ws",
+        base.trim_end_matches('/').replace("http://", "ws://")
+    );
+    let (socket, _) = tokio::time::timeout(
+        Duration::from_secs(10),
+        tokio_tungstenite::connect_async(ws),
+    )
+    .await
+    .unwrap()
+    .unwrap();
+    socket
+}
+
+/// The next text frame on `socket`, parsed, within `within`.
+async fn next_answer(socket: &mut Socket, within: Duration) -> Value {
+    let read = async {
+        loop {
+            match socket.next().await {
+                Some(Ok(Message::Text(t))) => return serde_json::from_str(t.as_str()).unwrap(),
+                Some(Ok(_)) => continue,
+                other => panic!("socket ended: {other:?}"),
+            }
+        }
+    };
+    tokio::time::timeout(within, read)
+        .await
+        .expect("an answer on the socket")
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn calls_on_a_json_rpc_websocket_go_to_their_sessions_owner() {
     let url = troupe_test_postgres::server().fresh_database();
@@ -21,31 +56,10 @@ async fn calls_on_a_json_rpc_websocket_go_to_their_sessions_owner() {
     let on_b = s["session_id"].as_str().unwrap().to_owned();
     let forwarded = forwarded_ok(&metrics(&base_b).await);
 
-    let ws = format!(
-        "{}/rpc/ws",
-        base_b.trim_end_matches('/').replace("http://", "ws://")
-    );
-    let (mut socket, _) = tokio::time::timeout(
-        Duration::from_secs(10),
-        tokio_tungstenite::connect_async(ws),
-    )
-    .await
-    .unwrap()
-    .unwrap();
+    let mut socket = rpc_socket(&base_b).await;
     let mut ask = async |frame: Value| -> Value {
         socket.send(Message::text(frame.to_string())).await.unwrap();
-        let read = async {
-            loop {
-                match socket.next().await {
-                    Some(Ok(Message::Text(t))) => return serde_json::from_str(t.as_str()).unwrap(),
-                    Some(Ok(_)) => continue,
-                    other => panic!("socket ended: {other:?}"),
-                }
-            }
-        };
-        tokio::time::timeout(Duration::from_secs(20), read)
-            .await
-            .expect("an answer on the socket")
+        next_answer(&mut socket, Duration::from_secs(20)).await
     };
 
     // A's session through B's socket: A's model answers.
@@ -109,17 +123,7 @@ async fn a_call_whose_owner_dies_mid_call_is_answered_outcome_unknown() {
     let (_, s) = create_here(&base_b).await;
     let on_b = s["session_id"].as_str().unwrap().to_owned();
 
-    let ws = format!(
-        "{}/rpc/ws",
-        base_b.trim_end_matches('/').replace("http://", "ws://")
-    );
-    let (mut socket, _) = tokio::time::timeout(
-        Duration::from_secs(10),
-        tokio_tungstenite::connect_async(ws),
-    )
-    .await
-    .unwrap()
-    .unwrap();
+    let mut socket = rpc_socket(&base_b).await;
     let call = json!({"jsonrpc": "2.0", "id": 7, "method": "conversation.message",
                       "params": {"session_id": on_a, "text": "slow on a"}});
     socket.send(Message::text(call.to_string())).await.unwrap();
@@ -129,20 +133,7 @@ async fn a_call_whose_owner_dies_mid_call_is_answered_outcome_unknown() {
     })
     .await;
     kill9(&mut a);
-    let read = async {
-        loop {
-            match socket.next().await {
-                Some(Ok(Message::Text(t))) => {
-                    return serde_json::from_str::<Value>(t.as_str()).unwrap();
-                }
-                Some(Ok(_)) => continue,
-                other => panic!("socket ended: {other:?}"),
-            }
-        }
-    };
-    let answer = tokio::time::timeout(Duration::from_secs(30), read)
-        .await
-        .expect("an answer on the socket");
+    let answer = next_answer(&mut socket, Duration::from_secs(30)).await;
     assert_eq!(answer["id"], 7, "{answer}");
     let message = answer["error"]["message"].as_str().unwrap_or_default();
     assert!(
@@ -154,15 +145,7 @@ async fn a_call_whose_owner_dies_mid_call_is_answered_outcome_unknown() {
     let call = json!({"jsonrpc": "2.0", "id": 8, "method": "conversation.message",
                       "params": {"session_id": on_b, "text": "still here"}});
     socket.send(Message::text(call.to_string())).await.unwrap();
-    let answer = tokio::time::timeout(Duration::from_secs(20), async {
-        loop {
-            if let Some(Ok(Message::Text(t))) = socket.next().await {
-                return serde_json::from_str::<Value>(t.as_str()).unwrap();
-            }
-        }
-    })
-    .await
-    .expect("an answer on the socket");
+    let answer = next_answer(&mut socket, Duration::from_secs(20)).await;
     assert!(answer["result"].to_string().contains("b reply"), "{answer}");
     kill9(&mut b);
 }
