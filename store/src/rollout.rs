@@ -14,8 +14,9 @@
 //! writer's, then the sink's on the answer), each longer than the commit, on the cores the
 //! turn and the model server need. Otherwise it hands the batch to the writer thread and blocks
 //! until it is committed; the writer group-commits what the sinks of every session queued
-//! meanwhile, each batch in a savepoint of its own (a lone batch in none). `synchronous = NORMAL` makes every
-//! commit survive a crash of the process (it is in the WAL when `COMMIT` returns). A batch that
+//! meanwhile, each batch in a savepoint of its own (a lone batch in none).
+//! `synchronous = NORMAL` makes every commit survive a crash of the process (it is in the WAL
+//! when `COMMIT` returns). A batch that
 //! asks for `sync` (a task's end, a flush) is committed the same way by default, as the
 //! store's writes in `troupe.db` are: no fsync, so a power loss (or a crash of the machine) may
 //! lose the last commits of both files. Opened power-loss durable

@@ -7,10 +7,10 @@
 //!   bounded channel (a full queue makes callers wait, asynchronously); the writer takes one,
 //!   drains what is already queued (up to [`MAX_BATCH`]), locks the connection and commits
 //!   them in one transaction, each write in a savepoint of its own (a lone write needs none)
-//!   so that one failing write (an unknown session) leaves the others in. Either way the caller hears only after
-//!   `COMMIT` returned: an acknowledged write is in the WAL, which survives a crash of the
-//!   process (`synchronous = NORMAL`; with [`SqliteOptions::power_loss_durable`] every commit
-//!   also fsyncs the WAL).
+//!   so that one failing write (an unknown session) leaves the others in. Either way the
+//!   caller hears only after `COMMIT` returned: an acknowledged write is in the WAL, which
+//!   survives a crash of the process (`synchronous = NORMAL`; with
+//!   [`SqliteOptions::power_loss_durable`] every commit also fsyncs the WAL).
 //! - Reads run on tokio's blocking pool, each on a connection taken from a small pool
 //!   ([`ReaderPool`]). WAL readers see the last commit and never wait for the writer.
 //!

@@ -35,11 +35,12 @@
 //! the hub fails, the Session starts a new one (bindings are read again from the store); the
 //! failed one's dispatches end with it (ractor runs no `post_stop` for a failed actor: its
 //! state's drop does it): their agents' tasks are cancelled, their callers see their reply
-//! port close, and its workers' reports go nowhere. A dispatch whose dispatcher is cancelled ends `cancelled` at once: the
-//! dispatching task tells the hub it stopped waiting (`DispatcherCancelled`), which ends its
-//! dispatches then (leases and waits released); their agents' tasks are cancelled with them
-//! (their cancel tokens are the dispatcher's children: one still queued in the agent's
-//! conversation ends as soon as it starts, and its late answer is ignored).
+//! port close, and its workers' reports go nowhere. A dispatch whose dispatcher is cancelled
+//! ends `cancelled` at once: the dispatching task tells the hub it stopped waiting
+//! (`DispatcherCancelled`), which ends its dispatches then (leases and waits released); their
+//! agents' tasks are cancelled with them (their cancel tokens are the dispatcher's children:
+//! one still queued in the agent's conversation ends as soon as it starts, and its late answer
+//! is ignored).
 //!
 //! # Scheduling (no self-lock)
 //! A dispatcher computes nothing while its agent works (a slot is for computing), so its

@@ -160,7 +160,8 @@ pub(super) fn truncate_after_sweep(conn: &Connection) -> Result<(), AgentError> 
 }
 
 /// Applies every write of `batch` in one transaction, each in its own savepoint (a lone write
-/// in none: see [`crate::conn::write_batch`]); one result per write. If the transaction cannot begin or commit, every write fails.
+/// in none: see [`crate::conn::write_batch`]); one result per write. If the transaction
+/// cannot begin or commit, every write fails.
 pub(super) fn commit_batch(
     conn: &mut Connection,
     batch: &[WriteJob],
