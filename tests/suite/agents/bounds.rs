@@ -56,6 +56,44 @@ async fn first_task(
         .task_id
 }
 
+/// The running task of an agent (a conversation other than `root`), once the model has been
+/// called `calls` times in all.
+async fn agents_task_at_its_model(
+    team: &Team,
+    root: troupe_proto::ConversationId,
+    calls: usize,
+) -> troupe_proto::TaskInfo {
+    loop {
+        let tasks = team.session.tasks(None).await.unwrap();
+        if let Some(child) = tasks.iter().find(|t| t.conversation_id != root)
+            && team.model.sent().len() == calls
+        {
+            return child.clone();
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+}
+
+/// Waits (2 s at most) until no task of the session runs, then sees none does and that the
+/// scheduler holds and queues nothing; `child` names the agent's task in the failure.
+async fn nothing_runs_or_waits(team: &Team, child: troupe_proto::TaskId) {
+    for _ in 0..200 {
+        if team.session.tasks(None).await.unwrap().is_empty() {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    assert!(
+        team.session.tasks(None).await.unwrap().is_empty(),
+        "the agent's task {child} still runs"
+    );
+    let snapshot = scheduler(team).await;
+    assert!(
+        snapshot.running.is_empty() && snapshot.waiting.is_empty(),
+        "{snapshot:?}"
+    );
+}
+
 fn results(events: &[EventKind]) -> Vec<(String, DispatchStatus)> {
     events
         .iter()
@@ -409,35 +447,12 @@ async fn a_failed_or_cancelled_child_keeps_no_slot() {
     let session = team.session.clone();
     let running =
         tokio::spawn(async move { session.message(root, "/hub worker wait forever").await });
-    let child = loop {
-        let tasks = team.session.tasks(None).await.unwrap();
-        if let Some(child) = tasks.iter().find(|t| t.conversation_id != root)
-            && team.model.sent().len() == 2
-        {
-            break child.clone();
-        }
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    };
+    let child = agents_task_at_its_model(&team, root, 2).await;
     let parent = first_task(&team, root).await;
     team.session.cancel_task(parent).await.unwrap();
     let cancelled = running.await.unwrap().unwrap();
     assert_eq!(cancelled.status, TaskStatus::Cancelled);
-    for _ in 0..100 {
-        if team.session.tasks(None).await.unwrap().is_empty() {
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
-    assert!(
-        team.session.tasks(None).await.unwrap().is_empty(),
-        "the child {} still runs",
-        child.task_id
-    );
-    let snapshot = scheduler(&team).await;
-    assert!(
-        snapshot.running.is_empty() && snapshot.waiting.is_empty(),
-        "{snapshot:?}"
-    );
+    nothing_runs_or_waits(&team, child.task_id).await;
     let events = team.events().await;
     assert_eq!(
         results(&events),
@@ -471,15 +486,7 @@ async fn a_hub_that_fails_leaves_no_agent_task_running() {
     let session = team.session.clone();
     let running =
         tokio::spawn(async move { session.message(root, "/hub slow take your time").await });
-    let child = loop {
-        let tasks = team.session.tasks(None).await.unwrap();
-        if let Some(child) = tasks.iter().find(|t| t.conversation_id != root)
-            && team.model.sent().len() == 1
-        {
-            break child.clone();
-        }
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    };
+    let child = agents_task_at_its_model(&team, root, 1).await;
     let hub = team.session.services().await.unwrap().agents.unwrap();
     hub.kill();
     let reply = tokio::time::timeout(Duration::from_secs(10), running)
@@ -492,22 +499,7 @@ async fn a_hub_that_fails_leaves_no_agent_task_running() {
         Some(ErrorKind::Interrupted),
         "{reply:?}"
     );
-    for _ in 0..200 {
-        if team.session.tasks(None).await.unwrap().is_empty() {
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
-    assert!(
-        team.session.tasks(None).await.unwrap().is_empty(),
-        "the agent's task {} still runs",
-        child.task_id
-    );
-    let snapshot = scheduler(&team).await;
-    assert!(
-        snapshot.running.is_empty() && snapshot.waiting.is_empty(),
-        "{snapshot:?}"
-    );
+    nothing_runs_or_waits(&team, child.task_id).await;
     let next = team.send("/hub slow now quickly").await;
     assert_eq!((next.status, next.text.as_str()), (TaskStatus::Ok, "quick"));
 }
