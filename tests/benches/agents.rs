@@ -17,6 +17,12 @@
 //!   five more events);
 //! - `two plain messages`: two messages of the first kind back to back, timed as one: what
 //!   the two tasks of a dispatch cost without the hub.
+//!
+//! Each model is measured with the two ways troupe keeps a session's record: as `troupe chat`
+//! does (JSONL files under the data directory, each conversation's file fsynced at every
+//! task's end) and as `troupe serve` does on its default store (`rollout.db` and `troupe.db`,
+//! SQLite, no fsync unless `power_loss_durable`). `TROUPE_BENCH_STORAGE=files|sqlite` keeps
+//! one of them.
 #![forbid(unsafe_code)]
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
@@ -24,13 +30,15 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 use troupe_actors::agents::{AgentPorts, AgentSettings, RouterMode};
 use troupe_actors::history::LocalSummarizer;
-use troupe_actors::ports::ModelClient;
+use troupe_actors::ports::{BindingStore, ModelClient};
+use troupe_actors::rollout::storage::RolloutStorage;
 use troupe_actors::{SessionConfig, SessionHandle, SessionPorts};
 use troupe_proto::agent::{AgentCatalog, AgentDefinition};
 use troupe_proto::{SessionId, StoragePolicy};
 use troupe_runtime::config::{Provider, TroupeConfig};
 use troupe_runtime::{ScriptedModel, ScriptedReply, assembly};
 use troupe_store::memory::MemoryStore;
+use troupe_store::{SqliteRolloutStorage, SqliteStore};
 use troupe_test_support::ModelServer;
 
 /// Messages per session, as the core benchmark sends per conversation.
@@ -66,6 +74,52 @@ fn percentile(sorted: &[Duration], p: f64) -> Duration {
     sorted[i]
 }
 
+/// Where a session's record goes: its rollout, and the store its agent bindings are kept in.
+#[derive(Clone)]
+struct Storage {
+    /// `None`: the session's default, JSONL files under its data directory.
+    rollout: Option<Arc<dyn RolloutStorage>>,
+    bindings: Arc<dyn BindingStore>,
+}
+
+impl Storage {
+    /// As `troupe chat` keeps it: JSONL rollout files (fsynced at each task's end), bindings in
+    /// memory (the chat has no store).
+    fn files() -> Self {
+        Self {
+            rollout: None,
+            bindings: Arc::new(MemoryStore::new()),
+        }
+    }
+
+    /// As `troupe serve` keeps it on its default store: `rollout.db` and `troupe.db` in `dir`.
+    fn sqlite(dir: &std::path::Path) -> Self {
+        let rollout =
+            SqliteRolloutStorage::open_with(SqliteRolloutStorage::path_in(dir).unwrap(), false)
+                .unwrap();
+        Self {
+            rollout: Some(Arc::new(rollout)),
+            bindings: Arc::new(SqliteStore::open_in(dir).unwrap()),
+        }
+    }
+
+    /// The two, named, as `TROUPE_BENCH_STORAGE` keeps them (both when unset).
+    fn chosen(dir: &std::path::Path) -> Vec<(&'static str, Self)> {
+        let only = std::env::var("TROUPE_BENCH_STORAGE").ok();
+        let mut out = Vec::new();
+        if only.as_deref().is_none_or(|o| o == "files") {
+            out.push(("JSONL rollout files, as `troupe chat`", Self::files()));
+        }
+        if only.as_deref().is_none_or(|o| o == "sqlite") {
+            out.push((
+                "SQLite rollout and store, as `troupe serve`",
+                Self::sqlite(dir),
+            ));
+        }
+        out
+    }
+}
+
 fn row(name: &str, value: String, note: &str) {
     println!("| {name:<40} | {value:>10} | {note} |");
 }
@@ -80,7 +134,7 @@ enum Kind {
     TwoPlain,
 }
 
-fn ports(kind: Kind, model: &Model, store: &Arc<MemoryStore>) -> SessionPorts {
+fn ports(kind: Kind, model: &Model, storage: &Storage) -> SessionPorts {
     let agents = matches!(kind, Kind::PlainWithAgents | Kind::Dispatch).then(|| {
         let coder: AgentDefinition = serde_json::from_value(serde_json::json!({
             "id": "coder", "role": "executor",
@@ -98,7 +152,7 @@ fn ports(kind: Kind, model: &Model, store: &Arc<MemoryStore>) -> SessionPorts {
             },
             factories: Vec::new(),
             models: Default::default(),
-            bindings: store.clone(),
+            bindings: storage.bindings.clone(),
             live: None,
         }
     });
@@ -109,7 +163,7 @@ fn ports(kind: Kind, model: &Model, store: &Arc<MemoryStore>) -> SessionPorts {
         exec: None,
         summarizer: Arc::new(LocalSummarizer::default()),
         tokens: Arc::new(troupe_actors::ports::ApproxTokens),
-        rollout_storage: None,
+        rollout_storage: storage.rollout.clone(),
         agents,
         effects: troupe_actors::ports::Effects::Live,
     }
@@ -120,16 +174,17 @@ async fn batch(
     kind: Kind,
     model: &Model,
     dir: &std::path::Path,
-    store: &Arc<MemoryStore>,
+    storage: &Storage,
 ) -> Vec<Duration> {
     let mut config = SessionConfig {
         data_dir: dir.to_path_buf(),
         ..SessionConfig::default()
     };
     config.root.storage_policy = StoragePolicy::Full;
-    let (session, join) = SessionHandle::start(SessionId::new(), config, ports(kind, model, store))
-        .await
-        .unwrap();
+    let (session, join) =
+        SessionHandle::start(SessionId::new(), config, ports(kind, model, storage))
+            .await
+            .unwrap();
     let root = session.root().await.unwrap();
     let text = match kind {
         Kind::Dispatch => "/hub coder hello",
@@ -178,24 +233,29 @@ async fn run() {
             Kind::TwoPlain,
         ];
         let dir = tempfile::tempdir().unwrap();
-        let store = Arc::new(MemoryStore::new());
+        let (_, storage) = Storage::chosen(dir.path()).remove(0);
         for _ in 0..400 {
-            batch(kinds[k], &Model::Scripted, dir.path(), &store).await;
+            batch(kinds[k], &Model::Scripted, dir.path(), &storage).await;
         }
         return;
     }
-    measure("scripted model", &Model::Scripted).await;
-    println!();
-    measure(
-        "openai-responses over HTTP to the loopback model server",
-        &Model::Http(http),
-    )
-    .await;
+    for (model_name, model) in [
+        ("scripted model", Model::Scripted),
+        (
+            "openai-responses over HTTP to the loopback model server",
+            Model::Http(http),
+        ),
+    ] {
+        let dir = tempfile::tempdir().unwrap();
+        for (storage_name, storage) in Storage::chosen(dir.path()) {
+            measure(&format!("{model_name}, {storage_name}"), &model, &storage).await;
+            println!();
+        }
+    }
 }
 
-async fn measure(title: &str, model: &Model) {
+async fn measure(title: &str, model: &Model, storage: &Storage) {
     let dir = tempfile::tempdir().unwrap();
-    let store = Arc::new(MemoryStore::new());
     let kinds = [
         Kind::Plain,
         Kind::PlainWithAgents,
@@ -204,12 +264,12 @@ async fn measure(title: &str, model: &Model) {
     ];
     // Warm up: one session of each.
     for kind in kinds {
-        batch(kind, model, dir.path(), &store).await;
+        batch(kind, model, dir.path(), storage).await;
     }
     let mut lat: [Vec<Duration>; 4] = Default::default();
     for _ in 0..SESSIONS {
         for (i, kind) in kinds.into_iter().enumerate() {
-            lat[i].extend(batch(kind, model, dir.path(), &store).await);
+            lat[i].extend(batch(kind, model, dir.path(), storage).await);
         }
     }
     for l in &mut lat {
