@@ -106,6 +106,11 @@ impl Storage {
     /// The two, named, as `TROUPE_BENCH_STORAGE` keeps them (both when unset).
     fn chosen(dir: &std::path::Path) -> Vec<(&'static str, Self)> {
         let only = std::env::var("TROUPE_BENCH_STORAGE").ok();
+        assert!(
+            only.as_deref()
+                .is_none_or(|o| o == "files" || o == "sqlite"),
+            "TROUPE_BENCH_STORAGE is `files` or `sqlite`, not {only:?}"
+        );
         let mut out = Vec::new();
         if only.as_deref().is_none_or(|o| o == "files") {
             out.push(("JSONL rollout files, as `troupe chat`", Self::files()));
