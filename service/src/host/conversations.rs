@@ -107,7 +107,9 @@ impl HostState {
     }
 
     /// Asks the session to close a conversation. Its queued messages wait (none starts) until
-    /// the session answered: then they are cancelled, or start again if the close failed.
+    /// the session answered: then they are cancelled once the store has recorded the close,
+    /// or start again if the session refused it. If the store could not record it, they wait
+    /// for the close to be asked again.
     pub(super) fn close(
         &mut self,
         myself: &ActorRef<HostMsg>,
@@ -151,18 +153,25 @@ impl HostState {
                 return Err(e);
             }
         };
-        let Some(slot) = self
+        let open = self
             .conversations
-            .get_mut(&conversation_id)
-            .filter(|s| s.record.state == ConversationState::Open)
-        else {
+            .get(&conversation_id)
+            .is_some_and(|s| s.record.state == ConversationState::Open);
+        if !open {
+            return Ok(closed);
+        }
+        let at = now_ms();
+        // Recorded first: a close the store cannot record is not done. The conversation stays
+        // closing (none of its queued messages starts, and they stay queued in the store, as
+        // the conversation stays open there), the caller hears the error, and the next close,
+        // which the session answers at once, records it and cancels what waits.
+        self.store.close_conversation(conversation_id, at).await?;
+        let Some(slot) = self.conversations.get_mut(&conversation_id) else {
             return Ok(closed);
         };
-        let at = now_ms();
         slot.record.state = ConversationState::Closed;
         slot.record.closed_ms = Some(at);
         let queued: Vec<Waiting> = slot.queue.drain(..).collect();
-        self.store.close_conversation(conversation_id, at).await?;
         for w in queued {
             let sent = self
                 .finish(w.message, Err(AgentError::cancelled("conversation closed")))

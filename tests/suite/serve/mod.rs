@@ -47,6 +47,15 @@ impl Server {
         configure: impl FnOnce(&mut TroupeConfig),
         replies: Vec<ScriptedReply>,
     ) -> Self {
+        Self::start_on(|_| Arc::new(MemoryStore::new()), configure, replies).await
+    }
+
+    /// A service on the store `store` opens in the data directory.
+    pub async fn start_on(
+        store: impl FnOnce(&std::path::Path) -> Arc<dyn troupe_store::Store>,
+        configure: impl FnOnce(&mut TroupeConfig),
+        replies: Vec<ScriptedReply>,
+    ) -> Self {
         let dir = tempfile::tempdir().unwrap();
         let mut config = TroupeConfig {
             data_dir: dir.path().to_owned(),
@@ -57,7 +66,7 @@ impl Server {
         configure(&mut config);
         let model = Arc::new(ScriptedModel::new(replies));
         let ports = assembly::session_ports(&config, model.clone(), Arc::new(ApproxTokens));
-        let service = Service::start(&config, Arc::new(MemoryStore::new()), ports, None)
+        let service = Service::start(&config, store(dir.path()), ports, None)
             .await
             .unwrap();
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
@@ -73,6 +82,11 @@ impl Server {
             task,
             _dir: dir,
         }
+    }
+
+    /// The service's data directory.
+    pub fn data_dir(&self) -> &std::path::Path {
+        self._dir.path()
     }
 
     /// A client without a token.

@@ -205,6 +205,76 @@ async fn a_full_queue_refuses_before_storing_and_a_close_cancels_what_waits() {
     server.stop().await;
 }
 
+/// A close the store cannot record answers the error and ends nothing: the conversation stays
+/// open in the store and its queued message queued (none starts meanwhile); the next close
+/// records it and cancels what waited.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_close_the_store_cannot_record_keeps_what_waits_until_a_close_is_recorded() {
+    let server = Server::start_on(
+        |dir| Arc::new(SqliteStore::open_in(dir).unwrap()),
+        |_| {},
+        vec![ScriptedReply {
+            hang: true,
+            ..ScriptedReply::default()
+        }],
+    )
+    .await;
+    let api = server.api();
+    let sid = id(&api.session(None).await, "session_id");
+    let opened = api
+        .call("conversation.open", json!({"session_id": sid}))
+        .await;
+    let conv = id(&opened, "conversation_id");
+    let (_, running) = post(&api, &sid, Some(&conv), "runs").await;
+    let (_, queued) = post(&api, &sid, Some(&conv), "waits").await;
+    let (running, queued) = (
+        running["message"]["message_id"].as_u64().unwrap(),
+        queued["message"]["message_id"].as_u64().unwrap(),
+    );
+
+    // The database refuses to mark the conversation closed, as a full disk would.
+    let db = rusqlite::Connection::open(troupe_store::db_path(server.data_dir())).unwrap();
+    db.busy_timeout(Duration::from_secs(5)).unwrap();
+    db.execute_batch(
+        "CREATE TRIGGER refuse_close BEFORE UPDATE OF state ON conversations
+         WHEN NEW.state = 'closed' BEGIN SELECT RAISE(ABORT, 'refused by the test'); END;",
+    )
+    .unwrap();
+    let close = json!({"session_id": sid, "conversation_id": conv});
+    api.call_err("conversation.close", close.clone()).await;
+    // The running task was cancelled by the session and ends so; the queued message does not
+    // start and stays queued, as the store still has the conversation open.
+    assert_eq!(outcome(&api, &sid, running).await["status"], "cancelled");
+    let (_, q) = api
+        .get(&format!("/api/sessions/{sid}/messages/{queued}"))
+        .await;
+    assert_eq!(q["status"], "queued", "{q}");
+    let state = |db: &rusqlite::Connection| -> String {
+        db.query_row(
+            "SELECT state FROM conversations WHERE conversation_id = ?1",
+            [&conv],
+            |row| row.get(0),
+        )
+        .unwrap()
+    };
+    assert_eq!(state(&db), "open");
+
+    db.execute_batch("DROP TRIGGER refuse_close").unwrap();
+    let closed = api.call("conversation.close", close).await;
+    assert!(
+        matches!(
+            closed["outcome"].as_str(),
+            Some("closed" | "already_closed")
+        ),
+        "{closed}"
+    );
+    let q = outcome(&api, &sid, queued).await;
+    assert_eq!(q["status"], "cancelled", "{q}");
+    assert!(q["reply_message_id"].is_null(), "it never ran: {q}");
+    assert_eq!(state(&db), "closed");
+    server.stop().await;
+}
+
 fn conversation(
     session: &SessionRecord,
     id: ConversationId,
