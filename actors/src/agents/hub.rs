@@ -1414,13 +1414,21 @@ impl Drop for OpeningGuard {
 
 impl Worker {
     async fn run(self, plan: PlanSource) {
+        // A plan to open or resume is this worker's to report, whatever happens first: a
+        // dispatch cancelled before its work began too (its guard goes with the unpolled work
+        // and reports it), or the agent's binding would stay opening for good.
+        let opening = matches!(
+            &plan,
+            PlanSource::Ready(Ok(BindPlan::Resume { .. } | BindPlan::Open { .. }))
+        )
+        .then(|| self.guard());
         // Past the lease's time the hub reclaims it (it cancels the dispatch, whose work
         // then ends here). A worker that panics ends its dispatch at once.
         let run = async {
             tokio::select! {
                 biased;
                 () = self.cancel.cancelled() => Err(AgentError::cancelled("the dispatch was cancelled")),
-                r = self.work(plan) => r,
+                r = self.work(plan, opening) => r,
             }
         };
         let result = std::panic::AssertUnwindSafe(run)
@@ -1433,13 +1441,11 @@ impl Worker {
         });
     }
 
-    async fn work(&self, plan: PlanSource) -> Result<AgentOutput, AgentError> {
-        // A plan to open or resume is this worker's to report, whatever happens first.
-        let opening = matches!(
-            &plan,
-            PlanSource::Ready(Ok(BindPlan::Resume { .. } | BindPlan::Open { .. }))
-        )
-        .then(|| self.guard());
+    async fn work(
+        &self,
+        plan: PlanSource,
+        opening: Option<OpeningGuard>,
+    ) -> Result<AgentOutput, AgentError> {
         let provider = self.cell.ready().await?;
         let (provider_session_id, fresh) = self.bind(provider, plan, opening).await?;
         let replaced = SessionReplaced::default();

@@ -582,3 +582,58 @@ async fn a_queued_dispatch_ends_as_soon_as_its_dispatcher_is_cancelled() {
     team.session.cancel_task(first).await.unwrap();
     let _ = tokio::time::timeout(Duration::from_secs(20), busy).await;
 }
+
+/// A first dispatch to an agent that is cancelled before its work began (its dispatcher's
+/// token already cancelled when the hub takes it) still reports that it will not open the
+/// agent's binding: the next dispatch opens it and is answered, instead of waiting for the
+/// first to bind until its lease expires.
+#[tokio::test(start_paused = true)]
+async fn a_first_dispatch_cancelled_before_it_ran_leaves_the_binding_to_the_next() {
+    use troupe_actors::agents::DispatchParent;
+    use troupe_actors::agents::hub::{AgentHubMsg, DispatchRequest};
+    let mut s = settings(RouterMode::Rules);
+    s.lease_ttl = Duration::from_secs(60);
+    let team = Team::start_with(
+        vec![model_agent("coder", "C", &[])],
+        vec![ScriptedReply::text("opened by the second")],
+        s,
+        |_| {},
+    )
+    .await;
+    let hub = team.session.services().await.unwrap().agents.unwrap();
+    let cancel = tokio_util::sync::CancellationToken::new();
+    cancel.cancel();
+    let root = team.session.root().await.unwrap();
+    let first = ractor::call!(hub, |reply| AgentHubMsg::Dispatch {
+        request: DispatchRequest {
+            agent_id: "coder".into(),
+            input: "never runs".into(),
+            chain: troupe_proto::agent::ExecutionChain::start("user"),
+            by_human: true,
+            parent: DispatchParent {
+                conversation_id: root,
+                task_id: troupe_proto::TaskId::new(),
+            },
+            parent_dispatch: None,
+            cancel,
+            span: tracing::Span::none(),
+            governance: Default::default(),
+            slot: troupe_actors::task::SlotLease::kept(),
+            tool_config: Default::default(),
+            token_book: None,
+        },
+        reply,
+    })
+    .unwrap();
+    let error = first.unwrap_err();
+    assert_eq!(error.kind(), ErrorKind::Cancelled, "{error}");
+
+    let started = tokio::time::Instant::now();
+    let reply = team.send("/hub coder now").await;
+    assert_eq!(reply.status, TaskStatus::Ok, "{reply:?}");
+    assert_eq!(reply.text, "opened by the second");
+    assert!(
+        started.elapsed() < Duration::from_secs(60),
+        "answered at once, not when the lease expired"
+    );
+}
