@@ -27,6 +27,25 @@ async fn post(api: &Api, sid: &str, conversation: Option<&str>, text: &str) -> (
         .await
 }
 
+/// A model whose first answer never comes: the first message runs until it is cancelled.
+fn hangs() -> Vec<ScriptedReply> {
+    vec![ScriptedReply {
+        hang: true,
+        ..ScriptedReply::default()
+    }]
+}
+
+/// A client of `server`, a new session and a conversation opened in it (ids).
+async fn conversation_of(server: &Server) -> (Api, String, String) {
+    let api = server.api();
+    let sid = id(&api.session(None).await, "session_id");
+    let opened = api
+        .call("conversation.open", json!({"session_id": sid}))
+        .await;
+    let conv = id(&opened, "conversation_id");
+    (api, sid, conv)
+}
+
 /// Polls a message until it reached an outcome (at most 15 s).
 async fn outcome(api: &Api, sid: &str, message_id: u64) -> Value {
     let t0 = Instant::now();
@@ -150,20 +169,8 @@ async fn queued_messages_run_in_order_and_each_reports_its_outcome() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_full_queue_refuses_before_storing_and_a_close_cancels_what_waits() {
-    let server = Server::start_with(
-        |c| c.server.conversation_queue = 1,
-        vec![ScriptedReply {
-            hang: true,
-            ..ScriptedReply::default()
-        }],
-    )
-    .await;
-    let api = server.api();
-    let sid = id(&api.session(None).await, "session_id");
-    let opened = api
-        .call("conversation.open", json!({"session_id": sid}))
-        .await;
-    let conv = id(&opened, "conversation_id");
+    let server = Server::start_with(|c| c.server.conversation_queue = 1, hangs()).await;
+    let (api, sid, conv) = conversation_of(&server).await;
 
     let (s1, running) = post(&api, &sid, Some(&conv), "runs").await;
     let (s2, queued) = post(&api, &sid, Some(&conv), "waits").await;
@@ -213,18 +220,10 @@ async fn a_close_the_store_cannot_record_keeps_what_waits_until_a_close_is_recor
     let server = Server::start_on(
         |dir| Arc::new(SqliteStore::open_in(dir).unwrap()),
         |_| {},
-        vec![ScriptedReply {
-            hang: true,
-            ..ScriptedReply::default()
-        }],
+        hangs(),
     )
     .await;
-    let api = server.api();
-    let sid = id(&api.session(None).await, "session_id");
-    let opened = api
-        .call("conversation.open", json!({"session_id": sid}))
-        .await;
-    let conv = id(&opened, "conversation_id");
+    let (api, sid, conv) = conversation_of(&server).await;
     let (_, running) = post(&api, &sid, Some(&conv), "runs").await;
     let (_, queued) = post(&api, &sid, Some(&conv), "waits").await;
     let (running, queued) = (
