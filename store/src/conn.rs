@@ -132,8 +132,8 @@ pub fn exec_cached(conn: &Connection, sql: &str) -> rusqlite::Result<()> {
 /// its own (a write that fails is undone alone; the others commit); one result per item.
 /// `Err` when the transaction could not begin or commit: then nothing of it is stored.
 /// `sql_error` names what failed (`begin`, `savepoint`, `commit`; a lone item's failed
-/// `ROLLBACK` is reported as `commit`). The transaction-control
-/// statements come from the statement cache ([`exec_cached`]).
+/// `ROLLBACK` is reported as `commit`). The transaction-control statements come from the
+/// statement cache ([`exec_cached`]).
 ///
 /// A lone item needs no savepoint: if it fails, the whole transaction is rolled back, which
 /// undoes the same changes (and saves the copy of every page it touches into the savepoint's

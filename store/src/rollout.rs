@@ -16,14 +16,13 @@
 //! until it is committed; the writer group-commits what the sinks of every session queued
 //! meanwhile, each batch in a savepoint of its own (a lone batch in none).
 //! `synchronous = NORMAL` makes every commit survive a crash of the process (it is in the WAL
-//! when `COMMIT` returns). A batch that
-//! asks for `sync` (a task's end, a flush) is committed the same way by default, as the
-//! store's writes in `troupe.db` are: no fsync, so a power loss (or a crash of the machine) may
-//! lose the last commits of both files. Opened power-loss durable
-//! ([`SqliteRolloutStorage::open_with`], `[store] power_loss_durable`), a `sync` batch is
-//! committed under `synchronous = FULL`, which fsyncs the WAL before `COMMIT` returns. Reads take
-//! a connection from a small pool on the caller's (blocking) thread; a checkpointer thread
-//! copies the WAL into the database in the background.
+//! when `COMMIT` returns). A batch that asks for `sync` (a task's end, a flush) is committed
+//! the same way by default, as the store's writes in `troupe.db` are: no fsync, so a power
+//! loss (or a crash of the machine) may lose the last commits of both files. Opened
+//! power-loss durable ([`SqliteRolloutStorage::open_with`], `[store] power_loss_durable`), a
+//! `sync` batch is committed under `synchronous = FULL`, which fsyncs the WAL before `COMMIT`
+//! returns. Reads take a connection from a small pool on the caller's (blocking) thread; a
+//! checkpointer thread copies the WAL into the database in the background.
 //!
 //! # Restore window (S6)
 //! [`RolloutStorage::read_conversation_window`] decodes only a restore's window: the

@@ -35,7 +35,7 @@ pub struct Server {
     pub service: Service,
     pub model: Arc<ScriptedModel>,
     task: tokio::task::JoinHandle<()>,
-    _dir: tempfile::TempDir,
+    dir: tempfile::TempDir,
 }
 
 impl Server {
@@ -80,13 +80,13 @@ impl Server {
             service,
             model,
             task,
-            _dir: dir,
+            dir,
         }
     }
 
     /// The service's data directory.
     pub fn data_dir(&self) -> &std::path::Path {
-        self._dir.path()
+        self.dir.path()
     }
 
     /// A client without a token.
