@@ -52,8 +52,9 @@
 //! tasks were interrupted) and it is started again; queued ones wait for it. Past the restart
 //! budget it stays down: its queued messages end `failed` and calls answer `Internal`. If the
 //! host itself fails, its session stops with it (ractor stops a failed actor's children); the
-//! registry forgets it, and the next use activates it again from the store, where its
-//! unfinished messages still are.
+//! registry forgets it and activates it again from the store, where its unfinished messages
+//! still are. A session that stops again while it is being started is started again (within
+//! the same budget), not taken for running.
 
 mod conversations;
 mod lifecycle;
@@ -63,7 +64,7 @@ mod queue;
 use super::admission::QueueLimits;
 use super::api::Sent;
 use super::metrics;
-use ractor::{Actor, ActorProcessingErr, ActorRef, RpcReplyPort, SupervisionEvent};
+use ractor::{Actor, ActorId, ActorProcessingErr, ActorRef, RpcReplyPort, SupervisionEvent};
 use std::collections::{HashMap, VecDeque};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -260,6 +261,9 @@ pub struct HostState {
     drain_waiters: Vec<RpcReplyPort<()>>,
     /// When the session was last restarted after stopping on its own (newest last).
     restarts: Vec<Instant>,
+    /// Session actors that stopped while the session was being started again: a restart
+    /// that hands back one of them hands back a session that already stopped.
+    stopped_while_restarting: Vec<ActorId>,
     /// Set by `pre_start`, consumed by `post_start`.
     created: Option<Created>,
     /// Keeps `troupe_sessions_active` counted while the host lives.
@@ -290,6 +294,7 @@ impl Actor for SessionHost {
             draining: args.draining,
             drain_waiters: Vec::new(),
             restarts: Vec::new(),
+            stopped_while_restarting: Vec::new(),
             created: args.created,
             _active: metrics::ActiveSession::start(),
         })

@@ -203,8 +203,8 @@ pub fn service_series_start_at_zero() {
     for reason in REFUSAL_REASONS {
         counter!(MESSAGES_REFUSED_TOTAL, "reason" => reason).increment(0);
     }
-    for reason in ["request", "pending"] {
-        counter!(SESSION_ACTIVATIONS_TOTAL, "reason" => reason).increment(0);
+    for reason in crate::registry::Activation::ALL {
+        counter!(SESSION_ACTIVATIONS_TOTAL, "reason" => reason.label()).increment(0);
     }
     for trigger in crate::registry::ScanTrigger::ALL {
         counter!(SESSION_SCANS_TOTAL, "trigger" => trigger.label()).increment(0);
@@ -283,7 +283,7 @@ pub fn session_scan(trigger: &'static str) {
     counter!(SESSION_SCANS_TOTAL, "trigger" => trigger).increment(1);
 }
 
-/// A session was activated (`request` or `pending`).
+/// A session was activated (`request`, `pending` or `host_ended`).
 pub fn session_activated(reason: &'static str) {
     counter!(SESSION_ACTIVATIONS_TOTAL, "reason" => reason).increment(1);
 }

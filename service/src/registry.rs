@@ -44,20 +44,25 @@
 //! that stops gives its lease back; so does a shutdown, for every active session.
 //!
 //! # Failure
-//! A host that stops or fails is forgotten; its next use activates it again from the store.
+//! A host that stops or fails on its own is forgotten, and its session is activated again at
+//! once from the store (its running message ends `aborted`, its queued ones run), at most
+//! [`RESTARTS_PER_WINDOW`] times per [`RESTART_WINDOW`]; past that, its next use does.
 //! If the registry itself fails, ractor stops its hosts and their sessions with it; its
 //! supervisor ([`super::supervisor`]) starts a new one, which activates the sessions with
 //! unfinished messages again, as at start-up.
 
 use super::api::CreateSession;
 use super::auth::Scope;
-use super::host::{Created, HostArgs, HostMsg, SessionHost, SessionTemplate};
+use super::host::{
+    Created, HostArgs, HostMsg, RESTART_WINDOW, RESTARTS_PER_WINDOW, SessionHost, SessionTemplate,
+    plan,
+};
 use super::lease_keeper::{KeeperRef, LeaseKeeperMsg};
 use super::metrics;
 use ractor::{Actor, ActorId, ActorProcessingErr, ActorRef, RpcReplyPort, SupervisionEvent};
 use std::collections::HashMap;
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 use tracing::Instrument;
 use troupe_actors::SessionHandle;
 use troupe_actors::clock::unix_now_ms as now_ms;
@@ -96,13 +101,19 @@ pub enum Activation {
     Request,
     /// It has messages that were queued or running when the service stopped.
     Pending,
+    /// Its host ended on its own (it failed, or was killed): what its session ran or queued
+    /// is settled by the activation, as after a restart, without waiting for a caller.
+    HostEnded,
 }
 
 impl Activation {
-    const fn label(self) -> &'static str {
+    pub const ALL: [Self; 3] = [Self::Request, Self::Pending, Self::HostEnded];
+
+    pub const fn label(self) -> &'static str {
         match self {
             Self::Request => "request",
             Self::Pending => "pending",
+            Self::HostEnded => "host_ended",
         }
     }
 }
@@ -202,6 +213,9 @@ pub struct RegistryState {
     /// A scan asked for while one ran: it runs once that one ends (the running one may have
     /// read the leases before the node that left gave them back).
     rescan: Option<ScanTrigger>,
+    /// When each session's host last ended on its own (newest last): one that keeps ending
+    /// is left for the next caller instead of being activated again at once.
+    host_ends: HashMap<SessionId, Vec<Instant>>,
 }
 
 /// The Registry actor.
@@ -228,6 +242,7 @@ impl Actor for Registry {
             cluster: args.cluster,
             scanning: false,
             rescan: None,
+            host_ends: HashMap::new(),
         })
     }
 
@@ -326,22 +341,21 @@ impl Actor for Registry {
 
     async fn handle_supervisor_evt(
         &self,
-        _myself: ActorRef<RegistryMsg>,
+        myself: ActorRef<RegistryMsg>,
         event: SupervisionEvent,
         state: &mut RegistryState,
     ) -> Result<(), ActorProcessingErr> {
-        match event {
-            SupervisionEvent::ActorFailed(cell, error) => {
-                if let Some(session_id) = state.forget(cell.get_id()) {
-                    tracing::error!(%session_id, %error, "session host failed; the next use activates it again");
-                }
-            }
+        // A host never stops by itself, and the registry forgets one before it stops it (a
+        // lost lease): a host it still knows ended on its own.
+        let (cell, why) = match event {
+            SupervisionEvent::ActorFailed(cell, error) => (cell, error.to_string()),
             SupervisionEvent::ActorTerminated(cell, _, reason) => {
-                if let Some(session_id) = state.forget(cell.get_id()) {
-                    tracing::debug!(%session_id, ?reason, "session host stopped");
-                }
+                (cell, reason.unwrap_or_else(|| "stopped".into()))
             }
-            _ => {}
+            _ => return Ok(()),
+        };
+        if let Some(session_id) = state.forget(cell.get_id()) {
+            state.host_ended(&myself, session_id, &why);
         }
         Ok(())
     }
@@ -547,6 +561,40 @@ impl RegistryState {
         if let Some(trigger) = self.rescan.take() {
             self.scan(myself, trigger);
         }
+        self.activate_all(myself, ids, Activation::Pending);
+    }
+
+    /// A host ended on its own: its session is activated again at once (its running message
+    /// ends `aborted`, its queued ones run), unless the service drains or the session's host
+    /// ended [`RESTARTS_PER_WINDOW`] times in the last [`RESTART_WINDOW`]: then the next
+    /// caller, or the next start, activates it.
+    fn host_ended(&mut self, myself: &ActorRef<RegistryMsg>, session_id: SessionId, why: &str) {
+        if self.draining {
+            tracing::debug!(%session_id, why, "session host stopped");
+            return;
+        }
+        let now = Instant::now();
+        self.host_ends.retain(|_, ends| {
+            ends.last()
+                .is_some_and(|t| now.duration_since(*t) < RESTART_WINDOW)
+        });
+        let ends = self.host_ends.entry(session_id).or_default();
+        if !plan::may_restart(ends, now, RESTARTS_PER_WINDOW, RESTART_WINDOW) {
+            tracing::error!(%session_id, why, "session host keeps ending; the next use activates it again");
+            return;
+        }
+        tracing::error!(%session_id, why, "session host ended on its own; activating it again");
+        self.activate_all(myself, vec![session_id], Activation::HostEnded);
+    }
+
+    /// Activates every session of `ids` that is neither active nor being activated, one
+    /// after the other in one task.
+    fn activate_all(
+        &mut self,
+        myself: &ActorRef<RegistryMsg>,
+        ids: Vec<SessionId>,
+        why: Activation,
+    ) {
         let ids: Vec<SessionId> = ids
             .into_iter()
             .filter(|id| !self.active.contains_key(id) && !self.looking.contains_key(id))
@@ -556,7 +604,8 @@ impl RegistryState {
         }
         tracing::info!(
             sessions = ids.len(),
-            "sessions with unfinished messages to activate"
+            reason = why.label(),
+            "sessions to activate"
         );
         for id in &ids {
             self.looking.insert(*id, Vec::new());
@@ -568,7 +617,7 @@ impl RegistryState {
                 let _ = myself.cast(RegistryMsg::Looked {
                     session_id,
                     result,
-                    why: Activation::Pending,
+                    why,
                 });
             }
         });

@@ -131,10 +131,7 @@ impl HostState {
         }
         // The tasks the shutdown cancelled answer through `TaskDone`, still in this mailbox;
         // the service waits for them with a second drain.
-        self.session = Liveness::Down(AgentError::Overloaded {
-            resource: "service (shutting down)".into(),
-            limit: 0,
-        });
+        self.session = Liveness::Down(shutting_down());
     }
 
     /// The session's actor ended: start it again unless the service drains or it keeps
@@ -142,15 +139,25 @@ impl HostState {
     pub(super) async fn session_stopped(&mut self, myself: &ActorRef<HostMsg>, actor: ActorId) {
         let current = matches!(&self.session, Liveness::Up(h) if h.actor().get_id() == actor);
         if !current {
-            return; // an earlier run of this session, already replaced
-        }
-        if self.draining {
-            self.session = Liveness::Down(AgentError::Overloaded {
-                resource: "service (shutting down)".into(),
-                limit: 0,
-            });
+            // An earlier run of this session, already replaced; or, while it is started again,
+            // perhaps the new run, which `session_restarted` will be handed.
+            if matches!(self.session, Liveness::Restarting) {
+                self.stopped_while_restarting.push(actor);
+            }
             return;
         }
+        if self.draining {
+            self.session = Liveness::Down(shutting_down());
+            return;
+        }
+        tracing::warn!(session_id = %self.record.session_id, "session stopped on its own; starting it again");
+        self.start_again(myself).await;
+    }
+
+    /// Starts the stopped session again, unless it was started again
+    /// [`RESTARTS_PER_WINDOW`] times in the last [`RESTART_WINDOW`]: then it stays down, its
+    /// queued messages end `failed` and the session is marked failed.
+    async fn start_again(&mut self, myself: &ActorRef<HostMsg>) {
         let session_id = self.record.session_id;
         if !plan::may_restart(
             &mut self.restarts,
@@ -168,7 +175,6 @@ impl HostState {
             self.set_status(SessionStatus::Failed).await;
             return;
         }
-        tracing::warn!(%session_id, "session stopped on its own; starting it again");
         self.session = Liveness::Restarting;
         let record = self.record.clone();
         let conversations: Vec<ConversationRecord> = self
@@ -184,14 +190,33 @@ impl HostState {
         });
     }
 
+    /// A restart ended. A session that could not be started, or that stopped before its
+    /// host heard it had started, is started again within the same budget.
     pub(super) async fn session_restarted(
         &mut self,
         myself: &ActorRef<HostMsg>,
         result: Result<SessionHandle, AgentError>,
     ) {
         let session_id = self.record.session_id;
+        let stopped = std::mem::take(&mut self.stopped_while_restarting);
         match result {
-            Ok(handle) if !self.draining => {
+            Ok(handle) if self.draining => {
+                self.session = Liveness::Down(shutting_down());
+                tokio::spawn(async move {
+                    let _ = handle.shutdown().await;
+                });
+            }
+            Err(e) if self.draining => {
+                // The service stops: what waits stays queued and runs after the next start.
+                tracing::warn!(%session_id, error = %e, "session not restarted while draining");
+                self.session = Liveness::Down(shutting_down());
+            }
+            Ok(handle) if stopped.contains(&handle.actor().get_id()) => {
+                metrics::session_restart("failed");
+                tracing::warn!(%session_id, "session stopped again while it was started");
+                self.start_again(myself).await;
+            }
+            Ok(handle) => {
                 metrics::session_restart("restarted");
                 tracing::info!(%session_id, "session restarted");
                 self.session = Liveness::Up(handle);
@@ -200,18 +225,19 @@ impl HostState {
                     self.run_next(myself, id).await;
                 }
             }
-            Ok(handle) => {
-                tokio::spawn(async move {
-                    let _ = handle.shutdown().await;
-                });
-            }
             Err(e) => {
                 metrics::session_restart("failed");
                 tracing::error!(%session_id, error = %e, "session could not be restarted");
-                self.session = Liveness::Down(e.clone());
-                self.fail_queued(&e).await;
-                self.set_status(SessionStatus::Failed).await;
+                self.start_again(myself).await;
             }
         }
+    }
+}
+
+/// What calls answer once the service shuts the session down.
+fn shutting_down() -> AgentError {
+    AgentError::Overloaded {
+        resource: "service (shutting down)".into(),
+        limit: 0,
     }
 }

@@ -18,7 +18,12 @@ use troupe_service::Service;
 use troupe_store::{SqliteStore, Store};
 
 /// Posts a message without waiting for its reply: the status and the answer.
-async fn post(api: &Api, sid: &str, conversation: Option<&str>, text: &str) -> (StatusCode, Value) {
+pub(super) async fn post(
+    api: &Api,
+    sid: &str,
+    conversation: Option<&str>,
+    text: &str,
+) -> (StatusCode, Value) {
     let mut body = json!({"text": text, "wait": false});
     if let Some(c) = conversation {
         body["conversation_id"] = json!(c);
@@ -28,7 +33,7 @@ async fn post(api: &Api, sid: &str, conversation: Option<&str>, text: &str) -> (
 }
 
 /// A model whose first answer never comes: the first message runs until it is cancelled.
-fn hangs() -> Vec<ScriptedReply> {
+pub(super) fn hangs() -> Vec<ScriptedReply> {
     vec![ScriptedReply {
         hang: true,
         ..ScriptedReply::default()
@@ -36,7 +41,7 @@ fn hangs() -> Vec<ScriptedReply> {
 }
 
 /// A client of `server`, a new session and a conversation opened in it (ids).
-async fn conversation_of(server: &Server) -> (Api, String, String) {
+pub(super) async fn conversation_of(server: &Server) -> (Api, String, String) {
     let api = server.api();
     let sid = id(&api.session(None).await, "session_id");
     let opened = api
@@ -47,7 +52,7 @@ async fn conversation_of(server: &Server) -> (Api, String, String) {
 }
 
 /// Polls a message until it reached an outcome (at most 15 s).
-async fn outcome(api: &Api, sid: &str, message_id: u64) -> Value {
+pub(super) async fn outcome(api: &Api, sid: &str, message_id: u64) -> Value {
     let t0 = Instant::now();
     loop {
         let (status, m) = api
@@ -67,7 +72,7 @@ async fn outcome(api: &Api, sid: &str, message_id: u64) -> Value {
 }
 
 /// Waits until the scripted model has been called `n` times (15 s at most).
-async fn called(server: &Server, n: u64) {
+pub(super) async fn called(server: &Server, n: u64) {
     let t0 = Instant::now();
     while server.model.calls() < n {
         assert!(

@@ -1,11 +1,15 @@
 //! A session whose actor stops on its own is started again by its host under its ids,
-//! with its conversations and their history; the API keeps answering for it.
+//! with its conversations and their history; the API keeps answering for it. So is one that
+//! stops again while it is started, and one whose host ends.
 
+use super::queue::{called, conversation_of, hangs, outcome, post};
 use super::{Server, id};
 use serde_json::json;
-use std::time::Duration;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
 use troupe_runtime::ScriptedReply;
 use troupe_service::auth::Scope;
+use troupe_store::SqliteStore;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_session_that_stops_on_its_own_is_restarted_with_its_conversations() {
@@ -67,5 +71,121 @@ async fn a_session_that_stops_on_its_own_is_restarted_with_its_conversations() {
     assert_eq!(items_after, items_before);
     let reply = api.say(&sid, "after").await;
     assert!(reply.to_string().contains("You said: after"), "{reply}");
+    server.stop().await;
+}
+
+/// A session that stops again while its host starts it again is started once more, not
+/// taken for running: the host is held in a store write (another connection holds the
+/// database's write lock) while the new run is killed, so the host hears of the new run only
+/// after it stopped.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_session_that_stops_again_while_it_is_started_is_started_once_more() {
+    let server = Server::start_on(
+        |dir| Arc::new(SqliteStore::open_in(dir).unwrap()),
+        |_| {},
+        Vec::new(),
+    )
+    .await;
+    let api = server.api();
+    let sid = id(&api.session(None).await, "session_id");
+    // Conversations to restore make the restart long enough to be caught.
+    for _ in 0..20 {
+        api.call("conversation.open", json!({"session_id": sid}))
+            .await;
+    }
+    let parsed = sid.parse().unwrap();
+    let first = server
+        .service
+        .sessions
+        .session(Scope::All, parsed)
+        .await
+        .unwrap();
+    let host = first
+        .actor()
+        .try_get_supervisor()
+        .expect("a session is linked to its host");
+
+    let db = rusqlite::Connection::open(troupe_store::db_path(server.data_dir())).unwrap();
+    db.execute_batch("BEGIN IMMEDIATE").unwrap();
+    first.actor().kill();
+    // A message sent meanwhile holds the host in its store write until the lock goes.
+    let (sent_api, sent_sid) = (api.clone(), sid.clone());
+    let sent = tokio::spawn(async move { post(&sent_api, &sent_sid, None, "meanwhile").await });
+    let t0 = Instant::now();
+    let second = loop {
+        let started = host
+            .get_children()
+            .into_iter()
+            .find(|c| c.get_id() != first.actor().get_id());
+        if let Some(second) = started {
+            break second;
+        }
+        assert!(t0.elapsed() < Duration::from_secs(10), "not started again");
+        tokio::task::yield_now().await;
+    };
+    second.kill();
+    while second.get_status() != ractor::ActorStatus::Stopped {
+        assert!(t0.elapsed() < Duration::from_secs(10), "not stopped");
+        tokio::task::yield_now().await;
+    }
+    db.execute_batch("ROLLBACK").unwrap();
+
+    let (status, message) = sent.await.unwrap();
+    assert_eq!(status, reqwest::StatusCode::ACCEPTED, "{message}");
+    let done = outcome(
+        &api,
+        &sid,
+        message["message"]["message_id"].as_u64().unwrap(),
+    )
+    .await;
+    assert_eq!(done["status"], "completed", "{done}");
+    let reply = api.say(&sid, "after").await;
+    assert!(reply.to_string().contains("You said: after"), "{reply}");
+    let now = server
+        .service
+        .sessions
+        .session(Scope::All, parsed)
+        .await
+        .unwrap();
+    assert_ne!(now.actor().get_id(), second.get_id());
+    assert_eq!(
+        now.list().await.unwrap().len(),
+        21,
+        "every conversation came back"
+    );
+    server.stop().await;
+}
+
+/// A host that ends on its own (killed here; a panic ends it the same way) takes its session
+/// with it; the registry activates the session again at once, so the message it ran ends
+/// `aborted` and the one that waited runs, with no caller touching the session.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_host_that_ends_on_its_own_is_activated_again_and_settles_its_messages() {
+    let server = Server::start_with(|_| {}, hangs()).await;
+    let (api, sid, conv) = conversation_of(&server).await;
+    let (_, running) = post(&api, &sid, Some(&conv), "runs").await;
+    called(&server, 1).await;
+    let (_, queued) = post(&api, &sid, Some(&conv), "waits").await;
+    let (running, queued) = (
+        running["message"]["message_id"].as_u64().unwrap(),
+        queued["message"]["message_id"].as_u64().unwrap(),
+    );
+    let session = server
+        .service
+        .sessions
+        .session(Scope::All, sid.parse().unwrap())
+        .await
+        .unwrap();
+    session
+        .actor()
+        .try_get_supervisor()
+        .expect("a session is linked to its host")
+        .kill();
+
+    // Only the store is read from here on: nothing asks for the session.
+    let r = outcome(&api, &sid, running).await;
+    assert_eq!(r["status"], "aborted", "{r}");
+    let q = outcome(&api, &sid, queued).await;
+    assert_eq!(q["status"], "completed", "{q}");
     server.stop().await;
 }
