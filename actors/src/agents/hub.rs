@@ -14,9 +14,11 @@
 //!   ([`decide::dispatch_path`], [`super::direct`]): no worker, no Session on the way, and the
 //!   agent's task's end comes back as `Finished`.
 //! - `Bind` / `Bound` / `BindFailed`: the worker's binding, one opener per agent at a time
-//!   ([`decide::bind_plan`]); others wait for it. `Bound` emits `session_created`,
-//!   `session_bound`, `session_resumed` (and a `binding_replaced` warning when a binding could
-//!   not be resumed); the worker has written the binding to the store before.
+//!   ([`decide::bind_plan`]); others wait for it. `OpenAbandoned`: the opener stopped first
+//!   (cancelled, expired): the first dispatch still waiting opens it instead. `Bound` emits
+//!   `session_created`, `session_bound`, `session_resumed` (and a `binding_replaced` warning
+//!   when a binding could not be resumed); the worker has written the binding to the store
+//!   before.
 //! - `Finished`: the dispatch's end (its worker's, or its agent's conversation's):
 //!   `dispatch_result`, the lease returned, the caller answered. An in-process agent's first
 //!   dispatch on a binding (through its worker and the Session) has the hub look the
@@ -321,6 +323,10 @@ pub enum AgentHubMsg {
     },
     /// A worker could not open or resume its agent's provider session.
     BindFailed { agent_id: String, error: AgentError },
+    /// The dispatch that was to open (or resume) its agent's provider session stopped before
+    /// it did (cancelled, expired, panicked): the open goes to the next dispatch waiting for
+    /// it, which the opener's end does not concern.
+    OpenAbandoned { agent_id: String },
     /// A dispatch's worker ended.
     Finished {
         dispatch_id: DispatchId,
@@ -348,14 +354,23 @@ pub enum AgentHubMsg {
     CatalogChanged { catalog: Arc<AgentCatalog> },
 }
 
+/// A plan handed to a dispatch that waited for another to open its agent's provider
+/// session: the session to use once that one bound it, or the open itself when that one
+/// stopped first, with the guard that hands it on again if this one stops too (dropped
+/// unread, the guard reports it).
+struct Handed {
+    plan: BindPlan,
+    opening: Option<OpeningGuard>,
+}
+
 /// Where a worker hears how to bind.
-type BindReply = RpcReplyPort<Result<BindPlan, AgentError>>;
+type BindReply = tokio::sync::oneshot::Sender<Result<Handed, AgentError>>;
 
 /// A worker's bind plan: decided with its dispatch, or to come when the provider session
 /// another dispatch is opening is bound.
 enum PlanSource {
     Ready(Result<BindPlan, AgentError>),
-    Wait(tokio::sync::oneshot::Receiver<Result<BindPlan, AgentError>>),
+    Wait(tokio::sync::oneshot::Receiver<Result<Handed, AgentError>>),
 }
 
 /// How a worker got its provider session.
@@ -540,6 +555,7 @@ impl Actor for AgentHub {
                 bound,
             } => state.bound(&agent_id, dispatch_id, bound),
             AgentHubMsg::BindFailed { agent_id, error } => state.bind_failed(&agent_id, &error),
+            AgentHubMsg::OpenAbandoned { agent_id } => state.open_abandoned(&myself, &agent_id),
             AgentHubMsg::Finished {
                 dispatch_id,
                 result,
@@ -904,7 +920,7 @@ impl AgentHubState {
                 self.waiting
                     .entry(agent_id.to_owned())
                     .or_default()
-                    .push((dispatch_id, tx.into()));
+                    .push((dispatch_id, tx));
                 return PlanSource::Wait(rx);
             }
             BindPlan::Resume { .. } | BindPlan::Open { .. } => entry.opening = true,
@@ -1025,7 +1041,10 @@ impl AgentHubState {
         entry.opening = false;
         for (waiting, waiter) in self.waiting.remove(agent_id).unwrap_or_default() {
             self.uses(waiting, &psid);
-            let _ = waiter.send(Ok(BindPlan::Use(psid.clone())));
+            let _ = waiter.send(Ok(Handed {
+                plan: BindPlan::Use(psid.clone()),
+                opening: None,
+            }));
         }
     }
 
@@ -1051,6 +1070,65 @@ impl AgentHubState {
         }
         for (_, waiter) in self.waiting.remove(agent_id).unwrap_or_default() {
             let _ = waiter.send(Err(error.clone()));
+        }
+    }
+
+    /// The dispatch opening `agent_id`'s binding stopped before it reported: the first
+    /// dispatch still waiting is handed the open (with a guard of its own), the others go on
+    /// waiting for it. A waiter that stopped meanwhile is skipped.
+    fn open_abandoned(&mut self, myself: &ActorRef<AgentHubMsg>, agent_id: &str) {
+        if let Some(entry) = self.bindings.get_mut(agent_id) {
+            entry.opening = false;
+        }
+        let mut waiters = self
+            .waiting
+            .remove(agent_id)
+            .unwrap_or_default()
+            .into_iter();
+        let Some(def) = self.catalog.get(agent_id) else {
+            let error = AgentError::not_found("agent", agent_id);
+            for (_, waiter) in waiters {
+                let _ = waiter.send(Err(error.clone()));
+            }
+            return;
+        };
+        let entry = self.bindings.entry(agent_id.to_owned()).or_default();
+        for (dispatch_id, waiter) in waiters.by_ref() {
+            let plan = decide::bind_plan(
+                entry,
+                def.session.binding_scope,
+                def.session.resume,
+                def.provider.kind(),
+            );
+            let opens = matches!(plan, BindPlan::Open { .. } | BindPlan::Resume { .. });
+            let opening = opens.then(|| OpeningGuard {
+                hub: myself.clone(),
+                agent_id: agent_id.to_owned(),
+                reported: false,
+            });
+            entry.opening = opens;
+            match waiter.send(Ok(Handed { plan, opening })) {
+                Ok(()) if opens => {
+                    tracing::debug!(%agent_id, %dispatch_id, "the binding's open handed on");
+                    break;
+                }
+                Ok(()) => {}
+                Err(unread) => {
+                    // That dispatch stopped waiting: its guard must not report again.
+                    if let Ok(Handed {
+                        opening: Some(mut guard),
+                        ..
+                    }) = unread
+                    {
+                        guard.reported = true;
+                    }
+                    entry.opening = false;
+                }
+            }
+        }
+        let rest: Vec<_> = waiters.collect();
+        if !rest.is_empty() {
+            self.waiting.insert(agent_id.to_owned(), rest);
         }
     }
 
@@ -1393,8 +1471,8 @@ struct Worker {
     span: tracing::Span,
 }
 
-/// Tells the hub a bind failed if the worker stops before it reported (so that dispatches
-/// waiting for the same binding are not left waiting).
+/// Tells the hub the open was abandoned if its holder stops before it reported (so that a
+/// dispatch waiting for the same binding opens it instead).
 struct OpeningGuard {
     hub: ActorRef<AgentHubMsg>,
     agent_id: String,
@@ -1404,9 +1482,8 @@ struct OpeningGuard {
 impl Drop for OpeningGuard {
     fn drop(&mut self) {
         if !self.reported {
-            let _ = self.hub.cast(AgentHubMsg::BindFailed {
+            let _ = self.hub.cast(AgentHubMsg::OpenAbandoned {
                 agent_id: self.agent_id.clone(),
-                error: AgentError::cancelled("the dispatch opening the binding stopped"),
             });
         }
     }
@@ -1515,14 +1592,20 @@ impl Worker {
         &self,
         provider: &dyn AgentProvider,
         plan: PlanSource,
-        opening: Option<OpeningGuard>,
+        mut opening: Option<OpeningGuard>,
     ) -> Result<(String, bool), AgentError> {
         let fresh = self.def.session.binding_scope == troupe_proto::agent::BindingScope::Dispatch;
         let plan = match plan {
             PlanSource::Ready(plan) => plan?,
-            PlanSource::Wait(rx) => rx.await.map_err(|_| {
-                AgentError::interrupted("the agent hub stopped before the agent was bound")
-            })??,
+            PlanSource::Wait(rx) => {
+                let handed = rx.await.map_err(|_| {
+                    AgentError::interrupted("the agent hub stopped before the agent was bound")
+                })??;
+                if handed.opening.is_some() {
+                    opening = handed.opening;
+                }
+                handed.plan
+            }
         };
         self.bind_plan(provider, plan, opening)
             .await

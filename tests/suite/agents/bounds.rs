@@ -637,3 +637,71 @@ async fn a_first_dispatch_cancelled_before_it_ran_leaves_the_binding_to_the_next
         "answered at once, not when the lease expired"
     );
 }
+
+/// Two dispatches to an agent whose binding is not open yet: the first, to open it, is
+/// cancelled before it ran; the second, waiting for that open, is handed it and answered,
+/// instead of ending `cancelled` with the first.
+#[tokio::test(start_paused = true)]
+async fn a_dispatch_waiting_for_an_opener_that_stopped_opens_the_binding_itself() {
+    use troupe_actors::agents::DispatchParent;
+    use troupe_actors::agents::hub::{AgentHubMsg, DispatchRequest};
+    let mut s = settings(RouterMode::Rules);
+    s.lease_ttl = Duration::from_secs(60);
+    let team = Team::start_with(
+        vec![model_agent("coder", "C", &[])],
+        vec![ScriptedReply::text("opened by the second")],
+        s,
+        |_| {},
+    )
+    .await;
+    let hub = team.session.services().await.unwrap().agents.unwrap();
+    let root = team.session.root().await.unwrap();
+    let request = |input: &str, cancel: tokio_util::sync::CancellationToken| DispatchRequest {
+        agent_id: "coder".into(),
+        input: input.into(),
+        chain: troupe_proto::agent::ExecutionChain::start("user"),
+        by_human: true,
+        parent: DispatchParent {
+            conversation_id: root,
+            task_id: troupe_proto::TaskId::new(),
+        },
+        parent_dispatch: None,
+        cancel,
+        span: tracing::Span::none(),
+        governance: Default::default(),
+        slot: troupe_actors::task::SlotLease::kept(),
+        tool_config: Default::default(),
+        token_book: None,
+    };
+    let cancelled = tokio_util::sync::CancellationToken::new();
+    cancelled.cancel();
+    // Both are in the hub's mailbox before it takes the first: the second waits for the
+    // first's open.
+    let (first_tx, first_rx) = tokio::sync::oneshot::channel();
+    let (second_tx, second_rx) = tokio::sync::oneshot::channel();
+    hub.cast(AgentHubMsg::Dispatch {
+        request: request("never runs", cancelled),
+        reply: first_tx.into(),
+    })
+    .unwrap();
+    hub.cast(AgentHubMsg::Dispatch {
+        request: request("runs", tokio_util::sync::CancellationToken::new()),
+        reply: second_tx.into(),
+    })
+    .unwrap();
+    let first = first_rx.await.unwrap();
+    assert_eq!(first.unwrap_err().kind(), ErrorKind::Cancelled);
+    let started = tokio::time::Instant::now();
+    let second = second_rx
+        .await
+        .unwrap()
+        .expect("the second dispatch is answered");
+    assert_eq!(second.text, "opened by the second");
+    assert!(
+        started.elapsed() < Duration::from_secs(60),
+        "not by its lease"
+    );
+    let bindings = team.session.agents().await.unwrap();
+    let coder = bindings.iter().find(|a| a.id == "coder").unwrap();
+    assert_eq!(coder.bindings.len(), 1, "{coder:?}");
+}
