@@ -268,6 +268,35 @@ impl AcpProvider {
     }
 }
 
+/// The process of a dispatch's own session (`bindingScope = "dispatch"`), stopped when the
+/// dispatch's turn is dropped before it ended (its dispatch cancelled or its lease expired:
+/// the worker drops `handle` mid-turn), so that it does not live on until the session ends.
+struct DispatchProcess<'a> {
+    provider: &'a AcpProvider,
+    session_id: Option<String>,
+}
+
+impl DispatchProcess<'_> {
+    /// The turn ended: its process is stopped by the caller, awaited.
+    fn ended(mut self) -> Option<String> {
+        self.session_id.take()
+    }
+}
+
+impl Drop for DispatchProcess<'_> {
+    fn drop(&mut self) {
+        let Some(session_id) = self.session_id.take() else {
+            return;
+        };
+        if let Some(agent) = self.provider.with(|p| p.sessions.remove(&session_id)) {
+            tracing::debug!(agent_id = %self.provider.spec.agent_id, %session_id, "a dispatch's ACP process stops with its dropped turn");
+            tokio::spawn(async move {
+                agent.shutdown().await;
+            });
+        }
+    }
+}
+
 #[async_trait]
 impl AgentProvider for AcpProvider {
     async fn initialize(&self) -> Result<(), AgentError> {
@@ -319,14 +348,23 @@ impl AgentProvider for AcpProvider {
         input: AgentInput,
         ctx: &AgentRunContext<'_>,
     ) -> Result<AgentOutput, AgentError> {
+        // Made before the first await: the session `open_session` placed is the dispatch's.
+        let mut own = self.per_dispatch.then(|| DispatchProcess {
+            provider: self,
+            session_id: Some(ctx.provider_session_id.to_owned()),
+        });
         let (agent, session_id) = self.agent_for(ctx).await?;
+        if let Some(own) = &mut own {
+            own.session_id = Some(session_id.clone());
+        }
         let result = turn(&agent, &session_id, input, ctx).await;
         if let Ok((outcome, _)) = &result
             && outcome.session_id != session_id
         {
             self.rekey(&session_id, &outcome.session_id);
         }
-        if self.per_dispatch {
+        if let Some(own) = own {
+            own.ended();
             let now = result
                 .as_ref()
                 .map_or(session_id.as_str(), |(o, _)| o.session_id.as_str());

@@ -2,7 +2,8 @@
 //! scripts/install-acp-agents) pointed at the test model server, plugged into a session's hub
 //! by troupe's ACP provider. `/hub` to it, its updates as `agent_update` events, a permission
 //! request answered through troupe's approvals, the binding reused and resumed by the next
-//! run (`session/load`), the process stopped with the session, and a process killed mid-turn
+//! run (`session/load`), the process stopped with the session (with its dispatch when the
+//! dispatch has its own), and a process killed mid-turn
 //! started again by the next dispatch.
 
 use super::{Team, agent_kinds, settings};
@@ -54,6 +55,10 @@ impl Codex {
     }
 
     async fn team(&self) -> Team {
+        self.team_of(self.definition()).await
+    }
+
+    async fn team_of(&self, definition: AgentDefinition) -> Team {
         let factory = AcpFactory {
             restart: RestartPolicy {
                 min_delay: Duration::from_millis(50),
@@ -64,7 +69,7 @@ impl Codex {
         };
         let factories: Vec<Arc<dyn AgentProviderFactory>> = vec![Arc::new(factory)];
         Team::start_with_factories(
-            vec![self.definition()],
+            vec![definition],
             Vec::new(),
             settings(RouterMode::Rules),
             |_| {},
@@ -271,6 +276,48 @@ async fn cancelling_the_dispatcher_cancels_the_codex_turn() {
         .collect();
     assert_eq!(statuses, [DispatchStatus::Cancelled, DispatchStatus::Ok]);
     assert_eq!(codex.pids().len(), 1, "the same process goes on");
+    team.session.shutdown().await.unwrap();
+}
+
+/// An agent whose sessions are its dispatches' own (`bindingScope = "dispatch"`) runs each
+/// dispatch in a process of its own; a dispatch cancelled mid-turn stops its process then,
+/// not when the session ends.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_cancelled_dispatch_to_a_per_dispatch_codex_stops_its_process() {
+    let codex = Codex::start("never").await;
+    codex
+        .server
+        .push(Reply::text(["thinking", " forever"]).stall_after(4));
+    let mut definition = codex.definition();
+    definition.session.binding_scope = troupe_proto::agent::BindingScope::Dispatch;
+    let team = codex.team_of(definition).await;
+    let root = team.session.root().await.unwrap();
+    let running = send_later(&team, "/hub codex think hard");
+    bounded("the first chunk", async {
+        while !updates(&team.events().await)
+            .iter()
+            .any(|(_, t, _)| t == "thinking")
+        {
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    })
+    .await;
+    assert_eq!(codex.pids().len(), 1, "the dispatch's own process");
+    let task = team.session.tasks(Some(root)).await.unwrap().remove(0);
+    team.session.cancel_task(task.task_id).await.unwrap();
+    let cancelled = bounded("the cancelled reply", running).await.unwrap();
+    assert_eq!(cancelled.status, TaskStatus::Cancelled);
+    bounded("the process's end", async {
+        while !codex.pids().is_empty() {
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    })
+    .await;
+    // The next dispatch gets a process of its own, stopped when it answered.
+    codex.server.push(Reply::text(["fresh"]));
+    let next = team.send("/hub codex again").await;
+    assert_eq!((next.status, next.text.as_str()), (TaskStatus::Ok, "fresh"));
+    assert!(codex.pids().is_empty(), "{:?}", codex.pids());
     team.session.shutdown().await.unwrap();
 }
 
