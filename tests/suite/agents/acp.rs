@@ -3,8 +3,7 @@
 //! by troupe's ACP provider. `/hub` to it, its updates as `agent_update` events, a permission
 //! request answered through troupe's approvals, the binding reused and resumed by the next
 //! run (`session/load`), the process stopped with the session (with its dispatch when the
-//! dispatch has its own), and a process killed mid-turn
-//! started again by the next dispatch.
+//! dispatch has its own), and a process killed mid-turn started again by the next dispatch.
 
 use super::{Team, agent_kinds, settings};
 use std::path::{Path, PathBuf};
