@@ -3,7 +3,9 @@
 //! session is that conversation: opened at the first dispatch, reopened from the rollout when
 //! a later run resumes the binding, and each dispatch is one message to it, carrying the
 //! dispatch (its chain, its cancel token) so that what the agent dispatches in turn extends
-//! the chain and a cancelled or expired dispatch stops its task.
+//! the chain and a cancelled or expired dispatch stops its task. A conversation that was
+//! closed under its binding (a client closed it by its id) is opened again with its history
+//! at the next dispatch, or replaced by a new one (said as a replaced binding) if it cannot be.
 
 use super::DispatchOrigin;
 use super::provider::{
@@ -86,6 +88,22 @@ impl ModelAgent {
             .map_err(|_| format!("`{provider_session_id}` is not a conversation id"))
     }
 
+    /// One message to the agent's conversation, carrying its dispatch.
+    async fn dispatch(
+        &self,
+        conversation_id: ConversationId,
+        text: String,
+        origin: DispatchOrigin,
+    ) -> Result<MessageReply, AgentError> {
+        ractor::call!(self.session, |reply| SessionMsg::Dispatch {
+            conversation_id,
+            text,
+            origin,
+            reply: crate::conversation::Answer::Port(reply),
+        })
+        .map_err(|_| AgentError::interrupted("the agent's conversation stopped before answering"))?
+    }
+
     async fn open(&self, restore: Option<ConversationId>) -> Result<ConversationId, AgentError> {
         let (params, model) = (self.params.clone(), self.model.clone());
         ractor::call!(self.session, |reply| SessionMsg::OpenAgent {
@@ -137,16 +155,30 @@ impl AgentProvider for ModelAgent {
             governance: ctx.governance.clone(),
             slot_lent: ctx.slot_lent,
         };
-        let text = input.text;
-        let reply = ractor::call!(self.session, |reply| SessionMsg::Dispatch {
-            conversation_id,
-            text,
-            origin,
-            reply: crate::conversation::Answer::Port(reply),
-        })
-        .map_err(|_| {
-            AgentError::interrupted("the agent's conversation stopped before answering")
-        })??;
+        let reply = match self
+            .dispatch(conversation_id, input.text.clone(), origin.clone())
+            .await
+        {
+            Err(AgentError::NotFound { what, id })
+                if what == "conversation" && id == conversation_id.to_string() =>
+            {
+                // Its conversation was closed (a client closed it by its id): it is opened
+                // again with its history, or, if that fails, replaced by a new one.
+                let reopened = match self.open(Some(conversation_id)).await {
+                    Ok(id) => id,
+                    Err(e) => {
+                        let new = self.open(None).await?;
+                        ctx.session_replaced(
+                            &new.to_string(),
+                            &format!("its conversation was closed and could not be reopened: {e}"),
+                        );
+                        new
+                    }
+                };
+                self.dispatch(reopened, input.text, origin).await
+            }
+            other => other,
+        }?;
         agent_output(reply)
     }
 

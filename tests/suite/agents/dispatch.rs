@@ -369,3 +369,36 @@ async fn a_dispatch_that_cannot_run_is_refused_with_its_reason() {
     assert_eq!(usage.error.map(|e| e.kind()), Some(ErrorKind::InvalidInput));
     assert!(team.model.sent().is_empty());
 }
+
+/// The conversation an in-process agent is bound to was closed (a client closed it by its
+/// id): the next dispatch to the agent still answers, in the agent's conversation reopened
+/// with its history, instead of failing for as long as the session runs.
+#[tokio::test]
+async fn an_agent_whose_conversation_was_closed_answers_the_next_dispatch() {
+    let team = Team::start(
+        vec![model_agent("coder", "You write code.", &[])],
+        vec![ScriptedReply::text("patched")],
+    )
+    .await;
+    let first = team.send("/hub coder fix the bug").await;
+    assert_eq!(first.status, TaskStatus::Ok, "{first:?}");
+    let psid = team.store.bindings(Some(team.session_id)).await.unwrap()[0]
+        .provider_session_id
+        .clone();
+    let conversation: ConversationId = psid.parse().unwrap();
+    team.session.close(conversation).await.unwrap();
+
+    let again = team.send("/hub coder and the test").await;
+    assert_eq!(
+        (again.status, again.text.as_str()),
+        (TaskStatus::Ok, "You said: and the test"),
+        "{:?}",
+        again.error
+    );
+    let sent = team.model.sent();
+    assert_eq!(
+        user_texts(&sent[1].prompt),
+        ["fix the bug", "and the test"],
+        "the agent's history came back with its conversation"
+    );
+}
