@@ -486,21 +486,18 @@ impl Actor for AgentHub {
             .live
             .as_ref()
             .map_or_else(|| args.ports.catalog.clone(), |live| live.borrow().clone());
+        // Every stored binding of the session, its agent defined now or not: one that a reload
+        // defines again resumes its binding.
         let stored = args.ports.bindings.bindings(Some(args.session_id)).await?;
-        let bindings = catalog
+        let mut bindings: BTreeMap<String, BindingEntry> = catalog
             .agents
             .keys()
-            .map(|id| {
-                let stored = stored.iter().find(|b| &b.agent_id == id).cloned();
-                (
-                    id.clone(),
-                    BindingEntry {
-                        stored,
-                        ..BindingEntry::default()
-                    },
-                )
-            })
+            .map(|id| (id.clone(), BindingEntry::default()))
             .collect();
+        for binding in stored {
+            let entry = bindings.entry(binding.agent_id.clone()).or_default();
+            entry.stored = Some(binding);
+        }
         let providers = catalog
             .agents
             .values()

@@ -402,3 +402,45 @@ async fn an_agent_whose_conversation_was_closed_answers_the_next_dispatch() {
         "the agent's history came back with its conversation"
     );
 }
+
+/// An agent that a later run does not define at first, and a reload of the definitions
+/// defines again, resumes the binding its earlier run stored instead of opening a new one.
+#[tokio::test]
+async fn an_agent_a_reload_defines_again_resumes_its_stored_binding() {
+    let coder = model_agent("coder", "You write code.", &[]);
+    let mut team = Team::start(vec![coder.clone()], vec![ScriptedReply::text("noted")]).await;
+    team.send("/hub coder remember the number 42").await;
+    let first: AgentBinding = team.store.bindings(None).await.unwrap().remove(0);
+
+    let other = model_agent("other", "You do other work.", &[]);
+    team.defs = vec![other.clone()];
+    let team = team.restart(vec![ScriptedReply::text("it was 42")]).await;
+    let hub = team.session.services().await.unwrap().agents.unwrap();
+    let catalog = troupe_proto::agent::AgentCatalog {
+        agents: [other, coder]
+            .into_iter()
+            .map(|d| (d.id.clone(), d))
+            .collect(),
+        ..Default::default()
+    };
+    hub.cast(troupe_actors::agents::hub::AgentHubMsg::CatalogChanged {
+        catalog: std::sync::Arc::new(catalog),
+    })
+    .unwrap();
+
+    let reply = team.send("/hub coder which number?").await;
+    assert_eq!(reply.text, "it was 42", "{:?}", reply.error);
+    let events = team.events().await;
+    assert!(
+        events.iter().any(|e| matches!(e,
+            EventKind::SessionResumed { agent_id, provider_session_id, .. }
+                if agent_id == "coder" && *provider_session_id == first.provider_session_id)),
+        "{:?}",
+        agent_kinds(&events)
+    );
+    let sent = team.model.sent();
+    assert_eq!(
+        user_texts(&sent[0].prompt),
+        ["remember the number 42", "which number?"]
+    );
+}
