@@ -56,6 +56,9 @@ pub fn open(path: &Path, role: Role) -> Result<Connection, AgentError> {
     let mut conn = Connection::open(path).map_err(|e| internal(what(), e))?;
     let mut started = Instant::now();
     conn.busy_handler(Some(move |count: i32| {
+        if !WAIT_WHEN_BUSY.get() {
+            return false;
+        }
         if count == 0 {
             started = Instant::now();
         }
@@ -122,6 +125,32 @@ fn recovered<'a>(
     guard
 }
 
+thread_local! {
+    /// Cleared while this thread must not wait for the write lock another connection holds
+    /// ([`try_begin_immediate`]).
+    static WAIT_WHEN_BUSY: std::cell::Cell<bool> = const { std::cell::Cell::new(true) };
+}
+
+/// Begins a write transaction if no other connection holds the write lock, without waiting
+/// for it: `Ok(false)` when one does. A write on a runtime thread begins so, and leaves the
+/// wait to its writer thread: the busy handler sleeps the thread it runs on, and another
+/// process (a `troupe` command on the same data directory, a backup) can hold the lock for
+/// seconds.
+pub fn try_begin_immediate(conn: &Connection) -> rusqlite::Result<bool> {
+    WAIT_WHEN_BUSY.set(false);
+    let began = exec_cached(conn, "BEGIN IMMEDIATE");
+    WAIT_WHEN_BUSY.set(true);
+    match began {
+        Ok(()) => Ok(true),
+        Err(rusqlite::Error::SqliteFailure(e, _))
+            if e.code == rusqlite::ErrorCode::DatabaseBusy =>
+        {
+            Ok(false)
+        }
+        Err(e) => Err(e),
+    }
+}
+
 /// Runs a statement without parameters or rows (transaction control, a pragma) from the
 /// connection's statement cache: parsed once per connection, not at every write.
 pub fn exec_cached(conn: &Connection, sql: &str) -> rusqlite::Result<()> {
@@ -141,10 +170,20 @@ pub fn exec_cached(conn: &Connection, sql: &str) -> rusqlite::Result<()> {
 pub fn write_batch<I, T, E>(
     conn: &Connection,
     items: impl IntoIterator<Item = I>,
-    mut apply: impl FnMut(&Connection, I) -> Result<T, E>,
+    apply: impl FnMut(&Connection, I) -> Result<T, E>,
     sql_error: impl Fn(&'static str, rusqlite::Error) -> E,
 ) -> Result<Vec<Result<T, E>>, E> {
     exec_cached(conn, "BEGIN IMMEDIATE").map_err(|e| sql_error("begin", e))?;
+    write_begun(conn, items, apply, sql_error)
+}
+
+/// [`write_batch`] in a transaction already begun ([`try_begin_immediate`]).
+pub fn write_begun<I, T, E>(
+    conn: &Connection,
+    items: impl IntoIterator<Item = I>,
+    mut apply: impl FnMut(&Connection, I) -> Result<T, E>,
+    sql_error: impl Fn(&'static str, rusqlite::Error) -> E,
+) -> Result<Vec<Result<T, E>>, E> {
     let mut items = items.into_iter().peekable();
     let first = items.next();
     let lone = items.peek().is_none();

@@ -62,6 +62,7 @@ mod sqlite;
 mod tests;
 pub mod ttl;
 
+pub use conn::BUSY_BUDGET;
 pub use find::{FoundTask, find_task};
 pub use leases::{Acquired, Lease, SessionLeases, SingleNode};
 pub use memory_rollout::MemoryRolloutStorage;

@@ -210,7 +210,9 @@ impl SqliteStore {
     /// caller's on the reply), each longer than the write itself whether the machine is idle
     /// (a parked core wakes slowly) or busy (a woken thread waits for a core), and a turn
     /// makes two writes on its path. Concurrent writes find the connection busy or writes
-    /// queued and go to the writer thread, which commits them together, as before. TTL sweeps
+    /// queued and go to the writer thread, which commits them together, as before; so does a
+    /// write that finds the database's write lock held by another connection (it never waits
+    /// for it on the caller's thread, a runtime worker). TTL sweeps
     /// always go there (the writer keeps track of the WAL they leave). `None`: queue it.
     fn write_here(&self, op: &WriteOp) -> Option<Result<WriteOutput, AgentError>> {
         if matches!(op, WriteOp::SweepDue { .. })
@@ -219,10 +221,11 @@ impl SqliteStore {
             return None;
         }
         let mut conn = writer::try_lock(&self.conn)?;
+        let done = writer::try_commit_one(&mut conn, op)?;
         metrics::batch(metrics::Writer::Store, 1, std::time::Duration::ZERO);
         #[cfg(test)]
         self.paths[0].fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-        Some(writer::commit_one(&mut conn, op))
+        Some(done)
     }
 
     /// Holds the writing connection, as a write in progress would.

@@ -2401,6 +2401,42 @@ async fn a_lone_write_commits_on_the_callers_thread() {
     assert_eq!(store.fast_writes(), before + 3);
 }
 
+/// Another connection (another process on the same file) holds the database's write lock: a
+/// write does not wait for it on the caller's thread (a runtime worker, which the busy
+/// handler would put to sleep for up to the busy budget) but in the writer's queue, and
+/// commits once the lock is free.
+#[tokio::test(flavor = "current_thread")]
+async fn a_write_that_finds_the_database_locked_waits_on_the_writer_thread() {
+    let (dir, store) = fresh_sqlite();
+    let store = Arc::new(store);
+    let (s, root) = seeded(&*store, None).await;
+    let (fast, queued) = (store.fast_writes(), store.queued_writes());
+    let other = rusqlite::Connection::open(db_path(dir.path())).unwrap();
+    other.execute_batch("BEGIN IMMEDIATE").unwrap();
+    let write = {
+        let store = store.clone();
+        tokio::spawn(async move {
+            store
+                .append_message(message(s.session_id, root, "waits", 1))
+                .await
+        })
+    };
+    // On this runtime's only thread: the write's task must have given the thread back.
+    let t0 = std::time::Instant::now();
+    while store.queued_writes() == queued {
+        assert!(
+            t0.elapsed() < std::time::Duration::from_secs(1) && !write.is_finished(),
+            "the write held this thread ({:?})",
+            t0.elapsed()
+        );
+        tokio::task::yield_now().await;
+    }
+    assert!(!write.is_finished());
+    other.execute_batch("ROLLBACK").unwrap();
+    write.await.unwrap().unwrap();
+    assert_eq!(store.fast_writes(), fast, "not on the caller's thread");
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 // Holding the connection across awaits is the point: the writes must find it busy.
 #[allow(clippy::await_holding_lock)]

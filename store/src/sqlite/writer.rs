@@ -184,12 +184,22 @@ pub(super) fn commit_batch(
     }
 }
 
-/// One write in a transaction of its own (the fast path, on the caller's thread).
-pub(super) fn commit_one(conn: &mut Connection, op: &WriteOp) -> Result<WriteOutput, AgentError> {
-    let committed = conn::write_batch(conn, [op], apply, |what, e| {
+/// One write in a transaction of its own (the fast path, on the caller's thread); `None`
+/// when another connection holds the write lock: the write goes to the writer thread, which
+/// waits for it, instead of this thread.
+pub(super) fn try_commit_one(
+    conn: &mut Connection,
+    op: &WriteOp,
+) -> Option<Result<WriteOutput, AgentError>> {
+    match conn::try_begin_immediate(conn) {
+        Ok(true) => {}
+        Ok(false) => return None,
+        Err(e) => return Some(Err(internal("store begin", e))),
+    }
+    let committed = conn::write_begun(conn, [op], apply, |what, e| {
         internal(format!("store {what}"), e)
     });
-    match committed {
+    Some(match committed {
         Ok(mut results) => results
             .pop()
             .unwrap_or_else(|| Err(AgentError::internal("store write without a result"))),
@@ -197,7 +207,7 @@ pub(super) fn commit_one(conn: &mut Connection, op: &WriteOp) -> Result<WriteOut
             tracing::error!(error = %e, writes = 1, "store commit failed");
             Err(e)
         }
-    }
+    })
 }
 
 /// One write, inside the writer's transaction.
