@@ -9,13 +9,50 @@ use crate::admission::{Admitted, Load, admit};
 use crate::api::Sent;
 use crate::metrics;
 use ractor::ActorRef;
+use std::time::Duration;
 use troupe_actors::events::EventDraft;
 use troupe_actors::governance::RequestGovernance;
 use troupe_proto::store::{
     ConversationState, FinishMessage, MessageKind, MessageRecord, MessageStatus, NewMessage,
     SessionStatus,
 };
-use troupe_proto::{AgentError, ConversationId, EventKind, MessageReply, Role, StoragePolicy};
+use troupe_proto::{
+    AgentError, ConversationId, ErrorKind, EventKind, MessageReply, Role, StoragePolicy,
+};
+
+/// The pauses before a queue's store write that failed (a busy database, a dropped
+/// connection) is tried again: so a message's row does not stay `queued` or `running` until
+/// the next start because of a moment's failure. A write the store refused for what it holds
+/// (a message already ended) is not tried again.
+const WRITE_RETRIES: [Duration; 3] = [
+    Duration::from_millis(50),
+    Duration::from_millis(200),
+    Duration::from_millis(800),
+];
+
+/// `write`, tried again after each pause of [`WRITE_RETRIES`] while it fails `Internal`.
+async fn retried<T, F>(
+    what: &'static str,
+    message_id: u64,
+    mut write: impl FnMut() -> F,
+) -> Result<T, AgentError>
+where
+    F: std::future::Future<Output = Result<T, AgentError>>,
+{
+    let mut pauses = WRITE_RETRIES.iter();
+    loop {
+        match write().await {
+            Err(e) if e.kind() == ErrorKind::Internal => {
+                let Some(pause) = pauses.next() else {
+                    return Err(e);
+                };
+                tracing::warn!(message_id, what, error = %e, "store write failed; trying again");
+                tokio::time::sleep(*pause).await;
+            }
+            done => return done,
+        }
+    }
+}
 
 /// The request layer a stored message keeps in its metadata (none: it had none).
 pub(super) fn stored_governance(message: &MessageRecord) -> RequestGovernance {
@@ -216,7 +253,9 @@ impl HostState {
             let Some(next) = slot.queue.pop_front() else {
                 return;
             };
-            match self.store.start_message(next.message.message_id).await {
+            let message_id = next.message.message_id;
+            let store = &self.store;
+            match retried("start", message_id, || store.start_message(message_id)).await {
                 Ok(message) => {
                     self.emit_update(&message);
                     self.dispatch(
@@ -299,7 +338,11 @@ impl HostState {
             session_status: Some(self.status_after(Some(status))),
         };
         let finish_status = finish.session_status;
-        let stored = self.store.finish_message(finish).await;
+        let store = &self.store;
+        let stored = retried("finish", message.message_id, || {
+            store.finish_message(finish.clone())
+        })
+        .await;
         // A module's message: its reply goes to the modules, however it ended (live, after
         // a restart, or aborted by one).
         if let (Some(modules), Some(origin)) = (

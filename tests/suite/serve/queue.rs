@@ -279,6 +279,34 @@ async fn a_close_the_store_cannot_record_keeps_what_waits_until_a_close_is_recor
     server.stop().await;
 }
 
+/// A message whose outcome cannot be stored for a moment (another connection holds the
+/// database's write lock past the store's busy budget) still ends `completed`: the write is
+/// tried again, instead of leaving the row `running` until the next start.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_outcome_the_store_cannot_write_for_a_moment_is_written_when_it_can() {
+    let server = Server::start_on(
+        |dir| Arc::new(SqliteStore::open_in(dir).unwrap()),
+        |_| {},
+        vec![delayed("late", 300)],
+    )
+    .await;
+    let (api, sid, conv) = conversation_of(&server).await;
+    let (status, sent) = post(&api, &sid, Some(&conv), "runs").await;
+    assert_eq!(status, StatusCode::ACCEPTED, "{sent}");
+    let message_id = sent["message"]["message_id"].as_u64().unwrap();
+
+    let db = rusqlite::Connection::open(troupe_store::db_path(server.data_dir())).unwrap();
+    db.execute_batch("BEGIN IMMEDIATE").unwrap();
+    // The task ends meanwhile; the first write of its outcome gives up after the busy
+    // budget (5 s).
+    tokio::time::sleep(troupe_store::BUSY_BUDGET + Duration::from_millis(500)).await;
+    db.execute_batch("ROLLBACK").unwrap();
+    let done = outcome(&api, &sid, message_id).await;
+    assert_eq!(done["status"], "completed", "{done}");
+    assert!(done["reply_message_id"].is_u64(), "{done}");
+    server.stop().await;
+}
+
 fn conversation(
     session: &SessionRecord,
     id: ConversationId,
