@@ -48,6 +48,22 @@ pub(super) fn agents_of(ctx: &TaskContext) -> Option<Agents> {
     Some(Agents { hub, view, origin })
 }
 
+/// Tells the hub, when dropped armed, that the task no longer waits for its dispatches.
+struct StopsWaiting {
+    hub: Option<ActorRef<AgentHubMsg>>,
+    parent: DispatchParent,
+}
+
+impl Drop for StopsWaiting {
+    fn drop(&mut self) {
+        if let Some(hub) = self.hub.take() {
+            let _ = hub.cast(AgentHubMsg::DispatcherCancelled {
+                parent: self.parent,
+            });
+        }
+    }
+}
+
 /// Dispatches `input` to `agent_id` and waits for its answer, the slot lent to the agent's
 /// task or given back meanwhile (the hub decides, see `agents::hub`).
 pub(super) async fn dispatch(
@@ -87,25 +103,22 @@ pub(super) async fn dispatch(
             reply: reply.into(),
         })
         .map_err(|e| AgentError::internal(format!("agent hub unavailable: {e}")))?;
+    // However this task stops waiting (cancelled, or its future dropped because its
+    // conversation failed), its dispatches end now (leases and waits released, their agents'
+    // tasks cancelled), not when their agents' tasks get to end.
+    let mut waiting = StopsWaiting {
+        hub: Some(agents.hub.clone()),
+        parent: DispatchParent {
+            conversation_id: ctx.conversation_id,
+            task_id: ctx.task_id,
+        },
+    };
     let answered = ctx
         .slot
         .wait_for_child(&ctx.cancel, "cancelled while an agent worked", answer)
         .instrument(spans::scheduler_wait(ctx.conversation_id, ctx.task_id))
-        .await;
-    let answered = match answered {
-        Ok(answered) => answered,
-        Err(e) => {
-            // This task no longer waits: its dispatches end now (leases and waits released),
-            // not when their agents' queued tasks get to start.
-            let _ = agents.hub.cast(AgentHubMsg::DispatcherCancelled {
-                parent: DispatchParent {
-                    conversation_id: ctx.conversation_id,
-                    task_id: ctx.task_id,
-                },
-            });
-            return Err(e);
-        }
-    };
+        .await?;
+    waiting.hub = None;
     answered.unwrap_or_else(|_| {
         Err(AgentError::interrupted(
             "the agent hub stopped before the agent answered",

@@ -705,3 +705,58 @@ async fn a_dispatch_waiting_for_an_opener_that_stopped_opens_the_binding_itself(
     let coder = bindings.iter().find(|a| a.id == "coder").unwrap();
     assert_eq!(coder.bindings.len(), 1, "{coder:?}");
 }
+
+/// The dispatching task's conversation fails (a panic) while its in-process agent works: the
+/// agent's task is cancelled with it, and its dispatch ends `cancelled`, instead of running on
+/// the slot its dispatcher lent it, which the scheduler gives out again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_agents_task_ends_when_its_dispatchers_conversation_fails() {
+    let team = Team::start_with(
+        vec![model_agent("worker", "W", &[])],
+        vec![ScriptedReply {
+            hang: true,
+            ..ScriptedReply::default()
+        }],
+        settings(RouterMode::Rules),
+        one_slot,
+    )
+    .await;
+    let root = team.session.root().await.unwrap();
+    let session = team.session.clone();
+    let _waiting = tokio::spawn(async move { session.message(root, "/hub worker go").await });
+    let t0 = std::time::Instant::now();
+    let worker_task = loop {
+        let tasks = team.session.tasks(None).await.unwrap();
+        if let Some(t) = tasks.iter().find(|t| t.conversation_id != root) {
+            break t.task_id;
+        }
+        assert!(
+            t0.elapsed() < Duration::from_secs(10),
+            "the worker never ran"
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    };
+    team.session
+        .conversation_actor(root)
+        .await
+        .unwrap()
+        .unwrap()
+        .cast(troupe_actors::conversation::ConversationMsg::InjectPanic)
+        .unwrap();
+    loop {
+        let tasks = team.session.tasks(None).await.unwrap();
+        if !tasks.iter().any(|t| t.task_id == worker_task) {
+            break;
+        }
+        assert!(
+            t0.elapsed() < Duration::from_secs(10),
+            "the worker's task still runs: {tasks:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    let events = team.events().await;
+    assert_eq!(
+        results(&events),
+        [("worker".into(), DispatchStatus::Cancelled)]
+    );
+}
