@@ -698,7 +698,9 @@ async fn run_turn(
             loop_state.items.push(HistoryItem::ToolCall(call));
             loop_state.items.push(HistoryItem::ToolOutput(output));
             if let (Some(e), ToolErrorPolicy::Terminate) = (error, ctx.limits.tool_errors) {
-                return loop_state.end(TaskStatus::Error, Some(e.error));
+                // A call that failed because the task was cancelled (waiting for approval,
+                // say) ends it cancelled, not failed.
+                return loop_state.end(status_of(&e.error), Some(e.error));
             }
         }
     }

@@ -221,3 +221,32 @@ async fn a_cancelled_task_withdraws_its_pending_approvals() {
     }
     t.stop().await;
 }
+
+/// Under `tool_errors = "terminate"`, a task cancelled while it waits for an approval still
+/// ends `cancelled` (its call failed because of the cancel), not `error`.
+#[tokio::test(start_paused = true)]
+async fn a_task_cancelled_while_it_waits_for_approval_ends_cancelled_when_tool_errors_terminate() {
+    let t = TestSession::start_with(
+        vec![ScriptedReply::tool(
+            "shell",
+            serde_json::json!({"command": ["echo", "hi"]}),
+        )],
+        |c| {
+            c.conversation.sandbox_policy = SandboxPolicy::FullAccess;
+            c.conversation.task.tool_errors = troupe_proto::ToolErrorPolicy::Terminate;
+            c.approval_timeout = Duration::from_secs(3600);
+        },
+        None,
+    )
+    .await;
+    let c = t.root().await;
+    let s = t.session.clone();
+    let asking = tokio::spawn(async move { s.message(c, "run it").await });
+    while t.session.pending_approvals().await.unwrap().is_empty() {
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    assert_eq!(t.session.cancel_conversation(c).await.unwrap(), 1);
+    let reply = ends(asking).await.unwrap().unwrap();
+    assert_eq!(reply.status, TaskStatus::Cancelled, "{:?}", reply.error);
+    t.stop().await;
+}
