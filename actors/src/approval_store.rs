@@ -41,6 +41,9 @@
 //!   as "withdrawn"), so humans are not left answering a question nobody asks any more.
 //! - `TaskCancelled`: the conversation cancelled (or aborted) a task: its pending requests are
 //!   withdrawn the same way, whoever still holds a reply port.
+//! - `ConversationFailed`: the conversation failed (its task runner aborted with it) and is
+//!   started again: every pending request of it is withdrawn the same way; its scoped keys
+//!   stay, as the conversation goes on.
 //!
 //! A withdrawn request leaves the pending list and is announced by `approval_resolved` with a
 //! `deny` decision whose reason starts with "withdrawn" (or is "conversation closed"). A late
@@ -173,6 +176,9 @@ pub enum ApprovalMsg {
     ConversationClosed { conversation_id: ConversationId },
     /// A caller of the conversation gave up waiting: withdraw its requests nobody waits for.
     CallersGone { conversation_id: ConversationId },
+    /// The conversation failed (its runner was aborted) and is being started again: withdraw
+    /// its pending requests, whoever asked them; its scoped keys stay.
+    ConversationFailed { conversation_id: ConversationId },
     /// A task was cancelled or aborted: withdraw its pending requests (`reason` says why).
     TaskCancelled {
         conversation_id: ConversationId,
@@ -334,6 +340,15 @@ impl Actor for ApprovalStore {
                     .withdraw_abandoned(conversation_id, RpcReplyPort::is_closed);
                 if !withdrawn.is_empty() {
                     tracing::info!(%conversation_id, withdrawn = withdrawn.len(), "approval requests withdrawn");
+                }
+                state.finish(withdrawn, now_ms);
+            }
+            ApprovalMsg::ConversationFailed { conversation_id } => {
+                let withdrawn = state
+                    .core
+                    .withdraw_conversation(conversation_id, "its conversation failed");
+                if !withdrawn.is_empty() {
+                    tracing::info!(%conversation_id, withdrawn = withdrawn.len(), "approval requests of a failed conversation withdrawn");
                 }
                 state.finish(withdrawn, now_ms);
             }

@@ -1,7 +1,8 @@
 //! Cancelling without closing (S4, S9): a cancelled task that ignores its cancellation is
 //! aborted after the close timeout and its conversation goes on; cancelling every task of a
 //! conversation reaches the running one and the queued ones; a cancelled task withdraws its
-//! pending approvals, and a late answer to one is told it was withdrawn.
+//! pending approvals (so does a conversation that fails), and a late answer to one is told it
+//! was withdrawn.
 
 use std::time::Duration;
 use troupe_actors::scheduler::SchedulerMsg;
@@ -248,5 +249,63 @@ async fn a_task_cancelled_while_it_waits_for_approval_ends_cancelled_when_tool_e
     assert_eq!(t.session.cancel_conversation(c).await.unwrap(), 1);
     let reply = ends(asking).await.unwrap().unwrap();
     assert_eq!(reply.status, TaskStatus::Cancelled, "{:?}", reply.error);
+    t.stop().await;
+}
+
+/// A conversation that fails while its task waits for an approval is started again; the
+/// approval its aborted task asked for is withdrawn, not left for a human to answer for
+/// nothing.
+#[tokio::test(start_paused = true)]
+async fn a_conversation_that_fails_withdraws_its_tasks_pending_approvals() {
+    let t = TestSession::start_with(
+        vec![ScriptedReply::tool(
+            "shell",
+            serde_json::json!({"command": ["echo", "hi"]}),
+        )],
+        |c| {
+            c.conversation.sandbox_policy = SandboxPolicy::FullAccess;
+            c.approval_timeout = Duration::from_secs(3600);
+        },
+        None,
+    )
+    .await;
+    let c = t.root().await;
+    let s = t.session.clone();
+    let _asking = tokio::spawn(async move { s.message(c, "run it").await });
+    let pending = loop {
+        if let Some(p) = t.session.pending_approvals().await.unwrap().pop() {
+            break p;
+        }
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    };
+    let actor = t.session.conversation_actor(c).await.unwrap().unwrap();
+    actor
+        .cast(troupe_actors::conversation::ConversationMsg::InjectPanic)
+        .unwrap();
+    ends(async {
+        while !t.session.pending_approvals().await.unwrap().is_empty() {
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+    })
+    .await;
+    let late = t
+        .session
+        .respond_approval(pending.approval_id, ApprovalDecision::ApproveOnce)
+        .await
+        .unwrap_err();
+    assert!(
+        matches!(&late, AgentError::Cancelled { reason } if reason.contains("failed")),
+        "{late:?}"
+    );
+    // The conversation runs again.
+    assert_ne!(
+        t.session
+            .conversation_actor(c)
+            .await
+            .unwrap()
+            .unwrap()
+            .get_id(),
+        actor.get_id()
+    );
     t.stop().await;
 }

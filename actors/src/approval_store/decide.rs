@@ -264,10 +264,31 @@ impl<W> ApprovalCore<W> {
         task_id: TaskId,
         why: &str,
     ) -> Vec<Resolution<W>> {
+        self.withdraw_where(conversation_id, Some(task_id), why)
+    }
+
+    /// Withdraws every pending request of `conversation_id` (its runner was aborted: its
+    /// conversation failed), whoever still holds a reply port, oldest first.
+    pub fn withdraw_conversation(
+        &mut self,
+        conversation_id: ConversationId,
+        why: &str,
+    ) -> Vec<Resolution<W>> {
+        self.withdraw_where(conversation_id, None, why)
+    }
+
+    /// Withdraws the pending requests of `conversation_id` (of `task_id` only, if given).
+    fn withdraw_where(
+        &mut self,
+        conversation_id: ConversationId,
+        task_id: Option<TaskId>,
+        why: &str,
+    ) -> Vec<Resolution<W>> {
         let mut theirs: Vec<Pending<W>> = self
             .pending
             .extract_if(|_, p| {
-                p.info.conversation_id == conversation_id && p.info.task_id == Some(task_id)
+                p.info.conversation_id == conversation_id
+                    && task_id.is_none_or(|t| p.info.task_id == Some(t))
             })
             .map(|(_, p)| p)
             .collect();

@@ -59,6 +59,10 @@ impl SessionState {
                 // It stopped because it was asked to passivate (its answer may come later).
                 self.passivated(&me, conversation_id, live).await;
             } else if failed {
+                // What its aborted task asked a human is withdrawn: nobody will act on it.
+                let _ = self.directory.directory().approvals().get().cast(
+                    crate::approval_store::ApprovalMsg::ConversationFailed { conversation_id },
+                );
                 // Restart from the rollout under the same id; siblings are untouched.
                 metrics::restarted(metrics::Restarted::Conversation);
                 match self
