@@ -309,3 +309,62 @@ async fn a_conversation_that_fails_withdraws_its_tasks_pending_approvals() {
     );
     t.stop().await;
 }
+
+/// A task that gave its slot back while it waited for a human asks for it again; if that
+/// wait is given up and the task asks once more (two waits for humans in one call), the
+/// second request waits for the first one's grant instead of asking the scheduler twice
+/// (which refuses a second request of one task and so failed the call).
+#[tokio::test(start_paused = true)]
+async fn a_second_reclaim_of_a_slot_waits_for_the_first_ones_grant() {
+    use troupe_actors::conversation::ConversationMsg;
+    let hang = || ScriptedReply {
+        hang: true,
+        ..ScriptedReply::default()
+    };
+    let t = TestSession::start_with(vec![hang(), hang()], |c| c.scheduler.limit = 1, None).await;
+    let a = t.root().await;
+    let b = t
+        .session
+        .open(troupe_proto::OpenConversation::default())
+        .await
+        .unwrap();
+    let s = t.session.clone();
+    let _first = tokio::spawn(async move { s.message(a, "holds the slot").await });
+    let task_a = wait_running(&t).await;
+    let actor = t.session.conversation_actor(a).await.unwrap().unwrap();
+    actor
+        .cast(ConversationMsg::YieldSlot { task_id: task_a })
+        .unwrap();
+    // Another conversation's task takes the slot meanwhile.
+    let s = t.session.clone();
+    let _second = tokio::spawn(async move { s.message(b, "takes it").await });
+    let task_b = ends(async {
+        loop {
+            let tasks = t.session.tasks(Some(b)).await.unwrap();
+            if let Some(task) = tasks.iter().find(|i| i.state == TaskState::Running) {
+                return task.task_id;
+            }
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+    })
+    .await;
+    // A reclaim whose waiter gives up, then another.
+    let (given_up, _) = tokio::sync::oneshot::channel();
+    actor
+        .cast(ConversationMsg::ReclaimSlot {
+            task_id: task_a,
+            granted: given_up,
+        })
+        .unwrap();
+    let (granted, answer) = tokio::sync::oneshot::channel();
+    actor
+        .cast(ConversationMsg::ReclaimSlot {
+            task_id: task_a,
+            granted,
+        })
+        .unwrap();
+    t.session.cancel_task(task_b).await.unwrap();
+    let answer = ends(answer).await;
+    assert!(matches!(answer, Ok(Ok(()))), "{answer:?}");
+    t.stop().await;
+}

@@ -331,7 +331,12 @@ impl ConversationState {
             ReclaimPlan::AlreadyHeld => {
                 let _ = granted.send(Ok(()));
             }
-            ReclaimPlan::Ask | ReclaimPlan::Pending => {
+            ReclaimPlan::Pending => {
+                // Asked already (the reclaim that asked gave up waiting): this waiter takes its
+                // place; asking again would be refused as a second request of the task.
+                running.granted = Some(granted);
+            }
+            ReclaimPlan::Ask => {
                 running.granted = Some(granted);
                 let wait = running.wait.clone();
                 let slot = self.ask_again(myself, task_id, &wait);
