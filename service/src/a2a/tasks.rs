@@ -6,7 +6,8 @@
 //! handler ── Send{params, known} ─▶ plan: new context? open its conversation (a spawned call;
 //!                                   the send waits, parked, for ContextOpened);
 //!                                   new task → SUBMITTED, queued in its context, stored;
-//!                                   context idle → spawn message(conversation, text) ───┐
+//!                                   context idle → stored `dispatched`, then spawn
+//!                                   message(conversation, text) ───────────────────────┐
 //!         ◀─ Accepted{task, events?, stored} ─                                          │
 //! handler ── Get / Fresh / Subscribe / Cancel / Push / WaitFor ─▶ answered from the book │
 //! forwarder (tokio task) ── SessionEvent{event} ─▶ book.apply → publish to streams      │
@@ -694,15 +695,17 @@ impl A2aTasksState {
         match self.book.next(context_id) {
             Next::Dispatch(d) => {
                 tracing::debug!(task_id = %d.task_id, conversation_id = %d.conversation_id, "a2a task dispatched");
+                // The task is stored `dispatched` before troupe is asked to run it: a crash in
+                // between leaves it dispatched, which the next start ends FAILED; it is never
+                // run twice (stored `queued`, it would run again after troupe had run it).
+                self.store_changes(myself);
+                let stored = self.stored_mark();
                 let backend = self.backend.clone();
                 let me = myself.clone();
-                tokio::spawn(run_message(
-                    backend,
-                    me,
-                    d.task_id,
-                    d.conversation_id,
-                    d.input,
-                ));
+                tokio::spawn(async move {
+                    let _ = stored.await;
+                    run_message(backend, me, d.task_id, d.conversation_id, d.input).await;
+                });
             }
             Next::Reopen(conversation_id) => self.reopen(myself, context_id, conversation_id),
             Next::Nothing => {}

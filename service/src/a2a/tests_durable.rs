@@ -11,7 +11,10 @@ use std::time::Duration;
 use troupe_actors::conversation::ConversationMsg;
 use troupe_actors::history::LocalSummarizer;
 use troupe_actors::{SessionConfig, SessionHandle, SessionPorts};
-use troupe_proto::{ConversationId, ConversationStats, SessionId};
+use troupe_proto::{
+    AgentError, ConversationId, ConversationStats, MessageReply, OpenConversation, SessionId,
+    TaskId,
+};
 use troupe_runtime::scripted::{ScriptedModel, ScriptedReply};
 use troupe_store::Store;
 use troupe_store::memory::MemoryStore;
@@ -454,5 +457,104 @@ async fn a_task_waiting_for_an_approval_ends_failed_and_its_context_goes_on() {
     assert_eq!(next["status"]["state"], "TASK_STATE_COMPLETED", "{next}");
     assert_eq!(next["artifacts"][0]["parts"][0]["text"], "fresh start");
     new.stop().await;
+    session.shutdown().await.unwrap();
+}
+
+/// A backend that notes, as troupe is asked to run a message, how the endpoint's store has
+/// the A2A task that sent it (its phase), then runs it in the session.
+struct Watching {
+    session: SessionHandle,
+    store: Arc<dyn Store>,
+    phases: std::sync::Mutex<Vec<(String, super::book::Phase)>>,
+}
+
+#[async_trait::async_trait]
+impl backend::A2aBackend for Watching {
+    async fn session_id(&self) -> Result<SessionId, AgentError> {
+        self.session.session_id().await
+    }
+    async fn open(&self, params: OpenConversation) -> Result<ConversationId, AgentError> {
+        backend::A2aBackend::open(&self.session, params).await
+    }
+    async fn reopen(
+        &self,
+        conversation_id: ConversationId,
+        params: OpenConversation,
+    ) -> Result<(), AgentError> {
+        backend::A2aBackend::reopen(&self.session, conversation_id, params).await
+    }
+    async fn close(&self, conversation_id: ConversationId) -> Result<(), AgentError> {
+        backend::A2aBackend::close(&self.session, conversation_id).await
+    }
+    async fn cancel_conversation(&self, conversation_id: ConversationId) -> Result<(), AgentError> {
+        backend::A2aBackend::cancel_conversation(&self.session, conversation_id).await
+    }
+    async fn message(
+        &self,
+        conversation_id: ConversationId,
+        text: String,
+    ) -> Result<MessageReply, AgentError> {
+        for stored in self.store.a2a_live_tasks().await? {
+            let record = super::book::stored::record_of(&stored).unwrap();
+            if record.input == text {
+                self.phases
+                    .lock()
+                    .unwrap()
+                    .push((text.clone(), record.phase));
+            }
+        }
+        backend::A2aBackend::message(&self.session, conversation_id, text).await
+    }
+    async fn cancel_task(&self, task_id: TaskId) -> Result<(), AgentError> {
+        backend::A2aBackend::cancel_task(&self.session, task_id).await
+    }
+    async fn respond_approval(
+        &self,
+        approval_id: troupe_proto::ApprovalId,
+        decision: troupe_proto::ApprovalDecision,
+    ) -> Result<(), AgentError> {
+        backend::A2aBackend::respond_approval(&self.session, approval_id, decision).await
+    }
+    async fn events(
+        &self,
+        after_seq: Option<u64>,
+    ) -> Result<troupe_actors::rollout::stream::EventStream, AgentError> {
+        backend::A2aBackend::events(&self.session, after_seq).await
+    }
+}
+
+/// troupe is asked to run a task only once the endpoint's store has it `dispatched`: a crash
+/// between the two leaves it dispatched (ended FAILED by the next start), never `queued`,
+/// which the next start would run a second time.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_task_is_stored_dispatched_before_troupe_runs_it() {
+    let (session, _dir) = session(Vec::new()).await;
+    let store: Arc<dyn Store> = Arc::new(MemoryStore::new());
+    let watching = Arc::new(Watching {
+        session: session.clone(),
+        store: store.clone(),
+        phases: std::sync::Mutex::new(Vec::new()),
+    });
+    let a2a = A2a::start(watching.clone(), store.clone(), A2aConfig::default(), None)
+        .await
+        .unwrap();
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let url = format!("http://{}/a2a", listener.local_addr().unwrap());
+    let app = a2a.router();
+    let server = tokio::spawn(async move {
+        let _ = axum::serve(listener, app).await;
+    });
+    let endpoint = Endpoint { a2a, url, server };
+    let first = endpoint.send("first", None, true).await;
+    let context = first["contextId"].as_str().unwrap().to_owned();
+    endpoint.send("second", Some(&context), true).await;
+    assert_eq!(
+        *watching.phases.lock().unwrap(),
+        [
+            ("first".to_owned(), super::book::Phase::Dispatched),
+            ("second".to_owned(), super::book::Phase::Dispatched)
+        ]
+    );
+    endpoint.stop().await;
     session.shutdown().await.unwrap();
 }
