@@ -3,7 +3,8 @@
 //! (found by GetTask and ListTasks with their history and artifacts), ends the running one
 //! FAILED (its webhook hears it), runs the waiting one, and the context goes on in the same
 //! conversation. Idle contexts' conversations close (`TROUPE_A2A_IDLE_CLOSE`), a restart
-//! reopens none of them, and the next message to one reopens that one with its history.
+//! reopens none of them, and the next message to one reopens that one with its history. A
+//! start that cannot read the records it must take back fails instead of serving without them.
 
 use reqwest::StatusCode;
 use serde_json::{Value, json};
@@ -343,4 +344,53 @@ async fn idle_contexts_are_closed_and_a_restart_reopens_none() {
         .await;
     assert_eq!(stats["tasks"], 2, "its history came back: {stats}");
     sigterm(&mut child);
+}
+
+/// A start that cannot read the A2A records it must take back (here the tasks' table is out
+/// of reach) fails, saying so, instead of serving with none of them: those tasks would stay
+/// unfinished for good. Once the records can be read, it starts.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_start_that_cannot_read_the_a2a_records_fails_instead_of_serving_without_them() {
+    let dir = tempfile::tempdir().unwrap();
+    let (mut child, _base) = serve(dir.path(), &[], "1h");
+    sigterm(&mut child);
+    let db = rusqlite::Connection::open(troupe_store::db_path(&dir.path().join("data"))).unwrap();
+    db.execute_batch("ALTER TABLE a2a_tasks RENAME TO a2a_tasks_away")
+        .unwrap();
+
+    let script = dir.path().join("script.json");
+    let mut second = Command::new(troupe_bin())
+        .args(["serve", "--listen", "127.0.0.1:0", "--data-dir"])
+        .arg(dir.path().join("data"))
+        .arg("--script")
+        .arg(&script)
+        .current_dir(dir.path())
+        .env_remove("TROUPE_API_TOKENS")
+        .env_remove("TROUPE_A2A")
+        .env_remove("TROUPE_A2A_PROJECT")
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let t0 = std::time::Instant::now();
+    let status = loop {
+        if let Some(status) = second.try_wait().unwrap() {
+            break status;
+        }
+        if t0.elapsed() > Duration::from_secs(20) {
+            let _ = second.kill();
+            let _ = second.wait();
+            panic!("troupe serve started without the A2A records it could not read");
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    };
+    let mut stderr = String::new();
+    std::io::Read::read_to_string(&mut second.stderr.take().unwrap(), &mut stderr).unwrap();
+    assert!(!status.success(), "{stderr}");
+    assert!(stderr.contains("a2a"), "{stderr}");
+
+    db.execute_batch("ALTER TABLE a2a_tasks_away RENAME TO a2a_tasks")
+        .unwrap();
+    let (mut third, _base) = serve(dir.path(), &[], "1h");
+    sigterm(&mut third);
 }

@@ -312,7 +312,7 @@ impl Actor for A2aTasks {
         };
         let _ = myself;
         // What was live comes back from the store (see `recover`).
-        state.recover(args.store.as_ref()).await;
+        state.recover(args.store.as_ref()).await?;
         Ok(state)
     }
 

@@ -4,13 +4,15 @@
 //! service's durable queue would have it: one that had not reached troupe (queued in its
 //! context) runs; one that troupe was running ends FAILED, not run again (it may have had
 //! effects), and its conversation's leftovers are cancelled; one that waited for the client's
-//! reply keeps waiting.
+//! reply keeps waiting. A store that cannot be read fails the start rather than starting
+//! with none of them.
 
 use super::{A2aTasksMsg, A2aTasksState, metrics, now_ms};
 use crate::a2a::book::Phase;
 use crate::a2a::book::stored::record_of;
 use crate::a2a::push::config_of;
 use ractor::ActorRef;
+use troupe_proto::AgentError;
 use troupe_store::Store;
 
 /// Longest the start waits for one conversation's leftovers to be cancelled.
@@ -20,8 +22,11 @@ const CANCEL_WAIT: std::time::Duration = std::time::Duration::from_secs(10);
 pub const INTERRUPTED: &str = "its task was interrupted by a restart of the service (or of the A2A endpoint) and is not run again";
 
 impl A2aTasksState {
-    /// Reads back the open contexts and the live tasks (in `pre_start`).
-    pub(super) async fn recover(&mut self, store: &dyn Store) {
+    /// Reads back the open contexts and the live tasks (in `pre_start`). A store that cannot
+    /// be read fails the start (the process's, or the actor's restart, which its supervisor
+    /// tries again a few times before it gives up and says so): starting with nothing would
+    /// leave every live task unfinished for good.
+    pub(super) async fn recover(&mut self, store: &dyn Store) -> Result<(), AgentError> {
         // What a failed predecessor queued is stored before it is read.
         if let Err(e) = self.persister.barrier().await {
             tracing::warn!(error = %e, "a2a store writer unavailable at start");
@@ -39,15 +44,14 @@ impl A2aTasksState {
                     );
                 }
             }
-            Err(e) => tracing::error!(error = %e, "a2a open contexts could not be read"),
-        }
-        let live = match store.a2a_live_tasks().await {
-            Ok(t) => t,
             Err(e) => {
-                tracing::error!(error = %e, "a2a live tasks could not be read");
-                Vec::new()
+                tracing::error!(error = %e, "a2a open contexts could not be read");
+                return Err(e);
             }
-        };
+        }
+        let live = store.a2a_live_tasks().await.inspect_err(|e| {
+            tracing::error!(error = %e, "a2a live tasks could not be read");
+        })?;
         let now = now_ms();
         let (mut requeued, mut interrupted, mut waiting) = (0usize, 0usize, 0usize);
         for stored in live {
@@ -118,6 +122,7 @@ impl A2aTasksState {
             waiting,
             "a2a records restored"
         );
+        Ok(())
     }
 
     /// After start (and whenever queued tasks could not go): stores what the recovery
