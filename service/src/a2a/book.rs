@@ -62,6 +62,10 @@ pub struct Record {
     pub conversation_id: ConversationId,
     /// Known once the conversation started it.
     pub troupe_task: Option<TaskId>,
+    /// The troupe tasks of its earlier runs (before the client answered a question): a late
+    /// word of one of them (its call's reply, an event) is not about the run now.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub earlier_runs: Vec<TaskId>,
     /// What the conversation is asked next.
     pub input: String,
     pub phase: Phase,
@@ -484,6 +488,7 @@ impl TaskBook {
                 task: task.clone(),
                 conversation_id: ctx.conversation_id,
                 troupe_task: None,
+                earlier_runs: Vec::new(),
                 input,
                 phase: Phase::Queued,
                 cancel_requested: false,
@@ -816,7 +821,7 @@ impl TaskBook {
                 let Some(r) = self.tasks.get_mut(task_id) else {
                     return Finished::Done(Vec::new());
                 };
-                if r.troupe_task.is_none() {
+                if r.troupe_task.is_none() && !r.earlier_runs.contains(&reply.task_id) {
                     r.set_troupe_task(reply.task_id);
                     self.by_troupe.insert(reply.task_id, task_id.to_owned());
                 }
@@ -953,7 +958,10 @@ impl TaskBook {
         };
         rec.phase = Phase::Queued;
         rec.input = input;
-        rec.troupe_task = None;
+        if let Some(earlier) = rec.troupe_task.take() {
+            self.by_troupe.remove(&earlier);
+            rec.earlier_runs.push(earlier);
+        }
         rec.retried = false;
         let context_id = rec.task.context_id.clone();
         if let Some(ctx) = self.contexts.get_mut(&context_id) {
@@ -985,7 +993,7 @@ impl TaskBook {
         let context_id = self.by_conversation.get(&conversation_id)?;
         let active = self.contexts.get(context_id)?.active.clone()?;
         let rec = self.tasks.get_mut(&active)?;
-        if rec.troupe_task.is_some() {
+        if rec.troupe_task.is_some() || rec.earlier_runs.contains(&troupe_task) {
             return None;
         }
         rec.set_troupe_task(troupe_task);

@@ -924,6 +924,65 @@ fn a_question_waits_for_the_clients_reply_which_runs_the_task_again() {
     assert_eq!(texts, ["hi", "Which city?", "Paris"]);
 }
 
+/// The client answers a question before the first run's call has returned (its
+/// `task_finished` came first, its reply comes after the answer): the second run is the
+/// task's, its events reach it, and a late word of the first run does not end it.
+#[test]
+fn a_quick_answer_to_a_question_runs_the_task_again_tracked() {
+    let mut b = started_book();
+    let events = ended_with(
+        &mut b,
+        r#"{"a2a": {"state": "input-required", "text": "Which city?"}}"#,
+    );
+    assert_eq!(events[0].state(), Some(TaskState::InputRequired));
+    let mut m = user("Paris");
+    m.task_id = Some("task-1".into());
+    b.continued("task-1", m, "Paris".into(), T0 + 2);
+    // The context is still busy with the first run's call: nothing goes yet.
+    assert!(dispatch(&mut b, "ctx-1").is_none());
+    // That call returns now.
+    let first = Ok(MessageReply {
+        conversation_id: conv(),
+        task_id: troupe_task(),
+        status: TaskStatus::Ok,
+        text: "ignored".into(),
+        stats: TaskStats::default(),
+        error: None,
+        items: Vec::new(),
+    });
+    assert_eq!(b.finished("task-1", first, T0 + 3), Finished::Done(vec![]));
+    let d = dispatch(&mut b, "ctx-1").unwrap();
+    assert_eq!(d.input, "Paris");
+    let second = TaskId::new();
+    b.apply(
+        &env(
+            Some(second),
+            EventKind::TaskStarted {
+                input: "Paris".into(),
+            },
+        ),
+        T0 + 4,
+    );
+    assert_eq!(b.record("task-1").unwrap().troupe_task, Some(second));
+    // A late end of the first run is not the task's any more.
+    let late = b.apply(
+        &env(Some(troupe_task()), finished(TaskStatus::Ok, "Lyon?")),
+        T0 + 5,
+    );
+    assert!(late.events.is_empty(), "{:?}", late.events);
+    assert_eq!(
+        b.view("task-1", None, true).unwrap().status.state,
+        TaskState::Working
+    );
+    b.apply(
+        &env(Some(second), finished(TaskStatus::Ok, "Sunny.")),
+        T0 + 6,
+    );
+    let task = b.view("task-1", None, true).unwrap();
+    assert_eq!(task.status.state, TaskState::Completed);
+    assert_eq!(task.artifacts[0].parts, vec![Part::text("Sunny.")]);
+}
+
 #[test]
 fn a_rejection_ends_the_task_rejected_with_its_reason() {
     let mut b = started_book();
