@@ -242,9 +242,17 @@ impl AgentRunContext<'_> {
     /// Asks a human through the session's ApprovalStore (an `approval_requested` event of
     /// the dispatching task), e.g. for an ACP permission request; answers when decided,
     /// `ApprovalDenied` (or `Timeout`) when refused, `Cancelled` when the dispatch is.
+    /// However the wait ends without an answer (the dispatch cancelled, the caller's future
+    /// dropped: its agent shut down), the request is withdrawn rather than left for a human
+    /// to answer in vain.
     pub async fn ask_approval(&self, mut ask: Ask) -> Result<Granted, AgentError> {
         ask.conversation_id = self.parent.conversation_id;
         ask.task_id = Some(self.parent.task_id);
+        // Declared before the wait, so dropped after it (and after its reply port).
+        let mut gone = CallersGone {
+            approvals: Some(self.approvals),
+            conversation_id: self.parent.conversation_id,
+        };
         let asked = crate::approval_store::ask_until_answered(
             self.approvals,
             ask,
@@ -254,7 +262,27 @@ impl AgentRunContext<'_> {
         tokio::select! {
             biased;
             () = self.cancel.cancelled() => Err(AgentError::cancelled("the dispatch was cancelled while a human was asked")),
-            answer = asked => answer.unwrap_or_else(|| Err(AgentError::cancelled("the session ended while a human was asked"))),
+            answer = asked => {
+                gone.approvals = None;
+                answer.unwrap_or_else(|| Err(AgentError::cancelled("the session ended while a human was asked")))
+            }
+        }
+    }
+}
+
+/// Tells the ApprovalStore, when dropped armed, that a caller of the conversation stopped
+/// waiting: its requests nobody waits for any more are withdrawn.
+struct CallersGone<'a> {
+    approvals: Option<&'a ServiceRef<ApprovalMsg>>,
+    conversation_id: troupe_proto::ConversationId,
+}
+
+impl Drop for CallersGone<'_> {
+    fn drop(&mut self) {
+        if let Some(approvals) = self.approvals.take() {
+            let _ = approvals.get().cast(ApprovalMsg::CallersGone {
+                conversation_id: self.conversation_id,
+            });
         }
     }
 }

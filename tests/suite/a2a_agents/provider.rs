@@ -507,3 +507,43 @@ async fn a_session_that_ends_cancels_the_remote_task() {
         .unwrap();
     canceled_remotely(&peer, &task).await;
 }
+
+/// A remote agent's question that its dispatch stops waiting for (the lease expired) is
+/// withdrawn with it, not left listed for a human to answer in vain.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_question_whose_dispatch_expired_is_withdrawn() {
+    let peer = Peer::python(&[]);
+    let hub = std::sync::Arc::new(
+        Hub::start_with(
+            vec![a2a_agent("remote", &peer.base, None)],
+            troupe_actors::agents::AgentSettings {
+                lease_ttl: std::time::Duration::from_secs(2),
+                ..Default::default()
+            },
+        )
+        .await,
+    );
+    let h = hub.clone();
+    let asked = tokio::spawn(async move { h.send("/hub remote ask Which branch?").await });
+    let p = pending(&hub).await;
+    let reply = asked.await.unwrap();
+    assert!(
+        matches!(reply.error, Some(AgentError::Timeout { .. })),
+        "{:?}",
+        reply.error
+    );
+    let t0 = std::time::Instant::now();
+    while !hub.session.pending_approvals().await.unwrap().is_empty() {
+        assert!(
+            t0.elapsed() < std::time::Duration::from_secs(10),
+            "the question is still asked: {p:?}"
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+    }
+    let late = hub
+        .session
+        .respond_approval(p.approval_id, agent_answer("main"))
+        .await
+        .unwrap_err();
+    assert!(matches!(late, AgentError::Cancelled { .. }), "{late:?}");
+}
