@@ -268,6 +268,26 @@ pub fn history_from_records(records: &[RolloutRecord]) -> Vec<HistoryItem> {
     history_with_owners(records).0
 }
 
+/// How the running task was routed, as its records show: a task its supervisor answered (a
+/// dispatch, a question, a reply of its own) keeps its exchange without a model step, as the
+/// live task does (`LoopState::routed`); one the supervisor left to the turn (a direct reply
+/// without text) does not.
+#[derive(Default)]
+struct Routed {
+    decided: Option<troupe_proto::agent::RouteDecision>,
+    answered: bool,
+}
+
+impl Routed {
+    fn kept(&self) -> bool {
+        match self.decided {
+            None => false,
+            Some(troupe_proto::agent::RouteDecision::DirectReply) => self.answered,
+            Some(_) => true,
+        }
+    }
+}
+
 /// [`history_from_records`], with the task each item came from (`None`: a compaction's
 /// summary), item by item.
 pub fn history_with_owners(records: &[RolloutRecord]) -> (Vec<HistoryItem>, Vec<Option<TaskId>>) {
@@ -276,8 +296,12 @@ pub fn history_with_owners(records: &[RolloutRecord]) -> (Vec<HistoryItem>, Vec<
     // Compaction tasks' own items never entered history.
     let mut compactions = std::collections::HashSet::new();
     // Where the running task's items begin: a task that failed before its first model call
-    // left no items in the live history either.
+    // left no items in the live history either (unless its supervisor answered it: `routed`).
     let mut task_start = 0;
+    let mut routed = Routed::default();
+    // The running step's tool outputs by call id: a retried call's attempts each left a
+    // start and an end; the live history kept the call once, with its last output.
+    let mut outputs: std::collections::HashMap<String, usize> = std::collections::HashMap::new();
     for r in records {
         let Some(event) = &r.event else { continue };
         if r.task_id.is_some_and(|t| compactions.contains(&t))
@@ -295,6 +319,7 @@ pub fn history_with_owners(records: &[RolloutRecord]) -> (Vec<HistoryItem>, Vec<
             } => {
                 items.clear();
                 owners.clear();
+                outputs.clear();
                 items.push(HistoryItem::Summary {
                     text: summary.clone(),
                     replaced_items: *replaced_items,
@@ -303,18 +328,34 @@ pub fn history_with_owners(records: &[RolloutRecord]) -> (Vec<HistoryItem>, Vec<
             }
             EventKind::TaskStarted { input } => {
                 task_start = items.len();
+                routed = Routed::default();
+                outputs.clear();
                 items.push(HistoryItem::user(input.clone()));
                 owners.push(r.task_id);
             }
-            EventKind::TaskFinished { stats, .. } if stats.steps == 0 => {
+            EventKind::RouteDecided { decision, .. } => {
+                routed.decided = Some(*decision);
+            }
+            EventKind::StepStarted { .. } => outputs.clear(),
+            EventKind::TaskFinished { stats, .. } if stats.steps == 0 && !routed.kept() => {
+                items.truncate(task_start);
+                owners.truncate(task_start);
+            }
+            // A task aborted (it ignored its cancel, or a crash interrupted it) added nothing
+            // to the live history.
+            EventKind::TaskAborted { .. } => {
                 items.truncate(task_start);
                 owners.truncate(task_start);
             }
             EventKind::AssistantMessage { text } => {
+                routed.answered = true;
                 items.push(HistoryItem::assistant(text.clone()));
                 owners.push(r.task_id);
             }
             EventKind::ToolCallStarted { call, .. } => {
+                if outputs.contains_key(&call.call_id) {
+                    continue; // another attempt of a call already in history
+                }
                 items.push(HistoryItem::ToolCall(call.clone()));
                 owners.push(r.task_id);
             }
@@ -324,12 +365,19 @@ pub fn history_with_owners(records: &[RolloutRecord]) -> (Vec<HistoryItem>, Vec<
                 is_error,
                 ..
             } => {
-                items.push(HistoryItem::ToolOutput(troupe_proto::ToolOutput {
+                let item = HistoryItem::ToolOutput(troupe_proto::ToolOutput {
                     call_id: call_id.clone(),
                     output: output.clone(),
                     is_error: *is_error,
-                }));
-                owners.push(r.task_id);
+                });
+                match outputs.get(call_id) {
+                    Some(&at) if at < items.len() => items[at] = item,
+                    _ => {
+                        outputs.insert(call_id.clone(), items.len());
+                        items.push(item);
+                        owners.push(r.task_id);
+                    }
+                }
             }
             _ => {}
         }
@@ -659,6 +707,127 @@ mod tests {
 
     fn interrupted_tasks_of(records: &[RolloutRecord]) -> Vec<TaskId> {
         crate::conversation::interrupted_tasks(records)
+    }
+
+    #[test]
+    fn a_routed_task_keeps_its_exchange_without_a_model_step() {
+        use troupe_proto::agent::{RouteDecision, RouteSource};
+        let route = |decision| EventKind::RouteDecided {
+            decision,
+            agent_id: Some("coder".into()),
+            module: None,
+            confidence: 1.0,
+            source: RouteSource::Hub,
+            reason: String::new(),
+        };
+        let mut failed = finished(TaskId::new(), 1);
+        let (a, b, c) = (TaskId::new(), TaskId::new(), TaskId::new());
+        failed.task_id = Some(c);
+        let records = vec![
+            event(
+                Some(a),
+                EventKind::TaskStarted {
+                    input: "/hub coder x".into(),
+                },
+            ),
+            event(Some(a), route(RouteDecision::DispatchAgent)),
+            event(
+                Some(a),
+                EventKind::AssistantMessage {
+                    text: "done".into(),
+                },
+            ),
+            finished(a, 1),
+            // A dispatch that failed: the question stays, as live.
+            event(
+                Some(b),
+                EventKind::TaskStarted {
+                    input: "/hub coder y".into(),
+                },
+            ),
+            event(Some(b), route(RouteDecision::DispatchAgent)),
+            finished(b, 2),
+            // Left to the turn, whose model call failed: nothing stays.
+            event(
+                Some(c),
+                EventKind::TaskStarted {
+                    input: "hello".into(),
+                },
+            ),
+            event(Some(c), route(RouteDecision::DirectReply)),
+            failed,
+        ];
+        assert_eq!(
+            history_from_records(&records),
+            [
+                HistoryItem::user("/hub coder x"),
+                HistoryItem::assistant("done"),
+                HistoryItem::user("/hub coder y"),
+            ]
+        );
+    }
+
+    #[test]
+    fn a_retried_call_is_kept_once_with_its_last_output_and_an_aborted_task_not_at_all() {
+        let (t, aborted) = (TaskId::new(), TaskId::new());
+        let call = troupe_proto::ToolCall {
+            call_id: "c1".into(),
+            name: "shell".into(),
+            arguments: troupe_proto::Json(serde_json::json!({})),
+        };
+        let started = || EventKind::ToolCallStarted {
+            call: call.clone(),
+            agent_id: None,
+        };
+        let ended = |output: &str, is_error| EventKind::ToolCallFinished {
+            call_id: "c1".into(),
+            name: "shell".into(),
+            output: output.into(),
+            is_error,
+            duration_ms: 1,
+            agent_id: None,
+        };
+        let records = vec![
+            event(Some(t), EventKind::TaskStarted { input: "x".into() }),
+            event(Some(t), EventKind::StepStarted { turn: 1, step: 1 }),
+            event(Some(t), started()),
+            event(Some(t), ended("busy", true)),
+            event(Some(t), started()),
+            event(Some(t), ended("ok", false)),
+            event(Some(t), EventKind::StepStarted { turn: 1, step: 2 }),
+            // The next step's call may reuse the id: it is a call of its own.
+            event(Some(t), started()),
+            event(Some(t), ended("again", false)),
+            event(Some(t), EventKind::AssistantMessage { text: "y".into() }),
+            done(t, 1),
+            event(
+                Some(aborted),
+                EventKind::TaskStarted {
+                    input: "hangs".into(),
+                },
+            ),
+            event(Some(aborted), EventKind::StepStarted { turn: 2, step: 1 }),
+            event(Some(aborted), started()),
+            event(Some(aborted), EventKind::TaskAborted { waited_ms: 5000 }),
+        ];
+        let output = |text: &str| {
+            HistoryItem::ToolOutput(troupe_proto::ToolOutput {
+                call_id: "c1".into(),
+                output: text.into(),
+                is_error: false,
+            })
+        };
+        assert_eq!(
+            history_from_records(&records),
+            [
+                HistoryItem::user("x"),
+                HistoryItem::ToolCall(call.clone()),
+                output("ok"),
+                HistoryItem::ToolCall(call.clone()),
+                output("again"),
+                HistoryItem::assistant("y"),
+            ]
+        );
     }
 
     #[test]

@@ -444,3 +444,46 @@ async fn an_agent_a_reload_defines_again_resumes_its_stored_binding() {
         ["remember the number 42", "which number?"]
     );
 }
+
+/// A turn answered through `/hub` keeps its exchange in the dispatcher's history, and a
+/// restore of that conversation (it failed and was started again from its record) brings the
+/// exchange back as it was.
+#[tokio::test]
+async fn a_routed_turn_comes_back_with_a_restored_conversation() {
+    let run = |restart: bool| async move {
+        let team = Team::start(
+            vec![model_agent("coder", "You write code.", &[])],
+            vec![ScriptedReply::text("patched")],
+        )
+        .await;
+        team.send("/hub coder fix the bug").await;
+        let root = team.session.root().await.unwrap();
+        if restart {
+            let actor = team
+                .session
+                .conversation_actor(root)
+                .await
+                .unwrap()
+                .unwrap();
+            actor
+                .cast(troupe_actors::conversation::ConversationMsg::InjectPanic)
+                .unwrap();
+            loop {
+                let now = team.session.conversation_actor(root).await.unwrap();
+                if now.is_some_and(|a| a.get_id() != actor.get_id()) {
+                    break;
+                }
+                tokio::task::yield_now().await;
+            }
+        }
+        team.send("and then?").await;
+        team.model.sent().pop().unwrap().prompt
+    };
+    let live = run(false).await;
+    assert_eq!(
+        user_texts(&live),
+        ["/hub coder fix the bug", "and then?"],
+        "{live:?}"
+    );
+    assert_eq!(run(true).await, live);
+}
