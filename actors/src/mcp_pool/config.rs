@@ -65,6 +65,11 @@ impl McpLimits {
         if self.restart_backoff_base.is_zero() {
             problems.push("restart_backoff_base must be positive");
         }
+        // The delay is the doubled base capped at the max: a max below the base (zero, say)
+        // would restart a crashing server in a tight loop.
+        if self.restart_backoff_max < self.restart_backoff_base {
+            problems.push("restart_backoff_max must be at least restart_backoff_base");
+        }
         if problems.is_empty() {
             Ok(())
         } else {
@@ -72,6 +77,25 @@ impl McpLimits {
                 "invalid MCP limits: {}",
                 problems.join("; ")
             )))
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_backoff_max_below_its_base_is_refused() {
+        assert!(McpLimits::default().validate().is_ok());
+        for max in [Duration::ZERO, Duration::from_millis(100)] {
+            let limits = McpLimits {
+                restart_backoff_base: Duration::from_millis(500),
+                restart_backoff_max: max,
+                ..McpLimits::default()
+            };
+            let error = limits.validate().unwrap_err().to_string();
+            assert!(error.contains("restart_backoff_max"), "{error}");
         }
     }
 }
