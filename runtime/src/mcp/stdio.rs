@@ -5,7 +5,8 @@
 //! resolved against troupe's own `PATH` first (a server started through a
 //! `#!/usr/bin/env node` script needs `PATH` in its configured `env`). It runs in a process
 //! group of its own: a Ctrl-C at troupe's terminal reaches troupe, not its servers, and
-//! killing the group also ends whatever the server started.
+//! killing the group also ends whatever the server started, whether troupe stops the server
+//! or it exits on its own.
 
 use super::Ending;
 use super::tap::{TapReader, TaskSupportTap};
@@ -146,7 +147,14 @@ async fn log_stderr(server: Arc<str>, stderr: ChildStderr) {
 /// connection with the exit status as the reason.
 async fn supervise(mut child: Child, control: ChildControl, ending: Arc<Ending>) {
     let status = tokio::select! {
-        status = child.wait() => status,
+        status = child.wait() => {
+            // The server ended on its own: what it started in its group ends with it (a
+            // group outlives its leader while members are left, so its id still names it).
+            if let Some(pid) = control.pid {
+                kill_group(pid);
+            }
+            status
+        }
         _ = control.kill.cancelled() => {
             // The leader is not reaped yet, so its pid still names our group.
             if let Some(pid) = control.pid {
@@ -177,6 +185,58 @@ fn kill_group(pid: u32) {
 mod tests {
     use super::*;
     use std::ffi::OsString;
+
+    fn alive(pid: i32) -> bool {
+        std::fs::read_to_string(format!("/proc/{pid}/stat")).is_ok_and(|s| !s.contains(") Z "))
+    }
+
+    /// A server that exits on its own takes what it started with it: its process group is
+    /// killed once it is reaped, as when troupe stops it.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn what_a_server_started_ends_when_the_server_exits_on_its_own() {
+        let dir = tempfile::tempdir().unwrap();
+        let pidfile = dir.path().join("child.pid");
+        let (notices, _rx) = tokio::sync::mpsc::unbounded_channel();
+        let server: Arc<str> = Arc::from("exits");
+        let ending = Arc::new(Ending::new(
+            server.clone(),
+            super::super::metrics::Transport::Stdio,
+            notices,
+        ));
+        let args = vec![
+            "-c".to_owned(),
+            format!("/bin/sleep 600 & echo $! > {}; exit 3", pidfile.display()),
+        ];
+        let child = spawn(SpawnRequest {
+            server: &server,
+            command: "/bin/sh",
+            args: &args,
+            env: &BTreeMap::new(),
+            cwd: None,
+            tap: TaskSupportTap::default(),
+            ending,
+        })
+        .unwrap();
+        tokio::time::timeout(
+            std::time::Duration::from_secs(10),
+            child.control.reaped.cancelled(),
+        )
+        .await
+        .expect("reaped");
+        let sleeper: i32 = std::fs::read_to_string(&pidfile)
+            .unwrap()
+            .trim()
+            .parse()
+            .unwrap();
+        let t0 = std::time::Instant::now();
+        while alive(sleeper) {
+            assert!(
+                t0.elapsed() < std::time::Duration::from_secs(5),
+                "the server's child {sleeper} outlived it"
+            );
+            tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+        }
+    }
 
     #[test]
     fn resolves_a_bare_name_on_the_search_path() {
