@@ -105,3 +105,61 @@ async fn two_hundred_conversations_share_one_server_process() {
         processes_with(&marker)
     );
 }
+
+struct NoHandler;
+
+#[async_trait::async_trait]
+impl troupe_actors::ports::McpClientHandler for NoHandler {
+    async fn list_roots(&self) -> Vec<String> {
+        Vec::new()
+    }
+    async fn elicit(
+        &self,
+        _message: String,
+        _schema: troupe_proto::Json,
+    ) -> Result<troupe_proto::Json, troupe_proto::AgentError> {
+        Err(troupe_proto::AgentError::invalid("no"))
+    }
+    async fn sample(
+        &self,
+        _request: troupe_proto::Json,
+    ) -> Result<troupe_proto::Json, troupe_proto::AgentError> {
+        Err(troupe_proto::AgentError::invalid("no"))
+    }
+}
+
+/// A connect cut short by its caller (the pool's connect timeout drops it mid-handshake)
+/// stops the server process it started, instead of leaving it to run.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_connect_dropped_mid_handshake_stops_its_server() {
+    use troupe_actors::ports::McpConnector;
+    let marker = troupe_proto::TaskId::new().to_string();
+    // A server that never answers the handshake.
+    let server = McpServerConfig {
+        name: "silent".into(),
+        transport: McpTransport::Stdio {
+            command: "/bin/sleep".into(),
+            args: vec!["600".into()],
+            env: [("TROUPE_MCP_MARKER".to_owned(), marker.clone())].into(),
+            cwd: None,
+        },
+    };
+    let (notices, _rx) = tokio::sync::mpsc::unbounded_channel();
+    let connector = RmcpConnector::new();
+    let connect = connector.connect(&server, Arc::new(NoHandler), notices);
+    assert!(
+        tokio::time::timeout(Duration::from_millis(300), connect)
+            .await
+            .is_err(),
+        "the silent server cannot complete a handshake"
+    );
+    let t0 = std::time::Instant::now();
+    while !processes_with(&marker).is_empty() {
+        assert!(
+            t0.elapsed() < Duration::from_secs(5),
+            "the server outlived its dropped connect: {:?}",
+            processes_with(&marker)
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}

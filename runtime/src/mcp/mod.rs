@@ -190,6 +190,7 @@ impl RmcpConnector {
             message,
         };
         let mut auth: Option<Arc<oauth::Authorizer>> = None;
+        let mut unkept = None;
         let (served, child) = match &config.transport {
             McpTransport::Stdio {
                 command,
@@ -206,6 +207,7 @@ impl RmcpConnector {
                     tap: tap.clone(),
                     ending: ending.clone(),
                 })?;
+                unkept = Some(stdio::KillUnlessKept::new(&child.control));
                 let served = tokio::time::timeout(
                     self.connect_timeout,
                     client.serve_with_ct((child.stdout, child.stdin), service_ct.clone()),
@@ -303,6 +305,9 @@ impl RmcpConnector {
             child,
             auth,
         });
+        if let Some(unkept) = &mut unkept {
+            unkept.keep();
+        }
         // The process may have died between the handshake and here; then nobody was told.
         if let Err(reason) = connection.ending.mark_connected() {
             connection.close().await;

@@ -49,6 +49,30 @@ impl ChildControl {
     }
 }
 
+/// Kills the child when dropped armed: a connect whose future is dropped during the
+/// handshake (the pool's own connect timeout cut it) must not leave the server running, as
+/// nothing else would stop it.
+pub(crate) struct KillUnlessKept(Option<ChildControl>);
+
+impl KillUnlessKept {
+    pub(crate) fn new(control: &ChildControl) -> Self {
+        Self(Some(control.clone()))
+    }
+
+    /// The connection holds the child now (and kills it when it closes).
+    pub(crate) fn keep(&mut self) {
+        self.0 = None;
+    }
+}
+
+impl Drop for KillUnlessKept {
+    fn drop(&mut self) {
+        if let Some(control) = self.0.take() {
+            control.kill();
+        }
+    }
+}
+
 pub(crate) struct SpawnRequest<'a> {
     pub(crate) server: &'a Arc<str>,
     pub(crate) command: &'a str,
