@@ -125,6 +125,39 @@ pub enum Granted {
     Decided(ApprovalDecision),
 }
 
+/// Tells the ApprovalStore, when dropped before [`answered`](Self::answered), that a caller
+/// of the conversation stopped waiting (`CallersGone`): its requests nobody waits for any more
+/// are withdrawn, however the wait ended (cancelled, dropped with its caller). Make it before
+/// the wait, so that it is dropped after the wait's reply port.
+pub struct CallersGoneOnDrop<'a> {
+    approvals: Option<&'a ServiceRef<ApprovalMsg>>,
+    conversation_id: ConversationId,
+}
+
+impl<'a> CallersGoneOnDrop<'a> {
+    pub fn new(approvals: &'a ServiceRef<ApprovalMsg>, conversation_id: ConversationId) -> Self {
+        Self {
+            approvals: Some(approvals),
+            conversation_id,
+        }
+    }
+
+    /// The wait got its answer: nothing to withdraw.
+    pub fn answered(&mut self) {
+        self.approvals = None;
+    }
+}
+
+impl Drop for CallersGoneOnDrop<'_> {
+    fn drop(&mut self) {
+        if let Some(approvals) = self.approvals.take() {
+            let _ = approvals.get().cast(ApprovalMsg::CallersGone {
+                conversation_id: self.conversation_id,
+            });
+        }
+    }
+}
+
 /// The ApprovalStore's mailbox.
 pub enum ApprovalMsg {
     /// Runs `command` for `conversation_id`? Answered at once when a live key covers it;

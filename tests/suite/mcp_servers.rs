@@ -1278,3 +1278,44 @@ async fn mcp_call_counts_and_latency_are_per_conversation_and_survive_a_restart(
     .await;
     t.stop(&servers).await;
 }
+
+/// A server that dies while a human is asked for its elicitation takes its question with it:
+/// the request is withdrawn (not left pending for a human to answer in vain), whichever end
+/// of the connection notices first.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_elicitation_of_a_server_that_died_is_withdrawn() {
+    let servers = Servers::new();
+    let mut t = start(vec![servers.everything()], |_| {}).await;
+    bounded(async {
+        t.wait_tools(&["everything__trigger-elicitation-request"])
+            .await;
+        let a = t.session.open(OpenConversation::default()).await.unwrap();
+        let session = t.session.clone();
+        let _running = tokio::spawn(async move {
+            session
+                .message(
+                    a,
+                    call("everything__trigger-elicitation-request", json!({})),
+                )
+                .await
+        });
+        let p = next_pending(&mut t, a).await;
+        for pid in servers.processes() {
+            let _ = nix::sys::signal::kill(
+                nix::unistd::Pid::from_raw(i32::try_from(pid).unwrap()),
+                nix::sys::signal::Signal::SIGKILL,
+            );
+        }
+        let t0 = std::time::Instant::now();
+        while !t.session.pending_approvals().await.unwrap().is_empty() {
+            assert!(
+                t0.elapsed() < Duration::from_secs(10),
+                "still asked: {:?}",
+                p.approval_id
+            );
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    })
+    .await;
+    t.stop(&servers).await;
+}

@@ -249,10 +249,10 @@ impl AgentRunContext<'_> {
         ask.conversation_id = self.parent.conversation_id;
         ask.task_id = Some(self.parent.task_id);
         // Declared before the wait, so dropped after it (and after its reply port).
-        let mut gone = CallersGone {
-            approvals: Some(self.approvals),
-            conversation_id: self.parent.conversation_id,
-        };
+        let mut gone = crate::approval_store::CallersGoneOnDrop::new(
+            self.approvals,
+            self.parent.conversation_id,
+        );
         let asked = crate::approval_store::ask_until_answered(
             self.approvals,
             ask,
@@ -263,26 +263,9 @@ impl AgentRunContext<'_> {
             biased;
             () = self.cancel.cancelled() => Err(AgentError::cancelled("the dispatch was cancelled while a human was asked")),
             answer = asked => {
-                gone.approvals = None;
+                gone.answered();
                 answer.unwrap_or_else(|| Err(AgentError::cancelled("the session ended while a human was asked")))
             }
-        }
-    }
-}
-
-/// Tells the ApprovalStore, when dropped armed, that a caller of the conversation stopped
-/// waiting: its requests nobody waits for any more are withdrawn.
-struct CallersGone<'a> {
-    approvals: Option<&'a ServiceRef<ApprovalMsg>>,
-    conversation_id: troupe_proto::ConversationId,
-}
-
-impl Drop for CallersGone<'_> {
-    fn drop(&mut self) {
-        if let Some(approvals) = self.approvals.take() {
-            let _ = approvals.get().cast(ApprovalMsg::CallersGone {
-                conversation_id: self.conversation_id,
-            });
         }
     }
 }

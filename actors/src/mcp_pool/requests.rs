@@ -56,7 +56,9 @@ impl Requester {
 
     /// Asks a human through the session's ApprovalStore (the next one if it fails while the
     /// request waits); `Cancelled` when the call ends first, the store's answer otherwise
-    /// (`Internal` if the session has no store any more).
+    /// (`Internal` if the session has no store any more). However the wait ends without an
+    /// answer (the call ended, or the server withdrew its request and the client dropped this
+    /// future), the request is withdrawn rather than left for a human to answer in vain.
     async fn ask(&self, ask: Ask) -> Result<Granted, AgentError> {
         let Some(approvals) = &self.approvals else {
             return Err(AgentError::ApprovalDenied {
@@ -64,6 +66,8 @@ impl Requester {
                 reason: "this session has no approval path for MCP requests".into(),
             });
         };
+        let mut gone =
+            crate::approval_store::CallersGoneOnDrop::new(approvals, self.call.conversation_id);
         let asked = ask_until_answered(
             approvals,
             ask,
@@ -88,19 +92,16 @@ impl Requester {
             },
         };
         match answer {
-            Some(answer) => answer.unwrap_or_else(|| {
-                Err(AgentError::internal("the session's approval store is gone"))
-            }),
-            None => {
-                // Our wait is over (its reply port is dropped): the request is withdrawn
-                // rather than left for a human to answer in vain.
-                let _ = approvals.get().cast(ApprovalMsg::CallersGone {
-                    conversation_id: self.call.conversation_id,
-                });
-                Err(AgentError::cancelled(
-                    "the tool call that caused the request ended",
-                ))
+            Some(answer) => {
+                gone.answered();
+                answer.unwrap_or_else(|| {
+                    Err(AgentError::internal("the session's approval store is gone"))
+                })
             }
+            // Our wait is over (its reply port is dropped): `gone` withdraws the request.
+            None => Err(AgentError::cancelled(
+                "the tool call that caused the request ended",
+            )),
         }
     }
 }
