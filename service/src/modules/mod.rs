@@ -73,6 +73,10 @@ struct Inner {
     /// The sessions, once started: a reply that could not be delivered is reported in its
     /// session.
     sessions: OnceLock<SessionsApi>,
+    /// Each receiving module's replies go out in the order they were routed (the order their
+    /// messages ended: a conversation's replies in the order of its messages), each recipient
+    /// at its own pace.
+    reply_order: BTreeMap<String, ReplyOrder>,
 }
 
 impl std::fmt::Debug for Modules {
@@ -123,19 +127,26 @@ impl Modules {
             .map_err(|e| {
                 AgentError::internal(format!("the webhook client cannot be set up: {e}"))
             })?;
+        let defs: BTreeMap<String, Arc<ModuleDefinition>> = catalog
+            .modules
+            .into_iter()
+            .map(|(id, d)| (id, Arc::new(d)))
+            .collect();
+        let reply_order = defs
+            .values()
+            .filter(|d| d.direction.receives())
+            .map(|d| (d.id.clone(), ReplyOrder::new()))
+            .collect();
         Ok(Self {
             inner: Arc::new(Inner {
-                defs: catalog
-                    .modules
-                    .into_iter()
-                    .map(|(id, d)| (id, Arc::new(d)))
-                    .collect(),
+                defs,
                 errors: catalog.errors,
                 http,
                 gateways: OnceLock::new(),
                 deliveries: TaskTracker::new(),
                 started: tokio::sync::watch::Sender::new(false),
                 sessions: OnceLock::new(),
+                reply_order,
             }),
         })
     }
@@ -362,26 +373,12 @@ impl Modules {
         }
     }
 
-    /// [`Self::route_reply`] in the background, once the modules started; [`Self::stop`]
-    /// waits for it. The session hosts call it when a module's message ended.
-    pub(crate) fn route_reply_later(
-        &self,
-        origin: frame::ReplyOrigin,
-        result: Result<troupe_proto::MessageReply, AgentError>,
-    ) {
-        let this = self.clone();
-        let mut started = self.inner.started.subscribe();
-        self.inner.deliveries.spawn(async move {
-            if started.wait_for(|s| *s).await.is_err() {
-                return;
-            }
-            this.route_reply(origin, result).await;
-        });
-    }
-
     /// Delivers a task's reply (or its failure) to whoever receives the replies of
-    /// `origin.source` (see [`plan::recipients`]).
-    pub(crate) async fn route_reply(
+    /// `origin.source` (see [`plan::recipients`]), in the background once the modules
+    /// started; [`Self::stop`] waits for it. The session hosts call it when a module's
+    /// message ended. Each recipient gets its replies in the order of these calls (its turn
+    /// is taken here, at the call), at its own pace: a slow sync one holds up no other.
+    pub(crate) fn route_reply_later(
         &self,
         origin: frame::ReplyOrigin,
         result: Result<troupe_proto::MessageReply, AgentError>,
@@ -389,19 +386,113 @@ impl Modules {
         let Some(source) = self.inner.defs.get(&origin.source) else {
             return;
         };
-        // Each recipient at its own pace: a slow sync one does not hold up the others.
-        let deliveries = plan::recipients(self.inner.defs.values().map(|d| &**d), source)
-            .into_iter()
-            .map(|id| {
+        let turns: Vec<(String, u64)> =
+            plan::recipients(self.inner.defs.values().map(|d| &**d), source)
+                .into_iter()
+                .filter_map(|id| {
+                    let turn = self.inner.reply_order.get(&id)?.take_turn();
+                    Some((id, turn))
+                })
+                .collect();
+        let this = self.clone();
+        let mut started = self.inner.started.subscribe();
+        self.inner.deliveries.spawn(async move {
+            // Each turn is given up however this ends, so that no later reply waits for it.
+            let mut turns: Vec<Turn<'_>> = turns
+                .into_iter()
+                .filter_map(|(id, turn)| {
+                    Some(Turn {
+                        order: this.inner.reply_order.get(&id)?,
+                        turn,
+                        recipient: id,
+                        done: false,
+                    })
+                })
+                .collect();
+            if started.wait_for(|s| *s).await.is_err() {
+                return;
+            }
+            let deliveries = turns.iter_mut().map(|turn| {
+                let id = turn.recipient.clone();
                 let frame_id = frame::new_id("r");
                 let frame = match &result {
                     Ok(reply) => frame::reply(&frame_id, &origin, reply),
                     Err(e) => frame::failed_reply(&frame_id, &origin, e),
                 };
                 let session = Some(origin.session);
-                async move { self.deliver_for(&id, frame, session).await }
+                let this = &this;
+                async move {
+                    turn.wait().await;
+                    this.deliver_for(&id, frame, session).await;
+                    turn.done();
+                }
             });
-        futures::future::join_all(deliveries).await;
+            futures::future::join_all(deliveries).await;
+        });
+    }
+}
+
+/// The order of one receiving module's replies: turns are taken in the order replies are
+/// routed, and served one after the other.
+struct ReplyOrder {
+    next: std::sync::atomic::AtomicU64,
+    served: tokio::sync::watch::Sender<Served>,
+}
+
+/// The turns served: every one below `all_below`, and these past it (served out of order:
+/// dropped before their turn came).
+#[derive(Default)]
+struct Served {
+    all_below: u64,
+    beyond: std::collections::BTreeSet<u64>,
+}
+
+impl ReplyOrder {
+    fn new() -> Self {
+        Self {
+            next: std::sync::atomic::AtomicU64::new(0),
+            served: tokio::sync::watch::Sender::new(Served::default()),
+        }
+    }
+
+    fn take_turn(&self) -> u64 {
+        self.next.fetch_add(1, std::sync::atomic::Ordering::Relaxed)
+    }
+}
+
+/// A reply's turn at one recipient: served (the next one may go) when done, or when dropped
+/// before (its delivery task stopped).
+struct Turn<'a> {
+    order: &'a ReplyOrder,
+    turn: u64,
+    recipient: String,
+    done: bool,
+}
+
+impl Turn<'_> {
+    /// Until every earlier turn was served.
+    async fn wait(&self) {
+        let mut served = self.order.served.subscribe();
+        let _ = served.wait_for(|s| s.all_below >= self.turn).await;
+    }
+
+    fn done(&mut self) {
+        if !self.done {
+            self.done = true;
+            let turn = self.turn;
+            self.order.served.send_modify(|s| {
+                s.beyond.insert(turn);
+                while s.beyond.remove(&s.all_below) {
+                    s.all_below += 1;
+                }
+            });
+        }
+    }
+}
+
+impl Drop for Turn<'_> {
+    fn drop(&mut self) {
+        self.done();
     }
 }
 
@@ -476,5 +567,48 @@ impl ModulePort for Modules {
         span.record("outcome", label);
         metrics::dispatched(&def, label);
         result
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Turns are served in the order they were taken, whatever order their deliveries get
+    /// to run in; a turn dropped unserved lets the next one go.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn replies_to_one_recipient_go_out_in_the_order_they_were_routed() {
+        let order = Arc::new(ReplyOrder::new());
+        let turns: Vec<u64> = (0..6).map(|_| order.take_turn()).collect();
+        let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel();
+        // Started last first, each after a pause: without the turns they would run in reverse.
+        let mut tasks = Vec::new();
+        for &turn in turns.iter().rev() {
+            let (order, tx) = (order.clone(), tx.clone());
+            tasks.push(tokio::spawn(async move {
+                let mut t = Turn {
+                    order: &order,
+                    turn,
+                    recipient: "bridge".into(),
+                    done: false,
+                };
+                if turn == 3 {
+                    return; // dropped unserved
+                }
+                t.wait().await;
+                let _ = tx.send(turn);
+                t.done();
+            }));
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+        drop(tx);
+        for t in tasks {
+            t.await.unwrap();
+        }
+        let mut delivered = Vec::new();
+        while let Some(turn) = rx.recv().await {
+            delivered.push(turn);
+        }
+        assert_eq!(delivered, [0, 1, 2, 4, 5]);
     }
 }
