@@ -153,6 +153,21 @@ pub struct PushBook {
 impl PushBook {
     /// Stores a config (valid, for a known task), naming it when it has no id; a config with
     /// the id of an existing one replaces it. Answers the stored config.
+    /// Whether [`Self::set`] would take `config` (checked before what it comes with is
+    /// applied: a send that answers a task with a config it cannot take changes nothing).
+    pub fn admits(&self, config: &PushConfig) -> Result<(), A2aError> {
+        validate(config)?;
+        let configs = self.of(&config.task_id);
+        let known = !config.id.is_empty() && configs.iter().any(|c| c.id == config.id);
+        if !known && configs.len() >= MAX_CONFIGS_PER_TASK {
+            return Err(A2aError::InvalidParams(format!(
+                "task {} has {MAX_CONFIGS_PER_TASK} push notification configs already",
+                config.task_id
+            )));
+        }
+        Ok(())
+    }
+
     pub fn set(&mut self, mut config: PushConfig) -> Result<PushConfig, A2aError> {
         validate(&config)?;
         if config.id.is_empty() {

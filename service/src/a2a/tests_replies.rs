@@ -287,3 +287,46 @@ async fn a_patch_the_agent_applied_is_a_diff_file_of_the_task() {
     assert_eq!(text_of(&t["artifacts"][1]["parts"][0]), "Patched.");
     f.stop().await;
 }
+
+/// An answer to a question that comes with a push config the task cannot take (it has 16
+/// already) is refused before anything of it is applied: the task still waits for its
+/// answer, which a send without the config then gives.
+#[tokio::test]
+async fn an_answer_with_a_push_config_the_task_cannot_take_changes_nothing() {
+    let f = Fixture::start(vec![
+        ScriptedReply::a2a(json!({"state": "input-required", "text": "Which city?"})),
+        ScriptedReply::text("Sunny in Paris."),
+    ])
+    .await;
+    let t = task(V1, &send(&f, V1, "weather?", json!({})).await);
+    assert_eq!(state(V1, &t), "input-required", "{t}");
+    let id = t["id"].as_str().unwrap().to_owned();
+    let url = "http://127.0.0.1:9/hook";
+    for n in 0..16 {
+        let made = f
+            .call(
+                V1,
+                "CreateTaskPushNotificationConfig",
+                json!({"taskId": id, "id": format!("c{n}"), "url": url}),
+            )
+            .await;
+        assert!(made["result"].is_object(), "{made}");
+    }
+    let refused = f
+        .call(
+            V1,
+            "SendMessage",
+            json!({"message": message(V1, "Paris", json!({"taskId": id})),
+                   "configuration": {"taskPushNotificationConfig": {"url": url}}}),
+        )
+        .await;
+    assert_eq!(refused["error"]["code"], -32602, "{refused}");
+    let now = f.call(V1, "GetTask", json!({"id": id})).await;
+    assert_eq!(
+        now["result"]["status"]["state"], "TASK_STATE_INPUT_REQUIRED",
+        "{now}"
+    );
+    let done = task(V1, &send(&f, V1, "Paris", json!({"taskId": id})).await);
+    assert_eq!(state(V1, &done), "completed", "{done}");
+    f.stop().await;
+}

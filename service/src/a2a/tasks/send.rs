@@ -42,6 +42,17 @@ impl A2aTasksState {
                 return;
             }
         };
+        // A config the task cannot take refuses the send before its answer is applied.
+        if let (SendPlan::Answer { task_id, .. } | SendPlan::Continue { task_id }, Some(config)) =
+            (&plan, &params.push_config)
+        {
+            let mut config = config.clone();
+            config.task_id.clone_from(task_id);
+            if let Err(e) = self.push.admits(&config) {
+                let _ = reply.send(Err(e));
+                return;
+            }
+        }
         match plan {
             SendPlan::Answer {
                 task_id,
