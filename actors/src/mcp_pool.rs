@@ -39,7 +39,8 @@
 //!   references is read again: a ready one is listed again (as on `ToolsChanged`), one
 //!   waiting to restart starts now (its pending restart timer is then stale). Idle and
 //!   connecting servers are left as they are: their tools come with their connect.
-//! - `CallStarted`: a view runs a call, until the call's token fires (see *Server requests*).
+//! - `CallStarted`: a view runs a call, until the call's token fires (see *Server requests*);
+//!   `CallEnded`: it fired, the call is forgotten.
 //! - `Attribute`: which task a server's request belongs to, with what answering it needs.
 //! - `Snapshot` (observation), `Shutdown` (closes every connection, then stops),
 //!   `InjectPanic` (fault injection: fails the actor, to exercise the session's restart).
@@ -282,6 +283,8 @@ pub enum McpPoolMsg {
     RestartDue { server: String, generation: u64 },
     /// A view started a call on `server`.
     CallStarted { server: String, call: InFlightCall },
+    /// A call's token fired (it ended): the pool forgets it.
+    CallEnded { server: String, key: u64 },
     /// Which task a request of `server` belongs to, and what answering it needs.
     Attribute {
         server: String,
@@ -414,7 +417,20 @@ impl Actor for McpPool {
                 let fx = state.core.restart_due(&server, generation);
                 state.apply(&myself, fx);
             }
-            McpPoolMsg::CallStarted { server, call } => state.calls.started(&server, call),
+            McpPoolMsg::CallStarted { server, call } => {
+                // Forgotten when it ends, not at the next call to its server.
+                let (ended, key, me) = (call.cancel.clone(), call.key, myself.clone());
+                let watched = server.clone();
+                tokio::spawn(async move {
+                    ended.cancelled().await;
+                    let _ = me.cast(McpPoolMsg::CallEnded {
+                        server: watched,
+                        key,
+                    });
+                });
+                state.calls.started(&server, call);
+            }
+            McpPoolMsg::CallEnded { server, key } => state.calls.ended(&server, key),
             McpPoolMsg::Attribute {
                 server,
                 kind,
@@ -423,7 +439,10 @@ impl Actor for McpPool {
                 let _ = reply.send(state.attribute(server, kind));
             }
             McpPoolMsg::Snapshot { reply } => {
-                let _ = reply.send(state.core.snapshot());
+                let _ = reply.send(PoolSnapshot {
+                    calls_held: state.calls.held(),
+                    ..state.core.snapshot()
+                });
             }
             McpPoolMsg::Shutdown { reply } => state.shutdown(&myself, reply),
             McpPoolMsg::InjectPanic => panic!("injected fault in the MCP pool"),

@@ -1113,6 +1113,7 @@ mod tests {
                 server("unused", "idle", 0),
             ],
             views: 1,
+            calls_held: 0,
         };
         assert_eq!(
             McpProgress::of(&snapshot),

@@ -2,8 +2,9 @@
 //! `elicitation/create` or `sampling/createMessage` no link to the tool call that caused it,
 //! but a server only asks while it runs a call: the pool records every call in flight per
 //! server (views report each start; a call has ended once its `cancel` token fired, which the
-//! view does when the call returns, so no message is spent on the end), and a request is
-//! attributed to the one task
+//! view does when the call returns; the pool watches the token and forgets the call then, so
+//! that an ended call keeps neither its task's span, and so its trace, open nor its slot
+//! lease), and a request is attributed to the one task
 //! running calls on that server. With none, nobody is there to answer; with calls of several
 //! tasks at once, the request could belong to any of them, so it is refused rather than shown
 //! to the wrong conversation.
@@ -52,6 +53,21 @@ impl CallRegistry {
         let calls = self.by_server.entry(server.to_owned()).or_default();
         calls.retain(|c| !c.cancel.is_cancelled());
         calls.push(call);
+    }
+
+    /// Forgets call `key` of `server` (it ended).
+    pub fn ended(&mut self, server: &str, key: u64) {
+        if let Some(calls) = self.by_server.get_mut(server) {
+            calls.retain(|c| c.key != key);
+            if calls.is_empty() {
+                self.by_server.remove(server);
+            }
+        }
+    }
+
+    /// Calls held, ended ones included until they are forgotten.
+    pub fn held(&self) -> usize {
+        self.by_server.values().map(Vec::len).sum()
     }
 
     /// Forgets the calls of `server` that ended.

@@ -547,6 +547,8 @@ impl PoolCore {
                 })
                 .collect(),
             views: self.views.len(),
+            // The call registry is the pool's, not this core's: the pool fills it in.
+            calls_held: 0,
         }
     }
 }

@@ -1423,3 +1423,16 @@ async fn a_request_pending_when_the_approval_store_fails_is_asked_of_the_next_on
     .await;
     assert!(output(running.await).ends_with(r#"elicited Accept({"name":"Ada"})"#));
 }
+
+/// A call that ended is forgotten as it ends, not at the next call to its server: it keeps
+/// neither its task's span (and so the task's trace) open nor its slot lease.
+#[tokio::test(start_paused = true)]
+async fn an_ended_call_is_forgotten_as_it_ends() {
+    let a = FakeServer::new("a", &["t"]);
+    let mut h = start(&[&a], limits()).await;
+    let view = h.open(None).await;
+    h.ready("a").await;
+    assert!(call(&view, "a__t").await.is_ok());
+    settle().await;
+    assert_eq!(h.snapshot().await.calls_held, 0);
+}

@@ -220,4 +220,7 @@ pub struct ServerSnapshot {
 pub struct PoolSnapshot {
     pub servers: Vec<ServerSnapshot>,
     pub views: usize,
+    /// Calls the pool still holds for attributing server requests (ended ones are forgotten
+    /// as they end).
+    pub calls_held: usize,
 }
