@@ -163,3 +163,80 @@ async fn a_connect_dropped_mid_handshake_stops_its_server() {
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
 }
+
+/// An MCP server that answers the handshake and lists one tool, `wait`, whose calls it never
+/// answers; it writes every line it receives to `log`.
+const SILENT_CALLS: &str = r#"
+import json, sys
+log = open(sys.argv[1], "a", buffering=1)
+for line in sys.stdin:
+    log.write(line)
+    msg = json.loads(line)
+    method, mid = msg.get("method"), msg.get("id")
+    if method == "initialize":
+        result = {"protocolVersion": msg["params"]["protocolVersion"],
+                  "capabilities": {"tools": {}},
+                  "serverInfo": {"name": "silent", "version": "1"}}
+    elif method == "tools/list":
+        result = {"tools": [{"name": "wait", "inputSchema": {"type": "object"}}]}
+    else:
+        continue
+    sys.stdout.write(json.dumps({"jsonrpc": "2.0", "id": mid, "result": result}) + "\n")
+    sys.stdout.flush()
+"#;
+
+/// A call whose caller stops waiting without cancelling it (its future dropped, as when its
+/// conversation fails mid-call) is cancelled at the server with `notifications/cancelled`,
+/// instead of running on there unasked.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_call_dropped_by_its_caller_is_cancelled_at_the_server() {
+    use troupe_actors::ports::{McpCall, McpConnector};
+    let dir = tempfile::tempdir().unwrap();
+    let script = dir.path().join("silent.py");
+    std::fs::write(&script, SILENT_CALLS).unwrap();
+    let log = dir.path().join("received.jsonl");
+    let server = McpServerConfig {
+        name: "silent".into(),
+        transport: McpTransport::Stdio {
+            command: "/usr/bin/python3".into(),
+            args: vec![script.display().to_string(), log.display().to_string()],
+            env: Default::default(),
+            cwd: None,
+        },
+    };
+    let (notices, _rx) = tokio::sync::mpsc::unbounded_channel();
+    let connection = RmcpConnector::new()
+        .connect(&server, Arc::new(NoHandler), notices)
+        .await
+        .unwrap();
+    let arguments = troupe_proto::Json(serde_json::json!({}));
+    let cancel = tokio_util::sync::CancellationToken::new();
+    let call = connection.call_tool(McpCall {
+        tool: "wait",
+        arguments: &arguments,
+        cancel: &cancel,
+        progress: None,
+        traceparent: None,
+        timeout: Duration::from_secs(60),
+        span: tracing::Span::none(),
+    });
+    assert!(
+        tokio::time::timeout(Duration::from_millis(500), call)
+            .await
+            .is_err(),
+        "the server never answers"
+    );
+    let t0 = std::time::Instant::now();
+    loop {
+        let received = std::fs::read_to_string(&log).unwrap_or_default();
+        if received.contains("notifications/cancelled") {
+            break;
+        }
+        assert!(
+            t0.elapsed() < Duration::from_secs(5),
+            "no cancel reached the server: {received}"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    connection.close().await;
+}

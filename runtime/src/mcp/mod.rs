@@ -317,6 +317,24 @@ impl RmcpConnector {
     }
 }
 
+/// A call the server runs and has not answered: dropped so, it tells the server the call is
+/// cancelled (the connection's own close already does when the connection ends).
+struct Unanswered<'a> {
+    connection: &'a RmcpConnection,
+    id: Option<RequestId>,
+}
+
+impl Drop for Unanswered<'_> {
+    fn drop(&mut self) {
+        if let Some(id) = self.id.take()
+            && !self.connection.ending.ended.is_cancelled()
+        {
+            self.connection
+                .send_cancelled(id, "the caller stopped waiting");
+        }
+    }
+}
+
 /// Waits for rmcp's service loop to end and ends the connection with its reason.
 async fn watch_service(
     running: RunningService<RoleClient, TroupeClient>,
@@ -610,6 +628,12 @@ impl RmcpConnection {
             }
         };
         let id = handle.id.clone();
+        // From here the server runs the call: however this call ends without its answer (the
+        // caller's future dropped, as when its conversation fails), the server is told.
+        let mut unanswered = Unanswered {
+            connection: self,
+            id: Some(id.clone()),
+        };
         call.span
             .record("jsonrpc.request.id", tracing::field::display(&id));
         // Registered in the same poll that queued the request, so before the server can
@@ -622,10 +646,12 @@ impl RmcpConnection {
             _ = self.ending.ended.cancelled() => return Err((CallOutcome::Closed, self.ending.error())),
             _ = call.cancel.cancelled() => {
                 // The server may never answer a cancelled call: do not wait for it.
+                unanswered.id = None;
                 self.send_cancelled(id, "cancelled by the client");
                 return Err(cancelled());
             }
             _ = tokio::time::sleep(call.timeout) => {
+                unanswered.id = None;
                 self.send_cancelled(id, "timed out");
                 return Err((
                     CallOutcome::Timeout,
@@ -635,7 +661,10 @@ impl RmcpConnection {
                     },
                 ));
             }
-            response = handle.await_response() => response.map_err(|e| self.service_error(e))?,
+            response = handle.await_response() => {
+                unanswered.id = None;
+                response.map_err(|e| self.service_error(e))?
+            }
         };
         let result = match response {
             ServerResult::CallToolResult(result) => result,
