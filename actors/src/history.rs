@@ -339,8 +339,12 @@ impl HistoryStore {
     }
 
     /// Replaces the whole history by one summary (compaction): `replaced_items` accumulates
-    /// what the summary now stands for.
+    /// what the summary now stands for. The summary is capped to the summary's room, as
+    /// [`Self::set_summary`] caps it when a restore reads it back (its end kept): the history
+    /// stays within `max_tokens`, and the report (recorded) holds the text it holds.
     pub fn compact(&mut self, summary: String) -> TrimReport {
+        let max_bytes = (self.limits.summary_budget() - 4) * 4;
+        let summary = tail_on_char_boundary(&summary, max_bytes).to_owned();
         let removed = self.items as u64;
         self.replaced += removed;
         let item = HistoryItem::Summary {
@@ -1104,6 +1108,23 @@ mod tests {
         assert!(cut.approx_tokens() < full.approx_tokens());
         // Never more than the droppable items.
         assert_eq!(full.without_oldest(100).skipped(), full.droppable());
+    }
+
+    #[test]
+    fn a_compaction_summary_is_capped_as_a_restore_caps_it() {
+        let mut live = store(100, 1_000, 10);
+        live.append((0..10).map(|i| HistoryItem::user(format!("m{i}"))));
+        let long = format!("{}the end", "word ".repeat(2_000));
+        let report = live.compact(long.clone());
+        assert!(live.approx_tokens() <= 1_000, "{}", live.approx_tokens());
+        assert!(report.summary.ends_with("the end"), "the end is kept");
+        // A restore reads the recorded summary back: the same history.
+        let mut restored = store(100, 1_000, 10);
+        restored.set_summary(&report.summary, 10);
+        assert_eq!(
+            restored.snapshot().iter().cloned().collect::<Vec<_>>(),
+            live.snapshot().iter().cloned().collect::<Vec<_>>()
+        );
     }
 
     #[test]
