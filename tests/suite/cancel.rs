@@ -161,21 +161,30 @@ async fn cancel_all_reaches_the_running_task_and_the_queued_ones() {
     t.stop().await;
 }
 
-#[tokio::test(start_paused = true)]
-async fn a_cancelled_task_withdraws_its_pending_approvals() {
+/// A session whose root conversation's task waits for a human to approve a shell command
+/// (`tweak` adds to its configuration): the session, the conversation, the waiting message
+/// and the pending approval.
+async fn waiting_for_approval(
+    tweak: fn(&mut troupe_actors::SessionConfig),
+) -> (
+    TestSession,
+    troupe_proto::ConversationId,
+    tokio::task::JoinHandle<Result<troupe_proto::MessageReply, AgentError>>,
+    troupe_proto::PendingApproval,
+) {
     let t = TestSession::start_with(
         vec![ScriptedReply::tool(
             "shell",
             serde_json::json!({"command": ["echo", "hi"]}),
         )],
-        |c| {
+        move |c| {
             c.conversation.sandbox_policy = SandboxPolicy::FullAccess;
             c.approval_timeout = Duration::from_secs(3600);
+            tweak(c);
         },
         None,
     )
     .await;
-    let mut events = t.session.subscribe().await.unwrap();
     let c = t.root().await;
     let s = t.session.clone();
     let asking = tokio::spawn(async move { s.message(c, "run it").await });
@@ -185,6 +194,14 @@ async fn a_cancelled_task_withdraws_its_pending_approvals() {
         }
         tokio::time::sleep(Duration::from_millis(5)).await;
     };
+    (t, c, asking, pending)
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_cancelled_task_withdraws_its_pending_approvals() {
+    let (t, c, asking, pending) = waiting_for_approval(|_| {}).await;
+    // Subscribed before the cancel: the withdrawal's `approval_resolved` comes after it.
+    let mut events = t.session.subscribe().await.unwrap();
     assert_eq!(t.session.cancel_conversation(c).await.unwrap(), 1);
     let reply = ends(asking).await.unwrap().unwrap();
     assert_eq!(reply.status, TaskStatus::Cancelled);
@@ -227,25 +244,10 @@ async fn a_cancelled_task_withdraws_its_pending_approvals() {
 /// ends `cancelled` (its call failed because of the cancel), not `error`.
 #[tokio::test(start_paused = true)]
 async fn a_task_cancelled_while_it_waits_for_approval_ends_cancelled_when_tool_errors_terminate() {
-    let t = TestSession::start_with(
-        vec![ScriptedReply::tool(
-            "shell",
-            serde_json::json!({"command": ["echo", "hi"]}),
-        )],
-        |c| {
-            c.conversation.sandbox_policy = SandboxPolicy::FullAccess;
-            c.conversation.task.tool_errors = troupe_proto::ToolErrorPolicy::Terminate;
-            c.approval_timeout = Duration::from_secs(3600);
-        },
-        None,
-    )
+    let (t, c, asking, _) = waiting_for_approval(|c| {
+        c.conversation.task.tool_errors = troupe_proto::ToolErrorPolicy::Terminate;
+    })
     .await;
-    let c = t.root().await;
-    let s = t.session.clone();
-    let asking = tokio::spawn(async move { s.message(c, "run it").await });
-    while t.session.pending_approvals().await.unwrap().is_empty() {
-        tokio::time::sleep(Duration::from_millis(5)).await;
-    }
     assert_eq!(t.session.cancel_conversation(c).await.unwrap(), 1);
     let reply = ends(asking).await.unwrap().unwrap();
     assert_eq!(reply.status, TaskStatus::Cancelled, "{:?}", reply.error);
@@ -257,27 +259,7 @@ async fn a_task_cancelled_while_it_waits_for_approval_ends_cancelled_when_tool_e
 /// nothing.
 #[tokio::test(start_paused = true)]
 async fn a_conversation_that_fails_withdraws_its_tasks_pending_approvals() {
-    let t = TestSession::start_with(
-        vec![ScriptedReply::tool(
-            "shell",
-            serde_json::json!({"command": ["echo", "hi"]}),
-        )],
-        |c| {
-            c.conversation.sandbox_policy = SandboxPolicy::FullAccess;
-            c.approval_timeout = Duration::from_secs(3600);
-        },
-        None,
-    )
-    .await;
-    let c = t.root().await;
-    let s = t.session.clone();
-    let _asking = tokio::spawn(async move { s.message(c, "run it").await });
-    let pending = loop {
-        if let Some(p) = t.session.pending_approvals().await.unwrap().pop() {
-            break p;
-        }
-        tokio::time::sleep(Duration::from_millis(5)).await;
-    };
+    let (t, c, _asking, pending) = waiting_for_approval(|_| {}).await;
     let actor = t.session.conversation_actor(c).await.unwrap().unwrap();
     actor
         .cast(troupe_actors::conversation::ConversationMsg::InjectPanic)

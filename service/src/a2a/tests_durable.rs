@@ -27,8 +27,17 @@ struct Endpoint {
 
 impl Endpoint {
     async fn start(session: &SessionHandle, store: &Arc<dyn Store>, tasks: TasksConfig) -> Self {
+        Self::over(Arc::new(session.clone()), store, tasks).await
+    }
+
+    /// The endpoint in front of `backend`.
+    async fn over(
+        backend: Arc<dyn backend::A2aBackend>,
+        store: &Arc<dyn Store>,
+        tasks: TasksConfig,
+    ) -> Self {
         let a2a = A2a::start(
-            Arc::new(session.clone()),
+            backend,
             store.clone(),
             A2aConfig {
                 tasks,
@@ -535,16 +544,7 @@ async fn a_task_is_stored_dispatched_before_troupe_runs_it() {
         store: store.clone(),
         phases: std::sync::Mutex::new(Vec::new()),
     });
-    let a2a = A2a::start(watching.clone(), store.clone(), A2aConfig::default(), None)
-        .await
-        .unwrap();
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let url = format!("http://{}/a2a", listener.local_addr().unwrap());
-    let app = a2a.router();
-    let server = tokio::spawn(async move {
-        let _ = axum::serve(listener, app).await;
-    });
-    let endpoint = Endpoint { a2a, url, server };
+    let endpoint = Endpoint::over(watching.clone(), &store, TasksConfig::default()).await;
     let first = endpoint.send("first", None, true).await;
     let context = first["contextId"].as_str().unwrap().to_owned();
     endpoint.send("second", Some(&context), true).await;

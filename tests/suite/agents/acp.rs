@@ -122,6 +122,38 @@ fn send_later(team: &Team, text: &str) -> tokio::task::JoinHandle<MessageReply> 
     })
 }
 
+/// A team with the agent of `definition`, and `/hub codex think hard` sent to it from a task
+/// of its own: answered with a first chunk, then nothing (the model server stalls).
+async fn thinking_hard(
+    codex: &Codex,
+    definition: AgentDefinition,
+) -> (Team, tokio::task::JoinHandle<MessageReply>) {
+    codex
+        .server
+        .push(Reply::text(["thinking", " forever"]).stall_after(4));
+    let team = codex.team_of(definition).await;
+    let running = send_later(&team, "/hub codex think hard");
+    bounded("the first chunk", async {
+        while !updates(&team.events().await)
+            .iter()
+            .any(|(_, t, _)| t == "thinking")
+        {
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    })
+    .await;
+    (team, running)
+}
+
+/// Cancels the root conversation's running task; its message ends `cancelled`.
+async fn cancel(team: &Team, running: tokio::task::JoinHandle<MessageReply>) {
+    let root = team.session.root().await.unwrap();
+    let task = team.session.tasks(Some(root)).await.unwrap().remove(0);
+    team.session.cancel_task(task.task_id).await.unwrap();
+    let cancelled = bounded("the cancelled reply", running).await.unwrap();
+    assert_eq!(cancelled.status, TaskStatus::Cancelled);
+}
+
 fn updates(events: &[EventKind]) -> Vec<(AgentUpdateKind, String, String)> {
     events
         .iter()
@@ -240,25 +272,8 @@ async fn hub_to_codex_streams_its_answer_and_binds_its_session() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn cancelling_the_dispatcher_cancels_the_codex_turn() {
     let codex = Codex::start("never").await;
-    codex
-        .server
-        .push(Reply::text(["thinking", " forever"]).stall_after(4));
-    let team = codex.team().await;
-    let root = team.session.root().await.unwrap();
-    let running = send_later(&team, "/hub codex think hard");
-    bounded("the first chunk", async {
-        while !updates(&team.events().await)
-            .iter()
-            .any(|(_, t, _)| t == "thinking")
-        {
-            tokio::time::sleep(Duration::from_millis(20)).await;
-        }
-    })
-    .await;
-    let task = team.session.tasks(Some(root)).await.unwrap().remove(0);
-    team.session.cancel_task(task.task_id).await.unwrap();
-    let cancelled = bounded("the cancelled reply", running).await.unwrap();
-    assert_eq!(cancelled.status, TaskStatus::Cancelled);
+    let (team, running) = thinking_hard(&codex, codex.definition()).await;
+    cancel(&team, running).await;
     // The agent heard session/cancel: its turn ended and it takes the next one at once
     // (a turn still running would make it refuse as busy).
     codex.server.push(Reply::text(["free again"]));
@@ -284,28 +299,11 @@ async fn cancelling_the_dispatcher_cancels_the_codex_turn() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_cancelled_dispatch_to_a_per_dispatch_codex_stops_its_process() {
     let codex = Codex::start("never").await;
-    codex
-        .server
-        .push(Reply::text(["thinking", " forever"]).stall_after(4));
     let mut definition = codex.definition();
     definition.session.binding_scope = troupe_proto::agent::BindingScope::Dispatch;
-    let team = codex.team_of(definition).await;
-    let root = team.session.root().await.unwrap();
-    let running = send_later(&team, "/hub codex think hard");
-    bounded("the first chunk", async {
-        while !updates(&team.events().await)
-            .iter()
-            .any(|(_, t, _)| t == "thinking")
-        {
-            tokio::time::sleep(Duration::from_millis(20)).await;
-        }
-    })
-    .await;
+    let (team, running) = thinking_hard(&codex, definition).await;
     assert_eq!(codex.pids().len(), 1, "the dispatch's own process");
-    let task = team.session.tasks(Some(root)).await.unwrap().remove(0);
-    team.session.cancel_task(task.task_id).await.unwrap();
-    let cancelled = bounded("the cancelled reply", running).await.unwrap();
-    assert_eq!(cancelled.status, TaskStatus::Cancelled);
+    cancel(&team, running).await;
     bounded("the process's end", async {
         while !codex.pids().is_empty() {
             tokio::time::sleep(Duration::from_millis(20)).await;

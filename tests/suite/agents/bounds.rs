@@ -583,14 +583,14 @@ async fn a_queued_dispatch_ends_as_soon_as_its_dispatcher_is_cancelled() {
     let _ = tokio::time::timeout(Duration::from_secs(20), busy).await;
 }
 
-/// A first dispatch to an agent that is cancelled before its work began (its dispatcher's
-/// token already cancelled when the hub takes it) still reports that it will not open the
-/// agent's binding: the next dispatch opens it and is answered, instead of waiting for the
-/// first to bind until its lease expires.
-#[tokio::test(start_paused = true)]
-async fn a_first_dispatch_cancelled_before_it_ran_leaves_the_binding_to_the_next() {
-    use troupe_actors::agents::DispatchParent;
-    use troupe_actors::agents::hub::{AgentHubMsg, DispatchRequest};
+/// A team with one in-process agent, `coder`, that answers "opened by the second" (leases of
+/// a minute), its hub, and a request to `coder` made as the hub would take it from the root
+/// conversation's task, under `cancel`.
+async fn coder_and_its_hub() -> (
+    Team,
+    ractor::ActorRef<troupe_actors::agents::hub::AgentHubMsg>,
+    impl Fn(&str, tokio_util::sync::CancellationToken) -> troupe_actors::agents::hub::DispatchRequest,
+) {
     let mut s = settings(RouterMode::Rules);
     s.lease_ttl = Duration::from_secs(60);
     let team = Team::start_with(
@@ -601,27 +601,39 @@ async fn a_first_dispatch_cancelled_before_it_ran_leaves_the_binding_to_the_next
     )
     .await;
     let hub = team.session.services().await.unwrap().agents.unwrap();
+    let root = team.session.root().await.unwrap();
+    let request = move |input: &str, cancel| troupe_actors::agents::hub::DispatchRequest {
+        agent_id: "coder".into(),
+        input: input.into(),
+        chain: troupe_proto::agent::ExecutionChain::start("user"),
+        by_human: true,
+        parent: troupe_actors::agents::DispatchParent {
+            conversation_id: root,
+            task_id: troupe_proto::TaskId::new(),
+        },
+        parent_dispatch: None,
+        cancel,
+        span: tracing::Span::none(),
+        governance: Default::default(),
+        slot: troupe_actors::task::SlotLease::kept(),
+        tool_config: Default::default(),
+        token_book: None,
+    };
+    (team, hub, request)
+}
+
+/// A first dispatch to an agent that is cancelled before its work began (its dispatcher's
+/// token already cancelled when the hub takes it) still reports that it will not open the
+/// agent's binding: the next dispatch opens it and is answered, instead of waiting for the
+/// first to bind until its lease expires.
+#[tokio::test(start_paused = true)]
+async fn a_first_dispatch_cancelled_before_it_ran_leaves_the_binding_to_the_next() {
+    use troupe_actors::agents::hub::AgentHubMsg;
+    let (team, hub, request) = coder_and_its_hub().await;
     let cancel = tokio_util::sync::CancellationToken::new();
     cancel.cancel();
-    let root = team.session.root().await.unwrap();
     let first = ractor::call!(hub, |reply| AgentHubMsg::Dispatch {
-        request: DispatchRequest {
-            agent_id: "coder".into(),
-            input: "never runs".into(),
-            chain: troupe_proto::agent::ExecutionChain::start("user"),
-            by_human: true,
-            parent: DispatchParent {
-                conversation_id: root,
-                task_id: troupe_proto::TaskId::new(),
-            },
-            parent_dispatch: None,
-            cancel,
-            span: tracing::Span::none(),
-            governance: Default::default(),
-            slot: troupe_actors::task::SlotLease::kept(),
-            tool_config: Default::default(),
-            token_book: None,
-        },
+        request: request("never runs", cancel),
         reply,
     })
     .unwrap();
@@ -643,36 +655,8 @@ async fn a_first_dispatch_cancelled_before_it_ran_leaves_the_binding_to_the_next
 /// instead of ending `cancelled` with the first.
 #[tokio::test(start_paused = true)]
 async fn a_dispatch_waiting_for_an_opener_that_stopped_opens_the_binding_itself() {
-    use troupe_actors::agents::DispatchParent;
-    use troupe_actors::agents::hub::{AgentHubMsg, DispatchRequest};
-    let mut s = settings(RouterMode::Rules);
-    s.lease_ttl = Duration::from_secs(60);
-    let team = Team::start_with(
-        vec![model_agent("coder", "C", &[])],
-        vec![ScriptedReply::text("opened by the second")],
-        s,
-        |_| {},
-    )
-    .await;
-    let hub = team.session.services().await.unwrap().agents.unwrap();
-    let root = team.session.root().await.unwrap();
-    let request = |input: &str, cancel: tokio_util::sync::CancellationToken| DispatchRequest {
-        agent_id: "coder".into(),
-        input: input.into(),
-        chain: troupe_proto::agent::ExecutionChain::start("user"),
-        by_human: true,
-        parent: DispatchParent {
-            conversation_id: root,
-            task_id: troupe_proto::TaskId::new(),
-        },
-        parent_dispatch: None,
-        cancel,
-        span: tracing::Span::none(),
-        governance: Default::default(),
-        slot: troupe_actors::task::SlotLease::kept(),
-        tool_config: Default::default(),
-        token_book: None,
-    };
+    use troupe_actors::agents::hub::AgentHubMsg;
+    let (team, hub, request) = coder_and_its_hub().await;
     let cancelled = tokio_util::sync::CancellationToken::new();
     cancelled.cancel();
     // Both are in the hub's mailbox before it takes the first: the second waits for the
