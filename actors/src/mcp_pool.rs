@@ -374,7 +374,13 @@ impl Actor for McpPool {
                 conn,
                 tools,
             } => {
-                let fx = state.core.connected(&server, generation, conn, tools);
+                let fx = state.core.connected(
+                    &server,
+                    generation,
+                    conn,
+                    tools,
+                    tokio::time::Instant::now(),
+                );
                 state.apply(&myself, fx);
             }
             McpPoolMsg::ServerFailed {
@@ -392,7 +398,10 @@ impl Actor for McpPool {
                 generation,
                 reason,
             } => {
-                let fx = state.core.closed(&server, generation, reason);
+                let fx =
+                    state
+                        .core
+                        .closed(&server, generation, reason, tokio::time::Instant::now());
                 state.apply(&myself, fx);
             }
             McpPoolMsg::ToolsChanged { server, generation } => {

@@ -707,6 +707,7 @@ pub struct McpLimitsConfig {
     /// First restart delay of a dead server; doubles per failure up to `restart_backoff_max`.
     #[serde(with = "humantime_serde")]
     pub restart_backoff_base: Duration,
+    /// The longest restart delay; a connection that stays up this long resets the delay.
     #[serde(with = "humantime_serde")]
     pub restart_backoff_max: Duration,
     /// Calls of one conversation in flight at once.

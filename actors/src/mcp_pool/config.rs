@@ -10,6 +10,7 @@ pub struct McpLimits {
     pub idle_timeout: Duration,
     /// First restart delay after a death or failed connect; doubles per consecutive failure.
     pub restart_backoff_base: Duration,
+    /// The longest restart delay; a connection that stays up this long resets the delay.
     pub restart_backoff_max: Duration,
     /// Calls of one conversation in flight at once (>= 1).
     pub per_conversation_concurrency: usize,

@@ -24,6 +24,7 @@ use crate::tools::is_valid_tool_name;
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::sync::Arc;
 use std::time::Duration;
+use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 use troupe_proto::{AgentError, ConversationId, ToolSpec};
 
@@ -69,6 +70,7 @@ impl PoolCore {
                         refs: 0,
                         idle_epoch: None,
                         failures: 0,
+                        streak: 0,
                     },
                 )
             })
@@ -245,13 +247,14 @@ impl PoolCore {
         }
     }
 
-    /// A connect attempt succeeded and listed `tools`.
+    /// A connect attempt succeeded and listed `tools`, at `now`.
     pub fn connected(
         &mut self,
         server: &str,
         generation: u64,
         conn: Arc<dyn McpConnection>,
         tools: Vec<McpTool>,
+        now: Instant,
     ) -> Vec<Effect> {
         let Some(slot) = self.servers.get_mut(server) else {
             return vec![stale_close(server, conn)];
@@ -268,6 +271,7 @@ impl PoolCore {
             closed: CancellationToken::new(),
             refresh_asked: 0,
             refresh_applied: 0,
+            up_since: now,
         });
         slot.failures = 0;
         let mut fx = vec![Effect::Ready {
@@ -319,8 +323,17 @@ impl PoolCore {
         }
     }
 
-    /// The connection of `generation` ended (the server died or the stream closed).
-    pub fn closed(&mut self, server: &str, generation: u64, reason: String) -> Vec<Effect> {
+    /// The connection of `generation` ended (the server died or the stream closed) at `now`.
+    /// A connection that stayed up for the backoff's maximum resets the backoff; one that
+    /// died sooner counts as one more failure in a row.
+    pub fn closed(
+        &mut self,
+        server: &str,
+        generation: u64,
+        reason: String,
+        now: Instant,
+    ) -> Vec<Effect> {
+        let stable = self.backoff_max;
         let Some(slot) = self.servers.get_mut(server) else {
             return Vec::new();
         };
@@ -330,6 +343,9 @@ impl PoolCore {
         match std::mem::replace(&mut slot.phase, Phase::Idle) {
             Phase::Ready(live) => {
                 live.closed.cancel();
+                if now.saturating_duration_since(live.up_since) >= stable {
+                    slot.streak = 0;
+                }
                 let mut fx = vec![Effect::Close {
                     server: server.to_owned(),
                     conn: live.conn,
@@ -358,10 +374,11 @@ impl PoolCore {
             return Vec::new();
         };
         slot.failures = slot.failures.saturating_add(1);
+        slot.streak = slot.streak.saturating_add(1);
         slot.generation = generation;
         let mut fx = Vec::new();
         if slot.refs > 0 {
-            let delay = backoff_delay(base, max, slot.failures - 1);
+            let delay = backoff_delay(base, max, slot.streak - 1);
             slot.phase = Phase::Backoff;
             fx.push(Effect::ScheduleRestart {
                 server: server.to_owned(),
@@ -624,6 +641,7 @@ mod tests {
             generation,
             Arc::new(NullConn),
             tools.iter().map(|t| tool(t)).collect(),
+            Instant::now(),
         )
     }
 
@@ -745,18 +763,24 @@ mod tests {
             panic!("{fx:?}");
         };
         assert!(core.idle_timeout("a", *epoch).is_empty());
-        let fx = core.connected("a", generation, Arc::new(NullConn), vec![tool("t")]);
+        let fx = core.connected(
+            "a",
+            generation,
+            Arc::new(NullConn),
+            vec![tool("t")],
+            Instant::now(),
+        );
         assert_eq!(names(&fx), ["Close(a, Stale)"]);
         assert_eq!(core.server("a").unwrap().phase.name(), "idle");
     }
 
     #[test]
-    fn deaths_back_off_and_a_connect_resets_the_schedule() {
+    fn deaths_back_off_and_a_connection_that_stays_up_resets_the_schedule() {
         let mut core = core(&["a"]);
         core.open_view(ConversationId::new(), None).unwrap();
         connect(&mut core, "a", &["t"]);
         let g = core.server("a").unwrap().generation;
-        let fx = core.closed("a", g, "exit 1".into());
+        let fx = core.closed("a", g, "exit 1".into(), Instant::now());
         assert_eq!(
             names(&fx),
             [
@@ -766,7 +790,10 @@ mod tests {
             ]
         );
         // A stale death report of the same generation does nothing.
-        assert!(core.closed("a", g, "again".into()).is_empty());
+        assert!(
+            core.closed("a", g, "again".into(), Instant::now())
+                .is_empty()
+        );
         let mut delays = Vec::new();
         for _ in 0..5 {
             let g = core.server("a").unwrap().generation;
@@ -780,13 +807,46 @@ mod tests {
             delays.push(delay.as_secs());
         }
         assert_eq!(delays, [2, 4, 8, 8, 8]);
+        // A connect is reported as a success, but does not reset the schedule by itself.
         let g = core.server("a").unwrap().generation;
         core.restart_due("a", g);
-        connect(&mut core, "a", &["t"]);
-        assert_eq!(core.server("a").unwrap().failures, 0);
+        let up = Instant::now();
         let g = core.server("a").unwrap().generation;
-        let fx = core.closed("a", g, "exit 1".into());
+        core.connected("a", g, Arc::new(NullConn), vec![tool("t")], up);
+        assert_eq!(core.server("a").unwrap().failures, 0);
+        // Up for the backoff's maximum (8s here): the next death restarts at the base.
+        let g = core.server("a").unwrap().generation;
+        let fx = core.closed("a", g, "exit 1".into(), up + Duration::from_secs(8));
         assert_eq!(names(&fx)[1], "ScheduleRestart(a, 1s)");
+    }
+
+    #[test]
+    fn a_server_that_dies_soon_after_each_connect_keeps_backing_off() {
+        let mut core = core(&["a"]);
+        core.open_view(ConversationId::new(), None).unwrap();
+        let start = Instant::now();
+        let mut now = start;
+        let mut delays = Vec::new();
+        for _ in 0..5 {
+            // Connects and lists its tools, then dies a little before the maximum has passed.
+            let g = core.server("a").unwrap().generation;
+            core.connected("a", g, Arc::new(NullConn), vec![tool("t")], now);
+            now += Duration::from_millis(7_900);
+            let g = core.server("a").unwrap().generation;
+            let fx = core.closed("a", g, "exit 1".into(), now);
+            let Some(Effect::ScheduleRestart { delay, .. }) = fx.get(1) else {
+                panic!("{fx:?}");
+            };
+            delays.push(delay.as_secs());
+            now += *delay;
+            let g = core.server("a").unwrap().generation;
+            assert!(matches!(
+                core.restart_due("a", g)[..],
+                [Effect::Connect { .. }]
+            ));
+        }
+        assert_eq!(delays, [1, 2, 4, 8, 8]);
+        assert_eq!(core.server("a").unwrap().streak, 5);
     }
 
     #[test]
@@ -796,7 +856,7 @@ mod tests {
         connect(&mut core, "a", &["t"]);
         // In backoff, the last release stops the restart.
         let g = core.server("a").unwrap().generation;
-        let fx = core.closed("a", g, "exit".into());
+        let fx = core.closed("a", g, "exit".into(), Instant::now());
         let Some(Effect::ScheduleRestart { generation, .. }) = fx.get(1) else {
             panic!("{fx:?}");
         };
@@ -814,7 +874,7 @@ mod tests {
         connect(&mut core, "a", &["t"]);
         core.release_view(v).unwrap();
         let g = core.server("a").unwrap().generation;
-        let fx = core.closed("a", g, "exit".into());
+        let fx = core.closed("a", g, "exit".into(), Instant::now());
         assert_eq!(
             names(&fx),
             ["Close(a, Died)", "CancelTimer(a)", "Failed(a, None)"]

@@ -50,6 +50,9 @@ pub struct Live {
     /// never replaces a newer one.
     pub(super) refresh_asked: u64,
     pub(super) refresh_applied: u64,
+    /// When the connection was made: one that dies before the backoff's maximum has passed
+    /// does not reset the backoff.
+    pub(super) up_since: Instant,
 }
 
 /// One configured server.
@@ -62,8 +65,13 @@ pub struct ServerSlot {
     pub refs: usize,
     /// `Some(epoch)` while an idle reclaim is armed (refs = 0, a connection up or coming).
     pub idle_epoch: Option<u64>,
-    /// Failures since the last successful connect; sets the backoff.
+    /// Failures since the last successful connect (what a snapshot shows).
     pub failures: u32,
+    /// Failures, early deaths included, since a connection last stayed up for the backoff's
+    /// maximum: sets the backoff. A connect alone does not reset it, so a server that
+    /// connects, lists its tools and dies soon after keeps backing off instead of being
+    /// restarted at the base delay for good.
+    pub streak: u32,
 }
 
 /// An open view as the pool remembers it.
