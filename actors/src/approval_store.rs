@@ -176,7 +176,7 @@ pub enum ApprovalMsg {
     /// sampling request); `ask.command` is what a human reads as the command.
     RequestSubject {
         ask: Ask,
-        timeout: Option<Duration>,
+        timeout: AskTimeout,
         reply: RpcReplyPort<Result<Granted, AgentError>>,
     },
     /// A human's decision on a pending request; `NotFound` if it is unknown or already over,
@@ -325,7 +325,7 @@ impl Actor for ApprovalStore {
                     reason,
                     subject: ApprovalSubject::Command,
                 };
-                state.on_request(&myself, ask, timeout, reply, now_ms);
+                state.on_request(&myself, ask, timeout.into(), reply, now_ms);
             }
             ApprovalMsg::RequestSubject {
                 ask,
@@ -410,7 +410,7 @@ impl ApprovalStoreState {
         &mut self,
         myself: &ActorRef<ApprovalMsg>,
         ask: Ask,
-        timeout: Option<Duration>,
+        timeout: AskTimeout,
         reply: Reply,
         now_ms: u64,
     ) {
@@ -421,7 +421,7 @@ impl ApprovalStoreState {
             approval_id = Empty,
         );
         let _entered = span.enter();
-        let timeout = timeout.unwrap_or(self.request_timeout);
+        let timeout = timeout.resolve(self.request_timeout);
         match self.core.request(ask, now_ms, duration_ms(timeout), reply) {
             AskAdmission::Remembered(reply) => {
                 tracing::debug!("approval remembered");
@@ -545,6 +545,35 @@ impl ApprovalStoreState {
     }
 }
 
+/// How long a request waits for a human before it is taken as denied.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum AskTimeout {
+    /// The store's own (`approval_timeout`).
+    Store,
+    /// This long, whatever the store's.
+    Exactly(Duration),
+    /// The store's, but no longer than this: for a request whose answer is no use after a
+    /// deadline of its own (an MCP server's request during a tool call that times out).
+    AtMost(Duration),
+}
+
+impl AskTimeout {
+    /// The wait, given the store's own timeout.
+    pub fn resolve(self, store: Duration) -> Duration {
+        match self {
+            Self::Store => store,
+            Self::Exactly(d) => d,
+            Self::AtMost(d) => d.min(store),
+        }
+    }
+}
+
+impl From<Option<Duration>> for AskTimeout {
+    fn from(timeout: Option<Duration>) -> Self {
+        timeout.map_or(Self::Store, Self::Exactly)
+    }
+}
+
 /// Asks the session's ApprovalStore and waits for its answer. If the store fails before it
 /// answers, the same request is asked of the store that replaces it (a new pending request
 /// with a fresh timeout): a restart is never taken for a denial. `None` when no store will
@@ -552,9 +581,10 @@ impl ApprovalStoreState {
 pub async fn ask_until_answered(
     store: &ServiceRef<ApprovalMsg>,
     ask: Ask,
-    timeout: Option<Duration>,
+    timeout: impl Into<AskTimeout>,
     asker: metrics::Asker,
 ) -> Option<Result<Granted, AgentError>> {
+    let timeout = timeout.into();
     let mut actor = store.get();
     loop {
         let asked = ractor::call!(actor, |reply| ApprovalMsg::RequestSubject {
@@ -1647,7 +1677,7 @@ mod tests {
         store
             .cast(ApprovalMsg::RequestSubject {
                 ask,
-                timeout: None,
+                timeout: AskTimeout::Store,
                 reply: tx.into(),
             })
             .unwrap();

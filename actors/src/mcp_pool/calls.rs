@@ -29,6 +29,9 @@ pub struct InFlightCall {
     pub span: tracing::Span,
     /// The task's scheduler slot, given back while a request of this call waits for a human.
     pub slot: Option<crate::task::SlotLease>,
+    /// When the call times out (`call_timeout` after it was sent): a human is not given longer
+    /// than this to answer a request of the call, since the answer would reach nobody.
+    pub deadline: tokio::time::Instant,
 }
 
 /// The outcome of attributing a server's request.
@@ -129,6 +132,7 @@ mod tests {
             cancel: CancellationToken::new(),
             span: tracing::Span::none(),
             slot: None,
+            deadline: tokio::time::Instant::now(),
         }
     }
 

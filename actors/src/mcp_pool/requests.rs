@@ -10,11 +10,12 @@
 //!   failed → a JSON-RPC error to the server.
 //!
 //! Every wait also ends when the call that caused the request ends: nobody is left to use the
-//! answer.
+//! answer. And it is never given longer than the call has left before its timeout: the
+//! approval's deadline is the call's when that is the earlier one.
 
 use super::calls::InFlightCall;
 use super::metrics::{self, RequestKind, RequestOutcome};
-use crate::approval_store::{ApprovalMsg, Ask, Granted, ask_until_answered};
+use crate::approval_store::{ApprovalMsg, Ask, AskTimeout, Granted, ask_until_answered};
 use crate::directory::ServiceRef;
 use crate::history::{HistoryLimits, HistoryStore, LocalSummarizer};
 use crate::ports::{DeltaSink, ElicitOutcome, ModelClient, ModelRequest};
@@ -68,10 +69,16 @@ impl Requester {
         };
         let mut gone =
             crate::approval_store::CallersGoneOnDrop::new(approvals, self.call.conversation_id);
+        // No longer than the call has left: past its timeout the answer reaches nobody, and the
+        // deadline shown with the pending request is the one that holds.
+        let left = self
+            .call
+            .deadline
+            .saturating_duration_since(tokio::time::Instant::now());
         let asked = ask_until_answered(
             approvals,
             ask,
-            None,
+            AskTimeout::AtMost(left),
             crate::approval_store::metrics::Asker::Mcp,
         );
         // The task computes nothing while a human decides: its slot goes back for the wait,

@@ -346,6 +346,14 @@ async fn start_with_approvals(
     servers: &[&Arc<FakeServer>],
     approval_timeout: Duration,
 ) -> (Harness, ActorRef<ApprovalMsg>) {
+    start_with_approvals_and(servers, approval_timeout, limits()).await
+}
+
+async fn start_with_approvals_and(
+    servers: &[&Arc<FakeServer>],
+    approval_timeout: Duration,
+    limits: McpLimits,
+) -> (Harness, ActorRef<ApprovalMsg>) {
     let (store, _) = Actor::spawn(
         None,
         ApprovalStore,
@@ -358,7 +366,7 @@ async fn start_with_approvals(
     )
     .await
     .unwrap();
-    let harness = start_with(servers, limits(), Vec::new(), Some(store.clone().into())).await;
+    let harness = start_with(servers, limits, Vec::new(), Some(store.clone().into())).await;
     (harness, store)
 }
 
@@ -1309,6 +1317,29 @@ async fn a_request_while_several_tasks_call_the_server_is_refused() {
     for r in running {
         assert!(r.await.unwrap().is_ok());
     }
+}
+
+#[tokio::test(start_paused = true)]
+async fn an_elicitation_waits_for_a_human_no_longer_than_its_call_has_left() {
+    let a = FakeServer::new("a", &["ask"]);
+    a.asks.send_replace(Asks::Elicitation);
+    let short = McpLimits {
+        call_timeout: Duration::from_secs(20),
+        ..limits()
+    };
+    let (mut h, store) = start_with_approvals_and(&[&a], Duration::from_secs(60), short).await;
+    let (c, t) = (ConversationId::new(), TaskId::new());
+    let view = h.open_for(c, None).await;
+    h.ready("a").await;
+    let t0 = Instant::now();
+    let running = task_call(&view, "a__ask", c, t, CancellationToken::new());
+    let p = pending_one(&store).await;
+    // The deadline shown to a human is the call's, not the approval timeout's 60 s.
+    assert_eq!(p.deadline_ms - p.requested_at_ms, 20_000);
+    // Nobody answers: the request is cancelled at the call's deadline, and the server's answer
+    // to that still reaches the task (the call itself has not timed out yet).
+    assert!(output(running.await).ends_with("elicited Cancel"));
+    assert_eq!(t0.elapsed(), Duration::from_secs(20));
 }
 
 #[tokio::test(start_paused = true)]

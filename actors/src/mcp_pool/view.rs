@@ -219,6 +219,7 @@ impl PoolView {
         // A child token: the pool cancels it when it gives up on the call, without touching
         // the task's own token.
         let cancel = ctx.cancel.child_token();
+        let sent = tokio::time::Instant::now();
         let _registered = Registration::start(
             &self.actor,
             &route.server,
@@ -229,6 +230,7 @@ impl PoolView {
                 cancel: cancel.clone(),
                 span: ctx.span.clone(),
                 slot: ctx.slot.cloned(),
+                deadline: sent + self.limits.call_timeout,
             },
         );
         let _in_flight = metrics::InFlight::start(&route.server);
@@ -252,7 +254,7 @@ impl PoolView {
             span: ctx.span.clone(),
         });
         tokio::pin!(running);
-        let guard = tokio::time::sleep(self.limits.call_timeout + CALL_TIMEOUT_GRACE);
+        let guard = tokio::time::sleep_until(sent + self.limits.call_timeout + CALL_TIMEOUT_GRACE);
         tokio::pin!(guard);
         let result = loop {
             tokio::select! {
