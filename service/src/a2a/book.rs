@@ -40,6 +40,13 @@ use troupe_proto::{
 /// Longest contextId a client may name (it becomes a key of the book).
 pub const MAX_CONTEXT_ID: usize = 256;
 
+/// Most messages a task's history keeps. A long task (one status message per tool call, each
+/// with the call's arguments) would otherwise grow its record without bound, and the record
+/// is stored whole at each status change. Past this, the oldest agent messages go first (the
+/// client's own messages are kept while any agent message is left to drop), and
+/// `metadata.troupe.historyDropped` counts what went.
+pub const MAX_HISTORY: usize = 100;
+
 /// Where a task is in its context's queue.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
@@ -124,6 +131,27 @@ impl Record {
     fn next_message_id(&mut self) -> String {
         self.messages += 1;
         format!("{}-m{}", self.task.id, self.messages)
+    }
+
+    /// Adds `message` to the task's history, within [`MAX_HISTORY`].
+    fn push_history(&mut self, message: Message) {
+        self.task.history.push(message);
+        let dropped = cap_history(&mut self.task.history, MAX_HISTORY);
+        if dropped == 0 {
+            return;
+        }
+        if let Some(md) = self
+            .task
+            .metadata
+            .as_mut()
+            .and_then(|m| m.get_mut("troupe"))
+        {
+            let before = md
+                .get("historyDropped")
+                .and_then(|v| v.as_u64())
+                .unwrap_or(0);
+            md["historyDropped"] = json!(before + dropped);
+        }
     }
 
     fn set_troupe_task(&mut self, troupe_task: TaskId) {
@@ -932,11 +960,11 @@ impl TaskBook {
             Some(r) if r.task.status.state == TaskState::InputRequired => {
                 r.pending_approval = None;
                 if let Some(question) = r.task.status.message.take() {
-                    r.task.history.push(question);
+                    r.push_history(question);
                 }
                 message.context_id = Some(r.task.context_id.clone());
                 message.task_id = Some(task_id.to_owned());
-                r.task.history.push(message);
+                r.push_history(message);
                 self.set_status(task_id, TaskState::Working, None, now_ms)
             }
             _ => Vec::new(),
@@ -1036,7 +1064,7 @@ impl TaskBook {
             return Vec::new();
         }
         if let Some(old) = rec.task.status.message.take() {
-            rec.task.history.push(old);
+            rec.push_history(old);
         }
         rec.task.status = Status {
             state,
@@ -1301,6 +1329,26 @@ fn answer_artifact(task_id: &str, parts: Vec<Part>) -> Artifact {
         parts,
         metadata: None,
     }
+}
+
+/// Trims `history` to `max` messages: the oldest agent messages first, then (only agent
+/// messages being left, or none) the oldest of any kind. Returns how many were dropped.
+pub fn cap_history(history: &mut Vec<Message>, max: usize) -> u64 {
+    let mut over = history.len().saturating_sub(max);
+    if over == 0 {
+        return 0;
+    }
+    let dropped = over as u64;
+    history.retain(|m| {
+        if over > 0 && m.role == super::model::Role::Agent {
+            over -= 1;
+            false
+        } else {
+            true
+        }
+    });
+    history.drain(..over);
+    dropped
 }
 
 mod approval;

@@ -1116,3 +1116,65 @@ fn a_task_whose_end_came_before_its_reply_stays_until_the_reply_frees_its_contex
     assert_eq!(b.forget_task("task-1").as_deref(), Some("ctx-1"));
     assert_eq!(b.idle_contexts(T0 + 1_000, 10).len(), 1);
 }
+
+#[test]
+fn a_long_task_keeps_its_history_within_the_cap_and_counts_what_went() {
+    let mut b = started_book();
+    let t = Some(troupe_task());
+    b.apply(&env(t, EventKind::TaskStarted { input: "hi".into() }), T0);
+    let calls = MAX_HISTORY as u64 + 50;
+    for i in 0..calls {
+        let call = ToolCall {
+            call_id: format!("c{i}"),
+            name: "shell".into(),
+            arguments: Json(serde_json::json!({"i": i})),
+        };
+        b.apply(
+            &env(
+                t,
+                EventKind::ToolCallStarted {
+                    call,
+                    agent_id: None,
+                },
+            ),
+            T0 + i,
+        );
+    }
+    let task = b.view("task-1", None, true).unwrap();
+    assert_eq!(task.history.len(), MAX_HISTORY);
+    // The client's request is kept; the oldest tool-call messages went.
+    assert_eq!(task.history[0].role, Role::User);
+    // calls - 1 status messages moved into history, besides the request: 50 too many.
+    assert_eq!(task.history[1].message_id, "task-1-m51");
+    let dropped = calls - MAX_HISTORY as u64;
+    assert_eq!(task.metadata.unwrap()["troupe"]["historyDropped"], dropped);
+}
+
+#[test]
+fn the_cap_drops_agent_messages_before_the_clients() {
+    let msg = |id: &str, role: Role| Message {
+        message_id: id.to_owned(),
+        role,
+        ..user(id)
+    };
+    let mut h = vec![
+        msg("u1", Role::User),
+        msg("a1", Role::Agent),
+        msg("u2", Role::User),
+        msg("a2", Role::Agent),
+        msg("a3", Role::Agent),
+    ];
+    assert_eq!(cap_history(&mut h, 5), 0);
+    assert_eq!(cap_history(&mut h, 3), 2);
+    let ids: Vec<_> = h.iter().map(|m| m.message_id.as_str()).collect();
+    assert_eq!(ids, ["u1", "u2", "a3"]);
+    // Only clients' messages left to drop: the oldest go.
+    let mut h = vec![
+        msg("u1", Role::User),
+        msg("u2", Role::User),
+        msg("u3", Role::User),
+    ];
+    assert_eq!(cap_history(&mut h, 2), 1);
+    let ids: Vec<_> = h.iter().map(|m| m.message_id.as_str()).collect();
+    assert_eq!(ids, ["u2", "u3"]);
+}
