@@ -170,26 +170,32 @@ pub enum HostMsg {
         message_id: u64,
         result: Result<MessageReply, AgentError>,
     },
-    /// The session opened a conversation for `Open`.
+    /// The session opened a conversation for `Open`. `via`: the session actor that did (each
+    /// of these answers names it: a run that stopped meanwhile was replaced by one started
+    /// from what the host held before the answer, which the host then tells of the change).
     Opened {
         result: Result<ConversationRecord, AgentError>,
+        via: ActorId,
         reply: Reply<ConversationId>,
     },
     /// The session applied (or refused) a context change.
     ContextChanged {
         conversation_id: ConversationId,
         result: Result<SetContext, AgentError>,
+        via: ActorId,
         reply: Reply<()>,
     },
     /// The session closed a conversation (or could not).
     Closed {
         conversation_id: ConversationId,
         result: Result<Closed, AgentError>,
+        via: ActorId,
         reply: Reply<Closed>,
     },
     /// The session opened a closed conversation again for `Reopen` (or could not).
     Reopened {
         result: Result<ConversationRecord, AgentError>,
+        via: ActorId,
         reply: Reply<()>,
     },
     /// A stopped session was started again (or could not be).
@@ -264,6 +270,9 @@ pub struct HostState {
     /// Session actors that stopped while the session was being started again: a restart
     /// that hands back one of them hands back a session that already stopped.
     stopped_while_restarting: Vec<ActorId>,
+    /// Changes a stopped run of the session answered after the run that replaces it was
+    /// started from what the host held: told to that run once it is up.
+    resyncs: Vec<conversations::Resync>,
     /// Set by `pre_start`, consumed by `post_start`.
     created: Option<Created>,
     /// Keeps `troupe_sessions_active` counted while the host lives.
@@ -295,6 +304,7 @@ impl Actor for SessionHost {
             drain_waiters: Vec::new(),
             restarts: Vec::new(),
             stopped_while_restarting: Vec::new(),
+            resyncs: Vec::new(),
             created: args.created,
             _active: metrics::ActiveSession::start(),
         })
@@ -360,8 +370,8 @@ impl Actor for SessionHost {
                     .await
             }
             HostMsg::Open { params, reply } => state.open(&myself, params, reply),
-            HostMsg::Opened { result, reply } => {
-                let r = state.opened(result).await;
+            HostMsg::Opened { result, via, reply } => {
+                let r = state.opened(result, via).await;
                 let _ = reply.send(r);
             }
             HostMsg::SetContext {
@@ -372,9 +382,10 @@ impl Actor for SessionHost {
             HostMsg::ContextChanged {
                 conversation_id,
                 result,
+                via,
                 reply,
             } => {
-                let r = state.context_changed(conversation_id, result).await;
+                let r = state.context_changed(conversation_id, result, via).await;
                 let _ = reply.send(r);
             }
             HostMsg::Close {
@@ -384,9 +395,10 @@ impl Actor for SessionHost {
             HostMsg::Closed {
                 conversation_id,
                 result,
+                via,
                 reply,
             } => {
-                let r = state.closed(&myself, conversation_id, result).await;
+                let r = state.closed(&myself, conversation_id, result, via).await;
                 let _ = reply.send(r);
             }
             HostMsg::CancelAll {
@@ -397,8 +409,8 @@ impl Actor for SessionHost {
                 conversation_id,
                 reply,
             } => state.reopen(&myself, conversation_id, reply),
-            HostMsg::Reopened { result, reply } => {
-                let r = state.reopened(result).await;
+            HostMsg::Reopened { result, via, reply } => {
+                let r = state.reopened(result, via).await;
                 let _ = reply.send(r);
             }
             HostMsg::Drain { reply } => {

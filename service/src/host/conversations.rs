@@ -1,8 +1,9 @@
 //! Conversations: opening, changing the context of and closing them, each asked of the
 //! session by a task and stored when it answers.
 
-use super::{ConversationSlot, HostMsg, HostState, Reply, Waiting, now_ms, spawn_traced};
-use ractor::ActorRef;
+use super::{ConversationSlot, HostMsg, HostState, Liveness, Reply, Waiting, now_ms, spawn_traced};
+use ractor::{ActorId, ActorRef};
+use troupe_actors::SessionHandle;
 use troupe_proto::store::{ConversationRecord, ConversationState};
 use troupe_proto::{AgentError, Closed, ConversationId, OpenConversation, SetContext};
 
@@ -21,6 +22,7 @@ impl HostState {
             }
         };
         let session_id = self.record.session_id;
+        let via = handle.actor().get_id();
         let myself = myself.clone();
         spawn_traced(async move {
             let result =
@@ -36,18 +38,20 @@ impl HostState {
                         created_ms: now_ms(),
                         closed_ms: None,
                     });
-            let _ = myself.cast(HostMsg::Opened { result, reply });
+            let _ = myself.cast(HostMsg::Opened { result, via, reply });
         });
     }
 
     pub(super) async fn opened(
         &mut self,
         result: Result<ConversationRecord, AgentError>,
+        via: ActorId,
     ) -> Result<ConversationId, AgentError> {
         let record = result?;
         let id = record.conversation_id;
         self.store.put_conversation(record.clone()).await?;
         self.conversations.insert(id, ConversationSlot::new(record));
+        self.resync(via, Resync::Open(id)).await;
         Ok(id)
     }
 
@@ -74,6 +78,7 @@ impl HostState {
                 return;
             }
         };
+        let via = handle.actor().get_id();
         let myself = myself.clone();
         spawn_traced(async move {
             let result = handle
@@ -83,6 +88,7 @@ impl HostState {
             let _ = myself.cast(HostMsg::ContextChanged {
                 conversation_id,
                 result,
+                via,
                 reply,
             });
         });
@@ -92,6 +98,7 @@ impl HostState {
         &mut self,
         conversation_id: ConversationId,
         result: Result<SetContext, AgentError>,
+        via: ActorId,
     ) -> Result<(), AgentError> {
         let update = result?;
         let Some(slot) = self.conversations.get(&conversation_id) else {
@@ -103,6 +110,8 @@ impl HostState {
         if let Some(slot) = self.conversations.get_mut(&conversation_id) {
             slot.record = record;
         }
+        self.resync(via, Resync::Context(conversation_id, update))
+            .await;
         Ok(())
     }
 
@@ -126,12 +135,14 @@ impl HostState {
         if let Some(slot) = self.conversations.get_mut(&conversation_id) {
             slot.closing = true;
         }
+        let via = handle.actor().get_id();
         let myself = myself.clone();
         spawn_traced(async move {
             let result = handle.close(conversation_id).await;
             let _ = myself.cast(HostMsg::Closed {
                 conversation_id,
                 result,
+                via,
                 reply,
             });
         });
@@ -142,6 +153,7 @@ impl HostState {
         myself: &ActorRef<HostMsg>,
         conversation_id: ConversationId,
         result: Result<Closed, AgentError>,
+        via: ActorId,
     ) -> Result<Closed, AgentError> {
         let closed = match result {
             Ok(c) => c,
@@ -166,6 +178,7 @@ impl HostState {
         // the conversation stays open there), the caller hears the error, and the next close,
         // which the session answers at once, records it and cancels what waits.
         self.store.close_conversation(conversation_id, at).await?;
+        self.resync(via, Resync::Close(conversation_id)).await;
         let Some(slot) = self.conversations.get_mut(&conversation_id) else {
             return Ok(closed);
         };
@@ -226,6 +239,7 @@ impl HostState {
         };
         let store = self.store.clone();
         let session_id = self.record.session_id;
+        let via = handle.actor().get_id();
         let myself = myself.clone();
         spawn_traced(async move {
             let result = async {
@@ -242,13 +256,14 @@ impl HostState {
                 Ok(record)
             }
             .await;
-            let _ = myself.cast(HostMsg::Reopened { result, reply });
+            let _ = myself.cast(HostMsg::Reopened { result, via, reply });
         });
     }
 
     pub(super) async fn reopened(
         &mut self,
         result: Result<ConversationRecord, AgentError>,
+        via: ActorId,
     ) -> Result<(), AgentError> {
         let record = result?;
         let id = record.conversation_id;
@@ -258,9 +273,64 @@ impl HostState {
         self.conversations
             .entry(id)
             .or_insert_with(|| ConversationSlot::new(record));
+        self.resync(via, Resync::Open(id)).await;
         Ok(())
     }
+
+    /// A change that the session run `via` answered, made known to the run that replaced it,
+    /// if one did: a run started again after `via` stopped was restored from what the host
+    /// held when it started, which may predate the change (the answer was still on its way
+    /// to the host). Told at once to a run that is up, after its start to one being started;
+    /// a session that is down reads the store when it is activated again.
+    pub(super) async fn resync(&mut self, via: ActorId, change: Resync) {
+        match &self.session {
+            Liveness::Up(h) if h.actor().get_id() == via => {}
+            Liveness::Up(h) => {
+                let h = h.clone();
+                self.tell(&h, change).await;
+            }
+            Liveness::Restarting => self.resyncs.push(change),
+            Liveness::Down(_) => {}
+        }
+    }
+
+    /// Tells the run that has just started the changes it may have missed.
+    pub(super) async fn tell_missed(&mut self, h: &SessionHandle) {
+        for change in std::mem::take(&mut self.resyncs) {
+            self.tell(h, change).await;
+        }
+    }
+
+    async fn tell(&self, h: &SessionHandle, change: Resync) {
+        let session_id = self.record.session_id;
+        tracing::info!(%session_id, ?change, "telling the restarted session a change it missed");
+        let told = match &change {
+            // What the host holds now, if it still holds it open (restoring an open one is
+            // nothing to do).
+            Resync::Open(id) => match self.conversations.get(id) {
+                Some(slot) if slot.record.state == ConversationState::Open => {
+                    h.restore(*id, slot.record.params.clone()).await
+                }
+                _ => Ok(()),
+            },
+            Resync::Context(id, update) => h.set_context(*id, update.clone()).await,
+            Resync::Close(id) => h.close(*id).await.map(drop),
+        };
+        if let Err(error) = told {
+            tracing::warn!(%session_id, ?change, %error, "the restarted session could not be told a change");
+        }
+    }
 }
+
+/// A change to a conversation that a session run answered (see [`HostState::resync`]).
+#[derive(Debug)]
+pub(super) enum Resync {
+    Open(ConversationId),
+    Context(ConversationId, SetContext),
+    Close(ConversationId),
+}
+
+impl HostState {}
 
 impl HostState {
     /// Ends the conversation's queued messages `cancelled`, then asks the session to cancel

@@ -219,7 +219,8 @@ impl HostState {
             Ok(handle) => {
                 metrics::session_restart("restarted");
                 tracing::info!(%session_id, "session restarted");
-                self.session = Liveness::Up(handle);
+                self.session = Liveness::Up(handle.clone());
+                self.tell_missed(&handle).await;
                 let ids: Vec<ConversationId> = self.conversations.keys().copied().collect();
                 for id in ids {
                     self.run_next(myself, id).await;

@@ -189,3 +189,110 @@ async fn a_host_that_ends_on_its_own_is_activated_again_and_settles_its_messages
     assert_eq!(q["status"], "completed", "{q}");
     server.stop().await;
 }
+
+/// The session run (`via`) that answered a change the host hears of after that run stopped
+/// and the next one was started: the next run was restored from what the host held before the
+/// answer, so the host tells it the change. The late answers are cast to the host as its own
+/// spawned tasks cast them, so the order (run stopped, run started again, answer) is certain.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn changes_a_stopped_run_answered_late_are_told_to_the_run_that_replaced_it() {
+    use troupe_proto::store::{ConversationRecord, ConversationState};
+    use troupe_proto::{CloseOutcome, Closed, OpenConversation};
+    use troupe_service::host::HostMsg;
+
+    let server = Server::start_with(|_| {}, vec![ScriptedReply::default(); 4]).await;
+    let api = server.api();
+    let sid = id(&api.session(None).await, "session_id");
+    let closing = id(
+        &api.call("conversation.open", json!({"session_id": sid}))
+            .await,
+        "conversation_id",
+    );
+    let parsed = sid.parse().unwrap();
+    let first = server
+        .service
+        .sessions
+        .session(Scope::All, parsed)
+        .await
+        .unwrap();
+    let host: ractor::ActorRef<HostMsg> = first
+        .actor()
+        .try_get_supervisor()
+        .expect("a session is linked to its host")
+        .into();
+    // The first run opens a conversation and closes another; neither answer has reached the
+    // host when the run stops.
+    let opened = first.open(OpenConversation::default()).await.unwrap();
+    let closing_id = closing.parse().unwrap();
+    let closed = first.close(closing_id).await.unwrap();
+    let via = first.actor().get_id();
+    first.actor().kill();
+    // The open's answer comes while the run is being started again (most likely: the host
+    // hears of the stop first, its supervision events going before its messages).
+    let record = ConversationRecord {
+        conversation_id: opened,
+        session_id: parsed,
+        params: OpenConversation::default(),
+        is_root: false,
+        state: ConversationState::Open,
+        created_ms: 1,
+        closed_ms: None,
+    };
+    let answered = ractor::call!(host, |reply| HostMsg::Opened {
+        result: Ok(record),
+        via,
+        reply,
+    })
+    .unwrap();
+    assert_eq!(answered.unwrap(), opened);
+    let t0 = Instant::now();
+    let second = loop {
+        if let Ok(h) = server.service.sessions.session(Scope::All, parsed).await
+            && h.actor().get_id() != via
+        {
+            break h;
+        }
+        assert!(t0.elapsed() < Duration::from_secs(10), "not restarted");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    };
+    let listed = |h: troupe_actors::SessionHandle| async move {
+        h.list()
+            .await
+            .unwrap()
+            .iter()
+            .map(ToString::to_string)
+            .collect::<Vec<_>>()
+    };
+    // The close's answer comes once the new run is up.
+    let before = listed(second.clone()).await;
+    assert!(before.contains(&closing), "{before:?}");
+    let answered = ractor::call!(host, |reply| HostMsg::Closed {
+        conversation_id: closing_id,
+        result: Ok(Closed {
+            conversation_id: closing_id,
+            outcome: closed.outcome,
+        }),
+        via,
+        reply,
+    })
+    .unwrap();
+    assert!(
+        matches!(&answered, Ok(c) if matches!(c.outcome, CloseOutcome::Closed)),
+        "{answered:?}"
+    );
+
+    let after = listed(second.clone()).await;
+    assert!(after.contains(&opened.to_string()), "{after:?}");
+    assert!(!after.contains(&closing), "{after:?}");
+    // The opened conversation runs messages in the new run.
+    let (status, message) = post(&api, &sid, Some(&opened.to_string()), "hello").await;
+    assert!(status.is_success(), "{message}");
+    let done = outcome(
+        &api,
+        &sid,
+        message["message"]["message_id"].as_u64().unwrap(),
+    )
+    .await;
+    assert_eq!(done["status"], "completed", "{done}");
+    server.stop().await;
+}
