@@ -452,28 +452,28 @@ fn unknown_and_known_contexts() {
     );
 }
 
-#[test]
-fn history_length_keeps_the_newest_messages() {
-    let mut b = started_book();
+/// The started book's task starts and makes `calls` tool calls (a status message each).
+fn calls_started(b: &mut TaskBook, calls: u64) {
     let t = Some(troupe_task());
     b.apply(&env(t, EventKind::TaskStarted { input: "hi".into() }), T0);
-    for i in 0..3 {
+    for i in 0..calls {
         let call = ToolCall {
             call_id: format!("c{i}"),
             name: "shell".into(),
-            arguments: Json(serde_json::json!({})),
+            arguments: Json(serde_json::json!({"i": i})),
         };
-        b.apply(
-            &env(
-                t,
-                EventKind::ToolCallStarted {
-                    call,
-                    agent_id: None,
-                },
-            ),
-            T0 + i,
-        );
+        let started = EventKind::ToolCallStarted {
+            call,
+            agent_id: None,
+        };
+        b.apply(&env(t, started), T0 + i);
     }
+}
+
+#[test]
+fn history_length_keeps_the_newest_messages() {
+    let mut b = started_book();
+    calls_started(&mut b, 3);
     // The user message and two tool-call status messages moved into history.
     assert_eq!(b.view("task-1", None, true).unwrap().history.len(), 3);
     let two = b.view("task-1", Some(2), true).unwrap();
@@ -1120,26 +1120,8 @@ fn a_task_whose_end_came_before_its_reply_stays_until_the_reply_frees_its_contex
 #[test]
 fn a_long_task_keeps_its_history_within_the_cap_and_counts_what_went() {
     let mut b = started_book();
-    let t = Some(troupe_task());
-    b.apply(&env(t, EventKind::TaskStarted { input: "hi".into() }), T0);
     let calls = MAX_HISTORY as u64 + 50;
-    for i in 0..calls {
-        let call = ToolCall {
-            call_id: format!("c{i}"),
-            name: "shell".into(),
-            arguments: Json(serde_json::json!({"i": i})),
-        };
-        b.apply(
-            &env(
-                t,
-                EventKind::ToolCallStarted {
-                    call,
-                    agent_id: None,
-                },
-            ),
-            T0 + i,
-        );
-    }
+    calls_started(&mut b, calls);
     let task = b.view("task-1", None, true).unwrap();
     assert_eq!(task.history.len(), MAX_HISTORY);
     // The client's request is kept; the oldest tool-call messages went.

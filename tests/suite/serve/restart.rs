@@ -11,6 +11,28 @@ use troupe_runtime::ScriptedReply;
 use troupe_service::auth::Scope;
 use troupe_store::SqliteStore;
 
+/// The session's run once its host has one up other than `old`.
+async fn restarted(
+    server: &Server,
+    session_id: troupe_proto::SessionId,
+    old: ractor::ActorId,
+) -> troupe_actors::SessionHandle {
+    let t0 = Instant::now();
+    loop {
+        if let Ok(h) = server
+            .service
+            .sessions
+            .session(Scope::All, session_id)
+            .await
+            && h.actor().get_id() != old
+        {
+            return h;
+        }
+        assert!(t0.elapsed() < Duration::from_secs(10), "not restarted");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_session_that_stops_on_its_own_is_restarted_with_its_conversations() {
     let server = Server::start_with(|_| {}, vec![ScriptedReply::default(); 4]).await;
@@ -47,16 +69,7 @@ async fn a_session_that_stops_on_its_own_is_restarted_with_its_conversations() {
     before.actor().kill();
 
     // Its host notices and starts the session again under the same id.
-    let t0 = std::time::Instant::now();
-    let after = loop {
-        if let Ok(h) = server.service.sessions.session(Scope::All, parsed).await
-            && h.actor().get_id() != old_actor
-        {
-            break h;
-        }
-        assert!(t0.elapsed() < Duration::from_secs(10), "not restarted");
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    };
+    let after = restarted(&server, parsed, old_actor).await;
     assert_eq!(after.root().await.unwrap().to_string(), root);
     let open: Vec<String> = after
         .list()
@@ -245,16 +258,7 @@ async fn changes_a_stopped_run_answered_late_are_told_to_the_run_that_replaced_i
     })
     .unwrap();
     assert_eq!(answered.unwrap(), opened);
-    let t0 = Instant::now();
-    let second = loop {
-        if let Ok(h) = server.service.sessions.session(Scope::All, parsed).await
-            && h.actor().get_id() != via
-        {
-            break h;
-        }
-        assert!(t0.elapsed() < Duration::from_secs(10), "not restarted");
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    };
+    let second = restarted(&server, parsed, via).await;
     let listed = |h: troupe_actors::SessionHandle| async move {
         h.list()
             .await
