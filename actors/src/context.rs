@@ -209,13 +209,26 @@ pub fn add_task_stats(into: &mut ConversationStats, stats: &TaskStats, status: T
     into.mcp_latency_ms_total += stats.mcp_latency_ms;
 }
 
+/// Counts a task that was aborted (it ignored its cancellation past the close timeout, or a
+/// crash or restart interrupted it) as a cancelled task: what it used is not known.
+pub fn add_aborted_task(into: &mut ConversationStats) {
+    into.tasks += 1;
+    into.tasks_cancelled += 1;
+}
+
 /// A restored conversation's statistics, rebuilt from its record (S11): every task end the
-/// record holds. Where the policy kept the whole event (`Full`, `Ttl`) everything comes back,
-/// MCP calls included; from headers only, the status, usage and tool calls the headers keep.
-/// `history_items` is left for the caller.
+/// record holds, an aborted task counting as a cancelled one. Where the policy kept the whole
+/// event (`Full`, `Ttl`) everything comes back, MCP calls included; from headers only, the
+/// status, usage and tool calls the headers keep. `history_items` is left for the caller.
 pub fn stats_from_records(records: &[RolloutRecord]) -> ConversationStats {
     let mut out = ConversationStats::default();
-    for r in records.iter().filter(|r| r.kind == EventName::TaskFinished) {
+    let ends =
+        |r: &&RolloutRecord| matches!(r.kind, EventName::TaskFinished | EventName::TaskAborted);
+    for r in records.iter().filter(ends) {
+        if r.kind == EventName::TaskAborted {
+            add_aborted_task(&mut out);
+            continue;
+        }
         match &r.event {
             Some(EventKind::TaskFinished { status, stats, .. }) => {
                 add_task_stats(&mut out, stats, *status);
@@ -586,6 +599,16 @@ mod tests {
             stats.steps = 1;
         }
         r
+    }
+
+    #[test]
+    fn an_aborted_task_counts_as_cancelled_whatever_the_record_kept_of_it() {
+        let (a, b, c) = (TaskId::new(), TaskId::new(), TaskId::new());
+        let aborted = event(Some(b), EventKind::TaskAborted { waited_ms: 5 });
+        // A record kept under policy `None` has no event, only the kind.
+        let bare = record(c, EventName::TaskAborted, None);
+        let stats = stats_from_records(&[done(a, 1), aborted, bare]);
+        assert_eq!((stats.tasks, stats.tasks_cancelled), (3, 2), "{stats:?}");
     }
 
     /// Three turns: the second trimmed the first's user message and wrote a checkpoint; the

@@ -597,6 +597,8 @@ impl Actor for Conversation {
                     task_id,
                     EventKind::TaskAborted { waited_ms: 0 },
                 ));
+                // An aborted task counts as a cancelled one, as a restore reads it back.
+                crate::context::add_aborted_task(&mut stats);
             }
         }
         for message in warnings {

@@ -83,7 +83,47 @@ async fn a_cancelled_task_that_ignores_it_is_aborted_and_the_conversation_goes_o
     }
     assert!(warned, "a cancel_ignored warning says why");
     assert_eq!(aborted, Some(3000));
+
+    // The aborted task counts as a cancelled one, also once the conversation is restored
+    // from its rollout (the abort is all its record says of it).
+    let before = stats(&t, c).await;
+    assert_eq!((before.tasks, before.tasks_cancelled), (2, 1), "{before:?}");
+    let mut events = t.session.subscribe().await.unwrap();
+    let actor = t.session.conversation_actor(c).await.unwrap().unwrap();
+    actor
+        .cast(troupe_actors::conversation::ConversationMsg::InjectPanic)
+        .unwrap();
+    loop {
+        let e = ends(events.recv()).await.unwrap();
+        if e.conversation_id == Some(c)
+            && matches!(e.event, EventKind::ConversationRestarted { .. })
+        {
+            break;
+        }
+    }
+    let after = stats(&t, c).await;
+    assert_eq!(
+        (after.tasks, after.tasks_cancelled, after.tasks_failed),
+        (before.tasks, before.tasks_cancelled, before.tasks_failed)
+    );
     t.stop().await;
+}
+
+/// The statistics of `conversation`, from its actor.
+async fn stats(
+    t: &TestSession,
+    conversation: troupe_proto::ConversationId,
+) -> troupe_proto::ConversationStats {
+    let actor = t
+        .session
+        .conversation_actor(conversation)
+        .await
+        .unwrap()
+        .unwrap();
+    ractor::call!(actor, |reply| {
+        troupe_actors::conversation::ConversationMsg::Stats { reply }
+    })
+    .unwrap()
 }
 
 #[tokio::test(start_paused = true)]

@@ -97,8 +97,7 @@ impl ConversationState {
             ));
         });
         self.withdraw_approvals(task_id, "its task was aborted");
-        self.stats.tasks += 1;
-        self.stats.tasks_cancelled += 1;
+        crate::context::add_aborted_task(&mut self.stats);
         // Released here, so that the slot is free by the time close answers (a lent slot is
         // its dispatcher's).
         if releases_at_end(running.slot) {
