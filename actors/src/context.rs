@@ -398,6 +398,17 @@ pub fn history_with_owners(records: &[RolloutRecord]) -> (Vec<HistoryItem>, Vec<
     (items, owners)
 }
 
+/// Whether a record of this kind, with its content, puts an item in the history.
+fn yields_item(kind: EventName) -> bool {
+    matches!(
+        kind,
+        EventName::TaskStarted
+            | EventName::AssistantMessage
+            | EventName::ToolCallStarted
+            | EventName::ToolCallFinished
+    )
+}
+
 /// What a restore rebuilds of a conversation (S6), from all its records or from its window
 /// (what [`crate::rollout::storage::RolloutStorage::read_conversation_window`] returns).
 #[derive(Debug, Default)]
@@ -469,7 +480,22 @@ pub fn restore_from_records(records: &[RolloutRecord]) -> Restored {
         })
         .map_or((at + 1, 0), |i| (i, skip));
     let (mut items, mut owners) = history_with_owners(&records[from..]);
-    let skip_now = usize::try_from(skip).unwrap_or(usize::MAX).min(items.len());
+    // `skip` counts the named task's oldest items, trimmed into the summary. Those whose
+    // records have lost their content since (a `Ttl` expiry, oldest first) left no item to
+    // skip; and only that task's items are skipped, never a later task's.
+    let expired = records[from..]
+        .iter()
+        .filter(|r| r.task_id.is_some() && r.task_id == from_task && r.event.is_none())
+        .filter(|r| yields_item(r.kind))
+        .count();
+    let anchored = owners
+        .iter()
+        .take_while(|o| o.is_some() && **o == from_task)
+        .count();
+    let skip_now = usize::try_from(skip)
+        .unwrap_or(usize::MAX)
+        .saturating_sub(expired)
+        .min(anchored);
     items.drain(..skip_now);
     owners.drain(..skip_now);
     let started_after: std::collections::HashSet<TaskId> = after
@@ -496,7 +522,8 @@ pub fn restore_from_records(records: &[RolloutRecord]) -> Restored {
         summary: summary.clone().map(|text| (text, replaced)),
         items,
         owners,
-        skipped: skip,
+        // Of the first item's task: the named one's, unless nothing of it is left.
+        skipped: if anchored > 0 { skip } else { 0 },
         turns: turns
             .saturating_add(turns_after)
             .max(turns_started(&records[from.min(at)..])),
@@ -691,6 +718,41 @@ mod tests {
             0,
             "the first task is still kept: its records are in the window"
         );
+    }
+
+    #[test]
+    fn a_checkpoint_whose_task_expired_skips_no_later_tasks_items() {
+        let t = [TaskId::new(), TaskId::new(), TaskId::new()];
+        let expire = |r: &mut RolloutRecord| {
+            r.event = None;
+            r.level = crate::rollout::RecordLevel::Headers;
+        };
+        // The first task's user message (the one the checkpoint says was trimmed) expired.
+        let mut records = checkpointed(t);
+        expire(&mut records[0]);
+        let r = restore_from_records(&records);
+        assert_eq!(
+            r.items,
+            [
+                HistoryItem::assistant("A"),
+                HistoryItem::user("b"),
+                HistoryItem::assistant("B"),
+                HistoryItem::user("c"),
+            ]
+        );
+        // The whole first task expired: nothing of it, everything of the next ones.
+        expire(&mut records[2]);
+        let r = restore_from_records(&records);
+        assert_eq!(
+            r.items,
+            [
+                HistoryItem::user("b"),
+                HistoryItem::assistant("B"),
+                HistoryItem::user("c"),
+            ]
+        );
+        assert_eq!(r.owners, [Some(t[1]), Some(t[1]), Some(t[2])]);
+        assert_eq!(r.skipped, 0, "none of the next task's items was trimmed");
     }
 
     #[test]
