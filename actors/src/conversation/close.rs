@@ -69,10 +69,10 @@ impl ConversationState {
         myself: &ActorRef<ConversationMsg>,
         task_id: TaskId,
     ) {
-        self.abort_timer = None;
         let Some(mut running) = self.running.take_if(|r| r.task_id == task_id) else {
-            return; // the task ended in time
+            return; // the task ended in time (a later task's timer, if armed, stays known)
         };
+        self.abort_timer = None;
         running.abort.abort();
         let waited = self.services.settings.close_timeout;
         let waited_ms = u64::try_from(waited.as_millis()).unwrap_or(u64::MAX);
