@@ -88,18 +88,20 @@ async fn a_cancelled_task_that_ignores_it_is_aborted_and_the_conversation_goes_o
     // from its rollout (the abort is all its record says of it).
     let before = stats(&t, c).await;
     assert_eq!((before.tasks, before.tasks_cancelled), (2, 1), "{before:?}");
-    let mut events = t.session.subscribe().await.unwrap();
     let actor = t.session.conversation_actor(c).await.unwrap().unwrap();
     actor
         .cast(troupe_actors::conversation::ConversationMsg::InjectPanic)
         .unwrap();
+    // Polled, not awaited as an event: the restore reads the rollout on threads paused time
+    // does not wait for, so a timeout would fire while it runs.
+    let t0 = std::time::Instant::now();
     loop {
-        let e = ends(events.recv()).await.unwrap();
-        if e.conversation_id == Some(c)
-            && matches!(e.event, EventKind::ConversationRestarted { .. })
-        {
+        let now = t.session.conversation_actor(c).await.unwrap();
+        if now.is_some_and(|a| a.get_id() != actor.get_id()) {
             break;
         }
+        assert!(t0.elapsed() < Duration::from_secs(30), "not restarted");
+        tokio::task::yield_now().await;
     }
     let after = stats(&t, c).await;
     assert_eq!(
