@@ -425,6 +425,43 @@ pub struct Restored {
     pub turns: u32,
     /// Statistics of every task that ended (S11); `history_items` is left for the caller.
     pub stats: ConversationStats,
+    /// When each task of the records read started (unix ms).
+    pub task_started_ms: std::collections::HashMap<TaskId, u64>,
+    /// When the record holding the summary is due, if it is (`Ttl`).
+    pub summary_expires_ms: Option<u64>,
+}
+
+/// When the oldest content of a restored summary was written: under `Ttl`, the summary's
+/// record is due no later than that content's ttl after it, so the time is its due time less
+/// the ttl; not known otherwise (0: as old as can be). `None` without a summary.
+pub fn summary_since(
+    has_summary: bool,
+    expires_ms: Option<u64>,
+    policy: troupe_proto::StoragePolicy,
+) -> Option<u64> {
+    if !has_summary {
+        return None;
+    }
+    match (policy, expires_ms) {
+        (troupe_proto::StoragePolicy::Ttl { secs }, Some(due)) => {
+            Some(due.saturating_sub(secs.saturating_mul(1000)))
+        }
+        _ => Some(0),
+    }
+}
+
+/// When each task of `records` started: its `task_started` (or `compaction_started`) time.
+fn task_starts(records: &[RolloutRecord]) -> std::collections::HashMap<TaskId, u64> {
+    records
+        .iter()
+        .filter(|r| {
+            matches!(
+                r.kind,
+                EventName::TaskStarted | EventName::CompactionStarted
+            )
+        })
+        .filter_map(|r| r.task_id.map(|t| (t, r.ts_ms)))
+        .collect()
 }
 
 /// Rebuilds a conversation from its records: without a `history_checkpoint`, from all of
@@ -468,6 +505,8 @@ pub fn restore_from_records(records: &[RolloutRecord]) -> Restored {
             skipped: 0,
             turns: turns_started(records),
             stats: stats_from_records(records),
+            task_started_ms: task_starts(records),
+            summary_expires_ms: None,
         };
     };
     let after = &records[at + 1..];
@@ -528,6 +567,8 @@ pub fn restore_from_records(records: &[RolloutRecord]) -> Restored {
             .saturating_add(turns_after)
             .max(turns_started(&records[from.min(at)..])),
         stats: total,
+        task_started_ms: task_starts(&records[from.min(at)..]),
+        summary_expires_ms: records[at].meta.expires_ms,
     }
 }
 
@@ -626,6 +667,17 @@ mod tests {
             stats.steps = 1;
         }
         r
+    }
+
+    #[test]
+    fn a_restored_summary_is_as_old_as_its_due_time_says() {
+        use troupe_proto::StoragePolicy;
+        let ttl = StoragePolicy::Ttl { secs: 5 };
+        assert_eq!(summary_since(false, Some(20_000), ttl), None, "no summary");
+        assert_eq!(summary_since(true, Some(20_000), ttl), Some(15_000));
+        // Not known (written without ttl): as old as can be.
+        assert_eq!(summary_since(true, None, ttl), Some(0));
+        assert_eq!(summary_since(true, None, StoragePolicy::Full), Some(0));
     }
 
     #[test]

@@ -440,6 +440,9 @@ pub struct ConversationState {
     turns: u32,
     /// Which tasks' items the history keeps: where a checkpoint says a restore starts (S6).
     kept: window::KeptTasks,
+    /// When the oldest content folded into the summary was written (unix ms; 0 when not
+    /// known): the summary's records are due no later than that content's under `Ttl`.
+    summary_since_ms: Option<u64>,
     /// This conversation's policies: the session's, narrowed by the open request (C2).
     approval_policy: ApprovalPolicy,
     sandbox_policy: SandboxPolicy,
@@ -547,6 +550,7 @@ impl Actor for Conversation {
         let mut restored_turns = 0;
         let mut stats = ConversationStats::default();
         let mut kept = window::KeptTasks::default();
+        let mut summary_since_ms = None;
         if records.is_empty() {
             services.events.emit(EventDraft::conversation(
                 args.conversation_id,
@@ -564,10 +568,19 @@ impl Actor for Conversation {
                 history.set_summary(text, *replaced);
             }
             kept = window::KeptTasks::from_owners(&rebuilt.owners, rebuilt.skipped);
+            kept.started_at(&rebuilt.task_started_ms);
+            summary_since_ms = crate::context::summary_since(
+                rebuilt.summary.is_some(),
+                rebuilt.summary_expires_ms,
+                args.params.storage_policy,
+            );
+            let oldest = kept.oldest_started_ms();
             let restored = (rebuilt.items.len() + usize::from(rebuilt.summary.is_some())) as u64;
             history.append(rebuilt.items);
             // What a restore trims is summarized locally.
-            drop(history.take_trimmed());
+            if !history.take_trimmed().is_empty() {
+                summary_since_ms = window::since_with(summary_since_ms, oldest);
+            }
             kept.keep(window::held_items(&history));
             let cause = args.restore_cause;
             tracing::info!(conversation_id = %args.conversation_id, ?cause, restored, "conversation restored from its rollout");
@@ -663,6 +676,7 @@ impl Actor for Conversation {
             summary_task: None,
             turns: restored_turns,
             kept,
+            summary_since_ms,
             approval_policy,
             sandbox_policy,
             activity: 0,

@@ -16,6 +16,10 @@ pub struct EventDraft {
     pub trace_id: Option<String>,
     pub span_id: Option<String>,
     pub event: EventKind,
+    /// For an event whose content carries older content (a history summary): when the oldest
+    /// of it was written (unix ms). Under a `Ttl` policy its record is due no later than that
+    /// content is, so a summary never keeps an excerpt on disk past the excerpt's own expiry.
+    pub content_since_ms: Option<u64>,
 }
 
 impl EventDraft {
@@ -28,6 +32,7 @@ impl EventDraft {
             trace_id: None,
             span_id: None,
             event,
+            content_since_ms: None,
         }
     }
 
@@ -47,6 +52,13 @@ impl EventDraft {
             sub_id: Some(sub_id(conversation_id, task_id)),
             ..Self::session(event)
         }
+    }
+
+    /// Says the event carries content written as early as `since_ms` (see
+    /// [`EventDraft::content_since_ms`]).
+    pub fn carrying_content_since(mut self, since_ms: Option<u64>) -> Self {
+        self.content_since_ms = since_ms;
+        self
     }
 
     /// Stamps the ids of the current tracing span (if it has an OpenTelemetry context).

@@ -310,6 +310,7 @@ impl RolloutState {
     /// Numbers the event and hands it to the writer, which records and then publishes it.
     /// Failing to reach the writer fails the actor: recording is its whole job.
     fn emit(&mut self, draft: EventDraft) -> Result<(), AgentError> {
+        let since = draft.content_since_ms;
         let env = self.core.stamp(self.session_id, draft, self.clock.now_ms());
         let stamped = Instant::now();
         let kind = env.event.name();
@@ -324,7 +325,10 @@ impl RolloutState {
                 );
             }
         }
-        let record = record_for(placement.policy(), &env);
+        let mut record = record_for(placement.policy(), &env);
+        if let Some(r) = record.as_mut() {
+            record::cap_expiry(r, placement.policy(), since);
+        }
         if record.is_none() {
             metrics::event_unrecorded(kind);
         }
@@ -980,6 +984,37 @@ mod tests {
         assert!(!is_due(&downgrade(ttl), u64::MAX), "headers are never due");
         let full = record_for(StoragePolicy::Full, &env).unwrap();
         assert!(!is_due(&full, u64::MAX), "Full content never expires");
+    }
+
+    #[test]
+    fn a_summary_is_due_no_later_than_the_content_it_carries_under_ttl() {
+        let mut env = envelope(
+            1,
+            EventKind::HistoryTrimmed {
+                removed_items: 2,
+                summary: "user: the canary".into(),
+            },
+        );
+        env.ts_ms = 10_000;
+        let policy = StoragePolicy::Ttl { secs: 5 };
+        let mut ttl = record_for(policy, &env).unwrap();
+        record::cap_expiry(&mut ttl, policy, Some(7_000));
+        assert_eq!(
+            ttl.meta.expires_ms,
+            Some(12_000),
+            "the carried content's due time"
+        );
+        // Content newer than the record itself changes nothing; nor does an unknown time.
+        let mut newer = record_for(policy, &env).unwrap();
+        record::cap_expiry(&mut newer, policy, Some(11_000));
+        assert_eq!(newer.meta.expires_ms, Some(15_000));
+        let mut unknown = record_for(policy, &env).unwrap();
+        record::cap_expiry(&mut unknown, policy, None);
+        assert_eq!(unknown.meta.expires_ms, Some(15_000));
+        // Without ttl there is no expiry to cap.
+        let mut full = record_for(StoragePolicy::Full, &env).unwrap();
+        record::cap_expiry(&mut full, StoragePolicy::Full, Some(0));
+        assert_eq!(full.meta.expires_ms, None);
     }
 
     fn full_line(seq: u64, ts_ms: u64, text: &str) -> Vec<u8> {

@@ -169,7 +169,12 @@ struct Serve {
 
 impl Serve {
     fn start(dir: &Path, sweep_interval: &str) -> Self {
+        Self::start_with(dir, sweep_interval, &[])
+    }
+
+    fn start_with(dir: &Path, sweep_interval: &str, env: &[(&str, &str)]) -> Self {
         let mut command = Command::new(troupe_bin());
+        command.envs(env.iter().copied());
         command
             .args(["serve", "--listen", "127.0.0.1:0", "--data-dir"])
             .arg(dir.join("data"))
@@ -506,5 +511,73 @@ async fn troupe_serve_stores_no_instructions_under_none_or_headers_only() {
         .await;
     assert_eq!(status, reqwest::StatusCode::OK, "{reply}");
     assert_eq!(reply["reply"]["text"], "You said: again", "{reply}");
+    serve.stop();
+}
+
+/// A history summary carries excerpts of the messages it replaced, so under `ttl` its records
+/// are due when the oldest of those messages is, not a ttl after the summary was written:
+/// the canary's turn is trimmed into the summary two seconds after it was said, and the
+/// summary's records are due with the canary's own.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_summary_of_ttl_content_is_due_with_that_content() {
+    let dir = tempfile::tempdir().unwrap();
+    let data = dir.path().join("data");
+    let canary = format!("CANARY-SUMMARY-{}", now_ms());
+    let serve = Serve::start_with(
+        dir.path(),
+        "200ms",
+        &[
+            ("TROUPE_HISTORY_MAX_ITEMS", "2"),
+            ("TROUPE_SUMMARIZER", "local"),
+        ],
+    );
+    let (sid, cid, due) = say_in_ttl_conversation(&serve.api, 6, &canary).await;
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let (status, reply) = serve
+        .api
+        .post(
+            &format!("/api/sessions/{sid}/messages"),
+            json!({"text": "later", "conversation_id": cid}),
+        )
+        .await;
+    assert_eq!(status, reqwest::StatusCode::OK, "{reply}");
+
+    let rollout = SqliteRolloutStorage::open(data.join("rollout.db")).unwrap();
+    let t0 = Instant::now();
+    let summaries = loop {
+        let records = rollout
+            .read_conversation(sid.parse().unwrap(), cid.parse().unwrap())
+            .unwrap();
+        let summaries: Vec<RolloutRecord> = records
+            .into_iter()
+            .filter(|r| {
+                matches!(
+                    r.kind,
+                    EventName::HistoryTrimmed | EventName::HistoryCheckpoint
+                )
+            })
+            .filter(|r| serde_json::to_string(&r.event).unwrap().contains(&canary))
+            .collect();
+        if summaries.len() >= 2 {
+            break summaries;
+        }
+        assert!(
+            t0.elapsed() < Duration::from_secs(10),
+            "no summary of the canary"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    };
+    for r in &summaries {
+        let expires = r.meta.expires_ms.unwrap();
+        assert!(r.ts_ms + 6000 > due + 1000, "written well after the canary");
+        assert!(
+            expires <= due,
+            "{:?} due at {expires}, the canary at {due}",
+            r.kind
+        );
+    }
+    // And the sweep takes it from every file once due.
+    wait_gone(&data, &canary, Duration::from_secs(30)).await;
+    assert!(now_ms() >= due, "swept before it was due");
     serve.stop();
 }

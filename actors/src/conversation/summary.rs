@@ -170,13 +170,16 @@ impl ConversationState {
                     _ => text,
                 };
                 // Nothing more was trimmed: only the summary changed.
-                self.services.events.emit(EventDraft::conversation(
-                    self.id,
-                    EventKind::HistoryTrimmed {
-                        removed_items: 0,
-                        summary,
-                    },
-                ));
+                self.services.events.emit(
+                    EventDraft::conversation(
+                        self.id,
+                        EventKind::HistoryTrimmed {
+                            removed_items: 0,
+                            summary,
+                        },
+                    )
+                    .carrying_content_since(self.summary_since_ms),
+                );
                 self.emit_checkpoint();
             }
             SummaryAnswer::Stale => {

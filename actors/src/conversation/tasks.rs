@@ -435,33 +435,46 @@ impl ConversationState {
         match running.kind {
             TaskKind::Message => {
                 let previous = self.history.summary().cloned();
-                self.kept.appended(task_id, outcome.items.len() as u64);
+                self.kept
+                    .appended_at(task_id, outcome.items.len() as u64, running.started_at_ms);
+                // What a trim removes is no older than the oldest kept task.
+                let oldest = self.kept.oldest_started_ms();
                 let trimmed = self.history.append(outcome.items.iter().cloned());
                 self.kept.keep(window::held_items(&self.history));
                 if let Some(report) = trimmed {
-                    self.services.events.emit(EventDraft::conversation(
-                        self.id,
-                        EventKind::HistoryTrimmed {
-                            removed_items: report.removed_items,
-                            summary: report.summary,
-                        },
-                    ));
+                    self.summary_since_ms = window::since_with(self.summary_since_ms, oldest);
+                    self.services.events.emit(
+                        EventDraft::conversation(
+                            self.id,
+                            EventKind::HistoryTrimmed {
+                                removed_items: report.removed_items,
+                                summary: report.summary,
+                            },
+                        )
+                        .carrying_content_since(self.summary_since_ms),
+                    );
                     self.emit_checkpoint();
                     self.ask_model_summary(myself, previous);
                 }
             }
             TaskKind::Compact if outcome.status == TaskStatus::Ok && !outcome.text.is_empty() => {
                 let report = self.history.compact(outcome.text.clone());
+                // The compaction's summary stands for everything the history held.
+                self.summary_since_ms =
+                    window::since_with(self.summary_since_ms, self.kept.oldest_started_ms());
                 self.kept.clear();
                 running.span.in_scope(|| {
-                    self.services.events.emit(EventDraft::task(
-                        self.id,
-                        task_id,
-                        EventKind::Compacted {
-                            summary: report.summary,
-                            replaced_items: report.removed_items,
-                        },
-                    ));
+                    self.services.events.emit(
+                        EventDraft::task(
+                            self.id,
+                            task_id,
+                            EventKind::Compacted {
+                                summary: report.summary,
+                                replaced_items: report.removed_items,
+                            },
+                        )
+                        .carrying_content_since(self.summary_since_ms),
+                    );
                     self.emit_checkpoint();
                 });
             }
@@ -538,17 +551,20 @@ impl ConversationState {
             .anchor()
             .map_or((None, 0), |(task, skip)| (Some(task), skip));
         tracing::debug!(conversation_id = %self.id, ?from_task, skip_items, turns = self.turns, "history checkpoint");
-        self.services.events.emit(EventDraft::conversation(
-            self.id,
-            EventKind::HistoryCheckpoint {
-                summary,
-                replaced_items,
-                from_task,
-                skip_items,
-                turns: self.turns,
-                stats: self.stats.clone(),
-            },
-        ));
+        self.services.events.emit(
+            EventDraft::conversation(
+                self.id,
+                EventKind::HistoryCheckpoint {
+                    summary,
+                    replaced_items,
+                    from_task,
+                    skip_items,
+                    turns: self.turns,
+                    stats: self.stats.clone(),
+                },
+            )
+            .carrying_content_since(self.summary_since_ms),
+        );
     }
 
     pub(super) fn record_stats(&mut self, stats: &TaskStats, status: TaskStatus) {

@@ -9,12 +9,19 @@
 //! the oldest, so they are trimmed first and never counted here.
 
 use crate::history::HistoryStore;
-use std::collections::VecDeque;
+use std::collections::{HashMap, VecDeque};
 use troupe_proto::TaskId;
 
 /// Items a history holds after its summary.
 pub fn held_items(history: &HistoryStore) -> u64 {
     (history.len() - usize::from(history.summary().is_some())) as u64
+}
+
+/// The time of the oldest content in a summary once content written no earlier than
+/// `oldest` (unknown: `None`, taken as 0, the earliest there is) is folded into it.
+pub fn since_with(summary_since: Option<u64>, oldest: Option<u64>) -> Option<u64> {
+    let oldest = oldest.unwrap_or(0);
+    Some(summary_since.map_or(oldest, |s| s.min(oldest)))
 }
 
 /// The tasks whose items are kept, oldest first, with how many of their items are kept.
@@ -23,6 +30,9 @@ pub struct KeptTasks {
     tasks: VecDeque<(TaskId, u64)>,
     /// Items of the oldest task that were trimmed.
     skipped: u64,
+    /// When each kept task started (unix ms), where known: its items were written no
+    /// earlier, so what a trim folds into the summary is no older than its oldest task's.
+    started_ms: HashMap<TaskId, u64>,
 }
 
 impl KeptTasks {
@@ -35,6 +45,29 @@ impl KeptTasks {
         }
         kept.skipped = if kept.tasks.is_empty() { 0 } else { skipped };
         kept
+    }
+
+    /// `count` items of `task_id`, which started at `started_ms`, were appended.
+    pub fn appended_at(&mut self, task_id: TaskId, count: u64, started_ms: u64) {
+        if count > 0 {
+            self.started_ms.entry(task_id).or_insert(started_ms);
+        }
+        self.appended(task_id, count);
+    }
+
+    /// When the oldest kept task started, if known.
+    pub fn oldest_started_ms(&self) -> Option<u64> {
+        let (task, _) = self.tasks.front()?;
+        self.started_ms.get(task).copied()
+    }
+
+    /// Records when tasks started (a restore reads it from their records).
+    pub fn started_at(&mut self, times: &HashMap<TaskId, u64>) {
+        for (task, _) in &self.tasks {
+            if let Some(ms) = times.get(task) {
+                self.started_ms.insert(*task, *ms);
+            }
+        }
     }
 
     /// `count` items of `task_id` were appended to the history.
@@ -60,7 +93,9 @@ impl KeptTasks {
                 return;
             }
             excess -= *n;
-            self.tasks.pop_front();
+            if let Some((task, _)) = self.tasks.pop_front() {
+                self.started_ms.remove(&task);
+            }
             self.skipped = 0;
         }
     }
@@ -69,6 +104,7 @@ impl KeptTasks {
     pub fn clear(&mut self) {
         self.tasks.clear();
         self.skipped = 0;
+        self.started_ms.clear();
     }
 
     /// Where a restore starts: the task of the oldest kept item and how many of its items
@@ -101,6 +137,26 @@ mod tests {
         assert_eq!(kept.anchor(), Some((c, 1)));
         kept.clear();
         assert_eq!(kept.anchor(), None);
+    }
+
+    #[test]
+    fn the_oldest_kept_tasks_start_follows_trims() {
+        let (a, b) = (TaskId::new(), TaskId::new());
+        let mut kept = KeptTasks::default();
+        kept.appended_at(a, 2, 100);
+        kept.appended_at(b, 2, 200);
+        assert_eq!(kept.oldest_started_ms(), Some(100));
+        kept.keep(2);
+        assert_eq!(kept.oldest_started_ms(), Some(200), "a is gone");
+        assert_eq!(since_with(None, Some(200)), Some(200));
+        assert_eq!(since_with(Some(150), Some(200)), Some(150));
+        assert_eq!(
+            since_with(Some(150), None),
+            Some(0),
+            "unknown: as old as can be"
+        );
+        kept.clear();
+        assert_eq!(kept.oldest_started_ms(), None);
     }
 
     #[test]

@@ -202,6 +202,18 @@ pub fn record_for(policy: StoragePolicy, env: &EventEnvelope) -> Option<RolloutR
     })
 }
 
+/// Under a `Ttl` policy, makes `record` due no later than content written at `since_ms` is
+/// (a history summary carries excerpts of older messages: it must not keep them on disk
+/// longer than their own records do). Other policies keep no expiry.
+pub fn cap_expiry(record: &mut RolloutRecord, policy: StoragePolicy, since_ms: Option<u64>) {
+    let (StoragePolicy::Ttl { secs }, Some(since)) = (policy, since_ms) else {
+        return;
+    };
+    if let Some(expires) = record.meta.expires_ms.as_mut() {
+        *expires = (*expires).min(ttl_expiry_ms(since, secs));
+    }
+}
+
 /// A `Full` record reduced to its headers (what the TTL sweep does); others are unchanged.
 pub fn downgrade(record: RolloutRecord) -> RolloutRecord {
     match record.level {
