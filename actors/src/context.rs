@@ -561,8 +561,13 @@ pub fn restore_from_records(records: &[RolloutRecord]) -> Restored {
         summary: summary.clone().map(|text| (text, replaced)),
         items,
         owners,
-        // Of the first item's task: the named one's, unless nothing of it is left.
-        skipped: if anchored > 0 { skip } else { 0 },
+        // Of the first item's task: the named one's items before its first one restored,
+        // trimmed or expired; none when nothing of it is left.
+        skipped: if anchored > 0 {
+            skip.max(expired as u64)
+        } else {
+            0
+        },
         turns: turns
             .saturating_add(turns_after)
             .max(turns_started(&records[from.min(at)..])),
@@ -805,6 +810,44 @@ mod tests {
         );
         assert_eq!(r.owners, [Some(t[1]), Some(t[1]), Some(t[2])]);
         assert_eq!(r.skipped, 0, "none of the next task's items was trimmed");
+    }
+
+    #[test]
+    fn more_expired_than_trimmed_items_of_the_checkpoints_task_count_as_skipped() {
+        let (t0, t1) = (TaskId::new(), TaskId::new());
+        let text = |s: &str| EventKind::AssistantMessage { text: s.into() };
+        let expired = |mut r: RolloutRecord| {
+            r.event = None;
+            r.level = crate::rollout::RecordLevel::Headers;
+            r
+        };
+        let records = vec![
+            expired(event(
+                Some(t0),
+                EventKind::TaskStarted { input: "a".into() },
+            )),
+            expired(event(Some(t0), text("A1"))),
+            event(Some(t0), text("A2")),
+            done(t0, 1),
+            event(
+                None,
+                EventKind::HistoryCheckpoint {
+                    summary: Some("S".into()),
+                    replaced_items: 1,
+                    from_task: Some(t0),
+                    skip_items: 1,
+                    turns: 1,
+                    stats: ConversationStats::default(),
+                },
+            ),
+            event(Some(t1), EventKind::TaskStarted { input: "b".into() }),
+        ];
+        let r = restore_from_records(&records);
+        assert_eq!(
+            r.items,
+            [HistoryItem::assistant("A2"), HistoryItem::user("b")]
+        );
+        assert_eq!(r.skipped, 2, "two of the task's items come before A2");
     }
 
     #[test]
