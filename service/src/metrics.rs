@@ -107,6 +107,12 @@ pub fn describe() {
         "Sessions started again by their host after stopping on their own, by outcome \
          (restarted, failed, given_up)"
     );
+    describe_counter!(
+        SESSION_RESYNCS_TOTAL,
+        Unit::Count,
+        "Conversation changes a stopped session run answered after the run that replaced it \
+         had started, told to that run, by outcome (told, failed)"
+    );
     describe_gauge!(
         STREAM_SUBSCRIBERS,
         Unit::Count,
@@ -423,6 +429,13 @@ pub fn install_prometheus() -> Option<metrics_exporter_prometheus::PrometheusHan
 }
 
 pub const SESSION_RESTARTS_TOTAL: &str = "troupe_session_restarts_total";
+pub const SESSION_RESYNCS_TOTAL: &str = "troupe_session_resyncs_total";
+
+/// A change a stopped run answered late was told to the run that replaced it (`told`), or the
+/// new run refused it (`failed`).
+pub fn session_resync(outcome: &'static str) {
+    counter!(SESSION_RESYNCS_TOTAL, "outcome" => outcome).increment(1);
+}
 
 /// A session's host restarted its stopped session (`restarted`), could not (`failed`), or
 /// left it down because it keeps stopping (`given_up`).
@@ -434,6 +447,9 @@ pub fn session_restart(outcome: &'static str) {
 pub fn session_restarts_start_at_zero() {
     for outcome in ["restarted", "failed", "given_up"] {
         counter!(SESSION_RESTARTS_TOTAL, "outcome" => outcome).increment(0);
+    }
+    for outcome in ["told", "failed"] {
+        counter!(SESSION_RESYNCS_TOTAL, "outcome" => outcome).increment(0);
     }
 }
 

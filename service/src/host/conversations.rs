@@ -316,8 +316,12 @@ impl HostState {
             Resync::Context(id, update) => h.set_context(*id, update.clone()).await,
             Resync::Close(id) => h.close(*id).await.map(drop),
         };
-        if let Err(error) = told {
-            tracing::warn!(%session_id, ?change, %error, "the restarted session could not be told a change");
+        match told {
+            Ok(()) => crate::metrics::session_resync("told"),
+            Err(error) => {
+                crate::metrics::session_resync("failed");
+                tracing::warn!(%session_id, ?change, %error, "the restarted session could not be told a change");
+            }
         }
     }
 }
@@ -329,8 +333,6 @@ pub(super) enum Resync {
     Context(ConversationId, SetContext),
     Close(ConversationId),
 }
-
-impl HostState {}
 
 impl HostState {
     /// Ends the conversation's queued messages `cancelled`, then asks the session to cancel

@@ -171,11 +171,15 @@ impl HostState {
                 "session {session_id} keeps stopping and was left down"
             ));
             self.session = Liveness::Down(down.clone());
+            self.resyncs.clear();
             self.fail_queued(&down).await;
             self.set_status(SessionStatus::Failed).await;
             return;
         }
         self.session = Liveness::Restarting;
+        // The run started now is restored from what the host holds now: the changes told of
+        // while an earlier start was under way are in it already.
+        self.resyncs.clear();
         let record = self.record.clone();
         let conversations: Vec<ConversationRecord> = self
             .conversations
@@ -202,6 +206,7 @@ impl HostState {
         match result {
             Ok(handle) if self.draining => {
                 self.session = Liveness::Down(shutting_down());
+                self.resyncs.clear();
                 tokio::spawn(async move {
                     let _ = handle.shutdown().await;
                 });
@@ -210,6 +215,7 @@ impl HostState {
                 // The service stops: what waits stays queued and runs after the next start.
                 tracing::warn!(%session_id, error = %e, "session not restarted while draining");
                 self.session = Liveness::Down(shutting_down());
+                self.resyncs.clear();
             }
             Ok(handle) if stopped.contains(&handle.actor().get_id()) => {
                 metrics::session_restart("failed");

@@ -121,6 +121,18 @@ async fn a_session_that_stops_again_while_it_is_started_is_started_once_more() {
     let db = rusqlite::Connection::open(troupe_store::db_path(server.data_dir())).unwrap();
     db.execute_batch("BEGIN IMMEDIATE").unwrap();
     first.actor().kill();
+    // The host has heard of the stop (it no longer hands out the first run) before the
+    // message below holds it in a store write.
+    let t0 = Instant::now();
+    while let Ok(h) = server.service.sessions.session(Scope::All, parsed).await
+        && h.actor().get_id() == first.actor().get_id()
+    {
+        assert!(
+            t0.elapsed() < Duration::from_secs(10),
+            "the stop is not heard of"
+        );
+        tokio::task::yield_now().await;
+    }
     // A message sent meanwhile holds the host in its store write until the lock goes.
     let (sent_api, sent_sid) = (api.clone(), sid.clone());
     let sent = tokio::spawn(async move { post(&sent_api, &sent_sid, None, "meanwhile").await });
@@ -233,17 +245,18 @@ async fn changes_a_stopped_run_answered_late_are_told_to_the_run_that_replaced_i
         .try_get_supervisor()
         .expect("a session is linked to its host")
         .into();
-    // The first run opens a conversation and closes another; neither answer has reached the
+    // The first run opens two conversations and closes another; no answer has reached the
     // host when the run stops.
     let opened = first.open(OpenConversation::default()).await.unwrap();
+    let opened_late = first.open(OpenConversation::default()).await.unwrap();
     let closing_id = closing.parse().unwrap();
     let closed = first.close(closing_id).await.unwrap();
     let via = first.actor().get_id();
     first.actor().kill();
     // The open's answer comes while the run is being started again (most likely: the host
     // hears of the stop first, its supervision events going before its messages).
-    let record = ConversationRecord {
-        conversation_id: opened,
+    let record = |conversation_id| ConversationRecord {
+        conversation_id,
         session_id: parsed,
         params: OpenConversation::default(),
         is_root: false,
@@ -252,7 +265,7 @@ async fn changes_a_stopped_run_answered_late_are_told_to_the_run_that_replaced_i
         closed_ms: None,
     };
     let answered = ractor::call!(host, |reply| HostMsg::Opened {
-        result: Ok(record),
+        result: Ok(record(opened)),
         via,
         reply,
     })
@@ -267,9 +280,17 @@ async fn changes_a_stopped_run_answered_late_are_told_to_the_run_that_replaced_i
             .map(ToString::to_string)
             .collect::<Vec<_>>()
     };
-    // The close's answer comes once the new run is up.
+    // The other open's and the close's answers come once the new run is up.
     let before = listed(second.clone()).await;
     assert!(before.contains(&closing), "{before:?}");
+    assert!(!before.contains(&opened_late.to_string()), "{before:?}");
+    let answered = ractor::call!(host, |reply| HostMsg::Opened {
+        result: Ok(record(opened_late)),
+        via,
+        reply,
+    })
+    .unwrap();
+    assert_eq!(answered.unwrap(), opened_late);
     let answered = ractor::call!(host, |reply| HostMsg::Closed {
         conversation_id: closing_id,
         result: Ok(Closed {
@@ -287,6 +308,7 @@ async fn changes_a_stopped_run_answered_late_are_told_to_the_run_that_replaced_i
 
     let after = listed(second.clone()).await;
     assert!(after.contains(&opened.to_string()), "{after:?}");
+    assert!(after.contains(&opened_late.to_string()), "{after:?}");
     assert!(!after.contains(&closing), "{after:?}");
     // The opened conversation runs messages in the new run.
     let (status, message) = post(&api, &sid, Some(&opened.to_string()), "hello").await;
