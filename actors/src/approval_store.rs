@@ -421,7 +421,7 @@ impl ApprovalStoreState {
             approval_id = Empty,
         );
         let _entered = span.enter();
-        let timeout = timeout.resolve(self.request_timeout);
+        let timeout = timeout.resolve(self.request_timeout, tokio::time::Instant::now());
         match self.core.request(ask, now_ms, duration_ms(timeout), reply) {
             AskAdmission::Remembered(reply) => {
                 tracing::debug!("approval remembered");
@@ -552,18 +552,19 @@ pub enum AskTimeout {
     Store,
     /// This long, whatever the store's.
     Exactly(Duration),
-    /// The store's, but no longer than this: for a request whose answer is no use after a
-    /// deadline of its own (an MCP server's request during a tool call that times out).
-    AtMost(Duration),
+    /// The store's, but ending no later than this instant: for a request whose answer is no
+    /// use after a deadline of its own (an MCP server's request during a tool call that times
+    /// out). Asked again of a store that replaced a failed one, it still ends then.
+    Before(tokio::time::Instant),
 }
 
 impl AskTimeout {
-    /// The wait, given the store's own timeout.
-    pub fn resolve(self, store: Duration) -> Duration {
+    /// The wait, given the store's own timeout, asked at `now`.
+    pub fn resolve(self, store: Duration, now: tokio::time::Instant) -> Duration {
         match self {
             Self::Store => store,
             Self::Exactly(d) => d,
-            Self::AtMost(d) => d.min(store),
+            Self::Before(deadline) => deadline.saturating_duration_since(now).min(store),
         }
     }
 }
@@ -608,6 +609,34 @@ mod tests {
     use super::*;
     use crate::rollout::RolloutMsg;
     use tokio::sync::{mpsc, oneshot};
+
+    #[test]
+    fn a_wait_before_a_deadline_is_what_is_left_of_it_when_asked_capped_by_the_stores() {
+        let now = tokio::time::Instant::now();
+        let store = Duration::from_secs(300);
+        let deadline = now + Duration::from_secs(20);
+        assert_eq!(
+            AskTimeout::Before(deadline).resolve(store, now),
+            Duration::from_secs(20)
+        );
+        // Asked again 15 s later (a store that replaced a failed one): 5 s are left.
+        let later = now + Duration::from_secs(15);
+        assert_eq!(
+            AskTimeout::Before(deadline).resolve(store, later),
+            Duration::from_secs(5)
+        );
+        assert_eq!(
+            AskTimeout::Before(deadline).resolve(store, deadline),
+            Duration::ZERO
+        );
+        let far = now + Duration::from_secs(3_600);
+        assert_eq!(AskTimeout::Before(far).resolve(store, now), store);
+        assert_eq!(AskTimeout::Store.resolve(store, now), store);
+        assert_eq!(
+            AskTimeout::from(Some(Duration::from_secs(9))).resolve(store, now),
+            Duration::from_secs(9)
+        );
+    }
 
     fn argv(words: &[&str]) -> Vec<String> {
         words.iter().map(|w| (*w).to_owned()).collect()

@@ -67,18 +67,20 @@ impl Requester {
                 reason: "this session has no approval path for MCP requests".into(),
             });
         };
+        // A call already past its timeout asks nobody.
+        if self.call.deadline <= tokio::time::Instant::now() {
+            return Err(AgentError::cancelled(
+                "the tool call that caused the request has timed out",
+            ));
+        }
         let mut gone =
             crate::approval_store::CallersGoneOnDrop::new(approvals, self.call.conversation_id);
         // No longer than the call has left: past its timeout the answer reaches nobody, and the
         // deadline shown with the pending request is the one that holds.
-        let left = self
-            .call
-            .deadline
-            .saturating_duration_since(tokio::time::Instant::now());
         let asked = ask_until_answered(
             approvals,
             ask,
-            AskTimeout::AtMost(left),
+            AskTimeout::Before(self.call.deadline),
             crate::approval_store::metrics::Asker::Mcp,
         );
         // The task computes nothing while a human decides: its slot goes back for the wait,
