@@ -419,7 +419,9 @@ impl Actor for McpPool {
                 result,
             } => state.tools_listed(&server, generation, seq, result),
             McpPoolMsg::IdleTimeout { server, epoch } => {
-                let fx = state.core.idle_timeout(&server, epoch);
+                let fx = state
+                    .core
+                    .idle_timeout(&server, epoch, tokio::time::Instant::now());
                 state.apply(&myself, fx);
             }
             McpPoolMsg::RestartDue { server, generation } => {

@@ -223,8 +223,9 @@ impl PoolCore {
     }
 
     /// The idle timer of `server` fired.
-    pub fn idle_timeout(&mut self, server: &str, epoch: u64) -> Vec<Effect> {
+    pub fn idle_timeout(&mut self, server: &str, epoch: u64, now: Instant) -> Vec<Effect> {
         let generation = self.next();
+        let stable = self.backoff_max;
         let Some(slot) = self.servers.get_mut(server) else {
             return Vec::new();
         };
@@ -236,6 +237,10 @@ impl PoolCore {
         match std::mem::replace(&mut slot.phase, Phase::Idle) {
             Phase::Ready(live) => {
                 live.closed.cancel();
+                // Up long enough before nobody needed it: the run of failures is over.
+                if now.saturating_duration_since(live.up_since) >= stable {
+                    slot.streak = 0;
+                }
                 vec![Effect::Close {
                     server: server.to_owned(),
                     conn: live.conn,
@@ -738,14 +743,14 @@ mod tests {
         // Reopened before the timer: disarmed, and the old timer does nothing.
         let (v2, fx) = core.open_view(ConversationId::new(), None).unwrap();
         assert_eq!(names(&fx), ["CancelTimer(a)"]);
-        assert!(core.idle_timeout("a", epoch).is_empty());
+        assert!(core.idle_timeout("a", epoch, Instant::now()).is_empty());
         assert_eq!(core.server("a").unwrap().phase.name(), "ready");
         // Released again: its own timer reclaims it.
         let (_, fx) = core.release_view(v2).unwrap();
         let Some(Effect::ScheduleIdle { epoch, .. }) = fx.first() else {
             panic!("expected a reclaim, got {fx:?}");
         };
-        let fx = core.idle_timeout("a", *epoch);
+        let fx = core.idle_timeout("a", *epoch, Instant::now());
         assert_eq!(names(&fx), ["Close(a, Idle)"]);
         assert_eq!(core.server("a").unwrap().phase.name(), "idle");
         // The next view connects again.
@@ -762,7 +767,7 @@ mod tests {
         let Some(Effect::ScheduleIdle { epoch, .. }) = fx.first() else {
             panic!("{fx:?}");
         };
-        assert!(core.idle_timeout("a", *epoch).is_empty());
+        assert!(core.idle_timeout("a", *epoch, Instant::now()).is_empty());
         let fx = core.connected(
             "a",
             generation,
@@ -817,6 +822,42 @@ mod tests {
         // Up for the backoff's maximum (8s here): the next death restarts at the base.
         let g = core.server("a").unwrap().generation;
         let fx = core.closed("a", g, "exit 1".into(), up + Duration::from_secs(8));
+        assert_eq!(names(&fx)[1], "ScheduleRestart(a, 1s)");
+    }
+
+    #[test]
+    fn a_connection_closed_for_idleness_after_staying_up_ends_the_run_of_failures() {
+        let mut core = core(&["a"]);
+        let (v, _) = core.open_view(ConversationId::new(), None).unwrap();
+        let start = Instant::now();
+        for _ in 0..3 {
+            let g = core.server("a").unwrap().generation;
+            core.connected("a", g, Arc::new(NullConn), vec![tool("t")], start);
+            let g = core.server("a").unwrap().generation;
+            core.closed("a", g, "exit 1".into(), start);
+            let g = core.server("a").unwrap().generation;
+            core.restart_due("a", g);
+        }
+        assert_eq!(core.server("a").unwrap().streak, 3);
+        // Up for the backoff's maximum (8s), then closed because nobody used it.
+        let g = core.server("a").unwrap().generation;
+        core.connected("a", g, Arc::new(NullConn), vec![tool("t")], start);
+        let (_, fx) = core.release_view(v).unwrap();
+        let Some(Effect::ScheduleIdle { epoch, .. }) = fx.first() else {
+            panic!("{fx:?}");
+        };
+        let up = start + Duration::from_secs(8);
+        assert!(matches!(
+            core.idle_timeout("a", *epoch, up)[..],
+            [Effect::Close { .. }]
+        ));
+        assert_eq!(core.server("a").unwrap().streak, 0);
+        // Used again, it dies at once: restarted after the base delay.
+        core.open_view(ConversationId::new(), None).unwrap();
+        let g = core.server("a").unwrap().generation;
+        core.connected("a", g, Arc::new(NullConn), vec![tool("t")], up);
+        let g = core.server("a").unwrap().generation;
+        let fx = core.closed("a", g, "exit 1".into(), up);
         assert_eq!(names(&fx)[1], "ScheduleRestart(a, 1s)");
     }
 
