@@ -88,6 +88,17 @@ async fn a_cancelled_task_that_ignores_it_is_aborted_and_the_conversation_goes_o
     // from its rollout (the abort is all its record says of it).
     let before = stats(&t, c).await;
     assert_eq!((before.tasks, before.tasks_cancelled), (2, 1), "{before:?}");
+    restarted(&t, c).await;
+    let after = stats(&t, c).await;
+    assert_eq!(
+        (after.tasks, after.tasks_cancelled, after.tasks_failed),
+        (before.tasks, before.tasks_cancelled, before.tasks_failed)
+    );
+    t.stop().await;
+}
+
+/// Restarts `c`'s conversation actor (an injected fault) and waits for its new actor.
+async fn restarted(t: &TestSession, c: troupe_proto::ConversationId) {
     let actor = t.session.conversation_actor(c).await.unwrap().unwrap();
     actor
         .cast(troupe_actors::conversation::ConversationMsg::InjectPanic)
@@ -98,16 +109,42 @@ async fn a_cancelled_task_that_ignores_it_is_aborted_and_the_conversation_goes_o
     loop {
         let now = t.session.conversation_actor(c).await.unwrap();
         if now.is_some_and(|a| a.get_id() != actor.get_id()) {
-            break;
+            return;
         }
         assert!(t0.elapsed() < Duration::from_secs(30), "not restarted");
         tokio::task::yield_now().await;
     }
-    let after = stats(&t, c).await;
-    assert_eq!(
-        (after.tasks, after.tasks_cancelled, after.tasks_failed),
-        (before.tasks, before.tasks_cancelled, before.tasks_failed)
+}
+
+/// A task a conversation's failure interrupted is recorded as aborted when it is restored, and
+/// counts as a cancelled task from then on, the same after a second restore.
+#[tokio::test(start_paused = true)]
+async fn an_interrupted_task_counts_once_as_cancelled_across_restores() {
+    let t = TestSession::start_with(
+        vec![ScriptedReply::text("first"), ScriptedReply::hang(false)],
+        |_| {},
+        None,
+    )
+    .await;
+    let c = t.root().await;
+    t.session.message(c, "first").await.unwrap();
+    let s2 = t.session.clone();
+    let hung = tokio::spawn(async move { s2.message(c, "hangs").await });
+    wait_running(&t).await;
+    restarted(&t, c).await;
+    let err = ends(hung).await.unwrap().unwrap_err();
+    assert!(
+        matches!(
+            err,
+            AgentError::Interrupted { .. } | AgentError::Internal { .. }
+        ),
+        "{err:?}"
     );
+    let once = stats(&t, c).await;
+    assert_eq!((once.tasks, once.tasks_cancelled), (2, 1), "{once:?}");
+    restarted(&t, c).await;
+    let twice = stats(&t, c).await;
+    assert_eq!((twice.tasks, twice.tasks_cancelled), (2, 1), "{twice:?}");
     t.stop().await;
 }
 
