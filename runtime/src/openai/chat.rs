@@ -137,22 +137,7 @@ impl StreamParser for ChatStream {
     }
 
     fn finish(self) -> Collected {
-        Collected {
-            response_id: self.id,
-            model: self.model,
-            text: self.text,
-            calls: self
-                .calls
-                .into_iter()
-                .map(|(index, mut call)| {
-                    if call.call_id.is_empty() {
-                        call.call_id = format!("call_{index}");
-                    }
-                    call
-                })
-                .collect(),
-            usage: self.usage,
-        }
+        Collected::gathered(self.id, self.model, self.text, self.calls, self.usage)
     }
 }
 

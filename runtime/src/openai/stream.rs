@@ -27,6 +27,35 @@ pub struct Collected {
     pub usage: Option<Usage>,
 }
 
+impl Collected {
+    /// What a stream gathered: its calls in the order of the index the server gave each, a
+    /// call the server named no id for called `call_<index>`.
+    pub fn gathered(
+        response_id: Option<String>,
+        model: Option<String>,
+        text: String,
+        calls: std::collections::BTreeMap<u64, RawCall>,
+        usage: Option<Usage>,
+    ) -> Self {
+        let calls = calls
+            .into_iter()
+            .map(|(index, mut call)| {
+                if call.call_id.is_empty() {
+                    call.call_id = format!("call_{index}");
+                }
+                call
+            })
+            .collect();
+        Self {
+            response_id,
+            model,
+            text,
+            calls,
+            usage,
+        }
+    }
+}
+
 /// One API's stream format.
 pub trait StreamParser: Send {
     /// Takes one SSE event (`kind` is its `event:` name, `message` when absent); forwards text
