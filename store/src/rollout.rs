@@ -786,21 +786,21 @@ fn sweep_due(conn: &mut Connection, now_ms: i64) -> Result<u64, AgentError> {
     Ok(downgraded)
 }
 
-/// A due row as the sweep reads it.
-struct DueRow {
-    session_id: String,
-    seq: i64,
-    conversation_id: Option<String>,
-    task_id: Option<String>,
-    kind: String,
-    ts_ms: i64,
-    record: String,
+/// A due row as a sweep reads it (SQLite's and PostgreSQL's alike).
+pub(crate) struct DueRow {
+    pub(crate) session_id: String,
+    pub(crate) seq: i64,
+    pub(crate) conversation_id: Option<String>,
+    pub(crate) task_id: Option<String>,
+    pub(crate) kind: String,
+    pub(crate) ts_ms: i64,
+    pub(crate) record: String,
 }
 
 impl DueRow {
     /// The row's record as headers. A record that does not parse may still hold content: it
     /// is rebuilt from the columns, which hold none.
-    fn headers(&self) -> RolloutRecord {
+    pub(crate) fn headers(&self) -> RolloutRecord {
         match serde_json::from_str::<RolloutRecord>(&self.record) {
             Ok(record) => downgrade(record),
             Err(e) => {

@@ -25,14 +25,14 @@
 
 use super::{pg_err, pool, pool_err};
 use crate::metrics::{self, Op, PgPool, RecordsRead};
-use crate::rollout::{LEASE_WAIT, Leases};
+use crate::rollout::{DueRow, LEASE_WAIT, Leases};
 use deadpool_postgres::Pool;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 use troupe_actors::rollout::storage::{RolloutSink, RolloutStorage, SinkError, SweepReport};
-use troupe_actors::rollout::{RecordLevel, RecordMeta, RolloutRecord, downgrade};
-use troupe_proto::{AgentError, ConversationId, EventName, SessionId, TaskId};
+use troupe_actors::rollout::{RecordLevel, RolloutRecord};
+use troupe_proto::{AgentError, ConversationId, SessionId, TaskId};
 
 /// Connections of the rollout's pool.
 const POOL_SIZE: usize = 4;
@@ -521,42 +521,6 @@ async fn sweep_due(pool: &Pool, now: i64) -> Result<u64, AgentError> {
         tracing::debug!(downgraded, "rollout ttl sweep");
     }
     Ok(downgraded)
-}
-
-/// A due row as the sweep reads it.
-struct DueRow {
-    session_id: String,
-    seq: i64,
-    conversation_id: Option<String>,
-    task_id: Option<String>,
-    kind: String,
-    ts_ms: i64,
-    record: String,
-}
-
-impl DueRow {
-    /// The row's record as headers; a record that does not parse is rebuilt from the columns.
-    fn headers(&self) -> RolloutRecord {
-        match serde_json::from_str::<RolloutRecord>(&self.record) {
-            Ok(record) => downgrade(record),
-            Err(e) => {
-                tracing::warn!(
-                    session_id = self.session_id, seq = self.seq, error = %e,
-                    "ttl sweep: an unreadable record is replaced by its columns"
-                );
-                RolloutRecord {
-                    seq: u64::try_from(self.seq).unwrap_or(0),
-                    ts_ms: u64::try_from(self.ts_ms).unwrap_or(0),
-                    conversation_id: self.conversation_id.as_deref().and_then(|c| c.parse().ok()),
-                    task_id: self.task_id.as_deref().and_then(|t| t.parse().ok()),
-                    kind: EventName::parse(&self.kind).unwrap_or(EventName::Unknown),
-                    level: RecordLevel::Headers,
-                    event: None,
-                    meta: RecordMeta::default(),
-                }
-            }
-        }
-    }
 }
 
 /// Records appended and not yet committed, as the columns of one insert.
