@@ -198,3 +198,63 @@ async fn summary_fallback(
         }
     }
 }
+
+/// A model summary that arrives while the next message runs, when the trim kept nothing,
+/// checkpoints the history from that message's start: a restore after it ends (with no trim
+/// since) brings back the whole exchange, question included, as the live history holds it.
+#[tokio::test(start_paused = true)]
+async fn a_summary_written_while_a_message_runs_restores_that_whole_message() {
+    let long = "word ".repeat(400);
+    let model = Arc::new(RecordingModel::new(vec![
+        // Too long to keep: the first exchange is trimmed whole.
+        ScriptedReply::text(long),
+        // The summary call, answered while the second message runs.
+        ScriptedReply::text("MODEL SUMMARY").delayed(Duration::from_secs(5)),
+        ScriptedReply::text("short").delayed(Duration::from_secs(10)),
+    ]));
+    let mode = SummaryMode::Model {
+        timeout: Duration::from_secs(30),
+    };
+    let small = move |c: &mut SessionConfig| {
+        c.conversation.history.max_tokens = 64;
+        c.conversation.summary = mode;
+    };
+    let (session, _dir, join) = start_with_model(model.clone(), small, None).await;
+    let c = session.open(OpenConversation::default()).await.unwrap();
+    session.message(c, "first question").await.unwrap();
+    while model.sent().len() < 2 {
+        tokio::task::yield_now().await;
+    }
+    let s2 = session.clone();
+    let second = tokio::spawn(async move { s2.message(c, "second question").await });
+    let reply = second.await.unwrap().unwrap();
+    assert_eq!(reply.text, "short");
+    let stats = |session: SessionHandle| async move {
+        let actor = session.conversation_actor(c).await.unwrap().unwrap();
+        ractor::call!(actor, |reply| {
+            troupe_actors::conversation::ConversationMsg::Stats { reply }
+        })
+        .unwrap()
+    };
+    let live = stats(session.clone()).await;
+    assert_eq!(live.history_items, 3, "the summary and the second exchange");
+
+    let actor = session.conversation_actor(c).await.unwrap().unwrap();
+    actor
+        .cast(troupe_actors::conversation::ConversationMsg::InjectPanic)
+        .unwrap();
+    let t0 = std::time::Instant::now();
+    while session
+        .conversation_actor(c)
+        .await
+        .unwrap()
+        .is_none_or(|a| a.get_id() == actor.get_id())
+    {
+        assert!(t0.elapsed() < Duration::from_secs(30), "not restarted");
+        tokio::task::yield_now().await;
+    }
+    let restored = stats(session.clone()).await;
+    assert_eq!(restored.history_items, live.history_items);
+    session.shutdown().await.unwrap();
+    let _ = join.await;
+}

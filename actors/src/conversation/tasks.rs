@@ -546,9 +546,17 @@ impl ConversationState {
             }) => (Some(text.clone()), *replaced_items),
             _ => (None, 0),
         };
+        // With nothing kept, a message task running now (a model summary can arrive while one
+        // runs) still has all its items to come: a restore reads from its start.
+        let running = self
+            .running
+            .as_ref()
+            .filter(|r| matches!(r.kind, TaskKind::Message))
+            .map(|r| (r.task_id, 0));
         let (from_task, skip_items) = self
             .kept
             .anchor()
+            .or(running)
             .map_or((None, 0), |(task, skip)| (Some(task), skip));
         tracing::debug!(conversation_id = %self.id, ?from_task, skip_items, turns = self.turns, "history checkpoint");
         self.services.events.emit(
