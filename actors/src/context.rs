@@ -316,6 +316,21 @@ pub fn history_with_owners(records: &[RolloutRecord]) -> (Vec<HistoryItem>, Vec<
     // start and an end; the live history kept the call once, with its last output.
     let mut outputs: std::collections::HashMap<String, usize> = std::collections::HashMap::new();
     for r in records {
+        // Known by their kind, so that an expired one (its content swept) still counts.
+        match (r.kind, &r.event) {
+            (EventName::CompactionStarted, _) => {
+                compactions.extend(r.task_id);
+                continue;
+            }
+            // A compaction whose summary expired still replaced what came before it.
+            (EventName::Compacted, None) => {
+                items.clear();
+                owners.clear();
+                outputs.clear();
+                continue;
+            }
+            _ => {}
+        }
         let Some(event) = &r.event else { continue };
         if r.task_id.is_some_and(|t| compactions.contains(&t))
             && !matches!(event, EventKind::Compacted { .. })
@@ -323,9 +338,6 @@ pub fn history_with_owners(records: &[RolloutRecord]) -> (Vec<HistoryItem>, Vec<
             continue;
         }
         match event {
-            EventKind::CompactionStarted {} => {
-                compactions.extend(r.task_id);
-            }
             EventKind::Compacted {
                 summary,
                 replaced_items,
@@ -810,6 +822,28 @@ mod tests {
         );
         assert_eq!(r.owners, [Some(t[1]), Some(t[1]), Some(t[2])]);
         assert_eq!(r.skipped, 0, "none of the next task's items was trimmed");
+    }
+
+    #[test]
+    fn an_expired_compaction_still_replaces_what_came_before_it() {
+        let (t0, c, t1) = (TaskId::new(), TaskId::new(), TaskId::new());
+        let bare = |task_id, kind| record(task_id, kind, None);
+        let records = vec![
+            event(Some(t0), EventKind::TaskStarted { input: "a".into() }),
+            event(Some(t0), EventKind::AssistantMessage { text: "A".into() }),
+            done(t0, 1),
+            // The compaction's records lost their content (its start and its summary).
+            bare(c, EventName::CompactionStarted),
+            event(Some(c), EventKind::AssistantMessage { text: "S".into() }),
+            bare(c, EventName::Compacted),
+            event(Some(t1), EventKind::TaskStarted { input: "b".into() }),
+        ];
+        let (items, _) = history_with_owners(&records);
+        assert_eq!(
+            items,
+            [HistoryItem::user("b")],
+            "nor the compaction's own answer"
+        );
     }
 
     #[test]

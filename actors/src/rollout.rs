@@ -1017,6 +1017,45 @@ mod tests {
         assert_eq!(full.meta.expires_ms, None);
     }
 
+    #[test]
+    fn a_swept_checkpoint_keeps_where_a_restore_starts_without_its_summary() {
+        let task = troupe_proto::TaskId::new();
+        let env = envelope(
+            1,
+            EventKind::HistoryCheckpoint {
+                summary: Some("user: the canary".into()),
+                replaced_items: 4,
+                from_task: Some(task),
+                skip_items: 1,
+                turns: 3,
+                stats: troupe_proto::ConversationStats::default(),
+            },
+        );
+        let swept = downgrade(record_for(StoragePolicy::Ttl { secs: 1 }, &env).unwrap());
+        assert_eq!(swept.level, RecordLevel::Headers);
+        assert_eq!(
+            swept.event,
+            Some(EventKind::HistoryCheckpoint {
+                summary: None,
+                replaced_items: 4,
+                from_task: Some(task),
+                skip_items: 1,
+                turns: 3,
+                stats: troupe_proto::ConversationStats::default(),
+            })
+        );
+        assert!(!serde_json::to_string(&swept).unwrap().contains("canary"));
+        // Other content still goes whole.
+        let text = envelope(
+            2,
+            EventKind::AssistantMessage {
+                text: "canary".into(),
+            },
+        );
+        let swept = downgrade(record_for(StoragePolicy::Ttl { secs: 1 }, &text).unwrap());
+        assert_eq!(swept.event, None);
+    }
+
     fn full_line(seq: u64, ts_ms: u64, text: &str) -> Vec<u8> {
         let mut env = envelope(seq, EventKind::AssistantMessage { text: text.into() });
         env.ts_ms = ts_ms;

@@ -405,33 +405,39 @@ fn window_seq(
 ) -> Result<i64, AgentError> {
     use rusqlite::OptionalExtension;
     let what = || format!("rollout window of session {session_id}");
-    let checkpoint: Option<(i64, String)> = c
+    // The newest checkpoint that kept its event (a swept one keeps it without its summary;
+    // one swept before that kept nothing and does not count), walking back from the newest
+    // (64 at most: past that, the whole record).
+    let mut st = c
         .prepare_cached(
             "SELECT seq, record FROM rollout_events
              WHERE session_id = ?1 AND conversation_id = ?2
-               AND kind = 'history_checkpoint' AND level = 'full'
-             ORDER BY seq DESC LIMIT 1",
+               AND kind = 'history_checkpoint'
+             ORDER BY seq DESC LIMIT 64",
         )
-        .and_then(|mut st| {
-            st.query_row(params![session, conversation], |r| {
-                Ok((r.get(0)?, r.get(1)?))
-            })
-            .optional()
-        })
         .map_err(|e| internal(what(), e))?;
-    let Some((at, text)) = checkpoint else {
+    let mut rows = st
+        .query(params![session, conversation])
+        .map_err(|e| internal(what(), e))?;
+    let mut found = None;
+    while let Some(row) = rows.next().map_err(|e| internal(what(), e))? {
+        let at: i64 = row.get(0).map_err(|e| internal(what(), e))?;
+        let text: String = row.get(1).map_err(|e| internal(what(), e))?;
+        let record: RolloutRecord = serde_json::from_str(&text).map_err(|e| {
+            AgentError::internal(format!(
+                "corrupt rollout_events row (session {session_id}, seq {at}): {e}"
+            ))
+        })?;
+        if let Some(troupe_proto::EventKind::HistoryCheckpoint { from_task, .. }) = record.event {
+            found = Some((at, from_task));
+            break;
+        }
+    }
+    drop(rows);
+    let Some((at, from_task)) = found else {
         return Ok(0);
     };
-    let record: RolloutRecord = serde_json::from_str(&text).map_err(|e| {
-        AgentError::internal(format!(
-            "corrupt rollout_events row (session {session_id}, seq {at}): {e}"
-        ))
-    })?;
-    let Some(troupe_proto::EventKind::HistoryCheckpoint {
-        from_task: Some(task),
-        ..
-    }) = record.event
-    else {
+    let Some(task) = from_task else {
         return Ok(at);
     };
     let start: Option<i64> = c

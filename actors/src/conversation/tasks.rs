@@ -458,10 +458,13 @@ impl ConversationState {
                 }
             }
             TaskKind::Compact if outcome.status == TaskStatus::Ok && !outcome.text.is_empty() => {
+                // The compaction's summary stands for everything the history held: its items
+                // (if any) and the summary before it.
+                if window::held_items(&self.history) > 0 {
+                    self.summary_since_ms =
+                        window::since_with(self.summary_since_ms, self.kept.oldest_started_ms());
+                }
                 let report = self.history.compact(outcome.text.clone());
-                // The compaction's summary stands for everything the history held.
-                self.summary_since_ms =
-                    window::since_with(self.summary_since_ms, self.kept.oldest_started_ms());
                 self.kept.clear();
                 running.span.in_scope(|| {
                     self.services.events.emit(

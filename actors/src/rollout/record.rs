@@ -214,12 +214,38 @@ pub fn cap_expiry(record: &mut RolloutRecord, policy: StoragePolicy, since_ms: O
     }
 }
 
+/// What a record reduced to its headers keeps of its event: a content-free event whole, a
+/// history checkpoint without its summary (where a restore starts, its turns and statistics
+/// are no content, and without them a restore would bring back items the summary had
+/// replaced), nothing of any other.
+fn headers_event(event: EventKind) -> Option<EventKind> {
+    match event {
+        EventKind::HistoryCheckpoint {
+            replaced_items,
+            from_task,
+            skip_items,
+            turns,
+            stats,
+            ..
+        } => Some(EventKind::HistoryCheckpoint {
+            summary: None,
+            replaced_items,
+            from_task,
+            skip_items,
+            turns,
+            stats,
+        }),
+        event if content_free(&event) => Some(event),
+        _ => None,
+    }
+}
+
 /// A `Full` record reduced to its headers (what the TTL sweep does); others are unchanged.
 pub fn downgrade(record: RolloutRecord) -> RolloutRecord {
     match record.level {
         RecordLevel::Full => RolloutRecord {
             level: RecordLevel::Headers,
-            event: record.event.filter(content_free),
+            event: record.event.and_then(headers_event),
             meta: RecordMeta {
                 expires_ms: None,
                 ..record.meta

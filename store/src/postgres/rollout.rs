@@ -243,34 +243,40 @@ async fn window_seq(
     conversation: &str,
 ) -> Result<i64, AgentError> {
     let what = format!("rollout window of session {session_id}");
+    // The newest checkpoint that kept its event (a swept one keeps it without its summary;
+    // one swept before that kept nothing and does not count; 64 at most: past that, the
+    // whole record).
     let st = client
         .prepare_cached(
             "SELECT seq, record FROM rollout_events
              WHERE session_id = $1 AND conversation_id = $2
-               AND kind = 'history_checkpoint' AND level = 'full'
-             ORDER BY seq DESC LIMIT 1",
+               AND kind = 'history_checkpoint'
+             ORDER BY seq DESC LIMIT 64",
         )
         .await
         .map_err(pg_err(what.clone()))?;
-    let Some(row) = client
-        .query_opt(&st, &[&session, &conversation])
+    let rows = client
+        .query(&st, &[&session, &conversation])
         .await
-        .map_err(pg_err(what.clone()))?
-    else {
+        .map_err(pg_err(what.clone()))?;
+    let mut found = None;
+    for row in &rows {
+        let at: i64 = row.try_get(0).map_err(pg_err(what.clone()))?;
+        let text: &str = row.try_get(1).map_err(pg_err(what.clone()))?;
+        let record: RolloutRecord = serde_json::from_str(text).map_err(|e| {
+            AgentError::internal(format!(
+                "corrupt rollout_events row (session {session_id}, seq {at}): {e}"
+            ))
+        })?;
+        if let Some(troupe_proto::EventKind::HistoryCheckpoint { from_task, .. }) = record.event {
+            found = Some((at, from_task));
+            break;
+        }
+    }
+    let Some((at, from_task)) = found else {
         return Ok(0);
     };
-    let at: i64 = row.try_get(0).map_err(pg_err(what.clone()))?;
-    let text: &str = row.try_get(1).map_err(pg_err(what.clone()))?;
-    let record: RolloutRecord = serde_json::from_str(text).map_err(|e| {
-        AgentError::internal(format!(
-            "corrupt rollout_events row (session {session_id}, seq {at}): {e}"
-        ))
-    })?;
-    let Some(troupe_proto::EventKind::HistoryCheckpoint {
-        from_task: Some(task),
-        ..
-    }) = record.event
-    else {
+    let Some(task) = from_task else {
         return Ok(at);
     };
     let st = client
