@@ -306,7 +306,8 @@ impl HostState {
         tracing::info!(%session_id, ?change, "telling the restarted session a change it missed");
         let told = match &change {
             // What the host holds now, if it still holds it open (restoring an open one is
-            // nothing to do).
+            // nothing to do). Awaited, as a context change is: the messages the host runs next
+            // in the new run may be for this conversation.
             Resync::Open(id) => match self.conversations.get(id) {
                 Some(slot) if slot.record.state == ConversationState::Open => {
                     h.restore(*id, slot.record.params.clone()).await
@@ -314,15 +315,30 @@ impl HostState {
                 _ => Ok(()),
             },
             Resync::Context(id, update) => h.set_context(*id, update.clone()).await,
-            Resync::Close(id) => h.close(*id).await.map(drop),
-        };
-        match told {
-            Ok(()) => crate::metrics::session_resync("told"),
-            Err(error) => {
-                crate::metrics::session_resync("failed");
-                tracing::warn!(%session_id, ?change, %error, "the restarted session could not be told a change");
+            // Not awaited here: a close waits for the conversation's running task, and the
+            // host's mailbox would wait with it.
+            Resync::Close(id) => {
+                let (h, id) = (h.clone(), *id);
+                spawn_traced(async move {
+                    let told = h.close(id).await.map(drop);
+                    resynced(session_id, &Resync::Close(id), told);
+                });
+                return;
             }
+        };
+        resynced(session_id, &change, told);
+    }
+}
+
+/// Counts (and logs) how telling a change went; a run that does not have the conversation at
+/// all has nothing to change, which is as good as told.
+fn resynced(session_id: troupe_proto::SessionId, change: &Resync, told: Result<(), AgentError>) {
+    match told {
+        Err(error) if error.kind() != troupe_proto::ErrorKind::NotFound => {
+            crate::metrics::session_resync("failed");
+            tracing::warn!(%session_id, ?change, %error, "the restarted session could not be told a change");
         }
+        _ => crate::metrics::session_resync("told"),
     }
 }
 
