@@ -394,6 +394,8 @@ struct Running {
     abort: AbortHandle,
     /// Unix ms of its start (session clock), declared again to a new TaskRegistry.
     started_at_ms: u64,
+    /// A compaction's: the age of the content it summarizes (see `TaskContext`).
+    content_since_ms: Option<u64>,
     /// Where the task stands with the scheduler; `None` once it was refused a slot.
     slot: Option<SlotState>,
     /// Passes the grant (or the refusal) on to the runner.

@@ -83,6 +83,9 @@ pub struct TaskContext {
     pub base_instructions: Option<String>,
     /// A one-turn system prompt (compaction); never stored (C3).
     pub turn_override: Option<String>,
+    /// A compaction's: when the oldest content of the history it summarizes was written. Its
+    /// answer carries that content, so its events are due no later than it under `Ttl`.
+    pub content_since_ms: Option<u64>,
     pub model: Arc<dyn ModelClient>,
     /// The conversation's MCP view when the task started (`None`: no MCP tools).
     pub mcp: Option<Arc<dyn McpView>>,
@@ -269,8 +272,10 @@ impl SlotLease {
 impl TaskContext {
     /// Emits an event of this task (stamped with the current span).
     fn emit(&self, event: EventKind) {
-        self.events
-            .emit(EventDraft::task(self.conversation_id, self.task_id, event));
+        self.events.emit(
+            EventDraft::task(self.conversation_id, self.task_id, event)
+                .carrying_content_since(self.content_since_ms),
+        );
     }
 }
 

@@ -258,3 +258,70 @@ async fn a_summary_written_while_a_message_runs_restores_that_whole_message() {
     session.shutdown().await.unwrap();
     let _ = join.await;
 }
+
+/// Under `ttl`, a compaction's answer summarizes older content: every record of the
+/// compaction task that holds it (its chunks, its answer, its end, the `compacted` record) is
+/// due no later than the oldest message it stands for.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_compaction_under_ttl_is_due_with_the_oldest_content_it_summarizes() {
+    use troupe_actors::rollout::RolloutMsg;
+    use troupe_proto::{EventName, StoragePolicy};
+    let model = Arc::new(RecordingModel::new(vec![
+        ScriptedReply::text("first answer"),
+        ScriptedReply::text("a summary of the first exchange"),
+    ]));
+    let (session, _dir, join) = start_with_model(model, |_| {}, None).await;
+    let c = session
+        .open(OpenConversation {
+            storage_policy: StoragePolicy::Ttl { secs: 600 },
+            ..OpenConversation::default()
+        })
+        .await
+        .unwrap();
+    session.message(c, "first question").await.unwrap();
+    // The compaction is written well after the first exchange.
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    session.compact(c).await.unwrap();
+    session.flush().await.unwrap();
+    let services = session.services().await.unwrap();
+    let records = ractor::call!(services.rollout, |reply| RolloutMsg::ReadConversation {
+        conversation_id: c,
+        reply
+    })
+    .unwrap()
+    .unwrap();
+    let first = records
+        .iter()
+        .find(|r| r.kind == EventName::TaskStarted)
+        .unwrap();
+    let due = first.meta.expires_ms.unwrap();
+    let compaction = records
+        .iter()
+        .find(|r| r.kind == EventName::CompactionStarted)
+        .and_then(|r| r.task_id)
+        .unwrap();
+    let carrying: Vec<_> = records
+        .iter()
+        .filter(|r| {
+            r.task_id == Some(compaction)
+                && matches!(
+                    r.kind,
+                    EventName::AssistantChunk
+                        | EventName::AssistantMessage
+                        | EventName::TaskFinished
+                        | EventName::Compacted
+                )
+        })
+        .collect();
+    assert!(carrying.len() >= 3, "{carrying:?}");
+    for r in carrying {
+        assert!(r.ts_ms >= first.ts_ms + 200, "{r:?}");
+        assert!(
+            r.meta.expires_ms.unwrap() <= due,
+            "{:?} outlives the first question",
+            r.kind
+        );
+    }
+    session.shutdown().await.unwrap();
+    let _ = join.await;
+}

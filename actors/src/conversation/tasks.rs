@@ -78,6 +78,16 @@ impl ConversationState {
         let (granted, granted_rx) = oneshot::channel();
         // `[tools]` and the capabilities as they are now: the task keeps them to its end.
         let reloadable = self.services.settings.reloadable();
+        // What a compaction summarizes: the summary and every item the history holds.
+        let content_since_ms = compact
+            .then(|| {
+                if window::held_items(&self.history) > 0 {
+                    window::since_with(self.summary_since_ms, self.kept.oldest_started_ms())
+                } else {
+                    self.summary_since_ms
+                }
+            })
+            .flatten();
         let ctx = TaskContext {
             conversation_id: self.id,
             task_id,
@@ -94,6 +104,7 @@ impl ConversationState {
             },
             base_instructions: self.context.base_instructions.clone(),
             turn_override: compact.then(|| COMPACT_INSTRUCTIONS.to_owned()),
+            content_since_ms,
             model: self.model.clone(),
             mcp: if compact { None } else { self.view.clone() },
             mcp_generation: self.view_generation,
@@ -189,6 +200,7 @@ impl ConversationState {
             cancel,
             abort: join.abort_handle(),
             started_at_ms,
+            content_since_ms,
             slot: Some(if lent {
                 SlotState::Lent
             } else {
@@ -486,16 +498,19 @@ impl ConversationState {
         }
         self.record_stats(&outcome.stats, outcome.status);
         running.span.in_scope(|| {
-            self.services.events.emit(EventDraft::task(
-                self.id,
-                task_id,
-                EventKind::TaskFinished {
-                    status: outcome.status,
-                    text: outcome.text.clone(),
-                    stats: outcome.stats.clone(),
-                    error: outcome.error.clone(),
-                },
-            ));
+            self.services.events.emit(
+                EventDraft::task(
+                    self.id,
+                    task_id,
+                    EventKind::TaskFinished {
+                        status: outcome.status,
+                        text: outcome.text.clone(),
+                        stats: outcome.stats.clone(),
+                        error: outcome.error.clone(),
+                    },
+                )
+                .carrying_content_since(running.content_since_ms),
+            );
         });
         // The slot goes back to the scheduler of the moment: the one that granted it, or its
         // successor once the grant was re-declared (a scheduler that never heard of the task

@@ -15,13 +15,16 @@ impl DeltaSink for ChunkEvents<'_> {
         if self.hold {
             return;
         }
-        self.ctx.events.emit(EventDraft::task(
-            self.ctx.conversation_id,
-            self.ctx.task_id,
-            EventKind::AssistantChunk {
-                delta: delta.to_owned(),
-            },
-        ));
+        self.ctx.events.emit(
+            EventDraft::task(
+                self.ctx.conversation_id,
+                self.ctx.task_id,
+                EventKind::AssistantChunk {
+                    delta: delta.to_owned(),
+                },
+            )
+            .carrying_content_since(self.ctx.content_since_ms),
+        );
     }
 }
 
