@@ -309,6 +309,46 @@ fn troupe_bin_path() -> Option<std::path::PathBuf> {
     bin.exists().then_some(bin)
 }
 
+/// The statistics of `conversation`, from its actor.
+pub async fn conversation_stats(
+    session: &SessionHandle,
+    conversation: ConversationId,
+) -> troupe_proto::ConversationStats {
+    let actor = session
+        .conversation_actor(conversation)
+        .await
+        .unwrap()
+        .unwrap();
+    ractor::call!(actor, |reply| {
+        troupe_actors::conversation::ConversationMsg::Stats { reply }
+    })
+    .unwrap()
+}
+
+/// Fails `conversation`'s actor (an injected fault) and waits, at most 30 s, for the session
+/// to have restored it in a new one. Polled, not awaited as an event: the restore reads the
+/// rollout on threads paused time does not wait for, so a timeout would fire while it runs.
+pub async fn restart_conversation(session: &SessionHandle, conversation: ConversationId) {
+    let actor = session
+        .conversation_actor(conversation)
+        .await
+        .unwrap()
+        .unwrap();
+    actor
+        .cast(troupe_actors::conversation::ConversationMsg::InjectPanic)
+        .unwrap();
+    let t0 = std::time::Instant::now();
+    while session
+        .conversation_actor(conversation)
+        .await
+        .unwrap()
+        .is_none_or(|a| a.get_id() == actor.get_id())
+    {
+        assert!(t0.elapsed() < Duration::from_secs(30), "not restarted");
+        tokio::task::yield_now().await;
+    }
+}
+
 /// The `troupe` binary built next to this test binary (`cargo build -p troupe` first; the
 /// test command does).
 pub fn troupe_bin() -> std::path::PathBuf {

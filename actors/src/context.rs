@@ -677,6 +677,13 @@ mod tests {
         }
     }
 
+    /// `r` as a `Ttl` sweep leaves it: headers, its content gone.
+    fn expired(mut r: RolloutRecord) -> RolloutRecord {
+        r.event = None;
+        r.level = crate::rollout::RecordLevel::Headers;
+        r
+    }
+
     /// The end of a task that made one model call.
     fn done(task_id: TaskId, turn: u32) -> RolloutRecord {
         let mut r = finished(task_id, turn);
@@ -792,13 +799,9 @@ mod tests {
     #[test]
     fn a_checkpoint_whose_task_expired_skips_no_later_tasks_items() {
         let t = [TaskId::new(), TaskId::new(), TaskId::new()];
-        let expire = |r: &mut RolloutRecord| {
-            r.event = None;
-            r.level = crate::rollout::RecordLevel::Headers;
-        };
         // The first task's user message (the one the checkpoint says was trimmed) expired.
         let mut records = checkpointed(t);
-        expire(&mut records[0]);
+        records[0] = expired(records[0].clone());
         let r = restore_from_records(&records);
         assert_eq!(
             r.items,
@@ -810,7 +813,7 @@ mod tests {
             ]
         );
         // The whole first task expired: nothing of it, everything of the next ones.
-        expire(&mut records[2]);
+        records[2] = expired(records[2].clone());
         let r = restore_from_records(&records);
         assert_eq!(
             r.items,
@@ -850,11 +853,6 @@ mod tests {
     fn more_expired_than_trimmed_items_of_the_checkpoints_task_count_as_skipped() {
         let (t0, t1) = (TaskId::new(), TaskId::new());
         let text = |s: &str| EventKind::AssistantMessage { text: s.into() };
-        let expired = |mut r: RolloutRecord| {
-            r.event = None;
-            r.level = crate::rollout::RecordLevel::Headers;
-            r
-        };
         let records = vec![
             expired(event(
                 Some(t0),

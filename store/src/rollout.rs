@@ -55,7 +55,7 @@ use troupe_actors::rollout::storage::SweepReport;
 use troupe_actors::rollout::storage::{RolloutSink, RolloutStorage, SinkError};
 use troupe_actors::rollout::{RecordLevel, RecordMeta};
 use troupe_actors::rollout::{RolloutRecord, downgrade};
-use troupe_proto::{AgentError, ConversationId, EventName, SessionId};
+use troupe_proto::{AgentError, ConversationId, EventName, SessionId, TaskId};
 
 /// Sink batches committed in one transaction at most.
 const MAX_BATCH: usize = 256;
@@ -423,12 +423,7 @@ fn window_seq(
     while let Some(row) = rows.next().map_err(|e| internal(what(), e))? {
         let at: i64 = row.get(0).map_err(|e| internal(what(), e))?;
         let text: String = row.get(1).map_err(|e| internal(what(), e))?;
-        let record: RolloutRecord = serde_json::from_str(&text).map_err(|e| {
-            AgentError::internal(format!(
-                "corrupt rollout_events row (session {session_id}, seq {at}): {e}"
-            ))
-        })?;
-        if let Some(troupe_proto::EventKind::HistoryCheckpoint { from_task, .. }) = record.event {
+        if let Some(from_task) = checkpoint_row(session_id, at, &text)? {
             found = Some((at, from_task));
             break;
         }
@@ -455,6 +450,24 @@ fn window_seq(
         })
         .map_err(|e| internal(what(), e))?;
     Ok(start.unwrap_or(0))
+}
+
+/// What the `history_checkpoint` row `at` says of a restore's window: the task it names (or
+/// none), or `None` when it kept no event (swept before swept checkpoints kept theirs).
+pub(crate) fn checkpoint_row(
+    session_id: SessionId,
+    at: i64,
+    text: &str,
+) -> Result<Option<Option<TaskId>>, AgentError> {
+    let record: RolloutRecord = serde_json::from_str(text).map_err(|e| {
+        AgentError::internal(format!(
+            "corrupt rollout_events row (session {session_id}, seq {at}): {e}"
+        ))
+    })?;
+    Ok(match record.event {
+        Some(troupe_proto::EventKind::HistoryCheckpoint { from_task, .. }) => Some(from_task),
+        _ => None,
+    })
 }
 
 pub(crate) fn read_records(

@@ -10,7 +10,7 @@ use troupe_proto::{
     AgentError, ApprovalDecision, EventKind, SandboxPolicy, TaskState, TaskStatus, WarningCode,
 };
 use troupe_runtime::ScriptedReply;
-use troupe_tests::TestSession;
+use troupe_tests::{TestSession, conversation_stats, restart_conversation};
 
 async fn wait_running(t: &TestSession) -> troupe_proto::TaskId {
     // An RPC barrier loop: the registry lists the task once the runner holds the slot.
@@ -86,34 +86,15 @@ async fn a_cancelled_task_that_ignores_it_is_aborted_and_the_conversation_goes_o
 
     // The aborted task counts as a cancelled one, also once the conversation is restored
     // from its rollout (the abort is all its record says of it).
-    let before = stats(&t, c).await;
+    let before = conversation_stats(&t.session, c).await;
     assert_eq!((before.tasks, before.tasks_cancelled), (2, 1), "{before:?}");
-    restarted(&t, c).await;
-    let after = stats(&t, c).await;
+    restart_conversation(&t.session, c).await;
+    let after = conversation_stats(&t.session, c).await;
     assert_eq!(
         (after.tasks, after.tasks_cancelled, after.tasks_failed),
         (before.tasks, before.tasks_cancelled, before.tasks_failed)
     );
     t.stop().await;
-}
-
-/// Restarts `c`'s conversation actor (an injected fault) and waits for its new actor.
-async fn restarted(t: &TestSession, c: troupe_proto::ConversationId) {
-    let actor = t.session.conversation_actor(c).await.unwrap().unwrap();
-    actor
-        .cast(troupe_actors::conversation::ConversationMsg::InjectPanic)
-        .unwrap();
-    // Polled, not awaited as an event: the restore reads the rollout on threads paused time
-    // does not wait for, so a timeout would fire while it runs.
-    let t0 = std::time::Instant::now();
-    loop {
-        let now = t.session.conversation_actor(c).await.unwrap();
-        if now.is_some_and(|a| a.get_id() != actor.get_id()) {
-            return;
-        }
-        assert!(t0.elapsed() < Duration::from_secs(30), "not restarted");
-        tokio::task::yield_now().await;
-    }
 }
 
 /// A task a conversation's failure interrupted is recorded as aborted when it is restored, and
@@ -131,7 +112,7 @@ async fn an_interrupted_task_counts_once_as_cancelled_across_restores() {
     let s2 = t.session.clone();
     let hung = tokio::spawn(async move { s2.message(c, "hangs").await });
     wait_running(&t).await;
-    restarted(&t, c).await;
+    restart_conversation(&t.session, c).await;
     let err = ends(hung).await.unwrap().unwrap_err();
     assert!(
         matches!(
@@ -140,29 +121,12 @@ async fn an_interrupted_task_counts_once_as_cancelled_across_restores() {
         ),
         "{err:?}"
     );
-    let once = stats(&t, c).await;
+    let once = conversation_stats(&t.session, c).await;
     assert_eq!((once.tasks, once.tasks_cancelled), (2, 1), "{once:?}");
-    restarted(&t, c).await;
-    let twice = stats(&t, c).await;
+    restart_conversation(&t.session, c).await;
+    let twice = conversation_stats(&t.session, c).await;
     assert_eq!((twice.tasks, twice.tasks_cancelled), (2, 1), "{twice:?}");
     t.stop().await;
-}
-
-/// The statistics of `conversation`, from its actor.
-async fn stats(
-    t: &TestSession,
-    conversation: troupe_proto::ConversationId,
-) -> troupe_proto::ConversationStats {
-    let actor = t
-        .session
-        .conversation_actor(conversation)
-        .await
-        .unwrap()
-        .unwrap();
-    ractor::call!(actor, |reply| {
-        troupe_actors::conversation::ConversationMsg::Stats { reply }
-    })
-    .unwrap()
 }
 
 #[tokio::test(start_paused = true)]

@@ -23,6 +23,7 @@ use troupe_proto::{
 };
 use troupe_runtime::RmcpConnector;
 use troupe_test_support::mcp::{processes_with_env, server_entry};
+use troupe_tests::conversation_stats;
 
 /// Bound of a whole test.
 const TEST_LIMIT: Duration = Duration::from_secs(90);
@@ -1194,22 +1195,6 @@ async fn allowlists_are_checked_before_any_server_connects_and_unknown_tools_are
         .unwrap_err();
     assert!(refused.to_string().contains("`git__log`"), "{refused}");
     session.shutdown().await.unwrap();
-}
-
-/// The statistics of `conversation`, from its actor.
-async fn conversation_stats(
-    session: &SessionHandle,
-    conversation: ConversationId,
-) -> troupe_proto::ConversationStats {
-    let actor = session
-        .conversation_actor(conversation)
-        .await
-        .unwrap()
-        .unwrap();
-    ractor::call!(actor, |reply| {
-        troupe_actors::conversation::ConversationMsg::Stats { reply }
-    })
-    .unwrap()
 }
 
 /// S11: a conversation counts its MCP calls and their latency (a real server's calls, one of

@@ -10,7 +10,7 @@ use troupe_actors::history::SummaryMode;
 use troupe_actors::{SessionConfig, SessionHandle};
 use troupe_proto::{EventKind, HistoryItem, OpenConversation, WarningCode};
 use troupe_runtime::ScriptedReply;
-use troupe_tests::{RecordingModel, start_with_model};
+use troupe_tests::{RecordingModel, conversation_stats, restart_conversation, start_with_model};
 
 /// Four items at most, trimmed two by two: the third message's end trims the first two
 /// exchanges.
@@ -229,31 +229,10 @@ async fn a_summary_written_while_a_message_runs_restores_that_whole_message() {
     let second = tokio::spawn(async move { s2.message(c, "second question").await });
     let reply = second.await.unwrap().unwrap();
     assert_eq!(reply.text, "short");
-    let stats = |session: SessionHandle| async move {
-        let actor = session.conversation_actor(c).await.unwrap().unwrap();
-        ractor::call!(actor, |reply| {
-            troupe_actors::conversation::ConversationMsg::Stats { reply }
-        })
-        .unwrap()
-    };
-    let live = stats(session.clone()).await;
+    let live = conversation_stats(&session, c).await;
     assert_eq!(live.history_items, 3, "the summary and the second exchange");
-
-    let actor = session.conversation_actor(c).await.unwrap().unwrap();
-    actor
-        .cast(troupe_actors::conversation::ConversationMsg::InjectPanic)
-        .unwrap();
-    let t0 = std::time::Instant::now();
-    while session
-        .conversation_actor(c)
-        .await
-        .unwrap()
-        .is_none_or(|a| a.get_id() == actor.get_id())
-    {
-        assert!(t0.elapsed() < Duration::from_secs(30), "not restarted");
-        tokio::task::yield_now().await;
-    }
-    let restored = stats(session.clone()).await;
+    restart_conversation(&session, c).await;
+    let restored = conversation_stats(&session, c).await;
     assert_eq!(restored.history_items, live.history_items);
     session.shutdown().await.unwrap();
     let _ = join.await;

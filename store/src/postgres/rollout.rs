@@ -25,7 +25,7 @@
 
 use super::{pg_err, pool, pool_err};
 use crate::metrics::{self, Op, PgPool, RecordsRead};
-use crate::rollout::{DueRow, LEASE_WAIT, Leases};
+use crate::rollout::{DueRow, LEASE_WAIT, Leases, checkpoint_row};
 use deadpool_postgres::Pool;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -263,12 +263,7 @@ async fn window_seq(
     for row in &rows {
         let at: i64 = row.try_get(0).map_err(pg_err(what.clone()))?;
         let text: &str = row.try_get(1).map_err(pg_err(what.clone()))?;
-        let record: RolloutRecord = serde_json::from_str(text).map_err(|e| {
-            AgentError::internal(format!(
-                "corrupt rollout_events row (session {session_id}, seq {at}): {e}"
-            ))
-        })?;
-        if let Some(troupe_proto::EventKind::HistoryCheckpoint { from_task, .. }) = record.event {
+        if let Some(from_task) = checkpoint_row(session_id, at, text)? {
             found = Some((at, from_task));
             break;
         }

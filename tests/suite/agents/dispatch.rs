@@ -459,22 +459,7 @@ async fn a_routed_turn_comes_back_with_a_restored_conversation() {
         team.send("/hub coder fix the bug").await;
         let root = team.session.root().await.unwrap();
         if restart {
-            let actor = team
-                .session
-                .conversation_actor(root)
-                .await
-                .unwrap()
-                .unwrap();
-            actor
-                .cast(troupe_actors::conversation::ConversationMsg::InjectPanic)
-                .unwrap();
-            loop {
-                let now = team.session.conversation_actor(root).await.unwrap();
-                if now.is_some_and(|a| a.get_id() != actor.get_id()) {
-                    break;
-                }
-                tokio::task::yield_now().await;
-            }
+            troupe_tests::restart_conversation(&team.session, root).await;
         }
         team.send("and then?").await;
         team.model.sent().pop().unwrap().prompt

@@ -11,6 +11,19 @@ use troupe_runtime::ScriptedReply;
 use troupe_service::auth::Scope;
 use troupe_store::SqliteStore;
 
+/// The session's run its host has up now.
+async fn running(
+    server: &Server,
+    session_id: troupe_proto::SessionId,
+) -> troupe_actors::SessionHandle {
+    server
+        .service
+        .sessions
+        .session(Scope::All, session_id)
+        .await
+        .unwrap()
+}
+
 /// The session's run once its host has one up other than `old`.
 async fn restarted(
     server: &Server,
@@ -59,12 +72,7 @@ async fn a_session_that_stops_on_its_own_is_restarted_with_its_conversations() {
     assert!(items_before.as_u64().unwrap() >= 2, "{items_before}");
 
     let parsed = sid.parse().unwrap();
-    let before = server
-        .service
-        .sessions
-        .session(Scope::All, parsed)
-        .await
-        .unwrap();
+    let before = running(&server, parsed).await;
     let old_actor = before.actor().get_id();
     before.actor().kill();
 
@@ -107,12 +115,7 @@ async fn a_session_that_stops_again_while_it_is_started_is_started_once_more() {
             .await;
     }
     let parsed = sid.parse().unwrap();
-    let first = server
-        .service
-        .sessions
-        .session(Scope::All, parsed)
-        .await
-        .unwrap();
+    let first = running(&server, parsed).await;
     let host = first
         .actor()
         .try_get_supervisor()
@@ -166,12 +169,7 @@ async fn a_session_that_stops_again_while_it_is_started_is_started_once_more() {
     assert_eq!(done["status"], "completed", "{done}");
     let reply = api.say(&sid, "after").await;
     assert!(reply.to_string().contains("You said: after"), "{reply}");
-    let now = server
-        .service
-        .sessions
-        .session(Scope::All, parsed)
-        .await
-        .unwrap();
+    let now = running(&server, parsed).await;
     assert_ne!(now.actor().get_id(), second.get_id());
     assert_eq!(
         now.list().await.unwrap().len(),
@@ -234,12 +232,7 @@ async fn changes_a_stopped_run_answered_late_are_told_to_the_run_that_replaced_i
         "conversation_id",
     );
     let parsed = sid.parse().unwrap();
-    let first = server
-        .service
-        .sessions
-        .session(Scope::All, parsed)
-        .await
-        .unwrap();
+    let first = running(&server, parsed).await;
     let host: ractor::ActorRef<HostMsg> = first
         .actor()
         .try_get_supervisor()
@@ -264,13 +257,20 @@ async fn changes_a_stopped_run_answered_late_are_told_to_the_run_that_replaced_i
         created_ms: 1,
         closed_ms: None,
     };
-    let answered = ractor::call!(host, |reply| HostMsg::Opened {
-        result: Ok(record(opened)),
-        via,
-        reply,
-    })
-    .unwrap();
-    assert_eq!(answered.unwrap(), opened);
+    // As the open's spawned task casts the session's answer to the host.
+    let answer_open = |conversation_id| {
+        let host = host.clone();
+        async move {
+            let answered = ractor::call!(host, |reply| HostMsg::Opened {
+                result: Ok(record(conversation_id)),
+                via,
+                reply,
+            })
+            .unwrap();
+            assert_eq!(answered.unwrap(), conversation_id);
+        }
+    };
+    answer_open(opened).await;
     let second = restarted(&server, parsed, via).await;
     let listed = |h: troupe_actors::SessionHandle| async move {
         h.list()
@@ -284,13 +284,7 @@ async fn changes_a_stopped_run_answered_late_are_told_to_the_run_that_replaced_i
     let before = listed(second.clone()).await;
     assert!(before.contains(&closing), "{before:?}");
     assert!(!before.contains(&opened_late.to_string()), "{before:?}");
-    let answered = ractor::call!(host, |reply| HostMsg::Opened {
-        result: Ok(record(opened_late)),
-        via,
-        reply,
-    })
-    .unwrap();
-    assert_eq!(answered.unwrap(), opened_late);
+    answer_open(opened_late).await;
     let answered = ractor::call!(host, |reply| HostMsg::Closed {
         conversation_id: closing_id,
         result: Ok(Closed {
