@@ -421,6 +421,48 @@ fn yields_item(kind: EventName) -> bool {
     )
 }
 
+/// How many of `task`'s history items `records` held whose content has expired (`Ttl`): a
+/// tool call's attempts are one call and one output, as [`history_with_owners`] keeps them,
+/// and count only when no attempt's record of the same side is left (by the call id the
+/// headers keep; each record without one counts).
+fn expired_items(records: &[RolloutRecord], task: Option<TaskId>) -> usize {
+    // Per step (the history tells a step's calls apart by id): (start?, call id) of the
+    // expired records and of the kept ones.
+    let mut expired = std::collections::HashSet::new();
+    let mut kept = std::collections::HashSet::new();
+    let mut count = 0;
+    for r in records
+        .iter()
+        .filter(|r| r.task_id.is_some() && r.task_id == task)
+    {
+        if r.kind == EventName::StepStarted {
+            count += expired.difference(&kept).count();
+            expired.clear();
+            kept.clear();
+        }
+        match &r.event {
+            Some(EventKind::ToolCallStarted { call, .. }) => {
+                kept.insert((true, call.call_id.clone()));
+            }
+            Some(EventKind::ToolCallFinished { call_id, .. }) => {
+                kept.insert((false, call_id.clone()));
+            }
+            Some(_) => {}
+            None if !yields_item(r.kind) => {}
+            None => match (r.kind, &r.meta.call_id) {
+                (EventName::ToolCallStarted, Some(id)) => {
+                    expired.insert((true, id.clone()));
+                }
+                (EventName::ToolCallFinished, Some(id)) => {
+                    expired.insert((false, id.clone()));
+                }
+                _ => count += 1,
+            },
+        }
+    }
+    count + expired.difference(&kept).count()
+}
+
 /// What a restore rebuilds of a conversation (S6), from all its records or from its window
 /// (what [`crate::rollout::storage::RolloutStorage::read_conversation_window`] returns).
 #[derive(Debug, Default)]
@@ -534,11 +576,7 @@ pub fn restore_from_records(records: &[RolloutRecord]) -> Restored {
     // `skip` counts the named task's oldest items, trimmed into the summary. Those whose
     // records have lost their content since (a `Ttl` expiry, oldest first) left no item to
     // skip; and only that task's items are skipped, never a later task's.
-    let expired = records[from..]
-        .iter()
-        .filter(|r| r.task_id.is_some() && r.task_id == from_task && r.event.is_none())
-        .filter(|r| yields_item(r.kind))
-        .count();
+    let expired = expired_items(&records[from..], from_task);
     let anchored = owners
         .iter()
         .take_while(|o| o.is_some() && **o == from_task)
@@ -675,6 +713,21 @@ mod tests {
             event: Some(event),
             ..record(TaskId::new(), EventName::Unknown, None)
         }
+    }
+
+    /// `event` of `task_id` recorded as the rollout records a live event (its headers too).
+    fn live(task_id: TaskId, event: EventKind) -> RolloutRecord {
+        RolloutRecord::live(&troupe_proto::EventEnvelope {
+            seq: 0,
+            ts_ms: 0,
+            session_id: troupe_proto::SessionId::new(),
+            conversation_id: None,
+            task_id: Some(task_id),
+            sub_id: None,
+            trace_id: None,
+            span_id: None,
+            event,
+        })
     }
 
     /// `r` as a `Ttl` sweep leaves it: headers, its content gone.
@@ -880,6 +933,98 @@ mod tests {
             [HistoryItem::assistant("A2"), HistoryItem::user("b")]
         );
         assert_eq!(r.skipped, 2, "two of the task's items come before A2");
+    }
+
+    #[test]
+    fn an_expired_retried_tool_call_counts_as_the_two_items_the_history_kept_of_it() {
+        let (t0, t1) = (TaskId::new(), TaskId::new());
+        let call = troupe_proto::ToolCall {
+            call_id: "call-1".into(),
+            name: "shell".into(),
+            arguments: troupe_proto::Json(serde_json::json!({"command": ["ls"]})),
+        };
+        let finished = |output: &str| EventKind::ToolCallFinished {
+            call_id: "call-1".into(),
+            name: "shell".into(),
+            output: output.into(),
+            is_error: false,
+            duration_ms: 1,
+            agent_id: None,
+        };
+        let started = EventKind::ToolCallStarted {
+            call: call.clone(),
+            agent_id: None,
+        };
+        // As the rollout writes them (the headers carry the call's id), and sweeps them.
+        let real = |event: EventKind| live(t0, event);
+        // A task whose call was tried twice (two starts, two ends: one call and one output in
+        // the history), then answered; all of it but the answer expired. The checkpoint
+        // trimmed the user message, the call and its output (3 items).
+        let records = vec![
+            expired(real(EventKind::TaskStarted { input: "a".into() })),
+            expired(real(EventKind::StepStarted { turn: 1, step: 1 })),
+            expired(real(started.clone())),
+            expired(real(finished("failed once"))),
+            expired(real(started)),
+            expired(real(finished("ok"))),
+            real(EventKind::AssistantMessage { text: "A".into() }),
+            done(t0, 1),
+            event(
+                None,
+                EventKind::HistoryCheckpoint {
+                    summary: Some("S".into()),
+                    replaced_items: 3,
+                    from_task: Some(t0),
+                    skip_items: 3,
+                    turns: 1,
+                    stats: ConversationStats::default(),
+                },
+            ),
+            event(Some(t1), EventKind::TaskStarted { input: "b".into() }),
+        ];
+        assert_eq!(expired_items(&records, Some(t0)), 3);
+        let r = restore_from_records(&records);
+        // Counting each attempt's records (5) would have said five items came before "A".
+        assert_eq!(r.skipped, 3);
+        assert_eq!(
+            r.items,
+            [HistoryItem::assistant("A"), HistoryItem::user("b")]
+        );
+    }
+
+    #[test]
+    fn an_expired_attempt_of_a_call_whose_later_attempt_is_kept_counts_nothing() {
+        let t0 = TaskId::new();
+        let call = troupe_proto::ToolCall {
+            call_id: "call-1".into(),
+            name: "shell".into(),
+            arguments: troupe_proto::Json(serde_json::json!({})),
+        };
+        let started = EventKind::ToolCallStarted {
+            call,
+            agent_id: None,
+        };
+        let finished = EventKind::ToolCallFinished {
+            call_id: "call-1".into(),
+            name: "shell".into(),
+            output: "o".into(),
+            is_error: false,
+            duration_ms: 1,
+            agent_id: None,
+        };
+        let real = |event: EventKind| live(t0, event);
+        let records = vec![
+            expired(real(started.clone())),
+            expired(real(finished.clone())),
+            real(started),
+            real(finished),
+        ];
+        assert_eq!(expired_items(&records, Some(t0)), 0);
+        // Without the id in the headers (records written before it), each record counts.
+        let mut old = records.clone();
+        old[0].meta.call_id = None;
+        old[1].meta.call_id = None;
+        assert_eq!(expired_items(&old, Some(t0)), 2);
     }
 
     #[test]

@@ -736,14 +736,14 @@ fn stand_in(record: &RolloutRecord) -> Option<EventKind> {
         },
         EventName::ToolCallStarted => EventKind::ToolCallStarted {
             call: ToolCall {
-                call_id: String::new(),
+                call_id: meta.call_id.clone().unwrap_or_default(),
                 name: meta.tool.clone()?,
                 arguments: Json(serde_json::Value::Null),
             },
             agent_id: meta.agent_id.clone(),
         },
         EventName::ToolCallFinished => EventKind::ToolCallFinished {
-            call_id: String::new(),
+            call_id: meta.call_id.clone().unwrap_or_default(),
             name: meta.tool.clone()?,
             output: String::new(),
             is_error: meta.is_error.unwrap_or_default(),

@@ -30,6 +30,11 @@
 //! A last row runs the same turn with the built-in scripted model: what the service costs
 //! without any model server.
 //!
+//! With `TROUPE_BENCH_SERVE=<path of a troupe binary>` the service is not in the bench's
+//! process but that binary's `troupe serve`, a process of its own on a fresh data directory,
+//! as users run it (build it with `cargo build --release -p troupe` to measure what ships):
+//! the bench's client then no longer shares the service's tokio workers.
+//!
 //! For profiling: `TROUPE_BENCH_ROWS` picks rows (a comma list of `nagle`, `nodelay`,
 //! `scripted`; all by default) and `TROUPE_BENCH_TURNS` the timed turns of each half (500).
 #![forbid(unsafe_code)]
@@ -104,17 +109,66 @@ impl Drop for ModelServer {
     }
 }
 
+/// The service under measure: in this process, or a `troupe serve` child process.
+enum Served {
+    InProcess {
+        service: Service,
+        task: tokio::task::JoinHandle<()>,
+    },
+    Child(Child),
+}
+
 struct Running {
     base: String,
-    service: Service,
-    task: tokio::task::JoinHandle<()>,
+    served: Served,
     _dir: tempfile::TempDir,
 }
 
-/// The service in this process with the default store; the model from `base_url` (the
-/// scripted model when `None`).
+/// The `troupe` binary to run as the service (`TROUPE_BENCH_SERVE`), when the service is
+/// measured as its own process rather than in the bench's.
+fn serve_binary() -> Option<String> {
+    std::env::var("TROUPE_BENCH_SERVE")
+        .ok()
+        .filter(|v| !v.is_empty())
+}
+
+/// The service with the default store; the model from `base_url` (the scripted model when
+/// `None`): in this process, or `troupe serve` from [`serve_binary`] on a fresh data
+/// directory, its own process as users run it.
 async fn start(base_url: Option<&str>) -> Running {
     let dir = tempfile::tempdir().unwrap();
+    if let Some(bin) = serve_binary() {
+        let mut command = Command::new(bin);
+        command
+            .args(["serve", "--listen", "127.0.0.1:0", "--data-dir"])
+            .arg(dir.path().join("data"))
+            .current_dir(dir.path())
+            .env_remove("TROUPE_API_TOKENS")
+            .env_remove("TROUPE_CONFIG")
+            .env_remove("TROUPE_STORE_BACKEND")
+            .env_remove("OPENAI_API_KEY")
+            .env_remove("OPENAI_BASE_URL")
+            .env("RUST_LOG", "warn")
+            .stdin(Stdio::null())
+            .stderr(Stdio::null());
+        match base_url {
+            Some(url) => command.args([
+                "--provider",
+                "openai-responses",
+                "--model",
+                "bench-model",
+                "--base-url",
+                url,
+            ]),
+            None => command.args(["--provider", "scripted"]),
+        };
+        let (child, base) = troupe_tests::spawn_serve(&mut command);
+        return Running {
+            base,
+            served: Served::Child(child),
+            _dir: dir,
+        };
+    }
     let mut config = TroupeConfig {
         data_dir: dir.path().to_owned(),
         ..TroupeConfig::default()
@@ -138,16 +192,27 @@ async fn start(base_url: Option<&str>) -> Running {
     let task = tokio::spawn(async move { s.serve_http(listener).await.unwrap() });
     Running {
         base,
-        service,
-        task,
+        served: Served::InProcess { service, task },
         _dir: dir,
     }
 }
 
 impl Running {
     async fn stop(self) {
-        self.service.shutdown_token().cancel();
-        let _ = tokio::time::timeout(Duration::from_secs(30), self.task).await;
+        match self.served {
+            Served::InProcess { service, task } => {
+                service.shutdown_token().cancel();
+                let _ = tokio::time::timeout(Duration::from_secs(30), task).await;
+            }
+            Served::Child(mut child) => {
+                // SIGTERM: the service stops as it would in production.
+                let _ = nix::sys::signal::kill(
+                    nix::unistd::Pid::from_raw(i32::try_from(child.id()).unwrap()),
+                    nix::sys::signal::Signal::SIGTERM,
+                );
+                let _ = child.wait();
+            }
+        }
     }
 }
 

@@ -55,6 +55,10 @@ pub struct RecordMeta {
     /// under a `Ttl` policy; [`downgrade`] clears it with the content.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub expires_ms: Option<u64>,
+    /// The tool call a tool call's start or end is about (the model's id for it, never
+    /// content): a restore counts a retried call once, as the history does, whatever expired.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub call_id: Option<String>,
     /// The agent an agent event is about (an id, never content).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub agent_id: Option<String>,
@@ -348,19 +352,21 @@ pub(super) fn headers_meta(event: &EventKind) -> RecordMeta {
         }
         EventKind::ToolCallStarted { call, agent_id } => RecordMeta {
             tool: Some(call.name.clone()),
+            call_id: Some(call.call_id.clone()),
             agent_id: agent_id.clone(),
             chars: Some(serde_json::to_string(&call.arguments).map_or(0, |s| len(&s))),
             ..RecordMeta::default()
         },
         EventKind::ToolCallFinished {
+            call_id,
             name,
             output,
             is_error,
             duration_ms,
             agent_id,
-            ..
         } => RecordMeta {
             tool: Some(name.clone()),
+            call_id: Some(call_id.clone()),
             agent_id: agent_id.clone(),
             is_error: Some(*is_error),
             chars: Some(len(output)),

@@ -42,8 +42,8 @@ pub const MAX_CONTEXT_ID: usize = 256;
 
 /// Most messages a task's history keeps. A long task (one status message per tool call, each
 /// with the call's arguments) would otherwise grow its record without bound, and the record
-/// is stored whole at each status change. Past this, the oldest agent messages go first (the
-/// client's own messages are kept while any agent message is left to drop), and
+/// is stored whole at each status change. Past this, the client's request that opened the
+/// task stays and the oldest messages after it go (see [`cap_history`]), and
 /// `metadata.troupe.historyDropped` counts what went.
 pub const MAX_HISTORY: usize = 100;
 
@@ -1331,24 +1331,22 @@ fn answer_artifact(task_id: &str, parts: Vec<Part>) -> Artifact {
     }
 }
 
-/// Trims `history` to `max` messages: the oldest agent messages first, then (only agent
-/// messages being left, or none) the oldest of any kind. Returns how many were dropped.
+/// Trims `history` to `max` messages: the first one kept when it is the client's (the
+/// request that opened the task), then the newest; what goes is the oldest of the rest, of
+/// either role, so what is kept reads as one stretch of the exchange (never a client's answer
+/// without the question before it, but at the stretch's start). Returns how many were dropped.
 pub fn cap_history(history: &mut Vec<Message>, max: usize) -> u64 {
-    let mut over = history.len().saturating_sub(max);
+    let over = history.len().saturating_sub(max);
     if over == 0 {
         return 0;
     }
-    let dropped = over as u64;
-    history.retain(|m| {
-        if over > 0 && m.role == super::model::Role::Agent {
-            over -= 1;
-            false
-        } else {
-            true
-        }
-    });
-    history.drain(..over);
-    dropped
+    let keep_first = max > 0
+        && history
+            .first()
+            .is_some_and(|m| m.role == super::model::Role::User);
+    let from = usize::from(keep_first);
+    history.drain(from..from + over);
+    over as u64
 }
 
 mod approval;

@@ -1133,30 +1133,34 @@ fn a_long_task_keeps_its_history_within_the_cap_and_counts_what_went() {
 }
 
 #[test]
-fn the_cap_drops_agent_messages_before_the_clients() {
+fn the_cap_keeps_the_request_and_the_newest_stretch_of_the_exchange() {
     let msg = |id: &str, role: Role| Message {
         message_id: id.to_owned(),
         role,
         ..user(id)
     };
+    let ids = |h: &[Message]| -> Vec<String> { h.iter().map(|m| m.message_id.clone()).collect() };
     let mut h = vec![
         msg("u1", Role::User),
         msg("a1", Role::Agent),
         msg("u2", Role::User),
         msg("a2", Role::Agent),
-        msg("a3", Role::Agent),
-    ];
-    assert_eq!(cap_history(&mut h, 5), 0);
-    assert_eq!(cap_history(&mut h, 3), 2);
-    let ids: Vec<_> = h.iter().map(|m| m.message_id.as_str()).collect();
-    assert_eq!(ids, ["u1", "u2", "a3"]);
-    // Only clients' messages left to drop: the oldest go.
-    let mut h = vec![
-        msg("u1", Role::User),
-        msg("u2", Role::User),
         msg("u3", Role::User),
     ];
+    assert_eq!(cap_history(&mut h, 5), 0);
+    // A question and the answer to it go together (the oldest after the request), never the
+    // question alone while its answer stays.
+    assert_eq!(cap_history(&mut h, 3), 2);
+    assert_eq!(ids(&h), ["u1", "a2", "u3"]);
+    // A history that does not start with the client's message keeps only the newest.
+    let mut h = vec![
+        msg("a1", Role::Agent),
+        msg("u1", Role::User),
+        msg("a2", Role::Agent),
+    ];
     assert_eq!(cap_history(&mut h, 2), 1);
-    let ids: Vec<_> = h.iter().map(|m| m.message_id.as_str()).collect();
-    assert_eq!(ids, ["u2", "u3"]);
+    assert_eq!(ids(&h), ["u1", "a2"]);
+    let mut h = vec![msg("u1", Role::User), msg("u2", Role::User)];
+    assert_eq!(cap_history(&mut h, 0), 2);
+    assert!(h.is_empty());
 }
