@@ -441,7 +441,10 @@ fn expired_items(records: &[RolloutRecord], task: Option<TaskId>) -> usize {
             kept.clear();
         }
         match &r.event {
-            Some(EventKind::ToolCallStarted { call, .. }) => {
+            // A start after a kept end of the same call made no item (another attempt).
+            Some(EventKind::ToolCallStarted { call, .. })
+                if !kept.contains(&(false, call.call_id.clone())) =>
+            {
                 kept.insert((true, call.call_id.clone()));
             }
             Some(EventKind::ToolCallFinished { call_id, .. }) => {
@@ -1020,6 +1023,18 @@ mod tests {
             real(finished),
         ];
         assert_eq!(expired_items(&records, Some(t0)), 0);
+        // The sweep stopped inside an attempt: its start expired, its end kept. The kept
+        // start of the next attempt made no item (the call already had its output), so the
+        // call item is gone: one expired.
+        let inside = vec![
+            records[0].clone(),
+            records[3].clone(),
+            records[2].clone(),
+            records[3].clone(),
+        ];
+        assert_eq!(expired_items(&inside, Some(t0)), 1);
+        let (items, _) = history_with_owners(&inside);
+        assert_eq!(items.len(), 1, "only the output: {items:?}");
         // Without the id in the headers (records written before it), each record counts.
         let mut old = records.clone();
         old[0].meta.call_id = None;

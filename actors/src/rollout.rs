@@ -916,7 +916,7 @@ mod tests {
         };
         let line =
             serde_json::to_string(&record_for(StoragePolicy::HeadersOnly, &env).unwrap()).unwrap();
-        insta::assert_snapshot!(line, @r#"{"seq":7,"ts_ms":1700000000000,"conversation_id":"0190a000-0000-7000-8000-000000000002","task_id":"0190a000-0000-7000-8000-000000000003","kind":"tool_call_finished","level":"headers","meta":{"tool":"shell","is_error":false,"chars":13,"duration_ms":12}}"#);
+        insta::assert_snapshot!(line, @r#"{"seq":7,"ts_ms":1700000000000,"conversation_id":"0190a000-0000-7000-8000-000000000002","task_id":"0190a000-0000-7000-8000-000000000003","kind":"tool_call_finished","level":"headers","meta":{"tool":"shell","is_error":false,"chars":13,"duration_ms":12,"call_id":"call-1"}}"#);
     }
 
     #[test]

@@ -69,9 +69,10 @@
 //!
 //! A record read back from storage is what its conversation's policy kept: the whole event
 //! (`Full`, `Ttl`) gives the same lines as the live event; headers give the same line types
-//! with the sizes the headers keep, but no call ids (`action`, `observation`), no warning code
-//! in records written before headers kept it (`unknown`), no prompt estimates, and no
-//! `approval` lines (the headers keep no approval id).
+//! with the sizes the headers keep and the call ids of `action` and `observation` lines (none
+//! in records written before the headers kept them), but no warning code in records written
+//! before headers kept it (`unknown`), no prompt estimates, and no `approval` lines (the
+//! headers keep no approval id).
 //!
 //! The XML export of the older format is in [`xml`].
 

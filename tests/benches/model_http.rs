@@ -116,6 +116,7 @@ enum Served {
         task: tokio::task::JoinHandle<()>,
     },
     Child(Child),
+    Stopped,
 }
 
 struct Running {
@@ -143,12 +144,10 @@ async fn start(base_url: Option<&str>) -> Running {
             .args(["serve", "--listen", "127.0.0.1:0", "--data-dir"])
             .arg(dir.path().join("data"))
             .current_dir(dir.path())
-            .env_remove("TROUPE_API_TOKENS")
-            .env_remove("TROUPE_CONFIG")
-            .env_remove("TROUPE_STORE_BACKEND")
-            .env_remove("OPENAI_API_KEY")
-            .env_remove("OPENAI_BASE_URL")
-            .env("RUST_LOG", "warn")
+            // The defaults, as the in-process service has them: nothing from the bench's
+            // environment (`TROUPE_*`, `OPENAI_*`, `OTEL_*`) changes what is measured.
+            .env_clear()
+            .envs(std::env::vars().filter(|(k, _)| k == "PATH" || k == "HOME"))
             .stdin(Stdio::null())
             .stderr(Stdio::null());
         match base_url {
@@ -198,20 +197,39 @@ async fn start(base_url: Option<&str>) -> Running {
 }
 
 impl Running {
-    async fn stop(self) {
-        match self.served {
+    async fn stop(mut self) {
+        match std::mem::replace(&mut self.served, Served::Stopped) {
             Served::InProcess { service, task } => {
                 service.shutdown_token().cancel();
                 let _ = tokio::time::timeout(Duration::from_secs(30), task).await;
             }
-            Served::Child(mut child) => {
-                // SIGTERM: the service stops as it would in production.
-                let _ = nix::sys::signal::kill(
-                    nix::unistd::Pid::from_raw(i32::try_from(child.id()).unwrap()),
-                    nix::sys::signal::Signal::SIGTERM,
-                );
-                let _ = child.wait();
-            }
+            Served::Child(child) => stop_child(child).await,
+            Served::Stopped => {}
+        }
+    }
+}
+
+/// Stops a `troupe serve` child with SIGTERM, as production would, and reaps it (killed
+/// after 30 s).
+async fn stop_child(mut child: Child) {
+    let _ = nix::sys::signal::kill(
+        nix::unistd::Pid::from_raw(i32::try_from(child.id()).unwrap()),
+        nix::sys::signal::Signal::SIGTERM,
+    );
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while matches!(child.try_wait(), Ok(None)) && Instant::now() < deadline {
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let _ = child.kill();
+    let _ = child.wait();
+}
+
+impl Drop for Running {
+    /// A bench that panicked between start and stop leaves no `troupe serve` behind.
+    fn drop(&mut self) {
+        if let Served::Child(child) = &mut self.served {
+            let _ = child.kill();
+            let _ = child.wait();
         }
     }
 }

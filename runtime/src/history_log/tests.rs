@@ -720,7 +720,8 @@ async fn what_cannot_be_read_is_reported_as_a_gap() {
 
 /// Stored headers (a `HeadersOnly` conversation's records read back by a stream that fell
 /// behind) give the lines the live events give at that level, with the stored sizes; only
-/// what the headers do not keep differs (call ids, approval lines, the warning code).
+/// what the headers do not keep differs (approval lines, the warning code); call ids come
+/// through.
 #[test]
 fn stored_headers_give_the_lines_of_the_live_events() {
     let mut ev = Events::new();
@@ -737,7 +738,6 @@ fn stored_headers_give_the_lines_of_the_live_events() {
             .into_iter()
             .filter(|l| l.kind != LineType::Approval)
             .map(|mut l| {
-                l.meta.call_id = None;
                 l.meta.trace_id = None;
                 if l.kind == LineType::Warning {
                     l.meta.code = None;
