@@ -474,7 +474,7 @@ impl OpenAiClient {
         let response = local
             .request(request)
             .await
-            .map_err(|e| SendError::Transport(chain(&e)))?;
+            .map_err(|e| SendError::Transport(chain(e.as_ref())))?;
         Ok(reqwest::Response::from(response.map(reqwest::Body::wrap)))
     }
 
