@@ -213,7 +213,7 @@ impl LocalClient {
                     let live = conn_alive.then_some(Live { send, conn });
                     let pool = Arc::downgrade(&self.idle);
                     return Ok(response.map(|inner| LocalBody {
-                        inner,
+                        inner: Some(inner),
                         live: Mutex::new(live),
                         pool,
                     }));
@@ -276,57 +276,144 @@ where
     .await
 }
 
+/// How long a body dropped before its end may take to reach it in the background, so that its
+/// connection serves again (a reader that stops at the stream's terminal event leaves the
+/// body's last bytes unread); past that the connection is closed.
+const FINISH_WITHIN: Duration = Duration::from_millis(100);
+
 /// A response body from a local model server that drives its connection as it is read, and
 /// puts the connection back in the pool once the body has ended. Dropped before its end, it
-/// closes the connection.
+/// reads what already arrived, and if its end is not among it, a task reads on for at most
+/// [`FINISH_WITHIN`] before the connection goes back or is closed.
 pub(crate) struct LocalBody {
-    inner: hyper::body::Incoming,
+    inner: Option<hyper::body::Incoming>,
     // A lock only so that the body is `Sync`, as a `reqwest::Body` must be; every access has
     // `&mut self` (`get_mut`).
     live: Mutex<Option<Live>>,
     pool: std::sync::Weak<Mutex<Vec<Live>>>,
 }
 
+type Polled = Poll<Option<Result<hyper::body::Frame<hyper::body::Bytes>, hyper::Error>>>;
+
+/// Polls the connection (while it lives), then the body.
+fn poll_body(
+    live: &mut Option<Live>,
+    inner: &mut hyper::body::Incoming,
+    cx: &mut Context<'_>,
+) -> Polled {
+    if let Some(l) = live
+        && l.conn.as_mut().poll(cx).is_ready()
+    {
+        // The connection ended: what it read is in the body; nothing goes back.
+        *live = None;
+    }
+    hyper::body::Body::poll_frame(Pin::new(inner), cx)
+}
+
+/// Puts a connection whose response has ended back in the pool.
+fn release(live: Live, pool: &std::sync::Weak<Mutex<Vec<Live>>>) {
+    if let Some(pool) = pool.upgrade() {
+        let mut idle = pool
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        if idle.len() < MAX_IDLE {
+            idle.push(live);
+        }
+    }
+}
+
+/// Reads the rest of a dropped body (at most [`FINISH_WITHIN`]); its connection goes back to
+/// the pool if the body ended.
+async fn finish(
+    mut live: Option<Live>,
+    mut inner: hyper::body::Incoming,
+    pool: std::sync::Weak<Mutex<Vec<Live>>>,
+) {
+    let ended = tokio::time::timeout(
+        FINISH_WITHIN,
+        std::future::poll_fn(|cx| {
+            loop {
+                match poll_body(&mut live, &mut inner, cx) {
+                    Poll::Ready(Some(Ok(_))) => {}
+                    Poll::Ready(None) => return Poll::Ready(true),
+                    Poll::Ready(Some(Err(_))) => return Poll::Ready(false),
+                    Poll::Pending => return Poll::Pending,
+                }
+            }
+        }),
+    )
+    .await;
+    if let (Ok(true), Some(l)) = (ended, live) {
+        release(l, &pool);
+    }
+}
+
+impl Drop for LocalBody {
+    fn drop(&mut self) {
+        let mut live = self
+            .live
+            .get_mut()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .take();
+        let (Some(_), Some(mut inner)) = (&live, self.inner.take()) else {
+            return;
+        };
+        // What already arrived may hold the end.
+        let mut cx = Context::from_waker(std::task::Waker::noop());
+        loop {
+            match poll_body(&mut live, &mut inner, &mut cx) {
+                Poll::Ready(Some(Ok(_))) => {}
+                Poll::Ready(None) => {
+                    if let Some(l) = live {
+                        release(l, &self.pool);
+                    }
+                    return;
+                }
+                Poll::Ready(Some(Err(_))) => return,
+                Poll::Pending => break,
+            }
+        }
+        if live.is_some()
+            && let Ok(runtime) = tokio::runtime::Handle::try_current()
+        {
+            runtime.spawn(finish(live, inner, self.pool.clone()));
+        }
+    }
+}
+
 impl hyper::body::Body for LocalBody {
     type Data = hyper::body::Bytes;
     type Error = hyper::Error;
 
-    fn poll_frame(
-        self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-    ) -> Poll<Option<Result<hyper::body::Frame<Self::Data>, Self::Error>>> {
+    fn poll_frame(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Polled {
         let this = self.get_mut();
         let live = this
             .live
             .get_mut()
             .unwrap_or_else(std::sync::PoisonError::into_inner);
-        if let Some(l) = live
-            && l.conn.as_mut().poll(cx).is_ready()
-        {
-            // The connection ended: what it read is in the body; nothing goes back.
-            *live = None;
-        }
-        let frame = Pin::new(&mut this.inner).poll_frame(cx);
+        let Some(inner) = &mut this.inner else {
+            return Poll::Ready(None);
+        };
+        let frame = poll_body(live, inner, cx);
         if let Poll::Ready(None) = frame
             && let Some(l) = live.take()
-            && let Some(pool) = this.pool.upgrade()
         {
-            let mut idle = pool
-                .lock()
-                .unwrap_or_else(std::sync::PoisonError::into_inner);
-            if idle.len() < MAX_IDLE {
-                idle.push(l);
-            }
+            release(l, &this.pool);
         }
         frame
     }
 
     fn is_end_stream(&self) -> bool {
-        self.inner.is_end_stream()
+        self.inner
+            .as_ref()
+            .is_none_or(hyper::body::Body::is_end_stream)
     }
 
     fn size_hint(&self) -> hyper::body::SizeHint {
-        self.inner.size_hint()
+        self.inner.as_ref().map_or_else(
+            || hyper::body::SizeHint::with_exact(0),
+            hyper::body::Body::size_hint,
+        )
     }
 }
 
@@ -446,18 +533,51 @@ mod tests {
     }
 
     #[tokio::test]
-    async fn a_body_dropped_before_its_end_does_not_go_back_to_the_pool() {
+    async fn a_body_dropped_unread_is_finished_and_its_connection_serves_again() {
         let (accepted, url, _) = server("a longer answer", None).await;
+        let client = local_client(Duration::from_secs(5));
+        let request = hyper::Request::post(url.as_str())
+            .body(reqwest::Body::from("{}"))
+            .unwrap();
+        // Dropped with its body unread (a reader that stopped at the terminal event).
+        let response = client.request(request).await.unwrap();
+        drop(response);
+        for _ in 0..100 {
+            if !client.idle.lock().unwrap().is_empty() {
+                break;
+            }
+            tokio::task::yield_now().await;
+        }
+        assert_eq!(client.idle.lock().unwrap().len(), 1, "finished, kept");
+        assert_eq!(post(&client, &url).await, "a longer answer");
+        assert_eq!(accepted.load(std::sync::atomic::Ordering::SeqCst), 1);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_body_whose_end_does_not_come_closes_its_connection() {
+        // A server that sends a head and part of a body, then nothing.
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let url = format!("http://{}/v1/x", listener.local_addr().unwrap());
+        let server = tokio::spawn(async move {
+            let (mut socket, _) = listener.accept().await.unwrap();
+            let mut buf = [0u8; 1024];
+            let _ = socket.read(&mut buf).await.unwrap();
+            socket
+                .write_all(b"HTTP/1.1 200 OK\r\ncontent-length: 100\r\n\r\npart")
+                .await
+                .unwrap();
+            // Waits for the client to close.
+            socket.read(&mut buf).await.unwrap_or(0)
+        });
         let client = local_client(Duration::from_secs(5));
         let request = hyper::Request::post(url.as_str())
             .body(reqwest::Body::from("{}"))
             .unwrap();
         let response = client.request(request).await.unwrap();
         drop(response);
+        // Past the finishing budget the connection is closed, not kept.
+        assert_eq!(server.await.unwrap(), 0, "the client closed the connection");
         assert!(client.idle.lock().unwrap().is_empty());
-        assert_eq!(post(&client, &url).await, "a longer answer");
-        assert_eq!(accepted.load(std::sync::atomic::Ordering::SeqCst), 2);
-        assert_eq!(client.idle.lock().unwrap().len(), 1);
     }
 
     #[tokio::test]
