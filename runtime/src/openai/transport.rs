@@ -152,17 +152,22 @@ type Sender = hyper::client::conn::http1::SendRequest<reqwest::Body>;
 struct Live {
     send: Sender,
     conn: Pin<Box<Conn>>,
+    /// When it last went back to the pool.
+    idle_since: std::time::Instant,
 }
 
 /// Most idle connections kept per client.
 const MAX_IDLE: usize = 32;
+/// How long a connection may wait in the pool: older ones are closed at the next checkout or
+/// release.
+const IDLE_TIMEOUT: Duration = Duration::from_secs(60);
 
 /// The pooled client for local model servers. A request's connection is driven by the task
 /// that makes the request and reads its response ([`LocalBody`]), not by a task of its own:
 /// each piece of the stream the server writes wakes the reader directly, where a connection
 /// task would wake it through a channel, often on the other worker thread. Between requests
-/// a connection waits in the pool unpolled; a checkout polls it once and drops it if the
-/// server closed it meanwhile.
+/// a connection waits in the pool unpolled, at most [`IDLE_TIMEOUT`]; a checkout polls it once
+/// and drops it if the server closed it meanwhile.
 #[derive(Clone)]
 pub(crate) struct LocalClient {
     connector: QuickAckConnector,
@@ -186,31 +191,32 @@ impl LocalClient {
         mut request: hyper::Request<reqwest::Body>,
     ) -> Result<hyper::Response<LocalBody>, BoxError> {
         let uri = request.uri().clone();
-        let authority = uri
-            .authority()
-            .ok_or("the model URL has no host")?
-            .as_str()
-            .to_owned();
+        let host = host_header(&uri)?;
         *request.uri_mut() = uri.path_and_query().map_or("/", |p| p.as_str()).parse()?;
         request
             .headers_mut()
             .entry(hyper::header::HOST)
-            .or_insert(hyper::header::HeaderValue::from_str(&authority)?);
+            .or_insert(hyper::header::HeaderValue::from_str(&host)?);
         let mut request = Some(request);
         loop {
             let (live, reused) = match self.checkout() {
                 Some(live) => (live, true),
                 None => (self.connect(uri.clone()).await?, false),
             };
-            let Live { mut send, mut conn } = live;
+            let Live { mut send, conn, .. } = live;
             let Some(next) = request.take() else {
                 return Err("the request was lost".into());
             };
             let sent = send.try_send_request(next);
-            let (head, conn_alive) = drive(conn.as_mut(), sent).await;
+            let mut conn = Some(conn);
+            let head = drive(&mut conn, sent).await;
             match head {
                 Ok(response) => {
-                    let live = conn_alive.then_some(Live { send, conn });
+                    let live = conn.map(|conn| Live {
+                        send,
+                        conn,
+                        idle_since: std::time::Instant::now(),
+                    });
                     let pool = Arc::downgrade(&self.idle);
                     return Ok(response.map(|inner| LocalBody {
                         inner: Some(inner),
@@ -230,11 +236,14 @@ impl LocalClient {
     /// An idle connection that is still open, newest first.
     fn checkout(&self) -> Option<Live> {
         loop {
-            let mut live = self
-                .idle
-                .lock()
-                .unwrap_or_else(std::sync::PoisonError::into_inner)
-                .pop()?;
+            let mut live = {
+                let mut idle = self
+                    .idle
+                    .lock()
+                    .unwrap_or_else(std::sync::PoisonError::into_inner);
+                idle.retain(|l| l.idle_since.elapsed() < IDLE_TIMEOUT);
+                idle.pop()?
+            };
             // One poll reads what the server sent since: a close ends the connection.
             let waker = std::task::Waker::noop();
             let ended = live
@@ -255,23 +264,36 @@ impl LocalClient {
         Ok(Live {
             send,
             conn: Box::pin(conn),
+            idle_since: std::time::Instant::now(),
         })
     }
 }
 
-/// Polls `conn` while waiting for `sent`: its result, and whether the connection is still
-/// open (a connection whose future ended must not be polled again).
-async fn drive<F, T>(mut conn: Pin<&mut Conn>, sent: F) -> (T, bool)
+/// The `Host` header of `uri`: its host, and its port when it names one (never its
+/// credentials).
+fn host_header(uri: &hyper::Uri) -> Result<String, BoxError> {
+    let host = uri.host().ok_or("the model URL has no host")?;
+    Ok(match uri.port_u16() {
+        Some(port) => format!("{host}:{port}"),
+        None => host.to_owned(),
+    })
+}
+
+/// Polls the connection while waiting for `sent`. A connection whose future ends is dropped at
+/// once (`None`): hyper then hands back a request it had queued but not written, which a
+/// connection that lived on (idle after a clean close) would hold forever.
+async fn drive<F, T>(conn: &mut Option<Pin<Box<Conn>>>, sent: F) -> T
 where
     F: Future<Output = T>,
 {
     let mut sent = std::pin::pin!(sent);
-    let mut alive = true;
     std::future::poll_fn(|cx| {
-        if alive && conn.as_mut().poll(cx).is_ready() {
-            alive = false;
+        if let Some(c) = conn
+            && c.as_mut().poll(cx).is_ready()
+        {
+            *conn = None;
         }
-        sent.as_mut().poll(cx).map(|r| (r, alive))
+        sent.as_mut().poll(cx)
     })
     .await
 }
@@ -310,13 +332,16 @@ fn poll_body(
     hyper::body::Body::poll_frame(Pin::new(inner), cx)
 }
 
-/// Puts a connection whose response has ended back in the pool.
-fn release(live: Live, pool: &std::sync::Weak<Mutex<Vec<Live>>>) {
+/// Puts a connection whose response has ended back in the pool (and closes those that waited
+/// there too long).
+fn release(mut live: Live, pool: &std::sync::Weak<Mutex<Vec<Live>>>) {
     if let Some(pool) = pool.upgrade() {
         let mut idle = pool
             .lock()
             .unwrap_or_else(std::sync::PoisonError::into_inner);
+        idle.retain(|l| l.idle_since.elapsed() < IDLE_TIMEOUT);
         if idle.len() < MAX_IDLE {
+            live.idle_since = std::time::Instant::now();
             idle.push(live);
         }
     }
@@ -432,18 +457,47 @@ mod tests {
             .unwrap()
     }
 
+    type Socket = tokio::io::BufReader<tokio::net::TcpStream>;
+
+    /// Reads one request from `socket` and answers it with `body`; false when the client
+    /// closed the connection instead.
+    async fn answer(socket: &mut Socket, body: &str) -> bool {
+        use tokio::io::AsyncBufReadExt;
+        let mut length = 0;
+        loop {
+            let mut line = String::new();
+            if socket.read_line(&mut line).await.unwrap_or(0) == 0 {
+                return false;
+            }
+            if line == "\r\n" {
+                break;
+            }
+            if let Some(v) = line.to_ascii_lowercase().strip_prefix("content-length:") {
+                length = v.trim().parse().unwrap();
+            }
+        }
+        let mut request = vec![0; length];
+        socket.read_exact(&mut request).await.unwrap();
+        let reply = format!(
+            "HTTP/1.1 200 OK\r\ncontent-length: {}\r\n\r\n{body}",
+            body.len()
+        );
+        socket.get_mut().write_all(reply.as_bytes()).await.unwrap();
+        true
+    }
+
     /// A loopback HTTP/1.1 server answering every request with `body`: how many connections
-    /// it accepted, and its URL. `close_after` closes each connection after that many
-    /// responses (a server's idle timeout), without saying so.
+    /// it accepted, and its URL. With `close`, each connection is closed (without a word, as
+    /// a server's idle timeout does) after its first answer once `close` is notified, and
+    /// the third value is notified when it is.
     async fn server(
         body: &'static str,
-        close_after: Option<usize>,
+        close: Option<Arc<tokio::sync::Notify>>,
     ) -> (
         Arc<std::sync::atomic::AtomicUsize>,
         String,
         Arc<tokio::sync::Notify>,
     ) {
-        use tokio::io::AsyncBufReadExt;
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
         let url = format!("http://{}/v1/x", listener.local_addr().unwrap());
         let accepted = Arc::new(std::sync::atomic::AtomicUsize::new(0));
@@ -454,40 +508,19 @@ mod tests {
             loop {
                 let (socket, _) = listener.accept().await.unwrap();
                 count.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
-                let closes = closes.clone();
+                let (close, closes) = (close.clone(), closes.clone());
                 tokio::spawn(async move {
                     let mut socket = tokio::io::BufReader::new(socket);
-                    let mut answered = 0;
-                    loop {
-                        let mut length = 0;
-                        loop {
-                            let mut line = String::new();
-                            if socket.read_line(&mut line).await.unwrap_or(0) == 0 {
-                                return;
-                            }
-                            if line == "\r\n" {
-                                break;
-                            }
-                            if let Some(v) =
-                                line.to_ascii_lowercase().strip_prefix("content-length:")
-                            {
-                                length = v.trim().parse().unwrap();
-                            }
-                        }
-                        let mut request = vec![0; length];
-                        socket.read_exact(&mut request).await.unwrap();
-                        let reply = format!(
-                            "HTTP/1.1 200 OK\r\ncontent-length: {}\r\n\r\n{body}",
-                            body.len()
-                        );
-                        socket.get_mut().write_all(reply.as_bytes()).await.unwrap();
-                        answered += 1;
-                        if close_after == Some(answered) {
-                            drop(socket);
-                            closes.notify_one();
-                            return;
-                        }
+                    if !answer(&mut socket, body).await {
+                        return;
                     }
+                    if let Some(close) = close {
+                        close.notified().await;
+                        drop(socket);
+                        closes.notify_one();
+                        return;
+                    }
+                    while answer(&mut socket, body).await {}
                 });
             }
         });
@@ -522,14 +555,53 @@ mod tests {
 
     #[tokio::test]
     async fn a_connection_the_server_closed_while_idle_is_replaced() {
-        let (accepted, url, closed) = server("hello", Some(1)).await;
+        let close = Arc::new(tokio::sync::Notify::new());
+        let (accepted, url, closed) = server("hello", Some(close.clone())).await;
         let client = local_client(Duration::from_secs(5));
-        let notified = closed.notified();
         assert_eq!(post(&client, &url).await, "hello");
-        // The server has closed the idle connection (on loopback its FIN is here already).
+        assert_eq!(client.idle.lock().unwrap().len(), 1, "kept");
+        // The server closes the idle connection (on loopback its FIN is here at once).
+        let notified = closed.notified();
+        close.notify_one();
         notified.await;
         assert_eq!(post(&client, &url).await, "hello");
         assert_eq!(accepted.load(std::sync::atomic::Ordering::SeqCst), 2);
+    }
+
+    /// The race a checkout can lose: the server's close arrives after the checkout looked and
+    /// before the request is written. hyper then ends the idle connection cleanly; dropping it
+    /// hands the request back unsent (else it would wait forever).
+    #[tokio::test(start_paused = true)]
+    async fn a_request_queued_on_a_connection_that_closed_comes_back_unsent() {
+        let close = Arc::new(tokio::sync::Notify::new());
+        let (_, url, closed) = server("hello", Some(close.clone())).await;
+        let client = local_client(Duration::from_secs(5));
+        assert_eq!(post(&client, &url).await, "hello");
+        let notified = closed.notified();
+        close.notify_one();
+        notified.await;
+        // Taken without the checkout's look.
+        let Live { mut send, conn, .. } = client.idle.lock().unwrap().pop().unwrap();
+        let request = hyper::Request::post("/v1/x")
+            .header(hyper::header::HOST, "127.0.0.1")
+            .body(reqwest::Body::from("{}"))
+            .unwrap();
+        let sent = send.try_send_request(request);
+        let mut conn = Some(conn);
+        let result = tokio::time::timeout(Duration::from_secs(5), drive(&mut conn, sent))
+            .await
+            .expect("the request came back instead of waiting forever");
+        let mut error = result.expect_err("the connection was closed");
+        assert!(error.take_message().is_some(), "unsent: it can go again");
+        assert!(conn.is_none(), "the ended connection was dropped");
+    }
+
+    #[test]
+    fn the_host_header_names_host_and_port_never_credentials() {
+        let uri: hyper::Uri = "http://user:secret@localhost:8000/v1".parse().unwrap();
+        assert_eq!(host_header(&uri).unwrap(), "localhost:8000");
+        let uri: hyper::Uri = "http://[::1]/v1".parse().unwrap();
+        assert_eq!(host_header(&uri).unwrap(), "[::1]");
     }
 
     #[tokio::test]
