@@ -527,10 +527,15 @@ mod tests {
         (accepted, url, closed)
     }
 
-    async fn post(client: &LocalClient, url: &str) -> String {
-        let request = hyper::Request::post(url)
+    /// A model request to `url`, as `OpenAiClient` makes one.
+    fn post_request(url: &str) -> hyper::Request<reqwest::Body> {
+        hyper::Request::post(url)
             .body(reqwest::Body::from("{}"))
-            .unwrap();
+            .unwrap()
+    }
+
+    async fn post(client: &LocalClient, url: &str) -> String {
+        let request = post_request(url);
         let response = client.request(request).await.unwrap();
         reqwest::Response::from(response.map(reqwest::Body::wrap))
             .text()
@@ -608,9 +613,7 @@ mod tests {
     async fn a_body_dropped_unread_is_finished_and_its_connection_serves_again() {
         let (accepted, url, _) = server("a longer answer", None).await;
         let client = local_client(Duration::from_secs(5));
-        let request = hyper::Request::post(url.as_str())
-            .body(reqwest::Body::from("{}"))
-            .unwrap();
+        let request = post_request(&url);
         // Dropped with its body unread (a reader that stopped at the terminal event).
         let response = client.request(request).await.unwrap();
         drop(response);
@@ -642,9 +645,7 @@ mod tests {
             socket.read(&mut buf).await.unwrap_or(0)
         });
         let client = local_client(Duration::from_secs(5));
-        let request = hyper::Request::post(url.as_str())
-            .body(reqwest::Body::from("{}"))
-            .unwrap();
+        let request = post_request(&url);
         let response = client.request(request).await.unwrap();
         drop(response);
         // Past the finishing budget the connection is closed, not kept.
