@@ -629,6 +629,51 @@ mod tests {
     }
 
     #[tokio::test(start_paused = true)]
+    async fn a_body_whose_end_comes_after_its_drop_is_read_on_and_its_connection_kept() {
+        // A server that sends a head and part of a body, the rest only once told.
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let url = format!("http://{}/v1/x", listener.local_addr().unwrap());
+        let rest = Arc::new(tokio::sync::Notify::new());
+        let go = rest.clone();
+        let server = tokio::spawn(async move {
+            let (socket, _) = listener.accept().await.unwrap();
+            let mut socket = tokio::io::BufReader::new(socket);
+            let mut line = String::new();
+            while line != "\r\n" {
+                line.clear();
+                tokio::io::AsyncBufReadExt::read_line(&mut socket, &mut line)
+                    .await
+                    .unwrap();
+            }
+            let mut body = [0u8; 2];
+            socket.read_exact(&mut body).await.unwrap();
+            let head = b"HTTP/1.1 200 OK\r\ncontent-length: 8\r\n\r\npart";
+            socket.get_mut().write_all(head).await.unwrap();
+            go.notified().await;
+            socket.get_mut().write_all(b" two").await.unwrap();
+            // The connection serves the next request.
+            answer(&mut socket, "again").await
+        });
+        let client = local_client(Duration::from_secs(5));
+        let response = client.request(post_request(&url)).await.unwrap();
+        drop(response);
+        assert!(
+            client.idle.lock().unwrap().is_empty(),
+            "its end is not here yet"
+        );
+        rest.notify_one();
+        // Within the finishing budget (the clock is paused; the rest arrives at once).
+        tokio::time::sleep(FINISH_WITHIN / 2).await;
+        assert_eq!(
+            client.idle.lock().unwrap().len(),
+            1,
+            "read to its end and kept"
+        );
+        assert_eq!(post(&client, &url).await, "again");
+        assert!(server.await.unwrap());
+    }
+
+    #[tokio::test(start_paused = true)]
     async fn a_body_whose_end_does_not_come_closes_its_connection() {
         // A server that sends a head and part of a body, then nothing.
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
