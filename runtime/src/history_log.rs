@@ -69,7 +69,7 @@
 //!
 //! A record read back from storage is what its conversation's policy kept: the whole event
 //! (`Full`, `Ttl`) gives the same lines as the live event; headers give the same line types
-//! with the sizes the headers keep and the call ids of `action` and `observation` lines (none
+//! with the sizes the headers keep and the call ids of `action` and `observation` lines (empty
 //! in records written before the headers kept them), but no warning code in records written
 //! before headers kept it (`unknown`), no prompt estimates, and no `approval` lines (the
 //! headers keep no approval id).

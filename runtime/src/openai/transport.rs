@@ -184,8 +184,8 @@ pub(crate) fn local_client(connect_timeout: Duration) -> LocalClient {
 impl LocalClient {
     /// Sends `request` (an absolute `http://` URI) on an idle connection or a new one, and
     /// returns the response once its head has arrived. A request that an idle connection
-    /// could not take (the server closed it as it was checked out) goes once more, on a new
-    /// connection.
+    /// could not take (the server closed it as it was checked out) goes again, on another
+    /// connection (hyper hands back only a request it never wrote).
     pub(crate) async fn request(
         &self,
         mut request: hyper::Request<reqwest::Body>,
