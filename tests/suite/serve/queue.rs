@@ -71,6 +71,17 @@ pub(super) async fn outcome(api: &Api, sid: &str, message_id: u64) -> Value {
     }
 }
 
+/// The outcome of the message a `POST .../messages` answer (`sent`) accepted.
+pub(super) async fn outcome_of(api: &Api, sid: &str, sent: &Value) -> Value {
+    let id = sent["message"]["message_id"].as_u64();
+    outcome(
+        api,
+        sid,
+        id.unwrap_or_else(|| panic!("no message id in {sent}")),
+    )
+    .await
+}
+
 /// Waits until the scripted model has been called `n` times (15 s at most).
 pub(super) async fn called(server: &Server, n: u64) {
     let t0 = Instant::now();
@@ -199,18 +210,8 @@ async fn a_full_queue_refuses_before_storing_and_a_close_cancels_what_waits() {
         )
         .await;
     assert_eq!(closed["outcome"], "closed");
-    let r = outcome(
-        &api,
-        &sid,
-        running["message"]["message_id"].as_u64().unwrap(),
-    )
-    .await;
-    let q = outcome(
-        &api,
-        &sid,
-        queued["message"]["message_id"].as_u64().unwrap(),
-    )
-    .await;
+    let r = outcome_of(&api, &sid, &running).await;
+    let q = outcome_of(&api, &sid, &queued).await;
     assert_eq!(r["status"], "cancelled", "{r}");
     assert_eq!(q["status"], "cancelled", "{q}");
     assert!(q["reply_message_id"].is_null(), "it never ran: {q}");

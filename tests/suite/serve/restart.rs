@@ -2,7 +2,7 @@
 //! with its conversations and their history; the API keeps answering for it. So is one that
 //! stops again while it is started, and one whose host ends.
 
-use super::queue::{called, conversation_of, hangs, outcome, post};
+use super::queue::{called, conversation_of, hangs, outcome, outcome_of, post};
 use super::{Server, id};
 use serde_json::json;
 use std::sync::Arc;
@@ -160,12 +160,7 @@ async fn a_session_that_stops_again_while_it_is_started_is_started_once_more() {
 
     let (status, message) = sent.await.unwrap();
     assert_eq!(status, reqwest::StatusCode::ACCEPTED, "{message}");
-    let done = outcome(
-        &api,
-        &sid,
-        message["message"]["message_id"].as_u64().unwrap(),
-    )
-    .await;
+    let done = outcome_of(&api, &sid, &message).await;
     assert_eq!(done["status"], "completed", "{done}");
     let reply = api.say(&sid, "after").await;
     assert!(reply.to_string().contains("You said: after"), "{reply}");
@@ -315,12 +310,7 @@ async fn changes_a_stopped_run_answered_late_are_told_to_the_run_that_replaced_i
     // The opened conversation runs messages in the new run.
     let (status, message) = post(&api, &sid, Some(&opened.to_string()), "hello").await;
     assert!(status.is_success(), "{message}");
-    let done = outcome(
-        &api,
-        &sid,
-        message["message"]["message_id"].as_u64().unwrap(),
-    )
-    .await;
+    let done = outcome_of(&api, &sid, &message).await;
     assert_eq!(done["status"], "completed", "{done}");
     server.stop().await;
 }
