@@ -36,7 +36,8 @@
 //! the bench's client then no longer shares the service's tokio workers.
 //!
 //! For profiling: `TROUPE_BENCH_ROWS` picks rows (a comma list of `nagle`, `nodelay`,
-//! `scripted`; all by default) and `TROUPE_BENCH_TURNS` the timed turns of each half (500).
+//! `scripted`; all by default), `TROUPE_BENCH_TURN` one kind of turn (`first` or `later`;
+//! both by default) and `TROUPE_BENCH_TURNS` the timed turns of each half (500).
 #![forbid(unsafe_code)]
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
@@ -408,6 +409,12 @@ async fn last_request(http: &reqwest::Client, server: &ModelServer) -> Vec<u8> {
         .to_vec()
 }
 
+/// Whether turns of `kind` (`first` or `later`) are measured (`TROUPE_BENCH_TURN`; both when
+/// unset).
+fn turn_kind(kind: &str) -> bool {
+    std::env::var("TROUPE_BENCH_TURN").map_or(true, |k| k.trim() == kind)
+}
+
 /// Turns a session takes in the "later turns" rows (`TROUPE_BENCH_PER_SESSION`, else 8).
 fn per_session() -> usize {
     std::env::var("TROUPE_BENCH_PER_SESSION")
@@ -437,6 +444,9 @@ fn main() {
             }
             let server = ModelServer::start(nodelay);
             for (what, per) in [("first turn of a session", 1), ("later turns", later)] {
+                if !turn_kind(if per == 1 { "first" } else { "later" }) {
+                    continue;
+                }
                 let (turns, bodies, head) = measure_turns(Some(&server), per).await;
                 let mut raws = measure_raw(&server, &bodies, false).await;
                 // The raw requests are troupe's, byte for byte: the same head, the same body.
@@ -462,6 +472,9 @@ fn main() {
             return;
         }
         for (what, per) in [("first turn of a session", 1), ("later turns", later)] {
+            if !turn_kind(if per == 1 { "first" } else { "later" }) {
+                continue;
+            }
             let (turns, _, _) = measure_turns(None, per).await;
             println!(
                 "| none (scripted model), {what} | – | – | – | {} | {} | – |",
