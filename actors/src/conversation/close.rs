@@ -100,35 +100,13 @@ impl ConversationState {
         crate::context::add_aborted_task(&mut self.stats);
         // Released here, so that the slot is free by the time close answers (a lent slot is
         // its dispatcher's).
-        if releases_at_end(running.slot) {
-            let _ = self
-                .services
-                .directory
-                .scheduler()
-                .cast(SchedulerMsg::Release { task_id });
-        }
-        let _ = self
-            .services
-            .directory
-            .registry()
-            .cast(TaskRegistryMsg::Deregister { task_id });
+        self.let_go(task_id, running.slot);
         if let Some(reply) = running.reply.take() {
             let _ = reply.send(Err(AgentError::cancelled(
                 "aborted: the task ignored cancellation past the close timeout",
             )));
         }
-        if self.closing.is_some() {
-            self.finish_close(myself, CloseOutcome::ForceAborted);
-        } else if let Some(next) = self.queue.pop_front() {
-            self.start_task(
-                myself,
-                next.kind,
-                next.text,
-                next.request,
-                next.reply,
-                &next.caller,
-            );
-        }
+        self.after_task(myself, CloseOutcome::ForceAborted);
     }
 
     /// Withdraws the pending approvals of a task that will not wait for them any more.

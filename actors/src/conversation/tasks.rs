@@ -512,21 +512,7 @@ impl ConversationState {
                 .carrying_content_since(running.content_since_ms),
             );
         });
-        // The slot goes back to the scheduler of the moment: the one that granted it, or its
-        // successor once the grant was re-declared (a scheduler that never heard of the task
-        // ignores this). A lent slot stays with the dispatcher.
-        if releases_at_end(running.slot) {
-            let _ = self
-                .services
-                .directory
-                .scheduler()
-                .cast(SchedulerMsg::Release { task_id });
-        }
-        let _ = self
-            .services
-            .directory
-            .registry()
-            .cast(TaskRegistryMsg::Deregister { task_id });
+        self.let_go(task_id, running.slot);
         if let Some(reply) = running.reply.take() {
             let _ = reply.send(Ok(MessageReply {
                 conversation_id: self.id,
@@ -538,8 +524,33 @@ impl ConversationState {
                 items: outcome.items,
             }));
         }
+        self.after_task(myself, CloseOutcome::Closed);
+    }
+
+    /// A task that ended (or was aborted) lets go of what it held: its slot goes back to the
+    /// scheduler of the moment (the one that granted it, or its successor once the grant was
+    /// re-declared; a scheduler that never heard of the task ignores this), unless it was lent
+    /// by a dispatcher, whose it stays; and the TaskRegistry forgets it.
+    pub(super) fn let_go(&self, task_id: TaskId, slot: Option<SlotState>) {
+        if releases_at_end(slot) {
+            let _ = self
+                .services
+                .directory
+                .scheduler()
+                .cast(SchedulerMsg::Release { task_id });
+        }
+        let _ = self
+            .services
+            .directory
+            .registry()
+            .cast(TaskRegistryMsg::Deregister { task_id });
+    }
+
+    /// What follows a task's end: a close that waited for it finishes (`closed` says how),
+    /// else the next queued task starts.
+    pub(super) fn after_task(&mut self, myself: &ActorRef<ConversationMsg>, closed: CloseOutcome) {
         if self.closing.is_some() {
-            self.finish_close(myself, CloseOutcome::Closed);
+            self.finish_close(myself, closed);
         } else if let Some(next) = self.queue.pop_front() {
             self.start_task(
                 myself,
