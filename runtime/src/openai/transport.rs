@@ -5,8 +5,9 @@
 //! `TCP_NODELAY` (as reqwest's had), and on Linux `TCP_QUICKACK` is set again after every
 //! read, so the kernel acknowledges what the server sent at once instead of delaying the ACK
 //! up to 40 ms; and each connection is driven by the task that reads its response, so the
-//! pieces of a streamed answer reach that task without a hop through another one. Every other endpoint
-//! (TLS, proxies, remote hosts) goes through reqwest, whose connections troupe cannot reach.
+//! pieces of a streamed answer reach that task without a hop through another one. Every other
+//! endpoint (TLS, proxies, remote hosts) goes through reqwest, whose connections troupe cannot
+//! reach.
 //!
 //! Why: a server that writes its SSE events one small `send` at a time with Nagle's algorithm
 //! on (Python's `http.server`, many small model servers) holds each small write until the
@@ -152,8 +153,8 @@ type Sender = hyper::client::conn::http1::SendRequest<reqwest::Body>;
 struct Live {
     send: Sender,
     conn: Pin<Box<Conn>>,
-    /// When it last went back to the pool.
-    idle_since: std::time::Instant,
+    /// When it last went back to the pool (tokio's clock, which a paused test moves).
+    idle_since: tokio::time::Instant,
 }
 
 /// Most idle connections kept per client.
@@ -215,7 +216,7 @@ impl LocalClient {
                     let live = conn.map(|conn| Live {
                         send,
                         conn,
-                        idle_since: std::time::Instant::now(),
+                        idle_since: tokio::time::Instant::now(),
                     });
                     let pool = Arc::downgrade(&self.idle);
                     return Ok(response.map(|inner| LocalBody {
@@ -236,14 +237,7 @@ impl LocalClient {
     /// An idle connection that is still open, newest first.
     fn checkout(&self) -> Option<Live> {
         loop {
-            let mut live = {
-                let mut idle = self
-                    .idle
-                    .lock()
-                    .unwrap_or_else(std::sync::PoisonError::into_inner);
-                idle.retain(|l| l.idle_since.elapsed() < IDLE_TIMEOUT);
-                idle.pop()?
-            };
+            let mut live = { pruned(&self.idle).pop()? };
             // One poll reads what the server sent since: a close ends the connection.
             let waker = std::task::Waker::noop();
             let ended = live
@@ -264,7 +258,7 @@ impl LocalClient {
         Ok(Live {
             send,
             conn: Box::pin(conn),
-            idle_since: std::time::Instant::now(),
+            idle_since: tokio::time::Instant::now(),
         })
     }
 }
@@ -334,16 +328,23 @@ fn poll_body(
     hyper::body::Body::poll_frame(Pin::new(inner), cx)
 }
 
+/// The pool, locked, without the connections that waited there past [`IDLE_TIMEOUT`] (dropped,
+/// which closes them).
+fn pruned(pool: &Mutex<Vec<Live>>) -> std::sync::MutexGuard<'_, Vec<Live>> {
+    let mut idle = pool
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner);
+    idle.retain(|l| l.idle_since.elapsed() < IDLE_TIMEOUT);
+    idle
+}
+
 /// Puts a connection whose response has ended back in the pool (and closes those that waited
 /// there too long).
 fn release(mut live: Live, pool: &std::sync::Weak<Mutex<Vec<Live>>>) {
     if let Some(pool) = pool.upgrade() {
-        let mut idle = pool
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner);
-        idle.retain(|l| l.idle_since.elapsed() < IDLE_TIMEOUT);
+        let mut idle = pruned(&pool);
         if idle.len() < MAX_IDLE {
-            live.idle_since = std::time::Instant::now();
+            live.idle_since = tokio::time::Instant::now();
             idle.push(live);
         }
     }
@@ -559,6 +560,28 @@ mod tests {
         assert_eq!((a.as_str(), b.as_str()), ("hello", "hello"));
         assert_eq!(accepted.load(std::sync::atomic::Ordering::SeqCst), 2);
         assert_eq!(client.idle.lock().unwrap().len(), 2);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_connection_idle_past_the_timeout_is_closed_and_not_used_again() {
+        let (accepted, url, _) = server("hello", None).await;
+        let client = local_client(Duration::from_secs(5));
+        assert_eq!(post(&client, &url).await, "hello");
+        tokio::time::advance(IDLE_TIMEOUT - Duration::from_secs(1)).await;
+        assert_eq!(post(&client, &url).await, "hello");
+        assert_eq!(
+            accepted.load(std::sync::atomic::Ordering::SeqCst),
+            1,
+            "reused within the timeout"
+        );
+        tokio::time::advance(IDLE_TIMEOUT + Duration::from_secs(1)).await;
+        assert_eq!(post(&client, &url).await, "hello");
+        assert_eq!(
+            accepted.load(std::sync::atomic::Ordering::SeqCst),
+            2,
+            "a new connection past it"
+        );
+        assert_eq!(client.idle.lock().unwrap().len(), 1, "the old one is gone");
     }
 
     #[tokio::test]
