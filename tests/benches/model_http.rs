@@ -12,11 +12,13 @@
 //! connection (warm: what matters is the connection's state between requests, so the two
 //! measures are not interleaved); troupe, raw, troupe, raw, all counted:
 //! - troupe: the service in this process (default SQLite store, `openai-responses` provider
-//!   pointed at the server), one keep-alive client, `POST /api/sessions/{id}/messages`
-//!   waiting for the reply; two rows per server: each turn the first of a new session (so
-//!   every model request has the same size; the session is created outside the timing), and
-//!   the later turns of a conversation (sessions of `TROUPE_BENCH_PER_SESSION` turns, 8 by
-//!   default, the first of each not timed);
+//!   pointed at the server), `POST /api/sessions/{id}/messages` waiting for the reply, sent on
+//!   one keep-alive connection by a client of the same kind as the raw request's
+//!   ([`ApiClient`]: HTTP/1.1 driven by the task that asks; `TROUPE_BENCH_CLIENT=reqwest`
+//!   sends them with a `reqwest::Client` instead); two rows per server: each turn the first
+//!   of a new session (so every model request has the same size; the session is created
+//!   outside the timing), and the later turns of a conversation (sessions of
+//!   `TROUPE_BENCH_PER_SESSION` turns, 8 by default, the first of each not timed);
 //! - raw: troupe's own model requests (the server hands each back from `GET /last-request`;
 //!   for the later turns, those of a whole session, taken in turn) POSTed to `/v1/responses`
 //!   by a client of troupe's own transport (`OpenAiClient::raw_request`: the same pooled
@@ -42,7 +44,7 @@
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 use futures::StreamExt;
-use serde_json::{Value, json};
+use serde_json::Value;
 use std::io::BufRead;
 use std::process::{Child, Command, Stdio};
 use std::sync::Arc;
@@ -235,30 +237,116 @@ impl Drop for Running {
     }
 }
 
-async fn new_session(http: &reqwest::Client, base: &str) -> String {
-    let v: Value = http
-        .post(format!("{base}/api/sessions"))
-        .json(&json!({}))
-        .send()
-        .await
-        .unwrap()
-        .json()
-        .await
-        .unwrap();
+async fn new_session(api: &mut ApiClient) -> String {
+    let (status, body) = api.post("/api/sessions", b"{}").await;
+    let v: Value = serde_json::from_slice(&body).unwrap();
+    assert!(status.is_success(), "{v}");
     v["session_id"].as_str().unwrap().to_owned()
 }
 
 /// One troupe turn: the message, waiting for its reply (`expect` in it).
-async fn turn(http: &reqwest::Client, base: &str, session: &str, expect: &str) {
-    let r = http
-        .post(format!("{base}/api/sessions/{session}/messages"))
-        .json(&json!({"text": "hello"}))
-        .send()
-        .await
-        .unwrap();
-    assert!(r.status().is_success(), "{}", r.text().await.unwrap());
-    let v: Value = r.json().await.unwrap();
+async fn turn(api: &mut ApiClient, session: &str, expect: &str) {
+    let (status, body) = api
+        .post(
+            &format!("/api/sessions/{session}/messages"),
+            br#"{"text":"hello"}"#,
+        )
+        .await;
+    let v: Value = serde_json::from_slice(&body).unwrap();
+    assert!(status.is_success(), "{v}");
     assert_eq!(v["reply"]["text"], expect, "{v}");
+}
+
+type Body = http_body_util::Full<hyper::body::Bytes>;
+type Conn =
+    hyper::client::conn::http1::Connection<hyper_util::rt::TokioIo<tokio::net::TcpStream>, Body>;
+/// A live connection: where requests go, and the connection to poll while they do.
+type Live = (
+    hyper::client::conn::http1::SendRequest<Body>,
+    std::pin::Pin<Box<Conn>>,
+);
+
+/// The bench's client of the service, of the same kind as the raw request's (troupe's
+/// transport to a local model server): one keep-alive HTTP/1.1 connection with `TCP_NODELAY`,
+/// driven by the task that sends the request and reads the answer, so that neither measure
+/// pays for a client the other does not. (`TROUPE_BENCH_CLIENT=reqwest` sends the turns with
+/// a `reqwest::Client` instead, whose connection is driven by a task of its own: a hop more
+/// each way.)
+enum ApiClient {
+    Lean { base: String, live: Option<Live> },
+    Reqwest { base: String, http: reqwest::Client },
+}
+
+impl ApiClient {
+    fn new(base: &str) -> Self {
+        match std::env::var("TROUPE_BENCH_CLIENT").as_deref() {
+            Ok("reqwest") => Self::Reqwest {
+                base: base.to_owned(),
+                http: reqwest::Client::new(),
+            },
+            Ok("lean") | Err(_) => Self::Lean {
+                base: base.to_owned(),
+                live: None,
+            },
+            Ok(other) => panic!("TROUPE_BENCH_CLIENT is `lean` or `reqwest`, not {other:?}"),
+        }
+    }
+
+    /// POSTs `body` (JSON) to `path`; the status and the whole answer.
+    async fn post(&mut self, path: &str, body: &[u8]) -> (reqwest::StatusCode, Vec<u8>) {
+        use http_body_util::BodyExt;
+        match self {
+            Self::Reqwest { base, http } => {
+                let r = http
+                    .post(format!("{base}{path}"))
+                    .header("content-type", "application/json")
+                    .body(body.to_vec())
+                    .send()
+                    .await
+                    .unwrap();
+                let status = r.status();
+                (status, r.bytes().await.unwrap().to_vec())
+            }
+            Self::Lean { base, live } => {
+                let authority = base.trim_start_matches("http://").to_owned();
+                if live.as_ref().is_none_or(|(send, _)| send.is_closed()) {
+                    let stream = tokio::net::TcpStream::connect(&authority).await.unwrap();
+                    stream.set_nodelay(true).unwrap();
+                    let (send, conn) =
+                        hyper::client::conn::http1::handshake(hyper_util::rt::TokioIo::new(stream))
+                            .await
+                            .unwrap();
+                    *live = Some((send, Box::pin(conn)));
+                }
+                let (send, conn) = live.as_mut().unwrap();
+                let request = hyper::Request::post(path)
+                    .header("host", &authority)
+                    .header("content-type", "application/json")
+                    .body(Body::new(hyper::body::Bytes::copy_from_slice(body)))
+                    .unwrap();
+                let response = driven(conn, send.send_request(request)).await.unwrap();
+                let status = reqwest::StatusCode::from_u16(response.status().as_u16()).unwrap();
+                let bytes = driven(conn, response.into_body().collect())
+                    .await
+                    .unwrap()
+                    .to_bytes();
+                (status, bytes.to_vec())
+            }
+        }
+    }
+}
+
+/// `fut`, with the connection polled alongside it (a closed connection is left to be replaced).
+async fn driven<T>(conn: &mut std::pin::Pin<Box<Conn>>, fut: impl Future<Output = T>) -> T {
+    let mut fut = std::pin::pin!(fut);
+    let mut ended = false;
+    std::future::poll_fn(|cx| {
+        if !ended && conn.as_mut().poll(cx).is_ready() {
+            ended = true;
+        }
+        fut.as_mut().poll(cx)
+    })
+    .await
 }
 
 /// The model client troupe builds for `base_url`: the raw requests go through it.
@@ -365,17 +453,18 @@ async fn measure_turns(
         "You said: hello"
     };
     let http = reqwest::Client::new();
+    let mut api = ApiClient::new(&running.base);
     let mut times = Vec::with_capacity(turns());
     let timed_per_session = per_session.saturating_sub(1).max(1);
     let sessions = (WARM_UP + turns()).div_ceil(timed_per_session);
     let mut bodies = Vec::new();
     let mut done = 0;
     for n in 0..sessions {
-        let session = new_session(&http, &running.base).await;
+        let session = new_session(&mut api).await;
         bodies.clear();
         for k in 0..per_session {
             let t = Instant::now();
-            turn(&http, &running.base, &session, expect).await;
+            turn(&mut api, &session, expect).await;
             let elapsed = t.elapsed();
             if per_session > 1 && k == 0 {
                 continue;
