@@ -53,8 +53,8 @@ pub struct ChatArgs {
     /// native (the API's tool calling) or text (<action>/<final> dialect).
     #[arg(long)]
     pub tool_mode: Option<String>,
-    /// Steps before a turn ends with max_steps.
-    #[arg(long)]
+    /// Steps before a turn ends with max_steps (at least 1).
+    #[arg(long, value_parser = clap::value_parser!(u32).range(1..))]
     pub max_steps: Option<u32>,
     /// Largest prompt sent, by the local tokenizer's estimate.
     #[arg(long)]
@@ -480,11 +480,26 @@ async fn once(chat: &mut Chat, question: String, json: bool) -> anyhow::Result<E
         println!("{}", serde_json::to_string(&reply)?);
     } else {
         println!("{}", reply.text);
-        if let Some(e) = &reply.error {
-            eprintln!("troupe: turn ended with {}: {e}", reply.status.as_str());
+        if let Some(why) = ended_early(&reply) {
+            eprintln!("troupe: turn ended with {}: {why}", reply.status.as_str());
         }
     }
     Ok(exit_code(reply.status))
+}
+
+/// Why a turn did not end `ok`, for stderr: its error, or for a turn stopped by the step limit
+/// (which carries none), how many steps it took and where the limit is set.
+fn ended_early(reply: &MessageReply) -> Option<String> {
+    match (&reply.error, reply.status) {
+        (Some(e), _) => Some(e.to_string()),
+        (None, TaskStatus::MaxSteps) => Some(format!(
+            "stopped after {} step{} without a final answer (raise --max-steps, \
+             TROUPE_MAX_STEPS or [chat] max_steps)",
+            reply.stats.steps,
+            if reply.stats.steps == 1 { "" } else { "s" }
+        )),
+        (None, _) => None,
+    }
 }
 
 fn exit_code(status: TaskStatus) -> ExitCode {

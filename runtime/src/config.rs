@@ -993,10 +993,12 @@ pub fn parse_tokens(name: &str, value: &str) -> Result<Vec<ApiToken>, ConfigErro
 /// A configuration problem, with where it came from.
 #[derive(Debug, thiserror::Error)]
 pub enum ConfigError {
-    #[error("cannot read config file {path}: {source}")]
+    /// The reason is in the message, not chained as a source: printed with its chain (as the
+    /// CLI prints errors), it would appear twice.
+    #[error("cannot read config file {path}: {reason}")]
     Read {
         path: std::path::PathBuf,
-        source: std::io::Error,
+        reason: std::io::Error,
     },
     #[error("bad config file {path}: {message}")]
     Parse {
@@ -1085,9 +1087,9 @@ pub const ENV_VARS: &[(&str, &str)] = &[
 impl TroupeConfig {
     /// Reads a TOML file (every key optional).
     pub fn from_file(path: &std::path::Path) -> Result<Self, ConfigError> {
-        let text = std::fs::read_to_string(path).map_err(|source| ConfigError::Read {
+        let text = std::fs::read_to_string(path).map_err(|reason| ConfigError::Read {
             path: path.to_owned(),
-            source,
+            reason,
         })?;
         let parse_error = |e: toml::de::Error| ConfigError::Parse {
             path: path.to_owned(),
@@ -1105,6 +1107,13 @@ impl TroupeConfig {
             path: path.to_owned(),
             message: format!("tools.{}: {}", e.field, e.message),
         })?;
+        if config.chat.max_steps == 0 {
+            return Err(ConfigError::Parse {
+                path: path.to_owned(),
+                message: "chat.max_steps must be at least 1 (a turn of no step answers nothing)"
+                    .to_owned(),
+            });
+        }
         config.named = named;
         config.source = Some(path.to_owned());
         Ok(config)
@@ -1163,7 +1172,7 @@ impl TroupeConfig {
             self.model.tool_mode = parse_enum("TROUPE_TOOL_MODE", &v, "native or text")?;
         }
         if let Some(v) = get("TROUPE_MAX_STEPS") {
-            self.chat.max_steps = parse_num("TROUPE_MAX_STEPS", &v)?;
+            self.chat.max_steps = parse_steps("TROUPE_MAX_STEPS", &v)?;
         }
         if let Some(v) = get("TROUPE_MAX_PROMPT_TOKENS") {
             self.chat.max_prompt_tokens = Some(parse_num("TROUPE_MAX_PROMPT_TOKENS", &v)?);
@@ -1455,6 +1464,18 @@ fn parse_bool(name: &str, value: &str) -> Result<bool, ConfigError> {
             name: name.to_owned(),
             value: value.to_owned(),
             expected: "true or false",
+        }),
+    }
+}
+
+/// A step limit: a whole number of at least 1 (a turn of no step answers nothing).
+fn parse_steps(name: &str, value: &str) -> Result<u32, ConfigError> {
+    match value.parse::<u32>() {
+        Ok(n) if n >= 1 => Ok(n),
+        _ => Err(ConfigError::Value {
+            name: name.to_owned(),
+            value: value.to_owned(),
+            expected: "a whole number of at least 1",
         }),
     }
 }
@@ -2068,5 +2089,24 @@ public_url = "https://agents.example.com/a2a"
         std::fs::write(&path, "[model]\nprovidr = 1\n").unwrap();
         let e = TroupeConfig::load(Some(&path), &env(&[])).unwrap_err();
         assert!(e.to_string().contains("providr"), "{e}");
+    }
+
+    #[test]
+    fn a_step_limit_of_zero_is_refused_from_the_file_and_the_environment() {
+        let e = TroupeConfig::load(None, &env(&[("TROUPE_MAX_STEPS", "0")])).unwrap_err();
+        assert_eq!(
+            e.to_string(),
+            "bad value for TROUPE_MAX_STEPS: `0` (a whole number of at least 1)"
+        );
+        let ok = TroupeConfig::load(None, &env(&[("TROUPE_MAX_STEPS", "1")])).unwrap();
+        assert_eq!(ok.chat.max_steps, 1);
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("zero.toml");
+        std::fs::write(&path, "[chat]\nmax_steps = 0\n").unwrap();
+        let e = TroupeConfig::load(Some(&path), &env(&[])).unwrap_err();
+        assert!(
+            e.to_string().contains("chat.max_steps must be at least 1"),
+            "{e}"
+        );
     }
 }

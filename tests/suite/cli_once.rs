@@ -197,6 +197,81 @@ async fn tokenizer_names_are_encodings_models_or_approx() {
     assert!(tree(dir.path()).is_empty(), "{:?}", tree(dir.path()));
 }
 
+#[tokio::test]
+async fn bad_settings_are_refused_before_a_turn_and_a_turn_the_step_limit_stops_says_so() {
+    let dir = tempfile::tempdir().unwrap();
+    // Zero, from each place a limit comes from: refused before any turn, naming the setting.
+    let mut cmd = troupe(dir.path());
+    cmd.args(["chat", "--once", "--ephemeral", "--max-steps", "0", "hi"]);
+    let out = output(cmd).await;
+    assert_eq!(out.status.code(), Some(2), "{}", text(&out.stderr));
+    assert!(
+        text(&out.stderr).contains("--max-steps"),
+        "{}",
+        text(&out.stderr)
+    );
+    let mut cmd = troupe(dir.path());
+    cmd.args(["chat", "--once", "--ephemeral", "hi"])
+        .env("TROUPE_MAX_STEPS", "0");
+    let out = output(cmd).await;
+    assert_eq!(out.status.code(), Some(1));
+    assert!(
+        text(&out.stderr)
+            .contains("bad value for TROUPE_MAX_STEPS: `0` (a whole number of at least 1)"),
+        "{}",
+        text(&out.stderr)
+    );
+    let config = dir.path().join("zero.toml");
+    std::fs::write(&config, "[chat]\nmax_steps = 0\n").unwrap();
+    let mut cmd = troupe(dir.path());
+    cmd.args(["serve", "--stdio", "--ephemeral", "--config"])
+        .arg(&config);
+    let out = output(cmd).await;
+    assert_eq!(out.status.code(), Some(1));
+    assert!(
+        text(&out.stderr).contains("chat.max_steps must be at least 1"),
+        "{}",
+        text(&out.stderr)
+    );
+    assert_eq!(tree(dir.path()), vec![PathBuf::from("zero.toml")]);
+    // A configuration file that is not there: said once, with the reason.
+    let mut cmd = troupe(dir.path());
+    cmd.args(["chat", "--once", "--config", "missing.toml", "hi"]);
+    let out = output(cmd).await;
+    assert_eq!(out.status.code(), Some(1));
+    assert_eq!(
+        text(&out.stderr).trim(),
+        "troupe: cannot read config file missing.toml: No such file or directory (os error 2)"
+    );
+
+    // A model that calls a tool at every step, against a limit of one step: the turn ends
+    // with max_steps (exit 3), and stderr says why, which the reply alone does not.
+    let script = dir.path().join("script.json");
+    std::fs::write(
+        &script,
+        serde_json::json!({"replies": [
+            {"text": "", "tool_calls": [{"name": "shell", "arguments": {"command": ["true"]}}]},
+            {"text": "never reached"},
+        ]})
+        .to_string(),
+    )
+    .unwrap();
+    let mut cmd = troupe(dir.path());
+    cmd.args(["chat", "--once", "--ephemeral", "--script"])
+        .arg(&script)
+        .args(["--approval-policy", "never", "--max-steps", "1", "run it"]);
+    let out = output(cmd).await;
+    let stderr = text(&out.stderr);
+    assert_eq!(out.status.code(), Some(3), "{stderr}");
+    assert!(
+        stderr.contains(
+            "turn ended with max_steps: stopped after 1 step without a final answer (raise \
+             --max-steps"
+        ),
+        "{stderr}"
+    );
+}
+
 // ----- --ephemeral -----
 
 #[tokio::test]
