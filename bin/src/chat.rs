@@ -910,9 +910,15 @@ impl Chat {
                 println!("  {mark} {}", clip(output, 400));
                 *spinner = Some(Spinner::start("thinking"));
             }
-            EventKind::Warning { message, .. } if !quiet => {
+            // Shown in a `--once` turn too (on stderr, which leaves its stdout to the reply):
+            // a trimmed prompt or a tool that could not be offered changes the answer.
+            EventKind::Warning { message, .. } => {
                 stop_spinner();
-                eprintln!("  warning: {message}");
+                if quiet {
+                    eprintln!("troupe: warning: {message}");
+                } else {
+                    eprintln!("  warning: {message}");
+                }
             }
             EventKind::PlanUpdated { plan, .. } if !quiet => {
                 stop_spinner();

@@ -272,6 +272,29 @@ async fn bad_settings_are_refused_before_a_turn_and_a_turn_the_step_limit_stops_
     );
 }
 
+#[tokio::test]
+async fn a_once_turn_prints_its_warnings_on_stderr_and_only_the_reply_on_stdout() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut cmd = troupe(dir.path());
+    cmd.args([
+        "chat",
+        "--once",
+        "--ephemeral",
+        "--warn-prompt-tokens",
+        "1",
+        "hi",
+    ]);
+    let out = output(cmd).await;
+    let stderr = text(&out.stderr);
+    assert!(out.status.success(), "{stderr}");
+    assert_eq!(text(&out.stdout), "You said: hi\n");
+    assert!(
+        stderr.contains("troupe: warning: prompt is ")
+            && stderr.contains("above warn-prompt-tokens 1"),
+        "{stderr}"
+    );
+}
+
 // ----- --ephemeral -----
 
 #[tokio::test]
