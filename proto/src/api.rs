@@ -9,9 +9,11 @@ use crate::policy::{ApprovalPolicy, SandboxPolicy, StoragePolicy};
 use crate::task::{TaskStats, TaskStatus};
 use serde::{Deserialize, Serialize};
 
-/// Parameters of `conversation.open` (C6). Every field is optional on the wire.
+/// Parameters of `conversation.open` (C6). Every field is optional on the wire; a field it
+/// does not know is refused (a misspelt `storage_policy` must not open a conversation that
+/// keeps what the caller meant to keep out).
 #[derive(Debug, Clone, PartialEq, Default, Serialize, Deserialize)]
-#[serde(default)]
+#[serde(default, deny_unknown_fields)]
 pub struct OpenConversation {
     /// Replaces the built-in system prompt for this conversation (C3).
     pub base_instructions: Option<String>,
@@ -192,7 +194,7 @@ mod set_context_wire {
     macro_rules! wire {
         ($($field:ident: $ty:ty),* $(,)?) => {
             #[derive(Serialize, Deserialize, Default)]
-            #[serde(default)]
+            #[serde(default, deny_unknown_fields)]
             struct Text {
                 $(
                     #[serde(skip_serializing_if = "Option::is_none", deserialize_with = "patch")]

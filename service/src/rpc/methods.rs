@@ -171,13 +171,6 @@ struct RequiredProject {
 }
 
 #[derive(Deserialize)]
-struct OpenParams {
-    session_id: SessionId,
-    #[serde(flatten)]
-    params: OpenConversation,
-}
-
-#[derive(Deserialize)]
 #[serde(deny_unknown_fields)]
 struct MessageParams {
     session_id: SessionId,
@@ -195,14 +188,6 @@ struct MessageParams {
 struct ConversationParams {
     session_id: SessionId,
     conversation_id: ConversationId,
-}
-
-#[derive(Deserialize)]
-struct SetContextParams {
-    session_id: SessionId,
-    conversation_id: ConversationId,
-    #[serde(flatten)]
-    update: SetContext,
 }
 
 #[derive(Deserialize)]
@@ -273,6 +258,19 @@ struct UnsubscribeParams {
     subscription: u64,
 }
 
+/// The entries of the object `value` named in `keys`, and the others, as two objects: the
+/// params of a method that are ids next to the fields of one struct are read in two strict
+/// parts (serde's `flatten` would let a field neither part knows pass unnoticed).
+fn split(value: Value, keys: &[&str]) -> (Value, Value) {
+    let Value::Object(all) = value else {
+        return (value, json!({}));
+    };
+    let (ids, rest): (serde_json::Map<_, _>, serde_json::Map<_, _>) = all
+        .into_iter()
+        .partition(|(k, _)| keys.contains(&k.as_str()));
+    (Value::Object(ids), Value::Object(rest))
+}
+
 fn params<T: DeserializeOwned>(value: Value) -> Result<T, RpcError> {
     serde_json::from_value(value).map_err(|e| RpcError::invalid_params(e.to_string()))
 }
@@ -301,10 +299,10 @@ pub fn decode(method: &str, raw: Option<Value>) -> Result<Request, RpcError> {
             project_id: params::<ProjectParams>(value)?.project_id,
         },
         "conversation.open" => {
-            let p: OpenParams = params(value)?;
+            let (ids, rest) = split(value, &["session_id"]);
             Request::ConversationOpen {
-                session_id: p.session_id,
-                params: p.params,
+                session_id: params::<SessionParams>(ids)?.session_id,
+                params: params::<OpenConversation>(rest)?,
             }
         }
         "conversation.message" | "conversation.send" => {
@@ -328,11 +326,12 @@ pub fn decode(method: &str, raw: Option<Value>) -> Result<Request, RpcError> {
             }
         }
         "conversation.setContext" => {
-            let p: SetContextParams = params(value)?;
+            let (ids, rest) = split(value, &["session_id", "conversation_id"]);
+            let ids = params::<ConversationParams>(ids)?;
             Request::ConversationSetContext {
-                session_id: p.session_id,
-                conversation_id: p.conversation_id,
-                update: p.update,
+                session_id: ids.session_id,
+                conversation_id: ids.conversation_id,
+                update: params::<SetContext>(rest)?,
             }
         }
         "conversation.list" => Request::ConversationList {
@@ -494,6 +493,44 @@ mod tests {
                 conversation_id: cid
             }
         );
+        // A field the method does not know is refused, also next to the ids: a misspelt
+        // storage policy must not open a conversation under the default (`full`).
+        let e = decode(
+            "conversation.open",
+            Some(json!({"session_id": sid, "storage_polcy": "none"})),
+        )
+        .unwrap_err();
+        assert_eq!(e.code, INVALID_PARAMS);
+        assert!(e.message.contains("storage_polcy"), "{}", e.message);
+        let e = decode(
+            "conversation.setContext",
+            Some(json!({"session_id": sid, "conversation_id": cid, "modle": "gpt-4.1"})),
+        )
+        .unwrap_err();
+        assert_eq!(e.code, INVALID_PARAMS);
+        assert!(e.message.contains("modle"), "{}", e.message);
+        let r = decode(
+            "conversation.setContext",
+            Some(json!({"session_id": sid, "conversation_id": cid, "model": null, "refreshMcp": true})),
+        )
+        .unwrap();
+        assert!(matches!(
+            r,
+            Request::ConversationSetContext { ref update, conversation_id, .. }
+                if update.model == Some(None) && update.refresh_mcp && conversation_id == cid
+        ));
+        assert_eq!(
+            decode("conversation.open", Some(json!({"model": "m"})))
+                .unwrap_err()
+                .code,
+            INVALID_PARAMS
+        );
+        let e = decode(
+            "session.create",
+            Some(json!({"root": {"storage_polcy": "none"}})),
+        )
+        .unwrap_err();
+        assert!(e.message.contains("storage_polcy"), "{}", e.message);
         assert_eq!(decode("nope", None).unwrap_err().code, METHOD_NOT_FOUND);
         assert_eq!(
             decode("session.get", None).unwrap_err().code,

@@ -167,6 +167,32 @@ async fn errors_have_a_status_and_a_body() {
         assert_error(status, &v, StatusCode::BAD_REQUEST, "bad_request");
         let _ = why;
     }
+    // Fields that a session's root or a conversation's context does not take are refused
+    // too: a misspelt storage policy must not leave the conversation keeping content.
+    let (status, v) = api
+        .post_raw(
+            "/api/sessions",
+            br#"{"root": {"storage_polcy": "none"}}"#.to_vec(),
+        )
+        .await;
+    assert_error(status, &v, StatusCode::BAD_REQUEST, "bad_request");
+    assert!(
+        v["message"].as_str().unwrap().contains("storage_polcy"),
+        "{v}"
+    );
+    let session = api.session(None).await;
+    let (owner, root) = (
+        id(&session, "session_id"),
+        id(&session, "root_conversation_id"),
+    );
+    let (status, v) = api
+        .put(
+            &format!("/api/sessions/{owner}/conversations/{root}/context"),
+            json!({"modle": "gpt-4.1"}),
+        )
+        .await;
+    assert_error(status, &v, StatusCode::BAD_REQUEST, "bad_request");
+    assert!(v["message"].as_str().unwrap().contains("modle"), "{v}");
     let (status, v) = api
         .get(&format!("/api/sessions/{sid}/messages?limit=zero"))
         .await;
