@@ -165,10 +165,18 @@ impl HostState {
                 return Err(e);
             }
         };
-        let open = self
-            .conversations
-            .get(&conversation_id)
-            .is_some_and(|s| s.record.state == ConversationState::Open);
+        let open = match self.conversations.get(&conversation_id) {
+            Some(slot) => slot.record.state == ConversationState::Open,
+            // Forgotten once closed, or never this session's: the store tells which (a
+            // second close is answered `already_closed`, an unknown id `not_found`).
+            None => {
+                let known = self.store.conversation(conversation_id).await?;
+                if known.is_none_or(|c| c.session_id != self.record.session_id) {
+                    return Err(AgentError::not_found("conversation", conversation_id));
+                }
+                false
+            }
+        };
         if !open {
             return Ok(closed);
         }

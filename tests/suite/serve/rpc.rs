@@ -106,6 +106,22 @@ async fn sessions_and_conversations() {
         )
         .await;
     assert_eq!(again["outcome"], "already_closed", "close is idempotent");
+    // An id that is no conversation of this session is not found, not "already closed".
+    let other = api.call("session.create", json!({})).await;
+    for unknown in [
+        json!(troupe_proto::ConversationId::new()),
+        other["root_conversation_id"].clone(),
+    ] {
+        assert_eq!(
+            api.call_err(
+                "conversation.close",
+                json!({"session_id": sid, "conversation_id": unknown})
+            )
+            .await,
+            NOT_FOUND,
+            "{unknown}"
+        );
+    }
     let convs = api
         .call("conversation.list", json!({"session_id": sid}))
         .await;
