@@ -64,6 +64,23 @@ impl OpenConversation {
         self.user_instructions = None;
         self
     }
+
+    /// These parameters as a store may hold them at `now_ms` for a conversation opened at
+    /// `opened_ms`: under `Ttl { secs }`, once `secs` have passed since the opening (the
+    /// instructions' expiry, saturating as the store's sweep computes it), without their
+    /// instruction texts, which the sweep dropped or is due to drop; otherwise unchanged.
+    /// A conversation written again later (a changed context) must not put them back.
+    #[must_use]
+    pub fn stored_at(self, opened_ms: u64, now_ms: u64) -> Self {
+        match self.storage_policy {
+            StoragePolicy::Ttl { secs }
+                if opened_ms.saturating_add(secs.saturating_mul(1000)) <= now_ms =>
+            {
+                self.without_instructions()
+            }
+            _ => self,
+        }
+    }
 }
 
 /// Reply to `open`.
@@ -279,4 +296,33 @@ pub struct ConversationStats {
     pub mcp_calls: u64,
     pub mcp_latency_ms_total: u64,
     pub history_items: u64,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn instructions_are_stored_until_a_ttl_conversations_expiry_and_not_after() {
+        let params = |policy| OpenConversation {
+            base_instructions: Some("be brief".into()),
+            user_instructions: Some("I am Ann".into()),
+            storage_policy: policy,
+            ..OpenConversation::default()
+        };
+        let ttl = StoragePolicy::Ttl { secs: 60 };
+        assert!(params(ttl).stored_at(1_000, 60_999).has_instructions());
+        assert!(!params(ttl).stored_at(1_000, 61_000).has_instructions());
+        assert!(
+            params(StoragePolicy::Full)
+                .stored_at(0, u64::MAX)
+                .has_instructions()
+        );
+        let forever = StoragePolicy::Ttl { secs: u64::MAX };
+        assert!(
+            params(forever)
+                .stored_at(1_000, u64::MAX - 1)
+                .has_instructions()
+        );
+    }
 }

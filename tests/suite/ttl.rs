@@ -341,6 +341,54 @@ async fn troupe_serve_sweeps_due_content_at_start_up_including_closed_conversati
     assert_eq!(started.meta.chars, Some(canary.len() as u64));
 }
 
+/// A context changed after a running service swept a Ttl conversation's instructions writes
+/// the conversation again without them: the service's own copy of its parameters does not
+/// put dropped content back on disk.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_context_changed_after_the_sweep_does_not_write_the_instructions_back() {
+    let dir = tempfile::tempdir().unwrap();
+    let data = dir.path().join("data");
+    let canary = format!("CANARY-SERVE-CONTEXT-{}", now_ms());
+    // Sweeps 2 s apart: the check below comes well within one interval of the change.
+    let serve = Serve::start(dir.path(), "2s");
+    let (sid, cid, due) = say_in_ttl_conversation(&serve.api, 1, &canary).await;
+    wait_written(&data, &canary, Duration::from_secs(10)).await;
+    wait_gone(&data, &canary, Duration::from_secs(20)).await;
+    assert!(now_ms() >= due, "swept before it was due");
+    serve
+        .api
+        .call(
+            "conversation.setContext",
+            json!({"session_id": sid, "conversation_id": cid, "include_plan_tool": true}),
+        )
+        .await;
+    let left = holding(&data, &canary);
+    assert!(
+        left.is_empty(),
+        "the changed context wrote it back to {left:?}"
+    );
+    let listed = serve
+        .api
+        .call("conversation.list", json!({"session_id": sid}))
+        .await;
+    let conversation = listed
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|c| c["conversation_id"] == cid.as_str())
+        .unwrap()
+        .clone();
+    assert_eq!(
+        conversation["params"]["include_plan_tool"], true,
+        "{conversation}"
+    );
+    assert!(
+        conversation["params"]["base_instructions"].is_null(),
+        "{conversation}"
+    );
+    serve.stop();
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn troupe_serve_sweeps_due_content_while_it_runs() {
     let dir = tempfile::tempdir().unwrap();

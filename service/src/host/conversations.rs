@@ -106,6 +106,8 @@ impl HostState {
         };
         let mut record = slot.record.clone();
         record.params.apply(&update);
+        // Under a Ttl policy past its expiry, the instructions the sweep dropped stay dropped.
+        record.params = record.params.stored_at(record.created_ms, now_ms());
         self.store.put_conversation(record.clone()).await?;
         if let Some(slot) = self.conversations.get_mut(&conversation_id) {
             slot.record = record;
