@@ -144,6 +144,10 @@ impl HostState {
         if let Some(accepted) = accepted {
             let _ = accepted.send(message.clone());
         }
+        // Stored already running: its start is this (a queued one's is when it starts).
+        if status == MessageStatus::Running {
+            self.emit_update(&message);
+        }
         // The store made the session active with the message (P1).
         self.record.status = SessionStatus::Active;
         let waiter = if wait {

@@ -173,6 +173,7 @@ async fn queued_messages_run_in_order_and_each_reports_its_outcome() {
     assert_eq!(
         updates,
         vec![
+            (ids[0], "running".into()),
             (ids[0], "completed".into()),
             (ids[1], "running".into()),
             (ids[1], "completed".into()),
