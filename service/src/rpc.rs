@@ -112,9 +112,12 @@ impl Rpc {
                     let Some((id, answer)) = answer else {
                         continue;
                     };
-                    let answer = if out.len() + answer.len() + 2 > MAX_ANSWER_BYTES {
-                        // Past the budget: members not started yet are answered without
-                        // being run.
+                    let answer = if over.load(Ordering::Relaxed)
+                        || out.len() + answer.len() + 2 > MAX_ANSWER_BYTES
+                    {
+                        // Past the budget: this member and every later one are answered
+                        // -32013; those not started yet are not run, those already running
+                        // (at most `BATCH_CONCURRENCY - 1`) finish, and what they did stands.
                         over.store(true, Ordering::Relaxed);
                         error_response(&id, &too_large(answer.len()))
                     } else {

@@ -69,6 +69,17 @@ async fn a_batch_is_bounded_in_calls_and_its_answer_in_bytes() {
         .count();
     assert!(ok >= 1, "what fits is answered");
     assert_eq!(ok + too_large, MAX_BATCH_CALLS, "the rest is -32013");
+    // In the batch's order: results up to the budget, then only -32013.
+    let first_over = answers
+        .iter()
+        .position(|a| a["error"]["code"] == -32013)
+        .unwrap();
+    assert!(
+        answers[first_over..]
+            .iter()
+            .all(|a| a["error"]["code"] == -32013),
+        "a member after the budget was passed came back with its result"
+    );
     server.stop().await;
 }
 
