@@ -118,6 +118,10 @@ fn main() -> ExitCode {
             }
         }
     });
+    // Whatever must be written was awaited above. A blocking read that cannot end (stdin of
+    // `serve --stdio` or `chat`, still open after a SIGTERM) must not hold the exit: dropping
+    // the runtime would wait for it forever.
+    runtime.shutdown_timeout(EXIT_WAIT);
     match result {
         Ok(code) => code,
         Err(e) => {
@@ -126,3 +130,6 @@ fn main() -> ExitCode {
         }
     }
 }
+
+/// How long the exit waits for blocking work still running once the command has returned.
+const EXIT_WAIT: std::time::Duration = std::time::Duration::from_millis(500);

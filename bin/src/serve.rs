@@ -207,7 +207,7 @@ pub async fn run(args: ServeArgs) -> anyhow::Result<ExitCode> {
     if args.stdio {
         service
             .serve_stdio(tokio::io::stdin(), tokio::io::stdout())
-            .await;
+            .await?;
         return Ok(ExitCode::SUCCESS);
     }
     let listener = bind(&service, &config.server.listen).await?;

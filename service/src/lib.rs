@@ -88,6 +88,8 @@ pub use state::{AppState, ExtraRoutes};
 /// How long a failed service keeps its listener open, answering 503 on `/healthz` with the
 /// reason, before it shuts down and exits non-zero.
 pub const FAILED_LINGER: Duration = Duration::from_secs(2);
+/// How long `serve --stdio` waits, after shutdown, for its last answers to be read.
+pub const STDIO_LAST_ANSWERS: Duration = Duration::from_secs(10);
 
 /// A running service: the registry and what the transports share.
 #[derive(Clone)]
@@ -450,22 +452,47 @@ impl Service {
         }
     }
 
-    /// Serves JSON-RPC on stdin/stdout until stdin ends or `shutdown` fires.
-    pub async fn serve_stdio<R, W>(&self, input: R, output: W)
+    /// Serves JSON-RPC on stdin/stdout until stdin ends, `shutdown` fires or the service
+    /// fails, then shuts down as over HTTP: no line is read any more, running tasks get the
+    /// grace period and what still runs is cancelled, so every call still waiting is answered
+    /// (then the transport ends; a peer that reads none of it is left after
+    /// [`STDIO_LAST_ANSWERS`]). A failure is the error returned (the process exits non-zero).
+    pub async fn serve_stdio<R, W>(&self, input: R, output: W) -> Result<(), AgentError>
     where
         R: tokio::io::AsyncRead + Unpin + Send + 'static,
         W: tokio::io::AsyncWrite + Unpin + Send + 'static,
     {
-        stdio::serve(
+        let closed = CancellationToken::new();
+        let mut transport = tokio::spawn(stdio::serve(
             self.state.rpc.clone(),
             input,
             output,
             self.state.body_limit,
             self.state.shutdown.clone(),
-        )
-        .await;
-        self.state.shutdown.cancel();
+            closed.clone(),
+        ));
+        let failure = tokio::select! {
+            _ = &mut transport => None,
+            () = self.state.shutdown.cancelled() => None,
+            reason = self.failed() => Some(reason),
+        };
+        if let Some(reason) = &failure {
+            tracing::error!(%reason, "service failed; shutting down to be restarted");
+        }
         self.shutdown().await;
+        if !transport.is_finished()
+            && tokio::time::timeout(STDIO_LAST_ANSWERS, &mut transport)
+                .await
+                .is_err()
+        {
+            tracing::warn!("stdio answers still unread after shutdown; leaving them");
+            closed.cancel();
+            let _ = transport.await;
+        }
+        match failure {
+            Some(reason) => Err(AgentError::internal(format!("service failed: {reason}"))),
+            None => Ok(()),
+        }
     }
 
     /// The graceful part of shutdown: no new messages; running ones get the grace period;

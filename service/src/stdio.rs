@@ -6,7 +6,9 @@
 //! until one ends); answers may come out of order (match them by `id`). At the end of stdin
 //! the calls still running are finished and answered, then the transport returns. A line
 //! longer than the body limit is answered with a parse error (and never held whole). Answers
-//! wait in an outbox bounded in bytes; when the peer does not read, calls wait for it.
+//! wait in an outbox bounded in bytes; when the peer does not read, calls wait for it. On
+//! shutdown no line is read any more, and the calls still running are answered as the
+//! service's shutdown ends their tasks (see `Service::serve_stdio`).
 
 use super::auth::Scope;
 use super::error::RpcError;
@@ -17,19 +19,20 @@ use tokio::io::{AsyncBufReadExt, AsyncRead, AsyncReadExt, AsyncWrite, AsyncWrite
 use tokio::task::JoinSet;
 use tokio_util::sync::CancellationToken;
 
-/// Serves JSON-RPC over a line-oriented byte stream pair until `input` ends or `shutdown`
-/// fires.
+/// Serves JSON-RPC over a line-oriented byte stream pair: reads until `input` ends or
+/// `stop_reading` fires, then answers the calls still running and returns. `closed` ends it
+/// without those answers (a peer that reads none of them is not waited for).
 pub async fn serve<R, W>(
     rpc: Rpc,
     input: R,
     mut output: W,
     line_limit: usize,
-    shutdown: CancellationToken,
+    stop_reading: CancellationToken,
+    closed: CancellationToken,
 ) where
     R: AsyncRead + Unpin + Send + 'static,
     W: AsyncWrite + Unpin + Send + 'static,
 {
-    let closed = shutdown.child_token();
     let (out, mut queue) = Outbox::new(Overflow::Wait, closed.clone(), "stdio");
     let notifier = Arc::new(Notifier::new(out.clone(), closed.clone(), "stdio"));
     let writer = tokio::spawn(async move {
@@ -48,11 +51,13 @@ pub async fn serve<R, W>(
     loop {
         line.clear();
         let slot = tokio::select! {
+            () = stop_reading.cancelled() => break,
             () = closed.cancelled() => break,
             slot = in_flight.slot() => slot,
         };
         let Some(slot) = slot else { break };
         let read = tokio::select! {
+            () = stop_reading.cancelled() => break,
             () = closed.cancelled() => break,
             r = read_line(&mut reader, &mut line, line_limit) => r,
         };
@@ -79,7 +84,10 @@ pub async fn serve<R, W>(
         // Reap finished calls as we go so the set stays small.
         while calls.try_join_next().is_some() {}
     }
-    while calls.join_next().await.is_some() {}
+    tokio::select! {
+        () = async { while calls.join_next().await.is_some() {} } => {}
+        () = closed.cancelled() => calls.abort_all(),
+    }
     closed.cancel();
     drop(out);
     drop(notifier);

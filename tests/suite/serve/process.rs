@@ -217,6 +217,79 @@ fn stdio_speaks_json_rpc_line_by_line() {
     );
 }
 
+/// SIGTERM to `serve --stdio` while a call waits on a task that never ends: the task gets
+/// the grace period, is cancelled, the call is answered, and the process exits 0, with its
+/// stdin still open.
+#[test]
+fn stdio_sigterm_answers_what_waits_and_exits_within_the_grace_period() {
+    let dir = tempfile::tempdir().unwrap();
+    let script = dir.path().join("script.json");
+    std::fs::write(&script, r#"{"replies": [{"hang": true}]}"#).unwrap();
+    let mut child = Command::new(troupe_bin())
+        .args([
+            "serve",
+            "--stdio",
+            "--ephemeral",
+            "--grace-period",
+            "300ms",
+            "--data-dir",
+        ])
+        .arg(dir.path())
+        .arg("--script")
+        .arg(&script)
+        .current_dir(dir.path())
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let mut stdin = child.stdin.take().unwrap();
+    let mut lines = BufReader::new(child.stdout.take().unwrap()).lines();
+    let mut next = || -> Value { serde_json::from_str(&lines.next().unwrap().unwrap()).unwrap() };
+    writeln!(
+        stdin,
+        r#"{{"jsonrpc":"2.0","id":1,"method":"session.create","params":{{}}}}"#
+    )
+    .unwrap();
+    let sid = next()["result"]["session_id"].as_str().unwrap().to_owned();
+    writeln!(
+        stdin,
+        r#"{{"jsonrpc":"2.0","id":2,"method":"conversation.message","params":{{"session_id":"{sid}","text":"forever"}}}}"#
+    )
+    .unwrap();
+    // Until its task runs.
+    let t0 = Instant::now();
+    loop {
+        writeln!(
+            stdin,
+            r#"{{"jsonrpc":"2.0","id":"list","method":"task.list","params":{{"session_id":"{sid}"}}}}"#
+        )
+        .unwrap();
+        let listed = next();
+        assert_eq!(listed["id"], "list", "{listed}");
+        if listed["result"].as_array().is_some_and(|t| !t.is_empty()) {
+            break;
+        }
+        assert!(t0.elapsed() < Duration::from_secs(10), "the task never ran");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let t0 = Instant::now();
+    sigterm(&child);
+    let answer = next();
+    assert_eq!(answer["id"], 2, "{answer}");
+    let status = answer["result"]["reply"]["status"]
+        .as_str()
+        .or_else(|| answer["error"]["code"].as_i64().and(Some("error")));
+    assert!(
+        matches!(status, Some("cancelled" | "error")),
+        "cancelled, not left hanging: {answer}"
+    );
+    let status = wait_exit(&mut child, Duration::from_secs(15));
+    assert!(status.success(), "{status:?}");
+    assert!(t0.elapsed() < Duration::from_secs(10), "{:?}", t0.elapsed());
+    drop(stdin);
+}
+
 #[test]
 fn an_open_api_refuses_a_public_address() {
     let dir = tempfile::tempdir().unwrap();
