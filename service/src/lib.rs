@@ -281,6 +281,7 @@ impl Service {
             shutdown,
             prometheus,
             forward,
+            connections: tokio_util::task::TaskTracker::new(),
         };
         Ok(Self {
             sessions,
@@ -434,6 +435,15 @@ impl Service {
             }
         }
         self.shutdown().await;
+        // Every task has ended: the WebSocket connections write the answers of the calls
+        // that waited on them, then close.
+        self.state.connections.close();
+        if tokio::time::timeout(Duration::from_secs(10), self.state.connections.wait())
+            .await
+            .is_err()
+        {
+            tracing::warn!("WebSocket connections still open 10 s after shutdown; leaving them");
+        }
         if let Some(a2a) = a2a {
             a2a.stop().await;
         }

@@ -20,6 +20,9 @@ pub struct AppState {
     pub prometheus: Option<PrometheusHandle>,
     /// A node of a cluster forwards calls for the sessions other nodes own.
     pub forward: Option<std::sync::Arc<crate::forward::Forwarder>>,
+    /// The JSON-RPC WebSocket connections (upgraded, so no longer the HTTP server's): a
+    /// shutdown waits for them to answer the calls they still carry.
+    pub connections: tokio_util::task::TaskTracker,
 }
 
 impl AppState {

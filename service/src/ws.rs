@@ -48,9 +48,10 @@ pub async fn rpc(
 ) -> Response {
     let limit = app.body_limit;
     let relay = relay.map(|Extension(r)| r);
-    upgrade
-        .max_message_size(limit)
-        .on_upgrade(move |socket| rpc_connection(app, scope, relay, socket))
+    let connections = app.connections.clone();
+    upgrade.max_message_size(limit).on_upgrade(move |socket| {
+        connections.track_future(rpc_connection(app, scope, relay, socket))
+    })
 }
 
 async fn rpc_connection(
@@ -60,20 +61,30 @@ async fn rpc_connection(
     socket: WebSocket,
 ) {
     let (sink, mut incoming) = socket.split();
-    let closed = app.shutdown.child_token();
+    // The connection's end (the client left, or did not read); a shutdown only stops the
+    // reading and the event subscriptions: the calls already read are answered first.
+    let closed = CancellationToken::new();
+    let subscriptions = app.shutdown.child_token();
     let (outbox, queue) = Outbox::new(Overflow::Disconnect, closed.clone(), "rpc_ws");
-    let notifier = Arc::new(Notifier::new(outbox.clone(), closed.clone(), "rpc_ws"));
+    let notifier = Arc::new(Notifier::new(
+        outbox.clone(),
+        subscriptions.clone(),
+        "rpc_ws",
+    ));
     let writer = tokio::spawn(write_frames(sink, queue, closed.clone(), "rpc_ws"));
     let in_flight = InFlight::default();
+    let mut calls = tokio::task::JoinSet::new();
     let mut code = close_code::NORMAL;
     loop {
         let slot = tokio::select! {
             () = closed.cancelled() => break,
+            () = app.shutdown.cancelled() => break,
             slot = in_flight.slot() => slot,
         };
         let Some(slot) = slot else { break };
         let frame = tokio::select! {
             () = closed.cancelled() => break,
+            () = app.shutdown.cancelled() => break,
             f = incoming.next() => f,
         };
         let bytes = match frame {
@@ -93,7 +104,7 @@ async fn rpc_connection(
             outbox.clone(),
             relay.clone(),
         );
-        tokio::spawn(async move {
+        calls.spawn(async move {
             let _slot = slot;
             // A node of a cluster: calls for another node's session go to that node.
             let forwarded = match &relay {
@@ -108,20 +119,35 @@ async fn rpc_connection(
                 outbox.push(answer).await;
             }
         });
+        // Reap finished calls as we go so the set stays small.
+        while calls.try_join_next().is_some() {}
     }
+    // Shutting down (the client still reading): answer what was read, then close.
+    let draining = !closed.is_cancelled() && app.shutdown.is_cancelled();
     if closed.is_cancelled() {
-        code = if app.shutdown.is_cancelled() {
-            close_code::AWAY
-        } else {
-            close_code::POLICY
-        };
+        code = close_code::POLICY;
+    } else if draining {
+        code = close_code::AWAY;
+        // The service's shutdown ends every task (after its grace period): each call read
+        // is answered, unless the client stops reading meanwhile.
+        tokio::select! {
+            () = async { while calls.join_next().await.is_some() {} } => {}
+            () = closed.cancelled() => {}
+        }
     }
-    closed.cancel();
+    if !draining {
+        // The client left: its calls run on, with no one to answer.
+        calls.detach_all();
+        closed.cancel();
+    }
+    subscriptions.cancel();
     drop(notifier);
     drop(outbox);
+    // Draining, the writer sends what is queued and ends as the queue closes.
     if let Ok(sink) = writer.await {
         say_goodbye(sink, code).await;
     }
+    closed.cancel();
 }
 
 /// Writes queued frames until the connection closes; a frame the client takes more than

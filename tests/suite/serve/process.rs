@@ -155,6 +155,54 @@ async fn sigterm_cancels_what_outlives_the_grace_period() {
     assert!(t0.elapsed() < Duration::from_secs(10));
 }
 
+/// The same over `/rpc/ws`: a call read before the SIGTERM is answered (its task cancelled
+/// after the grace period), then the connection closes with 1001, and the process exits 0.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sigterm_answers_a_websocket_call_before_closing_it() {
+    use futures::{SinkExt, StreamExt};
+    use tokio_tungstenite::tungstenite::Message;
+    let mut c = spawn(
+        r#"{"replies": [{"hang": true}]}"#,
+        &["--grace-period", "300ms"],
+    );
+    let api = Api::new(&c.base, None);
+    let sid = id(&api.session(None).await, "session_id");
+    let url = format!("{}/rpc/ws", c.base.replace("http://", "ws://"));
+    let (mut ws, _) = tokio_tungstenite::connect_async(url).await.unwrap();
+    let call = json!({"jsonrpc": "2.0", "id": 7, "method": "conversation.message",
+        "params": {"session_id": sid, "text": "forever"}});
+    ws.send(Message::text(call.to_string())).await.unwrap();
+    wait_running(&api, &sid).await;
+    let t0 = Instant::now();
+    sigterm(&c.child);
+    let mut answer = None;
+    let mut close = None;
+    while let Some(frame) = tokio::time::timeout(Duration::from_secs(15), ws.next())
+        .await
+        .expect("the connection ends")
+    {
+        match frame {
+            Ok(Message::Text(t)) => answer = Some(serde_json::from_str::<Value>(&t).unwrap()),
+            Ok(Message::Close(frame)) => close = frame.map(|f| u16::from(f.code)),
+            Ok(_) => {}
+            Err(_) => break,
+        }
+    }
+    let answer = answer.expect("the call is answered before the connection closes");
+    assert_eq!(answer["id"], 7, "{answer}");
+    let status = answer["result"]["reply"]["status"]
+        .as_str()
+        .or_else(|| answer["error"]["code"].as_i64().and(Some("error")));
+    assert!(
+        matches!(status, Some("cancelled" | "error")),
+        "cancelled, not left hanging: {answer}"
+    );
+    assert_eq!(close, Some(1001));
+    let exit = tokio::task::block_in_place(|| wait_exit(&mut c.child, Duration::from_secs(15)));
+    assert!(exit.success(), "{exit:?}");
+    assert!(t0.elapsed() < Duration::from_secs(10));
+}
+
 #[test]
 fn stdio_speaks_json_rpc_line_by_line() {
     let dir = tempfile::tempdir().unwrap();
