@@ -149,6 +149,49 @@ async fn a_passivated_conversation_answers_with_its_history_on_postgres() {
     reactivated_with_its_history(Backend::Postgres).await;
 }
 
+/// Only a `full` conversation is passivated: a store that keeps less (or keeps it only for a
+/// while) could not bring its history back, so the others stay live however long idle.
+#[tokio::test]
+async fn only_full_conversations_are_passivated() {
+    let dir = tempfile::tempdir().unwrap();
+    let server = ModelServer::start().await;
+    let (session, _join) = start(&server, Backend::Sqlite, dir.path()).await;
+    let open = |policy: troupe_proto::StoragePolicy| OpenConversation {
+        storage_policy: policy,
+        ..OpenConversation::default()
+    };
+    let full = session
+        .open(open(troupe_proto::StoragePolicy::Full))
+        .await
+        .unwrap();
+    let kept_less = [
+        troupe_proto::StoragePolicy::HeadersOnly,
+        troupe_proto::StoragePolicy::None,
+        troupe_proto::StoragePolicy::Ttl { secs: 3600 },
+    ];
+    let mut others = Vec::new();
+    for policy in kept_less {
+        others.push((policy, session.open(open(policy)).await.unwrap()));
+    }
+    for (i, c) in std::iter::once(full)
+        .chain(others.iter().map(|(_, c)| *c))
+        .enumerate()
+    {
+        server.push(Reply::text([format!("answer {i}")]));
+        let reply = session.message(c, "hello").await.unwrap();
+        assert_eq!(reply.status, TaskStatus::Ok, "{reply:?}");
+    }
+    idle_until_passivated(&session, full).await;
+    for (policy, c) in others {
+        assert_eq!(
+            standing(&session, c).await,
+            Some(Standing::Live),
+            "{policy:?} was passivated"
+        );
+    }
+    session.shutdown().await.unwrap();
+}
+
 /// Offers the conversation's passivation as its idle timer would.
 async fn offer(session: &SessionHandle, c: ConversationId) {
     let actor = session.conversation_actor(c).await.unwrap().unwrap();
