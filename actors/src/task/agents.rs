@@ -200,6 +200,22 @@ pub(super) async fn route_input(
             let agent = route.agent_id.unwrap_or_default();
             let input = route.input.unwrap_or_else(|| ctx.input.clone());
             let by_human = route.source == RouteSource::Hub;
+            // The supervisor's dispatch (its model's or its rules') is the `dispatch_agent`
+            // tool, governed as the tool would be (policy layers, authorization); a human's
+            // `/hub` is the user's own choice.
+            if !by_human {
+                let as_tool = ToolCall {
+                    call_id: "route".to_owned(),
+                    name: DISPATCH_TOOL.to_owned(),
+                    arguments: troupe_proto::Json(
+                        serde_json::json!({"agent_id": agent, "input": input}),
+                    ),
+                };
+                let chain = Some(&agents.view.chain);
+                if let Err(refused) = super::govern::check_call(ctx, gov, chain, &as_tool).await {
+                    return Some(Err(refused.error));
+                }
+            }
             match dispatch(ctx, agents, gov, &agent, &input, by_human).await {
                 Ok(output) => answer(loop_state, output.text),
                 Err(error) => Some(Err(error)),

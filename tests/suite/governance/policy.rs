@@ -105,6 +105,38 @@ async fn a_denied_tool_is_not_offered_and_a_call_to_it_is_refused_before_it_runs
     )));
 }
 
+/// The supervisor's dispatch (here its rules, `@coder`) is the `dispatch_agent` tool: a
+/// layer that denies the tool refuses the route before any agent runs. A human's `/hub` is
+/// the user's own choice and still goes.
+#[tokio::test]
+async fn a_denied_dispatch_tool_refuses_the_supervisors_route_but_not_a_hub_command() {
+    let team = Team::start_with(
+        vec![model_agent("coder", "You write code.", &[])],
+        vec![ScriptedReply::text("coded")],
+        settings(RouterMode::Rules),
+        |config| {
+            config.conversation.tool_policy = Arc::new(ToolPolicyConfig {
+                blacklist: vec!["dispatch_agent".into()],
+                ..ToolPolicyConfig::default()
+            });
+        },
+    )
+    .await;
+    let refused = team.send("@coder write a parser").await;
+    assert_eq!(refused.status, TaskStatus::Error, "{refused:?}");
+    let events = team.events().await;
+    let refusals = tool_refusals(&events);
+    assert_eq!(refusals.len(), 1, "{refusals:?}");
+    assert_eq!(refusals[0].1, "dispatch_agent");
+    assert_eq!(refusals[0].2, PolicyReason::ToolDenied);
+    assert!(
+        team.model.sent().is_empty(),
+        "no agent ran: {:?}",
+        team.model.sent()
+    );
+    assert_eq!(team.send("/hub coder write a parser").await.text, "coded");
+}
+
 #[tokio::test]
 async fn a_sub_agent_gets_the_intersection_of_its_rights_and_its_dispatchers() {
     let team = Team::start_with(
