@@ -675,6 +675,46 @@ mod tests {
     // ----- pure core -----
 
     #[test]
+    fn running_a_command_without_the_sandbox_is_asked_and_remembered_apart() {
+        let (a, b) = (ConversationId::new(), ConversationId::new());
+        let unsandboxed = |c| Ask {
+            subject: ApprovalSubject::CommandWithoutSandbox,
+            ..ask(c, &["make"])
+        };
+        let mut core = ApprovalCore::new();
+        // Pending in the sandbox, the question about running it without one is another.
+        let sandboxed = open(&mut core, ask(a, &["make"]), 0, 1);
+        let escalation = open(&mut core, unsandboxed(a), 0, 2);
+        assert_ne!(sandboxed, escalation);
+        // Approved for the whole session in the sandbox: that does not answer the other.
+        core.decide(
+            sandboxed,
+            ApprovalDecision::ApproveForSession { ttl_secs: None },
+            1,
+        )
+        .unwrap();
+        assert!(matches!(
+            core.request(ask(b, &["make"]), 2, 1_000, 3),
+            AskAdmission::Remembered(3)
+        ));
+        assert!(matches!(
+            core.request(unsandboxed(b), 2, 1_000, 4),
+            AskAdmission::Opened(_)
+        ));
+        // Approved for the session without the sandbox: remembered as that.
+        core.decide(
+            escalation,
+            ApprovalDecision::ApproveForSession { ttl_secs: None },
+            3,
+        )
+        .unwrap();
+        assert!(matches!(
+            core.request(unsandboxed(b), 4, 1_000, 5),
+            AskAdmission::Remembered(5)
+        ));
+    }
+
+    #[test]
     fn covers_needs_the_exact_argv() {
         let c = ConversationId::new();
         let k = key(&["rm", "-rf", "build"], None, None);

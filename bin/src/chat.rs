@@ -149,14 +149,14 @@ impl Unattended {
             }),
             // A question needs words no flag gives.
             ApprovalSubject::AgentQuestion { .. } => None,
-            ApprovalSubject::Command | ApprovalSubject::McpSampling { .. } => {
-                self.approvals.map(|a| match a {
-                    ApprovalAnswer::Approve => ApprovalDecision::ApproveOnce,
-                    ApprovalAnswer::Deny => ApprovalDecision::Deny {
-                        reason: Some("denied (--approvals deny)".into()),
-                    },
-                })
-            }
+            ApprovalSubject::Command
+            | ApprovalSubject::CommandWithoutSandbox
+            | ApprovalSubject::McpSampling { .. } => self.approvals.map(|a| match a {
+                ApprovalAnswer::Approve => ApprovalDecision::ApproveOnce,
+                ApprovalAnswer::Deny => ApprovalDecision::Deny {
+                    reason: Some("denied (--approvals deny)".into()),
+                },
+            }),
         }
     }
 }

@@ -42,6 +42,10 @@ pub enum ApprovalSubject {
     /// Run the command in `command` (the shell built-in, S9).
     #[default]
     Command,
+    /// Run the command in `command` again without the sandbox, which stopped it (the
+    /// `on-failure` approval policy). Remembered apart from [`Self::Command`]: a decision to
+    /// let a command run in the sandbox never lets it run without one.
+    CommandWithoutSandbox,
     /// An MCP server asks the user for input (`elicitation/create`) during a tool call.
     /// Approving accepts: `ApproveWithContent` gives the content; the other approvals send the
     /// schema's defaults (refused when a required field has none). Denying declines; no answer
@@ -74,7 +78,7 @@ pub enum ApprovalSubject {
 
 impl ApprovalSubject {
     pub const fn is_command(&self) -> bool {
-        matches!(self, Self::Command)
+        matches!(self, Self::Command | Self::CommandWithoutSandbox)
     }
 
     /// Approving it takes content (an elicitation's fields, a question's answer): no key

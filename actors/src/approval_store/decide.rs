@@ -126,7 +126,10 @@ impl<W> ApprovalCore<W> {
             && let Some(same) = self.pending.values_mut().find(|p| {
                 p.info.conversation_id == ask.conversation_id
                     && p.info.command == ask.command
-                    && p.info.subject.is_command() == ask.subject.is_command()
+                    // The same kind of question: running a command in the sandbox and
+                    // without it are two.
+                    && std::mem::discriminant(&p.info.subject)
+                        == std::mem::discriminant(&ask.subject)
             })
         {
             same.waiters.push(waiter);
@@ -424,6 +427,12 @@ pub fn key_for(
 pub fn key_path(subject: &ApprovalSubject, command: &[String]) -> Option<Vec<String>> {
     match subject {
         ApprovalSubject::Command => Some(command.to_vec()),
+        // Apart from the sandboxed run's keys: no argv starts with a NUL.
+        ApprovalSubject::CommandWithoutSandbox => Some(
+            std::iter::once("\0unsandboxed".to_owned())
+                .chain(command.iter().cloned())
+                .collect(),
+        ),
         ApprovalSubject::McpSampling { server, .. } => Some(vec![
             "\0mcp".to_owned(),
             server.clone(),

@@ -358,7 +358,7 @@ pub(super) async fn run_command(
             "the command failed in the {} sandbox ({why}); run it again without the sandbox?",
             sandbox_name(ctx.sandbox_policy)
         );
-        let granted = approve(ctx, argv, reason).await;
+        let granted = approve_as(ctx, argv, reason, ApprovalSubject::CommandWithoutSandbox).await;
         metrics::sandbox_retry(granted.is_ok());
         granted?;
         out = exec
@@ -450,13 +450,23 @@ pub(super) async fn approve(
     argv: &[String],
     reason: String,
 ) -> Result<Granted, AgentError> {
+    approve_as(ctx, argv, reason, ApprovalSubject::Command).await
+}
+
+/// [`approve`], asking about `subject` (a command, or a command to run without the sandbox).
+async fn approve_as(
+    ctx: &TaskContext,
+    argv: &[String],
+    reason: String,
+    subject: ApprovalSubject,
+) -> Result<Granted, AgentError> {
     let span = spans::approval_wait(ctx.conversation_id, ctx.task_id);
     let ask = Ask {
         conversation_id: ctx.conversation_id,
         task_id: Some(ctx.task_id),
         command: argv.to_vec(),
         reason,
-        subject: ApprovalSubject::Command,
+        subject,
     };
     let store = ctx.services.approvals();
     let asked = ask_until_answered(

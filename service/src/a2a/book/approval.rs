@@ -26,6 +26,17 @@ pub(super) fn approval_parts(
                 "approvalId": id, "kind": "command", "command": command, "reason": reason,
             }})),
         ],
+        ApprovalSubject::CommandWithoutSandbox => vec![
+            Part::text(format!(
+                "Approval needed to run `{}` without the sandbox: {reason}. Reply in this task \
+                 with \"approve\" or \"deny\".",
+                command.join(" ")
+            )),
+            Part::data(json!({"approvalRequest": {
+                "approvalId": id, "kind": "command_without_sandbox", "command": command,
+                "reason": reason,
+            }})),
+        ],
         ApprovalSubject::McpElicitation {
             server,
             message,
