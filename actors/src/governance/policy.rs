@@ -190,6 +190,31 @@ fn is_builtin(name: &str) -> bool {
     !crate::tools::is_external(name)
 }
 
+/// [`glob`] for a command line a shell may run: a `*` takes none of the characters with which
+/// a shell ends a command, chains another or substitutes one (`;`, `&`, `|`, a newline, a
+/// backquote, `$`, `(`, `)`, `<`, `>`), so a pattern written for one command covers no other
+/// command chained to it or run inside it; such a character matches only itself, written in
+/// the pattern. Quadratic in the worst case (lines and patterns are short).
+pub fn glob_command(pattern: &str, line: &str) -> bool {
+    const CONTROL: &[u8] = b";&|\n`$()<>";
+    let (p, n) = (pattern.as_bytes(), line.as_bytes());
+    // reach[j]: the pattern read so far matches the line's first j bytes.
+    let mut reach = vec![false; n.len() + 1];
+    reach[0] = true;
+    for &c in p {
+        let mut next = vec![false; n.len() + 1];
+        for j in 0..=n.len() {
+            next[j] = if c == b'*' {
+                reach[j] || (j > 0 && next[j - 1] && !CONTROL.contains(&n[j - 1]))
+            } else {
+                j > 0 && reach[j - 1] && n[j - 1] == c
+            };
+        }
+        reach = next;
+    }
+    reach[n.len()]
+}
+
 /// Whether `name` matches `pattern`, where `*` matches any run of characters (none too).
 /// Linear in practice: the classic wildcard match that backtracks only to the last `*`.
 pub fn glob(pattern: &str, name: &str) -> bool {
@@ -385,6 +410,21 @@ mod tests {
 
     proptest! {
         #![proptest_config(ProptestConfig::with_cases(256))]
+
+        /// A command pattern is the plain one with stars that stop at a shell's control
+        /// characters: the same on a line without any, never wider on one with some.
+        #[test]
+        fn command_globs_are_plain_globs_that_stop_at_control_characters(
+            pattern in "[ab*;&]{0,8}",
+            line in "[ab;&]{0,10}",
+        ) {
+            let plain = glob(&pattern, &line);
+            let command = glob_command(&pattern, &line);
+            prop_assert!(!command || plain);
+            if !line.contains([';', '&']) {
+                prop_assert_eq!(command, plain);
+            }
+        }
 
         /// Deny wins at every layer: a tool any layer's blacklist names is denied, whatever
         /// every other layer allows; and a tool runs exactly when no blacklist names it and

@@ -6,7 +6,7 @@
 //! secrets; a call of a tool that needs a token consumes one use of the first presented token
 //! that covers it, counted by the [`TokenBook`](crate::token_book).
 
-use super::policy::{glob, normalize};
+use super::policy::{glob, glob_command, normalize};
 use troupe_proto::ToolCall;
 use troupe_proto::governance::{AuthToken, TokenRefusal};
 
@@ -34,7 +34,15 @@ pub fn check(token: &AuthToken, call: &CallScope<'_>, now_ms: u64) -> Result<(),
     let scope = &token.scope;
     let agent = scope.agent == "*" || call.agent == Some(scope.agent.as_str());
     let tool = glob(&normalize(&scope.tool), call.tool);
-    let args = scope.args.as_deref().is_none_or(|p| glob(p, call.args));
+    // A command line's pattern covers that command, not one chained to it (an agent's
+    // `bash -lc` script is run by a shell).
+    let args = scope.args.as_deref().is_none_or(|p| {
+        if call.tool == crate::tools::SHELL {
+            glob_command(p, call.args)
+        } else {
+            glob(p, call.args)
+        }
+    });
     if agent && tool && args {
         Ok(())
     } else {
@@ -109,6 +117,48 @@ mod tests {
 
     fn call<'a>(agent: Option<&'a str>, tool: &'a str, args: &'a str) -> CallScope<'a> {
         CallScope { agent, tool, args }
+    }
+
+    #[test]
+    fn a_command_pattern_covers_that_command_and_none_chained_to_it() {
+        let t = token("*", "shell", Some("git status*"));
+        let covers = |line: &str| check(&t, &call(None, "shell", line), 0).is_ok();
+        assert!(covers("git status"));
+        assert!(covers("git status -s --porcelain"));
+        for escape in [
+            "git status; rm -rf ~",
+            "git status && rm -rf ~",
+            "git status || rm -rf ~",
+            "git status | sh",
+            "git status & rm -rf ~",
+            "git status\nrm -rf ~",
+            "git status `rm -rf ~`",
+            "git status $(rm -rf ~)",
+            "git status > ~/.bashrc",
+        ] {
+            assert!(!covers(escape), "{escape:?}");
+        }
+        // Written in the pattern, a chain is covered as written.
+        let chained = token("*", "shell", Some("make && make install*"));
+        assert!(
+            check(
+                &chained,
+                &call(None, "shell", "make && make install -j4"),
+                0
+            )
+            .is_ok()
+        );
+        assert!(
+            check(
+                &chained,
+                &call(None, "shell", "make && make install; rm x"),
+                0
+            )
+            .is_err()
+        );
+        // Other tools' arguments (JSON) are matched as before.
+        let json = token("*", "files__write", Some("*\"path\":\"a;b\"*"));
+        assert!(check(&json, &call(None, "files__write", r#"{"path":"a;b"}"#), 0).is_ok());
     }
 
     #[test]
