@@ -174,6 +174,11 @@ impl Service {
         prometheus: Option<PrometheusHandle>,
         options: StartOptions,
     ) -> Result<Self, AgentError> {
+        // Each configured MCP server's series exist from the start, before any session
+        // starts its pool (a dashboard's panel or an alert's `increase()` needs them at 0).
+        troupe_actors::mcp_pool::metrics::servers_configured(
+            config.mcp.servers.iter().map(|s| s.name.as_str()),
+        );
         let env = |k: &str| std::env::var(k).ok();
         let mut tokens = Vec::new();
         for t in &config.server.tokens {

@@ -783,6 +783,31 @@ fn the_sample_configuration_parses_and_the_unit_can_write_its_directories() {
     }
 }
 
+/// Each configured MCP server's series exist as soon as the service listens, before any
+/// session started a pool: the restart alert's `increase()` and the Tools & MCP panels have
+/// their series at 0 after every start.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn per_server_mcp_series_exist_before_any_session() {
+    let dir = tempfile::tempdir().unwrap();
+    let model = ModelServer::start().await;
+    let (_troupe, base) =
+        spawn_troupe(dir.path(), &troupe_config(&model, &dir.path().join("data")));
+    let exposition = scrape(&base).await;
+    for server in ["everything", "broken"] {
+        for series in [
+            "troupe_mcp_connections",
+            "troupe_mcp_calls_in_flight",
+            "troupe_mcp_server_restarts_total",
+        ] {
+            let line = format!("{series}{{server=\"{server}\"}} 0");
+            assert!(
+                exposition.lines().any(|l| l == line),
+                "{line} is not on /metrics"
+            );
+        }
+    }
+}
+
 /// Every series a dashboard panel or an alert rule names exists on `/metrics` right after
 /// start and one plain turn, error counters and storage failures included: each component
 /// registers its series with their known label values at 0, so a panel never shows "No data"
