@@ -9,7 +9,10 @@
 //! writer task, from an outbox bounded in bytes ([`OUTBOX_BYTES`](crate::rpc::outbox::OUTBOX_BYTES)); a client that leaves it
 //! full, or that takes longer than [`SEND_TIMEOUT`] to take one frame, is disconnected. The
 //! connection ends when the client closes it or the service shuts down; its subscriptions end
-//! with it.
+//! with it. At shutdown a `/rpc/ws` connection reads no more frames and ends its
+//! subscriptions at once, but answers the calls it already read (their tasks end with the
+//! service's grace period) before it closes; the service waits for it
+//! (`AppState::connections`).
 //!
 //! Close codes: 1000 when the client closed, 1001 when the service shuts down, 1007 after a
 //! text frame that is not UTF-8, 1008 for a client that does not read (sent for a second at
