@@ -240,6 +240,8 @@ pub fn stats_from_records(records: &[RolloutRecord]) -> ConversationStats {
                 let stats = TaskStats {
                     usage: r.meta.usage.unwrap_or_default(),
                     tool_calls: r.meta.tool_calls.unwrap_or_default(),
+                    mcp_calls: r.meta.mcp_calls.unwrap_or_default(),
+                    mcp_latency_ms: r.meta.mcp_latency_ms.unwrap_or_default(),
                     ..TaskStats::default()
                 };
                 add_task_stats(&mut out, &stats, status);

@@ -861,6 +861,27 @@ mod tests {
     }
 
     #[test]
+    fn a_swept_task_end_still_counts_its_mcp_calls() {
+        let event = EventKind::TaskFinished {
+            status: TaskStatus::Ok,
+            text: "secret".into(),
+            stats: troupe_proto::TaskStats {
+                tool_calls: 3,
+                mcp_calls: 2,
+                mcp_latency_ms: 40,
+                ..troupe_proto::TaskStats::default()
+            },
+            error: None,
+        };
+        let kept = record_for(StoragePolicy::Ttl { secs: 60 }, &envelope(1, event)).unwrap();
+        let swept = downgrade(kept);
+        assert!(!serde_json::to_string(&swept).unwrap().contains("secret"));
+        let stats = crate::context::stats_from_records(&[swept]);
+        assert_eq!((stats.tasks, stats.tool_calls, stats.mcp_calls), (1, 3, 2));
+        assert_eq!(stats.mcp_latency_ms_total, 40);
+    }
+
+    #[test]
     fn headers_keep_the_facts() {
         let kinds = every_kind();
         let meta = |name: EventName| headers_meta(kinds.iter().find(|k| k.name() == name).unwrap());

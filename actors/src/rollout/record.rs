@@ -49,6 +49,12 @@ pub struct RecordMeta {
     pub steps: Option<u32>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub tool_calls: Option<u32>,
+    /// A task's MCP calls and their total latency (S11), so that statistics rebuilt from a
+    /// task's end kept as headers (or swept to them) still count them.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub mcp_calls: Option<u32>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub mcp_latency_ms: Option<u64>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub duration_ms: Option<u64>,
     /// Ttl: when this record's content is due to go (unix ms). Only on `Full` records written
@@ -328,6 +334,8 @@ pub(super) fn headers_meta(event: &EventKind) -> RecordMeta {
             usage: Some(stats.usage),
             steps: Some(stats.steps),
             tool_calls: Some(stats.tool_calls),
+            mcp_calls: Some(stats.mcp_calls),
+            mcp_latency_ms: Some(stats.mcp_latency_ms),
             duration_ms: Some(stats.duration_ms),
             ..RecordMeta::default()
         },
