@@ -78,6 +78,58 @@ async fn wait_running(api: &Api, sid: &str) {
     }
 }
 
+/// `troupe serve --stdio --ephemeral` in `dir` with `extra` flags: its stdin, and the JSON
+/// objects it writes, one a line.
+struct StdioServe {
+    child: Child,
+    stdin: std::process::ChildStdin,
+    lines: std::io::Lines<BufReader<std::process::ChildStdout>>,
+}
+
+impl StdioServe {
+    fn spawn(dir: &std::path::Path, extra: &[&str]) -> Self {
+        let mut child = Command::new(troupe_bin())
+            .args(["serve", "--stdio", "--ephemeral", "--data-dir"])
+            .arg(dir)
+            .args(extra)
+            .env_remove("TROUPE_SCRIPT")
+            .current_dir(dir)
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap();
+        let stdin = child.stdin.take().unwrap();
+        let lines = BufReader::new(child.stdout.take().unwrap()).lines();
+        Self {
+            child,
+            stdin,
+            lines,
+        }
+    }
+
+    /// Writes one line.
+    fn send(&mut self, line: &str) {
+        writeln!(self.stdin, "{line}").unwrap();
+    }
+
+    /// The next object written.
+    fn next(&mut self) -> Value {
+        serde_json::from_str(&self.lines.next().unwrap().unwrap()).unwrap()
+    }
+}
+
+/// The answer of a call whose task was cancelled: its reply says so, or it is an error.
+fn assert_cancelled(answer: &Value) {
+    let status = answer["result"]["reply"]["status"]
+        .as_str()
+        .or_else(|| answer.get("error").map(|_| "error"));
+    assert!(
+        matches!(status, Some("cancelled" | "error")),
+        "cancelled, not left hanging: {answer}"
+    );
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn sigterm_lets_a_running_task_finish_then_exits_zero() {
     let mut c = spawn(
@@ -143,13 +195,7 @@ async fn sigterm_cancels_what_outlives_the_grace_period() {
         .await
         .expect("an answer comes")
         .unwrap();
-    let status = answer["result"]["reply"]["status"]
-        .as_str()
-        .or_else(|| answer["error"]["data"].as_object().and(Some("error")));
-    assert!(
-        matches!(status, Some("cancelled" | "error")),
-        "cancelled, not left hanging: {answer}"
-    );
+    assert_cancelled(&answer);
     let exit = tokio::task::block_in_place(|| wait_exit(&mut c.child, Duration::from_secs(15)));
     assert!(exit.success(), "{exit:?}");
     assert!(t0.elapsed() < Duration::from_secs(10));
@@ -190,13 +236,7 @@ async fn sigterm_answers_a_websocket_call_before_closing_it() {
     }
     let answer = answer.expect("the call is answered before the connection closes");
     assert_eq!(answer["id"], 7, "{answer}");
-    let status = answer["result"]["reply"]["status"]
-        .as_str()
-        .or_else(|| answer["error"]["code"].as_i64().and(Some("error")));
-    assert!(
-        matches!(status, Some("cancelled" | "error")),
-        "cancelled, not left hanging: {answer}"
-    );
+    assert_cancelled(&answer);
     assert_eq!(close, Some(1001));
     let exit = tokio::task::block_in_place(|| wait_exit(&mut c.child, Duration::from_secs(15)));
     assert!(exit.success(), "{exit:?}");
@@ -206,37 +246,17 @@ async fn sigterm_answers_a_websocket_call_before_closing_it() {
 #[test]
 fn stdio_speaks_json_rpc_line_by_line() {
     let dir = tempfile::tempdir().unwrap();
-    let mut child = Command::new(troupe_bin())
-        .args(["serve", "--stdio", "--ephemeral", "--data-dir"])
-        .arg(dir.path())
-        .env_remove("TROUPE_SCRIPT")
-        .current_dir(dir.path())
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::null())
-        .spawn()
-        .unwrap();
-    let mut stdin = child.stdin.take().unwrap();
-    let mut lines = BufReader::new(child.stdout.take().unwrap()).lines();
-    let mut next = || -> Value { serde_json::from_str(&lines.next().unwrap().unwrap()).unwrap() };
-    writeln!(
-        stdin,
-        r#"{{"jsonrpc":"2.0","id":1,"method":"session.create","params":{{}}}}"#
-    )
-    .unwrap();
-    let created = next();
+    let mut io = StdioServe::spawn(dir.path(), &[]);
+    io.send(r#"{"jsonrpc":"2.0","id":1,"method":"session.create","params":{}}"#);
+    let created = io.next();
     let sid = created["result"]["session_id"].as_str().unwrap().to_owned();
-    writeln!(
-        stdin,
+    io.send(&format!(
         r#"{{"jsonrpc":"2.0","id":2,"method":"events.subscribe","params":{{"session_id":"{sid}"}}}}"#
-    )
-    .unwrap();
-    writeln!(
-        stdin,
+    ));
+    io.send(&format!(
         r#"{{"jsonrpc":"2.0","id":3,"method":"conversation.message","params":{{"session_id":"{sid}","text":"from an editor"}}}}"#
-    )
-    .unwrap();
-    writeln!(stdin, "not json").unwrap();
+    ));
+    io.send("not json");
     let mut answers = std::collections::BTreeMap::new();
     let mut events = Vec::new();
     while answers.len() < 3
@@ -244,7 +264,7 @@ fn stdio_speaks_json_rpc_line_by_line() {
             .iter()
             .any(|e: &Value| e["type"] == "message_complete")
     {
-        let v = next();
+        let v = io.next();
         if v["method"] == "events.event" {
             events.push(v["params"]["event"].clone());
         } else {
@@ -257,6 +277,9 @@ fn stdio_speaks_json_rpc_line_by_line() {
         "You said: from an editor"
     );
     assert_eq!(answers["null"]["error"]["code"], -32700);
+    let StdioServe {
+        mut child, stdin, ..
+    } = io;
     drop(stdin);
     let status = wait_exit(&mut child, Duration::from_secs(15));
     assert!(
@@ -273,47 +296,26 @@ fn stdio_sigterm_answers_what_waits_and_exits_within_the_grace_period() {
     let dir = tempfile::tempdir().unwrap();
     let script = dir.path().join("script.json");
     std::fs::write(&script, r#"{"replies": [{"hang": true}]}"#).unwrap();
-    let mut child = Command::new(troupe_bin())
-        .args([
-            "serve",
-            "--stdio",
-            "--ephemeral",
-            "--grace-period",
-            "300ms",
-            "--data-dir",
-        ])
-        .arg(dir.path())
-        .arg("--script")
-        .arg(&script)
-        .current_dir(dir.path())
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::null())
-        .spawn()
-        .unwrap();
-    let mut stdin = child.stdin.take().unwrap();
-    let mut lines = BufReader::new(child.stdout.take().unwrap()).lines();
-    let mut next = || -> Value { serde_json::from_str(&lines.next().unwrap().unwrap()).unwrap() };
-    writeln!(
-        stdin,
-        r#"{{"jsonrpc":"2.0","id":1,"method":"session.create","params":{{}}}}"#
-    )
-    .unwrap();
-    let sid = next()["result"]["session_id"].as_str().unwrap().to_owned();
-    writeln!(
-        stdin,
+    let script = script.to_str().unwrap().to_owned();
+    let mut io = StdioServe::spawn(
+        dir.path(),
+        &["--grace-period", "300ms", "--script", &script],
+    );
+    io.send(r#"{"jsonrpc":"2.0","id":1,"method":"session.create","params":{}}"#);
+    let sid = io.next()["result"]["session_id"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    io.send(&format!(
         r#"{{"jsonrpc":"2.0","id":2,"method":"conversation.message","params":{{"session_id":"{sid}","text":"forever"}}}}"#
-    )
-    .unwrap();
+    ));
     // Until its task runs.
     let t0 = Instant::now();
     loop {
-        writeln!(
-            stdin,
+        io.send(&format!(
             r#"{{"jsonrpc":"2.0","id":"list","method":"task.list","params":{{"session_id":"{sid}"}}}}"#
-        )
-        .unwrap();
-        let listed = next();
+        ));
+        let listed = io.next();
         assert_eq!(listed["id"], "list", "{listed}");
         if listed["result"].as_array().is_some_and(|t| !t.is_empty()) {
             break;
@@ -322,20 +324,13 @@ fn stdio_sigterm_answers_what_waits_and_exits_within_the_grace_period() {
         std::thread::sleep(Duration::from_millis(20));
     }
     let t0 = Instant::now();
-    sigterm(&child);
-    let answer = next();
+    sigterm(&io.child);
+    let answer = io.next();
     assert_eq!(answer["id"], 2, "{answer}");
-    let status = answer["result"]["reply"]["status"]
-        .as_str()
-        .or_else(|| answer["error"]["code"].as_i64().and(Some("error")));
-    assert!(
-        matches!(status, Some("cancelled" | "error")),
-        "cancelled, not left hanging: {answer}"
-    );
-    let status = wait_exit(&mut child, Duration::from_secs(15));
+    assert_cancelled(&answer);
+    let status = wait_exit(&mut io.child, Duration::from_secs(15));
     assert!(status.success(), "{status:?}");
     assert!(t0.elapsed() < Duration::from_secs(10), "{:?}", t0.elapsed());
-    drop(stdin);
 }
 
 #[test]
