@@ -556,6 +556,19 @@ async fn run_inner(ctx: &TaskContext, slot: SlotWait) -> TaskOutcome {
     let outcome = async {
         let agents = agents::agents_of(ctx);
         let gov = govern::governance_of(ctx, agents.as_ref());
+        // `/hub` goes to an agent; without any, it is refused rather than sent to the model
+        // as text.
+        if agents.is_none()
+            && ctx.turn_override.is_none()
+            && crate::agents::route::hub_command(&ctx.input).is_some()
+        {
+            let e = AgentError::invalid(
+                "no agents are defined in this session: `/hub <agent_id> <text>` sends text to \
+                 one (define agents in the agents directory, `[agents] dir`)",
+            );
+            ctx.emit(EventKind::Error { error: e.clone() });
+            return loop_state.end(status_of(&e), Some(e));
+        }
         if let Some(agents) = &agents
             && let Some(routed) = agents::route_input(ctx, agents, &gov, &mut loop_state).await
         {

@@ -129,6 +129,17 @@ pub enum ElicitationAnswer {
     Defaults,
 }
 
+/// Says so when a script is given but another model answers (a configured endpoint wins:
+/// a user with `OPENAI_API_KEY` exported would otherwise call it without noticing).
+pub(crate) fn warn_if_script_unused(config: &TroupeConfig, script: Option<&std::path::Path>) {
+    if script.is_some() && config.model.provider != troupe_runtime::config::Provider::Scripted {
+        eprintln!(
+            "troupe: warning: --script (or TROUPE_SCRIPT) is for the scripted model; ignored: \
+             a model endpoint is configured (--provider scripted to use the script)"
+        );
+    }
+}
+
 /// How approvals are answered when nobody is asked at the terminal.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 struct Unattended {
@@ -301,6 +312,7 @@ async fn run_with(args: ChatArgs, config: TroupeConfig) -> anyhow::Result<ExitCo
     let tokens = assembly::try_build_tokens(&config)?;
     let tokenizer = tokens.encoding().to_owned();
     eprintln!("troupe: {}", config.model_line());
+    warn_if_script_unused(&config, args.script.as_deref());
     let model = assembly::build_model(&config, args.script.as_deref())?;
     let info = model.info();
     let (model_name, provider_name) = (info.model, info.provider);
@@ -319,6 +331,12 @@ async fn run_with(args: ChatArgs, config: TroupeConfig) -> anyhow::Result<ExitCo
     sweeper.sweep().await;
     let mut session_config = assembly::session_config(&config);
     if !args.auth_tokens.is_empty() {
+        if args.ephemeral {
+            anyhow::bail!(
+                "--auth-token uses a token issued with `troupe tokens`, counted in the data \
+                 directory's store, and --ephemeral writes nothing: use one or the other"
+            );
+        }
         // Tokens live in the data directory's store, where `troupe tokens` issues them.
         let dir = config.data_dir.clone();
         let store =

@@ -153,6 +153,7 @@ pub async fn run(args: ServeArgs) -> anyhow::Result<ExitCode> {
         eprintln!("troupe: warning: {notice}");
     }
     let tokens = assembly::try_build_tokens(&config)?;
+    crate::chat::warn_if_script_unused(&config, args.script.as_deref());
     let model = assembly::build_model(&config, args.script.as_deref())?;
     let mut ports = assembly::session_ports(&config, model, tokens);
     let storage = troupe_service::open_store(&config, args.ephemeral).await?;

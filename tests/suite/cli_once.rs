@@ -273,6 +273,70 @@ async fn bad_settings_are_refused_before_a_turn_and_a_turn_the_step_limit_stops_
 }
 
 #[tokio::test]
+async fn what_cannot_work_together_is_said_before_anything_runs_or_is_written() {
+    let dir = tempfile::tempdir().unwrap();
+    // A token is counted in the data directory's store; --ephemeral writes nothing.
+    let mut cmd = troupe(dir.path());
+    cmd.args([
+        "chat",
+        "--once",
+        "--ephemeral",
+        "--auth-token",
+        "tat_x",
+        "hi",
+    ]);
+    let out = output(cmd).await;
+    assert_eq!(out.status.code(), Some(1));
+    assert!(
+        text(&out.stderr).contains("--ephemeral writes nothing"),
+        "{}",
+        text(&out.stderr)
+    );
+    assert!(tree(dir.path()).is_empty(), "{:?}", tree(dir.path()));
+    // `/hub` without agents is refused, not sent to the model as text.
+    let mut cmd = troupe(dir.path());
+    cmd.args(["chat", "--once", "--ephemeral", "/hub coder write it"]);
+    let out = output(cmd).await;
+    assert_eq!(out.status.code(), Some(2), "{}", text(&out.stderr));
+    assert!(
+        text(&out.stderr).contains("no agents are defined in this session"),
+        "{}",
+        text(&out.stderr)
+    );
+    assert!(
+        !text(&out.stdout).contains("You said"),
+        "{}",
+        text(&out.stdout)
+    );
+    // A script next to a configured endpoint: the endpoint answers, and stderr says the
+    // script is not used.
+    let server = ModelServer::start().await;
+    server.push(Reply::text(["from the server"]));
+    let script = dir.path().join("script.json");
+    std::fs::write(&script, r#"{"replies": [{"text": "from the script"}]}"#).unwrap();
+    let mut cmd = troupe(dir.path());
+    cmd.args([
+        "chat",
+        "--once",
+        "--ephemeral",
+        "--base-url",
+        &server.base_url(),
+    ])
+    .arg("--script")
+    .arg(&script)
+    .arg("hi");
+    let out = output(cmd).await;
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    assert_eq!(text(&out.stdout).trim(), "from the server");
+    assert!(
+        text(&out.stderr)
+            .contains("--script (or TROUPE_SCRIPT) is for the scripted model; ignored"),
+        "{}",
+        text(&out.stderr)
+    );
+}
+
+#[tokio::test]
 async fn a_once_turn_prints_its_warnings_on_stderr_and_only_the_reply_on_stdout() {
     let dir = tempfile::tempdir().unwrap();
     let mut cmd = troupe(dir.path());
