@@ -337,12 +337,10 @@ async fn run_with(args: ChatArgs, config: TroupeConfig) -> anyhow::Result<ExitCo
                  directory's store, and --ephemeral writes nothing: use one or the other"
             );
         }
-        // Tokens live in the data directory's store, where `troupe tokens` issues them.
-        let dir = config.data_dir.clone();
-        let store =
-            tokio::task::spawn_blocking(move || troupe_store::SqliteStore::open_in(&dir)).await??;
+        // Tokens live in the store `troupe tokens` issues them to (as `troupe serve` has it).
+        let store = troupe_service::open_token_store(&config).await?;
         session_config.conversation.token_book =
-            Some(troupe_actors::token_book::spawn(Arc::new(store)).await?);
+            Some(troupe_actors::token_book::spawn(store).await?);
     }
     let mode = if args.once { "once" } else { "interactive" };
     let meta = session_meta(

@@ -5,7 +5,6 @@
 use std::io::Write;
 use std::path::PathBuf;
 use std::process::ExitCode;
-use std::sync::Arc;
 use troupe_actors::token_book;
 use troupe_proto::governance::{IssueToken, TokenInfo, TokenScope};
 use troupe_runtime::config::TroupeConfig;
@@ -124,17 +123,16 @@ pub async fn run(cmd: TokensCommand) -> anyhow::Result<ExitCode> {
     }
 }
 
-/// A book over the data directory's store.
+/// A book over the store `troupe serve` keeps tokens in (PostgreSQL when its store is there,
+/// else `troupe.db` in the data directory).
 async fn open(place: &Place) -> anyhow::Result<troupe_actors::token_book::TokenBookRef> {
     let env = |k: &str| std::env::var(k).ok();
     let mut config = TroupeConfig::load(place.config.as_deref(), &env)?;
     if let Some(dir) = &place.data_dir {
         config.data_dir.clone_from(dir);
     }
-    let dir = config.data_dir.clone();
-    let store =
-        tokio::task::spawn_blocking(move || troupe_store::SqliteStore::open_in(&dir)).await??;
-    Ok(token_book::spawn(Arc::new(store)).await?)
+    let store = troupe_service::open_token_store(&config).await?;
+    Ok(token_book::spawn(store).await?)
 }
 
 fn date(ms: u64) -> String {

@@ -709,6 +709,62 @@ pub async fn open_store(config: &TroupeConfig, ephemeral: bool) -> Result<Storag
     }
 }
 
+/// The store that authorization tokens are kept in, as `troupe serve` on `config` keeps them:
+/// PostgreSQL when the store (or the cluster) is there, else `troupe.db` in the data
+/// directory. What `troupe tokens` and `troupe chat --auth-token` use, so that all three
+/// count uses in the same table.
+pub async fn open_token_store(
+    config: &TroupeConfig,
+) -> Result<Arc<dyn troupe_actors::ports::TokenStore>, AgentError> {
+    let node = config
+        .cluster
+        .node(&config.store)
+        .map_err(|e| AgentError::invalid(e.to_string()))?;
+    let postgres = match (&node, config.store.backend) {
+        (Some(node), _) => Some(node.postgres_url.clone()),
+        (None, troupe_runtime::config::StoreBackend::Postgres) => Some(postgres_url(config)?),
+        (None, troupe_runtime::config::StoreBackend::Sqlite) => None,
+    };
+    match postgres {
+        Some(url) => token_store_on_postgres(config, &url).await,
+        None => {
+            let dir = config.data_dir.clone();
+            let store =
+                tokio::task::spawn_blocking(move || troupe_store::SqliteStore::open_in(&dir))
+                    .await
+                    .map_err(|e| AgentError::internal(format!("open the token store: {e}")))??;
+            Ok(Arc::new(store))
+        }
+    }
+}
+
+#[cfg(feature = "postgres")]
+async fn token_store_on_postgres(
+    config: &TroupeConfig,
+    url: &str,
+) -> Result<Arc<dyn troupe_actors::ports::TokenStore>, AgentError> {
+    let options = troupe_store::PgOptions {
+        pool_size: config.store.postgres_pool_size,
+        ..troupe_store::PgOptions::default()
+    };
+    Ok(Arc::new(
+        troupe_store::PgStore::connect_with(url, options).await?,
+    ))
+}
+
+#[cfg(not(feature = "postgres"))]
+async fn token_store_on_postgres(
+    _config: &TroupeConfig,
+    _url: &str,
+) -> Result<Arc<dyn troupe_actors::ports::TokenStore>, AgentError> {
+    Err(AgentError::invalid(NO_POSTGRES))
+}
+
+/// What a build without the `postgres` feature says when PostgreSQL is asked for.
+#[cfg(not(feature = "postgres"))]
+const NO_POSTGRES: &str = "this build of troupe has no PostgreSQL store (cargo feature \
+     `postgres`); use [store] backend = \"sqlite\"";
+
 fn open_sqlite(config: &TroupeConfig) -> Result<Storage, AgentError> {
     // Where the rollout goes is decided before the store creates troupe.db.
     let rollout_path = troupe_store::SqliteRolloutStorage::path_in(&config.data_dir)?;
@@ -813,10 +869,7 @@ async fn open_postgres(
     _url: &str,
     _node: Option<troupe_runtime::config::ClusterNode>,
 ) -> Result<Storage, AgentError> {
-    Err(AgentError::invalid(
-        "this build of troupe has no PostgreSQL store (cargo feature `postgres`); \
-         use [store] backend = \"sqlite\"",
-    ))
+    Err(AgentError::invalid(NO_POSTGRES))
 }
 
 /// An API without tokens may only listen on loopback.

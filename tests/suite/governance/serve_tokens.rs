@@ -207,3 +207,61 @@ async fn a_token_with_two_uses_allows_exactly_two_calls_across_a_restart() {
         );
     }
 }
+
+/// `troupe tokens` on a configuration whose store is on PostgreSQL issues, lists and revokes
+/// there, as `troupe serve` on that configuration reads them: no `troupe.db` appears in the
+/// data directory, and the token is in the server's table.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn troupe_tokens_keeps_tokens_where_the_store_is() {
+    use troupe_store::TokenStore;
+    let dir = tempfile::tempdir().unwrap();
+    let url = troupe_test_postgres::server().fresh_database();
+    std::fs::write(
+        dir.path().join("troupe.toml"),
+        format!(
+            "data_dir = \"data\"\n\n[store]\nbackend = \"postgres\"\npostgres_url = \"{url}\"\n"
+        ),
+    )
+    .unwrap();
+    let tokens = |args: &[&str]| {
+        let out = Command::new(troupe_bin())
+            .arg("tokens")
+            .args(args)
+            .args(["--config", "troupe.toml"])
+            .current_dir(dir.path())
+            .env_remove("TROUPE_CONFIG")
+            .env_remove("TROUPE_STORE_BACKEND")
+            .env_remove("TROUPE_POSTGRES_URL")
+            .output()
+            .unwrap();
+        let stderr = String::from_utf8_lossy(&out.stderr).into_owned();
+        assert!(out.status.success(), "troupe tokens {args:?}: {stderr}");
+        String::from_utf8(out.stdout).unwrap()
+    };
+    let issued: Value = serde_json::from_str(&tokens(&[
+        "issue",
+        "--agent",
+        "coder",
+        "--tool",
+        "shell",
+        "--ttl",
+        "1h",
+        "--max-uses",
+        "2",
+        "--json",
+    ]))
+    .unwrap();
+    let token_id = issued["info"]["id"].as_str().unwrap().to_owned();
+    let listed: Value = serde_json::from_str(&tokens(&["list", "--json"])).unwrap();
+    assert!(listed.to_string().contains(&token_id), "{listed}");
+    assert!(
+        !dir.path().join("data/troupe.db").exists(),
+        "tokens went to a SQLite file instead of the configured store"
+    );
+    let store = troupe_store::PgStore::connect(&url).await.unwrap();
+    let held = store.tokens().await.unwrap();
+    assert_eq!(held.len(), 1, "{held:?}");
+    assert_eq!(held[0].id, token_id);
+    tokens(&["revoke", &token_id]);
+    assert!(store.tokens().await.unwrap()[0].revoked_ms.is_some());
+}
