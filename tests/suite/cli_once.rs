@@ -336,6 +336,48 @@ async fn what_cannot_work_together_is_said_before_anything_runs_or_is_written() 
     );
 }
 
+/// SIGINT (Ctrl-C) during a `--once` turn cancels the turn, not the program: it says so and
+/// exits 4.
+#[tokio::test]
+async fn ctrl_c_cancels_a_once_turn_and_exits_4() {
+    let server = ModelServer::start().await;
+    server.push(Reply::text(["too late"]).delayed(Duration::from_secs(60)));
+    let dir = tempfile::tempdir().unwrap();
+    let mut cmd = troupe(dir.path());
+    cmd.args([
+        "chat",
+        "--once",
+        "--ephemeral",
+        "--base-url",
+        &server.base_url(),
+    ])
+    .args(["--model", "m", "wait for it"])
+    .stdout(Stdio::piped())
+    .stderr(Stdio::piped());
+    let child = cmd.spawn().unwrap();
+    // Once the model has the request, the turn is running.
+    let t0 = std::time::Instant::now();
+    while server.requests().is_empty() {
+        assert!(
+            t0.elapsed() < Duration::from_secs(30),
+            "the turn never asked the model"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    nix::sys::signal::kill(
+        nix::unistd::Pid::from_raw(i32::try_from(child.id().unwrap()).unwrap()),
+        nix::sys::signal::Signal::SIGINT,
+    )
+    .unwrap();
+    let out = tokio::time::timeout(Duration::from_secs(30), child.wait_with_output())
+        .await
+        .expect("the turn ends")
+        .unwrap();
+    let stderr = text(&out.stderr);
+    assert_eq!(out.status.code(), Some(4), "{stderr}");
+    assert!(stderr.contains("cancelling the turn"), "{stderr}");
+}
+
 #[tokio::test]
 async fn a_once_turn_prints_its_warnings_on_stderr_and_only_the_reply_on_stdout() {
     let dir = tempfile::tempdir().unwrap();
