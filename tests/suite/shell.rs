@@ -258,6 +258,45 @@ async fn a_denial_reaches_the_model_and_the_task_goes_on() {
     t.stop().await;
 }
 
+/// A command the sandbox stopped is not run again by a retry policy: the same call would be
+/// stopped again. The model sees what it printed and that the sandbox stopped it.
+#[tokio::test]
+async fn a_retry_policy_does_not_run_again_what_the_sandbox_stopped() {
+    let ws = tempfile::tempdir().unwrap();
+    let _ = troupe_bin();
+    let workspace = ws.path().to_path_buf();
+    let t = TestSession::start_with(
+        vec![sh("echo x > written.txt"), ScriptedReply::default()],
+        move |c| {
+            c.conversation.approval_policy = ApprovalPolicy::Never;
+            c.conversation.sandbox_policy = SandboxPolicy::ReadOnly;
+            c.conversation.workspace_roots = vec![workspace];
+            c.conversation.task.tool_errors = troupe_proto::ToolErrorPolicy::Retry { attempts: 2 };
+        },
+        None,
+    )
+    .await;
+    let mut events = t.session.subscribe().await.unwrap();
+    let root = t.root().await;
+    let reply = message_unasked(&t, root, "write").await;
+    assert!(reply.text.contains("Permission denied"), "{}", reply.text);
+    assert!(
+        reply
+            .text
+            .contains("the read-only sandbox stopped the command"),
+        "{}",
+        reply.text
+    );
+    let runs = drain(&t, &mut events)
+        .await
+        .into_iter()
+        .filter(|e| matches!(e, EventKind::ToolCallFinished { name, .. } if name == "shell"))
+        .count();
+    assert_eq!(runs, 1, "run once, not retried");
+    assert!(!ws.path().join("written.txt").exists());
+    t.stop().await;
+}
+
 #[tokio::test]
 async fn read_only_refuses_a_write_and_allows_a_read() {
     let ws = tempfile::tempdir().unwrap();

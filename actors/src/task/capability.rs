@@ -129,7 +129,7 @@ async fn run_inner(ctx: &TaskContext, call: &ToolCall) -> Result<ToolOutput, Age
         conversation_id = %ctx.conversation_id,
         task_id = %ctx.task_id,
     );
-    let out = run_command(
+    let (out, _sandbox) = run_command(
         ctx,
         &plan.argv,
         ctx.approval_policy == ApprovalPolicy::Always,

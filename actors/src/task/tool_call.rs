@@ -299,7 +299,7 @@ pub(super) async fn execute(
                 .get("timeout_ms")
                 .and_then(serde_json::Value::as_u64)
                 .map(Duration::from_millis);
-            let out = run_command(
+            let (out, sandbox) = run_command(
                 ctx,
                 &argv,
                 needs_approval,
@@ -308,6 +308,18 @@ pub(super) async fn execute(
                 "the model wants to run a command".into(),
             )
             .await?;
+            if let Some(why) = sandbox_failure(&out, sandbox) {
+                // The sandbox stopped it: the same call would be stopped again, so a retry
+                // policy does not run it again (the model still sees what it printed).
+                return Err(AgentError::SandboxError {
+                    message: format!(
+                        "the {} sandbox stopped the command ({why}):\n{}",
+                        sandbox_name(sandbox),
+                        render_exec(&out)
+                    ),
+                }
+                .into());
+            }
             Ok(ToolOutput {
                 call_id: call.call_id.clone(),
                 output: render_exec(&out),
@@ -321,7 +333,7 @@ pub(super) async fn execute(
 /// Runs `argv` as the shell tool does: approved first when `needs_approval`, under the
 /// conversation's sandbox, and under `on-failure` asked again without the sandbox when the
 /// sandbox stopped it. `workdir` is taken inside the workspace; `timeout` defaults to the
-/// session's command timeout.
+/// session's command timeout. Returns the output and the sandbox its last run had.
 pub(super) async fn run_command(
     ctx: &TaskContext,
     argv: &[String],
@@ -329,7 +341,7 @@ pub(super) async fn run_command(
     workdir: Option<&str>,
     timeout: Option<Duration>,
     why: String,
-) -> Result<crate::ports::ExecOutput, AgentError> {
+) -> Result<(crate::ports::ExecOutput, SandboxPolicy), AgentError> {
     if needs_approval {
         approve(ctx, argv, why).await?;
     }
@@ -349,7 +361,8 @@ pub(super) async fn run_command(
         conversation_id: Some(ctx.conversation_id),
         task_id: Some(ctx.task_id),
     };
-    let mut out = exec.run(request(ctx.sandbox_policy), &ctx.cancel).await?;
+    let mut sandbox = ctx.sandbox_policy;
+    let mut out = exec.run(request(sandbox), &ctx.cancel).await?;
     if ctx.approval_policy == ApprovalPolicy::OnFailure
         && let Some(why) = sandbox_failure(&out, ctx.sandbox_policy)
     {
@@ -361,11 +374,10 @@ pub(super) async fn run_command(
         let granted = approve_as(ctx, argv, reason, ApprovalSubject::CommandWithoutSandbox).await;
         metrics::sandbox_retry(granted.is_ok());
         granted?;
-        out = exec
-            .run(request(SandboxPolicy::FullAccess), &ctx.cancel)
-            .await?;
+        sandbox = SandboxPolicy::FullAccess;
+        out = exec.run(request(sandbox), &ctx.cancel).await?;
     }
-    Ok(out)
+    Ok((out, sandbox))
 }
 
 /// apply_patch: the sandbox must allow writes, every path must be inside the workspace, a
