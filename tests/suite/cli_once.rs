@@ -44,6 +44,15 @@ fn text(bytes: &[u8]) -> String {
     String::from_utf8_lossy(bytes).into_owned()
 }
 
+/// Runs `cmd`, checks that it exits with `code` and that its stderr says `says`; its output.
+async fn exits_saying(cmd: tokio::process::Command, code: i32, says: &str) -> Output {
+    let out = output(cmd).await;
+    let stderr = text(&out.stderr);
+    assert_eq!(out.status.code(), Some(code), "{stderr}");
+    assert!(stderr.contains(says), "{says:?} not in {stderr}");
+    out
+}
+
 /// Every path under `dir`, relative, sorted.
 fn tree(dir: &Path) -> Vec<PathBuf> {
     let mut out = Vec::new();
@@ -203,42 +212,23 @@ async fn bad_settings_are_refused_before_a_turn_and_a_turn_the_step_limit_stops_
     // Zero, from each place a limit comes from: refused before any turn, naming the setting.
     let mut cmd = troupe(dir.path());
     cmd.args(["chat", "--once", "--ephemeral", "--max-steps", "0", "hi"]);
-    let out = output(cmd).await;
-    assert_eq!(out.status.code(), Some(2), "{}", text(&out.stderr));
-    assert!(
-        text(&out.stderr).contains("--max-steps"),
-        "{}",
-        text(&out.stderr)
-    );
+    exits_saying(cmd, 2, "--max-steps").await;
     let mut cmd = troupe(dir.path());
     cmd.args(["chat", "--once", "--ephemeral", "hi"])
         .env("TROUPE_MAX_STEPS", "0");
-    let out = output(cmd).await;
-    assert_eq!(out.status.code(), Some(1));
-    assert!(
-        text(&out.stderr)
-            .contains("bad value for TROUPE_MAX_STEPS: `0` (a whole number of at least 1)"),
-        "{}",
-        text(&out.stderr)
-    );
+    let bad_env = "bad value for TROUPE_MAX_STEPS: `0` (a whole number of at least 1)";
+    exits_saying(cmd, 1, bad_env).await;
     let config = dir.path().join("zero.toml");
     std::fs::write(&config, "[chat]\nmax_steps = 0\n").unwrap();
     let mut cmd = troupe(dir.path());
     cmd.args(["serve", "--stdio", "--ephemeral", "--config"])
         .arg(&config);
-    let out = output(cmd).await;
-    assert_eq!(out.status.code(), Some(1));
-    assert!(
-        text(&out.stderr).contains("chat.max_steps must be at least 1"),
-        "{}",
-        text(&out.stderr)
-    );
+    exits_saying(cmd, 1, "chat.max_steps must be at least 1").await;
     assert_eq!(tree(dir.path()), vec![PathBuf::from("zero.toml")]);
     // A configuration file that is not there: said once, with the reason.
     let mut cmd = troupe(dir.path());
     cmd.args(["chat", "--once", "--config", "missing.toml", "hi"]);
-    let out = output(cmd).await;
-    assert_eq!(out.status.code(), Some(1));
+    let out = exits_saying(cmd, 1, "missing.toml").await;
     assert_eq!(
         text(&out.stderr).trim(),
         "troupe: cannot read config file missing.toml: No such file or directory (os error 2)"
@@ -260,16 +250,9 @@ async fn bad_settings_are_refused_before_a_turn_and_a_turn_the_step_limit_stops_
     cmd.args(["chat", "--once", "--ephemeral", "--script"])
         .arg(&script)
         .args(["--approval-policy", "never", "--max-steps", "1", "run it"]);
-    let out = output(cmd).await;
-    let stderr = text(&out.stderr);
-    assert_eq!(out.status.code(), Some(3), "{stderr}");
-    assert!(
-        stderr.contains(
-            "turn ended with max_steps: stopped after 1 step without a final answer (raise \
-             --max-steps"
-        ),
-        "{stderr}"
-    );
+    let stopped = "turn ended with max_steps: stopped after 1 step without a final answer \
+                   (raise --max-steps";
+    exits_saying(cmd, 3, stopped).await;
 }
 
 #[tokio::test]
@@ -285,24 +268,12 @@ async fn what_cannot_work_together_is_said_before_anything_runs_or_is_written() 
         "tat_x",
         "hi",
     ]);
-    let out = output(cmd).await;
-    assert_eq!(out.status.code(), Some(1));
-    assert!(
-        text(&out.stderr).contains("--ephemeral writes nothing"),
-        "{}",
-        text(&out.stderr)
-    );
+    exits_saying(cmd, 1, "--ephemeral writes nothing").await;
     assert!(tree(dir.path()).is_empty(), "{:?}", tree(dir.path()));
     // `/hub` without agents is refused, not sent to the model as text.
     let mut cmd = troupe(dir.path());
     cmd.args(["chat", "--once", "--ephemeral", "/hub coder write it"]);
-    let out = output(cmd).await;
-    assert_eq!(out.status.code(), Some(2), "{}", text(&out.stderr));
-    assert!(
-        text(&out.stderr).contains("no agents are defined in this session"),
-        "{}",
-        text(&out.stderr)
-    );
+    let out = exits_saying(cmd, 2, "no agents are defined in this session").await;
     assert!(
         !text(&out.stdout).contains("You said"),
         "{}",
@@ -325,15 +296,9 @@ async fn what_cannot_work_together_is_said_before_anything_runs_or_is_written() 
     .arg("--script")
     .arg(&script)
     .arg("hi");
-    let out = output(cmd).await;
-    assert!(out.status.success(), "{}", text(&out.stderr));
+    let ignored = "--script (or TROUPE_SCRIPT) is for the scripted model; ignored";
+    let out = exits_saying(cmd, 0, ignored).await;
     assert_eq!(text(&out.stdout).trim(), "from the server");
-    assert!(
-        text(&out.stderr)
-            .contains("--script (or TROUPE_SCRIPT) is for the scripted model; ignored"),
-        "{}",
-        text(&out.stderr)
-    );
 }
 
 /// SIGINT (Ctrl-C) during a `--once` turn cancels the turn, not the program: it says so and
@@ -390,15 +355,9 @@ async fn a_once_turn_prints_its_warnings_on_stderr_and_only_the_reply_on_stdout(
         "1",
         "hi",
     ]);
-    let out = output(cmd).await;
-    let stderr = text(&out.stderr);
-    assert!(out.status.success(), "{stderr}");
+    let out = exits_saying(cmd, 0, "troupe: warning: prompt is ").await;
     assert_eq!(text(&out.stdout), "You said: hi\n");
-    assert!(
-        stderr.contains("troupe: warning: prompt is ")
-            && stderr.contains("above warn-prompt-tokens 1"),
-        "{stderr}"
-    );
+    assert!(text(&out.stderr).contains("above warn-prompt-tokens 1"));
 }
 
 // ----- --ephemeral -----
