@@ -88,8 +88,9 @@ pub use state::{AppState, ExtraRoutes};
 /// How long a failed service keeps its listener open, answering 503 on `/healthz` with the
 /// reason, before it shuts down and exits non-zero.
 pub const FAILED_LINGER: Duration = Duration::from_secs(2);
-/// How long `serve --stdio` waits, after shutdown, for its last answers to be read.
-pub const STDIO_LAST_ANSWERS: Duration = Duration::from_secs(10);
+/// How long a shutdown waits, once every task has ended, for the last answers to reach the
+/// clients (HTTP connections, JSON-RPC WebSockets, stdio) before it leaves them.
+pub const LAST_ANSWERS: Duration = Duration::from_secs(10);
 
 /// A running service: the registry and what the transports share.
 #[derive(Clone)]
@@ -443,21 +444,27 @@ impl Service {
         // Every task has ended: the WebSocket connections write the answers of the calls
         // that waited on them, then close.
         self.state.connections.close();
-        if tokio::time::timeout(Duration::from_secs(10), self.state.connections.wait())
+        if tokio::time::timeout(LAST_ANSWERS, self.state.connections.wait())
             .await
             .is_err()
         {
-            tracing::warn!("WebSocket connections still open 10 s after shutdown; leaving them");
+            tracing::warn!(
+                ?LAST_ANSWERS,
+                "WebSocket connections still open after shutdown; leaving them"
+            );
         }
         if let Some(a2a) = a2a {
             a2a.stop().await;
         }
         // The last connections close once their replies are out.
-        let served = match tokio::time::timeout(Duration::from_secs(10), server).await {
+        let served = match tokio::time::timeout(LAST_ANSWERS, server).await {
             Ok(Ok(())) => Ok(()),
             Ok(Err(e)) => Err(AgentError::internal(format!("http server task: {e}"))),
             Err(_) => {
-                tracing::warn!("connections still open 10 s after shutdown; leaving them");
+                tracing::warn!(
+                    ?LAST_ANSWERS,
+                    "connections still open after shutdown; leaving them"
+                );
                 Ok(())
             }
         };
@@ -471,7 +478,7 @@ impl Service {
     /// fails, then shuts down as over HTTP: no line is read any more, running tasks get the
     /// grace period and what still runs is cancelled, so every call still waiting is answered
     /// (then the transport ends; a peer that reads none of it is left after
-    /// [`STDIO_LAST_ANSWERS`]). A failure is the error returned (the process exits non-zero).
+    /// [`LAST_ANSWERS`]). A failure is the error returned (the process exits non-zero).
     pub async fn serve_stdio<R, W>(&self, input: R, output: W) -> Result<(), AgentError>
     where
         R: tokio::io::AsyncRead + Unpin + Send + 'static,
@@ -496,7 +503,7 @@ impl Service {
         }
         self.shutdown().await;
         if !transport.is_finished()
-            && tokio::time::timeout(STDIO_LAST_ANSWERS, &mut transport)
+            && tokio::time::timeout(LAST_ANSWERS, &mut transport)
                 .await
                 .is_err()
         {
@@ -694,19 +701,39 @@ pub async fn open_store(config: &TroupeConfig, ephemeral: bool) -> Result<Storag
             cluster: None,
         });
     }
+    match placement(config)? {
+        Placement::Sqlite => open_sqlite(config),
+        Placement::Postgres { url, node } => open_postgres(config, &url, node).await,
+    }
+}
+
+/// Where `config` puts the store.
+enum Placement {
+    /// `troupe.db` in the data directory.
+    Sqlite,
+    /// PostgreSQL at `url`: `[store] backend = "postgres"`, or a cluster node's database.
+    Postgres {
+        url: String,
+        node: Option<troupe_runtime::config::ClusterNode>,
+    },
+}
+
+fn placement(config: &TroupeConfig) -> Result<Placement, AgentError> {
     let node = config
         .cluster
         .node(&config.store)
         .map_err(|e| AgentError::invalid(e.to_string()))?;
-    if let Some(node) = node {
-        return open_postgres(config, &node.postgres_url, Some(node.clone())).await;
-    }
-    match config.store.backend {
-        troupe_runtime::config::StoreBackend::Sqlite => open_sqlite(config),
-        troupe_runtime::config::StoreBackend::Postgres => {
-            open_postgres(config, &postgres_url(config)?, None).await
-        }
-    }
+    Ok(match (node, config.store.backend) {
+        (Some(node), _) => Placement::Postgres {
+            url: node.postgres_url.clone(),
+            node: Some(node),
+        },
+        (None, troupe_runtime::config::StoreBackend::Postgres) => Placement::Postgres {
+            url: postgres_url(config)?,
+            node: None,
+        },
+        (None, troupe_runtime::config::StoreBackend::Sqlite) => Placement::Sqlite,
+    })
 }
 
 /// The store that authorization tokens are kept in, as `troupe serve` on `config` keeps them:
@@ -716,18 +743,9 @@ pub async fn open_store(config: &TroupeConfig, ephemeral: bool) -> Result<Storag
 pub async fn open_token_store(
     config: &TroupeConfig,
 ) -> Result<Arc<dyn troupe_actors::ports::TokenStore>, AgentError> {
-    let node = config
-        .cluster
-        .node(&config.store)
-        .map_err(|e| AgentError::invalid(e.to_string()))?;
-    let postgres = match (&node, config.store.backend) {
-        (Some(node), _) => Some(node.postgres_url.clone()),
-        (None, troupe_runtime::config::StoreBackend::Postgres) => Some(postgres_url(config)?),
-        (None, troupe_runtime::config::StoreBackend::Sqlite) => None,
-    };
-    match postgres {
-        Some(url) => token_store_on_postgres(config, &url).await,
-        None => {
+    match placement(config)? {
+        Placement::Postgres { url, .. } => token_store_on_postgres(config, &url).await,
+        Placement::Sqlite => {
             let dir = config.data_dir.clone();
             let store =
                 tokio::task::spawn_blocking(move || troupe_store::SqliteStore::open_in(&dir))
