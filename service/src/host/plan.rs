@@ -29,17 +29,24 @@ pub const INTERRUPTED_BY_RESTART: &str = "its task was interrupted by a restart"
 pub const TEXT_NOT_KEPT: &str = "it was queued when the service stopped and its conversation's storage policy does not \
      keep message text, so there is nothing to run";
 
+/// A queued message of a `ttl` conversation whose text expired (and was swept) while it
+/// waited has no stored text to run.
+pub const TEXT_EXPIRED: &str = "it was queued when the service stopped and its text passed its \
+     conversation's ttl before the next start, so there is nothing to run";
+
 /// What to do with `message` after a restart, given the session's conversations.
 pub fn recover(
     message: &MessageRecord,
     conversations: &HashMap<ConversationId, ConversationRecord>,
 ) -> Recovery {
-    let open = conversations
-        .get(&message.conversation_id)
-        .is_some_and(|c| c.state == ConversationState::Open);
+    let conversation = conversations.get(&message.conversation_id);
+    let open = conversation.is_some_and(|c| c.state == ConversationState::Open);
+    let ttl =
+        conversation.is_some_and(|c| matches!(c.params.storage_policy, StoragePolicy::Ttl { .. }));
     match message.status {
         Some(MessageStatus::Running) => Recovery::Abort(INTERRUPTED_BY_RESTART),
         _ if !open => Recovery::Cancel,
+        _ if message.content.is_none() && ttl => Recovery::Abort(TEXT_EXPIRED),
         _ if message.content.is_none() => Recovery::Abort(TEXT_NOT_KEPT),
         _ => Recovery::Requeue,
     }
@@ -297,6 +304,18 @@ mod tests {
         assert_eq!(
             recover(&message(&closed, q, Some("hi")), &all),
             Recovery::Cancel
+        );
+        let mut ttl = conversation(s, ConversationState::Open);
+        ttl.params.storage_policy = StoragePolicy::Ttl { secs: 1 };
+        let with_ttl = HashMap::from([(ttl.conversation_id, ttl.clone())]);
+        assert_eq!(
+            recover(&message(&ttl, q, None), &with_ttl),
+            Recovery::Abort(TEXT_EXPIRED),
+            "a ttl conversation's text is gone because it expired"
+        );
+        assert_eq!(
+            recover(&message(&ttl, q, Some("hi")), &with_ttl),
+            Recovery::Requeue
         );
         let unknown = conversation(s, ConversationState::Open);
         assert_eq!(

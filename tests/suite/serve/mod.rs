@@ -101,11 +101,17 @@ impl Server {
 
     /// Graceful shutdown, as on SIGTERM.
     pub async fn stop(self) {
+        drop(self.stop_keeping_data().await);
+    }
+
+    /// Graceful shutdown, as on SIGTERM; the data directory stays, for a next start.
+    pub async fn stop_keeping_data(self) -> tempfile::TempDir {
         self.service.shutdown_token().cancel();
         tokio::time::timeout(Duration::from_secs(20), self.task)
             .await
             .expect("the service stops")
             .unwrap();
+        self.dir
     }
 }
 

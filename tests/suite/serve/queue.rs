@@ -462,6 +462,112 @@ async fn a_restart_settles_every_pending_message() {
     task.await.unwrap();
 }
 
+/// A planned stop (SIGTERM) cancels what runs and leaves what is queued queued in the store;
+/// the next start runs it, unless its conversation keeps no text (`headers_only`) or its
+/// `ttl` passed while it waited: then there is nothing left to run and it ends `aborted`,
+/// saying so.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_planned_stop_leaves_queued_messages_to_the_next_start() {
+    let server = Server::start_on(
+        |dir| Arc::new(SqliteStore::open_in(dir).unwrap()),
+        |c| c.server.grace_period = Duration::from_millis(300),
+        [hangs(), hangs(), hangs()].concat(),
+    )
+    .await;
+    let api = server.api();
+    let sid = id(&api.session(None).await, "session_id");
+    let mut queued = Vec::new();
+    let mut running = Vec::new();
+    for (n, policy) in [
+        json!("full"),
+        json!("headers_only"),
+        json!({"ttl": {"secs": 1}}),
+    ]
+    .into_iter()
+    .enumerate()
+    {
+        let opened = api
+            .call(
+                "conversation.open",
+                json!({"session_id": sid, "storage_policy": policy}),
+            )
+            .await;
+        let conv = id(&opened, "conversation_id");
+        let (status, sent) = post(&api, &sid, Some(&conv), "runs until stopped").await;
+        assert_eq!(status, StatusCode::ACCEPTED, "{sent}");
+        assert_eq!(sent["message"]["status"], "running", "{sent}");
+        running.push(sent["message"]["message_id"].as_u64().unwrap());
+        let (status, sent) = post(&api, &sid, Some(&conv), "waits its turn").await;
+        assert_eq!(status, StatusCode::ACCEPTED, "{sent}");
+        assert_eq!(sent["message"]["status"], "queued", "{sent}");
+        queued.push(sent["message"]["message_id"].as_u64().unwrap());
+    }
+    let dir = server.stop_keeping_data().await;
+
+    // Stopped: what ran was cancelled, what waited is still queued in the store.
+    let store = SqliteStore::open_in(dir.path()).unwrap();
+    for id in &running {
+        let m = store.message(*id).await.unwrap().unwrap();
+        assert_eq!(m.status, Some(MessageStatus::Cancelled), "{m:?}");
+    }
+    for id in &queued {
+        let m = store.message(*id).await.unwrap().unwrap();
+        assert_eq!(m.status, Some(MessageStatus::Queued), "{m:?}");
+    }
+    drop(store);
+    // The ttl conversation's queued message is past its ttl before the next start.
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+
+    let (service, base, task) = service_over(dir.path()).await;
+    let api = Api::new(&base, None);
+    let mut ended = Vec::new();
+    for id in &queued {
+        ended.push(outcome(&api, &sid, *id).await);
+    }
+    let statuses: Vec<&str> = ended
+        .iter()
+        .map(|m| m["status"].as_str().unwrap())
+        .collect();
+    assert_eq!(statuses, ["completed", "aborted", "aborted"], "{ended:?}");
+    let reply = api
+        .call(
+            "messages.get",
+            json!({"session_id": sid, "message_id": ended[0]["reply_message_id"]}),
+        )
+        .await;
+    assert_eq!(reply["content"], "You said: waits its turn");
+    // Each abort says why: a `status` message answering it, its content the reason where the
+    // policy keeps content (a `ttl` conversation's, until its own ttl), its code everywhere.
+    let (status, page) = api.get(&format!("/api/sessions/{sid}/messages")).await;
+    assert_eq!(status, StatusCode::OK, "{page}");
+    let why = |id: u64| {
+        page["messages"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|m| m["type"] == "status" && m["metadata"]["reply_to"] == id)
+            .unwrap_or_else(|| panic!("no status message answers {id}: {page}"))
+            .clone()
+    };
+    let not_kept = why(queued[1]);
+    assert_eq!(not_kept["metadata"]["code"], "interrupted", "{not_kept}");
+    assert_eq!(not_kept["metadata"]["status"], "aborted", "{not_kept}");
+    assert!(
+        not_kept["content"].is_null(),
+        "headers_only keeps no text: {not_kept}"
+    );
+    let expired = why(queued[2]);
+    assert_eq!(expired["metadata"]["code"], "interrupted", "{expired}");
+    let reason = expired["content"].as_str().unwrap_or_default();
+    assert!(
+        reason.contains("passed its conversation's ttl"),
+        "{expired}"
+    );
+    service.shutdown_token().cancel();
+    task.await.unwrap();
+    drop(dir);
+}
+
 /// Stored sessions are not started with the service: only on their first use (or when they
 /// hold unfinished messages). Reading a session's record or messages starts nothing.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
