@@ -827,6 +827,7 @@ fn runner_panicked() -> TaskOutcome {
         stats: TaskStats::default(),
         error: Some(AgentError::internal("the task runner failed")),
         items: Vec::new(),
+        item_times_ms: Vec::new(),
     }
 }
 

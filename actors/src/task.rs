@@ -320,6 +320,9 @@ pub struct TaskOutcome {
     pub error: Option<AgentError>,
     /// New history items, in order: the user message, then what the model and tools said.
     pub items: Vec<HistoryItem>,
+    /// When each of `items` happened (Unix ms, one per item): a tool call when it started,
+    /// its output when it ended, so that content kept under `ttl` expires from then.
+    pub item_times_ms: Vec<u64>,
 }
 
 /// A scheduler's answer to `Acquire`; `None` when it stopped before answering.
@@ -506,8 +509,11 @@ async fn prepare(
 }
 
 async fn run_inner(ctx: &TaskContext, slot: SlotWait) -> TaskOutcome {
+    let clock = crate::clock::Clock::new();
     let mut loop_state = LoopState {
         items: vec![HistoryItem::user(ctx.input.clone())],
+        item_times_ms: vec![clock.now_ms()],
+        clock,
         stats: TaskStats {
             turn: ctx.turn,
             ..TaskStats::default()
@@ -659,9 +665,7 @@ async fn run_turn(
             ctx.emit(EventKind::AssistantMessage {
                 text: response.text.clone(),
             });
-            loop_state
-                .items
-                .push(HistoryItem::assistant(response.text.clone()));
+            loop_state.push(HistoryItem::assistant(response.text.clone()));
             loop_state.last_text = response.text.clone();
         }
         if response.tool_calls.is_empty() {
@@ -671,7 +675,7 @@ async fn run_turn(
             match guardrail::judge(ctx, g, &response.text) {
                 guardrail::Judged::Answer(text) => {
                     ctx.emit(EventKind::AssistantMessage { text: text.clone() });
-                    loop_state.items.push(HistoryItem::assistant(text.clone()));
+                    loop_state.push(HistoryItem::assistant(text.clone()));
                     loop_state.last_text = text;
                     return loop_state.end(TaskStatus::Ok, None);
                 }
@@ -695,6 +699,7 @@ async fn run_turn(
             loop_state.stats.tool_calls += 1;
             let mcp_call = is_mcp_tool(&call.name, &prepared.tools.specs);
             let call_started = Instant::now();
+            let called_at_ms = loop_state.clock.now_ms();
             let mut attempt = 0;
             let (output, error) = loop {
                 let (output, error) =
@@ -713,8 +718,8 @@ async fn run_turn(
                 loop_state.stats.mcp_calls += 1;
                 loop_state.stats.mcp_latency_ms += millis(call_started.elapsed());
             }
-            loop_state.items.push(HistoryItem::ToolCall(call));
-            loop_state.items.push(HistoryItem::ToolOutput(output));
+            loop_state.push_at(HistoryItem::ToolCall(call), called_at_ms);
+            loop_state.push(HistoryItem::ToolOutput(output));
             if let (Some(e), ToolErrorPolicy::Terminate) = (error, ctx.limits.tool_errors) {
                 // A call that failed because the task was cancelled (waiting for approval,
                 // say) ends it cancelled, not failed.
@@ -727,6 +732,9 @@ async fn run_turn(
 
 struct LoopState {
     items: Vec<HistoryItem>,
+    /// When each of `items` happened (see [`TaskOutcome::item_times_ms`]).
+    item_times_ms: Vec<u64>,
+    clock: crate::clock::Clock,
     stats: TaskStats,
     last_text: String,
     /// When the scheduler granted the slot: the turn's start (`None` while queued).
@@ -737,6 +745,17 @@ struct LoopState {
 }
 
 impl LoopState {
+    /// Adds an item that happens now.
+    fn push(&mut self, item: HistoryItem) {
+        let at = self.clock.now_ms();
+        self.push_at(item, at);
+    }
+
+    fn push_at(&mut self, item: HistoryItem, at_ms: u64) {
+        self.items.push(item);
+        self.item_times_ms.push(at_ms);
+    }
+
     fn end(mut self, status: TaskStatus, error: Option<AgentError>) -> TaskOutcome {
         if let Some(granted_at) = self.granted_at {
             metrics::turn_finished(status, granted_at.elapsed());
@@ -746,6 +765,7 @@ impl LoopState {
         // otherwise make every later turn fail too). The rollout rebuild does the same.
         if self.stats.steps == 0 && !self.routed {
             self.items.clear();
+            self.item_times_ms.clear();
         }
         TaskOutcome {
             status,
@@ -753,6 +773,7 @@ impl LoopState {
             stats: self.stats,
             error,
             items: self.items,
+            item_times_ms: self.item_times_ms,
         }
     }
 }

@@ -111,6 +111,10 @@ pub struct MessageReply {
     /// In-process only: never on the wire.
     #[serde(skip)]
     pub items: Vec<crate::item::HistoryItem>,
+    /// When each of `items` happened (Unix ms, one per item; empty: not known), so that
+    /// what is stored under `ttl` expires from when it happened. In-process only.
+    #[serde(skip)]
+    pub item_times_ms: Vec<u64>,
 }
 
 /// How a close went. Closing twice is not an error (S5).

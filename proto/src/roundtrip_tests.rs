@@ -654,6 +654,7 @@ fn message_reply() -> impl Strategy<Value = MessageReply> {
                 stats,
                 error,
                 items: Vec::new(),
+                item_times_ms: Vec::new(),
             },
         )
 }

@@ -243,6 +243,7 @@ mod tests {
             stats: TaskStats::default(),
             error: None,
             items: Vec::new(),
+            item_times_ms: Vec::new(),
         })));
         let (at, result) = finished(next(&mut hub_rx).await);
         assert_eq!(at, dispatch_id);

@@ -203,6 +203,7 @@ mod tests {
             stats: TaskStats::default(),
             error,
             items: Vec::new(),
+            item_times_ms: Vec::new(),
         }
     }
 

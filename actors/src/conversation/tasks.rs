@@ -522,6 +522,7 @@ impl ConversationState {
                 stats: outcome.stats,
                 error: outcome.error,
                 items: outcome.items,
+                item_times_ms: outcome.item_times_ms,
             }));
         }
         self.after_task(myself, CloseOutcome::Closed);

@@ -184,7 +184,7 @@ pub(super) async fn route_input(
     loop_state.routed = true;
     let answer = |loop_state: &mut LoopState, text: String| {
         ctx.emit(EventKind::AssistantMessage { text: text.clone() });
-        loop_state.items.push(HistoryItem::assistant(text.clone()));
+        loop_state.push(HistoryItem::assistant(text.clone()));
         loop_state.last_text = text;
         Some(Ok(()))
     };

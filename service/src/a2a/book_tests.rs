@@ -180,6 +180,7 @@ fn a_context_runs_its_tasks_one_at_a_time() {
         stats: TaskStats::default(),
         error: None,
         items: Vec::new(),
+        item_times_ms: Vec::new(),
     });
     assert_eq!(b.finished("a", reply, T0 + 1), Finished::Deferred);
     let events = b.finish_due("a", T0 + 2);
@@ -206,6 +207,7 @@ fn the_end_is_reported_once() {
         stats: TaskStats::default(),
         error: None,
         items: Vec::new(),
+        item_times_ms: Vec::new(),
     });
     assert_eq!(b.finished("task-1", reply, T0 + 2), Finished::Done(vec![]));
     assert!(b.record("task-1").unwrap().task.status.state.is_terminal());
@@ -620,6 +622,7 @@ fn a_reply_that_beats_the_events_waits_for_them() {
         stats: TaskStats::default(),
         error: None,
         items: Vec::new(),
+        item_times_ms: Vec::new(),
     });
     assert_eq!(b.finished("task-1", reply, T0), Finished::Deferred);
     // The events still arrive in troupe's order and end the task.
@@ -880,6 +883,7 @@ fn a_question_waits_for_the_clients_reply_which_runs_the_task_again() {
         stats: TaskStats::default(),
         error: None,
         items: Vec::new(),
+        item_times_ms: Vec::new(),
     });
     assert_eq!(b.finished("task-1", reply, T0 + 2), Finished::Done(vec![]));
     // The context is free meanwhile; the client's answer continues the task.
@@ -949,6 +953,7 @@ fn a_quick_answer_to_a_question_runs_the_task_again_tracked() {
         stats: TaskStats::default(),
         error: None,
         items: Vec::new(),
+        item_times_ms: Vec::new(),
     });
     assert_eq!(b.finished("task-1", first, T0 + 3), Finished::Done(vec![]));
     let d = dispatch(&mut b, "ctx-1").unwrap();
@@ -1108,6 +1113,7 @@ fn a_task_whose_end_came_before_its_reply_stays_until_the_reply_frees_its_contex
         stats: TaskStats::default(),
         error: None,
         items: Vec::new(),
+        item_times_ms: Vec::new(),
     });
     assert_eq!(b.finished("task-1", reply, T0 + 2), Finished::Done(vec![]));
     assert!(b.context("ctx-1").unwrap().idle(), "the context is free");

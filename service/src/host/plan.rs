@@ -88,6 +88,9 @@ pub fn session_status(
 /// The task's first item (the user message, already stored) and its last (the final text,
 /// stored as the reply) are left out. Content is what `policy` keeps; metadata holds no
 /// content (tool names, call ids, error flags, codes, and `reply_to`: the user message).
+/// Each is dated when it happened (a call when it started, its result when it ended), so
+/// that under `ttl` it expires from then; the status message, and every item when the
+/// reply carries no times, at `at_ms` (the end).
 pub fn exchange(
     user: &MessageRecord,
     result: &Result<MessageReply, AgentError>,
@@ -96,7 +99,7 @@ pub fn exchange(
     at_ms: u64,
 ) -> Vec<NewMessage> {
     let reply_to = user.message_id;
-    let message = |kind, role, task_id, text: &str, metadata: serde_json::Value| {
+    let message = |kind, role, task_id, text: &str, metadata: serde_json::Value, at_ms: u64| {
         let (content, chars) = super::stored_content(policy, text);
         NewMessage {
             session_id: user.session_id,
@@ -115,6 +118,13 @@ pub fn exchange(
     if let Ok(reply) = result {
         let task = Some(reply.task_id);
         let mut items: &[HistoryItem] = &reply.items;
+        // When each item happened (the task's end when not known): content kept under
+        // `ttl` expires from then, as the rollout's record of it does.
+        let mut times: &[u64] = if reply.item_times_ms.len() == items.len() {
+            &reply.item_times_ms
+        } else {
+            &[]
+        };
         if let [
             HistoryItem::Message {
                 role: Role::User, ..
@@ -123,6 +133,7 @@ pub fn exchange(
         ] = items
         {
             items = rest;
+            times = times.get(1..).unwrap_or_default();
         }
         if let [
             rest @ ..,
@@ -136,7 +147,8 @@ pub fn exchange(
             items = rest;
         }
         let mut tools: HashMap<&str, &str> = HashMap::new();
-        for item in items {
+        for (n, item) in items.iter().enumerate() {
+            let at_ms = times.get(n).copied().unwrap_or(at_ms);
             match item {
                 HistoryItem::Message { role, text } => out.push(message(
                     MessageKind::Text,
@@ -144,6 +156,7 @@ pub fn exchange(
                     task,
                     text,
                     serde_json::json!({ "reply_to": reply_to }),
+                    at_ms,
                 )),
                 HistoryItem::ToolCall(call) => {
                     tools.insert(&call.call_id, &call.name);
@@ -157,6 +170,7 @@ pub fn exchange(
                             "call_id": call.call_id,
                             "reply_to": reply_to,
                         }),
+                        at_ms,
                     ));
                 }
                 HistoryItem::ToolOutput(output) => out.push(message(
@@ -170,6 +184,7 @@ pub fn exchange(
                         "is_error": output.is_error,
                         "reply_to": reply_to,
                     }),
+                    at_ms,
                 )),
                 // A task adds no summary to history; nothing of it is an exchange message.
                 HistoryItem::Summary { .. } => {}
@@ -191,6 +206,7 @@ pub fn exchange(
                 "code": error.as_ref().map(|e| e.kind().as_str()),
                 "reply_to": reply_to,
             }),
+            at_ms,
         ));
     }
     out
@@ -339,6 +355,7 @@ mod tests {
             stats: TaskStats::default(),
             error: None,
             items: Vec::new(),
+            item_times_ms: Vec::new(),
         };
         assert_eq!(
             outcome(&Ok(reply(TaskStatus::Ok))),
@@ -419,6 +436,7 @@ mod tests {
                 }),
                 HistoryItem::assistant("one file: a.txt"),
             ],
+            item_times_ms: vec![1, 2, 3, 4, 5],
         };
         let done = Ok(reply(TaskStatus::Ok, "one file: a.txt", None));
         let items = exchange(
@@ -453,9 +471,27 @@ mod tests {
             serde_json::json!({"tool": "shell", "call_id": "c1", "is_error": false, "reply_to": 1})
         );
         assert!(items.iter().all(|m| m.task_id == Some(task_id)
-            && m.created_ms == 7
             && m.status.is_none()
             && m.session_id == user.session_id));
+        let times: Vec<u64> = items.iter().map(|m| m.created_ms).collect();
+        assert_eq!(
+            times,
+            [2, 3, 4],
+            "each is dated when it happened (so a ttl expires from then), not at the end"
+        );
+        let mut undated = reply(TaskStatus::Ok, "one file: a.txt", None);
+        undated.item_times_ms = vec![1];
+        let items = exchange(
+            &user,
+            &Ok(undated),
+            MessageStatus::Completed,
+            StoragePolicy::Full,
+            7,
+        );
+        assert!(
+            items.iter().all(|m| m.created_ms == 7),
+            "times that do not match the items: the end's"
+        );
 
         // A policy that keeps no content keeps the metadata, never the content.
         let headers = exchange(
@@ -487,6 +523,11 @@ mod tests {
         );
         let last = items.last().unwrap();
         assert_eq!(items.len(), 5, "the final text is not the reply here: kept");
+        assert_eq!(
+            items.iter().map(|m| m.created_ms).collect::<Vec<_>>(),
+            [2, 3, 4, 5, 7],
+            "the status message is dated at the end"
+        );
         assert_eq!((last.kind, last.role), (MessageKind::Status, Role::System));
         assert!(
             last.content

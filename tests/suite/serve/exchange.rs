@@ -108,6 +108,77 @@ async fn a_turn_that_calls_tools_is_rebuilt_from_its_messages() {
     server.stop().await;
 }
 
+/// What a task did is stored dated when it happened, not at the task's end: under `ttl` a
+/// tool call and its result expire from then (as the rollout's records of them do), not up to
+/// the task's duration later.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_turns_calls_are_dated_when_they_happened_and_expire_from_then() {
+    let server = Server::start_on(
+        |dir| std::sync::Arc::new(troupe_store::SqliteStore::open_in(dir).unwrap()),
+        never_ask,
+        vec![
+            ScriptedReply::tool("shell", json!({"command": ["sleep", "0.4"]})),
+            ScriptedReply {
+                delay_ms: 400,
+                ..ScriptedReply::text("slept")
+            },
+        ],
+    )
+    .await;
+    let api = server.api();
+    let sid = id(&api.session(None).await, "session_id");
+    let opened = api
+        .call(
+            "conversation.open",
+            json!({"session_id": sid, "storage_policy": {"ttl": {"secs": 3600}}}),
+        )
+        .await;
+    let conv = id(&opened, "conversation_id");
+    let (status, sent) = api
+        .post(
+            &format!("/api/sessions/{sid}/messages"),
+            json!({"text": "sleep a little", "conversation_id": conv}),
+        )
+        .await;
+    assert_eq!(status, StatusCode::OK, "{sent}");
+    assert_eq!(sent["reply"]["text"], "slept");
+
+    let db = rusqlite::Connection::open(troupe_store::db_path(server.data_dir())).unwrap();
+    let rows: Vec<(String, i64, i64)> = db
+        .prepare(
+            "SELECT kind, created_ms, expires_ms FROM messages
+             WHERE conversation_id = ?1 ORDER BY message_id",
+        )
+        .unwrap()
+        .query_map([&conv], |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?)))
+        .unwrap()
+        .collect::<Result<_, _>>()
+        .unwrap();
+    let kinds: Vec<&str> = rows.iter().map(|r| r.0.as_str()).collect();
+    assert_eq!(
+        kinds,
+        ["text", "tool_call", "tool_result", "text"],
+        "{rows:?}"
+    );
+    let at: Vec<i64> = rows.iter().map(|r| r.1).collect();
+    assert!(
+        at[2] - at[1] >= 350,
+        "the result ends the 0.4 s call: {rows:?}"
+    );
+    assert!(
+        at[3] - at[2] >= 350,
+        "the reply comes 0.4 s after the result: {rows:?}"
+    );
+    for (kind, created, expires) in &rows {
+        assert_eq!(
+            *expires,
+            created + 3_600_000,
+            "{kind} expires a ttl after it happened"
+        );
+    }
+    server.stop().await;
+}
+
 /// Polls a message until it ended (its status is terminal).
 async fn ended(api: &super::Api, sid: &str, message_id: u64) -> Value {
     loop {

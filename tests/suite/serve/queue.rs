@@ -478,14 +478,11 @@ async fn a_planned_stop_leaves_queued_messages_to_the_next_start() {
     let sid = id(&api.session(None).await, "session_id");
     let mut queued = Vec::new();
     let mut running = Vec::new();
-    for (n, policy) in [
+    for policy in [
         json!("full"),
         json!("headers_only"),
         json!({"ttl": {"secs": 1}}),
-    ]
-    .into_iter()
-    .enumerate()
-    {
+    ] {
         let opened = api
             .call(
                 "conversation.open",
