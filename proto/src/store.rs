@@ -322,6 +322,13 @@ pub struct A2aTaskRecord {
     /// The time of its current status: `ListTasks` orders by it, newest first.
     pub updated_ms: u64,
     pub body: Json,
+    /// Under a `ttl` policy, what `body` becomes at `expires_ms`: the task without its text.
+    /// The store's ttl sweep (`Store::sweep_due`) swaps it in, and clears both, once due.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub redacted: Option<Json>,
+    /// When `body`'s content is due (Unix ms); set together with `redacted`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub expires_ms: Option<u64>,
 }
 
 /// One push notification config of an A2A task; `body` is the endpoint's serialisation of it

@@ -33,6 +33,8 @@ fn task(id: &str, context_id: &str, state: &str, updated_ms: u64) -> A2aTaskReco
         created_ms: 1,
         updated_ms,
         body: Json(json!({"id": id, "history": [{"text": format!("hello {id}")}]})),
+        redacted: None,
+        expires_ms: None,
     }
 }
 
@@ -193,6 +195,57 @@ async fn a2a_rules(store: &dyn Store) {
     assert_eq!(store.prune_a2a(0).await.unwrap().tasks, 2);
     assert_eq!(ids(&store.a2a_tasks(q(10)).await.unwrap().tasks), ["t5"]);
     assert_eq!(store.a2a_pushes("t5").await.unwrap().len(), 1);
+}
+
+/// Under `ttl` a task is stored whole with its text-less body beside it; the ttl sweep puts
+/// that body in place once due, on every backend, and a write of the whole task after that
+/// is the endpoint's to decide (it stores the text-less one then).
+async fn a2a_expiry_rules(store: &dyn Store) {
+    store.put_a2a_context(context("c", 1, true)).await.unwrap();
+    let mut kept = task("t", "c", "TASK_STATE_COMPLETED", 5);
+    let bare = Json(json!({"id": "t", "history": [{"text": ""}]}));
+    kept.redacted = Some(bare.clone());
+    kept.expires_ms = Some(1_000);
+    store.put_a2a_task(kept.clone()).await.unwrap();
+    let mut never = task("n", "c", "TASK_STATE_COMPLETED", 6);
+    never.redacted = Some(bare.clone());
+    never.expires_ms = Some(u64::MAX);
+    store.put_a2a_task(never).await.unwrap();
+    store
+        .put_a2a_task(task("f", "c", "TASK_STATE_COMPLETED", 7))
+        .await
+        .unwrap();
+    assert_eq!(store.a2a_task("t").await.unwrap(), Some(kept.clone()));
+
+    // Not due yet: nothing changes.
+    store.sweep_due(999).await.unwrap();
+    assert_eq!(store.a2a_task("t").await.unwrap(), Some(kept.clone()));
+    // Due: the text-less body, nothing left to expire; the others as they were.
+    assert!(store.sweep_due(1_000).await.unwrap() >= 1);
+    let swept = store.a2a_task("t").await.unwrap().unwrap();
+    assert_eq!(swept.body, bare);
+    assert_eq!((swept.redacted, swept.expires_ms), (None, None));
+    assert_eq!(swept.state, kept.state);
+    let never = store.a2a_task("n").await.unwrap().unwrap();
+    assert!(
+        never.body.0.to_string().contains("hello n"),
+        "a ttl past the end of time never comes"
+    );
+    let full = store.a2a_task("f").await.unwrap().unwrap();
+    assert!(
+        full.body.0.to_string().contains("hello f"),
+        "a task without expiry stays whole"
+    );
+}
+
+async fn a2a_tasks_expire_under_ttl(backend: Kind) {
+    let db = Db::fresh(backend);
+    a2a_expiry_rules(&*db.store().await).await;
+}
+
+#[tokio::test]
+async fn a2a_tasks_expire_under_ttl_in_memory() {
+    a2a_expiry_rules(&MemoryStore::new()).await;
 }
 
 async fn a2a_records_keep_the_store_rules(backend: Kind) {
@@ -403,6 +456,7 @@ async fn upgrade_from_versions_5_and_6_keeps_rows_and_adds_the_a2a_tables() {
 
 on_every_backend!(
     a2a_records_keep_the_store_rules,
+    a2a_tasks_expire_under_ttl,
     open_conversations_are_read_alone,
     a2a_records_survive_a_reopen,
 );

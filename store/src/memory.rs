@@ -411,7 +411,8 @@ impl Store for MemoryStore {
                     conversations += 1;
                 }
             }
-            Ok(u64::try_from(due.len() + conversations).unwrap_or(u64::MAX))
+            let a2a_tasks = d.a2a.sweep_due(now_ms);
+            Ok(u64::try_from(due.len() + conversations + a2a_tasks).unwrap_or(u64::MAX))
         })
     }
 

@@ -45,6 +45,21 @@ impl A2aData {
         Ok(())
     }
 
+    /// Puts each due task's text-less body in place of its body; how many.
+    pub(crate) fn sweep_due(&mut self, now_ms: u64) -> usize {
+        let mut swept = 0;
+        for t in self.tasks.values_mut() {
+            if t.expires_ms.is_some_and(|e| e <= now_ms)
+                && let Some(redacted) = t.redacted.take()
+            {
+                t.body = redacted;
+                t.expires_ms = None;
+                swept += 1;
+            }
+        }
+        swept
+    }
+
     pub(crate) fn task(&self, task_id: &str) -> Option<A2aTaskRecord> {
         self.tasks.get(task_id).cloned()
     }

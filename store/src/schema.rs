@@ -13,7 +13,7 @@ use troupe_proto::AgentError;
 /// The schema version this build reads and writes.
 pub const VERSION: u32 = MIGRATIONS.len() as u32;
 
-const MIGRATIONS: [&str; 8] = [
+const MIGRATIONS: [&str; 9] = [
     V1_STORE,
     V2_ROLLOUT,
     V3_TTL_EXPIRY,
@@ -22,6 +22,7 @@ const MIGRATIONS: [&str; 8] = [
     V6_AGENT_BINDINGS,
     V7_A2A,
     V8_AUTH_TOKENS,
+    V9_A2A_TASK_EXPIRY,
 ];
 
 /// Sessions, conversations, messages and each project's current session (P1).
@@ -226,6 +227,15 @@ CREATE TABLE auth_tokens (
     uses INTEGER NOT NULL,
     revoked_ms INTEGER
 );
+";
+
+/// P5 under `ttl` (S10): an A2A task kept whole until its expiry, with the text-less body
+/// the sweep puts in its place then. Tasks stored before this version were stored without
+/// their text under any policy but `full`: nothing of them is due.
+const V9_A2A_TASK_EXPIRY: &str = "
+ALTER TABLE a2a_tasks ADD COLUMN redacted TEXT;
+ALTER TABLE a2a_tasks ADD COLUMN expires_ms INTEGER;
+CREATE INDEX a2a_tasks_by_expiry ON a2a_tasks (expires_ms) WHERE expires_ms IS NOT NULL;
 ";
 
 /// The schema version of the open database.

@@ -21,7 +21,8 @@
 //! A message stored with content in a conversation whose policy is `Ttl { secs }` gets
 //! `expires_ms` = `created_ms` + the ttl (from the conversation's stored `ttl_secs`).
 //! [`Store::sweep_due`] drops the content of every message due, open or closed conversation,
-//! in one statement on the writer thread (an index holds only the rows with an expiry). With
+//! in one statement on the writer thread (an index holds only the rows with an expiry), and
+//! puts each due A2A task's text-less body (`redacted`) in place of its body. With
 //! `secure_delete` on, the freed bytes are zeroed; after a sweep that changed rows the writer
 //! truncates the WAL ([`conn::truncate_wal`]), so the dropped text is in no file of the store.
 //!

@@ -515,7 +515,12 @@ fn list(b: &TaskBook, q: &ListParams) -> Result<TaskPage, A2aError> {
             store.put_a2a_context(c).await.unwrap();
         }
         for id in b.tasks_in(Phase::Queued) {
-            let r = stored::task_record(b.record(&id).unwrap(), true).unwrap();
+            let r = stored::task_record(
+                b.record(&id).unwrap(),
+                troupe_proto::StoragePolicy::Full,
+                T0,
+            )
+            .unwrap();
             store.put_a2a_task(r).await.unwrap();
         }
         let page = store.a2a_tasks(list_query(q)?).await.unwrap();
@@ -775,36 +780,44 @@ fn a_conversation_closed_behind_the_books_back_is_reopened_once() {
 
 #[test]
 fn stored_tasks_read_back_whole_or_without_text() {
+    use troupe_proto::StoragePolicy;
     let mut b = started_book();
     let t = Some(troupe_task());
     b.apply(&env(t, EventKind::TaskStarted { input: "hi".into() }), T0);
     b.apply(&env(t, finished(TaskStatus::Ok, "the answer")), T0 + 1);
     let rec = b.record("task-1").unwrap();
-    let full = stored::task_record(rec, true).unwrap();
+    let without_text = |body: &Json| {
+        let text = body.0.to_string();
+        !text.contains("the answer") && !text.contains("\"hi\"")
+    };
+    let full = stored::task_record(rec, StoragePolicy::Full, T0 + 2).unwrap();
     assert_eq!(
         (full.state.as_str(), full.terminal, full.updated_ms),
         ("TASK_STATE_COMPLETED", true, T0 + 1)
     );
+    assert_eq!((&full.redacted, full.expires_ms), (&None, None));
     let back = stored::record_of(&full).unwrap();
     assert_eq!(back.task, rec.task);
     assert_eq!(back.phase, Phase::Done);
     assert_eq!(back.troupe_task, Some(troupe_task()));
-    let bare = stored::task_record(rec, false).unwrap();
-    let text = bare.body.0.to_string();
-    assert!(
-        !text.contains("the answer") && !text.contains("\"hi\""),
-        "{text}"
-    );
+
+    let bare = stored::task_record(rec, StoragePolicy::HeadersOnly, T0 + 2).unwrap();
+    assert!(without_text(&bare.body), "{}", bare.body.0);
+    assert_eq!((&bare.redacted, bare.expires_ms), (&None, None));
     let back = stored::record_of(&bare).unwrap();
     assert_eq!(back.task.id, "task-1");
     assert_eq!(back.task.status.state, TaskState::Completed);
-    assert!(stored::keeps_content(troupe_proto::StoragePolicy::Full));
-    assert!(!stored::keeps_content(
-        troupe_proto::StoragePolicy::HeadersOnly
-    ));
-    assert!(!stored::keeps_content(troupe_proto::StoragePolicy::Ttl {
-        secs: 60
-    }));
+
+    // Under ttl: whole until a ttl after the task's creation, its text-less form beside it.
+    let ttl = StoragePolicy::Ttl { secs: 60 };
+    let kept = stored::task_record(rec, ttl, T0 + 2).unwrap();
+    assert_eq!(kept.body, full.body);
+    assert_eq!(kept.redacted.as_ref(), Some(&bare.body));
+    assert_eq!(kept.expires_ms, Some(rec.created_ms + 60_000));
+    // Written once that time has come: without its text at once.
+    let late = stored::task_record(rec, ttl, rec.created_ms + 60_000).unwrap();
+    assert_eq!(late.body, bare.body);
+    assert_eq!((&late.redacted, late.expires_ms), (&None, None));
 }
 
 /// `task-1` started; its task ends `ok` with `text`: the events.

@@ -245,6 +245,8 @@ mod tests {
                 created_ms: 1,
                 updated_ms: 1,
                 body: Json(serde_json::json!({})),
+                redacted: None,
+                expires_ms: None,
             }),
             None,
         );

@@ -134,8 +134,8 @@ pub struct A2aTasksState {
     backend: Arc<dyn A2aBackend>,
     persister: Persister,
     config: TasksConfig,
-    /// Whether task records are stored with their content (the contexts' storage policy).
-    keep_content: bool,
+    /// How task records keep their content: the contexts' storage policy.
+    storage_policy: troupe_proto::StoragePolicy,
     streams: HashMap<String, Vec<mpsc::Sender<StreamEvent>>>,
     waiters: Vec<Waiter>,
     forwarder: Option<JoinHandle<()>>,
@@ -293,13 +293,13 @@ impl Actor for A2aTasks {
         args: A2aTasksArgs,
     ) -> Result<Self::State, ActorProcessingErr> {
         let push_retry = args.config.push_retry;
-        let keep_content = super::book::stored::keeps_content(args.config.open.storage_policy);
+        let storage_policy = args.config.open.storage_policy;
         let mut state = A2aTasksState {
             book: TaskBook::new(),
             backend: args.backend,
             persister: args.persister,
             config: args.config,
-            keep_content,
+            storage_policy,
             streams: HashMap::new(),
             waiters: Vec::new(),
             forwarder: None,
@@ -481,7 +481,8 @@ impl A2aTasksState {
             let Some(rec) = self.book.record(&task_id) else {
                 continue;
             };
-            let record = match super::book::stored::task_record(rec, self.keep_content) {
+            let record = match super::book::stored::task_record(rec, self.storage_policy, now_ms())
+            {
                 Ok(r) => r,
                 Err(e) => {
                     tracing::error!(%task_id, error = %e, "a2a task not stored");

@@ -430,6 +430,55 @@ async fn finished_tasks_past_the_kept_number_are_forgotten() {
     session.shutdown().await.unwrap();
 }
 
+/// A finished task's stored record keeps its text as its contexts' storage policy says:
+/// under `headers_only` never; under `ttl` until a ttl after the task began, when the store's
+/// sweep replaces it with the text-less record (ids, states and times stay).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_finished_tasks_text_is_kept_as_long_as_the_storage_policy_says() {
+    let dir = tempfile::tempdir().unwrap();
+    let store: Arc<dyn Store> = Arc::new(troupe_store::SqliteStore::open_in(dir.path()).unwrap());
+    for (policy, kept) in [
+        (troupe_proto::StoragePolicy::HeadersOnly, false),
+        (troupe_proto::StoragePolicy::Ttl { secs: 3600 }, true),
+    ] {
+        let (session, _dir) = session(Vec::new()).await;
+        let tasks = TasksConfig {
+            open: OpenConversation {
+                storage_policy: policy,
+                ..OpenConversation::default()
+            },
+            ..TasksConfig::default()
+        };
+        let a2a = Endpoint::start(&session, &store, tasks).await;
+        let sent = a2a.send("remember me", None, true).await;
+        let id = sent["id"].as_str().unwrap().to_owned();
+        assert_eq!(sent["status"]["state"], "TASK_STATE_COMPLETED", "{sent}");
+        a2a.stop().await;
+        // Read back from the store by a new endpoint: what is on disk.
+        let a2a = Endpoint::start(&session, &store, TasksConfig::default()).await;
+        let text = |task: &Value| task.to_string().contains("You said: remember me");
+        let stored = a2a.get(&id).await;
+        assert_eq!(
+            stored["status"]["state"], "TASK_STATE_COMPLETED",
+            "{stored}"
+        );
+        assert_eq!(text(&stored), kept, "{policy:?}: {stored}");
+        let on_disk = store.a2a_task(&id).await.unwrap().unwrap();
+        assert_eq!(on_disk.expires_ms.is_some(), kept, "{on_disk:?}");
+        if let Some(due) = on_disk.expires_ms {
+            store.sweep_due(due - 1).await.unwrap();
+            assert!(text(&a2a.get(&id).await), "not due yet");
+            store.sweep_due(due).await.unwrap();
+            let swept = a2a.get(&id).await;
+            assert!(!text(&swept), "{swept}");
+            assert_eq!(swept["id"], stored["id"]);
+            assert_eq!(swept["status"]["state"], "TASK_STATE_COMPLETED");
+        }
+        a2a.stop().await;
+        session.shutdown().await.unwrap();
+    }
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_task_waiting_for_an_approval_ends_failed_and_its_context_goes_on() {
     let (session, _dir) = session_with(

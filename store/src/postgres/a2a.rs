@@ -59,15 +59,24 @@ pub(super) async fn put_task(tx: &Transaction<'_>, r: &A2aTaskRecord) -> Result<
         return Err(AgentError::not_found("a2a context", &r.context_id));
     }
     let body = encode("a2a task", &r.body)?;
+    let redacted = r
+        .redacted
+        .as_ref()
+        .map(|b| encode("a2a task", b))
+        .transpose()?;
+    // A ttl past the end of time saturates (never due).
+    let expires_ms = r.expires_ms.map(|e| i64::try_from(e).unwrap_or(i64::MAX));
     exec(
         tx,
         "upsert a2a task",
-        "INSERT INTO a2a_tasks (task_id, context_id, state, terminal, created_ms, updated_ms, body)
-         VALUES ($1, $2, $3, $4, $5, $6, $7)
+        "INSERT INTO a2a_tasks (task_id, context_id, state, terminal, created_ms, updated_ms, body,
+             redacted, expires_ms)
+         VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9)
          ON CONFLICT (task_id) DO UPDATE SET
              context_id = excluded.context_id, state = excluded.state,
              terminal = excluded.terminal, created_ms = excluded.created_ms,
-             updated_ms = excluded.updated_ms, body = excluded.body",
+             updated_ms = excluded.updated_ms, body = excluded.body,
+             redacted = excluded.redacted, expires_ms = excluded.expires_ms",
         &[
             &r.task_id,
             &r.context_id,
@@ -76,6 +85,8 @@ pub(super) async fn put_task(tx: &Transaction<'_>, r: &A2aTaskRecord) -> Result<
             &created_ms,
             &updated_ms,
             &body,
+            &redacted,
+            &expires_ms,
         ],
     )
     .await

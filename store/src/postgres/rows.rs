@@ -21,7 +21,7 @@ pub(super) const BINDING_SELECT: &str = "SELECT row_id, session_id, agent_id, pr
 pub(super) const CONTEXT_SELECT: &str = "SELECT row_id, context_id, session_id, conversation_id, \
      created_ms, active_ms, open FROM a2a_contexts";
 pub(super) const TASK_SELECT: &str = "SELECT row_id, task_id, context_id, state, terminal, \
-     created_ms, updated_ms, body FROM a2a_tasks";
+     created_ms, updated_ms, body, redacted, expires_ms FROM a2a_tasks";
 pub(super) const PUSH_SELECT: &str =
     "SELECT row_id, task_id, config_id, created_ms, body FROM a2a_push_configs";
 
@@ -206,6 +206,14 @@ pub(super) fn task_from_row(row: &Row) -> Result<A2aTaskRecord, AgentError> {
         created_ms: key.get_u64(row, 5, "created_ms")?,
         updated_ms: key.get_u64(row, 6, "updated_ms")?,
         body: Json(key.json(row, 7, "body")?),
+        redacted: key
+            .get::<Option<&str>>(row, 8, "redacted")?
+            .map(|r| serde_json::from_str(r).map(Json))
+            .transpose()
+            .map_err(|e| key.err("redacted", e))?,
+        expires_ms: key
+            .get::<Option<i64>>(row, 9, "expires_ms")?
+            .map(|e| u64::try_from(e).unwrap_or_default()),
     })
 }
 

@@ -22,7 +22,21 @@ pub const VERSION: i32 = MIGRATIONS.len() as i32;
 /// The advisory lock every migration takes (`troupe` in ASCII).
 const MIGRATION_LOCK: i64 = 0x7472_6f75_7065;
 
-const MIGRATIONS: [&str; 4] = [V1, V2_AUTH_TOKENS, V3_SESSION_LEASES, V4_CLUSTER_NODES];
+const MIGRATIONS: [&str; 5] = [
+    V1,
+    V2_AUTH_TOKENS,
+    V3_SESSION_LEASES,
+    V4_CLUSTER_NODES,
+    V5_A2A_TASK_EXPIRY,
+];
+
+/// P5 under `ttl` (S10): an A2A task kept whole until its expiry, with the text-less body
+/// the sweep puts in its place then (as the SQLite schema's version 9).
+const V5_A2A_TASK_EXPIRY: &str = r#"
+ALTER TABLE a2a_tasks ADD COLUMN redacted TEXT;
+ALTER TABLE a2a_tasks ADD COLUMN expires_ms BIGINT;
+CREATE INDEX a2a_tasks_by_expiry ON a2a_tasks (expires_ms) WHERE expires_ms IS NOT NULL;
+"#;
 
 /// The nodes of a cluster and where each answers its API (`crate::leases`): another node
 /// forwards a call for a session to the API of the node that holds the session's lease.

@@ -404,8 +404,9 @@ pub(super) async fn finish_message(
     })
 }
 
-/// Drops the content of every message due at `now_ms`, and the instructions of every Ttl
-/// conversation opened at least its ttl before; how many of both. A conversation's
+/// Drops the content of every message due at `now_ms`, the instructions of every Ttl
+/// conversation opened at least its ttl before, and the text of every A2A task due (its
+/// text-less body in place of its body); how many of all three. A conversation's
 /// parameters are rewritten from their decoded form, as `without_instructions` has them.
 pub(super) async fn sweep_due(tx: &Tx<'_>, now_ms: u64) -> Result<u64, AgentError> {
     let now = i64::try_from(now_ms).unwrap_or(i64::MAX);
@@ -449,7 +450,15 @@ pub(super) async fn sweep_due(tx: &Tx<'_>, now_ms: u64) -> Result<u64, AgentErro
         .await?;
         conversations += 1;
     }
-    Ok(messages + conversations)
+    let a2a_tasks = exec(
+        tx,
+        "sweep due a2a tasks",
+        "UPDATE a2a_tasks SET body = redacted, redacted = NULL, expires_ms = NULL
+         WHERE expires_ms <= $1 AND redacted IS NOT NULL",
+        &[&now],
+    )
+    .await?;
+    Ok(messages + conversations + a2a_tasks)
 }
 
 pub(super) async fn set_current(

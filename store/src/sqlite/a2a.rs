@@ -13,7 +13,7 @@ use troupe_proto::{AgentError, Json};
 pub(super) const CONTEXT_SELECT: &str = "SELECT rowid, context_id, session_id, conversation_id, \
      created_ms, active_ms, open FROM a2a_contexts";
 pub(super) const TASK_SELECT: &str = "SELECT rowid, task_id, context_id, state, terminal, \
-     created_ms, updated_ms, body FROM a2a_tasks";
+     created_ms, updated_ms, body, redacted, expires_ms FROM a2a_tasks";
 pub(super) const PUSH_SELECT: &str =
     "SELECT rowid, task_id, config_id, created_ms, body FROM a2a_push_configs";
 
@@ -32,6 +32,8 @@ pub(super) fn context_from_row(row: &Row<'_>) -> Result<A2aContextRecord, AgentE
 pub(super) fn task_from_row(row: &Row<'_>) -> Result<A2aTaskRecord, AgentError> {
     let key = RowKey::new("a2a_tasks", row)?;
     let body: String = key.get(row, 7, "body")?;
+    let redacted: Option<String> = key.get(row, 8, "redacted")?;
+    let expires_ms: Option<i64> = key.get(row, 9, "expires_ms")?;
     Ok(A2aTaskRecord {
         task_id: key.get(row, 1, "task_id")?,
         context_id: key.get(row, 2, "context_id")?,
@@ -40,6 +42,11 @@ pub(super) fn task_from_row(row: &Row<'_>) -> Result<A2aTaskRecord, AgentError> 
         created_ms: key.get_u64(row, 5, "created_ms")?,
         updated_ms: key.get_u64(row, 6, "updated_ms")?,
         body: Json(serde_json::from_str(&body).map_err(|e| key.err("body", e))?),
+        redacted: redacted
+            .map(|r| serde_json::from_str(&r).map(Json))
+            .transpose()
+            .map_err(|e| key.err("redacted", e))?,
+        expires_ms: expires_ms.map(|e| u64::try_from(e).unwrap_or_default()),
     })
 }
 
@@ -104,13 +111,22 @@ pub(super) fn put_task(c: &Connection, r: &A2aTaskRecord) -> Result<(), AgentErr
         return Err(AgentError::not_found("a2a context", &r.context_id));
     }
     let body = encode("a2a task", &r.body)?;
+    let redacted = r
+        .redacted
+        .as_ref()
+        .map(|b| encode("a2a task", b))
+        .transpose()?;
+    // A ttl past the end of time saturates (never due).
+    let expires_ms = r.expires_ms.map(|e| i64::try_from(e).unwrap_or(i64::MAX));
     c.prepare_cached(
-        "INSERT INTO a2a_tasks (task_id, context_id, state, terminal, created_ms, updated_ms, body)
-         VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7)
+        "INSERT INTO a2a_tasks (task_id, context_id, state, terminal, created_ms, updated_ms, body,
+             redacted, expires_ms)
+         VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9)
          ON CONFLICT (task_id) DO UPDATE SET
              context_id = excluded.context_id, state = excluded.state,
              terminal = excluded.terminal, created_ms = excluded.created_ms,
-             updated_ms = excluded.updated_ms, body = excluded.body",
+             updated_ms = excluded.updated_ms, body = excluded.body,
+             redacted = excluded.redacted, expires_ms = excluded.expires_ms",
     )
     .and_then(|mut st| {
         st.execute(params![
@@ -120,7 +136,9 @@ pub(super) fn put_task(c: &Connection, r: &A2aTaskRecord) -> Result<(), AgentErr
             r.terminal,
             created_ms,
             updated_ms,
-            body
+            body,
+            redacted,
+            expires_ms,
         ])
     })
     .map_err(sql("upsert a2a task"))?;

@@ -690,9 +690,10 @@ pub(super) fn status_name(status: Option<MessageStatus>) -> &'static str {
     status.map_or("without a status", MessageStatus::as_str)
 }
 
-/// Drops the content of every message due at `now_ms`, and the instructions of every Ttl
+/// Drops the content of every message due at `now_ms`, the instructions of every Ttl
 /// conversation opened at least its ttl before (its `created_ms` + the ttl, saturating like
-/// a message's expiry); how many of both.
+/// a message's expiry), and the text of every A2A task due (its text-less body in place of
+/// its body); how many of all three.
 pub(super) fn sweep_due(c: &Connection, now_ms: u64) -> Result<u64, AgentError> {
     // A time past every representable one makes everything due.
     let now = i64::try_from(now_ms).unwrap_or(i64::MAX);
@@ -714,7 +715,14 @@ pub(super) fn sweep_due(c: &Connection, now_ms: u64) -> Result<u64, AgentError> 
         )
         .and_then(|mut st| st.execute([now]))
         .map_err(sql("sweep due conversation instructions"))?;
-    Ok(u64::try_from(messages + conversations).unwrap_or(u64::MAX))
+    let a2a_tasks = c
+        .prepare_cached(
+            "UPDATE a2a_tasks SET body = redacted, redacted = NULL, expires_ms = NULL
+             WHERE expires_ms <= ?1 AND redacted IS NOT NULL",
+        )
+        .and_then(|mut st| st.execute([now]))
+        .map_err(sql("sweep due a2a tasks"))?;
+    Ok(u64::try_from(messages + conversations + a2a_tasks).unwrap_or(u64::MAX))
 }
 
 pub(super) fn set_current(

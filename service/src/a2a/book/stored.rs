@@ -2,21 +2,19 @@
 //! record itself as the body), a context as an [`A2aContextRecord`].
 //!
 //! Content follows the storage policy of the contexts' conversations: under `full` a task is
-//! stored whole; under any other policy its messages' and artifacts' parts and its input are
-//! stored empty (a task read back after a restart then has its states, times and ids, and no
-//! text), so that no content the policy forbids on disk is written by the endpoint either.
-//! (`ttl` counts as forbidding here: the endpoint's records have no sweep.)
+//! stored whole; under `headers_only` and `none` its messages' and artifacts' parts and its
+//! input are stored empty (a task read back after a restart then has its states, times and
+//! ids, and no text), so that no content the policy forbids on disk is written by the
+//! endpoint either. Under `ttl` it is stored whole until a ttl after the task was created
+//! (when its input arrived, the oldest content it holds), with its text-less form beside it,
+//! which the store's ttl sweep puts in its place once due; a task written after that time is
+//! stored without its text at once.
 
 use super::{Context, Conv, Record};
 use crate::a2a::error::A2aError;
 use crate::a2a::model::{Message, Part, Task};
 use troupe_proto::store::{A2aContextRecord, A2aTaskRecord};
 use troupe_proto::{Json, StoragePolicy};
-
-/// Whether the endpoint stores content under `policy`.
-pub fn keeps_content(policy: StoragePolicy) -> bool {
-    policy == StoragePolicy::Full
-}
 
 fn redact_parts(parts: &mut [Part]) {
     for p in parts.iter_mut() {
@@ -41,14 +39,30 @@ fn redacted(mut r: Record) -> Record {
     r
 }
 
-/// A task as stored.
-pub fn task_record(r: &Record, keep_content: bool) -> Result<A2aTaskRecord, A2aError> {
-    let body = if keep_content {
+/// A task as stored under `policy`, written at `now_ms`.
+pub fn task_record(
+    r: &Record,
+    policy: StoragePolicy,
+    now_ms: u64,
+) -> Result<A2aTaskRecord, A2aError> {
+    let encode = |r: &Record| {
         serde_json::to_value(r)
-    } else {
-        serde_json::to_value(redacted(r.clone()))
-    }
-    .map_err(|e| A2aError::Internal(format!("encode task {}: {e}", r.task.id)))?;
+            .map(Json)
+            .map_err(|e| A2aError::Internal(format!("encode task {}: {e}", r.task.id)))
+    };
+    let expires_ms = match policy {
+        StoragePolicy::Ttl { secs } => {
+            Some(troupe_actors::rollout::ttl_expiry_ms(r.created_ms, secs))
+        }
+        _ => None,
+    };
+    let (body, redacted, expires_ms) = match (policy, expires_ms) {
+        (StoragePolicy::Full, _) => (encode(r)?, None, None),
+        (_, Some(due)) if due > now_ms => {
+            (encode(r)?, Some(encode(&redacted(r.clone()))?), Some(due))
+        }
+        _ => (encode(&redacted(r.clone()))?, None, None),
+    };
     Ok(A2aTaskRecord {
         task_id: r.task.id.clone(),
         context_id: r.task.context_id.clone(),
@@ -56,7 +70,9 @@ pub fn task_record(r: &Record, keep_content: bool) -> Result<A2aTaskRecord, A2aE
         terminal: r.task.status.state.is_terminal(),
         created_ms: r.created_ms,
         updated_ms: r.updated_ms(),
-        body: Json(body),
+        body,
+        redacted,
+        expires_ms,
     })
 }
 
