@@ -70,6 +70,7 @@ pub fn session_ports(
         mcp_connector: (!config.mcp.servers.is_empty()).then(|| {
             Arc::new(
                 crate::RmcpConnector::new()
+                    .with_connect_timeout(config.mcp.limits.connect_timeout)
                     .with_token_dir(crate::mcp::oauth::token_dir(&config.data_dir)),
             ) as Arc<dyn McpConnector>
         }),

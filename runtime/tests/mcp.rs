@@ -672,6 +672,45 @@ async fn a_server_that_cannot_start_is_an_mcp_error() {
     .await;
 }
 
+/// `[mcp.limits] connect_timeout` bounds the handshake of the service's connector, whichever
+/// way it is set (its 30 s default held it whatever the configuration said).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_configured_connect_timeout_bounds_the_handshake() {
+    bounded(async {
+        let mut config = troupe_runtime::config::TroupeConfig::default();
+        config.mcp.limits.connect_timeout = Duration::from_millis(300);
+        let silent = McpServerConfig {
+            name: "silent".into(),
+            transport: McpTransport::Stdio {
+                command: "sleep".into(),
+                args: vec!["30".into()],
+                env: BTreeMap::new(),
+                cwd: None,
+            },
+        };
+        config.mcp.servers = vec![silent.clone()];
+        let ports = troupe_runtime::assembly::session_ports(
+            &config,
+            Arc::new(troupe_runtime::ScriptedModel::new(Vec::new())),
+            Arc::new(troupe_actors::ports::ApproxTokens),
+        );
+        let connector = ports.mcp_connector.expect("servers are configured");
+        let (tx, _rx) = unbounded_channel();
+        let started = Instant::now();
+        let result = connector
+            .connect(&silent, Arc::new(TestHandler::default()), tx)
+            .await;
+        let error = result.err().expect("a server that never answers");
+        assert!(error.to_string().contains("300 ms"), "{error}");
+        assert!(
+            started.elapsed() < Duration::from_secs(5),
+            "{:?}",
+            started.elapsed()
+        );
+    })
+    .await;
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_memory_server_lists_its_tools() {
     bounded(async {

@@ -49,7 +49,8 @@ use troupe_proto::{AgentError, Json, ToolOutput};
 
 /// How long the initialize handshake may take by default.
 pub const DEFAULT_CONNECT_TIMEOUT: Duration = Duration::from_secs(30);
-/// Bound of a whole `tools/list` (all pages).
+/// Bound of a whole `tools/list` (all pages), or the connect timeout when that is longer
+/// (the pool's connect timeout covers the first listing too).
 const LIST_TIMEOUT: Duration = Duration::from_secs(30);
 /// More pages than this is a server bug (a cursor loop), not a tool list.
 const MAX_TOOL_PAGES: usize = 1000;
@@ -293,6 +294,7 @@ impl RmcpConnector {
             tokio::spawn(watch_login(auth.clone(), ending.clone()));
         }
         let connection = Arc::new(RmcpConnection {
+            list_timeout: LIST_TIMEOUT.max(self.connect_timeout),
             server: server.clone(),
             transport,
             peer,
@@ -457,6 +459,8 @@ impl Ending {
 /// A live connection to one MCP server.
 pub struct RmcpConnection {
     server: Arc<str>,
+    /// Bound of a whole `tools/list`.
+    list_timeout: Duration,
     transport: Transport,
     /// Sends requests into rmcp's service loop.
     peer: Peer<RoleClient>,
@@ -713,7 +717,7 @@ impl McpConnection for RmcpConnection {
             )))
         };
         let span = tracing::debug_span!("mcp_list_tools", mcp_server = %self.server);
-        self.bounded("tools/list", LIST_TIMEOUT, listing)
+        self.bounded("tools/list", self.list_timeout, listing)
             .instrument(span)
             .await
     }

@@ -16,7 +16,23 @@ pub struct ChatStream {
     text: String,
     /// By the `index` the server gives each call.
     calls: BTreeMap<u64, RawCall>,
+    /// The call the last tool-call delta went to.
+    last_call: Option<u64>,
     usage: Option<Usage>,
+}
+
+/// The slot of a tool-call delta that names no `index` (servers that send each call whole,
+/// one per chunk, sometimes leave it out): the call with the delta's id when one has it, a
+/// new call for a new id, else (a fragment without an id) the call the last delta went to.
+fn unindexed_slot(calls: &BTreeMap<u64, RawCall>, last: Option<u64>, id: Option<&str>) -> u64 {
+    let next = calls.keys().next_back().map_or(0, |k| k + 1);
+    match id.filter(|i| !i.is_empty()) {
+        Some(id) => calls
+            .iter()
+            .find(|(_, c)| c.call_id == id)
+            .map_or(next, |(k, _)| *k),
+        None => last.unwrap_or(next),
+    }
 }
 
 #[derive(Deserialize)]
@@ -116,9 +132,11 @@ impl StreamParser for ChatStream {
                 deltas.text_delta(&text);
                 self.text.push_str(&text);
             }
-            for (position, call) in delta.tool_calls.into_iter().enumerate() {
-                // Servers that send each call whole sometimes leave out the index.
-                let index = call.index.unwrap_or(position as u64);
+            for call in delta.tool_calls {
+                let index = call.index.unwrap_or_else(|| {
+                    unindexed_slot(&self.calls, self.last_call, call.id.as_deref())
+                });
+                self.last_call = Some(index);
                 let slot = self.calls.entry(index).or_default();
                 if let Some(id) = call.id.filter(|id| !id.is_empty()) {
                     slot.call_id = id;
@@ -168,6 +186,37 @@ mod tests {
         );
         assert!(deltas.0.is_empty());
         assert_eq!(c.usage, None);
+    }
+
+    /// Calls sent whole without an `index`, one per chunk or several in one: each its own
+    /// call (they were merged into one, arguments concatenated); a fragment without an id
+    /// goes on with the call before it.
+    #[test]
+    fn calls_without_an_index_stay_apart() {
+        let stream = concat!(
+            "data: {\"choices\":[{\"index\":0,\"delta\":{\"tool_calls\":[{\"id\":\"a\",\"type\":\"function\",\"function\":{\"name\":\"x\",\"arguments\":\"{\\\"n\\\":1}\"}}]}}]}\n\n",
+            "data: {\"choices\":[{\"index\":0,\"delta\":{\"tool_calls\":[{\"id\":\"b\",\"type\":\"function\",\"function\":{\"name\":\"y\",\"arguments\":\"{\\\"n\\\"\"}}]}}]}\n\n",
+            "data: {\"choices\":[{\"index\":0,\"delta\":{\"tool_calls\":[{\"function\":{\"arguments\":\":2}\"}}]}}]}\n\n",
+            "data: {\"choices\":[{\"index\":0,\"delta\":{\"tool_calls\":[{\"id\":\"c\",\"function\":{\"name\":\"z\",\"arguments\":\"{}\"}},{\"id\":\"d\",\"function\":{\"name\":\"w\",\"arguments\":\"[]\"}}]}}]}\n\n",
+            "data: [DONE]\n\n",
+        );
+        let mut deltas = Deltas::default();
+        let (done, c) = feed(ChatStream::default(), stream, &mut deltas).unwrap();
+        assert!(done);
+        let calls: Vec<(&str, &str, &str)> = c
+            .calls
+            .iter()
+            .map(|c| (c.call_id.as_str(), c.name.as_str(), c.arguments.as_str()))
+            .collect();
+        assert_eq!(
+            calls,
+            [
+                ("a", "x", "{\"n\":1}"),
+                ("b", "y", "{\"n\":2}"),
+                ("c", "z", "{}"),
+                ("d", "w", "[]")
+            ]
+        );
     }
 
     #[test]
