@@ -233,6 +233,9 @@ impl Owner {
         ]
         .into_iter()
         .flatten()
+        // Absolute, so that a directory named relative to the working directory (beside a
+        // `troupe.toml` found there) has a parent to watch, and events name it as it is named.
+        .map(|(kind, dir)| (kind, std::path::absolute(&dir).unwrap_or(dir)))
         .collect();
         let Some(watcher) = self.watcher.as_mut() else {
             return;
@@ -240,21 +243,7 @@ impl Owner {
         for path in std::mem::take(&mut self.watching) {
             let _ = watcher.unwatch(&path);
         }
-        let mut wanted: Vec<(PathBuf, notify::RecursiveMode)> = Vec::new();
-        for (kind, dir) in &self.dirs {
-            if let Some(parent) = dir.parent().filter(|p| p.is_dir()) {
-                wanted.push((parent.to_owned(), notify::RecursiveMode::NonRecursive));
-            }
-            if dir.is_dir() {
-                // Capability folders hold their files: the whole tree is watched.
-                let mode = match kind {
-                    Dir::Agents => notify::RecursiveMode::NonRecursive,
-                    Dir::Capabilities => notify::RecursiveMode::Recursive,
-                };
-                wanted.push((dir.clone(), mode));
-            }
-        }
-        for (path, mode) in wanted {
+        for (path, mode) in watches(&self.dirs) {
             if self.watching.contains(&path) {
                 continue;
             }
@@ -450,6 +439,26 @@ fn note(
         Signal::Reread => work.reread = true,
         Signal::Barrier(done) => barriers.push(done),
     }
+}
+
+/// What to watch for `dirs`: the parent of each (so that it is seen appearing or replaced
+/// whole) and each that exists (a capabilities directory with its tree).
+fn watches(dirs: &[(Dir, PathBuf)]) -> Vec<(PathBuf, notify::RecursiveMode)> {
+    let mut wanted = Vec::new();
+    for (kind, dir) in dirs {
+        if let Some(parent) = dir.parent().filter(|p| p.is_dir()) {
+            wanted.push((parent.to_owned(), notify::RecursiveMode::NonRecursive));
+        }
+        if dir.is_dir() {
+            // Capability folders hold their files: the whole tree is watched.
+            let mode = match kind {
+                Dir::Agents => notify::RecursiveMode::NonRecursive,
+                Dir::Capabilities => notify::RecursiveMode::Recursive,
+            };
+            wanted.push((dir.clone(), mode));
+        }
+    }
+    wanted
 }
 
 /// The directory `path` is in, and whether it is that directory itself.
@@ -735,8 +744,23 @@ mod tests {
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn a_capabilities_directory_created_after_start_or_replaced_is_watched() {
         let root = tempfile::tempdir().unwrap();
+        created_or_replaced_is_watched(root.path(), root.path().join("troupe.toml")).await;
+    }
+
+    /// The same with the configuration named relative to the working directory, as `troupe
+    /// serve` finds `troupe.toml` by default (the directory's parent was then not watched).
+    /// Changes this process's working directory: the suite runs each test in a process of
+    /// its own.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_directory_beside_a_relative_configuration_is_watched_too() {
+        let root = tempfile::tempdir().unwrap();
+        std::env::set_current_dir(root.path()).unwrap();
+        created_or_replaced_is_watched(root.path(), PathBuf::from("troupe.toml")).await;
+    }
+
+    async fn created_or_replaced_is_watched(root: &Path, source: PathBuf) {
         let config = TroupeConfig {
-            source: Some(root.path().join("troupe.toml")),
+            source: Some(source),
             ..TroupeConfig::default()
         };
         let start = crate::capabilities::catalog(&config);
@@ -749,7 +773,7 @@ mod tests {
             Box::new(move || Ok(again.clone())),
         );
         assert_eq!(live.watch_error(), None);
-        let caps = root.path().join("capabilities");
+        let caps = root.join("capabilities");
         capability_folder(&caps, "first");
         until(&live, "a directory created after start", |c| {
             c.capabilities.contains_key("first")
@@ -762,7 +786,7 @@ mod tests {
         .await;
         // Replaced: a new directory prepared beside it, the old one removed, the new one
         // moved in its place.
-        let next = root.path().join("capabilities.next");
+        let next = root.join("capabilities.next");
         capability_folder(&next, "third");
         std::fs::remove_dir_all(&caps).unwrap();
         std::fs::rename(&next, &caps).unwrap();
