@@ -778,9 +778,13 @@ impl LoopState {
     }
 }
 
-/// Whether a call goes to an MCP server: an offered tool that is not a built-in (S11).
+/// Whether a call goes to an MCP server (S11): an offered tool that is neither a built-in
+/// nor one of troupe's own (the capability registry's, `dispatch_module`).
 pub fn is_mcp_tool(name: &str, offered: &[ToolSpec]) -> bool {
-    offered.iter().any(|t| t.name == name) && crate::tools::is_external(name)
+    offered.iter().any(|t| t.name == name)
+        && crate::tools::is_external(name)
+        && !crate::capabilities::is_capability_tool(name)
+        && name != crate::modules::DISPATCH_MODULE_TOOL
 }
 
 fn millis(d: Duration) -> u64 {
@@ -1031,9 +1035,18 @@ mod tests {
 
     #[test]
     fn only_offered_external_tools_count_as_mcp_calls() {
-        let offered = [spec("shell"), spec("srv__echo")];
+        let offered = [
+            spec("shell"),
+            spec("srv__echo"),
+            spec("capability_inspect"),
+            spec("capability_run"),
+            spec("dispatch_module"),
+        ];
         assert!(is_mcp_tool("srv__echo", &offered));
         assert!(!is_mcp_tool("shell", &offered));
+        for own in ["capability_inspect", "capability_run", "dispatch_module"] {
+            assert!(!is_mcp_tool(own, &offered), "{own} is troupe's own");
+        }
         assert!(
             !is_mcp_tool("srv__other", &offered),
             "not offered: refused, never sent"
