@@ -235,11 +235,23 @@ pub(super) async fn route_input(
             }
             if super::modules::knows(ctx, &module) {
                 let chain = Some(&agents.view.chain);
+                let input = route.input.unwrap_or_else(|| ctx.input.clone());
+                // Governed as the `dispatch_module` tool would be, then as the module's own
+                // tool (`module__<id>`), like a model's call of the tool.
+                let as_tool = ToolCall {
+                    call_id: "route".to_owned(),
+                    name: crate::modules::DISPATCH_MODULE_TOOL.to_owned(),
+                    arguments: troupe_proto::Json(
+                        serde_json::json!({"module": module, "payload": input}),
+                    ),
+                };
+                if let Err(refused) = super::govern::check_call(ctx, gov, chain, &as_tool).await {
+                    return Some(Err(refused.error));
+                }
                 if let Err(refused) = super::modules::check(ctx, gov, chain, &module, "route").await
                 {
                     return Some(Err(refused.error));
                 }
-                let input = route.input.unwrap_or_else(|| ctx.input.clone());
                 let payload = serde_json::Value::String(input);
                 return match super::modules::dispatch(ctx, &module, payload).await {
                     Ok(value) => answer(

@@ -184,3 +184,46 @@ async fn the_supervisor_routes_a_message_to_a_module() {
     assert_eq!(routed["data"]["decision"], "dispatch_module", "{routed}");
     assert_eq!(routed["data"]["module"], "answer", "{routed}");
 }
+
+/// The supervisor's route to a module is governed as a call of `dispatch_module` is: a
+/// policy that denies `dispatch_module` itself stops it before anything is delivered (only
+/// `module__<id>` was checked on the route).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_policy_that_denies_dispatch_module_stops_the_supervisors_route() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    let (hooks, posted) = webhook().await;
+    module(
+        d,
+        "answer",
+        http_module("answer", "sync", format!("{hooks}/answer"), json!({})),
+    );
+    std::fs::create_dir_all(d.join("agents")).unwrap();
+    std::fs::write(
+        d.join("agents/coder.json"),
+        r#"{"id": "coder", "role": "executor", "provider": {"type": "model", "instructions": "You write code."}}"#,
+    )
+    .unwrap();
+    let serving = serve(
+        d,
+        "[agents]\nrouter = \"model\"\n[tools]\nblacklist = [\"dispatch_module\"]\n",
+        json!([
+            {"tool_calls": [{"name": "route", "arguments": {"decision": "dispatch_module", "module": "answer", "input": "what is it?", "confidence": 0.9}}]},
+        ]),
+    );
+    let api = &serving.api;
+    let sid = crate::suite::serve::id(&api.session(None).await, "session_id");
+    let sent = api.say(&sid, "ask the answering service").await;
+    assert_ne!(sent["reply"]["status"], "ok", "{sent}");
+    let events = api
+        .sse(&sid, None, |seen| {
+            seen.iter().any(|e| e["kind"] == "policy_rejected")
+        })
+        .await;
+    let rejected = events
+        .iter()
+        .find(|e| e["kind"] == "policy_rejected")
+        .unwrap();
+    assert_eq!(rejected["data"]["tool"], "dispatch_module", "{rejected}");
+    assert!(posted.on("answer").is_empty(), "nothing was delivered");
+}
