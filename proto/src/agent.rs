@@ -366,6 +366,15 @@ impl AgentDefinition {
         }
         self.tools.validate("tools.")?;
         if let Some(output) = &self.output {
+            // The guardrail holds the answers of a model troupe runs; an external agent's
+            // answer is its own (refused rather than accepted and never checked).
+            if !matches!(self.provider, ProviderSpec::Model { .. }) {
+                return Err(FieldError::new(
+                    "output",
+                    "an output schema holds a `model` agent's answers; an `acp` or `a2a` \
+                     agent's answers are its own",
+                ));
+            }
             if !output.schema.is_object() && !output.schema.is_boolean() {
                 return Err(FieldError::new(
                     "output.schema",

@@ -318,6 +318,11 @@ resume = false
             "greedy.json",
             r#"{"id":"greedy","provider":{"type":"model"},"output":{"schema":{},"maxRetries":5}}"#,
         );
+        write(
+            dir.path(),
+            "remote.json",
+            r#"{"id":"remote","provider":{"type":"a2a","url":"http://127.0.0.1:9/a2a"},"output":{"schema":{}}}"#,
+        );
         let c = load_all(dir.path());
         let output = c.agents["shaped"].output.as_ref().unwrap();
         assert_eq!(
@@ -344,6 +349,7 @@ resume = false
                     "greedy.json".to_owned(),
                     Some("output.maxRetries".to_owned())
                 ),
+                ("remote.json".to_owned(), Some("output".to_owned())),
             ]
         );
     }
