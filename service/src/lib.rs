@@ -198,6 +198,8 @@ impl Service {
             cluster,
         } = options;
         session_config.conversation.live = live;
+        // Listed even when none loaded: `modules.list` reports the files that did not.
+        let listed = modules.clone();
         let modules = modules.filter(|m| !m.is_empty());
         if let Some(m) = &modules {
             session_config.conversation.modules = Some(Arc::new(m.clone()));
@@ -267,8 +269,10 @@ impl Service {
                 }
             });
         }
+        if let Some(m) = listed {
+            sessions.set_modules(m);
+        }
         if let Some(m) = &modules {
-            sessions.set_modules(m.clone());
             m.start(sessions.clone()).await?;
         }
         #[cfg(feature = "cluster")]

@@ -403,3 +403,27 @@ for line in sys.stdin:
     )
     .await;
 }
+
+/// A modules directory where nothing loads still reports what did not: `modules.list` and
+/// `GET /api/modules` list the file under `errors` (with no module, both answered empty).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_directory_where_nothing_loads_still_lists_its_errors() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    module(
+        d,
+        "broken",
+        json!({"id": "broken", "direction": "output", "protocol": "websocket", "url": "ws://127.0.0.1:9"}),
+    );
+    let serving = serve(d, "", json!([]));
+    let (_, listing) = serving.api.get("/api/modules").await;
+    assert_eq!(listing["modules"], json!([]), "{listing}");
+    let errors = listing["errors"].as_array().unwrap();
+    assert_eq!(errors.len(), 1, "{listing}");
+    assert!(
+        errors[0].as_str().unwrap().contains("broken/module.json"),
+        "{listing}"
+    );
+    let listed = serving.api.call("modules.list", json!({})).await;
+    assert_eq!(listed, listing);
+}
