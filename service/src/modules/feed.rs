@@ -69,8 +69,6 @@ struct Feeder {
     module: Arc<ModuleDefinition>,
     /// What it may write to: its project's sessions only.
     scope: Scope,
-    /// The module's project's session, once found.
-    project_session: Option<SessionId>,
     /// Conversations opened for keys, by session and key.
     keys: KeyMap,
 }
@@ -92,7 +90,6 @@ impl Feeder {
             sessions,
             scope: Scope::projects([module.project()]),
             module,
-            project_session: None,
             keys: KeyMap::new(max_keys),
         }
     }
@@ -215,27 +212,23 @@ impl Feeder {
 
     /// The project's session again; when that is still `gone`, a new one.
     async fn project_session_renewed(&mut self, gone: SessionId) -> Result<SessionId, AgentError> {
-        self.project_session = None;
         let id = self.project_session().await?;
         if id != gone {
             return Ok(id);
         }
-        let id = self.create_project_session().await?;
-        self.project_session = Some(id);
-        Ok(id)
+        self.create_project_session().await
     }
 
+    /// The project's current session, read for each message, so that a session made current
+    /// meanwhile (the console's **Make current**, `PUT .../current-session`) takes the next
+    /// one; none yet: a new one.
     async fn project_session(&mut self) -> Result<SessionId, AgentError> {
-        if let Some(id) = self.project_session {
-            return Ok(id);
-        }
         let project = self.module.project().to_owned();
         let id = match self.sessions.current(self.scope.clone(), project).await {
             Ok(record) => record.session_id,
             Err(AgentError::NotFound { .. }) => self.create_project_session().await?,
             Err(e) => return Err(e),
         };
-        self.project_session = Some(id);
         Ok(id)
     }
 

@@ -7,11 +7,14 @@ array) as messages with ids `m-<pid>-<n>` in conversation $GATEWAY_CONVERSATION 
 `chan-1`). Every frame troupe writes is appended to $GATEWAY_LOG (one JSON object a line,
 with this process's pid). A reply, dispatch or ping is acknowledged unless $GATEWAY_ACK is
 `no` (a reply after $GATEWAY_ACK_DELAY seconds, default 0); a dispatch's result echoes its
-payload. It ends when its stdin ends.
+payload. With $GATEWAY_FEED_GATE set, the n-th text (from the second on) waits until the
+file `$GATEWAY_FEED_GATE.<n>` exists (fed from a thread of its own meanwhile). It ends when its
+stdin ends.
 """
 import json
 import os
 import sys
+import threading
 import time
 
 pid = os.getpid()
@@ -21,9 +24,13 @@ conversation = os.environ.get("GATEWAY_CONVERSATION", "chan-1")
 ack_delay = float(os.environ.get("GATEWAY_ACK_DELAY", "0"))
 
 
+writing = threading.Lock()
+
+
 def send(frame):
-    sys.stdout.write(json.dumps(frame) + "\n")
-    sys.stdout.flush()
+    with writing:
+        sys.stdout.write(json.dumps(frame) + "\n")
+        sys.stdout.flush()
 
 
 def record(frame):
@@ -45,8 +52,20 @@ for raw in json.loads(os.environ.get("GATEWAY_RAW", "[]")):
     sys.stdout.write(raw + "\n")
     sys.stdout.flush()
 
-for n, text in enumerate(json.loads(os.environ.get("GATEWAY_FEED", "[]"))):
-    send({"type": "message", "id": f"m-{pid}-{n}", "conversation": conversation, "text": text})
+gate = os.environ.get("GATEWAY_FEED_GATE")
+
+
+def feed():
+    for n, text in enumerate(json.loads(os.environ.get("GATEWAY_FEED", "[]"))):
+        while gate and n > 0 and not os.path.exists(f"{gate}.{n}"):
+            time.sleep(0.02)
+        send({"type": "message", "id": f"m-{pid}-{n}", "conversation": conversation, "text": text})
+
+
+if gate:
+    threading.Thread(target=feed, daemon=True).start()
+else:
+    feed()
 
 for line in sys.stdin:
     line = line.strip()

@@ -122,3 +122,53 @@ async fn a_stopping_service_waits_for_the_replies_it_is_routing() {
     );
     assert!(!log.contains("delivery to a module failed"), "{log}");
 }
+
+/// An input module's messages that name no session go to its project's current session as
+/// it is when each arrives: one made current meanwhile (the console's **Make current**) takes
+/// the next message (the first session was kept for the life of the process).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_session_made_current_takes_the_modules_next_message() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    let gate = d.join("gate");
+    module(
+        d,
+        "bridge",
+        gateway_module(
+            d,
+            "bridge",
+            "duplex",
+            "sync",
+            json!({"GATEWAY_FEED": "[\"first\", \"second\"]", "GATEWAY_FEED_GATE": gate}),
+        ),
+    );
+    let serving = serve(d, "", json!([{"text": "one"}, {"text": "two"}]));
+    let acked = |n: usize| {
+        let d = d.to_owned();
+        async move {
+            eventually(Duration::from_secs(15), async || {
+                let acks: Vec<Value> = received(&d, "bridge")
+                    .into_iter()
+                    .filter(|f| f["type"] == "ack" && f["message_id"].is_u64())
+                    .collect();
+                (acks.len() == n).then(|| acks[n - 1].clone())
+            })
+            .await
+        }
+    };
+    let first = acked(1).await;
+    let before = first["session"].as_str().unwrap().to_owned();
+    let api = &serving.api;
+    let made = crate::suite::serve::id(&api.session(Some("bridge")).await, "session_id");
+    let (status, body) = api
+        .put(
+            "/api/projects/bridge/current-session",
+            json!({"session_id": made}),
+        )
+        .await;
+    assert_eq!(status, reqwest::StatusCode::OK, "{body}");
+    std::fs::write(format!("{}.1", gate.display()), "").unwrap();
+    let second = acked(2).await;
+    assert_ne!(made, before);
+    assert_eq!(second["session"], json!(made), "{second}");
+}
