@@ -83,7 +83,7 @@ impl OutputGuard {
                 detail: "the answer holds no JSON value".into(),
             }]);
         };
-        repair(&self.schema, &mut value);
+        repair(&self.schema, &self.schema, &mut value);
         let problems: Vec<Problem> = self
             .validator
             .iter_errors(&value)
@@ -94,7 +94,7 @@ impl OutputGuard {
             })
             .collect();
         if problems.is_empty() {
-            mask(&self.schema, &mut value);
+            mask(&self.schema, &self.schema, &mut value);
             Checked::Valid(value)
         } else {
             Checked::Invalid(problems)
@@ -156,6 +156,53 @@ pub fn extract_json(text: &str) -> Option<Value> {
         })
 }
 
+/// How deep `$ref`s and combinators are followed (a cycle of references stops there).
+const MAX_DEPTH: usize = 32;
+
+/// Where a schema's local `$ref` points (`#`, or a JSON pointer `#/...` into the root
+/// document; a reference to another document is not fetched: `None`).
+fn target<'a>(root: &'a Value, schema: &Value) -> Option<&'a Value> {
+    match schema.get("$ref").and_then(Value::as_str)? {
+        "#" => Some(root),
+        r => r
+            .strip_prefix('#')
+            .and_then(|pointer| root.pointer(pointer)),
+    }
+}
+
+/// The facets of `schema` that all apply to a value: itself, what its local `$ref` points
+/// to, and its `allOf` members (each followed the same way). With `branches`, the members of
+/// `anyOf` and `oneOf` too: any of them may be the one the value matches.
+fn facets<'a>(root: &'a Value, schema: &'a Value, branches: bool, out: &mut Vec<&'a Value>) {
+    fn walk<'a>(
+        root: &'a Value,
+        schema: &'a Value,
+        branches: bool,
+        depth: usize,
+        out: &mut Vec<&'a Value>,
+    ) {
+        if depth > MAX_DEPTH || !schema.is_object() {
+            return;
+        }
+        out.push(schema);
+        if let Some(t) = target(root, schema) {
+            walk(root, t, branches, depth + 1, out);
+        }
+        let mut keys = vec!["allOf"];
+        if branches {
+            keys.extend(["anyOf", "oneOf"]);
+        }
+        for key in keys {
+            if let Some(Value::Array(members)) = schema.get(key) {
+                for m in members {
+                    walk(root, m, branches, depth + 1, out);
+                }
+            }
+        }
+    }
+    walk(root, schema, branches, 0, out);
+}
+
 /// The `type`s a schema allows (one, or a list), empty when it does not say.
 fn types(schema: &Value) -> Vec<&str> {
     match schema.get("type") {
@@ -165,10 +212,20 @@ fn types(schema: &Value) -> Vec<&str> {
     }
 }
 
-/// Defaults and coercions the schema allows, in place.
-pub fn repair(schema: &Value, value: &mut Value) {
-    let allowed = types(schema);
-    if !allowed.is_empty()
+/// Defaults and coercions the schema allows, in place. `root` is the whole schema, where
+/// local `$ref`s point; what every value must be (`$ref`, `allOf`) is followed, not the
+/// alternatives of `anyOf`/`oneOf` (which one applies is not known before validation).
+pub fn repair(root: &Value, schema: &Value, value: &mut Value) {
+    repair_at(root, schema, value, 0);
+}
+
+fn repair_at(root: &Value, schema: &Value, value: &mut Value, depth: usize) {
+    if depth > MAX_DEPTH {
+        return;
+    }
+    let mut all = Vec::new();
+    facets(root, schema, false, &mut all);
+    if let Some(allowed) = all.iter().map(|f| types(f)).find(|t| !t.is_empty())
         && !allowed.iter().any(|t| fits(t, value))
         && let Some(coerced) = allowed.iter().find_map(|t| coerce(t, value))
     {
@@ -176,12 +233,17 @@ pub fn repair(schema: &Value, value: &mut Value) {
     }
     match value {
         Value::Object(map) => {
-            if let Some(Value::Object(props)) = schema.get("properties") {
+            for facet in &all {
+                let Some(Value::Object(props)) = facet.get("properties") else {
+                    continue;
+                };
                 for (name, prop) in props {
                     match map.get_mut(name) {
-                        Some(inner) => repair(prop, inner),
+                        Some(inner) => repair_at(root, prop, inner, depth + 1),
                         None => {
-                            if let Some(default) = prop.get("default") {
+                            let mut of_prop = Vec::new();
+                            facets(root, prop, false, &mut of_prop);
+                            if let Some(default) = of_prop.iter().find_map(|f| f.get("default")) {
                                 map.insert(name.clone(), default.clone());
                             }
                         }
@@ -190,9 +252,11 @@ pub fn repair(schema: &Value, value: &mut Value) {
             }
         }
         Value::Array(items) => {
-            if let Some(item_schema) = schema.get("items").filter(|s| s.is_object()) {
-                for item in items {
-                    repair(item_schema, item);
+            for facet in &all {
+                if let Some(item_schema) = facet.get("items").filter(|s| s.is_object()) {
+                    for item in items.iter_mut() {
+                        repair_at(root, item_schema, item, depth + 1);
+                    }
                 }
             }
         }
@@ -238,29 +302,85 @@ fn coerce(t: &str, v: &Value) -> Option<Value> {
     }
 }
 
-/// Keeps only what the schema declares: an object's `properties` (recursively), an array's
-/// `items`. An object schema without `properties` keeps what it has.
-pub fn mask(schema: &Value, value: &mut Value) {
+/// Keeps only what the schema declares: an object's `properties` (and the keys its
+/// `patternProperties` match, and every key where `additionalProperties` is a schema or
+/// `true`), an array's `items` and `prefixItems`, recursively, following local `$ref`s and
+/// `allOf`/`anyOf`/`oneOf` (a key any of them declares is kept). An object schema that
+/// declares none of these keeps what it has. `root` is the whole schema.
+pub fn mask(root: &Value, schema: &Value, value: &mut Value) {
+    mask_at(root, &[schema], value, 0);
+}
+
+fn mask_at(root: &Value, schemas: &[&Value], value: &mut Value, depth: usize) {
+    if depth > MAX_DEPTH {
+        return;
+    }
+    let mut all = Vec::new();
+    for s in schemas {
+        facets(root, s, true, &mut all);
+    }
     match value {
         Value::Object(map) => {
-            if let Some(Value::Object(props)) = schema.get("properties") {
-                let kept: Map<String, Value> = std::mem::take(map)
-                    .into_iter()
-                    .filter(|(k, _)| props.contains_key(k))
-                    .map(|(k, mut v)| {
-                        if let Some(prop) = props.get(&k) {
-                            mask(prop, &mut v);
+            let declares = all.iter().any(|f| {
+                f.get("properties").is_some()
+                    || f.get("patternProperties").is_some()
+                    || f.get("additionalProperties").is_some()
+            });
+            let kept: Map<String, Value> = std::mem::take(map)
+                .into_iter()
+                .filter_map(|(k, mut v)| {
+                    let mut subs: Vec<&Value> = Vec::new();
+                    let mut open = !declares;
+                    for f in &all {
+                        let mut named = false;
+                        if let Some(prop) = f.get("properties").and_then(|p| p.get(&k)) {
+                            subs.push(prop);
+                            named = true;
                         }
-                        (k, v)
-                    })
-                    .collect();
-                *map = kept;
-            }
+                        if let Some(Value::Object(patterns)) = f.get("patternProperties") {
+                            for (pattern, sub) in patterns {
+                                if fancy_regex::Regex::new(pattern)
+                                    .ok()
+                                    .and_then(|re| re.is_match(&k).ok())
+                                    .unwrap_or(false)
+                                {
+                                    subs.push(sub);
+                                    named = true;
+                                }
+                            }
+                        }
+                        match f.get("additionalProperties") {
+                            Some(Value::Bool(true)) if !named => open = true,
+                            Some(extra @ Value::Object(_)) if !named => subs.push(extra),
+                            _ => {}
+                        }
+                    }
+                    if subs.is_empty() && !open {
+                        return None;
+                    }
+                    if !open {
+                        mask_at(root, &subs, &mut v, depth + 1);
+                    }
+                    Some((k, v))
+                })
+                .collect();
+            *map = kept;
         }
         Value::Array(items) => {
-            if let Some(item_schema) = schema.get("items").filter(|s| s.is_object()) {
-                for item in items {
-                    mask(item_schema, item);
+            for (n, item) in items.iter_mut().enumerate() {
+                let mut subs: Vec<&Value> = Vec::new();
+                for f in &all {
+                    let prefix = f.get("prefixItems").and_then(Value::as_array);
+                    match (prefix.and_then(|p| p.get(n)), f.get("items")) {
+                        (Some(positional), _) => subs.push(positional),
+                        // Drafts before 2020-12: `items` as a list is positional.
+                        (None, Some(Value::Array(tuple))) => subs.extend(tuple.get(n)),
+                        (None, Some(each @ Value::Object(_))) => subs.push(each),
+                        _ => {}
+                    }
+                }
+                if !subs.is_empty() {
+                    mask_at(root, &subs, item, depth + 1);
                 }
             }
         }
@@ -339,6 +459,97 @@ mod tests {
         public.sort();
         assert_eq!(public, ["/: required", "/age: minimum"]);
         assert!(retry_request(&problems, g.schema()).contains("\"required\""));
+    }
+
+    fn checked(schema: serde_json::Value, answer: &str) -> Checked {
+        OutputGuard::compile(&OutputSpec {
+            schema,
+            on_failure: GuardrailAction::Reject,
+            max_retries: 2,
+        })
+        .unwrap()
+        .check(answer)
+    }
+
+    /// Schemas written with `$defs`/`$ref` and combinators are repaired and masked through
+    /// them: what no part of the schema declares does not get out (an undeclared `ssn` under a
+    /// `$ref` did).
+    #[test]
+    fn references_and_combinators_are_followed_when_repairing_and_masking() {
+        let person = json!({
+            "$defs": {"P": {"type": "object", "properties": {
+                "name": {"type": "string"},
+                "age": {"type": "integer"},
+                "lang": {"type": "string", "default": "en"}
+            }, "required": ["name"]}},
+            "type": "object",
+            "properties": {"person": {"$ref": "#/$defs/P"}}
+        });
+        assert_eq!(
+            checked(
+                person,
+                r#"{"person": {"name": "Ada", "age": "36", "ssn": "123-45-6789"}, "extra": 1}"#
+            ),
+            Checked::Valid(json!({"person": {"name": "Ada", "age": 36, "lang": "en"}}))
+        );
+        let combined = json!({
+            "allOf": [
+                {"type": "object", "properties": {"id": {"type": "integer"}}},
+                {"anyOf": [
+                    {"properties": {"kind": {"const": "a"}, "a": {"type": "string"}}},
+                    {"properties": {"kind": {"const": "b"}, "b": {"type": "string"}}}
+                ]}
+            ]
+        });
+        assert_eq!(
+            checked(
+                combined,
+                r#"{"id": "7", "kind": "a", "a": "x", "secret": true}"#
+            ),
+            Checked::Valid(json!({"id": 7, "kind": "a", "a": "x"}))
+        );
+        let maps = json!({
+            "type": "object",
+            "properties": {
+                "scores": {"type": "object", "additionalProperties": {
+                    "type": "object", "properties": {"v": {"type": "number"}}
+                }},
+                "labels": {"type": "object", "patternProperties": {"^l_": {"type": "string"}}},
+                "pair": {"type": "array", "prefixItems": [
+                    {"type": "object", "properties": {"x": {"type": "integer"}}}
+                ], "items": {"type": "object", "properties": {"y": {"type": "integer"}}}},
+                "free": {"type": "object"}
+            }
+        });
+        assert_eq!(
+            checked(
+                maps,
+                r#"{"scores": {"ann": {"v": 1, "why": "hidden"}},
+                    "labels": {"l_a": "kept", "other": "dropped"},
+                    "pair": [{"x": 1, "y": 2}, {"x": 3, "y": 4}],
+                    "free": {"anything": 1}}"#
+            ),
+            Checked::Valid(json!({
+                "scores": {"ann": {"v": 1}},
+                "labels": {"l_a": "kept"},
+                "pair": [{"x": 1}, {"y": 4}],
+                "free": {"anything": 1}
+            }))
+        );
+        // A reference cycle ends (the validator decides; masking stops at its depth).
+        let tree = json!({
+            "$defs": {"N": {"type": "object", "properties": {
+                "v": {"type": "integer"}, "kids": {"type": "array", "items": {"$ref": "#/$defs/N"}}
+            }}},
+            "$ref": "#/$defs/N"
+        });
+        assert_eq!(
+            checked(
+                tree,
+                r#"{"v": 1, "kids": [{"v": 2, "kids": [], "x": 0}], "y": 0}"#
+            ),
+            Checked::Valid(json!({"v": 1, "kids": [{"v": 2, "kids": []}]}))
+        );
     }
 
     #[test]
