@@ -318,6 +318,15 @@ pub enum ConversationMsg {
     Compact {
         reply: RpcReplyPort<Result<MessageReply, AgentError>>,
     },
+    /// An in-process agent's definition as it is now (A7): its instructions and its model
+    /// (its own client, else the session's under `model`/`provider`) for its next tasks; a
+    /// running task keeps its own.
+    Redefine {
+        base_instructions: Option<String>,
+        provider: Option<String>,
+        model_name: Option<String>,
+        model: Option<Arc<dyn ModelClient>>,
+    },
     /// Changes the context without reordering history (C6).
     SetContext {
         update: SetContext,
@@ -759,6 +768,12 @@ impl Actor for Conversation {
             ConversationMsg::SetContext { update, reply } => {
                 let _ = reply.send(state.on_set_context(&update).await);
             }
+            ConversationMsg::Redefine {
+                base_instructions,
+                provider,
+                model_name,
+                model,
+            } => state.on_redefine(base_instructions, provider, model_name, model),
             ConversationMsg::Close { reply } => state.on_close(&myself, reply),
             ConversationMsg::CancelAll { reply } => {
                 let _ = reply.send(state.on_cancel_all());
@@ -867,6 +882,37 @@ impl ConversationState {
                     resource: "conversation message queue".into(),
                     limit: u32::try_from(max).unwrap_or(u32::MAX),
                 }));
+            }
+        }
+    }
+
+    fn on_redefine(
+        &mut self,
+        base_instructions: Option<String>,
+        provider: Option<String>,
+        model_name: Option<String>,
+        model: Option<Arc<dyn ModelClient>>,
+    ) {
+        self.context.base_instructions = base_instructions;
+        let chosen = match model {
+            Some(own) => Ok(own),
+            None => model_for(
+                &self.services.model,
+                provider.as_deref(),
+                model_name.as_deref(),
+            ),
+        };
+        match chosen {
+            Ok(model) => self.model = model,
+            Err(error) => {
+                tracing::warn!(conversation_id = %self.id, %error, "agent's new model refused");
+                self.services.events.emit(EventDraft::conversation(
+                    self.id,
+                    EventKind::Warning {
+                        code: WarningCode::ConfigRejected,
+                        message: format!("the agent's model stays as it was: {error}"),
+                    },
+                ));
             }
         }
     }

@@ -302,6 +302,43 @@ impl ConversationEntry {
         }
     }
 
+    /// An agent's conversation told its definition as it is now: its instructions and model
+    /// for its next tasks, kept for its restarts and its reactivation. Nothing when nothing
+    /// changed.
+    fn redefine(&mut self, params: OpenConversation, model: Option<Arc<dyn ModelClient>>) {
+        match self {
+            Self::Live(live) => {
+                let same_client = match (&live.model, &model) {
+                    (Some(a), Some(b)) => Arc::ptr_eq(a, b),
+                    (None, None) => true,
+                    _ => false,
+                };
+                if same_client
+                    && live.params.base_instructions == params.base_instructions
+                    && live.params.model == params.model
+                    && live.params.provider == params.provider
+                {
+                    return;
+                }
+                live.params.base_instructions = params.base_instructions.clone();
+                live.params.model = params.model.clone();
+                live.params.provider = params.provider.clone();
+                live.model = model.clone();
+                let _ = live.actor.cast(ConversationMsg::Redefine {
+                    base_instructions: params.base_instructions,
+                    provider: params.provider,
+                    model_name: params.model,
+                    model,
+                });
+            }
+            Self::Passivated(stored) => {
+                stored.base_instructions = params.base_instructions;
+                stored.model = params.model;
+                stored.provider = params.provider;
+            }
+        }
+    }
+
     fn live(&self) -> Option<&LiveConversation> {
         match self {
             Self::Live(live) => Some(live),
@@ -723,8 +760,10 @@ impl SessionState {
         model: Option<Arc<dyn ModelClient>>,
     ) -> Result<ConversationId, AgentError> {
         if let Some(id) = restore
-            && self.conversations.contains_key(&id)
+            && let Some(entry) = self.conversations.get_mut(&id)
         {
+            // Open (or passivated) already: its definition may have changed since (A7).
+            entry.redefine(params, model);
             return Ok(id);
         }
         self.admit_conversation()?;

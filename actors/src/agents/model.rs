@@ -45,6 +45,10 @@ pub struct ModelAgent {
     /// Its own model client (its definition names another endpoint); `None`: the session's,
     /// asking for the definition's `model` if it names one.
     model: Option<Arc<dyn ModelClient>>,
+    /// Whether its conversation has heard this definition (opened or resumed under it). A
+    /// provider built again for a changed file tells the conversation it finds already bound
+    /// before its first dispatch (A7).
+    told: std::sync::atomic::AtomicBool,
 }
 
 impl ModelAgent {
@@ -78,6 +82,7 @@ impl ModelAgent {
             session,
             params,
             model,
+            told: std::sync::atomic::AtomicBool::new(false),
         }
     }
 
@@ -104,7 +109,10 @@ impl ModelAgent {
         .map_err(|_| AgentError::interrupted("the agent's conversation stopped before answering"))?
     }
 
+    /// Opens the agent's conversation, or (`restore`) reopens it, or tells it this definition
+    /// when it is open already.
     async fn open(&self, restore: Option<ConversationId>) -> Result<ConversationId, AgentError> {
+        self.told.store(true, std::sync::atomic::Ordering::Relaxed);
         let (params, model) = (self.params.clone(), self.model.clone());
         ractor::call!(self.session, |reply| SessionMsg::OpenAgent {
             restore,
@@ -146,6 +154,10 @@ impl AgentProvider for ModelAgent {
     ) -> Result<AgentOutput, AgentError> {
         let conversation_id =
             Self::conversation(ctx.provider_session_id).map_err(AgentError::invalid)?;
+        if !self.told.load(std::sync::atomic::Ordering::Relaxed) {
+            // Bound under an earlier version of the file: the conversation learns this one.
+            self.open(Some(conversation_id)).await?;
+        }
         let origin = DispatchOrigin {
             dispatch_id: ctx.dispatch_id,
             agent_id: ctx.agent_id.to_owned(),

@@ -472,3 +472,64 @@ async fn a_routed_turn_comes_back_with_a_restored_conversation() {
     );
     assert_eq!(run(true).await, live);
 }
+
+/// A changed agent file reaches the agent's conversation that is already open (A7): its
+/// next task runs under the new instructions, and without any once they are removed (it
+/// kept the instructions it was opened with until the service restarted).
+#[tokio::test]
+async fn a_changed_definition_reaches_the_open_conversation_of_the_agent() {
+    let coder = model_agent("coder", "You write code.", &[]);
+    let team = Team::start(
+        vec![coder.clone()],
+        vec![
+            ScriptedReply::text("one"),
+            ScriptedReply::text("two"),
+            ScriptedReply::text("three"),
+        ],
+    )
+    .await;
+    team.send("/hub coder first").await;
+    let hub = team.session.services().await.unwrap().agents.unwrap();
+    let reload = |instructions: Option<&str>| {
+        let mut def = coder.clone();
+        if let troupe_proto::agent::ProviderSpec::Model {
+            instructions: i, ..
+        } = &mut def.provider
+        {
+            *i = instructions.map(str::to_owned);
+        }
+        troupe_actors::agents::hub::AgentHubMsg::CatalogChanged {
+            catalog: std::sync::Arc::new(troupe_proto::agent::AgentCatalog {
+                agents: [(def.id.clone(), def)].into_iter().collect(),
+                ..Default::default()
+            }),
+        }
+    };
+    hub.cast(reload(Some("You review code."))).unwrap();
+    assert_eq!(team.send("/hub coder second").await.text, "two");
+    hub.cast(reload(None)).unwrap();
+    assert_eq!(team.send("/hub coder third").await.text, "three");
+    let sent: Vec<String> = team
+        .model
+        .sent()
+        .into_iter()
+        .map(|r| r.instructions)
+        .collect();
+    assert_eq!(sent.len(), 3, "{sent:?}");
+    assert!(sent[0].contains("You write code."), "{}", sent[0]);
+    assert!(sent[1].contains("You review code."), "{}", sent[1]);
+    assert!(
+        !sent[2].contains("You write code.") && !sent[2].contains("You review code."),
+        "{}",
+        sent[2]
+    );
+    let agents: Vec<String> = team
+        .store
+        .bindings(None)
+        .await
+        .unwrap()
+        .into_iter()
+        .map(|b| b.provider_session_id)
+        .collect();
+    assert_eq!(agents.len(), 1, "one binding, one conversation throughout");
+}
