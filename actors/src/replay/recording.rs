@@ -108,6 +108,9 @@ pub enum RefusalReason {
     NoEnd,
     /// It is not a user's message (a compaction).
     NotAMessage,
+    /// An agent's output guardrail judged its answers: what the model wrote was never
+    /// recorded (only what passed), so the judgement cannot be made again.
+    Guardrailed,
 }
 
 impl Refusal {
@@ -150,6 +153,14 @@ impl Recording {
                 reason: RefusalReason::NotAMessage,
                 message: format!(
                     "task {task_id} is a compaction of its conversation's history; only the tasks of users' messages are replayed"
+                ),
+            });
+        }
+        if reader.guardrail_failed {
+            return Err(Refusal {
+                reason: RefusalReason::Guardrailed,
+                message: format!(
+                    "task {task_id} ran under an agent's output guardrail that refused answers; what the model wrote is not recorded (only what passed), so the guardrail's judgement cannot be replayed"
                 ),
             });
         }
@@ -353,6 +364,8 @@ struct Reader {
     input: Option<String>,
     compaction: bool,
     aborted: bool,
+    /// An output guardrail found answers that did not match.
+    guardrail_failed: bool,
     end: Option<RecordedEnd>,
     steps: Vec<StepReader>,
     /// The call attempt running: its call and the error it failed with so far.
@@ -374,6 +387,7 @@ impl Reader {
             EventKind::TaskStarted { input } => self.input = Some(input.clone()),
             EventKind::CompactionStarted {} => self.compaction = true,
             EventKind::TaskAborted { .. } => self.aborted = true,
+            EventKind::GuardrailFailed { .. } => self.guardrail_failed = true,
             EventKind::TaskFinished {
                 status,
                 error,
@@ -1106,5 +1120,22 @@ mod tests {
         let other = TaskId::new();
         let missing = Recording::of_task(other, &run.records(StoragePolicy::Full)).unwrap_err();
         assert_eq!(missing.reason, RefusalReason::NotFound);
+
+        // An agent's output guardrail refused its answers: the model's text was never
+        // recorded, so its judgement cannot be made again.
+        let mut guarded = a_run_with_a_call();
+        let end = guarded.events.pop().unwrap();
+        guarded.events.push(EventKind::GuardrailFailed {
+            agent_id: Some("profiler".into()),
+            attempts: 3,
+            problems: vec!["/age: type".into()],
+            status: troupe_proto::GuardrailStatus::Exhausted,
+            action: troupe_proto::agent::GuardrailAction::Reject,
+        });
+        guarded.events.push(end);
+        let refused =
+            Recording::of_task(guarded.task, &guarded.records(StoragePolicy::Full)).unwrap_err();
+        assert_eq!(refused.reason, RefusalReason::Guardrailed);
+        assert!(refused.message.contains("guardrail"), "{}", refused.message);
     }
 }
