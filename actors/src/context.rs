@@ -1328,8 +1328,13 @@ mod tests {
             (S::WorkspaceWrite, true)
         );
         assert_eq!(narrow(S::WorkspaceWrite, None), (S::WorkspaceWrite, false));
-        assert_eq!(narrow(A::OnFailure, Some(A::Never)), (A::OnFailure, true));
+        // `on_failure` is the widest: only under it may a command leave the sandbox.
+        assert_eq!(narrow(A::Never, Some(A::OnFailure)), (A::Never, true));
+        assert_eq!(narrow(A::Always, Some(A::OnFailure)), (A::Always, true));
+        assert_eq!(narrow(A::Always, Some(A::Never)), (A::Always, true));
+        assert_eq!(narrow(A::OnFailure, Some(A::Never)), (A::Never, false));
         assert_eq!(narrow(A::OnFailure, Some(A::Always)), (A::Always, false));
+        assert_eq!(narrow(A::Never, Some(A::Always)), (A::Always, false));
     }
 
     #[test]

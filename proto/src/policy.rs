@@ -107,18 +107,21 @@ impl<'de> Visitor<'de> for StorageVisitor {
     }
 }
 
-/// When a command needs a human's approval.
+/// When a command needs a human's approval. Ordered from the strictest to the widest (what
+/// a conversation may narrow to): every command asked for; none asked for, none leaving the
+/// sandbox; none asked for unless it would leave the sandbox, which it then may.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Serialize, Deserialize, Default)]
 #[serde(rename_all = "snake_case")]
 pub enum ApprovalPolicy {
     /// Ask for every command that is not already approved. The strictest.
     #[default]
     Always,
-    /// Ask only when a command fails inside the sandbox and would need to leave it.
-    #[serde(alias = "on-failure")]
-    OnFailure,
     /// Never ask: run what the sandbox allows, refuse the rest.
     Never,
+    /// Ask only when a command fails inside the sandbox and would need to leave it: the only
+    /// policy under which a command may run outside the sandbox.
+    #[serde(alias = "on-failure")]
+    OnFailure,
 }
 
 /// What a command may touch. Written `read_only`, `workspace_write`, `full_access`; the

@@ -364,7 +364,7 @@ mod tests {
                     governed: Some(Governed {
                         governance: Arc::new(TaskGovernance {
                             policy,
-                            authorization: Vec::new(),
+                            ..TaskGovernance::default()
                         }),
                         token_book: None,
                         events: EventSink::new(rollout.clone()),

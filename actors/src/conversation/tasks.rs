@@ -88,6 +88,14 @@ impl ConversationState {
                 }
             })
             .flatten();
+        // An agent's task runs its commands under policies no wider than its dispatcher's.
+        let (approval_policy, sandbox_policy) = match &origin {
+            Some(o) => (
+                crate::context::narrow(self.approval_policy, Some(o.governance.approval_policy)).0,
+                crate::context::narrow(self.sandbox_policy, Some(o.governance.sandbox_policy)).0,
+            ),
+            None => (self.approval_policy, self.sandbox_policy),
+        };
         let ctx = TaskContext {
             conversation_id: self.id,
             task_id,
@@ -115,8 +123,8 @@ impl ConversationState {
             events: self.services.events.clone(),
             cancel: cancel.clone(),
             limits: settings.task,
-            approval_policy: self.approval_policy,
-            sandbox_policy: self.sandbox_policy,
+            approval_policy,
+            sandbox_policy,
             workspace_roots: settings.workspace_roots.clone(),
             record_content: settings.record_content,
             // A compaction routes nothing and dispatches nothing.

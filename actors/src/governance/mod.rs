@@ -30,6 +30,10 @@ pub struct TaskGovernance {
     /// Digests of the authorization tokens presented with the task's message (or its
     /// dispatcher's): never the tokens themselves.
     pub authorization: Vec<String>,
+    /// The approval and sandbox policies the task's commands run under: an in-process agent
+    /// it dispatches to runs its own under policies no wider (C2).
+    pub approval_policy: troupe_proto::ApprovalPolicy,
+    pub sandbox_policy: troupe_proto::SandboxPolicy,
 }
 
 /// What is kept of an authorization token: its SHA-256, in hex. The token itself is never
@@ -116,6 +120,8 @@ pub fn external_agent(
             Some(&dispatcher.policy),
         ),
         authorization: dispatcher.authorization.clone(),
+        approval_policy: dispatcher.approval_policy,
+        sandbox_policy: dispatcher.sandbox_policy,
     }
 }
 
@@ -208,6 +214,7 @@ mod tests {
         let dispatcher = TaskGovernance {
             policy: task_policy(&config, None, Some(&request), None),
             authorization: vec!["d1".into()],
+            ..TaskGovernance::default()
         };
         let gov = external_agent(&config, &definition, &dispatcher);
         assert_eq!(gov.authorization, ["d1"]);

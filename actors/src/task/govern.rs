@@ -45,6 +45,8 @@ pub(super) fn governance_of(
     Arc::new(TaskGovernance {
         policy,
         authorization,
+        approval_policy: ctx.approval_policy,
+        sandbox_policy: ctx.sandbox_policy,
     })
 }
 

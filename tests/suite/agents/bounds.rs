@@ -744,3 +744,83 @@ async fn an_agents_task_ends_when_its_dispatchers_conversation_fails() {
         [("worker".into(), DispatchStatus::Cancelled)]
     );
 }
+
+/// An in-process agent runs its commands under approval and sandbox policies no wider than
+/// its dispatcher's (C2): a conversation that narrowed the session's to `always` and
+/// `read-only` does not get its agent's commands run unasked, nor writing (the agent's
+/// conversation had the session's `never` and `full-access`).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_agent_runs_commands_under_its_dispatchers_narrower_policies() {
+    fn narrowed(approval: troupe_proto::ApprovalPolicy) -> fn(&mut troupe_actors::SessionConfig) {
+        fn always(c: &mut troupe_actors::SessionConfig) {
+            base(c, troupe_proto::ApprovalPolicy::Always);
+        }
+        fn never(c: &mut troupe_actors::SessionConfig) {
+            base(c, troupe_proto::ApprovalPolicy::Never);
+        }
+        fn base(c: &mut troupe_actors::SessionConfig, approval: troupe_proto::ApprovalPolicy) {
+            c.conversation.shell_tool = true;
+            c.conversation.approval_policy = troupe_proto::ApprovalPolicy::Never;
+            c.conversation.sandbox_policy = troupe_proto::SandboxPolicy::FullAccess;
+            c.approval_timeout = Duration::from_millis(300);
+            c.root.approval_policy = Some(approval);
+            c.root.sandbox_policy = Some(troupe_proto::SandboxPolicy::ReadOnly);
+        }
+        match approval {
+            troupe_proto::ApprovalPolicy::Always => always,
+            _ => never,
+        }
+    }
+    let outside = tempfile::tempdir().unwrap();
+    let target = outside.path().join("written");
+    let write = ScriptedReply::tool(
+        "shell",
+        json!({"command": ["sh", "-c", format!("echo ran > {}", target.display())]}),
+    );
+    let extras = || super::Extras {
+        token_book: None,
+        exec: true,
+    };
+    let coder = || vec![model_agent("coder", "You run commands.", &[])];
+
+    // `always` from the dispatcher: the agent's command waits for a human, none comes.
+    let team = Team::start_extra(
+        coder(),
+        vec![write.clone(), ScriptedReply::text("asked")],
+        narrowed(troupe_proto::ApprovalPolicy::Always),
+        extras(),
+    )
+    .await;
+    assert_eq!(team.send("/hub coder write it").await.text, "asked");
+    let events = team.events().await;
+    assert!(
+        events
+            .iter()
+            .any(|e| matches!(e, EventKind::ApprovalRequested { .. })),
+        "{:?}",
+        agent_kinds(&events)
+    );
+    assert!(!target.exists(), "nobody approved it");
+
+    // `never` and `read-only` from the dispatcher: it runs unasked, inside the sandbox.
+    let team = Team::start_extra(
+        coder(),
+        vec![write, ScriptedReply::text("tried")],
+        narrowed(troupe_proto::ApprovalPolicy::Never),
+        extras(),
+    )
+    .await;
+    assert_eq!(team.send("/hub coder write it").await.text, "tried");
+    let events = team.events().await;
+    assert!(
+        !events
+            .iter()
+            .any(|e| matches!(e, EventKind::ApprovalRequested { .. })),
+        "{:?}",
+        agent_kinds(&events)
+    );
+    assert!(
+        !target.exists(),
+        "the read-only sandbox kept it from writing"
+    );
+}
