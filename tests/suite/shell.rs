@@ -362,6 +362,62 @@ async fn workspace_write_writes_inside_the_workspace_only() {
     t.stop().await;
 }
 
+/// A confined command is isolated from what runs outside its sandbox (where the kernel can,
+/// Landlock ABI 6): it reaches no TCP listener (troupe's own API among them) and signals no
+/// process outside it; under `full-access` it does both.
+#[tokio::test]
+async fn a_confined_command_reaches_no_tcp_port_and_signals_no_outside_process() {
+    let ws = tempfile::tempdir().unwrap();
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let port = listener.local_addr().unwrap().port();
+    let mut outside = std::process::Command::new("sleep")
+        .arg("30")
+        .spawn()
+        .unwrap();
+    let connect = format!(
+        "python3 -c \"import socket; socket.create_connection(('127.0.0.1', {port}), 2); print('connected')\""
+    );
+    let signal = format!("kill -0 {} && echo signalled", outside.id());
+    let replies = |n| {
+        let mut r = Vec::new();
+        for _ in 0..n {
+            r.extend([
+                sh(&connect),
+                ScriptedReply::default(),
+                sh(&signal),
+                ScriptedReply::default(),
+            ]);
+        }
+        r
+    };
+    for (sandbox, allowed) in [
+        (SandboxPolicy::WorkspaceWrite, false),
+        (SandboxPolicy::ReadOnly, false),
+        (SandboxPolicy::FullAccess, true),
+    ] {
+        let t = start(replies(1), ApprovalPolicy::Never, sandbox, ws.path()).await;
+        let root = t.root().await;
+        let connected = message_unasked(&t, root, "connect").await;
+        assert_eq!(
+            connected.text.contains("connected"),
+            allowed,
+            "{sandbox:?}: {}",
+            connected.text
+        );
+        let signalled = message_unasked(&t, root, "signal").await;
+        assert_eq!(
+            signalled.text.contains("signalled"),
+            allowed,
+            "{sandbox:?}: {}",
+            signalled.text
+        );
+        t.stop().await;
+    }
+    outside.kill().unwrap();
+    outside.wait().unwrap();
+    drop(listener);
+}
+
 #[tokio::test]
 async fn a_wider_conversation_policy_is_clamped_reported_and_used() {
     let ws = tempfile::tempdir().unwrap();

@@ -14,6 +14,11 @@
 //!   workspace roots and the runner's private temp dir).
 //! - `full-access`: no ruleset; the launcher only execs.
 //!
+//! Isolation, under `read-only` and `workspace-write`, where the kernel has it (Landlock ABI 6,
+//! Linux 6.12+; on an older kernel the filesystem rules alone apply): no TCP connection made
+//! or port bound (so no reaching troupe's own API, or anything else, over the network), no
+//! signal sent to a process outside the sandbox, no abstract Unix socket outside it reached.
+//!
 //! A policy the kernel cannot fully enforce (no Landlock, an older ABI, a ruleset enforced only
 //! in part, `no_new_privs` not set) is refused: the command never runs. The runner learns why
 //! from the exit protocol below, so a refusal is a `SandboxError`, not a command failure.
@@ -23,8 +28,8 @@
 //! exits with [`EXEC_FAILED_EXIT`]. Otherwise the exit status is the command's own.
 
 use landlock::{
-    ABI, Access, AccessFs, RestrictionStatus, Ruleset, RulesetAttr, RulesetCreatedAttr,
-    RulesetStatus, path_beneath_rules,
+    ABI, Access, AccessFs, AccessNet, CompatLevel, Compatible, RestrictionStatus, Ruleset,
+    RulesetAttr, RulesetCreated, RulesetCreatedAttr, RulesetStatus, Scope, path_beneath_rules,
 };
 use std::ffi::OsString;
 use std::os::unix::process::CommandExt;
@@ -157,20 +162,37 @@ pub fn restrict_current_thread(spec: &SandboxSpec) -> Result<(), AgentError> {
 }
 
 fn apply_ruleset(spec: &SandboxSpec) -> Result<RestrictionStatus, landlock::RulesetError> {
+    // With the isolation when the kernel has all of it (asked as a hard requirement, so that
+    // an older kernel refuses it before anything is restricted), else the filesystem alone.
+    match ruleset(spec, true) {
+        Ok(created) => created.restrict_self(),
+        Err(_) => ruleset(spec, false)?.restrict_self(),
+    }
+}
+
+/// The ruleset of `spec`: its filesystem rules, and with `isolated` no TCP, no signals and no
+/// abstract Unix sockets outside the sandbox.
+fn ruleset(spec: &SandboxSpec, isolated: bool) -> Result<RulesetCreated, landlock::RulesetError> {
     let read = AccessFs::from_read(ABI_FLOOR);
     let all = AccessFs::from_all(ABI_FLOOR);
     let writable: &[PathBuf] = match spec.policy {
         SandboxPolicy::WorkspaceWrite => &spec.writable,
         SandboxPolicy::ReadOnly | SandboxPolicy::FullAccess => &[],
     };
+    let mut rules = Ruleset::default().handle_access(all)?;
+    if isolated {
+        // No port is allowed: handled and never granted.
+        rules = rules
+            .set_compatibility(CompatLevel::HardRequirement)
+            .handle_access(AccessNet::BindTcp | AccessNet::ConnectTcp)?
+            .scope(Scope::AbstractUnixSocket | Scope::Signal)?;
+    }
     // A path that does not exist gets no rule (so no access), which only narrows the policy.
-    Ruleset::default()
-        .handle_access(all)?
+    rules
         .create()?
         .add_rules(path_beneath_rules(["/"], read))?
         .add_rules(path_beneath_rules(WRITABLE_DEVICES, all))?
-        .add_rules(path_beneath_rules(writable, all))?
-        .restrict_self()
+        .add_rules(path_beneath_rules(writable, all))
 }
 
 /// Whether a restriction enforced everything the policy asks for.
