@@ -313,6 +313,8 @@ pub fn history_with_owners(records: &[RolloutRecord]) -> (Vec<HistoryItem>, Vec<
     // Where the running task's items begin: a task that failed before its first model call
     // left no items in the live history either (unless its supervisor answered it: `routed`).
     let mut task_start = 0;
+    // A task started and not ended (yet): where its items begin.
+    let mut open: Option<usize> = None;
     let mut routed = Routed::default();
     // The running step's tool outputs by call id: a retried call's attempts each left a
     // start and an end; the live history kept the call once, with its last output.
@@ -354,7 +356,14 @@ pub fn history_with_owners(records: &[RolloutRecord]) -> (Vec<HistoryItem>, Vec<
                 owners.push(None);
             }
             EventKind::TaskStarted { input } => {
+                // One that started before and never ended was interrupted (its abort was not
+                // recorded yet): it added nothing to the live history.
+                if let Some(start) = open.take() {
+                    items.truncate(start);
+                    owners.truncate(start);
+                }
                 task_start = items.len();
+                open = Some(task_start);
                 routed = Routed::default();
                 outputs.clear();
                 items.push(HistoryItem::user(input.clone()));
@@ -365,12 +374,15 @@ pub fn history_with_owners(records: &[RolloutRecord]) -> (Vec<HistoryItem>, Vec<
             }
             EventKind::StepStarted { .. } => outputs.clear(),
             EventKind::TaskFinished { stats, .. } if stats.steps == 0 && !routed.kept() => {
+                open = None;
                 items.truncate(task_start);
                 owners.truncate(task_start);
             }
+            EventKind::TaskFinished { .. } => open = None,
             // A task aborted (it ignored its cancel, or a crash interrupted it) added nothing
             // to the live history.
             EventKind::TaskAborted { .. } => {
+                open = None;
                 items.truncate(task_start);
                 owners.truncate(task_start);
             }
@@ -408,6 +420,12 @@ pub fn history_with_owners(records: &[RolloutRecord]) -> (Vec<HistoryItem>, Vec<
             }
             _ => {}
         }
+    }
+    // The last task has no end: a crash interrupted it (a restore reads the records before
+    // it records the abort), and it is not run again: nothing of it enters history.
+    if let Some(start) = open {
+        items.truncate(start);
+        owners.truncate(start);
     }
     (items, owners)
 }
@@ -832,11 +850,10 @@ mod tests {
                 HistoryItem::assistant("A"),
                 HistoryItem::user("b"),
                 HistoryItem::assistant("B"),
-                HistoryItem::user("c"),
             ],
-            "the first task's trimmed item is skipped"
+            "the first task's trimmed item is skipped (the last, never ended, adds nothing)"
         );
-        assert_eq!(r.owners, [Some(t[0]), Some(t[1]), Some(t[1]), Some(t[2])]);
+        assert_eq!(r.owners, [Some(t[0]), Some(t[1]), Some(t[1])]);
         assert_eq!(r.skipped, 1);
         assert_eq!(
             r.turns, 3,
@@ -867,7 +884,6 @@ mod tests {
                 HistoryItem::assistant("A"),
                 HistoryItem::user("b"),
                 HistoryItem::assistant("B"),
-                HistoryItem::user("c"),
             ]
         );
         // The whole first task expired: nothing of it, everything of the next ones.
@@ -875,13 +891,9 @@ mod tests {
         let r = restore_from_records(&records);
         assert_eq!(
             r.items,
-            [
-                HistoryItem::user("b"),
-                HistoryItem::assistant("B"),
-                HistoryItem::user("c"),
-            ]
+            [HistoryItem::user("b"), HistoryItem::assistant("B"),]
         );
-        assert_eq!(r.owners, [Some(t[1]), Some(t[1]), Some(t[2])]);
+        assert_eq!(r.owners, [Some(t[1]), Some(t[1])]);
         assert_eq!(r.skipped, 0, "none of the next task's items was trimmed");
     }
 
@@ -898,6 +910,7 @@ mod tests {
             event(Some(c), EventKind::AssistantMessage { text: "S".into() }),
             bare(c, EventName::Compacted),
             event(Some(t1), EventKind::TaskStarted { input: "b".into() }),
+            done(t1, 1),
         ];
         let (items, _) = history_with_owners(&records);
         assert_eq!(
@@ -931,6 +944,7 @@ mod tests {
                 },
             ),
             event(Some(t1), EventKind::TaskStarted { input: "b".into() }),
+            done(t1, 1),
         ];
         let r = restore_from_records(&records);
         assert_eq!(
@@ -986,6 +1000,7 @@ mod tests {
                 },
             ),
             event(Some(t1), EventKind::TaskStarted { input: "b".into() }),
+            done(t1, 1),
         ];
         assert_eq!(expired_items(&records, Some(t0)), 3);
         let r = restore_from_records(&records);
@@ -1200,6 +1215,70 @@ mod tests {
                 HistoryItem::ToolCall(call.clone()),
                 output("again"),
                 HistoryItem::assistant("y"),
+            ]
+        );
+    }
+
+    /// A task a crash interrupted has a start and no end until the restore that follows
+    /// records its abort: it adds nothing to the rebuilt history either way, so the prompt
+    /// is the same after the first restart as after the next (it carried the unanswered
+    /// request once, as if it were to be acted on).
+    #[test]
+    fn a_task_without_an_end_adds_nothing_to_history() {
+        let (done_task, cut, later) = (TaskId::new(), TaskId::new(), TaskId::new());
+        let cut_short = vec![
+            event(
+                Some(cut),
+                EventKind::TaskStarted {
+                    input: "rm it".into(),
+                },
+            ),
+            event(Some(cut), EventKind::StepStarted { turn: 2, step: 1 }),
+            event(
+                Some(cut),
+                EventKind::AssistantMessage {
+                    text: "on it".into(),
+                },
+            ),
+        ];
+        let mut records = vec![
+            event(
+                Some(done_task),
+                EventKind::TaskStarted { input: "x".into() },
+            ),
+            event(
+                Some(done_task),
+                EventKind::AssistantMessage { text: "y".into() },
+            ),
+            done(done_task, 1),
+        ];
+        records.extend(cut_short.clone());
+        let kept = [HistoryItem::user("x"), HistoryItem::assistant("y")];
+        assert_eq!(
+            history_from_records(&records),
+            kept,
+            "the last task has no end"
+        );
+        let mut aborted = records.clone();
+        aborted.push(event(Some(cut), EventKind::TaskAborted { waited_ms: 0 }));
+        assert_eq!(history_from_records(&aborted), kept, "its abort recorded");
+        // A task after it: the interrupted one is still left out.
+        records.push(event(
+            Some(later),
+            EventKind::TaskStarted { input: "z".into() },
+        ));
+        records.push(event(
+            Some(later),
+            EventKind::AssistantMessage { text: "w".into() },
+        ));
+        records.push(done(later, 1));
+        assert_eq!(
+            history_from_records(&records),
+            [
+                HistoryItem::user("x"),
+                HistoryItem::assistant("y"),
+                HistoryItem::user("z"),
+                HistoryItem::assistant("w"),
             ]
         );
     }
