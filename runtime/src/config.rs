@@ -862,6 +862,24 @@ pub struct A2aServerConfig {
     /// Finished A2A tasks kept in the store for GetTask and ListTasks; older ones are
     /// forgotten (with their push configs, and contexts left without a task).
     pub keep_finished: usize,
+    /// The storage policy of every context's conversation (and so of the endpoint's task
+    /// records); default: `chat.storage_policy`, as a session's root conversation.
+    pub storage_policy: Option<troupe_proto::StoragePolicy>,
+    /// Instructions of every context's conversation (the form of its replies, say).
+    pub instructions: Option<String>,
+}
+
+impl A2aServerConfig {
+    /// What every context's conversation is opened with: the chat conversation's tools
+    /// (shell, plan) and `apply_patch` (whose patches become the task's files), the storage
+    /// policy (this section's, else `chat`'s), the instructions.
+    pub fn conversation(&self, chat: &ChatConfig) -> troupe_proto::OpenConversation {
+        let mut open =
+            crate::assembly::chat_conversation(self.storage_policy.unwrap_or(chat.storage_policy));
+        open.include_apply_patch_tool = true;
+        open.base_instructions.clone_from(&self.instructions);
+        open
+    }
 }
 
 impl Default for A2aServerConfig {
@@ -873,6 +891,8 @@ impl Default for A2aServerConfig {
             public_url: None,
             idle_close: Duration::from_secs(600),
             keep_finished: 10_000,
+            storage_policy: None,
+            instructions: None,
         }
     }
 }

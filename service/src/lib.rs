@@ -109,6 +109,8 @@ pub struct Service {
     allowed_origins: Vec<String>,
     limits: listen::ConnLimits,
     a2a: troupe_runtime::config::A2aServerConfig,
+    /// What each A2A context's conversation is opened with.
+    a2a_conversation: troupe_proto::OpenConversation,
     console: troupe_runtime::config::ConsoleConfig,
     /// What the A2A extended card adds: the shell tool and the configured MCP servers.
     a2a_skills: Vec<serde_json::Value>,
@@ -311,6 +313,7 @@ impl Service {
                 max_connections: config.server.max_connections,
             },
             a2a: config.server.a2a.clone(),
+            a2a_conversation: config.server.a2a.conversation(&config.chat),
             console: config.server.console.clone(),
             a2a_skills: a2a::card::tool_skills(
                 true,
@@ -403,6 +406,7 @@ impl Service {
         let (mounted, routes) = a2a::mount::mount(
             self.sessions.clone(),
             &self.a2a,
+            self.a2a_conversation.clone(),
             !self.auth.is_open(),
             self.a2a_skills.clone(),
         )

@@ -412,3 +412,69 @@ print("card ok")
     );
     server.stop();
 }
+
+/// Each A2A context's conversation is opened as `[server.a2a]` (else `[chat]`) says: with
+/// `apply_patch`, so a patch the model applies is the task's file, and under the configured
+/// storage policy, so a `headers_only` deployment keeps no task text in `troupe.db` (the
+/// contexts' conversations were opened with the defaults: no `apply_patch`, policy `full`).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a2a_conversations_follow_the_configuration() {
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::write(
+        dir.path().join("troupe.toml"),
+        "[chat]\napproval_policy = \"never\"\nsandbox_policy = \"workspace-write\"\n\
+         [server.a2a]\nstorage_policy = \"headers_only\"\n",
+    )
+    .unwrap();
+    let replies = [
+        ScriptedReply::tool(
+            "apply_patch",
+            json!({"input": "*** Begin Patch\n*** Add File: made.txt\n+secret words\n*** End Patch"}),
+        ),
+        ScriptedReply::text("patched the secret"),
+    ];
+    let (child, base) = Server::spawn(dir.path(), &replies);
+    let server = Server { child, base, dir };
+    let sent: Value = reqwest::Client::new()
+        .post(format!("{}/a2a", server.base))
+        .bearer_auth(A2A_TOKEN)
+        .header("A2A-Version", "1.0")
+        .json(
+            &json!({"jsonrpc": "2.0", "id": 1, "method": "SendMessage", "params": {
+                "message": {"messageId": "m1", "role": "ROLE_USER", "parts": [{"text": "make it"}]}
+            }}),
+        )
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    let task = &sent["result"]["task"];
+    assert_eq!(task["status"]["state"], "TASK_STATE_COMPLETED", "{sent}");
+    assert!(
+        task["artifacts"]
+            .as_array()
+            .is_some_and(|a| a.iter().any(|a| a["name"] == "patch")),
+        "{sent}"
+    );
+    assert_eq!(
+        std::fs::read_to_string(server.dir.path().join("made.txt")).unwrap(),
+        "secret words\n"
+    );
+    let db = rusqlite::Connection::open(server.dir.path().join("data/troupe.db")).unwrap();
+    let bodies: Vec<String> = db
+        .prepare("SELECT body FROM a2a_tasks")
+        .unwrap()
+        .query_map([], |r| r.get(0))
+        .unwrap()
+        .collect::<Result<_, _>>()
+        .unwrap();
+    assert_eq!(bodies.len(), 1);
+    assert!(
+        !bodies[0].contains("secret") && !bodies[0].contains("make it"),
+        "{}",
+        bodies[0]
+    );
+    server.stop();
+}

@@ -166,11 +166,13 @@ impl A2aBackend for RegistryBackend {
     }
 }
 
-/// Starts the endpoint over the registry; `bearer_auth`: the card says requests need a token.
+/// Starts the endpoint over the registry, each context's conversation opened with
+/// `conversation`; `bearer_auth`: the card says requests need a token.
 /// `extended_skills`: what the extended card adds for authenticated clients.
 pub async fn mount(
     sessions: SessionsApi,
     config: &A2aServerConfig,
+    conversation: troupe_proto::OpenConversation,
     bearer_auth: bool,
     extended_skills: Vec<serde_json::Value>,
 ) -> Result<(A2a, ExtraRoutes), AgentError> {
@@ -192,6 +194,7 @@ pub async fn mount(
             tasks: super::TasksConfig {
                 idle_close: config.idle_close,
                 keep_finished: config.keep_finished,
+                open: conversation,
                 ..super::TasksConfig::default()
             },
             ..A2aConfig::default()
