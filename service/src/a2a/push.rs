@@ -301,7 +301,7 @@ pub struct Deliveries {
 impl Deliveries {
     pub fn new(policy: RetryPolicy) -> Self {
         Self {
-            http: reqwest::Client::new(),
+            http: client(),
             policy,
             workers: HashMap::new(),
         }
@@ -368,6 +368,16 @@ async fn deliver(
             }
         }
     }
+}
+
+/// The webhooks' client: it follows no redirect (a redirect is the receiver's refusal; a
+/// followed one would turn the POST into a GET elsewhere, carry the notification token to
+/// whatever host it names, and count as delivered).
+fn client() -> reqwest::Client {
+    reqwest::Client::builder()
+        .redirect(reqwest::redirect::Policy::none())
+        .build()
+        .unwrap_or_default()
 }
 
 /// One POST: the status (`None`: no answer) and the receiver's `Retry-After`.
@@ -701,6 +711,47 @@ mod tests {
             -32602
         );
         validate(&config("t", "x")).unwrap();
+    }
+
+    /// A receiver that redirects refuses: the redirect is not followed (the token goes
+    /// nowhere else) and the event is not counted as delivered.
+    #[tokio::test]
+    async fn a_redirect_is_a_refusal_and_is_not_followed() {
+        use std::sync::atomic::{AtomicUsize, Ordering};
+        let followed = std::sync::Arc::new(AtomicUsize::new(0));
+        let hits = followed.clone();
+        let app = axum::Router::new()
+            .route(
+                "/hook",
+                axum::routing::post(|| async {
+                    (
+                        axum::http::StatusCode::FOUND,
+                        [(axum::http::header::LOCATION, "/elsewhere")],
+                    )
+                }),
+            )
+            .route(
+                "/elsewhere",
+                axum::routing::any(move || {
+                    hits.fetch_add(1, Ordering::SeqCst);
+                    async { axum::http::StatusCode::OK }
+                }),
+            );
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let url = format!("http://{}/hook", listener.local_addr().unwrap());
+        tokio::spawn(async move { axum::serve(listener, app).await });
+        let mut hook = config("t", "x");
+        hook.url = url;
+        hook.token = Some("secret".into());
+        let deliveries = Deliveries::new(RetryPolicy::default());
+        let (status, _) = post(&deliveries.http, &RetryPolicy::default(), &hook, &json!({})).await;
+        assert_eq!(status, Some(302));
+        assert_eq!(judge(status), Attempt::Refused);
+        assert_eq!(
+            followed.load(Ordering::SeqCst),
+            0,
+            "the redirect was followed"
+        );
     }
 
     #[test]
