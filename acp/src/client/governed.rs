@@ -102,16 +102,7 @@ impl GovernedCall {
 }
 
 /// The shells whose `-c` runs its argument as a script.
-const SHELLS: &[&str] = &[
-    "sh",
-    "bash",
-    "dash",
-    "zsh",
-    "ksh",
-    "mksh",
-    "ash",
-    "busybox sh",
-];
+const SHELLS: &[&str] = &["sh", "bash", "dash", "zsh", "ksh", "mksh", "ash"];
 
 /// A command's line: the script of `sh -c` / `bash -lc` (what the agent meant to run), else
 /// the words joined by spaces. Only a known shell with a flag cluster of single letters that

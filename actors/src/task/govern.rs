@@ -40,8 +40,10 @@ pub(super) fn governance_of(
                 .flat_map(|p| p.authorization.iter().cloned()),
         )
         .collect();
-    authorization.sort();
-    authorization.dedup();
+    // In the order presented (the message's own, then its dispatcher's): the first that
+    // covers a call is the one used.
+    let mut seen = std::collections::HashSet::new();
+    authorization.retain(|digest| seen.insert(digest.clone()));
     Arc::new(TaskGovernance {
         policy,
         authorization,

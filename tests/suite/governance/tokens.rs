@@ -421,3 +421,44 @@ async fn a_use_is_spent_when_governance_lets_the_call_through_even_if_a_human_th
         "nothing ran: {outputs:?}"
     );
 }
+
+/// Of the tokens a message presents, the first (in the order presented) that covers a call
+/// is the one whose use is spent: a narrow single-use token listed second is kept for later.
+#[tokio::test]
+async fn the_first_presented_token_that_covers_a_call_is_spent() {
+    let (team, book) = team_with_book(
+        vec![guarded(model_agent("coder", "You run commands.", &[]))],
+        vec![
+            echo("one"),
+            ScriptedReply::text("one"),
+            echo("two"),
+            ScriptedReply::text("two"),
+        ],
+    )
+    .await;
+    let a = token_book::issue(&book, issue_for("coder", "shell", Some("echo *"), 600, 5))
+        .await
+        .unwrap();
+    let b = token_book::issue(&book, issue_for("coder", "shell", Some("echo *"), 600, 5))
+        .await
+        .unwrap();
+    let uses = || async {
+        let listed = token_book::list(&book).await.unwrap();
+        let of = |id: &str| listed.iter().find(|t| t.id == id).unwrap().uses;
+        (of(&a.info.id), of(&b.info.id))
+    };
+    assert_eq!(
+        send(&team, "/hub coder say one", &[&b.token, &a.token])
+            .await
+            .text,
+        "one"
+    );
+    assert_eq!(uses().await, (0, 1), "b was presented first");
+    assert_eq!(
+        send(&team, "/hub coder say two", &[&a.token, &b.token])
+            .await
+            .text,
+        "two"
+    );
+    assert_eq!(uses().await, (1, 1), "then a");
+}
