@@ -439,14 +439,20 @@ struct OpCtx {
     stop: CancellationToken,
 }
 
+/// `cwd` absolute (against the working directory), or the working directory; `/` when even
+/// that cannot be read.
+fn session_cwd(cwd: Option<&std::path::Path>) -> PathBuf {
+    match cwd {
+        Some(dir) => std::path::absolute(dir).unwrap_or_else(|_| dir.to_path_buf()),
+        None => std::env::current_dir().unwrap_or_else(|_| PathBuf::from("/")),
+    }
+}
+
 impl OpCtx {
+    /// The session's working directory as ACP requires it, absolute: the command's (made
+    /// absolute against troupe's own, as the process was started in it), else troupe's.
     fn cwd(&self) -> PathBuf {
-        self.spec
-            .command
-            .cwd
-            .clone()
-            .or_else(|| std::env::current_dir().ok())
-            .unwrap_or_else(|| PathBuf::from("/"))
+        session_cwd(self.spec.command.cwd.as_deref())
     }
 
     /// The error to report: `Stopped` once a shutdown is under way.
@@ -678,6 +684,22 @@ async fn run_turn(slot: &mut Slot, ctx: &OpCtx, turn: &Turn) -> Result<TurnOutco
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// ACP wants an absolute `cwd`: a relative one is made absolute against troupe's own
+    /// working directory (where the agent's process was started from).
+    #[test]
+    fn a_sessions_cwd_is_absolute() {
+        let here = std::env::current_dir().unwrap();
+        assert_eq!(
+            session_cwd(Some(std::path::Path::new("work"))),
+            here.join("work")
+        );
+        assert_eq!(
+            session_cwd(Some(std::path::Path::new("/srv/x"))),
+            PathBuf::from("/srv/x")
+        );
+        assert_eq!(session_cwd(None), here);
+    }
 
     fn state() -> SupervisorState {
         SupervisorState {
