@@ -19,7 +19,13 @@
 //! Parsing and applying to text are pure ([`parse`], [`apply_hunks`]). Applying to disk
 //! ([`apply`]) first resolves every path inside the workspace ([`resolve_in_workspace`]:
 //! no `..` escape, no symlink escape), then computes every new file content, and only then
-//! writes, so a patch whose hunk does not match changes nothing.
+//! writes, so a patch whose hunk does not match changes nothing. Every read and write then
+//! opens its path beneath its workspace root again ([`Beneath`]), so a directory swapped for
+//! a symlink between the check and the write (by a command running meanwhile) leads nowhere
+//! outside.
+
+mod beneath;
+pub use beneath::Beneath;
 
 use std::path::{Component, Path, PathBuf};
 
@@ -510,8 +516,17 @@ impl Applied {
 
 /// One write planned by [`apply`].
 enum Write {
-    Put(PathBuf, String),
-    Remove(PathBuf),
+    Put(Beneath, String),
+    Remove(Beneath),
+}
+
+/// `raw` checked ([`resolve_in_workspace`]) and placed under its root, for the file
+/// operations that stay beneath it ([`Beneath`]).
+fn beneath(roots: &[PathBuf], raw: &str) -> Result<Beneath, PatchError> {
+    let lexical = resolve_in_workspace(roots, raw)?;
+    Beneath::of(roots, &lexical).ok_or_else(|| {
+        PatchError::OutsideWorkspace(format!("`{raw}` is not under a workspace root"))
+    })
 }
 
 /// Applies a patch inside the workspace: every path is checked and every new content is
@@ -525,12 +540,12 @@ pub fn apply(patch: &Patch, roots: &[PathBuf]) -> Result<Vec<Applied>, PatchErro
     for op in &patch.ops {
         match op {
             FileOp::Add { path, lines } => {
-                let target = resolve_in_workspace(roots, path)?;
+                let target = beneath(roots, path)?;
                 writes.push(Write::Put(target, added_contents(lines)));
                 applied.push(Applied::Added(path.clone()));
             }
             FileOp::Delete { path } => {
-                let target = resolve_in_workspace(roots, path)?;
+                let target = beneath(roots, path)?;
                 if !target.is_file() {
                     return Err(PatchError::Apply(format!(
                         "cannot delete `{path}`: no such file"
@@ -544,12 +559,12 @@ pub fn apply(patch: &Patch, roots: &[PathBuf]) -> Result<Vec<Applied>, PatchErro
                 move_to,
                 hunks,
             } => {
-                let source = resolve_in_workspace(roots, path)?;
-                let original = std::fs::read_to_string(&source).map_err(|e| io("read", path, e))?;
+                let source = beneath(roots, path)?;
+                let original = source.read().map_err(|e| io("read", path, e))?;
                 let updated = apply_hunks(&original, path, hunks)?;
                 match move_to {
                     Some(to) => {
-                        let target = resolve_in_workspace(roots, to)?;
+                        let target = beneath(roots, to)?;
                         writes.push(Write::Put(target.clone(), updated));
                         if target != source {
                             writes.push(Write::Remove(source));
@@ -567,19 +582,17 @@ pub fn apply(patch: &Patch, roots: &[PathBuf]) -> Result<Vec<Applied>, PatchErro
             }
         }
     }
+    // Each write opens its path beneath its root again: a directory on the way swapped
+    // for a symlink since the check above leads nowhere else.
     for write in writes {
         match write {
             Write::Put(path, contents) => {
-                let shown = path.display().to_string();
-                if let Some(dir) = path.parent() {
-                    std::fs::create_dir_all(dir)
-                        .map_err(|e| io("create the directory of", &shown, e))?;
-                }
-                std::fs::write(&path, contents).map_err(|e| io("write", &shown, e))?;
+                let shown = path.rel.display().to_string();
+                path.write(&contents).map_err(|e| io("write", &shown, e))?;
             }
             Write::Remove(path) => {
-                std::fs::remove_file(&path)
-                    .map_err(|e| io("delete", &path.display().to_string(), e))?;
+                path.remove()
+                    .map_err(|e| io("delete", &path.rel.display().to_string(), e))?;
             }
         }
     }
