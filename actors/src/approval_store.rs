@@ -324,6 +324,7 @@ impl Actor for ApprovalStore {
                     command,
                     reason,
                     subject: ApprovalSubject::Command,
+                    workdir: None,
                 };
                 state.on_request(&myself, ask, timeout.into(), reply, now_ms);
             }
@@ -661,6 +662,7 @@ mod tests {
             command: argv(command),
             reason: "needs it".to_owned(),
             subject: ApprovalSubject::Command,
+            workdir: None,
         }
     }
 
@@ -711,6 +713,50 @@ mod tests {
         assert!(matches!(
             core.request(unsandboxed(b), 4, 1_000, 5),
             AskAdmission::Remembered(5)
+        ));
+    }
+
+    /// A command run in a directory its call named is asked about and remembered with that
+    /// directory: approving `rm -rf build` where it runs by default does not approve it in
+    /// `/`, nor the other way round; the same directory is covered.
+    #[test]
+    fn a_command_in_a_named_directory_is_asked_and_remembered_with_it() {
+        let c = ConversationId::new();
+        let in_dir = |dir: Option<&str>| Ask {
+            workdir: dir.map(str::to_owned),
+            ..ask(c, &["rm", "-rf", "build"])
+        };
+        let mut core = ApprovalCore::new();
+        let here = open(&mut core, in_dir(None), 0, 1);
+        let root = open(&mut core, in_dir(Some("/")), 0, 2);
+        assert_ne!(here, root, "two questions, not one");
+        core.decide(
+            here,
+            ApprovalDecision::ApproveForConversation { ttl_secs: None },
+            1,
+        )
+        .unwrap();
+        assert!(matches!(
+            core.request(in_dir(None), 2, 1_000, 3),
+            AskAdmission::Remembered(3)
+        ));
+        assert!(
+            core.pending(None).iter().any(|p| p.approval_id == root),
+            "the run in / is still asked"
+        );
+        core.decide(
+            root,
+            ApprovalDecision::ApproveForConversation { ttl_secs: None },
+            3,
+        )
+        .unwrap();
+        assert!(matches!(
+            core.request(in_dir(Some("/")), 4, 1_000, 5),
+            AskAdmission::Remembered(5)
+        ));
+        assert!(matches!(
+            core.request(in_dir(Some("/tmp")), 4, 1_000, 6),
+            AskAdmission::Opened(ref p) if p.workdir.as_deref() == Some("/tmp")
         ));
     }
 
@@ -1515,6 +1561,7 @@ mod tests {
                     "required": ["name"]
                 })),
             },
+            workdir: None,
         }
     }
 
@@ -1528,6 +1575,7 @@ mod tests {
                 server: server.into(),
                 request: troupe_proto::Json(serde_json::json!({"messages": []})),
             },
+            workdir: None,
         }
     }
 
@@ -1577,6 +1625,7 @@ mod tests {
                 agent_id: "remote".into(),
                 question: "Which branch?".into(),
             },
+            workdir: None,
         };
         let id = open(&mut core, question(), 0, 1);
         open(&mut core, question(), 1, 2);

@@ -764,6 +764,7 @@ fn pending_approval() -> impl Strategy<Value = PendingApproval> {
                     requested_at_ms: at,
                     deadline_ms: deadline,
                     subject,
+                    workdir: None,
                 }
             },
         )

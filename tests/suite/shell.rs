@@ -149,6 +149,77 @@ async fn approval_is_asked_listed_and_granted_once() {
     t.stop().await;
 }
 
+/// A command whose call names a directory is asked about with that directory (shown in
+/// the request and its reason) and an approval for the conversation of the command where it
+/// runs by default does not cover it there.
+#[tokio::test]
+async fn a_command_in_another_directory_is_asked_again_and_shows_where() {
+    let ws = tempfile::tempdir().unwrap();
+    std::fs::create_dir(ws.path().join("sub")).unwrap();
+    let log = |dir: &str| {
+        ScriptedReply::tool(
+            "shell",
+            serde_json::json!({"command": ["sh", "-c", "echo ran >> log.txt"], "workdir": dir}),
+        )
+    };
+    let t = start(
+        vec![
+            sh("echo ran >> log.txt"),
+            ScriptedReply::default(),
+            log("sub"),
+            ScriptedReply::default(),
+        ],
+        ApprovalPolicy::Always,
+        SandboxPolicy::WorkspaceWrite,
+        ws.path(),
+    )
+    .await;
+    let mut events = t.session.subscribe().await.unwrap();
+    let root = t.root().await;
+    let s = t.session.clone();
+    let first = tokio::spawn(async move { s.message(root, "here").await });
+    let (approval_id, _) = next_approval(&mut events).await;
+    let pending = t.session.pending_approvals().await.unwrap();
+    assert_eq!(pending[0].workdir, None, "{pending:?}");
+    t.session
+        .respond_approval(
+            approval_id,
+            ApprovalDecision::ApproveForConversation { ttl_secs: None },
+        )
+        .await
+        .unwrap();
+    assert_eq!(first.await.unwrap().unwrap().status, TaskStatus::Ok);
+    // The same command in `sub`: asked again, saying where.
+    let s = t.session.clone();
+    let second = tokio::spawn(async move { s.message(root, "there").await });
+    let (approval_id, command) = next_approval(&mut events).await;
+    assert_eq!(command, sh_argv("echo ran >> log.txt"));
+    let pending = t.session.pending_approvals().await.unwrap();
+    let sub = ws.path().join("sub").display().to_string();
+    assert_eq!(
+        pending[0].workdir.as_deref(),
+        Some(sub.as_str()),
+        "{pending:?}"
+    );
+    assert!(
+        pending[0].reason.contains(&format!("(in {sub})")),
+        "{}",
+        pending[0].reason
+    );
+    assert_eq!(
+        lines(&ws.path().join("sub/log.txt")),
+        0,
+        "nothing ran before the answer"
+    );
+    t.session
+        .respond_approval(approval_id, ApprovalDecision::ApproveOnce)
+        .await
+        .unwrap();
+    assert_eq!(second.await.unwrap().unwrap().status, TaskStatus::Ok);
+    assert_eq!(lines(&ws.path().join("sub/log.txt")), 1);
+    t.stop().await;
+}
+
 #[tokio::test]
 async fn a_conversation_approval_holds_until_its_ttl_expires() {
     let ws = tempfile::tempdir().unwrap();

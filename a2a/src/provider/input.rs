@@ -84,6 +84,7 @@ fn ask(command: Vec<String>, reason: String, subject: ApprovalSubject) -> Ask {
         command,
         reason,
         subject,
+        workdir: None,
     }
 }
 

@@ -135,6 +135,7 @@ impl PermissionHandler for ApprovalStorePermissions {
             command: command_of(request),
             reason: format!("ACP agent `{}` asks to run: {title}", self.agent_id),
             subject: ApprovalSubject::Command,
+            workdir: None,
         };
         let asked = ask_until_answered(&self.approvals, ask, self.timeout, Asker::Task);
         tokio::select! {

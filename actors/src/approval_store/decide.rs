@@ -14,6 +14,9 @@ pub struct Ask {
     pub reason: String,
     /// What is asked: a command, or an MCP server's request.
     pub subject: ApprovalSubject,
+    /// Where the command runs when its call named a directory (`None`: the workspace root):
+    /// shown with it, and part of what an approval remembers.
+    pub workdir: Option<String>,
 }
 
 /// What became of a request.
@@ -117,7 +120,7 @@ impl<W> ApprovalCore<W> {
         // request shares it.
         let shareable = !ask.subject.takes_content();
         if shareable
-            && let Some(path) = key_path(&ask.subject, &ask.command)
+            && let Some(path) = key_path(&ask.subject, &ask.command, ask.workdir.as_deref())
             && self.is_approved(ask.conversation_id, &path, now_ms)
         {
             return AskAdmission::Remembered(waiter);
@@ -126,6 +129,7 @@ impl<W> ApprovalCore<W> {
             && let Some(same) = self.pending.values_mut().find(|p| {
                 p.info.conversation_id == ask.conversation_id
                     && p.info.command == ask.command
+                    && p.info.workdir == ask.workdir
                     // The same kind of question: running a command in the sandbox and
                     // without it are two.
                     && std::mem::discriminant(&p.info.subject)
@@ -144,6 +148,7 @@ impl<W> ApprovalCore<W> {
             requested_at_ms: now_ms,
             deadline_ms: now_ms.saturating_add(timeout_ms),
             subject: ask.subject,
+            workdir: ask.workdir,
         };
         let seq = self.next_seq;
         self.next_seq += 1;
@@ -179,8 +184,12 @@ impl<W> ApprovalCore<W> {
             let reason = denial_reason(&decision, &decided.info);
             return Ok(vec![deny(decided, decision, reason)]);
         }
-        let key = key_path(&decided.info.subject, &decided.info.command)
-            .and_then(|path| key_for(&decision, decided.info.conversation_id, &path, now_ms));
+        let key = key_path(
+            &decided.info.subject,
+            &decided.info.command,
+            decided.info.workdir.as_deref(),
+        )
+        .and_then(|path| key_for(&decision, decided.info.conversation_id, &path, now_ms));
         let mut resolutions = vec![Resolution {
             answer: Ok(Granted::Decided(decision.clone())),
             decision: decision.clone(),
@@ -192,7 +201,7 @@ impl<W> ApprovalCore<W> {
             let mut covered: Vec<Pending<W>> = self
                 .pending
                 .extract_if(|_, p| {
-                    key_path(&p.info.subject, &p.info.command)
+                    key_path(&p.info.subject, &p.info.command, p.info.workdir.as_deref())
                         .is_some_and(|path| covers(&key, p.info.conversation_id, &path, now_ms))
                 })
                 .map(|(_, p)| p)
@@ -423,14 +432,28 @@ pub fn key_for(
 }
 
 /// The path a key for this request is stored (and looked up) under; `None` when no key may
-/// answer it (an elicitation). MCP paths start with `"\0mcp"`, which no argv can equal.
-pub fn key_path(subject: &ApprovalSubject, command: &[String]) -> Option<Vec<String>> {
+/// answer it (an elicitation). MCP paths start with `"\0mcp"`, which no argv can equal. A
+/// command run in a directory its call named is remembered with that directory (`"\0cwd"`,
+/// the directory, then the argv): approving `rm -rf build` in the workspace does not approve
+/// it elsewhere.
+pub fn key_path(
+    subject: &ApprovalSubject,
+    command: &[String],
+    workdir: Option<&str>,
+) -> Option<Vec<String>> {
+    let in_dir = |argv: Vec<String>| match workdir {
+        Some(dir) => ["\0cwd".to_owned(), dir.to_owned()]
+            .into_iter()
+            .chain(argv)
+            .collect(),
+        None => argv,
+    };
     match subject {
-        ApprovalSubject::Command => Some(command.to_vec()),
+        ApprovalSubject::Command => Some(in_dir(command.to_vec())),
         // Apart from the sandboxed run's keys: no argv starts with a NUL.
         ApprovalSubject::CommandWithoutSandbox => Some(
             std::iter::once("\0unsandboxed".to_owned())
-                .chain(command.iter().cloned())
+                .chain(in_dir(command.to_vec()))
                 .collect(),
         ),
         ApprovalSubject::McpSampling { server, .. } => Some(vec![

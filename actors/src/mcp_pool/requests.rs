@@ -128,6 +128,7 @@ pub async fn elicit(requester: &Requester, message: String, schema: Json) -> Eli
             message,
             schema,
         },
+        workdir: None,
     };
     let answer = requester.ask(ask).instrument(span.clone()).await;
     let outcome = elicit_outcome(answer);
@@ -198,6 +199,7 @@ async fn sample_inner(requester: &Requester, request: Json) -> Result<Json, Agen
             server: server.clone(),
             request,
         },
+        workdir: None,
     };
     requester.ask(ask).await?;
     // The model sees only what the server sent: an empty history, the server's messages.

@@ -342,13 +342,24 @@ pub(super) async fn run_command(
     timeout: Option<Duration>,
     why: String,
 ) -> Result<(crate::ports::ExecOutput, SandboxPolicy), AgentError> {
+    let roots = builtins::workspace_roots(&ctx.workspace_roots);
+    // A directory the call named is asked about, and remembered, with the command.
+    let named_dir = workdir
+        .and_then(|_| builtins::shell_workdir(&roots, workdir))
+        .map(|dir| dir.display().to_string());
     if needs_approval {
-        approve(ctx, argv, why).await?;
+        approve_as(
+            ctx,
+            argv,
+            in_dir(why, named_dir.as_deref()),
+            ApprovalSubject::Command,
+            named_dir.clone(),
+        )
+        .await?;
     }
     let exec = ctx.exec.as_ref().ok_or_else(|| AgentError::SandboxError {
         message: "no command runner is configured for this session".into(),
     })?;
-    let roots = builtins::workspace_roots(&ctx.workspace_roots);
     let workdir = builtins::shell_workdir(&roots, workdir);
     let timeout = timeout.unwrap_or(ctx.limits.exec_timeout);
     let request = |sandbox| ExecRequest {
@@ -371,7 +382,14 @@ pub(super) async fn run_command(
             "the command failed in the {} sandbox ({why}); run it again without the sandbox?",
             sandbox_name(ctx.sandbox_policy)
         );
-        let granted = approve_as(ctx, argv, reason, ApprovalSubject::CommandWithoutSandbox).await;
+        let granted = approve_as(
+            ctx,
+            argv,
+            in_dir(reason, named_dir.as_deref()),
+            ApprovalSubject::CommandWithoutSandbox,
+            named_dir.clone(),
+        )
+        .await;
         metrics::sandbox_retry(granted.is_ok());
         granted?;
         sandbox = SandboxPolicy::FullAccess;
@@ -462,7 +480,15 @@ pub(super) async fn approve(
     argv: &[String],
     reason: String,
 ) -> Result<Granted, AgentError> {
-    approve_as(ctx, argv, reason, ApprovalSubject::Command).await
+    approve_as(ctx, argv, reason, ApprovalSubject::Command, None).await
+}
+
+/// `reason`, saying where the command runs when its call named a directory.
+fn in_dir(reason: String, dir: Option<&str>) -> String {
+    match dir {
+        Some(dir) => format!("{reason} (in {dir})"),
+        None => reason,
+    }
 }
 
 /// [`approve`], asking about `subject` (a command, or a command to run without the sandbox).
@@ -471,6 +497,7 @@ async fn approve_as(
     argv: &[String],
     reason: String,
     subject: ApprovalSubject,
+    workdir: Option<String>,
 ) -> Result<Granted, AgentError> {
     let span = spans::approval_wait(ctx.conversation_id, ctx.task_id);
     let ask = Ask {
@@ -479,6 +506,7 @@ async fn approve_as(
         command: argv.to_vec(),
         reason,
         subject,
+        workdir,
     };
     let store = ctx.services.approvals();
     let asked = ask_until_answered(
