@@ -71,7 +71,8 @@ pub struct TasksConfig {
     /// A context's conversation closes after this long without a task arriving or changing
     /// state, and reopens on its next message.
     pub idle_close: Duration,
-    /// Events buffered per stream before a slow client is dropped.
+    /// Events buffered per stream; past them a slow client misses text pieces (the whole
+    /// answer comes at the end), never a state or the end.
     pub subscriber_buffer: usize,
     /// Parameters of each context's conversation.
     pub open: OpenConversation,
@@ -128,6 +129,45 @@ struct Waiter {
     done: oneshot::Sender<()>,
 }
 
+/// Whether `event` is a piece of an answer that a later event repeats whole (an artifact
+/// chunk that is not the last): what a slow stream may go without.
+pub fn is_text_piece(event: &StreamEvent) -> bool {
+    matches!(event, StreamEvent::Artifact(update) if !update.last_chunk)
+}
+
+/// Feeds one stream from its queue: every event in order, except that a piece of an answer
+/// is skipped while the client is behind (its buffer full), since the task's end sends the
+/// whole answer again. Status changes, whole artifacts and the end always go through: a slow
+/// client gets them late, but always. Ends when the queue closes (the task ended, its
+/// events all passed) or the client left.
+async fn forward_stream(
+    task_id: String,
+    mut queued: mpsc::UnboundedReceiver<StreamEvent>,
+    out: mpsc::Sender<StreamEvent>,
+) {
+    let mut skipped = 0u64;
+    while let Some(event) = queued.recv().await {
+        let sent = if is_text_piece(&event) {
+            match out.try_send(event) {
+                Ok(()) => Ok(()),
+                Err(mpsc::error::TrySendError::Full(_)) => {
+                    skipped += 1;
+                    Ok(())
+                }
+                Err(mpsc::error::TrySendError::Closed(_)) => Err(()),
+            }
+        } else {
+            out.send(event).await.map_err(drop)
+        };
+        if sent.is_err() {
+            break;
+        }
+    }
+    if skipped > 0 {
+        tracing::info!(%task_id, skipped, "a2a stream fell behind; text pieces skipped, the whole answer sent");
+    }
+}
+
 /// The actor's state.
 pub struct A2aTasksState {
     book: TaskBook,
@@ -136,7 +176,8 @@ pub struct A2aTasksState {
     config: TasksConfig,
     /// How task records keep their content: the contexts' storage policy.
     storage_policy: troupe_proto::StoragePolicy,
-    streams: HashMap<String, Vec<mpsc::Sender<StreamEvent>>>,
+    /// Each stream's queue to its forwarder (see [`forward_stream`]).
+    streams: HashMap<String, Vec<mpsc::UnboundedSender<StreamEvent>>>,
     waiters: Vec<Waiter>,
     forwarder: Option<JoinHandle<()>>,
     push: PushBook,
@@ -725,7 +766,12 @@ impl A2aTasksState {
 
     fn add_stream(&mut self, task_id: &str) -> mpsc::Receiver<StreamEvent> {
         let (tx, rx) = mpsc::channel(self.config.subscriber_buffer.max(1));
-        self.streams.entry(task_id.to_owned()).or_default().push(tx);
+        let (queue, queued) = mpsc::unbounded_channel();
+        tokio::spawn(forward_stream(task_id.to_owned(), queued, tx));
+        self.streams
+            .entry(task_id.to_owned())
+            .or_default()
+            .push(queue);
         rx
     }
 
@@ -739,16 +785,8 @@ impl A2aTasksState {
             .iter()
             .any(|e| e.state().is_some_and(|s| s.is_terminal()));
         if let Some(subs) = self.streams.get_mut(task_id) {
-            subs.retain(|tx| {
-                events.iter().all(|e| match tx.try_send(e.clone()) {
-                    Ok(()) => true,
-                    Err(mpsc::error::TrySendError::Full(_)) => {
-                        tracing::warn!(%task_id, "a2a stream fell behind; dropped");
-                        false
-                    }
-                    Err(mpsc::error::TrySendError::Closed(_)) => false,
-                })
-            });
+            // A stream whose client left is forgotten; a slow one is its forwarder's affair.
+            subs.retain(|tx| events.iter().all(|e| tx.send(e.clone()).is_ok()));
             if terminal || subs.is_empty() {
                 // Dropping the senders ends the streams once they drained.
                 self.streams.remove(task_id);

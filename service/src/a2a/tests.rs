@@ -284,6 +284,41 @@ async fn a_lagging_event_feed_loses_no_approval_request() {
     f.stop().await;
 }
 
+/// A stream whose client reads slower than the answer comes (its buffer of one event full
+/// at once) misses text pieces, never the whole answer or the end: it was dropped, and ended
+/// with neither.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_slow_stream_skips_text_pieces_and_still_gets_the_answer_and_the_end() {
+    let long: String = (0..2000)
+        .map(|i| char::from(b'a' + (i % 26) as u8))
+        .collect();
+    let f = Fixture::start_tuned(
+        vec![ScriptedReply::text(long.clone()).chunked(1)],
+        |_| {},
+        |a| a.tasks.subscriber_buffer = 1,
+    )
+    .await;
+    let frames = f
+        .stream(
+            Some("1.0"),
+            "SendStreamingMessage",
+            json!({"message": v1_message("tell me", json!({}))}),
+        )
+        .await;
+    let last = frames.last().expect("frames");
+    assert_eq!(
+        last["statusUpdate"]["status"]["state"], "TASK_STATE_COMPLETED",
+        "the stream ends with the end: {last}"
+    );
+    let whole = frames
+        .iter()
+        .filter_map(|f| f.get("artifactUpdate"))
+        .find(|u| u["lastChunk"] == true)
+        .expect("the whole answer");
+    assert_eq!(whole["artifact"]["parts"][0]["text"], long.as_str());
+    f.stop().await;
+}
+
 /// Two clients, one slot for the whole session: a task waiting for input gives its slot back,
 /// so another context's blocking send completes meanwhile.
 #[tokio::test]
