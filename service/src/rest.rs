@@ -134,6 +134,21 @@ pub async fn cancel_conversation(
     Ok(Json(serde_json::json!({ "cancelled": cancelled })).into_response())
 }
 
+/// `POST /api/sessions/{id}/conversations/{cid}/compact`: the history replaced by a summary
+/// the model writes, as `conversation.compact`; 200 with the compaction's reply.
+pub async fn compact_conversation(
+    State(app): State<AppState>,
+    Extension(scope): Extension<Scope>,
+    PathIds((id, cid)): PathIds<(String, String)>,
+) -> Result<Response, ApiError> {
+    let id = session_id(&id)?;
+    let conversation_id: troupe_proto::ConversationId = cid
+        .parse()
+        .map_err(|_| ApiError::from(AgentError::not_found("conversation", &cid)))?;
+    let reply = app.rpc.sessions.compact(scope, id, conversation_id).await?;
+    Ok(Json(reply).into_response())
+}
+
 /// `PUT /api/sessions/{id}/conversations/{cid}/context` with the fields to change (C6, as
 /// `conversation.setContext`: an absent field is unchanged, `null` puts its default back,
 /// `refresh_mcp: true` reads the MCP tools again); 200 with `{}`.

@@ -41,6 +41,10 @@ pub fn router(
             post(rest::cancel_conversation),
         )
         .route(
+            "/api/sessions/{id}/conversations/{cid}/compact",
+            post(rest::compact_conversation),
+        )
+        .route(
             "/api/sessions/{id}/conversations/{cid}/context",
             axum::routing::put(rest::set_context),
         )

@@ -232,6 +232,10 @@ impl Rpc {
                 let cancelled = s.cancel_all(scope, session_id, conversation_id).await?;
                 to_json(json!({ "cancelled": cancelled }))
             }
+            Request::ConversationCompact {
+                session_id,
+                conversation_id,
+            } => to_json(s.compact(scope, session_id, conversation_id).await?),
             Request::TaskCancel {
                 session_id,
                 task_id,

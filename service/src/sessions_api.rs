@@ -463,6 +463,20 @@ impl SessionsApi {
         host_call!(host, CancelAll { conversation_id })
     }
 
+    /// Replaces a conversation's history by a summary its model writes (a task of its own,
+    /// after the running one); answers the compaction's reply once it ended.
+    pub async fn compact(
+        &self,
+        scope: Scope,
+        session_id: SessionId,
+        conversation_id: ConversationId,
+    ) -> Result<troupe_proto::MessageReply, AgentError> {
+        self.session(scope, session_id)
+            .await?
+            .compact(conversation_id)
+            .await
+    }
+
     /// Stores a user message and runs it; with `wait`, answers once it ended.
     pub async fn send(
         &self,

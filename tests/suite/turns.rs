@@ -38,6 +38,42 @@ async fn over_budget_prompt_is_rejected_and_the_conversation_stays_usable() {
     t.stop().await;
 }
 
+/// Under `reject`, a history grown past the budget rejects every turn; a compaction gets the
+/// conversation going again: it summarizes what fits rather than being rejected for the size
+/// it is there to shrink (it was, so nothing but a restart with other limits helped).
+#[tokio::test]
+async fn a_compaction_gets_a_conversation_over_budget_going_again() {
+    let t = TestSession::start_with(
+        vec![
+            ScriptedReply::text(long(600)),
+            ScriptedReply::text("SUMMARY: a long answer"),
+            ScriptedReply::text("fine"),
+        ],
+        |c| c.conversation.task.max_prompt_tokens = Some(400),
+        None,
+    )
+    .await;
+    let root = t.root().await;
+    assert_eq!(
+        t.session.message(root, "hi").await.unwrap().status,
+        TaskStatus::Ok
+    );
+    let stuck = t.session.message(root, "next").await.unwrap();
+    assert_eq!(
+        stuck.status,
+        TaskStatus::Error,
+        "the history is over the budget"
+    );
+    assert_eq!(t.model.calls(), 1);
+    let compacted = t.session.compact(root).await.unwrap();
+    assert_eq!(compacted.status, TaskStatus::Ok, "{:?}", compacted.error);
+    assert_eq!(compacted.text, "SUMMARY: a long answer");
+    let again = t.session.message(root, "again").await.unwrap();
+    assert_eq!(again.status, TaskStatus::Ok, "{:?}", again.error);
+    assert_eq!(again.text, "fine");
+    t.stop().await;
+}
+
 #[tokio::test]
 async fn trim_leaves_out_the_oldest_history_and_warns() {
     let model = Arc::new(RecordingModel::new(vec![]));

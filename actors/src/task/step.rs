@@ -36,12 +36,20 @@ pub(super) async fn model_step(
     step: u32,
 ) -> Result<(crate::ports::ModelResponse, u64), AgentError> {
     let full = ctx.history.view(ctx.pinned.as_ref(), &[], items);
+    // A compaction exists to make the history smaller: over the budget it summarizes what
+    // fits (the oldest items left out), whatever the policy, rather than being rejected for
+    // the very size it is there to shrink.
+    let policy = if ctx.turn_override.is_some() {
+        troupe_proto::OverBudget::Trim
+    } else {
+        ctx.limits.over_budget
+    };
     let fitted = fit_budget(
         full,
         ctx.tokens.as_ref(),
         prepared.fixed_tokens,
         ctx.limits.max_prompt_tokens,
-        ctx.limits.over_budget,
+        policy,
     )?;
     if fitted.prompt.skipped() > 0 {
         ctx.emit(EventKind::Warning {

@@ -22,6 +22,7 @@ pub const METHODS: &[&str] = &[
     "conversation.list",
     "conversation.stats",
     "conversation.cancelAll",
+    "conversation.compact",
     "task.cancel",
     "task.list",
     "approval.list",
@@ -85,6 +86,11 @@ pub enum Request {
     },
     /// `conversation.cancelAll`: the running task and the queued messages.
     ConversationCancelAll {
+        session_id: SessionId,
+        conversation_id: ConversationId,
+    },
+    /// `conversation.compact`: the history replaced by a summary the model writes.
+    ConversationCompact {
         session_id: SessionId,
         conversation_id: ConversationId,
     },
@@ -347,6 +353,13 @@ pub fn decode(method: &str, raw: Option<Value>) -> Result<Request, RpcError> {
         "conversation.cancelAll" => {
             let p: ConversationParams = params(value)?;
             Request::ConversationCancelAll {
+                session_id: p.session_id,
+                conversation_id: p.conversation_id,
+            }
+        }
+        "conversation.compact" => {
+            let p: ConversationParams = params(value)?;
+            Request::ConversationCompact {
                 session_id: p.session_id,
                 conversation_id: p.conversation_id,
             }

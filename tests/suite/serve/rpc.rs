@@ -387,3 +387,62 @@ async fn a_full_queue_answers_overloaded_at_once() {
     );
     server.stop().await;
 }
+
+/// `conversation.compact` (and its REST twin) replaces a conversation's history by the
+/// summary its model writes, and answers the compaction's reply; an unknown conversation is
+/// not found.
+#[tokio::test]
+async fn a_conversation_is_compacted_over_json_rpc_and_rest() {
+    let server = Server::start_with(
+        |_| {},
+        vec![
+            ScriptedReply::text("first answer"),
+            ScriptedReply::text("SUMMARY one"),
+            ScriptedReply::text("SUMMARY two"),
+        ],
+    )
+    .await;
+    let api = server.api();
+    let sid = id(&api.session(None).await, "session_id");
+    let conv = id(
+        &api.call("conversation.open", json!({"session_id": sid}))
+            .await,
+        "conversation_id",
+    );
+    api.call(
+        "conversation.message",
+        json!({"session_id": sid, "conversation_id": conv, "text": "one"}),
+    )
+    .await;
+    let compacted = api
+        .call(
+            "conversation.compact",
+            json!({"session_id": sid, "conversation_id": conv}),
+        )
+        .await;
+    assert_eq!(compacted["status"], "ok", "{compacted}");
+    assert_eq!(compacted["text"], "SUMMARY one");
+    let stats = api
+        .call(
+            "conversation.stats",
+            json!({"session_id": sid, "conversation_id": conv}),
+        )
+        .await;
+    assert_eq!(stats["history_items"], 1, "the summary alone: {stats}");
+    let (status, rest) = api
+        .post(
+            &format!("/api/sessions/{sid}/conversations/{conv}/compact"),
+            json!({}),
+        )
+        .await;
+    assert_eq!(status, StatusCode::OK, "{rest}");
+    assert_eq!(rest["text"], "SUMMARY two");
+    let unknown = api
+        .rpc(
+            "conversation.compact",
+            json!({"session_id": sid, "conversation_id": troupe_proto::ConversationId::new()}),
+        )
+        .await;
+    assert_eq!(unknown["error"]["code"], NOT_FOUND, "{unknown}");
+    server.stop().await;
+}
