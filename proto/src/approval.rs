@@ -130,7 +130,7 @@ pub struct PendingApproval {
     /// What is asked; a command unless an MCP server is asking.
     #[serde(default)]
     pub subject: ApprovalSubject,
-    /// Where the command runs, when its call named a directory (absent: the workspace root).
-    #[serde(default, skip_serializing_if = "Option::is_none")]
+    /// Where the command runs, when its call named a directory (`null`: the workspace root).
+    #[serde(default)]
     pub workdir: Option<String>,
 }

@@ -752,9 +752,19 @@ fn pending_approval() -> impl Strategy<Value = PendingApproval> {
         text(),
         any::<[u64; 2]>(),
         approval_subject(),
+        prop::option::of(text()),
     )
         .prop_map(
-            |(approval_id, conversation_id, task_id, command, reason, [at, deadline], subject)| {
+            |(
+                approval_id,
+                conversation_id,
+                task_id,
+                command,
+                reason,
+                [at, deadline],
+                subject,
+                workdir,
+            )| {
                 PendingApproval {
                     approval_id,
                     conversation_id,
@@ -764,7 +774,7 @@ fn pending_approval() -> impl Strategy<Value = PendingApproval> {
                     requested_at_ms: at,
                     deadline_ms: deadline,
                     subject,
-                    workdir: None,
+                    workdir,
                 }
             },
         )

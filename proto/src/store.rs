@@ -324,10 +324,10 @@ pub struct A2aTaskRecord {
     pub body: Json,
     /// Under a `ttl` policy, what `body` becomes at `expires_ms`: the task without its text.
     /// The store's ttl sweep (`Store::sweep_due`) swaps it in, and clears both, once due.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[serde(default)]
     pub redacted: Option<Json>,
     /// When `body`'s content is due (Unix ms); set together with `redacted`.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[serde(default)]
     pub expires_ms: Option<u64>,
 }
 
