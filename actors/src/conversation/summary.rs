@@ -121,6 +121,16 @@ pub async fn model_summary(
     }
 }
 
+/// Stops a summary request a newer trim supersedes. One still at work is counted `stale`
+/// here (it will never answer); one that already answered is counted when its answer is
+/// read, as it is in the mailbox.
+fn supersede(old: &tokio::task::AbortHandle) {
+    if !old.is_finished() {
+        metrics::model_summary("stale");
+    }
+    old.abort();
+}
+
 impl ConversationState {
     /// After a trim: with the model summarizer, asks the model for the summary in a task of
     /// its own (a newer trim supersedes an older request).
@@ -137,7 +147,7 @@ impl ConversationState {
             return;
         }
         if let Some(old) = self.summary_task.take() {
-            old.abort();
+            supersede(&old);
         }
         let generation = self.history.summary_generation();
         let model = self.model.clone();
@@ -205,6 +215,39 @@ impl ConversationState {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A superseded request still at work is counted `stale` (it never answers); one that
+    /// already answered is not counted twice.
+    #[tokio::test(flavor = "current_thread")]
+    async fn a_superseded_request_is_counted_stale_once() {
+        use metrics_util::debugging::{DebugValue, DebuggingRecorder};
+        let working = tokio::spawn(std::future::pending::<()>()).abort_handle();
+        let done = tokio::spawn(async {});
+        let done_handle = done.abort_handle();
+        done.await.unwrap();
+        let recorder = DebuggingRecorder::new();
+        let snapshotter = recorder.snapshotter();
+        ::metrics::with_local_recorder(&recorder, || {
+            supersede(&working);
+            supersede(&done_handle);
+        });
+        let stale: u64 = snapshotter
+            .snapshot()
+            .into_vec()
+            .into_iter()
+            .filter(|(key, ..)| {
+                key.key().name() == super::metrics::MODEL_SUMMARIES
+                    && key.key().labels().any(|l| l.value() == "stale")
+            })
+            .map(|(.., value)| match value {
+                DebugValue::Counter(n) => n,
+                _ => 0,
+            })
+            .sum();
+        assert_eq!(stale, 1);
+        tokio::task::yield_now().await;
+        assert!(working.is_finished(), "aborted");
+    }
 
     #[test]
     fn a_model_summary_replaces_the_summary_it_was_asked_about_only() {
