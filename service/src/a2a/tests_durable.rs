@@ -465,14 +465,26 @@ async fn a_finished_tasks_text_is_kept_as_long_as_the_storage_policy_says() {
         assert_eq!(text(&stored), kept, "{policy:?}: {stored}");
         let on_disk = store.a2a_task(&id).await.unwrap().unwrap();
         assert_eq!(on_disk.expires_ms.is_some(), kept, "{on_disk:?}");
+        let in_files = || {
+            let bytes: Vec<u8> = ["troupe.db", "troupe.db-wal"]
+                .iter()
+                .flat_map(|f| std::fs::read(dir.path().join(f)).unwrap_or_default())
+                .collect();
+            let needle = b"You said: remember me";
+            bytes.windows(needle.len()).any(|w| w == needle)
+        };
         if let Some(due) = on_disk.expires_ms {
             store.sweep_due(due - 1).await.unwrap();
             assert!(text(&a2a.get(&id).await), "not due yet");
+            assert!(in_files(), "kept on disk until due");
             store.sweep_due(due).await.unwrap();
             let swept = a2a.get(&id).await;
             assert!(!text(&swept), "{swept}");
             assert_eq!(swept["id"], stored["id"]);
             assert_eq!(swept["status"]["state"], "TASK_STATE_COMPLETED");
+            // Gone from the database's files too (freed pages zeroed, the log truncated):
+            // this store holds the endpoint's records only.
+            assert!(!in_files(), "the swept text is in no file of the store");
         }
         a2a.stop().await;
         session.shutdown().await.unwrap();
