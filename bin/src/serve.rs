@@ -170,6 +170,7 @@ pub async fn run(args: ServeArgs) -> anyhow::Result<ExitCode> {
     }
     let bindings: std::sync::Arc<dyn troupe_store::BindingStore> = storage.store.clone();
     let read = catalog.clone();
+    let agent_errors = catalog.errors.clone();
     ports.agents = assembly::agent_ports(&config, catalog, args.script.is_some(), bindings)?;
     // The agents and capabilities directories are watched, and SIGHUP reads the
     // configuration file again: a valid change applies to the next task (A7).
@@ -200,6 +201,7 @@ pub async fn run(args: ServeArgs) -> anyhow::Result<ExitCode> {
             live: Some(live.settings()),
             modules: Some(modules),
             cluster,
+            agent_errors,
         },
     )
     .await?;

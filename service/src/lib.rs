@@ -148,6 +148,9 @@ pub struct StartOptions {
     pub modules: Option<modules::Modules>,
     /// This node's session leases, when it is one node of a cluster ([`Storage::cluster`]).
     pub cluster: Option<ClusterStorage>,
+    /// The agent definition files that did not load: listed by `agents.list` even when no
+    /// definition loaded (and so no session runs agents).
+    pub agent_errors: Vec<troupe_proto::agent::AgentLoadError>,
 }
 
 impl Service {
@@ -198,6 +201,7 @@ impl Service {
             live,
             modules,
             cluster,
+            agent_errors,
         } = options;
         session_config.conversation.live = live;
         // Listed even when none loaded: `modules.list` reports the files that did not.
@@ -274,6 +278,7 @@ impl Service {
         if let Some(m) = listed {
             sessions.set_modules(m);
         }
+        sessions.set_agent_errors(agent_errors);
         if let Some(m) = &modules {
             m.start(sessions.clone()).await?;
         }

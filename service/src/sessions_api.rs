@@ -43,6 +43,8 @@ pub struct SessionsApi {
     token_book: ActorRef<TokenBookMsg>,
     /// The process's modules (A10), set once at start.
     modules: Arc<std::sync::OnceLock<crate::modules::Modules>>,
+    /// The agent files that did not load when none did (see [`Self::agents`]).
+    agent_errors: Arc<std::sync::OnceLock<Vec<troupe_proto::agent::AgentLoadError>>>,
 }
 
 impl std::fmt::Debug for SessionsApi {
@@ -125,6 +127,7 @@ impl SessionsApi {
             agents,
             token_book,
             modules: Arc::default(),
+            agent_errors: Arc::default(),
             lease_keeper,
         })
     }
@@ -319,7 +322,7 @@ impl SessionsApi {
             }
             return Ok(AgentListing {
                 agents: Vec::new(),
-                errors: Vec::new(),
+                errors: self.agent_errors.get().cloned().unwrap_or_default(),
             });
         };
         // The definitions in force: a watched directory's latest, else those read at start.
@@ -607,6 +610,11 @@ impl SessionsApi {
 
     /// The store answers, the registry runs, and the service is healthy.
     /// Hands the process's modules to the API (once, at start).
+    /// The agent definition files that did not load, listed when no definition loaded.
+    pub fn set_agent_errors(&self, errors: Vec<troupe_proto::agent::AgentLoadError>) {
+        let _ = self.agent_errors.set(errors);
+    }
+
     pub fn set_modules(&self, modules: crate::modules::Modules) {
         let _ = self.modules.set(modules);
     }

@@ -87,6 +87,7 @@ async fn run() {
             live: None,
             modules: Some(modules.clone()),
             cluster: None,
+            agent_errors: Vec::new(),
         },
     )
     .await

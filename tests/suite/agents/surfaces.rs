@@ -307,3 +307,28 @@ fn chat_once_writes_the_agent_lines_into_the_jsonl_history() {
         assert_eq!(l.as_object().unwrap().len(), 8, "{l}");
     }
 }
+
+/// An agents directory where no definition loads still reports the files that did not:
+/// `agents.list` and `GET /api/agents` list them under `errors` (they answered empty).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn serve_lists_the_errors_when_no_agent_loads() {
+    let dir = config_dir(json!([]));
+    for ok in ["coder.json", "external.json"] {
+        std::fs::remove_file(dir.path().join("agents").join(ok)).unwrap();
+    }
+    let mut serve = command(dir.path());
+    serve
+        .args(["serve", "--listen", "127.0.0.1:0", "--config"])
+        .arg(dir.path().join("troupe.toml"))
+        .stderr(Stdio::null());
+    let (child, base) = troupe_tests::spawn_serve(&mut serve);
+    let _serving = Serving(child);
+    let api = Api::new(&base, None);
+    let (status, listing) = api.get("/api/agents").await;
+    assert_eq!(status, reqwest::StatusCode::OK, "{listing}");
+    assert_eq!(listing["agents"], json!([]), "{listing}");
+    let errors = listing["errors"].as_array().unwrap();
+    assert_eq!(errors.len(), 1, "{listing}");
+    assert!(errors[0].to_string().contains("broken.json"), "{listing}");
+    assert_eq!(api.call("agents.list", json!({})).await, listing);
+}
