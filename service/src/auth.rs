@@ -56,6 +56,9 @@ impl Scope {
             (_, Some(p)) => Err(AgentError::not_found("project", p)),
             (Self::All, None) => Ok(None),
             (Self::Projects(set), None) if set.len() == 1 => Ok(set.iter().next().cloned()),
+            (Self::Projects(set), None) if set.is_empty() => Err(AgentError::invalid(
+                "this token is bound to no project: it cannot create sessions",
+            )),
             (Self::Projects(_), None) => Err(AgentError::invalid(
                 "project_id is required: this token is bound to several projects",
             )),
@@ -356,5 +359,13 @@ mod tests {
             Err(AgentError::InvalidInput { .. })
         ));
         assert_eq!(Scope::All.project_for_new(None).unwrap(), None);
+        // A token bound to no project (the metrics scraper's) is told so, not "several".
+        let none = Scope::projects(Vec::<&str>::new());
+        match none.project_for_new(None) {
+            Err(AgentError::InvalidInput { message }) => {
+                assert!(message.contains("no project"), "{message}")
+            }
+            other => panic!("{other:?}"),
+        }
     }
 }

@@ -85,8 +85,9 @@ pub fn session_status(
 /// on the way, in order — the model's text between tool calls (`text`), each tool call
 /// (`tool_call`: content = its arguments) and each result (`tool_result`: content = the
 /// output) — then, when the message did not complete, a `status` message with the error.
-/// The task's first item (the user message, already stored) and its last (the final text,
-/// stored as the reply) are left out. Content is what `policy` keeps; metadata holds no
+/// The task's first item (the user message, already stored) and, when the message completed,
+/// its last (the final text, stored as the reply) are left out: a message that ended
+/// otherwise has no reply, its last text stays with the exchange. Content is what `policy` keeps; metadata holds no
 /// content (tool names, call ids, error flags, codes, and `reply_to`: the user message).
 /// Each is dated when it happened (a call when it started, its result when it ended), so
 /// that under `ttl` it expires from then; the status message, and every item when the
@@ -143,6 +144,7 @@ pub fn exchange(
             },
         ] = items
             && *text == reply.text
+            && status == MessageStatus::Completed
         {
             items = rest;
         }
@@ -539,6 +541,22 @@ mod tests {
             last.metadata.as_ref().unwrap().0,
             serde_json::json!({"status": "failed", "code": "internal", "reply_to": 1})
         );
+        // Cancelled after writing: no reply, the text it had stays in the exchange.
+        let partial = Ok(reply(
+            TaskStatus::Cancelled,
+            "one file: a.txt",
+            Some(AgentError::cancelled("cancelled")),
+        ));
+        let items = exchange(
+            &user,
+            &partial,
+            MessageStatus::Cancelled,
+            StoragePolicy::Full,
+            7,
+        );
+        assert_eq!(items.len(), 5, "{items:?}");
+        assert_eq!(items[3].content.as_deref(), Some("one file: a.txt"));
+        assert_eq!(items[4].kind, MessageKind::Status);
         let cancelled = Err(AgentError::cancelled("conversation closed"));
         let items = exchange(
             &user,

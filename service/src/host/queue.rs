@@ -318,21 +318,27 @@ impl HostState {
             .map_or(StoragePolicy::None, |c| c.record.params.storage_policy);
         let at = now_ms();
         let items = plan::exchange(&message, &result, status, policy, at);
-        let reply = result.as_ref().ok().map(|r| {
-            let (content, chars) = stored_content(policy, &r.text);
-            NewMessage {
-                session_id: message.session_id,
-                conversation_id: message.conversation_id,
-                task_id: Some(r.task_id),
-                role: Role::Assistant,
-                content,
-                chars,
-                created_ms: at,
-                status: None,
-                kind: MessageKind::Text,
-                metadata: None,
-            }
-        });
+        // Only an answer is a reply: a task that ended otherwise (cancelled, failed, out of
+        // steps is an answer) leaves its text with the exchange and its status message.
+        let reply = result
+            .as_ref()
+            .ok()
+            .filter(|_| status == MessageStatus::Completed)
+            .map(|r| {
+                let (content, chars) = stored_content(policy, &r.text);
+                NewMessage {
+                    session_id: message.session_id,
+                    conversation_id: message.conversation_id,
+                    task_id: Some(r.task_id),
+                    role: Role::Assistant,
+                    content,
+                    chars,
+                    created_ms: at,
+                    status: None,
+                    kind: MessageKind::Text,
+                    metadata: None,
+                }
+            });
         let finish = FinishMessage {
             message_id: message.message_id,
             status,

@@ -651,7 +651,10 @@ async fn cancel_all_ends_the_running_and_the_queued_messages_cancelled() {
         .await;
     assert_eq!(r, json!({"cancelled": 3}));
     for m in &acked {
-        assert_eq!(outcome(&api, &sid, *m).await["status"], "cancelled");
+        let ended = outcome(&api, &sid, *m).await;
+        assert_eq!(ended["status"], "cancelled");
+        // Cancelled, not answered: no reply (an empty assistant message was stored as one).
+        assert!(ended["reply_message_id"].is_null(), "{ended}");
     }
     // REST: one running message.
     let (_, v) = post(&api, &sid, None, "d").await;
