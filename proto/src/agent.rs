@@ -26,6 +26,10 @@ use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
 use std::path::PathBuf;
 
+/// The id of the built-in supervisor (the router when no agent is named as one): reserved,
+/// no agent file may take it.
+pub const BUILTIN_SUPERVISOR_ID: &str = "supervisor";
+
 /// Longest agent id.
 pub const MAX_AGENT_ID_LEN: usize = 64;
 
@@ -331,6 +335,14 @@ impl AgentDefinition {
                 format!(
                     "`{}` is not a valid agent id ([a-zA-Z0-9_-], 1 to {MAX_AGENT_ID_LEN} characters)",
                     self.id
+                ),
+            ));
+        }
+        if self.id == BUILTIN_SUPERVISOR_ID {
+            return Err(FieldError::new(
+                "id",
+                format!(
+                    "`{BUILTIN_SUPERVISOR_ID}` names the built-in supervisor; give the agent another id"
                 ),
             ));
         }

@@ -98,9 +98,6 @@ pub fn load(dir: &AgentsDir) -> AgentCatalog {
     for file in files {
         match load_file(&file) {
             Ok(def) => {
-                if let Ok(bytes) = std::fs::read(&file) {
-                    catalog.versions.insert(def.id.clone(), version_of(&bytes));
-                }
                 if let Some((other, _)) = loaded.iter().find(|(_, d)| d.id == def.id) {
                     catalog.errors.push(AgentLoadError {
                         file: file.clone(),
@@ -108,6 +105,10 @@ pub fn load(dir: &AgentsDir) -> AgentCatalog {
                         message: format!("`{}` is already defined by {}", def.id, other.display()),
                     });
                 } else {
+                    // The version of the file in force, not of a duplicate refused after it.
+                    if let Ok(bytes) = std::fs::read(&file) {
+                        catalog.versions.insert(def.id.clone(), version_of(&bytes));
+                    }
                     loaded.push((file, def));
                 }
             }
@@ -320,6 +321,11 @@ resume = false
         );
         write(
             dir.path(),
+            "reserved.json",
+            r#"{"id":"supervisor","provider":{"type":"model"}}"#,
+        );
+        write(
+            dir.path(),
             "remote.json",
             r#"{"id":"remote","provider":{"type":"a2a","url":"http://127.0.0.1:9/a2a"},"output":{"schema":{}}}"#,
         );
@@ -350,6 +356,7 @@ resume = false
                     Some("output.maxRetries".to_owned())
                 ),
                 ("remote.json".to_owned(), Some("output".to_owned())),
+                ("reserved.json".to_owned(), Some("id".to_owned())),
             ]
         );
     }
@@ -462,6 +469,9 @@ resume = false
         let c = load_all(dir.path());
         assert_eq!(c.agents.keys().collect::<Vec<_>>(), ["c"]);
         assert_eq!(c.errors.len(), 3, "{:?}", c.errors);
+        // Its version is the file in force's, not the refused duplicate's.
+        let in_force = std::fs::read(dir.path().join("c.json")).unwrap();
+        assert_eq!(c.versions["c"], version_of(&in_force));
         let b = c
             .errors
             .iter()

@@ -6,7 +6,7 @@ use troupe_proto::agent::{
 };
 
 /// The id the built-in supervisor goes by in execution chains and listings.
-pub const BUILTIN_SUPERVISOR: &str = "supervisor";
+pub const BUILTIN_SUPERVISOR: &str = troupe_proto::agent::BUILTIN_SUPERVISOR_ID;
 
 /// The agent that routes the session's input: `configured` (`[agents] supervisor`), else
 /// the first agent (by id) whose role is `supervisor`; `Ok(None)`: the built-in one. A
