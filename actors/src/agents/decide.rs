@@ -60,6 +60,23 @@ pub struct Refusal {
 /// Whether `chain` may dispatch to `agent_id`, checked in this order: the agent exists, the
 /// dispatcher may see it (`visibility`), it is not already in the chain, the chain stays
 /// within `max_depth`, and a provider of its kind is there (`has_provider`).
+/// Whether a human's `/hub` names the agent a user's message starts from (the defined
+/// supervisor): no dispatch to itself, so no cycle; the agent runs with the chain it
+/// starts (its own dispatches nest from it).
+pub fn names_origin(chain: &ExecutionChain, agent_id: &str, by_human: bool) -> bool {
+    by_human && chain.depth() == 0 && chain.current() == Some(agent_id)
+}
+
+/// The chain a dispatch runs its agent under: one dispatch further, or the origin's own
+/// chain when a human names the origin ([`names_origin`]).
+pub fn dispatch_chain(chain: &ExecutionChain, agent_id: &str, by_human: bool) -> ExecutionChain {
+    if names_origin(chain, agent_id, by_human) {
+        chain.clone()
+    } else {
+        chain.then(agent_id)
+    }
+}
+
 pub fn admit(
     catalog: &AgentCatalog,
     chain: &ExecutionChain,

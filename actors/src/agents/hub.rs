@@ -698,9 +698,16 @@ impl AgentHubState {
         } else {
             decide::visible_from(&self.catalog, &request.chain)
         };
+        // A human naming the supervisor a message starts from is no cycle (see
+        // `decide::names_origin`): its checks start from an empty chain.
+        let checked = if decide::names_origin(&request.chain, &request.agent_id, request.by_human) {
+            ExecutionChain(Vec::new())
+        } else {
+            request.chain.clone()
+        };
         decide::admit(
             &self.catalog,
-            &request.chain,
+            &checked,
             &request.agent_id,
             &visibility,
             self.ports.settings.max_depth,
@@ -737,7 +744,7 @@ impl AgentHubState {
         reply: RpcReplyPort<Result<AgentOutput, AgentError>>,
     ) {
         let dispatch_id = DispatchId::new();
-        let chain = request.chain.then(&request.agent_id);
+        let chain = decide::dispatch_chain(&request.chain, &request.agent_id, request.by_human);
         let (from, to) = match self.admit(&request, dispatch_id) {
             Ok(nodes) => nodes,
             Err(refusal) => {

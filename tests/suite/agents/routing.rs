@@ -318,3 +318,27 @@ async fn a_defined_supervisor_routes_with_its_instructions_among_its_workers() {
         sent[0].instructions
     );
 }
+
+/// `/hub` may name the defined supervisor itself: it runs as an agent, dispatching from its
+/// own chain (it was refused as a cycle, the message's chain starting from it).
+#[tokio::test]
+async fn a_human_may_name_the_defined_supervisor_with_hub() {
+    let mut boss = model_agent("boss", "Route carefully.", &["coder"]);
+    boss.role = "supervisor".into();
+    let team = Team::start_with(
+        vec![boss, model_agent("coder", "You write code.", &[])],
+        vec![ScriptedReply::text("boss here")],
+        settings(RouterMode::Model),
+        |_| {},
+    )
+    .await;
+    let reply = team.send("/hub boss hello").await;
+    assert_eq!(reply.status, TaskStatus::Ok, "{:?}", reply.error);
+    assert_eq!(reply.text, "boss here");
+    let sent = team.model.sent();
+    assert!(
+        sent[0].instructions.starts_with("Route carefully."),
+        "{}",
+        sent[0].instructions
+    );
+}
