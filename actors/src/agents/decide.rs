@@ -34,8 +34,9 @@ impl Visibility {
 }
 
 /// What the dispatcher at the end of `chain` may see. The origin of a chain is the
-/// supervisor: a defined one with workers sees them, otherwise every agent. An agent sees
-/// its workers only.
+/// supervisor: a defined one with workers sees them, the built-in one (or a defined one
+/// without workers) every agent, a configured one that did not load none (it must not
+/// widen into the built-in one). An agent sees its workers only.
 pub fn visible_from(catalog: &AgentCatalog, chain: &ExecutionChain) -> Visibility {
     let Some(current) = chain.current() else {
         return Visibility::Any;
@@ -44,8 +45,11 @@ pub fn visible_from(catalog: &AgentCatalog, chain: &ExecutionChain) -> Visibilit
         Some(def) if chain.depth() > 0 || !def.workers.is_empty() => {
             Visibility::Only(def.workers.clone())
         }
-        // The origin: the built-in supervisor, or a defined one without workers.
-        _ if chain.depth() == 0 => Visibility::Any,
+        // The origin: a defined supervisor without workers, or the built-in one.
+        Some(_) if chain.depth() == 0 => Visibility::Any,
+        None if chain.depth() == 0 && current == troupe_proto::agent::BUILTIN_SUPERVISOR_ID => {
+            Visibility::Any
+        }
         _ => Visibility::Only(Vec::new()),
     }
 }
@@ -387,6 +391,12 @@ mod tests {
             .insert("lazy".into(), def("lazy", &[], ProviderKind::Model));
         assert_eq!(visible_from(&c, &chain(&["lazy"])), Visibility::Any);
         assert_eq!(visible_from(&c, &chain(&["supervisor"])), Visibility::Any);
+        // A configured supervisor that did not load sees nobody: no widening into the
+        // built-in one.
+        assert_eq!(
+            visible_from(&c, &chain(&["gone"])),
+            Visibility::Only(Vec::new())
+        );
         assert_eq!(
             Visibility::Any.ids(&c, Some("boss")),
             ["a", "b", "c", "d", "e", "ext", "lazy"]

@@ -177,13 +177,22 @@ pub struct ViewSet {
 
 impl ViewSet {
     fn of(catalog: Arc<AgentCatalog>, ports: &AgentPorts, model: &Arc<dyn ModelClient>) -> Self {
-        let supervisor =
-            super::listing::supervisor_of(&catalog, ports.settings.supervisor.as_deref())
-                .ok()
-                .flatten();
-        let origin = supervisor
-            .map_or(super::listing::BUILTIN_SUPERVISOR, |d| d.id.as_str())
-            .to_owned();
+        let chosen = super::listing::supervisor_of(&catalog, ports.settings.supervisor.as_deref());
+        // A configured supervisor that did not load (its file, or a worker's, is broken)
+        // stays the origin, seeing no agent: routing never widens into the built-in one.
+        let missing = match (&chosen, ports.settings.supervisor.as_deref()) {
+            (Err(why), Some(configured)) => {
+                tracing::warn!(supervisor = configured, %why, "the supervisor did not load: nothing is routed to agents");
+                Some(configured.to_owned())
+            }
+            _ => None,
+        };
+        let supervisor = chosen.ok().flatten();
+        let origin = missing.unwrap_or_else(|| {
+            supervisor
+                .map_or(super::listing::BUILTIN_SUPERVISOR, |d| d.id.as_str())
+                .to_owned()
+        });
         let visibility = decide::visible_from(&catalog, &ExecutionChain::start(&origin));
         let agents = visible_agents(&catalog, &visibility, Some(&origin));
         let own = supervisor.and_then(|d| match &d.provider {

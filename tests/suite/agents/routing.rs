@@ -342,3 +342,29 @@ async fn a_human_may_name_the_defined_supervisor_with_hub() {
         sent[0].instructions
     );
 }
+
+/// A configured supervisor that did not load (its file, or one of its workers', is broken)
+/// does not widen routing into the built-in supervisor, which sees every agent: a mention of
+/// an agent it was never meant to see is not dispatched.
+#[tokio::test]
+async fn a_supervisor_that_did_not_load_routes_to_no_agent() {
+    let mut routing = settings(RouterMode::Rules);
+    routing.supervisor = Some("boss".into());
+    let team = Team::start_with(
+        vec![model_agent("deployer", "You deploy.", &[])],
+        vec![ScriptedReply::text("deployed")],
+        routing,
+        |_| {},
+    )
+    .await;
+    // The session's own turn answers (the script's reply), no agent is dispatched to.
+    team.send("@deployer ship it").await;
+    let events = team.events().await;
+    assert!(
+        !events
+            .iter()
+            .any(|e| matches!(e, EventKind::DispatchSent { .. })),
+        "{:?}",
+        agent_kinds(&events)
+    );
+}
