@@ -823,10 +823,17 @@ impl AgentHubState {
         });
         self.arm_lease_timer(myself, deadline_ms);
         let cancel = request.cancel.child_token();
+        // The provider session this dispatch will use, when that is known now: this run's, or
+        // a stored one it resumes (not one a `resume = false` agent, or a changed provider,
+        // replaces).
+        let resumes = def.session.resume;
         let known = self.bindings.get(&request.agent_id).and_then(|b| {
-            b.live
-                .clone()
-                .or_else(|| b.stored.as_ref().map(|s| s.provider_session_id.clone()))
+            b.live.clone().or_else(|| {
+                b.stored
+                    .as_ref()
+                    .filter(|s| resumes && s.provider == kind)
+                    .map(|s| s.provider_session_id.clone())
+            })
         });
         metrics::dispatch_started();
         span.in_scope(|| {

@@ -533,3 +533,36 @@ async fn a_changed_definition_reaches_the_open_conversation_of_the_agent() {
         .collect();
     assert_eq!(agents.len(), 1, "one binding, one conversation throughout");
 }
+
+/// An agent that does not resume (`resume = false`) gets a new provider session in the next
+/// run, and its `dispatch_sent` names none rather than the stored one it replaces; one that
+/// resumes names the stored one it will use.
+#[tokio::test]
+async fn dispatch_sent_names_the_provider_session_the_dispatch_uses() {
+    let mut fresh = model_agent("coder", "You write code.", &[]);
+    fresh.session.resume = false;
+    let team = Team::start(vec![fresh], vec![ScriptedReply::text("noted")]).await;
+    team.send("/hub coder remember the number 42").await;
+    let first: AgentBinding = team.store.bindings(None).await.unwrap().remove(0);
+    let team = team
+        .restart(vec![ScriptedReply::text("a new session")])
+        .await;
+    team.send("/hub coder which number?").await;
+    let events = team.events().await;
+    let sent: Vec<Option<String>> = events
+        .iter()
+        .filter_map(|e| match e {
+            EventKind::DispatchSent {
+                provider_session_id,
+                ..
+            } => Some(provider_session_id.clone()),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(sent.len(), 2, "{:?}", agent_kinds(&events));
+    assert_eq!(
+        sent[1], None,
+        "not the stored {}",
+        first.provider_session_id
+    );
+}
