@@ -76,6 +76,12 @@ pub fn session_id(raw: &str) -> Result<SessionId, ApiError> {
         .map_err(|_| ApiError::from(AgentError::not_found("session", raw)))
 }
 
+/// A conversation id from the path; one that does not parse names no conversation.
+pub fn conversation_id(raw: &str) -> Result<troupe_proto::ConversationId, ApiError> {
+    raw.parse()
+        .map_err(|_| ApiError::from(AgentError::not_found("conversation", raw)))
+}
+
 /// A query string of type `T`, or 400.
 pub fn query<T>(q: Result<Query<T>, QueryRejection>) -> Result<T, ApiError> {
     q.map(|Query(t)| t)

@@ -4,7 +4,7 @@
 use crate::api::{CreateSession, CurrentSession, SendText, SetCurrent, page_limit};
 use crate::auth::Scope;
 use crate::error::ApiError;
-use crate::extract::{EventsQuery, PathIds, json_body, query, session_id};
+use crate::extract::{EventsQuery, PathIds, conversation_id, json_body, query, session_id};
 use crate::state::AppState;
 use crate::stream::Subscriber;
 use axum::Extension;
@@ -123,9 +123,7 @@ pub async fn cancel_conversation(
     PathIds((id, cid)): PathIds<(String, String)>,
 ) -> Result<Response, ApiError> {
     let id = session_id(&id)?;
-    let conversation_id: troupe_proto::ConversationId = cid
-        .parse()
-        .map_err(|_| ApiError::from(AgentError::not_found("conversation", &cid)))?;
+    let conversation_id = conversation_id(&cid)?;
     let cancelled = app
         .rpc
         .sessions
@@ -142,9 +140,7 @@ pub async fn compact_conversation(
     PathIds((id, cid)): PathIds<(String, String)>,
 ) -> Result<Response, ApiError> {
     let id = session_id(&id)?;
-    let conversation_id: troupe_proto::ConversationId = cid
-        .parse()
-        .map_err(|_| ApiError::from(AgentError::not_found("conversation", &cid)))?;
+    let conversation_id = conversation_id(&cid)?;
     let reply = app.rpc.sessions.compact(scope, id, conversation_id).await?;
     Ok(Json(reply).into_response())
 }
@@ -159,9 +155,7 @@ pub async fn set_context(
     bytes: Result<Bytes, BytesRejection>,
 ) -> Result<Response, ApiError> {
     let id = session_id(&id)?;
-    let conversation_id: troupe_proto::ConversationId = cid
-        .parse()
-        .map_err(|_| ApiError::from(AgentError::not_found("conversation", &cid)))?;
+    let conversation_id = conversation_id(&cid)?;
     let update: troupe_proto::SetContext = json_body(bytes, app.body_limit)?;
     app.rpc
         .sessions

@@ -2,7 +2,7 @@
 //! the observations; a tool policy that denies `module__<id>` refuses the call before
 //! anything is delivered.
 
-use super::webhook::{http_module, webhook};
+use super::webhook::{Received, http_module, webhook};
 use super::*;
 
 /// The session's events once `n` tool calls finished.
@@ -141,10 +141,10 @@ async fn a_policy_that_denies_the_module_refuses_the_dispatch() {
     assert_eq!(posted.on("ok").len(), 1);
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn the_supervisor_routes_a_message_to_a_module() {
-    let dir = tempfile::tempdir().unwrap();
-    let d = dir.path();
+/// `troupe serve` in `d` with the `answer` webhook module, an agent (so a supervisor routes,
+/// by model) and a model whose first answer routes the message to `answer`; `extra`: more
+/// configuration. The service and what the webhook received.
+async fn routed_to_the_answer_module(d: &std::path::Path, extra: &str) -> (Serving, Received) {
     let (hooks, posted) = webhook().await;
     module(
         d,
@@ -159,11 +159,18 @@ async fn the_supervisor_routes_a_message_to_a_module() {
     .unwrap();
     let serving = serve(
         d,
-        "[agents]\nrouter = \"model\"\n",
+        &format!("[agents]\nrouter = \"model\"\n{extra}"),
         json!([
             {"tool_calls": [{"name": "route", "arguments": {"decision": "dispatch_module", "module": "answer", "input": "what is it?", "confidence": 0.9}}]},
         ]),
     );
+    (serving, posted)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_supervisor_routes_a_message_to_a_module() {
+    let dir = tempfile::tempdir().unwrap();
+    let (serving, posted) = routed_to_the_answer_module(dir.path(), "").await;
     let api = &serving.api;
     let sid = crate::suite::serve::id(&api.session(None).await, "session_id");
     let sent = api.say(&sid, "ask the answering service").await;
@@ -191,26 +198,9 @@ async fn the_supervisor_routes_a_message_to_a_module() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_policy_that_denies_dispatch_module_stops_the_supervisors_route() {
     let dir = tempfile::tempdir().unwrap();
-    let d = dir.path();
-    let (hooks, posted) = webhook().await;
-    module(
-        d,
-        "answer",
-        http_module("answer", "sync", format!("{hooks}/answer"), json!({})),
-    );
-    std::fs::create_dir_all(d.join("agents")).unwrap();
-    std::fs::write(
-        d.join("agents/coder.json"),
-        r#"{"id": "coder", "role": "executor", "provider": {"type": "model", "instructions": "You write code."}}"#,
-    )
-    .unwrap();
-    let serving = serve(
-        d,
-        "[agents]\nrouter = \"model\"\n[tools]\nblacklist = [\"dispatch_module\"]\n",
-        json!([
-            {"tool_calls": [{"name": "route", "arguments": {"decision": "dispatch_module", "module": "answer", "input": "what is it?", "confidence": 0.9}}]},
-        ]),
-    );
+    let (serving, posted) =
+        routed_to_the_answer_module(dir.path(), "[tools]\nblacklist = [\"dispatch_module\"]\n")
+            .await;
     let api = &serving.api;
     let sid = crate::suite::serve::id(&api.session(None).await, "session_id");
     let sent = api.say(&sid, "ask the answering service").await;
