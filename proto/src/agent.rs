@@ -459,6 +459,10 @@ pub struct AgentCatalog {
     pub dir: Option<PathBuf>,
     /// By id: the version of the definition in force, the start of its file's SHA-256.
     pub versions: BTreeMap<String, String>,
+    /// The ids of definition files whose `role` is `supervisor` that did not load (their id,
+    /// else the file's name without its extension), sorted: without `[agents] supervisor`,
+    /// such a file may be the supervisor the session was meant to have.
+    pub unloaded_supervisors: Vec<String>,
 }
 
 impl AgentCatalog {

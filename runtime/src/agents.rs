@@ -23,14 +23,16 @@ pub fn catalog(config: &TroupeConfig) -> AgentCatalog {
         return AgentCatalog::default();
     };
     let mut catalog = load(&AgentsDir { path, named });
-    if let Err(message) =
-        troupe_actors::agents::listing::supervisor_of(&catalog, config.agents.supervisor.as_deref())
-    {
-        catalog.errors.push(AgentLoadError {
-            file: config.source.clone().unwrap_or_default(),
-            field: Some("agents.supervisor".into()),
-            message,
-        });
+    let configured = config.agents.supervisor.as_deref();
+    if let Err(unusable) = troupe_actors::agents::listing::supervisor_of(&catalog, configured) {
+        // A role-chosen supervisor that did not load has its own file's error already.
+        if configured.is_some() || catalog.get(&unusable.id).is_some() {
+            catalog.errors.push(AgentLoadError {
+                file: config.source.clone().unwrap_or_default(),
+                field: Some("agents.supervisor".into()),
+                message: unusable.why,
+            });
+        }
     }
     catalog
 }
@@ -112,14 +114,44 @@ pub fn load(dir: &AgentsDir) -> AgentCatalog {
                     loaded.push((file, def));
                 }
             }
-            Err(e) => catalog.errors.push(e),
+            Err(e) => {
+                catalog
+                    .unloaded_supervisors
+                    .extend(claimed_supervisor(&file));
+                catalog.errors.push(e);
+            }
         }
     }
-    drop_orphans(&mut loaded, &mut catalog.errors);
+    for dropped in drop_orphans(&mut loaded, &mut catalog.errors) {
+        if dropped.role == "supervisor" {
+            catalog.unloaded_supervisors.push(dropped.id);
+        }
+    }
     catalog.agents = loaded.into_iter().map(|(_, d)| (d.id.clone(), d)).collect();
     let kept = &catalog.agents;
     catalog.versions.retain(|id, _| kept.contains_key(id));
+    catalog.unloaded_supervisors.sort();
+    catalog.unloaded_supervisors.dedup();
     catalog
+}
+
+/// The id a definition file that did not load claims when its `role` reads `supervisor`
+/// (read leniently, since the file is broken somewhere): its `id`, else its name without the
+/// extension. `None` when the role cannot be read or is another.
+fn claimed_supervisor(file: &Path) -> Option<String> {
+    let text = std::fs::read_to_string(file).ok()?;
+    let value: serde_json::Value = match definition_format(file)? {
+        Format::Json => serde_json::from_str(&text).ok()?,
+        Format::Toml => serde_json::to_value(toml::from_str::<toml::Table>(&text).ok()?).ok()?,
+    };
+    if value.get("role")?.as_str()? != "supervisor" {
+        return None;
+    }
+    value
+        .get("id")
+        .and_then(serde_json::Value::as_str)
+        .map(str::to_owned)
+        .or_else(|| file.file_stem()?.to_str().map(str::to_owned))
 }
 
 /// A definition's version: the first 12 hex digits of its file's SHA-256.
@@ -228,14 +260,18 @@ fn strip_position(message: &str) -> String {
 
 /// Drops agents whose workers name no loaded agent, with an error each, until every worker
 /// left names a loaded agent.
-fn drop_orphans(loaded: &mut Vec<(PathBuf, AgentDefinition)>, errors: &mut Vec<AgentLoadError>) {
+fn drop_orphans(
+    loaded: &mut Vec<(PathBuf, AgentDefinition)>,
+    errors: &mut Vec<AgentLoadError>,
+) -> Vec<AgentDefinition> {
+    let mut dropped = Vec::new();
     loop {
         let ids: Vec<String> = loaded.iter().map(|(_, d)| d.id.clone()).collect();
         let bad = loaded
             .iter()
             .position(|(_, d)| d.workers.iter().any(|w| !ids.contains(w)));
         let Some(index) = bad else {
-            return;
+            return dropped;
         };
         let (file, def) = loaded.remove(index);
         let (i, worker) = def
@@ -250,6 +286,7 @@ fn drop_orphans(loaded: &mut Vec<(PathBuf, AgentDefinition)>, errors: &mut Vec<A
             field: Some(format!("workers[{i}]")),
             message: format!("no agent `{worker}` is defined"),
         });
+        dropped.push(def);
     }
 }
 
@@ -486,6 +523,43 @@ resume = false
             .unwrap();
         assert!(a.message.contains("`b`"), "{a}");
         assert!(c.errors.iter().any(|e| e.file.ends_with("c.toml")));
+    }
+
+    #[test]
+    fn files_whose_role_is_supervisor_that_did_not_load_are_named() {
+        let dir = tempfile::tempdir().unwrap();
+        // Dropped for a worker that is not defined.
+        write(
+            dir.path(),
+            "boss.json",
+            r#"{"id":"boss","role":"supervisor","provider":{"type":"model"},"workers":["ghost"]}"#,
+        );
+        // Broken in itself (an unknown provider type), in TOML, its role still readable.
+        write(
+            dir.path(),
+            "chief.toml",
+            "id = \"chief\"\nrole = \"supervisor\"\n[provider]\ntype = \"carrier-pigeon\"\n",
+        );
+        // Broken, another role: not a supervisor.
+        write(
+            dir.path(),
+            "helper.json",
+            r#"{"id":"helper","role":"executor","provider":{"type":"nope"}}"#,
+        );
+        write(
+            dir.path(),
+            "coder.json",
+            r#"{"id":"coder","role":"executor","provider":{"type":"model"}}"#,
+        );
+        let c = load_all(dir.path());
+        assert_eq!(c.agents.keys().collect::<Vec<_>>(), ["coder"]);
+        assert_eq!(c.unloaded_supervisors, ["boss", "chief"]);
+        // The built-in supervisor does not stand in for them.
+        let unusable = troupe_actors::agents::listing::supervisor_of(&c, None).unwrap_err();
+        assert_eq!(unusable.id, "boss");
+        // And a configuration without `[agents] supervisor` gets no error of its own for it:
+        // the files' errors say what is wrong.
+        assert_eq!(c.errors.len(), 3, "{:?}", c.errors);
     }
 
     #[test]

@@ -178,14 +178,15 @@ pub struct ViewSet {
 impl ViewSet {
     fn of(catalog: Arc<AgentCatalog>, ports: &AgentPorts, model: &Arc<dyn ModelClient>) -> Self {
         let chosen = super::listing::supervisor_of(&catalog, ports.settings.supervisor.as_deref());
-        // A configured supervisor that did not load (its file, or a worker's, is broken)
-        // stays the origin, seeing no agent: routing never widens into the built-in one.
-        let missing = match (&chosen, ports.settings.supervisor.as_deref()) {
-            (Err(why), Some(configured)) => {
-                tracing::warn!(supervisor = configured, %why, "the supervisor did not load: nothing is routed to agents");
-                Some(configured.to_owned())
+        // A supervisor meant but unusable (configured or chosen by role, its file or a
+        // worker's broken, or not a model agent) stays the origin, seeing what it would see
+        // (no agent when it did not load): routing never widens into the built-in one.
+        let missing = match &chosen {
+            Err(unusable) => {
+                tracing::warn!(supervisor = %unusable.id, why = %unusable.why, "the supervisor cannot route: routing sees only what it would");
+                Some(unusable.id.clone())
             }
-            _ => None,
+            Ok(_) => None,
         };
         let supervisor = chosen.ok().flatten();
         let origin = missing.unwrap_or_else(|| {

@@ -8,25 +8,61 @@ use troupe_proto::agent::{
 /// The id the built-in supervisor goes by in execution chains and listings.
 pub const BUILTIN_SUPERVISOR: &str = troupe_proto::agent::BUILTIN_SUPERVISOR_ID;
 
+/// A supervisor the configuration means that cannot route: its id and why.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Unusable {
+    /// The id of the supervisor meant (it stays the origin of routing chains).
+    pub id: String,
+    pub why: String,
+}
+
+impl std::fmt::Display for Unusable {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.why)
+    }
+}
+
 /// The agent that routes the session's input: `configured` (`[agents] supervisor`), else
 /// the first agent (by id) whose role is `supervisor`; `Ok(None)`: the built-in one. A
-/// configured supervisor that is not a loaded model agent is an error saying why.
+/// supervisor that is not a loaded model agent is an error saying which and why: a configured
+/// one that did not load or is of another kind, a role-chosen one of another kind, or a file
+/// whose role is `supervisor` that did not load and sorts before every loaded one (it was
+/// meant to be the supervisor; the built-in one must not stand in for it).
 pub fn supervisor_of<'a>(
     catalog: &'a AgentCatalog,
     configured: Option<&str>,
-) -> Result<Option<&'a AgentDefinition>, String> {
+) -> Result<Option<&'a AgentDefinition>, Unusable> {
     let chosen = match configured {
-        Some(id) => Some(catalog.get(id).ok_or_else(|| {
-            format!("[agents] supervisor names `{id}`, which is not a loaded agent")
+        Some(id) => Some(catalog.get(id).ok_or_else(|| Unusable {
+            id: id.to_owned(),
+            why: format!("[agents] supervisor names `{id}`, which is not a loaded agent"),
         })?),
-        None => catalog.agents.values().find(|d| d.role == "supervisor"),
+        None => {
+            let loaded = catalog.agents.values().find(|d| d.role == "supervisor");
+            let unloaded = catalog.unloaded_supervisors.iter().find(|id| {
+                !catalog.agents.contains_key(id.as_str())
+                    && loaded.is_none_or(|d| id.as_str() < d.id.as_str())
+            });
+            if let Some(id) = unloaded {
+                return Err(Unusable {
+                    id: id.clone(),
+                    why: format!(
+                        "the agent `{id}`, whose role is `supervisor`, did not load (its file, or a worker's, is broken)"
+                    ),
+                });
+            }
+            loaded
+        }
     };
     match chosen {
-        Some(d) if d.provider.kind() != ProviderKind::Model => Err(format!(
-            "the supervisor `{}` must be a model agent (its decision is a tool call of its model), not {}",
-            d.id,
-            d.provider.kind()
-        )),
+        Some(d) if d.provider.kind() != ProviderKind::Model => Err(Unusable {
+            id: d.id.clone(),
+            why: format!(
+                "the supervisor `{}` must be a model agent (its decision is a tool call of its model), not {}",
+                d.id,
+                d.provider.kind()
+            ),
+        }),
         other => Ok(other),
     }
 }
@@ -116,18 +152,41 @@ mod tests {
             supervisor_of(&c, Some("coder")).unwrap().unwrap().id,
             "coder"
         );
-        assert!(
-            supervisor_of(&c, Some("ghost"))
-                .unwrap_err()
-                .contains("ghost")
-        );
-        assert!(
-            supervisor_of(&c, Some("ext"))
-                .unwrap_err()
-                .contains("model agent")
-        );
+        let ghost = supervisor_of(&c, Some("ghost")).unwrap_err();
+        assert_eq!(ghost.id, "ghost");
+        assert!(ghost.why.contains("ghost"), "{ghost}");
+        let ext = supervisor_of(&c, Some("ext")).unwrap_err();
+        assert_eq!(ext.id, "ext");
+        assert!(ext.why.contains("model agent"), "{ext}");
         let none = catalog(vec![def("coder", "executor", model())]);
         assert!(supervisor_of(&none, None).unwrap().is_none());
+    }
+
+    #[test]
+    fn a_supervisor_by_role_that_did_not_load_is_not_replaced() {
+        // Alone: the built-in supervisor does not stand in for it.
+        let mut c = catalog(vec![def("coder", "executor", model())]);
+        c.unloaded_supervisors = vec!["boss".into()];
+        let boss = supervisor_of(&c, None).unwrap_err();
+        assert_eq!(boss.id, "boss");
+        assert!(boss.why.contains("did not load"), "{boss}");
+        // Nor does a loaded one that sorts after it ("the first by id" was the broken one).
+        c.agents
+            .insert("chief".into(), def("chief", "supervisor", model()));
+        assert_eq!(supervisor_of(&c, None).unwrap_err().id, "boss");
+        // One that sorts before it is the supervisor, as it would be with both loaded.
+        c.agents
+            .insert("aide".into(), def("aide", "supervisor", model()));
+        assert_eq!(supervisor_of(&c, None).unwrap().unwrap().id, "aide");
+        // A configured supervisor decides alone.
+        assert_eq!(
+            supervisor_of(&c, Some("coder")).unwrap().unwrap().id,
+            "coder"
+        );
+        // A broken duplicate of a loaded id is not missing: the loaded file stands.
+        let mut dup = catalog(vec![def("boss", "supervisor", model())]);
+        dup.unloaded_supervisors = vec!["boss".into()];
+        assert_eq!(supervisor_of(&dup, None).unwrap().unwrap().id, "boss");
     }
 
     #[test]

@@ -623,6 +623,7 @@ async fn a_codex_call_that_needs_a_token_uses_the_dispatchers_token() {
         super::Extras {
             token_book: Some(book.clone()),
             exec: false,
+            ..Default::default()
         },
     )
     .await;

@@ -780,6 +780,7 @@ async fn an_agent_runs_commands_under_its_dispatchers_narrower_policies() {
     let extras = || super::Extras {
         token_book: None,
         exec: true,
+        ..Default::default()
     };
     let coder = || vec![model_agent("coder", "You run commands.", &[])];
 

@@ -82,6 +82,8 @@ struct Plan {
 pub(crate) struct Extras {
     pub token_book: Option<troupe_actors::token_book::TokenBookRef>,
     pub exec: bool,
+    /// The catalog's `unloaded_supervisors` (files whose role is `supervisor` that did not load).
+    pub unloaded_supervisors: Vec<String>,
 }
 
 pub(crate) fn settings(router: RouterMode) -> AgentSettings {
@@ -190,6 +192,7 @@ impl Team {
             .clone_from(&extras.token_book);
         let catalog = AgentCatalog {
             agents: defs.iter().map(|d| (d.id.clone(), d.clone())).collect(),
+            unloaded_supervisors: extras.unloaded_supervisors.clone(),
             ..AgentCatalog::default()
         };
         let ports = SessionPorts {

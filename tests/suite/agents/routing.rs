@@ -2,10 +2,10 @@
 //! its confidence, in `route_decided`), the rules decide without a model, and a model agent
 //! with agents in sight delegates through `dispatch_agent` during its turn.
 
-use super::{Team, agent_kinds, model_agent, settings};
+use super::{Extras, Team, agent_kinds, model_agent, settings};
 use serde_json::json;
 use troupe_actors::agents::RouterMode;
-use troupe_proto::agent::{PolicyReason, RouteDecision, RouteSource};
+use troupe_proto::agent::{AgentDefinition, PolicyReason, RouteDecision, RouteSource};
 use troupe_proto::{AgentError, EventKind, TaskStatus};
 use troupe_runtime::ScriptedReply;
 
@@ -367,4 +367,86 @@ async fn a_supervisor_that_did_not_load_routes_to_no_agent() {
         "{:?}",
         agent_kinds(&events)
     );
+}
+
+/// The same for a supervisor chosen by its role (no `[agents] supervisor`): a file whose role
+/// is `supervisor` that the loader dropped (a worker it names is not defined) leaves no
+/// built-in supervisor seeing every agent in its place.
+#[tokio::test]
+async fn a_supervisor_by_role_that_did_not_load_routes_to_no_agent() {
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::write(
+        dir.path().join("boss.json"),
+        r#"{"id":"boss","role":"supervisor","provider":{"type":"model"},"workers":["ghost"]}"#,
+    )
+    .unwrap();
+    std::fs::write(
+        dir.path().join("deployer.json"),
+        r#"{"id":"deployer","role":"executor","provider":{"type":"model","instructions":"You deploy."}}"#,
+    )
+    .unwrap();
+    let catalog = troupe_runtime::agents::load(&troupe_runtime::agents::AgentsDir {
+        path: dir.path().to_owned(),
+        named: true,
+    });
+    assert_eq!(catalog.agents.keys().collect::<Vec<_>>(), ["deployer"]);
+    let team = Team::start_with_factories_extra(
+        catalog.agents.values().cloned().collect(),
+        Vec::new(),
+        Extras {
+            unloaded_supervisors: catalog.unloaded_supervisors.clone(),
+            ..Extras::default()
+        },
+    )
+    .await;
+    team.send("@deployer ship it").await;
+    let events = team.events().await;
+    assert!(
+        !events
+            .iter()
+            .any(|e| matches!(e, EventKind::DispatchSent { .. })),
+        "{:?}",
+        agent_kinds(&events)
+    );
+    // The route was decided (a direct reply), so the message did reach routing.
+    assert!(
+        events
+            .iter()
+            .any(|e| matches!(e, EventKind::RouteDecided { .. })),
+        "{:?}",
+        agent_kinds(&events)
+    );
+}
+
+/// A supervisor by role that loaded but is not a model agent keeps its own view (its
+/// workers): the session's model routes, among them only.
+#[tokio::test]
+async fn a_supervisor_of_another_kind_keeps_its_view() {
+    let boss = AgentDefinition {
+        role: "supervisor".into(),
+        workers: vec!["coder".into()],
+        ..super::acp_agent("boss")
+    };
+    let team = Team::start(
+        vec![
+            boss,
+            model_agent("coder", "You write code.", &[]),
+            model_agent("deployer", "You deploy.", &[]),
+        ],
+        vec![ScriptedReply::text("coded"), ScriptedReply::text("direct")],
+    )
+    .await;
+    let reply = team.send("@coder write it").await;
+    assert_eq!(reply.text, "coded", "{reply:?}");
+    team.send("@deployer ship it").await;
+    let sent = team
+        .events()
+        .await
+        .into_iter()
+        .filter_map(|e| match e {
+            EventKind::DispatchSent { agent_id, .. } => Some(agent_id),
+            _ => None,
+        })
+        .collect::<Vec<_>>();
+    assert_eq!(sent, ["coder"]);
 }

@@ -209,6 +209,7 @@ async fn team_with_book(
         Extras {
             token_book: Some(book.clone()),
             exec: true,
+            ..Default::default()
         },
     )
     .await;
@@ -356,6 +357,7 @@ async fn a_use_is_spent_when_governance_lets_the_call_through_even_if_a_human_th
         Extras {
             token_book: Some(book.clone()),
             exec: true,
+            ..Default::default()
         },
     )
     .await;
