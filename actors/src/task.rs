@@ -652,10 +652,10 @@ async fn run_turn(
             }
             Err(e) => {
                 ctx.emit(EventKind::Error { error: e.clone() });
-                if step == 1 {
-                    // Nothing reached the model (see `LoopState::end`).
-                    loop_state.stats.steps = 0;
-                }
+                // A step that failed is not counted: `steps` are the model calls that
+                // answered, so its token source is what those answers said (at the first
+                // step, nothing was answered: see `LoopState::end`).
+                loop_state.stats.steps = step - 1;
                 return loop_state.end(status_of(&e), Some(e));
             }
         };

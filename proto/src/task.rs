@@ -47,7 +47,8 @@ pub struct TaskStats {
     /// written before turns were numbered here.
     #[serde(default)]
     pub turn: u32,
-    /// Model calls (steps) made in this turn (0: it never reached the model).
+    /// Model calls (steps) of this turn that answered (a call that failed is not counted; 0:
+    /// none did).
     pub steps: u32,
     pub tool_calls: u32,
     pub duration_ms: u64,

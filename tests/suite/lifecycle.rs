@@ -112,6 +112,27 @@ async fn model_error_ends_the_turn_and_the_conversation_stays_usable() {
     t.stop().await;
 }
 
+/// A model call that fails at a later step is not counted: `steps` are the calls that
+/// answered, so the turn's tokens come from the provider alone (its source is not `mixed`).
+#[tokio::test]
+async fn a_step_that_failed_is_not_counted() {
+    let t = TestSession::start_with(
+        vec![
+            ScriptedReply::tool("update_plan", serde_json::json!({"plan": []})),
+            ScriptedReply::error("upstream exploded"),
+        ],
+        |c| c.root.include_plan_tool = true,
+        None,
+    )
+    .await;
+    let root = t.root().await;
+    let reply = t.session.message(root, "plan").await.unwrap();
+    assert_eq!(reply.status, TaskStatus::Error);
+    assert_eq!((reply.stats.steps, reply.stats.steps_with_usage), (1, 1));
+    assert_eq!(reply.stats.tool_calls, 1);
+    t.stop().await;
+}
+
 #[tokio::test]
 async fn max_steps_ends_the_turn() {
     let looping: Vec<_> = (0..10)

@@ -323,7 +323,13 @@ async fn model_route(
         turn: ctx.turn,
         step,
     });
-    let (response, estimate) = model_step(ctx, &model, &prepared, &loop_state.items, step).await?;
+    let (response, estimate) = model_step(ctx, &model, &prepared, &loop_state.items, step)
+        .await
+        .inspect_err(|_| {
+            // Not answered: not counted (see `run_turn`), so a message whose routing call
+            // failed leaves nothing in the history.
+            loop_state.stats.steps = step - 1;
+        })?;
     loop_state.stats.estimated_prompt_tokens += estimate;
     let completion = completion_tokens(ctx.tokens.as_ref(), &response);
     match response.usage {
