@@ -450,3 +450,23 @@ async fn a_supervisor_of_another_kind_keeps_its_view() {
         .collect::<Vec<_>>();
     assert_eq!(sent, ["coder"]);
 }
+
+/// A message whose routing call failed was not answered: it leaves nothing in the history
+/// (the next routing prompt does not carry it).
+#[tokio::test]
+async fn a_message_whose_routing_call_failed_leaves_no_history() {
+    let team = model_team(vec![
+        ScriptedReply::error("the model is down"),
+        ScriptedReply::text("hello again"),
+    ])
+    .await;
+    let failed = team.send("forget me").await;
+    assert_eq!(failed.status, TaskStatus::Error, "{failed:?}");
+    assert_eq!(failed.stats.steps, 0);
+    let reply = team.send("hi").await;
+    assert_eq!(reply.text, "hello again", "{reply:?}");
+    let sent = team.model.sent();
+    let prompt = format!("{:?}", sent.last().unwrap().prompt);
+    assert!(prompt.contains("hi"), "{prompt}");
+    assert!(!prompt.contains("forget me"), "{prompt}");
+}
