@@ -309,6 +309,8 @@ async fn run_with(args: ChatArgs, config: TroupeConfig) -> anyhow::Result<ExitCo
     if args.once && args.question.is_none() {
         anyhow::bail!("--once needs a question: troupe chat --once \"...\"");
     }
+    // Checked before anything starts or is written.
+    let turn_options = message_options(&args)?;
     let tokens = assembly::try_build_tokens(&config)?;
     let tokenizer = tokens.encoding().to_owned();
     eprintln!("troupe: {}", config.model_line());
@@ -391,7 +393,7 @@ async fn run_with(args: ChatArgs, config: TroupeConfig) -> anyhow::Result<ExitCo
         },
         told_safe_default: false,
         live: !args.once,
-        options: message_options(&args)?,
+        options: turn_options,
     };
     let result = if args.once {
         let question = args.question.clone().unwrap_or_default();
@@ -496,9 +498,9 @@ async fn once(chat: &mut Chat, question: String, json: bool) -> anyhow::Result<E
         println!("{}", serde_json::to_string(&reply)?);
     } else {
         println!("{}", reply.text);
-        if let Some(why) = ended_early(&reply) {
-            eprintln!("troupe: turn ended with {}: {why}", reply.status.as_str());
-        }
+    }
+    if let Some(why) = ended_early(&reply) {
+        eprintln!("troupe: turn ended with {}: {why}", reply.status.as_str());
     }
     Ok(exit_code(reply.status))
 }
@@ -844,6 +846,13 @@ impl Chat {
                 }
                 e = self.events.recv() => match e {
                     Ok(e) if e.conversation_id == Some(conversation) => {
+                        if let Some(ask) = self.show(&e, &mut view, &mut spinner) {
+                            self.ask(ask, editor.as_deref_mut()).await;
+                        }
+                    }
+                    // An in-process agent the turn dispatched to runs in a conversation of
+                    // its own: its approvals are asked (or answered by the flags) here too.
+                    Ok(e) if matches!(e.event, EventKind::ApprovalRequested { .. }) => {
                         if let Some(ask) = self.show(&e, &mut view, &mut spinner) {
                             self.ask(ask, editor.as_deref_mut()).await;
                         }

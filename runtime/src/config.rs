@@ -1375,8 +1375,8 @@ impl TroupeConfig {
         self.model.provider = choose_provider(self.model.provider, self.named);
     }
 
-    /// One line for stderr saying which model answers: provider, base URL and model, or the
-    /// scripted model.
+    /// One line for stderr saying which model answers: provider, base URL (without
+    /// credentials or query, which may carry keys) and model, or the scripted model.
     pub fn model_line(&self) -> String {
         match self.model.provider {
             Provider::Scripted => {
@@ -1385,7 +1385,10 @@ impl TroupeConfig {
             p => format!(
                 "model: {} at {}, model {}",
                 provider_name(p),
-                self.model.base_url,
+                reqwest::Url::parse(&self.model.base_url).map_or_else(
+                    |_| "an invalid base URL".to_owned(),
+                    |url| crate::openai::shown_url(&url)
+                ),
                 self.model.model
             ),
         }
@@ -2041,6 +2044,17 @@ public_url = "https://agents.example.com/a2a"
         assert_eq!(
             c.model_line(),
             "model: openai-chat at http://127.0.0.1:9/v1, model gpt-4o-mini"
+        );
+        // Credentials and a query in the URL are not shown.
+        let mut c = TroupeConfig::load(None, &env(&[])).unwrap();
+        chosen(
+            &mut c,
+            None,
+            Some("https://user:s3cret@proxy.internal/v1?api-key=k3y"),
+        );
+        assert_eq!(
+            c.model_line(),
+            "model: openai-chat at https://proxy.internal/v1, model gpt-4o-mini"
         );
         // OPENAI_BASE_URL, below TROUPE_BASE_URL.
         let mut c =

@@ -253,6 +253,21 @@ async fn bad_settings_are_refused_before_a_turn_and_a_turn_the_step_limit_stops_
     let stopped = "turn ended with max_steps: stopped after 1 step without a final answer \
                    (raise --max-steps";
     exits_saying(cmd, 3, stopped).await;
+    // With --json too: stdout is the reply's JSON, stderr says why.
+    let mut cmd = troupe(dir.path());
+    cmd.args(["chat", "--once", "--ephemeral", "--json", "--script"])
+        .arg(&script)
+        .args(["--approval-policy", "never", "--max-steps", "1", "run it"]);
+    let out = exits_saying(cmd, 3, stopped).await;
+    let reply: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(reply["status"], "max_steps");
+
+    // A bad --allow-tool is refused before anything runs or is written.
+    let empty = tempfile::tempdir().unwrap();
+    let mut cmd = troupe(empty.path());
+    cmd.args(["chat", "--once", "--allow-tool", "fs/read", "hi"]);
+    exits_saying(cmd, 1, "allow-tool").await;
+    assert!(tree(empty.path()).is_empty(), "{:?}", tree(empty.path()));
 }
 
 #[tokio::test]
@@ -580,6 +595,44 @@ async fn approvals_without_a_terminal_are_denied_unless_a_flag_approves() {
         "{}",
         text(&out.stderr)
     );
+}
+
+/// An in-process agent's command, dispatched by `/hub`, runs in the agent's own
+/// conversation: its approval is answered by `--approvals` (or denied, saying so) all the
+/// same, not left waiting for the approval timeout.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_agents_approvals_are_answered_like_the_turns_own() {
+    let dir = tempfile::tempdir().unwrap();
+    let agents = dir.path().join("agents");
+    std::fs::create_dir(&agents).unwrap();
+    std::fs::write(
+        agents.join("runner.json"),
+        r#"{"id": "runner", "role": "executor", "provider": {"type": "model", "instructions": "You run commands."}}"#,
+    )
+    .unwrap();
+    let script = dir.path().join("script.json");
+    std::fs::write(
+        &script,
+        serde_json::json!({"replies": [
+            {"text": "", "tool_calls": [{"name": "shell", "arguments": {"command": ["echo", "agent-ran"]}}]},
+            {"text": "done"},
+        ]})
+        .to_string(),
+    )
+    .unwrap();
+    for (flags, said) in [
+        (&["--approvals", "approve"][..], "`echo agent-ran` approved"),
+        (&[][..], "`echo agent-ran` needs an answer; denied"),
+    ] {
+        let mut cmd = troupe(dir.path());
+        cmd.args(["chat", "--once", "--ephemeral", "--script"])
+            .arg(&script)
+            .args(flags)
+            .arg("/hub runner run it")
+            .env("TROUPE_AGENTS_DIR", &agents);
+        let out = exits_saying(cmd, 0, said).await;
+        assert_eq!(text(&out.stdout).trim(), "done");
+    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

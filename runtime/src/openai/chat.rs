@@ -35,11 +35,21 @@ fn unindexed_slot(calls: &BTreeMap<u64, RawCall>, last: Option<u64>, id: Option<
     }
 }
 
+/// A field's default when it is missing or `null`: some OpenAI-compatible servers send
+/// `"tool_calls": null` or `"usage": {"prompt_tokens": null}` rather than leaving it out.
+fn null_default<'de, D, T>(de: D) -> Result<T, D::Error>
+where
+    D: serde::Deserializer<'de>,
+    T: Default + Deserialize<'de>,
+{
+    Ok(Option::<T>::deserialize(de)?.unwrap_or_default())
+}
+
 #[derive(Deserialize)]
 struct Chunk {
     id: Option<String>,
     model: Option<String>,
-    #[serde(default)]
+    #[serde(default, deserialize_with = "null_default")]
     choices: Vec<Choice>,
     usage: Option<ChatUsage>,
     /// Some servers report a failure as a chunk instead of a status.
@@ -48,7 +58,7 @@ struct Chunk {
 
 #[derive(Deserialize)]
 struct Choice {
-    #[serde(default)]
+    #[serde(default, deserialize_with = "null_default")]
     index: u64,
     delta: Option<Delta>,
 }
@@ -56,7 +66,7 @@ struct Choice {
 #[derive(Deserialize)]
 struct Delta {
     content: Option<String>,
-    #[serde(default)]
+    #[serde(default, deserialize_with = "null_default")]
     tool_calls: Vec<ToolCallDelta>,
 }
 
@@ -75,9 +85,9 @@ struct FunctionDelta {
 
 #[derive(Deserialize)]
 struct ChatUsage {
-    #[serde(default)]
+    #[serde(default, deserialize_with = "null_default")]
     prompt_tokens: u64,
-    #[serde(default)]
+    #[serde(default, deserialize_with = "null_default")]
     completion_tokens: u64,
     prompt_tokens_details: Option<PromptDetails>,
     completion_tokens_details: Option<CompletionDetails>,
@@ -85,13 +95,13 @@ struct ChatUsage {
 
 #[derive(Deserialize)]
 struct PromptDetails {
-    #[serde(default)]
+    #[serde(default, deserialize_with = "null_default")]
     cached_tokens: u64,
 }
 
 #[derive(Deserialize)]
 struct CompletionDetails {
-    #[serde(default)]
+    #[serde(default, deserialize_with = "null_default")]
     reasoning_tokens: u64,
 }
 
@@ -252,6 +262,24 @@ mod tests {
                 cached_tokens: 6,
                 reasoning_tokens: 2
             })
+        );
+    }
+
+    #[test]
+    fn null_lists_and_counts_read_as_absent() {
+        let stream = concat!(
+            "data: {\"id\":\"x\",\"choices\":[{\"index\":null,\"delta\":{\"content\":\"hi\",\"tool_calls\":null}}],\"usage\":null}\n\n",
+            "data: {\"choices\":null,\"usage\":{\"prompt_tokens\":3,\"completion_tokens\":null,\"prompt_tokens_details\":{\"cached_tokens\":null}}}\n\n",
+            "data: [DONE]\n\n",
+        );
+        let mut deltas = Deltas::default();
+        let (done, c) = feed(ChatStream::default(), stream, &mut deltas).unwrap();
+        assert!(done);
+        assert_eq!(c.text, "hi");
+        assert!(c.calls.is_empty());
+        assert_eq!(
+            c.usage.map(|u| (u.input_tokens, u.output_tokens)),
+            Some((3, 0))
         );
     }
 

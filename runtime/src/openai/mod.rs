@@ -599,7 +599,7 @@ fn is_loopback(host: &str) -> bool {
 }
 
 /// The URL without query (Azure-style `?api-version=`, sometimes keys) or credentials.
-fn shown_url(url: &reqwest::Url) -> String {
+pub(crate) fn shown_url(url: &reqwest::Url) -> String {
     let mut url = url.clone();
     url.set_query(None);
     url.set_fragment(None);
