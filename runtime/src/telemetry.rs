@@ -187,19 +187,34 @@ pub fn subscriber(
     provider: &SdkTracerProvider,
 ) -> impl tracing::Subscriber + Send + Sync + 'static {
     let filter = EnvFilter::try_from_env(LOG_ENV).unwrap_or_else(|_| EnvFilter::new("warn"));
-    // rmcp's OAuth module prints authorization codes and token responses at debug: never below
-    // info, whatever the filter asks.
-    let filter = match OAUTH_LOG_CAP.parse() {
-        Ok(directive) => filter.add_directive(directive),
-        Err(_) => filter,
-    };
     let fmt = tracing_subscriber::fmt::layer()
         .with_writer(std::io::stderr)
-        .with_filter(filter);
+        .with_filter(console_filter(filter));
     tracing_subscriber::registry()
         .with(fmt)
         .with(otel_layer(provider))
 }
+
+/// The console's filter: `filter` (from `TROUPE_LOG`), with rmcp's OAuth module never
+/// below `info`, since it prints authorization codes and token responses at debug. The cap
+/// is a filter of its own, and'ed with `filter`: a directive of `filter` that enables
+/// events inside a span (`[mcp_oauth_login]=debug`) cannot lift it.
+pub fn console_filter<S>(filter: EnvFilter) -> impl tracing_subscriber::layer::Filter<S>
+where
+    S: tracing::Subscriber + for<'a> tracing_subscriber::registry::LookupSpan<'a>,
+{
+    use tracing_subscriber::filter::FilterExt;
+    let cap = match OAUTH_LOG_CAP.parse() {
+        Ok(directive) => filter.add_directive(directive),
+        Err(_) => filter,
+    };
+    cap.and(tracing_subscriber::filter::filter_fn(|meta| {
+        !(meta.target().starts_with(OAUTH_TARGET) && *meta.level() > Level::INFO)
+    }))
+}
+
+/// rmcp's OAuth module, capped at `info` in the console (see [`console_filter`]).
+const OAUTH_TARGET: &str = "rmcp::transport::auth";
 
 /// The OpenTelemetry layer alone, for subscribers built elsewhere (tests).
 pub fn otel_layer<S>(provider: &SdkTracerProvider) -> impl Layer<S> + Send + Sync + 'static

@@ -732,3 +732,44 @@ async fn a_replay_is_one_span_with_its_task_and_its_outcome() {
 }
 
 mod agents;
+
+/// rmcp's OAuth module stays at `info` and above in the console, even under a directive that
+/// enables debug inside the login's span (which an `EnvFilter` alone lets through).
+#[test]
+fn oauth_debug_lines_stay_out_of_the_console_whatever_the_filter_says() {
+    use tracing_subscriber::Layer;
+    #[derive(Clone, Default)]
+    struct Lines(Arc<Mutex<Vec<u8>>>);
+    impl std::io::Write for Lines {
+        fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+            self.0.lock().unwrap().extend_from_slice(buf);
+            Ok(buf.len())
+        }
+        fn flush(&mut self) -> std::io::Result<()> {
+            Ok(())
+        }
+    }
+    let lines = Lines::default();
+    let writer = lines.clone();
+    let filter = tracing_subscriber::EnvFilter::new("warn,[mcp_oauth_login]=debug,rmcp=debug");
+    let fmt = tracing_subscriber::fmt::layer()
+        .with_ansi(false)
+        .with_writer(move || writer.clone())
+        .with_filter(super::console_filter(filter));
+    let subscriber = tracing_subscriber::registry().with(fmt);
+    tracing::subscriber::with_default(subscriber, || {
+        let span = tracing::info_span!("mcp_oauth_login");
+        span.in_scope(|| {
+            tracing::debug!(target: "rmcp::transport::auth", "exchange code: SECRET-CODE");
+            tracing::info!(target: "rmcp::transport::auth", "token received");
+            tracing::debug!(target: "troupe_runtime::mcp", "login step");
+        });
+        tracing::debug!(target: "rmcp::transport::auth", "outside: SECRET-TOO");
+        tracing::debug!(target: "rmcp::service", "rmcp's own debug");
+    });
+    let out = String::from_utf8(lines.0.lock().unwrap().clone()).unwrap();
+    assert!(!out.contains("SECRET"), "{out}");
+    assert!(out.contains("token received"), "{out}");
+    assert!(out.contains("login step"), "{out}");
+    assert!(out.contains("rmcp's own debug"), "{out}");
+}

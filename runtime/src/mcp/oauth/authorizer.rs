@@ -25,7 +25,11 @@ const PLACEHOLDER_REDIRECT: &str = "http://127.0.0.1/callback";
 /// One connection's tokens.
 pub(crate) struct Authorizer {
     server: Arc<str>,
+    /// The URL the connection sends its tokens to: a stored login for another is not used.
+    url: Arc<str>,
     grant: McpOAuthGrant,
+    /// The client the connection's tokens belong to, when it knows it.
+    client_id: Option<String>,
     /// rmcp's OAuth client: discovered metadata, the configured client, the token requests.
     manager: AuthorizationManager,
     store: TokenStore,
@@ -77,7 +81,7 @@ impl Authorizer {
             message,
         };
         let stored = store.read().map_err(unavailable)?;
-        let stored = stored.filter(|login| login.url == url && login.grant == oauth.grant);
+        let stored = stored.filter(|login| login.is_for(url, oauth.grant, None));
         let client_secret = super::client_secret(server, oauth, env)?;
         match oauth.grant {
             McpOAuthGrant::AuthorizationCode => {
@@ -126,7 +130,15 @@ impl Authorizer {
                         ..login
                     },
                 });
-                Ok(Self::new(server, oauth.grant, manager, store, None))
+                // A new login may have registered another client: its tokens are for this
+                // URL all the same, so only the URL and the grant are checked.
+                Ok(Self::new(
+                    server,
+                    (url, oauth.grant, None),
+                    manager,
+                    store,
+                    None,
+                ))
             }
             McpOAuthGrant::ClientCredentials => {
                 let client_id =
@@ -180,21 +192,29 @@ impl Authorizer {
                     store: store.clone(),
                     base,
                 });
-                Ok(Self::new(server, oauth.grant, manager, store, Some(config)))
+                Ok(Self::new(
+                    server,
+                    (url, oauth.grant, Some(client_id)),
+                    manager,
+                    store,
+                    Some(config),
+                ))
             }
         }
     }
 
     fn new(
         server: &str,
-        grant: McpOAuthGrant,
+        (url, grant, client_id): (&str, McpOAuthGrant, Option<String>),
         manager: AuthorizationManager,
         store: TokenStore,
         client_credentials: Option<ClientCredentialsConfig>,
     ) -> Self {
         Self {
             server: server.into(),
+            url: url.into(),
             grant,
+            client_id,
             manager,
             store,
             client_credentials,
@@ -214,6 +234,7 @@ impl Authorizer {
                 server: self.server.to_string(),
                 message,
             })?;
+        let login = login.filter(|l| l.is_for(&self.url, self.grant, self.client_id.as_deref()));
         Ok(login.and_then(|l| l.snapshot()).map(|snapshot| {
             let fresh = !needs_renewal(now_secs(), snapshot.received_at, snapshot.expires_in);
             (snapshot.access_token, fresh)

@@ -93,6 +93,18 @@ impl StoredLogin {
         added
     }
 
+    /// Whether this login's tokens may be sent to `url` by a connection of `grant` (and of
+    /// `client_id`, when the connection knows its client): a token is never sent to another
+    /// URL, nor used by another grant or client. Checked at every read, since another
+    /// process sharing the data directory may have replaced the file since the connection
+    /// opened.
+    pub fn is_for(&self, url: &str, grant: McpOAuthGrant, client_id: Option<&str>) -> bool {
+        self.url == url
+            && self.grant == grant
+            && client_id
+                .is_none_or(|id| self.credentials.as_ref().is_none_or(|c| c.client_id == id))
+    }
+
     /// What the tokens look like, without the secrets.
     pub fn snapshot(&self) -> Option<TokenSnapshot> {
         let credentials = self.credentials.as_ref()?;
@@ -204,12 +216,15 @@ fn write_private(path: &Path, value: &StoredLogin) -> Result<(), String> {
         .create(dir)
         .map_err(|e| format!("cannot create {}: {e}", dir.display()))?;
     let bytes = serde_json::to_vec_pretty(value).map_err(|e| format!("cannot encode: {e}"))?;
-    let tmp = path.with_extension(format!("json.{}.tmp", std::process::id()));
+    // One name per write, not per process: two sessions of one process renewing together
+    // must not write into the same temporary file.
+    static WRITES: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+    let n = WRITES.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    let tmp = path.with_extension(format!("json.{}.{n}.tmp", std::process::id()));
     let result = (|| {
         let mut file = std::fs::OpenOptions::new()
             .write(true)
-            .create(true)
-            .truncate(true)
+            .create_new(true)
             .mode(0o600)
             .open(&tmp)?;
         file.write_all(&bytes)?;
@@ -296,6 +311,50 @@ impl CredentialStore for CredentialFile {
 mod tests {
     use super::*;
     use std::os::unix::fs::PermissionsExt;
+
+    #[test]
+    fn a_login_is_for_its_url_grant_and_client_only() {
+        let url = "https://prod.example/mcp";
+        let mut login = StoredLogin::new(url, McpOAuthGrant::ClientCredentials);
+        assert!(login.is_for(url, McpOAuthGrant::ClientCredentials, Some("a")));
+        assert!(!login.is_for(
+            "https://staging.example/mcp",
+            McpOAuthGrant::ClientCredentials,
+            None
+        ));
+        assert!(!login.is_for(url, McpOAuthGrant::AuthorizationCode, None));
+        login.credentials = Some(StoredCredentials::new("a".into(), None, Vec::new(), None));
+        assert!(login.is_for(url, McpOAuthGrant::ClientCredentials, Some("a")));
+        assert!(login.is_for(url, McpOAuthGrant::ClientCredentials, None));
+        assert!(!login.is_for(url, McpOAuthGrant::ClientCredentials, Some("b")));
+    }
+
+    #[test]
+    fn writes_of_one_process_at_once_leave_a_whole_file() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = TokenStore::file(&dir.path().join("mcp-auth"), "remote");
+        std::thread::scope(|s| {
+            for i in 0..8 {
+                let store = store.clone();
+                s.spawn(move || {
+                    for j in 0..20 {
+                        let mut login = StoredLogin::new(
+                            &format!("http://127.0.0.1:1/mcp/{i}/{j}"),
+                            McpOAuthGrant::AuthorizationCode,
+                        );
+                        login.want(&"scope ".repeat(i * 50 + j));
+                        store.write(&login).unwrap();
+                    }
+                });
+            }
+        });
+        assert!(store.read().unwrap().is_some());
+        let left: Vec<_> = std::fs::read_dir(dir.path().join("mcp-auth"))
+            .unwrap()
+            .map(|e| e.unwrap().file_name())
+            .collect();
+        assert_eq!(left.len(), 1, "{left:?}");
+    }
 
     #[test]
     fn a_file_store_writes_owner_only_and_reads_back() {
