@@ -523,15 +523,20 @@ impl Actor for Conversation {
             )?,
         };
         let mcp = services.directory.mcp();
+        let allowlist = context.mcp_tool_allowlist.as_deref();
         let view = match &mcp.port {
-            Some(port) => Some(
-                port.open_view(args.conversation_id, context.mcp_tool_allowlist.as_deref())
-                    .await?,
-            ),
+            // A restored conversation's allowlist was accepted when it was set: a server or
+            // tool gone since is not seen, never a reason to lose the conversation.
+            Some(port) if args.restore => {
+                Some(port.reopen_view(args.conversation_id, allowlist).await?)
+            }
+            Some(port) => Some(port.open_view(args.conversation_id, allowlist).await?),
             // No pool to ask (none configured, or none running now): the configuration
-            // decides which servers an allowlist may name (C5).
+            // decides which servers a new allowlist may name (C5).
             None => {
-                if let Some(list) = &context.mcp_tool_allowlist {
+                if let Some(list) = allowlist
+                    && !args.restore
+                {
                     crate::context::check_allowlist_servers(list, &settings.mcp_servers)?;
                 }
                 None
@@ -928,22 +933,27 @@ impl ConversationState {
             None => None,
         };
         let mcp = self.services.directory.mcp();
+        let new_allowlist = next.mcp_tool_allowlist != self.context.mcp_tool_allowlist;
         if mcp.port.is_none()
+            && new_allowlist
             && let Some(list) = &next.mcp_tool_allowlist
         {
             crate::context::check_allowlist_servers(list, &self.services.settings.mcp_servers)?;
         }
-        let new_allowlist = next.mcp_tool_allowlist != self.context.mcp_tool_allowlist;
         if (new_allowlist || update.refresh_mcp)
             && let Some(port) = &mcp.port
         {
-            // The new view first: if the pool refuses the allowlist, nothing changes.
-            let view = port
-                .open_view(self.id, next.mcp_tool_allowlist.as_deref())
-                .await
-                .inspect_err(|error| {
-                    tracing::info!(conversation_id = %self.id, %error, "new MCP allowlist refused");
-                })?;
+            // The new view first: if the pool refuses a new allowlist, nothing changes (one
+            // accepted before is opened again as it is: a refresh never fails on it).
+            let allowlist = next.mcp_tool_allowlist.as_deref();
+            let view = if new_allowlist {
+                port.open_view(self.id, allowlist).await
+            } else {
+                port.reopen_view(self.id, allowlist).await
+            };
+            let view = view.inspect_err(|error| {
+                tracing::info!(conversation_id = %self.id, %error, "new MCP allowlist refused");
+            })?;
             if update.refresh_mcp {
                 // The pool lists its servers' tools again and restarts those waiting to.
                 view.refresh().await;
@@ -981,7 +991,7 @@ impl ConversationState {
         }
         let opened = match &mcp.port {
             Some(port) => {
-                port.open_view(self.id, self.context.mcp_tool_allowlist.as_deref())
+                port.reopen_view(self.id, self.context.mcp_tool_allowlist.as_deref())
                     .await
             }
             None => Err(AgentError::internal(

@@ -102,7 +102,7 @@ mod requests;
 mod view;
 
 pub use self::config::McpLimits;
-pub use self::decide::{PoolSnapshot, Route, RouteTable, ServerSnapshot, ViewId, ViewScope};
+pub use self::decide::{Check, PoolSnapshot, Route, RouteTable, ServerSnapshot, ViewId, ViewScope};
 pub use self::limits::Rate;
 pub use self::view::McpPoolHandle;
 
@@ -231,6 +231,8 @@ pub enum McpPoolMsg {
     OpenView {
         conversation_id: ConversationId,
         allowlist: Option<Vec<String>>,
+        /// How strictly the allowlist is checked.
+        check: Check,
         reply: RpcReplyPort<Result<ViewGrant, AgentError>>,
     },
     /// Drops a view's references. Idempotent.
@@ -351,8 +353,9 @@ impl Actor for McpPool {
             McpPoolMsg::OpenView {
                 conversation_id,
                 allowlist,
+                check,
                 reply,
-            } => state.open_view(&myself, conversation_id, allowlist, reply),
+            } => state.open_view(&myself, conversation_id, (allowlist, check), reply),
             McpPoolMsg::ReleaseView { view_id } => state.release_view(&myself, view_id),
             McpPoolMsg::ListTools { view_id, reply } => {
                 let _ = reply.send(state.core.list_tools(view_id));
@@ -493,10 +496,13 @@ impl McpPoolState {
         &mut self,
         myself: &ActorRef<McpPoolMsg>,
         conversation_id: ConversationId,
-        allowlist: Option<Vec<String>>,
+        (allowlist, check): (Option<Vec<String>>, Check),
         reply: RpcReplyPort<Result<ViewGrant, AgentError>>,
     ) {
-        let (view_id, fx) = match self.core.open_view(conversation_id, allowlist) {
+        let (view_id, fx) = match self
+            .core
+            .open_view_checked(conversation_id, allowlist, check)
+        {
             Ok(opened) => opened,
             Err(error) => {
                 tracing::info!(%conversation_id, %error, "MCP view refused");

@@ -104,6 +104,19 @@ pub trait McpPort: Send + Sync + 'static {
         conversation_id: ConversationId,
         allowlist: Option<&[String]>,
     ) -> Result<Arc<dyn McpView>, AgentError>;
+
+    /// Opens a view again for an allowlist accepted before (a restart, a reactivation, a
+    /// refresh, a new pool): an entry of a server that is no longer configured, or of a tool
+    /// its server no longer offers, is not an error (the view sees what is there, and a
+    /// `warning` event names what is not), so a conversation is never lost to a change of its
+    /// servers.
+    async fn reopen_view(
+        &self,
+        conversation_id: ConversationId,
+        allowlist: Option<&[String]>,
+    ) -> Result<Arc<dyn McpView>, AgentError> {
+        self.open_view(conversation_id, allowlist).await
+    }
 }
 
 /// One conversation's view onto the pool.

@@ -1151,6 +1151,43 @@ async fn allowlists_are_checked_before_any_server_connects_and_unknown_tools_are
         };
         assert!(message.contains("everything__no_such_tool"), "{message}");
         assert!(!message.contains("everything__echo"), "{message}");
+
+        // That accepted allowlist is opened again as it is: a refresh of the tools succeeds,
+        // and a restart of the conversation (from its rollout) brings it back, still
+        // answering, rather than losing it to the entry its server does not offer.
+        t.session
+            .set_context(
+                c,
+                SetContext {
+                    refresh_mcp: true,
+                    ..SetContext::default()
+                },
+            )
+            .await
+            .unwrap();
+        let old = t.session.conversation_actor(c).await.unwrap().unwrap();
+        old.cast(troupe_actors::conversation::ConversationMsg::InjectPanic)
+            .unwrap();
+        t.event(Duration::from_secs(10), |e| {
+            e.conversation_id == Some(c)
+                && matches!(e.event, EventKind::ConversationRestarted { .. })
+        })
+        .await;
+        let reply = t.session.message(c, "still here?").await.unwrap();
+        assert_eq!(reply.status, TaskStatus::Ok, "{reply:?}");
+        // A new allowlist naming a tool the server does not offer is still refused.
+        let refused = t
+            .session
+            .set_context(
+                c,
+                SetContext {
+                    mcp_tool_allowlist: Some(Some(vec!["everything__nope".into()])),
+                    ..SetContext::default()
+                },
+            )
+            .await
+            .unwrap_err();
+        assert!(refused.to_string().contains("everything__nope"), "{refused}");
     })
     .await;
     t.stop(&servers).await;

@@ -50,6 +50,18 @@ pub struct PoolCore {
     backoff_max: Duration,
 }
 
+/// How an allowlist is checked when a view opens.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Check {
+    /// A new allowlist (a conversation opened, its allowlist changed): every entry must be a
+    /// configured server's, and of a tool it offers once its tools are known.
+    Strict,
+    /// An allowlist accepted before, opened again (a restart, a reactivation, a refresh, a new
+    /// pool): entries of servers no longer configured, or of tools no longer offered, are
+    /// not seen rather than refused.
+    AcceptedBefore,
+}
+
 impl PoolCore {
     /// A pool of `servers`, all idle. Fails when a name is illegal or repeated.
     pub fn new(
@@ -89,17 +101,38 @@ impl PoolCore {
         self.counter
     }
 
-    /// Opens a view: checks its allowlist, takes a reference on every server it can see
-    /// (starting those that are idle). Nothing waits for a connection.
+    /// Opens a view with a new allowlist ([`Check::Strict`]).
+    #[cfg(test)]
     pub fn open_view(
         &mut self,
         conversation_id: ConversationId,
         allowlist: Option<Vec<String>>,
     ) -> Result<(ViewId, Vec<Effect>), AgentError> {
+        self.open_view_checked(conversation_id, allowlist, Check::Strict)
+    }
+
+    /// Opens a view: checks its allowlist as `check` says, takes a reference on every server
+    /// it can see (starting those that are idle). Nothing waits for a connection.
+    pub fn open_view_checked(
+        &mut self,
+        conversation_id: ConversationId,
+        allowlist: Option<Vec<String>>,
+        check: Check,
+    ) -> Result<(ViewId, Vec<Effect>), AgentError> {
         let (allowlist, servers) = match allowlist {
             None => (None, self.servers.keys().cloned().collect()),
             Some(list) => {
-                let servers = self.check_allowlist(&list)?;
+                let servers = match check {
+                    Check::Strict => self.check_allowlist(&list)?,
+                    // Accepted before: the servers it names that are configured now.
+                    Check::AcceptedBefore => list
+                        .iter()
+                        .filter_map(|entry| split_qualified(entry))
+                        .map(|(server, _)| server)
+                        .filter(|server| self.servers.contains_key(*server))
+                        .map(str::to_owned)
+                        .collect(),
+                };
                 (Some(list.into_iter().collect()), servers)
             }
         };
@@ -129,7 +162,7 @@ impl PoolCore {
         Some((view.conversation_id, fx))
     }
 
-    /// Checks an allowlist against the configuration: every entry must be a qualified
+    /// Checks a new allowlist against the configuration: every entry must be a qualified
     /// `server__tool` name of a configured server, and of a tool that server offers once its
     /// tools are known (entries of servers still starting are accepted). Returns the servers
     /// it names; the error names every bad entry.
@@ -920,6 +953,28 @@ mod tests {
             names(&fx),
             ["Close(a, Died)", "CancelTimer(a)", "Failed(a, None)"]
         );
+    }
+
+    #[test]
+    fn an_allowlist_accepted_before_opens_again_with_what_is_there() {
+        let mut core = core(&["a", "b"]);
+        core.open_view(ConversationId::new(), None).unwrap();
+        connect(&mut core, "a", &["t"]);
+        let list = strings(&["a__t", "a__gone", "removed__x"]);
+        assert!(
+            core.open_view(ConversationId::new(), Some(list.clone()))
+                .is_err()
+        );
+        let (v, _) = core
+            .open_view_checked(ConversationId::new(), Some(list), Check::AcceptedBefore)
+            .unwrap();
+        let tools: Vec<String> = core
+            .list_tools(v)
+            .unwrap()
+            .into_iter()
+            .map(|t| t.name)
+            .collect();
+        assert_eq!(tools, ["a__t"]);
     }
 
     #[test]

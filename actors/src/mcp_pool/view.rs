@@ -7,7 +7,7 @@
 use super::calls::{InFlightCall, next_key};
 use super::limits::{self, ConversationLimiter};
 use super::{
-    CALL_TIMEOUT_GRACE, McpLimits, McpPool, McpPoolArgs, McpPoolMsg, PoolSnapshot, Route,
+    CALL_TIMEOUT_GRACE, Check, McpLimits, McpPool, McpPoolArgs, McpPoolMsg, PoolSnapshot, Route,
     RouteTable, ViewId, ViewScope, decide, metrics,
 };
 use crate::events::{EventDraft, EventSink};
@@ -87,10 +87,32 @@ impl McpPort for McpPoolHandle {
         conversation_id: ConversationId,
         allowlist: Option<&[String]>,
     ) -> Result<Arc<dyn McpView>, AgentError> {
+        self.view_of(conversation_id, allowlist, Check::Strict)
+            .await
+    }
+
+    async fn reopen_view(
+        &self,
+        conversation_id: ConversationId,
+        allowlist: Option<&[String]>,
+    ) -> Result<Arc<dyn McpView>, AgentError> {
+        self.view_of(conversation_id, allowlist, Check::AcceptedBefore)
+            .await
+    }
+}
+
+impl McpPoolHandle {
+    async fn view_of(
+        &self,
+        conversation_id: ConversationId,
+        allowlist: Option<&[String]>,
+        check: Check,
+    ) -> Result<Arc<dyn McpView>, AgentError> {
         let allowlist = allowlist.map(<[String]>::to_vec);
         let grant = ractor::call!(self.actor, |reply| McpPoolMsg::OpenView {
             conversation_id,
             allowlist,
+            check,
             reply,
         })
         .map_err(pool_gone)??;

@@ -61,7 +61,7 @@ impl TaskMcp {
                     self.view = None;
                     if let Some(port) = now.port {
                         let view = port
-                            .open_view(ctx.conversation_id, ctx.mcp_allowlist.as_deref())
+                            .reopen_view(ctx.conversation_id, ctx.mcp_allowlist.as_deref())
                             .await?;
                         crate::mcp_pool::metrics::view_reopened(
                             crate::mcp_pool::metrics::ReopenedBy::Task,
