@@ -170,7 +170,11 @@ impl EdgePolicy {
             .any(|(n, p)| n == name && p.is_none_or(|p| p == port))
     }
 
-    fn origin_allowed(&self, origin: &str) -> bool {
+    /// Whether a request to `host` (its Host header) may come from a page of `origin`: one
+    /// of `allowed_origins`, or the service's own (an allowed host). With `allowed_hosts =
+    /// "*"` every name is allowed as a Host, but not as an Origin: a page's origin is the
+    /// service's own only when it is the host the request is sent to (same origin).
+    fn origin_allowed(&self, origin: &str, host: Option<&str>) -> bool {
         let Some(normalized) = normalize_origin(origin) else {
             return false;
         };
@@ -181,8 +185,15 @@ impl EdgePolicy {
             return false;
         };
         let default_port = if scheme == "https" { 443 } else { 80 };
-        split_host(authority)
-            .is_some_and(|(name, port)| self.host_allowed(&name, port.unwrap_or(default_port)))
+        let Some((name, port)) = split_host(authority) else {
+            return false;
+        };
+        if !self.any_host {
+            return self.host_allowed(&name, port.unwrap_or(default_port));
+        }
+        host.and_then(split_host).is_some_and(|(h_name, h_port)| {
+            h_name == name && (h_port == port || (port.is_none() && h_port == Some(default_port)))
+        })
     }
 }
 
@@ -201,7 +212,7 @@ pub fn check(policy: &EdgePolicy, req: &Facts<'_>) -> Result<(), Refusal> {
     }
     if (req.websocket || !read_only)
         && let Some(origin) = req.origin
-        && !policy.origin_allowed(origin)
+        && !policy.origin_allowed(origin, req.host)
     {
         return Err(Refusal::Origin);
     }
@@ -413,6 +424,36 @@ mod tests {
         }
         let star = EdgePolicy::new("127.0.0.1:1".parse().unwrap(), &["*".into()], &[]).unwrap();
         assert_eq!(check(&star, &at("anything.example")), Ok(()));
+        // `*` opens the Host check, not the Origin check: a page may write only to the host
+        // it came from.
+        let post = Method::POST;
+        let from = |host, origin| Facts {
+            host: Some(host),
+            origin: Some(origin),
+            content_type: Some("application/json"),
+            has_body: true,
+            ..facts(&post, "/rpc")
+        };
+        for (host, origin) in [
+            ("api.example", "https://api.example"),
+            ("api.example:8443", "https://api.example:8443"),
+            ("api.example:443", "https://api.example"),
+            ("127.0.0.1:1", "http://127.0.0.1:1"),
+        ] {
+            assert_eq!(check(&star, &from(host, origin)), Ok(()), "{host} {origin}");
+        }
+        for (host, origin) in [
+            ("127.0.0.1:1", "https://evil.example"),
+            ("api.example", "https://sub.api.example"),
+            ("api.example", "https://api.example:8443"),
+            ("127.0.0.1:1", "http://127.0.0.1:2"),
+        ] {
+            assert_eq!(
+                check(&star, &from(host, origin)),
+                Err(Refusal::Origin),
+                "{host} {origin}"
+            );
+        }
         assert!(EdgePolicy::new("127.0.0.1:1".parse().unwrap(), &["a/b".into()], &[]).is_err());
         assert!(EdgePolicy::new("127.0.0.1:1".parse().unwrap(), &[], &["null".into()]).is_err());
     }
