@@ -8,12 +8,13 @@ use anyhow::Context;
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 use std::sync::Arc;
+use tokio_util::sync::CancellationToken;
 use troupe_actors::SessionHandle;
 use troupe_actors::rollout::FileRolloutStorage;
 use troupe_actors::rollout::storage::RolloutStorage;
 use troupe_proto::SessionId;
 use troupe_runtime::assembly;
-use troupe_store::MemoryRolloutStorage;
+use troupe_store::{MemoryRolloutStorage, TtlSweeper};
 
 #[derive(Debug, clap::Args)]
 pub struct AcpArgs {
@@ -85,6 +86,10 @@ async fn serve(
         Arc::new(FileRolloutStorage::new(config.data_dir.join("rollout")))
     };
     ports.rollout_storage = Some(rollout.clone());
+    // As `troupe chat`: `ttl` content earlier runs left is swept before this one starts, and
+    // the sweeper goes on while it serves (this session's content included).
+    let sweeper = TtlSweeper::new(None, rollout.clone());
+    sweeper.sweep().await;
     let session_id = if args.ephemeral {
         SessionId::new()
     } else {
@@ -92,6 +97,8 @@ async fn serve(
     };
     let session_config = assembly::session_config(config);
     let conversation = assembly::chat_conversation(config.chat.storage_policy);
+    let stop_sweeping = CancellationToken::new();
+    let sweeping = sweeper.spawn(session_config.ttl_sweep_interval, stop_sweeping.clone());
     let (session, join) = SessionHandle::start(session_id, session_config, ports).await?;
     let served = troupe_acp::agent::Served {
         session: session.clone(),
@@ -104,6 +111,10 @@ async fn serve(
         eprintln!("troupe acp: shutdown: {e}");
     }
     let _ = join.await;
+    stop_sweeping.cancel();
+    if let Some(sweeping) = sweeping {
+        let _ = sweeping.await;
+    }
     outcome.map_err(|e| anyhow::anyhow!("ACP connection failed: {}", e.message))?;
     Ok(ExitCode::SUCCESS)
 }

@@ -161,6 +161,39 @@ fn troupe_chat_ttl_content_is_gone_from_disk_after_the_next_run() {
     );
 }
 
+/// `troupe acp` sweeps the data directory's rollout too before it serves: an editor that only
+/// ever runs `troupe acp` does not keep `ttl` content past its expiry.
+#[test]
+fn troupe_acp_sweeps_due_content_before_it_serves() {
+    let dir = tempfile::tempdir().unwrap();
+    let data = dir.path().join("data");
+    let canary = format!("CANARY-ACP-{}", now_ms());
+    chat(dir.path(), &canary, "ttl:1");
+    let due = jsonl_records(&data.join("rollout"))
+        .iter()
+        .filter_map(|r| r.meta.expires_ms)
+        .max()
+        .expect("ttl records carry their expiry");
+    wait_until(due, Duration::from_secs(10));
+    assert!(!holding(&data, &canary).is_empty());
+    // Its stdin closed at once: it starts, sweeps, serves nothing and ends.
+    let out = Command::new(troupe_bin())
+        .args(["acp", "--data-dir"])
+        .arg(&data)
+        .env_remove("TROUPE_SCRIPT")
+        .env_remove("TROUPE_CONFIG")
+        .current_dir(dir.path())
+        .stdin(std::process::Stdio::null())
+        .output()
+        .unwrap();
+    let left = holding(&data, &canary);
+    assert!(
+        left.is_empty(),
+        "the canary is still in {left:?}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
 /// A `troupe serve` child over a persistent data dir.
 struct Serve {
     child: Child,
