@@ -333,6 +333,30 @@ pub fn history_with_owners(records: &[RolloutRecord]) -> (Vec<HistoryItem>, Vec<
                 outputs.clear();
                 continue;
             }
+            // A task whose start expired (its input swept) still began there: its later
+            // items are its own, and they go if it never ended. (Its end expires after
+            // everything it said, so an expired end leaves nothing of it to drop.)
+            (EventName::TaskStarted, None) => {
+                if let Some(start) = open.take() {
+                    items.truncate(start);
+                    owners.truncate(start);
+                }
+                task_start = items.len();
+                open = Some(task_start);
+                routed = Routed::default();
+                outputs.clear();
+                continue;
+            }
+            (EventName::TaskFinished, None) => {
+                open = None;
+                continue;
+            }
+            (EventName::TaskAborted, None) => {
+                open = None;
+                items.truncate(task_start);
+                owners.truncate(task_start);
+                continue;
+            }
             _ => {}
         }
         let Some(event) = &r.event else { continue };
@@ -1279,6 +1303,70 @@ mod tests {
                 HistoryItem::assistant("y"),
                 HistoryItem::user("z"),
                 HistoryItem::assistant("w"),
+            ]
+        );
+    }
+
+    #[test]
+    fn an_interrupted_task_whose_start_expired_adds_nothing_to_history() {
+        let (done_task, cut) = (TaskId::new(), TaskId::new());
+        let mut records = vec![
+            event(
+                Some(done_task),
+                EventKind::TaskStarted { input: "x".into() },
+            ),
+            event(
+                Some(done_task),
+                EventKind::AssistantMessage { text: "y".into() },
+            ),
+            done(done_task, 1),
+            // Its start swept (ttl), its later items not yet; no end (a crash).
+            expired(event(
+                Some(cut),
+                EventKind::TaskStarted {
+                    input: "long job".into(),
+                },
+            )),
+            event(
+                Some(cut),
+                EventKind::AssistantMessage {
+                    text: "working".into(),
+                },
+            ),
+            event(
+                Some(cut),
+                EventKind::ToolCallStarted {
+                    call: troupe_proto::ToolCall {
+                        call_id: "c1".into(),
+                        name: "shell".into(),
+                        arguments: troupe_proto::Json(serde_json::json!({})),
+                    },
+                    agent_id: None,
+                },
+            ),
+        ];
+        let kept = [HistoryItem::user("x"), HistoryItem::assistant("y")];
+        assert_eq!(history_from_records(&records), kept);
+        // Its abort recorded, then a later task: still nothing of it.
+        records.push(event(Some(cut), EventKind::TaskAborted { waited_ms: 0 }));
+        assert_eq!(history_from_records(&records), kept);
+        // One that ended keeps what it said after its expired start.
+        let whole = TaskId::new();
+        records.push(expired(event(
+            Some(whole),
+            EventKind::TaskStarted { input: "q".into() },
+        )));
+        records.push(event(
+            Some(whole),
+            EventKind::AssistantMessage { text: "a".into() },
+        ));
+        records.push(done(whole, 3));
+        assert_eq!(
+            history_from_records(&records),
+            [
+                HistoryItem::user("x"),
+                HistoryItem::assistant("y"),
+                HistoryItem::assistant("a"),
             ]
         );
     }
