@@ -320,7 +320,8 @@ impl HostState {
             // in the new run may be for this conversation.
             Resync::Open(id) => match self.conversations.get(id) {
                 Some(slot) if slot.record.state == ConversationState::Open => {
-                    h.restore(*id, slot.record.params.clone()).await
+                    let params = super::plan::as_stored(&slot.record, now_ms());
+                    h.restore(*id, params).await
                 }
                 _ => Ok(()),
             },

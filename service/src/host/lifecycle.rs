@@ -21,7 +21,8 @@ async fn restart(
     record: &SessionRecord,
     conversations: &[ConversationRecord],
 ) -> Result<SessionHandle, AgentError> {
-    let (root, others) = plan::restore_plan(record, conversations);
+    let (root, others) =
+        plan::restore_plan(record, conversations, troupe_actors::clock::unix_now_ms());
     let mut config = template.config.clone();
     config.root_id = Some(record.root_conversation_id);
     if let Some(root) = root {

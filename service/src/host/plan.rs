@@ -216,9 +216,15 @@ pub fn exchange(
 
 /// What restarting a stored session takes: the root conversation's parameters (the session's
 /// root reopens under its id) and the other open conversations, oldest first.
+///
+/// Each conversation's parameters are as its store may hold them at `now_ms` (see
+/// [`OpenConversation::kept_by_policy`] and [`OpenConversation::stored_at`]): a session
+/// restarted from what its host holds in memory runs a `headers_only`, `none` or expired
+/// `ttl` conversation without its instructions, as one reopened from the store does.
 pub fn restore_plan(
     record: &SessionRecord,
     conversations: &[ConversationRecord],
+    now_ms: u64,
 ) -> (
     Option<OpenConversation>,
     Vec<(ConversationId, OpenConversation)>,
@@ -226,7 +232,7 @@ pub fn restore_plan(
     let root = conversations
         .iter()
         .find(|c| c.conversation_id == record.root_conversation_id)
-        .map(|c| c.params.clone());
+        .map(|c| as_stored(c, now_ms));
     let mut others: Vec<&ConversationRecord> = conversations
         .iter()
         .filter(|c| c.conversation_id != record.root_conversation_id)
@@ -237,9 +243,17 @@ pub fn restore_plan(
         root,
         others
             .into_iter()
-            .map(|c| (c.conversation_id, c.params.clone()))
+            .map(|c| (c.conversation_id, as_stored(c, now_ms)))
             .collect(),
     )
+}
+
+/// A conversation's parameters as its store may hold them at `now_ms`.
+pub fn as_stored(c: &ConversationRecord, now_ms: u64) -> OpenConversation {
+    c.params
+        .clone()
+        .kept_by_policy()
+        .stored_at(c.created_ms, now_ms)
 }
 
 /// Whether a session that stopped on its own may be started again now, given its recent
@@ -644,6 +658,7 @@ mod tests {
                 conv(root, true, ConversationState::Open, 1),
                 conv(open, false, ConversationState::Open, 2),
             ],
+            10,
         );
         assert_eq!(root_params.unwrap().base_instructions.as_deref(), Some("1"));
         let ids: Vec<ConversationId> = others.iter().map(|(id, _)| *id).collect();
@@ -652,5 +667,30 @@ mod tests {
             vec![open, later],
             "open ones, oldest first, not the closed one"
         );
+    }
+
+    #[test]
+    fn a_restart_keeps_instructions_only_as_the_storage_policy_does() {
+        use troupe_proto::StoragePolicy;
+        let with = |policy| ConversationRecord {
+            conversation_id: ConversationId::new(),
+            session_id: SessionId::new(),
+            params: OpenConversation {
+                base_instructions: Some("be brief".into()),
+                user_instructions: Some("in French".into()),
+                storage_policy: policy,
+                ..OpenConversation::default()
+            },
+            is_root: false,
+            state: ConversationState::Open,
+            created_ms: 1_000,
+            closed_ms: None,
+        };
+        let kept = |policy, now_ms| as_stored(&with(policy), now_ms).has_instructions();
+        assert!(kept(StoragePolicy::Full, 10_000_000));
+        assert!(!kept(StoragePolicy::HeadersOnly, 1_000));
+        assert!(!kept(StoragePolicy::None, 1_000));
+        assert!(kept(StoragePolicy::Ttl { secs: 60 }, 60_999));
+        assert!(!kept(StoragePolicy::Ttl { secs: 60 }, 61_000));
     }
 }
