@@ -273,6 +273,9 @@ pub struct HostState {
     /// Changes a stopped run of the session answered after the run that replaces it was
     /// started from what the host held: told to that run once it is up.
     resyncs: Vec<conversations::Resync>,
+    /// Message updates (`message_status`) that happened while the session was being started
+    /// again: emitted once it is up, so a client of the event stream hears every outcome.
+    deferred_updates: Vec<MessageRecord>,
     /// Set by `pre_start`, consumed by `post_start`.
     created: Option<Created>,
     /// Keeps `troupe_sessions_active` counted while the host lives.
@@ -305,6 +308,7 @@ impl Actor for SessionHost {
             restarts: Vec::new(),
             stopped_while_restarting: Vec::new(),
             resyncs: Vec::new(),
+            deferred_updates: Vec::new(),
             created: args.created,
             _active: metrics::ActiveSession::start(),
         })

@@ -66,6 +66,7 @@ impl HostState {
         match started {
             Ok(handle) => {
                 self.session = Liveness::Up(handle);
+                self.emit_deferred();
             }
             Err(e) => {
                 tracing::error!(%session_id, error = %e, "stored session not started");
@@ -228,6 +229,7 @@ impl HostState {
                 tracing::info!(%session_id, "session restarted");
                 self.session = Liveness::Up(handle.clone());
                 self.tell_missed(&handle).await;
+                self.emit_deferred();
                 let ids: Vec<ConversationId> = self.conversations.keys().copied().collect();
                 for id in ids {
                     self.run_next(myself, id).await;

@@ -421,8 +421,24 @@ impl HostState {
         }
     }
 
-    /// Publishes a message's status on the session's event stream.
-    pub(super) fn emit_update(&self, message: &MessageRecord) {
+    /// Publishes a message's status on the session's event stream; while the session is
+    /// being started again, once it is up ([`Self::emit_deferred`]).
+    pub(super) fn emit_update(&mut self, message: &MessageRecord) {
+        match &self.session {
+            Liveness::Up(_) => self.emit_now(message),
+            Liveness::Restarting => self.deferred_updates.push(message.clone()),
+            Liveness::Down(_) => {}
+        }
+    }
+
+    /// Emits the updates deferred while the session was being started again, in order.
+    pub(super) fn emit_deferred(&mut self) {
+        for message in std::mem::take(&mut self.deferred_updates) {
+            self.emit_now(&message);
+        }
+    }
+
+    fn emit_now(&self, message: &MessageRecord) {
         let (Liveness::Up(handle), Some(status)) = (&self.session, message.status) else {
             return;
         };

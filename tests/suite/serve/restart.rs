@@ -314,3 +314,33 @@ async fn changes_a_stopped_run_answered_late_are_told_to_the_run_that_replaced_i
     assert_eq!(done["status"], "completed", "{done}");
     server.stop().await;
 }
+
+/// A message whose session stops under it ends `aborted`, and its `message_status` reaches
+/// the event stream, although the session was being started again when it ended (the update
+/// waits for the new run instead of being dropped).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_outcome_reached_while_the_session_restarts_is_on_the_event_stream() {
+    let server = Server::start_with(|_| {}, hangs()).await;
+    let (api, sid, conv) = conversation_of(&server).await;
+    let (_, sent) = post(&api, &sid, Some(&conv), "runs").await;
+    called(&server, 1).await;
+    let message_id = sent["message"]["message_id"].as_u64().unwrap();
+    let parsed = sid.parse().unwrap();
+    let first = running(&server, parsed).await;
+    let old = first.actor().get_id();
+    first.actor().kill();
+    restarted(&server, parsed, old).await;
+    let m = outcome(&api, &sid, message_id).await;
+    assert_eq!(m["status"], "aborted", "{m}");
+    let events = api
+        .sse(&sid, None, |seen| {
+            seen.iter().any(|e| {
+                e["type"] == "message_status"
+                    && e["data"]["message_id"] == message_id
+                    && e["data"]["status"] == "aborted"
+            })
+        })
+        .await;
+    assert!(!events.is_empty());
+    server.stop().await;
+}
