@@ -134,6 +134,15 @@ impl HostState {
         // The tasks the shutdown cancelled answer through `TaskDone`, still in this mailbox;
         // the service waits for them with a second drain.
         self.session = Liveness::Down(shutting_down());
+        // Callers waiting on a queued message hear that it stays queued and runs after the
+        // next start (not an internal error, which reads as if it were lost).
+        for slot in self.conversations.values_mut() {
+            for waiting in &mut slot.queue {
+                if let Some(waiter) = waiting.waiter.take() {
+                    let _ = waiter.send(Err(stays_queued(waiting.message.message_id)));
+                }
+            }
+        }
     }
 
     /// The session's actor ended: start it again unless the service drains or it keeps
@@ -242,6 +251,14 @@ impl HostState {
             }
         }
     }
+}
+
+/// What a caller waiting on queued message `message_id` hears when the service stops.
+pub(super) fn stays_queued(message_id: u64) -> AgentError {
+    AgentError::interrupted(format!(
+        "the service is stopping: message {message_id} stays queued in the store and runs \
+         after the next start (read it for its outcome; do not send it again)"
+    ))
 }
 
 /// What calls answer once the service shuts the session down.

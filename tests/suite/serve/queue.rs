@@ -462,6 +462,61 @@ async fn a_restart_settles_every_pending_message() {
     task.await.unwrap();
 }
 
+/// A caller waiting on a queued message when the service stops hears that it stays queued and
+/// runs after the next start, not an internal error (a client would send it again).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_caller_waiting_on_a_queued_message_at_a_stop_is_told_it_stays_queued() {
+    let server = Server::start_on(
+        |dir| Arc::new(SqliteStore::open_in(dir).unwrap()),
+        |c| c.server.grace_period = Duration::from_millis(300),
+        hangs(),
+    )
+    .await;
+    let (api, sid, conv) = conversation_of(&server).await;
+    let (_, running) = post(&api, &sid, Some(&conv), "runs until stopped").await;
+    assert_eq!(running["message"]["status"], "running", "{running}");
+    called(&server, 1).await;
+    let waiting = {
+        let (api, sid, conv) = (api.clone(), sid.clone(), conv.clone());
+        tokio::spawn(async move {
+            api.post(
+                &format!("/api/sessions/{sid}/messages"),
+                json!({"text": "waits its turn", "conversation_id": conv}),
+            )
+            .await
+        })
+    };
+    // Until it is stored, queued.
+    let queued = {
+        let t0 = Instant::now();
+        loop {
+            let (_, page) = api.get(&format!("/api/sessions/{sid}/messages")).await;
+            if let Some(m) = page["messages"]
+                .as_array()
+                .into_iter()
+                .flatten()
+                .find(|m| m["status"] == "queued")
+            {
+                break m["message_id"].as_u64().unwrap();
+            }
+            assert!(t0.elapsed() < Duration::from_secs(10), "{page}");
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    };
+    let dir = server.stop_keeping_data().await;
+    let (status, body) = waiting.await.unwrap();
+    assert_eq!(status, StatusCode::INTERNAL_SERVER_ERROR, "{body}");
+    assert_eq!(body["code"], "interrupted", "{body}");
+    let message = body["message"].as_str().unwrap_or_default();
+    assert!(
+        message.contains(&format!("message {queued} stays queued")),
+        "{body}"
+    );
+    let store = SqliteStore::open_in(dir.path()).unwrap();
+    let m = store.message(queued).await.unwrap().unwrap();
+    assert_eq!(m.status, Some(MessageStatus::Queued), "{m:?}");
+}
+
 /// A planned stop (SIGTERM) cancels what runs and leaves what is queued queued in the store;
 /// the next start runs it, unless its conversation keeps no text (`headers_only`) or its
 /// `ttl` passed while it waited: then there is nothing left to run and it ends `aborted`,
