@@ -472,14 +472,21 @@ where
     tokio::spawn(work.instrument(tracing::Span::current()))
 }
 
+/// What a call that needs a session's run answers while the run is being started again.
+fn restarting(session_id: troupe_proto::SessionId) -> AgentError {
+    AgentError::Overloaded {
+        resource: format!("session {session_id} (restarting: try again in a moment)"),
+        limit: 0,
+    }
+}
+
 impl HostState {
     fn running(&self) -> Result<&SessionHandle, AgentError> {
         match &self.session {
             Liveness::Up(h) => Ok(h),
-            Liveness::Restarting => Err(AgentError::internal(format!(
-                "session {} is restarting",
-                self.record.session_id
-            ))),
+            // Retryable, and said so: the run is back in a moment (a browser's event stream
+            // reconnects after a 503, not after a 500).
+            Liveness::Restarting => Err(restarting(self.record.session_id)),
             Liveness::Down(e) => Err(e.clone()),
         }
     }
@@ -496,3 +503,18 @@ impl HostState {
 
 // A message of actors on this process only (see `local_message!`).
 troupe_actors::local_message!(HostMsg);
+
+#[cfg(test)]
+mod tests {
+    /// A call made while the session's run is started again is told to retry (503), not
+    /// that the service failed (500).
+    #[test]
+    fn a_restarting_session_answers_retry_later() {
+        let e = super::restarting(troupe_proto::SessionId::new());
+        assert_eq!(
+            crate::error::http_status(e.kind()),
+            axum::http::StatusCode::SERVICE_UNAVAILABLE
+        );
+        assert!(e.to_string().contains("restarting"), "{e}");
+    }
+}
