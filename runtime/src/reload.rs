@@ -205,10 +205,15 @@ impl Owner {
     }
 
     fn apply(&mut self, work: Work) {
+        let mut rejected = Vec::new();
         if work.reread {
-            // Watches again, and reads both directories.
-            self.reread();
-            return;
+            match self.reread() {
+                // Applied: it watched again and read both directories.
+                None => return,
+                // The file did not load: the running configuration stays, and the directory
+                // changes of this round are still read under it (they are not lost with it).
+                Some(error) => rejected.push(error),
+            }
         }
         if work.rewatch {
             self.rewatch();
@@ -216,8 +221,8 @@ impl Owner {
         if work.agents {
             self.read_agents();
         }
-        if work.capabilities {
-            self.read_capabilities(Vec::new());
+        if work.capabilities || !rejected.is_empty() {
+            self.read_capabilities(rejected);
         }
     }
 
@@ -305,9 +310,10 @@ impl Owner {
         }
     }
 
-    /// SIGHUP: the configuration file again. A file that does not load changes nothing; a
-    /// change to what is not reloadable is reported and not applied.
-    fn reread(&mut self) {
+    /// SIGHUP: the configuration file again. A file that does not load changes nothing (its
+    /// error is returned, and published); a change to what is not reloadable is reported and
+    /// not applied.
+    fn reread(&mut self) -> Option<AgentLoadError> {
         let next = match (self.resolve)() {
             Ok(next) => next,
             Err(message) => {
@@ -318,10 +324,10 @@ impl Owner {
                 };
                 tracing::error!(%error, "configuration not reloaded");
                 let mut same = (**self.settings.borrow()).clone();
-                same.rejected = vec![error];
+                same.rejected = vec![error.clone()];
                 self.settings.send_replace(Arc::new(same));
                 metrics::reread(metrics::Outcome::Rejected);
-                return;
+                return Some(error);
             }
         };
         let restart = restart_needed(&self.config, &next);
@@ -355,6 +361,7 @@ impl Owner {
         self.read_capabilities(rejected);
         // After the publication: whoever sees the count move finds the new settings.
         metrics::reread(outcome);
+        None
     }
 }
 
@@ -639,6 +646,43 @@ mod tests {
         assert!(merged.capabilities.contains_key("jq"));
         assert!(merged.errors[0].message.ends_with("stays in force)"));
         assert_eq!(merged.errors[1].message, "bad");
+    }
+
+    /// A round that holds a SIGHUP whose file does not load and a change of the agents
+    /// directory: the file changes nothing, and the directory is still read (under the
+    /// configuration in force), its error reported.
+    #[test]
+    fn a_broken_file_does_not_lose_the_directory_changes_read_with_it() {
+        let dir = tempfile::tempdir().unwrap();
+        let agents = dir.path().join("agents");
+        std::fs::create_dir(&agents).unwrap();
+        let mut config = TroupeConfig::default();
+        config.agents.dir = Some(agents.clone());
+        let (settings, settings_rx) = watch::channel(Arc::new(Reloadable::default()));
+        let (agents_tx, agents_rx) = watch::channel(Arc::new(AgentCatalog::default()));
+        let mut owner = Owner {
+            config,
+            resolve: Box::new(|| Err("troupe.toml: expected `=`".into())),
+            watcher: None,
+            dirs: Vec::new(),
+            watching: Vec::new(),
+            settings,
+            agents: agents_tx,
+        };
+        std::fs::write(
+            agents.join("coder.json"),
+            r#"{"id": "coder", "role": "executor", "provider": {"type": "model"}}"#,
+        )
+        .unwrap();
+        owner.apply(Work {
+            agents: true,
+            reread: true,
+            ..Work::default()
+        });
+        assert!(agents_rx.borrow().agents.contains_key("coder"));
+        let rejected = settings_rx.borrow().rejected.clone();
+        assert_eq!(rejected.len(), 1, "{rejected:?}");
+        assert!(rejected[0].message.contains("expected `=`"), "{rejected:?}");
     }
 
     #[tokio::test]
