@@ -68,7 +68,8 @@ pub async fn serve<R, W>(
         if line.iter().all(u8::is_ascii_whitespace) {
             continue;
         }
-        if line.len() > line_limit {
+        // The limit is the frame's (as an HTTP body's), its line ending not counted.
+        if frame_of(&line).len() > line_limit {
             let e = RpcError::parse(format!("line longer than {line_limit} bytes"));
             out.push(error_response(&Id::NULL, &e)).await;
             continue;
@@ -94,16 +95,23 @@ pub async fn serve<R, W>(
     let _ = writer.await;
 }
 
-/// Reads one line into `line`, keeping at most `limit + 1` bytes of it (the rest of a longer
-/// line is read and dropped). The bytes read, 0 at the end of the input.
+/// A line without its ending (`\n` or `\r\n`).
+fn frame_of(line: &[u8]) -> &[u8] {
+    let line = line.strip_suffix(b"\n").unwrap_or(line);
+    line.strip_suffix(b"\r").unwrap_or(line)
+}
+
+/// Reads one line into `line`, keeping at most `limit + 3` bytes of it (a frame of `limit`
+/// bytes, its `\r\n`, and one more to tell a longer one; the rest of a longer line is read
+/// and dropped). The bytes read, 0 at the end of the input.
 async fn read_line<R: AsyncRead + Unpin>(
     reader: &mut BufReader<R>,
     line: &mut Vec<u8>,
     limit: usize,
 ) -> std::io::Result<usize> {
-    let keep = u64::try_from(limit).unwrap_or(u64::MAX).saturating_add(1);
+    let keep = u64::try_from(limit).unwrap_or(u64::MAX).saturating_add(3);
     let mut read = (&mut *reader).take(keep).read_until(b'\n', line).await?;
-    if line.len() > limit && line.last() != Some(&b'\n') {
+    if frame_of(line).len() > limit && line.last() != Some(&b'\n') {
         let mut rest = Vec::with_capacity(8192);
         loop {
             rest.clear();
@@ -118,4 +126,33 @@ async fn read_line<R: AsyncRead + Unpin>(
         }
     }
     Ok(read)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The limit is a frame's, as over HTTP: a frame of exactly `limit` bytes passes with
+    /// either line ending; one byte more does not, and the next line is read whole.
+    #[tokio::test]
+    async fn a_frame_of_the_limit_passes_and_one_byte_more_does_not() {
+        let input = b"0123456789\n0123456789\r\n0123456789a\nnext\n".to_vec();
+        let mut reader = BufReader::new(&input[..]);
+        let mut line = Vec::new();
+        let mut frames = Vec::new();
+        while read_line(&mut reader, &mut line, 10).await.unwrap() > 0 {
+            let frame = frame_of(&line);
+            frames.push((frame.len() <= 10).then(|| String::from_utf8_lossy(frame).into_owned()));
+            line.clear();
+        }
+        assert_eq!(
+            frames,
+            [
+                Some("0123456789".to_owned()),
+                Some("0123456789".to_owned()),
+                None,
+                Some("next".to_owned()),
+            ]
+        );
+    }
 }
