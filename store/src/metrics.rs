@@ -161,9 +161,9 @@ pub fn describe_records_read() {
     describe_counter!(
         RECORDS_READ,
         Unit::Count,
-        "Rollout records read back from storage, by storage (sqlite, postgres, memory) and read (conversation: a whole conversation, window: a restore's window, after: a page of a resumed stream)"
+        "Rollout records read back from storage, by storage (sqlite, postgres, memory, files: the JSONL files of troupe chat and troupe acp) and read (conversation: a whole conversation, window: a restore's window, after: a page of a resumed stream)"
     );
-    for storage in ["sqlite", "postgres", "memory"] {
+    for storage in ["sqlite", "postgres", "memory", "files"] {
         for read in RecordsRead::ALL {
             counter!(RECORDS_READ, "storage" => storage, "read" => read.as_str()).increment(0);
         }

@@ -96,6 +96,13 @@ impl FileRolloutStorage {
     }
 }
 
+/// Counts records read back (`troupe_rollout_records_read_total{storage="files"}`, registered
+/// with the other storages' series).
+fn count_read(read: &'static str, n: usize) {
+    ::metrics::counter!("troupe_rollout_records_read_total", "storage" => "files", "read" => read)
+        .increment(n as u64);
+}
+
 impl RolloutStorage for FileRolloutStorage {
     fn open_sink(&self, session_id: SessionId) -> Result<Box<dyn RolloutSink>, AgentError> {
         let dir = self.session_dir(session_id);
@@ -127,10 +134,13 @@ impl RolloutStorage for FileRolloutStorage {
         session_id: SessionId,
         conversation_id: ConversationId,
     ) -> Result<Vec<RolloutRecord>, AgentError> {
-        read_records(&conversation_path(
+        let records = read_records(&conversation_path(
             &self.session_dir(session_id),
             conversation_id,
-        ))
+        ))?;
+        // A window is read from the whole file too: every read is a conversation's.
+        count_read("conversation", records.len());
+        Ok(records)
     }
 
     fn read_after(
@@ -167,6 +177,7 @@ impl RolloutStorage for FileRolloutStorage {
         }
         out.sort_unstable_by_key(|r| r.seq);
         out.truncate(limit);
+        count_read("after", out.len());
         Ok(out)
     }
 
@@ -344,6 +355,59 @@ mod tests {
         haystack
             .windows(needle.len())
             .any(|w| w == needle.as_bytes())
+    }
+
+    #[test]
+    fn reads_are_counted_as_the_other_storages_count_them() {
+        use metrics_util::debugging::{DebugValue, DebuggingRecorder};
+        let tmp = tempfile::tempdir().unwrap();
+        let storage = FileRolloutStorage::new(tmp.path().to_path_buf());
+        let session = SessionId::new();
+        let dir = storage.session_dir(session);
+        std::fs::create_dir_all(&dir).unwrap();
+        let conversation = ConversationId::new();
+        let mut bytes = Vec::new();
+        for seq in 1..=3 {
+            let mut record = full_record(seq, seq, "x");
+            record.conversation_id = Some(conversation);
+            bytes.extend(serde_json::to_vec(&record).unwrap());
+            bytes.push(b'\n');
+        }
+        std::fs::write(conversation_path(&dir, conversation), bytes).unwrap();
+        let recorder = DebuggingRecorder::new();
+        let snapshotter = recorder.snapshotter();
+        ::metrics::with_local_recorder(&recorder, || {
+            assert_eq!(
+                storage
+                    .read_conversation(session, conversation)
+                    .unwrap()
+                    .len(),
+                3
+            );
+            assert_eq!(storage.read_after(session, 1, 10).unwrap().len(), 2);
+        });
+        let mut counted: Vec<(String, u64)> = snapshotter
+            .snapshot()
+            .into_vec()
+            .into_iter()
+            .filter(|(key, ..)| key.key().name() == "troupe_rollout_records_read_total")
+            .map(|(key, _, _, value)| {
+                let labels: Vec<String> =
+                    key.key().labels().map(|l| l.value().to_owned()).collect();
+                let DebugValue::Counter(n) = value else {
+                    panic!("not a counter")
+                };
+                (labels.join(","), n)
+            })
+            .collect();
+        counted.sort();
+        assert_eq!(
+            counted,
+            [
+                ("files,after".to_owned(), 2),
+                ("files,conversation".to_owned(), 3)
+            ]
+        );
     }
 
     #[test]
