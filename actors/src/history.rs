@@ -216,8 +216,9 @@ impl HistoryStore {
     }
 
     /// Replaces the summary text, if the summary is still the one of `generation` (nothing
-    /// was trimmed or compacted since): capped to the summary's room, so the bounds hold.
-    /// Returns whether it was replaced.
+    /// was trimmed or compacted since): capped to the summary's room, and to the room the
+    /// items appended since the trim left under `max_tokens` (at least what the summary in
+    /// its place takes), so the bounds hold. Returns whether it was replaced.
     pub fn replace_summary(&mut self, generation: u64, text: &str) -> bool {
         if generation != self.summary_generation {
             return false;
@@ -225,7 +226,11 @@ impl HistoryStore {
         let Some(HistoryItem::Summary { replaced_items, .. }) = self.summary().cloned() else {
             return false;
         };
-        let max_bytes = (self.limits.summary_budget() - 4) * 4;
+        let room = self
+            .limits
+            .summary_budget()
+            .min(self.limits.max_tokens.saturating_sub(self.tokens));
+        let max_bytes = room.saturating_sub(4) * 4;
         let item = HistoryItem::Summary {
             text: tail_on_char_boundary(text, max_bytes).to_owned(),
             replaced_items,
@@ -719,6 +724,31 @@ mod tests {
         let mut plain = store(4, 10_000, 2);
         plain.append((0..6).map(user)).expect("trimmed");
         assert!(plain.take_trimmed().is_empty());
+    }
+
+    /// A model summary that arrives after the items grew into the room the trim reserved for
+    /// it still keeps the history within `max_tokens`.
+    #[test]
+    fn a_late_model_summary_fits_the_room_the_items_left() {
+        let mut h = store(1000, 1000, 4).keep_trimmed(true);
+        // Long items until a trim: it takes two or three, whose local digest is small.
+        let long = |i: usize| HistoryItem::user(format!("{i:03}{}", "y".repeat(400)));
+        let mut i = 0;
+        while h.append([long(i)]).is_none() {
+            i += 1;
+        }
+        let asked = h.summary_generation();
+        let digest = h.summary().map_or(0, HistoryItem::approx_tokens);
+        assert!(digest < 100, "a small digest: {digest}");
+        let _ = h.take_trimmed();
+        // Short items into the room the digest leaves, without a second trim.
+        while h.approx_tokens() + 10 <= 1000 {
+            i += 1;
+            assert!(h.append([HistoryItem::user(format!("s{i}"))]).is_none());
+            assert_eq!(h.summary_generation(), asked, "trimmed again");
+        }
+        assert!(h.replace_summary(asked, &"z".repeat(100_000)));
+        check_consistent(&h);
     }
 
     fn held_items(store: &HistoryStore) -> Vec<HistoryItem> {
