@@ -204,6 +204,63 @@ async fn offer(session: &SessionHandle, c: ConversationId) {
         .unwrap();
 }
 
+/// A context change or a close that the Session forwarded before it asked for a passivation
+/// reaches the conversation first: the change is applied (not `not_found`), the close closes
+/// (not `already_closed` for a conversation that stays).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_context_change_or_close_racing_passivation_is_not_lost() {
+    let dir = tempfile::tempdir().unwrap();
+    let server = ModelServer::start().await;
+    let (session, _join) = start(&server, Backend::Sqlite, dir.path()).await;
+    for round in 0..20 {
+        let c = session.open(OpenConversation::default()).await.unwrap();
+        let (tx, rx) = tokio::sync::oneshot::channel();
+        let change = {
+            let session = session.clone();
+            tokio::spawn(async move {
+                let _ = tx.send(());
+                session
+                    .set_context(
+                        c,
+                        troupe_proto::SetContext {
+                            user_instructions: Some(Some(format!("round {round}"))),
+                            ..Default::default()
+                        },
+                    )
+                    .await
+            })
+        };
+        rx.await.unwrap();
+        tokio::task::yield_now().await;
+        offer(&session, c).await;
+        change.await.unwrap().unwrap();
+
+        let (tx, rx) = tokio::sync::oneshot::channel();
+        let close = {
+            let session = session.clone();
+            tokio::spawn(async move {
+                let _ = tx.send(());
+                session.close(c).await
+            })
+        };
+        rx.await.unwrap();
+        tokio::task::yield_now().await;
+        // Offered as its idle timer would, unless the close already took it.
+        if let Some(actor) = session.conversation_actor(c).await.unwrap() {
+            let _ = session.actor().cast(SessionMsg::PassivationOffered {
+                conversation_id: c,
+                actor: actor.get_id(),
+            });
+        }
+        let closed = close.await.unwrap().unwrap();
+        assert!(
+            matches!(closed.outcome, troupe_proto::CloseOutcome::Closed),
+            "round {round}: {closed:?}"
+        );
+        assert_eq!(standing(&session, c).await, None, "round {round}");
+    }
+}
+
 #[tokio::test]
 async fn a_message_racing_passivation_is_not_lost() {
     let dir = tempfile::tempdir().unwrap();

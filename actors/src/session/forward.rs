@@ -142,12 +142,22 @@ fn forward_set_context(
     reply: RpcReplyPort<Result<(), AgentError>>,
 ) {
     let session = myself.clone();
+    let applied = update.clone();
+    // Put in the conversation's mailbox now, from the Session's turn: a `Passivate` the
+    // Session sends later is behind it (the conversation then has work and says no).
+    let (tx, rx) = ractor::concurrency::oneshot();
+    let sent = actor.cast(ConversationMsg::SetContext {
+        update,
+        reply: tx.into(),
+    });
     // The parameters a restart would use follow only a change the conversation accepted
     // (a refused allowlist must not make its restart fail).
     tokio::spawn(async move {
-        let applied = update.clone();
-        let answer = ractor::call!(actor, |r| ConversationMsg::SetContext { update, reply: r })
-            .unwrap_or_else(|_| Err(AgentError::not_found("conversation", id)));
+        let answer = match sent {
+            Ok(()) => rx.await.ok(),
+            Err(_) => None,
+        }
+        .unwrap_or_else(|| Err(AgentError::not_found("conversation", id)));
         if answer.is_ok() {
             let _ = session.cast(SessionMsg::ContextApplied {
                 conversation_id: id,
@@ -165,12 +175,18 @@ fn forward_close(
     reply: RpcReplyPort<Closed>,
 ) {
     let session = myself.clone();
+    // In the conversation's mailbox now, ahead of any later `Passivate` (see set-context).
+    let (tx, rx) = ractor::concurrency::oneshot();
+    let sent = actor.cast(ConversationMsg::Close { reply: tx.into() });
     tokio::spawn(async move {
-        let closed =
-            ractor::call!(actor, |r| ConversationMsg::Close { reply: r }).unwrap_or(Closed {
-                conversation_id: id,
-                outcome: CloseOutcome::AlreadyClosed,
-            });
+        let closed = match sent {
+            Ok(()) => rx.await.ok(),
+            Err(_) => None,
+        }
+        .unwrap_or(Closed {
+            conversation_id: id,
+            outcome: CloseOutcome::AlreadyClosed,
+        });
         let _ = session.cast(SessionMsg::Forget {
             conversation_id: id,
         });

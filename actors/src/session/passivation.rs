@@ -12,8 +12,9 @@
 //! ```
 //!
 //! Nothing is lost in the race between a request and a passivation: whatever the Session
-//! forwarded before it asked is ahead of `Passivate` in the conversation's mailbox (the
-//! conversation then is not idle and says no), and whatever comes after is held by the
+//! forwarded before it asked is ahead of `Passivate` in the conversation's mailbox (every
+//! forward, and `Passivate`, is put in the mailbox during the Session's own turn, never from a
+//! task spawned to do it; the conversation then is not idle and says no), and whatever comes after is held by the
 //! Session until the answer. A dispatch the agent hub sent straight to the conversation
 //! (`agents::direct`) may be ahead of `Passivate` too (the conversation then is busy and says
 //! no), or arrive after it stopped: undelivered, it is handed to the Session, which holds or
@@ -88,11 +89,17 @@ impl SessionState {
             return;
         }
         live.held = Some(Vec::new());
-        let conversation = live.actor.clone();
         let session = myself.clone();
+        // Sent from this turn of the Session, so behind everything it forwarded before.
+        let (tx, rx) = ractor::concurrency::oneshot();
+        let sent = live
+            .actor
+            .cast(ConversationMsg::Passivate { reply: tx.into() });
         tokio::spawn(async move {
-            let answer =
-                ractor::call!(conversation, |reply| ConversationMsg::Passivate { reply }).ok();
+            let answer = match sent {
+                Ok(()) => rx.await.ok(),
+                Err(_) => None,
+            };
             let _ = session.cast(SessionMsg::PassivationAnswered {
                 conversation_id: id,
                 actor,
