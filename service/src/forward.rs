@@ -339,6 +339,23 @@ pub fn target_of_rest(method: &Method, path: &str) -> Option<Target> {
 
 /// Whether a call the owner may have received before failing could have changed something
 /// (anything but a read): its failure is reported as of unknown outcome, not as a refusal.
+/// 502 `forward_outcome_unknown`: `what` was sent to `node` at `url`, which did not answer.
+fn outcome_unknown_answer(
+    what: &str,
+    node: &impl std::fmt::Display,
+    url: &impl std::fmt::Display,
+    e: &impl std::fmt::Display,
+) -> Response {
+    ApiError::new(
+        axum::http::StatusCode::BAD_GATEWAY,
+        "forward_outcome_unknown",
+        format!(
+            "{what} was sent to node {node} at {url}, which did not answer ({e}); it may have been applied: read the session before sending it again"
+        ),
+    )
+    .into_response()
+}
+
 pub fn outcome_unknown(method: &Method) -> bool {
     !matches!(*method, Method::GET | Method::HEAD | Method::OPTIONS)
 }
@@ -475,14 +492,12 @@ pub async fn forward(
             if outcome_unknown(&parts.method) {
                 // The owner may have taken it before it failed: not a refusal that invites a
                 // blind retry.
-                return ApiError::new(
-                    axum::http::StatusCode::BAD_GATEWAY,
-                    "forward_outcome_unknown",
-                    format!(
-                        "session {session_id}: the call was sent to node {node} at {url}, which did not answer ({e}); it may have been applied: read the session before sending it again"
-                    ),
-                )
-                .into_response();
+                return outcome_unknown_answer(
+                    &format!("session {session_id}: the call"),
+                    &node,
+                    &url,
+                    &e,
+                );
             }
             ApiError::from(AgentError::Overloaded {
                 resource: format!(
@@ -719,15 +734,12 @@ async fn forward_batch(
                 next.run(Request::from_parts(parts, Body::from(bytes)))
                     .await
             }
+            // Sent, and not answered: the owner may have run some of its calls (a batch is a
+            // POST), so not a refusal that invites a blind retry.
             Err(Unsent::Failed(e)) => {
                 counter!(FORWARDED_CALLS, "outcome" => "failed").increment(1);
-                ApiError::from(AgentError::Overloaded {
-                    resource: format!(
-                        "a batch for node {node} at {url}, which did not answer: {e}"
-                    ),
-                    limit: 0,
-                })
-                .into_response()
+                tracing::warn!(owner = %node, %url, error = %e, "batch not forwarded");
+                outcome_unknown_answer("a batch", &node, &url, &e)
             }
         },
     }
@@ -980,6 +992,12 @@ async fn send(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_call_or_batch_sent_without_an_answer_is_502_outcome_unknown() {
+        let response = outcome_unknown_answer("a batch", &"a", &"http://a", &"reset");
+        assert_eq!(response.status(), axum::http::StatusCode::BAD_GATEWAY);
+    }
 
     #[test]
     fn a_frame_the_owner_took_without_answering_gets_an_error_per_call() {
