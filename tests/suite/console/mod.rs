@@ -570,6 +570,41 @@ async fn a_browser_signs_in_chats_approves_survives_a_restart_and_pages_back() {
     browser.set_size(1280, 900).await;
     browser.assert_quiet_console(quiet).await;
 
+    // --- A task that fails emits an `error` event: the page applies it and stays live (an
+    // `error` event of the stream is not a lost connection).
+    browser.goto(&url).await;
+    wait_live(&browser).await;
+    browser
+        .js(
+            "window.__connStates = []; new MutationObserver(() => \
+             window.__connStates.push(document.querySelector('#conn').dataset.state)) \
+             .observe(document.querySelector('#conn'), {attributes: true}); return true",
+            vec![],
+        )
+        .await;
+    // Its answer (an error) does not matter here, only its `error` event.
+    let _ = api
+        .http
+        .post(format!("{}/api/sessions/{sid}/messages", api.base))
+        .bearer_auth(TOKEN)
+        .json(&json!({"text": "/hub nobody hello"}))
+        .send()
+        .await
+        .unwrap();
+    api.say(&sid, "after the failure").await;
+    browser
+        .wait_for(
+            "the next message on the page",
+            "return [...document.querySelectorAll('#messages .role-user .text')].some(t => t.textContent === 'after the failure')",
+            WAIT,
+        )
+        .await;
+    let states = browser.js("return window.__connStates", vec![]).await;
+    assert!(
+        !states.to_string().contains("reconnecting"),
+        "an error event is not a lost stream: {states}"
+    );
+
     // --- A restart of troupe serve: the page says it lost the stream, then catches up with
     // what happened meanwhile, nothing twice.
     browser.goto(&url).await;

@@ -875,7 +875,12 @@ function sessionPage() {
       refreshApprovals();
       refreshTasks();
     });
-    es.addEventListener('error', () => reconnect('connection lost'));
+    // A troupe `error` event arrives as an `error` event with data (a MessageEvent): it is
+    // applied above; only the EventSource's own error (no data) is a lost connection.
+    es.addEventListener('error', (e) => {
+      if (typeof e.data === 'string') return;
+      reconnect('connection lost');
+    });
   }
 
   async function reconnect(why) {
