@@ -309,8 +309,28 @@ impl SessionsApi {
     /// The agents (`agents.list`, `GET /api/agents`): with a session, as that session runs
     /// them (each provider asked its health) with its bindings; without, what each provider
     /// can tell without starting anything, with the bindings of every session the scope
-    /// sees. The definition files that did not load are listed too.
+    /// sees. The definition files that did not load are listed too, to a token that sees
+    /// everything only (they name paths of the host, as `modules.list` hides them); a token
+    /// bound to no project sees no agent.
     pub async fn agents(
+        &self,
+        scope: Scope,
+        session_id: Option<SessionId>,
+    ) -> Result<AgentListing, AgentError> {
+        let mut listing = self.agents_unscoped(scope.clone(), session_id).await?;
+        match &scope {
+            Scope::All => {}
+            Scope::Projects(projects) => {
+                listing.errors.clear();
+                if projects.is_empty() {
+                    listing.agents.clear();
+                }
+            }
+        }
+        Ok(listing)
+    }
+
+    async fn agents_unscoped(
         &self,
         scope: Scope,
         session_id: Option<SessionId>,

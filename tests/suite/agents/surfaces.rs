@@ -316,14 +316,23 @@ async fn serve_lists_the_errors_when_no_agent_loads() {
     for ok in ["coder.json", "external.json"] {
         std::fs::remove_file(dir.path().join("agents").join(ok)).unwrap();
     }
+    // Three tokens: every project, one project, none (a scraper's).
+    let toml = dir.path().join("troupe.toml");
+    let mut text = std::fs::read_to_string(&toml).unwrap();
+    text.push_str(
+        "[[server.tokens]]\ntoken = \"ops\"\nprojects = [\"*\"]\n\
+         [[server.tokens]]\ntoken = \"alpha\"\nprojects = [\"alpha\"]\n\
+         [[server.tokens]]\ntoken = \"prom\"\nprojects = []\n",
+    );
+    std::fs::write(&toml, text).unwrap();
     let mut serve = command(dir.path());
     serve
         .args(["serve", "--listen", "127.0.0.1:0", "--config"])
-        .arg(dir.path().join("troupe.toml"))
+        .arg(&toml)
         .stderr(Stdio::null());
     let (child, base) = troupe_tests::spawn_serve(&mut serve);
     let _serving = Serving(child);
-    let api = Api::new(&base, None);
+    let api = Api::new(&base, Some("ops"));
     let (status, listing) = api.get("/api/agents").await;
     assert_eq!(status, reqwest::StatusCode::OK, "{listing}");
     assert_eq!(listing["agents"], json!([]), "{listing}");
@@ -331,4 +340,35 @@ async fn serve_lists_the_errors_when_no_agent_loads() {
     assert_eq!(errors.len(), 1, "{listing}");
     assert!(errors[0].to_string().contains("broken.json"), "{listing}");
     assert_eq!(api.call("agents.list", json!({})).await, listing);
+    // The files' errors name paths of the host: not to a token bound to projects.
+    for token in ["alpha", "prom"] {
+        let (status, listing) = Api::new(&base, Some(token)).get("/api/agents").await;
+        assert_eq!(status, reqwest::StatusCode::OK, "{listing}");
+        assert_eq!(listing["errors"], json!([]), "{token}: {listing}");
+    }
+}
+
+/// A token bound to no project (a scraper's) reads `/metrics` and nothing else: no agent.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_token_of_no_project_lists_no_agent() {
+    let dir = config_dir(json!([]));
+    let toml = dir.path().join("troupe.toml");
+    let mut text = std::fs::read_to_string(&toml).unwrap();
+    text.push_str(
+        "[[server.tokens]]\ntoken = \"ops\"\nprojects = [\"*\"]\n\
+         [[server.tokens]]\ntoken = \"prom\"\nprojects = []\n",
+    );
+    std::fs::write(&toml, text).unwrap();
+    let mut serve = command(dir.path());
+    serve
+        .args(["serve", "--listen", "127.0.0.1:0", "--config"])
+        .arg(&toml)
+        .stderr(Stdio::null());
+    let (child, base) = troupe_tests::spawn_serve(&mut serve);
+    let _serving = Serving(child);
+    let (_, all) = Api::new(&base, Some("ops")).get("/api/agents").await;
+    assert!(!all["agents"].as_array().unwrap().is_empty(), "{all}");
+    let (status, none) = Api::new(&base, Some("prom")).get("/api/agents").await;
+    assert_eq!(status, reqwest::StatusCode::OK, "{none}");
+    assert_eq!(none, json!({"agents": [], "errors": []}));
 }
