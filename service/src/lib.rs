@@ -546,10 +546,13 @@ impl Service {
         if let Err(e) = self.sessions.shutdown().await {
             tracing::error!(error = %e, "sessions shutdown");
         }
-        // Cancelled tasks answer promptly; their replies are stored before this returns.
+        // Cancelled tasks answer promptly; their replies are stored before this returns
+        // (under this node's leases, which fence those writes).
         let _ = tokio::time::timeout(Duration::from_secs(10), self.sessions.drain()).await;
-        // Its leases are given back and its last replies stored: the other nodes may take its
-        // sessions over at once.
+        // Then the leases go back: the other nodes may take its sessions over at once.
+        if let Err(e) = self.sessions.release_leases().await {
+            tracing::warn!(error = %e, "session leases not given back");
+        }
         #[cfg(feature = "cluster")]
         if let Some(node) = &self.transport {
             match ractor::call!(node, |reply| transport::TransportMsg::Leave { reply }) {

@@ -162,6 +162,9 @@ pub enum RegistryMsg {
     Drain { reply: RpcReplyPort<()> },
     /// Shuts every active session down.
     Shutdown { reply: RpcReplyPort<()> },
+    /// Gives every lease of this node back (after `Shutdown` and the drain that stores the
+    /// cancelled tasks' outcomes: those writes are fenced by the leases).
+    ReleaseLeases { reply: RpcReplyPort<()> },
     /// Answered at once: the registry runs.
     Ping { reply: RpcReplyPort<()> },
     /// Looks for sessions with unfinished messages that no host here runs.
@@ -311,14 +314,21 @@ impl Actor for Registry {
                 state.draining = true;
                 let hosts = state.hosts();
                 tracing::info!(sessions = hosts.len(), "shutting sessions down");
-                // Once shut down, their leases go back: another node may take them at once.
-                let owned: Vec<SessionId> = state.active.keys().copied().collect();
-                let keeper = state.cluster.as_ref().map(|c| c.keeper.clone());
+                // Their leases stay until the cancelled tasks' outcomes are stored
+                // (`ReleaseLeases`): every such write checks this node's fence.
                 tokio::spawn(async move {
                     futures::future::join_all(hosts.iter().map(|h| async move {
                         ractor::call!(h, |r| HostMsg::Shutdown { reply: r })
                     }))
                     .await;
+                    let _ = reply.send(());
+                });
+            }
+            RegistryMsg::ReleaseLeases { reply } => {
+                // Another node may take these sessions over at once.
+                let owned: Vec<SessionId> = state.active.keys().copied().collect();
+                let keeper = state.cluster.as_ref().map(|c| c.keeper.clone());
+                tokio::spawn(async move {
                     if let Some(keeper) = keeper {
                         futures::future::join_all(
                             owned.into_iter().map(|id| release(keeper.clone(), id)),

@@ -703,6 +703,14 @@ impl SessionsApi {
             .map_err(gone("sessions registry"))
     }
 
+    /// Gives this node's session leases back (after `shutdown` and the drain that stores the
+    /// last outcomes).
+    pub async fn release_leases(&self) -> Result<(), AgentError> {
+        let registry = self.registry()?;
+        ractor::call!(registry, |reply| RegistryMsg::ReleaseLeases { reply })
+            .map_err(gone("sessions registry"))
+    }
+
     /// Stops the service's actors (after `shutdown`).
     pub async fn stop(&self) {
         let _ = ractor::call!(self.supervisor, |reply| SupervisorMsg::Stop { reply });

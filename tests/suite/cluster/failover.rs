@@ -133,3 +133,40 @@ async fn a_killed_nodes_session_is_taken_over_and_its_accepted_work_ends() {
     assert_eq!(leases.trim(), "a|0", "given back, expired at once");
     kill9(&mut b);
 }
+
+/// A node stopped gracefully while a turn outlasts its grace period stores that turn's
+/// outcome (`cancelled`) before it gives its lease back: the write is fenced by the lease, so
+/// given back first it was refused and the message stayed `running` for another node to
+/// abort.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_graceful_stop_stores_the_cancelled_outcome_before_giving_its_lease_back() {
+    let url = troupe_test_postgres::server().fresh_database();
+    let dir = tempfile::tempdir().unwrap();
+    let mut command = super::node_command(dir.path(), &url, "a", 600_000, super::LEASE_TTL);
+    command
+        .env("TROUPE_GRACE_PERIOD", "300ms")
+        .stderr(std::process::Stdio::null());
+    let (mut a, base_a) = super::spawn_node(&mut command);
+    let (session, first, second) = running_and_queued(&base_a).await;
+    signal(&a, nix::sys::signal::Signal::SIGTERM);
+    a.wait().unwrap();
+    let status = |id: u64| {
+        troupe_test_postgres::server()
+            .psql_at(
+                &url,
+                &format!("SELECT status FROM messages WHERE message_id = {id}"),
+            )
+            .unwrap()
+            .trim()
+            .to_owned()
+    };
+    assert_eq!(status(first), "cancelled", "session {session}");
+    assert_eq!(status(second), "queued", "session {session}");
+    let leases = troupe_test_postgres::server()
+        .psql_at(
+            &url,
+            &format!("SELECT owner, expires_ms FROM session_leases WHERE session_id = '{session}'"),
+        )
+        .unwrap();
+    assert_eq!(leases.trim(), "a|0", "given back, expired at once");
+}
