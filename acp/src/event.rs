@@ -131,11 +131,14 @@ impl PermissionDecision {
     }
 }
 
-/// The option that carries `decision` among `options`: its kind, else the other kind of the
-/// same direction; `None` for `Cancelled` or when the agent offers neither.
+/// The option that carries `decision` among `options`: its kind, else a narrower one of the
+/// same direction (`allow_once` for an always, a rejection of either kind); never a wider
+/// grant (a one-time approval is never answered `allow_always`, which would let the agent
+/// run it again unasked). `None` (the request answered cancelled, a denial) for `Cancelled`
+/// or when the agent offers nothing that fits.
 pub fn choose_option(options: &[PermissionChoice], decision: PermissionDecision) -> Option<&str> {
     let preference: &[&str] = match decision {
-        PermissionDecision::AllowOnce => &["allow_once", "allow_always"],
+        PermissionDecision::AllowOnce => &["allow_once"],
         PermissionDecision::AllowAlways => &["allow_always", "allow_once"],
         PermissionDecision::RejectOnce => &["reject_once", "reject_always"],
         PermissionDecision::RejectAlways => &["reject_always", "reject_once"],
@@ -278,9 +281,18 @@ mod tests {
             Some("opt-reject_once")
         );
         let only_always = choices(&["allow_always"]);
+        // Never wider than decided: a one-time approval is not a standing one.
         assert_eq!(
             choose_option(&only_always, PermissionDecision::AllowOnce),
+            None
+        );
+        assert_eq!(
+            choose_option(&only_always, PermissionDecision::AllowAlways),
             Some("opt-allow_always")
+        );
+        assert_eq!(
+            choose_option(&choices(&["allow_once"]), PermissionDecision::AllowAlways),
+            Some("opt-allow_once")
         );
         assert_eq!(
             choose_option(&only_always, PermissionDecision::RejectOnce),
