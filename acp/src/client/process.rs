@@ -188,6 +188,8 @@ pub(crate) async fn launch(
     let init = tokio::select! {
         r = tokio::time::timeout(handshake_timeout, conn.send_request(request).block_task()) => r,
         exit = wait_exit(exited.clone()) => {
+            // What it started before it ended goes with it.
+            signal_group(pid, Signal::SIGKILL);
             return Err(AcpError::Exited { during: "initialize", status: exit.status, stderr: exit.stderr });
         }
     };
@@ -243,13 +245,15 @@ pub enum Stopped {
 }
 
 /// SIGTERM to the run's process group, then SIGKILL if it is still there after `grace`;
-/// returns once the process is reaped.
+/// returns once the process is reaped. Whatever the agent started in its group goes too, also
+/// when the agent itself had already ended or ended on SIGTERM: its group is killed then.
 pub(crate) async fn terminate(
     pid: u32,
     exited: watch::Receiver<Option<Exit>>,
     grace: Duration,
 ) -> Stopped {
     if exited.borrow().is_some() {
+        signal_group(pid, Signal::SIGKILL);
         return Stopped::AlreadyExited;
     }
     signal_group(pid, Signal::SIGTERM);
@@ -257,6 +261,7 @@ pub(crate) async fn terminate(
         .await
         .is_ok()
     {
+        signal_group(pid, Signal::SIGKILL);
         return Stopped::Terminated;
     }
     signal_group(pid, Signal::SIGKILL);
@@ -299,4 +304,77 @@ async fn read_stderr(agent: String, stderr: tokio::process::ChildStderr) -> Stri
         tail.push_back(line);
     }
     Vec::from(tail).join("\n")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Whether `pid` still runs (a zombie, waiting for its reaper, does not).
+    fn running(pid: u32) -> bool {
+        std::fs::read_to_string(format!("/proc/{pid}/stat"))
+            .ok()
+            .and_then(|stat| {
+                let after = stat.rsplit_once(')')?.1;
+                after.split_whitespace().next().map(|state| state != "Z")
+            })
+            .unwrap_or(false)
+    }
+
+    /// An agent that ended (or ends on SIGTERM) leaves nothing of its group running: the
+    /// command it started in the background is killed too.
+    #[tokio::test]
+    async fn a_stop_kills_what_the_agent_left_in_its_group() {
+        for ends_itself in [true, false] {
+            let script = if ends_itself {
+                "sleep 600 </dev/null >/dev/null 2>&1 & echo $!; exit 0"
+            } else {
+                // The agent ends on SIGTERM; its command ignores it.
+                "trap 'exit 0' TERM; sh -c 'trap \"\" TERM; exec sleep 600' \
+                 </dev/null >/dev/null 2>&1 & echo $!; while :; do sleep 1; done"
+            };
+            let mut child = tokio::process::Command::new("sh")
+                .args(["-c", script])
+                .stdout(Stdio::piped())
+                .process_group(0)
+                .spawn()
+                .unwrap();
+            let pid = child.id().unwrap();
+            let mut out = BufReader::new(child.stdout.take().unwrap()).lines();
+            let background: u32 = out.next_line().await.unwrap().unwrap().parse().unwrap();
+            assert!(running(background));
+            let (tx, rx) = watch::channel(None);
+            let reaper = tokio::spawn(async move {
+                let status = child.wait().await.unwrap();
+                let _ = tx.send(Some(Exit {
+                    status: describe_status(status),
+                    stderr: String::new(),
+                }));
+            });
+            if ends_itself {
+                wait_exit(rx.clone()).await;
+            }
+            let stopped = terminate(pid, rx, Duration::from_secs(5)).await;
+            assert_eq!(
+                stopped,
+                if ends_itself {
+                    Stopped::AlreadyExited
+                } else {
+                    Stopped::Terminated
+                }
+            );
+            reaper.await.unwrap();
+            let t0 = std::time::Instant::now();
+            while running(background) {
+                if t0.elapsed() > Duration::from_secs(5) {
+                    let _ = nix::sys::signal::kill(
+                        Pid::from_raw(i32::try_from(background).unwrap()),
+                        Signal::SIGKILL,
+                    );
+                    panic!("{background} outlived its agent (ends itself: {ends_itself})");
+                }
+                tokio::time::sleep(Duration::from_millis(10)).await;
+            }
+        }
+    }
 }

@@ -373,7 +373,11 @@ impl SupervisorState {
         {
             return;
         }
-        self.process = None;
+        // What the agent started in its group does not outlive it (a crash leaves its
+        // commands running otherwise).
+        if let Some(p) = self.process.take() {
+            process::kill_group(p.pid);
+        }
         let reason = if self.stop.is_cancelled() {
             metrics::ExitReason::Shutdown
         } else {
