@@ -226,6 +226,16 @@ impl ModuleDefinition {
         if self.id.contains("__") {
             return bad("id", "a module id may not contain `__`".into());
         }
+        // One project: `*` (every project, as a token may say) would let the module write
+        // to every session.
+        if let Some(project) = &self.project
+            && (project.trim().is_empty() || project == "*")
+        {
+            return bad(
+                "project",
+                format!("`{project}` is not a project (a module belongs to one project)"),
+            );
+        }
         match self.protocol {
             ModuleProtocol::Stdio => {
                 if self.command.as_deref().is_none_or(|c| c.trim().is_empty()) {
@@ -516,6 +526,21 @@ mod tests {
         let missing = dir.path().join("nope");
         assert!(load(&missing, false).errors.is_empty());
         assert_eq!(load(&missing, true).errors.len(), 1);
+    }
+
+    #[test]
+    fn a_module_belongs_to_one_project() {
+        let def = |project: &str| -> Result<(), (String, String)> {
+            let d: ModuleDefinition = serde_json::from_value(serde_json::json!({
+                "id": "m", "direction": "input", "protocol": "stdio", "command": "true",
+                "project": project
+            }))
+            .unwrap();
+            d.validate()
+        };
+        assert_eq!(def("*").unwrap_err().0, "project");
+        assert_eq!(def("").unwrap_err().0, "project");
+        assert!(def("alpha").is_ok());
     }
 
     #[test]

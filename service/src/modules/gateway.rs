@@ -470,14 +470,25 @@ fn spawn(
     });
     let id = def.id.clone();
     tokio::spawn(async move {
-        let mut err = FramedRead::new(stderr, LinesCodec::new_with_max_length(MAX_LINE));
+        // Bytes, not UTF-8 lines: a line that is not UTF-8 is logged with replacement
+        // characters, and the reading goes on (stopping it would break the module's stderr).
+        let codec = tokio_util::codec::AnyDelimiterCodec::new_with_max_length(
+            b"\n".to_vec(),
+            Vec::new(),
+            MAX_LINE,
+        );
+        let mut err = FramedRead::new(stderr, codec);
         while let Some(line) = err.next().await {
             match line {
-                Ok(line) => tracing::info!(module = %id, "{line}"),
-                Err(LinesCodecError::MaxLineLengthExceeded) => {
+                Ok(line) => {
+                    let line = String::from_utf8_lossy(&line);
+                    let line = line.strip_suffix('\r').unwrap_or(&line);
+                    tracing::info!(module = %id, "{line}");
+                }
+                Err(tokio_util::codec::AnyDelimiterCodecError::MaxChunkLengthExceeded) => {
                     tracing::warn!(module = %id, "module wrote a stderr line over {MAX_LINE} bytes; skipped");
                 }
-                Err(LinesCodecError::Io(_)) => break,
+                Err(tokio_util::codec::AnyDelimiterCodecError::Io(_)) => break,
             }
         }
     });

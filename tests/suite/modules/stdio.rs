@@ -404,6 +404,46 @@ for line in sys.stdin:
     .await;
 }
 
+/// A module whose stderr is not UTF-8 keeps its stderr: troupe logs the line with
+/// replacement characters and goes on reading (a stopped reader broke the pipe, and the
+/// module's next write to stderr killed it).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn stderr_that_is_not_utf8_does_not_break_the_module() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    let script = r#"
+import os, sys
+d = sys.argv[1]
+with open(os.path.join(d, "pids"), "a") as f:
+    f.write(f"{os.getpid()}\n")
+sys.stderr.buffer.write(b"latin-1: caf\xe9\n"); sys.stderr.flush()
+# A line over the cap: troupe answers with an error frame, read below.
+sys.stdout.buffer.write(b"a" * (2 << 20) + b"\n"); sys.stdout.flush()
+for line in sys.stdin:
+    sys.stderr.write("still logging\n"); sys.stderr.flush()
+    with open(os.path.join(d, "after"), "a") as f:
+        f.write(line)
+"#;
+    module(
+        d,
+        "latin",
+        json!({
+            "id": "latin", "direction": "output", "protocol": "stdio", "command": "python3",
+            "args": ["-c", script, d],
+            "restart": {"backoff_min": "20ms", "backoff_max": "40ms"},
+        }),
+    );
+    let _serving = serve(d, "", json!([]));
+    eventually(Duration::from_secs(10), async || {
+        std::fs::read_to_string(d.join("after"))
+            .ok()
+            .filter(|a| !a.is_empty())
+    })
+    .await;
+    let pids = std::fs::read_to_string(d.join("pids")).unwrap();
+    assert_eq!(pids.lines().count(), 1, "restarted: {pids}");
+}
+
 /// A modules directory where nothing loads still reports what did not: `modules.list` and
 /// `GET /api/modules` list the file under `errors` (with no module, both answered empty).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
