@@ -189,6 +189,9 @@ pub struct A2aTasksState {
     finished_since_prune: usize,
     /// Conversations whose troupe task a restart interrupted: cancelled once the session runs.
     to_cancel: Vec<ConversationId>,
+    /// Tasks a restart found running (with their conversation): ended `failed` once this
+    /// node runs the A2A session, never before (on several nodes another may run them still).
+    to_interrupt: Vec<(String, ConversationId)>,
 }
 
 /// What a push config request answers.
@@ -350,6 +353,7 @@ impl Actor for A2aTasks {
             next_parked: 0,
             finished_since_prune: 0,
             to_cancel: Vec::new(),
+            to_interrupt: Vec::new(),
         };
         let _ = myself;
         // What was live comes back from the store (see `recover`).

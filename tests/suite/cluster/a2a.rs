@@ -108,3 +108,49 @@ async fn a2a_calls_asked_of_any_node_are_answered_by_the_a2a_sessions_node() {
     kill9(&mut a);
     kill9(&mut b);
 }
+
+/// A node that starts while another runs an A2A task leaves that task alone: only the node
+/// that runs the A2A session settles its tasks after a restart (the new node marked it
+/// FAILED, and told its webhook, while its owner still ran it).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_node_starting_leaves_another_nodes_running_a2a_task_alone() {
+    let url = troupe_test_postgres::server().fresh_database();
+    let dir = tempfile::tempdir().unwrap();
+    let (_a, base_a) = node(dir.path(), &url, "a", 600_000);
+    let sent = a2a(
+        &base_a,
+        "SendMessage",
+        json!({"message": message("slow", None), "configuration": {"returnImmediately": true}}),
+    )
+    .await;
+    let task_id = sent["result"]["task"]["id"]
+        .as_str()
+        .unwrap_or_else(|| panic!("{sent}"))
+        .to_owned();
+    let state = |v: &Value| {
+        v["result"]["status"]["state"]
+            .as_str()
+            .unwrap_or_default()
+            .to_owned()
+    };
+    for _ in 0..500 {
+        if state(&a2a(&base_a, "GetTask", json!({"id": task_id})).await) == "TASK_STATE_WORKING" {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    // B starts (its A2A endpoint reads the live tasks of the shared store), and serves.
+    let (_b, base_b) = node(dir.path(), &url, "b", 10);
+    let _ = a2a(&base_b, "GetTask", json!({"id": task_id})).await;
+    let stored = troupe_test_postgres::server()
+        .psql_at(
+            &url,
+            &format!("SELECT terminal FROM a2a_tasks WHERE task_id = '{task_id}'"),
+        )
+        .unwrap();
+    assert_eq!(stored.trim(), "f", "still running in the store");
+    assert_eq!(
+        state(&a2a(&base_a, "GetTask", json!({"id": task_id})).await),
+        "TASK_STATE_WORKING"
+    );
+}

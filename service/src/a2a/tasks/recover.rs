@@ -52,7 +52,6 @@ impl A2aTasksState {
         let live = store.a2a_live_tasks().await.inspect_err(|e| {
             tracing::error!(error = %e, "a2a live tasks could not be read");
         })?;
-        let now = now_ms();
         let (mut requeued, mut interrupted, mut waiting) = (0usize, 0usize, 0usize);
         for stored in live {
             let record = match record_of(&stored) {
@@ -106,12 +105,11 @@ impl A2aTasksState {
                     waiting += 1;
                     metrics::recovered("waiting");
                 }
+                // Ended once this node runs the session (`resume`): another node may own it
+                // and run the task still.
                 Phase::Dispatched | Phase::Done => {
                     interrupted += 1;
-                    metrics::recovered("interrupted");
-                    let events = self.book.interrupted(&task_id, INTERRUPTED, now);
-                    self.publish(&task_id, events);
-                    self.to_cancel.push(conversation_id);
+                    self.to_interrupt.push((task_id, conversation_id));
                 }
             }
         }
@@ -131,12 +129,24 @@ impl A2aTasksState {
     pub(super) async fn resume(&mut self, myself: &ActorRef<A2aTasksMsg>) {
         self.store_changes(myself);
         let queued = self.book.tasks_in(Phase::Queued);
-        if queued.is_empty() && self.to_cancel.is_empty() {
+        if queued.is_empty() && self.to_cancel.is_empty() && self.to_interrupt.is_empty() {
             return;
         }
+        // Only the node that runs the A2A session (its lease, on several nodes) settles its
+        // tasks: another node's running task is not this node's to end.
         if let Err(e) = self.ensure_forwarding(myself).await {
             tracing::warn!(error = %e, "a2a session not reachable yet; queued tasks wait");
             return;
+        }
+        if !self.to_interrupt.is_empty() {
+            let now = now_ms();
+            for (task_id, conversation_id) in std::mem::take(&mut self.to_interrupt) {
+                metrics::recovered("interrupted");
+                let events = self.book.interrupted(&task_id, INTERRUPTED, now);
+                self.publish(&task_id, events);
+                self.to_cancel.push(conversation_id);
+            }
+            self.store_changes(myself);
         }
         // Before anything new goes to those conversations (a cancel would take it too).
         for conversation_id in std::mem::take(&mut self.to_cancel) {
