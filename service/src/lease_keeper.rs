@@ -141,12 +141,16 @@ pub fn adopted(fences: Vec<(SessionId, u64)>) -> HashMap<SessionId, Lease> {
         .collect()
 }
 
-/// What a renewal round changes: the leases kept (with their new expiry) and the sessions
-/// lost. A renewal that failed for another reason (the database unreachable) keeps the lease
-/// as it was: the next round tries again, and the fence refuses writes if it was taken.
+/// What a renewal round changes at `now_ms`: the leases kept (with their new expiry) and the
+/// sessions lost. A renewal that failed for another reason (the database unreachable) keeps
+/// the lease as it was while it has not expired: the next round tries again, and the fence
+/// refuses writes if it was taken. Once its expiry has passed without a renewal, another node
+/// may hold it: the session is lost here too (a node cut off from the database stops running
+/// it rather than running it beside its new owner).
 pub fn settle_renewals(
     held: &mut HashMap<SessionId, Lease>,
     outcomes: Vec<(SessionId, Result<Lease, AgentError>)>,
+    now_ms: u64,
 ) -> Vec<SessionId> {
     let mut lost = Vec::new();
     for (session_id, outcome) in outcomes {
@@ -162,7 +166,16 @@ pub fn settle_renewals(
                 }
             }
             Err(error) => {
-                tracing::warn!(%session_id, %error, "lease renewal failed; trying again");
+                let expired = held
+                    .get(&session_id)
+                    .is_some_and(|l| l.expires_ms != 0 && l.expires_ms <= now_ms);
+                if expired {
+                    tracing::warn!(%session_id, %error, "lease renewal failed past its expiry");
+                    held.remove(&session_id);
+                    lost.push(session_id);
+                } else {
+                    tracing::warn!(%session_id, %error, "lease renewal failed; trying again");
+                }
             }
         }
     }
@@ -250,7 +263,8 @@ impl Actor for LeaseKeeper {
             LeaseKeeperMsg::Tick => state.renew_all(&myself),
             LeaseKeeperMsg::Renewed { outcomes } => {
                 state.renewing = false;
-                for session_id in settle_renewals(&mut state.held, outcomes) {
+                let now = state.args.clock.now_ms();
+                for session_id in settle_renewals(&mut state.held, outcomes, now) {
                     tracing::warn!(%session_id, node = state.args.leases.node(), "session lease lost: giving the session up");
                     let _ = state.args.lost.send(session_id);
                 }
@@ -329,6 +343,7 @@ mod tests {
                 ),
                 (c, Err(AgentError::internal("connection refused"))),
             ],
+            5,
         );
         assert_eq!(lost, vec![b]);
         assert_eq!(held.get(&a), Some(&lease(1, 20)));
@@ -346,8 +361,17 @@ mod tests {
                     reason: "lease lost".into(),
                 }),
             )],
+            5,
         );
         assert!(again.is_empty(), "reported once");
+        // Failing past its expiry (a node cut off from the database): lost here too.
+        let cut_off = settle_renewals(
+            &mut held,
+            vec![(c, Err(AgentError::internal("connection refused")))],
+            10,
+        );
+        assert_eq!(cut_off, vec![c]);
+        assert!(!held.contains_key(&c));
     }
 }
 
