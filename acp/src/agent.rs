@@ -338,8 +338,24 @@ fn ask_client(
             },
         };
         tracing::info!(%approval_id, approves = decision.approves(), "ACP client answered an approval");
+        let approves = decision.approves();
         // An approval already answered (withdrawn by a cancel, timed out) is not an error here.
-        let _ = session.respond_approval(approval_id, decision).await;
+        // One the answer does not fit (an agent's question, an MCP form whose required field
+        // has no default: "allow" says nothing to fill them with) is denied rather than left
+        // waiting for its timeout.
+        if let Err(error) = session.respond_approval(approval_id, decision).await
+            && approves
+        {
+            tracing::info!(%approval_id, %error, "an allow does not answer this request: denied");
+            let _ = session
+                .respond_approval(
+                    approval_id,
+                    ApprovalDecision::Deny {
+                        reason: Some(format!("the ACP client's allow cannot answer it: {error}")),
+                    },
+                )
+                .await;
+        }
     });
 }
 

@@ -65,3 +65,84 @@ async fn the_python_acp_client_drives_troupe_acp() {
     // The conversation is kept under the data dir's session, for later loads.
     assert!(data.join("acp-session").is_file());
 }
+
+/// An MCP server's form (elicitation) asked through `troupe acp` and answered "allow once" by
+/// the editor: the form has a required field without a default, so "allow" cannot fill it;
+/// the request is declined at once and the turn goes on (it waited for the approval timeout).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_allow_that_cannot_answer_a_form_declines_it_at_once() {
+    use std::sync::Arc;
+    use troupe_acp::{
+        AcpAgent, AcpAgentSpec, AgentCommand, FixedPermissions, PermissionDecision, Turn,
+    };
+    let dir = tempfile::tempdir().unwrap();
+    let entry = troupe_test_support::mcp::server_entry("server-everything");
+    let config = dir.path().join("troupe.toml");
+    std::fs::write(
+        &config,
+        format!(
+            "[[mcp.servers]]\nname = \"everything\"\ntype = \"stdio\"\ncommand = \"node\"\n\
+             args = [{:?}, \"stdio\"]\n",
+            entry.display().to_string()
+        ),
+    )
+    .unwrap();
+    let script = dir.path().join("script.json");
+    // One tool call and one answer per turn, for as many turns as the server takes to be up.
+    let replies: Vec<ScriptedReply> = (0..50)
+        .flat_map(|_| {
+            [
+                ScriptedReply::tool("everything__trigger-elicitation-request", json!({})),
+                ScriptedReply::text("after the form"),
+            ]
+        })
+        .collect();
+    std::fs::write(&script, json!({ "replies": replies }).to_string()).unwrap();
+    let agent = AcpAgent::spawn(AcpAgentSpec::new(
+        "troupe",
+        AgentCommand {
+            command: troupe_bin().display().to_string(),
+            args: vec![
+                "acp".into(),
+                "--ephemeral".into(),
+                "--config".into(),
+                config.display().to_string(),
+                "--script".into(),
+                script.display().to_string(),
+            ],
+            env: Default::default(),
+            cwd: Some(dir.path().to_path_buf()),
+        },
+    ))
+    .await
+    .unwrap();
+    // The MCP server connects in the background: the first turns may not see its tool yet.
+    let mut asked = false;
+    for _ in 0..50 {
+        let (tx, mut rx) = tokio::sync::mpsc::channel(256);
+        let turn = Turn {
+            text: "fill the form".into(),
+            events: Some(tx),
+            permissions: Arc::new(FixedPermissions(PermissionDecision::AllowOnce)),
+        };
+        let done = tokio::time::timeout(Duration::from_secs(30), agent.prompt(turn))
+            .await
+            .expect("the turn does not wait for the approval timeout")
+            .unwrap();
+        let mut events = Vec::new();
+        while let Ok(e) = rx.try_recv() {
+            events.push(e);
+        }
+        if events
+            .iter()
+            .any(|e| matches!(e, troupe_acp::AcpEvent::PermissionRequested { .. }))
+        {
+            assert!(done.text.contains("after the form"), "{done:?}");
+            asked = true;
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    assert!(asked, "the form was never asked");
+    agent.shutdown().await;
+}
