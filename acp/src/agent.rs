@@ -409,44 +409,83 @@ async fn prompt(
     let reply = session.message(conversation, text);
     tokio::pin!(reply);
     let mut last_call: Option<String> = None;
+    // Every approval asked of the client, once, whichever way it was learnt of.
+    let mut asked = std::collections::HashSet::new();
     let sid = request.session_id.clone();
-    let forward = |e: &EventEnvelope, last_call: &mut Option<String>| {
-        if e.conversation_id != Some(conversation) {
-            return;
-        }
-        if let EventKind::ToolCallStarted { call, .. } = &e.event {
-            *last_call = Some(call.call_id.clone());
-        }
-        if let EventKind::ApprovalRequested {
-            approval_id,
-            command,
-            reason,
-            ..
-        } = &e.event
-        {
-            ask_client(
-                served,
-                &conn,
-                sid.clone(),
-                last_call.clone(),
-                *approval_id,
+    let forward =
+        |e: &EventEnvelope,
+         last_call: &mut Option<String>,
+         asked: &mut std::collections::HashSet<troupe_proto::ApprovalId>| {
+            if e.conversation_id != Some(conversation) {
+                return;
+            }
+            if let EventKind::ToolCallStarted { call, .. } = &e.event {
+                *last_call = Some(call.call_id.clone());
+            }
+            if let EventKind::ApprovalRequested {
+                approval_id,
                 command,
                 reason,
-            );
-        }
-        if let Some(update) = update_of(&e.event) {
-            let _ = conn.send_notification(acp::SessionNotification::new(sid.clone(), update));
+                ..
+            } = &e.event
+                && asked.insert(*approval_id)
+            {
+                ask_client(
+                    served,
+                    &conn,
+                    sid.clone(),
+                    last_call.clone(),
+                    *approval_id,
+                    command,
+                    reason,
+                );
+            }
+            if let Some(update) = update_of(&e.event) {
+                let _ = conn.send_notification(acp::SessionNotification::new(sid.clone(), update));
+            }
+        };
+    // The live channel may drop events (a slow reader) or end (the session's Rollout was
+    // replaced): the approvals missed meanwhile are read from the approval store and asked,
+    // so none waits for its timeout unseen.
+    let catch_up = async |asked: &mut std::collections::HashSet<troupe_proto::ApprovalId>,
+                          last_call: &Option<String>| {
+        let Ok(pending) = served.session.pending_approvals().await else {
+            return;
+        };
+        for p in pending {
+            if p.conversation_id == conversation && asked.insert(p.approval_id) {
+                ask_client(
+                    served,
+                    &conn,
+                    sid.clone(),
+                    last_call.clone(),
+                    p.approval_id,
+                    &p.command,
+                    &p.reason,
+                );
+            }
         }
     };
     let done = loop {
         tokio::select! {
             r = &mut reply => break r,
             e = events.recv() => match e {
-                Ok(e) => forward(&e, &mut last_call),
+                Ok(e) => forward(&e, &mut last_call, &mut asked),
                 Err(broadcast::error::RecvError::Lagged(n)) => {
                     tracing::warn!(missed = n, "ACP prompt fell behind the session's events");
+                    catch_up(&mut asked, &last_call).await;
                 }
-                Err(broadcast::error::RecvError::Closed) => {}
+                Err(broadcast::error::RecvError::Closed) => {
+                    // Subscribed again (to the new Rollout), what was missed asked for.
+                    match served.session.subscribe().await {
+                        Ok(rx) => events = rx,
+                        Err(e) => {
+                            tracing::warn!(error = %e, "ACP prompt lost the session's events");
+                            break (&mut reply).await;
+                        }
+                    }
+                    catch_up(&mut asked, &last_call).await;
+                }
             },
         }
     };
@@ -455,7 +494,7 @@ async fn prompt(
         let task = reply.task_id;
         let _ = tokio::time::timeout(LAST_EVENTS, async {
             while let Ok(e) = events.recv().await {
-                forward(&e, &mut last_call);
+                forward(&e, &mut last_call, &mut asked);
                 if e.task_id == Some(task) && matches!(e.event, EventKind::TaskFinished { .. }) {
                     break;
                 }
