@@ -122,6 +122,11 @@ pub struct ReplyOrigin {
     /// Its id for the message.
     pub in_reply_to: Option<String>,
     pub session: SessionId,
+    /// The conversation the message went to (a failed reply names it too, so that the
+    /// module can go on in it).
+    pub conversation: Option<troupe_proto::ConversationId>,
+    /// The task that ran it, if one started.
+    pub task: Option<troupe_proto::TaskId>,
 }
 
 impl ReplyOrigin {
@@ -142,6 +147,8 @@ impl ReplyOrigin {
                 .and_then(Value::as_str)
                 .map(str::to_owned),
             session: message.session_id,
+            conversation: Some(message.conversation_id),
+            task: message.task_id,
         })
     }
 }
@@ -165,15 +172,24 @@ pub fn reply(id: &str, origin: &ReplyOrigin, reply: &MessageReply) -> Value {
     frame
 }
 
-/// A task that failed before it could reply (its message was taken, then it could not run).
+/// A task that failed before it could reply (its message was taken, then it could not run,
+/// or was dropped): the conversation and task as the message had them (`null` when none),
+/// `status` `cancelled` for a cancelled one, else `error`.
 pub fn failed_reply(id: &str, origin: &ReplyOrigin, error: &AgentError) -> Value {
+    let status = if error.kind() == troupe_proto::ErrorKind::Cancelled {
+        "cancelled"
+    } else {
+        "error"
+    };
     json!({
         "type": "reply",
         "id": id,
         "source": origin.source,
         "in_reply_to": origin.in_reply_to,
         "session": origin.session.to_string(),
-        "status": "error",
+        "conversation": origin.conversation.map(|c| c.to_string()),
+        "task": origin.task.map(|t| t.to_string()),
+        "status": status,
         "text": "",
         "error": {"code": error.kind().as_str(), "message": error.to_string()},
     })
@@ -208,6 +224,36 @@ pub fn new_id(prefix: &str) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_failed_reply_names_its_conversation_and_a_cancel_reads_cancelled() {
+        let (conversation, task) = (
+            troupe_proto::ConversationId::new(),
+            troupe_proto::TaskId::new(),
+        );
+        let origin = ReplyOrigin {
+            source: "chat".into(),
+            in_reply_to: Some("m1".into()),
+            session: SessionId::new(),
+            conversation: Some(conversation),
+            task: Some(task),
+        };
+        let failed = failed_reply("r1", &origin, &AgentError::interrupted("a restart"));
+        assert_eq!(failed["conversation"], conversation.to_string());
+        assert_eq!(failed["task"], task.to_string());
+        assert_eq!(failed["status"], "error");
+        assert_eq!(failed["error"]["code"], "interrupted");
+        let dropped = failed_reply(
+            "r2",
+            &ReplyOrigin {
+                task: None,
+                ..origin
+            },
+            &AgentError::cancelled("its conversation was closed"),
+        );
+        assert_eq!(dropped["status"], "cancelled");
+        assert!(dropped["task"].is_null());
+    }
 
     #[test]
     fn lines_parse_into_frames_or_say_what_is_wrong() {
