@@ -213,15 +213,24 @@ pub async fn run(args: ServeArgs) -> anyhow::Result<ExitCode> {
             .await?;
         return Ok(ExitCode::SUCCESS);
     }
-    let listener = bind(&service, &config.server.listen).await?;
+    // Past this point the service runs (its modules' processes among it): a failure to
+    // listen or publish stops it as a shutdown would, leaving no process behind.
+    let listener = match bind(&service, &config.server.listen).await {
+        Ok(listener) => listener,
+        Err(e) => {
+            service.shutdown().await;
+            return Err(e);
+        }
+    };
     let addr = listener.local_addr()?;
     if config.cluster.node.is_some() {
         let api_url = published_api_url(config.cluster.api_url.clone(), addr)?;
         let every = troupe_service::lease_keeper::renew_interval(config.cluster.lease_ttl);
-        service
-            .keep_published(api_url.clone(), every)
-            .await
-            .with_context(|| format!("cannot publish this node's API address {api_url}"))?;
+        if let Err(e) = service.keep_published(api_url.clone(), every).await {
+            service.shutdown().await;
+            return Err(anyhow::Error::from(e)
+                .context(format!("cannot publish this node's API address {api_url}")));
+        }
         eprintln!("troupe: cluster node API published at {api_url}");
         if cfg!(feature = "cluster")
             && let Some(listen) = &config.cluster.listen

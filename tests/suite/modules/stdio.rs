@@ -339,6 +339,73 @@ async fn stopping_a_gateway_kills_what_its_process_started() {
     .await;
 }
 
+/// A `troupe serve` that cannot listen (its port taken) stops its modules, and what they
+/// started, before it exits: they had started with the service.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_service_that_cannot_listen_leaves_no_module_process_behind() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    let pidfile = d.join("grandchild.pid");
+    module(
+        d,
+        "wrapper",
+        json!({
+            "id": "wrapper", "direction": "output", "protocol": "stdio", "command": "sh",
+            "args": ["-c", format!("sleep 300 & echo $! > {}; wait", pidfile.display())],
+        }),
+    );
+    std::fs::write(
+        d.join("troupe.toml"),
+        format!(
+            "data_dir = {:?}\nlog_dir = {:?}\n",
+            d.join("data"),
+            d.join("history")
+        ),
+    )
+    .unwrap();
+    let taken = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let port = taken.local_addr().unwrap().port();
+    // The module may or may not have started its grandchild before the service fails to
+    // listen: tried until it has, and then nothing of it may be left.
+    let mut seen = false;
+    for _ in 0..20 {
+        let _ = std::fs::remove_file(&pidfile);
+        let out = tokio::process::Command::new(troupe_bin())
+            .args([
+                "serve",
+                "--listen",
+                &format!("127.0.0.1:{port}"),
+                "--config",
+            ])
+            .arg(d.join("troupe.toml"))
+            .current_dir(d)
+            .env_remove("TROUPE_AGENTS_DIR")
+            .env_remove("TROUPE_MODULES_DIR")
+            .env_remove("TROUPE_CONFIG")
+            .env_remove("TROUPE_API_TOKENS")
+            .env_remove("TROUPE_LISTEN")
+            .output();
+        let out = tokio::time::timeout(Duration::from_secs(30), out)
+            .await
+            .unwrap()
+            .unwrap();
+        assert!(!out.status.success());
+        if let Some(grandchild) = std::fs::read_to_string(&pidfile)
+            .ok()
+            .and_then(|p| p.trim().parse::<i32>().ok())
+        {
+            eventually(Duration::from_secs(10), async || {
+                (!alive(grandchild)).then_some(())
+            })
+            .await;
+            seen = true;
+            break;
+        }
+    }
+    assert!(seen, "the module never started its grandchild");
+    drop(taken);
+}
+
 /// Whether `pid` runs (a zombie waiting to be reaped does not).
 fn alive(pid: i32) -> bool {
     std::fs::read_to_string(format!("/proc/{pid}/stat")).is_ok_and(|s| {
