@@ -236,6 +236,12 @@ pub trait Playback: Send + Sync + 'static {
         let _ = call;
         Ok(())
     }
+    /// How the supervisor's route to a module failed when it was recorded (the task's end
+    /// error): a replay delivers nothing, so this stands for the module's failure, refusal or
+    /// absence. `None`: it did not fail (its answer is the recorded reply).
+    fn module_route_failure(&self) -> Option<AgentError> {
+        None
+    }
 }
 
 /// A command to run for the shell tool.

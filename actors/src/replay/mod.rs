@@ -142,10 +142,10 @@ async fn run(request: ReplayRequest) -> Result<ReplayReport, AgentError> {
     .await?;
 
     let model = Arc::new(RecordedModel::new(recording.steps.clone()));
-    let effects = Arc::new(RecordedEffects::new(
-        recording.tool_results.clone(),
-        recording.dispatches.clone(),
-    ));
+    let effects = Arc::new(
+        RecordedEffects::new(recording.tool_results.clone(), recording.dispatches.clone())
+            .with_end_error(recording.end.error.clone()),
+    );
     let ports = SessionPorts {
         model: model.clone(),
         mcp: (!recording.external_tools.is_empty()).then(|| {

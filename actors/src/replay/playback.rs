@@ -84,9 +84,19 @@ pub struct RecordedEffects {
     taken: Vec<AtomicBool>,
     dispatches: Vec<Result<AgentOutput, AgentError>>,
     next_dispatch: AtomicUsize,
+    /// The recorded task's error, when it ended with one: what a route to a module that did
+    /// not answer failed with.
+    end_error: Option<AgentError>,
 }
 
 impl RecordedEffects {
+    /// With the recorded task's end error (see [`Playback::module_route_failure`]).
+    #[must_use]
+    pub fn with_end_error(mut self, error: Option<AgentError>) -> Self {
+        self.end_error = error;
+        self
+    }
+
     pub fn new(
         tools: Vec<RecordedToolResult>,
         dispatches: Vec<Result<AgentOutput, AgentError>>,
@@ -96,6 +106,7 @@ impl RecordedEffects {
             tools,
             dispatches,
             next_dispatch: AtomicUsize::new(0),
+            end_error: None,
         }
     }
 
@@ -158,6 +169,10 @@ impl Playback for RecordedEffects {
         } else {
             Ok(())
         }
+    }
+
+    fn module_route_failure(&self) -> Option<AgentError> {
+        self.end_error.clone()
     }
 
     fn dispatch_result(&self, agent_id: &str) -> Result<AgentOutput, AgentError> {

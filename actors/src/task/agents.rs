@@ -223,11 +223,61 @@ pub(super) async fn route_input(
         }
         RouteDecision::DispatchModule => {
             let module = route.module.unwrap_or_default();
-            // A replay delivers nothing: the module's recorded answer stands for it.
-            if let Effects::Recorded(_) = &ctx.effects {
-                return match route.reply {
-                    Some(text) => answer(loop_state, text),
-                    None => Some(Err(AgentError::NotFound {
+            // A replay delivers nothing: the module's recorded answer (or failure) stands for
+            // it, after the same governance as live, so that a policy that now denies the
+            // module shows in the report.
+            if let Effects::Recorded(playback) = &ctx.effects {
+                let failure = route
+                    .reply
+                    .is_none()
+                    .then(|| playback.module_route_failure())
+                    .flatten();
+                let unknown = matches!(
+                    &failure,
+                    Some(AgentError::PolicyRejected {
+                        reason: PolicyReason::UnknownModule,
+                        ..
+                    })
+                );
+                if !unknown {
+                    let chain = Some(&agents.view.chain);
+                    let as_tool = ToolCall {
+                        call_id: "route".to_owned(),
+                        name: crate::modules::DISPATCH_MODULE_TOOL.to_owned(),
+                        arguments: troupe_proto::Json(
+                            serde_json::json!({"module": module, "payload": route.input.clone().unwrap_or_else(|| ctx.input.clone())}),
+                        ),
+                    };
+                    if let Err(refused) = super::govern::check_call(ctx, gov, chain, &as_tool).await
+                    {
+                        return Some(Err(refused.error));
+                    }
+                    if let Err(refused) =
+                        super::modules::check(ctx, gov, chain, &module, "route").await
+                    {
+                        return Some(Err(refused.error));
+                    }
+                }
+                return match (route.reply, failure) {
+                    (Some(text), _) => answer(loop_state, text),
+                    (None, Some(error)) => {
+                        if let AgentError::PolicyRejected {
+                            reason: PolicyReason::UnknownModule,
+                            message,
+                            ..
+                        } = &error
+                        {
+                            ctx.emit(EventKind::PolicyRejected {
+                                agent_id: module,
+                                chain: agents.view.chain.clone(),
+                                reason: PolicyReason::UnknownModule,
+                                message: message.clone(),
+                                tool: None,
+                            });
+                        }
+                        Some(Err(error))
+                    }
+                    (None, None) => Some(Err(AgentError::NotFound {
                         what: "recorded answer of the module dispatch".into(),
                         id: module,
                     })),

@@ -217,3 +217,50 @@ async fn a_policy_that_denies_dispatch_module_stops_the_supervisors_route() {
     assert_eq!(rejected["data"]["tool"], "dispatch_module", "{rejected}");
     assert!(posted.on("answer").is_empty(), "nothing was delivered");
 }
+
+/// The supervisor's route to a module that does not exist, replayed: the replay ends with the
+/// same refusal (`policy_rejected`, `unknown_module`) and the same events, from the recording
+/// (it ended `not_found` and left the refusal's event out).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_route_to_an_unknown_module_replays_identically() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    std::fs::create_dir_all(d.join("agents")).unwrap();
+    std::fs::write(
+        d.join("agents/coder.json"),
+        r#"{"id": "coder", "role": "executor", "provider": {"type": "model", "instructions": "You write code."}}"#,
+    )
+    .unwrap();
+    let serving = serve(
+        d,
+        "[agents]\nrouter = \"model\"\n",
+        json!([
+            {"tool_calls": [{"name": "route", "arguments": {"decision": "dispatch_module", "module": "ghost", "input": "boo", "confidence": 0.9}}]},
+        ]),
+    );
+    let api = &serving.api;
+    let sid = crate::suite::serve::id(&api.session(None).await, "session_id");
+    let sent = api.say(&sid, "to the ghost").await;
+    assert_eq!(sent["reply"]["status"], "error", "{sent}");
+    assert_eq!(
+        sent["reply"]["error"]["policy_rejected"]["reason"], "unknown_module",
+        "{sent}"
+    );
+    let task = sent["reply"]["task_id"].as_str().unwrap().to_owned();
+    serving.terminate();
+    let out = tokio::process::Command::new(troupe_tests::troupe_bin())
+        .args(["replay", &task, "--config"])
+        .arg(d.join("troupe.toml"))
+        .current_dir(d)
+        .env_remove("TROUPE_CONFIG")
+        .env_remove("TROUPE_AGENTS_DIR")
+        .output()
+        .await
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        stdout.starts_with(&format!("replay of task {task}: identical")),
+        "{stdout}{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
