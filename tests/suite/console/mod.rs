@@ -874,6 +874,55 @@ async fn a_browser_answers_an_mcp_servers_form() {
     troupe.stop();
 }
 
+/// A conversation whose policy keeps headers only: the page, opened after its turn, reads
+/// the turn's events back as headers (no arguments, no output) and still names the tool
+/// (it showed `→ undefined`).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_headers_only_turn_shows_its_tools_by_name() {
+    let dir = tempfile::tempdir().unwrap();
+    let model = ModelServer::start().await;
+    let mut troupe = Troupe::start(dir.path(), &model);
+    let api = troupe.http();
+    let created = api
+        .send(
+            reqwest::Method::POST,
+            "/api/sessions",
+            Some(json!({"project_id": "alpha", "title": "Headers",
+                        "root": {"storage_policy": "headers_only"}})),
+        )
+        .await;
+    let sid = created["session_id"].as_str().unwrap().to_owned();
+    model.push(Reply::tool_call("no_such_tool", ["{}"]));
+    model.push(Reply::text(["done"]));
+    api.say(&sid, "call something").await;
+    let browser = Browser::start(&screenshots()).await;
+    browser.goto(&format!("{}/", troupe.base)).await;
+    browser.type_into("#token", TOKEN).await;
+    browser.keys(ENTER).await;
+    browser
+        .wait_for(
+            "the session list",
+            "return document.body.dataset.page === 'sessions'",
+            WAIT,
+        )
+        .await;
+    browser
+        .goto(&format!("{}/sessions/{sid}", troupe.base))
+        .await;
+    wait_live(&browser).await;
+    let tools = browser
+        .wait_for(
+            "the turn's tool",
+            "const t = [...document.querySelectorAll('.tool .who b')].map(b => b.textContent); return t.length > 0 && t.join(',')",
+            WAIT,
+        )
+        .await;
+    assert_eq!(tools, json!("→ no_such_tool"));
+    browser.assert_quiet_console(quiet).await;
+    browser.quit().await;
+    troupe.stop();
+}
+
 async fn wait_live(browser: &Browser) {
     browser
         .wait_for(

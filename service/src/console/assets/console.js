@@ -703,7 +703,9 @@ function sessionPage() {
   function agentEvent(ev) {
     const d = ev.data || {};
     const A = S.agents;
-    if (ev.kind === 'route_decided') A.routes.push({ seq: ev.seq, ...d });
+    // An event read back under a policy that keeps no content has its headers only: a route's
+    // decision, source and confidence are under `route`.
+    if (ev.kind === 'route_decided') A.routes.push({ seq: ev.seq, ...(d.route || d) });
     else if (ev.kind === 'dispatch_sent') A.dispatches.set(d.dispatch_id, { seq: ev.seq, ...d, status: 'running' });
     else if (ev.kind === 'dispatch_result') {
       const x = A.dispatches.get(d.dispatch_id) || { seq: ev.seq, dispatch_id: d.dispatch_id, agent_id: d.agent_id, chain: [d.agent_id] };
@@ -783,7 +785,9 @@ function sessionPage() {
       }
       case 'tool_call_started': {
         const t = task(ev.task_id, ev.conversation_id);
-        const c = d.call || {};
+        // Headers only (a policy that keeps no content): the tool's name and call id, no
+        // arguments.
+        const c = d.call || { call_id: d.call_id, name: d.tool, arguments: '(not kept)' };
         t.tools.set(c.call_id, { call_id: c.call_id, name: c.name, arguments: typeof c.arguments === 'string' ? c.arguments : JSON.stringify(c.arguments) });
         renderTaskSoon(t);
         break;
@@ -791,8 +795,8 @@ function sessionPage() {
       case 'tool_call_finished': {
         S.durations.set(d.call_id, d.duration_ms);
         const t = task(ev.task_id, ev.conversation_id);
-        const c = t.tools.get(d.call_id) || { call_id: d.call_id, name: d.name, arguments: '' };
-        Object.assign(c, { output: d.output, is_error: d.is_error, duration_ms: d.duration_ms });
+        const c = t.tools.get(d.call_id) || { call_id: d.call_id, name: d.name || d.tool, arguments: '' };
+        Object.assign(c, { output: d.output === undefined ? '(not kept)' : d.output, is_error: d.is_error, duration_ms: d.duration_ms });
         t.tools.set(d.call_id, c);
         renderTaskSoon(t);
         for (const m of S.messages.values()) {
@@ -823,10 +827,13 @@ function sessionPage() {
         break;
       }
       case 'approval_requested':
+        // Headers only: which approval is not known from the event; the pending list says.
+        if (d.approval_id === undefined) { refreshApprovals(); break; }
         S.approvals.set(d.approval_id, { ...d, conversation_id: ev.conversation_id, task_id: ev.task_id });
         renderApprovals();
         break;
       case 'approval_resolved':
+        if (d.approval_id === undefined) { refreshApprovals(); break; }
         S.approvals.delete(d.approval_id);
         renderApprovals();
         break;
