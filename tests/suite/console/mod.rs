@@ -243,6 +243,18 @@ async fn a_browser_signs_in_chats_approves_survives_a_restart_and_pages_back() {
     assert_eq!(visible, json!([older]));
     assert_eq!(browser.text("#count").await, "1 of 2 sessions match");
     browser.screenshot("02b-search").await;
+    // Only the title, project, id and status are searched: not "… ago" nor a button's label.
+    for word in ["ago", "current"] {
+        browser.goto(&format!("{}/", troupe.base)).await;
+        browser.find("#sessions").await;
+        browser.keys("/").await;
+        browser.keys(word).await;
+        assert_eq!(
+            browser.text("#count").await,
+            "0 of 2 sessions match",
+            "{word}"
+        );
+    }
     browser.goto(&format!("{}/", troupe.base)).await;
     browser
         .click(&format!("tr[data-session-id='{newer}'] .make-current"))

@@ -133,7 +133,8 @@ function sessionsPage() {
     const words = q.value.toLowerCase().split(/\s+/).filter(Boolean);
     let n = 0;
     for (const tr of rows()) {
-      const hay = tr.textContent.toLowerCase();
+      // The title and id, the project and the status: not the activity time or the buttons.
+      const hay = [0, 1, 2].map((i) => (tr.cells[i] ? tr.cells[i].textContent : '')).join(' ').toLowerCase();
       const on = words.every((w) => hay.includes(w));
       tr.hidden = !on;
       if (on) n += 1;
