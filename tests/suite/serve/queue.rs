@@ -674,6 +674,68 @@ async fn stored_sessions_start_on_first_use() {
     task.await.unwrap();
 }
 
+/// A token of another project asks for a dormant session: 404 as for an unknown id, and the
+/// session is not started (it was activated, then refused).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn another_projects_token_starts_no_stored_session() {
+    let dir = tempfile::tempdir().unwrap();
+    let s = SessionRecord {
+        session_id: SessionId::new(),
+        project_id: Some("beta".into()),
+        title: None,
+        created_ms: 1,
+        root_conversation_id: ConversationId::new(),
+        settings: Json(json!({})),
+        status: troupe_proto::store::SessionStatus::Active,
+        updated_ms: 0,
+    };
+    {
+        let store = SqliteStore::open_in(dir.path()).unwrap();
+        store.create_session(s.clone()).await.unwrap();
+        store
+            .put_conversation(conversation(
+                &s,
+                s.root_conversation_id,
+                StoragePolicy::Full,
+                ConversationState::Open,
+            ))
+            .await
+            .unwrap();
+    }
+    let mut config = TroupeConfig {
+        data_dir: dir.path().to_owned(),
+        ..TroupeConfig::default()
+    };
+    super::with_tokens(&mut config);
+    let model = Arc::new(ScriptedModel::new(Vec::new()));
+    let ports = assembly::session_ports(&config, model, Arc::new(ApproxTokens));
+    let store = Arc::new(SqliteStore::open_in(dir.path()).unwrap());
+    let service = Service::start(&config, store, ports, None).await.unwrap();
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let base = format!("http://{}", listener.local_addr().unwrap());
+    let serving = service.clone();
+    let task = tokio::spawn(async move { serving.serve_http(listener).await.unwrap() });
+    let alpha = Api::new(&base, Some("alpha-token"));
+    let sid = s.session_id;
+    for path in [
+        format!("/api/sessions/{sid}/events?after=0"),
+        format!("/api/sessions/{sid}/tasks"),
+        format!("/api/sessions/{sid}/approvals"),
+    ] {
+        let (status, body) = alpha.get(&path).await;
+        assert_eq!(status, StatusCode::NOT_FOUND, "{path}: {body}");
+    }
+    // An activation the refusal set off would have started the root conversation by now.
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert_eq!(
+        troupe_actors::conversation::live_conversations(),
+        0,
+        "nothing started for another project's token"
+    );
+    service.shutdown_token().cancel();
+    task.await.unwrap();
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn cancel_all_ends_the_running_and_the_queued_messages_cancelled() {
     let server = Server::start_with(
