@@ -64,6 +64,8 @@ pub(crate) struct Exit {
     pub status: String,
     /// Its last stderr lines, joined.
     pub stderr: String,
+    /// When it was seen ended (a restart's backoff counts from the crash).
+    pub at: tokio::time::Instant,
 }
 
 /// A started agent: its connection, its handshake result, and the means to stop it.
@@ -131,7 +133,11 @@ pub(crate) async fn launch(
             .ok()
             .and_then(Result::ok)
             .unwrap_or_default();
-        let exit = Exit { status, stderr };
+        let exit = Exit {
+            status,
+            stderr,
+            at: tokio::time::Instant::now(),
+        };
         let _ = exit_tx.send(Some(exit.clone()));
         on_exit(exit);
     });
@@ -229,6 +235,7 @@ fn unknown_exit() -> Exit {
     Exit {
         status: "unknown status".into(),
         stderr: String::new(),
+        at: tokio::time::Instant::now(),
     }
 }
 
@@ -349,6 +356,7 @@ mod tests {
                 let _ = tx.send(Some(Exit {
                     status: describe_status(status),
                     stderr: String::new(),
+                    at: tokio::time::Instant::now(),
                 }));
             });
             if ends_itself {

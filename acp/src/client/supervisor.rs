@@ -551,10 +551,11 @@ async fn ensure_run(slot: &mut Slot, ctx: &OpCtx) -> Result<(), AcpError> {
     {
         return Ok(());
     }
-    if slot.run.take().is_some() {
-        // It died between operations: that is a failure too.
+    if let Some(run) = slot.run.take() {
+        // It died between operations: that is a failure too, counted from when it died.
         slot.failures += 1;
-        slot.last_failure = Some(Instant::now());
+        let died = run.exited.borrow().as_ref().map(|e| e.at);
+        slot.last_failure = Some(died.unwrap_or_else(Instant::now));
     }
     let since = slot
         .last_failure
@@ -738,11 +739,12 @@ mod tests {
         let (_tx, exited) = watch::channel(None);
         s.process = Some(ProcessInfo {
             generation: 1,
-            pid: 42,
+            // No process has this id: `exited` signals its group (a no-op here).
+            pid: u32::MAX,
             exited,
         });
         assert_eq!(health_of(&s).phase, AgentPhase::Busy);
-        assert_eq!(health_of(&s).pid, Some(42));
+        assert_eq!(health_of(&s).pid, Some(u32::MAX));
         s.current = None;
         assert_eq!(health_of(&s).phase, AgentPhase::Ready);
         s.exited(
@@ -750,6 +752,7 @@ mod tests {
             &Exit {
                 status: "signal 9 (SIGKILL)".into(),
                 stderr: String::new(),
+                at: Instant::now(),
             },
         );
         let h = health_of(&s);
