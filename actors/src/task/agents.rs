@@ -223,6 +223,8 @@ pub(super) async fn route_input(
         }
         RouteDecision::DispatchModule => {
             let module = route.module.unwrap_or_default();
+            let chain = Some(&agents.view.chain);
+            let input = route.input.unwrap_or_else(|| ctx.input.clone());
             // A replay delivers nothing: the module's recorded answer (or failure) stands for
             // it, after the same governance as live, so that a policy that now denies the
             // module shows in the report.
@@ -232,75 +234,35 @@ pub(super) async fn route_input(
                     .is_none()
                     .then(|| playback.module_route_failure())
                     .flatten();
-                let unknown = matches!(
-                    &failure,
+                let unknown = match &failure {
                     Some(AgentError::PolicyRejected {
                         reason: PolicyReason::UnknownModule,
+                        message,
                         ..
-                    })
-                );
-                if !unknown {
-                    let chain = Some(&agents.view.chain);
-                    let as_tool = ToolCall {
-                        call_id: "route".to_owned(),
-                        name: crate::modules::DISPATCH_MODULE_TOOL.to_owned(),
-                        arguments: troupe_proto::Json(
-                            serde_json::json!({"module": module, "payload": route.input.clone().unwrap_or_else(|| ctx.input.clone())}),
-                        ),
-                    };
-                    if let Err(refused) = super::govern::check_call(ctx, gov, chain, &as_tool).await
-                    {
-                        return Some(Err(refused.error));
-                    }
-                    if let Err(refused) =
-                        super::modules::check(ctx, gov, chain, &module, "route").await
-                    {
-                        return Some(Err(refused.error));
-                    }
+                    }) => Some(message.clone()),
+                    _ => None,
+                };
+                if unknown.is_none()
+                    && let Err(refused) =
+                        govern_module_route(ctx, gov, chain, &module, &input).await
+                {
+                    return Some(Err(refused));
                 }
-                return match (route.reply, failure) {
-                    (Some(text), _) => answer(loop_state, text),
-                    (None, Some(error)) => {
-                        if let AgentError::PolicyRejected {
-                            reason: PolicyReason::UnknownModule,
-                            message,
-                            ..
-                        } = &error
-                        {
-                            ctx.emit(EventKind::PolicyRejected {
-                                agent_id: module,
-                                chain: agents.view.chain.clone(),
-                                reason: PolicyReason::UnknownModule,
-                                message: message.clone(),
-                                tool: None,
-                            });
-                        }
-                        Some(Err(error))
+                return match (route.reply, failure, unknown) {
+                    (Some(text), ..) => answer(loop_state, text),
+                    (None, _, Some(message)) => {
+                        Some(Err(unknown_module(ctx, agents, module, message)))
                     }
-                    (None, None) => Some(Err(AgentError::NotFound {
+                    (None, Some(error), None) => Some(Err(error)),
+                    (None, None, None) => Some(Err(AgentError::NotFound {
                         what: "recorded answer of the module dispatch".into(),
                         id: module,
                     })),
                 };
             }
             if super::modules::knows(ctx, &module) {
-                let chain = Some(&agents.view.chain);
-                let input = route.input.unwrap_or_else(|| ctx.input.clone());
-                // Governed as the `dispatch_module` tool would be, then as the module's own
-                // tool (`module__<id>`), like a model's call of the tool.
-                let as_tool = ToolCall {
-                    call_id: "route".to_owned(),
-                    name: crate::modules::DISPATCH_MODULE_TOOL.to_owned(),
-                    arguments: troupe_proto::Json(
-                        serde_json::json!({"module": module, "payload": input}),
-                    ),
-                };
-                if let Err(refused) = super::govern::check_call(ctx, gov, chain, &as_tool).await {
-                    return Some(Err(refused.error));
-                }
-                if let Err(refused) = super::modules::check(ctx, gov, chain, &module, "route").await
-                {
-                    return Some(Err(refused.error));
+                if let Err(refused) = govern_module_route(ctx, gov, chain, &module, &input).await {
+                    return Some(Err(refused));
                 }
                 let payload = serde_json::Value::String(input);
                 return match super::modules::dispatch(ctx, &module, payload).await {
@@ -315,19 +277,7 @@ pub(super) async fn route_input(
                 Some(_) => format!("no module `{module}` takes dispatches"),
                 None => format!("no module `{module}`: this session has no module registry"),
             };
-            ctx.emit(EventKind::PolicyRejected {
-                agent_id: module,
-                chain: agents.view.chain.clone(),
-                reason: PolicyReason::UnknownModule,
-                message: message.clone(),
-                tool: None,
-            });
-            crate::agents::metrics::rejected(PolicyReason::UnknownModule);
-            Some(Err(AgentError::PolicyRejected {
-                reason: PolicyReason::UnknownModule,
-                chain: agents.view.chain.0.clone(),
-                message,
-            }))
+            Some(Err(unknown_module(ctx, agents, module, message)))
         }
         RouteDecision::AskHuman => {
             let question = route.question.unwrap_or_default();
@@ -344,6 +294,50 @@ pub(super) async fn route_input(
             };
             answer(loop_state, text)
         }
+    }
+}
+
+/// The supervisor's route to `module`, governed as a model's call of the `dispatch_module`
+/// tool would be, then as the module's own tool (`module__<id>`).
+async fn govern_module_route(
+    ctx: &TaskContext,
+    gov: &Arc<TaskGovernance>,
+    chain: Option<&troupe_proto::agent::ExecutionChain>,
+    module: &str,
+    input: &str,
+) -> Result<(), AgentError> {
+    let as_tool = ToolCall {
+        call_id: "route".to_owned(),
+        name: crate::modules::DISPATCH_MODULE_TOOL.to_owned(),
+        arguments: troupe_proto::Json(serde_json::json!({"module": module, "payload": input})),
+    };
+    super::govern::check_call(ctx, gov, chain, &as_tool)
+        .await
+        .map_err(|refused| refused.error)?;
+    super::modules::check(ctx, gov, chain, module, "route")
+        .await
+        .map_err(|refused| refused.error)
+}
+
+/// A route to a module nobody takes: its `policy_rejected` event, and the refusal.
+fn unknown_module(
+    ctx: &TaskContext,
+    agents: &Agents,
+    module: String,
+    message: String,
+) -> AgentError {
+    ctx.emit(EventKind::PolicyRejected {
+        agent_id: module,
+        chain: agents.view.chain.clone(),
+        reason: PolicyReason::UnknownModule,
+        message: message.clone(),
+        tool: None,
+    });
+    crate::agents::metrics::rejected(PolicyReason::UnknownModule);
+    AgentError::PolicyRejected {
+        reason: PolicyReason::UnknownModule,
+        chain: agents.view.chain.0.clone(),
+        message,
     }
 }
 

@@ -316,22 +316,7 @@ async fn serve_lists_the_errors_when_no_agent_loads() {
     for ok in ["coder.json", "external.json"] {
         std::fs::remove_file(dir.path().join("agents").join(ok)).unwrap();
     }
-    // Three tokens: every project, one project, none (a scraper's).
-    let toml = dir.path().join("troupe.toml");
-    let mut text = std::fs::read_to_string(&toml).unwrap();
-    text.push_str(
-        "[[server.tokens]]\ntoken = \"ops\"\nprojects = [\"*\"]\n\
-         [[server.tokens]]\ntoken = \"alpha\"\nprojects = [\"alpha\"]\n\
-         [[server.tokens]]\ntoken = \"prom\"\nprojects = []\n",
-    );
-    std::fs::write(&toml, text).unwrap();
-    let mut serve = command(dir.path());
-    serve
-        .args(["serve", "--listen", "127.0.0.1:0", "--config"])
-        .arg(&toml)
-        .stderr(Stdio::null());
-    let (child, base) = troupe_tests::spawn_serve(&mut serve);
-    let _serving = Serving(child);
+    let (_serving, base) = serve_with_tokens(dir.path());
     let api = Api::new(&base, Some("ops"));
     let (status, listing) = api.get("/api/agents").await;
     assert_eq!(status, reqwest::StatusCode::OK, "{listing}");
@@ -348,24 +333,31 @@ async fn serve_lists_the_errors_when_no_agent_loads() {
     }
 }
 
-/// A token bound to no project (a scraper's) reads `/metrics` and nothing else: no agent.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_token_of_no_project_lists_no_agent() {
-    let dir = config_dir(json!([]));
-    let toml = dir.path().join("troupe.toml");
+/// `troupe serve` over the configuration in `dir` with three tokens: `ops` (every project),
+/// `alpha` (one project) and `prom` (none, a scraper's); its base URL.
+fn serve_with_tokens(dir: &std::path::Path) -> (Serving, String) {
+    let toml = dir.join("troupe.toml");
     let mut text = std::fs::read_to_string(&toml).unwrap();
     text.push_str(
         "[[server.tokens]]\ntoken = \"ops\"\nprojects = [\"*\"]\n\
+         [[server.tokens]]\ntoken = \"alpha\"\nprojects = [\"alpha\"]\n\
          [[server.tokens]]\ntoken = \"prom\"\nprojects = []\n",
     );
     std::fs::write(&toml, text).unwrap();
-    let mut serve = command(dir.path());
+    let mut serve = command(dir);
     serve
         .args(["serve", "--listen", "127.0.0.1:0", "--config"])
         .arg(&toml)
         .stderr(Stdio::null());
     let (child, base) = troupe_tests::spawn_serve(&mut serve);
-    let _serving = Serving(child);
+    (Serving(child), base)
+}
+
+/// A token bound to no project (a scraper's) reads `/metrics` and nothing else: no agent.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_token_of_no_project_lists_no_agent() {
+    let dir = config_dir(json!([]));
+    let (_serving, base) = serve_with_tokens(dir.path());
     let (_, all) = Api::new(&base, Some("ops")).get("/api/agents").await;
     assert!(!all["agents"].as_array().unwrap().is_empty(), "{all}");
     let (status, none) = Api::new(&base, Some("prom")).get("/api/agents").await;
