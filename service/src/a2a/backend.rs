@@ -49,6 +49,9 @@ pub trait A2aBackend: Send + Sync + 'static {
     /// gaps: what storage keeps, then live events, refilled from storage when the reader
     /// falls behind ([`SessionHandle::events`]).
     async fn events(&self, after_seq: Option<u64>) -> Result<EventStream, AgentError>;
+    /// The approvals waiting for an answer, every conversation's: what an event read back
+    /// without its content (a policy that keeps none) stands for.
+    async fn pending_approvals(&self) -> Result<Vec<troupe_proto::PendingApproval>, AgentError>;
 }
 
 #[async_trait]
@@ -97,6 +100,10 @@ impl A2aBackend for SessionHandle {
         decision: ApprovalDecision,
     ) -> Result<(), AgentError> {
         SessionHandle::respond_approval(self, approval_id, decision).await
+    }
+
+    async fn pending_approvals(&self) -> Result<Vec<troupe_proto::PendingApproval>, AgentError> {
+        SessionHandle::pending_approvals(self).await
     }
 
     async fn events(&self, after_seq: Option<u64>) -> Result<EventStream, AgentError> {

@@ -160,6 +160,10 @@ impl A2aBackend for RegistryBackend {
             .await
     }
 
+    async fn pending_approvals(&self) -> Result<Vec<troupe_proto::PendingApproval>, AgentError> {
+        self.handle().await?.pending_approvals().await
+    }
+
     async fn events(&self, after_seq: Option<u64>) -> Result<EventStream, AgentError> {
         let handle = self.handle().await?;
         A2aBackend::events(&handle, after_seq).await

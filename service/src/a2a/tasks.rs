@@ -848,6 +848,105 @@ pub const fn relevant(kind: &EventKind) -> bool {
     )
 }
 
+/// The approvals the forwarder passed on, by troupe task: what an approval's end read back
+/// without its content stands for.
+#[derive(Default)]
+pub(super) struct Asked(HashMap<TaskId, Vec<troupe_proto::ApprovalId>>);
+
+impl Asked {
+    fn note(&mut self, task: Option<TaskId>, event: &EventKind) {
+        let Some(task) = task else { return };
+        match event {
+            EventKind::ApprovalRequested { approval_id, .. } => {
+                let ids = self.0.entry(task).or_default();
+                if !ids.contains(approval_id) {
+                    ids.push(*approval_id);
+                }
+            }
+            // A task that ended asks nothing more.
+            EventKind::TaskFinished { .. } | EventKind::TaskAborted { .. } => {
+                self.0.remove(&task);
+            }
+            _ => {}
+        }
+    }
+}
+
+/// What an event read back as headers only (its conversation keeps no content: the stream
+/// refilled from storage after the reader fell behind) stands for, as far as the book needs
+/// it: a task's start and steps by their kind; an approval requested or resolved by asking
+/// the approval store what waits now. A task's end needs its text: its reply ends it instead
+/// (`finish_due`).
+pub(super) async fn headers_only(
+    record: &troupe_actors::rollout::RolloutRecord,
+    backend: &dyn A2aBackend,
+    asked: &mut Asked,
+) -> Vec<EventKind> {
+    use troupe_proto::EventName;
+    match record.kind {
+        EventName::TaskStarted => vec![EventKind::TaskStarted {
+            input: String::new(),
+        }],
+        EventName::StepStarted => vec![EventKind::StepStarted {
+            turn: 0,
+            step: record.meta.steps.unwrap_or(1),
+        }],
+        EventName::TaskAborted => vec![EventKind::TaskAborted {
+            waited_ms: record.meta.duration_ms.unwrap_or(0),
+        }],
+        EventName::ApprovalRequested | EventName::ApprovalResolved => {
+            let Some(task) = record.task_id else {
+                return Vec::new();
+            };
+            let pending = match backend.pending_approvals().await {
+                Ok(pending) => pending,
+                Err(error) => {
+                    tracing::warn!(%error, "a2a: the pending approvals could not be read");
+                    return Vec::new();
+                }
+            };
+            let waiting: Vec<_> = pending
+                .into_iter()
+                .filter(|p| p.task_id == Some(task))
+                .collect();
+            let mut out = Vec::new();
+            if record.kind == EventName::ApprovalRequested {
+                for p in waiting {
+                    let event = EventKind::ApprovalRequested {
+                        approval_id: p.approval_id,
+                        command: p.command,
+                        reason: p.reason,
+                        subject: p.subject,
+                    };
+                    let known = asked
+                        .0
+                        .get(&task)
+                        .is_some_and(|ids| ids.contains(&p.approval_id));
+                    if !known {
+                        asked.note(Some(task), &event);
+                        out.push(event);
+                    }
+                }
+            } else if let Some(ids) = asked.0.get_mut(&task) {
+                // Those no longer waiting were answered (the decision is not the book's
+                // concern: the task goes on or ends by its own events).
+                ids.retain(|id| {
+                    let still = waiting.iter().any(|p| p.approval_id == *id);
+                    if !still {
+                        out.push(EventKind::ApprovalResolved {
+                            approval_id: *id,
+                            decision: troupe_proto::ApprovalDecision::Deny { reason: None },
+                        });
+                    }
+                    still
+                });
+            }
+            out
+        }
+        _ => Vec::new(),
+    }
+}
+
 /// How long the forwarder waits before opening the session's events again after they ended
 /// or failed.
 const REOPEN_AFTER: Duration = Duration::from_millis(500);
@@ -860,21 +959,40 @@ const REOPEN_AFTER: Duration = Duration::from_millis(500);
 /// last `seq` it passed on.
 async fn forward(mut events: EventStream, backend: Arc<dyn A2aBackend>, me: ActorRef<A2aTasksMsg>) {
     let mut last_seq = None;
+    let mut asked = Asked::default();
     loop {
         while let Some(item) = events.next().await {
             match item {
                 Ok(record) => {
                     last_seq = Some(record.seq);
-                    let Some(event) = record.event.filter(relevant) else {
-                        continue;
+                    let events = match record.event {
+                        Some(event) if relevant(&event) => {
+                            asked.note(record.task_id, &event);
+                            vec![event]
+                        }
+                        Some(_) => continue,
+                        // Read back without its content (a policy that keeps none).
+                        None => {
+                            if matches!(
+                                record.kind,
+                                troupe_proto::EventName::TaskFinished
+                                    | troupe_proto::EventName::TaskAborted
+                            ) && let Some(task) = record.task_id
+                            {
+                                asked.0.remove(&task);
+                            }
+                            headers_only(&record, backend.as_ref(), &mut asked).await
+                        }
                     };
-                    let msg = A2aTasksMsg::SessionEvent {
-                        conversation_id: record.conversation_id,
-                        task_id: record.task_id,
-                        event,
-                    };
-                    if me.cast(msg).is_err() {
-                        return;
+                    for event in events {
+                        let msg = A2aTasksMsg::SessionEvent {
+                            conversation_id: record.conversation_id,
+                            task_id: record.task_id,
+                            event,
+                        };
+                        if me.cast(msg).is_err() {
+                            return;
+                        }
                     }
                 }
                 Err(error) => {

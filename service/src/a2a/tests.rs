@@ -1071,3 +1071,58 @@ async fn push_configs_are_created_listed_and_deleted() {
     hook.server.abort();
     f.stop().await;
 }
+
+/// An approval event read back without its content (a `headers_only` conversation, the
+/// forwarder refilled from storage after it fell behind) still reaches the book: the approval
+/// store says which approval waits, once, and which one was answered.
+#[tokio::test]
+async fn approval_events_read_back_as_headers_are_taken_from_the_approval_store() {
+    use troupe_actors::rollout::{RecordLevel, RecordMeta, RolloutRecord};
+    use troupe_proto::{ApprovalDecision, EventKind, EventName};
+    let f = Fixture::start(vec![shell(&["echo", "headers"]), ScriptedReply::default()]).await;
+    let task_id = f.send_now("run it", json!({})).await;
+    f.wait_state(&task_id, "TASK_STATE_INPUT_REQUIRED").await;
+    let pending = f.session.pending_approvals().await.unwrap();
+    assert_eq!(pending.len(), 1, "{pending:?}");
+    let waiting = &pending[0];
+    let header = |kind| RolloutRecord {
+        seq: 1,
+        ts_ms: 0,
+        conversation_id: Some(waiting.conversation_id),
+        task_id: waiting.task_id,
+        kind,
+        level: RecordLevel::Headers,
+        event: None,
+        meta: RecordMeta::default(),
+    };
+    let mut asked = super::tasks::Asked::default();
+    let requested = super::tasks::headers_only(
+        &header(EventName::ApprovalRequested),
+        &f.session,
+        &mut asked,
+    )
+    .await;
+    assert!(
+        matches!(requested.as_slice(), [EventKind::ApprovalRequested { approval_id, .. }] if *approval_id == waiting.approval_id),
+        "{requested:?}"
+    );
+    // Once: the same header again adds nothing.
+    let again = super::tasks::headers_only(
+        &header(EventName::ApprovalRequested),
+        &f.session,
+        &mut asked,
+    )
+    .await;
+    assert!(again.is_empty(), "{again:?}");
+    f.session
+        .respond_approval(waiting.approval_id, ApprovalDecision::ApproveOnce)
+        .await
+        .unwrap();
+    let resolved =
+        super::tasks::headers_only(&header(EventName::ApprovalResolved), &f.session, &mut asked)
+            .await;
+    assert!(
+        matches!(resolved.as_slice(), [EventKind::ApprovalResolved { approval_id, .. }] if *approval_id == waiting.approval_id),
+        "{resolved:?}"
+    );
+}

@@ -585,6 +585,10 @@ impl backend::A2aBackend for Watching {
     ) -> Result<(), AgentError> {
         backend::A2aBackend::respond_approval(&self.session, approval_id, decision).await
     }
+    async fn pending_approvals(&self) -> Result<Vec<troupe_proto::PendingApproval>, AgentError> {
+        backend::A2aBackend::pending_approvals(&self.session).await
+    }
+
     async fn events(
         &self,
         after_seq: Option<u64>,
