@@ -179,6 +179,11 @@ pub enum RegistryMsg {
         result: Result<Option<SessionRecord>, AgentError>,
         why: Activation,
     },
+    /// A lookup found a record the scope that asked does not see (see [`look_up`]).
+    Hidden {
+        session_id: SessionId,
+        record: SessionRecord,
+    },
     /// A new session runs and is stored.
     Created {
         record: SessionRecord,
@@ -284,6 +289,9 @@ impl Actor for Registry {
                 result,
                 why,
             } => state.looked(&myself, session_id, result, why).await,
+            RegistryMsg::Hidden { session_id, record } => {
+                state.hidden(&myself, session_id, &record);
+            }
             RegistryMsg::Create {
                 scope,
                 request,
@@ -429,17 +437,25 @@ async fn release(keeper: KeeperRef, session_id: SessionId) {
 }
 
 /// Reads a session's record for its activation; on a node of a cluster, then takes its lease
-/// (an unknown id takes none). Held by another node: [`owned_elsewhere`].
+/// (an unknown id takes none). Held by another node: [`owned_elsewhere`]. A record `scope`
+/// does not see is `Err(record)`: nothing is activated or leased for it.
 async fn look_up(
     store: &dyn Store,
     keeper: Option<&KeeperRef>,
     session_id: SessionId,
-) -> Result<Option<SessionRecord>, AgentError> {
+    scope: &Scope,
+) -> Result<Result<Option<SessionRecord>, SessionRecord>, AgentError> {
     let record = store.get_session(session_id).await?;
+    if let Some(r) = record
+        .as_ref()
+        .filter(|r| !scope.sees(r.project_id.as_deref()))
+    {
+        return Ok(Err(r.clone()));
+    }
     if let (Some(keeper), Some(_)) = (keeper, &record) {
         acquire(keeper, session_id).await?;
     }
-    Ok(record)
+    Ok(Ok(record))
 }
 
 /// Starts a new session and stores it with its root conversation (the store's rows exist
@@ -623,7 +639,9 @@ impl RegistryState {
         let (store, keeper, myself) = (self.store.clone(), self.keeper(), myself.clone());
         tokio::spawn(async move {
             for session_id in ids {
-                let result = look_up(store.as_ref(), keeper.as_ref(), session_id).await;
+                let result = look_up(store.as_ref(), keeper.as_ref(), session_id, &Scope::All)
+                    .await
+                    .map(|found| found.unwrap_or_else(Some));
                 let _ = myself.cast(RegistryMsg::Looked {
                     session_id,
                     result,
@@ -661,6 +679,7 @@ impl RegistryState {
             let _ = reply.send(answer);
             return;
         }
+        let asker = scope.clone();
         let waiter = Waiter { scope, reply };
         if let Some(waiters) = self.looking.get_mut(&session_id) {
             waiters.push(waiter);
@@ -671,15 +690,45 @@ impl RegistryState {
         let myself = myself.clone();
         tokio::spawn(
             async move {
-                let result = look_up(store.as_ref(), keeper.as_ref(), session_id).await;
-                let _ = myself.cast(RegistryMsg::Looked {
-                    session_id,
-                    result,
-                    why: Activation::Request,
-                });
+                // In the scope of the request that asked first: another project's session is
+                // neither activated nor leased for it.
+                let found = look_up(store.as_ref(), keeper.as_ref(), session_id, &asker).await;
+                let msg = match found {
+                    Ok(Err(record)) => RegistryMsg::Hidden { session_id, record },
+                    result => RegistryMsg::Looked {
+                        session_id,
+                        result: result.map(|found| found.unwrap_or_else(Some)),
+                        why: Activation::Request,
+                    },
+                };
+                let _ = myself.cast(msg);
             }
             .in_current_span(),
         );
+    }
+
+    /// A lookup found a record the asking scope does not see: that request is answered as
+    /// for an unknown id; requests that joined it and see the session ask again in their
+    /// own scope.
+    fn hidden(
+        &mut self,
+        myself: &ActorRef<RegistryMsg>,
+        session_id: SessionId,
+        record: &SessionRecord,
+    ) {
+        for w in self.looking.remove(&session_id).unwrap_or_default() {
+            if w.scope.sees(record.project_id.as_deref()) {
+                let _ = myself.cast(RegistryMsg::Host {
+                    scope: w.scope,
+                    session_id,
+                    reply: w.reply,
+                });
+            } else {
+                let _ = w
+                    .reply
+                    .send(Err(AgentError::not_found("session", session_id)));
+            }
+        }
     }
 
     async fn looked(

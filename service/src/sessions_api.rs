@@ -226,16 +226,6 @@ impl SessionsApi {
         session_id: SessionId,
     ) -> Result<ActorRef<HostMsg>, AgentError> {
         let registry = self.registry()?;
-        // A token bound to projects learns nothing of another project's session, and starts
-        // nothing for it: checked on the stored record before the registry would activate a
-        // dormant one (or take its lease on a cluster).
-        if let Scope::Projects(_) = &scope {
-            visible(
-                &scope,
-                session_id,
-                self.store.get_session(session_id).await?,
-            )?;
-        }
         ractor::call!(registry, |reply| RegistryMsg::Host {
             scope,
             session_id,
