@@ -360,13 +360,7 @@ async fn a_supervisor_that_did_not_load_routes_to_no_agent() {
     // The session's own turn answers (the script's reply), no agent is dispatched to.
     team.send("@deployer ship it").await;
     let events = team.events().await;
-    assert!(
-        !events
-            .iter()
-            .any(|e| matches!(e, EventKind::DispatchSent { .. })),
-        "{:?}",
-        agent_kinds(&events)
-    );
+    assert_no_dispatch(&events);
 }
 
 /// The same for a supervisor chosen by its role (no `[agents] supervisor`): a file whose role
@@ -401,13 +395,7 @@ async fn a_supervisor_by_role_that_did_not_load_routes_to_no_agent() {
     .await;
     team.send("@deployer ship it").await;
     let events = team.events().await;
-    assert!(
-        !events
-            .iter()
-            .any(|e| matches!(e, EventKind::DispatchSent { .. })),
-        "{:?}",
-        agent_kinds(&events)
-    );
+    assert_no_dispatch(&events);
     // The route was decided (a direct reply), so the message did reach routing.
     assert!(
         events
@@ -469,4 +457,15 @@ async fn a_message_whose_routing_call_failed_leaves_no_history() {
     let prompt = format!("{:?}", sent.last().unwrap().prompt);
     assert!(prompt.contains("hi"), "{prompt}");
     assert!(!prompt.contains("forget me"), "{prompt}");
+}
+
+/// No agent was dispatched to.
+fn assert_no_dispatch(events: &[EventKind]) {
+    assert!(
+        !events
+            .iter()
+            .any(|e| matches!(e, EventKind::DispatchSent { .. })),
+        "{:?}",
+        agent_kinds(events)
+    );
 }

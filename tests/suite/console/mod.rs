@@ -765,20 +765,7 @@ async fn a_browser_answers_an_mcp_servers_form() {
     let browser = Browser::start(&screenshots()).await;
     let api = troupe.http();
     let sid = api.session("Forms").await;
-    browser.goto(&format!("{}/", troupe.base)).await;
-    browser.type_into("#token", TOKEN).await;
-    browser.keys(ENTER).await;
-    browser
-        .wait_for(
-            "the session list",
-            "return document.body.dataset.page === 'sessions'",
-            WAIT,
-        )
-        .await;
-    browser
-        .goto(&format!("{}/sessions/{sid}", troupe.base))
-        .await;
-    wait_live(&browser).await;
+    open_signed_in(&browser, &troupe.base, &sid).await;
     browser
         .wait_for(
             "the MCP server",
@@ -908,20 +895,7 @@ async fn a_headers_only_turn_shows_its_tools_by_name() {
     model.push(Reply::text(["done"]));
     api.say(&sid, "call something").await;
     let browser = Browser::start(&screenshots()).await;
-    browser.goto(&format!("{}/", troupe.base)).await;
-    browser.type_into("#token", TOKEN).await;
-    browser.keys(ENTER).await;
-    browser
-        .wait_for(
-            "the session list",
-            "return document.body.dataset.page === 'sessions'",
-            WAIT,
-        )
-        .await;
-    browser
-        .goto(&format!("{}/sessions/{sid}", troupe.base))
-        .await;
-    wait_live(&browser).await;
+    open_signed_in(&browser, &troupe.base, &sid).await;
     let tools = browser
         .wait_for(
             "the turn's tool",
@@ -933,6 +907,22 @@ async fn a_headers_only_turn_shows_its_tools_by_name() {
     browser.assert_quiet_console(quiet).await;
     browser.quit().await;
     troupe.stop();
+}
+
+/// Signs in at `base` with the token, then opens session `sid` and waits for its live stream.
+async fn open_signed_in(browser: &Browser, base: &str, sid: &str) {
+    browser.goto(&format!("{base}/")).await;
+    browser.type_into("#token", TOKEN).await;
+    browser.keys(ENTER).await;
+    browser
+        .wait_for(
+            "the session list",
+            "return document.body.dataset.page === 'sessions'",
+            WAIT,
+        )
+        .await;
+    browser.goto(&format!("{base}/sessions/{sid}")).await;
+    wait_live(browser).await;
 }
 
 async fn wait_live(browser: &Browser) {

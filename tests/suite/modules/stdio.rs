@@ -318,14 +318,7 @@ async fn stopping_a_gateway_kills_what_its_process_started() {
     let d = dir.path();
     let pidfile = d.join("grandchild.pid");
     // A wrapper that starts a grandchild and waits: it never reads its stdin, so it is killed.
-    module(
-        d,
-        "wrapper",
-        json!({
-            "id": "wrapper", "direction": "output", "protocol": "stdio", "command": "sh",
-            "args": ["-c", format!("sleep 300 & echo $! > {}; wait", pidfile.display())],
-        }),
-    );
+    wrapper_module(d, &pidfile);
     let serving = serve(d, "", json!([]));
     let grandchild: i32 = eventually(Duration::from_secs(10), async || {
         std::fs::read_to_string(&pidfile).ok()?.trim().parse().ok()
@@ -346,14 +339,7 @@ async fn a_service_that_cannot_listen_leaves_no_module_process_behind() {
     let dir = tempfile::tempdir().unwrap();
     let d = dir.path();
     let pidfile = d.join("grandchild.pid");
-    module(
-        d,
-        "wrapper",
-        json!({
-            "id": "wrapper", "direction": "output", "protocol": "stdio", "command": "sh",
-            "args": ["-c", format!("sleep 300 & echo $! > {}; wait", pidfile.display())],
-        }),
-    );
+    wrapper_module(d, &pidfile);
     std::fs::write(
         d.join("troupe.toml"),
         format!(
@@ -404,6 +390,19 @@ async fn a_service_that_cannot_listen_leaves_no_module_process_behind() {
     }
     assert!(seen, "the module never started its grandchild");
     drop(taken);
+}
+
+/// A module `wrapper` that starts a grandchild (its pid written to `pidfile`) and waits, never
+/// reading its stdin.
+fn wrapper_module(d: &std::path::Path, pidfile: &std::path::Path) {
+    module(
+        d,
+        "wrapper",
+        json!({
+            "id": "wrapper", "direction": "output", "protocol": "stdio", "command": "sh",
+            "args": ["-c", format!("sleep 300 & echo $! > {}; wait", pidfile.display())],
+        }),
+    );
 }
 
 /// Whether `pid` runs (a zombie waiting to be reaped does not).
