@@ -375,12 +375,25 @@ pub enum ConversationMsg {
     },
     /// Timer: the conversation became idle at activity `epoch`, `passivate_after` ago.
     IdleTimedOut { epoch: u64 },
-    /// The Session asks whether it may passivate this conversation: `true` when it is idle,
-    /// and it then stops; `false` when work came first, and it stays.
-    Passivate { reply: RpcReplyPort<bool> },
+    /// The Session asks whether it may passivate this conversation: `Stopped` with its
+    /// statistics when it is idle, and it then stops; `Busy` when work came first, and it
+    /// stays.
+    Passivate {
+        reply: RpcReplyPort<PassivateAnswer>,
+    },
     /// Fault injection: panics inside `handle`, to exercise supervision (restart from the
     /// rollout) in tests and drills.
     InjectPanic,
+}
+
+/// A conversation's answer to the Session's `Passivate`.
+#[derive(Debug, Clone, PartialEq)]
+pub enum PassivateAnswer {
+    /// It was idle and stops; its statistics as they stand (the Session answers statistics
+    /// reads from them while it is passivated, without reactivating it).
+    Stopped(Box<ConversationStats>),
+    /// Work came first: it stays.
+    Busy,
 }
 
 /// What a task is for.
@@ -730,7 +743,11 @@ impl Actor for Conversation {
             }
             ConversationMsg::Passivate { reply } => {
                 let idle = state.is_idle();
-                let _ = reply.send(idle);
+                let _ = reply.send(if idle {
+                    PassivateAnswer::Stopped(Box::new(state.stats_now()))
+                } else {
+                    PassivateAnswer::Busy
+                });
                 if idle {
                     tracing::debug!(conversation_id = %state.id, "conversation passivated");
                     myself.stop(Some("passivated".into()));
@@ -739,10 +756,18 @@ impl Actor for Conversation {
                 }
                 return Ok(());
             }
+            // A read: it neither counts as activity nor moves the idle timer (a console that
+            // polls statistics must not keep an idle conversation from passivating).
+            ConversationMsg::Stats { reply } => {
+                let _ = reply.send(state.stats_now());
+                return Ok(());
+            }
             _ => state.activity += 1,
         }
         match msg {
-            ConversationMsg::IdleTimedOut { .. } | ConversationMsg::Passivate { .. } => {}
+            ConversationMsg::IdleTimedOut { .. }
+            | ConversationMsg::Passivate { .. }
+            | ConversationMsg::Stats { .. } => {}
             ConversationMsg::Message {
                 text,
                 request,
@@ -803,11 +828,6 @@ impl Actor for Conversation {
                 state.on_reclaim_slot(&myself, task_id, granted);
             }
             ConversationMsg::ServicesChanged => state.on_services_changed(&myself).await,
-            ConversationMsg::Stats { reply } => {
-                let mut stats = state.stats.clone();
-                stats.history_items = state.history.len() as u64;
-                let _ = reply.send(stats);
-            }
             ConversationMsg::InjectPanic => panic!("injected fault in conversation {}", state.id),
         }
         state.arm_idle_timer(&myself);

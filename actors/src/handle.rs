@@ -230,6 +230,29 @@ impl SessionHandle {
         .map_err(gone)
     }
 
+    /// An open conversation's statistics (S11). A passivated conversation is answered from
+    /// what it stopped with, without being reactivated.
+    pub async fn conversation_stats(
+        &self,
+        conversation_id: ConversationId,
+    ) -> Result<troupe_proto::ConversationStats, AgentError> {
+        let asked = self
+            .actor
+            .call(
+                |reply| SessionMsg::Stats {
+                    conversation_id,
+                    reply,
+                },
+                None,
+            )
+            .await;
+        match asked {
+            Ok(ractor::rpc::CallResult::Success(stats)) => Ok(stats),
+            Ok(_) => Err(AgentError::not_found("conversation", conversation_id)),
+            Err(e) => Err(AgentError::internal(format!("session unavailable: {e}"))),
+        }
+    }
+
     /// Where an open conversation stands (live, asked to passivate, passivated) without
     /// reactivating it; `None` when it is not open. Observation and tests.
     pub async fn standing(

@@ -70,8 +70,8 @@ use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
 use troupe_proto::{
-    AgentError, CloseOutcome, Closed, ConversationId, MessageReply, OpenConversation, SessionId,
-    SetContext, StoragePolicy,
+    AgentError, CloseOutcome, Closed, ConversationId, ConversationStats, MessageReply,
+    OpenConversation, SessionId, SetContext, StoragePolicy,
 };
 
 use self::forward::ConversationRequest;
@@ -226,6 +226,13 @@ pub enum SessionMsg {
         conversation_id: ConversationId,
         reply: RpcReplyPort<Option<ActorRef<ConversationMsg>>>,
     },
+    /// A conversation's statistics (S11): from its actor when it is live, from the session's
+    /// index when it is passivated (it is not reactivated for a read). Dropped unanswered
+    /// when it is not open.
+    Stats {
+        conversation_id: ConversationId,
+        reply: RpcReplyPort<ConversationStats>,
+    },
     /// Where a conversation stands, without reactivating it (observation, tests).
     Standing {
         conversation_id: ConversationId,
@@ -250,12 +257,12 @@ pub enum SessionMsg {
         conversation_id: ConversationId,
         actor: ActorId,
     },
-    /// The conversation asked to passivate answered (`Some(true)`: it stopped; `None`: it was
-    /// gone before it could answer).
+    /// The conversation asked to passivate answered (`None`: it was gone before it could
+    /// answer).
     PassivationAnswered {
         conversation_id: ConversationId,
         actor: ActorId,
-        answer: Option<bool>,
+        answer: Option<crate::conversation::PassivateAnswer>,
     },
     /// Closes everything, flushes the rollout, stops the tree.
     Shutdown { reply: RpcReplyPort<()> },
@@ -266,7 +273,18 @@ pub enum SessionMsg {
 /// and its boxed parameters.
 enum ConversationEntry {
     Live(Box<LiveConversation>),
-    Passivated(Box<OpenConversation>),
+    Passivated(Box<Dormant>),
+}
+
+/// What the session keeps of a passivated conversation.
+struct Dormant {
+    /// What starts it again.
+    params: OpenConversation,
+    /// Its statistics when it stopped, which answer statistics reads while it sleeps (`None`
+    /// when its stop was seen before its answer, until the answer comes).
+    stats: Option<ConversationStats>,
+    /// The actor that stopped, whose late answer may still bring `stats`.
+    actor: ActorId,
 }
 
 struct LiveConversation {
@@ -283,14 +301,14 @@ impl ConversationEntry {
     fn params(&self) -> &OpenConversation {
         match self {
             Self::Live(live) => &live.params,
-            Self::Passivated(params) => params,
+            Self::Passivated(dormant) => &dormant.params,
         }
     }
 
     fn params_mut(&mut self) -> &mut OpenConversation {
         match self {
             Self::Live(live) => &mut live.params,
-            Self::Passivated(params) => params,
+            Self::Passivated(dormant) => &mut dormant.params,
         }
     }
 
@@ -331,7 +349,8 @@ impl ConversationEntry {
                     model,
                 });
             }
-            Self::Passivated(stored) => {
+            Self::Passivated(dormant) => {
+                let stored = &mut dormant.params;
                 stored.base_instructions = params.base_instructions;
                 stored.model = params.model;
                 stored.provider = params.provider;
@@ -608,6 +627,20 @@ impl Actor for Session {
             } => {
                 let request = ConversationRequest::Actor { reply };
                 state.deliver(&myself, conversation_id, request).await;
+            }
+            SessionMsg::Stats {
+                conversation_id,
+                reply,
+            } => {
+                if let Some(ConversationEntry::Passivated(dormant)) =
+                    state.conversations.get(&conversation_id)
+                    && let Some(stats) = &dormant.stats
+                {
+                    let _ = reply.send(stats.clone());
+                } else {
+                    let request = ConversationRequest::Stats { reply };
+                    state.deliver(&myself, conversation_id, request).await;
+                }
             }
             SessionMsg::Standing {
                 conversation_id,

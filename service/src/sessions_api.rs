@@ -16,7 +16,6 @@ use ractor::{Actor, ActorRef, RactorErr};
 use std::sync::Arc;
 use tokio::sync::watch;
 use troupe_actors::SessionHandle;
-use troupe_actors::conversation::ConversationMsg;
 use troupe_actors::token_book::TokenBookMsg;
 use troupe_proto::agent::AgentListing;
 use troupe_proto::governance::{IssueToken, IssuedToken, TokenInfo};
@@ -410,9 +409,7 @@ impl SessionsApi {
         conversation_id: ConversationId,
     ) -> Result<ConversationStats, AgentError> {
         let handle = self.session(scope, session_id).await?;
-        handle
-            .ask_conversation(conversation_id, |reply| ConversationMsg::Stats { reply })
-            .await
+        handle.conversation_stats(conversation_id).await
     }
 
     /// A session's conversations (open and closed), oldest first.

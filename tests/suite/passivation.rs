@@ -329,3 +329,66 @@ async fn a_message_racing_passivation_is_not_lost() {
     assert_eq!(before.get_id(), after_all.get_id());
     session.shutdown().await.unwrap();
 }
+
+/// Statistics are a read: reading them neither keeps an idle conversation from passivating
+/// nor reactivates a passivated one (a console polls them for every open conversation). A
+/// passivated conversation answers with the statistics it stopped with.
+#[tokio::test]
+async fn statistics_are_read_without_waking_a_conversation() {
+    let dir = tempfile::tempdir().unwrap();
+    let server = ModelServer::start().await;
+    let (session, _join) = start(&server, Backend::Sqlite, dir.path()).await;
+    let c = session.open(OpenConversation::default()).await.unwrap();
+    server.push(Reply::text(["Noted."]).with_usage(12, 3, 0, 0));
+    let reply = session.message(c, "remember this").await.unwrap();
+    assert_eq!(reply.status, TaskStatus::Ok, "{reply:?}");
+    let live = session.conversation_stats(c).await.unwrap();
+    assert_eq!((live.tasks, live.usage.input_tokens), (1, 12), "{live:?}");
+    assert!(live.history_items >= 2, "{live:?}");
+
+    // Half the idle period, a read, the other half: the read did not restart the wait.
+    tokio::time::pause();
+    tokio::time::advance(IDLE / 2).await;
+    assert_eq!(session.conversation_stats(c).await.unwrap(), live);
+    tokio::time::advance(IDLE / 2 + Duration::from_secs(1)).await;
+    for _ in 0..100 {
+        if standing(&session, c).await == Some(Standing::Passivated) {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    assert_eq!(standing(&session, c).await, Some(Standing::Passivated));
+    tokio::time::resume();
+
+    for _ in 0..3 {
+        assert_eq!(session.conversation_stats(c).await.unwrap(), live);
+    }
+    assert_eq!(standing(&session, c).await, Some(Standing::Passivated));
+    let records = session.events_after(0, 1000).await.unwrap();
+    assert!(
+        !records
+            .iter()
+            .any(|r| r.kind == EventName::ConversationRestarted),
+        "a read reactivated it"
+    );
+
+    // Its next message wakes it, and its statistics go on from where they were.
+    server.push(Reply::text(["Again."]).with_usage(20, 2, 0, 0));
+    session.message(c, "and this").await.unwrap();
+    let after = session.conversation_stats(c).await.unwrap();
+    assert_eq!(
+        (after.tasks, after.usage.input_tokens),
+        (2, 32),
+        "{after:?}"
+    );
+    assert_eq!(standing(&session, c).await, Some(Standing::Live));
+
+    let closed = session.open(OpenConversation::default()).await.unwrap();
+    session.close(closed).await.unwrap();
+    let error = session.conversation_stats(closed).await.unwrap_err();
+    assert!(
+        matches!(error, troupe_proto::AgentError::NotFound { .. }),
+        "{error:?}"
+    );
+    session.shutdown().await.unwrap();
+}

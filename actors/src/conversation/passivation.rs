@@ -1,9 +1,10 @@
 //! Passivation, the conversation's side: an idle conversation arms a timer of
 //! `passivate_after`; when it fires and nothing happened since, it offers itself to the
 //! Session (`SessionMsg::PassivationOffered`). The Session, which holds back every request
-//! for it meanwhile, asks `Passivate`: the conversation answers `true` and stops if it is
-//! still idle (whatever the Session forwarded before asking came first in this mailbox),
-//! `false` otherwise. The Session keeps its index entry and reactivates it from its rollout
+//! for it meanwhile, asks `Passivate`: the conversation answers `Stopped` with its statistics
+//! and stops if it is still idle (whatever the Session forwarded before asking came first in
+//! this mailbox), `Busy` otherwise. A statistics read is not activity: it neither wakes an idle
+//! conversation's timer nor keeps it from passivating. The Session keeps its index entry and reactivates it from its rollout
 //! on the next request (see `session::passivation`).
 
 use super::*;
@@ -16,6 +17,13 @@ impl ConversationState {
             self.closing.is_some(),
             self.summary_task.as_ref().is_some_and(|t| !t.is_finished()),
         )
+    }
+
+    /// Its statistics as they stand (S11).
+    pub(super) fn stats_now(&self) -> ConversationStats {
+        let mut stats = self.stats.clone();
+        stats.history_items = self.history.len() as u64;
+        stats
     }
 
     /// Arms the idle timer for the latest activity, when the conversation is idle and none is

@@ -1,5 +1,5 @@
 //! Requests the session passes on to one of its conversations: a message, a compaction, a
-//! context update, a close, a look-up of its actor. A passivated conversation is reactivated
+//! context update, a close, a statistics read, a look-up of its actor. A passivated conversation is reactivated
 //! first, and one being asked to passivate holds them (see `passivation`); an unknown
 //! conversation is `NotFound`.
 
@@ -23,7 +23,11 @@ pub(crate) enum ConversationRequest {
     Close {
         reply: RpcReplyPort<Closed>,
     },
-    /// Its actor (statistics, cancel-all and tests call it directly).
+    /// Its statistics (a passivated one whose statistics the session does not hold).
+    Stats {
+        reply: RpcReplyPort<ConversationStats>,
+    },
+    /// Its actor (cancel-all and tests call it directly).
     Actor {
         reply: RpcReplyPort<Option<ActorRef<ConversationMsg>>>,
     },
@@ -51,6 +55,7 @@ impl ConversationRequest {
             Self::Actor { reply } => {
                 let _ = reply.send(None);
             }
+            Self::Stats { .. } => {} // dropped: the caller reads it as not found
         }
     }
 }
@@ -129,6 +134,9 @@ impl SessionState {
             ConversationRequest::Close { reply } => forward_close(myself, actor, id, reply),
             ConversationRequest::Actor { reply } => {
                 let _ = reply.send(Some(actor));
+            }
+            ConversationRequest::Stats { reply } => {
+                let _ = actor.cast(ConversationMsg::Stats { reply });
             }
         }
     }

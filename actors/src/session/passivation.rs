@@ -4,11 +4,11 @@
 //! Conversation idle for passivate_after ──PassivationOffered──► Session
 //!   accepted? ── no ─► nothing (it stays live)
 //!     └─ yes ─► entry Asked: requests for it are held ──Passivate──► Conversation
-//!                 ├─ true:  it stops; entry Passivated (its parameters only); held
-//!                 │         requests reactivate it
-//!                 └─ false: work came first; held requests go to it, in order
+//!                 ├─ Stopped: it stops; entry Passivated (its parameters and statistics);
+//!                 │           held requests reactivate it
+//!                 └─ Busy:    work came first; held requests go to it, in order
 //! a request for a Passivated entry ─► reactivate (restore from the rollout, as after a
-//!   restart) ─► deliver it
+//!   restart) ─► deliver it; a statistics read is answered from the entry instead
 //! ```
 //!
 //! Nothing is lost in the race between a request and a passivation: whatever the Session
@@ -28,6 +28,7 @@
 //! `conversation_restarted` (reason "reactivated after passivation").
 
 use super::*;
+use crate::conversation::PassivateAnswer;
 
 /// Where a conversation stands in the session's index.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -113,26 +114,38 @@ impl SessionState {
         myself: &ActorRef<SessionMsg>,
         id: ConversationId,
         actor: ActorId,
-        answer: Option<bool>,
+        answer: Option<PassivateAnswer>,
     ) {
-        let asked = matches!(
-            self.conversations.get(&id),
-            Some(ConversationEntry::Live(live)) if live.held.is_some() && live.actor.get_id() == actor
-        );
+        let asked = match self.conversations.get_mut(&id) {
+            Some(ConversationEntry::Live(live)) => {
+                live.held.is_some() && live.actor.get_id() == actor
+            }
+            Some(ConversationEntry::Passivated(dormant)) => {
+                // Its stop was seen first: the answer brings the statistics it stopped with.
+                if let Some(PassivateAnswer::Stopped(stats)) = &answer
+                    && dormant.actor == actor
+                    && dormant.stats.is_none()
+                {
+                    dormant.stats = Some((**stats).clone());
+                }
+                false
+            }
+            None => false,
+        };
         if !asked {
             return; // settled already (by its stop, or its failure and restart)
         }
         match answer {
-            Some(true) => {
+            Some(PassivateAnswer::Stopped(stats)) => {
                 let Some(ConversationEntry::Live(live)) = self.conversations.remove(&id) else {
                     return;
                 };
                 self.by_actor.remove(&actor);
-                self.passivated(myself, id, *live).await;
+                self.passivated(myself, id, *live, Some(*stats)).await;
             }
             // It had work, or it is gone (its stop or failure settles it as a supervision
             // event; until then its requests stay held).
-            Some(false) => {
+            Some(PassivateAnswer::Busy) => {
                 let held = match self.conversations.get_mut(&id) {
                     Some(ConversationEntry::Live(live)) => live.held.take(),
                     _ => None,
@@ -143,18 +156,25 @@ impl SessionState {
         }
     }
 
-    /// A conversation stopped for its passivation: keep only its parameters, then reactivate
-    /// it at once if requests came meanwhile.
+    /// A conversation stopped for its passivation: keep only its parameters and statistics
+    /// (`None` when its stop came before its answer), then reactivate it at once if requests
+    /// came meanwhile.
     pub(super) async fn passivated(
         &mut self,
         myself: &ActorRef<SessionMsg>,
         id: ConversationId,
         live: LiveConversation,
+        stats: Option<ConversationStats>,
     ) {
         metrics::passivated();
         tracing::debug!(session_id = %self.id, conversation_id = %id, "conversation passivated");
+        let dormant = Dormant {
+            params: live.params,
+            stats,
+            actor: live.actor.get_id(),
+        };
         self.conversations
-            .insert(id, ConversationEntry::Passivated(Box::new(live.params)));
+            .insert(id, ConversationEntry::Passivated(Box::new(dormant)));
         self.release_held(myself, id, live.held).await;
     }
 
@@ -176,16 +196,16 @@ impl SessionState {
         cell: &ActorCell,
         id: ConversationId,
     ) -> Result<(), AgentError> {
-        let Some(ConversationEntry::Passivated(params)) = self.conversations.remove(&id) else {
+        let Some(ConversationEntry::Passivated(dormant)) = self.conversations.remove(&id) else {
             return Ok(());
         };
         let started = std::time::Instant::now();
-        let kept = (*params).clone();
+        let params = dormant.params.clone();
         match self
             .spawn_conversation(
                 cell,
                 Some(id),
-                *params,
+                params,
                 None,
                 Some(RestoreCause::Reactivation),
             )
@@ -199,7 +219,7 @@ impl SessionState {
             Err(error) => {
                 tracing::error!(session_id = %self.id, conversation_id = %id, %error, "conversation could not be reactivated");
                 self.conversations
-                    .insert(id, ConversationEntry::Passivated(Box::new(kept)));
+                    .insert(id, ConversationEntry::Passivated(dormant));
                 Err(error)
             }
         }

@@ -57,7 +57,7 @@ impl SessionState {
             let me: ActorRef<SessionMsg> = myself.clone().into();
             if !failed && live.held.is_some() {
                 // It stopped because it was asked to passivate (its answer may come later).
-                self.passivated(&me, conversation_id, live).await;
+                self.passivated(&me, conversation_id, live, None).await;
             } else if failed {
                 // What its aborted task asked a human is withdrawn: nobody will act on it.
                 let _ = self.directory.directory().approvals().get().cast(
