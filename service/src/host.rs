@@ -154,6 +154,18 @@ pub enum HostMsg {
         conversation_id: ConversationId,
         reply: Reply<()>,
     },
+    /// Compacts a conversation (a task of its own, after its running one): admitted as a
+    /// message is, since it takes a scheduler place; answered with the compaction's reply.
+    Compact {
+        conversation_id: ConversationId,
+        reply: Reply<MessageReply>,
+    },
+    /// A compaction ended.
+    CompactDone {
+        conversation_id: ConversationId,
+        result: Result<MessageReply, AgentError>,
+        reply: Reply<MessageReply>,
+    },
     /// Cancels a conversation's queued messages (they end `cancelled`) and its running task;
     /// answers how many.
     CancelAll {
@@ -229,6 +241,9 @@ struct ConversationSlot {
     queue: VecDeque<Waiting>,
     /// A close was asked: nothing more starts or is admitted.
     closing: bool,
+    /// Compactions asked and not ended: each holds (or waits for) the conversation's
+    /// scheduler place, and its next message waits for them.
+    compactions: u16,
 }
 
 impl ConversationSlot {
@@ -238,11 +253,13 @@ impl ConversationSlot {
             running: None,
             queue: VecDeque::new(),
             closing: false,
+            compactions: 0,
         }
     }
 
+    /// Work of the conversation that is running or waiting: its messages and compactions.
     fn pending(&self) -> usize {
-        usize::from(self.running.is_some()) + self.queue.len()
+        usize::from(self.running.is_some()) + self.queue.len() + usize::from(self.compactions)
     }
 }
 
@@ -405,6 +422,18 @@ impl Actor for SessionHost {
                 let r = state.closed(&myself, conversation_id, result, via).await;
                 let _ = reply.send(r);
             }
+            HostMsg::Compact {
+                conversation_id,
+                reply,
+            } => state.compact(&myself, conversation_id, reply),
+            HostMsg::CompactDone {
+                conversation_id,
+                result,
+                reply,
+            } => {
+                let _ = reply.send(result);
+                state.compact_done(&myself, conversation_id).await;
+            }
             HostMsg::CancelAll {
                 conversation_id,
                 reply,
@@ -492,7 +521,10 @@ impl HostState {
     }
 
     fn maybe_drained(&mut self) {
-        let running = self.conversations.values().any(|c| c.running.is_some());
+        let running = self
+            .conversations
+            .values()
+            .any(|c| c.running.is_some() || c.compactions > 0);
         if self.draining && !running {
             for w in self.drain_waiters.drain(..) {
                 let _ = w.send(());

@@ -491,10 +491,8 @@ impl SessionsApi {
         session_id: SessionId,
         conversation_id: ConversationId,
     ) -> Result<troupe_proto::MessageReply, AgentError> {
-        self.session(scope, session_id)
-            .await?
-            .compact(conversation_id)
-            .await
+        let host = self.host(scope, session_id).await?;
+        host_call!(host, Compact { conversation_id })
     }
 
     /// Stores a user message and runs it; with `wait`, answers once it ended.

@@ -199,6 +199,52 @@ impl HostState {
         Ok((admitted, slot.record.params.storage_policy))
     }
 
+    /// Starts a compaction when the session may take it: it takes a scheduler place (or waits
+    /// behind the conversation's running message) like a message, so it is admitted like one
+    /// and counted until it ends; nothing is stored for it.
+    pub(super) fn compact(
+        &mut self,
+        myself: &ActorRef<HostMsg>,
+        conversation_id: ConversationId,
+        reply: Reply<MessageReply>,
+    ) {
+        let admitted = self
+            .admit(conversation_id)
+            .and_then(|_| self.running().cloned());
+        let handle = match admitted {
+            Ok(handle) => handle,
+            Err(e) => {
+                let _ = reply.send(Err(e));
+                return;
+            }
+        };
+        if let Some(slot) = self.conversations.get_mut(&conversation_id) {
+            slot.compactions = slot.compactions.saturating_add(1);
+        }
+        let myself = myself.clone();
+        spawn_traced(async move {
+            let result = handle.compact(conversation_id).await;
+            let _ = myself.cast(HostMsg::CompactDone {
+                conversation_id,
+                result,
+                reply,
+            });
+        });
+    }
+
+    /// A compaction ended: the conversation's next message may start.
+    pub(super) async fn compact_done(
+        &mut self,
+        myself: &ActorRef<HostMsg>,
+        conversation_id: ConversationId,
+    ) {
+        if let Some(slot) = self.conversations.get_mut(&conversation_id) {
+            slot.compactions = slot.compactions.saturating_sub(1);
+        }
+        self.run_next(myself, conversation_id).await;
+        self.maybe_drained();
+    }
+
     /// Starts a message's task (its status is already `running` in the store).
     pub(super) fn dispatch(
         &mut self,
@@ -251,7 +297,7 @@ impl HostState {
             let Some(slot) = self.conversations.get_mut(&conversation_id) else {
                 return;
             };
-            if slot.running.is_some() || slot.closing {
+            if slot.running.is_some() || slot.closing || slot.compactions > 0 {
                 return;
             }
             let Some(next) = slot.queue.pop_front() else {

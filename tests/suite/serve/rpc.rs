@@ -388,6 +388,115 @@ async fn a_full_queue_answers_overloaded_at_once() {
     server.stop().await;
 }
 
+/// A compaction takes a scheduler place as a message does, so it is admitted like one: while
+/// it holds the session's only place, a message to another conversation is refused at once
+/// and stored nowhere (it was stored and then failed `overloaded` by the scheduler), and a
+/// message to the compacting conversation waits behind it.
+#[tokio::test]
+async fn a_compaction_is_admitted_and_counted_like_a_message() {
+    let server = Server::start_with(
+        |c| {
+            c.server.grace_period = Duration::from_millis(100);
+            c.server.max_running_tasks = 1;
+            c.server.task_queue = 0;
+        },
+        vec![
+            ScriptedReply::text("first answer"),
+            ScriptedReply::text("SUMMARY").delayed(Duration::from_millis(1500)),
+            ScriptedReply::text("after the summary"),
+        ],
+    )
+    .await;
+    let api = server.api();
+    let sid = id(&api.session(None).await, "session_id");
+    let conv = id(
+        &api.call("conversation.open", json!({"session_id": sid}))
+            .await,
+        "conversation_id",
+    );
+    let other = id(
+        &api.call("conversation.open", json!({"session_id": sid}))
+            .await,
+        "conversation_id",
+    );
+    api.call(
+        "conversation.message",
+        json!({"session_id": sid, "conversation_id": conv, "text": "one"}),
+    )
+    .await;
+    let compaction = {
+        let api = server.api();
+        let (sid, conv) = (sid.clone(), conv.clone());
+        tokio::spawn(async move {
+            api.call(
+                "conversation.compact",
+                json!({"session_id": sid, "conversation_id": conv}),
+            )
+            .await
+        })
+    };
+    loop {
+        let tasks = api.call("task.list", json!({"session_id": sid})).await;
+        if tasks
+            .as_array()
+            .is_some_and(|t| t.iter().any(|t| t["state"] == "running"))
+        {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+
+    let v = api
+        .rpc(
+            "conversation.send",
+            json!({"session_id": sid, "conversation_id": other, "text": "elsewhere"}),
+        )
+        .await;
+    assert_eq!(v["error"]["code"], OVERLOADED, "{v}");
+    assert_eq!(
+        v["error"]["data"]["overloaded"]["resource"], "scheduler queue",
+        "{v}"
+    );
+    // The compacting conversation's own message is taken and waits for the compaction.
+    let queued = api
+        .call(
+            "conversation.send",
+            json!({"session_id": sid, "conversation_id": conv, "text": "two"}),
+        )
+        .await;
+    assert_eq!(queued["message"]["status"], "queued", "{queued}");
+
+    let compacted = compaction.await.unwrap();
+    assert!(
+        compacted["text"].as_str().unwrap().contains("SUMMARY"),
+        "{compacted}"
+    );
+    let message_id = queued["message"]["message_id"].clone();
+    let mut done = Value::Null;
+    for _ in 0..200 {
+        done = api
+            .call(
+                "messages.get",
+                json!({"session_id": sid, "message_id": message_id}),
+            )
+            .await;
+        if done["status"] == "completed" {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert_eq!(done["status"], "completed", "{done}");
+    let page = api.call("messages.list", json!({"session_id": sid})).await;
+    let texts: Vec<_> = page["messages"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|m| m["content"].as_str().unwrap_or_default().to_string())
+        .collect();
+    assert!(!texts.iter().any(|t| t == "elsewhere"), "{texts:?}");
+    server.stop().await;
+}
+
 /// `conversation.compact` (and its REST twin) replaces a conversation's history by the
 /// summary its model writes, and answers the compaction's reply; an unknown conversation is
 /// not found.
