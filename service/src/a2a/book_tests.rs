@@ -820,6 +820,44 @@ fn stored_tasks_read_back_whole_or_without_text() {
     assert_eq!((&late.redacted, late.expires_ms), (&None, None));
 }
 
+/// A task answered in the message form (`{"a2a": {"reply": "message", ...}}`) keeps that
+/// message beside the task: stored without its text under `headers_only`, and in the
+/// text-less form a ttl sweep puts in place.
+#[test]
+fn a_message_reply_is_stored_without_its_text_where_the_policy_says() {
+    use troupe_proto::StoragePolicy;
+    let mut b = started_book();
+    let t = Some(troupe_task());
+    b.apply(&env(t, EventKind::TaskStarted { input: "hi".into() }), T0);
+    b.apply(
+        &env(
+            t,
+            finished(
+                TaskStatus::Ok,
+                r#"{"a2a": {"reply": "message", "text": "the secret reply"}}"#,
+            ),
+        ),
+        T0 + 1,
+    );
+    let rec = b.record("task-1").unwrap();
+    assert!(rec.reply_message.is_some(), "answered in the message form");
+    let full = stored::task_record(rec, StoragePolicy::Full, T0 + 2).unwrap();
+    assert!(full.body.0.to_string().contains("the secret reply"));
+    let bare = stored::task_record(rec, StoragePolicy::HeadersOnly, T0 + 2).unwrap();
+    assert!(
+        !bare.body.0.to_string().contains("the secret reply"),
+        "{}",
+        bare.body.0
+    );
+    let kept = stored::task_record(rec, StoragePolicy::Ttl { secs: 60 }, T0 + 2).unwrap();
+    let swept = kept.redacted.unwrap();
+    assert!(
+        !swept.0.to_string().contains("the secret reply"),
+        "{}",
+        swept.0
+    );
+}
+
 /// `task-1` started; its task ends `ok` with `text`: the events.
 fn ended_with(b: &mut TaskBook, text: &str) -> Vec<StreamEvent> {
     let t = Some(troupe_task());

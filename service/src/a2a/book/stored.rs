@@ -36,6 +36,9 @@ fn redacted(mut r: Record) -> Record {
     for a in &mut t.artifacts {
         redact_parts(&mut a.parts);
     }
+    if let Some(m) = r.reply_message.as_mut() {
+        redact_message(m);
+    }
     r
 }
 
