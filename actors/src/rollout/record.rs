@@ -162,7 +162,6 @@ pub(super) fn content_free(event: &EventKind) -> bool {
             | EventKind::SessionCreated { .. }
             | EventKind::SessionBound { .. }
             | EventKind::SessionResumed { .. }
-            | EventKind::PolicyRejected { .. }
             | EventKind::GuardrailFailed { .. }
     )
 }
@@ -186,7 +185,7 @@ pub fn record_for(policy: StoragePolicy, env: &EventEnvelope) -> Option<RolloutR
         ),
         StoragePolicy::HeadersOnly => (
             RecordLevel::Headers,
-            content_free(&env.event).then(|| env.event.clone()),
+            headers_event(env.event.clone()),
             headers_meta(&env.event),
         ),
         StoragePolicy::None => {
@@ -195,7 +194,7 @@ pub fn record_for(policy: StoragePolicy, env: &EventEnvelope) -> Option<RolloutR
             }
             (
                 RecordLevel::Minimal,
-                content_free(&env.event).then(|| env.event.clone()),
+                headers_event(env.event.clone()),
                 minimal_meta(&env.event),
             )
         }
@@ -227,9 +226,23 @@ pub fn cap_expiry(record: &mut RolloutRecord, policy: StoragePolicy, since_ms: O
 /// What a record reduced to its headers keeps of its event: a content-free event whole, a
 /// history checkpoint without its summary (where a restore starts, its turns and statistics
 /// are no content, and without them a restore would bring back items the summary had
-/// replaced), nothing of any other.
-fn headers_event(event: EventKind) -> Option<EventKind> {
+/// replaced), a refusal without its message (which may quote a tool call an agent described:
+/// its agent, chain, reason and tool name stay), nothing of any other.
+pub(super) fn headers_event(event: EventKind) -> Option<EventKind> {
     match event {
+        EventKind::PolicyRejected {
+            agent_id,
+            chain,
+            reason,
+            tool,
+            ..
+        } => Some(EventKind::PolicyRejected {
+            message: format!("refused: {}", reason.as_str()),
+            agent_id,
+            chain,
+            reason,
+            tool,
+        }),
         EventKind::HistoryCheckpoint {
             replaced_items,
             from_task,
