@@ -438,7 +438,9 @@ impl ApprovalStoreState {
             AskAdmission::Opened(request) => {
                 let approval_id = request.approval_id;
                 span.record("approval_id", tracing::field::display(approval_id));
-                tracing::info!(command = ?request.command, "approval requested");
+                // The command is content: its length only (its text is in the event, where
+                // the conversation's storage policy decides what is kept).
+                tracing::info!(command_args = request.command.len(), "approval requested");
                 metrics::requested(metrics::AdmissionLabel::Asked);
                 self.emit(
                     &request,

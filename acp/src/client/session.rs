@@ -211,7 +211,7 @@ pub(crate) async fn prompt(
                             answer(turn, agent_id, ask, responder, PermissionDecision::Cancelled).await;
                             continue;
                         }
-                        tracing::info!(tool_call = %ask.tool_call_id, title = ?ask.title, "ACP agent asks permission");
+                        tracing::info!(tool_call = %ask.tool_call_id, "ACP agent asks permission");
                         emit(turn, AcpEvent::PermissionRequested(ask.clone())).await;
                         let handler: Arc<dyn PermissionHandler> = turn.permissions.clone();
                         let cancel = cancel.clone();

@@ -116,7 +116,7 @@ async fn check_one(
         }
     };
     let chain = chain.cloned().unwrap_or_default();
-    tracing::info!(tool = %call.name, reason = reason.as_str(), %message, "tool call refused by policy");
+    tracing::info!(tool = %call.name, reason = reason.as_str(), "tool call refused by policy");
     ctx.emit(EventKind::PolicyRejected {
         agent_id: agent_of(ctx).unwrap_or_default().to_owned(),
         chain: chain.clone(),

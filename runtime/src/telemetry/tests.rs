@@ -490,27 +490,38 @@ async fn the_approval_wait_and_its_answer_stay_in_the_task() {
     let traced = Traced::new();
     let mut run = Run::start(
         vec![
-            ScriptedReply::tool("shell", serde_json::json!({"command": ["true"]})),
+            ScriptedReply::tool(
+                "shell",
+                serde_json::json!({"command": ["echo", "argv-canary-81"]}),
+            ),
             ScriptedReply::text("ran it"),
+            ScriptedReply::tool(
+                "shell",
+                serde_json::json!({"command": ["echo", "argv-canary-82"]}),
+            ),
+            ScriptedReply::text("it was refused"),
         ],
         false,
     )
     .await;
     let root = run.session.root().await.unwrap();
-    let pending = {
-        let session = run.session.clone();
-        tokio::spawn(async move { session.message(root, "run it").await })
+    let ask = |session: troupe_actors::SessionHandle, text: &'static str| {
+        tokio::spawn(async move { session.message(root, text).await })
     };
-    let approval = tokio::time::timeout(Duration::from_secs(10), async {
-        loop {
-            if let Some(p) = run.session.pending_approvals().await.unwrap().pop() {
-                return p;
+    let next_approval = |session: troupe_actors::SessionHandle| async move {
+        tokio::time::timeout(Duration::from_secs(10), async {
+            loop {
+                if let Some(p) = session.pending_approvals().await.unwrap().pop() {
+                    return p;
+                }
+                tokio::task::yield_now().await;
             }
-            tokio::task::yield_now().await;
-        }
-    })
-    .await
-    .expect("the approval is asked");
+        })
+        .await
+        .expect("the approval is asked")
+    };
+    let pending = ask(run.session.clone(), "run it");
+    let approval = next_approval(run.session.clone()).await;
     // The answer comes from outside the task, in a trace of its own.
     run.session
         .respond_approval(approval.approval_id, ApprovalDecision::ApproveOnce)
@@ -519,17 +530,30 @@ async fn the_approval_wait_and_its_answer_stay_in_the_task() {
         .unwrap();
     let reply = pending.await.unwrap().unwrap();
     assert_eq!(reply.status, TaskStatus::Ok, "{reply:?}");
+    // A second one, refused with a reason of the human's own.
+    let refused = ask(run.session.clone(), "run the other");
+    let approval = next_approval(run.session.clone()).await;
+    run.session
+        .respond_approval(
+            approval.approval_id,
+            ApprovalDecision::Deny {
+                reason: Some("deny-canary-83".into()),
+            },
+        )
+        .await
+        .unwrap();
+    refused.await.unwrap().unwrap();
     run.session.flush().await.unwrap();
     let mut resolved = None;
     while let Ok(e) = run.events.try_recv() {
         if let EventKind::ApprovalResolved { .. } = e.event {
-            resolved = Some(e);
+            resolved = resolved.or(Some(e));
         }
     }
     run.stop().await;
     let spans = traced.spans();
-    let shell = one(&spans, "execute_tool shell");
-    let wait = one(&spans, "troupe.approval.wait");
+    let shell = &named(&spans, "execute_tool shell")[0];
+    let wait = &named(&spans, "troupe.approval.wait")[0];
     assert_eq!(wait.parent_span_id, shell.span_context.span_id());
     assert_eq!(
         wait.span_context.trace_id().to_string(),
@@ -540,7 +564,7 @@ async fn the_approval_wait_and_its_answer_stay_in_the_task() {
         Some("approved")
     );
     assert_eq!(wait.status, Status::Unset);
-    let request = one(&spans, "approval.request");
+    let request = &named(&spans, "approval.request")[0];
     assert_eq!(request.parent_span_id, wait.span_context.span_id());
     assert_eq!(
         attr(request, "task_id").as_deref(),
@@ -552,6 +576,20 @@ async fn the_approval_wait_and_its_answer_stay_in_the_task() {
         Some(reply.stats.trace_id.as_str()),
         "announced in the task's trace, not the responder's"
     );
+    // A command and a human's reason are content: neither is in a span's attributes nor in
+    // its events (log lines inside a span are exported as span events).
+    for s in &spans {
+        let attributes = s.attributes.iter().map(|kv| kv.value.to_string());
+        let events = s.events.iter().flat_map(|e| {
+            std::iter::once(e.name.to_string())
+                .chain(e.attributes.iter().map(|kv| kv.value.to_string()))
+        });
+        for text in attributes.chain(events) {
+            for canary in ["argv-canary", "deny-canary"] {
+                assert!(!text.contains(canary), "{canary} in {}: {text}", s.name);
+            }
+        }
+    }
 }
 
 #[tokio::test]
