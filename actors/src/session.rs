@@ -282,9 +282,10 @@ struct Dormant {
     params: OpenConversation,
     /// Its statistics when it stopped, which answer statistics reads while it sleeps (`None`
     /// when its stop was seen before its answer, until the answer comes).
-    stats: Option<ConversationStats>,
-    /// The actor that stopped, whose late answer may still bring `stats`.
-    actor: ActorId,
+    stats: Option<self::passivation::DormantStats>,
+    /// The actor that stopped (its process-local id), whose late answer may still bring
+    /// `stats`.
+    actor: u64,
 }
 
 struct LiveConversation {
@@ -636,7 +637,7 @@ impl Actor for Session {
                     state.conversations.get(&conversation_id)
                     && let Some(stats) = &dormant.stats
                 {
-                    let _ = reply.send(stats.clone());
+                    let _ = reply.send(stats.read(conversation_id));
                 } else {
                     let request = ConversationRequest::Stats { reply };
                     state.deliver(&myself, conversation_id, request).await;

@@ -30,6 +30,51 @@
 use super::*;
 use crate::conversation::PassivateAnswer;
 
+/// A passivated conversation's statistics as its session keeps them: the counters of
+/// [`ConversationStats`] in 64 bytes (a session may hold a million of these; counts past
+/// `u32::MAX` read as `u32::MAX`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) struct DormantStats {
+    tasks: u32,
+    tasks_failed: u32,
+    tasks_cancelled: u32,
+    tool_calls: u32,
+    mcp_calls: u32,
+    history_items: u32,
+    usage: troupe_proto::Usage,
+    mcp_latency_ms_total: u64,
+}
+
+impl DormantStats {
+    pub(super) fn of(stats: &ConversationStats) -> Self {
+        let small = |n: u64| u32::try_from(n).unwrap_or(u32::MAX);
+        Self {
+            tasks: small(stats.tasks),
+            tasks_failed: small(stats.tasks_failed),
+            tasks_cancelled: small(stats.tasks_cancelled),
+            tool_calls: small(stats.tool_calls),
+            mcp_calls: small(stats.mcp_calls),
+            history_items: small(stats.history_items),
+            usage: stats.usage,
+            mcp_latency_ms_total: stats.mcp_latency_ms_total,
+        }
+    }
+
+    pub(super) fn read(&self, id: ConversationId) -> ConversationStats {
+        ConversationStats {
+            conversation_id: Some(id),
+            tasks: self.tasks.into(),
+            tasks_failed: self.tasks_failed.into(),
+            tasks_cancelled: self.tasks_cancelled.into(),
+            usage: self.usage,
+            tool_calls: self.tool_calls.into(),
+            mcp_calls: self.mcp_calls.into(),
+            mcp_latency_ms_total: self.mcp_latency_ms_total,
+            history_items: self.history_items.into(),
+        }
+    }
+}
+
 /// Where a conversation stands in the session's index.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Standing {
@@ -123,10 +168,10 @@ impl SessionState {
             Some(ConversationEntry::Passivated(dormant)) => {
                 // Its stop was seen first: the answer brings the statistics it stopped with.
                 if let Some(PassivateAnswer::Stopped(stats)) = &answer
-                    && dormant.actor == actor
+                    && dormant.actor == actor.pid()
                     && dormant.stats.is_none()
                 {
-                    dormant.stats = Some((**stats).clone());
+                    dormant.stats = Some(DormantStats::of(stats));
                 }
                 false
             }
@@ -141,7 +186,8 @@ impl SessionState {
                     return;
                 };
                 self.by_actor.remove(&actor);
-                self.passivated(myself, id, *live, Some(*stats)).await;
+                self.passivated(myself, id, *live, Some(DormantStats::of(&stats)))
+                    .await;
             }
             // It had work, or it is gone (its stop or failure settles it as a supervision
             // event; until then its requests stay held).
@@ -164,14 +210,14 @@ impl SessionState {
         myself: &ActorRef<SessionMsg>,
         id: ConversationId,
         live: LiveConversation,
-        stats: Option<ConversationStats>,
+        stats: Option<DormantStats>,
     ) {
         metrics::passivated();
         tracing::debug!(session_id = %self.id, conversation_id = %id, "conversation passivated");
         let dormant = Dormant {
             params: live.params,
             stats,
-            actor: live.actor.get_id(),
+            actor: live.actor.get_id().pid(),
         };
         self.conversations
             .insert(id, ConversationEntry::Passivated(Box::new(dormant)));
@@ -229,6 +275,34 @@ impl SessionState {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn dormant_statistics_read_back_as_they_were_kept() {
+        let id = ConversationId::new();
+        let stats = ConversationStats {
+            conversation_id: Some(id),
+            tasks: 3,
+            tasks_failed: 1,
+            tasks_cancelled: 1,
+            usage: troupe_proto::Usage {
+                input_tokens: 10_000_000_000,
+                output_tokens: 7,
+                cached_tokens: 2,
+                reasoning_tokens: 1,
+            },
+            tool_calls: 4,
+            mcp_calls: 2,
+            mcp_latency_ms_total: 123,
+            history_items: 9,
+        };
+        assert_eq!(DormantStats::of(&stats).read(id), stats);
+        assert_eq!(std::mem::size_of::<DormantStats>(), 64);
+        let huge = ConversationStats {
+            tasks: u64::MAX,
+            ..stats
+        };
+        assert_eq!(DormantStats::of(&huge).read(id).tasks, u64::from(u32::MAX));
+    }
 
     #[test]
     fn requests_go_where_their_conversation_stands() {
