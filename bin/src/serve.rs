@@ -142,6 +142,10 @@ fn resolve(args: &ServeArgs) -> anyhow::Result<TroupeConfig> {
 }
 
 pub async fn run(args: ServeArgs) -> anyhow::Result<ExitCode> {
+    // Caught from the first moment: a SIGHUP during start-up (the store's migrations, its ttl
+    // sweep, the sessions' restore) is a reread once the configuration is live, not the
+    // signal's default end of the process.
+    let hangup = Hangup::catch()?;
     let config = resolve(&args)?;
     // Dropped last: the service's spans end first, then the exporter flushes them.
     let _telemetry = troupe_runtime::telemetry::install(&config.telemetry)?;
@@ -205,7 +209,7 @@ pub async fn run(args: ServeArgs) -> anyhow::Result<ExitCode> {
         },
     )
     .await?;
-    reread_on_sighup(live)?;
+    hangup.reread(live);
     troupe_service::cancel_on_signals(service.shutdown_token())?;
     if args.stdio {
         service
@@ -250,22 +254,40 @@ pub async fn run(args: ServeArgs) -> anyhow::Result<ExitCode> {
 }
 
 /// Reads the configuration file again at each SIGHUP, as long as the process runs.
-fn reread_on_sighup(live: troupe_runtime::reload::LiveConfig) -> anyhow::Result<()> {
+/// SIGHUP, caught: each one reads the configuration again once it is live.
+struct Hangup {
     #[cfg(unix)]
-    {
-        use tokio::signal::unix::{SignalKind, signal};
-        let mut hangup = signal(SignalKind::hangup()).context("SIGHUP handler")?;
-        tokio::spawn(async move {
-            while hangup.recv().await.is_some() {
-                tracing::info!("SIGHUP: reading the configuration again");
-                eprintln!("troupe: SIGHUP: reading the configuration again");
-                live.reread();
-            }
-        });
+    signal: tokio::signal::unix::Signal,
+}
+
+impl Hangup {
+    fn catch() -> anyhow::Result<Self> {
+        #[cfg(unix)]
+        {
+            use tokio::signal::unix::{SignalKind, signal};
+            let signal = signal(SignalKind::hangup()).context("SIGHUP handler")?;
+            Ok(Self { signal })
+        }
+        #[cfg(not(unix))]
+        Ok(Self {})
     }
-    #[cfg(not(unix))]
-    drop(live);
-    Ok(())
+
+    /// From now on (and for one that came since `catch`), a SIGHUP rereads `live`.
+    fn reread(self, live: troupe_runtime::reload::LiveConfig) {
+        #[cfg(unix)]
+        {
+            let mut hangup = self.signal;
+            tokio::spawn(async move {
+                while hangup.recv().await.is_some() {
+                    tracing::info!("SIGHUP: reading the configuration again");
+                    eprintln!("troupe: SIGHUP: reading the configuration again");
+                    live.reread();
+                }
+            });
+        }
+        #[cfg(not(unix))]
+        drop(live);
+    }
 }
 
 /// Resolves `listen`, refuses a non-loopback address without tokens, binds.

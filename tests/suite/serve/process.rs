@@ -621,3 +621,62 @@ async fn the_approval_timeout_comes_from_the_flag_then_the_env_then_the_file() {
         "a flag beats the env"
     );
 }
+
+/// A SIGHUP while `troupe serve` is still starting (here: waiting for its database, which
+/// another process holds locked) is a reread once the service runs, not the end of the
+/// process.
+#[test]
+fn a_sighup_during_start_up_does_not_end_the_service() {
+    let dir = tempfile::tempdir().unwrap();
+    // Another process's transaction holds the database: the service's start waits for it.
+    let db = rusqlite::Connection::open(dir.path().join("troupe.db")).unwrap();
+    db.execute_batch("CREATE TABLE held(x); BEGIN EXCLUSIVE; INSERT INTO held VALUES (1);")
+        .unwrap();
+    let mut child = Command::new(troupe_bin())
+        .args(["serve", "--listen", "127.0.0.1:0", "--data-dir"])
+        .arg(dir.path())
+        .current_dir(dir.path())
+        .env_remove("TROUPE_API_TOKENS")
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let (lines, said) = std::sync::mpsc::channel();
+    let stderr = child.stderr.take().unwrap();
+    std::thread::spawn(move || {
+        for line in BufReader::new(stderr).lines().map_while(Result::ok) {
+            let _ = lines.send(line);
+        }
+    });
+    // Its first line comes after the handler is in place, while the database is still held.
+    let first = said.recv_timeout(Duration::from_secs(30)).unwrap();
+    nix::sys::signal::kill(
+        nix::unistd::Pid::from_raw(i32::try_from(child.id()).unwrap()),
+        nix::sys::signal::Signal::SIGHUP,
+    )
+    .unwrap();
+    db.execute_batch("COMMIT").unwrap();
+    drop(db);
+
+    let mut line = String::new();
+    BufReader::new(child.stdout.take().unwrap())
+        .read_line(&mut line)
+        .unwrap();
+    assert!(
+        line.starts_with("troupe serve listening on "),
+        "{line:?}: ended by the SIGHUP sent after {first:?}?"
+    );
+    let t0 = Instant::now();
+    loop {
+        let line = said
+            .recv_timeout(Duration::from_secs(10))
+            .expect("the SIGHUP is handled once the service runs");
+        if line.contains("SIGHUP: reading the configuration again") {
+            break;
+        }
+        assert!(t0.elapsed() < Duration::from_secs(10));
+    }
+    assert!(child.try_wait().unwrap().is_none(), "still serving");
+    sigterm(&child);
+    assert!(wait_exit(&mut child, Duration::from_secs(20)).success());
+}
