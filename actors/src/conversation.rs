@@ -454,6 +454,9 @@ pub struct ConversationState {
     /// The abort timer of a cancelled task; aborted once that task ends (or close completes),
     /// so the timer does not keep this actor's cell alive for the rest of its period.
     abort_timer: Option<AbortHandle>,
+    /// Its storage policy: its tasks' dispatches carry it (an in-process agent that keeps
+    /// more is refused them).
+    storage_policy: troupe_proto::StoragePolicy,
     stats: ConversationStats,
     /// This conversation's model: the session's, or the one its open request named (S1).
     model: Arc<dyn ModelClient>,
@@ -697,6 +700,7 @@ impl Actor for Conversation {
             queue: VecDeque::new(),
             closing: None,
             abort_timer: None,
+            storage_policy: args.params.storage_policy,
             stats: ConversationStats {
                 conversation_id: Some(args.conversation_id),
                 ..stats

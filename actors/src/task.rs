@@ -108,6 +108,8 @@ pub struct TaskContext {
     pub workspace_roots: Vec<PathBuf>,
     /// Record prompts, completions and tool input/output on the task's spans (opt-in).
     pub record_content: bool,
+    /// Its conversation's storage policy (what its dispatches may have kept of them).
+    pub storage_policy: troupe_proto::StoragePolicy,
     /// Gives the task's scheduler slot back while it waits for a human or an external agent
     /// (an in-process agent's task runs on it instead).
     pub slot: SlotLease,

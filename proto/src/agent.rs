@@ -647,10 +647,14 @@ pub enum PolicyReason {
     ToolDenied,
     /// Tool governance: the tool needs an authorization token and none presented was valid.
     Unauthorized,
+    /// The in-process agent's conversation keeps more than the dispatcher's storage policy
+    /// allows (its record follows the session's root policy): the input would be kept
+    /// against the dispatching conversation's policy.
+    StoragePolicy,
 }
 
 impl PolicyReason {
-    pub const ALL: [Self; 9] = [
+    pub const ALL: [Self; 10] = [
         Self::Cycle,
         Self::WaitCycle,
         Self::Depth,
@@ -660,10 +664,11 @@ impl PolicyReason {
         Self::UnknownModule,
         Self::ToolDenied,
         Self::Unauthorized,
+        Self::StoragePolicy,
     ];
 
     /// The reasons a dispatch is refused for (the rest are tool governance's).
-    pub const DISPATCH: [Self; 7] = [
+    pub const DISPATCH: [Self; 8] = [
         Self::Cycle,
         Self::WaitCycle,
         Self::Depth,
@@ -671,6 +676,7 @@ impl PolicyReason {
         Self::NotVisible,
         Self::ProviderUnavailable,
         Self::UnknownModule,
+        Self::StoragePolicy,
     ];
 
     /// Tool governance's reasons.
@@ -687,6 +693,7 @@ impl PolicyReason {
             Self::UnknownModule => "unknown_module",
             Self::ToolDenied => "tool_denied",
             Self::Unauthorized => "unauthorized",
+            Self::StoragePolicy => "storage_policy",
         }
     }
 }

@@ -30,6 +30,21 @@ impl StoragePolicy {
     pub const fn keeps_content(self) -> bool {
         matches!(self, Self::Full | Self::Ttl { .. })
     }
+
+    /// Whether a record kept under `self` may hold something `other` forbids: more content,
+    /// or content for longer (`full` > `ttl` (longer first) > `headers_only` > `none`).
+    pub const fn keeps_more_than(self, other: Self) -> bool {
+        const fn rank(p: StoragePolicy) -> (u8, u64) {
+            match p {
+                StoragePolicy::None => (0, 0),
+                StoragePolicy::HeadersOnly => (1, 0),
+                StoragePolicy::Ttl { secs } => (2, secs),
+                StoragePolicy::Full => (3, 0),
+            }
+        }
+        let (a, b) = (rank(self), rank(other));
+        a.0 > b.0 || (a.0 == b.0 && a.1 > b.1)
+    }
 }
 
 /// The written form, which every format reads.
@@ -181,6 +196,23 @@ pub enum ToolErrorPolicy {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn policies_are_ordered_by_what_they_keep() {
+        use StoragePolicy::*;
+        let ordered = [
+            None,
+            HeadersOnly,
+            Ttl { secs: 60 },
+            Ttl { secs: 3600 },
+            Full,
+        ];
+        for (i, a) in ordered.iter().enumerate() {
+            for (j, b) in ordered.iter().enumerate() {
+                assert_eq!(a.keeps_more_than(*b), i > j, "{a:?} vs {b:?}");
+            }
+        }
+    }
     use serde_json::json;
 
     #[test]

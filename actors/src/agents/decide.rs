@@ -1,6 +1,7 @@
 //! The hub's decisions, as plain functions of what it knows: who may dispatch to whom, what
 //! a dispatch is refused for (A4), and how an agent's binding is found (A1).
 
+use troupe_proto::StoragePolicy;
 use troupe_proto::agent::{
     AgentBinding, AgentCatalog, BindingScope, ExecutionChain, PolicyReason, ProviderKind,
 };
@@ -138,6 +139,38 @@ pub fn admit(
         );
     }
     Ok(())
+}
+
+/// Whether a dispatch from a conversation kept under `dispatcher` may reach `agent_id`: an
+/// in-process agent's conversation is recorded under `agent` (the session's root policy),
+/// which must keep no more than the dispatcher allows; an external agent keeps nothing here.
+pub fn storage_allows(
+    kind: ProviderKind,
+    agent_id: &str,
+    agent: StoragePolicy,
+    dispatcher: StoragePolicy,
+) -> Result<(), Refusal> {
+    if kind != ProviderKind::Model || !agent.keeps_more_than(dispatcher) {
+        return Ok(());
+    }
+    Err(Refusal {
+        reason: PolicyReason::StoragePolicy,
+        message: format!(
+            "`{agent_id}` records its conversation under the session's storage policy \
+             ({}), which keeps more than this conversation's ({}) allows",
+            policy_name(agent),
+            policy_name(dispatcher)
+        ),
+    })
+}
+
+fn policy_name(policy: StoragePolicy) -> String {
+    match policy {
+        StoragePolicy::Full => "full".into(),
+        StoragePolicy::HeadersOnly => "headers_only".into(),
+        StoragePolicy::None => "none".into(),
+        StoragePolicy::Ttl { secs } => format!("ttl:{secs}"),
+    }
 }
 
 /// Where an agent's binding stands in this run of the session.

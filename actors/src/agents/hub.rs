@@ -315,6 +315,9 @@ pub struct DispatchRequest {
     /// The process's token book, where an external agent's call to an
     /// `authorizationRequired` tool uses a token (`None`: no token can be used).
     pub token_book: Option<crate::token_book::TokenBookRef>,
+    /// The dispatcher's conversation's storage policy: an in-process agent whose
+    /// conversation keeps more is refused the dispatch.
+    pub storage_policy: StoragePolicy,
 }
 
 /// The hub's mailbox.
@@ -723,6 +726,14 @@ impl AgentHubState {
             self.ports.settings.max_depth,
             |id| matches!(self.providers.get(id), Some(Ok(_))),
         )?;
+        if let Some(def) = self.catalog.get(&request.agent_id) {
+            decide::storage_allows(
+                def.provider.kind(),
+                &request.agent_id,
+                self.storage_policy,
+                request.storage_policy,
+            )?;
+        }
         let from = self.node_of(request);
         let to = self.agent_node(&request.agent_id, Some(dispatch_id));
         if let Some(path) = self.leases.wait_cycle(&from, &to) {

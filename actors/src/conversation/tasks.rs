@@ -127,6 +127,7 @@ impl ConversationState {
             sandbox_policy,
             workspace_roots: settings.workspace_roots.clone(),
             record_content: settings.record_content,
+            storage_policy: self.storage_policy,
             // A compaction routes nothing and dispatches nothing.
             agents: (!compact).then_some(crate::task::TaskAgents { origin }),
             tool_policy: reloadable.tool_policy.clone(),

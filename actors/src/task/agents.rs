@@ -95,6 +95,7 @@ pub(super) async fn dispatch(
         slot: ctx.slot.clone(),
         tool_config: ctx.tool_policy.clone(),
         token_book: ctx.token_book.clone(),
+        storage_policy: ctx.storage_policy,
     };
     agents
         .hub

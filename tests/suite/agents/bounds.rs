@@ -618,6 +618,7 @@ async fn coder_and_its_hub() -> (
         slot: troupe_actors::task::SlotLease::kept(),
         tool_config: Default::default(),
         token_book: None,
+        storage_policy: troupe_proto::StoragePolicy::Full,
     };
     (team, hub, request)
 }

@@ -566,3 +566,52 @@ async fn dispatch_sent_names_the_provider_session_the_dispatch_uses() {
         first.provider_session_id
     );
 }
+
+/// An in-process agent's conversation is recorded under the session's root policy. A
+/// conversation whose own policy keeps less (here `none` against the root's `full`) is refused
+/// the dispatch, with its reason, before the agent hears the input; a conversation kept as
+/// fully as the agent dispatches to it.
+#[tokio::test]
+async fn a_dispatch_is_refused_where_the_agent_would_keep_more_than_its_dispatcher_allows() {
+    let team = Team::start(
+        vec![model_agent("coder", "x", &[])],
+        vec![ScriptedReply::text("done")],
+    )
+    .await;
+    for policy in [
+        troupe_proto::StoragePolicy::None,
+        troupe_proto::StoragePolicy::HeadersOnly,
+        troupe_proto::StoragePolicy::Ttl { secs: 60 },
+    ] {
+        let private = team
+            .session
+            .open(troupe_proto::OpenConversation {
+                storage_policy: policy,
+                ..Default::default()
+            })
+            .await
+            .unwrap();
+        let reply = team
+            .session
+            .message(private, "/hub coder my card is 4111 1111 1111 1111")
+            .await
+            .unwrap();
+        assert_eq!(reply.status, TaskStatus::Error, "{policy:?}: {reply:?}");
+        match reply.error {
+            Some(AgentError::PolicyRejected {
+                reason, message, ..
+            }) => {
+                assert_eq!(reason, PolicyReason::StoragePolicy, "{policy:?}");
+                assert!(message.contains("storage policy (full)"), "{message}");
+            }
+            other => panic!("{policy:?}: {other:?}"),
+        }
+    }
+    assert!(team.model.sent().is_empty(), "the agent heard nothing");
+
+    let reply = team.send("/hub coder do it").await;
+    assert_eq!(
+        (reply.status, reply.text.as_str()),
+        (TaskStatus::Ok, "done")
+    );
+}
