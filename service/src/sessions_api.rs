@@ -495,6 +495,36 @@ impl SessionsApi {
         host_call!(host, Compact { conversation_id })
     }
 
+    /// As [`send`](Self::send), for a text a program sent (an A2A peer): a `/hub` in it is
+    /// governed as a dispatch, not taken as a person's choice.
+    pub async fn send_from_peer(
+        &self,
+        scope: Scope,
+        session_id: SessionId,
+        conversation_id: Option<ConversationId>,
+        text: String,
+        wait: bool,
+    ) -> Result<Sent, AgentError> {
+        let governance = troupe_actors::governance::RequestGovernance {
+            peer: true,
+            ..Default::default()
+        };
+        let host = self.host(scope, session_id).await?;
+        let accepted = None;
+        let module = None;
+        host_call!(
+            host,
+            Send {
+                conversation_id,
+                text,
+                wait,
+                governance,
+                accepted,
+                module
+            }
+        )
+    }
+
     /// Stores a user message and runs it; with `wait`, answers once it ended.
     pub async fn send(
         &self,

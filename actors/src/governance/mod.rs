@@ -52,6 +52,10 @@ pub fn token_digest(token: &str) -> String {
 pub struct RequestGovernance {
     pub tools: Option<ToolRules>,
     pub authorization: Vec<String>,
+    /// The text came from a program (an A2A peer, a module), not from a person: a `/hub` in
+    /// it is no human's choice, but a dispatch governed as the supervisor's
+    /// `dispatch_agent` would be (its policy layers, its workers).
+    pub peer: bool,
 }
 
 impl From<troupe_proto::governance::MessageOptions> for RequestGovernance {
@@ -63,6 +67,7 @@ impl From<troupe_proto::governance::MessageOptions> for RequestGovernance {
                 .iter()
                 .map(|t| token_digest(t.trim()))
                 .collect(),
+            peer: false,
         }
     }
 }

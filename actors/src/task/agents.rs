@@ -200,7 +200,8 @@ pub(super) async fn route_input(
         RouteDecision::DispatchAgent => {
             let agent = route.agent_id.unwrap_or_default();
             let input = route.input.unwrap_or_else(|| ctx.input.clone());
-            let by_human = route.source == RouteSource::Hub;
+            // A `/hub` a program sent (an A2A peer, a module) is no person's choice.
+            let by_human = route.source == RouteSource::Hub && !ctx.options.peer;
             // The supervisor's dispatch (its model's or its rules') is the `dispatch_agent`
             // tool, governed as the tool would be (policy layers, authorization); a human's
             // `/hub` is the user's own choice.

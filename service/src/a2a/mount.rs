@@ -132,14 +132,7 @@ impl A2aBackend for RegistryBackend {
         let session_id = self.session_id().await?;
         let sent = self
             .sessions
-            .send(
-                Scope::All,
-                session_id,
-                Some(conversation_id),
-                text,
-                true,
-                Default::default(),
-            )
+            .send_from_peer(Scope::All, session_id, Some(conversation_id), text, true)
             .await?;
         sent.reply
             .ok_or_else(|| AgentError::internal("the registry answered without the task's reply"))

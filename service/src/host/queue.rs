@@ -61,14 +61,19 @@ pub(super) fn stored_governance(message: &MessageRecord) -> RequestGovernance {
         .as_ref()
         .and_then(|m| m.0.get("tools"))
         .and_then(|t| serde_json::from_value(t.clone()).ok());
+    let metadata = message.metadata.as_ref().map(|m| &m.0);
+    let peer = metadata.is_some_and(|m| {
+        m.get("module").is_some() || m.get("from_peer") == Some(&serde_json::Value::Bool(true))
+    });
     RequestGovernance {
         tools,
         authorization: Vec::new(),
+        peer,
     }
 }
 
-/// A message's metadata: its request layer of the tool policy (`tools`) and the module it
-/// came from (`module`), when it has them.
+/// A message's metadata: its request layer of the tool policy (`tools`), the module it came
+/// from (`module`) or that a peer sent it (`from_peer`), when it has them.
 fn stored_metadata(
     governance: &RequestGovernance,
     module: Option<serde_json::Value>,
@@ -76,6 +81,9 @@ fn stored_metadata(
     let mut metadata = serde_json::Map::new();
     if let Some(tools) = &governance.tools {
         metadata.insert("tools".into(), serde_json::json!(tools));
+    }
+    if governance.peer && module.is_none() {
+        metadata.insert("from_peer".into(), serde_json::Value::Bool(true));
     }
     if let Some(module) = module {
         metadata.insert("module".into(), module);
@@ -93,6 +101,11 @@ impl HostState {
         accepted: Option<tokio::sync::oneshot::Sender<MessageRecord>>,
         reply: Reply<Sent>,
     ) {
+        // A module's text is a program's, whatever its sender said.
+        let governance = RequestGovernance {
+            peer: governance.peer || module.is_some(),
+            ..governance
+        };
         let conversation_id = conversation_id.unwrap_or(self.record.root_conversation_id);
         let admitted = match &self.session {
             Liveness::Down(e) => Err(e.clone()),
@@ -518,5 +531,44 @@ impl HostState {
                 let _ = waiter.send(sent);
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn stored_with(metadata: Option<troupe_proto::Json>) -> MessageRecord {
+        MessageRecord {
+            message_id: 1,
+            session_id: troupe_proto::SessionId::new(),
+            conversation_id: ConversationId::new(),
+            task_id: None,
+            role: troupe_proto::Role::User,
+            content: Some("/hub coder go".into()),
+            chars: 13,
+            created_ms: 0,
+            status: None,
+            reply_message_id: None,
+            kind: Default::default(),
+            metadata,
+        }
+    }
+
+    /// A text a program sent (an A2A peer, a module) is still a program's after a restart,
+    /// when its message runs from the store.
+    #[test]
+    fn a_peers_message_stays_a_peers_through_the_store() {
+        let peer = RequestGovernance {
+            peer: true,
+            ..Default::default()
+        };
+        let kept = stored_governance(&stored_with(stored_metadata(&peer, None)));
+        assert!(kept.peer);
+        let person = RequestGovernance::default();
+        assert_eq!(stored_metadata(&person, None), None);
+        assert!(!stored_governance(&stored_with(None)).peer);
+        let module = stored_metadata(&person, Some(serde_json::json!({"id": "slack"})));
+        assert!(stored_governance(&stored_with(module)).peer);
     }
 }

@@ -135,6 +135,28 @@ async fn a_denied_dispatch_tool_refuses_the_supervisors_route_but_not_a_hub_comm
         team.model.sent()
     );
     assert_eq!(team.send("/hub coder write a parser").await.text, "coded");
+
+    // The same `/hub` in a text a program sent (an A2A peer, a module) is no person's choice:
+    // it is governed as the supervisor's dispatch, and refused.
+    let root = team.session.root().await.unwrap();
+    let from_peer = troupe_actors::governance::RequestGovernance {
+        peer: true,
+        ..Default::default()
+    };
+    let refused = team
+        .session
+        .message_governed(root, "/hub coder write a parser", from_peer)
+        .await
+        .unwrap();
+    assert_eq!(refused.status, TaskStatus::Error, "{refused:?}");
+    let refusals = tool_refusals(&team.events().await);
+    assert_eq!(refusals.len(), 2, "{refusals:?}");
+    assert_eq!(refusals[1].1, "dispatch_agent");
+    assert_eq!(
+        team.model.sent().len(),
+        1,
+        "only the person's /hub ran the agent"
+    );
 }
 
 #[tokio::test]
