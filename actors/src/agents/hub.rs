@@ -462,8 +462,8 @@ pub struct AgentHubState {
     views: Arc<AgentViews>,
     /// By agent id; `Err`: why it has no provider.
     providers: BTreeMap<String, Result<Arc<ProviderCell>, String>>,
-    /// Providers replaced by a reload: dispatches in flight may still use them; shut down
-    /// with the hub.
+    /// Providers replaced by a reload that dispatches in flight still use: each is shut down
+    /// once none holds it (or with the hub).
     retired: Vec<Arc<ProviderCell>>,
     bindings: BTreeMap<String, BindingEntry>,
     /// Dispatches waiting for another to open their agent's provider session.
@@ -569,7 +569,10 @@ impl Actor for AgentHub {
             AgentHubMsg::Finished {
                 dispatch_id,
                 result,
-            } => state.finished(&myself, dispatch_id, result),
+            } => {
+                state.finished(&myself, dispatch_id, result);
+                state.shut_down_idle_retired();
+            }
             AgentHubMsg::DispatcherCancelled { parent } => {
                 state.dispatcher_cancelled(&myself, parent);
             }
@@ -1463,6 +1466,20 @@ impl AgentHubState {
             .replace(catalog.clone(), &self.ports, &self.model);
         tracing::info!(agents = catalog.agents.len(), "agent definitions reloaded");
         self.catalog = catalog;
+        self.shut_down_idle_retired();
+    }
+
+    /// Shuts down the retired providers no dispatch holds any more (an external agent's
+    /// processes stop; its provider session is resumed by the new provider's next dispatch).
+    fn shut_down_idle_retired(&mut self) {
+        let (idle, held): (Vec<_>, Vec<_>) = std::mem::take(&mut self.retired)
+            .into_iter()
+            .partition(|cell| Arc::strong_count(cell) == 1);
+        self.retired = held;
+        for cell in idle {
+            metrics::retired_provider_stopped();
+            tokio::spawn(async move { cell.provider.shutdown().await });
+        }
     }
 }
 
@@ -1544,8 +1561,12 @@ impl Worker {
             .catch_unwind()
             .await
             .unwrap_or_else(|_| Err(AgentError::internal("the dispatch's worker panicked")));
-        let _ = self.hub.cast(AgentHubMsg::Finished {
-            dispatch_id: self.dispatch_id,
+        // Its hold on the provider goes first: a provider a reload retired is shut down once
+        // no dispatch holds it, which the hub checks when it hears this.
+        let (hub, dispatch_id) = (self.hub.clone(), self.dispatch_id);
+        drop(self);
+        let _ = hub.cast(AgentHubMsg::Finished {
+            dispatch_id,
             result,
         });
     }

@@ -23,6 +23,8 @@ pub const BINDINGS_TOTAL: &str = "troupe_agent_bindings_total";
 pub const LEASES_EXPIRED_TOTAL: &str = "troupe_agent_leases_expired_total";
 /// Admitted dispatches by the way they reached their agent (`direct`, `worker`).
 pub const DISPATCH_PATHS_TOTAL: &str = "troupe_agent_dispatch_paths_total";
+/// Providers a reload replaced, shut down once no dispatch held them.
+pub const RETIRED_PROVIDERS_STOPPED_TOTAL: &str = "troupe_agent_retired_providers_stopped_total";
 
 /// What became of a binding at a dispatch.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -125,6 +127,17 @@ pub fn describe() {
     for path in ["direct", "worker"] {
         counter!(DISPATCH_PATHS_TOTAL, "path" => path).increment(0);
     }
+    describe_counter!(
+        RETIRED_PROVIDERS_STOPPED_TOTAL,
+        Unit::Count,
+        "Agent providers a reload replaced (a changed or removed definition), shut down once no dispatch held them"
+    );
+    counter!(RETIRED_PROVIDERS_STOPPED_TOTAL).increment(0);
+}
+
+/// A provider a reload replaced was shut down.
+pub fn retired_provider_stopped() {
+    counter!(RETIRED_PROVIDERS_STOPPED_TOTAL).increment(1);
 }
 
 /// A dispatch admitted, on its way by `path` (`direct` or `worker`).

@@ -821,3 +821,58 @@ async fn a_codex_process_killed_mid_turn_fails_its_dispatch_and_the_next_starts_
     );
     team.session.shutdown().await.unwrap();
 }
+
+/// A reload that changes an external agent's provider (A7) retires the old provider: once no
+/// dispatch holds it, its codex-acp process is stopped, and the next dispatch starts one for
+/// the new definition, which loads the bound session. Edits never pile up processes.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_provider_a_reload_replaced_stops_its_process() {
+    let codex = Codex::start("never").await;
+    let first = codex.definition();
+    let catalog = |def: &AgentDefinition| {
+        Arc::new(troupe_proto::agent::AgentCatalog {
+            agents: [(def.id.clone(), def.clone())].into_iter().collect(),
+            ..Default::default()
+        })
+    };
+    let (edits, live) = tokio::sync::watch::channel(catalog(&first));
+    let factory = AcpFactory::default();
+    let team = Team::start_with_factories_extra(
+        vec![first.clone()],
+        vec![Arc::new(factory) as Arc<dyn AgentProviderFactory>],
+        super::Extras {
+            live: Some(live),
+            ..Default::default()
+        },
+    )
+    .await;
+    codex.server.push(Reply::text(["first answer"]));
+    let reply = team.send("/hub codex remember the word pelican").await;
+    assert_eq!(reply.text, "first answer", "{:?}", reply.error);
+    let before = codex.pids();
+    assert_eq!(before.len(), 1, "one process for the binding");
+
+    // The file is edited: another environment variable for the agent's process.
+    let mut edited = first.clone();
+    if let ProviderSpec::Acp { env, .. } = &mut edited.provider {
+        env.insert("TROUPE_TEST_EDIT".into(), "2".into());
+    }
+    edits.send(catalog(&edited)).unwrap();
+    bounded("the retired process stops", async {
+        while codex.pids().iter().any(|pid| before.contains(pid)) {
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    })
+    .await;
+
+    codex.server.push(Reply::text(["second answer"]));
+    let again = team.send("/hub codex which word?").await;
+    assert_eq!(again.text, "second answer", "{:?}", again.error);
+    let after = codex.pids();
+    assert_eq!(after.len(), 1, "one process again: {after:?}");
+    assert!(!before.contains(&after[0]));
+    let body = codex.server.requests().last().unwrap().body.to_string();
+    assert!(body.contains("pelican"), "the binding was loaded: {body}");
+    team.session.shutdown().await.unwrap();
+    assert!(codex.pids().is_empty());
+}

@@ -84,6 +84,8 @@ pub(crate) struct Extras {
     pub exec: bool,
     /// The catalog's `unloaded_supervisors` (files whose role is `supervisor` that did not load).
     pub unloaded_supervisors: Vec<String>,
+    /// The definitions as a watched directory would give them (A7).
+    pub live: Option<tokio::sync::watch::Receiver<Arc<AgentCatalog>>>,
 }
 
 pub(crate) fn settings(router: RouterMode) -> AgentSettings {
@@ -213,7 +215,7 @@ impl Team {
                 factories: factories.clone(),
                 models: Default::default(),
                 bindings: store.clone(),
-                live: None,
+                live: extras.live.clone(),
             }),
         };
         let (session, _join) = SessionHandle::start(session_id, config, ports)
