@@ -262,6 +262,9 @@ pub enum EventKind {
 pub enum GuardrailStatus {
     /// Every retry was spent.
     Exhausted,
+    /// The task ran out of steps (`max_steps`) before a valid answer: an invalid one was
+    /// still to be asked for again, or the model was still calling tools.
+    MaxSteps,
 }
 
 impl EventKind {

@@ -384,21 +384,26 @@ fn agent_event_kind() -> impl Strategy<Value = EventKind> {
             proptest::option::of(text()),
             any::<u32>(),
             strings(),
+            any::<bool>(),
             any::<bool>()
         )
-            .prop_map(
-                |(agent_id, attempts, problems, ask)| EventKind::GuardrailFailed {
+            .prop_map(|(agent_id, attempts, problems, ask, spent)| {
+                EventKind::GuardrailFailed {
                     agent_id,
                     attempts,
                     problems,
-                    status: crate::GuardrailStatus::Exhausted,
+                    status: if spent {
+                        crate::GuardrailStatus::Exhausted
+                    } else {
+                        crate::GuardrailStatus::MaxSteps
+                    },
                     action: if ask {
                         crate::agent::GuardrailAction::AskHuman
                     } else {
                         crate::agent::GuardrailAction::Reject
                     },
                 }
-            ),
+            }),
         (
             dispatch_id(),
             text(),
