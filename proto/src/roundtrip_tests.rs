@@ -353,10 +353,20 @@ fn agent_event_kind() -> impl Strategy<Value = EventKind> {
             prop::sample::select(DispatchStatus::ALL.to_vec()),
             text(),
             prop::option::of(agent_error()),
-            any::<u64>()
+            any::<u64>(),
+            any::<bool>()
         )
             .prop_map(
-                |(dispatch_id, agent_id, provider_session_id, status, text, error, duration_ms)| {
+                |(
+                    dispatch_id,
+                    agent_id,
+                    provider_session_id,
+                    status,
+                    text,
+                    error,
+                    duration_ms,
+                    validated,
+                )| {
                     EventKind::DispatchResult {
                         dispatch_id,
                         agent_id,
@@ -365,6 +375,7 @@ fn agent_event_kind() -> impl Strategy<Value = EventKind> {
                         text,
                         error,
                         duration_ms,
+                        validated,
                     }
                 }
             ),
