@@ -729,7 +729,12 @@ async fn run_turn(
             }
         }
     }
-    loop_state.end(TaskStatus::MaxSteps, None)
+    // Under an output guardrail, running out of steps is having no valid answer: never an
+    // empty one that a dispatcher would take for it.
+    match &guarded {
+        Some(g) => guardrail::exhausted(ctx, loop_state, guardrail::out_of_steps(g)),
+        None => loop_state.end(TaskStatus::MaxSteps, None),
+    }
 }
 
 struct LoopState {

@@ -20,9 +20,14 @@ pub struct CapabilityCommand {
     pub argv: Vec<String>,
     pub description: String,
     /// The placeholders whose values may start with `-` (be read by the program as
-    /// options). Any other placeholder before a literal `--` element refuses such a value.
+    /// options), any such value. Any other placeholder before a literal `--` element refuses
+    /// such a value, unless its `choices` list it.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub options: Vec<String>,
+    /// Placeholders that take only the values listed (each item of a list too), whether or
+    /// not they start with `-`: the safe way to let the model pass chosen options.
+    #[serde(default, skip_serializing_if = "std::collections::BTreeMap::is_empty")]
+    pub choices: std::collections::BTreeMap<String, Vec<String>>,
 }
 
 /// A capability as its `module.json` declares it.

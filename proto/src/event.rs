@@ -220,6 +220,9 @@ pub enum EventKind {
         text: String,
         error: Option<AgentError>,
         duration_ms: u64,
+        /// `text` is the JSON an output schema of the agent validated (A8): a data answer,
+        /// whatever its keys (never read as a reply form, such as A2A's `{"a2a": ...}`).
+        validated: bool,
     },
     /// A dispatch was refused before it ran (A4): `chain` is the one it would have extended.
     /// Or a tool call was refused by tool governance (A5): `tool` names it, `agent_id` is the
@@ -262,6 +265,9 @@ pub enum EventKind {
 pub enum GuardrailStatus {
     /// Every retry was spent.
     Exhausted,
+    /// The task ran out of steps (`max_steps`) before a valid answer: an invalid one was
+    /// still to be asked for again, or the model was still calling tools.
+    MaxSteps,
 }
 
 impl EventKind {
@@ -468,6 +474,9 @@ mod wire {
                 text: String,
                 error: Option<AgentError>,
                 duration_ms: u64,
+                // Absent in records written before the output guardrail said so.
+                #[serde(default)]
+                validated: bool,
             },
             PolicyRejected {
                 agent_id: String,

@@ -353,10 +353,20 @@ fn agent_event_kind() -> impl Strategy<Value = EventKind> {
             prop::sample::select(DispatchStatus::ALL.to_vec()),
             text(),
             prop::option::of(agent_error()),
-            any::<u64>()
+            any::<u64>(),
+            any::<bool>()
         )
             .prop_map(
-                |(dispatch_id, agent_id, provider_session_id, status, text, error, duration_ms)| {
+                |(
+                    dispatch_id,
+                    agent_id,
+                    provider_session_id,
+                    status,
+                    text,
+                    error,
+                    duration_ms,
+                    validated,
+                )| {
                     EventKind::DispatchResult {
                         dispatch_id,
                         agent_id,
@@ -365,6 +375,7 @@ fn agent_event_kind() -> impl Strategy<Value = EventKind> {
                         text,
                         error,
                         duration_ms,
+                        validated,
                     }
                 }
             ),
@@ -384,21 +395,26 @@ fn agent_event_kind() -> impl Strategy<Value = EventKind> {
             proptest::option::of(text()),
             any::<u32>(),
             strings(),
+            any::<bool>(),
             any::<bool>()
         )
-            .prop_map(
-                |(agent_id, attempts, problems, ask)| EventKind::GuardrailFailed {
+            .prop_map(|(agent_id, attempts, problems, ask, spent)| {
+                EventKind::GuardrailFailed {
                     agent_id,
                     attempts,
                     problems,
-                    status: crate::GuardrailStatus::Exhausted,
+                    status: if spent {
+                        crate::GuardrailStatus::Exhausted
+                    } else {
+                        crate::GuardrailStatus::MaxSteps
+                    },
                     action: if ask {
                         crate::agent::GuardrailAction::AskHuman
                     } else {
                         crate::agent::GuardrailAction::Reject
                     },
                 }
-            ),
+            }),
         (
             dispatch_id(),
             text(),

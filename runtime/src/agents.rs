@@ -22,11 +22,21 @@ pub fn catalog(config: &TroupeConfig) -> AgentCatalog {
     let Some((path, named)) = config.agents_dir() else {
         return AgentCatalog::default();
     };
-    let mut catalog = load(&AgentsDir { path, named });
+    let mut catalog = load(&AgentsDir {
+        path: path.clone(),
+        named,
+    });
     let configured = config.agents.supervisor.as_deref();
     if let Err(unusable) = troupe_actors::agents::listing::supervisor_of(&catalog, configured) {
-        // A role-chosen supervisor that did not load has its own file's error already.
-        if configured.is_some() || catalog.get(&unusable.id).is_some() {
+        if troupe_actors::agents::listing::refused_for_output(&catalog, &unusable) {
+            // The supervisor's `output` is an error of its own file.
+            catalog.errors.push(AgentLoadError {
+                file: definition_file(&path, &unusable.id),
+                field: Some("output".into()),
+                message: unusable.why,
+            });
+        } else if configured.is_some() || catalog.get(&unusable.id).is_some() {
+            // A role-chosen supervisor that did not load has its own file's error already.
             catalog.errors.push(AgentLoadError {
                 file: config.source.clone().unwrap_or_default(),
                 field: Some("agents.supervisor".into()),
@@ -35,6 +45,16 @@ pub fn catalog(config: &TroupeConfig) -> AgentCatalog {
         }
     }
     catalog
+}
+
+/// The file of the loaded agent `id` in `dir`: `<id>.json`, else `<id>.toml`.
+fn definition_file(dir: &Path, id: &str) -> PathBuf {
+    let json = dir.join(format!("{id}.json"));
+    if json.is_file() {
+        json
+    } else {
+        dir.join(format!("{id}.toml"))
+    }
 }
 
 /// The kinds of external agents this build runs, one factory each. The in-process kind
@@ -560,6 +580,51 @@ resume = false
         // And a configuration without `[agents] supervisor` gets no error of its own for it:
         // the files' errors say what is wrong.
         assert_eq!(c.errors.len(), 3, "{:?}", c.errors);
+    }
+
+    /// An `output` schema on the agent chosen as supervisor (by role or by `[agents]
+    /// supervisor`) is refused as an error of its file, field `output`: it would never be
+    /// applied to the supervisor's routing and direct replies.
+    #[test]
+    fn a_supervisor_with_an_output_schema_is_an_error_of_its_file() {
+        let dir = tempfile::tempdir().unwrap();
+        let output =
+            r#""output":{"schema":{"type":"object","properties":{"a":{"type":"string"}}}}"#;
+        write(
+            dir.path(),
+            "boss.json",
+            &format!(
+                r#"{{"id":"boss","role":"supervisor","provider":{{"type":"model"}},{output}}}"#
+            ),
+        );
+        write(
+            dir.path(),
+            "profiler.json",
+            &format!(
+                r#"{{"id":"profiler","role":"executor","provider":{{"type":"model"}},{output}}}"#
+            ),
+        );
+        let mut config = TroupeConfig::default();
+        config.agents.dir = Some(dir.path().to_owned());
+        let by_role = catalog(&config);
+        assert_eq!(by_role.errors.len(), 1, "{:?}", by_role.errors);
+        assert_eq!(by_role.errors[0].file, dir.path().join("boss.json"));
+        assert_eq!(by_role.errors[0].field.as_deref(), Some("output"));
+        assert!(
+            by_role.errors[0].message.contains("must not have `output`"),
+            "{}",
+            by_role.errors[0]
+        );
+        // Named in the configuration: the same, for its file.
+        config.agents.supervisor = Some("profiler".into());
+        let named = catalog(&config);
+        assert_eq!(named.errors.len(), 1, "{:?}", named.errors);
+        assert_eq!(named.errors[0].file, dir.path().join("profiler.json"));
+        assert_eq!(named.errors[0].field.as_deref(), Some("output"));
+        // As a worker, an agent with `output` loads without error.
+        config.agents.supervisor = None;
+        std::fs::remove_file(dir.path().join("boss.json")).unwrap();
+        assert!(catalog(&config).errors.is_empty());
     }
 
     #[test]

@@ -8,7 +8,8 @@
 //!   "commands": [
 //!     {"name": "status", "argv": ["git", "status", "--short"], "description": "Changed files."},
 //!     {"name": "log", "argv": ["git", "log", "--oneline", "-n", "{count}"], "description": "Recent commits."},
-//!     {"name": "grep", "argv": ["git", "grep", "{flags}", "-e", "{pattern}"], "options": ["flags"], "description": "Search tracked files."}
+//!     {"name": "grep", "argv": ["git", "grep", "{flags}", "-e", "{pattern}"],
+//!      "choices": {"flags": ["-i", "-w", "--count"]}, "description": "Search tracked files."}
 //!   ],
 //!   "probe": ["git", "--version"],
 //!   "timeout": "20s"
@@ -84,6 +85,8 @@ struct CommandFile {
     description: String,
     #[serde(default)]
     options: Vec<String>,
+    #[serde(default)]
+    choices: std::collections::BTreeMap<String, Vec<String>>,
 }
 
 /// Loads and checks one capability folder: the folder is named after its id.
@@ -223,11 +226,39 @@ fn check(module: ModuleFile) -> Result<CapabilityModule, (String, String)> {
                 ),
             ));
         }
+        for (key, allowed) in &command.choices {
+            let at = field(&format!("choices.{key}"));
+            if !keys.contains(key) {
+                return Err((
+                    at,
+                    format!("`{key}` is not a placeholder of its argv (it has: {})", {
+                        if keys.is_empty() {
+                            "none".to_owned()
+                        } else {
+                            keys.join(", ")
+                        }
+                    }),
+                ));
+            }
+            if allowed.is_empty() {
+                return Err((at, "must list at least one value".into()));
+            }
+            if command.options.contains(key) {
+                return Err((
+                    at,
+                    format!(
+                        "`{key}` is also in `options`, which would let it take any option: \
+                         list it in one of the two"
+                    ),
+                ));
+            }
+        }
         commands.push(CapabilityCommand {
             name: command.name,
             argv: command.argv,
             description: command.description,
             options: command.options,
+            choices: command.choices,
         });
     }
     if module.probe.first().is_none_or(String::is_empty) {
@@ -280,6 +311,18 @@ mod tests {
         let git = &catalog.capabilities["git"];
         assert_eq!(git.module.commands.len(), 2);
         assert!(git.module.commands[1].options.is_empty());
+        assert!(git.module.commands[1].choices.is_empty());
+        let listed = GIT.replace(
+            r#""description": "Recent commits.""#,
+            r#""description": "Recent commits.", "choices": {"count": ["1", "-5"]}"#,
+        );
+        folder(dir.path(), "git", &listed);
+        let catalog = load(dir.path(), true);
+        assert!(catalog.errors.is_empty(), "{:?}", catalog.errors);
+        assert_eq!(
+            catalog.capabilities["git"].module.commands[1].choices["count"],
+            ["1", "-5"]
+        );
         assert_eq!(git.module.timeout_ms, Some(20_000));
         assert_eq!(git.readme, "# usage\n");
         assert_eq!(git.cli, "# detail\n");
@@ -342,6 +385,30 @@ mod tests {
                     r#""description": "Recent commits.", "options": ["counts"]"#,
                 ),
                 "commands[1].options",
+            ),
+            (
+                "k",
+                GIT.replace(r#""id": "git""#, r#""id": "k""#).replace(
+                    r#""description": "Recent commits.""#,
+                    r#""description": "Recent commits.", "choices": {"counts": ["1"]}"#,
+                ),
+                "commands[1].choices.counts",
+            ),
+            (
+                "l",
+                GIT.replace(r#""id": "git""#, r#""id": "l""#).replace(
+                    r#""description": "Recent commits.""#,
+                    r#""description": "Recent commits.", "choices": {"count": []}"#,
+                ),
+                "commands[1].choices.count",
+            ),
+            (
+                "m",
+                GIT.replace(r#""id": "git""#, r#""id": "m""#).replace(
+                    r#""description": "Recent commits.""#,
+                    r#""description": "Recent commits.", "options": ["count"], "choices": {"count": ["-1"]}"#,
+                ),
+                "commands[1].choices.count",
             ),
         ];
         for (name, text, _) in &cases {

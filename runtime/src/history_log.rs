@@ -784,6 +784,7 @@ fn stand_in(record: &RolloutRecord) -> Option<EventKind> {
             text: String::new(),
             error,
             duration_ms: meta.duration_ms.unwrap_or_default(),
+            validated: false,
         },
         EventName::AskHuman => EventKind::AskHuman {
             question: String::new(),
@@ -991,6 +992,7 @@ fn agent_line(
             text,
             error,
             duration_ms,
+            ..
         } => {
             meta.agent_id = Some(agent_id.clone());
             meta.provider_session_id.clone_from(provider_session_id);

@@ -101,6 +101,11 @@ pub fn watch_agents(
 /// `next`, where every agent whose file no longer loads keeps the definition (and version)
 /// `current` has of it. Pure.
 pub fn keep_last_good(current: &AgentCatalog, mut next: AgentCatalog) -> AgentCatalog {
+    // A broken file of a new directory (`[agents] dir` changed) is not the file of the same
+    // name in the old one.
+    if current.dir != next.dir {
+        return next;
+    }
     for error in &mut next.errors {
         let Some(id) = error.file.file_stem().and_then(|s| s.to_str()) else {
             continue;
@@ -186,13 +191,20 @@ mod tests {
             field: None,
             message: "bad".into(),
         });
-        let merged = keep_last_good(&current, next);
+        let merged = keep_last_good(&current, next.clone());
         assert_eq!(merged.agents["coder"].role, "old");
         assert_eq!(merged.versions["coder"], "v1");
         assert!(merged.agents.contains_key("new"));
         assert_eq!(merged.errors.len(), 2);
         assert!(merged.errors[0].message.ends_with("stays in force)"));
         assert_eq!(merged.errors[1].message, "bad");
+
+        // `[agents] dir` changed: the new directory's broken `coder.json` does not keep the
+        // old directory's `coder`.
+        current.dir = Some("old-agents".into());
+        let moved = keep_last_good(&current, next);
+        assert!(!moved.agents.contains_key("coder"), "{moved:?}");
+        assert_eq!(moved.errors[0].message, "unknown variant");
     }
 
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

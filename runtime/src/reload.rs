@@ -476,7 +476,8 @@ fn which_dir(dirs: &[(Dir, PathBuf)], path: &Path) -> Option<(Dir, bool)> {
 }
 
 /// `next`, where every capability whose folder no longer loads keeps the version `current`
-/// has of it. Pure.
+/// has of it. Only when both were read from the same directory: a broken folder of a new
+/// directory is not the folder of the same name in the old one. Pure.
 pub fn keep_last_good(
     current: &CapabilityCatalog,
     mut next: CapabilityCatalog,
@@ -484,6 +485,9 @@ pub fn keep_last_good(
     let Some(dir) = next.dir.clone() else {
         return next;
     };
+    if current.dir.as_ref() != Some(&dir) {
+        return next;
+    }
     for error in &mut next.errors {
         // `<dir>/<id>/module.json`, `<dir>/<id>/README.md`...
         let Some(id) = error
@@ -621,7 +625,10 @@ mod tests {
 
     #[test]
     fn a_folder_that_no_longer_loads_keeps_its_last_good_version() {
-        let mut current = CapabilityCatalog::default();
+        let mut current = CapabilityCatalog {
+            dir: Some("/caps".into()),
+            ..CapabilityCatalog::default()
+        };
         current
             .capabilities
             .insert("git".into(), capability("git", "old"));
@@ -641,11 +648,19 @@ mod tests {
             field: None,
             message: "bad".into(),
         });
-        let merged = keep_last_good(&current, next);
+        let merged = keep_last_good(&current, next.clone());
         assert_eq!(merged.capabilities["git"].module.description, "old");
         assert!(merged.capabilities.contains_key("jq"));
         assert!(merged.errors[0].message.ends_with("stays in force)"));
         assert_eq!(merged.errors[1].message, "bad");
+
+        // `[capabilities] dir` changed: a broken `git/` of the new directory does not keep
+        // the old directory's `git`.
+        current.dir = Some("/old-caps".into());
+        let moved = keep_last_good(&current, next);
+        assert!(!moved.capabilities.contains_key("git"), "{moved:?}");
+        assert!(moved.capabilities.contains_key("jq"));
+        assert_eq!(moved.errors[0].message, "must name a program");
     }
 
     /// A round that holds a SIGHUP whose file does not load and a change of the agents

@@ -430,6 +430,17 @@ struct Flight {
     bound: bool,
     started: Instant,
     span: tracing::Span,
+    /// The agent ran under an output schema (A8): its answer, when JSON, is the validated one.
+    guarded: bool,
+}
+
+/// Whether a dispatch's answer is JSON an output schema validated: the agent is guarded
+/// and answered JSON (its other answer, a question to a human after the retries, is prose).
+fn validated_answer(guarded: bool, result: &Result<AgentOutput, AgentError>) -> bool {
+    guarded
+        && result
+            .as_ref()
+            .is_ok_and(|o| serde_json::from_str::<serde_json::Value>(&o.text).is_ok())
 }
 
 impl Drop for AgentHubState {
@@ -877,6 +888,7 @@ impl AgentHubState {
                 bound: true,
                 started: Instant::now(),
                 span: span.clone(),
+                guarded: kind == ProviderKind::Model && def.output.is_some(),
             },
         );
         let plan = self.plan(&request.agent_id, dispatch_id);
@@ -1322,6 +1334,7 @@ impl AgentHubState {
                     text: result.as_ref().map(|o| o.text.clone()).unwrap_or_default(),
                     error: result.as_ref().err().cloned(),
                     duration_ms: millis(took),
+                    validated: validated_answer(flight.guarded, &result),
                 },
             );
         });

@@ -27,7 +27,9 @@ impl std::fmt::Display for Unusable {
 /// supervisor that is not a loaded model agent is an error saying which and why: a configured
 /// one that did not load or is of another kind, a role-chosen one of another kind, or a file
 /// whose role is `supervisor` that did not load and sorts before every loaded one (it was
-/// meant to be the supervisor; the built-in one must not stand in for it).
+/// meant to be the supervisor; the built-in one must not stand in for it). So is one with an
+/// `output` schema (A8): a supervisor's answers are its routing decisions and direct
+/// replies, which no schema checks, and a schema that would not apply must not seem to.
 pub fn supervisor_of<'a>(
     catalog: &'a AgentCatalog,
     configured: Option<&str>,
@@ -63,8 +65,24 @@ pub fn supervisor_of<'a>(
                 d.provider.kind()
             ),
         }),
+        Some(d) if d.output.is_some() => Err(Unusable {
+            id: d.id.clone(),
+            why: format!(
+                "the supervisor `{}` must not have `output`: a supervisor's routing and direct \
+                 replies are not checked against a schema (give the schema to the agent it \
+                 dispatches to)",
+                d.id
+            ),
+        }),
         other => Ok(other),
     }
+}
+
+/// Whether `unusable` is about the supervisor's own `output` (an error of its file).
+pub fn refused_for_output(catalog: &AgentCatalog, unusable: &Unusable) -> bool {
+    catalog
+        .get(&unusable.id)
+        .is_some_and(|d| d.provider.kind() == ProviderKind::Model && d.output.is_some())
 }
 
 /// One listing line per agent, sorted by id: its health as `health` says and its bindings
@@ -160,6 +178,36 @@ mod tests {
         assert!(ext.why.contains("model agent"), "{ext}");
         let none = catalog(vec![def("coder", "executor", model())]);
         assert!(supervisor_of(&none, None).unwrap().is_none());
+    }
+
+    /// An output schema on the supervisor would never be applied (its routing and direct
+    /// replies are not an agent's answers): it is refused, whether the supervisor is
+    /// configured or chosen by role, and the agent stays usable as a worker.
+    #[test]
+    fn a_supervisor_with_an_output_schema_is_refused() {
+        let shaped = |id: &str, role: &str| AgentDefinition {
+            output: Some(troupe_proto::agent::OutputSpec {
+                schema: serde_json::json!({"type": "object"}),
+                on_failure: Default::default(),
+                max_retries: 2,
+            }),
+            ..def(id, role, model())
+        };
+        let c = catalog(vec![
+            shaped("boss", "supervisor"),
+            shaped("profiler", "executor"),
+        ]);
+        let by_role = supervisor_of(&c, None).unwrap_err();
+        assert_eq!(by_role.id, "boss");
+        assert!(by_role.why.contains("must not have `output`"), "{by_role}");
+        assert!(refused_for_output(&c, &by_role));
+        let configured = supervisor_of(&c, Some("profiler")).unwrap_err();
+        assert_eq!(configured.id, "profiler");
+        assert!(refused_for_output(&c, &configured));
+        assert!(!refused_for_output(
+            &c,
+            &supervisor_of(&c, Some("ghost")).unwrap_err()
+        ));
     }
 
     #[test]

@@ -218,11 +218,15 @@ pub fn inspect(
             ));
             for command in &module.commands {
                 text.push_str(&format!(
-                    "- {}: {} (argv: {})\n",
+                    "- {}: {} (argv: {}",
                     command.name,
                     one_line(&command.description),
                     command.argv.join(" ")
                 ));
+                for (key, allowed) in &command.choices {
+                    text.push_str(&format!("; {key}: one of {}", allowed.join(", ")));
+                }
+                text.push_str(")\n");
             }
             text.push_str(&format!(
                 "\nLevel 2 is its README.md (usage), level 3 its cli.md (full detail) and the output of `{}`.\n",
@@ -293,6 +297,8 @@ pub struct RunPlan {
 /// A value starting with `-` would be read by the program as an option (`rg --pre=sh`,
 /// `git diff --output=FILE`): it is refused unless its placeholder is listed in the
 /// command's `options` or its element comes after a literal `--` element of the template.
+/// A placeholder with `choices` takes only the values listed there (whatever they start
+/// with).
 pub fn run_plan(capability: &Capability, args: &Value) -> Result<RunPlan, String> {
     let module = &capability.module;
     let name = args.get("command").and_then(Value::as_str).ok_or_else(|| {
@@ -338,6 +344,17 @@ pub fn run_plan(capability: &Capability, args: &Value) -> Result<RunPlan, String
         }
         let value_of = |key: &str, value: &Value| {
             let text = scalar(key, value)?;
+            if let Some(allowed) = command.choices.get(key) {
+                if allowed.contains(&text) {
+                    return Ok(text);
+                }
+                return Err(format!(
+                    "argument `{key}` of command `{}` of `{}` must be one of: {} (not `{text}`)",
+                    command.name,
+                    module.id,
+                    allowed.join(", ")
+                ));
+            }
             if text.starts_with('-') && !after_dashes && !command.options.iter().any(|o| o == key) {
                 return Err(format!(
                     "argument `{key}` must not start with `-` (`{text}` would be read as an \
@@ -497,6 +514,7 @@ mod tests {
                         argv: vec!["git".into(), "status".into(), "--short".into()],
                         description: "Short status.".into(),
                         options: vec![],
+                        choices: Default::default(),
                     },
                     CapabilityCommand {
                         name: "log".into(),
@@ -509,6 +527,7 @@ mod tests {
                         ],
                         description: "Recent commits touching paths.".into(),
                         options: vec![],
+                        choices: Default::default(),
                     },
                 ],
                 probe: vec!["git".into(), "--version".into()],
@@ -737,6 +756,7 @@ mod tests {
             argv: argv.iter().map(|a| (*a).to_owned()).collect(),
             description: "Search.".into(),
             options: options.iter().map(|o| (*o).to_owned()).collect(),
+            choices: Default::default(),
         }];
         c
     }
@@ -785,6 +805,54 @@ mod tests {
             plan(&flags, json!({"flags": "-i", "pattern": "-x"}))
                 .unwrap_err()
                 .contains("`pattern` must not start with `-`")
+        );
+    }
+
+    /// A placeholder with `choices` takes only the values listed (options among them), and
+    /// the model reads them in the level-1 summary; `git grep -O<cmd>` (a pager run through
+    /// a shell) is not one of them.
+    #[test]
+    fn choices_restrict_a_placeholder_to_the_values_listed() {
+        let mut grep = command(&["git", "grep", "{flags}", "-e", "{pattern}"], &[]);
+        grep.module.commands[0].choices.insert(
+            "flags".into(),
+            vec!["-i".into(), "-w".into(), "--count".into()],
+        );
+        let plan = |args: Value| {
+            run_plan(
+                &grep,
+                &json!({"id": "rg", "command": "search", "args": args}),
+            )
+        };
+        assert_eq!(
+            plan(json!({"flags": ["-i", "--count"], "pattern": "x"}))
+                .unwrap()
+                .argv,
+            ["git", "grep", "-i", "--count", "-e", "x"]
+        );
+        for flags in [
+            json!("-Osh -c id"),
+            json!(["-i", "-O/bin/sh"]),
+            json!("plain"),
+        ] {
+            let err = plan(json!({"flags": flags, "pattern": "x"})).unwrap_err();
+            assert!(
+                err.contains(
+                    "argument `flags` of command `search` of `rg` must be one of: -i, -w, --count"
+                ),
+                "{err}"
+            );
+        }
+        // The other placeholders still refuse options.
+        assert!(
+            plan(json!({"flags": "-i", "pattern": "--no-index"}))
+                .unwrap_err()
+                .contains("`pattern` must not start with `-`")
+        );
+        let summary = inspect(&grep, Level::Summary, None, 10_000, &approx);
+        assert!(
+            summary.contains("flags: one of -i, -w, --count"),
+            "{summary}"
         );
     }
 

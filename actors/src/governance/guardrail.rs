@@ -7,15 +7,29 @@
 //! schema (the `jsonschema` crate), and **mask** it to the properties the schema declares.
 //! A failure gives the problems twice over: for the model, with everything the validator
 //! says, so that it can correct itself; and for everyone else (events, errors), as paths and
-//! keywords only, never a value of the answer.
+//! keywords only, never a value of the answer (nor a key of it the schema does not name).
+//!
+//! Masking fails closed: `$ref`s are followed the way the validator follows them (`$id`s,
+//! `$anchor`s, percent-encoded pointers, through the `referencing` crate), and where the
+//! masker cannot follow the schema (a reference it cannot resolve, `$dynamicRef` or
+//! `$recursiveRef`, a chain of references deeper than it goes, an answer nested deeper than
+//! it goes) it keeps only what the parts it did follow declare.
 
+use referencing::{Draft, Registry, Resolver};
 use serde_json::{Map, Value};
+use std::collections::HashSet;
 use troupe_proto::agent::{GuardrailAction, OutputSpec};
 
 /// A compiled output schema.
 pub struct OutputGuard {
     schema: Value,
     validator: jsonschema::Validator,
+    /// The schema as a registry of resources (its `$id`s and anchors): where the repairer and
+    /// the masker follow `$ref`s.
+    refs: SchemaRefs,
+    /// Every property name the schema writes (`properties`, `required`): what a public
+    /// problem path may show of the answer's keys.
+    names: HashSet<String>,
     pub max_retries: u32,
     pub on_failure: GuardrailAction,
 }
@@ -32,10 +46,14 @@ impl std::fmt::Debug for OutputGuard {
 /// One way an answer fails.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Problem {
-    /// JSON pointer of the instance (`/age`; empty: the whole answer).
+    /// JSON pointer of the instance as it may be told outside the model: the answer's keys
+    /// that the schema does not name are `*` (`/scores/*`); empty: the whole answer.
     pub path: String,
     /// The schema keyword that failed (`type`, `required`), or `json` when no JSON was found.
     pub keyword: String,
+    /// The instance's JSON pointer as it is (it may hold the answer's own keys): for the
+    /// model only.
+    pub at: String,
     /// The validator's sentence, which may quote the answer: for the model only.
     pub detail: String,
 }
@@ -64,9 +82,14 @@ impl OutputGuard {
     /// Compiles `spec`'s schema; the error says why it is not one.
     pub fn compile(spec: &OutputSpec) -> Result<Self, String> {
         let validator = jsonschema::validator_for(&spec.schema).map_err(|e| e.to_string())?;
+        let refs = SchemaRefs::new(&spec.schema)?;
+        let mut names = HashSet::new();
+        declared_names(&spec.schema, &mut names);
         Ok(Self {
             schema: spec.schema.clone(),
             validator,
+            refs,
+            names,
             max_retries: spec
                 .max_retries
                 .min(troupe_proto::agent::MAX_GUARDRAIL_RETRIES),
@@ -80,21 +103,35 @@ impl OutputGuard {
             return Checked::Invalid(vec![Problem {
                 path: String::new(),
                 keyword: "json".into(),
+                at: String::new(),
                 detail: "the answer holds no JSON value".into(),
             }]);
         };
-        repair(&self.schema, &self.schema, &mut value);
+        let Some(root) = self.refs.root() else {
+            // `compile` resolved the root already: not reached.
+            return Checked::Invalid(vec![Problem {
+                path: String::new(),
+                keyword: "$ref".into(),
+                at: String::new(),
+                detail: "the schema's root cannot be resolved".into(),
+            }]);
+        };
+        repair_at(&root, &mut value, 0);
         let problems: Vec<Problem> = self
             .validator
             .iter_errors(&value)
-            .map(|e| Problem {
-                path: e.instance_path().to_string(),
-                keyword: e.kind().keyword().to_owned(),
-                detail: e.to_string(),
+            .map(|e| {
+                let at = e.instance_path().to_string();
+                Problem {
+                    path: public_path(&at, &value, &self.names),
+                    keyword: e.kind().keyword().to_owned(),
+                    at,
+                    detail: e.to_string(),
+                }
             })
             .collect();
         if problems.is_empty() {
-            mask(&self.schema, &self.schema, &mut value);
+            mask_at(&[root], false, &mut value, 0);
             Checked::Valid(value)
         } else {
             Checked::Invalid(problems)
@@ -109,8 +146,8 @@ pub fn retry_request(problems: &[Problem], schema_hint: &Value) -> String {
          value that matches it. Problems:\n",
     );
     for p in problems {
-        let path = if p.path.is_empty() { "/" } else { &p.path };
-        text.push_str(&format!("- at {path}: {}\n", p.detail));
+        let at = if p.at.is_empty() { "/" } else { &p.at };
+        text.push_str(&format!("- at {at}: {}\n", p.detail));
     }
     text.push_str("The schema:\n");
     text.push_str(&schema_hint.to_string());
@@ -122,6 +159,46 @@ impl OutputGuard {
     pub fn schema(&self) -> &Value {
         &self.schema
     }
+}
+
+/// The property names `schema` writes anywhere: the keys of its `properties` objects and
+/// the names in its `required` lists (the operator's words, not the answer's).
+fn declared_names(schema: &Value, out: &mut HashSet<String>) {
+    match schema {
+        Value::Object(map) => {
+            if let Some(Value::Object(props)) = map.get("properties") {
+                out.extend(props.keys().cloned());
+            }
+            if let Some(Value::Array(required)) = map.get("required") {
+                out.extend(required.iter().filter_map(Value::as_str).map(str::to_owned));
+            }
+            map.values().for_each(|v| declared_names(v, out));
+        }
+        Value::Array(items) => items.iter().for_each(|v| declared_names(v, out)),
+        _ => {}
+    }
+}
+
+/// `pointer` (an instance path into `value`) as it may be told: array indices and the keys
+/// `names` holds as they are, any other key of the answer as `*` (it is the model's text).
+fn public_path(pointer: &str, value: &Value, names: &HashSet<String>) -> String {
+    let mut out = String::new();
+    let mut at = Some(value);
+    for segment in pointer.split('/').skip(1) {
+        let key = segment.replace("~1", "/").replace("~0", "~");
+        let (shown, next) = match at {
+            Some(Value::Array(items)) => match key.parse::<usize>() {
+                Ok(i) => (true, items.get(i)),
+                Err(_) => (false, None),
+            },
+            Some(Value::Object(map)) => (names.contains(&key), map.get(&key)),
+            _ => (names.contains(&key), None),
+        };
+        out.push('/');
+        out.push_str(if shown { segment } else { "*" });
+        at = next;
+    }
+    out
 }
 
 /// The JSON of an answer: the whole text, else the first fenced block that parses, else the
@@ -156,51 +233,152 @@ pub fn extract_json(text: &str) -> Option<Value> {
         })
 }
 
-/// How deep `$ref`s and combinators are followed (a cycle of references stops there).
+/// How long a chain of `$ref`s and combinators is followed for one value.
 const MAX_DEPTH: usize = 32;
 
-/// Where a schema's local `$ref` points (`#`, or a JSON pointer `#/...` into the root
-/// document; a reference to another document is not fetched: `None`).
-fn target<'a>(root: &'a Value, schema: &Value) -> Option<&'a Value> {
-    match schema.get("$ref").and_then(Value::as_str)? {
-        "#" => Some(root),
-        r => r
-            .strip_prefix('#')
-            .and_then(|pointer| root.pointer(pointer)),
+/// How deep into an answer the repairer and the masker go: serde_json's own nesting limit,
+/// so that no answer it parses is deeper. Past it, the masker keeps no key.
+const MAX_NESTING: usize = 128;
+
+/// The schema's resources, as the validator sees them: the root based at its `$id` (else
+/// `json-schema:///`), every embedded `$id` and anchor indexed. Nothing is fetched.
+struct SchemaRefs {
+    registry: Registry<'static>,
+    base: referencing::Uri<String>,
+}
+
+impl SchemaRefs {
+    fn new(schema: &Value) -> Result<Self, String> {
+        let draft = Draft::default().detect(schema);
+        let base = match draft.create_resource_ref(schema).id() {
+            Some(id) => referencing::uri::from_str(id),
+            None => referencing::uri::from_str("json-schema:///"),
+        }
+        .map_err(|e| e.to_string())?;
+        let registry = Registry::new()
+            .draft(draft)
+            .add(base.as_str(), schema.clone())
+            .and_then(referencing::RegistryBuilder::prepare)
+            .map_err(|e| e.to_string())?;
+        let refs = Self { registry, base };
+        if refs.root().is_none() {
+            return Err("the schema's root cannot be resolved".into());
+        }
+        Ok(refs)
+    }
+
+    /// The root schema, where its references resolve.
+    fn root(&self) -> Option<At<'_>> {
+        let resolver = self.registry.resolver(self.base.clone());
+        At::of(resolver.lookup("#").ok()?)
     }
 }
 
-/// The facets of `schema` that all apply to a value: itself, what its local `$ref` points
-/// to, and its `allOf` members (each followed the same way). With `branches`, the members of
-/// `anyOf` and `oneOf` too: any of them may be the one the value matches.
-fn facets<'a>(root: &'a Value, schema: &'a Value, branches: bool, out: &mut Vec<&'a Value>) {
-    fn walk<'a>(
-        root: &'a Value,
-        schema: &'a Value,
-        branches: bool,
-        depth: usize,
-        out: &mut Vec<&'a Value>,
-    ) {
-        if depth > MAX_DEPTH || !schema.is_object() {
+/// A schema and the resolver of the resource it is in (its base URI).
+#[derive(Clone)]
+struct At<'r> {
+    schema: &'r Value,
+    resolver: Resolver<'r>,
+    draft: Draft,
+}
+
+impl<'r> At<'r> {
+    fn of(resolved: referencing::Resolved<'r>) -> Option<Self> {
+        let (schema, resolver, draft) = resolved.into_inner();
+        Some(Self {
+            schema,
+            resolver,
+            draft,
+        })
+    }
+
+    /// A subschema written inside this one (`properties/x`, `allOf/0`), based at its own
+    /// `$id` when it has one; `None` when that `$id` does not read.
+    fn sub(&self, schema: &'r Value) -> Option<Self> {
+        let draft = self.draft.detect(schema);
+        let resolver = self
+            .resolver
+            .in_subresource(draft.create_resource_ref(schema))
+            .ok()?;
+        Some(Self {
+            schema,
+            resolver,
+            draft,
+        })
+    }
+
+    /// Where this schema's `reference` points; `None` when it cannot be resolved here.
+    fn follow(&self, reference: &str) -> Option<Self> {
+        Self::of(self.resolver.lookup(reference).ok()?)
+    }
+
+    fn get(&self, key: &str) -> Option<&'r Value> {
+        self.schema.get(key)
+    }
+}
+
+/// The facets of `schemas` that apply to a value: each schema, what its `$ref` points to,
+/// and its `allOf` members (each followed the same way). With `branches`, also what may
+/// apply: the members of `anyOf` and `oneOf`, `if`/`then`/`else`, `dependentSchemas` (and
+/// the schemas of draft-7 `dependencies`). The flag says whether some part could not be
+/// followed: a reference that does not resolve, `$dynamicRef`/`$recursiveRef`, or a chain
+/// longer than [`MAX_DEPTH`].
+fn facets<'r>(schemas: &[At<'r>], branches: bool) -> (Vec<At<'r>>, bool) {
+    fn walk<'r>(at: At<'r>, branches: bool, depth: usize, out: &mut Vec<At<'r>>, lost: &mut bool) {
+        if depth > MAX_DEPTH {
+            *lost = true;
             return;
         }
-        out.push(schema);
-        if let Some(t) = target(root, schema) {
-            walk(root, t, branches, depth + 1, out);
+        // `true` and `false` declare nothing.
+        let Some(schema) = at.schema.as_object() else {
+            return;
+        };
+        if out.iter().any(|f| std::ptr::eq(f.schema, at.schema)) {
+            return;
         }
+        out.push(at.clone());
+        if let Some(reference) = schema.get("$ref") {
+            match reference.as_str().and_then(|r| at.follow(r)) {
+                Some(target) => walk(target, branches, depth + 1, out, lost),
+                None => *lost = true,
+            }
+        }
+        if schema.contains_key("$dynamicRef") || schema.contains_key("$recursiveRef") {
+            *lost = true;
+        }
+        let mut members: Vec<&'r Value> = Vec::new();
         let mut keys = vec!["allOf"];
         if branches {
             keys.extend(["anyOf", "oneOf"]);
         }
         for key in keys {
-            if let Some(Value::Array(members)) = schema.get(key) {
-                for m in members {
-                    walk(root, m, branches, depth + 1, out);
+            if let Some(Value::Array(list)) = at.get(key) {
+                members.extend(list);
+            }
+        }
+        if branches {
+            for key in ["if", "then", "else"] {
+                members.extend(at.get(key));
+            }
+            for key in ["dependentSchemas", "dependencies"] {
+                if let Some(Value::Object(map)) = at.get(key) {
+                    members.extend(map.values().filter(|v| v.is_object()));
                 }
             }
         }
+        for member in members {
+            match at.sub(member) {
+                Some(sub) => walk(sub, branches, depth + 1, out, lost),
+                None => *lost = true,
+            }
+        }
     }
-    walk(root, schema, branches, 0, out);
+    let mut out = Vec::new();
+    let mut lost = false;
+    for at in schemas {
+        walk(at.clone(), branches, 0, &mut out, &mut lost);
+    }
+    (out, lost)
 }
 
 /// The `type`s a schema allows (one, or a list), empty when it does not say.
@@ -212,20 +390,23 @@ fn types(schema: &Value) -> Vec<&str> {
     }
 }
 
-/// Defaults and coercions the schema allows, in place. `root` is the whole schema, where
-/// local `$ref`s point; what every value must be (`$ref`, `allOf`) is followed, not the
-/// alternatives of `anyOf`/`oneOf` (which one applies is not known before validation).
-pub fn repair(root: &Value, schema: &Value, value: &mut Value) {
-    repair_at(root, schema, value, 0);
+/// Defaults and coercions the schema allows, in place. What every value must be (`$ref`,
+/// `allOf`) is followed, not the alternatives of `anyOf`/`oneOf` (which one applies is not
+/// known before validation).
+pub fn repair(schema: &Value, value: &mut Value) -> Result<(), String> {
+    let refs = SchemaRefs::new(schema)?;
+    if let Some(root) = refs.root() {
+        repair_at(&root, value, 0);
+    }
+    Ok(())
 }
 
-fn repair_at(root: &Value, schema: &Value, value: &mut Value, depth: usize) {
-    if depth > MAX_DEPTH {
+fn repair_at(at: &At<'_>, value: &mut Value, depth: usize) {
+    if depth > MAX_NESTING {
         return;
     }
-    let mut all = Vec::new();
-    facets(root, schema, false, &mut all);
-    if let Some(allowed) = all.iter().map(|f| types(f)).find(|t| !t.is_empty())
+    let (all, _) = facets(std::slice::from_ref(at), false);
+    if let Some(allowed) = all.iter().map(|f| types(f.schema)).find(|t| !t.is_empty())
         && !allowed.iter().any(|t| fits(t, value))
         && let Some(coerced) = allowed.iter().find_map(|t| coerce(t, value))
     {
@@ -238,11 +419,13 @@ fn repair_at(root: &Value, schema: &Value, value: &mut Value, depth: usize) {
                     continue;
                 };
                 for (name, prop) in props {
+                    let Some(prop) = facet.sub(prop) else {
+                        continue;
+                    };
                     match map.get_mut(name) {
-                        Some(inner) => repair_at(root, prop, inner, depth + 1),
+                        Some(inner) => repair_at(&prop, inner, depth + 1),
                         None => {
-                            let mut of_prop = Vec::new();
-                            facets(root, prop, false, &mut of_prop);
+                            let (of_prop, _) = facets(std::slice::from_ref(&prop), false);
                             if let Some(default) = of_prop.iter().find_map(|f| f.get("default")) {
                                 map.insert(name.clone(), default.clone());
                             }
@@ -253,9 +436,13 @@ fn repair_at(root: &Value, schema: &Value, value: &mut Value, depth: usize) {
         }
         Value::Array(items) => {
             for facet in &all {
-                if let Some(item_schema) = facet.get("items").filter(|s| s.is_object()) {
+                if let Some(item_schema) = facet
+                    .get("items")
+                    .filter(|s| s.is_object())
+                    .and_then(|s| facet.sub(s))
+                {
                     for item in items.iter_mut() {
-                        repair_at(root, item_schema, item, depth + 1);
+                        repair_at(&item_schema, item, depth + 1);
                     }
                 }
             }
@@ -303,39 +490,63 @@ fn coerce(t: &str, v: &Value) -> Option<Value> {
 }
 
 /// Keeps only what the schema declares: an object's `properties` (and the keys its
-/// `patternProperties` match, and every key where `additionalProperties` is a schema or
-/// `true`), an array's `items` and `prefixItems`, recursively, following local `$ref`s and
-/// `allOf`/`anyOf`/`oneOf` (a key any of them declares is kept). An object schema that
-/// declares none of these keeps what it has. `root` is the whole schema.
-pub fn mask(root: &Value, schema: &Value, value: &mut Value) {
-    mask_at(root, &[schema], value, 0);
+/// `patternProperties` match, and every key where `additionalProperties` or
+/// `unevaluatedProperties` is a schema or `true`), an array's `items`, `prefixItems` and
+/// `additionalItems`, recursively, following `$ref`s, `allOf`/`anyOf`/`oneOf`,
+/// `if`/`then`/`else` and `dependentSchemas` (a key any of them declares is kept). An object
+/// schema that declares none of these keeps what it has, unless some part of the schema
+/// could not be followed (see [`facets`]): then, there and below, only what the followed
+/// parts declare is kept.
+pub fn mask(schema: &Value, value: &mut Value) -> Result<(), String> {
+    let refs = SchemaRefs::new(schema)?;
+    let root = refs.root().ok_or("the schema's root cannot be resolved")?;
+    mask_at(&[root], false, value, 0);
+    Ok(())
 }
 
-fn mask_at(root: &Value, schemas: &[&Value], value: &mut Value, depth: usize) {
-    if depth > MAX_DEPTH {
+/// Whether a facet says which keys an object may have.
+fn declares_keys(f: &At<'_>) -> bool {
+    [
+        "properties",
+        "patternProperties",
+        "additionalProperties",
+        "unevaluatedProperties",
+    ]
+    .iter()
+    .any(|k| f.get(k).is_some())
+}
+
+/// `closed`: a part of the schema above could not be followed, so nothing is kept for
+/// declaring nothing.
+fn mask_at(schemas: &[At<'_>], closed: bool, value: &mut Value, depth: usize) {
+    if depth > MAX_NESTING {
+        match value {
+            Value::Object(map) => map.clear(),
+            Value::Array(items) => items.retain(|v| !v.is_object() && !v.is_array()),
+            _ => {}
+        }
         return;
     }
-    let mut all = Vec::new();
-    for s in schemas {
-        facets(root, s, true, &mut all);
-    }
+    let (all, lost) = facets(schemas, true);
+    let closed = closed || lost;
     match value {
         Value::Object(map) => {
-            let declares = all.iter().any(|f| {
-                f.get("properties").is_some()
-                    || f.get("patternProperties").is_some()
-                    || f.get("additionalProperties").is_some()
-            });
+            let open = !closed && !all.iter().any(declares_keys);
+            if open {
+                return;
+            }
             let kept: Map<String, Value> = std::mem::take(map)
                 .into_iter()
                 .filter_map(|(k, mut v)| {
-                    let mut subs: Vec<&Value> = Vec::new();
-                    let mut open = !declares;
+                    let mut subs: Vec<At<'_>> = Vec::new();
+                    // A facet lets the key hold anything (`additionalProperties: true`).
+                    let mut any = false;
+                    // A declared schema of the key could not be read where it is.
+                    let mut lost = false;
                     for f in &all {
-                        let mut named = false;
+                        let mut named = Vec::new();
                         if let Some(prop) = f.get("properties").and_then(|p| p.get(&k)) {
-                            subs.push(prop);
-                            named = true;
+                            named.push(prop);
                         }
                         if let Some(Value::Object(patterns)) = f.get("patternProperties") {
                             for (pattern, sub) in patterns {
@@ -344,22 +555,33 @@ fn mask_at(root: &Value, schemas: &[&Value], value: &mut Value, depth: usize) {
                                     .and_then(|re| re.is_match(&k).ok())
                                     .unwrap_or(false)
                                 {
-                                    subs.push(sub);
-                                    named = true;
+                                    named.push(sub);
                                 }
                             }
                         }
-                        match f.get("additionalProperties") {
-                            Some(Value::Bool(true)) if !named => open = true,
-                            Some(extra @ Value::Object(_)) if !named => subs.push(extra),
-                            _ => {}
+                        if named.is_empty() {
+                            for key in ["additionalProperties", "unevaluatedProperties"] {
+                                match f.get(key) {
+                                    Some(Value::Bool(true)) => any = true,
+                                    Some(extra @ Value::Object(_)) => named.push(extra),
+                                    _ => {}
+                                }
+                            }
+                        }
+                        for sub in named {
+                            match f.sub(sub) {
+                                Some(at) => subs.push(at),
+                                None => lost = true,
+                            }
                         }
                     }
-                    if subs.is_empty() && !open {
+                    if subs.is_empty() && !any && !lost {
                         return None;
                     }
-                    if !open {
-                        mask_at(root, &subs, &mut v, depth + 1);
+                    // A key that may hold anything keeps it, unless a part of the schema
+                    // above was not followed.
+                    if !any || closed {
+                        mask_at(&subs, closed || lost, &mut v, depth + 1);
                     }
                     Some((k, v))
                 })
@@ -368,19 +590,30 @@ fn mask_at(root: &Value, schemas: &[&Value], value: &mut Value, depth: usize) {
         }
         Value::Array(items) => {
             for (n, item) in items.iter_mut().enumerate() {
-                let mut subs: Vec<&Value> = Vec::new();
+                let mut subs: Vec<At<'_>> = Vec::new();
+                let mut lost = false;
                 for f in &all {
                     let prefix = f.get("prefixItems").and_then(Value::as_array);
-                    match (prefix.and_then(|p| p.get(n)), f.get("items")) {
-                        (Some(positional), _) => subs.push(positional),
-                        // Drafts before 2020-12: `items` as a list is positional.
-                        (None, Some(Value::Array(tuple))) => subs.extend(tuple.get(n)),
-                        (None, Some(each @ Value::Object(_))) => subs.push(each),
-                        _ => {}
+                    let positional = match (prefix.and_then(|p| p.get(n)), f.get("items")) {
+                        (Some(positional), _) => Some(positional),
+                        // Drafts before 2020-12: `items` as a list is positional, and
+                        // `additionalItems` is for the items after it.
+                        (None, Some(Value::Array(tuple))) => tuple
+                            .get(n)
+                            .or_else(|| f.get("additionalItems").filter(|s| s.is_object())),
+                        (None, Some(each @ Value::Object(_))) => Some(each),
+                        _ => None,
+                    };
+                    let extra = f.get("unevaluatedItems").filter(|s| s.is_object());
+                    for sub in positional.into_iter().chain(extra) {
+                        match f.sub(sub) {
+                            Some(at) => subs.push(at),
+                            None => lost = true,
+                        }
                     }
                 }
-                if !subs.is_empty() {
-                    mask_at(root, &subs, item, depth + 1);
+                if !subs.is_empty() || closed || lost {
+                    mask_at(&subs, closed || lost, item, depth + 1);
                 }
             }
         }
@@ -549,6 +782,202 @@ mod tests {
                 r#"{"v": 1, "kids": [{"v": 2, "kids": [], "x": 0}], "y": 0}"#
             ),
             Checked::Valid(json!({"v": 1, "kids": [{"v": 2, "kids": []}]}))
+        );
+    }
+
+    /// What the masker cannot follow does not open the answer: references are resolved the
+    /// way the validator resolves them (an `$anchor`, an absolute `$id`, a percent-encoded
+    /// pointer), properties under `if`/`then`/`else` are declared ones, and below a
+    /// `$dynamicRef` or `$recursiveRef` (not followed) only what other parts declare stays.
+    #[test]
+    fn masking_fails_closed_where_the_schema_is_not_followed() {
+        let secret = r#""ssn": "123-45-6789""#;
+        // `$ref` to an `$anchor`.
+        let anchored = json!({
+            "$defs": {"P": {"$anchor": "person", "type": "object",
+                "properties": {"name": {"type": "string"}}}},
+            "type": "object",
+            "properties": {"p": {"$ref": "#person"}}
+        });
+        assert_eq!(
+            checked(
+                anchored,
+                &format!(r#"{{"p": {{"name": "Ada", {secret}}}}}"#)
+            ),
+            Checked::Valid(json!({"p": {"name": "Ada"}}))
+        );
+        // A reference through an absolute `$id`, and one relative to an embedded `$id`.
+        let identified = json!({
+            "$id": "https://example.com/root.json",
+            "$defs": {
+                "P": {"$id": "https://example.com/person.json", "type": "object",
+                    "properties": {"name": {"type": "string"}}},
+                "Q": {"$id": "q.json", "type": "object", "properties": {"q": {"type": "integer"}}}
+            },
+            "type": "object",
+            "properties": {
+                "p": {"$ref": "https://example.com/person.json"},
+                "r": {"$ref": "https://example.com/root.json#/$defs/P"},
+                "q": {"$ref": "q.json"}
+            }
+        });
+        assert_eq!(
+            checked(
+                identified,
+                &format!(
+                    r#"{{"p": {{"name": "A", {secret}}}, "r": {{"name": "B", {secret}}}, "q": {{"q": 1, {secret}}}}}"#
+                )
+            ),
+            Checked::Valid(json!({"p": {"name": "A"}, "r": {"name": "B"}, "q": {"q": 1}}))
+        );
+        // A percent-encoded pointer (and an escaped one).
+        let encoded = json!({
+            "$defs": {"a person": {"type": "object", "properties": {"name": {"type": "string"}}},
+                      "a/b": {"type": "object", "properties": {"x": {"type": "integer"}}}},
+            "type": "object",
+            "properties": {"p": {"$ref": "#/$defs/a%20person"}, "o": {"$ref": "#/$defs/a~1b"}}
+        });
+        assert_eq!(
+            checked(
+                encoded,
+                &format!(r#"{{"p": {{"name": "Ada", {secret}}}, "o": {{"x": 1, {secret}}}}}"#)
+            ),
+            Checked::Valid(json!({"p": {"name": "Ada"}, "o": {"x": 1}}))
+        );
+        // Properties declared only under `if`/`then`/`else`.
+        let conditional = json!({
+            "type": "object",
+            "if": {"properties": {"kind": {"const": "a"}}, "required": ["kind"]},
+            "then": {"properties": {"a": {"type": "string"}}},
+            "else": {"properties": {"b": {"type": "string"}}}
+        });
+        assert_eq!(
+            checked(
+                conditional,
+                &format!(r#"{{"kind": "a", "a": "x", {secret}}}"#)
+            ),
+            Checked::Valid(json!({"kind": "a", "a": "x"}))
+        );
+        // `$dynamicRef` is not followed: what it would declare is not kept.
+        let dynamic = json!({
+            "$defs": {"node": {"$dynamicAnchor": "node", "type": "object",
+                "properties": {"v": {"type": "integer"},
+                               "kids": {"type": "array", "items": {"$dynamicRef": "#node"}}}}},
+            "$ref": "#/$defs/node"
+        });
+        assert_eq!(
+            checked(
+                dynamic,
+                &format!(r#"{{"v": 1, "kids": [{{"v": 2, {secret}}}], {secret}}}"#)
+            ),
+            Checked::Valid(json!({"v": 1, "kids": [{}]}))
+        );
+        // Draft 2019-09's `$recursiveRef` the same.
+        let recursive = json!({
+            "$schema": "https://json-schema.org/draft/2019-09/schema",
+            "$recursiveAnchor": true,
+            "type": "object",
+            "properties": {"v": {"type": "integer"}, "kid": {"$recursiveRef": "#"}}
+        });
+        assert_eq!(
+            checked(
+                recursive,
+                &format!(r#"{{"v": 1, "kid": {{"v": 2, {secret}}}}}"#)
+            ),
+            Checked::Valid(json!({"v": 1, "kid": {}}))
+        );
+        // Draft 7's `items` list with `additionalItems` for the items after it.
+        let tuple = json!({
+            "$schema": "http://json-schema.org/draft-07/schema#",
+            "type": "array",
+            "items": [{"type": "object", "properties": {"x": {"type": "integer"}}}],
+            "additionalItems": {"type": "object", "properties": {"y": {"type": "integer"}}}
+        });
+        assert_eq!(
+            checked(
+                tuple,
+                &format!(r#"[{{"x": 1, {secret}}}, {{"y": 2, {secret}}}]"#)
+            ),
+            Checked::Valid(json!([{"x": 1}, {"y": 2}]))
+        );
+    }
+
+    /// A reference that does not resolve, and an answer nested deeper than the masker goes,
+    /// keep no undeclared key; a deep recursive tree within that is masked all the way down.
+    #[test]
+    fn unresolved_references_and_the_depth_limit_keep_nothing_undeclared() {
+        let schema = json!({
+            "type": "object",
+            "properties": {"name": {"type": "string"}, "p": {"$ref": "#/$defs/missing"}},
+            "allOf": [{"$ref": "#elsewhere"}]
+        });
+        let mut value = json!({"name": "Ada", "p": {"ssn": 1}, "ssn": 2});
+        mask(&schema, &mut value).unwrap();
+        assert_eq!(value, json!({"name": "Ada", "p": {}}));
+        let mut whole = json!({"ssn": 2, "n": [{"ssn": 3}, 4]});
+        mask(&json!({"$ref": "#/nowhere"}), &mut whole).unwrap();
+        assert_eq!(whole, json!({}));
+        let mut list = json!([{"ssn": 3}, 4, [{"ssn": 5}]]);
+        mask(
+            &json!({"type": "array", "items": {"$ref": "#/nowhere"}}),
+            &mut list,
+        )
+        .unwrap();
+        assert_eq!(list, json!([{}, 4, [{}]]));
+
+        let tree = json!({
+            "$defs": {"N": {"type": "object", "properties": {"kid": {"$ref": "#/$defs/N"}}}},
+            "$ref": "#/$defs/N"
+        });
+        let deep = |levels: usize| {
+            let mut v = json!({"ssn": "123-45-6789"});
+            for _ in 0..levels {
+                v = json!({"kid": v, "ssn": "123-45-6789"});
+            }
+            v
+        };
+        // Deeper than the old limit of 32, within serde_json's: masked all the way.
+        let Checked::Valid(masked) = checked(tree.clone(), &deep(60).to_string()) else {
+            panic!("valid")
+        };
+        assert!(!masked.to_string().contains("ssn"), "{masked}");
+        // Deeper than any answer that parses: past the limit, nothing is kept.
+        let mut deeper = deep(MAX_NESTING + 10);
+        mask(&tree, &mut deeper).unwrap();
+        assert!(!deeper.to_string().contains("ssn"));
+    }
+
+    /// The public problem paths show the schema's names and array indices, never a key the
+    /// answer made up (the model's text); the model still gets the path as it is.
+    #[test]
+    fn public_problem_paths_hide_the_answers_own_keys() {
+        let g = OutputGuard::compile(&OutputSpec {
+            schema: json!({
+                "type": "object",
+                "properties": {
+                    "scores": {"type": "object", "additionalProperties": {"type": "integer"}},
+                    "list": {"type": "array", "items": {
+                        "type": "object", "patternProperties": {"^x": {"type": "integer"}}
+                    }}
+                }
+            }),
+            on_failure: GuardrailAction::Reject,
+            max_retries: 2,
+        })
+        .unwrap();
+        let Checked::Invalid(problems) = g.check(
+            r#"{"scores": {"Ada Lovelace SSN 123-45-6789": "high"},
+                "list": [{"x1": 1}, {"x secret 42": "no"}]}"#,
+        ) else {
+            panic!("invalid")
+        };
+        let mut public: Vec<String> = problems.iter().map(Problem::public).collect();
+        public.sort();
+        assert_eq!(public, ["/list/1/*: type", "/scores/*: type"]);
+        let retry = retry_request(&problems, g.schema());
+        assert!(
+            retry.contains("/scores/Ada Lovelace SSN 123-45-6789"),
+            "{retry}"
         );
     }
 

@@ -921,6 +921,7 @@ mod tests {
                 text: "fixed".into(),
                 error: None,
                 duration_ms: 3,
+                validated: false,
             },
             said("fixed"),
             finished(TaskStatus::Ok, "fixed", 1, None),

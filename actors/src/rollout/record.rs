@@ -516,6 +516,7 @@ pub(super) fn headers_meta(event: &EventKind) -> RecordMeta {
             text,
             error,
             duration_ms,
+            ..
         } => RecordMeta {
             dispatch_id: Some(*dispatch_id),
             agent_id: Some(agent_id.clone()),

@@ -1,7 +1,8 @@
 //! An agent's output guardrail inside its task (A8): every answer without tool calls is
 //! checked ([`judge`]); an invalid one is asked for again with the errors (the exchange stays
 //! out of history and out of every event), at most `maxRetries` times; then the task fails
-//! with `guardrail_failed` or asks a human ([`exhausted`]). While a schema applies, nothing
+//! with `guardrail_failed` or asks a human ([`exhausted`]); so does a task that runs out of
+//! steps before a valid answer ([`out_of_steps`]). While a schema applies, nothing
 //! the model writes reaches anyone before it is validated: its chunks are held back (see
 //! `ChunkEvents`) and only the validated, masked JSON is the answer.
 
@@ -20,6 +21,8 @@ pub(super) struct Guarded {
     attempts: u32,
     /// The last invalid answer and the request to correct it: in the next prompt only.
     pub(super) retry: Vec<HistoryItem>,
+    /// What was wrong with the last invalid answer, as it may be told (`/age: type`).
+    problems: Vec<String>,
 }
 
 /// How a guardrail ended without a valid answer.
@@ -27,6 +30,7 @@ pub(super) struct Exhausted {
     agent_id: Option<String>,
     attempts: u32,
     problems: Vec<String>,
+    status: GuardrailStatus,
     action: GuardrailAction,
 }
 
@@ -57,6 +61,7 @@ pub(super) fn guard_of(
         agent_id: Some(own.id.clone()),
         attempts: 0,
         retry: Vec::new(),
+        problems: Vec::new(),
     }))
 }
 
@@ -102,9 +107,11 @@ pub(super) fn judge(ctx: &TaskContext, g: &mut Guarded, text: &str) -> Judged {
                     agent_id: g.agent_id.clone(),
                     attempts: g.attempts,
                     problems: public,
+                    status: GuardrailStatus::Exhausted,
                     action: g.guard.on_failure,
                 });
             }
+            g.problems.clone_from(&public);
             gmetrics::guardrail_retried();
             ctx.emit(EventKind::Warning {
                 code: WarningCode::GuardrailRetry,
@@ -123,7 +130,23 @@ pub(super) fn judge(ctx: &TaskContext, g: &mut Guarded, text: &str) -> Judged {
     }
 }
 
-/// The retries are spent: `guardrail_failed`, then the task fails or asks a human.
+/// The task ran out of steps without a valid answer (an invalid one was to be asked for
+/// again, or the model kept calling tools): it ends as when the retries are spent, never
+/// with an empty answer. The problems are the last invalid answer's, then `/: max_steps`.
+pub(super) fn out_of_steps(g: &Guarded) -> Exhausted {
+    let mut problems = g.problems.clone();
+    problems.push("/: max_steps".to_owned());
+    Exhausted {
+        agent_id: g.agent_id.clone(),
+        attempts: g.attempts,
+        problems,
+        status: GuardrailStatus::MaxSteps,
+        action: g.guard.on_failure,
+    }
+}
+
+/// The retries are spent (or the steps): `guardrail_failed`, then the task fails or asks a
+/// human.
 pub(super) fn exhausted(
     ctx: &TaskContext,
     mut loop_state: LoopState,
@@ -134,7 +157,7 @@ pub(super) fn exhausted(
         agent_id: end.agent_id.clone(),
         attempts: end.attempts,
         problems: end.problems.clone(),
-        status: GuardrailStatus::Exhausted,
+        status: end.status,
         action: end.action,
     });
     match end.action {
@@ -152,11 +175,17 @@ pub(super) fn exhausted(
             let who = end
                 .agent_id
                 .map_or_else(|| "The agent".to_owned(), |a| format!("Agent `{a}`"));
-            let question = format!(
-                "{who} could not give an answer that matches its output schema in {} attempts ({}). How should it go on?",
-                end.attempts,
-                end.problems.join("; ")
-            );
+            let question = match end.status {
+                GuardrailStatus::Exhausted => format!(
+                    "{who} could not give an answer that matches its output schema in {} attempts ({}). How should it go on?",
+                    end.attempts,
+                    end.problems.join("; ")
+                ),
+                GuardrailStatus::MaxSteps => format!(
+                    "{who} ran out of steps before an answer that matches its output schema ({}). How should it go on?",
+                    end.problems.join("; ")
+                ),
+            };
             ctx.emit(EventKind::AskHuman {
                 question: question.clone(),
             });

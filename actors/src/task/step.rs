@@ -91,11 +91,17 @@ pub(super) async fn model_step(
         step,
         fitted.estimate,
     );
+    // Under an output guardrail (A8) the step's messages are not recorded: its prompt may
+    // hold an invalid answer and the request to correct it, its output is not validated
+    // (nor masked) yet, and neither is in any stored record.
+    let messages = ctx.record_content && !prepared.hold_output;
     if ctx.record_content {
         span.record(
             "gen_ai.system_instructions",
             spans::system_instructions(request.instructions),
         );
+    }
+    if messages {
         span.record(
             "gen_ai.input.messages",
             spans::input_messages(request.prompt.iter()),
@@ -111,7 +117,7 @@ pub(super) async fn model_step(
         .await
         .inspect_err(|e| spans::record_error(&span, e))?;
     spans::record_response(&span, &response);
-    if ctx.record_content {
+    if messages {
         span.record("gen_ai.output.messages", spans::output_messages(&response));
     }
     Ok((response, fitted.estimate))

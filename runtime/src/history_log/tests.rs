@@ -1171,6 +1171,7 @@ fn dispatch_events(ev: &mut Events) -> Vec<EventEnvelope> {
                 text: "fixed".into(),
                 error: None,
                 duration_ms: 12,
+                validated: false,
             },
         ),
     ]

@@ -107,6 +107,10 @@ pub struct Record {
     /// Tool calls started and not finished: their name and arguments, by call id.
     #[serde(skip)]
     calls: HashMap<String, (String, serde_json::Value)>,
+    /// The answer of the run's last dispatch when an output schema validated it (A8): a
+    /// task that ends with that text sends it as data, never read as the reply form.
+    #[serde(skip)]
+    validated: Option<String>,
 }
 
 /// The text the current step of a task wrote so far, and what is done with it.
@@ -530,6 +534,7 @@ impl TaskBook {
                 reply_message: None,
                 step: Step::default(),
                 calls: HashMap::new(),
+                validated: None,
             },
         );
         self.touch_context(context_id, now_ms);
@@ -742,6 +747,15 @@ impl TaskBook {
             EventKind::TaskStarted { .. } => {
                 if let Some(r) = self.tasks.get_mut(&task_id) {
                     r.step = Step::default();
+                    r.validated = None;
+                }
+                Vec::new()
+            }
+            EventKind::DispatchResult {
+                text, validated, ..
+            } => {
+                if let Some(r) = self.tasks.get_mut(&task_id) {
+                    r.validated = validated.then(|| text.clone());
                 }
                 Vec::new()
             }
@@ -1188,7 +1202,8 @@ impl TaskBook {
     /// Ends a task (once: later reports of the same end are ignored). An `ok` end's answer
     /// takes the form it asks for ([`reply::answer_form`]): the answer artifact (text, data,
     /// files, links), a plain Message, a question to the client (the task then waits for
-    /// its reply instead of ending), or a rejection.
+    /// its reply instead of ending), or a rejection; an answer an output schema validated
+    /// (its dispatch said so) is always the data it is ([`reply::data_form`]).
     pub(super) fn complete(
         &mut self,
         task_id: &str,
@@ -1206,7 +1221,10 @@ impl TaskBook {
         rec.pending_approval = None;
         rec.pending_reply = None;
         rec.step = Step::default();
+        let validated = rec.validated.take().is_some_and(|v| v == text);
         let form = match status {
+            // An output schema's object is data, whatever its keys (`{"a2a": ...}` too).
+            TaskStatus::Ok if !text.is_empty() && validated => reply::data_form(text),
             TaskStatus::Ok if !text.is_empty() => reply::answer_form(text),
             TaskStatus::Cancelled => AnswerForm::Artifact(Vec::new()),
             _ if text.is_empty() => AnswerForm::Artifact(Vec::new()),

@@ -883,6 +883,57 @@ fn a_json_answer_is_a_data_part() {
     assert_eq!(events[1].state(), Some(TaskState::Completed));
 }
 
+/// An answer an agent's output schema validated is data, even when its only key is `a2a`
+/// (an open schema lets it be): it does not change the task's state. The same text from an
+/// agent without a schema is the reply form.
+#[test]
+fn a_validated_answer_is_data_whatever_its_keys() {
+    let form = r#"{"a2a":{"state":"rejected","text":"no"}}"#;
+    for validated in [true, false] {
+        let mut b = started_book();
+        let t = Some(troupe_task());
+        b.apply(&env(t, EventKind::TaskStarted { input: "hi".into() }), T0);
+        b.apply(
+            &env(
+                t,
+                EventKind::DispatchResult {
+                    dispatch_id: troupe_proto::DispatchId::new(),
+                    agent_id: "profiler".into(),
+                    provider_session_id: None,
+                    status: troupe_proto::agent::DispatchStatus::Ok,
+                    text: form.into(),
+                    error: None,
+                    duration_ms: 1,
+                    validated,
+                },
+            ),
+            T0,
+        );
+        let events: Vec<StreamEvent> = b
+            .apply(&env(t, finished(TaskStatus::Ok, form)), T0 + 1)
+            .events
+            .into_iter()
+            .map(|(_, e)| e)
+            .collect();
+        if validated {
+            let StreamEvent::Artifact(a) = &events[0] else {
+                panic!("the answer: {events:?}")
+            };
+            assert_eq!(
+                a.artifact.parts[0].content,
+                PartContent::Data(serde_json::from_str(form).unwrap())
+            );
+            assert_eq!(
+                a.artifact.parts[0].media_type.as_deref(),
+                Some("application/json")
+            );
+            assert_eq!(events[1].state(), Some(TaskState::Completed));
+        } else {
+            assert_eq!(events[0].state(), Some(TaskState::Rejected), "{events:?}");
+        }
+    }
+}
+
 #[test]
 fn a_message_reply_answers_without_a_task() {
     let mut b = started_book();

@@ -124,6 +124,20 @@ pub fn answer_form(text: &str) -> AnswerForm {
     }
 }
 
+/// An answer an output schema validated (A8): its object or array as a data part, never
+/// read as the reply form (a schema may let an answer be `{"a2a": ...}`); another JSON value
+/// as text.
+pub fn data_form(text: &str) -> AnswerForm {
+    match serde_json::from_str::<Value>(text.trim()) {
+        Ok(json) if json.is_object() || json.is_array() => {
+            let mut part = Part::data(json);
+            part.media_type = Some("application/json".into());
+            AnswerForm::Artifact(vec![part])
+        }
+        _ => AnswerForm::Artifact(vec![Part::text(text)]),
+    }
+}
+
 /// Whether a step's text, as it starts, may be JSON (a data answer or the reply form): it is
 /// then not streamed piece by piece but arrives whole at the task's end.
 pub fn held_back(start: &str) -> bool {

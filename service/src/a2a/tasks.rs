@@ -845,6 +845,8 @@ pub const fn relevant(kind: &EventKind) -> bool {
             | EventKind::ApprovalResolved { .. }
             | EventKind::TaskFinished { .. }
             | EventKind::TaskAborted { .. }
+            // Whether the answer an agent gave is one its output schema validated (A8).
+            | EventKind::DispatchResult { .. }
     )
 }
 

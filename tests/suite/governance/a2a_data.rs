@@ -16,7 +16,23 @@ impl Drop for Serving {
     }
 }
 
+fn profile() -> Value {
+    json!({
+        "type": "object",
+        "properties": {
+            "name": {"type": "string"},
+            "age": {"type": "integer", "minimum": 0},
+            "lang": {"type": "string", "default": "en"}
+        },
+        "required": ["name", "age"]
+    })
+}
+
 fn serve(dir: &Path, replies: Value) -> (Serving, String) {
+    serve_with(dir, profile(), replies)
+}
+
+fn serve_with(dir: &Path, schema: Value, replies: Value) -> (Serving, String) {
     std::fs::create_dir_all(dir.join("agents")).unwrap();
     std::fs::write(
         dir.join("agents/profiler.json"),
@@ -24,15 +40,7 @@ fn serve(dir: &Path, replies: Value) -> (Serving, String) {
             "id": "profiler",
             "role": "executor",
             "provider": {"type": "model", "instructions": "You answer with JSON."},
-            "output": {"schema": {
-                "type": "object",
-                "properties": {
-                    "name": {"type": "string"},
-                    "age": {"type": "integer", "minimum": 0},
-                    "lang": {"type": "string", "default": "en"}
-                },
-                "required": ["name", "age"]
-            }},
+            "output": {"schema": schema},
         })
         .to_string(),
     )
@@ -101,4 +109,40 @@ async fn an_a2a_client_gets_the_validated_object_as_a_data_part() {
     );
     assert_eq!(parts[0]["mediaType"], "application/json", "{sent}");
     assert!(!sent.to_string().contains("123-45-6789"), "{sent}");
+}
+
+/// Under a schema that lets any object through, an answer whose only key is `a2a` (A2A's
+/// reply form) is still the validated object: sent as data, it does not end the task
+/// rejected or ask the client a question.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_validated_answer_shaped_like_the_reply_form_is_still_data() {
+    let dir = tempfile::tempdir().unwrap();
+    let form = json!({"a2a": {"state": "rejected", "text": "no"}});
+    let (_serving, base) = serve_with(
+        dir.path(),
+        json!({"type": "object"}),
+        json!([{"text": form.to_string()}]),
+    );
+    let body = json!({
+        "jsonrpc": "2.0", "id": 1, "method": "SendMessage",
+        "params": {"message": {
+            "messageId": "m-1", "role": "ROLE_USER",
+            "parts": [{"text": "@profiler who wrote the first program?"}],
+        }},
+    });
+    let sent: Value = reqwest::Client::new()
+        .post(format!("{base}/a2a"))
+        .header("A2A-Version", "1.0")
+        .json(&body)
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    let task = &sent["result"]["task"];
+    assert_eq!(task["status"]["state"], "TASK_STATE_COMPLETED", "{sent}");
+    let parts = &task["artifacts"][0]["parts"];
+    assert_eq!(parts[0]["data"], form, "{sent}");
+    assert_eq!(parts[0]["mediaType"], "application/json", "{sent}");
 }

@@ -203,3 +203,42 @@ async fn when_configured_the_exhausted_guardrail_asks_a_human_instead() {
     )));
     assert!(!format!("{events:?}").contains(SECRET));
 }
+
+/// A guarded task that runs out of steps (an invalid answer still to be asked for again)
+/// does not answer its dispatcher with an empty "successful" text: it ends through the
+/// guardrail, `guardrail_failed` with `status = max_steps`, and fails as `onFailure` says.
+#[tokio::test]
+async fn running_out_of_steps_before_a_valid_answer_is_a_guardrail_failure() {
+    let team = Team::start_with(
+        vec![shaped(GuardrailAction::Reject)],
+        vec![invalid(), invalid(), ScriptedReply::text("never asked")],
+        crate::suite::agents::settings(troupe_actors::agents::RouterMode::Rules),
+        |c| c.conversation.task.max_steps = 2,
+    )
+    .await;
+    let reply = team.send("/hub profiler who is she?").await;
+    assert_eq!(reply.status, TaskStatus::Error, "{reply:?}");
+    assert!(
+        matches!(
+            &reply.error,
+            Some(AgentError::GuardrailFailed { attempts: 2, problems })
+                if problems == &["/age: type", "/: max_steps"]
+        ),
+        "{reply:?}"
+    );
+    assert_eq!(team.model.sent().len(), 2);
+    let events = team.events().await;
+    assert!(
+        events.iter().any(|e| matches!(
+            e,
+            EventKind::GuardrailFailed {
+                status: GuardrailStatus::MaxSteps,
+                action: GuardrailAction::Reject,
+                attempts: 2,
+                ..
+            }
+        )),
+        "{events:?}"
+    );
+    assert!(!format!("{events:?}").contains(SECRET));
+}

@@ -170,3 +170,96 @@ async fn a_dispatch_is_a_span_of_its_dispatcher_and_the_agents_task_links_to_it(
         );
     }
 }
+
+/// With `record_content`, a step whose answer an output guardrail holds back records no
+/// messages: the invalid answer, the request to correct it and the raw text of the valid
+/// one (with what masking drops) are in no span, as they are in no event or history.
+#[tokio::test]
+async fn content_is_not_recorded_on_a_step_held_for_the_guardrail() {
+    const SECRET: &str = "123-45-6789";
+    let traced = Traced::new();
+    let dir = tempfile::tempdir().unwrap();
+    let mut config = SessionConfig {
+        data_dir: dir.path().to_path_buf(),
+        ..SessionConfig::default()
+    };
+    config.conversation.record_content = true;
+    let mut profiler = agent("profiler", &[]);
+    profiler.output = Some(troupe_proto::agent::OutputSpec {
+        schema: serde_json::json!({
+            "type": "object",
+            "properties": {"name": {"type": "string"}, "age": {"type": "integer"}},
+            "required": ["name", "age"]
+        }),
+        on_failure: Default::default(),
+        max_retries: 2,
+    });
+    let catalog = AgentCatalog {
+        agents: [(profiler.id.clone(), profiler)].into_iter().collect(),
+        ..AgentCatalog::default()
+    };
+    let replies = vec![
+        ScriptedReply::text(format!(
+            r#"{{"name": "Ada", "age": "old", "ssn": "{SECRET}"}}"#
+        )),
+        ScriptedReply::text(format!(
+            r#"{{"name": "Ada", "age": 36, "ssn": "{SECRET}"}}"#
+        )),
+    ];
+    let ports = SessionPorts {
+        model: Arc::new(ScriptedModel::new(replies)),
+        mcp: None,
+        mcp_connector: None,
+        exec: None,
+        summarizer: Arc::new(troupe_actors::history::LocalSummarizer::default()),
+        tokens: Arc::new(troupe_actors::ports::ApproxTokens),
+        rollout_storage: None,
+        effects: troupe_actors::ports::Effects::Live,
+        agents: Some(AgentPorts {
+            catalog: Arc::new(catalog),
+            settings: AgentSettings {
+                router: RouterMode::Rules,
+                ..AgentSettings::default()
+            },
+            factories: Vec::new(),
+            models: Default::default(),
+            bindings: Arc::new(Bindings::default()),
+            live: None,
+        }),
+    };
+    let (session, join) = SessionHandle::start(SessionId::new(), config, ports)
+        .await
+        .unwrap();
+    let root = session.root().await.unwrap();
+    let reply = session
+        .message(root, "/hub profiler who is she?")
+        .await
+        .unwrap();
+    assert_eq!(reply.status, TaskStatus::Ok, "{reply:?}");
+    assert_eq!(
+        serde_json::from_str::<serde_json::Value>(&reply.text).unwrap(),
+        serde_json::json!({"name": "Ada", "age": 36})
+    );
+    session.shutdown().await.unwrap();
+    let _ = join.await;
+    let spans = traced.spans();
+    let chats = named(&spans, "chat scripted");
+    assert_eq!(chats.len(), 2, "{:#?}", names(&spans));
+    for chat in &chats {
+        // The operator's instructions may be recorded; the held messages are not.
+        assert!(attr(chat, "gen_ai.system_instructions").is_some());
+        assert_eq!(attr(chat, "gen_ai.input.messages"), None);
+        assert_eq!(attr(chat, "gen_ai.output.messages"), None);
+    }
+    for span in &spans {
+        for kv in &span.attributes {
+            let value = kv.value.to_string();
+            assert!(!value.contains(SECRET), "{}: {value}", kv.key);
+            assert!(
+                !value.contains("does not match the required JSON Schema"),
+                "{}: {value}",
+                kv.key
+            );
+        }
+    }
+}
