@@ -751,6 +751,7 @@ mod tests {
                 text: field("dispatch_text"),
                 error: Some(AgentError::internal(field("dispatch_error"))),
                 duration_ms: 5,
+                validated: false,
             },
             EventKind::PolicyRejected {
                 agent_id: "coder".into(),

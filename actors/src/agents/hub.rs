@@ -217,14 +217,13 @@ impl ViewSet {
 }
 
 impl AgentViews {
-    /// The views of `ports`' agents (a watched directory's definitions in force now, else
-    /// those read at start); `model` is the session's (a supervisor asking for another model
-    /// by name gets it from there).
-    pub fn new(ports: &AgentPorts, model: &Arc<dyn ModelClient>) -> Self {
-        let catalog = ports
-            .live
-            .as_ref()
-            .map_or_else(|| ports.catalog.clone(), |live| live.borrow().clone());
+    /// The views of `catalog`'s agents (the version the hub starts with too); `model` is the
+    /// session's (a supervisor asking for another model by name gets it from there).
+    pub fn new(
+        catalog: Arc<AgentCatalog>,
+        ports: &AgentPorts,
+        model: &Arc<dyn ModelClient>,
+    ) -> Self {
         let (set, _) = tokio::sync::watch::channel(Arc::new(ViewSet::of(catalog, ports, model)));
         Self { set }
     }
@@ -504,12 +503,9 @@ impl Actor for AgentHub {
         myself: ActorRef<Self::Msg>,
         args: AgentHubArgs,
     ) -> Result<Self::State, ActorProcessingErr> {
-        // A watched directory's definitions in force now, else those read at start.
-        let catalog = args
-            .ports
-            .live
-            .as_ref()
-            .map_or_else(|| args.ports.catalog.clone(), |live| live.borrow().clone());
+        // The version its views were made of: one read for both, so a reload between two
+        // reads cannot leave them apart.
+        let catalog = args.views.catalog();
         // Every stored binding of the session, its agent defined now or not: one that a reload
         // defines again resumes its binding.
         let stored = args.ports.bindings.bindings(Some(args.session_id)).await?;
@@ -1430,6 +1426,11 @@ impl AgentHubState {
     /// router. Files that did not load are reported once, as `config_rejected` warnings.
     fn reload(&mut self, catalog: Arc<AgentCatalog>) {
         if Arc::ptr_eq(&catalog, &self.catalog) || *catalog == *self.catalog {
+            // The tasks' views may have been made of an older version than the hub read (a
+            // reload between the two reads at the session's start): they follow.
+            if *self.views.catalog() != *catalog {
+                self.views.replace(catalog, &self.ports, &self.model);
+            }
             return;
         }
         for error in catalog

@@ -94,7 +94,14 @@ pub(super) async fn spawn_agent_hub(
     let Some(ports) = state.ports.agents.clone().filter(|p| !p.catalog.is_empty()) else {
         return Ok(None);
     };
+    // A watched directory's definitions in force now, else those read at start: read once,
+    // for the tasks' views and the hub alike.
+    let catalog = ports
+        .live
+        .as_ref()
+        .map_or_else(|| ports.catalog.clone(), |live| live.borrow().clone());
     let views = Arc::new(crate::agents::hub::AgentViews::new(
+        catalog,
         &ports,
         &state.ports.model,
     ));
