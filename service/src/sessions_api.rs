@@ -509,20 +509,8 @@ impl SessionsApi {
             peer: true,
             ..Default::default()
         };
-        let host = self.host(scope, session_id).await?;
-        let accepted = None;
-        let module = None;
-        host_call!(
-            host,
-            Send {
-                conversation_id,
-                text,
-                wait,
-                governance,
-                accepted,
-                module
-            }
-        )
+        self.send_governed(scope, session_id, conversation_id, text, wait, governance)
+            .await
     }
 
     /// Stores a user message and runs it; with `wait`, answers once it ended.
@@ -537,6 +525,19 @@ impl SessionsApi {
     ) -> Result<Sent, AgentError> {
         // The tokens stop here: what goes on are their digests.
         let governance = troupe_actors::governance::RequestGovernance::from(options);
+        self.send_governed(scope, session_id, conversation_id, text, wait, governance)
+            .await
+    }
+
+    async fn send_governed(
+        &self,
+        scope: Scope,
+        session_id: SessionId,
+        conversation_id: Option<ConversationId>,
+        text: String,
+        wait: bool,
+        governance: troupe_actors::governance::RequestGovernance,
+    ) -> Result<Sent, AgentError> {
         let host = self.host(scope, session_id).await?;
         let accepted = None;
         let module = None;
