@@ -61,8 +61,11 @@ pub struct ConsumeRequest {
     pub digests: Vec<String>,
     pub agent: Option<String>,
     pub tool: String,
-    /// [`tokens::args_text`] of the call.
-    pub args: String,
+    /// The command line of a shell call ([`tokens::shell_command_line`]): what a token's
+    /// `args` pattern is matched against (`None`: another tool, or a command not read).
+    pub command: Option<String>,
+    /// The call's arguments, whose fields a token's `fields` patterns name.
+    pub arguments: serde_json::Value,
 }
 
 /// The book's mailbox.
@@ -151,7 +154,8 @@ impl TokenBookState {
         let call = CallScope {
             agent: request.agent.as_deref(),
             tool: &request.tool,
-            args: &request.args,
+            command: request.command.as_deref(),
+            arguments: &request.arguments,
         };
         let mut refusals = Vec::new();
         for digest in &request.digests {
@@ -224,6 +228,7 @@ pub fn new_token(request: IssueToken, now_ms: u64) -> Result<(AuthToken, String)
             scope.tool
         )));
     }
+    tokens::validate_arguments(&scope).map_err(AgentError::invalid)?;
     if request.max_uses == 0 {
         return Err(AgentError::invalid("max_uses must be at least 1"));
     }

@@ -232,7 +232,8 @@ impl ApprovalStorePermissions {
             digests: governed.governance.authorization.clone(),
             agent: Some(self.agent_id.clone()),
             tool: call.tool.clone(),
-            args: call.args.clone(),
+            command: call.command.clone(),
+            arguments: call.arguments.clone(),
         };
         match consume(book, request).await {
             Ok(consumed) => {

@@ -39,13 +39,16 @@ pub fn qualified_tool(kind: Option<&str>) -> String {
     }
 }
 
-/// What a permission request's tool call is to troupe's policy: its qualified name, and the
-/// text a token's arguments pattern is matched against (a command's line, `bash -lc LINE`
-/// read as `LINE`; another tool's input as compact JSON).
+/// What a permission request's tool call is to troupe's policy: its qualified name, and what
+/// a token's argument patterns are matched against: a command's line (`bash -lc LINE` read
+/// as `LINE`) for a token's `args`, the call's input for its `fields`.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct GovernedCall {
     pub tool: String,
-    pub args: String,
+    /// The command line of a `shell` call (`None`: another tool).
+    pub command: Option<String>,
+    /// The call's `rawInput` (`null` without one).
+    pub arguments: Value,
 }
 
 /// The kind a tool call without one (or with `other`) stands for, read from its input: a
@@ -89,15 +92,13 @@ pub fn tool_of(kind: Option<&str>, raw_input: Option<&Value>) -> String {
 impl GovernedCall {
     pub fn of(request: &PermissionRequest) -> Self {
         let tool = tool_of(request.kind.as_deref(), request.raw_input.as_ref());
-        let args = if tool == "shell" {
-            command_line(&command_of(request))
-        } else {
-            request
-                .raw_input
-                .as_ref()
-                .map_or_else(|| "{}".to_owned(), Value::to_string)
-        };
-        Self { tool, args }
+        let command = (tool == "shell").then(|| command_line(&command_of(request)));
+        let arguments = request.raw_input.clone().unwrap_or(Value::Null);
+        Self {
+            tool,
+            command,
+            arguments,
+        }
     }
 }
 
@@ -282,22 +283,21 @@ mod tests {
             Some("execute"),
             Some(json!({"command": ["/bin/bash", "-lc", "git status"]})),
         ));
-        assert_eq!(
-            call,
-            GovernedCall {
-                tool: "shell".into(),
-                args: "git status".into()
-            }
-        );
+        assert_eq!(call.tool, "shell");
+        assert_eq!(call.command.as_deref(), Some("git status"));
         let argv = GovernedCall::of(&request(
             Some("execute"),
             Some(json!({"command": ["git", "status"]})),
         ));
-        assert_eq!(argv.args, "git status");
+        assert_eq!(argv.command.as_deref(), Some("git status"));
         let edit = GovernedCall::of(&request(Some("edit"), Some(json!({"path": "a"}))));
         assert_eq!(edit.tool, "apply_patch");
-        assert_eq!(edit.args, r#"{"path":"a"}"#);
-        assert_eq!(GovernedCall::of(&request(Some("read"), None)).args, "{}");
+        assert_eq!(edit.command, None);
+        assert_eq!(edit.arguments, json!({"path": "a"}));
+        assert_eq!(
+            GovernedCall::of(&request(Some("read"), None)).arguments,
+            Value::Null
+        );
     }
 
     #[test]

@@ -3,7 +3,7 @@
 //! one use is counted by the process's [`TokenBook`](crate::token_book) before it runs.
 
 use super::*;
-use crate::governance::tokens::args_text;
+use crate::governance::tokens::shell_command_line;
 use crate::token_book::{ConsumeRequest, consume};
 use troupe_proto::governance::{PolicyLayer, TokenRefusal};
 
@@ -38,7 +38,8 @@ pub(super) async fn authorize(
         digests: gov.authorization.clone(),
         agent: super::govern::agent_of(ctx).map(str::to_owned),
         tool: call.name.clone(),
-        args: args_text(call),
+        command: shell_command_line(call),
+        arguments: call.arguments.0.clone(),
     };
     match consume(book, request).await {
         Ok(consumed) => {

@@ -434,6 +434,9 @@ struct IssueForm {
     tool: String,
     #[serde(default)]
     args: String,
+    /// `NAME=PATTERN`, one a line.
+    #[serde(default)]
+    fields: String,
     ttl_secs: String,
     max_uses: String,
 }
@@ -452,11 +455,17 @@ impl IssueForm {
         let max_uses = u32::try_from(number("Uses", &self.max_uses)?)
             .map_err(|_| "Uses is too large".to_owned())?;
         let args = self.args.trim();
+        let mut fields = std::collections::BTreeMap::new();
+        for line in self.fields.lines().filter(|l| !l.trim().is_empty()) {
+            troupe_actors::governance::tokens::parse_field(&mut fields, line.trim())
+                .map_err(|e| format!("Argument patterns: {e}"))?;
+        }
         Ok(troupe_proto::governance::IssueToken {
             scope: troupe_proto::governance::TokenScope {
                 agent: self.agent.trim().to_owned(),
                 tool: self.tool.trim().to_owned(),
                 args: (!args.is_empty()).then(|| args.to_owned()),
+                fields,
             },
             ttl_secs,
             max_uses,

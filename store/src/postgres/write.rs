@@ -564,8 +564,8 @@ pub(super) async fn insert_token(
         tx,
         "insert token",
         "INSERT INTO auth_tokens (token_id, digest, agent, tool, args, issued_by, issued_ms,
-             expires_ms, max_uses, uses, revoked_ms)
-         VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11)
+             expires_ms, max_uses, uses, revoked_ms, arg_fields)
+         VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12)
          ON CONFLICT DO NOTHING",
         &[
             &t.id,
@@ -579,6 +579,7 @@ pub(super) async fn insert_token(
             &i64::from(t.max_uses),
             &i64::from(t.uses),
             &revoked_ms,
+            &crate::arg_fields_column(&t.scope.fields),
         ],
     )
     .await?;

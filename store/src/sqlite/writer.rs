@@ -276,8 +276,8 @@ pub(super) fn insert_token(
     }
     c.prepare_cached(
         "INSERT INTO auth_tokens (token_id, digest, agent, tool, args, issued_by, issued_ms,
-             expires_ms, max_uses, uses, revoked_ms)
-         VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11)",
+             expires_ms, max_uses, uses, revoked_ms, arg_fields)
+         VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12)",
     )
     .and_then(|mut st| {
         st.execute(params![
@@ -292,6 +292,7 @@ pub(super) fn insert_token(
             t.max_uses,
             t.uses,
             revoked_ms,
+            crate::arg_fields_column(&t.scope.fields),
         ])
     })
     .map_err(sql("insert token"))?;

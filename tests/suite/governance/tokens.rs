@@ -28,6 +28,7 @@ fn issue_for(
             agent: agent.into(),
             tool: tool.into(),
             args: args.map(str::to_owned),
+            fields: Default::default(),
         },
         ttl_secs,
         max_uses,
@@ -40,7 +41,8 @@ fn consume_for(secret: &str, agent: &str, tool: &str) -> ConsumeRequest {
         digests: vec![troupe_actors::governance::token_digest(secret)],
         agent: Some(agent.into()),
         tool: tool.into(),
-        args: "echo hi".into(),
+        command: (tool == "shell").then(|| "echo hi".to_owned()),
+        arguments: json!({"command": ["echo", "hi"]}),
     }
 }
 
@@ -94,8 +96,57 @@ async fn book_rules(store: Arc<dyn TokenStore>) {
         token_book::consume(&book, consume_for(&other.token, "x", "files__read")).await,
         Err(TokenRefusal::Revoked)
     );
+    // Another tool's arguments are scoped field by field: the right text elsewhere in them
+    // covers nothing.
+    let mut scoped = issue_for("*", "files__write", None, 60, 5);
+    scoped.scope.fields = [("path".to_owned(), "notes/*".to_owned())].into();
+    let scoped = token_book::issue(&book, scoped).await.unwrap();
+    let write = |arguments: serde_json::Value| ConsumeRequest {
+        arguments,
+        command: None,
+        ..consume_for(&scoped.token, "x", "files__write")
+    };
+    assert!(
+        token_book::consume(&book, write(json!({"path": "notes/a.md"})))
+            .await
+            .is_ok()
+    );
+    for outside in [
+        json!({"path": "/home/u/.bashrc", "x": {"path": "notes/"}}),
+        json!({"path": "notes/../../.bashrc"}),
+        json!({"content": "\"path\":\"notes/x"}),
+    ] {
+        assert_eq!(
+            token_book::consume(&book, write(outside.clone())).await,
+            Err(TokenRefusal::OutOfScope),
+            "{outside}"
+        );
+    }
+    // A token stored with a pattern over another tool's whole arguments (the old form) is
+    // refused for what it is, never read as covering any arguments.
+    let mut old = store
+        .token_by_digest(&troupe_actors::governance::token_digest(&scoped.token))
+        .await
+        .unwrap()
+        .unwrap();
+    old.id = "old".into();
+    old.digest = troupe_actors::governance::token_digest("tat_old");
+    old.scope.fields.clear();
+    old.scope.args = Some(r#"*"path":"notes/*"#.into());
+    store.insert_token(old).await.unwrap();
+    let old_call = ConsumeRequest {
+        arguments: json!({"path": "notes/a.md"}),
+        command: None,
+        ..consume_for("tat_old", "x", "files__write")
+    };
+    assert_eq!(
+        token_book::consume(&book, old_call).await,
+        Err(TokenRefusal::Obsolete)
+    );
     // Bad requests are refused with what is wrong.
     for bad in [
+        issue_for("*", "files__write", Some(r#"*"path":"notes/*"#), 60, 1),
+        issue_for("*", "*", Some("git status*"), 60, 1),
         issue_for("no spaces", "shell", None, 60, 1),
         issue_for("a", "shell", None, 60, 0),
         issue_for("a", "a b", None, 60, 1),
