@@ -515,3 +515,37 @@ async fn the_first_presented_token_that_covers_a_call_is_spent() {
     );
     assert_eq!(uses().await, (1, 1), "then a");
 }
+
+/// A call that cannot run (a tool nobody offered, a shell command that is not an array of
+/// strings) is refused before any token is used: only the call that runs spends one.
+#[tokio::test]
+async fn a_call_refused_for_its_name_or_arguments_spends_no_use() {
+    let mut coder = model_agent("coder", "You run commands.", &[]);
+    coder.tools = ToolRules {
+        authorization_required: vec!["*".into()],
+        ..ToolRules::default()
+    };
+    let (team, book) = team_with_book(
+        vec![coder],
+        vec![
+            ScriptedReply::tool("shell", json!({"command": "echo as a string"})),
+            ScriptedReply::tool("made_up", json!({})),
+            echo("ran"),
+            ScriptedReply::text("done"),
+        ],
+    )
+    .await;
+    let issued = token_book::issue(&book, issue_for("coder", "*", None, 600, 2))
+        .await
+        .unwrap();
+    assert_eq!(
+        send(&team, "/hub coder go", &[&issued.token]).await.text,
+        "done"
+    );
+    let outputs = shell_outputs(&team.events().await);
+    assert_eq!(outputs.len(), 2, "{outputs:?}");
+    assert!(outputs[0].contains("array of strings"), "{outputs:?}");
+    assert!(outputs[1].contains("ran"), "it ran: {outputs:?}");
+    let listed = token_book::list(&book).await.unwrap();
+    assert_eq!(listed[0].uses, 1, "only the call that ran used the token");
+}
