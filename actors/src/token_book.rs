@@ -20,7 +20,7 @@
 //! `unavailable`, nothing runs). The book's handle never fails on a message; should it stop,
 //! its callers see their call fail and every tool that needs a token is refused.
 
-use crate::clock::Clock;
+use crate::clock::WallClock;
 use crate::governance::{
     metrics, token_digest,
     tokens::{self, CallScope},
@@ -37,13 +37,14 @@ pub const MAX_TTL_SECS: u64 = 366 * 24 * 3600;
 /// Start-up arguments.
 pub struct TokenBookArgs {
     pub store: Arc<dyn TokenStore>,
-    pub clock: Clock,
+    /// The wall clock expiries are read on (not tokio's: a TTL is a date).
+    pub clock: WallClock,
 }
 
 /// The book's state: where tokens are kept.
 pub struct TokenBookState {
     store: Arc<dyn TokenStore>,
-    clock: Clock,
+    clock: WallClock,
 }
 
 /// A use counted: which token, and how many it has had of how many.
@@ -173,11 +174,14 @@ impl TokenBookState {
                         break;
                     }
                 };
-                if let Err(refusal) = tokens::check(&token, &call, self.clock.now_ms()) {
+                let now_ms = self.clock.now_ms();
+                if let Err(refusal) = tokens::check(&token, &call, now_ms) {
                     refusals.push(refusal);
                     break;
                 }
-                match self.store.use_token(&token.id, token.uses).await {
+                // The store counts it only if the token is still unspent, unrevoked and
+                // unexpired at `now_ms`, whatever another process did meanwhile.
+                match self.store.use_token(&token.id, token.uses, now_ms).await {
                     Ok(true) => {
                         let consumed = Consumed {
                             token_id: token.id,
@@ -258,18 +262,19 @@ pub fn new_token(request: IssueToken, now_ms: u64) -> Result<(AuthToken, String)
 /// A reference to a book.
 pub type TokenBookRef = ActorRef<TokenBookMsg>;
 
-/// Starts a book over `store`.
+/// Starts a book over `store`, on the system's wall clock.
 pub async fn spawn(store: Arc<dyn TokenStore>) -> Result<ActorRef<TokenBookMsg>, AgentError> {
-    let (book, _join) = Actor::spawn(
-        None,
-        TokenBook,
-        TokenBookArgs {
-            store,
-            clock: Clock::new(),
-        },
-    )
-    .await
-    .map_err(|e| AgentError::internal(format!("token book did not start: {e}")))?;
+    spawn_with_clock(store, WallClock::system()).await
+}
+
+/// Starts a book over `store` on `clock`.
+pub async fn spawn_with_clock(
+    store: Arc<dyn TokenStore>,
+    clock: WallClock,
+) -> Result<ActorRef<TokenBookMsg>, AgentError> {
+    let (book, _join) = Actor::spawn(None, TokenBook, TokenBookArgs { store, clock })
+        .await
+        .map_err(|e| AgentError::internal(format!("token book did not start: {e}")))?;
     Ok(book)
 }
 

@@ -2338,23 +2338,33 @@ async fn token_rules(store: &dyn Store) {
     );
     assert_eq!(store.token_by_digest("d1").await.unwrap(), Some(t.clone()));
     assert_eq!(store.token_by_digest("nope").await.unwrap(), None);
-    assert!(store.use_token("t1", 0).await.unwrap());
+    assert!(store.use_token("t1", 0, 100).await.unwrap());
     assert!(
-        !store.use_token("t1", 0).await.unwrap(),
+        !store.use_token("t1", 0, 100).await.unwrap(),
         "a stale count loses"
     );
-    assert!(store.use_token("t1", 1).await.unwrap());
+    assert!(store.use_token("t1", 1, 100).await.unwrap());
     assert!(
-        !store.use_token("t1", 2).await.unwrap(),
+        !store.use_token("t1", 2, 100).await.unwrap(),
         "never past max_uses"
     );
-    assert!(!store.use_token("none", 0).await.unwrap());
+    assert!(!store.use_token("none", 0, 100).await.unwrap());
+    // Expired at the time of the use: not counted, however the caller read it before.
+    store
+        .insert_token(auth_token("t4", "d4", 15))
+        .await
+        .unwrap();
+    assert!(
+        !store.use_token("t4", 0, 60_015).await.unwrap(),
+        "not at its expiry"
+    );
+    assert!(store.use_token("t4", 0, 60_014).await.unwrap());
     assert_eq!(store.token_by_digest("d1").await.unwrap().unwrap().uses, 2);
     let revoked = store.revoke_token("t2", 50).await.unwrap().unwrap();
     assert_eq!(revoked.revoked_ms, Some(50));
     let again = store.revoke_token("t2", 60).await.unwrap().unwrap();
     assert_eq!(again.revoked_ms, Some(50), "the first revocation stays");
-    assert!(!store.use_token("t2", 0).await.unwrap());
+    assert!(!store.use_token("t2", 0, 100).await.unwrap());
     assert_eq!(store.revoke_token("none", 1).await.unwrap(), None);
     let ids: Vec<String> = store
         .tokens()
@@ -2363,7 +2373,7 @@ async fn token_rules(store: &dyn Store) {
         .into_iter()
         .map(|t| t.id)
         .collect();
-    assert_eq!(ids, ["t2", "t1"]);
+    assert_eq!(ids, ["t2", "t4", "t1"]);
 }
 
 async fn tokens_follow_the_rules(backend: Kind) {
@@ -2382,7 +2392,7 @@ async fn token_uses_survive_a_reopen(backend: Kind) {
         .insert_token(auth_token("t1", "digest-of-secret", 1))
         .await
         .unwrap();
-    assert!(store.use_token("t1", 0).await.unwrap());
+    assert!(store.use_token("t1", 0, 100).await.unwrap());
     drop(store);
     let store = reopen(&dir).await;
     let t = store

@@ -8,6 +8,7 @@ use crate::suite::agents::{Extras, Team, model_agent};
 use serde_json::json;
 use std::sync::Arc;
 use std::time::Duration;
+use troupe_actors::clock::WallClock;
 use troupe_actors::token_book::{self, ConsumeRequest, TokenBookRef};
 use troupe_proto::agent::{AgentDefinition, PolicyReason, ToolRules};
 use troupe_proto::governance::{IssueToken, IssuedToken, MessageOptions, TokenRefusal, TokenScope};
@@ -179,9 +180,14 @@ async fn the_book_counts_each_use_once_in_sqlite() {
     .await;
 }
 
-#[tokio::test(start_paused = true)]
+#[tokio::test]
 async fn an_expired_token_is_refused() {
-    let book = token_book::spawn(Arc::new(MemoryStore::new()))
+    let now = Arc::new(std::sync::atomic::AtomicU64::new(1_000_000));
+    let clock = {
+        let now = now.clone();
+        WallClock::from_fn(move || now.load(std::sync::atomic::Ordering::SeqCst))
+    };
+    let book = token_book::spawn_with_clock(Arc::new(MemoryStore::new()), clock)
         .await
         .unwrap();
     let issued = token_book::issue(&book, issue_for("coder", "shell", None, 60, 5))
@@ -192,10 +198,35 @@ async fn an_expired_token_is_refused() {
             .await
             .is_ok()
     );
-    tokio::time::advance(Duration::from_secs(61)).await;
+    now.fetch_add(60_000, std::sync::atomic::Ordering::SeqCst);
     assert_eq!(
         token_book::consume(&book, consume_for(&issued.token, "coder", "shell")).await,
         Err(TokenRefusal::Expired)
+    );
+}
+
+/// A token's TTL is a date: the book reads the wall clock, not tokio's monotonic one (which
+/// stops while the machine is suspended, and here moves while the wall does not).
+#[tokio::test(start_paused = true)]
+async fn a_tokens_expiry_follows_the_wall_clock() {
+    let book = token_book::spawn(Arc::new(MemoryStore::new()))
+        .await
+        .unwrap();
+    let issued = token_book::issue(&book, issue_for("coder", "shell", None, 60, 5))
+        .await
+        .unwrap();
+    let wall = troupe_actors::clock::unix_now_ms();
+    assert!(
+        issued.info.expires_ms.abs_diff(wall + 60_000) < 5_000,
+        "{} vs {wall}",
+        issued.info.expires_ms
+    );
+    tokio::time::advance(Duration::from_secs(3600)).await;
+    assert!(
+        token_book::consume(&book, consume_for(&issued.token, "coder", "shell"))
+            .await
+            .is_ok(),
+        "an hour of tokio's time is not an hour of the wall's"
     );
 }
 
