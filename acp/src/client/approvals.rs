@@ -216,10 +216,11 @@ impl ApprovalStorePermissions {
         layer: PolicyLayer,
     ) -> Result<(), String> {
         let refused = |refusal: TokenRefusal| {
-            format!(
-                "tool `{}` needs an authorization token (the {layer} layer requires one): {}",
-                call.tool,
-                refusal.explain()
+            troupe_actors::governance::tokens::refusal_message(
+                &call.tool,
+                layer,
+                refusal,
+                call.command.as_deref(),
             )
         };
         if governed.governance.authorization.is_empty() {

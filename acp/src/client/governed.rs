@@ -19,6 +19,7 @@
 use crate::client::command_of;
 use crate::event::PermissionRequest;
 use serde_json::Value;
+use troupe_actors::governance::tokens::command_line;
 use troupe_actors::governance::{Denial, ToolPolicy, ToolVerdict};
 
 /// The troupe tool an ACP tool call of `kind` stands for: `execute` is `shell`; `edit`,
@@ -99,28 +100,6 @@ impl GovernedCall {
             command,
             arguments,
         }
-    }
-}
-
-/// The shells whose `-c` runs its argument as a script.
-const SHELLS: &[&str] = &["sh", "bash", "dash", "zsh", "ksh", "mksh", "ash"];
-
-/// A command's line: the script of `sh -c` / `bash -lc` (what the agent meant to run), else
-/// the words joined by spaces. Only a known shell with a flag cluster of single letters that
-/// holds `c` (`-c`, `-lc`, `-ec`) runs its argument as a script: `ssh -c ...` or `bash
-/// --norc file` do not (`bash --norc FILE` runs a file of that name).
-fn command_line(argv: &[String]) -> String {
-    let runs_script = |shell: &str, flag: &str| {
-        let name = shell.rsplit('/').next().unwrap_or(shell);
-        let letters = flag.strip_prefix('-').unwrap_or("");
-        SHELLS.contains(&name)
-            && !letters.is_empty()
-            && letters.chars().all(|c| c.is_ascii_alphabetic())
-            && letters.contains('c')
-    };
-    match argv {
-        [shell, flag, script] if runs_script(shell, flag) => script.clone(),
-        _ => argv.join(" "),
     }
 }
 
@@ -213,23 +192,6 @@ pub fn ungoverned(
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn only_a_shells_dash_c_is_read_as_a_script() {
-        let line =
-            |argv: &[&str]| command_line(&argv.iter().map(|s| (*s).to_owned()).collect::<Vec<_>>());
-        assert_eq!(line(&["bash", "-lc", "git status"]), "git status");
-        assert_eq!(line(&["/bin/sh", "-c", "ls"]), "ls");
-        assert_eq!(line(&["zsh", "-ec", "make"]), "make");
-        // Not a script: `--norc FILE` runs a file; ssh's `-c` names a cipher.
-        assert_eq!(
-            line(&["bash", "--norc", "git status"]),
-            "bash --norc git status"
-        );
-        assert_eq!(line(&["ssh", "-c", "aes128-ctr"]), "ssh -c aes128-ctr");
-        assert_eq!(line(&["bash", "-l", "script.sh"]), "bash -l script.sh");
-        assert_eq!(line(&["git", "status"]), "git status");
-    }
     use serde_json::json;
     use troupe_actors::governance::task_policy;
     use troupe_proto::agent::ToolRules;

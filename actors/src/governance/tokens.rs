@@ -143,15 +143,60 @@ pub fn parse_field(fields: &mut BTreeMap<String, String>, text: &str) -> Result<
 }
 
 /// The command line a token's `args` pattern is matched against, for a call of the shell
-/// tool: its argv joined by spaces (`None`: another tool, or a command that is not an array
-/// of strings).
+/// tool: its argv read by [`command_line`] (`None`: another tool, or a command that is not
+/// an array of strings).
 pub fn shell_command_line(call: &ToolCall) -> Option<String> {
     if call.name != crate::tools::SHELL {
         return None;
     }
     let argv = call.arguments.0.get("command")?.as_array()?;
-    let words: Option<Vec<&str>> = argv.iter().map(Value::as_str).collect();
-    Some(words?.join(" "))
+    let words: Option<Vec<String>> = argv.iter().map(|w| w.as_str().map(str::to_owned)).collect();
+    Some(command_line(&words?))
+}
+
+/// The shells whose `-c` runs its argument as a script.
+const SHELLS: &[&str] = &["sh", "bash", "dash", "zsh", "ksh", "mksh", "ash"];
+
+/// A command's line as token patterns read it, the same for troupe's shell tool and an ACP
+/// agent's command: the script of `sh -c` / `bash -lc` (what is meant to run: `["bash",
+/// "-lc", "git status"]` is `git status`), else the words joined by spaces. Only a known
+/// shell with a flag cluster of single letters that holds `c` (`-c`, `-lc`, `-ec`) runs its
+/// argument as a script: `ssh -c ...` or `bash --norc file` do not (`bash --norc FILE` runs
+/// a file of that name).
+pub fn command_line(argv: &[String]) -> String {
+    let runs_script = |shell: &str, flag: &str| {
+        let name = shell.rsplit('/').next().unwrap_or(shell);
+        let letters = flag.strip_prefix('-').unwrap_or("");
+        SHELLS.contains(&name)
+            && !letters.is_empty()
+            && letters.chars().all(|c| c.is_ascii_alphabetic())
+            && letters.contains('c')
+    };
+    match argv {
+        [shell, flag, script] if runs_script(shell, flag) => script.clone(),
+        _ => argv.join(" "),
+    }
+}
+
+/// Why a call of `tool` that needs a token (the `layer` requires one) did not get one, as
+/// the refusal says it: with the command line the token patterns were matched against, when
+/// none covered it.
+pub fn refusal_message(
+    tool: &str,
+    layer: troupe_proto::governance::PolicyLayer,
+    refusal: TokenRefusal,
+    command: Option<&str>,
+) -> String {
+    let why = format!(
+        "tool `{tool}` needs an authorization token (the {layer} layer requires one): {}",
+        refusal.explain()
+    );
+    match command {
+        Some(line) if refusal == TokenRefusal::OutOfScope => {
+            format!("{why} (the command line matched: {line:?})")
+        }
+        _ => why,
+    }
 }
 
 /// Of the refusals of every presented token, the one worth telling: a token that covered the
@@ -442,13 +487,56 @@ mod tests {
     }
 
     #[test]
-    fn a_shell_calls_command_line_is_its_argv() {
+    fn only_a_shells_dash_c_is_read_as_a_script() {
+        let line =
+            |argv: &[&str]| command_line(&argv.iter().map(|s| (*s).to_owned()).collect::<Vec<_>>());
+        assert_eq!(line(&["bash", "-lc", "git status"]), "git status");
+        assert_eq!(line(&["/bin/sh", "-c", "ls"]), "ls");
+        assert_eq!(line(&["zsh", "-ec", "make"]), "make");
+        // Not a script: `--norc FILE` runs a file; ssh's `-c` names a cipher.
+        assert_eq!(
+            line(&["bash", "--norc", "git status"]),
+            "bash --norc git status"
+        );
+        assert_eq!(line(&["ssh", "-c", "aes128-ctr"]), "ssh -c aes128-ctr");
+        assert_eq!(line(&["bash", "-l", "script.sh"]), "bash -l script.sh");
+        assert_eq!(line(&["git", "status"]), "git status");
+        assert_eq!(
+            line(&["bash", "-c", "git status", "extra"]),
+            "bash -c git status extra"
+        );
+    }
+
+    #[test]
+    fn a_shell_calls_command_line_is_read_as_a_shell_runs_it() {
         let c = ToolCall {
             call_id: "c".into(),
             name: "shell".into(),
             arguments: Json(json!({"command": ["git", "status", "-s"]})),
         };
         assert_eq!(shell_command_line(&c).as_deref(), Some("git status -s"));
+        // The script a shell runs is what a `git status*` token covers, and only as a
+        // command pattern covers a line: nothing chained to it.
+        let t = token("*", "shell", Some("git status*"));
+        for (argv, covered) in [
+            (json!(["bash", "-lc", "git status"]), true),
+            (json!(["/bin/sh", "-c", "git status -s"]), true),
+            (json!(["bash", "-lc", "git status; rm -rf ~"]), false),
+            (json!(["bash", "-lc", "git push"]), false),
+        ] {
+            let call = ToolCall {
+                arguments: Json(json!({ "command": argv })),
+                ..c.clone()
+            };
+            let line = shell_command_line(&call).unwrap();
+            let scope = CallScope {
+                agent: None,
+                tool: "shell",
+                command: Some(&line),
+                arguments: &call.arguments.0,
+            };
+            assert_eq!(check(&t, &scope, 0).is_ok(), covered, "{argv}");
+        }
         let malformed = ToolCall {
             arguments: Json(json!({"command": "git status"})),
             ..c.clone()
@@ -459,6 +547,30 @@ mod tests {
             ..c
         };
         assert_eq!(shell_command_line(&other), None);
+    }
+
+    #[test]
+    fn a_refusal_for_want_of_scope_names_the_command_line_it_matched() {
+        use troupe_proto::governance::PolicyLayer;
+        let out = refusal_message(
+            "shell",
+            PolicyLayer::Agent,
+            TokenRefusal::OutOfScope,
+            Some("git push"),
+        );
+        assert_eq!(
+            out,
+            "tool `shell` needs an authorization token (the agent layer requires one): no token presented covers this agent, tool and arguments (the command line matched: \"git push\")"
+        );
+        let missing = refusal_message(
+            "shell",
+            PolicyLayer::Agent,
+            TokenRefusal::Missing,
+            Some("git push"),
+        );
+        assert!(!missing.contains("git push"), "{missing}");
+        let other = refusal_message("x", PolicyLayer::Global, TokenRefusal::OutOfScope, None);
+        assert!(other.ends_with("tool and arguments"), "{other}");
     }
 
     #[test]

@@ -580,3 +580,40 @@ async fn a_call_refused_for_its_name_or_arguments_spends_no_use() {
     let listed = token_book::list(&book).await.unwrap();
     assert_eq!(listed[0].uses, 1, "only the call that ran used the token");
 }
+
+/// The shell tool's `bash -lc SCRIPT` is matched as the script it runs (as an ACP agent's
+/// command is): an `echo *` token covers `["bash", "-lc", "echo hi"]`, not a script that
+/// chains another command, and the refusal says which line it matched.
+#[tokio::test]
+async fn a_shell_script_is_covered_as_the_command_it_runs() {
+    let (team, book) = team_with_book(
+        vec![guarded(model_agent("coder", "You run commands.", &[]))],
+        vec![
+            ScriptedReply::tool("shell", json!({"command": ["bash", "-lc", "echo hi"]})),
+            ScriptedReply::tool(
+                "shell",
+                json!({"command": ["bash", "-lc", "echo hi; echo chained"]}),
+            ),
+            ScriptedReply::text("done"),
+        ],
+    )
+    .await;
+    let issued = token_book::issue(&book, issue_for("coder", "shell", Some("echo *"), 600, 5))
+        .await
+        .unwrap();
+    assert_eq!(
+        send(&team, "/hub coder go", &[&issued.token]).await.text,
+        "done"
+    );
+    let outputs = shell_outputs(&team.events().await);
+    assert_eq!(outputs.len(), 2, "{outputs:?}");
+    assert!(
+        outputs[0].contains("exit code 0\nhi"),
+        "it ran: {outputs:?}"
+    );
+    assert!(
+        outputs[1].contains(r#"(the command line matched: "echo hi; echo chained")"#),
+        "{outputs:?}"
+    );
+    assert_eq!(token_book::list(&book).await.unwrap()[0].uses, 1);
+}
