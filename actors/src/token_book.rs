@@ -9,7 +9,8 @@
 //!   ([`tokens::check`]). The first that does is counted in the store before the answer, so a
 //!   use is never given twice: the book handles one `Consume` at a time, and the store counts
 //!   by compare-and-set, so that a second process on the same store cannot count the same use
-//!   either. A refusal says why ([`TokenRefusal`]).
+//!   either (a use lost to it is read and decided again). A refusal says why
+//!   ([`TokenRefusal`]).
 //! - `Revoke`, `List`: for the people who issue them.
 //!
 //! Waiting for the store inside `handle` is deliberate here: `Consume`s must be counted one
@@ -33,6 +34,11 @@ use troupe_proto::governance::{AuthToken, IssueToken, IssuedToken, TokenInfo, To
 
 /// Longest TTL a token may have: a year.
 pub const MAX_TTL_SECS: u64 = 366 * 24 * 3600;
+
+/// How many times in a row a use may be lost to other processes counting the same token
+/// before the call is refused as `unavailable` (each loss is a use counted elsewhere, so a
+/// token is spent long before, unless the store misbehaves).
+const MAX_LOST_USES: u32 = 64;
 
 /// Start-up arguments.
 pub struct TokenBookArgs {
@@ -160,8 +166,11 @@ impl TokenBookState {
         };
         let mut refusals = Vec::new();
         for digest in &request.digests {
-            // A use another process counted meanwhile: read again, decide again (twice at most).
-            for _ in 0..2 {
+            // A use another process counted meanwhile: read again, decide again, until the
+            // use is counted or the token no longer covers the call (spent, expired,
+            // revoked: each loss brings the token closer to one of them).
+            let mut lost = 0;
+            loop {
                 let token = match self.store.token_by_digest(digest).await {
                     Ok(Some(token)) => token,
                     Ok(None) => {
@@ -191,7 +200,15 @@ impl TokenBookState {
                         metrics::token_used();
                         return Ok(consumed);
                     }
-                    Ok(false) => {}
+                    Ok(false) => {
+                        lost += 1;
+                        if lost >= MAX_LOST_USES {
+                            // A store that never counts what it reads as countable.
+                            tracing::warn!(token_id = %token.id, lost, "token use not counted: the store kept refusing it");
+                            refusals.push(TokenRefusal::Unavailable);
+                            break;
+                        }
+                    }
                     Err(error) => {
                         tracing::warn!(%error, "token store unavailable");
                         refusals.push(TokenRefusal::Unavailable);

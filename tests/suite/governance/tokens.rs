@@ -617,3 +617,86 @@ async fn a_shell_script_is_covered_as_the_command_it_runs() {
     );
     assert_eq!(token_book::list(&book).await.unwrap()[0].uses, 1);
 }
+
+/// A store where another process counts a use of the token just before this one does, the
+/// first `steals` times: this process's compare-and-set loses each of those.
+struct Contended {
+    inner: MemoryStore,
+    steals: std::sync::atomic::AtomicU32,
+}
+
+#[async_trait::async_trait]
+impl TokenStore for Contended {
+    async fn insert_token(
+        &self,
+        token: troupe_proto::governance::AuthToken,
+    ) -> Result<(), troupe_proto::AgentError> {
+        self.inner.insert_token(token).await
+    }
+
+    async fn token_by_digest(
+        &self,
+        digest: &str,
+    ) -> Result<Option<troupe_proto::governance::AuthToken>, troupe_proto::AgentError> {
+        self.inner.token_by_digest(digest).await
+    }
+
+    async fn use_token(
+        &self,
+        id: &str,
+        uses: u32,
+        now_ms: u64,
+    ) -> Result<bool, troupe_proto::AgentError> {
+        let steal = self
+            .steals
+            .fetch_update(
+                std::sync::atomic::Ordering::SeqCst,
+                std::sync::atomic::Ordering::SeqCst,
+                |n| n.checked_sub(1),
+            )
+            .is_ok();
+        if steal {
+            assert!(self.inner.use_token(id, uses, now_ms).await?);
+        }
+        self.inner.use_token(id, uses, now_ms).await
+    }
+
+    async fn revoke_token(
+        &self,
+        id: &str,
+        at_ms: u64,
+    ) -> Result<Option<troupe_proto::governance::AuthToken>, troupe_proto::AgentError> {
+        self.inner.revoke_token(id, at_ms).await
+    }
+
+    async fn tokens(
+        &self,
+    ) -> Result<Vec<troupe_proto::governance::AuthToken>, troupe_proto::AgentError> {
+        self.inner.tokens().await
+    }
+}
+
+/// Uses lost to another process on the same store are read and decided again: the call gets
+/// the next use, or is refused for what the token has become (spent), never as if no token
+/// had been presented; a store that keeps refusing makes it `unavailable`.
+#[tokio::test]
+async fn a_use_lost_to_another_process_is_decided_again() {
+    for (max_uses, steals, answer) in [
+        (5, 2, Ok(3)),
+        (2, 2, Err(TokenRefusal::Exhausted)),
+        (1_000, 1_000, Err(TokenRefusal::Unavailable)),
+    ] {
+        let store = Arc::new(Contended {
+            inner: MemoryStore::new(),
+            steals: steals.into(),
+        });
+        let book = token_book::spawn(store).await.unwrap();
+        let issued = token_book::issue(&book, issue_for("coder", "shell", None, 60, max_uses))
+            .await
+            .unwrap();
+        let got = token_book::consume(&book, consume_for(&issued.token, "coder", "shell"))
+            .await
+            .map(|consumed| consumed.uses);
+        assert_eq!(got, answer, "max_uses {max_uses}");
+    }
+}
