@@ -16,7 +16,7 @@
 //!   that runs though its request was refused. A call's kind and input are those of its
 //!   `tool_call` as its `tool_call_update`s change them.
 
-use crate::client::command_of;
+use crate::client::command_in_input;
 use crate::event::PermissionRequest;
 use serde_json::Value;
 use troupe_actors::governance::tokens::command_line;
@@ -46,7 +46,9 @@ pub fn qualified_tool(kind: Option<&str>) -> String {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct GovernedCall {
     pub tool: String,
-    /// The command line of a `shell` call (`None`: another tool).
+    /// The command line of a `shell` call, read from its input alone (`None`: another tool,
+    /// or an input that holds no command: the agent's free-text title is no command, and a
+    /// token with a command-line pattern does not cover the call).
     pub command: Option<String>,
     /// The call's `rawInput` (`null` without one).
     pub arguments: Value,
@@ -93,7 +95,10 @@ pub fn tool_of(kind: Option<&str>, raw_input: Option<&Value>) -> String {
 impl GovernedCall {
     pub fn of(request: &PermissionRequest) -> Self {
         let tool = tool_of(request.kind.as_deref(), request.raw_input.as_ref());
-        let command = (tool == "shell").then(|| command_line(&command_of(request)));
+        let command = (tool == "shell")
+            .then(|| command_in_input(request.raw_input.as_ref()))
+            .flatten()
+            .map(|argv| command_line(&argv));
         let arguments = request.raw_input.clone().unwrap_or(Value::Null);
         Self {
             tool,
@@ -260,6 +265,69 @@ mod tests {
             GovernedCall::of(&request(Some("read"), None)).arguments,
             Value::Null
         );
+        let line = GovernedCall::of(&request(Some("execute"), Some(json!({"cmd": "make"}))));
+        assert_eq!(line.command.as_deref(), Some("make"));
+    }
+
+    /// A command that cannot be read from the call's input is no command: the agent's title
+    /// (free text) is not matched against a token's command-line pattern, and no such token
+    /// covers the call.
+    #[test]
+    fn a_command_not_in_the_input_is_covered_by_no_command_pattern() {
+        use troupe_actors::governance::tokens::{CallScope, check};
+        use troupe_proto::governance::{AuthToken, TokenRefusal, TokenScope};
+        let token = |args: Option<&str>| AuthToken {
+            id: "t".into(),
+            digest: "d".into(),
+            scope: TokenScope {
+                agent: "*".into(),
+                tool: "shell".into(),
+                args: args.map(str::to_owned),
+                fields: Default::default(),
+            },
+            issued_by: "ann".into(),
+            issued_ms: 0,
+            expires_ms: 1_000,
+            max_uses: 1,
+            uses: 0,
+            revoked_ms: None,
+        };
+        let decide = |call: &GovernedCall, t: &AuthToken| {
+            check(
+                t,
+                &CallScope {
+                    agent: Some("codex"),
+                    tool: &call.tool,
+                    command: call.command.as_deref(),
+                    arguments: &call.arguments,
+                },
+                0,
+            )
+        };
+        // The title says `touch x`; the input holds no command it can read.
+        for input in [
+            None,
+            Some(json!({"command": ["touch", 5]})),
+            Some(json!({"cmd": {"line": "touch x"}})),
+        ] {
+            let mut asked = request(Some("execute"), input.clone());
+            asked.title = Some("touch x".into());
+            let call = GovernedCall::of(&asked);
+            assert_eq!(call.tool, "shell");
+            assert_eq!(call.command, None, "{input:?}");
+            assert_eq!(
+                decide(&call, &token(Some("touch *"))),
+                Err(TokenRefusal::OutOfScope),
+                "{input:?}"
+            );
+            // A token for any command still covers it.
+            assert_eq!(decide(&call, &token(None)), Ok(()));
+        }
+        let readable = GovernedCall::of(&request(
+            Some("execute"),
+            Some(json!({"command": ["touch", "x"]})),
+        ));
+        assert_eq!(decide(&readable, &token(Some("touch *"))), Ok(()));
     }
 
     #[test]
