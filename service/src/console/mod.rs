@@ -628,6 +628,24 @@ mod tests {
     use super::*;
 
     #[test]
+    fn the_issue_form_reads_one_argument_pattern_a_line() {
+        let form = |fields: &str| IssueForm {
+            agent: "*".into(),
+            tool: "files__write".into(),
+            args: String::new(),
+            fields: fields.into(),
+            ttl_secs: "60".into(),
+            max_uses: "1".into(),
+        };
+        let request = form("path=notes/*\r\n\n mode = a=b \n").request().unwrap();
+        assert_eq!(request.scope.args, None);
+        assert_eq!(request.scope.fields["path"], "notes/*");
+        assert_eq!(request.scope.fields["mode"], " a=b");
+        assert!(form("no pattern").request().is_err());
+        assert!(form("path=a\npath=b").request().is_err());
+    }
+
+    #[test]
     fn a_sign_in_goes_back_only_to_this_service() {
         assert_eq!(safe_next(Some("/sessions/abc")), "/sessions/abc");
         assert_eq!(safe_next(Some("/")), "/");
