@@ -193,7 +193,6 @@ impl ApprovalStorePermissions {
                 agent_id = %self.agent_id,
                 tool = %call.tool,
                 reason = reason.as_str(),
-                %message,
                 "ACP permission request refused by policy"
             );
             governed.events.emit(EventDraft::task(
