@@ -289,6 +289,30 @@ mod tests {
     use super::*;
 
     #[test]
+    fn a_token_request_carries_its_field_patterns() {
+        let request: IssueToken = serde_json::from_str(
+            r#"{"agent": "*", "tool": "files__write", "fields": {"path": "notes/*"},
+                "ttl_secs": 60, "max_uses": 1}"#,
+        )
+        .unwrap();
+        assert_eq!(request.scope.fields["path"], "notes/*");
+        assert_eq!(request.scope.args, None);
+        let info = serde_json::to_value(TokenInfo {
+            id: "t".into(),
+            scope: request.scope,
+            issued_by: "ann".into(),
+            issued_ms: 0,
+            expires_ms: 1,
+            max_uses: 1,
+            uses: 0,
+            revoked_ms: None,
+        })
+        .unwrap();
+        assert_eq!(info["fields"], serde_json::json!({"path": "notes/*"}));
+        assert!(info.get("args").is_none(), "{info}");
+    }
+
+    #[test]
     fn the_tools_section_parses_with_roles_and_names_a_bad_pattern() {
         let config: ToolPolicyConfig = toml::from_str(
             r#"
