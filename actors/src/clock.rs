@@ -17,6 +17,40 @@ pub fn unix_now_ms() -> u64 {
         .unwrap_or(0)
 }
 
+/// Unix milliseconds read from the system clock each time (or, in tests, from a function):
+/// for times that must follow the wall, such as a token's expiry, which a person set as a
+/// date, and which a clock derived from a monotonic one ([`Clock`]) would move past a
+/// suspend of the machine (the monotonic clock stops, the wall does not).
+#[derive(Clone, Default)]
+pub struct WallClock(Option<std::sync::Arc<dyn Fn() -> u64 + Send + Sync>>);
+
+impl WallClock {
+    /// The system clock.
+    pub fn system() -> Self {
+        Self(None)
+    }
+
+    /// A clock that reads `now` (tests).
+    pub fn from_fn(now: impl Fn() -> u64 + Send + Sync + 'static) -> Self {
+        Self(Some(std::sync::Arc::new(now)))
+    }
+
+    /// Unix milliseconds now.
+    pub fn now_ms(&self) -> u64 {
+        self.0.as_ref().map_or_else(unix_now_ms, |now| now())
+    }
+}
+
+impl std::fmt::Debug for WallClock {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(if self.0.is_some() {
+            "WallClock(test)"
+        } else {
+            "WallClock(system)"
+        })
+    }
+}
+
 /// A wall clock anchored on tokio's monotonic clock. Cheap to copy.
 #[derive(Debug, Clone, Copy)]
 pub struct Clock {

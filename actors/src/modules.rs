@@ -2,10 +2,10 @@
 //! (the service runs the gateways behind it), the `dispatch_module` tool, and the
 //! supervisor's `dispatch_module` routing decision.
 //!
-//! A dispatch is governed like a tool call: besides `dispatch_module` itself, the task's
-//! tool policy must allow `module__<id>` (so `deny = ["module__*"]` shuts every module out,
-//! `allow` can name the ones an agent may reach). The module's answer, or its timeout, is the
-//! observation.
+//! A dispatch is governed like a tool call, once, under the stricter of `dispatch_module` and
+//! the module's own name `module__<id>` ([`governed_name`]): so `deny = ["module__*"]` shuts
+//! every module out, `allow` can name the ones an agent may reach, and a dispatch uses one
+//! authorization token at most. The module's answer, or its timeout, is the observation.
 
 use async_trait::async_trait;
 use serde_json::{Value, json};
@@ -53,6 +53,18 @@ pub trait ModulePort: Send + Sync + std::fmt::Debug + 'static {
 /// The tool-policy name of a dispatch to `module`.
 pub fn policy_name(module: &str) -> String {
     format!("module__{module}")
+}
+
+/// The one name a call is governed by: for a `dispatch_module` call that names a module, the
+/// stricter of `dispatch_module` and `module__<id>`
+/// ([`stricter_name`](crate::governance::stricter_name)); any other call, its own name.
+pub fn governed_name(policy: &crate::governance::ToolPolicy, name: &str, args: &Value) -> String {
+    match parse_dispatch_module(args) {
+        Ok((module, _)) if name == DISPATCH_MODULE_TOOL => {
+            crate::governance::stricter_name(policy, name, policy_name(&module))
+        }
+        _ => name.to_owned(),
+    }
 }
 
 /// The `dispatch_module` tool, listing the modules in reach.
@@ -177,6 +189,48 @@ mod tests {
         assert_eq!(observation(&json!("done"), 64), "done");
         assert_eq!(observation(&json!({"ok": true}), 64), r#"{"ok":true}"#);
         assert_eq!(policy_name("notify"), "module__notify");
+    }
+
+    #[test]
+    fn a_dispatch_is_governed_once_under_the_stricter_name() {
+        use crate::governance::task_policy;
+        use troupe_proto::governance::ToolPolicyConfig;
+        let policy = |config: ToolPolicyConfig| task_policy(&config, None, None, None);
+        let call = json!({"module": "notify", "payload": "hi"});
+        // Both need a token: the module's name, so one token use covers the dispatch.
+        let both = policy(ToolPolicyConfig {
+            authorization_required: vec!["*".into()],
+            ..ToolPolicyConfig::default()
+        });
+        assert_eq!(
+            governed_name(&both, DISPATCH_MODULE_TOOL, &call),
+            "module__notify"
+        );
+        // Only the tool needs one: the tool's name.
+        let tool = policy(ToolPolicyConfig {
+            authorization_required: vec![DISPATCH_MODULE_TOOL.into()],
+            ..ToolPolicyConfig::default()
+        });
+        assert_eq!(
+            governed_name(&tool, DISPATCH_MODULE_TOOL, &call),
+            DISPATCH_MODULE_TOOL
+        );
+        // A denied module wins over the tool's token.
+        let denied = policy(ToolPolicyConfig {
+            blacklist: vec!["module__*".into()],
+            authorization_required: vec![DISPATCH_MODULE_TOOL.into()],
+            ..ToolPolicyConfig::default()
+        });
+        assert_eq!(
+            governed_name(&denied, DISPATCH_MODULE_TOOL, &call),
+            "module__notify"
+        );
+        // No module named, or another tool: its own name.
+        assert_eq!(
+            governed_name(&both, DISPATCH_MODULE_TOOL, &json!({})),
+            DISPATCH_MODULE_TOOL
+        );
+        assert_eq!(governed_name(&both, "shell", &call), "shell");
     }
 
     #[test]

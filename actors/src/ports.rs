@@ -573,8 +573,9 @@ pub trait TokenStore: Send + Sync + 'static {
     ) -> Result<Option<troupe_proto::governance::AuthToken>, AgentError>;
 
     /// Counts one use of token `id` if it has exactly `uses` so far (compare and set, so that
-    /// two processes on one store never both count the last use): `true` when counted.
-    async fn use_token(&self, id: &str, uses: u32) -> Result<bool, AgentError>;
+    /// two processes on one store never both count the last use), is not revoked and has
+    /// not expired at `now_ms` (wall time): `true` when counted.
+    async fn use_token(&self, id: &str, uses: u32, now_ms: u64) -> Result<bool, AgentError>;
 
     /// Revokes token `id` at `at_ms` (a revoked one keeps its first revocation); the token
     /// after it, `None` when there is no such token.

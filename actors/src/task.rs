@@ -1162,6 +1162,64 @@ mod tests {
         }
     }
 
+    /// What can be checked before a call runs is checked when it is routed, before any
+    /// authorization token is used for it.
+    #[test]
+    fn calls_of_the_wrong_shape_are_refused_when_routed() {
+        let tools = [
+            spec("update_plan"),
+            spec("srv__echo"),
+            spec("dispatch_agent"),
+            spec("dispatch_module"),
+        ];
+        let route =
+            |name: &str, args| route_tool(&call(name, args), &tools, ApprovalPolicy::Never, true);
+        for (name, args) in [
+            ("srv__echo", serde_json::json!([1])),
+            ("srv__echo", serde_json::json!("text")),
+            ("update_plan", serde_json::json!({"plan": "do it"})),
+            ("dispatch_agent", serde_json::json!({"agent_id": "coder"})),
+            ("dispatch_module", serde_json::json!({"payload": 1})),
+        ] {
+            assert!(
+                matches!(route(name, args.clone()), ToolRoute::Refuse(_)),
+                "{name} {args}"
+            );
+        }
+        assert_eq!(
+            route("srv__echo", serde_json::json!({})),
+            ToolRoute::External
+        );
+        assert_eq!(
+            route("srv__echo", serde_json::Value::Null),
+            ToolRoute::External
+        );
+        assert_eq!(
+            route(
+                "dispatch_agent",
+                serde_json::json!({"agent_id": "coder", "input": "hi"})
+            ),
+            ToolRoute::DispatchAgent {
+                agent_id: "coder".into(),
+                input: "hi".into()
+            }
+        );
+        assert_eq!(
+            route(
+                "dispatch_module",
+                serde_json::json!({"module": "notify", "payload": 1})
+            ),
+            ToolRoute::DispatchModule {
+                module: "notify".into(),
+                payload: serde_json::json!(1)
+            }
+        );
+        assert!(matches!(
+            route("update_plan", serde_json::json!({"plan": []})),
+            ToolRoute::Plan(_)
+        ));
+    }
+
     #[test]
     fn apply_patch_is_parsed_when_routed() {
         let tools = [spec("apply_patch")];

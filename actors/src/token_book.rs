@@ -9,7 +9,8 @@
 //!   ([`tokens::check`]). The first that does is counted in the store before the answer, so a
 //!   use is never given twice: the book handles one `Consume` at a time, and the store counts
 //!   by compare-and-set, so that a second process on the same store cannot count the same use
-//!   either. A refusal says why ([`TokenRefusal`]).
+//!   either (a use lost to it is read and decided again). A refusal says why
+//!   ([`TokenRefusal`]).
 //! - `Revoke`, `List`: for the people who issue them.
 //!
 //! Waiting for the store inside `handle` is deliberate here: `Consume`s must be counted one
@@ -20,7 +21,7 @@
 //! `unavailable`, nothing runs). The book's handle never fails on a message; should it stop,
 //! its callers see their call fail and every tool that needs a token is refused.
 
-use crate::clock::Clock;
+use crate::clock::WallClock;
 use crate::governance::{
     metrics, token_digest,
     tokens::{self, CallScope},
@@ -34,16 +35,22 @@ use troupe_proto::governance::{AuthToken, IssueToken, IssuedToken, TokenInfo, To
 /// Longest TTL a token may have: a year.
 pub const MAX_TTL_SECS: u64 = 366 * 24 * 3600;
 
+/// How many times in a row a use may be lost to other processes counting the same token
+/// before the call is refused as `unavailable` (each loss is a use counted elsewhere, so a
+/// token is spent long before, unless the store misbehaves).
+const MAX_LOST_USES: u32 = 64;
+
 /// Start-up arguments.
 pub struct TokenBookArgs {
     pub store: Arc<dyn TokenStore>,
-    pub clock: Clock,
+    /// The wall clock expiries are read on (not tokio's: a TTL is a date).
+    pub clock: WallClock,
 }
 
 /// The book's state: where tokens are kept.
 pub struct TokenBookState {
     store: Arc<dyn TokenStore>,
-    clock: Clock,
+    clock: WallClock,
 }
 
 /// A use counted: which token, and how many it has had of how many.
@@ -61,8 +68,11 @@ pub struct ConsumeRequest {
     pub digests: Vec<String>,
     pub agent: Option<String>,
     pub tool: String,
-    /// [`tokens::args_text`] of the call.
-    pub args: String,
+    /// The command line of a shell call ([`tokens::shell_command_line`]): what a token's
+    /// `args` pattern is matched against (`None`: another tool, or a command not read).
+    pub command: Option<String>,
+    /// The call's arguments, whose fields a token's `fields` patterns name.
+    pub arguments: serde_json::Value,
 }
 
 /// The book's mailbox.
@@ -151,12 +161,16 @@ impl TokenBookState {
         let call = CallScope {
             agent: request.agent.as_deref(),
             tool: &request.tool,
-            args: &request.args,
+            command: request.command.as_deref(),
+            arguments: &request.arguments,
         };
         let mut refusals = Vec::new();
         for digest in &request.digests {
-            // A use another process counted meanwhile: read again, decide again (twice at most).
-            for _ in 0..2 {
+            // A use another process counted meanwhile: read again, decide again, until the
+            // use is counted or the token no longer covers the call (spent, expired,
+            // revoked: each loss brings the token closer to one of them).
+            let mut lost = 0;
+            loop {
                 let token = match self.store.token_by_digest(digest).await {
                     Ok(Some(token)) => token,
                     Ok(None) => {
@@ -169,11 +183,14 @@ impl TokenBookState {
                         break;
                     }
                 };
-                if let Err(refusal) = tokens::check(&token, &call, self.clock.now_ms()) {
+                let now_ms = self.clock.now_ms();
+                if let Err(refusal) = tokens::check(&token, &call, now_ms) {
                     refusals.push(refusal);
                     break;
                 }
-                match self.store.use_token(&token.id, token.uses).await {
+                // The store counts it only if the token is still unspent, unrevoked and
+                // unexpired at `now_ms`, whatever another process did meanwhile.
+                match self.store.use_token(&token.id, token.uses, now_ms).await {
                     Ok(true) => {
                         let consumed = Consumed {
                             token_id: token.id,
@@ -183,7 +200,15 @@ impl TokenBookState {
                         metrics::token_used();
                         return Ok(consumed);
                     }
-                    Ok(false) => {}
+                    Ok(false) => {
+                        lost += 1;
+                        if lost >= MAX_LOST_USES {
+                            // A store that never counts what it reads as countable.
+                            tracing::warn!(token_id = %token.id, lost, "token use not counted: the store kept refusing it");
+                            refusals.push(TokenRefusal::Unavailable);
+                            break;
+                        }
+                    }
                     Err(error) => {
                         tracing::warn!(%error, "token store unavailable");
                         refusals.push(TokenRefusal::Unavailable);
@@ -224,6 +249,7 @@ pub fn new_token(request: IssueToken, now_ms: u64) -> Result<(AuthToken, String)
             scope.tool
         )));
     }
+    tokens::validate_arguments(&scope).map_err(AgentError::invalid)?;
     if request.max_uses == 0 {
         return Err(AgentError::invalid("max_uses must be at least 1"));
     }
@@ -253,18 +279,19 @@ pub fn new_token(request: IssueToken, now_ms: u64) -> Result<(AuthToken, String)
 /// A reference to a book.
 pub type TokenBookRef = ActorRef<TokenBookMsg>;
 
-/// Starts a book over `store`.
+/// Starts a book over `store`, on the system's wall clock.
 pub async fn spawn(store: Arc<dyn TokenStore>) -> Result<ActorRef<TokenBookMsg>, AgentError> {
-    let (book, _join) = Actor::spawn(
-        None,
-        TokenBook,
-        TokenBookArgs {
-            store,
-            clock: Clock::new(),
-        },
-    )
-    .await
-    .map_err(|e| AgentError::internal(format!("token book did not start: {e}")))?;
+    spawn_with_clock(store, WallClock::system()).await
+}
+
+/// Starts a book over `store` on `clock`.
+pub async fn spawn_with_clock(
+    store: Arc<dyn TokenStore>,
+    clock: WallClock,
+) -> Result<ActorRef<TokenBookMsg>, AgentError> {
+    let (book, _join) = Actor::spawn(None, TokenBook, TokenBookArgs { store, clock })
+        .await
+        .map_err(|e| AgentError::internal(format!("token book did not start: {e}")))?;
     Ok(book)
 }
 

@@ -5,6 +5,7 @@
 use std::io::Write;
 use std::path::PathBuf;
 use std::process::ExitCode;
+use troupe_actors::governance::tokens;
 use troupe_actors::token_book;
 use troupe_proto::governance::{IssueToken, TokenInfo, TokenScope};
 use troupe_runtime::config::TroupeConfig;
@@ -19,10 +20,14 @@ pub enum TokensCommand {
         /// The tool, a pattern (`shell`, `files__*`).
         #[arg(long)]
         tool: String,
-        /// Only calls whose arguments match this pattern (`*` any run of characters): a
-        /// shell call's command line, another tool's arguments as compact JSON.
+        /// For `--tool shell` only: only commands whose line matches this pattern (`git
+        /// status*`; a `*` takes none of `;&|` newline `` ` `` `$()<>`).
         #[arg(long)]
         args: Option<String>,
+        /// Only calls whose argument NAME matches PATTERN (`path=notes/*`: a string as it is,
+        /// another value as compact JSON). Repeatable: every one must match.
+        #[arg(long = "field", value_name = "NAME=PATTERN")]
+        fields: Vec<String>,
         /// How long it is valid (`30m`, `1h`, `7d`).
         #[arg(long, value_parser = humantime::parse_duration)]
         ttl: std::time::Duration,
@@ -70,16 +75,27 @@ pub async fn run(cmd: TokensCommand) -> anyhow::Result<ExitCode> {
             agent,
             tool,
             args,
+            fields,
             ttl,
             max_uses,
             by,
             json,
             place,
         } => {
+            let mut named = std::collections::BTreeMap::new();
+            for field in &fields {
+                tokens::parse_field(&mut named, field)
+                    .map_err(|e| anyhow::anyhow!("--field: {e}"))?;
+            }
             let book = open(&place).await?;
             let issued_by = by.or_else(|| std::env::var("USER").ok().map(|u| format!("cli:{u}")));
             let request = IssueToken {
-                scope: TokenScope { agent, tool, args },
+                scope: TokenScope {
+                    agent,
+                    tool,
+                    args,
+                    fields: named,
+                },
                 ttl_secs: ttl.as_secs().max(1),
                 max_uses,
                 issued_by,
@@ -140,6 +156,22 @@ fn date(ms: u64) -> String {
         .to_string()
 }
 
+/// A token's tool and argument patterns as the table shows them: `shell (git status*)`,
+/// `files__write (path=notes/*)`.
+fn scope_text(scope: &TokenScope) -> String {
+    let patterns: Vec<String> = scope
+        .args
+        .iter()
+        .cloned()
+        .chain(scope.fields.iter().map(|(k, v)| format!("{k}={v}")))
+        .collect();
+    if patterns.is_empty() {
+        scope.tool.clone()
+    } else {
+        format!("{} ({})", scope.tool, patterns.join(", "))
+    }
+}
+
 fn write_table(out: &mut impl Write, tokens: &[TokenInfo]) -> std::io::Result<()> {
     let now = troupe_actors::clock::unix_now_ms();
     let rows: Vec<[String; 6]> = tokens
@@ -154,10 +186,7 @@ fn write_table(out: &mut impl Write, tokens: &[TokenInfo]) -> std::io::Result<()
             [
                 t.id.clone(),
                 t.scope.agent.clone(),
-                match &t.scope.args {
-                    Some(args) => format!("{} ({args})", t.scope.tool),
-                    None => t.scope.tool.clone(),
-                },
+                scope_text(&t.scope),
                 format!("{}/{}", t.uses, t.max_uses),
                 date(t.expires_ms),
                 state.to_owned(),

@@ -149,19 +149,25 @@ pub struct AuthToken {
 }
 
 /// What a token allows: one agent (or `*`), one tool (a pattern), optionally only calls
-/// whose arguments match a pattern.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+/// whose arguments match patterns: a shell call's command line, and named arguments.
+#[derive(Debug, Clone, PartialEq, Eq, Default, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct TokenScope {
     /// The agent whose calls it authorizes; `*`: any, the session's own conversation too.
     pub agent: String,
     /// The tool, a pattern as in a policy (`shell`, `files__*`).
     pub tool: String,
-    /// A pattern (`*` matches any run of characters) the call's arguments must match: for
-    /// `shell` the command line (`git status*`), for other tools their arguments as compact
-    /// JSON. `None`: any arguments.
+    /// For tool `shell` only: a pattern (`*` matches any run of characters but those that
+    /// end or chain a command) the command line must match (`git status*`). `None`: any
+    /// command. A token for another tool with one is refused: a whole call's arguments are
+    /// scoped by [`fields`](Self::fields), never by one pattern over their JSON.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub args: Option<String>,
+    /// Patterns of named arguments (`{"path": "notes/*"}`): each names a top-level field of
+    /// the call's arguments, which must be there and whose value must match (a string as
+    /// it is, any other value as compact JSON). Empty: any arguments.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub fields: BTreeMap<String, String>,
 }
 
 /// `tokens.issue`: what a person asks for.
@@ -229,18 +235,22 @@ pub enum TokenRefusal {
     Revoked,
     /// It is for another agent, tool or arguments.
     OutOfScope,
+    /// It scopes another tool than `shell` by one pattern over the call's whole arguments
+    /// (as tokens once could): no longer honoured, never read as a wider scope.
+    Obsolete,
     /// The token book could not be asked.
     Unavailable,
 }
 
 impl TokenRefusal {
-    pub const ALL: [Self; 7] = [
+    pub const ALL: [Self; 8] = [
         Self::Missing,
         Self::Unknown,
         Self::Expired,
         Self::Exhausted,
         Self::Revoked,
         Self::OutOfScope,
+        Self::Obsolete,
         Self::Unavailable,
     ];
 
@@ -252,6 +262,7 @@ impl TokenRefusal {
             Self::Exhausted => "exhausted",
             Self::Revoked => "revoked",
             Self::OutOfScope => "out_of_scope",
+            Self::Obsolete => "obsolete",
             Self::Unavailable => "unavailable",
         }
     }
@@ -265,6 +276,9 @@ impl TokenRefusal {
             Self::Exhausted => "the token's uses are spent",
             Self::Revoked => "the token was revoked",
             Self::OutOfScope => "no token presented covers this agent, tool and arguments",
+            Self::Obsolete => {
+                "the token scopes a tool's arguments by one pattern over their whole JSON, which is no longer honoured: issue a new one that names the arguments (`--field NAME=PATTERN`)"
+            }
             Self::Unavailable => "the token book is unavailable",
         }
     }
@@ -273,6 +287,30 @@ impl TokenRefusal {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_token_request_carries_its_field_patterns() {
+        let request: IssueToken = serde_json::from_str(
+            r#"{"agent": "*", "tool": "files__write", "fields": {"path": "notes/*"},
+                "ttl_secs": 60, "max_uses": 1}"#,
+        )
+        .unwrap();
+        assert_eq!(request.scope.fields["path"], "notes/*");
+        assert_eq!(request.scope.args, None);
+        let info = serde_json::to_value(TokenInfo {
+            id: "t".into(),
+            scope: request.scope,
+            issued_by: "ann".into(),
+            issued_ms: 0,
+            expires_ms: 1,
+            max_uses: 1,
+            uses: 0,
+            revoked_ms: None,
+        })
+        .unwrap();
+        assert_eq!(info["fields"], serde_json::json!({"path": "notes/*"}));
+        assert!(info.get("args").is_none(), "{info}");
+    }
 
     #[test]
     fn the_tools_section_parses_with_roles_and_names_a_bad_pattern() {

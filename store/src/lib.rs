@@ -217,3 +217,19 @@ pub fn describe_metrics() {
     metrics::describe();
     ttl::metrics::describe();
 }
+
+/// A token's field patterns as the `arg_fields` column keeps them: a JSON object of name to
+/// pattern, `NULL` when it has none.
+fn arg_fields_column(fields: &std::collections::BTreeMap<String, String>) -> Option<String> {
+    (!fields.is_empty()).then(|| serde_json::json!(fields).to_string())
+}
+
+/// The field patterns of an `arg_fields` column.
+fn arg_fields_of(
+    column: Option<String>,
+) -> Result<std::collections::BTreeMap<String, String>, serde_json::Error> {
+    column.map_or_else(
+        || Ok(Default::default()),
+        |text| serde_json::from_str(&text),
+    )
+}

@@ -568,10 +568,15 @@ impl super::TokenStore for MemoryStore {
         self.with(|d| Ok(d.tokens.values().find(|t| t.digest == digest).cloned()))
     }
 
-    async fn use_token(&self, id: &str, uses: u32) -> Result<bool, AgentError> {
+    async fn use_token(&self, id: &str, uses: u32, now_ms: u64) -> Result<bool, AgentError> {
         self.with(|d| {
             Ok(match d.tokens.get_mut(id) {
-                Some(t) if t.uses == uses && uses < t.max_uses && t.revoked_ms.is_none() => {
+                Some(t)
+                    if t.uses == uses
+                        && uses < t.max_uses
+                        && t.revoked_ms.is_none()
+                        && now_ms < t.expires_ms =>
+                {
                     t.uses = uses.saturating_add(1);
                     true
                 }

@@ -13,7 +13,7 @@ use troupe_proto::AgentError;
 /// The schema version this build reads and writes.
 pub const VERSION: u32 = MIGRATIONS.len() as u32;
 
-const MIGRATIONS: [&str; 9] = [
+const MIGRATIONS: [&str; 10] = [
     V1_STORE,
     V2_ROLLOUT,
     V3_TTL_EXPIRY,
@@ -23,6 +23,7 @@ const MIGRATIONS: [&str; 9] = [
     V7_A2A,
     V8_AUTH_TOKENS,
     V9_A2A_TASK_EXPIRY,
+    V10_TOKEN_ARG_FIELDS,
 ];
 
 /// Sessions, conversations, messages and each project's current session (P1).
@@ -236,6 +237,12 @@ const V9_A2A_TASK_EXPIRY: &str = "
 ALTER TABLE a2a_tasks ADD COLUMN redacted TEXT;
 ALTER TABLE a2a_tasks ADD COLUMN expires_ms INTEGER;
 CREATE INDEX a2a_tasks_by_expiry ON a2a_tasks (expires_ms) WHERE expires_ms IS NOT NULL;
+";
+
+/// A5: a token's patterns of named arguments (a JSON object of name to pattern; `NULL`:
+/// none). `args` keeps the shell tool's command-line pattern.
+const V10_TOKEN_ARG_FIELDS: &str = "
+ALTER TABLE auth_tokens ADD COLUMN arg_fields TEXT;
 ";
 
 /// The schema version of the open database.

@@ -862,11 +862,11 @@ impl super::TokenStore for SqliteStore {
         .await
     }
 
-    async fn use_token(&self, id: &str, uses: u32) -> Result<bool, AgentError> {
+    async fn use_token(&self, id: &str, uses: u32, now_ms: u64) -> Result<bool, AgentError> {
         let span = tracing::debug_span!("store.use_token", token_id = id, uses);
         let id = id.to_owned();
         observed(Op::UseToken, span, async {
-            match self.write(WriteOp::UseToken { id, uses }).await? {
+            match self.write(WriteOp::UseToken { id, uses, now_ms }).await? {
                 WriteOutput::Flag(counted) => Ok(counted),
                 _ => Err(unexpected(Op::UseToken)),
             }

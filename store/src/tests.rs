@@ -1923,6 +1923,35 @@ async fn upgrade_from_version_5_adds_bindings_and_keeps_rows() {
 }
 
 #[tokio::test]
+async fn upgrade_from_version_9_keeps_tokens_as_they_were_issued() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = db_path(dir.path());
+    {
+        let mut conn = super::conn::open(&path, super::conn::Role::Writer).unwrap();
+        schema::migrate_to(&mut conn, 9).unwrap();
+        conn.execute_batch(
+            r#"INSERT INTO auth_tokens (token_id, digest, agent, tool, args, issued_by, issued_ms,
+                   expires_ms, max_uses, uses, revoked_ms)
+               VALUES ('old', 'd', '*', 'files__write', '*"path":"notes/*', 'ann', 1, 2, 1, 0, NULL);"#,
+        )
+        .unwrap();
+    }
+    let store = SqliteStore::open(&path).unwrap();
+    let old = store.token_by_digest("d").await.unwrap().unwrap();
+    // Its pattern is read as it was written (the token book refuses it: `obsolete`), with
+    // no field patterns.
+    assert_eq!(old.scope.args.as_deref(), Some(r#"*"path":"notes/*"#));
+    assert!(old.scope.fields.is_empty());
+    {
+        let conn = super::conn::open(&path, super::conn::Role::Writer).unwrap();
+        conn.execute("UPDATE auth_tokens SET arg_fields = '[1]'", [])
+            .unwrap();
+    }
+    let err = store.token_by_digest("d").await.unwrap_err();
+    assert!(err.to_string().contains("arg_fields"), "{err}");
+}
+
+#[tokio::test]
 async fn a_corrupt_binding_row_is_an_error_naming_it() {
     let (dir, store) = fresh_sqlite();
     let s = SessionId::new();
@@ -2273,6 +2302,7 @@ fn auth_token(id: &str, digest: &str, issued_ms: u64) -> troupe_proto::governanc
             agent: "coder".into(),
             tool: "shell".into(),
             args: Some("git status*".into()),
+            fields: Default::default(),
         },
         issued_by: "ann".into(),
         issued_ms,
@@ -2288,10 +2318,19 @@ fn auth_token(id: &str, digest: &str, issued_ms: u64) -> troupe_proto::governanc
 async fn token_rules(store: &dyn Store) {
     let t = auth_token("t1", "d1", 10);
     store.insert_token(t.clone()).await.unwrap();
-    store
-        .insert_token(auth_token("t2", "d2", 20))
-        .await
-        .unwrap();
+    // Field patterns are kept as issued.
+    let mut scoped = auth_token("t2", "d2", 20);
+    scoped.scope = troupe_proto::governance::TokenScope {
+        agent: "*".into(),
+        tool: "files__write".into(),
+        args: None,
+        fields: [("path", "notes/*"), ("mode", "\"a\"=*")]
+            .into_iter()
+            .map(|(k, v)| (k.to_owned(), v.to_owned()))
+            .collect(),
+    };
+    store.insert_token(scoped.clone()).await.unwrap();
+    assert_eq!(store.token_by_digest("d2").await.unwrap(), Some(scoped));
     assert_eq!(
         kind(store.insert_token(auth_token("t3", "d1", 30)).await),
         ErrorKind::InvalidInput,
@@ -2299,23 +2338,33 @@ async fn token_rules(store: &dyn Store) {
     );
     assert_eq!(store.token_by_digest("d1").await.unwrap(), Some(t.clone()));
     assert_eq!(store.token_by_digest("nope").await.unwrap(), None);
-    assert!(store.use_token("t1", 0).await.unwrap());
+    assert!(store.use_token("t1", 0, 100).await.unwrap());
     assert!(
-        !store.use_token("t1", 0).await.unwrap(),
+        !store.use_token("t1", 0, 100).await.unwrap(),
         "a stale count loses"
     );
-    assert!(store.use_token("t1", 1).await.unwrap());
+    assert!(store.use_token("t1", 1, 100).await.unwrap());
     assert!(
-        !store.use_token("t1", 2).await.unwrap(),
+        !store.use_token("t1", 2, 100).await.unwrap(),
         "never past max_uses"
     );
-    assert!(!store.use_token("none", 0).await.unwrap());
+    assert!(!store.use_token("none", 0, 100).await.unwrap());
+    // Expired at the time of the use: not counted, however the caller read it before.
+    store
+        .insert_token(auth_token("t4", "d4", 15))
+        .await
+        .unwrap();
+    assert!(
+        !store.use_token("t4", 0, 60_015).await.unwrap(),
+        "not at its expiry"
+    );
+    assert!(store.use_token("t4", 0, 60_014).await.unwrap());
     assert_eq!(store.token_by_digest("d1").await.unwrap().unwrap().uses, 2);
     let revoked = store.revoke_token("t2", 50).await.unwrap().unwrap();
     assert_eq!(revoked.revoked_ms, Some(50));
     let again = store.revoke_token("t2", 60).await.unwrap().unwrap();
     assert_eq!(again.revoked_ms, Some(50), "the first revocation stays");
-    assert!(!store.use_token("t2", 0).await.unwrap());
+    assert!(!store.use_token("t2", 0, 100).await.unwrap());
     assert_eq!(store.revoke_token("none", 1).await.unwrap(), None);
     let ids: Vec<String> = store
         .tokens()
@@ -2324,7 +2373,7 @@ async fn token_rules(store: &dyn Store) {
         .into_iter()
         .map(|t| t.id)
         .collect();
-    assert_eq!(ids, ["t2", "t1"]);
+    assert_eq!(ids, ["t2", "t4", "t1"]);
 }
 
 async fn tokens_follow_the_rules(backend: Kind) {
@@ -2343,7 +2392,7 @@ async fn token_uses_survive_a_reopen(backend: Kind) {
         .insert_token(auth_token("t1", "digest-of-secret", 1))
         .await
         .unwrap();
-    assert!(store.use_token("t1", 0).await.unwrap());
+    assert!(store.use_token("t1", 0, 100).await.unwrap());
     drop(store);
     let store = reopen(&dir).await;
     let t = store

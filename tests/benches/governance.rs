@@ -156,6 +156,7 @@ fn main() {
                         agent: "coder".into(),
                         tool: "shell".into(),
                         args: Some("git *".into()),
+                        fields: Default::default(),
                     },
                     ttl_secs: 3600,
                     max_uses: uses,
@@ -168,7 +169,8 @@ fn main() {
                 digests: vec![token_digest(&issued.token)],
                 agent: Some("coder".into()),
                 tool: "shell".into(),
-                args: "git status -s".into(),
+                command: Some("git status -s".into()),
+                arguments: serde_json::json!({"command": ["git", "status", "-s"]}),
             };
             let mut times = Vec::new();
             for _ in 0..uses {

@@ -81,9 +81,23 @@ impl std::fmt::Debug for ApprovalStorePermissions {
     }
 }
 
-/// The command a human approves for this request.
+/// The command a human approves for this request: the one its input holds
+/// ([`command_in_input`]), else its title (or its id), which tells the human what the agent
+/// says it would run.
 pub fn command_of(request: &PermissionRequest) -> Vec<String> {
-    let input = request.raw_input.as_ref();
+    command_in_input(request.raw_input.as_ref()).unwrap_or_else(|| {
+        vec![
+            request
+                .title
+                .clone()
+                .unwrap_or_else(|| request.tool_call_id.clone()),
+        ]
+    })
+}
+
+/// The command a tool call's `rawInput` holds: `command` as an array of strings, or
+/// `command`/`cmd` as one string (`None`: none that can be read).
+pub fn command_in_input(input: Option<&Value>) -> Option<Vec<String>> {
     let field = |name: &str| input.and_then(|v| v.get(name));
     if let Some(Value::Array(items)) = field("command") {
         let argv: Vec<String> = items
@@ -91,20 +105,15 @@ pub fn command_of(request: &PermissionRequest) -> Vec<String> {
             .filter_map(|v| v.as_str().map(str::to_owned))
             .collect();
         if !argv.is_empty() && argv.len() == items.len() {
-            return argv;
+            return Some(argv);
         }
     }
-    for name in ["command", "cmd"] {
-        if let Some(Value::String(line)) = field(name) {
-            return vec![line.clone()];
-        }
-    }
-    vec![
-        request
-            .title
-            .clone()
-            .unwrap_or_else(|| request.tool_call_id.clone()),
-    ]
+    ["command", "cmd"]
+        .into_iter()
+        .find_map(|name| match field(name) {
+            Some(Value::String(line)) => Some(vec![line.clone()]),
+            _ => None,
+        })
 }
 
 /// The agent's answer for the store's.
@@ -184,7 +193,6 @@ impl ApprovalStorePermissions {
                 agent_id = %self.agent_id,
                 tool = %call.tool,
                 reason = reason.as_str(),
-                %message,
                 "ACP permission request refused by policy"
             );
             governed.events.emit(EventDraft::task(
@@ -216,10 +224,11 @@ impl ApprovalStorePermissions {
         layer: PolicyLayer,
     ) -> Result<(), String> {
         let refused = |refusal: TokenRefusal| {
-            format!(
-                "tool `{}` needs an authorization token (the {layer} layer requires one): {}",
-                call.tool,
-                refusal.explain()
+            troupe_actors::governance::tokens::refusal_message(
+                &call.tool,
+                layer,
+                refusal,
+                call.command.as_deref(),
             )
         };
         if governed.governance.authorization.is_empty() {
@@ -232,7 +241,8 @@ impl ApprovalStorePermissions {
             digests: governed.governance.authorization.clone(),
             agent: Some(self.agent_id.clone()),
             tool: call.tool.clone(),
-            args: call.args.clone(),
+            command: call.command.clone(),
+            arguments: call.arguments.clone(),
         };
         match consume(book, request).await {
             Ok(consumed) => {

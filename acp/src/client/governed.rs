@@ -16,9 +16,10 @@
 //!   that runs though its request was refused. A call's kind and input are those of its
 //!   `tool_call` as its `tool_call_update`s change them.
 
-use crate::client::command_of;
+use crate::client::command_in_input;
 use crate::event::PermissionRequest;
 use serde_json::Value;
+use troupe_actors::governance::tokens::command_line;
 use troupe_actors::governance::{Denial, ToolPolicy, ToolVerdict};
 
 /// The troupe tool an ACP tool call of `kind` stands for: `execute` is `shell`; `edit`,
@@ -39,13 +40,18 @@ pub fn qualified_tool(kind: Option<&str>) -> String {
     }
 }
 
-/// What a permission request's tool call is to troupe's policy: its qualified name, and the
-/// text a token's arguments pattern is matched against (a command's line, `bash -lc LINE`
-/// read as `LINE`; another tool's input as compact JSON).
+/// What a permission request's tool call is to troupe's policy: its qualified name, and what
+/// a token's argument patterns are matched against: a command's line (`bash -lc LINE` read
+/// as `LINE`) for a token's `args`, the call's input for its `fields`.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct GovernedCall {
     pub tool: String,
-    pub args: String,
+    /// The command line of a `shell` call, read from its input alone (`None`: another tool,
+    /// or an input that holds no command: the agent's free-text title is no command, and a
+    /// token with a command-line pattern does not cover the call).
+    pub command: Option<String>,
+    /// The call's `rawInput` (`null` without one).
+    pub arguments: Value,
 }
 
 /// The kind a tool call without one (or with `other`) stands for, read from its input: a
@@ -89,37 +95,16 @@ pub fn tool_of(kind: Option<&str>, raw_input: Option<&Value>) -> String {
 impl GovernedCall {
     pub fn of(request: &PermissionRequest) -> Self {
         let tool = tool_of(request.kind.as_deref(), request.raw_input.as_ref());
-        let args = if tool == "shell" {
-            command_line(&command_of(request))
-        } else {
-            request
-                .raw_input
-                .as_ref()
-                .map_or_else(|| "{}".to_owned(), Value::to_string)
-        };
-        Self { tool, args }
-    }
-}
-
-/// The shells whose `-c` runs its argument as a script.
-const SHELLS: &[&str] = &["sh", "bash", "dash", "zsh", "ksh", "mksh", "ash"];
-
-/// A command's line: the script of `sh -c` / `bash -lc` (what the agent meant to run), else
-/// the words joined by spaces. Only a known shell with a flag cluster of single letters that
-/// holds `c` (`-c`, `-lc`, `-ec`) runs its argument as a script: `ssh -c ...` or `bash
-/// --norc file` do not (`bash --norc FILE` runs a file of that name).
-fn command_line(argv: &[String]) -> String {
-    let runs_script = |shell: &str, flag: &str| {
-        let name = shell.rsplit('/').next().unwrap_or(shell);
-        let letters = flag.strip_prefix('-').unwrap_or("");
-        SHELLS.contains(&name)
-            && !letters.is_empty()
-            && letters.chars().all(|c| c.is_ascii_alphabetic())
-            && letters.contains('c')
-    };
-    match argv {
-        [shell, flag, script] if runs_script(shell, flag) => script.clone(),
-        _ => argv.join(" "),
+        let command = (tool == "shell")
+            .then(|| command_in_input(request.raw_input.as_ref()))
+            .flatten()
+            .map(|argv| command_line(&argv));
+        let arguments = request.raw_input.clone().unwrap_or(Value::Null);
+        Self {
+            tool,
+            command,
+            arguments,
+        }
     }
 }
 
@@ -212,23 +197,6 @@ pub fn ungoverned(
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn only_a_shells_dash_c_is_read_as_a_script() {
-        let line =
-            |argv: &[&str]| command_line(&argv.iter().map(|s| (*s).to_owned()).collect::<Vec<_>>());
-        assert_eq!(line(&["bash", "-lc", "git status"]), "git status");
-        assert_eq!(line(&["/bin/sh", "-c", "ls"]), "ls");
-        assert_eq!(line(&["zsh", "-ec", "make"]), "make");
-        // Not a script: `--norc FILE` runs a file; ssh's `-c` names a cipher.
-        assert_eq!(
-            line(&["bash", "--norc", "git status"]),
-            "bash --norc git status"
-        );
-        assert_eq!(line(&["ssh", "-c", "aes128-ctr"]), "ssh -c aes128-ctr");
-        assert_eq!(line(&["bash", "-l", "script.sh"]), "bash -l script.sh");
-        assert_eq!(line(&["git", "status"]), "git status");
-    }
     use serde_json::json;
     use troupe_actors::governance::task_policy;
     use troupe_proto::agent::ToolRules;
@@ -282,22 +250,84 @@ mod tests {
             Some("execute"),
             Some(json!({"command": ["/bin/bash", "-lc", "git status"]})),
         ));
-        assert_eq!(
-            call,
-            GovernedCall {
-                tool: "shell".into(),
-                args: "git status".into()
-            }
-        );
+        assert_eq!(call.tool, "shell");
+        assert_eq!(call.command.as_deref(), Some("git status"));
         let argv = GovernedCall::of(&request(
             Some("execute"),
             Some(json!({"command": ["git", "status"]})),
         ));
-        assert_eq!(argv.args, "git status");
+        assert_eq!(argv.command.as_deref(), Some("git status"));
         let edit = GovernedCall::of(&request(Some("edit"), Some(json!({"path": "a"}))));
         assert_eq!(edit.tool, "apply_patch");
-        assert_eq!(edit.args, r#"{"path":"a"}"#);
-        assert_eq!(GovernedCall::of(&request(Some("read"), None)).args, "{}");
+        assert_eq!(edit.command, None);
+        assert_eq!(edit.arguments, json!({"path": "a"}));
+        assert_eq!(
+            GovernedCall::of(&request(Some("read"), None)).arguments,
+            Value::Null
+        );
+        let line = GovernedCall::of(&request(Some("execute"), Some(json!({"cmd": "make"}))));
+        assert_eq!(line.command.as_deref(), Some("make"));
+    }
+
+    /// A command that cannot be read from the call's input is no command: the agent's title
+    /// (free text) is not matched against a token's command-line pattern, and no such token
+    /// covers the call.
+    #[test]
+    fn a_command_not_in_the_input_is_covered_by_no_command_pattern() {
+        use troupe_actors::governance::tokens::{CallScope, check};
+        use troupe_proto::governance::{AuthToken, TokenRefusal, TokenScope};
+        let token = |args: Option<&str>| AuthToken {
+            id: "t".into(),
+            digest: "d".into(),
+            scope: TokenScope {
+                agent: "*".into(),
+                tool: "shell".into(),
+                args: args.map(str::to_owned),
+                fields: Default::default(),
+            },
+            issued_by: "ann".into(),
+            issued_ms: 0,
+            expires_ms: 1_000,
+            max_uses: 1,
+            uses: 0,
+            revoked_ms: None,
+        };
+        let decide = |call: &GovernedCall, t: &AuthToken| {
+            check(
+                t,
+                &CallScope {
+                    agent: Some("codex"),
+                    tool: &call.tool,
+                    command: call.command.as_deref(),
+                    arguments: &call.arguments,
+                },
+                0,
+            )
+        };
+        // The title says `touch x`; the input holds no command it can read.
+        for input in [
+            None,
+            Some(json!({"command": ["touch", 5]})),
+            Some(json!({"cmd": {"line": "touch x"}})),
+        ] {
+            let mut asked = request(Some("execute"), input.clone());
+            asked.title = Some("touch x".into());
+            let call = GovernedCall::of(&asked);
+            assert_eq!(call.tool, "shell");
+            assert_eq!(call.command, None, "{input:?}");
+            assert_eq!(
+                decide(&call, &token(Some("touch *"))),
+                Err(TokenRefusal::OutOfScope),
+                "{input:?}"
+            );
+            // A token for any command still covers it.
+            assert_eq!(decide(&call, &token(None)), Ok(()));
+        }
+        let readable = GovernedCall::of(&request(
+            Some("execute"),
+            Some(json!({"command": ["touch", "x"]})),
+        ));
+        assert_eq!(decide(&readable, &token(Some("touch *"))), Ok(()));
     }
 
     #[test]

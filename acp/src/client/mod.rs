@@ -39,7 +39,7 @@ mod restart;
 pub(crate) mod session;
 mod supervisor;
 
-pub use approvals::{ApprovalStorePermissions, Governed, command_of};
+pub use approvals::{ApprovalStorePermissions, Governed, command_in_input, command_of};
 pub use process::{AgentCommand, Stopped};
 pub use restart::RestartPolicy;
 

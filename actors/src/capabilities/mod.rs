@@ -18,7 +18,7 @@
 
 pub mod metrics;
 
-use crate::governance::{ToolPolicy, ToolVerdict};
+use crate::governance::ToolPolicy;
 use serde_json::{Value, json};
 use troupe_proto::capability::{Capability, CapabilityCatalog};
 use troupe_proto::{Json, ToolSpec};
@@ -59,21 +59,7 @@ pub fn governed_name(policy: &ToolPolicy, name: &str, args: &Value) -> String {
     let Some(id) = called_id(name, args) else {
         return name.to_owned();
     };
-    let qualified = qualified(&id);
-    let rank = |verdict: ToolVerdict| match verdict {
-        ToolVerdict::Denied(_) => 2,
-        ToolVerdict::Allowed {
-            authorization: Some(_),
-        } => 1,
-        ToolVerdict::Allowed {
-            authorization: None,
-        } => 0,
-    };
-    if rank(policy.decide(name)) > rank(policy.decide(&qualified)) {
-        name.to_owned()
-    } else {
-        qualified
-    }
+    crate::governance::stricter_name(policy, name, qualified(&id))
 }
 
 /// The capabilities `policy` lets a task use, by id.

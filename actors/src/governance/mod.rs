@@ -130,6 +130,28 @@ pub fn external_agent(
     }
 }
 
+/// Of a call's own tool name and the qualified name of what it reaches (a capability's
+/// `capability__<id>`, a module's `module__<id>`), the one the policy decides the call by,
+/// so that it is decided once (one decision counted, one token use at most): the stricter
+/// (denied over needing a token over allowed; on a tie the qualified name, which tokens
+/// name).
+pub fn stricter_name(policy: &ToolPolicy, name: &str, qualified: String) -> String {
+    let rank = |verdict: ToolVerdict| match verdict {
+        ToolVerdict::Denied(_) => 2,
+        ToolVerdict::Allowed {
+            authorization: Some(_),
+        } => 1,
+        ToolVerdict::Allowed {
+            authorization: None,
+        } => 0,
+    };
+    if rank(policy.decide(name)) > rank(policy.decide(&qualified)) {
+        name.to_owned()
+    } else {
+        qualified
+    }
+}
+
 /// The tools offered to the model: those the policy allows, in their order.
 pub fn offered(tools: Vec<ToolSpec>, policy: &ToolPolicy) -> (Vec<ToolSpec>, Vec<String>) {
     if policy.is_open() {

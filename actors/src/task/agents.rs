@@ -127,23 +127,20 @@ pub(super) async fn dispatch(
     })
 }
 
-/// A `dispatch_agent` call: the agent's answer is the observation.
+/// A `dispatch_agent` call (its arguments read: `agent_id`, `input`): the agent's answer is
+/// the observation.
 pub(super) async fn dispatch_call(
     ctx: &TaskContext,
     agents: Option<&Agents>,
     gov: &Arc<TaskGovernance>,
     call: &ToolCall,
+    agent_id: &str,
+    input: &str,
 ) -> Result<ToolOutput, ToolFailure> {
     let Some(agents) = agents else {
         return Err(ToolFailure::unknown_tool(&call.name));
     };
-    let (agent_id, input) = route::parse_dispatch(&call.arguments.0).map_err(|message| {
-        ToolFailure::from(AgentError::ToolError {
-            name: DISPATCH_TOOL.to_owned(),
-            message,
-        })
-    })?;
-    let output = dispatch(ctx, agents, gov, &agent_id, &input, false).await?;
+    let output = dispatch(ctx, agents, gov, agent_id, input, false).await?;
     Ok(ToolOutput {
         call_id: call.call_id.clone(),
         output: output.text,
@@ -300,7 +297,7 @@ pub(super) async fn route_input(
 }
 
 /// The supervisor's route to `module`, governed as a model's call of the `dispatch_module`
-/// tool would be, then as the module's own tool (`module__<id>`).
+/// tool would be (once, under the stricter of that name and the module's own).
 async fn govern_module_route(
     ctx: &TaskContext,
     gov: &Arc<TaskGovernance>,
@@ -314,9 +311,6 @@ async fn govern_module_route(
         arguments: troupe_proto::Json(serde_json::json!({"module": module, "payload": input})),
     };
     super::govern::check_call(ctx, gov, chain, &as_tool)
-        .await
-        .map_err(|refused| refused.error)?;
-    super::modules::check(ctx, gov, chain, module, "route")
         .await
         .map_err(|refused| refused.error)
 }

@@ -3,7 +3,7 @@
 //! one use is counted by the process's [`TokenBook`](crate::token_book) before it runs.
 
 use super::*;
-use crate::governance::tokens::args_text;
+use crate::governance::tokens::{refusal_message, shell_command_line};
 use crate::token_book::{ConsumeRequest, consume};
 use troupe_proto::governance::{PolicyLayer, TokenRefusal};
 
@@ -14,13 +14,9 @@ pub(super) async fn authorize(
     call: &ToolCall,
     layer: PolicyLayer,
 ) -> Result<(), String> {
-    let refused = |refusal: TokenRefusal| {
-        format!(
-            "tool `{}` needs an authorization token (the {layer} layer requires one): {}",
-            call.name,
-            refusal.explain()
-        )
-    };
+    let command = shell_command_line(call);
+    let refused =
+        |refusal: TokenRefusal| refusal_message(&call.name, layer, refusal, command.as_deref());
     if gov.authorization.is_empty() {
         return Err(refused(TokenRefusal::Missing));
     }
@@ -38,7 +34,8 @@ pub(super) async fn authorize(
         digests: gov.authorization.clone(),
         agent: super::govern::agent_of(ctx).map(str::to_owned),
         tool: call.name.clone(),
-        args: args_text(call),
+        command: command.clone(),
+        arguments: call.arguments.0.clone(),
     };
     match consume(book, request).await {
         Ok(consumed) => {

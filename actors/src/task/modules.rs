@@ -1,10 +1,10 @@
 //! A task's dispatches to modules (A10): the `dispatch_module` tool and the supervisor's
-//! `dispatch_module` decision, both checked against the task's tool policy under the
-//! module's name (`module__<id>`) before anything is delivered.
+//! `dispatch_module` decision, both checked against the task's tool policy (once, under the
+//! stricter of `dispatch_module` and the module's name `module__<id>`, see
+//! [`crate::modules::governed_name`]) before anything is delivered.
 
 use super::*;
-use crate::modules::{self as port, DISPATCH_MODULE_TOOL, ModuleDispatch, ModuleDispatchError};
-use troupe_proto::agent::ExecutionChain;
+use crate::modules::{self as port, ModuleDispatch, ModuleDispatchError};
 
 /// The `dispatch_module` tool, when the session has modules that take dispatches (a
 /// compaction, which has no place among agents, gets none).
@@ -14,46 +14,24 @@ pub(super) fn dispatch_tool(ctx: &TaskContext) -> Option<ToolSpec> {
     (!targets.is_empty()).then(|| port::dispatch_module_tool(&targets))
 }
 
-/// A `dispatch_module` call: the module's answer is the observation.
+/// A `dispatch_module` call (its arguments read: `module`, `payload`; the policy had its
+/// word): the module's answer is the observation.
 pub(super) async fn dispatch_call(
     ctx: &TaskContext,
-    gov: &Arc<TaskGovernance>,
-    chain: Option<&ExecutionChain>,
     call: &ToolCall,
+    module: &str,
+    payload: serde_json::Value,
 ) -> Result<ToolOutput, ToolFailure> {
-    let (module, payload) = port::parse_dispatch_module(&call.arguments.0).map_err(|message| {
-        ToolFailure::from(AgentError::ToolError {
-            name: DISPATCH_MODULE_TOOL.to_owned(),
-            message,
-        })
-    })?;
-    check(ctx, gov, chain, &module, &call.call_id).await?;
     // A replay delivers nothing: the recorded observation stands for the module's answer.
     if let Effects::Recorded(playback) = &ctx.effects {
         return playback.tool_result(call);
     }
-    let answer = dispatch(ctx, &module, payload).await?;
+    let answer = dispatch(ctx, module, payload).await?;
     Ok(ToolOutput {
         call_id: call.call_id.clone(),
         output: port::observation(&answer, ctx.limits.exec_output_cap),
         is_error: false,
     })
-}
-
-/// The policy's word on a dispatch to `module`, as on a call of the tool `module__<id>`.
-pub(super) async fn check(
-    ctx: &TaskContext,
-    gov: &TaskGovernance,
-    chain: Option<&ExecutionChain>,
-    module: &str,
-    call_id: &str,
-) -> Result<(), ToolFailure> {
-    let as_tool = ToolCall {
-        call_id: call_id.to_owned(),
-        name: port::policy_name(module),
-        arguments: troupe_proto::Json(serde_json::Value::Null),
-    };
-    super::govern::check_call(ctx, gov, chain, &as_tool).await
 }
 
 /// Delivers `payload` to `module` and waits for its answer (the module's timeout bounds the

@@ -12,8 +12,8 @@ pub enum ToolRoute {
         argv: Vec<String>,
         needs_approval: bool,
     },
-    /// The plan built-in: recorded, nothing executed.
-    Plan,
+    /// The plan built-in, with its checked arguments: recorded, nothing executed.
+    Plan(builtins::PlanArgs),
     /// The apply_patch built-in, with its parsed patch (checked against the sandbox and the
     /// workspace, then approved per policy).
     ApplyPatch { patch: Patch, needs_approval: bool },
@@ -22,6 +22,13 @@ pub enum ToolRoute {
     /// One of the capability registry's tools (A6): a capability's documents, or one of
     /// its commands run as the shell tool runs one.
     Capability,
+    /// `dispatch_agent`: `input` to agent `agent_id`.
+    DispatchAgent { agent_id: String, input: String },
+    /// `dispatch_module`: `payload` to module `module`.
+    DispatchModule {
+        module: String,
+        payload: serde_json::Value,
+    },
     /// Refused before running, with the observation the model gets.
     Refuse(ToolFailure),
 }
@@ -29,19 +36,26 @@ pub enum ToolRoute {
 impl ToolRoute {
     /// Whether running it reaches outside the task: a command, a file, an MCP server (or a
     /// human, for its approval). A replay plays these back; a refusal and the plan are
-    /// decided and recorded by the task alone, so they run in a replay too.
+    /// decided and recorded by the task alone, so they run in a replay too. A dispatch
+    /// reaches another agent or a module, and plays itself back (the recorded answer).
     pub fn has_effects(&self) -> bool {
         match self {
             // An inspection may run a probe: played back as a command is.
             Self::Shell { .. } | Self::ApplyPatch { .. } | Self::External | Self::Capability => {
                 true
             }
-            Self::Plan | Self::Refuse(_) => false,
+            Self::Plan(_)
+            | Self::Refuse(_)
+            | Self::DispatchAgent { .. }
+            | Self::DispatchModule { .. } => false,
         }
     }
 }
 
 /// Decides how a call is handled. Pure: the tool list, the policies and the call decide.
+/// Everything that can be checked before running is checked here (a tool that is not
+/// offered, arguments of the wrong shape), so that a call refused for it spends no
+/// authorization token.
 pub fn route_tool(
     call: &ToolCall,
     tools: &[ToolSpec],
@@ -58,16 +72,25 @@ pub fn route_tool(
                 argv,
                 needs_approval: approval == ApprovalPolicy::Always,
             },
-            Err(message) => ToolRoute::Refuse(
-                AgentError::ToolError {
-                    name: call.name.clone(),
-                    message,
-                }
-                .into(),
-            ),
+            Err(message) => tool_error(call, message),
         },
-        "update_plan" => ToolRoute::Plan,
+        "update_plan" => match builtins::parse_plan(&call.arguments.0) {
+            Ok(args) => ToolRoute::Plan(args),
+            Err(e) => ToolRoute::Refuse(e.into()),
+        },
         crate::capabilities::INSPECT | crate::capabilities::RUN => ToolRoute::Capability,
+        crate::agents::route::DISPATCH_TOOL => {
+            match crate::agents::route::parse_dispatch(&call.arguments.0) {
+                Ok((agent_id, input)) => ToolRoute::DispatchAgent { agent_id, input },
+                Err(message) => tool_error(call, message),
+            }
+        }
+        crate::modules::DISPATCH_MODULE_TOOL => {
+            match crate::modules::parse_dispatch_module(&call.arguments.0) {
+                Ok((module, payload)) => ToolRoute::DispatchModule { module, payload },
+                Err(message) => tool_error(call, message),
+            }
+        }
         "apply_patch" => match patch_input(&call.arguments.0) {
             Ok(patch) => ToolRoute::ApplyPatch {
                 patch,
@@ -75,15 +98,30 @@ pub fn route_tool(
             },
             Err(e) => ToolRoute::Refuse(e.into()),
         },
-        _ if has_mcp => ToolRoute::External,
-        _ => ToolRoute::Refuse(
-            AgentError::ToolError {
-                name: call.name.clone(),
-                message: "no MCP servers are configured".into(),
-            }
-            .into(),
-        ),
+        // What an MCP server takes: an object (`null`: none).
+        _ if has_mcp => match &call.arguments.0 {
+            serde_json::Value::Object(_) | serde_json::Value::Null => ToolRoute::External,
+            _ => ToolRoute::Refuse(
+                AgentError::invalid(format!(
+                    "arguments of MCP tool `{}` must be a JSON object",
+                    call.name
+                ))
+                .into(),
+            ),
+        },
+        _ => tool_error(call, "no MCP servers are configured".into()),
     }
+}
+
+/// A refusal of `call` as the tool's own error.
+fn tool_error(call: &ToolCall, message: String) -> ToolRoute {
+    ToolRoute::Refuse(
+        AgentError::ToolError {
+            name: call.name.clone(),
+            message,
+        }
+        .into(),
+    )
 }
 
 /// The patch of an apply_patch call: `{"input": "*** Begin Patch ..."}`.
@@ -140,30 +178,22 @@ pub(super) async fn run_tool(
     });
     let started = Instant::now();
     let chain = agents.map(|a| &a.view.chain);
-    let result = if let Err(refused) = span
-        .in_scope(|| super::govern::check_call(ctx, gov, chain, call))
-        .await
-    {
-        Err(refused)
-    } else if call.name == crate::agents::route::DISPATCH_TOOL
-        && tools.iter().any(|t| t.name == call.name)
-    {
-        span.record("gen_ai.tool.type", spans::TOOL_TYPE_FUNCTION);
-        super::agents::dispatch_call(ctx, agents, gov, call)
+    let result = async {
+        // The policy first (a denied call is refused as such, whatever its arguments), then
+        // what can be checked before running: only a call that can run uses a token.
+        let pending = span.in_scope(|| super::govern::decide(ctx, gov, chain, call))?;
+        let route = route_tool(call, tools, ctx.approval_policy, mcp.offered);
+        if let ToolRoute::Refuse(failure) = route {
+            return Err(failure);
+        }
+        super::govern::settle(ctx, gov, chain, pending)
+            .instrument(span.clone())
+            .await?;
+        execute(ctx, mcp, agents, gov, call, route, &span)
             .instrument(span.clone())
             .await
-    } else if call.name == crate::modules::DISPATCH_MODULE_TOOL
-        && tools.iter().any(|t| t.name == call.name)
-    {
-        span.record("gen_ai.tool.type", spans::TOOL_TYPE_FUNCTION);
-        super::modules::dispatch_call(ctx, gov, chain, call)
-            .instrument(span.clone())
-            .await
-    } else {
-        execute(ctx, mcp, gov, tools, call, &span)
-            .instrument(span.clone())
-            .await
-    };
+    }
+    .await;
     let outcome =
         metrics::outcome_label(&result.as_ref().map(|o| o.is_error).map_err(|f| &f.error));
     match &result {
@@ -217,21 +247,21 @@ pub(super) async fn run_tool(
     (output, failure)
 }
 
+/// Runs `call` by its `route` (the policy had its word).
 pub(super) async fn execute(
     ctx: &TaskContext,
     mcp: &mut TaskMcp,
-    gov: &TaskGovernance,
-    tools: &[ToolSpec],
+    agents: Option<&super::agents::Agents>,
+    gov: &Arc<TaskGovernance>,
     call: &ToolCall,
+    route: ToolRoute,
     span: &tracing::Span,
 ) -> Result<ToolOutput, ToolFailure> {
-    let has_mcp = mcp.offered;
     let ok = |output: String| ToolOutput {
         call_id: call.call_id.clone(),
         output,
         is_error: false,
     };
-    let route = route_tool(call, tools, ctx.approval_policy, has_mcp);
     match route {
         ToolRoute::External => {
             span.record("gen_ai.tool.type", spans::TOOL_TYPE_EXTENSION);
@@ -250,8 +280,13 @@ pub(super) async fn execute(
     }
     match route {
         ToolRoute::Refuse(e) => Err(e),
-        ToolRoute::Plan => {
-            let args = builtins::parse_plan(&call.arguments.0)?;
+        ToolRoute::DispatchAgent { agent_id, input } => {
+            super::agents::dispatch_call(ctx, agents, gov, call, &agent_id, &input).await
+        }
+        ToolRoute::DispatchModule { module, payload } => {
+            super::modules::dispatch_call(ctx, call, &module, payload).await
+        }
+        ToolRoute::Plan(args) => {
             let observation = builtins::plan_observation(&args.plan);
             tracing::info!(steps = args.plan.len(), "plan updated");
             metrics::plan_updated();

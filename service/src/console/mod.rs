@@ -434,6 +434,9 @@ struct IssueForm {
     tool: String,
     #[serde(default)]
     args: String,
+    /// `NAME=PATTERN`, one a line.
+    #[serde(default)]
+    fields: String,
     ttl_secs: String,
     max_uses: String,
 }
@@ -452,11 +455,17 @@ impl IssueForm {
         let max_uses = u32::try_from(number("Uses", &self.max_uses)?)
             .map_err(|_| "Uses is too large".to_owned())?;
         let args = self.args.trim();
+        let mut fields = std::collections::BTreeMap::new();
+        for line in self.fields.lines().filter(|l| !l.trim().is_empty()) {
+            troupe_actors::governance::tokens::parse_field(&mut fields, line.trim())
+                .map_err(|e| format!("Argument patterns: {e}"))?;
+        }
         Ok(troupe_proto::governance::IssueToken {
             scope: troupe_proto::governance::TokenScope {
                 agent: self.agent.trim().to_owned(),
                 tool: self.tool.trim().to_owned(),
                 args: (!args.is_empty()).then(|| args.to_owned()),
+                fields,
             },
             ttl_secs,
             max_uses,
@@ -617,6 +626,24 @@ async fn sign_out(State(c): State<ConsoleState>) -> Response {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_issue_form_reads_one_argument_pattern_a_line() {
+        let form = |fields: &str| IssueForm {
+            agent: "*".into(),
+            tool: "files__write".into(),
+            args: String::new(),
+            fields: fields.into(),
+            ttl_secs: "60".into(),
+            max_uses: "1".into(),
+        };
+        let request = form("path=notes/*\r\n\n mode = a=b \n").request().unwrap();
+        assert_eq!(request.scope.args, None);
+        assert_eq!(request.scope.fields["path"], "notes/*");
+        assert_eq!(request.scope.fields["mode"], " a=b");
+        assert!(form("no pattern").request().is_err());
+        assert!(form("path=a\npath=b").request().is_err());
+    }
 
     #[test]
     fn a_sign_in_goes_back_only_to_this_service() {

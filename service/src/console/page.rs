@@ -337,7 +337,8 @@ pub fn tokens(
 <fieldset><legend>Issue a token</legend>
 <label for="agent">Agent</label><input id="agent" name="agent" value="*" required>
 <label for="tool">Tool (a pattern: <code>shell</code>, <code>files__*</code>)</label><input id="tool" name="tool" required>
-<label for="args">Arguments pattern (optional, e.g. <code>git status*</code>)</label><input id="args" name="args">
+<label for="args">Command-line pattern (tool <code>shell</code> only, optional, e.g. <code>git status*</code>)</label><input id="args" name="args">
+<label for="fields">Argument patterns (optional, one <code>NAME=PATTERN</code> a line, e.g. <code>path=notes/*</code>)</label><textarea id="fields" name="fields" rows="2"></textarea>
 <label for="ttl_secs">Valid for (seconds)</label><input id="ttl_secs" name="ttl_secs" type="number" min="1" value="3600" required>
 <label for="max_uses">Uses</label><input id="max_uses" name="max_uses" type="number" min="1" value="1" required>
 <button type="submit">Issue</button>
@@ -372,7 +373,7 @@ pub fn tokens(
                 id = esc(&t.id),
                 agent = esc(&t.scope.agent),
                 tool = esc(&t.scope.tool),
-                args = t.scope.args.as_deref().map(|a| format!("<code>{}</code>", esc(a))).unwrap_or_default(),
+                args = t.scope.args.iter().cloned().chain(t.scope.fields.iter().map(|(k, v)| format!("{k}={v}"))).map(|a| format!("<code>{}</code>", esc(&a))).collect::<Vec<_>>().join(" "),
                 uses = t.uses,
                 max = t.max_uses,
                 expires = time(t.expires_ms),

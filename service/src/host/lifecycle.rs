@@ -84,7 +84,14 @@ impl HostState {
             match plan::recover(&message, &records) {
                 plan::Recovery::Requeue => {
                     let text = message.content.clone().unwrap_or_default();
-                    let governance = super::queue::stored_governance(&message);
+                    let governance = match super::queue::stored_governance(&message) {
+                        Ok(governance) => governance,
+                        Err(e) => {
+                            tracing::error!(%session_id, message_id = message.message_id, error = %e, "queued message not run: its request layer cannot be read");
+                            let _ = self.finish(message, Err(e)).await;
+                            continue;
+                        }
+                    };
                     if let Some(slot) = self.conversations.get_mut(&message.conversation_id) {
                         requeued += 1;
                         slot.queue.push_back(Waiting {

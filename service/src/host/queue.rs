@@ -54,22 +54,27 @@ where
     }
 }
 
-/// The request layer a stored message keeps in its metadata (none: it had none).
-pub(super) fn stored_governance(message: &MessageRecord) -> RequestGovernance {
-    let tools = message
-        .metadata
-        .as_ref()
-        .and_then(|m| m.0.get("tools"))
-        .and_then(|t| serde_json::from_value(t.clone()).ok());
+/// The request layer a stored message keeps in its metadata (none: it had none), and whether
+/// a program sent it. A layer that cannot be read is an error: the message must not run
+/// without the restrictions it was sent with.
+pub(super) fn stored_governance(message: &MessageRecord) -> Result<RequestGovernance, AgentError> {
     let metadata = message.metadata.as_ref().map(|m| &m.0);
+    let tools = match metadata.and_then(|m| m.get("tools")) {
+        None => None,
+        Some(tools) => serde_json::from_value(tools.clone()).map_err(|e| {
+            AgentError::internal(format!(
+                "the tool policy this message was sent with (its request layer) cannot be read ({e}); it is not run without it"
+            ))
+        })?,
+    };
     let peer = metadata.is_some_and(|m| {
         m.get("module").is_some() || m.get("from_peer") == Some(&serde_json::Value::Bool(true))
     });
-    RequestGovernance {
+    Ok(RequestGovernance {
         tools,
         authorization: Vec::new(),
         peer,
-    }
+    })
 }
 
 /// A message's metadata: its request layer of the tool policy (`tools`), the module it came
@@ -537,6 +542,8 @@ impl HostState {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use serde_json::json;
+    use troupe_proto::Json;
 
     fn stored_with(metadata: Option<troupe_proto::Json>) -> MessageRecord {
         MessageRecord {
@@ -563,12 +570,36 @@ mod tests {
             peer: true,
             ..Default::default()
         };
-        let kept = stored_governance(&stored_with(stored_metadata(&peer, None)));
+        let kept = stored_governance(&stored_with(stored_metadata(&peer, None))).unwrap();
         assert!(kept.peer);
         let person = RequestGovernance::default();
         assert_eq!(stored_metadata(&person, None), None);
-        assert!(!stored_governance(&stored_with(None)).peer);
+        assert!(!stored_governance(&stored_with(None)).unwrap().peer);
         let module = stored_metadata(&person, Some(serde_json::json!({"id": "slack"})));
-        assert!(stored_governance(&stored_with(module)).peer);
+        assert!(stored_governance(&stored_with(module)).unwrap().peer);
+    }
+
+    /// A stored request layer comes back as it was sent; one that cannot be read is an error
+    /// (the message fails), never no layer at all (the message would run unrestricted).
+    #[test]
+    fn a_stored_request_layer_is_read_back_or_refused() {
+        let with_metadata = |m: Option<serde_json::Value>| stored_with(m.map(Json));
+        let none = stored_governance(&with_metadata(None)).unwrap();
+        assert_eq!(none.tools, None);
+        let other = stored_governance(&with_metadata(Some(json!({"module": "m"})))).unwrap();
+        assert_eq!(other.tools, None);
+        let kept = stored_governance(&with_metadata(Some(
+            json!({"tools": {"blacklist": ["shell"]}}),
+        )))
+        .unwrap();
+        assert_eq!(kept.tools.unwrap().blacklist, ["shell"]);
+        for bad in [
+            json!({"tools": {"blacklist": "shell"}}),
+            json!({"tools": {"denylist": ["shell"]}}),
+            json!({"tools": 5}),
+        ] {
+            let e = stored_governance(&with_metadata(Some(bad.clone()))).unwrap_err();
+            assert!(e.to_string().contains("request layer"), "{bad}: {e}");
+        }
     }
 }

@@ -946,10 +946,10 @@ impl super::TokenStore for PgStore {
         .await
     }
 
-    async fn use_token(&self, id: &str, uses: u32) -> Result<bool, AgentError> {
+    async fn use_token(&self, id: &str, uses: u32, now_ms: u64) -> Result<bool, AgentError> {
         let span = tracing::debug_span!("store.use_token", token_id = id, uses);
         observed(Op::UseToken, span, async {
-            in_transaction!(self, |tx| write::use_token(&tx, id, uses).await)
+            in_transaction!(self, |tx| write::use_token(&tx, id, uses, now_ms).await)
         })
         .await
     }

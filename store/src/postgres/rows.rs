@@ -228,7 +228,7 @@ pub(super) fn push_from_row(row: &Row) -> Result<A2aPushRecord, AgentError> {
 }
 
 pub(super) const TOKEN_SELECT: &str = "SELECT row_id, token_id, digest, agent, tool, args, \
-     issued_by, issued_ms, expires_ms, max_uses, uses, revoked_ms FROM auth_tokens";
+     issued_by, issued_ms, expires_ms, max_uses, uses, revoked_ms, arg_fields FROM auth_tokens";
 
 pub(super) fn token_from_row(row: &Row) -> Result<troupe_proto::governance::AuthToken, AgentError> {
     let key = RowKey::new("auth_tokens", row)?;
@@ -243,6 +243,8 @@ pub(super) fn token_from_row(row: &Row) -> Result<troupe_proto::governance::Auth
             agent: key.get(row, 3, "agent")?,
             tool: key.get(row, 4, "tool")?,
             args: key.get(row, 5, "args")?,
+            fields: crate::arg_fields_of(key.get(row, 12, "arg_fields")?)
+                .map_err(|e| key.err("arg_fields", e))?,
         },
         issued_by: key.get(row, 6, "issued_by")?,
         issued_ms: key.get_u64(row, 7, "issued_ms")?,

@@ -22,13 +22,19 @@ pub const VERSION: i32 = MIGRATIONS.len() as i32;
 /// The advisory lock every migration takes (`troupe` in ASCII).
 const MIGRATION_LOCK: i64 = 0x7472_6f75_7065;
 
-const MIGRATIONS: [&str; 5] = [
+const MIGRATIONS: [&str; 6] = [
     V1,
     V2_AUTH_TOKENS,
     V3_SESSION_LEASES,
     V4_CLUSTER_NODES,
     V5_A2A_TASK_EXPIRY,
+    V6_TOKEN_ARG_FIELDS,
 ];
+
+/// A5: a token's patterns of named arguments (as the SQLite schema's version 10).
+const V6_TOKEN_ARG_FIELDS: &str = r#"
+ALTER TABLE auth_tokens ADD COLUMN arg_fields TEXT;
+"#;
 
 /// P5 under `ttl` (S10): an A2A task kept whole until its expiry, with the text-less body
 /// the sweep puts in its place then (as the SQLite schema's version 9).

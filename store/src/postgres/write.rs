@@ -564,8 +564,8 @@ pub(super) async fn insert_token(
         tx,
         "insert token",
         "INSERT INTO auth_tokens (token_id, digest, agent, tool, args, issued_by, issued_ms,
-             expires_ms, max_uses, uses, revoked_ms)
-         VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11)
+             expires_ms, max_uses, uses, revoked_ms, arg_fields)
+         VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12)
          ON CONFLICT DO NOTHING",
         &[
             &t.id,
@@ -579,6 +579,7 @@ pub(super) async fn insert_token(
             &i64::from(t.max_uses),
             &i64::from(t.uses),
             &revoked_ms,
+            &crate::arg_fields_column(&t.scope.fields),
         ],
     )
     .await?;
@@ -588,14 +589,22 @@ pub(super) async fn insert_token(
     Ok(())
 }
 
-/// Counts one use if the token has had exactly `uses`: whether it was counted.
-pub(super) async fn use_token(tx: &Tx<'_>, id: &str, uses: u32) -> Result<bool, AgentError> {
+/// Counts one use if the token has had exactly `uses` and is in force at `now_ms`: whether
+/// it was counted.
+pub(super) async fn use_token(
+    tx: &Tx<'_>,
+    id: &str,
+    uses: u32,
+    now_ms: u64,
+) -> Result<bool, AgentError> {
+    let now_ms = to_sql_int("now_ms", now_ms)?;
     let changed = exec(
         tx,
         "use token",
         "UPDATE auth_tokens SET uses = uses + 1
-         WHERE token_id = $1 AND uses = $2 AND uses < max_uses AND revoked_ms IS NULL",
-        &[&id, &i64::from(uses)],
+         WHERE token_id = $1 AND uses = $2 AND uses < max_uses AND revoked_ms IS NULL
+           AND expires_ms > $3",
+        &[&id, &i64::from(uses), &now_ms],
     )
     .await?;
     Ok(changed == 1)

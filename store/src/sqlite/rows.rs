@@ -291,7 +291,7 @@ pub(super) fn binding_from_row(
 
 /// The columns a token is read with (`rowid` first, as [`RowKey`] wants).
 pub(super) const TOKEN_SELECT: &str = "SELECT rowid, token_id, digest, agent, tool, args, \
-    issued_by, issued_ms, expires_ms, max_uses, uses, revoked_ms FROM auth_tokens";
+    issued_by, issued_ms, expires_ms, max_uses, uses, revoked_ms, arg_fields FROM auth_tokens";
 
 pub(super) fn token_from_row(
     row: &Row<'_>,
@@ -305,6 +305,8 @@ pub(super) fn token_from_row(
             agent: key.get(row, 3, "agent")?,
             tool: key.get(row, 4, "tool")?,
             args: key.get(row, 5, "args")?,
+            fields: crate::arg_fields_of(key.get(row, 12, "arg_fields")?)
+                .map_err(|e| key.err("arg_fields", e))?,
         },
         issued_by: key.get(row, 6, "issued_by")?,
         issued_ms: key.get_u64(row, 7, "issued_ms")?,

@@ -73,6 +73,7 @@ pub(super) enum WriteOp {
     UseToken {
         id: String,
         uses: u32,
+        now_ms: u64,
     },
     RevokeToken {
         id: String,
@@ -251,7 +252,9 @@ pub(super) fn apply(c: &Connection, op: &WriteOp) -> Result<WriteOutput, AgentEr
             agent_id,
         } => remove_binding(c, *session_id, agent_id).map(|()| WriteOutput::Done),
         WriteOp::InsertToken(t) => insert_token(c, t).map(|()| WriteOutput::Done),
-        WriteOp::UseToken { id, uses } => use_token(c, id, *uses).map(WriteOutput::Flag),
+        WriteOp::UseToken { id, uses, now_ms } => {
+            use_token(c, id, *uses, *now_ms).map(WriteOutput::Flag)
+        }
         WriteOp::RevokeToken { id, at_ms } => revoke_token(c, id, *at_ms).map(WriteOutput::Flag),
     }
 }
@@ -276,8 +279,8 @@ pub(super) fn insert_token(
     }
     c.prepare_cached(
         "INSERT INTO auth_tokens (token_id, digest, agent, tool, args, issued_by, issued_ms,
-             expires_ms, max_uses, uses, revoked_ms)
-         VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11)",
+             expires_ms, max_uses, uses, revoked_ms, arg_fields)
+         VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12)",
     )
     .and_then(|mut st| {
         st.execute(params![
@@ -292,20 +295,29 @@ pub(super) fn insert_token(
             t.max_uses,
             t.uses,
             revoked_ms,
+            crate::arg_fields_column(&t.scope.fields),
         ])
     })
     .map_err(sql("insert token"))?;
     Ok(())
 }
 
-/// Counts one use if the token has had exactly `uses`: whether it was counted.
-pub(super) fn use_token(c: &Connection, id: &str, uses: u32) -> Result<bool, AgentError> {
+/// Counts one use if the token has had exactly `uses` and is in force at `now_ms`: whether
+/// it was counted.
+pub(super) fn use_token(
+    c: &Connection,
+    id: &str,
+    uses: u32,
+    now_ms: u64,
+) -> Result<bool, AgentError> {
+    let now_ms = to_sql_int("now_ms", now_ms)?;
     let changed = c
         .prepare_cached(
             "UPDATE auth_tokens SET uses = uses + 1
-             WHERE token_id = ?1 AND uses = ?2 AND uses < max_uses AND revoked_ms IS NULL",
+             WHERE token_id = ?1 AND uses = ?2 AND uses < max_uses AND revoked_ms IS NULL
+               AND expires_ms > ?3",
         )
-        .and_then(|mut st| st.execute(params![id, uses]))
+        .and_then(|mut st| st.execute(params![id, uses, now_ms]))
         .map_err(sql("use token"))?;
     Ok(changed == 1)
 }

@@ -609,6 +609,7 @@ async fn a_codex_call_that_needs_a_token_uses_the_dispatchers_token() {
                 agent: "codex".into(),
                 tool: "shell".into(),
                 args: Some("touch tokened*".into()),
+                fields: Default::default(),
             },
             ttl_secs: 600,
             max_uses: 1,

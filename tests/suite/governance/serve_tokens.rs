@@ -223,8 +223,8 @@ async fn troupe_tokens_keeps_tokens_where_the_store_is() {
         ),
     )
     .unwrap();
-    let tokens = |args: &[&str]| {
-        let out = Command::new(troupe_bin())
+    let run = |args: &[&str]| {
+        Command::new(troupe_bin())
             .arg("tokens")
             .args(args)
             .args(["--config", "troupe.toml"])
@@ -233,7 +233,10 @@ async fn troupe_tokens_keeps_tokens_where_the_store_is() {
             .env_remove("TROUPE_STORE_BACKEND")
             .env_remove("TROUPE_POSTGRES_URL")
             .output()
-            .unwrap();
+            .unwrap()
+    };
+    let tokens = |args: &[&str]| {
+        let out = run(args);
         let stderr = String::from_utf8_lossy(&out.stderr).into_owned();
         assert!(out.status.success(), "troupe tokens {args:?}: {stderr}");
         String::from_utf8(out.stdout).unwrap()
@@ -252,16 +255,70 @@ async fn troupe_tokens_keeps_tokens_where_the_store_is() {
     ]))
     .unwrap();
     let token_id = issued["info"]["id"].as_str().unwrap().to_owned();
+    // Another tool's arguments are scoped by name; a command-line pattern for it is refused.
+    let scoped: Value = serde_json::from_str(&tokens(&[
+        "issue",
+        "--agent",
+        "*",
+        "--tool",
+        "files__write",
+        "--field",
+        "path=notes/*",
+        "--field",
+        "mode=a=b",
+        "--ttl",
+        "1h",
+        "--max-uses",
+        "1",
+        "--json",
+    ]))
+    .unwrap();
+    assert_eq!(
+        scoped["info"]["fields"],
+        serde_json::json!({"path": "notes/*", "mode": "a=b"})
+    );
+    for bad in [
+        &["--args", r#"*"path":"notes/*"#][..],
+        &["--field", "path"][..],
+        &["--field", "path=a", "--field", "path=b"][..],
+    ] {
+        let out = run(&[
+            &["issue", "--agent", "*", "--tool", "files__write"][..],
+            bad,
+            &["--ttl", "1h", "--max-uses", "1"][..],
+        ]
+        .concat());
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert!(!out.status.success(), "{bad:?} was issued");
+        assert!(
+            stderr.contains("--field")
+                || stderr.contains("NAME=PATTERN")
+                || stderr.contains("two patterns"),
+            "{bad:?}: {stderr}"
+        );
+    }
     let listed: Value = serde_json::from_str(&tokens(&["list", "--json"])).unwrap();
     assert!(listed.to_string().contains(&token_id), "{listed}");
+    let table = tokens(&["list"]);
+    assert!(
+        table.contains("files__write (mode=a=b, path=notes/*)"),
+        "{table}"
+    );
     assert!(
         !dir.path().join("data/troupe.db").exists(),
         "tokens went to a SQLite file instead of the configured store"
     );
     let store = troupe_store::PgStore::connect(&url).await.unwrap();
     let held = store.tokens().await.unwrap();
-    assert_eq!(held.len(), 1, "{held:?}");
-    assert_eq!(held[0].id, token_id);
+    assert_eq!(held.len(), 2, "{held:?}");
+    assert!(held.iter().any(|t| t.id == token_id));
     tokens(&["revoke", &token_id]);
-    assert!(store.tokens().await.unwrap()[0].revoked_ms.is_some());
+    assert!(
+        store
+            .tokens()
+            .await
+            .unwrap()
+            .iter()
+            .any(|t| t.id == token_id && t.revoked_ms.is_some())
+    );
 }

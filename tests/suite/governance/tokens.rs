@@ -8,6 +8,7 @@ use crate::suite::agents::{Extras, Team, model_agent};
 use serde_json::json;
 use std::sync::Arc;
 use std::time::Duration;
+use troupe_actors::clock::WallClock;
 use troupe_actors::token_book::{self, ConsumeRequest, TokenBookRef};
 use troupe_proto::agent::{AgentDefinition, PolicyReason, ToolRules};
 use troupe_proto::governance::{IssueToken, IssuedToken, MessageOptions, TokenRefusal, TokenScope};
@@ -28,6 +29,7 @@ fn issue_for(
             agent: agent.into(),
             tool: tool.into(),
             args: args.map(str::to_owned),
+            fields: Default::default(),
         },
         ttl_secs,
         max_uses,
@@ -40,7 +42,8 @@ fn consume_for(secret: &str, agent: &str, tool: &str) -> ConsumeRequest {
         digests: vec![troupe_actors::governance::token_digest(secret)],
         agent: Some(agent.into()),
         tool: tool.into(),
-        args: "echo hi".into(),
+        command: (tool == "shell").then(|| "echo hi".to_owned()),
+        arguments: json!({"command": ["echo", "hi"]}),
     }
 }
 
@@ -94,8 +97,57 @@ async fn book_rules(store: Arc<dyn TokenStore>) {
         token_book::consume(&book, consume_for(&other.token, "x", "files__read")).await,
         Err(TokenRefusal::Revoked)
     );
+    // Another tool's arguments are scoped field by field: the right text elsewhere in them
+    // covers nothing.
+    let mut scoped = issue_for("*", "files__write", None, 60, 5);
+    scoped.scope.fields = [("path".to_owned(), "notes/*".to_owned())].into();
+    let scoped = token_book::issue(&book, scoped).await.unwrap();
+    let write = |arguments: serde_json::Value| ConsumeRequest {
+        arguments,
+        command: None,
+        ..consume_for(&scoped.token, "x", "files__write")
+    };
+    assert!(
+        token_book::consume(&book, write(json!({"path": "notes/a.md"})))
+            .await
+            .is_ok()
+    );
+    for outside in [
+        json!({"path": "/home/u/.bashrc", "x": {"path": "notes/"}}),
+        json!({"path": "notes/../../.bashrc"}),
+        json!({"content": "\"path\":\"notes/x"}),
+    ] {
+        assert_eq!(
+            token_book::consume(&book, write(outside.clone())).await,
+            Err(TokenRefusal::OutOfScope),
+            "{outside}"
+        );
+    }
+    // A token stored with a pattern over another tool's whole arguments (the old form) is
+    // refused for what it is, never read as covering any arguments.
+    let mut old = store
+        .token_by_digest(&troupe_actors::governance::token_digest(&scoped.token))
+        .await
+        .unwrap()
+        .unwrap();
+    old.id = "old".into();
+    old.digest = troupe_actors::governance::token_digest("tat_old");
+    old.scope.fields.clear();
+    old.scope.args = Some(r#"*"path":"notes/*"#.into());
+    store.insert_token(old).await.unwrap();
+    let old_call = ConsumeRequest {
+        arguments: json!({"path": "notes/a.md"}),
+        command: None,
+        ..consume_for("tat_old", "x", "files__write")
+    };
+    assert_eq!(
+        token_book::consume(&book, old_call).await,
+        Err(TokenRefusal::Obsolete)
+    );
     // Bad requests are refused with what is wrong.
     for bad in [
+        issue_for("*", "files__write", Some(r#"*"path":"notes/*"#), 60, 1),
+        issue_for("*", "*", Some("git status*"), 60, 1),
         issue_for("no spaces", "shell", None, 60, 1),
         issue_for("a", "shell", None, 60, 0),
         issue_for("a", "a b", None, 60, 1),
@@ -128,9 +180,14 @@ async fn the_book_counts_each_use_once_in_sqlite() {
     .await;
 }
 
-#[tokio::test(start_paused = true)]
+#[tokio::test]
 async fn an_expired_token_is_refused() {
-    let book = token_book::spawn(Arc::new(MemoryStore::new()))
+    let now = Arc::new(std::sync::atomic::AtomicU64::new(1_000_000));
+    let clock = {
+        let now = now.clone();
+        WallClock::from_fn(move || now.load(std::sync::atomic::Ordering::SeqCst))
+    };
+    let book = token_book::spawn_with_clock(Arc::new(MemoryStore::new()), clock)
         .await
         .unwrap();
     let issued = token_book::issue(&book, issue_for("coder", "shell", None, 60, 5))
@@ -141,10 +198,35 @@ async fn an_expired_token_is_refused() {
             .await
             .is_ok()
     );
-    tokio::time::advance(Duration::from_secs(61)).await;
+    now.fetch_add(60_000, std::sync::atomic::Ordering::SeqCst);
     assert_eq!(
         token_book::consume(&book, consume_for(&issued.token, "coder", "shell")).await,
         Err(TokenRefusal::Expired)
+    );
+}
+
+/// A token's TTL is a date: the book reads the wall clock, not tokio's monotonic one (which
+/// stops while the machine is suspended, and here moves while the wall does not).
+#[tokio::test(start_paused = true)]
+async fn a_tokens_expiry_follows_the_wall_clock() {
+    let book = token_book::spawn(Arc::new(MemoryStore::new()))
+        .await
+        .unwrap();
+    let issued = token_book::issue(&book, issue_for("coder", "shell", None, 60, 5))
+        .await
+        .unwrap();
+    let wall = troupe_actors::clock::unix_now_ms();
+    assert!(
+        issued.info.expires_ms.abs_diff(wall + 60_000) < 5_000,
+        "{} vs {wall}",
+        issued.info.expires_ms
+    );
+    tokio::time::advance(Duration::from_secs(3600)).await;
+    assert!(
+        token_book::consume(&book, consume_for(&issued.token, "coder", "shell"))
+            .await
+            .is_ok(),
+        "an hour of tokio's time is not an hour of the wall's"
     );
 }
 
@@ -463,4 +545,158 @@ async fn the_first_presented_token_that_covers_a_call_is_spent() {
         "two"
     );
     assert_eq!(uses().await, (1, 1), "then a");
+}
+
+/// A call that cannot run (a tool nobody offered, a shell command that is not an array of
+/// strings) is refused before any token is used: only the call that runs spends one.
+#[tokio::test]
+async fn a_call_refused_for_its_name_or_arguments_spends_no_use() {
+    let mut coder = model_agent("coder", "You run commands.", &[]);
+    coder.tools = ToolRules {
+        authorization_required: vec!["*".into()],
+        ..ToolRules::default()
+    };
+    let (team, book) = team_with_book(
+        vec![coder],
+        vec![
+            ScriptedReply::tool("shell", json!({"command": "echo as a string"})),
+            ScriptedReply::tool("made_up", json!({})),
+            echo("ran"),
+            ScriptedReply::text("done"),
+        ],
+    )
+    .await;
+    let issued = token_book::issue(&book, issue_for("coder", "*", None, 600, 2))
+        .await
+        .unwrap();
+    assert_eq!(
+        send(&team, "/hub coder go", &[&issued.token]).await.text,
+        "done"
+    );
+    let outputs = shell_outputs(&team.events().await);
+    assert_eq!(outputs.len(), 2, "{outputs:?}");
+    assert!(outputs[0].contains("array of strings"), "{outputs:?}");
+    assert!(outputs[1].contains("ran"), "it ran: {outputs:?}");
+    let listed = token_book::list(&book).await.unwrap();
+    assert_eq!(listed[0].uses, 1, "only the call that ran used the token");
+}
+
+/// The shell tool's `bash -lc SCRIPT` is matched as the script it runs (as an ACP agent's
+/// command is): an `echo *` token covers `["bash", "-lc", "echo hi"]`, not a script that
+/// chains another command, and the refusal says which line it matched.
+#[tokio::test]
+async fn a_shell_script_is_covered_as_the_command_it_runs() {
+    let (team, book) = team_with_book(
+        vec![guarded(model_agent("coder", "You run commands.", &[]))],
+        vec![
+            ScriptedReply::tool("shell", json!({"command": ["bash", "-lc", "echo hi"]})),
+            ScriptedReply::tool(
+                "shell",
+                json!({"command": ["bash", "-lc", "echo hi; echo chained"]}),
+            ),
+            ScriptedReply::text("done"),
+        ],
+    )
+    .await;
+    let issued = token_book::issue(&book, issue_for("coder", "shell", Some("echo *"), 600, 5))
+        .await
+        .unwrap();
+    assert_eq!(
+        send(&team, "/hub coder go", &[&issued.token]).await.text,
+        "done"
+    );
+    let outputs = shell_outputs(&team.events().await);
+    assert_eq!(outputs.len(), 2, "{outputs:?}");
+    assert!(
+        outputs[0].contains("exit code 0\nhi"),
+        "it ran: {outputs:?}"
+    );
+    assert!(
+        outputs[1].contains(r#"(the command line matched: "echo hi; echo chained")"#),
+        "{outputs:?}"
+    );
+    assert_eq!(token_book::list(&book).await.unwrap()[0].uses, 1);
+}
+
+/// A store where another process counts a use of the token just before this one does, the
+/// first `steals` times: this process's compare-and-set loses each of those.
+struct Contended {
+    inner: MemoryStore,
+    steals: std::sync::atomic::AtomicU32,
+}
+
+#[async_trait::async_trait]
+impl TokenStore for Contended {
+    async fn insert_token(
+        &self,
+        token: troupe_proto::governance::AuthToken,
+    ) -> Result<(), troupe_proto::AgentError> {
+        self.inner.insert_token(token).await
+    }
+
+    async fn token_by_digest(
+        &self,
+        digest: &str,
+    ) -> Result<Option<troupe_proto::governance::AuthToken>, troupe_proto::AgentError> {
+        self.inner.token_by_digest(digest).await
+    }
+
+    async fn use_token(
+        &self,
+        id: &str,
+        uses: u32,
+        now_ms: u64,
+    ) -> Result<bool, troupe_proto::AgentError> {
+        let steal = self
+            .steals
+            .fetch_update(
+                std::sync::atomic::Ordering::SeqCst,
+                std::sync::atomic::Ordering::SeqCst,
+                |n| n.checked_sub(1),
+            )
+            .is_ok();
+        if steal {
+            assert!(self.inner.use_token(id, uses, now_ms).await?);
+        }
+        self.inner.use_token(id, uses, now_ms).await
+    }
+
+    async fn revoke_token(
+        &self,
+        id: &str,
+        at_ms: u64,
+    ) -> Result<Option<troupe_proto::governance::AuthToken>, troupe_proto::AgentError> {
+        self.inner.revoke_token(id, at_ms).await
+    }
+
+    async fn tokens(
+        &self,
+    ) -> Result<Vec<troupe_proto::governance::AuthToken>, troupe_proto::AgentError> {
+        self.inner.tokens().await
+    }
+}
+
+/// Uses lost to another process on the same store are read and decided again: the call gets
+/// the next use, or is refused for what the token has become (spent), never as if no token
+/// had been presented; a store that keeps refusing makes it `unavailable`.
+#[tokio::test]
+async fn a_use_lost_to_another_process_is_decided_again() {
+    for (max_uses, steals, answer) in [
+        (5, 2, Ok(3)),
+        (2, 2, Err(TokenRefusal::Exhausted)),
+        (1_000, 1_000, Err(TokenRefusal::Unavailable)),
+    ] {
+        let store = Arc::new(Contended {
+            inner: MemoryStore::new(),
+            steals: steals.into(),
+        });
+        let book = token_book::spawn(store).await.unwrap();
+        let issued = token_book::issue(&book, issue_for("coder", "shell", None, 60, max_uses))
+            .await
+            .unwrap();
+        let got = token_book::consume(&book, consume_for(&issued.token, "coder", "shell"))
+            .await
+            .map(|consumed| consumed.uses);
+        assert_eq!(got, answer, "max_uses {max_uses}");
+    }
 }

@@ -141,6 +141,53 @@ async fn a_policy_that_denies_the_module_refuses_the_dispatch() {
     assert_eq!(posted.on("ok").len(), 1);
 }
 
+/// A dispatch is governed once: under `authorizationRequired = ["*"]`, one use of a token
+/// covers it (`dispatch_module` and `module__answer` are not each charged).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_dispatch_that_needs_a_token_uses_one_use() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    let (hooks, posted) = webhook().await;
+    module(
+        d,
+        "answer",
+        http_module("answer", "sync", format!("{hooks}/answer"), json!({})),
+    );
+    let serving = serve(
+        d,
+        "[tools]\nauthorizationRequired = [\"*\"]\n",
+        json!([
+            {"tool_calls": [{"name": "dispatch_module", "arguments": {"module": "answer", "payload": 1}}]},
+            {"text": "dispatched"},
+        ]),
+    );
+    let api = &serving.api;
+    let (status, issued) = api
+        .post(
+            "/api/tokens",
+            json!({"agent": "*", "tool": "*", "ttl_secs": 600, "max_uses": 1}),
+        )
+        .await;
+    assert_eq!(status, reqwest::StatusCode::CREATED, "{issued}");
+    let sid = crate::suite::serve::id(&api.session(None).await, "session_id");
+    let (status, sent) = api
+        .post(
+            &format!("/api/sessions/{sid}/messages"),
+            json!({"text": "go", "authorization": [issued["token"]]}),
+        )
+        .await;
+    assert_eq!(status, reqwest::StatusCode::OK, "{sent}");
+    assert_eq!(sent["reply"]["text"], "dispatched", "{sent}");
+    let events = tool_results(api, &sid, 1).await;
+    assert!(
+        !events.iter().any(|e| e["kind"] == "policy_rejected"),
+        "{events:?}"
+    );
+    assert_eq!(posted.on("answer").len(), 1, "delivered");
+    let (_, listed) = api.get("/api/tokens").await;
+    assert_eq!(listed[0]["uses"], 1, "{listed}");
+}
+
 /// `troupe serve` in `d` with the `answer` webhook module, an agent (so a supervisor routes,
 /// by model) and a model whose first answer routes the message to `answer`; `extra`: more
 /// configuration. The service and what the webhook received.

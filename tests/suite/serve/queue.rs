@@ -367,7 +367,8 @@ async fn service_over(dir: &std::path::Path) -> (Service, String, tokio::task::J
 
 /// What a crash left in the store is settled at the next start, without any request: a
 /// message that was running ends aborted, a queued one runs, one whose conversation keeps no
-/// text ends aborted (there is nothing to run), one of a closed conversation is cancelled.
+/// text ends aborted (there is nothing to run), one of a closed conversation is cancelled,
+/// and one whose request layer cannot be read fails (it does not run without it).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_restart_settles_every_pending_message() {
     let dir = tempfile::tempdir().unwrap();
@@ -406,6 +407,10 @@ async fn a_restart_settles_every_pending_message() {
             user(&session, root, Some("was queued"), MessageStatus::Queued),
             user(&session, headers_only, None, MessageStatus::Queued),
             user(&session, closed, Some("closed"), MessageStatus::Queued),
+            NewMessage {
+                metadata: Some(Json(json!({"tools": {"blacklist": "shell"}}))),
+                ..user(&session, root, Some("unrestricted?"), MessageStatus::Queued)
+            },
         ] {
             ids.push(store.append_message(m).await.unwrap().message_id);
         }
@@ -423,7 +428,26 @@ async fn a_restart_settles_every_pending_message() {
         .iter()
         .map(|m| m["status"].as_str().unwrap())
         .collect();
-    assert_eq!(statuses, ["aborted", "completed", "aborted", "cancelled"]);
+    assert_eq!(
+        statuses,
+        ["aborted", "completed", "aborted", "cancelled", "failed"]
+    );
+    let (_, page) = api.get(&format!("/api/sessions/{sid}/messages")).await;
+    let why = page["messages"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|m| m["type"] == "status" && m["metadata"]["reply_to"] == ids[4])
+        .unwrap_or_else(|| panic!("no status message answers {}: {page}", ids[4]))
+        .clone();
+    assert_eq!(why["metadata"]["status"], "failed", "{why}");
+    assert!(
+        why["content"]
+            .as_str()
+            .is_some_and(|c| c.contains("request layer")),
+        "{why}"
+    );
+    assert!(ended[4]["reply_message_id"].is_null(), "it did not run");
     let reply = api
         .call(
             "messages.get",
@@ -439,7 +463,7 @@ async fn a_restart_settles_every_pending_message() {
             seen.iter()
                 .filter(|e| e["type"] == "message_status")
                 .count()
-                >= 5
+                >= 6
         })
         .await;
     let updates: Vec<(u64, &str)> = events
