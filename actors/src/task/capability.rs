@@ -29,6 +29,33 @@ pub(super) async fn call(
     })
 }
 
+/// What can be checked of a capability call before it runs (so before a token use is
+/// spent on it): its arguments read, the capability it names is in the catalog, and a run's
+/// arguments fill the command's template.
+pub(super) fn precheck(ctx: &TaskContext, call: &ToolCall) -> Result<(), AgentError> {
+    if call.name == caps::INSPECT {
+        return match caps::inspect_request(&call.arguments.0).map_err(AgentError::invalid)? {
+            InspectRequest::List => Ok(()),
+            InspectRequest::One { id, .. } => find(ctx, &id).map(drop),
+        };
+    }
+    run_plan_of(ctx, call).map(drop).inspect_err(|_| {
+        caps::metrics::ran(RunOutcome::NotRun, Duration::ZERO);
+    })
+}
+
+/// The capability a `capability_run` call names and its command filled in.
+fn run_plan_of(ctx: &TaskContext, call: &ToolCall) -> Result<caps::RunPlan, AgentError> {
+    let id = call
+        .arguments
+        .0
+        .get("id")
+        .and_then(serde_json::Value::as_str)
+        .ok_or_else(|| AgentError::invalid(format!("{} needs `id`", caps::RUN)))?;
+    let capability = find(ctx, id)?;
+    caps::run_plan(capability, &call.arguments.0).map_err(AgentError::invalid)
+}
+
 fn count(ctx: &TaskContext) -> impl Fn(&str) -> usize + '_ {
     |text: &str| ctx.tokens.count(text)
 }
@@ -113,14 +140,7 @@ async fn run(ctx: &TaskContext, call: &ToolCall) -> Result<ToolOutput, ToolFailu
 }
 
 async fn run_inner(ctx: &TaskContext, call: &ToolCall) -> Result<ToolOutput, AgentError> {
-    let id = call
-        .arguments
-        .0
-        .get("id")
-        .and_then(serde_json::Value::as_str)
-        .ok_or_else(|| AgentError::invalid(format!("{} needs `id`", caps::RUN)))?;
-    let capability = find(ctx, id)?;
-    let plan = caps::run_plan(capability, &call.arguments.0).map_err(AgentError::invalid)?;
+    let plan = run_plan_of(ctx, call)?;
     let span = tracing::info_span!(
         "troupe.capability.run",
         "troupe.capability.id" = %plan.id,

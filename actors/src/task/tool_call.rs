@@ -186,6 +186,9 @@ pub(super) async fn run_tool(
         if let ToolRoute::Refuse(failure) = route {
             return Err(failure);
         }
+        if let ToolRoute::Capability = route {
+            super::capability::precheck(ctx, call).map_err(ToolFailure::from)?;
+        }
         super::govern::settle(ctx, gov, chain, pending)
             .instrument(span.clone())
             .await?;

@@ -581,6 +581,89 @@ async fn a_call_refused_for_its_name_or_arguments_spends_no_use() {
     assert_eq!(listed[0].uses, 1, "only the call that ran used the token");
 }
 
+fn runs_commands_with_a_capability(config: &mut troupe_actors::SessionConfig) {
+    runs_commands(config);
+    let capability = troupe_proto::capability::Capability {
+        module: troupe_proto::capability::CapabilityModule {
+            id: "greet".into(),
+            description: "says hello".into(),
+            commands: vec![troupe_proto::capability::CapabilityCommand {
+                name: "hello".into(),
+                argv: vec!["echo".into(), "hello".into(), "{name}".into()],
+                description: "greets {name}".into(),
+                options: Vec::new(),
+                choices: Default::default(),
+            }],
+            probe: vec!["echo".into(), "1".into()],
+            timeout_ms: None,
+        },
+        readme: String::new(),
+        cli: String::new(),
+        version: "v1".into(),
+    };
+    config.conversation.capabilities = Arc::new(troupe_proto::capability::CapabilityCatalog {
+        capabilities: [("greet".to_owned(), capability)].into_iter().collect(),
+        ..Default::default()
+    });
+}
+
+/// A capability call that cannot run (a capability that does not exist, a command it does
+/// not have) is refused before a token use is spent on it; the one that runs spends one.
+#[tokio::test]
+async fn a_capability_call_that_cannot_run_spends_no_use() {
+    let mut coder = model_agent("coder", "You run commands.", &[]);
+    coder.tools = ToolRules {
+        authorization_required: vec!["*".into()],
+        ..ToolRules::default()
+    };
+    let book = token_book::spawn(Arc::new(MemoryStore::new()))
+        .await
+        .unwrap();
+    let team = Team::start_extra(
+        vec![coder],
+        vec![
+            ScriptedReply::tool("capability_run", json!({"id": "ghost", "command": "hello"})),
+            ScriptedReply::tool("capability_run", json!({"id": "greet", "command": "shout"})),
+            ScriptedReply::tool(
+                "capability_run",
+                json!({"id": "greet", "command": "hello", "args": {"name": "Ada"}}),
+            ),
+            ScriptedReply::text("done"),
+        ],
+        runs_commands_with_a_capability,
+        Extras {
+            token_book: Some(book.clone()),
+            exec: true,
+            ..Default::default()
+        },
+    )
+    .await;
+    let issued = token_book::issue(&book, issue_for("coder", "*", None, 600, 1))
+        .await
+        .unwrap();
+    assert_eq!(
+        send(&team, "/hub coder go", &[&issued.token]).await.text,
+        "done"
+    );
+    let outputs: Vec<String> = team
+        .events()
+        .await
+        .into_iter()
+        .filter_map(|e| match e {
+            EventKind::ToolCallFinished { output, .. } => Some(output),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(outputs.len(), 3, "{outputs:?}");
+    assert!(outputs[0].contains("no capability `ghost`"), "{outputs:?}");
+    assert!(
+        outputs[2].contains("hello Ada"),
+        "the one use ran it: {outputs:?}"
+    );
+    let listed = token_book::list(&book).await.unwrap();
+    assert_eq!(listed[0].uses, 1, "only the call that ran used the token");
+}
+
 /// The shell tool's `bash -lc SCRIPT` is matched as the script it runs (as an ACP agent's
 /// command is): an `echo *` token covers `["bash", "-lc", "echo hi"]`, not a script that
 /// chains another command, and the refusal says which line it matched.
