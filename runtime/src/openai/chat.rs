@@ -14,11 +14,41 @@ pub struct ChatStream {
     id: Option<String>,
     model: Option<String>,
     text: String,
-    /// By the `index` the server gives each call.
+    /// By the `index` the server gives each call (a slot of its own for a call that reuses
+    /// another's index, see [`indexed_slot`]).
     calls: BTreeMap<u64, RawCall>,
     /// The call the last tool-call delta went to.
     last_call: Option<u64>,
+    /// Where the deltas of a reused index go now: the slot of the last call that came with
+    /// that index.
+    reused: BTreeMap<u64, u64>,
     usage: Option<Usage>,
+}
+
+/// The slot of a tool-call delta with `index`: that index's call, unless the delta brings an
+/// id and that call already has another one. Some servers (Ollama, some gateways) give every
+/// call of a response `index: 0`; each new id is then a call of its own, in a new slot (or
+/// the slot that already has that id), and the index's later fragments without an id go to
+/// it.
+fn indexed_slot(
+    calls: &BTreeMap<u64, RawCall>,
+    reused: &BTreeMap<u64, u64>,
+    index: u64,
+    id: Option<&str>,
+) -> u64 {
+    let current = reused.get(&index).copied().unwrap_or(index);
+    let Some(id) = id.filter(|i| !i.is_empty()) else {
+        return current;
+    };
+    match calls.get(&current) {
+        Some(call) if !call.call_id.is_empty() && call.call_id != id => {
+            calls.iter().find(|(_, c)| c.call_id == id).map_or_else(
+                || calls.keys().next_back().map_or(0, |k| k + 1),
+                |(k, _)| *k,
+            )
+        }
+        _ => current,
+    }
 }
 
 /// The slot of a tool-call delta that names no `index` (servers that send each call whole,
@@ -143,9 +173,17 @@ impl StreamParser for ChatStream {
                 self.text.push_str(&text);
             }
             for call in delta.tool_calls {
-                let index = call.index.unwrap_or_else(|| {
-                    unindexed_slot(&self.calls, self.last_call, call.id.as_deref())
-                });
+                let index = match call.index {
+                    Some(index) => {
+                        let slot =
+                            indexed_slot(&self.calls, &self.reused, index, call.id.as_deref());
+                        if slot != index {
+                            self.reused.insert(index, slot);
+                        }
+                        slot
+                    }
+                    None => unindexed_slot(&self.calls, self.last_call, call.id.as_deref()),
+                };
                 self.last_call = Some(index);
                 let slot = self.calls.entry(index).or_default();
                 if let Some(id) = call.id.filter(|id| !id.is_empty()) {
@@ -173,6 +211,63 @@ impl StreamParser for ChatStream {
 mod tests {
     use super::*;
     use crate::openai::stream::tests::{Deltas, feed};
+
+    /// Ollama streams each of a response's calls whole, every one with `index: 0`: each is a
+    /// call of its own, not one call whose arguments are the others' run together.
+    #[test]
+    fn calls_that_reuse_an_index_stay_apart() {
+        let chunk = |id: &str, name: &str, args: &str| {
+            format!(
+                "data: {{\"id\":\"c\",\"model\":\"m\",\"choices\":[{{\"index\":0,\"delta\":{{\"tool_calls\":[{{\"index\":0,\"id\":\"{id}\",\"type\":\"function\",\"function\":{{\"name\":\"{name}\",\"arguments\":{args}}}}}]}}}}]}}\n\n"
+            )
+        };
+        let wire = [
+            chunk("call_a", "write", "\"{\\\"path\\\":\\\"hello.py\\\"}\""),
+            chunk("call_b", "write", "\"{\\\"path\\\":\\\"world.py\\\"}\""),
+            "data: {\"id\":\"c\",\"choices\":[{\"index\":0,\"delta\":{},\"finish_reason\":\"tool_calls\"}]}\n\ndata: [DONE]\n\n".to_owned(),
+        ]
+        .concat();
+        let mut deltas = Deltas::default();
+        let (done, c) = feed(ChatStream::default(), &wire, &mut deltas).unwrap();
+        assert!(done);
+        let calls: Vec<(&str, &str)> = c
+            .calls
+            .iter()
+            .map(|c| (c.call_id.as_str(), c.arguments.as_str()))
+            .collect();
+        assert_eq!(
+            calls,
+            [
+                ("call_a", "{\"path\":\"hello.py\"}"),
+                ("call_b", "{\"path\":\"world.py\"}")
+            ]
+        );
+    }
+
+    #[test]
+    fn a_reused_index_sends_its_later_fragments_to_its_newest_call() {
+        let mut calls = BTreeMap::new();
+        let reused = BTreeMap::new();
+        calls.insert(
+            0,
+            RawCall {
+                call_id: "a".into(),
+                name: "f".into(),
+                arguments: "{}".into(),
+            },
+        );
+        assert_eq!(indexed_slot(&calls, &reused, 0, Some("a")), 0);
+        assert_eq!(indexed_slot(&calls, &reused, 0, None), 0);
+        assert_eq!(indexed_slot(&calls, &reused, 0, Some("b")), 1);
+        assert_eq!(
+            indexed_slot(&calls, &reused, 1, Some("c")),
+            1,
+            "a new index"
+        );
+        let reused = BTreeMap::from([(0, 1)]);
+        calls.insert(1, RawCall::default());
+        assert_eq!(indexed_slot(&calls, &reused, 0, None), 1);
+    }
 
     #[test]
     fn fixture_stream_assembles_the_call() {

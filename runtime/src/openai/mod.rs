@@ -160,7 +160,10 @@ impl OpenAiClient {
                 let mut builder = reqwest::Client::builder()
                     .connect_timeout(config.connect_timeout)
                     .default_headers(headers)
-                    .user_agent(USER_AGENT);
+                    .user_agent(USER_AGENT)
+                    // A model API answers its POST itself: a redirect is not followed (it
+                    // would carry the extra headers, which often hold keys, to another host).
+                    .redirect(reqwest::redirect::Policy::none());
                 if loopback {
                     // A local model server is never behind the machine's proxy.
                     builder = builder.no_proxy();
@@ -379,7 +382,10 @@ impl OpenAiClient {
         let provider = self.provider;
         let mut parser = P::default();
         let read = read_events(
-            Box::pin(response.bytes_stream()),
+            // Its errors without the URL (a base_url's query may hold a key).
+            Box::pin(futures::StreamExt::map(response.bytes_stream(), |r| {
+                r.map_err(reqwest::Error::without_url)
+            })),
             &mut parser,
             deltas,
             idle,
@@ -428,7 +434,7 @@ impl OpenAiClient {
         while let Some(chunk) = response
             .chunk()
             .await
-            .map_err(|e| AgentError::internal(chain(&e)))?
+            .map_err(|e| AgentError::internal(chain(&e.without_url())))?
         {
             read += chunk.len();
         }
@@ -451,10 +457,13 @@ impl OpenAiClient {
                 .send()
                 .await
                 .map_err(|e| {
-                    if e.is_builder() {
-                        SendError::Invalid(chain(&e))
+                    // Not its URL: a base_url's query may hold a key.
+                    let builder = e.is_builder();
+                    let text = chain(&e.without_url());
+                    if builder {
+                        SendError::Invalid(text)
                     } else {
-                        SendError::Transport(chain(&e))
+                        SendError::Transport(text)
                     }
                 });
         };
@@ -796,6 +805,28 @@ mod tests {
         assert_eq!(shown_url(&url), "https://example.com/v1/responses");
         assert!(is_loopback("127.0.0.1") && is_loopback("[::1]") && is_loopback("localhost"));
         assert!(!is_loopback("example.com") && !is_loopback("10.0.0.1"));
+    }
+
+    /// A transport error says what failed, not the URL: a base_url's query may hold a key.
+    #[tokio::test]
+    async fn a_transport_error_does_not_carry_the_urls_query() {
+        let port = std::net::TcpListener::bind("127.0.0.1:0")
+            .unwrap()
+            .local_addr()
+            .unwrap()
+            .port(); // closed again: nothing listens there
+        let client = OpenAiClient::new(ModelConfig {
+            provider: Provider::OpenaiResponses,
+            base_url: format!("https://127.0.0.1:{port}/v1?key=s3cret"),
+            ..ModelConfig::default()
+        })
+        .unwrap();
+        let error = match client.send(b"{}").await {
+            Err(SendError::Transport(text) | SendError::Invalid(text)) => text,
+            Ok(response) => panic!("answered: {}", response.status()),
+        };
+        assert!(!error.contains("s3cret"), "{error}");
+        assert!(!error.contains("key="), "{error}");
     }
 
     #[test]
