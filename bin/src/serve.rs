@@ -146,6 +146,10 @@ pub async fn run(args: ServeArgs) -> anyhow::Result<ExitCode> {
     // sweep, the sessions' restore) is a reread once the configuration is live, not the
     // signal's default end of the process.
     let hangup = Hangup::catch()?;
+    // SIGTERM and SIGINT too: one during start-up stops the service once it has started,
+    // gracefully, instead of killing the process in the middle of a migration or a restore.
+    let stop = tokio_util::sync::CancellationToken::new();
+    troupe_service::cancel_on_signals(stop.clone())?;
     let config = resolve(&args)?;
     // Dropped last: the service's spans end first, then the exporter flushes them.
     let _telemetry = troupe_runtime::telemetry::install(&config.telemetry)?;
@@ -210,7 +214,13 @@ pub async fn run(args: ServeArgs) -> anyhow::Result<ExitCode> {
     )
     .await?;
     hangup.reread(live);
-    troupe_service::cancel_on_signals(service.shutdown_token())?;
+    {
+        let shutdown = service.shutdown_token();
+        tokio::spawn(async move {
+            stop.cancelled().await;
+            shutdown.cancel();
+        });
+    }
     if args.stdio {
         service
             .serve_stdio(tokio::io::stdin(), tokio::io::stdout())

@@ -680,3 +680,31 @@ fn a_sighup_during_start_up_does_not_end_the_service() {
     sigterm(&child);
     assert!(wait_exit(&mut child, Duration::from_secs(20)).success());
 }
+
+/// A SIGTERM while `troupe serve` is still starting stops it gracefully once it has
+/// started (exit 0), instead of killing it in the middle of its start-up.
+#[test]
+fn a_sigterm_during_start_up_is_a_graceful_stop() {
+    let dir = tempfile::tempdir().unwrap();
+    let db = rusqlite::Connection::open(dir.path().join("troupe.db")).unwrap();
+    db.execute_batch("CREATE TABLE held(x); BEGIN EXCLUSIVE; INSERT INTO held VALUES (1);")
+        .unwrap();
+    let mut child = Command::new(troupe_bin())
+        .args(["serve", "--listen", "127.0.0.1:0", "--data-dir"])
+        .arg(dir.path())
+        .current_dir(dir.path())
+        .env_remove("TROUPE_API_TOKENS")
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut stderr = BufReader::new(child.stderr.take().unwrap());
+    let mut first = String::new();
+    stderr.read_line(&mut first).unwrap();
+    std::thread::spawn(move || for _ in stderr.lines().map_while(Result::ok) {});
+    sigterm(&child);
+    db.execute_batch("COMMIT").unwrap();
+    drop(db);
+    let status = wait_exit(&mut child, Duration::from_secs(30));
+    assert!(status.success(), "{status:?} after {first:?}");
+}
