@@ -781,6 +781,26 @@ fn the_sample_configuration_parses_and_the_unit_can_write_its_directories() {
             "{root}"
         );
     }
+    // The workspace (what sandboxed commands and the MCP roots may change) holds neither the
+    // store nor the history.
+    let workspace = values("WorkingDirectory");
+    let workspace = Path::new(&workspace[0]);
+    for dir in [&config.data_dir, &config.log_dir] {
+        assert!(
+            !dir.starts_with(workspace),
+            "{} is in the workspace",
+            dir.display()
+        );
+    }
+    for root in &config.mcp.roots {
+        assert!(Path::new(root).starts_with(workspace), "{root}");
+    }
+    // Stop waits for the grace period and what follows it.
+    let stop: u64 = values("TimeoutStopSec")[0]
+        .trim_end_matches('s')
+        .parse()
+        .unwrap();
+    assert!(stop >= config.server.grace_period.as_secs() + 40, "{stop}");
 }
 
 /// Each configured MCP server's series exist as soon as the service listens, before any
