@@ -157,17 +157,40 @@ fn bad_header(url: &str, name: &str) -> ConfigError {
     }
 }
 
-/// A provider with this `service.name` (`OTEL_RESOURCE_ATTRIBUTES` adds to the resource),
-/// exporting in batches through `exporter` if there is one.
+/// The `service.name` to set over the resource's own: `OTEL_SERVICE_NAME` (already in
+/// `configured`) comes first, then a `service.name` in `OTEL_RESOURCE_ATTRIBUTES` (the
+/// resource has it: `None`), then `configured` (the file's, or the default).
+pub fn service_name_over(
+    configured: &str,
+    otel_service_name: Option<&str>,
+    resource_attributes: Option<&str>,
+) -> Option<String> {
+    let named_by_attributes = resource_attributes.is_some_and(|attributes| {
+        attributes.split(',').any(|pair| {
+            pair.split_once('=')
+                .is_some_and(|(k, _)| k.trim() == "service.name")
+        })
+    });
+    let by_variable = otel_service_name.is_some_and(|n| !n.trim().is_empty());
+    (by_variable || !named_by_attributes).then(|| configured.to_owned())
+}
+
+/// A provider with this `service.name` (`OTEL_RESOURCE_ATTRIBUTES` adds to the resource and,
+/// without `OTEL_SERVICE_NAME`, names the service), exporting in batches through `exporter`
+/// if there is one.
 pub fn provider(
     service_name: &str,
     exporter: Option<opentelemetry_otlp::SpanExporter>,
 ) -> SdkTracerProvider {
-    let builder = SdkTracerProvider::builder().with_resource(
-        opentelemetry_sdk::Resource::builder()
-            .with_service_name(service_name.to_owned())
-            .build(),
-    );
+    let mut resource = opentelemetry_sdk::Resource::builder();
+    if let Some(name) = service_name_over(
+        service_name,
+        std::env::var("OTEL_SERVICE_NAME").ok().as_deref(),
+        std::env::var("OTEL_RESOURCE_ATTRIBUTES").ok().as_deref(),
+    ) {
+        resource = resource.with_service_name(name);
+    }
+    let builder = SdkTracerProvider::builder().with_resource(resource.build());
     match exporter {
         Some(exporter) => builder.with_batch_exporter(exporter),
         None => builder,

@@ -811,3 +811,29 @@ fn oauth_debug_lines_stay_out_of_the_console_whatever_the_filter_says() {
     assert!(out.contains("login step"), "{out}");
     assert!(out.contains("rmcp's own debug"), "{out}");
 }
+
+/// `OTEL_SERVICE_NAME` names the service, then a `service.name` in
+/// `OTEL_RESOURCE_ATTRIBUTES`, then the file's `service_name` (or the default).
+#[test]
+fn the_service_name_follows_the_standard_variables_first() {
+    use super::service_name_over as over;
+    assert_eq!(over("troupe", None, None).as_deref(), Some("troupe"));
+    assert_eq!(
+        over(
+            "troupe",
+            None,
+            Some("deployment.environment=prod, service.name=troupe-east")
+        ),
+        None,
+        "the resource's own service.name stands"
+    );
+    assert_eq!(
+        over("troupe", None, Some("deployment.environment=prod")).as_deref(),
+        Some("troupe")
+    );
+    assert_eq!(
+        over("west", Some("west"), Some("service.name=troupe-east")).as_deref(),
+        Some("west"),
+        "OTEL_SERVICE_NAME first"
+    );
+}
