@@ -122,6 +122,9 @@ pub fn exporter(
                 .with_endpoint(url.clone())
                 .with_timeout(config.timeout);
             if !config.headers.is_empty() {
+                // Checked as gRPC's are: the HTTP exporter would drop a bad one silently and
+                // every export would then be refused by the collector.
+                header_map(&url, &config.headers)?;
                 builder = builder.with_headers(config.headers.clone().into_iter().collect());
             }
             builder.build().map_err(failed)?
@@ -132,14 +135,7 @@ pub fn exporter(
                 .with_endpoint(url.clone())
                 .with_timeout(config.timeout);
             if !config.headers.is_empty() {
-                let mut map = reqwest::header::HeaderMap::new();
-                for (k, v) in &config.headers {
-                    let name = reqwest::header::HeaderName::from_bytes(k.as_bytes())
-                        .map_err(|_| bad_header(&url, k))?;
-                    let value = reqwest::header::HeaderValue::from_str(v)
-                        .map_err(|_| bad_header(&url, k))?;
-                    map.insert(name, value);
-                }
+                let map = header_map(&url, &config.headers)?;
                 builder = builder.with_metadata(
                     opentelemetry_otlp::tonic_types::metadata::MetadataMap::from_headers(map),
                 );
@@ -155,6 +151,22 @@ fn bad_header(url: &str, name: &str) -> ConfigError {
         url: url.to_owned(),
         message: format!("header `{name}` is not a valid HTTP header"),
     }
+}
+
+/// The exporter's headers, each a valid HTTP header name and value, or the error naming the
+/// one that is not.
+fn header_map<'a>(
+    url: &str,
+    headers: impl IntoIterator<Item = (&'a String, &'a String)>,
+) -> Result<reqwest::header::HeaderMap, ConfigError> {
+    let mut map = reqwest::header::HeaderMap::new();
+    for (k, v) in headers {
+        let name = reqwest::header::HeaderName::from_bytes(k.as_bytes())
+            .map_err(|_| bad_header(url, k))?;
+        let value = reqwest::header::HeaderValue::from_str(v).map_err(|_| bad_header(url, k))?;
+        map.insert(name, value);
+    }
+    Ok(map)
 }
 
 /// The `service.name` to set over the resource's own: `OTEL_SERVICE_NAME` (already in

@@ -837,3 +837,26 @@ fn the_service_name_follows_the_standard_variables_first() {
         "OTEL_SERVICE_NAME first"
     );
 }
+
+/// A header that is no valid HTTP header is an error at start, over HTTP as over gRPC (the
+/// HTTP exporter would drop it silently, and every export be refused).
+#[test]
+fn a_bad_exporter_header_is_refused_whatever_the_protocol() {
+    for protocol in [
+        crate::config::OtlpProtocol::HttpProtobuf,
+        crate::config::OtlpProtocol::Grpc,
+    ] {
+        let config = crate::config::TelemetryConfig {
+            enabled: Some(true),
+            endpoint: Some("http://127.0.0.1:4318".into()),
+            protocol,
+            headers: [("x-api-key".to_owned(), "abc\ndef".to_owned())].into(),
+            ..Default::default()
+        };
+        let error = match super::exporter(&config) {
+            Err(error) => error.to_string(),
+            Ok(_) => panic!("{protocol:?}: a bad header was accepted"),
+        };
+        assert!(error.contains("x-api-key"), "{protocol:?}: {error}");
+    }
+}
