@@ -33,6 +33,11 @@ fn serve(dir: &Path, replies: Value) -> (Serving, String) {
 }
 
 fn serve_with(dir: &Path, schema: Value, replies: Value) -> (Serving, String) {
+    serve_configured(dir, schema, replies, "")
+}
+
+/// As [`serve_with`], with `extra` appended to troupe.toml.
+fn serve_configured(dir: &Path, schema: Value, replies: Value, extra: &str) -> (Serving, String) {
     std::fs::create_dir_all(dir.join("agents")).unwrap();
     std::fs::write(
         dir.join("agents/profiler.json"),
@@ -48,7 +53,7 @@ fn serve_with(dir: &Path, schema: Value, replies: Value) -> (Serving, String) {
     std::fs::write(
         dir.join("troupe.toml"),
         format!(
-            "data_dir = {:?}\nlog_dir = {:?}\n\n[agents]\nrouter = \"rules\"\n",
+            "data_dir = {:?}\nlog_dir = {:?}\n\n[agents]\nrouter = \"rules\"\n{extra}",
             dir.join("data"),
             dir.join("history")
         ),
@@ -145,4 +150,44 @@ async fn a_validated_answer_shaped_like_the_reply_form_is_still_data() {
     let parts = &task["artifacts"][0]["parts"];
     assert_eq!(parts[0]["data"], form, "{sent}");
     assert_eq!(parts[0]["mediaType"], "application/json", "{sent}");
+}
+
+/// A `/hub` in an A2A peer's message is no person's choice: under a policy that denies
+/// `dispatch_agent`, it is refused as the supervisor's dispatch would be, where the same
+/// `/hub` typed into the API reaches the agent.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_hub_command_from_an_a2a_peer_is_governed_as_a_dispatch() {
+    let dir = tempfile::tempdir().unwrap();
+    let (_serving, base) = serve_configured(
+        dir.path(),
+        json!({"type": "object"}),
+        json!([{"text": "{\"by\": \"a person\"}"}]),
+        "\n[tools]\nblacklist = [\"dispatch_agent\"]\n",
+    );
+    let body = json!({
+        "jsonrpc": "2.0", "id": 1, "method": "SendMessage",
+        "params": {"message": {
+            "messageId": "m-1", "role": "ROLE_USER",
+            "parts": [{"text": "/hub profiler tell me"}],
+        }},
+    });
+    let sent: Value = reqwest::Client::new()
+        .post(format!("{base}/a2a"))
+        .header("A2A-Version", "1.0")
+        .json(&body)
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    let task = &sent["result"]["task"];
+    assert_eq!(task["status"]["state"], "TASK_STATE_FAILED", "{sent}");
+    assert!(sent.to_string().contains("dispatch_agent"), "{sent}");
+
+    // A person's `/hub`, over the API, is theirs to make.
+    let api = crate::suite::serve::Api::new(&base, None);
+    let sid = crate::suite::serve::id(&api.session(None).await, "session_id");
+    let said = api.say(&sid, "/hub profiler tell me").await;
+    assert_eq!(said["reply"]["status"], "ok", "{said}");
 }
