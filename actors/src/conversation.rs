@@ -460,6 +460,9 @@ pub struct ConversationState {
     stats: ConversationStats,
     /// This conversation's model: the session's, or the one its open request named (S1).
     model: Arc<dyn ModelClient>,
+    /// How its prompts are counted: the session's counter, or its own model's when it
+    /// has one and the session's counter follows the model ([`tokens_for`]).
+    tokens: Arc<dyn TokenCounter>,
     /// The model summary being written (`SummaryMode::Model`), aborted when a newer trim
     /// supersedes it or the conversation stops.
     summary_task: Option<AbortHandle>,
@@ -538,6 +541,7 @@ impl Actor for Conversation {
                 args.params.model.as_deref(),
             )?,
         };
+        let tokens = tokens_for(&services, &model);
         let mcp = services.directory.mcp();
         let allowlist = context.mcp_tool_allowlist.as_deref();
         let view = match &mcp.port {
@@ -705,6 +709,7 @@ impl Actor for Conversation {
                 conversation_id: Some(args.conversation_id),
                 ..stats
             },
+            tokens,
             model,
             summary_task: None,
             turns: restored_turns,
@@ -863,6 +868,18 @@ fn model_for(
     }
 }
 
+/// The counter of a conversation's prompts: the session's for the session's model, else the
+/// conversation's model's own when the session's counter follows the model.
+fn tokens_for(services: &Services, model: &Arc<dyn ModelClient>) -> Arc<dyn TokenCounter> {
+    if Arc::ptr_eq(model, &services.model) {
+        return services.tokens.clone();
+    }
+    services
+        .tokens
+        .of_model(&model.info().model)
+        .unwrap_or_else(|| services.tokens.clone())
+}
+
 /// What a task's end reports when its runner panicked.
 fn runner_panicked() -> TaskOutcome {
     TaskOutcome {
@@ -932,7 +949,10 @@ impl ConversationState {
             ),
         };
         match chosen {
-            Ok(model) => self.model = model,
+            Ok(model) => {
+                self.tokens = tokens_for(&self.services, &model);
+                self.model = model;
+            }
             Err(error) => {
                 tracing::warn!(conversation_id = %self.id, %error, "agent's new model refused");
                 self.services.events.emit(EventDraft::conversation(
@@ -992,6 +1012,7 @@ impl ConversationState {
         }
         self.context = next;
         if let Some(model) = model {
+            self.tokens = tokens_for(&self.services, &model);
             self.model = model;
         }
         for message in warnings {

@@ -291,6 +291,13 @@ pub trait TokenCounter: Send + Sync + 'static {
     /// Tokens of a piece of text.
     fn count(&self, text: &str) -> usize;
 
+    /// The counter for another model than the one this counter was chosen for (a
+    /// conversation's own `model`), when it follows the model; `None`: this one stands for
+    /// every model (a tokenizer named in the configuration, the four-bytes estimate).
+    fn of_model(&self, _model: &str) -> Option<Arc<dyn TokenCounter>> {
+        None
+    }
+
     /// Tokens of one history item as a chat format frames it.
     fn count_item(&self, item: &troupe_proto::HistoryItem) -> usize {
         use troupe_proto::HistoryItem as H;

@@ -103,6 +103,9 @@ pub struct TiktokenCounter {
     /// False when the model is not one of OpenAI's and the encoding only approximates its
     /// tokenizer (llama, qwen, mistral... behind an OpenAI-compatible server).
     exact: bool,
+    /// Chosen for a model (not named in the configuration): a conversation with another
+    /// model gets that model's counter.
+    follows_model: bool,
 }
 
 impl TiktokenCounter {
@@ -119,8 +122,10 @@ impl TiktokenCounter {
             Some(&(_, encoding)) => Self {
                 encoding,
                 exact: true,
+                follows_model: true,
             },
             None => Self {
+                follows_model: true,
                 encoding: Encoding::Cl100kBase,
                 exact: false,
             },
@@ -136,11 +141,15 @@ impl TiktokenCounter {
             return Ok(Self {
                 encoding,
                 exact: true,
+                follows_model: false,
             });
         }
         let counter = Self::for_model(name);
         if counter.exact {
-            return Ok(counter);
+            return Ok(Self {
+                follows_model: false,
+                ..counter
+            });
         }
         Err(AgentError::invalid(format!(
             "unknown tokenizer `{name}`: give an encoding ({}), an OpenAI model name ({}, ...) \
@@ -161,6 +170,7 @@ impl TiktokenCounter {
             Some(encoding) => Ok(Self {
                 encoding,
                 exact: true,
+                follows_model: false,
             }),
             None => Err(AgentError::invalid(format!(
                 "unknown tokenizer encoding `{name}` (known: {})",
@@ -193,6 +203,12 @@ impl TokenCounter for TiktokenCounter {
 
     fn count(&self, text: &str) -> usize {
         known::count(self.encoding, text).unwrap_or_else(|| self.encoding.bpe().count(text))
+    }
+
+    fn of_model(&self, model: &str) -> Option<std::sync::Arc<dyn TokenCounter>> {
+        self.follows_model.then(|| {
+            std::sync::Arc::new(Self::for_model(model)) as std::sync::Arc<dyn TokenCounter>
+        })
     }
 }
 

@@ -145,3 +145,82 @@ async fn a_client_that_serves_one_model_refuses_another() {
     assert_eq!(t.session.message(c, "x").await.unwrap().text, "hi");
     t.stop().await;
 }
+
+/// A conversation with a model of its own counts its prompts with that model's tokenizer
+/// (here `gpt-4o`'s o200k_base, where the session's `llama3.1:8b` is approximated with
+/// cl100k_base); a tokenizer named in the configuration counts every conversation's.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_conversations_own_model_counts_with_its_own_tokenizer() {
+    for (tokenizer, want_plain, want_own) in [
+        (None, "cl100k_base", "o200k_base"),
+        (Some("p50k_base"), "p50k_base", "p50k_base"),
+    ] {
+        let server = ModelServer::start().await;
+        let mut config = TroupeConfig::default();
+        config.model.provider = Provider::OpenaiChat;
+        config.model.base_url = server.base_url();
+        config.model.model = "llama3.1:8b".into();
+        config.model.api_key = Some("test-key".into());
+        config.chat.tokenizer_model = tokenizer.map(str::to_owned);
+        let dir = tempfile::tempdir().unwrap();
+        let mut session_config = troupe_actors::SessionConfig {
+            data_dir: dir.path().to_path_buf(),
+            ..Default::default()
+        };
+        session_config.conversation.task.warn_prompt_tokens = Some(1);
+        let ports = troupe_actors::SessionPorts {
+            model: assembly::build_model(&config, None).unwrap(),
+            mcp: None,
+            mcp_connector: None,
+            exec: None,
+            effects: troupe_actors::ports::Effects::Live,
+            summarizer: std::sync::Arc::new(troupe_actors::history::LocalSummarizer::default()),
+            tokens: assembly::try_build_tokens(&config).unwrap(),
+            rollout_storage: None,
+            agents: None,
+        };
+        let (session, _join) = troupe_actors::SessionHandle::start(
+            troupe_proto::SessionId::new(),
+            session_config,
+            ports,
+        )
+        .await
+        .unwrap();
+        let plain = session.open(OpenConversation::default()).await.unwrap();
+        let own = session
+            .open(OpenConversation {
+                model: Some("gpt-4o".into()),
+                ..OpenConversation::default()
+            })
+            .await
+            .unwrap();
+        server.push(Reply::text(["ok"]));
+        server.push(Reply::text(["ok"]));
+        session.message(plain, "hello").await.unwrap();
+        session.message(own, "hello").await.unwrap();
+        session.flush().await.unwrap();
+        let records = session.events_after(0, 1000).await.unwrap();
+        let warned = |c: troupe_proto::ConversationId| -> String {
+            records
+                .iter()
+                .filter(|r| r.conversation_id == Some(c))
+                .filter_map(|r| match &r.event {
+                    Some(troupe_proto::EventKind::Warning { message, .. }) => Some(message.clone()),
+                    _ => None,
+                })
+                .collect::<Vec<_>>()
+                .join("\n")
+        };
+        assert!(
+            warned(plain).contains(want_plain),
+            "{tokenizer:?}: {}",
+            warned(plain)
+        );
+        assert!(
+            warned(own).contains(want_own),
+            "{tokenizer:?}: {}",
+            warned(own)
+        );
+        session.shutdown().await.unwrap();
+    }
+}

@@ -100,7 +100,7 @@ impl ConversationState {
             conversation_id: self.id,
             task_id,
             turn: self.turns,
-            tokens: self.services.tokens.clone(),
+            tokens: self.tokens.clone(),
             input: text,
             history: self.history.snapshot(),
             pinned: self.context.pinned(),
