@@ -78,21 +78,16 @@ fn serve_configured(dir: &Path, schema: Value, replies: Value, extra: &str) -> (
     (Serving(child), base)
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn an_a2a_client_gets_the_validated_object_as_a_data_part() {
-    let dir = tempfile::tempdir().unwrap();
-    let (_serving, base) = serve(
-        dir.path(),
-        json!([{"text": "Here it is: {\"name\": \"Ada\", \"age\": \"36\", \"ssn\": \"123-45-6789\"}"}]),
-    );
+/// An A2A 1.0 `SendMessage` of one text part; the JSON-RPC answer.
+async fn send_message(base: &str, text: &str) -> Value {
     let body = json!({
         "jsonrpc": "2.0", "id": 1, "method": "SendMessage",
         "params": {"message": {
             "messageId": "m-1", "role": "ROLE_USER",
-            "parts": [{"text": "@profiler who wrote the first program?"}],
+            "parts": [{"text": text}],
         }},
     });
-    let sent: Value = reqwest::Client::new()
+    reqwest::Client::new()
         .post(format!("{base}/a2a"))
         .header("A2A-Version", "1.0")
         .json(&body)
@@ -101,7 +96,17 @@ async fn an_a2a_client_gets_the_validated_object_as_a_data_part() {
         .unwrap()
         .json()
         .await
-        .unwrap();
+        .unwrap()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_a2a_client_gets_the_validated_object_as_a_data_part() {
+    let dir = tempfile::tempdir().unwrap();
+    let (_serving, base) = serve(
+        dir.path(),
+        json!([{"text": "Here it is: {\"name\": \"Ada\", \"age\": \"36\", \"ssn\": \"123-45-6789\"}"}]),
+    );
+    let sent = send_message(&base, "@profiler who wrote the first program?").await;
     let task = &sent["result"]["task"];
     assert_eq!(task["status"]["state"], "TASK_STATE_COMPLETED", "{sent}");
     let parts = &task["artifacts"][0]["parts"];
@@ -128,23 +133,7 @@ async fn a_validated_answer_shaped_like_the_reply_form_is_still_data() {
         json!({"type": "object"}),
         json!([{"text": form.to_string()}]),
     );
-    let body = json!({
-        "jsonrpc": "2.0", "id": 1, "method": "SendMessage",
-        "params": {"message": {
-            "messageId": "m-1", "role": "ROLE_USER",
-            "parts": [{"text": "@profiler who wrote the first program?"}],
-        }},
-    });
-    let sent: Value = reqwest::Client::new()
-        .post(format!("{base}/a2a"))
-        .header("A2A-Version", "1.0")
-        .json(&body)
-        .send()
-        .await
-        .unwrap()
-        .json()
-        .await
-        .unwrap();
+    let sent = send_message(&base, "@profiler who wrote the first program?").await;
     let task = &sent["result"]["task"];
     assert_eq!(task["status"]["state"], "TASK_STATE_COMPLETED", "{sent}");
     let parts = &task["artifacts"][0]["parts"];
@@ -164,23 +153,7 @@ async fn a_hub_command_from_an_a2a_peer_is_governed_as_a_dispatch() {
         json!([{"text": "{\"by\": \"a person\"}"}]),
         "\n[tools]\nblacklist = [\"dispatch_agent\"]\n",
     );
-    let body = json!({
-        "jsonrpc": "2.0", "id": 1, "method": "SendMessage",
-        "params": {"message": {
-            "messageId": "m-1", "role": "ROLE_USER",
-            "parts": [{"text": "/hub profiler tell me"}],
-        }},
-    });
-    let sent: Value = reqwest::Client::new()
-        .post(format!("{base}/a2a"))
-        .header("A2A-Version", "1.0")
-        .json(&body)
-        .send()
-        .await
-        .unwrap()
-        .json()
-        .await
-        .unwrap();
+    let sent = send_message(&base, "/hub profiler tell me").await;
     let task = &sent["result"]["task"];
     assert_eq!(task["status"]["state"], "TASK_STATE_FAILED", "{sent}");
     assert!(sent.to_string().contains("dispatch_agent"), "{sent}");

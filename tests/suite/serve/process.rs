@@ -622,25 +622,31 @@ async fn the_approval_timeout_comes_from_the_flag_then_the_env_then_the_file() {
     );
 }
 
+/// `troupe serve` started in `dir` while another process's transaction holds its database:
+/// its start waits for the lock (the returned connection's) to go. Stderr is piped.
+fn start_on_a_held_database(dir: &std::path::Path, stdout: Stdio) -> (rusqlite::Connection, Child) {
+    let db = rusqlite::Connection::open(dir.join("troupe.db")).unwrap();
+    db.execute_batch("CREATE TABLE held(x); BEGIN EXCLUSIVE; INSERT INTO held VALUES (1);")
+        .unwrap();
+    let child = Command::new(troupe_bin())
+        .args(["serve", "--listen", "127.0.0.1:0", "--data-dir"])
+        .arg(dir)
+        .current_dir(dir)
+        .env_remove("TROUPE_API_TOKENS")
+        .stdout(stdout)
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    (db, child)
+}
+
 /// A SIGHUP while `troupe serve` is still starting (here: waiting for its database, which
 /// another process holds locked) is a reread once the service runs, not the end of the
 /// process.
 #[test]
 fn a_sighup_during_start_up_does_not_end_the_service() {
     let dir = tempfile::tempdir().unwrap();
-    // Another process's transaction holds the database: the service's start waits for it.
-    let db = rusqlite::Connection::open(dir.path().join("troupe.db")).unwrap();
-    db.execute_batch("CREATE TABLE held(x); BEGIN EXCLUSIVE; INSERT INTO held VALUES (1);")
-        .unwrap();
-    let mut child = Command::new(troupe_bin())
-        .args(["serve", "--listen", "127.0.0.1:0", "--data-dir"])
-        .arg(dir.path())
-        .current_dir(dir.path())
-        .env_remove("TROUPE_API_TOKENS")
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
+    let (db, mut child) = start_on_a_held_database(dir.path(), Stdio::piped());
     let (lines, said) = std::sync::mpsc::channel();
     let stderr = child.stderr.take().unwrap();
     std::thread::spawn(move || {
@@ -686,18 +692,7 @@ fn a_sighup_during_start_up_does_not_end_the_service() {
 #[test]
 fn a_sigterm_during_start_up_is_a_graceful_stop() {
     let dir = tempfile::tempdir().unwrap();
-    let db = rusqlite::Connection::open(dir.path().join("troupe.db")).unwrap();
-    db.execute_batch("CREATE TABLE held(x); BEGIN EXCLUSIVE; INSERT INTO held VALUES (1);")
-        .unwrap();
-    let mut child = Command::new(troupe_bin())
-        .args(["serve", "--listen", "127.0.0.1:0", "--data-dir"])
-        .arg(dir.path())
-        .current_dir(dir.path())
-        .env_remove("TROUPE_API_TOKENS")
-        .stdout(Stdio::null())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
+    let (db, mut child) = start_on_a_held_database(dir.path(), Stdio::null());
     let mut stderr = BufReader::new(child.stderr.take().unwrap());
     let mut first = String::new();
     stderr.read_line(&mut first).unwrap();
