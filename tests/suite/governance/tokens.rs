@@ -281,13 +281,22 @@ async fn team_with_book(
     defs: Vec<AgentDefinition>,
     replies: Vec<ScriptedReply>,
 ) -> (Team, TokenBookRef) {
+    team_with_book_and(defs, replies, runs_commands).await
+}
+
+/// A team whose session runs commands and has a token book, its configuration set by `tweak`.
+async fn team_with_book_and(
+    defs: Vec<AgentDefinition>,
+    replies: Vec<ScriptedReply>,
+    tweak: fn(&mut troupe_actors::SessionConfig),
+) -> (Team, TokenBookRef) {
     let book = token_book::spawn(Arc::new(MemoryStore::new()))
         .await
         .unwrap();
     let team = Team::start_extra(
         defs,
         replies,
-        runs_commands,
+        tweak,
         Extras {
             token_book: Some(book.clone()),
             exec: true,
@@ -429,18 +438,10 @@ fn asks_for_commands(config: &mut troupe_actors::SessionConfig) {
 
 #[tokio::test]
 async fn a_use_is_spent_when_governance_lets_the_call_through_even_if_a_human_then_denies_it() {
-    let book = token_book::spawn(Arc::new(MemoryStore::new()))
-        .await
-        .unwrap();
-    let team = Team::start_extra(
+    let (team, book) = team_with_book_and(
         vec![guarded(model_agent("coder", "You run commands.", &[]))],
         vec![echo("asked"), ScriptedReply::text("denied it")],
         asks_for_commands,
-        Extras {
-            token_book: Some(book.clone()),
-            exec: true,
-            ..Default::default()
-        },
     )
     .await;
     let token = token_book::issue(&book, issue_for("coder", "shell", None, 600, 2))
@@ -616,10 +617,7 @@ async fn a_capability_call_that_cannot_run_spends_no_use() {
         authorization_required: vec!["*".into()],
         ..ToolRules::default()
     };
-    let book = token_book::spawn(Arc::new(MemoryStore::new()))
-        .await
-        .unwrap();
-    let team = Team::start_extra(
+    let (team, book) = team_with_book_and(
         vec![coder],
         vec![
             ScriptedReply::tool("capability_run", json!({"id": "ghost", "command": "hello"})),
@@ -631,11 +629,6 @@ async fn a_capability_call_that_cannot_run_spends_no_use() {
             ScriptedReply::text("done"),
         ],
         runs_commands_with_a_capability,
-        Extras {
-            token_book: Some(book.clone()),
-            exec: true,
-            ..Default::default()
-        },
     )
     .await;
     let issued = token_book::issue(&book, issue_for("coder", "*", None, 600, 1))

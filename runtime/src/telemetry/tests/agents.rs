@@ -44,6 +44,32 @@ impl troupe_actors::ports::BindingStore for Bindings {
     }
 }
 
+/// A session's ports: the scripted model answering `replies`, the agents of `catalog` routed
+/// by rules, bindings in memory.
+fn ports_of(replies: Vec<ScriptedReply>, catalog: AgentCatalog) -> SessionPorts {
+    SessionPorts {
+        model: Arc::new(ScriptedModel::new(replies)),
+        mcp: None,
+        mcp_connector: None,
+        exec: None,
+        summarizer: Arc::new(troupe_actors::history::LocalSummarizer::default()),
+        tokens: Arc::new(troupe_actors::ports::ApproxTokens),
+        rollout_storage: None,
+        effects: troupe_actors::ports::Effects::Live,
+        agents: Some(AgentPorts {
+            catalog: Arc::new(catalog),
+            settings: AgentSettings {
+                router: RouterMode::Rules,
+                ..AgentSettings::default()
+            },
+            factories: Vec::new(),
+            models: Default::default(),
+            bindings: Arc::new(Bindings::default()),
+            live: None,
+        }),
+    }
+}
+
 fn agent(id: &str, workers: &[&str]) -> AgentDefinition {
     AgentDefinition {
         id: id.into(),
@@ -89,27 +115,7 @@ async fn a_dispatch_is_a_span_of_its_dispatcher_and_the_agents_task_links_to_it(
         ScriptedReply::text("written"),
         ScriptedReply::text("the coder wrote it"),
     ];
-    let ports = SessionPorts {
-        model: Arc::new(ScriptedModel::new(replies)),
-        mcp: None,
-        mcp_connector: None,
-        exec: None,
-        summarizer: Arc::new(troupe_actors::history::LocalSummarizer::default()),
-        tokens: Arc::new(troupe_actors::ports::ApproxTokens),
-        rollout_storage: None,
-        effects: troupe_actors::ports::Effects::Live,
-        agents: Some(AgentPorts {
-            catalog: Arc::new(catalog),
-            settings: AgentSettings {
-                router: RouterMode::Rules,
-                ..AgentSettings::default()
-            },
-            factories: Vec::new(),
-            models: Default::default(),
-            bindings: Arc::new(Bindings::default()),
-            live: None,
-        }),
-    };
+    let ports = ports_of(replies, catalog);
     let (session, join) = SessionHandle::start(SessionId::new(), config, ports)
         .await
         .unwrap();
@@ -206,27 +212,7 @@ async fn content_is_not_recorded_on_a_step_held_for_the_guardrail() {
             r#"{{"name": "Ada", "age": 36, "ssn": "{SECRET}"}}"#
         )),
     ];
-    let ports = SessionPorts {
-        model: Arc::new(ScriptedModel::new(replies)),
-        mcp: None,
-        mcp_connector: None,
-        exec: None,
-        summarizer: Arc::new(troupe_actors::history::LocalSummarizer::default()),
-        tokens: Arc::new(troupe_actors::ports::ApproxTokens),
-        rollout_storage: None,
-        effects: troupe_actors::ports::Effects::Live,
-        agents: Some(AgentPorts {
-            catalog: Arc::new(catalog),
-            settings: AgentSettings {
-                router: RouterMode::Rules,
-                ..AgentSettings::default()
-            },
-            factories: Vec::new(),
-            models: Default::default(),
-            bindings: Arc::new(Bindings::default()),
-            live: None,
-        }),
-    };
+    let ports = ports_of(replies, catalog);
     let (session, join) = SessionHandle::start(SessionId::new(), config, ports)
         .await
         .unwrap();
