@@ -125,7 +125,13 @@ pub fn exporter(
                 // Checked as gRPC's are: the HTTP exporter would drop a bad one silently and
                 // every export would then be refused by the collector.
                 header_map(&url, &config.headers)?;
-                builder = builder.with_headers(config.headers.clone().into_iter().collect());
+                builder = builder.with_headers(
+                    config
+                        .headers
+                        .iter()
+                        .map(|(k, v)| (k.clone(), sent_as_written(v)))
+                        .collect(),
+                );
             }
             builder.build().map_err(failed)?
         }
@@ -144,6 +150,14 @@ pub fn exporter(
         }
     };
     Ok(Some(exporter))
+}
+
+/// `value` as the HTTP exporter's `with_headers` must be given it for `value` itself to be
+/// sent: it percent-decodes what it is given (as it does `OTEL_EXPORTER_OTLP_HEADERS`, where
+/// the specification asks for it), while gRPC's metadata goes out as given. A header of the
+/// file is sent as written over both: each `%` escaped, so that decoding gives it back.
+pub fn sent_as_written(value: &str) -> String {
+    value.replace('%', "%25")
 }
 
 fn bad_header(url: &str, name: &str) -> ConfigError {

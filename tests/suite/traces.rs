@@ -408,6 +408,36 @@ fn with_telemetry_off_nothing_is_sent() {
 }
 
 #[test]
+fn a_header_of_the_file_is_sent_as_written() {
+    let collector = Listener::start();
+    let dir = tempfile::tempdir().unwrap();
+    let config = dir.path().join("troupe.toml");
+    std::fs::write(
+        &config,
+        format!(
+            "[telemetry]\nenabled = true\nendpoint = \"http://{}\"\nheaders = {{ \"x-api-key\" = \"k%41y\" }}\n",
+            collector.addr
+        ),
+    )
+    .unwrap();
+    let config = config.to_str().unwrap().to_owned();
+    assert!(
+        chat_once(&[
+            ("TROUPE_CONFIG", &config),
+            ("OTEL_EXPORTER_OTLP_HEADERS", "x-other=a%2Cb"),
+        ])
+        .success()
+    );
+    let first = collector.first_bytes.recv_timeout(LIMIT).unwrap();
+    let head = String::from_utf8_lossy(&first).to_ascii_lowercase();
+    assert!(head.starts_with("post /v1/traces http/1.1"), "{head}");
+    // Not percent-decoded (`kAy`), as over gRPC, whose metadata goes out as given.
+    assert!(head.contains("x-api-key: k%41y\r\n"), "{head}");
+    // The variable's values are percent-decoded, as the specification says.
+    assert!(head.contains("x-other: a,b\r\n"), "{head}");
+}
+
+#[test]
 fn grpc_export_speaks_http2() {
     let collector = Listener::start();
     let endpoint = format!("http://{}", collector.addr);

@@ -47,8 +47,8 @@ pub struct TelemetryConfig {
     pub protocol: OtlpProtocol,
     /// The resource's `service.name` (`OTEL_SERVICE_NAME` wins).
     pub service_name: String,
-    /// Extra headers of every export request (e.g. an API key). Empty: the exporter reads
-    /// `OTEL_EXPORTER_OTLP_[TRACES_]HEADERS`.
+    /// Extra headers of every export request (e.g. an API key), sent as written; the
+    /// exporter adds `OTEL_EXPORTER_OTLP_[TRACES_]HEADERS` (percent-decoded) over them.
     pub headers: BTreeMap<String, String>,
     /// Bound of one export.
     #[serde(with = "humantime_serde")]
