@@ -1134,6 +1134,14 @@ impl TroupeConfig {
                     .to_owned(),
             });
         }
+        if config.conversation.approval_timeout.is_zero() {
+            return Err(ConfigError::Parse {
+                path: path.to_owned(),
+                message: format!(
+                    "conversation.approval_timeout must be {APPROVAL_TIMEOUT_EXPECTED}"
+                ),
+            });
+        }
         config.named = named;
         config.source = Some(path.to_owned());
         Ok(config)
@@ -1350,7 +1358,15 @@ impl TroupeConfig {
             self.conversation.close_timeout = parse_duration(names[3], v)?;
         }
         if let Some(v) = &given.approval_timeout {
-            self.conversation.approval_timeout = parse_duration(names[4], v)?;
+            let timeout = parse_duration(names[4], v)?;
+            if timeout.is_zero() {
+                return Err(ConfigError::Value {
+                    name: names[4].to_owned(),
+                    value: v.clone(),
+                    expected: APPROVAL_TIMEOUT_EXPECTED,
+                });
+            }
+            self.conversation.approval_timeout = timeout;
         }
         if let Some(v) = &given.passivate_after {
             self.sessions.passivate_after = parse_duration(names[5], v)?;
@@ -1471,6 +1487,10 @@ pub fn parse_enum<T: serde::de::DeserializeOwned>(
 }
 
 /// A humantime duration (`30s`, `2m`).
+/// What an approval timeout must be: zero would deny every request before anyone could see it.
+const APPROVAL_TIMEOUT_EXPECTED: &str =
+    "a duration longer than zero (a request nobody can answer in time is denied)";
+
 pub fn parse_duration(name: &str, value: &str) -> Result<Duration, ConfigError> {
     humantime::parse_duration(value).map_err(|_| ConfigError::Value {
         name: name.to_owned(),
@@ -1694,6 +1714,40 @@ lease_ttl = "5s"
         assert!(err.contains("postgres_url"), "{err}");
         lonely.node = Some(" ".into());
         assert!(lonely.node(&StoreConfig::default()).is_err());
+    }
+
+    #[test]
+    fn an_approval_timeout_of_zero_is_refused_everywhere() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("troupe.toml");
+        std::fs::write(&path, "[conversation]\napproval_timeout = \"0s\"\n").unwrap();
+        let e = TroupeConfig::load(Some(&path), &env(&[]))
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("conversation.approval_timeout must be"), "{e}");
+        let e = TroupeConfig::load(None, &env(&[("TROUPE_APPROVAL_TIMEOUT", "0ms")]))
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.contains("TROUPE_APPROVAL_TIMEOUT") && e.contains("longer than zero"),
+            "{e}"
+        );
+        let mut c = TroupeConfig::default();
+        let e = c
+            .apply_conversation_flags(&ConversationFlags {
+                approval_timeout: Some("0s".into()),
+                ..ConversationFlags::default()
+            })
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("longer than zero"), "{e}");
+        assert_eq!(c.conversation.approval_timeout, Duration::from_secs(300));
+        c.apply_conversation_flags(&ConversationFlags {
+            approval_timeout: Some("1s".into()),
+            ..ConversationFlags::default()
+        })
+        .unwrap();
+        assert_eq!(c.conversation.approval_timeout, Duration::from_secs(1));
     }
 
     #[test]
