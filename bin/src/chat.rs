@@ -93,8 +93,10 @@ pub struct ChatArgs {
     /// Write nothing to disk: the rollout in memory, no JSONL history.
     #[arg(long)]
     pub ephemeral: bool,
-    /// Answer command (and MCP sampling) approvals without asking: deny or approve (once).
-    /// Default: ask at the terminal in the REPL; deny with --once or without a terminal.
+    /// Answer command (and MCP sampling) approvals without asking: deny or approve (once;
+    /// under the on-failure approval policy, `approve` also lets a command the sandbox
+    /// refused run again outside it). Default: ask at the terminal in the REPL; deny with
+    /// --once or without a terminal.
     #[arg(long, value_enum)]
     pub approvals: Option<ApprovalAnswer>,
     /// Answer MCP elicitations without asking: decline, or accept with the schema's
