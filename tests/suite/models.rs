@@ -17,6 +17,32 @@ fn asked(server: &ModelServer) -> Vec<String> {
         .collect()
 }
 
+/// A `base_url` with a query (an Azure-style `?api-version=`, a key) keeps it on every
+/// request, after the provider's path, with both providers.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_base_urls_query_is_kept_after_the_path() {
+    let server = ModelServer::start().await;
+    for (provider, path) in [
+        (Provider::OpenaiChat, "/v1/chat/completions"),
+        (Provider::OpenaiResponses, "/v1/responses"),
+    ] {
+        let mut config = TroupeConfig::default();
+        config.model.provider = provider;
+        config.model.base_url = format!("{}/?api-version=2024-10-21", server.base_url());
+        let model = assembly::build_model(&config, None).unwrap();
+        let (session, _dir, join) = start_with_model(model, |_| {}, None).await;
+        server.push(Reply::text(["ok"]));
+        let root = session.root().await.unwrap();
+        let reply = session.message(root, "hello").await.unwrap();
+        assert_eq!(reply.status, TaskStatus::Ok, "{reply:?}");
+        let asked = server.requests().pop().unwrap();
+        assert_eq!(asked.path, path);
+        assert_eq!(asked.query.as_deref(), Some("api-version=2024-10-21"));
+        session.shutdown().await.unwrap();
+        let _ = join.await;
+    }
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn two_conversations_of_one_session_ask_for_different_models() {
     let server = ModelServer::start().await;

@@ -110,6 +110,23 @@ impl DeltaSink for NoDeltas {
     fn text_delta(&mut self, _delta: &str) {}
 }
 
+/// `path` under `base_url`'s path, its query kept (`…/v1?api-version=X` posts to
+/// `…/v1/chat/completions?api-version=X`), its fragment dropped.
+fn endpoint_url(base_url: &str, path: &str) -> Result<reqwest::Url, AgentError> {
+    let bad = |e: &dyn std::fmt::Display| {
+        // Not the URL itself: its query or credentials may hold a key.
+        AgentError::invalid(format!("bad model base_url: {e}"))
+    };
+    let mut url = reqwest::Url::parse(base_url.trim()).map_err(|e| bad(&e))?;
+    if url.cannot_be_a_base() || !matches!(url.scheme(), "http" | "https") {
+        return Err(bad(&"it must be an http:// or https:// URL"));
+    }
+    let joined = format!("{}/{path}", url.path().trim_end_matches('/'));
+    url.set_path(&joined);
+    url.set_fragment(None);
+    Ok(url)
+}
+
 impl OpenAiClient {
     /// Builds the client: one connection pool with the connect timeout, the extra headers
     /// and the `Authorization: Bearer` header (from `api_key`, else from the environment
@@ -124,10 +141,8 @@ impl OpenAiClient {
                 ));
             }
         };
-        let url = format!("{}/{path}", config.base_url.trim_end_matches('/'));
-        let parsed = reqwest::Url::parse(&url).map_err(|e| {
-            AgentError::invalid(format!("bad model base_url `{}`: {e}", config.base_url))
-        })?;
+        let parsed = endpoint_url(&config.base_url, path)?;
+        let url = parsed.to_string();
         let shown_url = shown_url(&parsed);
         let loopback = parsed.host_str().is_some_and(is_loopback);
 
@@ -796,6 +811,32 @@ mod tests {
         assert_eq!(parse_arguments("t", " {\"a\":1} ").unwrap().0["a"], 1);
         let e = parse_arguments("add", "{\"a\":").unwrap_err();
         assert!(e.to_string().contains("`add`"), "{e}");
+    }
+
+    #[test]
+    fn the_endpoint_keeps_the_base_urls_query() {
+        let url = |base: &str| endpoint_url(base, "chat/completions").map(|u| u.to_string());
+        assert_eq!(
+            url("http://127.0.0.1:8000/v1").unwrap(),
+            "http://127.0.0.1:8000/v1/chat/completions"
+        );
+        assert_eq!(
+            url("http://127.0.0.1:8000/v1/").unwrap(),
+            "http://127.0.0.1:8000/v1/chat/completions"
+        );
+        assert_eq!(
+            url("https://x.example/openai/v1?api-version=2024-10-21#frag").unwrap(),
+            "https://x.example/openai/v1/chat/completions?api-version=2024-10-21"
+        );
+        assert_eq!(url("http://h:1").unwrap(), "http://h:1/chat/completions");
+        for bad in ["not a url", "ftp://h/v1", "mailto:a@b", ""] {
+            let e = url(bad).unwrap_err().to_string();
+            assert!(e.contains("bad model base_url"), "{bad}: {e}");
+        }
+        let e = url("https://u:s3cret@x.example:99999/v1")
+            .unwrap_err()
+            .to_string();
+        assert!(!e.contains("s3cret"), "{e}");
     }
 
     #[test]

@@ -42,6 +42,8 @@ use wire::{Rendered, WireContext};
 pub struct Recorded {
     pub method: String,
     pub path: String,
+    /// The request's query, when it has one.
+    pub query: Option<String>,
     /// Lower-case names; a repeated header keeps its last value.
     pub headers: BTreeMap<String, String>,
     /// The parsed JSON body (`Value::Null` when it was not JSON).
@@ -198,6 +200,7 @@ async fn answer(
         requests.push(Recorded {
             method: method.to_string(),
             path: uri.path().to_owned(),
+            query: uri.query().map(str::to_owned),
             headers: headers
                 .iter()
                 .map(|(k, v)| {
