@@ -164,7 +164,15 @@ pub async fn run(args: ServeArgs) -> anyhow::Result<ExitCode> {
     crate::chat::warn_if_script_unused(&config, args.script.as_deref());
     let model = assembly::build_model(&config, args.script.as_deref())?;
     let mut ports = assembly::session_ports(&config, model, tokens);
-    let storage = troupe_service::open_store(&config, args.ephemeral).await?;
+    // A listen address that cannot serve is refused before the store is created or migrated.
+    if !args.stdio {
+        for addr in resolve_listen(&config.server.listen).await? {
+            troupe_service::check_bind(config.server.tokens.is_empty(), addr)?;
+        }
+    }
+    let mut storage = troupe_service::open_store(&config, args.ephemeral).await?;
+    // Held to the end of the process: no second service writes this data directory.
+    let _data_dir = storage.lock.take();
     eprintln!("troupe: {}", storage.description);
     ports.rollout_storage = storage.rollout;
     let cluster = storage.cluster;
@@ -300,12 +308,17 @@ impl Hangup {
     }
 }
 
-/// Resolves `listen`, refuses a non-loopback address without tokens, binds.
-async fn bind(service: &Service, listen: &str) -> anyhow::Result<tokio::net::TcpListener> {
-    let addrs: Vec<std::net::SocketAddr> = tokio::net::lookup_host(listen)
+/// The addresses `listen` resolves to.
+async fn resolve_listen(listen: &str) -> anyhow::Result<Vec<std::net::SocketAddr>> {
+    Ok(tokio::net::lookup_host(listen)
         .await
         .with_context(|| format!("cannot resolve listen address `{listen}`"))?
-        .collect();
+        .collect())
+}
+
+/// Resolves `listen`, refuses a non-loopback address without tokens, binds.
+async fn bind(service: &Service, listen: &str) -> anyhow::Result<tokio::net::TcpListener> {
+    let addrs = resolve_listen(listen).await?;
     for addr in &addrs {
         service.check_bind(*addr)?;
     }

@@ -685,6 +685,72 @@ pub struct Storage {
     pub description: String,
     /// This node's session leases, when it is one node of a cluster (`[cluster] node`).
     pub cluster: Option<ClusterStorage>,
+    /// The data directory's lock (`troupe.lock`), held as long as this value lives: one
+    /// service at a time writes a data directory's `troupe.db` and `rollout.db`.
+    pub lock: Option<DataDirLock>,
+}
+
+/// The exclusive lock of a data directory ([`lock_data_dir`]), released when dropped (or
+/// when the process ends, however it ends).
+#[derive(Debug)]
+pub struct DataDirLock {
+    _file: std::fs::File,
+}
+
+/// The lock file of a data directory.
+pub const DATA_DIR_LOCK_FILE: &str = "troupe.lock";
+
+/// Takes the exclusive lock of `dir` (creating it), or says who holds it: two services on
+/// one data directory would both write its databases, each taking the other's sequence
+/// numbers, and lose records.
+pub fn lock_data_dir(dir: &std::path::Path) -> Result<DataDirLock, AgentError> {
+    use std::io::{Read, Seek, Write};
+    std::fs::create_dir_all(dir).map_err(|e| {
+        AgentError::invalid(format!(
+            "cannot create the data directory {}: {e}",
+            dir.display()
+        ))
+    })?;
+    let path = dir.join(DATA_DIR_LOCK_FILE);
+    let mut file = std::fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .create(true)
+        .truncate(false)
+        .open(&path)
+        .map_err(|e| AgentError::invalid(format!("cannot open {}: {e}", path.display())))?;
+    match file.try_lock() {
+        Ok(()) => {}
+        Err(std::fs::TryLockError::WouldBlock) => {
+            let mut holder = String::new();
+            let _ = file.read_to_string(&mut holder);
+            return Err(AgentError::invalid(data_dir_in_use(dir, holder.trim())));
+        }
+        Err(std::fs::TryLockError::Error(e)) => {
+            return Err(AgentError::invalid(format!(
+                "cannot lock {}: {e}",
+                path.display()
+            )));
+        }
+    }
+    // Who holds it, for the next one's error; the lock stands without it.
+    let _ = file
+        .set_len(0)
+        .and_then(|()| file.rewind())
+        .and_then(|()| writeln!(file, "{}", std::process::id()));
+    Ok(DataDirLock { _file: file })
+}
+
+/// The error of a data directory another process holds (`holder`: its pid, as it wrote it).
+fn data_dir_in_use(dir: &std::path::Path, holder: &str) -> String {
+    let by = match holder.parse::<u32>() {
+        Ok(pid) => format!(" (pid {pid})"),
+        Err(_) => String::new(),
+    };
+    format!(
+        "the data directory {} is in use by another troupe serve{by}: give each service its own --data-dir",
+        dir.display()
+    )
 }
 
 /// What a node of a cluster owns its sessions through.
@@ -715,6 +781,7 @@ pub async fn open_store(config: &TroupeConfig, ephemeral: bool) -> Result<Storag
             description: "store and rollout: in memory (--ephemeral); nothing is written to disk"
                 .to_owned(),
             cluster: None,
+            lock: None,
         });
     }
     match placement(config)? {
@@ -800,6 +867,7 @@ const NO_POSTGRES: &str = "this build of troupe has no PostgreSQL store (cargo f
      `postgres`); use [store] backend = \"sqlite\"";
 
 fn open_sqlite(config: &TroupeConfig) -> Result<Storage, AgentError> {
+    let lock = lock_data_dir(&config.data_dir)?;
     // Where the rollout goes is decided before the store creates troupe.db.
     let rollout_path = troupe_store::SqliteRolloutStorage::path_in(&config.data_dir)?;
     let durable = config.store.power_loss_durable;
@@ -821,6 +889,7 @@ fn open_sqlite(config: &TroupeConfig) -> Result<Storage, AgentError> {
             rollout_path.display()
         ),
         cluster: None,
+        lock: Some(lock),
     })
 }
 
@@ -894,6 +963,7 @@ async fn open_postgres(
         store,
         rollout: Some(Arc::new(rollout)),
         description,
+        lock: None,
     })
 }
 

@@ -352,6 +352,17 @@ fn an_open_api_refuses_a_public_address() {
     assert!(!out.status.success());
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(stderr.contains("without API tokens"), "{stderr}");
+    // Refused before the store is created: a durable data directory stays unwritten.
+    let data = dir.path().join("data");
+    let out = Command::new(troupe_bin())
+        .args(["serve", "--listen", "0.0.0.0:0", "--data-dir"])
+        .arg(&data)
+        .current_dir(dir.path())
+        .env_remove("TROUPE_API_TOKENS")
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    assert!(!data.exists(), "nothing written for a refused address");
     // With a token it binds (and a SIGTERM ends it).
     let mut child = Command::new(troupe_bin())
         .args([
@@ -399,6 +410,38 @@ fn spawn_durable(dir: &std::path::Path, script: &str) -> Serving {
         base,
         _dir: None,
     }
+}
+
+/// Two services on one data directory would both write its databases and lose records:
+/// the second is refused, naming the first's pid, until the first has ended.
+#[test]
+fn a_second_service_on_one_data_directory_is_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut first = spawn_durable(dir.path(), "{}");
+    let mut second = Command::new(troupe_bin())
+        .args(["serve", "--listen", "127.0.0.1:0", "--data-dir"])
+        .arg(dir.path())
+        .current_dir(dir.path())
+        .env_remove("TROUPE_API_TOKENS")
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let refused = wait_exit(&mut second, Duration::from_secs(15));
+    let mut stderr = String::new();
+    std::io::Read::read_to_string(&mut second.stderr.take().unwrap(), &mut stderr).unwrap();
+    assert!(!refused.success(), "{stderr}");
+    assert!(
+        stderr.contains("is in use by another troupe serve")
+            && stderr.contains(&format!("(pid {})", first.child.id())),
+        "{stderr}"
+    );
+    sigterm(&first.child);
+    assert!(wait_exit(&mut first.child, Duration::from_secs(15)).success());
+    // Ended, it left the directory to the next one.
+    let mut next = spawn_durable(dir.path(), "{}");
+    sigterm(&next.child);
+    assert!(wait_exit(&mut next.child, Duration::from_secs(15)).success());
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
