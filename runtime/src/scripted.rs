@@ -20,6 +20,7 @@ use troupe_proto::{AgentError, HistoryItem, Json, Role, ToolCall, Usage};
 
 /// One scripted tool call.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
 pub struct ScriptedCall {
     pub name: String,
     #[serde(default = "empty_object")]
@@ -37,7 +38,7 @@ fn yes() -> bool {
 /// One reply of the script. A reply with no text, no tool call, no error and no hang gets
 /// the rule-based answer.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-#[serde(default)]
+#[serde(default, deny_unknown_fields)]
 pub struct ScriptedReply {
     /// Wait this long before answering (cancellable).
     pub delay_ms: u64,
@@ -153,6 +154,7 @@ impl ScriptedReply {
 
 /// A script file: `{"replies": [...]}`.
 #[derive(Debug, Clone, PartialEq, Default, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
 pub struct Script {
     #[serde(default)]
     pub replies: Vec<ScriptedReply>,
@@ -366,6 +368,25 @@ mod tests {
         ];
         assert_eq!(default_answer(items.iter()), "The tool answered: 42");
         assert_eq!(default_answer(items[..1].iter()), "You said: hi");
+    }
+
+    #[test]
+    fn a_misspelt_key_is_refused_not_ignored() {
+        for text in [
+            r#"{"replys":[]}"#,
+            r#"{"replies":[{"txt":"hi"}]}"#,
+            r#"{"replies":[{"tool_calls":[{"name":"shell","args":{}}]}]}"#,
+        ] {
+            let e = serde_json::from_str::<Script>(text)
+                .unwrap_err()
+                .to_string();
+            assert!(e.contains("unknown field"), "{text}: {e}");
+        }
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("s.json");
+        std::fs::write(&path, r#"{"replies":[{"txt":"hi"}]}"#).unwrap();
+        let e = ScriptedModel::from_file(&path).unwrap_err().to_string();
+        assert!(e.contains("bad script") && e.contains("`txt`"), "{e}");
     }
 
     #[test]

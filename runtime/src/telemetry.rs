@@ -236,8 +236,12 @@ pub fn subscriber(
     provider: &SdkTracerProvider,
 ) -> impl tracing::Subscriber + Send + Sync + 'static {
     let filter = EnvFilter::try_from_env(LOG_ENV).unwrap_or_else(|_| EnvFilter::new("warn"));
+    // Colours only for a terminal: a log file or a pipe gets plain text.
+    let ansi = std::io::IsTerminal::is_terminal(&std::io::stderr())
+        && std::env::var_os("NO_COLOR").is_none_or(|v| v.is_empty());
     let fmt = tracing_subscriber::fmt::layer()
         .with_writer(std::io::stderr)
+        .with_ansi(ansi)
         .with_filter(console_filter(filter));
     tracing_subscriber::registry()
         .with(fmt)

@@ -100,6 +100,33 @@ async fn a_base_url_alone_picks_that_server() {
     assert!(!stderr.contains("scripted"), "{stderr}");
 }
 
+/// The logs on stderr are plain text when stderr is no terminal (a pipe here): no colour
+/// codes in a log file.
+#[tokio::test]
+async fn logs_to_a_pipe_have_no_colour_codes() {
+    let server = ModelServer::start().await;
+    server.push(Reply::error(400, "bad request"));
+    let dir = tempfile::tempdir().unwrap();
+    let mut cmd = troupe(dir.path());
+    cmd.env_remove("NO_COLOR")
+        .env("TROUPE_LOG", "info")
+        .args([
+            "chat",
+            "--once",
+            "--ephemeral",
+            "--base-url",
+            &server.base_url(),
+        ])
+        .args(["--model", "m", "say hi"]);
+    let out = output(cmd).await;
+    let stderr = text(&out.stderr);
+    assert!(
+        stderr.contains(" INFO ") || stderr.contains(" WARN "),
+        "logs were written: {stderr}"
+    );
+    assert!(!stderr.contains('\u{1b}'), "{stderr:?}");
+}
+
 #[tokio::test]
 async fn openai_variables_pick_the_server_and_a_provider_flag_the_wire_format() {
     let server = ModelServer::start().await;
