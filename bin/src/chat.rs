@@ -31,7 +31,8 @@ use crate::spinner::Spinner;
 pub struct ChatArgs {
     /// A first question; with --once, the only one.
     pub question: Option<String>,
-    /// Run one turn, print the reply, exit (0 ok, 2 error, 3 max_steps, 4 cancelled).
+    /// Run one turn, print the reply, exit (0 ok, 1 could not run, 2 error, 3 max_steps,
+    /// 4 cancelled).
     #[arg(long)]
     pub once: bool,
     /// TOML configuration file (default: $TROUPE_CONFIG, else ./troupe.toml if present).
@@ -495,7 +496,24 @@ async fn finish(
 }
 
 async fn once(chat: &mut Chat, question: String, json: bool) -> anyhow::Result<ExitCode> {
-    let reply = chat.turn(question).await?;
+    let reply = match chat.turn(question).await {
+        Ok(reply) => reply,
+        // Aborted because its task ignored the cancellation: cancelled all the same.
+        Err(AgentError::Cancelled { reason }) => {
+            if json {
+                let error = AgentError::Cancelled {
+                    reason: reason.clone(),
+                };
+                println!(
+                    "{}",
+                    serde_json::json!({"status": TaskStatus::Cancelled, "error": error})
+                );
+            }
+            eprintln!("troupe: turn ended with cancelled: {reason}");
+            return Ok(exit_code(TaskStatus::Cancelled));
+        }
+        Err(error) => return Err(error.into()),
+    };
     if json {
         println!("{}", serde_json::to_string(&reply)?);
     } else {
@@ -511,6 +529,8 @@ async fn once(chat: &mut Chat, question: String, json: bool) -> anyhow::Result<E
 /// (which carries none), how many steps it took and where the limit is set.
 fn ended_early(reply: &MessageReply) -> Option<String> {
     match (&reply.error, reply.status) {
+        // "cancelled: cancelled during …" said once.
+        (Some(AgentError::Cancelled { reason }), TaskStatus::Cancelled) => Some(reason.clone()),
         (Some(e), _) => Some(e.to_string()),
         (None, TaskStatus::MaxSteps) => Some(format!(
             "stopped after {} step{} without a final answer (raise --max-steps, \

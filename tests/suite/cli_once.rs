@@ -385,6 +385,69 @@ async fn ctrl_c_cancels_a_once_turn_and_exits_4() {
     assert!(stderr.contains("cancelling the turn"), "{stderr}");
 }
 
+/// A turn whose model ignores the cancellation is aborted after the close timeout: still a
+/// cancelled turn, exit 4, not a failure to run (1).
+#[tokio::test]
+async fn ctrl_c_on_a_model_that_ignores_it_still_exits_4() {
+    let dir = tempfile::tempdir().unwrap();
+    let script = dir.path().join("hang.json");
+    std::fs::write(
+        &script,
+        r#"{"replies":[{"hang":true,"honour_cancel":false}]}"#,
+    )
+    .unwrap();
+    let mut cmd = troupe(dir.path());
+    cmd.args(["chat", "--once", "--ephemeral", "--json", "--script"])
+        .arg(&script)
+        .arg("hang")
+        .env("TROUPE_CLOSE_TIMEOUT", "300ms")
+        .env("TROUPE_LOG", "troupe_actors::scheduler=info")
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped());
+    let mut child = cmd.spawn().unwrap();
+    // Once its task holds a slot, the turn runs (and Ctrl-C is the turn's, not the process's).
+    let mut lines =
+        tokio::io::AsyncBufReadExt::lines(tokio::io::BufReader::new(child.stderr.take().unwrap()));
+    let mut stderr = String::new();
+    tokio::time::timeout(Duration::from_secs(30), async {
+        while let Some(line) = lines.next_line().await.unwrap() {
+            stderr.push_str(&line);
+            stderr.push('\n');
+            if line.contains("slot granted") {
+                return;
+            }
+        }
+        panic!("the turn never started: {stderr}");
+    })
+    .await
+    .expect("the turn starts");
+    nix::sys::signal::kill(
+        nix::unistd::Pid::from_raw(i32::try_from(child.id().unwrap()).unwrap()),
+        nix::sys::signal::Signal::SIGINT,
+    )
+    .unwrap();
+    let rest = async {
+        while let Some(line) = lines.next_line().await.unwrap() {
+            stderr.push_str(&line);
+            stderr.push('\n');
+        }
+    };
+    let (out, ()) = tokio::time::timeout(
+        Duration::from_secs(30),
+        futures::future::join(child.wait_with_output(), rest),
+    )
+    .await
+    .expect("the turn ends");
+    let out = out.unwrap();
+    assert_eq!(out.status.code(), Some(4), "{stderr}");
+    assert!(
+        stderr.contains("turn ended with cancelled: aborted: the task ignored cancellation"),
+        "{stderr}"
+    );
+    let json: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(json["status"], "cancelled", "{json}");
+}
+
 #[tokio::test]
 async fn a_once_turn_prints_its_warnings_on_stderr_and_only_the_reply_on_stdout() {
     let dir = tempfile::tempdir().unwrap();
