@@ -323,6 +323,17 @@ async fn run_with(args: ChatArgs, config: TroupeConfig) -> anyhow::Result<ExitCo
     let (model_name, provider_name) = (info.model, info.provider);
     let mut ports = assembly::session_ports(&config, model, tokens);
     ports.agents = agents(&config, args.script.is_some())?;
+    // The directories it writes, checked before anything starts: a data directory that is a
+    // file is said as such, not as a session that failed to start.
+    if !args.ephemeral {
+        for (what, dir) in [
+            ("history", config.log_dir.clone()),
+            ("data", config.data_dir.join("rollout")),
+        ] {
+            std::fs::create_dir_all(&dir)
+                .with_context(|| format!("cannot create the {what} directory {}", dir.display()))?;
+        }
+    }
     // Every run's rollout is under the data dir (in memory with --ephemeral). Ttl content
     // earlier runs left there is swept before this one starts, and the sweeper goes on while
     // this run lives (this session's content included).

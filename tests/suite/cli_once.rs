@@ -448,6 +448,26 @@ async fn ctrl_c_on_a_model_that_ignores_it_still_exits_4() {
     assert_eq!(json["status"], "cancelled", "{json}");
 }
 
+/// A data or history directory that cannot be made is said as such before anything runs,
+/// and leaves nothing behind.
+#[tokio::test]
+async fn a_directory_that_cannot_be_made_is_named_before_anything_runs() {
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::write(dir.path().join("afile"), "").unwrap();
+    for (flag, what) in [("--log-dir", "history"), ("--data-dir", "data")] {
+        let mut cmd = troupe(dir.path());
+        cmd.args(["chat", "--once", flag, "afile", "hi"]);
+        let out = exits_saying(cmd, 1, &format!("cannot create the {what} directory afile")).await;
+        let stderr = text(&out.stderr);
+        assert!(!stderr.contains("panicked"), "{stderr}");
+    }
+    let left: Vec<_> = tree(dir.path())
+        .into_iter()
+        .filter(|p| p.starts_with("data"))
+        .collect();
+    assert!(left.is_empty(), "{left:?}");
+}
+
 #[tokio::test]
 async fn a_once_turn_prints_its_warnings_on_stderr_and_only_the_reply_on_stdout() {
     let dir = tempfile::tempdir().unwrap();
