@@ -705,7 +705,13 @@ pub const DATA_DIR_LOCK_FILE: &str = "troupe.lock";
 /// numbers, and lose records.
 pub fn lock_data_dir(dir: &std::path::Path) -> Result<DataDirLock, AgentError> {
     use std::io::{Read, Seek, Write};
-    std::fs::create_dir_all(dir).map_err(|e| {
+    // Made the user's alone (the store holds the conversations' content); one that exists
+    // keeps the mode it was given.
+    let mut builder = std::fs::DirBuilder::new();
+    builder.recursive(true);
+    #[cfg(unix)]
+    std::os::unix::fs::DirBuilderExt::mode(&mut builder, 0o700);
+    builder.create(dir).map_err(|e| {
         AgentError::invalid(format!(
             "cannot create the data directory {}: {e}",
             dir.display()

@@ -448,6 +448,28 @@ async fn ctrl_c_on_a_model_that_ignores_it_still_exits_4() {
     assert_eq!(json["status"], "cancelled", "{json}");
 }
 
+/// The history file holds the conversation: readable by its user alone, as the rollout is.
+#[tokio::test]
+async fn the_history_file_is_the_users_alone() {
+    use std::os::unix::fs::PermissionsExt;
+    let dir = tempfile::tempdir().unwrap();
+    let mut cmd = troupe(dir.path());
+    cmd.args(["chat", "--once", "hi"]);
+    exits_saying(cmd, 0, "scripted").await;
+    let files: Vec<_> = tree(dir.path())
+        .into_iter()
+        .filter(|p| p.extension().is_some_and(|e| e == "jsonl"))
+        .collect();
+    assert!(files.iter().any(|p| p.starts_with("history")), "{files:?}");
+    for file in files {
+        let mode = std::fs::metadata(dir.path().join(&file))
+            .unwrap()
+            .permissions()
+            .mode();
+        assert_eq!(mode & 0o077, 0, "{} is {mode:o}", file.display());
+    }
+}
+
 /// A data or history directory that cannot be made is said as such before anything runs,
 /// and leaves nothing behind.
 #[tokio::test]

@@ -112,7 +112,11 @@ impl HistoryLog {
             .await
             .map_err(|e| AgentError::internal(format!("history log scan: {e}")))?
             .map_err(|e| io_error("read", &path, &e))?;
-        let file = tokio::fs::OpenOptions::new()
+        let mut open = tokio::fs::OpenOptions::new();
+        // The conversation's content: the user's alone, as its rollout files are.
+        #[cfg(unix)]
+        open.mode(0o600);
+        let file = open
             .create(true)
             .append(true)
             .open(&path)

@@ -444,6 +444,28 @@ fn a_second_service_on_one_data_directory_is_refused() {
     assert!(wait_exit(&mut next.child, Duration::from_secs(15)).success());
 }
 
+/// A data directory serve makes is its user's alone: its databases hold the conversations.
+#[test]
+fn a_data_directory_serve_makes_is_the_users_alone() {
+    use std::os::unix::fs::PermissionsExt;
+    let dir = tempfile::tempdir().unwrap();
+    let data = dir.path().join("a").join("data");
+    let mut command = Command::new(troupe_bin());
+    command
+        .args(["serve", "--listen", "127.0.0.1:0", "--data-dir"])
+        .arg(&data)
+        .current_dir(dir.path())
+        .env_remove("TROUPE_API_TOKENS")
+        .stderr(Stdio::null());
+    let (mut child, _base) = troupe_tests::spawn_serve(&mut command);
+    sigterm(&child);
+    assert!(wait_exit(&mut child, Duration::from_secs(15)).success());
+    for made in [dir.path().join("a"), data] {
+        let mode = std::fs::metadata(&made).unwrap().permissions().mode();
+        assert_eq!(mode & 0o077, 0, "{} is {mode:o}", made.display());
+    }
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn kill_9_loses_no_acknowledged_message() {
     let dir = tempfile::tempdir().unwrap();
