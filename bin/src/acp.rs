@@ -77,6 +77,9 @@ async fn serve(
     config: &troupe_runtime::config::TroupeConfig,
 ) -> anyhow::Result<ExitCode> {
     eprintln!("troupe acp: {}", config.model_line());
+    if let Some(notice) = config.key_notice(&|name| std::env::var(name).ok()) {
+        eprintln!("troupe acp: warning: {notice}");
+    }
     let tokens = assembly::try_build_tokens(config)?;
     let model = assembly::build_model(config, args.script.as_deref())?;
     let mut ports = assembly::session_ports(config, model, tokens);

@@ -317,6 +317,9 @@ async fn run_with(args: ChatArgs, config: TroupeConfig) -> anyhow::Result<ExitCo
     let tokens = assembly::try_build_tokens(&config)?;
     let tokenizer = tokens.encoding().to_owned();
     eprintln!("troupe: {}", config.model_line());
+    if let Some(notice) = config.key_notice(&|name| std::env::var(name).ok()) {
+        eprintln!("troupe: warning: {notice}");
+    }
     warn_if_script_unused(&config, args.script.as_deref());
     let model = assembly::build_model(&config, args.script.as_deref())?;
     let info = model.info();

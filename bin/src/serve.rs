@@ -156,6 +156,9 @@ pub async fn run(args: ServeArgs) -> anyhow::Result<ExitCode> {
     let prometheus = troupe_service::metrics::install_prometheus();
     troupe_service::describe_metrics();
     eprintln!("troupe: {}", config.model_line());
+    if let Some(notice) = config.key_notice(&|name| std::env::var(name).ok()) {
+        eprintln!("troupe: warning: {notice}");
+    }
     if let Some(notice) = troupe_service::transport::start_notice(&config.cluster) {
         tracing::warn!("{notice}");
         eprintln!("troupe: warning: {notice}");

@@ -1410,6 +1410,33 @@ impl TroupeConfig {
         }
     }
 
+    /// A warning when requests to a remote model server will carry no API key because the
+    /// variable `api_key_env` names is unset (`env` reads the environment): the server's 401
+    /// would otherwise be the first sign. A server on this machine often needs none, and
+    /// `api_key_env = ""` says none is wanted.
+    pub fn key_notice(&self, env: &dyn Fn(&str) -> Option<String>) -> Option<String> {
+        let model = &self.model;
+        if model.provider == Provider::Scripted
+            || model.api_key.as_ref().is_some_and(|k| !k.is_empty())
+        {
+            return None;
+        }
+        let name = model
+            .api_key_env
+            .as_deref()
+            .filter(|n| !n.trim().is_empty())?;
+        let local = reqwest::Url::parse(&model.base_url)
+            .ok()
+            .and_then(|url| url.host_str().map(crate::openai::is_loopback))
+            .unwrap_or(false);
+        let unset = env(name).is_none_or(|v| v.trim().is_empty());
+        (unset && !local).then(|| {
+            format!(
+                "{name} is not set: requests to the model carry no API key (set it, or api_key_env = \"\" if the server wants none)"
+            )
+        })
+    }
+
     /// Loads the file (if any) and applies the environment: everything but the flags.
     pub fn load(
         explicit: Option<&std::path::Path>,
@@ -1714,6 +1741,43 @@ lease_ttl = "5s"
         assert!(err.contains("postgres_url"), "{err}");
         lonely.node = Some(" ".into());
         assert!(lonely.node(&StoreConfig::default()).is_err());
+    }
+
+    #[test]
+    fn a_remote_server_without_its_key_is_warned_about() {
+        let mut c = TroupeConfig::default();
+        assert_eq!(
+            c.key_notice(&env(&[])),
+            None,
+            "the scripted model needs none"
+        );
+        c.model.provider = Provider::OpenaiChat;
+        c.model.base_url = "https://api.example.com/v1".into();
+        let notice = c.key_notice(&env(&[])).unwrap();
+        assert!(notice.starts_with("OPENAI_API_KEY is not set"), "{notice}");
+        assert_eq!(c.key_notice(&env(&[("OPENAI_API_KEY", "k")])), None);
+        c.model.api_key_env = Some("MY_KEY".into());
+        assert!(
+            c.key_notice(&env(&[("MY_KEY", " ")]))
+                .unwrap()
+                .starts_with("MY_KEY")
+        );
+        c.model.api_key_env = Some(String::new());
+        assert_eq!(
+            c.key_notice(&env(&[])),
+            None,
+            "api_key_env = \"\" wants none"
+        );
+        c.model.api_key_env = Some("MY_KEY".into());
+        c.model.api_key = Some("inline".into());
+        assert_eq!(c.key_notice(&env(&[])), None);
+        c.model.api_key = None;
+        c.model.base_url = "http://127.0.0.1:11434/v1".into();
+        assert_eq!(
+            c.key_notice(&env(&[])),
+            None,
+            "a local server often needs none"
+        );
     }
 
     #[test]

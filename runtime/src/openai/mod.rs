@@ -614,7 +614,7 @@ fn api_key(config: &ModelConfig) -> Option<String> {
         })
 }
 
-fn is_loopback(host: &str) -> bool {
+pub(crate) fn is_loopback(host: &str) -> bool {
     let host = host.trim_start_matches('[').trim_end_matches(']');
     host == "localhost"
         || host
