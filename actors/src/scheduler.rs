@@ -44,12 +44,13 @@
 mod decide;
 pub mod metrics;
 
-use self::metrics::{AcquireOutcome, Occupancy, ReleaseReason};
+use self::metrics::{AcquireOutcome, Occupancy, OldestWait, ReleaseReason, WaitBoard};
 use ractor::{
     Actor, ActorCell, ActorId, ActorProcessingErr, ActorRef, ActorStatus, MessagingErr,
     RpcReplyPort, SupervisionEvent,
 };
 use std::collections::{HashMap, HashSet, VecDeque};
+use std::sync::Arc;
 use std::time::Duration;
 use tokio::task::JoinHandle;
 use tokio::time::Instant;
@@ -69,6 +70,9 @@ pub struct SchedulerArgs {
     /// How long a scheduler that replaces a failed one waits for the holders of the old one's
     /// grants before granting again.
     pub recovery_timeout: Duration,
+    /// Where the scheduler leaves since when its oldest request has waited, for the
+    /// oldest-wait gauge: the process's board (a test gives its own).
+    pub wait_board: Arc<WaitBoard>,
 }
 
 impl Default for SchedulerArgs {
@@ -77,6 +81,7 @@ impl Default for SchedulerArgs {
             limit: 1,
             queue_capacity: 1024,
             recovery_timeout: Duration::from_secs(5),
+            wait_board: WaitBoard::process(),
         }
     }
 }
@@ -105,6 +110,8 @@ pub struct SchedulerState {
     holders: HashMap<ActorId, ActorCell>,
     /// Last values pushed to the running/waiting gauges.
     occupancy: Occupancy,
+    /// Since when the oldest request has waited, as last left on the wait board.
+    oldest_wait: OldestWait,
     recovery_timeout: Duration,
     /// The end of the wait for the old scheduler's holders, while it runs.
     recovery_timer: Option<JoinHandle<Result<(), MessagingErr<SchedulerMsg>>>>,
@@ -174,6 +181,7 @@ impl Actor for Scheduler {
             core: SchedulerCore::new(args.limit, args.queue_capacity),
             holders: HashMap::new(),
             occupancy: Occupancy::default(),
+            oldest_wait: args.wait_board.join(),
             recovery_timeout: args.recovery_timeout,
             recovery_timer: None,
         };
@@ -275,6 +283,7 @@ impl Actor for Scheduler {
             timer.abort();
         }
         state.occupancy.publish(0, 0);
+        state.oldest_wait.publish(None);
         Ok(())
     }
 }
@@ -496,7 +505,14 @@ impl SchedulerState {
         });
         self.occupancy
             .publish(self.core.running_len(), self.core.waiting_len());
+        self.oldest_wait.publish(waiting_since(&self.core));
     }
+}
+
+/// Since when the scheduler's oldest request has waited (`None`: none waits). Each
+/// conversation's queue is in arrival order, so its head is its oldest.
+fn waiting_since(core: &SchedulerCore<PendingAcquire>) -> Option<Instant> {
+    core.queue_heads().map(|e| e.waiter.enqueued_at).min()
 }
 
 /// Answers a granted caller; returns the task id when the caller is gone, so that the slot is
@@ -822,6 +838,41 @@ mod tests {
         assert_eq!(unheard, 1);
         assert_eq!(ids(&fx.granted), vec![t]);
         assert!(!core.holds(&ActorId::Local(2)));
+    }
+
+    /// The scheduler's oldest wait is the oldest head of any conversation's queue, whatever
+    /// the order in which the conversations are served.
+    #[test]
+    fn the_oldest_wait_is_the_oldest_head_of_any_conversation() {
+        let start = Instant::now();
+        let mut core = SchedulerCore::<PendingAcquire>::new(1, 8);
+        let mut answers = Vec::new();
+        let mut request = |core: &mut SchedulerCore<PendingAcquire>, conv, secs| {
+            let (tx, rx) = tokio::sync::oneshot::channel();
+            answers.push(rx);
+            let task_id = TaskId::new();
+            let _ = core.request(QueueEntry {
+                task_id,
+                conversation_id: conv,
+                holder: ActorId::Local(1),
+                waiter: PendingAcquire {
+                    reply: tx.into(),
+                    enqueued_at: start + Duration::from_secs(secs),
+                    span: Span::none(),
+                },
+            });
+            task_id
+        };
+        let (a, b) = (ConversationId::new(), ConversationId::new());
+        let running = request(&mut core, a, 0);
+        assert_eq!(waiting_since(&core), None, "granted at once");
+        request(&mut core, a, 10);
+        request(&mut core, b, 20);
+        request(&mut core, a, 30);
+        assert_eq!(waiting_since(&core), Some(start + Duration::from_secs(10)));
+        // a's head is granted; a is served next again only after b, but b's is older.
+        assert_eq!(core.release(running).granted.len(), 1);
+        assert_eq!(waiting_since(&core), Some(start + Duration::from_secs(20)));
     }
 
     #[test]
@@ -1152,6 +1203,60 @@ mod tests {
             alive.cast(HolderMsg::Panic).unwrap();
             alive_done.await.unwrap();
             answer.await.unwrap().unwrap();
+        }
+
+        /// The oldest wait grows while a request waits, with no event in the scheduler (it
+        /// is read when the metrics are), follows the next oldest at a grant, and leaves
+        /// with the scheduler.
+        #[tokio::test(start_paused = true)]
+        async fn the_oldest_wait_ages_without_events_and_follows_the_grants() {
+            let board = Arc::new(WaitBoard::default());
+            let (sched, sched_done) = Actor::spawn(
+                None,
+                Scheduler,
+                SchedulerStart::from(SchedulerArgs {
+                    wait_board: board.clone(),
+                    ..SchedulerArgs::default()
+                }),
+            )
+            .await
+            .unwrap();
+            let waited = || board.oldest_wait(Instant::now());
+            let (h, _) = holder().await;
+            let (t1, t2, t3) = (TaskId::new(), TaskId::new(), TaskId::new());
+            acquire(&sched, t1, &h).await.unwrap().unwrap();
+            assert_eq!(
+                waited(),
+                Duration::ZERO,
+                "a grant at once waits for nothing"
+            );
+
+            let second = acquire(&sched, t2, &h);
+            snapshot(&sched).await;
+            tokio::time::advance(Duration::from_secs(600)).await;
+            assert_eq!(waited(), Duration::from_secs(600));
+            let third = acquire(&sched, t3, &h);
+            snapshot(&sched).await;
+            tokio::time::advance(Duration::from_secs(60)).await;
+            assert_eq!(
+                waited(),
+                Duration::from_secs(660),
+                "the oldest, not the newest"
+            );
+
+            sched.cast(SchedulerMsg::Release { task_id: t1 }).unwrap();
+            second.await.unwrap().unwrap();
+            snapshot(&sched).await;
+            assert_eq!(waited(), Duration::from_secs(60), "the next oldest");
+
+            sched.stop(None);
+            sched_done.await.unwrap();
+            assert!(third.await.is_err(), "its scheduler stopped");
+            assert_eq!(
+                waited(),
+                Duration::ZERO,
+                "a stopped scheduler leaves the board"
+            );
         }
     }
 

@@ -71,11 +71,15 @@ pub async fn readyz(State(app): State<AppState>) -> Response {
 /// Prometheus text format.
 pub async fn metrics(State(app): State<AppState>) -> Response {
     match &app.prometheus {
-        Some(handle) => (
-            [(header::CONTENT_TYPE, "text/plain; version=0.0.4")],
-            handle.render(),
-        )
-            .into_response(),
+        Some(handle) => {
+            // A waiting request ages with nothing to tell of it: its age is taken now.
+            troupe_actors::scheduler::metrics::publish_oldest_wait();
+            (
+                [(header::CONTENT_TYPE, "text/plain; version=0.0.4")],
+                handle.render(),
+            )
+                .into_response()
+        }
         None => ApiError::new(
             StatusCode::NOT_FOUND,
             "not_found",

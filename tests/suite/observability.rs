@@ -828,6 +828,58 @@ async fn per_server_mcp_series_exist_before_any_session() {
     }
 }
 
+/// The value of the unlabelled series `name` on `/metrics`.
+async fn sample(base: &str, name: &str) -> f64 {
+    let text = scrape(base).await;
+    text.lines()
+        .find_map(|l| l.strip_prefix(name)?.strip_prefix(' '))
+        .unwrap_or_else(|| panic!("no {name} in\n{text}"))
+        .parse()
+        .unwrap()
+}
+
+/// The oldest wait for a scheduler slot (the series `TroupeSchedulerStuck` reads) grows while
+/// a task waits, with nothing happening in its session: it is taken when `/metrics` is read.
+/// It drops to 0 once the task has its slot.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_oldest_wait_grows_while_a_task_waits_for_a_slot() {
+    const OLDEST: &str = "troupe_scheduler_oldest_wait_seconds";
+    let dir = tempfile::tempdir().unwrap();
+    let model = ModelServer::start().await;
+    let (_troupe, base) =
+        spawn_troupe(dir.path(), &troupe_config(&model, &dir.path().join("data")));
+    let api = Api::new(&base, Some(OPS_TOKEN));
+    assert_eq!(sample(&base, OLDEST).await, 0.0);
+    let sid = id(&api.session(None).await, "session_id");
+    let other = api
+        .call("conversation.open", json!({"session_id": sid}))
+        .await;
+    let other = id(&other, "conversation_id");
+    // The root's task holds the single slot for 4 s; the other conversation's waits for it.
+    model.push(Reply::text(["first"]).delayed(Duration::from_secs(4)));
+    model.push(Reply::text(["second"]));
+    let first = say(&api, &sid, None, "hold the slot");
+    wait_running(&api, &sid).await;
+    let second = say(&api, &sid, Some(&other), "wait");
+    let t0 = Instant::now();
+    let mut waited = 0.0;
+    while waited < 1.0 {
+        assert!(
+            t0.elapsed() < Duration::from_secs(3),
+            "{OLDEST} is {waited}"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        waited = sample(&base, OLDEST).await;
+    }
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let later = sample(&base, OLDEST).await;
+    assert!(later >= waited + 0.4, "{later} after {waited}");
+
+    assert_eq!(status(&first.await.unwrap()), "ok");
+    assert_eq!(status(&second.await.unwrap()), "ok");
+    assert_eq!(sample(&base, OLDEST).await, 0.0);
+}
+
 /// Every series a dashboard panel or an alert rule names exists on `/metrics` right after
 /// start and one plain turn, error counters and storage failures included: each component
 /// registers its series with their known label values at 0, so a panel never shows "No data"

@@ -157,6 +157,11 @@ impl<W: Waiter> SchedulerCore<W> {
         self.waiting_in.len()
     }
 
+    /// The oldest waiting request of each conversation (its queue is in arrival order).
+    pub fn queue_heads(&self) -> impl Iterator<Item = &QueueEntry<W>> {
+        self.queues.values().filter_map(VecDeque::front)
+    }
+
     /// Whether `holder` has a grant or a waiting request, or is awaited after a restart.
     pub fn holds(&self, holder: &ActorId) -> bool {
         self.holder_refs.contains_key(holder) || self.recovering.contains(holder)

@@ -3,7 +3,11 @@
 use metrics::{
     Unit, counter, describe_counter, describe_gauge, describe_histogram, gauge, histogram,
 };
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, LazyLock, Mutex, PoisonError};
 use std::time::Duration;
+use tokio::time::Instant;
 
 /// Time from enqueue to grant, in seconds (0 for an immediate grant).
 pub const QUEUE_WAIT_SECONDS: &str = "troupe_scheduler_queue_wait_seconds";
@@ -15,6 +19,10 @@ pub const RELEASES_TOTAL: &str = "troupe_scheduler_releases_total";
 pub const RUNNING: &str = "troupe_scheduler_running";
 /// Requests waiting for a slot now (summed over sessions).
 pub const WAITING: &str = "troupe_scheduler_waiting";
+/// How long the request that has waited longest for a slot has waited, in seconds: the
+/// maximum over the sessions of this process (0 when none waits). A sum of waiting requests
+/// hides one stuck session among busy ones; this does not.
+pub const OLDEST_WAIT_SECONDS: &str = "troupe_scheduler_oldest_wait_seconds";
 /// Grants re-declared to a scheduler that replaced a failed one.
 pub const REINSTATED_TOTAL: &str = "troupe_scheduler_grants_reinstated_total";
 /// Waits of a replacing scheduler for the holders of the old grants, by how they ended.
@@ -43,6 +51,11 @@ pub fn describe() {
         Unit::Count,
         "Requests waiting for a scheduler slot (the queue depth)"
     );
+    describe_gauge!(
+        OLDEST_WAIT_SECONDS,
+        Unit::Seconds,
+        "How long the request that has waited longest for a scheduler slot has waited, in any session (0 when none waits)"
+    );
     describe_counter!(
         REINSTATED_TOTAL,
         Unit::Count,
@@ -61,6 +74,7 @@ pub fn describe() {
     // The queue is empty and nothing runs until the first task: both read 0, not nothing.
     gauge!(RUNNING).increment(0.0);
     gauge!(WAITING).increment(0.0);
+    gauge!(OLDEST_WAIT_SECONDS).set(0.0);
     let _ = histogram!(QUEUE_WAIT_SECONDS);
 }
 
@@ -180,6 +194,102 @@ fn shift(name: &'static str, published: &mut usize, now: usize) {
     }
 }
 
+/// Since when each scheduler's oldest request has waited: only the schedulers that have
+/// a waiting request are on it.
+///
+/// A lock in a crate whose actors share nothing mutable, because this is telemetry, not
+/// state: no decision reads it, as none reads the recorder's gauges that every actor writes.
+/// The oldest wait is a maximum over the sessions, which cannot be added up from each
+/// scheduler's deltas as `Occupancy`'s sums are, so each scheduler leaves its oldest waiter's
+/// enqueue time here and the maximum is taken when the metrics are read
+/// ([`publish_oldest_wait`], called by `/metrics`). Read, not on a timer: a request ages
+/// without any event in its scheduler, so the value has to be computed when it is read
+/// anyway; computing it only then costs nothing between scrapes and is never stale, where a
+/// timer would wake every few seconds and still lag by as much. The lock is held for one
+/// insert or removal, or one pass over the schedulers that have waiters, never across an
+/// `.await`.
+#[derive(Debug, Default)]
+pub struct WaitBoard {
+    /// Each waiting scheduler's oldest enqueue time, by the key its [`OldestWait`] holds.
+    since: Mutex<HashMap<u64, Instant>>,
+    /// The next key to hand out.
+    next_key: AtomicU64,
+}
+
+impl WaitBoard {
+    /// The board of this process, read by [`publish_oldest_wait`].
+    pub fn process() -> Arc<Self> {
+        static PROCESS: LazyLock<Arc<WaitBoard>> = LazyLock::new(Arc::default);
+        PROCESS.clone()
+    }
+
+    /// A place on the board for one scheduler.
+    pub fn join(self: &Arc<Self>) -> OldestWait {
+        OldestWait {
+            board: self.clone(),
+            key: self.next_key.fetch_add(1, Ordering::Relaxed),
+            published: None,
+        }
+    }
+
+    /// The longest wait on the board at `now`.
+    pub fn oldest_wait(&self, now: Instant) -> Duration {
+        let since = self.since.lock().unwrap_or_else(PoisonError::into_inner);
+        longest_wait(now, since.values().copied())
+    }
+
+    fn set(&self, key: u64, since: Option<Instant>) {
+        let mut board = self.since.lock().unwrap_or_else(PoisonError::into_inner);
+        match since {
+            Some(t) => board.insert(key, t),
+            None => board.remove(&key),
+        };
+    }
+}
+
+/// The longest of the waits that began at `since`, at `now` (zero when there is none).
+pub fn longest_wait(now: Instant, since: impl IntoIterator<Item = Instant>) -> Duration {
+    since
+        .into_iter()
+        .map(|t| now.saturating_duration_since(t))
+        .max()
+        .unwrap_or_default()
+}
+
+/// Sets the oldest-wait gauge from this process's board: called right before the metrics
+/// are rendered.
+pub fn publish_oldest_wait() {
+    let waited = WaitBoard::process().oldest_wait(Instant::now());
+    gauge!(OLDEST_WAIT_SECONDS).set(waited.as_secs_f64());
+}
+
+/// One scheduler's place on a [`WaitBoard`]: since when its oldest request has waited.
+#[derive(Debug)]
+pub struct OldestWait {
+    board: Arc<WaitBoard>,
+    key: u64,
+    /// What is on the board now, so that an unchanged value takes no lock.
+    published: Option<Instant>,
+}
+
+impl OldestWait {
+    /// Puts `since` (the enqueue time of the scheduler's oldest waiting request, `None` when
+    /// none waits) on the board.
+    pub fn publish(&mut self, since: Option<Instant>) {
+        if since != self.published {
+            self.board.set(self.key, since);
+            self.published = since;
+        }
+    }
+}
+
+impl Drop for OldestWait {
+    /// A scheduler that fails runs no `post_stop`: its waiters leave the board with its state.
+    fn drop(&mut self) {
+        self.publish(None);
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -199,6 +309,53 @@ mod tests {
         );
     }
     use metrics_util::debugging::{DebugValue, DebuggingRecorder};
+
+    #[test]
+    fn the_longest_wait_is_the_oldest_one_and_zero_without_any() {
+        // Far enough from the clock's origin that every `ago` exists.
+        let now = Instant::now() + Duration::from_secs(1000);
+        let ago = |s| now - Duration::from_secs(s);
+        assert_eq!(longest_wait(now, []), Duration::ZERO);
+        assert_eq!(
+            longest_wait(now, [ago(5), ago(700), ago(30)]),
+            Duration::from_secs(700)
+        );
+        // A time after `now` (read by another thread a moment later) is no wait, not a panic.
+        assert_eq!(
+            longest_wait(now, [now + Duration::from_secs(1)]),
+            Duration::ZERO
+        );
+    }
+
+    /// The board holds each scheduler's oldest waiter: the maximum is over the schedulers,
+    /// one that stops waiting or is dropped (a failed scheduler) leaves it.
+    #[test]
+    fn the_board_keeps_the_oldest_wait_of_any_scheduler() {
+        let board = Arc::new(WaitBoard::default());
+        // Far enough from the clock's origin that every `ago` exists.
+        let now = Instant::now() + Duration::from_secs(1000);
+        let ago = |s| now - Duration::from_secs(s);
+        let (mut busy, mut stuck) = (board.join(), board.join());
+        busy.publish(Some(ago(2)));
+        stuck.publish(Some(ago(900)));
+        assert_eq!(board.oldest_wait(now), Duration::from_secs(900));
+        stuck.publish(None);
+        assert_eq!(board.oldest_wait(now), Duration::from_secs(2));
+        stuck.publish(Some(ago(60)));
+        drop(stuck);
+        assert_eq!(board.oldest_wait(now), Duration::from_secs(2));
+        busy.publish(None);
+        assert_eq!(board.oldest_wait(now), Duration::ZERO);
+    }
+
+    #[test]
+    fn the_oldest_wait_reads_zero_from_the_start() {
+        let gauges = crate::gauge_test::gauges_after(describe);
+        assert!(
+            gauges.contains(&(OLDEST_WAIT_SECONDS.to_owned(), 0.0)),
+            "{gauges:?}"
+        );
+    }
 
     #[test]
     fn the_restart_series_exist_from_the_start() {

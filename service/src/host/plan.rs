@@ -8,7 +8,7 @@ use troupe_proto::store::{
     SessionRecord, SessionStatus,
 };
 use troupe_proto::{
-    AgentError, ConversationId, HistoryItem, Json, MessageReply, OpenConversation, Role,
+    AgentError, ConversationId, ErrorKind, HistoryItem, Json, MessageReply, OpenConversation, Role,
     StoragePolicy, TaskStatus,
 };
 
@@ -256,6 +256,28 @@ pub fn as_stored(c: &ConversationRecord, now_ms: u64) -> OpenConversation {
         .stored_at(c.created_ms, now_ms)
 }
 
+/// What a queued message whose start the store would not write has become, so that what its
+/// caller hears is what holds after the next start.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Unstarted {
+    /// It is not pending in the store any more (its failure was written, or the store refused
+    /// the write for what it holds: the message ended or is gone): it never runs, and its
+    /// caller hears why it did not start.
+    Failed,
+    /// Its failure could not be written either (the store is down, the session's lease was
+    /// lost): the store still holds it `queued`, so the next start of its session runs it.
+    /// Its caller hears that, not a failure that would not hold.
+    StaysQueued,
+}
+
+/// What a message whose start failed has become, given how the write of its failure ended.
+pub fn unstarted(failure_written: Result<(), ErrorKind>) -> Unstarted {
+    match failure_written {
+        Ok(()) | Err(ErrorKind::InvalidInput | ErrorKind::NotFound) => Unstarted::Failed,
+        Err(_) => Unstarted::StaysQueued,
+    }
+}
+
 /// Whether a session that stopped on its own may be started again now, given its recent
 /// restarts (pruned to the window).
 pub fn may_restart(
@@ -277,6 +299,20 @@ mod tests {
     use super::*;
     use std::time::{Duration, Instant};
     use troupe_proto::{Json, Role, SessionId, TaskId, TaskStats};
+
+    /// A message whose start failed is told failed only when the store no longer holds it
+    /// pending; while its row may still read `queued`, it is told it stays queued.
+    #[test]
+    fn an_unstarted_message_fails_only_once_the_store_holds_it_so() {
+        assert_eq!(unstarted(Ok(())), Unstarted::Failed);
+        assert_eq!(unstarted(Err(ErrorKind::InvalidInput)), Unstarted::Failed);
+        assert_eq!(unstarted(Err(ErrorKind::NotFound)), Unstarted::Failed);
+        assert_eq!(unstarted(Err(ErrorKind::Internal)), Unstarted::StaysQueued);
+        assert_eq!(
+            unstarted(Err(ErrorKind::Interrupted)),
+            Unstarted::StaysQueued
+        );
+    }
 
     fn conversation(session_id: SessionId, state: ConversationState) -> ConversationRecord {
         ConversationRecord {

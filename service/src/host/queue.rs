@@ -13,8 +13,8 @@ use std::time::Duration;
 use troupe_actors::events::EventDraft;
 use troupe_actors::governance::RequestGovernance;
 use troupe_proto::store::{
-    ConversationState, FinishMessage, MessageKind, MessageRecord, MessageStatus, NewMessage,
-    SessionStatus,
+    ConversationState, FinishMessage, FinishedMessage, MessageKind, MessageRecord, MessageStatus,
+    NewMessage, SessionStatus,
 };
 use troupe_proto::{
     AgentError, ConversationId, ErrorKind, EventKind, MessageReply, Role, StoragePolicy,
@@ -337,10 +337,30 @@ impl HostState {
                     return;
                 }
                 Err(e) => {
-                    tracing::error!(message_id = next.message.message_id, error = %e, "queued message could not start");
-                    self.reply_failed(next.waiter, e);
+                    tracing::error!(message_id, error = %e, "queued message could not start");
+                    let answer = self.fail_unstarted(next.message, e).await;
+                    self.reply_failed(next.waiter, answer);
                 }
             }
+        }
+    }
+
+    /// Ends a queued message whose start the store would not write `failed` with that error,
+    /// so that it does not run after the next start either; gives back what its caller
+    /// hears: the start's error, or, when the failure could not be written and the store
+    /// still holds the message `queued`, that it stays queued and runs at the next start.
+    async fn fail_unstarted(&mut self, message: MessageRecord, e: AgentError) -> AgentError {
+        let failed = Err(e.clone());
+        let written = self.store_outcome(&message, &failed).await;
+        match plan::unstarted(written.as_ref().map(drop).map_err(AgentError::kind)) {
+            plan::Unstarted::Failed => {
+                // Settled here only when this write ended it (not when it had ended before).
+                if written.is_ok() {
+                    self.outcome_settled(&message, &failed);
+                }
+                e
+            }
+            plan::Unstarted::StaysQueued => unstarted_stays_queued(message.message_id, &e),
         }
     }
 
@@ -375,13 +395,30 @@ impl HostState {
         message: MessageRecord,
         result: Result<MessageReply, AgentError>,
     ) -> Result<Sent, AgentError> {
-        let status = plan::outcome(&result);
+        let stored = self.store_outcome(&message, &result).await;
+        self.outcome_settled(&message, &result);
+        let done = stored?;
+        result.map(|r| Sent {
+            message: done.message,
+            reply: Some(r),
+            assistant: done.reply,
+        })
+    }
+
+    /// Writes a message's outcome (tried again while the store fails for a moment); once
+    /// written, the session's status follows it and `message_updated` is emitted.
+    async fn store_outcome(
+        &mut self,
+        message: &MessageRecord,
+        result: &Result<MessageReply, AgentError>,
+    ) -> Result<FinishedMessage, AgentError> {
+        let status = plan::outcome(result);
         let policy = self
             .conversations
             .get(&message.conversation_id)
             .map_or(StoragePolicy::None, |c| c.record.params.storage_policy);
         let at = now_ms();
-        let items = plan::exchange(&message, &result, status, policy, at);
+        let items = plan::exchange(message, result, status, policy, at);
         // Only an answer is a reply: a task that ended otherwise (cancelled, failed, out of
         // steps is an answer) leaves its text with the exchange and its status message.
         let reply = result
@@ -417,16 +454,7 @@ impl HostState {
             store.finish_message(finish.clone())
         })
         .await;
-        // A module's message: its reply goes to the modules, however it ended (live, after
-        // a restart, or aborted by one).
-        if let (Some(modules), Some(origin)) = (
-            &self.template.modules,
-            crate::modules::frame::ReplyOrigin::of(&message),
-        ) {
-            modules.route_reply_later(origin, result.clone());
-        }
-        metrics::message_finished(status);
-        match stored {
+        match &stored {
             Ok(done) => {
                 if let Some(s) = finish_status {
                     self.record.status = s;
@@ -437,20 +465,25 @@ impl HostState {
                     status = status.as_str(),
                     "message ended"
                 );
-                match result {
-                    Ok(r) => Ok(Sent {
-                        message: done.message,
-                        reply: Some(r),
-                        assistant: done.reply,
-                    }),
-                    Err(e) => Err(e),
-                }
             }
             Err(e) => {
                 tracing::error!(message_id = message.message_id, error = %e, "message outcome not stored");
-                Err(e)
             }
         }
+        stored
+    }
+
+    /// What follows a message's end besides the store: a module's message has its reply go
+    /// to the modules, however it ended (live, after a restart, or aborted by one), and the
+    /// outcome is counted.
+    fn outcome_settled(&self, message: &MessageRecord, result: &Result<MessageReply, AgentError>) {
+        if let (Some(modules), Some(origin)) = (
+            &self.template.modules,
+            crate::modules::frame::ReplyOrigin::of(message),
+        ) {
+            modules.route_reply_later(origin, result.clone());
+        }
+        metrics::message_finished(plan::outcome(result));
     }
 
     /// The session's status once `ended` ended (P1, [`plan::session_status`]): the messages
@@ -537,6 +570,17 @@ impl HostState {
             }
         }
     }
+}
+
+/// What the caller of queued message `message_id` hears when neither its start nor its
+/// failure (`e`) could be written: the store still holds it `queued`, so it runs when its
+/// session next starts, as after a stop.
+fn unstarted_stays_queued(message_id: u64, e: &AgentError) -> AgentError {
+    AgentError::interrupted(format!(
+        "message {message_id} could not be started and its failure could not be stored ({e}): \
+         it stays queued in the store and runs at the next start of its session (read it for \
+         its outcome; do not send it again)"
+    ))
 }
 
 #[cfg(test)]

@@ -309,6 +309,144 @@ async fn an_outcome_the_store_cannot_write_for_a_moment_is_written_when_it_can()
     server.stop().await;
 }
 
+/// Sends `text` to `conv` in a task that waits for its reply, and gives back the task and
+/// the message's id once the message is stored.
+async fn send_waiting(
+    api: &Api,
+    sid: &str,
+    conv: &str,
+    text: &str,
+) -> (tokio::task::JoinHandle<(StatusCode, Value)>, u64) {
+    let waiting = {
+        let (api, sid, body) = (
+            api.clone(),
+            sid.to_owned(),
+            json!({"text": text, "conversation_id": conv}),
+        );
+        tokio::spawn(async move {
+            api.post(&format!("/api/sessions/{sid}/messages"), body)
+                .await
+        })
+    };
+    let t0 = Instant::now();
+    loop {
+        let (_, page) = api.get(&format!("/api/sessions/{sid}/messages")).await;
+        if let Some(m) = page["messages"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .find(|m| m["content"] == text)
+        {
+            assert_eq!(m["status"], "queued", "{m}");
+            return (waiting, m["message_id"].as_u64().unwrap());
+        }
+        assert!(t0.elapsed() < Duration::from_secs(10), "{page}");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+/// A queued message whose start the store refuses (past its tries) ends `failed` in the
+/// store, as its waiting caller is told, so that it does not run after a restart either.
+/// When its failure cannot be written either, the store still holds it `queued`: its caller
+/// is told it stays queued, and the next start runs it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_queued_message_the_store_cannot_start_ends_as_its_caller_was_told() {
+    let server = Server::start_on(
+        |dir| Arc::new(SqliteStore::open_in(dir).unwrap()),
+        |_| {},
+        vec![delayed("first", 1000), delayed("second", 1000)],
+    )
+    .await;
+    let (api, sid, conv) = conversation_of(&server).await;
+    let db = rusqlite::Connection::open(troupe_store::db_path(server.data_dir())).unwrap();
+    db.busy_timeout(Duration::from_secs(5)).unwrap();
+    // The database refuses every start of a queued message, as a full disk would (a message
+    // sent to an idle conversation is stored running: no start to write).
+    let refuse = |statuses: &str| {
+        db.execute_batch(&format!(
+            "DROP TRIGGER IF EXISTS refuse;
+             CREATE TRIGGER refuse BEFORE UPDATE OF status ON messages
+             WHEN NEW.status IN ({statuses}) BEGIN SELECT RAISE(ABORT, 'refused by the test'); END;"
+        ))
+        .unwrap();
+    };
+    refuse("'running'");
+    let (_, first) = post(&api, &sid, Some(&conv), "runs").await;
+    assert_eq!(first["message"]["status"], "running", "{first}");
+    let (waiting, unstarted) = send_waiting(&api, &sid, &conv, "never starts").await;
+
+    let (status, body) = waiting.await.unwrap();
+    assert_eq!(status, StatusCode::INTERNAL_SERVER_ERROR, "{body}");
+    assert_eq!(body["code"], "internal", "{body}");
+    let failed = outcome(&api, &sid, unstarted).await;
+    assert_eq!(
+        failed["status"], "failed",
+        "as its caller was told: {failed}"
+    );
+    assert!(
+        failed["reply_message_id"].is_null(),
+        "it never ran: {failed}"
+    );
+
+    // Its failure cannot be written either: it stays queued, and its caller hears so.
+    refuse("'running', 'failed'");
+    let (_, second) = post(&api, &sid, Some(&conv), "runs too").await;
+    assert_eq!(second["message"]["status"], "running", "{second}");
+    let (waiting, kept) = send_waiting(&api, &sid, &conv, "runs after the restart").await;
+    let (status, body) = waiting.await.unwrap();
+    assert_eq!(status, StatusCode::INTERNAL_SERVER_ERROR, "{body}");
+    assert_eq!(body["code"], "interrupted", "{body}");
+    let message = body["message"].as_str().unwrap_or_default();
+    assert!(
+        message.contains(&format!("message {kept} could not be started"))
+            && message.contains("stays queued"),
+        "{body}"
+    );
+    let (_, read) = api
+        .get(&format!("/api/sessions/{sid}/messages/{kept}"))
+        .await;
+    assert_eq!(read["status"], "queued", "{read}");
+    db.execute_batch("DROP TRIGGER refuse").unwrap();
+    drop(db);
+
+    // The next start runs what is still queued, and not what its caller was told failed.
+    let dir = server.stop_keeping_data().await;
+    let (service, base, task) = service_over(dir.path()).await;
+    let api = Api::new(&base, None);
+    let ran = outcome(&api, &sid, kept).await;
+    assert_eq!(ran["status"], "completed", "{ran}");
+    let (status, failed) = api
+        .get(&format!("/api/sessions/{sid}/messages/{unstarted}"))
+        .await;
+    assert_eq!(status, StatusCode::OK, "{failed}");
+    assert_eq!(failed["status"], "failed", "{failed}");
+    assert!(
+        failed["reply_message_id"].is_null(),
+        "it never ran: {failed}"
+    );
+    let (_, page) = api.get(&format!("/api/sessions/{sid}/messages")).await;
+    let texts: Vec<&str> = page["messages"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter_map(|m| m["content"].as_str())
+        .collect();
+    assert!(
+        texts.contains(&"You said: runs after the restart")
+            && !texts.contains(&"You said: never starts"),
+        "{texts:?}"
+    );
+    let why = page["messages"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|m| m["type"] == "status" && m["metadata"]["reply_to"] == unstarted)
+        .unwrap_or_else(|| panic!("no status message answers {unstarted}: {page}"));
+    assert_eq!(why["metadata"]["status"], "failed", "{why}");
+    service.shutdown_token().cancel();
+    task.await.unwrap();
+}
+
 fn conversation(
     session: &SessionRecord,
     id: ConversationId,
