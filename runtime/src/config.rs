@@ -67,7 +67,15 @@ pub struct ModelConfig {
     pub retry_base: Duration,
     #[serde(with = "humantime_serde")]
     pub retry_max: Duration,
+    /// Most bytes of text and tool calls one response may bring; past it the step fails. One
+    /// SSE event may hold this and 4 MiB more (the Responses API's last event repeats the
+    /// whole output). Bounds what a broken or hostile server can make troupe hold.
+    pub max_response_bytes: usize,
 }
+
+/// The default of [`ModelConfig::max_response_bytes`]: 16 MiB, some thirty times the longest
+/// output any model is allowed today (128k tokens of about four bytes).
+pub const DEFAULT_MAX_RESPONSE_BYTES: usize = 16 * 1024 * 1024;
 
 // By hand so the key never reaches a log line.
 impl std::fmt::Debug for ModelConfig {
@@ -86,6 +94,7 @@ impl std::fmt::Debug for ModelConfig {
             .field("max_retries", &self.max_retries)
             .field("retry_base", &self.retry_base)
             .field("retry_max", &self.retry_max)
+            .field("max_response_bytes", &self.max_response_bytes)
             .finish()
     }
 }
@@ -106,6 +115,7 @@ impl Default for ModelConfig {
             max_retries: 4,
             retry_base: Duration::from_millis(500),
             retry_max: Duration::from_secs(30),
+            max_response_bytes: DEFAULT_MAX_RESPONSE_BYTES,
         }
     }
 }
@@ -1127,6 +1137,13 @@ impl TroupeConfig {
             path: path.to_owned(),
             message: format!("tools.{}: {}", e.field, e.message),
         })?;
+        if config.model.max_response_bytes == 0 {
+            return Err(ConfigError::Parse {
+                path: path.to_owned(),
+                message: "model.max_response_bytes must be at least 1 (no response fits in 0)"
+                    .to_owned(),
+            });
+        }
         if config.chat.max_steps == 0 {
             return Err(ConfigError::Parse {
                 path: path.to_owned(),
@@ -2258,6 +2275,26 @@ public_url = "https://agents.example.com/a2a"
         let e = TroupeConfig::load(Some(&path), &env(&[])).unwrap_err();
         assert!(
             e.to_string().contains("chat.max_steps must be at least 1"),
+            "{e}"
+        );
+    }
+
+    #[test]
+    fn the_response_bound_is_read_from_the_file_and_zero_is_refused() {
+        assert_eq!(
+            ModelConfig::default().max_response_bytes,
+            DEFAULT_MAX_RESPONSE_BYTES
+        );
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("bound.toml");
+        std::fs::write(&path, "[model]\nmax_response_bytes = 1048576\n").unwrap();
+        let c = TroupeConfig::load(Some(&path), &env(&[])).unwrap();
+        assert_eq!(c.model.max_response_bytes, 1 << 20);
+        std::fs::write(&path, "[model]\nmax_response_bytes = 0\n").unwrap();
+        let e = TroupeConfig::load(Some(&path), &env(&[])).unwrap_err();
+        assert!(
+            e.to_string()
+                .contains("model.max_response_bytes must be at least 1"),
             "{e}"
         );
     }

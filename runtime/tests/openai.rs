@@ -34,6 +34,7 @@ fn config(server: &ModelServer, provider: Provider) -> ModelConfig {
         max_retries: 3,
         retry_base: Duration::from_millis(2),
         retry_max: Duration::from_millis(10),
+        max_response_bytes: 1 << 20,
     }
 }
 
@@ -163,7 +164,192 @@ both_providers!(
     refused_connections_are_retried,
     invalid_tool_arguments_name_the_tool,
     text_dialect_end_to_end,
+    a_huge_error_body_is_read_only_in_part,
+    an_endless_event_fails_the_step_and_is_not_read_on,
+    streamed_text_past_the_response_bound_fails_the_step,
+    tool_arguments_past_the_response_bound_fail_the_step,
 );
+
+/// A raw HTTP/1.1 server on 127.0.0.1 for one request: it answers with `head`, then writes
+/// `first` and `byte` after `byte` (in 64 KiB writes) until `total` bytes of body were
+/// written or the client closed the connection. Its URL, and a handle to the body bytes it
+/// wrote.
+async fn endless_server(
+    head: String,
+    first: &'static [u8],
+    byte: u8,
+    total: usize,
+) -> (String, tokio::task::JoinHandle<usize>) {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let url = format!("http://{}/v1", listener.local_addr().unwrap());
+    let written = tokio::spawn(async move {
+        let (mut socket, _) = listener.accept().await.unwrap();
+        // The request: its head, then as many body bytes as it announced.
+        let mut request = Vec::new();
+        let mut buf = [0u8; 16 * 1024];
+        let body_start = loop {
+            let n = socket.read(&mut buf).await.unwrap();
+            assert!(n > 0, "the client left before its request was in");
+            request.extend_from_slice(&buf[..n]);
+            if let Some(i) = request.windows(4).position(|w| w == b"\r\n\r\n") {
+                break i + 4;
+            }
+        };
+        let head_text = String::from_utf8_lossy(&request[..body_start]).to_ascii_lowercase();
+        let length: usize = head_text
+            .lines()
+            .find_map(|l| l.strip_prefix("content-length:"))
+            .map_or(0, |v| v.trim().parse().unwrap());
+        while request.len() - body_start < length {
+            let n = socket.read(&mut buf).await.unwrap();
+            assert!(n > 0);
+            request.extend_from_slice(&buf[..n]);
+        }
+        socket.write_all(head.as_bytes()).await.unwrap();
+        socket.write_all(first).await.unwrap();
+        let chunk = vec![byte; 64 * 1024];
+        let mut written = first.len();
+        while written < total {
+            match socket.write(&chunk).await {
+                Ok(n) if n > 0 => written += n,
+                _ => break,
+            }
+        }
+        written
+    });
+    (url, written)
+}
+
+/// How many bytes the server wrote before the client closed the connection (it must close it
+/// within two seconds).
+async fn written_before_close(server: tokio::task::JoinHandle<usize>) -> usize {
+    tokio::time::timeout(Duration::from_secs(2), server)
+        .await
+        .expect("the client closed the connection")
+        .unwrap()
+}
+
+async fn a_huge_error_body_is_read_only_in_part(provider: Provider) {
+    const BODY: usize = 1 << 30;
+    let (url, server) = endless_server(
+        format!(
+            "HTTP/1.1 400 Bad Request\r\ncontent-type: application/json\r\n\
+             content-length: {BODY}\r\n\r\n"
+        ),
+        br#"{"error": {"message": ""#,
+        b'a',
+        BODY,
+    )
+    .await;
+    let mut cfg = ModelConfig {
+        provider,
+        base_url: url,
+        ..ModelConfig::default()
+    };
+    cfg.api_key_env = None;
+    cfg.idle_timeout = Duration::from_secs(2);
+    cfg.request_timeout = Duration::from_secs(5);
+    let client = OpenAiClient::new(cfg).unwrap();
+    let started = Instant::now();
+    let (result, _) = step(&client, &Prompt::new(Vec::new(), "hi")).await;
+    let (message, retryable) = model_error(result);
+    assert!(!retryable);
+    let prefix = format!(
+        "HTTP 400 from {}: {{\"error\": {{\"message\": \"aaa",
+        client.shown_url()
+    );
+    assert!(message.starts_with(&prefix), "{message}");
+    assert!(
+        message.ends_with("aaa (body truncated: only its first 65536 bytes were read)"),
+        "{message}"
+    );
+    assert!(
+        message.len() < 1024,
+        "only the start is shown: {}",
+        message.len()
+    );
+    let written = written_before_close(server).await;
+    // What the socket buffers took, and not much more.
+    assert!(written < 32 << 20, "the server wrote {written} bytes");
+    assert!(started.elapsed() < Duration::from_secs(2));
+}
+
+async fn an_endless_event_fails_the_step_and_is_not_read_on(provider: Provider) {
+    let (url, server) = endless_server(
+        "HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\nconnection: close\r\n\r\n"
+            .to_owned(),
+        b"data: ",
+        b'x',
+        usize::MAX,
+    )
+    .await;
+    let mut cfg = ModelConfig {
+        provider,
+        base_url: url,
+        max_response_bytes: 1024,
+        ..ModelConfig::default()
+    };
+    cfg.api_key_env = None;
+    cfg.idle_timeout = Duration::from_secs(2);
+    cfg.request_timeout = Duration::from_secs(5);
+    let client = OpenAiClient::new(cfg).unwrap();
+    let started = Instant::now();
+    let (result, deltas) = step(&client, &Prompt::new(Vec::new(), "hi")).await;
+    let (message, retryable) = model_error(result);
+    assert!(!retryable);
+    assert_eq!(
+        message,
+        format!(
+            "malformed stream: an event is larger than {} bytes (no blank line ended it)",
+            1024 + 4 * 1024 * 1024
+        )
+    );
+    assert!(deltas.0.is_empty());
+    let written = written_before_close(server).await;
+    assert!(written < 32 << 20, "the server wrote {written} bytes");
+    assert!(started.elapsed() < Duration::from_secs(2));
+}
+
+async fn streamed_text_past_the_response_bound_fails_the_step(provider: Provider) {
+    let server = ModelServer::start().await;
+    // 200 deltas of 100 bytes: 20 000 bytes, against a bound of 4096.
+    let chunks: Vec<String> = (0..200).map(|i| format!("{:0100}", i)).collect();
+    server.push(Reply::text(chunks));
+    let mut cfg = config(&server, provider);
+    cfg.max_response_bytes = 4096;
+    let client = OpenAiClient::new(cfg).unwrap();
+    let (result, deltas) = step(&client, &Prompt::new(Vec::new(), "hi")).await;
+    let (message, retryable) = model_error(result);
+    assert!(!retryable);
+    assert_eq!(
+        message,
+        "model response too large: its text and tool calls passed 4096 bytes \
+         (model.max_response_bytes)"
+    );
+    // The text up to the delta that passed the bound was streamed, no more; not retried.
+    assert_eq!(deltas.0.concat().len(), 4100);
+    assert_eq!(server.requests().len(), 1);
+}
+
+async fn tool_arguments_past_the_response_bound_fail_the_step(provider: Provider) {
+    let server = ModelServer::start().await;
+    let mut fragments = vec!["{\"a\": \"".to_owned()];
+    fragments.extend((0..200).map(|_| "x".repeat(100)));
+    fragments.push("\"}".to_owned());
+    server.push(Reply::tool_call("add", fragments));
+    let mut cfg = config(&server, provider);
+    cfg.max_response_bytes = 4096;
+    let client = OpenAiClient::new(cfg).unwrap();
+    let prompt = Prompt::new(Vec::new(), "hi").with_tools(vec![tool("add")]);
+    let (result, _) = step(&client, &prompt).await;
+    let (message, _) = model_error(result);
+    assert!(
+        message.starts_with("model response too large: "),
+        "{message}"
+    );
+    assert_eq!(server.requests().len(), 1);
+}
 
 async fn streamed_text_arrives_in_order(provider: Provider) {
     let server = ModelServer::start().await;

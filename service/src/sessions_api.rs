@@ -696,6 +696,8 @@ impl SessionsApi {
         }
     }
 
+    /// Ready: no component failed for good, the registry answers, and the store answers its
+    /// ping within [`STORE_PING_WITHIN`].
     pub async fn ready(&self) -> Result<(), AgentError> {
         if let Health::Failed { reason, .. } = &*self.health.borrow() {
             return Err(AgentError::internal(reason.clone()));
@@ -703,7 +705,7 @@ impl SessionsApi {
         let registry = self.registry()?;
         ractor::call!(registry, |reply| RegistryMsg::Ping { reply })
             .map_err(gone("sessions registry"))?;
-        self.store.ping().await
+        store_answer(tokio::time::timeout(STORE_PING_WITHIN, self.store.ping()).await)
     }
 
     /// Looks for sessions with unfinished messages to take over now, instead of at the next
@@ -742,4 +744,21 @@ impl SessionsApi {
         let _ = ractor::call!(self.supervisor, |reply| SupervisorMsg::Stop { reply });
         self.supervisor.stop(Some("service stopped".into()));
     }
+}
+
+/// How long readiness waits for the store's ping: a database that hangs (a PostgreSQL server
+/// that accepts and never answers) must not hang `/readyz` with it. Well under the period of
+/// a probe, so that one answer comes before the next probe.
+pub const STORE_PING_WITHIN: std::time::Duration = std::time::Duration::from_secs(2);
+
+/// The store's readiness: its ping's answer, or a timeout if it gave none in time.
+fn store_answer(
+    ping: Result<Result<(), AgentError>, tokio::time::error::Elapsed>,
+) -> Result<(), AgentError> {
+    ping.unwrap_or_else(|_| {
+        Err(AgentError::timeout(
+            "the store did not answer its ping",
+            STORE_PING_WITHIN,
+        ))
+    })
 }

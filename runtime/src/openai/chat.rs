@@ -2,7 +2,7 @@
 //! `index`, usage from the last chunk (`stream_options.include_usage`), `data: [DONE]` at the
 //! end.
 
-use super::stream::{Collected, RawCall, StreamParser, malformed, server_error};
+use super::stream::{Collected, Held, RawCall, StreamParser, malformed, server_error};
 use serde::Deserialize;
 use std::collections::BTreeMap;
 use troupe_actors::ports::DeltaSink;
@@ -23,6 +23,8 @@ pub struct ChatStream {
     /// that index.
     reused: BTreeMap<u64, u64>,
     usage: Option<Usage>,
+    /// What `text` and `calls` hold.
+    held: Held,
 }
 
 /// The slot of a tool-call delta with `index`: that index's call, unless the delta brings an
@@ -170,6 +172,7 @@ impl StreamParser for ChatStream {
             let Some(delta) = choice.delta else { continue };
             if let Some(text) = delta.content.filter(|t| !t.is_empty()) {
                 deltas.text_delta(&text);
+                self.held.add(text.len());
                 self.text.push_str(&text);
             }
             for call in delta.tool_calls {
@@ -185,18 +188,19 @@ impl StreamParser for ChatStream {
                     None => unindexed_slot(&self.calls, self.last_call, call.id.as_deref()),
                 };
                 self.last_call = Some(index);
-                let slot = self.calls.entry(index).or_default();
-                if let Some(id) = call.id.filter(|id| !id.is_empty()) {
-                    slot.call_id = id;
-                }
-                if let Some(f) = call.function {
-                    if let Some(name) = f.name.filter(|n| !n.is_empty()) {
-                        slot.name = name;
+                self.held.call(&mut self.calls, index, |slot| {
+                    if let Some(id) = call.id.filter(|id| !id.is_empty()) {
+                        slot.call_id = id;
                     }
-                    if let Some(args) = f.arguments {
-                        slot.arguments.push_str(&args);
+                    if let Some(f) = call.function {
+                        if let Some(name) = f.name.filter(|n| !n.is_empty()) {
+                            slot.name = name;
+                        }
+                        if let Some(args) = f.arguments {
+                            slot.arguments.push_str(&args);
+                        }
                     }
-                }
+                });
             }
         }
         Ok(false)
@@ -204,6 +208,10 @@ impl StreamParser for ChatStream {
 
     fn finish(self) -> Collected {
         Collected::gathered(self.id, self.model, self.text, self.calls, self.usage)
+    }
+
+    fn held(&self) -> usize {
+        self.held.get()
     }
 }
 

@@ -118,7 +118,7 @@ pub enum Outcome {
     /// A non-retryable status, or retries ran out.
     HttpError,
     Transport,
-    /// Malformed, idle, cut short or failed by the server mid-stream.
+    /// Malformed, idle, cut short, over a size bound or failed by the server mid-stream.
     StreamError,
     /// The stream finished but its content was unusable (bad tool arguments, dialect).
     BadReply,

@@ -7,9 +7,11 @@
 //! 2. it is POSTed; 429, 5xx and transport failures before the first stream event are retried
 //!    with capped exponential backoff and jitter, honouring `Retry-After` (`retry.rs`); other
 //!    statuses fail at once;
-//! 3. the SSE body is parsed event by event (`chat.rs`, `responses.rs` over `stream.rs`), text
-//!    deltas are forwarded as they come, tool calls are assembled from their fragments, and a
-//!    silence longer than `idle_timeout` ends the step;
+//! 3. the SSE body is parsed event by event (`chat.rs`, `responses.rs` over `stream.rs` and
+//!    `sse.rs`), text deltas are forwarded as they come, tool calls are assembled from their
+//!    fragments, and a silence longer than `idle_timeout` ends the step, as does a response
+//!    holding more than `max_response_bytes` or one event larger than that and 4 MiB (the
+//!    body of an error status is read up to [`ERROR_BODY_MAX`] only);
 //! 4. the whole call is bounded by `request_timeout`, and cancellation drops the response at
 //!    once, which closes the connection.
 //!
@@ -23,6 +25,7 @@ pub mod metrics;
 mod request;
 mod responses;
 pub mod retry;
+mod sse;
 mod stream;
 mod transport;
 
@@ -32,7 +35,7 @@ use async_trait::async_trait;
 use reqwest::header::{self, HeaderMap, HeaderName, HeaderValue};
 use retry::RetryReason;
 use std::time::{Duration, Instant, SystemTime};
-use stream::{Collected, ReadError, StreamParser, error_message, read_events};
+use stream::{Collected, ReadError, StreamLimits, StreamParser, error_message, read_events};
 use tokio_util::sync::CancellationToken;
 use tracing::Instrument;
 use tracing::field::Empty;
@@ -69,6 +72,9 @@ impl std::fmt::Debug for OpenAiClient {
             .finish_non_exhaustive()
     }
 }
+
+/// Most bytes of an error status's body read for its message; the rest is never read.
+pub const ERROR_BODY_MAX: usize = 64 * 1024;
 
 /// A failed call, with the outcome label it counts under.
 struct Failed {
@@ -403,7 +409,10 @@ impl OpenAiClient {
             })),
             &mut parser,
             deltas,
-            idle,
+            StreamLimits {
+                idle,
+                response_bytes: self.config.max_response_bytes,
+            },
             || metrics::time_to_first_byte(provider, sent.elapsed()),
         )
         .await;
@@ -503,20 +512,18 @@ impl OpenAiClient {
     }
 
     /// The error of a non-success status, with the server's own message.
-    async fn status_error(&self, response: reqwest::Response, status: u16) -> AttemptError {
+    /// The body is read up to [`ERROR_BODY_MAX`] within `idle_timeout`; dropping the response
+    /// leaves the rest unread.
+    async fn status_error(&self, mut response: reqwest::Response, status: u16) -> AttemptError {
         let retry_after = retry::retry_after(response.headers(), SystemTime::now());
-        let text = tokio::time::timeout(self.config.idle_timeout, response.text())
-            .await
-            .ok()
-            .and_then(Result::ok)
-            .unwrap_or_default();
-        let detail = serde_json::from_str(&text)
-            .ok()
-            .and_then(|v| error_message(&v))
-            .unwrap_or_else(|| {
-                let cut = text.char_indices().nth(300).map_or(text.len(), |(i, _)| i);
-                text[..cut].trim().to_owned()
-            });
+        let mut body = Vec::new();
+        let read = read_at_most(&mut response, &mut body, ERROR_BODY_MAX);
+        // A body that broke or stalled is shown as far as it came.
+        let cut_short = matches!(
+            tokio::time::timeout(self.config.idle_timeout, read).await,
+            Ok(Ok(true))
+        );
+        let detail = error_detail(&body, cut_short);
         let message = format!("HTTP {status} from {}: {detail}", self.shown_url);
         if retry::is_retryable_status(status) {
             AttemptError::Retryable {
@@ -596,6 +603,47 @@ impl ModelClient for OpenAiClient {
                 Err(error)
             }
         }
+    }
+}
+
+/// Reads `response`'s body into `into` up to `max` bytes; whether there was more (left
+/// unread).
+async fn read_at_most(
+    response: &mut reqwest::Response,
+    into: &mut Vec<u8>,
+    max: usize,
+) -> Result<bool, reqwest::Error> {
+    while let Some(chunk) = response.chunk().await? {
+        let room = max.saturating_sub(into.len());
+        if chunk.len() > room {
+            into.extend_from_slice(&chunk[..room]);
+            return Ok(true);
+        }
+        into.extend_from_slice(&chunk);
+    }
+    Ok(false)
+}
+
+/// What an error status's body says: the message of a JSON error body, else the start of its
+/// text; `cut_short` when only the first [`ERROR_BODY_MAX`] bytes of it were read.
+fn error_detail(body: &[u8], cut_short: bool) -> String {
+    const SHOWN: usize = 300;
+    let text = String::from_utf8_lossy(body);
+    let detail = (!cut_short)
+        .then(|| serde_json::from_str(&text).ok())
+        .flatten()
+        .and_then(|v| error_message(&v))
+        .unwrap_or_else(|| {
+            let cut = text
+                .char_indices()
+                .nth(SHOWN)
+                .map_or(text.len(), |(i, _)| i);
+            text[..cut].trim().to_owned()
+        });
+    if cut_short {
+        format!("{detail} (body truncated: only its first {ERROR_BODY_MAX} bytes were read)")
+    } else {
+        detail
     }
 }
 
@@ -868,6 +916,25 @@ mod tests {
         };
         assert!(!error.contains("s3cret"), "{error}");
         assert!(!error.contains("key="), "{error}");
+    }
+
+    #[test]
+    fn error_details_show_the_servers_message_or_the_start_of_the_body() {
+        let json = br#"{"error": {"message": "bad key", "type": "auth"}}"#;
+        assert_eq!(error_detail(json, false), "bad key");
+        assert_eq!(error_detail(b"  Bad Gateway\n", false), "Bad Gateway");
+        let long = "\u{e9}".repeat(1000);
+        assert_eq!(error_detail(long.as_bytes(), false), "\u{e9}".repeat(300));
+        // Cut short: never parsed as a whole, and said so.
+        assert_eq!(
+            error_detail(&json[..20], true),
+            format!(
+                "{{\"error\": {{\"message\" (body truncated: only its first {ERROR_BODY_MAX} \
+                 bytes were read)"
+            )
+        );
+        // A cut through a character is shown, not refused.
+        assert!(error_detail(&long.as_bytes()[..3], true).starts_with("\u{e9}\u{fffd}"));
     }
 
     #[test]

@@ -2,7 +2,7 @@
 //! `response.function_call_arguments.delta`, ...), function calls assembled per output item,
 //! usage from `response.completed`, which ends the stream (there is no `[DONE]`).
 
-use super::stream::{Collected, RawCall, StreamParser, malformed, server_error};
+use super::stream::{Collected, Held, RawCall, StreamParser, malformed, server_error};
 use serde_json::Value;
 use std::collections::{BTreeMap, HashMap};
 use troupe_actors::ports::DeltaSink;
@@ -19,6 +19,8 @@ pub struct ResponsesStream {
     /// `item_id` → `output_index`, for events that carry only the item id.
     items: HashMap<String, u64>,
     usage: Option<Usage>,
+    /// What `text`, `calls` and `items` hold.
+    held: Held,
 }
 
 /// Events that carry nothing this parser keeps: the text comes from the deltas, the calls
@@ -71,16 +73,15 @@ impl ResponsesStream {
         }
     }
 
-    /// The call an event is about: by `output_index`, else by `item_id`; created if unseen
-    /// (a server may skip `output_item.added`).
-    fn call_for(&mut self, event: &Value) -> &mut RawCall {
+    /// The index of the call an event is about: by `output_index`, else by `item_id` (the call
+    /// is created if unseen: a server may skip `output_item.added`).
+    fn call_index(&self, event: &Value) -> u64 {
         let by_item = str_of(event, "item_id").and_then(|id| self.items.get(id).copied());
-        let index = event
+        event
             .get("output_index")
             .and_then(Value::as_u64)
             .or(by_item)
-            .unwrap_or(0);
-        self.calls.entry(index).or_default()
+            .unwrap_or(0)
     }
 
     fn take_item(&mut self, event: &Value, item: &Value) {
@@ -91,20 +92,25 @@ impl ResponsesStream {
             .get("output_index")
             .and_then(Value::as_u64)
             .unwrap_or(self.calls.len() as u64);
-        if let Some(id) = str_of(item, "id") {
-            self.items.insert(id.to_owned(), index);
+        if let Some(id) = str_of(item, "id")
+            && self.items.insert(id.to_owned(), index).is_none()
+        {
+            self.held
+                .add(id.len() + std::mem::size_of::<(String, u64)>());
         }
-        let call = self.calls.entry(index).or_default();
-        if let Some(call_id) = str_of(item, "call_id").filter(|s| !s.is_empty()) {
-            call.call_id = call_id.to_owned();
-        }
-        if let Some(name) = str_of(item, "name").filter(|s| !s.is_empty()) {
-            call.name = name.to_owned();
-        }
-        // `added` carries "" and `done` the whole arguments: only a non-empty value replaces.
-        if let Some(args) = str_of(item, "arguments").filter(|s| !s.is_empty()) {
-            call.arguments = args.to_owned();
-        }
+        self.held.call(&mut self.calls, index, |call| {
+            if let Some(call_id) = str_of(item, "call_id").filter(|s| !s.is_empty()) {
+                call.call_id = call_id.to_owned();
+            }
+            if let Some(name) = str_of(item, "name").filter(|s| !s.is_empty()) {
+                call.name = name.to_owned();
+            }
+            // `added` carries "" and `done` the whole arguments: only a non-empty value
+            // replaces.
+            if let Some(args) = str_of(item, "arguments").filter(|s| !s.is_empty()) {
+                call.arguments = args.to_owned();
+            }
+        });
     }
 }
 
@@ -120,6 +126,7 @@ impl StreamParser for ResponsesStream {
                 "response.output_text.delta" => {
                     if let Some(delta) = light.delta.as_deref().filter(|d| !d.is_empty()) {
                         deltas.text_delta(delta);
+                        self.held.add(delta.len());
                         self.text.push_str(delta);
                     }
                     return Ok(false);
@@ -143,6 +150,7 @@ impl StreamParser for ResponsesStream {
             "response.output_text.delta" => {
                 if let Some(delta) = str_of(&event, "delta").filter(|d| !d.is_empty()) {
                     deltas.text_delta(delta);
+                    self.held.add(delta.len());
                     self.text.push_str(delta);
                 }
             }
@@ -153,14 +161,18 @@ impl StreamParser for ResponsesStream {
             }
             "response.function_call_arguments.delta" => {
                 if let Some(delta) = str_of(&event, "delta") {
-                    let delta = delta.to_owned();
-                    self.call_for(&event).arguments.push_str(&delta);
+                    let index = self.call_index(&event);
+                    self.held.call(&mut self.calls, index, |call| {
+                        call.arguments.push_str(delta);
+                    });
                 }
             }
             "response.function_call_arguments.done" => {
                 if let Some(args) = str_of(&event, "arguments") {
-                    let args = args.to_owned();
-                    self.call_for(&event).arguments = args;
+                    let index = self.call_index(&event);
+                    self.held.call(&mut self.calls, index, |call| {
+                        args.clone_into(&mut call.arguments);
+                    });
                 }
             }
             // `incomplete` (e.g. the output token limit) still ends the response normally; a
@@ -196,6 +208,10 @@ impl StreamParser for ResponsesStream {
 
     fn finish(self) -> Collected {
         Collected::gathered(self.id, self.model, self.text, self.calls, self.usage)
+    }
+
+    fn held(&self) -> usize {
+        self.held.get()
     }
 }
 

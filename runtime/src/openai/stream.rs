@@ -1,12 +1,34 @@
 //! Reading an SSE body: events are fed one by one to an API-specific [`StreamParser`], with an
-//! idle bound between events. What the parsers collect is the same for both APIs.
+//! idle bound between events, a size bound on one event and one on what the parsers collect
+//! ([`StreamLimits`]). What the parsers collect is the same for both APIs.
 
-use eventsource_stream::{EventStreamError, Eventsource};
+use super::sse::{SseDecoder, SseEvent};
 use futures::{FutureExt, Stream, StreamExt};
+use std::collections::BTreeMap;
 use std::fmt::Display;
 use std::time::Duration;
 use troupe_actors::ports::DeltaSink;
 use troupe_proto::{AgentError, Usage};
+
+/// The bounds of reading one stream.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct StreamLimits {
+    /// Longest wait for the next event.
+    pub idle: Duration,
+    /// Most bytes a response's text and tool calls may hold ([`StreamParser::held`]).
+    pub response_bytes: usize,
+}
+
+/// Room one event has beyond [`StreamLimits::response_bytes`]: the Responses API's terminal
+/// event repeats the whole output, with the instructions and tools of the request.
+pub const EVENT_ENVELOPE: usize = 4 * 1024 * 1024;
+
+impl StreamLimits {
+    /// Most bytes one event may hold before its blank line: the whole response fits in one.
+    pub fn event_bytes(&self) -> usize {
+        self.response_bytes.saturating_add(EVENT_ENVELOPE)
+    }
+}
 
 /// A tool call as streamed: arguments still JSON text.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
@@ -14,6 +36,50 @@ pub struct RawCall {
     pub call_id: String,
     pub name: String,
     pub arguments: String,
+}
+
+/// What a call counts for in [`Held`] besides its strings: its own entry.
+const CALL_ENTRY: usize = std::mem::size_of::<RawCall>() + 16;
+
+impl RawCall {
+    fn size(&self) -> usize {
+        CALL_ENTRY + self.call_id.len() + self.name.len() + self.arguments.len()
+    }
+}
+
+/// The bytes a parser holds for its response (text, calls, ids), counted as they grow so
+/// that the bound of [`StreamLimits::response_bytes`] is checked after every event for
+/// nothing.
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+pub struct Held(usize);
+
+impl Held {
+    pub fn get(self) -> usize {
+        self.0
+    }
+
+    /// Counts `n` more bytes.
+    pub fn add(&mut self, n: usize) {
+        self.0 = self.0.saturating_add(n);
+    }
+
+    /// Applies `change` to the call at `index` (a new one if there is none), counting how
+    /// much it grew or shrank.
+    pub fn call(
+        &mut self,
+        calls: &mut BTreeMap<u64, RawCall>,
+        index: u64,
+        change: impl FnOnce(&mut RawCall),
+    ) {
+        let mut new = false;
+        let call = calls.entry(index).or_insert_with(|| {
+            new = true;
+            RawCall::default()
+        });
+        let before = if new { 0 } else { call.size() };
+        change(call);
+        self.0 = self.0.saturating_sub(before).saturating_add(call.size());
+    }
 }
 
 /// Everything one stream produced.
@@ -68,6 +134,9 @@ pub trait StreamParser: Send {
     ) -> Result<bool, AgentError>;
 
     fn finish(self) -> Collected;
+
+    /// The bytes collected so far (kept by a [`Held`]): text, calls, ids.
+    fn held(&self) -> usize;
 }
 
 /// Why reading a stream stopped short.
@@ -117,7 +186,7 @@ pub async fn read_events<S, B, E, P>(
     bytes: S,
     parser: &mut P,
     deltas: &mut dyn DeltaSink,
-    idle: Duration,
+    limits: StreamLimits,
     first_event: impl FnOnce(),
 ) -> Result<(), ReadError>
 where
@@ -130,16 +199,16 @@ where
         sink: deltas,
         held: String::new(),
     };
-    let read = read_coalesced(bytes, parser, &mut coalesced, idle, first_event).await;
+    let read = read_coalesced(bytes, parser, &mut coalesced, limits, first_event).await;
     coalesced.flush();
     read
 }
 
 async fn read_coalesced<S, B, E, P>(
-    bytes: S,
+    mut bytes: S,
     parser: &mut P,
     deltas: &mut Coalesced<'_>,
-    idle: Duration,
+    limits: StreamLimits,
     first_event: impl FnOnce(),
 ) -> Result<(), ReadError>
 where
@@ -148,15 +217,61 @@ where
     E: Display,
     P: StreamParser,
 {
-    let mut events = bytes.eventsource();
+    let mut decoder = SseDecoder::new(limits.event_bytes());
     let mut first_event = Some(first_event);
     loop {
-        let next = match events.next().now_or_never() {
+        let event = next_event(
+            &mut bytes,
+            &mut decoder,
+            deltas,
+            limits.idle,
+            first_event.is_some(),
+        )
+        .await?;
+        if let Some(f) = first_event.take() {
+            f();
+        }
+        let terminal = parser
+            .on_event(&event.event, &event.data, deltas)
+            .map_err(ReadError::Failed)?;
+        if let Some(error) = over_limit(parser.held(), limits.response_bytes) {
+            return Err(ReadError::Failed(error));
+        }
+        if terminal {
+            return Ok(());
+        }
+    }
+}
+
+/// The next event: decoded from what arrived, else after reading more. Held deltas go out
+/// before the read waits for the network; the wait for one event is bounded by `idle` (bytes
+/// that complete no event, such as comments, do not extend it).
+async fn next_event<S, B, E>(
+    bytes: &mut S,
+    decoder: &mut SseDecoder,
+    deltas: &mut Coalesced<'_>,
+    idle: Duration,
+    before_first: bool,
+) -> Result<SseEvent, ReadError>
+where
+    S: Stream<Item = Result<B, E>> + Unpin,
+    B: AsRef<[u8]>,
+    E: Display,
+{
+    let mut deadline = None;
+    loop {
+        match decoder.next_event() {
+            Ok(Some(event)) => return Ok(event),
+            Ok(None) => {}
+            Err(e) => return Err(ReadError::Failed(malformed(e, ""))),
+        }
+        let next = match bytes.next().now_or_never() {
             Some(ready) => ready,
             None => {
                 // About to wait for the network: what arrived so far goes out now.
                 deltas.flush();
-                tokio::time::timeout(idle, events.next())
+                let at = *deadline.get_or_insert_with(|| tokio::time::Instant::now() + idle);
+                tokio::time::timeout_at(at, bytes.next())
                     .await
                     .map_err(|_| {
                         ReadError::Failed(AgentError::ModelError {
@@ -166,35 +281,34 @@ where
                     })?
             }
         };
-        let event = match next {
+        match next {
             None => {
                 return Err(ReadError::Failed(AgentError::ModelError {
                     message: "stream ended early (no terminal event)".into(),
                     retryable: true,
                 }));
             }
-            Some(Err(EventStreamError::Transport(e))) if first_event.is_some() => {
-                return Err(ReadError::BeforeFirstEvent(e.to_string()));
-            }
-            Some(Err(EventStreamError::Transport(e))) => {
+            Some(Err(e)) if before_first => return Err(ReadError::BeforeFirstEvent(e.to_string())),
+            Some(Err(e)) => {
                 return Err(ReadError::Failed(AgentError::ModelError {
                     message: format!("stream broke: {e}"),
                     retryable: true,
                 }));
             }
-            Some(Err(e)) => return Err(ReadError::Failed(malformed(e, ""))),
-            Some(Ok(event)) => event,
-        };
-        if let Some(f) = first_event.take() {
-            f();
-        }
-        if parser
-            .on_event(&event.event, &event.data, deltas)
-            .map_err(ReadError::Failed)?
-        {
-            return Ok(());
+            Some(Ok(chunk)) => decoder.push(chunk.as_ref()),
         }
     }
+}
+
+/// The error of a response holding more than `limit` bytes, if it does.
+pub fn over_limit(held: usize, limit: usize) -> Option<AgentError> {
+    (held > limit).then(|| AgentError::ModelError {
+        message: format!(
+            "model response too large: its text and tool calls passed {limit} bytes \
+             (model.max_response_bytes)"
+        ),
+        retryable: false,
+    })
 }
 
 /// A stream that cannot be understood.
@@ -268,13 +382,7 @@ pub(crate) mod tests {
             .enable_time()
             .build()
             .unwrap()
-            .block_on(read_events(
-                bytes,
-                &mut parser,
-                deltas,
-                Duration::from_secs(5),
-                || {},
-            ));
+            .block_on(read_events(bytes, &mut parser, deltas, LIMITS, || {}));
         match result {
             Ok(()) => Ok((true, parser.finish())),
             Err(ReadError::Failed(AgentError::ModelError { message, .. }))
@@ -310,9 +418,14 @@ pub(crate) mod tests {
         }
     }
 
-    /// Each `d` event is a delta of its data; `end` is terminal.
+    pub(crate) const LIMITS: StreamLimits = StreamLimits {
+        idle: Duration::from_secs(5),
+        response_bytes: 1 << 20,
+    };
+
+    /// Each `d` event is a delta of its data, which it holds; `end` is terminal.
     #[derive(Default)]
-    struct Plain;
+    struct Plain(Held);
 
     impl StreamParser for Plain {
         fn on_event(
@@ -323,12 +436,17 @@ pub(crate) mod tests {
         ) -> Result<bool, AgentError> {
             if kind == "d" {
                 deltas.text_delta(data);
+                self.0.add(data.len());
             }
             Ok(kind == "end")
         }
 
         fn finish(self) -> Collected {
             Collected::default()
+        }
+
+        fn held(&self) -> usize {
+            self.0.get()
         }
     }
 
@@ -347,7 +465,7 @@ pub(crate) mod tests {
         let (sent, mut seen) = tokio::sync::mpsc::unbounded_channel();
         let read = tokio::spawn(async move {
             let mut sink = Sent(sent);
-            read_events(rx, &mut Plain, &mut sink, Duration::from_secs(5), || {}).await
+            read_events(rx, &mut Plain::default(), &mut sink, LIMITS, || {}).await
         });
         // Three events in one read: one delta, passed on while the stream waits for more.
         chunks
@@ -375,16 +493,97 @@ pub(crate) mod tests {
             Err("connection reset"),
         ]);
         let mut deltas = Deltas::default();
+        let read = read_events(bytes, &mut Plain::default(), &mut deltas, LIMITS, || {}).await;
+        assert!(matches!(read, Err(ReadError::Failed(_))), "{read:?}");
+        assert_eq!(deltas.0, ["partial"]);
+    }
+
+    /// The message of a failed read.
+    fn failure(read: Result<(), ReadError>) -> String {
+        match read {
+            Err(ReadError::Failed(AgentError::ModelError { message, retryable })) => {
+                assert!(!retryable, "{message}");
+                message
+            }
+            other => panic!("expected a model error, got {other:?}"),
+        }
+    }
+
+    #[tokio::test]
+    async fn an_event_without_end_fails_once_it_passes_the_event_bound() {
+        let limits = StreamLimits {
+            idle: Duration::from_secs(5),
+            response_bytes: 1000,
+        };
+        // `data: xxxx...` for ever, never a line end.
+        let pulled = std::sync::atomic::AtomicUsize::new(0);
+        let endless = futures::stream::once(async { Ok::<_, String>(b"data: ".to_vec()) }).chain(
+            futures::stream::repeat_with(|| {
+                pulled.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                Ok(vec![b'x'; 64 * 1024])
+            }),
+        );
         let read = read_events(
-            bytes,
-            &mut Plain,
-            &mut deltas,
-            Duration::from_secs(5),
+            Box::pin(endless),
+            &mut Plain::default(),
+            &mut Deltas::default(),
+            limits,
             || {},
         )
         .await;
-        assert!(matches!(read, Err(ReadError::Failed(_))), "{read:?}");
-        assert_eq!(deltas.0, ["partial"]);
+        let message = failure(read);
+        assert_eq!(
+            message,
+            format!(
+                "malformed stream: an event is larger than {} bytes (no blank line ended it)",
+                1000 + EVENT_ENVELOPE
+            )
+        );
+        let chunks = pulled.load(std::sync::atomic::Ordering::Relaxed);
+        assert_eq!(
+            chunks,
+            limits.event_bytes() / (64 * 1024) + 1,
+            "read no further"
+        );
+    }
+
+    #[tokio::test]
+    async fn a_response_fails_once_what_it_holds_passes_its_bound() {
+        let limits = StreamLimits {
+            idle: Duration::from_secs(5),
+            response_bytes: 10,
+        };
+        let bytes = futures::stream::iter(
+            ["abcd", "efgh", "ijk", "lmn"]
+                .map(|d| Ok::<_, String>(format!("event: d\ndata: {d}\n\n").into_bytes())),
+        );
+        let mut parser = Plain::default();
+        let mut deltas = Deltas::default();
+        let read = read_events(bytes, &mut parser, &mut deltas, limits, || {}).await;
+        assert_eq!(
+            failure(read),
+            "model response too large: its text and tool calls passed 10 bytes \
+             (model.max_response_bytes)"
+        );
+        assert_eq!(parser.0.get(), 11, "stopped at the event that passed it");
+        assert_eq!(deltas.0.concat(), "abcdefghijk");
+    }
+
+    #[test]
+    fn held_counts_calls_as_they_grow_and_shrink() {
+        let mut held = Held::default();
+        let mut calls = BTreeMap::new();
+        held.add(3);
+        held.call(&mut calls, 0, |c| c.arguments.push_str("{\"a\":"));
+        assert_eq!(held.get(), 3 + CALL_ENTRY + 5);
+        held.call(&mut calls, 0, |c| c.arguments.push_str("1}"));
+        held.call(&mut calls, 2, |c| c.name.push('f'));
+        assert_eq!(held.get(), 3 + 2 * CALL_ENTRY + 8);
+        // A whole value replaces the fragments.
+        held.call(&mut calls, 0, |c| c.arguments = "{}".into());
+        assert_eq!(held.get(), 3 + 2 * CALL_ENTRY + 3);
+        let sizes: usize = calls.values().map(RawCall::size).sum();
+        assert_eq!(held.get(), 3 + sizes);
     }
 
     #[test]

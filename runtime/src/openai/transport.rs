@@ -296,13 +296,18 @@ where
 /// connection serves again (a reader that stops at the stream's terminal event leaves the
 /// body's last bytes unread); past that the connection is closed.
 const FINISH_WITHIN: Duration = Duration::from_millis(100);
+/// Most bytes of a dropped body read to reach its end: a body with more left (an error body
+/// read only in part, a stream given up on for its size) is not worth its connection, which
+/// is closed instead.
+const FINISH_AT_MOST: usize = 64 * 1024;
 /// Most pieces of a dropped body read by the drop itself.
 const DROP_READS: usize = 64;
 
 /// A response body from a local model server that drives its connection as it is read, and
 /// puts the connection back in the pool once the body has ended. Dropped before its end, it
 /// reads what already arrived, and if its end is not among it, a task reads on for at most
-/// [`FINISH_WITHIN`] before the connection goes back or is closed.
+/// [`FINISH_WITHIN`] (and [`FINISH_AT_MOST`] bytes in all) before the connection goes back or
+/// is closed.
 pub(crate) struct LocalBody {
     inner: Option<hyper::body::Incoming>,
     // A lock only so that the body is `Sync`, as a `reqwest::Body` must be; every access has
@@ -312,6 +317,12 @@ pub(crate) struct LocalBody {
 }
 
 type Polled = Poll<Option<Result<hyper::body::Frame<hyper::body::Bytes>, hyper::Error>>>;
+
+/// Counts a piece of a dropped body read on towards [`FINISH_AT_MOST`]; false past it.
+fn within_finish(read: &mut usize, frame: &hyper::body::Frame<hyper::body::Bytes>) -> bool {
+    *read = read.saturating_add(frame.data_ref().map_or(0, hyper::body::Bytes::len));
+    *read <= FINISH_AT_MOST
+}
 
 /// Polls the connection (while it lives), then the body.
 fn poll_body(
@@ -350,19 +361,24 @@ fn release(mut live: Live, pool: &std::sync::Weak<Mutex<Vec<Live>>>) {
     }
 }
 
-/// Reads the rest of a dropped body (at most [`FINISH_WITHIN`]); its connection goes back to
-/// the pool if the body ended.
+/// Reads the rest of a dropped body (at most [`FINISH_WITHIN`] and [`FINISH_AT_MOST`] bytes
+/// in all, `read` of them already); its connection goes back to the pool if the body ended.
 async fn finish(
     mut live: Option<Live>,
     mut inner: hyper::body::Incoming,
     pool: std::sync::Weak<Mutex<Vec<Live>>>,
+    mut read: usize,
 ) {
     let ended = tokio::time::timeout(
         FINISH_WITHIN,
         std::future::poll_fn(|cx| {
             loop {
                 match poll_body(&mut live, &mut inner, cx) {
-                    Poll::Ready(Some(Ok(_))) => {}
+                    Poll::Ready(Some(Ok(frame))) => {
+                        if !within_finish(&mut read, &frame) {
+                            return Poll::Ready(false);
+                        }
+                    }
                     Poll::Ready(None) => return Poll::Ready(true),
                     Poll::Ready(Some(Err(_))) => return Poll::Ready(false),
                     Poll::Pending => return Poll::Pending,
@@ -389,9 +405,14 @@ impl Drop for LocalBody {
         // What already arrived may hold the end; a server still streaming fast is left to the
         // finishing task (bounded in time) rather than read here, in the dropping caller.
         let mut cx = Context::from_waker(std::task::Waker::noop());
+        let mut read = 0;
         for _ in 0..DROP_READS {
             match poll_body(&mut live, &mut inner, &mut cx) {
-                Poll::Ready(Some(Ok(_))) => {}
+                Poll::Ready(Some(Ok(frame))) => {
+                    if !within_finish(&mut read, &frame) {
+                        return;
+                    }
+                }
                 Poll::Ready(None) => {
                     if let Some(l) = live {
                         release(l, &self.pool);
@@ -405,7 +426,7 @@ impl Drop for LocalBody {
         if live.is_some()
             && let Ok(runtime) = tokio::runtime::Handle::try_current()
         {
-            runtime.spawn(finish(live, inner, self.pool.clone()));
+            runtime.spawn(finish(live, inner, self.pool.clone(), read));
         }
     }
 }
@@ -721,6 +742,40 @@ mod tests {
         drop(response);
         // Past the finishing budget the connection is closed, not kept.
         assert_eq!(server.await.unwrap(), 0, "the client closed the connection");
+        assert!(client.idle.lock().unwrap().is_empty());
+    }
+
+    #[tokio::test]
+    async fn a_body_with_much_left_is_not_read_on_and_its_connection_closes() {
+        // A server that sends a head and then a body of 1 GiB as fast as it can.
+        const BODY: usize = 1 << 30;
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let url = format!("http://{}/v1/x", listener.local_addr().unwrap());
+        let server = tokio::spawn(async move {
+            let (mut socket, _) = listener.accept().await.unwrap();
+            let mut buf = [0u8; 1024];
+            let _ = socket.read(&mut buf).await.unwrap();
+            let head = format!("HTTP/1.1 500 Oops\r\ncontent-length: {BODY}\r\n\r\n");
+            socket.write_all(head.as_bytes()).await.unwrap();
+            let chunk = vec![b'x'; 64 * 1024];
+            let mut written = 0;
+            while written < BODY {
+                match socket.write(&chunk).await {
+                    Ok(n) if n > 0 => written += n,
+                    _ => break,
+                }
+            }
+            written
+        });
+        let client = local_client(Duration::from_secs(5));
+        let response = client.request(post_request(&url)).await.unwrap();
+        drop(response);
+        let written = tokio::time::timeout(Duration::from_secs(5), server)
+            .await
+            .expect("the client closed the connection")
+            .unwrap();
+        // What the socket buffers took, and not much more.
+        assert!(written < 32 << 20, "the server wrote {written} bytes");
         assert!(client.idle.lock().unwrap().is_empty());
     }
 
