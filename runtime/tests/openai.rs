@@ -242,15 +242,7 @@ async fn a_huge_error_body_is_read_only_in_part(provider: Provider) {
         BODY,
     )
     .await;
-    let mut cfg = ModelConfig {
-        provider,
-        base_url: url,
-        ..ModelConfig::default()
-    };
-    cfg.api_key_env = None;
-    cfg.idle_timeout = Duration::from_secs(2);
-    cfg.request_timeout = Duration::from_secs(5);
-    let client = OpenAiClient::new(cfg).unwrap();
+    let client = raw_server_client(provider, url, ModelConfig::default().max_response_bytes);
     let started = Instant::now();
     let (result, _) = step(&client, &Prompt::new(Vec::new(), "hi")).await;
     let (message, retryable) = model_error(result);
@@ -275,6 +267,20 @@ async fn a_huge_error_body_is_read_only_in_part(provider: Provider) {
     assert!(started.elapsed() < Duration::from_secs(2));
 }
 
+/// A client of the raw server at `url`: no key, short timeouts, responses bounded at `max`.
+fn raw_server_client(provider: Provider, url: String, max: usize) -> OpenAiClient {
+    let mut cfg = ModelConfig {
+        provider,
+        base_url: url,
+        max_response_bytes: max,
+        ..ModelConfig::default()
+    };
+    cfg.api_key_env = None;
+    cfg.idle_timeout = Duration::from_secs(2);
+    cfg.request_timeout = Duration::from_secs(5);
+    OpenAiClient::new(cfg).unwrap()
+}
+
 async fn an_endless_event_fails_the_step_and_is_not_read_on(provider: Provider) {
     let (url, server) = endless_server(
         "HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\nconnection: close\r\n\r\n"
@@ -284,16 +290,7 @@ async fn an_endless_event_fails_the_step_and_is_not_read_on(provider: Provider) 
         usize::MAX,
     )
     .await;
-    let mut cfg = ModelConfig {
-        provider,
-        base_url: url,
-        max_response_bytes: 1024,
-        ..ModelConfig::default()
-    };
-    cfg.api_key_env = None;
-    cfg.idle_timeout = Duration::from_secs(2);
-    cfg.request_timeout = Duration::from_secs(5);
-    let client = OpenAiClient::new(cfg).unwrap();
+    let client = raw_server_client(provider, url, 1024);
     let started = Instant::now();
     let (result, deltas) = step(&client, &Prompt::new(Vec::new(), "hi")).await;
     let (message, retryable) = model_error(result);
