@@ -620,7 +620,8 @@ fn sandbox_name(policy: SandboxPolicy) -> &'static str {
 pub fn render_exec(out: &crate::ports::ExecOutput) -> String {
     let mut s = String::new();
     match (out.exit_code, out.timed_out) {
-        (_, true) => s.push_str("timed out\n"),
+        // Killed at its timeout: what it wrote until then follows, cut off there.
+        (_, true) => s.push_str("timed out (killed; its output below is cut off there)\n"),
         (Some(code), _) => s.push_str(&format!("exit code {code}\n")),
         (None, _) => s.push_str("killed by a signal\n"),
     }
