@@ -860,3 +860,43 @@ async fn a_confined_command_has_a_session_of_its_own_and_no_terminal() {
         );
     }
 }
+
+/// The model names a command's timeout, but never past the session's maximum.
+#[tokio::test]
+async fn a_command_runs_no_longer_than_the_sessions_maximum() {
+    let ws = tempfile::tempdir().unwrap();
+    let _ = troupe_bin();
+    let workspace = ws.path().to_path_buf();
+    let t = TestSession::start_with(
+        vec![
+            ScriptedReply::tool(
+                "shell",
+                serde_json::json!({
+                    "command": ["sh", "-c", "echo started; sleep 30"],
+                    "timeout_ms": 3_600_000,
+                }),
+            ),
+            ScriptedReply::default(),
+        ],
+        move |c| {
+            c.conversation.approval_policy = ApprovalPolicy::Never;
+            c.conversation.sandbox_policy = SandboxPolicy::ReadOnly;
+            c.conversation.workspace_roots = vec![workspace];
+            c.conversation.task.exec_timeout_max = Duration::from_millis(500);
+        },
+        None,
+    )
+    .await;
+    let root = t.root().await;
+    let started = std::time::Instant::now();
+    let reply = message_unasked(&t, root, "run it").await;
+    assert!(
+        started.elapsed() < Duration::from_secs(20),
+        "{:?}",
+        started.elapsed()
+    );
+    assert!(reply.text.contains("timed out"), "{}", reply.text);
+    // What it wrote before it was killed is kept.
+    assert!(reply.text.contains("started"), "{}", reply.text);
+    t.stop().await;
+}
