@@ -528,10 +528,12 @@ pub(super) async fn run_patch(
             .get("input")
             .and_then(|i| i.as_str())
             .unwrap_or_default();
-        approve(
+        approve_as(
             ctx,
             &apply_patch::approval_command(&patch),
             format!("the model wants to apply a patch:\n{input}"),
+            ApprovalSubject::Patch,
+            None,
         )
         .await?;
     }
@@ -575,17 +577,9 @@ fn in_dir(reason: String, dir: Option<&str>) -> String {
     }
 }
 
-/// Asks the session's ApprovalStore (the next one, if it fails while the task waits); a
-/// denial, or a session without a store any more, is `ApprovalDenied`.
-pub(super) async fn approve(
-    ctx: &TaskContext,
-    argv: &[String],
-    reason: String,
-) -> Result<Granted, AgentError> {
-    approve_as(ctx, argv, reason, ApprovalSubject::Command, None).await
-}
-
-/// [`approve`], asking about `subject` (a command, or a command to run without the sandbox).
+/// Asks the session's ApprovalStore (the next one, if it fails while the task waits) about
+/// `subject` (a command, a command to run without the sandbox, a patch); a denial, or a
+/// session without a store any more, is `ApprovalDenied`.
 async fn approve_as(
     ctx: &TaskContext,
     argv: &[String],
