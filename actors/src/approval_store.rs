@@ -718,6 +718,93 @@ mod tests {
         ));
     }
 
+    /// A patch and a command of the same words are two questions, remembered apart: an
+    /// approved patch (`apply_patch`, `update a.rs`) never lets a command `apply_patch
+    /// "update a.rs"` run, nor the reverse.
+    #[test]
+    fn a_patch_is_asked_and_remembered_apart_from_a_command_of_the_same_words() {
+        let c = ConversationId::new();
+        let patch = || Ask {
+            subject: ApprovalSubject::Patch,
+            ..ask(c, &["apply_patch", "update a.rs"])
+        };
+        let command = || ask(c, &["apply_patch", "update a.rs"]);
+        let mut core = ApprovalCore::new();
+        let asked_patch = open(&mut core, patch(), 0, 1);
+        let asked_command = open(&mut core, command(), 0, 2);
+        assert_ne!(asked_patch, asked_command, "not attached to each other");
+        let resolved = core
+            .decide(
+                asked_patch,
+                ApprovalDecision::ApproveForSession { ttl_secs: None },
+                1,
+            )
+            .unwrap();
+        assert_eq!(resolved.len(), 1, "the pending command is not answered");
+        assert!(matches!(
+            core.request(patch(), 2, 1_000, 3),
+            AskAdmission::Remembered(3)
+        ));
+        assert!(matches!(
+            core.request(command(), 2, 1_000, 4),
+            AskAdmission::Attached(id) if id == asked_command
+        ));
+        core.decide(asked_command, ApprovalDecision::Deny { reason: None }, 3)
+            .unwrap();
+        assert!(matches!(
+            core.request(command(), 4, 1_000, 5),
+            AskAdmission::Opened(_)
+        ));
+    }
+
+    /// A command whose words carry a NUL could spell the key of another kind of request
+    /// (`"\0unsandboxed", "make"` is the key of running `make` without the sandbox): it is
+    /// never remembered, and its approval answers nothing else.
+    #[test]
+    fn a_command_with_a_nul_is_never_remembered() {
+        let c = ConversationId::new();
+        let mut core = ApprovalCore::new();
+        for (spelled, workdir) in [
+            (ask(c, &["\0unsandboxed", "make"]), None),
+            (ask(c, &["\0cwd", "/", "rm", "-rf", "x"]), None),
+            (ask(c, &["\0patch", "update a.rs"]), None),
+            (ask(c, &["ls"]), Some("a\0b")),
+        ] {
+            let spelled = Ask {
+                workdir: workdir.map(str::to_owned),
+                ..spelled
+            };
+            let id = open(&mut core, spelled.clone(), 0, 1);
+            core.decide(
+                id,
+                ApprovalDecision::ApproveForSession { ttl_secs: None },
+                1,
+            )
+            .unwrap();
+            assert!(core.live_keys(2).is_empty(), "{spelled:?} left a key");
+            assert!(matches!(
+                core.request(spelled, 2, 1_000, 2),
+                AskAdmission::Opened(_)
+            ));
+        }
+        let unsandboxed = Ask {
+            subject: ApprovalSubject::CommandWithoutSandbox,
+            ..ask(c, &["make"])
+        };
+        assert!(matches!(
+            core.request(unsandboxed, 3, 1_000, 3),
+            AskAdmission::Opened(_)
+        ));
+        let elsewhere = Ask {
+            workdir: Some("/".into()),
+            ..ask(c, &["rm", "-rf", "x"])
+        };
+        assert!(matches!(
+            core.request(elsewhere, 3, 1_000, 4),
+            AskAdmission::Opened(_)
+        ));
+    }
+
     /// A command run in a directory its call named is asked about and remembered with that
     /// directory: approving `rm -rf build` where it runs by default does not approve it in
     /// `/`, nor the other way round; the same directory is covered.

@@ -63,7 +63,7 @@ pub use mcp_view::{ViewStep, view_step};
 use step::*;
 pub use step::{Fitted, fit_budget, fixed_prompt_tokens};
 use tool_call::*;
-pub use tool_call::{ToolRoute, render_exec, route_tool};
+pub use tool_call::{ShellArgs, ToolRoute, command_timeout, render_exec, route_tool, shell_args};
 
 /// Everything a task needs, taken from its conversation when it starts; the session's
 /// services it reads from the directory at each use.
@@ -286,8 +286,10 @@ impl TaskContext {
 pub struct TaskLimits {
     /// Steps (model calls) before the turn ends with `max_steps` (T2).
     pub max_steps: u32,
-    /// Default timeout of a shell command.
+    /// Timeout of a shell command whose call names none.
     pub exec_timeout: Duration,
+    /// The longest a command may run, whatever timeout its call asks for.
+    pub exec_timeout_max: Duration,
     /// Bytes of command output kept.
     pub exec_output_cap: usize,
     /// Largest prompt sent, by the local estimate (T5); `None` = no bound.
@@ -304,6 +306,7 @@ impl Default for TaskLimits {
         Self {
             max_steps: 100,
             exec_timeout: Duration::from_secs(60),
+            exec_timeout_max: Duration::from_secs(600),
             exec_output_cap: 64 * 1024,
             max_prompt_tokens: None,
             warn_prompt_tokens: None,
@@ -1075,27 +1078,26 @@ mod tests {
     fn shell_asks_first_only_under_always() {
         let tools = [spec("shell")];
         let c = call("shell", serde_json::json!({"command": ["echo", "hi"]}));
+        let shell = |needs_approval| ToolRoute::Shell {
+            args: ShellArgs {
+                argv: vec!["echo".into(), "hi".into()],
+                workdir: None,
+                timeout: None,
+            },
+            needs_approval,
+        };
         // on-failure runs it sandboxed first; the sandbox's refusal is what asks.
         assert_eq!(
             route_tool(&c, &tools, ApprovalPolicy::OnFailure, false),
-            ToolRoute::Shell {
-                argv: vec!["echo".into(), "hi".into()],
-                needs_approval: false
-            }
+            shell(false)
         );
         assert_eq!(
             route_tool(&c, &tools, ApprovalPolicy::Always, false),
-            ToolRoute::Shell {
-                argv: vec!["echo".into(), "hi".into()],
-                needs_approval: true
-            }
+            shell(true)
         );
         assert_eq!(
             route_tool(&c, &tools, ApprovalPolicy::Never, false),
-            ToolRoute::Shell {
-                argv: vec!["echo".into(), "hi".into()],
-                needs_approval: false
-            }
+            shell(false)
         );
     }
 
@@ -1150,16 +1152,104 @@ mod tests {
     #[test]
     fn malformed_shell_args_are_refused() {
         let tools = [spec("shell")];
-        for args in [
-            serde_json::json!({}),
-            serde_json::json!({"command": []}),
-            serde_json::json!({"command": [1]}),
+        for (args, says) in [
+            (serde_json::json!({}), "needs `command`"),
+            (serde_json::json!(["ls"]), "must be an object"),
+            (serde_json::json!({"command": []}), "non-empty array"),
+            (serde_json::json!({"command": [1]}), "non-empty array"),
+            (serde_json::json!({"command": "ls -l"}), "array of strings"),
+            // A NUL could spell the approval key of another kind of request.
+            (
+                serde_json::json!({"command": ["\0unsandboxed", "make"]}),
+                "NUL",
+            ),
+            (
+                serde_json::json!({"command": ["\0cwd", "/", "rm", "-rf", "x"]}),
+                "NUL",
+            ),
+            (
+                serde_json::json!({"command": ["ls"], "workdir": "a\0b"}),
+                "NUL",
+            ),
+            // Held to the schema: nothing ill-typed or unknown is ignored.
+            (
+                serde_json::json!({"command": ["ls"], "workdir": 7}),
+                "`workdir` must be a string",
+            ),
+            (
+                serde_json::json!({"command": ["ls"], "timeout_ms": "5000"}),
+                "`timeout_ms`",
+            ),
+            (
+                serde_json::json!({"command": ["ls"], "timeout_ms": 1.5}),
+                "`timeout_ms`",
+            ),
+            (
+                serde_json::json!({"command": ["ls"], "timeout_ms": -1}),
+                "`timeout_ms`",
+            ),
+            (
+                serde_json::json!({"command": ["ls"], "timeout_ms": 0}),
+                "`timeout_ms`",
+            ),
+            (
+                serde_json::json!({"command": ["ls"], "cwd": "/"}),
+                "unknown argument `cwd`",
+            ),
         ] {
-            assert!(matches!(
-                route_tool(&call("shell", args), &tools, ApprovalPolicy::Always, false),
-                ToolRoute::Refuse(_)
-            ));
+            let route = route_tool(
+                &call("shell", args.clone()),
+                &tools,
+                ApprovalPolicy::Always,
+                false,
+            );
+            let ToolRoute::Refuse(failure) = route else {
+                panic!("{args} was not refused: {route:?}");
+            };
+            assert_eq!(
+                failure.error.kind(),
+                troupe_proto::ErrorKind::InvalidInput,
+                "{args}"
+            );
+            assert!(
+                failure.error.to_string().contains(says),
+                "{args}: {}",
+                failure.error
+            );
         }
+        assert_eq!(
+            shell_args(&serde_json::json!({
+                "command": ["make"], "workdir": "sub", "timeout_ms": 1500
+            }))
+            .unwrap(),
+            ShellArgs {
+                argv: vec!["make".into()],
+                workdir: Some("sub".into()),
+                timeout: Some(Duration::from_millis(1500)),
+            }
+        );
+    }
+
+    #[test]
+    fn a_command_timeout_defaults_to_the_sessions_and_is_held_to_its_maximum() {
+        let limits = TaskLimits {
+            exec_timeout: Duration::from_secs(60),
+            exec_timeout_max: Duration::from_secs(600),
+            ..TaskLimits::default()
+        };
+        assert_eq!(command_timeout(None, &limits), Duration::from_secs(60));
+        assert_eq!(
+            command_timeout(Some(Duration::from_secs(5)), &limits),
+            Duration::from_secs(5)
+        );
+        assert_eq!(
+            command_timeout(Some(Duration::from_secs(3600)), &limits),
+            Duration::from_secs(600)
+        );
+        assert_eq!(
+            command_timeout(Some(Duration::from_millis(u64::MAX)), &limits),
+            Duration::from_secs(600)
+        );
     }
 
     /// What can be checked before a call runs is checked when it is routed, before any

@@ -165,6 +165,7 @@ impl Unattended {
             ApprovalSubject::AgentQuestion { .. } => None,
             ApprovalSubject::Command
             | ApprovalSubject::CommandWithoutSandbox
+            | ApprovalSubject::Patch
             | ApprovalSubject::McpSampling { .. } => self.approvals.map(|a| match a {
                 ApprovalAnswer::Approve => ApprovalDecision::ApproveOnce,
                 ApprovalAnswer::Deny => ApprovalDecision::Deny {

@@ -46,6 +46,10 @@ pub enum ApprovalSubject {
     /// `on-failure` approval policy). Remembered apart from [`Self::Command`]: a decision to
     /// let a command run in the sandbox never lets it run without one.
     CommandWithoutSandbox,
+    /// Apply the patch of an `apply_patch` call; `command` names it (`apply_patch`, then one
+    /// entry per file: `add a.rs`, `update b.rs`, ...). Remembered apart from commands: an
+    /// approved patch never lets a command of the same words run, and the reverse.
+    Patch,
     /// An MCP server asks the user for input (`elicitation/create`) during a tool call.
     /// Approving accepts: `ApproveWithContent` gives the content; the other approvals send the
     /// schema's defaults (refused when a required field has none). Denying declines; no answer
@@ -77,8 +81,13 @@ pub enum ApprovalSubject {
 }
 
 impl ApprovalSubject {
+    /// Whether it asks to run a command or apply a patch here (nobody answering is a
+    /// denial), rather than a server's or an agent's question (nobody answering times out).
     pub const fn is_command(&self) -> bool {
-        matches!(self, Self::Command | Self::CommandWithoutSandbox)
+        matches!(
+            self,
+            Self::Command | Self::CommandWithoutSandbox | Self::Patch
+        )
     }
 
     /// Approving it takes content (an elicitation's fields, a question's answer): no key

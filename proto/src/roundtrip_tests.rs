@@ -738,6 +738,8 @@ fn approval_decision() -> impl Strategy<Value = ApprovalDecision> {
 fn approval_subject() -> impl Strategy<Value = ApprovalSubject> {
     prop_oneof![
         Just(ApprovalSubject::Command),
+        Just(ApprovalSubject::CommandWithoutSandbox),
+        Just(ApprovalSubject::Patch),
         (text(), text(), json()).prop_map(|(server, message, schema)| {
             ApprovalSubject::McpElicitation {
                 server,
@@ -1406,6 +1408,8 @@ fn strategies_cover_every_variant() {
         tags_of(approval_subject()),
         set(&[
             "command",
+            "command_without_sandbox",
+            "patch",
             "mcp_elicitation",
             "mcp_sampling",
             "agent_question"

@@ -190,6 +190,8 @@ pub fn session_config(config: &TroupeConfig) -> SessionConfig {
     conv.approval_policy = chat.approval_policy;
     conv.sandbox_policy = chat.sandbox_policy;
     conv.task.max_steps = chat.max_steps;
+    conv.task.exec_timeout = chat.command_timeout;
+    conv.task.exec_timeout_max = chat.max_command_timeout;
     conv.task.max_prompt_tokens = chat.max_prompt_tokens;
     conv.task.warn_prompt_tokens = chat.warn_prompt_tokens;
     conv.task.over_budget = chat.over_budget;
@@ -232,12 +234,22 @@ mod tests {
         c.server.task_queue = 3;
         c.server.conversation_queue = 2;
         c.chat.max_steps = 9;
+        c.chat.command_timeout = std::time::Duration::from_secs(5);
+        c.chat.max_command_timeout = std::time::Duration::from_secs(50);
         c.ttl_sweep_interval = std::time::Duration::from_secs(7);
         let s = session_config(&c);
         assert_eq!(s.scheduler.limit, 1, "0 would never grant");
         assert_eq!(s.scheduler.queue_capacity, 3);
         assert_eq!(s.conversation.max_queued_messages, 2);
         assert_eq!(s.conversation.task.max_steps, 9);
+        assert_eq!(
+            s.conversation.task.exec_timeout,
+            std::time::Duration::from_secs(5)
+        );
+        assert_eq!(
+            s.conversation.task.exec_timeout_max,
+            std::time::Duration::from_secs(50)
+        );
         assert_eq!(s.ttl_sweep_interval, std::time::Duration::from_secs(7));
         assert!(s.root.include_plan_tool);
     }

@@ -140,6 +140,13 @@ pub struct ChatConfig {
     pub approval_policy: troupe_proto::ApprovalPolicy,
     pub sandbox_policy: troupe_proto::SandboxPolicy,
     pub storage_policy: troupe_proto::StoragePolicy,
+    /// How long a shell command may run when its call names no `timeout_ms`.
+    #[serde(with = "humantime_serde")]
+    pub command_timeout: Duration,
+    /// The longest a shell command may run, whatever timeout its call asks for (the model
+    /// chooses `timeout_ms`; this bounds it).
+    #[serde(with = "humantime_serde")]
+    pub max_command_timeout: Duration,
 }
 
 impl Default for ChatConfig {
@@ -154,6 +161,8 @@ impl Default for ChatConfig {
             approval_policy: troupe_proto::ApprovalPolicy::Always,
             sandbox_policy: troupe_proto::SandboxPolicy::ReadOnly,
             storage_policy: troupe_proto::StoragePolicy::Full,
+            command_timeout: Duration::from_secs(60),
+            max_command_timeout: Duration::from_secs(600),
         }
     }
 }
@@ -1062,6 +1071,8 @@ pub const ENV_VARS: &[(&str, &str)] = &[
     ("TROUPE_WARN_PROMPT_TOKENS", "chat.warn_prompt_tokens"),
     ("TROUPE_OVER_BUDGET", "chat.over_budget"),
     ("TROUPE_TOKENIZER_MODEL", "chat.tokenizer_model"),
+    ("TROUPE_COMMAND_TIMEOUT", "chat.command_timeout"),
+    ("TROUPE_MAX_COMMAND_TIMEOUT", "chat.max_command_timeout"),
     (
         "OPENAI_BASE_URL",
         "model.base_url when TROUPE_BASE_URL is unset; picks openai-chat unless a provider is named",
@@ -1159,6 +1170,17 @@ impl TroupeConfig {
                 ),
             });
         }
+        for (key, value) in [
+            ("chat.command_timeout", config.chat.command_timeout),
+            ("chat.max_command_timeout", config.chat.max_command_timeout),
+        ] {
+            if value.is_zero() {
+                return Err(ConfigError::Parse {
+                    path: path.to_owned(),
+                    message: format!("{key} must be longer than 0s (no command could run)"),
+                });
+            }
+        }
         config.named = named;
         config.source = Some(path.to_owned());
         Ok(config)
@@ -1230,6 +1252,13 @@ impl TroupeConfig {
         }
         if let Some(v) = get("TROUPE_TOKENIZER_MODEL") {
             self.chat.tokenizer_model = Some(v);
+        }
+        if let Some(v) = get("TROUPE_COMMAND_TIMEOUT") {
+            self.chat.command_timeout = parse_positive_duration("TROUPE_COMMAND_TIMEOUT", &v)?;
+        }
+        if let Some(v) = get("TROUPE_MAX_COMMAND_TIMEOUT") {
+            self.chat.max_command_timeout =
+                parse_positive_duration("TROUPE_MAX_COMMAND_TIMEOUT", &v)?;
         }
         if let Some(v) = get("TROUPE_LISTEN") {
             self.server.listen = v;
@@ -1530,10 +1559,23 @@ pub fn parse_enum<T: serde::de::DeserializeOwned>(
         })
 }
 
-/// A humantime duration (`30s`, `2m`).
 /// What an approval timeout must be: zero would deny every request before anyone could see it.
 const APPROVAL_TIMEOUT_EXPECTED: &str =
     "a duration longer than zero (a request nobody can answer in time is denied)";
+
+/// A duration longer than zero.
+fn parse_positive_duration(name: &str, value: &str) -> Result<Duration, ConfigError> {
+    match parse_duration(name, value)? {
+        d if d.is_zero() => Err(ConfigError::Value {
+            name: name.to_owned(),
+            value: value.to_owned(),
+            expected: "a duration longer than 0s",
+        }),
+        d => Ok(d),
+    }
+}
+
+/// A humantime duration (`30s`, `2m`).
 
 pub fn parse_duration(name: &str, value: &str) -> Result<Duration, ConfigError> {
     humantime::parse_duration(value).map_err(|_| ConfigError::Value {
@@ -1586,6 +1628,49 @@ mod tests {
             .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
             .collect();
         move |k| map.get(k).cloned()
+    }
+
+    #[test]
+    fn command_timeouts_come_from_the_file_then_the_environment() {
+        let c = TroupeConfig::default();
+        assert_eq!(c.chat.command_timeout, Duration::from_secs(60));
+        assert_eq!(c.chat.max_command_timeout, Duration::from_secs(600));
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("troupe.toml");
+        std::fs::write(
+            &path,
+            "[chat]\ncommand_timeout = \"2m\"\nmax_command_timeout = \"30m\"\n",
+        )
+        .unwrap();
+        let c = TroupeConfig::load(Some(&path), &env(&[])).unwrap();
+        assert_eq!(c.chat.command_timeout, Duration::from_secs(120));
+        assert_eq!(c.chat.max_command_timeout, Duration::from_secs(1800));
+        let c = TroupeConfig::load(
+            Some(&path),
+            &env(&[
+                ("TROUPE_COMMAND_TIMEOUT", "90s"),
+                ("TROUPE_MAX_COMMAND_TIMEOUT", "5m"),
+            ]),
+        )
+        .unwrap();
+        assert_eq!(c.chat.command_timeout, Duration::from_secs(90));
+        assert_eq!(c.chat.max_command_timeout, Duration::from_secs(300));
+        for bad in [
+            ("TROUPE_COMMAND_TIMEOUT", "0s"),
+            ("TROUPE_MAX_COMMAND_TIMEOUT", "soon"),
+        ] {
+            assert!(
+                TroupeConfig::load(Some(&path), &env(&[bad])).is_err(),
+                "{bad:?}"
+            );
+        }
+        std::fs::write(&path, "[chat]\nmax_command_timeout = \"0s\"\n").unwrap();
+        let e = TroupeConfig::load(Some(&path), &env(&[])).unwrap_err();
+        assert!(
+            e.to_string()
+                .contains("chat.max_command_timeout must be longer than 0s"),
+            "{e}"
+        );
     }
 
     #[test]

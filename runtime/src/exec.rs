@@ -1,10 +1,14 @@
 //! `ProcessRunner`: the shell tool's command runner. Runs argv as a child process (never via
 //! a shell string) with a working directory, a timeout, an output cap and a scrubbed
-//! environment, in its own process group, which is killed on timeout or cancellation.
+//! environment, in its own process group. The group is killed as soon as the command exits
+//! (so a background job neither outlives it nor keeps it waiting on its output), on timeout
+//! or cancellation, and when the run's future is dropped; a process that made its own session
+//! (`setsid`) leaves the group and is not killed. A timed-out command keeps what it wrote.
 //!
 //! Sandboxing (see [`sandbox`]): `full-access` runs the command directly. `read-only` and
 //! `workspace-write` run it through the sandbox launcher (`troupe sandbox-exec`), which
-//! confines itself with Landlock and then execs the command. A policy that cannot be fully
+//! starts a new session (so the command has no controlling terminal and leads its own process
+//! group), confines itself with Landlock and then execs the command. A policy that cannot be fully
 //! enforced (no launcher, no Landlock, a partially enforced ruleset) is refused with
 //! `SandboxError`: a command never runs less confined than asked.
 
@@ -163,9 +167,12 @@ impl ProcessRunner {
             .stdout(Stdio::piped())
             .stderr(Stdio::piped())
             .kill_on_drop(true)
-            // Its own group, so a timeout or cancellation kills what it started too.
-            .process_group(0)
             .env_clear();
+        if request.sandbox == SandboxPolicy::FullAccess {
+            // Its own group, so that what it starts is killed with it. A confined command's
+            // launcher makes its own session instead (which a group leader may not).
+            cmd.process_group(0);
+        }
         for key in KEPT_ENV {
             if let Ok(v) = std::env::var(key) {
                 cmd.env(key, v);
@@ -175,6 +182,11 @@ impl ProcessRunner {
             cmd.env("TMPDIR", dir.path());
         }
         if let Some(dir) = &request.workdir {
+            // Checked here, so that a missing directory is named as such rather than taken
+            // for a launcher that cannot start.
+            check_workdir(dir)
+                .await
+                .map_err(|e| (e, Outcome::SpawnFailed))?;
             cmd.current_dir(dir);
         }
         let mut child = cmd.spawn().map_err(|e| {
@@ -198,27 +210,97 @@ impl ProcessRunner {
         })?;
         let pid = child.id();
         tracing::Span::current().record("pid", pid);
+        // From here on, however this future ends (even dropped), the group goes too.
+        let mut group = Group::new(pid);
         let cap = request.output_cap;
-        let read_out = read_capped(child.stdout.take(), cap);
+        let mut out = Capture::new(cap);
         // The launcher's protocol line must survive a small cap; the cap is applied after.
-        let read_err = read_capped(child.stderr.take(), cap.max(PROTOCOL_BYTES));
-        let waited = async {
-            let (out, err, status) = tokio::join!(read_out, read_err, child.wait());
-            (out, err, status)
-        };
-        let ((stdout, out_trunc), (stderr, err_trunc), status) = tokio::select! {
-            done = waited => done,
-            () = tokio::time::sleep(request.timeout) => {
-                kill_group(pid);
-                tracing::info!(timeout_ms = u64::try_from(request.timeout.as_millis()).unwrap_or(u64::MAX), "command timed out; killed its process group");
-                return Ok(ExecOutput { timed_out: true, ..ExecOutput::default() });
+        let mut err = Capture::new(cap.max(PROTOCOL_BYTES));
+        let (stdout_pipe, stderr_pipe) = (child.stdout.take(), child.stderr.take());
+        let ended = {
+            let reading = async {
+                tokio::join!(
+                    read_into(stdout_pipe, &mut out),
+                    read_into(stderr_pipe, &mut err)
+                )
+            };
+            let wait = child.wait();
+            let deadline = tokio::time::sleep(request.timeout);
+            tokio::pin!(reading, wait, deadline);
+            let mut exited = None;
+            let mut drained = false;
+            let mut timed_out = false;
+            loop {
+                tokio::select! {
+                    () = cancel.cancelled() => {
+                        group.kill();
+                        break Ended::Cancelled;
+                    }
+                    status = &mut wait, if exited.is_none() && !timed_out => {
+                        // The command is done: what it left running in its group goes too
+                        // (a background job holding the pipes open would otherwise keep it
+                        // waiting). A process that made its own session escapes the group
+                        // and may hold a pipe, so the drain that follows is bounded.
+                        group.leader_exited();
+                        if drained {
+                            break Ended::Exited(status);
+                        }
+                        exited = Some(status);
+                        deadline.as_mut().reset(Instant::now() + DRAIN);
+                    }
+                    ((), ()) = &mut reading, if !drained => {
+                        drained = true;
+                        if let Some(status) = exited.take() {
+                            break Ended::Exited(status);
+                        }
+                        if timed_out {
+                            break Ended::TimedOut;
+                        }
+                    }
+                    () = &mut deadline => {
+                        if let Some(status) = exited.take() {
+                            tracing::debug!("a process outside the command's group still holds its output open; not waiting for it");
+                            break Ended::Exited(status);
+                        }
+                        if timed_out {
+                            break Ended::TimedOut;
+                        }
+                        group.kill();
+                        tracing::info!(timeout_ms = u64::try_from(request.timeout.as_millis()).unwrap_or(u64::MAX), "command timed out; killed its process group");
+                        timed_out = true;
+                        if drained {
+                            break Ended::TimedOut;
+                        }
+                        // What it wrote before it was killed is kept.
+                        deadline.as_mut().reset(Instant::now() + DRAIN);
+                    }
+                }
             }
-            () = cancel.cancelled() => {
-                kill_group(pid);
-                return Err((AgentError::cancelled("command cancelled"), Outcome::Cancelled));
+        };
+        let status = match ended {
+            Ended::Exited(status) => status,
+            Ended::Cancelled => {
+                return Err((
+                    AgentError::cancelled("command cancelled"),
+                    Outcome::Cancelled,
+                ));
+            }
+            Ended::TimedOut => {
+                // `child` is dropped: `kill_on_drop` reaps the killed leader.
+                let (stdout, out_trunc) = out.into_text();
+                let (stderr, err_trunc) = err.into_text();
+                let (stderr, err_cut) = cut(stderr, cap);
+                return Ok(ExecOutput {
+                    exit_code: None,
+                    stdout,
+                    stderr,
+                    timed_out: true,
+                    truncated: out_trunc || err_trunc || err_cut,
+                });
             }
         };
-        // Leaving early drops `child`, and `kill_on_drop` kills (and reaps) the leader.
+        let (stdout, out_trunc) = out.into_text();
+        let (stderr, err_trunc) = err.into_text();
         let status = status.map_err(|e| {
             (
                 AgentError::ToolError {
@@ -273,39 +355,126 @@ fn cut(mut text: String, cap: usize) -> (String, bool) {
     (text, true)
 }
 
-/// Kills the command's process group. Called before the leader is reaped, so its pid still
-/// names our group.
-fn kill_group(pid: Option<u32>) {
-    use nix::sys::signal::{Signal, killpg};
-    use nix::unistd::Pid;
-    if let Some(pid) = pid.and_then(|p| i32::try_from(p).ok()) {
-        let _ = killpg(Pid::from_raw(pid), Signal::SIGKILL);
+/// How long the pipes are still read once the command has exited or been killed: what its
+/// group wrote is in them by then; a process that left the group may hold them open forever.
+const DRAIN: std::time::Duration = std::time::Duration::from_millis(500);
+
+/// How a run ended.
+enum Ended {
+    /// The command exited (the leader's status, as reaped).
+    Exited(std::io::Result<std::process::ExitStatus>),
+    TimedOut,
+    Cancelled,
+}
+
+/// Whether `dir` can be a command's working directory; if not, an error naming it.
+async fn check_workdir(dir: &Path) -> Result<(), AgentError> {
+    let error = |what: String| AgentError::ToolError {
+        name: "shell".into(),
+        message: format!("workdir `{}` {what}", dir.display()),
+    };
+    match tokio::fs::metadata(dir).await {
+        Ok(meta) if meta.is_dir() => Ok(()),
+        Ok(_) => Err(error("is not a directory".into())),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Err(error("does not exist".into())),
+        Err(e) => Err(error(format!("cannot be used: {e}"))),
     }
 }
 
-async fn read_capped<R: tokio::io::AsyncRead + Unpin>(
-    pipe: Option<R>,
+/// The command's process group (its id is the leader's pid), killed once: when the leader
+/// exits, on timeout or cancellation, or when the run's future is dropped before any of
+/// these (`kill_on_drop` alone would kill the leader only). A process that made its own
+/// session (`setsid`) has left the group and is not reached.
+struct Group {
+    leader: Option<nix::unistd::Pid>,
+    killed: bool,
+}
+
+impl Group {
+    fn new(pid: Option<u32>) -> Self {
+        Self {
+            leader: pid
+                .and_then(|p| i32::try_from(p).ok())
+                .map(nix::unistd::Pid::from_raw),
+            killed: false,
+        }
+    }
+
+    /// Kills the group and its leader, which has not been reaped: its pid still names it.
+    /// The leader is killed by pid as well, since a sandbox launcher that has not made its
+    /// session yet leads no group.
+    fn kill(&mut self) {
+        use nix::sys::signal::{Signal, kill, killpg};
+        if let (Some(pid), false) = (self.leader, self.killed) {
+            let _ = killpg(pid, Signal::SIGKILL);
+            let _ = kill(pid, Signal::SIGKILL);
+        }
+        self.killed = true;
+    }
+
+    /// Kills what the leader, just reaped, left in its group. A group keeps its id while it
+    /// has a member, so the id names no other group; once it is empty the signal finds
+    /// nobody (it would take the kernel handing out every pid in between for it to land
+    /// elsewhere).
+    fn leader_exited(&mut self) {
+        use nix::sys::signal::{Signal, killpg};
+        if let (Some(pid), false) = (self.leader, self.killed) {
+            let _ = killpg(pid, Signal::SIGKILL);
+        }
+        self.killed = true;
+    }
+}
+
+impl Drop for Group {
+    fn drop(&mut self) {
+        self.kill();
+    }
+}
+
+/// Output read from one pipe, up to `cap` bytes. Kept outside the reading future, so that a
+/// run that stops reading early (a timeout) still has what was read.
+struct Capture {
+    buf: Vec<u8>,
     cap: usize,
-) -> (String, bool) {
+    truncated: bool,
+}
+
+impl Capture {
+    fn new(cap: usize) -> Self {
+        Self {
+            buf: Vec::new(),
+            cap,
+            truncated: false,
+        }
+    }
+
+    /// The text read (invalid UTF-8 replaced) and whether more was dropped.
+    fn into_text(self) -> (String, bool) {
+        (
+            String::from_utf8_lossy(&self.buf).into_owned(),
+            self.truncated,
+        )
+    }
+}
+
+/// Reads `pipe` into `into` until its end (or an error).
+async fn read_into<R: tokio::io::AsyncRead + Unpin>(pipe: Option<R>, into: &mut Capture) {
     let Some(mut pipe) = pipe else {
-        return (String::new(), false);
+        return;
     };
-    let mut buf = Vec::new();
     let mut chunk = [0u8; 8192];
-    let mut truncated = false;
     loop {
         match pipe.read(&mut chunk).await {
             Ok(0) | Err(_) => break,
             Ok(n) => {
-                let room = cap.saturating_sub(buf.len());
+                let room = into.cap.saturating_sub(into.buf.len());
                 if n > room {
-                    truncated = true;
+                    into.truncated = true;
                 }
-                buf.extend_from_slice(&chunk[..n.min(room)]);
+                into.buf.extend_from_slice(&chunk[..n.min(room)]);
             }
         }
     }
-    (String::from_utf8_lossy(&buf).into_owned(), truncated)
 }
 
 #[cfg(test)]
@@ -456,6 +625,143 @@ mod tests {
             }
             dead
         })
+    }
+
+    /// The pid a script printed on the first line of its stdout.
+    fn first_line(out: &ExecOutput) -> String {
+        out.stdout.lines().next().unwrap_or_default().to_owned()
+    }
+
+    #[tokio::test]
+    async fn a_background_job_neither_holds_the_command_nor_outlives_it() {
+        let mut request = req(
+            &["sh", "-c", "sleep 30 & echo $!; echo hi"],
+            SandboxPolicy::FullAccess,
+        );
+        request.timeout = Duration::from_secs(20);
+        request.output_cap = 1024;
+        let started = Instant::now();
+        let out = runner()
+            .run(request, &CancellationToken::new())
+            .await
+            .unwrap();
+        assert!(
+            started.elapsed() < Duration::from_secs(5),
+            "waited for the background job: {:?}",
+            started.elapsed()
+        );
+        assert!(!out.timed_out);
+        assert_eq!(out.exit_code, Some(0));
+        assert!(out.stdout.ends_with("hi\n"), "{out:?}");
+        assert!(gone(&first_line(&out)), "the background sleep survived");
+    }
+
+    #[tokio::test]
+    async fn a_timed_out_command_keeps_what_it_wrote() {
+        let mut request = req(
+            &["sh", "-c", "echo partial; echo oops >&2; sleep 30"],
+            SandboxPolicy::FullAccess,
+        );
+        request.timeout = Duration::from_millis(500);
+        let out = runner()
+            .run(request, &CancellationToken::new())
+            .await
+            .unwrap();
+        assert!(out.timed_out);
+        assert_eq!(out.exit_code, None);
+        assert_eq!(out.stdout, "partial\n");
+        assert_eq!(out.stderr, "oops\n");
+    }
+
+    #[tokio::test]
+    async fn a_cancelled_command_leaves_no_background_job() {
+        let dir = tempfile::tempdir().unwrap();
+        let pidfile = dir.path().join("pid");
+        let script = format!("sleep 30 & echo $! > {}; wait", pidfile.display());
+        let cancel = CancellationToken::new();
+        let canceller = {
+            let (cancel, pidfile) = (cancel.clone(), pidfile.clone());
+            tokio::spawn(async move {
+                while !pidfile.exists() {
+                    tokio::time::sleep(Duration::from_millis(10)).await;
+                }
+                cancel.cancel();
+            })
+        };
+        let result = tokio::time::timeout(
+            Duration::from_secs(10),
+            runner().run(
+                req(&["sh", "-c", &script], SandboxPolicy::FullAccess),
+                &cancel,
+            ),
+        )
+        .await
+        .expect("cancelled within 10 s");
+        canceller.await.unwrap();
+        assert!(
+            matches!(result, Err(AgentError::Cancelled { .. })),
+            "{result:?}"
+        );
+        let pid = std::fs::read_to_string(&pidfile).unwrap();
+        assert!(gone(pid.trim()), "the background sleep survived");
+    }
+
+    /// A run whose future is dropped (its task aborted, no cancellation) takes its whole
+    /// group with it, not only the leader.
+    #[tokio::test]
+    async fn a_dropped_run_leaves_no_background_job() {
+        let dir = tempfile::tempdir().unwrap();
+        let pidfile = dir.path().join("pid");
+        let script = format!("sleep 30 & echo $! > {}; wait", pidfile.display());
+        let runner = runner();
+        let cancel = CancellationToken::new();
+        let mut run = Box::pin(runner.run(
+            req(&["sh", "-c", &script], SandboxPolicy::FullAccess),
+            &cancel,
+        ));
+        let waited = tokio::time::timeout(Duration::from_secs(10), async {
+            tokio::select! {
+                _ = &mut run => panic!("the command ended by itself"),
+                () = async {
+                    while !pidfile.exists() {
+                        tokio::time::sleep(Duration::from_millis(10)).await;
+                    }
+                } => {}
+            }
+        })
+        .await;
+        assert!(waited.is_ok(), "the command started within 10 s");
+        drop(run);
+        let pid = std::fs::read_to_string(&pidfile).unwrap();
+        assert!(gone(pid.trim()), "the background sleep survived the drop");
+    }
+
+    #[tokio::test]
+    async fn a_missing_workdir_is_named_not_taken_for_the_launcher() {
+        let dir = tempfile::tempdir().unwrap();
+        let missing = dir.path().join("nope");
+        let file = dir.path().join("file");
+        std::fs::write(&file, "x").unwrap();
+        for (workdir, policy, what) in [
+            (&missing, SandboxPolicy::ReadOnly, "does not exist"),
+            (&missing, SandboxPolicy::FullAccess, "does not exist"),
+            (&file, SandboxPolicy::WorkspaceWrite, "is not a directory"),
+        ] {
+            let mut request = req(&["true"], policy);
+            request.workdir = Some(workdir.clone());
+            let err = runner()
+                .with_launcher("/bin/true")
+                .run(request, &CancellationToken::new())
+                .await
+                .unwrap_err();
+            assert_eq!(
+                err,
+                AgentError::ToolError {
+                    name: "shell".into(),
+                    message: format!("workdir `{}` {what}", workdir.display()),
+                }
+            );
+        }
     }
 
     #[tokio::test]

@@ -817,3 +817,86 @@ async fn on_failure_runs_sandboxed_without_asking_and_asks_only_when_the_sandbox
     assert!(own.text.contains("exit code 3"), "{}", own.text);
     t.stop().await;
 }
+
+/// A confined command starts a session of its own: it has no controlling terminal (nothing it
+/// writes reaches the user's terminal through `/dev/tty`) and it leads its own process group,
+/// which the runner kills with it.
+#[tokio::test]
+async fn a_confined_command_has_a_session_of_its_own_and_no_terminal() {
+    use troupe_actors::ports::{CommandRunner, ExecRequest};
+    let runner = troupe_tests::process_runner().with_launcher(troupe_bin());
+    for sandbox in [SandboxPolicy::ReadOnly, SandboxPolicy::WorkspaceWrite] {
+        let request = ExecRequest {
+            argv: sh_argv(
+                "echo $$; cat /proc/$$/stat; if echo x > /dev/tty; then echo wrote-the-terminal; fi",
+            ),
+            workdir: None,
+            timeout: Duration::from_secs(30),
+            sandbox,
+            output_cap: 1 << 16,
+            writable_roots: Vec::new(),
+            conversation_id: None,
+            task_id: None,
+        };
+        let out = runner
+            .run(request, &tokio_util::sync::CancellationToken::new())
+            .await
+            .unwrap();
+        let mut lines = out.stdout.lines();
+        let pid = lines.next().unwrap_or_default();
+        let stat = lines.next().unwrap_or_default();
+        // After the command name: state, ppid, pgrp, session, tty_nr.
+        let fields: Vec<&str> = stat
+            .rsplit_once(')')
+            .map(|(_, rest)| rest.split_whitespace().collect())
+            .unwrap_or_default();
+        assert!(fields.len() > 4, "{sandbox:?}: {out:?}");
+        assert_eq!(fields[2], pid, "{sandbox:?}: leads its process group");
+        assert_eq!(fields[3], pid, "{sandbox:?}: leads its own session");
+        assert_eq!(fields[4], "0", "{sandbox:?}: has no controlling terminal");
+        assert!(
+            !out.stdout.contains("wrote-the-terminal"),
+            "{sandbox:?}: {out:?}"
+        );
+    }
+}
+
+/// The model names a command's timeout, but never past the session's maximum.
+#[tokio::test]
+async fn a_command_runs_no_longer_than_the_sessions_maximum() {
+    let ws = tempfile::tempdir().unwrap();
+    let _ = troupe_bin();
+    let workspace = ws.path().to_path_buf();
+    let t = TestSession::start_with(
+        vec![
+            ScriptedReply::tool(
+                "shell",
+                serde_json::json!({
+                    "command": ["sh", "-c", "echo started; sleep 30"],
+                    "timeout_ms": 3_600_000,
+                }),
+            ),
+            ScriptedReply::default(),
+        ],
+        move |c| {
+            c.conversation.approval_policy = ApprovalPolicy::Never;
+            c.conversation.sandbox_policy = SandboxPolicy::ReadOnly;
+            c.conversation.workspace_roots = vec![workspace];
+            c.conversation.task.exec_timeout_max = Duration::from_millis(500);
+        },
+        None,
+    )
+    .await;
+    let root = t.root().await;
+    let started = std::time::Instant::now();
+    let reply = message_unasked(&t, root, "run it").await;
+    assert!(
+        started.elapsed() < Duration::from_secs(20),
+        "{:?}",
+        started.elapsed()
+    );
+    assert!(reply.text.contains("timed out"), "{}", reply.text);
+    // What it wrote before it was killed is kept.
+    assert!(reply.text.contains("started"), "{}", reply.text);
+    t.stop().await;
+}

@@ -100,17 +100,22 @@ fn relayed(agent_id: &str, request: &Value, text: &str) -> Option<Ask> {
         }
     };
     match str_of("kind") {
-        "command" => {
+        kind @ ("command" | "patch") => {
             let argv: Vec<String> = request
                 .get("command")?
                 .as_array()?
                 .iter()
                 .map(|a| a.as_str().map(str::to_owned))
                 .collect::<Option<_>>()?;
+            // A patch stays a patch here: remembered apart from commands.
+            let subject = match kind {
+                "patch" => ApprovalSubject::Patch,
+                _ => ApprovalSubject::Command,
+            };
             Some(ask(
                 prefix.into_iter().chain(argv).collect(),
                 said(str_of("reason")),
-                ApprovalSubject::Command,
+                subject,
             ))
         }
         "elicitation" => {

@@ -432,15 +432,27 @@ pub fn key_for(
 }
 
 /// The path a key for this request is stored (and looked up) under; `None` when no key may
-/// answer it (an elicitation). MCP paths start with `"\0mcp"`, which no argv can equal. A
+/// answer it (an elicitation, a question). A command's path is its argv; every other kind
+/// starts with a NUL-led marker: `"\0unsandboxed"` (a command to run without the sandbox),
+/// `"\0patch"` (a patch, then the files it touches), `"\0mcp"` (a server's sampling). A
 /// command run in a directory its call named is remembered with that directory (`"\0cwd"`,
 /// the directory, then the argv): approving `rm -rf build` in the workspace does not approve
-/// it elsewhere.
+/// it elsewhere. A request with a NUL anywhere in its command or directory is never
+/// remembered (`None`), so no request can spell another's path: the shell tool refuses such
+/// arguments anyway, but commands also come from ACP agents and A2A peers.
 pub fn key_path(
     subject: &ApprovalSubject,
     command: &[String],
     workdir: Option<&str>,
 ) -> Option<Vec<String>> {
+    if command
+        .iter()
+        .map(String::as_str)
+        .chain(workdir)
+        .any(|s| s.contains('\0'))
+    {
+        return None;
+    }
     let in_dir = |argv: Vec<String>| match workdir {
         Some(dir) => ["\0cwd".to_owned(), dir.to_owned()]
             .into_iter()
@@ -450,10 +462,14 @@ pub fn key_path(
     };
     match subject {
         ApprovalSubject::Command => Some(in_dir(command.to_vec())),
-        // Apart from the sandboxed run's keys: no argv starts with a NUL.
         ApprovalSubject::CommandWithoutSandbox => Some(
             std::iter::once("\0unsandboxed".to_owned())
                 .chain(in_dir(command.to_vec()))
+                .collect(),
+        ),
+        ApprovalSubject::Patch => Some(
+            std::iter::once("\0patch".to_owned())
+                .chain(command.iter().cloned())
                 .collect(),
         ),
         ApprovalSubject::McpSampling { server, .. } => Some(vec![

@@ -401,7 +401,9 @@ pub(super) fn headers_meta(event: &EventKind) -> RecordMeta {
             ..
         } => {
             let asked = match subject {
-                ApprovalSubject::Command | ApprovalSubject::CommandWithoutSandbox => 0,
+                ApprovalSubject::Command
+                | ApprovalSubject::CommandWithoutSandbox
+                | ApprovalSubject::Patch => 0,
                 ApprovalSubject::McpElicitation {
                     message, schema, ..
                 } => len(message) + len(&schema.0.to_string()),

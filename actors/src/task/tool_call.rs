@@ -7,9 +7,9 @@ use super::*;
 /// What a tool call needs before it may run.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum ToolRoute {
-    /// Run the shell built-in (after approval, per policy).
+    /// Run the shell built-in (after approval, per policy), with its checked arguments.
     Shell {
-        argv: Vec<String>,
+        args: ShellArgs,
         needs_approval: bool,
     },
     /// The plan built-in, with its checked arguments: recorded, nothing executed.
@@ -66,13 +66,13 @@ pub fn route_tool(
         return ToolRoute::Refuse(ToolFailure::unknown_tool(&call.name));
     }
     match call.name.as_str() {
-        "shell" => match shell_argv(&call.arguments.0) {
+        "shell" => match shell_args(&call.arguments.0) {
             // `on-failure` runs it sandboxed first and asks only if the sandbox stopped it.
-            Ok(argv) => ToolRoute::Shell {
-                argv,
+            Ok(args) => ToolRoute::Shell {
+                args,
                 needs_approval: approval == ApprovalPolicy::Always,
             },
-            Err(message) => tool_error(call, message),
+            Err(e) => ToolRoute::Refuse(e.into()),
         },
         "update_plan" => match builtins::parse_plan(&call.arguments.0) {
             Ok(args) => ToolRoute::Plan(args),
@@ -133,20 +133,83 @@ pub(super) fn patch_input(args: &serde_json::Value) -> Result<Patch, AgentError>
     apply_patch::parse(input).map_err(|e| AgentError::invalid(e.to_string()))
 }
 
-/// argv of a shell call: `{"command": ["ls", "-l"]}`.
-pub(super) fn shell_argv(args: &serde_json::Value) -> Result<Vec<String>, String> {
-    let command = args
+/// The arguments of a shell call, checked.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ShellArgs {
+    /// The program and its arguments (never empty, no NUL).
+    pub argv: Vec<String>,
+    /// The directory the call named (no NUL), taken from the workspace root.
+    pub workdir: Option<String>,
+    /// The timeout the call asked for (at least 1 ms); the session's bounds apply on top.
+    pub timeout: Option<Duration>,
+}
+
+/// The arguments of a shell call, `{"command": ["ls", "-l"], "workdir": "src",
+/// "timeout_ms": 5000}`, held to the tool's schema: anything else, or a field of the wrong
+/// type, is invalid input rather than ignored. No argument may hold a NUL: the kernel could
+/// not pass it on, and approval keys use it to keep their kinds apart.
+pub fn shell_args(args: &serde_json::Value) -> Result<ShellArgs, AgentError> {
+    let invalid = |message: &str| AgentError::invalid(format!("shell: {message}"));
+    let Some(fields) = args.as_object() else {
+        return Err(invalid(
+            "the arguments must be an object with `command`: an array of strings",
+        ));
+    };
+    if let Some(other) = fields
+        .keys()
+        .find(|k| !matches!(k.as_str(), "command" | "workdir" | "timeout_ms"))
+    {
+        return Err(invalid(&format!(
+            "unknown argument `{other}` (command, workdir, timeout_ms)"
+        )));
+    }
+    let command = fields
         .get("command")
         .and_then(|c| c.as_array())
-        .ok_or_else(|| "shell needs `command`: an array of strings".to_owned())?;
+        .ok_or_else(|| invalid("needs `command`: an array of strings"))?;
     let argv: Option<Vec<String>> = command
         .iter()
         .map(|a| a.as_str().map(str::to_owned))
         .collect();
-    match argv {
-        Some(argv) if !argv.is_empty() => Ok(argv),
-        _ => Err("shell `command` must be a non-empty array of strings".to_owned()),
+    let argv = match argv {
+        Some(argv) if !argv.is_empty() => argv,
+        _ => return Err(invalid("`command` must be a non-empty array of strings")),
+    };
+    if argv.iter().any(|a| a.contains('\0')) {
+        return Err(invalid("`command` must not contain a NUL character"));
     }
+    let workdir = match fields.get("workdir") {
+        None | Some(serde_json::Value::Null) => None,
+        Some(serde_json::Value::String(dir)) if dir.contains('\0') => {
+            return Err(invalid("`workdir` must not contain a NUL character"));
+        }
+        Some(serde_json::Value::String(dir)) => Some(dir.clone()),
+        Some(_) => return Err(invalid("`workdir` must be a string")),
+    };
+    let timeout = match fields.get("timeout_ms") {
+        None | Some(serde_json::Value::Null) => None,
+        Some(ms) => match ms.as_u64() {
+            Some(ms) if ms >= 1 => Some(Duration::from_millis(ms)),
+            _ => {
+                return Err(invalid(
+                    "`timeout_ms` must be a whole number of milliseconds, at least 1",
+                ));
+            }
+        },
+    };
+    Ok(ShellArgs {
+        argv,
+        workdir,
+        timeout,
+    })
+}
+
+/// How long a command may run: the call's own timeout, else the session's default, and
+/// never more than the session's maximum.
+pub fn command_timeout(asked: Option<Duration>, limits: &TaskLimits) -> Duration {
+    asked
+        .unwrap_or(limits.exec_timeout)
+        .min(limits.exec_timeout_max)
 }
 
 /// Runs one tool call; the output is what the model sees, the error (if any) what failed.
@@ -327,22 +390,15 @@ pub(super) async fn execute(
             result
         }
         ToolRoute::Shell {
-            argv,
+            args,
             needs_approval,
         } => {
-            let workdir = call.arguments.0.get("workdir").and_then(|w| w.as_str());
-            let timeout = call
-                .arguments
-                .0
-                .get("timeout_ms")
-                .and_then(serde_json::Value::as_u64)
-                .map(Duration::from_millis);
             let (out, sandbox) = run_command(
                 ctx,
-                &argv,
+                &args.argv,
                 needs_approval,
-                workdir,
-                timeout,
+                args.workdir.as_deref(),
+                args.timeout,
                 "the model wants to run a command".into(),
             )
             .await?;
@@ -371,7 +427,7 @@ pub(super) async fn execute(
 /// Runs `argv` as the shell tool does: approved first when `needs_approval`, under the
 /// conversation's sandbox, and under `on-failure` asked again without the sandbox when the
 /// sandbox stopped it. `workdir` is taken inside the workspace; `timeout` defaults to the
-/// session's command timeout. Returns the output and the sandbox its last run had.
+/// session's command timeout and is held to its maximum ([`command_timeout`]). Returns the output and the sandbox its last run had.
 pub(super) async fn run_command(
     ctx: &TaskContext,
     argv: &[String],
@@ -399,7 +455,7 @@ pub(super) async fn run_command(
         message: "no command runner is configured for this session".into(),
     })?;
     let workdir = builtins::shell_workdir(&roots, workdir);
-    let timeout = timeout.unwrap_or(ctx.limits.exec_timeout);
+    let timeout = command_timeout(timeout, &ctx.limits);
     let request = |sandbox| ExecRequest {
         argv: argv.to_vec(),
         workdir: workdir.clone(),
@@ -472,10 +528,12 @@ pub(super) async fn run_patch(
             .get("input")
             .and_then(|i| i.as_str())
             .unwrap_or_default();
-        approve(
+        approve_as(
             ctx,
             &apply_patch::approval_command(&patch),
             format!("the model wants to apply a patch:\n{input}"),
+            ApprovalSubject::Patch,
+            None,
         )
         .await?;
     }
@@ -511,16 +569,6 @@ pub(super) async fn blocking<T: Send + 'static>(
         .map_err(|e| AgentError::internal(format!("file work failed: {e}")))
 }
 
-/// Asks the session's ApprovalStore (the next one, if it fails while the task waits); a
-/// denial, or a session without a store any more, is `ApprovalDenied`.
-pub(super) async fn approve(
-    ctx: &TaskContext,
-    argv: &[String],
-    reason: String,
-) -> Result<Granted, AgentError> {
-    approve_as(ctx, argv, reason, ApprovalSubject::Command, None).await
-}
-
 /// `reason`, saying where the command runs when its call named a directory.
 fn in_dir(reason: String, dir: Option<&str>) -> String {
     match dir {
@@ -529,7 +577,9 @@ fn in_dir(reason: String, dir: Option<&str>) -> String {
     }
 }
 
-/// [`approve`], asking about `subject` (a command, or a command to run without the sandbox).
+/// Asks the session's ApprovalStore (the next one, if it fails while the task waits) about
+/// `subject` (a command, a command to run without the sandbox, a patch); a denial, or a
+/// session without a store any more, is `ApprovalDenied`.
 async fn approve_as(
     ctx: &TaskContext,
     argv: &[String],
@@ -620,7 +670,8 @@ fn sandbox_name(policy: SandboxPolicy) -> &'static str {
 pub fn render_exec(out: &crate::ports::ExecOutput) -> String {
     let mut s = String::new();
     match (out.exit_code, out.timed_out) {
-        (_, true) => s.push_str("timed out\n"),
+        // Killed at its timeout: what it wrote until then follows, cut off there.
+        (_, true) => s.push_str("timed out (killed; its output below is cut off there)\n"),
         (Some(code), _) => s.push_str(&format!("exit code {code}\n")),
         (None, _) => s.push_str("killed by a signal\n"),
     }

@@ -19,7 +19,7 @@ pub enum Outcome {
     Cancelled,
     /// The sandbox could not be enforced; the command never ran.
     Refused,
-    /// The program (or the launcher) could not be started.
+    /// The program (or the launcher) could not be started, or its `workdir` is missing.
     SpawnFailed,
 }
 

@@ -1,7 +1,9 @@
 //! The sandbox launcher: `troupe sandbox-exec --policy P [--writable DIR]... -- PROGRAM ARGS...`.
 //!
 //! A command under `read-only` or `workspace-write` does not start directly. The runner starts
-//! this launcher instead; it confines itself with Landlock (`landlock_restrict_self`: the
+//! this launcher instead; it starts a new session (`setsid`: no controlling terminal, so no
+//! writing to the user's terminal, and a process group of its own, which the runner kills
+//! with the command), confines itself with Landlock (`landlock_restrict_self`: the
 //! calling thread and everything it execs or forks from then on) and then replaces itself with
 //! the command (`execvp`), so the command and all its descendants run inside the ruleset. The
 //! workspace forbids `unsafe`, which rules out a `pre_exec` hook in the runner; a launcher
@@ -20,7 +22,7 @@
 //! signal sent to a process outside the sandbox, no abstract Unix socket outside it reached.
 //!
 //! A policy the kernel cannot fully enforce (no Landlock, an older ABI, a ruleset enforced only
-//! in part, `no_new_privs` not set) is refused: the command never runs. The runner learns why
+//! in part, `no_new_privs` not set, no new session) is refused: the command never runs. The runner learns why
 //! from the exit protocol below, so a refusal is a `SandboxError`, not a command failure.
 //!
 //! Exit protocol: a refusal prints one stderr line starting with [`REFUSED_PREFIX`] and exits
@@ -54,8 +56,9 @@ pub const EXEC_FAILED_PREFIX: &str = "troupe sandbox-exec: cannot run ";
 /// enforced ruleset, which is refused.
 const ABI_FLOOR: ABI = ABI::V3;
 
-/// Devices any policy may write: writing to them changes no file.
-pub const WRITABLE_DEVICES: &[&str] = &["/dev/null", "/dev/zero", "/dev/full", "/dev/tty"];
+/// Devices any policy may write: writing to them changes no file. Not `/dev/tty`: the
+/// command has no controlling terminal, and the user's terminal is not its to write on.
+pub const WRITABLE_DEVICES: &[&str] = &["/dev/null", "/dev/zero", "/dev/full"];
 
 /// What one launch enforces.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -225,6 +228,13 @@ pub fn main(args: &[OsString]) -> ExitCode {
         Ok(parsed) => parsed,
         Err(e) => return refuse(&e),
     };
+    // A new session: no controlling terminal (nothing to write to or read from the user's
+    // terminal through `/dev/tty`), and a process group of its own that the runner kills.
+    if let Err(e) = nix::unistd::setsid() {
+        return refuse(&AgentError::SandboxError {
+            message: format!("cannot start a new session for the command: {e}"),
+        });
+    }
     if let Err(e) = restrict_current_thread(&spec) {
         return refuse(&e);
     }

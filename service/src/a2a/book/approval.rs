@@ -37,6 +37,16 @@ pub(super) fn approval_parts(
                 "reason": reason,
             }})),
         ],
+        ApprovalSubject::Patch => vec![
+            Part::text(format!(
+                "Approval needed to apply a patch (`{}`): {reason}. Reply in this task with \
+                 \"approve\" or \"deny\".",
+                command.join(" ")
+            )),
+            Part::data(json!({"approvalRequest": {
+                "approvalId": id, "kind": "patch", "command": command, "reason": reason,
+            }})),
+        ],
         ApprovalSubject::McpElicitation {
             server,
             message,
