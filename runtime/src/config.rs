@@ -1576,7 +1576,6 @@ fn parse_positive_duration(name: &str, value: &str) -> Result<Duration, ConfigEr
 }
 
 /// A humantime duration (`30s`, `2m`).
-
 pub fn parse_duration(name: &str, value: &str) -> Result<Duration, ConfigError> {
     humantime::parse_duration(value).map_err(|_| ConfigError::Value {
         name: name.to_owned(),
