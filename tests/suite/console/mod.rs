@@ -697,6 +697,17 @@ async fn a_browser_signs_in_chats_approves_survives_a_restart_and_pages_back() {
         .goto(&format!("{}/sessions/{paged}", troupe.base))
         .await;
     wait_live(&browser).await;
+    // The page replays the session's last 1,000 events but shows its newest 50 messages: the
+    // tasks that finished before it went live are settled (shown by their stored messages or
+    // older than them), none drawn as a live block.
+    wait_replayed(&browser).await;
+    let stale = browser
+        .js(
+            "return [...document.querySelectorAll('#live .task-live')].map(b => b.innerText)",
+            vec![],
+        )
+        .await;
+    assert_eq!(stale, json!([]), "no finished task is drawn live");
     assert_eq!(shown_ids(&browser).await, stored[150..]);
     for shown in [100, 150, 200] {
         browser.click("#older").await;
@@ -873,9 +884,8 @@ async fn a_browser_answers_an_mcp_servers_form() {
     troupe.stop();
 }
 
-/// A conversation whose policy keeps headers only: the page, opened after its turn, reads
-/// the turn's events back as headers (no arguments, no output) and still names the tool
-/// (it showed `→ undefined`).
+/// A conversation whose policy keeps headers only, read back by a page opened later: a
+/// running task's tools are named from their headers (it showed `→ undefined`).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_headers_only_turn_shows_its_tools_by_name() {
     let dir = tempfile::tempdir().unwrap();
@@ -891,19 +901,55 @@ async fn a_headers_only_turn_shows_its_tools_by_name() {
         )
         .await;
     let sid = created["session_id"].as_str().unwrap().to_owned();
+
+    // A task that calls a tool, then stalls: still running when the page opens, after its
+    // tool call was recorded.
     model.push(Reply::tool_call("no_such_tool", ["{}"]));
-    model.push(Reply::text(["done"]));
-    api.say(&sid, "call something").await;
+    model.push(Reply::text(["thinking", " on"]).stall_after(1));
+    api.send(
+        reqwest::Method::POST,
+        "/rpc",
+        Some(
+            json!({"jsonrpc": "2.0", "id": 1, "method": "conversation.send",
+                    "params": {"session_id": sid, "text": "call something"}}),
+        ),
+    )
+    .await;
+    let asked = std::time::Instant::now();
+    while model.requests().len() < 2 {
+        assert!(asked.elapsed() < WAIT, "the model was not asked twice");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
     let browser = Browser::start(&screenshots()).await;
     open_signed_in(&browser, &troupe.base, &sid).await;
     let tools = browser
         .wait_for(
-            "the turn's tool",
-            "const t = [...document.querySelectorAll('.tool .who b')].map(b => b.textContent); return t.length > 0 && t.join(',')",
+            "the running task's tool",
+            "const t = [...document.querySelectorAll('.task-live .tool .who b')].map(b => b.textContent); return t.length > 0 && t.join(',')",
             WAIT,
         )
         .await;
     assert_eq!(tools, json!("→ no_such_tool"));
+    let started = browser
+        .js(
+            "return document.querySelector('#events li[data-kind=tool_call_started] pre').textContent",
+            vec![],
+        )
+        .await;
+    let started = started.as_str().unwrap();
+    assert!(
+        started.contains(r#""tool": "no_such_tool""#) && !started.contains(r#""call":"#),
+        "read back as headers: {started}"
+    );
+    browser.click(".task-live .cancel-task").await;
+    browser
+        .wait_for(
+            "the cancelled task",
+            "return [...window.troupeConsole.tasks.values()].every(t => t.status !== 'running')",
+            WAIT,
+        )
+        .await;
+    browser.screenshot("22-headers").await;
     browser.assert_quiet_console(quiet).await;
     browser.quit().await;
     troupe.stop();
@@ -923,6 +969,24 @@ async fn open_signed_in(browser: &Browser, base: &str, sid: &str) {
         .await;
     browser.goto(&format!("{base}/sessions/{sid}")).await;
     wait_live(browser).await;
+}
+
+/// Waits until the page has applied the events it replays on opening (up to the seq it went
+/// live at) and drawn them.
+async fn wait_replayed(browser: &Browser) {
+    browser
+        .wait_for(
+            "the replayed events",
+            "const S = window.troupeConsole; return S && S.lastSeq >= S.liveFrom",
+            WAIT,
+        )
+        .await;
+    browser
+        .js(
+            "return new Promise(done => requestAnimationFrame(() => requestAnimationFrame(() => done(true))))",
+            vec![],
+        )
+        .await;
 }
 
 async fn wait_live(browser: &Browser) {

@@ -372,7 +372,7 @@ function sessionPage() {
   }
 
   function renderTask(t) {
-    if (t.status !== 'running' && t.settled) { if (t.el) t.el.remove(); t.el = null; return; }
+    if (t.settled) { if (t.el) t.el.remove(); t.el = null; return; }
     const tools = [...t.tools.values()].map((c) => h('div', { class: 'tool', dataset: { callId: c.call_id } },
       h('div', { class: 'who' }, h('b', {}, `→ ${c.name}`), h('span', { class: 'mono' }, c.call_id),
         c.duration_ms !== undefined ? h('span', { class: 'duration' }, fmtMs(c.duration_ms)) : h('span', { class: 'muted' }, 'running…'),
@@ -413,8 +413,15 @@ function sessionPage() {
     for (const t of S.tasks.values()) {
       if (t.status === 'running' || t.settled) continue;
       const stored = [...S.messages.values()].some((m) => m.task_id === t.id && m.role !== 'user');
-      if (stored) { t.settled = true; renderTask(t); }
+      if (stored) settle(t);
     }
+  }
+
+  /** A task that is over and shown by its stored messages (or older than them): never drawn
+   *  live again. */
+  function settle(t) {
+    t.settled = true;
+    renderTask(t);
   }
 
   async function cancelTask(taskId) {
@@ -821,7 +828,9 @@ function sessionPage() {
         const t = task(ev.task_id, ev.conversation_id);
         t.status = ev.kind === 'task_aborted' ? 'aborted' : (d.status || 'ok');
         if (d.stats && d.stats.trace_id) S.traces.set(ev.task_id, d.stats.trace_id);
-        renderTaskSoon(t);
+        // Finished before the page went live: the stored messages show it (or it is older
+        // than they are); it is never drawn live.
+        if (replay) settle(t); else renderTaskSoon(t);
         for (const m of S.messages.values()) if (m.task_id === ev.task_id) placeMessage(m);
         refreshNewestSoon();
         if (!replay) { refreshTasks(); refreshStatsSoon(); }
