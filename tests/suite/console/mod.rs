@@ -885,11 +885,24 @@ async fn a_browser_answers_an_mcp_servers_form() {
 }
 
 /// A conversation whose policy keeps headers only, read back by a page opened later: a
-/// running task's tools are named from their headers (it showed `→ undefined`).
+/// running task's tools are named from their headers (it showed `→ undefined`); the Agents
+/// panel names the agent a `/hub` routed to and how its dispatch ended (the agent was
+/// dropped, the outcome `undefined`).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_headers_only_turn_shows_its_tools_by_name() {
+async fn a_headers_only_conversation_reads_back_its_tools_and_agents() {
     let dir = tempfile::tempdir().unwrap();
     let model = ModelServer::start().await;
+    std::fs::create_dir(dir.path().join("agents")).unwrap();
+    std::fs::write(
+        dir.path().join("agents/coder.json"),
+        r#"{"id": "coder", "role": "executor", "provider": {"type": "model", "instructions": "You write code."}}"#,
+    )
+    .unwrap();
+    std::fs::write(
+        dir.path().join("troupe.toml"),
+        "[agents]\ndir = \"agents\"\nrouter = \"rules\"\n",
+    )
+    .unwrap();
     let mut troupe = Troupe::start(dir.path(), &model);
     let api = troupe.http();
     let created = api
@@ -949,6 +962,35 @@ async fn a_headers_only_turn_shows_its_tools_by_name() {
             WAIT,
         )
         .await;
+
+    // A dispatch: `/hub coder ...` routes straight to the sub-agent.
+    model.push(Reply::text(["fn main() {}"]));
+    api.say(&sid, "/hub coder write main").await;
+
+    // Opened again, the page reads all of it back as headers.
+    browser
+        .goto(&format!("{}/sessions/{sid}", troupe.base))
+        .await;
+    wait_live(&browser).await;
+    wait_replayed(&browser).await;
+    let routes = browser
+        .wait_for(
+            "the routing decision",
+            "const r = document.querySelector('#agents .routes'); return r && r.innerText",
+            WAIT,
+        )
+        .await;
+    let routes = routes.as_str().unwrap();
+    assert!(routes.contains("dispatch_agent → coder"), "{routes}");
+    assert!(routes.contains("by hub"), "{routes}");
+    let dispatch = browser
+        .wait_for(
+            "the dispatch",
+            "const li = document.querySelector('#agents .tree li'); return li && [li.querySelector('b').textContent, li.querySelector('.status').textContent]",
+            WAIT,
+        )
+        .await;
+    assert_eq!(dispatch, json!(["coder", "ok"]));
     browser.screenshot("22-headers").await;
     browser.assert_quiet_console(quiet).await;
     browser.quit().await;

@@ -712,12 +712,13 @@ function sessionPage() {
     const d = ev.data || {};
     const A = S.agents;
     // An event read back under a policy that keeps no content has its headers only: a route's
-    // decision, source and confidence are under `route`.
-    if (ev.kind === 'route_decided') A.routes.push({ seq: ev.seq, ...(d.route || d) });
+    // decision, source and confidence are under `route`, the agent beside it, a dispatch's
+    // outcome under `dispatch`.
+    if (ev.kind === 'route_decided') A.routes.push({ seq: ev.seq, agent_id: d.agent_id, ...(d.route || d) });
     else if (ev.kind === 'dispatch_sent') A.dispatches.set(d.dispatch_id, { seq: ev.seq, ...d, status: 'running' });
     else if (ev.kind === 'dispatch_result') {
       const x = A.dispatches.get(d.dispatch_id) || { seq: ev.seq, dispatch_id: d.dispatch_id, agent_id: d.agent_id, chain: [d.agent_id] };
-      A.dispatches.set(d.dispatch_id, { ...x, status: d.status, duration_ms: d.duration_ms, provider_session_id: d.provider_session_id || x.provider_session_id });
+      A.dispatches.set(d.dispatch_id, { ...x, status: d.status || d.dispatch, duration_ms: d.duration_ms, provider_session_id: d.provider_session_id || x.provider_session_id });
     } else if (ev.kind === 'session_bound' || ev.kind === 'session_resumed') {
       A.bindings.set(d.agent_id, { provider: d.provider, provider_session_id: d.provider_session_id, kind: ev.kind });
     } else if (ev.kind === 'policy_rejected') {
