@@ -708,6 +708,63 @@ async fn a_browser_signs_in_chats_approves_survives_a_restart_and_pages_back() {
         )
         .await;
     assert_eq!(stale, json!([]), "no finished task is drawn live");
+    // What a page open for long keeps stays bounded: thousands of tasks (streamed text, tool
+    // calls), routing decisions and dispatches, each event larger than an Events entry keeps.
+    let kept = browser
+        .js(
+            r#"const S = window.troupeConsole, a = S.apply, big = 'x'.repeat(10000);
+               for (let i = 0; i < 1200; i += 1) {
+                 const task_id = `synthetic-${i}`, call_id = `call-${i}`, agent_id = `agent-${i}`;
+                 a({seq: 0, kind: 'task_started', task_id, data: {input: big}});
+                 a({seq: 0, kind: 'assistant_chunk', task_id, data: {delta: big}});
+                 a({seq: 0, kind: 'tool_call_started', task_id, data: {call: {call_id, name: 'shell', arguments: {command: ['echo', big]}}}});
+                 a({seq: 0, kind: 'tool_call_finished', task_id, data: {call_id, name: 'shell', output: big, is_error: false, duration_ms: 3}});
+                 a({seq: 0, kind: 'task_finished', task_id, data: {status: 'ok', text: big, stats: {trace_id: '0af7651916cd43dd8448eb211c80319c'}}});
+                 a({seq: 0, kind: 'route_decided', data: {decision: 'dispatch_agent', agent_id, confidence: 1, source: 'rules', reason: big}});
+                 a({seq: 0, kind: 'dispatch_sent', data: {dispatch_id: `d-${i}`, agent_id, chain: [agent_id], input: big}});
+                 a({seq: 0, kind: 'dispatch_result', data: {dispatch_id: `d-${i}`, agent_id, status: 'ok', duration_ms: 1, text: big}});
+               }
+               const tasks = [...S.tasks.values()];
+               const entries = [...document.querySelectorAll('#events > li pre')].map(p => p.textContent.length);
+               return {
+                 tasks: tasks.length,
+                 holding: tasks.filter(t => t.text !== '' || t.tools.size > 0).length,
+                 durations: S.durations.size,
+                 traces: S.traces.size,
+                 routes: S.agents.routes.length,
+                 dispatches: S.agents.dispatches.size,
+                 dispatch_input: [...S.agents.dispatches.values()].some(d => 'input' in d),
+                 events: entries.length,
+                 longest_event: Math.max(...entries),
+               };"#,
+            vec![],
+        )
+        .await;
+    let at_most = |key: &str, max: u64| {
+        let n = kept[key].as_u64().unwrap();
+        assert!(n <= max, "{key}: {n} > {max}: {kept}");
+    };
+    at_most("tasks", 200);
+    at_most("holding", 0);
+    at_most("durations", 200);
+    at_most("traces", 200);
+    at_most("routes", 20);
+    at_most("dispatches", 200);
+    at_most("events", 400);
+    at_most("longest_event", 4096 + 40);
+    assert_eq!(kept["dispatch_input"], json!(false), "{kept}");
+    // Every kept Events entry that was cut says so.
+    let cut = browser
+        .js(
+            "return [...document.querySelectorAll('#events > li pre')].every(p => p.textContent.length <= 4096 || / more characters\\)$/.test(p.textContent))",
+            vec![],
+        )
+        .await;
+    assert_eq!(cut, json!(true));
+    browser
+        .goto(&format!("{}/sessions/{paged}", troupe.base))
+        .await;
+    wait_live(&browser).await;
     assert_eq!(shown_ids(&browser).await, stored[150..]);
     for shown in [100, 150, 200] {
         browser.click("#older").await;
@@ -734,6 +791,26 @@ async fn a_browser_signs_in_chats_approves_survives_a_restart_and_pages_back() {
     browser.js("window.scrollTo(0, 0)", vec![]).await;
     browser.screenshot("12-paged-back").await;
     browser.assert_quiet_console(quiet).await;
+
+    // A task that ends while the page is live: once its stored reply shows, its live block
+    // goes and the page keeps none of its streamed text.
+    model.push(Reply::text(["The last ", "reply."]));
+    browser.type_into("#text", "one more").await;
+    browser.keys(ENTER).await;
+    browser
+        .wait_for(
+            "the stored last reply",
+            "return [...document.querySelectorAll('#messages .role-assistant .text')].some(t => t.textContent === 'The last reply.') && !document.querySelector('.task-live')",
+            WAIT,
+        )
+        .await;
+    let holding = browser
+        .js(
+            "return [...window.troupeConsole.tasks.values()].filter(t => t.status !== 'running' && (t.text !== '' || t.tools.size > 0)).length",
+            vec![],
+        )
+        .await;
+    assert_eq!(holding, json!(0), "a settled task's text is dropped");
 
     // --- Signing out clears the cookie: the pages ask for the token again.
     browser.click(".sign-out button").await;
