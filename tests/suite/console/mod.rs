@@ -2,9 +2,11 @@
 //! chromedriver ([`driver`]), against the real `troupe serve` binary with API tokens and the
 //! test model server of `tests/support` as its model. One browser serves every scenario, one
 //! after the other (its start is the slow part); each scenario saves a screenshot under
-//! `target/tmp/console/`. The page without JavaScript is read with curl.
+//! `target/tmp/console/`. The page without JavaScript is read with curl; [`pages`] reads
+//! the pages over plain HTTP.
 
 mod driver;
+mod pages;
 mod tokens;
 
 use driver::{Browser, ENTER};
