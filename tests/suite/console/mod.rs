@@ -966,9 +966,9 @@ async fn a_browser_answers_an_mcp_servers_form() {
 /// A conversation whose policy keeps headers only, read back by a page opened later: a
 /// running task's tools are named from their headers (it showed `→ undefined`); the Agents
 /// panel names the agent a `/hub` routed to and how its dispatch ended (the agent was
-/// dropped, the outcome `undefined`).
+/// dropped, the outcome `undefined`); each task's reply links to its trace.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_headers_only_conversation_reads_back_its_tools_and_agents() {
+async fn a_headers_only_conversation_reads_back_its_tools_agents_and_traces() {
     let dir = tempfile::tempdir().unwrap();
     let model = ModelServer::start().await;
     std::fs::create_dir(dir.path().join("agents")).unwrap();
@@ -1070,6 +1070,24 @@ async fn a_headers_only_conversation_reads_back_its_tools_and_agents() {
         )
         .await;
     assert_eq!(dispatch, json!(["coder", "ok"]));
+    // The tasks' replies link to their traces: a trace id is no content, their ends keep it.
+    let traces = browser
+        .wait_for(
+            "the trace links",
+            "const a = [...document.querySelectorAll('#messages a.trace')].map(a => a.href); return a.length > 0 && a",
+            WAIT,
+        )
+        .await;
+    for href in traces.as_array().unwrap() {
+        let href = href.as_str().unwrap();
+        let trace_id = href
+            .strip_prefix("http://traces.invalid/trace/")
+            .unwrap_or_else(|| panic!("{href}"));
+        assert!(
+            trace_id.len() == 32 && trace_id.bytes().all(|b| b.is_ascii_hexdigit()),
+            "{href}"
+        );
+    }
     browser.screenshot("22-headers").await;
     browser.assert_quiet_console(quiet).await;
     browser.quit().await;

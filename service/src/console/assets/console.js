@@ -865,7 +865,8 @@ function sessionPage() {
       case 'task_aborted': {
         const t = task(ev.task_id, ev.conversation_id);
         t.status = ev.kind === 'task_aborted' ? 'aborted' : (d.status || 'ok');
-        const trace = d.stats && d.stats.trace_id;
+        // In full, the trace id is among the task's statistics; read back as headers, beside them.
+        const trace = (d.stats && d.stats.trace_id) || d.trace_id;
         if (trace) keep(S.traces, ev.task_id, trace);
         // Finished before the page went live: the stored messages show it (or it is older
         // than they are); it is never drawn live.
