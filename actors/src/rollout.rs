@@ -560,6 +560,9 @@ mod tests {
         format!("{CANARY}:{name}")
     }
 
+    /// The trace id of [`every_kind`]'s task end.
+    const TRACE_ID: &str = "4bf92f3577b34da6a3ce929d0e0e4736";
+
     /// One event of every kind, content fields marked.
     fn every_kind() -> Vec<EventKind> {
         vec![
@@ -587,6 +590,7 @@ mod tests {
                     steps: 2,
                     tool_calls: 1,
                     duration_ms: 40,
+                    trace_id: TRACE_ID.into(),
                     ..TaskStats::default()
                 },
                 error: Some(AgentError::ToolError {
@@ -907,9 +911,10 @@ mod tests {
                                 RecordMeta {
                                     status: r.meta.status,
                                     error_kind: r.meta.error_kind,
+                                    trace_id: r.meta.trace_id.clone(),
                                     ..RecordMeta::default()
                                 },
-                                "{kind}: only status and error kind"
+                                "{kind}: only status, error kind and trace id"
                             );
                             assert!(!contains(line.as_bytes(), CANARY), "{kind}: {line}");
                         }
@@ -989,6 +994,27 @@ mod tests {
         assert_eq!(finished.usage.unwrap().input_tokens, 10);
         assert_eq!((finished.steps, finished.tool_calls), (Some(2), Some(1)));
         assert_eq!(finished.duration_ms, Some(40));
+        // A trace id is no content: a task read back without its content still links to its
+        // trace, under every policy that keeps its end. Only an id is kept.
+        assert_eq!(finished.trace_id.as_deref(), Some(TRACE_ID));
+        let end = kinds
+            .iter()
+            .find(|k| k.name() == EventName::TaskFinished)
+            .unwrap();
+        let minimal = record_for(StoragePolicy::None, &envelope(1, end.clone())).unwrap();
+        assert_eq!(minimal.meta.trace_id.as_deref(), Some(TRACE_ID));
+        for not_an_id in [String::new(), field("trace"), format!("{TRACE_ID}0")] {
+            let odd = EventKind::TaskFinished {
+                status: TaskStatus::Ok,
+                text: String::new(),
+                stats: TaskStats {
+                    trace_id: not_an_id.clone(),
+                    ..TaskStats::default()
+                },
+                error: None,
+            };
+            assert_eq!(headers_meta(&odd).trace_id, None, "{not_an_id}");
+        }
         let tool = meta(EventName::ToolCallFinished);
         assert_eq!(tool.tool.as_deref(), Some("shell"));
         assert_eq!(tool.is_error, Some(true));

@@ -86,6 +86,10 @@ pub struct RecordMeta {
     /// A warning's code: a bounded name, never content (absent in older records).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub code: Option<troupe_proto::WarningCode>,
+    /// The W3C trace id of a task's span, on its end (an id, never content; absent in older
+    /// records), so that a task read back without its content still links to its trace.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub trace_id: Option<String>,
 }
 
 /// What the headers keep of a route decision: everything but the supervisor's reason.
@@ -310,6 +314,13 @@ pub fn is_sync_point(kind: EventName) -> bool {
     )
 }
 
+/// A task's trace id as its end's headers keep it: 32 hex digits, nothing else (the field is
+/// an id; whatever else it might hold is not kept).
+fn trace_id(stats: &troupe_proto::TaskStats) -> Option<String> {
+    let id = stats.trace_id.as_str();
+    (id.len() == 32 && id.bytes().all(|b| b.is_ascii_hexdigit())).then(|| id.to_owned())
+}
+
 /// Content-free facts of an event. `chars` counts the bytes of every content field (text,
 /// input, instructions, arguments, outputs, summaries, reasons, error details).
 pub(super) fn headers_meta(event: &EventKind) -> RecordMeta {
@@ -350,6 +361,7 @@ pub(super) fn headers_meta(event: &EventKind) -> RecordMeta {
             mcp_calls: Some(stats.mcp_calls),
             mcp_latency_ms: Some(stats.mcp_latency_ms),
             duration_ms: Some(stats.duration_ms),
+            trace_id: trace_id(stats),
             ..RecordMeta::default()
         },
         EventKind::TaskAborted { waited_ms } => RecordMeta {
@@ -561,12 +573,19 @@ pub(super) fn headers_meta(event: &EventKind) -> RecordMeta {
     }
 }
 
-/// Status and error kind only: what policy `None` keeps of the kinds it keeps.
+/// Status and error kind (and a task end's trace id) only: what policy `None` keeps of the kinds
+/// it keeps.
 pub(super) fn minimal_meta(event: &EventKind) -> RecordMeta {
     match event {
-        EventKind::TaskFinished { status, error, .. } => RecordMeta {
+        EventKind::TaskFinished {
+            status,
+            error,
+            stats,
+            ..
+        } => RecordMeta {
             status: Some(*status),
             error_kind: error.as_ref().map(AgentError::kind),
+            trace_id: trace_id(stats),
             ..RecordMeta::default()
         },
         EventKind::Error { error } => RecordMeta {

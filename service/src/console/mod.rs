@@ -255,12 +255,19 @@ async fn current_sessions(
     current
 }
 
-/// `GET /sessions/{id}`: a session's live view.
+/// `GET /sessions/{id}`: a session's live view. An id that does not decode (bad
+/// percent-encoding, not UTF-8) or does not parse names no session: 404, like an unknown one.
 async fn session_page(
     State(c): State<ConsoleState>,
     headers: HeaderMap,
-    Path(raw): Path<String>,
+    uri: axum::http::Uri,
+    path: Result<Path<String>, axum::extract::rejection::PathRejection>,
 ) -> Response {
+    // The segment as it was asked for when it does not decode.
+    let raw = path.map_or_else(
+        |_| uri.path().rsplit('/').next().unwrap_or_default().to_owned(),
+        |Path(raw)| raw,
+    );
     let Some((scope, via)) = c.auth.check_request(&headers) else {
         return html(
             StatusCode::OK,

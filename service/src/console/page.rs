@@ -113,7 +113,7 @@ pub fn sign_in(next: &str, error: Option<&str>) -> String {
 <h1>Sign in to troupe</h1>
 <form method="post" action="/console/sign-in" id="sign-in-form">
 <label for="token">API token</label>
-<input id="token" name="token" type="password" autocomplete="current-password" required autofocus>
+<input id="token" name="token" type="password" autocomplete="off" autocapitalize="off" spellcheck="false" required autofocus>
 <input type="hidden" name="next" value="{next}">
 <button type="submit">Sign in</button>
 {error}<p class="error" id="sign-in-error" role="alert" hidden></p>
@@ -457,6 +457,24 @@ mod tests {
         assert!(page.contains("2 sessions"));
         assert!(page.contains("GMT</time>"));
         assert!(!page.contains("Sign out"));
+    }
+
+    #[test]
+    fn the_sign_in_field_asks_no_password_manager_to_keep_the_token() {
+        let page = sign_in("/sessions/x", None);
+        let field = page
+            .lines()
+            .find(|l| l.contains(r#"id="token""#))
+            .expect("the token field");
+        for attr in [
+            r#"type="password""#,
+            r#"autocomplete="off""#,
+            r#"autocapitalize="off""#,
+            r#"spellcheck="false""#,
+        ] {
+            assert!(field.contains(attr), "{attr} in {field}");
+        }
+        assert!(!field.contains("current-password"), "{field}");
     }
 
     #[test]

@@ -2,9 +2,11 @@
 //! chromedriver ([`driver`]), against the real `troupe serve` binary with API tokens and the
 //! test model server of `tests/support` as its model. One browser serves every scenario, one
 //! after the other (its start is the slow part); each scenario saves a screenshot under
-//! `target/tmp/console/`. The page without JavaScript is read with curl.
+//! `target/tmp/console/`. The page without JavaScript is read with curl; [`pages`] reads
+//! the pages over plain HTTP.
 
 mod driver;
+mod pages;
 mod tokens;
 
 use driver::{Browser, ENTER};
@@ -697,6 +699,74 @@ async fn a_browser_signs_in_chats_approves_survives_a_restart_and_pages_back() {
         .goto(&format!("{}/sessions/{paged}", troupe.base))
         .await;
     wait_live(&browser).await;
+    // The page replays the session's last 1,000 events but shows its newest 50 messages: the
+    // tasks that finished before it went live are settled (shown by their stored messages or
+    // older than them), none drawn as a live block.
+    wait_replayed(&browser).await;
+    let stale = browser
+        .js(
+            "return [...document.querySelectorAll('#live .task-live')].map(b => b.innerText)",
+            vec![],
+        )
+        .await;
+    assert_eq!(stale, json!([]), "no finished task is drawn live");
+    // What a page open for long keeps stays bounded: thousands of tasks (streamed text, tool
+    // calls), routing decisions and dispatches, each event larger than an Events entry keeps.
+    let kept = browser
+        .js(
+            r#"const S = window.troupeConsole, a = S.apply, big = 'x'.repeat(10000);
+               for (let i = 0; i < 1200; i += 1) {
+                 const task_id = `synthetic-${i}`, call_id = `call-${i}`, agent_id = `agent-${i}`;
+                 a({seq: 0, kind: 'task_started', task_id, data: {input: big}});
+                 a({seq: 0, kind: 'assistant_chunk', task_id, data: {delta: big}});
+                 a({seq: 0, kind: 'tool_call_started', task_id, data: {call: {call_id, name: 'shell', arguments: {command: ['echo', big]}}}});
+                 a({seq: 0, kind: 'tool_call_finished', task_id, data: {call_id, name: 'shell', output: big, is_error: false, duration_ms: 3}});
+                 a({seq: 0, kind: 'task_finished', task_id, data: {status: 'ok', text: big, stats: {trace_id: '0af7651916cd43dd8448eb211c80319c'}}});
+                 a({seq: 0, kind: 'route_decided', data: {decision: 'dispatch_agent', agent_id, confidence: 1, source: 'rules', reason: big}});
+                 a({seq: 0, kind: 'dispatch_sent', data: {dispatch_id: `d-${i}`, agent_id, chain: [agent_id], input: big}});
+                 a({seq: 0, kind: 'dispatch_result', data: {dispatch_id: `d-${i}`, agent_id, status: 'ok', duration_ms: 1, text: big}});
+               }
+               const tasks = [...S.tasks.values()];
+               const entries = [...document.querySelectorAll('#events > li pre')].map(p => p.textContent.length);
+               return {
+                 tasks: tasks.length,
+                 holding: tasks.filter(t => t.text !== '' || t.tools.size > 0).length,
+                 durations: S.durations.size,
+                 traces: S.traces.size,
+                 routes: S.agents.routes.length,
+                 dispatches: S.agents.dispatches.size,
+                 dispatch_input: [...S.agents.dispatches.values()].some(d => 'input' in d),
+                 events: entries.length,
+                 longest_event: Math.max(...entries),
+               };"#,
+            vec![],
+        )
+        .await;
+    let at_most = |key: &str, max: u64| {
+        let n = kept[key].as_u64().unwrap();
+        assert!(n <= max, "{key}: {n} > {max}: {kept}");
+    };
+    at_most("tasks", 200);
+    at_most("holding", 0);
+    at_most("durations", 200);
+    at_most("traces", 200);
+    at_most("routes", 20);
+    at_most("dispatches", 200);
+    at_most("events", 400);
+    at_most("longest_event", 4096 + 40);
+    assert_eq!(kept["dispatch_input"], json!(false), "{kept}");
+    // Every kept Events entry that was cut says so.
+    let cut = browser
+        .js(
+            "return [...document.querySelectorAll('#events > li pre')].every(p => p.textContent.length <= 4096 || / more characters\\)$/.test(p.textContent))",
+            vec![],
+        )
+        .await;
+    assert_eq!(cut, json!(true));
+    browser
+        .goto(&format!("{}/sessions/{paged}", troupe.base))
+        .await;
+    wait_live(&browser).await;
     assert_eq!(shown_ids(&browser).await, stored[150..]);
     for shown in [100, 150, 200] {
         browser.click("#older").await;
@@ -723,6 +793,26 @@ async fn a_browser_signs_in_chats_approves_survives_a_restart_and_pages_back() {
     browser.js("window.scrollTo(0, 0)", vec![]).await;
     browser.screenshot("12-paged-back").await;
     browser.assert_quiet_console(quiet).await;
+
+    // A task that ends while the page is live: once its stored reply shows, its live block
+    // goes and the page keeps none of its streamed text.
+    model.push(Reply::text(["The last ", "reply."]));
+    browser.type_into("#text", "one more").await;
+    browser.keys(ENTER).await;
+    browser
+        .wait_for(
+            "the stored last reply",
+            "return [...document.querySelectorAll('#messages .role-assistant .text')].some(t => t.textContent === 'The last reply.') && !document.querySelector('.task-live')",
+            WAIT,
+        )
+        .await;
+    let holding = browser
+        .js(
+            "return [...window.troupeConsole.tasks.values()].filter(t => t.status !== 'running' && (t.text !== '' || t.tools.size > 0)).length",
+            vec![],
+        )
+        .await;
+    assert_eq!(holding, json!(0), "a settled task's text is dropped");
 
     // --- Signing out clears the cookie: the pages ask for the token again.
     browser.click(".sign-out button").await;
@@ -873,13 +963,25 @@ async fn a_browser_answers_an_mcp_servers_form() {
     troupe.stop();
 }
 
-/// A conversation whose policy keeps headers only: the page, opened after its turn, reads
-/// the turn's events back as headers (no arguments, no output) and still names the tool
-/// (it showed `→ undefined`).
+/// A conversation whose policy keeps headers only, read back by a page opened later: a
+/// running task's tools are named from their headers (it showed `→ undefined`); the Agents
+/// panel names the agent a `/hub` routed to and how its dispatch ended (the agent was
+/// dropped, the outcome `undefined`); each task's reply links to its trace.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_headers_only_turn_shows_its_tools_by_name() {
+async fn a_headers_only_conversation_reads_back_its_tools_agents_and_traces() {
     let dir = tempfile::tempdir().unwrap();
     let model = ModelServer::start().await;
+    std::fs::create_dir(dir.path().join("agents")).unwrap();
+    std::fs::write(
+        dir.path().join("agents/coder.json"),
+        r#"{"id": "coder", "role": "executor", "provider": {"type": "model", "instructions": "You write code."}}"#,
+    )
+    .unwrap();
+    std::fs::write(
+        dir.path().join("troupe.toml"),
+        "[agents]\ndir = \"agents\"\nrouter = \"rules\"\n",
+    )
+    .unwrap();
     let mut troupe = Troupe::start(dir.path(), &model);
     let api = troupe.http();
     let created = api
@@ -891,19 +993,102 @@ async fn a_headers_only_turn_shows_its_tools_by_name() {
         )
         .await;
     let sid = created["session_id"].as_str().unwrap().to_owned();
+
+    // A task that calls a tool, then stalls: still running when the page opens, after its
+    // tool call was recorded.
     model.push(Reply::tool_call("no_such_tool", ["{}"]));
-    model.push(Reply::text(["done"]));
-    api.say(&sid, "call something").await;
+    model.push(Reply::text(["thinking", " on"]).stall_after(1));
+    api.send(
+        reqwest::Method::POST,
+        "/rpc",
+        Some(
+            json!({"jsonrpc": "2.0", "id": 1, "method": "conversation.send",
+                    "params": {"session_id": sid, "text": "call something"}}),
+        ),
+    )
+    .await;
+    let asked = std::time::Instant::now();
+    while model.requests().len() < 2 {
+        assert!(asked.elapsed() < WAIT, "the model was not asked twice");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
     let browser = Browser::start(&screenshots()).await;
     open_signed_in(&browser, &troupe.base, &sid).await;
     let tools = browser
         .wait_for(
-            "the turn's tool",
-            "const t = [...document.querySelectorAll('.tool .who b')].map(b => b.textContent); return t.length > 0 && t.join(',')",
+            "the running task's tool",
+            "const t = [...document.querySelectorAll('.task-live .tool .who b')].map(b => b.textContent); return t.length > 0 && t.join(',')",
             WAIT,
         )
         .await;
     assert_eq!(tools, json!("→ no_such_tool"));
+    let started = browser
+        .js(
+            "return document.querySelector('#events li[data-kind=tool_call_started] pre').textContent",
+            vec![],
+        )
+        .await;
+    let started = started.as_str().unwrap();
+    assert!(
+        started.contains(r#""tool": "no_such_tool""#) && !started.contains(r#""call":"#),
+        "read back as headers: {started}"
+    );
+    browser.click(".task-live .cancel-task").await;
+    browser
+        .wait_for(
+            "the cancelled task",
+            "return [...window.troupeConsole.tasks.values()].every(t => t.status !== 'running')",
+            WAIT,
+        )
+        .await;
+
+    // A dispatch: `/hub coder ...` routes straight to the sub-agent.
+    model.push(Reply::text(["fn main() {}"]));
+    api.say(&sid, "/hub coder write main").await;
+
+    // Opened again, the page reads all of it back as headers.
+    browser
+        .goto(&format!("{}/sessions/{sid}", troupe.base))
+        .await;
+    wait_live(&browser).await;
+    wait_replayed(&browser).await;
+    let routes = browser
+        .wait_for(
+            "the routing decision",
+            "const r = document.querySelector('#agents .routes'); return r && r.innerText",
+            WAIT,
+        )
+        .await;
+    let routes = routes.as_str().unwrap();
+    assert!(routes.contains("dispatch_agent → coder"), "{routes}");
+    assert!(routes.contains("by hub"), "{routes}");
+    let dispatch = browser
+        .wait_for(
+            "the dispatch",
+            "const li = document.querySelector('#agents .tree li'); return li && [li.querySelector('b').textContent, li.querySelector('.status').textContent]",
+            WAIT,
+        )
+        .await;
+    assert_eq!(dispatch, json!(["coder", "ok"]));
+    // The tasks' replies link to their traces: a trace id is no content, their ends keep it.
+    let traces = browser
+        .wait_for(
+            "the trace links",
+            "const a = [...document.querySelectorAll('#messages a.trace')].map(a => a.href); return a.length > 0 && a",
+            WAIT,
+        )
+        .await;
+    for href in traces.as_array().unwrap() {
+        let href = href.as_str().unwrap();
+        let trace_id = href
+            .strip_prefix("http://traces.invalid/trace/")
+            .unwrap_or_else(|| panic!("{href}"));
+        assert!(
+            trace_id.len() == 32 && trace_id.bytes().all(|b| b.is_ascii_hexdigit()),
+            "{href}"
+        );
+    }
+    browser.screenshot("22-headers").await;
     browser.assert_quiet_console(quiet).await;
     browser.quit().await;
     troupe.stop();
@@ -923,6 +1108,24 @@ async fn open_signed_in(browser: &Browser, base: &str, sid: &str) {
         .await;
     browser.goto(&format!("{base}/sessions/{sid}")).await;
     wait_live(browser).await;
+}
+
+/// Waits until the page has applied the events it replays on opening (up to the seq it went
+/// live at) and drawn them.
+async fn wait_replayed(browser: &Browser) {
+    browser
+        .wait_for(
+            "the replayed events",
+            "const S = window.troupeConsole; return S && S.lastSeq >= S.liveFrom",
+            WAIT,
+        )
+        .await;
+    browser
+        .js(
+            "return new Promise(done => requestAnimationFrame(() => requestAnimationFrame(() => done(true))))",
+            vec![],
+        )
+        .await;
 }
 
 async fn wait_live(browser: &Browser) {

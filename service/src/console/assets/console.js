@@ -195,6 +195,13 @@ function sessionsPage() {
 const EVENT_TYPES = ['text_delta', 'tool_call', 'error', 'message_complete', 'approval_requested',
   'approval_resolved', 'message_status', 'status_update'];
 const MAX_EVENTS_SHOWN = 400;
+// What a page open for days keeps: an Events entry's JSON is cut at EVENT_TEXT_MAX characters;
+// finished tasks (their text and tool calls dropped once their stored messages show),
+// dispatches, tool durations and trace ids are kept for the newest MAX_KEPT of each; routing
+// decisions for the ROUTES_SHOWN the Agents panel draws.
+const EVENT_TEXT_MAX = 4096;
+const MAX_KEPT = 200;
+const ROUTES_SHOWN = 20;
 const AGENT_KINDS = new Set(['route_decided', 'dispatch_sent', 'dispatch_result', 'session_bound',
   'session_resumed', 'policy_rejected', 'agent_update', 'ask_human']);
 
@@ -209,15 +216,25 @@ function sessionPage() {
     older: undefined, // the `before` cursor of the next older page; null at the start
     conversations: [],
     approvals: new Map(),
-    tasks: new Map(), // task_id -> live state of a task seen in events
-    durations: new Map(), // call_id -> ms
-    traces: new Map(), // task_id -> trace id
+    tasks: new Map(), // task_id -> live state of a task seen in events (the newest MAX_KEPT settled)
+    durations: new Map(), // call_id -> ms (the newest MAX_KEPT)
+    traces: new Map(), // task_id -> trace id (the newest MAX_KEPT)
     agents: { routes: [], dispatches: new Map(), bindings: new Map() },
     es: null,
     retry: 500,
     timer: null,
   };
   window.troupeConsole = S;
+
+  /** Sets `key` in `map`, dropping the oldest entries beyond `max`. */
+  function keep(map, key, value, max = MAX_KEPT) {
+    map.delete(key);
+    map.set(key, value);
+    for (const k of map.keys()) {
+      if (map.size <= max) break;
+      map.delete(k);
+    }
+  }
 
   /* ---- messages ---- */
   const list = $('#messages');
@@ -372,7 +389,7 @@ function sessionPage() {
   }
 
   function renderTask(t) {
-    if (t.status !== 'running' && t.settled) { if (t.el) t.el.remove(); t.el = null; return; }
+    if (t.settled) { if (t.el) t.el.remove(); t.el = null; return; }
     const tools = [...t.tools.values()].map((c) => h('div', { class: 'tool', dataset: { callId: c.call_id } },
       h('div', { class: 'who' }, h('b', {}, `→ ${c.name}`), h('span', { class: 'mono' }, c.call_id),
         c.duration_ms !== undefined ? h('span', { class: 'duration' }, fmtMs(c.duration_ms)) : h('span', { class: 'muted' }, 'running…'),
@@ -410,10 +427,25 @@ function sessionPage() {
 
   /** A finished task's live block gives way once its stored messages are shown. */
   function settleTasks() {
-    for (const t of S.tasks.values()) {
+    for (const t of [...S.tasks.values()]) {
       if (t.status === 'running' || t.settled) continue;
       const stored = [...S.messages.values()].some((m) => m.task_id === t.id && m.role !== 'user');
-      if (stored) { t.settled = true; renderTask(t); }
+      if (stored) settle(t);
+    }
+  }
+
+  /** A task that is over and shown by its stored messages (or older than them): never drawn
+   *  live again. Its streamed text and tool calls go; the newest MAX_KEPT such tasks are
+   *  remembered (so that a late event of theirs draws nothing). */
+  function settle(t) {
+    t.settled = true;
+    t.text = '';
+    t.tools = new Map();
+    renderTask(t);
+    let extra = [...S.tasks.values()].filter((x) => x.settled).length - MAX_KEPT;
+    for (const [id, x] of S.tasks) {
+      if (extra <= 0) break;
+      if (x.settled) { S.tasks.delete(id); extra -= 1; }
     }
   }
 
@@ -705,17 +737,22 @@ function sessionPage() {
     const d = ev.data || {};
     const A = S.agents;
     // An event read back under a policy that keeps no content has its headers only: a route's
-    // decision, source and confidence are under `route`.
-    if (ev.kind === 'route_decided') A.routes.push({ seq: ev.seq, ...(d.route || d) });
-    else if (ev.kind === 'dispatch_sent') A.dispatches.set(d.dispatch_id, { seq: ev.seq, ...d, status: 'running' });
-    else if (ev.kind === 'dispatch_result') {
+    // decision, source and confidence are under `route`, the agent beside it, a dispatch's
+    // outcome under `dispatch`.
+    if (ev.kind === 'route_decided') {
+      A.routes.push({ seq: ev.seq, agent_id: d.agent_id, ...(d.route || d) });
+    } else if (ev.kind === 'dispatch_sent') {
+      // What the tree draws (not the dispatch's input).
+      keep(A.dispatches, d.dispatch_id, { seq: ev.seq, dispatch_id: d.dispatch_id, agent_id: d.agent_id, chain: d.chain, provider_session_id: d.provider_session_id, status: 'running' });
+    } else if (ev.kind === 'dispatch_result') {
       const x = A.dispatches.get(d.dispatch_id) || { seq: ev.seq, dispatch_id: d.dispatch_id, agent_id: d.agent_id, chain: [d.agent_id] };
-      A.dispatches.set(d.dispatch_id, { ...x, status: d.status, duration_ms: d.duration_ms, provider_session_id: d.provider_session_id || x.provider_session_id });
+      keep(A.dispatches, d.dispatch_id, { ...x, status: d.status || d.dispatch, duration_ms: d.duration_ms, provider_session_id: d.provider_session_id || x.provider_session_id });
     } else if (ev.kind === 'session_bound' || ev.kind === 'session_resumed') {
       A.bindings.set(d.agent_id, { provider: d.provider, provider_session_id: d.provider_session_id, kind: ev.kind });
     } else if (ev.kind === 'policy_rejected') {
       A.routes.push({ seq: ev.seq, decision: 'policy_rejected', agent_id: d.agent_id, reason: d.message || d.reason });
     }
+    if (A.routes.length > ROUTES_SHOWN) A.routes.splice(0, A.routes.length - ROUTES_SHOWN);
     renderAgentsSoon();
   }
 
@@ -726,7 +763,7 @@ function sessionPage() {
     const box = $('#agents');
     box.textContent = '';
     if (A.routes.length) {
-      box.append(h('h3', {}, 'Routing'), h('ul', { class: 'routes' }, A.routes.slice(-20).map((r) => h('li', { dataset: { seq: r.seq } },
+      box.append(h('h3', {}, 'Routing'), h('ul', { class: 'routes' }, A.routes.map((r) => h('li', { dataset: { seq: r.seq } },
         h('b', {}, r.decision), r.agent_id ? ` → ${r.agent_id}` : '', r.module ? ` (${r.module})` : '',
         r.confidence !== undefined ? h('span', { class: 'muted' }, ` ${Math.round(r.confidence * 100)}%`) : '',
         r.source ? h('span', { class: 'muted' }, ` by ${r.source}`) : '',
@@ -760,8 +797,12 @@ function sessionPage() {
     const summary = h('summary', {}, h('span', { class: 'mono' }, `#${ev.seq} `), h('span', { class: 'kind' }, ev.kind),
       ev.task_id ? h('span', { class: 'muted mono' }, ` task ${short(ev.task_id)}`) : '',
       data && data !== '{}' ? h('span', { class: 'muted' }, ` ${data.length > 90 ? `${data.slice(0, 90)}…` : data}`) : '');
+    let whole = JSON.stringify(ev, null, 2);
+    if (whole.length > EVENT_TEXT_MAX) {
+      whole = `${whole.slice(0, EVENT_TEXT_MAX)}… (${whole.length - EVENT_TEXT_MAX} more characters)`;
+    }
     log.prepend(h('li', { dataset: { seq: ev.seq, kind: ev.kind } },
-      h('details', {}, summary, h('pre', {}, JSON.stringify(ev, null, 2)))));
+      h('details', {}, summary, h('pre', {}, whole))));
     while (log.children.length > MAX_EVENTS_SHOWN) log.lastElementChild.remove();
   }
 
@@ -780,12 +821,14 @@ function sessionPage() {
       }
       case 'assistant_chunk': {
         const t = task(ev.task_id, ev.conversation_id);
+        if (t.settled) break;
         t.text += d.delta || '';
         renderTaskSoon(t);
         break;
       }
       case 'tool_call_started': {
         const t = task(ev.task_id, ev.conversation_id);
+        if (t.settled) break;
         // Headers only (a policy that keeps no content): the tool's name and call id, no
         // arguments.
         const c = d.call || { call_id: d.call_id, name: d.tool, arguments: '(not kept)' };
@@ -794,12 +837,14 @@ function sessionPage() {
         break;
       }
       case 'tool_call_finished': {
-        S.durations.set(d.call_id, d.duration_ms);
+        keep(S.durations, d.call_id, d.duration_ms);
         const t = task(ev.task_id, ev.conversation_id);
-        const c = t.tools.get(d.call_id) || { call_id: d.call_id, name: d.name || d.tool, arguments: '' };
-        Object.assign(c, { output: d.output === undefined ? '(not kept)' : d.output, is_error: d.is_error, duration_ms: d.duration_ms });
-        t.tools.set(d.call_id, c);
-        renderTaskSoon(t);
+        if (!t.settled) {
+          const c = t.tools.get(d.call_id) || { call_id: d.call_id, name: d.name || d.tool, arguments: '' };
+          Object.assign(c, { output: d.output === undefined ? '(not kept)' : d.output, is_error: d.is_error, duration_ms: d.duration_ms });
+          t.tools.set(d.call_id, c);
+          renderTaskSoon(t);
+        }
         for (const m of S.messages.values()) {
           if (m.type === 'tool_result' && m.metadata && m.metadata.call_id === d.call_id) placeMessage(m);
         }
@@ -820,8 +865,12 @@ function sessionPage() {
       case 'task_aborted': {
         const t = task(ev.task_id, ev.conversation_id);
         t.status = ev.kind === 'task_aborted' ? 'aborted' : (d.status || 'ok');
-        if (d.stats && d.stats.trace_id) S.traces.set(ev.task_id, d.stats.trace_id);
-        renderTaskSoon(t);
+        // In full, the trace id is among the task's statistics; read back as headers, beside them.
+        const trace = (d.stats && d.stats.trace_id) || d.trace_id;
+        if (trace) keep(S.traces, ev.task_id, trace);
+        // Finished before the page went live: the stored messages show it (or it is older
+        // than they are); it is never drawn live.
+        if (replay) settle(t); else renderTaskSoon(t);
         for (const m of S.messages.values()) if (m.task_id === ev.task_id) placeMessage(m);
         refreshNewestSoon();
         if (!replay) { refreshTasks(); refreshStatsSoon(); }
