@@ -27,7 +27,13 @@
 //!   and headers from both (`GET /last-request-head`);
 //! - raw on a new connection each time (a `reqwest` client that keeps no connection, as
 //!   `curl` would): the server's own time, which no delayed ACK reaches (a new connection
-//!   starts in quick-ACK mode).
+//!   starts in quick-ACK mode);
+//! - raw, paced: the keep-alive raw requests again, each after the client's CPU has spun for
+//!   troupe's p50 minus the raw p50 (the time troupe's turn spends outside its model request,
+//!   at most), so that the server's thread idles between requests as long as it does between
+//!   troupe's. Back to back, it never idles long enough for its CPU to sleep; between
+//!   troupe's requests it does, and on a VM a sleeping CPU wakes slowly (tens of µs). The
+//!   last column, troupe − raw paced, is the turn's own cost without that wake.
 //!
 //! A last row runs the same turn with the built-in scripted model: what the service costs
 //! without any model server.
@@ -399,7 +405,12 @@ fn sorted(mut times: Vec<Duration>) -> Vec<Duration> {
 /// The raw request's times, sorted: `WARM_UP` requests, then [`turns`] timed, back to back
 /// on one keep-alive connection of troupe's transport (a new connection for each with
 /// `fresh`); `bodies` are what troupe sent for its turns, taken in turn.
-async fn measure_raw(server: &ModelServer, bodies: &[Vec<u8>], fresh: bool) -> Vec<Duration> {
+async fn measure_raw(
+    server: &ModelServer,
+    bodies: &[Vec<u8>],
+    fresh: bool,
+    pace: Duration,
+) -> Vec<Duration> {
     let fresh_http = reqwest::Client::builder()
         .pool_max_idle_per_host(0)
         .build()
@@ -408,6 +419,12 @@ async fn measure_raw(server: &ModelServer, bodies: &[Vec<u8>], fresh: bool) -> V
     let mut times = Vec::with_capacity(turns());
     for i in 0..WARM_UP + turns() {
         let body = &bodies[i % bodies.len()];
+        // The client's CPU kept busy (not asleep) while the server waits, as troupe's are
+        // between its model requests: see [`pace`].
+        let idle = Instant::now();
+        while idle.elapsed() < pace {
+            std::hint::spin_loop();
+        }
         let t = Instant::now();
         if fresh {
             raw_fresh(&fresh_http, &server.base_url, body).await;
@@ -520,9 +537,9 @@ fn main() {
         .unwrap();
     rt.block_on(async {
         println!(
-            "| model server | raw, new connection p50 ms | raw keep-alive p50 ms | raw keep-alive p99 ms | troupe turn p50 ms | troupe p99 ms | troupe − raw keep-alive, p50 ms |"
+            "| model server | raw, new connection p50 ms | raw keep-alive p50 ms | raw keep-alive p99 ms | troupe turn p50 ms | troupe p99 ms | troupe − raw keep-alive, p50 ms | raw keep-alive, paced, p50 ms | troupe − raw paced, p50 ms |"
         );
-        println!("|---|---:|---:|---:|---:|---:|---:|");
+        println!("|---|---:|---:|---:|---:|---:|---:|---:|---:|");
         let later = per_session();
         for (name, nodelay) in [
             ("Python, Nagle on", false),
@@ -537,23 +554,27 @@ fn main() {
                     continue;
                 }
                 let (turns, bodies, head) = measure_turns(Some(&server), per).await;
-                let mut raws = measure_raw(&server, &bodies, false).await;
+                let mut raws = measure_raw(&server, &bodies, false, Duration::ZERO).await;
                 // The raw requests are troupe's, byte for byte: the same head, the same body.
                 assert_eq!(last_head(&server).await, head, "raw and troupe requests differ");
                 // Troupe again, then raw again: both orders, so a change of load shows.
                 let (more, _, _) = measure_turns(Some(&server), per).await;
-                raws.extend(measure_raw(&server, &bodies, false).await);
+                raws.extend(measure_raw(&server, &bodies, false, Duration::ZERO).await);
                 let turns = sorted(turns.into_iter().chain(more).collect());
-                let fresh = measure_raw(&server, &bodies, true).await;
+                let fresh = measure_raw(&server, &bodies, true, Duration::ZERO).await;
                 let raws = sorted(raws);
+                let pace = pct(&turns, 0.5).saturating_sub(pct(&raws, 0.5));
+                let paced = measure_raw(&server, &bodies, false, pace).await;
                 println!(
-                    "| {name}, {what} | {} | {} | {} | {} | {} | {} |",
+                    "| {name}, {what} | {} | {} | {} | {} | {} | {} | {} | {} |",
                     ms(pct(&fresh, 0.5)),
                     ms(pct(&raws, 0.5)),
                     ms(pct(&raws, 0.99)),
                     ms(pct(&turns, 0.5)),
                     ms(pct(&turns, 0.99)),
                     signed_ms(pct(&turns, 0.5), pct(&raws, 0.5)),
+                    ms(pct(&paced, 0.5)),
+                    signed_ms(pct(&turns, 0.5), pct(&paced, 0.5)),
                 );
             }
         }
@@ -566,7 +587,7 @@ fn main() {
             }
             let (turns, _, _) = measure_turns(None, per).await;
             println!(
-                "| none (scripted model), {what} | – | – | – | {} | {} | – |",
+                "| none (scripted model), {what} | – | – | – | {} | {} | – | – | – |",
                 ms(pct(&turns, 0.5)),
                 ms(pct(&turns, 0.99)),
             );
