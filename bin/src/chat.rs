@@ -143,6 +143,43 @@ pub(crate) fn warn_if_script_unused(config: &TroupeConfig, script: Option<&std::
     }
 }
 
+/// SIGINT (Ctrl-C), listened to from its creation on: one that comes between two polls is
+/// not lost.
+struct Interrupts {
+    #[cfg(unix)]
+    signal: Option<tokio::signal::unix::Signal>,
+}
+
+impl Interrupts {
+    fn listen() -> Self {
+        #[cfg(unix)]
+        {
+            let signal =
+                tokio::signal::unix::signal(tokio::signal::unix::SignalKind::interrupt()).ok();
+            Self { signal }
+        }
+        #[cfg(not(unix))]
+        Self {}
+    }
+
+    /// The next SIGINT (never, when no listener could be set up).
+    async fn next(&mut self) {
+        #[cfg(unix)]
+        match &mut self.signal {
+            Some(signal) => {
+                if signal.recv().await.is_none() {
+                    std::future::pending::<()>().await;
+                }
+            }
+            None => std::future::pending::<()>().await,
+        }
+        #[cfg(not(unix))]
+        {
+            let _ = tokio::signal::ctrl_c().await;
+        }
+    }
+}
+
 /// How approvals are answered when nobody is asked at the terminal.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 struct Unattended {
@@ -864,21 +901,25 @@ impl Chat {
         let mut spinner = self.live.then(|| Spinner::start("thinking"));
         let mut view = TurnView::default();
         let mut interrupted = false;
+        // One listener for the whole turn: a Ctrl-C that comes while an event is being shown
+        // is kept for the next poll (a listener made anew each time around would miss it).
+        let mut sigint = Interrupts::listen();
         let done = loop {
             tokio::select! {
                 r = &mut reply => break r,
                 // Ctrl-C cancels the turn, not the program (a second one is not special:
                 // the turn is already being cancelled).
-                _ = tokio::signal::ctrl_c(), if !interrupted => {
+                () = sigint.next(), if !interrupted => {
                     interrupted = true;
                     if let Some(s) = spinner.take() {
                         s.stop();
                     }
                     eprintln!("^C cancelling the turn");
-                    if let Ok(tasks) = self.session.tasks(Some(conversation)).await {
-                        for t in tasks {
-                            let _ = self.session.cancel_task(t.task_id).await;
-                        }
+                    // Through the conversation, which knows its running task from the moment
+                    // it starts it (the task registry may not have it listed yet).
+                    if !matches!(self.session.cancel_conversation(conversation).await, Ok(n) if n > 0) {
+                        // Nothing was running yet: the next Ctrl-C tries again.
+                        interrupted = false;
                     }
                 }
                 e = self.events.recv() => match e {
