@@ -88,8 +88,8 @@ pub struct ChatArgs {
     /// read-only, workspace-write or full-access.
     #[arg(long)]
     pub sandbox_policy: Option<String>,
-    /// Print the reply and its statistics as JSON (--once).
-    #[arg(long)]
+    /// Print the reply and its statistics as JSON (with --once only).
+    #[arg(long, requires = "once")]
     pub json: bool,
     /// Write nothing to disk: the rollout in memory, no JSONL history.
     #[arg(long)]
@@ -568,7 +568,8 @@ async fn once(chat: &mut Chat, question: String, json: bool) -> anyhow::Result<E
     };
     if json {
         println!("{}", serde_json::to_string(&reply)?);
-    } else {
+    } else if !reply.text.is_empty() || reply.status == TaskStatus::Ok {
+        // A turn that failed before any text prints nothing, not an empty line.
         println!("{}", reply.text);
     }
     if let Some(why) = ended_early(&reply) {

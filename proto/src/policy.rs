@@ -71,7 +71,8 @@ impl From<CanonicalStorage> for StoragePolicy {
     }
 }
 
-/// `full`, `headers_only` or `headers-only`, `none`, `ttl:<secs>`.
+/// `full`, `headers_only` or `headers-only`, `none`, `ttl:<secs>`, or the JSON form
+/// `{"ttl": {"secs": N}}` (a flag or a variable may hold any of them).
 impl std::str::FromStr for StoragePolicy {
     type Err = AgentError;
 
@@ -80,6 +81,8 @@ impl std::str::FromStr for StoragePolicy {
             "full" => Ok(Self::Full),
             "headers_only" | "headers-only" => Ok(Self::HeadersOnly),
             "none" => Ok(Self::None),
+            json if json.trim_start().starts_with('{') => serde_json::from_str(json)
+                .map_err(|e| AgentError::invalid(format!("bad storage policy `{json}`: {e}"))),
             other => match other.strip_prefix("ttl:").map(|n| n.trim().parse::<u64>()) {
                 Some(Ok(secs)) => Ok(Self::Ttl { secs }),
                 _ => Err(AgentError::invalid(format!(
@@ -214,6 +217,19 @@ mod tests {
         }
     }
     use serde_json::json;
+
+    #[test]
+    fn a_flags_storage_policy_may_be_the_json_form_its_error_offers() {
+        let e = "forever".parse::<StoragePolicy>().unwrap_err().to_string();
+        let offered = r#"{"ttl": {"secs": N}}"#;
+        assert!(e.contains(offered), "{e}");
+        assert_eq!(
+            offered.replace('N', "60").parse::<StoragePolicy>().unwrap(),
+            StoragePolicy::Ttl { secs: 60 }
+        );
+        let e = r#"{"ttl": {"secs": -1}}"#.parse::<StoragePolicy>().unwrap_err();
+        assert!(e.to_string().contains("bad storage policy"), "{e}");
+    }
 
     #[test]
     fn storage_policies_read_both_spellings_and_write_one() {

@@ -448,6 +448,24 @@ async fn ctrl_c_on_a_model_that_ignores_it_still_exits_4() {
     assert_eq!(json["status"], "cancelled", "{json}");
 }
 
+/// A turn that failed before any text prints nothing on stdout (not an empty line); `--json`
+/// is for `--once` and refused without it rather than ignored.
+#[tokio::test]
+async fn a_failed_turn_prints_nothing_and_json_needs_once() {
+    let dir = tempfile::tempdir().unwrap();
+    let script = dir.path().join("down.json");
+    std::fs::write(&script, r#"{"replies":[{"error":"the model is down"}]}"#).unwrap();
+    let mut cmd = troupe(dir.path());
+    cmd.args(["chat", "--once", "--ephemeral", "--script"])
+        .arg(&script)
+        .arg("hi");
+    let out = exits_saying(cmd, 2, "the model is down").await;
+    assert_eq!(text(&out.stdout), "", "nothing on stdout");
+    let mut cmd = troupe(dir.path());
+    cmd.args(["chat", "--ephemeral", "--json"]);
+    exits_saying(cmd, 2, "--once").await;
+}
+
 /// The history file holds the conversation: readable by its user alone, as the rollout is.
 #[tokio::test]
 async fn the_history_file_is_the_users_alone() {
