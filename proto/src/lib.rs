@@ -19,6 +19,7 @@ pub mod item;
 pub mod json;
 pub mod names;
 pub mod policy;
+pub mod sse;
 pub mod store;
 pub mod task;
 pub mod tool;

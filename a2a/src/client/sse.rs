@@ -5,10 +5,10 @@ use super::{ClientError, rpc_error};
 use crate::model::StreamEvent;
 use crate::version::{Operation, Version};
 use crate::wire;
-use eventsource_stream::Eventsource;
 use futures::{Stream, StreamExt};
 use serde_json::Value;
 use std::pin::Pin;
+use troupe_proto::sse::{SseDecoder, SseEvent};
 
 /// One event of a stream.
 #[derive(Debug, Clone, PartialEq)]
@@ -39,20 +39,17 @@ impl EventStream {
         url: String,
         answer: reqwest::Response,
     ) -> Self {
-        let inner = answer
-            .bytes_stream()
-            .eventsource()
-            .filter_map(move |frame| {
-                let item = match frame {
-                    Err(e) => Some(Err(ClientError::Transport {
-                        url: url.clone(),
-                        message: format!("the stream broke: {e}"),
-                    })),
-                    Ok(event) if event.data.trim().is_empty() => None,
-                    Ok(event) => Some(decode_frame(op, version, &event.data)),
-                };
-                std::future::ready(item)
-            });
+        let inner = events(answer, MAX_EVENT_BYTES).filter_map(move |frame| {
+            let item = match frame {
+                Err(message) => Some(Err(ClientError::Transport {
+                    url: url.clone(),
+                    message,
+                })),
+                Ok(event) if event.data.trim().is_empty() => None,
+                Ok(event) => Some(decode_frame(op, version, &event.data)),
+            };
+            std::future::ready(item)
+        });
         Self {
             inner: Box::pin(inner),
         }
@@ -62,6 +59,47 @@ impl EventStream {
     pub async fn next(&mut self) -> Option<Result<StreamItem, ClientError>> {
         self.inner.next().await
     }
+}
+
+/// The most one event of a remote agent's stream may hold: a task with its artifacts comes
+/// whole in one event, so it is generous; past it the stream ends with an error instead of
+/// growing without end.
+pub const MAX_EVENT_BYTES: usize = 32 << 20;
+
+/// The SSE events of `answer`'s body, each at most `limit` bytes; after an `Err` (the body
+/// broke, an event too large or not UTF-8) the stream ends.
+fn events(
+    answer: reqwest::Response,
+    limit: usize,
+) -> impl Stream<Item = Result<SseEvent, String>> + Send {
+    let body = Box::pin(answer.bytes_stream());
+    futures::stream::unfold(
+        (body, SseDecoder::new(limit), false),
+        |(mut body, mut decoder, ended)| async move {
+            if ended {
+                return None;
+            }
+            loop {
+                match decoder.next_event() {
+                    Ok(Some(event)) => return Some((Ok(event), (body, decoder, false))),
+                    Err(e) => {
+                        return Some((
+                            Err(format!("the stream broke: {e}")),
+                            (body, decoder, true),
+                        ));
+                    }
+                    Ok(None) => match body.next().await {
+                        Some(Ok(chunk)) => decoder.push(&chunk),
+                        Some(Err(e)) => {
+                            let message = format!("the stream broke: {}", e.without_url());
+                            return Some((Err(message), (body, decoder, true)));
+                        }
+                        None => return None,
+                    },
+                }
+            }
+        },
+    )
 }
 
 /// One SSE event's data: a JSON-RPC answer holding a stream event, or an error.
@@ -91,6 +129,45 @@ pub(crate) fn decode_frame(
 mod tests {
     use super::*;
     use crate::model::TaskState;
+
+    /// A server that sends one event line without end: the stream ends with an error once the
+    /// event passes the bound, and the connection is let go (the server's writes then fail).
+    #[tokio::test]
+    async fn an_endless_event_ends_the_stream_and_is_not_read_on() {
+        use tokio::io::{AsyncReadExt, AsyncWriteExt};
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let url = format!("http://{}/", listener.local_addr().unwrap());
+        let server = tokio::spawn(async move {
+            let (mut socket, _) = listener.accept().await.unwrap();
+            let mut buf = [0u8; 4096];
+            let _ = socket.read(&mut buf).await.unwrap();
+            socket
+                .write_all(b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\n\r\ndata: ")
+                .await
+                .unwrap();
+            let chunk = vec![b'x'; 64 * 1024];
+            let mut written = 0usize;
+            while socket.write_all(&chunk).await.is_ok() {
+                written += chunk.len();
+                assert!(written < 1 << 30, "the client read on");
+            }
+            written
+        });
+        let answer = reqwest::get(&url).await.unwrap();
+        let mut stream = Box::pin(events(answer, 1024 * 1024));
+        let first = tokio::time::timeout(std::time::Duration::from_secs(10), stream.next())
+            .await
+            .expect("the stream ended in time");
+        let message = first.unwrap().unwrap_err();
+        assert!(message.contains("larger than 1048576 bytes"), "{message}");
+        assert!(stream.next().await.is_none(), "nothing after the error");
+        drop(stream);
+        let written = tokio::time::timeout(std::time::Duration::from_secs(10), server)
+            .await
+            .expect("the connection was let go")
+            .unwrap();
+        assert!(written < 64 << 20, "the server wrote {written} bytes");
+    }
 
     #[test]
     fn frames_decode_in_both_versions() {

@@ -25,7 +25,6 @@ pub mod metrics;
 mod request;
 mod responses;
 pub mod retry;
-mod sse;
 mod stream;
 mod transport;
 

@@ -2,12 +2,12 @@
 //! idle bound between events, a size bound on one event and one on what the parsers collect
 //! ([`StreamLimits`]). What the parsers collect is the same for both APIs.
 
-use super::sse::{SseDecoder, SseEvent};
 use futures::{FutureExt, Stream, StreamExt};
 use std::collections::BTreeMap;
 use std::fmt::Display;
 use std::time::Duration;
 use troupe_actors::ports::DeltaSink;
+use troupe_proto::sse::{SseDecoder, SseEvent};
 use troupe_proto::{AgentError, Usage};
 
 /// The bounds of reading one stream.

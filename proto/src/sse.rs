@@ -1,4 +1,5 @@
-//! A Server-Sent Events decoder with a bound on one event.
+//! A Server-Sent Events decoder with a bound on one event, for the model client and the A2A
+//! client alike.
 //!
 //! The SSE crates in the build (`eventsource-stream`, `sse-stream`) buffer an event until its
 //! blank line however long it gets, and search the whole buffer again on every read: a server
@@ -9,7 +10,8 @@
 //! It follows the event stream format of the HTML standard: lines end with CRLF, LF or CR; a
 //! blank line dispatches the event (one with no `data` line is not dispatched); `data` lines
 //! are joined with LF; a line starting with `:` is a comment; `id`, `retry` and unknown fields
-//! are ignored (a model stream is never resumed); a leading byte order mark is skipped.
+//! are ignored (neither a model stream nor an A2A one is resumed by event id); a leading byte
+//! order mark is skipped.
 
 /// One dispatched event.
 #[derive(Debug, Clone, PartialEq, Eq)]
