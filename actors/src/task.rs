@@ -1125,6 +1125,16 @@ mod tests {
             ),
             Some("Operation not permitted")
         );
+        assert_eq!(
+            sandbox_failure(
+                &failed(
+                    Some(1),
+                    "ln: failed to create hard link 'w/p' => '/etc/passwd': Invalid cross-device link"
+                ),
+                SandboxPolicy::WorkspaceWrite
+            ),
+            Some("Invalid cross-device link")
+        );
         // Not confined, not refused, or not a plain failure: the command's own business.
         assert_eq!(sandbox_failure(&denied, SandboxPolicy::FullAccess), None);
         assert_eq!(

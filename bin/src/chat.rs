@@ -57,8 +57,8 @@ pub struct ChatArgs {
     /// Steps before a turn ends with max_steps (at least 1).
     #[arg(long, value_parser = clap::value_parser!(u32).range(1..))]
     pub max_steps: Option<u32>,
-    /// Largest prompt sent, by the local tokenizer's estimate.
-    #[arg(long)]
+    /// Largest prompt sent, by the local tokenizer's estimate (at least 1).
+    #[arg(long, value_parser = clap::value_parser!(u64).range(1..))]
     pub max_prompt_tokens: Option<u64>,
     /// Warn when a prompt is larger than this.
     #[arg(long)]

@@ -1162,6 +1162,12 @@ impl TroupeConfig {
                     .to_owned(),
             });
         }
+        if config.chat.max_prompt_tokens == Some(0) {
+            return Err(ConfigError::Parse {
+                path: path.to_owned(),
+                message: format!("chat.max_prompt_tokens must be {MAX_PROMPT_TOKENS_EXPECTED}"),
+            });
+        }
         if config.conversation.approval_timeout.is_zero() {
             return Err(ConfigError::Parse {
                 path: path.to_owned(),
@@ -1242,7 +1248,15 @@ impl TroupeConfig {
             self.chat.max_steps = parse_steps("TROUPE_MAX_STEPS", &v)?;
         }
         if let Some(v) = get("TROUPE_MAX_PROMPT_TOKENS") {
-            self.chat.max_prompt_tokens = Some(parse_num("TROUPE_MAX_PROMPT_TOKENS", &v)?);
+            let tokens: u64 = parse_num("TROUPE_MAX_PROMPT_TOKENS", &v)?;
+            if tokens == 0 {
+                return Err(ConfigError::Value {
+                    name: "TROUPE_MAX_PROMPT_TOKENS".to_owned(),
+                    value: v,
+                    expected: MAX_PROMPT_TOKENS_EXPECTED,
+                });
+            }
+            self.chat.max_prompt_tokens = Some(tokens);
         }
         if let Some(v) = get("TROUPE_WARN_PROMPT_TOKENS") {
             self.chat.warn_prompt_tokens = Some(parse_num("TROUPE_WARN_PROMPT_TOKENS", &v)?);
@@ -1558,6 +1572,10 @@ pub fn parse_enum<T: serde::de::DeserializeOwned>(
             expected,
         })
 }
+
+/// What a prompt bound must be: no prompt fits in zero tokens.
+const MAX_PROMPT_TOKENS_EXPECTED: &str =
+    "a whole number of tokens, at least 1 (no prompt fits in 0)";
 
 /// What an approval timeout must be: zero would deny every request before anyone could see it.
 const APPROVAL_TIMEOUT_EXPECTED: &str =
@@ -1879,6 +1897,26 @@ lease_ttl = "5s"
             None,
             "a local server often needs none"
         );
+    }
+
+    #[test]
+    fn a_prompt_bound_of_zero_is_refused() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("troupe.toml");
+        std::fs::write(&path, "[chat]\nmax_prompt_tokens = 0\n").unwrap();
+        let e = TroupeConfig::load(Some(&path), &env(&[]))
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("chat.max_prompt_tokens must be"), "{e}");
+        let e = TroupeConfig::load(None, &env(&[("TROUPE_MAX_PROMPT_TOKENS", "0")]))
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.contains("TROUPE_MAX_PROMPT_TOKENS") && e.contains("at least 1"),
+            "{e}"
+        );
+        let c = TroupeConfig::load(None, &env(&[("TROUPE_MAX_PROMPT_TOKENS", "1")])).unwrap();
+        assert_eq!(c.chat.max_prompt_tokens, Some(1));
     }
 
     #[test]

@@ -464,6 +464,17 @@ async fn a_failed_turn_prints_nothing_and_json_needs_once() {
     let mut cmd = troupe(dir.path());
     cmd.args(["chat", "--ephemeral", "--json"]);
     exits_saying(cmd, 2, "--once").await;
+    // No prompt fits in 0 tokens: refused by the parser, not at the turn.
+    let mut cmd = troupe(dir.path());
+    cmd.args([
+        "chat",
+        "--once",
+        "--ephemeral",
+        "--max-prompt-tokens",
+        "0",
+        "hi",
+    ]);
+    exits_saying(cmd, 2, "--max-prompt-tokens").await;
 }
 
 /// The history file holds the conversation: readable by its user alone, as the rollout is.

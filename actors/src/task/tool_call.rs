@@ -643,10 +643,13 @@ pub fn sandbox_failure(
     out: &crate::ports::ExecOutput,
     policy: SandboxPolicy,
 ) -> Option<&'static str> {
-    const REFUSALS: [&str; 3] = [
+    const REFUSALS: [&str; 4] = [
         "Permission denied",
         "Operation not permitted",
         "Read-only file system",
+        // EXDEV: Landlock's refusal of a link or rename that would move a file across its
+        // rules (`ln`, `mv` within the workspace from outside it).
+        "Invalid cross-device link",
     ];
     if policy == SandboxPolicy::FullAccess
         || out.timed_out
