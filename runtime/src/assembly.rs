@@ -36,7 +36,16 @@ pub fn try_build_tokens(config: &TroupeConfig) -> Result<Arc<dyn TokenCounter>, 
     Ok(
         match (&config.chat.tokenizer_model, config.model.provider) {
             (Some(name), _) if name == "approx" => Arc::new(ApproxTokens),
-            (Some(name), _) => Arc::new(crate::tokens::TiktokenCounter::named(name)?),
+            (Some(name), _) => Arc::new(crate::tokens::TiktokenCounter::named(name).map_err(
+                |e| match e {
+                    // Said with the setting it came from, in each of its spellings.
+                    AgentError::InvalidInput { message } => AgentError::invalid(format!(
+                        "chat.tokenizer_model (TROUPE_TOKENIZER_MODEL, --tokenizer-model): \
+                         {message}"
+                    )),
+                    other => other,
+                },
+            )?),
             (None, Provider::Scripted) => Arc::new(ApproxTokens),
             (None, _) => Arc::new(crate::tokens::TiktokenCounter::for_model(
                 &config.model.model,

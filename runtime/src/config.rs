@@ -1455,6 +1455,10 @@ impl TroupeConfig {
     /// credentials or query, which may carry keys) and model, or the scripted model.
     pub fn model_line(&self) -> String {
         match self.model.provider {
+            // Chosen (`provider = "scripted"`, `--provider scripted`), or fallen back to.
+            Provider::Scripted if self.named.provider => {
+                "model: the built-in scripted model (provider = scripted)".to_owned()
+            }
             Provider::Scripted => {
                 "no model endpoint configured; using the built-in scripted model".to_owned()
             }
@@ -1896,6 +1900,18 @@ lease_ttl = "5s"
             c.key_notice(&env(&[])),
             None,
             "a local server often needs none"
+        );
+    }
+
+    #[test]
+    fn the_model_line_says_whether_the_scripted_model_was_chosen() {
+        let mut c = TroupeConfig::default();
+        assert!(c.model_line().starts_with("no model endpoint configured"));
+        c.named.provider = true;
+        c.choose_provider();
+        assert_eq!(
+            c.model_line(),
+            "model: the built-in scripted model (provider = scripted)"
         );
     }
 

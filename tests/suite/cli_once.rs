@@ -229,7 +229,13 @@ async fn tokenizer_names_are_encodings_models_or_approx() {
         .env("TROUPE_TOKENIZER_MODEL", "nonsense");
     let out = output(cmd).await;
     assert_eq!(out.status.code(), Some(1));
-    assert!(text(&out.stderr).contains("unknown tokenizer `nonsense`"));
+    let stderr = text(&out.stderr);
+    assert!(stderr.contains("unknown tokenizer `nonsense`"), "{stderr}");
+    // Named with the setting it came from, as a bad value of any other setting is.
+    assert!(
+        stderr.contains("chat.tokenizer_model (TROUPE_TOKENIZER_MODEL"),
+        "{stderr}"
+    );
     assert!(tree(dir.path()).is_empty(), "{:?}", tree(dir.path()));
 }
 
