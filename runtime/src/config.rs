@@ -1171,9 +1171,9 @@ impl TroupeConfig {
         if config.conversation.approval_timeout.is_zero() {
             return Err(ConfigError::Parse {
                 path: path.to_owned(),
-                message: format!(
-                    "conversation.approval_timeout must be {APPROVAL_TIMEOUT_EXPECTED}"
-                ),
+                message: "conversation.approval_timeout must be longer than 0s (a request \
+                          nobody can answer in time is denied)"
+                    .to_owned(),
             });
         }
         for (key, value) in [
@@ -1418,15 +1418,8 @@ impl TroupeConfig {
             self.conversation.close_timeout = parse_duration(names[3], v)?;
         }
         if let Some(v) = &given.approval_timeout {
-            let timeout = parse_duration(names[4], v)?;
-            if timeout.is_zero() {
-                return Err(ConfigError::Value {
-                    name: names[4].to_owned(),
-                    value: v.clone(),
-                    expected: APPROVAL_TIMEOUT_EXPECTED,
-                });
-            }
-            self.conversation.approval_timeout = timeout;
+            // Zero would deny every request before anyone could see it.
+            self.conversation.approval_timeout = parse_positive_duration(names[4], v)?;
         }
         if let Some(v) = &given.passivate_after {
             self.sessions.passivate_after = parse_duration(names[5], v)?;
@@ -1580,10 +1573,6 @@ pub fn parse_enum<T: serde::de::DeserializeOwned>(
 /// What a prompt bound must be: no prompt fits in zero tokens.
 const MAX_PROMPT_TOKENS_EXPECTED: &str =
     "a whole number of tokens, at least 1 (no prompt fits in 0)";
-
-/// What an approval timeout must be: zero would deny every request before anyone could see it.
-const APPROVAL_TIMEOUT_EXPECTED: &str =
-    "a duration longer than zero (a request nobody can answer in time is denied)";
 
 /// A duration longer than zero.
 fn parse_positive_duration(name: &str, value: &str) -> Result<Duration, ConfigError> {
@@ -1948,7 +1937,7 @@ lease_ttl = "5s"
             .unwrap_err()
             .to_string();
         assert!(
-            e.contains("TROUPE_APPROVAL_TIMEOUT") && e.contains("longer than zero"),
+            e.contains("TROUPE_APPROVAL_TIMEOUT") && e.contains("longer than 0s"),
             "{e}"
         );
         let mut c = TroupeConfig::default();
@@ -1959,7 +1948,7 @@ lease_ttl = "5s"
             })
             .unwrap_err()
             .to_string();
-        assert!(e.contains("longer than zero"), "{e}");
+        assert!(e.contains("longer than 0s"), "{e}");
         assert_eq!(c.conversation.approval_timeout, Duration::from_secs(300));
         c.apply_conversation_flags(&ConversationFlags {
             approval_timeout: Some("1s".into()),

@@ -187,23 +187,29 @@ fn quiet(_: &Value) -> bool {
     false
 }
 
+/// One sub-agent, `coder`, on the service's model, routed by the rules (every message not a
+/// `/hub` stays the conversation's own turn).
+fn with_coder_agent(dir: &std::path::Path) {
+    std::fs::create_dir(dir.join("agents")).unwrap();
+    std::fs::write(
+        dir.join("agents/coder.json"),
+        r#"{"id": "coder", "role": "executor", "provider": {"type": "model", "instructions": "You write code."}}"#,
+    )
+    .unwrap();
+    std::fs::write(
+        dir.join("troupe.toml"),
+        "[agents]\ndir = \"agents\"\nrouter = \"rules\"\n",
+    )
+    .unwrap();
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_browser_signs_in_chats_approves_survives_a_restart_and_pages_back() {
     let dir = tempfile::tempdir().unwrap();
     let model = ModelServer::start().await;
     // One sub-agent, `coder`, on the same model; the rules router keeps every other message
     // the conversation's own turn, so the scripted replies below stay in order.
-    std::fs::create_dir(dir.path().join("agents")).unwrap();
-    std::fs::write(
-        dir.path().join("agents/coder.json"),
-        r#"{"id": "coder", "role": "executor", "provider": {"type": "model", "instructions": "You write code."}}"#,
-    )
-    .unwrap();
-    std::fs::write(
-        dir.path().join("troupe.toml"),
-        "[agents]\ndir = \"agents\"\nrouter = \"rules\"\n",
-    )
-    .unwrap();
+    with_coder_agent(dir.path());
     let mut troupe = Troupe::start(dir.path(), &model);
     let browser = Browser::start(&screenshots()).await;
     let api = troupe.http();
@@ -971,17 +977,7 @@ async fn a_browser_answers_an_mcp_servers_form() {
 async fn a_headers_only_conversation_reads_back_its_tools_agents_and_traces() {
     let dir = tempfile::tempdir().unwrap();
     let model = ModelServer::start().await;
-    std::fs::create_dir(dir.path().join("agents")).unwrap();
-    std::fs::write(
-        dir.path().join("agents/coder.json"),
-        r#"{"id": "coder", "role": "executor", "provider": {"type": "model", "instructions": "You write code."}}"#,
-    )
-    .unwrap();
-    std::fs::write(
-        dir.path().join("troupe.toml"),
-        "[agents]\ndir = \"agents\"\nrouter = \"rules\"\n",
-    )
-    .unwrap();
+    with_coder_agent(dir.path());
     let mut troupe = Troupe::start(dir.path(), &model);
     let api = troupe.http();
     let created = api
