@@ -278,6 +278,17 @@ pub fn unstarted(failure_written: Result<(), ErrorKind>) -> Unstarted {
     }
 }
 
+/// Whether a run of the session in `status` still takes events. A run that is being
+/// killed (its conversations' tasks end first, and their outcomes reach the host before it
+/// hears the run stopped) does not: an update told to it would be lost, so it waits for
+/// the run that replaces it.
+pub fn takes_events(status: ractor::ActorStatus) -> bool {
+    !matches!(
+        status,
+        ractor::ActorStatus::Stopping | ractor::ActorStatus::Stopped
+    )
+}
+
 /// Whether a session that stopped on its own may be started again now, given its recent
 /// restarts (pruned to the window).
 pub fn may_restart(
@@ -299,6 +310,18 @@ mod tests {
     use super::*;
     use std::time::{Duration, Instant};
     use troupe_proto::{Json, Role, SessionId, TaskId, TaskStats};
+
+    /// Updates wait for the next run while the current one is stopping or stopped.
+    #[test]
+    fn a_stopping_run_takes_no_events() {
+        use ractor::ActorStatus::*;
+        for status in [Unstarted, Starting, Running, Upgrading, Draining] {
+            assert!(takes_events(status), "{status:?}");
+        }
+        for status in [Stopping, Stopped] {
+            assert!(!takes_events(status), "{status:?}");
+        }
+    }
 
     /// A message whose start failed is told failed only when the store no longer holds it
     /// pending; while its row may still read `queued`, it is told it stays queued.

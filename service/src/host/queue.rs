@@ -294,6 +294,13 @@ impl HostState {
             let result = handle
                 .message_governed(conversation_id, text, governance)
                 .await;
+            if matches!(&result, Err(e) if e.kind() == ErrorKind::Interrupted) {
+                // Interrupted by the run's end, perhaps: its conversations stop before it
+                // does. The outcome then reaches the host after the run's end, so that its
+                // update goes to the run that replaces it ([`HostState::emit_update`]). A run
+                // that keeps going (only the conversation was restarted) delays it this long.
+                let _ = handle.actor().get_cell().wait(Some(RUN_END_WAIT)).await;
+            }
             let _ = myself.cast(HostMsg::TaskDone {
                 conversation_id,
                 message_id,
@@ -519,11 +526,15 @@ impl HostState {
     }
 
     /// Publishes a message's status on the session's event stream; while the session is
-    /// being started again, once it is up ([`Self::emit_deferred`]).
+    /// being started again, once it is up ([`Self::emit_deferred`]). So too when its run is
+    /// stopping although the host has not heard yet ([`plan::takes_events`]): the outcomes
+    /// of the tasks a killed run ends reach the host before the run's end does.
     pub(super) fn emit_update(&mut self, message: &MessageRecord) {
         match &self.session {
-            Liveness::Up(_) => self.emit_now(message),
-            Liveness::Restarting => self.deferred_updates.push(message.clone()),
+            Liveness::Up(handle) if plan::takes_events(handle.actor().get_status()) => {
+                self.emit_now(message);
+            }
+            Liveness::Up(_) | Liveness::Restarting => self.deferred_updates.push(message.clone()),
             Liveness::Down(_) => {}
         }
     }
@@ -571,6 +582,10 @@ impl HostState {
         }
     }
 }
+
+/// How long the outcome of a task interrupted under a running session waits for that run
+/// to end, if it is ending.
+const RUN_END_WAIT: Duration = Duration::from_millis(200);
 
 /// What the caller of queued message `message_id` hears when neither its start nor its
 /// failure (`e`) could be written: the store still holds it `queued`, so it runs when its

@@ -275,9 +275,12 @@ impl Api {
                 }
             }
         };
-        tokio::time::timeout(Duration::from_secs(10), read)
+        if tokio::time::timeout(Duration::from_secs(10), read)
             .await
-            .expect("events arrive");
+            .is_err()
+        {
+            panic!("events arrive; seen: {out:#?}");
+        }
         out
     }
 }
