@@ -1187,6 +1187,18 @@ impl TroupeConfig {
                 });
             }
         }
+        // Like the agents, modules and capabilities directories, a relative `data_dir` or
+        // `log_dir` the file names is taken from the file's directory, wherever troupe is
+        // started from (the defaults, named nowhere, stay relative to the working directory).
+        let base = path.parent().unwrap_or(std::path::Path::new(""));
+        for (key, dir) in [
+            ("data_dir", &mut config.data_dir),
+            ("log_dir", &mut config.log_dir),
+        ] {
+            if table.contains_key(key) && dir.is_relative() {
+                *dir = base.join(&*dir);
+            }
+        }
         config.named = named;
         config.source = Some(path.to_owned());
         Ok(config)
@@ -1723,7 +1735,31 @@ tool_errors = { retry = { attempts = 2 } }
             troupe_proto::ToolErrorPolicy::Retry { attempts: 2 }
         );
         assert_eq!(c.model.idle_timeout, Duration::from_secs(45));
-        assert_eq!(c.log_dir, std::path::PathBuf::from("logs"));
+        assert_eq!(c.log_dir, dir.path().join("logs"), "beside the file");
+        assert_eq!(
+            c.data_dir,
+            std::path::PathBuf::from("data"),
+            "a default stays relative to the working directory"
+        );
+    }
+
+    /// A relative `data_dir` or `log_dir` in the file is taken from the file's directory, as
+    /// the agents and modules directories are; an absolute one, and the environment's, as
+    /// given.
+    #[test]
+    fn the_files_relative_directories_are_beside_it() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("troupe.toml");
+        std::fs::write(
+            &path,
+            "data_dir = \"state/data\"\nlog_dir = \"/var/log/t\"\n",
+        )
+        .unwrap();
+        let c = TroupeConfig::load(Some(&path), &env(&[])).unwrap();
+        assert_eq!(c.data_dir, dir.path().join("state/data"));
+        assert_eq!(c.log_dir, std::path::PathBuf::from("/var/log/t"));
+        let c = TroupeConfig::load(Some(&path), &env(&[("TROUPE_DATA_DIR", "here")])).unwrap();
+        assert_eq!(c.data_dir, std::path::PathBuf::from("here"));
     }
 
     #[test]
