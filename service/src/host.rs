@@ -18,7 +18,12 @@
 //!
 //! # Mailbox
 //! - `Send` → [`admit`] (the one admission decision) → store the message → reply now, or when
-//!   it ends if the caller waits → run it if its conversation is idle.
+//!   it ends if the caller waits → run it if its conversation is idle. A message that runs at
+//!   once starts its task while its row is written (the write takes about as long as the
+//!   task's way to its model request): its caller hears of it only once the row is stored,
+//!   its `running` update is emitted then (the task's first events may come before it), and a
+//!   write that fails cancels the task, whose `TaskDone` then stores nothing. A crash before
+//!   the row is stored leaves no message, and its caller had no answer.
 //! - `TaskDone` → store the outcome and the reply ([`plan::outcome`]) → answer the waiter →
 //!   emit `message_updated` → start the conversation's next message.
 //! - `Open`, `SetContext`, `Close` → a task asks the session → `Opened`, `ContextChanged`,
@@ -176,10 +181,10 @@ pub enum HostMsg {
     Drain { reply: RpcReplyPort<()> },
     /// Shuts the session down.
     Shutdown { reply: RpcReplyPort<()> },
-    /// A message's task ended (or could not run).
+    /// A message's task ended (or could not run). `dispatch` names the start that ran it.
     TaskDone {
         conversation_id: ConversationId,
-        message_id: u64,
+        dispatch: u64,
         result: Result<MessageReply, AgentError>,
     },
     /// The session opened a conversation for `Open`. `via`: the session actor that did (each
@@ -218,7 +223,12 @@ pub enum HostMsg {
 
 /// A message whose task runs.
 struct Running {
-    message: MessageRecord,
+    /// Which start of a task this is: its `TaskDone` names it.
+    dispatch: u64,
+    /// Its stored row. `None` while the row of a message whose task started with its write
+    /// is being written, and for good when that write failed: its task is then cancelled and
+    /// nothing of it is stored.
+    message: Option<MessageRecord>,
     /// The caller, when it waits for the reply.
     waiter: Option<Reply<Sent>>,
 }
@@ -293,6 +303,8 @@ pub struct HostState {
     /// Message updates (`message_status`) that happened while the session was being started
     /// again: emitted once it is up, so a client of the event stream hears every outcome.
     deferred_updates: Vec<MessageRecord>,
+    /// The tasks started so far (the last start's number).
+    dispatches: u64,
     /// Set by `pre_start`, consumed by `post_start`.
     created: Option<Created>,
     /// Keeps `troupe_sessions_active` counted while the host lives.
@@ -326,6 +338,7 @@ impl Actor for SessionHost {
             stopped_while_restarting: Vec::new(),
             resyncs: Vec::new(),
             deferred_updates: Vec::new(),
+            dispatches: 0,
             created: args.created,
             _active: metrics::ActiveSession::start(),
         })
@@ -383,11 +396,11 @@ impl Actor for SessionHost {
             }
             HostMsg::TaskDone {
                 conversation_id,
-                message_id,
+                dispatch,
                 result,
             } => {
                 state
-                    .task_done(&myself, conversation_id, message_id, result)
+                    .task_done(&myself, conversation_id, dispatch, result)
                     .await
             }
             HostMsg::Open { params, reply } => state.open(&myself, params, reply),

@@ -134,6 +134,19 @@ impl HostState {
             Admitted::Queue => MessageStatus::Queued,
         };
         let (content, chars) = stored_content(policy, &text);
+        let metadata = stored_metadata(&governance, module);
+        // A message that runs now starts its task while its row is written: the write takes
+        // about as long as the task's way to its model. Its caller hears of it only once the
+        // row is stored (below), and a write that fails cancels the task (nothing of the
+        // message is stored). Its `running` update is emitted once the row is stored, so the
+        // task's first events may come before it.
+        let (started, pending) = match admission {
+            Admitted::RunNow => (
+                self.dispatch(myself, conversation_id, None, text, governance, None),
+                None,
+            ),
+            Admitted::Queue => (false, Some((text, governance))),
+        };
         let stored = self
             .store
             .append_message(NewMessage {
@@ -148,12 +161,15 @@ impl HostState {
                 kind: MessageKind::Text,
                 // Its request layer, so that it still applies if the message waits through a
                 // restart (a policy, not content; never a token), and the module it came from.
-                metadata: stored_metadata(&governance, module),
+                metadata,
             })
             .await;
         let message = match stored {
             Ok(m) => m,
             Err(e) => {
+                if started {
+                    self.cancel_unstored(conversation_id);
+                }
                 let _ = reply.send(Err(e));
                 return;
             }
@@ -181,17 +197,43 @@ impl HostState {
         let Some(slot) = self.conversations.get_mut(&conversation_id) else {
             return;
         };
-        match admission {
-            Admitted::RunNow => {
-                self.dispatch(myself, conversation_id, message, text, governance, waiter);
-            }
-            Admitted::Queue => slot.queue.push_back(Waiting {
+        match pending {
+            None => match &mut slot.running {
+                Some(running) if started && running.message.is_none() => {
+                    running.message = Some(message);
+                    running.waiter = waiter;
+                }
+                _ => {
+                    // Not reached: a message that runs now is up and its slot idle (`admit`).
+                    // Stored running, it is ended rather than left so.
+                    let e = AgentError::internal("its task could not be started");
+                    let sent = self.finish(message, Err(e)).await;
+                    if let Some(waiter) = waiter {
+                        let _ = waiter.send(sent);
+                    }
+                }
+            },
+            Some((text, governance)) => slot.queue.push_back(Waiting {
                 message,
                 text,
                 governance,
                 waiter,
             }),
         }
+    }
+
+    /// Cancels the task started for a message whose row could not be written: its
+    /// `TaskDone` then stores nothing ([`Self::task_done`]).
+    fn cancel_unstored(&self, conversation_id: ConversationId) {
+        let Liveness::Up(handle) = &self.session else {
+            return;
+        };
+        let handle = handle.clone();
+        spawn_traced(async move {
+            if let Err(e) = handle.cancel_conversation(conversation_id).await {
+                tracing::warn!(%conversation_id, error = %e, "the task of an unstored message could not be cancelled");
+            }
+        });
     }
 
     /// The admission decision for a message to `conversation_id`, and its storage policy.
@@ -263,32 +305,41 @@ impl HostState {
         self.maybe_drained();
     }
 
-    /// Starts a message's task (its status is already `running` in the store).
+    /// Starts a message's task: `message` is its row, stored `running` already, or `None`
+    /// while it is being written ([`Self::send`]). Whether it started: only an up session
+    /// runs tasks.
     pub(super) fn dispatch(
         &mut self,
         myself: &ActorRef<HostMsg>,
         conversation_id: ConversationId,
-        message: MessageRecord,
+        message: Option<MessageRecord>,
         text: String,
         governance: RequestGovernance,
         waiter: Option<Reply<Sent>>,
-    ) {
+    ) -> bool {
         let Some(slot) = self.conversations.get_mut(&conversation_id) else {
-            return;
+            return false;
         };
         let Liveness::Up(handle) = &self.session else {
             // Not reached: only an up session runs messages. Kept in line, not lost.
-            slot.queue.push_front(Waiting {
-                message,
-                text,
-                governance,
-                waiter,
-            });
-            return;
+            if let Some(message) = message {
+                slot.queue.push_front(Waiting {
+                    message,
+                    text,
+                    governance,
+                    waiter,
+                });
+            }
+            return false;
         };
         let handle = handle.clone();
-        let message_id = message.message_id;
-        slot.running = Some(Box::new(Running { message, waiter }));
+        self.dispatches += 1;
+        let dispatch = self.dispatches;
+        slot.running = Some(Box::new(Running {
+            dispatch,
+            message,
+            waiter,
+        }));
         let myself = myself.clone();
         spawn_traced(async move {
             let result = handle
@@ -303,10 +354,11 @@ impl HostState {
             }
             let _ = myself.cast(HostMsg::TaskDone {
                 conversation_id,
-                message_id,
+                dispatch,
                 result,
             });
         });
+        true
     }
 
     /// Starts the conversation's next queued message, if it is idle and may.
@@ -336,7 +388,7 @@ impl HostState {
                     self.dispatch(
                         myself,
                         conversation_id,
-                        message,
+                        Some(message),
                         next.text,
                         next.governance,
                         next.waiter,
@@ -375,20 +427,26 @@ impl HostState {
         &mut self,
         myself: &ActorRef<HostMsg>,
         conversation_id: ConversationId,
-        message_id: u64,
+        dispatch: u64,
         result: Result<MessageReply, AgentError>,
     ) {
         let running = self
             .conversations
             .get_mut(&conversation_id)
-            .and_then(|slot| slot.running.take_if(|r| r.message.message_id == message_id));
+            .and_then(|slot| slot.running.take_if(|r| r.dispatch == dispatch));
         let Some(running) = running else {
             return;
         };
-        let Running { message, waiter } = *running;
-        let finished = self.finish(message, result).await;
-        if let Some(waiter) = waiter {
-            let _ = waiter.send(finished);
+        let Running {
+            message, waiter, ..
+        } = *running;
+        // A message whose row could not be written has nothing to settle: its caller was
+        // told the write's error, and its task was cancelled.
+        if let Some(message) = message {
+            let finished = self.finish(message, result).await;
+            if let Some(waiter) = waiter {
+                let _ = waiter.send(finished);
+            }
         }
         self.run_next(myself, conversation_id).await;
         self.forget_if_closed(conversation_id);

@@ -309,6 +309,90 @@ async fn an_outcome_the_store_cannot_write_for_a_moment_is_written_when_it_can()
     server.stop().await;
 }
 
+/// A message that runs at once starts its task while its row is written: the model is asked
+/// while the database's write lock is held elsewhere, and the caller hears of the message
+/// only once its row is stored.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_message_that_runs_now_starts_while_its_row_is_written() {
+    let server = Server::start_on(
+        |dir| Arc::new(SqliteStore::open_in(dir).unwrap()),
+        |_| {},
+        vec![ScriptedReply::text("done")],
+    )
+    .await;
+    let (api, sid, conv) = conversation_of(&server).await;
+    let db = rusqlite::Connection::open(troupe_store::db_path(server.data_dir())).unwrap();
+    db.execute_batch("BEGIN IMMEDIATE").unwrap();
+    let sending = {
+        let (api, sid, conv) = (api.clone(), sid.clone(), conv.clone());
+        tokio::spawn(async move { post(&api, &sid, Some(&conv), "runs").await })
+    };
+    // Well within the store's busy budget (5 s), after which the write would fail.
+    let t0 = Instant::now();
+    while server.model.calls() < 1 {
+        assert!(
+            t0.elapsed() < Duration::from_secs(3),
+            "the task waited for the message's row"
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    assert!(!sending.is_finished(), "answered before the row was stored");
+    db.execute_batch("ROLLBACK").unwrap();
+    let (status, sent) = sending.await.unwrap();
+    assert_eq!(status, StatusCode::ACCEPTED, "{sent}");
+    let done = outcome_of(&api, &sid, &sent).await;
+    assert_eq!(done["status"], "completed", "{done}");
+    assert!(done["reply_message_id"].is_u64(), "{done}");
+    server.stop().await;
+}
+
+/// The task of a message whose row cannot be written is cancelled: its caller hears the
+/// write's error, nothing of the message is stored, and the conversation runs the next one.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_message_whose_row_cannot_be_written_has_its_task_cancelled() {
+    let mut replies = hangs();
+    replies.push(ScriptedReply::text("next one"));
+    let server = Server::start_on(
+        |dir| Arc::new(SqliteStore::open_in(dir).unwrap()),
+        |_| {},
+        replies,
+    )
+    .await;
+    let (api, sid, conv) = conversation_of(&server).await;
+    // The task reaches its (hanging) model while the row waits for the lock; then the
+    // database refuses the row, as a full disk would.
+    let db = rusqlite::Connection::open(troupe_store::db_path(server.data_dir())).unwrap();
+    db.execute_batch("BEGIN IMMEDIATE").unwrap();
+    let sending = {
+        let (api, sid, conv) = (api.clone(), sid.clone(), conv.clone());
+        tokio::spawn(async move { post(&api, &sid, Some(&conv), "refused").await })
+    };
+    called(&server, 1).await;
+    db.execute_batch(
+        "CREATE TRIGGER refuse_row BEFORE INSERT ON messages WHEN NEW.content = 'refused'
+         BEGIN SELECT RAISE(ABORT, 'refused by the test'); END;
+         COMMIT;",
+    )
+    .unwrap();
+    let (status, refused) = sending.await.unwrap();
+    assert!(status.is_server_error(), "{status} {refused}");
+    assert!(refused["message"].is_string(), "{refused}");
+    // The hanging task was cancelled: the next message runs (it would wait behind it).
+    let (status, sent) = post(&api, &sid, Some(&conv), "next").await;
+    assert_eq!(status, StatusCode::ACCEPTED, "{sent}");
+    let done = outcome_of(&api, &sid, &sent).await;
+    assert_eq!(done["status"], "completed", "{done}");
+    let (_, page) = api.get(&format!("/api/sessions/{sid}/messages")).await;
+    let texts: Vec<&Value> = page["messages"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|m| &m["content"])
+        .collect();
+    assert!(!texts.contains(&&json!("refused")), "{page}");
+    server.stop().await;
+}
+
 /// Sends `text` to `conv` in a task that waits for its reply, and gives back the task and
 /// the message's id once the message is stored.
 async fn send_waiting(
