@@ -226,6 +226,26 @@ pub async fn session_agents(
     Ok(Json(listing).into_response())
 }
 
+/// `GET /api/sessions/{id}/events/head`: the seq of the session's newest event (`0` before
+/// any), where a reader starts its stream (`?after=`) to get only what comes next. In a
+/// cluster it is answered by the node that runs the session (forwarded like every call of
+/// it), so that a console page served by another node starts its stream at the right place.
+pub async fn events_head(
+    State(app): State<AppState>,
+    Extension(scope): Extension<Scope>,
+    PathIds(id): PathIds<String>,
+) -> Result<Response, ApiError> {
+    let id = session_id(&id)?;
+    let last_seq = app
+        .rpc
+        .sessions
+        .session(scope, id)
+        .await?
+        .last_seq()
+        .await?;
+    Ok(Json(serde_json::json!({"session_id": id, "last_seq": last_seq})).into_response())
+}
+
 /// `GET /api/projects/{pid}/sessions`: newest first.
 pub async fn project_sessions(
     State(app): State<AppState>,

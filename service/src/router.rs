@@ -60,6 +60,7 @@ pub fn router(
         )
         .route("/api/sessions/{id}/agents", get(rest::session_agents))
         .route("/api/sessions/{id}/events", get(rest::events_sse))
+        .route("/api/sessions/{id}/events/head", get(rest::events_head))
         .route("/api/sessions/{id}/events/ws", get(ws::events))
         .route("/api/projects/{pid}/sessions", get(rest::project_sessions))
         .route(

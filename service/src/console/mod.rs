@@ -288,9 +288,12 @@ async fn session_page(
     };
     // The head of the event record first, then the messages: whatever happens after the
     // head reaches the page as an event, so the page misses nothing between the two.
+    // `null` when this node does not run the session (another node of the cluster does): the
+    // page then reads the head from `/events/head`, which that node answers, before the
+    // messages.
     let last_seq = match sessions.session(scope.clone(), id).await {
-        Ok(handle) => handle.last_seq().await.unwrap_or(0),
-        Err(_) => 0,
+        Ok(handle) => handle.last_seq().await.ok(),
+        Err(_) => None,
     };
     let messages = match sessions.messages(scope, id, PAGE, None).await {
         Ok(page) => page.messages,
@@ -299,7 +302,8 @@ async fn session_page(
     let boot = serde_json::json!({
         "session": record,
         "last_seq": last_seq,
-        "replay_from": last_seq.saturating_sub(REPLAY_EVENTS),
+        "replay_from": last_seq.map(|seq| seq.saturating_sub(REPLAY_EVENTS)),
+        "replay_events": REPLAY_EVENTS,
         "page_size": PAGE,
         "trace_url": c.config.trace_url,
     });

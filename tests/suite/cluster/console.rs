@@ -130,6 +130,62 @@ async fn a_console_signed_in_to_one_node_uses_a_session_another_node_owns() {
         .await
         .expect("A's reply through B's WebSocket");
 
+    // The head of A's session, read through B (forwarded, with the cookie) as from A.
+    let head = |base: &str, forwarded: bool| {
+        let mut r = http().get(format!("{base}/api/sessions/{session}/events/head"));
+        r = if forwarded {
+            r.header(reqwest::header::COOKIE, &pair)
+        } else {
+            r.bearer_auth(TOKEN).header("x-troupe-forwarded-by", "test")
+        };
+        async move {
+            let v: Value = r.send().await.unwrap().json().await.unwrap();
+            v["last_seq"].as_u64().unwrap_or_else(|| panic!("{v}"))
+        }
+    };
+    let head_a = head(&base_a, false).await;
+    assert!(head_a > 0, "A's session has events");
+    assert_eq!(head(&base_b, true).await, head_a);
+
+    // B's console page for A's session: B does not run it, so the page reads its head from
+    // A before the messages, and goes live from there (not from the first event, which would
+    // take every replayed event for a live one).
+    let page = http()
+        .get(format!("{base_b}/sessions/{session}"))
+        .header(reqwest::header::COOKIE, &pair)
+        .send()
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    assert!(page.contains(r#""last_seq":null"#), "{page}");
+    let out = std::path::Path::new(env!("CARGO_TARGET_TMPDIR")).join("cluster-console");
+    let browser = crate::suite::console::driver::Browser::start(&out).await;
+    browser.goto(&format!("{base_b}/")).await;
+    browser.type_into("#token", TOKEN).await;
+    browser.keys(crate::suite::console::driver::ENTER).await;
+    browser
+        .wait_for(
+            "B's session list",
+            "return document.body.dataset.page === 'sessions'",
+            Duration::from_secs(20),
+        )
+        .await;
+    browser.goto(&format!("{base_b}/sessions/{session}")).await;
+    let live = browser
+        .wait_for(
+            "the page live from A's head",
+            "const S = window.troupeConsole; \
+             return S && document.querySelector('#conn').dataset.state === 'live' \
+               && S.lastSeq >= S.liveFrom && S.liveFrom > 0 && S.liveFrom",
+            Duration::from_secs(20),
+        )
+        .await;
+    assert_eq!(live, json!(head_a), "the page went live at A's head");
+    browser.screenshot("b-serves-a-session").await;
+    browser.quit().await;
+
     // Without the cookie, B's forwarded call is still refused.
     let refused = http()
         .get(format!("{base_b}/api/sessions/{session}/messages"))

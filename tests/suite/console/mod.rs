@@ -5,7 +5,7 @@
 //! `target/tmp/console/`. The page without JavaScript is read with curl; [`pages`] reads
 //! the pages over plain HTTP.
 
-mod driver;
+pub(super) mod driver;
 mod pages;
 mod tokens;
 

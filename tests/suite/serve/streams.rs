@@ -191,3 +191,38 @@ async fn next(ws: &mut Ws) -> Value {
         .unwrap();
     serde_json::from_str(f.to_text().unwrap()).unwrap()
 }
+
+/// `GET /api/sessions/{id}/events/head` is the seq of the newest event: a stream opened
+/// after it carries only what comes next. An unknown session is 404.
+#[tokio::test]
+async fn the_event_head_is_where_a_stream_of_what_comes_next_starts() {
+    let server = Server::start_with(
+        |_| {},
+        vec![ScriptedReply::text("one"), ScriptedReply::text("two")],
+    )
+    .await;
+    let api = server.api();
+    let sid = id(&api.session(None).await, "session_id");
+    api.say(&sid, "first").await;
+    let head = |api: super::Api, sid: String| async move {
+        let (status, v) = api.get(&format!("/api/sessions/{sid}/events/head")).await;
+        assert_eq!(status, reqwest::StatusCode::OK, "{v}");
+        assert_eq!(v["session_id"], json!(sid));
+        v["last_seq"].as_u64().unwrap()
+    };
+    let first = head(api.clone(), sid.clone()).await;
+    let seen = api
+        .sse(&sid, None, |e| seqs(e).last() >= Some(&first))
+        .await;
+    assert_eq!(seqs(&seen).last(), Some(&first), "an event's seq");
+    api.say(&sid, "second").await;
+    let next = api.sse(&sid, Some(first), |e| completes(e) == 1).await;
+    assert!(seqs(&next).iter().all(|s| *s > first), "{next:?}");
+    assert!(head(api.clone(), sid.clone()).await >= *seqs(&next).last().unwrap());
+    let unknown = troupe_proto::SessionId::new();
+    let (status, v) = api
+        .get(&format!("/api/sessions/{unknown}/events/head"))
+        .await;
+    assert_eq!(status, reqwest::StatusCode::NOT_FOUND, "{v}");
+    server.stop().await;
+}

@@ -973,6 +973,13 @@ function sessionPage() {
   setConn('connecting', 'connecting…');
   (async () => {
     try {
+      if (boot.last_seq === null) {
+        // Another node runs the session: its head comes from there (forwarded), read before
+        // the messages, so that what happens after it reaches the page as an event.
+        const head = await http('GET', `/api/sessions/${sid}/events/head`);
+        S.liveFrom = head.last_seq;
+        S.lastSeq = Math.max(0, head.last_seq - boot.replay_events);
+      }
       await refreshConversations();
       await loadNewest();
       window.scrollTo(0, document.documentElement.scrollHeight);
