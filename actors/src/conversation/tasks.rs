@@ -180,7 +180,10 @@ impl ConversationState {
             span: wait.clone(),
         };
         let watch = cancel.clone();
-        let join = tokio::spawn(async move {
+        // Boxed: a task's future is large (a whole turn's state, about 12 KB), and tokio
+        // copies a spawned future by value as it stores it and again as it ends it; boxed,
+        // it is copied once, into its box.
+        let join = tokio::spawn(Box::pin(async move {
             // A panic still ends the task, so that its slot is given back and its caller hears.
             let run = std::panic::AssertUnwindSafe(crate::task::run(ctx, slot_wait, task_span))
                 .catch_unwind();
@@ -200,7 +203,7 @@ impl ConversationState {
                 task_id,
                 outcome: Box::new(outcome),
             });
-        });
+        }));
         self.running = Some(Running {
             task_id,
             kind,
