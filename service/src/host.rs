@@ -231,6 +231,8 @@ struct Running {
     message: Option<MessageRecord>,
     /// The caller, when it waits for the reply.
     waiter: Option<Reply<Sent>>,
+    /// For a task started before its row is stored: gives it up, should the write fail.
+    abandon: Option<tokio::sync::oneshot::Sender<()>>,
 }
 
 /// A message waiting for its conversation.

@@ -202,6 +202,7 @@ impl HostState {
                 Some(running) if started && running.message.is_none() => {
                     running.message = Some(message);
                     running.waiter = waiter;
+                    running.abandon = None;
                 }
                 _ => {
                     // Not reached: a message that runs now is up and its slot idle (`admit`).
@@ -222,18 +223,17 @@ impl HostState {
         }
     }
 
-    /// Cancels the task started for a message whose row could not be written: its
-    /// `TaskDone` then stores nothing ([`Self::task_done`]).
-    fn cancel_unstored(&self, conversation_id: ConversationId) {
-        let Liveness::Up(handle) = &self.session else {
-            return;
-        };
-        let handle = handle.clone();
-        spawn_traced(async move {
-            if let Err(e) = handle.cancel_conversation(conversation_id).await {
-                tracing::warn!(%conversation_id, error = %e, "the task of an unstored message could not be cancelled");
-            }
-        });
+    /// Gives up the task started for a message whose row could not be written
+    /// ([`abandon_call`]): its `TaskDone` then stores nothing ([`Self::task_done`]).
+    fn cancel_unstored(&mut self, conversation_id: ConversationId) {
+        let abandon = self
+            .conversations
+            .get_mut(&conversation_id)
+            .and_then(|slot| slot.running.as_mut())
+            .and_then(|running| running.abandon.take());
+        if let Some(abandon) = abandon {
+            let _ = abandon.send(());
+        }
     }
 
     /// The admission decision for a message to `conversation_id`, and its storage policy.
@@ -335,16 +335,39 @@ impl HostState {
         let handle = handle.clone();
         self.dispatches += 1;
         let dispatch = self.dispatches;
+        // A task started before its row is stored may have to be given up.
+        let (abandon, abandoned) = if message.is_none() {
+            let (tx, rx) = tokio::sync::oneshot::channel::<()>();
+            (Some(tx), Some(rx))
+        } else {
+            (None, None)
+        };
         slot.running = Some(Box::new(Running {
             dispatch,
             message,
             waiter,
+            abandon,
         }));
         let myself = myself.clone();
         spawn_traced(async move {
-            let result = handle
-                .message_governed(conversation_id, text, governance)
-                .await;
+            let call = handle.message_governed(conversation_id, text, governance);
+            tokio::pin!(call);
+            let abandoned = async {
+                let given_up = match abandoned {
+                    Some(rx) => rx.await.is_ok(),
+                    None => false,
+                };
+                if !given_up {
+                    std::future::pending::<()>().await;
+                }
+            };
+            let result = tokio::select! {
+                // The call is polled first, so it was sent (it is sent when first polled)
+                // before any cancel: the cancel reaches the conversation after the message.
+                biased;
+                result = &mut call => result,
+                () = abandoned => abandon_call(&handle, conversation_id, call).await,
+            };
             if matches!(&result, Err(e) if e.kind() == ErrorKind::Interrupted) {
                 // Interrupted by the run's end, perhaps: its conversations stop before it
                 // does. The outcome then reaches the host after the run's end, so that its
@@ -640,6 +663,30 @@ impl HostState {
         }
     }
 }
+
+/// Cancels the conversation's task until `call` (the message that started it, sent already)
+/// ends, and gives back its end. Asked again every [`ABANDON_RETRY`]: a message held while its
+/// conversation is reactivated may reach it after the first cancel (which then found
+/// nothing to cancel). The host starts nothing else in the conversation meanwhile.
+async fn abandon_call(
+    handle: &troupe_actors::SessionHandle,
+    conversation_id: ConversationId,
+    mut call: std::pin::Pin<
+        &mut (impl std::future::Future<Output = Result<MessageReply, AgentError>> + ?Sized),
+    >,
+) -> Result<MessageReply, AgentError> {
+    loop {
+        if let Err(e) = handle.cancel_conversation(conversation_id).await {
+            tracing::warn!(%conversation_id, error = %e, "the task of an unstored message could not be cancelled");
+        }
+        if let Ok(result) = tokio::time::timeout(ABANDON_RETRY, call.as_mut()).await {
+            return result;
+        }
+    }
+}
+
+/// How often the task of an unstored message is asked again to stop ([`abandon_call`]).
+const ABANDON_RETRY: Duration = Duration::from_millis(200);
 
 /// How long the outcome of a task interrupted under a running session waits for that run
 /// to end, if it is ending.

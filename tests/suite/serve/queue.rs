@@ -393,6 +393,42 @@ async fn a_message_whose_row_cannot_be_written_has_its_task_cancelled() {
     server.stop().await;
 }
 
+/// A row refused at once, whether or not its task reached the conversation or the model by
+/// then, leaves no task running: the task is asked to stop until it has (a model that never
+/// answers would otherwise hold the conversation for good).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_row_refused_at_once_leaves_no_task_running() {
+    let server = Server::start_on(
+        |dir| Arc::new(SqliteStore::open_in(dir).unwrap()),
+        |_| {},
+        hangs(),
+    )
+    .await;
+    let (api, sid, conv) = conversation_of(&server).await;
+    let db = rusqlite::Connection::open(troupe_store::db_path(server.data_dir())).unwrap();
+    db.busy_timeout(Duration::from_secs(5)).unwrap();
+    db.execute_batch(
+        "CREATE TRIGGER refuse_row BEFORE INSERT ON messages WHEN NEW.content = 'refused'
+         BEGIN SELECT RAISE(ABORT, 'refused by the test'); END;",
+    )
+    .unwrap();
+    let (status, refused) = post(&api, &sid, Some(&conv), "refused").await;
+    assert!(status.is_server_error(), "{status} {refused}");
+    let t0 = Instant::now();
+    loop {
+        let tasks = api.call("task.list", json!({"session_id": sid})).await;
+        if tasks.as_array().is_some_and(Vec::is_empty) {
+            break;
+        }
+        assert!(
+            t0.elapsed() < Duration::from_secs(10),
+            "still running: {tasks}"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    server.stop().await;
+}
+
 /// Sends `text` to `conv` in a task that waits for its reply, and gives back the task and
 /// the message's id once the message is stored.
 async fn send_waiting(
