@@ -30,8 +30,9 @@
 //!   starts in quick-ACK mode);
 //! - raw, paced: the keep-alive raw requests again, each after the client's CPU has spun for
 //!   troupe's p50 minus the raw p50 (the time troupe's turn spends outside its model request,
-//!   at most), so that the server's thread idles between requests as long as it does between
-//!   troupe's. Back to back, it never idles long enough for its CPU to sleep; between
+//!   at most), plus, for first turns, the p50 of creating a session (the server waits through
+//!   it too between two first turns), so that the server's thread idles between requests as
+//!   long as it does between troupe's. Back to back, it never idles long enough for its CPU to sleep; between
 //!   troupe's requests it does, and on a VM a sleeping CPU wakes slowly (tens of µs). The
 //!   last column, troupe − raw paced, is the turn's own cost without that wake.
 //!
@@ -42,6 +43,9 @@
 //! process but that binary's `troupe serve`, a process of its own on a fresh data directory,
 //! as users run it (build it with `cargo build --release -p troupe` to measure what ships):
 //! the bench's client then no longer shares the service's tokio workers.
+//!
+//! `TROUPE_BENCH_PRECREATE=1` creates every session before the first turn (and rests half a
+//! second), so that no first turn comes right after its session's creation.
 //!
 //! For profiling: `TROUPE_BENCH_ROWS` picks rows (a comma list of `nagle`, `nodelay`,
 //! `scripted`; all by default), `TROUPE_BENCH_TURN` one kind of turn (`first` or `later`;
@@ -458,10 +462,12 @@ async fn last_head(server: &ModelServer) -> Vec<String> {
 /// timed (the later turns of a live conversation: its actors up, its history growing), and
 /// the bodies are the last session's requests of its timed turns, one per turn, so the raw
 /// requests carry the same sizes.
+/// The timed turns (sorted), the bodies of the last session's model requests, the head of
+/// the last one, and how long creating each session took (sorted).
 async fn measure_turns(
     server: Option<&ModelServer>,
     per_session: usize,
-) -> (Vec<Duration>, Vec<Vec<u8>>, Vec<String>) {
+) -> (Vec<Duration>, Vec<Vec<u8>>, Vec<String>, Vec<Duration>) {
     let running = start(server.map(|s| s.base_url.as_str())).await;
     let mut head = Vec::new();
     let expect = if server.is_some() {
@@ -475,9 +481,24 @@ async fn measure_turns(
     let timed_per_session = per_session.saturating_sub(1).max(1);
     let sessions = (WARM_UP + turns()).div_ceil(timed_per_session);
     let mut bodies = Vec::new();
+    let mut creations = Vec::with_capacity(sessions);
     let mut done = 0;
+    // `TROUPE_BENCH_PRECREATE`: every session is created first, then the service rests
+    // half a second, so that no turn follows the creation of its session.
+    let mut created = Vec::new();
+    if std::env::var_os("TROUPE_BENCH_PRECREATE").is_some() {
+        for _ in 0..sessions {
+            created.push(new_session(&mut api).await);
+        }
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
     for n in 0..sessions {
-        let session = new_session(&mut api).await;
+        let t = Instant::now();
+        let session = match created.get(n) {
+            Some(session) => session.clone(),
+            None => new_session(&mut api).await,
+        };
+        creations.push(t.elapsed());
         bodies.clear();
         for k in 0..per_session {
             let t = Instant::now();
@@ -499,7 +520,7 @@ async fn measure_turns(
         }
     }
     running.stop().await;
-    (sorted(times), bodies, head)
+    (sorted(times), bodies, head, sorted(creations))
 }
 
 /// The body of the model server's last request.
@@ -553,17 +574,24 @@ fn main() {
                 if !turn_kind(if per == 1 { "first" } else { "later" }) {
                     continue;
                 }
-                let (turns, bodies, head) = measure_turns(Some(&server), per).await;
+                let (turns, bodies, head, creations) = measure_turns(Some(&server), per).await;
                 let mut raws = measure_raw(&server, &bodies, false, Duration::ZERO).await;
                 // The raw requests are troupe's, byte for byte: the same head, the same body.
                 assert_eq!(last_head(&server).await, head, "raw and troupe requests differ");
                 // Troupe again, then raw again: both orders, so a change of load shows.
-                let (more, _, _) = measure_turns(Some(&server), per).await;
+                let (more, _, _, _) = measure_turns(Some(&server), per).await;
                 raws.extend(measure_raw(&server, &bodies, false, Duration::ZERO).await);
                 let turns = sorted(turns.into_iter().chain(more).collect());
                 let fresh = measure_raw(&server, &bodies, true, Duration::ZERO).await;
                 let raws = sorted(raws);
-                let pace = pct(&turns, 0.5).saturating_sub(pct(&raws, 0.5));
+                // Between two first turns the server also waits while the next session is
+                // created: the pace counts that too.
+                let between = if per == 1 {
+                    pct(&creations, 0.5)
+                } else {
+                    Duration::ZERO
+                };
+                let pace = (pct(&turns, 0.5) + between).saturating_sub(pct(&raws, 0.5));
                 let paced = measure_raw(&server, &bodies, false, pace).await;
                 println!(
                     "| {name}, {what} | {} | {} | {} | {} | {} | {} | {} | {} |",
@@ -585,7 +613,7 @@ fn main() {
             if !turn_kind(if per == 1 { "first" } else { "later" }) {
                 continue;
             }
-            let (turns, _, _) = measure_turns(None, per).await;
+            let (turns, _, _, _) = measure_turns(None, per).await;
             println!(
                 "| none (scripted model), {what} | – | – | – | {} | {} | – | – | – |",
                 ms(pct(&turns, 0.5)),
