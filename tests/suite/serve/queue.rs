@@ -95,6 +95,22 @@ pub(super) async fn called(server: &Server, n: u64) {
     }
 }
 
+/// A service on SQLite (the store the service uses by default) with the scripted `replies`.
+async fn on_sqlite(replies: Vec<ScriptedReply>) -> Server {
+    Server::start_on(
+        |dir| Arc::new(SqliteStore::open_in(dir).unwrap()),
+        |_| {},
+        replies,
+    )
+    .await
+}
+
+/// A connection of the test's own to `server`'s database (another process's, as far as the
+/// service can tell).
+fn database_of(server: &Server) -> rusqlite::Connection {
+    rusqlite::Connection::open(troupe_store::db_path(server.data_dir())).unwrap()
+}
+
 fn delayed(text: &str, ms: u64) -> ScriptedReply {
     ScriptedReply {
         delay_ms: ms,
@@ -224,12 +240,7 @@ async fn a_full_queue_refuses_before_storing_and_a_close_cancels_what_waits() {
 /// records it and cancels what waited.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_close_the_store_cannot_record_keeps_what_waits_until_a_close_is_recorded() {
-    let server = Server::start_on(
-        |dir| Arc::new(SqliteStore::open_in(dir).unwrap()),
-        |_| {},
-        hangs(),
-    )
-    .await;
+    let server = on_sqlite(hangs()).await;
     let (api, sid, conv) = conversation_of(&server).await;
     let (_, running) = post(&api, &sid, Some(&conv), "runs").await;
     let (_, queued) = post(&api, &sid, Some(&conv), "waits").await;
@@ -239,7 +250,7 @@ async fn a_close_the_store_cannot_record_keeps_what_waits_until_a_close_is_recor
     );
 
     // The database refuses to mark the conversation closed, as a full disk would.
-    let db = rusqlite::Connection::open(troupe_store::db_path(server.data_dir())).unwrap();
+    let db = database_of(&server);
     db.busy_timeout(Duration::from_secs(5)).unwrap();
     db.execute_batch(
         "CREATE TRIGGER refuse_close BEFORE UPDATE OF state ON conversations
@@ -286,18 +297,13 @@ async fn a_close_the_store_cannot_record_keeps_what_waits_until_a_close_is_recor
 /// tried again, instead of leaving the row `running` until the next start.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_outcome_the_store_cannot_write_for_a_moment_is_written_when_it_can() {
-    let server = Server::start_on(
-        |dir| Arc::new(SqliteStore::open_in(dir).unwrap()),
-        |_| {},
-        vec![delayed("late", 300)],
-    )
-    .await;
+    let server = on_sqlite(vec![delayed("late", 300)]).await;
     let (api, sid, conv) = conversation_of(&server).await;
     let (status, sent) = post(&api, &sid, Some(&conv), "runs").await;
     assert_eq!(status, StatusCode::ACCEPTED, "{sent}");
     let message_id = sent["message"]["message_id"].as_u64().unwrap();
 
-    let db = rusqlite::Connection::open(troupe_store::db_path(server.data_dir())).unwrap();
+    let db = database_of(&server);
     db.execute_batch("BEGIN IMMEDIATE").unwrap();
     // The task ends meanwhile; the first write of its outcome gives up after the busy
     // budget (5 s).
@@ -314,14 +320,9 @@ async fn an_outcome_the_store_cannot_write_for_a_moment_is_written_when_it_can()
 /// only once its row is stored.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_message_that_runs_now_starts_while_its_row_is_written() {
-    let server = Server::start_on(
-        |dir| Arc::new(SqliteStore::open_in(dir).unwrap()),
-        |_| {},
-        vec![ScriptedReply::text("done")],
-    )
-    .await;
+    let server = on_sqlite(vec![ScriptedReply::text("done")]).await;
     let (api, sid, conv) = conversation_of(&server).await;
-    let db = rusqlite::Connection::open(troupe_store::db_path(server.data_dir())).unwrap();
+    let db = database_of(&server);
     db.execute_batch("BEGIN IMMEDIATE").unwrap();
     let sending = {
         let (api, sid, conv) = (api.clone(), sid.clone(), conv.clone());
@@ -352,16 +353,11 @@ async fn a_message_that_runs_now_starts_while_its_row_is_written() {
 async fn a_message_whose_row_cannot_be_written_has_its_task_cancelled() {
     let mut replies = hangs();
     replies.push(ScriptedReply::text("next one"));
-    let server = Server::start_on(
-        |dir| Arc::new(SqliteStore::open_in(dir).unwrap()),
-        |_| {},
-        replies,
-    )
-    .await;
+    let server = on_sqlite(replies).await;
     let (api, sid, conv) = conversation_of(&server).await;
     // The task reaches its (hanging) model while the row waits for the lock; then the
     // database refuses the row, as a full disk would.
-    let db = rusqlite::Connection::open(troupe_store::db_path(server.data_dir())).unwrap();
+    let db = database_of(&server);
     db.execute_batch("BEGIN IMMEDIATE").unwrap();
     let sending = {
         let (api, sid, conv) = (api.clone(), sid.clone(), conv.clone());
@@ -398,14 +394,9 @@ async fn a_message_whose_row_cannot_be_written_has_its_task_cancelled() {
 /// answers would otherwise hold the conversation for good).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_row_refused_at_once_leaves_no_task_running() {
-    let server = Server::start_on(
-        |dir| Arc::new(SqliteStore::open_in(dir).unwrap()),
-        |_| {},
-        hangs(),
-    )
-    .await;
+    let server = on_sqlite(hangs()).await;
     let (api, sid, conv) = conversation_of(&server).await;
-    let db = rusqlite::Connection::open(troupe_store::db_path(server.data_dir())).unwrap();
+    let db = database_of(&server);
     db.busy_timeout(Duration::from_secs(5)).unwrap();
     db.execute_batch(
         "CREATE TRIGGER refuse_row BEFORE INSERT ON messages WHEN NEW.content = 'refused'
@@ -471,14 +462,9 @@ async fn send_waiting(
 /// is told it stays queued, and the next start runs it.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_queued_message_the_store_cannot_start_ends_as_its_caller_was_told() {
-    let server = Server::start_on(
-        |dir| Arc::new(SqliteStore::open_in(dir).unwrap()),
-        |_| {},
-        vec![delayed("first", 1000), delayed("second", 1000)],
-    )
-    .await;
+    let server = on_sqlite(vec![delayed("first", 1000), delayed("second", 1000)]).await;
     let (api, sid, conv) = conversation_of(&server).await;
-    let db = rusqlite::Connection::open(troupe_store::db_path(server.data_dir())).unwrap();
+    let db = database_of(&server);
     db.busy_timeout(Duration::from_secs(5)).unwrap();
     // The database refuses every start of a queued message, as a full disk would (a message
     // sent to an idle conversation is stored running: no start to write).
