@@ -789,6 +789,7 @@ impl Actor for Conversation {
                     let request = crate::task::TaskRequest {
                         origin: Some(parts.origin),
                         options: crate::governance::RequestGovernance::default(),
+                        stored: None,
                     };
                     let reply = Answer::Hub(parts.answer);
                     state.on_message(&myself, TaskKind::Message, parts.text, request, reply);

@@ -160,11 +160,26 @@ impl SessionHandle {
         text: impl Into<String>,
         options: crate::governance::RequestGovernance,
     ) -> Result<MessageReply, AgentError> {
+        self.message_stored_later(conversation_id, text, options, None)
+            .await
+    }
+
+    /// [`message_governed`](Self::message_governed) for a message still being stored: its
+    /// task takes its slot, then waits at `stored` before doing anything
+    /// ([`crate::task::StoredGate`]).
+    pub async fn message_stored_later(
+        &self,
+        conversation_id: ConversationId,
+        text: impl Into<String>,
+        options: crate::governance::RequestGovernance,
+        stored: Option<crate::task::StoredGate>,
+    ) -> Result<MessageReply, AgentError> {
         let text = text.into();
         match ractor::call!(self.actor, |reply| SessionMsg::Message {
             conversation_id,
             text,
             options,
+            stored,
             reply
         }) {
             Ok(r) => r,

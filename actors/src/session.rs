@@ -178,6 +178,8 @@ pub enum SessionMsg {
         text: String,
         /// Its request layer of the tool policy and the authorization tokens it presents.
         options: crate::governance::RequestGovernance,
+        /// Set when the message is still being stored ([`crate::task::StoredGate`]).
+        stored: Option<crate::task::StoredGate>,
         reply: RpcReplyPort<Result<MessageReply, AgentError>>,
     },
     /// Opens the conversation of an in-process agent, with its own model client (`None`: the
@@ -552,11 +554,13 @@ impl Actor for Session {
                 conversation_id,
                 text,
                 options,
+                stored,
                 reply,
             } => {
                 let request = crate::task::TaskRequest {
                     origin: None,
                     options,
+                    stored,
                 };
                 let request = ConversationRequest::Message {
                     text,
@@ -585,6 +589,7 @@ impl Actor for Session {
                 let request = crate::task::TaskRequest {
                     origin: Some(origin),
                     options: crate::governance::RequestGovernance::default(),
+                    stored: None,
                 };
                 let request = ConversationRequest::Message {
                     text,

@@ -123,6 +123,8 @@ pub struct TaskContext {
     pub capability_budget: troupe_proto::capability::CapabilityBudget,
     /// What its message asked of tool governance: the request layer, the tokens presented.
     pub options: RequestGovernance,
+    /// Set when the task starts before its message is stored ([`StoredGate`]).
+    pub stored: Option<StoredGate>,
     /// Where a tool call that needs a token asks for one use.
     pub token_book: Option<ractor::ActorRef<crate::token_book::TokenBookMsg>>,
     /// The process's modules: what `dispatch_module` and the supervisor's
@@ -131,11 +133,46 @@ pub struct TaskContext {
 }
 
 /// What a message brings to its task besides its text: its dispatch when an agent's
-/// conversation runs it, and the sender's options (tool policy layer, tokens).
+/// conversation runs it, the sender's options (tool policy layer, tokens), and, for a message
+/// whose task starts while its row is being stored, the gate it waits at.
 #[derive(Debug, Clone, Default)]
 pub struct TaskRequest {
     pub origin: Option<crate::agents::DispatchOrigin>,
     pub options: RequestGovernance,
+    pub stored: Option<StoredGate>,
+}
+
+/// The gate of a task started while its message is being stored (the service's durable
+/// queue starts it beside the write): the task takes its slot, then waits here until the
+/// message is stored, before any model call, tool or dispatch. A message that could not be
+/// stored (or whose writer went away) ends its task here, with nothing done.
+#[derive(Debug, Clone)]
+pub struct StoredGate(tokio::sync::watch::Receiver<Option<bool>>);
+
+/// The writer's side of a [`StoredGate`]: tells the task whether its message was stored.
+#[derive(Debug)]
+pub struct StoredSignal(tokio::sync::watch::Sender<Option<bool>>);
+
+impl StoredGate {
+    pub fn new() -> (StoredSignal, Self) {
+        let (tx, rx) = tokio::sync::watch::channel(None);
+        (StoredSignal(tx), Self(rx))
+    }
+
+    /// Whether the message was stored, once that is known.
+    pub async fn stored(&self) -> bool {
+        let mut rx = self.0.clone();
+        matches!(
+            rx.wait_for(Option::is_some).await.as_deref(),
+            Ok(Some(true))
+        )
+    }
+}
+
+impl StoredSignal {
+    pub fn stored(self, stored: bool) {
+        let _ = self.0.send(Some(stored));
+    }
 }
 
 /// The task's scheduler slot while it waits for a human: a task waiting for an approval
@@ -563,6 +600,26 @@ async fn run_inner(ctx: &TaskContext, slot: SlotWait) -> TaskOutcome {
     }
     loop_state.granted_at = Some(Instant::now());
     drop(wait);
+    if let Some(gate) = &ctx.stored {
+        let stored = tokio::select! {
+            biased;
+            () = ctx.cancel.cancelled() => {
+                return loop_state.end(
+                    TaskStatus::Cancelled,
+                    Some(AgentError::cancelled("cancelled before its message was stored")),
+                );
+            }
+            stored = gate.stored() => stored,
+        };
+        if !stored {
+            return loop_state.end(
+                TaskStatus::Error,
+                Some(AgentError::internal(
+                    "its message could not be stored: nothing of it was run",
+                )),
+            );
+        }
+    }
     let turn = spans::turn(ctx.conversation_id, ctx.task_id, ctx.turn);
     let outcome = async {
         let agents = agents::agents_of(ctx);

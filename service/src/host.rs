@@ -20,10 +20,12 @@
 //! - `Send` → [`admit`] (the one admission decision) → store the message → reply now, or when
 //!   it ends if the caller waits → run it if its conversation is idle. A message that runs at
 //!   once starts its task while its row is written (the write takes about as long as the
-//!   task's way to its model request): its caller hears of it only once the row is stored,
-//!   its `running` update is emitted then (the task's first events may come before it), and a
-//!   write that fails cancels the task, whose `TaskDone` then stores nothing. A crash before
-//!   the row is stored leaves no message, and its caller had no answer.
+//!   task's way to its scheduler slot), and the task waits at its
+//!   [`StoredGate`](troupe_actors::task::StoredGate) for the row before it runs anything:
+//!   its caller hears of it only once the row is stored, its `running` update is emitted
+//!   then (its `task_started` may come before it), and a write that fails ends the task at
+//!   the gate, whose `TaskDone` then stores nothing. A crash before the row is stored leaves
+//!   no message, nothing run, and a caller that had no answer.
 //! - `TaskDone` → store the outcome and the reply ([`plan::outcome`]) → answer the waiter →
 //!   emit `message_updated` → start the conversation's next message.
 //! - `Open`, `SetContext`, `Close` → a task asks the session → `Opened`, `ContextChanged`,
@@ -226,13 +228,11 @@ struct Running {
     /// Which start of a task this is: its `TaskDone` names it.
     dispatch: u64,
     /// Its stored row. `None` while the row of a message whose task started with its write
-    /// is being written, and for good when that write failed: its task is then cancelled and
-    /// nothing of it is stored.
+    /// is being written, and for good when that write failed: its task then ends at its
+    /// gate, having run nothing, and nothing of it is stored.
     message: Option<MessageRecord>,
     /// The caller, when it waits for the reply.
     waiter: Option<Reply<Sent>>,
-    /// For a task started before its row is stored: gives it up, should the write fail.
-    abandon: Option<tokio::sync::oneshot::Sender<()>>,
 }
 
 /// A message waiting for its conversation.

@@ -75,6 +75,7 @@ async fn run_case(case: Case) {
                     conversation_id: c,
                     text: format!("c{ci}-m{m}"),
                     options: Default::default(),
+                    stored: None,
                     reply: tx.into(),
                 })
                 .unwrap();

@@ -15,7 +15,11 @@ impl ConversationState {
         caller: &tracing::Span,
     ) {
         let task_id = TaskId::new();
-        let crate::task::TaskRequest { origin, options } = request;
+        let crate::task::TaskRequest {
+            origin,
+            options,
+            stored,
+        } = request;
         // A dispatched task stops with its dispatch (cancelled, or its lease expired).
         let cancel = origin
             .as_ref()
@@ -136,6 +140,7 @@ impl ConversationState {
             token_book: self.services.settings.token_book.clone(),
             modules: self.services.settings.modules.clone(),
             options,
+            stored,
             slot: {
                 let (give, ask) = (myself.clone(), myself.clone());
                 crate::task::SlotLease::new(

@@ -12,6 +12,7 @@ use ractor::ActorRef;
 use std::time::Duration;
 use troupe_actors::events::EventDraft;
 use troupe_actors::governance::RequestGovernance;
+use troupe_actors::task::StoredGate;
 use troupe_proto::store::{
     ConversationState, FinishMessage, FinishedMessage, MessageKind, MessageRecord, MessageStatus,
     NewMessage, SessionStatus,
@@ -136,16 +137,25 @@ impl HostState {
         let (content, chars) = stored_content(policy, &text);
         let metadata = stored_metadata(&governance, module);
         // A message that runs now starts its task while its row is written: the write takes
-        // about as long as the task's way to its model. Its caller hears of it only once the
-        // row is stored (below), and a write that fails cancels the task (nothing of the
-        // message is stored). Its `running` update is emitted once the row is stored, so the
-        // task's first events may come before it.
-        let (started, pending) = match admission {
-            Admitted::RunNow => (
-                self.dispatch(myself, conversation_id, None, text, governance, None),
-                None,
-            ),
-            Admitted::Queue => (false, Some((text, governance))),
+        // about as long as the task's way to its slot, where the task waits for the row
+        // ([`StoredGate`]) before any model call, tool or dispatch. Its caller hears of it only
+        // once the row is stored (below); a write that fails ends the task at its gate, with
+        // nothing run and nothing of the message stored. Its `running` update is emitted once
+        // the row is stored, so the task's `task_started` may come before it.
+        let (started, pending, signal) = match admission {
+            Admitted::RunNow => {
+                let (signal, gate) = StoredGate::new();
+                let started = self.dispatch(
+                    myself,
+                    conversation_id,
+                    None,
+                    (text, governance),
+                    None,
+                    Some(gate),
+                );
+                (started, None, Some(signal))
+            }
+            Admitted::Queue => (false, Some((text, governance)), None),
         };
         let stored = self
             .store
@@ -164,12 +174,12 @@ impl HostState {
                 metadata,
             })
             .await;
+        if let Some(signal) = signal {
+            signal.stored(stored.is_ok());
+        }
         let message = match stored {
             Ok(m) => m,
             Err(e) => {
-                if started {
-                    self.cancel_unstored(conversation_id);
-                }
                 let _ = reply.send(Err(e));
                 return;
             }
@@ -202,7 +212,6 @@ impl HostState {
                 Some(running) if started && running.message.is_none() => {
                     running.message = Some(message);
                     running.waiter = waiter;
-                    running.abandon = None;
                 }
                 _ => {
                     // Not reached: a message that runs now is up and its slot idle (`admit`).
@@ -220,19 +229,6 @@ impl HostState {
                 governance,
                 waiter,
             }),
-        }
-    }
-
-    /// Gives up the task started for a message whose row could not be written
-    /// ([`abandon_call`]): its `TaskDone` then stores nothing ([`Self::task_done`]).
-    fn cancel_unstored(&mut self, conversation_id: ConversationId) {
-        let abandon = self
-            .conversations
-            .get_mut(&conversation_id)
-            .and_then(|slot| slot.running.as_mut())
-            .and_then(|running| running.abandon.take());
-        if let Some(abandon) = abandon {
-            let _ = abandon.send(());
         }
     }
 
@@ -306,16 +302,16 @@ impl HostState {
     }
 
     /// Starts a message's task: `message` is its row, stored `running` already, or `None`
-    /// while it is being written ([`Self::send`]). Whether it started: only an up session
-    /// runs tasks.
+    /// while it is being written ([`Self::send`]: the task then waits at `gate` for it).
+    /// Whether it started: only an up session runs tasks.
     pub(super) fn dispatch(
         &mut self,
         myself: &ActorRef<HostMsg>,
         conversation_id: ConversationId,
         message: Option<MessageRecord>,
-        text: String,
-        governance: RequestGovernance,
+        (text, governance): (String, RequestGovernance),
         waiter: Option<Reply<Sent>>,
+        gate: Option<StoredGate>,
     ) -> bool {
         let Some(slot) = self.conversations.get_mut(&conversation_id) else {
             return false;
@@ -335,39 +331,16 @@ impl HostState {
         let handle = handle.clone();
         self.dispatches += 1;
         let dispatch = self.dispatches;
-        // A task started before its row is stored may have to be given up.
-        let (abandon, abandoned) = if message.is_none() {
-            let (tx, rx) = tokio::sync::oneshot::channel::<()>();
-            (Some(tx), Some(rx))
-        } else {
-            (None, None)
-        };
         slot.running = Some(Box::new(Running {
             dispatch,
             message,
             waiter,
-            abandon,
         }));
         let myself = myself.clone();
         spawn_traced(async move {
-            let call = handle.message_governed(conversation_id, text, governance);
-            tokio::pin!(call);
-            let abandoned = async {
-                let given_up = match abandoned {
-                    Some(rx) => rx.await.is_ok(),
-                    None => false,
-                };
-                if !given_up {
-                    std::future::pending::<()>().await;
-                }
-            };
-            let result = tokio::select! {
-                // The call is polled first, so it was sent (it is sent when first polled)
-                // before any cancel: the cancel reaches the conversation after the message.
-                biased;
-                result = &mut call => result,
-                () = abandoned => abandon_call(&handle, conversation_id, call).await,
-            };
+            let result = handle
+                .message_stored_later(conversation_id, text, governance, gate)
+                .await;
             if matches!(&result, Err(e) if e.kind() == ErrorKind::Interrupted) {
                 // Interrupted by the run's end, perhaps: its conversations stop before it
                 // does. The outcome then reaches the host after the run's end, so that its
@@ -412,9 +385,9 @@ impl HostState {
                         myself,
                         conversation_id,
                         Some(message),
-                        next.text,
-                        next.governance,
+                        (next.text, next.governance),
                         next.waiter,
+                        None,
                     );
                     return;
                 }
@@ -464,12 +437,16 @@ impl HostState {
             message, waiter, ..
         } = *running;
         // A message whose row could not be written has nothing to settle: its caller was
-        // told the write's error, and its task was cancelled.
+        // told the write's error, and its task ended at its gate. The session's status no
+        // longer counts it.
         if let Some(message) = message {
             let finished = self.finish(message, result).await;
             if let Some(waiter) = waiter {
                 let _ = waiter.send(finished);
             }
+        } else {
+            let status = self.status_after(None);
+            self.set_status(status).await;
         }
         self.run_next(myself, conversation_id).await;
         self.forget_if_closed(conversation_id);
@@ -608,8 +585,9 @@ impl HostState {
 
     /// Publishes a message's status on the session's event stream; while the session is
     /// being started again, once it is up ([`Self::emit_deferred`]). So too when its run is
-    /// stopping although the host has not heard yet ([`plan::takes_events`]): the outcomes
-    /// of the tasks a killed run ends reach the host before the run's end does.
+    /// stopping although the host has not heard yet ([`plan::takes_events`]): the outcome of
+    /// a task a killed run ended waits for the run's end ([`RUN_END_WAIT`]), but past that wait
+    /// it reaches the host first.
     pub(super) fn emit_update(&mut self, message: &MessageRecord) {
         match &self.session {
             Liveness::Up(handle) if plan::takes_events(handle.actor().get_status()) => {
@@ -663,30 +641,6 @@ impl HostState {
         }
     }
 }
-
-/// Cancels the conversation's task until `call` (the message that started it, sent already)
-/// ends, and gives back its end. Asked again every [`ABANDON_RETRY`]: a message held while its
-/// conversation is reactivated may reach it after the first cancel (which then found
-/// nothing to cancel). The host starts nothing else in the conversation meanwhile.
-async fn abandon_call(
-    handle: &troupe_actors::SessionHandle,
-    conversation_id: ConversationId,
-    mut call: std::pin::Pin<
-        &mut (impl std::future::Future<Output = Result<MessageReply, AgentError>> + ?Sized),
-    >,
-) -> Result<MessageReply, AgentError> {
-    loop {
-        if let Err(e) = handle.cancel_conversation(conversation_id).await {
-            tracing::warn!(%conversation_id, error = %e, "the task of an unstored message could not be cancelled");
-        }
-        if let Ok(result) = tokio::time::timeout(ABANDON_RETRY, call.as_mut()).await {
-            return result;
-        }
-    }
-}
-
-/// How often the task of an unstored message is asked again to stop ([`abandon_call`]).
-const ABANDON_RETRY: Duration = Duration::from_millis(200);
 
 /// How long the outcome of a task interrupted under a running session waits for that run
 /// to end, if it is ending.

@@ -315,9 +315,40 @@ async fn an_outcome_the_store_cannot_write_for_a_moment_is_written_when_it_can()
     server.stop().await;
 }
 
-/// A message that runs at once starts its task while its row is written: the model is asked
-/// while the database's write lock is held elsewhere, and the caller hears of the message
-/// only once its row is stored.
+/// How many `task_started` records the session's rollout (the data directory's JSONL files)
+/// holds: what a task leaves before its row is stored, when nothing else can be read (the
+/// session's host waits for the row meanwhile).
+fn tasks_started(server: &Server) -> usize {
+    let mut stack = vec![server.data_dir().join("rollout")];
+    let mut n = 0;
+    while let Some(dir) = stack.pop() {
+        for entry in std::fs::read_dir(&dir).into_iter().flatten().flatten() {
+            let path = entry.path();
+            if path.is_dir() {
+                stack.push(path);
+            } else if let Ok(text) = std::fs::read_to_string(&path) {
+                n += text.matches("\"task_started\"").count();
+            }
+        }
+    }
+    n
+}
+
+/// Waits (3 s at most, well within the store's 5 s busy budget) until a task has started.
+async fn a_task_started(server: &Server) {
+    let t0 = Instant::now();
+    while tasks_started(server) == 0 {
+        assert!(
+            t0.elapsed() < Duration::from_secs(3),
+            "no task started while the message's row was being written"
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+}
+
+/// A message that runs at once starts its task while its row is written (the database's
+/// write lock held elsewhere), but the task asks nothing of the model before the row is
+/// stored, and the caller hears of the message only once it is.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_message_that_runs_now_starts_while_its_row_is_written() {
     let server = on_sqlite(vec![ScriptedReply::text("done")]).await;
@@ -328,15 +359,13 @@ async fn a_message_that_runs_now_starts_while_its_row_is_written() {
         let (api, sid, conv) = (api.clone(), sid.clone(), conv.clone());
         tokio::spawn(async move { post(&api, &sid, Some(&conv), "runs").await })
     };
-    // Well within the store's busy budget (5 s), after which the write would fail.
-    let t0 = Instant::now();
-    while server.model.calls() < 1 {
-        assert!(
-            t0.elapsed() < Duration::from_secs(3),
-            "the task waited for the message's row"
-        );
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
+    a_task_started(&server).await;
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    assert_eq!(
+        server.model.calls(),
+        0,
+        "the model was asked before the row was stored"
+    );
     assert!(!sending.is_finished(), "answered before the row was stored");
     db.execute_batch("ROLLBACK").unwrap();
     let (status, sent) = sending.await.unwrap();
@@ -344,26 +373,26 @@ async fn a_message_that_runs_now_starts_while_its_row_is_written() {
     let done = outcome_of(&api, &sid, &sent).await;
     assert_eq!(done["status"], "completed", "{done}");
     assert!(done["reply_message_id"].is_u64(), "{done}");
+    assert_eq!(server.model.calls(), 1);
     server.stop().await;
 }
 
-/// The task of a message whose row cannot be written is cancelled: its caller hears the
-/// write's error, nothing of the message is stored, and the conversation runs the next one.
+/// A message whose row cannot be written ends its started task before it runs anything: its
+/// caller hears the write's error, the model is never asked for it, nothing of it is stored,
+/// and the conversation runs the next message.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_message_whose_row_cannot_be_written_has_its_task_cancelled() {
-    let mut replies = hangs();
-    replies.push(ScriptedReply::text("next one"));
-    let server = on_sqlite(replies).await;
+async fn a_message_whose_row_cannot_be_written_runs_nothing() {
+    let server = on_sqlite(vec![ScriptedReply::text("next one")]).await;
     let (api, sid, conv) = conversation_of(&server).await;
-    // The task reaches its (hanging) model while the row waits for the lock; then the
-    // database refuses the row, as a full disk would.
+    // The task starts while the row waits for the lock; then the database refuses the row,
+    // as a full disk would.
     let db = database_of(&server);
     db.execute_batch("BEGIN IMMEDIATE").unwrap();
     let sending = {
         let (api, sid, conv) = (api.clone(), sid.clone(), conv.clone());
         tokio::spawn(async move { post(&api, &sid, Some(&conv), "refused").await })
     };
-    called(&server, 1).await;
+    a_task_started(&server).await;
     db.execute_batch(
         "CREATE TRIGGER refuse_row BEFORE INSERT ON messages WHEN NEW.content = 'refused'
          BEGIN SELECT RAISE(ABORT, 'refused by the test'); END;
@@ -373,11 +402,15 @@ async fn a_message_whose_row_cannot_be_written_has_its_task_cancelled() {
     let (status, refused) = sending.await.unwrap();
     assert!(status.is_server_error(), "{status} {refused}");
     assert!(refused["message"].is_string(), "{refused}");
-    // The hanging task was cancelled: the next message runs (it would wait behind it).
     let (status, sent) = post(&api, &sid, Some(&conv), "next").await;
     assert_eq!(status, StatusCode::ACCEPTED, "{sent}");
     let done = outcome_of(&api, &sid, &sent).await;
     assert_eq!(done["status"], "completed", "{done}");
+    assert_eq!(
+        server.model.calls(),
+        1,
+        "only the next message reached the model"
+    );
     let (_, page) = api.get(&format!("/api/sessions/{sid}/messages")).await;
     let texts: Vec<&Value> = page["messages"]
         .as_array()
@@ -386,12 +419,13 @@ async fn a_message_whose_row_cannot_be_written_has_its_task_cancelled() {
         .map(|m| &m["content"])
         .collect();
     assert!(!texts.contains(&&json!("refused")), "{page}");
+    assert!(texts.contains(&&json!("next one")), "{page}");
     server.stop().await;
 }
 
-/// A row refused at once, whether or not its task reached the conversation or the model by
-/// then, leaves no task running: the task is asked to stop until it has (a model that never
-/// answers would otherwise hold the conversation for good).
+/// A row refused at once, wherever its task was by then, leaves no task running and the
+/// model unasked: the task ends at its gate (a model that never answers would otherwise hold
+/// the conversation for good).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_row_refused_at_once_leaves_no_task_running() {
     let server = on_sqlite(hangs()).await;
@@ -405,6 +439,11 @@ async fn a_row_refused_at_once_leaves_no_task_running() {
     .unwrap();
     let (status, refused) = post(&api, &sid, Some(&conv), "refused").await;
     assert!(status.is_server_error(), "{status} {refused}");
+    assert_eq!(
+        server.model.calls(),
+        0,
+        "the refused message reached the model"
+    );
     let t0 = Instant::now();
     loop {
         let tasks = api.call("task.list", json!({"session_id": sid})).await;

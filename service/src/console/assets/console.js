@@ -975,10 +975,13 @@ function sessionPage() {
     try {
       if (boot.last_seq === null) {
         // Another node runs the session: its head comes from there (forwarded), read before
-        // the messages, so that what happens after it reaches the page as an event.
-        const head = await http('GET', `/api/sessions/${sid}/events/head`);
-        S.liveFrom = head.last_seq;
-        S.lastSeq = Math.max(0, head.last_seq - boot.replay_events);
+        // the messages, so that what happens after it reaches the page as an event. Without
+        // it, the page still loads and replays from the start.
+        try {
+          const head = await http('GET', `/api/sessions/${sid}/events/head`);
+          S.liveFrom = head.last_seq;
+          S.lastSeq = Math.max(0, head.last_seq - boot.replay_events);
+        } catch (x) { report(x); }
       }
       await refreshConversations();
       await loadNewest();
