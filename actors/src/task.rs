@@ -143,9 +143,10 @@ pub struct TaskRequest {
 }
 
 /// The gate of a task started while its message is being stored (the service's durable
-/// queue starts it beside the write): the task takes its slot, then waits here until the
-/// message is stored, before any model call, tool or dispatch. A message that could not be
-/// stored (or whose writer went away) ends its task here, with nothing done.
+/// queue starts it beside the write): the task may take its slot and ask its model meanwhile,
+/// but it waits here before it acts on an answer or routes anywhere (no tool, no dispatch, no
+/// history). A message that could not be stored (or whose writer went away) cancels its task,
+/// wherever it is, and ends it here.
 #[derive(Debug, Clone)]
 pub struct StoredGate(tokio::sync::watch::Receiver<Option<bool>>);
 
@@ -600,26 +601,7 @@ async fn run_inner(ctx: &TaskContext, slot: SlotWait) -> TaskOutcome {
     }
     loop_state.granted_at = Some(Instant::now());
     drop(wait);
-    if let Some(gate) = &ctx.stored {
-        let stored = tokio::select! {
-            biased;
-            () = ctx.cancel.cancelled() => {
-                return loop_state.end(
-                    TaskStatus::Cancelled,
-                    Some(AgentError::cancelled("cancelled before its message was stored")),
-                );
-            }
-            stored = gate.stored() => stored,
-        };
-        if !stored {
-            return loop_state.end(
-                TaskStatus::Error,
-                Some(AgentError::internal(
-                    "its message could not be stored: nothing of it was run",
-                )),
-            );
-        }
-    }
+
     let turn = spans::turn(ctx.conversation_id, ctx.task_id, ctx.turn);
     let outcome = async {
         let agents = agents::agents_of(ctx);
@@ -655,6 +637,31 @@ async fn run_inner(ctx: &TaskContext, slot: SlotWait) -> TaskOutcome {
     turn.record("troupe.turn.steps", outcome.stats.steps);
     turn.record("troupe.turn.tool_calls", outcome.stats.tool_calls);
     outcome
+}
+
+/// Waits at the task's [`StoredGate`], if it has one (its message is being stored): `Err` when
+/// the message could not be stored (or the task was cancelled meanwhile). Passed before a
+/// task acts on a model's answer or routes anywhere, so that nothing of a message that was
+/// never stored is run or kept.
+async fn stored_gate(ctx: &TaskContext) -> Result<(), AgentError> {
+    let Some(gate) = &ctx.stored else {
+        return Ok(());
+    };
+    tokio::select! {
+        biased;
+        () = ctx.cancel.cancelled() => Err(AgentError::cancelled(
+            "cancelled before its message was stored",
+        )),
+        stored = gate.stored() => {
+            if stored {
+                Ok(())
+            } else {
+                Err(AgentError::internal(
+                    "its message could not be stored: its turn went no further",
+                ))
+            }
+        }
+    }
 }
 
 /// The steps of a turn, once the task holds its slot (after its routing step, if any).
@@ -721,6 +728,11 @@ async fn run_turn(
                 return loop_state.end(status_of(&e), Some(e));
             }
         };
+        // Nothing is acted on before the message is stored: the model may have been asked
+        // meanwhile, but no tool runs and no history is kept for a message that never was.
+        if let Err(e) = stored_gate(ctx).await {
+            return loop_state.end_unstored(e);
+        }
         // Under an output guardrail, nothing the model wrote goes out or into history until
         // it is validated.
         if !response.text.is_empty() && guarded.is_none() {
@@ -821,6 +833,14 @@ impl LoopState {
     fn push_at(&mut self, item: HistoryItem, at_ms: u64) {
         self.items.push(item);
         self.item_times_ms.push(at_ms);
+    }
+
+    /// The end of a task whose message could not be stored ([`stored_gate`]): it keeps no
+    /// history, like a task that never got a model call.
+    fn end_unstored(mut self, error: AgentError) -> TaskOutcome {
+        self.items.clear();
+        self.item_times_ms.clear();
+        self.end(status_of(&error), Some(error))
     }
 
     fn end(mut self, status: TaskStatus, error: Option<AgentError>) -> TaskOutcome {

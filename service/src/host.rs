@@ -20,12 +20,13 @@
 //! - `Send` → [`admit`] (the one admission decision) → store the message → reply now, or when
 //!   it ends if the caller waits → run it if its conversation is idle. A message that runs at
 //!   once starts its task while its row is written (the write takes about as long as the
-//!   task's way to its scheduler slot), and the task waits at its
-//!   [`StoredGate`](troupe_actors::task::StoredGate) for the row before it runs anything:
-//!   its caller hears of it only once the row is stored, its `running` update is emitted
-//!   then (its `task_started` may come before it), and a write that fails ends the task at
-//!   the gate, whose `TaskDone` then stores nothing. A crash before the row is stored leaves
-//!   no message, nothing run, and a caller that had no answer.
+//!   task's way to its model request); the task waits at its
+//!   [`StoredGate`](troupe_actors::task::StoredGate) for the row before it acts on the
+//!   model's answer or routes anywhere. Its caller hears of it only once the row is stored,
+//!   its `running` update is emitted then (its `task_started` may come before it), and a
+//!   write that fails cancels the task, whose `TaskDone` then stores nothing. A crash before
+//!   the row is stored leaves no message and nothing acted on, and a caller that had no
+//!   answer.
 //! - `TaskDone` → store the outcome and the reply ([`plan::outcome`]) → answer the waiter →
 //!   emit `message_updated` → start the conversation's next message.
 //! - `Open`, `SetContext`, `Close` → a task asks the session → `Opened`, `ContextChanged`,

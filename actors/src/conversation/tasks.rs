@@ -24,6 +24,16 @@ impl ConversationState {
         let cancel = origin
             .as_ref()
             .map_or_else(CancellationToken::new, |o| o.cancel.child_token());
+        // A message that could not be stored cancels its task wherever it is (a model call
+        // included); what it had not acted on yet, it never will ([`crate::task::StoredGate`]).
+        if let Some(gate) = stored.clone() {
+            let cancel = cancel.clone();
+            tokio::spawn(async move {
+                if !gate.stored().await {
+                    cancel.cancel();
+                }
+            });
+        }
         let settings = self.services.settings.clone();
         let started_at_ms = self.services.clock.now_ms();
         let _ = self

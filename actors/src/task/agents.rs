@@ -179,6 +179,11 @@ pub(super) async fn route_input(
         source: route.source,
         reason: route.reason.clone(),
     });
+    // Nothing is routed before the message is stored (an unstored one leaves no history:
+    // `routed` stays unset).
+    if let Err(e) = super::stored_gate(ctx).await {
+        return Some(Err(e));
+    }
     loop_state.routed = true;
     let answer = |loop_state: &mut LoopState, text: String| {
         ctx.emit(EventKind::AssistantMessage { text: text.clone() });

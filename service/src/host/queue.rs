@@ -137,11 +137,11 @@ impl HostState {
         let (content, chars) = stored_content(policy, &text);
         let metadata = stored_metadata(&governance, module);
         // A message that runs now starts its task while its row is written: the write takes
-        // about as long as the task's way to its slot, where the task waits for the row
-        // ([`StoredGate`]) before any model call, tool or dispatch. Its caller hears of it only
-        // once the row is stored (below); a write that fails ends the task at its gate, with
-        // nothing run and nothing of the message stored. Its `running` update is emitted once
-        // the row is stored, so the task's `task_started` may come before it.
+        // about as long as the task's way to its model request. The task acts on nothing
+        // before the row is stored ([`StoredGate`]). Its caller hears of it only once the row
+        // is stored (below); a write that fails cancels the task, and nothing of the message
+        // is run or stored. Its `running` update is emitted once the row is stored, so the
+        // task's `task_started` may come before it.
         let (started, pending, signal) = match admission {
             Admitted::RunNow => {
                 let (signal, gate) = StoredGate::new();
