@@ -229,8 +229,8 @@ struct Running {
     /// Which start of a task this is: its `TaskDone` names it.
     dispatch: u64,
     /// Its stored row. `None` while the row of a message whose task started with its write
-    /// is being written, and for good when that write failed: its task then ends at its
-    /// gate, having run nothing, and nothing of it is stored.
+    /// is being written, and for good when that write failed: its task is then cancelled,
+    /// having acted on nothing (its gate), and nothing of it is stored.
     message: Option<MessageRecord>,
     /// The caller, when it waits for the reply.
     waiter: Option<Reply<Sent>>,

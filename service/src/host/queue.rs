@@ -437,8 +437,8 @@ impl HostState {
             message, waiter, ..
         } = *running;
         // A message whose row could not be written has nothing to settle: its caller was
-        // told the write's error, and its task ended at its gate. The session's status no
-        // longer counts it.
+        // told the write's error, and its task was cancelled before acting on anything. The
+        // session's status no longer counts it.
         if let Some(message) = message {
             let finished = self.finish(message, result).await;
             if let Some(waiter) = waiter {
