@@ -1,11 +1,11 @@
 //! Scheduler metrics. Labels are closed enums; task and conversation ids go to traces only.
 
+use crossbeam_skiplist::SkipSet;
 use metrics::{
     Unit, counter, describe_counter, describe_gauge, describe_histogram, gauge, histogram,
 };
-use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, LazyLock, Mutex, PoisonError};
+use std::sync::{Arc, LazyLock};
 use std::time::Duration;
 use tokio::time::Instant;
 
@@ -197,21 +197,24 @@ fn shift(name: &'static str, published: &mut usize, now: usize) {
 /// Since when each scheduler's oldest request has waited: only the schedulers that have
 /// a waiting request are on it.
 ///
-/// A lock in a crate whose actors share nothing mutable, because this is telemetry, not
-/// state: no decision reads it, as none reads the recorder's gauges that every actor writes.
-/// The oldest wait is a maximum over the sessions, which cannot be added up from each
-/// scheduler's deltas as `Occupancy`'s sums are, so each scheduler leaves its oldest waiter's
-/// enqueue time here and the maximum is taken when the metrics are read
-/// ([`publish_oldest_wait`], called by `/metrics`). Read, not on a timer: a request ages
-/// without any event in its scheduler, so the value has to be computed when it is read
-/// anyway; computing it only then costs nothing between scrapes and is never stale, where a
-/// timer would wake every few seconds and still lag by as much. The lock is held for one
-/// insert or removal, or one pass over the schedulers that have waiters, never across an
-/// `.await`.
+/// Shared by the schedulers of the process, because this is telemetry, not state: no decision
+/// reads it, as none reads the recorder's gauges that every actor writes. The oldest wait is a
+/// maximum over the sessions, which cannot be added up from each scheduler's deltas as
+/// `Occupancy`'s sums are, so each scheduler leaves its oldest waiter's enqueue time here and
+/// the maximum is taken when the metrics are read ([`publish_oldest_wait`], called by
+/// `/metrics`). Read, not on a timer: a request ages without any event in its scheduler, so
+/// the value has to be computed when it is read anyway; computing it only then costs nothing
+/// between scrapes and is never stale, where a timer would wake every few seconds and still
+/// lag by as much.
+///
+/// A lock-free ordered set (no lock: the actors share nothing they would wait on): entries
+/// are `(enqueue time, scheduler)`, so the oldest wait is the first entry, whatever the
+/// number of waiting schedulers. A scheduler whose oldest waiter changes adds its new entry
+/// before it removes its old one, so a reader never misses a scheduler that waits.
 #[derive(Debug, Default)]
 pub struct WaitBoard {
-    /// Each waiting scheduler's oldest enqueue time, by the key its [`OldestWait`] holds.
-    since: Mutex<HashMap<u64, Instant>>,
+    /// Each waiting scheduler's oldest enqueue time, with the key its [`OldestWait`] holds.
+    since: SkipSet<(Instant, u64)>,
     /// The next key to hand out.
     next_key: AtomicU64,
 }
@@ -234,16 +237,17 @@ impl WaitBoard {
 
     /// The longest wait on the board at `now`.
     pub fn oldest_wait(&self, now: Instant) -> Duration {
-        let since = self.since.lock().unwrap_or_else(PoisonError::into_inner);
-        longest_wait(now, since.values().copied())
+        longest_wait(now, self.since.front().map(|entry| entry.value().0))
     }
 
-    fn set(&self, key: u64, since: Option<Instant>) {
-        let mut board = self.since.lock().unwrap_or_else(PoisonError::into_inner);
-        match since {
-            Some(t) => board.insert(key, t),
-            None => board.remove(&key),
-        };
+    /// Moves scheduler `key`'s entry from `was` to `now`.
+    fn replace(&self, key: u64, was: Option<Instant>, now: Option<Instant>) {
+        if let Some(t) = now {
+            self.since.insert((t, key));
+        }
+        if let Some(t) = was {
+            self.since.remove(&(t, key));
+        }
     }
 }
 
@@ -268,7 +272,8 @@ pub fn publish_oldest_wait() {
 pub struct OldestWait {
     board: Arc<WaitBoard>,
     key: u64,
-    /// What is on the board now, so that an unchanged value takes no lock.
+    /// What is on the board now: the entry to remove when it changes (an unchanged value
+    /// touches nothing).
     published: Option<Instant>,
 }
 
@@ -277,7 +282,7 @@ impl OldestWait {
     /// none waits) on the board.
     pub fn publish(&mut self, since: Option<Instant>) {
         if since != self.published {
-            self.board.set(self.key, since);
+            self.board.replace(self.key, self.published, since);
             self.published = since;
         }
     }
@@ -346,6 +351,17 @@ mod tests {
         assert_eq!(board.oldest_wait(now), Duration::from_secs(2));
         busy.publish(None);
         assert_eq!(board.oldest_wait(now), Duration::ZERO);
+        // Two schedulers whose oldest requests came at the same instant are two entries:
+        // one withdrawing leaves the other's.
+        let (mut one, mut other) = (board.join(), board.join());
+        one.publish(Some(ago(40)));
+        other.publish(Some(ago(40)));
+        one.publish(None);
+        assert_eq!(board.oldest_wait(now), Duration::from_secs(40));
+        // Moving to a later waiter replaces the entry, it does not add one.
+        other.publish(Some(ago(10)));
+        assert_eq!(board.oldest_wait(now), Duration::from_secs(10));
+        assert_eq!(board.since.len(), 1);
     }
 
     #[test]
