@@ -366,7 +366,7 @@ mod tests {
             "timed out after 2000 ms: the store did not answer its ping"
         );
         assert!(
-            waited >= crate::sessions_api::STORE_PING_WITHIN && waited < Duration::from_secs(3),
+            waited >= crate::sessions_api::PING_WITHIN && waited < Duration::from_secs(3),
             "{waited:?}"
         );
 

@@ -696,16 +696,14 @@ impl SessionsApi {
         }
     }
 
-    /// Ready: no component failed for good, the registry answers, and the store answers its
-    /// ping within [`STORE_PING_WITHIN`].
+    /// Ready: no component failed for good, and the registry and the store each answer
+    /// their ping within [`PING_WITHIN`].
     pub async fn ready(&self) -> Result<(), AgentError> {
         if let Health::Failed { reason, .. } = &*self.health.borrow() {
             return Err(AgentError::internal(reason.clone()));
         }
-        let registry = self.registry()?;
-        ractor::call!(registry, |reply| RegistryMsg::Ping { reply })
-            .map_err(gone("sessions registry"))?;
-        store_answer(tokio::time::timeout(STORE_PING_WITHIN, self.store.ping()).await)
+        ping_registry(&self.registry()?).await?;
+        store_answer(tokio::time::timeout(PING_WITHIN, self.store.ping()).await)
     }
 
     /// Looks for sessions with unfinished messages to take over now, instead of at the next
@@ -746,10 +744,23 @@ impl SessionsApi {
     }
 }
 
-/// How long readiness waits for the store's ping: a database that hangs (a PostgreSQL server
-/// that accepts and never answers) must not hang `/readyz` with it. Well under the period of
-/// a probe, so that one answer comes before the next probe.
-pub const STORE_PING_WITHIN: std::time::Duration = std::time::Duration::from_secs(2);
+/// How long readiness waits for each of its pings: a database that hangs (a PostgreSQL server
+/// that accepts and never answers), or a registry whose mailbox does not move, must not hang
+/// `/readyz` with it. Well under the period of a probe, so that one answer comes before the
+/// next probe.
+pub const PING_WITHIN: std::time::Duration = std::time::Duration::from_secs(2);
+
+/// The registry's readiness: its answer to a ping, or a timeout if it gave none in time.
+async fn ping_registry(registry: &ActorRef<RegistryMsg>) -> Result<(), AgentError> {
+    let ping = async { ractor::call!(registry, |reply| RegistryMsg::Ping { reply }) };
+    match tokio::time::timeout(PING_WITHIN, ping).await {
+        Ok(answer) => answer.map_err(gone("sessions registry")),
+        Err(_) => Err(AgentError::timeout(
+            "the sessions registry did not answer its ping",
+            PING_WITHIN,
+        )),
+    }
+}
 
 /// The store's readiness: its ping's answer, or a timeout if it gave none in time.
 fn store_answer(
@@ -758,7 +769,72 @@ fn store_answer(
     ping.unwrap_or_else(|_| {
         Err(AgentError::timeout(
             "the store did not answer its ping",
-            STORE_PING_WITHIN,
+            PING_WITHIN,
         ))
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use ractor::ActorProcessingErr;
+    use std::time::Duration;
+
+    /// A registry whose mailbox does not move: it takes each message and keeps its reply port
+    /// unanswered (as one stuck behind a long `handle` would).
+    struct Stuck;
+
+    #[ractor::async_trait]
+    impl Actor for Stuck {
+        type Msg = RegistryMsg;
+        type State = Vec<RegistryMsg>;
+        type Arguments = ();
+
+        async fn pre_start(
+            &self,
+            _myself: ActorRef<RegistryMsg>,
+            (): (),
+        ) -> Result<Self::State, ActorProcessingErr> {
+            Ok(Vec::new())
+        }
+
+        async fn handle(
+            &self,
+            _myself: ActorRef<RegistryMsg>,
+            msg: RegistryMsg,
+            held: &mut Self::State,
+        ) -> Result<(), ActorProcessingErr> {
+            held.push(msg);
+            Ok(())
+        }
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_registry_that_does_not_answer_its_ping_is_not_ready_after_the_bound() {
+        let (registry, _) = Actor::spawn(None, Stuck, ()).await.unwrap();
+        let asked = tokio::time::Instant::now();
+        let answer = tokio::time::timeout(Duration::from_secs(10), ping_registry(&registry))
+            .await
+            .expect("the ping is bounded");
+        assert_eq!(asked.elapsed(), PING_WITHIN);
+        let error = answer.expect_err("not ready");
+        assert_eq!(error.kind(), troupe_proto::ErrorKind::Timeout, "{error}");
+        assert_eq!(
+            error.to_string(),
+            "timed out after 2000 ms: the sessions registry did not answer its ping"
+        );
+
+        // A registry that is gone is not ready either, at once.
+        registry.stop(None);
+        while registry.get_status() != ractor::ActorStatus::Stopped {
+            tokio::task::yield_now().await;
+        }
+        let asked = tokio::time::Instant::now();
+        let error = ping_registry(&registry).await.expect_err("gone");
+        assert_eq!(asked.elapsed(), Duration::ZERO);
+        assert!(
+            error.to_string().contains("sessions registry unavailable"),
+            "{error}"
+        );
+    }
 }
