@@ -536,6 +536,16 @@ impl HostState {
         }
     }
 
+    /// The run that takes new work now: an up run that is not being stopped. One being
+    /// killed (its actor stopping, the host not told yet) takes none: what would run there
+    /// waits for the run that replaces it, as while the session restarts.
+    fn live_run(&self) -> Option<&SessionHandle> {
+        match &self.session {
+            Liveness::Up(h) if plan::takes_events(h.actor().get_status()) => Some(h),
+            _ => None,
+        }
+    }
+
     fn maybe_drained(&mut self) {
         let running = self
             .conversations

@@ -278,10 +278,10 @@ pub fn unstarted(failure_written: Result<(), ErrorKind>) -> Unstarted {
     }
 }
 
-/// Whether a run of the session in `status` still takes events. A run that is being
-/// killed (its conversations' tasks end first, and their outcomes reach the host before it
-/// hears the run stopped) does not: an update told to it would be lost, so it waits for
-/// the run that replaces it.
+/// Whether a run of the session in `status` still takes events and new messages. A run that
+/// is being killed (its conversations' tasks end first, and their outcomes reach the host
+/// before it hears the run stopped) does not: an update told to it would be lost, and a
+/// message started on it would end interrupted, so both wait for the run that replaces it.
 pub fn takes_events(status: ractor::ActorStatus) -> bool {
     !matches!(
         status,

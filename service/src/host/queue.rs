@@ -125,10 +125,11 @@ impl HostState {
                 return;
             }
         };
-        // While the session restarts, what would run now waits for it instead.
-        let admission = match (&self.session, admission) {
-            (Liveness::Up(_), a) => a,
-            (_, _) => Admitted::Queue,
+        // While the session restarts (or its run is being stopped), what would run now waits
+        // for it instead.
+        let admission = match (self.live_run(), admission) {
+            (Some(_), a) => a,
+            (None, _) => Admitted::Queue,
         };
         let status = match admission {
             Admitted::RunNow => MessageStatus::Running,
@@ -364,7 +365,7 @@ impl HostState {
         conversation_id: ConversationId,
     ) {
         loop {
-            if self.draining || !matches!(self.session, Liveness::Up(_)) {
+            if self.draining || self.live_run().is_none() {
                 return;
             }
             let Some(slot) = self.conversations.get_mut(&conversation_id) else {
