@@ -41,6 +41,10 @@
 //! - its session stops (a supervision event: the session is linked to its host) → start it
 //!   again under its ids ([`plan::may_restart`]:
 //!   at most [`RESTARTS_PER_WINDOW`] per [`RESTART_WINDOW`]) → `SessionRestarted`.
+//! - a queued message whose start the store refuses (past its tries), and whose failure it
+//!   refuses too, stays queued (first in line): its caller hears so, and `StartQueued`
+//!   ([`plan::start_retry_delay`]: 1 s, doubling up to a minute) tries its start again, so
+//!   that it runs once the store takes writes again, without waiting for a restart.
 //! - `Drain` → no new message and no queued one starts; answered once none runs. Queued ones
 //!   stay queued in the store and run after the next start. `Shutdown` → the session is shut
 //!   down (what still runs is cancelled, the rollout flushed).
@@ -222,6 +226,9 @@ pub enum HostMsg {
     SessionRestarted {
         result: Result<SessionHandle, AgentError>,
     },
+    /// Try again to start the conversation's next queued message, whose start the store
+    /// refused (and its failure too) the last time.
+    StartQueued { conversation_id: ConversationId },
 }
 
 /// A message whose task runs.
@@ -257,6 +264,10 @@ struct ConversationSlot {
     /// Compactions asked and not ended: each holds (or waits for) the conversation's
     /// scheduler place, and its next message waits for them.
     compactions: u16,
+    /// Starts of its next queued message in a row that the store refused, and the failure
+    /// of which it refused too (the message stays queued, tried again after
+    /// [`plan::start_retry_delay`]).
+    refused_starts: u32,
 }
 
 impl ConversationSlot {
@@ -267,6 +278,7 @@ impl ConversationSlot {
             queue: VecDeque::new(),
             closing: false,
             compactions: 0,
+            refused_starts: 0,
         }
     }
 
@@ -473,6 +485,9 @@ impl Actor for SessionHost {
             }
             HostMsg::SessionRestarted { result } => {
                 state.session_restarted(&myself, result).await;
+            }
+            HostMsg::StartQueued { conversation_id } => {
+                state.run_next(&myself, conversation_id).await;
             }
         }
         Ok(())

@@ -289,6 +289,13 @@ pub fn takes_events(status: ractor::ActorStatus) -> bool {
     )
 }
 
+/// How long a conversation waits before it tries again to start a queued message whose
+/// start (and whose failure) the store refused `refused` times in a row: 1 s, doubling, at
+/// most a minute.
+pub fn start_retry_delay(refused: u32) -> std::time::Duration {
+    std::time::Duration::from_secs(1u64 << refused.min(6)).min(std::time::Duration::from_secs(60))
+}
+
 /// Whether a session that stopped on its own may be started again now, given its recent
 /// restarts (pruned to the window).
 pub fn may_restart(
@@ -312,6 +319,15 @@ mod tests {
     use troupe_proto::{Json, Role, SessionId, TaskId, TaskStats};
 
     /// Updates wait for the next run while the current one is stopping or stopped.
+    /// A start the store refused is tried again after 1 s, then less and less often, at
+    /// least once a minute however long the store refuses.
+    #[test]
+    fn a_refused_start_is_tried_again_at_least_once_a_minute() {
+        let secs: Vec<u64> = (0..9).map(|n| start_retry_delay(n).as_secs()).collect();
+        assert_eq!(secs, [1, 2, 4, 8, 16, 32, 60, 60, 60]);
+        assert_eq!(start_retry_delay(u32::MAX).as_secs(), 60);
+    }
+
     #[test]
     fn a_stopping_run_takes_no_events() {
         use ractor::ActorStatus::*;

@@ -381,6 +381,7 @@ impl HostState {
             let store = &self.store;
             match retried("start", message_id, || store.start_message(message_id)).await {
                 Ok(message) => {
+                    slot.refused_starts = 0;
                     self.emit_update(&message);
                     self.dispatch(
                         myself,
@@ -394,18 +395,56 @@ impl HostState {
                 }
                 Err(e) => {
                     tracing::error!(message_id, error = %e, "queued message could not start");
-                    let answer = self.fail_unstarted(next.message, e).await;
-                    self.reply_failed(next.waiter, answer);
+                    let Waiting {
+                        message,
+                        text,
+                        governance,
+                        waiter,
+                    } = next;
+                    match self.fail_unstarted(message.clone(), e).await {
+                        Ok(answer) => self.reply_failed(waiter, answer),
+                        Err(e) => {
+                            // The store still holds it queued: it keeps its place and its
+                            // start is tried again later.
+                            let Some(slot) = self.conversations.get_mut(&conversation_id) else {
+                                self.reply_failed(
+                                    waiter,
+                                    unstarted_stays_queued(message_id, &e, None),
+                                );
+                                return;
+                            };
+                            let delay = plan::start_retry_delay(slot.refused_starts);
+                            slot.refused_starts = slot.refused_starts.saturating_add(1);
+                            slot.queue.push_front(Waiting {
+                                message,
+                                text,
+                                governance,
+                                waiter: None,
+                            });
+                            myself.send_after(delay, move || HostMsg::StartQueued {
+                                conversation_id,
+                            });
+                            self.reply_failed(
+                                waiter,
+                                unstarted_stays_queued(message_id, &e, Some(delay)),
+                            );
+                            return;
+                        }
+                    }
                 }
             }
         }
     }
 
     /// Ends a queued message whose start the store would not write `failed` with that error,
-    /// so that it does not run after the next start either; gives back what its caller
-    /// hears: the start's error, or, when the failure could not be written and the store
-    /// still holds the message `queued`, that it stays queued and runs at the next start.
-    async fn fail_unstarted(&mut self, message: MessageRecord, e: AgentError) -> AgentError {
+    /// so that it does not run after the next start either: `Ok` with what its caller hears
+    /// (the start's error); `Err` with that error when the failure could not be written
+    /// either and the store still holds the message `queued` (it stays queued).
+    async fn fail_unstarted(
+        &mut self,
+        message: MessageRecord,
+        e: AgentError,
+    ) -> Result<AgentError, AgentError> {
         let failed = Err(e.clone());
         let written = self.store_outcome(&message, &failed).await;
         match plan::unstarted(written.as_ref().map(drop).map_err(AgentError::kind)) {
@@ -414,9 +453,9 @@ impl HostState {
                 if written.is_ok() {
                     self.outcome_settled(&message, &failed);
                 }
-                e
+                Ok(e)
             }
-            plan::Unstarted::StaysQueued => unstarted_stays_queued(message.message_id, &e),
+            plan::Unstarted::StaysQueued => Err(e),
         }
     }
 
@@ -650,11 +689,22 @@ const RUN_END_WAIT: Duration = Duration::from_millis(200);
 /// What the caller of queued message `message_id` hears when neither its start nor its
 /// failure (`e`) could be written: the store still holds it `queued`, so it runs when its
 /// session next starts, as after a stop.
-fn unstarted_stays_queued(message_id: u64, e: &AgentError) -> AgentError {
+fn unstarted_stays_queued(
+    message_id: u64,
+    e: &AgentError,
+    retry: Option<std::time::Duration>,
+) -> AgentError {
+    let when = match retry {
+        Some(delay) => format!(
+            "its start is tried again in {} s, and at the next start of its session",
+            delay.as_secs()
+        ),
+        None => "it runs at the next start of its session".to_owned(),
+    };
     AgentError::interrupted(format!(
         "message {message_id} could not be started and its failure could not be stored ({e}): \
-         it stays queued in the store and runs at the next start of its session (read it for \
-         its outcome; do not send it again)"
+         it stays queued in the store and {when} (read it for its outcome; do not send it \
+         again)"
     ))
 }
 
