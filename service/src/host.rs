@@ -43,8 +43,10 @@
 //!   at most [`RESTARTS_PER_WINDOW`] per [`RESTART_WINDOW`]) → `SessionRestarted`.
 //! - a queued message whose start the store refuses (past its tries), and whose failure it
 //!   refuses too, stays queued (first in line): its caller hears so, and `StartQueued`
-//!   ([`plan::start_retry_delay`]: 1 s, doubling up to a minute) tries its start again, so
-//!   that it runs once the store takes writes again, without waiting for a restart.
+//!   ([`plan::start_retry_delay`]: 1 s, doubling, then once a minute; one timer per
+//!   conversation) tries its start again, once per try and without writing a failure again,
+//!   so that it runs once the store takes writes again, without waiting for a restart. Only
+//!   a store that says the message is no longer queued ends the tries.
 //! - `Drain` → no new message and no queued one starts; answered once none runs. Queued ones
 //!   stay queued in the store and run after the next start. `Shutdown` → the session is shut
 //!   down (what still runs is cancelled, the rollout flushed).
@@ -251,6 +253,10 @@ struct Waiting {
     /// after a restart keeps it (its tokens do not: they are presented again).
     governance: RequestGovernance,
     waiter: Option<Reply<Sent>>,
+    /// Starts of it the store refused, its failure refused too (it stays queued, first in
+    /// line, and its start is tried again after [`plan::start_retry_delay`]); 0 for one
+    /// never tried.
+    refused_starts: u32,
 }
 
 /// A conversation as its host tracks it. The host keeps one for every open conversation,
@@ -264,10 +270,8 @@ struct ConversationSlot {
     /// Compactions asked and not ended: each holds (or waits for) the conversation's
     /// scheduler place, and its next message waits for them.
     compactions: u16,
-    /// Starts of its next queued message in a row that the store refused, and the failure
-    /// of which it refused too (the message stays queued, tried again after
-    /// [`plan::start_retry_delay`]).
-    refused_starts: u32,
+    /// A `StartQueued` is on its way: a refused start is tried again by one timer at a time.
+    retry_pending: bool,
 }
 
 impl ConversationSlot {
@@ -278,7 +282,7 @@ impl ConversationSlot {
             queue: VecDeque::new(),
             closing: false,
             compactions: 0,
-            refused_starts: 0,
+            retry_pending: false,
         }
     }
 
@@ -487,6 +491,9 @@ impl Actor for SessionHost {
                 state.session_restarted(&myself, result).await;
             }
             HostMsg::StartQueued { conversation_id } => {
+                if let Some(slot) = state.conversations.get_mut(&conversation_id) {
+                    slot.retry_pending = false;
+                }
                 state.run_next(&myself, conversation_id).await;
             }
         }

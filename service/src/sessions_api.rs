@@ -702,8 +702,14 @@ impl SessionsApi {
         if let Health::Failed { reason, .. } = &*self.health.borrow() {
             return Err(AgentError::internal(reason.clone()));
         }
-        ping_registry(&self.registry()?).await?;
-        store_answer(tokio::time::timeout(PING_WITHIN, self.store.ping()).await)
+        // Both at once: the answer comes within one bound.
+        let registry = self.registry()?;
+        let (registry, store) = tokio::join!(
+            ping_registry(&registry),
+            tokio::time::timeout(PING_WITHIN, self.store.ping())
+        );
+        registry?;
+        store_answer(store)
     }
 
     /// Looks for sessions with unfinished messages to take over now, instead of at the next

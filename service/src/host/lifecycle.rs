@@ -99,6 +99,7 @@ impl HostState {
                             text,
                             governance,
                             waiter: None,
+                            refused_starts: 0,
                         });
                     }
                 }

@@ -265,8 +265,9 @@ pub enum Unstarted {
     /// caller hears why it did not start.
     Failed,
     /// Its failure could not be written either (the store is down, the session's lease was
-    /// lost): the store still holds it `queued`, so the next start of its session runs it.
-    /// Its caller hears that, not a failure that would not hold.
+    /// lost): the store still holds it `queued`. It keeps its place and its start is tried
+    /// again ([`retried_start`]), and the next start of its session runs it if that comes
+    /// first. Its caller hears that, not a failure that would not hold.
     StaysQueued,
 }
 
@@ -287,6 +288,28 @@ pub fn takes_events(status: ractor::ActorStatus) -> bool {
         status,
         ractor::ActorStatus::Stopping | ractor::ActorStatus::Stopped
     )
+}
+
+/// What a refused start of a queued message does with it, given the starts of it the store
+/// refused before (each time its failure too) and the kind of this refusal.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum RetriedStart {
+    /// Its first try: write its failure ([`unstarted`] says what it then becomes).
+    Fail,
+    /// A later try that the store failed too: it stays queued, tried again later. Never
+    /// failed now: its caller was told it would run.
+    Again,
+    /// A later try the store refused for what it holds (the message ended or is gone): it
+    /// leaves the line, with nothing to run or answer.
+    Gone,
+}
+
+pub fn retried_start(refused_before: u32, error: ErrorKind) -> RetriedStart {
+    match (refused_before, error) {
+        (0, _) => RetriedStart::Fail,
+        (_, ErrorKind::Internal) => RetriedStart::Again,
+        (_, _) => RetriedStart::Gone,
+    }
 }
 
 /// How long a conversation waits before it tries again to start a queued message whose
@@ -318,7 +341,6 @@ mod tests {
     use std::time::{Duration, Instant};
     use troupe_proto::{Json, Role, SessionId, TaskId, TaskStats};
 
-    /// Updates wait for the next run while the current one is stopping or stopped.
     /// A start the store refused is tried again after 1 s, then less and less often, at
     /// least once a minute however long the store refuses.
     #[test]
@@ -328,6 +350,34 @@ mod tests {
         assert_eq!(start_retry_delay(u32::MAX).as_secs(), 60);
     }
 
+    /// A first refused start may end the message failed; a message kept after one is only
+    /// ever tried again while the store fails, and leaves the line once the store says it is
+    /// no longer queued.
+    #[test]
+    fn a_kept_message_is_never_failed_by_a_later_try() {
+        assert_eq!(retried_start(0, ErrorKind::Internal), RetriedStart::Fail);
+        assert_eq!(
+            retried_start(0, ErrorKind::InvalidInput),
+            RetriedStart::Fail
+        );
+        for refused in [1, 2, 40] {
+            assert_eq!(
+                retried_start(refused, ErrorKind::Internal),
+                RetriedStart::Again
+            );
+            assert_eq!(
+                retried_start(refused, ErrorKind::InvalidInput),
+                RetriedStart::Gone
+            );
+            assert_eq!(
+                retried_start(refused, ErrorKind::NotFound),
+                RetriedStart::Gone
+            );
+        }
+    }
+
+    /// Updates and new messages wait for the next run while the current one is stopping or
+    /// stopped.
     #[test]
     fn a_stopping_run_takes_no_events() {
         use ractor::ActorStatus::*;

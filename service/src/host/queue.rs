@@ -229,6 +229,7 @@ impl HostState {
                 text,
                 governance,
                 waiter,
+                refused_starts: 0,
             }),
         }
     }
@@ -325,6 +326,7 @@ impl HostState {
                     text,
                     governance,
                     waiter,
+                    refused_starts: 0,
                 });
             }
             return false;
@@ -379,9 +381,15 @@ impl HostState {
             };
             let message_id = next.message.message_id;
             let store = &self.store;
-            match retried("start", message_id, || store.start_message(message_id)).await {
+            // A message kept after a refused start is tried once per retry (the retries are
+            // the backoff) and never failed for it: its caller was told it would run.
+            let started = if next.refused_starts == 0 {
+                retried("start", message_id, || store.start_message(message_id)).await
+            } else {
+                store.start_message(message_id).await
+            };
+            let e = match started {
                 Ok(message) => {
-                    slot.refused_starts = 0;
                     self.emit_update(&message);
                     self.dispatch(
                         myself,
@@ -393,53 +401,65 @@ impl HostState {
                     );
                     return;
                 }
-                Err(e) => {
-                    tracing::error!(message_id, error = %e, "queued message could not start");
-                    let Waiting {
-                        message,
-                        text,
-                        governance,
-                        waiter,
-                    } = next;
-                    match self.fail_unstarted(message.clone(), e).await {
-                        Ok(answer) => self.reply_failed(waiter, answer),
-                        Err(e) => {
-                            // The store still holds it queued: it keeps its place and its
-                            // start is tried again later.
-                            let Some(slot) = self.conversations.get_mut(&conversation_id) else {
-                                self.reply_failed(
-                                    waiter,
-                                    unstarted_stays_queued(message_id, &e, None),
-                                );
-                                return;
-                            };
-                            let delay = plan::start_retry_delay(slot.refused_starts);
-                            slot.refused_starts = slot.refused_starts.saturating_add(1);
-                            slot.queue.push_front(Waiting {
-                                message,
-                                text,
-                                governance,
-                                waiter: None,
-                            });
-                            myself.send_after(delay, move || HostMsg::StartQueued {
-                                conversation_id,
-                            });
-                            self.reply_failed(
-                                waiter,
-                                unstarted_stays_queued(message_id, &e, Some(delay)),
-                            );
-                            return;
-                        }
+                Err(e) => e,
+            };
+            tracing::error!(message_id, error = %e, "queued message could not start");
+            let Waiting {
+                message,
+                text,
+                governance,
+                waiter,
+                refused_starts,
+            } = next;
+            let stays = match plan::retried_start(refused_starts, e.kind()) {
+                plan::RetriedStart::Fail => match self.fail_unstarted(message.clone(), e).await {
+                    Ok(answer) => {
+                        self.reply_failed(waiter, answer);
+                        continue;
                     }
+                    Err(e) => e,
+                },
+                plan::RetriedStart::Again => e,
+                plan::RetriedStart::Gone => {
+                    // Ended or removed meanwhile (cancelled by another node's host, say):
+                    // nothing of it is left to run, and its caller was answered already.
+                    tracing::warn!(message_id, error = %e, "a queued message kept after a refused start is no longer queued");
+                    continue;
                 }
+            };
+            // The store still holds it queued: it keeps its place, and its start is tried
+            // again later.
+            let Some(slot) = self.conversations.get_mut(&conversation_id) else {
+                self.reply_failed(waiter, unstarted_stays_queued(message_id, &stays, None));
+                return;
+            };
+            let delay = plan::start_retry_delay(refused_starts);
+            slot.queue.push_front(Waiting {
+                message,
+                text,
+                governance,
+                waiter: None,
+                refused_starts: refused_starts.saturating_add(1),
+            });
+            if !slot.retry_pending {
+                slot.retry_pending = true;
+                myself.send_after(delay, move || HostMsg::StartQueued { conversation_id });
             }
+            if let Some(waiter) = waiter {
+                self.reply_failed(
+                    Some(waiter),
+                    unstarted_stays_queued(message_id, &stays, Some(delay)),
+                );
+            }
+            return;
         }
     }
 
     /// Ends a queued message whose start the store would not write `failed` with that error,
     /// so that it does not run after the next start either: `Ok` with what its caller hears
     /// (the start's error); `Err` with that error when the failure could not be written
-    /// either and the store still holds the message `queued` (it stays queued).
+    /// either and the store still holds the message `queued` (it stays queued, and
+    /// [`Self::run_next`] keeps it first in line and tries its start again).
     async fn fail_unstarted(
         &mut self,
         message: MessageRecord,
@@ -687,8 +707,9 @@ impl HostState {
 const RUN_END_WAIT: Duration = Duration::from_millis(200);
 
 /// What the caller of queued message `message_id` hears when neither its start nor its
-/// failure (`e`) could be written: the store still holds it `queued`, so it runs when its
-/// session next starts, as after a stop.
+/// failure (`e`) could be written: the store still holds it `queued`, so its start is tried
+/// again after `retry` (when its host still holds its conversation), and it runs when its
+/// session next starts, as after a stop, if that comes first.
 fn unstarted_stays_queued(
     message_id: u64,
     e: &AgentError,

@@ -555,12 +555,29 @@ async fn a_queued_message_the_store_cannot_start_ends_as_its_caller_was_told() {
         .get(&format!("/api/sessions/{sid}/messages/{kept}"))
         .await;
     assert_eq!(read["status"], "queued", "{read}");
+    // A message sent meanwhile waits behind it.
+    let (_, behind) = post(&api, &sid, Some(&conv), "sent after it").await;
+    assert_eq!(behind["message"]["status"], "queued", "{behind}");
+    // Its start is tried again (after 1 s) while the store would write its failure but not
+    // its start: it is not failed for that, as its caller was told.
+    refuse("'running'");
+    tokio::time::sleep(Duration::from_millis(3000)).await;
+    let (_, read) = api
+        .get(&format!("/api/sessions/{sid}/messages/{kept}"))
+        .await;
+    assert_eq!(read["status"], "queued", "{read}");
     db.execute_batch("DROP TRIGGER refuse").unwrap();
     drop(db);
 
-    // Once the store takes its start, it runs: no restart needed.
+    // Once the store takes its start, it runs: no restart needed; then the one behind it.
     let ran = outcome(&api, &sid, kept).await;
     assert_eq!(ran["status"], "completed", "{ran}");
+    let next = outcome_of(&api, &sid, &behind).await;
+    assert_eq!(next["status"], "completed", "{next}");
+    assert!(
+        next["reply_message_id"].as_u64() > ran["reply_message_id"].as_u64(),
+        "in the order they were sent: {ran} {next}"
+    );
 
     // The next start runs neither again: the one that ran, nor the one its caller was told
     // failed.
