@@ -560,7 +560,9 @@ impl HostState {
 
     /// The run that takes new work now: an up run that is not being stopped. One being
     /// killed (its actor stopping, the host not told yet) takes none: what would run there
-    /// waits for the run that replaces it, as while the session restarts.
+    /// waits for the run that replaces it, as while the session restarts. Read when a message
+    /// is admitted and before a queued one's start is written: a run that begins to stop
+    /// while that write is under way still gets the message, which then ends `aborted`.
     fn live_run(&self) -> Option<&SessionHandle> {
         match &self.session {
             Liveness::Up(h) if plan::takes_events(h.actor().get_status()) => Some(h),

@@ -364,6 +364,36 @@ mod tests {
         assert_eq!(board.since.len(), 1);
     }
 
+    /// A scheduler whose oldest waiter changes is on the board all along: a reader on
+    /// another thread never finds the board empty while it waits.
+    #[test]
+    fn a_scheduler_moving_its_entry_is_never_missed() {
+        let board = Arc::new(WaitBoard::default());
+        let now = Instant::now() + Duration::from_secs(1000);
+        let ago = move |s| now - Duration::from_secs(s);
+        let mut waiting = board.join();
+        waiting.publish(Some(ago(9)));
+        let done = Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let mover = {
+            let done = done.clone();
+            std::thread::spawn(move || {
+                let mut i = 0u64;
+                while !done.load(Ordering::Relaxed) {
+                    waiting.publish(Some(ago(1 + i % 2)));
+                    i += 1;
+                }
+            })
+        };
+        for _ in 0..200_000 {
+            assert!(
+                board.oldest_wait(now) > Duration::ZERO,
+                "the board was empty"
+            );
+        }
+        done.store(true, Ordering::Relaxed);
+        mover.join().unwrap();
+    }
+
     #[test]
     fn the_oldest_wait_reads_zero_from_the_start() {
         let gauges = crate::gauge_test::gauges_after(describe);
