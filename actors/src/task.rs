@@ -482,17 +482,19 @@ async fn prepare(
         },
         None => Vec::new(),
     };
-    let mut extra: Vec<ToolSpec> = agents
-        .and_then(agents::Agents::dispatch_tool)
-        .into_iter()
-        .collect();
-    extra.extend(modules::dispatch_tool(ctx));
+    let mut more: Vec<ToolSpec> = modules::dispatch_tool(ctx).into_iter().collect();
     // The capability registry (A6): its tools when the policy leaves a capability to use
     // (a compaction, which has no tools, has none).
     let capabilities = crate::capabilities::visible(&ctx.capabilities, &gov.policy);
     if !capabilities.is_empty() && ctx.turn_override.is_none() {
-        extra.extend(crate::capabilities::tool_specs());
+        more.extend(crate::capabilities::tool_specs());
     }
+    // The agents' dispatch tool first, as its view built it (its schema's text with it).
+    let extra = match agents.and_then(agents::Agents::dispatch_tool) {
+        Some(dispatch) if more.is_empty() => dispatch,
+        Some(dispatch) => dispatch.with(more),
+        None => crate::tools::OfferedTools::new(more),
+    };
     let (mut tools, conflicts) = crate::tools::offered_tools(&ctx.builtins, extra, external);
     // A tool the policy denies is not offered: the model cannot call what it cannot see
     // (and a call it makes up anyway is refused at the call).

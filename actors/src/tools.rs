@@ -66,7 +66,7 @@ impl OfferedTools {
     }
 
     /// These tools followed by `more` (their schema texts computed, these ones reused).
-    fn with(&self, more: Vec<ToolSpec>) -> Self {
+    pub fn with(&self, more: Vec<ToolSpec>) -> Self {
         let schemas = self
             .schemas
             .iter()
@@ -74,6 +74,23 @@ impl OfferedTools {
             .chain(more.iter().map(|t| t.parameters.0.to_string()))
             .collect();
         let specs = self.specs.iter().cloned().chain(more).collect();
+        Self { specs, schemas }
+    }
+
+    /// These tools followed by `more`, the schema texts of both reused.
+    fn joined(&self, more: &Self) -> Self {
+        let specs = self
+            .specs
+            .iter()
+            .chain(more.specs.iter())
+            .cloned()
+            .collect();
+        let schemas = self
+            .schemas
+            .iter()
+            .chain(more.schemas.iter())
+            .cloned()
+            .collect();
         Self { specs, schemas }
     }
 }
@@ -105,19 +122,19 @@ pub fn shared_builtins(prefs: &ToolPrefs) -> OfferedTools {
 /// conflict among themselves).
 pub fn offered_tools(
     builtins: &OfferedTools,
-    extra: Vec<ToolSpec>,
+    extra: OfferedTools,
     external: Vec<ToolSpec>,
 ) -> (OfferedTools, Vec<AgentError>) {
-    if extra.is_empty() && external.is_empty() {
+    if extra.specs.is_empty() && external.is_empty() {
         return (builtins.clone(), Vec::new());
     }
-    if external.is_empty() && names_apart(&builtins.specs, &extra) {
+    if external.is_empty() && names_apart(&builtins.specs, &extra.specs) {
         // Nothing to merge (the common case of a session with agents: the dispatch tool
-        // beside the built-ins): the shared built-ins' schema texts are reused as they are.
-        return (builtins.with(extra), Vec::new());
+        // beside the built-ins): the schema texts of both are reused as they are.
+        return (builtins.joined(&extra), Vec::new());
     }
     let mut own = builtins.specs.to_vec();
-    own.extend(extra);
+    own.extend(extra.specs.iter().cloned());
     let merged = merge_tools(own, external);
     (OfferedTools::new(merged.tools), merged.conflicts)
 }
@@ -495,13 +512,16 @@ mod tests {
             // The shortcut without external tools is what the merge gives.
             let merged = merge_tools(builtin_tools(&prefs), Vec::new());
             assert!(merged.conflicts.is_empty());
-            let (offered, conflicts) = offered_tools(&shared, Vec::new(), Vec::new());
+            let (offered, conflicts) = offered_tools(&shared, OfferedTools::default(), Vec::new());
             assert_eq!(&offered.specs[..], merged.tools.as_slice());
             assert!(conflicts.is_empty());
         }
         let external = vec![tool("shell", "A different shell.", query_schema())];
-        let (offered, conflicts) =
-            offered_tools(&shared_builtins(&ALL), Vec::new(), external.clone());
+        let (offered, conflicts) = offered_tools(
+            &shared_builtins(&ALL),
+            OfferedTools::default(),
+            external.clone(),
+        );
         let merged = merge_tools(builtin_tools(&ALL), external);
         assert_eq!(&offered.specs[..], merged.tools.as_slice());
         assert_eq!(
@@ -533,7 +553,8 @@ mod tests {
                 let mut own = builtin_tools(&prefs);
                 own.extend(extra.clone());
                 let merged = merge_tools(own, Vec::new());
-                let (offered, conflicts) = offered_tools(&shared, extra, Vec::new());
+                let (offered, conflicts) =
+                    offered_tools(&shared, OfferedTools::new(extra), Vec::new());
                 assert_eq!(&offered.specs[..], merged.tools.as_slice());
                 assert_eq!(offered, OfferedTools::new(merged.tools.clone()));
                 assert!(conflicts.is_empty() && merged.conflicts.is_empty());
@@ -541,7 +562,11 @@ mod tests {
         }
         // A turn-only tool named like a built-in, or twice: merged, the conflict said.
         let clash = tool("shell", "Another shell.", query_schema());
-        let (offered, conflicts) = offered_tools(&shared_builtins(&ALL), vec![clash], Vec::new());
+        let (offered, conflicts) = offered_tools(
+            &shared_builtins(&ALL),
+            OfferedTools::new(vec![clash]),
+            Vec::new(),
+        );
         assert_eq!(
             offered.specs.iter().filter(|t| t.name == "shell").count(),
             1
@@ -549,7 +574,7 @@ mod tests {
         assert_eq!(conflict_names(&conflicts), ["shell"]);
         let (offered, _) = offered_tools(
             &shared_builtins(&ALL),
-            vec![dispatch.clone(), dispatch.clone()],
+            OfferedTools::new(vec![dispatch.clone(), dispatch.clone()]),
             Vec::new(),
         );
         assert_eq!(

@@ -112,6 +112,9 @@ pub struct AgentView {
     pub chain: ExecutionChain,
     /// The agents it may dispatch to (its `dispatch_agent` tool); empty: no tool.
     pub visible: Arc<[VisibleAgent]>,
+    /// Its `dispatch_agent` tool with its schema's text (`None`: no agent in sight). A user's
+    /// task shares the one its view set built once; an agent's task gets its own.
+    pub dispatch_tool: Option<crate::tools::OfferedTools>,
     /// How a user's message is routed; `None` for an agent's task.
     pub router: Option<Arc<Router>>,
     /// For an agent's task, its id, role, tool rules, output schema and instructions as its
@@ -173,6 +176,8 @@ pub struct ViewSet {
     router: Arc<Router>,
     /// What the router sees, shared by every user's task.
     routed: Arc<[VisibleAgent]>,
+    /// The `dispatch_agent` tool of a user's task, built once per version of the views.
+    routed_tool: Option<crate::tools::OfferedTools>,
 }
 
 impl ViewSet {
@@ -207,11 +212,13 @@ impl ViewSet {
             model: supervisor_model,
             agents: agents.clone(),
         };
+        let routed_tool = dispatch_tools(&agents);
         Self {
             catalog,
             origin,
             router: Arc::new(router),
             routed: agents.into(),
+            routed_tool,
         }
     }
 }
@@ -257,13 +264,16 @@ impl AgentViews {
             None => AgentView {
                 chain: ExecutionChain::start(&set.origin),
                 visible: set.routed.clone(),
+                dispatch_tool: set.routed_tool.clone(),
                 router: Some(set.router.clone()),
                 own: None,
             },
             Some(chain) => {
                 let visibility = decide::visible_from(&set.catalog, chain);
+                let visible = visible_agents(&set.catalog, &visibility, chain.current());
                 AgentView {
-                    visible: visible_agents(&set.catalog, &visibility, chain.current()).into(),
+                    dispatch_tool: dispatch_tools(&visible),
+                    visible: visible.into(),
                     chain: chain.clone(),
                     router: None,
                     own: chain
@@ -274,6 +284,12 @@ impl AgentViews {
             }
         }
     }
+}
+
+/// The `dispatch_agent` tool for `visible`, its schema's text computed; `None` for no agent.
+fn dispatch_tools(visible: &[VisibleAgent]) -> Option<crate::tools::OfferedTools> {
+    (!visible.is_empty())
+        .then(|| crate::tools::OfferedTools::new(vec![super::route::dispatch_tool(visible)]))
 }
 
 /// How the supervisor routes a user's message.
@@ -1812,3 +1828,79 @@ impl Worker {
 
 // A message of actors on this process only (see `local_message!`).
 crate::local_message!(AgentHubMsg);
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::replay::playback::{NoBindings, RecordedModel};
+    use troupe_proto::agent::ProviderSpec;
+
+    fn model_agent(id: &str, workers: &[&str]) -> AgentDefinition {
+        AgentDefinition {
+            id: id.into(),
+            role: format!("{id}s"),
+            description: Some(format!("does what a {id} does")),
+            provider: ProviderSpec::Model {
+                model: None,
+                provider: None,
+                base_url: None,
+                instructions: None,
+            },
+            session: Default::default(),
+            tools: Default::default(),
+            workers: workers.iter().map(|w| (*w).to_owned()).collect(),
+            governance: None,
+            output: None,
+        }
+    }
+
+    #[test]
+    fn a_view_offers_the_dispatch_tool_of_what_it_sees_built_once_for_users() {
+        let catalog = AgentCatalog {
+            agents: [
+                model_agent("lead", &["coder"]),
+                model_agent("coder", &[]),
+                model_agent("reviewer", &[]),
+            ]
+            .into_iter()
+            .map(|d| (d.id.clone(), d))
+            .collect(),
+            ..AgentCatalog::default()
+        };
+        let ports = AgentPorts {
+            catalog: Arc::new(catalog.clone()),
+            settings: super::super::AgentSettings::default(),
+            factories: Vec::new(),
+            models: BTreeMap::new(),
+            bindings: Arc::new(NoBindings),
+            live: None,
+        };
+        let model: Arc<dyn ModelClient> = Arc::new(RecordedModel::new(Vec::new()));
+        let views = AgentViews::new(Arc::new(catalog), &ports, &model);
+        let tool_of = |visible: &[VisibleAgent]| {
+            crate::tools::OfferedTools::new(vec![super::super::route::dispatch_tool(visible)])
+        };
+
+        // A user's task: the tool of every agent the router sees, the same one each time.
+        let user = views.view(None);
+        assert!(!user.visible.is_empty());
+        let tool = user.dispatch_tool.clone().expect("agents in sight: a tool");
+        assert_eq!(tool, tool_of(&user.visible));
+        let again = views.view(None).dispatch_tool.unwrap();
+        assert!(Arc::ptr_eq(&tool.specs, &again.specs), "built once");
+        assert!(Arc::ptr_eq(&tool.schemas, &again.schemas));
+
+        // An agent's task: the tool of what it sees from its chain, or none.
+        let origin = views.origin();
+        for agent in ["lead", "coder", "reviewer"] {
+            let chain = ExecutionChain::start(&origin).then(agent);
+            let view = views.view(Some(&chain));
+            match &view.dispatch_tool {
+                None => assert!(view.visible.is_empty(), "{agent}"),
+                Some(tool) => assert_eq!(*tool, tool_of(&view.visible), "{agent}"),
+            }
+        }
+        let lead = views.view(Some(&ExecutionChain::start(&origin).then("lead")));
+        assert!(lead.dispatch_tool.is_some(), "a lead sees its worker");
+    }
+}

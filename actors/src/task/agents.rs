@@ -32,9 +32,9 @@ pub(super) struct Agents {
 }
 
 impl Agents {
-    /// The `dispatch_agent` tool, when the task has agents in sight.
-    pub(super) fn dispatch_tool(&self) -> Option<ToolSpec> {
-        (!self.view.visible.is_empty()).then(|| route::dispatch_tool(&self.view.visible))
+    /// The `dispatch_agent` tool, when the task has agents in sight (built with its view).
+    pub(super) fn dispatch_tool(&self) -> Option<crate::tools::OfferedTools> {
+        self.view.dispatch_tool.clone()
     }
 }
 
