@@ -531,6 +531,25 @@ mod tests {
     }
 
     #[test]
+    fn tools_with_more_keep_each_schema_text_beside_its_tool() {
+        let first = vec![tool("a", "A.", query_schema())];
+        let more = vec![
+            tool("b", "B.", serde_json::json!({"type": "object"})),
+            tool("c", "C.", query_schema()),
+        ];
+        let all: Vec<ToolSpec> = first.iter().chain(&more).cloned().collect();
+        let expected = OfferedTools::new(all);
+        assert_eq!(
+            OfferedTools::new(first.clone()).with(more.clone()),
+            expected
+        );
+        assert_eq!(
+            OfferedTools::new(first).joined(&OfferedTools::new(more)),
+            expected
+        );
+    }
+
+    #[test]
     fn turn_only_tools_beside_the_shared_built_ins_are_what_the_merge_gives() {
         let dispatch = tool(
             crate::agents::route::DISPATCH_TOOL,

@@ -1,10 +1,12 @@
 //! AgentHub: a session's agents, their bindings and the dispatches in flight (A1–A4). One
 //! per session with agents, a child of the Session, published in the session's directory.
 //!
+//! What a task needs before its first step is not asked of the hub: its execution chain, the
+//! agents it may dispatch to and its `dispatch_agent` tool, and for a user's message how the
+//! supervisor routes it, are read from the [`AgentViews`] the hub publishes beside it (built
+//! again when the definitions change; [`AgentViews::view`]).
+//!
 //! # Mailbox
-//! - `View`: what a task needs before its first step: its execution chain, the agents it may
-//!   dispatch to (its `dispatch_agent` tool), and for a user's message how the supervisor
-//!   routes it.
 //! - `Dispatch`: admits or refuses a dispatch ([`decide::admit`], then the wait graph of the
 //!   [`LeaseBook`]). A refusal is a `policy_rejected` event and `PolicyRejected` to the caller;
 //!   an admission issues the lease (id + deadline), arms the lease timer if the lease is the
@@ -110,10 +112,11 @@ pub struct AgentHubArgs {
 pub struct AgentView {
     /// The task's execution chain: its dispatch's, or the supervisor's alone.
     pub chain: ExecutionChain,
-    /// The agents it may dispatch to (its `dispatch_agent` tool); empty: no tool.
+    /// The agents it may dispatch to: those its `dispatch_agent` tool lists.
     pub visible: Arc<[VisibleAgent]>,
-    /// Its `dispatch_agent` tool with its schema's text (`None`: no agent in sight). A user's
-    /// task shares the one its view set built once; an agent's task gets its own.
+    /// Its `dispatch_agent` tool with its schema's text, built from `visible` with it (`None`:
+    /// no agent in sight, no tool). A user's task shares the one its view set built once; an
+    /// agent's task gets its own.
     pub dispatch_tool: Option<crate::tools::OfferedTools>,
     /// How a user's message is routed; `None` for an agent's task.
     pub router: Option<Arc<Router>>,
@@ -1902,5 +1905,24 @@ mod tests {
         }
         let lead = views.view(Some(&ExecutionChain::start(&origin).then("lead")));
         assert!(lead.dispatch_tool.is_some(), "a lead sees its worker");
+
+        // New definitions (a reload): the tool lists what the router sees now.
+        let fewer = AgentCatalog {
+            agents: [model_agent("coder", &[])]
+                .into_iter()
+                .map(|d| (d.id.clone(), d))
+                .collect(),
+            ..AgentCatalog::default()
+        };
+        views.replace(Arc::new(fewer), &ports, &model);
+        let user = views.view(None);
+        let reloaded = user.dispatch_tool.clone().unwrap();
+        assert_eq!(reloaded, tool_of(&user.visible));
+        assert_ne!(reloaded, tool, "built again with the new definitions");
+        assert!(
+            user.visible.iter().all(|a| a.id == "coder"),
+            "{:?}",
+            user.visible
+        );
     }
 }
