@@ -67,14 +67,7 @@ impl OfferedTools {
 
     /// These tools followed by `more` (their schema texts computed, these ones reused).
     pub fn with(&self, more: Vec<ToolSpec>) -> Self {
-        let schemas = self
-            .schemas
-            .iter()
-            .cloned()
-            .chain(more.iter().map(|t| t.parameters.0.to_string()))
-            .collect();
-        let specs = self.specs.iter().cloned().chain(more).collect();
-        Self { specs, schemas }
+        self.joined(&Self::new(more))
     }
 
     /// These tools followed by `more`, the schema texts of both reused.
