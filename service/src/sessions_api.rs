@@ -706,10 +706,10 @@ impl SessionsApi {
         let registry = self.registry()?;
         let (registry, store) = tokio::join!(
             ping_registry(&registry),
-            tokio::time::timeout(PING_WITHIN, self.store.ping())
+            within_ping_bound("the store did not answer its ping", self.store.ping())
         );
         registry?;
-        store_answer(store)
+        store
     }
 
     /// Looks for sessions with unfinished messages to take over now, instead of at the next
@@ -758,26 +758,21 @@ pub const PING_WITHIN: std::time::Duration = std::time::Duration::from_secs(2);
 
 /// The registry's readiness: its answer to a ping, or a timeout if it gave none in time.
 async fn ping_registry(registry: &ActorRef<RegistryMsg>) -> Result<(), AgentError> {
-    let ping = async { ractor::call!(registry, |reply| RegistryMsg::Ping { reply }) };
-    match tokio::time::timeout(PING_WITHIN, ping).await {
-        Ok(answer) => answer.map_err(gone("sessions registry")),
-        Err(_) => Err(AgentError::timeout(
-            "the sessions registry did not answer its ping",
-            PING_WITHIN,
-        )),
-    }
+    within_ping_bound("the sessions registry did not answer its ping", async {
+        ractor::call!(registry, |reply| RegistryMsg::Ping { reply })
+            .map_err(gone("sessions registry"))
+    })
+    .await
 }
 
-/// The store's readiness: its ping's answer, or a timeout if it gave none in time.
-fn store_answer(
-    ping: Result<Result<(), AgentError>, tokio::time::error::Elapsed>,
+/// `ping`'s answer, or a timeout saying `unanswered` if it gave none within [`PING_WITHIN`].
+async fn within_ping_bound(
+    unanswered: &str,
+    ping: impl std::future::Future<Output = Result<(), AgentError>>,
 ) -> Result<(), AgentError> {
-    ping.unwrap_or_else(|_| {
-        Err(AgentError::timeout(
-            "the store did not answer its ping",
-            PING_WITHIN,
-        ))
-    })
+    tokio::time::timeout(PING_WITHIN, ping)
+        .await
+        .unwrap_or_else(|_| Err(AgentError::timeout(unanswered, PING_WITHIN)))
 }
 
 #[cfg(test)]
