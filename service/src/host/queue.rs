@@ -445,12 +445,10 @@ impl HostState {
                 slot.retry_pending = true;
                 myself.send_after(delay, move || HostMsg::StartQueued { conversation_id });
             }
-            if let Some(waiter) = waiter {
-                self.reply_failed(
-                    Some(waiter),
-                    unstarted_stays_queued(message_id, &stays, Some(delay)),
-                );
-            }
+            self.reply_failed(
+                waiter,
+                unstarted_stays_queued(message_id, &stays, Some(delay)),
+            );
             return;
         }
     }
